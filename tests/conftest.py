@@ -1,0 +1,44 @@
+"""Shared fixtures: backends, and skipping of gpu / trt / rtx tests where they cannot run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import trtio
+
+
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu = trtio.cuda_available()
+    trt = gpu and _has_module("tensorrt")
+    rtx = _has_module("tensorrt_rtx")
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="no CUDA device answers here"))
+        if "trt" in item.keywords and not trt:
+            item.add_marker(pytest.mark.skip(reason="needs full TensorRT and a CUDA device"))
+        if "rtx" in item.keywords and not rtx:
+            item.add_marker(pytest.mark.skip(reason="tensorrt_rtx is not installed"))
+
+
+@pytest.fixture(params=["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> trtio.Backend:
+    """Each test using it runs on the host backend, and on the cuda backend where a GPU answers."""
+    return trtio.get_backend(request.param)
+
+
+@pytest.fixture
+def host() -> trtio.Backend:
+    return trtio.get_backend("host")
+
+
+@pytest.fixture
+def cuda() -> trtio.Backend:
+    if not trtio.cuda_available():
+        pytest.skip("no CUDA device answers here")
+    return trtio.get_backend("cuda")

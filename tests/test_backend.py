@@ -1,0 +1,161 @@
+import ctypes
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import CudaError, Location
+from trtio.cuda._hostmem import host_view
+
+
+def test_auto_backend_is_host_without_a_gpu():
+    if trtio.cuda_available():
+        assert trtio.get_backend().name == "cuda"
+    else:
+        assert trtio.get_backend().name == "host"
+        assert trtio.get_backend("auto") is trtio.get_backend("host")
+
+
+def test_cuda_backend_refused_clearly_without_a_device():
+    if trtio.cuda_available():
+        pytest.skip("a CUDA device answers here")
+    with pytest.raises(CudaError, match=r"get_backend\('cuda'\).*no CUDA device"):
+        trtio.get_backend("cuda")
+
+
+def test_unknown_backend_kind():
+    with pytest.raises(ValueError, match="'tpu'"):
+        trtio.get_backend("tpu")
+
+
+def test_backend_instance_passes_through(host):
+    assert trtio.get_backend(host) is host
+
+
+def _pattern(backend, n, value):
+    """A host buffer (pinned on cuda) filled with `value`."""
+    ptr = backend.alloc(n, Location.PINNED)
+    ctypes.memset(ptr, value, n)
+    return ptr
+
+
+def test_memcpy_memset_and_2d(backend):
+    s = backend.create_stream()
+    dev = backend.alloc(1024, Location.DEVICE)
+    src = _pattern(backend, 1024, 7)
+    dst = backend.alloc(1024, Location.PINNED)
+    backend.memset(dev, 0, 1024, s)
+    backend.memcpy(dev + 256, src, 100, s)  # a partial copy into the middle
+    backend.memcpy(dst, dev, 1024, s)
+    backend.synchronize_stream(s)
+    out = host_view(dst, 1024)
+    assert out[:256].sum() == 0 and (out[256:356] == 7).all() and out[356:].sum() == 0
+    # 2D: 4 rows of 8 bytes, source pitch 16, destination pitch 32
+    backend.memset(dev, 0, 1024, s)
+    backend.memcpy_2d(dev, 32, src, 16, 8, 4, s)
+    backend.memcpy(dst, dev, 128, s)
+    backend.synchronize_stream(s)
+    rows = host_view(dst, 128).reshape(4, 32)
+    assert (rows[:, :8] == 7).all() and rows[:, 8:].sum() == 0
+    for p, loc in ((dev, Location.DEVICE), (src, Location.PINNED), (dst, Location.PINNED)):
+        backend.free(p, loc)
+    backend.destroy_stream(s)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+def test_fill_patterns(backend, width):
+    s = backend.create_stream()
+    dev = backend.alloc(256, Location.DEVICE)
+    out = backend.alloc(256, Location.PINNED)
+    value = {1: 0xAB, 2: 0xBEEF, 4: 0xDEADBEEF, 8: 0x0123456789ABCDEF}[width]
+    backend.fill(dev, value.to_bytes(width, "little"), 64 // width * 2, s)
+    backend.memcpy(out, dev, 128, s)
+    backend.synchronize_stream(s)
+    got = host_view(out, 128).view(f"<u{width}")
+    assert (got == value).all()
+    backend.free(dev, Location.DEVICE)
+    backend.free(out, Location.PINNED)
+    backend.destroy_stream(s)
+
+
+def test_graph_replays_copies_with_new_data(backend):
+    """A captured copy reads its source at replay time: new staged data flows through."""
+    s = backend.create_stream()
+    staging = backend.alloc(64, Location.PINNED)
+    dev = backend.alloc(64, Location.DEVICE)
+    out = backend.alloc(64, Location.PINNED)
+    backend.begin_capture(s)
+    assert backend.is_capturing(s)
+    backend.memcpy(dev, staging, 64, s)
+    backend.memcpy(out, dev, 64, s)
+    graph = backend.end_capture(s)
+    assert not backend.is_capturing(s)
+    for i in range(5):
+        host_view(staging, 64)[:] = i + 1
+        backend.launch_graph(graph, s)
+        backend.synchronize_stream(s)
+        assert (host_view(out, 64) == i + 1).all()
+    backend.destroy_graph(graph)
+    for p, loc in ((staging, Location.PINNED), (dev, Location.DEVICE), (out, Location.PINNED)):
+        backend.free(p, loc)
+    backend.destroy_stream(s)
+
+
+def test_host_capture_records_instead_of_running(host):
+    s = host.create_stream()
+    buf = host.alloc(16, Location.DEVICE)
+    host.memset(buf, 1, 16, s)
+    host.begin_capture(s)
+    host.memset(buf, 9, 16, s)
+    assert (host_view(buf, 16) == 1).all(), "captured work must not run at capture time"
+    g = host.end_capture(s)
+    host.launch_graph(g, s)
+    assert (host_view(buf, 16) == 9).all()
+    host.destroy_graph(g)
+    host.free(buf, Location.DEVICE)
+
+
+def test_host_refuses_what_a_capture_forbids(host):
+    s = host.create_stream()
+    host.begin_capture(s)
+    with pytest.raises(CudaError, match="cudaErrorStreamCaptureUnsupported"):
+        host.synchronize_stream(s)
+    with pytest.raises(CudaError, match="cudaErrorStreamCaptureUnsupported"):
+        host.alloc(16, Location.DEVICE)
+    with pytest.raises(CudaError, match="already being captured"):
+        host.begin_capture(s)
+    host.abort_capture(s)
+    assert not host.is_capturing(s)
+    with pytest.raises(CudaError, match="not being captured"):
+        host.end_capture(s)
+
+
+def test_free_of_unknown_pointer_is_an_error(backend):
+    buf = np.zeros(16, np.uint8)
+    with pytest.raises(CudaError):
+        backend.free(buf.ctypes.data, Location.HOST)
+
+
+def test_mem_info(backend):
+    free, total = backend.mem_info()
+    assert 0 < free <= total
+
+
+def test_events_on_backend(backend):
+    s = backend.create_stream()
+    e = backend.create_event()
+    backend.record_event(e, s)
+    backend.wait_event(s, e)
+    backend.synchronize_event(e)
+    assert backend.query_event(e)
+    backend.destroy_event(e)
+    backend.destroy_stream(s)
+
+
+@pytest.mark.gpu
+def test_cuda_errors_name_call_and_error(cuda):
+    with pytest.raises(CudaError) as info:
+        cuda.alloc(1 << 62, Location.DEVICE)
+    assert info.value.call == "cudaMalloc"
+    assert info.value.name == "cudaErrorMemoryAllocation"
+    assert "cudaMalloc: cudaErrorMemoryAllocation" in str(info.value)

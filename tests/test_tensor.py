@@ -1,0 +1,338 @@
+import gc
+import importlib.util
+import warnings
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import CapacityError, ClosedError, DType, Location, ShapeError, Stream, Tensor, TrtioError
+
+HAS_ML = importlib.util.find_spec("ml_dtypes") is not None
+
+
+def test_empty_reshape_in_place(backend):
+    t = Tensor.empty((4, 8), "float16", name="x", backend=backend)
+    ptr = t.data_ptr
+    assert t.shape == (4, 8) and t.nbytes == 64 and t.capacity == 64
+    assert t.reshape((2, 8)) is t
+    assert t.shape == (2, 8) and t.nbytes == 32 and t.capacity == 64 and t.data_ptr == ptr
+    t.reshape((1, 32))  # a different trailing dim within the same bytes is fine
+    assert t.data_ptr == ptr
+    t.close()
+
+
+def test_reshape_past_capacity_names_tensor_shape_and_bytes(backend):
+    t = Tensor.empty((4, 8), "float16", name="inputs_embeds", backend=backend)
+    with pytest.raises(CapacityError) as info:
+        t.reshape((5, 8))
+    msg = str(info.value)
+    assert "inputs_embeds" in msg and "(5, 8)" in msg and "80 bytes" in msg and "64 bytes" in msg
+    assert t.shape == (4, 8), "a failed reshape leaves the view unchanged"
+    t.close()
+
+
+@pytest.mark.parametrize("shape,needle", [((2, -1), "negative"), ((2, 1.5), "non-integer"),
+                                          ((True, 2), "non-integer"), ("ab", "non-integer"),
+                                          (None, "sequence")])
+def test_bad_shapes(host, shape, needle):
+    with pytest.raises(ShapeError, match=needle):
+        Tensor.empty(shape, "int32", name="bad", backend=host)
+    t = Tensor.empty((4,), "int32", name="t", backend=host)
+    with pytest.raises(ShapeError, match=needle):
+        t.reshape(shape)
+    t.close()
+
+
+def test_numpy_integer_dims_are_accepted(host):
+    t = Tensor.empty((np.int64(2), np.int32(3)), "int32", backend=host)
+    assert t.shape == (2, 3) and all(type(d) is int for d in t.shape)
+    t.close()
+
+
+def test_copy_round_trip_and_partial_view(backend):
+    t = Tensor.empty((4, 8), "float32", name="x", backend=backend)
+    data = np.arange(32, dtype=np.float32).reshape(4, 8)
+    t.copy_from(data)
+    np.testing.assert_array_equal(t.to_numpy(), data)
+    t.reshape((2, 8))
+    t.copy_from(np.full((2, 8), -1, np.float32))  # writes only the first 64 bytes
+    t.reshape((4, 8))
+    got = t.to_numpy()
+    assert (got[:2] == -1).all()
+    np.testing.assert_array_equal(got[2:], data[2:])
+    t.close()
+
+
+def test_tensor_to_tensor_copies_view_bytes_on_a_stream(backend):
+    s = Stream.create(backend)
+    a = Tensor.empty((16,), "int32", backend=backend)
+    b = Tensor.empty((16,), "int32", Location.PINNED, backend=backend)
+    a.copy_from(np.arange(16, dtype=np.int32), s)
+    b.fill_(-5)
+    a.reshape((4,))
+    b.reshape((4,))
+    b.copy_from(a, s)
+    s.synchronize()
+    b.reshape((16,))
+    np.testing.assert_array_equal(np.asarray(b), [0, 1, 2, 3] + [-5] * 12)
+    out = np.empty(4, np.int32)
+    a.copy_to(out, s)
+    np.testing.assert_array_equal(out, [0, 1, 2, 3])
+    for x in (a, b, s):
+        x.close()
+
+
+def test_copy_with_wrong_dtype_or_size_is_refused(backend):
+    t = Tensor.empty((4,), "int32", name="context_lengths", backend=backend)
+    with pytest.raises(TrtioError, match=r"context_lengths.*int64 does not match int32"):
+        t.copy_from(np.zeros(4, np.int64))
+    with pytest.raises(TrtioError, match=r"context_lengths.*20 bytes.*16 bytes"):
+        t.copy_from(np.zeros(5, np.int32))
+    other = Tensor.empty((4,), "float32", name="other", backend=backend)
+    with pytest.raises(TrtioError, match="float32 does not match int32"):
+        t.copy_from(other)
+    with pytest.raises(TrtioError, match="bytes"):
+        t.copy_to(np.zeros(3, np.int32))
+    t.close()
+    other.close()
+
+
+def test_use_after_close_raises_and_close_is_idempotent(backend):
+    t = Tensor.empty((4,), "int32", name="gone", backend=backend)
+    t.close()
+    t.close()
+    for op in (lambda: t.shape, lambda: t.data_ptr, lambda: t.reshape((2,)),
+               lambda: t.copy_from(np.zeros(4, np.int32)), lambda: t.to_numpy(), lambda: t.zero_()):
+        with pytest.raises(ClosedError, match="'gone' is closed"):
+            op()
+    with Tensor.empty((2,), "int8", backend=backend) as t2:
+        pass
+    assert t2.is_closed
+
+
+def test_view_of_closed_tensor_is_unusable(backend):
+    t = Tensor.empty((4,), "int32", name="base", backend=backend)
+    v = t.view(DType.UINT8)
+    assert v.shape == (16,) and v.data_ptr == t.data_ptr
+    t.close()
+    with pytest.raises(ClosedError, match="view of closed tensor 'base'"):
+        v.data_ptr
+
+
+def test_unclosed_tensor_is_freed_with_a_warning(host):
+    before = host.live_allocations
+    t = Tensor.empty((4,), "int32", name="leaky", backend=host)
+    assert host.live_allocations == before + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del t
+        gc.collect()
+    assert host.live_allocations == before
+    assert any("leaky" in str(w.message) and w.category is ResourceWarning for w in caught)
+
+
+def test_wrap_checks_alignment_null_and_capacity(backend):
+    owner = Tensor.empty((1024,), "uint8", backend=backend)
+    w = Tensor.wrap(owner.data_ptr + 256, (16,), "int32", Location.DEVICE, owner, name="w", backend=backend)
+    assert w.data_ptr == owner.data_ptr + 256
+    with pytest.raises(TrtioError, match=r"'u'.*not 256-byte aligned \(off by 4\)"):
+        Tensor.wrap(owner.data_ptr + 4, (4,), "int32", Location.DEVICE, owner, name="u", backend=backend)
+    with pytest.raises(TrtioError, match="null pointer"):
+        Tensor.wrap(0, (4,), "int32", Location.DEVICE, name="n", backend=backend)
+    with pytest.raises(CapacityError, match="capacity 8 bytes"):
+        Tensor.wrap(owner.data_ptr, (4,), "int32", capacity=8, backend=backend)
+    owner.close()
+
+
+def test_zero_size_tensor_allocates_nothing(host):
+    before = host.alloc_count
+    t = Tensor.empty((0, 8), "float16", name="absent", backend=host)
+    assert host.alloc_count == before and t.data_ptr == 0 and t.is_empty
+    t.close()
+
+
+@pytest.mark.parametrize("dtype,value", [("float32", 1.5), ("float16", -2.0), ("int32", -7),
+                                         ("int64", 1 << 40), ("int8", -3), ("uint8", 200), ("bool", True)])
+def test_fill_and_zero(backend, dtype, value):
+    for loc in (Location.DEVICE, Location.PINNED):
+        t = Tensor.empty((3, 5), dtype, loc, backend=backend)
+        t.fill_(value)
+        np.testing.assert_array_equal(t.to_numpy(), np.full((3, 5), value, dtype=DType.coerce(dtype).numpy))
+        t.zero_()
+        assert not t.to_numpy().any()
+        t.close()
+
+
+@pytest.mark.skipif(not HAS_ML, reason="ml_dtypes not installed")
+def test_bf16_to_numpy_and_fill(backend):
+    import ml_dtypes
+
+    t = Tensor.empty((2, 3), "bfloat16", backend=backend)
+    data = np.array([[1.0, 2.5, -3.0], [0.5, 8.0, 1e10]], dtype=ml_dtypes.bfloat16)
+    t.copy_from(data)
+    got = t.to_numpy()
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got, data)
+    t.fill_(0.25)
+    assert (t.to_numpy().astype(np.float32) == 0.25).all()
+    t.close()
+
+
+def test_packed_int4_travels_as_bytes(host):
+    t = Tensor.empty((3, 5), DType.INT4, backend=host)
+    assert t.nbytes == 8  # 15 nibbles round up to 8 bytes
+    raw = np.arange(8, dtype=np.uint8)
+    t.copy_from(raw)
+    np.testing.assert_array_equal(t.to_numpy(), raw)
+    with pytest.raises(TrtioError, match="packed int4 supports only 0"):
+        t.fill_(3)
+    t.close()
+
+
+def test_view_changes_dtype_not_memory(host):
+    t = Tensor.from_numpy(np.array([[1, 2], [3, 4]], np.int32), backend=host)
+    v = t.view(DType.UINT8)
+    assert v.shape == (2, 8) and v.dtype is DType.UINT8
+    assert v.to_numpy()[0, 0] == 1
+    with pytest.raises(ShapeError, match="cannot be viewed"):
+        Tensor.empty((3,), "uint8", backend=host).view(DType.INT32)
+    t.close()
+
+
+def test_reshape_and_copy_do_not_allocate(backend):
+    t = Tensor.empty((8, 64), "float16", backend=backend)
+    staging = Tensor.empty((8, 64), "float16", Location.PINNED, backend=backend)
+    src = np.ones((2, 64), np.float16)
+    s = Stream.create(backend)
+    before = backend.alloc_count
+    for n in (1, 2, 4, 8, 2):
+        t.reshape((n, 64))
+        staging.reshape((n, 64))
+        staging.copy_from(np.ones((n, 64), np.float16))
+        t.copy_from(staging, s)
+    t.reshape((2, 64)).copy_from(src, s)
+    t.zero_(s)
+    assert backend.alloc_count == before
+    s.synchronize()
+    for x in (t, staging, s):
+        x.close()
+
+
+def test_array_interface_for_host_accessible_memory(backend):
+    t = Tensor.empty((2, 3), "int32", Location.PINNED, backend=backend)
+    t.fill_(4)
+    arr = np.asarray(t)
+    assert arr.shape == (2, 3) and (arr == 4).all()
+    assert arr.__array_interface__["data"][0] == t.data_ptr  # no copy
+    t.close()
+    if backend.name == "cuda":
+        d = Tensor.empty((2,), "int32", backend=backend)
+        assert not hasattr(d, "__array_interface__")
+        d.close()
+
+
+def test_dlpack_on_host_is_zero_copy(host):
+    t = Tensor.from_numpy(np.arange(12, dtype=np.float32).reshape(3, 4), backend=host)
+    arr = np.from_dlpack(t)
+    assert arr.__array_interface__["data"][0] == t.data_ptr
+    t.fill_(2.0)
+    assert (arr == 2.0).all()
+    t.reshape((2, 4))
+    assert np.from_dlpack(t).shape == (2, 4), "exports the current view"
+    del arr
+    gc.collect()
+    t.close()
+
+
+def test_dlpack_refuses_types_it_cannot_carry(host):
+    t = Tensor.empty((4,), DType.FP8, backend=host)
+    with pytest.raises(BufferError, match=r"DLPack cannot carry fp8.*view\(trtio.DType.UINT8\)"):
+        t.__dlpack__()
+    with pytest.raises(BufferError, match="without copying"):
+        Tensor.empty((4,), "int32", backend=host).__dlpack__(copy=True)
+    t.close()
+
+
+def test_cuda_array_interface_only_for_cuda_device_memory(host):
+    t = Tensor.empty((4,), "int32", backend=host)
+    assert not hasattr(t, "__cuda_array_interface__")
+    t.close()
+
+
+def test_repr_shows_name_shape_dtype_location_pointer(host):
+    t = Tensor.empty((2, 3), "float16", name="logits", backend=host)
+    r = repr(t)
+    assert "'logits'" in r and "(2, 3)" in r and "float16" in r and "device" in r and hex(t.data_ptr) in r
+    t.close()
+    assert "closed" in repr(t)
+
+
+# -- GPU interop ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_dlpack_into_torch_without_copy(cuda):
+    torch = pytest.importorskip("torch")
+    s = Stream.create(cuda)
+    t = Tensor.from_numpy(np.arange(24, dtype=np.float32).reshape(4, 6), backend=cuda, stream=s)
+    x = torch.from_dlpack(t)
+    assert x.is_cuda and x.data_ptr() == t.data_ptr and tuple(x.shape) == (4, 6)
+    torch.cuda.synchronize()
+    assert x[1, 2].item() == 8.0
+    x.fill_(3.0)  # writes through the shared memory
+    torch.cuda.synchronize()
+    assert (t.to_numpy() == 3.0).all()
+    del x
+    t.close()
+    s.close()
+
+
+@pytest.mark.gpu
+def test_bf16_through_dlpack_into_torch(cuda):
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    data = np.array([[1.0, -2.5], [0.125, 3.0]], dtype=ml_dtypes.bfloat16)
+    t = Tensor.from_numpy(data, backend=cuda)
+    x = torch.from_dlpack(t)
+    assert x.dtype == torch.bfloat16 and x.data_ptr() == t.data_ptr
+    torch.cuda.synchronize()
+    assert x.float().cpu().tolist() == [[1.0, -2.5], [0.125, 3.0]]
+    del x
+    t.close()
+
+
+@pytest.mark.gpu
+def test_dlpack_and_cuda_array_interface_into_cupy_without_copy(cuda):
+    cp = pytest.importorskip("cupy")
+    t = Tensor.from_numpy(np.arange(10, dtype=np.int32), backend=cuda)
+    a = cp.from_dlpack(t)
+    assert a.data.ptr == t.data_ptr
+    assert int(a[7]) == 7
+    b = cp.asarray(t)  # through __cuda_array_interface__
+    assert b.data.ptr == t.data_ptr
+    b[0] = 42
+    cp.cuda.runtime.deviceSynchronize()
+    assert t.to_numpy()[0] == 42
+    del a, b
+    t.close()
+
+
+@pytest.mark.gpu
+def test_dlpack_orders_consumer_stream_after_producer(cuda):
+    """Exporting to a consumer stream makes it wait for trtio's last write to the tensor."""
+    torch = pytest.importorskip("torch")
+    producer = Stream.create(cuda)
+    n = 16 << 20
+    t = Tensor.empty((n,), "int32", backend=cuda)
+    for i in range(20):
+        for _ in range(3):
+            t.fill_(-1, producer)
+        t.fill_(i, producer)
+        consumer = torch.cuda.Stream()
+        with torch.cuda.stream(consumer):
+            x = torch.utils.dlpack.from_dlpack(t.__dlpack__(stream=consumer.cuda_stream))
+            total = int((x == i).sum().item())
+        assert total == n, f"iteration {i}"
+    producer.synchronize()
+    t.close()
+    producer.close()

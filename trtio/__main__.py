@@ -1,0 +1,5 @@
+import sys
+
+from trtio.cli import main
+
+sys.exit(main())

@@ -1,0 +1,326 @@
+"""DLPack export in pure Python: ``DLManagedTensor`` structs and their capsules built with ctypes.
+
+:func:`make_capsule` wraps memory that some Python object owns (a trtio tensor, a numpy array)
+in the PyCapsule a DLPack consumer takes: ``numpy.from_dlpack``, ``torch.from_dlpack``, CuPy,
+JAX. It copies nothing and orders nothing on any stream; the caller's ``__dlpack__`` does that
+before it asks for the capsule.
+
+Lifetime. Every export is kept in a module registry keyed by the address of its
+``DLManagedTensor``: the ctypes structs (which the consumer reads through raw pointers) and a
+reference to ``owner``. The entry goes when the DLPack deleter runs, which happens exactly once:
+
+- the consumer took the capsule (renamed it ``used_dltensor[_versioned]``) and calls the
+  deleter when its own array dies, from any thread (the deleter takes the GIL itself);
+- nobody took it: the capsule's destructor calls the deleter when the capsule is freed.
+
+:func:`live_exports` counts entries whose deleter has not run yet; tests use it to prove that no
+export leaks.
+
+Known limit. A consumer that refuses a capsule after taking it (numpy for bf16, or for device
+memory) drops it while its error is being raised. A ctypes callback cannot leave that error in
+place for the consumer to return, so the consumer then reports ``SystemError: ... returned NULL
+without setting an exception``. The export is still released, and the lost error is logged as
+a warning on this module's logger so the real reason is not gone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import operator
+from dataclasses import dataclass
+
+__all__ = [
+    "kDLCPU",
+    "kDLCUDA",
+    "kDLCUDAHost",
+    "kDLInt",
+    "kDLUInt",
+    "kDLFloat",
+    "kDLBfloat",
+    "kDLBool",
+    "DLPACK_MAJOR_VERSION",
+    "DLPACK_MINOR_VERSION",
+    "DLPACK_FLAG_BITMASK_READ_ONLY",
+    "DLDevice",
+    "DLDataType",
+    "DLTensor",
+    "DLManagedTensor",
+    "DLPackVersion",
+    "DLManagedTensorVersioned",
+    "make_capsule",
+    "parse_max_version",
+    "live_exports",
+]
+
+_log = logging.getLogger(__name__)
+
+# DLDeviceType (dlpack.h).
+kDLCPU = 1
+kDLCUDA = 2
+kDLCUDAHost = 3
+
+# DLDataTypeCode (dlpack.h).
+kDLInt = 0
+kDLUInt = 1
+kDLFloat = 2
+kDLBfloat = 4
+kDLBool = 6
+
+# The version written into versioned capsules, and the one flag trtio sets.
+DLPACK_MAJOR_VERSION = 1
+DLPACK_MINOR_VERSION = 0
+DLPACK_FLAG_BITMASK_READ_ONLY = 1
+
+_LEGACY_NAME = b"dltensor"
+_VERSIONED_NAME = b"dltensor_versioned"
+
+
+# -- the structs of dlpack.h ----------------------------------------------------------------------
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# void (*deleter)(DLManagedTensor*) and (DLManagedTensorVersioned*). CFUNCTYPE, not PYFUNCTYPE:
+# consumers may call it from a thread Python has never seen, and a CFUNCTYPE callback takes the
+# GIL itself.
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", _Deleter),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+# -- the Python C API -----------------------------------------------------------------------------
+# Private prototypes bound to ctypes.pythonapi rather than argtypes set on its shared attributes,
+# which any other library in the process may set differently. PYFUNCTYPE keeps the GIL held
+# across the call and raises whatever Python error the call leaves set.
+def _capi(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
+
+
+# PyCapsule_New hands back a new reference (py_object). The calls the destructor makes take a
+# bare address: its capsule's reference count is already 0, and a py_object would revive it.
+_PyCapsule_New = _capi("PyCapsule_New", ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p,
+                       ctypes.c_void_p)
+_PyCapsule_GetName = _capi("PyCapsule_GetName", ctypes.c_char_p, ctypes.c_void_p)
+_PyCapsule_IsValid = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+_PyCapsule_GetPointer = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_char_p)
+_PyErr_Occurred = _capi("PyErr_Occurred", ctypes.c_void_p)
+_Py_IncRef = _capi("Py_IncRef", None, ctypes.py_object)
+
+# void (*PyCapsule_Destructor)(PyObject*): always called with the GIL held.
+_CapsuleDestructor = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+
+
+# -- the registry ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Export:
+    """What must outlive the consumer's use of one capsule."""
+
+    managed: DLManagedTensor | DLManagedTensorVersioned
+    shape: ctypes.Array  # int64[ndim], pointed at by dl_tensor.shape
+    strides: ctypes.Array  # int64[ndim], pointed at by dl_tensor.strides
+    owner: object  # owns the memory at dl_tensor.data
+
+
+_exports: dict[int, _Export] = {}
+
+
+def live_exports() -> int:
+    """How many capsules made by :func:`make_capsule` still wait for their deleter."""
+    return len(_exports)
+
+
+def _release(address: int) -> None:
+    # pop, not del: a consumer that calls the deleter twice must not break anything.
+    _exports.pop(address, None)
+
+
+def _take_pending_error(where: str) -> None:
+    """Clear a Python error left set by the C code that is calling a ctypes callback.
+
+    A consumer that fails after taking a capsule drops it with its error still set. Python code
+    cannot run in that state (every call it makes fails with SystemError), and ctypes gives no way
+    to put the error back when the callback returns, so the error is taken here, logged, and lost.
+    """
+    try:
+        _PyErr_Occurred()  # raises the pending error, if there is one
+    except BaseException as exc:  # noqa: BLE001 - it is somebody else's error, whatever it is
+        _log.warning(
+            "%s ran while %s: %s was being raised; ctypes cannot hand it back, so the DLPack "
+            "consumer will report SystemError instead", where, type(exc).__name__, exc)
+
+
+# The names of the two functions below are what DLPack and CPython call them; each takes the
+# address of the struct / capsule it is about.
+@_Deleter
+def _deleter(managed_address: int) -> None:
+    _take_pending_error("the DLPack deleter")
+    _release(managed_address)
+
+
+@_CapsuleDestructor
+def _capsule_destructor(capsule_address: int) -> None:
+    _take_pending_error("the DLPack capsule destructor")
+    name = _PyCapsule_GetName(capsule_address)
+    # A consumer renames the capsule when it takes it; from then on the deleter is its to call.
+    if name not in (_LEGACY_NAME, _VERSIONED_NAME):
+        return
+    if not _PyCapsule_IsValid(capsule_address, name):
+        return
+    _release(_PyCapsule_GetPointer(capsule_address, name))
+
+
+# Capsules a consumer leaks can be freed during interpreter shutdown, after this module's globals
+# are gone. The C code they point at (the callback thunks) and the capsule names must still be
+# there then, so they are given one reference that is never dropped.
+_CAPSULE_NAMES = (ctypes.create_string_buffer(_LEGACY_NAME),
+                  ctypes.create_string_buffer(_VERSIONED_NAME))
+_Py_IncRef((_deleter, _capsule_destructor, _CAPSULE_NAMES))
+
+
+# -- export ---------------------------------------------------------------------------------------
+def parse_max_version(max_version: object) -> bool:
+    """True when a consumer's ``__dlpack__(max_version=...)`` asks for a versioned capsule.
+
+    ``max_version`` is None (a consumer that predates DLPack 1.0: it wants ``"dltensor"``) or a
+    ``(major, minor)`` pair; any major version of 1 or more can read the 1.0 struct.
+    """
+    if max_version is None:
+        return False
+    try:
+        major = operator.index(max_version[0])  # type: ignore[index]
+    except (TypeError, IndexError) as exc:
+        raise TypeError(
+            f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, "
+            f"got {max_version!r}") from exc
+    return major >= 1
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    # A zero-length dimension does not zero the strides of the dimensions before it (torch's rule;
+    # numpy 2 writes all-zero strides for an empty array, which consumers accept as well).
+    strides = []
+    step = 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+def _as_ints(field: str, values: tuple[int, ...], *, minimum: int | None) -> tuple[int, ...]:
+    try:
+        ints = tuple(operator.index(v) for v in values)
+    except TypeError as exc:
+        raise TypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from exc
+    if minimum is not None and any(v < minimum for v in ints):
+        raise ValueError(f"make_capsule: {field} must not be negative, got {values!r}")
+    return ints
+
+
+def _check_range(field: str, value: int, low: int, high: int) -> int:
+    value = operator.index(value)
+    if not low <= value <= high:
+        raise ValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int, lanes: int = 1,
+                 device_type: int, device_id: int, owner: object,
+                 strides: tuple[int, ...] | None = None, byte_offset: int = 0,
+                 versioned: bool = False, read_only: bool = False) -> object:
+    """A DLPack capsule for the memory at ``ptr + byte_offset``; return it from ``__dlpack__``.
+
+    ``shape`` and ``strides`` count elements; ``strides=None`` means C-contiguous, and explicit
+    contiguous strides are written anyway. ``versioned`` makes a DLPack 1.0
+    ``"dltensor_versioned"`` capsule (use ``parse_max_version(max_version)``), otherwise a legacy
+    ``"dltensor"`` one. ``read_only`` sets DLPACK_FLAG_BITMASK_READ_ONLY; a legacy capsule has no
+    way to say it, so read-only memory raises BufferError there, as numpy does.
+
+    Nothing is copied and no stream is touched: the consumer reads the memory in place.
+    ``owner`` (which keeps the memory allocated) is referenced until the consumer calls the
+    deleter, or until the capsule is freed without being consumed.
+    """
+    if read_only and not versioned:
+        raise BufferError(
+            "make_capsule: read-only memory cannot be exported through a legacy 'dltensor' capsule, "
+            "which cannot mark it read-only; the consumer must ask for max_version >= (1, 0)")
+    dims = _as_ints("shape", shape, minimum=0)
+    if strides is None:
+        steps = _contiguous_strides(dims)
+    else:
+        steps = _as_ints("strides", strides, minimum=None)
+        if len(steps) != len(dims):
+            raise ValueError(
+                f"make_capsule: strides {tuple(strides)!r} has {len(steps)} entries "
+                f"for shape {tuple(shape)!r} of {len(dims)} dimensions")
+    address = _check_range("ptr", ptr, 0, 2**64 - 1)
+    offset = _check_range("byte_offset", byte_offset, 0, 2**64 - 1)
+
+    managed: DLManagedTensor | DLManagedTensorVersioned
+    if versioned:
+        managed = DLManagedTensorVersioned()
+        managed.version = DLPackVersion(DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION)
+        managed.flags = DLPACK_FLAG_BITMASK_READ_ONLY if read_only else 0
+        name = _CAPSULE_NAMES[1]
+    else:
+        managed = DLManagedTensor()
+        name = _CAPSULE_NAMES[0]
+    # One spare slot: a 0-d tensor still gets real (unread) shape and strides pointers.
+    shape_array = (ctypes.c_int64 * max(len(dims), 1))(*dims)
+    strides_array = (ctypes.c_int64 * max(len(steps), 1))(*steps)
+
+    tensor = managed.dl_tensor
+    tensor.data = address
+    tensor.device = DLDevice(_check_range("device_type", device_type, 0, 2**31 - 1),
+                             _check_range("device_id", device_id, 0, 2**31 - 1))
+    tensor.ndim = len(dims)
+    tensor.dtype = DLDataType(_check_range("type_code", type_code, 0, 255),
+                              _check_range("bits", bits, 1, 255),
+                              _check_range("lanes", lanes, 1, 2**16 - 1))
+    tensor.shape = ctypes.cast(shape_array, ctypes.POINTER(ctypes.c_int64))
+    tensor.strides = ctypes.cast(strides_array, ctypes.POINTER(ctypes.c_int64))
+    tensor.byte_offset = offset
+    managed.manager_ctx = None
+    managed.deleter = _deleter
+
+    key = ctypes.addressof(managed)
+    _exports[key] = _Export(managed, shape_array, strides_array, owner)
+    try:
+        return _PyCapsule_New(key, ctypes.addressof(name), ctypes.cast(_capsule_destructor,
+                                                                        ctypes.c_void_p))
+    except BaseException:
+        _release(key)
+        raise

@@ -1,0 +1,262 @@
+"""The cuda backend: device and pinned memory, streams, events and graphs through cuda-python.
+
+cuda.core selects the device and makes its primary context current (the context torch and
+CuPy use too); the calls below it go through cuda.bindings' runtime and driver modules. Every
+call's status is checked: a failure raises :class:`CudaError` with the call, the CUDA error
+name and CUDA's description. cuda-python is imported lazily, so ``import trtio`` works with
+no driver.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from trtio.cuda._hostmem import HostHeap, host_fill
+from trtio.cuda.backend import Location
+from trtio.errors import CudaError
+
+__all__ = ["CudaBackend", "probe_device_count", "probe_error"]
+
+_probe_error: str = ""
+
+
+def _runtime() -> Any:
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def probe_device_count() -> int:
+    """Number of CUDA devices, 0 when cuda-python, the driver or a device is missing. Never raises."""
+    global _probe_error
+    try:
+        rt = _runtime()
+        err, count = rt.cudaGetDeviceCount()
+    except Exception as exc:  # ImportError, or the loader's RuntimeError without a driver
+        _probe_error = f"cuda-python could not be loaded: {exc}"
+        return 0
+    if err != rt.cudaError_t.cudaSuccess:
+        _probe_error = f"cudaGetDeviceCount returned {_error_name(err)}"
+        return 0
+    if count == 0:
+        _probe_error = "cudaGetDeviceCount found no device"
+    return int(count)
+
+
+def probe_error() -> str:
+    return _probe_error or "unknown reason"
+
+
+def _error_name(err: Any) -> str:
+    try:
+        rt = _runtime()
+        if isinstance(err, rt.cudaError_t):
+            return rt.cudaGetErrorName(err)[1].decode()
+        drv = _driver()
+        return drv.cuGetErrorName(err)[1].decode()
+    except Exception:
+        return str(err)
+
+
+def _error_text(err: Any) -> str:
+    try:
+        rt = _runtime()
+        if isinstance(err, rt.cudaError_t):
+            return rt.cudaGetErrorString(err)[1].decode()
+        return _driver().cuGetErrorString(err)[1].decode()
+    except Exception:
+        return ""
+
+
+def _check(call: str, result: Any) -> Any:
+    """Raise CudaError unless the (status, *values) tuple reports success; return the values."""
+    status = result[0] if isinstance(result, tuple) else result
+    if int(status) != 0:
+        raise CudaError(call, _error_name(status), _error_text(status))
+    if not isinstance(result, tuple) or len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+class CudaBackend:
+    """cuda-python backend (see module docstring). One instance per process and device."""
+
+    name = "cuda"
+
+    def __init__(self, device_id: int = 0) -> None:
+        self.device_id = device_id
+        self.alloc_count = 0
+        self.sync_count = 0
+        self._rt = _runtime()
+        self._drv = _driver()
+        self._host = HostHeap()
+        self._lock = threading.Lock()
+        try:
+            from cuda.core import Device
+
+            self._device = Device(device_id)
+            self._device.set_current()
+            self.device_name = self._device.name
+            self.compute_capability = tuple(self._device.compute_capability)
+        except Exception as exc:
+            raise CudaError("cuda.core.Device.set_current", None, str(exc)) from exc
+        _check("cudaSetDevice", self._rt.cudaSetDevice(device_id))
+
+    def __repr__(self) -> str:
+        return f"CudaBackend(device={self.device_id}, name={self.device_name!r})"
+
+    def make_current(self) -> None:
+        """Make this device current on the calling thread (needed once per new thread)."""
+        self._device.set_current()
+        _check("cudaSetDevice", self._rt.cudaSetDevice(self.device_id))
+
+    # -- memory ---------------------------------------------------------------------------
+    def alloc(self, nbytes: int, location: Location) -> int:
+        if nbytes <= 0:
+            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+        if location is Location.DEVICE:
+            ptr = int(_check("cudaMalloc", self._rt.cudaMalloc(nbytes)))
+        elif location is Location.PINNED:
+            ptr = int(_check("cudaMallocHost", self._rt.cudaMallocHost(nbytes)))
+        else:
+            with self._lock:
+                ptr = self._host.alloc(nbytes)
+        self.alloc_count += 1
+        return ptr
+
+    def free(self, ptr: int, location: Location) -> None:
+        if location is Location.DEVICE:
+            _check("cudaFree", self._rt.cudaFree(ptr))
+        elif location is Location.PINNED:
+            _check("cudaFreeHost", self._rt.cudaFreeHost(ptr))
+        else:
+            with self._lock:
+                if not self._host.free(ptr):
+                    raise CudaError("free", "cudaErrorInvalidValue", f"pointer 0x{ptr:x} was not allocated here")
+
+    def is_host_accessible(self, location: Location) -> bool:
+        return location is not Location.DEVICE
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        if nbytes:
+            kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
+            _check("cudaMemcpyAsync", self._rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+
+    def memcpy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                  stream: int) -> None:
+        if width and height:
+            kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
+            _check("cudaMemcpy2DAsync",
+                   self._rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream))
+
+    def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        if nbytes:
+            _check("cudaMemsetAsync", self._rt.cudaMemsetAsync(ptr, value, nbytes, stream))
+
+    def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
+        """Device fill with 1/2/4/8-byte patterns through the driver's memset kernels."""
+        if not count:
+            return
+        drv = self._drv
+        width = len(pattern)
+        value = int.from_bytes(pattern, "little")
+        if width == 1:
+            _check("cuMemsetD8Async", drv.cuMemsetD8Async(ptr, value, count, stream))
+        elif width == 2:
+            _check("cuMemsetD16Async", drv.cuMemsetD16Async(ptr, value, count, stream))
+        elif width == 4:
+            _check("cuMemsetD32Async", drv.cuMemsetD32Async(ptr, value, count, stream))
+        elif width == 8:
+            lo, hi = value & 0xFFFFFFFF, value >> 32
+            # Two strided 2D fills write the low and high words of every 8-byte element.
+            _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr, 8, lo, 1, count, stream))
+            _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, count, stream))
+        else:
+            raise ValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {width}")
+
+    def host_fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
+        """Fill pageable host memory after the stream's earlier work (synchronises the stream)."""
+        self.synchronize_stream(stream)
+        host_fill(ptr, pattern, count)
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = _check("cudaMemGetInfo", self._rt.cudaMemGetInfo())
+        return int(free), int(total)
+
+    # -- streams and events ---------------------------------------------------------------
+    def create_stream(self) -> int:
+        flags = self._rt.cudaStreamNonBlocking
+        return int(_check("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+
+    def destroy_stream(self, stream: int) -> None:
+        _check("cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
+
+    def synchronize_stream(self, stream: int) -> None:
+        self.sync_count += 1
+        _check("cudaStreamSynchronize", self._rt.cudaStreamSynchronize(stream))
+
+    def create_event(self) -> int:
+        flags = self._rt.cudaEventDisableTiming
+        return int(_check("cudaEventCreateWithFlags", self._rt.cudaEventCreateWithFlags(flags)))
+
+    def destroy_event(self, event: int) -> None:
+        _check("cudaEventDestroy", self._rt.cudaEventDestroy(event))
+
+    def record_event(self, event: int, stream: int) -> None:
+        _check("cudaEventRecord", self._rt.cudaEventRecord(event, stream))
+
+    def wait_event(self, stream: int, event: int) -> None:
+        _check("cudaStreamWaitEvent", self._rt.cudaStreamWaitEvent(stream, event, 0))
+
+    def synchronize_event(self, event: int) -> None:
+        self.sync_count += 1
+        _check("cudaEventSynchronize", self._rt.cudaEventSynchronize(event))
+
+    def query_event(self, event: int) -> bool:
+        err = self._rt.cudaEventQuery(event)[0]
+        if err == self._rt.cudaError_t.cudaErrorNotReady:
+            return False
+        _check("cudaEventQuery", (err,))
+        return True
+
+    def synchronize(self) -> None:
+        self.sync_count += 1
+        _check("cudaDeviceSynchronize", self._rt.cudaDeviceSynchronize())
+
+    # -- graphs ---------------------------------------------------------------------------
+    def begin_capture(self, stream: int) -> None:
+        mode = self._rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        _check("cudaStreamBeginCapture", self._rt.cudaStreamBeginCapture(stream, mode))
+
+    def end_capture(self, stream: int) -> int:
+        graph = _check("cudaStreamEndCapture", self._rt.cudaStreamEndCapture(stream))
+        try:
+            graph_exec = _check("cudaGraphInstantiate", self._rt.cudaGraphInstantiate(graph, 0))
+        finally:
+            # cuda.bindings handles do not own their resource: destroy the template explicitly.
+            _check("cudaGraphDestroy", self._rt.cudaGraphDestroy(graph))
+        return int(graph_exec)
+
+    def abort_capture(self, stream: int) -> None:
+        if not self.is_capturing(stream):
+            return
+        err, graph = self._rt.cudaStreamEndCapture(stream)
+        if int(err) == 0 and graph is not None and int(graph):
+            self._rt.cudaGraphDestroy(graph)
+
+    def is_capturing(self, stream: int) -> bool:
+        status = _check("cudaStreamIsCapturing", self._rt.cudaStreamIsCapturing(stream))
+        return status != self._rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
+
+    def launch_graph(self, graph_exec: int, stream: int) -> None:
+        _check("cudaGraphLaunch", self._rt.cudaGraphLaunch(graph_exec, stream))
+
+    def destroy_graph(self, graph_exec: int) -> None:
+        _check("cudaGraphExecDestroy", self._rt.cudaGraphExecDestroy(graph_exec))

@@ -1,0 +1,78 @@
+"""trtio's exceptions.
+
+Every error trtio raises derives from :class:`TrtioError`, so callers can catch one type.
+Messages name the tensor, binding, field or call involved and the values that were expected.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TrtioError",
+    "CudaError",
+    "CapacityError",
+    "BindingError",
+    "ShapeError",
+    "ConfigError",
+    "FrozenError",
+    "EngineError",
+    "ClosedError",
+]
+
+
+class TrtioError(Exception):
+    """Base class of every error trtio raises."""
+
+
+class CudaError(TrtioError):
+    """A CUDA call failed, or no CUDA device is usable.
+
+    ``call`` is the API call that failed (``"cudaMalloc"``), ``name`` the CUDA error name
+    (``"cudaErrorMemoryAllocation"``) or ``None`` when CUDA itself could not be loaded.
+    """
+
+    def __init__(self, call: str, name: str | None, detail: str = "") -> None:
+        self.call = call
+        self.name = name
+        self.detail = detail
+        text = f"{call}: {name}" if name else call
+        if detail:
+            text = f"{text}: {detail}"
+        super().__init__(text)
+
+
+class CapacityError(TrtioError):
+    """A shape needs more bytes than a tensor's fixed capacity."""
+
+
+class ShapeError(TrtioError, ValueError):
+    """A shape is malformed (negative, non-integer) or does not match what is required."""
+
+
+class BindingError(TrtioError):
+    """One or more engine bindings are wrong; ``problems`` lists every one found."""
+
+    def __init__(self, engine: str, problems: list[str]) -> None:
+        self.engine = engine
+        self.problems = list(problems)
+        head = f"{len(self.problems)} binding problem(s) for engine {engine!r}:"
+        super().__init__("\n  - ".join([head, *self.problems]))
+
+
+class ConfigError(TrtioError, ValueError):
+    """A configuration field has a bad value; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class FrozenError(TrtioError):
+    """Something would break the pointer-stability invariant after a tensor map was built."""
+
+
+class EngineError(TrtioError):
+    """An engine could not be loaded, or TensorRT reported a failure."""
+
+
+class ClosedError(TrtioError):
+    """An object was used after ``close()``."""

@@ -1,0 +1,269 @@
+"""Arena: every tensor of a plan carved from one allocation per location; and MemoryReport.
+
+An arena is planned in full before it allocates: a list of :class:`TensorRequest` becomes one
+backend allocation per location (device, pinned, host), sliced at 256-byte aligned offsets
+(TensorRT's address alignment). The slices are non-owning :class:`Tensor` objects whose owner
+is the arena, so their pointers are stable for the arena's life.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from trtio.cuda._hostmem import ALIGNMENT
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.dtypes import DType, DTypeLike
+from trtio.errors import ClosedError, TrtioError
+from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
+
+__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "align_up"]
+
+
+def align_up(n: int, alignment: int = ALIGNMENT) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class TensorRequest:
+    """One tensor an arena must hold: its name, worst-case shape, dtype and location."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    location: Location = Location.DEVICE
+
+    @classmethod
+    def of(cls, name: str, shape: ShapeLike, dtype: DTypeLike,
+           location: Location = Location.DEVICE) -> TensorRequest:
+        return cls(name, normalize_shape(shape, f"shape of {name!r}"), DType.coerce(dtype), Location(location))
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.nbytes(volume(self.shape))
+
+
+@dataclass(frozen=True)
+class MemoryEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    location: str
+    nbytes: int
+    offset: int | None = None  # within its arena block; None for standalone allocations
+    group: str = ""
+
+
+@dataclass
+class MemoryReport:
+    """Per-tensor bytes, totals per location, and alignment waste; printable and JSON-able."""
+
+    title: str
+    entries: list[MemoryEntry] = field(default_factory=list)
+    allocated: dict[str, int] = field(default_factory=dict)  # bytes the backend handed out, per location
+    allocations: dict[str, int] = field(default_factory=dict)  # backend allocations, per location
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def required(self) -> dict[str, int]:
+        """Bytes the tensors need, per location (no alignment)."""
+        out: dict[str, int] = {}
+        for e in self.entries:
+            out[e.location] = out.get(e.location, 0) + e.nbytes
+        return out
+
+    @property
+    def total_allocated(self) -> int:
+        return sum(self.allocated.values())
+
+    @property
+    def total_required(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def alignment_waste(self) -> int:
+        return self.total_allocated - self.total_required
+
+    @property
+    def ratio(self) -> float:
+        """Bytes allocated / bytes required (1.0 = no waste)."""
+        req = self.total_required
+        return self.total_allocated / req if req else 1.0
+
+    def entry(self, name: str) -> MemoryEntry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(name)
+
+    @classmethod
+    def combine(cls, title: str, reports: Iterable[MemoryReport]) -> MemoryReport:
+        out = cls(title)
+        reports = list(reports)
+        label = sum(1 for r in reports if r.entries) > 1  # name each entry's part only when there are several
+        for r in reports:
+            for e in r.entries:
+                keep = e.group or not label
+                out.entries.append(e if keep else MemoryEntry(**{**asdict(e), "group": r.title}))
+            for loc, n in r.allocated.items():
+                out.allocated[loc] = out.allocated.get(loc, 0) + n
+            for loc, n in r.allocations.items():
+                out.allocations[loc] = out.allocations.get(loc, 0) + n
+            out.notes.extend(r.notes)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "entries": [asdict(e) for e in self.entries],
+            "allocated": dict(self.allocated),
+            "allocations": dict(self.allocations),
+            "required": self.required,
+            "total_allocated": self.total_allocated,
+            "total_required": self.total_required,
+            "alignment_waste": self.alignment_waste,
+            "ratio": self.ratio,
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        rows = [("tensor", "shape", "dtype", "location", "bytes")]
+        for e in self.entries:
+            name = f"{e.group}/{e.name}" if e.group else e.name
+            rows.append((name, "x".join(map(str, e.shape)) or "scalar", e.dtype, e.location, _fmt_bytes(e.nbytes)))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [self.title]
+        for i, r in enumerate(rows):
+            lines.append("  " + "  ".join(c.ljust(w) if j < 4 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+            if i == 0:
+                lines.append("  " + "  ".join("-" * w for w in widths))
+        for loc in sorted(set(self.allocated) | set(self.required)):
+            lines.append(
+                f"  {loc}: required {_fmt_bytes(self.required.get(loc, 0))}, allocated "
+                f"{_fmt_bytes(self.allocated.get(loc, 0))} in {self.allocations.get(loc, 0)} allocation(s)")
+        lines.append(
+            f"  total: required {_fmt_bytes(self.total_required)}, allocated {_fmt_bytes(self.total_allocated)}, "
+            f"alignment waste {_fmt_bytes(self.alignment_waste)}, ratio {self.ratio:.4f}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def _free_blocks(backend: Backend, blocks: list[tuple[int, Location]]) -> None:
+    for ptr, loc in blocks:
+        try:
+            backend.free(ptr, loc)
+        except Exception:
+            pass
+
+
+class Arena:
+    """One backend allocation per location, carved into aligned tensor slices."""
+
+    def __init__(self, requests: Sequence[TensorRequest], *, backend: Backend | str | None = None,
+                 title: str = "arena", alignment: int = ALIGNMENT) -> None:
+        names = [r.name for r in requests]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise TrtioError(f"{title}: tensor names must be unique, repeated: {sorted(dup)}")
+        self._backend = get_backend(backend)
+        self._title = title
+        self._closed = False
+        self._requests = list(requests)
+        offsets: dict[str, int] = {}
+        sizes: dict[Location, int] = {}
+        for r in self._requests:
+            if r.nbytes == 0:
+                continue
+            at = sizes.get(r.location, 0)
+            offsets[r.name] = at
+            sizes[r.location] = at + align_up(r.nbytes, alignment)
+        blocks: list[tuple[int, Location]] = []
+        try:
+            for loc, size in sizes.items():
+                blocks.append((self._backend.alloc(size, loc), loc))
+        except BaseException:
+            _free_blocks(self._backend, blocks)  # nothing is left half-allocated
+            raise
+        self._blocks = blocks
+        self._sizes = sizes
+        self._offsets = offsets
+        base = {loc: ptr for ptr, loc in blocks}
+        self._tensors: dict[str, Tensor] = {}
+        for r in self._requests:
+            if r.nbytes:
+                ptr = base[r.location] + offsets[r.name]
+                t = Tensor(ptr, r.shape, r.dtype, r.location, r.nbytes, self._backend, name=r.name, owner=self)
+            else:
+                t = Tensor(0, r.shape, r.dtype, r.location, 0, self._backend, name=r.name, owner=self)
+            self._tensors[r.name] = t
+        self._finalizer = weakref.finalize(self, _free_blocks, self._backend, list(blocks))
+        self._finalizer.atexit = False
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def tensors(self) -> dict[str, Tensor]:
+        """The slices by name, in request order."""
+        if self._closed:
+            raise ClosedError(f"{self._title} is closed")
+        return dict(self._tensors)
+
+    def __getitem__(self, name: str) -> Tensor:
+        if self._closed:
+            raise ClosedError(f"{self._title} is closed")
+        return self._tensors[name]
+
+    @property
+    def allocation_count(self) -> int:
+        return len(self._blocks)
+
+    def block_size(self, location: Location) -> int:
+        return self._sizes.get(location, 0)
+
+    def report(self) -> MemoryReport:
+        rep = MemoryReport(self._title)
+        for r in self._requests:
+            rep.entries.append(MemoryEntry(r.name, r.shape, str(r.dtype), str(r.location), r.nbytes,
+                                           self._offsets.get(r.name)))
+        for loc, size in self._sizes.items():
+            rep.allocated[str(loc)] = size
+            rep.allocations[str(loc)] = 1
+        return rep
+
+    def close(self) -> None:
+        """Free the blocks; every slice becomes unusable. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tensors.values():
+            t._unfreeze()
+            t.close()
+        self._finalizer()
+
+    def __enter__(self) -> Arena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{loc}={n}" for loc, n in self._sizes.items())
+        return f"Arena({self._title!r}, {len(self._tensors)} tensors, {sizes}{', closed' if self._closed else ''})"

@@ -1,0 +1,513 @@
+"""Tensor: a fixed-capacity, pointer-stable buffer with a reshapeable view.
+
+A Tensor's ``data_ptr`` and ``capacity`` never change. Its ``shape`` (the current view) can be
+changed in place by :meth:`Tensor.reshape` as long as the view fits in the capacity, which is
+how one worst-case allocation serves every step of an inference pipeline. Copies move only
+the bytes of the current view.
+
+Stream order: copies, ``zero_`` and ``fill_`` whose destination is device memory are issued on
+``stream`` and return before the work finishes. Destinations in host-accessible memory
+(PINNED, HOST) are written by the host at once; whoever may still be reading them (an earlier
+upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import warnings
+import weakref
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from trtio.cuda._hostmem import ALIGNMENT, host_fill
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.dtypes import DType, DTypeLike
+from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
+from trtio.stream import Event, StreamLike, as_stream
+
+__all__ = ["Tensor", "ShapeLike", "normalize_shape", "volume"]
+
+ShapeLike = Sequence[int]
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+
+
+def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
+    """Validate a shape (a sequence of non-negative ints) and return it as a tuple of int."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what} must be a sequence of ints, got {shape!r}") from None
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
+        if d < 0:
+            raise ShapeError(f"{what} {dims!r} has a negative dimension {int(d)}")
+        out.append(int(d))
+    return tuple(out)
+
+
+def volume(shape: Iterable[int]) -> int:
+    return math.prod(shape)
+
+
+def _free_quietly(backend: Backend, ptr: int, location: Location, name: str, warn: bool) -> None:
+    try:
+        backend.free(ptr, location)
+    except Exception:  # a finalizer must not raise (the driver may already be gone at exit)
+        return
+    if warn:
+        warnings.warn(f"trtio tensor {name!r} was never closed; freed by the garbage collector",
+                      ResourceWarning, stacklevel=2)
+
+
+class Tensor:
+    """A buffer with a fixed capacity and a reshapeable view (see module docstring).
+
+    Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
+    (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead.
+    """
+
+    __slots__ = (
+        "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
+        "_owner", "_owning", "_closed", "_frozen", "_finalizer", "_last_stream", "_export_event",
+        "__weakref__",
+    )
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
+                 capacity: int, backend: Backend, *, name: str = "", owner: Any = None,
+                 owning: bool = False) -> None:
+        self._name = name
+        self._dtype = dtype
+        self._location = location
+        self._shape = shape
+        self._nbytes = dtype.nbytes(volume(shape))
+        self._capacity = capacity
+        self._ptr = ptr
+        self._backend = backend
+        self._owner = owner
+        self._owning = owning
+        self._closed = False
+        self._frozen = False
+        self._last_stream: Any = None
+        self._export_event: Event | None = None
+        self._finalizer = None
+        if owning and ptr:
+            self._finalizer = weakref.finalize(self, _free_quietly, backend, ptr, location, name, True)
+            self._finalizer.atexit = False
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape: ShapeLike, dtype: DTypeLike, location: Location = Location.DEVICE, *,
+              name: str = "", backend: Backend | str | None = None,
+              capacity: int | None = None) -> Tensor:
+        """Allocate an uninitialised tensor; ``capacity`` (bytes) defaults to the shape's size.
+
+        A zero-byte tensor allocates nothing and has ``data_ptr == 0`` (an absent feature).
+        """
+        shape = normalize_shape(shape, f"shape of tensor {name!r}")
+        dt = DType.coerce(dtype)
+        location = Location(location)
+        be = get_backend(backend)
+        need = dt.nbytes(volume(shape))
+        cap = need if capacity is None else int(capacity)
+        if cap < need:
+            raise CapacityError(
+                f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dt} "
+                f"({need} bytes)")
+        ptr = be.alloc(cap, location) if cap else 0
+        return cls(ptr, shape, dt, location, cap, be, name=name, owning=True)
+
+    @classmethod
+    def wrap(cls, ptr: int, shape: ShapeLike, dtype: DTypeLike, location: Location = Location.DEVICE,
+             owner: Any = None, *, name: str = "", capacity: int | None = None,
+             backend: Backend | str | None = None) -> Tensor:
+        """View existing memory without owning it; ``owner`` is kept alive by the tensor.
+
+        Device and pinned pointers must be 256-byte aligned (TensorRT's requirement for
+        tensor addresses).
+        """
+        shape = normalize_shape(shape, f"shape of tensor {name!r}")
+        dt = DType.coerce(dtype)
+        location = Location(location)
+        ptr = int(ptr)
+        need = dt.nbytes(volume(shape))
+        cap = need if capacity is None else int(capacity)
+        if cap < need:
+            raise CapacityError(
+                f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dt} "
+                f"({need} bytes)")
+        if cap and not ptr:
+            raise TrtioError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes")
+        if location is not Location.HOST and ptr % ALIGNMENT:
+            raise TrtioError(
+                f"tensor {name!r}: pointer 0x{ptr:x} is not {ALIGNMENT}-byte aligned "
+                f"(off by {ptr % ALIGNMENT}); TensorRT needs {ALIGNMENT}-byte aligned {location} addresses")
+        return cls(ptr, shape, dt, location, cap, get_backend(backend), name=name, owner=owner)
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, *, name: str = "",
+                   backend: Backend | str | None = None, stream: StreamLike = None) -> Tensor:
+        """A new tensor holding a copy of ``array`` (copied on ``stream``)."""
+        array = np.asarray(array)
+        t = cls.empty(array.shape, DType.from_numpy(array.dtype), location, name=name, backend=backend)
+        t.copy_from(array, stream=stream)
+        return t
+
+    # -- state ----------------------------------------------------------------------------
+    def _live(self) -> None:
+        if self._closed:
+            raise ClosedError(f"tensor {self._name!r} is closed")
+        owner = self._owner
+        if isinstance(owner, Tensor) and owner._closed:
+            raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
+        if getattr(owner, "is_closed", False) is True:
+            raise ClosedError(f"tensor {self._name!r} belongs to a closed {type(owner).__name__}")
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def location(self) -> Location:
+        return self._location
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The current view's shape."""
+        self._live()
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def numel(self) -> int:
+        return volume(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the current view."""
+        self._live()
+        return self._nbytes
+
+    @property
+    def capacity(self) -> int:
+        """Bytes available to views; fixed for the tensor's life."""
+        return self._capacity
+
+    @property
+    def data_ptr(self) -> int:
+        """The tensor's address; never changes (0 for a zero-capacity tensor)."""
+        self._live()
+        return self._ptr
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def is_frozen(self) -> bool:
+        return self._frozen
+
+    @property
+    def is_empty(self) -> bool:
+        """True for a zero-capacity tensor: Edge-LLM's "feature absent"."""
+        return self._capacity == 0
+
+    @property
+    def is_host_accessible(self) -> bool:
+        return self._backend.is_host_accessible(self._location)
+
+    # -- reshaping --------------------------------------------------------------------------
+    def reshape(self, shape: ShapeLike) -> Tensor:
+        """Change the view in place (no reallocation); returns self.
+
+        Raises :class:`CapacityError` naming the tensor, the shape and both byte counts when
+        the view does not fit.
+        """
+        self._live()
+        if type(shape) is tuple and shape == self._shape:
+            return self
+        dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
+        need = self._dtype.nbytes(volume(dims))
+        if need > self._capacity:
+            raise CapacityError(
+                f"tensor {self._name!r}: shape {dims} of {self._dtype} needs {need} bytes but "
+                f"the capacity is {self._capacity} bytes")
+        self._shape = dims
+        self._nbytes = need
+        return self
+
+    def view(self, dtype: DTypeLike) -> Tensor:
+        """The same bytes seen with another dtype (last dim rescaled); shares memory, owns nothing."""
+        self._live()
+        dt = DType.coerce(dtype)
+        shape = self._shape
+        if shape:
+            last_bits = shape[-1] * self._dtype.bits
+            if last_bits % dt.bits:
+                raise ShapeError(
+                    f"tensor {self._name!r}: last dim {shape[-1]} of {self._dtype} cannot be viewed "
+                    f"as {dt} ({last_bits} bits is not a multiple of {dt.bits})")
+            shape = shape[:-1] + (last_bits // dt.bits,)
+        elif self._dtype.bits != dt.bits:
+            raise ShapeError(f"tensor {self._name!r}: a 0-d {self._dtype} cannot be viewed as {dt}")
+        out = Tensor(self._ptr, shape, dt, self._location, self._capacity, self._backend,
+                     name=self._name, owner=self)
+        out._last_stream = self._last_stream
+        return out
+
+    # -- copies -----------------------------------------------------------------------------
+    def _check_peer(self, other_dtype: DType, other_nbytes: int, other_desc: str, verb: str) -> None:
+        if other_dtype is not self._dtype:
+            raise TrtioError(
+                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: dtype {other_dtype} "
+                f"does not match {self._dtype}")
+        if other_nbytes != self._nbytes:
+            raise TrtioError(
+                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: it has {other_nbytes} bytes "
+                f"but the view {self._shape} has {self._nbytes} bytes")
+
+    def _numpy_dtype_of(self, array: np.ndarray) -> DType:
+        # Types numpy cannot name (packed 4-bit, bf16 without ml_dtypes) travel as raw storage.
+        if self._dtype.numpy is None and array.dtype == self._dtype.storage_numpy:
+            return self._dtype
+        try:
+            return DType.from_numpy(array.dtype)
+        except ValueError:
+            raise TrtioError(
+                f"tensor {self._name!r}: numpy dtype {array.dtype} does not match {self._dtype}") from None
+
+    def copy_from(self, src: Any, stream: StreamLike = None) -> Tensor:
+        """Copy ``src`` (numpy array or Tensor) into the current view; returns self.
+
+        dtype and byte size must agree with the view. Device destinations are written on
+        ``stream`` asynchronously; see the module docstring for host-accessible ones.
+        """
+        self._live()
+        if isinstance(src, Tensor):
+            src._live()
+            self._check_peer(src._dtype, src._nbytes, f"tensor {src._name!r} {src._shape}", "from")
+            s = as_stream(stream, self._backend)
+            self._backend.memcpy(self._ptr, src._ptr, self._nbytes, s.handle)
+            self._last_stream = s
+            return self
+        array = src if isinstance(src, np.ndarray) else np.asarray(src)
+        dt = self._numpy_dtype_of(array)
+        self._check_peer(dt, array.nbytes, f"array {array.shape}", "from")
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        if self._location is Location.DEVICE:
+            s = as_stream(stream, self._backend)
+            self._backend.memcpy(self._ptr, array.ctypes.data, self._nbytes, s.handle)
+            self._last_stream = s
+        elif self._nbytes:
+            ctypes.memmove(self._ptr, array.ctypes.data, self._nbytes)
+        return self
+
+    def copy_to(self, dst: Any, stream: StreamLike = None) -> Any:
+        """Copy the current view into ``dst`` (numpy array or Tensor); returns ``dst``.
+
+        Into a numpy array the copy has finished when this returns (device to pageable
+        memory is synchronous); into a Tensor it is ordered on ``stream``.
+        """
+        self._live()
+        if isinstance(dst, Tensor):
+            dst.copy_from(self, stream)
+            return dst
+        if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise TrtioError(f"tensor {self._name!r}: copy_to needs a writeable C-contiguous numpy array or a Tensor")
+        dt = self._numpy_dtype_of(dst)
+        self._check_peer(dt, dst.nbytes, f"array {dst.shape}", "to")
+        s = as_stream(stream, self._backend)
+        self._backend.memcpy(dst.ctypes.data, self._ptr, self._nbytes, s.handle)
+        s.synchronize()
+        return dst
+
+    def to_numpy(self, stream: StreamLike = None) -> np.ndarray:
+        """A host copy of the current view (synchronises ``stream``).
+
+        bf16/fp8 come back as ml_dtypes arrays when ml_dtypes is installed, else as their raw
+        unsigned storage; packed 4-bit types come back as a flat uint8 array of their bytes.
+        """
+        self._live()
+        if self._dtype.is_packed:
+            out = np.empty(self._nbytes, dtype=np.uint8)
+        else:
+            out = np.empty(self._shape, dtype=self._dtype.storage_numpy)
+        s = as_stream(stream, self._backend)
+        self._backend.memcpy(out.ctypes.data, self._ptr, self._nbytes, s.handle)
+        s.synchronize()
+        return out
+
+    def zero_(self, stream: StreamLike = None) -> Tensor:
+        """Set the current view's bytes to 0; returns self."""
+        self._live()
+        if self._location is Location.DEVICE:
+            s = as_stream(stream, self._backend)
+            self._backend.memset(self._ptr, 0, self._nbytes, s.handle)
+            self._last_stream = s
+        elif self._nbytes:
+            ctypes.memset(self._ptr, 0, self._nbytes)
+        return self
+
+    def fill_(self, value: Any, stream: StreamLike = None) -> Tensor:
+        """Set every element of the current view to ``value``; returns self."""
+        self._live()
+        if self._dtype.is_packed:
+            if value != 0:
+                raise TrtioError(f"tensor {self._name!r}: fill_ of packed {self._dtype} supports only 0")
+            return self.zero_(stream)
+        npdt = self._dtype.numpy
+        if npdt is None:
+            raise TrtioError(
+                f"tensor {self._name!r}: fill_ of {self._dtype} needs ml_dtypes for the value's encoding")
+        pattern = np.asarray(value, dtype=npdt).tobytes()
+        count = self.numel
+        if self._location is Location.DEVICE:
+            s = as_stream(stream, self._backend)
+            self._backend.fill(self._ptr, pattern, count, s.handle)
+            self._last_stream = s
+        elif count:
+            host_fill(self._ptr, pattern, count)
+        return self
+
+    def mark_written(self, stream: StreamLike) -> None:
+        """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
+        self._last_stream = as_stream(stream, self._backend)
+
+    # -- zero-copy export -------------------------------------------------------------------
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self._backend.name != "cuda" or self._location is not Location.DEVICE:
+            raise AttributeError(
+                f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
+                f"{self._backend.name}); use __array_interface__ or to_numpy()")
+        self._live()
+        typestr = self._dtype.typestr
+        if typestr is None:
+            raise TypeError(
+                f"tensor {self._name!r}: __cuda_array_interface__ has no type string for {self._dtype}; "
+                f"export with __dlpack__ or view the bytes: tensor.view(trtio.DType.UINT8)")
+        stream = self._last_stream
+        return {
+            "shape": self._shape,
+            "typestr": typestr,
+            "data": (self._ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": stream.handle if stream is not None else None,
+        }
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if not self.is_host_accessible:
+            raise AttributeError(
+                f"tensor {self._name!r} is in device memory; use __dlpack__, "
+                f"__cuda_array_interface__ or to_numpy()")
+        self._live()
+        typestr = self._dtype.typestr or self._dtype.storage_numpy.newbyteorder("<").str
+        if self._dtype.typestr is None and self._dtype.storage_numpy.kind == "V":
+            typestr = f"<u{self._dtype.itemsize}"
+        shape = (self._nbytes,) if self._dtype.is_packed else self._shape
+        return {"shape": shape, "typestr": typestr, "data": (self._ptr, False), "strides": None,
+                "version": 3}
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self._backend.name == "cuda":
+            if self._location is Location.DEVICE:
+                return (_DL_CUDA, self._backend.device_id)
+            if self._location is Location.PINNED:
+                return (_DL_CUDA_HOST, 0)
+        return (_DL_CPU, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """Export the current view without a copy.
+
+        For CUDA device memory, the consumer's ``stream`` (a handle; None or 1 = legacy
+        default, 2 = per-thread default, -1 = no ordering) is made to wait for the last trtio
+        work that wrote this tensor.
+        """
+        from trtio import _dlpack
+
+        self._live()
+        device = self.__dlpack_device__()
+        if copy is True:
+            raise BufferError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
+        code = self._dtype.dlpack
+        if code is None:
+            raise BufferError(
+                f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
+                f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
+        if device[0] == _DL_CUDA and stream != -1:
+            self._order_consumer(1 if stream is None else int(stream))
+        return _dlpack.make_capsule(
+            self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
+            device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
+
+    def _order_consumer(self, consumer_stream: int) -> None:
+        producer = self._last_stream
+        if producer is None or producer.is_closed or producer.handle == consumer_stream:
+            return
+        if self._export_event is None:
+            self._export_event = Event.create(self._backend)
+        self._backend.record_event(self._export_event.handle, producer.handle)
+        self._backend.wait_event(consumer_stream, self._export_event.handle)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def _freeze(self) -> None:
+        self._frozen = True
+
+    def _unfreeze(self) -> None:
+        self._frozen = False
+
+    def close(self) -> None:
+        """Free owned memory (non-owning tensors just drop their owner). Idempotent.
+
+        A frozen tensor (bound in a tensor map) refuses: freeing it would leave an engine
+        binding pointing at freed memory.
+        """
+        if self._closed:
+            return
+        if self._frozen:
+            raise FrozenError(
+                f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
+        self._closed = True
+        if self._export_event is not None:
+            self._export_event.close()
+            self._export_event = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._backend.free(self._ptr, self._location)
+            self._finalizer = None
+        self._owner = None
+
+    def __enter__(self) -> Tensor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"Tensor({self._name!r}, closed)"
+        return (f"Tensor({self._name!r}, shape={self._shape}, dtype={self._dtype}, "
+                f"location={self._location}, ptr=0x{self._ptr:x}, capacity={self._capacity})")
