@@ -5,7 +5,9 @@ are imported only when a backend or engine needs them.
 """
 
 from trtio import names
+from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
+from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import (
     BindingError,
@@ -19,8 +21,11 @@ from trtio.errors import (
     TrtioError,
 )
 from trtio.memory import Arena, MemoryEntry, MemoryReport, TensorRequest
+from trtio.pipeline_io import HostStaging, PipelineIO, StreamingPrefillBuffers
+from trtio.registry import TensorRegistry, TensorSpec, build_registry
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
 
 __version__ = "0.1.0"
 
@@ -33,18 +38,29 @@ __all__ = [
     "ConfigError",
     "CudaError",
     "DType",
+    "DeploymentConfig",
     "EngineError",
     "Event",
     "FrozenError",
+    "HostStaging",
+    "InferenceDims",
+    "LLMEngineConfig",
     "Location",
     "MemoryEntry",
     "MemoryReport",
+    "PipelineIO",
     "ShapeError",
+    "SpecDecodeConfig",
     "Stream",
+    "StreamingPrefillBuffers",
     "Tensor",
+    "TensorMap",
+    "TensorRegistry",
     "TensorRequest",
+    "TensorSpec",
     "TrtioError",
     "cuda_available",
+    "build_registry",
     "get_backend",
     "names",
 ]

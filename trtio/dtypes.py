@@ -147,13 +147,18 @@ class DType(enum.Enum):
         if isinstance(x, DType):
             return x
         try:
-            dt = np.dtype(x)
+            dt = x if isinstance(x, np.dtype) else np.dtype(x)
         except TypeError as exc:
             raise ValueError(f"{x!r} is not a numpy dtype") from exc
-        for member in cls:
-            if member.value.numpy_name is not None and dt.name == member.value.numpy_name:
-                return member
-        raise ValueError(f"numpy dtype {dt} has no trtio DType")
+        found = _FROM_NUMPY.get(dt)
+        if found is None:
+            for member in cls:
+                if member.value.numpy_name is not None and dt.name == member.value.numpy_name:
+                    found = _FROM_NUMPY[dt] = member
+                    break
+            else:
+                raise ValueError(f"numpy dtype {dt} has no trtio DType")
+        return found
 
     @classmethod
     def coerce(cls, x: DTypeLike) -> DType:
@@ -181,3 +186,5 @@ class DType(enum.Enum):
 
 
 DTypeLike = Any  # DType | np.dtype | str | tensorrt.DataType
+
+_FROM_NUMPY: dict[np.dtype, DType] = {}  # memo for DType.from_numpy (hot in copies)

@@ -1,0 +1,70 @@
+"""InferenceDims: the per-step dimensions every binding shape is resolved from.
+
+Recipes on the config (``cfg.prefill_dims(...)``, ``cfg.decode_dims(...)`` ...) build them, as in
+Edge-LLM; a registry's symbolic shapes are resolved against them, so a binding's shape comes
+from one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterable
+
+from trtio.errors import ShapeError
+
+__all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS"]
+
+# Dimensions where 0 is meaningful: a [0]-shaped binding carries information by its shape
+# (kvcache_start_index [0] = empty-cache prefill, the phase marker, ...).
+SHAPE_CARRIER_DIMS = frozenset({
+    "context_mask_selector_len", "start_index_len", "spec_verify_phase_len", "skip_softmax_scale_len",
+})
+
+
+@dataclass(frozen=True)
+class InferenceDims:
+    """Immutable per-step dimensions (Edge-LLM's ``InferenceDims``, snake_case)."""
+
+    batch: int
+    seq_len: int
+    kv_len: int
+    select_len: int
+    attn_mask_seq_len: int
+    rope_batch: int
+    packed_mask_len: int
+    context_mask_selector_len: int
+    start_index_len: int
+    spec_verify_phase_len: int
+    skip_softmax_scale_len: int
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ShapeError(f"InferenceDims.{f.name} must be an int, got {v!r}")
+            if v < 0:
+                raise ShapeError(f"InferenceDims.{f.name} must not be negative, got {v}")
+
+    def check(self, members: Iterable[str]) -> None:
+        """Refuse 0 in any referenced member that is not a shape carrier."""
+        for name in members:
+            if name not in _FIELD_NAMES:
+                raise ShapeError(f"InferenceDims has no member {name!r}")
+            if getattr(self, name) == 0 and name not in SHAPE_CARRIER_DIMS:
+                raise ShapeError(
+                    f"InferenceDims.{name} is 0 but a binding uses it; only "
+                    f"{sorted(SHAPE_CARRIER_DIMS)} may be 0 (was a recipe bypassed?)")
+
+    def replace(self, **changes: int) -> InferenceDims:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise ShapeError(f"InferenceDims has no member(s) {sorted(unknown)}")
+        values.update(changes)
+        return InferenceDims(**values)
+
+    def __str__(self) -> str:
+        return "InferenceDims(" + ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)) + ")"
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(InferenceDims))
