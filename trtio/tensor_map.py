@@ -72,6 +72,8 @@ class TensorMap:
                     f"tensor map {self.name!r} is frozen: rebinding {name!r} would break pointer "
                     f"stability (bound addresses and captured graphs would go stale)")
             tensor._freeze()
+        elif name in self._map and self._map[name] is not tensor:
+            self.generation += 1  # executors re-bind on their next prepare
         self._map[name] = tensor
 
     def __setitem__(self, name: str, tensor: Tensor) -> None:

@@ -1,0 +1,314 @@
+"""scripts/build_toy_engines.py: real TensorRT-RTX networks and plans, built on the CPU.
+
+TensorRT-RTX builds plans ahead of time without a GPU; it cannot run them here, so these tests check
+what a build can show: that each network builds and serializes, and that its I/O contract (names,
+order, dtypes, shapes, both profiles, aliasing) is exactly the table of docs/toy-model.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtio.testing.toy_model import ToyWeights
+
+pytestmark = pytest.mark.rtx
+
+trt = pytest.importorskip("tensorrt_rtx", exc_type=ImportError)  # absent, or present but unloadable
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_toy_engines.py"
+
+
+def _load_script() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("build_toy_engines", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script runs
+    spec.loader.exec_module(module)
+    return module
+
+
+bte = _load_script()
+
+SMALL: dict[str, Any] = dict(
+    hidden_size=64,
+    vocab_size=512,
+    output_vocab_size=512,
+    max_supported_batch_size=4,
+    max_supported_input_length=64,
+    max_kv_cache_capacity=128,
+    num_attention_layers=2,
+    num_attention_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rotary_dim=16,
+    activation_dtype="float16",
+    kv_cache_dtype="float16",
+    num_deepstack_features=0,
+    rope_type="rope",
+    is_spec_decode_base=False,
+    base_model_hidden_size=0,
+    max_verify_tree_size=8,
+    max_draft_tree_size=8,
+)
+
+ROLE_CONFIGS = {
+    "llm": dict(SMALL),
+    "base": dict(SMALL, is_spec_decode_base=True),
+    "draft": dict(SMALL, num_attention_layers=1, base_model_hidden_size=64),
+}
+
+
+def cfg_for(role: str, **overrides: Any) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**{**ROLE_CONFIGS[role], **overrides})
+
+
+def expected_contract(cfg: types.SimpleNamespace) -> list[dict[str, Any]]:
+    """docs/toy-model.md's table, written out independently of the script."""
+    draft = cfg.base_model_hidden_size > 0
+    spec = draft or cfg.is_spec_decode_base
+    p1 = cfg.max_draft_tree_size if draft else cfg.max_verify_tree_size if spec else 1
+    h, bm, sm, c = cfg.hidden_size, cfg.max_supported_batch_size, cfg.max_supported_input_length, cfg.max_kv_cache_capacity
+    hkv, d, r = cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim
+    act, kv = cfg.activation_dtype, cfg.kv_cache_dtype
+    vout = cfg.output_vocab_size or cfg.vocab_size
+
+    def half(x: int) -> int:
+        return max(1, x // 2)
+
+    def seq(w: int) -> list:
+        return [((1, 1, w), (bm, half(sm), w), (bm, sm, w)), ((1, 1, w), (bm, half(p1), w), (bm, p1, w))]
+
+    def per_batch(*rest: int) -> list:
+        return [((1, *rest), (bm, *rest), (bm, *rest))] * 2
+
+    def inp(name: str, dtype: str, shape: tuple, profiles: list) -> dict[str, Any]:
+        return dict(name=name, mode="input", dtype=dtype, shape=shape, profiles=profiles, aliased_input=None)
+
+    def out(name: str, dtype: str, shape: tuple, alias: str | None = None) -> dict[str, Any]:
+        return dict(name=name, mode="output", dtype=dtype, shape=shape, profiles=[], aliased_input=alias)
+
+    rows = [inp("inputs_embeds", act, (-1, -1, h), seq(h))]
+    if draft:
+        hb = cfg.base_model_hidden_size
+        rows.append(inp("hidden_states_input", act, (-1, -1, hb), seq(hb)))
+        rows.append(inp("hidden_states_from_draft", act, (-1, -1, h), seq(h)))
+    rows.append(inp("context_lengths", "int32", (-1,), per_batch()))
+    rows.append(inp("last_token_ids", "int64", (-1, -1),
+                    [((1, 1), (bm, 1), (bm, 1)), ((1, 1), (bm, half(p1)), (bm, p1))]))
+    rows.append(inp("kvcache_start_index", "int32", (-1,), per_batch()))
+    if cfg.rope_type == "mrope":
+        rows.append(inp("rope_rotary_cos_sin", "float32", (-1, c, r), per_batch(c, r)))
+    else:
+        rows.append(inp("rope_rotary_cos_sin", "float32", (1, c, r), [((1, c, r),) * 3] * 2))
+    if spec:
+        rows.append(inp("attention_mask", "int32", (-1, -1, -1), [
+            ((1, 1, 1), (bm, 1, 1), (bm, 1, 1)),
+            ((1, 1, 1), (bm, half(p1), math.ceil(half(p1) / 32)), (bm, p1, math.ceil(p1 / 32))),
+        ]))
+        rows.append(inp("attention_pos_id", "int32", (-1, -1),
+                        [((1, 1), (bm, 1), (bm, 1)), ((1, 1), (bm, half(p1)), (bm, p1))]))
+    for i in range(cfg.num_deepstack_features):
+        rows.append(inp(f"deepstack_embeds_{i}", act, (-1, -1, h), seq(h)))
+    for i in range(cfg.num_attention_layers):
+        rows.append(inp(f"k_cache_{i}", kv, (-1, hkv, c, d), per_batch(hkv, c, d)))
+        rows.append(inp(f"v_cache_{i}", kv, (-1, hkv, c, d), per_batch(hkv, c, d)))
+    rows.append(out("logits", "float32", (-1, vout)))
+    rows.append(out("hidden_states", act, (-1, -1, h)))
+    for i in range(cfg.num_attention_layers):
+        rows.append(out(f"present_k_cache_{i}", kv, (-1, hkv, c, d), f"k_cache_{i}"))
+        rows.append(out(f"present_v_cache_{i}", kv, (-1, hkv, c, d), f"v_cache_{i}"))
+    return rows
+
+
+def build(cfg: types.SimpleNamespace) -> tuple[Any, Any, list[Any]]:
+    return bte.build_network(trt, cfg, ToyWeights.generate(cfg))
+
+
+def serialize(builder: Any, network: Any, profiles: list[Any]) -> Any:
+    config = builder.create_builder_config()
+    for profile in profiles:
+        assert config.add_optimization_profile(profile) >= 0
+    return builder.build_serialized_network(network, config)
+
+
+def assert_contract(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert [(e["name"], e["mode"]) for e in got] == [(e["name"], e["mode"]) for e in want]
+    for g, w in zip(got, want):
+        assert g == w, f"{w['name']}: got {g}, want {w}"
+
+
+# -- networks and plans ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", ["llm", "base", "draft"])
+def test_network_contract_matches_the_doc(role: str) -> None:
+    cfg = cfg_for(role)
+    builder, network, profiles = build(cfg)
+    assert len(profiles) == 2
+    assert_contract(bte.network_contract(network, profiles), expected_contract(cfg))
+
+
+@pytest.mark.parametrize("role", ["llm", "base", "draft"])
+def test_plan_builds_on_the_cpu(role: str) -> None:
+    cfg = cfg_for(role)
+    t0 = time.perf_counter()
+    plan = serialize(*build(cfg))
+    seconds = time.perf_counter() - t0
+    assert plan is not None and plan.nbytes > 0
+    # DESIGN §9: about half a second each; the bound only catches a build gone badly wrong.
+    assert seconds < 60, f"{role} plan took {seconds:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "role, overrides",
+    [
+        ("llm", dict(num_deepstack_features=2, output_vocab_size=300)),
+        ("llm", dict(rope_type="mrope")),
+        ("llm", dict(activation_dtype="bfloat16", kv_cache_dtype="bfloat16")),
+        ("llm", dict(kv_cache_dtype="float32", rotary_dim=8)),
+        ("base", dict(max_verify_tree_size=40)),  # two mask words per row
+        ("draft", dict(base_model_hidden_size=96, max_draft_tree_size=5)),
+    ],
+    ids=["deepstack+vout", "mrope", "bf16", "fp32-cache+partial-rope", "tree40", "draft-wide-base"],
+)
+def test_variants_keep_the_contract_and_build(role: str, overrides: dict[str, Any]) -> None:
+    cfg = cfg_for(role, **overrides)
+    builder, network, profiles = build(cfg)
+    assert_contract(bte.network_contract(network, profiles), expected_contract(cfg))
+    plan = serialize(builder, network, profiles)
+    assert plan is not None and plan.nbytes > 0
+
+
+def test_profile_shapes_cover_every_dynamic_input() -> None:
+    for role in ("llm", "base", "draft"):
+        cfg = cfg_for(role, num_deepstack_features=1)
+        _, network, _ = build(cfg)
+        dynamic = [network.get_input(i).name for i in range(network.num_inputs)
+                   if -1 in tuple(network.get_input(i).shape)]
+        assert list(bte.profile_shapes(cfg)) == dynamic
+
+
+def test_bad_configs_are_refused_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match="num_kv_heads=3"):
+        build(cfg_for("llm", num_kv_heads=3))
+    with pytest.raises(ValueError, match="rotary_dim=18"):
+        build(cfg_for("llm", rotary_dim=18))
+    with pytest.raises(ValueError, match="kv_cache_dtype=int8"):
+        build(cfg_for("llm", kv_cache_dtype="int8"))
+    with pytest.raises(ValueError, match="num_deepstack_features=3"):
+        build(cfg_for("llm", num_deepstack_features=3))
+    with pytest.raises(ValueError, match="EAGLE draft"):
+        bte.build_network(trt, cfg_for("draft"), ToyWeights.generate(cfg_for("llm", num_attention_layers=1)))
+
+
+# -- build_plan and main() ------------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_build_plan_writes_the_plan_and_draws_progress(tmp_path: Path) -> None:
+    cfg = cfg_for("llm", num_attention_layers=1)
+    term = _Terminal()
+    result = bte.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "toy" / "model.plan",
+                            stream=term, label="toy")
+    assert result.path.stat().st_size == result.nbytes > 0
+    assert result.seconds > 0
+    text = term.getvalue()
+    assert "toy [" in text and "%" in text, "IProgressMonitor drew no bar"
+    assert text.rstrip().splitlines()[-1].startswith("built toy:")
+
+
+def test_build_plan_quiet_and_non_terminal(tmp_path: Path) -> None:
+    cfg = cfg_for("llm", num_attention_layers=1)
+    quiet = io.StringIO()
+    bte.build_plan("tensorrt_rtx", cfg, ToyWeights.generate(cfg), tmp_path / "a.plan", progress=False, stream=quiet)
+    assert quiet.getvalue() == ""
+    pipe = io.StringIO()  # not a terminal: just the summary line
+    bte.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "b.plan", stream=pipe, label="b")
+    assert pipe.getvalue().count("\n") == 1 and "\r" not in pipe.getvalue()
+
+
+@pytest.fixture(scope="module")
+def built_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+    out = tmp_path_factory.mktemp("engines")
+    empty = tmp_path_factory.mktemp("no-configs")
+    rc = bte.main(["--out", str(out), "--module", "tensorrt_rtx", "--config-dir", str(empty), "--quiet"])
+    return out, rc
+
+
+def test_main_builds_three_plans_with_configs(built_out: tuple[Path, int]) -> None:
+    out, rc = built_out
+    assert rc == 0
+    for name, role in (("toy-llm", "llm"), ("toy-eagle/base", "base"), ("toy-eagle/draft", "draft")):
+        assert (out / name / "model.plan").stat().st_size > 0
+        written = json.loads((out / name / "config.json").read_text())
+        assert written == ROLE_CONFIGS[role]
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("model.plan")) == [
+        "toy-eagle/base/model.plan", "toy-eagle/draft/model.plan", "toy-llm/model.plan",
+    ]
+
+
+def test_main_uses_a_given_config_json(tmp_path: Path) -> None:
+    src = tmp_path / "llm.json"
+    src.write_text(json.dumps(dict(SMALL, num_attention_layers=1, output_vocab_size=100)))
+    out = tmp_path / "out"
+    rc = bte.main(["--out", str(out), "--engines", "toy-llm", "--module", "tensorrt_rtx",
+                   "--config-json", f"toy-llm={src}", "--quiet"])
+    assert rc == 0
+    assert (out / "toy-llm" / "model.plan").stat().st_size > 0
+    assert (out / "toy-llm" / "config.json").read_text() == src.read_text()
+    assert not (out / "toy-eagle").exists()
+
+
+def test_main_finds_configs_in_the_config_dir(tmp_path: Path) -> None:
+    (tmp_path / "cfg" / "toy-eagle" / "draft").mkdir(parents=True)
+    draft = dict(ROLE_CONFIGS["draft"], max_draft_tree_size=3)
+    (tmp_path / "cfg" / "toy-eagle" / "draft" / "config.json").write_text(json.dumps(draft))
+    rc = bte.main(["--out", str(tmp_path / "out"), "--engines", "toy-eagle/draft",
+                   "--config-dir", str(tmp_path / "cfg"), "--quiet"])
+    assert rc == 0
+    assert json.loads((tmp_path / "out" / "toy-eagle" / "draft" / "config.json").read_text()) == draft
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--module", "onnxruntime"], "unknown --module 'onnxruntime'"),
+    (["--engines", "toy-gpt"], "unknown engine 'toy-gpt'"),
+    (["--config-json", "toy-llm"], "expected NAME=PATH"),
+])
+def test_main_usage_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               argv: list[str], needle: str) -> None:
+    rc = bte.main(["--out", str(tmp_path), *argv])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_main_reports_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(SMALL, num_kv_heads=3)))
+    rc = bte.main(["--out", str(tmp_path / "out"), "--engines", "toy-llm", "--module", "tensorrt_rtx",
+                   "--config-json", f"toy-llm={bad}", "--quiet"])
+    assert rc == 1
+    assert "num_kv_heads=3" in capsys.readouterr().err
+
+
+def test_resolve_module() -> None:
+    assert bte.resolve_module(trt) is trt
+    assert bte.resolve_module("tensorrt_rtx") is trt
+    assert bte.resolve_module("auto").__name__ in ("tensorrt", "tensorrt_rtx")
+    with pytest.raises(ValueError, match="unknown TensorRT module"):
+        bte.resolve_module("onnx")

@@ -1,0 +1,332 @@
+"""The toy transformer behind trtio's toy engines, as plain numpy (the ground truth).
+
+``docs/toy-model.md`` is the specification. Three implementations share it: this module (a full
+recompute of one sequence, no KV cache), ``trtio.testing.ReferenceEngine`` (step by step, on raw
+addresses) and ``scripts/build_toy_engines.py`` (a real TensorRT / TensorRT-RTX plan). All three take
+their weights from :meth:`ToyWeights.generate`, so they agree bit for bit on the parameters.
+
+Everything here is host-side numpy with float32 arithmetic. Configs are duck-typed: any object with
+the ``LLMEngineConfig`` attributes (``hidden_size``, ``num_attention_heads``, ...) will do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from trtio.dtypes import DType
+
+__all__ = [
+    "ATTN_SCALE",
+    "DRAFT_MIX_SCALE",
+    "MLP_SCALE",
+    "ROPE_THETA",
+    "ToyWeights",
+    "apply_rope",
+    "causal_visibility",
+    "config_role",
+    "output_vocab_size",
+    "reference_forward",
+    "reference_logits",
+    "rope_table",
+    "toy_embedding",
+]
+
+ATTN_SCALE = 0.5
+MLP_SCALE = 0.5
+DRAFT_MIX_SCALE = 0.1
+ROPE_THETA = 10000.0
+_EMBEDDING_SEED_OFFSET = 7919
+
+
+def config_role(cfg: Any) -> str:
+    """``"draft"`` for an EAGLE draft, ``"base"`` for a spec-decode base, else ``"llm"``."""
+    if int(getattr(cfg, "base_model_hidden_size", 0) or 0) > 0:
+        return "draft"
+    if bool(getattr(cfg, "is_spec_decode_base", False)):
+        return "base"
+    return "llm"
+
+
+def output_vocab_size(cfg: Any) -> int:
+    """The logits width: ``cfg.output_vocab_size``, or ``cfg.vocab_size`` where that is unset or 0."""
+    return int(getattr(cfg, "output_vocab_size", 0) or cfg.vocab_size)
+
+
+def _draw(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    # float32 draw times a float32 scale: the one recipe every implementation repeats exactly.
+    return rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+
+
+@dataclass(frozen=True, eq=False)
+class ToyWeights:
+    """Seeded parameters of the toy model (float32, row-major, used as ``x @ w``).
+
+    Per-layer matrices are tuples indexed by layer. ``we``, ``wh`` and ``wd`` exist only for an
+    EAGLE draft (``cfg.base_model_hidden_size > 0``) and are None otherwise.
+    """
+
+    wq: tuple[np.ndarray, ...]  # [H, Hq*D]
+    wk: tuple[np.ndarray, ...]  # [H, Hkv*D]
+    wv: tuple[np.ndarray, ...]  # [H, Hkv*D]
+    wo: tuple[np.ndarray, ...]  # [Hq*D, H]
+    w1: tuple[np.ndarray, ...]  # [H, F]
+    w2: tuple[np.ndarray, ...]  # [F, H]
+    we: np.ndarray | None  # [H, H]
+    wh: np.ndarray | None  # [base_model_hidden_size, H]
+    wd: np.ndarray | None  # [H, H]
+    w_lm: np.ndarray  # [H, Vout]
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.wq)
+
+    @property
+    def is_draft(self) -> bool:
+        return self.we is not None
+
+    @classmethod
+    def generate(cls, cfg: Any, seed: int = 0) -> ToyWeights:
+        """Draw the weights of ``docs/toy-model.md`` from ``numpy.random.default_rng(seed)``.
+
+        The draw order is part of the contract: for each layer in turn ``wq, wk, wv, wo, w1, w2``;
+        then, for a draft only, ``we, wh, wd``; then ``w_lm``.
+        """
+        h = int(cfg.hidden_size)
+        hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
+        f = 2 * h
+        vout = output_vocab_size(cfg)
+        rng = np.random.default_rng(seed)
+        per_layer: dict[str, list[np.ndarray]] = {k: [] for k in ("wq", "wk", "wv", "wo", "w1", "w2")}
+        for _ in range(int(cfg.num_attention_layers)):
+            per_layer["wq"].append(_draw(rng, (h, hq * d), 1.0 / math.sqrt(h)))
+            per_layer["wk"].append(_draw(rng, (h, hkv * d), 1.0 / math.sqrt(h)))
+            per_layer["wv"].append(_draw(rng, (h, hkv * d), 1.0 / math.sqrt(h)))
+            per_layer["wo"].append(_draw(rng, (hq * d, h), ATTN_SCALE / math.sqrt(hq * d)))
+            per_layer["w1"].append(_draw(rng, (h, f), 1.0 / math.sqrt(h)))
+            per_layer["w2"].append(_draw(rng, (f, h), MLP_SCALE / math.sqrt(f)))
+        we = wh = wd = None
+        if config_role(cfg) == "draft":
+            hb = int(cfg.base_model_hidden_size)
+            we = _draw(rng, (h, h), 1.0 / math.sqrt(h))
+            wh = _draw(rng, (hb, h), 1.0 / math.sqrt(hb))
+            wd = _draw(rng, (h, h), 1.0 / math.sqrt(h))
+        w_lm = _draw(rng, (h, vout), 1.0 / math.sqrt(h))
+        return cls(
+            **{k: tuple(v) for k, v in per_layer.items()}, we=we, wh=wh, wd=wd, w_lm=w_lm
+        )
+
+    @classmethod
+    def generate_draft(cls, cfg: Any, base: ToyWeights, seed: int = 0) -> ToyWeights:
+        """An EAGLE draft that approximates ``base``, so speculation gets accepted often but not always.
+
+        Starts from :meth:`generate` (``cfg``, ``seed``) and then: ``we`` is the identity (the draft
+        sees the next token's embedding as the base does), ``wh`` and ``wd`` are scaled by
+        ``DRAFT_MIX_SCALE``, and ``w_lm`` is the base's (the draft's output vocab must equal the
+        base's). The base's residual stream is dominated by the token embedding, so the draft's
+        guess usually matches the base's next token; the base's attention and MLP make it miss.
+        """
+        if config_role(cfg) != "draft":
+            raise ValueError("generate_draft needs a draft config (base_model_hidden_size > 0)")
+        w = cls.generate(cfg, seed)
+        if w.w_lm.shape != base.w_lm.shape:
+            raise ValueError(f"draft logits {w.w_lm.shape} must match the base's {base.w_lm.shape} to share w_lm")
+        assert w.wh is not None and w.wd is not None
+        h = int(cfg.hidden_size)
+        scale = np.float32(DRAFT_MIX_SCALE)
+        return cls(wq=w.wq, wk=w.wk, wv=w.wv, wo=w.wo, w1=w.w1, w2=w.w2, we=np.eye(h, dtype=np.float32),
+                   wh=w.wh * scale, wd=w.wd * scale, w_lm=base.w_lm)
+
+
+def toy_embedding(vocab: int, hidden: int, seed: int = 0) -> np.ndarray:
+    """The token embedding table runtimes and the demo use: float32 ``[vocab, hidden]``.
+
+    Drawn from its own generator (``default_rng(seed + 7919)``) so it never shifts the weights.
+    """
+    rng = np.random.default_rng(int(seed) + _EMBEDDING_SEED_OFFSET)
+    return rng.standard_normal((int(vocab), int(hidden)), dtype=np.float32)
+
+
+def rope_table(max_positions: int, rotary_dim: int, theta: float = ROPE_THETA) -> np.ndarray:
+    """The ``rope_rotary_cos_sin`` table trtio fills: float32 ``[1, max_positions, rotary_dim]``.
+
+    ``[0, p, i] = cos(p * theta**(-2i/R))`` and ``[0, p, R/2 + i] = sin(...)`` for ``i < R/2``
+    (angles in float64, rounded once to float32).
+    """
+    r = int(rotary_dim)
+    if r <= 0 or r % 2:
+        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    inv_freq = float(theta) ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [R/2]
+    angles = np.arange(int(max_positions), dtype=np.float64)[:, None] * inv_freq[None, :]
+    table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
+    return table.astype(np.float32)[None]
+
+
+def apply_rope(t: np.ndarray, cos_sin: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE on the first ``R`` dims of each head; returns a new float32 array.
+
+    ``t``: ``[T, heads, D]``; ``cos_sin``: ``[P, R]`` (one batch row of the table);
+    ``positions``: ``[T]`` integer rows of ``cos_sin``. Dims ``R..D`` are copied unchanged.
+    """
+    t = np.asarray(t, dtype=np.float32)
+    cos_sin = np.asarray(cos_sin, dtype=np.float32)
+    positions = np.asarray(positions)
+    r = cos_sin.shape[-1]
+    half = r // 2
+    if r > t.shape[-1]:
+        raise ValueError(f"rotary dim {r} exceeds head dim {t.shape[-1]}")
+    if positions.shape != (t.shape[0],):
+        raise ValueError(f"positions shape {positions.shape} does not match {t.shape[0]} tokens")
+    if positions.size and (positions.min() < 0 or positions.max() >= cos_sin.shape[0]):
+        raise ValueError(
+            f"positions span [{positions.min()}, {positions.max()}] but the RoPE table has "
+            f"{cos_sin.shape[0]} rows"
+        )
+    c = cos_sin[positions, :half][:, None, :]  # [T, 1, R/2], broadcast over heads
+    sn = cos_sin[positions, half:r][:, None, :]
+    t1 = t[..., :half]
+    t2 = t[..., half:r]
+    out = t.copy()
+    out[..., :half] = t1 * c - t2 * sn
+    out[..., half:r] = t2 * c + t1 * sn
+    return out
+
+
+def causal_visibility(num_tokens: int) -> np.ndarray:
+    """``[T, T]`` bool, row ``s`` sees key ``j`` iff ``j <= s``."""
+    return np.tril(np.ones((num_tokens, num_tokens), dtype=bool))
+
+
+def _as_f32(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.asarray(x).astype(np.float32)
+    if arr.shape != shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+    return arr
+
+
+def _round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
+    np_dtype = dtype.numpy
+    if np_dtype is None:
+        raise ValueError(f"no numpy type for kv_cache_dtype {dtype} (install ml_dtypes)")
+    return x.astype(np_dtype).astype(np.float32)
+
+
+def reference_forward(
+    weights: ToyWeights,
+    cfg: Any,
+    embeds: Any,
+    *,
+    positions: Any = None,
+    hidden_input: Any = None,
+    hidden_from_draft: Any = None,
+    deepstack: Sequence[Any] | None = None,
+    rope: Any = None,
+    visible: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run the toy model on ONE sequence of ``T`` tokens from scratch (no cache).
+
+    ``embeds`` ``[T, H]``; a draft also needs ``hidden_input`` ``[T, base_model_hidden_size]`` and
+    ``hidden_from_draft`` ``[T, H]``; a model with ``num_deepstack_features = Nd > 0`` needs
+    ``deepstack``, ``Nd`` arrays ``[T, H]``. Inputs in any float dtype are cast to float32 as given.
+    ``positions`` (``[T]``, default ``arange(T)``) are RoPE rows of ``rope`` (``[P, R]`` or
+    ``[1, P, R]``; default :func:`rope_table` long enough for ``positions``). ``visible`` (``[T, T]``
+    bool, default causal) says which earlier tokens each token attends to; pass a tree mask here to
+    ground-truth a spec-decode verify step. K and V are rounded to ``cfg.kv_cache_dtype`` before
+    attention, as a cache of that type would store them. A token that sees no key gets zeros from
+    attention.
+
+    Returns ``(hidden, logits)``: float32 ``[T, H]`` (the final residual stream, before any cast to
+    the activation dtype) and float32 ``[T, Vout]`` for every token.
+    """
+    h = int(cfg.hidden_size)
+    hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
+    nd = int(getattr(cfg, "num_deepstack_features", 0) or 0)
+    kv_dtype = DType.coerce(cfg.kv_cache_dtype)
+    if hq % hkv:
+        raise ValueError(f"num_attention_heads={hq} is not a multiple of num_kv_heads={hkv}")
+    group = hq // hkv
+
+    x_in = np.asarray(embeds)
+    if x_in.ndim != 2:
+        raise ValueError(f"embeds must be [T, H], got shape {x_in.shape}")
+    t = x_in.shape[0]
+    x_in = _as_f32("embeds", x_in, (t, h))
+
+    if config_role(cfg) == "draft":
+        if hidden_input is None or hidden_from_draft is None:
+            raise ValueError("a draft model needs hidden_input and hidden_from_draft")
+        hb = int(cfg.base_model_hidden_size)
+        assert weights.we is not None and weights.wh is not None and weights.wd is not None
+        x = (
+            x_in @ weights.we
+            + _as_f32("hidden_input", hidden_input, (t, hb)) @ weights.wh
+            + _as_f32("hidden_from_draft", hidden_from_draft, (t, h)) @ weights.wd
+        )
+    else:
+        if hidden_input is not None or hidden_from_draft is not None:
+            raise ValueError("hidden_input / hidden_from_draft are for draft models only")
+        x = x_in
+
+    ds: list[np.ndarray] = []
+    if nd > weights.num_layers:
+        raise ValueError(f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
+    if nd:
+        if deepstack is None or len(deepstack) != nd:
+            got = "None" if deepstack is None else f"{len(deepstack)} arrays"
+            raise ValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
+        ds = [_as_f32(f"deepstack[{i}]", a, (t, h)) for i, a in enumerate(deepstack)]
+    elif deepstack:
+        raise ValueError("deepstack given but num_deepstack_features is 0")
+
+    pos = np.arange(t) if positions is None else np.asarray(positions).astype(np.int64)
+    if pos.shape != (t,):
+        raise ValueError(f"positions has shape {pos.shape}, expected ({t},)")
+    if rope is None:
+        rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
+        table = rope_table(rows, int(cfg.rotary_dim))[0]
+    else:
+        table = np.asarray(rope, dtype=np.float32)
+        if table.ndim == 3:
+            if table.shape[0] != 1:
+                raise ValueError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
+            table = table[0]
+        if table.ndim != 2 or table.shape[-1] != int(cfg.rotary_dim):
+            raise ValueError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
+
+    vis = causal_visibility(t) if visible is None else np.asarray(visible, dtype=bool)
+    if vis.shape != (t, t):
+        raise ValueError(f"visible has shape {vis.shape}, expected ({t}, {t})")
+
+    inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
+    for layer in range(weights.num_layers):
+        q = (x @ weights.wq[layer]).reshape(t, hq, d)
+        k = (x @ weights.wk[layer]).reshape(t, hkv, d)
+        v = (x @ weights.wv[layer]).reshape(t, hkv, d)
+        q = apply_rope(q, table, pos)
+        k = _round_to(apply_rope(k, table, pos), kv_dtype)
+        v = _round_to(v, kv_dtype)
+        attn = np.zeros((t, hq, d), dtype=np.float32)
+        for head in range(hq):
+            kh, vh = k[:, head // group, :], v[:, head // group, :]
+            scores = (q[:, head, :] @ kh.T) * inv_sqrt_d  # [T, T]
+            scores = np.where(vis, scores, -np.inf)
+            row_max = scores.max(axis=1, keepdims=True)
+            seen = np.isfinite(row_max)
+            p = np.exp(scores - np.where(seen, row_max, 0.0))
+            denom = p.sum(axis=1, keepdims=True)
+            p = np.where(seen, p / np.where(seen, denom, 1.0), 0.0).astype(np.float32)
+            attn[:, head, :] = p @ vh
+        x = x + attn.reshape(t, hq * d) @ weights.wo[layer]
+        x = x + np.maximum(x @ weights.w1[layer], 0.0) @ weights.w2[layer]
+        if layer < nd:
+            x = x + ds[layer]
+    x = x.astype(np.float32)
+    return x, (x @ weights.w_lm).astype(np.float32)
+
+
+def reference_logits(weights: ToyWeights, cfg: Any, embeds: Any, **kwargs: Any) -> np.ndarray:
+    """:func:`reference_forward`'s logits only (``[T, Vout]`` float32)."""
+    return reference_forward(weights, cfg, embeds, **kwargs)[1]
