@@ -9,6 +9,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
+from trtio.engine import ContextMemory, EngineExecutor, EngineIO, GraphStats, TensorInfo
 from trtio.errors import (
     BindingError,
     CapacityError,
@@ -20,16 +21,30 @@ from trtio.errors import (
     ShapeError,
     TrtioError,
 )
+from trtio.factories import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.memory import Arena, MemoryEntry, MemoryReport, TensorRequest
 from trtio.pipeline_io import HostStaging, PipelineIO, StreamingPrefillBuffers
 from trtio.registry import TensorRegistry, TensorSpec, build_registry
+from trtio.state import EngineState
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
+from trtio.trt import load_engine
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ContextMemory",
+    "EngineExecutor",
+    "EngineIO",
+    "EngineState",
+    "GraphStats",
+    "LLMSetup",
+    "SpecDecodeSetup",
+    "TensorInfo",
+    "create_for_llm",
+    "create_for_spec_decode",
+    "load_engine",
     "Arena",
     "Backend",
     "BindingError",

@@ -453,6 +453,9 @@ def _forward(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, 
     cache_rows = ((b_idx[:, None, None] * hkv + xp.arange(hkv, dtype=xp.int64)[None, None, :]) * c
                   + write[:, :, None]).reshape(-1)
     mask5 = visible[:, None, None, :, :]  # [B, 1, 1, S, C]
+    # Slots no query sees may hold anything (fresh cudaMalloc memory, NaN included): 0 * NaN is NaN,
+    # so their values are zeroed before the probability-weighted sum rather than trusted.
+    slot_used = visible.any(axis=1)[:, None, :, None]  # [B, 1, C, 1]
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
     x_keep = None if host else xp.empty((batch, seq, g.h), dtype=f32)
     layer_mark = scratch.mark()
@@ -466,7 +469,7 @@ def _forward(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, 
         k_cache.reshape(-1, d)[cache_rows] = _store(xp, k.reshape(-1, d), g.kv)
         v_cache.reshape(-1, d)[cache_rows] = _store(xp, v.reshape(-1, d), g.kv)
         keys = _load(xp, k_cache, g.kv)  # [B, Hkv, C, D], as stored
-        values = _load(xp, v_cache, g.kv)
+        values = xp.where(slot_used, _load(xp, v_cache, g.kv), 0.0)
         q_grouped = q.transpose(0, 2, 1, 3).reshape(batch, hkv, group * seq, d)
         scores = (mm(q_grouped, keys.transpose(0, 1, 3, 2)) * inv_sqrt_d).reshape(batch, hkv, group, seq, c)
         scores = xp.where(mask5, scores, -xp.inf)

@@ -1,0 +1,496 @@
+"""Engines: introspection (EngineIO), shared context memory, and the executor that binds and runs.
+
+Everything here talks to engines through TensorRT 10/11's Python API names only, so TensorRT,
+TensorRT-RTX and :class:`trtio.testing.ReferenceEngine` are handled by the same code.
+
+:class:`EngineExecutor` owns one execution context. ``prepare`` checks every binding and tells
+TensorRT only what changed; when nothing changed since the last step (same profile, same dims,
+same tensor map generation) it does no TensorRT call at all, which the pointer-stability
+invariant makes safe. ``execute`` enqueues, or replays a CUDA graph captured for the current
+binding snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from trtio import names as _names
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.dims import InferenceDims
+from trtio.dtypes import DType
+from trtio.errors import BindingError, ClosedError, EngineError
+from trtio.registry import TensorRegistry
+from trtio.stream import StreamLike, as_stream
+from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
+from trtio.trt import module_of
+
+__all__ = ["TensorInfo", "EngineIO", "ContextMemory", "EngineExecutor", "GraphStats", "PREFILL_PROFILE",
+           "DECODE_PROFILE"]
+
+log = logging.getLogger("trtio")
+
+PREFILL_PROFILE = 0  # Edge-LLM: profile 0 = context / prefill
+DECODE_PROFILE = 1  # profile 1 = decode, verify, proposal, accept
+CONTEXT_MEMORY_ALIGNMENT = 512
+
+
+def _enum_name(x: Any) -> str:
+    name = getattr(x, "name", None)
+    return name if isinstance(name, str) else str(x).rsplit(".", 1)[-1]
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One engine I/O tensor as the engine declares it."""
+
+    index: int
+    name: str
+    mode: str  # "input" | "output"
+    dtype: DType
+    shape: tuple[int, ...]  # -1 = dynamic
+    location: Location  # DEVICE or HOST
+    is_shape_tensor: bool
+    profiles: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...] = ()  # inputs: (min, opt, max)
+    aliased_input: str | None = None  # outputs updated in place (KV caches)
+
+    @property
+    def is_input(self) -> bool:
+        return self.mode == "input"
+
+    def max_shape(self) -> tuple[int, ...]:
+        """The largest shape over all profiles (the engine shape for outputs and static inputs)."""
+        if not self.profiles:
+            return self.shape
+        return tuple(max(p[2][i] for p in self.profiles) for i in range(len(self.shape)))
+
+    def max_bytes(self) -> int:
+        shape = self.max_shape()
+        if any(d < 0 for d in shape):
+            return -1
+        return self.dtype.nbytes(math.prod(shape))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "name": self.name, "mode": self.mode, "dtype": str(self.dtype),
+            "shape": list(self.shape), "location": str(self.location), "is_shape_tensor": self.is_shape_tensor,
+            "profiles": [{"min": list(a), "opt": list(b), "max": list(c)} for a, b, c in self.profiles],
+            "aliased_input": self.aliased_input,
+        }
+
+
+@dataclass(frozen=True)
+class EngineIO:
+    """Every I/O tensor of an engine, in the engine's order."""
+
+    name: str
+    tensors: tuple[TensorInfo, ...]
+    num_profiles: int
+
+    @classmethod
+    def from_engine(cls, engine: Any) -> EngineIO:
+        """Introspect ``engine`` (TensorRT, TensorRT-RTX or ReferenceEngine)."""
+        n_profiles = int(engine.num_optimization_profiles)
+        has_alias = hasattr(engine, "get_aliased_input_tensor")
+        infos = []
+        for i in range(int(engine.num_io_tensors)):
+            name = engine.get_tensor_name(i)
+            mode = "input" if _enum_name(engine.get_tensor_mode(name)) == "INPUT" else "output"
+            dtype = DType.from_trt(engine.get_tensor_dtype(name))
+            shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+            location = Location.DEVICE if _enum_name(engine.get_tensor_location(name)) == "DEVICE" else Location.HOST
+            is_shape = bool(engine.is_shape_inference_io(name)) if hasattr(engine, "is_shape_inference_io") else False
+            profiles: tuple = ()
+            alias = None
+            if mode == "input":
+                profiles = tuple(
+                    tuple(tuple(int(d) for d in dims) for dims in engine.get_tensor_profile_shape(name, p))
+                    for p in range(n_profiles))
+            else:
+                if has_alias:
+                    alias = engine.get_aliased_input_tensor(name) or None
+                if alias is None:
+                    alias = _names.past_name_for_present(name)
+            infos.append(TensorInfo(i, name, mode, dtype, shape, location, is_shape, profiles, alias))
+        # An alias from the naming convention only counts if the engine really has that input.
+        inputs = {t.name for t in infos if t.is_input}
+        infos = [t if t.aliased_input is None or t.aliased_input in inputs else
+                 TensorInfo(t.index, t.name, t.mode, t.dtype, t.shape, t.location, t.is_shape_tensor, t.profiles, None)
+                 for t in infos]
+        return cls(str(getattr(engine, "name", "") or "engine"), tuple(infos), n_profiles)
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"engine {self.name!r} has no tensor {name!r}")
+
+    def __contains__(self, name: object) -> bool:
+        return any(t.name == name for t in self.tensors)
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        return [t for t in self.tensors if t.is_input]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [t for t in self.tensors if not t.is_input]
+
+    def state_pairs(self) -> list[tuple[str, str]]:
+        """(input, output) pairs where the output updates the input in place."""
+        return [(t.aliased_input, t.name) for t in self.outputs if t.aliased_input]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
+
+
+class ContextMemory:
+    """One USER_MANAGED device buffer that several execution contexts share.
+
+    Sized to the maximum over the engines and their profiles; the contexts must run serially
+    (one stream, or streams ordered with events), as base and draft do.
+    """
+
+    def __init__(self, nbytes: int, *, backend: Backend | str | None = None, name: str = "context_memory") -> None:
+        self.nbytes = max(int(nbytes), CONTEXT_MEMORY_ALIGNMENT)
+        self._tensor = Tensor.empty((self.nbytes + CONTEXT_MEMORY_ALIGNMENT,), DType.UINT8, Location.DEVICE,
+                                    name=name, backend=backend)
+        base = self._tensor.data_ptr
+        self.ptr = (base + CONTEXT_MEMORY_ALIGNMENT - 1) // CONTEXT_MEMORY_ALIGNMENT * CONTEXT_MEMORY_ALIGNMENT
+
+    @staticmethod
+    def required_bytes(engine: Any) -> int:
+        need = int(engine.device_memory_size_v2)
+        if hasattr(engine, "get_device_memory_size_for_profile_v2"):
+            for p in range(int(engine.num_optimization_profiles)):
+                need = max(need, int(engine.get_device_memory_size_for_profile_v2(p)))
+        return need
+
+    @classmethod
+    def for_engines(cls, engines: Iterable[Any], *, backend: Backend | str | None = None) -> ContextMemory:
+        return cls(max((cls.required_bytes(e) for e in engines), default=0), backend=backend)
+
+    @property
+    def capacity(self) -> int:
+        return self.nbytes
+
+    def check(self, engine: Any, engine_name: str) -> None:
+        need = self.required_bytes(engine)
+        if need > self.nbytes:
+            raise EngineError(
+                f"context memory of {self.nbytes} bytes is too small for engine {engine_name!r}, which needs "
+                f"{need} bytes (max of device_memory_size_v2 and every profile); size it with "
+                f"ContextMemory.for_engines([...]) over every engine that shares it")
+
+    def close(self) -> None:
+        self._tensor.close()
+
+    def __repr__(self) -> str:
+        return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x})"
+
+
+@dataclass
+class GraphStats:
+    """CUDA-graph cache telemetry: a miss is a step whose binding snapshot had no graph yet."""
+
+    hits: int = 0
+    captures: int = 0
+    misses: int = 0
+    last_miss_reason: str = ""
+    graphs: int = 0
+
+
+@dataclass
+class _Plan:
+    """What the last slow-path prepare bound, replayed by the fast path."""
+
+    key: tuple
+    views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)
+    outputs: list[Tensor] = field(default_factory=list)
+    snapshot: tuple = ()
+
+
+class EngineExecutor:
+    """One execution context of an engine, bound to trtio tensors (see module docstring)."""
+
+    def __init__(self, engine: Any, *, context_memory: ContextMemory | None = None, name: str = "",
+                 registry: TensorRegistry | None = None, stable: Iterable[str] = (), graphs: bool = False,
+                 backend: Backend | str | None = None) -> None:
+        self.engine = engine
+        self.io = EngineIO.from_engine(engine)
+        self.name = name or self.io.name
+        self.registry = registry
+        self.graphs_enabled = graphs
+        self._backend = get_backend(backend)
+        self._stable = set(stable)  # bindings only this executor reshapes (its state): left out of the fast path
+        self._closed = False
+        self._own_memory = context_memory is None
+        self.context_memory = context_memory or ContextMemory.for_engines([engine], backend=self._backend)
+        self.context_memory.check(engine, self.name)
+        trt = module_of(engine)
+        strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        self.context = engine.create_execution_context(strategy)
+        if self.context is None:
+            raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
+        self.context.set_device_memory(self.context_memory.ptr, self.context_memory.nbytes)
+        self._profile: int | None = None
+        self._bound_addr: dict[str, int] = {}
+        self._bound_shape: dict[str, tuple[int, ...]] = {}
+        self._plan: _Plan | None = None
+        self._graphs: dict[tuple, int] = {}
+        self._last_snapshot: tuple | None = None
+        self.graph_stats = GraphStats()
+        self._dummy: Tensor | None = None
+
+    # -- binding ----------------------------------------------------------------------------------
+    def _dummy_ptr(self) -> int:
+        # TensorRT refuses null addresses: empty tensors are bound to a small shared buffer.
+        if self._dummy is None:
+            self._dummy = Tensor.empty((256,), DType.UINT8, Location.DEVICE, name=f"{self.name}.dummy",
+                                       backend=self._backend)
+        return self._dummy.data_ptr
+
+    def prepare(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: StreamLike = None,
+                *, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+        """Bind ``tensor_map`` for a step of ``dims`` on optimization ``profile``.
+
+        Every engine I/O gets its tensor from the map; its shape comes from the registry spec
+        (resolved against ``dims``), else from ``shapes``, else from the tensor's own view. dtype,
+        location, capacity, rank and the profile range are checked for every binding, and all
+        problems are raised together as one :class:`BindingError`. TensorRT is told only what
+        changed: a step identical to the previous one makes no TensorRT call.
+        """
+        if self._closed:
+            raise ClosedError(f"executor {self.name!r} is closed")
+        key = (profile, dims, id(tensor_map), tensor_map.generation)
+        plan = self._plan
+        if plan is not None and plan.key == key and shapes is None:
+            for t, shp in plan.views:
+                if t._shape is not shp:
+                    t.reshape(shp)
+            return
+        self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), shapes or {}, key)
+
+    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any,
+                      shapes: dict[str, tuple[int, ...]], key: tuple) -> None:
+        self._plan = None
+        if not 0 <= profile < self.io.num_profiles:
+            raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
+        if self.registry is not None:
+            dims.check(s for spec in self.registry if spec.name in self.io for s in spec.members())
+        problems: list[str] = []
+        planned: list[tuple[Any, Tensor, tuple[int, ...]]] = []
+        for info in self.io.tensors:
+            kind = "input" if info.is_input else "output"
+            t = tm.get(info.name)
+            if t is None:
+                what = "unbound engine input" if info.is_input else "missing output binding"
+                problems.append(f"{info.name}: {what} ({info.dtype} {_fmt(info.shape)}); "
+                                f"tensor map {tm.name!r} has no such entry")
+                continue
+            spec = self.registry.get(info.name) if self.registry is not None else None
+            if spec is not None:
+                shape = spec.resolve(dims)
+            elif info.name in shapes:
+                shape = tuple(shapes[info.name])
+            else:
+                shape = t._shape
+            bad = False
+            if t.dtype is not info.dtype:
+                problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is {info.dtype}")
+                bad = True
+            want_device = info.location is Location.DEVICE
+            if want_device != (t.location is Location.DEVICE):
+                problems.append(f"{info.name}: location {t.location} (tensor {t.name!r}) but the engine {kind} "
+                                f"lives on {'the device' if want_device else 'the host'}")
+                bad = True
+            if len(shape) != len(info.shape):
+                problems.append(f"{info.name}: shape {_fmt(shape)} has rank {len(shape)} but the engine {kind} "
+                                f"{_fmt(info.shape)} has rank {len(info.shape)}")
+                continue
+            fixed = [(i, d, e) for i, (d, e) in enumerate(zip(shape, info.shape)) if e >= 0 and d != e]
+            if fixed:
+                i, d, e = fixed[0]
+                problems.append(f"{info.name}: shape {_fmt(shape)} has {d} in dim {i} where the engine {kind} "
+                                f"{_fmt(info.shape)} fixes {e}")
+                bad = True
+            if info.is_input and info.profiles:
+                lo, _, hi = info.profiles[profile]
+                if any(d < a or d > b for d, a, b in zip(shape, lo, hi)):
+                    problems.append(f"{info.name}: shape {_fmt(shape)} is outside profile {profile}'s range "
+                                    f"min {_fmt(lo)} .. max {_fmt(hi)}")
+                    bad = True
+            need = t.dtype.nbytes(math.prod(shape))
+            if need > t.capacity:
+                problems.append(f"{info.name}: shape {_fmt(shape)} needs {need} bytes but tensor {t.name!r} "
+                                f"holds {t.capacity} bytes")
+                bad = True
+            if not bad:
+                planned.append((info, t, shape))
+        for info in self.io.outputs:
+            if info.aliased_input and info.name in tm and info.aliased_input in tm:
+                if tm[info.name].data_ptr != tm[info.aliased_input].data_ptr:
+                    problems.append(f"{info.name}: updates {info.aliased_input} in place, so both must be bound to "
+                                    f"one address (got 0x{tm[info.name].data_ptr:x} and "
+                                    f"0x{tm[info.aliased_input].data_ptr:x})")
+        if problems:
+            raise BindingError(self.name, problems)
+
+        ctx = self.context
+        if profile != self._profile:
+            try:
+                ctx.set_optimization_profile_async(profile, stream.handle)
+            except Exception as exc:
+                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: {exc}") from exc
+            self._profile = profile
+            self._bound_shape.clear()  # TensorRT wants input shapes set again after a profile switch
+        for info, t, shape in planned:
+            if t._shape != shape:
+                t.reshape(shape)
+            ptr = t.data_ptr if t.capacity else self._dummy_ptr()
+            if self._bound_addr.get(info.name) != ptr:
+                if not ctx.set_tensor_address(info.name, ptr):
+                    problems.append(f"{info.name}: set_tensor_address(0x{ptr:x}) returned False")
+                else:
+                    self._bound_addr[info.name] = ptr
+            if info.is_input and self._bound_shape.get(info.name) != shape:
+                if not ctx.set_input_shape(info.name, shape):
+                    lo, _, hi = info.profiles[profile] if info.profiles else ((), (), ())
+                    problems.append(f"{info.name}: set_input_shape({_fmt(shape)}) returned False "
+                                    f"(profile {profile}: min {_fmt(lo)} .. max {_fmt(hi)})")
+                    self._bound_shape.pop(info.name, None)
+                else:
+                    self._bound_shape[info.name] = shape
+        if problems:
+            raise BindingError(self.name, problems)
+        for info, t, shape in planned:
+            if not info.is_input:
+                got = tuple(int(d) for d in ctx.get_tensor_shape(info.name))
+                if got != shape:
+                    problems.append(f"{info.name}: the engine computes output shape {_fmt(got)} but the binding "
+                                    f"expects {_fmt(shape)}")
+        if problems:
+            raise BindingError(self.name, problems)
+        views = [(t, shape) for info, t, shape in planned if info.name not in self._stable]
+        outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
+        snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
+        self._plan = _Plan(key, views, outputs, snapshot)
+
+    def unused(self, tensor_map: TensorMap) -> list[str]:
+        """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
+        declared = set(self.io.names())
+        return sorted(n for n in tensor_map.names() if n not in declared)
+
+    # -- execution --------------------------------------------------------------------------------
+    def execute(self, stream: StreamLike = None, *, use_graph: bool | None = None) -> None:
+        """Enqueue the engine on ``stream`` (after :meth:`prepare`).
+
+        With graphs, the first step of each binding snapshot runs once un-captured (TensorRT's lazy
+        initialisation), is captured, and later steps with the same snapshot replay the graph.
+        """
+        if self._closed:
+            raise ClosedError(f"executor {self.name!r} is closed")
+        plan = self._plan
+        if plan is None:
+            raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
+        s = as_stream(stream, self._backend)
+        if use_graph if use_graph is not None else self.graphs_enabled:
+            graph = self._graphs.get(plan.snapshot)
+            if graph is None:
+                graph = self._capture(plan.snapshot, s)
+            else:
+                self.graph_stats.hits += 1
+            self._backend.launch_graph(graph, s.handle)
+        else:
+            self._enqueue(s)
+        for t in plan.outputs:
+            t._last_stream = s
+
+    def _enqueue(self, s: Any) -> None:
+        if not self.context.execute_async_v3(s.handle):
+            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
+                              f"see the trtio.trt log for TensorRT's reason")
+
+    def _capture(self, snapshot: tuple, s: Any) -> int:
+        stats = self.graph_stats
+        stats.misses += 1
+        stats.last_miss_reason = self._miss_reason(snapshot)
+        self._last_snapshot = snapshot
+        self._enqueue(s)  # warm-up: TensorRT initialises lazily at new shapes
+        s.synchronize()
+        be = self._backend
+        be.begin_capture(s.handle)
+        try:
+            ok = self.context.execute_async_v3(s.handle)
+        except BaseException:
+            be.abort_capture(s.handle)
+            raise
+        if not ok:
+            be.abort_capture(s.handle)
+            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False while capturing a CUDA graph")
+        graph = be.end_capture(s.handle)
+        self._graphs[snapshot] = graph
+        stats.captures += 1
+        stats.graphs = len(self._graphs)
+        log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
+        return graph
+
+    def _miss_reason(self, snapshot: tuple) -> str:
+        prev = self._last_snapshot
+        if prev is None:
+            return "first capture"
+        if prev[0] != snapshot[0]:
+            return f"profile {prev[0]} -> {snapshot[0]}"
+        before = {name: (addr, shape) for name, addr, shape in prev[1:]}
+        for name, addr, shape in snapshot[1:]:
+            old = before.get(name)
+            if old is None:
+                return f"{name}: newly bound"
+            if old[0] != addr:
+                return f"{name}: address 0x{old[0]:x} -> 0x{addr:x}"
+            if old[1] != shape:
+                return f"{name}: shape {_fmt(old[1])} -> {_fmt(shape)}"
+        return "binding set changed"
+
+    def clear_graphs(self) -> None:
+        """Destroy every captured graph (after a rebinding that makes them stale, or to free them)."""
+        for g in self._graphs.values():
+            self._backend.destroy_graph(g)
+        self._graphs.clear()
+        self.graph_stats.graphs = 0
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Destroy graphs, the context and (if owned) the context memory. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.clear_graphs()
+        self.context = None
+        if self._dummy is not None:
+            self._dummy.close()
+        if self._own_memory:
+            self.context_memory.close()
+
+    def __enter__(self) -> EngineExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"EngineExecutor({self.name!r}, {len(self.io.tensors)} I/O tensors, profile={self._profile})"
