@@ -460,17 +460,20 @@ def _streaming_run(cuda, iterations, consumer_waits):
     for i in range(iterations):
         value = float(i % 1000)
         with torch.cuda.stream(torch_producer):
-            torch.cuda._sleep(200_000)  # a long kernel before the prefill results exist
+            torch.cuda._sleep(5_000_000)  # a long kernel (~2.5 ms) before the prefill results exist
         live_in.fill_(value, producer)
         live_h.fill_(value, producer)
         sp.populate_from_prefill(live_in, live_h, *shape, 4, 256, producer)
         with torch.cuda.stream(torch_producer):
-            torch.cuda._sleep(200_000)  # the decode loop: long, and then it overwrites the live buffers
+            torch.cuda._sleep(5_000_000)  # the decode loop: long, and then it overwrites the live buffers
         live_in.fill_(-1.0, producer)
         live_h.fill_(-1.0, producer)
         if consumer_waits:
             sp.ready_event.wait(consumer)
-        out.copy_from(sp.engine_hidden_states, consumer)
+        # The consumer reads the raw pointer, as a foreign library (torch, a Talker kernel) would:
+        # nothing but ready_event orders it after the snapshot copies.
+        snap = sp.engine_hidden_states
+        cuda.memcpy(out.data_ptr, snap.data_ptr, snap.nbytes, consumer.handle)
         sp.release(consumer)
         consumer.synchronize()
         got = np.asarray(out).view(np.float16)

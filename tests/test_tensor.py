@@ -336,3 +336,21 @@ def test_dlpack_orders_consumer_stream_after_producer(cuda):
     producer.synchronize()
     t.close()
     producer.close()
+
+
+@pytest.mark.gpu
+def test_reads_on_another_stream_wait_for_the_last_write(cuda):
+    """to_numpy / copies on stream B see a write trtio issued on stream A, with no explicit sync."""
+    torch = pytest.importorskip("torch")
+    a = Stream.create(cuda)
+    t = Tensor.empty((1 << 20,), "int32", backend=cuda)
+    t.fill_(0, a)
+    a.synchronize()
+    for i in range(1, 11):
+        with torch.cuda.stream(torch.cuda.ExternalStream(a.handle)):
+            torch.cuda._sleep(2_000_000)  # the write lands ~1 ms after it is issued
+        t.fill_(i, a)
+        assert (t.to_numpy() == i).all(), f"iteration {i}: read before the write on stream A finished"
+    a.synchronize()
+    t.close()
+    a.close()

@@ -218,6 +218,7 @@ class _Plan:
     views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
     snapshot: tuple = ()
+    graph: int | None = None  # the graph of this snapshot, once looked up or captured
 
 
 class EngineExecutor:
@@ -405,11 +406,14 @@ class EngineExecutor:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
         s = as_stream(stream, self._backend)
         if use_graph if use_graph is not None else self.graphs_enabled:
-            graph = self._graphs.get(plan.snapshot)
+            graph = plan.graph
+            if graph is None:
+                graph = self._graphs.get(plan.snapshot)  # hashing the snapshot: once per new plan
             if graph is None:
                 graph = self._capture(plan.snapshot, s)
             else:
                 self.graph_stats.hits += 1
+            plan.graph = graph
             self._backend.launch_graph(graph, s.handle)
         else:
             self._enqueue(s)
@@ -467,6 +471,8 @@ class EngineExecutor:
         for g in self._graphs.values():
             self._backend.destroy_graph(g)
         self._graphs.clear()
+        if self._plan is not None:
+            self._plan.graph = None
         self.graph_stats.graphs = 0
 
     # -- lifetime ---------------------------------------------------------------------------------

@@ -276,7 +276,7 @@ class LLMSetup(_SetupBase):
         self.cfg = cfg
         closer = self._closer = _Closer()
         try:
-            self._default_stream = s = closer.add(Stream.create(be)) if stream is None else as_stream(stream, be)
+            self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
             self.io = closer.add(PipelineIO.create_for_llm(cfg, s, backend=be))
             self._rope = closer.add(_RopeTables(be))
             self._context_memory = closer.add(ContextMemory.for_engines([engine], backend=be))
@@ -468,7 +468,7 @@ class SpecDecodeSetup(_SetupBase):
         base_cfg, draft_cfg = bundle.base, bundle.draft
         closer = self._closer = _Closer()
         try:
-            self._default_stream = s = closer.add(Stream.create(be)) if stream is None else as_stream(stream, be)
+            self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
             self.io = io = closer.add(PipelineIO.create_for_spec_decode(bundle, max_runtime_batch_size, s, backend=be))
             mb = io.max_batch
             self._rope = closer.add(_RopeTables(be))

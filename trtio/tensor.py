@@ -6,7 +6,9 @@ how one worst-case allocation serves every step of an inference pipeline. Copies
 the bytes of the current view.
 
 Stream order: copies, ``zero_`` and ``fill_`` whose destination is device memory are issued on
-``stream`` and return before the work finishes. Destinations in host-accessible memory
+``stream`` and return before the work finishes. A tensor remembers the stream of the last trtio
+work that wrote it (copies, fills, engine outputs); reading it on another stream (``to_numpy``,
+``copy_to``, a copy from it, a DLPack export) first makes that stream wait for the write. Destinations in host-accessible memory
 (PINNED, HOST) are written by the host at once; whoever may still be reading them (an earlier
 upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
 """
@@ -304,6 +306,8 @@ class Tensor:
             src._live()
             self._check_peer(src._dtype, src._nbytes, f"tensor {src._name!r} {src._shape}", "from")
             s = as_stream(stream, self._backend)
+            if src._last_stream is not None:
+                src._order_consumer(s.handle)
             self._backend.memcpy(self._ptr, src._ptr, self._nbytes, s.handle)
             self._last_stream = s
             return self
@@ -335,6 +339,8 @@ class Tensor:
         dt = self._numpy_dtype_of(dst)
         self._check_peer(dt, dst.nbytes, f"array {dst.shape}", "to")
         s = as_stream(stream, self._backend)
+        if self._last_stream is not None:
+            self._order_consumer(s.handle)
         self._backend.memcpy(dst.ctypes.data, self._ptr, self._nbytes, s.handle)
         s.synchronize()
         return dst
@@ -351,6 +357,8 @@ class Tensor:
         else:
             out = np.empty(self._shape, dtype=self._dtype.storage_numpy)
         s = as_stream(stream, self._backend)
+        if self._last_stream is not None:
+            self._order_consumer(s.handle)  # read after the last trtio work that wrote this tensor
         self._backend.memcpy(out.ctypes.data, self._ptr, self._nbytes, s.handle)
         s.synchronize()
         return out

@@ -167,11 +167,11 @@ class HostBackend:
             raise CudaError("cudaGraphLaunch", "cudaErrorInvalidResourceHandle",
                             f"graph 0x{graph_exec:x} is not live")
 
-        def replay() -> None:
-            for call in calls:
-                call()
-
-        self._run(stream, replay)
+        if stream in self._capturing:
+            self._capturing[stream].extend(calls)  # a graph launched into a capture becomes part of it
+            return
+        for call in calls:
+            call()
 
     def destroy_graph(self, graph_exec: int) -> None:
         self._graphs.pop(graph_exec, None)

@@ -106,7 +106,7 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
         for _ in range(depth - 1):
             step = setup.draft_propose(embedding[chain[-1]][:, None, :].astype(dtype), stream).to_numpy(stream)
             chain.append(step.argmax(axis=-1))
-        tokens = np.concatenate([pending[:, None], first, np.stack(chain[1:], axis=1)], axis=1)[:, :nodes]
+        tokens = np.column_stack([pending, first, *chain[1:]])[:, :nodes]
         verify_logits = setup.verify(embedding[tokens].astype(dtype), parents, stream).to_numpy(stream)
         greedy = verify_logits.reshape(batch, nodes, -1).argmax(axis=-1)  # the base's choice after each node
         children: dict[int, list[int]] = {}

@@ -1,0 +1,341 @@
+"""create_for_llm / create_for_spec_decode end to end, against the plain numpy toy model.
+
+Tests taking the ``device`` fixture run with host ReferenceEngines here and again with GPU
+ReferenceEngines (CuPy, cuda backend) where a GPU answers.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import BindingError, DType, Location, ShapeError, Stream, TrtioError, names
+from trtio.factories import create_for_llm, create_for_spec_decode
+from trtio.spec_decode import ancestor_mask
+from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
+
+from _configs import bundle, llm_config
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request):
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return request.param
+
+
+def _tol(cfg):
+    return 2e-2 if cfg.activation_dtype == "bfloat16" else 2e-3
+
+
+def _prompts(rng, lengths, vocab=512):
+    return [list(map(int, rng.integers(0, vocab, n))) for n in lengths]
+
+
+def _run_llm(cfg, device, *, graphs=False, steps=4, lengths=(5, 11, 3, 8), deepstack=False, seed=0):
+    """Prefill + greedy decode through create_for_llm; returns (tokens, logits per step, setup)."""
+    eng = ReferenceEngine.from_config(cfg, seed=seed, device=device)
+    setup = create_for_llm(eng, cfg, graphs=graphs)
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size, seed)
+    rng = np.random.default_rng(seed + 1)
+    prompts = _prompts(rng, lengths, cfg.vocab_size)
+    act = cfg.activation.numpy
+    emb, lens = embed_batch(E, prompts, act)
+    feats = None
+    if deepstack:
+        feats = [rng.standard_normal(emb.shape).astype(act) * 0.1 for _ in range(cfg.num_deepstack_features)]
+    out = [setup.prefill(emb, lens, deepstack_embeds=feats).to_numpy()]
+    toks = [list(p) for p in prompts]
+    for _ in range(steps):
+        nxt = out[-1].argmax(-1)
+        for b, t in enumerate(nxt):
+            toks[b].append(int(t))
+        out.append(setup.decode(E[nxt][:, None, :].astype(act)).to_numpy())
+    return eng, setup, E, toks, out, feats, lens
+
+
+@pytest.mark.parametrize("variant", ["plain", "bf16", "deepstack", "mrope_cfg", "f32_cache"])
+def test_llm_matches_numpy_model(device, variant):
+    kw = {"plain": {}, "bf16": {"activation_dtype": "bfloat16", "kv_cache_dtype": "bfloat16"},
+          "deepstack": {"num_deepstack_features": 2}, "mrope_cfg": {"rope_type": "mrope"},
+          "f32_cache": {"kv_cache_dtype": "float32", "rotary_dim": 8}}[variant]
+    cfg = llm_config(**kw)
+    eng, setup, E, toks, out, feats, lens = _run_llm(cfg, device, deepstack=variant == "deepstack")
+    for b, seq in enumerate(toks):
+        n = int(lens[b])
+        ds = None
+        if feats is not None:
+            # prefill carries the features; decode steps bind the zero buffer
+            ds = [np.concatenate([f[b, :n].astype(np.float32), np.zeros((len(seq) - n, cfg.hidden_size), np.float32)])
+                  for f in feats]
+        _, ref = reference_forward(eng.weights, cfg, E[seq].astype(cfg.activation.numpy), deepstack=ds)
+        np.testing.assert_allclose(out[0][b], ref[n - 1], atol=_tol(cfg), rtol=_tol(cfg))
+        for step in range(1, len(out)):
+            np.testing.assert_allclose(out[step][b], ref[n - 1 + step], atol=_tol(cfg), rtol=_tol(cfg))
+    assert setup.lengths.tolist() == [int(n) + 4 for n in lens]
+    setup.close()
+
+
+def test_graphs_on_equal_graphs_off_bit_for_bit(device):
+    cfg = llm_config()
+    *_, plain, _, _ = _run_llm(cfg, device, graphs=False, steps=6)
+    eng, setup, *_, graphed, _, _ = _run_llm(cfg, device, graphs=True, steps=6)
+    for a, b in zip(plain, graphed):
+        np.testing.assert_array_equal(a, b)
+    stats = setup.graph_stats
+    assert stats.captures == 1 and stats.hits == 5 and stats.misses == 1
+    setup.close()
+
+
+def test_graph_miss_reason_names_the_changed_binding():
+    cfg = llm_config()
+    eng = ReferenceEngine.from_config(cfg, device="host")
+    setup = create_for_llm(eng, cfg, graphs=True)
+    E = toy_embedding(512, 64)
+    for batch in (2, 3):
+        emb, lens = embed_batch(E, [[1, 2, 3]] * batch, np.float16)
+        setup.prefill(emb, lens)
+        setup.decode(E[[4] * batch][:, None, :].astype(np.float16))
+        setup.decode(E[[5] * batch][:, None, :].astype(np.float16))
+    stats = setup.graph_stats
+    assert stats.captures == 2 and stats.hits == 2
+    assert stats.last_miss_reason == "inputs_embeds: shape [2, 1, 64] -> [3, 1, 64]"
+    setup.close()
+
+
+def test_steady_decode_makes_no_tensorrt_set_calls_no_allocation_no_sync(host):
+    cfg = llm_config()
+    eng = ReferenceEngine.from_config(cfg, device="host")
+    setup = create_for_llm(eng, cfg)
+    E = toy_embedding(512, 64)
+    emb, lens = embed_batch(E, [[1, 2, 3], [4, 5]], np.float16)
+    setup.prefill(emb, lens)
+    setup.decode(E[[6, 7]][:, None, :].astype(np.float16))  # first decode: switches to profile 1
+    ctx = setup.executor.context
+    calls = dict(ctx.calls)
+    allocs, syncs = host.alloc_count, host.sync_count
+    for t in range(8):
+        setup.decode(E[[t, t + 1]][:, None, :].astype(np.float16))
+    assert ctx.calls["set_tensor_address"] == calls["set_tensor_address"]
+    assert ctx.calls["set_input_shape"] == calls["set_input_shape"]
+    assert ctx.calls["set_optimization_profile_async"] == calls["set_optimization_profile_async"]
+    assert ctx.calls["execute_async_v3"] == calls["execute_async_v3"] + 8
+    assert host.alloc_count == allocs, "a decode step never allocates"
+    assert host.sync_count == syncs, "a decode step never synchronises the host"
+    setup.close()
+
+
+def test_llm_setup_bad_calls():
+    cfg = llm_config()
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+    E = toy_embedding(512, 64)
+    one = E[[1]][:, None, :].astype(np.float16)
+    with pytest.raises(TrtioError, match=r"decode\(\) before prefill\(\)"):
+        setup.decode(one)
+    emb, lens = embed_batch(E, [[1, 2, 3], [4, 5]], np.float16)
+    with pytest.raises(ShapeError, match=r"context_lengths\[1\] = 7 is outside 1..3"):
+        setup.prefill(emb, np.array([3, 7]))
+    with pytest.raises(ShapeError, match="expected 2 integer lengths"):
+        setup.prefill(emb, np.array([3]))
+    with pytest.raises(ShapeError, match=r"expected shape \[batch, seq, 64\]"):
+        setup.prefill(emb[..., :32], lens)
+    with pytest.raises(ShapeError, match=r"batch 5 is outside 1..4"):
+        e5, l5 = embed_batch(E, [[1]] * 5, np.float16)
+        setup.prefill(e5, l5)
+    setup.prefill(emb, lens)
+    with pytest.raises(ShapeError, match=r"decode takes \[batch=2, 1, 64\], got \[1, 1"):
+        setup.decode(one)
+    setup.close()
+    with pytest.raises(TrtioError, match="closed"):
+        setup.decode(one)
+
+
+def test_kv_cache_full_is_a_clear_error():
+    cfg = llm_config(max_kv_cache_capacity=66, max_supported_input_length=64)
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+    E = toy_embedding(512, 64)
+    emb, lens = embed_batch(E, [list(range(64))], np.float16)
+    setup.prefill(emb, lens)
+    setup.decode(E[[1]][:, None, :].astype(np.float16))
+    setup.decode(E[[1]][:, None, :].astype(np.float16))
+    with pytest.raises(ShapeError, match="KV cache full: sequence 0 holds 66 tokens"):
+        setup.decode(E[[1]][:, None, :].astype(np.float16))
+    setup.close()
+
+
+@pytest.mark.parametrize("engine_kw,cfg_kw,needle", [
+    ({}, {"num_deepstack_features": 1},
+     "deepstack_embeds_0: the config implies this input but the engine does not declare it"),
+    ({"num_deepstack_features": 1}, {},
+     "deepstack_embeds_0: the engine declares this input but a llm engine of this config has no such binding"),
+    ({}, {"kv_cache_dtype": "bfloat16"}, "k_cache_0: the engine wants float16, the config implies bfloat16"),
+    ({}, {"hidden_size": 128}, "inputs_embeds: dim 2 is 64 in the engine but 128 in the config"),
+])
+def test_config_that_disagrees_with_the_engine(engine_kw, cfg_kw, needle):
+    eng = ReferenceEngine.from_config(llm_config(**engine_kw), device="host")
+    with pytest.raises(BindingError) as info:
+        create_for_llm(eng, llm_config(**cfg_kw))
+    assert needle in str(info.value)
+
+
+def test_prompt_beyond_the_engine_profile_names_the_range():
+    eng = ReferenceEngine.from_config(llm_config(max_supported_input_length=16), device="host")
+    setup = create_for_llm(eng, llm_config(max_supported_input_length=32))
+    E = toy_embedding(512, 64)
+    emb, lens = embed_batch(E, [list(range(20))], np.float16)
+    with pytest.raises(BindingError, match=r"inputs_embeds: shape \[1, 20, 64\] is outside profile 0's range min \[1, 1, 64\] .. max \[4, 16, 64\]"):
+        setup.prefill(emb, lens)
+    setup.close()
+
+
+def test_create_for_llm_refuses_spec_configs():
+    b = bundle()
+    with pytest.raises(TrtioError, match="use create_for_spec_decode"):
+        create_for_llm(ReferenceEngine.from_config(b.base, device="host"), b.base)
+
+
+def test_failed_setup_frees_what_it_allocated(host):
+    live = host.live_allocations
+    eng = ReferenceEngine.from_config(llm_config(), device="host")
+    with pytest.raises(BindingError):
+        create_for_llm(eng, llm_config(kv_cache_dtype="bfloat16"), backend=host)
+    assert host.live_allocations == live
+
+
+def test_streaming_snapshot_through_the_setup(host):
+    cfg = llm_config()
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+    E = toy_embedding(512, 64)
+    emb, lens = embed_batch(E, [[1, 2, 3, 4], [5, 6]], np.float16)
+    setup.prefill(emb, lens)
+    live_hidden = setup.io.output_hidden_states.to_numpy()
+    setup.populate_streaming()
+    setup.decode(E[[7, 8]][:, None, :].astype(np.float16))  # overwrites the live buffers
+    sp = setup.io.streaming_prefill
+    consumer = Stream.create(host)
+    sp.ready_event.wait(consumer)
+    np.testing.assert_array_equal(sp.engine_hidden_states.to_numpy(consumer), live_hidden)
+    np.testing.assert_array_equal(sp.input_embeds.to_numpy(consumer), emb)
+    assert setup.io.output_hidden_states.shape == (2, 1, 64)
+    consumer.close()
+    setup.close()
+
+
+def test_memory_report_covers_every_part():
+    cfg = llm_config()
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+    rep = setup.memory_report()
+    names_ = {e.name for e in rep.entries}
+    assert {"inputs_embeds", names.k_cache(1), "kv_lengths", names.kRopeCosSin, "context_memory"} <= names_
+    assert rep.total_required >= 4 * 4 * 2 * 128 * 16 * 2
+    setup.close()
+
+
+# -- speculative decoding ---------------------------------------------------------------------------
+
+def _spec_pair(device, **kw):
+    b = bundle(draft_vocab=512, verify_size=6, max_verify=8, max_proposal=8, top_k=2, step=3, **kw)
+    bw = ToyWeights.generate(b.base, 0)
+    dw = ToyWeights.generate_draft(b.draft, bw, 0)
+    base = ReferenceEngine.from_config(b.base, weights=bw, device=device)
+    draft = ReferenceEngine.from_config(b.draft, weights=dw, device=device)
+    return b, bw, base, draft
+
+
+@pytest.mark.parametrize("top_k,depth", [(1, 3), (2, 3), (2, 1)])
+def test_spec_decode_gives_exactly_the_greedy_tokens(device, top_k, depth):
+    b, bw, base, draft = _spec_pair(device)
+    llm_cfg = dataclasses.replace(b.base, is_spec_decode_base=False, max_verify_tree_size=0)
+    E = toy_embedding(512, 64, 0)
+    prompts = _prompts(np.random.default_rng(3), (5, 12, 3, 8))
+    llm = create_for_llm(ReferenceEngine.from_config(llm_cfg, weights=bw, device=device), llm_cfg)
+    vanilla = greedy_generate(llm, E, prompts, 16)
+    sd = create_for_spec_decode(base, draft, b)
+    tokens, stats = spec_generate(sd, E, prompts, 16, depth=depth, top_k=top_k)
+    assert tokens == vanilla
+    assert 0.0 < stats.acceptance_rate < 1.0, "a weak draft: some, not all, proposals accepted"
+    llm.close()
+    sd.close()
+
+
+def test_tree_verify_equals_decoding_each_path(device):
+    """Each node's verify logits equal the logits of decoding its root-to-node path one token at a time."""
+    b, bw, base, draft = _spec_pair(device)
+    E = toy_embedding(512, 64, 0)
+    prompts = _prompts(np.random.default_rng(5), (6, 9))
+    parents = [-1, 0, 0, 1, 1, 2, 4]
+    rng = np.random.default_rng(6)
+    tree_tokens = rng.integers(0, 512, (2, len(parents)))
+    sd = create_for_spec_decode(base, draft, b)
+    emb, lens = embed_batch(E, prompts, np.float16)
+    sd.base_prefill(emb, lens)
+    verify = sd.verify(E[tree_tokens].astype(np.float16), parents).to_numpy().reshape(2, len(parents), -1)
+    sd.close()
+    mask = ancestor_mask(parents)
+    for bi in range(2):
+        for node in range(len(parents)):
+            path = [int(tree_tokens[bi, i]) for i in range(len(parents)) if mask[node, i]]
+            # decode prompt + path sequentially through a fresh setup (same base engine weights)
+            sd2 = create_for_spec_decode(*_spec_pair(device)[2:], b)
+            e1, l1 = embed_batch(E, [prompts[bi]], np.float16)
+            sd2.base_prefill(e1, l1)
+            last = None
+            for tok in path:
+                last = sd2.verify(E[[[tok]]].astype(np.float16), [-1]).to_numpy()[0]
+                sd2.accept([[0]])
+            np.testing.assert_allclose(verify[bi, node], last, atol=2e-3, rtol=2e-3)
+            sd2.close()
+
+
+def test_draft_reads_base_hidden_states_at_the_address_the_base_wrote(device):
+    b, bw, base, draft = _spec_pair(device)
+    sd = create_for_spec_decode(base, draft, b)
+    E = toy_embedding(512, 64, 0)
+    emb, lens = embed_batch(E, [[1, 2, 3], [4, 5, 6, 7]], np.float16)
+    sd.base_prefill(emb, lens)
+    sd.draft_prefill(emb, lens)
+    base_out = sd.base.executor.context.get_tensor_address(names.kOutputHiddenStates)
+    draft_in = sd.draft.executor.context.get_tensor_address(names.kBaseModelHiddenStates)
+    assert base_out == draft_in == sd.io.base_hidden_states.data_ptr
+    shared = [n for n in sd.base.tensor_map.names() if n in sd.draft.tensor_map and sd.base.tensor_map[n] is sd.draft.tensor_map[n]]
+    assert {names.kInputsEmbeds, names.kLogits, names.kAttentionMask, names.kAttentionPosId} <= set(shared)
+    assert sd.base.state.tensors[names.k_cache(0)].data_ptr != sd.draft.state.tensors[names.k_cache(0)].data_ptr
+    sd.close()
+
+
+def test_spec_decode_graphs_on_equal_off(device):
+    b, bw, base, draft = _spec_pair(device)
+    E = toy_embedding(512, 64, 0)
+    prompts = _prompts(np.random.default_rng(8), (4, 7, 2, 9))
+    sd = create_for_spec_decode(base, draft, b)
+    plain, _ = spec_generate(sd, E, prompts, 12)
+    sd.close()
+    b, bw, base, draft = _spec_pair(device)
+    sd = create_for_spec_decode(base, draft, b, graphs=True)
+    graphed, _ = spec_generate(sd, E, prompts, 12)
+    assert graphed == plain
+    stats = sd.graph_stats
+    assert stats["base"].hits > 0 and stats["draft"].hits > 0
+    sd.close()
+
+
+def test_spec_setup_bad_calls():
+    b, bw, base, draft = _spec_pair("host")
+    sd = create_for_spec_decode(base, draft, b)
+    E = toy_embedding(512, 64, 0)
+    with pytest.raises(TrtioError, match="run base_prefill"):
+        sd.verify(E[[[1, 2]]].astype(np.float16), [-1, 0])
+    emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
+    sd.base_prefill(emb, lens)
+    with pytest.raises(TrtioError, match=r"accept\(\) before verify\(\)"):
+        sd.accept([[0]])
+    sd.verify(E[[[1, 2, 3]]].astype(np.float16), [-1, 0, 1])
+    with pytest.raises(ShapeError, match=r"paths\[0\] = \[1, 2\]: expected increasing node indices"):
+        sd.accept([[1, 2]])
+    with pytest.raises(ShapeError, match=r"verify_size must be an int in 1..8"):
+        sd.verify(E[np.zeros((1, 9), int)].astype(np.float16), list(range(-1, 8)))
+    sd.close()
+    with pytest.raises(TrtioError, match="needs a DeploymentConfig with a draft"):
+        create_for_spec_decode(base, draft, trtio.DeploymentConfig(llm_config()))
