@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from trtio import EngineError, EngineIO, EngineState, TensorMap, names
+from trtio.engine import TensorInfo
+from trtio.testing import ReferenceEngine
+
+from _configs import llm_config
+
+
+def _state(cfg=None, **kw):
+    eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg or llm_config(**kw), device="host", null_compute=True))
+    return eio, EngineState(eio, max_batch=4, backend="host")
+
+
+def test_pairs_at_profile_max_bound_under_both_names(host):
+    eio, st = _state(kv_cache_dtype="bfloat16")
+    assert len(st.pairs) == 4
+    t = st.tensors[names.k_cache(1)]
+    assert t.shape == (4, 2, 128, 16) and str(t.dtype) == "bfloat16"
+    tm = TensorMap("m")
+    st.bind(tm)
+    assert tm[names.k_cache(1)] is tm[names.present_k_cache(1)] is t
+    assert tm[names.kKVCacheStartIndex] is st.kv_lengths
+    assert st.stable_names() == {n for pair in st.pairs for n in pair}
+    st.close()
+
+
+def test_bound_shape_follows_the_step_batch():
+    _, st = _state()
+    assert st.shape_for(names.v_cache(0), 2) == (2, 2, 128, 16)
+    assert st.shapes(3)[names.present_v_cache(0)] == (3, 2, 128, 16)
+    st.close()
+
+
+def test_start_index_views_and_reset():
+    _, st = _state()
+    assert st.upload_start_index(None).shape == (0,), "an empty-cache prefill binds [0]"
+    dev = st.upload_start_index(np.array([3, 5]))
+    assert dev.shape == (2,) and dev.to_numpy().tolist() == [3, 5]
+    st.lengths[:2] = [3, 5]
+    st.reset(clear=True)
+    assert not st.lengths.any()
+    assert not st.tensors[names.k_cache(0)].view("uint8").to_numpy().any()
+    st.close()
+
+
+def test_memory_report_and_close_free_everything(host):
+    live = host.live_allocations
+    _, st = _state()
+    rep = st.memory_report()
+    assert rep.entry(names.k_cache(0)).nbytes == 4 * 2 * 128 * 16 * 2
+    assert st.nbytes == 4 * rep.entry(names.k_cache(0)).nbytes
+    st.close()
+    st.close()
+    assert host.live_allocations == live
+
+
+def test_unbounded_state_is_refused():
+    eio, st = _state()
+    st.close()
+    info = eio[names.k_cache(0)]
+    unbounded = TensorInfo(info.index, info.name, info.mode, info.dtype, info.shape, info.location, False,
+                           tuple((lo, opt, (-1,) + hi[1:]) for lo, opt, hi in info.profiles), None)
+    tensors = tuple(unbounded if t.name == info.name else t for t in eio.tensors)
+    broken = EngineIO(eio.name, tensors, eio.num_profiles)
+    with pytest.raises(EngineError, match=r"state input 'k_cache_0' has no bounded max shape"):
+        EngineState(broken, max_batch=4, backend="host")
