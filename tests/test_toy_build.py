@@ -1,8 +1,9 @@
-"""scripts/build_toy_engines.py: real TensorRT-RTX networks and plans, built on the CPU.
+"""trtio.testing.toy_build and scripts/build_toy_engines.py: real TensorRT-RTX networks and plans, built on the CPU.
 
 TensorRT-RTX builds plans ahead of time without a GPU; it cannot run them here, so these tests check
 what a build can show: that each network builds and serializes, and that its I/O contract (names,
-order, dtypes, shapes, both profiles, aliasing) is exactly the table of docs/toy-model.md.
+order, dtypes, shapes, both profiles, aliasing) is exactly the table of docs/toy-model.md; and that
+the script reads the engines/ deployments and writes plans and configs in the engines layout.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import importlib.util
 import io
 import json
 import math
+import shutil
+import subprocess
 import sys
 import time
 import types
@@ -19,13 +22,17 @@ from typing import Any
 
 import pytest
 
+from trtio import EngineError, LLMEngineConfig
+from trtio.testing import toy_build as tb
+from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_model import ToyWeights
 
 pytestmark = pytest.mark.rtx
 
 trt = pytest.importorskip("tensorrt_rtx", exc_type=ImportError)  # absent, or present but unloadable
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_toy_engines.py"
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "build_toy_engines.py"
 
 
 def _load_script() -> types.ModuleType:
@@ -62,22 +69,24 @@ SMALL: dict[str, Any] = dict(
 )
 
 ROLE_CONFIGS = {
-    "llm": dict(SMALL),
-    "base": dict(SMALL, is_spec_decode_base=True),
-    "draft": dict(SMALL, num_attention_layers=1, base_model_hidden_size=64),
+    "llm": dict(SMALL, max_verify_tree_size=0, max_draft_tree_size=0),
+    "base": dict(SMALL, is_spec_decode_base=True, max_draft_tree_size=0),
+    "draft": dict(SMALL, num_attention_layers=1, base_model_hidden_size=64, max_verify_tree_size=0),
 }
 
 
-def cfg_for(role: str, **overrides: Any) -> types.SimpleNamespace:
-    return types.SimpleNamespace(**{**ROLE_CONFIGS[role], **overrides})
+def cfg_for(role: str, **overrides: Any) -> LLMEngineConfig:
+    """An LLMEngineConfig of the role, not validated (the builder's own checks are under test too)."""
+    return LLMEngineConfig(**{**ROLE_CONFIGS[role], **overrides})
 
 
-def expected_contract(cfg: types.SimpleNamespace) -> list[dict[str, Any]]:
+def expected_contract(cfg: LLMEngineConfig) -> list[dict[str, Any]]:
     """docs/toy-model.md's table, written out independently of the script."""
     draft = cfg.base_model_hidden_size > 0
     spec = draft or cfg.is_spec_decode_base
     p1 = cfg.max_draft_tree_size if draft else cfg.max_verify_tree_size if spec else 1
-    h, bm, sm, c = cfg.hidden_size, cfg.max_supported_batch_size, cfg.max_supported_input_length, cfg.max_kv_cache_capacity
+    h, bm = cfg.hidden_size, cfg.max_supported_batch_size
+    sm, c = cfg.max_supported_input_length, cfg.max_kv_cache_capacity
     hkv, d, r = cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim
     act, kv = cfg.activation_dtype, cfg.kv_cache_dtype
     vout = cfg.output_vocab_size or cfg.vocab_size
@@ -130,8 +139,8 @@ def expected_contract(cfg: types.SimpleNamespace) -> list[dict[str, Any]]:
     return rows
 
 
-def build(cfg: types.SimpleNamespace) -> tuple[Any, Any, list[Any]]:
-    return bte.build_network(trt, cfg, ToyWeights.generate(cfg))
+def build(cfg: LLMEngineConfig) -> tuple[Any, Any, list[Any]]:
+    return tb.build_network(trt, cfg, ToyWeights.generate(cfg))
 
 
 def serialize(builder: Any, network: Any, profiles: list[Any]) -> Any:
@@ -155,7 +164,7 @@ def test_network_contract_matches_the_doc(role: str) -> None:
     cfg = cfg_for(role)
     builder, network, profiles = build(cfg)
     assert len(profiles) == 2
-    assert_contract(bte.network_contract(network, profiles), expected_contract(cfg))
+    assert_contract(tb.network_contract(network, profiles), expected_contract(cfg))
 
 
 @pytest.mark.parametrize("role", ["llm", "base", "draft"])
@@ -184,7 +193,7 @@ def test_plan_builds_on_the_cpu(role: str) -> None:
 def test_variants_keep_the_contract_and_build(role: str, overrides: dict[str, Any]) -> None:
     cfg = cfg_for(role, **overrides)
     builder, network, profiles = build(cfg)
-    assert_contract(bte.network_contract(network, profiles), expected_contract(cfg))
+    assert_contract(tb.network_contract(network, profiles), expected_contract(cfg))
     plan = serialize(builder, network, profiles)
     assert plan is not None and plan.nbytes > 0
 
@@ -195,7 +204,7 @@ def test_profile_shapes_cover_every_dynamic_input() -> None:
         _, network, _ = build(cfg)
         dynamic = [network.get_input(i).name for i in range(network.num_inputs)
                    if -1 in tuple(network.get_input(i).shape)]
-        assert list(bte.profile_shapes(cfg)) == dynamic
+        assert list(tb.profile_shapes(cfg)) == dynamic
 
 
 def test_bad_configs_are_refused_with_the_field_named() -> None:
@@ -208,7 +217,7 @@ def test_bad_configs_are_refused_with_the_field_named() -> None:
     with pytest.raises(ValueError, match="num_deepstack_features=3"):
         build(cfg_for("llm", num_deepstack_features=3))
     with pytest.raises(ValueError, match="EAGLE draft"):
-        bte.build_network(trt, cfg_for("draft"), ToyWeights.generate(cfg_for("llm", num_attention_layers=1)))
+        tb.build_network(trt, cfg_for("draft"), ToyWeights.generate(cfg_for("llm", num_attention_layers=1)))
 
 
 # -- build_plan and main() ------------------------------------------------------------------------
@@ -222,7 +231,7 @@ class _Terminal(io.StringIO):
 def test_build_plan_writes_the_plan_and_draws_progress(tmp_path: Path) -> None:
     cfg = cfg_for("llm", num_attention_layers=1)
     term = _Terminal()
-    result = bte.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "toy" / "model.plan",
+    result = tb.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "toy" / "model.plan",
                             stream=term, label="toy")
     assert result.path.stat().st_size == result.nbytes > 0
     assert result.seconds > 0
@@ -234,59 +243,90 @@ def test_build_plan_writes_the_plan_and_draws_progress(tmp_path: Path) -> None:
 def test_build_plan_quiet_and_non_terminal(tmp_path: Path) -> None:
     cfg = cfg_for("llm", num_attention_layers=1)
     quiet = io.StringIO()
-    bte.build_plan("tensorrt_rtx", cfg, ToyWeights.generate(cfg), tmp_path / "a.plan", progress=False, stream=quiet)
+    tb.build_plan("tensorrt_rtx", cfg, ToyWeights.generate(cfg), tmp_path / "a.plan", progress=False, stream=quiet)
     assert quiet.getvalue() == ""
     pipe = io.StringIO()  # not a terminal: just the summary line
-    bte.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "b.plan", stream=pipe, label="b")
+    tb.build_plan(trt, cfg, ToyWeights.generate(cfg), tmp_path / "b.plan", stream=pipe, label="b")
     assert pipe.getvalue().count("\n") == 1 and "\r" not in pipe.getvalue()
+
+
+def _engines_copy(tmp_path: Path, **edits: Any) -> Path:
+    """A copy of engines/ (configs only) with ``edits`` applied to toy-eagle's draft."""
+    root = tmp_path / "cfg"
+    toys = ToyEngines.load()
+    toys.write_configs(root)
+    if edits:
+        path = root / "toy-eagle" / "config.json"
+        data = json.loads(path.read_text())
+        data["draft"].update(edits)
+        path.write_text(json.dumps(data))
+        (root / "toy-eagle" / "draft" / "config.json").unlink()
+    return root
 
 
 @pytest.fixture(scope="module")
 def built_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     out = tmp_path_factory.mktemp("engines")
-    empty = tmp_path_factory.mktemp("no-configs")
-    rc = bte.main(["--out", str(out), "--module", "tensorrt_rtx", "--config-dir", str(empty), "--quiet"])
+    rc = bte.main(["--out", str(out), "--module", "tensorrt_rtx", "--quiet"])
     return out, rc
 
 
-def test_main_builds_three_plans_with_configs(built_out: tuple[Path, int]) -> None:
+def test_main_builds_three_plans_from_the_engines_configs(built_out: tuple[Path, int]) -> None:
     out, rc = built_out
     assert rc == 0
-    for name, role in (("toy-llm", "llm"), ("toy-eagle/base", "base"), ("toy-eagle/draft", "draft")):
-        assert (out / name / "model.plan").stat().st_size > 0
-        written = json.loads((out / name / "config.json").read_text())
-        assert written == ROLE_CONFIGS[role]
+    toys = ToyEngines.load()
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("model.plan")) == [
         "toy-eagle/base/model.plan", "toy-eagle/draft/model.plan", "toy-llm/model.plan",
     ]
+    for name in ("toy-eagle/base", "toy-eagle/draft"):
+        assert (out / name / "model.plan").stat().st_size > 0
+        assert LLMEngineConfig.from_json(out / name / "config.json") == toys.config(name)
+    # The output is an engines folder in its own right: the same deployments, seed included.
+    built = ToyEngines.load(out)
+    assert (built.llm, built.eagle, built.seed) == (toys.llm, toys.eagle, toys.seed)
+    assert json.loads((out / "toy-llm" / "config.json").read_text())["name"] == "toy-llm"
+    assert toys.plans_in(out) == {n: out / n / "model.plan" for n in ("toy-llm", "toy-eagle/base", "toy-eagle/draft")}
 
 
-def test_main_uses_a_given_config_json(tmp_path: Path) -> None:
-    src = tmp_path / "llm.json"
-    src.write_text(json.dumps(dict(SMALL, num_attention_layers=1, output_vocab_size=100)))
+def test_the_draft_plan_bakes_the_generate_draft_weights() -> None:
+    # build_plans passes ToyEngines.weights(name): for the draft, generate_draft over the base's weights.
+    toys = ToyEngines.load()
+    base, draft = toys.weights("toy-eagle/base"), toys.weights("toy-eagle/draft")
+    assert base is toys.weights("toy-llm")
+    assert draft.w_lm is base.w_lm and draft.is_draft
+    plain = ToyWeights.generate(toys.config("toy-eagle/draft"), toys.seed)
+    assert not (plain.we == draft.we).all()
+
+
+def test_main_builds_one_group(tmp_path: Path) -> None:
+    rc = bte.main(["--out", str(tmp_path / "out"), "--engines", "toy-eagle/draft", "--module", "tensorrt_rtx",
+                   "--quiet"])
+    assert rc == 0
+    assert [p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("model.plan")] == [
+        "toy-eagle/draft/model.plan"]
+
+
+def test_main_reads_the_config_dir(tmp_path: Path) -> None:
+    root = _engines_copy(tmp_path, max_draft_tree_size=9)
     out = tmp_path / "out"
-    rc = bte.main(["--out", str(out), "--engines", "toy-llm", "--module", "tensorrt_rtx",
-                   "--config-json", f"toy-llm={src}", "--quiet"])
+    rc = bte.main(["--out", str(out), "--engines", "toy-eagle/draft", "--config-dir", str(root), "--quiet"])
     assert rc == 0
-    assert (out / "toy-llm" / "model.plan").stat().st_size > 0
-    assert (out / "toy-llm" / "config.json").read_text() == src.read_text()
-    assert not (out / "toy-eagle").exists()
+    assert LLMEngineConfig.from_json(out / "toy-eagle" / "draft" / "config.json").max_draft_tree_size == 9
 
 
-def test_main_finds_configs_in_the_config_dir(tmp_path: Path) -> None:
-    (tmp_path / "cfg" / "toy-eagle" / "draft").mkdir(parents=True)
-    draft = dict(ROLE_CONFIGS["draft"], max_draft_tree_size=3)
-    (tmp_path / "cfg" / "toy-eagle" / "draft" / "config.json").write_text(json.dumps(draft))
-    rc = bte.main(["--out", str(tmp_path / "out"), "--engines", "toy-eagle/draft",
-                   "--config-dir", str(tmp_path / "cfg"), "--quiet"])
-    assert rc == 0
-    assert json.loads((tmp_path / "out" / "toy-eagle" / "draft" / "config.json").read_text()) == draft
+def test_default_out_is_git_ignored() -> None:
+    assert bte.DEFAULT_OUT == default_engines_dir() / "build"
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    for rel in ("engines/build/toy-llm/model.plan", "engines/build/toy-eagle/config.json"):
+        assert subprocess.run(["git", "check-ignore", "-q", rel], cwd=REPO).returncode == 0, rel
+    assert subprocess.run(["git", "check-ignore", "-q", "engines/toy-llm/config.json"], cwd=REPO).returncode == 1
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["--module", "onnxruntime"], "unknown --module 'onnxruntime'"),
     (["--engines", "toy-gpt"], "unknown engine 'toy-gpt'"),
-    (["--config-json", "toy-llm"], "expected NAME=PATH"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ])
 def test_main_usage_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                argv: list[str], needle: str) -> None:
@@ -298,17 +338,25 @@ def test_main_usage_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.C
 
 
 def test_main_reports_a_broken_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(dict(SMALL, num_kv_heads=3)))
-    rc = bte.main(["--out", str(tmp_path / "out"), "--engines", "toy-llm", "--module", "tensorrt_rtx",
-                   "--config-json", f"toy-llm={bad}", "--quiet"])
+    root = _engines_copy(tmp_path, num_kv_heads=3)
+    rc = bte.main(["--out", str(tmp_path / "out"), "--config-dir", str(root), "--quiet"])
     assert rc == 1
-    assert "num_kv_heads=3" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "num_kv_heads" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_resolve_module() -> None:
-    assert bte.resolve_module(trt) is trt
-    assert bte.resolve_module("tensorrt_rtx") is trt
-    assert bte.resolve_module("auto").__name__ in ("tensorrt", "tensorrt_rtx")
-    with pytest.raises(ValueError, match="unknown TensorRT module"):
-        bte.resolve_module("onnx")
+    assert tb.resolve_module(trt) is trt
+    assert tb.resolve_module("tensorrt_rtx") is trt
+    assert tb.resolve_module("auto").__name__ in ("tensorrt", "tensorrt_rtx")
+    with pytest.raises(EngineError, match="unknown TensorRT module"):
+        tb.resolve_module("onnx")
+
+
+def test_script_runs_as_a_program(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--engines", "toy-llm",
+                           "--module", "tensorrt_rtx"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "built toy-llm" in proc.stderr
+    assert (tmp_path / "toy-llm" / "model.plan").stat().st_size > 0

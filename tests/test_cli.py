@@ -1,0 +1,641 @@
+"""The ``trtio`` command (trtio.cli) and what it is made of: demo, inspect, plan, dry runs, binding tables.
+
+Commands run in-process through ``trtio.cli.main`` (stdout / stderr captured); one smoke test runs
+``python -m trtio demo`` as a user would. Bad input must end in one clear line on stderr and a
+non-zero status, with a traceback only under ``--debug``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trtio
+from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, create_for_spec_decode
+from trtio.binding_table import binding_labels, binding_rows
+from trtio.cli import main
+from trtio.dry_run import DryRunBackend, dry_run_setup, planned_memory
+from trtio.testing.reference_engine import ReferenceEngine
+from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
+from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
+from trtio.trt import import_trt as REAL_IMPORT_TRT
+
+ENGINES = default_engines_dir()
+LLM_JSON = ENGINES / "toy-llm" / "config.json"
+EAGLE_JSON = ENGINES / "toy-eagle" / "config.json"
+BASE_JSON = ENGINES / "toy-eagle" / "base" / "config.json"
+DRAFT_JSON = ENGINES / "toy-eagle" / "draft" / "config.json"
+
+HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc: int, err: str, command: str, *needles: str) -> str:
+    assert rc != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"trtio {command}: error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def reference_names(name: str) -> list[str]:
+    return [row["name"] for row in ToyEngines.load().reference_engine(name, device="host", null_compute=True)
+            .io_contract()]
+
+
+# -- info and usage -------------------------------------------------------------------------------------
+
+
+def test_info_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "info", "--json")
+    assert rc == 0
+    assert json.loads(out)["trtio"] == trtio.__version__
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys)
+    assert rc == 0 and "demo" in out and "inspect" in out and "plan" in out
+
+
+@pytest.mark.parametrize("argv", [["demo", "--frobnicate"], ["inspect"], ["plan", "a", "b"], ["launch"],
+                                  ["demo", "--max-new-tokens", "many"]])
+def test_usage_errors_are_one_line_with_status_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and "error:" in err and "Traceback" not in err
+
+
+# -- demo -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_json() -> dict[str, Any]:
+    from trtio.demo import DemoOptions, run_demo
+
+    summary = run_demo(DemoOptions(backend="host"))
+    json.dumps(summary)  # JSON-able as it is
+    return summary
+
+
+def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
+    s = demo_json
+    assert s["ok"] and s["tokens_equal"]
+    assert s["engine"] == {"kind": "reference", "device": "host"} and s["backend"] == "host"
+    assert [len(p) for p in s["prompts"]] == [5, 12, 3, 8]
+    assert s["vanilla_tokens"] == s["spec_tokens"]
+    assert all(len(t) == 20 for t in s["vanilla_tokens"])
+    sd = s["spec_decode"]
+    assert 0.0 < sd["acceptance_rate"] < 1.0
+    assert sd["tree"] == {"top_k": 2, "depth": 3, "nodes": 5, "parents": [-1, 0, 0, 1, 3]}
+    assert sd["proposed"] == sd["rounds"] * 4 * 3
+    st = s["streaming"]
+    assert st["identical"] and st["input_embeds_identical"] and st["hidden_states_identical"]
+    assert st["shape"] == [4, 12, 64] and st["bytes"] == 2 * 4 * 12 * 64 * 2
+    assert st["live_overwritten_by_decode"]  # the snapshot survived the decode loop's writes
+
+
+def test_demo_bindings_cover_every_engine_tensor(demo_json: dict[str, Any]) -> None:
+    bindings = demo_json["bindings"]
+    for role, name in (("llm", "toy-llm"), ("base", "toy-eagle/base"), ("draft", "toy-eagle/draft")):
+        rows = bindings[role]
+        assert [r["engine_tensor"] for r in rows] == reference_names(name)
+        for r in rows:
+            assert r["binding"] and r["address"]
+            assert r["engine_address"] == r["address"]  # what the context holds is trtio's pointer
+    by = {role: {r["engine_tensor"]: r for r in rows} for role, rows in bindings.items()}
+    assert by["llm"]["logits"]["binding"] == "PipelineIO.output_logits"
+    assert by["llm"]["present_k_cache_1"]["address"] == by["llm"]["k_cache_1"]["address"]
+    assert by["llm"]["kvcache_start_index"]["binding"] == "state[llm].kv_lengths"
+    # Spec decode: the draft reads the base's hidden states in place, and both share the RoPE table.
+    assert by["draft"]["hidden_states_input"]["address"] == by["base"]["hidden_states"]["address"]
+    assert by["draft"]["rope_rotary_cos_sin"]["address"] == by["base"]["rope_rotary_cos_sin"]["address"]
+    assert by["base"]["k_cache_0"]["address"] != by["draft"]["k_cache_0"]["address"]
+    assert by["base"]["inputs_embeds"]["shape"] == [4, 5, 64]  # its last verify: a 5-node tree
+
+
+def test_demo_memory_and_graph_stats(demo_json: dict[str, Any]) -> None:
+    mem = demo_json["memory"]
+    assert set(mem) == {"llm", "spec_decode"}
+    names = {e["name"] for e in mem["llm"]["entries"]}
+    assert {"inputs_embeds", "k_cache_0", "streaming.input_embeds", "context_memory"} <= names
+    assert mem["spec_decode"]["total_allocated"] >= mem["spec_decode"]["total_required"] > 0
+    g = demo_json["graph_stats"]
+    assert set(g) == {"llm", "base", "draft"}
+    assert g["llm"]["captures"] == 1 and g["llm"]["hits"] == 18  # 19 decode steps: one capture, then replays
+    assert g["base"]["hits"] > 0 and g["draft"]["hits"] > 0
+
+
+def test_demo_text_report(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "8")
+    assert rc == 0, err
+    assert "spec-decode tokens equal vanilla tokens: yes" in out
+    assert "snapshot identical to the prefill-time buffers: yes" in out
+    for needle in ("bindings of toy-llm", "bindings of toy-eagle base", "bindings of toy-eagle draft",
+                   "memory: create_for_llm", "memory: create_for_spec_decode", "CUDA graphs:",
+                   "PipelineIO.base_hidden_states", "acceptance rate:"):
+        assert needle in out
+    assert out.rstrip().splitlines()[-1].endswith("-> OK")
+
+
+def test_demo_without_graphs(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--no-graphs", "--json", "--max-new-tokens", "6")
+    s = json.loads(out)
+    assert rc == 0 and s["ok"] and not s["graphs"]
+    assert s["graph_stats"]["llm"]["captures"] == 0
+
+
+def test_demo_from_a_copied_engines_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ToyEngines.load().write_configs(tmp_path)
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path), "--json",
+                     "--max-new-tokens", "4")
+    assert rc == 0 and json.loads(out)["engines_dir"] == str(tmp_path)
+
+
+def test_python_m_trtio_demo(tmp_path: Path) -> None:
+    # From another folder, as a user would run it; trtio found wherever this test found it.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(trtio.__file__).parent.parent)]
+                                                      + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "trtio", "demo"], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env=env)
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert "spec-decode tokens equal vanilla tokens: yes" in proc.stdout
+    assert "snapshot identical to the prefill-time buffers: yes" in proc.stdout
+    rate = float(re.search(r"^acceptance rate: ([0-9.]+)", proc.stdout, re.M).group(1))
+    assert 0.0 < rate < 1.0
+    assert seconds < 60, f"the demo took {seconds:.1f} s"
+    assert "Traceback" not in proc.stderr
+
+
+def _engines_with(tmp_path: Path, part: str, **fields: Any) -> Path:
+    ToyEngines.load().write_configs(tmp_path)
+    path = tmp_path / "toy-eagle" / "config.json"
+    data = json.loads(path.read_text())
+    if part == "top":
+        data.update(fields)
+    else:
+        data[part].update(fields)
+    path.write_text(json.dumps(data))
+    return tmp_path
+
+
+@pytest.mark.parametrize("part, fields, needles", [
+    ("base", dict(hidden_size=96, base_model_hidden_size=0), ["toy-eagle/config.json", "hidden_size 96 vs 64"]),
+    ("top", dict(seed=5), ["seed", "differs from toy-llm"]),
+    ("spec", dict(verify_size=9), ["verify_size"]),
+])
+def test_demo_refuses_mismatching_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str], part: str,
+                                          fields: dict[str, Any], needles: list[str]) -> None:
+    root = _engines_with(tmp_path, part, **fields)
+    (root / "toy-eagle" / "base" / "config.json").unlink()
+    rc, _, err = run(capsys, "demo", "--backend", "host", "--engines", str(root))
+    assert_one_line_error(rc, err, "demo", *needles)
+
+
+def test_demo_refuses_a_per_engine_config_that_disagrees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ToyEngines.load().write_configs(tmp_path)
+    edited = LLMEngineConfig(**{**json.loads(DRAFT_JSON.read_text()), "max_draft_tree_size": 7})
+    edited.to_json(tmp_path / "toy-eagle" / "draft" / "config.json")
+    rc, _, err = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path))
+    assert_one_line_error(rc, err, "demo", "draft/config.json", "max_draft_tree_size 7 vs 8")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--backend", "gpu"], ["--backend", "'gpu'"]),
+    (["--engine", "onnx"], ["--engine", "'onnx'"]),
+    (["--module", "tensorrt_llm"], ["--module", "'tensorrt_llm'"]),
+    (["--max-new-tokens", "0"], ["--max-new-tokens"]),
+    (["--engine", "trt", "--backend", "host"], ["cuda backend"]),
+    (["--engines", "/nonexistent/engines"], ["no such config file"]),
+])
+def test_demo_bad_options_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]) -> None:
+    rc, _, err = run(capsys, "demo", *argv)
+    assert_one_line_error(rc, err, "demo", *needles)
+
+
+@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+def test_demo_on_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "demo", "--backend", "cuda")
+    assert_one_line_error(rc, err, "demo", "no CUDA device")
+
+
+@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+def test_demo_with_plans_needs_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(tmp_path))
+    assert_one_line_error(rc, err, "demo")
+
+
+def test_demo_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "demo", "--backend", "gpu", "--debug")
+    assert rc == 1
+    assert "Traceback (most recent call last)" in err and "ConfigError" in err
+    assert err.strip().splitlines()[-1].startswith("trtio demo: error: --backend")
+
+
+@pytest.fixture
+def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Make ``demo --engine trt`` run here: the cuda backend is the host one, and a "plan" loads as the
+    computing ReferenceEngine of the config beside it. Everything else (finding, building and checking
+    plans, the runs) is the real code path. Returns the loads made, by path."""
+    import trtio.demo
+    import trtio.trt
+
+    loads: dict[str, Any] = {}
+
+    def choose(opts: Any) -> tuple[str, Any, str]:
+        return "trt", trtio.get_backend("host"), "test: plans on the host"
+
+    def load(path: Any, module: Any = "auto") -> Any:
+        path = Path(path)
+        name = path.parent.relative_to(path.parent.parent.parent if path.parent.name in ("base", "draft")
+                                        else path.parent.parent).as_posix()
+        cfg = LLMEngineConfig.from_json(path.parent / "config.json") if name != "toy-llm" else \
+            DeploymentConfig.from_json(path.parent / "config.json").base
+        loads[str(path)] = ReferenceEngine.from_config(cfg, device="host", weights=ToyEngines.load().weights(name))
+        return loads[str(path)]
+
+    monkeypatch.setattr(trtio.demo, "_choose", choose)
+    monkeypatch.setattr(trtio.trt, "load_engine", load)
+    monkeypatch.setattr(trtio.trt, "import_trt", lambda module="auto": type(sys)("fake_tensorrt"))
+    return loads
+
+
+def _fake_plans(root: Path) -> Path:
+    ToyEngines.load().write_configs(root)
+    for name in ENGINE_NAMES:
+        (root / name / "model.plan").write_bytes(b"plan")
+    return root
+
+
+def test_demo_on_plans_from_a_folder(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    plans = _fake_plans(tmp_path / "plans")
+    rc, out, err = run(capsys, "demo", "--engine", "trt", "--plans", str(plans), "--json", "--max-new-tokens", "6")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["ok"] and s["engine"]["kind"] == "trt" and s["engine"]["plans_dir"] == str(plans)
+    assert sorted(plans_run_on_the_host) == sorted(str(plans / n / "model.plan") for n in ENGINE_NAMES)
+
+
+def test_demo_finds_plans_beside_the_configs(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    root = _fake_plans(tmp_path / "engines")
+    rc, out, _ = run(capsys, "demo", "--engines", str(root), "--json", "--max-new-tokens", "4")
+    assert rc == 0 and json.loads(out)["engine"]["plans_dir"] == str(root)
+
+
+def test_demo_refuses_plans_built_from_other_configs(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    plans = _fake_plans(tmp_path / "plans")
+    for path in (plans / "toy-llm" / "config.json", plans / "toy-eagle" / "config.json"):
+        data = json.loads(path.read_text())
+        data["seed"] = 9
+        path.write_text(json.dumps(data))
+    rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(plans))
+    assert_one_line_error(rc, err, "demo", "plans were built from other configs", "seed 9 vs 0")
+    rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(tmp_path / "empty"))
+    assert_one_line_error(rc, err, "demo", "holds no toy plans")
+
+
+def test_demo_refuses_a_plan_that_does_not_fit_its_config(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import trtio.trt
+
+    plans = _fake_plans(tmp_path / "plans")
+    toys = ToyEngines.load()
+    other = dataclasses.replace(toys.llm_config, max_kv_cache_capacity=96)
+    monkeypatch.setattr(trtio.trt, "load_engine", lambda path, module="auto": ReferenceEngine.from_config(
+        other if "toy-llm" in str(path) else toys.config(Path(path).parent.relative_to(plans).as_posix()),
+        device="host", null_compute=True))
+    rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(plans))
+    assert_one_line_error(rc, err, "demo", "does not fit plan", "toy-llm/model.plan", "128")
+
+
+@pytest.mark.rtx
+def test_demo_builds_missing_plans_into_the_cache(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import trtio.trt
+
+    monkeypatch.setattr(trtio.trt, "import_trt", REAL_IMPORT_TRT)  # these plans are really built, with RTX
+    monkeypatch.setenv("TRTIO_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "engines"
+    ToyEngines.load().write_configs(root)
+    for _ in range(2):  # built the first time, found the second
+        rc, out, err = run(capsys, "demo", "--engines", str(root), "--module", "tensorrt_rtx", "--json",
+                           "--max-new-tokens", "4")
+        assert rc == 0, err
+        s = json.loads(out)
+        assert s["ok"] and s["engine"]["plans_dir"].startswith(str(tmp_path / "cache" / "toy-engines"))
+    plans = sorted((tmp_path / "cache").rglob("model.plan"))
+    assert len(plans) == 3 and all(p.stat().st_size > 1000 for p in plans)
+    assert err.count("built ") == 0  # the second run built nothing
+
+
+# -- inspect ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, parts", [
+    (LLM_JSON, ["toy-llm"]),
+    (EAGLE_JSON, ["toy-eagle/base", "toy-eagle/draft"]),
+    (BASE_JSON, ["toy-eagle/base"]),
+    (DRAFT_JSON, ["toy-eagle/draft"]),
+    (ENGINES / "toy-llm", ["toy-llm"]),
+])
+def test_inspect_configs_json(capsys: pytest.CaptureFixture[str], target: Path, parts: list[str]) -> None:
+    rc, out, err = run(capsys, "inspect", str(target), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["kind"] == "config"
+    assert len(result["engines"]) == len(parts)
+    toys = ToyEngines.load()
+    for entry, part in zip(result["engines"], parts):
+        want = EngineIO.from_engine(toys.reference_engine(part, device="host", null_compute=True)).to_dict()
+        assert entry["role"] == toys.config(part).role
+        assert entry["num_profiles"] == 2
+        assert [t["name"] for t in entry["tensors"]] == [t["name"] for t in want["tensors"]]
+        for got, exp in zip(entry["tensors"], want["tensors"]):
+            assert {k: got[k] for k in exp} == exp  # every field EngineIO reports, unchanged
+            assert got["binding"], f"{got['name']} has no trtio binding"
+            assert got["max_bytes"] > 0
+    by = {t["name"]: t for t in result["engines"][0]["tensors"]}
+    assert by["inputs_embeds"]["binding"] == "PipelineIO.inputs_embeds"
+    assert by["inputs_embeds"]["max_bytes"] == 4 * 64 * 64 * 2
+    assert by["present_k_cache_0"]["max_bytes"] == 4 * 2 * 128 * 16 * 2  # from the cache it aliases
+
+
+def test_inspect_labels_follow_the_role(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "inspect", str(EAGLE_JSON), "--json")
+    base, draft = (({t["name"]: t["binding"] for t in e["tensors"]}) for e in json.loads(out)["engines"])
+    assert base["hidden_states"] == draft["hidden_states_input"] == "PipelineIO.base_hidden_states"
+    assert draft["hidden_states"] == "PipelineIO.draft_hidden_states_out"
+    assert draft["hidden_states_from_draft"] == "PipelineIO.draft_hidden_states_in"
+    assert base["attention_mask"] == "PipelineIO.packed_attention_mask"
+    assert base["k_cache_1"] == "state[base].k_cache_1" and draft["k_cache_0"] == "state[draft].k_cache_0"
+    assert base["rope_rotary_cos_sin"] == "rope table (shared)"
+
+
+def test_inspect_config_table(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "inspect", str(EAGLE_JSON))
+    assert rc == 0
+    for name in reference_names("toy-eagle/draft"):
+        assert name in out
+    assert "profile 0 min / opt / max" in out and "trtio binding" in out and "bytes at max" in out
+    assert "[1,1,64] [4,32,64] [4,64,64]" in out  # inputs_embeds, prefill profile
+    assert "PipelineIO.draft_hidden_states_in" in out
+    assert "11 inputs, 6 outputs, 2 profiles" in out
+
+
+def test_inspect_config_with_a_config_that_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "inspect", str(LLM_JSON), "--config", str(DRAFT_JSON))
+    assert_one_line_error(rc, err, "inspect", "does not fit", "hidden_states_input")
+
+
+def test_inspect_config_with_a_config_that_fits(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "inspect", str(BASE_JSON), "--config", str(EAGLE_JSON), "--json")
+    assert rc == 0
+    entry = json.loads(out)["engines"][0]
+    assert entry["config"] == str(EAGLE_JSON) and entry["role"] == "base"
+
+
+@pytest.mark.parametrize("make, needles", [
+    (lambda p: p / "missing.plan", ["does not exist"]),
+    (lambda p: p, ["holds no model.plan"]),
+    (lambda p: (p / "bad.json").write_text("{ nope") and p / "bad.json", ["is not valid JSON"]),
+    (lambda p: (p / "c.json").write_text(json.dumps({"hidden_size": 64})) and p / "c.json", ["vocab_size", "required"]),
+    (lambda p: (p / "n.json").write_text(json.dumps({**json.loads(LLM_JSON.read_text())["base"], "num_kv_heads": 3}))
+     and p / "n.json", ["num_kv_heads"]),
+])
+def test_inspect_bad_targets_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], make: Any,
+                                          needles: list[str]) -> None:
+    rc, _, err = run(capsys, "inspect", str(make(tmp_path)))
+    assert_one_line_error(rc, err, "inspect", *needles)
+
+
+def test_inspect_unknown_module_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "inspect", str(LLM_JSON), "--module", "tensorrt_llm")
+    assert_one_line_error(rc, err, "inspect", "--module", "'tensorrt_llm'")
+
+
+def test_inspect_debug_shows_the_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "inspect", str(tmp_path / "missing.plan"), "--debug")
+    assert rc == 1
+    assert "Traceback (most recent call last)" in err and "EngineError" in err
+    assert err.strip().splitlines()[-1].startswith("trtio inspect: error: ")
+
+
+@pytest.fixture(scope="module")
+def rtx_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not HAS_RTX:
+        pytest.skip("tensorrt_rtx is not installed")
+    out = tmp_path_factory.mktemp("rtx")
+    ToyEngines.load().build_plans(out, "tensorrt_rtx", progress=False, engines=("toy-llm",))
+    return out / "toy-llm"
+
+
+@pytest.mark.rtx
+@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+@pytest.mark.parametrize("how", ["dir", "plan", "plan+config"])
+def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys: pytest.CaptureFixture[str],
+                                                          how: str) -> None:
+    argv = {"dir": [str(rtx_plan)], "plan": [str(rtx_plan / "model.plan")],
+            "plan+config": [str(rtx_plan / "model.plan"), "--config", str(DRAFT_JSON)]}[how]
+    rc, out, err = run(capsys, "inspect", *argv, "--module", "tensorrt_rtx")
+    line = assert_one_line_error(rc, err, "inspect", "model.plan", "no CUDA device answers")
+    assert "trtio inspect" in line.split("error:", 1)[1]  # it says what to run instead
+    assert out == ""
+
+
+@pytest.mark.rtx
+@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+def test_inspect_a_corrupt_plan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model.plan").write_bytes(b"\x00not a plan" * 10)
+    rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx")
+    assert_one_line_error(rc, err, "inspect", "model.plan")
+    rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx", "--debug")
+    assert "Traceback" in err and "trtio.trt" in err  # --debug also shows TensorRT's own log
+
+
+@pytest.fixture
+def fake_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An engines folder with model.plan files that "load" as the ReferenceEngines they were built from,
+    so the plan code paths of inspect (config beside the plan, --config, base/draft folders) run here."""
+    toys = ToyEngines.load()
+    toys.write_configs(tmp_path)
+    by_path = {}
+    for name in ENGINE_NAMES:
+        path = tmp_path / name / "model.plan"
+        path.write_bytes(b"plan")
+        by_path[path] = toys.reference_engine(name, device="host", null_compute=True)
+    monkeypatch.setattr("trtio.inspection._load", lambda plan, config, module: by_path[Path(plan)])
+    return tmp_path
+
+
+def test_inspect_plans_use_the_config_beside_them(fake_plans: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "inspect", str(fake_plans / "toy-eagle"), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["kind"] == "plan"
+    assert [e["role"] for e in result["engines"]] == ["base", "draft"]
+    for entry, name in zip(result["engines"], ("toy-eagle/base", "toy-eagle/draft")):
+        assert entry["plan"] == str(fake_plans / name / "model.plan")
+        assert entry["config"] == str(fake_plans / "toy-eagle" / "config.json")
+        assert [t["name"] for t in entry["tensors"]] == reference_names(name)
+        assert all(t["binding"] for t in entry["tensors"])
+    rc, out, _ = run(capsys, "inspect", str(fake_plans / "toy-eagle" / "draft" / "model.plan"))
+    assert rc == 0 and "toy-draft (draft): plan " in out and "PipelineIO.draft_hidden_states_out" in out
+
+
+def test_inspect_a_plan_with_a_config_that_does_not_fit(fake_plans: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "inspect", str(fake_plans / "toy-llm"), "--config", str(DRAFT_JSON))
+    assert_one_line_error(rc, err, "inspect", "does not fit plan", "toy-llm/model.plan", "hidden_states_input")
+    bigger = json.loads(LLM_JSON.read_text())
+    bigger["base"]["max_kv_cache_capacity"] = 256
+    (fake_plans / "other.json").write_text(json.dumps(bigger))
+    rc, _, err = run(capsys, "inspect", str(fake_plans / "toy-llm" / "model.plan"), "--config",
+                     str(fake_plans / "other.json"))
+    assert_one_line_error(rc, err, "inspect", "other.json", "rope_rotary_cos_sin: dim 1 is 128",
+                          "k_cache_0: dim 2 is 128 in the engine but 256 in the config")
+    bigger["base"].update(max_kv_cache_capacity=128, max_supported_batch_size=8, max_supported_input_length=100)
+    (fake_plans / "other.json").write_text(json.dumps(bigger))
+    rc, _, err = run(capsys, "inspect", str(fake_plans / "toy-llm" / "model.plan"), "--config",
+                     str(fake_plans / "other.json"))
+    assert_one_line_error(rc, err, "inspect", "batches up to 4", "max_supported_batch_size is 8",
+                          "prefill profile takes up to 64 tokens", "max_supported_input_length is 100")
+
+
+def test_inspect_a_plan_without_a_config(fake_plans: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (fake_plans / "toy-llm" / "config.json").unlink()
+    rc, out, _ = run(capsys, "inspect", str(fake_plans / "toy-llm"))
+    assert rc == 0
+    assert "pass --config CONFIG to see the trtio bindings" in out
+    rc, out, _ = run(capsys, "inspect", str(fake_plans / "toy-llm"), "--config", str(LLM_JSON), "--json")
+    assert all(t["binding"] for t in json.loads(out)["engines"][0]["tensors"])
+
+
+# -- plan -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target, factory", [(LLM_JSON, "create_for_llm"), (EAGLE_JSON, "create_for_spec_decode"),
+                                             (ENGINES / "toy-eagle", "create_for_spec_decode")])
+def test_plan_reports_the_factories_memory(capsys: pytest.CaptureFixture[str], target: Path, factory: str) -> None:
+    rc, out, err = run(capsys, "plan", str(target))
+    assert rc == 0, err
+    assert out.startswith(f"{factory} for ")
+    assert "k_cache_0" in out and "inputs_embeds" in out and "context memory: not included" in out
+    rc, out, _ = run(capsys, "plan", str(target), "--json")
+    result = json.loads(out)
+    assert rc == 0 and result["factory"] == factory
+    mem = result["memory"]
+    assert mem["total_allocated"] >= mem["total_required"] > 0
+    assert "context_memory" not in {e["name"] for e in mem["entries"]}
+
+
+def test_plan_is_the_live_setups_memory_without_context_memory() -> None:
+    toys = ToyEngines.load()
+    for dep in (toys.llm, toys.eagle):
+        if dep.draft is None:
+            setup = create_for_llm(ReferenceEngine.from_config(dep.base, device="host"), dep.base)
+        else:
+            setup = create_for_spec_decode(ReferenceEngine.from_config(dep.base, device="host"),
+                                           ReferenceEngine.from_config(dep.draft, device="host"), dep)
+        with setup:
+            live = setup.memory_report()
+        planned = planned_memory(dep)
+        ctx = live.entry("context_memory")
+        assert [e for e in live.entries if e.name != "context_memory"] == planned.entries
+        assert planned.total_allocated == live.total_allocated - ctx.nbytes - 512
+        assert planned.total_required == live.total_required - ctx.nbytes
+
+
+def test_plan_an_8b_class_config_allocates_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = LLMEngineConfig(hidden_size=4096, vocab_size=128256, max_supported_batch_size=8,
+                          max_supported_input_length=4096, max_kv_cache_capacity=8192, num_attention_layers=36,
+                          num_attention_heads=32, num_kv_heads=8, head_dim=128).validate()
+    cfg.to_json(tmp_path / "big.json")
+    t0 = time.perf_counter()
+    rc, out, _ = run(capsys, "plan", str(tmp_path / "big.json"), "--json")
+    assert rc == 0 and time.perf_counter() - t0 < 10
+    entries = {e["name"]: e for e in json.loads(out)["memory"]["entries"]}
+    assert entries["k_cache_35"]["nbytes"] == 8 * 8 * 8192 * 128 * 2  # [batch, kv heads, capacity, head dim] fp16
+    assert json.loads(out)["memory"]["total_required"] > 36 * 2 * 8 * 8 * 8192 * 128 * 2
+
+
+@pytest.mark.parametrize("target, needles", [
+    (BASE_JSON, ["spec-decode base alone", "deployment"]),
+    (DRAFT_JSON, ["spec-decode draft alone"]),
+    (Path("/nonexistent/config.json"), ["no such config"]),
+])
+def test_plan_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], target: Path, needles: list[str]) -> None:
+    rc, _, err = run(capsys, "plan", str(target))
+    assert_one_line_error(rc, err, "plan", *needles)
+
+
+def test_plan_corrupt_config_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text('{"base": {"hidden_size": 64,')
+    rc, _, err = run(capsys, "plan", str(tmp_path))
+    assert_one_line_error(rc, err, "plan", "not valid JSON")
+    bad = json.loads(EAGLE_JSON.read_text())
+    bad["spec"]["verify_size"] = 12
+    (tmp_path / "config.json").write_text(json.dumps(bad))
+    rc, _, err = run(capsys, "plan", str(tmp_path / "config.json"))
+    assert_one_line_error(rc, err, "plan", "verify_size")
+
+
+# -- the pieces: dry runs and binding tables ---------------------------------------------------------------
+
+
+def test_dry_run_backend_hands_out_aligned_addresses_and_no_memory() -> None:
+    be = DryRunBackend()
+    a, b = be.alloc(100, trtio.Location.DEVICE), be.alloc(1 << 40, trtio.Location.DEVICE)  # a TiB: nothing happens
+    assert a % 256 == 0 and b % 256 == 0 and b >= a + 256
+    assert be.allocated[trtio.Location.DEVICE] == 100 + (1 << 40)
+    be.memcpy(a, b, 10, 0)
+    be.free(a, trtio.Location.DEVICE)
+    with pytest.raises(ValueError):
+        be.alloc(0, trtio.Location.DEVICE)
+
+
+def test_dry_run_labels_equal_a_live_setups() -> None:
+    toys = ToyEngines.load()
+    with dry_run_setup(toys.eagle) as dry, create_for_spec_decode(
+            ReferenceEngine.from_config(toys.eagle.base, device="host"),
+            ReferenceEngine.from_config(toys.eagle.draft, device="host"), toys.eagle) as live:
+        assert binding_labels(dry) == binding_labels(live)
+        assert {r: [row["engine_tensor"] for row in rows] for r, rows in binding_rows(dry).items()} == \
+            {r: [row["engine_tensor"] for row in rows] for r, rows in binding_rows(live).items()}
+
+
+def test_dry_run_of_a_lone_base_or_draft_config() -> None:
+    toys = ToyEngines.load()
+    for name, role in (("toy-eagle/base", "base"), ("toy-eagle/draft", "draft")):
+        with dry_run_setup(toys.config(name)) as setup:
+            labels = binding_labels(setup)[role]
+        assert set(labels) == set(reference_names(name))
+    with pytest.raises(trtio.ConfigError, match="plain LLM base"):
+        dry_run_setup(DeploymentConfig(toys.eagle.base))
+
+
+def test_every_engine_name_is_covered_by_the_demo_configs() -> None:
+    toys = ToyEngines.load()
+    assert [toys.config(n).role for n in ENGINE_NAMES] == ["llm", "base", "draft"]

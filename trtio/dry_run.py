@@ -1,0 +1,152 @@
+"""Dry runs: trtio's factories on a backend that hands out addresses but no memory.
+
+``trtio plan`` and ``trtio inspect`` need what ``create_for_llm`` / ``create_for_spec_decode``
+would allocate and bind for a config — exactly, through the same code — without a GPU and without
+the memory (an 8B config's KV caches do not fit a laptop). :class:`DryRunBackend` is the host
+backend with its memory calls replaced: ``alloc`` returns fresh 256-byte aligned addresses that
+point nowhere, copies and fills do nothing. :func:`dry_run_setup` builds the setup for a config
+on it, with null-compute :class:`~trtio.testing.ReferenceEngine` s that declare the toy I/O
+contract (``docs/toy-model.md``) for that config. Nothing on a dry-run setup may be executed or
+read: its tensors have addresses, shapes, dtypes and byte counts, and no bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio.cuda.backend import Location
+from trtio.cuda.host import HostBackend
+from trtio.engine import CONTEXT_MEMORY_ALIGNMENT
+from trtio.errors import ConfigError
+from trtio.factories import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.memory import MemoryReport, align_up
+
+__all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "planned_memory"]
+
+_FAKE_BASE = 1 << 44  # far from any real host or device address, so a stray read faults loudly
+
+
+class DryRunBackend(HostBackend):
+    """The host backend without memory: addresses are counted, never backed (see module docstring)."""
+
+    name = "dry-run"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = _FAKE_BASE
+        self.allocated: dict[Location, int] = {}
+
+    def alloc(self, nbytes: int, location: Location) -> int:
+        if nbytes <= 0:
+            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+        self.alloc_count += 1
+        ptr = self._next
+        self._next += align_up(int(nbytes)) + 256
+        self.allocated[location] = self.allocated.get(location, 0) + int(nbytes)
+        return ptr
+
+    def free(self, ptr: int, location: Location) -> None:
+        pass
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+        pass
+
+    def memcpy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                  stream: int) -> None:
+        pass
+
+    def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
+        pass
+
+    def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
+        pass
+
+    def launch_host_func(self, stream: int, fn: Callable[[], None]) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "DryRunBackend()"
+
+
+def companion_deployment(cfg: LLMEngineConfig) -> DeploymentConfig:
+    """A minimal deployment around a lone spec-decode base or draft config, so that its bindings can
+    be laid out (which PipelineIO member each engine tensor binds to does not depend on the partner's
+    sizes). Sizes of the partner are made up: use it for binding names, never for memory."""
+    if cfg.role == "base":
+        partner = LLMEngineConfig(
+            hidden_size=cfg.hidden_size, vocab_size=cfg.output_vocab_size,
+            max_supported_batch_size=cfg.max_supported_batch_size,
+            max_supported_input_length=cfg.max_supported_input_length,
+            max_kv_cache_capacity=cfg.max_kv_cache_capacity, num_attention_layers=1,
+            num_attention_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            rotary_dim=cfg.rotary_dim, activation_dtype=cfg.activation_dtype, kv_cache_dtype=cfg.kv_cache_dtype,
+            base_model_hidden_size=cfg.hidden_size, max_draft_tree_size=cfg.max_verify_tree_size)
+        spec = SpecDecodeConfig(cfg.hidden_size, cfg.hidden_size, cfg.max_verify_tree_size, cfg.max_verify_tree_size,
+                                verify_size=cfg.max_verify_tree_size)
+        return DeploymentConfig(cfg, partner, spec).validate()
+    if cfg.role == "draft":
+        partner = LLMEngineConfig(
+            hidden_size=cfg.base_model_hidden_size, vocab_size=cfg.vocab_size,
+            max_supported_batch_size=cfg.max_supported_batch_size,
+            max_supported_input_length=cfg.max_supported_input_length,
+            max_kv_cache_capacity=cfg.max_kv_cache_capacity, num_attention_layers=1,
+            num_attention_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            rotary_dim=cfg.rotary_dim, activation_dtype=cfg.activation_dtype, kv_cache_dtype=cfg.kv_cache_dtype,
+            is_spec_decode_base=True, max_verify_tree_size=cfg.max_draft_tree_size)
+        spec = SpecDecodeConfig(cfg.base_model_hidden_size, cfg.hidden_size, cfg.max_draft_tree_size,
+                                cfg.max_draft_tree_size, verify_size=1)
+        return DeploymentConfig(partner, cfg, spec).validate()
+    return DeploymentConfig(cfg).validate()
+
+
+def dry_run_setup(config: LLMEngineConfig | DeploymentConfig, *,
+                  backend: DryRunBackend | None = None) -> LLMSetup | SpecDecodeSetup:
+    """``create_for_llm`` (a plain LLM) or ``create_for_spec_decode`` (a deployment with a draft) for
+    ``config`` on a :class:`DryRunBackend`, bound to null-compute reference engines. Close it after use.
+
+    A lone spec-decode base or draft config is placed in a :func:`companion_deployment`.
+    """
+    from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
+
+    be = backend or DryRunBackend()
+    if isinstance(config, LLMEngineConfig):
+        config = companion_deployment(config) if config.role != "llm" else DeploymentConfig(config).validate()
+    if config.draft is None:
+        base = config.base
+        if base.role != "llm":
+            raise ConfigError("base.is_spec_decode_base", "a deployment without a draft needs a plain LLM base "
+                                                          "(is_spec_decode_base false)")
+        engine = ReferenceEngine.from_config(base, null_compute=True, device="host", name="toy-llm")
+        return create_for_llm(engine, base, backend=be)
+    base_engine = ReferenceEngine.from_config(config.base, null_compute=True, device="host", name="toy-base")
+    draft_engine = ReferenceEngine.from_config(config.draft, null_compute=True, device="host", name="toy-draft")
+    return create_for_spec_decode(base_engine, draft_engine, config, backend=be)
+
+
+def planned_memory(config: DeploymentConfig) -> MemoryReport:
+    """What ``create_for_llm`` / ``create_for_spec_decode`` allocate for ``config``, tensor by tensor:
+    PipelineIO, each engine's KV state (``[batch, kv_heads, capacity, head_dim]`` per layer, as the
+    engines of ``docs/toy-model.md`` declare it), staging and the RoPE table. The engines' own context
+    memory (``device_memory_size_v2``) depends on the plan and is left out."""
+    if config.draft is None and config.base.role != "llm":
+        raise ConfigError("base", f"describes a spec-decode {config.base.role} without its partner; plan the "
+                                  f"deployment config that holds base, draft and spec")
+    with dry_run_setup(config) as setup:
+        report = setup.memory_report()
+    return _without_context_memory(report)
+
+
+def _without_context_memory(report: MemoryReport) -> MemoryReport:
+    keep = [e for e in report.entries if e.name != "context_memory"]
+    dropped = [e for e in report.entries if e.name == "context_memory"]
+    out = dataclasses.replace(report, entries=keep, allocated=dict(report.allocated),
+                              allocations=dict(report.allocations), notes=list(report.notes))
+    for e in dropped:
+        # ContextMemory allocates one alignment unit more than it reports, to align the start.
+        out.allocated[e.location] = out.allocated.get(e.location, 0) - e.nbytes - CONTEXT_MEMORY_ALIGNMENT
+        out.allocations[e.location] = out.allocations.get(e.location, 0) - 1
+    out.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
+    return out
+

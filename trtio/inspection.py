@@ -1,0 +1,250 @@
+"""``trtio inspect`` and ``trtio plan``: an engine's I/O and bindings, a config's memory.
+
+:func:`inspect_target` reads a plan (deserialized with :func:`trtio.load_engine`, so only where
+TensorRT can load it: a GPU it supports), a folder holding plans or configs, or a config JSON (on
+any machine: the engine is then a null-compute :class:`~trtio.testing.ReferenceEngine` declaring
+the toy I/O contract of ``docs/toy-model.md`` for that config). For every engine tensor it gives
+what the engine declares and the trtio tensor ``create_for_llm`` / ``create_for_spec_decode``
+would bind to it (laid out on a :class:`~trtio.dry_run.DryRunBackend`). A config that does not fit
+the engine is refused with every disagreement listed, exactly as the factories would refuse it.
+
+:func:`plan_config` is ``trtio plan``: the memory report of the factories for a config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtio import names
+from trtio.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.dry_run import dry_run_setup, planned_memory
+from trtio.engine import EngineIO
+from trtio.errors import BindingError, ConfigError, EngineError
+from trtio.factories import check_engine
+from trtio.registry import build_registry
+from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE, read_config
+
+__all__ = ["check_fits", "inspect_target", "format_inspection", "plan_config", "format_plan"]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One engine to inspect: a plan, or the config it is made from."""
+
+    plan: Path | None
+    config: Path | None
+
+
+def _sources(target: Path, config: Path | None) -> tuple[str, list[_Source]]:
+    """("plan" | "config", the engines) for a path the user gave."""
+    if not target.exists():
+        raise EngineError(f"{str(target)!r} does not exist (expected a plan file, a folder with model.plan or "
+                          f"config.json, or a config JSON)")
+    if target.is_file():
+        if target.suffix == ".json":
+            return "config", [_Source(None, target)]
+        beside = target.parent / CONFIG_FILE
+        return "plan", [_Source(target, config or (beside if beside.is_file() else None))]
+    if (target / PLAN_FILE).is_file():
+        beside = target / CONFIG_FILE
+        return "plan", [_Source(target / PLAN_FILE, config or (beside if beside.is_file() else None))]
+    parts = [target / role for role in ("base", "draft") if (target / role / PLAN_FILE).is_file()]
+    if parts:
+        deployment = target / CONFIG_FILE
+        out = []
+        for part in parts:
+            own = part / CONFIG_FILE
+            cfg = config or (deployment if deployment.is_file() else own if own.is_file() else None)
+            out.append(_Source(part / PLAN_FILE, cfg))
+        return "plan", out
+    if (target / CONFIG_FILE).is_file():
+        return "config", [_Source(None, target / CONFIG_FILE)]
+    raise EngineError(f"{str(target)!r} holds no {PLAN_FILE} (nor base/{PLAN_FILE}, draft/{PLAN_FILE}) and no "
+                      f"{CONFIG_FILE}")
+
+
+def _load(plan: Path, config: Path | None, module: str) -> Any:
+    from trtio.cuda.backend import cuda_available  # noqa: PLC0415
+    from trtio.trt import load_engine  # noqa: PLC0415 - TensorRT only where a plan is given
+
+    try:
+        return load_engine(plan, module)
+    except EngineError as exc:
+        if not plan.is_file() or cuda_available() or "could not be deserialized" not in str(exc):
+            raise
+        hint = f"trtio inspect {config}" if config is not None else "trtio inspect CONFIG.json"
+        raise EngineError(f"plan file {str(plan)!r} cannot be deserialized here: no CUDA device answers, and "
+                          f"TensorRT loads plans only on a GPU; `{hint}` shows the same I/O from the config") from exc
+
+
+def _engine_config(config: LLMEngineConfig | DeploymentConfig, eio: EngineIO) -> LLMEngineConfig:
+    """The engine's own config: a deployment's draft for an engine that takes the base's hidden states."""
+    if isinstance(config, LLMEngineConfig):
+        return config
+    if names.kBaseModelHiddenStates in eio and config.draft is not None:
+        return config.draft
+    return config.base
+
+
+def _range_problems(eio: EngineIO, cfg: LLMEngineConfig) -> list[str]:
+    """What ``check_engine`` leaves to the first step: dims the config fixes by name (the KV capacity,
+    the RoPE table's batch) and the batch and prompt lengths the config promises, against the engine."""
+    problems = []
+    fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
+    if not cfg.is_mrope:
+        fixed["rope_batch"] = ("a shared RoPE table", 1)
+    registry = build_registry(cfg)
+    for info in eio.tensors:
+        spec = registry.get(info.name)
+        if spec is None or len(spec.shape) != len(info.shape):
+            continue
+        profile_max = [max(p[2][i] for p in info.profiles) if info.profiles else -1 for i in range(len(info.shape))]
+        for i, dim in enumerate(spec.shape):
+            engine_dim = info.shape[i]
+            if isinstance(dim, str) and dim in fixed:
+                field, want = fixed[dim]
+                if engine_dim >= 0 and engine_dim != want:
+                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want} in the config "
+                                    f"({field})")
+                elif engine_dim < 0 and 0 <= profile_max[i] < want:
+                    problems.append(f"{info.name}: dim {i} goes up to {profile_max[i]} in the engine's profiles but "
+                                    f"the config needs {want} ({field})")
+            elif dim == "batch" and info.is_input and engine_dim < 0 \
+                    and 0 <= profile_max[i] < cfg.max_supported_batch_size:
+                problems.append(f"{info.name}: the engine takes batches up to {profile_max[i]}, the config's "
+                                f"max_supported_batch_size is {cfg.max_supported_batch_size}")
+            elif dim == "seq_len" and info.is_input and engine_dim < 0 and info.profiles \
+                    and info.profiles[0][2][i] < cfg.max_supported_input_length:
+                problems.append(f"{info.name}: the prefill profile takes up to {info.profiles[0][2][i]} tokens, the "
+                                f"config's max_supported_input_length is {cfg.max_supported_input_length}")
+    return problems
+
+
+def check_fits(eio: EngineIO, cfg: LLMEngineConfig, what: str, config_path: str | os.PathLike[str]) -> None:
+    """Refuse a config the engine cannot serve, listing every disagreement: ``check_engine`` (what the
+    factories refuse) and :func:`_range_problems` (what the first step would refuse)."""
+    try:
+        check_engine(eio, build_registry(cfg), cfg)
+        problems = []
+    except BindingError as exc:
+        problems = list(exc.problems)
+    problems += [p for p in _range_problems(eio, cfg) if p not in problems]
+    if problems:
+        raise ConfigError(str(config_path), f"does not fit {what} ({len(problems)} problem(s)): "
+                                            + "; ".join(problems))
+
+
+def _labels(config: LLMEngineConfig | DeploymentConfig, cfg: LLMEngineConfig) -> tuple[dict[str, str],
+                                                                                    dict[str, int]]:
+    """The trtio tensor each engine tensor binds to (and its bytes), from a dry-run setup of ``config``."""
+    with dry_run_setup(config) as setup:
+        labels, capacities = binding_labels(setup), binding_capacities(setup)
+    role = "llm" if "llm" in labels else ("draft" if cfg.role == "draft" else "base")
+    return labels[role], capacities[role]
+
+
+def _reference_io(cfg: LLMEngineConfig, name: str) -> EngineIO:
+    from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
+
+    return EngineIO.from_engine(ReferenceEngine.from_config(cfg, null_compute=True, device="host", name=name))
+
+
+def inspect_target(target: str | os.PathLike[str], *, config: str | os.PathLike[str] | None = None,
+                   module: str = "auto") -> dict[str, Any]:
+    """The I/O tables of the engine(s) at ``target`` (see module docstring) as a JSON-able dict:
+    ``{"target", "kind", "engines": [{"name", "role", "plan", "config", "num_profiles", "tensors"}]}``,
+    each tensor row as :func:`trtio.binding_table.engine_rows` makes it.
+
+    ``config`` overrides the config found beside a plan; for a config target it is the config to bind
+    with (checked against the engine the target describes).
+    """
+    target = Path(target)
+    override = Path(config) if config is not None else None
+    kind, sources = _sources(target, override)
+    engines = []
+    for src in sources:
+        if src.plan is not None:
+            eio = EngineIO.from_engine(_load(src.plan, src.config, module))
+            if src.config is None:
+                engines.append(_entry(eio, src.plan, None, None, None, None))
+                continue
+            cfg_all = read_config(src.config)
+            cfg = _engine_config(cfg_all, eio)
+            check_fits(eio, cfg, f"plan {src.plan}", src.config)
+            engines.append(_entry(eio, src.plan, src.config, cfg, *_labels(cfg_all, cfg)))
+            continue
+        assert src.config is not None
+        described = read_config(src.config)
+        bind_path = override or src.config
+        bind_all = read_config(override) if override is not None else described
+        parts = [described] if isinstance(described, LLMEngineConfig) else \
+            [described.base] + ([described.draft] if described.draft is not None else [])
+        for part in parts:
+            name = {"llm": "toy-llm", "base": "toy-base", "draft": "toy-draft"}[part.role]
+            eio = _reference_io(part, name)
+            cfg = _engine_config(bind_all, eio)
+            if override is not None:
+                check_fits(eio, cfg, f"the {part.role} engine that {src.config} describes", override)
+            engines.append(_entry(eio, None, bind_path, cfg, *_labels(bind_all, cfg)))
+    return {"target": str(target), "kind": kind, "engines": engines}
+
+
+def _entry(eio: EngineIO, plan: Path | None, config: Path | None, cfg: LLMEngineConfig | None,
+           labels: dict[str, str] | None, capacities: dict[str, int] | None) -> dict[str, Any]:
+    return {
+        "name": eio.name,
+        "role": cfg.role if cfg is not None else None,
+        "plan": str(plan) if plan is not None else None,
+        "config": str(config) if config is not None else None,
+        "num_profiles": eio.num_profiles,
+        "tensors": engine_rows(eio, labels, capacities),
+    }
+
+
+def format_inspection(result: dict[str, Any]) -> str:
+    lines = []
+    for e in result["engines"]:
+        source = f"plan {e['plan']}" if e["plan"] else "a null-compute ReferenceEngine (toy I/O contract)"
+        head = f"{e['name']}" + (f" ({e['role']})" if e["role"] else "") + f": {source}"
+        if e["config"]:
+            head += f", bindings for config {e['config']}"
+        lines.append(head)
+        lines.extend(format_engine_table(e["tensors"], e["num_profiles"]))
+        if not e["config"]:
+            lines.append("  (no config.json beside the plan: pass --config CONFIG to see the trtio bindings)")
+        ins = sum(1 for t in e["tensors"] if t["mode"] == "input")
+        lines.append(f"  {ins} inputs, {len(e['tensors']) - ins} outputs, {e['num_profiles']} profiles")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
+def _deployment_for_plan(path: Path) -> tuple[Path, DeploymentConfig]:
+    config_path = path / CONFIG_FILE if path.is_dir() else path
+    config = read_config(config_path)
+    if isinstance(config, LLMEngineConfig):
+        if config.role != "llm":
+            raise ConfigError(str(config_path), f"describes a spec-decode {config.role} alone; plan the deployment "
+                                                f"config that holds its base, draft and spec sections")
+        config = DeploymentConfig(config).validate()
+    return config_path, config
+
+
+def plan_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``trtio plan``: what the factories allocate for the config at ``path`` (a JSON, or a folder
+    holding config.json), as ``{"config", "factory", "memory": MemoryReport.to_dict(), "text"}``."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(str(path), "no such config file or folder")
+    config_path, config = _deployment_for_plan(path)
+    report = planned_memory(config)
+    factory = "create_for_spec_decode" if config.draft is not None else "create_for_llm"
+    return {"config": str(config_path), "factory": factory, "memory": report.to_dict(), "text": str(report)}
+
+
+def format_plan(result: dict[str, Any]) -> str:
+    return f"{result['factory']} for {result['config']}:\n{result['text']}"
+

@@ -1,0 +1,248 @@
+"""The toy engine set of ``engines/``: its configs, weights, reference engines and built plans.
+
+``engines/`` holds two deployments of one tiny transformer (``docs/toy-model.md``):
+
+* ``toy-llm/config.json`` — a :class:`~trtio.DeploymentConfig` with only ``base``, a plain LLM;
+* ``toy-eagle/config.json`` — the same model as a spec-decode ``base``, an EAGLE ``draft`` and the
+  ``spec`` section; ``toy-eagle/base/config.json`` and ``toy-eagle/draft/config.json`` repeat each
+  engine's :class:`~trtio.LLMEngineConfig` for the plans built beside them.
+
+Both carry ``"seed"``: the weights are ``ToyWeights.generate(base, seed)`` for toy-llm and
+toy-eagle's base (the same numbers: one model) and ``ToyWeights.generate_draft(draft, base weights,
+seed)`` for the draft, so speculative decoding must reproduce toy-llm's greedy tokens.
+
+A built engine directory (``scripts/build_toy_engines.py --out DIR``) has the same layout with a
+``model.plan`` beside each engine's ``config.json`` (``toy-llm``, ``toy-eagle/base``,
+``toy-eagle/draft``); :meth:`ToyEngines.load` reads either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
+
+import numpy as np
+
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.errors import ConfigError
+from trtio.testing.toy_model import ToyWeights, toy_embedding
+
+__all__ = ["ENGINE_NAMES", "ToyEngines", "default_engines_dir", "plan_cache_dir", "read_config"]
+
+#: The toy engines, in build order: directory names under an engines folder.
+ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
+PLAN_FILE = "model.plan"
+CONFIG_FILE = "config.json"
+
+
+def default_engines_dir() -> Path:
+    """The repository's ``engines/`` (next to the ``trtio`` package in a source checkout)."""
+    return Path(__file__).resolve().parents[2] / "engines"
+
+
+def plan_cache_dir() -> Path:
+    """Where ``trtio demo`` keeps plans it built: ``$TRTIO_CACHE_DIR``, else ``$XDG_CACHE_HOME/trtio``,
+    else ``~/.cache/trtio``."""
+    explicit = os.environ.get("TRTIO_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "trtio"
+
+
+def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
+    """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), "no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "is a directory, not a config file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and "base" in data:
+        return DeploymentConfig.from_dict(data, what=str(path))
+    return LLMEngineConfig.from_dict(data, what=str(path))
+
+
+def _field_diff(a: Any, b: Any) -> str:
+    """``hidden_size 64 vs 32, ...`` for two configs of one dataclass type."""
+    diffs = [f"{f.name} {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}"
+             for f in dataclasses.fields(a) if f.compare and getattr(a, f.name) != getattr(b, f.name)]
+    return ", ".join(diffs) or "no field differs"
+
+
+@dataclass(frozen=True)
+class ToyEngines:
+    """The two toy deployments read from one engines folder (see module docstring)."""
+
+    llm: DeploymentConfig
+    eagle: DeploymentConfig
+    root: Path
+    _weights: dict[str, ToyWeights] = field(default_factory=dict, compare=False, repr=False)
+
+    # -- loading ----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, root: str | os.PathLike[str] | None = None) -> ToyEngines:
+        """Read ``root/toy-llm/config.json`` and ``root/toy-eagle/config.json`` (and, where present, the
+        per-engine configs under ``toy-eagle/``) and check that they describe one model.
+
+        Raises :class:`~trtio.ConfigError` naming the file and the fields that disagree.
+        """
+        root = Path(root) if root is not None else default_engines_dir()
+        llm_path, eagle_path = root / "toy-llm" / CONFIG_FILE, root / "toy-eagle" / CONFIG_FILE
+        llm = DeploymentConfig.from_json(llm_path)
+        eagle = DeploymentConfig.from_json(eagle_path)
+        if llm.draft is not None or llm.base.role != "llm":
+            raise ConfigError(f"{llm_path}.base", "toy-llm must be a plain LLM: only a base with "
+                                                  "is_spec_decode_base false, no draft or spec")
+        if eagle.draft is None:
+            raise ConfigError(f"{eagle_path}.draft", "toy-eagle needs a base, a draft and a spec section")
+        for path, dep in ((llm_path, llm), (eagle_path, eagle)):
+            seed = dep.extra.get("seed", 0)
+            if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                raise ConfigError(f"{path}.seed", f"must be a non-negative int, got {seed!r}")
+        if llm.extra.get("seed", 0) != eagle.extra.get("seed", 0):
+            raise ConfigError(f"{eagle_path}.seed", f"{eagle.extra.get('seed', 0)} differs from toy-llm's "
+                                                    f"{llm.extra.get('seed', 0)}: the two must be one model")
+        as_llm = dataclasses.replace(eagle.base, is_spec_decode_base=False, max_verify_tree_size=0)
+        if as_llm != llm.base:
+            raise ConfigError(f"{eagle_path}.base", f"is not toy-llm's model ({_field_diff(as_llm, llm.base)}); "
+                                                    f"speculative decoding is checked against toy-llm's tokens")
+        toys = cls(llm, eagle, root)
+        for name in ("toy-eagle/base", "toy-eagle/draft"):
+            path = root / name / CONFIG_FILE
+            if path.is_file():
+                got = LLMEngineConfig.from_json(path)
+                want = toys.config(name)
+                if got != want:
+                    raise ConfigError(str(path), f"disagrees with {eagle_path} ({_field_diff(got, want)})")
+        return toys
+
+    # -- configs, weights, reference engines -----------------------------------------------------
+    @property
+    def seed(self) -> int:
+        return int(self.llm.extra.get("seed", 0))
+
+    @property
+    def llm_config(self) -> LLMEngineConfig:
+        return self.llm.base
+
+    def config(self, name: str) -> LLMEngineConfig:
+        """The LLMEngineConfig of ``"toy-llm"``, ``"toy-eagle/base"`` or ``"toy-eagle/draft"``."""
+        if name == "toy-llm":
+            return self.llm.base
+        if name == "toy-eagle/base":
+            return self.eagle.base
+        if name == "toy-eagle/draft":
+            assert self.eagle.draft is not None
+            return self.eagle.draft
+        raise KeyError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
+
+    def weights(self, name: str) -> ToyWeights:
+        """Seeded weights; toy-llm and toy-eagle/base share one set, the draft approximates it."""
+        self.config(name)
+        if name not in self._weights:
+            base = self._weights.get("toy-llm") or ToyWeights.generate(self.llm.base, self.seed)
+            self._weights["toy-llm"] = self._weights["toy-eagle/base"] = base
+            self._weights["toy-eagle/draft"] = ToyWeights.generate_draft(self.config("toy-eagle/draft"), base,
+                                                                         self.seed)
+        return self._weights[name]
+
+    def embedding(self) -> np.ndarray:
+        """The token embedding table runtimes use with these engines (float32 [vocab, hidden])."""
+        cfg = self.llm.base
+        return toy_embedding(cfg.vocab_size, cfg.hidden_size, self.seed)
+
+    def reference_engine(self, name: str, *, device: str = "auto", null_compute: bool = False) -> Any:
+        """A :class:`~trtio.testing.ReferenceEngine` computing engine ``name`` with its seeded weights."""
+        from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+
+        cfg = self.config(name)
+        weights = None if null_compute else self.weights(name)
+        return ReferenceEngine.from_config(cfg, weights=weights, device=device, null_compute=null_compute)
+
+    def fingerprint(self) -> str:
+        """A short hash of everything a plan bakes in (configs and seed)."""
+        data = {"llm": self.llm.to_dict(), "eagle": self.eagle.to_dict()}
+        for d in data.values():
+            d.pop("name", None)
+            d.pop("description", None)
+        text = json.dumps(data, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    # -- built engine folders --------------------------------------------------------------------
+    def write_configs(self, out: str | os.PathLike[str]) -> None:
+        """Write the configs in the engines layout under ``out`` (the deployments and each engine's)."""
+        out = Path(out)
+        for name in ("toy-llm", "toy-eagle", "toy-eagle/base", "toy-eagle/draft"):
+            (out / name).mkdir(parents=True, exist_ok=True)
+        self.llm.to_json(out / "toy-llm" / CONFIG_FILE)
+        self.eagle.to_json(out / "toy-eagle" / CONFIG_FILE)
+        self.config("toy-eagle/base").to_json(out / "toy-eagle" / "base" / CONFIG_FILE)
+        self.config("toy-eagle/draft").to_json(out / "toy-eagle" / "draft" / CONFIG_FILE)
+
+    def plans_in(self, directory: str | os.PathLike[str]) -> dict[str, Path] | None:
+        """The three plans under ``directory`` (engines layout), or None when any is missing.
+
+        Raises :class:`~trtio.ConfigError` when the plans are there but were built from other configs
+        or another seed (the ``config.json`` files beside them say so).
+        """
+        directory = Path(directory)
+        plans = {name: directory / name / PLAN_FILE for name in ENGINE_NAMES}
+        if not all(p.is_file() for p in plans.values()):
+            return None
+        try:
+            built = ToyEngines.load(directory)
+        except ConfigError as exc:
+            raise ConfigError(str(directory), f"its plans come with configs that cannot be used: {exc}") from None
+        if built.llm != self.llm or built.eagle != self.eagle or built.seed != self.seed:
+            what = [f"{n}: {_field_diff(built.config(n), self.config(n))}" for n in ENGINE_NAMES
+                    if built.config(n) != self.config(n)]
+            if built.eagle.spec != self.eagle.spec:
+                what.append(f"spec: {_field_diff(built.eagle.spec, self.eagle.spec)}")
+            if built.seed != self.seed:
+                what.append(f"seed {built.seed} vs {self.seed}")
+            raise ConfigError(str(directory), f"its plans were built from other configs than {self.root} "
+                                              f"({'; '.join(what)}); rebuild them with scripts/build_toy_engines.py")
+        return plans
+
+    def build_plans(self, out: str | os.PathLike[str], module: str | ModuleType = "auto", *,
+                    progress: bool = True, stream: TextIO | None = None,
+                    engines: tuple[str, ...] = ENGINE_NAMES) -> dict[str, Path]:
+        """Build ``engines`` as plans under ``out`` (engines layout) with TensorRT or TensorRT-RTX and
+        write the configs beside them. Returns each engine's plan path."""
+        from trtio.testing.toy_build import build_plan, resolve_module  # noqa: PLC0415 - needs TensorRT
+
+        trt = resolve_module(module)
+        out = Path(out)
+        paths = {}
+        for name in engines:
+            path = out / name / PLAN_FILE
+            build_plan(trt, self.config(name), self.weights(name), path, progress=progress, label=name,
+                       stream=stream)
+            paths[name] = path
+        self.write_configs(out)
+        return paths
+
+    def cached_plans(self, module: str | ModuleType = "auto", *, progress: bool = True,
+                     stream: TextIO | None = None) -> dict[str, Path]:
+        """Plans for these configs in :func:`plan_cache_dir`, built there first if missing. The folder
+        is named after the TensorRT module, its version and :meth:`fingerprint`."""
+        from trtio.testing.toy_build import resolve_module  # noqa: PLC0415 - needs TensorRT
+
+        trt = resolve_module(module)
+        version = getattr(trt, "__version__", "unknown")
+        directory = plan_cache_dir() / "toy-engines" / f"{trt.__name__}-{version}-{self.fingerprint()}"
+        try:
+            found = self.plans_in(directory)
+        except ConfigError:
+            found = None  # a half-written or foreign cache entry: build it again
+        return found or self.build_plans(directory, trt, progress=progress, stream=stream)
