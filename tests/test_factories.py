@@ -180,14 +180,15 @@ def test_config_that_disagrees_with_the_engine(engine_kw, cfg_kw, needle):
     assert needle in str(info.value)
 
 
-def test_prompt_beyond_the_engine_profile_names_the_range():
-    eng = ReferenceEngine.from_config(llm_config(max_supported_input_length=16), device="host")
-    setup = create_for_llm(eng, llm_config(max_supported_input_length=32))
-    E = toy_embedding(512, 64)
-    emb, lens = embed_batch(E, [list(range(20))], np.float16)
-    with pytest.raises(BindingError, match=r"inputs_embeds: shape \[1, 20, 64\] is outside profile 0's range min \[1, 1, 64\] .. max \[4, 16, 64\]"):
-        setup.prefill(emb, lens)
-    setup.close()
+def test_config_promising_more_than_the_engine_profiles_is_refused_at_setup():
+    eng = ReferenceEngine.from_config(llm_config(max_supported_input_length=16, max_supported_batch_size=2),
+                                      device="host")
+    with pytest.raises(BindingError) as info:
+        create_for_llm(eng, llm_config(max_supported_input_length=32, max_kv_cache_capacity=256))
+    msg = str(info.value)
+    assert "inputs_embeds: the prefill profile takes up to 16 tokens, the config's max_supported_input_length is 32" in msg
+    assert "inputs_embeds: the engine takes batches up to 2, the config's max_supported_batch_size is 4" in msg
+    assert "k_cache_0: dim 2 is 128 in the engine but 256 in the config (max_kv_cache_capacity)" in msg
 
 
 def test_create_for_llm_refuses_spec_configs():

@@ -4,6 +4,8 @@
 are imported only when a backend or engine needs them.
 """
 
+import logging as _logging
+
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
@@ -32,6 +34,9 @@ from trtio.tensor_map import TensorMap
 from trtio.trt import load_engine
 
 __version__ = "0.1.0"
+
+# A library logs and lets the application decide where it goes (TensorRT's log arrives under trtio.trt).
+_logging.getLogger("trtio").addHandler(_logging.NullHandler())
 
 __all__ = [
     "ContextMemory",

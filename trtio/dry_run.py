@@ -12,13 +12,11 @@ read: its tensors have addresses, shapes, dtypes and byte counts, and no bytes.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
-from trtio.engine import CONTEXT_MEMORY_ALIGNMENT
 from trtio.errors import ConfigError
 from trtio.factories import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.memory import MemoryReport, align_up
@@ -134,19 +132,7 @@ def planned_memory(config: DeploymentConfig) -> MemoryReport:
         raise ConfigError("base", f"describes a spec-decode {config.base.role} without its partner; plan the "
                                   f"deployment config that holds base, draft and spec")
     with dry_run_setup(config) as setup:
-        report = setup.memory_report()
-    return _without_context_memory(report)
-
-
-def _without_context_memory(report: MemoryReport) -> MemoryReport:
-    keep = [e for e in report.entries if e.name != "context_memory"]
-    dropped = [e for e in report.entries if e.name == "context_memory"]
-    out = dataclasses.replace(report, entries=keep, allocated=dict(report.allocated),
-                              allocations=dict(report.allocations), notes=list(report.notes))
-    for e in dropped:
-        # ContextMemory allocates one alignment unit more than it reports, to align the start.
-        out.allocated[e.location] = out.allocated.get(e.location, 0) - e.nbytes - CONTEXT_MEMORY_ALIGNMENT
-        out.allocations[e.location] = out.allocations.get(e.location, 0) - 1
-    out.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
-    return out
+        report = setup.memory_report(include_context_memory=False)
+    report.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
+    return report
 

@@ -22,6 +22,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import BindingError, ClosedError, EngineError
+from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
@@ -109,7 +110,9 @@ class EngineIO:
             is_shape = bool(engine.is_shape_inference_io(name)) if hasattr(engine, "is_shape_inference_io") else False
             profiles: tuple = ()
             alias = None
-            if mode == "input":
+            if mode == "input" and all(d >= 0 for d in shape):
+                profiles = ((shape, shape, shape),) * n_profiles  # static: every profile is the shape
+            elif mode == "input":
                 profiles = tuple(
                     tuple(tuple(int(d) for d in dims) for dims in engine.get_tensor_profile_shape(name, p))
                     for p in range(n_profiles))
@@ -183,6 +186,13 @@ class ContextMemory:
     @property
     def capacity(self) -> int:
         return self.nbytes
+
+    def report(self) -> MemoryReport:
+        rep = MemoryReport("context memory")
+        rep.entries.append(MemoryEntry("context_memory", (self.nbytes,), "uint8", "device", self.nbytes))
+        rep.allocated["device"] = self._tensor.capacity  # includes the alignment slack
+        rep.allocations["device"] = 1
+        return rep
 
     def check(self, engine: Any, engine_name: str) -> None:
         need = self.required_bytes(engine)

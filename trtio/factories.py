@@ -72,8 +72,42 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             problems.append(f"{spec.name}: the config implies this input but the engine does not declare it")
     if names.kLogits not in engine_io:
         problems.append(f"{names.kLogits}: the engine has no logits output")
+    problems += _range_problems(engine_io, registry, cfg)
     if problems:
         raise BindingError(engine_io.name, problems)
+
+
+def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig) -> list[str]:
+    """Dims the config fixes by name (the KV capacity, the RoPE table's batch) and the batch and prompt
+    lengths it promises, against the engine's shapes and profile maxima."""
+    problems = []
+    fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
+    if not cfg.is_mrope:
+        fixed["rope_batch"] = ("a shared RoPE table", 1)
+    for info in engine_io.tensors:
+        spec = registry.get(info.name)
+        if spec is None or len(spec.shape) != len(info.shape):
+            continue
+        profile_max = info.max_shape() if info.profiles else tuple(-1 for _ in info.shape)
+        for i, dim in enumerate(spec.shape):
+            engine_dim = info.shape[i]
+            if isinstance(dim, str) and dim in fixed:
+                field_name, want = fixed[dim]
+                if engine_dim >= 0 and engine_dim != want:
+                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want} in the config "
+                                    f"({field_name})")
+                elif engine_dim < 0 and 0 <= profile_max[i] < want:
+                    problems.append(f"{info.name}: dim {i} goes up to {profile_max[i]} in the engine's profiles but "
+                                    f"the config needs {want} ({field_name})")
+            elif dim == "batch" and info.is_input and engine_dim < 0 \
+                    and 0 <= profile_max[i] < cfg.max_supported_batch_size:
+                problems.append(f"{info.name}: the engine takes batches up to {profile_max[i]}, the config's "
+                                f"max_supported_batch_size is {cfg.max_supported_batch_size}")
+            elif dim == "seq_len" and info.is_input and engine_dim < 0 and info.profiles \
+                    and info.profiles[PREFILL_PROFILE][2][i] < cfg.max_supported_input_length:
+                problems.append(f"{info.name}: the prefill profile takes up to {info.profiles[PREFILL_PROFILE][2][i]} "
+                                f"tokens, the config's max_supported_input_length is {cfg.max_supported_input_length}")
+    return problems
 
 
 def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
@@ -110,9 +144,14 @@ class _RopeTables:
             self._tables[key] = t
         return t
 
-    def entries(self) -> list[MemoryEntry]:
-        return [MemoryEntry(names.kRopeCosSin, t.shape, str(t.dtype), str(t.location), t.capacity)
-                for t in self._tables.values()]
+    def report(self) -> MemoryReport:
+        rep = MemoryReport("rope")
+        for t in self._tables.values():
+            rep.entries.append(MemoryEntry(names.kRopeCosSin, t.shape, str(t.dtype), str(t.location), t.capacity))
+            loc = str(t.location)
+            rep.allocated[loc] = rep.allocated.get(loc, 0) + t.capacity
+            rep.allocations[loc] = rep.allocations.get(loc, 0) + 1
+        return rep
 
     def close(self) -> None:
         for t in self._tables.values():
@@ -229,22 +268,14 @@ class _SetupBase:
     def graph_stats(self) -> Any:
         raise NotImplementedError
 
-    def _report(self, title: str, engines: list[_Engine]) -> MemoryReport:
+    def _report(self, title: str, engines: list[_Engine], include_context_memory: bool) -> MemoryReport:
         parts = [self.io.memory_report()]
         for e in engines:
             parts.append(e.state.memory_report())
-        extra = self._extra_arena.report()
-        extra.entries.extend(self._rope.entries())
-        for entry in self._rope.entries():
-            extra.allocated[entry.location] = extra.allocated.get(entry.location, 0) + entry.nbytes
-            extra.allocations[entry.location] = extra.allocations.get(entry.location, 0) + 1
-        parts.append(extra)
-        ctx = MemoryReport("context memory")
-        ctx.entries.append(MemoryEntry("context_memory", (self._context_memory.nbytes,), "uint8", "device",
-                                       self._context_memory.nbytes))
-        ctx.allocated["device"] = self._context_memory.nbytes + 512
-        ctx.allocations["device"] = 1
-        parts.append(ctx)
+        parts.append(self._extra_arena.report())
+        parts.append(self._rope.report())
+        if include_context_memory:
+            parts.append(self._context_memory.report())
         return MemoryReport.combine(title, parts)
 
     def close(self) -> None:
@@ -430,8 +461,9 @@ class LLMSetup(_SetupBase):
         self._engine.state.reset(stream)
         self._batch = None
 
-    def memory_report(self) -> MemoryReport:
-        return self._report("create_for_llm", [self._engine])
+    def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
+        """Every buffer the setup owns: PipelineIO, KV state, staging, RoPE table and context memory."""
+        return self._report("create_for_llm", [self._engine], include_context_memory)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -749,8 +781,10 @@ class SpecDecodeSetup(_SetupBase):
         self._draft_lengths[:] = 0
         self._batch = None
 
-    def memory_report(self) -> MemoryReport:
-        return self._report("create_for_spec_decode", [self.base, self.draft])
+    def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
+        """Every buffer the setup owns: the shared PipelineIO, both KV states, staging, RoPE tables and
+        the shared context memory."""
+        return self._report("create_for_spec_decode", [self.base, self.draft], include_context_memory)
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup(batch={self._batch})"

@@ -90,49 +90,14 @@ def _engine_config(config: LLMEngineConfig | DeploymentConfig, eio: EngineIO) ->
     return config.base
 
 
-def _range_problems(eio: EngineIO, cfg: LLMEngineConfig) -> list[str]:
-    """What ``check_engine`` leaves to the first step: dims the config fixes by name (the KV capacity,
-    the RoPE table's batch) and the batch and prompt lengths the config promises, against the engine."""
-    problems = []
-    fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
-    if not cfg.is_mrope:
-        fixed["rope_batch"] = ("a shared RoPE table", 1)
-    registry = build_registry(cfg)
-    for info in eio.tensors:
-        spec = registry.get(info.name)
-        if spec is None or len(spec.shape) != len(info.shape):
-            continue
-        profile_max = [max(p[2][i] for p in info.profiles) if info.profiles else -1 for i in range(len(info.shape))]
-        for i, dim in enumerate(spec.shape):
-            engine_dim = info.shape[i]
-            if isinstance(dim, str) and dim in fixed:
-                field, want = fixed[dim]
-                if engine_dim >= 0 and engine_dim != want:
-                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want} in the config "
-                                    f"({field})")
-                elif engine_dim < 0 and 0 <= profile_max[i] < want:
-                    problems.append(f"{info.name}: dim {i} goes up to {profile_max[i]} in the engine's profiles but "
-                                    f"the config needs {want} ({field})")
-            elif dim == "batch" and info.is_input and engine_dim < 0 \
-                    and 0 <= profile_max[i] < cfg.max_supported_batch_size:
-                problems.append(f"{info.name}: the engine takes batches up to {profile_max[i]}, the config's "
-                                f"max_supported_batch_size is {cfg.max_supported_batch_size}")
-            elif dim == "seq_len" and info.is_input and engine_dim < 0 and info.profiles \
-                    and info.profiles[0][2][i] < cfg.max_supported_input_length:
-                problems.append(f"{info.name}: the prefill profile takes up to {info.profiles[0][2][i]} tokens, the "
-                                f"config's max_supported_input_length is {cfg.max_supported_input_length}")
-    return problems
-
-
 def check_fits(eio: EngineIO, cfg: LLMEngineConfig, what: str, config_path: str | os.PathLike[str]) -> None:
-    """Refuse a config the engine cannot serve, listing every disagreement: ``check_engine`` (what the
-    factories refuse) and :func:`_range_problems` (what the first step would refuse)."""
+    """Refuse a config the engine cannot serve, listing every disagreement ``check_engine`` finds
+    (what the factories would refuse)."""
     try:
         check_engine(eio, build_registry(cfg), cfg)
         problems = []
     except BindingError as exc:
         problems = list(exc.problems)
-    problems += [p for p in _range_problems(eio, cfg) if p not in problems]
     if problems:
         raise ConfigError(str(config_path), f"does not fit {what} ({len(problems)} problem(s)): "
                                             + "; ".join(problems))

@@ -118,9 +118,14 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto")
         logger.errors.append(str(exc))
     if engine is None:
         why = "; ".join(logger.errors[before:]) or "TensorRT gave no reason"
-        raise EngineError(
-            f"plan file {path!r} ({len(data)} bytes) could not be deserialized with {trt.__name__} "
-            f"{getattr(trt, '__version__', '?')}: corrupt or truncated, or built for another TensorRT "
-            f"version or GPU ({why})")
+        head = (f"plan file {path!r} ({len(data)} bytes) could not be deserialized with {trt.__name__} "
+                f"{getattr(trt, '__version__', '?')}")
+        from trtio.cuda.backend import cuda_available
+        from trtio.cuda.device import probe_error
+
+        if not cuda_available():
+            raise EngineError(f"{head}: no usable CUDA device here ({probe_error()}), and TensorRT needs one to "
+                              f"load a plan; if the file is also corrupt or truncated, TensorRT's log says so: {why}")
+        raise EngineError(f"{head}: corrupt or truncated, or built for another TensorRT version or GPU ({why})")
     _keepalive[id(engine)] = runtime
     return engine

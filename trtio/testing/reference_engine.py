@@ -722,7 +722,7 @@ class ReferenceEngine:
         return self._null_compute
 
     def io_contract(self) -> list[dict[str, Any]]:
-        """The I/O contract as ``scripts/build_toy_engines.network_contract`` reports a built network's."""
+        """The I/O contract as ``trtio.testing.toy_build.network_contract`` reports a built network's."""
         rows = []
         for decl in self._decls:
             rows.append(dict(name=decl.name, mode="input" if decl.is_input else "output", dtype=str(decl.dtype),

@@ -2,7 +2,7 @@
 
 ``docs/toy-model.md`` is the specification. Three implementations share it: this module (a full
 recompute of one sequence, no KV cache), ``trtio.testing.ReferenceEngine`` (step by step, on raw
-addresses) and ``scripts/build_toy_engines.py`` (a real TensorRT / TensorRT-RTX plan). All three take
+addresses) and ``trtio.testing.toy_build`` (a real TensorRT / TensorRT-RTX plan). All three take
 their weights from :meth:`ToyWeights.generate`, so they agree bit for bit on the parameters.
 
 Everything here is host-side numpy with float32 arithmetic. Configs are duck-typed: any object with
