@@ -55,3 +55,23 @@ def test_module_of_finds_the_defining_module():
         pass
 
     assert module_of(Engine()).__name__ == __name__
+
+
+@pytest.mark.rtx
+def test_truncated_plan_is_a_clear_error(tmp_path):
+    """A real plan (built with tensorrt_rtx on this CPU), cut in half, is refused with the file named."""
+    from trtio.testing.toy_build import build_plan
+    from trtio.testing.toy_model import ToyWeights
+
+    from _configs import llm_config
+
+    cfg = llm_config(num_attention_layers=1)
+    plan = tmp_path / "model.plan"
+    build_plan("tensorrt_rtx", cfg, ToyWeights.generate(cfg, 0), plan, progress=False)
+    data = plan.read_bytes()
+    cut = tmp_path / "cut.plan"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EngineError) as info:
+        load_engine(cut, module="tensorrt_rtx")
+    msg = str(info.value)
+    assert "cut.plan" in msg and f"({len(data) // 2} bytes)" in msg and "could not be deserialized" in msg

@@ -69,21 +69,28 @@ def trt_logger(trt: ModuleType) -> Any:
             severity.INTERNAL_ERROR: logging.CRITICAL,
             severity.ERROR: logging.ERROR,
             severity.WARNING: logging.WARNING,
-            severity.INFO: logging.INFO,
+            severity.INFO: logging.DEBUG,  # TensorRT's INFO is chatty: keep it below trtio's own INFO
             severity.VERBOSE: logging.DEBUG,
         }
 
         class _Bridge(trt.ILogger):  # type: ignore[misc, name-defined]
             def __init__(self) -> None:
                 trt.ILogger.__init__(self)
-                self.errors: list[str] = []
+                self.errors: list[str] = []  # the latest errors, for messages that explain a failure
+                self._errors_lock = threading.Lock()
 
             def log(self, sev: Any, msg: str) -> None:
                 level = levels.get(sev, logging.INFO)
                 if level >= logging.ERROR:
-                    self.errors.append(msg)
-                    del self.errors[:-20]
+                    with self._errors_lock:
+                        self.errors.append(msg)
+                        del self.errors[:-20]
                 log.log(level, "%s", msg)
+
+            def take_errors(self) -> list[str]:
+                with self._errors_lock:
+                    errors, self.errors = self.errors, []
+                return errors
 
         bridge = _Bridge()
         _loggers[key] = bridge

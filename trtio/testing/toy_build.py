@@ -36,7 +36,7 @@ import numpy as np
 from trtio import names
 from trtio.dtypes import DType
 from trtio.testing.toy_model import ToyWeights, config_role
-from trtio.trt import KNOWN_MODULES, import_trt
+from trtio.trt import KNOWN_MODULES, import_trt, trt_logger
 
 __all__ = [
     "BuiltPlan",
@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("trtio.toy_build")
-_trt_log = logging.getLogger("trtio.trt")
 
 MODULE_NAMES = KNOWN_MODULES
 
@@ -129,45 +128,6 @@ def profile_shapes(cfg: Any) -> dict[str, list[ProfileShapes]]:
 
 
 # -- network ----------------------------------------------------------------------------------
-
-
-_LOGGERS: dict[str, Any] = {}  # one ILogger per module: a builder must not outlive its logger
-
-
-def _logger_for(trt: Any) -> Any:
-    """The ``ILogger`` that sends ``trt``'s log to the ``trtio.trt`` logger and keeps its errors."""
-    logger = _LOGGERS.get(trt.__name__)
-    if logger is not None:
-        return logger
-    sev = trt.ILogger.Severity
-    levels = {
-        sev.INTERNAL_ERROR: logging.CRITICAL,
-        sev.ERROR: logging.ERROR,
-        sev.WARNING: logging.WARNING,
-        sev.INFO: logging.DEBUG,  # TensorRT's INFO is chatty; keep it below INFO
-        sev.VERBOSE: logging.DEBUG,
-    }
-
-    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-            self._lock = threading.Lock()
-
-        def log(self, severity: Any, msg: str) -> None:
-            level = levels.get(severity, logging.INFO)
-            if level >= logging.ERROR:
-                with self._lock:
-                    self.errors.append(msg)
-            _trt_log.log(level, "%s", msg)
-
-        def take_errors(self) -> list[str]:
-            with self._lock:
-                errors, self.errors = self.errors, []
-            return errors
-
-    logger = _LOGGERS[trt.__name__] = Logger()
-    return logger
 
 
 class _Graph:
@@ -310,7 +270,7 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
     p1 = step_capacity(cfg)
     max_step = max(int(cfg.max_supported_input_length), p1)
 
-    builder = trt.Builder(_logger_for(trt))
+    builder = trt.Builder(trt_logger(trt))
     if builder is None:
         raise RuntimeError(f"{trt.__name__}.Builder could not be created")
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
@@ -772,7 +732,7 @@ def build_plan(
         monitor = _progress_monitor(trt, bar)
         if monitor is not None:
             config.progress_monitor = monitor
-    logger = _logger_for(trt)
+    logger = trt_logger(trt)
     logger.take_errors()
     try:
         plan = builder.build_serialized_network(network, config)
