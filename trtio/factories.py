@@ -255,6 +255,18 @@ class _SetupBase:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
         return b, s
 
+    def _stage_prompt(self, e: _Engine, inputs_embeds: Any, context_lengths: Any, s: Stream) -> tuple[int, int, np.ndarray]:
+        """A prefill's inputs: embeds, context lengths, last-token ids (each prompt's last token) and
+        the start index ([0] for an empty cache where the engine allows it, else zeros)."""
+        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if not 1 <= b <= self.io.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
+        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        self.io.upload_context_lengths(ctx, s)
+        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
+        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
+        return b, seq, ctx
+
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)
         if arr.shape != (batch,) or arr.dtype.kind not in "iu":
@@ -369,14 +381,8 @@ class LLMSetup(_SetupBase):
         self._check_open()
         e = self._engine
         s = self._stream(stream)
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", self.cfg.hidden_size, s)
-        if not 1 <= b <= self.cfg.max_supported_batch_size:
-            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.cfg.max_supported_batch_size}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        self.io.upload_context_lengths(ctx, s)
-        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
+        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
         self._select_zero_batch = None
-        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
         self._bind_deepstack(deepstack_embeds, b, seq, s)
         dims = self.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
@@ -558,13 +564,7 @@ class SpecDecodeSetup(_SetupBase):
         self._check_open()
         e = self.base
         s = self._stream(stream)
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
-        if not 1 <= b <= self.io.max_batch:
-            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        self.io.upload_context_lengths(ctx, s)
-        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
-        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
+        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
         if e.cfg.num_deepstack_features:
             for t in self.io.deepstack_embeds:
                 t.reshape((b, seq, e.cfg.hidden_size)).zero_(s)
@@ -585,15 +585,11 @@ class SpecDecodeSetup(_SetupBase):
         b0 = self._need_batch()
         e = self.draft
         s = self._stream(stream)
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
         if b != b0:
             raise ShapeError(f"inputs_embeds: batch {b} differs from the base prefill's batch {b0}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
         self.io.base_hidden_states.reshape((b, seq, e.cfg.base_model_hidden_size))
         self.io.draft_hidden_states_in.reshape((b, seq, e.cfg.hidden_size)).zero_(s)
-        self.io.upload_context_lengths(ctx, s)
-        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
-        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
         dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, use_graph=False)

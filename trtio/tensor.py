@@ -58,6 +58,16 @@ def volume(shape: Iterable[int]) -> int:
     return math.prod(shape)
 
 
+def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int | None) -> int:
+    """The byte capacity of a new tensor: ``capacity`` if given (it must hold ``shape``), else the shape's bytes."""
+    need = dtype.nbytes(volume(shape))
+    cap = need if capacity is None else int(capacity)
+    if cap < need:
+        raise CapacityError(f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dtype} "
+                            f"({need} bytes)")
+    return cap
+
+
 def _free_quietly(backend: Backend, ptr: int, location: Location, name: str, warn: bool) -> None:
     try:
         backend.free(ptr, location)
@@ -116,12 +126,7 @@ class Tensor:
         dt = DType.coerce(dtype)
         location = Location(location)
         be = get_backend(backend)
-        need = dt.nbytes(volume(shape))
-        cap = need if capacity is None else int(capacity)
-        if cap < need:
-            raise CapacityError(
-                f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dt} "
-                f"({need} bytes)")
+        cap = _capacity_for(name, shape, dt, capacity)
         ptr = be.alloc(cap, location) if cap else 0
         return cls(ptr, shape, dt, location, cap, be, name=name, owning=True)
 
@@ -138,12 +143,7 @@ class Tensor:
         dt = DType.coerce(dtype)
         location = Location(location)
         ptr = int(ptr)
-        need = dt.nbytes(volume(shape))
-        cap = need if capacity is None else int(capacity)
-        if cap < need:
-            raise CapacityError(
-                f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dt} "
-                f"({need} bytes)")
+        cap = _capacity_for(name, shape, dt, capacity)
         if cap and not ptr:
             raise TrtioError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes")
         if location is not Location.HOST and ptr % ALIGNMENT:
