@@ -39,7 +39,7 @@ from trtio.inspection import check_fits
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
-from trtio.testing.toy_runtime import embed_batch, spec_generate
+from trtio.testing.toy_runtime import embed_batch, spec_generate, tree_parents
 from trtio.trt import KNOWN_MODULES
 
 __all__ = ["DemoOptions", "demo_prompts", "format_demo", "run_demo"]
@@ -218,12 +218,6 @@ def _greedy_with_streaming(setup: LLMSetup, embedding: np.ndarray, prompts: list
     return out, streaming, timings
 
 
-def _tree(top_k: int, depth: int) -> list[int]:
-    """The parent list spec_generate verifies: root, top_k children, a chain under the first."""
-    parents = [-1] + [0] * top_k + [1] + list(range(top_k + 1, top_k + depth - 1))
-    return parents[:1 + top_k + depth - 1]
-
-
 def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     """Run the demo (module docstring) and return its summary; ``summary["ok"]`` is False when the
     speculative tokens differ from the greedy ones or the streamed snapshot is not byte-identical."""
@@ -238,7 +232,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     spec = bundle.spec
     assert spec is not None
     depth, top_k = spec.drafting_step, spec.drafting_top_k
-    parents = _tree(top_k, depth)
+    parents = tree_parents(top_k, depth)
     if len(parents) > spec.verify_size:
         raise ConfigError("spec.verify_size", f"{spec.verify_size} is smaller than the demo's tree of {len(parents)} "
                                               f"nodes (1 + drafting_top_k + drafting_step - 1)")

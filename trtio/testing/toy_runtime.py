@@ -15,7 +15,7 @@ import numpy as np
 
 from trtio.factories import LLMSetup, SpecDecodeSetup
 
-__all__ = ["greedy_generate", "spec_generate", "SpecStats", "embed_batch"]
+__all__ = ["greedy_generate", "spec_generate", "SpecStats", "embed_batch", "tree_parents"]
 
 
 def embed_batch(embedding: np.ndarray, rows: Sequence[Sequence[int]], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -65,6 +65,13 @@ class SpecStats:
         return 1.0 + self.accepted / max(self.rounds * n, 1)
 
 
+def tree_parents(top_k: int, depth: int) -> list[int]:
+    """The tree :func:`spec_generate` verifies: the root (the pending token), ``top_k`` children, and a
+    chain of ``depth - 1`` nodes under the first child; ``1 + top_k + depth - 1`` nodes."""
+    parents = [-1] + [0] * top_k + [1] + list(range(top_k + 1, top_k + depth - 1))
+    return parents[:1 + top_k + depth - 1]
+
+
 def _top(logits: np.ndarray, k: int) -> np.ndarray:
     """The k best token ids per row, best first (ties to the lower id, like argmax)."""
     order = np.argsort(-logits, axis=-1, kind="stable")
@@ -86,9 +93,8 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
     assert spec is not None
     depth = spec.drafting_step if depth is None else depth
     top_k = spec.drafting_top_k if top_k is None else top_k
-    nodes = 1 + top_k + (depth - 1)
-    parents = [-1] + [0] * top_k + [1] + list(range(top_k + 1, top_k + depth - 1))
-    parents = parents[:nodes]
+    parents = tree_parents(top_k, depth)
+    nodes = len(parents)
     dtype = setup.io.inputs_embeds.dtype.numpy
     batch = len(prompts)
     setup.reset()
