@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtio import _dlpack
 from trtio._dlpack import (
     DLPACK_FLAG_BITMASK_READ_ONLY,
     DLManagedTensor,

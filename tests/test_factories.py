@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import trtio
-from trtio import BindingError, DType, Location, ShapeError, Stream, TrtioError, names
+from trtio import BindingError, ShapeError, Stream, TrtioError, names
 from trtio.factories import create_for_llm, create_for_spec_decode
 from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding

@@ -1,7 +1,7 @@
 import pytest
 
 from trtio import DType, names
-from trtio.registry import TensorSpec, TensorRegistry, build_registry, build_registry_for_llm, build_registry_for_spec_decode_draft
+from trtio.registry import TensorSpec, TensorRegistry, build_registry, build_registry_for_llm
 
 from _configs import bundle, llm_config
 

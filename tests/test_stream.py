@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 
-import trtio
 from trtio import ClosedError, Event, Location, Stream, Tensor
 from trtio.stream import as_stream
 

@@ -5,7 +5,6 @@ import warnings
 import numpy as np
 import pytest
 
-import trtio
 from trtio import CapacityError, ClosedError, DType, Location, ShapeError, Stream, Tensor, TrtioError
 
 HAS_ML = importlib.util.find_spec("ml_dtypes") is not None

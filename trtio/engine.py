@@ -384,7 +384,7 @@ class EngineExecutor:
                     self._bound_shape[info.name] = shape
         if problems:
             raise BindingError(self.name, problems)
-        for info, t, shape in planned:
+        for info, _t, shape in planned:
             if not info.is_input:
                 got = tuple(int(d) for d in ctx.get_tensor_shape(info.name))
                 if got != shape:
