@@ -353,3 +353,25 @@ def test_reads_on_another_stream_wait_for_the_last_write(cuda):
     a.synchronize()
     t.close()
     a.close()
+
+
+@pytest.mark.gpu
+def test_mark_written_orders_reads_after_a_foreign_write(cuda):
+    """A write by another library (torch here) on stream A, announced with mark_written, is seen by reads."""
+    torch = pytest.importorskip("torch")
+    a = Stream.create(cuda)
+    t = Tensor.empty((1 << 20,), "int32", backend=cuda)
+    t.fill_(0, a)
+    a.synchronize()
+    x = torch.from_dlpack(t)
+    ext = torch.cuda.ExternalStream(a.handle)
+    for i in range(1, 11):
+        with torch.cuda.stream(ext):
+            torch.cuda._sleep(2_000_000)
+            x.fill_(i)
+        t.mark_written(a)
+        assert (t.to_numpy() == i).all(), f"iteration {i}"
+    a.synchronize()
+    del x
+    t.close()
+    a.close()

@@ -202,9 +202,6 @@ class _Engine:
     executor: EngineExecutor
     empty_start_ok: bool
 
-    def shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
-        return self.state.shapes(batch)
-
 
 def _make_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: int, backend: Backend,
                  context_memory: ContextMemory, graphs: bool, rope: _RopeTables, stream: Stream,
@@ -275,10 +272,6 @@ class _SetupBase:
             bad = int(np.flatnonzero((arr < 1) | (arr > limit))[0])
             raise ShapeError(f"{what}[{bad}] = {int(arr[bad])} is outside 1..{limit}")
         return arr.astype(np.int64)
-
-    @property
-    def graph_stats(self) -> Any:
-        raise NotImplementedError
 
     def _report(self, title: str, engines: list[_Engine], include_context_memory: bool) -> MemoryReport:
         parts = [self.io.memory_report()]
