@@ -346,3 +346,22 @@ def test_spec_setup_bad_calls():
     sd.close()
     with pytest.raises(TrtioError, match="needs a DeploymentConfig with a draft"):
         create_for_spec_decode(base, draft, trtio.DeploymentConfig(llm_config()))
+
+
+def test_spec_base_prefill_carries_deepstack_features_like_create_for_llm():
+    b = bundle(draft_vocab=512, num_deepstack_features=1)
+    bw = ToyWeights.generate(b.base, 0)
+    llm_cfg = dataclasses.replace(b.base, is_spec_decode_base=False, max_verify_tree_size=0)
+    E = toy_embedding(512, 64, 0)
+    emb, lens = embed_batch(E, [[1, 2, 3, 4], [5, 6]], np.float16)
+    feats = [np.random.default_rng(2).standard_normal(emb.shape).astype(np.float16) * 0.5]
+    llm = create_for_llm(ReferenceEngine.from_config(llm_cfg, weights=bw, device="host"), llm_cfg)
+    want = llm.prefill(emb, lens, deepstack_embeds=feats).to_numpy()
+    without = llm.prefill(emb, lens).to_numpy()
+    sd = create_for_spec_decode(ReferenceEngine.from_config(b.base, weights=bw, device="host"),
+                                ReferenceEngine.from_config(b.draft, device="host"), b)
+    got = sd.base_prefill(emb, lens, deepstack_embeds=feats).to_numpy()
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(want, without), "the features change the logits"
+    llm.close()
+    sd.close()

@@ -264,6 +264,32 @@ class _SetupBase:
         e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
         return b, seq, ctx
 
+    def _bind_deepstack(self, e: _Engine, features: Sequence[Any] | None, b: int, seq: int, s: Stream) -> None:
+        """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them."""
+        n = e.cfg.num_deepstack_features
+        if not n:
+            if features:
+                raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
+            return
+        views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in self.io.deepstack_embeds]
+        if features is None:
+            for v in views:
+                v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
+        else:
+            if len(features) != n:
+                raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
+            for i, (v, f) in enumerate(zip(views, features)):
+                v.copy_from(_as_embeds(f, f"deepstack_embeds[{i}]", v.dtype, e.cfg.hidden_size), s)
+        e.tensor_map.use_deepstack_features()
+
+    def _run_prefill(self, e: _Engine, b: int, seq: int, ctx: np.ndarray, s: Stream) -> None:
+        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``ctx``."""
+        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
+        e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
+        e.executor.execute(s, use_graph=False)
+        e.state.lengths[:b] = ctx
+        e.state.lengths[b:] = 0
+
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)
         if arr.shape != (batch,) or arr.dtype.kind not in "iu":
@@ -376,31 +402,10 @@ class LLMSetup(_SetupBase):
         s = self._stream(stream)
         b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
         self._select_zero_batch = None
-        self._bind_deepstack(deepstack_embeds, b, seq, s)
-        dims = self.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
-        e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, use_graph=False)
-        e.state.lengths[:b] = ctx
-        e.state.lengths[b:] = 0
+        self._bind_deepstack(e, deepstack_embeds, b, seq, s)
+        self._run_prefill(e, b, seq, ctx, s)
         self._batch = b
         return self.io.output_logits
-
-    def _bind_deepstack(self, features: Sequence[Any] | None, b: int, seq: int, s: Stream) -> None:
-        n = self.cfg.num_deepstack_features
-        if not n:
-            if features:
-                raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
-            return
-        views = [t.reshape((b, seq, self.cfg.hidden_size)) for t in self.io.deepstack_embeds]
-        if features is None:
-            for v in views:
-                v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
-        else:
-            if len(features) != n:
-                raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
-            for i, (v, f) in enumerate(zip(views, features)):
-                v.copy_from(_as_embeds(f, f"deepstack_embeds[{i}]", v.dtype, self.cfg.hidden_size), s)
-        self._engine.tensor_map.use_deepstack_features()
 
     def decode(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
         """One token per sequence after the cached ones (profile 1); returns the logits view [batch, vocab].
@@ -548,25 +553,20 @@ class SpecDecodeSetup(_SetupBase):
         return self._batch
 
     # -- phases ---------------------------------------------------------------------------------
-    def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None) -> Tensor:
+    def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
+                     deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
         """Base over the prompts (profile 0, causal mask [B,1,1]); returns logits [batch, vocab].
 
         The base's ``hidden_states`` land in ``io.base_hidden_states`` [batch, seq, ...], which the draft
-        prefill reads as ``hidden_states_input`` at the same address.
+        prefill reads as ``hidden_states_input`` at the same address. Without ``deepstack_embeds`` the
+        deepstack inputs are zero.
         """
         self._check_open()
         e = self.base
         s = self._stream(stream)
         b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
-        if e.cfg.num_deepstack_features:
-            for t in self.io.deepstack_embeds:
-                t.reshape((b, seq, e.cfg.hidden_size)).zero_(s)
-            e.tensor_map.use_deepstack_features()
-        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
-        e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, use_graph=False)
-        e.state.lengths[:b] = ctx
-        e.state.lengths[b:] = 0
+        self._bind_deepstack(e, deepstack_embeds, b, seq, s)
+        self._run_prefill(e, b, seq, ctx, s)
         self._batch = b
         return self.io.output_logits
 
@@ -583,10 +583,7 @@ class SpecDecodeSetup(_SetupBase):
             raise ShapeError(f"inputs_embeds: batch {b} differs from the base prefill's batch {b0}")
         self.io.base_hidden_states.reshape((b, seq, e.cfg.base_model_hidden_size))
         self.io.draft_hidden_states_in.reshape((b, seq, e.cfg.hidden_size)).zero_(s)
-        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
-        e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, use_graph=False)
-        e.state.lengths[:b] = ctx
+        self._run_prefill(e, b, seq, ctx, s)
         self._draft_lengths[:b] = ctx
         self._draft_last_row[:b] = ctx - 1
         return self.io.output_logits
