@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from trtio import EngineError, LLMEngineConfig
 from trtio.testing import toy_build as tb
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_model import ToyWeights
+
+from _contract import expected_contract
 
 pytestmark = pytest.mark.rtx
 
@@ -78,65 +79,6 @@ ROLE_CONFIGS = {
 def cfg_for(role: str, **overrides: Any) -> LLMEngineConfig:
     """An LLMEngineConfig of the role, not validated (the builder's own checks are under test too)."""
     return LLMEngineConfig(**{**ROLE_CONFIGS[role], **overrides})
-
-
-def expected_contract(cfg: LLMEngineConfig) -> list[dict[str, Any]]:
-    """docs/toy-model.md's table, written out independently of the script."""
-    draft = cfg.base_model_hidden_size > 0
-    spec = draft or cfg.is_spec_decode_base
-    p1 = cfg.max_draft_tree_size if draft else cfg.max_verify_tree_size if spec else 1
-    h, bm = cfg.hidden_size, cfg.max_supported_batch_size
-    sm, c = cfg.max_supported_input_length, cfg.max_kv_cache_capacity
-    hkv, d, r = cfg.num_kv_heads, cfg.head_dim, cfg.rotary_dim
-    act, kv = cfg.activation_dtype, cfg.kv_cache_dtype
-    vout = cfg.output_vocab_size or cfg.vocab_size
-
-    def half(x: int) -> int:
-        return max(1, x // 2)
-
-    def seq(w: int) -> list:
-        return [((1, 1, w), (bm, half(sm), w), (bm, sm, w)), ((1, 1, w), (bm, half(p1), w), (bm, p1, w))]
-
-    def per_batch(*rest: int) -> list:
-        return [((1, *rest), (bm, *rest), (bm, *rest))] * 2
-
-    def inp(name: str, dtype: str, shape: tuple, profiles: list) -> dict[str, Any]:
-        return dict(name=name, mode="input", dtype=dtype, shape=shape, profiles=profiles, aliased_input=None)
-
-    def out(name: str, dtype: str, shape: tuple, alias: str | None = None) -> dict[str, Any]:
-        return dict(name=name, mode="output", dtype=dtype, shape=shape, profiles=[], aliased_input=alias)
-
-    rows = [inp("inputs_embeds", act, (-1, -1, h), seq(h))]
-    if draft:
-        hb = cfg.base_model_hidden_size
-        rows.append(inp("hidden_states_input", act, (-1, -1, hb), seq(hb)))
-        rows.append(inp("hidden_states_from_draft", act, (-1, -1, h), seq(h)))
-    rows.append(inp("context_lengths", "int32", (-1,), per_batch()))
-    rows.append(inp("last_token_ids", "int64", (-1, -1),
-                    [((1, 1), (bm, 1), (bm, 1)), ((1, 1), (bm, half(p1)), (bm, p1))]))
-    rows.append(inp("kvcache_start_index", "int32", (-1,), per_batch()))
-    if cfg.rope_type == "mrope":
-        rows.append(inp("rope_rotary_cos_sin", "float32", (-1, c, r), per_batch(c, r)))
-    else:
-        rows.append(inp("rope_rotary_cos_sin", "float32", (1, c, r), [((1, c, r),) * 3] * 2))
-    if spec:
-        rows.append(inp("attention_mask", "int32", (-1, -1, -1), [
-            ((1, 1, 1), (bm, 1, 1), (bm, 1, 1)),
-            ((1, 1, 1), (bm, half(p1), math.ceil(half(p1) / 32)), (bm, p1, math.ceil(p1 / 32))),
-        ]))
-        rows.append(inp("attention_pos_id", "int32", (-1, -1),
-                        [((1, 1), (bm, 1), (bm, 1)), ((1, 1), (bm, half(p1)), (bm, p1))]))
-    for i in range(cfg.num_deepstack_features):
-        rows.append(inp(f"deepstack_embeds_{i}", act, (-1, -1, h), seq(h)))
-    for i in range(cfg.num_attention_layers):
-        rows.append(inp(f"k_cache_{i}", kv, (-1, hkv, c, d), per_batch(hkv, c, d)))
-        rows.append(inp(f"v_cache_{i}", kv, (-1, hkv, c, d), per_batch(hkv, c, d)))
-    rows.append(out("logits", "float32", (-1, vout)))
-    rows.append(out("hidden_states", act, (-1, -1, h)))
-    for i in range(cfg.num_attention_layers):
-        rows.append(out(f"present_k_cache_{i}", kv, (-1, hkv, c, d), f"k_cache_{i}"))
-        rows.append(out(f"present_v_cache_{i}", kv, (-1, hkv, c, d), f"v_cache_{i}"))
-    return rows
 
 
 def build(cfg: LLMEngineConfig) -> tuple[Any, Any, list[Any]]:
