@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+from hypothesis import settings
 
 import trtio
+
+# CI must not flake: the "ci" profile (the default) draws the same examples on every run and keeps
+# no example database between runs. "dev" draws new examples each run (use it with --hypothesis-seed
+# to sweep seeds: HYPOTHESIS_PROFILE=dev pytest --hypothesis-seed=N).
+settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+settings.register_profile("dev", deadline=None, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _has_module(name: str) -> bool:
