@@ -22,9 +22,9 @@ import pytest
 
 import trtio
 from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, create_for_spec_decode
-from trtio.binding_table import binding_labels, binding_rows
+from trtio.tools.binding_table import binding_labels, binding_rows
 from trtio.cli import main
-from trtio.dry_run import DryRunBackend, dry_run_setup, planned_memory
+from trtio.tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
 from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
@@ -88,7 +88,7 @@ def test_usage_errors_are_one_line_with_status_2(capsys: pytest.CaptureFixture[s
 
 @pytest.fixture(scope="module")
 def demo_json() -> dict[str, Any]:
-    from trtio.demo import DemoOptions, run_demo
+    from trtio.tools.demo import DemoOptions, run_demo
 
     summary = run_demo(DemoOptions(backend="host"))
     json.dumps(summary)  # JSON-able as it is
@@ -256,7 +256,7 @@ def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Make ``demo --engine trt`` run here: the cuda backend is the host one, and a "plan" loads as the
     computing ReferenceEngine of the config beside it. Everything else (finding, building and checking
     plans, the runs) is the real code path. Returns the loads made, by path."""
-    import trtio.demo
+    import trtio.tools.demo
     import trtio.trt
 
     loads: dict[str, Any] = {}
@@ -273,7 +273,7 @@ def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         loads[str(path)] = ReferenceEngine.from_config(cfg, device="host", weights=ToyEngines.load().weights(name))
         return loads[str(path)]
 
-    monkeypatch.setattr(trtio.demo, "_choose", choose)
+    monkeypatch.setattr(trtio.tools.demo, "_choose", choose)
     monkeypatch.setattr(trtio.trt, "load_engine", load)
     monkeypatch.setattr(trtio.trt, "import_trt", lambda module="auto": type(sys)("fake_tensorrt"))
     return loads
@@ -487,7 +487,7 @@ def fake_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path = tmp_path / name / "model.plan"
         path.write_bytes(b"plan")
         by_path[path] = toys.reference_engine(name, device="host", null_compute=True)
-    monkeypatch.setattr("trtio.inspection._load", lambda plan, config, module: by_path[Path(plan)])
+    monkeypatch.setattr("trtio.tools.inspection._load", lambda plan, config, module: by_path[Path(plan)])
     return tmp_path
 
 

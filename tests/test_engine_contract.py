@@ -22,7 +22,8 @@ import pytest
 
 from trtio import ConfigError, DeploymentConfig, EngineIO, LLMEngineConfig
 from trtio.testing.toy_build import build_network, contract_diff, network_engine_io
-from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir, read_config
+from trtio.config import read_config
+from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
 
 ENGINES = default_engines_dir()
 

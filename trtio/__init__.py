@@ -23,9 +23,9 @@ from trtio.errors import (
     ShapeError,
     TrtioError,
 )
-from trtio.factories import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
-from trtio.memory import Arena, MemoryEntry, MemoryReport, TensorRequest
-from trtio.pipeline_io import HostStaging, PipelineIO, StreamingPrefillBuffers
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
+from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
 from trtio.registry import TensorRegistry, TensorSpec, build_registry
 from trtio.state import EngineState
 from trtio.stream import Event, Stream

@@ -59,7 +59,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from trtio.demo import DemoOptions, format_demo, run_demo
+    from trtio.tools.demo import DemoOptions, format_demo, run_demo
 
     opts = DemoOptions(backend=args.backend, engine=args.engine, module=args.module, engines_dir=args.engines,
                        plans_dir=args.plans, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
@@ -75,7 +75,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from trtio.inspection import format_inspection, inspect_target
+    from trtio.tools.inspection import format_inspection, inspect_target
 
     _check_module(args.module)
     result = inspect_target(args.target, config=args.config, module=args.module)
@@ -84,7 +84,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from trtio.inspection import format_plan, plan_config
+    from trtio.tools.inspection import format_plan, plan_config
 
     result = plan_config(args.config)
     if args.json:

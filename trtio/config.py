@@ -17,7 +17,7 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig"]
+__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config"]
 
 log = logging.getLogger("trtio")
 
@@ -75,6 +75,10 @@ def _read_json(path: str | os.PathLike[str]) -> Any:
             return json.load(fh)
     except FileNotFoundError:
         raise ConfigError(str(path), "no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "is a directory, not a config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"is not UTF-8 text: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
 
@@ -388,3 +392,11 @@ class DeploymentConfig:
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
         _write_json(path, self.to_dict())
+
+
+def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
+    """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
+    data = _read_json(path)
+    if isinstance(data, dict) and "base" in data:
+        return DeploymentConfig.from_dict(data, what=str(path))
+    return LLMEngineConfig.from_dict(data, what=str(path))

@@ -205,6 +205,12 @@ class ContextMemory:
     def close(self) -> None:
         self._tensor.close()
 
+
+    def __enter__(self) -> ContextMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
     def __repr__(self) -> str:
         return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x})"
 

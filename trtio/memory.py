@@ -13,13 +13,16 @@ import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from trtio.cuda._hostmem import ALIGNMENT
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
 from trtio.errors import ClosedError, TrtioError
+from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
-__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "align_up"]
+__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "HostStaging", "align_up"]
 
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
@@ -267,3 +270,50 @@ class Arena:
     def __repr__(self) -> str:
         sizes = ", ".join(f"{loc}={n}" for loc, n in self._sizes.items())
         return f"Arena({self._title!r}, {len(self._tensors)} tensors, {sizes}{', closed' if self._closed else ''})"
+
+
+class HostStaging:
+    """A pinned host tensor that feeds a device tensor, fenced with an event.
+
+    :meth:`upload` waits (on the host) until the previous upload from the pinned buffer has
+    finished before overwriting it, then issues the copy on ``stream`` and records the fence.
+    When the previous upload is already done, as in steady state, nothing synchronises.
+    """
+
+    def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
+        self.host = host
+        self.device = device
+        self._fence = Event.create(backend)
+        self._pending = False
+        self.fence_waits = 0  # host waits the fence forced (telemetry)
+
+    def wait_fence(self) -> None:
+        if self._pending and not self._fence.query():
+            self.fence_waits += 1
+            self._fence.synchronize()
+        self._pending = False
+
+    def upload(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
+        """Stage ``values`` and copy them to the device tensor on ``stream``; returns the device tensor.
+
+        Both tensors are reshaped to ``values.shape`` first (within their capacities).
+        """
+        values = np.asarray(values)
+        self.wait_fence()
+        self.host.reshape(values.shape)
+        self.device.reshape(values.shape)
+        self.host.copy_from(values)
+        s = as_stream(stream, self.device.backend)
+        self.device.copy_from(self.host, s)
+        self._fence.record(s)
+        self._pending = True
+        return self.device
+
+    def close(self) -> None:
+        self._fence.close()
+
+    def __enter__(self) -> HostStaging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

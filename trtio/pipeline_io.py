@@ -23,12 +23,12 @@ from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
-from trtio.memory import Arena, MemoryEntry, MemoryReport, TensorRequest
+from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import Tensor, normalize_shape
 from trtio.tensor_map import TensorMap
 
-__all__ = ["PipelineIO", "StreamingPrefillBuffers", "HostStaging"]
+__all__ = ["PipelineIO", "StreamingPrefillBuffers"]
 
 log = logging.getLogger("trtio")
 
@@ -80,47 +80,6 @@ class _FrozenList(list):  # type: ignore[type-arg]
     __iadd__ = _guard("__iadd__")
     __imul__ = _guard("__imul__")
     del _guard
-
-
-class HostStaging:
-    """A pinned host tensor that feeds a device tensor, fenced with an event.
-
-    :meth:`upload` waits (on the host) until the previous upload from the pinned buffer has
-    finished before overwriting it, then issues the copy on ``stream`` and records the fence.
-    When the previous upload is already done, as in steady state, nothing synchronises.
-    """
-
-    def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
-        self.host = host
-        self.device = device
-        self._fence = Event.create(backend)
-        self._pending = False
-        self.fence_waits = 0  # host waits the fence forced (telemetry)
-
-    def wait_fence(self) -> None:
-        if self._pending and not self._fence.query():
-            self.fence_waits += 1
-            self._fence.synchronize()
-        self._pending = False
-
-    def upload(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
-        """Stage ``values`` and copy them to the device tensor on ``stream``; returns the device tensor.
-
-        Both tensors are reshaped to ``values.shape`` first (within their capacities).
-        """
-        values = np.asarray(values)
-        self.wait_fence()
-        self.host.reshape(values.shape)
-        self.device.reshape(values.shape)
-        self.host.copy_from(values)
-        s = as_stream(stream, self.device.backend)
-        self.device.copy_from(self.host, s)
-        self._fence.record(s)
-        self._pending = True
-        return self.device
-
-    def close(self) -> None:
-        self._fence.close()
 
 
 class StreamingPrefillBuffers:

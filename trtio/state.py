@@ -14,6 +14,8 @@ prefill (Edge-LLM's convention) and ``[batch]`` otherwise; ``lengths`` is its ho
 from __future__ import annotations
 
 import math
+from typing import Sequence
+
 import numpy as np
 
 from trtio import names
@@ -21,9 +23,8 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import EngineError
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.pipeline_io import HostStaging
-from trtio.stream import StreamLike
+from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -86,6 +87,29 @@ class EngineState:
             out[past] = out[present] = self.shape_for(past, batch)
         return out
 
+    # -- KV bookkeeping -----------------------------------------------------------------------------
+    def commit_path(self, seq: int, start: int, path: Sequence[int], stream: StreamLike = None) -> None:
+        """Move each cache entry of slot ``start + path[j]`` to ``start + j`` (every layer, K and V) for
+        sequence slot ``seq``: the accepted path of a verified tree becomes consecutive cache entries.
+
+        ``path`` is strictly increasing, so every entry is read before a later move overwrites it.
+        """
+        s = as_stream(stream, self._arena.backend)
+        for j, node in enumerate(path):
+            if node == j:
+                continue
+            for past, _present in self.pairs:
+                t = self.tensors[past]
+                shape = self._max_shape[past]
+                if len(shape) != 4:
+                    raise EngineError(f"state {past!r}: {shape} is not a [batch, heads, capacity, head_dim] cache")
+                _, heads, cap, hd = shape
+                es = t.dtype.itemsize
+                pitch = cap * hd * es
+                base = t.data_ptr + seq * heads * pitch
+                self._arena.backend.memcpy_2d(base + (start + j) * hd * es, pitch, base + (start + node) * hd * es,
+                                              pitch, hd * es, heads, s.handle)
+
     # -- kv lengths -------------------------------------------------------------------------------
     def upload_start_index(self, values: np.ndarray | None, stream: StreamLike = None) -> Tensor:
         """Stage int32 ``values`` [batch] into ``kv_lengths``; None views it as ``[0]`` (empty cache)."""
@@ -119,6 +143,12 @@ class EngineState:
             t._unfreeze()
         self._arena.close()
 
+
+    def __enter__(self) -> EngineState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
     def __repr__(self) -> str:
         return (f"EngineState({self.name!r}, {len(self.pairs)} pairs, "
                 f"{math.ceil(self.nbytes / (1 << 20))} MiB)")

@@ -29,11 +29,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.config import DeploymentConfig, LLMEngineConfig, read_config
 from trtio.errors import ConfigError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
-__all__ = ["ENGINE_NAMES", "ToyEngines", "default_engines_dir", "plan_cache_dir", "read_config"]
+__all__ = ["ENGINE_NAMES", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
 ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
@@ -54,22 +54,6 @@ def plan_cache_dir() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "trtio"
-
-
-def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
-    """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such config file") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), "is a directory, not a config file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
-    if isinstance(data, dict) and "base" in data:
-        return DeploymentConfig.from_dict(data, what=str(path))
-    return LLMEngineConfig.from_dict(data, what=str(path))
 
 
 def _field_diff(a: Any, b: Any) -> str:

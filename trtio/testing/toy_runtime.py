@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trtio.factories import LLMSetup, SpecDecodeSetup
+from trtio.setups import LLMSetup, SpecDecodeSetup
 
 __all__ = ["greedy_generate", "spec_generate", "SpecStats", "embed_batch", "tree_parents"]
 

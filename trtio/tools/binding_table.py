@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 
 from trtio import names
 from trtio.engine import EngineIO, TensorInfo
-from trtio.factories import LLMSetup, SpecDecodeSetup
+from trtio.setups import SetupBase
 from trtio.pipeline_io import EXTRA_MEMBERS, MEMBERS
 from trtio.tensor import Tensor
 
@@ -23,14 +23,12 @@ __all__ = ["binding_capacities", "binding_labels", "binding_rows", "engine_rows"
            "format_engine_table", "setup_engines"]
 
 
-def setup_engines(setup: LLMSetup | SpecDecodeSetup) -> list[tuple[str, Any, Any, Any]]:
+def setup_engines(setup: SetupBase) -> list[tuple[str, Any, Any, Any]]:
     """``(role, executor, tensor_map, state)`` for each engine of ``setup`` ("llm", or "base" and "draft")."""
-    if isinstance(setup, SpecDecodeSetup):
-        return [(role, e.executor, e.tensor_map, e.state) for role, e in (("base", setup.base), ("draft", setup.draft))]
-    return [("llm", setup.executor, setup.tensor_map, setup.state)]
+    return [(e.role, e.executor, e.tensor_map, e.state) for e in setup.engines()]
 
 
-def _owners(setup: LLMSetup | SpecDecodeSetup) -> dict[int, str]:
+def _owners(setup: SetupBase) -> dict[int, str]:
     io = setup.io
     owners: dict[int, str] = {}
     for member in MEMBERS + EXTRA_MEMBERS:
@@ -55,7 +53,7 @@ def _label(t: Tensor, owners: dict[int, str]) -> str:
     return f"tensor {t.name!r}"
 
 
-def binding_capacities(setup: LLMSetup | SpecDecodeSetup) -> dict[str, dict[str, int]]:
+def binding_capacities(setup: SetupBase) -> dict[str, dict[str, int]]:
     """``{role: {engine tensor name: bytes of the trtio tensor bound to it}}``."""
     out: dict[str, dict[str, int]] = {}
     for role, executor, tm, _state in setup_engines(setup):
@@ -63,7 +61,7 @@ def binding_capacities(setup: LLMSetup | SpecDecodeSetup) -> dict[str, dict[str,
     return out
 
 
-def binding_labels(setup: LLMSetup | SpecDecodeSetup) -> dict[str, dict[str, str]]:
+def binding_labels(setup: SetupBase) -> dict[str, dict[str, str]]:
     """``{role: {engine tensor name: trtio tensor it binds to}}`` for every engine of ``setup``.
 
     Engine tensors the setup leaves unbound are absent (an executor's ``prepare`` would refuse them).
@@ -123,7 +121,7 @@ def _max_bytes(info: TensorInfo) -> int:
     return info.dtype.nbytes(n)
 
 
-def binding_rows(setup: LLMSetup | SpecDecodeSetup) -> dict[str, list[dict[str, Any]]]:
+def binding_rows(setup: SetupBase) -> dict[str, list[dict[str, Any]]]:
     """What each engine of ``setup`` has bound now: ``{role: [row, ...]}`` in the engine's I/O order.
 
     Row keys: ``engine_tensor``, ``mode``, ``binding`` (the trtio tensor), ``shape`` (the shape the

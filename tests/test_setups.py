@@ -11,7 +11,7 @@ import pytest
 
 import trtio
 from trtio import BindingError, ShapeError, Stream, TrtioError, names
-from trtio.factories import create_for_llm, create_for_spec_decode
+from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate

@@ -18,7 +18,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError
-from trtio.factories import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.memory import MemoryReport, align_up
 
 __all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "planned_memory"]

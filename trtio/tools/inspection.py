@@ -5,7 +5,7 @@ TensorRT can load it: a GPU it supports), a folder holding plans or configs, or 
 any machine: the engine is then a null-compute :class:`~trtio.testing.ReferenceEngine` declaring
 the toy I/O contract of ``docs/toy-model.md`` for that config). For every engine tensor it gives
 what the engine declares and the trtio tensor ``create_for_llm`` / ``create_for_spec_decode``
-would bind to it (laid out on a :class:`~trtio.dry_run.DryRunBackend`). A config that does not fit
+would bind to it (laid out on a :class:`~trtio.tools.dry_run.DryRunBackend`). A config that does not fit
 the engine is refused with every disagreement listed, exactly as the factories would refuse it.
 
 :func:`plan_config` is ``trtio plan``: the memory report of the factories for a config.
@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from trtio import names
-from trtio.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
+from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
 from trtio.config import DeploymentConfig, LLMEngineConfig
-from trtio.dry_run import dry_run_setup, planned_memory
+from trtio.tools.dry_run import dry_run_setup, planned_memory
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ConfigError, EngineError
-from trtio.factories import check_engine
+from trtio.setups import check_engine
 from trtio.registry import build_registry
-from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE, read_config
+from trtio.config import read_config
+from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE
 
 __all__ = ["check_fits", "inspect_target", "format_inspection", "plan_config", "format_plan"]
 
@@ -122,7 +123,7 @@ def inspect_target(target: str | os.PathLike[str], *, config: str | os.PathLike[
                    module: str = "auto") -> dict[str, Any]:
     """The I/O tables of the engine(s) at ``target`` (see module docstring) as a JSON-able dict:
     ``{"target", "kind", "engines": [{"name", "role", "plan", "config", "num_profiles", "tensors"}]}``,
-    each tensor row as :func:`trtio.binding_table.engine_rows` makes it.
+    each tensor row as :func:`trtio.tools.binding_table.engine_rows` makes it.
 
     ``config`` overrides the config found beside a plan; for a config target it is the config to bind
     with (checked against the engine the target describes).

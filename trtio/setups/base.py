@@ -1,0 +1,336 @@
+"""What both setups share: checking an engine against its config, binding it, staging inputs, lifetime.
+
+A setup binds each of its engines (:class:`BoundEngine`: config, declared I/O, registry, KV state,
+tensor map, executor) to one PipelineIO. :func:`check_engine` compares an engine's declared I/O
+with what its config implies before anything is bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence, TypeVar
+
+import numpy as np
+
+from trtio import names
+from trtio.config import LLMEngineConfig
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.dtypes import DType
+from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
+from trtio.errors import BindingError, ClosedError, ShapeError
+from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
+from trtio.pipeline_io import PipelineIO
+from trtio.registry import TensorRegistry, build_registry
+from trtio.rope import rope_cos_sin_table
+from trtio.state import EngineState
+from trtio.stream import Stream, StreamLike, as_stream
+from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
+
+__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend"]
+
+log = logging.getLogger("trtio")
+
+_S = TypeVar("_S", bound="SetupBase")
+
+# Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
+_OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
+
+
+def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *, extra: Sequence[str] = ()) -> None:
+    """Compare an engine's declared I/O with what the config implies; raise one BindingError with every
+    disagreement (unknown inputs, missing bindings, dtypes, ranks, fixed dims)."""
+    problems = []
+    state_names = {n for pair in engine_io.state_pairs() for n in pair}
+    for info in engine_io.tensors:
+        spec = registry.get(info.name)
+        if spec is None:
+            if info.name not in state_names and info.name not in extra:
+                problems.append(f"{info.name}: the engine declares this {info.mode} but a {registry.role} engine "
+                                f"of this config has no such binding")
+            continue
+        if spec.io != info.mode:
+            problems.append(f"{info.name}: the engine declares an {info.mode}, the config expects an {spec.io}")
+        if spec.dtype is not info.dtype:
+            problems.append(f"{info.name}: the engine wants {info.dtype}, the config implies {spec.dtype}")
+        if len(spec.shape) != len(info.shape):
+            problems.append(f"{info.name}: the engine's rank is {len(info.shape)} {list(info.shape)}, the config "
+                            f"implies rank {len(spec.shape)}")
+            continue
+        for i, (d, e) in enumerate(zip(spec.shape, info.shape)):
+            if isinstance(d, int) and e >= 0 and d != e:
+                problems.append(f"{info.name}: dim {i} is {e} in the engine but {d} in the config")
+    for spec in registry:
+        if spec.name not in engine_io and spec.name not in _OPTIONAL_OUTPUTS and spec.io == "input":
+            problems.append(f"{spec.name}: the config implies this input but the engine does not declare it")
+    if names.kLogits not in engine_io:
+        problems.append(f"{names.kLogits}: the engine has no logits output")
+    problems += _range_problems(engine_io, registry, cfg)
+    if problems:
+        raise BindingError(engine_io.name, problems)
+
+
+def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig) -> list[str]:
+    """Dims the config fixes by name (the KV capacity, the RoPE table's batch) and the batch and prompt
+    lengths it promises, against the engine's shapes and profile maxima."""
+    problems = []
+    fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
+    if not cfg.is_mrope:
+        fixed["rope_batch"] = ("a shared RoPE table", 1)
+    for info in engine_io.tensors:
+        spec = registry.get(info.name)
+        if spec is None or len(spec.shape) != len(info.shape):
+            continue
+        profile_max = info.max_shape() if info.profiles else tuple(-1 for _ in info.shape)
+        for i, dim in enumerate(spec.shape):
+            engine_dim = info.shape[i]
+            if isinstance(dim, str) and dim in fixed:
+                field_name, want = fixed[dim]
+                if engine_dim >= 0 and engine_dim != want:
+                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want} in the config "
+                                    f"({field_name})")
+                elif engine_dim < 0 and 0 <= profile_max[i] < want:
+                    problems.append(f"{info.name}: dim {i} goes up to {profile_max[i]} in the engine's profiles but "
+                                    f"the config needs {want} ({field_name})")
+            elif dim == "batch" and info.is_input and engine_dim < 0 \
+                    and 0 <= profile_max[i] < cfg.max_supported_batch_size:
+                problems.append(f"{info.name}: the engine takes batches up to {profile_max[i]}, the config's "
+                                f"max_supported_batch_size is {cfg.max_supported_batch_size}")
+            elif dim == "seq_len" and info.is_input and engine_dim < 0 and info.profiles \
+                    and info.profiles[PREFILL_PROFILE][2][i] < cfg.max_supported_input_length:
+                problems.append(f"{info.name}: the prefill profile takes up to {info.profiles[PREFILL_PROFILE][2][i]} "
+                                f"tokens, the config's max_supported_input_length is {cfg.max_supported_input_length}")
+    return problems
+
+
+def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
+    if isinstance(x, Tensor):
+        if x.dtype is not dtype or len(x.shape) != 3 or x.shape[2] != hidden:
+            raise ShapeError(f"{what}: expected a [batch, seq, {hidden}] {dtype} tensor, got {x.shape} {x.dtype}")
+        return x
+    arr = np.asarray(x)
+    if arr.ndim != 3 or arr.shape[2] != hidden:
+        raise ShapeError(f"{what}: expected shape [batch, seq, {hidden}], got {arr.shape}")
+    want = dtype.numpy
+    if want is not None and arr.dtype != want:
+        if arr.dtype.kind != "f":
+            raise ShapeError(f"{what}: expected {dtype} values, got {arr.dtype}")
+        arr = arr.astype(want)
+    return np.ascontiguousarray(arr)
+
+
+class _RopeTables:
+    """Non-MRoPE cos/sin tables ([1, C, R] float32), one per (capacity, rotary dim, theta), shared."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._tables: dict[tuple[int, int, float], Tensor] = {}
+
+    def get(self, cfg: LLMEngineConfig, stream: Stream) -> Tensor:
+        key = (cfg.max_kv_cache_capacity, cfg.rotary_dim, float(cfg.rope_theta))
+        t = self._tables.get(key)
+        if t is None:
+            table = rope_cos_sin_table(key[0], key[1], key[2])
+            t = Tensor.empty(table.shape, DType.FLOAT32, Location.DEVICE, name=names.kRopeCosSin,
+                             backend=self._backend)
+            t.copy_from(table, stream)
+            self._tables[key] = t
+        return t
+
+    def report(self) -> MemoryReport:
+        rep = MemoryReport("rope")
+        for t in self._tables.values():
+            rep.entries.append(MemoryEntry(names.kRopeCosSin, t.shape, str(t.dtype), str(t.location), t.capacity))
+            loc = str(t.location)
+            rep.allocated[loc] = rep.allocated.get(loc, 0) + t.capacity
+            rep.allocations[loc] = rep.allocations.get(loc, 0) + 1
+        return rep
+
+    def close(self) -> None:
+        for t in self._tables.values():
+            t._unfreeze()
+            t.close()
+
+    def __enter__(self) -> _RopeTables:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
+    if cfg.is_mrope:
+        table = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch=io.max_batch)
+        io.mrope_cos_sin.copy_from(table, stream)
+
+
+def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
+    if names.kKVCacheStartIndex not in engine_io:
+        return False
+    info = engine_io[names.kKVCacheStartIndex]
+    return bool(info.profiles) and info.profiles[PREFILL_PROFILE][0][0] == 0
+
+
+@dataclass
+class BoundEngine:
+    """One engine of a setup: its role ("llm", "base" or "draft"), config, declared I/O, registry, state,
+    tensor map and executor."""
+
+    role: str
+    cfg: LLMEngineConfig
+    io: EngineIO
+    registry: TensorRegistry
+    state: EngineState
+    tensor_map: TensorMap
+    executor: EngineExecutor
+    empty_start_ok: bool
+
+
+def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: int, backend: Backend,
+                context_memory: ContextMemory, graphs: bool, rope: _RopeTables, stream: Stream,
+                resources: contextlib.ExitStack, name: str) -> BoundEngine:
+    """Check ``engine`` against ``cfg``, create its state and executor (closed by ``resources``) and bind
+    the state and the RoPE table into ``tm``."""
+    eio = EngineIO.from_engine(engine)
+    registry = build_registry(cfg)
+    check_engine(eio, registry, cfg)
+    state = resources.enter_context(EngineState(eio, max_batch=max_batch, backend=backend, name=name))
+    state.bind(tm)
+    stable = state.stable_names()
+    if not cfg.is_mrope and names.kRopeCosSin in eio:
+        tm.add(names.kRopeCosSin, rope.get(cfg, stream))
+        stable.add(names.kRopeCosSin)
+    executor = resources.enter_context(EngineExecutor(engine, context_memory=context_memory, name=name,
+                                                      registry=registry, stable=stable, graphs=graphs,
+                                                      backend=backend))
+    return BoundEngine(name, cfg, eio, registry, state, tm, executor, _start_index_may_be_empty(eio))
+
+
+def engine_backend(engine: Any, backend: Backend | str | None) -> Backend:
+    # An engine may say which memory it computes on (the ReferenceEngine does); TensorRT engines don't.
+    return get_backend(backend if backend is not None else getattr(engine, "trtio_backend", None))
+
+
+class SetupBase:
+    """What LLMSetup and SpecDecodeSetup share: staging, lengths checks, reporting, lifetime.
+
+    A subclass builds its parts inside :meth:`_building` (everything entered there is closed again if
+    construction fails half way, and by :meth:`close` later) and lists its engines in :meth:`engines`.
+    """
+
+    io: PipelineIO
+    _backend: Backend
+    _default_stream: Stream
+    _rope: _RopeTables
+    _context_memory: ContextMemory
+    _extra_arena: Arena
+    _embeds_staging: HostStaging
+    _resources: contextlib.ExitStack | None = None
+    _closed: bool = True
+
+    @contextlib.contextmanager
+    def _building(self) -> Iterator[contextlib.ExitStack]:
+        """An ExitStack for the parts under construction; kept (for close) only if construction succeeds."""
+        with contextlib.ExitStack() as stack:
+            yield stack
+            self._resources = stack.pop_all()
+        self._closed = False
+
+    def engines(self) -> list[BoundEngine]:
+        """Every engine of the setup, each with its role, config, state, tensor map and executor."""
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"this {type(self).__name__} is closed")
+
+    def _stream(self, stream: StreamLike) -> Stream:
+        return self._default_stream if stream is None else as_stream(stream, self._backend)
+
+    def _stage_embeds(self, x: Any, staging: HostStaging, what: str, hidden: int, stream: Stream) -> tuple[int, int]:
+        """Put ``x`` ([B, S, hidden]) into ``inputs_embeds``: pinned staging for numpy, D2D for Tensors."""
+        dst = self.io.inputs_embeds
+        x = _as_embeds(x, what, dst.dtype, hidden)
+        b, s = int(x.shape[0]), int(x.shape[1])
+        if isinstance(x, Tensor):
+            if x is not dst:
+                dst.reshape((b, s, hidden)).copy_from(x, stream)
+        elif s * b * hidden * dst.dtype.itemsize <= staging.host.capacity:
+            staging.upload(x, stream)
+        else:
+            dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
+        return b, s
+
+    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any, s: Stream) -> tuple[int, int, np.ndarray]:
+        """A prefill's inputs: embeds, context lengths, last-token ids (each prompt's last token) and
+        the start index ([0] for an empty cache where the engine allows it, else zeros)."""
+        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if not 1 <= b <= self.io.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
+        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        self.io.upload_context_lengths(ctx, s)
+        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
+        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
+        return b, seq, ctx
+
+    def _bind_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int, s: Stream) -> None:
+        """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them."""
+        n = e.cfg.num_deepstack_features
+        if not n:
+            if features:
+                raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
+            return
+        views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in self.io.deepstack_embeds]
+        if features is None:
+            for v in views:
+                v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
+        else:
+            if len(features) != n:
+                raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
+            for i, (v, f) in enumerate(zip(views, features)):
+                v.copy_from(_as_embeds(f, f"deepstack_embeds[{i}]", v.dtype, e.cfg.hidden_size), s)
+        e.tensor_map.use_deepstack_features()
+
+    def _run_prefill(self, e: BoundEngine, b: int, seq: int, ctx: np.ndarray, s: Stream) -> None:
+        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``ctx``."""
+        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
+        e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
+        e.executor.execute(s, use_graph=False)
+        e.state.lengths[:b] = ctx
+        e.state.lengths[b:] = 0
+
+    def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
+        arr = np.asarray(ctx)
+        if arr.shape != (batch,) or arr.dtype.kind not in "iu":
+            raise ShapeError(f"{what}: expected {batch} integer lengths (one per sequence), got {arr.dtype} {arr.shape}")
+        if arr.size and (arr.min() < 1 or arr.max() > limit):
+            bad = int(np.flatnonzero((arr < 1) | (arr > limit))[0])
+            raise ShapeError(f"{what}[{bad}] = {int(arr[bad])} is outside 1..{limit}")
+        return arr.astype(np.int64)
+
+    def _report(self, title: str, include_context_memory: bool) -> MemoryReport:
+        parts = [self.io.memory_report()]
+        for e in self.engines():
+            parts.append(e.state.memory_report())
+        parts.append(self._extra_arena.report())
+        parts.append(self._rope.report())
+        if include_context_memory:
+            parts.append(self._context_memory.report())
+        return MemoryReport.combine(title, parts)
+
+    def close(self) -> None:
+        """Free every buffer, context and graph of the setup. Idempotent; a failure to free raises."""
+        if self._closed:
+            return
+        self._closed = True
+        resources, self._resources = self._resources, None
+        if resources is not None:
+            resources.close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,182 @@
+"""create_for_llm: one LLM engine bound to a PipelineIO, and its step protocol (prefill, decode, reset).
+
+Returned logits are views of PipelineIO buffers, written on the step's stream and valid until the
+next step overwrites them. Steps never allocate; decode steps never synchronise the host (their
+pinned staging buffers are fenced with events that are normally complete already).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from trtio.config import LLMEngineConfig
+from trtio.cuda.backend import Backend, Location
+from trtio.dims import InferenceDims
+from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor, GraphStats
+from trtio.errors import ShapeError, TrtioError
+from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.pipeline_io import PipelineIO
+from trtio.setups.base import BoundEngine, SetupBase, _fill_mrope, _RopeTables, bind_engine, engine_backend
+from trtio.state import EngineState
+from trtio.stream import StreamLike, as_stream
+from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
+
+__all__ = ["LLMSetup", "create_for_llm"]
+
+
+class LLMSetup(SetupBase):
+    """One LLM engine bound to a PipelineIO: prefill / decode / reset (DESIGN §8)."""
+
+    def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
+                 backend: Backend | str | None = None) -> None:
+        cfg.validate()
+        if cfg.is_draft or cfg.is_spec_decode_base:
+            raise TrtioError(f"create_for_llm: the config describes a spec-decode {cfg.role}; "
+                             f"use create_for_spec_decode with a DeploymentConfig")
+        be = engine_backend(engine, backend)
+        self._backend = be
+        self.cfg = cfg
+        with self._building() as stack:
+            self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
+            self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
+            self._rope = stack.enter_context(_RopeTables(be))
+            self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
+            tm = self.io.build_tensor_map(cfg)
+            self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
+                                       context_memory=self._context_memory, graphs=graphs, rope=self._rope,
+                                       stream=s, resources=stack, name="llm")
+            self._extra_arena = stack.enter_context(Arena([
+                TensorRequest.of("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
+                                 cfg.activation, Location.PINNED)], backend=be, title="llm staging"))
+            self._embeds_staging = stack.enter_context(
+                HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be))
+            _fill_mrope(self.io, cfg, s)
+        self._batch: int | None = None
+        self._decode_dims: dict[int, InferenceDims] = {}
+        self._select_zero_batch: int | None = None
+        self._streaming_pending = False
+
+    def engines(self) -> list[BoundEngine]:
+        return [self._engine]
+
+    # -- public views ---------------------------------------------------------------------------
+    @property
+    def state(self) -> EngineState:
+        return self._engine.state
+
+    @property
+    def executor(self) -> EngineExecutor:
+        return self._engine.executor
+
+    @property
+    def tensor_map(self) -> TensorMap:
+        return self._engine.tensor_map
+
+    @property
+    def graph_stats(self) -> GraphStats:
+        return self._engine.executor.graph_stats
+
+    @property
+    def batch(self) -> int | None:
+        return self._batch
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens cached per sequence (host mirror; a copy)."""
+        b = self._batch or 0
+        return self._engine.state.lengths[:b].copy()
+
+    # -- steps ----------------------------------------------------------------------------------
+    def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
+                deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+        """Run the prompt (profile 0) and return the logits view [batch, vocab] of each last prompt token.
+
+        ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
+        already filled); ``context_lengths`` gives each sequence's prompt length (<= seq; shorter
+        prompts are right-padded). Without ``deepstack_embeds`` the deepstack inputs are zero.
+        """
+        self._check_open()
+        e = self._engine
+        s = self._stream(stream)
+        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
+        self._select_zero_batch = None
+        self._bind_deepstack(e, deepstack_embeds, b, seq, s)
+        self._run_prefill(e, b, seq, ctx, s)
+        self._batch = b
+        return self.io.output_logits
+
+    def decode(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
+        """One token per sequence after the cached ones (profile 1); returns the logits view [batch, vocab].
+
+        ``kvcache_start_index`` = the cached lengths, ``context_lengths`` = lengths + 1,
+        ``last_token_ids`` = 0; the lengths then grow by one. No allocation; no host synchronisation.
+        """
+        self._check_open()
+        b = self._batch
+        if b is None:
+            raise TrtioError("decode() before prefill(): there is no sequence to continue")
+        e = self._engine
+        s = self._stream(stream)
+        lengths = e.state.lengths[:b]
+        if int(lengths.max()) >= self.cfg.max_kv_cache_capacity:
+            full = int(np.argmax(lengths))
+            raise ShapeError(f"KV cache full: sequence {full} holds {int(lengths[full])} tokens, the capacity "
+                             f"(max_kv_cache_capacity) is {self.cfg.max_kv_cache_capacity}")
+        nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", self.cfg.hidden_size, s)
+        if (nb, ns) != (b, 1):
+            raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], got [{nb}, {ns}, ...]")
+        e.state.upload_start_index(lengths, s)
+        self.io.upload_context_lengths(lengths + 1, s)
+        if self._select_zero_batch != b:
+            self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
+            self._select_zero_batch = b
+        e.tensor_map.use_deepstack_zero()
+        if self._streaming_pending:
+            self.io.streaming_prefill.order_before(s)
+            self._streaming_pending = False
+        dims = self._decode_dims.get(b)
+        if dims is None:
+            dims = self._decode_dims[b] = self.cfg.decode_dims(b)
+        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+        e.executor.execute(s)
+        lengths += 1
+        return self.io.output_logits
+
+    def populate_streaming(self, stream: StreamLike = None) -> None:
+        """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
+        (call after prefill, before the first decode)."""
+        self._check_open()
+        if self._batch is None:
+            raise TrtioError("populate_streaming() before prefill()")
+        emb = self.io.inputs_embeds
+        b, seq, h = emb.shape
+        hidden = self.io.output_hidden_states
+        if hidden.shape != (b, seq, h):
+            hidden.reshape((b, seq, h))
+        self.io.streaming_prefill.populate_from_prefill(emb, hidden, b, seq, h, self.io.max_batch, self.io.max_seq,
+                                                        self._stream(stream))
+        self._streaming_pending = True
+
+    def reset(self, stream: StreamLike = None) -> None:
+        """Empty the KV state (lengths to 0); the next step must be a prefill."""
+        self._check_open()
+        self._engine.state.reset(stream)
+        self._batch = None
+
+    def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
+        """Every buffer the setup owns: PipelineIO, KV state, staging, RoPE table and context memory."""
+        return self._report("create_for_llm", include_context_memory)
+
+    def __repr__(self) -> str:
+        return f"LLMSetup(batch={self._batch}, graphs={self.executor.graphs_enabled})"
+
+
+def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
+                   backend: Backend | str | None = None) -> LLMSetup:
+    """Bind one LLM engine to a new PipelineIO (see :class:`LLMSetup`)."""
+    return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend)
+
+
