@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def time_per_call(fn: Callable[[], object], *, repeat: int = 7, number: int = 1000,
@@ -35,4 +35,5 @@ def machine(backend) -> str:
 
     if backend.name == "cuda":
         return f"{backend.device_name} (cuda backend), Python {platform.python_version()}"
-    return f"{platform.machine()} host, {__import__('os').cpu_count()} cores (host backend), Python {platform.python_version()}"
+    cores = __import__('os').cpu_count()
+    return f"{platform.machine()} host, {cores} cores (host backend), Python {platform.python_version()}"

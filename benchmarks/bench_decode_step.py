@@ -26,8 +26,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trtio  # noqa: E402
 from _common import machine, table, time_per_call  # noqa: E402
+
+import trtio  # noqa: E402
 from trtio import LLMEngineConfig, Stream, create_for_llm  # noqa: E402
 from trtio.engine import DECODE_PROFILE  # noqa: E402
 from trtio.testing import ReferenceEngine  # noqa: E402

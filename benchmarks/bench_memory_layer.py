@@ -15,8 +15,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trtio  # noqa: E402
 from _common import machine, table, time_per_call  # noqa: E402
+
+import trtio  # noqa: E402
 from trtio import Arena, Location, Stream, Tensor, TensorRequest  # noqa: E402
 
 
@@ -83,7 +84,8 @@ def main() -> None:
           f"(ratio {rep.ratio:.4f}; alignment only).\n")
     print(table(["what", "µs per call", "ratio to floor"], [
         ["floor: backend.memcpy of 32 bytes (pinned -> device)", f"{t_floor * 1e6:.2f}", "1.00"],
-        ["trtio: reshape x2 + stage into pinned + copy_from (device)", f"{t_step * 1e6:.2f}", f"{t_step / t_floor:.2f}"],
+        ["trtio: reshape x2 + stage into pinned + copy_from (device)", f"{t_step * 1e6:.2f}",
+         f"{t_step / t_floor:.2f}"],
     ]))
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trtio  # noqa: E402
 from _common import table  # noqa: E402
+
+import trtio  # noqa: E402
 from trtio import DeploymentConfig, LLMEngineConfig, PipelineIO, SpecDecodeConfig  # noqa: E402
 
 MIB = 1 << 20

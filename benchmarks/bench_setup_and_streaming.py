@@ -15,9 +15,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trtio  # noqa: E402
 from _common import machine, table, time_per_call  # noqa: E402
 from bench_pipeline_memory import BASE_8B  # noqa: E402
+
+import trtio  # noqa: E402
 from trtio import LLMEngineConfig, PipelineIO, Stream, create_for_llm  # noqa: E402
 from trtio.testing import ReferenceEngine  # noqa: E402
 
@@ -67,7 +68,8 @@ def main() -> None:
     print(table(["what", "value"], [
         ["create_for_llm, 8B-class config (36 layers, batch 8, KV 4096), null-compute engine: median of 5",
          f"{t_setup * 1e3:.1f} ms"],
-        ["bytes it allocates (PipelineIO + KV state + context memory + staging)", f"{rep.total_allocated / gib:.2f} GiB"],
+        ["bytes it allocates (PipelineIO + KV state + context memory + staging)",
+         f"{rep.total_allocated / gib:.2f} GiB"],
     ]))
     print()
     print(table(["copy of the prefill snapshot (2 x 8x2048x4096 fp16 = "

@@ -23,8 +23,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import NoReturn
 
 from trtio.errors import TrtioError
 from trtio.testing.toy_build import (  # noqa: F401 - re-exported for scripts and tests that import this file

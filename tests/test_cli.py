@@ -22,12 +22,12 @@ import pytest
 
 import trtio
 from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, create_for_spec_decode
-from trtio.tools.binding_table import binding_labels, binding_rows
 from trtio.cli import main
-from trtio.tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
 from trtio.testing.reference_engine import ReferenceEngine
-from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
 from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
+from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
+from trtio.tools.binding_table import binding_labels, binding_rows
+from trtio.tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
 from trtio.trt import import_trt as REAL_IMPORT_TRT
 
 ENGINES = default_engines_dir()

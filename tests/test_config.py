@@ -1,12 +1,11 @@
 import json
 
 import pytest
+from _configs import bundle, llm_config
 
 from trtio import ConfigError, ShapeError
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.dims import InferenceDims
-
-from _configs import bundle, llm_config
 
 
 def test_defaults_and_normalisation():
@@ -128,7 +127,8 @@ def test_inference_dims_validation():
 def test_spec_config_checks():
     with pytest.raises(ConfigError, match="verify_size: 9 exceeds max_verify_size"):
         SpecDecodeConfig(64, 64, 8, 8, verify_size=9).validate()
-    with pytest.raises(ConfigError, match=r"drafting_step \* drafting_top_k = 3 \* 3 exceeds max_draft_proposal_size \(8\)"):
+    with pytest.raises(ConfigError,
+                       match=r"drafting_step \* drafting_top_k = 3 \* 3 exceeds max_draft_proposal_size \(8\)"):
         SpecDecodeConfig(64, 64, 8, 8, drafting_top_k=3, drafting_step=3).validate()
 
 

@@ -2,15 +2,27 @@
 
 import numpy as np
 import pytest
+from _configs import bundle, llm_config
 
-from trtio import (BindingError, ClosedError, ContextMemory, DType, EngineError, EngineExecutor, EngineIO, Location,
-                   PipelineIO, Stream, Tensor, TensorMap, names)
+from trtio import (
+    BindingError,
+    ClosedError,
+    ContextMemory,
+    DType,
+    EngineError,
+    EngineExecutor,
+    EngineIO,
+    Location,
+    PipelineIO,
+    Stream,
+    Tensor,
+    TensorMap,
+    names,
+)
 from trtio.registry import build_registry
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_engine import TensorLocation
-
-from _configs import bundle, llm_config
 
 
 def _engine(cfg=None, **kw):
@@ -62,8 +74,9 @@ def test_engine_io_describes_every_tensor():
     logits = eio[names.kLogits]
     assert logits.mode == "output" and logits.dtype is DType.FLOAT32 and logits.profiles == ()
     assert eio[names.present_k_cache(1)].aliased_input == names.k_cache(1)
-    assert eio.state_pairs() == [(names.k_cache(0), names.present_k_cache(0)), (names.v_cache(0), names.present_v_cache(0)),
-                                 (names.k_cache(1), names.present_k_cache(1)), (names.v_cache(1), names.present_v_cache(1))]
+    assert eio.state_pairs() == [
+        (names.k_cache(0), names.present_k_cache(0)), (names.v_cache(0), names.present_v_cache(0)),
+        (names.k_cache(1), names.present_k_cache(1)), (names.v_cache(1), names.present_v_cache(1))]
     assert eio[names.k_cache(0)].max_shape() == (4, 2, 128, 16)
     assert eio[names.k_cache(0)].max_bytes() == 4 * 2 * 128 * 16 * 2
     d = eio.to_dict()
@@ -97,7 +110,8 @@ def test_context_memory_is_sized_for_every_engine_and_profile():
 def test_context_memory_too_small_names_engine_and_sizes():
     eng = _engine()
     small = ContextMemory(1024, backend="host")
-    with pytest.raises(EngineError, match=r"context memory of 1024 bytes is too small for engine 'toy-llm', which needs \d+ bytes"):
+    with pytest.raises(EngineError,
+                       match=r"context memory of 1024 bytes is too small for engine 'toy-llm', which needs \d+ bytes"):
         EngineExecutor(eng, context_memory=small, backend="host")
     small.close()
 
@@ -154,8 +168,10 @@ def test_one_binding_error_lists_every_problem(llm):
     problems = info.value.problems
     assert "context_lengths: unbound engine input (int32 [-1]); tensor map 'broken' has no such entry" in msg
     assert any("last_token_ids: dtype int32 (tensor 'ids32') but the engine input is int64" in p for p in problems)
-    assert any(p.startswith("logits: shape [4, 512] needs 8192 bytes but tensor 'tiny_logits' holds 80 bytes") for p in problems)
-    assert any("present_k_cache_1: updates k_cache_1 in place, so both must be bound to one address" in p for p in problems)
+    assert any(p.startswith("logits: shape [4, 512] needs 8192 bytes but tensor 'tiny_logits' holds 80 bytes")
+               for p in problems)
+    assert any("present_k_cache_1: updates k_cache_1 in place, so both must be bound to one address" in p
+               for p in problems)
     assert len(problems) >= 4, "every problem is reported, not just the first"
     for t in (wrong_dtype, small, other_cache):
         t.close()
@@ -177,7 +193,8 @@ def test_location_mismatch():
     io = PipelineIO.create_for_llm(cfg, backend="host")
     tm = io.build_tensor_map(cfg)
     ex = EngineExecutor(eng, registry=build_registry(cfg), backend="host")
-    with pytest.raises(BindingError, match=r"context_lengths: location device \(tensor 'context_lengths'\) but the engine input lives on the host"):
+    want = r"context_lengths: location device \(tensor 'context_lengths'\) but the engine input lives on the host"
+    with pytest.raises(BindingError, match=want):
         ex.prepare(0, tm, cfg.prefill_dims(1, 1), None)
     ex.close()
     io.close()

@@ -14,15 +14,16 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from trtio import ConfigError, DeploymentConfig, EngineIO, LLMEngineConfig
-from trtio.testing.toy_build import build_network, contract_diff, network_engine_io
 from trtio.config import read_config
+from trtio.testing.toy_build import build_network, contract_diff, network_engine_io
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
 
 ENGINES = default_engines_dir()

@@ -2,13 +2,12 @@ import ctypes
 
 import numpy as np
 import pytest
+from _configs import bundle, llm_config
 
 import trtio
 from trtio import CapacityError, ClosedError, DType, FrozenError, Location, ShapeError, Tensor, TrtioError, names
 from trtio.cuda.host import HostBackend
 from trtio.pipeline_io import MEMBERS, PipelineIO
-
-from _configs import bundle, llm_config
 
 F16, BF16, F32, I32, I64 = DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.INT32, DType.INT64
 D, P = "device", "pinned"
@@ -62,7 +61,7 @@ def _check(io, table, deepstack):
 
 def _no_overlap(io):
     spans = sorted((t.data_ptr, t.data_ptr + t.capacity, t.name) for t in io._member_tensors() if t.capacity)
-    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+    for (_a0, a1, an), (b0, _b1, bn) in zip(spans, spans[1:]):
         assert a1 <= b0, f"{an} overlaps {bn}"
 
 
@@ -227,10 +226,11 @@ def test_reassigning_a_member_after_freeze(frozen, member):
 
 
 @pytest.mark.parametrize("op", [
-    lambda l: l.append(None), lambda l: l.extend([None]), lambda l: l.insert(0, None), lambda l: l.pop(),
-    lambda l: l.remove(l[0]), lambda l: l.clear(), lambda l: l.__setitem__(0, None),
-    lambda l: l.__delitem__(0), lambda l: l.__iadd__([None]), lambda l: l.__imul__(2),
-    lambda l: l.sort(key=id), lambda l: l.reverse(),
+    lambda lst: lst.append(None), lambda lst: lst.extend([None]), lambda lst: lst.insert(0, None),
+    lambda lst: lst.pop(),
+    lambda lst: lst.remove(lst[0]), lambda lst: lst.clear(), lambda lst: lst.__setitem__(0, None),
+    lambda lst: lst.__delitem__(0), lambda lst: lst.__iadd__([None]), lambda lst: lst.__imul__(2),
+    lambda lst: lst.sort(key=id), lambda lst: lst.reverse(),
 ], ids=["append", "extend", "insert", "pop", "remove", "clear", "setitem", "delitem", "iadd", "imul",
         "sort", "reverse"])
 def test_resizing_deepstack_after_freeze(frozen, op):
@@ -422,7 +422,8 @@ def test_streaming_prefill_errors(host):
     sp = io.streaming_prefill
     live_in = io.inputs_embeds.reshape((2, 5, 64))
     live_h = io.output_hidden_states.reshape((2, 4, 64))
-    with pytest.raises(ShapeError, match=r"live_engine_hidden_states .* has shape \(2, 4, 64\), expected .* \(2, 5, 64\)"):
+    with pytest.raises(ShapeError,
+                       match=r"live_engine_hidden_states .* has shape \(2, 4, 64\), expected .* \(2, 5, 64\)"):
         sp.populate_from_prefill(live_in, live_h, 2, 5, 64, 4, 64)
     live_h.reshape((2, 5, 64))
     sp.populate_from_prefill(live_in, live_h, 2, 5, 64, 2, 8)

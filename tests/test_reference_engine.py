@@ -16,6 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from _contract import expected_contract
 
 import trtio
 from trtio import names
@@ -30,8 +31,6 @@ from trtio.testing.reference_engine import (
     TensorLocation,
 )
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
-
-from _contract import expected_contract
 
 LOGGER = "trtio.testing.reference_engine"
 STATIC = ExecutionContextAllocationStrategy.STATIC

@@ -1,9 +1,8 @@
 import pytest
+from _configs import bundle, llm_config
 
 from trtio import DType, names
-from trtio.registry import TensorSpec, TensorRegistry, build_registry, build_registry_for_llm
-
-from _configs import bundle, llm_config
+from trtio.registry import TensorRegistry, TensorSpec, build_registry, build_registry_for_llm
 
 
 def test_llm_registry_names_and_counts():

@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from _configs import bundle, llm_config
 
 import trtio
 from trtio import BindingError, ShapeError, Stream, TrtioError, names
@@ -15,8 +16,6 @@ from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
-
-from _configs import bundle, llm_config
 
 
 @pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -117,7 +116,7 @@ def test_steady_decode_makes_no_tensorrt_set_calls_no_allocation_no_sync(device,
     logits = setup.decode(E[logits.argmax(-1)][:, None, :].astype(np.float16)).to_numpy()  # profile 1, capture
     ctx = setup.executor.context
     calls = dict(ctx.calls)
-    for t in range(8):
+    for _ in range(8):
         nxt = E[logits.argmax(-1)][:, None, :].astype(np.float16)
         allocs, syncs = be.alloc_count, be.sync_count
         out = setup.decode(nxt)
@@ -192,7 +191,8 @@ def test_config_promising_more_than_the_engine_profiles_is_refused_at_setup():
     with pytest.raises(BindingError) as info:
         create_for_llm(eng, llm_config(max_supported_input_length=32, max_kv_cache_capacity=256))
     msg = str(info.value)
-    assert "inputs_embeds: the prefill profile takes up to 16 tokens, the config's max_supported_input_length is 32" in msg
+    assert ("inputs_embeds: the prefill profile takes up to 16 tokens, the config's max_supported_input_length is 32"
+            in msg)
     assert "inputs_embeds: the engine takes batches up to 2, the config's max_supported_batch_size is 4" in msg
     assert "k_cache_0: dim 2 is 128 in the engine but 256 in the config (max_kv_cache_capacity)" in msg
 
@@ -306,7 +306,8 @@ def test_draft_reads_base_hidden_states_at_the_address_the_base_wrote(device):
     base_out = sd.base.executor.context.get_tensor_address(names.kOutputHiddenStates)
     draft_in = sd.draft.executor.context.get_tensor_address(names.kBaseModelHiddenStates)
     assert base_out == draft_in == sd.io.base_hidden_states.data_ptr
-    shared = [n for n in sd.base.tensor_map.names() if n in sd.draft.tensor_map and sd.base.tensor_map[n] is sd.draft.tensor_map[n]]
+    base_tm, draft_tm = sd.base.tensor_map, sd.draft.tensor_map
+    shared = [n for n in base_tm.names() if n in draft_tm and base_tm[n] is draft_tm[n]]
     assert {names.kInputsEmbeds, names.kLogits, names.kAttentionMask, names.kAttentionPosId} <= set(shared)
     assert sd.base.state.tensors[names.k_cache(0)].data_ptr != sd.draft.state.tensors[names.k_cache(0)].data_ptr
     sd.close()

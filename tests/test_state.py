@@ -1,11 +1,10 @@
 import numpy as np
 import pytest
+from _configs import llm_config
 
 from trtio import EngineError, EngineIO, EngineState, TensorMap, names
 from trtio.engine import TensorInfo
 from trtio.testing import ReferenceEngine
-
-from _configs import llm_config
 
 
 def _state(cfg=None, **kw):

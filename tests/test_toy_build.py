@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _contract import expected_contract
 
 from trtio import EngineError, LLMEngineConfig
 from trtio.testing import toy_build as tb
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_model import ToyWeights
-
-from _contract import expected_contract
 
 pytestmark = pytest.mark.rtx
 

@@ -10,7 +10,8 @@ HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 
 
 def test_unknown_module_name_is_one_clear_error():
-    with pytest.raises(EngineError, match=r"unknown TensorRT module 'trt'; expected 'auto', 'tensorrt' or 'tensorrt_rtx'"):
+    with pytest.raises(EngineError,
+                       match=r"unknown TensorRT module 'trt'; expected 'auto', 'tensorrt' or 'tensorrt_rtx'"):
         import_trt("trt")
 
 
@@ -60,10 +61,10 @@ def test_module_of_finds_the_defining_module():
 @pytest.mark.rtx
 def test_truncated_plan_is_a_clear_error(tmp_path):
     """A real plan (built with tensorrt_rtx on this CPU), cut in half, is refused with the file named."""
+    from _configs import llm_config
+
     from trtio.testing.toy_build import build_plan
     from trtio.testing.toy_model import ToyWeights
-
-    from _configs import llm_config
 
     cfg = llm_config(num_attention_layers=1)
     plan = tmp_path / "model.plan"

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from trtio import EngineIO, create_for_llm, create_for_spec_decode
-from trtio.tools.demo import demo_prompts
 from trtio.testing.toy_build import contract_diff
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
+from trtio.tools.demo import demo_prompts
 
 # Logits are float32 from fp16 activations and an fp16 attention (docs/toy-model.md): a wrong
 # binding moves them by O(1), rounding by about 1e-2.

@@ -23,10 +23,10 @@ from trtio.errors import (
     ShapeError,
     TrtioError,
 )
-from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
 from trtio.registry import TensorRegistry, TensorSpec, build_registry
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.state import EngineState
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor

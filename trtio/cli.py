@@ -16,8 +16,9 @@ import json
 import logging
 import sys
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, NoReturn, Sequence
+from typing import NoReturn
 
 __all__ = ["main", "build_parser"]
 

@@ -10,8 +10,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
@@ -184,11 +185,13 @@ class LLMEngineConfig:
                               f"({self.max_supported_input_length}) prompt tokens")
         if self.num_deepstack_features > self.num_attention_layers:
             raise ConfigError("num_deepstack_features",
-                              f"{self.num_deepstack_features} exceeds num_attention_layers ({self.num_attention_layers})")
+                              f"{self.num_deepstack_features} exceeds num_attention_layers "
+                              f"({self.num_attention_layers})")
         if self.is_spec_decode_base and self.is_draft:
             raise ConfigError("base_model_hidden_size", "a spec-decode base cannot also be a draft (set it to 0)")
         if self.is_spec_decode_base and self.max_verify_tree_size <= 0:
-            raise ConfigError("max_verify_tree_size", f"a spec-decode base needs a positive value, got {self.max_verify_tree_size}")
+            raise ConfigError("max_verify_tree_size",
+                              f"a spec-decode base needs a positive value, got {self.max_verify_tree_size}")
         if self.is_draft and self.max_draft_tree_size <= 0:
             raise ConfigError("max_draft_tree_size", f"a draft needs a positive value, got {self.max_draft_tree_size}")
         if self.max_step_tokens > self.max_kv_cache_capacity:

@@ -7,8 +7,8 @@ from one place.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Iterable
 
 from trtio.errors import ShapeError
 

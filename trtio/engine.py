@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from trtio import names as _names
 from trtio.cuda.backend import Backend, Location, get_backend
@@ -324,7 +325,8 @@ class EngineExecutor:
                 shape = t._shape
             bad = False
             if t.dtype is not info.dtype:
-                problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is {info.dtype}")
+                problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is "
+                                f"{info.dtype}")
                 bad = True
             want_device = info.location is Location.DEVICE
             if want_device != (t.location is Location.DEVICE):
@@ -368,7 +370,8 @@ class EngineExecutor:
             try:
                 ctx.set_optimization_profile_async(profile, stream.handle)
             except Exception as exc:
-                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: {exc}") from exc
+                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: "
+                                  f"{exc}") from exc
             self._profile = profile
             self._bound_shape.clear()  # TensorRT wants input shapes set again after a profile switch
         for info, t, shape in planned:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -142,7 +143,8 @@ class MemoryReport:
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [self.title]
         for i, r in enumerate(rows):
-            lines.append("  " + "  ".join(c.ljust(w) if j < 4 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths))))
+            cells = (c.ljust(w) if j < 4 else c.rjust(w) for j, (c, w) in enumerate(zip(r, widths)))
+            lines.append("  " + "  ".join(cells))
             if i == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
         for loc in sorted(set(self.allocated) | set(self.required)):

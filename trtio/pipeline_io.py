@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Iterable, SupportsIndex
+from collections.abc import Iterable
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -93,7 +94,8 @@ class StreamingPrefillBuffers:
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._arena: Arena | None = None
-        self.input_embeds: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend, name="streaming.input_embeds")
+        self.input_embeds: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend,
+                                           name="streaming.input_embeds")
         self.engine_hidden_states: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend,
                                                    name="streaming.engine_hidden_states")
         self._ready: Event | None = None

@@ -9,8 +9,8 @@ shape comes from one place: the recipe that made the dims.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Union
 
 from trtio import names
 from trtio.config import LLMEngineConfig
@@ -20,7 +20,7 @@ from trtio.dtypes import DType
 __all__ = ["TensorSpec", "TensorRegistry", "Dim", "build_registry_for_llm",
            "build_registry_for_spec_decode_draft", "build_registry"]
 
-Dim = Union[int, str, tuple[str, ...]]
+Dim = int | str | tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ prefill (Edge-LLM's convention) and ``[batch]`` otherwise; ``lengths`` is its ho
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

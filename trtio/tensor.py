@@ -8,9 +8,9 @@ the bytes of the current view.
 Stream order: copies, ``zero_`` and ``fill_`` whose destination is device memory are issued on
 ``stream`` and return before the work finishes. A tensor remembers the stream of the last trtio
 work that wrote it (copies, fills, engine outputs); reading it on another stream (``to_numpy``,
-``copy_to``, a copy from it, a DLPack export) first makes that stream wait for the write. Destinations in host-accessible memory
-(PINNED, HOST) are written by the host at once; whoever may still be reading them (an earlier
-upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
+``copy_to``, a copy from it, a DLPack export) first makes that stream wait for the write.
+Destinations in host-accessible memory (PINNED, HOST) are written by the host at once; whoever may
+still be reading them (an earlier upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import ctypes
 import math
 import warnings
 import weakref
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

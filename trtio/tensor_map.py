@@ -10,7 +10,7 @@ rebinding is the deepstack swap between the real feature buffers and a shared ze
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from trtio.errors import FrozenError, TrtioError
 from trtio.tensor import Tensor

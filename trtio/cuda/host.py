@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from trtio.cuda._hostmem import HostHeap, host_fill
 from trtio.cuda.backend import Location

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -39,7 +40,8 @@ _S = TypeVar("_S", bound="SetupBase")
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
 
 
-def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *, extra: Sequence[str] = ()) -> None:
+def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *,
+                 extra: Sequence[str] = ()) -> None:
     """Compare an engine's declared I/O with what the config implies; raise one BindingError with every
     disagreement (unknown inputs, missing bindings, dtypes, ranks, fixed dims)."""
     problems = []
@@ -263,7 +265,8 @@ class SetupBase:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
         return b, s
 
-    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any, s: Stream) -> tuple[int, int, np.ndarray]:
+    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any,
+                      s: Stream) -> tuple[int, int, np.ndarray]:
         """A prefill's inputs: embeds, context lengths, last-token ids (each prompt's last token) and
         the start index ([0] for an empty cache where the engine allows it, else zeros)."""
         b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
@@ -304,7 +307,8 @@ class SetupBase:
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)
         if arr.shape != (batch,) or arr.dtype.kind not in "iu":
-            raise ShapeError(f"{what}: expected {batch} integer lengths (one per sequence), got {arr.dtype} {arr.shape}")
+            raise ShapeError(f"{what}: expected {batch} integer lengths (one per sequence), "
+                             f"got {arr.dtype} {arr.shape}")
         if arr.size and (arr.min() < 1 or arr.max() > limit):
             bad = int(np.flatnonzero((arr < 1) | (arr > limit))[0])
             raise ShapeError(f"{what}[{bad}] = {int(arr[bad])} is outside 1..{limit}")

@@ -7,7 +7,8 @@ pinned staging buffers are fenced with events that are normally complete already
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,8 @@ class LLMSetup(SetupBase):
                              f"(max_kv_cache_capacity) is {self.cfg.max_kv_cache_capacity}")
         nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", self.cfg.hidden_size, s)
         if (nb, ns) != (b, 1):
-            raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], got [{nb}, {ns}, ...]")
+            raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], "
+                             f"got [{nb}, {ns}, ...]")
         e.state.upload_start_index(lengths, s)
         self.io.upload_context_lengths(lengths + 1, s)
         if self._select_zero_batch != b:

@@ -11,7 +11,8 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,8 @@ class SpecDecodeSetup(SetupBase):
                 HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
             _fill_mrope(io, base_cfg, s)
         self._batch: int | None = None
-        self._draft_last_row = np.zeros(mb, np.int64)  # row of draft_hidden_states_out holding each sequence's latest draft hidden
+        # Row of draft_hidden_states_out holding each sequence's latest draft hidden state.
+        self._draft_last_row = np.zeros(mb, np.int64)
         self._draft_lengths = np.zeros(mb, np.int64)  # draft cache entries incl. proposal scratch
         self._verify_nodes: int | None = None
 
@@ -193,7 +195,8 @@ class SpecDecodeSetup(SetupBase):
         n = mask.shape[1]
         nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
         if (nb, ns) != (b, n):
-            raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], got [{nb}, {ns}, ...]")
+            raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
+                             f"got [{nb}, {ns}, ...]")
         lengths = e.state.lengths[:b]
         if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
             raise ShapeError(f"verify: {n} nodes do not fit after {int(lengths.max())} cached tokens "

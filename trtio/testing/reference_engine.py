@@ -49,8 +49,9 @@ import itertools
 import logging
 import math
 import operator
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

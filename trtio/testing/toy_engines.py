@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from trtio.config import DeploymentConfig, LLMEngineConfig, read_config
+from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.errors import ConfigError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 

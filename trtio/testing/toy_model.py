@@ -12,8 +12,9 @@ the ``LLMEngineConfig`` attributes (``hidden_size``, ``num_attention_heads``, ..
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -8,8 +8,9 @@ decoding produces exactly the tokens of plain greedy decoding.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -11,12 +11,13 @@ max shape). ``trtio demo`` and ``trtio inspect`` print these; every row is a JSO
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from trtio import names
 from trtio.engine import EngineIO, TensorInfo
-from trtio.setups import SetupBase
 from trtio.pipeline_io import EXTRA_MEMBERS, MEMBERS
+from trtio.setups import SetupBase
 from trtio.tensor import Tensor
 
 __all__ = ["binding_capacities", "binding_labels", "binding_rows", "engine_rows", "format_binding_table",

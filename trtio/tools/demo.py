@@ -30,16 +30,16 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import EngineIO
 from trtio.errors import ConfigError
 from trtio.setups import LLMSetup, create_for_llm, create_for_spec_decode
-from trtio.tools.inspection import check_fits
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
 from trtio.testing.toy_runtime import embed_batch, spec_generate, tree_parents
+from trtio.tools.binding_table import binding_rows, format_binding_table
+from trtio.tools.inspection import check_fits
 from trtio.trt import KNOWN_MODULES
 
 __all__ = ["DemoOptions", "demo_prompts", "format_demo", "run_demo"]

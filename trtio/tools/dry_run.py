@@ -12,14 +12,14 @@ read: its tensors have addresses, shapes, dtypes and byte counts, and no bytes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError
-from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.memory import MemoryReport, align_up
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 
 __all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "planned_memory"]
 

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from trtio import names
-from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
-from trtio.config import DeploymentConfig, LLMEngineConfig
-from trtio.tools.dry_run import dry_run_setup, planned_memory
+from trtio.config import DeploymentConfig, LLMEngineConfig, read_config
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ConfigError, EngineError
-from trtio.setups import check_engine
 from trtio.registry import build_registry
-from trtio.config import read_config
+from trtio.setups import check_engine
 from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE
+from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
+from trtio.tools.dry_run import dry_run_setup, planned_memory
 
 __all__ = ["check_fits", "inspect_target", "format_inspection", "plan_config", "format_plan"]
 
