@@ -217,6 +217,16 @@ def hf_qwen3_eagle3_draft() -> Dict[str, Any]:
     return saved
 
 
+def hf_qwen3_dflash_draft() -> Dict[str, Any]:
+    """A DFlash (V1) block-diffusion draft for the Qwen3 base, as z-lab's Qwen3 DFlash drafts
+    ship: a Qwen3-architecture config with ``block_size`` and ``dflash_config``
+    (``target_layer_ids``, ``mask_token_id``). Same hidden and vocab sizes as the target."""
+    saved = _saved(_qwen3(num_hidden_layers=1, architectures=["DFlashDraftModel"]))
+    saved.update({"block_size": 8,
+                  "dflash_config": {"mask_token_id": 511, "target_layer_ids": [1, 3]}})
+    return saved
+
+
 def hf_qwen2_5_vl() -> Dict[str, Any]:
     from transformers import Qwen2_5_VLConfig
 
@@ -470,6 +480,11 @@ FIXTURES: List[Fixture] = [
              "--max-verify-tree-size", "48", "--max-draft-tree-size", "24"],
             draft_hf=hf_qwen3_eagle3_draft, spec_type="eagle3", outputs=PAIR,
             note="Qwen3 base + EAGLE3 draft (draft hidden 96, target layers [0, 2, 3], draft vocab 128)"),
+    Fixture("qwen3-dflash-tiny", hf_qwen3_eagle3_base,
+            ["--max-batch-size", "4", "--max-input-len", "128", "--max-kv-cache-capacity", "1500",
+             "--max-verify-tree-size", "16", "--max-draft-tree-size", "8"],
+            draft_hf=hf_qwen3_dflash_draft, spec_type="dflash", outputs=PAIR,
+            note="Qwen3 base + DFlash V1 draft (block 8, target layers [1, 3])"),
     Fixture("qwen3.5-tiny", hf_qwen3_5,
             ["--max-batch-size", "4", "--max-input-len", "64", "--max-kv-cache-capacity", "256"],
             note="Qwen3.5 text: hybrid Gated-DeltaNet + attention layers, partial rotary 0.25"),
