@@ -76,10 +76,11 @@ import shutil
 import sys
 import tempfile
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "edgellm"
@@ -92,7 +93,7 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 # ----------------------------------------------------------------------------------------------
 
 
-def _saved(config) -> Dict[str, Any]:
+def _saved(config) -> dict[str, Any]:
     """What ``config.save_pretrained`` writes as config.json (transformers' diff layout)."""
     return json.loads(config.to_json_string(use_diff=True))
 
@@ -114,11 +115,11 @@ def _llama31(**overrides) -> Any:
     return LlamaConfig(**kwargs)
 
 
-def hf_llama31() -> Dict[str, Any]:
+def hf_llama31() -> dict[str, Any]:
     return _saved(_llama31())
 
 
-def hf_llama31_hublayout() -> Dict[str, Any]:
+def hf_llama31_hublayout() -> dict[str, Any]:
     """The layout of meta-llama/Llama-3.1-*'s config.json on the Hub (transformers 4.x):
     top-level ``rope_theta`` and ``rope_scaling``. Validated by loading it with LlamaConfig."""
     from transformers import LlamaConfig
@@ -140,13 +141,13 @@ def hf_llama31_hublayout() -> Dict[str, Any]:
     return raw
 
 
-def hf_llama_linear() -> Dict[str, Any]:
+def hf_llama_linear() -> dict[str, Any]:
     return _saved(_llama31(
         num_hidden_layers=2, eos_token_id=383, max_position_embeddings=8192,
         rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}))
 
 
-def hf_mistral_dynamic_swa() -> Dict[str, Any]:
+def hf_mistral_dynamic_swa() -> dict[str, Any]:
     from transformers import MistralConfig
 
     return _saved(MistralConfig(
@@ -171,7 +172,7 @@ def _qwen3(**overrides) -> Any:
     return Qwen3Config(**kwargs)
 
 
-def hf_qwen3_fp8kv() -> Dict[str, Any]:
+def hf_qwen3_fp8kv() -> dict[str, Any]:
     # head_dim 32 != hidden_size / num_attention_heads (16), as Qwen3 allows.
     return _saved(_qwen3(num_hidden_layers=2, head_dim=32))
 
@@ -182,26 +183,26 @@ QWEN3_FP8KV_QUANT = {
 }
 
 
-def hf_qwen3_yarn() -> Dict[str, Any]:
+def hf_qwen3_yarn() -> dict[str, Any]:
     return _saved(_qwen3(
         num_hidden_layers=2, max_position_embeddings=2048,
         rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
                          "original_max_position_embeddings": 512}))
 
 
-def hf_qwen3_tp2() -> Dict[str, Any]:
+def hf_qwen3_tp2() -> dict[str, Any]:
     return _saved(_qwen3(num_hidden_layers=2, intermediate_size=192))
 
 
-def hf_qwen3_reduced_vocab() -> Dict[str, Any]:
+def hf_qwen3_reduced_vocab() -> dict[str, Any]:
     return _saved(_qwen3(num_hidden_layers=2))
 
 
-def hf_qwen3_eagle3_base() -> Dict[str, Any]:
+def hf_qwen3_eagle3_base() -> dict[str, Any]:
     return _saved(_qwen3())
 
 
-def hf_qwen3_eagle3_draft() -> Dict[str, Any]:
+def hf_qwen3_eagle3_draft() -> dict[str, Any]:
     """An EAGLE3 draft checkpoint config (Llama-architecture head, as EAGLE3 drafts ship):
     ``draft_vocab_size``, ``target_hidden_size`` and ``target_layer_ids`` (the key Edge-LLM's
     eagle3 configuration reads). Its hidden size (96) differs from the target's (64), so
@@ -217,7 +218,7 @@ def hf_qwen3_eagle3_draft() -> Dict[str, Any]:
     return saved
 
 
-def hf_qwen3_dflash_draft() -> Dict[str, Any]:
+def hf_qwen3_dflash_draft() -> dict[str, Any]:
     """A DFlash (V1) block-diffusion draft for the Qwen3 base, as z-lab's Qwen3 DFlash drafts
     ship: a Qwen3-architecture config with ``block_size`` and ``dflash_config``
     (``target_layer_ids``, ``mask_token_id``). Same hidden and vocab sizes as the target."""
@@ -227,7 +228,7 @@ def hf_qwen3_dflash_draft() -> Dict[str, Any]:
     return saved
 
 
-def hf_qwen2_5_vl() -> Dict[str, Any]:
+def hf_qwen2_5_vl() -> dict[str, Any]:
     from transformers import Qwen2_5_VLConfig
 
     return _saved(Qwen2_5_VLConfig(
@@ -244,7 +245,7 @@ def hf_qwen2_5_vl() -> Dict[str, Any]:
         architectures=["Qwen2_5_VLForConditionalGeneration"]))
 
 
-def hf_qwen2_5_vl_hublayout() -> Dict[str, Any]:
+def hf_qwen2_5_vl_hublayout() -> dict[str, Any]:
     """Qwen2.5-VL in the Hub's layout (Qwen/Qwen2.5-VL-*-Instruct config.json, transformers 4.x):
     text fields at the top level, ``rope_scaling: {"type": "mrope", "mrope_section": [...]}``.
     Validated by loading it with Qwen2_5_VLConfig."""
@@ -273,7 +274,7 @@ def hf_qwen2_5_vl_hublayout() -> Dict[str, Any]:
     return raw
 
 
-def hf_qwen3_vl() -> Dict[str, Any]:
+def hf_qwen3_vl() -> dict[str, Any]:
     from transformers import Qwen3VLConfig
 
     return _saved(Qwen3VLConfig(
@@ -290,7 +291,7 @@ def hf_qwen3_vl() -> Dict[str, Any]:
         vision_end_token_id=604, architectures=["Qwen3VLForConditionalGeneration"]))
 
 
-def hf_phi4mm() -> Dict[str, Any]:
+def hf_phi4mm() -> dict[str, Any]:
     """Phi-4-multimodal's LLM: partial rotary (0.75) with LongRoPE (factor lists of
     rotary_dim / 2 = 24 entries). Phi-4-mini itself (model_type phi3) has no Edge-LLM 0.11
     direct-builder family; phi4_multimodal is the package's Phi family."""
@@ -333,15 +334,15 @@ def _qwen3_5(**overrides) -> Any:
     return Qwen3_5TextConfig(**kwargs)
 
 
-def hf_qwen3_5() -> Dict[str, Any]:
+def hf_qwen3_5() -> dict[str, Any]:
     return _saved(_qwen3_5())
 
 
-def hf_qwen3_5_mtp() -> Dict[str, Any]:
+def hf_qwen3_5_mtp() -> dict[str, Any]:
     return _saved(_qwen3_5(mtp_num_hidden_layers=1))
 
 
-def hf_nemotron_h_hublayout() -> Dict[str, Any]:
+def hf_nemotron_h_hublayout() -> dict[str, Any]:
     """Nemotron-H in the Hub's layout (nvidia/NVIDIA-Nemotron-Nano-*-v2 config.json):
     ``hybrid_override_pattern`` ("M" Mamba2, "-" MLP, "*" attention). Validated by loading it
     with transformers' NemotronHConfig. transformers 5's own save layout
@@ -388,14 +389,14 @@ def _gemma4(**overrides) -> Any:
     return Gemma4TextConfig(**kwargs)
 
 
-def hf_gemma4_ple() -> Dict[str, Any]:
+def hf_gemma4_ple() -> dict[str, Any]:
     """Gemma-4 E2B-like: per-layer embeddings (PLE), KV sharing across the last 2 layers,
     sliding/full layers with different head dims (32 / 64) and dual RoPE."""
     return _saved(_gemma4(hidden_size_per_layer_input=16, vocab_size_per_layer_input=512,
                           num_kv_shared_layers=2))
 
 
-def hf_gemma4_keqv() -> Dict[str, Any]:
+def hf_gemma4_keqv() -> dict[str, Any]:
     """Gemma-4 31B-like: full-attention layers with K == V projections and their own KV head
     count (num_global_key_value_heads 1 vs 2), no PLE, no KV sharing."""
     return _saved(_gemma4(hidden_size_per_layer_input=0,
@@ -410,22 +411,22 @@ def hf_gemma4_keqv() -> Dict[str, Any]:
 @dataclass(frozen=True)
 class Fixture:
     name: str
-    hf: Callable[[], Dict[str, Any]]
-    builder_args: List[str]
-    draft_hf: Optional[Callable[[], Dict[str, Any]]] = None
+    hf: Callable[[], dict[str, Any]]
+    builder_args: list[str]
+    draft_hf: Callable[[], dict[str, Any]] | None = None
     spec_type: str = "none"
-    quant: Optional[Dict[str, Any]] = None
-    generation_config: Optional[Dict[str, Any]] = None
-    added_tokens: Optional[Dict[str, int]] = None
-    reduced_vocab: Optional[List[int]] = None
+    quant: dict[str, Any] | None = None
+    generation_config: dict[str, Any] | None = None
+    added_tokens: dict[str, int] | None = None
+    reduced_vocab: list[int] | None = None
     tp_size: int = 1
-    outputs: List[str] = field(default_factory=lambda: ["config.json"])
+    outputs: list[str] = field(default_factory=lambda: ["config.json"])
     note: str = ""
 
 
 PAIR = ["base_config.json", "draft_config.json"]
 
-FIXTURES: List[Fixture] = [
+FIXTURES: list[Fixture] = [
     Fixture("llama3.1-tiny", hf_llama31,
             ["--max-batch-size", "8", "--max-input-len", "128", "--max-kv-cache-capacity", "1024"],
             generation_config={"bos_token_id": 380, "eos_token_id": [383, 382]},
@@ -556,7 +557,7 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def _write_checkpoint(model_dir: Path, hf: Dict[str, Any], fixture: Fixture, *,
+def _write_checkpoint(model_dir: Path, hf: dict[str, Any], fixture: Fixture, *,
                       draft: bool) -> None:
     """A tiny checkpoint: config.json, the tensors the artifact writer opens, a chat template."""
     import numpy as np
@@ -658,9 +659,9 @@ def _build_engine_dir(fixture: Fixture, work: Path) -> Path:
     return engine_dir
 
 
-def generate(out: Path) -> List[Path]:
+def generate(out: Path) -> list[Path]:
     """Write every fixture under ``out``; return the files written."""
-    written: List[Path] = []
+    written: list[Path] = []
     for fixture in FIXTURES:
         with tempfile.TemporaryDirectory(prefix="edgellm-fixture-") as tmp:
             work = Path(tmp)
@@ -718,8 +719,7 @@ def _readme() -> str:
         "# Edge-LLM 0.11 engine-directory configs (generated)",
         "",
         "Written by NVIDIA's `tensorrt-edgellm` 0.11.0 package (its checkpoint-direct builder's",
-        "artifact writer, `experimental/builder/core/artifacts/runtime_artifacts.py::"
-        "write_runtime_artifacts`",
+        "artifact writer, `experimental/builder/core/artifacts/runtime_artifacts.py::write_runtime_artifacts`",
         "-> `runtime_config.py::build_runtime_config`) from tiny Hugging Face configs written by",
         "transformers 5.14.1. Do not edit: regenerate with `scripts/make_edgellm_fixtures.py` (its",
         "docstring says how). No engine was built, so the configs lack the `checkpoint_weight_bindings`,",
@@ -740,7 +740,7 @@ def _readme() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=OUT, help="fixture root (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
