@@ -114,8 +114,15 @@ class LLMEngineConfig:
     base_model_hidden_size: int = 0  # a draft's view of the base output width; 0 if not a draft
     max_verify_tree_size: int = 0  # spec-decode base: most tokens one verify step takes
     max_draft_tree_size: int = 0  # draft: most tokens one proposal / accept step takes
+    contract: str | None = None  # "batch" | "ragged"; None: the engine's
+    kv_page_size: int = 128  # paged KV (ragged contract): tokens per page
+    kv_pool_pages: int = 0  # pages per layer pool; 0: max batch x pages per sequence
+    eagle_hidden_state_layers: tuple[int, ...] = ()  # EAGLE3 base: layers whose hidden states feed the draft
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
+        if self.kv_pool_pages == 0 and _is_int(self.kv_page_size) and self.kv_page_size > 0:
+            object.__setattr__(self, "kv_pool_pages", self.max_supported_batch_size * self.pages_per_sequence)
         if self.output_vocab_size is None:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
         if self.rotary_dim is None:
@@ -134,6 +141,11 @@ class LLMEngineConfig:
         if self.is_spec_decode_base:
             return "base"
         return "draft" if self.is_draft else "llm"
+
+    @property
+    def pages_per_sequence(self) -> int:
+        """KV pages one sequence needs: ceil(max_kv_cache_capacity / kv_page_size)."""
+        return -(-self.max_kv_cache_capacity // self.kv_page_size)
 
     @property
     def is_mrope(self) -> bool:
@@ -194,6 +206,18 @@ class LLMEngineConfig:
                               f"a spec-decode base needs a positive value, got {self.max_verify_tree_size}")
         if self.is_draft and self.max_draft_tree_size <= 0:
             raise ConfigError("max_draft_tree_size", f"a draft needs a positive value, got {self.max_draft_tree_size}")
+        if self.contract not in (None, "batch", "ragged"):
+            raise ConfigError("contract", f"must be 'batch', 'ragged' or null (from the engine), got {self.contract!r}")
+        _positive(self, "kv_page_size", "kv_pool_pages")
+        need = self.max_supported_batch_size * self.pages_per_sequence
+        if self.kv_pool_pages < need:
+            raise ConfigError("kv_pool_pages", f"{self.kv_pool_pages} pages cannot hold max_supported_batch_size "
+                                               f"({self.max_supported_batch_size}) x {self.pages_per_sequence} pages "
+                                               f"per sequence = {need}")
+        if any(not _is_int(i) or not 0 <= i < self.num_attention_layers for i in self.eagle_hidden_state_layers):
+            raise ConfigError("eagle_hidden_state_layers",
+                              f"must be layer indices in 0..{self.num_attention_layers - 1}, "
+                              f"got {list(self.eagle_hidden_state_layers)}")
         if self.max_step_tokens > self.max_kv_cache_capacity:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
