@@ -33,7 +33,7 @@ def contract_of(engine: Any) -> str:
 def resolve_contract(cfg: LLMEngineConfig, detected: str, what: str = "engine") -> str:
     """The contract a setup binds: the one the engine declares. A config that names the other one is
     a ConfigError naming both."""
-    claimed = getattr(cfg, "contract", None)
+    claimed = cfg.contract
     if claimed is not None and claimed != detected:
         raise ConfigError("contract", f"the config says {claimed!r} but the {what} declares the {detected!r} "
                                       f"contract ({'it has' if detected == 'ragged' else 'it lacks'} "
@@ -44,7 +44,7 @@ def resolve_contract(cfg: LLMEngineConfig, detected: str, what: str = "engine") 
 def build_registry(cfg: LLMEngineConfig, contract: str | None = None) -> TensorRegistry:
     """The PipelineIO-owned bindings of an engine of ``cfg.role`` on ``contract`` (default: the
     config's, else batch). The engine state adds its own."""
-    which = contract or getattr(cfg, "contract", None) or "batch"
+    which = contract or cfg.contract or "batch"
     if which == "ragged":
         return ragged.registry_for(cfg)
     if which == "batch":

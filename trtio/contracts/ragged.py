@@ -104,6 +104,8 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         add(names.kTreeParentIds, "input", i32, (T,), rows(), optional=True)
         add(names.kTreeDepths, "input", i32, (T,), rows(), optional=True)
         add(names.kValidTreeCounts, "input", i32, (S,), seqs(), optional=True)
+    for i in range(cfg.num_deepstack_features):
+        add(names.deepstack_embeds(i), "input", act, (T, cfg.hidden_size), rows(cfg.hidden_size))
     add(names.kSkipSoftmaxScale, "input", DType.INT8, ("skip_softmax_scale_len",),
         (((0,), (0,), (1,)),) * 2, optional=True)
     add(names.kLogits, "output", f32, (R, cfg.output_vocab_size))
