@@ -80,11 +80,13 @@ def test_json_round_trip(tmp_path):
 def test_recipes_follow_edge_llm_table():
     cfg = llm_config(is_spec_decode_base=True, max_verify_tree_size=40, max_draft_tree_size=40)
     C = cfg.max_kv_cache_capacity
-    assert cfg.prefill_dims(3, 17) == InferenceDims(3, 17, C, 1, 1, 1, 1, 0, 0, 0, 0)
-    assert cfg.prefill_dims(3, 17, kv_cache_empty=False).start_index_len == 3
-    assert cfg.decode_dims(2) == InferenceDims(2, 1, C, 1, 1, 1, 1, 0, 2, 0, 0)
-    assert cfg.spec_verify_dims(2, 33) == InferenceDims(2, 33, C, 33, 33, 1, 2, 0, 2, 1, 0)
-    assert cfg.reset_dims() == InferenceDims(1, 1, C, 1, 1, 1, 1, 0, 1, 0, 0)
+    # the last three: query_offsets_len (S+1), execution_phase_len, context_seq_len (the ragged contract's)
+    assert cfg.prefill_dims(3, 17) == InferenceDims(3, 17, C, 1, 1, 1, 1, 0, 0, 0, 0, 4, 1, 3)
+    restored = cfg.prefill_dims(3, 17, kv_cache_empty=False)
+    assert (restored.start_index_len, restored.execution_phase_len, restored.context_seq_len) == (3, 2, 3)
+    assert cfg.decode_dims(2) == InferenceDims(2, 1, C, 1, 1, 1, 1, 0, 2, 0, 0, 3, 3, 0)
+    assert cfg.spec_verify_dims(2, 33) == InferenceDims(2, 33, C, 33, 33, 1, 2, 0, 2, 1, 0, 3, 5, 0)
+    assert cfg.reset_dims() == InferenceDims(1, 1, C, 1, 1, 1, 1, 0, 1, 0, 0, 2, 1, 1)
     mrope = llm_config(rope_type="mrope", is_spec_decode_base=True, max_verify_tree_size=8)
     assert mrope.decode_dims(3).rope_batch == 3
     assert mrope.reset_dims().rope_batch == 1, "reset dims use rope batch 1 even for MRoPE"
@@ -96,6 +98,8 @@ def test_draft_recipes():
     assert (d.seq_len, d.select_len, d.attn_mask_seq_len, d.packed_mask_len) == (6, 3, 6, 1)
     a = draft.accept_dims(2, 4)
     assert (a.seq_len, a.select_len, a.attn_mask_seq_len) == (4, 1, 4)
+    assert (d.execution_phase_len, a.execution_phase_len, d.context_seq_len) == (4, 4, 0)
+    assert draft.accept_dims(2, 1).execution_phase_len == 3, "a one-row draft step is a decode (phase 3)"
 
 
 @pytest.mark.parametrize("call,needle", [
