@@ -104,8 +104,8 @@ def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
     assert all(len(t) == 20 for t in s["vanilla_tokens"])
     sd = s["spec_decode"]
     assert 0.0 < sd["acceptance_rate"] < 1.0
-    assert sd["tree"] == {"top_k": 2, "depth": 3, "nodes": 5, "parents": [-1, 0, 0, 1, 3]}
-    assert sd["proposed"] == sd["rounds"] * 4 * 3
+    assert sd["tree"] == {"top_k": 2, "depth": 3, "draft_nodes": 6, "verify_size": 5}
+    assert sd["proposed"] == sd["rounds"] * 4 * 3 * 2, "4 sequences, 3 levels of top-2 draft nodes"
     st = s["streaming"]
     assert st["identical"] and st["input_embeds_identical"] and st["hidden_states_identical"]
     assert st["shape"] == [4, 12, 64] and st["bytes"] == 2 * 4 * 12 * 64 * 2

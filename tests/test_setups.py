@@ -339,10 +339,10 @@ def test_spec_setup_bad_calls():
         sd.verify(E[[[1, 2]]].astype(np.float16), [-1, 0])
     emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
     sd.base_prefill(emb, lens)
-    with pytest.raises(TrtioError, match=r"accept\(\) before verify\(\)"):
+    with pytest.raises(TrtioError, match=r"accept\(\) needs a verify\(\)"):
         sd.accept([[0]])
     sd.verify(E[[[1, 2, 3]]].astype(np.float16), [-1, 0, 1])
-    with pytest.raises(ShapeError, match=r"paths\[0\] = \[1, 2\]: expected increasing node indices"):
+    with pytest.raises(ShapeError, match=r"paths\[0\] = \[1, 2\]: a path starts at the root, node 0"):
         sd.accept([[1, 2]])
     with pytest.raises(ShapeError, match=r"verify_size must be an int in 1..8"):
         sd.verify(E[np.zeros((1, 9), int)].astype(np.float16), list(range(-1, 8)))

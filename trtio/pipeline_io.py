@@ -25,6 +25,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
+from trtio.staging import StepStaging
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import Tensor, normalize_shape
 from trtio.tensor_map import TensorMap
@@ -44,6 +45,17 @@ MEMBERS = (
 EXTRA_MEMBERS = (
     "deepstack_zero", "host_packed_attention_mask", "host_spec_decode_position_ids",
     "host_spec_select_token_indices",
+)
+# The token-major ("ragged") contract's members (Edge-LLM 0.11). Per-step inputs live in one StepStaging
+# (a device block the engine binds and its pinned twin: one host write and one copy per step);
+# packed_attention_mask and spec_decode_position_ids join them there on this contract.
+RAGGED_STEP_MEMBERS = (
+    "query_start_offsets", "query_lengths", "past_lengths", "attention_sequence_lengths", "state_indices",
+    "logits_indices", "row_src", "row_dst", "rope_rows", "positions", "spec_tree_parent_ids", "spec_tree_depths",
+)
+RAGGED_MEMBERS = (
+    "ragged_rope_cos_sin", "execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale",
+    "row_scratch",
 )
 
 
@@ -221,13 +233,44 @@ class PipelineIO:
     host_packed_attention_mask: Tensor
     host_spec_decode_position_ids: Tensor
     host_spec_select_token_indices: Tensor
+    # ragged contract
+    query_start_offsets: Tensor
+    query_lengths: Tensor
+    past_lengths: Tensor
+    attention_sequence_lengths: Tensor
+    state_indices: Tensor
+    logits_indices: Tensor
+    row_src: Tensor
+    row_dst: Tensor
+    rope_rows: Tensor
+    positions: Tensor
+    spec_tree_parent_ids: Tensor
+    spec_tree_depths: Tensor
+    ragged_rope_cos_sin: Tensor
+    execution_phase_marker: Tensor
+    context_sequence_count_carrier: Tensor
+    skip_softmax_scale: Tensor
+    row_scratch: Tensor
+    step: StepStaging | None
+    contract: str
 
     def __init__(self, requests: list[TensorRequest], *, num_deepstack: int, max_batch: int, max_seq: int,
-                 hidden_size: int, is_spec_decode: bool, backend: Backend, title: str) -> None:
+                 hidden_size: int, is_spec_decode: bool, backend: Backend, title: str,
+                 step_requests: list[TensorRequest] | None = None, contract: str = "batch") -> None:
         """Internal: use :meth:`create_for_llm` or :meth:`create_for_spec_decode`."""
         object.__setattr__(self, "_frozen", False)
         object.__setattr__(self, "_closed", False)
-        arena = Arena(requests, backend=backend, title=title)
+        step_requests = step_requests or []
+        arena = Arena(requests + StepStaging.requests(step_requests), backend=backend, title=title)
+        step = None
+        if step_requests:
+            try:
+                step = StepStaging(arena, [r.name for r in step_requests], title=f"{title} per-step inputs")
+            except BaseException:
+                arena.close()
+                raise
+        object.__setattr__(self, "step", step)
+        object.__setattr__(self, "contract", contract)
         object.__setattr__(self, "_arena", arena)
         object.__setattr__(self, "_backend", backend)
         object.__setattr__(self, "_standalone", {})
@@ -237,7 +280,9 @@ class PipelineIO:
         object.__setattr__(self, "hidden_size", hidden_size)
         object.__setattr__(self, "is_spec_decode", is_spec_decode)
         t = arena.tensors
-        for m in MEMBERS + EXTRA_MEMBERS:
+        if step is not None:
+            t.update(step.tensors)
+        for m in MEMBERS + EXTRA_MEMBERS + RAGGED_STEP_MEMBERS + RAGGED_MEMBERS:
             if m in t:
                 object.__setattr__(self, m, t[m])
         object.__setattr__(self, "deepstack_embeds", _FrozenList(t[names.deepstack_embeds(i)]
@@ -260,9 +305,12 @@ class PipelineIO:
     @classmethod
     def create_for_llm(cls, cfg: LLMEngineConfig, stream: StreamLike = None, *,
                        backend: Backend | str | None = None) -> PipelineIO:
-        """Worst-case buffers for one LLM engine (Edge-LLM's ``createForLLM``)."""
+        """Worst-case buffers for one LLM engine (Edge-LLM's ``createForLLM``); token-major with the
+        ragged contract's per-step members when ``cfg.contract == "ragged"``."""
         cfg.validate()
         be = get_backend(backend)
+        if cfg.contract == "ragged":
+            return cls._create_ragged(cfg, None, cfg.max_supported_batch_size, stream, be)
         b, s, h = cfg.max_supported_batch_size, cfg.max_supported_input_length, cfg.hidden_size
         act = cfg.activation
         reqs = _basic_requests(b, s, h, act, logits_rows=b, vocab=cfg.output_vocab_size, select_cols=1)
@@ -301,6 +349,8 @@ class PipelineIO:
             raise ShapeError(f"max_runtime_batch_size must be an int in 1..{limit} (min of base and draft "
                              f"max_supported_batch_size), got {max_runtime_batch_size!r}")
         be = get_backend(backend)
+        if base.contract == "ragged":
+            return cls._create_ragged(base, bundle, b, stream, be)
         max_input = max(base.max_supported_input_length, draft.max_supported_input_length)
         p = bundle.effective_max_draft_proposal_size()
         seq = max(max_input, p)
@@ -320,9 +370,14 @@ class PipelineIO:
             TensorRequest.of("host_packed_attention_mask", (b, p, math.ceil(p / 32)), DType.INT32, Location.PINNED),
             TensorRequest.of("host_spec_decode_position_ids", (b, p), DType.INT32, Location.PINNED),
             TensorRequest.of("host_spec_select_token_indices", (b, p), DType.INT64, Location.PINNED),
+            TensorRequest.of("row_scratch", (b * p, max(spec.base_output_hidden_dim, spec.draft_hidden_size)), act),
         ]
+        # Row indices of the hidden-state moves (draft inputs assembled from outputs, accepted rows compacted).
+        step = [TensorRequest.of("row_src", (b * seq,), DType.INT32),
+                TensorRequest.of("row_dst", (b * seq,), DType.INT32)]
         io = cls(reqs, num_deepstack=base.num_deepstack_features, max_batch=b, max_seq=seq,
-                 hidden_size=base.hidden_size, is_spec_decode=True, backend=be, title="PipelineIO(spec_decode)")
+                 hidden_size=base.hidden_size, is_spec_decode=True, backend=be, title="PipelineIO(spec_decode)",
+                 step_requests=step)
         try:
             s = as_stream(stream, be)
             for t in (io.select_token_indices, io.base_hidden_states, io.draft_hidden_states_in,
@@ -334,11 +389,94 @@ class PipelineIO:
             raise
         return io
 
+    @classmethod
+    def _create_ragged(cls, base: LLMEngineConfig, bundle: DeploymentConfig | None, b: int, stream: StreamLike,
+                       be: Backend) -> PipelineIO:
+        """Token-major worst case (the ragged contract): ``T`` rows = batch x the longest step of any
+        engine (prompt, verify tree or draft tree), logits rows = batch x the most rows a step selects."""
+        act, h = base.activation, base.hidden_size
+        spec = bundle.spec if bundle is not None else None
+        draft = bundle.draft if bundle is not None else None
+        p = bundle.effective_max_draft_proposal_size() if bundle is not None else 1
+        max_input = max(base.max_supported_input_length,
+                        draft.max_supported_input_length if draft is not None else 0)
+        t = b * max(max_input, p)
+        rows = b * p  # logits rows: one per sequence (LLM), every tree node (verify), top-k per sequence (draft)
+        vocab = max(base.output_vocab_size, draft.output_vocab_size if draft is not None else 0)
+        words = math.ceil(p / 32)
+        i32 = DType.INT32
+        reqs = [
+            TensorRequest.of("inputs_embeds", (t, h), act),
+            TensorRequest.of("output_logits", (rows, vocab), DType.FLOAT32),
+            _absent("select_token_indices", DType.INT64), _absent("context_lengths", i32),
+            _absent("host_context_lengths", i32, Location.PINNED),
+            _absent("host_select_token_indices", DType.INT64, Location.PINNED),
+        ]
+        nd = base.num_deepstack_features
+        reqs += [TensorRequest.of(names.deepstack_embeds(i), (t, h), act) for i in range(nd)]
+        zero_rows = b * (max(spec.verify_size, 1) if spec is not None else 1)
+        reqs.append(TensorRequest.of("deepstack_zero", (zero_rows, h), act) if nd else _absent("deepstack_zero", act))
+        reqs.append(_mrope_request(base, b))
+        if bundle is not None and spec is not None:
+            width = max(spec.base_output_hidden_dim, spec.draft_hidden_size)
+            reqs += [
+                TensorRequest.of("base_hidden_states", (t, spec.base_output_hidden_dim), act),
+                TensorRequest.of("draft_hidden_states_in", (t, spec.draft_hidden_size), act),
+                TensorRequest.of("draft_hidden_states_out", (t, spec.draft_hidden_size), act),
+                TensorRequest.of("row_scratch", (rows, width), act),
+            ]
+        else:
+            reqs += [_absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
+                                               "draft_hidden_states_out", "row_scratch")]
+        reqs += [
+            _absent("output_hidden_states", act),
+            TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
+            # Shape-only carriers: the engine reads their extents, never their bytes.
+            TensorRequest.of("execution_phase_marker", (8,), i32),
+            TensorRequest.of("context_sequence_count_carrier", (b,), i32),
+            TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
+        ]
+        # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
+        step = [
+            TensorRequest.of("query_start_offsets", (b + 1,), i32),
+            TensorRequest.of("query_lengths", (b,), i32),
+            TensorRequest.of("past_lengths", (b,), i32),
+            TensorRequest.of("attention_sequence_lengths", (b,), i32),
+            TensorRequest.of("state_indices", (b,), i32),
+            TensorRequest.of("logits_indices", (rows,), DType.INT64),
+            TensorRequest.of("row_src", (t,), i32),
+            TensorRequest.of("row_dst", (t,), i32),
+            TensorRequest.of("rope_rows", (t,), i32),
+            TensorRequest.of("positions", (t,), i32),
+        ]
+        if bundle is not None:
+            step += [
+                TensorRequest.of("spec_decode_position_ids", (t,), i32),
+                TensorRequest.of("spec_tree_parent_ids", (t,), i32),
+                TensorRequest.of("spec_tree_depths", (t,), i32),
+                TensorRequest.of("packed_attention_mask", (t, words), i32),
+            ]
+        else:
+            reqs += [_absent("packed_attention_mask", i32), _absent("spec_decode_position_ids", i32),
+                     _absent("spec_tree_parent_ids", i32), _absent("spec_tree_depths", i32)]
+        title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
+        io = cls(reqs, num_deepstack=nd, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
+                 backend=be, title=title, step_requests=step, contract="ragged")
+        try:
+            s = as_stream(stream, be)
+            for z in (io.execution_phase_marker, io.context_sequence_count_carrier, io.skip_softmax_scale,
+                      io.deepstack_zero, io.base_hidden_states, io.draft_hidden_states_in, io.draft_hidden_states_out):
+                z.zero_(s)
+        except BaseException:
+            io.close()
+            raise
+        return io
+
     # -- freezing -------------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
         if self._closed:
             raise ClosedError("PipelineIO is closed")
-        if name in MEMBERS or name in EXTRA_MEMBERS:
+        if name in MEMBERS or name in EXTRA_MEMBERS or name in RAGGED_STEP_MEMBERS or name in RAGGED_MEMBERS:
             if self._frozen:
                 raise FrozenError(
                     f"PipelineIO.{name} cannot be reassigned after a tensor map was built "
@@ -363,7 +501,7 @@ class PipelineIO:
         return self._backend
 
     def _member_tensors(self) -> Iterable[Tensor]:
-        for m in MEMBERS + EXTRA_MEMBERS:
+        for m in MEMBERS + EXTRA_MEMBERS + RAGGED_STEP_MEMBERS + RAGGED_MEMBERS:
             v = getattr(self, m, None)
             if isinstance(v, Tensor):
                 yield v
@@ -405,20 +543,44 @@ class PipelineIO:
         self._maps.append(tm)
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
         tm.set(names.kLogits, self.output_logits)
-        tm.set(names.kContextLengths, self.context_lengths)
-        tm.set(names.kLastTokenIds, self.select_token_indices)
-        if cfg.is_mrope:
-            tm.set(names.kRopeCosSin, self.mrope_cos_sin)
+        if self.contract == "ragged":
+            self._ragged_bindings(tm)
+        else:
+            tm.set(names.kContextLengths, self.context_lengths)
+            tm.set(names.kLastTokenIds, self.select_token_indices)
+            if cfg.is_mrope:
+                tm.set(names.kRopeCosSin, self.mrope_cos_sin)
+            if self.is_spec_decode:
+                tm.set(names.kAttentionMask, self.packed_attention_mask)
+                tm.set(names.kAttentionPosId, self.spec_decode_position_ids)
         if cfg.num_deepstack_features:
             if cfg.num_deepstack_features != len(self.deepstack_embeds):
                 raise TrtioError(f"{title}: config has {cfg.num_deepstack_features} deepstack features, "
                                  f"PipelineIO has {len(self.deepstack_embeds)}")
             tm.set_deepstack({names.deepstack_embeds(i): t for i, t in enumerate(self.deepstack_embeds)},
                              self.deepstack_zero)
-        if self.is_spec_decode:
-            tm.set(names.kAttentionMask, self.packed_attention_mask)
-            tm.set(names.kAttentionPosId, self.spec_decode_position_ids)
         return tm
+
+    def _ragged_bindings(self, tm: TensorMap) -> None:
+        """The token-major contract's inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of
+        ``query_lengths``; RoPE rows are gathered per token into ``ragged_rope_cos_sin``."""
+        tm.set(names.kRopeCosSin, self.ragged_rope_cos_sin)
+        tm.set(names.kPositions, self.positions)
+        tm.set(names.kQueryStartOffsets, self.query_start_offsets)
+        tm.set(names.kQueryLengths, self.query_lengths)
+        tm.set(names.kPastLengths, self.past_lengths)
+        tm.set(names.kAttentionSequenceLengths, self.attention_sequence_lengths)
+        tm.set(names.kStateIndices, self.state_indices)
+        tm.set(names.kExecutionPhaseMarker, self.execution_phase_marker)
+        tm.set(names.kContextSequenceCountCarrier, self.context_sequence_count_carrier)
+        tm.set(names.kLogitsIndices, self.logits_indices)
+        tm.set(names.kSkipSoftmaxScale, self.skip_softmax_scale)
+        if self.is_spec_decode:
+            tm.set(names.kPackedAttentionMask, self.packed_attention_mask)
+            tm.set(names.kAttentionPositionIds, self.spec_decode_position_ids)
+            tm.set(names.kTreeParentIds, self.spec_tree_parent_ids)
+            tm.set(names.kTreeDepths, self.spec_tree_depths)
+            tm.set(names.kValidTreeCounts, self.query_lengths)
 
     def build_tensor_map(self, cfg: LLMEngineConfig) -> TensorMap:
         """The map for a plain LLM or a spec-decode base; freezes this PipelineIO.
@@ -434,7 +596,8 @@ class PipelineIO:
                 f"was created for {'spec decode' if self.is_spec_decode else 'a plain LLM'}")
         tm = self._common_map(cfg, "base" if cfg.is_spec_decode_base else "llm")
         hidden = self.base_hidden_states if cfg.is_spec_decode_base else self.output_hidden_states
-        tm.set(names.kOutputHiddenStates, hidden)
+        if not hidden.is_empty or self.contract == "batch":
+            tm.set(names.kOutputHiddenStates, hidden)
         self._freeze()
         tm.freeze()
         return tm
@@ -513,6 +676,8 @@ class PipelineIO:
         self.streaming_prefill.close()
         for t in self._standalone.values():
             t.close()
+        if self.step is not None:
+            self.step.close()
         self._arena.close()
 
     def __enter__(self) -> PipelineIO:

@@ -14,6 +14,9 @@ of both optimization profiles exactly as Edge-LLM's builder sets them up (0 = pr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
@@ -27,8 +30,11 @@ __all__ = [
     "PHASE_PREFILL",
     "PHASE_PREFILL_RESTORED",
     "PHASE_VERIFY",
+    "StepLayout",
+    "causal_step",
     "output_hidden_width",
     "registry_for",
+    "tree_step",
 ]
 
 # Execution phases, carried by the extent of execution_phase_marker (its payload is ignored).
@@ -114,3 +120,98 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
     return reg
+
+
+# -- step inputs (host side): how Edge-LLM 0.11's runtime lays a step out --------------------------------
+
+
+@dataclass
+class StepLayout:
+    """One step's per-step inputs, as host arrays (written into the PipelineIO's step block).
+
+    ``width`` is the step's query width W; sequence ``s`` owns rows ``s*W .. s*W + W - 1``.
+    ``tree`` arrays exist only for base / draft engines.
+    """
+
+    width: int
+    phase: int
+    query_start_offsets: np.ndarray  # int32 [S+1] = s*W
+    query_lengths: np.ndarray  # int32 [S]
+    past_lengths: np.ndarray  # int32 [S]
+    attention_sequence_lengths: np.ndarray  # int32 [S]
+    state_indices: np.ndarray  # int32 [S]
+    logits_indices: np.ndarray  # int64 [R]
+    positions: np.ndarray  # int32 [T], -1 on padding rows
+    attention_position_ids: np.ndarray | None = None  # int32 [T]
+    packed_mask: np.ndarray | None = None  # int32 [T, ceil(W/32)]
+    tree_parent_ids: np.ndarray | None = None  # int32 [T]
+    tree_depths: np.ndarray | None = None  # int32 [T]
+
+    @property
+    def batch(self) -> int:
+        return int(self.query_lengths.shape[0])
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.width
+
+
+def _i32(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.int32)
+
+
+def _common(past: np.ndarray, qlen: np.ndarray, width: int, phase: int, slots: np.ndarray | None,
+            logits_rows: np.ndarray, positions: np.ndarray) -> StepLayout:
+    s = past.shape[0]
+    asl = past + (qlen if phase <= PHASE_DECODE else width)  # phases 4-5: the kernel derives the prefix as asl - W
+    return StepLayout(
+        width=width, phase=phase,
+        query_start_offsets=_i32(np.arange(s + 1) * width),
+        query_lengths=_i32(qlen), past_lengths=_i32(past), attention_sequence_lengths=_i32(asl),
+        state_indices=_i32(np.arange(s) if slots is None else slots),
+        logits_indices=np.ascontiguousarray(logits_rows, dtype=np.int64),
+        positions=_i32(positions.reshape(-1)))
+
+
+def causal_step(past: np.ndarray, lengths: np.ndarray, width: int, *, phase: int,
+                slots: np.ndarray | None = None) -> StepLayout:
+    """Prefill (phase 1, or 2 after a restored prefix) or decode (3): ``lengths[s]`` new tokens of sequence
+    ``s`` after ``past[s]`` cached ones, entry-padded to ``width``; logits at each sequence's last token."""
+    past, lengths = np.asarray(past, np.int64), np.asarray(lengths, np.int64)
+    j = np.arange(width)[None, :]
+    positions = np.where(j < lengths[:, None], past[:, None] + j, -1)
+    rows = np.arange(past.shape[0]) * width + lengths - 1
+    return _common(past, lengths, width, phase, slots, rows, positions)
+
+
+def tree_step(past: np.ndarray, visible: np.ndarray, width: int, *, phase: int, logits_rows: np.ndarray,
+              parents: np.ndarray | None = None, padding_position: int = -1,
+              slots: np.ndarray | None = None) -> StepLayout:
+    """A tree step (5: base verify, 4: draft proposal / catch-up): ``visible`` [S, N, N] bool (row t sees
+    node i; padding rows all False, N <= width), nodes written at ``past + t``, positions ``past + depth``
+    (-1 on padding rows; ``attention_position_ids`` has ``padding_position`` there), the packed mask
+    relative to each sequence's first row (LSB first), ``logits_rows`` absolute rows. ``parents`` [S, N]
+    (-1 for roots) fills the tree metadata (a linear chain without it)."""
+    past = np.asarray(past, np.int64)
+    s, n = visible.shape[0], visible.shape[1]
+    real = np.zeros((s, width), bool)
+    real[:, :n] = visible.any(axis=2)
+    depth = np.zeros((s, width), np.int64)
+    depth[:, :n] = visible.sum(axis=2) - 1
+    at = past[:, None] + depth
+    layout = _common(past, real.sum(axis=1), width, phase, slots, np.asarray(logits_rows), np.where(real, at, -1))
+    layout.attention_position_ids = _i32(np.where(real, at, padding_position).reshape(-1))
+    words = max(1, -(-width // 32))
+    bits = np.zeros((s, width, words * 32), np.uint64)
+    bits[:, :n, :n] = visible
+    packed = (bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint64)).sum(axis=3)
+    layout.packed_mask = packed.astype(np.uint32).view(np.int32).reshape(s * width, words)
+    par = np.full((s, width), -1, np.int64)
+    if parents is None:
+        par[:, 1:] = np.arange(width - 1)  # a linear chain (Edge-LLM's default in phase 4)
+        depth = np.broadcast_to(np.arange(width), (s, width))
+    else:
+        par[:, :n] = np.where(real[:, :n], parents, -1)
+    layout.tree_parent_ids = _i32(par.reshape(-1))
+    layout.tree_depths = _i32(np.where(real, depth, 0).reshape(-1) if parents is not None else depth.reshape(-1))
+    return layout

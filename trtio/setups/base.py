@@ -8,6 +8,7 @@ with what its config implies before anything is bound.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ import numpy as np
 from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.contracts import build_registry, contract_of, resolve_contract
+from trtio.contracts.ragged import StepLayout
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
 from trtio.errors import BindingError, ClosedError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
+from trtio.ops import copy_rows
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry
 from trtio.rope import rope_cos_sin_table
@@ -31,7 +34,7 @@ from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend"]
+__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend", "with_contract"]
 
 log = logging.getLogger("trtio")
 
@@ -223,6 +226,20 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     return BoundEngine(name, cfg, eio, registry, state, tm, executor, _start_index_may_be_empty(eio))
 
 
+def _engine_io(engine: Any, factory: str) -> EngineIO:
+    """The engine's declared I/O; an object that is not an engine is a TypeError naming the factory."""
+    if engine is None or not hasattr(engine, "num_io_tensors"):
+        raise TypeError(f"{factory}: expected a TensorRT engine (ICudaEngine, e.g. from trtio.load_engine) or a "
+                        f"trtio.testing.ReferenceEngine, got {type(engine).__name__}")
+    return EngineIO.from_engine(engine)
+
+
+def with_contract(cfg: LLMEngineConfig, engine: Any, what: str) -> LLMEngineConfig:
+    """``cfg`` with the contract the engine declares (a config naming the other one is a ConfigError)."""
+    detected = resolve_contract(cfg, contract_of(engine), what)
+    return cfg if cfg.contract == detected else dataclasses.replace(cfg, contract=detected)
+
+
 def engine_backend(engine: Any, backend: Backend | str | None) -> Backend:
     # An engine may say which memory it computes on (the ReferenceEngine does); TensorRT engines don't.
     return get_backend(backend if backend is not None else getattr(engine, "trtio_backend", None))
@@ -309,13 +326,53 @@ class SetupBase:
                 v.copy_from(_as_embeds(f, f"deepstack_embeds[{i}]", v.dtype, e.cfg.hidden_size), s)
         e.tensor_map.use_deepstack_features()
 
-    def _run_prefill(self, e: BoundEngine, b: int, seq: int, ctx: np.ndarray, s: Stream) -> None:
-        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``ctx``."""
-        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=e.empty_start_ok)
+    def _run_prefill(self, e: BoundEngine, b: int, seq: int, ctx: np.ndarray, s: Stream,
+                     past: np.ndarray | None = None) -> None:
+        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``past + ctx``.
+
+        With ``past`` (tokens each sequence already has cached), the step continues those caches (a
+        restored prefix: the ragged contract's phase 2, the batch contract's non-empty start index)."""
+        empty = past is None and (e.empty_start_ok or e.cfg.contract == "ragged")
+        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=empty)
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, use_graph=False)
-        e.state.lengths[:b] = ctx
+        e.state.lengths[:b] = ctx if past is None else past + ctx
         e.state.lengths[b:] = 0
+
+    def _stage_layout(self, e: BoundEngine, layout: StepLayout, s: Stream) -> None:
+        """Write a ragged step's inputs into the step block, upload them with one copy, and gather the
+        step's RoPE rows (one per token, at its position) from the engine's table on the device."""
+        io, step = self.io, self.io.step
+        assert step is not None
+        step.write("query_start_offsets", layout.query_start_offsets)
+        step.write("query_lengths", layout.query_lengths)
+        step.write("past_lengths", layout.past_lengths)
+        step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
+        step.write("state_indices", layout.state_indices)
+        step.write("logits_indices", layout.logits_indices)
+        step.write("positions", layout.positions)
+        table, per_slot = self._rope_rows_source(e, s)
+        rows = layout.positions
+        if per_slot:  # MRoPE: one table per sequence slot, [B, C, R] read as B*C rows
+            slots = np.repeat(layout.state_indices.astype(np.int64), layout.width)
+            rows = np.where(rows >= 0, slots * e.cfg.max_kv_cache_capacity + rows, -1).astype(np.int32)
+        step.write("rope_rows", rows)
+        if layout.packed_mask is not None and io.is_spec_decode:
+            assert layout.attention_position_ids is not None
+            assert layout.tree_parent_ids is not None and layout.tree_depths is not None
+            step.write("packed_attention_mask", layout.packed_mask)
+            step.write("spec_decode_position_ids", layout.attention_position_ids)
+            step.write("spec_tree_parent_ids", layout.tree_parent_ids)
+            step.write("spec_tree_depths", layout.tree_depths)
+        step.upload(s)
+        copy_rows(io.ragged_rope_cos_sin, table, io.rope_rows, layout.rows,
+                  row_bytes=e.cfg.rotary_dim * DType.FLOAT32.itemsize, stream=s)
+
+    def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:
+        """The table a ragged step's RoPE rows are gathered from, and whether it has one per slot."""
+        if e.cfg.is_mrope:
+            return self.io.mrope_cos_sin, True
+        return self._rope.get(e.cfg, s), False
 
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)

@@ -13,13 +13,24 @@ from typing import Any
 import numpy as np
 
 from trtio.config import LLMEngineConfig
+from trtio.contracts.ragged import PHASE_DECODE, PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.ops import warm_up
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import BoundEngine, SetupBase, _fill_mrope, _RopeTables, bind_engine, engine_backend
+from trtio.setups.base import (
+    BoundEngine,
+    SetupBase,
+    _engine_io,
+    _fill_mrope,
+    _RopeTables,
+    bind_engine,
+    engine_backend,
+    with_contract,
+)
 from trtio.state import EngineState
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
@@ -33,13 +44,18 @@ class LLMSetup(SetupBase):
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
+        if not isinstance(cfg, LLMEngineConfig):
+            raise TypeError(f"create_for_llm: cfg must be an LLMEngineConfig, got {type(cfg).__name__} (read one "
+                            f"with LLMEngineConfig.from_json / from_edgellm)")
         cfg.validate()
         if cfg.is_draft or cfg.is_spec_decode_base:
             raise TrtioError(f"create_for_llm: the config describes a spec-decode {cfg.role}; "
                              f"use create_for_spec_decode with a DeploymentConfig")
+        cfg = with_contract(cfg, _engine_io(engine, "create_for_llm"), "engine")
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
+        self.contract = cfg.contract or "batch"
         with self._building() as stack:
             self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
@@ -55,6 +71,7 @@ class LLMSetup(SetupBase):
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be))
             _fill_mrope(self.io, cfg, s)
+            warm_up(be)
         self._batch: int | None = None
         self._decode_dims: dict[int, InferenceDims] = {}
         self._select_zero_batch: int | None = None
@@ -92,28 +109,67 @@ class LLMSetup(SetupBase):
 
     # -- steps ----------------------------------------------------------------------------------
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
-                deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+                deepstack_embeds: Sequence[Any] | None = None, past_lengths: Any = None) -> Tensor:
         """Run the prompt (profile 0) and return the logits view [batch, vocab] of each last prompt token.
 
         ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
         already filled); ``context_lengths`` gives each sequence's prompt length (<= seq; shorter
-        prompts are right-padded). Without ``deepstack_embeds`` the deepstack inputs are zero.
+        prompts are right-padded; on the ragged contract each sequence is one entry-padded block of
+        ``seq`` rows). Without ``deepstack_embeds`` the deepstack inputs are zero. ``past_lengths``
+        continues caches that already hold that many tokens per sequence (a restored prefix or an
+        earlier chunk of the prompt: at most what :attr:`lengths` says each holds); by default the
+        caches start empty.
         """
         self._check_open()
         e = self._engine
         s = self._stream(stream)
-        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
+        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if not 1 <= b <= self.io.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
+        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        past = self._check_past(e, past_lengths, b, ctx)
+        if self.contract == "ragged":
+            zero = np.zeros(b, np.int64)
+            layout = causal_step(zero if past is None else past, ctx, seq,
+                                 phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED)
+            self._stage_layout(e, layout, s)
+        else:
+            self.io.upload_context_lengths(ctx if past is None else past + ctx, s)
+            self.io.upload_select_token_indices((ctx - 1)[:, None], s)
+            start = None if past is None and e.empty_start_ok else (np.zeros(b, np.int32) if past is None else past)
+            e.state.upload_start_index(start, s)
         self._select_zero_batch = None
         self._bind_deepstack(e, deepstack_embeds, b, seq, s)
-        self._run_prefill(e, b, seq, ctx, s)
+        self._run_prefill(e, b, seq, ctx, s, past)
         self._batch = b
         return self.io.output_logits
+
+    def _check_past(self, e: BoundEngine, past_lengths: Any, b: int, ctx: np.ndarray) -> np.ndarray | None:
+        if past_lengths is None:
+            return None
+        arr = np.asarray(past_lengths)
+        if arr.shape != (b,) or arr.dtype.kind not in "iu":
+            raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
+        have = e.state.lengths[:b] if self._batch is not None and self._batch >= b else np.zeros(b, np.int64)
+        over = np.flatnonzero((arr < 0) | (arr > have))
+        if over.size:
+            i = int(over[0])
+            raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
+                             f"tokens")
+        cap = e.cfg.max_kv_cache_capacity
+        full = np.flatnonzero(arr + ctx > cap)
+        if full.size:
+            i = int(full[0])
+            raise ShapeError(f"prefill: sequence {i} would hold {int(arr[i] + ctx[i])} tokens, more than "
+                             f"max_kv_cache_capacity ({cap})")
+        return arr.astype(np.int64)
 
     def decode(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
         """One token per sequence after the cached ones (profile 1); returns the logits view [batch, vocab].
 
-        ``kvcache_start_index`` = the cached lengths, ``context_lengths`` = lengths + 1,
-        ``last_token_ids`` = 0; the lengths then grow by one. No allocation; no host synchronisation.
+        Batch contract: ``kvcache_start_index`` = the cached lengths, ``context_lengths`` = lengths + 1,
+        ``last_token_ids`` = 0. Ragged contract: phase 3, one row per sequence at position = its length.
+        The lengths then grow by one. No allocation; no host synchronisation.
         """
         self._check_open()
         b = self._batch
@@ -130,11 +186,14 @@ class LLMSetup(SetupBase):
         if (nb, ns) != (b, 1):
             raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], "
                              f"got [{nb}, {ns}, ...]")
-        e.state.upload_start_index(lengths, s)
-        self.io.upload_context_lengths(lengths + 1, s)
-        if self._select_zero_batch != b:
-            self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
-            self._select_zero_batch = b
+        if self.contract == "ragged":
+            self._stage_layout(e, causal_step(lengths, np.ones(b, np.int64), 1, phase=PHASE_DECODE), s)
+        else:
+            e.state.upload_start_index(lengths, s)
+            self.io.upload_context_lengths(lengths + 1, s)
+            if self._select_zero_batch != b:
+                self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
+                self._select_zero_batch = b
         e.tensor_map.use_deepstack_zero()
         if self._streaming_pending:
             self.io.streaming_prefill.order_before(s)
@@ -153,6 +212,9 @@ class LLMSetup(SetupBase):
         self._check_open()
         if self._batch is None:
             raise TrtioError("populate_streaming() before prefill()")
+        if self.io.output_hidden_states.is_empty:
+            raise TrtioError("populate_streaming: this engine has no hidden_states output to snapshot (Edge-LLM "
+                             "0.11's ragged LLM engines declare none)")
         emb = self.io.inputs_embeds
         b, seq, h = emb.shape
         hidden = self.io.output_hidden_states

@@ -1,11 +1,24 @@
 """create_for_spec_decode: an EAGLE-style base + draft pair sharing one PipelineIO, and its step protocol.
 
 The two engines share one PipelineIO and one context memory, each with its own tensor map and KV
-state: base prefill, draft prefill, draft proposal, base verify over a token tree, accept (KV
-compaction along the accepted path) and the draft's catch-up over the accepted tokens (Edge-LLM's
-``eagleDecoder`` phases, notes §9).
+state. A round (Edge-LLM's ``eagleDecoder`` phases, notes §9):
 
-Returned logits are views of PipelineIO buffers, written on the step's stream and valid until the
+1. ``base_prefill`` then ``draft_prefill`` (the prompt shifted by one token) — or, after a round,
+   ``draft_accept`` — give the draft's logits at each sequence's last committed token (the *root*);
+2. ``draft_propose`` expands the draft tree one level per call: ``k`` new nodes per sequence with their
+   parents (the root, or nodes of the previous level); the draft runs over the whole tree so far
+   (Edge-LLM re-runs it, one fixed width ``drafting_step * drafting_top_k`` per round) and returns the
+   logits of the new nodes. ``k = 1`` without parents is the chain step;
+3. ``verify`` runs the base over a verify tree (the pending token as node 0 and nodes selected from the
+   draft tree), returning logits for every node;
+4. ``accept`` commits each sequence's accepted root-to-node path: its KV entries become consecutive
+   cache slots, and its base hidden-state rows are set aside for the draft;
+5. ``draft_accept`` catches the draft up over the accepted tokens (shifted by one, as in prefill).
+
+Calls out of this order, or with inputs that disagree with the state (a path that does not follow the
+verified tree, a draft prefill of other lengths than the base's), raise before any work is enqueued.
+Both contracts run the same protocol: batch-major ``[B, S, ...]`` steps, or Edge-LLM 0.11's token-major
+rows (entry padding, phases 1-5). Returned logits are views of PipelineIO buffers, valid until the
 next step overwrites them. Steps never allocate; decode-type steps never synchronise the host.
 """
 
@@ -17,13 +30,25 @@ from typing import Any
 import numpy as np
 
 from trtio.config import DeploymentConfig
+from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, PHASE_PREFILL, PHASE_VERIFY, causal_step, tree_step
 from trtio.cuda.backend import Backend, Location
 from trtio.engine import DECODE_PROFILE, ContextMemory, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.ops import copy_rows, warm_up
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import BoundEngine, SetupBase, _fill_mrope, _RopeTables, bind_engine, engine_backend
-from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids
+from trtio.setups.base import (
+    BoundEngine,
+    SetupBase,
+    _as_embeds,
+    _engine_io,
+    _fill_mrope,
+    _RopeTables,
+    bind_engine,
+    engine_backend,
+    with_contract,
+)
+from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids, validate_tree_mask
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 
@@ -41,13 +66,25 @@ class SpecDecodeSetup(SetupBase):
     def __init__(self, base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
+        if not isinstance(bundle, DeploymentConfig):
+            raise TypeError(f"create_for_spec_decode: bundle must be a DeploymentConfig, got {type(bundle).__name__}")
         bundle.validate()
         if bundle.draft is None or bundle.spec is None:
             raise TrtioError("create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
+        base_cfg = with_contract(bundle.base, _engine_io(base_engine, "create_for_spec_decode (base)"),
+                                 "base engine")
+        draft_cfg = with_contract(bundle.draft, _engine_io(draft_engine, "create_for_spec_decode (draft)"),
+                                  "draft engine")
+        if base_cfg.contract != draft_cfg.contract:
+            raise TrtioError(f"create_for_spec_decode: the base engine declares the {base_cfg.contract!r} contract, "
+                             f"the draft engine the {draft_cfg.contract!r} one; both must speak the same")
+        bundle = DeploymentConfig(base_cfg, draft_cfg, bundle.spec, dict(bundle.extra))
+        spec = bundle.spec
+        assert spec is not None
         be = engine_backend(base_engine, backend)
         self._backend = be
         self.bundle = bundle
-        base_cfg, draft_cfg = bundle.base, bundle.draft
+        self.contract = base_cfg.contract or "batch"
         with self._building() as stack:
             self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
             self.io = io = stack.enter_context(
@@ -62,6 +99,9 @@ class SpecDecodeSetup(SetupBase):
             self.draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg),
                                      max_batch=mb, backend=be, context_memory=self._context_memory, graphs=graphs,
                                      rope=self._rope, stream=s, resources=stack, name="draft")
+            self.proposal_width = spec.drafting_step * spec.drafting_top_k  # the draft tree's width per round
+            self._base_width = spec.base_output_hidden_dim
+            self._scratch_rows = bundle.effective_max_draft_proposal_size()  # accepted rows set aside per sequence
             step = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (mb, step, base_cfg.hidden_size), base_cfg.activation,
@@ -69,11 +109,19 @@ class SpecDecodeSetup(SetupBase):
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
             _fill_mrope(io, base_cfg, s)
+            warm_up(be)
+        w = self.proposal_width
         self._batch: int | None = None
-        # Row of draft_hidden_states_out holding each sequence's latest draft hidden state.
-        self._draft_last_row = np.zeros(mb, np.int64)
-        self._draft_lengths = np.zeros(mb, np.int64)  # draft cache entries incl. proposal scratch
-        self._verify_nodes: int | None = None
+        self._prompt: tuple[int, np.ndarray] | None = None  # the base prefill's (width, lengths)
+        self._draft_ready = False  # the draft has caught up with the base: a round may start
+        self._root_rows = np.zeros(mb, np.int64)  # draft_hidden_states_out row of each sequence's root hidden
+        self._tree_n = 0  # draft-tree nodes run this round (per sequence)
+        self._tree_vis = np.zeros((mb, w, w), bool)  # node t sees node i (its ancestors and itself)
+        self._tree_parent = np.full((mb, w), -1, np.int64)
+        self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
+        self._round_embeds = np.zeros((mb, w, base_cfg.hidden_size), base_cfg.activation.storage_numpy)
+        self._verified: np.ndarray | None = None  # the last verify tree, [B, N, N]
+        self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -83,6 +131,18 @@ class SpecDecodeSetup(SetupBase):
     def base_lengths(self) -> np.ndarray:
         b = self._batch or 0
         return self.base.state.lengths[:b].copy()
+
+    @property
+    def draft_lengths(self) -> np.ndarray:
+        """Tokens the draft has committed per sequence (equal to ``base_lengths`` between rounds)."""
+        b = self._batch or 0
+        return self.draft.state.lengths[:b].copy()
+
+    @property
+    def draft_tree(self) -> np.ndarray:
+        """The parents (-1: the root) of the draft-tree nodes proposed this round, [batch, nodes]."""
+        b = self._batch or 0
+        return self._tree_parent[:b, :self._tree_n].copy()
 
     @property
     def graph_stats(self) -> dict[str, GraphStats]:
@@ -97,12 +157,12 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
         return self._batch
 
-    # -- phases ---------------------------------------------------------------------------------
+    # -- prefill ----------------------------------------------------------------------------------
     def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                      deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
-        """Base over the prompts (profile 0, causal mask [B,1,1]); returns logits [batch, vocab].
+        """Base over the prompts (profile 0, causal); returns logits [batch, vocab] of each last prompt token.
 
-        The base's ``hidden_states`` land in ``io.base_hidden_states`` [batch, seq, ...], which the draft
+        The base's ``hidden_states`` land in ``io.base_hidden_states`` (a row per token), which the draft
         prefill reads as ``hidden_states_input`` at the same address. Without ``deepstack_embeds`` the
         deepstack inputs are zero.
         """
@@ -113,192 +173,347 @@ class SpecDecodeSetup(SetupBase):
         self._bind_deepstack(e, deepstack_embeds, b, seq, s)
         self._run_prefill(e, b, seq, ctx, s)
         self._batch = b
+        self._prompt = (seq, ctx)
+        self._draft_ready = False
+        self._verified = self._accepted = None
+        self._tree_n = 0
         return self.io.output_logits
 
     def draft_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None) -> Tensor:
         """Draft over the prompts shifted by one token (EAGLE): row p holds the embedding of token p+1,
         ``hidden_states_input`` is the base prefill's hidden states (no copy), ``hidden_states_from_draft``
-        is zero. Returns the draft logits [batch, draft vocab] at each sequence's last row."""
+        is zero. Takes the base prefill's batch, width and lengths. Returns the draft logits
+        [batch, draft vocab] at each sequence's last row."""
         self._check_open()
         b0 = self._need_batch()
+        if self._prompt is None:
+            raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
+        width, lengths = self._prompt
         e = self.draft
         s = self._stream(stream)
-        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
-        if b != b0:
-            raise ShapeError(f"inputs_embeds: batch {b} differs from the base prefill's batch {b0}")
-        self.io.base_hidden_states.reshape((b, seq, e.cfg.base_model_hidden_size))
-        self.io.draft_hidden_states_in.reshape((b, seq, e.cfg.hidden_size)).zero_(s)
+        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+        if tuple(x.shape[:2]) != (b0, width):
+            raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b0}, "
+                             f"seq={width}, hidden], got {list(x.shape)}")
+        ctx = self._check_lengths(context_lengths, b0, width, "context_lengths")
+        if not np.array_equal(ctx, lengths):
+            raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's {lengths.tolist()}: "
+                             f"the draft reads the base's hidden states row for row")
+        b, seq, ctx = self._stage_prompt(e, x, ctx, s)
+        self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
         self._run_prefill(e, b, seq, ctx, s)
-        self._draft_lengths[:b] = ctx
-        self._draft_last_row[:b] = ctx - 1
+        self._prompt = None
+        # The root's hidden state: the draft output row of each sequence's last token.
+        self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * seq + ctx - 1
+        self._start_round()
         return self.io.output_logits
 
-    def _carry_draft_hidden(self, b: int, s: Stream) -> None:
-        """Copy each sequence's latest draft hidden row into row 0 of ``draft_hidden_states_in``."""
-        out, dst = self.io.draft_hidden_states_out, self.io.draft_hidden_states_in
-        h = self.draft.cfg.hidden_size
-        row = h * out.dtype.itemsize
-        out_seq = out.shape[1] if len(out.shape) == 3 else 1
-        rows = self._draft_last_row[:b]
-        be = self._backend
-        if (rows == 0).all() and out_seq == 1:
-            be.memcpy(dst.data_ptr, out.data_ptr, b * row, s.handle)
+    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any,
+                      s: Stream) -> tuple[int, int, np.ndarray]:
+        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if not 1 <= b <= self.io.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
+        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        if self.contract == "ragged":
+            self._stage_layout(e, causal_step(np.zeros(b, np.int64), ctx, seq, phase=PHASE_PREFILL), s)
         else:
-            for i in range(b):
-                be.memcpy(dst.data_ptr + i * row, out.data_ptr + (i * out_seq + int(rows[i])) * row, row, s.handle)
+            self.io.upload_context_lengths(ctx, s)
+            self.io.upload_select_token_indices((ctx - 1)[:, None], s)
+            e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
+        return b, seq, ctx
 
-    def draft_propose(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
-        """One chain proposal step of the draft: one token per sequence (its last proposal) after the
-        draft's cache, conditioned on the draft's previous hidden state; returns logits [batch, draft vocab].
+    def _start_round(self) -> None:
+        self._tree_n = 0
+        self._tree_vis[:] = False
+        self._tree_parent[:] = -1
+        self._level = (0, 0)
+        self._draft_ready = True
 
-        Following Edge-LLM, ``hidden_states_input`` (the base's hidden states) is zero here.
+    # -- drafting ---------------------------------------------------------------------------------
+    def draft_propose(self, inputs_embeds: Any, stream: StreamLike = None, *, parents: Any = None) -> Tensor:
+        """Expand the draft tree by one level and return the draft's logits [batch * k, draft vocab] of its
+        ``k`` new nodes (sequence-major).
+
+        ``inputs_embeds`` [batch, k, hidden] are the new nodes' token embeddings; ``parents`` ([k], shared, or
+        [batch, k]) their parents: -1 for the root (the last committed token), else a node of the previous
+        level (the nodes the last call returned logits for). Without ``parents``, ``k`` must be 1 and the node
+        continues the chain. The draft runs over every node of the tree so far, at positions draft length
+        + depth, each seeing its ancestors, with ``hidden_states_from_draft`` the parent's draft hidden state
+        and ``hidden_states_input`` zero (Edge-LLM's proposal step). At most ``drafting_step *
+        drafting_top_k`` nodes per round.
         """
         self._check_open()
         b = self._need_batch()
+        if not self._draft_ready:
+            raise TrtioError("draft_propose() needs the draft caught up with the base: call draft_prefill() after "
+                             "base_prefill(), or draft_accept() after accept()")
         e = self.draft
         s = self._stream(stream)
-        nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
-        if (nb, ns) != (b, 1):
-            raise ShapeError(f"inputs_embeds: a proposal step takes [batch={b}, 1, hidden], got [{nb}, {ns}, ...]")
-        lengths = self._draft_lengths[:b]
-        if int(lengths.max()) >= e.cfg.max_kv_cache_capacity:
-            raise ShapeError("draft KV cache full")
-        self._carry_draft_hidden(b, s)
-        self.io.draft_hidden_states_in.reshape((b, 1, e.cfg.hidden_size))
-        self.io.base_hidden_states.reshape((b, 1, e.cfg.base_model_hidden_size)).zero_(s)
-        e.state.upload_start_index(lengths, s)  # a one-token step: the mask is the [B,1,1] causal sentinel
-        self.io.upload_context_lengths(lengths + 1, s)
-        self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
-        dims = e.cfg.proposal_dims(b, 1, 1)
+        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+        if x.shape[0] != b:
+            raise ShapeError(f"inputs_embeds: batch {x.shape[0]} differs from the prefill's batch {b}")
+        k, n0, w = int(x.shape[1]), self._tree_n, self.proposal_width
+        par = self._check_parents(parents, b, k)
+        if n0 + k > w:
+            raise ShapeError(f"draft_propose: {k} more nodes make {n0 + k}, more than the {w} a round's draft tree "
+                             f"holds (drafting_step x drafting_top_k = {w})")
+        past = e.state.lengths[:b]
+        cap = e.cfg.max_kv_cache_capacity
+        if int(past.max()) + w > cap:
+            i = int(np.argmax(past))
+            raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens and a proposal round "
+                             f"writes {w} more, past max_kv_cache_capacity ({cap})")
+        # Everything is checked: from here on work is enqueued.
+        for i in range(k):
+            node = n0 + i
+            vis = self._tree_vis[:b, node]
+            vis[:] = False
+            has = par[:, i] >= 0
+            vis[has] = self._tree_vis[np.flatnonzero(has), par[has, i]]
+            vis[:, node] = True
+            self._tree_parent[:b, node] = par[:, i]
+        self._stage_tree_embeds(x, b, n0, k, s)
+        if n0 == 0:  # a new round: no base features in proposals, and no stale draft rows
+            self.io.base_hidden_states.reshape((b * w, e.cfg.base_model_hidden_size)).zero_(s)
+            self.io.draft_hidden_states_in.reshape((b * w, e.cfg.hidden_size)).zero_(s)
+        level0, level_k = self._level
+        out_row = (np.arange(b)[:, None] * (level_k if self.contract == "ragged" else w)
+                   + (par - (level0 if self.contract == "ragged" else 0)))
+        src = np.where(par >= 0, out_row, self._root_rows[:b, None])
+        dst = np.arange(b)[:, None] * w + n0 + np.arange(k)[None, :]
+        self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
+                        dst.reshape(-1), e.cfg.hidden_size, s)
+        n = n0 + k
+        vis = self._tree_vis[:b, :n, :n]
+        rows = (np.arange(b)[:, None] * w + n0 + np.arange(k)[None, :]).reshape(-1)
+        if self.contract == "ragged":
+            layout = tree_step(past, vis, w, phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=rows,
+                               parents=self._tree_parent[:b, :n], padding_position=0)
+            self._stage_layout(e, layout, s)
+        else:
+            full = np.zeros((b, w, w), bool)
+            full[:, :n, :n] = vis
+            self.io.upload_tree(pack_tree_mask(full), tree_position_ids(full, past), s)
+            e.state.upload_start_index(past, s)
+            self.io.upload_context_lengths(past + w, s)
+            self.io.upload_select_token_indices(np.broadcast_to(n0 + np.arange(k, dtype=np.int64), (b, k)), s)
+        dims = e.cfg.proposal_dims(b, w, k)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
-        lengths += 1
-        self._draft_last_row[:b] = 0
+        self._tree_n = n
+        self._level = (n0, k)
         return self.io.output_logits
 
+    def _check_parents(self, parents: Any, b: int, k: int) -> np.ndarray:
+        level0, level_k = self._level
+        if parents is None:
+            if k != 1:
+                raise ShapeError(f"draft_propose: {k} nodes per sequence need their parents (-1 for the root)")
+            return np.full((b, 1), self._tree_n - 1 if self._tree_n else -1, np.int64)
+        par = np.asarray(parents)
+        if par.dtype.kind not in "iu" or par.shape not in ((k,), (b, k)):
+            raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} {par.shape}")
+        par = np.broadcast_to(par, (b, k)).astype(np.int64)
+        allowed = (par == -1) if self._tree_n == 0 else ((par >= level0) & (par < level0 + level_k))
+        if not allowed.all():
+            bi, i = (int(v) for v in np.argwhere(~allowed)[0])
+            what = "-1 (the root) on a round's first level" if self._tree_n == 0 else \
+                f"a node of the previous level ({level0}..{level0 + level_k - 1})"
+            raise ShapeError(f"parents[{bi}, {i}] = {int(par[bi, i])}: a new node's parent must be {what}")
+        return par
+
+    def _stage_tree_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> None:
+        """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
+        width; earlier nodes' rows stay as the previous calls left them."""
+        dst, w = self.io.inputs_embeds, self.proposal_width
+        row = dst.dtype.itemsize * x.shape[2]
+        if isinstance(x, Tensor):
+            self._backend.memcpy_2d(dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b, s.handle)
+            return
+        self._round_embeds[:b, n0:n0 + k] = x
+        self._embeds_staging.upload(self._round_embeds[:b], s)
+
+    def _move_rows(self, src: Tensor, src_rows: np.ndarray, dst: Tensor, dst_rows: np.ndarray, width: int,
+                   s: Stream) -> None:
+        """Rows ``src_rows`` of ``src`` into rows ``dst_rows`` of ``dst`` (distinct buffers): one device op."""
+        step = self.io.step
+        assert step is not None
+        step.write("row_src", src_rows.astype(np.int32))
+        step.write("row_dst", dst_rows.astype(np.int32))
+        step.upload(s)
+        copy_rows(dst, src, self.io.row_src, int(src_rows.size), row_bytes=width * src.dtype.itemsize,
+                  dst_rows=self.io.row_dst, stream=s)
+
+    # -- verify and accept --------------------------------------------------------------------------
     def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
         """Base over a token tree per sequence; returns logits [batch * N, vocab] for every node.
 
-        ``tree`` is a parent list (shared by the batch; -1 for the root) or an unpacked mask [B, N, N]
-        (node t sees node i). Nodes go to cache slots ``length + t``; positions are length + depth.
-        The base cache is not committed until :meth:`accept`.
+        ``tree`` is a parent list ([N] shared by the batch, or [batch, N]; -1 for the root) or an unpacked
+        mask [batch, N, N] (node t sees node i; a sequence's padding nodes are all-zero rows after its real
+        ones). Node 0 is the root (the pending token). Nodes go to cache slots ``length + t``; positions are
+        length + depth. The base cache is not committed until :meth:`accept`.
         """
         self._check_open()
         b = self._need_batch()
         e = self.base
         s = self._stream(stream)
-        mask = np.asarray(tree)
-        if mask.ndim == 1:
-            mask = np.broadcast_to(ancestor_mask(mask), (b,) + (mask.shape[0],) * 2)
-        if mask.ndim != 3 or mask.shape[0] != b:
-            raise ShapeError(f"tree: expected a parent list or a [batch={b}, N, N] mask, got shape {mask.shape}")
-        n = mask.shape[1]
-        nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
-        if (nb, ns) != (b, n):
+        vis = self._tree_mask(tree, b)
+        n = vis.shape[1]
+        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+        if tuple(x.shape[:2]) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
-                             f"got [{nb}, {ns}, ...]")
+                             f"got {list(x.shape)}")
+        e.cfg.spec_verify_dims(b, n)  # the tree size against max_verify_tree_size
         lengths = e.state.lengths[:b]
         if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
             raise ShapeError(f"verify: {n} nodes do not fit after {int(lengths.max())} cached tokens "
                              f"(max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
-        self.io.upload_tree(pack_tree_mask(mask), tree_position_ids(mask, lengths), s)
-        e.state.upload_start_index(lengths, s)
-        self.io.upload_context_lengths(lengths + n, s)
-        self.io.upload_select_token_indices(np.broadcast_to(np.arange(n, dtype=np.int64), (b, n)), s)
+        self._stage_embeds(x, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if self.contract == "ragged":
+            parents = _parents_of(vis)
+            layout = tree_step(lengths, vis, n, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
+            self._stage_layout(e, layout, s)
+        else:
+            self.io.upload_tree(pack_tree_mask(vis), tree_position_ids(vis, lengths), s)
+            e.state.upload_start_index(lengths, s)
+            self.io.upload_context_lengths(lengths + n, s)
+            self.io.upload_select_token_indices(np.broadcast_to(np.arange(n, dtype=np.int64), (b, n)), s)
         e.tensor_map.use_deepstack_zero()
         dims = e.cfg.spec_verify_dims(b, n)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
-        self._verify_nodes = n
+        self._verified = vis
+        self._accepted = None
+        self._draft_ready = False
         return self.io.output_logits
+
+    def _tree_mask(self, tree: Any, b: int) -> np.ndarray:
+        arr = np.asarray(tree)
+        if arr.dtype.kind not in "iub":
+            raise ShapeError(f"tree: expected a parent list or a [batch, N, N] mask, got dtype {arr.dtype}")
+        if arr.ndim == 1:
+            vis = np.broadcast_to(ancestor_mask(arr), (b, arr.shape[0], arr.shape[0]))
+        elif arr.ndim == 2 and arr.shape[0] == b and arr.dtype.kind in "iu":
+            vis = np.stack([ancestor_mask(p) for p in arr])
+        elif arr.ndim == 3 and arr.shape[0] == b:
+            vis = arr != 0
+        else:
+            raise ShapeError(f"tree: expected a parent list [N] or [batch={b}, N], or a [batch={b}, N, N] mask, "
+                             f"got shape {arr.shape}")
+        validate_tree_mask(vis)
+        real = vis.any(axis=2)
+        if not real[:, 0].all() or vis[:, 0, 1:].any():
+            bi = int(np.flatnonzero(~real[:, 0] | vis[:, 0, 1:].any(axis=1))[0])
+            raise ShapeError(f"tree: node 0 of sequence {bi} must be the root (it sees itself only)")
+        gaps = real[:, 1:] & ~real[:, :-1]
+        if gaps.any():
+            bi, t = (int(v) for v in np.argwhere(gaps)[0])
+            raise ShapeError(f"tree: sequence {bi} has a padding row before node {t + 1}; padding rows come last")
+        orphans = real[:, 1:] & (vis[:, 1:, :].sum(axis=2) < 2)
+        if orphans.any():
+            bi, t = (int(v) for v in np.argwhere(orphans)[0])
+            raise ShapeError(f"tree: node {t + 1} of sequence {bi} has no parent; only node 0 is a root")
+        return np.ascontiguousarray(vis)
 
     def accept(self, paths: Sequence[Sequence[int]], stream: StreamLike = None) -> None:
         """Commit each sequence's accepted root-to-node path of the last verify tree.
 
-        The path's nodes are compacted in the base KV cache to consecutive slots after the committed
-        length, their base hidden-state rows to rows 0.. of ``base_hidden_states`` (what
-        :meth:`draft_accept` reads), and the base lengths grow by the path length.
+        ``paths[b]`` starts at the root 0 and follows the verified tree (each node a child of the one
+        before). The path's KV entries are compacted to consecutive slots after the committed length
+        (every layer, K and V), its base hidden-state rows are set aside for :meth:`draft_accept`, and the
+        base lengths grow by the path length.
         """
         self._check_open()
         b = self._need_batch()
-        n = self._verify_nodes
-        if n is None:
-            raise TrtioError("accept() before verify()")
+        vis = self._verified
+        if vis is None:
+            raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
         if len(paths) != b:
             raise ShapeError(f"paths: expected one path per sequence ({b}), got {len(paths)}")
-        s = self._stream(stream)
-        be = self._backend
-        lengths = self.base.state.lengths
-        hidden = self.io.base_hidden_states
-        hrow = hidden.shape[2] * hidden.dtype.itemsize
+        n = vis.shape[1]
+        parents = _parents_of(vis)
+        checked = []
         for i, path in enumerate(paths):
-            path = [int(p) for p in path]
-            if not path or path[0] != 0 or any(p < 0 or p >= n for p in path) or sorted(set(path)) != path:
-                raise ShapeError(f"paths[{i}] = {path}: expected increasing node indices in 0..{n - 1} "
-                                 f"starting at the root 0")
-            start = int(lengths[i])
-            self.base.state.commit_path(i, start, path, s)
-            for j, node in enumerate(path):
-                if node != j:
-                    be.memcpy(hidden.data_ptr + (i * n + j) * hrow, hidden.data_ptr + (i * n + node) * hrow, hrow,
-                              s.handle)
-            lengths[i] = start + len(path)
-        self._verify_nodes = None
+            p = [int(v) for v in path]
+            if not p or p[0] != 0:
+                raise ShapeError(f"paths[{i}] = {p}: a path starts at the root, node 0")
+            for a, c in zip(p, p[1:]):
+                if not 0 < c < n or parents[i, c] != a:
+                    raise ShapeError(f"paths[{i}] = {p}: node {c} is not a child of node {a} in the verified tree")
+            checked.append(p)
+        s = self._stream(stream)
+        lengths = self.base.state.lengths
+        for i, p in enumerate(checked):
+            self.base.state.commit_path(i, int(lengths[i]), p, s)
+        # The accepted rows of the base's hidden states, set aside (sequence-major, P rows each) for the draft.
+        per = self._scratch_rows
+        src = np.concatenate([i * n + np.asarray(p) for i, p in enumerate(checked)])
+        dst = np.concatenate([i * per + np.arange(len(p)) for i, p in enumerate(checked)])
+        self._move_rows(self.io.base_hidden_states, src, self.io.row_scratch, dst, self._base_width, s)
+        acc = np.array([len(p) for p in checked], np.int64)
+        lengths[:b] += acc
+        self._accepted = acc
+        self._verified = None
 
     def draft_accept(self, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
         """The draft's catch-up over the accepted tokens (shifted by one, as in the prefill): row t of
-        sequence b holds the embedding of the token after accepted node t; ``hidden_states_input`` rows are
-        the accepted nodes' base hidden states (compacted by :meth:`accept`). Starts at the draft's
-        committed length; returns draft logits [batch, draft vocab] at each sequence's last accepted row."""
+        sequence b holds the embedding of the token after accepted node t; ``accept_lengths`` are the path
+        lengths :meth:`accept` committed. ``hidden_states_input`` rows are the accepted nodes' base hidden
+        states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
+        sequence's last accepted row."""
         self._check_open()
         b = self._need_batch()
+        if self._accepted is None:
+            raise TrtioError("draft_accept() follows accept(): there are no accepted tokens to catch up on")
         e = self.draft
         s = self._stream(stream)
-        nb, a = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
-        if nb != b:
-            raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
+        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+        if x.shape[0] != b:
+            raise ShapeError(f"inputs_embeds: batch {x.shape[0]} differs from {b}")
+        a = int(x.shape[1])
         acc = self._check_lengths(accept_lengths, b, a, "accept_lengths")
-        start = self.base.state.lengths[:b] - acc  # the draft is committed up to the base's previous length
-        if (start < 0).any():
-            raise ShapeError("accept_lengths exceed the committed base lengths; call accept() first")
-        hb = e.cfg.base_model_hidden_size
-        n = self.io.base_hidden_states.shape[1] if len(self.io.base_hidden_states.shape) == 3 else a
-        if n != a:
-            self._compact_rows(self.io.base_hidden_states, b, n, a, hb, s)
-        self.io.base_hidden_states.reshape((b, a, hb))
-        self.io.draft_hidden_states_in.reshape((b, a, e.cfg.hidden_size)).zero_(s)
-        causal = np.stack([np.tril(np.ones((a, a), bool)) & (np.arange(a)[None, :] < k) & (np.arange(a)[:, None] < k)
-                           for k in acc])
-        pos = np.where(np.arange(a)[None, :] < acc[:, None], start[:, None] + np.arange(a)[None, :], 0)
-        self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
-        e.state.upload_start_index(start, s)
-        self.io.upload_context_lengths(start + a, s)
-        self.io.upload_select_token_indices((acc - 1)[:, None], s)
+        if not np.array_equal(acc, self._accepted):
+            raise ShapeError(f"accept_lengths {acc.tolist()} differ from the path lengths accept() committed "
+                             f"{self._accepted.tolist()}")
+        e.cfg.accept_dims(b, a)
+        past = e.state.lengths[:b].copy()
+        self._stage_embeds(x, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        per = self._scratch_rows
+        src = np.concatenate([i * per + np.arange(k) for i, k in enumerate(acc)])
+        dst = np.concatenate([i * a + np.arange(k) for i, k in enumerate(acc)])
+        self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, dst, self._base_width, s)
+        self.io.draft_hidden_states_in.reshape((b * a, e.cfg.hidden_size)).zero_(s)
+        causal = np.tril(np.ones((a, a), bool))[None] & (np.arange(a)[None, None, :] < acc[:, None, None]) \
+            & (np.arange(a)[None, :, None] < acc[:, None, None])
+        if self.contract == "ragged":
+            layout = tree_step(past, causal, a, phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
+                               logits_rows=np.arange(b) * a + acc - 1)
+            self._stage_layout(e, layout, s)
+        else:
+            pos = np.where(np.arange(a)[None, :] < acc[:, None], past[:, None] + np.arange(a)[None, :], 0)
+            self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
+            e.state.upload_start_index(past, s)
+            self.io.upload_context_lengths(past + a, s)
+            self.io.upload_select_token_indices((acc - 1)[:, None], s)
         dims = e.cfg.accept_dims(b, a)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
-        e.state.lengths[:b] = start + acc
-        self._draft_lengths[:b] = start + acc
-        self._draft_last_row[:b] = acc - 1
+        e.state.lengths[:b] = past + acc
+        self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * a + acc - 1
+        self._accepted = None
+        self._start_round()
         return self.io.output_logits
 
-    def _compact_rows(self, t: Tensor, b: int, n: int, a: int, width: int, s: Stream) -> None:
-        """Re-lay rows [b, :a] of a [b, n, width] view as a [b, a, width] view, in place.
-
-        Row by row in increasing order: each destination row precedes its source row, so no copy
-        overwrites a row a later copy still reads, and no single copy overlaps itself.
-        """
-        row = width * t.dtype.itemsize
-        for i in range(1, b):
-            for r in range(a):
-                self._backend.memcpy(t.data_ptr + (i * a + r) * row, t.data_ptr + (i * n + r) * row, row, s.handle)
-
     def reset(self, stream: StreamLike = None) -> None:
+        """Empty both KV states; the next step must be a base prefill."""
         self._check_open()
         self.base.state.reset(stream)
         self.draft.state.reset(stream)
-        self._draft_lengths[:] = 0
         self._batch = None
+        self._prompt = None
+        self._draft_ready = False
+        self._verified = self._accepted = None
+        self._tree_n = 0
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: the shared PipelineIO, both KV states, staging, RoPE tables and
@@ -306,7 +521,15 @@ class SpecDecodeSetup(SetupBase):
         return self._report("create_for_spec_decode", include_context_memory)
 
     def __repr__(self) -> str:
-        return f"SpecDecodeSetup(batch={self._batch})"
+        return f"SpecDecodeSetup({self.contract}, batch={self._batch})"
+
+
+def _parents_of(vis: np.ndarray) -> np.ndarray:
+    """Each node's parent (its deepest other ancestor; -1 for roots and padding) from a tree mask [B, N, N]."""
+    n = vis.shape[1]
+    strict = vis & ~np.eye(n, dtype=bool)[None]
+    idx = np.where(strict, np.arange(n)[None, None, :], -1)
+    return idx.max(axis=2)
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,

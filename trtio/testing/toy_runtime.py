@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from trtio.setups import LLMSetup, SpecDecodeSetup
+from trtio.spec_decode import ancestor_mask
 
-__all__ = ["greedy_generate", "spec_generate", "SpecStats", "embed_batch", "tree_parents"]
+__all__ = ["DraftTree", "SpecStats", "embed_batch", "expand_level", "greedy_generate", "spec_generate"]
 
 
 def embed_batch(embedding: np.ndarray, rows: Sequence[Sequence[int]], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -66,36 +67,73 @@ class SpecStats:
         return 1.0 + self.accepted / max(self.rounds * n, 1)
 
 
-def tree_parents(top_k: int, depth: int) -> list[int]:
-    """The tree :func:`spec_generate` verifies: the root (the pending token), ``top_k`` children, and a
-    chain of ``depth - 1`` nodes under the first child; ``1 + top_k + depth - 1`` nodes."""
-    parents = [-1] + [0] * top_k + [1] + list(range(top_k + 1, top_k + depth - 1))
-    return parents[:1 + top_k + depth - 1]
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def _top(logits: np.ndarray, k: int) -> np.ndarray:
-    """The k best token ids per row, best first (ties to the lower id, like argmax)."""
-    order = np.argsort(-logits, axis=-1, kind="stable")
-    return order[..., :k]
+@dataclass
+class DraftTree:
+    """One sequence's draft tree of a round: each node's token, parent (-1: the root) and cumulative
+    log-probability under the draft."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.scores.append(score)
+        return len(self.tokens) - 1
+
+    def select(self, count: int) -> list[int]:
+        """The ``count`` best nodes by score whose ancestors are all selected (Edge-LLM keeps the verify
+        tree closed under ancestors), in tree order."""
+        order = sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))
+        chosen: set[int] = set()
+        for i in order:
+            if len(chosen) == count:
+                break
+            if self.parents[i] < 0 or self.parents[i] in chosen:
+                chosen.add(i)
+        return sorted(chosen)
+
+
+def expand_level(trees: list[DraftTree], level: list[list[int]], logp: np.ndarray, top_k: int) -> list[list[int]]:
+    """One level of EAGLE drafting: for each sequence, the ``top_k`` best children over every node of
+    ``level`` (by cumulative log-probability; ``logp`` [B, len(level), V]) join its tree; returns the new
+    level's node indices."""
+    out = []
+    for b, tree in enumerate(trees):
+        nodes = level[b]
+        base = np.array([tree.scores[n] if n >= 0 else 0.0 for n in nodes])[:, None]
+        cand = base + logp[b]  # [len(level), V]
+        flat = np.argsort(-cand, axis=None, kind="stable")[:top_k]
+        parent_pos, token = np.unravel_index(flat, cand.shape)
+        out.append([tree.add(int(t), nodes[int(p)], float(cand[p, t])) for p, t in zip(parent_pos, token)])
+    return out
 
 
 def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
                   max_new_tokens: int, *, depth: int | None = None, top_k: int | None = None,
-                  stream: Any = None) -> tuple[list[list[int]], SpecStats]:
-    """Greedy speculative decoding; returns exactly the tokens greedy decoding of the base would.
+                  verify_size: int | None = None, stream: Any = None) -> tuple[list[list[int]], SpecStats]:
+    """Greedy speculative decoding with EAGLE tree drafting; returns exactly the tokens greedy decoding
+    of the base would.
 
-    Each round the draft proposes a tree: the ``top_k`` best first tokens as children of the
-    pending token, and a chain of ``depth - 1`` more greedy proposals under the best of them
-    (``top_k == 1`` is plain chain speculation). The base verifies the whole tree in one step; the
-    longest path whose tokens match the base's own greedy choices is accepted, plus the base's
-    next token after it.
+    Each round the draft builds a tree from the pending token (the root): the ``top_k`` best tokens of
+    the root, then ``depth - 1`` more levels, each the ``top_k`` best children (by cumulative draft
+    log-probability) over the previous level, one ``draft_propose`` call per level. The ``verify_size - 1``
+    best nodes (closed under ancestors) and the root form the verify tree, which the base checks in one
+    step; the longest path whose tokens match the base's own greedy choices is accepted, plus the base's
+    next token after it. ``top_k == 1`` is chain drafting.
     """
     spec = setup.bundle.spec
     assert spec is not None
     depth = spec.drafting_step if depth is None else depth
     top_k = spec.drafting_top_k if top_k is None else top_k
-    parents = tree_parents(top_k, depth)
-    nodes = len(parents)
+    verify_size = spec.verify_size if verify_size is None else verify_size
     dtype = setup.io.inputs_embeds.dtype.numpy
     batch = len(prompts)
     setup.reset()
@@ -108,20 +146,33 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
     draft_logits = setup.draft_prefill(emb, lens, stream).to_numpy(stream)
     stats = SpecStats(accepted_per_sequence=[0] * batch)
     while min(len(o) for o in out) < max_new_tokens:
-        first = _top(draft_logits, top_k)  # [B, top_k]
-        chain = [first[:, 0]]
+        trees = [DraftTree() for _ in range(batch)]
+        level = expand_level(trees, [[-1] for _ in range(batch)], _log_softmax(draft_logits)[:, None, :], top_k)
         for _ in range(depth - 1):
-            step = setup.draft_propose(embedding[chain[-1]][:, None, :].astype(dtype), stream).to_numpy(stream)
-            chain.append(step.argmax(axis=-1))
-        tokens = np.column_stack([pending, first, *chain[1:]])[:, :nodes]
-        verify_logits = setup.verify(embedding[tokens].astype(dtype), parents, stream).to_numpy(stream)
-        greedy = verify_logits.reshape(batch, nodes, -1).argmax(axis=-1)  # the base's choice after each node
-        children: dict[int, list[int]] = {}
-        for node, parent in enumerate(parents):
-            if parent >= 0:
-                children.setdefault(parent, []).append(node)
+            toks = np.array([[trees[b].tokens[n] for n in level[b]] for b in range(batch)])
+            parents = np.array([[trees[b].parents[n] for n in level[b]] for b in range(batch)])
+            step = setup.draft_propose(embedding[toks].astype(dtype), stream, parents=parents).to_numpy(stream)
+            level = expand_level(trees, level, _log_softmax(step).reshape(batch, len(level[0]), -1), top_k)
+        # The verify tree: the root (the pending token) and the best draft nodes, in tree order.
+        chosen = [t.select(verify_size - 1) for t in trees]
+        n = 1 + max(len(c) for c in chosen)
+        tokens = np.zeros((batch, n), np.int64)
+        mask = np.zeros((batch, n, n), bool)
+        for b, (tree, sel) in enumerate(zip(trees, chosen)):
+            where = {node: 1 + i for i, node in enumerate(sel)}
+            tokens[b, 0] = pending[b]
+            par = [-1] + [where.get(tree.parents[node], 0) for node in sel]
+            tokens[b, 1:len(sel) + 1] = [tree.tokens[node] for node in sel]
+            mask[b, :len(par), :len(par)] = ancestor_mask(np.array(par))
+        verify_logits = setup.verify(embedding[tokens].astype(dtype), mask, stream).to_numpy(stream)
+        greedy = verify_logits.reshape(batch, n, -1).argmax(axis=-1)  # the base's choice after each node
         paths, emitted = [], []
         for b in range(batch):
+            children: dict[int, list[int]] = {}
+            for node in range(1, n):
+                ancestors = np.flatnonzero(mask[b, node, :node])
+                if ancestors.size:  # a real node: its parent is its deepest ancestor
+                    children.setdefault(int(ancestors[-1]), []).append(node)
             path, cur = [0], 0
             while True:
                 nxt = next((c for c in children.get(cur, []) if tokens[b, c] == greedy[b, cur]), None)
@@ -130,10 +181,10 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
                 path.append(nxt)
                 cur = nxt
             paths.append(path)
-            emitted.append([int(tokens[b, n]) for n in path[1:]] + [int(greedy[b, cur])])
+            emitted.append([int(tokens[b, node]) for node in path[1:]] + [int(greedy[b, cur])])
             stats.accepted += len(path) - 1
             stats.accepted_per_sequence[b] += len(path) - 1
-        stats.proposed += batch * depth
+        stats.proposed += sum(len(t.tokens) for t in trees)
         stats.rounds += 1
         setup.accept(paths, stream)
         for b in range(batch):

@@ -37,7 +37,7 @@ from trtio.setups import LLMSetup, create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
-from trtio.testing.toy_runtime import embed_batch, spec_generate, tree_parents
+from trtio.testing.toy_runtime import embed_batch, spec_generate
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.inspection import check_fits
 from trtio.trt import KNOWN_MODULES
@@ -232,10 +232,6 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     spec = bundle.spec
     assert spec is not None
     depth, top_k = spec.drafting_step, spec.drafting_top_k
-    parents = tree_parents(top_k, depth)
-    if len(parents) > spec.verify_size:
-        raise ConfigError("spec.verify_size", f"{spec.verify_size} is smaller than the demo's tree of {len(parents)} "
-                                              f"nodes (1 + drafting_top_k + drafting_step - 1)")
     embedding = toys.embedding()
     prompts = demo_prompts(llm_cfg.vocab_size, toys.seed)
     summary: dict[str, Any] = {
@@ -280,7 +276,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "spec_tokens": tokens,
         "tokens_equal": equal,
         "spec_decode": {
-            "tree": {"top_k": top_k, "depth": depth, "nodes": len(parents), "parents": parents},
+            "tree": {"top_k": top_k, "depth": depth, "draft_nodes": top_k * depth, "verify_size": spec.verify_size},
             "rounds": stats.rounds, "proposed": stats.proposed, "accepted": stats.accepted,
             "acceptance_rate": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify,
             "accepted_per_sequence": list(stats.accepted_per_sequence),
@@ -330,8 +326,9 @@ def format_demo(s: dict[str, Any]) -> str:
         "",
         f"greedy (create_for_llm): prefill {1e3 * t['prefill_s']:.1f} ms, decode {t['decode_step_ms']:.2f} ms/step",
         *_tokens(s["vanilla_tokens"]),
-        f"speculative (create_for_spec_decode, tree top_k={sd['tree']['top_k']} depth={sd['tree']['depth']}, "
-        f"{sd['tree']['nodes']} nodes, parents {sd['tree']['parents']}): {sd['rounds']} verify rounds, "
+        f"speculative (create_for_spec_decode, EAGLE tree drafting: top_k={sd['tree']['top_k']} per level, "
+        f"{sd['tree']['depth']} levels, {sd['tree']['draft_nodes']} draft nodes, verify trees of "
+        f"{sd['tree']['verify_size']}): {sd['rounds']} verify rounds, "
         f"{t['spec_decode_s']:.2f} s",
         *_tokens(s["spec_tokens"]),
         f"acceptance rate: {sd['acceptance_rate']:.3f} ({sd['accepted']} of {sd['proposed']} drafted tokens "

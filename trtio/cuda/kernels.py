@@ -1,0 +1,99 @@
+"""Device kernels trtio launches itself, compiled at run time with NVRTC through cuda.core's ``Program``.
+
+Only the cuda backend uses this module (``trtio.ops`` dispatches; the host backend runs numpy
+equivalents). Kernels are compiled once per device on first use — a setup warms them up when it is
+created, so no step compiles — and read every index they need from device memory, so a CUDA graph that
+captured a launch replays with the indices of the step being replayed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from trtio.errors import CudaError
+
+__all__ = ["KERNEL_NAMES", "kernels", "launch"]
+
+_SOURCE = r"""
+// dst row (dst_rows ? dst_rows[i] : i) = src row src_rows[i] (zeros when src_rows[i] < 0), for i < count.
+// Rows outside [0, dst_cap) or [0, src_cap) are skipped: an index is data, never a reason to fault.
+extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __restrict__ dst_rows,
+                                           const char* __restrict__ src, const int* __restrict__ src_rows,
+                                           int count, long long row_bytes, long long dst_cap, long long src_cap) {
+    int i = blockIdx.x;
+    if (i >= count) return;
+    long long d = dst_rows ? (long long)dst_rows[i] : (long long)i;
+    long long s = src_rows[i];
+    if (d < 0 || d >= dst_cap || s >= src_cap) return;
+    char* out = dst + d * row_bytes;
+    if ((row_bytes & 3) == 0) {
+        int* o = (int*)out;
+        long long n = row_bytes >> 2;
+        if (s < 0) {
+            for (long long k = threadIdx.x; k < n; k += blockDim.x) o[k] = 0;
+        } else {
+            const int* in = (const int*)(src + s * row_bytes);
+            for (long long k = threadIdx.x; k < n; k += blockDim.x) o[k] = in[k];
+        }
+    } else {
+        if (s < 0) {
+            for (long long k = threadIdx.x; k < row_bytes; k += blockDim.x) out[k] = 0;
+        } else {
+            const char* in = src + s * row_bytes;
+            for (long long k = threadIdx.x; k < row_bytes; k += blockDim.x) out[k] = in[k];
+        }
+    }
+}
+"""
+
+KERNEL_NAMES = ("trtio_copy_rows",)
+
+_lock = threading.Lock()
+_modules: dict[int, dict[str, Any]] = {}
+
+
+def kernels(device_id: int) -> dict[str, Any]:
+    """The compiled kernels of ``device_id`` (compiled on the first call; later calls are a lookup)."""
+    found = _modules.get(device_id)
+    if found is not None:
+        return found
+    with _lock:
+        found = _modules.get(device_id)
+        if found is None:
+            found = _modules[device_id] = _compile(device_id)
+        return found
+
+
+def _compile(device_id: int) -> dict[str, Any]:
+    try:
+        from cuda.core import Device, Program, ProgramOptions
+
+        device = Device(device_id)
+        device.set_current()
+        major, minor = device.compute_capability
+        program = Program(_SOURCE, "c++", ProgramOptions(arch=f"sm_{major}{minor}", name="trtio_kernels"))
+        module = program.compile("cubin", name_expressions=KERNEL_NAMES)
+        return {name: module.get_kernel(name) for name in KERNEL_NAMES}
+    except Exception as exc:
+        raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
+
+
+def launch(device_id: int, name: str, stream: int, grid: int, block: int, *args: Any) -> None:
+    """Launch kernel ``name`` on the stream handle ``stream``. ``args`` are numpy scalars of the
+    kernel's parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers)."""
+    from cuda.core import LaunchConfig
+    from cuda.core import Stream as CoreStream
+    from cuda.core import launch as core_launch
+
+    kernel = kernels(device_id)[name]
+    try:
+        core_launch(CoreStream.from_handle(stream), LaunchConfig(grid=grid, block=block), kernel, *args)
+    except Exception as exc:
+        raise CudaError(f"cuLaunchKernel({name})", None, str(exc)) from exc
+
+
+def ptr(value: int) -> np.uint64:
+    return np.uint64(value)
