@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 __all__ = ["DType", "DTypeLike"]
 
+_ml: ModuleType | None
 try:  # ml_dtypes gives numpy names to bf16 / fp8 / e8m0; optional.
     import ml_dtypes as _ml
 except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
@@ -23,7 +25,8 @@ except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
 def _ml_dtype(name: str) -> np.dtype | None:
     if _ml is None or not hasattr(_ml, name):
         return None
-    return np.dtype(getattr(_ml, name))
+    dt: np.dtype = np.dtype(getattr(_ml, name))
+    return dt
 
 
 # DLPack type codes (dlpack.h): kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool.
