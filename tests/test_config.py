@@ -311,3 +311,19 @@ def test_deployment_from_json_bad_files_name_the_path(tmp_path):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+def test_configs_with_json_fields_copy_and_pickle():
+    import copy
+    import pickle
+
+    from trtio.config import FrozenMap, freeze_json
+
+    cfg = llm_config(rope_scaling={"rope_type": "linear", "factor": 2.0}, extras={"eos_token_id": [1, 2]})
+    for clone in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert clone == cfg and dict(clone.extras) == dict(cfg.extras)
+        assert isinstance(clone.rope_scaling, FrozenMap)
+    frozen = freeze_json({"a": [1, {"b": 2}]})
+    assert frozen == {"a": (1, {"b": 2})} and hash(frozen) == hash(freeze_json({"a": [1, {"b": 2}]}))
+    with pytest.raises(AttributeError, match="read-only"):
+        frozen._items = {}

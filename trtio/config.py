@@ -2,7 +2,8 @@
 
 Field names follow Edge-LLM's ``LLMEngineConfig`` / ``SpecDecodeConfig`` / ``DeploymentConfig`` in
 snake_case. ``validate()`` raises :class:`ConfigError` naming the field and the value; configs read
-from a file name the file too (``"path: field: message"``).
+from a file name the file too (``"path: field: message"``). Edge-LLM's own ``config.json`` files are
+read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS"]
+__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
+           "freeze_json"]
 
 log = logging.getLogger("trtio")
 
@@ -93,17 +94,51 @@ def _dtype_name(value: Any) -> Any:
         return value  # validate() reports it with the field's name
 
 
-def _freeze(value: Any) -> Any:
-    """A read-only deep copy of a JSON value: dicts become mapping proxies, lists tuples."""
+class FrozenMap(Mapping[str, Any]):
+    """A read-only mapping of JSON values (what ``extras`` and ``rope_scaling`` hold): it compares equal
+    to a dict with the same items, hashes, copies and pickles. Build one with :func:`freeze_json`."""
+
+    __slots__ = ("_items",)
+    _items: dict[str, Any]
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        object.__setattr__(self, "_items", dict(items or {}))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._items.items()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._items,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+
+def freeze_json(value: Any) -> Any:
+    """A read-only deep copy of a JSON value: objects become :class:`FrozenMap`, lists tuples."""
     if isinstance(value, Mapping):
-        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+        return FrozenMap({str(k): freeze_json(v) for k, v in value.items()})
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze_json(v) for v in value)
     return value
 
 
+
+
 def _thaw(value: Any) -> Any:
-    """The plain JSON value (dicts and lists) of a :func:`_freeze` result."""
+    """The plain JSON value (dicts and lists) of a :func:`freeze_json` result."""
     if isinstance(value, Mapping):
         return {k: _thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
@@ -111,7 +146,7 @@ def _thaw(value: Any) -> Any:
     return value
 
 
-_NO_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+_NO_EXTRAS: Mapping[str, Any] = FrozenMap()
 
 
 def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
@@ -200,7 +235,8 @@ class LLMEngineConfig:
     ``rotary_dim`` and ``output_vocab_size`` given as 0 (their default) resolve to ``head_dim`` and
     ``vocab_size`` at construction, so every reader sees the int the engine uses. ``kv_pool_pages`` 0
     means "derived" (see :attr:`kv_pool_page_count`). ``extras`` holds the Edge-LLM ``config.json`` keys
-    trtio does not map onto a field (read-only, not compared).
+    trtio does not map onto a field (read-only, not compared). Build one from Edge-LLM's ``config.json``
+    with :meth:`from_edgellm`.
     """
 
     hidden_size: int
@@ -239,11 +275,11 @@ class LLMEngineConfig:
         object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
         object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
         if isinstance(self.rope_scaling, Mapping):
-            object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling) or None)
+            object.__setattr__(self, "rope_scaling", freeze_json(self.rope_scaling) or None)
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
             object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
-        if isinstance(self.extras, Mapping) and not isinstance(self.extras, MappingProxyType):
-            object.__setattr__(self, "extras", _freeze(self.extras))
+        if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
+            object.__setattr__(self, "extras", freeze_json(self.extras))
 
     # -- roles --------------------------------------------------------------------------------
     @property
@@ -399,6 +435,22 @@ class LLMEngineConfig:
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
         _write_json(path, self.to_dict())
+
+    @classmethod
+    def from_edgellm(cls, source: str | os.PathLike[str] | Mapping[str, Any], *,
+                     what: str | None = None) -> LLMEngineConfig:
+        """A validated config from an Edge-LLM 0.11 engine config: a ``config.json`` /
+        ``base_config.json`` / ``draft_config.json`` path, or its parsed dict.
+
+        Maps Edge-LLM's keys onto trtio's fields (``num_hidden_layers`` -> ``num_attention_layers``,
+        ``builder_config.max_batch_size`` -> ``max_supported_batch_size``, ...; the table is in
+        :mod:`trtio.edgellm`), sets ``contract="ragged"``, and keeps every key it does not map in
+        ``extras``. Families trtio cannot bind yet are refused here, naming the key that marks them.
+        ``what`` names a dict's source in errors (a path names itself).
+        """
+        from trtio.edgellm import config_from_edgellm  # edgellm.py builds on this module
+
+        return config_from_edgellm(source, what=what)
 
     # -- shape recipes (Edge-LLM's llmEngineConfig.cpp) ------------------------------------------
     def _rope_batch(self, batch: int) -> int:
