@@ -6,6 +6,7 @@ from _configs import bundle, llm_config
 from trtio import ConfigError, ShapeError
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.dims import InferenceDims
+from trtio.rope import RopeScaling
 
 
 def test_defaults_and_normalisation():
@@ -15,7 +16,8 @@ def test_defaults_and_normalisation():
     assert cfg.activation_dtype == "float16"
     assert cfg.kv_cache_dtype == "fp8"
     assert cfg.role == "llm"
-    assert (cfg.contract, cfg.kv_page_size, cfg.kv_pool_pages, cfg.rope_scaling) == (None, 128, 0, None)
+    assert (cfg.contract, cfg.kv_page_size, cfg.kv_pool_pages, cfg.rope_scaling) == (None, 128, 4, None)
+    assert cfg.max_position_embeddings == 0
     assert cfg.eagle_hidden_state_layers == () and dict(cfg.extras) == {}
 
 
@@ -105,11 +107,13 @@ def test_json_round_trip(tmp_path):
 def test_recipes_follow_edge_llm_table():
     cfg = llm_config(is_spec_decode_base=True, max_verify_tree_size=40, max_draft_tree_size=40)
     C = cfg.max_kv_cache_capacity
-    assert cfg.prefill_dims(3, 17) == InferenceDims(3, 17, C, 1, 1, 1, 1, 0, 0, 0, 0)
-    assert cfg.prefill_dims(3, 17, kv_cache_empty=False).start_index_len == 3
-    assert cfg.decode_dims(2) == InferenceDims(2, 1, C, 1, 1, 1, 1, 0, 2, 0, 0)
-    assert cfg.spec_verify_dims(2, 33) == InferenceDims(2, 33, C, 33, 33, 1, 2, 0, 2, 1, 0)
-    assert cfg.reset_dims() == InferenceDims(1, 1, C, 1, 1, 1, 1, 0, 1, 0, 0)
+    # the last three: query_offsets_len (S+1), execution_phase_len, context_seq_len (the ragged contract's)
+    assert cfg.prefill_dims(3, 17) == InferenceDims(3, 17, C, 1, 1, 1, 1, 0, 0, 0, 0, 4, 1, 3)
+    restored = cfg.prefill_dims(3, 17, kv_cache_empty=False)
+    assert (restored.start_index_len, restored.execution_phase_len, restored.context_seq_len) == (3, 2, 3)
+    assert cfg.decode_dims(2) == InferenceDims(2, 1, C, 1, 1, 1, 1, 0, 2, 0, 0, 3, 3, 0)
+    assert cfg.spec_verify_dims(2, 33) == InferenceDims(2, 33, C, 33, 33, 1, 2, 0, 2, 1, 0, 3, 5, 0)
+    assert cfg.reset_dims() == InferenceDims(1, 1, C, 1, 1, 1, 1, 0, 1, 0, 0, 2, 1, 1)
     mrope = llm_config(rope_type="mrope", is_spec_decode_base=True, max_verify_tree_size=8)
     assert mrope.decode_dims(3).rope_batch == 3
     assert mrope.reset_dims().rope_batch == 1, "reset dims use rope batch 1 even for MRoPE"
@@ -121,6 +125,8 @@ def test_draft_recipes():
     assert (d.seq_len, d.select_len, d.attn_mask_seq_len, d.packed_mask_len) == (6, 3, 6, 1)
     a = draft.accept_dims(2, 4)
     assert (a.seq_len, a.select_len, a.attn_mask_seq_len) == (4, 1, 4)
+    assert (d.execution_phase_len, a.execution_phase_len, d.context_seq_len) == (4, 4, 0)
+    assert draft.accept_dims(2, 1).execution_phase_len == 3, "a one-row draft step is a decode (phase 3)"
 
 
 @pytest.mark.parametrize("call,needle", [
@@ -199,9 +205,10 @@ def test_deployment_json_round_trip(tmp_path):
 
 def test_kv_pool_pages_derived_or_checked():
     cfg = llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300)  # ceil(300 / 128) = 3 pages each
-    assert (cfg.kv_pages_per_sequence, cfg.min_kv_pool_pages, cfg.kv_pool_page_count) == (3, 9, 9)
-    assert llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300, kv_pool_pages=12).kv_pool_page_count == 12
-    assert llm_config(kv_page_size=64).kv_pages_per_sequence == 2
+    assert (cfg.pages_per_sequence, cfg.min_kv_pool_pages, cfg.kv_pool_pages) == (3, 9, 9)
+    assert type(cfg.kv_pool_pages) is int and cfg.to_dict()["kv_pool_pages"] == 9
+    assert llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300, kv_pool_pages=12).kv_pool_pages == 12
+    assert llm_config(kv_page_size=64).pages_per_sequence == 2
     with pytest.raises(ConfigError) as info:
         llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300, kv_pool_pages=8)
     assert info.value.field == "kv_pool_pages"
@@ -215,9 +222,9 @@ def test_rope_scaling_is_read_only_hashable_and_round_trips(tmp_path):
                "original_max_position_embeddings": 8192}
     cfg = llm_config(rope_scaling=dict(scaling), eagle_hidden_state_layers=[0, 1], is_spec_decode_base=True,
                      max_verify_tree_size=4, extras={"model": "llama", "eos_token_id": [1, 2]})
-    assert dict(cfg.rope_scaling) == scaling
-    with pytest.raises(TypeError):
-        cfg.rope_scaling["factor"] = 2.0  # type: ignore[index]
+    assert isinstance(cfg.rope_scaling, RopeScaling) and cfg.rope_scaling.to_dict() == scaling
+    with pytest.raises(AttributeError):
+        cfg.rope_scaling.factor = 2.0  # type: ignore[misc]
     assert cfg.eagle_hidden_state_layers == (0, 1)
     assert cfg.extras["eos_token_id"] == (1, 2)
     with pytest.raises(TypeError):
@@ -317,13 +324,44 @@ def test_configs_with_json_fields_copy_and_pickle():
     import copy
     import pickle
 
-    from trtio.config import FrozenMap, freeze_json
+    from trtio.config import freeze_json
 
     cfg = llm_config(rope_scaling={"rope_type": "linear", "factor": 2.0}, extras={"eos_token_id": [1, 2]})
     for clone in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
         assert clone == cfg and dict(clone.extras) == dict(cfg.extras)
-        assert isinstance(clone.rope_scaling, FrozenMap)
+        assert isinstance(clone.rope_scaling, RopeScaling)
     frozen = freeze_json({"a": [1, {"b": 2}]})
     assert frozen == {"a": (1, {"b": 2})} and hash(frozen) == hash(freeze_json({"a": [1, {"b": 2}]}))
     with pytest.raises(AttributeError, match="read-only"):
         frozen._items = {}
+
+
+@pytest.mark.parametrize("scaling,field,needle", [
+    ({"rope_type": "llama3", "factor": 8.0}, "rope_scaling.original_max_position_embeddings",
+     "is required for rope_type 'llama3'"),
+    ({"rope_type": "linear", "factor": float("nan")}, "rope_scaling.factor", "finite"),
+    ({"rope_type": "bogus"}, "rope_scaling.rope_type", "expected one of"),
+    ({"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings", "is required for rope_type 'dynamic'"),
+    ({"rope_type": "default", "mrope_section": [2, 3, 4]}, "rope_scaling.mrope_section", "summing to rotary_dim / 2 = 8"),
+])
+def test_rope_scaling_is_validated_against_the_model(scaling, field, needle):
+    with pytest.raises(ConfigError) as info:
+        llm_config(rope_scaling=scaling, rope_type="mrope" if "mrope_section" in scaling else "rope")
+    assert info.value.field == field and needle in str(info.value)
+
+
+def test_mrope_scaling_needs_rope_type_mrope():
+    with pytest.raises(ConfigError, match="rope_type: is 'rope', but rope_scaling is MRoPE's"):
+        llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
+    assert llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, rope_type="mrope").is_mrope
+    assert llm_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096)
+
+
+def test_rope_scaling_errors_from_a_file_name_the_file_and_key(tmp_path):
+    data = llm_config().to_dict()
+    data["rope_scaling"] = {"rope_type": "yarn"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_json(path)
+    assert info.value.field == f"{path}: rope_scaling.factor"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
+from trtio.rope import RopeScaling
 from trtio.edgellm import CONFIG_FILES, EngineDir, config_from_edgellm, unsupported_features
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -76,7 +78,8 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     role = raw["engine_role"]
     used = {"hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "head_dim", "partial_rotary_factor", "rope_theta", "rope_scaling", "num_deepstack_features",
-            "kv_cache_dtype", "engine_role", "reduced_vocab_size", "builder_config.max_batch_size",
+            "kv_cache_dtype", "engine_role", "reduced_vocab_size", "max_position_embeddings",
+            "builder_config.max_batch_size",
             "builder_config.max_input_len", "builder_config.max_kv_cache_capacity", "builder_config.max_kv_pool_pages"}
     assert cfg.hidden_size == raw["hidden_size"]
     assert cfg.vocab_size == raw["vocab_size"]
@@ -89,7 +92,7 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert cfg.rotary_dim % 2 == 0
     assert cfg.rope_theta == raw.get("rope_theta", 10000.0)
     scaling = raw.get("rope_scaling")
-    assert (_thaw(cfg.rope_scaling) if cfg.rope_scaling is not None else None) == (scaling or None)
+    assert cfg.rope_scaling == RopeScaling.from_hf(scaling)
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     is_mrope = bool(scaling) and ("mrope_section" in scaling or kind == "mrope")
     assert cfg.rope_type == ("mrope" if is_mrope else "rope")
@@ -99,8 +102,8 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert cfg.max_supported_batch_size == b["max_batch_size"]
     assert cfg.max_supported_input_length == b["max_input_len"]
     assert cfg.max_kv_cache_capacity == b["max_kv_cache_capacity"]
-    assert cfg.kv_pool_pages == b.get("max_kv_pool_pages", 0)
-    assert cfg.kv_pool_page_count == b["max_kv_pool_pages"]  # Edge-LLM writes batch x ceil(capacity / 128)
+    assert cfg.kv_pool_pages == b["max_kv_pool_pages"] == cfg.min_kv_pool_pages  # batch x ceil(capacity / 128)
+    assert cfg.max_position_embeddings == raw.get("max_position_embeddings", 0)
     wanted_vocab = raw.get("reduced_vocab_size") or (raw["draft_vocab_size"] if role == "draft" else raw["vocab_size"])
     assert cfg.output_vocab_size == wanted_vocab
     if role == "draft":
@@ -134,6 +137,8 @@ def test_every_fixture_opens_and_maps_every_field(folder: Path) -> None:
         assert LLMEngineConfig.from_edgellm(folder / CONFIG_FILES[role]) == cfg
         assert LLMEngineConfig.from_edgellm(raw) == cfg
         assert LLMEngineConfig.from_dict(cfg.to_dict()) == cfg, "trtio's own JSON round-trips an Edge-LLM config"
+        assert copy.deepcopy(cfg) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg
+        assert hash(copy.deepcopy(cfg)) == hash(cfg)
 
 
 @pytest.mark.parametrize("folder", [p for p in SUPPORTED if (p / "hf_config.json").is_file()], ids=lambda p: p.name)
@@ -183,7 +188,7 @@ def test_shared_fixtures_open() -> None:
     assert llm.kind == "llm" and llm.roles == ("llm",) and not llm.has_engines
     assert llm.engine_path("llm") == TINY_LLM / "llm.engine"
     assert llm.config_path("llm") == TINY_LLM / "config.json"
-    assert llm.config.num_attention_layers == 8 and llm.config.kv_pool_page_count == 4
+    assert llm.config.num_attention_layers == 8 and llm.config.kv_pool_pages == 4
     assert llm.config.extras["model"] == "qwen3" and llm.config.extras["builder_config.tp_size"] == 1
     pair = EngineDir.open(TINY_PAIR)
     assert pair.kind == "spec_decode" and pair.roles == ("base", "draft")
@@ -251,7 +256,7 @@ def test_defaults_where_keys_are_absent() -> None:
     assert cfg.head_dim == 64 // 4 and cfg.rotary_dim == 16
     assert (cfg.rope_theta, cfg.rope_scaling, cfg.num_deepstack_features, cfg.kv_cache_dtype) == (
         10000.0, None, 0, "float16")
-    assert cfg.kv_pool_pages == 0 and cfg.kv_pool_page_count == 4
+    assert cfg.kv_pool_pages == 4 and cfg.pages_per_sequence == 1
 
 
 @pytest.mark.parametrize("factor,rotary", [(1.0, 16), (0.5, 8), (0.25, 4), (0.75, 12)])

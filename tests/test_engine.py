@@ -19,7 +19,7 @@ from trtio import (
     TensorMap,
     names,
 )
-from trtio.registry import build_registry
+from trtio.contracts import build_registry
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_engine import TensorLocation
@@ -128,7 +128,8 @@ def llm():
     state.bind(tm)
     rope = Tensor.from_numpy(np.zeros((1, 128, 16), np.float32), backend="host")
     tm.add(names.kRopeCosSin, rope)
-    ex = EngineExecutor(eng, registry=build_registry(cfg), stable=state.stable_names(), backend="host")
+    ex = EngineExecutor(eng, registry=build_registry(cfg).merged(state.specs()), stable=state.stable_names(),
+                        backend="host")
     yield cfg, io, tm, state, ex
     ex.close()
     io.close()
@@ -234,7 +235,7 @@ def test_execute_errors(llm):
     with pytest.raises(EngineError, match="execute\\(\\) before a successful prepare"):
         ex.execute()
     eng = FalseExecute.from_config(cfg, device="host")
-    bad = EngineExecutor(eng, registry=build_registry(cfg), backend="host")
+    bad = EngineExecutor(eng, registry=build_registry(cfg).merged(state.specs()), backend="host")
     state.upload_start_index(np.zeros(1, np.int32))
     bad.prepare(0, tm, cfg.prefill_dims(1, 1, kv_cache_empty=False))
     with pytest.raises(EngineError, match="execute_async_v3 returned False"):

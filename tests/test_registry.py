@@ -2,17 +2,18 @@ import pytest
 from _configs import bundle, llm_config
 
 from trtio import DType, names
-from trtio.registry import TensorRegistry, TensorSpec, build_registry, build_registry_for_llm
+from trtio.contracts import build_registry
+from trtio.registry import TensorRegistry, TensorSpec
 
 
 def test_llm_registry_names_and_counts():
     cfg = llm_config(num_attention_layers=3, num_deepstack_features=2)
-    reg = build_registry_for_llm(cfg)
-    assert reg.role == "llm"
-    # 7 core + 2 deepstack + 4 per layer
-    assert len(reg) == 7 + 2 + 4 * 3
+    reg = build_registry(cfg)
+    assert reg.role == "llm" and reg.contract == "batch"
+    # 6 core + 2 deepstack; the KV caches and kvcache_start_index are the engine state's (it owns their specs)
+    assert len(reg) == 6 + 2
     assert names.kAttentionMask not in reg
-    assert reg[names.k_cache(2)].dtype is DType.FLOAT16
+    assert names.k_cache(0) not in reg and names.kKVCacheStartIndex not in reg
     assert reg[names.kLogits].dtype is DType.FLOAT32 and reg[names.kLastTokenIds].dtype is DType.INT64
 
 
@@ -25,24 +26,20 @@ def test_spec_base_and_draft_registries():
     assert names.kBaseModelHiddenStates not in base
     assert draft[names.kBaseModelHiddenStates].shape == ("batch", "seq_len", 64)
     assert draft[names.kDraftModelHiddenStates].shape == ("batch", "seq_len", b.draft.hidden_size)
-    assert len(draft) == 3 + 6 + 4 * 1 + 2
+    assert len(draft) == 3 + 5 + 2
 
 
 def test_resolve_against_recipes():
     cfg = llm_config(is_spec_decode_base=True, max_verify_tree_size=40, kv_cache_dtype="bfloat16")
-    reg = build_registry_for_llm(cfg)
+    reg = build_registry(cfg)
     shapes = reg.resolve_all(cfg.spec_verify_dims(3, 33))
     assert shapes[names.kInputsEmbeds] == (3, 33, 64)
     assert shapes[names.kLogits] == (99, 512)
     assert shapes[names.kLastTokenIds] == (3, 33)
     assert shapes[names.kAttentionMask] == (3, 33, 2)
-    assert shapes[names.kKVCacheStartIndex] == (3,)
-    assert shapes[names.k_cache(0)] == (3, 2, 128, 16)
     assert shapes[names.kRopeCosSin] == (1, 128, 16)
     pre = reg.resolve_all(cfg.prefill_dims(2, 10))
-    assert pre[names.kKVCacheStartIndex] == (0,)
     assert pre[names.kAttentionMask] == (2, 1, 1), "prefill binds the [B,1,1] causal sentinel"
-    assert reg[names.k_cache(0)].dtype is DType.BFLOAT16
 
 
 def test_registry_rejects_duplicates_and_rank():

@@ -174,8 +174,10 @@ def test_kv_cache_full_is_a_clear_error():
     ({}, {"num_deepstack_features": 1},
      "deepstack_embeds_0: the config implies this input but the engine does not declare it"),
     ({"num_deepstack_features": 1}, {},
-     "deepstack_embeds_0: the engine declares this input but a llm engine of this config has no such binding"),
-    ({}, {"kv_cache_dtype": "bfloat16"}, "k_cache_0: the engine wants float16, the config implies bfloat16"),
+     "deepstack_embeds_0: the engine declares this input but a llm engine of the batch contract has no such "
+     "binding"),
+    ({}, {"kv_cache_dtype": "bfloat16"},
+     "k_cache_0: the engine's KV cache is float16 but the config's kv_cache_dtype is bfloat16"),
     ({}, {"hidden_size": 128}, "inputs_embeds: dim 2 is 64 in the engine but 128 in the config"),
 ])
 def test_config_that_disagrees_with_the_engine(engine_kw, cfg_kw, needle):
@@ -366,3 +368,92 @@ def test_spec_base_prefill_carries_deepstack_features_like_create_for_llm():
     assert not np.allclose(want, without), "the features change the logits"
     llm.close()
     sd.close()
+
+
+# -- the engine state owns its bindings' specs ------------------------------------------------------
+
+def test_fixed_batch_cache_binds_at_its_declared_shape_and_gives_the_same_tokens(device):
+    """An engine whose caches fix the batch dim (rows are sequence slots) serves a smaller step batch:
+    the caches are bound at the declared [Bmax, ...] shape, and the tokens equal the dynamic engine's."""
+    cfg = llm_config()
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    prompts = _prompts(np.random.default_rng(3), (4, 9))
+    tokens = {}
+    for fixed in (False, True):
+        eng = ReferenceEngine.from_config(cfg, device=device, fixed_cache_batch=fixed)
+        with create_for_llm(eng, cfg, graphs=True) as setup:
+            tokens[fixed] = greedy_generate(setup, E, prompts, 6)
+            bound = setup.executor.context.get_tensor_shape(names.k_cache(0))
+            assert tuple(bound) == ((4, 2, 128, 16) if fixed else (2, 2, 128, 16))
+    assert tokens[True] == tokens[False]
+
+
+class _WithRecurrentState(ReferenceEngine):
+    """A toy engine that also declares a state pair no registry names (a recurrent state)."""
+
+    __module__ = ReferenceEngine.__module__
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from trtio.testing.reference_engine import TensorIOMode, _Decl
+
+        g, n = self._geo, len(self._decls)
+        rows = ((1, 3), (g.bmax, 3), (g.bmax, 3))
+        self._decls += [
+            _Decl(n, names.recurrent_state(0), TensorIOMode.INPUT, trtio.DType.FLOAT32, (-1, 3), (rows, rows)),
+            _Decl(n + 1, names.present_recurrent_state(0), TensorIOMode.OUTPUT, trtio.DType.FLOAT32, (-1, 3), (),
+                  names.recurrent_state(0)),
+        ]
+        self._by_name = {d.name: d for d in self._decls}
+
+
+def test_a_state_pair_no_registry_names_is_bound_by_the_state():
+    cfg = llm_config()
+    eng = _WithRecurrentState.from_config(cfg, device="host")
+    with create_for_llm(eng, cfg, graphs=True) as setup:
+        E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+        got = greedy_generate(setup, E, [[1, 2, 3], [4, 5]], 4)
+        t = setup.state.tensors[names.recurrent_state(0)]
+        assert setup.tensor_map[names.present_recurrent_state(0)] is t
+        ctx = setup.executor.context
+        assert ctx.get_tensor_address(names.recurrent_state(0)) == ctx.get_tensor_address(
+            names.present_recurrent_state(0)) == t.data_ptr
+        assert tuple(ctx.get_tensor_shape(names.recurrent_state(0))) == (2, 3), "the dynamic batch follows the step"
+    with create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg) as plain:
+        assert greedy_generate(plain, E, [[1, 2, 3], [4, 5]], 4) == got
+
+
+# -- lifetimes --------------------------------------------------------------------------------------
+
+def test_closing_the_pipeline_io_or_state_under_a_live_setup_is_refused(host):
+    cfg = llm_config()
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, graphs=True)
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    greedy_generate(setup, E, [[1, 2, 3]], 3)
+    with pytest.raises(trtio.FrozenError, match=r"PipelineIO is bound by open executor\(s\) \['llm'\]"):
+        setup.io.close()
+    with pytest.raises(trtio.FrozenError, match=r"engine state 'llm' is bound by open executor\(s\) \['llm'\]"):
+        setup.state.close()
+    # Nothing was freed: the setup still steps, and its own close frees everything in order.
+    assert greedy_generate(setup, E, [[1, 2, 3]], 3) == greedy_generate(setup, E, [[1, 2, 3]], 3)
+    live = host.live_allocations
+    setup.close()
+    assert host.live_allocations < live and setup.io.is_closed and setup.state.is_closed
+
+
+def test_a_dropped_executor_frees_its_graphs(host):
+    import gc
+    import warnings
+
+    cfg = llm_config()
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    base = host.live_graphs
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, graphs=True)
+    greedy_generate(setup, E, [[1, 2, 3]], 4)
+    assert host.live_graphs > base
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        del setup
+        gc.collect()
+    assert host.live_graphs == base
+    assert any("was never closed" in str(w.message) and issubclass(w.category, ResourceWarning) for w in seen)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from _configs import llm_config
 
-from trtio import EngineError, EngineIO, EngineState, TensorMap, names
+from trtio import BindingError, EngineIO, EngineState, TensorMap, names
 from trtio.engine import TensorInfo
 from trtio.testing import ReferenceEngine
 
@@ -63,5 +63,49 @@ def test_unbounded_state_is_refused():
                            tuple((lo, opt, (-1,) + hi[1:]) for lo, opt, hi in info.profiles), None)
     tensors = tuple(unbounded if t.name == info.name else t for t in eio.tensors)
     broken = EngineIO(eio.name, tensors, eio.num_profiles)
-    with pytest.raises(EngineError, match=r"state input 'k_cache_0' has no bounded max shape"):
+    with pytest.raises(BindingError, match=r"k_cache_0: state input has no bounded max shape"):
         EngineState(broken, max_batch=4, backend="host")
+
+
+def test_state_owns_its_specs_and_derives_them_from_the_engine():
+    cfg = llm_config()
+    dyn = EngineState(EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True)), cfg,
+                      max_batch=4, backend="host")
+    fixed_eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True,
+                                                                 fixed_cache_batch=True))
+    fixed = EngineState(fixed_eio, cfg, max_batch=4, backend="host")
+    assert {s.name: s.shape for s in dyn.specs()}[names.k_cache(0)] == ("batch", 2, 128, 16)
+    assert {s.name: s.shape for s in fixed.specs()}[names.present_v_cache(1)] == (4, 2, 128, 16)
+    assert fixed.shape_for(names.k_cache(0), 2) == (4, 2, 128, 16), "a fixed batch dim stays fixed"
+    assert dyn.shape_for(names.k_cache(0), 2) == (2, 2, 128, 16), "a dynamic one follows the step"
+    assert {s.name for s in dyn.specs()} == {n for pair in dyn.pairs for n in pair} | {names.kKVCacheStartIndex}
+    dyn.close()
+    fixed.close()
+
+
+def test_a_fixed_cache_batch_smaller_than_the_setup_is_refused():
+    cfg = llm_config()
+    eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True,
+                                                           fixed_cache_batch=True))
+    with pytest.raises(BindingError, match=r"k_cache_0: the engine fixes the cache batch to 4, smaller than the "
+                                           r"8 sequences"):
+        EngineState(eio, cfg, max_batch=8, backend="host")
+
+
+def test_missing_present_output_is_refused_at_create_time():
+    class NoPresent(ReferenceEngine):
+        __module__ = ReferenceEngine.__module__
+
+        def get_aliased_input_tensor(self, name):
+            return None if name == names.present_k_cache(0) else super().get_aliased_input_tensor(name)
+
+        def get_tensor_name(self, index):
+            name = super().get_tensor_name(index)
+            return "unrelated_output" if name == names.present_k_cache(0) else name
+
+    cfg = llm_config()
+    eio = EngineIO.from_engine(NoPresent.from_config(cfg, device="host", null_compute=True))
+    with pytest.raises(BindingError) as info:
+        EngineState(eio, cfg, max_batch=4, backend="host")
+    assert "k_cache_0: the engine declares this state input but no output updates it in place " \
+           "(expected present_k_cache_0)" in str(info.value)

@@ -8,6 +8,7 @@ import logging as _logging
 
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio.contracts import build_registry, contract_of
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
@@ -25,7 +26,7 @@ from trtio.errors import (
 )
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
-from trtio.registry import TensorRegistry, TensorSpec, build_registry
+from trtio.registry import TensorRegistry, TensorSpec
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.state import EngineState
 from trtio.stream import Event, Stream
@@ -81,6 +82,7 @@ __all__ = [
     "TrtioError",
     "cuda_available",
     "build_registry",
+    "contract_of",
     "get_backend",
     "names",
 ]

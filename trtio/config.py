@@ -19,6 +19,7 @@ from typing import Any
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, ShapeError
+from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
            "freeze_json"]
@@ -232,10 +233,11 @@ def _write_json(path: str | os.PathLike[str], data: Any) -> None:
 class LLMEngineConfig:
     """What trtio needs to know about one LLM engine (base, draft or plain).
 
-    ``rotary_dim`` and ``output_vocab_size`` given as 0 (their default) resolve to ``head_dim`` and
-    ``vocab_size`` at construction, so every reader sees the int the engine uses. ``kv_pool_pages`` 0
-    means "derived" (see :attr:`kv_pool_page_count`). ``extras`` holds the Edge-LLM ``config.json`` keys
-    trtio does not map onto a field (read-only, not compared). Build one from Edge-LLM's ``config.json``
+    ``rotary_dim``, ``output_vocab_size`` and ``kv_pool_pages`` given as 0 (their default) resolve at
+    construction to ``head_dim``, ``vocab_size`` and max batch x :attr:`pages_per_sequence`, so every
+    reader sees the int the engine uses. ``rope_scaling`` given as a dict (HF's) is validated into a
+    :class:`~trtio.rope.RopeScaling`. ``extras`` holds the Edge-LLM ``config.json`` keys trtio does not map
+    onto a field (read-only, not compared). Build one from Edge-LLM's ``config.json``
     with :meth:`from_edgellm`.
     """
 
@@ -261,25 +263,34 @@ class LLMEngineConfig:
     max_draft_tree_size: int = 0  # draft: most tokens one proposal / accept step takes
     contract: str | None = None  # "batch" | "ragged"; None: the engine's I/O decides (trtio.contract_of)
     kv_page_size: int = 128  # tokens per KV page (paged caches; Edge-LLM's is fixed at 128)
-    kv_pool_pages: int = 0  # pages per paged KV pool; 0: max batch x ceil(max_kv_cache_capacity / kv_page_size)
-    rope_scaling: Mapping[str, Any] | None = field(default=None, hash=False)  # HF's rope_scaling dict, read-only
+    kv_pool_pages: int = 0  # pages per paged KV pool; 0: max batch x pages_per_sequence (resolved at construction)
+    rope_scaling: RopeScaling | None = None  # HF's rope_scaling (a dict is validated into a RopeScaling)
+    max_position_embeddings: int = 0  # the model's; 0: unknown (dynamic / yarn / longrope scaling may need it)
     eagle_hidden_state_layers: tuple[int, ...] = ()  # EAGLE3 base: layers whose hidden states feed the draft
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        # Resolved here, once, so that no reader ever sees the "derive me" value.
+        # Resolved here, once, so that no reader ever sees a "derive me" value.
         if not self.output_vocab_size:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
         object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
         object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
-        if isinstance(self.rope_scaling, Mapping):
-            object.__setattr__(self, "rope_scaling", freeze_json(self.rope_scaling) or None)
+        if (not self.kv_pool_pages and all(_is_int(v) and v > 0 for v in (
+                self.kv_page_size, self.max_supported_batch_size, self.max_kv_cache_capacity))):
+            object.__setattr__(self, "kv_pool_pages", self.min_kv_pool_pages)
+        scaling: Any = self.rope_scaling  # a dict from JSON, or a RopeScaling
+        if isinstance(scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_hf(scaling))
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
             object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
         if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
             object.__setattr__(self, "extras", freeze_json(self.extras))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles go through the JSON form, which every field value supports.
+        return (_llm_config_from_fields, (self.to_dict(),))
 
     # -- roles --------------------------------------------------------------------------------
     @property
@@ -292,6 +303,11 @@ class LLMEngineConfig:
         if self.is_spec_decode_base:
             return "base"
         return "draft" if self.is_draft else "llm"
+
+    @property
+    def pages_per_sequence(self) -> int:
+        """KV pages one sequence needs: ceil(max_kv_cache_capacity / kv_page_size)."""
+        return -(-self.max_kv_cache_capacity // self.kv_page_size)
 
     @property
     def is_mrope(self) -> bool:
@@ -315,20 +331,10 @@ class LLMEngineConfig:
         return 1
 
     @property
-    def kv_pages_per_sequence(self) -> int:
-        """Pages one sequence needs at full capacity: ceil(max_kv_cache_capacity / kv_page_size)."""
-        return -(-self.max_kv_cache_capacity // self.kv_page_size)
-
-    @property
     def min_kv_pool_pages(self) -> int:
-        """Pages a paged KV pool needs so that every sequence slot owns its pages: max batch x pages per
-        sequence (Edge-LLM's "minimum active pages")."""
-        return self.max_supported_batch_size * self.kv_pages_per_sequence
-
-    @property
-    def kv_pool_page_count(self) -> int:
-        """Pages in each paged KV pool: ``kv_pool_pages``, or :attr:`min_kv_pool_pages` when that is 0."""
-        return self.kv_pool_pages or self.min_kv_pool_pages
+        """Pages a paged KV pool needs so that every sequence slot owns its pages: max batch x
+        :attr:`pages_per_sequence` (Edge-LLM's "minimum active pages")."""
+        return self.max_supported_batch_size * self.pages_per_sequence
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> LLMEngineConfig:
@@ -337,7 +343,7 @@ class LLMEngineConfig:
                   "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
                   "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
         _non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
-                      "max_draft_tree_size", "kv_pool_pages")
+                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings")
         _finite_floats(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"{self.num_kv_heads} must divide num_attention_heads "
@@ -353,9 +359,7 @@ class LLMEngineConfig:
         theta = self.rope_theta
         if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not math.isfinite(theta) or theta <= 0:
             raise ConfigError("rope_theta", f"must be a finite positive number, got {theta!r}")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Mapping):
-            raise ConfigError("rope_scaling", f"must be a JSON object (HF's rope_scaling) or null, "
-                                              f"got {type(self.rope_scaling).__name__}")
+        self._validate_rope_scaling()
         if not isinstance(self.is_spec_decode_base, bool):
             raise ConfigError("is_spec_decode_base", f"must be true or false, got {self.is_spec_decode_base!r}")
         if self.contract is not None and self.contract not in CONTRACTS:
@@ -379,7 +383,7 @@ class LLMEngineConfig:
         if self.max_step_tokens > self.max_kv_cache_capacity:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
-        if self.kv_pool_pages and self.kv_pool_pages < self.min_kv_pool_pages:
+        if self.kv_pool_pages < self.min_kv_pool_pages:
             raise ConfigError("kv_pool_pages",
                               f"{self.kv_pool_pages} pages cannot give each of max_supported_batch_size "
                               f"({self.max_supported_batch_size}) sequences its max_kv_cache_capacity "
@@ -390,6 +394,23 @@ class LLMEngineConfig:
         if not isinstance(self.extras, Mapping):
             raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")
         return self
+
+    def _validate_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, RopeScaling):
+            raise ConfigError("rope_scaling", f"must be a JSON object (HF's rope_scaling) or null, "
+                                              f"got {type(scaling).__name__}")
+        if (scaling.mrope_section is not None or scaling.rope_type == "mrope") and self.rope_type != "mrope":
+            raise ConfigError("rope_type", f"is {self.rope_type!r}, but rope_scaling is MRoPE's (mrope_section "
+                                           f"{list(scaling.mrope_section or ())}); give rope_type 'mrope'")
+        try:  # the scaling must fit this model: section sums, factor lengths, lengths it needs
+            rope_parameters(self.rotary_dim, float(self.rope_theta), scaling,
+                            max_position_embeddings=self.max_position_embeddings or None)
+        except ConfigError as exc:
+            field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
+            raise ConfigError(field_name, _message(exc)) from None
 
     def _validate_eagle_layers(self) -> None:
         layers = self.eagle_hidden_state_layers
@@ -414,7 +435,8 @@ class LLMEngineConfig:
         ``LLMEngineConfig.from_dict(cfg.to_dict()) == cfg``."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            out[f.name] = _thaw(getattr(self, f.name))
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, RopeScaling) else _thaw(value)
         return out
 
     @classmethod
@@ -466,47 +488,58 @@ class LLMEngineConfig:
         if not _is_int(value) or not 1 <= value <= limit:
             raise ShapeError(f"{what} must be an int in 1..{limit} ({limit_name}), got {value!r}")
 
-    def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, phase: int = 0,
-              rope_batch: int | None = None) -> InferenceDims:
+    def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, *, execution_phase: int,
+              phase: int = 0, rope_batch: int | None = None) -> InferenceDims:
+        context = batch if execution_phase in (1, 2) else 0  # the ragged contract's prefill sequences
         return InferenceDims(
             batch=batch, seq_len=seq, kv_len=self.max_kv_cache_capacity, select_len=select,
             attn_mask_seq_len=attn, rope_batch=self._rope_batch(batch) if rope_batch is None else rope_batch,
             packed_mask_len=math.ceil(attn / 32), context_mask_selector_len=0, start_index_len=start,
-            spec_verify_phase_len=phase, skip_softmax_scale_len=0)
+            spec_verify_phase_len=phase, skip_softmax_scale_len=0, query_offsets_len=batch + 1,
+            execution_phase_len=execution_phase, context_seq_len=context)
 
     def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
-        """Prompt step: ``seq_len`` tokens per sequence, one logits row each, causal mask."""
+        """Prompt step: ``seq_len`` tokens per sequence, one logits row each, causal mask (phase 1, or 2
+        after a restored prefix)."""
         self._check_batch(batch)
         self._check_len("seq_len", seq_len, self.max_supported_input_length, "max_supported_input_length")
-        return self._dims(batch, seq_len, 1, 1, 0 if kv_cache_empty else batch)
+        return self._dims(batch, seq_len, 1, 1, 0 if kv_cache_empty else batch,
+                          execution_phase=1 if kv_cache_empty else 2)
 
     def decode_dims(self, batch: int) -> InferenceDims:
-        """One token per sequence after the cached ones."""
+        """One token per sequence after the cached ones (phase 3)."""
         self._check_batch(batch)
-        return self._dims(batch, 1, 1, 1, batch)
+        return self._dims(batch, 1, 1, 1, batch, execution_phase=3)
 
     def spec_verify_dims(self, batch: int, verify_size: int) -> InferenceDims:
-        """Base verify over a tree of ``verify_size`` nodes: logits for every node."""
+        """Base verify over a tree of ``verify_size`` nodes: logits for every node (phase 5)."""
         self._check_batch(batch)
         self._check_len("verify_size", verify_size, self.max_verify_tree_size, "max_verify_tree_size")
-        return self._dims(batch, verify_size, verify_size, verify_size, batch, phase=1)
+        return self._dims(batch, verify_size, verify_size, verify_size, batch, phase=1, execution_phase=5)
 
     def proposal_dims(self, batch: int, proposal_size: int, top_k: int) -> InferenceDims:
-        """Draft proposal over a tree of ``proposal_size`` nodes, ``top_k`` logits rows per sequence."""
+        """Draft proposal over a tree of ``proposal_size`` rows, ``top_k`` logits rows per sequence (phase 4;
+        3 when one row wide)."""
         self._check_batch(batch)
         self._check_len("proposal_size", proposal_size, self.max_draft_tree_size, "max_draft_tree_size")
         self._check_len("top_k", top_k, proposal_size, "proposal_size")
-        return self._dims(batch, proposal_size, top_k, proposal_size, batch)
+        return self._dims(batch, proposal_size, top_k, proposal_size, batch,
+                          execution_phase=4 if proposal_size > 1 else 3)
 
     def accept_dims(self, batch: int, accept_len: int) -> InferenceDims:
-        """Draft catch-up over ``accept_len`` accepted tokens; one logits row per sequence."""
+        """Draft catch-up over ``accept_len`` accepted tokens; one logits row per sequence (phase 4; 3 when
+        one row wide)."""
         self._check_batch(batch)
         self._check_len("accept_len", accept_len, max(self.max_draft_tree_size, 1), "max_draft_tree_size")
-        return self._dims(batch, accept_len, 1, accept_len, batch)
+        return self._dims(batch, accept_len, 1, accept_len, batch, execution_phase=4 if accept_len > 1 else 3)
 
     def reset_dims(self) -> InferenceDims:
         """Graph teardown: the smallest valid shapes (rope batch 1 even for MRoPE)."""
-        return self._dims(1, 1, 1, 1, 1, rope_batch=1)
+        return self._dims(1, 1, 1, 1, 1, rope_batch=1, execution_phase=1)
+
+
+def _llm_config_from_fields(data: dict[str, Any]) -> LLMEngineConfig:
+    return LLMEngineConfig(**data)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ __all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS"]
 # (kvcache_start_index [0] = empty-cache prefill, the phase marker, ...).
 SHAPE_CARRIER_DIMS = frozenset({
     "context_mask_selector_len", "start_index_len", "spec_verify_phase_len", "skip_softmax_scale_len",
+    "context_seq_len",
 })
 
 
@@ -36,6 +37,10 @@ class InferenceDims:
     start_index_len: int
     spec_verify_phase_len: int
     skip_softmax_scale_len: int
+    # Token-major ("ragged") contract: rows = batch * seq_len (entry padding), logits rows = batch * select_len.
+    query_offsets_len: int = 0  # batch + 1 (query_start_offsets)
+    execution_phase_len: int = 0  # the phase, carried by execution_phase_marker's extent (1..5)
+    context_seq_len: int = 0  # prefill sequences in the step (context_sequence_count_carrier), 0 in generation
 
     def __post_init__(self) -> None:
         for f in fields(self):

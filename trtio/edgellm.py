@@ -19,8 +19,10 @@ Edge-LLM key                             trtio field                    note
 ``partial_rotary_factor``                ``rotary_dim``                 head_dim x factor, an even int;
                                                                         default factor 1
 ``rope_theta``                           ``rope_theta``                 default 10000, finite, > 0
-``rope_scaling``                         ``rope_scaling``, ``rope_type`` null or HF's dict; ``mrope_section``
-                                                                        (or type ``mrope``) -> ``"mrope"``
+``rope_scaling``                         ``rope_scaling``, ``rope_type`` null or HF's dict, validated into a
+                                                                        ``RopeScaling``; ``mrope_section`` (or
+                                                                        type ``mrope``) -> ``"mrope"``
+``max_position_embeddings``              ``max_position_embeddings``    default 0 (unknown)
 ``num_deepstack_features``               ``num_deepstack_features``     default 0
 ``kv_cache_dtype``                       ``kv_cache_dtype``             fp16 / bf16 / fp32 / fp8 / int8;
                                                                         default fp16
@@ -33,7 +35,7 @@ Edge-LLM key                             trtio field                    note
 ``builder_config.max_batch_size``        ``max_supported_batch_size``   required
 ``builder_config.max_input_len``         ``max_supported_input_length`` required
 ``builder_config.max_kv_cache_capacity`` ``max_kv_cache_capacity``      required
-``builder_config.max_kv_pool_pages``     ``kv_pool_pages``              default 0 (derived)
+``builder_config.max_kv_pool_pages``     ``kv_pool_pages``              default: batch x ceil(capacity / 128)
 ``builder_config.max_verify_tree_size``  ``max_verify_tree_size``       base: required
 ``builder_config.max_draft_tree_size``   ``max_draft_tree_size``        draft: required
 ``builder_config.ragged_backend``        ``contract = "ragged"``        required:
@@ -68,6 +70,7 @@ from trtio.config import (
 )
 from trtio.dtypes import DType
 from trtio.errors import ConfigError
+from trtio.rope import RopeScaling
 
 __all__ = [
     "EngineDir",
@@ -128,6 +131,7 @@ _SOURCE_KEY = {
     "rope_theta": "rope_theta",
     "rope_scaling": "rope_scaling",
     "rope_type": "rope_scaling",
+    "max_position_embeddings": "max_position_embeddings",
     "num_deepstack_features": "num_deepstack_features",
     "kv_cache_dtype": "kv_cache_dtype",
     "base_model_hidden_size": "base_model_hidden_size",
@@ -442,6 +446,7 @@ def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,
     rotary_dim = _rotary_dim(r, head_dim)
     theta = r.number("rope_theta", default=10000.0, low=0.0)
     rope_scaling, rope_type = _rope_scaling(r)
+    max_positions = r.int_("max_position_embeddings", default=0, low=0, meaning="the model's context length")
     deepstack = r.int_("num_deepstack_features", default=0, low=0)
     kv_dtype = r.str_("kv_cache_dtype", _KV_DTYPES, default="fp16", meaning="Edge-LLM's KV cache dtype names")
 
@@ -489,6 +494,7 @@ def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,
         rope_type=rope_type, rope_theta=theta, is_spec_decode_base=role == "base",
         base_model_hidden_size=base_hidden, max_verify_tree_size=verify, max_draft_tree_size=draft_tree,
         contract="ragged", kv_page_size=KV_PAGE_SIZE, kv_pool_pages=pool, rope_scaling=rope_scaling,
+        max_position_embeddings=max_positions,
         eagle_hidden_state_layers=eagle_layers, extras=r.extras(),
     )
     try:
@@ -524,15 +530,20 @@ def _rotary_dim(r: _Reader, head_dim: int) -> int:
     return int(rotary)
 
 
-def _rope_scaling(r: _Reader) -> tuple[Mapping[str, Any] | None, str]:
+def _rope_scaling(r: _Reader) -> tuple[RopeScaling | None, str]:
     value = r.take("rope_scaling", "null or an object (HF's rope_scaling)", required=False)
     if value is None:
         return None, "rope"
     if not isinstance(value, Mapping):
         raise r.error("rope_scaling", f"expected null or an object (HF's rope_scaling), got {_got(value)}")
-    kind = value.get("rope_type", value.get("type"))
-    is_mrope = "mrope_section" in value or kind == "mrope"
-    return dict(value), "mrope" if is_mrope else "rope"
+    try:
+        scaling = RopeScaling.from_hf(value, what="rope_scaling")
+    except ConfigError as exc:
+        raise r.error(exc.field, _message(exc)) from None
+    if scaling is None:
+        return None, "rope"
+    is_mrope = scaling.mrope_section is not None or scaling.rope_type == "mrope"
+    return scaling, "mrope" if is_mrope else "rope"
 
 
 def _eagle_layers(r: _Reader, layers: int) -> tuple[int, ...]:

@@ -12,8 +12,11 @@ binding snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +161,32 @@ class EngineIO:
         return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
 
 
+def _destroy_graphs(backend: Backend, graphs: dict[tuple, int]) -> None:
+    """Destroy every graph in ``graphs`` (0 marks a snapshot that was not captured) and empty it."""
+    live = [g for g in graphs.values() if g]
+    graphs.clear()
+    errors = []
+    for g in live:
+        try:
+            backend.destroy_graph(g)
+        except Exception as exc:  # keep destroying the rest, then report
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+def _release_graphs(backend: Backend, graphs: dict[tuple, int], name: str) -> None:
+    """Finalizer backstop of an executor never closed: free its graphs, warn, never raise."""
+    if not any(graphs.values()):
+        return
+    try:
+        _destroy_graphs(backend, graphs)
+    except Exception:  # the driver may already be gone at interpreter exit
+        return
+    warnings.warn(f"trtio executor {name!r} was never closed; its CUDA graphs were freed by the garbage collector",
+                  ResourceWarning, stacklevel=2)
+
+
 class ContextMemory:
     """One USER_MANAGED device buffer that several execution contexts share.
 
@@ -269,6 +298,9 @@ class EngineExecutor:
         self._last_snapshot: tuple | None = None
         self.graph_stats = GraphStats()
         self._dummy: Tensor | None = None
+        # An executor dropped without close() must not leak its graphs (they pin device memory).
+        self._finalizer = weakref.finalize(self, _release_graphs, self._backend, self._graphs, self.name)
+        self._finalizer.atexit = False
 
     # -- binding ----------------------------------------------------------------------------------
     def _dummy_ptr(self) -> int:
@@ -278,29 +310,27 @@ class EngineExecutor:
                                        backend=self._backend)
         return self._dummy.data_ptr
 
-    def prepare(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: StreamLike = None,
-                *, shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+    def prepare(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: StreamLike = None) -> None:
         """Bind ``tensor_map`` for a step of ``dims`` on optimization ``profile``.
 
         Every engine I/O gets its tensor from the map; its shape comes from the registry spec
-        (resolved against ``dims``), else from ``shapes``, else from the tensor's own view. dtype,
-        location, capacity, rank and the profile range are checked for every binding, and all
-        problems are raised together as one :class:`BindingError`. TensorRT is told only what
-        changed: a step identical to the previous one makes no TensorRT call.
+        (resolved against ``dims``; the setups' registries include the engine state's own specs), else
+        from the tensor's own view. dtype, location, capacity, rank and the profile range are checked
+        for every binding, and all problems are raised together as one :class:`BindingError`. TensorRT
+        is told only what changed: a step identical to the previous one makes no TensorRT call.
         """
         if self._closed:
             raise ClosedError(f"executor {self.name!r} is closed")
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
-        if plan is not None and plan.key == key and shapes is None:
+        if plan is not None and plan.key == key:
             for t, shp in plan.views:
                 if t._shape is not shp:
                     t.reshape(shp)
             return
-        self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), shapes or {}, key)
+        self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
 
-    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any,
-                      shapes: dict[str, tuple[int, ...]], key: tuple) -> None:
+    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any, key: tuple) -> None:
         self._plan = None
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
@@ -317,12 +347,7 @@ class EngineExecutor:
                                 f"tensor map {tm.name!r} has no such entry")
                 continue
             spec = self.registry.get(info.name) if self.registry is not None else None
-            if spec is not None:
-                shape = spec.resolve(dims)
-            elif info.name in shapes:
-                shape = tuple(shapes[info.name])
-            else:
-                shape = t._shape
+            shape = spec.resolve(dims) if spec is not None else t._shape
             bad = False
             if t.dtype is not info.dtype:
                 problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is "
@@ -405,6 +430,7 @@ class EngineExecutor:
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         self._plan = _Plan(key, views, outputs, snapshot)
+        tm.add_user(self)
 
     def unused(self, tensor_map: TensorMap) -> list[str]:
         """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
@@ -430,10 +456,13 @@ class EngineExecutor:
                 graph = self._graphs.get(plan.snapshot)  # hashing the snapshot: once per new plan
             if graph is None:
                 graph = self._capture(plan.snapshot, s)
-            else:
+            elif graph:
                 self.graph_stats.hits += 1
             plan.graph = graph
-            self._backend.launch_graph(graph, s.handle)
+            if graph:
+                self._backend.launch_graph(graph, s.handle)
+            else:
+                self._enqueue(s)  # this binding snapshot cannot be captured (graph_stats says why)
         else:
             self._enqueue(s)
         for t in plan.outputs:
@@ -445,12 +474,21 @@ class EngineExecutor:
                               f"see the trtio.trt log for TensorRT's reason")
 
     def _capture(self, snapshot: tuple, s: Any) -> int:
+        """Warm up, then capture the enqueue as a graph; 0 (plain execution from now on for this
+        snapshot) where the context says it cannot be captured on ``s``."""
         stats = self.graph_stats
         stats.misses += 1
         stats.last_miss_reason = self._miss_reason(snapshot)
         self._last_snapshot = snapshot
         self._enqueue(s)  # warm-up: TensorRT initialises lazily at new shapes
         s.synchronize()
+        capturable = getattr(self.context, "is_stream_capturable", None)
+        if capturable is not None and not capturable(s.handle):
+            # TensorRT-RTX reports this (e.g. an engine built without REQUIRE_USER_ALLOCATION).
+            stats.last_miss_reason += "; not captured: the execution context reports the stream is not capturable"
+            self._graphs[snapshot] = 0
+            log.info("executor %s: %s", self.name, stats.last_miss_reason)
+            return 0
         be = self._backend
         be.begin_capture(s.handle)
         try:
@@ -487,12 +525,12 @@ class EngineExecutor:
 
     def clear_graphs(self) -> None:
         """Destroy every captured graph (after a rebinding that makes them stale, or to free them)."""
-        for g in self._graphs.values():
-            self._backend.destroy_graph(g)
-        self._graphs.clear()
-        if self._plan is not None:
-            self._plan.graph = None
-        self.graph_stats.graphs = 0
+        try:
+            _destroy_graphs(self._backend, self._graphs)
+        finally:
+            if self._plan is not None:
+                self._plan.graph = None
+            self.graph_stats.graphs = 0
 
     # -- lifetime ---------------------------------------------------------------------------------
     @property
@@ -500,16 +538,19 @@ class EngineExecutor:
         return self._closed
 
     def close(self) -> None:
-        """Destroy graphs, the context and (if owned) the context memory. Idempotent."""
+        """Destroy graphs, the context and (if owned) the context memory. Idempotent; a failure to
+        destroy or free raises (after everything else was released)."""
         if self._closed:
             return
         self._closed = True
-        self.clear_graphs()
-        self.context = None
-        if self._dummy is not None:
-            self._dummy.close()
-        if self._own_memory:
-            self.context_memory.close()
+        self._finalizer.detach()
+        with contextlib.ExitStack() as release:
+            if self._own_memory:
+                release.callback(self.context_memory.close)
+            if self._dummy is not None:
+                release.callback(self._dummy.close)
+            self.context = None
+            self.clear_graphs()
 
     def __enter__(self) -> EngineExecutor:
         return self

@@ -22,6 +22,20 @@ kRopeCosSinFull = "rope_rotary_cos_sin_full"
 kContextMaskSelector = "context_mask_selector"
 kVisionBlockIds = "vision_block_ids"
 
+# -- token-major ("ragged") contract, Edge-LLM 0.11 ----------------------------------------------
+kPositions = "positions"
+kQueryStartOffsets = "query_start_offsets"
+kQueryLengths = "query_lengths"
+kPastLengths = "past_lengths"
+kAttentionSequenceLengths = "attention_sequence_lengths"
+kStateIndices = "state_indices"
+kExecutionPhaseMarker = "execution_phase_marker"
+kContextSequenceCountCarrier = "context_sequence_count_carrier"
+kLogitsIndices = "logits_indices"
+kPackedAttentionMask = "packed_attention_mask"
+kAttentionPositionIds = "attention_position_ids"
+kValidTreeCounts = "valid_tree_counts"
+
 # -- KV cache and other past/present state ----------------------------------------------------
 kPastKeyValuesTemplate = "past_key_values"
 kPresentKeyValuesTemplate = "present_key_values"

@@ -231,6 +231,7 @@ class PipelineIO:
         object.__setattr__(self, "_arena", arena)
         object.__setattr__(self, "_backend", backend)
         object.__setattr__(self, "_standalone", {})
+        object.__setattr__(self, "_maps", [])  # tensor maps built from this PipelineIO (their executors pin it)
         object.__setattr__(self, "max_batch", max_batch)
         object.__setattr__(self, "max_seq", max_seq)
         object.__setattr__(self, "hidden_size", hidden_size)
@@ -401,6 +402,7 @@ class PipelineIO:
         if self._closed:
             raise ClosedError("PipelineIO is closed")
         tm = TensorMap(title)
+        self._maps.append(tm)
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
         tm.set(names.kLogits, self.output_logits)
         tm.set(names.kContextLengths, self.context_lengths)
@@ -489,9 +491,18 @@ class PipelineIO:
         return MemoryReport.combine(self._arena.report().title, parts)
 
     def close(self) -> None:
-        """Free everything (the arena, the streaming buffers, the fences). Idempotent."""
+        """Free everything (the arena, the streaming buffers, the fences). Idempotent.
+
+        Refused (:class:`FrozenError`) while an open executor has a tensor map of this PipelineIO
+        bound: its engine (and any captured graph) would write to freed memory. Close the setup, or
+        the executors, first.
+        """
         if self._closed:
             return
+        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        if users:
+            raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
+                              f"engines (and captured graphs) writing to freed memory; close the setup first")
         object.__setattr__(self, "_frozen", False)
         self.deepstack_embeds._frozen = False
         for t in self._member_tensors():

@@ -1,40 +1,59 @@
-"""TensorSpec and the per-role registries: each binding's name, direction, dtype and symbolic shape.
+"""TensorSpec and TensorRegistry: each binding's name, direction, dtype and symbolic shape.
 
 A shape is a tuple of dims; a dim is a fixed ``int``, the name of an :class:`InferenceDims`
 member (``"batch"``), or a tuple of member names whose product it is (``("batch", "select_len")``
 for logits rows). Resolving a spec against the step's dims gives the binding's shape, so every
 shape comes from one place: the recipe that made the dims.
+
+A spec may also carry what an engine of its contract declares for the binding: the engine shape
+(symbolic dims are dynamic, ``-1``) and, for inputs, each optimization profile's (min, opt, max).
+The per-contract registries live in :mod:`trtio.contracts`; the engine state adds the specs of the
+bindings it owns (KV caches, page table, start index) itself (:mod:`trtio.state`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from trtio import names
-from trtio.config import LLMEngineConfig
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 
-__all__ = ["TensorSpec", "TensorRegistry", "Dim", "build_registry_for_llm",
-           "build_registry_for_spec_decode_draft", "build_registry"]
+__all__ = ["Dim", "ProfileShapes", "TensorRegistry", "TensorSpec"]
 
 Dim = int | str | tuple[str, ...]
+ProfileShapes = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One binding of an engine: ``io`` is "input" or "output"."""
+    """One binding of an engine: ``io`` is "input" or "output".
+
+    ``profiles`` (inputs only, may be empty) is what an engine of this contract declares for each
+    optimization profile; ``optional`` bindings are bound when the engine declares them and not
+    required otherwise (inputs a graph does not consume can be dropped by TensorRT's parser).
+    """
 
     name: str
     io: str
     dtype: DType
     shape: tuple[Dim, ...]
+    profiles: tuple[ProfileShapes, ...] = ()
+    optional: bool = False
+    declared: tuple[int, ...] | None = None  # the engine's shape where it differs from the symbolic one
 
     @property
     def is_input(self) -> bool:
         return self.io == "input"
+
+    @property
+    def engine_shape(self) -> tuple[int, ...]:
+        """The shape an engine declares: fixed dims as they are, symbolic ones dynamic (-1), unless
+        ``declared`` says otherwise (a dim an engine keeps dynamic that one deployment fixes)."""
+        if self.declared is not None:
+            return self.declared
+        return tuple(d if isinstance(d, int) else -1 for d in self.shape)
 
     def members(self) -> set[str]:
         """The InferenceDims members this shape refers to."""
@@ -65,12 +84,13 @@ class TensorSpec:
 
 
 class TensorRegistry:
-    """An ordered, name-unique set of TensorSpecs for one engine role."""
+    """An ordered, name-unique set of TensorSpecs for one engine role of one contract."""
 
-    def __init__(self, role: str, specs: list[TensorSpec] | None = None) -> None:
+    def __init__(self, role: str, specs: Iterable[TensorSpec] = (), *, contract: str = "batch") -> None:
         self.role = role
+        self.contract = contract
         self._specs: dict[str, TensorSpec] = {}
-        for s in specs or ():
+        for s in specs:
             self.add(s)
 
     def add(self, spec: TensorSpec) -> None:
@@ -79,6 +99,13 @@ class TensorRegistry:
         if len(spec.shape) > 8:
             raise ValueError(f"registry {self.role!r}: {spec.name!r} has rank {len(spec.shape)} > 8")
         self._specs[spec.name] = spec
+
+    def merged(self, specs: Iterable[TensorSpec]) -> TensorRegistry:
+        """A new registry with these specs added (e.g. the engine state's own bindings)."""
+        out = TensorRegistry(self.role, self._specs.values(), contract=self.contract)
+        for s in specs:
+            out.add(s)
+        return out
 
     def get(self, name: str) -> TensorSpec | None:
         return self._specs.get(name)
@@ -108,56 +135,5 @@ class TensorRegistry:
         dims.check(self.referenced_members())
         return {n: s.resolve(dims) for n, s in self._specs.items()}
 
-
-def _common(reg: TensorRegistry, cfg: LLMEngineConfig) -> None:
-    act = cfg.activation
-    i32, i64, f32 = DType.INT32, DType.INT64, DType.FLOAT32
-    reg.add(TensorSpec(names.kContextLengths, "input", i32, ("batch",)))
-    reg.add(TensorSpec(names.kLastTokenIds, "input", i64, ("batch", "select_len")))
-    reg.add(TensorSpec(names.kKVCacheStartIndex, "input", i32, ("start_index_len",)))
-    reg.add(TensorSpec(names.kRopeCosSin, "input", f32, ("rope_batch", "kv_len", cfg.rotary_dim)))
-    for i in range(cfg.num_deepstack_features):
-        reg.add(TensorSpec(names.deepstack_embeds(i), "input", act, ("batch", "seq_len", cfg.hidden_size)))
-    kv = cfg.kv_dtype
-    cache_shape: tuple[Dim, ...] = ("batch", cfg.num_kv_heads, "kv_len", cfg.head_dim)
-    for i in range(cfg.num_attention_layers):
-        reg.add(TensorSpec(names.k_cache(i), "input", kv, cache_shape))
-        reg.add(TensorSpec(names.v_cache(i), "input", kv, cache_shape))
-        reg.add(TensorSpec(names.present_k_cache(i), "output", kv, cache_shape))
-        reg.add(TensorSpec(names.present_v_cache(i), "output", kv, cache_shape))
-    reg.add(TensorSpec(names.kLogits, "output", f32, (("batch", "select_len"), cfg.output_vocab_size)))
-    reg.add(TensorSpec(names.kOutputHiddenStates, "output", act, ("batch", "seq_len", cfg.hidden_size)))
-
-
-def _tree_inputs(reg: TensorRegistry) -> None:
-    reg.add(TensorSpec(names.kAttentionMask, "input", DType.INT32,
-                       ("batch", "attn_mask_seq_len", "packed_mask_len")))
-    reg.add(TensorSpec(names.kAttentionPosId, "input", DType.INT32, ("batch", "attn_mask_seq_len")))
-
-
-def build_registry_for_llm(cfg: LLMEngineConfig) -> TensorRegistry:
-    """A plain LLM or a spec-decode base (the base adds the tree mask and position ids)."""
-    reg = TensorRegistry("base" if cfg.is_spec_decode_base else "llm")
-    reg.add(TensorSpec(names.kInputsEmbeds, "input", cfg.activation, ("batch", "seq_len", cfg.hidden_size)))
-    _common(reg, cfg)
-    if cfg.is_spec_decode_base:
-        _tree_inputs(reg)
-    return reg
-
-
-def build_registry_for_spec_decode_draft(cfg: LLMEngineConfig) -> TensorRegistry:
-    """An EAGLE-style draft: base hidden states and its own previous hidden states come in."""
-    reg = TensorRegistry("draft")
-    act = cfg.activation
-    reg.add(TensorSpec(names.kInputsEmbeds, "input", act, ("batch", "seq_len", cfg.hidden_size)))
-    reg.add(TensorSpec(names.kBaseModelHiddenStates, "input", act,
-                       ("batch", "seq_len", cfg.base_model_hidden_size)))
-    reg.add(TensorSpec(names.kDraftModelHiddenStates, "input", act, ("batch", "seq_len", cfg.hidden_size)))
-    _common(reg, cfg)
-    _tree_inputs(reg)
-    return reg
-
-
-def build_registry(cfg: LLMEngineConfig) -> TensorRegistry:
-    """The registry for ``cfg.role``."""
-    return build_registry_for_spec_decode_draft(cfg) if cfg.is_draft else build_registry_for_llm(cfg)
+    def __repr__(self) -> str:
+        return f"TensorRegistry({self.role!r}, {self.contract}, {len(self)} specs)"

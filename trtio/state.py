@@ -1,14 +1,20 @@
-"""Engine state bindings: inputs an engine updates in place (KV caches and alike) and KV lengths.
+"""Engine state: the inputs an engine updates in place (KV caches and alike), and their bookkeeping.
 
-Each past/present pair (an output whose engine-declared alias, or ``present_*`` name, points at
-an input) gets one tensor, allocated at the engine's profile-max shape and bound under both
-names, so the engine updates it in place and its address never changes. Its bound shape is that
-max shape, except a dynamic leading batch dimension, which follows the step's batch (TensorRT's
-KVCacheUpdate wants the cache batch to equal the update batch; the row-major layout keeps each
-batch slot at the same address whatever the batch).
+The state owns its bindings' specs. It derives them from the engine's declared I/O (rank, fixed
+dims, profile max) and checks them against the config; the executor takes every state binding's
+shape from here, so no registry repeats it. Two KV layouts exist (DESIGN §7, §11):
 
-``kv_lengths`` is the tensor behind ``kvcache_start_index``: viewed as ``[0]`` for an empty-cache
-prefill (Edge-LLM's convention) and ``[batch]`` otherwise; ``lengths`` is its host mirror.
+* ``"contiguous"`` — ``k_cache_i`` / ``v_cache_i`` ``[B, Hkv, C, D]`` (TensorRT's KVCacheUpdate layer),
+  aliased by ``present_k_cache_i`` / ``present_v_cache_i``, plus ``kvcache_start_index``. Allocated at
+  the profile-max shape and bound at it, except a dynamic leading batch dimension, which follows the
+  step's batch (KVCacheUpdate wants cache batch = update batch; the row-major layout keeps each slot's
+  address); a fixed batch dimension stays fixed.
+* ``"paged"`` — one pool per layer ``past_key_values_i`` ``[2, P, page, Hkv, D]`` (K pages then V pages)
+  aliased by ``present_key_values_i``, plus ``kv_page_table`` ``[S, 2, M]``: row 0 holds a sequence's K
+  page ids, row 1 its V ids (K id + P). Sequence slot ``b`` owns pages ``b*M .. b*M + M - 1``.
+
+Any other past/present pair (recurrent states) is bound like a contiguous cache. ``lengths`` is the
+host mirror of the tokens each sequence slot has committed.
 """
 
 from __future__ import annotations
@@ -19,69 +25,256 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtio import names
+from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
-from trtio.errors import EngineError
+from trtio.errors import BindingError, EngineError, FrozenError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["EngineState"]
+__all__ = ["EngineState", "kv_layout", "paged_state_specs", "state_names", "state_problems"]
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _layer_of(name: str, template: str) -> int | None:
+    head = template + "_"
+    if name.startswith(head) and name[len(head):].isdigit():
+        return int(name[len(head):])
+    return None
+
+
+def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
+    """What an engine of the ragged contract declares for its paged KV state (pools, their aliases and
+    the page table), with both profiles: pools fixed at ``[2, P, page, Hkv, D]`` (``P`` =
+    ``cfg.kv_pool_pages``), the page table ``[1..B, 2, M]``. The ReferenceEngine declares these."""
+    b = max_batch or cfg.max_supported_batch_size
+    m = cfg.pages_per_sequence
+    pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
+    fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
+    declared = (2, -1, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
+    out = []
+    for i in range(cfg.num_attention_layers):
+        out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, pool, fixed, declared=declared))
+    out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m),
+                          (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
+    for i in range(cfg.num_attention_layers):
+        out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, pool, declared=declared))
+    return out
+
+
+def kv_layout(eio: EngineIO) -> str:
+    """``"paged"`` when the engine has a page table or ``past_key_values_i`` pools, else ``"contiguous"``."""
+    if names.kKVPageTable in eio:
+        return "paged"
+    paged = any(_layer_of(p, names.kPastKeyValuesTemplate) is not None for p, _ in eio.state_pairs())
+    return "paged" if paged else "contiguous"
+
+
+def state_names(eio: EngineIO) -> set[str]:
+    """Every binding of ``eio`` the engine state owns: both names of each pair, the page table and the
+    start index."""
+    out = {n for pair in eio.state_pairs() for n in pair}
+    out |= {n for n in (names.kKVPageTable, names.kKVCacheStartIndex) if n in eio}
+    return out
+
+
+def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int) -> list[str]:
+    """Every problem of the engine's declared state (and, with ``cfg``, its fit to the config and to
+    ``max_batch`` sequences): missing aliases, unbounded shapes, a paged cache without a page table,
+    KV dtype and dims that disagree with the config, a page pool too small."""
+    problems = []
+    pairs = eio.state_pairs()
+    paired = {p for p, _ in pairs}
+    layout = kv_layout(eio)
+    for info in eio.inputs:
+        for past_t, present_t in names.STATE_PAIRS:
+            layer = _layer_of(info.name, past_t)
+            if layer is not None and info.name not in paired:
+                problems.append(f"{info.name}: the engine declares this state input but no output updates it "
+                                f"in place (expected {present_t}_{layer})")
+    for past, _present in pairs:
+        info = eio[past]
+        if any(d < 0 for d in info.max_shape()):
+            problems.append(f"{past}: state input has no bounded max shape ({_fmt(info.max_shape())}); its "
+                            f"profiles must bound every dimension")
+    if layout == "paged" and names.kKVPageTable not in eio:
+        problems.append(f"{names.kKVPageTable}: the engine has paged KV caches ({names.kPastKeyValuesTemplate}_i) "
+                        f"but declares no page table")
+    if layout == "paged" and names.kKVPageTable in eio:
+        table = eio[names.kKVPageTable]
+        if table.dtype is not DType.INT32 or len(table.shape) != 3 or table.shape[1] not in (2, -1):
+            problems.append(f"{names.kKVPageTable}: expected an int32 [sequences, 2, pages] input, the engine "
+                            f"declares {table.dtype} {_fmt(table.shape)}")
+        elif any(d < 0 for d in table.max_shape()):
+            problems.append(f"{names.kKVPageTable}: its profiles do not bound {_fmt(table.max_shape())}")
+    if cfg is None or problems:
+        return problems
+    return problems + _config_problems(eio, cfg, max_batch)
+
+
+def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
+    problems = []
+    pairs_list = eio.state_pairs()
+    paged = kv_layout(eio) == "paged"
+    expected = ([(names.past_key_values(i), names.present_key_values(i)) for i in range(cfg.num_attention_layers)]
+                if paged else
+                [pair for i in range(cfg.num_attention_layers)
+                 for pair in ((names.k_cache(i), names.present_k_cache(i)),
+                              (names.v_cache(i), names.present_v_cache(i)))])
+    pairs = dict(pairs_list)
+    for past, present in expected:
+        if past not in eio:
+            problems.append(f"{past}: the config has {cfg.num_attention_layers} attention layers but the engine "
+                            f"declares no {past}")
+        elif pairs.get(past) != present:
+            problems.append(f"{past}: the engine declares no output {present} updating it in place")
+    kv = cfg.kv_dtype
+    for past, _present in pairs_list:
+        info = eio[past]
+        if _layer_of(past, names.kPastKeyValuesTemplate) is None and not names.is_kv_cache_binding(past):
+            continue  # recurrent state: its own dtype and shape
+        if info.dtype is not kv:
+            problems.append(f"{past}: the engine's KV cache is {info.dtype} but the config's kv_cache_dtype is "
+                            f"{kv}")
+        shape, top = info.shape, info.max_shape()
+        if paged:
+            want = {0: (2, "K and V"), 2: (cfg.kv_page_size, "kv_page_size"), 3: (cfg.num_kv_heads, "num_kv_heads"),
+                    4: (cfg.head_dim, "head_dim")}
+            if len(shape) != 5:
+                problems.append(f"{past}: expected a paged pool [2, pages, page size, kv heads, head dim], the "
+                                f"engine declares rank {len(shape)} {_fmt(shape)}")
+                continue
+        else:
+            want = {1: (cfg.num_kv_heads, "num_kv_heads"), 2: (cfg.max_kv_cache_capacity, "max_kv_cache_capacity"),
+                    3: (cfg.head_dim, "head_dim")}
+            if len(shape) != 4:
+                problems.append(f"{past}: expected a cache [batch, kv heads, capacity, head dim], the engine "
+                                f"declares rank {len(shape)} {_fmt(shape)}")
+                continue
+        for dim, (value, field) in want.items():
+            got = shape[dim] if shape[dim] >= 0 else top[dim]
+            if got != value:
+                problems.append(f"{past}: dim {dim} is {got} in the engine but {value} in the config ({field})")
+        if not paged and shape[0] >= 0 and shape[0] < max_batch:
+            problems.append(f"{past}: the engine fixes the cache batch to {shape[0]}, smaller than the "
+                            f"{max_batch} sequences this setup serves")
+    if paged and names.kKVPageTable in eio and not problems:
+        pool = eio[pairs_list[0][0]].max_shape()
+        pages = eio[names.kKVPageTable].max_shape()[2]
+        need = math.ceil(cfg.max_kv_cache_capacity / cfg.kv_page_size)
+        if pages < need:
+            problems.append(f"{names.kKVPageTable}: the engine takes {pages} pages per sequence but "
+                            f"max_kv_cache_capacity {cfg.max_kv_cache_capacity} needs {need} pages of "
+                            f"{cfg.kv_page_size}")
+        if pool[1] < max_batch * pages:
+            problems.append(f"{pairs_list[0][0]}: the pool holds {pool[1]} pages, fewer than {max_batch} "
+                            f"sequences x {pages} pages per sequence = {max_batch * pages}")
+        if pool[1] != cfg.kv_pool_pages:
+            problems.append(f"{pairs_list[0][0]}: the engine's pool holds {pool[1]} pages but the config's "
+                            f"kv_pool_pages is {cfg.kv_pool_pages}")
+    return problems
 
 
 class EngineState:
-    """The in-place state of one engine (see module docstring)."""
+    """The in-place state of one engine (see module docstring).
 
-    def __init__(self, engine_io: EngineIO, *, max_batch: int, backend: Backend | str | None = None,
-                 name: str = "") -> None:
+    ``cfg`` (optional) is checked against the engine's declared state; without it only the engine's
+    own consistency is checked.
+    """
+
+    def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, *, max_batch: int,
+                 backend: Backend | str | None = None, name: str = "", stream: StreamLike = None) -> None:
         self.name = name or engine_io.name
         self.max_batch = max_batch
         self.pairs = engine_io.state_pairs()
+        self.layout = kv_layout(engine_io)
         be = get_backend(backend)
+        self._closed = False
+        self._maps: list[TensorMap] = []
+        problems = state_problems(engine_io, cfg, max_batch)
+        if problems:
+            raise BindingError(engine_io.name, problems)
+        self._specs: dict[str, TensorSpec] = {}
         requests = []
-        self._dynamic_batch: dict[str, bool] = {}
         self._max_shape: dict[str, tuple[int, ...]] = {}
-        for past, _present in self.pairs:
+        for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
-            if any(d < 0 for d in shape):
-                raise EngineError(f"engine {engine_io.name!r}: state input {past!r} has no bounded max shape "
-                                  f"({shape}); its profiles must bound every dimension")
             self._max_shape[past] = shape
-            self._dynamic_batch[past] = bool(info.shape) and info.shape[0] < 0
+            lead: Dim = "batch" if info.shape and info.shape[0] < 0 else shape[0]
+            sym: tuple[Dim, ...] = (lead, *shape[1:]) if shape else ()
+            self._specs[past] = TensorSpec(past, "input", info.dtype, sym)
+            self._specs[present] = TensorSpec(present, "output", info.dtype, sym)
             requests.append(TensorRequest(past, shape, info.dtype, Location.DEVICE))
+        self.pages_per_sequence = 0
+        self.pool_pages = 0
+        if self.layout == "paged":
+            table = engine_io[names.kKVPageTable]
+            self.pages_per_sequence = table.max_shape()[2]
+            pool = self._max_shape[self.pairs[0][0]]
+            self.pool_pages, self.page_size = pool[1], pool[2]
+            self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
+                                                         ("batch", 2, self.pages_per_sequence))
+            requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence), DType.INT32))
         self.has_start_index = names.kKVCacheStartIndex in engine_io
+        if self.has_start_index:
+            self._specs[names.kKVCacheStartIndex] = TensorSpec(names.kKVCacheStartIndex, "input", DType.INT32,
+                                                               ("start_index_len",))
         requests.append(TensorRequest.of("kv_lengths", (max_batch,), DType.INT32))
         requests.append(TensorRequest.of("host_kv_lengths", (max_batch,), DType.INT32, Location.PINNED))
         self._arena = Arena(requests, backend=be, title=f"{self.name} state")
-        self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
-        self.kv_lengths = self._arena["kv_lengths"]
-        self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+        try:
+            self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
+            self.kv_lengths = self._arena["kv_lengths"]
+            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+            self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
+            self.page_table: Tensor | None = None
+            if self.layout == "paged":
+                self.page_table = self._arena["kv_page_table"]
+                m = self.pages_per_sequence
+                self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
+                rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
+                self.page_table.copy_from(rows, as_stream(stream, be))
+        except BaseException:
+            self._arena.close()
+            raise
         self.lengths = np.zeros(max_batch, dtype=np.int64)
-        self._closed = False
 
     # -- binding ----------------------------------------------------------------------------------
+    def specs(self) -> list[TensorSpec]:
+        """The specs of every binding the state owns (both names of each pair, the page table or the
+        start index): the one source of their shapes."""
+        return list(self._specs.values())
+
     def bind(self, tm: TensorMap) -> None:
-        """Add every state binding (both names of each pair, and ``kvcache_start_index``) to ``tm``."""
+        """Add every state binding (both names of each pair, and the page table or start index) to ``tm``."""
+        self._maps.append(tm)
         for past, present in self.pairs:
             tm.add(past, self.tensors[past])
             tm.add(present, self.tensors[past])
+        if self.page_table is not None:
+            tm.add(names.kKVPageTable, self.page_table)
         if self.has_start_index:
             tm.add(names.kKVCacheStartIndex, self.kv_lengths)
 
     def stable_names(self) -> set[str]:
-        """Bindings only this state's executor reshapes."""
-        return {n for pair in self.pairs for n in pair}
+        """Bindings only this state's executor reshapes (the start index is restaged between steps)."""
+        return set(self._specs) - {names.kKVCacheStartIndex}
 
     def shape_for(self, name: str, batch: int) -> tuple[int, ...]:
-        """The bound shape of a state tensor for a step of ``batch`` sequences."""
-        shape = self._max_shape[name]
-        return (batch,) + shape[1:] if self._dynamic_batch[name] else shape
+        """The bound shape of a state binding for a step of ``batch`` sequences."""
+        spec = self._specs[name]
+        return tuple(batch if d == "batch" else int(d) for d in spec.shape if not isinstance(d, tuple))
 
     def shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
-        """Bound shapes of every state binding (both names of each pair) for ``batch``."""
+        """Bound shapes of every state pair binding (both names) for ``batch``."""
         out = {}
         for past, present in self.pairs:
             out[past] = out[present] = self.shape_for(past, batch)
@@ -94,21 +287,34 @@ class EngineState:
 
         ``path`` is strictly increasing, so every entry is read before a later move overwrites it.
         """
-        s = as_stream(stream, self._arena.backend)
+        be = self._arena.backend
+        s = as_stream(stream, be)
         for j, node in enumerate(path):
             if node == j:
                 continue
             for past, _present in self.pairs:
                 t = self.tensors[past]
                 shape = self._max_shape[past]
+                es = t.dtype.itemsize
+                if self.layout == "paged":
+                    _, pool, page, heads, hd = shape
+                    row = heads * hd * es
+                    for half in (0, 1):
+                        src, dst = (self._slot_offset(seq, start + x, pool, page, row, half) for x in (node, j))
+                        be.memcpy(t.data_ptr + dst, t.data_ptr + src, row, s.handle)
+                    continue
                 if len(shape) != 4:
                     raise EngineError(f"state {past!r}: {shape} is not a [batch, heads, capacity, head_dim] cache")
                 _, heads, cap, hd = shape
-                es = t.dtype.itemsize
                 pitch = cap * hd * es
                 base = t.data_ptr + seq * heads * pitch
-                self._arena.backend.memcpy_2d(base + (start + j) * hd * es, pitch, base + (start + node) * hd * es,
-                                              pitch, hd * es, heads, s.handle)
+                be.memcpy_2d(base + (start + j) * hd * es, pitch, base + (start + node) * hd * es, pitch, hd * es,
+                             heads, s.handle)
+
+    def _slot_offset(self, seq: int, slot: int, pool: int, page: int, row: int, half: int) -> int:
+        """Byte offset of a slot's K (half 0) or V (half 1) row in a pool, through the page table."""
+        page_id = int(self.page_ids[seq, slot // page]) + half * pool
+        return (page_id * page + slot % page) * row
 
     # -- kv lengths -------------------------------------------------------------------------------
     def upload_start_index(self, values: np.ndarray | None, stream: StreamLike = None) -> Tensor:
@@ -132,23 +338,31 @@ class EngineState:
     def memory_report(self) -> MemoryReport:
         return self._arena.report()
 
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        """Free the state. Refused (:class:`FrozenError`) while an open executor binds it."""
         if self._closed:
             return
+        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        if users:
+            raise FrozenError(f"engine state {self.name!r} is bound by open executor(s) {users}: freeing it would "
+                              f"leave their engines writing to freed memory; close the setup first")
         self._closed = True
         self._staging.close()
-        for t in self.tensors.values():
-            t._unfreeze()
-        for t in (self.kv_lengths,):
+        for t in self._arena.tensors.values():
             t._unfreeze()
         self._arena.close()
-
 
     def __enter__(self) -> EngineState:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
     def __repr__(self) -> str:
-        return (f"EngineState({self.name!r}, {len(self.pairs)} pairs, "
+        return (f"EngineState({self.name!r}, {self.layout}, {len(self.pairs)} pairs, "
                 f"{math.ceil(self.nbytes / (1 << 20))} MiB)")
+

@@ -10,7 +10,9 @@ rebinding is the deepstack swap between the real feature buffers and a shared ze
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 from trtio.errors import FrozenError, TrtioError
 from trtio.tensor import Tensor
@@ -28,6 +30,18 @@ class TensorMap:
         self._deepstack_real: dict[str, Tensor] = {}
         self._deepstack_zero: Tensor | None = None
         self.generation = 0  # bumped on every sanctioned rebinding
+        self._users: weakref.WeakSet[Any] = weakref.WeakSet()  # executors that bound this map
+
+    # -- users ----------------------------------------------------------------------------------------
+    def add_user(self, executor: Any) -> None:
+        """Record that ``executor`` has bound this map (its context holds these addresses)."""
+        self._users.add(executor)
+
+    def open_users(self) -> list[str]:
+        """Names of the executors bound to this map that are still open: while there is one, the
+        tensors behind the map must not be freed (the engine, or a captured graph, would write to
+        freed memory)."""
+        return sorted(str(getattr(u, "name", u)) for u in list(self._users) if not getattr(u, "is_closed", True))
 
     # -- mapping protocol ---------------------------------------------------------------------
     def __getitem__(self, name: str) -> Tensor:

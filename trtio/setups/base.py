@@ -17,15 +17,16 @@ import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
+from trtio.contracts import build_registry, contract_of, resolve_contract
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
 from trtio.errors import BindingError, ClosedError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
-from trtio.registry import TensorRegistry, build_registry
+from trtio.registry import TensorRegistry
 from trtio.rope import rope_cos_sin_table
-from trtio.state import EngineState
+from trtio.state import EngineState, state_names, state_problems
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
@@ -41,17 +42,19 @@ _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
 
 
 def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *,
-                 extra: Sequence[str] = ()) -> None:
-    """Compare an engine's declared I/O with what the config implies; raise one BindingError with every
-    disagreement (unknown inputs, missing bindings, dtypes, ranks, fixed dims)."""
+                 max_batch: int | None = None) -> None:
+    """Compare an engine's declared I/O with what the config implies on the registry's contract; raise
+    one BindingError with every disagreement: unknown inputs, missing bindings, dtypes, ranks, fixed
+    dims, profile ranges too small for the config, and (through the engine state's own check) the KV
+    state's dtype, dims and page pool."""
     problems = []
-    state_names = {n for pair in engine_io.state_pairs() for n in pair}
+    owned = state_names(engine_io)
     for info in engine_io.tensors:
         spec = registry.get(info.name)
         if spec is None:
-            if info.name not in state_names and info.name not in extra:
-                problems.append(f"{info.name}: the engine declares this {info.mode} but a {registry.role} engine "
-                                f"of this config has no such binding")
+            if info.name not in owned:
+                problems.append(f"{info.name}: the engine declares this {info.mode} but a {registry.role} engine of "
+                                f"the {registry.contract} contract has no such binding")
             continue
         if spec.io != info.mode:
             problems.append(f"{info.name}: the engine declares an {info.mode}, the config expects an {spec.io}")
@@ -65,18 +68,19 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             if isinstance(d, int) and e >= 0 and d != e:
                 problems.append(f"{info.name}: dim {i} is {e} in the engine but {d} in the config")
     for spec in registry:
-        if spec.name not in engine_io and spec.name not in _OPTIONAL_OUTPUTS and spec.io == "input":
-            problems.append(f"{spec.name}: the config implies this input but the engine does not declare it")
-    if names.kLogits not in engine_io:
-        problems.append(f"{names.kLogits}: the engine has no logits output")
+        if spec.name not in engine_io and not spec.optional:
+            what = "input" if spec.is_input else "output"
+            problems.append(f"{spec.name}: the config implies this {what} but the engine does not declare it")
     problems += _range_problems(engine_io, registry, cfg)
+    problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size)
     if problems:
         raise BindingError(engine_io.name, problems)
 
 
 def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig) -> list[str]:
-    """Dims the config fixes by name (the KV capacity, the RoPE table's batch) and the batch and prompt
-    lengths it promises, against the engine's shapes and profile maxima."""
+    """Profile maxima too small for the config: the registry's own profiles where it has them (ragged),
+    else the dims the config fixes by name (the KV capacity, the RoPE table's batch) and the batch and
+    prompt lengths it promises."""
     problems = []
     fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
     if not cfg.is_mrope:
@@ -85,17 +89,23 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
         spec = registry.get(info.name)
         if spec is None or len(spec.shape) != len(info.shape):
             continue
+        if spec.profiles and info.profiles:
+            for p, (want, got) in enumerate(zip(spec.profiles, info.profiles)):
+                if any(g < w for g, w in zip(got[2], want[2])):
+                    problems.append(f"{info.name}: profile {p} goes up to {list(got[2])} in the engine, the config "
+                                    f"needs {list(want[2])}")
+            continue
         profile_max = info.max_shape() if info.profiles else tuple(-1 for _ in info.shape)
         for i, dim in enumerate(spec.shape):
             engine_dim = info.shape[i]
             if isinstance(dim, str) and dim in fixed:
-                field_name, want = fixed[dim]
-                if engine_dim >= 0 and engine_dim != want:
-                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want} in the config "
+                field_name, want_dim = fixed[dim]
+                if engine_dim >= 0 and engine_dim != want_dim:
+                    problems.append(f"{info.name}: dim {i} is {engine_dim} in the engine but {want_dim} in the config "
                                     f"({field_name})")
-                elif engine_dim < 0 and 0 <= profile_max[i] < want:
+                elif engine_dim < 0 and 0 <= profile_max[i] < want_dim:
                     problems.append(f"{info.name}: dim {i} goes up to {profile_max[i]} in the engine's profiles but "
-                                    f"the config needs {want} ({field_name})")
+                                    f"the config needs {want_dim} ({field_name})")
             elif dim == "batch" and info.is_input and engine_dim < 0 \
                     and 0 <= profile_max[i] < cfg.max_supported_batch_size:
                 problems.append(f"{info.name}: the engine takes batches up to {profile_max[i]}, the config's "
@@ -194,19 +204,22 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
                 context_memory: ContextMemory, graphs: bool, rope: _RopeTables, stream: Stream,
                 resources: contextlib.ExitStack, name: str) -> BoundEngine:
     """Check ``engine`` against ``cfg``, create its state and executor (closed by ``resources``) and bind
-    the state and the RoPE table into ``tm``."""
+    the state and the RoPE table into ``tm``. The executor's registry is the contract's plus the
+    state's own specs."""
     eio = EngineIO.from_engine(engine)
-    registry = build_registry(cfg)
-    check_engine(eio, registry, cfg)
-    state = resources.enter_context(EngineState(eio, max_batch=max_batch, backend=backend, name=name))
+    contract = resolve_contract(cfg, contract_of(eio), f"engine {eio.name!r}")
+    registry = build_registry(cfg, contract)
+    check_engine(eio, registry, cfg, max_batch=max_batch)
+    state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
+                                                stream=stream))
     state.bind(tm)
     stable = state.stable_names()
-    if not cfg.is_mrope and names.kRopeCosSin in eio:
+    if not cfg.is_mrope and names.kRopeCosSin in eio and contract == "batch":
         tm.add(names.kRopeCosSin, rope.get(cfg, stream))
         stable.add(names.kRopeCosSin)
     executor = resources.enter_context(EngineExecutor(engine, context_memory=context_memory, name=name,
-                                                      registry=registry, stable=stable, graphs=graphs,
-                                                      backend=backend))
+                                                      registry=registry.merged(state.specs()), stable=stable,
+                                                      graphs=graphs, backend=backend))
     return BoundEngine(name, cfg, eio, registry, state, tm, executor, _start_index_may_be_empty(eio))
 
 

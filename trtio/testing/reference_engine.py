@@ -152,9 +152,10 @@ class _Geometry:
     mrope: bool
     hb: int  # draft: base_model_hidden_size, else 0
     p1: int  # longest step of profile 1
+    fixed_cache_batch: bool = False  # caches declared [Bmax, Hkv, C, D]: rows are sequence slots
 
     @classmethod
-    def from_config(cls, cfg: Any) -> _Geometry:
+    def from_config(cls, cfg: Any, *, fixed_cache_batch: bool = False) -> _Geometry:
         role = config_role(cfg)
         p1 = 1
         if role == "base":
@@ -179,6 +180,7 @@ class _Geometry:
             mrope=getattr(cfg, "rope_type", "rope") == "mrope",
             hb=int(getattr(cfg, "base_model_hidden_size", 0) or 0) if role == "draft" else 0,
             p1=p1,
+            fixed_cache_batch=fixed_cache_batch,
         )
 
     @property
@@ -257,10 +259,11 @@ def _declare(g: _Geometry) -> list[_Decl]:
             (((1, 1), (g.bmax, 1), (g.bmax, 1)), ((1, 1), (g.bmax, _half(g.p1)), (g.bmax, g.p1))))
     for i in range(g.nd):
         inp(names.deepstack_embeds(i), g.act, (-1, -1, g.h), seq(g.h))
-    cache = (-1, g.hkv, g.cap, g.d)
+    cache = (g.bmax if g.fixed_cache_batch else -1, g.hkv, g.cap, g.d)
+    cache_profiles = static(cache) if g.fixed_cache_batch else per_batch(g.hkv, g.cap, g.d)
     for i in range(g.layers):
-        inp(names.k_cache(i), g.kv, cache, per_batch(g.hkv, g.cap, g.d))
-        inp(names.v_cache(i), g.kv, cache, per_batch(g.hkv, g.cap, g.d))
+        inp(names.k_cache(i), g.kv, cache, cache_profiles)
+        inp(names.v_cache(i), g.kv, cache, cache_profiles)
     out(names.kLogits, f32, (-1, g.vout))
     out(names.kOutputHiddenStates, g.act, (-1, -1, g.h))
     for i in range(g.layers):
@@ -469,8 +472,8 @@ def _forward(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, 
         v_cache = io[names.v_cache(layer)]
         k_cache.reshape(-1, d)[cache_rows] = _store(xp, k.reshape(-1, d), g.kv)
         v_cache.reshape(-1, d)[cache_rows] = _store(xp, v.reshape(-1, d), g.kv)
-        keys = _load(xp, k_cache, g.kv)  # [B, Hkv, C, D], as stored
-        values = xp.where(slot_used, _load(xp, v_cache, g.kv), 0.0)
+        keys = _load(xp, k_cache[:batch], g.kv)  # [B, Hkv, C, D], as stored (a fixed-batch cache: its first rows)
+        values = xp.where(slot_used, _load(xp, v_cache[:batch], g.kv), 0.0)
         q_grouped = q.transpose(0, 2, 1, 3).reshape(batch, hkv, group * seq, d)
         scores = (mm(q_grouped, keys.transpose(0, 1, 3, 2)) * inv_sqrt_d).reshape(batch, hkv, group, seq, c)
         scores = xp.where(mask5, scores, -xp.inf)
@@ -628,9 +631,9 @@ class ReferenceEngine:
     """
 
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
-                 seed: int) -> None:
+                 seed: int, fixed_cache_batch: bool = False) -> None:
         self._cfg = cfg
-        self._geo = _Geometry.from_config(cfg)
+        self._geo = _Geometry.from_config(cfg, fixed_cache_batch=fixed_cache_batch)
         self._toy_weights = weights
         self._device = device
         self._null_compute = bool(null_compute)
@@ -663,8 +666,13 @@ class ReferenceEngine:
 
     @classmethod
     def from_config(cls, cfg: Any, *, seed: int = 0, device: str = "auto", weights: ToyWeights | None = None,
-                    null_compute: bool = False, name: str | None = None) -> ReferenceEngine:
+                    null_compute: bool = False, name: str | None = None,
+                    fixed_cache_batch: bool = False) -> ReferenceEngine:
         """An engine computing the toy model of ``cfg`` (an ``LLMEngineConfig`` or any object with its fields).
+
+        ``fixed_cache_batch=True`` declares the batch-contract caches with a fixed batch of
+        ``max_supported_batch_size`` (cache rows are sequence slots; a step of ``b`` sequences uses
+        rows ``0..b-1``) instead of a dynamic one that must equal the step's batch.
 
         ``weights`` default to ``ToyWeights.generate(cfg, seed)``. ``device``: ``"host"`` (numpy,
         for trtio's host backend), ``"gpu"`` (CuPy, for the cuda backend), or ``"auto"`` (gpu when
@@ -697,7 +705,8 @@ class ReferenceEngine:
             raise ValueError(f"ReferenceEngine: the weights ({weights.num_layers} layers, draft={weights.is_draft}) "
                              f"do not fit the config ({geo.layers} layers, role {geo.role!r})")
         return cls(cfg, weights, device=device, null_compute=null_compute,
-                   name=name if name is not None else f"toy-{geo.role}", seed=seed)
+                   name=name if name is not None else f"toy-{geo.role}", seed=seed,
+                   fixed_cache_batch=fixed_cache_batch)
 
     # -- reference-engine extras (not TensorRT API) ---------------------------------------------
     @property
@@ -1091,7 +1100,9 @@ class ReferenceExecutionContext:
                 problems.append(f"'attention_pos_id' {pos} must have 1 column or one per token of the step ({seq})")
         for i in range(g.layers):
             for cache in (names.k_cache(i), names.v_cache(i)):
-                if s[cache][0] != batch:
+                if g.fixed_cache_batch and s[cache][0] < batch:
+                    problems.append(f"{cache!r} holds {s[cache][0]} sequence slots but inputs_embeds has {batch}")
+                elif not g.fixed_cache_batch and s[cache][0] != batch:
                     problems.append(
                         f"{cache!r} has batch {s[cache][0]} but inputs_embeds has {batch}: TensorRT's "
                         f"KVCacheUpdate needs the cache batch to equal the update batch")

@@ -20,9 +20,9 @@ from typing import Any
 
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig, read_config
+from trtio.contracts import build_registry
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ConfigError, EngineError
-from trtio.registry import build_registry
 from trtio.setups import check_engine
 from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE
 from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
