@@ -342,7 +342,8 @@ def test_configs_with_json_fields_copy_and_pickle():
     ({"rope_type": "linear", "factor": float("nan")}, "rope_scaling.factor", "finite"),
     ({"rope_type": "bogus"}, "rope_scaling.rope_type", "expected one of"),
     ({"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings", "is required for rope_type 'dynamic'"),
-    ({"rope_type": "default", "mrope_section": [2, 3, 4]}, "rope_scaling.mrope_section", "summing to rotary_dim / 2 = 8"),
+    ({"rope_type": "default", "mrope_section": [2, 3, 4]}, "rope_scaling.mrope_section",
+     "summing to rotary_dim / 2 = 8"),
 ])
 def test_rope_scaling_is_validated_against_the_model(scaling, field, needle):
     with pytest.raises(ConfigError) as info:

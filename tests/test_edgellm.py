@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
-from trtio.rope import RopeScaling
 from trtio.edgellm import CONFIG_FILES, EngineDir, config_from_edgellm, unsupported_features
+from trtio.rope import RopeScaling
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED = FIXTURES / "edgellm-0.11"
