@@ -626,3 +626,20 @@ def test_a_deployment_round_trips_through_trtio_json(tmp_path: Path) -> None:
     assert back == dep
     assert back.base.extras["edgellm_version"] == "0.11.0"
     assert copy.deepcopy(dep) == dep
+
+
+@pytest.mark.parametrize("scaling,key,needle", [
+    ({"rope_type": "yarn", "factor": 4.0}, "rope_scaling.original_max_position_embeddings",
+     "is required for rope_type 'yarn'"),
+    ({"rope_type": "proportional"}, "rope_scaling.rope_type", "expected one of"),
+    ({"rope_type": "default", "mrope_section": [4, 2, 1]}, "rope_scaling.mrope_section",
+     "summing to rotary_dim / 2 = 8, got [4, 2, 1]"),
+    ({"rope_type": "linear", "factor": 0.5}, "rope_scaling.factor", "expected a number >= 1"),
+])
+def test_bad_rope_scaling_names_the_file_and_the_key(tmp_path: Path, scaling: dict[str, Any], key: str,
+                                                     needle: str) -> None:
+    path = _write_config(tmp_path, _edit(lambda r: r.update(rope_scaling=scaling)))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(path)
+    assert info.value.field == f"{path}: {key}"
+    assert needle in str(info.value) and "trtio's" not in str(info.value)

@@ -501,7 +501,8 @@ def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,
         return LLMEngineConfig(**values).validate()
     except ConfigError as exc:  # a relation the checks above do not cover: name the Edge-LLM key
         key = _SOURCE_KEY.get(exc.field, exc.field)
-        raise r.error(key, f"{_message(exc)} (trtio's {exc.field})") from None
+        field_note = f" (trtio's {exc.field})" if key != exc.field else ""
+        raise r.error(key, f"{_message(exc)}{field_note}") from None
 
 
 def _check_spec_mode(r: _Reader, role: str) -> None:
@@ -784,12 +785,12 @@ def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> No
                           f"{draft.base_model_hidden_size} does not match the base: {bfile.name} feeds the draft "
                           f"{layers} of hidden_size {base.hidden_size}, {n} x {base.hidden_size} = "
                           f"{n * base.hidden_size}")
-    for key, field_name in (("builder_config.max_batch_size", "max_supported_batch_size"),
-                            ("kv page size", "kv_page_size")):
-        b, d = getattr(base, field_name), getattr(draft, field_name)
-        if b != d:
-            raise ConfigError(f"{dfile}: {key}", f"{d} differs from the base's {b} ({bfile.name}); base and draft "
-                                                 "run the same sequences")
+    # The KV page size needs no check: Edge-LLM fixes it at 128 for both.
+    if draft.max_supported_batch_size != base.max_supported_batch_size:
+        raise ConfigError(f"{dfile}: builder_config.max_batch_size",
+                          f"{draft.max_supported_batch_size} differs from the base's {base.max_supported_batch_size} "
+                          f"({bfile.name}); base and draft run the same sequences, and Edge-LLM's builder writes one "
+                          "batch size for both")
     if draft.output_vocab_size > base.vocab_size:
         raise ConfigError(f"{dfile}: draft_vocab_size", f"{draft.output_vocab_size} exceeds the base's vocab_size "
                                                         f"({base.vocab_size}, {bfile.name}); draft tokens map onto "
