@@ -366,3 +366,10 @@ def test_rope_scaling_errors_from_a_file_name_the_file_and_key(tmp_path):
     with pytest.raises(ConfigError) as info:
         LLMEngineConfig.from_json(path)
     assert info.value.field == f"{path}: rope_scaling.factor"
+
+
+def test_frozen_maps_equal_in_any_order_hash_alike():
+    from trtio.config import freeze_json
+
+    a, b = freeze_json({"x": 1, "y": [2]}), freeze_json({"y": [2], "x": 1})
+    assert a == b and hash(a) == hash(b)

@@ -96,8 +96,8 @@ def _dtype_name(value: Any) -> Any:
 
 
 class FrozenMap(Mapping[str, Any]):
-    """A read-only mapping of JSON values (what ``extras`` and ``rope_scaling`` hold): it compares equal
-    to a dict with the same items, hashes, copies and pickles. Build one with :func:`freeze_json`."""
+    """A read-only mapping of JSON values (what ``LLMEngineConfig.extras`` holds): it compares equal to a
+    dict with the same items, hashes, copies and pickles. Build one with :func:`freeze_json`."""
 
     __slots__ = ("_items",)
     _items: dict[str, Any]
@@ -118,7 +118,7 @@ class FrozenMap(Mapping[str, Any]):
         raise AttributeError(f"{type(self).__name__} is read-only")
 
     def __hash__(self) -> int:
-        return hash(tuple(self._items.items()))
+        return hash(frozenset(self._items.items()))  # order-free, as equality is
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (FrozenMap, (self._items,))
@@ -134,8 +134,6 @@ def freeze_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return tuple(freeze_json(v) for v in value)
     return value
-
-
 
 
 def _thaw(value: Any) -> Any:
