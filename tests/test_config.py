@@ -6,14 +6,33 @@ from _configs import bundle, llm_config
 from trtio import ConfigError, ShapeError
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.dims import InferenceDims
+from trtio.rope import RopeScaling
 
 
 def test_defaults_and_normalisation():
-    cfg = llm_config(rotary_dim=None, activation_dtype="HALF")
+    cfg = llm_config(rotary_dim=0, activation_dtype="HALF", kv_cache_dtype="fp8")
     assert cfg.output_vocab_size == cfg.vocab_size == 512
-    assert cfg.rotary_dim == cfg.head_dim
+    assert cfg.rotary_dim == cfg.head_dim == 16
     assert cfg.activation_dtype == "float16"
+    assert cfg.kv_cache_dtype == "fp8"
     assert cfg.role == "llm"
+    assert (cfg.contract, cfg.kv_page_size, cfg.kv_pool_pages, cfg.rope_scaling) == (None, 128, 4, None)
+    assert cfg.max_position_embeddings == 0
+    assert cfg.eagle_hidden_state_layers == () and dict(cfg.extras) == {}
+
+
+def test_rotary_dim_and_output_vocab_are_ints_from_construction():
+    """The "derive me" value never escapes: the field reads as the int the engine uses."""
+    cfg = LLMEngineConfig(hidden_size=64, vocab_size=300, max_supported_batch_size=1, max_supported_input_length=8,
+                          max_kv_cache_capacity=8, num_attention_layers=1, num_attention_heads=4, num_kv_heads=4,
+                          head_dim=16)
+    assert type(cfg.rotary_dim) is int and cfg.rotary_dim == 16
+    assert type(cfg.output_vocab_size) is int and cfg.output_vocab_size == 300
+    data = cfg.to_dict()
+    assert (data["rotary_dim"], data["output_vocab_size"]) == (16, 300)
+    data.update(rotary_dim=None, output_vocab_size=None)  # hand-written JSON may leave them null
+    back = LLMEngineConfig.from_dict(data)
+    assert (back.rotary_dim, back.output_vocab_size) == (16, 300)
 
 
 def test_frozen():
@@ -34,6 +53,14 @@ def test_frozen():
     ("kv_cache_dtype", "float64", "kv_cache_dtype"),
     ("rope_type", "yarn", "rope_type"),
     ("rope_theta", 0, "positive number"),
+    ("rope_theta", float("nan"), "finite"),
+    ("rope_theta", float("inf"), "finite"),
+    ("rope_theta", "1e4", "finite positive number"),
+    ("contract", "paged", "one of ['batch', 'ragged']"),
+    ("kv_page_size", 0, "positive int"),
+    ("kv_pool_pages", -1, "non-negative"),
+    ("rope_scaling", [1, 2], "JSON object"),
+    ("eagle_hidden_state_layers", "2,4", "list of layer indices"),
     ("max_kv_cache_capacity", 32, "cannot hold max_supported_input_length"),
     ("num_deepstack_features", 3, "exceeds num_attention_layers"),
     ("num_deepstack_features", -1, "non-negative"),
@@ -44,7 +71,7 @@ def test_bad_fields_are_named(field, value, needle):
         llm_config(**{field: value})
     assert info.value.field == field
     assert needle in str(info.value)
-    assert str(value) in str(info.value) or field in ("num_kv_heads",)
+    assert str(value) in str(info.value) or field in ("num_kv_heads", "rope_scaling")
 
 
 def test_role_checks():
@@ -174,3 +201,175 @@ def test_deployment_json_round_trip(tmp_path):
     p.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="verify_size"):
         DeploymentConfig.from_json(p)
+
+
+def test_kv_pool_pages_derived_or_checked():
+    cfg = llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300)  # ceil(300 / 128) = 3 pages each
+    assert (cfg.pages_per_sequence, cfg.min_kv_pool_pages, cfg.kv_pool_pages) == (3, 9, 9)
+    assert type(cfg.kv_pool_pages) is int and cfg.to_dict()["kv_pool_pages"] == 9
+    assert llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300, kv_pool_pages=12).kv_pool_pages == 12
+    assert llm_config(kv_page_size=64).pages_per_sequence == 2
+    with pytest.raises(ConfigError) as info:
+        llm_config(max_supported_batch_size=3, max_kv_cache_capacity=300, kv_pool_pages=8)
+    assert info.value.field == "kv_pool_pages"
+    msg = str(info.value)
+    assert "8 pages cannot give each of max_supported_batch_size (3) sequences" in msg
+    assert "3 x ceil(300 / kv_page_size 128) = 9 pages" in msg and "0 to derive it" in msg
+
+
+def test_rope_scaling_is_read_only_hashable_and_round_trips(tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+    cfg = llm_config(rope_scaling=dict(scaling), eagle_hidden_state_layers=[0, 1], is_spec_decode_base=True,
+                     max_verify_tree_size=4, extras={"model": "llama", "eos_token_id": [1, 2]})
+    assert isinstance(cfg.rope_scaling, RopeScaling) and cfg.rope_scaling.to_dict() == scaling
+    with pytest.raises(AttributeError):
+        cfg.rope_scaling.factor = 2.0  # type: ignore[misc]
+    assert cfg.eagle_hidden_state_layers == (0, 1)
+    assert cfg.extras["eos_token_id"] == (1, 2)
+    with pytest.raises(TypeError):
+        cfg.extras["model"] = "x"  # type: ignore[index]
+    hash(cfg)  # usable as a cache key
+    path = tmp_path / "c.json"
+    cfg.to_json(path)
+    data = json.loads(path.read_text())
+    assert data["rope_scaling"] == scaling and data["eagle_hidden_state_layers"] == [0, 1]
+    assert data["extras"] == {"model": "llama", "eos_token_id": [1, 2]}
+    back = LLMEngineConfig.from_json(path)
+    assert back == cfg and dict(back.extras) == dict(cfg.extras)
+    assert llm_config(rope_scaling={}).rope_scaling is None
+
+
+def test_extras_do_not_take_part_in_equality():
+    assert llm_config(extras={"model": "a"}) == llm_config(extras={"model": "b"})
+    assert hash(llm_config(extras={"model": "a"})) == hash(llm_config())
+
+
+def test_eagle_hidden_state_layers_checked():
+    with pytest.raises(ConfigError, match=r"eagle_hidden_state_layers: .*\[0, num_attention_layers=2\), got 2"):
+        llm_config(is_spec_decode_base=True, max_verify_tree_size=4, eagle_hidden_state_layers=(0, 2))
+    with pytest.raises(ConfigError, match="only a spec-decode base feeds hidden states"):
+        llm_config(eagle_hidden_state_layers=(0,))
+    with pytest.raises(ConfigError, match="names a layer twice"):
+        llm_config(is_spec_decode_base=True, max_verify_tree_size=4, eagle_hidden_state_layers=(1, 1))
+
+
+def test_nan_literal_in_a_json_file_is_refused_naming_the_key(tmp_path):
+    cfg = llm_config()
+    path = tmp_path / "c.json"
+    cfg.to_json(path)
+    text = path.read_text().replace('"rope_theta": 10000.0', '"rope_theta": NaN')
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_json(path)
+    assert info.value.field == f"{path}: rope_theta"
+    assert "is NaN, which JSON does not allow" in str(info.value)
+    b = bundle()
+    dep = tmp_path / "d.json"
+    b.to_json(dep)
+    dep.write_text(dep.read_text().replace('"verify_size": 6', '"verify_size": -Infinity'))
+    with pytest.raises(ConfigError, match=r"d\.json: spec\.verify_size: is -Infinity"):
+        DeploymentConfig.from_json(dep)
+
+
+def test_validation_errors_from_a_file_name_the_file(tmp_path):
+    path = tmp_path / "c.json"
+    data = llm_config().to_dict()
+    data["hidden_size"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_json(path)
+    assert info.value.field == f"{path}: hidden_size"
+    assert str(info.value) == f"{path}: hidden_size: must be a positive int, got 0"
+    dep = tmp_path / "d.json"
+    bundle().to_json(dep)
+    data = json.loads(dep.read_text())
+    data["draft"]["rope_theta"] = 0
+    dep.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"d\.json: draft\.rope_theta: must be a finite positive number, got 0"):
+        DeploymentConfig.from_json(dep)
+
+
+def test_deployment_from_json_bad_files_name_the_path(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_json(tmp_path)
+    assert info.value.field == str(tmp_path) and "is a directory, not a config file" in str(info.value)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"Edge-LLM engine directory: open it with trtio\.edgellm\.EngineDir"):
+        DeploymentConfig.from_json(tmp_path)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_json(latin)
+    assert info.value.field == str(latin) and "is not UTF-8 text (byte 0xe9 at offset 13)" in str(info.value)
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_json(listed)
+    assert str(info.value) == f'{listed}: must hold a JSON object with a "base" section, got a list'
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    with pytest.raises(ConfigError, match=r"empty\.json: base: is required"):
+        DeploymentConfig.from_json(empty)
+    with pytest.raises(ConfigError, match=r"must be a JSON object, got a number"):
+        LLMEngineConfig.from_json(_write(tmp_path / "n.json", "3"))
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_configs_with_json_fields_copy_and_pickle():
+    import copy
+    import pickle
+
+    from trtio.config import freeze_json
+
+    cfg = llm_config(rope_scaling={"rope_type": "linear", "factor": 2.0}, extras={"eos_token_id": [1, 2]})
+    for clone in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert clone == cfg and dict(clone.extras) == dict(cfg.extras)
+        assert isinstance(clone.rope_scaling, RopeScaling)
+    frozen = freeze_json({"a": [1, {"b": 2}]})
+    assert frozen == {"a": (1, {"b": 2})} and hash(frozen) == hash(freeze_json({"a": [1, {"b": 2}]}))
+    with pytest.raises(AttributeError, match="read-only"):
+        frozen._items = {}
+
+
+@pytest.mark.parametrize("scaling,field,needle", [
+    ({"rope_type": "llama3", "factor": 8.0}, "rope_scaling.original_max_position_embeddings",
+     "is required for rope_type 'llama3'"),
+    ({"rope_type": "linear", "factor": float("nan")}, "rope_scaling.factor", "finite"),
+    ({"rope_type": "bogus"}, "rope_scaling.rope_type", "expected one of"),
+    ({"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings", "is required for rope_type 'dynamic'"),
+    ({"rope_type": "default", "mrope_section": [2, 3, 4]}, "rope_scaling.mrope_section",
+     "summing to rotary_dim / 2 = 8"),
+])
+def test_rope_scaling_is_validated_against_the_model(scaling, field, needle):
+    with pytest.raises(ConfigError) as info:
+        llm_config(rope_scaling=scaling, rope_type="mrope" if "mrope_section" in scaling else "rope")
+    assert info.value.field == field and needle in str(info.value)
+
+
+def test_mrope_scaling_needs_rope_type_mrope():
+    with pytest.raises(ConfigError, match="rope_type: is 'rope', but rope_scaling is MRoPE's"):
+        llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
+    assert llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, rope_type="mrope").is_mrope
+    assert llm_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096)
+
+
+def test_rope_scaling_errors_from_a_file_name_the_file_and_key(tmp_path):
+    data = llm_config().to_dict()
+    data["rope_scaling"] = {"rope_type": "yarn"}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_json(path)
+    assert info.value.field == f"{path}: rope_scaling.factor"
+
+
+def test_frozen_maps_equal_in_any_order_hash_alike():
+    from trtio.config import freeze_json
+
+    a, b = freeze_json({"x": 1, "y": [2]}), freeze_json({"y": [2], "x": 1})
+    assert a == b and hash(a) == hash(b)

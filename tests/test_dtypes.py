@@ -103,3 +103,26 @@ def test_interop_codes():
     assert DType.BFLOAT16.typestr is None
     assert DType.BFLOAT16.dlpack == (4, 16)
     assert DType.INT4.dlpack is None
+
+
+@pytest.mark.parametrize("name,dt", [
+    ("fp16", DType.FLOAT16), ("bf16", DType.BFLOAT16), ("fp32", DType.FLOAT32), ("fp8", DType.FP8),
+    ("int8", DType.INT8), ("FP16", DType.FLOAT16), ("Bf16", DType.BFLOAT16),
+])
+def test_coerce_accepts_edgellm_short_names(name, dt):
+    """Edge-LLM's config.json writes kv_cache_dtype as "fp16" / "fp8" (its runtime also takes int8, bf16, fp32)."""
+    assert DType.coerce(name) is dt
+
+
+def test_short_names_reach_every_dtype_taker():
+    from trtio import Tensor
+    from trtio.memory import TensorRequest
+
+    assert TensorRequest.of("x", (2,), "bf16").dtype is DType.BFLOAT16
+    with Tensor.empty((2, 3), "fp16", location="host", backend="host") as t:
+        assert t.dtype is DType.FLOAT16 and t.nbytes == 12
+
+
+def test_unknown_short_name_lists_the_short_names():
+    with pytest.raises(ValueError, match=r"Edge-LLM short name \(fp16, bf16, fp32, fp8, int8\)"):
+        DType.coerce("fp12")

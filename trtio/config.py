@@ -1,7 +1,9 @@
 """Engine and deployment configs: frozen, validated once, JSON in and out, with the shape recipes.
 
 Field names follow Edge-LLM's ``LLMEngineConfig`` / ``SpecDecodeConfig`` / ``DeploymentConfig`` in
-snake_case. ``validate()`` raises :class:`ConfigError` naming the field and the value.
+snake_case. ``validate()`` raises :class:`ConfigError` naming the field and the value; configs read
+from a file name the file too (``"path: field: message"``). Edge-LLM's own ``config.json`` files are
+read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm`).
 """
 
 from __future__ import annotations
@@ -10,27 +12,56 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, ShapeError
+from trtio.rope import RopeScaling, rope_parameters
 
-__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config"]
+__all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
+           "freeze_json"]
 
 log = logging.getLogger("trtio")
 
 _ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")
 _KV_DTYPES = ("float16", "bfloat16", "float32", "fp8", "int8")
 _ROPE_TYPES = ("rope", "mrope")
+#: The engine I/O contracts a config may name (DESIGN §11); ``None`` means "as the engine declares".
+CONTRACTS = ("batch", "ragged")
 # Top-level keys a deployment JSON may carry besides base / draft / spec.
 _DEPLOYMENT_EXTRA_KEYS = ("name", "description", "seed")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _at(what: str, key: str) -> str:
+    """The name of ``key`` inside ``what``: ``"path: key"`` for a file (``what`` ends with ":"),
+    ``"what.key"`` for a section, ``key`` alone at the top."""
+    if not what:
+        return key
+    return f"{what} {key}" if what.endswith(":") else f"{what}.{key}"
+
+
+def _where(what: str) -> str:
+    """``what`` standing alone (a file's ``"path:"`` without its colon)."""
+    return what[:-1] if what.endswith(":") else what
+
+
+def _message(exc: ConfigError) -> str:
+    """The message of ``exc`` without its field (``str(exc)`` is ``"field: message"``)."""
+    text = str(exc)
+    prefix = f"{exc.field}: "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def _within(what: str, exc: ConfigError) -> ConfigError:
+    """``exc`` re-homed under ``what`` (the file or section it came from)."""
+    return ConfigError(_at(what, exc.field), _message(exc))
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -47,52 +78,166 @@ def _non_negative(obj: Any, *names: str) -> None:
             raise ConfigError(name, f"must be a non-negative int, got {v!r}")
 
 
+def _finite_floats(obj: Any) -> None:
+    """Refuse NaN and infinities in every float field (a NaN rope_theta gives a NaN RoPE table)."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f.name, f"must be a finite number, got {v!r}")
+
+
 def _dtype_name(value: Any) -> Any:
-    """Normalise a dtype given as DType, numpy dtype or TensorRT name to trtio's name ("float16")."""
+    """Normalise a dtype given as DType, numpy dtype, Edge-LLM short name or TensorRT name to trtio's
+    name ("float16")."""
     try:
         return str(DType.coerce(value))
     except ValueError:
         return value  # validate() reports it with the field's name
 
 
+class FrozenMap(Mapping[str, Any]):
+    """A read-only mapping of JSON values (what ``LLMEngineConfig.extras`` holds): it compares equal to a
+    dict with the same items, hashes, copies and pickles. Build one with :func:`freeze_json`."""
+
+    __slots__ = ("_items",)
+    _items: dict[str, Any]
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        object.__setattr__(self, "_items", dict(items or {}))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))  # order-free, as equality is
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenMap, (self._items,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+
+def freeze_json(value: Any) -> Any:
+    """A read-only deep copy of a JSON value: objects become :class:`FrozenMap`, lists tuples."""
+    if isinstance(value, Mapping):
+        return FrozenMap({str(k): freeze_json(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze_json(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    """The plain JSON value (dicts and lists) of a :func:`freeze_json` result."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+_NO_EXTRAS: Mapping[str, Any] = FrozenMap()
+
+
 def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(what, f"must be a JSON object, got {type(data).__name__}")
+        raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {_json_kind(data)}")
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{what}.{unknown[0]}", f"is not a {cls.__name__} field; known fields: {sorted(known)}")
+        raise ConfigError(_at(what, unknown[0]), f"is not a {cls.__name__} field; known fields: {sorted(known)}")
+    missing = [f.name for f in fields(cls)
+               if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(_at(what, missing[0]), f"is required (a {cls.__name__} field with no default)")
     try:
         return cls(**data)
-    except TypeError as exc:
-        missing = [f.name for f in fields(cls)
-                   if f.name not in data and f.default is MISSING and f.default_factory is MISSING]
-        raise ConfigError(f"{what}.{missing[0]}" if missing else what, f"is required ({exc})") from None
+    except ConfigError as exc:
+        raise _within(what, exc) from None
+
+
+class _NonFinite:
+    """What the JSON reader puts where a file says ``NaN``, ``Infinity`` or ``-Infinity``."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _find_non_finite(value: Any, key: str = "") -> tuple[str, str] | None:
+    if isinstance(value, _NonFinite):
+        return key, value.literal
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _find_non_finite(v, f"{key}.{k}" if key else str(k))
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _find_non_finite(v, f"{key}[{i}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON value in ``path``; ConfigError naming the file for a missing, unreadable or invalid one.
+
+    JSON has no NaN or Infinity (RFC 8259; Edge-LLM's C++ reader refuses them too), although Python's
+    reader takes them: such a literal is refused here, naming its key.
+    """
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        data = json.loads(raw.decode("utf-8"), parse_constant=_NonFinite)
     except FileNotFoundError:
         raise ConfigError(str(path), "no such config file") from None
     except IsADirectoryError:
-        raise ConfigError(str(path), "is a directory, not a config file") from None
+        hint = ""
+        if any(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "base_config.json")):
+            hint = ("; it looks like an Edge-LLM engine directory: open it with "
+                    "trtio.edgellm.EngineDir.open(path) (and .deployment(...) for a DeploymentConfig)")
+        raise ConfigError(str(path), f"is a directory, not a config file{hint}") from None
+    except PermissionError as exc:
+        raise ConfigError(str(path), f"cannot be read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not UTF-8 text: {exc}") from None
+        raise ConfigError(str(path), f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                                     f"{exc.start}); a JSON config is UTF-8") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
+    found = _find_non_finite(data)
+    if found is not None:
+        key, literal = found
+        raise ConfigError(f"{path}: {key}" if key else str(path),
+                          f"is {literal}, which JSON does not allow; give a finite number")
+    return data
 
 
 def _write_json(path: str | os.PathLike[str], data: Any) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
+        json.dump(data, fh, indent=2, allow_nan=False)
         fh.write("\n")
 
 
 @dataclass(frozen=True)
 class LLMEngineConfig:
-    """What trtio needs to know about one LLM engine (base, draft or plain)."""
+    """What trtio needs to know about one LLM engine (base, draft or plain).
+
+    ``rotary_dim``, ``output_vocab_size`` and ``kv_pool_pages`` given as 0 (their default) resolve at
+    construction to ``head_dim``, ``vocab_size`` and max batch x :attr:`pages_per_sequence`, so every
+    reader sees the int the engine uses. ``rope_scaling`` given as a dict (HF's) is validated into a
+    :class:`~trtio.rope.RopeScaling`. ``extras`` holds the Edge-LLM ``config.json`` keys trtio does not map
+    onto a field (read-only, not compared). Build one from Edge-LLM's ``config.json``
+    with :meth:`from_edgellm`.
+    """
 
     hidden_size: int
     vocab_size: int
@@ -103,8 +248,8 @@ class LLMEngineConfig:
     num_attention_heads: int
     num_kv_heads: int
     head_dim: int
-    rotary_dim: int | None = None  # default: head_dim
-    output_vocab_size: int | None = None  # default: vocab_size
+    rotary_dim: int = 0  # 0: head_dim (resolved at construction)
+    output_vocab_size: int = 0  # 0: vocab_size (resolved at construction); a draft's logits width
     activation_dtype: str = "float16"
     kv_cache_dtype: str = "float16"
     num_deepstack_features: int = 0
@@ -114,21 +259,36 @@ class LLMEngineConfig:
     base_model_hidden_size: int = 0  # a draft's view of the base output width; 0 if not a draft
     max_verify_tree_size: int = 0  # spec-decode base: most tokens one verify step takes
     max_draft_tree_size: int = 0  # draft: most tokens one proposal / accept step takes
-    contract: str | None = None  # "batch" | "ragged"; None: the engine's
-    kv_page_size: int = 128  # paged KV (ragged contract): tokens per page
-    kv_pool_pages: int = 0  # pages per layer pool; 0: max batch x pages per sequence
+    contract: str | None = None  # "batch" | "ragged"; None: the engine's I/O decides (trtio.contract_of)
+    kv_page_size: int = 128  # tokens per KV page (paged caches; Edge-LLM's is fixed at 128)
+    kv_pool_pages: int = 0  # pages per paged KV pool; 0: max batch x pages_per_sequence (resolved at construction)
+    rope_scaling: RopeScaling | None = None  # HF's rope_scaling (a dict is validated into a RopeScaling)
+    max_position_embeddings: int = 0  # the model's; 0: unknown (dynamic / yarn / longrope scaling may need it)
     eagle_hidden_state_layers: tuple[int, ...] = ()  # EAGLE3 base: layers whose hidden states feed the draft
+    extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
-        if self.kv_pool_pages == 0 and _is_int(self.kv_page_size) and self.kv_page_size > 0:
-            object.__setattr__(self, "kv_pool_pages", self.max_supported_batch_size * self.pages_per_sequence)
-        if self.output_vocab_size is None:
+        # Resolved here, once, so that no reader ever sees a "derive me" value.
+        if not self.output_vocab_size:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
-        if self.rotary_dim is None:
+        if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
         object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
         object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
+        if (not self.kv_pool_pages and all(_is_int(v) and v > 0 for v in (
+                self.kv_page_size, self.max_supported_batch_size, self.max_kv_cache_capacity))):
+            object.__setattr__(self, "kv_pool_pages", self.min_kv_pool_pages)
+        scaling: Any = self.rope_scaling  # a dict from JSON, or a RopeScaling
+        if isinstance(scaling, Mapping):
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_hf(scaling))
+        if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
+            object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
+        if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
+            object.__setattr__(self, "extras", freeze_json(self.extras))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles go through the JSON form, which every field value supports.
+        return (_llm_config_from_fields, (self.to_dict(),))
 
     # -- roles --------------------------------------------------------------------------------
     @property
@@ -168,14 +328,21 @@ class LLMEngineConfig:
             return self.max_draft_tree_size
         return 1
 
+    @property
+    def min_kv_pool_pages(self) -> int:
+        """Pages a paged KV pool needs so that every sequence slot owns its pages: max batch x
+        :attr:`pages_per_sequence` (Edge-LLM's "minimum active pages")."""
+        return self.max_supported_batch_size * self.pages_per_sequence
+
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> LLMEngineConfig:
         """Check every field; raise ConfigError naming the first bad one. Returns self."""
         _positive(self, "hidden_size", "vocab_size", "output_vocab_size", "max_supported_batch_size",
                   "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
-                  "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim")
+                  "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
         _non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
-                      "max_draft_tree_size")
+                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings")
+        _finite_floats(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"{self.num_kv_heads} must divide num_attention_heads "
                                               f"({self.num_attention_heads})")
@@ -187,10 +354,15 @@ class LLMEngineConfig:
             raise ConfigError("kv_cache_dtype", f"must be one of {_KV_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.rope_type not in _ROPE_TYPES:
             raise ConfigError("rope_type", f"must be one of {_ROPE_TYPES}, got {self.rope_type!r}")
-        if not isinstance(self.rope_theta, (int, float)) or isinstance(self.rope_theta, bool) or self.rope_theta <= 0:
-            raise ConfigError("rope_theta", f"must be a positive number, got {self.rope_theta!r}")
+        theta = self.rope_theta
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not math.isfinite(theta) or theta <= 0:
+            raise ConfigError("rope_theta", f"must be a finite positive number, got {theta!r}")
+        self._validate_rope_scaling()
         if not isinstance(self.is_spec_decode_base, bool):
             raise ConfigError("is_spec_decode_base", f"must be true or false, got {self.is_spec_decode_base!r}")
+        if self.contract is not None and self.contract not in CONTRACTS:
+            raise ConfigError("contract", f"must be null (the engine decides) or one of {list(CONTRACTS)}, "
+                                          f"got {self.contract!r}")
         if self.max_kv_cache_capacity < self.max_supported_input_length:
             raise ConfigError("max_kv_cache_capacity",
                               f"{self.max_kv_cache_capacity} cannot hold max_supported_input_length "
@@ -206,37 +378,99 @@ class LLMEngineConfig:
                               f"a spec-decode base needs a positive value, got {self.max_verify_tree_size}")
         if self.is_draft and self.max_draft_tree_size <= 0:
             raise ConfigError("max_draft_tree_size", f"a draft needs a positive value, got {self.max_draft_tree_size}")
-        if self.contract not in (None, "batch", "ragged"):
-            raise ConfigError("contract", f"must be 'batch', 'ragged' or null (from the engine), got {self.contract!r}")
-        _positive(self, "kv_page_size", "kv_pool_pages")
-        need = self.max_supported_batch_size * self.pages_per_sequence
-        if self.kv_pool_pages < need:
-            raise ConfigError("kv_pool_pages", f"{self.kv_pool_pages} pages cannot hold max_supported_batch_size "
-                                               f"({self.max_supported_batch_size}) x {self.pages_per_sequence} pages "
-                                               f"per sequence = {need}")
-        if any(not _is_int(i) or not 0 <= i < self.num_attention_layers for i in self.eagle_hidden_state_layers):
-            raise ConfigError("eagle_hidden_state_layers",
-                              f"must be layer indices in 0..{self.num_attention_layers - 1}, "
-                              f"got {list(self.eagle_hidden_state_layers)}")
         if self.max_step_tokens > self.max_kv_cache_capacity:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
+        if self.kv_pool_pages < self.min_kv_pool_pages:
+            raise ConfigError("kv_pool_pages",
+                              f"{self.kv_pool_pages} pages cannot give each of max_supported_batch_size "
+                              f"({self.max_supported_batch_size}) sequences its max_kv_cache_capacity "
+                              f"({self.max_kv_cache_capacity}) tokens: that takes {self.max_supported_batch_size} x "
+                              f"ceil({self.max_kv_cache_capacity} / kv_page_size {self.kv_page_size}) = "
+                              f"{self.min_kv_pool_pages} pages; give at least that, or 0 to derive it")
+        self._validate_eagle_layers()
+        if not isinstance(self.extras, Mapping):
+            raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")
         return self
+
+    def _validate_rope_scaling(self) -> None:
+        scaling = self.rope_scaling
+        if scaling is None:
+            return
+        if not isinstance(scaling, RopeScaling):
+            raise ConfigError("rope_scaling", f"must be a JSON object (HF's rope_scaling) or null, "
+                                              f"got {type(scaling).__name__}")
+        if (scaling.mrope_section is not None or scaling.rope_type == "mrope") and self.rope_type != "mrope":
+            raise ConfigError("rope_type", f"is {self.rope_type!r}, but rope_scaling is MRoPE's (mrope_section "
+                                           f"{list(scaling.mrope_section or ())}); give rope_type 'mrope'")
+        try:  # the scaling must fit this model: section sums, factor lengths, lengths it needs
+            rope_parameters(self.rotary_dim, float(self.rope_theta), scaling,
+                            max_position_embeddings=self.max_position_embeddings or None)
+        except ConfigError as exc:
+            field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
+            raise ConfigError(field_name, _message(exc)) from None
+
+    def _validate_eagle_layers(self) -> None:
+        layers = self.eagle_hidden_state_layers
+        if not isinstance(layers, tuple):
+            raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
+        if not layers:
+            return
+        if not self.is_spec_decode_base:
+            raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
+                                                           f"this {self.role} config lists {list(layers)}")
+        for i in layers:
+            if not _is_int(i) or not 0 <= i < self.num_attention_layers:
+                raise ConfigError("eagle_hidden_state_layers",
+                                  f"{list(layers)}: every entry must be a layer index in "
+                                  f"[0, num_attention_layers={self.num_attention_layers}), got {i!r}")
+        if len(set(layers)) != len(layers):
+            raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field as plain JSON values (``rope_scaling`` a dict or None, ``extras`` a dict);
+        ``LLMEngineConfig.from_dict(cfg.to_dict()) == cfg``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if isinstance(value, RopeScaling) else _thaw(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, what: str = "LLMEngineConfig") -> LLMEngineConfig:
-        return _from_mapping(cls, data, what).validate()
+        """A validated config from trtio's own JSON layout (the field names). Errors name ``what``."""
+        if isinstance(data, Mapping):
+            data = {k: (0 if k in ("rotary_dim", "output_vocab_size") and v is None else v) for k, v in data.items()}
+        cfg: LLMEngineConfig = _from_mapping(cls, data, what)
+        try:
+            return cfg.validate()
+        except ConfigError as exc:
+            raise _within(what, exc) from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> LLMEngineConfig:
-        return cls.from_dict(_read_json(path), what=str(path))
+        """A validated config from a JSON file in trtio's own layout (see :meth:`from_edgellm` for Edge-LLM's)."""
+        return cls.from_dict(_read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
         _write_json(path, self.to_dict())
+
+    @classmethod
+    def from_edgellm(cls, source: str | os.PathLike[str] | Mapping[str, Any], *,
+                     what: str | None = None) -> LLMEngineConfig:
+        """A validated config from an Edge-LLM 0.11 engine config: a ``config.json`` /
+        ``base_config.json`` / ``draft_config.json`` path, or its parsed dict.
+
+        Maps Edge-LLM's keys onto trtio's fields (``num_hidden_layers`` -> ``num_attention_layers``,
+        ``builder_config.max_batch_size`` -> ``max_supported_batch_size``, ...; the table is in
+        :mod:`trtio.edgellm`), sets ``contract="ragged"``, and keeps every key it does not map in
+        ``extras``. Families trtio cannot bind yet are refused here, naming the key that marks them.
+        ``what`` names a dict's source in errors (a path names itself).
+        """
+        from trtio.edgellm import config_from_edgellm  # edgellm.py builds on this module
+
+        return config_from_edgellm(source, what=what)
 
     # -- shape recipes (Edge-LLM's llmEngineConfig.cpp) ------------------------------------------
     def _rope_batch(self, batch: int) -> int:
@@ -302,6 +536,10 @@ class LLMEngineConfig:
         return self._dims(1, 1, 1, 1, 1, rope_batch=1, execution_phase=1)
 
 
+def _llm_config_from_fields(data: dict[str, Any]) -> LLMEngineConfig:
+    return LLMEngineConfig(**data)
+
+
 @dataclass(frozen=True)
 class SpecDecodeConfig:
     """Speculative-decoding knobs shared by a base and its draft."""
@@ -326,11 +564,15 @@ class SpecDecodeConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, what: str = "SpecDecodeConfig") -> SpecDecodeConfig:
-        return _from_mapping(cls, data, what).validate()
+        spec: SpecDecodeConfig = _from_mapping(cls, data, what)
+        try:
+            return spec.validate()
+        except ConfigError as exc:
+            raise _within(what, exc) from None
 
 
 @dataclass(frozen=True)
@@ -408,29 +650,52 @@ class DeploymentConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, what: str = "DeploymentConfig") -> DeploymentConfig:
-        if not isinstance(data, Mapping) or "base" not in data:
-            raise ConfigError(f"{what}.base", "is required")
-        base = _from_mapping(LLMEngineConfig, data["base"], f"{what}.base")
-        draft = _from_mapping(LLMEngineConfig, data["draft"], f"{what}.draft") if "draft" in data else None
-        spec = _from_mapping(SpecDecodeConfig, data["spec"], f"{what}.spec") if "spec" in data else None
+        """A validated deployment from trtio's JSON layout: ``base`` (required), ``draft`` and ``spec``
+        (together), and optionally ``name`` / ``description`` / ``seed``. Errors name ``what``."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(_where(what) or "DeploymentConfig",
+                              f"must hold a JSON object with a \"base\" section, got a {_json_kind(data)}")
+        if "base" not in data:
+            raise ConfigError(_at(what, "base"), "is required (the base or plain LLM engine's config)")
         extra = {k: v for k, v in data.items() if k not in ("base", "draft", "spec")}
         for key in extra:
             if key not in _DEPLOYMENT_EXTRA_KEYS:
-                raise ConfigError(f"{what}.{key}", "is not a DeploymentConfig key; expected base, draft, spec"
-                                                   f" or one of {_DEPLOYMENT_EXTRA_KEYS}")
-        return cls(base, draft, spec, extra).validate()
+                raise ConfigError(_at(what, key), "is not a DeploymentConfig key; expected base, draft, spec"
+                                                  f" or one of {_DEPLOYMENT_EXTRA_KEYS}")
+        base = LLMEngineConfig.from_dict(data["base"], what=_at(what, "base"))
+        draft = LLMEngineConfig.from_dict(data["draft"], what=_at(what, "draft")) if "draft" in data else None
+        spec = SpecDecodeConfig.from_dict(data["spec"], what=_at(what, "spec")) if "spec" in data else None
+        try:
+            return cls(base, draft, spec, extra).validate()
+        except ConfigError as exc:
+            raise _within(what, exc) from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> DeploymentConfig:
-        return cls.from_dict(_read_json(path), what=str(path))
+        """A validated deployment from a JSON file in trtio's layout. An Edge-LLM engine directory has no
+        deployment file: use ``trtio.edgellm.EngineDir.open(path).deployment(...)``."""
+        return cls.from_dict(_read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
         _write_json(path, self.to_dict())
+
+
+def _json_kind(value: Any) -> str:
+    """How JSON names the type of ``value`` ("list" for a JSON array, "number", ...)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Sequence):
+        return "list"
+    return "null" if value is None else type(value).__name__
 
 
 def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
     """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
     data = _read_json(path)
     if isinstance(data, dict) and "base" in data:
-        return DeploymentConfig.from_dict(data, what=str(path))
-    return LLMEngineConfig.from_dict(data, what=str(path))
+        return DeploymentConfig.from_dict(data, what=f"{path}:")
+    return LLMEngineConfig.from_dict(data, what=f"{path}:")

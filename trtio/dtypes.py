@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 __all__ = ["DType", "DTypeLike"]
 
+_ml: ModuleType | None
 try:  # ml_dtypes gives numpy names to bf16 / fp8 / e8m0; optional.
     import ml_dtypes as _ml
 except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
@@ -23,7 +25,8 @@ except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
 def _ml_dtype(name: str) -> np.dtype | None:
     if _ml is None or not hasattr(_ml, name):
         return None
-    return np.dtype(getattr(_ml, name))
+    dt: np.dtype = np.dtype(getattr(_ml, name))
+    return dt
 
 
 # DLPack type codes (dlpack.h): kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool.
@@ -162,13 +165,18 @@ class DType(enum.Enum):
 
     @classmethod
     def coerce(cls, x: DTypeLike) -> DType:
-        """Accept a DType, a trtio name (``"float16"``), a TensorRT name/enum or a numpy dtype."""
+        """Accept a DType, a trtio name (``"float16"``), an Edge-LLM short name (``"fp16"``, ``"bf16"``,
+        ``"fp32"``, ``"fp8"``, ``"int8"``, as its ``config.json`` writes ``kv_cache_dtype``), a TensorRT
+        name/enum or a numpy dtype."""
         if isinstance(x, DType):
             return x
         if isinstance(x, str):
             for member in cls:
                 if x == member.value.name or x.upper() == member.name:
                     return member
+            alias = _SHORT_NAMES.get(x.lower())
+            if alias is not None:
+                return cls[alias]
             try:
                 return cls.from_trt(x)
             except ValueError:
@@ -181,10 +189,13 @@ class DType(enum.Enum):
             raise ValueError(
                 f"{x!r} is not a dtype trtio knows; expected a trtio.DType, one of "
                 + ", ".join(m.value.name for m in cls)
-                + ", a numpy dtype or a TensorRT DataType"
+                + ", an Edge-LLM short name (" + ", ".join(_SHORT_NAMES) + "), a numpy dtype or a TensorRT DataType"
             ) from None
 
 
 DTypeLike = Any  # DType | np.dtype | str | tensorrt.DataType
+
+# Edge-LLM's short dtype names (config.json's kv_cache_dtype, its runtime's dtype strings) -> DType member.
+_SHORT_NAMES: dict[str, str] = {"fp16": "FLOAT16", "bf16": "BFLOAT16", "fp32": "FLOAT32", "fp8": "FP8", "int8": "INT8"}
 
 _FROM_NUMPY: dict[np.dtype, DType] = {}  # memo for DType.from_numpy (hot in copies)

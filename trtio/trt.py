@@ -1,4 +1,5 @@
-"""The one place trtio imports TensorRT: module selection, plan loading, and the logger bridge.
+"""The one place trtio imports TensorRT: module selection, plugin libraries, plan loading, and the
+logger bridge.
 
 The engine module is a parameter (``"tensorrt"``, ``"tensorrt_rtx"``, ``"auto"`` or a module
 object), never a ``sys.modules`` patch. TensorRT's log goes to the ``trtio.trt`` logger.
@@ -6,25 +7,35 @@ object), never a ``sys.modules`` patch. TensorRT's log goes to the ``trtio.trt``
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
 import sys
 import threading
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
+from trtio.edgellm import PLUGIN_LIBRARY
 from trtio.errors import EngineError
 
-__all__ = ["import_trt", "module_of", "load_engine", "trt_logger", "KNOWN_MODULES"]
+__all__ = ["import_trt", "module_of", "load_engine", "load_plugins", "loaded_plugins", "plan_format", "trt_logger",
+           "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_PATH_ENV"]
 
 log = logging.getLogger("trtio.trt")
 
 KNOWN_MODULES = ("tensorrt", "tensorrt_rtx")
+#: The first four bytes of a serialized plan, per builder (TensorRT writes ``ftrt``, TensorRT-RTX
+#: ``vtrt``), and the module that deserializes it.
+PLAN_MAGICS = {b"ftrt": ("TensorRT", "tensorrt"), b"vtrt": ("TensorRT-RTX", "tensorrt_rtx")}
+#: The environment variable naming Edge-LLM's plugin library (its loader sets it to the library file).
+PLUGIN_PATH_ENV = "EDGELLM_PLUGIN_PATH"
 
 _lock = threading.Lock()
 _loggers: dict[str, Any] = {}
-_keepalive: dict[int, Any] = {}  # id(engine) -> runtime: an engine must not outlive its runtime
+# realpath -> handle. Never unloaded: a plugin library registers creators that TensorRT keeps pointers to.
+_plugins: dict[str, ctypes.CDLL] = {}
 
 
 def import_trt(module: str | ModuleType = "auto") -> ModuleType:
@@ -97,8 +108,120 @@ def trt_logger(trt: ModuleType) -> Any:
         return bridge
 
 
-def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto") -> Any:
-    """Deserialize a plan file with ``module``; raise :class:`EngineError` naming the file and why."""
+def _plugin_entries(plugins: Iterable[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[tuple[str, str]]:
+    if isinstance(plugins, (str, os.PathLike)):
+        plugins = [plugins]
+    entries = [(os.fspath(p), "plugins") for p in plugins]
+    from_env = os.environ.get(PLUGIN_PATH_ENV, "").strip()
+    if from_env:
+        entries.append((from_env, PLUGIN_PATH_ENV))
+    return entries
+
+
+def load_plugins(plugins: Iterable[str | os.PathLike[str]] | str | os.PathLike[str] = ()) -> list[str]:
+    """Load TensorRT plugin libraries so that their creators register: the paths in ``plugins``, then the
+    one named by ``EDGELLM_PLUGIN_PATH`` (when set and not empty).
+
+    Each library is opened with ``ctypes.CDLL(path, mode=RTLD_GLOBAL)`` once per process (by its real
+    path) and stays loaded. ``EDGELLM_PLUGIN_PATH`` names one library file, as Edge-LLM's own loader
+    sets and reads it; a directory there (or in ``plugins``) is refused, naming the library file inside
+    when it is there. Import the TensorRT module first (:func:`load_engine` does), so that the plugin's
+    ``libnvinfer`` dependency resolves to the copy the module loaded. Returns the real paths, in order.
+    Raises :class:`EngineError` naming the path for a missing, directory or unloadable library.
+    """
+    loaded = []
+    for path, source in _plugin_entries(plugins):
+        loaded.append(_load_plugin(path, source))
+    return loaded
+
+
+def loaded_plugins() -> tuple[str, ...]:
+    """The real paths of the plugin libraries loaded so far, in load order."""
+    with _lock:
+        return tuple(_plugins)
+
+
+def _load_plugin(path: str, source: str) -> str:
+    where = f"plugin library {path!r} (from {source})"
+    if not os.path.exists(path):
+        raise EngineError(f"{where} does not exist")
+    if os.path.isdir(path):
+        inside = os.path.join(path, PLUGIN_LIBRARY)
+        hint = f"; did you mean {inside!r}?" if os.path.isfile(inside) else ""
+        raise EngineError(f"{where} is a directory; {source} names the library file itself (Edge-LLM's is "
+                          f"{PLUGIN_LIBRARY}){hint}")
+    real = os.path.realpath(path)
+    with _lock:
+        if real in _plugins:
+            return real
+        try:
+            handle = ctypes.CDLL(real, mode=ctypes.RTLD_GLOBAL)
+        except OSError as exc:
+            raise EngineError(f"{where} cannot be loaded: {exc}") from None
+        _plugins[real] = handle
+    log.info("loaded TensorRT plugin library %s (from %s)", real, source)
+    return real
+
+
+def plan_format(data: bytes) -> tuple[str, str] | None:
+    """``(builder, module)`` of a serialized plan from its magic (``("TensorRT-RTX", "tensorrt_rtx")`` for
+    ``vtrt``), or None for a ``?trt`` magic trtio does not know (TensorRT decides)."""
+    return PLAN_MAGICS.get(bytes(data[:4]))
+
+
+def _check_plan_header(path: str, data: bytes) -> None:
+    """Refuse what is certainly not a plan: every TensorRT / TensorRT-RTX plan begins with a 4-byte magic
+    ending in ``trt`` (``ftrt``, ``vtrt``). Anything else would only reach TensorRT to fail there,
+    where no GPU means a misleading "no CUDA device" instead."""
+    if len(data) >= 4 and data[1:4] == b"trt":
+        return
+    known = " or ".join(f"{magic.decode()!r} ({name})" for magic, (name, _) in PLAN_MAGICS.items())
+    hint = ""
+    for magic, (name, _) in PLAN_MAGICS.items():
+        at = data.find(magic, 1, 1 << 16)
+        if at > 0:
+            hint = (f"; a {name} plan seems to start at byte {at} (a wrapper format with a metadata prefix? "
+                    "TensorRT needs the bare plan)")
+            break
+    else:
+        if data[:4] == b"\x7fELF":
+            hint = "; it is an ELF shared library (a plugin library goes in plugins=, not here)"
+        elif data.lstrip()[:1] in (b"{", b"["):
+            hint = "; it looks like JSON text (a config?)"
+        elif data[:2] == b"PK":
+            hint = "; it looks like a zip archive"
+        elif data[:1] == b"\x08":
+            hint = "; it may be an ONNX model (build a plan from it first)"
+    raise EngineError(f"{path!r} ({len(data)} bytes) is not a TensorRT plan: a plan starts with {known}, this file "
+                      f"starts with {bytes(data[:8])!r}{hint}")
+
+
+def _module_for(module: str | ModuleType, fmt: tuple[str, str] | None) -> ModuleType:
+    """``module``; for "auto", the module that wrote the plan first, then the other one."""
+    if module != "auto" or fmt is None:
+        return import_trt(module)
+    order = [fmt[1]] + [m for m in KNOWN_MODULES if m != fmt[1]]
+    errors = []
+    for name in order:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    raise EngineError(f"this is a {fmt[0]} plan, which needs {fmt[1]}, and no TensorRT module can be imported ("
+                      + "; ".join(errors) + ")")
+
+
+def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto", *,
+                plugins: Iterable[str | os.PathLike[str]] | str | os.PathLike[str] = ()) -> Any:
+    """Deserialize a plan file with ``module``; raise :class:`EngineError` naming the file and why.
+
+    ``module="auto"`` uses the module the plan's magic names (``ftrt``: tensorrt, ``vtrt``:
+    tensorrt_rtx), falling back to the other one. Before deserializing, the plugin libraries in
+    ``plugins`` and in ``EDGELLM_PLUGIN_PATH`` are loaded (see :func:`load_plugins`), so that the
+    creators of Edge-LLM's ``libNvInfer_edgellm_plugin.so`` are registered. A file that does not start
+    like a plan is refused before TensorRT is asked. The returned engine keeps its runtime (and the
+    runtime its logger) alive: TensorRT's Python binding ties their lifetimes.
+    """
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:
@@ -109,7 +232,10 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto")
         raise EngineError(f"{path!r} is a directory, not a plan file") from None
     if not data:
         raise EngineError(f"plan file {path!r} is empty")
-    trt = import_trt(module)
+    _check_plan_header(path, data)
+    fmt = plan_format(data)
+    trt = _module_for(module, fmt)
+    load_plugins(plugins)
     logger = trt_logger(trt)
     before = len(logger.errors)
     try:
@@ -127,6 +253,8 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto")
         why = "; ".join(logger.errors[before:]) or "TensorRT gave no reason"
         head = (f"plan file {path!r} ({len(data)} bytes) could not be deserialized with {trt.__name__} "
                 f"{getattr(trt, '__version__', '?')}")
+        if fmt is not None and fmt[1] != trt.__name__ and trt.__name__ in KNOWN_MODULES:
+            head += f" (it is a {fmt[0]} plan, which needs {fmt[1]})"
         from trtio.cuda.backend import cuda_available
         from trtio.cuda.device import probe_error
 
@@ -134,5 +262,4 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto")
             raise EngineError(f"{head}: no usable CUDA device here ({probe_error()}), and TensorRT needs one to "
                               f"load a plan; if the file is also corrupt or truncated, TensorRT's log says so: {why}")
         raise EngineError(f"{head}: corrupt or truncated, or built for another TensorRT version or GPU ({why})")
-    _keepalive[id(engine)] = runtime
     return engine

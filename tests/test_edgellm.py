@@ -1,0 +1,645 @@
+"""Edge-LLM 0.11 engine directories and config.json -> trtio's configs.
+
+The fixtures are configs written by NVIDIA's tensorrt-edgellm 0.11.0 package itself:
+``fixtures/edgellm-0.11/`` (a tiny Qwen3 LLM and a Qwen3 + EAGLE3 pair) and, where present,
+``fixtures/edgellm/`` (more families, each beside the Hugging Face config it was made from).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
+from trtio.edgellm import CONFIG_FILES, EngineDir, config_from_edgellm, unsupported_features
+from trtio.rope import RopeScaling
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SHARED = FIXTURES / "edgellm-0.11"
+TINY_LLM = SHARED / "qwen3-tiny-llm"
+TINY_PAIR = SHARED / "qwen3-tiny-eagle3"
+GENERATED = FIXTURES / "edgellm"
+
+# Generated fixtures trtio must refuse, and the key whose family it names first.
+REFUSED = {
+    "gemma4-ple-tiny": "global_head_dim",
+    "gemma4-keqv-tiny": "global_head_dim",
+    "nemotron-h-hublayout-tiny": "num_linear_attn_layers",
+    "qwen3.5-tiny": "num_linear_attn_layers",
+    "qwen3.5-mtp-tiny": "num_linear_attn_layers",
+    "qwen3-dflash-tiny": "spec_decode_type",
+    "qwen3-tp2-tiny": None,  # config_world2.json: the directory is refused before any key is read
+}
+
+
+def _dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*config*.json"))) if root.is_dir() else []
+
+
+SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in REFUSED]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _tiny() -> dict[str, Any]:
+    return _load(TINY_LLM / "config.json")
+
+
+def _thaw(v: Any) -> Any:
+    if hasattr(v, "items"):
+        return {k: _thaw(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return [_thaw(x) for x in v]
+    return v
+
+
+def _flat(raw: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in raw.items() if k != "builder_config"}
+    out.update({f"builder_config.{k}": v for k, v in raw["builder_config"].items()})
+    return out
+
+
+_SHORT = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp8": "fp8", "int8": "int8"}
+
+
+def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
+    """Each trtio field equals the raw Edge-LLM value it comes from; extras hold every other key."""
+    b = raw["builder_config"]
+    role = raw["engine_role"]
+    used = {"hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "partial_rotary_factor", "rope_theta", "rope_scaling", "num_deepstack_features",
+            "kv_cache_dtype", "engine_role", "reduced_vocab_size", "max_position_embeddings",
+            "builder_config.max_batch_size",
+            "builder_config.max_input_len", "builder_config.max_kv_cache_capacity", "builder_config.max_kv_pool_pages"}
+    assert cfg.hidden_size == raw["hidden_size"]
+    assert cfg.vocab_size == raw["vocab_size"]
+    assert cfg.num_attention_layers == raw.get("num_attention_layers", raw["num_hidden_layers"])
+    used.add("num_attention_layers")
+    assert cfg.num_attention_heads == raw["num_attention_heads"]
+    assert cfg.num_kv_heads == raw["num_key_value_heads"]
+    assert cfg.head_dim == raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
+    assert cfg.rotary_dim == round(cfg.head_dim * raw.get("partial_rotary_factor", 1.0))
+    assert cfg.rotary_dim % 2 == 0
+    assert cfg.rope_theta == raw.get("rope_theta", 10000.0)
+    scaling = raw.get("rope_scaling")
+    assert cfg.rope_scaling == RopeScaling.from_hf(scaling)
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    is_mrope = bool(scaling) and ("mrope_section" in scaling or kind == "mrope")
+    assert cfg.rope_type == ("mrope" if is_mrope else "rope")
+    assert cfg.num_deepstack_features == raw.get("num_deepstack_features", 0)
+    assert cfg.kv_cache_dtype == _SHORT[raw.get("kv_cache_dtype", "fp16")]
+    assert cfg.role == role and cfg.is_spec_decode_base == (role == "base")
+    assert cfg.max_supported_batch_size == b["max_batch_size"]
+    assert cfg.max_supported_input_length == b["max_input_len"]
+    assert cfg.max_kv_cache_capacity == b["max_kv_cache_capacity"]
+    assert cfg.kv_pool_pages == b["max_kv_pool_pages"] == cfg.min_kv_pool_pages  # batch x ceil(capacity / 128)
+    assert cfg.max_position_embeddings == raw.get("max_position_embeddings", 0)
+    wanted_vocab = raw.get("reduced_vocab_size") or (raw["draft_vocab_size"] if role == "draft" else raw["vocab_size"])
+    assert cfg.output_vocab_size == wanted_vocab
+    if role == "draft":
+        used |= {"draft_vocab_size", "base_model_hidden_size", "builder_config.max_draft_tree_size"}
+        assert cfg.base_model_hidden_size == raw["base_model_hidden_size"]
+        assert cfg.max_draft_tree_size == b["max_draft_tree_size"]
+    else:
+        assert cfg.base_model_hidden_size == 0 and cfg.max_draft_tree_size == 0
+    if role == "base":
+        used |= {"builder_config.max_verify_tree_size", "eagle_hidden_state_layers"}
+        assert cfg.max_verify_tree_size == b["max_verify_tree_size"]
+        assert list(cfg.eagle_hidden_state_layers) == raw.get("eagle_hidden_state_layers", [])
+    else:
+        assert cfg.max_verify_tree_size == 0 and cfg.eagle_hidden_state_layers == ()
+    assert (cfg.contract, cfg.kv_page_size, cfg.activation_dtype) == ("ragged", 128, "float16")
+    assert b["ragged_backend"] == "entry_padded_compatibility"
+    rest = {k: v for k, v in _flat(raw).items() if k not in used}
+    assert _thaw(cfg.extras) == rest
+
+
+# -- every fixture ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("folder", SUPPORTED, ids=lambda p: p.name)
+def test_every_fixture_opens_and_maps_every_field(folder: Path) -> None:
+    d = EngineDir.open(folder)
+    assert d.path == folder
+    for role, cfg in d:
+        raw = _load(folder / CONFIG_FILES[role])
+        assert d.raw(role) == raw
+        assert_maps_every_field(cfg, raw)
+        assert LLMEngineConfig.from_edgellm(folder / CONFIG_FILES[role]) == cfg
+        assert LLMEngineConfig.from_edgellm(raw) == cfg
+        assert LLMEngineConfig.from_dict(cfg.to_dict()) == cfg, "trtio's own JSON round-trips an Edge-LLM config"
+        assert copy.deepcopy(cfg) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg
+        assert hash(copy.deepcopy(cfg)) == hash(cfg)
+
+
+@pytest.mark.parametrize("folder", [p for p in SUPPORTED if (p / "hf_config.json").is_file()], ids=lambda p: p.name)
+def test_mapping_agrees_with_the_hugging_face_source(folder: Path) -> None:
+    """The generated fixtures lie beside the HF config the package read: trtio's view matches it."""
+    hf = _load(folder / "hf_config.json")
+    text = hf.get("text_config") or hf
+    d = EngineDir.open(folder)
+    cfg = d.config if d.kind == "llm" else d.base_config
+    assert cfg.hidden_size == text["hidden_size"]
+    assert cfg.num_attention_heads == text["num_attention_heads"]
+    assert cfg.num_kv_heads == text["num_key_value_heads"]
+    assert cfg.vocab_size == text["vocab_size"]
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    assert cfg.is_mrope == ("mrope_section" in rope or rope.get("type") == "mrope")
+    theta = rope.get("rope_theta", text.get("rope_theta"))
+    if theta is not None:
+        assert cfg.rope_theta == theta
+    factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
+    assert cfg.rotary_dim == round(cfg.head_dim * factor)
+    if d.kind == "spec_decode":
+        draft_hf = _load(folder / "draft_hf_config.json")
+        assert d.draft_config.hidden_size == draft_hf["hidden_size"]
+        assert d.draft_config.output_vocab_size == draft_hf["draft_vocab_size"]
+        assert list(cfg.eagle_hidden_state_layers) == draft_hf["target_layer_ids"]
+        n_layers, target_hidden = len(draft_hf["target_layer_ids"]), draft_hf["target_hidden_size"]
+        assert d.draft_config.base_model_hidden_size == n_layers * target_hidden
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_generated_fixtures_of_unsupported_families_are_refused(name: str) -> None:
+    folder = GENERATED / name
+    if not folder.is_dir():
+        pytest.skip(f"{folder.name} is not among the fixtures here")
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(folder)
+    key = REFUSED[name]
+    if key is None:
+        assert "tensor-parallel" in str(info.value)
+    else:
+        assert info.value.field.endswith(f"config.json: {key}")
+        assert "which trtio does not support yet" in str(info.value)
+
+
+def test_shared_fixtures_open() -> None:
+    llm = EngineDir.open(TINY_LLM)
+    assert llm.kind == "llm" and llm.roles == ("llm",) and not llm.has_engines
+    assert llm.engine_path("llm") == TINY_LLM / "llm.engine"
+    assert llm.config_path("llm") == TINY_LLM / "config.json"
+    assert llm.config.num_attention_layers == 8 and llm.config.kv_pool_pages == 4
+    assert llm.config.extras["model"] == "qwen3" and llm.config.extras["builder_config.tp_size"] == 1
+    pair = EngineDir.open(TINY_PAIR)
+    assert pair.kind == "spec_decode" and pair.roles == ("base", "draft")
+    assert pair.engine_path("base") == TINY_PAIR / "spec_base.engine"
+    assert pair.engine_path("draft") == TINY_PAIR / "spec_draft.engine"
+    assert pair.base_config.eagle_hidden_state_layers == (2, 4, 5)
+    assert pair.draft_config.base_model_hidden_size == 3 * pair.base_config.hidden_size
+    assert pair.draft_config.output_vocab_size == 256 and pair.draft_config.vocab_size == 512
+    assert "spec_decode" in repr(pair) and "configs only" in repr(pair)
+
+
+def test_deployment_of_the_shared_pair() -> None:
+    pair = EngineDir.open(TINY_PAIR)
+    dep = pair.deployment(draft_top_k=2, draft_step=4, verify_size=8)
+    assert isinstance(dep, DeploymentConfig) and dep.is_spec_decode
+    assert dep.base == pair.base_config and dep.draft == pair.draft_config
+    spec = dep.spec
+    assert spec is not None
+    assert (spec.base_output_hidden_dim, spec.draft_hidden_size) == (192, 64)
+    assert (spec.max_verify_size, spec.max_draft_proposal_size) == (8, 8)
+    assert (spec.drafting_top_k, spec.drafting_step, spec.verify_size) == (2, 4, 8)
+    assert dep.max_runtime_batch_size() == 4
+    plain = EngineDir.open(TINY_LLM).deployment()
+    assert plain.draft is None and plain.base == EngineDir.open(TINY_LLM).config
+
+
+def test_engine_paths_and_has_engines(tmp_path: Path) -> None:
+    d = tmp_path / "pair"
+    shutil.copytree(TINY_PAIR, d)
+    (d / "spec_base.engine").write_bytes(b"")
+    (d / "spec_draft.engine").write_bytes(b"")
+    opened = EngineDir.open(d)
+    assert opened.has_engines and "engines present" in repr(opened)
+    with pytest.raises(ConfigError, match=r"role: expected one of \['base', 'draft'\].*got 'llm'"):
+        opened.engine_path("llm")
+    with pytest.raises(ConfigError, match="use .base_config / draft_config"):
+        opened.config
+    with pytest.raises(ConfigError, match="ask for 'base' or 'draft'"):
+        opened.raw()
+
+
+def test_raw_is_a_copy() -> None:
+    d = EngineDir.open(TINY_LLM)
+    raw = d.raw()
+    raw["hidden_size"] = 1
+    raw["builder_config"]["max_batch_size"] = 1
+    assert d.raw("llm")["hidden_size"] == 64 and d.raw()["builder_config"]["max_batch_size"] == 4
+
+
+# -- from_edgellm on dicts: defaults and derived fields --------------------------------------
+
+def test_from_edgellm_on_a_dict_and_on_a_path_agree() -> None:
+    path = TINY_LLM / "config.json"
+    assert LLMEngineConfig.from_edgellm(path) == LLMEngineConfig.from_edgellm(_tiny())
+    assert LLMEngineConfig.from_edgellm(str(path)) == config_from_edgellm(_tiny())
+
+
+def test_defaults_where_keys_are_absent() -> None:
+    raw = _tiny()
+    for key in ("head_dim", "partial_rotary_factor", "rope_theta", "rope_scaling", "num_deepstack_features",
+                "kv_cache_dtype"):
+        del raw[key]
+    del raw["builder_config"]["max_kv_pool_pages"]
+    cfg = config_from_edgellm(raw)
+    assert cfg.head_dim == 64 // 4 and cfg.rotary_dim == 16
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.num_deepstack_features, cfg.kv_cache_dtype) == (
+        10000.0, None, 0, "float16")
+    assert cfg.kv_pool_pages == 4 and cfg.pages_per_sequence == 1
+
+
+@pytest.mark.parametrize("factor,rotary", [(1.0, 16), (0.5, 8), (0.25, 4), (0.75, 12)])
+def test_partial_rotary_factor_gives_rotary_dim(factor: float, rotary: int) -> None:
+    raw = _tiny()
+    raw["partial_rotary_factor"] = factor
+    assert config_from_edgellm(raw).rotary_dim == rotary
+
+
+@pytest.mark.parametrize("name,trtio_name", sorted(_SHORT.items()))
+def test_every_kv_cache_dtype_name(name: str, trtio_name: str) -> None:
+    raw = _tiny()
+    raw["kv_cache_dtype"] = name
+    assert config_from_edgellm(raw).kv_cache_dtype == trtio_name
+
+
+def test_mrope_and_reduced_vocab() -> None:
+    raw = _tiny()
+    raw["rope_scaling"] = {"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"}
+    assert config_from_edgellm(raw).rope_type == "mrope"
+    raw["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 3, 3]}
+    assert config_from_edgellm(raw).rope_type == "mrope"
+    raw = _tiny()
+    raw["reduced_vocab_size"] = 128
+    cfg = config_from_edgellm(raw)
+    assert (cfg.vocab_size, cfg.output_vocab_size) == (512, 128)
+
+
+def test_extras_are_read_only() -> None:
+    cfg = config_from_edgellm(_tiny())
+    with pytest.raises(TypeError):
+        cfg.extras["model"] = "x"  # type: ignore[index]
+    assert cfg.extras["eos_token_id"] == (2,)
+
+
+def test_unsupported_features_is_empty_for_the_tiny_fixtures() -> None:
+    for path in (TINY_LLM / "config.json", TINY_PAIR / "base_config.json", TINY_PAIR / "draft_config.json"):
+        assert unsupported_features(_load(path)) == []
+
+
+# -- bad configs: one clear error naming the file and the key ---------------------------------
+
+def _write_config(tmp_path: Path, raw: Any, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(raw) if not isinstance(raw, str) else raw)
+    return path
+
+
+def _edit(edit: Any) -> dict[str, Any]:
+    raw = _tiny()
+    edit(raw)
+    return raw
+
+
+BAD_CONFIGS = [
+    ("missing capacity", lambda r: r["builder_config"].pop("max_kv_cache_capacity"),
+     "builder_config.max_kv_cache_capacity", "is required (an int >= 1: KV cache tokens per sequence)"),
+    ("missing builder_config", lambda r: r.pop("builder_config"), "builder_config", "is required"),
+    ("builder_config not an object", lambda r: r.update(builder_config=[1]), "builder_config",
+     "expected an object, got [1] (a list)"),
+    ("missing hidden_size", lambda r: r.pop("hidden_size"), "hidden_size", "is required"),
+    ("hidden_size a string", lambda r: r.update(hidden_size="64"), "hidden_size",
+     "expected an int >= 1, got '64' (a string)"),
+    ("batch a float", lambda r: r["builder_config"].update(max_batch_size=4.0), "builder_config.max_batch_size",
+     "got 4.0 (a number)"),
+    ("layers a bool", lambda r: r.update(num_hidden_layers=True), "num_hidden_layers", "got True (a boolean)"),
+    ("unknown role", lambda r: r.update(engine_role="encoder"), "engine_role",
+     "expected one of 'llm', 'base', 'draft'"),
+    ("missing role", lambda r: r.pop("engine_role"), "engine_role", "is required"),
+    ("NaN theta", lambda r: r.update(rope_theta=math.nan), "rope_theta", "is NaN, which JSON does not allow"),
+    ("infinite factor", lambda r: r.update(partial_rotary_factor=math.inf), "partial_rotary_factor",
+     "is Infinity, which JSON does not allow"),
+    ("factor above 1", lambda r: r.update(partial_rotary_factor=1.5), "partial_rotary_factor",
+     "expected a number > 0 and <= 1, got 1.5"),
+    ("odd rotary dim", lambda r: r.update(partial_rotary_factor=0.3), "partial_rotary_factor",
+     "head_dim 16 x partial_rotary_factor 0.3 = 4.8 is not a positive even int"),
+    ("negative theta", lambda r: r.update(rope_theta=-1), "rope_theta", "expected a number > 0, got -1"),
+    ("rope_scaling a list", lambda r: r.update(rope_scaling=[1]), "rope_scaling",
+     "expected null or an object (HF's rope_scaling), got [1] (a list)"),
+    ("kv dtype", lambda r: r.update(kv_cache_dtype="nvfp4"), "kv_cache_dtype",
+     "expected one of 'fp16', 'bf16', 'fp32', 'fp8', 'int8'"),
+    ("pool too small", lambda r: r["builder_config"].update(max_kv_pool_pages=3), "builder_config.max_kv_pool_pages",
+     "3 pages cannot give each of builder_config.max_batch_size (4) sequences builder_config.max_kv_cache_capacity "
+     "(128) tokens: that takes 4 x ceil(128 / 128) = 4 pages"),
+    ("prompt longer than cache", lambda r: r["builder_config"].update(max_input_len=200),
+     "builder_config.max_input_len", "200 exceeds builder_config.max_kv_cache_capacity (128)"),
+    ("other ragged backend", lambda r: r["builder_config"].update(ragged_backend="flat"),
+     "builder_config.ragged_backend", "expected one of 'entry_padded_compatibility'"),
+    ("no ragged backend", lambda r: r["builder_config"].pop("ragged_backend"), "builder_config.ragged_backend",
+     "is required"),
+    ("llm with a spec type", lambda r: r.update(spec_decode_type="eagle3"), "spec_decode_type",
+     "a non-speculative engine has spec_decode_type 'none'"),
+    ("spec flag disagrees", lambda r: r["builder_config"].update(spec_base=True), "builder_config.spec_base",
+     "is true but engine_role is 'llm'"),
+    ("heads not divisible", lambda r: r.update(num_key_value_heads=3), "num_key_value_heads",
+     "3 must divide num_attention_heads (4)"),
+    ("head_dim underivable", lambda r: (r.pop("head_dim"), r.update(hidden_size=66)), "head_dim",
+     "is absent and hidden_size / num_attention_heads = 66 / 4 is not an int"),
+    ("reduced vocab too big", lambda r: r.update(reduced_vocab_size=600), "reduced_vocab_size",
+     "600 exceeds vocab_size (512)"),
+    ("deepstack beyond layers", lambda r: r.update(num_deepstack_features=9), "num_deepstack_features",
+     "9 exceeds num_attention_layers (8)"),
+]
+
+
+@pytest.mark.parametrize("edit,key,needle", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_is_one_error_naming_file_and_key(tmp_path: Path, edit: Any, key: str, needle: str) -> None:
+    path = _write_config(tmp_path, _edit(edit))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(path)
+    assert info.value.field == f"{path}: {key}"
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("rope_theta", math.nan, "rope_theta: expected a finite number > 0, got nan (a number)"),
+    ("rope_theta", -math.inf, "rope_theta: expected a finite number > 0, got -inf (a number)"),
+    ("partial_rotary_factor", math.nan, "partial_rotary_factor: expected a finite number > 0 and <= 1, got nan"),
+])
+def test_non_finite_numbers_in_a_dict(key: str, value: float, needle: str) -> None:
+    with pytest.raises(ConfigError, match="^Edge-LLM config: " + needle.replace("(", r"\(").replace(")", r"\)")):
+        LLMEngineConfig.from_edgellm(_edit(lambda r: r.update({key: value})))
+
+
+def test_a_dict_is_named_by_what(tmp_path: Path) -> None:
+    raw = _edit(lambda r: r.pop("vocab_size"))
+    with pytest.raises(ConfigError, match=r"^Edge-LLM config: vocab_size: is required"):
+        LLMEngineConfig.from_edgellm(raw)
+    with pytest.raises(ConfigError, match=r"^mine: vocab_size: is required"):
+        LLMEngineConfig.from_edgellm(raw, what="mine")
+
+
+def test_json_nan_literal_and_broken_files(tmp_path: Path) -> None:
+    text = (TINY_LLM / "config.json").read_text().replace('"rope_theta": 1000000.0', '"rope_theta": NaN')
+    path = _write_config(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(path)
+    assert str(info.value).startswith(f"{path}: rope_theta: is NaN, which JSON does not allow")
+    _write_config(tmp_path, "{ not json")
+    with pytest.raises(ConfigError, match=r"config\.json: is not valid JSON"):
+        LLMEngineConfig.from_edgellm(path)
+    _write_config(tmp_path, "[1, 2]")
+    with pytest.raises(ConfigError, match=r"config\.json: must hold a JSON object \(Edge-LLM's engine config\), got "
+                                          r"a list"):
+        LLMEngineConfig.from_edgellm(path)
+
+
+# -- unsupported families: refused at load, naming the marker key -----------------------------
+
+FAMILIES = [
+    ("hybrid linear attention (count)", lambda r: r.update(num_linear_attn_layers=6, num_attention_layers=2),
+     "num_linear_attn_layers", "hybrid linear attention"),
+    ("hybrid linear attention (layer types)",
+     lambda r: r.update(layer_types=["mamba", "attention"] * 4,
+                        kv_layer_configs=[None, {"num_kv_heads": 2, "head_dim": 16}] * 4),
+     "layer_types", "layer types ['mamba'] besides 'attention'"),
+    ("per-layer KV head dims (global)", lambda r: r.update(global_head_dim=32), "global_head_dim",
+     "per-layer KV head dims"),
+    ("per-layer KV head dims (table)",
+     lambda r: r.update(layer_types=["attention"] * 8,
+                        kv_layer_configs=[{"num_kv_heads": 2, "head_dim": 16}] * 7
+                        + [{"num_kv_heads": 1, "head_dim": 32}]),
+     "kv_layer_configs", "layers use KV heads x head_dim 1 x 32"),
+    ("KV sharing", lambda r: r.update(kv_sharing_donors=[-1] * 6 + [4, 5]), "kv_sharing_donors",
+     "marks KV sharing, which trtio does not support yet (layers [6, 7] read the KV cache of layers [4, 5])"),
+    ("sliding-window dual RoPE", lambda r: r.update(sliding_rope_config={"rope_theta": 10000.0},
+                                                    full_rope_config={"rope_theta": 1e6}),
+     "sliding_rope_config", "sliding-window dual RoPE"),
+    ("sliding-window KV pool", lambda r: r["builder_config"].update(num_swa_pages=8), "builder_config.num_swa_pages",
+     "a KV pool of 8 pages of their own"),
+    ("PLE (enabled)", lambda r: r.update(ple_enabled=True, num_ple_inputs=8, ple_hidden_size=16), "ple_enabled",
+     "per-layer embeddings (Gemma PLE)"),
+    ("PLE (inputs only)", lambda r: r.update(num_ple_inputs=8), "num_ple_inputs", "per-layer embeddings"),
+    ("dllm role", lambda r: r.update(engine_role="dllm"), "engine_role", "diffusion LLM (dllm) engines"),
+    ("tensor parallel", lambda r: r["builder_config"].update(tp_size=2), "builder_config.tp_size",
+     "tensor parallelism"),
+    ("LoRA", lambda r: r["builder_config"].update(max_lora_rank=8), "builder_config.max_lora_rank", "LoRA adapters"),
+]
+
+
+@pytest.mark.parametrize("edit,key,needle", [c[1:] for c in FAMILIES], ids=[c[0] for c in FAMILIES])
+def test_unsupported_family_is_refused_naming_its_key(tmp_path: Path, edit: Any, key: str, needle: str) -> None:
+    path = _write_config(tmp_path, _edit(edit))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(path)
+    assert info.value.field == f"{path}: {key}"
+    msg = str(info.value)
+    assert needle in msg and "which trtio does not support yet" in msg and "refused rather than bound wrong" in msg
+
+
+def test_every_unsupported_feature_is_listed_in_one_error() -> None:
+    raw = _edit(lambda r: r.update(ple_enabled=True, num_ple_inputs=8, ple_hidden_size=4,
+                                   kv_sharing_donors=[-1] * 7 + [0]))
+    with pytest.raises(ConfigError) as info:
+        config_from_edgellm(raw, what="gemma.json")
+    assert info.value.field == "gemma.json: kv_sharing_donors"
+    assert "; also ple_enabled (per-layer embeddings (Gemma PLE)" in str(info.value)
+    assert [k for k, _, _ in unsupported_features(raw)] == ["kv_sharing_donors", "ple_enabled"]
+
+
+def test_uniform_layer_tables_are_not_a_family() -> None:
+    """A kv_layer_configs table whose every entry is the top-level shape binds like the plain model."""
+    raw = _edit(lambda r: r.update(layer_types=["attention"] * 8, kv_layer_configs=[{"num_kv_heads": 2,
+                                                                                      "head_dim": 16}] * 8,
+                                   kv_sharing_donors=[-1] * 8, global_head_dim=16, ple_enabled=False))
+    cfg = config_from_edgellm(raw)
+    assert cfg.extras["layer_types"] == ("attention",) * 8
+
+
+# -- roles and pairs ----------------------------------------------------------------------------
+
+def _pair(tmp_path: Path, edit_base: Any = None, edit_draft: Any = None) -> Path:
+    d = tmp_path / "pair"
+    shutil.copytree(TINY_PAIR, d)
+    for name, edit in (("base_config.json", edit_base), ("draft_config.json", edit_draft)):
+        if edit is not None:
+            raw = _load(d / name)
+            edit(raw)
+            (d / name).write_text(json.dumps(raw))
+    return d
+
+
+BAD_PAIRS = [
+    ("draft role in base_config.json", lambda r: r.update(engine_role="draft"), None, "base_config.json: engine_role",
+     "is 'draft', but base_config.json holds the speculative base's config (expected 'base')"),
+    ("base without a tree cap", lambda r: r["builder_config"].pop("max_verify_tree_size"), None,
+     "base_config.json: builder_config.max_verify_tree_size", "is required"),
+    ("base spec type none", lambda r: r.update(spec_decode_type="none"), None, "base_config.json: spec_decode_type",
+     "expected one of 'eagle3'"),
+    ("mtp pair", lambda r: r.update(spec_decode_type="mtp"), None, "base_config.json: spec_decode_type",
+     "marks speculative decoding of type 'mtp'"),
+    ("draft without base_model_hidden_size", None, lambda r: r.pop("base_model_hidden_size"),
+     "draft_config.json: base_model_hidden_size", "is required"),
+    ("draft without draft_vocab_size", None, lambda r: r.pop("draft_vocab_size"),
+     "draft_config.json: draft_vocab_size", "is required"),
+    ("eagle layer out of range", lambda r: r.update(eagle_hidden_state_layers=[2, 4, 8]), None,
+     "base_config.json: eagle_hidden_state_layers", "[8] outside [0, num_hidden_layers=8)"),
+    ("base_model_hidden_size disagrees", None, lambda r: r.update(base_model_hidden_size=128),
+     "draft_config.json: base_model_hidden_size",
+     "128 does not match the base: base_config.json feeds the draft the 3 layers of eagle_hidden_state_layers "
+     "[2, 4, 5] of hidden_size 64, 3 x 64 = 192"),
+    ("batch disagrees", None, lambda r: r["builder_config"].update(max_batch_size=2, max_kv_pool_pages=2),
+     "draft_config.json: builder_config.max_batch_size", "2 differs from the base's 4"),
+    ("spec types disagree", None, lambda r: r.update(spec_decode_type="mtp"), "draft_config.json: spec_decode_type",
+     "speculative decoding of type 'mtp'"),
+    ("draft vocab beyond base", None, lambda r: r.update(draft_vocab_size=1024), "draft_config.json: draft_vocab_size",
+     "1024 exceeds the base's vocab_size (512"),
+]
+
+
+@pytest.mark.parametrize("edit_base,edit_draft,key,needle", [c[1:] for c in BAD_PAIRS], ids=[c[0] for c in BAD_PAIRS])
+def test_bad_pair_is_one_error_naming_file_and_key(tmp_path: Path, edit_base: Any, edit_draft: Any, key: str,
+                                                   needle: str) -> None:
+    d = _pair(tmp_path, edit_base, edit_draft)
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(d)
+    assert info.value.field == f"{d}/{key}"
+    assert needle in str(info.value)
+
+
+def test_config_json_with_another_role(tmp_path: Path) -> None:
+    d = tmp_path / "llm"
+    d.mkdir()
+    _write_config(d, _edit(lambda r: r.update(engine_role="base", spec_decode_type="eagle3")))
+    with pytest.raises(ConfigError, match=r"config\.json: engine_role: is 'base', but config\.json holds a plain "
+                                          r"LLM's config \(expected 'llm'\); Edge-LLM writes base_config\.json"):
+        EngineDir.open(d)
+
+
+# -- directories ----------------------------------------------------------------------------------
+
+def test_directory_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nope: no such engine directory"):
+        EngineDir.open(tmp_path / "nope")
+    with pytest.raises(ConfigError, match=r"config\.json: is a file, not an engine directory; pass its folder"):
+        EngineDir.open(TINY_LLM / "config.json")
+    with pytest.raises(ConfigError, match="holds no Edge-LLM engine config: expected config.json"):
+        EngineDir.open(tmp_path)
+
+
+@pytest.mark.parametrize("files,missing,needle", [
+    (["base_config.json", "draft_config.json", "spec_base.engine"], "spec_draft.engine",
+     "is missing: spec_base.engine is here without it"),
+    (["base_config.json", "draft_config.json", "spec_draft.engine"], "spec_base.engine",
+     "is missing: spec_draft.engine is here without it"),
+    (["base_config.json"], "draft_config.json", "is missing: base_config.json is here without it"),
+    (["draft_config.json", "spec_base.engine", "spec_draft.engine"], "base_config.json",
+     "is missing: draft_config.json is here without it"),
+    (["spec_base.engine", "spec_draft.engine"], "base_config.json", "is missing: the engines need"),
+    (["llm.engine"], "config.json", "is missing: llm.engine needs the config.json"),
+])
+def test_incomplete_directories_name_the_missing_file(tmp_path: Path, files: list[str], missing: str,
+                                                      needle: str) -> None:
+    for name in files:
+        src = TINY_PAIR / name if "config" in name else None
+        (tmp_path / name).write_bytes(src.read_bytes() if src is not None else b"")
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(tmp_path)
+    assert info.value.field == str(tmp_path / missing)
+    assert needle in str(info.value)
+
+
+def test_mixed_and_tensor_parallel_and_dllm_directories(tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(TINY_PAIR, mixed)
+    shutil.copy(TINY_LLM / "config.json", mixed / "config.json")
+    with pytest.raises(ConfigError, match=r"holds both a plain LLM \(config\.json\) and a speculative pair"):
+        EngineDir.open(mixed)
+    tp = tmp_path / "tp"
+    tp.mkdir()
+    (tp / "config_world2.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"config_world2\.json: is a tensor-parallel engine config"):
+        EngineDir.open(tp)
+    dllm = tmp_path / "dllm"
+    dllm.mkdir()
+    (dllm / "dllm.engine").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"dllm\.engine: is a diffusion LLM engine"):
+        EngineDir.open(dllm)
+    _write_config(dllm, _edit(lambda r: r.update(engine_role="dllm")))
+    with pytest.raises(ConfigError, match=r"dllm/config\.json: engine_role: marks diffusion LLM \(dllm\) engines"):
+        EngineDir.open(dllm)
+
+
+def test_non_json_and_non_utf8_configs_in_a_directory(tmp_path: Path) -> None:
+    d = _pair(tmp_path)
+    (d / "draft_config.json").write_text('{"engine_role": "draft",')
+    with pytest.raises(ConfigError, match=r"draft_config\.json: is not valid JSON"):
+        EngineDir.open(d)
+    (d / "draft_config.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=r"draft_config\.json: is not UTF-8 text \(byte 0xff at offset 0\)"):
+        EngineDir.open(d)
+
+
+# -- deployment(): Edge-LLM's run-time arguments against the configs' caps ------------------------
+
+@pytest.mark.parametrize("kwargs,field,needle", [
+    (dict(draft_top_k=2, draft_step=2, verify_size=9), "verify_size",
+     "9 exceeds builder_config.max_verify_tree_size (8) of "),
+    (dict(draft_top_k=3, draft_step=3, verify_size=8), "draft_top_k",
+     "draft_top_k x draft_step = 3 x 3 = 9 exceeds builder_config.max_draft_tree_size (8) of "),
+    (dict(draft_top_k=2, draft_step=2), "verify_size", "is required for the speculative pair in"),
+    (dict(draft_top_k=0, draft_step=2, verify_size=4), "draft_top_k", "must be a positive int, got 0"),
+    (dict(draft_top_k=2, draft_step=2.0, verify_size=4), "draft_step", "must be a positive int, got 2.0"),
+])
+def test_deployment_arguments_checked_against_the_caps(kwargs: dict[str, Any], field: str, needle: str) -> None:
+    pair = EngineDir.open(TINY_PAIR)
+    with pytest.raises(ConfigError) as info:
+        pair.deployment(**kwargs)
+    assert info.value.field == field
+    assert needle in str(info.value)
+    if field == "verify_size" and "exceeds" in needle:
+        assert str(TINY_PAIR / "base_config.json") in str(info.value)
+    if "max_draft_tree_size" in needle:
+        assert str(TINY_PAIR / "draft_config.json") in str(info.value)
+
+
+def test_deployment_of_a_plain_llm_takes_no_tree_arguments() -> None:
+    with pytest.raises(ConfigError, match="verify_size: is for a speculative pair; .* holds a plain LLM"):
+        EngineDir.open(TINY_LLM).deployment(verify_size=4)
+
+
+def test_a_deployment_round_trips_through_trtio_json(tmp_path: Path) -> None:
+    dep = EngineDir.open(TINY_PAIR).deployment(draft_top_k=2, draft_step=3, verify_size=6)
+    path = tmp_path / "dep.json"
+    dep.to_json(path)
+    back = DeploymentConfig.from_json(path)
+    assert back == dep
+    assert back.base.extras["edgellm_version"] == "0.11.0"
+    assert copy.deepcopy(dep) == dep
+
+
+@pytest.mark.parametrize("scaling,key,needle", [
+    ({"rope_type": "yarn", "factor": 4.0}, "rope_scaling.original_max_position_embeddings",
+     "is required for rope_type 'yarn'"),
+    ({"rope_type": "proportional"}, "rope_scaling.rope_type", "expected one of"),
+    ({"rope_type": "default", "mrope_section": [4, 2, 1]}, "rope_scaling.mrope_section",
+     "summing to rotary_dim / 2 = 8, got [4, 2, 1]"),
+    ({"rope_type": "linear", "factor": 0.5}, "rope_scaling.factor", "expected a number >= 1"),
+])
+def test_bad_rope_scaling_names_the_file_and_the_key(tmp_path: Path, scaling: dict[str, Any], key: str,
+                                                     needle: str) -> None:
+    path = _write_config(tmp_path, _edit(lambda r: r.update(rope_scaling=scaling)))
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(path)
+    assert info.value.field == f"{path}: {key}"
+    assert needle in str(info.value) and "trtio's" not in str(info.value)
