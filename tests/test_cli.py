@@ -469,7 +469,8 @@ def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys
 @pytest.mark.rtx
 @pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
 def test_inspect_a_corrupt_plan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "model.plan").write_bytes(b"\x00not a plan" * 10)
+    # A TensorRT-RTX plan's magic, then garbage: it passes the header check and reaches TensorRT.
+    (tmp_path / "model.plan").write_bytes(b"vtrt" + b"\x00not a plan" * 10)
     rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx")
     assert_one_line_error(rc, err, "inspect", "model.plan")
     rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx", "--debug")
@@ -639,3 +640,10 @@ def test_dry_run_of_a_lone_base_or_draft_config() -> None:
 def test_every_engine_name_is_covered_by_the_demo_configs() -> None:
     toys = ToyEngines.load()
     assert [toys.config(n).role for n in ENGINE_NAMES] == ["llm", "base", "draft"]
+
+
+def test_inspect_a_file_that_is_not_a_plan_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "model.plan").write_bytes(b"garbage!")
+    rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"))
+    assert_one_line_error(rc, err, "inspect", "not a TensorRT plan")
+    assert "CUDA device" not in err

@@ -6,7 +6,7 @@ are imported only when a backend or engine needs them.
 
 import logging as _logging
 
-from trtio import names
+from trtio import edgellm, names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.contracts import build_registry, contract_of
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
@@ -32,7 +32,8 @@ from trtio.state import EngineState
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
-from trtio.trt import load_engine
+from trtio.edgellm import EngineDir
+from trtio.trt import load_engine, load_plugins
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,9 @@ __all__ = [
     "create_for_llm",
     "create_for_spec_decode",
     "load_engine",
+    "load_plugins",
+    "EngineDir",
+    "edgellm",
     "Arena",
     "Backend",
     "BindingError",

@@ -337,7 +337,7 @@ class PipelineIO:
 
         Sizes: ``P = max(max_draft_proposal_size, verify_size)``, sequence buffers hold
         ``max(max input length of base and draft, P)`` tokens, logits hold ``batch * P`` rows of
-        ``max(base.output_vocab_size, draft.vocab_size)``. Spec-decode buffers are zeroed on ``stream``.
+        ``max(base.output_vocab_size, draft.output_vocab_size)``. Spec-decode buffers are zeroed on ``stream``.
         """
         bundle.validate()
         if bundle.draft is None or bundle.spec is None:
@@ -355,7 +355,7 @@ class PipelineIO:
         p = bundle.effective_max_draft_proposal_size()
         seq = max(max_input, p)
         act = base.activation
-        vocab = max(base.output_vocab_size, draft.vocab_size)
+        vocab = max(base.output_vocab_size, draft.output_vocab_size)
         reqs = _basic_requests(b, seq, base.hidden_size, act, logits_rows=b * p, vocab=vocab, select_cols=p)
         reqs += _deepstack_requests(base.num_deepstack_features, b, max_input, base.hidden_size, act,
                                     zero_seq=max(spec.verify_size, 1))

@@ -137,17 +137,19 @@ def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
 
 
 class _RopeTables:
-    """Non-MRoPE cos/sin tables ([1, C, R] float32), one per (capacity, rotary dim, theta), shared."""
+    """Non-MRoPE cos/sin tables ([1, C, R] float32, with the config's RoPE scaling), one per distinct
+    table, shared by the engines of a setup. Created when an engine is bound, never in a step."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._tables: dict[tuple[int, int, float], Tensor] = {}
+        self._tables: dict[tuple[Any, ...], Tensor] = {}
 
     def get(self, cfg: LLMEngineConfig, stream: Stream) -> Tensor:
-        key = (cfg.max_kv_cache_capacity, cfg.rotary_dim, float(cfg.rope_theta))
+        key = (cfg.max_kv_cache_capacity, cfg.rotary_dim, float(cfg.rope_theta), cfg.rope_scaling,
+               cfg.max_position_embeddings)
         t = self._tables.get(key)
         if t is None:
-            table = rope_cos_sin_table(key[0], key[1], key[2])
+            table = _rope_table(cfg)
             t = Tensor.empty(table.shape, DType.FLOAT32, Location.DEVICE, name=names.kRopeCosSin,
                              backend=self._backend)
             t.copy_from(table, stream)
@@ -175,10 +177,16 @@ class _RopeTables:
         self.close()
 
 
+def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
+    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied)."""
+    return rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch,
+                              scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
+
+
 def _fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
+    """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
     if cfg.is_mrope:
-        table = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch=io.max_batch)
-        io.mrope_cos_sin.copy_from(table, stream)
+        io.mrope_cos_sin.copy_from(_rope_table(cfg, io.max_batch), stream)
 
 
 def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
@@ -217,9 +225,11 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
                                                 stream=stream))
     state.bind(tm)
     stable = state.stable_names()
-    if not cfg.is_mrope and names.kRopeCosSin in eio and contract == "batch":
-        tm.add(names.kRopeCosSin, rope.get(cfg, stream))
-        stable.add(names.kRopeCosSin)
+    if not cfg.is_mrope and names.kRopeCosSin in eio:
+        table = rope.get(cfg, stream)  # the ragged contract gathers each step's rows from it
+        if contract == "batch":
+            tm.add(names.kRopeCosSin, table)
+            stable.add(names.kRopeCosSin)
     executor = resources.enter_context(EngineExecutor(engine, context_memory=context_memory, name=name,
                                                       registry=registry.merged(state.specs()), stable=stable,
                                                       graphs=graphs, backend=backend))

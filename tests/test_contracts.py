@@ -1,0 +1,91 @@
+"""The ragged contract's registries against files NVIDIA's Edge-LLM 0.11 exporter wrote.
+
+``tests/fixtures/edgellm-0.11/onnx-io/*.txt`` lists each graph's inputs and outputs (name, dtype, shape,
+with symbolic dims as quoted names) and ``profiles.json`` the builder's two optimization profiles for a
+tiny Qwen3 LLM, an EAGLE3 base and its draft (batch 4, input 64, KV 128, trees of 8). trtio's registry
+(every binding but the KV state) and the paged KV state's declaration together must equal them: every
+name, dtype, rank, which dims are dynamic, and each profile's min / opt / max.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trtio import DType, LLMEngineConfig, names
+from trtio.contracts import build_registry, contract_of
+from trtio.state import paged_state_specs
+
+FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
+GRAPHS = {  # role -> (onnx-io file, config file)
+    "llm": ("qwen3-tiny-llm.txt", "qwen3-tiny-llm/config.json"),
+    "base": ("qwen3-tiny-eagle3-base.txt", "qwen3-tiny-eagle3/base_config.json"),
+    "draft": ("qwen3-tiny-eagle3-draft.txt", "qwen3-tiny-eagle3/draft_config.json"),
+}
+ONNX_DTYPES = {"FLOAT16": DType.FLOAT16, "FLOAT": DType.FLOAT32, "INT32": DType.INT32, "INT64": DType.INT64}
+
+
+def parse_onnx_io(path: Path) -> dict[str, tuple[str, DType, tuple[int, ...]]]:
+    """name -> (io, dtype, shape with -1 for every symbolic dim), in the file's order."""
+    out: dict[str, tuple[str, DType, tuple[int, ...]]] = {}
+    io = ""
+    for line in path.read_text().splitlines():
+        if line.strip() in ("inputs:", "outputs:"):
+            io = line.strip()[:-2]
+            continue
+        m = re.match(r"^\s+(\S+)\s+(FLOAT16|FLOAT|INT32|INT64)\s+(\[.*\])\s*$", line)
+        if m and io:
+            dims = ast.literal_eval(m.group(3))
+            out[m.group(1)] = (io, ONNX_DTYPES[m.group(2)], tuple(d if isinstance(d, int) else -1 for d in dims))
+    return out
+
+
+def declared(role: str):
+    cfg = LLMEngineConfig.from_edgellm(FIXTURES / GRAPHS[role][1])
+    specs = [s for s in build_registry(cfg)] + paged_state_specs(cfg)
+    return cfg, {s.name: s for s in specs}
+
+
+@pytest.mark.parametrize("role", sorted(GRAPHS))
+def test_registry_and_state_equal_the_exporters_graph_io(role: str) -> None:
+    graph = parse_onnx_io(FIXTURES / "onnx-io" / GRAPHS[role][0])
+    cfg, specs = declared(role)
+    assert cfg.role == role and cfg.contract == "ragged"
+    optional_extras = {n for n, s in specs.items() if s.optional and n not in graph}
+    assert optional_extras <= {names.kSkipSoftmaxScale}, "only inputs real engines may lack are left out"
+    assert set(specs) - optional_extras == set(graph)
+    for name, (io, dtype, shape) in graph.items():
+        s = specs[name]
+        assert (s.io, s.dtype, s.engine_shape) == (io, dtype, shape), name
+
+
+@pytest.mark.parametrize("role", sorted(GRAPHS))
+def test_registry_profiles_equal_the_builders(role: str) -> None:
+    profiles = json.loads((FIXTURES / "profiles.json").read_text())[role]
+    _, specs = declared(role)
+    for name, want in profiles.items():
+        got = specs[name].profiles
+        assert len(got) == 2, name
+        for p in (0, 1):
+            assert [list(x) for x in got[p]] == want[f"profile{p}"], f"{name} profile {p}"
+    inputs = {n for n, s in specs.items() if s.is_input and not s.optional}
+    assert inputs <= set(profiles), "every required input has profiles in the fixture"
+
+
+def test_the_fixture_parser_reads_every_line() -> None:
+    graph = parse_onnx_io(FIXTURES / "onnx-io" / "qwen3-tiny-eagle3-base.txt")
+    assert len(graph) == 25 + 10
+    assert graph["kv_page_table"] == ("input", DType.INT32, (-1, 2, -1))
+    assert graph["hidden_states"] == ("output", DType.FLOAT16, (-1, 192))
+
+
+def test_contract_of_tells_the_contracts_apart() -> None:
+    from trtio.testing import ReferenceEngine
+
+    from _configs import llm_config
+
+    assert contract_of(ReferenceEngine.from_config(llm_config(), device="host", null_compute=True)) == "batch"
