@@ -84,8 +84,8 @@ def test_the_fixture_parser_reads_every_line() -> None:
 
 
 def test_contract_of_tells_the_contracts_apart() -> None:
-    from trtio.testing import ReferenceEngine
-
     from _configs import llm_config
+
+    from trtio.testing import ReferenceEngine
 
     assert contract_of(ReferenceEngine.from_config(llm_config(), device="host", null_compute=True)) == "batch"

@@ -12,6 +12,7 @@ from trtio.contracts import build_registry, contract_of
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
+from trtio.edgellm import EngineDir
 from trtio.engine import ContextMemory, EngineExecutor, EngineIO, GraphStats, TensorInfo
 from trtio.errors import (
     BindingError,
@@ -32,7 +33,6 @@ from trtio.state import EngineState
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
-from trtio.edgellm import EngineDir
 from trtio.trt import load_engine, load_plugins
 
 __version__ = "0.1.0"
