@@ -28,7 +28,7 @@ from trtio.errors import (
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
 from trtio.registry import TensorRegistry, TensorSpec
-from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode, create_from_engine_dir
 from trtio.state import EngineState
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
@@ -51,6 +51,7 @@ __all__ = [
     "TensorInfo",
     "create_for_llm",
     "create_for_spec_decode",
+    "create_from_engine_dir",
     "load_engine",
     "load_plugins",
     "EngineDir",

@@ -1,12 +1,14 @@
 """Setups: engines bound to a PipelineIO, with the step protocol a runtime calls.
 
 ``create_for_llm`` gives an :class:`LLMSetup` (prefill, decode, reset); ``create_for_spec_decode``
-a :class:`SpecDecodeSetup` (base and draft prefill, draft proposal, verify, accept, draft catch-up).
+a :class:`SpecDecodeSetup` (base and draft prefill, draft proposal, verify, accept, draft catch-up);
+``create_from_engine_dir`` either one for an Edge-LLM engine directory.
 """
 
 from trtio.setups.base import BoundEngine, SetupBase, check_engine
+from trtio.setups.engine_dir import create_from_engine_dir
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
 
 __all__ = ["BoundEngine", "LLMSetup", "SetupBase", "SpecDecodeSetup", "check_engine", "create_for_llm",
-           "create_for_spec_decode"]
+           "create_for_spec_decode", "create_from_engine_dir"]

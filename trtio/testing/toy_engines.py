@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import json
 import os
 from dataclasses import dataclass, field
@@ -42,8 +43,13 @@ CONFIG_FILE = "config.json"
 
 
 def default_engines_dir() -> Path:
-    """The repository's ``engines/`` (next to the ``trtio`` package in a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "engines"
+    """The toy engine definitions: the source checkout's ``engines/`` (next to the ``trtio`` package), else
+    the copy an installed wheel ships as package data (``trtio/_engines``)."""
+    checkout = Path(__file__).resolve().parents[2] / "engines"
+    if (checkout / "toy-llm" / CONFIG_FILE).is_file():
+        return checkout
+    shipped = importlib.resources.files("trtio._engines")
+    return Path(str(shipped))  # a wheel installs as plain files: the package data is a real directory
 
 
 def plan_cache_dir() -> Path:
