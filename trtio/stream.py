@@ -9,11 +9,10 @@ trtio never falls back to CUDA's legacy default stream.
 from __future__ import annotations
 
 import threading
-import weakref
 from typing import Any
 
+from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, get_backend
-from trtio.errors import ClosedError
 
 __all__ = ["Stream", "Event", "StreamLike", "as_stream"]
 
@@ -23,33 +22,23 @@ _default_lock = threading.Lock()
 _defaults: dict[int, Stream] = {}
 
 
-def _destroy_stream(backend: Backend, handle: int) -> None:
-    try:
-        backend.destroy_stream(handle)
-    except Exception:  # finalizers must not raise
-        pass
+class Stream(Closeable):
+    """A stream handle on a backend; owned (destroyed on close) or borrowed.
 
+    Follows trtio's close protocol (:mod:`trtio._lifetime`).
+    """
 
-def _destroy_event(backend: Backend, handle: int) -> None:
-    try:
-        backend.destroy_event(handle)
-    except Exception:
-        pass
-
-
-class Stream:
-    """A stream handle on a backend; owned (destroyed on close) or borrowed."""
-
-    __slots__ = ("_handle", "_backend", "_owned", "_closed", "_finalizer", "__weakref__")
+    __slots__ = ("_handle", "_backend", "_owned")
 
     def __init__(self, handle: int, backend: Backend, *, owned: bool = False) -> None:
         self._handle = int(handle)
         self._backend = backend
         self._owned = owned
-        self._closed = False
-        self._finalizer = (
-            weakref.finalize(self, _destroy_stream, backend, self._handle) if owned else None
-        )
+        what = f"stream 0x{self._handle:x}"
+        if owned:
+            self._init_lifetime(what, backend.destroy_stream, self._handle)
+        else:
+            self._init_lifetime(what)
 
     @classmethod
     def create(cls, backend: Backend | str | None = None) -> Stream:
@@ -94,17 +83,12 @@ class Stream:
 
     @property
     def handle(self) -> int:
-        if self._closed:
-            raise ClosedError(f"stream 0x{self._handle:x} is closed")
+        self._check_open()
         return self._handle
 
     @property
     def backend(self) -> Backend:
         return self._backend
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
 
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
@@ -115,21 +99,15 @@ class Stream:
 
     def wait(self, event: Event) -> None:
         """Make this stream wait for ``event`` (no host synchronisation)."""
+        self._check_open()
         event.wait(self)
 
     def close(self) -> None:
-        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._finalizer is not None:
-            self._finalizer()
+        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent.
 
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        A failure to destroy the stream raises (the stream is closed anyway).
+        """
+        super().close()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._backend is self._backend
@@ -151,16 +129,15 @@ def as_stream(stream: StreamLike, backend: Backend | str | None = None) -> Strea
     return Stream.from_handle(stream, backend)
 
 
-class Event:
-    """A synchronisation event (no timing)."""
+class Event(Closeable):
+    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`)."""
 
-    __slots__ = ("_handle", "_backend", "_closed", "_finalizer", "__weakref__")
+    __slots__ = ("_handle", "_backend")
 
     def __init__(self, handle: int, backend: Backend) -> None:
         self._handle = int(handle)
         self._backend = backend
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _destroy_event, backend, self._handle)
+        self._init_lifetime(f"event 0x{self._handle:x}", backend.destroy_event, self._handle)
 
     @classmethod
     def create(cls, backend: Backend | str | None = None) -> Event:
@@ -169,24 +146,25 @@ class Event:
 
     @property
     def handle(self) -> int:
-        if self._closed:
-            raise ClosedError(f"event 0x{self._handle:x} is closed")
+        self._check_open()
         return self._handle
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def backend(self) -> Backend:
+        return self._backend
 
     def record(self, stream: StreamLike = None) -> Event:
         """Capture the work issued on ``stream`` so far. Returns self."""
+        self._check_open()
         s = as_stream(stream, self._backend)
-        self._backend.record_event(self.handle, s.handle)
+        self._backend.record_event(self._handle, s.handle)
         return self
 
     def wait(self, stream: StreamLike = None) -> None:
         """Make ``stream`` wait until the recorded work has finished (no host synchronisation)."""
+        self._check_open()
         s = as_stream(stream, self._backend)
-        self._backend.wait_event(s.handle, self.handle)
+        self._backend.wait_event(s.handle, self._handle)
 
     def synchronize(self) -> None:
         """Block the host until the recorded work has finished."""
@@ -197,15 +175,8 @@ class Event:
         return self._backend.query_event(self.handle)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._finalizer()
-
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Destroy the event. Idempotent; a failure to destroy it raises (the event is closed anyway)."""
+        super().close()
 
     def __repr__(self) -> str:
         return f"Event(0x{self._handle:x}, {self._backend.name}{', closed' if self._closed else ''})"

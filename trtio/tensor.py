@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import ctypes
 import math
-import warnings
-import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
-from trtio.stream import Event, StreamLike, as_stream
+from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, ShapeError, TrtioError
+from trtio.stream import Event, Stream, StreamLike, as_stream
 
 __all__ = ["Tensor", "ShapeLike", "normalize_shape", "volume"]
 
@@ -69,27 +68,25 @@ def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int
     return cap
 
 
-def _free_quietly(backend: Backend, ptr: int, location: Location, name: str, warn: bool) -> None:
+def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbytes: int) -> None:
     try:
         backend.free(ptr, location)
-    except Exception:  # a finalizer must not raise (the driver may already be gone at exit)
-        return
-    if warn:
-        warnings.warn(f"trtio tensor {name!r} was never closed; freed by the garbage collector",
-                      ResourceWarning, stacklevel=2)
+    except CudaError as exc:
+        raise CudaError(exc.call, exc.name, f"{what}: freeing {nbytes} bytes of {location} memory at 0x{ptr:x}: "
+                                            f"{exc.detail}") from exc
 
 
-class Tensor:
+class Tensor(Closeable):
     """A buffer with a fixed capacity and a reshapeable view (see module docstring).
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
-    (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead.
+    (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead. Tensors follow
+    trtio's close protocol (:mod:`trtio._lifetime`).
     """
 
     __slots__ = (
         "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
-        "_owner", "_owning", "_closed", "_frozen", "_finalizer", "_last_stream", "_export_event",
-        "__weakref__",
+        "_owner", "_owning", "_frozen", "_last_stream", "_export_event",
     )
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
@@ -105,14 +102,14 @@ class Tensor:
         self._backend = backend
         self._owner = owner
         self._owning = owning
-        self._closed = False
         self._frozen = False
-        self._last_stream: Any = None
+        self._last_stream: Stream | None = None
         self._export_event: Event | None = None
-        self._finalizer = None
+        what = f"tensor {name!r}"
         if owning and ptr:
-            self._finalizer = weakref.finalize(self, _free_quietly, backend, ptr, location, name, True)
-            self._finalizer.atexit = False
+            self._init_lifetime(what, _free_memory, backend, ptr, location, what, capacity)
+        else:
+            self._init_lifetime(what)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -167,9 +164,15 @@ class Tensor:
         if self._closed:
             raise ClosedError(f"tensor {self._name!r} is closed")
         owner = self._owner
-        if isinstance(owner, Tensor) and owner._closed:
-            raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
-        if getattr(owner, "is_closed", False) is True:
+        if owner is None:
+            return
+        if isinstance(owner, Tensor):
+            if owner._closed:
+                raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
+        elif isinstance(owner, Closeable):
+            if owner._closed:
+                raise ClosedError(f"tensor {self._name!r} belongs to {owner._what}, which is closed")
+        elif getattr(owner, "is_closed", False) is True:
             raise ClosedError(f"tensor {self._name!r} belongs to a closed {type(owner).__name__}")
 
     @property
@@ -196,10 +199,13 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        self._live()
         return len(self._shape)
 
     @property
     def numel(self) -> int:
+        """Elements of the current view."""
+        self._live()
         return volume(self._shape)
 
     @property
@@ -218,10 +224,6 @@ class Tensor:
         """The tensor's address; never changes (0 for a zero-capacity tensor)."""
         self._live()
         return self._ptr
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
 
     @property
     def is_frozen(self) -> bool:
@@ -398,6 +400,7 @@ class Tensor:
 
     def mark_written(self, stream: StreamLike) -> None:
         """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
+        self._live()
         self._last_stream = as_stream(stream, self._backend)
 
     # -- zero-copy export -------------------------------------------------------------------
@@ -438,6 +441,7 @@ class Tensor:
                 "version": 3}
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        self._live()
         if self._backend.name == "cuda":
             if self._location is Location.DEVICE:
                 return (_DL_CUDA, self._backend.device_id)
@@ -491,6 +495,7 @@ class Tensor:
     def close(self) -> None:
         """Free owned memory (non-owning tensors just drop their owner). Idempotent.
 
+        A failed free raises :class:`CudaError` naming the tensor; the tensor is closed anyway.
         A frozen tensor (bound in a tensor map) refuses: freeing it would leave an engine
         binding pointing at freed memory.
         """
@@ -499,21 +504,14 @@ class Tensor:
         if self._frozen:
             raise FrozenError(
                 f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
-        self._closed = True
-        if self._export_event is not None:
-            self._export_event.close()
-            self._export_event = None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._backend.free(self._ptr, self._location)
-            self._finalizer = None
+        super().close()
+
+    def _close_owned(self) -> None:
         self._owner = None
-
-    def __enter__(self) -> Tensor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
+        event, self._export_event = self._export_event, None
+        if event is not None:
+            event.close()
 
     def __repr__(self) -> str:
         if self._closed:
