@@ -17,9 +17,9 @@ import numpy as np
 
 from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CudaError, TrtioError
+from trtio.errors import CudaError, InvalidValueError, TrtioError
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
@@ -32,17 +32,34 @@ def align_up(n: int, alignment: int = ALIGNMENT) -> int:
 
 @dataclass(frozen=True)
 class TensorRequest:
-    """One tensor an arena must hold: its name, worst-case shape, dtype and location."""
+    """One tensor an arena must hold: its name, worst-case shape, dtype and location.
+
+    Validated when made: the shape is a sequence of non-negative ints, the dtype one trtio knows,
+    the location one that exists; errors name the tensor. Values are normalised (a tuple of int,
+    a :class:`DType`, a :class:`Location`).
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: DType
     location: Location = Location.DEVICE
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"TensorRequest: name must be a str, got {self.name!r}")
+        # Normalised in place: the one place a frozen dataclass may set its own fields.
+        object.__setattr__(self, "shape", normalize_shape(self.shape, f"shape of tensor {self.name!r}"))
+        try:
+            object.__setattr__(self, "dtype", DType.coerce(self.dtype))
+        except ValueError as exc:
+            raise InvalidValueError(f"dtype of tensor {self.name!r}: {exc}") from None
+        object.__setattr__(self, "location", Location.coerce(self.location, f"location of tensor {self.name!r}"))
+
     @classmethod
     def of(cls, name: str, shape: ShapeLike, dtype: DTypeLike,
-           location: Location = Location.DEVICE) -> TensorRequest:
-        return cls(name, normalize_shape(shape, f"shape of {name!r}"), DType.coerce(dtype), Location(location))
+           location: LocationLike = Location.DEVICE) -> TensorRequest:
+        """A request from loose values (any int sequence, a dtype name, a location name)."""
+        return cls(name, shape, dtype, location)  # type: ignore[arg-type]  # normalised by __post_init__
 
     @property
     def nbytes(self) -> int:
@@ -194,10 +211,16 @@ class Arena(Closeable):
 
     def __init__(self, requests: Sequence[TensorRequest], *, backend: Backend | str | None = None,
                  title: str = "arena", alignment: int = ALIGNMENT) -> None:
+        for i, r in enumerate(requests):
+            if not isinstance(r, TensorRequest):
+                raise TypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
         names = [r.name for r in requests]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise TrtioError(f"{title}: tensor names must be unique, repeated: {sorted(dup)}")
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % ALIGNMENT:
+            raise InvalidValueError(f"arena {title!r}: alignment {alignment!r} must be a positive multiple of "
+                                    f"{ALIGNMENT} (TensorRT's address alignment)")
         self._backend = get_backend(backend)
         self._title = title
         self._requests = list(requests)
@@ -213,7 +236,12 @@ class Arena(Closeable):
         what = f"arena {title!r}"
         try:
             for loc, size in sizes.items():
-                blocks.append((self._backend.alloc(size, loc), loc, size))
+                try:
+                    blocks.append((self._backend.alloc(size, loc), loc, size))
+                except CudaError as exc:
+                    count = sum(1 for r in self._requests if r.location is loc and r.nbytes)
+                    raise CudaError(exc.call, exc.name, f"{what}: a {loc} block of {size} bytes for {count} tensor(s) "
+                                                        f"asked: {exc.detail}") from exc
         except BaseException:
             try:
                 _free_blocks(self._backend, blocks, what)  # nothing is left half-allocated
