@@ -287,3 +287,25 @@ def test_host_backend_state_is_consistent_under_threads():
         sys.setswitchinterval(old)
     assert be.alloc_count == 8 * 300 and be.sync_count == 8 * 300
     assert (be.live_allocations, be.live_streams, be.live_events) == (0, 0, 0)
+
+
+def test_negative_sizes_are_refused_not_taken_as_huge(backend):
+    s = backend.create_stream()
+    ptr = backend.alloc(256, Location.DEVICE)
+    for call, name in ((lambda: backend.memcpy(ptr, ptr, -1, s), "cudaMemcpyAsync"),
+                       (lambda: backend.memset(ptr, 0, -1, s), "cudaMemsetAsync"),
+                       (lambda: backend.fill(ptr, b"\0\0\0\0", -1, s), "cuMemsetD8Async"),
+                       (lambda: backend.memcpy_2d(ptr, 16, ptr, 16, -8, 2, s), "cudaMemcpy2DAsync")):
+        with pytest.raises(CudaError, match=f"{name}: cudaErrorInvalidValue"):
+            call()
+    backend.free(ptr, Location.DEVICE)
+    backend.destroy_stream(s)
+
+
+def test_host_memcpy_2d_refuses_rows_wider_than_the_pitch(host):
+    s = host.create_stream()
+    ptr = host.alloc(256, Location.DEVICE)
+    with pytest.raises(CudaError, match="width must fit in both pitches"):
+        host.memcpy_2d(ptr, 8, ptr + 128, 16, 12, 4, s)
+    host.free(ptr, Location.DEVICE)
+    host.destroy_stream(s)

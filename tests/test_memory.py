@@ -163,3 +163,15 @@ def test_staging_pair_refuses_use_after_close(host):
     with pytest.raises(ClosedError, match="staging pair 'h' -> 'd' is closed"):
         pair.upload(np.arange(4, dtype=np.int32))
     arena.close()
+
+
+def test_staging_pair_checks_its_tensors(host):
+    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32"),
+                   TensorRequest.of("f", (4,), "float32")], backend=host)
+    with pytest.raises(InvalidValueError, match="staging pair 'd' -> 'd'.*pinned or host memory"):
+        trtio.HostStaging(arena["d"], arena["d"], host)
+    with pytest.raises(InvalidValueError, match="dtypes differ"):
+        trtio.HostStaging(arena["h"], arena["f"], host)
+    with pytest.raises(InvalidValueError, match="must live on"):
+        trtio.HostStaging(arena["h"], arena["d"], HostBackend())
+    arena.close()

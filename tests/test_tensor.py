@@ -527,3 +527,22 @@ def test_an_unknown_location_lists_the_locations(host):
     t = Tensor.empty((4,), "int32", "PINNED", name="x", backend=host)
     assert t.location is Location.PINNED
     t.close()
+
+
+@pytest.mark.parametrize("stream,error", [(0, InvalidValueError), (-2, InvalidValueError), (True, TypeError),
+                                          (1.0, TypeError)])
+def test_dlpack_consumer_streams_follow_the_standard(host, stream, error):
+    t = Tensor.empty((4,), "int32", name="x", backend=host)
+    with pytest.raises(error, match=r"tensor 'x': __dlpack__\(stream="):
+        t._dlpack_stream(stream)  # what a CUDA export makes of the consumer's stream argument
+    assert (t._dlpack_stream(None), t._dlpack_stream(2), t._dlpack_stream(-1)) == (1, 2, -1)
+    t.close()
+
+
+@pytest.mark.gpu
+def test_dlpack_export_refuses_stream_zero(cuda):
+    t = Tensor.empty((4,), "int32", name="x", backend=cuda)
+    t.zero_(Stream.create(cuda))
+    with pytest.raises(InvalidValueError, match="0 is ambiguous"):
+        t.__dlpack__(stream=0)
+    t.close()

@@ -328,9 +328,17 @@ class HostStaging(Closeable):
     """
 
     def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
+        what = f"staging pair {host.name!r} -> {device.name!r}"
+        if host.location is Location.DEVICE:
+            raise InvalidValueError(f"{what}: the staging tensor must be pinned or host memory, not {host.location}")
+        if host.dtype is not device.dtype:
+            raise InvalidValueError(f"{what}: dtypes differ ({host.dtype} and {device.dtype})")
+        if host.backend is not backend or device.backend is not backend:
+            raise InvalidValueError(f"{what}: both tensors must live on {backend!r} (got {host.backend!r} and "
+                                    f"{device.backend!r})")
         self.host = host
         self.device = device
-        self._init_lifetime(f"staging pair {host.name!r} -> {device.name!r}")
+        self._init_lifetime(what)
         self._fence = Event.create(backend)
         self._pending = False
         self.fence_waits = 0  # host waits the fence forced (telemetry)

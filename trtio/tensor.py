@@ -532,7 +532,7 @@ class Tensor(Closeable):
             "data": (self._ptr, False),
             "strides": None,
             "version": 3,
-            "stream": stream.handle if stream is not None else None,
+            "stream": stream.handle if stream is not None and not stream.is_closed else None,
         }
 
     @property
@@ -580,10 +580,24 @@ class Tensor(Closeable):
                 f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
                 f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
         if device[0] == _DL_CUDA and stream != -1:
-            self._order_consumer(1 if stream is None else int(stream))
+            self._order_consumer(self._dlpack_stream(stream))
         return _dlpack.make_capsule(
             self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
             device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
+
+    def _dlpack_stream(self, stream: object) -> int:
+        """The consumer's CUDA stream handle from ``__dlpack__(stream=...)``, as the DLPack standard defines it."""
+        if stream is None:
+            return 1  # the consumer did not say: CUDA's legacy default stream
+        if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+            raise TypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes an int "
+                            f"stream handle, -1 or None")
+        handle = int(stream)
+        if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
+            raise InvalidValueError(
+                f"tensor {self._name!r}: __dlpack__(stream={handle}) is not allowed: DLPack takes None or 1 (legacy "
+                f"default stream), 2 (per-thread default stream), -1 (no ordering) or a stream handle; 0 is ambiguous")
+        return handle
 
     def _order_consumer(self, consumer_stream: int) -> None:
         producer = self._last_stream

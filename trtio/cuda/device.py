@@ -187,24 +187,33 @@ class CudaBackend:
         return None
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
             _check("cudaMemcpyAsync", self._rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+        elif nbytes < 0:  # cuda-python would raise a bare OverflowError for the size_t
+            raise CudaError("cudaMemcpyAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def memcpy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
                   stream: int) -> None:
+        if min(width, height, dpitch, spitch) < 0:
+            raise CudaError("cudaMemcpy2DAsync", "cudaErrorInvalidValue",
+                            f"width {width}, height {height}, pitches {dpitch} / {spitch}: sizes must not be negative")
         if width and height:
             kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
             _check("cudaMemcpy2DAsync",
                    self._rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream))
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             _check("cudaMemsetAsync", self._rt.cudaMemsetAsync(ptr, value, nbytes, stream))
+        elif nbytes < 0:
+            raise CudaError("cudaMemsetAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
         """Device fill with 1/2/4/8-byte patterns through the driver's memset kernels."""
-        if not count:
+        if count <= 0:
+            if count < 0:
+                raise CudaError("cuMemsetD8Async", "cudaErrorInvalidValue", f"negative count {count}")
             return
         drv = self._drv
         width = len(pattern)

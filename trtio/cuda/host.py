@@ -124,8 +124,10 @@ class HostBackend:
         fn()
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             self._run(stream, lambda: ctypes.memmove(dst, src, nbytes))
+        elif nbytes < 0:  # memmove would take it as a huge size_t
+            raise CudaError("cudaMemcpyAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def memcpy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
                   stream: int) -> None:
@@ -133,16 +135,26 @@ class HostBackend:
             for row in range(height):
                 ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
 
+        if min(width, height, dpitch, spitch) < 0 or (height > 1 and width > min(dpitch, spitch)):
+            raise CudaError("cudaMemcpy2DAsync", "cudaErrorInvalidValue",
+                            f"width {width}, height {height}, pitches {dpitch} / {spitch}: sizes must not be "
+                            f"negative and the width must fit in both pitches")
         if width and height:
             self._run(stream, copy)
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             self._run(stream, lambda: ctypes.memset(ptr, value, nbytes))
+        elif nbytes < 0:
+            raise CudaError("cudaMemsetAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
-        if count:
+        if len(pattern) not in (1, 2, 4, 8):
+            raise ValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {len(pattern)}")
+        if count > 0:
             self._run(stream, lambda: host_fill(ptr, pattern, count))
+        elif count < 0:
+            raise CudaError("cuMemsetD8Async", "cudaErrorInvalidValue", f"negative count {count}")
 
     def mem_info(self) -> tuple[int, int]:
         page = os.sysconf("SC_PAGE_SIZE")
