@@ -31,13 +31,27 @@ The protocol
 How to adopt it
 ---------------
 Derive from :class:`Closeable` (it has ``__slots__``, so slotted classes stay slotted; do not
-declare ``__weakref__`` again). In ``__init__``, once the resource exists, call
+declare ``__weakref__``, ``_closed``, ``_what`` or ``_finalizer`` again, not even as class
+attributes; a class with another slotted base cannot add it). In ``__init__``, once the resource
+exists (and before anything can call ``_check_open``), call
 ``self._init_lifetime(what, release, *args)``: ``what`` names the object in errors and warnings
 (``"stream 0x1000"``), ``release(*args)`` frees the resource and must not refer to the object
 itself (the finalizer would keep it alive). Objects without a resource call
 ``self._init_lifetime(what)``. Override ``_close_owned()`` to close what the object owns, and
 call ``self._check_open()`` at the top of every public method. A subclass that must refuse to
-close (a tensor still bound to an engine) checks before calling ``super().close()``.
+close (a tensor still bound to an engine) checks before calling ``super().close()``::
+
+    class Buffer(Closeable):
+        __slots__ = ("_ptr", "_backend")
+
+        def __init__(self, backend: Backend, nbytes: int) -> None:
+            self._backend = backend
+            self._ptr = backend.alloc(nbytes, Location.DEVICE)
+            self._init_lifetime(f"buffer 0x{self._ptr:x}", backend.free, self._ptr, Location.DEVICE)
+
+        def zero(self, stream: Stream) -> None:
+            self._check_open()
+            ...
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ how one worst-case allocation serves every step of an inference pipeline. Copies
 the bytes of the current view.
 
 Stream order: copies, ``zero_`` and ``fill_`` whose destination is device memory are issued on
-``stream`` and return before the work finishes. A tensor remembers the stream of the last trtio
-work that wrote it (copies, fills, engine outputs); reading it on another stream (``to_numpy``,
-``copy_to``, a copy from it, a DLPack export) first makes that stream wait for the write.
+``stream`` (None: the calling thread's trtio default stream) and return before the work
+finishes. A tensor remembers the stream of the last trtio work that wrote it (copies, fills,
+engine outputs); reading it on another stream (``to_numpy``, ``copy_to``, a copy from it, a
+DLPack export) first makes that stream wait for the write.
 Destinations in host-accessible memory (PINNED, HOST) are written by the host at once; whoever may
 still be reading them (an earlier upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
 """
