@@ -1,4 +1,6 @@
 import ctypes
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -6,6 +8,7 @@ import pytest
 import trtio
 from trtio import CudaError, Location
 from trtio.cuda._hostmem import host_view
+from trtio.cuda.host import HostBackend
 
 
 def test_auto_backend_is_host_without_a_gpu():
@@ -159,3 +162,150 @@ def test_cuda_errors_name_call_and_error(cuda):
     assert info.value.call == "cudaMalloc"
     assert info.value.name == "cudaErrorMemoryAllocation"
     assert "cudaMalloc: cudaErrorMemoryAllocation" in str(info.value)
+
+
+# -- what is live ------------------------------------------------------------------------------------
+def test_live_counters_follow_creates_and_destroys(backend):
+    before = (backend.live_allocations, backend.live_streams, backend.live_events, backend.live_graphs)
+    s = backend.create_stream()
+    e = backend.create_event()
+    ptr = backend.alloc(256, Location.DEVICE)
+    backend.begin_capture(s)
+    backend.memset(ptr, 0, 256, s)
+    g = backend.end_capture(s)
+    assert (backend.live_allocations, backend.live_streams, backend.live_events, backend.live_graphs) == tuple(
+        n + 1 for n in before)
+    backend.destroy_graph(g)
+    backend.free(ptr, Location.DEVICE)
+    backend.destroy_event(e)
+    backend.destroy_stream(s)
+    assert (backend.live_allocations, backend.live_streams, backend.live_events, backend.live_graphs) == before
+
+
+def test_host_refuses_to_destroy_what_is_not_live(host):
+    with pytest.raises(CudaError, match="cudaStreamDestroy.*0xdead"):
+        host.destroy_stream(0xDEAD)
+    with pytest.raises(CudaError, match="cudaEventDestroy.*0xbeef"):
+        host.destroy_event(0xBEEF)
+    with pytest.raises(CudaError, match="cudaGraphExecDestroy"):
+        host.destroy_graph(0xF00D)
+
+
+def test_host_knows_its_streams_and_device_allocations(host):
+    s = host.create_stream()
+    assert host.knows_stream(s) is True and host.knows_stream(0xDEAD) is False
+    ptr = host.alloc(1000, Location.DEVICE)
+    assert host.knows_pointer(ptr, 1000, Location.DEVICE) is True
+    assert host.knows_pointer(ptr + 512, 488, Location.DEVICE) is True
+    assert host.knows_pointer(ptr + 512, 489, Location.DEVICE) is False, "runs past the allocation"
+    buf = np.zeros(64, np.uint8)
+    assert host.knows_pointer(buf.ctypes.data, 64, Location.DEVICE) is False
+    assert host.knows_pointer(buf.ctypes.data, 64, Location.HOST) is None, "any host memory may be wrapped"
+    host.free(ptr, Location.DEVICE)
+    assert host.knows_pointer(ptr, 1000, Location.DEVICE) is False
+    host.destroy_stream(s)
+
+
+def test_host_allocation_beyond_memory_is_a_cuda_error(host):
+    with pytest.raises(CudaError, match=r"cudaMalloc: cudaErrorMemoryAllocation: 8796093022208 bytes of device"):
+        host.alloc(1 << 43, Location.DEVICE)
+    with pytest.raises(CudaError, match="cudaErrorMemoryAllocation"):
+        host.alloc(1 << 70, Location.PINNED)
+
+
+# -- threads -------------------------------------------------------------------------------------------
+def _in_thread(fn):
+    """Run ``fn`` on a new thread; return what it returned, raise what it raised."""
+    out = {}
+
+    def main():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    t = threading.Thread(target=main)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def test_host_capture_rules_apply_to_the_capturing_thread_only(host):
+    """As cudaStreamCaptureModeThreadLocal: other threads may allocate and synchronise during a capture."""
+    s = host.create_stream()
+    other = host.create_stream()
+    e = host.create_event()
+    host.begin_capture(s)
+    try:
+        ptr = _in_thread(lambda: host.alloc(64, Location.DEVICE))
+        _in_thread(lambda: host.free(ptr, Location.DEVICE))
+        _in_thread(host.synchronize)
+        _in_thread(lambda: host.synchronize_stream(other))
+        _in_thread(lambda: host.synchronize_event(e))
+        assert _in_thread(lambda: host.query_event(e))
+        with pytest.raises(CudaError, match="cudaErrorStreamCaptureUnsupported"):
+            _in_thread(lambda: host.synchronize_stream(s))  # the captured stream itself: from any thread
+        with pytest.raises(CudaError, match="cudaErrorStreamCaptureWrongThread"):
+            _in_thread(lambda: host.end_capture(s))
+        for call in (lambda: host.alloc(64, Location.DEVICE), lambda: host.free(0x1000, Location.DEVICE),
+                     host.synchronize, lambda: host.synchronize_stream(other), lambda: host.synchronize_event(e),
+                     lambda: host.query_event(e)):
+            with pytest.raises(CudaError, match=f"cudaErrorStreamCaptureUnsupported.*capturing stream 0x{s:x}"):
+                call()
+    finally:
+        host.destroy_graph(host.end_capture(s))
+    host.free(host.alloc(64, Location.DEVICE), Location.DEVICE)
+    for h in (s, other):
+        host.destroy_stream(h)
+    host.destroy_event(e)
+
+
+def test_host_backend_state_is_consistent_under_threads():
+    be = HostBackend()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def work():
+            for _ in range(300):
+                s = be.create_stream()
+                e = be.create_event()
+                p = be.alloc(256, Location.DEVICE)
+                be.record_event(e, s)
+                be.synchronize_stream(s)
+                be.free(p, Location.DEVICE)
+                be.destroy_event(e)
+                be.destroy_stream(s)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert be.alloc_count == 8 * 300 and be.sync_count == 8 * 300
+    assert (be.live_allocations, be.live_streams, be.live_events) == (0, 0, 0)
+
+
+def test_negative_sizes_are_refused_not_taken_as_huge(backend):
+    s = backend.create_stream()
+    ptr = backend.alloc(256, Location.DEVICE)
+    for call, name in ((lambda: backend.memcpy(ptr, ptr, -1, s), "cudaMemcpyAsync"),
+                       (lambda: backend.memset(ptr, 0, -1, s), "cudaMemsetAsync"),
+                       (lambda: backend.fill(ptr, b"\0\0\0\0", -1, s), "cuMemsetD8Async"),
+                       (lambda: backend.memcpy_2d(ptr, 16, ptr, 16, -8, 2, s), "cudaMemcpy2DAsync")):
+        with pytest.raises(CudaError, match=f"{name}: cudaErrorInvalidValue"):
+            call()
+    backend.free(ptr, Location.DEVICE)
+    backend.destroy_stream(s)
+
+
+def test_host_memcpy_2d_refuses_rows_wider_than_the_pitch(host):
+    s = host.create_stream()
+    ptr = host.alloc(256, Location.DEVICE)
+    with pytest.raises(CudaError, match="width must fit in both pitches"):
+        host.memcpy_2d(ptr, 8, ptr + 128, 16, 12, 4, s)
+    host.free(ptr, Location.DEVICE)
+    host.destroy_stream(s)

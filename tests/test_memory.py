@@ -6,6 +6,7 @@ import pytest
 import trtio
 from trtio import Arena, ClosedError, Location, MemoryReport, TensorRequest, TrtioError
 from trtio.cuda.host import HostBackend
+from trtio.errors import InvalidValueError
 
 
 def _requests():
@@ -104,4 +105,73 @@ def test_arena_tensors_reshape_within_their_slice(host):
     x.reshape((2, 8)).copy_from(np.ones((2, 8), np.float32))
     with pytest.raises(trtio.CapacityError):
         x.reshape((5, 8))
+    arena.close()
+
+
+@pytest.mark.parametrize("shape,needle", [((2, -1), "negative dimension -1"), ((2, 1.5), "non-integer"),
+                                          (None, "sequence")])
+def test_tensor_requests_validate_their_shape_naming_the_tensor(shape, needle):
+    with pytest.raises(trtio.ShapeError, match=rf"shape of tensor 'kv'.*{needle}"):
+        TensorRequest("kv", shape, trtio.DType.INT32)
+
+
+def test_tensor_requests_validate_dtype_and_location():
+    with pytest.raises(InvalidValueError, match=r"location of tensor 'kv': 'gpu' is not a memory location"):
+        TensorRequest("kv", (2,), trtio.DType.INT32, "gpu")
+    with pytest.raises(InvalidValueError, match=r"dtype of tensor 'kv'.*'int3'"):
+        TensorRequest.of("kv", (2,), "int3")
+    r = TensorRequest("kv", [np.int64(2), 3], "int32", "pinned")
+    assert (r.shape, r.dtype, r.location) == ((2, 3), trtio.DType.INT32, Location.PINNED)
+    assert all(type(d) is int for d in r.shape)
+
+
+def test_an_arena_too_big_to_allocate_names_itself_and_the_bytes(host):
+    live = host.live_allocations
+    with pytest.raises(trtio.CudaError, match=r"cudaMallocHost: cudaErrorMemoryAllocation: arena 'big': a pinned "
+                                              r"block of 8796093022208 bytes for 1 tensor\(s\) asked"):
+        Arena([TensorRequest.of("small", (4,), "int32"),
+               TensorRequest.of("huge", (2**41,), "float32", Location.PINNED)], backend=host, title="big")
+    assert host.live_allocations == live, "the device block made before is freed"
+
+
+@pytest.mark.parametrize("alignment", [0, -256, 100, True])
+def test_arena_alignment_must_be_a_multiple_of_256(host, alignment):
+    with pytest.raises(InvalidValueError, match="alignment"):
+        Arena(_requests(), backend=host, alignment=alignment)
+
+
+def test_arena_takes_tensor_requests_only(host):
+    with pytest.raises(TypeError, match="request 1 is a tuple"):
+        Arena([TensorRequest.of("a", (1,), "int32"), ("b", (1,), "int32")], backend=host)
+
+
+def test_arena_names_a_missing_tensor(host):
+    arena = Arena(_requests(), backend=host, title="plan")
+    with pytest.raises(KeyError, match=r"arena 'plan' has no tensor 'z'"):
+        arena["z"]
+    arena.close()
+
+
+def test_staging_pair_refuses_use_after_close(host):
+    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32")],
+                  backend=host)
+    events = host.live_events
+    with trtio.HostStaging(arena["h"], arena["d"], host) as pair:
+        pair.upload(np.arange(4, dtype=np.int32))
+        np.testing.assert_array_equal(arena["d"].to_numpy(), np.arange(4))
+    assert pair.is_closed and host.live_events == events, "its fence event is destroyed"
+    with pytest.raises(ClosedError, match="staging pair 'h' -> 'd' is closed"):
+        pair.upload(np.arange(4, dtype=np.int32))
+    arena.close()
+
+
+def test_staging_pair_checks_its_tensors(host):
+    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32"),
+                   TensorRequest.of("f", (4,), "float32")], backend=host)
+    with pytest.raises(InvalidValueError, match="staging pair 'd' -> 'd'.*pinned or host memory"):
+        trtio.HostStaging(arena["d"], arena["d"], host)
+    with pytest.raises(InvalidValueError, match="dtypes differ"):
+        trtio.HostStaging(arena["h"], arena["f"], host)
+    with pytest.raises(InvalidValueError, match="must live on"):
+        trtio.HostStaging(arena["h"], arena["d"], HostBackend())
     arena.close()

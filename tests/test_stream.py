@@ -1,7 +1,13 @@
+import gc
+import threading
+import warnings
+
 import numpy as np
 import pytest
 
 from trtio import ClosedError, Event, Location, Stream, Tensor
+from trtio.cuda.host import HostBackend
+from trtio.errors import InvalidValueError
 from trtio.stream import as_stream
 
 
@@ -95,3 +101,111 @@ def test_two_streams_ordered_by_an_event(cuda):
     producer.synchronize()
     for x in (src, dst, out, ready, producer, consumer):
         x.close()
+
+
+class TorchLikeStream:
+    """Stands in for an older torch.cuda.Stream: a ``cuda_stream`` attribute, no protocol."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+TorchLikeStream.__name__ = "Stream"
+
+
+@pytest.mark.parametrize("handle,error,needle", [
+    (True, TypeError, "is a bool, not a stream handle"),
+    (np.bool_(True), TypeError, "is a bool"),
+    (0, InvalidValueError, "legacy default stream, which trtio never uses"),
+    (1, InvalidValueError, "legacy default stream"),
+    (-5, InvalidValueError, "-5 is not a stream handle"),
+    (1 << 64, InvalidValueError, "not a stream handle"),
+    (1.0, TypeError, "cannot make a stream of float"),
+    ("4096", TypeError, "cannot make a stream of str"),
+    (None, TypeError, "Stream.default"),
+])
+def test_from_handle_refuses_what_is_not_a_stream(backend, handle, error, needle):
+    with pytest.raises(error, match=needle):
+        Stream.from_handle(handle, backend)
+
+
+def test_legacy_stream_refused_through_the_protocol_too(backend):
+    with pytest.raises(InvalidValueError, match=r"ForeignStream.__cuda_stream__\(\): handle 0 is CUDA's legacy"):
+        Stream.from_handle(ForeignStream(0), backend)
+    with pytest.raises(InvalidValueError, match="legacy"):
+        Stream.from_handle(TorchLikeStream(0), backend)
+
+
+def test_host_refuses_handles_of_no_stream(host):
+    with pytest.raises(InvalidValueError, match="0xdead is not a live stream of the host backend"):
+        Stream.from_handle(0xDEAD, host)
+    e = Event.create(host)
+    with pytest.raises(InvalidValueError, match="0xbeef is not a live stream"):
+        e.record(0xBEEF)
+    with pytest.raises(InvalidValueError, match="0xbeef"):
+        e.wait(0xBEEF)
+    s = Stream.create(host)
+    assert Stream.from_handle(TorchLikeStream(s.handle), host) == s
+    s.close()
+    with pytest.raises(InvalidValueError, match="not a live stream"):
+        Stream.from_handle(s._handle, host)  # destroyed: no longer a stream
+    e.close()
+
+
+def test_a_stream_is_refused_on_another_backend(host):
+    other = HostBackend()
+    s = Stream.create(other)
+    t = Tensor.empty((4,), "int32", backend=host)
+    with pytest.raises(InvalidValueError, match="a stream is only valid on the backend that made it"):
+        t.zero_(s)
+    with pytest.raises(InvalidValueError, match="belongs to"):
+        as_stream(s, host)
+    t.close()
+    s.close()
+
+
+def test_default_stream_cannot_be_closed(backend):
+    s = Stream.default(backend)
+    with s:
+        pass
+    s.close()
+    assert not s.is_closed and s.is_default
+    s.synchronize()
+    assert as_stream(None, backend) is s
+    assert "default stream" in repr(s)
+
+
+def test_each_thread_has_its_own_default_stream(backend):
+    mine = Stream.default(backend)
+    theirs = []
+    t = threading.Thread(target=lambda: theirs.extend([Stream.default(backend), as_stream(None, backend)]))
+    t.start()
+    t.join()
+    assert theirs[0] is theirs[1], "one default stream per thread and backend"
+    assert theirs[0] != mine and theirs[0].handle not in (0, 1, 2)
+
+
+def test_a_threads_default_stream_goes_when_the_thread_and_its_users_are_gone():
+    be = HostBackend()
+    kept = []
+
+    def work(keep):
+        t = Tensor.empty((4,), "int32", backend=be)
+        t.fill_(3)  # on the thread's default stream
+        if keep:
+            kept.append(Stream.default(be))
+        t.close()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for keep in (False, True):
+            thread = threading.Thread(target=work, args=(keep,))
+            thread.start()
+            thread.join()
+        gc.collect()
+        assert be.live_streams == 1, "destroyed once its thread ended; kept alive while referenced"
+        kept[0].synchronize()
+        kept.clear()
+        gc.collect()
+    assert be.live_streams == 0
+    assert not [w for w in caught if w.category is ResourceWarning], "a default stream ends silently"

@@ -5,7 +5,8 @@ import warnings
 import numpy as np
 import pytest
 
-from trtio import CapacityError, ClosedError, DType, Location, ShapeError, Stream, Tensor, TrtioError
+from trtio import CapacityError, ClosedError, CudaError, DType, Location, ShapeError, Stream, Tensor, TrtioError
+from trtio.errors import InvalidValueError
 
 HAS_ML = importlib.util.find_spec("ml_dtypes") is not None
 
@@ -375,3 +376,173 @@ def test_mark_written_orders_reads_after_a_foreign_write(cuda):
     del x
     t.close()
     a.close()
+
+
+# -- wrap: what is not a pointer ----------------------------------------------------------------------
+@pytest.mark.parametrize("ptr,error,needle", [
+    (-256, InvalidValueError, "pointer -256 is negative"),
+    (True, TypeError, "is a bool, not a pointer"),
+    (np.bool_(True), TypeError, "is a bool"),
+    (256.0, TypeError, "a pointer is an int address, got float"),
+    ("0x100", TypeError, "got str"),
+    (0, InvalidValueError, "null pointer"),
+    (1 << 64, InvalidValueError, "runs past the 64-bit address space"),
+])
+def test_wrap_refuses_what_is_not_a_pointer(backend, ptr, error, needle):
+    with pytest.raises(error, match=rf"tensor 'w'.*{needle}"):
+        Tensor.wrap(ptr, (4,), "float32", Location.DEVICE, name="w", backend=backend)
+
+
+def test_wrap_of_zero_bytes_may_have_no_address(backend):
+    t = Tensor.wrap(0, (0, 4), "float32", Location.DEVICE, name="absent", backend=backend)
+    assert t.is_empty and t.data_ptr == 0
+
+
+def test_host_backend_refuses_device_pointers_it_did_not_allocate(host):
+    owner = Tensor.empty((256,), "uint8", name="owner", backend=host)
+    stray = np.zeros(1024, np.uint8)
+    aligned = (stray.ctypes.data + 255) // 256 * 256
+    with pytest.raises(InvalidValueError, match=r"tensor 'w'.*not inside device memory the host backend allocated"):
+        Tensor.wrap(aligned, (4,), "float32", Location.DEVICE, name="w", backend=host)
+    with pytest.raises(InvalidValueError, match="not inside"):
+        Tensor.wrap(owner.data_ptr, (65,), "float32", Location.DEVICE, owner, name="w", backend=host)  # 260 > 256
+    inside = Tensor.wrap(owner.data_ptr, (64,), "float32", Location.DEVICE, owner, name="w", backend=host)
+    assert inside.data_ptr == owner.data_ptr
+    host_tensor = Tensor.wrap(stray.ctypes.data, (4,), "float32", Location.HOST, stray, name="h", backend=host)
+    assert host_tensor.data_ptr == stray.ctypes.data, "host memory may be anything"
+    owner.close()
+
+
+@pytest.mark.parametrize("capacity,error", [(-1, InvalidValueError), (True, TypeError), (16.0, TypeError)])
+def test_bad_capacities_are_refused(host, capacity, error):
+    with pytest.raises(error, match="tensor 'c'.*capacity"):
+        Tensor.empty((0,), "int32", name="c", backend=host, capacity=capacity)
+
+
+# -- copies: shapes must match ----------------------------------------------------------------------
+def test_copies_refuse_another_shape_of_the_same_bytes(backend):
+    t = Tensor.empty((4, 4), "float32", name="x", backend=backend)
+    data = np.arange(16, dtype=np.float32).reshape(2, 8)
+    with pytest.raises(ShapeError, match=r"tensor 'x'.*shape \(2, 8\) \(64 bytes\) does not match the view \(4, 4\)"):
+        t.copy_from(data)
+    with pytest.raises(ShapeError, match=r"tensor 'x'.*\(2, 8\)"):
+        t.copy_to(np.empty((2, 8), np.float32))
+    other = Tensor.empty((2, 8), "float32", name="y", backend=backend)
+    with pytest.raises(ShapeError, match=r"tensor 'x'.*tensor 'y'.*\(2, 8\)"):
+        t.copy_from(other)
+    with pytest.raises(ShapeError, match=r"tensor 'y'.*tensor 'x'"):
+        t.copy_to(other)
+    t.reshape((2, 8)).copy_from(data)  # a flat copy, asked for explicitly
+    np.testing.assert_array_equal(t.reshape((16,)).to_numpy(), data.ravel())
+    t.close()
+    other.close()
+
+
+def test_packed_types_copy_their_flat_bytes(host):
+    t = Tensor.empty((4, 4), "int4", name="q", backend=host)
+    raw = np.arange(8, dtype=np.uint8)
+    t.copy_from(raw)
+    np.testing.assert_array_equal(t.to_numpy(), raw)
+    with pytest.raises(ShapeError, match=r"bytes of the view \(4, 4\)"):
+        t.copy_from(raw.reshape(2, 4))
+    t.close()
+
+
+def test_copy_from_a_tensor_of_another_backend_is_refused(host):
+    from trtio.cuda.host import HostBackend
+
+    a = Tensor.empty((4,), "int32", name="a", backend=host)
+    b = Tensor.empty((4,), "int32", name="b", backend=HostBackend())
+    with pytest.raises(TrtioError, match="tensor 'a'.*another backend"):
+        a.copy_from(b)
+    a.close()
+    b.close()
+
+
+# -- fill_: values the dtype cannot hold ------------------------------------------------------------
+@pytest.mark.parametrize("dtype,value,needle", [
+    ("int32", 1.5, r"int32 holds integers; 1.5 is not one \(it would be stored as 1\)"),
+    ("int8", 300, r"300 is outside int8's range \[-128, 127\]"),
+    ("uint8", -1, r"-1 is outside uint8's range \[0, 255\]"),
+    ("int32", float("nan"), r"int32 holds integers in \[-2147483648, 2147483647\], not nan"),
+    ("int64", float("inf"), "not inf"),
+    ("int8", np.float32(2.5), "not one"),
+    ("bool", 2, "a bool tensor takes True, False, 0 or 1"),
+    ("float16", 1e40, "cannot be represented in float16"),
+    ("float16", 10**400, "cannot be represented in float16"),
+    ("int4", 1, "packed int4 supports only 0"),
+])
+def test_fill_refuses_values_the_dtype_cannot_hold(backend, dtype, value, needle):
+    t = Tensor.empty((4,), dtype, name="f", backend=backend)
+    with pytest.raises(InvalidValueError, match=rf"tensor 'f': fill_\(.*\): .*{needle}"):
+        t.fill_(value)
+    t.close()
+
+
+@pytest.mark.parametrize("value", [1 + 2j, "1", None, b"\x01"])
+def test_fill_takes_real_numbers_only(host, value):
+    t = Tensor.empty((4,), "float32", name="f", backend=host)
+    with pytest.raises(TypeError, match="tensor 'f': fill_ takes a real number"):
+        t.fill_(value)
+    t.close()
+
+
+@pytest.mark.parametrize("dtype,value,expected", [
+    ("int32", 2.0, 2), ("int8", -128, -128), ("int64", np.int64(2**40), 2**40), ("bool", True, True),
+    ("bool", 0, False), ("float16", float("inf"), np.inf), ("float32", float("nan"), None),
+    ("float16", 65504, 65504), ("int32", True, 1),
+])
+def test_fill_keeps_representable_values(backend, dtype, value, expected):
+    t = Tensor.empty((3,), dtype, backend=backend).fill_(value)
+    got = t.to_numpy()
+    if expected is None:
+        assert np.isnan(got).all()
+    else:
+        assert (got == expected).all()
+    t.close()
+
+
+@pytest.mark.skipif(not HAS_ML, reason="ml_dtypes not installed")
+def test_fill_refuses_what_fp8_cannot_hold(host):
+    t = Tensor.empty((4,), "fp8", name="q", backend=host)
+    with pytest.raises(InvalidValueError, match="cannot be represented in fp8"):
+        t.fill_(1000.0)
+    with pytest.raises(InvalidValueError, match="fp8 has no infinity"):
+        t.fill_(float("-inf"))
+    t.fill_(448.0)
+    t.close()
+
+
+# -- allocation errors name the tensor and the bytes ------------------------------------------------
+def test_an_impossible_allocation_names_the_tensor_and_the_bytes(host):
+    with pytest.raises(CudaError, match=r"cudaMalloc: cudaErrorMemoryAllocation: tensor 'huge' \(shape "
+                                        r"\(2199023255552,\) of float32\): 8796093022208 bytes of device memory"):
+        Tensor.empty((2**41,), "float32", name="huge", backend=host)
+
+
+def test_an_unknown_location_lists_the_locations(host):
+    with pytest.raises(InvalidValueError, match=r"location of tensor 'x': 'gpu' is not a memory location; "
+                                                r"expected one of 'device', 'pinned', 'host'"):
+        Tensor.empty((4,), "int32", "gpu", name="x", backend=host)
+    t = Tensor.empty((4,), "int32", "PINNED", name="x", backend=host)
+    assert t.location is Location.PINNED
+    t.close()
+
+
+@pytest.mark.parametrize("stream,error", [(0, InvalidValueError), (-2, InvalidValueError), (True, TypeError),
+                                          (1.0, TypeError)])
+def test_dlpack_consumer_streams_follow_the_standard(host, stream, error):
+    t = Tensor.empty((4,), "int32", name="x", backend=host)
+    with pytest.raises(error, match=r"tensor 'x': __dlpack__\(stream="):
+        t._dlpack_stream(stream)  # what a CUDA export makes of the consumer's stream argument
+    assert (t._dlpack_stream(None), t._dlpack_stream(2), t._dlpack_stream(-1)) == (1, 2, -1)
+    t.close()
+
+
+@pytest.mark.gpu
+def test_dlpack_export_refuses_stream_zero(cuda):
+    t = Tensor.empty((4,), "int32", name="x", backend=cuda)
+    t.zero_(Stream.create(cuda))
+    with pytest.raises(InvalidValueError, match="0 is ambiguous"):
+        t.__dlpack__(stream=0)
+    t.close()

@@ -29,6 +29,7 @@ import ctypes
 import logging
 import operator
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "kDLCPU",
@@ -125,7 +126,8 @@ class DLManagedTensorVersioned(ctypes.Structure):
 # Private prototypes bound to ctypes.pythonapi rather than argtypes set on its shared attributes,
 # which any other library in the process may set differently. PYFUNCTYPE keeps the GIL held
 # across the call and raises whatever Python error the call leaves set.
-def _capi(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def _capi(name: str, restype: Any, *argtypes: Any) -> Any:
+    # Any: ctypes prototypes are typed loosely in typeshed, and what a call returns depends on restype.
     return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
@@ -150,8 +152,8 @@ class _Export:
     """What must outlive the consumer's use of one capsule."""
 
     managed: DLManagedTensor | DLManagedTensorVersioned
-    shape: ctypes.Array  # int64[ndim], pointed at by dl_tensor.shape
-    strides: ctypes.Array  # int64[ndim], pointed at by dl_tensor.strides
+    shape: ctypes.Array[ctypes.c_int64]  # int64[ndim], pointed at by dl_tensor.shape
+    strides: ctypes.Array[ctypes.c_int64]  # int64[ndim], pointed at by dl_tensor.strides
     owner: object  # owns the memory at dl_tensor.data
 
 
@@ -183,16 +185,15 @@ def _take_pending_error(where: str) -> None:
             "consumer will report SystemError instead", where, type(exc).__name__, exc)
 
 
-# The names of the two functions below are what DLPack and CPython call them; each takes the
-# address of the struct / capsule it is about.
-@_Deleter
-def _deleter(managed_address: int) -> None:
+# The two callbacks, wrapped below as ``_deleter`` and ``_capsule_destructor`` (what DLPack and
+# CPython call them); each takes the address of the struct / capsule it is about. Wrapped rather
+# than decorated, so that type checkers see typed functions.
+def _on_delete(managed_address: int) -> None:
     _take_pending_error("the DLPack deleter")
     _release(managed_address)
 
 
-@_CapsuleDestructor
-def _capsule_destructor(capsule_address: int) -> None:
+def _on_capsule_freed(capsule_address: int) -> None:
     _take_pending_error("the DLPack capsule destructor")
     name = _PyCapsule_GetName(capsule_address)
     # A consumer renames the capsule when it takes it; from then on the deleter is its to call.
@@ -208,6 +209,8 @@ def _capsule_destructor(capsule_address: int) -> None:
 # there then, so they are given one reference that is never dropped.
 _CAPSULE_NAMES = (ctypes.create_string_buffer(_LEGACY_NAME),
                   ctypes.create_string_buffer(_VERSIONED_NAME))
+_deleter = _Deleter(_on_delete)
+_capsule_destructor = _CapsuleDestructor(_on_capsule_freed)
 _Py_IncRef((_deleter, _capsule_destructor, _CAPSULE_NAMES))
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "FrozenError",
     "EngineError",
     "ClosedError",
+    "InvalidValueError",
 ]
 
 
@@ -42,6 +43,13 @@ class CudaError(TrtioError):
 
 class CapacityError(TrtioError):
     """A shape needs more bytes than a tensor's fixed capacity."""
+
+
+class InvalidValueError(TrtioError, ValueError):
+    """An argument has a value trtio cannot use: a pointer, a stream handle, a location, a fill value.
+
+    The message names the object involved (tensor, stream, arena), the value, and what was expected.
+    """
 
 
 class ShapeError(TrtioError, ValueError):

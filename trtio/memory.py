@@ -9,17 +9,17 @@ is the arena, so their pointers are stable for the arena's life.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import ClosedError, TrtioError
+from trtio.errors import CudaError, InvalidValueError, TrtioError
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
@@ -32,17 +32,34 @@ def align_up(n: int, alignment: int = ALIGNMENT) -> int:
 
 @dataclass(frozen=True)
 class TensorRequest:
-    """One tensor an arena must hold: its name, worst-case shape, dtype and location."""
+    """One tensor an arena must hold: its name, worst-case shape, dtype and location.
+
+    Validated when made: the shape is a sequence of non-negative ints, the dtype one trtio knows,
+    the location one that exists; errors name the tensor. Values are normalised (a tuple of int,
+    a :class:`DType`, a :class:`Location`).
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: DType
     location: Location = Location.DEVICE
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"TensorRequest: name must be a str, got {self.name!r}")
+        # Normalised in place: the one place a frozen dataclass may set its own fields.
+        object.__setattr__(self, "shape", normalize_shape(self.shape, f"shape of tensor {self.name!r}"))
+        try:
+            object.__setattr__(self, "dtype", DType.coerce(self.dtype))
+        except ValueError as exc:
+            raise InvalidValueError(f"dtype of tensor {self.name!r}: {exc}") from None
+        object.__setattr__(self, "location", Location.coerce(self.location, f"location of tensor {self.name!r}"))
+
     @classmethod
     def of(cls, name: str, shape: ShapeLike, dtype: DTypeLike,
-           location: Location = Location.DEVICE) -> TensorRequest:
-        return cls(name, normalize_shape(shape, f"shape of {name!r}"), DType.coerce(dtype), Location(location))
+           location: LocationLike = Location.DEVICE) -> TensorRequest:
+        """A request from loose values (any int sequence, a dtype name, a location name)."""
+        return cls(name, shape, dtype, location)  # type: ignore[arg-type]  # normalised by __post_init__
 
     @property
     def nbytes(self) -> int:
@@ -165,26 +182,47 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _free_blocks(backend: Backend, blocks: list[tuple[int, Location]]) -> None:
-    for ptr, loc in blocks:
+def _free_blocks(backend: Backend, blocks: list[tuple[int, Location, int]], what: str) -> None:
+    """Free every block, even after a failure; then raise the first failure, naming the arena."""
+    failures: list[tuple[BaseException, int, Location, int]] = []
+    for ptr, loc, size in blocks:
         try:
             backend.free(ptr, loc)
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - the other blocks are freed before it is raised
+            failures.append((exc, ptr, loc, size))
+    if not failures:
+        return
+    first, ptr, loc, size = failures[0]
+    where = f"{what}: freeing its {loc} block of {size} bytes at 0x{ptr:x}"
+    if len(failures) > 1:
+        where += f" (and {len(failures) - 1} more block(s) that failed to free)"
+    if isinstance(first, CudaError):
+        raise CudaError(first.call, first.name, f"{where}: {first.detail}" if first.detail else where) from first
+    first.add_note(where)
+    raise first
 
 
-class Arena:
-    """One backend allocation per location, carved into aligned tensor slices."""
+class Arena(Closeable):
+    """One backend allocation per location, carved into aligned tensor slices.
+
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` closes every slice and
+    frees the blocks; a failed free raises (naming the arena) and the arena is closed anyway.
+    """
 
     def __init__(self, requests: Sequence[TensorRequest], *, backend: Backend | str | None = None,
                  title: str = "arena", alignment: int = ALIGNMENT) -> None:
+        for i, r in enumerate(requests):
+            if not isinstance(r, TensorRequest):
+                raise TypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
         names = [r.name for r in requests]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise TrtioError(f"{title}: tensor names must be unique, repeated: {sorted(dup)}")
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % ALIGNMENT:
+            raise InvalidValueError(f"arena {title!r}: alignment {alignment!r} must be a positive multiple of "
+                                    f"{ALIGNMENT} (TensorRT's address alignment)")
         self._backend = get_backend(backend)
         self._title = title
-        self._closed = False
         self._requests = list(requests)
         offsets: dict[str, int] = {}
         sizes: dict[Location, int] = {}
@@ -194,17 +232,27 @@ class Arena:
             at = sizes.get(r.location, 0)
             offsets[r.name] = at
             sizes[r.location] = at + align_up(r.nbytes, alignment)
-        blocks: list[tuple[int, Location]] = []
+        blocks: list[tuple[int, Location, int]] = []
+        what = f"arena {title!r}"
         try:
             for loc, size in sizes.items():
-                blocks.append((self._backend.alloc(size, loc), loc))
+                try:
+                    blocks.append((self._backend.alloc(size, loc), loc, size))
+                except CudaError as exc:
+                    count = sum(1 for r in self._requests if r.location is loc and r.nbytes)
+                    raise CudaError(exc.call, exc.name, f"{what}: a {loc} block of {size} bytes for {count} tensor(s) "
+                                                        f"asked: {exc.detail}") from exc
         except BaseException:
-            _free_blocks(self._backend, blocks)  # nothing is left half-allocated
+            try:
+                _free_blocks(self._backend, blocks, what)  # nothing is left half-allocated
+            except Exception:  # noqa: BLE001 - the allocation failure is the error to report
+                pass
             raise
+        self._init_lifetime(what, _free_blocks, self._backend, list(blocks), what)
         self._blocks = blocks
         self._sizes = sizes
         self._offsets = offsets
-        base = {loc: ptr for ptr, loc in blocks}
+        base = {loc: ptr for ptr, loc, _ in blocks}
         self._tensors: dict[str, Tensor] = {}
         for r in self._requests:
             if r.nbytes:
@@ -213,28 +261,27 @@ class Arena:
             else:
                 t = Tensor(0, r.shape, r.dtype, r.location, 0, self._backend, name=r.name, owner=self)
             self._tensors[r.name] = t
-        self._finalizer = weakref.finalize(self, _free_blocks, self._backend, list(blocks))
-        self._finalizer.atexit = False
 
     @property
     def backend(self) -> Backend:
         return self._backend
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def title(self) -> str:
+        return self._title
 
     @property
     def tensors(self) -> dict[str, Tensor]:
         """The slices by name, in request order."""
-        if self._closed:
-            raise ClosedError(f"{self._title} is closed")
+        self._check_open()
         return dict(self._tensors)
 
     def __getitem__(self, name: str) -> Tensor:
-        if self._closed:
-            raise ClosedError(f"{self._title} is closed")
-        return self._tensors[name]
+        self._check_open()
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"{self._what} has no tensor {name!r}; it holds {sorted(self._tensors)}") from None
 
     @property
     def allocation_count(self) -> int:
@@ -244,6 +291,7 @@ class Arena:
         return self._sizes.get(location, 0)
 
     def report(self) -> MemoryReport:
+        self._check_open()
         rep = MemoryReport(self._title)
         for r in self._requests:
             rep.entries.append(MemoryEntry(r.name, r.shape, str(r.dtype), str(r.location), r.nbytes,
@@ -254,42 +302,50 @@ class Arena:
         return rep
 
     def close(self) -> None:
-        """Free the blocks; every slice becomes unusable. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Close every slice and free the blocks. Idempotent; a failed free raises :class:`CudaError`
+        naming the arena and the block (every other block is freed first), and the arena is closed anyway."""
+        super().close()
+
+    def _close_owned(self) -> None:
         for t in self._tensors.values():
             t._unfreeze()
             t.close()
-        self._finalizer()
-
-    def __enter__(self) -> Arena:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         sizes = ", ".join(f"{loc}={n}" for loc, n in self._sizes.items())
         return f"Arena({self._title!r}, {len(self._tensors)} tensors, {sizes}{', closed' if self._closed else ''})"
 
 
-class HostStaging:
+class HostStaging(Closeable):
     """A pinned host tensor that feeds a device tensor, fenced with an event.
 
     :meth:`upload` waits (on the host) until the previous upload from the pinned buffer has
     finished before overwriting it, then issues the copy on ``stream`` and records the fence.
     When the previous upload is already done, as in steady state, nothing synchronises.
+
+    The pair owns its fence event, not its tensors (they belong to an arena). It follows trtio's
+    close protocol (:mod:`trtio._lifetime`).
     """
 
     def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
+        what = f"staging pair {host.name!r} -> {device.name!r}"
+        if host.location is Location.DEVICE:
+            raise InvalidValueError(f"{what}: the staging tensor must be pinned or host memory, not {host.location}")
+        if host.dtype is not device.dtype:
+            raise InvalidValueError(f"{what}: dtypes differ ({host.dtype} and {device.dtype})")
+        if host.backend is not backend or device.backend is not backend:
+            raise InvalidValueError(f"{what}: both tensors must live on {backend!r} (got {host.backend!r} and "
+                                    f"{device.backend!r})")
         self.host = host
         self.device = device
+        self._init_lifetime(what)
         self._fence = Event.create(backend)
         self._pending = False
         self.fence_waits = 0  # host waits the fence forced (telemetry)
 
     def wait_fence(self) -> None:
+        """Block the host until the previous upload has finished reading the pinned buffer."""
+        self._check_open()
         if self._pending and not self._fence.query():
             self.fence_waits += 1
             self._fence.synchronize()
@@ -312,10 +368,8 @@ class HostStaging:
         return self.device
 
     def close(self) -> None:
+        """Destroy the fence event (the tensors belong to their arena). Idempotent."""
+        super().close()
+
+    def _close_owned(self) -> None:
         self._fence.close()
-
-    def __enter__(self) -> HostStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -4,52 +4,112 @@ Anything stream-ordered in trtio takes ``stream=``; :func:`as_stream` converts w
 pass (a :class:`Stream`, an int handle, any object with ``__cuda_stream__`` such as a torch,
 CuPy or cuda.core stream, or None for trtio's own default stream) once, at the API boundary.
 trtio never falls back to CUDA's legacy default stream.
+
+Default streams are per thread: ``stream=None`` means the calling thread's own trtio default
+stream of the backend (see :meth:`Stream.default`), so threads that each capture CUDA graphs with
+``stream=None`` never record each other's work.
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
-from typing import Any
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+import numpy as np
+
+from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, get_backend
-from trtio.errors import ClosedError
+from trtio.errors import InvalidValueError
 
-__all__ = ["Stream", "Event", "StreamLike", "as_stream"]
+__all__ = ["Stream", "Event", "StreamLike", "SupportsCudaStream", "as_stream"]
 
-StreamLike = Any  # Stream | int | object with __cuda_stream__ | None
-
-_default_lock = threading.Lock()
-_defaults: dict[int, Stream] = {}
-
-
-def _destroy_stream(backend: Backend, handle: int) -> None:
-    try:
-        backend.destroy_stream(handle)
-    except Exception:  # finalizers must not raise
-        pass
+# CUDA's special stream handles: 0 and cudaStreamLegacy (1) are the legacy default stream.
+_LEGACY_HANDLES = (0, 1)
+_HANDLE_LIMIT = 1 << 64
 
 
-def _destroy_event(backend: Backend, handle: int) -> None:
-    try:
-        backend.destroy_event(handle)
-    except Exception:
-        pass
+@runtime_checkable
+class SupportsCudaStream(Protocol):
+    """A stream of another library, through the CUDA stream protocol (cuda.core, PyTorch, cuda.bindings).
+
+    ``__cuda_stream__()`` returns ``(version, handle)`` with ``version == 0``.
+    """
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
 
 
-class Stream:
-    """A stream handle on a backend; owned (destroyed on close) or borrowed."""
+class _ThreadDefaults(threading.local):
+    """Each thread's default streams, by backend; they go when the thread ends."""
 
-    __slots__ = ("_handle", "_backend", "_owned", "_closed", "_finalizer", "__weakref__")
+    def __init__(self) -> None:
+        self.streams: dict[int, Stream] = {}
 
-    def __init__(self, handle: int, backend: Backend, *, owned: bool = False) -> None:
+
+_thread_defaults = _ThreadDefaults()
+
+
+def _stream_handle(obj: object) -> tuple[int, str]:
+    """The raw handle of a stream-like object (not a trtio Stream), and how to name it in errors."""
+    value: object
+    if isinstance(obj, SupportsCudaStream):
+        where = f"{type(obj).__name__}.__cuda_stream__()"
+        proto: object = obj.__cuda_stream__
+        got: Any = proto() if callable(proto) else proto  # some producers expose the tuple itself
+        try:
+            _version, value = got
+        except (TypeError, ValueError):
+            raise TypeError(f"{where} returned {got!r}; the CUDA stream protocol returns (version, handle)") from None
+    elif type(obj).__name__ in ("Stream", "ExternalStream") and isinstance(
+            getattr(obj, "cuda_stream", getattr(obj, "ptr", None)), int):
+        # torch.cuda.Stream before it had __cuda_stream__ (.cuda_stream); cupy.cuda.Stream (.ptr).
+        where = f"{type(obj).__module__}.{type(obj).__name__}"
+        value = getattr(obj, "cuda_stream", getattr(obj, "ptr", None))
+    elif type(obj).__name__ in ("CUstream", "cudaStream_t"):  # cuda.bindings handles: int() gives the address
+        where = f"cuda.bindings {type(obj).__name__}"
+        value = int(obj)  # type: ignore[call-overload]  # cuda.bindings handle types define __int__
+    else:
+        where = "stream handle"
+        value = obj
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{where}: {value!r} is a bool, not a stream handle")
+    if not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"cannot make a stream of {type(obj).__name__} {obj!r}: expected a trtio.Stream, an int handle "
+            "or an object with __cuda_stream__ (cuda.core, PyTorch, CuPy streams)")
+    handle = int(value)
+    if not 0 <= handle < _HANDLE_LIMIT:
+        raise InvalidValueError(f"{where}: {handle} is not a stream handle (handles are unsigned 64-bit addresses)")
+    if handle in _LEGACY_HANDLES:
+        raise InvalidValueError(
+            f"{where}: handle {handle} is CUDA's legacy default stream, which trtio never uses (it synchronises "
+            "with every other blocking stream and cannot be captured into a CUDA graph); pass a stream of your own "
+            "(trtio.Stream.create(), torch.cuda.Stream(), cupy.cuda.Stream(non_blocking=True)) or None for this "
+            "thread's trtio default stream")
+    return handle, where
+
+
+class Stream(Closeable):
+    """A stream handle on a backend: owned (destroyed on close), borrowed, or a thread's default stream.
+
+    Follows trtio's close protocol (:mod:`trtio._lifetime`), except that a default stream cannot
+    be closed (see :meth:`default`).
+    """
+
+    __slots__ = ("_handle", "_backend", "_owned", "_is_default")
+
+    def __init__(self, handle: int, backend: Backend, *, owned: bool = False, _default_of: str | None = None) -> None:
         self._handle = int(handle)
         self._backend = backend
         self._owned = owned
-        self._closed = False
-        self._finalizer = (
-            weakref.finalize(self, _destroy_stream, backend, self._handle) if owned else None
-        )
+        self._is_default = _default_of is not None
+        if self._is_default:
+            # Its expected end is the garbage collector, when its thread is gone: no warning then.
+            self._init_lifetime(f"default stream 0x{self._handle:x} of thread {_default_of!r}",
+                                backend.destroy_stream, self._handle, warn=False)
+        elif owned:
+            self._init_lifetime(f"stream 0x{self._handle:x}", backend.destroy_stream, self._handle)
+        else:
+            self._init_lifetime(f"stream 0x{self._handle:x}")
 
     @classmethod
     def create(cls, backend: Backend | str | None = None) -> Stream:
@@ -58,44 +118,47 @@ class Stream:
         return cls(be.create_stream(), be, owned=True)
 
     @classmethod
-    def from_handle(cls, handle: Any, backend: Backend | str | None = None) -> Stream:
-        """Borrow an existing stream: an int handle or any object with ``__cuda_stream__``."""
+    def from_handle(cls, handle: StreamLike, backend: Backend | str | None = None) -> Stream:
+        """Borrow an existing stream: an int handle or any object with ``__cuda_stream__``.
+
+        Refused: bools; negative handles and handles past 64 bits; 0 and 1, CUDA's legacy default
+        stream, which trtio never uses; and handles the backend knows are not its streams (the host
+        backend made every stream it has). A trtio Stream is returned as it is.
+        """
         if isinstance(handle, Stream):
-            return handle
-        if hasattr(handle, "__cuda_stream__"):
-            proto = handle.__cuda_stream__
-            version, raw = proto() if callable(proto) else proto
-            handle = raw
-        elif hasattr(handle, "cuda_stream"):  # torch.cuda.Stream before __cuda_stream__ existed
-            handle = handle.cuda_stream
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            try:
-                handle = int(handle)
-            except (TypeError, ValueError):
-                raise TypeError(
-                    f"cannot make a stream of {type(handle).__name__}: expected a trtio.Stream, "
-                    "an int handle or an object with __cuda_stream__"
-                ) from None
-        return cls(handle, get_backend(backend), owned=False)
+            return _same_backend(handle, backend)
+        if handle is None:
+            raise TypeError("Stream.from_handle(None): None means the thread's default stream; use Stream.default()")
+        raw, where = _stream_handle(handle)
+        be = get_backend(backend)
+        if be.knows_stream(raw) is False:
+            raise InvalidValueError(f"{where}: 0x{raw:x} is not a live stream of the {be.name} backend; pass a "
+                                    f"stream made by trtio.Stream.create() on it")
+        return cls(raw, be, owned=False)
 
     @classmethod
     def default(cls, backend: Backend | str | None = None) -> Stream:
-        """trtio's default stream of ``backend``: one non-blocking stream, created once."""
+        """The calling thread's trtio default stream of ``backend``: a non-blocking stream of its own.
+
+        Each thread gets its own, created on first use, so threads using ``stream=None`` never
+        order (or capture) each other's work. It lives while anything references it (the thread,
+        a setup created with ``stream=None``, a tensor last written on it) and is destroyed after
+        that, e.g. once its thread has ended and the objects that used it are gone.
+
+        A default stream cannot be closed: :meth:`close` on it does nothing (``with
+        Stream.default():`` is harmless), since other code of the thread relies on it.
+        """
         be = get_backend(backend)
-        key = id(be)
-        stream = _defaults.get(key)
+        streams = _thread_defaults.streams
+        stream = streams.get(id(be))  # the stream keeps its backend alive, so the id cannot be reused
         if stream is None:
-            with _default_lock:
-                stream = _defaults.get(key)
-                if stream is None:
-                    stream = cls(be.create_stream(), be, owned=False)
-                    _defaults[key] = stream
+            stream = cls(be.create_stream(), be, owned=True, _default_of=threading.current_thread().name)
+            streams[id(be)] = stream
         return stream
 
     @property
     def handle(self) -> int:
-        if self._closed:
-            raise ClosedError(f"stream 0x{self._handle:x} is closed")
+        self._check_open()
         return self._handle
 
     @property
@@ -103,8 +166,9 @@ class Stream:
         return self._backend
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def is_default(self) -> bool:
+        """True for a thread's trtio default stream (which cannot be closed)."""
+        return self._is_default
 
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
@@ -115,21 +179,18 @@ class Stream:
 
     def wait(self, event: Event) -> None:
         """Make this stream wait for ``event`` (no host synchronisation)."""
+        self._check_open()
         event.wait(self)
 
     def close(self) -> None:
-        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent."""
-        if self._closed:
+        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent.
+
+        A failure to destroy the stream raises (the stream is closed anyway). On a thread's
+        default stream this does nothing: it cannot be closed (see :meth:`default`).
+        """
+        if self._is_default:
             return
-        self._closed = True
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def __enter__(self) -> Stream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._backend is self._backend
@@ -138,29 +199,45 @@ class Stream:
         return hash((self._handle, id(self._backend)))
 
     def __repr__(self) -> str:
+        if self._is_default:
+            return f"Stream(0x{self._handle:x}, {self._backend.name}, {self._what})"
         state = "closed" if self._closed else ("owned" if self._owned else "borrowed")
         return f"Stream(0x{self._handle:x}, {self._backend.name}, {state})"
 
 
+StreamLike: TypeAlias = Stream | SupportsCudaStream | int | None
+"""What a ``stream=`` argument takes: a trtio Stream, an object with ``__cuda_stream__`` (cuda.core,
+PyTorch, cuda.bindings), an int handle, or None for the calling thread's trtio default stream. At run
+time older torch streams (``.cuda_stream``) and CuPy streams (``.ptr``) are accepted too."""
+
+
+def _same_backend(stream: Stream, backend: Backend | str | None) -> Stream:
+    if backend is None or isinstance(backend, str) or stream._backend is backend:
+        return stream
+    raise InvalidValueError(f"{stream!r} belongs to the {stream._backend.name} backend ({stream._backend!r}), "
+                            f"not to {backend!r}; a stream is only valid on the backend that made it")
+
+
 def as_stream(stream: StreamLike, backend: Backend | str | None = None) -> Stream:
-    """Convert a ``stream=`` argument; None means trtio's default stream of ``backend``."""
+    """Convert a ``stream=`` argument; None means the calling thread's trtio default stream of ``backend``."""
     if stream is None:
         return Stream.default(backend)
     if isinstance(stream, Stream):
-        return stream
+        if backend is None or stream._backend is backend:
+            return stream
+        return _same_backend(stream, backend)
     return Stream.from_handle(stream, backend)
 
 
-class Event:
-    """A synchronisation event (no timing)."""
+class Event(Closeable):
+    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`)."""
 
-    __slots__ = ("_handle", "_backend", "_closed", "_finalizer", "__weakref__")
+    __slots__ = ("_handle", "_backend")
 
     def __init__(self, handle: int, backend: Backend) -> None:
         self._handle = int(handle)
         self._backend = backend
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _destroy_event, backend, self._handle)
+        self._init_lifetime(f"event 0x{self._handle:x}", backend.destroy_event, self._handle)
 
     @classmethod
     def create(cls, backend: Backend | str | None = None) -> Event:
@@ -169,24 +246,25 @@ class Event:
 
     @property
     def handle(self) -> int:
-        if self._closed:
-            raise ClosedError(f"event 0x{self._handle:x} is closed")
+        self._check_open()
         return self._handle
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def backend(self) -> Backend:
+        return self._backend
 
     def record(self, stream: StreamLike = None) -> Event:
         """Capture the work issued on ``stream`` so far. Returns self."""
+        self._check_open()
         s = as_stream(stream, self._backend)
-        self._backend.record_event(self.handle, s.handle)
+        self._backend.record_event(self._handle, s.handle)
         return self
 
     def wait(self, stream: StreamLike = None) -> None:
         """Make ``stream`` wait until the recorded work has finished (no host synchronisation)."""
+        self._check_open()
         s = as_stream(stream, self._backend)
-        self._backend.wait_event(s.handle, self.handle)
+        self._backend.wait_event(s.handle, self._handle)
 
     def synchronize(self) -> None:
         """Block the host until the recorded work has finished."""
@@ -197,15 +275,8 @@ class Event:
         return self._backend.query_event(self.handle)
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._finalizer()
-
-    def __enter__(self) -> Event:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Destroy the event. Idempotent; a failure to destroy it raises (the event is closed anyway)."""
+        super().close()
 
     def __repr__(self) -> str:
         return f"Event(0x{self._handle:x}, {self._backend.name}{', closed' if self._closed else ''})"

@@ -6,9 +6,10 @@ how one worst-case allocation serves every step of an inference pipeline. Copies
 the bytes of the current view.
 
 Stream order: copies, ``zero_`` and ``fill_`` whose destination is device memory are issued on
-``stream`` and return before the work finishes. A tensor remembers the stream of the last trtio
-work that wrote it (copies, fills, engine outputs); reading it on another stream (``to_numpy``,
-``copy_to``, a copy from it, a DLPack export) first makes that stream wait for the write.
+``stream`` (None: the calling thread's trtio default stream) and return before the work
+finishes. A tensor remembers the stream of the last trtio work that wrote it (copies, fills,
+engine outputs); reading it on another stream (``to_numpy``, ``copy_to``, a copy from it, a
+DLPack export) first makes that stream wait for the write.
 Destinations in host-accessible memory (PINNED, HOST) are written by the host at once; whoever may
 still be reading them (an earlier upload) must be fenced first (``PipelineIO``'s staging pairs do this with events).
 """
@@ -17,24 +18,25 @@ from __future__ import annotations
 
 import ctypes
 import math
-import warnings
-import weakref
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
-from trtio.stream import Event, StreamLike, as_stream
+from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, InvalidValueError, ShapeError, TrtioError
+from trtio.stream import Event, Stream, StreamLike, as_stream
 
 __all__ = ["Tensor", "ShapeLike", "normalize_shape", "volume"]
 
 ShapeLike = Sequence[int]
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
+_ADDRESS_LIMIT = 1 << 64
 
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
@@ -62,34 +64,70 @@ def volume(shape: Iterable[int]) -> int:
 def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int | None) -> int:
     """The byte capacity of a new tensor: ``capacity`` if given (it must hold ``shape``), else the shape's bytes."""
     need = dtype.nbytes(volume(shape))
-    cap = need if capacity is None else int(capacity)
+    if capacity is None:
+        return need
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
+    cap = int(capacity)
+    if cap < 0:
+        raise InvalidValueError(f"tensor {name!r}: capacity {cap} bytes is negative")
     if cap < need:
         raise CapacityError(f"tensor {name!r}: capacity {cap} bytes is smaller than shape {shape} of {dtype} "
                             f"({need} bytes)")
     return cap
 
 
-def _free_quietly(backend: Backend, ptr: int, location: Location, name: str, warn: bool) -> None:
+def _short(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut short for errors (a 400-digit int is not a message)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Backend) -> int:
+    """Check an address to wrap (see :meth:`Tensor.wrap`) and return it as an int."""
+    if isinstance(ptr, (bool, np.bool_)):
+        raise TypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
+    if not isinstance(ptr, (int, np.integer)):
+        raise TypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
+    address = int(ptr)
+    if address < 0:
+        raise InvalidValueError(f"tensor {name!r}: pointer {address} is negative; addresses are unsigned")
+    if cap and not address:
+        raise InvalidValueError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes "
+                                f"(only an empty tensor, capacity 0, may have address 0)")
+    if address + cap > _ADDRESS_LIMIT:
+        raise InvalidValueError(f"tensor {name!r}: pointer 0x{address:x} with {cap} bytes runs past the "
+                                f"64-bit address space")
+    if location is not Location.HOST and address % ALIGNMENT:
+        raise InvalidValueError(
+            f"tensor {name!r}: pointer 0x{address:x} is not {ALIGNMENT}-byte aligned "
+            f"(off by {address % ALIGNMENT}); TensorRT needs {ALIGNMENT}-byte aligned {location} addresses")
+    if cap and backend.knows_pointer(address, cap, location) is False:
+        raise InvalidValueError(
+            f"tensor {name!r}: 0x{address:x} .. 0x{address + cap:x} ({cap} bytes) is not inside {location} memory "
+            f"the {backend.name} backend allocated; wrap memory from Tensor.empty, an Arena or the backend")
+    return address
+
+
+def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbytes: int) -> None:
     try:
         backend.free(ptr, location)
-    except Exception:  # a finalizer must not raise (the driver may already be gone at exit)
-        return
-    if warn:
-        warnings.warn(f"trtio tensor {name!r} was never closed; freed by the garbage collector",
-                      ResourceWarning, stacklevel=2)
+    except CudaError as exc:
+        raise CudaError(exc.call, exc.name, f"{what}: freeing {nbytes} bytes of {location} memory at 0x{ptr:x}: "
+                                            f"{exc.detail}") from exc
 
 
-class Tensor:
+class Tensor(Closeable):
     """A buffer with a fixed capacity and a reshapeable view (see module docstring).
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
-    (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead.
+    (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead. Tensors follow
+    trtio's close protocol (:mod:`trtio._lifetime`).
     """
 
     __slots__ = (
         "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
-        "_owner", "_owning", "_closed", "_frozen", "_finalizer", "_last_stream", "_export_event",
-        "__weakref__",
+        "_owner", "_owning", "_frozen", "_last_stream", "_export_event",
     )
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
@@ -105,14 +143,14 @@ class Tensor:
         self._backend = backend
         self._owner = owner
         self._owning = owning
-        self._closed = False
         self._frozen = False
-        self._last_stream: Any = None
+        self._last_stream: Stream | None = None
         self._export_event: Event | None = None
-        self._finalizer = None
+        what = f"tensor {name!r}"
         if owning and ptr:
-            self._finalizer = weakref.finalize(self, _free_quietly, backend, ptr, location, name, True)
-            self._finalizer.atexit = False
+            self._init_lifetime(what, _free_memory, backend, ptr, location, what, capacity)
+        else:
+            self._init_lifetime(what)
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -125,10 +163,16 @@ class Tensor:
         """
         shape = normalize_shape(shape, f"shape of tensor {name!r}")
         dt = DType.coerce(dtype)
-        location = Location(location)
+        location = Location.coerce(location, f"location of tensor {name!r}")
         be = get_backend(backend)
         cap = _capacity_for(name, shape, dt, capacity)
-        ptr = be.alloc(cap, location) if cap else 0
+        ptr = 0
+        if cap:
+            try:
+                ptr = be.alloc(cap, location)
+            except CudaError as exc:
+                raise CudaError(exc.call, exc.name, f"tensor {name!r} (shape {shape} of {dt}): {cap} bytes of "
+                                                    f"{location} memory asked: {exc.detail}") from exc
         return cls(ptr, shape, dt, location, cap, be, name=name, owning=True)
 
     @classmethod
@@ -137,21 +181,19 @@ class Tensor:
              backend: Backend | str | None = None) -> Tensor:
         """View existing memory without owning it; ``owner`` is kept alive by the tensor.
 
-        Device and pinned pointers must be 256-byte aligned (TensorRT's requirement for
-        tensor addresses).
+        ``ptr`` is an int address (not a bool): not negative, not 0 unless the capacity is 0, and
+        its ``capacity`` bytes must not run past 64 bits. Device and pinned pointers must be
+        256-byte aligned (TensorRT's requirement for tensor addresses). Where the backend can tell,
+        the bytes must lie in memory it allocated (the host backend knows its device allocations;
+        CUDA cannot vouch for memory of other libraries, so the cuda backend takes the caller's word).
         """
         shape = normalize_shape(shape, f"shape of tensor {name!r}")
         dt = DType.coerce(dtype)
-        location = Location(location)
-        ptr = int(ptr)
+        location = Location.coerce(location, f"location of tensor {name!r}")
+        be = get_backend(backend)
         cap = _capacity_for(name, shape, dt, capacity)
-        if cap and not ptr:
-            raise TrtioError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes")
-        if location is not Location.HOST and ptr % ALIGNMENT:
-            raise TrtioError(
-                f"tensor {name!r}: pointer 0x{ptr:x} is not {ALIGNMENT}-byte aligned "
-                f"(off by {ptr % ALIGNMENT}); TensorRT needs {ALIGNMENT}-byte aligned {location} addresses")
-        return cls(ptr, shape, dt, location, cap, get_backend(backend), name=name, owner=owner)
+        address = _pointer(name, ptr, cap, location, be)
+        return cls(address, shape, dt, location, cap, be, name=name, owner=owner)
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, *, name: str = "",
@@ -159,7 +201,11 @@ class Tensor:
         """A new tensor holding a copy of ``array`` (copied on ``stream``)."""
         array = np.asarray(array)
         t = cls.empty(array.shape, DType.from_numpy(array.dtype), location, name=name, backend=backend)
-        t.copy_from(array, stream=stream)
+        try:
+            t.copy_from(array, stream=stream)
+        except BaseException:
+            t.close()  # a factory that fails frees what it allocated
+            raise
         return t
 
     # -- state ----------------------------------------------------------------------------
@@ -167,9 +213,15 @@ class Tensor:
         if self._closed:
             raise ClosedError(f"tensor {self._name!r} is closed")
         owner = self._owner
-        if isinstance(owner, Tensor) and owner._closed:
-            raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
-        if getattr(owner, "is_closed", False) is True:
+        if owner is None:
+            return
+        if isinstance(owner, Tensor):
+            if owner._closed:
+                raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
+        elif isinstance(owner, Closeable):
+            if owner._closed:
+                raise ClosedError(f"tensor {self._name!r} belongs to {owner._what}, which is closed")
+        elif getattr(owner, "is_closed", False) is True:
             raise ClosedError(f"tensor {self._name!r} belongs to a closed {type(owner).__name__}")
 
     @property
@@ -196,10 +248,13 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
+        self._live()
         return len(self._shape)
 
     @property
     def numel(self) -> int:
+        """Elements of the current view."""
+        self._live()
         return volume(self._shape)
 
     @property
@@ -218,10 +273,6 @@ class Tensor:
         """The tensor's address; never changes (0 for a zero-capacity tensor)."""
         self._live()
         return self._ptr
-
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
 
     @property
     def is_frozen(self) -> bool:
@@ -276,15 +327,19 @@ class Tensor:
         return out
 
     # -- copies -----------------------------------------------------------------------------
-    def _check_peer(self, other_dtype: DType, other_nbytes: int, other_desc: str, verb: str) -> None:
+    def _check_peer(self, other_dtype: DType, other_shape: tuple[int, ...], other_nbytes: int, other_desc: str,
+                    verb: str, *, raw: bool = False) -> None:
+        """dtype and shape must equal the view's (``raw``: a packed type's flat bytes, as ``to_numpy`` gives them)."""
         if other_dtype is not self._dtype:
             raise TrtioError(
                 f"tensor {self._name!r}: cannot copy {verb} {other_desc}: dtype {other_dtype} "
                 f"does not match {self._dtype}")
-        if other_nbytes != self._nbytes:
-            raise TrtioError(
-                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: it has {other_nbytes} bytes "
-                f"but the view {self._shape} has {self._nbytes} bytes")
+        want = (self._nbytes,) if raw and self._dtype.is_packed else self._shape
+        if other_shape != want:
+            raise ShapeError(
+                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: its shape {other_shape} ({other_nbytes} "
+                f"bytes) does not match {'the bytes of ' if want is not self._shape else ''}the view {self._shape} "
+                f"({self._nbytes} bytes); reshape one of them first (tensor.reshape({other_shape}) for a flat copy)")
 
     def _numpy_dtype_of(self, array: np.ndarray) -> DType:
         # Types numpy cannot name (packed 4-bit, bf16 without ml_dtypes) travel as raw storage.
@@ -299,13 +354,17 @@ class Tensor:
     def copy_from(self, src: Any, stream: StreamLike = None) -> Tensor:
         """Copy ``src`` (numpy array or Tensor) into the current view; returns self.
 
-        dtype and byte size must agree with the view. Device destinations are written on
+        dtype and shape must equal the view's (a packed 4-bit type takes its flat bytes, as
+        :meth:`to_numpy` returns them); for a flat copy, reshape first. Device destinations are written on
         ``stream`` asynchronously; see the module docstring for host-accessible ones.
         """
         self._live()
         if isinstance(src, Tensor):
             src._live()
-            self._check_peer(src._dtype, src._nbytes, f"tensor {src._name!r} {src._shape}", "from")
+            self._check_peer(src._dtype, src._shape, src._nbytes, f"tensor {src._name!r}", "from")
+            if src._backend is not self._backend:
+                raise TrtioError(f"tensor {self._name!r} ({self._backend.name}): cannot copy from tensor "
+                                 f"{src._name!r} of another backend ({src._backend.name})")
             s = as_stream(stream, self._backend)
             if src._last_stream is not None:
                 src._order_consumer(s.handle)
@@ -314,7 +373,7 @@ class Tensor:
             return self
         array = src if isinstance(src, np.ndarray) else np.asarray(src)
         dt = self._numpy_dtype_of(array)
-        self._check_peer(dt, array.nbytes, f"array {array.shape}", "from")
+        self._check_peer(dt, array.shape, array.nbytes, "an array", "from", raw=True)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         if self._location is Location.DEVICE:
@@ -328,6 +387,8 @@ class Tensor:
     def copy_to(self, dst: Any, stream: StreamLike = None) -> Any:
         """Copy the current view into ``dst`` (numpy array or Tensor); returns ``dst``.
 
+        dtype and shape must equal the view's, as for :meth:`copy_from`.
+
         Into a numpy array the copy has finished when this returns (device to pageable
         memory is synchronous); into a Tensor it is ordered on ``stream``.
         """
@@ -338,7 +399,7 @@ class Tensor:
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
             raise TrtioError(f"tensor {self._name!r}: copy_to needs a writeable C-contiguous numpy array or a Tensor")
         dt = self._numpy_dtype_of(dst)
-        self._check_peer(dt, dst.nbytes, f"array {dst.shape}", "to")
+        self._check_peer(dt, dst.shape, dst.nbytes, "an array", "to", raw=True)
         s = as_stream(stream, self._backend)
         if self._last_stream is not None:
             self._order_consumer(s.handle)
@@ -376,18 +437,20 @@ class Tensor:
         return self
 
     def fill_(self, value: Any, stream: StreamLike = None) -> Tensor:
-        """Set every element of the current view to ``value``; returns self."""
+        """Set every element of the current view to ``value``; returns self.
+
+        The value must be representable: integer tensors take integral values within the dtype's
+        range (``1.5``, ``nan`` or ``300`` for int8 raise :class:`InvalidValueError`), bool tensors
+        True/False (or 0/1), floating tensors any value that does not overflow to infinity.
+        """
         self._live()
         if self._dtype.is_packed:
-            if value != 0:
-                raise TrtioError(f"tensor {self._name!r}: fill_ of packed {self._dtype} supports only 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or value != 0:
+                raise InvalidValueError(f"tensor {self._name!r}: fill_({_short(value)}): packed {self._dtype} "
+                                        f"supports only 0")
             return self.zero_(stream)
-        npdt = self._dtype.numpy
-        if npdt is None:
-            raise TrtioError(
-                f"tensor {self._name!r}: fill_ of {self._dtype} needs ml_dtypes for the value's encoding")
-        pattern = np.asarray(value, dtype=npdt).tobytes()
-        count = self.numel
+        pattern = self._fill_pattern(value)
+        count = volume(self._shape)
         if self._location is Location.DEVICE:
             s = as_stream(stream, self._backend)
             self._backend.fill(self._ptr, pattern, count, s.handle)
@@ -396,8 +459,58 @@ class Tensor:
             host_fill(self._ptr, pattern, count)
         return self
 
+    def _fill_pattern(self, value: object) -> bytes:
+        """The encoding of one element of ``value``, refusing what the dtype cannot hold."""
+        dt = self._dtype
+        npdt = dt.numpy
+        if npdt is None:
+            raise TrtioError(f"tensor {self._name!r}: fill_ of {dt} needs ml_dtypes for the value's encoding")
+
+        def refuse(why: str) -> InvalidValueError:
+            return InvalidValueError(f"tensor {self._name!r}: fill_({_short(value)}): {why}")
+
+        if isinstance(value, (bool, np.bool_)):
+            return np.asarray(value, dtype=npdt).tobytes()
+        if not isinstance(value, numbers.Real):
+            raise TypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
+                            f"{_short(value)}")
+        if dt is DType.BOOL:
+            if value not in (0, 1):
+                raise refuse("a bool tensor takes True, False, 0 or 1")
+            return np.asarray(bool(value), dtype=npdt).tobytes()
+        if npdt.kind in "iu":
+            info = np.iinfo(npdt)
+            if isinstance(value, numbers.Integral):
+                whole = int(value)
+            else:
+                real = float(value)
+                if not math.isfinite(real):
+                    raise refuse(f"{dt} holds integers in [{info.min}, {info.max}], not {real}")
+                if not real.is_integer():
+                    raise refuse(f"{dt} holds integers; {real} is not one (it would be stored as {int(real)})")
+                whole = int(real)
+            if not info.min <= whole <= info.max:
+                raise refuse(f"{_short(whole)} is outside {dt}'s range [{info.min}, {info.max}]")
+            return np.asarray(whole, dtype=npdt).tobytes()
+        try:
+            real = float(value)
+        except OverflowError:  # an int beyond any float
+            real = -math.inf if value < 0 else math.inf
+            finite_in = True
+        else:
+            finite_in = math.isfinite(real)
+        with np.errstate(over="ignore", invalid="ignore"):
+            encoded = np.asarray(real, dtype=npdt)
+        out = float(encoded)
+        if finite_in and not math.isfinite(out):
+            raise refuse(f"{_short(value)} cannot be represented in {dt} (it would be stored as {out})")
+        if math.isinf(real) and out != real:
+            raise refuse(f"{dt} has no infinity (it would be stored as {out})")
+        return encoded.tobytes()
+
     def mark_written(self, stream: StreamLike) -> None:
         """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
+        self._live()
         self._last_stream = as_stream(stream, self._backend)
 
     # -- zero-copy export -------------------------------------------------------------------
@@ -420,7 +533,7 @@ class Tensor:
             "data": (self._ptr, False),
             "strides": None,
             "version": 3,
-            "stream": stream.handle if stream is not None else None,
+            "stream": stream.handle if stream is not None and not stream.is_closed else None,
         }
 
     @property
@@ -438,6 +551,7 @@ class Tensor:
                 "version": 3}
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        self._live()
         if self._backend.name == "cuda":
             if self._location is Location.DEVICE:
                 return (_DL_CUDA, self._backend.device_id)
@@ -467,10 +581,24 @@ class Tensor:
                 f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
                 f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
         if device[0] == _DL_CUDA and stream != -1:
-            self._order_consumer(1 if stream is None else int(stream))
+            self._order_consumer(self._dlpack_stream(stream))
         return _dlpack.make_capsule(
             self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
             device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
+
+    def _dlpack_stream(self, stream: object) -> int:
+        """The consumer's CUDA stream handle from ``__dlpack__(stream=...)``, as the DLPack standard defines it."""
+        if stream is None:
+            return 1  # the consumer did not say: CUDA's legacy default stream
+        if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+            raise TypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes an int "
+                            f"stream handle, -1 or None")
+        handle = int(stream)
+        if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
+            raise InvalidValueError(
+                f"tensor {self._name!r}: __dlpack__(stream={handle}) is not allowed: DLPack takes None or 1 (legacy "
+                f"default stream), 2 (per-thread default stream), -1 (no ordering) or a stream handle; 0 is ambiguous")
+        return handle
 
     def _order_consumer(self, consumer_stream: int) -> None:
         producer = self._last_stream
@@ -491,6 +619,7 @@ class Tensor:
     def close(self) -> None:
         """Free owned memory (non-owning tensors just drop their owner). Idempotent.
 
+        A failed free raises :class:`CudaError` naming the tensor; the tensor is closed anyway.
         A frozen tensor (bound in a tensor map) refuses: freeing it would leave an engine
         binding pointing at freed memory.
         """
@@ -499,21 +628,14 @@ class Tensor:
         if self._frozen:
             raise FrozenError(
                 f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
-        self._closed = True
-        if self._export_event is not None:
-            self._export_event.close()
-            self._export_event = None
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._backend.free(self._ptr, self._location)
-            self._finalizer = None
+        super().close()
+
+    def _close_owned(self) -> None:
         self._owner = None
-
-    def __enter__(self) -> Tensor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
+        event, self._export_event = self._export_event, None
+        if event is not None:
+            event.close()
 
     def __repr__(self) -> str:
         if self._closed:

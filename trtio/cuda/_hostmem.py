@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import numpy as np
 
@@ -10,23 +11,34 @@ ALIGNMENT = 256
 
 
 class HostHeap:
-    """Hands out 256-byte aligned host buffers; each stays alive until :meth:`free`."""
+    """Hands out 256-byte aligned host buffers; each stays alive until :meth:`free`. Thread-safe."""
 
     def __init__(self) -> None:
-        self._live: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[np.ndarray, int]] = {}  # pointer -> (owning array, bytes asked)
 
     def alloc(self, nbytes: int) -> int:
+        """A new buffer of ``nbytes``; raises MemoryError (or ValueError for sizes numpy refuses)."""
         raw = np.empty(int(nbytes) + ALIGNMENT, dtype=np.uint8)
         base = raw.ctypes.data
         ptr = (base + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-        self._live[ptr] = raw
+        with self._lock:
+            self._live[ptr] = (raw, int(nbytes))
         return ptr
 
     def free(self, ptr: int) -> bool:
-        return self._live.pop(ptr, None) is not None
+        """Release the buffer at ``ptr``; False when ``ptr`` is not the start of a live buffer."""
+        with self._lock:
+            return self._live.pop(ptr, None) is not None
 
     def owns(self, ptr: int) -> bool:
+        """True when ``ptr`` is the start of a live buffer."""
         return ptr in self._live
+
+    def contains(self, ptr: int, nbytes: int) -> bool:
+        """True when ``[ptr, ptr + nbytes)`` lies inside one live buffer (not a hot path: a scan)."""
+        with self._lock:
+            return any(start <= ptr and ptr + nbytes <= start + size for start, (_, size) in self._live.items())
 
     @property
     def live_count(self) -> int:
@@ -38,7 +50,7 @@ def host_view(ptr: int, nbytes: int) -> np.ndarray:
     if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
     buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-    return np.frombuffer(buf, dtype=np.uint8)
+    return np.frombuffer(memoryview(buf), dtype=np.uint8)
 
 
 def host_fill(ptr: int, pattern: bytes, count: int) -> None:

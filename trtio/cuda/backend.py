@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import enum
 import threading
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
-from trtio.errors import CudaError
+from trtio.errors import CudaError, InvalidValueError
 
-__all__ = ["Backend", "Location", "get_backend", "cuda_available"]
+__all__ = ["Backend", "Location", "LocationLike", "get_backend", "cuda_available"]
 
 
 class Location(enum.Enum):
@@ -29,10 +29,35 @@ class Location(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def coerce(cls, value: LocationLike, what: str = "location") -> Location:
+        """A Location from a member, its value (``"device"``) or its name (``"DEVICE"``).
+
+        Anything else raises :class:`InvalidValueError` naming ``what`` and the locations that exist.
+        """
+        if isinstance(value, Location):
+            return value
+        if isinstance(value, str):
+            found = _LOCATIONS.get(value.lower())
+            if found is not None:
+                return found
+        raise InvalidValueError(
+            f"{what}: {value!r} is not a memory location; expected one of "
+            + ", ".join(repr(m.value) for m in cls) + " (trtio.Location.DEVICE, PINNED, HOST)")
+
+
+LocationLike: TypeAlias = "Location | str"
+_LOCATIONS = {m.value: m for m in Location}
+
 
 @runtime_checkable
 class Backend(Protocol):
-    """What a memory backend provides. All sizes are in bytes."""
+    """What a memory backend provides. All sizes are in bytes.
+
+    Backends are shared by every thread: their calls are thread-safe. Graph capture follows
+    CUDA's ``cudaStreamCaptureModeThreadLocal``: only the capturing thread is barred from
+    allocating, freeing and synchronising while it captures.
+    """
 
     name: str
     device_id: int
@@ -50,10 +75,16 @@ class Backend(Protocol):
     def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None: ...
     def mem_info(self) -> tuple[int, int]: ...
     def is_host_accessible(self, location: Location) -> bool: ...
+    def knows_pointer(self, ptr: int, nbytes: int, location: Location) -> bool | None:
+        """Whether ``[ptr, ptr + nbytes)`` is memory of ``location`` this backend can vouch for; None: cannot tell."""
+        ...
 
     # streams and events
     def create_stream(self) -> int: ...
     def destroy_stream(self, stream: int) -> None: ...
+    def knows_stream(self, stream: int) -> bool | None:
+        """Whether ``stream`` is a live stream; None when the backend cannot tell (CUDA: foreign streams)."""
+        ...
     def synchronize_stream(self, stream: int) -> None: ...
     def create_event(self) -> int: ...
     def destroy_event(self, event: int) -> None: ...
@@ -70,6 +101,16 @@ class Backend(Protocol):
     def is_capturing(self, stream: int) -> bool: ...
     def launch_graph(self, graph_exec: int, stream: int) -> None: ...
     def destroy_graph(self, graph_exec: int) -> None: ...
+
+    # what is live: what this backend created and has not destroyed yet (leak tests compare with a baseline)
+    @property
+    def live_allocations(self) -> int: ...
+    @property
+    def live_streams(self) -> int: ...
+    @property
+    def live_events(self) -> int: ...
+    @property
+    def live_graphs(self) -> int: ...
 
 
 _lock = threading.Lock()
@@ -100,7 +141,7 @@ def get_backend(kind: str | Backend | None = "auto") -> Backend:
     if kind == "auto":
         kind = "cuda" if cuda_available() else "host"
     if kind not in ("cuda", "host"):
-        raise ValueError(f"unknown backend {kind!r}; expected 'auto', 'cuda' or 'host'")
+        raise InvalidValueError(f"unknown backend {kind!r}; expected 'auto', 'cuda', 'host' or a Backend instance")
     with _lock:
         backend = _backends.get(kind)
         if backend is None:

@@ -19,6 +19,7 @@ from trtio.errors import CudaError
 __all__ = ["CudaBackend", "probe_device_count", "probe_error"]
 
 _probe_error: str = ""
+_SIZE_LIMIT = 1 << 64  # cudaMalloc takes a size_t
 
 
 def _runtime() -> Any:
@@ -58,9 +59,9 @@ def _error_name(err: Any) -> str:
     try:
         rt = _runtime()
         if isinstance(err, rt.cudaError_t):
-            return rt.cudaGetErrorName(err)[1].decode()
+            return str(rt.cudaGetErrorName(err)[1].decode())
         drv = _driver()
-        return drv.cuGetErrorName(err)[1].decode()
+        return str(drv.cuGetErrorName(err)[1].decode())
     except Exception:
         return str(err)
 
@@ -69,8 +70,8 @@ def _error_text(err: Any) -> str:
     try:
         rt = _runtime()
         if isinstance(err, rt.cudaError_t):
-            return rt.cudaGetErrorString(err)[1].decode()
-        return _driver().cuGetErrorString(err)[1].decode()
+            return str(rt.cudaGetErrorString(err)[1].decode())
+        return str(_driver().cuGetErrorString(err)[1].decode())
     except Exception:
         return ""
 
@@ -86,7 +87,11 @@ def _check(call: str, result: Any) -> Any:
 
 
 class CudaBackend:
-    """cuda-python backend (see module docstring). One instance per process and device."""
+    """cuda-python backend (see module docstring). One instance per process and device; thread-safe.
+
+    It counts what it creates and destroys (``live_allocations``, ``live_streams``,
+    ``live_events``, ``live_graphs``), so that leak tests can compare them with a baseline.
+    """
 
     name = "cuda"
 
@@ -98,6 +103,7 @@ class CudaBackend:
         self._drv = _driver()
         self._host = HostHeap()
         self._lock = threading.Lock()
+        self._live = {"allocations": 0, "streams": 0, "events": 0, "graphs": 0}
         try:
             from cuda.core import Device
 
@@ -112,6 +118,26 @@ class CudaBackend:
     def __repr__(self) -> str:
         return f"CudaBackend(device={self.device_id}, name={self.device_name!r})"
 
+    def _count(self, what: str, delta: int) -> None:
+        with self._lock:
+            self._live[what] += delta
+
+    @property
+    def live_allocations(self) -> int:
+        return self._live["allocations"]
+
+    @property
+    def live_streams(self) -> int:
+        return self._live["streams"]
+
+    @property
+    def live_events(self) -> int:
+        return self._live["events"]
+
+    @property
+    def live_graphs(self) -> int:
+        return self._live["graphs"]
+
     def make_current(self) -> None:
         """Make this device current on the calling thread (needed once per new thread)."""
         self._device.set_current()
@@ -121,14 +147,23 @@ class CudaBackend:
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
             raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+        call = {Location.DEVICE: "cudaMalloc", Location.PINNED: "cudaMallocHost"}.get(location, "malloc")
+        if nbytes >= _SIZE_LIMIT:
+            raise CudaError(call, "cudaErrorMemoryAllocation", f"{nbytes} bytes of {location} memory asked; "
+                                                               f"sizes are 64-bit")
         if location is Location.DEVICE:
-            ptr = int(_check("cudaMalloc", self._rt.cudaMalloc(nbytes)))
+            ptr = int(_check(call, self._rt.cudaMalloc(nbytes)))
         elif location is Location.PINNED:
-            ptr = int(_check("cudaMallocHost", self._rt.cudaMallocHost(nbytes)))
+            ptr = int(_check(call, self._rt.cudaMallocHost(nbytes)))
         else:
-            with self._lock:
+            try:
                 ptr = self._host.alloc(nbytes)
-        self.alloc_count += 1
+            except (MemoryError, ValueError) as exc:
+                raise CudaError(call, "cudaErrorMemoryAllocation",
+                                f"{nbytes} bytes of {location} memory could not be allocated ({exc})") from None
+        with self._lock:
+            self.alloc_count += 1
+            self._live["allocations"] += 1
         return ptr
 
     def free(self, ptr: int, location: Location) -> None:
@@ -136,33 +171,49 @@ class CudaBackend:
             _check("cudaFree", self._rt.cudaFree(ptr))
         elif location is Location.PINNED:
             _check("cudaFreeHost", self._rt.cudaFreeHost(ptr))
-        else:
-            with self._lock:
-                if not self._host.free(ptr):
-                    raise CudaError("free", "cudaErrorInvalidValue", f"pointer 0x{ptr:x} was not allocated here")
+        elif not self._host.free(ptr):
+            raise CudaError("free", "cudaErrorInvalidValue", f"pointer 0x{ptr:x} was not allocated here")
+        self._count("allocations", -1)
 
     def is_host_accessible(self, location: Location) -> bool:
         return location is not Location.DEVICE
 
+    def knows_pointer(self, ptr: int, nbytes: int, location: Location) -> bool | None:
+        """None: device memory may come from anywhere (torch, CuPy, a pool), which trtio cannot vouch for."""
+        return None
+
+    def knows_stream(self, stream: int) -> bool | None:
+        """None: streams of other libraries are legitimate, and CUDA offers no safe way to check a handle."""
+        return None
+
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
             _check("cudaMemcpyAsync", self._rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+        elif nbytes < 0:  # cuda-python would raise a bare OverflowError for the size_t
+            raise CudaError("cudaMemcpyAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def memcpy_2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
                   stream: int) -> None:
+        if min(width, height, dpitch, spitch) < 0:
+            raise CudaError("cudaMemcpy2DAsync", "cudaErrorInvalidValue",
+                            f"width {width}, height {height}, pitches {dpitch} / {spitch}: sizes must not be negative")
         if width and height:
             kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
             _check("cudaMemcpy2DAsync",
                    self._rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream))
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
-        if nbytes:
+        if nbytes > 0:
             _check("cudaMemsetAsync", self._rt.cudaMemsetAsync(ptr, value, nbytes, stream))
+        elif nbytes < 0:
+            raise CudaError("cudaMemsetAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
     def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
         """Device fill with 1/2/4/8-byte patterns through the driver's memset kernels."""
-        if not count:
+        if count <= 0:
+            if count < 0:
+                raise CudaError("cuMemsetD8Async", "cudaErrorInvalidValue", f"negative count {count}")
             return
         drv = self._drv
         width = len(pattern)
@@ -193,21 +244,28 @@ class CudaBackend:
     # -- streams and events ---------------------------------------------------------------
     def create_stream(self) -> int:
         flags = self._rt.cudaStreamNonBlocking
-        return int(_check("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+        handle = int(_check("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+        self._count("streams", 1)
+        return handle
 
     def destroy_stream(self, stream: int) -> None:
         _check("cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
+        self._count("streams", -1)
 
     def synchronize_stream(self, stream: int) -> None:
-        self.sync_count += 1
+        with self._lock:
+            self.sync_count += 1
         _check("cudaStreamSynchronize", self._rt.cudaStreamSynchronize(stream))
 
     def create_event(self) -> int:
         flags = self._rt.cudaEventDisableTiming
-        return int(_check("cudaEventCreateWithFlags", self._rt.cudaEventCreateWithFlags(flags)))
+        handle = int(_check("cudaEventCreateWithFlags", self._rt.cudaEventCreateWithFlags(flags)))
+        self._count("events", 1)
+        return handle
 
     def destroy_event(self, event: int) -> None:
         _check("cudaEventDestroy", self._rt.cudaEventDestroy(event))
+        self._count("events", -1)
 
     def record_event(self, event: int, stream: int) -> None:
         _check("cudaEventRecord", self._rt.cudaEventRecord(event, stream))
@@ -216,7 +274,8 @@ class CudaBackend:
         _check("cudaStreamWaitEvent", self._rt.cudaStreamWaitEvent(stream, event, 0))
 
     def synchronize_event(self, event: int) -> None:
-        self.sync_count += 1
+        with self._lock:
+            self.sync_count += 1
         _check("cudaEventSynchronize", self._rt.cudaEventSynchronize(event))
 
     def query_event(self, event: int) -> bool:
@@ -227,7 +286,8 @@ class CudaBackend:
         return True
 
     def synchronize(self) -> None:
-        self.sync_count += 1
+        with self._lock:
+            self.sync_count += 1
         _check("cudaDeviceSynchronize", self._rt.cudaDeviceSynchronize())
 
     # -- graphs ---------------------------------------------------------------------------
@@ -242,6 +302,7 @@ class CudaBackend:
         finally:
             # cuda.bindings handles do not own their resource: destroy the template explicitly.
             _check("cudaGraphDestroy", self._rt.cudaGraphDestroy(graph))
+        self._count("graphs", 1)
         return int(graph_exec)
 
     def abort_capture(self, stream: int) -> None:
@@ -253,10 +314,11 @@ class CudaBackend:
 
     def is_capturing(self, stream: int) -> bool:
         status = _check("cudaStreamIsCapturing", self._rt.cudaStreamIsCapturing(stream))
-        return status != self._rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone
+        return bool(status != self._rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone)
 
     def launch_graph(self, graph_exec: int, stream: int) -> None:
         _check("cudaGraphLaunch", self._rt.cudaGraphLaunch(graph_exec, stream))
 
     def destroy_graph(self, graph_exec: int) -> None:
         _check("cudaGraphExecDestroy", self._rt.cudaGraphExecDestroy(graph_exec))
+        self._count("graphs", -1)

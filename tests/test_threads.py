@@ -1,0 +1,132 @@
+"""Threads: every thread that passes ``stream=None`` gets a default stream of its own.
+
+The stress test runs create / prefill / decode / close cycles of an LLM setup with CUDA graphs on
+8 threads at once, half on their thread's default stream and half on a stream of their own, with
+the interpreter switching threads as often as it can. Every thread must produce exactly the tokens
+of a single-threaded run. Before the default stream was per thread, captures of one thread
+recorded the work of others (host backend: wrong tokens, heap corruption, SIGSEGV; cuda:
+CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). It is a correctness test, not a timed one.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from _configs import llm_config
+
+import trtio
+from trtio.testing import ReferenceEngine, toy_embedding
+from trtio.testing.toy_runtime import greedy_generate
+
+THREADS = 8
+CYCLES = 40
+NEW_TOKENS = 4
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Make the interpreter switch threads as often as it can, so that races show up."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _run_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
+    """Run ``work(i)`` on ``n`` threads started together; return what they raised."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def main(i: int) -> None:
+        try:
+            start.wait()
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=main, args=(i,), name=f"worker-{i}") for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def _stress(backend_kind: str, device: str) -> None:
+    be = trtio.get_backend(backend_kind)
+    cfg = llm_config()
+    engine = ReferenceEngine.from_config(cfg, device=device)  # one engine, one context per setup (as TensorRT)
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size, 0)
+
+    def generate(stream: Any) -> list[list[int]]:
+        with trtio.create_for_llm(engine, cfg, stream, graphs=True, backend=be) as setup:
+            tokens = greedy_generate(setup, E, PROMPTS, NEW_TOKENS, stream)
+            assert setup.graph_stats.captures >= 1, "the decode steps ran as captured graphs"
+            return tokens
+
+    expected = generate(None)
+    got: dict[tuple[int, int], list[list[int]]] = {}
+
+    def work(i: int) -> None:
+        own = trtio.Stream.create(be) if i % 2 else None
+        try:
+            for cycle in range(CYCLES):
+                got[i, cycle] = generate(own)
+        finally:
+            if own is not None:
+                own.close()
+
+    errors = _run_threads(THREADS, work)
+    assert not errors, f"{len(errors)} thread(s) failed; first: {errors[0]!r}"
+    wrong = sorted(key for key, tokens in got.items() if tokens != expected)
+    assert len(got) == THREADS * CYCLES
+    assert not wrong, f"{len(wrong)} runs gave other tokens than a single thread, e.g. (thread, cycle) {wrong[0]}"
+
+
+def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trtio.Backend) -> None:
+    """Thread A captures on its default stream; thread B works with stream=None meanwhile: B's copy runs
+    at once (it is not recorded into A's graph) and B may allocate (the capture rule is per thread)."""
+    a_capturing, b_done = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        s = trtio.Stream.default(host)
+        host.begin_capture(s.handle)
+        a_capturing.set()
+        b_done.wait()
+        graph = host.end_capture(s.handle)
+        seen["a_recorded"] = len(host._graphs[graph])  # type: ignore[attr-defined]
+        host.destroy_graph(graph)
+
+    def thread_b() -> None:
+        a_capturing.wait()
+        try:
+            with trtio.Tensor.empty((4,), "int32", name="b", backend=host) as t:
+                t.copy_from(np.arange(4, dtype=np.int32))
+                seen["b_values"] = t.to_numpy().tolist()
+        finally:
+            b_done.set()
+
+    errors = _run_threads(2, lambda i: (thread_a if i == 0 else thread_b)())
+    assert not errors, errors
+    assert seen == {"a_recorded": 0, "b_values": [0, 1, 2, 3]}
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_threads_capturing_graphs_on_the_host_backend() -> None:
+    _stress("host", "host")
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("fast_switching")
+def test_threads_capturing_graphs_on_the_cuda_backend() -> None:
+    pytest.importorskip("cupy")
+    _stress("cuda", "gpu")
