@@ -22,6 +22,7 @@ from trtio.errors import (
     CudaError,
     EngineError,
     FrozenError,
+    InvalidValueError,
     ShapeError,
     TrtioError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "EngineError",
     "Event",
     "FrozenError",
+    "InvalidValueError",
     "HostStaging",
     "InferenceDims",
     "LLMEngineConfig",

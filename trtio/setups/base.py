@@ -264,7 +264,7 @@ class SetupBase:
 
     io: PipelineIO
     _backend: Backend
-    _default_stream: Stream
+    _default_stream: Stream | None  # the stream given at creation; None: each calling thread's default stream
     _rope: _RopeTables
     _context_memory: ContextMemory
     _extra_arena: Arena
@@ -273,10 +273,15 @@ class SetupBase:
     _closed: bool = True
 
     @contextlib.contextmanager
-    def _building(self) -> Iterator[contextlib.ExitStack]:
-        """An ExitStack for the parts under construction; kept (for close) only if construction succeeds."""
+    def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
+        """An ExitStack for the parts under construction (kept, for close, only if construction succeeds)
+        and the stream construction works on. Construction ends synchronised, so steps may run on any
+        stream: the one given at creation, or (``stream=None``) the calling thread's default stream."""
+        self._default_stream = None if stream is None else as_stream(stream, self._backend)
+        s = self._default_stream or as_stream(None, self._backend)
         with contextlib.ExitStack() as stack:
-            yield stack
+            yield stack, s
+            s.synchronize()
             self._resources = stack.pop_all()
         self._closed = False
 
@@ -289,7 +294,12 @@ class SetupBase:
             raise ClosedError(f"this {type(self).__name__} is closed")
 
     def _stream(self, stream: StreamLike) -> Stream:
-        return self._default_stream if stream is None else as_stream(stream, self._backend)
+        """A step's stream: ``stream``, else the one given at creation, else this thread's default stream.
+
+        A setup is stepped by one thread at a time; several threads may each step their own setup."""
+        if stream is None:
+            return self._default_stream or as_stream(None, self._backend)
+        return as_stream(stream, self._backend)
 
     def _stage_embeds(self, x: Any, staging: HostStaging, what: str, hidden: int, stream: Stream) -> tuple[int, int]:
         """Put ``x`` ([B, S, hidden]) into ``inputs_embeds``: pinned staging for numpy, D2D for Tensors."""

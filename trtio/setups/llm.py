@@ -32,7 +32,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.state import EngineState
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import StreamLike
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -56,8 +56,7 @@ class LLMSetup(SetupBase):
         self._backend = be
         self.cfg = cfg
         self.contract = cfg.contract or "batch"
-        with self._building() as stack:
-            self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
+        with self._building(stream) as (stack, s):
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
             self._rope = stack.enter_context(_RopeTables(be))
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
@@ -227,7 +226,7 @@ class LLMSetup(SetupBase):
     def reset(self, stream: StreamLike = None) -> None:
         """Empty the KV state (lengths to 0); the next step must be a prefill."""
         self._check_open()
-        self._engine.state.reset(stream)
+        self._engine.state.reset(self._stream(stream))
         self._batch = None
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:

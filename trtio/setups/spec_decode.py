@@ -49,7 +49,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids, validate_tree_mask
-from trtio.stream import Stream, StreamLike, as_stream
+from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
@@ -85,8 +85,7 @@ class SpecDecodeSetup(SetupBase):
         self._backend = be
         self.bundle = bundle
         self.contract = base_cfg.contract or "batch"
-        with self._building() as stack:
-            self._default_stream = s = as_stream(stream, be)  # None: trtio's default stream of the backend
+        with self._building(stream) as (stack, s):
             self.io = io = stack.enter_context(
                 PipelineIO.create_for_spec_decode(bundle, max_runtime_batch_size, s, backend=be))
             mb = io.max_batch
@@ -507,8 +506,9 @@ class SpecDecodeSetup(SetupBase):
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill."""
         self._check_open()
-        self.base.state.reset(stream)
-        self.draft.state.reset(stream)
+        s = self._stream(stream)
+        self.base.state.reset(s)
+        self.draft.state.reset(s)
         self._batch = None
         self._prompt = None
         self._draft_ready = False

@@ -39,14 +39,18 @@ class DryRunBackend(HostBackend):
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
             raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
-        self.alloc_count += 1
-        ptr = self._next
-        self._next += align_up(int(nbytes)) + 256
-        self.allocated[location] = self.allocated.get(location, 0) + int(nbytes)
+        with self._lock:
+            self.alloc_count += 1
+            ptr = self._next
+            self._next += align_up(int(nbytes)) + 256
+            self.allocated[location] = self.allocated.get(location, 0) + int(nbytes)
         return ptr
 
     def free(self, ptr: int, location: Location) -> None:
         pass
+
+    def knows_pointer(self, ptr: int, nbytes: int, location: Location) -> bool | None:
+        return None  # its addresses are counted, never backed: it cannot say which are valid
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         pass
