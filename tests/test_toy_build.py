@@ -301,3 +301,23 @@ def test_script_runs_as_a_program(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "built toy-llm" in proc.stderr
     assert (tmp_path / "toy-llm" / "model.plan").stat().st_size > 0
+
+
+@pytest.mark.rtx
+def test_rtx_plans_are_built_for_user_allocation_so_graphs_can_capture_them():
+    import tensorrt_rtx as trt
+
+    from trtio.trt import trt_logger
+
+    builder = trt.Builder(trt_logger(trt))
+    config = builder.create_builder_config()
+    assert not config.get_flag(trt.BuilderFlag.REQUIRE_USER_ALLOCATION)
+    tb.configure_builder(trt, config)
+    assert config.get_flag(trt.BuilderFlag.REQUIRE_USER_ALLOCATION)
+
+
+def test_a_tensorrt_without_the_kv_cache_layer_is_named():
+    old = types.SimpleNamespace(__name__="tensorrt", __version__="10.8.0")
+    with pytest.raises(RuntimeError, match=r"tensorrt 10.8.0 has no add_kv_cache_update, add_rotary_embedding: "
+                                           r"the toy plans need TensorRT 10.15 or later"):
+        tb._require_layers(old, object())

@@ -278,6 +278,7 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
     network = builder.create_network(flags)
     if network is None:
         raise RuntimeError(f"{trt.__name__}: create_network failed")
+    _require_layers(trt, network)
     network.name = f"toy-{role}"
     g = _Graph(trt, network)
 
@@ -697,6 +698,23 @@ class BuiltPlan:
     seconds: float
 
 
+def configure_builder(trt: Any, config: Any) -> None:
+    """Builder flags the toy plans need: TensorRT-RTX captures an engine's enqueue into a CUDA graph only
+    when the engine was built with ``REQUIRE_USER_ALLOCATION`` (trtio allocates every tensor and the
+    context memory itself; the executor asks ``is_stream_capturable`` before capturing)."""
+    flag = getattr(trt.BuilderFlag, "REQUIRE_USER_ALLOCATION", None)
+    if trt.__name__ == "tensorrt_rtx" and flag is not None:
+        config.set_flag(flag)
+
+
+def _require_layers(trt: Any, network: Any) -> None:
+    """The KVCacheUpdate and RotaryEmbedding layers exist from TensorRT 10.15 (TensorRT-RTX 1.2) on."""
+    missing = [m for m in ("add_kv_cache_update", "add_rotary_embedding") if not hasattr(network, m)]
+    if missing:
+        raise RuntimeError(f"{trt.__name__} {getattr(trt, '__version__', '?')} has no {', '.join(missing)}: the toy "
+                           f"plans need TensorRT 10.15 or later (or TensorRT-RTX 1.2 or later)")
+
+
 def build_plan(
     module: Any,
     cfg: Any,
@@ -722,6 +740,7 @@ def build_plan(
     config = builder.create_builder_config()
     if config is None:
         raise RuntimeError(f"{trt.__name__}: create_builder_config failed")
+    configure_builder(trt, config)
     for i, profile in enumerate(profiles):
         if config.add_optimization_profile(profile) < 0:
             raise RuntimeError(f"{trt.__name__}: optimization profile {i} rejected")
