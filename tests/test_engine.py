@@ -262,3 +262,32 @@ def test_graphs_are_destroyed_on_close(llm, host):
     ex.close()
     assert host.live_graphs == live
     s.close()
+
+
+class NotCapturable(ReferenceEngine):
+    """A context that reports its stream is not capturable (TensorRT-RTX without user allocation)."""
+
+    __module__ = ReferenceEngine.__module__
+
+    def create_execution_context(self, *a, **k):
+        ctx = super().create_execution_context(*a, **k)
+        ctx.is_stream_capturable = lambda stream: False
+        return ctx
+
+
+def test_an_uncapturable_context_runs_plainly_and_says_why(host):
+    from trtio.setups import create_for_llm
+    from trtio.testing import toy_embedding
+    from trtio.testing.toy_runtime import greedy_generate
+
+    cfg = llm_config()
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    graphs_before = host.live_graphs
+    with create_for_llm(NotCapturable.from_config(cfg, device="host"), cfg, graphs=True) as setup:
+        got = greedy_generate(setup, E, [[1, 2, 3], [4, 5]], 5)
+        stats = setup.graph_stats
+        assert stats.captures == 0 and stats.graphs == 0 and host.live_graphs == graphs_before
+        assert stats.misses == 1, "one decode snapshot: refused once, then plain execution without retrying"
+        assert "not captured: the execution context reports the stream is not capturable" in stats.last_miss_reason
+    with create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, graphs=True) as plain:
+        assert greedy_generate(plain, E, [[1, 2, 3], [4, 5]], 5) == got
