@@ -29,6 +29,7 @@ __all__ = [
     "apply_rope",
     "causal_visibility",
     "config_role",
+    "log_softmax",
     "output_vocab_size",
     "reference_forward",
     "reference_logits",
@@ -226,6 +227,7 @@ def reference_forward(
     deepstack: Sequence[Any] | None = None,
     rope: Any = None,
     visible: Any = None,
+    hidden_after: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run the toy model on ONE sequence of ``T`` tokens from scratch (no cache).
 
@@ -240,7 +242,10 @@ def reference_forward(
     attention.
 
     Returns ``(hidden, logits)``: float32 ``[T, H]`` (the final residual stream, before any cast to
-    the activation dtype) and float32 ``[T, Vout]`` for every token.
+    the activation dtype) and float32 ``[T, Vout]`` for every token. With ``hidden_after`` (layer
+    indices, e.g. an EAGLE3 base's ``eagle_hidden_state_layers``) ``hidden`` is instead
+    ``[T, len(hidden_after) * H]``: the residual stream after each of those layers (its deepstack
+    feature added), concatenated in the order given; the logits are unchanged.
     """
     h = int(cfg.hidden_size)
     hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
@@ -301,6 +306,11 @@ def reference_forward(
     if vis.shape != (t, t):
         raise ValueError(f"visible has shape {vis.shape}, expected ({t}, {t})")
 
+    after = [] if hidden_after is None else [int(i) for i in hidden_after]
+    if any(not 0 <= i < weights.num_layers for i in after):
+        raise ValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
+    captured: dict[int, np.ndarray] = {}
+
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
     for layer in range(weights.num_layers):
         q = (x @ weights.wq[layer]).reshape(t, hq, d)
@@ -324,8 +334,22 @@ def reference_forward(
         x = x + np.maximum(x @ weights.w1[layer], 0.0) @ weights.w2[layer]
         if layer < nd:
             x = x + ds[layer]
+        if layer in after:
+            captured[layer] = x.astype(np.float32)
     x = x.astype(np.float32)
-    return x, (x @ weights.w_lm).astype(np.float32)
+    logits = (x @ weights.w_lm).astype(np.float32)
+    if hidden_after is not None:
+        return np.concatenate([np.zeros((t, 0), np.float32)] + [captured[i] for i in after], axis=-1), logits
+    return x, logits
+
+
+def log_softmax(logits: Any) -> np.ndarray:
+    """``log_softmax`` over the last axis (float64 inside, float32 out): what an EAGLE draft's
+    ragged engine returns as its logits."""
+    z: np.ndarray = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    out: np.ndarray = (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
+    return out
 
 
 def reference_logits(weights: ToyWeights, cfg: Any, embeds: Any, **kwargs: Any) -> np.ndarray:
