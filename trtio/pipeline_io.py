@@ -293,7 +293,7 @@ class PipelineIO:
         object.__setattr__(self, "select_token_indices_staging",
                            HostStaging(self.host_select_token_indices, self.select_token_indices, backend))
         staging = {}
-        if is_spec_decode:
+        if is_spec_decode and contract == "batch":
             staging = {
                 "mask": HostStaging(self.host_packed_attention_mask, self.packed_attention_mask, backend),
                 "position_ids": HostStaging(self.host_spec_decode_position_ids, self.spec_decode_position_ids, backend),
@@ -430,6 +430,7 @@ class PipelineIO:
                                                "draft_hidden_states_out", "row_scratch")]
         reqs += [
             _absent("output_hidden_states", act),
+            _absent("host_spec_select_token_indices", DType.INT64, Location.PINNED),
             TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
             # Shape-only carriers: the engine reads their extents, never their bytes.
             TensorRequest.of("execution_phase_marker", (8,), i32),
@@ -458,7 +459,9 @@ class PipelineIO:
             ]
         else:
             reqs += [_absent("packed_attention_mask", i32), _absent("spec_decode_position_ids", i32),
-                     _absent("spec_tree_parent_ids", i32), _absent("spec_tree_depths", i32)]
+                     _absent("spec_tree_parent_ids", i32), _absent("spec_tree_depths", i32),
+                     _absent("host_packed_attention_mask", i32, Location.PINNED),
+                     _absent("host_spec_decode_position_ids", i32, Location.PINNED)]
         title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
         io = cls(reqs, num_deepstack=nd, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
                  backend=be, title=title, step_requests=step, contract="ragged")

@@ -63,6 +63,7 @@ class HostBackend:
         self._total_memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         self.alloc_count = 0  # allocations made so far (a decode step must make none)
         self.sync_count = 0  # host synchronisations so far (a decode step must make none)
+        self.op_count = 0  # device operations enqueued so far (copies, fills, host work, graph launches)
 
     def __repr__(self) -> str:
         return "HostBackend()"
@@ -115,6 +116,7 @@ class HostBackend:
 
     def _run(self, stream: int, fn: Callable[[], object]) -> None:
         # Lock-free when the stream is not being captured (the common case, and a hot path).
+        self.op_count += 1  # telemetry: benchmarks and tests count a step's device operations
         if stream in self._capturing:
             with self._lock:
                 capture = self._capturing.get(stream)
@@ -281,6 +283,7 @@ class HostBackend:
         return stream in self._capturing
 
     def launch_graph(self, graph_exec: int, stream: int) -> None:
+        self.op_count += 1
         calls = self._graphs.get(graph_exec)
         if calls is None:
             raise CudaError("cudaGraphLaunch", "cudaErrorInvalidResourceHandle",

@@ -21,9 +21,10 @@ from trtio.config import LLMEngineConfig
 from trtio.contracts import build_registry, contract_of, resolve_contract
 from trtio.contracts.ragged import StepLayout
 from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
-from trtio.errors import BindingError, ClosedError, ShapeError
+from trtio.errors import BindingError, ClosedError, InvalidValueError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
 from trtio.ops import copy_rows
 from trtio.pipeline_io import PipelineIO
@@ -132,8 +133,22 @@ def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
     if want is not None and arr.dtype != want:
         if arr.dtype.kind != "f":
             raise ShapeError(f"{what}: expected {dtype} values, got {arr.dtype}")
+        # A conversion must not turn values into inf or NaN silently (1e6 overflows float16).
+        top = float(np.finfo(want).max) if want.kind == "f" else float(ml_max(want))
+        bad = ~np.isfinite(arr) | (np.abs(arr) > top)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise InvalidValueError(f"{what}{list(where)} = {arr[where]!r} is not a finite {dtype} value (|x| <= "
+                                    f"{top:g}); converting {arr.dtype} to {dtype} would make it inf or NaN")
         arr = arr.astype(want)
     return np.ascontiguousarray(arr)
+
+
+def ml_max(dtype: np.dtype) -> float:
+    """The largest finite value of an ml_dtypes float type (bfloat16, float8)."""
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).max)
 
 
 class _RopeTables:
@@ -301,11 +316,17 @@ class SetupBase:
             return self._default_stream or as_stream(None, self._backend)
         return as_stream(stream, self._backend)
 
-    def _stage_embeds(self, x: Any, staging: HostStaging, what: str, hidden: int, stream: Stream) -> tuple[int, int]:
-        """Put ``x`` ([B, S, hidden]) into ``inputs_embeds``: pinned staging for numpy, D2D for Tensors."""
-        dst = self.io.inputs_embeds
-        x = _as_embeds(x, what, dst.dtype, hidden)
-        b, s = int(x.shape[0]), int(x.shape[1])
+    def _embeds(self, x: Any, hidden: int, what: str = "inputs_embeds") -> tuple[Any, int, int]:
+        """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy),
+        with its batch and seq; nothing is enqueued."""
+        x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden)
+        return x, int(x.shape[0]), int(x.shape[1])
+
+    def _upload_embeds(self, x: Any, stream: Stream) -> None:
+        """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
+        staging for numpy, a device copy for Tensors."""
+        dst, staging = self.io.inputs_embeds, self._embeds_staging
+        b, s, hidden = (int(d) for d in x.shape)
         if isinstance(x, Tensor):
             if x is not dst:
                 dst.reshape((b, s, hidden)).copy_from(x, stream)
@@ -313,47 +334,52 @@ class SetupBase:
             staging.upload(x, stream)
         else:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
-        return b, s
 
-    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any,
-                      s: Stream) -> tuple[int, int, np.ndarray]:
-        """A prefill's inputs: embeds, context lengths, last-token ids (each prompt's last token) and
-        the start index ([0] for an empty cache where the engine allows it, else zeros)."""
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
-        if not 1 <= b <= self.io.max_batch:
-            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        self.io.upload_context_lengths(ctx, s)
-        self.io.upload_select_token_indices((ctx - 1)[:, None], s)
-        e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
-        return b, seq, ctx
-
-    def _bind_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int, s: Stream) -> None:
-        """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them."""
+    def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int,
+                         seq: int) -> list[Any] | None:
+        """A prefill's deepstack features, checked ([b, seq, hidden] each, one per feature) and converted."""
         n = e.cfg.num_deepstack_features
         if not n:
             if features:
                 raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
+            return None
+        if features is None:
+            return None
+        if len(features) != n:
+            raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
+        out = []
+        for i, f in enumerate(features):
+            x = _as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+            if tuple(x.shape[:2]) != (b, seq):
+                raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
+            out.append(x)
+        return out
+
+    def _bind_deepstack(self, e: BoundEngine, features: list[Any] | None, b: int, seq: int, s: Stream) -> None:
+        """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them."""
+        if not e.cfg.num_deepstack_features:
             return
         views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in self.io.deepstack_embeds]
         if features is None:
             for v in views:
                 v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
         else:
-            if len(features) != n:
-                raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
-            for i, (v, f) in enumerate(zip(views, features)):
-                v.copy_from(_as_embeds(f, f"deepstack_embeds[{i}]", v.dtype, e.cfg.hidden_size), s)
+            for v, f in zip(views, features):
+                v.copy_from(f, s)
         e.tensor_map.use_deepstack_features()
 
-    def _run_prefill(self, e: BoundEngine, b: int, seq: int, ctx: np.ndarray, s: Stream,
-                     past: np.ndarray | None = None) -> None:
-        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``past + ctx``.
-
-        With ``past`` (tokens each sequence already has cached), the step continues those caches (a
-        restored prefix: the ragged contract's phase 2, the batch contract's non-empty start index)."""
+    @staticmethod
+    def _prefill_dims(e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:
+        """A prefill's dims (checking seq against max_supported_input_length). With ``past`` (tokens each
+        sequence already has cached) the step continues those caches: a restored prefix (the ragged
+        contract's phase 2, the batch contract's non-empty start index)."""
         empty = past is None and (e.empty_start_ok or e.cfg.contract == "ragged")
-        dims = e.cfg.prefill_dims(b, seq, kv_cache_empty=empty)
+        return e.cfg.prefill_dims(b, seq, kv_cache_empty=empty)
+
+    def _run_prefill(self, e: BoundEngine, dims: InferenceDims, ctx: np.ndarray, s: Stream,
+                     past: np.ndarray | None = None) -> None:
+        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``past + ctx``."""
+        b = dims.batch
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, use_graph=False)
         e.state.lengths[:b] = ctx if past is None else past + ctx

@@ -121,12 +121,16 @@ class LLMSetup(SetupBase):
         """
         self._check_open()
         e = self._engine
-        s = self._stream(stream)
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
         past = self._check_past(e, past_lengths, b, ctx)
+        dims = self._prefill_dims(e, b, seq, past)
+        features = self._check_deepstack(e, deepstack_embeds, b, seq)
+        # Everything is checked: from here on work is enqueued.
+        s = self._stream(stream)
+        self._upload_embeds(x, s)
         if self.contract == "ragged":
             zero = np.zeros(b, np.int64)
             layout = causal_step(zero if past is None else past, ctx, seq,
@@ -138,8 +142,8 @@ class LLMSetup(SetupBase):
             start = None if past is None and e.empty_start_ok else (np.zeros(b, np.int32) if past is None else past)
             e.state.upload_start_index(start, s)
         self._select_zero_batch = None
-        self._bind_deepstack(e, deepstack_embeds, b, seq, s)
-        self._run_prefill(e, b, seq, ctx, s, past)
+        self._bind_deepstack(e, features, b, seq, s)
+        self._run_prefill(e, dims, ctx, s, past)
         self._batch = b
         return self.io.output_logits
 
@@ -175,16 +179,17 @@ class LLMSetup(SetupBase):
         if b is None:
             raise TrtioError("decode() before prefill(): there is no sequence to continue")
         e = self._engine
-        s = self._stream(stream)
         lengths = e.state.lengths[:b]
         if int(lengths.max()) >= self.cfg.max_kv_cache_capacity:
             full = int(np.argmax(lengths))
             raise ShapeError(f"KV cache full: sequence {full} holds {int(lengths[full])} tokens, the capacity "
                              f"(max_kv_cache_capacity) is {self.cfg.max_kv_cache_capacity}")
-        nb, ns = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", self.cfg.hidden_size, s)
+        x, nb, ns = self._embeds(inputs_embeds, self.cfg.hidden_size)
         if (nb, ns) != (b, 1):
             raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], "
                              f"got [{nb}, {ns}, ...]")
+        s = self._stream(stream)
+        self._upload_embeds(x, s)
         if self.contract == "ragged":
             self._stage_layout(e, causal_step(lengths, np.ones(b, np.int64), 1, phase=PHASE_DECODE), s)
         else:

@@ -32,6 +32,7 @@ import numpy as np
 from trtio.config import DeploymentConfig
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, PHASE_PREFILL, PHASE_VERIFY, causal_step, tree_step
 from trtio.cuda.backend import Backend, Location
+from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
@@ -40,7 +41,6 @@ from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
     SetupBase,
-    _as_embeds,
     _engine_io,
     _fill_mrope,
     _RopeTables,
@@ -167,10 +167,12 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_open()
         e = self.base
+        x, b, seq, ctx, dims = self._check_prompt(e, inputs_embeds, context_lengths)
+        features = self._check_deepstack(e, deepstack_embeds, b, seq)
         s = self._stream(stream)
-        b, seq, ctx = self._stage_prompt(e, inputs_embeds, context_lengths, s)
-        self._bind_deepstack(e, deepstack_embeds, b, seq, s)
-        self._run_prefill(e, b, seq, ctx, s)
+        self._stage_prompt(e, x, ctx, s)
+        self._bind_deepstack(e, features, b, seq, s)
+        self._run_prefill(e, dims, ctx, s)
         self._batch = b
         self._prompt = (seq, ctx)
         self._draft_ready = False
@@ -189,37 +191,40 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
         width, lengths = self._prompt
         e = self.draft
-        s = self._stream(stream)
-        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
-        if tuple(x.shape[:2]) != (b0, width):
+        x, b, seq, ctx, dims = self._check_prompt(e, inputs_embeds, context_lengths)
+        if (b, seq) != (b0, width):
             raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b0}, "
                              f"seq={width}, hidden], got {list(x.shape)}")
-        ctx = self._check_lengths(context_lengths, b0, width, "context_lengths")
         if not np.array_equal(ctx, lengths):
             raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's {lengths.tolist()}: "
                              f"the draft reads the base's hidden states row for row")
-        b, seq, ctx = self._stage_prompt(e, x, ctx, s)
+        s = self._stream(stream)
+        self._stage_prompt(e, x, ctx, s)
         self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
-        self._run_prefill(e, b, seq, ctx, s)
+        self._run_prefill(e, dims, ctx, s)
         self._prompt = None
         # The root's hidden state: the draft output row of each sequence's last token.
         self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * seq + ctx - 1
         self._start_round()
         return self.io.output_logits
 
-    def _stage_prompt(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any,
-                      s: Stream) -> tuple[int, int, np.ndarray]:
-        b, seq = self._stage_embeds(inputs_embeds, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+    def _check_prompt(self, e: BoundEngine, inputs_embeds: Any,
+                      context_lengths: Any) -> tuple[Any, int, int, np.ndarray, InferenceDims]:
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        return x, b, seq, ctx, self._prefill_dims(e, b, seq, None)
+
+    def _stage_prompt(self, e: BoundEngine, x: Any, ctx: np.ndarray, s: Stream) -> None:
+        b, seq = int(x.shape[0]), int(x.shape[1])
+        self._upload_embeds(x, s)
         if self.contract == "ragged":
             self._stage_layout(e, causal_step(np.zeros(b, np.int64), ctx, seq, phase=PHASE_PREFILL), s)
         else:
             self.io.upload_context_lengths(ctx, s)
             self.io.upload_select_token_indices((ctx - 1)[:, None], s)
             e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
-        return b, seq, ctx
 
     def _start_round(self) -> None:
         self._tree_n = 0
@@ -247,11 +252,10 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("draft_propose() needs the draft caught up with the base: call draft_prefill() after "
                              "base_prefill(), or draft_accept() after accept()")
         e = self.draft
-        s = self._stream(stream)
-        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
-        if x.shape[0] != b:
-            raise ShapeError(f"inputs_embeds: batch {x.shape[0]} differs from the prefill's batch {b}")
-        k, n0, w = int(x.shape[1]), self._tree_n, self.proposal_width
+        x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        if nb != b:
+            raise ShapeError(f"inputs_embeds: batch {nb} differs from the prefill's batch {b}")
+        n0, w = self._tree_n, self.proposal_width
         par = self._check_parents(parents, b, k)
         if n0 + k > w:
             raise ShapeError(f"draft_propose: {k} more nodes make {n0 + k}, more than the {w} a round's draft tree "
@@ -262,7 +266,9 @@ class SpecDecodeSetup(SetupBase):
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens and a proposal round "
                              f"writes {w} more, past max_kv_cache_capacity ({cap})")
+        dims = e.cfg.proposal_dims(b, w, k)
         # Everything is checked: from here on work is enqueued.
+        s = self._stream(stream)
         for i in range(k):
             node = n0 + i
             vis = self._tree_vis[:b, node]
@@ -296,7 +302,6 @@ class SpecDecodeSetup(SetupBase):
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + w, s)
             self.io.upload_select_token_indices(np.broadcast_to(n0 + np.arange(k, dtype=np.int64), (b, k)), s)
-        dims = e.cfg.proposal_dims(b, w, k)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
         self._tree_n = n
@@ -355,19 +360,20 @@ class SpecDecodeSetup(SetupBase):
         self._check_open()
         b = self._need_batch()
         e = self.base
-        s = self._stream(stream)
         vis = self._tree_mask(tree, b)
         n = vis.shape[1]
-        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
-        if tuple(x.shape[:2]) != (b, n):
+        x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
                              f"got {list(x.shape)}")
-        e.cfg.spec_verify_dims(b, n)  # the tree size against max_verify_tree_size
+        dims = e.cfg.spec_verify_dims(b, n)  # the tree size against max_verify_tree_size
         lengths = e.state.lengths[:b]
         if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
-            raise ShapeError(f"verify: {n} nodes do not fit after {int(lengths.max())} cached tokens "
-                             f"(max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
-        self._stage_embeds(x, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+            i = int(np.argmax(lengths))
+            raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence {i} has "
+                             f"cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
+        s = self._stream(stream)
+        self._upload_embeds(x, s)
         if self.contract == "ragged":
             parents = _parents_of(vis)
             layout = tree_step(lengths, vis, n, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
@@ -378,7 +384,6 @@ class SpecDecodeSetup(SetupBase):
             self.io.upload_context_lengths(lengths + n, s)
             self.io.upload_select_token_indices(np.broadcast_to(np.arange(n, dtype=np.int64), (b, n)), s)
         e.tensor_map.use_deepstack_zero()
-        dims = e.cfg.spec_verify_dims(b, n)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
         self._verified = vis
@@ -465,18 +470,21 @@ class SpecDecodeSetup(SetupBase):
         if self._accepted is None:
             raise TrtioError("draft_accept() follows accept(): there are no accepted tokens to catch up on")
         e = self.draft
-        s = self._stream(stream)
-        x = _as_embeds(inputs_embeds, "inputs_embeds", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
-        if x.shape[0] != b:
-            raise ShapeError(f"inputs_embeds: batch {x.shape[0]} differs from {b}")
-        a = int(x.shape[1])
+        x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        if nb != b:
+            raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
         acc = self._check_lengths(accept_lengths, b, a, "accept_lengths")
         if not np.array_equal(acc, self._accepted):
             raise ShapeError(f"accept_lengths {acc.tolist()} differ from the path lengths accept() committed "
                              f"{self._accepted.tolist()}")
-        e.cfg.accept_dims(b, a)
+        dims = e.cfg.accept_dims(b, a)
         past = e.state.lengths[:b].copy()
-        self._stage_embeds(x, self._embeds_staging, "inputs_embeds", e.cfg.hidden_size, s)
+        if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
+            i = int(np.argmax(past))
+            raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens, {a} more pass "
+                             f"max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
+        s = self._stream(stream)
+        self._upload_embeds(x, s)
         per = self._scratch_rows
         src = np.concatenate([i * per + np.arange(k) for i, k in enumerate(acc)])
         dst = np.concatenate([i * a + np.arange(k) for i, k in enumerate(acc)])
@@ -494,7 +502,6 @@ class SpecDecodeSetup(SetupBase):
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + a, s)
             self.io.upload_select_token_indices((acc - 1)[:, None], s)
-        dims = e.cfg.accept_dims(b, a)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
         e.state.lengths[:b] = past + acc
