@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from _configs import llm_config
 
+import trtio
 from trtio import BindingError, EngineIO, EngineState, TensorMap, names
 from trtio.engine import TensorInfo
 from trtio.testing import ReferenceEngine
@@ -109,3 +110,92 @@ def test_missing_present_output_is_refused_at_create_time():
         EngineState(eio, cfg, max_batch=4, backend="host")
     assert "k_cache_0: the engine declares this state input but no output updates it in place " \
            "(expected present_k_cache_0)" in str(info.value)
+
+
+# -- committing accepted paths: one device operation, bit-identical to per-slot copies ---------------------
+
+
+def _random_paths(rng: np.random.Generator, batch: int, nodes: int, longest: int) -> list[list[int]]:
+    paths = []
+    for _ in range(batch):
+        depth = int(rng.integers(1, longest + 1))
+        rest = sorted(rng.choice(np.arange(1, nodes), size=depth - 1, replace=False).tolist())
+        paths.append([0] + rest)
+    return paths
+
+
+def _per_slot_reference(caches: dict[str, np.ndarray], paths, starts, *, paged: bool, table=None, page=0):
+    """The accepted paths applied one slot at a time, in order (what trtio did before: one copy per layer,
+    K/V, sequence and moved node)."""
+    out = {n: a.copy() for n, a in caches.items()}
+    for b, (start, path) in enumerate(zip(starts, paths)):
+        for j, node in enumerate(path):
+            if node == j:
+                continue
+            src, dst = start + node, start + j
+            for arr in out.values():
+                if paged:
+                    for half in (0, 1):
+                        ps, pd = table[b, half, src // page], table[b, half, dst // page]
+                        flat = arr.reshape(-1, page, *arr.shape[3:])
+                        flat[pd, dst % page] = flat[ps, src % page]
+                else:
+                    arr[b, :, dst] = arr[b, :, src]
+    return out
+
+
+@pytest.mark.parametrize("kv", ["float16", "fp8"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_commit_paths_is_bit_identical_to_per_slot_copies(backend, layout: str, kv: str) -> None:
+    import dataclasses
+
+    from trtio.testing.toy_engines import default_engines_dir
+
+    rng = np.random.default_rng(7)
+    if layout == "paged":
+        cfg = trtio.EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+        cfg = dataclasses.replace(cfg, kv_cache_dtype=kv, num_attention_layers=3, kv_pool_pages=0).validate()
+    else:
+        cfg = llm_config(kv_cache_dtype=kv, num_attention_layers=3, max_kv_cache_capacity=256)
+    eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True))
+    st = EngineState(eio, cfg, max_batch=4, backend=backend)
+    s = trtio.Stream.create(backend)
+    try:
+        caches = {}
+        for name in st._kv_caches:
+            t = st.tensors[name].view(trtio.DType.UINT8)
+            raw = rng.integers(0, 256, t.shape, dtype=np.uint8)
+            t.copy_from(raw, s)
+            caches[name] = raw.view(np.uint8).reshape(st.tensors[name].shape + (-1,))
+        table = None
+        if layout == "paged":  # scatter each sequence's pages over the pool
+            m, pool = st.pages_per_sequence, st.pool_pages
+            k_ids = rng.permutation(pool)[: 4 * m].reshape(4, m)
+            table = np.stack([k_ids, k_ids + pool], axis=1).astype(np.int32)
+            st.page_table.copy_from(table, s)
+        for rnd in range(3):
+            paths = _random_paths(rng, 4, 60, 6)
+            starts = rng.integers(0, 120, size=4)
+            want = _per_slot_reference(caches, paths, starts, paged=layout == "paged", table=table,
+                                       page=cfg.kv_page_size)
+            st.commit_paths(starts, paths, s)
+            got = {n: st.tensors[n].view(trtio.DType.UINT8).to_numpy(s).reshape(want[n].shape) for n in caches}
+            for n in caches:
+                np.testing.assert_array_equal(got[n], want[n], err_msg=f"{n}, round {rnd}")
+            assert any(not np.array_equal(want[n], caches[n]) for n in caches), "the paths moved something"
+            caches = want
+    finally:
+        st.close()
+        s.close()
+
+
+def test_commit_paths_is_one_device_operation_after_one_staged_copy(host) -> None:
+    cfg = llm_config(num_attention_layers=6)
+    st = EngineState(EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True)), cfg,
+                     max_batch=4, backend="host")
+    ops = host.op_count
+    st.commit_paths([3, 5, 0, 9], [[0, 2, 5, 7], [0, 1], [0, 4], [0, 3, 6]])
+    assert host.op_count - ops == 2, "one upload of the moves and one op over every layer, K and V"
+    with pytest.raises(trtio.ShapeError, match=r"paths\[0\]: 33 moved entries, more than the 32"):
+        st.commit_paths([0], [list(range(0, 67, 2))])
+    st.close()

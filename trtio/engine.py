@@ -17,6 +17,7 @@ import logging
 import math
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,13 +259,18 @@ class GraphStats:
 
 @dataclass
 class _Plan:
-    """What the last slow-path prepare bound, replayed by the fast path."""
+    """What a slow-path prepare checked and bound, replayed by later steps with the same key."""
 
     key: tuple
-    views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)
+    views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)  # shared tensors' views
+    all_views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)  # every binding's view
     outputs: list[Tensor] = field(default_factory=list)
-    snapshot: tuple = ()
+    snapshot: tuple = ()  # (profile, (name, address, shape), ...): what the execution context must hold
+    inputs: frozenset[str] = frozenset()
     graph: int | None = None  # the graph of this snapshot, once looked up or captured
+
+
+_PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
 class EngineExecutor:
@@ -294,6 +300,8 @@ class EngineExecutor:
         self._bound_addr: dict[str, int] = {}
         self._bound_shape: dict[str, tuple[int, ...]] = {}
         self._plan: _Plan | None = None
+        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()  # checked plans, by key (most recent last)
+        self._synced: _Plan | None = None  # the plan whose bindings the execution context holds
         self._graphs: dict[tuple, int] = {}
         self._last_snapshot: tuple | None = None
         self.graph_stats = GraphStats()
@@ -327,6 +335,16 @@ class EngineExecutor:
             for t, shp in plan.views:
                 if t._shape is not shp:
                     t.reshape(shp)
+            return
+        cached = self._plans.get(key)
+        if cached is not None:
+            # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
+            # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
+            for t, shp in cached.all_views:
+                if t._shape != shp:
+                    t.reshape(shp)
+            self._plans.move_to_end(key)
+            self._plan = cached
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
 
@@ -429,8 +447,40 @@ class EngineExecutor:
         views = [(t, shape) for info, t, shape in planned if info.name not in self._stable]
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
-        self._plan = _Plan(key, views, outputs, snapshot)
+        inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
+        plan = _Plan(key, views, [(t, shape) for _i, t, shape in planned], outputs, snapshot, inputs)
+        self._plan = self._synced = plan
+        self._plans[key] = plan
+        while len(self._plans) > _PLAN_CACHE:
+            self._plans.popitem(last=False)
         tm.add_user(self)
+
+    def _sync(self, plan: _Plan, stream: Any) -> None:
+        """Bring the execution context in line with ``plan`` (checked when it was made): only what differs
+        from what the context holds is set."""
+        if self._synced is plan:
+            return
+        ctx = self.context
+        profile = plan.snapshot[0]
+        if profile != self._profile:
+            try:
+                ctx.set_optimization_profile_async(profile, stream.handle)
+            except Exception as exc:
+                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: "
+                                  f"{exc}") from exc
+            self._profile = profile
+            self._bound_shape.clear()
+        for name, ptr, shape in plan.snapshot[1:]:
+            if self._bound_addr.get(name) != ptr:
+                if not ctx.set_tensor_address(name, ptr):
+                    raise EngineError(f"engine {self.name!r}: {name}: set_tensor_address(0x{ptr:x}) returned False")
+                self._bound_addr[name] = ptr
+            if name in plan.inputs and self._bound_shape.get(name) != shape:
+                if not ctx.set_input_shape(name, shape):
+                    self._bound_shape.pop(name, None)
+                    raise EngineError(f"engine {self.name!r}: {name}: set_input_shape({_fmt(shape)}) returned False")
+                self._bound_shape[name] = shape
+        self._synced = plan
 
     def unused(self, tensor_map: TensorMap) -> list[str]:
         """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
@@ -455,15 +505,18 @@ class EngineExecutor:
             if graph is None:
                 graph = self._graphs.get(plan.snapshot)  # hashing the snapshot: once per new plan
             if graph is None:
+                self._sync(plan, s)
                 graph = self._capture(plan.snapshot, s)
             elif graph:
                 self.graph_stats.hits += 1
             plan.graph = graph
             if graph:
-                self._backend.launch_graph(graph, s.handle)
+                self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
             else:
+                self._sync(plan, s)
                 self._enqueue(s)  # this binding snapshot cannot be captured (graph_stats says why)
         else:
+            self._sync(plan, s)
             self._enqueue(s)
         for t in plan.outputs:
             t._last_stream = s
@@ -528,6 +581,8 @@ class EngineExecutor:
         try:
             _destroy_graphs(self._backend, self._graphs)
         finally:
+            for plan in self._plans.values():
+                plan.graph = None
             if self._plan is not None:
                 self._plan.graph = None
             self.graph_stats.graphs = 0

@@ -29,14 +29,18 @@ from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
-from trtio.errors import BindingError, EngineError, FrozenError
+from trtio.errors import BindingError, EngineError, FrozenError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.ops import KVLayout, commit_kv
 from trtio.registry import Dim, ProfileShapes, TensorSpec
+from trtio.staging import StepStaging
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["EngineState", "kv_layout", "paged_state_specs", "state_names", "state_problems"]
+MAX_PATH_MOVES = 32  # Edge-LLM commits accepted paths of depth <= 32
+
+__all__ = ["MAX_PATH_MOVES", "EngineState", "kv_layout", "paged_state_specs", "state_names", "state_problems"]
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -229,11 +233,22 @@ class EngineState:
                                                                ("start_index_len",))
         requests.append(TensorRequest.of("kv_lengths", (max_batch,), DType.INT32))
         requests.append(TensorRequest.of("host_kv_lengths", (max_batch,), DType.INT32, Location.PINNED))
+        # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
+        # table of their addresses and a per-step table of moves (one row per sequence).
+        self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
+        requests.append(TensorRequest.of("kv_cache_table", (max(len(self._kv_caches), 1),), DType.INT64))
+        requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 1 + 2 * MAX_PATH_MOVES),
+                                                           DType.INT32)])
         self._arena = Arena(requests, backend=be, title=f"{self.name} state")
         try:
             self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+            self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
+            table = self._arena["kv_cache_table"]
+            if self._kv_caches:
+                ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
+                table.copy_from(ptrs, as_stream(stream, be))
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = None
             if self.layout == "paged":
@@ -281,40 +296,46 @@ class EngineState:
         return out
 
     # -- KV bookkeeping -----------------------------------------------------------------------------
-    def commit_path(self, seq: int, start: int, path: Sequence[int], stream: StreamLike = None) -> None:
-        """Move each cache entry of slot ``start + path[j]`` to ``start + j`` (every layer, K and V) for
-        sequence slot ``seq``: the accepted path of a verified tree becomes consecutive cache entries.
+    def commit_paths(self, starts: Sequence[int], paths: Sequence[Sequence[int]], stream: StreamLike = None) -> None:
+        """For each sequence slot ``b``, move the cache entry of slot ``starts[b] + paths[b][j]`` to
+        ``starts[b] + j`` (every layer, K and V): the accepted path of a verified tree becomes consecutive
+        cache entries. One staged copy of the moves and one device operation, whatever the layer count,
+        batch and path lengths (graph-capturable: the moves are read when the work runs).
 
-        ``path`` is strictly increasing, so every entry is read before a later move overwrites it.
+        Paths are strictly increasing node lists starting at the root (checked by the caller) of at most
+        ``MAX_PATH_MOVES + 1`` nodes.
         """
-        be = self._arena.backend
-        s = as_stream(stream, be)
-        for j, node in enumerate(path):
-            if node == j:
-                continue
-            for past, _present in self.pairs:
-                t = self.tensors[past]
-                shape = self._max_shape[past]
-                es = t.dtype.itemsize
-                if self.layout == "paged":
-                    _, pool, page, heads, hd = shape
-                    row = heads * hd * es
-                    for half in (0, 1):
-                        src, dst = (self._slot_offset(seq, start + x, pool, page, row, half) for x in (node, j))
-                        be.memcpy(t.data_ptr + dst, t.data_ptr + src, row, s.handle)
-                    continue
-                if len(shape) != 4:
-                    raise EngineError(f"state {past!r}: {shape} is not a [batch, heads, capacity, head_dim] cache")
-                _, heads, cap, hd = shape
-                pitch = cap * hd * es
-                base = t.data_ptr + seq * heads * pitch
-                be.memcpy_2d(base + (start + j) * hd * es, pitch, base + (start + node) * hd * es, pitch, hd * es,
-                             heads, s.handle)
+        if not self._kv_caches:
+            raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
+        batch = len(paths)
+        rows = np.zeros((batch, 1 + 2 * MAX_PATH_MOVES), np.int32)
+        for b, (start, path) in enumerate(zip(starts, paths)):
+            p = np.asarray(path, np.int64)
+            moved = np.flatnonzero(p != np.arange(p.size))
+            if moved.size > MAX_PATH_MOVES:
+                raise ShapeError(f"paths[{b}]: {moved.size} moved entries, more than the {MAX_PATH_MOVES} an "
+                                 f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
+            rows[b, 0] = moved.size
+            rows[b, 1:1 + 2 * moved.size] = np.stack([start + p[moved], start + moved], axis=1).reshape(-1)
+        s = as_stream(stream, self._arena.backend)
+        moves = self._moves.write("kv_moves", rows)
+        self._moves.upload(s)
+        commit_kv([self.tensors[p] for p in self._kv_caches], self._arena["kv_cache_table"], moves, batch,
+                  rows.shape[1], self._kv_layout(), stream=s, page_table=self.page_table)
 
-    def _slot_offset(self, seq: int, slot: int, pool: int, page: int, row: int, half: int) -> int:
-        """Byte offset of a slot's K (half 0) or V (half 1) row in a pool, through the page table."""
-        page_id = int(self.page_ids[seq, slot // page]) + half * pool
-        return (page_id * page + slot % page) * row
+    def _kv_layout(self) -> KVLayout:
+        first = self.tensors[self._kv_caches[0]]
+        shape = self._max_shape[self._kv_caches[0]]
+        es = first.dtype.itemsize
+        if self.layout == "paged":
+            _, pool, page, heads, hd = shape
+            return KVLayout(paged=True, heads=heads, capacity=page, entry_bytes=heads * hd * es, pool_pages=pool,
+                            max_pages=self.pages_per_sequence)
+        if len(shape) != 4:
+            raise EngineError(f"state {self._kv_caches[0]!r}: {shape} is not a [batch, heads, capacity, head_dim] "
+                              f"cache")
+        _, heads, cap, hd = shape
+        return KVLayout(paged=False, heads=heads, capacity=cap, entry_bytes=hd * es)
 
     # -- kv lengths -------------------------------------------------------------------------------
     def upload_start_index(self, values: np.ndarray | None, stream: StreamLike = None) -> Tensor:
@@ -352,6 +373,7 @@ class EngineState:
                               f"leave their engines writing to freed memory; close the setup first")
         self._closed = True
         self._staging.close()
+        self._moves.close()
         for t in self._arena.tensors.values():
             t._unfreeze()
         self._arena.close()

@@ -47,9 +47,51 @@ extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __
         }
     }
 }
+
+// Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b listed in
+// moves[b] = [n, src0, dst0, src1, dst1, ...] (absolute cache slots) in cache caches[c]. Each entry is
+// `chunks` pieces of chunk_bytes: a contiguous cache [B, H, C, D] has one piece per head (layout 0); a paged
+// pool [2, P, page, H, D] has the K piece (page table row 0) and the V piece (row 1, ids already + P)
+// (layout 1). Moves run in order with a barrier between them: a later move may overwrite an earlier one's
+// source (path [0, 2, 3]: slot 2 is read by move 1, then written by move 2).
+extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict__ caches, const int* __restrict__ moves,
+                                           int stride, int layout, long long chunk_bytes, int chunks,
+                                           long long chunk_stride, long long seq_stride, long long slot_stride,
+                                           const int* __restrict__ page_table, int max_pages, int page_size,
+                                           long long pool_rows) {
+    int c = blockIdx.x;
+    int b = blockIdx.y;
+    const int* row = moves + (long long)b * stride;
+    int n = row[0];
+    char* base = (char*)caches[c];
+    for (int m = 0; m < n; ++m) {
+        long long src = row[1 + 2 * m], dst = row[2 + 2 * m];
+        for (int ch = 0; ch < chunks; ++ch) {
+            long long so, dof;
+            if (layout == 0) {
+                so = b * seq_stride + ch * chunk_stride + src * slot_stride;
+                dof = b * seq_stride + ch * chunk_stride + dst * slot_stride;
+            } else {
+                const int* pages = page_table + ((long long)b * 2 + ch) * max_pages;
+                long long ps = pages[src / page_size], pd = pages[dst / page_size];
+                if (ps < 0 || pd < 0 || ps >= pool_rows || pd >= pool_rows) continue;
+                so = (ps * page_size + src % page_size) * chunk_bytes;
+                dof = (pd * page_size + dst % page_size) * chunk_bytes;
+            }
+            if ((chunk_bytes & 3) == 0) {
+                const int* in = (const int*)(base + so);
+                int* out = (int*)(base + dof);
+                for (long long k = threadIdx.x; k < (chunk_bytes >> 2); k += blockDim.x) out[k] = in[k];
+            } else {
+                for (long long k = threadIdx.x; k < chunk_bytes; k += blockDim.x) base[dof + k] = base[so + k];
+            }
+        }
+        __syncthreads();
+    }
+}
 """
 
-KERNEL_NAMES = ("trtio_copy_rows",)
+KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit")
 
 _lock = threading.Lock()
 _modules: dict[int, dict[str, Any]] = {}
@@ -81,7 +123,7 @@ def _compile(device_id: int) -> dict[str, Any]:
         raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
 
 
-def launch(device_id: int, name: str, stream: int, grid: int, block: int, *args: Any) -> None:
+def launch(device_id: int, name: str, stream: int, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
     """Launch kernel ``name`` on the stream handle ``stream``. ``args`` are numpy scalars of the
     kernel's parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers)."""
     from cuda.core import LaunchConfig

@@ -49,6 +49,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids, validate_tree_mask
+from trtio.state import MAX_PATH_MOVES
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
@@ -444,11 +445,13 @@ class SpecDecodeSetup(SetupBase):
             for a, c in zip(p, p[1:]):
                 if not 0 < c < n or parents[i, c] != a:
                     raise ShapeError(f"paths[{i}] = {p}: node {c} is not a child of node {a} in the verified tree")
+            if len(p) > MAX_PATH_MOVES + 1:
+                raise ShapeError(f"paths[{i}]: {len(p)} nodes, more than the {MAX_PATH_MOVES + 1} an accepted path "
+                                 f"may have (depth {MAX_PATH_MOVES})")
             checked.append(p)
         s = self._stream(stream)
         lengths = self.base.state.lengths
-        for i, p in enumerate(checked):
-            self.base.state.commit_path(i, int(lengths[i]), p, s)
+        self.base.state.commit_paths(lengths[:b], checked, s)
         # The accepted rows of the base's hidden states, set aside (sequence-major, P rows each) for the draft.
         per = self._scratch_rows
         src = np.concatenate([i * n + np.asarray(p) for i, p in enumerate(checked)])

@@ -3,8 +3,9 @@
 ``trtio plan`` and ``trtio inspect`` need what ``create_for_llm`` / ``create_for_spec_decode``
 would allocate and bind for a config — exactly, through the same code — without a GPU and without
 the memory (an 8B config's KV caches do not fit a laptop). :class:`DryRunBackend` is the host
-backend with its memory calls replaced: ``alloc`` returns fresh 256-byte aligned addresses that
-point nowhere, copies and fills do nothing. :func:`dry_run_setup` builds the setup for a config
+backend with its device memory and device work replaced: a device ``alloc`` returns a fresh 256-byte
+aligned address that points nowhere, copies, fills and enqueued work do nothing (host and pinned
+buffers, the small staging twins the host writes, are real). :func:`dry_run_setup` builds the setup for a config
 on it, with null-compute :class:`~trtio.testing.ReferenceEngine` s that declare the toy I/O
 contract (``docs/toy-model.md``) for that config. Nothing on a dry-run setup may be executed or
 read: its tensors have addresses, shapes, dtypes and byte counts, and no bytes.
@@ -39,6 +40,12 @@ class DryRunBackend(HostBackend):
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
             raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+        if location is not Location.DEVICE:
+            # Host-side buffers are real (small: staging twins), so the host may fill them as in any step.
+            ptr = super().alloc(nbytes, location)
+            with self._lock:
+                self.allocated[location] = self.allocated.get(location, 0) + int(nbytes)
+            return ptr
         with self._lock:
             self.alloc_count += 1
             ptr = self._next
@@ -47,7 +54,8 @@ class DryRunBackend(HostBackend):
         return ptr
 
     def free(self, ptr: int, location: Location) -> None:
-        pass
+        if location is not Location.DEVICE:
+            super().free(ptr, location)
 
     def knows_pointer(self, ptr: int, nbytes: int, location: Location) -> bool | None:
         return None  # its addresses are counted, never backed: it cannot say which are valid

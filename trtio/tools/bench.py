@@ -1,0 +1,228 @@
+"""``trtio bench``: what every step helper costs at 8B-class scale, beside ``prepare + execute`` alone.
+
+The engines are null-compute :class:`~trtio.testing.ReferenceEngine` s (their full I/O contract and
+validation, no math), so every figure is trtio's own cost. Scale: a 36-layer base (hidden 4096, 32 query /
+8 KV heads of 128, vocab 151936, KV capacity 4096), batch 8, an EAGLE-3-like one-layer draft (reads
+3 x 4096 base features, draft vocab 32000), EAGLE drafting of top-10 x 6 levels, verify trees of 60 nodes (a
+binary tree), accepted paths of 4 nodes; CUDA graphs on. Inputs are device tensors (a runtime looks its
+embeddings up on the GPU). Both contracts: trtio's batch-major one and Edge-LLM 0.11's token-major one.
+
+For each helper: the median host time of a call followed by a stream synchronisation, the median host
+time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
+enqueues (counted by the host backend; the cuda backend issues the same ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.engine import DECODE_PROFILE
+from trtio.setups import create_for_llm, create_for_spec_decode
+from trtio.stream import Stream
+from trtio.tensor import Tensor
+
+__all__ = ["configs", "main", "run"]
+
+BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
+HIDDEN = 4096
+
+
+def configs(contract: str, kv_capacity: int = 4096) -> tuple[LLMEngineConfig, DeploymentConfig]:
+    """The 8B-class LLM and the EAGLE-3-like base + draft of ``contract`` (benchmarks/bench_pipeline_memory.py's)."""
+    common: dict[str, Any] = dict(hidden_size=HIDDEN, max_supported_batch_size=BATCH, max_supported_input_length=128,
+                                  max_kv_cache_capacity=kv_capacity, num_attention_heads=32, num_kv_heads=8,
+                                  head_dim=128, rotary_dim=128, contract=contract)
+    llm = LLMEngineConfig(vocab_size=151936, num_attention_layers=36, **common).validate()
+    eagle = (0, 17, 33) if contract == "ragged" else ()
+    base = LLMEngineConfig(vocab_size=151936, num_attention_layers=36, is_spec_decode_base=True,
+                           max_verify_tree_size=64, eagle_hidden_state_layers=eagle, **common).validate()
+    features = 3 * HIDDEN
+    draft = LLMEngineConfig(vocab_size=32000, num_attention_layers=1, base_model_hidden_size=features,
+                            max_draft_tree_size=64, **common).validate()
+    if contract == "batch":  # the batch toy contract's base outputs its final hidden state only
+        base = dataclasses.replace(base, hidden_size=HIDDEN)
+        draft = dataclasses.replace(draft, base_model_hidden_size=HIDDEN)
+        features = HIDDEN
+    spec = SpecDecodeConfig(base_output_hidden_dim=features, draft_hidden_size=HIDDEN, max_verify_size=64,
+                            max_draft_proposal_size=TOP_K * STEPS, drafting_top_k=TOP_K, drafting_step=STEPS,
+                            verify_size=VERIFY)
+    return llm, DeploymentConfig(base, draft, spec).validate()
+
+
+def _engine(cfg: LLMEngineConfig, backend: Backend) -> Any:
+    from trtio.testing.reference_engine import ReferenceEngine
+
+    device = "gpu" if backend.name == "cuda" else "host"
+    return ReferenceEngine.from_config(cfg, device=device, null_compute=True)
+
+
+class _Clock:
+    """Host time per call (alone, and followed by a sync) and device operations per call, by helper."""
+
+    def __init__(self, backend: Backend, stream: Stream) -> None:
+        self.backend, self.stream = backend, stream
+        self.alone: dict[str, list[float]] = {}
+        self.synced: dict[str, list[float]] = {}
+        self.ops: dict[str, list[int]] = {}
+
+    def __call__(self, name: str, fn: Callable[[], object]) -> None:
+        ops = getattr(self.backend, "op_count", 0)
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        self.stream.synchronize()
+        t2 = time.perf_counter()
+        self.alone.setdefault(name, []).append(t1 - t0)
+        self.synced.setdefault(name, []).append(t2 - t0)
+        self.ops.setdefault(name, []).append(getattr(self.backend, "op_count", 0) - ops)
+
+    def row(self, name: str) -> tuple[float, float, float]:
+        ops = self.ops[name]
+        return (statistics.median(self.synced[name]) * 1e6, statistics.median(self.alone[name]) * 1e6,
+                statistics.median(ops) if getattr(self.backend, "op_count", None) is not None else float("nan"))
+
+
+def _device(backend: Backend, shape: Sequence[int], rng: np.random.Generator) -> Tensor:
+    t = Tensor.empty(tuple(shape), "float16", Location.DEVICE, backend=backend, name="bench.embeds")
+    t.copy_from((rng.standard_normal(shape) * 0.1).astype(np.float16))
+    return t
+
+
+def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock) -> None:
+    rng = np.random.default_rng(0)
+    with create_for_llm(_engine(llm, backend), llm, stream, graphs=True, backend=backend) as setup:
+        setup.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
+        prompt = _device(backend, (BATCH, 16, HIDDEN), rng)
+        embeds = setup.io.inputs_embeds  # a runtime writes the step's embeddings in place: no copy
+        setup.prefill(prompt, np.full(BATCH, 16))
+
+        def decode() -> object:
+            return setup.decode(embeds.reshape((BATCH, 1, HIDDEN)))
+
+        for _ in range(3):
+            decode()  # bind the decode shape and capture its graph
+        e = setup.engines()[0]
+        dims = llm.decode_dims(BATCH)
+
+        def prepare_execute() -> None:
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+            e.executor.execute(stream)
+
+        for _ in range(steps):
+            clock("prepare + execute (decode, graph)", prepare_execute)
+            clock("LLMSetup.decode", decode)
+
+
+def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock) -> None:
+    rng = np.random.default_rng(1)
+    base, draft = _engine(bundle.base, backend), _engine(bundle.draft, backend)
+    with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
+        for e in sd.engines():
+            e.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
+        prompt = _device(backend, (BATCH, 16, HIDDEN), rng)
+        level = _device(backend, (BATCH, TOP_K, HIDDEN), rng)
+        embeds = sd.io.inputs_embeds  # verify and catch-up embeddings written in place by the runtime: no copy
+
+        def tree() -> Tensor:
+            return embeds.reshape((BATCH, VERIFY, HIDDEN))
+
+        def catch_up() -> Tensor:
+            return embeds.reshape((BATCH, PATH, HIDDEN))
+        lens = np.full(BATCH, 16)
+        sd.base_prefill(prompt, lens)
+        sd.draft_prefill(prompt, lens)
+        binary = [-1] + [(i - 1) // 2 for i in range(1, VERIFY)]  # a 60-node binary tree
+        path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
+        first = np.full(TOP_K, -1)
+        e = sd.draft
+        dims = bundle.draft.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
+
+        def prepare_execute() -> None:
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+            e.executor.execute(stream)
+
+        for r in range(rounds + 2):
+            timed = clock if r >= 2 else (lambda name, fn: fn())  # two warm-up rounds capture every graph
+            timed("SpecDecodeSetup.draft_propose", lambda: sd.draft_propose(level, parents=first))
+            for lv in range(1, STEPS - 1):
+                parents = (lv - 1) * TOP_K + np.arange(TOP_K) // 2
+                timed("SpecDecodeSetup.draft_propose", lambda p=parents: sd.draft_propose(level, parents=p))
+            if r >= 2:
+                clock("prepare + execute (draft proposal, graph)", prepare_execute)
+            timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
+            timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
+            timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
+
+
+def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30, contracts: Sequence[str] = ("batch", "ragged"),
+        kv_capacity: int | None = None) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """``{contract: {helper: (µs with sync, µs alone, device ops)}}`` for each contract, one run.
+
+    ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
+    memory is host RAM: 36 layers of 8 x 4096-token caches are 9.6 GB)."""
+    if backend_kind == "dry-run":  # the device work is counted but not run: trtio's own host cost alone
+        from trtio.tools.dry_run import DryRunBackend
+
+        backend: Backend = DryRunBackend()
+    else:
+        backend = get_backend(backend_kind)
+    kv = kv_capacity or (4096 if backend.name in ("cuda", "dry-run") else 1024)
+    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for contract in contracts:
+        llm, bundle = configs(contract, kv)
+        stream = Stream.create(backend)
+        try:
+            clock = _Clock(backend, stream)
+            _llm_rows(llm, backend, stream, steps, clock)
+            _spec_rows(bundle, backend, stream, rounds, clock)
+            out[contract] = {name: clock.row(name) for name in clock.alone}
+        finally:
+            stream.close()
+    return out
+
+
+def format_results(results: dict[str, dict[str, tuple[float, float, float]]], backend: Backend) -> str:
+    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend)}):", ""]
+    head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
+    lines += [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for contract, rows in results.items():
+        decode = rows["LLMSetup.decode"][0]
+        for name, (synced, alone, ops) in rows.items():
+            lines.append(f"| {contract} | {name} | {synced:.1f} | {alone:.1f} | {ops:g} | {synced / decode:.2f} |")
+    return "\n".join(lines)
+
+
+def _machine(backend: Backend) -> str:
+    import os
+    import platform
+
+    if backend.name == "cuda":
+        return f"{getattr(backend, 'device_name', 'GPU')}, cuda backend, Python {platform.python_version()}"
+    return f"{platform.machine()}, {os.cpu_count()} cores, host backend, Python {platform.python_version()}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="trtio bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backend", default="host", choices=["host", "cuda", "dry-run"],
+                    help="host (numpy runs the device work), cuda, or dry-run (device work counted, not run: "
+                         "trtio's own host cost)")
+    ap.add_argument("--steps", type=int, default=200, help="decode steps timed (default 200)")
+    ap.add_argument("--rounds", type=int, default=30, help="speculative rounds timed (default 30)")
+    ap.add_argument("--contract", choices=["batch", "ragged", "both"], default="both")
+    ap.add_argument("--kv-capacity", type=int, default=None,
+                    help="tokens per sequence in the KV caches (default 4096 on cuda, 1024 on host)")
+    args = ap.parse_args(argv)
+    contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
+    results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
+                  kv_capacity=args.kv_capacity)
+    print(format_results(results, get_backend("host" if args.backend == "dry-run" else args.backend)))
+    return 0
