@@ -263,7 +263,7 @@ class _Plan:
 
     key: tuple
     views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)  # shared tensors' views
-    all_views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)  # every binding's view
+    all_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # every view, with bytes
     outputs: list[Tensor] = field(default_factory=list)
     snapshot: tuple = ()  # (profile, (name, address, shape), ...): what the execution context must hold
     inputs: frozenset[str] = frozenset()
@@ -340,9 +340,9 @@ class EngineExecutor:
         if cached is not None:
             # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
             # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
-            for t, shp in cached.all_views:
-                if t._shape != shp:
-                    t.reshape(shp)
+            for t, shp, nbytes in cached.all_views:
+                if t._shape is not shp:
+                    t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
             self._plans.move_to_end(key)
             self._plan = cached
             return
@@ -448,7 +448,8 @@ class EngineExecutor:
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
-        plan = _Plan(key, views, [(t, shape) for _i, t, shape in planned], outputs, snapshot, inputs)
+        all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
+        plan = _Plan(key, views, all_views, outputs, snapshot, inputs)
         self._plan = self._synced = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:

@@ -20,7 +20,7 @@ from trtio.cuda.backend import Backend
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["KVLayout", "commit_kv", "copy_rows", "warm_up"]
+__all__ = ["KVCommit", "KVLayout", "copy_rows", "warm_up"]
 
 _BLOCK = 128
 
@@ -94,76 +94,83 @@ class KVLayout:
     max_pages: int = 0
 
 
-def commit_kv(caches: Sequence[Tensor], table: Tensor, moves: Tensor, batch: int, stride: int, layout: KVLayout,
-              *, stream: Stream, page_table: Tensor | None = None) -> None:
-    """Move cache entries of every cache in one device operation: for each sequence slot ``b < batch``,
-    row ``b`` of ``moves`` (int32 ``[batch, stride]``) is ``[n, src0, dst0, src1, dst1, ...]``; entry ``src_i``
-    of sequence ``b`` is copied to ``dst_i`` in order, in every cache. ``table`` holds the caches' addresses
-    (uint64, on the device). Moves are read when the work runs (a captured graph replays fresh paths).
-    """
-    be = moves.backend
-    n_caches = len(caches)
-    if layout.paged:
-        chunks, chunk_stride, seq_stride, slot_stride = 2, 0, 0, 0
-    else:
-        chunks, slot_stride = layout.heads, layout.entry_bytes
-        chunk_stride = layout.capacity * layout.entry_bytes
-        seq_stride = layout.heads * chunk_stride
-    if be.name == "cuda":
-        from trtio.cuda import kernels
+class KVCommit:
+    """Everything :meth:`run` needs to move cache entries of every KV cache of a state in one device
+    operation, worked out once (addresses, strides, the host view's row unit)."""
 
-        pt = page_table.data_ptr if page_table is not None else 0
-        kernels.launch(be.device_id, "trtio_kv_commit", stream.handle, (n_caches, batch), _BLOCK,
-                       kernels.ptr(table.data_ptr), kernels.ptr(moves.data_ptr), np.int32(stride),
-                       np.int32(1 if layout.paged else 0), np.int64(layout.entry_bytes), np.int32(chunks),
-                       np.int64(chunk_stride), np.int64(seq_stride), np.int64(slot_stride), kernels.ptr(pt),
-                       np.int32(layout.max_pages), np.int32(layout.capacity), np.int64(2 * layout.pool_pages))
-        return
-    ptrs = [t.data_ptr for t in caches]
-    sizes = [t.capacity for t in caches]
-    unit = math.gcd(layout.entry_bytes, *[p - min(ptrs) for p in ptrs]) if len(ptrs) > 1 else layout.entry_bytes
-    mv_ptr = moves.data_ptr
-    pt_ptr = page_table.data_ptr if page_table is not None else 0
-
-    def run() -> None:
-        rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride)
-        n = rows[:, 0].astype(np.int64)
-        if (n < 0).any() or (2 * n + 1 > stride).any():
-            raise ValueError(f"commit_kv: move counts {n.tolist()} do not fit rows of {stride} ints")
-        seq = np.repeat(np.arange(batch), n)
-        pairs = np.concatenate([rows[b, 1:1 + 2 * int(n[b])].reshape(-1, 2) for b in range(batch)]) \
-            if n.sum() else np.zeros((0, 2), np.int32)
-        src, dst = pairs[:, 0].astype(np.int64), pairs[:, 1].astype(np.int64)
+    def __init__(self, caches: Sequence[Tensor], table: Tensor, layout: KVLayout,
+                 page_table: Tensor | None = None) -> None:
+        self.backend = table.backend
+        self.layout = layout
+        self.n_caches = len(caches)
+        self.table_ptr = table.data_ptr
+        self.page_table_ptr = page_table.data_ptr if page_table is not None else 0
         if layout.paged:
-            pages = host_view(pt_ptr, 4 * batch * 2 * layout.max_pages).view(np.int32)
-            pages = pages.reshape(batch, 2, layout.max_pages).astype(np.int64)
-            page = layout.capacity
-            if (np.maximum(src, dst) // page >= layout.max_pages).any():
-                raise ValueError(f"commit_kv: a slot past the {layout.max_pages} pages of a sequence")
-            # Entry rows in the pool viewed [2P * page, H * D]: K pieces (table row 0), then V pieces (row 1).
-            s_rows = np.concatenate([pages[seq, h, src // page] * page + src % page for h in (0, 1)])
-            d_rows = np.concatenate([pages[seq, h, dst // page] * page + dst % page for h in (0, 1)])
+            self.chunks, self.chunk_stride, self.seq_stride, self.slot_stride = 2, 0, 0, 0
         else:
-            cap = layout.capacity
-            if (np.maximum(src, dst) >= cap).any():
-                raise ValueError(f"commit_kv: a slot past the cache capacity {cap}")
-            heads = np.arange(layout.heads)
-            # Entry rows in the cache viewed [B * H * C, D]: one piece per head.
-            s_rows = ((seq[:, None] * layout.heads + heads) * cap + src[:, None]).reshape(-1)
-            d_rows = ((seq[:, None] * layout.heads + heads) * cap + dst[:, None]).reshape(-1)
-        # One gather/scatter over every cache: view the span they share as rows of `unit` bytes (a piece of
-        # an entry is `pieces` consecutive rows) and offset each cache's rows by its distance from the first.
-        piece = layout.entry_bytes // unit
-        base = min(ptrs)
-        first = np.array([(p - base) // unit for p in ptrs], np.int64)[:, None]
-        s_all = ((first + s_rows[None, :] * piece)[..., None] + np.arange(piece)).reshape(-1)
-        d_all = ((first + d_rows[None, :] * piece)[..., None] + np.arange(piece)).reshape(-1)
-        view = host_view(base, max(p + z for p, z in zip(ptrs, sizes)) - base).reshape(-1, unit)
-        # Reading every source before writing equals the in-order moves: a path is increasing, so no
-        # source is overwritten by an earlier move.
-        view[d_all] = view[s_all]
+            self.chunks, self.slot_stride = layout.heads, layout.entry_bytes
+            self.chunk_stride = layout.capacity * layout.entry_bytes
+            self.seq_stride = layout.heads * self.chunk_stride
+        ptrs = [t.data_ptr for t in caches]
+        self.base = min(ptrs)
+        # The host view: the span every cache shares, in rows of `unit` bytes (an entry piece is `piece` rows).
+        self.unit = math.gcd(layout.entry_bytes, *[p - self.base for p in ptrs])
+        self.piece = layout.entry_bytes // self.unit
+        self.first = np.array([(p - self.base) // self.unit for p in ptrs], np.int64)[:, None]
+        self.span = max(p + t.capacity for p, t in zip(ptrs, caches)) - self.base
 
-    launch = getattr(be, "launch_host_func", None)
-    if launch is None:
-        raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
-    launch(stream.handle, run)
+    def run(self, moves: Tensor, batch: int, stride: int, stream: Stream) -> None:
+        """For each sequence slot ``b < batch``, row ``b`` of ``moves`` (int32 ``[batch, stride]``) is
+        ``[n, src0, dst0, src1, dst1, ...]``: entry ``src_i`` of sequence ``b`` is copied to ``dst_i`` in
+        order, in every cache. Moves are read when the work runs (a captured graph replays fresh paths)."""
+        lay, be = self.layout, self.backend
+        if be.name == "cuda":
+            from trtio.cuda import kernels
+
+            kernels.launch(be.device_id, "trtio_kv_commit", stream.handle, (self.n_caches, batch), _BLOCK,
+                           kernels.ptr(self.table_ptr), kernels.ptr(moves.data_ptr), np.int32(stride),
+                           np.int32(1 if lay.paged else 0), np.int64(lay.entry_bytes), np.int32(self.chunks),
+                           np.int64(self.chunk_stride), np.int64(self.seq_stride), np.int64(self.slot_stride),
+                           kernels.ptr(self.page_table_ptr), np.int32(lay.max_pages), np.int32(lay.capacity),
+                           np.int64(2 * lay.pool_pages))
+            return
+        mv_ptr = moves.data_ptr
+
+        def run() -> None:
+            rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride)
+            n = rows[:, 0].astype(np.int64)
+            if (n < 0).any() or (2 * n + 1 > stride).any():
+                raise ValueError(f"commit_kv: move counts {n.tolist()} do not fit rows of {stride} ints")
+            take = np.arange(stride - 1)[None, :] < 2 * n[:, None]
+            pairs = rows[:, 1:][take].reshape(-1, 2).astype(np.int64)
+            seq = np.repeat(np.arange(batch), n)
+            src, dst = pairs[:, 0], pairs[:, 1]
+            if lay.paged:
+                pages = host_view(self.page_table_ptr, 4 * batch * 2 * lay.max_pages).view(np.int32)
+                pages = pages.reshape(batch, 2, lay.max_pages).astype(np.int64)
+                page = lay.capacity
+                if (np.maximum(src, dst) // page >= lay.max_pages).any():
+                    raise ValueError(f"commit_kv: a slot past the {lay.max_pages} pages of a sequence")
+                # Entry rows in a pool viewed [2P * page, H * D]: K pieces (table row 0), then V (row 1).
+                s_rows = np.concatenate([pages[seq, h, src // page] * page + src % page for h in (0, 1)])
+                d_rows = np.concatenate([pages[seq, h, dst // page] * page + dst % page for h in (0, 1)])
+            else:
+                cap = lay.capacity
+                if (np.maximum(src, dst) >= cap).any():
+                    raise ValueError(f"commit_kv: a slot past the cache capacity {cap}")
+                heads = np.arange(lay.heads)
+                # Entry rows in a cache viewed [B * H * C, D]: one piece per head.
+                s_rows = ((seq[:, None] * lay.heads + heads) * cap + src[:, None]).reshape(-1)
+                d_rows = ((seq[:, None] * lay.heads + heads) * cap + dst[:, None]).reshape(-1)
+            piece = np.arange(self.piece)
+            s_all = ((self.first + s_rows[None, :] * self.piece)[..., None] + piece).reshape(-1)
+            d_all = ((self.first + d_rows[None, :] * self.piece)[..., None] + piece).reshape(-1)
+            view = host_view(self.base, self.span).reshape(-1, self.unit)
+            # Reading every source before writing equals the in-order moves: a path is increasing, so no
+            # source is overwritten by an earlier move.
+            view[d_all] = view[s_all]
+
+        launch = getattr(be, "launch_host_func", None)
+        if launch is None:
+            raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
+        launch(stream.handle, run)

@@ -67,8 +67,9 @@ class StepStaging:
             [TensorRequest(f"host_{r.name}", r.shape, r.dtype, Location.PINNED) for r in device]
 
     def write(self, name: str, values: np.ndarray) -> Tensor:
-        """Put ``values`` into the pinned twin of ``name`` and view the device tensor at their shape;
-        returns the device tensor (its bytes arrive with the next :meth:`upload`)."""
+        """Put ``values`` into the pinned twin of ``name``; returns the device tensor, whose bytes arrive
+        with the next :meth:`upload`. The device tensor's view is left to whoever binds it (an executor
+        views every binding at the step's shape), so a step pays no reshape per value."""
         if self._closed:
             raise ClosedError(f"{self.title} is closed")
         if self._pending:
@@ -76,18 +77,18 @@ class StepStaging:
                 self.fence_waits += 1
                 self._fence.synchronize()
             self._pending = False
-        t = self.tensors[name]
         view = self._views.get(name)
         n = values.size
         if view is None or n > view.size:
             raise CapacityError(f"{self.title}: {name!r} holds {0 if view is None else view.size} values, "
                                 f"a step asked for {n} ({values.shape})")
         view[:n] = values.reshape(-1)
-        t.reshape(values.shape)
         lo = self._offsets[name]
-        hi = lo + n * t.dtype.itemsize
-        self._span = (min(self._span[0], lo), max(self._span[1], hi))
-        return t
+        hi = lo + n * view.itemsize
+        span = self._span
+        if lo < span[0] or hi > span[1]:
+            self._span = (min(span[0], lo), max(span[1], hi))
+        return self.tensors[name]
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""

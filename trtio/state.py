@@ -31,7 +31,7 @@ from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, EngineError, FrozenError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import KVLayout, commit_kv
+from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import StepStaging
 from trtio.stream import StreamLike, as_stream
@@ -245,10 +245,7 @@ class EngineState:
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
-            table = self._arena["kv_cache_table"]
-            if self._kv_caches:
-                ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
-                table.copy_from(ptrs, as_stream(stream, be))
+
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = None
             if self.layout == "paged":
@@ -257,6 +254,13 @@ class EngineState:
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
                 rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
                 self.page_table.copy_from(rows, as_stream(stream, be))
+            table = self._arena["kv_cache_table"]
+            self._commit: KVCommit | None = None
+            if self._kv_caches:
+                ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
+                table.copy_from(ptrs, as_stream(stream, be))
+                self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], table, self._kv_layout(),
+                                        self.page_table)
         except BaseException:
             self._arena.close()
             raise
@@ -305,23 +309,31 @@ class EngineState:
         Paths are strictly increasing node lists starting at the root (checked by the caller) of at most
         ``MAX_PATH_MOVES + 1`` nodes.
         """
-        if not self._kv_caches:
+        if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         batch = len(paths)
+        longest = max(len(p) for p in paths)
+        grid = np.full((batch, longest), -1, np.int64)
+        for b, path in enumerate(paths):
+            grid[b, :len(path)] = path
+        j = np.arange(longest)
+        moved = (grid >= 0) & (grid != j)
+        counts = moved.sum(axis=1)
+        if counts.max(initial=0) > MAX_PATH_MOVES:
+            b = int(np.argmax(counts))
+            raise ShapeError(f"paths[{b}]: {int(counts[b])} moved entries, more than the {MAX_PATH_MOVES} an "
+                             f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
+        order = np.argsort(~moved, axis=1, kind="stable")[:, :MAX_PATH_MOVES]  # each row's moves first, in order
+        start = np.asarray(starts, np.int64)[:batch, None]
         rows = np.zeros((batch, 1 + 2 * MAX_PATH_MOVES), np.int32)
-        for b, (start, path) in enumerate(zip(starts, paths)):
-            p = np.asarray(path, np.int64)
-            moved = np.flatnonzero(p != np.arange(p.size))
-            if moved.size > MAX_PATH_MOVES:
-                raise ShapeError(f"paths[{b}]: {moved.size} moved entries, more than the {MAX_PATH_MOVES} an "
-                                 f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
-            rows[b, 0] = moved.size
-            rows[b, 1:1 + 2 * moved.size] = np.stack([start + p[moved], start + moved], axis=1).reshape(-1)
+        rows[:, 0] = counts
+        width = order.shape[1]
+        rows[:, 1:1 + 2 * width:2] = start + np.take_along_axis(grid, order, axis=1)
+        rows[:, 2:2 + 2 * width:2] = start + order
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        commit_kv([self.tensors[p] for p in self._kv_caches], self._arena["kv_cache_table"], moves, batch,
-                  rows.shape[1], self._kv_layout(), stream=s, page_table=self.page_table)
+        self._commit.run(moves, batch, rows.shape[1], s)
 
     def _kv_layout(self) -> KVLayout:
         first = self.tensors[self._kv_caches[0]]

@@ -307,6 +307,11 @@ class Tensor(Closeable):
         self._nbytes = need
         return self
 
+    def _set_view(self, shape: tuple[int, ...], nbytes: int) -> None:
+        """Internal (executors): a view already checked against this tensor's capacity, set without checks."""
+        self._shape = shape
+        self._nbytes = nbytes
+
     def view(self, dtype: DTypeLike) -> Tensor:
         """The same bytes seen with another dtype (last dim rescaled); shares memory, owns nothing."""
         self._live()

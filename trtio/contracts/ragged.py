@@ -33,6 +33,8 @@ __all__ = [
     "StepLayout",
     "causal_step",
     "output_hidden_width",
+    "pack_rows",
+    "packed_tree_step",
     "registry_for",
     "tree_step",
 ]
@@ -184,34 +186,51 @@ def causal_step(past: np.ndarray, lengths: np.ndarray, width: int, *, phase: int
     return _common(past, lengths, width, phase, slots, rows, positions)
 
 
+def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
+    """Tree masks [S, N, N] (N <= width) packed as Edge-LLM reads them: uint32 [S, width, ceil(width/32)],
+    bit i % 32 of word i // 32 set where a row sees node i; rows past N are zero."""
+    s, n = visible.shape[0], visible.shape[1]
+    words = max(1, -(-width // 32))
+    bits = np.zeros((s, width, words * 32), np.uint32)
+    bits[:, :n, :n] = visible
+    return np.bitwise_or.reduce(bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint32), axis=3)
+
+
+def packed_tree_step(past: np.ndarray, packed: np.ndarray, depth: np.ndarray, real: np.ndarray, *, phase: int,
+                     logits_rows: np.ndarray, parents: np.ndarray | None = None, padding_position: int = -1,
+                     slots: np.ndarray | None = None) -> StepLayout:
+    """A tree step from its packed rows (:func:`pack_rows`, uint32 [S, W, words]), each node's depth and
+    which rows are real ([S, W]): nodes written at ``past + t``, positions ``past + depth`` (-1 on padding
+    rows; ``attention_position_ids`` has ``padding_position`` there), ``logits_rows`` absolute rows,
+    ``parents`` [S, W] (-1 for roots) for the tree metadata (a linear chain without it)."""
+    past = np.asarray(past, np.int64)
+    s, width = real.shape
+    at = past[:, None] + depth
+    layout = _common(past, real.sum(axis=1), width, phase, slots, np.asarray(logits_rows), np.where(real, at, -1))
+    layout.attention_position_ids = _i32(np.where(real, at, padding_position).reshape(-1))
+    layout.packed_mask = np.ascontiguousarray(packed, dtype=np.uint32).view(np.int32).reshape(s * width, -1)
+    if parents is None:  # a linear chain (Edge-LLM's default in phase 4)
+        layout.tree_parent_ids = _i32(np.broadcast_to(np.arange(width) - 1, (s, width)).reshape(-1))
+        layout.tree_depths = _i32(np.broadcast_to(np.arange(width), (s, width)).reshape(-1))
+    else:
+        layout.tree_parent_ids = _i32(np.where(real, parents, -1).reshape(-1))
+        layout.tree_depths = _i32(np.where(real, depth, 0).reshape(-1))
+    return layout
+
+
 def tree_step(past: np.ndarray, visible: np.ndarray, width: int, *, phase: int, logits_rows: np.ndarray,
               parents: np.ndarray | None = None, padding_position: int = -1,
               slots: np.ndarray | None = None) -> StepLayout:
-    """A tree step (5: base verify, 4: draft proposal / catch-up): ``visible`` [S, N, N] bool (row t sees
-    node i; padding rows all False, N <= width), nodes written at ``past + t``, positions ``past + depth``
-    (-1 on padding rows; ``attention_position_ids`` has ``padding_position`` there), the packed mask
-    relative to each sequence's first row (LSB first), ``logits_rows`` absolute rows. ``parents`` [S, N]
-    (-1 for roots) fills the tree metadata (a linear chain without it)."""
-    past = np.asarray(past, np.int64)
+    """A tree step (5: base verify, 4: draft proposal / catch-up) from unpacked masks ``visible`` [S, N, N]
+    (row t sees node i; padding rows all False, N <= width); see :func:`packed_tree_step`."""
     s, n = visible.shape[0], visible.shape[1]
     real = np.zeros((s, width), bool)
     real[:, :n] = visible.any(axis=2)
     depth = np.zeros((s, width), np.int64)
     depth[:, :n] = visible.sum(axis=2) - 1
-    at = past[:, None] + depth
-    layout = _common(past, real.sum(axis=1), width, phase, slots, np.asarray(logits_rows), np.where(real, at, -1))
-    layout.attention_position_ids = _i32(np.where(real, at, padding_position).reshape(-1))
-    words = max(1, -(-width // 32))
-    bits = np.zeros((s, width, words * 32), np.uint64)
-    bits[:, :n, :n] = visible
-    packed = (bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint64)).sum(axis=3)
-    layout.packed_mask = packed.astype(np.uint32).view(np.int32).reshape(s * width, words)
-    par = np.full((s, width), -1, np.int64)
-    if parents is None:
-        par[:, 1:] = np.arange(width - 1)  # a linear chain (Edge-LLM's default in phase 4)
-        depth = np.broadcast_to(np.arange(width), (s, width))
-    else:
-        par[:, :n] = np.where(real[:, :n], parents, -1)
-    layout.tree_parent_ids = _i32(par.reshape(-1))
-    layout.tree_depths = _i32(np.where(real, depth, 0).reshape(-1) if parents is not None else depth.reshape(-1))
-    return layout
+    par = None
+    if parents is not None:
+        par = np.full((s, width), -1, np.int64)
+        par[:, :n] = parents
+    return packed_tree_step(past, pack_rows(visible, width), depth, real, phase=phase, logits_rows=logits_rows,
+                            parents=par, padding_position=padding_position, slots=slots)

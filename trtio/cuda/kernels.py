@@ -123,16 +123,31 @@ def _compile(device_id: int) -> dict[str, Any]:
         raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
 
 
+_configs: dict[tuple[Any, int], Any] = {}
+_streams: dict[int, Any] = {}
+
+
 def launch(device_id: int, name: str, stream: int, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
     """Launch kernel ``name`` on the stream handle ``stream``. ``args`` are numpy scalars of the
-    kernel's parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers)."""
+    kernel's parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers). Launch
+    configurations and stream wrappers are made once (a step launches a few kernels: microseconds count)."""
     from cuda.core import LaunchConfig
     from cuda.core import Stream as CoreStream
     from cuda.core import launch as core_launch
 
     kernel = kernels(device_id)[name]
+    config = _configs.get((grid, block))
+    if config is None:
+        if len(_configs) > 1024:
+            _configs.clear()
+        config = _configs[(grid, block)] = LaunchConfig(grid=grid, block=block)
+    core_stream = _streams.get(stream)
+    if core_stream is None:
+        if len(_streams) > 256:
+            _streams.clear()
+        core_stream = _streams[stream] = CoreStream.from_handle(stream)
     try:
-        core_launch(CoreStream.from_handle(stream), LaunchConfig(grid=grid, block=block), kernel, *args)
+        core_launch(core_stream, config, kernel, *args)
     except Exception as exc:
         raise CudaError(f"cuLaunchKernel({name})", None, str(exc)) from exc
 

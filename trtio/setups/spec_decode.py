@@ -25,12 +25,22 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from trtio.config import DeploymentConfig
-from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, PHASE_PREFILL, PHASE_VERIFY, causal_step, tree_step
+from trtio.contracts.ragged import (
+    PHASE_DECODE,
+    PHASE_DRAFT,
+    PHASE_PREFILL,
+    PHASE_VERIFY,
+    StepLayout,
+    causal_step,
+    pack_rows,
+    packed_tree_step,
+)
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, GraphStats
@@ -48,7 +58,7 @@ from trtio.setups.base import (
     engine_backend,
     with_contract,
 )
-from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids, validate_tree_mask
+from trtio.spec_decode import ancestor_mask, pack_tree_mask, validate_tree_mask
 from trtio.state import MAX_PATH_MOVES
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
@@ -116,11 +126,15 @@ class SpecDecodeSetup(SetupBase):
         self._draft_ready = False  # the draft has caught up with the base: a round may start
         self._root_rows = np.zeros(mb, np.int64)  # draft_hidden_states_out row of each sequence's root hidden
         self._tree_n = 0  # draft-tree nodes run this round (per sequence)
-        self._tree_vis = np.zeros((mb, w, w), bool)  # node t sees node i (its ancestors and itself)
+        self._tree_words = np.zeros((mb, w, max(1, -(-w // 32))), np.uint32)  # each node's ancestors, packed
+        self._tree_depth = np.zeros((mb, w), np.int64)
         self._tree_parent = np.full((mb, w), -1, np.int64)
+        self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
+        self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
+        self._catch_up: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_embeds = np.zeros((mb, w, base_cfg.hidden_size), base_cfg.activation.storage_numpy)
-        self._verified: np.ndarray | None = None  # the last verify tree, [B, N, N]
+        self._verified: _Tree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
 
     def engines(self) -> list[BoundEngine]:
@@ -229,7 +243,7 @@ class SpecDecodeSetup(SetupBase):
 
     def _start_round(self) -> None:
         self._tree_n = 0
-        self._tree_vis[:] = False
+        self._tree_words[:] = 0
         self._tree_parent[:] = -1
         self._level = (0, 0)
         self._draft_ready = True
@@ -267,47 +281,74 @@ class SpecDecodeSetup(SetupBase):
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens and a proposal round "
                              f"writes {w} more, past max_kv_cache_capacity ({cap})")
-        dims = e.cfg.proposal_dims(b, w, k)
+        dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
-        for i in range(k):
-            node = n0 + i
-            vis = self._tree_vis[:b, node]
-            vis[:] = False
-            has = par[:, i] >= 0
-            vis[has] = self._tree_vis[np.flatnonzero(has), par[has, i]]
-            vis[:, node] = True
-            self._tree_parent[:b, node] = par[:, i]
+        nodes = n0 + np.arange(k)
+        rows_b = np.arange(b)[:, None]
+        has = par >= 0
+        up = np.maximum(par, 0)
+        # Each new node sees its parent's ancestors and itself (packed rows, LSB first), one level deeper.
+        packed = np.where(has[..., None], self._tree_words[rows_b, up], np.uint32(0))
+        packed[:, np.arange(k), nodes // 32] |= (np.uint32(1) << (nodes % 32).astype(np.uint32))
+        self._tree_words[:b, nodes] = packed
+        self._tree_depth[:b, nodes] = np.where(has, self._tree_depth[rows_b, up] + 1, 0)
+        self._tree_parent[:b, nodes] = par
         self._stage_tree_embeds(x, b, n0, k, s)
         if n0 == 0:  # a new round: no base features in proposals, and no stale draft rows
             self.io.base_hidden_states.reshape((b * w, e.cfg.base_model_hidden_size)).zero_(s)
             self.io.draft_hidden_states_in.reshape((b * w, e.cfg.hidden_size)).zero_(s)
         level0, level_k = self._level
-        out_row = (np.arange(b)[:, None] * (level_k if self.contract == "ragged" else w)
+        out_row = (rows_b * (level_k if self.contract == "ragged" else w)
                    + (par - (level0 if self.contract == "ragged" else 0)))
-        src = np.where(par >= 0, out_row, self._root_rows[:b, None])
-        dst = np.arange(b)[:, None] * w + n0 + np.arange(k)[None, :]
-        self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
-                        dst.reshape(-1), e.cfg.hidden_size, s)
+        src = np.where(has, out_row, self._root_rows[:b, None]).reshape(-1)
+        dst = (rows_b * w + nodes).reshape(-1)
         n = n0 + k
-        vis = self._tree_vis[:b, :n, :n]
-        rows = (np.arange(b)[:, None] * w + n0 + np.arange(k)[None, :]).reshape(-1)
+        real = np.broadcast_to(np.arange(w) < n, (b, w))
+        depth = self._tree_depth[:b]
         if self.contract == "ragged":
-            layout = tree_step(past, vis, w, phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=rows,
-                               parents=self._tree_parent[:b, :n], padding_position=0)
-            self._stage_layout(e, layout, s)
+            layout = packed_tree_step(past, self._tree_words[:b], depth, real,
+                                      phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=dst,
+                                      parents=self._tree_parent[:b], padding_position=0)
+            self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
+                            e.cfg.hidden_size, s, then=(e, layout))
         else:
-            full = np.zeros((b, w, w), bool)
-            full[:, :n, :n] = vis
-            self.io.upload_tree(pack_tree_mask(full), tree_position_ids(full, past), s)
+            self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
+                            e.cfg.hidden_size, s)
+            self.io.upload_tree(self._tree_words[:b].view(np.int32),
+                                np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + w, s)
-            self.io.upload_select_token_indices(np.broadcast_to(n0 + np.arange(k, dtype=np.int64), (b, k)), s)
+            self.io.upload_select_token_indices(np.broadcast_to(nodes.astype(np.int64), (b, k)), s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
         self._tree_n = n
         self._level = (n0, k)
         return self.io.output_logits
+
+    def _causal_rows(self, acc: np.ndarray, a: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A catch-up's rows: causal over each sequence's accepted tokens (packed, depth, real), remembered
+        per (accept lengths, width)."""
+        key = (a, acc.tobytes())
+        found = self._catch_up.get(key)
+        if found is None:
+            j = np.arange(a)
+            take = j[None, :] < acc[:, None]
+            causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
+            if len(self._catch_up) >= 64:
+                self._catch_up.pop(next(iter(self._catch_up)))
+            found = self._catch_up[key] = (pack_rows(causal, a), np.broadcast_to(j, take.shape), take)
+        return found
+
+    def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
+        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them)."""
+        key = (e.role, kind, *args)
+        dims = self._dims_cache.get(key)
+        if dims is None:
+            recipe = {"proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims,
+                      "accept": e.cfg.accept_dims}[kind]
+            dims = self._dims_cache[key] = recipe(*args)
+        return dims
 
     def _check_parents(self, parents: Any, b: int, k: int) -> np.ndarray:
         level0, level_k = self._level
@@ -339,13 +380,17 @@ class SpecDecodeSetup(SetupBase):
         self._embeds_staging.upload(self._round_embeds[:b], s)
 
     def _move_rows(self, src: Tensor, src_rows: np.ndarray, dst: Tensor, dst_rows: np.ndarray, width: int,
-                   s: Stream) -> None:
-        """Rows ``src_rows`` of ``src`` into rows ``dst_rows`` of ``dst`` (distinct buffers): one device op."""
+                   s: Stream, *, then: tuple[BoundEngine, StepLayout] | None = None) -> None:
+        """Rows ``src_rows`` of ``src`` into rows ``dst_rows`` of ``dst`` (distinct buffers): one device op
+        after the indices' upload. ``then`` (ragged): a step layout staged in that same upload."""
         step = self.io.step
         assert step is not None
         step.write("row_src", src_rows.astype(np.int32))
         step.write("row_dst", dst_rows.astype(np.int32))
-        step.upload(s)
+        if then is not None:
+            self._stage_layout(then[0], then[1], s)  # uploads the block (the rows above too), gathers RoPE
+        else:
+            step.upload(s)
         copy_rows(dst, src, self.io.row_src, int(src_rows.size), row_bytes=width * src.dtype.itemsize,
                   dst_rows=self.io.row_dst, stream=s)
 
@@ -361,13 +406,13 @@ class SpecDecodeSetup(SetupBase):
         self._check_open()
         b = self._need_batch()
         e = self.base
-        vis = self._tree_mask(tree, b)
-        n = vis.shape[1]
+        t = self._tree(tree, b)
+        n = t.nodes
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
                              f"got {list(x.shape)}")
-        dims = e.cfg.spec_verify_dims(b, n)  # the tree size against max_verify_tree_size
+        dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         lengths = e.state.lengths[:b]
         if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
@@ -376,21 +421,36 @@ class SpecDecodeSetup(SetupBase):
         s = self._stream(stream)
         self._upload_embeds(x, s)
         if self.contract == "ragged":
-            parents = _parents_of(vis)
-            layout = tree_step(lengths, vis, n, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
+            layout = packed_tree_step(lengths, t.packed, t.depth, t.real, phase=PHASE_VERIFY,
+                                      logits_rows=t.all_rows, parents=t.parents)
             self._stage_layout(e, layout, s)
         else:
-            self.io.upload_tree(pack_tree_mask(vis), tree_position_ids(vis, lengths), s)
+            self.io.upload_tree(t.packed.view(np.int32), np.where(t.real, lengths[:, None] + t.depth, 0)
+                                .astype(np.int32), s)
             e.state.upload_start_index(lengths, s)
             self.io.upload_context_lengths(lengths + n, s)
-            self.io.upload_select_token_indices(np.broadcast_to(np.arange(n, dtype=np.int64), (b, n)), s)
+            self.io.upload_select_token_indices(t.select, s)
         e.tensor_map.use_deepstack_zero()
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s)
-        self._verified = vis
+        self._verified = t
         self._accepted = None
         self._draft_ready = False
         return self.io.output_logits
+
+    def _tree(self, tree: Any, b: int) -> _Tree:
+        """The verify tree, checked and laid out once per distinct tree (a runtime's tree shape repeats)."""
+        arr = np.asarray(tree)
+        if arr.dtype.kind not in "iub":
+            raise ShapeError(f"tree: expected a parent list or a [batch, N, N] mask, got dtype {arr.dtype}")
+        key = (b, arr.shape, arr.dtype.str, arr.tobytes())
+        found = self._trees.get(key)
+        if found is None:
+            vis = self._tree_mask(arr, b)
+            if len(self._trees) >= 16:
+                self._trees.pop(next(iter(self._trees)))
+            found = self._trees[key] = _Tree.of(vis)
+        return found
 
     def _tree_mask(self, tree: Any, b: int) -> np.ndarray:
         arr = np.asarray(tree)
@@ -430,13 +490,13 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_open()
         b = self._need_batch()
-        vis = self._verified
-        if vis is None:
+        tree = self._verified
+        if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
         if len(paths) != b:
             raise ShapeError(f"paths: expected one path per sequence ({b}), got {len(paths)}")
-        n = vis.shape[1]
-        parents = _parents_of(vis)
+        n = tree.nodes
+        parents = tree.parents
         checked = []
         for i, path in enumerate(paths):
             p = [int(v) for v in path]
@@ -480,7 +540,7 @@ class SpecDecodeSetup(SetupBase):
         if not np.array_equal(acc, self._accepted):
             raise ShapeError(f"accept_lengths {acc.tolist()} differ from the path lengths accept() committed "
                              f"{self._accepted.tolist()}")
-        dims = e.cfg.accept_dims(b, a)
+        dims = self._dims(e, "accept", b, a)
         past = e.state.lengths[:b].copy()
         if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
@@ -488,19 +548,20 @@ class SpecDecodeSetup(SetupBase):
                              f"max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        per = self._scratch_rows
-        src = np.concatenate([i * per + np.arange(k) for i, k in enumerate(acc)])
-        dst = np.concatenate([i * a + np.arange(k) for i, k in enumerate(acc)])
+        j = np.arange(a)
+        take = j[None, :] < acc[:, None]  # [b, a]: row j of sequence i is an accepted token
+        src = (np.arange(b)[:, None] * self._scratch_rows + j)[take]
+        dst = (np.arange(b)[:, None] * a + j)[take]
         self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, dst, self._base_width, s)
         self.io.draft_hidden_states_in.reshape((b * a, e.cfg.hidden_size)).zero_(s)
-        causal = np.tril(np.ones((a, a), bool))[None] & (np.arange(a)[None, None, :] < acc[:, None, None]) \
-            & (np.arange(a)[None, :, None] < acc[:, None, None])
         if self.contract == "ragged":
-            layout = tree_step(past, causal, a, phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
-                               logits_rows=np.arange(b) * a + acc - 1)
+            packed, depth, real = self._causal_rows(acc, a)
+            layout = packed_tree_step(past, packed, depth, real, phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
+                                      logits_rows=np.arange(b) * a + acc - 1)
             self._stage_layout(e, layout, s)
         else:
-            pos = np.where(np.arange(a)[None, :] < acc[:, None], past[:, None] + np.arange(a)[None, :], 0)
+            causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
+            pos = np.where(take, past[:, None] + j[None, :], 0)
             self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + a, s)
@@ -532,6 +593,25 @@ class SpecDecodeSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, batch={self._batch})"
+
+
+@dataclass(frozen=True)
+class _Tree:
+    """A checked verify tree, laid out for both contracts: packed rows, depths, parents, real rows."""
+
+    nodes: int
+    packed: np.ndarray  # uint32 [B, N, ceil(N/32)]
+    depth: np.ndarray  # int64 [B, N]
+    parents: np.ndarray  # int64 [B, N], -1 for the root and padding rows
+    real: np.ndarray  # bool [B, N]
+    all_rows: np.ndarray  # int64 [B*N]: logits for every node
+    select: np.ndarray  # int64 [B, N]: the batch contract's last_token_ids (every node)
+
+    @classmethod
+    def of(cls, vis: np.ndarray) -> _Tree:
+        b, n = vis.shape[0], vis.shape[1]
+        return cls(n, pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis), vis.any(axis=2),
+                   np.arange(b * n, dtype=np.int64), np.ascontiguousarray(np.broadcast_to(np.arange(n), (b, n))))
 
 
 def _parents_of(vis: np.ndarray) -> np.ndarray:

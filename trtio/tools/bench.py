@@ -163,8 +163,11 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
 
 
-def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30, contracts: Sequence[str] = ("batch", "ragged"),
-        kv_capacity: int | None = None) -> dict[str, dict[str, tuple[float, float, float]]]:
+Results = dict[str, dict[str, tuple[float, float, float]]]
+
+
+def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
+        contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None) -> Results:
     """``{contract: {helper: (µs with sync, µs alone, device ops)}}`` for each contract, one run.
 
     ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
@@ -176,7 +179,7 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30, contr
     else:
         backend = get_backend(backend_kind)
     kv = kv_capacity or (4096 if backend.name in ("cuda", "dry-run") else 1024)
-    out: dict[str, dict[str, tuple[float, float, float]]] = {}
+    out: Results = {}
     for contract in contracts:
         llm, bundle = configs(contract, kv)
         stream = Stream.create(backend)
@@ -190,7 +193,7 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30, contr
     return out
 
 
-def format_results(results: dict[str, dict[str, tuple[float, float, float]]], backend: Backend) -> str:
+def format_results(results: Results, backend: Backend) -> str:
     lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend)}):", ""]
     head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
     lines += [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
