@@ -6,16 +6,21 @@ import importlib.util
 import os
 
 import pytest
-from hypothesis import settings
 
 import trtio
+
+try:  # GPU machines may run the gpu tests without hypothesis installed
+    from hypothesis import settings
+except ImportError:  # pragma: no cover - exercised where hypothesis is absent
+    settings = None
 
 # CI must not flake: the "ci" profile (the default) draws the same examples on every run and keeps
 # no example database between runs. "dev" draws new examples each run (use it with --hypothesis-seed
 # to sweep seeds: HYPOTHESIS_PROFILE=dev pytest --hypothesis-seed=N).
-settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
-settings.register_profile("dev", deadline=None, database=None, print_blob=True)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+if settings is not None:
+    settings.register_profile("ci", derandomize=True, deadline=None, database=None, print_blob=True)
+    settings.register_profile("dev", deadline=None, database=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def _has_module(name: str) -> bool:
