@@ -25,7 +25,7 @@ from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, c
 from trtio.cli import main
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
-from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
+from trtio.testing.toy_engines import ENGINE_NAMES, RaggedToyEngines, ToyEngines, default_engines_dir
 from trtio.tools.binding_table import binding_labels, binding_rows
 from trtio.tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
 from trtio.trt import import_trt as REAL_IMPORT_TRT
@@ -96,8 +96,10 @@ def demo_json() -> dict[str, Any]:
 
 
 def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
-    s = demo_json
-    assert s["ok"] and s["tokens_equal"]
+    assert demo_json["ok"] and demo_json["contract"] == "both"
+    assert list(demo_json["contracts"]) == ["batch", "ragged"]
+    s = demo_json["contracts"]["batch"]
+    assert s["ok"] and s["tokens_equal"] and s["contract"] == "batch"
     assert s["engine"] == {"kind": "reference", "device": "host"} and s["backend"] == "host"
     assert [len(p) for p in s["prompts"]] == [5, 12, 3, 8]
     assert s["vanilla_tokens"] == s["spec_tokens"]
@@ -113,7 +115,7 @@ def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
 
 
 def test_demo_bindings_cover_every_engine_tensor(demo_json: dict[str, Any]) -> None:
-    bindings = demo_json["bindings"]
+    bindings = demo_json["contracts"]["batch"]["bindings"]
     for role, name in (("llm", "toy-llm"), ("base", "toy-eagle/base"), ("draft", "toy-eagle/draft")):
         rows = bindings[role]
         assert [r["engine_tensor"] for r in rows] == reference_names(name)
@@ -132,12 +134,12 @@ def test_demo_bindings_cover_every_engine_tensor(demo_json: dict[str, Any]) -> N
 
 
 def test_demo_memory_and_graph_stats(demo_json: dict[str, Any]) -> None:
-    mem = demo_json["memory"]
+    mem = demo_json["contracts"]["batch"]["memory"]
     assert set(mem) == {"llm", "spec_decode"}
     names = {e["name"] for e in mem["llm"]["entries"]}
     assert {"inputs_embeds", "k_cache_0", "streaming.input_embeds", "context_memory"} <= names
     assert mem["spec_decode"]["total_allocated"] >= mem["spec_decode"]["total_required"] > 0
-    g = demo_json["graph_stats"]
+    g = demo_json["contracts"]["batch"]["graph_stats"]
     assert set(g) == {"llm", "base", "draft"}
     assert g["llm"]["captures"] == 1 and g["llm"]["hits"] == 18  # 19 decode steps: one capture, then replays
     assert g["base"]["hits"] > 0 and g["draft"]["hits"] > 0
@@ -155,18 +157,143 @@ def test_demo_text_report(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().splitlines()[-1].endswith("-> OK")
 
 
+def test_demo_ragged_contract(demo_json: dict[str, Any]) -> None:
+    s = demo_json["contracts"]["ragged"]
+    assert s["ok"] and s["tokens_equal"] and s["contract"] == "ragged"
+    assert s["engine"] == {"kind": "reference", "device": "host"} and s["backend"] == "host"
+    assert s["engines"] == {"llm": "toy-llm-ragged", "base": "toy-eagle3-ragged/base",
+                            "draft": "toy-eagle3-ragged/draft"}
+    assert s["directories"] == {"llm": str(ENGINES / "toy-llm-ragged"),
+                                "spec_decode": str(ENGINES / "toy-eagle3-ragged")}
+    assert s["vanilla_tokens"] == s["spec_tokens"] and all(len(t) == 20 for t in s["vanilla_tokens"])
+    assert s["prompts"] == demo_json["contracts"]["batch"]["prompts"]
+    sd = s["spec_decode"]
+    assert sd["tree"] == {"top_k": 2, "depth": 3, "draft_nodes": 6, "verify_size": 8}  # Edge-LLM's run-time values
+    assert sd["proposed"] == sd["rounds"] * 4 * 3 * 2 and 0.0 < sd["acceptance_rate"] < 1.0
+    assert s["streaming"] == {"checked": False, "why": "toy-llm-ragged declares no hidden_states output (nor do "
+                              "Edge-LLM's plain LLM engines), so there is no prefill snapshot to stream"}
+    by = {role: {r["engine_tensor"]: r for r in rows} for role, rows in s["bindings"].items()}
+    toys = RaggedToyEngines.load()
+    for role, name in (("llm", "toy-llm-ragged"), ("base", "toy-eagle3-ragged/base"),
+                       ("draft", "toy-eagle3-ragged/draft")):
+        want = [row["name"] for row in toys.reference_engine(name, device="host", null_compute=True).io_contract()]
+        assert list(by[role]) == want
+        assert all(r["binding"] and r["engine_address"] == r["address"] for r in by[role].values())
+        assert by[role]["kv_page_table"]["binding"] == f"state[{role}].kv_page_table"
+        assert by[role]["present_key_values_0"]["address"] == by[role]["past_key_values_0"]["address"]
+    assert by["llm"]["past_key_values_0"]["shape"] == [2, 8, 128, 2, 16]  # a paged pool
+    assert by["draft"]["hidden_states_input"]["address"] == by["base"]["hidden_states"]["address"]
+    assert by["base"]["past_key_values_0"]["address"] != by["draft"]["past_key_values_0"]["address"]
+    mem = {k: {(e["group"], e["name"]) for e in v["entries"]} for k, v in s["memory"].items()}
+    assert ("llm state", "past_key_values_3") in mem["llm"]
+    assert ("draft state", "kv_page_table") in mem["spec_decode"]
+    g = s["graph_stats"]
+    assert g["llm"]["captures"] == 1 and g["llm"]["hits"] == 18
+    assert g["base"]["hits"] > 0 and g["draft"]["hits"] > 0
+
+
+def test_demo_text_report_of_both_contracts(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "6")
+    assert rc == 0, err
+    batch, ragged = out.split("== ragged contract: ")
+    assert "== batch contract: toy-llm and toy-eagle" in batch
+    assert "snapshot identical to the prefill-time buffers: yes" in batch
+    assert ragged.startswith("toy-llm-ragged and toy-eagle3-ragged (Edge-LLM 0.11 engine directories")
+    for needle in ("spec-decode tokens equal vanilla tokens: yes", "streaming prefill snapshot: not checked: "
+                   "toy-llm-ragged declares no hidden_states output", "bindings of toy-llm-ragged",
+                   "bindings of toy-eagle3-ragged base", "bindings of toy-eagle3-ragged draft",
+                   "state[base].kv_page_table", "memory: create_for_llm", "memory: create_for_spec_decode",
+                   "EAGLE tree drafting: top_k=2 per level, 3 levels, 6 draft nodes, verify trees of 8",
+                   "CUDA graphs:", "ReferenceEngines always: plans of this contract come from Edge-LLM's builder"):
+        assert needle in ragged, needle
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("result: batch: tokens equal yes") and "; ragged: tokens equal yes" in last
+    assert "snapshot not checked (no hidden_states)" in last and last.endswith("-> OK")
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_demo_one_contract(capsys: pytest.CaptureFixture[str], contract: str) -> None:
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--contract", contract, "--json", "--max-new-tokens", "5")
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["contract"] == contract and list(s["contracts"]) == [contract] and s["ok"]
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", contract, "--max-new-tokens", "3")
+    other = {"batch": "ragged", "ragged": "batch"}[contract]
+    assert rc == 0 and f"== {contract} contract" in out and f"== {other} contract" not in out
+
+
+def test_demo_ragged_runs_without_the_batch_toys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    RaggedToyEngines.load().write_configs(tmp_path)
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--engines", str(tmp_path),
+                     "--json", "--max-new-tokens", "3")
+    assert rc == 0 and json.loads(out)["ok"]
+    rc, _, err = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path))
+    assert_one_line_error(rc, err, "demo", "toy-llm/config.json")
+
+
+def test_demo_batch_only_folder_says_to_pick_the_contract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ToyEngines.load().write_configs(tmp_path)
+    rc, _, err = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path))
+    assert_one_line_error(rc, err, "demo", str(tmp_path / "toy-llm-ragged"), "no such engine directory",
+                          "--contract batch")
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path), "--contract", "batch",
+                     "--max-new-tokens", "3")
+    assert rc == 0 and out.rstrip().endswith("-> OK")
+
+
+def test_demo_fails_when_one_contracts_tokens_differ(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.testing.toy_runtime import spec_generate as real
+
+    def wrong_on_ragged(setup: Any, *args: Any, **kwargs: Any) -> Any:
+        tokens, stats = real(setup, *args, **kwargs)
+        if setup.contract == "ragged":
+            tokens[1][-1] = (tokens[1][-1] + 1) % 512
+        return tokens, stats
+
+    monkeypatch.setattr("trtio.tools.demo.spec_generate", wrong_on_ragged)
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4")
+    assert rc == 1
+    assert "spec-decode tokens equal vanilla tokens: NO" in out.split("== ragged contract")[1]
+    assert out.rstrip().splitlines()[-1].endswith("-> FAILED")
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "--json")
+    s = json.loads(out)
+    assert rc == 1 and not s["ok"] and s["contracts"]["batch"]["ok"] and not s["contracts"]["ragged"]["ok"]
+    rc, _, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "--contract", "batch")
+    assert rc == 0
+
+
+def test_ragged_toys_must_be_one_model(tmp_path: Path) -> None:
+    RaggedToyEngines.load().write_configs(tmp_path)
+    path = tmp_path / "toy-eagle3-ragged" / "base_config.json"
+    data = json.loads(path.read_text())
+    data["rope_theta"] = 5e5
+    path.write_text(json.dumps(data))
+    with pytest.raises(trtio.ConfigError, match=r"base_config.json: is not toy-llm-ragged's model \(rope_theta"):
+        RaggedToyEngines.load(tmp_path)
+    toys = RaggedToyEngines.load()
+    assert toys.weights("toy-llm-ragged") is toys.weights("toy-eagle3-ragged/base")
+    spec = toys.deployment().spec
+    assert spec is not None and (spec.drafting_top_k, spec.drafting_step, spec.verify_size) == (2, 3, 8)
+
+
 def test_demo_without_graphs(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--no-graphs", "--json", "--max-new-tokens", "6")
     s = json.loads(out)
     assert rc == 0 and s["ok"] and not s["graphs"]
-    assert s["graph_stats"]["llm"]["captures"] == 0
+    for section in s["contracts"].values():
+        assert all(g["captures"] == 0 and g["hits"] == 0 for g in section["graph_stats"].values())
 
 
 def test_demo_from_a_copied_engines_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ToyEngines.load().write_configs(tmp_path)
+    RaggedToyEngines.load().write_configs(tmp_path)
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--engines", str(tmp_path), "--json",
                      "--max-new-tokens", "4")
-    assert rc == 0 and json.loads(out)["engines_dir"] == str(tmp_path)
+    s = json.loads(out)
+    assert rc == 0 and s["ok"] and s["engines_dir"] == str(tmp_path)
+    assert s["contracts"]["ragged"]["directories"] == {"llm": str(tmp_path / "toy-llm-ragged"),
+                                                       "spec_decode": str(tmp_path / "toy-eagle3-ragged")}
 
 
 def test_python_m_trtio_demo(tmp_path: Path) -> None:
@@ -178,9 +305,12 @@ def test_python_m_trtio_demo(tmp_path: Path) -> None:
                           cwd=tmp_path, env=env)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
-    assert "spec-decode tokens equal vanilla tokens: yes" in proc.stdout
+    assert proc.stdout.count("spec-decode tokens equal vanilla tokens: yes") == 2  # both contracts
+    assert "== batch contract" in proc.stdout and "== ragged contract" in proc.stdout
     assert "snapshot identical to the prefill-time buffers: yes" in proc.stdout
-    rate = float(re.search(r"^acceptance rate: ([0-9.]+)", proc.stdout, re.M).group(1))
+    found = re.search(r"^acceptance rate: ([0-9.]+)", proc.stdout, re.M)
+    assert found is not None, proc.stdout
+    rate = float(found.group(1))
     assert 0.0 < rate < 1.0
     assert seconds < 60, f"the demo took {seconds:.1f} s"
     assert "Traceback" not in proc.stderr
@@ -226,6 +356,9 @@ def test_demo_refuses_a_per_engine_config_that_disagrees(tmp_path: Path, capsys:
     (["--max-new-tokens", "0"], ["--max-new-tokens"]),
     (["--engine", "trt", "--backend", "host"], ["cuda backend"]),
     (["--engines", "/nonexistent/engines"], ["no such config file"]),
+    (["--contract", "all"], ["--contract", "'all'", "batch, ragged, both"]),
+    (["--contract", "ragged", "--engine", "trt"], ["--engine", "ragged toy engines run as ReferenceEngines"]),
+    (["--contract", "ragged", "--plans", "/somewhere"], ["--plans", "--contract batch or both"]),
 ])
 def test_demo_bad_options_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]) -> None:
     rc, _, err = run(capsys, "demo", *argv)
@@ -281,6 +414,7 @@ def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def _fake_plans(root: Path) -> Path:
     ToyEngines.load().write_configs(root)
+    RaggedToyEngines.load().write_configs(root)
     for name in ENGINE_NAMES:
         (root / name / "model.plan").write_bytes(b"plan")
     return root
@@ -292,7 +426,9 @@ def test_demo_on_plans_from_a_folder(tmp_path: Path, plans_run_on_the_host: dict
     rc, out, err = run(capsys, "demo", "--engine", "trt", "--plans", str(plans), "--json", "--max-new-tokens", "6")
     assert rc == 0, err
     s = json.loads(out)
-    assert s["ok"] and s["engine"]["kind"] == "trt" and s["engine"]["plans_dir"] == str(plans)
+    assert s["ok"] and s["contracts"]["batch"]["engine"]["kind"] == "trt"
+    assert s["contracts"]["batch"]["engine"]["plans_dir"] == str(plans)
+    assert s["contracts"]["ragged"]["engine"] == {"kind": "reference", "device": "host"}  # no plans of that contract
     assert sorted(plans_run_on_the_host) == sorted(str(plans / n / "model.plan") for n in ENGINE_NAMES)
 
 
@@ -300,7 +436,7 @@ def test_demo_finds_plans_beside_the_configs(tmp_path: Path, plans_run_on_the_ho
                                              capsys: pytest.CaptureFixture[str]) -> None:
     root = _fake_plans(tmp_path / "engines")
     rc, out, _ = run(capsys, "demo", "--engines", str(root), "--json", "--max-new-tokens", "4")
-    assert rc == 0 and json.loads(out)["engine"]["plans_dir"] == str(root)
+    assert rc == 0 and json.loads(out)["contracts"]["batch"]["engine"]["plans_dir"] == str(root)
 
 
 def test_demo_refuses_plans_built_from_other_configs(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
@@ -341,12 +477,14 @@ def test_demo_builds_missing_plans_into_the_cache(tmp_path: Path, plans_run_on_t
     monkeypatch.setenv("TRTIO_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "engines"
     ToyEngines.load().write_configs(root)
+    RaggedToyEngines.load().write_configs(root)
     for _ in range(2):  # built the first time, found the second
         rc, out, err = run(capsys, "demo", "--engines", str(root), "--module", "tensorrt_rtx", "--json",
                            "--max-new-tokens", "4")
         assert rc == 0, err
         s = json.loads(out)
-        assert s["ok"] and s["engine"]["plans_dir"].startswith(str(tmp_path / "cache" / "toy-engines"))
+        plans_dir = s["contracts"]["batch"]["engine"]["plans_dir"]
+        assert s["ok"] and plans_dir.startswith(str(tmp_path / "cache" / "toy-engines"))
     plans = sorted((tmp_path / "cache").rglob("model.plan"))
     assert len(plans) == 3 and all(p.stat().st_size > 1000 for p in plans)
     assert err.count("built ") == 0  # the second run built nothing
@@ -488,7 +626,7 @@ def fake_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path = tmp_path / name / "model.plan"
         path.write_bytes(b"plan")
         by_path[path] = toys.reference_engine(name, device="host", null_compute=True)
-    monkeypatch.setattr("trtio.tools.inspection._load", lambda plan, config, module: by_path[Path(plan)])
+    monkeypatch.setattr("trtio.tools.inspection._load", lambda plan, config, module, plugins=(): by_path[Path(plan)])
     return tmp_path
 
 

@@ -1,5 +1,10 @@
 """The ``trtio`` command: ``info``, ``demo``, ``inspect``, ``plan``.
 
+``demo`` runs the toy engines of both engine contracts (``--contract batch|ragged|both``); ``inspect``
+and ``plan`` take trtio's own configs and plans and TensorRT Edge-LLM 0.11 engine directories
+(``config.json`` + ``llm.engine``, or ``base_config.json`` + ``draft_config.json`` + their engines;
+the engine files optional). ``--debug`` and ``--verbose`` go before or after the command.
+
 Every command prints a human-readable report, or JSON with ``--json``. Bad input (a missing or
 corrupt plan, a config that does not fit its engine, an unknown option value) ends with one line
 on stderr, ``trtio COMMAND: error: ...``, and exit status 1 (2 for command-line usage errors);
@@ -62,7 +67,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from trtio.tools.demo import DemoOptions, format_demo, run_demo
 
-    opts = DemoOptions(backend=args.backend, engine=args.engine, module=args.module, engines_dir=args.engines,
+    opts = DemoOptions(contract=args.contract, backend=args.backend, engine=args.engine, module=args.module,
+                       engines_dir=args.engines,
                        plans_dir=args.plans, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
                        progress=sys.stderr)
     summary = run_demo(opts)
@@ -79,7 +85,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_inspection, inspect_target
 
     _check_module(args.module)
-    result = inspect_target(args.target, config=args.config, module=args.module)
+    result = inspect_target(args.target, config=args.config, module=args.module, plugins=args.plugin)
     print(json.dumps(result, indent=2) if args.json else format_inspection(result))
     return 0
 
@@ -87,7 +93,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_plan, plan_config
 
-    result = plan_config(args.config)
+    result = plan_config(args.config, draft_top_k=args.draft_top_k, draft_step=args.draft_step,
+                         verify_size=args.verify_size)
     if args.json:
         result = dict(result)
         result.pop("text")
@@ -116,71 +123,121 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _common() -> _Parser:
+    """``--debug`` and ``--verbose``, accepted before and after the command.
+
+    A new parent per parser: argparse shares a parent's action objects with every parser made from it,
+    so a default set on one would be set on all. The command's copies default to SUPPRESS, so that
+    ``trtio --debug inspect X`` keeps the top level's value when the command does not repeat the flag.
+    """
+    common = _Parser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error, and every log message")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="log what trtio (and TensorRT) does to stderr")
+    return common
 
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="trtio", description="Pointer-stable TensorRT binding manager for LLM inference.",
-                parents=[common])
+                parents=[_common()])
     p.set_defaults(debug=False, verbose=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     info = sub.add_parser("info", help="what trtio sees here: backend, device, optional packages",
-                          parents=[common])
+                          parents=[_common()])
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=_cmd_info)
 
     demo = sub.add_parser(
-        "demo", parents=[common],
+        "demo", parents=[_common()],
         help="run the toy engines: greedy and speculative decoding, streaming, bindings, memory",
-        description="Load the toy engines (TensorRT plans where tensorrt imports and a GPU answers, built on "
-                    "first use; else ReferenceEngines), generate greedily for four prompts with create_for_llm, "
-                    "decode them speculatively with create_for_spec_decode, stream the prefill snapshot to a "
-                    "consumer stream, and print tokens, acceptance rate, bindings, memory and graph statistics. "
-                    "Exit status 1 when the speculative tokens differ from the greedy ones.")
+        description="Run the toy engines of both engine contracts. Batch contract: toy-llm and toy-eagle "
+                    "(TensorRT plans where tensorrt imports and a GPU answers, built on first use; else "
+                    "ReferenceEngines). Ragged contract: toy-llm-ragged and toy-eagle3-ragged, engine "
+                    "directories in TensorRT Edge-LLM 0.11's layout with paged KV pools (always ReferenceEngines: "
+                    "plans of this contract come from Edge-LLM's builder). For each: generate greedily for four "
+                    "prompts with create_for_llm, decode them speculatively with create_for_spec_decode (EAGLE "
+                    "tree drafting), stream the prefill snapshot to a consumer stream where the engine has a "
+                    "hidden_states output, and print tokens, acceptance rate, bindings, memory and graph "
+                    "statistics. Exit status 1 when any contract's speculative tokens differ from its greedy ones.")
+    demo.add_argument("--contract", default="both", metavar="{batch,ragged,both}",
+                      help="which toy engines to run: batch (toy-llm, toy-eagle), ragged (toy-llm-ragged, "
+                           "toy-eagle3-ragged) or both (default)")
     demo.add_argument("--backend", default="auto", metavar="{host,cuda,auto}",
                       help="memory backend (default auto: cuda when a GPU answers)")
     demo.add_argument("--engine", default="auto", metavar="{auto,trt,reference}",
-                      help="TensorRT plans, ReferenceEngines, or auto (plans where tensorrt and a GPU are present)")
+                      help="the batch toy engines as TensorRT plans, ReferenceEngines, or auto (plans where "
+                           "tensorrt and a GPU are present); the ragged toys are always ReferenceEngines")
     demo.add_argument("--module", default="auto", metavar="{auto,tensorrt,tensorrt_rtx}",
                       help="TensorRT module for the plans (default auto: tensorrt)")
     demo.add_argument("--engines", type=Path, default=None, metavar="DIR",
-                      help="engines folder with toy-llm/ and toy-eagle/ configs (default: the repository's engines/)")
+                      help="engines folder with toy-llm/ and toy-eagle/ (batch) and toy-llm-ragged/ and "
+                           "toy-eagle3-ragged/ (ragged) (default: the repository's engines/)")
     demo.add_argument("--plans", type=Path, default=None, metavar="DIR",
-                      help="folder of built plans (engines layout); default: beside the configs, then "
-                           "engines/build, then a cache folder where they are built if missing")
+                      help="folder of built plans of the batch toy engines (engines layout); default: beside the "
+                           "configs, then engines/build, then a cache folder where they are built if missing")
     demo.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="tokens per prompt (default 20)")
     demo.add_argument("--no-graphs", action="store_true", help="run decode steps without CUDA graphs")
     demo.add_argument("--json", action="store_true", help="machine-readable summary")
     demo.set_defaults(func=_cmd_demo)
 
     insp = sub.add_parser(
-        "inspect", parents=[common],
+        "inspect", parents=[_common()],
         help="an engine's I/O table and the trtio binding of each tensor",
         description="Show every I/O tensor of a plan (where TensorRT can load it) or of the engine a config "
                     "describes (anywhere): mode, dtype, shape, location, each profile's min/opt/max, aliasing, "
                     "bytes at the max shape, and the trtio tensor create_for_llm / create_for_spec_decode binds "
-                    "to it. A config that does not fit the engine is an error listing every disagreement.")
+                    "to it. A TensorRT Edge-LLM 0.11 engine directory (config.json + llm.engine, or "
+                    "base_config.json + draft_config.json + spec_base.engine + spec_draft.engine) shows each "
+                    "engine from its plan where it deserializes here (pass Edge-LLM's plugin with --plugin or "
+                    "EDGELLM_PLUGIN_PATH), else from its config, saying why the plan was not read. A config "
+                    "that does not fit the engine is an error listing every disagreement.")
     insp.add_argument("target", metavar="PLAN_OR_DIR_OR_CONFIG",
-                      help="a plan file, a folder with model.plan (or base/ and draft/) or config.json, or a "
-                           "config JSON")
+                      help="a plan file, a folder with model.plan (or base/ and draft/) or config.json, a "
+                           "config JSON, or an Edge-LLM engine directory")
     insp.add_argument("--config", type=Path, default=None, metavar="CONFIG",
                       help="config to bind with (default: the config.json beside the plan)")
     insp.add_argument("--module", default="auto", metavar="{auto,tensorrt,tensorrt_rtx}",
                       help="TensorRT module that loads the plan (default auto)")
+    insp.add_argument("--plugin", action="append", default=[], metavar="PATH",
+                      help="a TensorRT plugin library to load before deserializing (repeatable), e.g. Edge-LLM's "
+                           "libNvInfer_edgellm_plugin.so; EDGELLM_PLUGIN_PATH is loaded too")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(func=_cmd_inspect)
 
     plan = sub.add_parser(
-        "plan", parents=[common],
-        help="what create_for_llm / create_for_spec_decode allocate for a config",
-        description="The memory report of create_for_llm (a plain LLM config) or create_for_spec_decode (a "
-                    "deployment with a draft) for a config, tensor by tensor: PipelineIO, each engine's KV "
-                    "state, staging and RoPE. Allocates nothing.")
-    plan.add_argument("config", metavar="CONFIG", help="a config JSON, or a folder holding config.json")
+        "plan", parents=[_common()],
+        help="what create_for_llm / create_for_spec_decode allocate for a config or engine directory",
+        description="The memory report of create_for_llm (a plain LLM) or create_for_spec_decode (a deployment "
+                    "with a draft), tensor by tensor: PipelineIO, each engine's KV state (contiguous caches, or "
+                    "the paged KV pools and page table of a TensorRT Edge-LLM 0.11 engine), staging and RoPE. "
+                    "Takes trtio's config JSONs and Edge-LLM engine directories (config.json, or "
+                    "base_config.json + draft_config.json; engine files optional). Allocates nothing. An "
+                    "Edge-LLM speculative pair also needs Edge-LLM's three run-time values; each one not given is "
+                    "the largest the configs' caps allow: --verify-size = builder_config.max_verify_tree_size of "
+                    "base_config.json, --draft-top-k 1 and --draft-step = builder_config.max_draft_tree_size of "
+                    "draft_config.json (draft-top-k x draft-step must fit it).")
+    plan.add_argument("config", metavar="CONFIG_OR_DIR",
+                      help="a config JSON, a folder holding config.json, or an Edge-LLM engine directory")
+    plan.add_argument("--draft-top-k", type=_positive_int, default=None, metavar="N",
+                      help="Edge-LLM pair: candidates per drafted node (default: 1)")
+    plan.add_argument("--draft-step", type=_positive_int, default=None, metavar="N",
+                      help="Edge-LLM pair: draft levels per round (default: the largest that fits, "
+                           "builder_config.max_draft_tree_size // draft-top-k)")
+    plan.add_argument("--verify-size", type=_positive_int, default=None, metavar="N",
+                      help="Edge-LLM pair: tree nodes the base verifies per round (default: "
+                           "builder_config.max_verify_tree_size)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
     return p

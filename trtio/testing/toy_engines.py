@@ -1,6 +1,7 @@
 """The toy engine set of ``engines/``: its configs, weights, reference engines and built plans.
 
-``engines/`` holds two deployments of one tiny transformer (``docs/toy-model.md``):
+``engines/`` holds two deployments of one tiny transformer (``docs/toy-model.md``) for each of trtio's
+two engine contracts. The batch-major toy contract (:class:`ToyEngines`):
 
 * ``toy-llm/config.json`` — a :class:`~trtio.DeploymentConfig` with only ``base``, a plain LLM;
 * ``toy-eagle/config.json`` — the same model as a spec-decode ``base``, an EAGLE ``draft`` and the
@@ -14,6 +15,19 @@ seed)`` for the draft, so speculative decoding must reproduce toy-llm's greedy t
 A built engine directory (``scripts/build_toy_engines.py --out DIR``) has the same layout with a
 ``model.plan`` beside each engine's ``config.json`` (``toy-llm``, ``toy-eagle/base``,
 ``toy-eagle/draft``); :meth:`ToyEngines.load` reads either.
+
+Edge-LLM 0.11's token-major ("ragged") contract with a paged KV cache (:class:`RaggedToyEngines`), in
+Edge-LLM's own directory layout and config format (``builder_config`` and all), so that every path a
+real engine directory takes is exercised:
+
+* ``toy-llm-ragged/config.json`` — a plain LLM (4 layers);
+* ``toy-eagle3-ragged/base_config.json`` + ``draft_config.json`` — the same model as an EAGLE3 base
+  (hidden states of layers 0, 1 and 3 feed the draft) and a one-layer EAGLE3 draft.
+
+Edge-LLM's configs have no seed: the weights are ``ToyWeights.generate(cfg, 0)`` for the LLM and the
+base (one model) and ``ToyWeights.generate_draft(draft, base weights, 0)`` for the draft. No plans of
+this contract are built here (Edge-LLM's builder and attention plugin make real ones); the engines
+are :class:`~trtio.testing.ReferenceEngine` s.
 """
 
 from __future__ import annotations
@@ -31,13 +45,29 @@ from typing import Any, TextIO
 import numpy as np
 
 from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
-__all__ = ["ENGINE_NAMES", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
+__all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
+           "RaggedToyEngines", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
 ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
+#: The ragged toy engine directories (Edge-LLM layout) under an engines folder: plain LLM, EAGLE3 pair.
+RAGGED_DIRS = ("toy-llm-ragged", "toy-eagle3-ragged")
+#: The ragged toy engines by name: ``<directory>`` for the LLM, ``<directory>/<role>`` for the pair.
+RAGGED_ENGINE_NAMES = ("toy-llm-ragged", "toy-eagle3-ragged/base", "toy-eagle3-ragged/draft")
+#: The weights' seed of the ragged toys (Edge-LLM's configs have no seed key).
+RAGGED_SEED = 0
+#: The run-time tree of the ragged pair's demo: (draft_top_k, draft_step, verify_size), within the
+#: configs' caps (max_draft_tree_size 8 >= 2 x 3, max_verify_tree_size 8).
+RAGGED_DEMO_TREE = (2, 3, 8)
+# What the weights and the computation depend on: fields the LLM and the pair's base must agree on.
+_MODEL_FIELDS = ("hidden_size", "vocab_size", "output_vocab_size", "num_attention_layers", "num_attention_heads",
+                 "num_kv_heads", "head_dim", "rotary_dim", "rope_theta", "rope_type", "rope_scaling",
+                 "activation_dtype", "kv_cache_dtype", "num_deepstack_features", "max_supported_batch_size",
+                 "max_supported_input_length", "max_kv_cache_capacity", "kv_page_size", "kv_pool_pages")
 PLAN_FILE = "model.plan"
 CONFIG_FILE = "config.json"
 
@@ -236,3 +266,100 @@ class ToyEngines:
         except ConfigError:
             found = None  # a half-written or foreign cache entry: build it again
         return found or self.build_plans(directory, trt, progress=progress, stream=stream)
+
+
+@dataclass(frozen=True)
+class RaggedToyEngines:
+    """The ragged toy engines of one engines folder (module docstring): two Edge-LLM engine directories."""
+
+    llm_dir: EngineDir
+    pair_dir: EngineDir
+    root: Path
+    _weights: dict[str, ToyWeights] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def load(cls, root: str | os.PathLike[str] | None = None) -> RaggedToyEngines:
+        """Open ``root/toy-llm-ragged`` and ``root/toy-eagle3-ragged`` with :meth:`EngineDir.open` and check
+        that the LLM and the pair's base are one model.
+
+        Raises :class:`~trtio.ConfigError` naming the directory or file and what is wrong.
+        """
+        root = Path(root) if root is not None else default_engines_dir()
+        dirs = []
+        for name, kind in zip(RAGGED_DIRS, ("llm", "spec_decode")):
+            path = root / name
+            if not path.is_dir():
+                raise ConfigError(str(path), f"no such engine directory (the ragged toy engines are {RAGGED_DIRS[0]}/"
+                                             f" and {RAGGED_DIRS[1]}/ in Edge-LLM's layout)")
+            directory = EngineDir.open(path)
+            if directory.kind != kind:
+                raise ConfigError(str(path), f"holds a {directory.kind} engine directory, expected a {kind} one")
+            dirs.append(directory)
+        llm_dir, pair_dir = dirs
+        llm, base = llm_dir.config, pair_dir.base_config
+        diffs = [f"{f} {getattr(base, f)!r} vs {getattr(llm, f)!r}" for f in _MODEL_FIELDS
+                 if getattr(base, f) != getattr(llm, f)]
+        if diffs:
+            raise ConfigError(str(pair_dir.config_path("base")),
+                              f"is not {RAGGED_DIRS[0]}'s model ({', '.join(diffs)}); speculative decoding is checked "
+                              f"against {RAGGED_DIRS[0]}'s greedy tokens")
+        return cls(llm_dir, pair_dir, root)
+
+    @property
+    def seed(self) -> int:
+        return RAGGED_SEED
+
+    @property
+    def llm_config(self) -> LLMEngineConfig:
+        return self.llm_dir.config
+
+    def config(self, name: str) -> LLMEngineConfig:
+        """The LLMEngineConfig of one of :data:`RAGGED_ENGINE_NAMES`."""
+        if name == RAGGED_ENGINE_NAMES[0]:
+            return self.llm_dir.config
+        if name == RAGGED_ENGINE_NAMES[1]:
+            return self.pair_dir.base_config
+        if name == RAGGED_ENGINE_NAMES[2]:
+            return self.pair_dir.draft_config
+        raise KeyError(f"unknown ragged toy engine {name!r}; expected one of {RAGGED_ENGINE_NAMES}")
+
+    def deployment(self, draft_top_k: int = RAGGED_DEMO_TREE[0], draft_step: int = RAGGED_DEMO_TREE[1],
+                   verify_size: int = RAGGED_DEMO_TREE[2]) -> DeploymentConfig:
+        """The pair's :class:`~trtio.DeploymentConfig` with Edge-LLM's three run-time values (checked
+        against the configs' tree caps by :meth:`EngineDir.deployment`)."""
+        return self.pair_dir.deployment(draft_top_k, draft_step, verify_size)
+
+    def weights(self, name: str) -> ToyWeights:
+        """Seeded weights (seed :data:`RAGGED_SEED`); the LLM and the base share one set, the draft
+        approximates it."""
+        self.config(name)
+        if name not in self._weights:
+            base = self._weights.get(RAGGED_ENGINE_NAMES[0]) or ToyWeights.generate(self.llm_config, self.seed)
+            self._weights[RAGGED_ENGINE_NAMES[0]] = self._weights[RAGGED_ENGINE_NAMES[1]] = base
+            self._weights[RAGGED_ENGINE_NAMES[2]] = ToyWeights.generate_draft(self.config(RAGGED_ENGINE_NAMES[2]),
+                                                                              base, self.seed)
+        return self._weights[name]
+
+    def embedding(self) -> np.ndarray:
+        """The token embedding table runtimes use with these engines (float32 [vocab, hidden])."""
+        cfg = self.llm_config
+        return toy_embedding(cfg.vocab_size, cfg.hidden_size, self.seed)
+
+    def reference_engine(self, name: str, *, device: str = "auto", null_compute: bool = False) -> Any:
+        """A :class:`~trtio.testing.ReferenceEngine` of the ragged contract computing engine ``name``."""
+        from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+
+        cfg = self.config(name)
+        weights = None if null_compute else self.weights(name)
+        return ReferenceEngine.from_config(cfg, weights=weights, device=device, null_compute=null_compute,
+                                           name=name)
+
+    def write_configs(self, out: str | os.PathLike[str]) -> None:
+        """Write both engine directories' configs under ``out``, as read (Edge-LLM's JSON)."""
+        out = Path(out)
+        for directory in (self.llm_dir, self.pair_dir):
+            target = out / directory.path.name
+            target.mkdir(parents=True, exist_ok=True)
+            for role in directory.roles:
+                text = json.dumps(directory.raw(role), indent=2) + "\n"
+                (target / directory.config_path(role).name).write_text(text)

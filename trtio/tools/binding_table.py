@@ -1,12 +1,13 @@
 """Binding tables: each engine tensor, what the engine declares, and the trtio tensor bound to it.
 
 A setup (``create_for_llm`` / ``create_for_spec_decode``) binds every engine I/O to one trtio
-tensor: a :class:`~trtio.PipelineIO` member, a tensor of the engine's state (a KV cache, bound
-under both its input and its ``present_*`` name; the ``kvcache_start_index`` lengths) or the shared
-RoPE table. :func:`binding_labels` names that tensor for every engine tensor, by identity, from the
-setup's own tensor maps; :func:`binding_rows` adds what is bound right now (shape, dtype, address);
-:func:`engine_rows` describes an engine's declared I/O (per-profile ranges, aliasing, bytes at the
-max shape). ``trtio demo`` and ``trtio inspect`` print these; every row is a JSON-able dict.
+tensor: a :class:`~trtio.PipelineIO` member, a tensor of the engine's state (a KV cache or paged
+pool, bound under both its input and its ``present_*`` name; the ``kvcache_start_index`` lengths;
+the ``kv_page_table``) or the shared RoPE table. :func:`binding_labels` names that tensor for every
+engine tensor, by identity, from the setup's own tensor maps; :func:`binding_rows` adds what is bound
+right now (shape, dtype, address); :func:`engine_rows` describes an engine's declared I/O
+(per-profile ranges, aliasing, bytes at the max shape). ``trtio demo`` and ``trtio inspect`` print
+these; every row is a JSON-able dict.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import Any
 
 from trtio import names
 from trtio.engine import EngineIO, TensorInfo
-from trtio.pipeline_io import EXTRA_MEMBERS, MEMBERS
+from trtio.pipeline_io import EXTRA_MEMBERS, MEMBERS, RAGGED_MEMBERS, RAGGED_STEP_MEMBERS
 from trtio.setups import SetupBase
 from trtio.tensor import Tensor
 
 __all__ = ["binding_capacities", "binding_labels", "binding_rows", "engine_rows", "format_binding_table",
-           "format_engine_table", "setup_engines"]
+           "format_bytes", "format_engine_table", "format_shape", "setup_engines"]
 
 
 def setup_engines(setup: SetupBase) -> list[tuple[str, Any, Any, Any]]:
@@ -32,7 +33,7 @@ def setup_engines(setup: SetupBase) -> list[tuple[str, Any, Any, Any]]:
 def _owners(setup: SetupBase) -> dict[int, str]:
     io = setup.io
     owners: dict[int, str] = {}
-    for member in MEMBERS + EXTRA_MEMBERS:
+    for member in MEMBERS + EXTRA_MEMBERS + RAGGED_MEMBERS + RAGGED_STEP_MEMBERS:
         value = getattr(io, member, None)
         if isinstance(value, Tensor):
             owners[id(value)] = f"PipelineIO.{member}"
@@ -42,6 +43,9 @@ def _owners(setup: SetupBase) -> dict[int, str]:
         for past, t in state.tensors.items():
             owners[id(t)] = f"state[{role}].{past}"
         owners[id(state.kv_lengths)] = f"state[{role}].kv_lengths"
+        page_table = getattr(state, "page_table", None)
+        if page_table is not None:
+            owners[id(page_table)] = f"state[{role}].kv_page_table"
     return owners
 
 
@@ -174,11 +178,13 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "
     return lines
 
 
-def _fmt_shape(shape: Sequence[int] | None) -> str:
+def format_shape(shape: Sequence[int] | None) -> str:
+    """``[4,64]``; ``-`` for None."""
     return "-" if shape is None else "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def _fmt_bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
+    """``1.50 MiB``; ``unbounded`` for a negative count (a dynamic dim without a bound)."""
     if n < 0:
         return "unbounded"
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -197,7 +203,7 @@ def format_binding_table(rows: list[dict[str, Any]]) -> list[str]:
         if eng and r["capacity"] and eng != r["address"]:
             addr += f"  !! context holds 0x{eng:x}"
         arrow = "->" if r["mode"] == "input" else "<-"
-        body.append((r["engine_tensor"], arrow, r["binding"] or "UNBOUND", _fmt_shape(r["shape"]), r["dtype"], addr))
+        body.append((r["engine_tensor"], arrow, r["binding"] or "UNBOUND", format_shape(r["shape"]), r["dtype"], addr))
     return _table(("engine tensor", "", "trtio tensor", "shape", "dtype", "address"), body)
 
 
@@ -206,13 +212,13 @@ def format_engine_table(rows: list[dict[str, Any]], num_profiles: int) -> list[s
     bytes at the max shape) and the trtio binding of each tensor."""
     body = []
     for r in rows:
-        cols = [r["name"], r["mode"], r["dtype"], _fmt_shape(r["shape"]), r["location"]]
+        cols = [r["name"], r["mode"], r["dtype"], format_shape(r["shape"]), r["location"]]
         for p in range(num_profiles):
             prof = r["profiles"][p] if p < len(r["profiles"]) else None
             cols.append("-" if prof is None else
-                        f"{_fmt_shape(prof['min'])} {_fmt_shape(prof['opt'])} {_fmt_shape(prof['max'])}")
+                        f"{format_shape(prof['min'])} {format_shape(prof['opt'])} {format_shape(prof['max'])}")
         cols.append(r["aliased_input"] or "-")
-        cols.append(_fmt_bytes(r["max_bytes"]))
+        cols.append(format_bytes(r["max_bytes"]))
         cols.append(r["binding"] or "-")
         body.append(cols)
     header = ["name", "mode", "dtype", "shape", "location"]

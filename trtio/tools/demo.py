@@ -1,20 +1,32 @@
-"""``trtio demo``: the toy engines end to end — greedy, speculative decoding, streaming, bindings.
+"""``trtio demo``: the toy engines of both contracts end to end — greedy, speculative, streaming, bindings.
 
-The demo loads the toy engines of ``engines/`` (:mod:`trtio.testing.toy_engines`): real plans
-with TensorRT where ``tensorrt`` imports and a GPU answers (built into a cache folder on first
-use), else :class:`~trtio.testing.ReferenceEngine` s on the best backend. Then:
+The demo runs the toy engines of ``engines/`` (:mod:`trtio.testing.toy_engines`) for one or both of
+trtio's engine contracts (``--contract``):
+
+* **batch** — ``toy-llm`` and ``toy-eagle`` (batch-major, contiguous KV caches): real plans with
+  TensorRT where ``tensorrt`` imports and a GPU answers (built into a cache folder on first use), else
+  :class:`~trtio.testing.ReferenceEngine` s on the best backend;
+* **ragged** — ``toy-llm-ragged`` and ``toy-eagle3-ragged``: engine directories in TensorRT Edge-LLM
+  0.11's layout, token-major with paged KV pools, always on ReferenceEngines (plans of this contract
+  come from Edge-LLM's builder and its attention plugin).
+
+For each contract:
 
 1. greedy generation for four prompts of different lengths with ``create_for_llm`` (decode loop
-   with CUDA graphs), and, right after the prefill, a streaming snapshot: ``populate_streaming()``,
-   a consumer on another :class:`~trtio.Stream` that waits on ``streaming_prefill.ready_event``
-   and copies the snapshot out while the decode loop overwrites the live buffers, and a byte
-   comparison with copies of the live buffers taken right after the prefill;
-2. speculative decoding of the same prompts with ``create_for_spec_decode`` (EAGLE draft, a tree
-   of the ``spec`` section's ``drafting_top_k`` / ``drafting_step``), whose tokens must equal the
-   greedy ones;
+   with CUDA graphs), and, where the LLM engine has a ``hidden_states`` output, a streaming snapshot
+   right after the prefill: ``populate_streaming()``, a consumer on another :class:`~trtio.Stream`
+   that waits on ``streaming_prefill.ready_event`` and copies the snapshot out while the decode loop
+   overwrites the live buffers, and a byte comparison with copies of the live buffers taken right
+   after the prefill (the ragged LLM has no such output, as Edge-LLM's plain LLM engines have none:
+   the summary says so);
+2. speculative decoding of the same prompts with ``create_for_spec_decode`` and EAGLE tree drafting
+   (batch: the ``spec`` section's ``drafting_top_k`` / ``drafting_step`` / ``verify_size``; ragged:
+   Edge-LLM's run-time values :data:`~trtio.testing.toy_engines.RAGGED_DEMO_TREE`), whose tokens
+   must equal the greedy ones;
 3. the binding tables, the memory reports and the graph statistics of both setups.
 
-:func:`run_demo` returns a JSON-able summary; :func:`format_demo` renders it for a terminal.
+:func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
+under ``"contracts"``); :func:`format_demo` renders it for a terminal.
 """
 
 from __future__ import annotations
@@ -30,13 +42,22 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from trtio import names
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import EngineIO
 from trtio.errors import ConfigError
 from trtio.setups import LLMSetup, create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
-from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
+from trtio.testing.toy_engines import (
+    ENGINE_NAMES,
+    RAGGED_DEMO_TREE,
+    RAGGED_DIRS,
+    RAGGED_ENGINE_NAMES,
+    RaggedToyEngines,
+    ToyEngines,
+    default_engines_dir,
+)
 from trtio.testing.toy_runtime import embed_batch, spec_generate
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.inspection import check_fits
@@ -46,6 +67,7 @@ __all__ = ["DemoOptions", "demo_prompts", "format_demo", "run_demo"]
 
 log = logging.getLogger("trtio")
 
+CONTRACTS = ("batch", "ragged", "both")
 BACKENDS = ("auto", "host", "cuda")
 ENGINE_KINDS = ("auto", "trt", "reference")
 MODULES = ("auto",) + KNOWN_MODULES
@@ -56,8 +78,9 @@ PROMPT_LENGTHS = (5, 12, 3, 8)
 class DemoOptions:
     """What ``trtio demo`` takes (its command-line options)."""
 
+    contract: str = "both"  # "batch" | "ragged" | "both"
     backend: str = "auto"  # "host" | "cuda" | "auto"
-    engine: str = "auto"  # "trt" (plans) | "reference" (ReferenceEngine) | "auto"
+    engine: str = "auto"  # batch contract: "trt" (plans) | "reference" (ReferenceEngine) | "auto"
     module: str = "auto"  # TensorRT module for plans: "tensorrt" | "tensorrt_rtx" | "auto"
     engines_dir: Path | None = None  # default: the repository's engines/
     plans_dir: Path | None = None  # default: beside the configs, engines/build, else the plan cache
@@ -65,14 +88,26 @@ class DemoOptions:
     graphs: bool = True
     progress: TextIO | None = None  # where plan builds draw their progress (default stderr)
 
+    @property
+    def contracts(self) -> tuple[str, ...]:
+        """The contracts to run, in order."""
+        return ("batch", "ragged") if self.contract == "both" else (self.contract,)
+
     def validate(self) -> DemoOptions:
-        for flag, value, allowed in (("--backend", self.backend, BACKENDS), ("--engine", self.engine, ENGINE_KINDS),
-                                     ("--module", self.module, MODULES)):
+        for flag, value, allowed in (("--contract", self.contract, CONTRACTS), ("--backend", self.backend, BACKENDS),
+                                     ("--engine", self.engine, ENGINE_KINDS), ("--module", self.module, MODULES)):
             if value not in allowed:
                 raise ConfigError(flag, f"unknown value {value!r}; expected {', '.join(allowed)}")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or not 1 <= self.max_new_tokens <= 64:
             raise ConfigError("--max-new-tokens", f"must be an int in 1..64, got {self.max_new_tokens!r}")
+        if self.contract == "ragged":
+            no_plans = ("the ragged toy engines run as ReferenceEngines (plans of Edge-LLM's contract come from "
+                        "its own builder); it applies to --contract batch or both")
+            if self.engine == "trt":
+                raise ConfigError("--engine", f"trt: {no_plans}")
+            if self.plans_dir is not None:
+                raise ConfigError("--plans", no_plans)
         return self
 
 
@@ -115,6 +150,21 @@ def _choose(opts: DemoOptions) -> tuple[str, Backend, str]:
     return "reference", be, why
 
 
+def _choose_ragged(opts: DemoOptions) -> tuple[Backend, str]:
+    """(backend, why) for the ragged toy engines, which are always ReferenceEngines."""
+    always = "ReferenceEngines always: plans of this contract come from Edge-LLM's builder"
+    be = get_backend(opts.backend)
+    why = "--backend host" if opts.backend == "host" else ("no CUDA device answers" if be.name == "host"
+                                                            else "a GPU answers")
+    if be.name == "cuda" and not _importable("cupy"):
+        if opts.backend == "cuda":
+            raise ConfigError("--backend", "the reference engines need CuPy on the cuda backend; install cupy, "
+                                           "or use --backend host")
+        be = get_backend("host")
+        why += "; CuPy is missing, so the reference engines compute on the host"
+    return be, f"{always}; {why}"
+
+
 def _locate_plans(toys: ToyEngines, opts: DemoOptions) -> tuple[dict[str, Path], str]:
     if opts.plans_dir is not None:
         plans = toys.plans_in(opts.plans_dir)
@@ -155,33 +205,36 @@ def _open_engines(toys: ToyEngines, kind: str, be: Backend, opts: DemoOptions) -
 # -- the runs ---------------------------------------------------------------------------------------
 
 
-def _greedy_with_streaming(setup: LLMSetup, embedding: np.ndarray, prompts: list[list[int]], max_new: int,
-                           main: Stream, consumer: Stream, be: Backend) -> tuple[list[list[int]], dict[str, Any],
-                                                                                 dict[str, float]]:
-    """Greedy decoding, with the prefill snapshot streamed to a consumer on another stream."""
+def _greedy(setup: LLMSetup, embedding: np.ndarray, prompts: list[list[int]], max_new: int, main: Stream,
+            consumer: Stream, be: Backend, name: str) -> tuple[list[list[int]], dict[str, Any], dict[str, float]]:
+    """Greedy decoding; where the engine has a ``hidden_states`` output, the prefill snapshot is streamed
+    to a consumer on another stream while the decode loop runs."""
     io = setup.io
     dtype = io.inputs_embeds.dtype.numpy
     emb, lens = embed_batch(embedding, prompts, dtype)
+    streams = names.kOutputHiddenStates in setup.executor.io
     setup.reset(main)
     t0 = time.perf_counter()
     logits = setup.prefill(emb, lens, main).to_numpy(main)
     t_prefill = time.perf_counter() - t0
-    # What the consumer must see: the live buffers as the prefill left them.
-    live_embeds = io.inputs_embeds.to_numpy(main)
-    live_hidden = io.output_hidden_states.to_numpy(main)
-
-    setup.populate_streaming(main)
-    snap = io.streaming_prefill
-    shape = snap.input_embeds.shape
-    got_embeds = Tensor.empty(shape, snap.input_embeds.dtype, Location.PINNED, name="consumer.input_embeds",
-                              backend=be)
-    got_hidden = Tensor.empty(shape, snap.engine_hidden_states.dtype, Location.PINNED,
-                              name="consumer.engine_hidden_states", backend=be)
+    got_embeds = got_hidden = None
+    if streams:
+        # What the consumer must see: the live buffers as the prefill left them.
+        live_embeds = io.inputs_embeds.to_numpy(main)
+        live_hidden = io.output_hidden_states.to_numpy(main)
+        setup.populate_streaming(main)
+        snap = io.streaming_prefill
+        shape = snap.input_embeds.shape
+        got_embeds = Tensor.empty(shape, snap.input_embeds.dtype, Location.PINNED, name="consumer.input_embeds",
+                                  backend=be)
+        got_hidden = Tensor.empty(shape, snap.engine_hidden_states.dtype, Location.PINNED,
+                                  name="consumer.engine_hidden_states", backend=be)
     try:
-        snap.ready_event.wait(consumer)  # the consumer's stream waits for the snapshot copies, not the host
-        got_embeds.copy_from(snap.input_embeds, consumer)
-        got_hidden.copy_from(snap.engine_hidden_states, consumer)
-        snap.release(consumer)
+        if got_embeds is not None and got_hidden is not None:
+            snap.ready_event.wait(consumer)  # the consumer's stream waits for the snapshot copies, not the host
+            got_embeds.copy_from(snap.input_embeds, consumer)
+            got_hidden.copy_from(snap.engine_hidden_states, consumer)
+            snap.release(consumer)
 
         out: list[list[int]] = [[] for _ in prompts]
         t0 = time.perf_counter()
@@ -196,72 +249,76 @@ def _greedy_with_streaming(setup: LLMSetup, embedding: np.ndarray, prompts: list
             steps += 1
         t_decode = time.perf_counter() - t0
 
-        consumer.synchronize()
-        seen_embeds = got_embeds.to_numpy(consumer)
-        seen_hidden = got_hidden.to_numpy(consumer)
+        streaming: dict[str, Any] = {
+            "checked": False,
+            "why": f"{name} declares no {names.kOutputHiddenStates} output (nor do Edge-LLM's plain LLM engines), "
+                   "so there is no prefill snapshot to stream",
+        }
+        if got_embeds is not None and got_hidden is not None:
+            consumer.synchronize()
+            seen_embeds = got_embeds.to_numpy(consumer)
+            seen_hidden = got_hidden.to_numpy(consumer)
+            now = io.inputs_embeds.to_numpy(main).reshape(-1)
+            overwritten = not np.array_equal(now.view(np.uint8), live_embeds.reshape(-1)[:now.size].view(np.uint8))
+            streaming = {
+                "checked": True,
+                "identical": seen_embeds.tobytes() == live_embeds.tobytes()
+                and seen_hidden.tobytes() == live_hidden.tobytes(),
+                "input_embeds_identical": seen_embeds.tobytes() == live_embeds.tobytes(),
+                "hidden_states_identical": seen_hidden.tobytes() == live_hidden.tobytes(),
+                "shape": list(shape),
+                "dtype": str(snap.input_embeds.dtype),
+                "bytes": int(seen_embeds.nbytes + seen_hidden.nbytes),
+                "live_overwritten_by_decode": bool(overwritten),
+            }
     finally:
-        got_embeds.close()
-        got_hidden.close()
-    now = io.inputs_embeds.to_numpy(main).reshape(-1)
-    overwritten = not np.array_equal(now.view(np.uint8), live_embeds.reshape(-1)[:now.size].view(np.uint8))
-    streaming = {
-        "identical": seen_embeds.tobytes() == live_embeds.tobytes() and seen_hidden.tobytes() == live_hidden.tobytes(),
-        "input_embeds_identical": seen_embeds.tobytes() == live_embeds.tobytes(),
-        "hidden_states_identical": seen_hidden.tobytes() == live_hidden.tobytes(),
-        "shape": list(shape),
-        "dtype": str(snap.input_embeds.dtype),
-        "bytes": int(seen_embeds.nbytes + seen_hidden.nbytes),
-        "live_overwritten_by_decode": bool(overwritten),
-    }
+        for t in (got_embeds, got_hidden):
+            if t is not None:
+                t.close()
     timings = {"prefill_s": t_prefill, "decode_s": t_decode, "decode_steps": steps,
                "decode_step_ms": 1e3 * t_decode / max(steps, 1)}
     return out, streaming, timings
 
 
-def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
-    """Run the demo (module docstring) and return its summary; ``summary["ok"]`` is False when the
-    speculative tokens differ from the greedy ones or the streamed snapshot is not byte-identical."""
-    opts = (opts or DemoOptions()).validate()
-    t_start = time.perf_counter()
-    toys = ToyEngines.load(opts.engines_dir)
-    kind, be, why = _choose(opts)
-    t0 = time.perf_counter()
-    engines, engine_info = _open_engines(toys, kind, be, opts)
-    t_engines = time.perf_counter() - t0
-    llm_cfg, bundle = toys.llm_config, toys.eagle
-    spec = bundle.spec
+@dataclass
+class _Pair:
+    """One contract's engines and configs, ready to run."""
+
+    names: dict[str, str]  # role -> engine name
+    llm_engine: Any
+    llm_cfg: Any
+    base_engine: Any
+    draft_engine: Any
+    bundle: Any
+    embedding: np.ndarray
+    seed: int
+
+
+def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]:
+    """Greedy (with the streaming check where it applies) and speculative decoding on one contract."""
+    spec = pair.bundle.spec
     assert spec is not None
     depth, top_k = spec.drafting_step, spec.drafting_top_k
-    embedding = toys.embedding()
-    prompts = demo_prompts(llm_cfg.vocab_size, toys.seed)
-    summary: dict[str, Any] = {
-        "engines_dir": str(toys.root),
-        "engine": engine_info,
-        "backend": be.name,
-        "why": why,
-        "graphs": opts.graphs,
-        "seed": toys.seed,
-        "prompts": prompts,
-        "max_new_tokens": opts.max_new_tokens,
-    }
+    prompts = demo_prompts(pair.llm_cfg.vocab_size, pair.seed)
     main = Stream.create(be)
     consumer = Stream.create(be)
     try:
         t0 = time.perf_counter()
-        with create_for_llm(engines["toy-llm"], llm_cfg, main, graphs=opts.graphs, backend=be) as llm:
+        with create_for_llm(pair.llm_engine, pair.llm_cfg, main, graphs=opts.graphs, backend=be) as llm:
             t_setup_llm = time.perf_counter() - t0
-            vanilla, streaming, greedy_t = _greedy_with_streaming(llm, embedding, prompts, opts.max_new_tokens,
-                                                                  main, consumer, be)
+            contract = llm.contract
+            vanilla, streaming, greedy_t = _greedy(llm, pair.embedding, prompts, opts.max_new_tokens, main,
+                                                   consumer, be, pair.names["llm"])
             bindings = {"llm": binding_rows(llm)["llm"]}
             memory = {"llm": llm.memory_report()}
             graph_stats = {"llm": dataclasses.asdict(llm.graph_stats)}
         t0 = time.perf_counter()
-        with create_for_spec_decode(engines["toy-eagle/base"], engines["toy-eagle/draft"], bundle, stream=main,
+        with create_for_spec_decode(pair.base_engine, pair.draft_engine, pair.bundle, stream=main,
                                     graphs=opts.graphs, backend=be) as sd:
             t_setup_sd = time.perf_counter() - t0
             t0 = time.perf_counter()
-            tokens, stats = spec_generate(sd, embedding, prompts, opts.max_new_tokens, depth=depth, top_k=top_k,
-                                          stream=main)
+            tokens, stats = spec_generate(sd, pair.embedding, prompts, opts.max_new_tokens, depth=depth, top_k=top_k,
+                                          verify_size=spec.verify_size, stream=main)
             t_spec = time.perf_counter() - t0
             rows = binding_rows(sd)
             bindings["base"], bindings["draft"] = rows["base"], rows["draft"]
@@ -271,7 +328,12 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         main.close()
         consumer.close()
     equal = tokens == vanilla
-    summary.update({
+    return {
+        "contract": contract,
+        "engines": dict(pair.names),
+        "backend": be.name,
+        "seed": pair.seed,
+        "prompts": prompts,
         "vanilla_tokens": vanilla,
         "spec_tokens": tokens,
         "tokens_equal": equal,
@@ -286,11 +348,77 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "bindings": bindings,
         "memory": {k: v.to_dict() for k, v in memory.items()},
         "memory_text": {k: str(v) for k, v in memory.items()},
-        "timings": {"engines_s": t_engines, "setup_llm_s": t_setup_llm, **greedy_t, "setup_spec_s": t_setup_sd,
-                    "spec_decode_s": t_spec, "total_s": time.perf_counter() - t_start},
-        "ok": bool(equal and streaming["identical"]),
-    })
-    return summary
+        "timings": {"setup_llm_s": t_setup_llm, **greedy_t, "setup_spec_s": t_setup_sd, "spec_decode_s": t_spec},
+        "ok": bool(equal and streaming.get("identical", True)),
+    }
+
+
+def _batch_section(toys: ToyEngines, opts: DemoOptions) -> dict[str, Any]:
+    kind, be, why = _choose(opts)
+    t0 = time.perf_counter()
+    engines, engine_info = _open_engines(toys, kind, be, opts)
+    t_engines = time.perf_counter() - t0
+    pair = _Pair({"llm": "toy-llm", "base": "toy-eagle/base", "draft": "toy-eagle/draft"}, engines["toy-llm"],
+                 toys.llm_config, engines["toy-eagle/base"], engines["toy-eagle/draft"], toys.eagle,
+                 toys.embedding(), toys.seed)
+    section = _run_contract(pair, be, opts)
+    section.update(engine=engine_info, why=why)
+    section["timings"]["engines_s"] = t_engines
+    return section
+
+
+def _ragged_section(toys: RaggedToyEngines, opts: DemoOptions) -> dict[str, Any]:
+    be, why = _choose_ragged(opts)
+    device = "host" if be.name == "host" else "gpu"
+    t0 = time.perf_counter()
+    llm_name, base_name, draft_name = RAGGED_ENGINE_NAMES
+    engines = {name: toys.reference_engine(name, device=device) for name in RAGGED_ENGINE_NAMES}
+    t_engines = time.perf_counter() - t0
+    pair = _Pair({"llm": llm_name, "base": base_name, "draft": draft_name}, engines[llm_name], toys.llm_config,
+                 engines[base_name], engines[draft_name], toys.deployment(*RAGGED_DEMO_TREE), toys.embedding(),
+                 toys.seed)
+    section = _run_contract(pair, be, opts)
+    section.update(engine={"kind": "reference", "device": device}, why=why,
+                   directories={"llm": str(toys.llm_dir.path), "spec_decode": str(toys.pair_dir.path)})
+    section["timings"]["engines_s"] = t_engines
+    return section
+
+
+def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
+    """Run the demo (module docstring) and return its summary: ``contract``, ``engines_dir``, ``graphs``,
+    ``max_new_tokens``, ``contracts`` (``{"batch": {...}, "ragged": {...}}``: each contract's engines,
+    backend, prompts, tokens, spec-decode statistics, streaming check, graph statistics, bindings, memory
+    and timings), ``timings`` and ``ok``, which is False when any contract's speculative tokens differ
+    from its greedy ones or a streamed snapshot is not byte-identical."""
+    opts = (opts or DemoOptions()).validate()
+    t_start = time.perf_counter()
+    root = opts.engines_dir if opts.engines_dir is not None else default_engines_dir()
+    # Every engine folder is read before anything runs, so a bad one fails fast.
+    toys = ToyEngines.load(root) if "batch" in opts.contracts else None
+    ragged = None
+    if "ragged" in opts.contracts:
+        if opts.contract == "both" and not any((root / d).is_dir() for d in RAGGED_DIRS):
+            raise ConfigError(str(root / RAGGED_DIRS[0]), f"no such engine directory: {root} has no ragged toy "
+                                                          f"engines ({RAGGED_DIRS[0]}/, {RAGGED_DIRS[1]}/); run "
+                                                          "--contract batch for a folder of batch toys only")
+        ragged = RaggedToyEngines.load(root)
+    sections: dict[str, Any] = {}
+    for contract in opts.contracts:
+        if contract == "batch":
+            assert toys is not None
+            sections["batch"] = _batch_section(toys, opts)
+        else:
+            assert ragged is not None
+            sections["ragged"] = _ragged_section(ragged, opts)
+    return {
+        "contract": opts.contract,
+        "engines_dir": str(root),
+        "graphs": opts.graphs,
+        "max_new_tokens": opts.max_new_tokens,
+        "contracts": sections,
+        "timings": {"total_s": time.perf_counter() - t_start},
+        "ok": all(s["ok"] for s in sections.values()),
+    }
 
 
 # -- text -------------------------------------------------------------------------------------------
@@ -309,8 +437,14 @@ def _graphs(stats: dict[str, Any]) -> str:
             + (f" (last capture: {stats['last_miss_reason']})" if stats.get("last_miss_reason") else ""))
 
 
-def format_demo(s: dict[str, Any]) -> str:
-    """The summary of :func:`run_demo` as text."""
+_TITLES = {
+    "batch": "batch contract: toy-llm and toy-eagle (batch-major [B, S, H], contiguous KV caches)",
+    "ragged": "ragged contract: toy-llm-ragged and toy-eagle3-ragged (Edge-LLM 0.11 engine directories: "
+              "token-major [T, H], paged KV pools)",
+}
+
+
+def _format_section(key: str, s: dict[str, Any]) -> list[str]:
     e = s["engine"]
     if e["kind"] == "trt":
         engines = f"TensorRT plans ({e['module']} {e['version']}, from {e['plans_dir']})"
@@ -318,42 +452,68 @@ def format_demo(s: dict[str, Any]) -> str:
         engines = f"ReferenceEngines ({'numpy' if e['device'] == 'host' else 'CuPy'})"
     sd, st, t = s["spec_decode"], s["streaming"], s["timings"]
     lens = ", ".join(str(len(p)) for p in s["prompts"])
+    n = s["engines"]
     lines = [
-        f"trtio demo: toy-llm and toy-eagle from {s['engines_dir']} (seed {s['seed']})",
-        f"engines: {engines} on the {s['backend']} backend ({s['why']}); CUDA graphs "
-        f"{'on' if s['graphs'] else 'off'}",
-        f"prompts: {len(s['prompts'])} of lengths {lens}; {s['max_new_tokens']} new tokens each",
+        f"== {_TITLES[key]} ==",
+        f"engines: {engines} on the {s['backend']} backend ({s['why']})",
+        f"prompts: {len(s['prompts'])} of lengths {lens} (seed {s['seed']})",
         "",
-        f"greedy (create_for_llm): prefill {1e3 * t['prefill_s']:.1f} ms, decode {t['decode_step_ms']:.2f} ms/step",
+        f"greedy ({n['llm']}, create_for_llm): prefill {1e3 * t['prefill_s']:.1f} ms, decode "
+        f"{t['decode_step_ms']:.2f} ms/step",
         *_tokens(s["vanilla_tokens"]),
-        f"speculative (create_for_spec_decode, EAGLE tree drafting: top_k={sd['tree']['top_k']} per level, "
-        f"{sd['tree']['depth']} levels, {sd['tree']['draft_nodes']} draft nodes, verify trees of "
-        f"{sd['tree']['verify_size']}): {sd['rounds']} verify rounds, "
+        f"speculative ({n['base']} + {n['draft']}, create_for_spec_decode, EAGLE tree drafting: "
+        f"top_k={sd['tree']['top_k']} per level, {sd['tree']['depth']} levels, {sd['tree']['draft_nodes']} draft "
+        f"nodes, verify trees of {sd['tree']['verify_size']}): {sd['rounds']} verify rounds, "
         f"{t['spec_decode_s']:.2f} s",
         *_tokens(s["spec_tokens"]),
         f"acceptance rate: {sd['acceptance_rate']:.3f} ({sd['accepted']} of {sd['proposed']} drafted tokens "
         f"accepted; {sd['tokens_per_verify']:.2f} tokens per verify step)",
         f"spec-decode tokens equal vanilla tokens: {_yes(s['tokens_equal'])}",
         "",
-        f"streaming prefill snapshot: populate_streaming() after prefill; a consumer stream waited on "
-        f"ready_event and copied 2 x {'x'.join(map(str, st['shape']))} {st['dtype']} ({st['bytes']} bytes) "
-        f"while decode ran",
-        f"snapshot identical to the prefill-time buffers: {_yes(st['identical'])} (live buffers overwritten by "
-        f"decode since: {_yes(st['live_overwritten_by_decode'])})",
-        "",
     ]
-    titles = {"llm": "toy-llm (create_for_llm), shapes of its last decode step",
-              "base": "toy-eagle base (create_for_spec_decode), shapes of its last verify",
-              "draft": "toy-eagle draft (create_for_spec_decode), shapes of its last catch-up"}
+    if st["checked"]:
+        lines += [
+            f"streaming prefill snapshot: populate_streaming() after prefill; a consumer stream waited on "
+            f"ready_event and copied 2 x {'x'.join(map(str, st['shape']))} {st['dtype']} ({st['bytes']} bytes) "
+            f"while decode ran",
+            f"snapshot identical to the prefill-time buffers: {_yes(st['identical'])} (live buffers overwritten by "
+            f"decode since: {_yes(st['live_overwritten_by_decode'])})",
+        ]
+    else:
+        lines.append(f"streaming prefill snapshot: not checked: {st['why']}")
+    lines.append("")
+    titles = {"llm": f"{n['llm']} (create_for_llm), shapes of its last decode step",
+              "base": f"{n['base'].replace('/', ' ')} (create_for_spec_decode), shapes of its last verify",
+              "draft": f"{n['draft'].replace('/', ' ')} (create_for_spec_decode), shapes of its last catch-up"}
     for role, rows in s["bindings"].items():
         lines.append(f"bindings of {titles[role]}:")
         lines.extend(format_binding_table(rows))
         lines.append("")
-    for key in ("llm", "spec_decode"):
-        lines.append(f"memory: {s['memory_text'][key]}")
+    for mem in ("llm", "spec_decode"):
+        lines.append(f"memory: {s['memory_text'][mem]}")
         lines.append("")
     lines.append("CUDA graphs: " + "; ".join(f"{role} {_graphs(g)}" for role, g in s["graph_stats"].items()))
-    lines.append(f"time: engines {t['engines_s']:.2f} s, total {t['total_s']:.2f} s")
-    lines.append(f"result: tokens equal {_yes(s['tokens_equal'])}, acceptance rate {sd['acceptance_rate']:.3f}, "
-                 f"snapshot identical {_yes(st['identical'])} -> {'OK' if s['ok'] else 'FAILED'}")
+    lines.append("")
+    return lines
+
+
+def _verdict(key: str, s: dict[str, Any]) -> str:
+    st = s["streaming"]
+    snap = f"snapshot identical {_yes(st['identical'])}" if st["checked"] else "snapshot not checked (no hidden_states)"
+    return (f"{key}: tokens equal {_yes(s['tokens_equal'])}, acceptance rate "
+            f"{s['spec_decode']['acceptance_rate']:.3f}, {snap}")
+
+
+def format_demo(s: dict[str, Any]) -> str:
+    """The summary of :func:`run_demo` as text."""
+    contracts = s["contracts"]
+    lines = [f"trtio demo: the toy engines of {s['engines_dir']}, {' and '.join(contracts)} contract"
+             f"{'s' if len(contracts) > 1 else ''}; {s['max_new_tokens']} new tokens per prompt; CUDA graphs "
+             f"{'on' if s['graphs'] else 'off'}", ""]
+    for key, section in contracts.items():
+        lines += _format_section(key, section)
+    engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
+    lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
+    lines.append("result: " + "; ".join(_verdict(k, sec) for k, sec in contracts.items())
+                 + f" -> {'OK' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)

@@ -5,15 +5,20 @@ would allocate and bind for a config — exactly, through the same code — with
 the memory (an 8B config's KV caches do not fit a laptop). :class:`DryRunBackend` is the host
 backend with its device memory and device work replaced: a device ``alloc`` returns a fresh 256-byte
 aligned address that points nowhere, copies, fills and enqueued work do nothing (host and pinned
-buffers, the small staging twins the host writes, are real). :func:`dry_run_setup` builds the setup for a config
-on it, with null-compute :class:`~trtio.testing.ReferenceEngine` s that declare the toy I/O
-contract (``docs/toy-model.md``) for that config. Nothing on a dry-run setup may be executed or
-read: its tensors have addresses, shapes, dtypes and byte counts, and no bytes.
+buffers, the small staging twins the host writes, are real). :func:`dry_run_setup` builds the setup for a
+config on it, with null-compute :class:`~trtio.testing.ReferenceEngine` s that declare the I/O contract
+of ``docs/toy-model.md`` for that config (the batch-major toy contract, or Edge-LLM 0.11's ragged one
+with paged KV pools where ``cfg.contract == "ragged"``, as every config read from an Edge-LLM engine
+directory says). Nothing on a dry-run setup may be executed or read: its tensors have addresses,
+shapes, dtypes and byte counts, and no bytes. :func:`planned_memory` is its memory report and
+:func:`kv_state_rows` the KV state of each engine (contiguous caches or paged pools and their page
+table).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
@@ -22,7 +27,9 @@ from trtio.errors import ConfigError
 from trtio.memory import MemoryReport, align_up
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 
-__all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "planned_memory"]
+__all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "kv_state_rows", "planned", "planned_memory"]
+
+_DEFAULT_NAMES = {"llm": "toy-llm", "base": "toy-base", "draft": "toy-draft"}
 
 _FAKE_BASE = 1 << 44  # far from any real host or device address, so a stray read faults loudly
 
@@ -111,16 +118,18 @@ def companion_deployment(cfg: LLMEngineConfig) -> DeploymentConfig:
     return DeploymentConfig(cfg).validate()
 
 
-def dry_run_setup(config: LLMEngineConfig | DeploymentConfig, *,
-                  backend: DryRunBackend | None = None) -> LLMSetup | SpecDecodeSetup:
+def dry_run_setup(config: LLMEngineConfig | DeploymentConfig, *, backend: DryRunBackend | None = None,
+                  engine_names: Mapping[str, str] | None = None) -> LLMSetup | SpecDecodeSetup:
     """``create_for_llm`` (a plain LLM) or ``create_for_spec_decode`` (a deployment with a draft) for
-    ``config`` on a :class:`DryRunBackend`, bound to null-compute reference engines. Close it after use.
+    ``config`` on a :class:`DryRunBackend`, bound to null-compute reference engines (named by role from
+    ``engine_names``; default ``toy-llm``, ``toy-base``, ``toy-draft``). Close it after use.
 
     A lone spec-decode base or draft config is placed in a :func:`companion_deployment`.
     """
     from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
 
     be = backend or DryRunBackend()
+    names = {**_DEFAULT_NAMES, **(engine_names or {})}
     if isinstance(config, LLMEngineConfig):
         config = companion_deployment(config) if config.role != "llm" else DeploymentConfig(config).validate()
     if config.draft is None:
@@ -128,23 +137,57 @@ def dry_run_setup(config: LLMEngineConfig | DeploymentConfig, *,
         if base.role != "llm":
             raise ConfigError("base.is_spec_decode_base", "a deployment without a draft needs a plain LLM base "
                                                           "(is_spec_decode_base false)")
-        engine = ReferenceEngine.from_config(base, null_compute=True, device="host", name="toy-llm")
+        engine = ReferenceEngine.from_config(base, null_compute=True, device="host", name=names["llm"])
         return create_for_llm(engine, base, backend=be)
-    base_engine = ReferenceEngine.from_config(config.base, null_compute=True, device="host", name="toy-base")
-    draft_engine = ReferenceEngine.from_config(config.draft, null_compute=True, device="host", name="toy-draft")
+    base_engine = ReferenceEngine.from_config(config.base, null_compute=True, device="host", name=names["base"])
+    draft_engine = ReferenceEngine.from_config(config.draft, null_compute=True, device="host", name=names["draft"])
     return create_for_spec_decode(base_engine, draft_engine, config, backend=be)
+
+
+def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
+    """The KV state of each engine of ``setup``, one JSON-able dict per engine: ``role``, ``layout``
+    (``"paged"`` or ``"contiguous"``), ``tensors`` (one per layer: a paged pool ``[2, pages, page, kv_heads,
+    head_dim]`` or a contiguous K or V cache), ``shape`` and ``dtype`` of one of them, ``bytes`` (all of
+    them), and for a paged state ``pool_pages``, ``page_size``, ``pages_per_sequence`` and
+    ``page_table_shape`` (``[batch, 2, pages_per_sequence]``: K page ids, then V page ids)."""
+    rows = []
+    for e in setup.engines():
+        state = e.state
+        tensors = list(state.tensors.values())
+        row: dict[str, Any] = {
+            "role": e.role,
+            "layout": state.layout,
+            "tensors": len(tensors),
+            "names": list(state.tensors),
+            "shape": [int(d) for d in tensors[0].shape] if tensors else [],
+            "dtype": str(tensors[0].dtype) if tensors else None,
+            "bytes": sum(t.capacity for t in tensors),
+        }
+        if state.layout == "paged" and state.page_table is not None:
+            row.update(pool_pages=int(state.pool_pages), page_size=int(state.page_size),
+                       pages_per_sequence=int(state.pages_per_sequence),
+                       page_table_shape=[int(d) for d in state.page_table.shape])
+        rows.append(row)
+    return rows
+
+
+def planned(config: DeploymentConfig, *,
+            engine_names: Mapping[str, str] | None = None) -> tuple[MemoryReport, list[dict[str, Any]]]:
+    """:func:`planned_memory` and :func:`kv_state_rows` of one dry run of ``config``."""
+    if config.draft is None and config.base.role != "llm":
+        raise ConfigError("base", f"describes a spec-decode {config.base.role} without its partner; plan the "
+                                  f"deployment config that holds base, draft and spec")
+    with dry_run_setup(config, engine_names=engine_names) as setup:
+        report = setup.memory_report(include_context_memory=False)
+        kv = kv_state_rows(setup)
+    report.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
+    return report, kv
 
 
 def planned_memory(config: DeploymentConfig) -> MemoryReport:
     """What ``create_for_llm`` / ``create_for_spec_decode`` allocate for ``config``, tensor by tensor:
-    PipelineIO, each engine's KV state (``[batch, kv_heads, capacity, head_dim]`` per layer, as the
-    engines of ``docs/toy-model.md`` declare it), staging and the RoPE table. The engines' own context
-    memory (``device_memory_size_v2``) depends on the plan and is left out."""
-    if config.draft is None and config.base.role != "llm":
-        raise ConfigError("base", f"describes a spec-decode {config.base.role} without its partner; plan the "
-                                  f"deployment config that holds base, draft and spec")
-    with dry_run_setup(config) as setup:
-        report = setup.memory_report(include_context_memory=False)
-    report.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
-    return report
-
+    PipelineIO, each engine's KV state (``[batch, kv_heads, capacity, head_dim]`` per layer on the batch
+    contract; a paged pool ``[2, pages, page, kv_heads, head_dim]`` per layer and the page table on the
+    ragged one), staging and the RoPE table. The engines' own context memory (``device_memory_size_v2``)
+    depends on the plan and is left out."""
+    return planned(config)[0]

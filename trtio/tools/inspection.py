@@ -1,5 +1,9 @@
 """``trtio inspect`` and ``trtio plan``: an engine's I/O and bindings, a config's memory.
 
+Both take trtio's own targets (below) and TensorRT Edge-LLM 0.11 engine directories, which
+:mod:`trtio.tools.engine_dirs` handles (:func:`~trtio.tools.engine_dirs.edgellm_directory` tells them
+apart).
+
 :func:`inspect_target` reads a plan (deserialized with :func:`trtio.load_engine`, so only where
 TensorRT can load it: a GPU it supports), a folder holding plans or configs, or a config JSON (on
 any machine: the engine is then a null-compute :class:`~trtio.testing.ReferenceEngine` declaring
@@ -14,6 +18,7 @@ the engine is refused with every disagreement listed, exactly as the factories w
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,14 @@ from trtio.errors import BindingError, ConfigError, EngineError
 from trtio.setups import check_engine
 from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE
 from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
-from trtio.tools.dry_run import dry_run_setup, planned_memory
+from trtio.tools.dry_run import dry_run_setup, planned
+from trtio.tools.engine_dirs import (
+    edgellm_directory,
+    format_kv_state,
+    format_runtime,
+    inspect_engine_dir,
+    plan_engine_dir,
+)
 
 __all__ = ["check_fits", "inspect_target", "format_inspection", "plan_config", "format_plan"]
 
@@ -43,7 +55,7 @@ def _sources(target: Path, config: Path | None) -> tuple[str, list[_Source]]:
     """("plan" | "config", the engines) for a path the user gave."""
     if not target.exists():
         raise EngineError(f"{str(target)!r} does not exist (expected a plan file, a folder with model.plan or "
-                          f"config.json, or a config JSON)")
+                          f"config.json, a config JSON, or an Edge-LLM engine directory)")
     if target.is_file():
         if target.suffix == ".json":
             return "config", [_Source(None, target)]
@@ -64,15 +76,15 @@ def _sources(target: Path, config: Path | None) -> tuple[str, list[_Source]]:
     if (target / CONFIG_FILE).is_file():
         return "config", [_Source(None, target / CONFIG_FILE)]
     raise EngineError(f"{str(target)!r} holds no {PLAN_FILE} (nor base/{PLAN_FILE}, draft/{PLAN_FILE}) and no "
-                      f"{CONFIG_FILE}")
+                      f"{CONFIG_FILE}, nor Edge-LLM's base_config.json + draft_config.json")
 
 
-def _load(plan: Path, config: Path | None, module: str) -> Any:
+def _load(plan: Path, config: Path | None, module: str, plugins: Sequence[str | os.PathLike[str]] = ()) -> Any:
     from trtio.cuda.backend import cuda_available  # noqa: PLC0415
     from trtio.trt import load_engine  # noqa: PLC0415 - TensorRT only where a plan is given
 
     try:
-        return load_engine(plan, module)
+        return load_engine(plan, module, plugins=plugins)
     except EngineError as exc:
         if not plan.is_file() or cuda_available() or "could not be deserialized" not in str(exc):
             raise
@@ -119,21 +131,30 @@ def _reference_io(cfg: LLMEngineConfig, name: str) -> EngineIO:
 
 
 def inspect_target(target: str | os.PathLike[str], *, config: str | os.PathLike[str] | None = None,
-                   module: str = "auto") -> dict[str, Any]:
+                   module: str = "auto", plugins: Sequence[str | os.PathLike[str]] = ()) -> dict[str, Any]:
     """The I/O tables of the engine(s) at ``target`` (see module docstring) as a JSON-able dict:
     ``{"target", "kind", "engines": [{"name", "role", "plan", "config", "num_profiles", "tensors"}]}``,
     each tensor row as :func:`trtio.tools.binding_table.engine_rows` makes it.
 
     ``config`` overrides the config found beside a plan; for a config target it is the config to bind
-    with (checked against the engine the target describes).
+    with (checked against the engine the target describes). An Edge-LLM engine directory (or a config or
+    engine file in one) goes to :func:`~trtio.tools.engine_dirs.inspect_engine_dir` (``kind``
+    ``"edgellm"``; ``config`` does not apply: the directory's configs are the engines' own). ``plugins``
+    are loaded before a plan is deserialized.
     """
     target = Path(target)
+    edgellm = edgellm_directory(target)
+    if edgellm is not None:
+        if config is not None:
+            raise ConfigError("--config", f"does not apply to the Edge-LLM engine directory {edgellm}: its engines "
+                                          "are bound with the configs beside them")
+        return inspect_engine_dir(edgellm, module=module, plugins=plugins)
     override = Path(config) if config is not None else None
     kind, sources = _sources(target, override)
     engines = []
     for src in sources:
         if src.plan is not None:
-            eio = EngineIO.from_engine(_load(src.plan, src.config, module))
+            eio = EngineIO.from_engine(_load(src.plan, src.config, module, plugins))
             if src.config is None:
                 engines.append(_entry(eio, src.plan, None, None, None, None))
                 continue
@@ -172,12 +193,25 @@ def _entry(eio: EngineIO, plan: Path | None, config: Path | None, cfg: LLMEngine
 
 def format_inspection(result: dict[str, Any]) -> str:
     lines = []
+    if result["kind"] == "edgellm":
+        what = "a plain LLM" if result["directory_kind"] == "llm" else "an EAGLE3 speculative pair"
+        lines += [f"Edge-LLM engine directory {result['target']}: {what}, ragged contract (token-major, paged KV "
+                  "cache)", ""]
     for e in result["engines"]:
-        source = f"plan {e['plan']}" if e["plan"] else "a null-compute ReferenceEngine (toy I/O contract)"
+        if result["kind"] == "edgellm":
+            if e["source"] == "plan":
+                source = f"plan {e['plan']}, bindings for {e['config']}"
+            else:
+                source = (f"the engine {e['config']} describes (a null-compute ReferenceEngine of the "
+                          f"{e['contract']} contract)")
+        else:
+            source = f"plan {e['plan']}" if e["plan"] else "a null-compute ReferenceEngine (toy I/O contract)"
+            if e["config"]:
+                source += f", bindings for config {e['config']}"
         head = f"{e['name']}" + (f" ({e['role']})" if e["role"] else "") + f": {source}"
-        if e["config"]:
-            head += f", bindings for config {e['config']}"
         lines.append(head)
+        if e.get("plan_not_read"):
+            lines.append(f"  plan not read: {e['plan_not_read']}")
         lines.extend(format_engine_table(e["tensors"], e["num_profiles"]))
         if not e["config"]:
             lines.append("  (no config.json beside the plan: pass --config CONFIG to see the trtio bindings)")
@@ -198,18 +232,50 @@ def _deployment_for_plan(path: Path) -> tuple[Path, DeploymentConfig]:
     return config_path, config
 
 
-def plan_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+def plan_config(path: str | os.PathLike[str], *, draft_top_k: int | None = None, draft_step: int | None = None,
+                verify_size: int | None = None) -> dict[str, Any]:
     """``trtio plan``: what the factories allocate for the config at ``path`` (a JSON, or a folder
-    holding config.json), as ``{"config", "factory", "memory": MemoryReport.to_dict(), "text"}``."""
+    holding config.json), as ``{"config", "kind": "trtio", "factory", "contract", "kv_state", "memory":
+    MemoryReport.to_dict(), "text"}``.
+
+    An Edge-LLM engine directory (or a config in one) is planned by
+    :func:`~trtio.tools.engine_dirs.plan_engine_dir` with Edge-LLM's run-time values ``draft_top_k``,
+    ``draft_step``, ``verify_size`` (a speculative pair's; defaults: the largest its caps allow). trtio's
+    own deployment configs carry them in their ``spec`` section instead.
+    """
     path = Path(path)
     if not path.exists():
         raise ConfigError(str(path), "no such config file or folder")
+    edgellm = edgellm_directory(path)
+    if edgellm is not None:
+        return plan_engine_dir(edgellm, draft_top_k=draft_top_k, draft_step=draft_step, verify_size=verify_size)
+    for flag, value in (("--draft-top-k", draft_top_k), ("--draft-step", draft_step), ("--verify-size", verify_size)):
+        if value is not None:
+            raise ConfigError(flag, f"is for an Edge-LLM speculative engine directory; {path} is a trtio config, "
+                                    "whose deployment sets drafting_top_k, drafting_step and verify_size in its "
+                                    "spec section")
     config_path, config = _deployment_for_plan(path)
-    report = planned_memory(config)
+    report, kv = planned(config)
     factory = "create_for_spec_decode" if config.draft is not None else "create_for_llm"
-    return {"config": str(config_path), "factory": factory, "memory": report.to_dict(), "text": str(report)}
+    return {"config": str(config_path), "kind": "trtio", "factory": factory,
+            "contract": config.base.contract or "batch", "kv_state": kv, "memory": report.to_dict(),
+            "text": str(report)}
 
 
 def format_plan(result: dict[str, Any]) -> str:
-    return f"{result['factory']} for {result['config']}:\n{result['text']}"
+    if result.get("kind") == "edgellm":
+        files = " + ".join(Path(c).name for c in result["configs"])
+        present = [Path(p).name for p in result["engine_files"].values() if p]
+        engines = "engine files: " + (", ".join(present) if present else "none (configs only)")
+        lines = [f"{result['factory']} for the Edge-LLM engine directory {result['config']} ({files}; {engines})",
+                 f"contract: {result['contract']} (token-major, paged KV cache)"]
+        runtime = format_runtime(result["runtime"])
+        if runtime:
+            lines.append(runtime)
+    else:
+        lines = [f"{result['factory']} for {result['config']}:"]
+    lines.append("KV state:")
+    lines.extend(format_kv_state(result["kv_state"]))
+    lines.append(result["text"])
+    return "\n".join(lines)
 
