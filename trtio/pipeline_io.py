@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
-from typing import Any, SupportsIndex
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, Tr
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.staging import StepStaging
 from trtio.stream import Event, StreamLike, as_stream
-from trtio.tensor import Tensor, normalize_shape
+from trtio.tensor import ShapeLike, Tensor, normalize_shape
 from trtio.tensor_map import TensorMap
 
 __all__ = ["PipelineIO", "StreamingPrefillBuffers"]
@@ -59,7 +59,19 @@ RAGGED_MEMBERS = (
 )
 
 
-class _FrozenList(list):  # type: ignore[type-arg]
+def _frozen_guard(name: str) -> Callable[..., Any]:
+    """``list.<name>``, refused (:class:`FrozenError`) while the :class:`_FrozenList` is frozen."""
+    base = getattr(list, name)
+
+    def method(self: _FrozenList, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return base(self, *args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+class _FrozenList(list[Tensor]):
     """A list that refuses to change size or items once its owner is frozen."""
 
     _frozen = False
@@ -70,29 +82,18 @@ class _FrozenList(list):  # type: ignore[type-arg]
                 "deepstack_embeds cannot change after a tensor map was built: the map holds "
                 "its tensors by address (POINTER STABILITY INVARIANT)")
 
-    def _guard(name: str):  # type: ignore[misc]
-        base = getattr(list, name)
-
-        def method(self, *args: Any, **kwargs: Any) -> Any:
-            self._check()
-            return base(self, *args, **kwargs)
-
-        method.__name__ = name
-        return method
-
-    append = _guard("append")
-    extend = _guard("extend")
-    insert = _guard("insert")
-    pop = _guard("pop")
-    remove = _guard("remove")
-    clear = _guard("clear")
-    sort = _guard("sort")
-    reverse = _guard("reverse")
-    __setitem__ = _guard("__setitem__")
-    __delitem__ = _guard("__delitem__")
-    __iadd__ = _guard("__iadd__")
-    __imul__ = _guard("__imul__")
-    del _guard
+    append = _frozen_guard("append")
+    extend = _frozen_guard("extend")
+    insert = _frozen_guard("insert")
+    pop = _frozen_guard("pop")
+    remove = _frozen_guard("remove")
+    clear = _frozen_guard("clear")
+    sort = _frozen_guard("sort")
+    reverse = _frozen_guard("reverse")
+    __setitem__ = _frozen_guard("__setitem__")
+    __delitem__ = _frozen_guard("__delitem__")
+    __iadd__ = _frozen_guard("__iadd__")
+    __imul__ = _frozen_guard("__imul__")
 
 
 class StreamingPrefillBuffers:
@@ -220,7 +221,7 @@ class PipelineIO:
     context_lengths: Tensor
     host_context_lengths: Tensor
     host_select_token_indices: Tensor
-    deepstack_embeds: list[Tensor]
+    deepstack_embeds: _FrozenList
     mrope_cos_sin: Tensor
     base_hidden_states: Tensor
     draft_hidden_states_in: Tensor
@@ -253,13 +254,25 @@ class PipelineIO:
     row_scratch: Tensor
     step: StepStaging | None
     contract: str
+    max_batch: int
+    max_seq: int
+    hidden_size: int
+    is_spec_decode: bool
+    context_lengths_staging: HostStaging
+    select_token_indices_staging: HostStaging
+    # Plain assignment works from the start: __setattr__ reads these before __init__ sets them.
+    _frozen: bool = False
+    _closed: bool = False
+    _arena: Arena
+    _backend: Backend
+    _standalone: dict[str, Tensor]  # members replaced by reallocate()
+    _maps: list[TensorMap]  # tensor maps built from this PipelineIO (their executors pin it)
+    _spec_staging: dict[str, HostStaging]
 
     def __init__(self, requests: list[TensorRequest], *, num_deepstack: int, max_batch: int, max_seq: int,
                  hidden_size: int, is_spec_decode: bool, backend: Backend, title: str,
                  step_requests: list[TensorRequest] | None = None, contract: str = "batch") -> None:
         """Internal: use :meth:`create_for_llm` or :meth:`create_for_spec_decode`."""
-        object.__setattr__(self, "_frozen", False)
-        object.__setattr__(self, "_closed", False)
         step_requests = step_requests or []
         arena = Arena(requests + StepStaging.requests(step_requests), backend=backend, title=title)
         step = None
@@ -269,37 +282,35 @@ class PipelineIO:
             except BaseException:
                 arena.close()
                 raise
-        object.__setattr__(self, "step", step)
-        object.__setattr__(self, "contract", contract)
-        object.__setattr__(self, "_arena", arena)
-        object.__setattr__(self, "_backend", backend)
-        object.__setattr__(self, "_standalone", {})
-        object.__setattr__(self, "_maps", [])  # tensor maps built from this PipelineIO (their executors pin it)
-        object.__setattr__(self, "max_batch", max_batch)
-        object.__setattr__(self, "max_seq", max_seq)
-        object.__setattr__(self, "hidden_size", hidden_size)
-        object.__setattr__(self, "is_spec_decode", is_spec_decode)
+        self.step = step
+        self.contract = contract
+        self._arena = arena
+        self._backend = backend
+        self._standalone = {}
+        self._maps = []
+        self.max_batch = max_batch
+        self.max_seq = max_seq
+        self.hidden_size = hidden_size
+        self.is_spec_decode = is_spec_decode
         t = arena.tensors
         if step is not None:
             t.update(step.tensors)
         for m in MEMBERS + EXTRA_MEMBERS + RAGGED_STEP_MEMBERS + RAGGED_MEMBERS:
             if m in t:
-                object.__setattr__(self, m, t[m])
-        object.__setattr__(self, "deepstack_embeds", _FrozenList(t[names.deepstack_embeds(i)]
-                                                                  for i in range(num_deepstack)))
-        object.__setattr__(self, "streaming_prefill", StreamingPrefillBuffers(backend))
-        object.__setattr__(self, "context_lengths_staging",
-                           HostStaging(self.host_context_lengths, self.context_lengths, backend))
-        object.__setattr__(self, "select_token_indices_staging",
-                           HostStaging(self.host_select_token_indices, self.select_token_indices, backend))
-        staging = {}
+                setattr(self, m, t[m])
+        self.deepstack_embeds = _FrozenList(t[names.deepstack_embeds(i)] for i in range(num_deepstack))
+        self.streaming_prefill = StreamingPrefillBuffers(backend)
+        self.context_lengths_staging = HostStaging(self.host_context_lengths, self.context_lengths, backend)
+        self.select_token_indices_staging = HostStaging(self.host_select_token_indices, self.select_token_indices,
+                                                        backend)
+        staging: dict[str, HostStaging] = {}
         if is_spec_decode and contract == "batch":
             staging = {
                 "mask": HostStaging(self.host_packed_attention_mask, self.packed_attention_mask, backend),
                 "position_ids": HostStaging(self.host_spec_decode_position_ids, self.spec_decode_position_ids, backend),
                 "select": HostStaging(self.host_spec_select_token_indices, self.select_token_indices, backend),
             }
-        object.__setattr__(self, "_spec_staging", staging)
+        self._spec_staging = staging
 
     # -- factories ------------------------------------------------------------------------------
     @classmethod
@@ -512,12 +523,12 @@ class PipelineIO:
 
     def _freeze(self) -> None:
         if not self._frozen:
-            object.__setattr__(self, "_frozen", True)
+            self._frozen = True
             self.deepstack_embeds._frozen = True
             for t in self._member_tensors():
                 t._freeze()
 
-    def reallocate(self, member: str, shape: Iterable[SupportsIndex]) -> Tensor:
+    def reallocate(self, member: str, shape: ShapeLike) -> Tensor:
         """Replace a member with a new, standalone allocation of ``shape`` (same dtype and location).
 
         Allowed only before a tensor map is built; afterwards it raises :class:`FrozenError`.
@@ -669,11 +680,11 @@ class PipelineIO:
         if users:
             raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) writing to freed memory; close the setup first")
-        object.__setattr__(self, "_frozen", False)
+        self._frozen = False
         self.deepstack_embeds._frozen = False
         for t in self._member_tensors():
             t._unfreeze()
-        object.__setattr__(self, "_closed", True)
+        self._closed = True
         for pair in [self.context_lengths_staging, self.select_token_indices_staging, *self._spec_staging.values()]:
             pair.close()
         self.streaming_prefill.close()
