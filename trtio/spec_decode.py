@@ -418,7 +418,8 @@ def _as_tree_mask(unpacked: npt.ArrayLike, name: str) -> np.ndarray:
         )
     if array.shape[1] < 1:
         raise ShapeError(f"{name}: expected at least one node (N >= 1), got shape {array.shape}")
-    return array != 0
+    mask: npt.NDArray[np.bool_] = array != 0
+    return mask
 
 
 def _as_lengths(

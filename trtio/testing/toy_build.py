@@ -481,7 +481,7 @@ def network_contract(network: Any, profiles: Sequence[Any]) -> list[dict[str, An
     for i in range(network.num_inputs):
         t = network.get_input(i)
         shape = tuple(int(x) for x in t.shape)
-        per_profile = []
+        per_profile: list[tuple[tuple[int, ...], ...]] = []
         for profile in profiles:
             if -1 not in shape:  # asking a profile about a static input is a logged API error
                 per_profile.append((shape, shape, shape))
@@ -636,7 +636,7 @@ class _ProgressBar:
         if not tops:
             return 0.0
         done, total, _ = self._phases[tops[0]]
-        return min(1.0, done / total)
+        return min(1.0, int(done) / int(total))
 
     def _draw(self) -> None:
         frac = self._fraction()
@@ -665,7 +665,7 @@ def _progress_monitor(trt: Any, bar: _ProgressBar) -> Any:
 
     class Monitor(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            base.__init__(self)
+            super().__init__()
 
         def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
             try:

@@ -70,7 +70,8 @@ class SpecStats:
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    out: np.ndarray = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    return out
 
 
 @dataclass

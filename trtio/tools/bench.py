@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -124,7 +125,9 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
 def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock) -> None:
     rng = np.random.default_rng(1)
-    base, draft = _engine(bundle.base, backend), _engine(bundle.draft, backend)
+    draft_cfg = bundle.draft
+    assert draft_cfg is not None, "configs() always builds a bundle with a draft"
+    base, draft = _engine(bundle.base, backend), _engine(draft_cfg, backend)
     with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
         for e in sd.engines():
             e.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
@@ -144,18 +147,19 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
         path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
         first = np.full(TOP_K, -1)
         e = sd.draft
-        dims = bundle.draft.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
+        dims = draft_cfg.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
 
         def prepare_execute() -> None:
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
             e.executor.execute(stream)
 
         for r in range(rounds + 2):
-            timed = clock if r >= 2 else (lambda name, fn: fn())  # two warm-up rounds capture every graph
+            # two warm-up rounds capture every graph
+            timed: Callable[[str, Callable[[], object]], object] = clock if r >= 2 else (lambda name, fn: fn())
             timed("SpecDecodeSetup.draft_propose", lambda: sd.draft_propose(level, parents=first))
             for lv in range(1, STEPS - 1):
                 parents = (lv - 1) * TOP_K + np.arange(TOP_K) // 2
-                timed("SpecDecodeSetup.draft_propose", lambda p=parents: sd.draft_propose(level, parents=p))
+                timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=parents))
             if r >= 2:
                 clock("prepare + execute (draft proposal, graph)", prepare_execute)
             timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
