@@ -262,7 +262,7 @@ class _Plan:
     """What a slow-path prepare checked and bound, replayed by later steps with the same key."""
 
     key: tuple
-    views: list[tuple[Tensor, tuple[int, ...]]] = field(default_factory=list)  # shared tensors' views
+    views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # shared tensors' views, bytes
     all_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # every view, with bytes
     outputs: list[Tensor] = field(default_factory=list)
     snapshot: tuple = ()  # (profile, (name, address, shape), ...): what the execution context must hold
@@ -332,9 +332,10 @@ class EngineExecutor:
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
-            for t, shp in plan.views:
+            # Views are set to the plan's own shape tuples, so an untouched view costs one identity test.
+            for t, shp, nbytes in plan.views:
                 if t._shape is not shp:
-                    t.reshape(shp)
+                    t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
             return
         cached = self._plans.get(key)
         if cached is not None:
@@ -444,11 +445,13 @@ class EngineExecutor:
                                     f"expects {_fmt(shape)}")
         if problems:
             raise BindingError(self.name, problems)
-        views = [(t, shape) for info, t, shape in planned if info.name not in self._stable]
+        all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
+        for t, shape, nbytes in all_views:
+            t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
+        views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name not in self._stable]
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
-        all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
         plan = _Plan(key, views, all_views, outputs, snapshot, inputs)
         self._plan = self._synced = plan
         self._plans[key] = plan

@@ -22,6 +22,7 @@ from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.dtypes import DType
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio.staging import constant
 
 __all__ = [
     "MAX_PHASE_EXTENT",
@@ -31,7 +32,9 @@ __all__ = [
     "PHASE_PREFILL_RESTORED",
     "PHASE_VERIFY",
     "StepLayout",
+    "TreeLayout",
     "causal_step",
+    "decode_step",
     "output_hidden_width",
     "pack_rows",
     "packed_tree_step",
@@ -162,15 +165,30 @@ def _i32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.int32)
 
 
+_CONSTANTS: dict[tuple[int, int, int, str], np.ndarray] = {}
+
+
+def _ramp(n: int, step: int = 1, start: int = 0, dtype: str = "i4") -> np.ndarray:
+    """``start, start + step, ...`` (``n`` values) as a shared :func:`~trtio.staging.constant`: steps of one
+    shape reuse the same object, which the step block then need not receive again."""
+    key = (n, step, start, dtype)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        if len(_CONSTANTS) >= 1024:
+            _CONSTANTS.clear()
+        found = _CONSTANTS[key] = constant((start + step * np.arange(n, dtype=np.int64)).astype(dtype))
+    return found
+
+
 def _common(past: np.ndarray, qlen: np.ndarray, width: int, phase: int, slots: np.ndarray | None,
             logits_rows: np.ndarray, positions: np.ndarray) -> StepLayout:
     s = past.shape[0]
     asl = past + (qlen if phase <= PHASE_DECODE else width)  # phases 4-5: the kernel derives the prefix as asl - W
     return StepLayout(
         width=width, phase=phase,
-        query_start_offsets=_i32(np.arange(s + 1) * width),
+        query_start_offsets=_ramp(s + 1, width),
         query_lengths=_i32(qlen), past_lengths=_i32(past), attention_sequence_lengths=_i32(asl),
-        state_indices=_i32(np.arange(s) if slots is None else slots),
+        state_indices=_ramp(s) if slots is None else _i32(slots),
         logits_indices=np.ascontiguousarray(logits_rows, dtype=np.int64),
         positions=_i32(positions.reshape(-1)))
 
@@ -186,6 +204,17 @@ def causal_step(past: np.ndarray, lengths: np.ndarray, width: int, *, phase: int
     return _common(past, lengths, width, phase, slots, rows, positions)
 
 
+def decode_step(past: np.ndarray) -> StepLayout:
+    """A decode step (phase 3) of one token per sequence after ``past[s]`` cached ones: what
+    :func:`causal_step` gives for ``lengths`` = 1 and ``width`` = 1, with the parts that depend on the batch
+    alone shared between steps (:func:`~trtio.staging.constant`)."""
+    s = past.shape[0]
+    at = past.astype(np.int32)  # the token's position is its sequence's past length
+    return StepLayout(width=1, phase=PHASE_DECODE, query_start_offsets=_ramp(s + 1), query_lengths=_ramp(s, 0, 1),
+                      past_lengths=at, attention_sequence_lengths=at + 1, state_indices=_ramp(s),
+                      logits_indices=_ramp(s, dtype="i8"), positions=at)
+
+
 def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
     """Tree masks [S, N, N] (N <= width) packed as Edge-LLM reads them: uint32 [S, width, ceil(width/32)],
     bit i % 32 of word i // 32 set where a row sees node i; rows past N are zero."""
@@ -196,6 +225,60 @@ def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
     return np.bitwise_or.reduce(bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint32), axis=3)
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """A tree step's inputs that do not depend on what is cached, worked out once: a tree that repeats
+    (a runtime's verify tree, a catch-up of the same lengths) is laid out once and completed per step by
+    :meth:`at`. Its arrays are :func:`~trtio.staging.constant` s, so the step block receives them once."""
+
+    width: int
+    phase: int
+    real: np.ndarray  # bool [S, W]: the rows that hold a node
+    depth: np.ndarray  # int64 [S, W]
+    query_lengths: np.ndarray  # int32 [S]
+    logits_indices: np.ndarray  # int64 [R]
+    packed_mask: np.ndarray  # int32 [S*W, words]
+    tree_parent_ids: np.ndarray  # int32 [S*W]
+    tree_depths: np.ndarray  # int32 [S*W]
+    padding_position: int
+
+    @classmethod
+    def of(cls, packed: np.ndarray, depth: np.ndarray, real: np.ndarray, *, phase: int, logits_rows: np.ndarray,
+           parents: np.ndarray | None = None, padding_position: int = -1, keep: bool = True) -> TreeLayout:
+        """From packed rows (:func:`pack_rows`, uint32 [S, W, words]), each node's depth and which rows are
+        real ([S, W]), absolute ``logits_rows`` and ``parents`` [S, W] (-1 for roots; a linear chain
+        without them), see :func:`packed_tree_step`. ``keep``: copied into constants, to be reused; else
+        the arrays may view the caller's (a one-off step)."""
+        fix = constant if keep else np.ascontiguousarray
+        s, width = real.shape
+        if parents is None:  # a linear chain (Edge-LLM's default in phase 4)
+            parent_ids = np.broadcast_to(np.arange(width) - 1, (s, width))
+            depths = np.broadcast_to(np.arange(width), (s, width))
+        else:
+            parent_ids, depths = np.where(real, parents, -1), np.where(real, depth, 0)
+        words = np.ascontiguousarray(packed, dtype=np.uint32).view(np.int32).reshape(s * width, -1)
+        return cls(width, phase, fix(real), fix(np.asarray(depth, np.int64)), fix(real.sum(axis=1).astype(np.int32)),
+                   fix(np.asarray(logits_rows, np.int64)), fix(words), fix(parent_ids.reshape(-1).astype(np.int32)),
+                   fix(depths.reshape(-1).astype(np.int32)), padding_position)
+
+    def at(self, past: np.ndarray, slots: np.ndarray | None = None) -> StepLayout:
+        """The step with ``past[s]`` tokens cached per sequence: nodes written at ``past + t``, positions
+        ``past + depth`` (-1 on padding rows; ``attention_position_ids`` has ``padding_position`` there)."""
+        s, width = self.real.shape
+        past32 = past.astype(np.int32)
+        at = past32[:, None] + self.depth.astype(np.int32)
+        positions = np.where(self.real, at, np.int32(-1)).reshape(-1)
+        ids = positions if self.padding_position == -1 else \
+            np.where(self.real, at, np.int32(self.padding_position)).reshape(-1)
+        asl = past32 + (self.query_lengths if self.phase <= PHASE_DECODE else np.int32(width))
+        return StepLayout(width=width, phase=self.phase, query_start_offsets=_ramp(s + 1, width),
+                          query_lengths=self.query_lengths, past_lengths=past32, attention_sequence_lengths=asl,
+                          state_indices=_ramp(s) if slots is None else _i32(slots),
+                          logits_indices=self.logits_indices, positions=positions, attention_position_ids=ids,
+                          packed_mask=self.packed_mask, tree_parent_ids=self.tree_parent_ids,
+                          tree_depths=self.tree_depths)
+
+
 def packed_tree_step(past: np.ndarray, packed: np.ndarray, depth: np.ndarray, real: np.ndarray, *, phase: int,
                      logits_rows: np.ndarray, parents: np.ndarray | None = None, padding_position: int = -1,
                      slots: np.ndarray | None = None) -> StepLayout:
@@ -203,19 +286,8 @@ def packed_tree_step(past: np.ndarray, packed: np.ndarray, depth: np.ndarray, re
     which rows are real ([S, W]): nodes written at ``past + t``, positions ``past + depth`` (-1 on padding
     rows; ``attention_position_ids`` has ``padding_position`` there), ``logits_rows`` absolute rows,
     ``parents`` [S, W] (-1 for roots) for the tree metadata (a linear chain without it)."""
-    past = np.asarray(past, np.int64)
-    s, width = real.shape
-    at = past[:, None] + depth
-    layout = _common(past, real.sum(axis=1), width, phase, slots, np.asarray(logits_rows), np.where(real, at, -1))
-    layout.attention_position_ids = _i32(np.where(real, at, padding_position).reshape(-1))
-    layout.packed_mask = np.ascontiguousarray(packed, dtype=np.uint32).view(np.int32).reshape(s * width, -1)
-    if parents is None:  # a linear chain (Edge-LLM's default in phase 4)
-        layout.tree_parent_ids = _i32(np.broadcast_to(np.arange(width) - 1, (s, width)).reshape(-1))
-        layout.tree_depths = _i32(np.broadcast_to(np.arange(width), (s, width)).reshape(-1))
-    else:
-        layout.tree_parent_ids = _i32(np.where(real, parents, -1).reshape(-1))
-        layout.tree_depths = _i32(np.where(real, depth, 0).reshape(-1))
-    return layout
+    return TreeLayout.of(packed, depth, real, phase=phase, logits_rows=logits_rows, parents=parents,
+                         padding_position=padding_position, keep=False).at(np.asarray(past, np.int64), slots)
 
 
 def tree_step(past: np.ndarray, visible: np.ndarray, width: int, *, phase: int, logits_rows: np.ndarray,

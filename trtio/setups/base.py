@@ -396,13 +396,13 @@ class SetupBase:
         step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
         step.write("state_indices", layout.state_indices)
         step.write("logits_indices", layout.logits_indices)
-        step.write("positions", layout.positions)
+        rows = step.write("positions", layout.positions)  # a shared RoPE table's rows are the positions
         table, per_slot = self._rope_rows_source(e, s)
-        rows = layout.positions
         if per_slot:  # MRoPE: one table per sequence slot, [B, C, R] read as B*C rows
             slots = np.repeat(layout.state_indices.astype(np.int64), layout.width)
-            rows = np.where(rows >= 0, slots * e.cfg.max_kv_cache_capacity + rows, -1).astype(np.int32)
-        step.write("rope_rows", rows)
+            at = layout.positions
+            rows = step.write("rope_rows", np.where(at >= 0, slots * e.cfg.max_kv_cache_capacity + at, -1)
+                              .astype(np.int32))
         if layout.packed_mask is not None and io.is_spec_decode:
             assert layout.attention_position_ids is not None
             assert layout.tree_parent_ids is not None and layout.tree_depths is not None
@@ -411,7 +411,7 @@ class SetupBase:
             step.write("spec_tree_parent_ids", layout.tree_parent_ids)
             step.write("spec_tree_depths", layout.tree_depths)
         step.upload(s)
-        copy_rows(io.ragged_rope_cos_sin, table, io.rope_rows, layout.rows,
+        copy_rows(io.ragged_rope_cos_sin, table, rows, layout.rows,
                   row_bytes=e.cfg.rotary_dim * DType.FLOAT32.itemsize, stream=s)
 
     def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:

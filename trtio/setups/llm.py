@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from trtio.config import LLMEngineConfig
-from trtio.contracts.ragged import PHASE_DECODE, PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step
+from trtio.contracts.ragged import PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step, decode_step
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor, GraphStats
@@ -191,7 +191,7 @@ class LLMSetup(SetupBase):
         s = self._stream(stream)
         self._upload_embeds(x, s)
         if self.contract == "ragged":
-            self._stage_layout(e, causal_step(lengths, np.ones(b, np.int64), 1, phase=PHASE_DECODE), s)
+            self._stage_layout(e, decode_step(lengths), s)
         else:
             e.state.upload_start_index(lengths, s)
             self.io.upload_context_lengths(lengths + 1, s)

@@ -37,6 +37,7 @@ from trtio.contracts.ragged import (
     PHASE_PREFILL,
     PHASE_VERIFY,
     StepLayout,
+    TreeLayout,
     causal_step,
     pack_rows,
     packed_tree_step,
@@ -326,9 +327,9 @@ class SpecDecodeSetup(SetupBase):
         self._level = (n0, k)
         return self.io.output_logits
 
-    def _causal_rows(self, acc: np.ndarray, a: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A catch-up's rows: causal over each sequence's accepted tokens (packed, depth, real), remembered
-        per (accept lengths, width)."""
+    def _catch_up_layout(self, acc: np.ndarray, a: int) -> TreeLayout:
+        """A catch-up's rows (ragged): causal over each sequence's accepted tokens, logits at the last one;
+        remembered per (accept lengths, width)."""
         key = (a, acc.tobytes())
         found = self._catch_up.get(key)
         if found is None:
@@ -337,7 +338,9 @@ class SpecDecodeSetup(SetupBase):
             causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
             if len(self._catch_up) >= 64:
                 self._catch_up.pop(next(iter(self._catch_up)))
-            found = self._catch_up[key] = (pack_rows(causal, a), np.broadcast_to(j, take.shape), take)
+            found = self._catch_up[key] = TreeLayout.of(
+                pack_rows(causal, a), np.broadcast_to(j, take.shape), take,
+                phase=PHASE_DRAFT if a > 1 else PHASE_DECODE, logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
         return found
 
     def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
@@ -421,9 +424,7 @@ class SpecDecodeSetup(SetupBase):
         s = self._stream(stream)
         self._upload_embeds(x, s)
         if self.contract == "ragged":
-            layout = packed_tree_step(lengths, t.packed, t.depth, t.real, phase=PHASE_VERIFY,
-                                      logits_rows=t.all_rows, parents=t.parents)
-            self._stage_layout(e, layout, s)
+            self._stage_layout(e, t.layout.at(lengths), s)
         else:
             self.io.upload_tree(t.packed.view(np.int32), np.where(t.real, lengths[:, None] + t.depth, 0)
                                 .astype(np.int32), s)
@@ -555,10 +556,7 @@ class SpecDecodeSetup(SetupBase):
         self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, dst, self._base_width, s)
         self.io.draft_hidden_states_in.reshape((b * a, e.cfg.hidden_size)).zero_(s)
         if self.contract == "ragged":
-            packed, depth, real = self._causal_rows(acc, a)
-            layout = packed_tree_step(past, packed, depth, real, phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
-                                      logits_rows=np.arange(b) * a + acc - 1)
-            self._stage_layout(e, layout, s)
+            self._stage_layout(e, self._catch_up_layout(acc, a).at(past), s)
         else:
             causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
             pos = np.where(take, past[:, None] + j[None, :], 0)
@@ -604,14 +602,16 @@ class _Tree:
     depth: np.ndarray  # int64 [B, N]
     parents: np.ndarray  # int64 [B, N], -1 for the root and padding rows
     real: np.ndarray  # bool [B, N]
-    all_rows: np.ndarray  # int64 [B*N]: logits for every node
     select: np.ndarray  # int64 [B, N]: the batch contract's last_token_ids (every node)
+    layout: TreeLayout  # the ragged contract's verify step, less what depends on the cached lengths
 
     @classmethod
     def of(cls, vis: np.ndarray) -> _Tree:
         b, n = vis.shape[0], vis.shape[1]
-        return cls(n, pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis), vis.any(axis=2),
-                   np.arange(b * n, dtype=np.int64), np.ascontiguousarray(np.broadcast_to(np.arange(n), (b, n))))
+        packed, depth, parents, real = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis), vis.any(axis=2)
+        layout = TreeLayout.of(packed, depth, real, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
+        return cls(n, packed, depth, parents, real, np.ascontiguousarray(np.broadcast_to(np.arange(n), (b, n))),
+                   layout)
 
 
 def _parents_of(vis: np.ndarray) -> np.ndarray:

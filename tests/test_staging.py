@@ -1,0 +1,169 @@
+"""StepStaging: one host write and one copy per step; constants the device block holds are not sent again."""
+
+import numpy as np
+import pytest
+
+from trtio.contracts.ragged import (
+    PHASE_DECODE,
+    PHASE_DRAFT,
+    PHASE_VERIFY,
+    TreeLayout,
+    causal_step,
+    decode_step,
+    pack_rows,
+    packed_tree_step,
+    tree_step,
+)
+from trtio.memory import Arena, TensorRequest
+from trtio.staging import StepStaging, constant
+from trtio.stream import Stream
+
+
+def _block(backend):
+    reqs = StepStaging.requests([TensorRequest("a", (8,), "int32"), TensorRequest("b", (8,), "int32"),
+                                 TensorRequest("c", (4,), "int64")])
+    arena = Arena(reqs, backend=backend, title="block")
+    return arena, StepStaging(arena, ["a", "b", "c"], title="block")
+
+
+def test_one_copy_moves_every_value_written(host):
+    arena, step = _block(host)
+    s = Stream.create(host)
+    ops = host.op_count
+    step.write("a", np.arange(3, dtype=np.int32))
+    step.write("c", np.array([7, 8], np.int64))
+    step.upload(s)
+    assert host.op_count - ops == 1, "one copy for the whole block"
+    s.synchronize()
+    assert step.tensors["a"].reshape((3,)).to_numpy().tolist() == [0, 1, 2]
+    assert step.tensors["c"].reshape((2,)).to_numpy().tolist() == [7, 8]
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_a_constant_the_device_holds_is_not_written_again(host):
+    arena, step = _block(host)
+    s = Stream.create(host)
+    ones = constant(np.ones(4, np.int32))
+    step.write("a", ones)
+    step.upload(s)
+    step.write("a", ones)
+    assert step.skipped == 1
+    ops = host.op_count
+    step.upload(s)
+    assert host.op_count == ops, "nothing new was written: no copy"
+    # An equal array that is not the same constant is written (its content is not compared).
+    step.write("a", np.ones(4, np.int32))
+    assert step.skipped == 1
+    # Another value for the name makes the device forget the constant: writing it again sends it again.
+    step.write("a", np.full(4, 5, np.int32))
+    step.upload(s)
+    step.write("a", ones)
+    step.upload(s)
+    s.synchronize()
+    assert step.skipped == 1
+    assert step.tensors["a"].reshape((4,)).to_numpy().tolist() == [1, 1, 1, 1]
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_a_constant_written_but_never_uploaded_is_written_again(host):
+    arena, step = _block(host)
+    s = Stream.create(host)
+    twos = constant(np.full(3, 2, np.int32))
+    step.write("b", twos)  # a step that failed before its upload
+    step.write("b", twos)
+    assert step.skipped == 0
+    step.upload(s)
+    s.synchronize()
+    assert step.tensors["b"].reshape((3,)).to_numpy().tolist() == [2, 2, 2]
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_writable_or_borrowed_arrays_are_never_skipped(host):
+    arena, step = _block(host)
+    s = Stream.create(host)
+    buf = np.zeros(4, np.int32)
+    ro_view = np.broadcast_to(buf, (4,))  # read-only, but a view of a buffer that may change
+    for values in (buf, ro_view):
+        step.write("a", values)
+        step.upload(s)
+        buf[:] += 1
+        step.write("a", values)
+        step.upload(s)
+        s.synchronize()
+        assert step.tensors["a"].reshape((4,)).to_numpy().tolist() == buf.tolist()
+    assert step.skipped == 0
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_constant_is_a_read_only_copy():
+    src = np.arange(3)
+    c = constant(src)
+    src[0] = 9
+    assert c.tolist() == [0, 1, 2] and not c.flags.writeable and c.flags.owndata
+    with pytest.raises(ValueError):
+        c[0] = 1
+
+
+def _fields(layout):
+    return {k: v for k, v in vars(layout).items() if isinstance(v, np.ndarray)}
+
+
+def _same(a, b):
+    fa, fb = _fields(a), _fields(b)
+    assert fa.keys() == fb.keys() and (a.width, a.phase) == (b.width, b.phase)
+    for k in fa:
+        assert fa[k].dtype == fb[k].dtype, k
+        assert fa[k].tolist() == fb[k].tolist(), k
+
+
+@pytest.mark.parametrize("past", [[0], [5, 0, 17], [3, 3, 3, 3, 3, 3, 3, 3]])
+def test_decode_step_is_causal_step_of_one_token(past):
+    past = np.array(past, np.int64)
+    ref = causal_step(past, np.ones(past.size, np.int64), 1, phase=PHASE_DECODE)
+    got = decode_step(past)
+    _same(got, ref)
+    again = decode_step(past + 1)
+    for name in ("query_start_offsets", "query_lengths", "state_indices", "logits_indices"):
+        assert getattr(again, name) is getattr(got, name), f"{name} is shared between steps"
+
+
+def _random_tree(rng, s, n, width):
+    parents = np.full((s, n), -1)
+    for b in range(s):
+        for t in range(1, n):
+            parents[b, t] = rng.integers(0, t)
+    vis = np.zeros((s, n, n), bool)
+    for b in range(s):
+        for t in range(n):
+            a = t
+            while a >= 0:
+                vis[b, t, a] = True
+                a = parents[b, a]
+    return vis, parents
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_tree_layout_at_equals_a_fresh_tree_step(seed):
+    rng = np.random.default_rng(seed)
+    s, n = int(rng.integers(1, 5)), int(rng.integers(1, 40))
+    vis, parents = _random_tree(rng, s, n, n)
+    real = vis.any(axis=2)
+    depth = vis.sum(axis=2) - 1
+    rows = np.arange(s * n)
+    tpl = TreeLayout.of(pack_rows(vis, n), depth, real, phase=PHASE_VERIFY, logits_rows=rows, parents=parents)
+    for _ in range(3):
+        past = rng.integers(0, 100, s)
+        _same(tpl.at(past), tree_step(past, vis, n, phase=PHASE_VERIFY, logits_rows=rows, parents=parents))
+    chain = TreeLayout.of(pack_rows(vis, n), depth, real, phase=PHASE_DRAFT, logits_rows=rows, padding_position=0)
+    past = rng.integers(0, 100, s)
+    _same(chain.at(past), packed_tree_step(past, pack_rows(vis, n), depth, real, phase=PHASE_DRAFT,
+                                           logits_rows=rows, padding_position=0))
+    assert tpl.at(past).packed_mask is tpl.packed_mask, "a kept tree's mask is one shared constant"
