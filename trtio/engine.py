@@ -20,7 +20,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from trtio import names as _names
 from trtio.cuda.backend import Backend, Location, get_backend
@@ -34,7 +34,7 @@ from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
-__all__ = ["TensorInfo", "EngineIO", "ContextMemory", "EngineExecutor", "GraphStats", "PREFILL_PROFILE",
+__all__ = ["TensorInfo", "EngineIO", "ContextMemory", "DeviceWork", "EngineExecutor", "GraphStats", "PREFILL_PROFILE",
            "DECODE_PROFILE"]
 
 log = logging.getLogger("trtio")
@@ -257,6 +257,14 @@ class GraphStats:
     graphs: int = 0
 
 
+class DeviceWork(Protocol):
+    """Device work a step enqueues before its engine (:class:`trtio.ops.RowCopy`, :class:`trtio.ops.Zero`):
+    captured with the engine in one graph. Hashable; equal values are the same work (they read what they
+    need, e.g. row indices, from device memory when they run)."""
+
+    def enqueue(self, stream: Any) -> None: ...
+
+
 @dataclass
 class _Plan:
     """What a slow-path prepare checked and bound, replayed by later steps with the same key."""
@@ -267,7 +275,9 @@ class _Plan:
     outputs: list[Tensor] = field(default_factory=list)
     snapshot: tuple = ()  # (profile, (name, address, shape), ...): what the execution context must hold
     inputs: frozenset[str] = frozenset()
-    graph: int | None = None  # the graph of this snapshot, once looked up or captured
+    graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
+    graph_before: tuple[DeviceWork, ...] = ()
+    graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
 
 
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
@@ -304,6 +314,7 @@ class EngineExecutor:
         self._synced: _Plan | None = None  # the plan whose bindings the execution context holds
         self._graphs: dict[tuple, int] = {}
         self._last_snapshot: tuple | None = None
+        self._last_before: tuple[DeviceWork, ...] = ()
         self.graph_stats = GraphStats()
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
@@ -492,11 +503,14 @@ class EngineExecutor:
         return sorted(n for n in tensor_map.names() if n not in declared)
 
     # -- execution --------------------------------------------------------------------------------
-    def execute(self, stream: StreamLike = None, *, use_graph: bool | None = None) -> None:
-        """Enqueue the engine on ``stream`` (after :meth:`prepare`).
+    def execute(self, stream: StreamLike = None, *, use_graph: bool | None = None,
+                before: tuple[DeviceWork, ...] = ()) -> None:
+        """Enqueue the engine on ``stream`` (after :meth:`prepare`), after the device work ``before``
+        (e.g. :class:`trtio.ops.RowCopy` values: the inputs the step gathers on the device).
 
-        With graphs, the first step of each binding snapshot runs once un-captured (TensorRT's lazy
-        initialisation), is captured, and later steps with the same snapshot replay the graph.
+        With graphs, the first step of each binding snapshot and ``before`` runs once un-captured
+        (TensorRT's lazy initialisation), is captured with ``before`` in one graph, and later steps with
+        the same snapshot and equal ``before`` replay the graph.
         """
         if self._closed:
             raise ClosedError(f"executor {self.name!r} is closed")
@@ -505,50 +519,60 @@ class EngineExecutor:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
         s = as_stream(stream, self._backend)
         if use_graph if use_graph is not None else self.graphs_enabled:
-            graph = plan.graph
+            graph = plan.graph if plan.graph_before == before else None
+            captured = False
             if graph is None:
-                graph = self._graphs.get(plan.snapshot)  # hashing the snapshot: once per new plan
-            if graph is None:
-                self._sync(plan, s)
-                graph = self._capture(plan.snapshot, s)
-            elif graph:
+                graph = plan.graphs.get(before)  # a step that alternates between works (a round's first level)
+                if graph is None:
+                    key = (plan.snapshot, before)
+                    graph = self._graphs.get(key)  # hashing the snapshot: once per new plan or new `before`
+                    if graph is None:
+                        self._sync(plan, s)
+                        graph, captured = self._capture(key, s), True
+                    plan.graphs[before] = graph
+                plan.graph, plan.graph_before = graph, before
+            if graph and not captured:
                 self.graph_stats.hits += 1
-            plan.graph = graph
             if graph:
                 self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
             else:
                 self._sync(plan, s)
-                self._enqueue(s)  # this binding snapshot cannot be captured (graph_stats says why)
+                self._enqueue(s, before)  # this binding snapshot cannot be captured (graph_stats says why)
         else:
             self._sync(plan, s)
-            self._enqueue(s)
+            self._enqueue(s, before)
         for t in plan.outputs:
             t._last_stream = s
 
-    def _enqueue(self, s: Any) -> None:
+    def _enqueue(self, s: Any, before: tuple[DeviceWork, ...] = ()) -> None:
+        for work in before:
+            work.enqueue(s)
         if not self.context.execute_async_v3(s.handle):
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
                               f"see the trtio.trt log for TensorRT's reason")
 
-    def _capture(self, snapshot: tuple, s: Any) -> int:
-        """Warm up, then capture the enqueue as a graph; 0 (plain execution from now on for this
-        snapshot) where the context says it cannot be captured on ``s``."""
+    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Any) -> int:
+        """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
+        this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``."""
+        snapshot, before = key
         stats = self.graph_stats
         stats.misses += 1
-        stats.last_miss_reason = self._miss_reason(snapshot)
-        self._last_snapshot = snapshot
-        self._enqueue(s)  # warm-up: TensorRT initialises lazily at new shapes
+        stats.last_miss_reason = self._miss_reason(snapshot, before)
+        self._last_snapshot, self._last_before = snapshot, before
+        self._enqueue(s, before)  # warm-up: TensorRT initialises lazily at new shapes
         s.synchronize()
         capturable = getattr(self.context, "is_stream_capturable", None)
         if capturable is not None and not capturable(s.handle):
             # TensorRT-RTX reports this (e.g. an engine built without REQUIRE_USER_ALLOCATION).
             stats.last_miss_reason += "; not captured: the execution context reports the stream is not capturable"
-            self._graphs[snapshot] = 0
+            self._graphs[key] = 0
             log.info("executor %s: %s", self.name, stats.last_miss_reason)
             return 0
         be = self._backend
         be.begin_capture(s.handle)
         try:
+            for work in before:
+                work.enqueue(s)
             ok = self.context.execute_async_v3(s.handle)
         except BaseException:
             be.abort_capture(s.handle)
@@ -557,16 +581,18 @@ class EngineExecutor:
             be.abort_capture(s.handle)
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False while capturing a CUDA graph")
         graph = be.end_capture(s.handle)
-        self._graphs[snapshot] = graph
+        self._graphs[key] = graph
         stats.captures += 1
         stats.graphs = len(self._graphs)
         log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
         return graph
 
-    def _miss_reason(self, snapshot: tuple) -> str:
+    def _miss_reason(self, snapshot: tuple[Any, ...], before: tuple[DeviceWork, ...]) -> str:
         prev = self._last_snapshot
         if prev is None:
             return "first capture"
+        if prev == snapshot and before != self._last_before:
+            return "other device work before the engine"
         if prev[0] != snapshot[0]:
             return f"profile {prev[0]} -> {snapshot[0]}"
         before = {name: (addr, shape) for name, addr, shape in prev[1:]}
@@ -587,8 +613,10 @@ class EngineExecutor:
         finally:
             for plan in self._plans.values():
                 plan.graph = None
+                plan.graphs.clear()
             if self._plan is not None:
                 self._plan.graph = None
+                self._plan.graphs.clear()
             self.graph_stats.graphs = 0
 
     # -- lifetime ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from trtio.cuda.backend import Backend
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["KVCommit", "KVLayout", "copy_rows", "warm_up"]
+__all__ = ["KVCommit", "KVLayout", "RowCopy", "Zero", "copy_rows", "warm_up"]
 
 _BLOCK = 128
 
@@ -75,6 +75,37 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
     if launch is None:
         raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
     launch(stream.handle, run)
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    """:func:`copy_rows` as a value: device work an engine step needs first, enqueued with it, so an
+    executor can capture both in one graph (:meth:`EngineExecutor.execute`'s ``before``). Equal values
+    (the same tensors, count and row width) are the same work: their indices are read when it runs."""
+
+    dst: Tensor
+    src: Tensor
+    src_rows: Tensor
+    count: int
+    row_bytes: int
+    dst_rows: Tensor | None = None
+
+    def enqueue(self, stream: Stream) -> None:
+        copy_rows(self.dst, self.src, self.src_rows, self.count, row_bytes=self.row_bytes, stream=stream,
+                  dst_rows=self.dst_rows)
+
+
+@dataclass(frozen=True)
+class Zero:
+    """The first ``nbytes`` of a device tensor set to 0, as a value (see :class:`RowCopy`)."""
+
+    tensor: Tensor
+    nbytes: int
+
+    def enqueue(self, stream: Stream) -> None:
+        t = self.tensor
+        t.backend.memset(t.data_ptr, 0, self.nbytes, stream.handle)
+        t._last_stream = stream
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from trtio.contracts.ragged import StepLayout
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
+from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, EngineExecutor, EngineIO
 from trtio.errors import BindingError, ClosedError, InvalidValueError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
-from trtio.ops import copy_rows
+from trtio.ops import RowCopy
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry
 from trtio.rope import rope_cos_sin_table
@@ -293,6 +293,7 @@ class SetupBase:
         and the stream construction works on. Construction ends synchronised, so steps may run on any
         stream: the one given at creation, or (``stream=None``) the calling thread's default stream."""
         self._default_stream = None if stream is None else as_stream(stream, self._backend)
+        self._row_copies: dict[tuple[int, ...], RowCopy] = {}
         s = self._default_stream or as_stream(None, self._backend)
         with contextlib.ExitStack() as stack:
             yield stack, s
@@ -377,17 +378,19 @@ class SetupBase:
         return e.cfg.prefill_dims(b, seq, kv_cache_empty=empty)
 
     def _run_prefill(self, e: BoundEngine, dims: InferenceDims, ctx: np.ndarray, s: Stream,
-                     past: np.ndarray | None = None) -> None:
-        """Prepare and enqueue a prefill (profile 0, never graph-captured); the lengths become ``past + ctx``."""
+                     past: np.ndarray | None = None, before: tuple[DeviceWork, ...] = ()) -> None:
+        """Prepare and enqueue a prefill (profile 0, never graph-captured) after the device work ``before``;
+        the lengths become ``past + ctx``."""
         b = dims.batch
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, use_graph=False)
+        e.executor.execute(s, use_graph=False, before=before)
         e.state.lengths[:b] = ctx if past is None else past + ctx
         e.state.lengths[b:] = 0
 
-    def _stage_layout(self, e: BoundEngine, layout: StepLayout, s: Stream) -> None:
-        """Write a ragged step's inputs into the step block, upload them with one copy, and gather the
-        step's RoPE rows (one per token, at its position) from the engine's table on the device."""
+    def _stage_layout(self, e: BoundEngine, layout: StepLayout, s: Stream) -> RowCopy:
+        """Write a ragged step's inputs into the step block and upload them with one copy; returns the
+        gather of the step's RoPE rows (one per token, at its position) from the engine's table, device
+        work to enqueue before the engine (in its graph)."""
         io, step = self.io, self.io.step
         assert step is not None
         step.write("query_start_offsets", layout.query_start_offsets)
@@ -411,8 +414,20 @@ class SetupBase:
             step.write("spec_tree_parent_ids", layout.tree_parent_ids)
             step.write("spec_tree_depths", layout.tree_depths)
         step.upload(s)
-        copy_rows(io.ragged_rope_cos_sin, table, rows, layout.rows,
-                  row_bytes=e.cfg.rotary_dim * DType.FLOAT32.itemsize, stream=s)
+        row_bytes = e.cfg.rotary_dim * DType.FLOAT32.itemsize
+        return self._row_copy(io.ragged_rope_cos_sin, table, rows, layout.rows, row_bytes)
+
+    def _row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
+                  dst_rows: Tensor | None = None) -> RowCopy:
+        """The RowCopy of these arguments, one object per distinct copy (an executor compares the work
+        before its engine with the work its graph holds: the same object compares at once)."""
+        key = (id(dst), id(src), id(src_rows), count, row_bytes, id(dst_rows))
+        found = self._row_copies.get(key)
+        if found is None:
+            if len(self._row_copies) >= 256:
+                self._row_copies.clear()
+            found = self._row_copies[key] = RowCopy(dst, src, src_rows, count, row_bytes, dst_rows)
+        return found
 
     def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:
         """The table a ragged step's RoPE rows are gathered from, and whether it has one per slot."""

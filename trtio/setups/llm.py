@@ -16,7 +16,7 @@ from trtio.config import LLMEngineConfig
 from trtio.contracts.ragged import PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step, decode_step
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor, GraphStats
+from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
@@ -135,15 +135,16 @@ class LLMSetup(SetupBase):
             zero = np.zeros(b, np.int64)
             layout = causal_step(zero if past is None else past, ctx, seq,
                                  phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED)
-            self._stage_layout(e, layout, s)
+            before: tuple[DeviceWork, ...] = (self._stage_layout(e, layout, s),)
         else:
+            before = ()
             self.io.upload_context_lengths(ctx if past is None else past + ctx, s)
             self.io.upload_select_token_indices((ctx - 1)[:, None], s)
             start = None if past is None and e.empty_start_ok else (np.zeros(b, np.int32) if past is None else past)
             e.state.upload_start_index(start, s)
         self._select_zero_batch = None
         self._bind_deepstack(e, features, b, seq, s)
-        self._run_prefill(e, dims, ctx, s, past)
+        self._run_prefill(e, dims, ctx, s, past, before)
         self._batch = b
         return self.io.output_logits
 
@@ -190,8 +191,9 @@ class LLMSetup(SetupBase):
                              f"got [{nb}, {ns}, ...]")
         s = self._stream(stream)
         self._upload_embeds(x, s)
+        before: tuple[DeviceWork, ...] = ()
         if self.contract == "ragged":
-            self._stage_layout(e, decode_step(lengths), s)
+            before = (self._stage_layout(e, decode_step(lengths), s),)
         else:
             e.state.upload_start_index(lengths, s)
             self.io.upload_context_lengths(lengths + 1, s)
@@ -206,7 +208,7 @@ class LLMSetup(SetupBase):
         if dims is None:
             dims = self._decode_dims[b] = self.cfg.decode_dims(b)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s)
+        e.executor.execute(s, before=before)
         lengths += 1
         return self.io.output_logits
 

@@ -44,10 +44,10 @@ from trtio.contracts.ragged import (
 )
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, ContextMemory, GraphStats
+from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import copy_rows, warm_up
+from trtio.ops import Zero, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -132,7 +132,8 @@ class SpecDecodeSetup(SetupBase):
         self._tree_parent = np.full((mb, w), -1, np.int64)
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
-        self._catch_up: dict[Any, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._catch_up: dict[Any, TreeLayout] = {}
+        self._zeros: dict[tuple[int, int], Zero] = {}
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_embeds = np.zeros((mb, w, base_cfg.hidden_size), base_cfg.activation.storage_numpy)
         self._verified: _Tree | None = None  # the last verify tree
@@ -186,9 +187,9 @@ class SpecDecodeSetup(SetupBase):
         x, b, seq, ctx, dims = self._check_prompt(e, inputs_embeds, context_lengths)
         features = self._check_deepstack(e, deepstack_embeds, b, seq)
         s = self._stream(stream)
-        self._stage_prompt(e, x, ctx, s)
+        before = self._stage_prompt(e, x, ctx, s)
         self._bind_deepstack(e, features, b, seq, s)
-        self._run_prefill(e, dims, ctx, s)
+        self._run_prefill(e, dims, ctx, s, before=before)
         self._batch = b
         self._prompt = (seq, ctx)
         self._draft_ready = False
@@ -215,9 +216,9 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's {lengths.tolist()}: "
                              f"the draft reads the base's hidden states row for row")
         s = self._stream(stream)
-        self._stage_prompt(e, x, ctx, s)
+        before = self._stage_prompt(e, x, ctx, s)
         self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
-        self._run_prefill(e, dims, ctx, s)
+        self._run_prefill(e, dims, ctx, s, before=before)
         self._prompt = None
         # The root's hidden state: the draft output row of each sequence's last token.
         self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * seq + ctx - 1
@@ -232,15 +233,17 @@ class SpecDecodeSetup(SetupBase):
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
         return x, b, seq, ctx, self._prefill_dims(e, b, seq, None)
 
-    def _stage_prompt(self, e: BoundEngine, x: Any, ctx: np.ndarray, s: Stream) -> None:
+    def _stage_prompt(self, e: BoundEngine, x: Any, ctx: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
+        """Stage a prompt's inputs; returns the device work to run before the engine."""
         b, seq = int(x.shape[0]), int(x.shape[1])
         self._upload_embeds(x, s)
         if self.contract == "ragged":
-            self._stage_layout(e, causal_step(np.zeros(b, np.int64), ctx, seq, phase=PHASE_PREFILL), s)
+            return (self._stage_layout(e, causal_step(np.zeros(b, np.int64), ctx, seq, phase=PHASE_PREFILL), s),)
         else:
             self.io.upload_context_lengths(ctx, s)
             self.io.upload_select_token_indices((ctx - 1)[:, None], s)
             e.state.upload_start_index(None if e.empty_start_ok else np.zeros(b, np.int32), s)
+            return ()
 
     def _start_round(self) -> None:
         self._tree_n = 0
@@ -296,9 +299,8 @@ class SpecDecodeSetup(SetupBase):
         self._tree_depth[:b, nodes] = np.where(has, self._tree_depth[rows_b, up] + 1, 0)
         self._tree_parent[:b, nodes] = par
         self._stage_tree_embeds(x, b, n0, k, s)
-        if n0 == 0:  # a new round: no base features in proposals, and no stale draft rows
-            self.io.base_hidden_states.reshape((b * w, e.cfg.base_model_hidden_size)).zero_(s)
-            self.io.draft_hidden_states_in.reshape((b * w, e.cfg.hidden_size)).zero_(s)
+        # A new round: no base features in proposals, and no stale draft rows.
+        zeros = self._round_zeros(b, w) if n0 == 0 else ()
         level0, level_k = self._level
         out_row = (rows_b * (level_k if self.contract == "ragged" else w)
                    + (par - (level0 if self.contract == "ragged" else 0)))
@@ -311,18 +313,18 @@ class SpecDecodeSetup(SetupBase):
             layout = packed_tree_step(past, self._tree_words[:b], depth, real,
                                       phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=dst,
                                       parents=self._tree_parent[:b], padding_position=0)
-            self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
-                            e.cfg.hidden_size, s, then=(e, layout))
+            moves = self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
+                                    e.cfg.hidden_size, s, then=(e, layout))
         else:
-            self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
-                            e.cfg.hidden_size, s)
+            moves = self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
+                                    e.cfg.hidden_size, s)
             self.io.upload_tree(self._tree_words[:b].view(np.int32),
                                 np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + w, s)
             self.io.upload_select_token_indices(np.broadcast_to(nodes.astype(np.int64), (b, k)), s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s)
+        e.executor.execute(s, before=zeros + moves)
         self._tree_n = n
         self._level = (n0, k)
         return self.io.output_logits
@@ -382,20 +384,37 @@ class SpecDecodeSetup(SetupBase):
         self._round_embeds[:b, n0:n0 + k] = x
         self._embeds_staging.upload(self._round_embeds[:b], s)
 
-    def _move_rows(self, src: Tensor, src_rows: np.ndarray, dst: Tensor, dst_rows: np.ndarray, width: int,
-                   s: Stream, *, then: tuple[BoundEngine, StepLayout] | None = None) -> None:
-        """Rows ``src_rows`` of ``src`` into rows ``dst_rows`` of ``dst`` (distinct buffers): one device op
-        after the indices' upload. ``then`` (ragged): a step layout staged in that same upload."""
+    def _round_zeros(self, b: int, w: int) -> tuple[DeviceWork, ...]:
+        """A proposal round's first level: the base features and the draft's own hidden rows set to 0."""
+        return (self._zero(self.io.base_hidden_states, b * w * self._base_width),
+                self._zero(self.io.draft_hidden_states_in, b * w * self.draft.cfg.hidden_size))
+
+    def _zero(self, t: Tensor, count: int) -> Zero:
+        """The Zero of ``t``'s first ``count`` elements, one object per distinct zeroing (see _row_copy)."""
+        key = (id(t), count)
+        found = self._zeros.get(key)
+        if found is None:
+            found = self._zeros[key] = Zero(t, count * t.dtype.itemsize)
+        return found
+
+    def _move_rows(self, src: Tensor, src_rows: np.ndarray, dst: Tensor, dst_rows: np.ndarray | None, width: int,
+                   s: Stream, *, then: tuple[BoundEngine, StepLayout] | None = None) -> tuple[DeviceWork, ...]:
+        """Rows ``src_rows`` of ``src`` (-1: a zero row) into rows ``dst_rows`` of ``dst`` (row ``i`` without
+        them; distinct buffers): the indices uploaded (with ``then``'s ragged step layout, if any, in the
+        same copy), and the device work returned (``then``'s RoPE gather, then the move) for the caller to
+        enqueue, or to run before its engine."""
         step = self.io.step
         assert step is not None
         step.write("row_src", src_rows.astype(np.int32))
-        step.write("row_dst", dst_rows.astype(np.int32))
+        if dst_rows is not None:
+            step.write("row_dst", dst_rows.astype(np.int32))
+        gather: tuple[DeviceWork, ...] = ()
         if then is not None:
-            self._stage_layout(then[0], then[1], s)  # uploads the block (the rows above too), gathers RoPE
+            gather = (self._stage_layout(then[0], then[1], s),)  # uploads the block, the rows above too
         else:
             step.upload(s)
-        copy_rows(dst, src, self.io.row_src, int(src_rows.size), row_bytes=width * src.dtype.itemsize,
-                  dst_rows=self.io.row_dst, stream=s)
+        return gather + (self._row_copy(dst, src, self.io.row_src, int(src_rows.size), width * src.dtype.itemsize,
+                                        None if dst_rows is None else self.io.row_dst),)
 
     # -- verify and accept --------------------------------------------------------------------------
     def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
@@ -423,8 +442,9 @@ class SpecDecodeSetup(SetupBase):
                              f"cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
         self._upload_embeds(x, s)
+        before: tuple[DeviceWork, ...] = ()
         if self.contract == "ragged":
-            self._stage_layout(e, t.layout.at(lengths), s)
+            before = (self._stage_layout(e, t.layout.at(lengths), s),)
         else:
             self.io.upload_tree(t.packed.view(np.int32), np.where(t.real, lengths[:, None] + t.depth, 0)
                                 .astype(np.int32), s)
@@ -433,7 +453,7 @@ class SpecDecodeSetup(SetupBase):
             self.io.upload_select_token_indices(t.select, s)
         e.tensor_map.use_deepstack_zero()
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s)
+        e.executor.execute(s, before=before)
         self._verified = t
         self._accepted = None
         self._draft_ready = False
@@ -517,7 +537,8 @@ class SpecDecodeSetup(SetupBase):
         per = self._scratch_rows
         src = np.concatenate([i * n + np.asarray(p) for i, p in enumerate(checked)])
         dst = np.concatenate([i * per + np.arange(len(p)) for i, p in enumerate(checked)])
-        self._move_rows(self.io.base_hidden_states, src, self.io.row_scratch, dst, self._base_width, s)
+        for work in self._move_rows(self.io.base_hidden_states, src, self.io.row_scratch, dst, self._base_width, s):
+            work.enqueue(s)
         acc = np.array([len(p) for p in checked], np.int64)
         lengths[:b] += acc
         self._accepted = acc
@@ -551,13 +572,15 @@ class SpecDecodeSetup(SetupBase):
         self._upload_embeds(x, s)
         j = np.arange(a)
         take = j[None, :] < acc[:, None]  # [b, a]: row j of sequence i is an accepted token
-        src = (np.arange(b)[:, None] * self._scratch_rows + j)[take]
-        dst = (np.arange(b)[:, None] * a + j)[take]
-        self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, dst, self._base_width, s)
-        self.io.draft_hidden_states_in.reshape((b * a, e.cfg.hidden_size)).zero_(s)
+        # Row i*a + j of the draft's features: scratch row i*P + j where accepted, else zeros (padding).
+        src = np.where(take, np.arange(b)[:, None] * self._scratch_rows + j, -1).reshape(-1)
+        zero = self._zero(self.io.draft_hidden_states_in, b * a * e.cfg.hidden_size)
         if self.contract == "ragged":
-            self._stage_layout(e, self._catch_up_layout(acc, a).at(past), s)
+            before = (zero,) + self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, None,
+                                               self._base_width, s, then=(e, self._catch_up_layout(acc, a).at(past)))
         else:
+            before = (zero,) + self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, None,
+                                               self._base_width, s)
             causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
             pos = np.where(take, past[:, None] + j[None, :], 0)
             self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
@@ -565,7 +588,7 @@ class SpecDecodeSetup(SetupBase):
             self.io.upload_context_lengths(past + a, s)
             self.io.upload_select_token_indices((acc - 1)[:, None], s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s)
+        e.executor.execute(s, before=before)
         e.state.lengths[:b] = past + acc
         self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * a + acc - 1
         self._accepted = None
