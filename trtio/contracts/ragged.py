@@ -38,6 +38,7 @@ __all__ = [
     "output_hidden_width",
     "pack_rows",
     "packed_tree_step",
+    "ramp",
     "registry_for",
     "tree_step",
 ]
@@ -168,7 +169,7 @@ def _i32(x: np.ndarray) -> np.ndarray:
 _CONSTANTS: dict[tuple[int, int, int, str], np.ndarray] = {}
 
 
-def _ramp(n: int, step: int = 1, start: int = 0, dtype: str = "i4") -> np.ndarray:
+def ramp(n: int, step: int = 1, start: int = 0, dtype: str = "i4") -> np.ndarray:
     """``start, start + step, ...`` (``n`` values) as a shared :func:`~trtio.staging.constant`: steps of one
     shape reuse the same object, which the step block then need not receive again."""
     key = (n, step, start, dtype)
@@ -186,9 +187,9 @@ def _common(past: np.ndarray, qlen: np.ndarray, width: int, phase: int, slots: n
     asl = past + (qlen if phase <= PHASE_DECODE else width)  # phases 4-5: the kernel derives the prefix as asl - W
     return StepLayout(
         width=width, phase=phase,
-        query_start_offsets=_ramp(s + 1, width),
+        query_start_offsets=ramp(s + 1, width),
         query_lengths=_i32(qlen), past_lengths=_i32(past), attention_sequence_lengths=_i32(asl),
-        state_indices=_ramp(s) if slots is None else _i32(slots),
+        state_indices=ramp(s) if slots is None else _i32(slots),
         logits_indices=np.ascontiguousarray(logits_rows, dtype=np.int64),
         positions=_i32(positions.reshape(-1)))
 
@@ -210,9 +211,9 @@ def decode_step(past: np.ndarray) -> StepLayout:
     alone shared between steps (:func:`~trtio.staging.constant`)."""
     s = past.shape[0]
     at = past.astype(np.int32)  # the token's position is its sequence's past length
-    return StepLayout(width=1, phase=PHASE_DECODE, query_start_offsets=_ramp(s + 1), query_lengths=_ramp(s, 0, 1),
-                      past_lengths=at, attention_sequence_lengths=at + 1, state_indices=_ramp(s),
-                      logits_indices=_ramp(s, dtype="i8"), positions=at)
+    return StepLayout(width=1, phase=PHASE_DECODE, query_start_offsets=ramp(s + 1), query_lengths=ramp(s, 0, 1),
+                      past_lengths=at, attention_sequence_lengths=at + 1, state_indices=ramp(s),
+                      logits_indices=ramp(s, dtype="i8"), positions=at)
 
 
 def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
@@ -271,9 +272,9 @@ class TreeLayout:
         ids = positions if self.padding_position == -1 else \
             np.where(self.real, at, np.int32(self.padding_position)).reshape(-1)
         asl = past32 + (self.query_lengths if self.phase <= PHASE_DECODE else np.int32(width))
-        return StepLayout(width=width, phase=self.phase, query_start_offsets=_ramp(s + 1, width),
+        return StepLayout(width=width, phase=self.phase, query_start_offsets=ramp(s + 1, width),
                           query_lengths=self.query_lengths, past_lengths=past32, attention_sequence_lengths=asl,
-                          state_indices=_ramp(s) if slots is None else _i32(slots),
+                          state_indices=ramp(s) if slots is None else _i32(slots),
                           logits_indices=self.logits_indices, positions=positions, attention_position_ids=ids,
                           packed_mask=self.packed_mask, tree_parent_ids=self.tree_parent_ids,
                           tree_depths=self.tree_depths)

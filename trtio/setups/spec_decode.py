@@ -40,7 +40,7 @@ from trtio.contracts.ragged import (
     TreeLayout,
     causal_step,
     pack_rows,
-    packed_tree_step,
+    ramp,
 )
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
@@ -60,6 +60,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.spec_decode import ancestor_mask, pack_tree_mask, validate_tree_mask
+from trtio.staging import constant
 from trtio.state import MAX_PATH_MOVES
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
@@ -130,6 +131,13 @@ class SpecDecodeSetup(SetupBase):
         self._tree_words = np.zeros((mb, w, max(1, -(-w // 32))), np.uint32)  # each node's ancestors, packed
         self._tree_depth = np.zeros((mb, w), np.int64)
         self._tree_parent = np.full((mb, w), -1, np.int64)
+        self._node_ids = np.arange(w)
+        self._batch_rows = np.arange(mb)[:, None]
+        # Node i's own bit in the packed rows (bit i % 32 of word i // 32).
+        self._own_bit = pack_rows(np.eye(w, dtype=bool)[None], w)[0] if w else np.zeros((0, 1), np.uint32)
+        # A proposal round's ragged rows, updated level by level (int32 [batch, width]).
+        self._draft_rows = {name: np.zeros((mb, w), np.int32) for name in ("positions", "ids", "parents", "depths")}
+        self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
         self._catch_up: dict[Any, TreeLayout] = {}
@@ -288,46 +296,71 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
-        nodes = n0 + np.arange(k)
-        rows_b = np.arange(b)[:, None]
-        has = par >= 0
-        up = np.maximum(par, 0)
-        # Each new node sees its parent's ancestors and itself (packed rows, LSB first), one level deeper.
-        packed = np.where(has[..., None], self._tree_words[rows_b, up], np.uint32(0))
-        packed[:, np.arange(k), nodes // 32] |= (np.uint32(1) << (nodes % 32).astype(np.uint32))
-        self._tree_words[:b, nodes] = packed
-        self._tree_depth[:b, nodes] = np.where(has, self._tree_depth[rows_b, up] + 1, 0)
+        nodes = self._node_ids[n0:n0 + k]
+        rows_b = self._batch_rows[:b]
+        words, depth = self._tree_words[:b], self._tree_depth[:b]
+        # Each new node sees its parent's ancestors and itself (packed rows, LSB first), one level deeper;
+        # a round's first level hangs off the root (every parent -1), later levels off the previous one.
+        if n0 == 0:
+            words[:, nodes] = self._own_bit[nodes]
+            depth[:, nodes] = 0
+            src = np.broadcast_to(self._root_rows[:b, None], (b, k))
+        else:
+            words[:, nodes] = words[rows_b, par] | self._own_bit[nodes]
+            depth[:, nodes] = depth[rows_b, par] + 1
+            level0, level_k = self._level
+            src = rows_b * level_k + (par - level0) if self.contract == "ragged" else rows_b * w + par
         self._tree_parent[:b, nodes] = par
         self._stage_tree_embeds(x, b, n0, k, s)
         # A new round: no base features in proposals, and no stale draft rows.
         zeros = self._round_zeros(b, w) if n0 == 0 else ()
-        level0, level_k = self._level
-        out_row = (rows_b * (level_k if self.contract == "ragged" else w)
-                   + (par - (level0 if self.contract == "ragged" else 0)))
-        src = np.where(has, out_row, self._root_rows[:b, None]).reshape(-1)
-        dst = (rows_b * w + nodes).reshape(-1)
+        dst = rows_b * w + nodes
         n = n0 + k
-        real = np.broadcast_to(np.arange(w) < n, (b, w))
-        depth = self._tree_depth[:b]
         if self.contract == "ragged":
-            layout = packed_tree_step(past, self._tree_words[:b], depth, real,
-                                      phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=dst,
-                                      parents=self._tree_parent[:b], padding_position=0)
-            moves = self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
-                                    e.cfg.hidden_size, s, then=(e, layout))
+            layout = self._draft_layout(past, par, nodes, dst, b, n0, k)
+            moves = self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
+                                    dst.reshape(-1), e.cfg.hidden_size, s, then=(e, layout))
         else:
-            moves = self._move_rows(self.io.draft_hidden_states_out, src, self.io.draft_hidden_states_in, dst,
-                                    e.cfg.hidden_size, s)
-            self.io.upload_tree(self._tree_words[:b].view(np.int32),
-                                np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
+            moves = self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
+                                    dst.reshape(-1), e.cfg.hidden_size, s)
+            real = self._node_ids[:w] < n
+            self.io.upload_tree(words.view(np.int32), np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + w, s)
-            self.io.upload_select_token_indices(np.broadcast_to(nodes.astype(np.int64), (b, k)), s)
+            self.io.upload_select_token_indices(np.broadcast_to(nodes, (b, k)), s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=zeros + moves)
         self._tree_n = n
         self._level = (n0, k)
         return self.io.output_logits
+
+    def _draft_layout(self, past: np.ndarray, par: np.ndarray, nodes: np.ndarray, dst: np.ndarray, b: int,
+                      n0: int, k: int) -> StepLayout:
+        """A proposal level's ragged step (phase 4; 3 for a one-node tree), kept between the levels of a
+        round: only the new nodes' rows change (their positions, parents, depths and packed rows)."""
+        w = self.proposal_width
+        d = self._draft_rows
+        if n0 == 0:  # a new round: every row padding, the round's lengths fixed
+            d["positions"][:b] = -1
+            d["ids"][:b] = 0
+            d["parents"][:b] = -1
+            d["depths"][:b] = 0
+            past32 = constant(past.astype(np.int32))
+            self._round_lengths = (past32, constant(past32 + np.int32(w)))
+        past32, asl = self._round_lengths
+        depth = self._tree_depth[:b, nodes]
+        at = past32[:, None] + depth
+        d["positions"][:b, nodes] = at
+        d["ids"][:b, nodes] = at
+        d["parents"][:b, nodes] = par
+        d["depths"][:b, nodes] = depth
+        return StepLayout(width=w, phase=PHASE_DRAFT if w > 1 else PHASE_DECODE,
+                          query_start_offsets=ramp(b + 1, w), query_lengths=ramp(b, 0, n0 + k),
+                          past_lengths=past32, attention_sequence_lengths=asl, state_indices=ramp(b),
+                          logits_indices=dst.reshape(-1).astype(np.int64),
+                          positions=d["positions"][:b].reshape(-1), attention_position_ids=d["ids"][:b].reshape(-1),
+                          packed_mask=self._tree_words[:b].view(np.int32).reshape(b * w, -1),
+                          tree_parent_ids=d["parents"][:b].reshape(-1), tree_depths=d["depths"][:b].reshape(-1))
 
     def _catch_up_layout(self, acc: np.ndarray, a: int) -> TreeLayout:
         """A catch-up's rows (ragged): causal over each sequence's accepted tokens, logits at the last one;
@@ -356,21 +389,23 @@ class SpecDecodeSetup(SetupBase):
         return dims
 
     def _check_parents(self, parents: Any, b: int, k: int) -> np.ndarray:
+        """The new level's parents, [k] or [b, k]: all -1 (the root) on a round's first level, else nodes of
+        the previous level."""
         level0, level_k = self._level
         if parents is None:
             if k != 1:
                 raise ShapeError(f"draft_propose: {k} nodes per sequence need their parents (-1 for the root)")
-            return np.full((b, 1), self._tree_n - 1 if self._tree_n else -1, np.int64)
+            return np.full(1, self._tree_n - 1 if self._tree_n else -1, np.int64)
         par = np.asarray(parents)
         if par.dtype.kind not in "iu" or par.shape not in ((k,), (b, k)):
             raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} {par.shape}")
-        par = np.broadcast_to(par, (b, k)).astype(np.int64)
-        allowed = (par == -1) if self._tree_n == 0 else ((par >= level0) & (par < level0 + level_k))
-        if not allowed.all():
-            bi, i = (int(v) for v in np.argwhere(~allowed)[0])
+        lo, hi = (-1, -1) if self._tree_n == 0 else (level0, level0 + level_k - 1)
+        if par.size and (par.min() < lo or par.max() > hi):
+            full = np.broadcast_to(par, (b, k))
+            bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
             what = "-1 (the root) on a round's first level" if self._tree_n == 0 else \
                 f"a node of the previous level ({level0}..{level0 + level_k - 1})"
-            raise ShapeError(f"parents[{bi}, {i}] = {int(par[bi, i])}: a new node's parent must be {what}")
+            raise ShapeError(f"parents[{bi}, {i}] = {int(full[bi, i])}: a new node's parent must be {what}")
         return par
 
     def _stage_tree_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> None:
