@@ -36,8 +36,9 @@ def warm_up(backend: Backend) -> None:
 def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_bytes: int, stream: Stream,
               dst_rows: Tensor | None = None) -> None:
     """For ``i < count``: row ``dst_rows[i]`` (``i`` without ``dst_rows``) of ``dst`` becomes row
-    ``src_rows[i]`` of ``src``, or zeros where that index is negative. Rows are ``row_bytes`` wide from
-    each tensor's address; ``dst`` and ``src`` must not overlap. Index tensors are int32 on the device.
+    ``src_rows[i]`` of ``src``, or zeros where that index is negative; a negative ``dst_rows[i]`` writes
+    nothing. Rows are ``row_bytes`` wide from each tensor's address; ``dst`` and ``src`` must not overlap.
+    Index tensors are int32 on the device.
 
     An index outside a tensor's capacity raises on the host backend (from the enqueued work) and is
     skipped on the cuda backend (checking would synchronise the host).
@@ -62,14 +63,15 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
         s_idx = host_view(si_ptr, 4 * count).view(np.int32).astype(np.int64)
         d_idx = host_view(di_ptr, 4 * count).view(np.int32).astype(np.int64) if di_ptr else np.arange(count)
         for label, idx, cap in (("source", s_idx, src_cap), ("destination", d_idx, dst_cap)):
-            bad = np.flatnonzero(idx >= cap) if label == "source" else np.flatnonzero((idx < 0) | (idx >= cap))
+            bad = np.flatnonzero(idx >= cap)
             if bad.size:
                 raise ValueError(f"{what}: {label} row {int(idx[bad[0]])} at index {int(bad[0])} is outside the "
                                  f"{cap} rows of the tensor")
         out = host_view(d_ptr, dst_cap * row_bytes).reshape(dst_cap, row_bytes)
         rows = host_view(s_ptr, src_cap * row_bytes).reshape(src_cap, row_bytes)[np.maximum(s_idx, 0)]
         rows[s_idx < 0] = 0
-        out[d_idx] = rows
+        keep = d_idx >= 0
+        out[d_idx[keep]] = rows[keep]
 
     launch = getattr(be, "launch_host_func", None)
     if launch is None:

@@ -40,7 +40,8 @@ from trtio.tensor_map import TensorMap
 
 MAX_PATH_MOVES = 32  # Edge-LLM commits accepted paths of depth <= 32
 
-__all__ = ["MAX_PATH_MOVES", "EngineState", "kv_layout", "paged_state_specs", "state_names", "state_problems"]
+__all__ = ["MAX_PATH_MOVES", "EngineState", "kv_layout", "paged_state_specs", "path_grid", "state_names",
+           "state_problems"]
 
 
 def _fmt(shape: Sequence[int]) -> str:
@@ -52,6 +53,34 @@ def _layer_of(name: str, template: str) -> int | None:
     if name.startswith(head) and name[len(head):].isdigit():
         return int(name[len(head):])
     return None
+
+
+def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Node paths, one per sequence (lists of ints, or an int array [batch, L] padded with trailing -1), as
+    an int64 grid [batch, longest] padded with -1 and each path's length. Raises ShapeError for another
+    count than ``batch``, non-integer nodes, an empty path or padding before a node."""
+    if isinstance(paths, np.ndarray):
+        if paths.ndim != 2 or paths.dtype.kind not in "iu":
+            raise ShapeError(f"paths: expected an integer array [batch, nodes], got {paths.dtype} {paths.shape}")
+        grid = paths.astype(np.int64)
+        real = grid >= 0
+        lens = real.sum(axis=1)
+        bad = (lens < 1) | (real != (np.arange(grid.shape[1]) < lens[:, None])).any(axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ShapeError(f"paths[{i}] = {grid[i].tolist()}: a path is at least one node, its -1 padding last")
+    else:
+        lens = np.fromiter((len(p) for p in paths), np.int64, len(paths))
+        flat = np.asarray([v for p in paths for v in p])
+        if flat.size and flat.dtype.kind not in "iu":
+            raise ShapeError(f"paths: nodes must be integers, got {flat.dtype} values")
+        if lens.size and lens.min() < 1:
+            raise ShapeError(f"paths[{int(np.argmin(lens))}] is empty: a path is at least its root")
+        grid = np.full((lens.size, int(lens.max(initial=0))), -1, np.int64)
+        grid[np.arange(grid.shape[1]) < lens[:, None]] = flat
+    if batch is not None and grid.shape[0] != batch:
+        raise ShapeError(f"paths: expected one path per sequence ({batch}), got {grid.shape[0]}")
+    return grid, lens
 
 
 def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
@@ -245,6 +274,7 @@ class EngineState:
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
+            self._move_rows = np.zeros((max_batch, 1 + 2 * MAX_PATH_MOVES), np.int32)
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = None
@@ -300,36 +330,31 @@ class EngineState:
         return out
 
     # -- KV bookkeeping -----------------------------------------------------------------------------
-    def commit_paths(self, starts: Sequence[int], paths: Sequence[Sequence[int]], stream: StreamLike = None) -> None:
+    def commit_paths(self, starts: Sequence[int] | np.ndarray, paths: Sequence[Sequence[int]] | np.ndarray,
+                     stream: StreamLike = None) -> None:
         """For each sequence slot ``b``, move the cache entry of slot ``starts[b] + paths[b][j]`` to
         ``starts[b] + j`` (every layer, K and V): the accepted path of a verified tree becomes consecutive
         cache entries. One staged copy of the moves and one device operation, whatever the layer count,
         batch and path lengths (graph-capturable: the moves are read when the work runs).
 
-        Paths are strictly increasing node lists starting at the root (checked by the caller) of at most
-        ``MAX_PATH_MOVES + 1`` nodes.
+        ``paths`` (see :func:`path_grid`) are strictly increasing node lists starting at the root (checked
+        by the caller) of at most ``MAX_PATH_MOVES + 1`` nodes.
         """
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
-        batch = len(paths)
-        longest = max(len(p) for p in paths)
-        grid = np.full((batch, longest), -1, np.int64)
-        for b, path in enumerate(paths):
-            grid[b, :len(path)] = path
-        j = np.arange(longest)
-        moved = (grid >= 0) & (grid != j)
-        counts = moved.sum(axis=1)
+        grid, lens = path_grid(paths)
+        batch = grid.shape[0]
+        counts = lens - 1  # every node after the root moves (an entry already in place is skipped on the device)
         if counts.max(initial=0) > MAX_PATH_MOVES:
             b = int(np.argmax(counts))
             raise ShapeError(f"paths[{b}]: {int(counts[b])} moved entries, more than the {MAX_PATH_MOVES} an "
                              f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
-        order = np.argsort(~moved, axis=1, kind="stable")[:, :MAX_PATH_MOVES]  # each row's moves first, in order
         start = np.asarray(starts, np.int64)[:batch, None]
-        rows = np.zeros((batch, 1 + 2 * MAX_PATH_MOVES), np.int32)
+        rows = self._move_rows[:batch]
         rows[:, 0] = counts
-        width = order.shape[1]
-        rows[:, 1:1 + 2 * width:2] = start + np.take_along_axis(grid, order, axis=1)
-        rows[:, 2:2 + 2 * width:2] = start + order
+        m = grid.shape[1] - 1
+        rows[:, 1:1 + 2 * m:2] = start + grid[:, 1:]  # past each path's end: read by nobody
+        rows[:, 2:2 + 2 * m:2] = start + np.arange(1, m + 1)
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)

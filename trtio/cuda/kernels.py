@@ -53,7 +53,7 @@ extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __
 // `chunks` pieces of chunk_bytes: a contiguous cache [B, H, C, D] has one piece per head (layout 0); a paged
 // pool [2, P, page, H, D] has the K piece (page table row 0) and the V piece (row 1, ids already + P)
 // (layout 1). Moves run in order with a barrier between them: a later move may overwrite an earlier one's
-// source (path [0, 2, 3]: slot 2 is read by move 1, then written by move 2).
+// source (path [0, 2, 3]: slot 2 is read by move 1, then written by move 2). A move onto itself is skipped.
 extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict__ caches, const int* __restrict__ moves,
                                            int stride, int layout, long long chunk_bytes, int chunks,
                                            long long chunk_stride, long long seq_stride, long long slot_stride,
@@ -66,6 +66,7 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
     char* base = (char*)caches[c];
     for (int m = 0; m < n; ++m) {
         long long src = row[1 + 2 * m], dst = row[2 + 2 * m];
+        if (src == dst) continue;  // an entry already in place (uniform over the block: no barrier skipped alone)
         for (int ch = 0; ch < chunks; ++ch) {
             long long so, dof;
             if (layout == 0) {

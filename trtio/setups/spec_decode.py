@@ -61,7 +61,7 @@ from trtio.setups.base import (
 )
 from trtio.spec_decode import ancestor_mask, pack_tree_mask, validate_tree_mask
 from trtio.staging import constant
-from trtio.state import MAX_PATH_MOVES
+from trtio.state import MAX_PATH_MOVES, path_grid
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
@@ -132,6 +132,7 @@ class SpecDecodeSetup(SetupBase):
         self._tree_depth = np.zeros((mb, w), np.int64)
         self._tree_parent = np.full((mb, w), -1, np.int64)
         self._node_ids = np.arange(w)
+        self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(mb)[:, None]
         # Node i's own bit in the packed rows (bit i % 32 of word i // 32).
         self._own_bit = pack_rows(np.eye(w, dtype=bool)[None], w)[0] if w else np.zeros((0, 1), np.uint32)
@@ -146,6 +147,7 @@ class SpecDecodeSetup(SetupBase):
         self._round_embeds = np.zeros((mb, w, base_cfg.hidden_size), base_cfg.activation.storage_numpy)
         self._verified: _Tree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
+        self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -316,20 +318,22 @@ class SpecDecodeSetup(SetupBase):
         zeros = self._round_zeros(b, w) if n0 == 0 else ()
         dst = rows_b * w + nodes
         n = n0 + k
+        io = self.io
+        # Each new node's draft input: its parent's draft hidden state (the root's: the last catch-up's).
+        move = self._row_copy(io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
+                              e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
         if self.contract == "ragged":
             layout = self._draft_layout(past, par, nodes, dst, b, n0, k)
-            moves = self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
-                                    dst.reshape(-1), e.cfg.hidden_size, s, then=(e, layout))
+            gather = self._stage_rows(src.reshape(-1), dst.reshape(-1), s, then=(e, layout))
         else:
-            moves = self._move_rows(self.io.draft_hidden_states_out, src.reshape(-1), self.io.draft_hidden_states_in,
-                                    dst.reshape(-1), e.cfg.hidden_size, s)
+            gather = self._stage_rows(src.reshape(-1), dst.reshape(-1), s)
             real = self._node_ids[:w] < n
             self.io.upload_tree(words.view(np.int32), np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
             e.state.upload_start_index(past, s)
             self.io.upload_context_lengths(past + w, s)
             self.io.upload_select_token_indices(np.broadcast_to(nodes, (b, k)), s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=zeros + moves)
+        e.executor.execute(s, before=zeros + gather + (move,))
         self._tree_n = n
         self._level = (n0, k)
         return self.io.output_logits
@@ -432,24 +436,19 @@ class SpecDecodeSetup(SetupBase):
             found = self._zeros[key] = Zero(t, count * t.dtype.itemsize)
         return found
 
-    def _move_rows(self, src: Tensor, src_rows: np.ndarray, dst: Tensor, dst_rows: np.ndarray | None, width: int,
-                   s: Stream, *, then: tuple[BoundEngine, StepLayout] | None = None) -> tuple[DeviceWork, ...]:
-        """Rows ``src_rows`` of ``src`` (-1: a zero row) into rows ``dst_rows`` of ``dst`` (row ``i`` without
-        them; distinct buffers): the indices uploaded (with ``then``'s ragged step layout, if any, in the
-        same copy), and the device work returned (``then``'s RoPE gather, then the move) for the caller to
-        enqueue, or to run before its engine."""
+    def _stage_rows(self, src_rows: np.ndarray, dst_rows: np.ndarray | None, s: Stream, *,
+                    then: tuple[BoundEngine, StepLayout] | None = None) -> tuple[DeviceWork, ...]:
+        """Stage the row indices of a step's hidden-state moves (``row_src``, ``row_dst``) and upload them,
+        with ``then``'s ragged step layout in the same copy; returns ``then``'s RoPE gather (if any)."""
         step = self.io.step
         assert step is not None
-        step.write("row_src", src_rows.astype(np.int32))
+        step.write("row_src", src_rows)
         if dst_rows is not None:
-            step.write("row_dst", dst_rows.astype(np.int32))
-        gather: tuple[DeviceWork, ...] = ()
+            step.write("row_dst", dst_rows)
         if then is not None:
-            gather = (self._stage_layout(then[0], then[1], s),)  # uploads the block, the rows above too
-        else:
-            step.upload(s)
-        return gather + (self._row_copy(dst, src, self.io.row_src, int(src_rows.size), width * src.dtype.itemsize,
-                                        None if dst_rows is None else self.io.row_dst),)
+            return (self._stage_layout(then[0], then[1], s),)  # uploads the block, the rows above too
+        step.upload(s)
+        return ()
 
     # -- verify and accept --------------------------------------------------------------------------
     def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
@@ -536,46 +535,43 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"tree: node {t + 1} of sequence {bi} has no parent; only node 0 is a root")
         return np.ascontiguousarray(vis)
 
-    def accept(self, paths: Sequence[Sequence[int]], stream: StreamLike = None) -> None:
+    def accept(self, paths: Sequence[Sequence[int]] | np.ndarray, stream: StreamLike = None) -> None:
         """Commit each sequence's accepted root-to-node path of the last verify tree.
 
         ``paths[b]`` starts at the root 0 and follows the verified tree (each node a child of the one
-        before). The path's KV entries are compacted to consecutive slots after the committed length
-        (every layer, K and V), its base hidden-state rows are set aside for :meth:`draft_accept`, and the
-        base lengths grow by the path length.
+        before); ``paths`` may also be an int array [batch, L] padded with trailing -1. The path's KV
+        entries are compacted to consecutive slots after the committed length (every layer, K and V), its
+        base hidden-state rows are set aside for :meth:`draft_accept`, and the base lengths grow by the
+        path length.
         """
         self._check_open()
         b = self._need_batch()
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
-        if len(paths) != b:
-            raise ShapeError(f"paths: expected one path per sequence ({b}), got {len(paths)}")
-        n = tree.nodes
-        parents = tree.parents
-        checked = []
-        for i, path in enumerate(paths):
-            p = [int(v) for v in path]
-            if not p or p[0] != 0:
-                raise ShapeError(f"paths[{i}] = {p}: a path starts at the root, node 0")
-            for a, c in zip(p, p[1:]):
-                if not 0 < c < n or parents[i, c] != a:
-                    raise ShapeError(f"paths[{i}] = {p}: node {c} is not a child of node {a} in the verified tree")
-            if len(p) > MAX_PATH_MOVES + 1:
-                raise ShapeError(f"paths[{i}]: {len(p)} nodes, more than the {MAX_PATH_MOVES + 1} an accepted path "
-                                 f"may have (depth {MAX_PATH_MOVES})")
-            checked.append(p)
+        grid, acc = path_grid(paths, b)
+        n, width = tree.nodes, grid.shape[1]
+        if width > MAX_PATH_MOVES + 1:
+            i = int(np.argmax(acc))
+            raise ShapeError(f"paths[{i}]: {int(acc[i])} nodes, more than the {MAX_PATH_MOVES + 1} an accepted path "
+                             f"may have (depth {MAX_PATH_MOVES})")
+        if (grid[:, 0] != 0).any():
+            i = int(np.flatnonzero(grid[:, 0] != 0)[0])
+            raise ShapeError(f"paths[{i}] = {grid[i, :acc[i]].tolist()}: a path starts at the root, node 0")
+        child, parent = grid[:, 1:], grid[:, :-1]
+        rows_b = self._batch_rows[:b]
+        ok = (child > 0) & (child < n)
+        ok &= tree.parents[rows_b, np.where(ok, child, 0)] == parent
+        ok |= self._path_ids[1:width] >= acc[:, None]  # past a path's end
+        if not ok.all():
+            i, t = (int(v) for v in np.argwhere(~ok)[0])
+            raise ShapeError(f"paths[{i}] = {grid[i, :acc[i]].tolist()}: node {int(child[i, t])} is not a child of "
+                             f"node {int(parent[i, t])} in the verified tree")
         s = self._stream(stream)
         lengths = self.base.state.lengths
-        self.base.state.commit_paths(lengths[:b], checked, s)
-        # The accepted rows of the base's hidden states, set aside (sequence-major, P rows each) for the draft.
-        per = self._scratch_rows
-        src = np.concatenate([i * n + np.asarray(p) for i, p in enumerate(checked)])
-        dst = np.concatenate([i * per + np.arange(len(p)) for i, p in enumerate(checked)])
-        for work in self._move_rows(self.io.base_hidden_states, src, self.io.row_scratch, dst, self._base_width, s):
-            work.enqueue(s)
-        acc = np.array([len(p) for p in checked], np.int64)
+        self.base.state.commit_paths(lengths[:b], grid, s)
         lengths[:b] += acc
+        self._accepted_rows = rows_b * n + grid  # the paths' base hidden-state rows, for draft_accept
         self._accepted = acc
         self._verified = None
 
@@ -605,17 +601,23 @@ class SpecDecodeSetup(SetupBase):
                              f"max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        j = np.arange(a)
+        io, j = self.io, np.arange(a)
         take = j[None, :] < acc[:, None]  # [b, a]: row j of sequence i is an accepted token
-        # Row i*a + j of the draft's features: scratch row i*P + j where accepted, else zeros (padding).
-        src = np.where(take, np.arange(b)[:, None] * self._scratch_rows + j, -1).reshape(-1)
-        zero = self._zero(self.io.draft_hidden_states_in, b * a * e.cfg.hidden_size)
+        # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
+        # path), gathered through scratch rows i*P + j (the rows overlap: no in-place gather).
+        src = np.full((b, a), -1, np.int64)
+        src[:, :self._accepted_rows.shape[1]] = self._accepted_rows
+        src[~take] = -1
+        dst = np.where(take, self._batch_rows[:b] * self._scratch_rows + j, -1)
+        row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
+        moves = (self._row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
+                 self._row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
+                 self._zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size))
         if self.contract == "ragged":
-            before = (zero,) + self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, None,
-                                               self._base_width, s, then=(e, self._catch_up_layout(acc, a).at(past)))
+            before = self._stage_rows(src.reshape(-1), dst.reshape(-1), s,
+                                      then=(e, self._catch_up_layout(acc, a).at(past))) + moves
         else:
-            before = (zero,) + self._move_rows(self.io.row_scratch, src, self.io.base_hidden_states, None,
-                                               self._base_width, s)
+            before = self._stage_rows(src.reshape(-1), dst.reshape(-1), s) + moves
             causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
             pos = np.where(take, past[:, None] + j[None, :], 0)
             self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
