@@ -278,6 +278,7 @@ class _Plan:
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
+    view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
 
 
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
@@ -343,10 +344,12 @@ class EngineExecutor:
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
-            # Views are set to the plan's own shape tuples, so an untouched view costs one identity test.
-            for t, shp, nbytes in plan.views:
-                if t._shape is not shp:
-                    t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+            if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
+                # Views are set to the plan's own shape tuples: an untouched view costs one identity test.
+                for t, shp, nbytes in plan.views:
+                    if t._shape is not shp:
+                        t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+                plan.view_changes = Tensor.view_changes
             return
         cached = self._plans.get(key)
         if cached is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -151,6 +152,7 @@ class KVCommit:
         self.piece = layout.entry_bytes // self.unit
         self.first = np.array([(p - self.base) // self.unit for p in ptrs], np.int64)[:, None]
         self.span = max(p + t.capacity for p, t in zip(ptrs, caches)) - self.base
+        self._launches: dict[tuple[int, int, int], Any] = {}  # the cuda launch per (moves, batch, stride)
 
     def run(self, moves: Tensor, batch: int, stride: int, stream: Stream) -> None:
         """For each sequence slot ``b < batch``, row ``b`` of ``moves`` (int32 ``[batch, stride]``) is
@@ -158,14 +160,18 @@ class KVCommit:
         order, in every cache. Moves are read when the work runs (a captured graph replays fresh paths)."""
         lay, be = self.layout, self.backend
         if be.name == "cuda":
-            from trtio.cuda import kernels
+            key = (moves.data_ptr, batch, stride)
+            launch = self._launches.get(key)
+            if launch is None:
+                from trtio.cuda import kernels
 
-            kernels.launch(be.device_id, "trtio_kv_commit", stream.handle, (self.n_caches, batch), _BLOCK,
-                           kernels.ptr(self.table_ptr), kernels.ptr(moves.data_ptr), np.int32(stride),
-                           np.int32(1 if lay.paged else 0), np.int64(lay.entry_bytes), np.int32(self.chunks),
-                           np.int64(self.chunk_stride), np.int64(self.seq_stride), np.int64(self.slot_stride),
-                           kernels.ptr(self.page_table_ptr), np.int32(lay.max_pages), np.int32(lay.capacity),
-                           np.int64(2 * lay.pool_pages))
+                launch = self._launches[key] = kernels.Launch(
+                    be.device_id, "trtio_kv_commit", (self.n_caches, batch), _BLOCK, kernels.ptr(self.table_ptr),
+                    kernels.ptr(moves.data_ptr), np.int32(stride), np.int32(1 if lay.paged else 0),
+                    np.int64(lay.entry_bytes), np.int32(self.chunks), np.int64(self.chunk_stride),
+                    np.int64(self.seq_stride), np.int64(self.slot_stride), kernels.ptr(self.page_table_ptr),
+                    np.int32(lay.max_pages), np.int32(lay.capacity), np.int64(2 * lay.pool_pages))
+            launch(stream.handle)
             return
         mv_ptr = moves.data_ptr
 

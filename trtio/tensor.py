@@ -20,7 +20,7 @@ import ctypes
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -129,6 +129,9 @@ class Tensor(Closeable):
         "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
         "_owner", "_owning", "_frozen", "_last_stream", "_export_event",
     )
+    # Counts view changes of every tensor: an executor whose views were all set since the last change
+    # need not test them one by one (see EngineExecutor.prepare).
+    view_changes: ClassVar[int] = 0
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
                  capacity: int, backend: Backend, *, name: str = "", owner: Any = None,
@@ -305,12 +308,14 @@ class Tensor(Closeable):
                 f"the capacity is {self._capacity} bytes")
         self._shape = dims
         self._nbytes = need
+        Tensor.view_changes += 1
         return self
 
     def _set_view(self, shape: tuple[int, ...], nbytes: int) -> None:
         """Internal (executors): a view already checked against this tensor's capacity, set without checks."""
         self._shape = shape
         self._nbytes = nbytes
+        Tensor.view_changes += 1
 
     def view(self, dtype: DTypeLike) -> Tensor:
         """The same bytes seen with another dtype (last dim rescaled); shares memory, owns nothing."""

@@ -114,6 +114,17 @@ class CudaBackend:
         except Exception as exc:
             raise CudaError("cuda.core.Device.set_current", None, str(exc)) from exc
         _check("cudaSetDevice", self._rt.cudaSetDevice(device_id))
+        # The calls a step makes, bound once: a step makes a handful, so their Python overhead counts.
+        rt = self._rt
+        self._ok = rt.cudaError_t.cudaSuccess
+        self._not_ready = rt.cudaError_t.cudaErrorNotReady
+        self._kind = rt.cudaMemcpyKind.cudaMemcpyDefault
+        self._memcpy_async = rt.cudaMemcpyAsync
+        self._memcpy_2d_async = rt.cudaMemcpy2DAsync
+        self._memset_async = rt.cudaMemsetAsync
+        self._event_record = rt.cudaEventRecord
+        self._event_query = rt.cudaEventQuery
+        self._graph_launch = rt.cudaGraphLaunch
 
     def __repr__(self) -> str:
         return f"CudaBackend(device={self.device_id}, name={self.device_name!r})"
@@ -188,8 +199,9 @@ class CudaBackend:
 
     def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         if nbytes > 0:
-            kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
-            _check("cudaMemcpyAsync", self._rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+            err = self._memcpy_async(dst, src, nbytes, self._kind, stream)[0]
+            if err != self._ok:
+                _check("cudaMemcpyAsync", (err,))
         elif nbytes < 0:  # cuda-python would raise a bare OverflowError for the size_t
             raise CudaError("cudaMemcpyAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
@@ -199,13 +211,15 @@ class CudaBackend:
             raise CudaError("cudaMemcpy2DAsync", "cudaErrorInvalidValue",
                             f"width {width}, height {height}, pitches {dpitch} / {spitch}: sizes must not be negative")
         if width and height:
-            kind = self._rt.cudaMemcpyKind.cudaMemcpyDefault
-            _check("cudaMemcpy2DAsync",
-                   self._rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, stream))
+            err = self._memcpy_2d_async(dst, dpitch, src, spitch, width, height, self._kind, stream)[0]
+            if err != self._ok:
+                _check("cudaMemcpy2DAsync", (err,))
 
     def memset(self, ptr: int, value: int, nbytes: int, stream: int) -> None:
         if nbytes > 0:
-            _check("cudaMemsetAsync", self._rt.cudaMemsetAsync(ptr, value, nbytes, stream))
+            err = self._memset_async(ptr, value, nbytes, stream)[0]
+            if err != self._ok:
+                _check("cudaMemsetAsync", (err,))
         elif nbytes < 0:
             raise CudaError("cudaMemsetAsync", "cudaErrorInvalidValue", f"negative size {nbytes}")
 
@@ -268,7 +282,9 @@ class CudaBackend:
         self._count("events", -1)
 
     def record_event(self, event: int, stream: int) -> None:
-        _check("cudaEventRecord", self._rt.cudaEventRecord(event, stream))
+        err = self._event_record(event, stream)[0]
+        if err != self._ok:
+            _check("cudaEventRecord", (err,))
 
     def wait_event(self, stream: int, event: int) -> None:
         _check("cudaStreamWaitEvent", self._rt.cudaStreamWaitEvent(stream, event, 0))
@@ -279,8 +295,10 @@ class CudaBackend:
         _check("cudaEventSynchronize", self._rt.cudaEventSynchronize(event))
 
     def query_event(self, event: int) -> bool:
-        err = self._rt.cudaEventQuery(event)[0]
-        if err == self._rt.cudaError_t.cudaErrorNotReady:
+        err = self._event_query(event)[0]
+        if err == self._ok:
+            return True
+        if err == self._not_ready:
             return False
         _check("cudaEventQuery", (err,))
         return True
@@ -317,7 +335,9 @@ class CudaBackend:
         return bool(status != self._rt.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone)
 
     def launch_graph(self, graph_exec: int, stream: int) -> None:
-        _check("cudaGraphLaunch", self._rt.cudaGraphLaunch(graph_exec, stream))
+        err = self._graph_launch(graph_exec, stream)[0]
+        if err != self._ok:
+            _check("cudaGraphLaunch", (err,))
 
     def destroy_graph(self, graph_exec: int) -> None:
         _check("cudaGraphExecDestroy", self._rt.cudaGraphExecDestroy(graph_exec))

@@ -8,6 +8,7 @@ captured a launch replays with the indices of the step being replayed.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from trtio.errors import CudaError
 
-__all__ = ["KERNEL_NAMES", "kernels", "launch"]
+__all__ = ["KERNEL_NAMES", "Launch", "kernels", "launch"]
 
 _SOURCE = r"""
 // dst row (dst_rows ? dst_rows[i] : i) = src row src_rows[i] (zeros when src_rows[i] < 0), for i < count.
@@ -124,33 +125,72 @@ def _compile(device_id: int) -> dict[str, Any]:
         raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
 
 
-_configs: dict[tuple[Any, int], Any] = {}
-_streams: dict[int, Any] = {}
+_functions: dict[tuple[int, str], Any] = {}
+_C_TYPES = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
+            np.dtype(np.int32): ctypes.c_int32}
+
+
+def _function(device_id: int, name: str) -> Any:
+    """The CUfunction of kernel ``name`` on ``device_id`` (looked up once)."""
+    found = _functions.get((device_id, name))
+    if found is None:
+        from cuda.bindings import driver
+
+        err, found = driver.cuKernelGetFunction(kernels(device_id)[name].handle)
+        if int(err) != 0:
+            raise CudaError(f"cuKernelGetFunction({name})", str(err), "")
+        _functions[(device_id, name)] = found
+    return found
+
+
+class Launch:
+    """One launch of kernel ``name`` with its arguments packed once: a step that relaunches it (with fresh
+    data in device memory) pays one ``cuLaunchKernel``. ``args`` are numpy scalars of the kernel's
+    parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers)."""
+
+    def __init__(self, device_id: int, name: str, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
+        from cuda.bindings import driver
+
+        self.name = name
+        self._device_id = device_id
+        self._fn = _function(device_id, name)
+        self._values = [_C_TYPES[np.asarray(a).dtype](a.item()) for a in args]  # kept alive with the array
+        self._params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(v) for v in self._values])
+        g = (grid, 1, 1) if isinstance(grid, int) else (tuple(grid) + (1, 1))[:3]
+        self._dims = (*g, block, 1, 1)
+        self._launch = driver.cuLaunchKernel
+        self._ok = driver.CUresult.CUDA_SUCCESS
+        self._no_context = driver.CUresult.CUDA_ERROR_INVALID_CONTEXT
+
+    def __call__(self, stream: int) -> None:
+        gx, gy, gz, bx, by, bz = self._dims
+        addr = ctypes.addressof(self._params)
+        err = self._launch(self._fn, gx, gy, gz, bx, by, bz, 0, stream, addr, 0)[0]
+        if err == self._ok:
+            return
+        if err == self._no_context:  # a thread without the device's context current (driver API)
+            from cuda.bindings import runtime
+
+            runtime.cudaSetDevice(self._device_id)
+            err = self._launch(self._fn, gx, gy, gz, bx, by, bz, 0, stream, addr, 0)[0]
+            if err == self._ok:
+                return
+        raise CudaError(f"cuLaunchKernel({self.name})", str(err), "")
+
+
+_launches: dict[tuple[Any, ...], Launch] = {}
 
 
 def launch(device_id: int, name: str, stream: int, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
-    """Launch kernel ``name`` on the stream handle ``stream``. ``args`` are numpy scalars of the
-    kernel's parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers). Launch
-    configurations and stream wrappers are made once (a step launches a few kernels: microseconds count)."""
-    from cuda.core import LaunchConfig
-    from cuda.core import Stream as CoreStream
-    from cuda.core import launch as core_launch
-
-    kernel = kernels(device_id)[name]
-    config = _configs.get((grid, block))
-    if config is None:
-        if len(_configs) > 1024:
-            _configs.clear()
-        config = _configs[(grid, block)] = LaunchConfig(grid=grid, block=block)
-    core_stream = _streams.get(stream)
-    if core_stream is None:
-        if len(_streams) > 256:
-            _streams.clear()
-        core_stream = _streams[stream] = CoreStream.from_handle(stream)
-    try:
-        core_launch(core_stream, config, kernel, *args)
-    except Exception as exc:
-        raise CudaError(f"cuLaunchKernel({name})", None, str(exc)) from exc
+    """Launch kernel ``name`` on the stream handle ``stream`` (see :class:`Launch`; the packed launches
+    of the last few hundred distinct argument lists are kept)."""
+    key = (device_id, name, grid, block, *(a.item() for a in args))
+    found = _launches.get(key)
+    if found is None:
+        if len(_launches) >= 512:
+            _launches.clear()
+        found = _launches[key] = Launch(device_id, name, grid, block, *args)
+    found(stream)
 
 
 def ptr(value: int) -> np.uint64:

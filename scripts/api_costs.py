@@ -1,0 +1,85 @@
+"""Host cost of the CUDA calls a step makes, through cuda.bindings' runtime and driver APIs (H200 check).
+
+Usage: PYTHONPATH=. python3 scripts/api_costs.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def timeit(name: str, fn: Callable[[], object], n: int = 3000) -> None:
+    for _ in range(200):
+        fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    print(f"{name:50s} {(time.perf_counter() - t) / n * 1e6:7.2f} us")
+
+
+def main() -> None:
+    from cuda.bindings import driver as drv
+    from cuda.bindings import runtime as rt
+
+    from trtio import get_backend
+    from trtio.cuda import kernels
+    from trtio.cuda.backend import Location
+
+    be = get_backend("cuda")
+    s = be.create_stream()
+    h = be.alloc(4096, Location.PINNED)
+    d = be.alloc(1 << 20, Location.DEVICE)
+    e = be.create_event()
+    kind = rt.cudaMemcpyKind.cudaMemcpyDefault
+    cs = drv.CUstream(s)
+    ce = drv.CUevent(e)
+    timeit("rt.cudaMemcpyAsync (int stream)", lambda: rt.cudaMemcpyAsync(d, h, 64, kind, s))
+    timeit("drv.cuMemcpyAsync (int stream)", lambda: drv.cuMemcpyAsync(d, h, 64, s))
+    timeit("drv.cuMemcpyAsync (CUstream)", lambda: drv.cuMemcpyAsync(d, h, 64, cs))
+    timeit("drv.cuMemcpyHtoDAsync (CUstream)", lambda: drv.cuMemcpyHtoDAsync(d, h, 64, cs))
+    timeit("be.memcpy", lambda: be.memcpy(d, h, 64, s))
+    timeit("rt.cudaMemcpy2DAsync", lambda: rt.cudaMemcpy2DAsync(d, 256, h, 128, 128, 8, kind, s))
+    timeit("rt.cudaEventRecord", lambda: rt.cudaEventRecord(e, s))
+    timeit("drv.cuEventRecord (objects)", lambda: drv.cuEventRecord(ce, cs))
+    timeit("rt.cudaEventQuery", lambda: rt.cudaEventQuery(e))
+    timeit("drv.cuEventQuery (object)", lambda: drv.cuEventQuery(ce))
+    timeit("rt.cudaMemsetAsync", lambda: rt.cudaMemsetAsync(d, 0, 4096, s))
+    timeit("drv.cuMemsetD8Async", lambda: drv.cuMemsetD8Async(d, 0, 4096, cs))
+    be.synchronize_stream(s)
+    # graph of one memset
+    be.begin_capture(s)
+    rt.cudaMemsetAsync(d, 0, 64, s)
+    g = be.end_capture(s)
+    cg = drv.CUgraphExec(g)
+    timeit("rt.cudaGraphLaunch", lambda: rt.cudaGraphLaunch(g, s))
+    timeit("drv.cuGraphLaunch (objects)", lambda: drv.cuGraphLaunch(cg, cs))
+    be.synchronize_stream(s)
+    # kernels
+    kernels.kernels(be.device_id)
+    args = (kernels.ptr(d), kernels.ptr(0), kernels.ptr(d + 65536), kernels.ptr(d + 131072), np.int32(4),
+            np.int64(64), np.int64(16), np.int64(16))
+    timeit("kernels.launch (cuda.core)", lambda: kernels.launch(be.device_id, "trtio_copy_rows", s, 4, 128, *args))
+    k = kernels.kernels(be.device_id)["trtio_copy_rows"]
+    handle = getattr(k, "_handle", None)
+    print("kernel handle", type(handle), [a for a in dir(k) if not a.startswith("__")])
+    err, fn = drv.cuKernelGetFunction(handle)
+    print("cuKernelGetFunction", err)
+    import ctypes
+
+    vals = [ctypes.c_uint64(d), ctypes.c_uint64(0), ctypes.c_uint64(d + 65536), ctypes.c_uint64(d + 131072),
+            ctypes.c_int32(4), ctypes.c_int64(64), ctypes.c_int64(16), ctypes.c_int64(16)]
+    arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+    addr = ctypes.addressof(arr)
+    rt.cudaMemsetAsync(d + 131072, 0, 64, s)
+    print("raw launch", drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
+    be.synchronize_stream(s)
+    timeit("drv.cuLaunchKernel (packed params)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
+    be.synchronize_stream(s)
+    print("done")
+
+
+if __name__ == "__main__":
+    main()
