@@ -22,7 +22,9 @@ Without a reference model, what can be checked is checked:
   captured and replayed);
 * speculative decoding (EAGLE tree drafting, the draft's columns mapped to base tokens through
   ``d2t.safetensors``) emits the base engine's own greedy tokens. The greedy reference runs the base alone:
-  a one-node verify per token (:func:`base_greedy`); CI checks it against the plain LLM's greedy tokens.
+  a one-node verify per token (:func:`base_greedy`); CI checks it against the plain LLM's greedy tokens;
+* the draft is accepted at least once (with the directory's own embedding table): verification hides a
+  miswired draft, acceptance does not.
 
 Engines in fp16 reduce in an order that depends on a step's width, so two paths may pick different tokens
 where the reference barely prefers its own: a difference is accepted only at the first step where the
@@ -285,6 +287,7 @@ class Results:
     spec_stats: SpecStats | None = None
     draft_logits: np.ndarray | None = None
     graphed_repeat: list[list[int]] | None = None  # plain: greedy with graphs again after reset()
+    own_embedding: bool = True  # the directory's embedding.safetensors (not the random stand-in)
 
 
 def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
@@ -313,7 +316,8 @@ def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
         graphed, _ = spec_generate(setup, embedding, prompts, steps, draft_to_target=d2t)
         captures, hits = graph_use(setup.graph_stats)
     return Results("spec_decode", cfg.output_vocab_size, d.draft_config.output_vocab_size, reference, graphed,
-                   captures, hits, spec=spec, spec_stats=stats, draft_logits=draft_logits)
+                   captures, hits, spec=spec, spec_stats=stats, draft_logits=draft_logits,
+                   own_embedding=(d.path / EMBEDDING_FILE).is_file())
 
 
 # -- targets: real directories (trt) and the toy directories (CI) ---------------------------------------
@@ -447,6 +451,24 @@ def test_draft_logits_are_log_probabilities(target: Target, results: Results) ->
     assert_log_probabilities(results.draft_logits, results.draft_width, f"{target.path.name}: the draft prefill")
 
 
+@pytest.mark.parametrize("target", SPEC, indirect=True)
+def test_the_draft_is_accepted_sometimes(target: Target, results: Results) -> None:
+    """Verification keeps the tokens right whatever the draft proposes, so only acceptance shows that the draft
+    is fed as it was trained: the base's hidden states of the right rows and layers, the shared embedding table,
+    d2t. A real EAGLE3 draft on its own embedding table agrees with its base on some of these tokens."""
+    if results.kind != "spec_decode":
+        pytest.skip(f"{target.path}: a plain LLM directory has no draft")
+    if not results.own_embedding:
+        pytest.skip(f"{target.path}: no {EMBEDDING_FILE}; a draft fed the random stand-in table is not expected to "
+                    "agree with its base")
+    stats = results.spec_stats
+    assert stats is not None
+    assert stats.accepted > 0, (
+        f"{target.path.name}: none of the {stats.proposed} drafted tokens of {stats.rounds} rounds was accepted: "
+        "check the draft's inputs (hidden_states_input rows and eagle_hidden_state_layers, d2t.safetensors, the "
+        "embedding table) before trusting its speed-up (docs/edgellm-assumptions.md)")
+
+
 # -- CI only: the reference and the checks themselves ---------------------------------------------------
 
 
@@ -483,6 +505,14 @@ def test_reduced_draft_vocabulary_goes_through_d2t(toys: RaggedToyEngines, tmp_p
         unmapped, without = spec_generate(setup, embedding, prompts, 24)
     assert mapped == reference.tokens and unmapped == reference.tokens
     assert with_map.accepted > without.accepted, (with_map, without)
+
+    # The same pair without its d2t.safetensors (the identity map): the checks keep the tokens, and the
+    # acceptance check is the one that notices.
+    (path / D2T_FILE).unlink()
+    results = run_checks_on(target)
+    assert results.spec == results.reference.tokens
+    with pytest.raises(AssertionError, match=r"none of the \d+ drafted tokens of \d+ rounds was accepted"):
+        test_the_draft_is_accepted_sometimes(target, results)
 
 
 def test_checks_fail_on_nan_logits_and_on_a_real_divergence(toys: RaggedToyEngines, tmp_path: Path) -> None:
