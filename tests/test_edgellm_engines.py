@@ -20,6 +20,9 @@ Without a reference model, what can be checked is checked:
   the base's rows), and the draft's rows are log-probabilities (Edge-LLM's draft log-softmaxes its logits);
 * CUDA graphs change no token: the same prompts bound with ``graphs=True`` and ``graphs=False`` (graphs are
   captured and replayed);
+* neither does batch composition (the second prompt alone: another KV slot, another padded width) nor
+  prefilling what decoding generated (the prompts + their first tokens continue as decoding did): the KV
+  cache's pages, slots and positions agree between sequences and between phases;
 * speculative decoding (EAGLE tree drafting, the draft's columns mapped to base tokens through
   ``d2t.safetensors``) emits the base engine's own greedy tokens. The greedy reference runs the base alone:
   a one-node verify per token (:func:`base_greedy`); CI checks it against the plain LLM's greedy tokens;
@@ -29,7 +32,8 @@ Without a reference model, what can be checked is checked:
 Engines in fp16 reduce in an order that depends on a step's width, so two paths may pick different tokens
 where the reference barely prefers its own: a difference is accepted only at the first step where the
 reference's logit of its token exceeds the other path's token's by at most ``TIE_TOL``; the rest of that
-sequence is not compared. The toy directories run with a tolerance of 0.
+sequence is not compared. The toy directories run with a tolerance of 0 and also compare logits where the
+tokens agree (``TOY_LOGITS_TOL``); on real engines only tokens are compared.
 
 Embeddings are the directory's ``embedding.safetensors`` (:meth:`EngineDir.embedding_table`); a build that
 kept its embedding in the checkpoint has none, and a fixed random table of the same shape stands in
@@ -57,7 +61,9 @@ from _safetensors import write_safetensors
 
 import trtio
 import trtio.setups.engine_dir as engine_dir_module
+import trtio.setups.llm as llm_setup_module
 from trtio import ConfigError, EngineError, LLMEngineConfig, LLMSetup, SpecDecodeSetup
+from trtio.contracts.ragged import PHASE_DECODE, causal_step
 from trtio.edgellm import CONFIG_FILES, D2T_FILE, EMBEDDING_FILE, ENGINE_FILES, PLUGIN_LIBRARY, EngineDir
 from trtio.testing import ReferenceEngine
 from trtio.testing.toy_engines import RAGGED_DIRS, RAGGED_ENGINE_NAMES, RaggedToyEngines
@@ -67,8 +73,12 @@ from trtio.trt import PLUGIN_PATH_ENV
 ENV_DIRS = "TRTIO_EDGELLM_DIR"
 ENV_TREE = "TRTIO_EDGELLM_TREE"
 NEW_TOKENS = 8
+EXTEND = 3  # generated tokens appended to the prompts for the re-prefill check
 # fp16 engines move a logit by about 1e-2 between kernel shapes; a wrong binding moves it by O(1).
 TIE_TOL = 0.1
+# The toys' logits agree between paths to float32 reassociation plus, rarely, a K/V element rounded to the
+# neighbouring fp16 value (tests/test_setups_ragged.py); a position off by one moves them by O(0.1).
+TOY_LOGITS_TOL = 2e-3
 # The draft's rows are float32 log-probabilities: logsumexp is 0 to float32 rounding over a large vocabulary.
 LOGSUMEXP_TOL = 1e-2
 EMBED_STD = 0.02  # the random stand-in table: a typical initialisation scale
@@ -85,6 +95,7 @@ class Target:
     path: Path
     tie_tol: float = TIE_TOL
     stand_in: Callable[[str, LLMEngineConfig], Any] | None = None
+    logits_tol: float | None = None  # also compare logits where tokens agree (the toys); None: tokens only
 
     @property
     def directory(self) -> EngineDir:
@@ -155,9 +166,12 @@ def embedding_of(d: EngineDir) -> np.ndarray:
 
 
 def prompts_for(d: EngineDir, embedding: np.ndarray) -> list[list[int]]:
-    """Two seeded random prompts of 5 and 11 tokens (fewer where the engine takes less), so one is padded."""
+    """Two seeded random prompts of 5 and 11 tokens (fewer where the engine takes less, leaving room for
+    ``EXTEND`` more), so one is padded."""
     cfg = model_config(d)
-    lengths = [min(n, cfg.max_supported_input_length) for n in (5, 11)][:cfg.max_supported_batch_size]
+    room = cfg.max_supported_input_length
+    room = room - EXTEND if room > EXTEND else room
+    lengths = [min(n, room) for n in (5, 11)][:cfg.max_supported_batch_size]
     rng = np.random.default_rng(7)
     tokens = min(cfg.vocab_size, embedding.shape[0])
     return [[int(t) for t in rng.integers(0, tokens, n)] for n in lengths]
@@ -172,6 +186,10 @@ class Run:
 
     tokens: list[list[int]]
     logits: list[np.ndarray] = field(default_factory=list)
+
+    def part(self, rows: slice = slice(None), start: int = 0) -> Run:
+        """The sequences ``rows`` from step ``start`` on."""
+        return Run([t[start:] for t in self.tokens[rows]], [x[rows] for x in self.logits[start:]])
 
 
 def greedy(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]], steps: int) -> Run:
@@ -266,6 +284,20 @@ def assert_same_tokens(got: Sequence[Sequence[int]], reference: Run, tie_tol: fl
             f"the reference's {want}")
 
 
+def assert_same_run(got: Run, reference: Run, target: Target, what: str) -> None:
+    """:func:`assert_same_tokens`, and where ``target.logits_tol`` is set, the logits of every step before a
+    sequence's first different token within it."""
+    assert_same_tokens(got.tokens, reference, target.tie_tol, what)
+    if target.logits_tol is None:
+        return
+    for b, (g, want) in enumerate(zip(got.tokens, reference.tokens)):
+        same = next((i for i, (x, y) in enumerate(zip(g, want)) if x != y), len(g))
+        for step in range(same):
+            diff = float(np.abs(got.logits[step][b] - reference.logits[step][b]).max())
+            assert diff <= target.logits_tol, (f"{what}: sequence {b}, step {step}: logits differ by {diff:.4g} "
+                                               f"(more than {target.logits_tol}) with the same tokens")
+
+
 def graph_use(stats: Any) -> tuple[int, int]:
     """(captures, hits) of a setup's graph stats (one GraphStats, or one per engine)."""
     items = stats.values() if isinstance(stats, dict) else [stats]
@@ -287,6 +319,8 @@ class Results:
     spec_stats: SpecStats | None = None
     draft_logits: np.ndarray | None = None
     graphed_repeat: list[list[int]] | None = None  # plain: greedy with graphs again after reset()
+    alone: Run | None = None  # the reference loop on the second prompt alone (slot 0, its own width)
+    extended: Run | None = None  # the reference loop on each prompt + its first EXTEND greedy tokens
     own_embedding: bool = True  # the directory's embedding.safetensors (not the random stand-in)
 
 
@@ -299,17 +333,28 @@ def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
     if cfg.output_vocab_size != cfg.vocab_size:
         pytest.skip(f"{d.path}: a reduced-vocabulary engine (reduced_vocab_size {cfg.output_vocab_size}): its logits "
                     "need vocab_map.safetensors, which these checks do not read")
+    def variants(setup: Any, loop: Callable[..., Run], reference: Run) -> dict[str, Run | None]:
+        """The reference loop again on the second prompt alone, and on the prompts extended by their first
+        generated tokens (where the engine takes them)."""
+        extended = [list(p) + t[:EXTEND] for p, t in zip(prompts, reference.tokens)]
+        fits = steps > EXTEND and max(len(p) for p in extended) <= cfg.max_supported_input_length
+        return {"alone": loop(setup, embedding, prompts[1:], steps) if len(prompts) > 1 else None,
+                "extended": loop(setup, embedding, extended, steps - EXTEND) if fits else None}
+
     if d.kind == "llm":
         with target.bind(graphs=False) as setup:
             reference = greedy(setup, embedding, prompts, steps)
+            more = variants(setup, greedy, reference)
         with target.bind(graphs=True) as setup:
             graphed = greedy(setup, embedding, prompts, steps).tokens
             repeat = greedy(setup, embedding, prompts, steps).tokens
             captures, hits = graph_use(setup.graph_stats)
-        return Results("llm", cfg.output_vocab_size, 0, reference, graphed, captures, hits, graphed_repeat=repeat)
+        return Results("llm", cfg.output_vocab_size, 0, reference, graphed, captures, hits, graphed_repeat=repeat,
+                       **more)
     d2t = d.draft_to_target()
     with target.bind(graphs=False) as setup:
         reference = base_greedy(setup, embedding, prompts, steps)
+        more = variants(setup, base_greedy, reference)
         draft_logits = draft_prefill_logits(setup, embedding, prompts)
         spec, stats = spec_generate(setup, embedding, prompts, steps, draft_to_target=d2t)
     with target.bind(graphs=True) as setup:
@@ -317,7 +362,7 @@ def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
         captures, hits = graph_use(setup.graph_stats)
     return Results("spec_decode", cfg.output_vocab_size, d.draft_config.output_vocab_size, reference, graphed,
                    captures, hits, spec=spec, spec_stats=stats, draft_logits=draft_logits,
-                   own_embedding=(d.path / EMBEDDING_FILE).is_file())
+                   own_embedding=(d.path / EMBEDDING_FILE).is_file(), **more)
 
 
 # -- targets: real directories (trt) and the toy directories (CI) ---------------------------------------
@@ -404,8 +449,8 @@ def target(request: pytest.FixtureRequest, toys: RaggedToyEngines,
     out = tmp_path_factory.mktemp(param)
     if param == "toy-eagle3-ragged-d2t":
         path, targets = reduced_draft_pair(toys, out)
-        return Target(path, tie_tol=0.0, stand_in=toy_stand_in(toys, targets))
-    return Target(_copy_toy(toys, param, out), tie_tol=0.0, stand_in=toy_stand_in(toys))
+        return Target(path, tie_tol=0.0, stand_in=toy_stand_in(toys, targets), logits_tol=TOY_LOGITS_TOL)
+    return Target(_copy_toy(toys, param, out), tie_tol=0.0, stand_in=toy_stand_in(toys), logits_tol=TOY_LOGITS_TOL)
 
 
 @pytest.fixture(scope="module")
@@ -431,6 +476,27 @@ def test_graphs_change_no_token(target: Target, results: Results) -> None:
     assert_same_tokens(results.graphed, results.reference, target.tie_tol, f"{name}: {what} with CUDA graphs")
     if results.graphed_repeat is not None:
         assert results.graphed_repeat == results.graphed, f"{name}: after reset() the graphed run gave other tokens"
+
+
+@pytest.mark.parametrize("target", ALL, indirect=True)
+def test_batch_composition_changes_no_token(target: Target, results: Results) -> None:
+    """The second prompt alone (sequence slot 0, its own padded width) gives the tokens it gave as the batch's
+    second sequence (slot 1): its pages, entry-padded rows and logits row do not depend on its neighbours."""
+    if results.alone is None:
+        pytest.skip(f"{target.path}: the engine takes one sequence per step")
+    assert_same_run(results.alone, results.reference.part(slice(1, None)), target,
+                    f"{target.path.name}: the second prompt alone")
+
+
+@pytest.mark.parametrize("target", ALL, indirect=True)
+def test_prefilling_generated_tokens_changes_no_token(target: Target, results: Results) -> None:
+    """Each prompt extended by its first EXTEND generated tokens and prefilled continues with the tokens
+    decoding gave: what decode steps write to the KV cache (slots, positions, RoPE) is what a prefill
+    writes."""
+    if results.extended is None:
+        pytest.skip(f"{target.path}: max_input_len leaves no room for {EXTEND} more prompt tokens")
+    assert_same_run(results.extended, results.reference.part(start=EXTEND), target,
+                    f"{target.path.name}: the prompts + their first {EXTEND} tokens, prefilled")
 
 
 @pytest.mark.parametrize("target", SPEC, indirect=True)
@@ -587,3 +653,45 @@ def test_random_embedding_stands_in_where_the_build_wrote_none(toys: RaggedToyEn
     (broken / EMBEDDING_FILE).write_bytes(b"\x00" * 4)
     with pytest.raises(ConfigError, match="shorter than its 8-byte header length"):
         embedding_of(EngineDir.open(broken))
+
+
+class _SharedPages(Target):
+    """A toy directory bound with every sequence slot's page-table row pointing at slot 0's pages."""
+
+    def bind(self, *, graphs: bool) -> LLMSetup | SpecDecodeSetup:
+        setup = super().bind(graphs=graphs)
+        assert isinstance(setup, LLMSetup) and setup.state.page_table is not None
+        rows = setup.state.page_table.to_numpy()
+        rows[:] = rows[0]
+        setup.state.page_table.copy_from(rows)
+        return setup
+
+
+def _decode_one_position_ahead(past: Any, lengths: Any, width: int, *, phase: int, slots: Any = None) -> Any:
+    layout = causal_step(past, lengths, width, phase=phase, slots=slots)
+    if phase == PHASE_DECODE:
+        layout.positions = np.where(layout.positions >= 0, layout.positions + 1, -1).astype(np.int32)
+    return layout
+
+
+def test_consistency_checks_catch_shared_pages_and_a_shifted_decode_position(
+        toys: RaggedToyEngines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bugs that leave every token check self-consistent: sequences sharing KV pages change tokens with the
+    batch; decode steps at the wrong RoPE position change them against a prefill of the same tokens."""
+    path = _copy_toy(toys, RAGGED_DIRS[0], tmp_path)
+    toy = Target(path, tie_tol=0.0, stand_in=toy_stand_in(toys), logits_tol=TOY_LOGITS_TOL)
+    shared = run_checks_on(_SharedPages(path, tie_tol=0.0, stand_in=toy_stand_in(toys)))
+    test_logits_are_finite_and_not_constant(toy, shared)
+    with pytest.raises(AssertionError, match=r"the second prompt alone: sequence 0 differs at step \d"):
+        test_batch_composition_changes_no_token(toy, shared)
+
+    # One position ahead changes no token of these 8 (the toy's attention is weak), only logits: the toys
+    # compare those too; real engines, with tokens only, see a larger shift.
+    monkeypatch.setattr(llm_setup_module, "causal_step", _decode_one_position_ahead)
+    shifted = run_checks_on(toy)
+    test_graphs_change_no_token(toy, shifted)
+    test_batch_composition_changes_no_token(toy, shifted)
+    test_prefilling_generated_tokens_changes_no_token(Target(path, tie_tol=0.0), shifted)
+    with pytest.raises(AssertionError, match=r"the prompts \+ their first 3 tokens, prefilled: sequence 0, step 0: "
+                                             r"logits differ by 0\.\d+ \(more than 0.002\) with the same tokens"):
+        test_prefilling_generated_tokens_changes_no_token(toy, shifted)
