@@ -21,8 +21,9 @@ Without a reference model, what can be checked is checked:
 * CUDA graphs change no token: the same prompts bound with ``graphs=True`` and ``graphs=False`` (graphs are
   captured and replayed);
 * neither does batch composition (the second prompt alone: another KV slot, another padded width) nor
-  prefilling what decoding generated (the prompts + their first tokens continue as decoding did): the KV
-  cache's pages, slots and positions agree between sequences and between phases;
+  prefilling what decoding generated (the prompts + their first tokens continue as decoding did; for a plain
+  LLM also those tokens prefilled after the cached prompts, phase 2): the KV cache's pages, slots and
+  positions agree between sequences and between phases;
 * speculative decoding (EAGLE tree drafting, the draft's columns mapped to base tokens through
   ``d2t.safetensors``) emits the base engine's own greedy tokens. The greedy reference runs the base alone:
   a one-node verify per token (:func:`base_greedy`); CI checks it against the plain LLM's greedy tokens;
@@ -209,6 +210,27 @@ def greedy(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Sequence[in
     return run
 
 
+def chunked_greedy(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
+                   chunks: Sequence[Sequence[int]], steps: int) -> Run:
+    """Greedy decoding after a prompt prefilled in two chunks: ``prompts``, then ``chunks`` as a prefill that
+    continues the cached prompts (``past_lengths``: Edge-LLM's phase 2, a restored prefix)."""
+    act = setup.io.inputs_embeds.dtype.numpy
+    setup.reset()
+    emb, lens = embed_batch(embedding, prompts, act)
+    setup.prefill(emb, lens)
+    emb, more = embed_batch(embedding, chunks, act)
+    run = Run([[] for _ in prompts])
+    logits = setup.prefill(emb, more, past_lengths=lens).to_numpy()
+    for step in range(steps):
+        run.logits.append(logits)
+        nxt = logits.argmax(axis=-1)
+        for b, t in enumerate(nxt):
+            run.tokens[b].append(int(t))
+        if step + 1 < steps:
+            logits = setup.decode(embedding[nxt][:, None, :].astype(act)).to_numpy()
+    return run
+
+
 def base_greedy(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
                 steps: int) -> Run:
     """Greedy decoding on a speculative pair's base alone: base prefill, then per token a verify of the
@@ -321,6 +343,7 @@ class Results:
     graphed_repeat: list[list[int]] | None = None  # plain: greedy with graphs again after reset()
     alone: Run | None = None  # the reference loop on the second prompt alone (slot 0, its own width)
     extended: Run | None = None  # the reference loop on each prompt + its first EXTEND greedy tokens
+    chunked: Run | None = None  # plain: the same, the EXTEND tokens prefilled after the cached prompt
     own_embedding: bool = True  # the directory's embedding.safetensors (not the random stand-in)
 
 
@@ -345,6 +368,9 @@ def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
         with target.bind(graphs=False) as setup:
             reference = greedy(setup, embedding, prompts, steps)
             more = variants(setup, greedy, reference)
+            if more["extended"] is not None:
+                more["chunked"] = chunked_greedy(setup, embedding, prompts, [t[:EXTEND] for t in reference.tokens],
+                                                 steps - EXTEND)
         with target.bind(graphs=True) as setup:
             graphed = greedy(setup, embedding, prompts, steps).tokens
             repeat = greedy(setup, embedding, prompts, steps).tokens
@@ -386,6 +412,7 @@ TOY_TARGETS = ["toy-llm-ragged", "toy-eagle3-ragged", "toy-eagle3-ragged-d2t"]
 REAL = _real_dirs()
 ALL = [*REAL, *TOY_TARGETS]
 SPEC = [p for p in REAL if p.values[0] is None or _kind_on_disk(p.values[0]) == "spec_decode"] + TOY_TARGETS[1:]
+LLM = [p for p in REAL if p.values[0] is None or _kind_on_disk(p.values[0]) == "llm"] + TOY_TARGETS[:1]
 
 
 @pytest.fixture(scope="module")
@@ -497,6 +524,18 @@ def test_prefilling_generated_tokens_changes_no_token(target: Target, results: R
         pytest.skip(f"{target.path}: max_input_len leaves no room for {EXTEND} more prompt tokens")
     assert_same_run(results.extended, results.reference.part(start=EXTEND), target,
                     f"{target.path.name}: the prompts + their first {EXTEND} tokens, prefilled")
+
+
+@pytest.mark.parametrize("target", LLM, indirect=True)
+def test_prefill_after_a_cached_prefix_changes_no_token(target: Target, results: Results) -> None:
+    """The same EXTEND tokens prefilled after the cached prompts (``prefill(past_lengths=...)``, phase 2) continue
+    as decoding did: a restored prefix is read as the prompt's own prefill wrote it."""
+    if results.kind != "llm":
+        pytest.skip(f"{target.path}: a speculative pair's base prefill starts from an empty cache")
+    if results.chunked is None:
+        pytest.skip(f"{target.path}: max_input_len leaves no room for {EXTEND} more prompt tokens")
+    assert_same_run(results.chunked, results.reference.part(start=EXTEND), target,
+                    f"{target.path.name}: {EXTEND} tokens prefilled after the cached prompts")
 
 
 @pytest.mark.parametrize("target", SPEC, indirect=True)
