@@ -43,7 +43,8 @@ kept its embedding in the checkpoint has none, and a fixed random table of the s
 CI runs the same functions on copies of ``engines/toy-llm-ragged`` and ``engines/toy-eagle3-ragged`` (with an
 ``embedding.safetensors`` and a ``d2t.safetensors`` written beside the configs, and one pair whose draft has a
 reduced vocabulary), with host ReferenceEngines standing in for the plans (``load_engine`` patched, the only
-difference from the real path), and checks that the checks fail where they should.
+difference from the real path), and checks that the checks fail where they should. ``docs/edgellm-assumptions.md``
+says which assumption about Edge-LLM each check covers.
 """
 
 from __future__ import annotations
