@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device-machine session: the gpu tests, then the step-helper benchmark on the cuda backend.
 # Usage (from the repository root, on a GPU machine): bash scripts/gpu_session.sh OUTDIR
+# Needs no TensorRT. A runner with full TensorRT (and real Edge-LLM engine directories in
+# TRTIO_EDGELLM_DIR) runs scripts/gpu_ci.sh instead, which also runs the trt tests.
 set -u
 out=${1:-.}
 mkdir -p "$out"

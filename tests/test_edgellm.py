@@ -12,12 +12,16 @@ import json
 import math
 import pickle
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from _safetensors import write_safetensors
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
+from trtio._safetensors import bf16_to_float32, e4m3_to_float32, read_safetensors
 from trtio.edgellm import CONFIG_FILES, EngineDir, config_from_edgellm, unsupported_features
 from trtio.rope import RopeScaling
 
@@ -643,3 +647,162 @@ def test_bad_rope_scaling_names_the_file_and_the_key(tmp_path: Path, scaling: di
         LLMEngineConfig.from_edgellm(path)
     assert info.value.field == f"{path}: {key}"
     assert needle in str(info.value) and "trtio's" not in str(info.value)
+
+
+# -- runtime artifacts: the embedding table and the draft-to-target map ---------------------------
+
+
+def test_read_safetensors_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tensors = {"f16": rng.standard_normal((3, 5)).astype(np.float16), "f32": np.arange(4, dtype=np.float32),
+               "i32": np.array([[1, -2]], np.int32), "i64": np.array([7], np.int64), "flag": np.array([True, False]),
+               "empty": np.zeros((0, 4), np.float16),
+               "big": rng.standard_normal((600, 1000)).astype(np.float16),  # >= 1 MiB: a memory map
+               "bf16": np.array([0x3F80, 0xC000], np.uint16), "fp8": np.array([0x38, 0xC0], np.uint8)}
+    path = write_safetensors(tmp_path / "t.safetensors", tensors, tags={"bf16": "BF16", "fp8": "F8_E4M3"},
+                             metadata={"format": "pt"})
+    got = read_safetensors(path)
+    assert sorted(got) == sorted(tensors)
+    for name, want in tensors.items():
+        assert got[name].array.shape == want.shape and got[name].array.dtype == want.dtype, name
+        np.testing.assert_array_equal(got[name].array, want)
+        assert not got[name].array.flags.writeable, f"{name}: views of the file are read-only"
+    assert isinstance(got["big"].array, np.memmap)
+    assert (got["f16"].dtype, got["bf16"].dtype, got["fp8"].dtype) == ("F16", "BF16", "F8_E4M3")
+    assert bf16_to_float32(got["bf16"].array).tolist() == [1.0, -2.0]
+    assert e4m3_to_float32(got["fp8"].array).tolist() == [1.0, -2.0]
+    assert list(read_safetensors(path, ["i64"])) == ["i64"]
+
+
+def test_fp8_and_bf16_decoding_is_exact() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    codes = np.arange(256, dtype=np.uint8)
+    want = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    np.testing.assert_array_equal(e4m3_to_float32(codes), want)  # NaN == NaN for assert_array_equal
+    halves = np.array([0, 0x8000, 0x3F80, 0x7F7F, 0x0001, 0x7F80, 0xFF80, 0x4049], np.uint16)
+    np.testing.assert_array_equal(bf16_to_float32(halves), halves.view(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def _header_file(path: Path, header: bytes, data: bytes = b"", length: int | None = None) -> Path:
+    path.write_bytes(struct.pack("<Q", len(header) if length is None else length) + header + data)
+    return path
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: p.write_bytes(b"\x01\x02"), r"2 bytes, shorter than its 8-byte header length"),
+    (lambda p: _header_file(p, b"{}", length=1 << 40), r"header length 1099511627776 does not fit"),
+    (lambda p: _header_file(p, b"not json"), r"its header is not JSON"),
+    (lambda p: _header_file(p, b"[1, 2]"), r"its header is not a JSON object"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}', bytes(8)),
+     r"x: dtype 'C64' is not one trtio reads"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F16", "shape": [3], "data_offsets": [0, 4]}}', bytes(4)),
+     r"x: data_offsets \[0, 4\] hold 4 bytes, but F16 \[3\] takes 6"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F16", "shape": [-1], "data_offsets": [0, 2]}}', bytes(2)),
+     r"x: shape must be a list of ints >= 0"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]}}', bytes(3)),
+     r"x: its data ends at byte \d+, past the end of the \d+-byte file \(truncated\?\)"),
+    (lambda p: _header_file(p, b'{"y": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}}', bytes(2)),
+     r"holds no tensor 'x' \(it holds \['y'\]\)"),
+    (lambda p: None, r"no such file"),
+])
+def test_malformed_safetensors_name_the_file(tmp_path: Path, make: Any, needle: str) -> None:
+    path = tmp_path / "bad.safetensors"
+    make(path)
+    with pytest.raises(ConfigError, match=needle) as info:
+        read_safetensors(path, ["x"])
+    assert str(path) in str(info.value)
+
+
+def _llm_dir(tmp_path: Path, **files: dict[str, Any]) -> EngineDir:
+    d = tmp_path / "llm"
+    shutil.copytree(TINY_LLM, d)
+    for name, tensors in files.items():
+        write_safetensors(d / f"{name}.safetensors", tensors)
+    return EngineDir.open(d)
+
+
+def test_embedding_table_fp16_fp32_and_fp8(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((512, 64)).astype(np.float16)
+    got = _llm_dir(tmp_path, embedding={"embedding": table}).embedding_table()
+    assert got.dtype == np.float16 and not got.flags.writeable
+    np.testing.assert_array_equal(got, table)
+    got = _llm_dir(tmp_path / "f32", embedding={"embedding": table.astype(np.float32)}).embedding_table()
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, table)
+
+    # FP8 as Edge-LLM's writer stores it: e4m3 codes and one float32 scale per 128 columns of a row.
+    d = tmp_path / "fp8"
+    shutil.copytree(TINY_LLM, d)
+    data = json.loads((d / "config.json").read_text())
+    data["hidden_size"] = 256
+    (d / "config.json").write_text(json.dumps(data))
+    codes = rng.integers(0, 256, (512, 256), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes
+    scales = rng.uniform(0.5, 2.0, (512, 2)).astype(np.float32)
+    write_safetensors(d / "embedding.safetensors", {"embedding": codes, "embedding_scale": scales},
+                      tags={"embedding": "F8_E4M3"})
+    got = EngineDir.open(d).embedding_table()
+    want = (e4m3_to_float32(codes).reshape(512, 2, 128) * scales[:, :, None]).reshape(512, 256).astype(np.float16)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+
+
+def test_embedding_table_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"embedding.safetensors: no such file \(Edge-LLM's builder writes"):
+        _llm_dir(tmp_path / "none").embedding_table()
+    d = tmp_path / "external"
+    shutil.copytree(TINY_LLM, d)
+    data = json.loads((d / "config.json").read_text())
+    data["checkpoint_weight_bindings"] = [{"engine_name": "embedding"}]
+    (d / "config.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"config.json has checkpoint_weight_bindings: the builder may have left"):
+        EngineDir.open(d).embedding_table()
+    with pytest.raises(ConfigError, match=r"embedding: expected \[vocab, 64\] \(hidden_size of config.json\), got "
+                                          r"F16 \[512, 32\]"):
+        _llm_dir(tmp_path / "narrow", embedding={"embedding": np.zeros((512, 32), np.float16)}).embedding_table()
+    with pytest.raises(ConfigError, match=r"holds no tensor 'embedding' \(it holds \['weight'\]\)"):
+        _llm_dir(tmp_path / "named", embedding={"weight": np.zeros((512, 64), np.float16)}).embedding_table()
+    d = _llm_dir(tmp_path / "fp8", embedding={"embedding": np.zeros((512, 64), np.uint8)})
+    with pytest.raises(ConfigError, match=r"embedding: expected F16, BF16, F32 or F8_E4M3 elements, got U8"):
+        d.embedding_table()
+
+
+def _pair_dir(tmp_path: Path, d2t: Any = None) -> EngineDir:
+    d = tmp_path / "pair"
+    shutil.copytree(TINY_PAIR, d)  # base vocab 512, draft_vocab_size 256
+    if d2t is not None:
+        write_safetensors(d / "d2t.safetensors", {"d2t": d2t})
+    return EngineDir.open(d)
+
+
+def test_draft_to_target_reads_direct_and_offset_tables(tmp_path: Path) -> None:
+    ids = np.arange(256)
+    assert _pair_dir(tmp_path / "none").draft_to_target().tolist() == ids.tolist(), "no file: the identity"
+    direct = (ids * 2 + 1).astype(np.int32)  # odd tokens; as offsets 3i + 1 would pass 511
+    got = _pair_dir(tmp_path / "direct", direct).draft_to_target()
+    assert got.dtype == np.int64 and got.tolist() == direct.tolist()
+    offsets = np.full(256, 100, np.int64) - ids  # every entry is 100 read as an offset; -155.. direct
+    assert _pair_dir(tmp_path / "offset", offsets).draft_to_target().tolist() == [100] * 256
+    # Valid both ways: the reading that reaches more distinct tokens wins (Edge-LLM's rule).
+    both = np.zeros(256, np.int32)  # direct: all token 0; offsets: the identity
+    assert _pair_dir(tmp_path / "both", both).draft_to_target().tolist() == ids.tolist()
+    same = np.arange(256, dtype=np.int32) // 2  # direct: 128 tokens; offsets i + i // 2: 256 distinct
+    assert _pair_dir(tmp_path / "same", same).draft_to_target().tolist() == (ids + ids // 2).tolist()
+
+
+def test_draft_to_target_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"maps outside the base's vocab_size \(512\) read either way: entry 0 is "
+                                          r"600, as an offset 600"):
+        _pair_dir(tmp_path / "far", np.full(256, 600, np.int32)).draft_to_target()
+    with pytest.raises(ConfigError, match=r"d2t: expected an I32 or I64 tensor of draft_vocab_size = 256 entries "
+                                          r"\(draft_config.json\), got I32 \[255\]"):
+        _pair_dir(tmp_path / "short", np.zeros(255, np.int32)).draft_to_target()
+    with pytest.raises(ConfigError, match=r"got F32 \[256\]"):
+        _pair_dir(tmp_path / "float", np.zeros(256, np.float32)).draft_to_target()
+    d = _pair_dir(tmp_path / "two")
+    write_safetensors(d.path / "d2t.safetensors", {"a": np.zeros(256, np.int32), "b": np.zeros(256, np.int32)})
+    with pytest.raises(ConfigError, match=r"expected exactly one tensor \(the map\), it holds \['a', 'b'\]"):
+        d.draft_to_target()
+    with pytest.raises(ConfigError, match=r"holds a llm engine; only a speculative pair has a draft-to-target map"):
+        EngineDir.open(TINY_LLM).draft_to_target()

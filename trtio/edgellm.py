@@ -2,9 +2,10 @@
 
 An Edge-LLM engine directory is flat: ``llm.engine`` + ``config.json`` for a plain LLM, or
 ``spec_base.engine`` + ``base_config.json`` and ``spec_draft.engine`` + ``draft_config.json`` for a
-speculative (EAGLE3) pair. :class:`EngineDir` opens one (the configs alone open, for planning);
-:func:`config_from_edgellm` (also ``LLMEngineConfig.from_edgellm``) maps one config onto trtio's
-:class:`~trtio.config.LLMEngineConfig`:
+speculative (EAGLE3) pair. :class:`EngineDir` opens one (the configs alone open, for planning) and
+reads what a runtime needs beside the engines (the token embedding table, an EAGLE3 pair's
+draft-to-target map); :func:`config_from_edgellm` (also ``LLMEngineConfig.from_edgellm``) maps one
+config onto trtio's :class:`~trtio.config.LLMEngineConfig`:
 
 ======================================== ============================== ====================================
 Edge-LLM key                             trtio field                    note
@@ -44,7 +45,9 @@ Edge-LLM key                             trtio field                    note
                                          ``activation_dtype = float16``
 ======================================== ============================== ====================================
 
-Every other key lands in ``extras`` (``builder_config`` keys as ``"builder_config.<key>"``).
+Every other key lands in ``extras`` (``builder_config`` keys as ``"builder_config.<key>"``). What this
+mapping and the artifact readers assume where Edge-LLM leaves meaning open is listed, with how to check
+it, in ``docs/edgellm-assumptions.md``.
 Engines trtio cannot bind yet are refused when their config is read, naming the key that marks them
 (:data:`UNSUPPORTED_MARKERS`). Errors are :class:`~trtio.ConfigError` with the field
 ``"<file>: <dotted key>"``.
@@ -60,6 +63,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from trtio._safetensors import SafeTensor, bf16_to_float32, e4m3_to_float32, read_safetensors
 from trtio.config import (
     DeploymentConfig,
     LLMEngineConfig,
@@ -82,6 +88,8 @@ __all__ = [
     "PLUGIN_LIBRARY",
     "CONFIG_FILES",
     "ENGINE_FILES",
+    "EMBEDDING_FILE",
+    "D2T_FILE",
 ]
 
 log = logging.getLogger("trtio")
@@ -96,6 +104,12 @@ PLUGIN_LIBRARY = "libNvInfer_edgellm_plugin.so"
 #: The config and engine file of each role in an engine directory.
 CONFIG_FILES = {"llm": "config.json", "base": "base_config.json", "draft": "draft_config.json"}
 ENGINE_FILES = {"llm": "llm.engine", "base": "spec_base.engine", "draft": "spec_draft.engine"}
+#: The token embedding table Edge-LLM's builder writes beside a plain LLM or a speculative base (the
+#: EAGLE3 draft reads the base's).
+EMBEDDING_FILE = "embedding.safetensors"
+#: An EAGLE3 pair's draft-to-target vocabulary map (absent: the identity).
+D2T_FILE = "d2t.safetensors"
+_EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
 
 _ROLES = ("llm", "base", "draft")
 _SPEC_DECODE_TYPES = ("eagle3",)  # the speculative families trtio has a step protocol for
@@ -696,6 +710,79 @@ class EngineDir:
             drafting_top_k=draft_top_k, drafting_step=draft_step, verify_size=verify_size)
         return DeploymentConfig(base, draft, spec).validate()
 
+    # -- runtime artifacts --------------------------------------------------------------------
+    def embedding_table(self) -> np.ndarray:
+        """The token embedding table Edge-LLM's runtime looks ``inputs_embeds`` up in: float16
+        ``[rows, hidden_size]`` from ``embedding.safetensors`` (tensor ``"embedding"``).
+
+        Edge-LLM's builder writes the table beside a plain LLM or a speculative base, already multiplied
+        by the model's embedding scale; an EAGLE3 draft reads the base's table. An FP16 table comes back
+        read-only (a memory map of a large file, valid while the file exists); an FP8 (e4m3) table and its
+        ``"embedding_scale"`` (float32, one per 128 columns of a row) are dequantized, and BF16 / FP32
+        tables converted, into a new array owned by the caller. Raises :class:`~trtio.ConfigError` naming
+        the file where it is absent (a build that leaves the embedding in the checkpoint writes none),
+        malformed, or not ``hidden_size`` wide.
+        """
+        role = "llm" if self._kind == "llm" else "base"
+        file = self._path / EMBEDDING_FILE
+        if not file.is_file():
+            hint = ""
+            if "checkpoint_weight_bindings" in self._raw[role]:
+                hint = (f"; {CONFIG_FILES[role]} has checkpoint_weight_bindings: the builder may have left the "
+                        "embedding in the checkpoint, where Edge-LLM's runtime reads it and trtio does not")
+            raise ConfigError(str(file), f"no such file (Edge-LLM's builder writes the token embedding table "
+                                         f"here){hint}")
+        tensors = read_safetensors(file)
+        if "embedding" not in tensors:
+            raise ConfigError(str(file), f"holds no tensor 'embedding' (it holds {sorted(tensors)})")
+        table = tensors["embedding"]
+        hidden = self._configs[role].hidden_size
+        if table.array.ndim != 2 or table.array.shape[1] != hidden:
+            raise ConfigError(f"{file}: embedding", f"expected [vocab, {hidden}] (hidden_size of "
+                                                    f"{CONFIG_FILES[role]}), got {table.dtype} "
+                                                    f"{list(table.array.shape)}")
+        return _embedding_float16(file, table, tensors.get("embedding_scale"))
+
+    def draft_to_target(self) -> np.ndarray:
+        """int64 ``[draft vocab]``: the base token id of each column of the draft's logits (EAGLE3).
+
+        Read from ``d2t.safetensors`` (one 1-D integer tensor of ``draft_vocab_size`` entries) and read as
+        Edge-LLM 0.11's runtime reads it: older exports store offsets (target = draft id + value), newer
+        ones the target ids themselves; a table valid only one way is read that way, and one valid both
+        ways as offsets only where that reaches more distinct target ids. Without the file the map is the
+        identity (Edge-LLM's zero offsets). Raises :class:`~trtio.ConfigError` for a plain LLM directory or
+        a table that is malformed or maps outside the base's ``vocab_size``.
+        """
+        if self._kind != "spec_decode":
+            raise ConfigError(str(self._path), f"holds a {self._kind} engine; only a speculative pair has a "
+                                               "draft-to-target map")
+        draft_vocab = self.draft_config.output_vocab_size
+        vocab = self.base_config.vocab_size
+        file = self._path / D2T_FILE
+        if not file.is_file():
+            return np.arange(draft_vocab, dtype=np.int64)
+        tensors = read_safetensors(file)
+        if len(tensors) != 1:
+            raise ConfigError(str(file), f"expected exactly one tensor (the map), it holds {sorted(tensors)}")
+        (name, table), = tensors.items()
+        if table.dtype not in ("I32", "I64") or table.array.shape != (draft_vocab,):
+            raise ConfigError(f"{file}: {name}", f"expected an I32 or I64 tensor of draft_vocab_size = {draft_vocab} "
+                                                 f"entries ({CONFIG_FILES['draft']}), got {table.dtype} "
+                                                 f"{list(table.array.shape)}")
+        raw = np.asarray(table.array, dtype=np.int64)
+        ids = np.arange(draft_vocab, dtype=np.int64)
+        direct_ok = bool(((raw >= 0) & (raw < vocab)).all())
+        shifted = ids + raw
+        offset_ok = bool(((shifted >= 0) & (shifted < vocab)).all())
+        if not (direct_ok or offset_ok):
+            bad = int(np.flatnonzero((raw < 0) | (raw >= vocab))[0])
+            raise ConfigError(f"{file}: {name}", f"maps outside the base's vocab_size ({vocab}) read either way: "
+                                                 f"entry {bad} is {int(raw[bad])}, as an offset "
+                                                 f"{int(shifted[bad])}")
+        if offset_ok and (not direct_ok or np.unique(shifted).size > np.unique(raw).size):
+            return shifted
+        return raw
+
     def __iter__(self) -> Iterator[tuple[str, LLMEngineConfig]]:
         """(role, config) pairs, base before draft."""
         return iter(self._configs.items())
@@ -716,6 +803,29 @@ class EngineDir:
             other = "config" if self._kind == "llm" else "base_config / draft_config"
             raise ConfigError(CONFIG_FILES[role], f"{self._path} is a {self._kind} directory without it; use .{other}")
         return self._configs[role]
+
+
+def _embedding_float16(file: Path, table: SafeTensor, scale: SafeTensor | None) -> np.ndarray:
+    """An embedding table as float16 [rows, hidden]: FP16 as stored, FP8 dequantized with its scales."""
+    raw = table.array
+    if table.dtype == "F16":
+        return raw
+    if table.dtype in ("F32", "BF16"):
+        return (bf16_to_float32(raw) if table.dtype == "BF16" else raw).astype(np.float16)
+    if table.dtype != "F8_E4M3":
+        raise ConfigError(f"{file}: embedding", f"expected F16, BF16, F32 or F8_E4M3 elements, got {table.dtype}")
+    rows, hidden = raw.shape
+    groups = hidden // _EMBEDDING_GROUP
+    if scale is None or hidden % _EMBEDDING_GROUP or scale.array.shape != (rows, groups) or scale.dtype != "F32":
+        got = "none" if scale is None else f"{scale.dtype} {list(scale.array.shape)}"
+        raise ConfigError(f"{file}: embedding_scale", f"an F8_E4M3 table [{rows}, {hidden}] needs F32 scales "
+                                                      f"[{rows}, {hidden} / {_EMBEDDING_GROUP}], got {got}")
+    out = np.empty((rows, hidden), np.float16)
+    for start in range(0, rows, 4096):  # bounded float32 temporaries for a large vocabulary
+        stop = min(rows, start + 4096)
+        values = e4m3_to_float32(raw[start:stop]).reshape(stop - start, groups, _EMBEDDING_GROUP)
+        out[start:stop] = (values * scale.array[start:stop, :, None]).reshape(stop - start, hidden)
+    return out
 
 
 def _kind_of(root: Path) -> str:

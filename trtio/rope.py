@@ -417,7 +417,8 @@ def rope_cos_sin_table(max_positions: int, rotary_dim: int, theta: float = 10000
     ``mrope_section`` layout gives this same table). A static table cannot follow the current
     sequence length that HF's ``dynamic`` and ``longrope`` depend on, so it is HF's result for a
     sequence of ``max_positions`` tokens (seq_len = max_positions): an assumption still to be checked
-    against Edge-LLM. The returned array is a new, C-contiguous host array owned by the caller.
+    against Edge-LLM (``docs/edgellm-assumptions.md`` §5). The returned array is a new, C-contiguous host
+    array owned by the caller.
     """
     _check_rotary_dim(rotary_dim)
     _check_int("max_positions", max_positions, low=0)

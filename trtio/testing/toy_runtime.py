@@ -102,10 +102,12 @@ class DraftTree:
         return sorted(chosen)
 
 
-def expand_level(trees: list[DraftTree], level: list[list[int]], logp: np.ndarray, top_k: int) -> list[list[int]]:
+def expand_level(trees: list[DraftTree], level: list[list[int]], logp: np.ndarray, top_k: int,
+                 token_map: np.ndarray | None = None) -> list[list[int]]:
     """One level of EAGLE drafting: for each sequence, the ``top_k`` best children over every node of
     ``level`` (by cumulative log-probability; ``logp`` [B, len(level), V]) join its tree; returns the new
-    level's node indices."""
+    level's node indices. ``token_map`` maps a column of ``logp`` to the token the node holds (an EAGLE3
+    draft's reduced vocabulary; none: the column is the token)."""
     out = []
     for b, tree in enumerate(trees):
         nodes = level[b]
@@ -113,13 +115,16 @@ def expand_level(trees: list[DraftTree], level: list[list[int]], logp: np.ndarra
         cand = base + logp[b]  # [len(level), V]
         flat = np.argsort(-cand, axis=None, kind="stable")[:top_k]
         parent_pos, token = np.unravel_index(flat, cand.shape)
-        out.append([tree.add(int(t), nodes[int(p)], float(cand[p, t])) for p, t in zip(parent_pos, token)])
+        tokens = token if token_map is None else token_map[token]
+        out.append([tree.add(int(t), nodes[int(p)], float(cand[p, c]))
+                    for p, c, t in zip(parent_pos, token, tokens)])
     return out
 
 
 def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
                   max_new_tokens: int, *, depth: int | None = None, top_k: int | None = None,
-                  verify_size: int | None = None, stream: Any = None) -> tuple[list[list[int]], SpecStats]:
+                  verify_size: int | None = None, draft_to_target: np.ndarray | None = None,
+                  stream: Any = None) -> tuple[list[list[int]], SpecStats]:
     """Greedy speculative decoding with EAGLE tree drafting; returns exactly the tokens greedy decoding
     of the base would.
 
@@ -128,7 +133,10 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
     log-probability) over the previous level, one ``draft_propose`` call per level. The ``verify_size - 1``
     best nodes (closed under ancestors) and the root form the verify tree, which the base checks in one
     step; the longest path whose tokens match the base's own greedy choices is accepted, plus the base's
-    next token after it. ``top_k == 1`` is chain drafting.
+    next token after it. ``top_k == 1`` is chain drafting. ``draft_to_target`` maps a column of the
+    draft's logits to a base token id (an EAGLE3 draft with a reduced vocabulary,
+    :meth:`trtio.edgellm.EngineDir.draft_to_target`); without it the columns are base token ids. Both
+    engines take rows of ``embedding`` (the base's token embedding table).
     """
     spec = setup.bundle.spec
     assert spec is not None
@@ -148,12 +156,14 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
     stats = SpecStats(accepted_per_sequence=[0] * batch)
     while min(len(o) for o in out) < max_new_tokens:
         trees = [DraftTree() for _ in range(batch)]
-        level = expand_level(trees, [[-1] for _ in range(batch)], _log_softmax(draft_logits)[:, None, :], top_k)
+        level = expand_level(trees, [[-1] for _ in range(batch)], _log_softmax(draft_logits)[:, None, :], top_k,
+                             draft_to_target)
         for _ in range(depth - 1):
             toks = np.array([[trees[b].tokens[n] for n in level[b]] for b in range(batch)])
             parents = np.array([[trees[b].parents[n] for n in level[b]] for b in range(batch)])
             step = setup.draft_propose(embedding[toks].astype(dtype), stream, parents=parents).to_numpy(stream)
-            level = expand_level(trees, level, _log_softmax(step).reshape(batch, len(level[0]), -1), top_k)
+            level = expand_level(trees, level, _log_softmax(step).reshape(batch, len(level[0]), -1), top_k,
+                                 draft_to_target)
         # The verify tree: the root (the pending token) and the best draft nodes, in tree order.
         chosen = [t.select(verify_size - 1) for t in trees]
         n = 1 + max(len(c) for c in chosen)
