@@ -65,7 +65,7 @@ import trtio
 import trtio.setups.engine_dir as engine_dir_module
 import trtio.setups.llm as llm_setup_module
 from trtio import ConfigError, EngineError, LLMEngineConfig, LLMSetup, SpecDecodeSetup
-from trtio.contracts.ragged import PHASE_DECODE, causal_step
+from trtio.contracts.ragged import decode_step
 from trtio.edgellm import CONFIG_FILES, D2T_FILE, EMBEDDING_FILE, ENGINE_FILES, PLUGIN_LIBRARY, EngineDir
 from trtio.testing import ReferenceEngine
 from trtio.testing.toy_engines import RAGGED_DIRS, RAGGED_ENGINE_NAMES, RaggedToyEngines
@@ -707,10 +707,9 @@ class _SharedPages(Target):
         return setup
 
 
-def _decode_one_position_ahead(past: Any, lengths: Any, width: int, *, phase: int, slots: Any = None) -> Any:
-    layout = causal_step(past, lengths, width, phase=phase, slots=slots)
-    if phase == PHASE_DECODE:
-        layout.positions = np.where(layout.positions >= 0, layout.positions + 1, -1).astype(np.int32)
+def _decode_one_position_ahead(past: Any) -> Any:
+    layout = decode_step(past)
+    layout.positions = layout.positions + np.int32(1)
     return layout
 
 
@@ -727,7 +726,7 @@ def test_consistency_checks_catch_shared_pages_and_a_shifted_decode_position(
 
     # One position ahead changes no token of these 8 (the toy's attention is weak), only logits: the toys
     # compare those too; real engines, with tokens only, see a larger shift.
-    monkeypatch.setattr(llm_setup_module, "causal_step", _decode_one_position_ahead)
+    monkeypatch.setattr(llm_setup_module, "decode_step", _decode_one_position_ahead)
     shifted = run_checks_on(toy)
     test_graphs_change_no_token(toy, shifted)
     test_batch_composition_changes_no_token(toy, shifted)
