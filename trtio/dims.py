@@ -7,6 +7,8 @@ from one place.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
@@ -25,6 +27,14 @@ SHAPE_CARRIER_DIMS = frozenset({
 @dataclass(frozen=True)
 class InferenceDims:
     """Immutable per-step dimensions (Edge-LLM's ``InferenceDims``, snake_case)."""
+
+    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     batch: int
     seq_len: int

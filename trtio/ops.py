@@ -9,6 +9,8 @@ runs, from device tensors the caller staged, so a captured graph replays with fr
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -86,6 +88,14 @@ class RowCopy:
     executor can capture both in one graph (:meth:`EngineExecutor.execute`'s ``before``). Equal values
     (the same tensors, count and row width) are the same work: their indices are read when it runs."""
 
+    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
     dst: Tensor
     src: Tensor
     src_rows: Tensor
@@ -101,6 +111,14 @@ class RowCopy:
 @dataclass(frozen=True)
 class Zero:
     """The first ``nbytes`` of a device tensor set to 0, as a value (see :class:`RowCopy`)."""
+
+    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     tensor: Tensor
     nbytes: int
