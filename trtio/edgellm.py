@@ -393,10 +393,11 @@ def _refuse_unsupported(data: Mapping[str, Any], where: str) -> None:
 # -- the mapping ------------------------------------------------------------------------------
 
 def _source(source: str | os.PathLike[str] | Mapping[str, Any], what: str | None) -> tuple[Any, str]:
-    if isinstance(source, Mapping):
-        return source, what or "Edge-LLM config"
-    path = os.fspath(source)
-    return _read_json(path), what or path
+    if isinstance(source, (str, bytes, os.PathLike)):
+        path = os.fsdecode(source)
+        return _read_json(path), what or path
+    # Parsed JSON: a dict, or anything else a file may hold ([1, 2], null), which the caller refuses by name.
+    return source, what or "Edge-LLM config"
 
 
 def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,

@@ -29,7 +29,7 @@ from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
-from trtio.errors import BindingError, EngineError, FrozenError, ShapeError
+from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
@@ -274,6 +274,7 @@ class EngineState:
 
     def bind(self, tm: TensorMap) -> None:
         """Add every state binding (both names of each pair, and the page table or start index) to ``tm``."""
+        self._check_open()
         self._maps.append(tm)
         for past, present in self.pairs:
             tm.add(past, self.tensors[past])
@@ -309,6 +310,7 @@ class EngineState:
         Paths are strictly increasing node lists starting at the root (checked by the caller) of at most
         ``MAX_PATH_MOVES + 1`` nodes.
         """
+        self._check_open()
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         batch = len(paths)
@@ -352,12 +354,15 @@ class EngineState:
     # -- kv lengths -------------------------------------------------------------------------------
     def upload_start_index(self, values: np.ndarray | None, stream: StreamLike = None) -> Tensor:
         """Stage int32 ``values`` [batch] into ``kv_lengths``; None views it as ``[0]`` (empty cache)."""
+        if self._closed:  # inline: this runs every step
+            raise ClosedError(f"engine state {self.name!r} is closed")
         if values is None:
             return self.kv_lengths.reshape((0,))
         return self._staging.upload(np.asarray(values, dtype=np.int32), stream)
 
     def reset(self, stream: StreamLike = None, *, clear: bool = False) -> None:
         """Forget every cached token (lengths to 0); ``clear=True`` also zeroes the state tensors."""
+        self._check_open()
         self.lengths[:] = 0
         if clear:
             for t in self.tensors.values():
@@ -369,11 +374,16 @@ class EngineState:
         return sum(t.capacity for t in self.tensors.values())
 
     def memory_report(self) -> MemoryReport:
+        self._check_open()
         return self._arena.report()
 
     @property
     def is_closed(self) -> bool:
         return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"engine state {self.name!r} is closed")
 
     def close(self) -> None:
         """Free the state. Refused (:class:`FrozenError`) while an open executor binds it."""

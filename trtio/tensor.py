@@ -37,6 +37,7 @@ ShapeLike = Sequence[int]
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
 _ADDRESS_LIMIT = 1 << 64
+_NULL_PAGE = 4096  # the first page is never mapped (Linux's mmap_min_addr is at least this): small ints are no pointers
 
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
@@ -95,6 +96,10 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
     if cap and not address:
         raise InvalidValueError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes "
                                 f"(only an empty tensor, capacity 0, may have address 0)")
+    if cap and address < _NULL_PAGE:
+        raise InvalidValueError(f"tensor {name!r}: pointer 0x{address:x} lies in the null page (below "
+                                f"0x{_NULL_PAGE:x}), where no host or device memory is ever mapped; it is not an "
+                                f"address of {cap} bytes")
     if address + cap > _ADDRESS_LIMIT:
         raise InvalidValueError(f"tensor {name!r}: pointer 0x{address:x} with {cap} bytes runs past the "
                                 f"64-bit address space")
@@ -181,11 +186,12 @@ class Tensor(Closeable):
              backend: Backend | str | None = None) -> Tensor:
         """View existing memory without owning it; ``owner`` is kept alive by the tensor.
 
-        ``ptr`` is an int address (not a bool): not negative, not 0 unless the capacity is 0, and
-        its ``capacity`` bytes must not run past 64 bits. Device and pinned pointers must be
-        256-byte aligned (TensorRT's requirement for tensor addresses). Where the backend can tell,
-        the bytes must lie in memory it allocated (the host backend knows its device allocations;
-        CUDA cannot vouch for memory of other libraries, so the cuda backend takes the caller's word).
+        ``ptr`` is an int address (not a bool): not negative, not 0 unless the capacity is 0, not in
+        the never-mapped first page (below 4096), and its ``capacity`` bytes must not run past 64 bits.
+        Device and pinned pointers must be 256-byte aligned (TensorRT's requirement for tensor
+        addresses). Where the backend can tell, the bytes must lie in memory it allocated (the host
+        backend knows its device allocations; CUDA cannot vouch for memory of other libraries, so the
+        cuda backend takes the caller's word).
         """
         shape = normalize_shape(shape, f"shape of tensor {name!r}")
         dt = DType.coerce(dtype)

@@ -493,13 +493,16 @@ class SpecDecodeSetup(SetupBase):
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
+        if isinstance(paths, (str, bytes)) or not hasattr(paths, "__len__"):
+            raise ShapeError(f"paths: expected one path (a list of node indices) per sequence, got "
+                             f"{type(paths).__name__}")
         if len(paths) != b:
             raise ShapeError(f"paths: expected one path per sequence ({b}), got {len(paths)}")
         n = tree.nodes
         parents = tree.parents
         checked = []
         for i, path in enumerate(paths):
-            p = [int(v) for v in path]
+            p = _path_nodes(path, i)
             if not p or p[0] != 0:
                 raise ShapeError(f"paths[{i}] = {p}: a path starts at the root, node 0")
             for a, c in zip(p, p[1:]):
@@ -620,6 +623,18 @@ def _parents_of(vis: np.ndarray) -> np.ndarray:
     strict = vis & ~np.eye(n, dtype=bool)[None]
     idx = np.where(strict, np.arange(n)[None, None, :], -1)
     return idx.max(axis=2)
+
+
+def _path_nodes(path: Any, i: int) -> list[int]:
+    """``paths[i]`` as node indices; anything but ints is refused (``int()`` would take node 1.5 for node 1)."""
+    if isinstance(path, (str, bytes)) or not hasattr(path, "__iter__"):
+        raise ShapeError(f"paths[{i}]: expected a list of node indices, got {type(path).__name__} {path!r}")
+    nodes = []
+    for v in path:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"paths[{i}]: node {v!r} is not an int node index ({type(v).__name__})")
+        nodes.append(int(v))
+    return nodes
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,
