@@ -1,8 +1,9 @@
 """Reliability (issue 12): lifetimes, bad input and leaks, on both contracts and both setups.
 
 Most of the issue's cases have their test beside the module they concern (test_tensor, test_stream,
-test_config, test_lifetime, test_setups, test_setups_ragged, test_threads); this file holds the rest
-and their siblings.
+test_config, test_lifetime, test_setups, test_setups_ragged, test_threads); this file holds the rest,
+their siblings, and the leak tests: many create / step / close cycles, and setups dropped without
+``close()``, must leave the backend's live allocations, graphs, events and streams at their baseline.
 
 Every refusal of a step is checked to happen before any work is enqueued (the host backend counts
 device operations).
@@ -14,6 +15,7 @@ import contextlib
 import gc
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from trtio import (
 )
 from trtio.cuda.host import HostBackend
 from trtio.edgellm import EngineDir
+from trtio.setups import LLMSetup
 from trtio.spec_decode import ancestor_mask
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine, toy_embedding
@@ -478,3 +481,85 @@ def _lengths(state: EngineState, lengths: list[int]) -> Iterator[None]:
         yield
     finally:
         state.lengths[:] = saved
+
+
+# -- leaks: many create / step / close cycles, and setups dropped unclosed ------------------------------
+
+
+def _live(be: trtio.Backend, *, collect: bool = True) -> dict[str, int]:
+    if collect:
+        gc.collect()
+    return {"allocations": be.live_allocations, "graphs": be.live_graphs, "events": be.live_events,
+            "streams": be.live_streams}
+
+
+def _leak_check(be: trtio.Backend, factory: Factory, cycles: int, dropped: int) -> None:
+    """``cycles`` create / step / close cycles, then ``dropped`` setups stepped and dropped without close():
+    the backend's live counters end where they began."""
+    Stream.default(be)  # this thread's default stream lives on: part of the baseline
+    with factory.create(be) as warm:
+        factory.step(warm)  # one-time work (kernels, caches) before the baseline
+    base = _live(be)
+    for _ in range(cycles):
+        with factory.create(be) as setup:
+            factory.step(setup)
+            grown = _live(be, collect=False)
+        assert all(e.executor.graph_stats.captures >= 1 for e in setup.engines()), "steps ran as captured graphs"
+    assert grown["graphs"] > base["graphs"] and grown["allocations"] > base["allocations"]
+    assert _live(be) == base, f"after {cycles} closed setups"
+    if not dropped:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = []
+        for _ in range(dropped):
+            kept.append(factory.create(be))
+            factory.step(kept[-1])
+        held = _live(be)
+        del kept
+        after = _live(be)
+    engines = 2 if factory.spec else 1
+    assert held["graphs"] >= base["graphs"] + dropped * engines, "every dropped setup held graphs"
+    assert after == base, f"after {dropped} setups dropped without close()"
+    assert any(w.category is ResourceWarning and "was never closed" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("kind,cycles,dropped", [
+    ("llm-batch", 1000, 200), ("llm-ragged", 200, 50), ("spec-batch", 40, 20), ("spec-ragged", 40, 20),
+])
+def test_cycles_and_dropped_setups_leave_the_host_backend_at_its_baseline(host: trtio.Backend, kind: str,
+                                                                         cycles: int, dropped: int) -> None:
+    _leak_check(host, Factory(kind), cycles, dropped)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,cycles,dropped", [
+    ("llm-batch", 1000, 200), ("llm-ragged", 200, 50), ("spec-batch", 40, 20), ("spec-ragged", 40, 20),
+])
+def test_cycles_and_dropped_setups_leave_the_cuda_backend_at_its_baseline(cuda: trtio.Backend, kind: str,
+                                                                         cycles: int, dropped: int) -> None:
+    pytest.importorskip("cupy")
+    _leak_check(cuda, Factory(kind, device="gpu"), cycles, dropped)
+
+
+def test_the_leak_check_sees_a_leak(host: trtio.Backend) -> None:
+    """The check above can fail: setups whose close() forgets their graphs leave them live."""
+    forgotten: list[int] = []
+
+    class Leaky(LLMSetup):
+        def close(self) -> None:
+            forgotten.extend(g for g in self.executor._graphs.values() if g)
+            self.executor._graphs.clear()  # forgotten, not destroyed
+            super().close()
+
+    class LeakyFactory(Factory):
+        def create(self, backend: trtio.Backend, *, graphs: bool = True) -> Any:
+            return Leaky(self.engine, self.cfg, graphs=graphs, backend=backend)
+
+    try:
+        with pytest.raises(AssertionError, match="after 3 closed setups"):
+            _leak_check(host, LeakyFactory("llm-batch"), 3, 0)
+    finally:
+        for g in forgotten:
+            host.destroy_graph(g)
+
