@@ -171,6 +171,52 @@ def test_context_memory_refuses_to_close_under_an_open_executor(host: trtio.Back
         mem.report()
 
 
+def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it(host: trtio.Backend) -> None:
+    """A user's own (unfrozen) tensor map over a PipelineIO, a state, an arena of their own, a tensor of
+    their own and a view: closing any of them while the executor that bound the map is open would leave
+    it (and its captured graph) using freed memory, so it is refused, and nothing is half closed."""
+    cfg = llm_config()
+    eng = ReferenceEngine.from_config(cfg, device="host")
+    io = PipelineIO.create_for_llm(cfg, backend=host)
+    io_map = io.build_tensor_map(cfg)
+    state = EngineState(EngineIO.from_engine(eng), cfg, max_batch=4, backend=host, name="kv")
+    state.bind(io_map)
+    rope_owner = Tensor.empty((2, 128, 16), "float32", name="rope_owner", backend=host)
+    rope = Tensor.wrap(rope_owner.data_ptr, (1, 128, 16), "float32", owner=rope_owner, name="rope", backend=host)
+    rope.copy_from(trtio.rope.rope_cos_sin_table(128, 16, cfg.rope_theta, 1))
+    arena = trtio.Arena([trtio.TensorRequest.of("select", (4, 1), "int64")], backend=host, title="mine")
+    mine = TensorMap("mine")  # not frozen: its tensors are not frozen either
+    for n in io_map.names():
+        mine.set(n, io_map[n])
+    mine.set(names.kRopeCosSin, rope)
+    mine.set(names.kLastTokenIds, arena["select"])
+    ex = EngineExecutor(eng, registry=trtio.contracts.build_registry(cfg).merged(state.specs()),
+                        stable=state.stable_names(), graphs=True, name="mine", backend=host)
+    s = Stream.create(host)
+    state.upload_start_index(np.zeros(1, np.int32), s)
+    io.upload_context_lengths(np.array([1]), s)
+    arena["select"].reshape((1, 1)).zero_(s)
+    for _ in range(2):
+        ex.prepare(1, mine, cfg.decode_dims(1), s)
+        ex.execute(s)
+    assert ex.graph_stats.captures == 1
+    live = host.live_allocations
+    for close, what in [(io.close, "PipelineIO"), (state.close, "engine state 'kv'"), (arena.close, "arena 'mine'"),
+                        (rope_owner.close, "tensor 'rope_owner'")]:
+        with pytest.raises(FrozenError, match=rf"{what} is bound by open executor\(s\) \['mine'\]"):
+            close()
+    assert host.live_allocations == live and not (io.is_closed or state.is_closed or arena.is_closed)
+    ex.prepare(1, mine, cfg.decode_dims(1), s)  # nothing was freed: the graph replays as before
+    ex.execute(s)
+    assert ex.graph_stats.hits == 2
+    rope.close()  # a view frees nothing, so it may close; the next step says so
+    _refused(host, ClosedError, "tensor 'rope' is closed", ex.prepare, 1, mine, cfg.decode_dims(1), s)
+    ex.close()
+    for x in (arena, rope_owner, io, state, s):
+        x.close()
+    assert io.is_closed and state.is_closed and arena.is_closed and rope_owner.is_closed
+
+
 def test_a_closed_pipeline_io_names_itself_not_one_of_its_tensors(host: trtio.Backend) -> None:
     b = bundle()
     io = PipelineIO.create_for_spec_decode(b, backend=host)
@@ -190,6 +236,19 @@ def test_a_closed_pipeline_io_names_itself_not_one_of_its_tensors(host: trtio.Ba
                  lambda: streaming.populate_from_prefill(emb, emb, 1, 2, 64, 4, 64)):
         _refused(host, ClosedError, r"^streaming_prefill is closed$", call)
     emb.close()
+
+
+def test_a_closed_step_block_never_copies_into_freed_memory(host: trtio.Backend) -> None:
+    """Values written into a ragged PipelineIO's step block, then the PipelineIO closed: the upload that
+    would have copied them into the freed device block is refused."""
+    io = PipelineIO.create_for_llm(tiny_llm("ragged"), backend=host)
+    step = io.step
+    assert step is not None
+    step.write("positions", np.arange(4, dtype=np.int32))
+    io.close()
+    assert step.is_closed
+    _refused(host, ClosedError, r"per-step inputs is closed", step.upload, Stream.default(host))
+    _refused(host, ClosedError, r"per-step inputs is closed", step.write, "positions", np.arange(4, dtype=np.int32))
 
 
 def test_a_closed_engine_state_names_itself(host: trtio.Backend) -> None:
@@ -563,3 +622,22 @@ def test_the_leak_check_sees_a_leak(host: trtio.Backend) -> None:
         for g in forgotten:
             host.destroy_graph(g)
 
+
+
+def test_the_factories_refuse_what_is_not_an_engine_or_a_config() -> None:
+    b = tiny_bundle("batch")
+    base, draft = (ReferenceEngine.from_config(c, device="host", null_compute=True) for c in (b.base, b.draft))
+    for args, needle in [((None, draft, b), r"create_for_spec_decode \(base\): expected a TensorRT engine .* got "
+                                            r"NoneType"),
+                         ((base, {}, b), r"create_for_spec_decode \(draft\): expected a TensorRT engine .* got dict"),
+                         ((base, draft, {"base": {}}), "bundle must be a DeploymentConfig, got dict"),
+                         ((base, draft, b.base), "bundle must be a DeploymentConfig, got LLMEngineConfig"),
+                         ((base, draft, None), "bundle must be a DeploymentConfig, got NoneType")]:
+        with pytest.raises(TypeError, match=needle):
+            trtio.create_for_spec_decode(*args)
+    for batch in (0, 3, True, 1.0):
+        with pytest.raises(ShapeError, match=r"max_runtime_batch_size must be an int in 1..2"):
+            trtio.create_for_spec_decode(base, draft, b, batch)
+    for path in (None, 3):
+        with pytest.raises(TypeError, match="EngineDir.open: expected the path of an engine directory"):
+            trtio.create_from_engine_dir(path)  # type: ignore[arg-type]

@@ -584,6 +584,9 @@ class EngineDir:
     def open(cls, path: str | os.PathLike[str]) -> EngineDir:
         """Read and check the directory at ``path``; :class:`ConfigError` naming the file and key if it
         is not a usable Edge-LLM engine directory."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"EngineDir.open: expected the path of an engine directory, got {type(path).__name__} "
+                            f"{path!r}")
         root = Path(path)
         if not root.exists():
             raise ConfigError(str(root), "no such engine directory")

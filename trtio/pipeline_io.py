@@ -20,6 +20,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from trtio import names
+from trtio._lifetime import open_binders
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
@@ -681,7 +682,8 @@ class PipelineIO:
         """
         if self._closed:
             return
-        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena))
+                       | {u for t in self._standalone.values() for u in open_binders(t)})
         if users:
             raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) writing to freed memory; close the setup first")

@@ -92,6 +92,8 @@ class StepStaging:
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""
+        if self._closed:  # its device block may be freed already: never copy into it
+            raise ClosedError(f"{self.title} is closed")
         lo, hi = self._span
         if hi <= lo:
             return

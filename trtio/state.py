@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtio import names
+from trtio._lifetime import open_binders
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
@@ -389,7 +390,7 @@ class EngineState:
         """Free the state. Refused (:class:`FrozenError`) while an open executor binds it."""
         if self._closed:
             return
-        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena)))
         if users:
             raise FrozenError(f"engine state {self.name!r} is bound by open executor(s) {users}: freeing it would "
                               f"leave their engines writing to freed memory; close the setup first")

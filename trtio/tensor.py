@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from trtio._lifetime import Closeable
+from trtio._lifetime import Closeable, mark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
 from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, InvalidValueError, ShapeError, TrtioError
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
-__all__ = ["Tensor", "ShapeLike", "normalize_shape", "volume"]
+__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
 
 ShapeLike = Sequence[int]
 
@@ -112,6 +112,16 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
             f"tensor {name!r}: 0x{address:x} .. 0x{address + cap:x} ({cap} bytes) is not inside {location} memory "
             f"the {backend.name} backend allocated; wrap memory from Tensor.empty, an Arena or the backend")
     return address
+
+
+def mark_bound_memory(tensor: Tensor, user: Any) -> None:
+    """Record that ``user`` (an executor) has ``tensor``'s address bound: the object whose close() would
+    free that memory (the tensor, the tensor it views, the arena it is a slice of) refuses to close while
+    ``user`` is open. Memory of other libraries (a wrapped pointer) is theirs to keep alive."""
+    owner: Any = tensor
+    while isinstance(owner, Tensor) and isinstance(owner._owner, Closeable):
+        owner = owner._owner
+    mark_bound(owner, user)
 
 
 def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbytes: int) -> None:
