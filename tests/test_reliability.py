@@ -375,21 +375,36 @@ def test_a_config_too_big_to_allocate_is_a_cuda_error_naming_the_tensor_and_byte
     assert host.live_allocations == live, "nothing is left allocated"
 
 
-def test_an_engine_without_a_present_output_is_refused_by_create_for_llm() -> None:
-    class NoPresent(ReferenceEngine):
-        __module__ = ReferenceEngine.__module__
+class _Hides(ReferenceEngine):
+    """An engine that declares another output in place of ``hidden`` (no alias for it either)."""
 
-        def get_aliased_input_tensor(self, name: str) -> str | None:
-            return None if name == names.present_k_cache(0) else super().get_aliased_input_tensor(name)
+    __module__ = ReferenceEngine.__module__
+    hidden = ""
 
-        def get_tensor_name(self, index: int) -> str:
-            name = super().get_tensor_name(index)
-            return "unrelated_output" if name == names.present_k_cache(0) else name
+    def get_aliased_input_tensor(self, name: str) -> str | None:
+        return None if name == self.hidden else super().get_aliased_input_tensor(name)
 
-    cfg = llm_config()
-    with pytest.raises(trtio.BindingError, match=r"k_cache_0: the engine declares this state input but no output "
-                                                 r"updates it in place \(expected present_k_cache_0\)"):
-        trtio.create_for_llm(NoPresent.from_config(cfg, device="host", null_compute=True), cfg)
+    def get_tensor_name(self, index: int) -> str:
+        name = super().get_tensor_name(index)
+        return "unrelated_output" if name == self.hidden else name
+
+
+@pytest.mark.parametrize("contract,hidden,needle", [
+    ("batch", names.present_k_cache(0), r"k_cache_0: the engine declares this state input but no output updates it "
+                                        r"in place \(expected present_k_cache_0\)"),
+    ("batch", names.kLogits, "logits: the config implies this output but the engine does not declare it"),
+    ("ragged", names.present_key_values(0), r"past_key_values_0: the engine declares this state input but no output "
+                                            r"updates it in place \(expected present_key_values_0\)"),
+    ("ragged", names.kLogits, "logits: the config implies this output but the engine does not declare it"),
+])
+def test_an_engine_missing_an_output_is_refused_when_the_setup_is_created(contract: str, hidden: str,
+                                                                          needle: str) -> None:
+    """Not at the first step, naming another binding."""
+    cfg = tiny_llm(contract)
+    hides = type("Hides", (_Hides,), {"hidden": hidden, "__module__": ReferenceEngine.__module__})
+    engine = hides.from_config(cfg, device="host", null_compute=True)
+    with pytest.raises(trtio.BindingError, match=needle):
+        trtio.create_for_llm(engine, cfg)
 
 
 # -- embeddings: a conversion to the activation dtype never makes inf or NaN silently --------------------
