@@ -373,3 +373,32 @@ def test_frozen_maps_equal_in_any_order_hash_alike():
 
     a, b = freeze_json({"x": 1, "y": [2]}), freeze_json({"y": [2], "x": 1})
     assert a == b and hash(a) == hash(b)
+
+
+_READERS = {"LLMEngineConfig.from_json": LLMEngineConfig.from_json,
+            "DeploymentConfig.from_json": DeploymentConfig.from_json,
+            "LLMEngineConfig.from_edgellm": LLMEngineConfig.from_edgellm}
+
+
+@pytest.mark.parametrize("reader", list(_READERS))
+@pytest.mark.parametrize("name,content,needle", [
+    ("folder", None, "is a directory, not a config file"),
+    ("missing.json", ..., "no such config file"),
+    ("latin.json", b'{"name": "caf\xe9"}', r"is not UTF-8 text \(byte 0xe9 at offset 13\)"),
+    ("bad.json", b"{not json", "is not valid JSON"),
+    ("nan.json", b'{"rope_theta": NaN}', "rope_theta: is NaN, which JSON does not allow"),
+    ("list.json", b"[1, 2]", "got a list"),
+    ("null.json", b"null", "got a null"),
+])
+def test_every_config_reader_names_the_file_of_a_bad_config(tmp_path, reader, name, content, needle):
+    """Each reader, each bad file: a ConfigError naming the path, never IsADirectoryError,
+    UnicodeDecodeError or a message about a missing "base" section."""
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    elif content is not ...:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=needle) as info:
+        _READERS[reader](path)
+    assert str(path) in str(info.value)
+    assert "base: is required" not in str(info.value)

@@ -94,6 +94,33 @@ def test_backstop_warns_and_swallows_release_errors() -> None:
     assert "handle 'h' was never closed" in str(caught[0].message)
 
 
+class _User:
+    """Stands in for an executor: a name, and open until closed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.is_closed = False
+
+
+def test_a_resource_bound_by_an_open_user_refuses_to_close() -> None:
+    from trtio._lifetime import mark_bound, open_binders
+
+    log: list[str] = []
+    h = Handle(log)
+    a, b = _User("a"), _User("b")
+    mark_bound(h, a)
+    mark_bound(h, b)
+    with pytest.raises(trtio.FrozenError, match=r"handle 'h' is bound by open executor\(s\) \['a', 'b'\]"):
+        h.close()
+    assert not h.is_closed and log == [], "nothing was released"
+    a.is_closed = True
+    del b  # a user that is gone binds nothing
+    gc.collect()
+    assert open_binders(h) == []
+    h.close()
+    assert h.is_closed and log == ["owned", "released"]
+
+
 def test_slotted_subclasses_stay_slotted() -> None:
     h = Handle([])
     assert not hasattr(h, "__dict__")

@@ -2,8 +2,9 @@
 
 The stress test runs create / prefill / decode / close cycles of an LLM setup with CUDA graphs on
 8 threads at once, half on their thread's default stream and half on a stream of their own, with
-the interpreter switching threads as often as it can. Every thread must produce exactly the tokens
-of a single-threaded run. Before the default stream was per thread, captures of one thread
+the interpreter switching threads as often as it can, on both engine contracts (batch-major, and
+Edge-LLM's token-major ragged one with its paged KV cache). Every thread must produce exactly the
+tokens of a single-threaded run. Before the default stream was per thread, captures of one thread
 recorded the work of others (host backend: wrong tokens, heap corruption, SIGSEGV; cuda:
 CUDA_ERROR_STREAM_CAPTURE_INVALIDATED). It is a correctness test, not a timed one.
 """
@@ -17,11 +18,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _configs import llm_config
+from _configs import bundle, llm_config
 
 import trtio
 from trtio.testing import ReferenceEngine, toy_embedding
-from trtio.testing.toy_runtime import greedy_generate
+from trtio.testing.toy_runtime import greedy_generate, spec_generate
 
 THREADS = 8
 CYCLES = 40
@@ -60,15 +61,25 @@ def _run_threads(n: int, work: Callable[[int], None]) -> list[BaseException]:
     return errors
 
 
-def _stress(backend_kind: str, device: str) -> None:
+CONTRACTS = ["batch", "ragged"]
+
+
+def _config(contract: str) -> trtio.LLMEngineConfig:
+    if contract == "ragged":  # one layer: a ragged setup costs more to create and step on the host
+        return llm_config(contract="ragged", kv_page_size=64, num_attention_layers=1)
+    return llm_config()
+
+
+def _stress(backend_kind: str, device: str, contract: str) -> None:
     be = trtio.get_backend(backend_kind)
-    cfg = llm_config()
+    cfg = _config(contract)
     engine = ReferenceEngine.from_config(cfg, device=device)  # one engine, one context per setup (as TensorRT)
     E = toy_embedding(cfg.vocab_size, cfg.hidden_size, 0)
 
     def generate(stream: Any) -> list[list[int]]:
         with trtio.create_for_llm(engine, cfg, stream, graphs=True, backend=be) as setup:
             tokens = greedy_generate(setup, E, PROMPTS, NEW_TOKENS, stream)
+            assert setup.contract == contract
             assert setup.graph_stats.captures >= 1, "the decode steps ran as captured graphs"
             return tokens
 
@@ -88,6 +99,42 @@ def _stress(backend_kind: str, device: str) -> None:
     assert not errors, f"{len(errors)} thread(s) failed; first: {errors[0]!r}"
     wrong = sorted(key for key, tokens in got.items() if tokens != expected)
     assert len(got) == THREADS * CYCLES
+    assert not wrong, f"{len(wrong)} runs gave other tokens than a single thread, e.g. (thread, cycle) {wrong[0]}"
+
+
+SPEC_CYCLES = 6
+
+
+def _spec_stress(backend_kind: str, device: str) -> None:
+    """The same with spec-decode setups (a base and a draft sharing context memory, both captured), fewer
+    cycles: every thread's tokens equal a single-threaded run's."""
+    be = trtio.get_backend(backend_kind)
+    b = bundle(draft_vocab=512)
+    engines = (ReferenceEngine.from_config(b.base, device=device), ReferenceEngine.from_config(b.draft, device=device))
+    E = toy_embedding(b.base.vocab_size, b.base.hidden_size, 0)
+
+    def generate(stream: Any) -> list[list[int]]:
+        with trtio.create_for_spec_decode(*engines, b, stream=stream, graphs=True, backend=be) as sd:
+            tokens, _ = spec_generate(sd, E, PROMPTS, NEW_TOKENS + 2, stream=stream)
+            assert all(stats.captures >= 1 for stats in sd.graph_stats.values())
+            return tokens
+
+    expected = generate(None)
+    got: dict[tuple[int, int], list[list[int]]] = {}
+
+    def work(i: int) -> None:
+        own = trtio.Stream.create(be) if i % 2 else None
+        try:
+            for cycle in range(SPEC_CYCLES):
+                got[i, cycle] = generate(own)
+        finally:
+            if own is not None:
+                own.close()
+
+    errors = _run_threads(THREADS, work)
+    assert not errors, f"{len(errors)} thread(s) failed; first: {errors[0]!r}"
+    assert len(got) == THREADS * SPEC_CYCLES
+    wrong = sorted(key for key, tokens in got.items() if tokens != expected)
     assert not wrong, f"{len(wrong)} runs gave other tokens than a single thread, e.g. (thread, cycle) {wrong[0]}"
 
 
@@ -120,13 +167,27 @@ def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trti
     assert seen == {"a_recorded": 0, "b_values": [0, 1, 2, 3]}
 
 
+@pytest.mark.parametrize("contract", CONTRACTS)
 @pytest.mark.usefixtures("fast_switching")
-def test_threads_capturing_graphs_on_the_host_backend() -> None:
-    _stress("host", "host")
+def test_threads_capturing_graphs_on_the_host_backend(contract: str) -> None:
+    _stress("host", "host", contract)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("contract", CONTRACTS)
+@pytest.mark.usefixtures("fast_switching")
+def test_threads_capturing_graphs_on_the_cuda_backend(contract: str) -> None:
+    pytest.importorskip("cupy")
+    _stress("cuda", "gpu", contract)
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_threads_capturing_spec_decode_graphs_on_the_host_backend() -> None:
+    _spec_stress("host", "host")
 
 
 @pytest.mark.gpu
 @pytest.mark.usefixtures("fast_switching")
-def test_threads_capturing_graphs_on_the_cuda_backend() -> None:
+def test_threads_capturing_spec_decode_graphs_on_the_cuda_backend() -> None:
     pytest.importorskip("cupy")
-    _stress("cuda", "gpu")
+    _spec_stress("cuda", "gpu")

@@ -27,6 +27,9 @@ The protocol
    context. An object that owns nothing (a borrowed stream, a view) follows the same protocol with
    nothing to release.
 8. A factory that fails half way closes what it already built (``contextlib.ExitStack``).
+9. Memory an open executor has bound is not freed under it: ``close()`` of the object that would
+   free it (an owning tensor, an arena) raises :class:`~trtio.errors.FrozenError` naming the
+   executors, and frees nothing, until they are closed (:func:`mark_bound`, :func:`open_binders`).
 
 How to adopt it
 ---------------
@@ -56,14 +59,41 @@ close (a tensor still bound to an engine) checks before calling ``super().close(
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Self
 
-from trtio.errors import ClosedError
+from trtio.errors import ClosedError, FrozenError
 
-__all__ = ["Closeable"]
+__all__ = ["Closeable", "mark_bound", "open_binders"]
+
+# Who has bound what: a resource (an arena, an owning tensor) -> the executors whose engines hold addresses
+# in it. Weak both ways: neither a dropped resource nor a dropped executor is kept alive by this.
+_binders: weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]] = weakref.WeakKeyDictionary()
+_binders_lock = threading.RLock()
+
+
+def mark_bound(resource: Any, user: Any) -> None:
+    """Record that ``user`` (an object with ``name`` and ``is_closed``, e.g. an EngineExecutor) has bound
+    memory that ``resource`` frees on close; ``resource.close()`` is refused while ``user`` is open."""
+    with _binders_lock:
+        users = _binders.get(resource)
+        if users is None:
+            users = _binders[resource] = weakref.WeakSet()
+        users.add(user)
+
+
+def open_binders(resource: Any) -> list[str]:
+    """Names of the open users that have bound memory of ``resource`` (see :func:`mark_bound`)."""
+    with _binders_lock:
+        try:
+            users = _binders.get(resource)
+        except TypeError:  # not weakly referenceable: nothing can have been recorded
+            return []
+        found = list(users) if users else []
+    return sorted({str(u.name) for u in found if not u.is_closed})
 
 
 def _backstop(what: str, warn: bool, release: Callable[..., object], args: tuple[Any, ...]) -> None:
@@ -115,9 +145,15 @@ class Closeable:
         """Close what this object owns, before its own resource is released (override)."""
 
     def close(self) -> None:
-        """Release what the object owns. Idempotent; a failed release raises, and the object is closed anyway."""
+        """Release what the object owns. Idempotent; a failed release raises, and the object is closed anyway.
+
+        Refused (:class:`FrozenError`, nothing released) while an open executor has its memory bound."""
         if self._closed:
             return
+        users = open_binders(self)
+        if users:
+            raise FrozenError(f"{self._what} is bound by open executor(s) {users}: freeing it would leave their "
+                              f"engines (and captured graphs) using freed memory; close them (or the setup) first")
         self._closed = True
         try:
             self._close_owned()

@@ -194,6 +194,8 @@ def _read_json(path: str | os.PathLike[str]) -> Any:
     JSON has no NaN or Infinity (RFC 8259; Edge-LLM's C++ reader refuses them too), although Python's
     reader takes them: such a literal is refused here, naming its key.
     """
+    if not isinstance(path, (str, bytes, os.PathLike)):  # open() would take an int as a file descriptor
+        raise TypeError(f"a config path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
     try:
         with open(path, "rb") as fh:
             raw = fh.read()

@@ -407,10 +407,11 @@ def _refuse_unsupported(data: Mapping[str, Any], where: str) -> None:
 # -- the mapping ------------------------------------------------------------------------------
 
 def _source(source: str | os.PathLike[str] | Mapping[str, Any], what: str | None) -> tuple[Any, str]:
-    if isinstance(source, Mapping):
-        return source, what or "Edge-LLM config"
-    path = os.fspath(source)
-    return _read_json(path), what or path
+    if isinstance(source, (str, bytes, os.PathLike)):
+        path = os.fsdecode(source)
+        return _read_json(path), what or path
+    # Parsed JSON: a dict, or anything else a file may hold ([1, 2], null), which the caller refuses by name.
+    return source, what or "Edge-LLM config"
 
 
 def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,
@@ -597,6 +598,9 @@ class EngineDir:
     def open(cls, path: str | os.PathLike[str]) -> EngineDir:
         """Read and check the directory at ``path``; :class:`ConfigError` naming the file and key if it
         is not a usable Edge-LLM engine directory."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"EngineDir.open: expected the path of an engine directory, got {type(path).__name__} "
+                            f"{path!r}")
         root = Path(path)
         if not root.exists():
             raise ConfigError(str(root), "no such engine directory")

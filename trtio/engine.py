@@ -26,7 +26,7 @@ from trtio import names as _names
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import BindingError, ClosedError, EngineError
+from trtio.errors import BindingError, ClosedError, EngineError, FrozenError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import StreamLike, as_stream
@@ -193,6 +193,9 @@ class ContextMemory:
 
     Sized to the maximum over the engines and their profiles; the contexts must run serially
     (one stream, or streams ordered with events), as base and draft do.
+
+    :meth:`close` is refused (:class:`FrozenError`) while an open executor uses the memory: its
+    execution context (and any graph captured from it) would run in freed memory.
     """
 
     def __init__(self, nbytes: int, *, backend: Backend | str | None = None, name: str = "context_memory") -> None:
@@ -201,6 +204,7 @@ class ContextMemory:
                                     name=name, backend=backend)
         base = self._tensor.data_ptr
         self.ptr = (base + CONTEXT_MEMORY_ALIGNMENT - 1) // CONTEXT_MEMORY_ALIGNMENT * CONTEXT_MEMORY_ALIGNMENT
+        self._users: weakref.WeakSet[EngineExecutor] = weakref.WeakSet()  # executors whose contexts use it
 
     @staticmethod
     def required_bytes(engine: Any) -> int:
@@ -218,7 +222,20 @@ class ContextMemory:
     def capacity(self) -> int:
         return self.nbytes
 
+    @property
+    def is_closed(self) -> bool:
+        return self._tensor.is_closed
+
+    def _check_open(self) -> None:
+        if self._tensor.is_closed:
+            raise ClosedError(f"context memory {self._tensor.name!r} is closed")
+
+    def _add_user(self, executor: EngineExecutor) -> None:
+        self._check_open()
+        self._users.add(executor)
+
     def report(self) -> MemoryReport:
+        self._check_open()
         rep = MemoryReport("context memory")
         rep.entries.append(MemoryEntry("context_memory", (self.nbytes,), "uint8", "device", self.nbytes))
         rep.allocated["device"] = self._tensor.capacity  # includes the alignment slack
@@ -226,6 +243,7 @@ class ContextMemory:
         return rep
 
     def check(self, engine: Any, engine_name: str) -> None:
+        self._check_open()
         need = self.required_bytes(engine)
         if need > self.nbytes:
             raise EngineError(
@@ -234,16 +252,25 @@ class ContextMemory:
                 f"ContextMemory.for_engines([...]) over every engine that shares it")
 
     def close(self) -> None:
+        """Free the memory. Idempotent; refused (:class:`FrozenError`) while an open executor uses it."""
+        if self._tensor.is_closed:
+            return
+        users = sorted(e.name for e in list(self._users) if not e.is_closed)
+        if users:
+            raise FrozenError(f"context memory {self._tensor.name!r} is used by open executor(s) {users}: freeing "
+                              f"it would leave their execution contexts (and captured graphs) running in freed "
+                              f"memory; close the executors (or the setup) first")
         self._tensor.close()
-
 
     def __enter__(self) -> ContextMemory:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
     def __repr__(self) -> str:
-        return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x})"
+        state = ", closed" if self._tensor.is_closed else ""
+        return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x}{state})"
 
 
 @dataclass
@@ -300,13 +327,14 @@ class EngineExecutor:
         self._closed = False
         self._own_memory = context_memory is None
         self.context_memory = context_memory or ContextMemory.for_engines([engine], backend=self._backend)
-        self.context_memory.check(engine, self.name)
+        self.context_memory.check(engine, self.name)  # a closed one is refused here
         trt = module_of(engine)
         strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
         self.context = engine.create_execution_context(strategy)
         if self.context is None:
             raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
         self.context.set_device_memory(self.context_memory.ptr, self.context_memory.nbytes)
+        self.context_memory._add_user(self)
         self._profile: int | None = None
         self._bound_addr: dict[str, int] = {}
         self._bound_shape: dict[str, tuple[int, ...]] = {}
@@ -347,6 +375,8 @@ class EngineExecutor:
             if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
                 # Views are set to the plan's own shape tuples: an untouched view costs one identity test.
                 for t, shp, nbytes in plan.views:
+                    if t._closed:
+                        t._live()  # raises, naming it
                     if t._shape is not shp:
                         t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
                 plan.view_changes = Tensor.view_changes
@@ -356,8 +386,11 @@ class EngineExecutor:
             # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
             # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
             for t, shp, nbytes in cached.all_views:
+                if t._closed:
+                    t._live()  # raises, naming it
                 if t._shape is not shp:
                     t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+            cached.view_changes = Tensor.view_changes
             self._plans.move_to_end(key)
             self._plan = cached
             return

@@ -239,9 +239,12 @@ class Arena(Closeable):
                 try:
                     blocks.append((self._backend.alloc(size, loc), loc, size))
                 except CudaError as exc:
-                    count = sum(1 for r in self._requests if r.location is loc and r.nbytes)
-                    raise CudaError(exc.call, exc.name, f"{what}: a {loc} block of {size} bytes for {count} tensor(s) "
-                                                        f"asked: {exc.detail}") from exc
+                    held = [r for r in self._requests if r.location is loc and r.nbytes]
+                    big = max(held, key=lambda r: r.nbytes)
+                    raise CudaError(exc.call, exc.name, f"{what}: a {loc} block of {size} bytes for {len(held)} "
+                                                        f"tensor(s) asked (the largest: tensor {big.name!r}, shape "
+                                                        f"{big.shape} of {big.dtype}, {big.nbytes} bytes): "
+                                                        f"{exc.detail}") from exc
         except BaseException:
             try:
                 _free_blocks(self._backend, blocks, what)  # nothing is left half-allocated

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtio import names
+from trtio._lifetime import open_binders
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
@@ -121,15 +122,21 @@ class StreamingPrefillBuffers:
     def is_allocated(self) -> bool:
         return self._arena is not None
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("streaming_prefill is closed")
+
     @property
     def ready_event(self) -> Event:
         """Recorded after the copies; a consumer on another stream waits on it before reading."""
+        self._check_open()
         if self._ready is None:
             raise TrtioError("streaming_prefill: populate_from_prefill has not been called yet")
         return self._ready
 
     def release(self, stream: StreamLike) -> None:
         """Record that the consumer on ``stream`` is done; the next populate waits for it (on the device)."""
+        self._check_open()
         if self._released is None:
             self._released = Event.create(self._backend)
         self._released.record(as_stream(stream, self._backend))
@@ -143,8 +150,7 @@ class StreamingPrefillBuffers:
         Call after prefill and before the first decode step. Each live tensor's current shape
         must be ``(batch, prefill_len, hidden_size)``.
         """
-        if self._closed:
-            raise ClosedError("streaming_prefill is closed")
+        self._check_open()
         want = (batch, prefill_len, hidden_size)
         for label, t in (("live_inputs_embeds", live_inputs_embeds),
                          ("live_engine_hidden_states", live_engine_hidden_states)):
@@ -187,10 +193,12 @@ class StreamingPrefillBuffers:
 
     def order_before(self, stream: StreamLike) -> None:
         """Make ``stream`` (a decode stream) wait for the snapshot copies (no host sync)."""
+        self._check_open()
         if self._ready is not None:
             self._ready.wait(as_stream(stream, self._backend))
 
     def memory_report(self) -> MemoryReport:
+        self._check_open()
         if self._arena is None:
             rep = MemoryReport("streaming_prefill")
             rep.notes.append("streaming_prefill: not allocated (no streaming consumer yet)")
@@ -533,8 +541,7 @@ class PipelineIO:
 
         Allowed only before a tensor map is built; afterwards it raises :class:`FrozenError`.
         """
-        if self._closed:
-            raise ClosedError("PipelineIO is closed")
+        self._check_open()
         if member not in MEMBERS + EXTRA_MEMBERS or not isinstance(getattr(self, member, None), Tensor):
             raise TrtioError(f"PipelineIO has no tensor member {member!r}")
         if self._frozen:
@@ -551,8 +558,7 @@ class PipelineIO:
 
     # -- tensor maps ----------------------------------------------------------------------------
     def _common_map(self, cfg: LLMEngineConfig, title: str) -> TensorMap:
-        if self._closed:
-            raise ClosedError("PipelineIO is closed")
+        self._check_open()
         tm = TensorMap(title)
         self._maps.append(tm)
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
@@ -632,13 +638,21 @@ class PipelineIO:
         return tm
 
     # -- host staging -----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("PipelineIO is closed")
+
     def upload_context_lengths(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
         """Stage int32 ``values`` [batch] through ``host_context_lengths`` into ``context_lengths``."""
+        if self._closed:  # inline: this runs every step
+            raise ClosedError("PipelineIO is closed")
         return self.context_lengths_staging.upload(np.asarray(values, dtype=np.int32), stream)
 
     def upload_select_token_indices(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
         """Stage int64 ``values`` into ``select_token_indices`` (through the [B, 1] pinned twin, or the
         [B, P] one for spec decode when more than one column is given)."""
+        if self._closed:
+            raise ClosedError("PipelineIO is closed")
         values = np.asarray(values, dtype=np.int64)
         if values.ndim == 2 and values.shape[1] > 1 and self.is_spec_decode:
             return self._spec_staging["select"].upload(values, stream)
@@ -646,6 +660,8 @@ class PipelineIO:
 
     def upload_tree(self, packed_mask: np.ndarray, position_ids: np.ndarray, stream: StreamLike = None) -> None:
         """Stage a packed tree mask [B, N, W] and position ids [B, N] (spec decode only)."""
+        if self._closed:
+            raise ClosedError("PipelineIO is closed")
         if not self.is_spec_decode:
             raise TrtioError("upload_tree: PipelineIO was created for a plain LLM (no tree buffers)")
         self._spec_staging["mask"].upload(np.asarray(packed_mask, dtype=np.int32), stream)
@@ -658,6 +674,7 @@ class PipelineIO:
 
     # -- reporting and lifetime -------------------------------------------------------------------
     def memory_report(self) -> MemoryReport:
+        self._check_open()
         parts = [self._arena.report(), self.streaming_prefill.memory_report()]
         for name, t in self._standalone.items():
             rep = MemoryReport(f"standalone {name}")
@@ -676,7 +693,8 @@ class PipelineIO:
         """
         if self._closed:
             return
-        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena))
+                       | {u for t in self._standalone.values() for u in open_binders(t)})
         if users:
             raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) writing to freed memory; close the setup first")

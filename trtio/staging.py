@@ -118,11 +118,11 @@ class StepStaging:
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""
+        if self._closed:  # its device block may be freed already: never copy into it
+            raise ClosedError(f"{self.title} is closed")
         lo, hi = self._lo, self._hi
         if hi <= lo:
             return
-        if self._closed:
-            raise ClosedError(f"{self.title} is closed")
         self._backend.memcpy(self._dev_base + lo, self._pin_base + lo, hi - lo, stream.handle)
         for t in self._last_streams:
             t._last_stream = stream

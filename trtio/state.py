@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from trtio import names
+from trtio._lifetime import open_binders
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
-from trtio.errors import BindingError, EngineError, FrozenError, ShapeError
+from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
@@ -70,17 +72,32 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
             i = int(np.flatnonzero(bad)[0])
             raise ShapeError(f"paths[{i}] = {grid[i].tolist()}: a path is at least one node, its -1 padding last")
     else:
-        lens = np.fromiter((len(p) for p in paths), np.int64, len(paths))
-        flat = np.asarray([v for p in paths for v in p])
-        if flat.size and flat.dtype.kind not in "iu":
-            raise ShapeError(f"paths: nodes must be integers, got {flat.dtype} values")
+        if isinstance(paths, (str, bytes)) or not hasattr(paths, "__len__"):
+            raise ShapeError(f"paths: expected one path (a list of node indices) per sequence, got "
+                             f"{type(paths).__name__}")
+        if batch is not None and len(paths) != batch:
+            raise ShapeError(f"paths: expected one path per sequence ({batch}), got {len(paths)}")
+        rows = [_path_nodes(p, i) for i, p in enumerate(paths)]
+        lens = np.fromiter(map(len, rows), np.int64, len(rows))
         if lens.size and lens.min() < 1:
             raise ShapeError(f"paths[{int(np.argmin(lens))}] is empty: a path is at least its root")
         grid = np.full((lens.size, int(lens.max(initial=0))), -1, np.int64)
-        grid[np.arange(grid.shape[1]) < lens[:, None]] = flat
+        grid[np.arange(grid.shape[1]) < lens[:, None]] = [v for r in rows for v in r]
     if batch is not None and grid.shape[0] != batch:
         raise ShapeError(f"paths: expected one path per sequence ({batch}), got {grid.shape[0]}")
     return grid, lens
+
+
+def _path_nodes(path: Any, i: int) -> list[int]:
+    """``paths[i]`` as node indices; anything but ints is refused (``int()`` would take node 1.5 for node 1)."""
+    if isinstance(path, (str, bytes)) or not hasattr(path, "__iter__"):
+        raise ShapeError(f"paths[{i}]: expected a list of node indices, got {type(path).__name__} {path!r}")
+    nodes = []
+    for v in path:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ShapeError(f"paths[{i}]: node {v!r} is not an int node index ({type(v).__name__})")
+        nodes.append(int(v))
+    return nodes
 
 
 def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
@@ -304,6 +321,7 @@ class EngineState:
 
     def bind(self, tm: TensorMap) -> None:
         """Add every state binding (both names of each pair, and the page table or start index) to ``tm``."""
+        self._check_open()
         self._maps.append(tm)
         for past, present in self.pairs:
             tm.add(past, self.tensors[past])
@@ -340,6 +358,7 @@ class EngineState:
         ``paths`` (see :func:`path_grid`) are strictly increasing node lists starting at the root (checked
         by the caller) of at most ``MAX_PATH_MOVES + 1`` nodes.
         """
+        self._check_open()
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         grid, lens = path_grid(paths)
@@ -377,12 +396,15 @@ class EngineState:
     # -- kv lengths -------------------------------------------------------------------------------
     def upload_start_index(self, values: np.ndarray | None, stream: StreamLike = None) -> Tensor:
         """Stage int32 ``values`` [batch] into ``kv_lengths``; None views it as ``[0]`` (empty cache)."""
+        if self._closed:  # inline: this runs every step
+            raise ClosedError(f"engine state {self.name!r} is closed")
         if values is None:
             return self.kv_lengths.reshape((0,))
         return self._staging.upload(np.asarray(values, dtype=np.int32), stream)
 
     def reset(self, stream: StreamLike = None, *, clear: bool = False) -> None:
         """Forget every cached token (lengths to 0); ``clear=True`` also zeroes the state tensors."""
+        self._check_open()
         self.lengths[:] = 0
         if clear:
             for t in self.tensors.values():
@@ -394,17 +416,22 @@ class EngineState:
         return sum(t.capacity for t in self.tensors.values())
 
     def memory_report(self) -> MemoryReport:
+        self._check_open()
         return self._arena.report()
 
     @property
     def is_closed(self) -> bool:
         return self._closed
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"engine state {self.name!r} is closed")
+
     def close(self) -> None:
         """Free the state. Refused (:class:`FrozenError`) while an open executor binds it."""
         if self._closed:
             return
-        users = sorted({u for tm in self._maps for u in tm.open_users()})
+        users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena)))
         if users:
             raise FrozenError(f"engine state {self.name!r} is bound by open executor(s) {users}: freeing it would "
                               f"leave their engines writing to freed memory; close the setup first")

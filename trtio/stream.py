@@ -180,6 +180,8 @@ class Stream(Closeable):
     def wait(self, event: Event) -> None:
         """Make this stream wait for ``event`` (no host synchronisation)."""
         self._check_open()
+        if not isinstance(event, Event):
+            raise TypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
         event.wait(self)
 
     def close(self) -> None:

@@ -24,19 +24,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from trtio._lifetime import Closeable
+from trtio._lifetime import Closeable, mark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
 from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, InvalidValueError, ShapeError, TrtioError
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
-__all__ = ["Tensor", "ShapeLike", "normalize_shape", "volume"]
+__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
 
 ShapeLike = Sequence[int]
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST = 1, 2, 3
 _ADDRESS_LIMIT = 1 << 64
+_NULL_PAGE = 4096  # the first page is never mapped (Linux's mmap_min_addr is at least this): small ints are no pointers
 
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
@@ -95,6 +96,10 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
     if cap and not address:
         raise InvalidValueError(f"tensor {name!r}: cannot wrap a null pointer with {cap} bytes "
                                 f"(only an empty tensor, capacity 0, may have address 0)")
+    if cap and address < _NULL_PAGE:
+        raise InvalidValueError(f"tensor {name!r}: pointer 0x{address:x} lies in the null page (below "
+                                f"0x{_NULL_PAGE:x}), where no host or device memory is ever mapped; it is not an "
+                                f"address of {cap} bytes")
     if address + cap > _ADDRESS_LIMIT:
         raise InvalidValueError(f"tensor {name!r}: pointer 0x{address:x} with {cap} bytes runs past the "
                                 f"64-bit address space")
@@ -107,6 +112,16 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
             f"tensor {name!r}: 0x{address:x} .. 0x{address + cap:x} ({cap} bytes) is not inside {location} memory "
             f"the {backend.name} backend allocated; wrap memory from Tensor.empty, an Arena or the backend")
     return address
+
+
+def mark_bound_memory(tensor: Tensor, user: Any) -> None:
+    """Record that ``user`` (an executor) has ``tensor``'s address bound: the object whose close() would
+    free that memory (the tensor, the tensor it views, the arena it is a slice of) refuses to close while
+    ``user`` is open. Memory of other libraries (a wrapped pointer) is theirs to keep alive."""
+    owner: Any = tensor
+    while isinstance(owner, Tensor) and isinstance(owner._owner, Closeable):
+        owner = owner._owner
+    mark_bound(owner, user)
 
 
 def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbytes: int) -> None:
@@ -184,11 +199,12 @@ class Tensor(Closeable):
              backend: Backend | str | None = None) -> Tensor:
         """View existing memory without owning it; ``owner`` is kept alive by the tensor.
 
-        ``ptr`` is an int address (not a bool): not negative, not 0 unless the capacity is 0, and
-        its ``capacity`` bytes must not run past 64 bits. Device and pinned pointers must be
-        256-byte aligned (TensorRT's requirement for tensor addresses). Where the backend can tell,
-        the bytes must lie in memory it allocated (the host backend knows its device allocations;
-        CUDA cannot vouch for memory of other libraries, so the cuda backend takes the caller's word).
+        ``ptr`` is an int address (not a bool): not negative, not 0 unless the capacity is 0, not in
+        the never-mapped first page (below 4096), and its ``capacity`` bytes must not run past 64 bits.
+        Device and pinned pointers must be 256-byte aligned (TensorRT's requirement for tensor
+        addresses). Where the backend can tell, the bytes must lie in memory it allocated (the host
+        backend knows its device allocations; CUDA cannot vouch for memory of other libraries, so the
+        cuda backend takes the caller's word).
         """
         shape = normalize_shape(shape, f"shape of tensor {name!r}")
         dt = DType.coerce(dtype)
@@ -638,7 +654,10 @@ class Tensor(Closeable):
         if self._frozen:
             raise FrozenError(
                 f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
-        super().close()
+        try:
+            super().close()
+        finally:
+            Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
 
     def _close_owned(self) -> None:
         self._owner = None

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trtio.errors import FrozenError, TrtioError
-from trtio.tensor import Tensor
+from trtio.tensor import Tensor, mark_bound_memory
 
 __all__ = ["TensorMap"]
 
@@ -34,8 +34,11 @@ class TensorMap:
 
     # -- users ----------------------------------------------------------------------------------------
     def add_user(self, executor: Any) -> None:
-        """Record that ``executor`` has bound this map (its context holds these addresses)."""
+        """Record that ``executor`` has bound this map (its context holds these addresses): until it is
+        closed, neither this map's PipelineIO or state nor the memory of any tensor in it can be freed."""
         self._users.add(executor)
+        for t in [*self._map.values(), *self._deepstack_real.values()]:
+            mark_bound_memory(t, executor)
 
     def open_users(self) -> list[str]:
         """Names of the executors bound to this map that are still open: while there is one, the

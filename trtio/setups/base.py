@@ -248,6 +248,7 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     executor = resources.enter_context(EngineExecutor(engine, context_memory=context_memory, name=name,
                                                       registry=registry.merged(state.specs()), stable=stable,
                                                       graphs=graphs, backend=backend))
+    tm.add_user(executor)  # from now on its PipelineIO and state refuse to close under it, stepped or not
     return BoundEngine(name, cfg, eio, registry, state, tm, executor, _start_index_may_be_empty(eio))
 
 
