@@ -113,7 +113,7 @@ class EngineIO:
             shape = tuple(int(d) for d in engine.get_tensor_shape(name))
             location = Location.DEVICE if _enum_name(engine.get_tensor_location(name)) == "DEVICE" else Location.HOST
             is_shape = bool(engine.is_shape_inference_io(name)) if hasattr(engine, "is_shape_inference_io") else False
-            profiles: tuple = ()
+            profiles: tuple[Any, ...] = ()
             alias = None
             if mode == "input" and all(d >= 0 for d in shape):
                 profiles = ((shape, shape, shape),) * n_profiles  # static: every profile is the shape
@@ -162,7 +162,7 @@ class EngineIO:
         return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def _destroy_graphs(backend: Backend, graphs: dict[tuple, int]) -> None:
+def _destroy_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int]) -> None:
     """Destroy every graph in ``graphs`` (0 marks a snapshot that was not captured) and empty it."""
     live = [g for g in graphs.values() if g]
     graphs.clear()
@@ -176,7 +176,7 @@ def _destroy_graphs(backend: Backend, graphs: dict[tuple, int]) -> None:
         raise errors[0]
 
 
-def _release_graphs(backend: Backend, graphs: dict[tuple, int], name: str) -> None:
+def _release_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int], name: str) -> None:
     """Finalizer backstop of an executor never closed: free its graphs, warn, never raise."""
     if not any(graphs.values()):
         return
@@ -296,11 +296,11 @@ class DeviceWork(Protocol):
 class _Plan:
     """What a slow-path prepare checked and bound, replayed by later steps with the same key."""
 
-    key: tuple
+    key: tuple[Any, ...]
     views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # shared tensors' views, bytes
     all_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # every view, with bytes
     outputs: list[Tensor] = field(default_factory=list)
-    snapshot: tuple = ()  # (profile, (name, address, shape), ...): what the execution context must hold
+    snapshot: tuple[Any, ...] = ()  # (profile, (name, address, shape), ...): what the execution context must hold
     inputs: frozenset[str] = frozenset()
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
@@ -339,10 +339,10 @@ class EngineExecutor:
         self._bound_addr: dict[str, int] = {}
         self._bound_shape: dict[str, tuple[int, ...]] = {}
         self._plan: _Plan | None = None
-        self._plans: OrderedDict[tuple, _Plan] = OrderedDict()  # checked plans, by key (most recent last)
+        self._plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()  # checked plans, by key (most recent last)
         self._synced: _Plan | None = None  # the plan whose bindings the execution context holds
-        self._graphs: dict[tuple, int] = {}
-        self._last_snapshot: tuple | None = None
+        self._graphs: dict[tuple[Any, ...], int] = {}
+        self._last_snapshot: tuple[Any, ...] | None = None
         self._last_before: tuple[DeviceWork, ...] = ()
         self.graph_stats = GraphStats()
         self._dummy: Tensor | None = None
@@ -396,7 +396,8 @@ class EngineExecutor:
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
 
-    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any, key: tuple) -> None:
+    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any,
+                      key: tuple[Any, ...]) -> None:
         self._plan = None
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
@@ -631,9 +632,9 @@ class EngineExecutor:
             return "other device work before the engine"
         if prev[0] != snapshot[0]:
             return f"profile {prev[0]} -> {snapshot[0]}"
-        before = {name: (addr, shape) for name, addr, shape in prev[1:]}
+        bound = {name: (addr, shape) for name, addr, shape in prev[1:]}
         for name, addr, shape in snapshot[1:]:
-            old = before.get(name)
+            old = bound.get(name)
             if old is None:
                 return f"{name}: newly bound"
             if old[0] != addr:

@@ -72,7 +72,7 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
             i = int(np.flatnonzero(bad)[0])
             raise ShapeError(f"paths[{i}] = {grid[i].tolist()}: a path is at least one node, its -1 padding last")
     else:
-        if isinstance(paths, (str, bytes)) or not hasattr(paths, "__len__"):
+        if isinstance(paths, (str, bytes)) or not hasattr(paths, "__len__"):  # type: ignore[unreachable]  # untyped callers
             raise ShapeError(f"paths: expected one path (a list of node indices) per sequence, got "
                              f"{type(paths).__name__}")
         if batch is not None and len(paths) != batch:
@@ -301,12 +301,12 @@ class EngineState:
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
                 rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
                 self.page_table.copy_from(rows, as_stream(stream, be))
-            table = self._arena["kv_cache_table"]
+            cache_table = self._arena["kv_cache_table"]
             self._commit: KVCommit | None = None
             if self._kv_caches:
                 ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
-                table.copy_from(ptrs, as_stream(stream, be))
-                self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], table, self._kv_layout(),
+                cache_table.copy_from(ptrs, as_stream(stream, be))
+                self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(),
                                         self.page_table)
         except BaseException:
             self._arena.close()

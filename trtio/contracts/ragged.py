@@ -223,7 +223,9 @@ def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
     words = max(1, -(-width // 32))
     bits = np.zeros((s, width, words * 32), np.uint32)
     bits[:, :n, :n] = visible
-    return np.bitwise_or.reduce(bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint32), axis=3)
+    packed: np.ndarray = np.bitwise_or.reduce(bits.reshape(s, width, words, 32) << np.arange(32, dtype=np.uint32),
+                                              axis=3)
+    return packed
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -148,7 +148,7 @@ def ml_max(dtype: np.dtype) -> float:
     """The largest finite value of an ml_dtypes float type (bfloat16, float8)."""
     import ml_dtypes
 
-    return float(ml_dtypes.finfo(dtype).max)
+    return float(cast(Any, ml_dtypes).finfo(dtype).max)  # ml_dtypes' finfo is untyped
 
 
 class _RopeTables:

@@ -24,7 +24,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -387,8 +387,9 @@ class SpecDecodeSetup(SetupBase):
         key = (e.role, kind, *args)
         dims = self._dims_cache.get(key)
         if dims is None:
-            recipe = {"proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims,
-                      "accept": e.cfg.accept_dims}[kind]
+            recipes: dict[str, Callable[..., InferenceDims]] = {
+                "proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims, "accept": e.cfg.accept_dims}
+            recipe = recipes[kind]
             dims = self._dims_cache[key] = recipe(*args)
         return dims
 
@@ -521,7 +522,7 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"tree: expected a parent list [N] or [batch={b}, N], or a [batch={b}, N, N] mask, "
                              f"got shape {arr.shape}")
         validate_tree_mask(vis)
-        real = vis.any(axis=2)
+        real: np.ndarray = np.asarray(vis.any(axis=2))
         if not real[:, 0].all() or vis[:, 0, 1:].any():
             bi = int(np.flatnonzero(~real[:, 0] | vis[:, 0, 1:].any(axis=1))[0])
             raise ShapeError(f"tree: node 0 of sequence {bi} must be the root (it sees itself only)")
@@ -668,7 +669,8 @@ class _Tree:
     @classmethod
     def of(cls, vis: np.ndarray) -> _Tree:
         b, n = vis.shape[0], vis.shape[1]
-        packed, depth, parents, real = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis), vis.any(axis=2)
+        real: np.ndarray = np.asarray(vis.any(axis=2))
+        packed, depth, parents = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis)
         layout = TreeLayout.of(packed, depth, real, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
         return cls(n, packed, depth, parents, real, np.ascontiguousarray(np.broadcast_to(np.arange(n), (b, n))),
                    layout)
@@ -679,7 +681,7 @@ def _parents_of(vis: np.ndarray) -> np.ndarray:
     n = vis.shape[1]
     strict = vis & ~np.eye(n, dtype=bool)[None]
     idx = np.where(strict, np.arange(n)[None, None, :], -1)
-    return idx.max(axis=2)
+    return np.asarray(idx.max(axis=2))
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,
