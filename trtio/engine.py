@@ -545,9 +545,10 @@ class EngineExecutor:
         """Enqueue the engine on ``stream`` (after :meth:`prepare`), after the device work ``before``
         (e.g. :class:`trtio.ops.RowCopy` values: the inputs the step gathers on the device).
 
-        With graphs, the first step of each binding snapshot and ``before`` runs once un-captured
-        (TensorRT's lazy initialisation), is captured with ``before`` in one graph, and later steps with
-        the same snapshot and equal ``before`` replay the graph.
+        With graphs, the first step of each binding snapshot and ``before`` runs un-captured (TensorRT's
+        lazy initialisation) and is then captured with ``before`` in one graph, which later steps with the
+        same snapshot and equal ``before`` replay. A step runs once: ``before`` need not be idempotent (a
+        move may read what the engine writes).
         """
         if self._closed:
             raise ClosedError(f"executor {self.name!r} is closed")
@@ -568,9 +569,10 @@ class EngineExecutor:
                         graph, captured = self._capture(key, s), True
                     plan.graphs[before] = graph
                 plan.graph, plan.graph_before = graph, before
-            if graph and not captured:
+            if captured:
+                pass  # the capture's warm-up was this step: the graph (or plain execution) serves the next ones
+            elif graph:
                 self.graph_stats.hits += 1
-            if graph:
                 self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
             else:
                 self._sync(plan, s)

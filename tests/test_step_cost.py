@@ -1,0 +1,221 @@
+"""Step cost (issue 11): each step helper stages its inputs with one copy and runs its engine, with the
+device work that feeds it (RoPE gathers, hidden-row moves, zeroing), as one graph; a captured spec-decode
+round replays to the same KV state as plain execution; a steady round makes no TensorRT set_* call,
+allocates nothing and never syncs. Counted on the host backend (every device operation it enqueues);
+timings are benchmarks (``trtio bench``), never tests."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import Location, Tensor
+from trtio.edgellm import EngineDir
+from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.testing.toy_engines import ToyEngines, default_engines_dir
+from trtio.testing.toy_runtime import embed_batch
+
+E = toy_embedding(512, 64)
+TOP_K, STEPS, VERIFY = 2, 3, 7
+BINARY = [-1, 0, 0, 1, 1, 2, 2]  # the verify tree: a binary tree of 7 nodes
+
+
+def _pair(contract: str) -> tuple[trtio.DeploymentConfig, ToyWeights, ToyWeights]:
+    if contract == "ragged":
+        bundle = EngineDir.open(default_engines_dir() / "toy-eagle3-ragged").deployment(TOP_K, STEPS, VERIFY)
+        bw = ToyWeights.generate(bundle.base, 0)
+        return bundle, bw, ToyWeights.generate_draft(bundle.draft, bw, 0)
+    toys = ToyEngines.load()
+    spec = dataclasses.replace(toys.eagle.spec, drafting_top_k=TOP_K, drafting_step=STEPS, verify_size=VERIFY)
+    bundle = dataclasses.replace(toys.eagle, spec=spec).validate()
+    return bundle, toys.weights("toy-eagle/base"), toys.weights("toy-eagle/draft")
+
+
+def _setup(contract: str, graphs: bool, device: str = "host") -> trtio.SpecDecodeSetup:
+    bundle, bw, dw = _pair(contract)
+    base = ReferenceEngine.from_config(bundle.base, weights=bw, device=device)
+    draft = ReferenceEngine.from_config(bundle.draft, weights=dw, device=device)
+    return trtio.create_for_spec_decode(base, draft, bundle, graphs=graphs)
+
+
+def _embeds(sd: trtio.SpecDecodeSetup, tokens: np.ndarray) -> Tensor:
+    """Embeddings of ``tokens`` [batch, n] as a device tensor (a runtime's embedding lookup output)."""
+    t = Tensor.empty(tokens.shape + (E.shape[1],), "float16", Location.DEVICE, backend=sd.io.inputs_embeds.backend)
+    t.copy_from(E[tokens].astype(np.float16))
+    return t
+
+
+def _round(sd: trtio.SpecDecodeSetup, r: int, ops: dict[str, list[int]] | None = None) -> list[np.ndarray]:
+    """One round with fixed shapes and round-dependent tokens and paths: every level, verify, accept and
+    the catch-up; returns every logits output. ``ops`` collects device operations per helper."""
+    b = sd.batch
+    assert b is not None
+    rng = np.random.default_rng(r)
+    be = sd.io.inputs_embeds.backend
+
+    def counted(name: str, fn: Callable[[], object]) -> object:
+        before = getattr(be, "op_count", 0)
+        out = fn()
+        if ops is not None:
+            ops.setdefault(name, []).append(be.op_count - before)
+        return out
+
+    out = []
+    levels = [_embeds(sd, rng.integers(0, 512, (b, TOP_K))) for _ in range(STEPS)]
+    parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+    for x, p in zip(levels, parents):
+        out.append(counted("draft_propose", lambda x=x, p=p: sd.draft_propose(x, parents=p)).to_numpy())
+    tree = sd.io.inputs_embeds.reshape((b, VERIFY, E.shape[1]))
+    tree.copy_from(E[rng.integers(0, 512, (b, VERIFY))].astype(np.float16))  # written in place, like a runtime
+    out.append(counted("verify", lambda: sd.verify(tree, BINARY)).to_numpy())
+    paths = [[0, 1, 3], [0, 2], [0, 2, 6], [0]][:b] if r % 2 else [[0, 2, 5], [0, 1, 4], [0], [0, 1]][:b]
+    counted("accept", lambda: sd.accept(paths))
+    a = 3
+    catch_up = sd.io.inputs_embeds.reshape((b, a, E.shape[1]))
+    catch_up.copy_from(E[rng.integers(0, 512, (b, a))].astype(np.float16))
+    lens = np.array([len(p) for p in paths])
+    out.append(counted("draft_accept", lambda: sd.draft_accept(catch_up, lens)).to_numpy())
+    for x in levels:
+        x.close()
+    return out
+
+
+def _start(sd: trtio.SpecDecodeSetup) -> None:
+    for e in sd.engines():
+        e.state.reset(clear=True)  # zeroed caches: slots past the committed lengths compare too
+    emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+    sd.base_prefill(emb, lens)
+    sd.draft_prefill(emb, lens)
+
+
+def _kv(sd: trtio.SpecDecodeSetup) -> dict[str, np.ndarray]:
+    return {f"{e.role}/{n}": t.view(trtio.DType.UINT8).to_numpy() for e in sd.engines() for n, t in
+            e.state.tensors.items()}
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_a_captured_round_replays_to_the_kv_state_of_plain_execution(contract: str, device: str) -> None:
+    """verify -> accept -> draft_accept (and the proposal levels) captured once, replayed with other
+    tokens and other accepted paths: the same logits and the same KV caches, byte for byte, as plain
+    execution, round after round."""
+    plain, graphed = _setup(contract, False, device), _setup(contract, True, device)
+    try:
+        for sd in (plain, graphed):
+            _start(sd)
+        for r in range(4):
+            for a, b in zip(_round(plain, r), _round(graphed, r)):
+                np.testing.assert_array_equal(a, b)
+            want, got = _kv(plain), _kv(graphed)
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name], err_msg=f"{name}, round {r}")
+        stats = graphed.graph_stats
+        # Rounds 2-4 replay: 3 levels + a catch-up per round on the draft, a verify per round on the base.
+        assert stats["base"].hits >= 3 and stats["draft"].hits >= 3 * (STEPS + 1)
+    finally:
+        plain.close()
+        graphed.close()
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+        if not trtio.cuda_available():
+            pytest.skip("no CUDA device answers here")
+    return str(request.param)
+
+
+def test_ragged_steps_are_one_staged_copy_and_one_graph(host: trtio.Backend) -> None:
+    """Steady rounds on the token-major contract, graphs on: every helper that runs an engine enqueues
+    its staged inputs (one copy) and one graph (the engine and the gathers, moves and zeroing before
+    it); a level's embeddings add one 2D copy; accept is one copy and one kernel over every KV cache."""
+    sd = _setup("ragged", True)
+    try:
+        _start(sd)
+        for r in range(2):
+            _round(sd, r)  # capture every graph
+        ops: dict[str, list[int]] = {}
+        for r in range(2, 4):
+            _round(sd, r, ops)
+        assert ops == {"draft_propose": [3] * (2 * STEPS), "verify": [2, 2], "accept": [2, 2],
+                       "draft_accept": [2, 2]}
+    finally:
+        sd.close()
+
+
+def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) -> None:
+    sd = _setup("batch", True)
+    try:
+        _start(sd)
+        for r in range(2):
+            _round(sd, r)
+        ops: dict[str, list[int]] = {}
+        for r in range(2, 4):
+            _round(sd, r, ops)
+        assert ops.keys() == {"draft_propose", "verify", "accept", "draft_accept"}
+        assert max(max(v) for v in ops.values()) <= 16, ops
+    finally:
+        sd.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: trtio.Backend, contract: str) -> None:
+    sd = _setup(contract, True)
+    try:
+        _start(sd)
+        for r in range(2):
+            _round(sd, r)
+        calls = {e.role: dict(e.executor.context.calls) for e in sd.engines()}
+        for _ in range(2):
+            levels = [_embeds(sd, np.full((4, TOP_K), 3)) for _ in range(STEPS)]  # allocated before counting
+            allocs, syncs = host.alloc_count, host.sync_count
+            parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+            for x, p in zip(levels, parents):
+                sd.draft_propose(x, parents=p)
+            sd.verify(sd.io.inputs_embeds.reshape((4, VERIFY, 64)), BINARY)
+            sd.accept([[0, 1, 3], [0, 2], [0], [0, 1]])
+            sd.draft_accept(sd.io.inputs_embeds.reshape((4, 3, 64)), np.array([3, 2, 1, 2]))
+            assert (host.alloc_count, host.sync_count) == (allocs, syncs), "a round allocated or synced"
+            for x in levels:
+                x.close()
+        for e in sd.engines():
+            new = {k: v - calls[e.role].get(k, 0) for k, v in e.executor.context.calls.items() if k.startswith("set")}
+            assert not any(new.values()), (e.role, new)
+    finally:
+        sd.close()
+
+
+def test_work_before_an_engine_is_captured_in_its_graph(host: trtio.Backend) -> None:
+    """The executor's ``before`` work runs before the engine, is captured with it, and a different
+    ``before`` is another graph: a replay runs the captured work (reading its indices afresh)."""
+    from trtio.ops import RowCopy
+
+    llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    with trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True) as setup:
+        emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
+        setup.prefill(emb, lens)
+        setup.decode(emb[:, :1])  # stages a decode step's inputs, which the calls below run on
+        ex, s = setup.executor, trtio.Stream.create(host)
+        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
+        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
+        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
+        work = RowCopy(dst, src, rows, 4, 8)
+        dims = llm.decode_dims(1)
+        for i in range(3):
+            rows.copy_from(np.roll(np.array([3, 2, 1, 0], np.int32), i), s)
+            ex.prepare(1, setup.engines()[0].tensor_map, dims, s)
+            ex.execute(s, before=(work,))
+            s.synchronize()
+            np.testing.assert_array_equal(dst.to_numpy(), src.to_numpy()[np.roll([3, 2, 1, 0], i)])
+        captures = ex.graph_stats.captures
+        assert ex.graph_stats.hits >= 2
+        ex.execute(s, before=(RowCopy(dst, src, rows, 2, 8),))  # other work: another graph
+        assert ex.graph_stats.captures == captures + 1
+        assert "other device work before the engine" in ex.graph_stats.last_miss_reason
+        for t in (src, dst, rows):
+            t.close()
+        s.close()
