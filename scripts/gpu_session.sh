@@ -11,5 +11,5 @@ python3 -c "import sys, numpy, cupy; print(sys.version); print('numpy', numpy.__
 python3 -c "import ml_dtypes, hypothesis; print('ml_dtypes', ml_dtypes.__version__, 'hypothesis', hypothesis.__version__)" >> "$out/env.txt" 2>&1
 timeout "${GPU_TEST_TIMEOUT:-330}" python3 -m pytest -m gpu -q -p no:cacheprovider -x ${GPU_TEST_ARGS:-} > "$out/gpu_tests.txt" 2>&1
 echo "pytest exit $?" >> "$out/gpu_tests.txt"
-timeout "${BENCH_TIMEOUT:-200}" python3 -c "from trtio.tools.bench import main; main(['--backend', 'cuda', '--rounds', '20', '--steps', '200'])" > "$out/bench_cuda.txt" 2>&1
+timeout "${BENCH_TIMEOUT:-200}" python3 -m trtio bench --backend cuda --rounds 30 --steps 200 > "$out/bench_cuda.txt" 2>&1
 echo "bench exit $?" >> "$out/bench_cuda.txt"

@@ -785,3 +785,21 @@ def test_inspect_a_file_that_is_not_a_plan_says_so(tmp_path: Path, capsys: pytes
     rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"))
     assert_one_line_error(rc, err, "inspect", "not a TensorRT plan")
     assert "CUDA device" not in err
+
+
+def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio bench`` at 8B-class scale on the dry-run backend (device work counted, not run): every
+    helper of both contracts, beside prepare + execute, within the 16 device operations per call a step
+    may enqueue. Timings are reported, never asserted."""
+    assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    helpers = {"LLMSetup.decode", "SpecDecodeSetup.draft_propose", "SpecDecodeSetup.verify", "SpecDecodeSetup.accept",
+               "SpecDecodeSetup.draft_accept", "prepare + execute (decode, graph)",
+               "prepare + execute (draft proposal, graph)"}
+    assert out.keys() == {"batch", "ragged"}
+    for contract, rows in out.items():
+        assert rows.keys() == helpers, contract
+        for name, row in rows.items():
+            assert 1 <= row["device_ops"] <= 16 or name == "SpecDecodeSetup.accept", (contract, name, row)
+            assert row["us_per_call_synced"] >= row["us_per_call"] > 0
+        assert rows["SpecDecodeSetup.accept"]["device_ops"] == 2, "one staged copy of the moves and one commit"

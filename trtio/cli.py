@@ -1,4 +1,4 @@
-"""The ``trtio`` command: ``info``, ``demo``, ``inspect``, ``plan``.
+"""The ``trtio`` command: ``info``, ``demo``, ``inspect``, ``plan``, ``bench``.
 
 ``demo`` runs the toy engines of both engine contracts (``--contract batch|ragged|both``); ``inspect``
 and ``plan`` take trtio's own configs and plans and TensorRT Edge-LLM 0.11 engine directories
@@ -101,6 +101,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(format_plan(result))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from trtio.tools.bench import format_results, run
+
+    contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
+    results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
+                  kv_capacity=args.kv_capacity)
+    if args.json:
+        print(json.dumps({c: {name: {"us_per_call_synced": v[0], "us_per_call": v[1], "device_ops": v[2]}
+                              for name, v in rows.items()} for c, rows in results.items()}, indent=2))
+    else:
+        print(format_results(results, args.backend))
     return 0
 
 
@@ -240,6 +254,27 @@ def build_parser() -> argparse.ArgumentParser:
                            "builder_config.max_verify_tree_size)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
+
+    bench = sub.add_parser(
+        "bench", parents=[_common()],
+        help="what every step helper costs at 8B-class scale, beside prepare + execute alone",
+        description="Time every step helper of create_for_llm and create_for_spec_decode at 8B-class scale (36 "
+                    "layers, batch 8, an EAGLE-3-like draft, EAGLE drafting of top-10 x 6 levels, 60-node verify "
+                    "trees, accepted paths of 4 nodes, graphs on) on null-compute ReferenceEngines, so every figure "
+                    "is trtio's own cost, on both contracts in one run: host time per call (with and without a "
+                    "stream synchronisation) and device operations per call (counted by the host and dry-run "
+                    "backends), beside prepare + execute alone. Results: docs/BENCHMARKS.md.")
+    bench.add_argument("--backend", default="host", choices=["host", "cuda", "dry-run"],
+                       help="host (numpy runs the device work), cuda, or dry-run (device work counted, not run: "
+                            "trtio's own host cost)")
+    bench.add_argument("--steps", type=_positive_int, default=200, help="decode steps timed (default 200)")
+    bench.add_argument("--rounds", type=_positive_int, default=30, help="speculative rounds timed (default 30)")
+    bench.add_argument("--contract", choices=["batch", "ragged", "both"], default="both")
+    bench.add_argument("--kv-capacity", type=_positive_int, default=None, metavar="N",
+                       help="tokens per sequence in the KV caches (default 4096; 1024 on the host backend, whose "
+                            "device memory is host RAM)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=_cmd_bench)
     return p
 
 

@@ -14,7 +14,6 @@ enqueues (counted by the host backend; the cuda backend issues the same ones).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import statistics
@@ -31,7 +30,7 @@ from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["configs", "main", "run"]
+__all__ = ["configs", "format_results", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -118,6 +117,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
             e.executor.execute(stream)
 
+        prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
         for _ in range(steps):
             clock("prepare + execute (decode, graph)", prepare_execute)
             clock("LLMSetup.decode", decode)
@@ -160,8 +160,7 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             for lv in range(1, STEPS - 1):
                 parents = (lv - 1) * TOP_K + np.arange(TOP_K) // 2
                 timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=parents))
-            if r >= 2:
-                clock("prepare + execute (draft proposal, graph)", prepare_execute)
+            timed("prepare + execute (draft proposal, graph)", prepare_execute)
             timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
             timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
             timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
@@ -197,39 +196,24 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
     return out
 
 
-def format_results(results: Results, backend: Backend) -> str:
-    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend)}):", ""]
+def format_results(results: Results, backend_kind: str) -> str:
+    """A markdown table of :func:`run`'s results (``backend_kind``: host, cuda or dry-run)."""
+    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend_kind)}):", ""]
     head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
     lines += [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
     for contract, rows in results.items():
         decode = rows["LLMSetup.decode"][0]
         for name, (synced, alone, ops) in rows.items():
-            lines.append(f"| {contract} | {name} | {synced:.1f} | {alone:.1f} | {ops:g} | {synced / decode:.2f} |")
+            count = "-" if ops != ops else f"{ops:g}"  # NaN: the cuda backend does not count
+            lines.append(f"| {contract} | {name} | {synced:.1f} | {alone:.1f} | {count} | {synced / decode:.2f} |")
     return "\n".join(lines)
 
 
-def _machine(backend: Backend) -> str:
+def _machine(backend_kind: str) -> str:
     import os
     import platform
 
-    if backend.name == "cuda":
-        return f"{getattr(backend, 'device_name', 'GPU')}, cuda backend, Python {platform.python_version()}"
-    return f"{platform.machine()}, {os.cpu_count()} cores, host backend, Python {platform.python_version()}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trtio bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="host", choices=["host", "cuda", "dry-run"],
-                    help="host (numpy runs the device work), cuda, or dry-run (device work counted, not run: "
-                         "trtio's own host cost)")
-    ap.add_argument("--steps", type=int, default=200, help="decode steps timed (default 200)")
-    ap.add_argument("--rounds", type=int, default=30, help="speculative rounds timed (default 30)")
-    ap.add_argument("--contract", choices=["batch", "ragged", "both"], default="both")
-    ap.add_argument("--kv-capacity", type=int, default=None,
-                    help="tokens per sequence in the KV caches (default 4096 on cuda, 1024 on host)")
-    args = ap.parse_args(argv)
-    contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
-    results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
-                  kv_capacity=args.kv_capacity)
-    print(format_results(results, get_backend("host" if args.backend == "dry-run" else args.backend)))
-    return 0
+    if backend_kind == "cuda":
+        name = getattr(get_backend("cuda"), "device_name", "GPU")
+        return f"{name}, cuda backend, Python {platform.python_version()}"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {backend_kind} backend, Python {platform.python_version()}"
