@@ -359,11 +359,18 @@ class EngineState:
         by the caller) of at most ``MAX_PATH_MOVES + 1`` nodes.
         """
         self._check_open()
+        grid, lens = path_grid(paths)
+        self.commit_grid(starts, grid, lens, stream)
+
+    def commit_grid(self, starts: Sequence[int] | np.ndarray, grid: np.ndarray, lengths: np.ndarray,
+                    stream: StreamLike = None) -> None:
+        """:meth:`commit_paths` of paths already laid out by :func:`path_grid` (int64 ``grid`` [batch, L]
+        padded with -1, and each path's length)."""
+        self._check_open()
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
-        grid, lens = path_grid(paths)
         batch = grid.shape[0]
-        counts = lens - 1  # every node after the root moves (an entry already in place is skipped on the device)
+        counts = lengths - 1  # every node after the root moves (an entry already in place is skipped on the device)
         if counts.max(initial=0) > MAX_PATH_MOVES:
             b = int(np.argmax(counts))
             raise ShapeError(f"paths[{b}]: {int(counts[b])} moved entries, more than the {MAX_PATH_MOVES} an "

@@ -123,8 +123,9 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
 
 def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
     if isinstance(x, Tensor):
-        if x.dtype is not dtype or len(x.shape) != 3 or x.shape[2] != hidden:
-            raise ShapeError(f"{what}: expected a [batch, seq, {hidden}] {dtype} tensor, got {x.shape} {x.dtype}")
+        shape = x.shape  # checks it is open
+        if x.dtype is not dtype or len(shape) != 3 or shape[2] != hidden:
+            raise ShapeError(f"{what}: expected a [batch, seq, {hidden}] {dtype} tensor, got {shape} {x.dtype}")
         return x
     arr = np.asarray(x)
     if arr.ndim != 3 or arr.shape[2] != hidden:
@@ -322,12 +323,15 @@ class SetupBase:
         """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy),
         with its batch and seq; nothing is enqueued."""
         x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden)
-        return x, int(x.shape[0]), int(x.shape[1])
+        shape = x.shape
+        return x, int(shape[0]), int(shape[1])
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
         staging for numpy, a device copy for Tensors."""
         dst, staging = self.io.inputs_embeds, self._embeds_staging
+        if x is dst:
+            return  # written in place by the caller
         b, s, hidden = (int(d) for d in x.shape)
         if isinstance(x, Tensor):
             if x is not dst:

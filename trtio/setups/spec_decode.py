@@ -570,7 +570,7 @@ class SpecDecodeSetup(SetupBase):
                              f"node {int(parent[i, t])} in the verified tree")
         s = self._stream(stream)
         lengths = self.base.state.lengths
-        self.base.state.commit_paths(lengths[:b], grid, s)
+        self.base.state.commit_grid(lengths[:b], grid, acc, s)
         lengths[:b] += acc
         self._accepted_rows = rows_b * n + grid  # the paths' base hidden-state rows, for draft_accept
         self._accepted = acc
