@@ -77,7 +77,9 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
                              f"{type(paths).__name__}")
         if batch is not None and len(paths) != batch:
             raise ShapeError(f"paths: expected one path per sequence ({batch}), got {len(paths)}")
-        rows = [_path_nodes(p, i) for i, p in enumerate(paths)]
+        # Lists of plain ints (what a runtime builds) pass as they are; anything else is checked node by node.
+        rows = [p if type(p) is list and set(map(type, p)) <= _INT_TYPES else _path_nodes(p, i)
+                for i, p in enumerate(paths)]
         lens = np.fromiter(map(len, rows), np.int64, len(rows))
         if lens.size and lens.min() < 1:
             raise ShapeError(f"paths[{int(np.argmin(lens))}] is empty: a path is at least its root")
@@ -86,6 +88,9 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
     if batch is not None and grid.shape[0] != batch:
         raise ShapeError(f"paths: expected one path per sequence ({batch}), got {grid.shape[0]}")
     return grid, lens
+
+
+_INT_TYPES = {int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
 
 
 def _path_nodes(path: Any, i: int) -> list[int]:
