@@ -1,6 +1,7 @@
 """Inclusive host time of selected functions during steady decode / spec rounds (perf_counter wrappers).
 
 Usage: PYTHONPATH=. python3 scripts/time_calls.py [host|cuda|dry-run] [contract]
+A function-level profile of the same steps: PYTHONPATH=. python3 -m cProfile -s tottime scripts/time_calls.py ...
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@ from one place.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
+from trtio._hashing import hash_once
 from trtio.errors import ShapeError
 
 __all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS"]
@@ -24,17 +23,10 @@ SHAPE_CARRIER_DIMS = frozenset({
 })
 
 
+@hash_once
 @dataclass(frozen=True)
 class InferenceDims:
     """Immutable per-step dimensions (Edge-LLM's ``InferenceDims``, snake_case)."""
-
-    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     batch: int
     seq_len: int

@@ -308,6 +308,16 @@ class _Plan:
     view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
 
 
+def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
+    """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
+    untouched view costs one identity test; a closed tensor raises, naming itself."""
+    for t, shp, nbytes in views:
+        if t._closed:
+            t._live()
+        if t._shape is not shp:
+            t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+
+
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
@@ -373,23 +383,14 @@ class EngineExecutor:
         plan = self._plan
         if plan is not None and plan.key == key:
             if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
-                # Views are set to the plan's own shape tuples: an untouched view costs one identity test.
-                for t, shp, nbytes in plan.views:
-                    if t._closed:
-                        t._live()  # raises, naming it
-                    if t._shape is not shp:
-                        t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+                _apply_views(plan.views)
                 plan.view_changes = Tensor.view_changes
             return
         cached = self._plans.get(key)
         if cached is not None:
             # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
             # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
-            for t, shp, nbytes in cached.all_views:
-                if t._closed:
-                    t._live()  # raises, naming it
-                if t._shape is not shp:
-                    t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+            _apply_views(cached.all_views)
             cached.view_changes = Tensor.view_changes
             self._plans.move_to_end(key)
             self._plan = cached

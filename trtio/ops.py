@@ -9,8 +9,6 @@ runs, from device tensors the caller staged, so a captured graph replays with fr
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._hashing import hash_once
 from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
 from trtio.stream import Stream
@@ -82,19 +81,12 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
     launch(stream.handle, run)
 
 
+@hash_once
 @dataclass(frozen=True)
 class RowCopy:
     """:func:`copy_rows` as a value: device work an engine step needs first, enqueued with it, so an
     executor can capture both in one graph (:meth:`EngineExecutor.execute`'s ``before``). Equal values
     (the same tensors, count and row width) are the same work: their indices are read when it runs."""
-
-    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     dst: Tensor
     src: Tensor
@@ -108,17 +100,10 @@ class RowCopy:
                   dst_rows=self.dst_rows)
 
 
+@hash_once
 @dataclass(frozen=True)
 class Zero:
     """The first ``nbytes`` of a device tensor set to 0, as a value (see :class:`RowCopy`)."""
-
-    # Steps look this up every call (executors' plan and graph caches): hash the fields once.
-    def __hash__(self) -> int:
-        return self._hash
-
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
     tensor: Tensor
     nbytes: int

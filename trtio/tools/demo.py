@@ -141,13 +141,19 @@ def _choose(opts: DemoOptions) -> tuple[str, Backend, str]:
         return "trt", be, "TensorRT imports and a GPU answers"
     why = "--engine reference" if opts.engine == "reference" else (
         "no CUDA device answers" if be.name == "host" else "tensorrt does not import")
+    be, why = _reference_backend(opts, be, why)
+    return "reference", be, why
+
+
+def _reference_backend(opts: DemoOptions, be: Backend, why: str) -> tuple[Backend, str]:
+    """The backend ReferenceEngines compute on: the host where the cuda backend has no CuPy (an error
+    where ``--backend cuda`` asked for it)."""
     if be.name == "cuda" and not _importable("cupy"):
         if opts.backend == "cuda":
             raise ConfigError("--backend", "the reference engines need CuPy on the cuda backend; install cupy, "
                                            "or use --backend host")
-        be = get_backend("host")
-        why += "; CuPy is missing, so the reference engines compute on the host"
-    return "reference", be, why
+        return get_backend("host"), why + "; CuPy is missing, so the reference engines compute on the host"
+    return be, why
 
 
 def _choose_ragged(opts: DemoOptions) -> tuple[Backend, str]:
@@ -156,12 +162,7 @@ def _choose_ragged(opts: DemoOptions) -> tuple[Backend, str]:
     be = get_backend(opts.backend)
     why = "--backend host" if opts.backend == "host" else ("no CUDA device answers" if be.name == "host"
                                                             else "a GPU answers")
-    if be.name == "cuda" and not _importable("cupy"):
-        if opts.backend == "cuda":
-            raise ConfigError("--backend", "the reference engines need CuPy on the cuda backend; install cupy, "
-                                           "or use --backend host")
-        be = get_backend("host")
-        why += "; CuPy is missing, so the reference engines compute on the host"
+    be, why = _reference_backend(opts, be, why)
     return be, f"{always}; {why}"
 
 
