@@ -167,3 +167,41 @@ def test_tree_layout_at_equals_a_fresh_tree_step(seed):
     _same(chain.at(past), packed_tree_step(past, pack_rows(vis, n), depth, real, phase=PHASE_DRAFT,
                                            logits_rows=rows, padding_position=0))
     assert tpl.at(past).packed_mask is tpl.packed_mask, "a kept tree's mask is one shared constant"
+
+
+def test_uploads_wait_only_when_the_host_is_a_ring_ahead_of_the_device() -> None:
+    """Each upload copies from its own ring slot: while the device has run none of them (every fence
+    pending), RING_SLOTS uploads go without a wait, the next one waits for the oldest slot's copy. The
+    values of every upload reach the device block (the slots never mix)."""
+    from trtio.cuda.host import HostBackend
+    from trtio.staging import RING_SLOTS
+
+    class Behind(HostBackend):
+        """A device that has finished nothing yet, until the host waits for it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits = 0
+
+        def query_event(self, event: int) -> bool:
+            return False
+
+        def synchronize_event(self, event: int) -> None:
+            self.waits += 1
+            super().synchronize_event(event)
+
+    be = Behind()
+    arena, step = _block(be)
+    s = Stream.create(be)
+    for i in range(RING_SLOTS):
+        step.write("a", np.full(3, i, np.int32))
+        step.upload(s)
+    assert be.waits == 0 and step.fence_waits == 0
+    step.write("a", np.full(3, 99, np.int32))
+    step.upload(s)
+    assert be.waits == 1 and step.fence_waits == 1, "the ninth upload reuses the first slot: it waits"
+    s.synchronize()
+    assert step.tensors["a"].reshape((3,)).to_numpy().tolist() == [99, 99, 99]
+    step.close()
+    arena.close()
+    s.close()

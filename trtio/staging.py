@@ -7,8 +7,11 @@ per tensor per step. A StepStaging lays them out twice with the same offsets: on
 its values into numpy views of the pinned block and :meth:`StepStaging.upload` moves every value written
 since the last upload with **one** copy on the step's stream.
 
-Single-buffered and fenced like :class:`~trtio.memory.HostStaging`: the first write after an upload
-waits (on the host) until that upload has finished, which in steady state it already has.
+Writes go to the pinned twins (the host's view of the block, never read by a copy); an upload copies
+the written byte range into the next of ``RING_SLOTS`` pinned slots and from there to the device, each
+slot fenced by an event. A step therefore never waits for the device unless the host runs
+``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet): then the upload waits for
+that copy, the ring's only flow control (``fence_waits`` counts it).
 
 Many step values repeat from step to step (query offsets, state indices, a repeated tree's mask). A
 value made with :func:`constant` (read-only, owning its data) is remembered once uploaded: writing the
@@ -18,18 +21,22 @@ written by their StepStaging only.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
 
 from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Location
+from trtio.dtypes import DType
 from trtio.errors import CapacityError, ClosedError, TrtioError
-from trtio.memory import Arena, TensorRequest
+from trtio.memory import Arena, TensorRequest, align_up
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 
-__all__ = ["StepStaging", "constant"]
+__all__ = ["RING_SLOTS", "StepStaging", "constant"]
+
+RING_SLOTS = 8  # uploads a host may run ahead of the device before an upload waits
 
 
 def constant(values: np.ndarray) -> np.ndarray:
@@ -40,13 +47,18 @@ def constant(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ring_name(names: Sequence[str]) -> str:
+    return f"host_ring_{names[0]}" if names else "host_ring"
+
+
 class StepStaging:
     """Per-step device tensors with a pinned twin block (see module docstring)."""
 
     def __init__(self, arena: Arena, names: Sequence[str], *, title: str) -> None:
         """``arena`` holds each ``name`` in device memory and its pinned twin ``host_<name>``, each set
-        consecutive and in the same order (so one copy of a byte range moves any set of them). The arena
-        stays its owner's; :meth:`close` releases only the fence."""
+        consecutive and in the same order (so one copy of a byte range moves any set of them), and the
+        ring of upload slots (:meth:`requests` asks for all of it). The arena stays its owner's;
+        :meth:`close` releases only the fences."""
         self.title = title
         self._backend = arena.backend
         self.tensors: dict[str, Tensor] = {n: arena[n] for n in names}
@@ -66,21 +78,40 @@ class StepStaging:
             view = host_view(pin.data_ptr, pin.capacity).view(dev.dtype.storage_numpy)
             self._slots[n] = (view, offset, view.itemsize)
         self._end = max((off + self.tensors[n].capacity for n, (_v, off, _i) in self._slots.items()), default=0)
+        ring = arena[_ring_name(names)]
+        if ring.location is not Location.PINNED or ring.capacity < RING_SLOTS * self._end:
+            raise TrtioError(f"{title}: the upload ring {ring.name!r} holds {ring.capacity} pinned bytes, "
+                             f"{RING_SLOTS} slots of the block need {RING_SLOTS * self._end}")
+        self._twins = host_view(self._pin_base, self._end) if self._end else np.zeros(0, np.uint8)
+        self._ring_base = ring.data_ptr
+        self._ring = host_view(ring.data_ptr, RING_SLOTS * self._end).reshape(RING_SLOTS, self._end) \
+            if self._end else np.zeros((RING_SLOTS, 0), np.uint8)
+        self._slot = 0  # the ring slot of the next upload
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         self._last_streams = list(self.tensors.values())
-        self._fence = Event.create(self._backend)
-        self._pending = False
+        self._fences: list[Event] = []
+        try:
+            for _ in range(RING_SLOTS):
+                self._fences.append(Event.create(self._backend))
+        except BaseException:
+            for ev in self._fences:
+                ev.close()
+            raise
+        self._pending = [False] * RING_SLOTS
         self._closed = False
         self.fence_waits = 0  # host waits the fence forced (telemetry)
         self.skipped = 0  # writes of a constant the device block already held (telemetry)
 
     @staticmethod
     def requests(device: Sequence[TensorRequest]) -> list[TensorRequest]:
-        """The arena requests of a step block: the device tensors, then their pinned twins, in order."""
+        """The arena requests of a step block: the device tensors, then their pinned twins, in order, then
+        the pinned upload ring (``RING_SLOTS`` copies of the block)."""
+        block = sum(align_up(r.nbytes) for r in device)
         return [TensorRequest(r.name, r.shape, r.dtype, Location.DEVICE) for r in device] + \
-            [TensorRequest(f"host_{r.name}", r.shape, r.dtype, Location.PINNED) for r in device]
+            [TensorRequest(f"host_{r.name}", r.shape, r.dtype, Location.PINNED) for r in device] + \
+            [TensorRequest(_ring_name([r.name for r in device]), (RING_SLOTS * block,), DType.UINT8, Location.PINNED)]
 
     def write(self, name: str, values: np.ndarray) -> Tensor:
         """Put ``values`` into the pinned twin of ``name``; returns the device tensor, whose bytes arrive
@@ -94,11 +125,6 @@ class StepStaging:
             return self.tensors[name]
         if self._closed:
             raise ClosedError(f"{self.title} is closed")
-        if self._pending:
-            if not self._fence.query():
-                self.fence_waits += 1
-                self._fence.synchronize()
-            self._pending = False
         slot = self._slots.get(name)
         n = values.size
         if slot is None or n > slot[0].size:
@@ -123,11 +149,18 @@ class StepStaging:
         lo, hi = self._lo, self._hi
         if hi <= lo:
             return
-        self._backend.memcpy(self._dev_base + lo, self._pin_base + lo, hi - lo, stream.handle)
+        c = self._slot
+        fence = self._fences[c]
+        if self._pending[c] and not fence.query():  # the host is RING_SLOTS uploads ahead of the device
+            self.fence_waits += 1
+            fence.synchronize()
+        self._ring[c, lo:hi] = self._twins[lo:hi]
+        self._backend.memcpy(self._dev_base + lo, self._ring_base + c * self._end + lo, hi - lo, stream.handle)
+        fence.record(stream)
+        self._pending[c] = True
+        self._slot = (c + 1) % RING_SLOTS
         for t in self._last_streams:
             t._last_stream = stream
-        self._fence.record(stream)
-        self._pending = True
         self._lo, self._hi = self._end, 0
         if self._written:
             self._held.update(self._written)
@@ -143,7 +176,9 @@ class StepStaging:
         self._closed = True
         self._held.clear()
         self._written.clear()
-        self._fence.close()
+        with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
+            for ev in self._fences:
+                release.callback(ev.close)
 
     def __enter__(self) -> StepStaging:
         return self
