@@ -237,7 +237,7 @@ class TreeLayout:
     width: int
     phase: int
     real: np.ndarray  # bool [S, W]: the rows that hold a node
-    depth: np.ndarray  # int64 [S, W]
+    depth: np.ndarray  # int32 [S, W]
     query_lengths: np.ndarray  # int32 [S]
     logits_indices: np.ndarray  # int64 [R]
     packed_mask: np.ndarray  # int32 [S*W, words]
@@ -260,7 +260,7 @@ class TreeLayout:
         else:
             parent_ids, depths = np.where(real, parents, -1), np.where(real, depth, 0)
         words = np.ascontiguousarray(packed, dtype=np.uint32).view(np.int32).reshape(s * width, -1)
-        return cls(width, phase, fix(real), fix(np.asarray(depth, np.int64)), fix(real.sum(axis=1).astype(np.int32)),
+        return cls(width, phase, fix(real), fix(np.asarray(depth, np.int32)), fix(real.sum(axis=1).astype(np.int32)),
                    fix(np.asarray(logits_rows, np.int64)), fix(words), fix(parent_ids.reshape(-1).astype(np.int32)),
                    fix(depths.reshape(-1).astype(np.int32)), padding_position)
 
@@ -269,7 +269,7 @@ class TreeLayout:
         ``past + depth`` (-1 on padding rows; ``attention_position_ids`` has ``padding_position`` there)."""
         s, width = self.real.shape
         past32 = past.astype(np.int32)
-        at = past32[:, None] + self.depth.astype(np.int32)
+        at = past32[:, None] + self.depth
         positions = np.where(self.real, at, np.int32(-1)).reshape(-1)
         ids = positions if self.padding_position == -1 else \
             np.where(self.real, at, np.int32(self.padding_position)).reshape(-1)
