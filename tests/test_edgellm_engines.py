@@ -65,8 +65,9 @@ import trtio
 import trtio.setups.engine_dir as engine_dir_module
 import trtio.setups.llm as llm_setup_module
 from trtio import ConfigError, EngineError, LLMEngineConfig, LLMSetup, SpecDecodeSetup
-from trtio.contracts.ragged import decode_step
+from trtio.cuda._hostmem import host_view
 from trtio.edgellm import CONFIG_FILES, D2T_FILE, EMBEDDING_FILE, ENGINE_FILES, PLUGIN_LIBRARY, EngineDir
+from trtio.ops import DecodeAdvance
 from trtio.testing import ReferenceEngine
 from trtio.testing.toy_engines import RAGGED_DIRS, RAGGED_ENGINE_NAMES, RaggedToyEngines
 from trtio.testing.toy_runtime import SpecStats, embed_batch, spec_generate
@@ -707,10 +708,18 @@ class _SharedPages(Target):
         return setup
 
 
-def _decode_one_position_ahead(past: Any) -> Any:
-    layout = decode_step(past)
-    layout.positions = layout.positions + np.int32(1)
-    return layout
+@dataclass(frozen=True)
+class _DecodeOnePositionAhead(DecodeAdvance):
+    """A decode step whose tokens sit one position past their slot (positions and RoPE rows shifted)."""
+
+    def enqueue(self, stream: Any) -> None:
+        super().enqueue(stream)
+        ptr, b = self.positions.data_ptr, self.batch
+
+        def shift() -> None:
+            host_view(ptr, 4 * b).view(np.int32)[:] += 1
+
+        stream.backend.launch_host_func(stream.handle, shift)
 
 
 def test_consistency_checks_catch_shared_pages_and_a_shifted_decode_position(
@@ -726,7 +735,7 @@ def test_consistency_checks_catch_shared_pages_and_a_shifted_decode_position(
 
     # One position ahead changes no token of these 8 (the toy's attention is weak), only logits: the toys
     # compare those too; real engines, with tokens only, see a larger shift.
-    monkeypatch.setattr(llm_setup_module, "decode_step", _decode_one_position_ahead)
+    monkeypatch.setattr(llm_setup_module, "DecodeAdvance", _DecodeOnePositionAhead)
     shifted = run_checks_on(toy)
     test_graphs_change_no_token(toy, shifted)
     test_batch_composition_changes_no_token(toy, shifted)

@@ -9,6 +9,7 @@ runs, from device tensors the caller staged, so a captured graph replays with fr
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from trtio.cuda.backend import Backend
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["KVCommit", "KVLayout", "RowCopy", "Zero", "copy_rows", "warm_up"]
+__all__ = ["DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "Zero", "copy_rows",
+           "warm_up"]
 
 _BLOCK = 128
 
@@ -75,10 +77,35 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
         keep = d_idx >= 0
         out[d_idx[keep]] = rows[keep]
 
+    _host_work(be, stream, run)
+
+
+def _host_work(be: Backend, stream: Stream, run: Any) -> None:
+    """Enqueue ``run`` (the host backend's version of a kernel) in ``stream``'s order."""
     launch = getattr(be, "launch_host_func", None)
     if launch is None:
         raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
     launch(stream.handle, run)
+
+
+def _kernel(work: Any, name: str, grid: int | tuple[int, ...], *args: Any) -> Any:
+    """The packed launch of a frozen work value's kernel, made on its first run and kept on it."""
+    found = work.__dict__.get("_launch")
+    if found is None:
+        from trtio.cuda import kernels
+
+        be = work.backend
+        found = work.__dict__["_launch"] = kernels.Launch(be.device_id, name, grid, _BLOCK, *args)
+    return found
+
+
+def _ptr(t: Tensor | None) -> np.uint64:
+    return np.uint64(t.data_ptr if t is not None else 0)
+
+
+def _ints(ptr: int, n: int) -> np.ndarray:
+    """The host backend's int32 view of ``n`` values at a device pointer."""
+    return host_view(ptr, 4 * n).view(np.int32)
 
 
 @hash_once
@@ -212,7 +239,152 @@ class KVCommit:
             # source is overwritten by an earlier move.
             view[d_all] = view[s_all]
 
-        launch = getattr(be, "launch_host_func", None)
-        if launch is None:
-            raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
-        launch(stream.handle, run)
+        _host_work(be, stream, run)
+
+
+@hash_once
+@dataclass(frozen=True)
+class DecodeAdvance:
+    """A ragged decode step's per-token inputs made on the device from its own copy of the lengths, which
+    it then advances: for ``i < batch``, ``past[i] = positions[i] = asl[i] - 1 = lengths[i]`` (and the MRoPE
+    row ``i * rope_cap + lengths[i]`` into ``rope_rows`` when given), then ``lengths[i] += 1``. Steady
+    decode steps so upload nothing: their graph replays as it is. All tensors are int32 on the device."""
+
+    lengths: Tensor
+    batch: int
+    past: Tensor
+    asl: Tensor
+    positions: Tensor
+    rope_rows: Tensor | None = None
+    rope_cap: int = 0
+
+    @property
+    def backend(self) -> Backend:
+        return self.lengths.backend
+
+    def enqueue(self, stream: Stream) -> None:
+        b, cap = self.batch, self.rope_cap
+        if self.backend.name == "cuda":
+            _kernel(self, "trtio_decode_advance", -(-b // _BLOCK), _ptr(self.lengths), np.int32(b), _ptr(self.past),
+                    _ptr(self.asl), _ptr(self.positions), _ptr(self.rope_rows), np.int64(cap))(stream.handle)
+            return
+        ptrs = (self.lengths.data_ptr, self.past.data_ptr, self.asl.data_ptr, self.positions.data_ptr)
+        rope = self.rope_rows.data_ptr if self.rope_rows is not None else 0
+
+        def run() -> None:
+            lengths, past, asl, positions = (_ints(p, b) for p in ptrs)
+            past[:] = positions[:] = lengths
+            asl[:] = lengths + 1
+            if rope:
+                _ints(rope, b)[:] = np.arange(b, dtype=np.int32) * cap + lengths
+            lengths += 1
+
+        _host_work(self.backend, stream, run)
+
+
+@dataclass(frozen=True, eq=False)
+class DraftTree:
+    """Where a ragged draft tree lives on the device, for :class:`DraftLevel`: the tree itself (``words``
+    packed ancestor words per node, int32 ``[rows, words]``; ``nodes``: depth and parent per node, int32
+    ``[rows, 2]``), the step block's inputs a level reads (``parents``, ``past``) and writes (the rest), and
+    the tree's ``width`` (nodes per sequence). ``rope_rows`` (with ``rope_cap``) is for MRoPE tables only.
+    One object per setup: levels compare it by identity."""
+
+    words: Tensor
+    nodes: Tensor
+    parents: Tensor
+    past: Tensor
+    query_lengths: Tensor
+    logits_indices: Tensor
+    row_src: Tensor
+    row_dst: Tensor
+    positions: Tensor
+    position_ids: Tensor
+    parent_ids: Tensor
+    depths: Tensor
+    mask: Tensor
+    width: int
+    n_words: int
+    rope_rows: Tensor | None = None
+    rope_cap: int = 0
+
+    #: The step-block inputs a level writes on the device (their host copies are stale after it runs).
+    WRITES = ("query_lengths", "logits_indices", "row_src", "row_dst", "positions", "spec_decode_position_ids",
+              "spec_tree_parent_ids", "spec_tree_depths", "packed_attention_mask", "rope_rows")
+
+
+@hash_once
+@dataclass(frozen=True)
+class DraftLevel:
+    """One level of a ragged draft tree, made on the device (kernel ``trtio_draft_level``): the ``k`` nodes
+    ``n0 .. n0 + k - 1`` of each of ``batch`` sequences hang off ``tree.parents`` (``[k]`` if ``shared``,
+    else ``[batch, k]``; parents of the previous level, ``level0 .. level0 + level_k - 1``, or -1 on a
+    round's first level). Every input of the proposal step is then rewritten from the tree: positions
+    past + depth, each row's packed ancestors, parents and depths, padding rows past the ``n0 + k`` nodes,
+    the query lengths, and the logits, hidden-source (the parent's draft row; the root's is row ``b``) and
+    hidden-destination rows of the new nodes. Equal values are the same work (parents are read when it
+    runs)."""
+
+    tree: DraftTree
+    batch: int
+    n0: int
+    k: int
+    level0: int
+    level_k: int
+    shared: bool
+
+    @property
+    def backend(self) -> Backend:
+        return self.tree.words.backend
+
+    def enqueue(self, stream: Stream) -> None:
+        t, b, n0, k = self.tree, self.batch, self.n0, self.k
+        if self.backend.name == "cuda":
+            _kernel(self, "trtio_draft_level", b, _ptr(t.parents), np.int32(self.shared), _ptr(t.past),
+                    np.int32(t.width), np.int32(t.n_words), np.int32(n0), np.int32(k), np.int32(self.level0),
+                    np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.query_lengths),
+                    _ptr(t.logits_indices), _ptr(t.row_src), _ptr(t.row_dst), _ptr(t.positions),
+                    _ptr(t.position_ids), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask), _ptr(t.rope_rows),
+                    np.int64(t.rope_cap))(stream.handle)
+            return
+        _host_work(self.backend, stream, functools.partial(_draft_level_host, self))
+
+
+def _draft_level_host(level: DraftLevel) -> None:
+    """:class:`DraftLevel` in numpy (the host backend's kernel)."""
+    t, b, n0, k = level.tree, level.batch, level.n0, level.k
+    w, nw = t.width, t.n_words
+    parents = _ints(t.parents.data_ptr, k if level.shared else b * k)
+    par = np.broadcast_to(parents, (b, k)) if level.shared else parents.reshape(b, k)
+    words = host_view(t.words.data_ptr, 4 * b * w * nw).view(np.uint32).reshape(b, w, nw)
+    nodes = _ints(t.nodes.data_ptr, 2 * b * w).reshape(b, w, 2)
+    new = np.arange(n0, n0 + k)
+    seq = np.arange(b)[:, None]
+    own = np.zeros((k, nw), np.uint32)
+    own[np.arange(k), new >> 5] = np.left_shift(1, new & 31).astype(np.uint32)
+    if n0 == 0:
+        p = np.full((b, k), -1, np.int64)
+        words[:, new] = own
+        nodes[:, new, 0] = 0
+        src = np.broadcast_to(seq, (b, k))
+    else:
+        p = par.astype(np.int64)
+        words[:, new] = words[seq, p] | own
+        nodes[:, new, 0] = nodes[seq, p, 0] + 1
+        src = seq * level.level_k + p - level.level0
+    nodes[:, new, 1] = p
+    rows = seq * w + new
+    _ints(t.row_src.data_ptr, b * k)[:] = src.reshape(-1)
+    _ints(t.row_dst.data_ptr, b * k)[:] = rows.reshape(-1)
+    host_view(t.logits_indices.data_ptr, 8 * b * k).view(np.int64)[:] = rows.reshape(-1)
+    _ints(t.query_lengths.data_ptr, b)[:] = n0 + k
+    real = np.arange(w)[None, :] < n0 + k
+    depth = np.where(real, nodes[:, :, 0], 0)
+    at = _ints(t.past.data_ptr, b)[:, None] + depth
+    _ints(t.positions.data_ptr, b * w)[:] = np.where(real, at, -1).reshape(-1)
+    _ints(t.position_ids.data_ptr, b * w)[:] = np.where(real, at, 0).reshape(-1)
+    _ints(t.parent_ids.data_ptr, b * w)[:] = np.where(real, nodes[:, :, 1], -1).reshape(-1)
+    _ints(t.depths.data_ptr, b * w)[:] = depth.reshape(-1)
+    _ints(t.mask.data_ptr, b * w * nw)[:] = np.where(real[:, :, None], words, np.uint32(0)).view(np.int32).reshape(-1)
+    if t.rope_rows is not None:
+        _ints(t.rope_rows.data_ptr, b * w)[:] = np.where(real, seq * t.rope_cap + at, -1).reshape(-1)

@@ -457,7 +457,9 @@ class PipelineIO:
             TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
         ]
         # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
-        step = [
+        # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
+        step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
+        step += [
             TensorRequest.of("query_start_offsets", (b + 1,), i32),
             TensorRequest.of("query_lengths", (b,), i32),
             TensorRequest.of("past_lengths", (b,), i32),
@@ -475,6 +477,7 @@ class PipelineIO:
                 TensorRequest.of("spec_tree_parent_ids", (t,), i32),
                 TensorRequest.of("spec_tree_depths", (t,), i32),
                 TensorRequest.of("packed_attention_mask", (t, words), i32),
+                TensorRequest.of("draft_parents", (rows,), i32),  # a draft level's parents (ops.DraftLevel)
             ]
         else:
             reqs += [_absent("packed_attention_mask", i32), _absent("spec_decode_position_ids", i32),

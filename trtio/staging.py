@@ -101,6 +101,7 @@ class StepStaging:
             raise
         self._pending = [False] * RING_SLOTS
         self._closed = False
+        self.uploads = 0  # copies made: a step that leaves device-made values in the block compares it
         self.fence_waits = 0  # host waits the fence forced (telemetry)
         self.skipped = 0  # writes of a constant the device block already held (telemetry)
 
@@ -159,12 +160,20 @@ class StepStaging:
         fence.record(stream)
         self._pending[c] = True
         self._slot = (c + 1) % RING_SLOTS
+        self.uploads += 1
         for t in self._last_streams:
             t._last_stream = stream
         self._lo, self._hi = self._end, 0
         if self._written:
             self._held.update(self._written)
             self._written.clear()
+
+    def overwritten(self, names: Sequence[str]) -> None:
+        """``names`` are written on the device by work a step enqueues (not by an upload): the block no
+        longer holds the constants last uploaded to them, so writing one again uploads it."""
+        held = self._held
+        for n in names:
+            held.pop(n, None)
 
     @property
     def is_closed(self) -> bool:

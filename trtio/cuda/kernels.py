@@ -91,9 +91,82 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
         __syncthreads();
     }
 }
+
+// A ragged decode step's per-token inputs from the device's own lengths, then the lengths advanced: for
+// sequence i < batch, past = asl - 1 = position = lengths[i] (and its MRoPE row i * rope_cap + lengths[i]
+// when rope_rows is given), then lengths[i] += 1. A replayed decode graph so needs no upload.
+extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int batch, int* __restrict__ past,
+                                                int* __restrict__ asl, int* __restrict__ positions,
+                                                int* __restrict__ rope_rows, long long rope_cap) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= batch) return;
+    int len = lengths[i];
+    past[i] = len;
+    asl[i] = len + 1;
+    positions[i] = len;
+    if (rope_rows) rope_rows[i] = (int)(i * rope_cap + len);
+    lengths[i] = len + 1;
+}
+
+// One level of a draft tree (ragged proposal step), block b = sequence b of a tree `width` rows wide. The
+// level's k new nodes n0 .. n0+k-1 hang off parents_in ([k] shared, else [batch, k]; -1: the root on a
+// round's first level). The tree itself lives in tree_words (each node's ancestors and itself, packed,
+// `words` per row) and tree_nodes ([row, 2]: depth, parent), written level by level; every engine input of
+// the step is then rewritten from it in full (padding rows included), so other steps may use the step
+// block between levels. Rows: row_src = the parent's draft hidden row (the root's: row b), row_dst = logits
+// row = b * width + node; positions = past + depth (-1 on padding), MRoPE rows b * rope_cap + position.
+extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in, int shared,
+                                             const int* __restrict__ past, int width, int words, int n0, int k,
+                                             int level0, int level_k, unsigned int* __restrict__ tree_words,
+                                             int* __restrict__ tree_nodes, int* __restrict__ query_lengths,
+                                             long long* __restrict__ logits_indices, int* __restrict__ row_src,
+                                             int* __restrict__ row_dst, int* __restrict__ positions,
+                                             int* __restrict__ position_ids, int* __restrict__ parent_ids,
+                                             int* __restrict__ depths, int* __restrict__ mask,
+                                             int* __restrict__ rope_rows, long long rope_cap) {
+    int b = blockIdx.x;
+    long long first = (long long)b * width;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        int node = n0 + i;
+        int p = parents_in[shared ? i : b * k + i];
+        long long r = first + node;
+        unsigned int* own = tree_words + r * words;
+        int depth = 0;
+        if (n0 == 0 || p < 0) {
+            p = -1;
+            for (int q = 0; q < words; ++q) own[q] = 0u;
+        } else {
+            const unsigned int* up = tree_words + (first + p) * words;
+            for (int q = 0; q < words; ++q) own[q] = up[q];
+            depth = tree_nodes[(first + p) * 2] + 1;
+        }
+        own[node >> 5] |= 1u << (node & 31);
+        tree_nodes[r * 2] = depth;
+        tree_nodes[r * 2 + 1] = p;
+        int out = b * k + i;
+        row_src[out] = n0 == 0 ? b : b * level_k + (p - level0);
+        row_dst[out] = (int)r;
+        logits_indices[out] = r;
+    }
+    __syncthreads();
+    int n = n0 + k;
+    int pl = past[b];
+    if (threadIdx.x == 0) query_lengths[b] = n;
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        long long r = first + j;
+        bool real = j < n;
+        int depth = real ? tree_nodes[r * 2] : 0;
+        positions[r] = real ? pl + depth : -1;
+        position_ids[r] = real ? pl + depth : 0;
+        parent_ids[r] = real ? tree_nodes[r * 2 + 1] : -1;
+        depths[r] = depth;
+        for (int q = 0; q < words; ++q) mask[r * words + q] = real ? (int)tree_words[r * words + q] : 0;
+        if (rope_rows) rope_rows[r] = real ? (int)(b * rope_cap + pl + depth) : -1;
+    }
+}
 """
 
-KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit")
+KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level")
 
 _lock = threading.Lock()
 _modules: dict[int, dict[str, Any]] = {}

@@ -16,10 +16,11 @@ from trtio.config import LLMEngineConfig
 from trtio.contracts.ragged import PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step, decode_step
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
+from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import warm_up
+from trtio.ops import DecodeAdvance, RowCopy, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -32,7 +33,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.state import EngineState
-from trtio.stream import StreamLike
+from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -74,6 +75,10 @@ class LLMSetup(SetupBase):
         self._batch: int | None = None
         self._decode_dims: dict[int, InferenceDims] = {}
         self._select_zero_batch: int | None = None
+        # Ragged decode: the device's lengths equal these while the step block saw no other upload since.
+        self._decode_seen = np.zeros(0, np.int64)
+        self._decode_mark = -1
+        self._decode_steps: dict[int, tuple[DecodeAdvance, RowCopy]] = {}
         self._streaming_pending = False
 
     def engines(self) -> list[BoundEngine]:
@@ -193,7 +198,7 @@ class LLMSetup(SetupBase):
         self._upload_embeds(x, s)
         before: tuple[DeviceWork, ...] = ()
         if self.contract == "ragged":
-            before = (self._stage_layout(e, decode_step(lengths), s),)
+            before = self._decode_work(e, lengths, s)
         else:
             e.state.upload_start_index(lengths, s)
             self.io.upload_context_lengths(lengths + 1, s)
@@ -211,6 +216,39 @@ class LLMSetup(SetupBase):
         e.executor.execute(s, before=before)
         lengths += 1
         return self.io.output_logits
+
+    def _decode_work(self, e: BoundEngine, lengths: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
+        """A ragged decode step's device work: its inputs made on the device from the device's copy of the
+        lengths (:class:`~trtio.ops.DecodeAdvance`), then the RoPE rows gathered at the new positions.
+
+        The copy and the step's constant inputs are uploaded only when the step block may not hold them:
+        after another step used the block, or when the host's lengths are not the ones the last decode left
+        (a prefill, a reset). A steady decode uploads nothing and replays its graph as it is."""
+        step = self.io.step
+        assert step is not None
+        b = lengths.shape[0]
+        if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or \
+                (lengths != self._decode_seen).any():
+            layout = decode_step(lengths)
+            step.write("decode_lengths", layout.past_lengths)
+            for name in ("query_start_offsets", "query_lengths", "state_indices", "logits_indices"):
+                step.write(name, getattr(layout, name))
+            step.upload(s)
+            step.overwritten(("past_lengths", "attention_sequence_lengths", "positions", "rope_rows"))
+            self._decode_mark = step.uploads
+        work = self._decode_steps.get(b)
+        if work is None:
+            t = step.tensors
+            table, per_slot = self._rope_rows_source(e, s)
+            rows = t["rope_rows"] if per_slot else t["positions"]
+            advance = DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
+                                    t["positions"], rows if per_slot else None,
+                                    e.cfg.max_kv_cache_capacity if per_slot else 0)
+            gather = self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b,
+                                    e.cfg.rotary_dim * DType.FLOAT32.itemsize)
+            work = self._decode_steps[b] = (advance, gather)
+        self._decode_seen = lengths + 1  # what this step leaves in the host's lengths and the device's copy
+        return work
 
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer

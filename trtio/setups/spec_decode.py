@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.config import DeploymentConfig
+from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.ragged import (
     PHASE_DECODE,
     PHASE_DRAFT,
@@ -44,10 +44,11 @@ from trtio.contracts.ragged import (
 )
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
+from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import Zero, warm_up
+from trtio.ops import DraftLevel, DraftTree, Zero, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -115,9 +116,14 @@ class SpecDecodeSetup(SetupBase):
             self._base_width = spec.base_output_hidden_dim
             self._scratch_rows = bundle.effective_max_draft_proposal_size()  # accepted rows set aside per sequence
             step = max(bundle.effective_max_draft_proposal_size(), 1)
+            w = self.proposal_width
+            n_words = max(1, -(-w // 32))
+            tree = [TensorRequest.of("draft_tree_words", (mb * w, n_words), DType.INT32),
+                    TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)] if self.contract == "ragged" else []
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (mb, step, base_cfg.hidden_size), base_cfg.activation,
-                                 Location.PINNED)], backend=be, title="spec_decode staging"))
+                                 Location.PINNED), *tree], backend=be, title="spec_decode staging"))
+            self._device_tree = self._make_device_tree(draft_cfg, n_words) if tree else None
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
             _fill_mrope(io, base_cfg, s)
@@ -136,8 +142,7 @@ class SpecDecodeSetup(SetupBase):
         self._batch_rows = np.arange(mb)[:, None]
         # Node i's own bit in the packed rows (bit i % 32 of word i // 32).
         self._own_bit = pack_rows(np.eye(w, dtype=bool)[None], w)[0] if w else np.zeros((0, 1), np.uint32)
-        # A proposal round's ragged rows, updated level by level (int32 [batch, width]).
-        self._draft_rows = {name: np.zeros((mb, w), np.int32) for name in ("positions", "ids", "parents", "depths")}
+        self._draft_levels: dict[tuple[int, ...], tuple[DeviceWork, ...]] = {}
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
@@ -148,6 +153,17 @@ class SpecDecodeSetup(SetupBase):
         self._verified: _Tree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
+
+    def _make_device_tree(self, cfg: LLMEngineConfig, n_words: int) -> DraftTree:
+        """The ragged draft tree's device state and the step-block inputs its levels read and write."""
+        assert self.io.step is not None
+        t, a = self.io.step.tensors, self._extra_arena
+        per_slot = cfg.is_mrope
+        return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"], t["past_lengths"],
+                         t["query_lengths"], t["logits_indices"], t["row_src"], t["row_dst"], t["positions"],
+                         t["spec_decode_position_ids"], t["spec_tree_parent_ids"], t["spec_tree_depths"],
+                         t["packed_attention_mask"], self.proposal_width, n_words,
+                         t["rope_rows"] if per_slot else None, cfg.max_kv_cache_capacity if per_slot else 0)
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -299,6 +315,62 @@ class SpecDecodeSetup(SetupBase):
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
         nodes = self._node_ids[n0:n0 + k]
+        self._tree_parent[:b, nodes] = par
+        self._stage_tree_embeds(x, b, n0, k, s)
+        # A new round: no base features in proposals, and no stale draft rows.
+        zeros = self._round_zeros(b, w) if n0 == 0 else ()
+        io = self.io
+        # Each new node's draft input: its parent's draft hidden state (the root's: the last catch-up's).
+        move = self._row_copy(io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
+                              e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
+        if self.contract == "ragged":
+            level = self._draft_level(e, past, par, b, n0, k, s)
+        else:
+            level = self._batch_level(e, past, par, nodes, b, n0, k, s)
+        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+        e.executor.execute(s, before=zeros + level + (move,))
+        self._tree_n = n0 + k
+        self._level = (n0, k)
+        return self.io.output_logits
+
+    def _draft_level(self, e: BoundEngine, past: np.ndarray, par: np.ndarray, b: int, n0: int, k: int,
+                     s: Stream) -> tuple[DeviceWork, ...]:
+        """A ragged proposal level (phase 4; 3 for a one-node tree): the parents are uploaded (with the
+        round's lengths on its first level) and the device grows its copy of the tree and lays out the step
+        (:class:`~trtio.ops.DraftLevel`); then the RoPE rows are gathered at the nodes' positions."""
+        step = self.io.step
+        assert step is not None and self._device_tree is not None
+        w = self.proposal_width
+        if n0 == 0:  # a new round: the lengths are fixed for all its levels
+            past32 = constant(past.astype(np.int32))
+            self._round_lengths = (past32, constant(past32 + np.int32(w)))
+        past32, asl = self._round_lengths
+        step.write("query_start_offsets", ramp(b + 1, w))
+        step.write("past_lengths", past32)
+        step.write("attention_sequence_lengths", asl)
+        step.write("state_indices", ramp(b))
+        shared = par.ndim == 1
+        step.write("draft_parents", par.astype(np.int32, copy=False))
+        step.upload(s)
+        step.overwritten(DraftTree.WRITES)
+        level0, level_k = (0, 0) if n0 == 0 else self._level
+        key = (b, n0, k, level0, level_k, shared)
+        found = self._draft_levels.get(key)
+        if found is None:
+            tree = self._device_tree
+            table, _per_slot = self._rope_rows_source(e, s)
+            rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
+            gather = self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w,
+                                    e.cfg.rotary_dim * DType.FLOAT32.itemsize)
+            if len(self._draft_levels) >= 256:
+                self._draft_levels.clear()
+            found = self._draft_levels[key] = (DraftLevel(tree, b, n0, k, level0, level_k, shared), gather)
+        return found
+
+    def _batch_level(self, e: BoundEngine, past: np.ndarray, par: np.ndarray, nodes: np.ndarray, b: int, n0: int,
+                     k: int, s: Stream) -> tuple[DeviceWork, ...]:
+        """A batch-contract proposal level: the tree grown on the host and its inputs uploaded."""
+        w = self.proposal_width
         rows_b = self._batch_rows[:b]
         words, depth = self._tree_words[:b], self._tree_depth[:b]
         # Each new node sees its parent's ancestors and itself (packed rows, LSB first), one level deeper;
@@ -310,61 +382,14 @@ class SpecDecodeSetup(SetupBase):
         else:
             words[:, nodes] = words[rows_b, par] | self._own_bit[nodes]
             depth[:, nodes] = depth[rows_b, par] + 1
-            level0, level_k = self._level
-            src = rows_b * level_k + (par - level0) if self.contract == "ragged" else rows_b * w + par
-        self._tree_parent[:b, nodes] = par
-        self._stage_tree_embeds(x, b, n0, k, s)
-        # A new round: no base features in proposals, and no stale draft rows.
-        zeros = self._round_zeros(b, w) if n0 == 0 else ()
-        dst = rows_b * w + nodes
-        n = n0 + k
-        io = self.io
-        # Each new node's draft input: its parent's draft hidden state (the root's: the last catch-up's).
-        move = self._row_copy(io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
-                              e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
-        if self.contract == "ragged":
-            layout = self._draft_layout(past, par, nodes, dst, b, n0, k)
-            gather = self._stage_rows(src.reshape(-1), dst.reshape(-1), s, then=(e, layout))
-        else:
-            gather = self._stage_rows(src.reshape(-1), dst.reshape(-1), s)
-            real = self._node_ids[:w] < n
-            self.io.upload_tree(words.view(np.int32), np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
-            e.state.upload_start_index(past, s)
-            self.io.upload_context_lengths(past + w, s)
-            self.io.upload_select_token_indices(np.broadcast_to(nodes, (b, k)), s)
-        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=zeros + gather + (move,))
-        self._tree_n = n
-        self._level = (n0, k)
-        return self.io.output_logits
-
-    def _draft_layout(self, past: np.ndarray, par: np.ndarray, nodes: np.ndarray, dst: np.ndarray, b: int,
-                      n0: int, k: int) -> StepLayout:
-        """A proposal level's ragged step (phase 4; 3 for a one-node tree), kept between the levels of a
-        round: only the new nodes' rows change (their positions, parents, depths and packed rows)."""
-        w = self.proposal_width
-        d = self._draft_rows
-        if n0 == 0:  # a new round: every row padding, the round's lengths fixed
-            d["positions"][:b] = -1
-            d["ids"][:b] = 0
-            d["parents"][:b] = -1
-            d["depths"][:b] = 0
-            past32 = constant(past.astype(np.int32))
-            self._round_lengths = (past32, constant(past32 + np.int32(w)))
-        past32, asl = self._round_lengths
-        depth = self._tree_depth[:b, nodes]
-        at = past32[:, None] + depth
-        d["positions"][:b, nodes] = at
-        d["ids"][:b, nodes] = at
-        d["parents"][:b, nodes] = par
-        d["depths"][:b, nodes] = depth
-        return StepLayout(width=w, phase=PHASE_DRAFT if w > 1 else PHASE_DECODE,
-                          query_start_offsets=ramp(b + 1, w), query_lengths=ramp(b, 0, n0 + k),
-                          past_lengths=past32, attention_sequence_lengths=asl, state_indices=ramp(b),
-                          logits_indices=dst.reshape(-1).astype(np.int64),
-                          positions=d["positions"][:b].reshape(-1), attention_position_ids=d["ids"][:b].reshape(-1),
-                          packed_mask=self._tree_words[:b].view(np.int32).reshape(b * w, -1),
-                          tree_parent_ids=d["parents"][:b].reshape(-1), tree_depths=d["depths"][:b].reshape(-1))
+            src = rows_b * w + par
+        out = self._stage_rows(src.reshape(-1), (rows_b * w + nodes).reshape(-1), s)
+        real = self._node_ids[:w] < n0 + k
+        self.io.upload_tree(words.view(np.int32), np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
+        e.state.upload_start_index(past, s)
+        self.io.upload_context_lengths(past + w, s)
+        self.io.upload_select_token_indices(np.broadcast_to(nodes, (b, k)), s)
+        return out
 
     def _catch_up_layout(self, acc: np.ndarray, a: int) -> TreeLayout:
         """A catch-up's rows (ragged): causal over each sequence's accepted tokens, logits at the last one;
