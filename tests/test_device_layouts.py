@@ -1,0 +1,176 @@
+"""Step inputs the device makes itself (issue 11): a ragged draft level grows a device copy of the draft tree
+from one upload of its parents (:class:`trtio.ops.DraftLevel`), and a ragged decode advances a device copy
+of the lengths (:class:`trtio.ops.DecodeAdvance`). Their outputs are compared with a tree walked node by
+node in Python, on the host backend and on the GPU; the setups then keep them in step with the host."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import DType, Location, Stream, Tensor
+from trtio.ops import DecodeAdvance, DraftLevel, DraftTree
+from trtio.testing import ReferenceEngine, toy_embedding
+from trtio.testing.toy_engines import default_engines_dir
+from trtio.testing.toy_runtime import embed_batch
+
+E = toy_embedding(512, 64)
+
+
+@contextmanager
+def _tensors(backend: trtio.Backend, shapes: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[dict[str, Tensor]]:
+    out = {n: Tensor.empty(shape, dtype, Location.DEVICE, backend=backend, name=n)
+           for n, (shape, dtype) in shapes.items()}
+    try:
+        for t in out.values():
+            t.copy_from(np.full(t.shape, 77, t.dtype.numpy))  # garbage a level must overwrite
+        yield out
+    finally:
+        for t in out.values():
+            t.close()
+
+
+def _walk(parents: list[np.ndarray], past: np.ndarray, width: int, rope_cap: int) -> dict[str, np.ndarray]:
+    """The step inputs of a draft tree whose levels have ``parents`` ([batch, k] each), node by node."""
+    b = past.shape[0]
+    words = max(1, -(-width // 32))
+    out = {"positions": np.full((b, width), -1), "ids": np.zeros((b, width), np.int64),
+           "parents": np.full((b, width), -1), "depths": np.zeros((b, width), np.int64),
+           "mask": np.zeros((b, width, words), np.uint32), "rope": np.full((b, width), -1)}
+    for s in range(b):
+        parent_of: list[int] = []
+        for level in parents:
+            parent_of += [int(p) for p in level[s]]
+        for node, p in enumerate(parent_of):
+            chain, depth, at = [node], 0, p
+            while at >= 0:
+                chain.append(at)
+                depth += 1
+                at = parent_of[at]
+            for a in chain:
+                out["mask"][s, node, a // 32] |= np.uint32(1 << (a % 32))
+            out["positions"][s, node] = out["ids"][s, node] = past[s] + depth
+            out["parents"][s, node], out["depths"][s, node] = p, depth
+            out["rope"][s, node] = s * rope_cap + past[s] + depth
+    return out
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("mrope", [False, True])
+def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backend: trtio.Backend, shared: bool,
+                                                                          mrope: bool) -> None:
+    """Random trees (2 rounds, levels of 1-5 nodes, up to 40 nodes, so two mask words), shared or
+    per-sequence parents: after every level the step inputs equal the tree walked node by node, padding
+    rows included, whatever the block held before; the rows to gather from are the parents' rows of the
+    previous level (row b for the root)."""
+    b, width, cap = 3, 40, 1000
+    rng = np.random.default_rng(7 + shared + 2 * mrope)
+    n_rows = b * width
+    shapes = {"words": ((n_rows, 2), "int32"), "nodes": ((n_rows, 2), "int32"), "parents": ((n_rows,), "int32"),
+              "past": ((b,), "int32"), "query_lengths": ((b,), "int32"), "logits": ((n_rows,), "int64"),
+              "row_src": ((n_rows,), "int32"), "row_dst": ((n_rows,), "int32"), "positions": ((n_rows,), "int32"),
+              "ids": ((n_rows,), "int32"), "parent_ids": ((n_rows,), "int32"), "depths": ((n_rows,), "int32"),
+              "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32")}
+    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+        tree = DraftTree(t["words"], t["nodes"], t["parents"], t["past"], t["query_lengths"], t["logits"],
+                         t["row_src"], t["row_dst"], t["positions"], t["ids"], t["parent_ids"], t["depths"],
+                         t["mask"], width, 2, t["rope"] if mrope else None, cap if mrope else 0)
+        for _round in range(2):
+            past = rng.integers(0, 500, b)
+            t["past"].copy_from(past.astype(np.int32), s)
+            levels: list[np.ndarray] = []
+            n0, prev = 0, (0, 0)
+            while True:
+                k = int(rng.integers(1, 6))
+                if n0 + k > width:
+                    break
+                if n0 == 0:
+                    par = np.full((b, k), -1)
+                else:
+                    par = rng.integers(prev[0], prev[0] + prev[1], (1, k) if shared else (b, k))
+                    par = np.broadcast_to(par, (b, k))
+                staged = (par[0] if shared else par.reshape(-1)).astype(np.int32)
+                t["parents"].reshape(staged.shape).copy_from(staged, s)
+                DraftLevel(tree, b, n0, k, *prev, shared).enqueue(s)
+                levels.append(par)
+                want = _walk(levels, past, width, cap)
+                n = n0 + k
+                got = {name: t[name].to_numpy(s) for name in shapes}
+                np.testing.assert_array_equal(got["positions"], want["positions"].reshape(-1))
+                np.testing.assert_array_equal(got["ids"], want["ids"].reshape(-1))
+                np.testing.assert_array_equal(got["parent_ids"], want["parents"].reshape(-1))
+                np.testing.assert_array_equal(got["depths"], want["depths"].reshape(-1))
+                np.testing.assert_array_equal(got["mask"].view(np.uint32), want["mask"].reshape(n_rows, 2))
+                np.testing.assert_array_equal(got["query_lengths"], np.full(b, n))
+                new = (np.arange(b)[:, None] * width + np.arange(n0, n)).reshape(-1)
+                np.testing.assert_array_equal(got["logits"][:b * k], new)
+                np.testing.assert_array_equal(got["row_dst"][:b * k], new)
+                src = np.arange(b)[:, None] + 0 * par if n0 == 0 else np.arange(b)[:, None] * prev[1] + par - prev[0]
+                np.testing.assert_array_equal(got["row_src"][:b * k], src.reshape(-1))
+                if mrope:
+                    np.testing.assert_array_equal(got["rope"], want["rope"].reshape(-1))
+                prev, n0 = (n0, k), n
+
+
+def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: trtio.Backend) -> None:
+    b, cap = 5, 4096
+    lengths = np.array([3, 0, 17, 4000, 9], np.int32)
+    shapes = {n: ((b,), "int32") for n in ("lengths", "past", "asl", "positions", "rope")}
+    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+        t["lengths"].copy_from(lengths, s)
+        work = DecodeAdvance(t["lengths"], b, t["past"], t["asl"], t["positions"], t["rope"], cap)
+        for step in range(3):
+            work.enqueue(s)
+            at = lengths + step
+            np.testing.assert_array_equal(t["past"].to_numpy(s), at)
+            np.testing.assert_array_equal(t["positions"].to_numpy(s), at)
+            np.testing.assert_array_equal(t["asl"].to_numpy(s), at + 1)
+            np.testing.assert_array_equal(t["rope"].to_numpy(s), np.arange(b) * cap + at)
+            np.testing.assert_array_equal(t["lengths"].to_numpy(s), at + 1)
+
+
+def _llm(graphs: bool) -> trtio.LLMSetup:
+    from trtio.edgellm import EngineDir
+
+    cfg = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    from trtio.testing import ToyWeights
+
+    engine = ReferenceEngine.from_config(cfg, weights=ToyWeights.generate(cfg, 0), device="host")
+    return trtio.create_for_llm(engine, cfg, graphs=graphs)
+
+
+def test_decode_uploads_nothing_while_the_device_lengths_are_current_and_resyncs_after_a_prefill(
+        host: trtio.Backend) -> None:
+    """Steady decodes upload nothing; a prefill in between (another use of the step block, other
+    lengths) and a prefill that ends at the very lengths the device copy holds both give the logits of a
+    setup without graphs running the same steps."""
+    steps = [[[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10]], [[6, 7, 8, 9, 1, 2, 5], [10, 3, 4, 2]]]
+    with _llm(True) as graphed, _llm(False) as plain:
+        step = graphed.io.step
+        assert step is not None
+        for prompts in steps:  # the last prompts end at the lengths the three decodes before leave: 7 and 4
+            logits: dict[bool, list[np.ndarray]] = {True: [], False: []}
+            for setup in (graphed, plain):
+                emb, lens = embed_batch(E, prompts, np.float16)
+                setup.prefill(emb, lens)
+                for i in range(3):
+                    uploads = step.uploads
+                    logits[setup is graphed].append(setup.decode(E[np.full((2, 1), 11 + i)].astype(np.float16))
+                                                    .to_numpy().copy())
+                    if setup is graphed and i:
+                        assert step.uploads == uploads, "a steady decode uploaded its inputs"
+            for got, want in zip(logits[True], logits[False]):
+                np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(graphed.lengths, plain.lengths)
+
+
+def test_a_ragged_llm_declares_the_device_lengths_in_its_step_block() -> None:
+    with _llm(False) as setup:
+        step = setup.io.step
+        assert step is not None
+        t = step.tensors["decode_lengths"]
+        assert (t.dtype, t.location, t.capacity) == (DType.INT32, Location.DEVICE, 4 * setup.io.max_batch)
