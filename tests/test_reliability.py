@@ -519,6 +519,9 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         _refused(host, ShapeError, r"paths\[1\] = \[1\]: a path starts at the root", sd.accept, [[0], [1]])
         _refused(host, ShapeError, r"paths\[0\]: node 1\.5 is not an int node index", sd.accept, [[0, 1.5], [0]])
         _refused(host, ShapeError, r"paths\[1\]: node True is not an int node index", sd.accept, [[0], [0, True]])
+        # Paths of equal lengths (numpy reads them at once) are checked alike.
+        _refused(host, ShapeError, r"paths\[1\]: node True is not an int node index", sd.accept, [[0, 1], [0, True]])
+        _refused(host, ShapeError, r"paths\[0\]: node 1\.5 is not an int node index", sd.accept, [[0, 1.5], [0, 1]])
         _refused(host, ShapeError, r"paths: expected one path \(a list of node indices\) per sequence, got str",
                  sd.accept, "01")
         _refused(host, ShapeError, r"paths: expected one path per sequence \(2\), got 1", sd.accept, [[0, 1]])

@@ -311,11 +311,16 @@ class _Plan:
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
     untouched view costs one identity test; a closed tensor raises, naming itself."""
+    changed = False
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
-        if t._shape is not shp:
-            t._set_view(shp, nbytes)  # checked against the capacity when the plan was made
+        if t._shape is not shp:  # checked against the capacity when the plan was made (Tensor._set_view, inlined)
+            t._shape = shp
+            t._nbytes = nbytes
+            changed = True
+    if changed:
+        Tensor.view_changes += 1
 
 
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)

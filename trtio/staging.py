@@ -91,6 +91,7 @@ class StepStaging:
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         self._last_streams = list(self.tensors.values())
+        self._streamed: Stream | None = None  # the stream the last upload marked on them (only uploads write them)
         self._fences: list[Event] = []
         try:
             for _ in range(RING_SLOTS):
@@ -161,8 +162,10 @@ class StepStaging:
         self._pending[c] = True
         self._slot = (c + 1) % RING_SLOTS
         self.uploads += 1
-        for t in self._last_streams:
-            t._last_stream = stream
+        if stream is not self._streamed:  # the block's tensors were last written on another stream
+            for t in self._last_streams:
+                t._last_stream = stream
+            self._streamed = stream
         self._lo, self._hi = self._end, 0
         if self._written:
             self._held.update(self._written)

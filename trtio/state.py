@@ -61,6 +61,7 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
     """Node paths, one per sequence (lists of ints, or an int array [batch, L] padded with trailing -1), as
     an int64 grid [batch, longest] padded with -1 and each path's length. Raises ShapeError for another
     count than ``batch``, non-integer nodes, an empty path or padding before a node."""
+    rect = _rectangular(paths) if type(paths) is list else None  # equal lengths, all ints: numpy reads them
     if isinstance(paths, np.ndarray):
         if paths.ndim != 2 or paths.dtype.kind not in "iu":
             raise ShapeError(f"paths: expected an integer array [batch, nodes], got {paths.dtype} {paths.shape}")
@@ -71,6 +72,9 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ShapeError(f"paths[{i}] = {grid[i].tolist()}: a path is at least one node, its -1 padding last")
+    elif rect is not None:
+        grid = rect
+        lens = np.full(grid.shape[0], grid.shape[1], np.int64)
     else:
         if isinstance(paths, (str, bytes)) or not hasattr(paths, "__len__"):  # type: ignore[unreachable]  # untyped callers
             raise ShapeError(f"paths: expected one path (a list of node indices) per sequence, got "
@@ -88,6 +92,20 @@ def path_grid(paths: Sequence[Sequence[int]] | np.ndarray, batch: int | None = N
     if batch is not None and grid.shape[0] != batch:
         raise ShapeError(f"paths: expected one path per sequence ({batch}), got {grid.shape[0]}")
     return grid, lens
+
+
+def _rectangular(paths: list[Any]) -> np.ndarray | None:
+    """Paths of equal lengths, all ints, as an int64 grid; None for anything else (the general path checks
+    and reports it)."""
+    try:
+        if not {type(v) for p in paths for v in p} <= _INT_TYPES:  # bools are refused, not read as 0 and 1
+            return None
+        grid = np.array(paths)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if grid.ndim != 2 or grid.dtype.kind not in "iu" or grid.shape[1] < 1:
+        return None
+    return grid.astype(np.int64, copy=False)
 
 
 _INT_TYPES = {int, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}

@@ -296,6 +296,7 @@ class SetupBase:
         stream: the one given at creation, or (``stream=None``) the calling thread's default stream."""
         self._default_stream = None if stream is None else as_stream(stream, self._backend)
         self._row_copies: dict[tuple[int, ...], RowCopy] = {}
+        self._rope_sources: dict[str, tuple[Tensor, bool]] = {}
         s = self._default_stream or as_stream(None, self._backend)
         with contextlib.ExitStack() as stack:
             yield stack, s
@@ -435,10 +436,13 @@ class SetupBase:
         return found
 
     def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:
-        """The table a ragged step's RoPE rows are gathered from, and whether it has one per slot."""
-        if e.cfg.is_mrope:
-            return self.io.mrope_cos_sin, True
-        return self._rope.get(e.cfg, s), False
+        """The table a ragged step's RoPE rows are gathered from, and whether it has one per slot (looked
+        up once per engine: the tables live as long as the setup)."""
+        found = self._rope_sources.get(e.role)
+        if found is None:
+            found = self._rope_sources[e.role] = \
+                (self.io.mrope_cos_sin, True) if e.cfg.is_mrope else (self._rope.get(e.cfg, s), False)
+        return found
 
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)
