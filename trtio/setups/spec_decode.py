@@ -136,7 +136,7 @@ class SpecDecodeSetup(SetupBase):
         self._tree_n = 0  # draft-tree nodes run this round (per sequence)
         self._tree_words = np.zeros((mb, w, max(1, -(-w // 32))), np.uint32)  # each node's ancestors, packed
         self._tree_depth = np.zeros((mb, w), np.int64)
-        self._tree_parent = np.full((mb, w), -1, np.int64)
+        self._tree_parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
         self._node_ids = np.arange(w)
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(mb)[:, None]
@@ -184,7 +184,8 @@ class SpecDecodeSetup(SetupBase):
     def draft_tree(self) -> np.ndarray:
         """The parents (-1: the root) of the draft-tree nodes proposed this round, [batch, nodes]."""
         b = self._batch or 0
-        return self._tree_parent[:b, :self._tree_n].copy()
+        levels = [np.broadcast_to(p, (b, p.shape[-1])) for p in self._tree_parents] if self._tree_n else []
+        return np.concatenate(levels, axis=1).astype(np.int64) if levels else np.zeros((b, 0), np.int64)
 
     @property
     def graph_stats(self) -> dict[str, GraphStats]:
@@ -274,7 +275,7 @@ class SpecDecodeSetup(SetupBase):
     def _start_round(self) -> None:
         self._tree_n = 0
         self._tree_words[:] = 0
-        self._tree_parent[:] = -1
+        self._tree_parents.clear()
         self._level = (0, 0)
         self._draft_ready = True
 
@@ -315,7 +316,7 @@ class SpecDecodeSetup(SetupBase):
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
         nodes = self._node_ids[n0:n0 + k]
-        self._tree_parent[:b, nodes] = par
+        self._tree_parents.append(par.copy())  # the caller's array may change after the call
         self._stage_tree_embeds(x, b, n0, k, s)
         # A new round: no base features in proposals, and no stale draft rows.
         zeros = self._round_zeros(b, w) if n0 == 0 else ()
@@ -350,9 +351,10 @@ class SpecDecodeSetup(SetupBase):
         step.write("attention_sequence_lengths", asl)
         step.write("state_indices", ramp(b))
         shared = par.ndim == 1
-        step.write("draft_parents", par.astype(np.int32, copy=False))
+        step.write("draft_parents", par)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
-        step.overwritten(DraftTree.WRITES)
+        if n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
+            step.overwritten(DraftTree.WRITES)
         level0, level_k = (0, 0) if n0 == 0 else self._level
         key = (b, n0, k, level0, level_k, shared)
         found = self._draft_levels.get(key)
@@ -430,7 +432,8 @@ class SpecDecodeSetup(SetupBase):
         if par.dtype.kind not in "iu" or par.shape not in ((k,), (b, k)):
             raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} {par.shape}")
         lo, hi = (-1, -1) if self._tree_n == 0 else (level0, level0 + level_k - 1)
-        if par.size and (par.min() < lo or par.max() > hi):
+        vals = par.ravel().tolist()  # a level is a few dozen values: Python's min and max beat numpy's here
+        if vals and (min(vals) < lo or max(vals) > hi):
             full = np.broadcast_to(par, (b, k))
             bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
             what = "-1 (the root) on a round's first level" if self._tree_n == 0 else \
