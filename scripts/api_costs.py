@@ -78,6 +78,22 @@ def main() -> None:
     be.synchronize_stream(s)
     timeit("drv.cuLaunchKernel (packed params)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
     be.synchronize_stream(s)
+    # The same driver calls through ctypes (argument types declared once): the floor of a Python call.
+    cu = ctypes.CDLL("libcuda.so.1")
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    cu.cuMemcpyHtoDAsync_v2.argtypes = (ctypes.c_uint64, vp, sz, vp)
+    cu.cuEventRecord.argtypes = (vp, vp)
+    cu.cuEventQuery.argtypes = (vp,)
+    cu.cuGraphLaunch.argtypes = (vp, vp)
+    timeit("ctypes cuMemcpyHtoDAsync_v2", lambda: cu.cuMemcpyHtoDAsync_v2(d, h, 64, s))
+    timeit("ctypes cuEventRecord", lambda: cu.cuEventRecord(e, s))
+    timeit("ctypes cuEventQuery", lambda: cu.cuEventQuery(e))
+    timeit("ctypes cuGraphLaunch", lambda: cu.cuGraphLaunch(g, s))
+    timeit("be.record_event", lambda: be.record_event(e, s))
+    timeit("be.query_event", lambda: be.query_event(e))
+    timeit("be.launch_graph", lambda: be.launch_graph(g, s))
+    timeit("be.synchronize_stream (idle)", lambda: be.synchronize_stream(s), n=1000)
+    be.synchronize_stream(s)
     print("done")
 
 

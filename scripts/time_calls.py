@@ -56,7 +56,7 @@ def main() -> None:
     import trtio.cuda.kernels as kernels
     import trtio.engine as engine
     import trtio.staging as staging
-    from trtio import ops, state
+    from trtio import memory, ops, state
     from trtio.setups import base as sbase
     from trtio.setups import spec_decode as ssd
 
@@ -69,9 +69,11 @@ def main() -> None:
     wrap(engine.EngineExecutor, "prepare", "Executor.prepare")
     wrap(engine.EngineExecutor, "execute", "Executor.execute")
     wrap(ops, "copy_rows", "ops.copy_rows")
-    wrap(state.EngineState, "commit_paths", "EngineState.commit_paths")
+    wrap(state.EngineState, "commit_grid", "EngineState.commit_grid")
+    wrap(memory.HostStaging, "upload", "HostStaging.upload")
     wrap(sbase.SetupBase, "_stage_layout", "SetupBase._stage_layout")
-    for name in ("draft_propose", "verify", "accept", "draft_accept", "_move_rows", "_check_parents"):
+    for name in ("draft_propose", "verify", "accept", "draft_accept", "_draft_level", "_batch_level", "_check_parents",
+                 "_stage_tree_embeds"):
         if hasattr(ssd.SpecDecodeSetup, name):
             wrap(ssd.SpecDecodeSetup, name, f"Spec.{name}")
     llm, bundle = bench.configs(contract, 1024)

@@ -13,9 +13,10 @@ import pytest
 
 import trtio
 from trtio import DType, Location, Stream, Tensor
+from trtio.edgellm import EngineDir
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTree
-from trtio.testing import ReferenceEngine, toy_embedding
-from trtio.testing.toy_engines import default_engines_dir
+from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
 
 E = toy_embedding(512, 64)
@@ -133,43 +134,44 @@ def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: trtio.Ba
             np.testing.assert_array_equal(t["lengths"].to_numpy(s), at + 1)
 
 
-def _llm(graphs: bool) -> trtio.LLMSetup:
-    from trtio.edgellm import EngineDir
-
-    cfg = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
-    from trtio.testing import ToyWeights
-
+def _llm(graphs: bool, contract: str = "ragged") -> trtio.LLMSetup:
+    if contract == "ragged":
+        cfg = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    else:
+        cfg = ToyEngines.load().llm.base
     engine = ReferenceEngine.from_config(cfg, weights=ToyWeights.generate(cfg, 0), device="host")
     return trtio.create_for_llm(engine, cfg, graphs=graphs)
 
 
+@pytest.mark.parametrize("contract", ["ragged", "batch"])
 def test_decode_uploads_nothing_while_the_device_lengths_are_current_and_resyncs_after_a_prefill(
-        host: trtio.Backend) -> None:
-    """Steady decodes upload nothing; a prefill in between (another use of the step block, other
-    lengths) and a prefill that ends at the very lengths the device copy holds both give the logits of a
-    setup without graphs running the same steps."""
+        host: trtio.Backend, contract: str) -> None:
+    """Steady decodes upload nothing; after a prefill with other lengths, and after one that ends at the
+    very lengths the device copy holds, decodes give the logits of a new setup running that prefill."""
     steps = [[[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10]], [[6, 7, 8, 9, 1, 2, 5], [10, 3, 4, 2]]]
-    with _llm(True) as graphed, _llm(False) as plain:
-        step = graphed.io.step
+    with _llm(True, contract) as reused:
+        step = reused.io.step
         assert step is not None
         for prompts in steps:  # the last prompts end at the lengths the three decodes before leave: 7 and 4
-            logits: dict[bool, list[np.ndarray]] = {True: [], False: []}
-            for setup in (graphed, plain):
-                emb, lens = embed_batch(E, prompts, np.float16)
-                setup.prefill(emb, lens)
-                for i in range(3):
-                    uploads = step.uploads
-                    logits[setup is graphed].append(setup.decode(E[np.full((2, 1), 11 + i)].astype(np.float16))
-                                                    .to_numpy().copy())
-                    if setup is graphed and i:
-                        assert step.uploads == uploads, "a steady decode uploaded its inputs"
-            for got, want in zip(logits[True], logits[False]):
-                np.testing.assert_array_equal(got, want)
-            np.testing.assert_array_equal(graphed.lengths, plain.lengths)
+            with _llm(True, contract) as fresh:
+                logits: dict[bool, list[np.ndarray]] = {True: [], False: []}
+                for setup in (reused, fresh):
+                    emb, lens = embed_batch(E, prompts, np.float16)
+                    setup.prefill(emb, lens)
+                    for i in range(3):
+                        uploads = step.uploads
+                        x = E[np.full((2, 1), 11 + i)].astype(np.float16)
+                        logits[setup is reused].append(setup.decode(x).to_numpy().copy())
+                        if setup is reused and i:
+                            assert step.uploads == uploads, "a steady decode uploaded its inputs"
+                for got, want in zip(logits[True], logits[False]):
+                    np.testing.assert_array_equal(got, want)
+                np.testing.assert_array_equal(reused.lengths, fresh.lengths)
 
 
-def test_a_ragged_llm_declares_the_device_lengths_in_its_step_block() -> None:
-    with _llm(False) as setup:
+@pytest.mark.parametrize("contract", ["ragged", "batch"])
+def test_an_llm_declares_the_device_lengths_in_its_step_block(contract: str) -> None:
+    with _llm(False, contract) as setup:
         step = setup.io.step
         assert step is not None
         t = step.tensors["decode_lengths"]

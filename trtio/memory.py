@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from trtio._lifetime import Closeable
-from trtio.cuda._hostmem import ALIGNMENT
+from trtio.cuda._hostmem import ALIGNMENT, host_view
 from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
 from trtio.errors import CudaError, InvalidValueError, TrtioError
@@ -341,6 +341,9 @@ class HostStaging(Closeable):
                                     f"{device.backend!r})")
         self.host = host
         self.device = device
+        # The pinned buffer as a flat numpy array of its dtype: a step's upload writes it in one assignment.
+        self._flat = host_view(host.data_ptr, host.capacity).view(host.dtype.numpy) \
+            if host.capacity and host.dtype.numpy is not None and host.capacity % host.dtype.itemsize == 0 else None
         self._init_lifetime(what)
         self._fence = Event.create(backend)
         self._pending = False
@@ -361,14 +364,21 @@ class HostStaging(Closeable):
         """
         values = np.asarray(values)
         self.wait_fence()
-        self.host.reshape(values.shape)
-        self.device.reshape(values.shape)
-        self.host.copy_from(values)
-        s = as_stream(stream, self.device.backend)
-        self.device.copy_from(self.host, s)
+        host, dev, flat = self.host, self.device, self._flat
+        host.reshape(values.shape)  # within both capacities, or CapacityError naming the tensor
+        dev.reshape(values.shape)
+        s = as_stream(stream, dev.backend)
+        if flat is not None and values.dtype == flat.dtype:  # the steps' path: one assignment, one copy
+            flat[:values.size] = values.reshape(-1)
+            if values.size:
+                dev.backend.memcpy(dev.data_ptr, host.data_ptr, values.nbytes, s.handle)
+            dev._last_stream = s
+        else:  # another dtype (refused with its name) or a type numpy cannot hold
+            host.copy_from(values)
+            dev.copy_from(host, s)
         self._fence.record(s)
         self._pending = True
-        return self.device
+        return dev
 
     def close(self) -> None:
         """Destroy the fence event (the tensors belong to their arena). Idempotent."""

@@ -245,16 +245,18 @@ class KVCommit:
 @hash_once
 @dataclass(frozen=True)
 class DecodeAdvance:
-    """A ragged decode step's per-token inputs made on the device from its own copy of the lengths, which
-    it then advances: for ``i < batch``, ``past[i] = positions[i] = asl[i] - 1 = lengths[i]`` (and the MRoPE
-    row ``i * rope_cap + lengths[i]`` into ``rope_rows`` when given), then ``lengths[i] += 1``. Steady
-    decode steps so upload nothing: their graph replays as it is. All tensors are int32 on the device."""
+    """A decode step's per-sequence inputs made on the device from its own copy of the lengths, which it
+    then advances: for ``i < batch``, ``past[i] = asl[i] - 1 = lengths[i]`` (the ragged contract's past and
+    attention lengths, or the batch contract's start index and context lengths), ``positions[i] =
+    lengths[i]`` and the MRoPE row ``i * rope_cap + lengths[i]`` when those are given, then ``lengths[i] +=
+    1``. Steady decode steps so upload nothing: their graph replays as it is. All tensors are int32 on the
+    device."""
 
     lengths: Tensor
     batch: int
     past: Tensor
     asl: Tensor
-    positions: Tensor
+    positions: Tensor | None = None
     rope_rows: Tensor | None = None
     rope_cap: int = 0
 
@@ -268,13 +270,16 @@ class DecodeAdvance:
             _kernel(self, "trtio_decode_advance", -(-b // _BLOCK), _ptr(self.lengths), np.int32(b), _ptr(self.past),
                     _ptr(self.asl), _ptr(self.positions), _ptr(self.rope_rows), np.int64(cap))(stream.handle)
             return
-        ptrs = (self.lengths.data_ptr, self.past.data_ptr, self.asl.data_ptr, self.positions.data_ptr)
+        ptrs = (self.lengths.data_ptr, self.past.data_ptr, self.asl.data_ptr)
+        at = self.positions.data_ptr if self.positions is not None else 0
         rope = self.rope_rows.data_ptr if self.rope_rows is not None else 0
 
         def run() -> None:
-            lengths, past, asl, positions = (_ints(p, b) for p in ptrs)
-            past[:] = positions[:] = lengths
+            lengths, past, asl = (_ints(p, b) for p in ptrs)
+            past[:] = lengths
             asl[:] = lengths + 1
+            if at:
+                _ints(at, b)[:] = lengths
             if rope:
                 _ints(rope, b)[:] = np.arange(b, dtype=np.int32) * cap + lengths
             lengths += 1

@@ -339,8 +339,10 @@ class PipelineIO:
                  _absent("draft_hidden_states_out", act),
                  TensorRequest.of("output_hidden_states", (b, s, h), act),
                  _absent("packed_attention_mask", DType.INT32), _absent("spec_decode_position_ids", DType.INT32)]
+        # decode_lengths: the device's copy of the lengths, which a decode step advances itself (ops.DecodeAdvance).
         io = cls(reqs, num_deepstack=cfg.num_deepstack_features, max_batch=b, max_seq=s, hidden_size=h,
-                 is_spec_decode=False, backend=be, title="PipelineIO(llm)")
+                 is_spec_decode=False, backend=be, title="PipelineIO(llm)",
+                 step_requests=[TensorRequest.of("decode_lengths", (b,), DType.INT32)])
         try:
             io.deepstack_zero.zero_(as_stream(stream, be))
         except BaseException:

@@ -92,9 +92,9 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
     }
 }
 
-// A ragged decode step's per-token inputs from the device's own lengths, then the lengths advanced: for
-// sequence i < batch, past = asl - 1 = position = lengths[i] (and its MRoPE row i * rope_cap + lengths[i]
-// when rope_rows is given), then lengths[i] += 1. A replayed decode graph so needs no upload.
+// A decode step's inputs from the device's own lengths, then the lengths advanced: for sequence i < batch,
+// past = asl - 1 = lengths[i] (and position = lengths[i], its MRoPE row i * rope_cap + lengths[i], where
+// those are given), then lengths[i] += 1. A replayed decode graph so needs no upload.
 extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int batch, int* __restrict__ past,
                                                 int* __restrict__ asl, int* __restrict__ positions,
                                                 int* __restrict__ rope_rows, long long rope_cap) {
@@ -103,7 +103,7 @@ extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int b
     int len = lengths[i];
     past[i] = len;
     asl[i] = len + 1;
-    positions[i] = len;
+    if (positions) positions[i] = len;
     if (rope_rows) rope_rows[i] = (int)(i * rope_cap + len);
     lengths[i] = len + 1;
 }

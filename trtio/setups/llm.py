@@ -20,7 +20,7 @@ from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import DecodeAdvance, RowCopy, warm_up
+from trtio.ops import DecodeAdvance, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -78,7 +78,7 @@ class LLMSetup(SetupBase):
         # Ragged decode: the device's lengths equal these while the step block saw no other upload since.
         self._decode_seen = np.zeros(0, np.int64)
         self._decode_mark = -1
-        self._decode_steps: dict[int, tuple[DecodeAdvance, RowCopy]] = {}
+        self._decode_steps: dict[int, tuple[DeviceWork, ...]] = {}
         self._streaming_pending = False
 
     def engines(self) -> list[BoundEngine]:
@@ -196,15 +196,10 @@ class LLMSetup(SetupBase):
                              f"got [{nb}, {ns}, ...]")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        before: tuple[DeviceWork, ...] = ()
-        if self.contract == "ragged":
-            before = self._decode_work(e, lengths, s)
-        else:
-            e.state.upload_start_index(lengths, s)
-            self.io.upload_context_lengths(lengths + 1, s)
-            if self._select_zero_batch != b:
-                self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
-                self._select_zero_batch = b
+        before = self._decode_work(e, lengths, s)
+        if self.contract != "ragged" and self._select_zero_batch != b:
+            self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
+            self._select_zero_batch = b
         e.tensor_map.use_deepstack_zero()
         if self._streaming_pending:
             self.io.streaming_prefill.order_before(s)
@@ -218,8 +213,9 @@ class LLMSetup(SetupBase):
         return self.io.output_logits
 
     def _decode_work(self, e: BoundEngine, lengths: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
-        """A ragged decode step's device work: its inputs made on the device from the device's copy of the
-        lengths (:class:`~trtio.ops.DecodeAdvance`), then the RoPE rows gathered at the new positions.
+        """A decode step's device work: its inputs made on the device from the device's copy of the lengths
+        (:class:`~trtio.ops.DecodeAdvance`: the ragged contract's past and attention lengths and positions,
+        then the RoPE rows gathered at those; the batch contract's start index and context lengths).
 
         The copy and the step's constant inputs are uploaded only when the step block may not hold them:
         after another step used the block, or when the host's lengths are not the ones the last decode left
@@ -227,26 +223,32 @@ class LLMSetup(SetupBase):
         step = self.io.step
         assert step is not None
         b = lengths.shape[0]
+        ragged = self.contract == "ragged"
         if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or \
                 (lengths != self._decode_seen).any():
             layout = decode_step(lengths)
             step.write("decode_lengths", layout.past_lengths)
-            for name in ("query_start_offsets", "query_lengths", "state_indices", "logits_indices"):
-                step.write(name, getattr(layout, name))
+            if ragged:
+                for name in ("query_start_offsets", "query_lengths", "state_indices", "logits_indices"):
+                    step.write(name, getattr(layout, name))
             step.upload(s)
-            step.overwritten(("past_lengths", "attention_sequence_lengths", "positions", "rope_rows"))
+            if ragged:
+                step.overwritten(("past_lengths", "attention_sequence_lengths", "positions", "rope_rows"))
             self._decode_mark = step.uploads
         work = self._decode_steps.get(b)
         if work is None:
             t = step.tensors
-            table, per_slot = self._rope_rows_source(e, s)
-            rows = t["rope_rows"] if per_slot else t["positions"]
-            advance = DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
-                                    t["positions"], rows if per_slot else None,
-                                    e.cfg.max_kv_cache_capacity if per_slot else 0)
-            gather = self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b,
-                                    e.cfg.rotary_dim * DType.FLOAT32.itemsize)
-            work = self._decode_steps[b] = (advance, gather)
+            if ragged:
+                table, per_slot = self._rope_rows_source(e, s)
+                rows = t["rope_rows"] if per_slot else t["positions"]
+                work = (DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
+                                      t["positions"], rows if per_slot else None,
+                                      e.cfg.max_kv_cache_capacity if per_slot else 0),
+                        self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b,
+                                       e.cfg.rotary_dim * DType.FLOAT32.itemsize))
+            else:
+                work = (DecodeAdvance(t["decode_lengths"], b, e.state.kv_lengths, self.io.context_lengths),)
+            self._decode_steps[b] = work
         self._decode_seen = lengths + 1  # what this step leaves in the host's lengths and the device's copy
         return work
 
