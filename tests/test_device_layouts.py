@@ -61,28 +61,38 @@ def _walk(parents: list[np.ndarray], past: np.ndarray, width: int, rope_cap: int
 
 
 @pytest.mark.parametrize("shared", [True, False])
-@pytest.mark.parametrize("mrope", [False, True])
+@pytest.mark.parametrize("layout", ["ragged", "mrope", "batch"])
 def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backend: trtio.Backend, shared: bool,
-                                                                          mrope: bool) -> None:
+                                                                          layout: str) -> None:
     """Random trees (2 rounds, levels of 1-5 nodes, up to 40 nodes, so two mask words), shared or
     per-sequence parents: after every level the step inputs equal the tree walked node by node, padding
-    rows included, whatever the block held before; the rows to gather from are the parents' rows of the
-    previous level (row b for the root)."""
+    rows included, whatever the buffers held before. Ragged (with MRoPE rows or without): logits rows
+    b * width + node, a parent's hidden row is its row in the previous level's output (row b for the root).
+    Batch: logits are the node ids, a parent's hidden row is b * width + parent (the root's: given)."""
     b, width, cap = 3, 40, 1000
-    rng = np.random.default_rng(7 + shared + 2 * mrope)
+    rng = np.random.default_rng(7 + shared + 2 * len(layout))
     n_rows = b * width
     shapes = {"words": ((n_rows, 2), "int32"), "nodes": ((n_rows, 2), "int32"), "parents": ((n_rows,), "int32"),
               "past": ((b,), "int32"), "query_lengths": ((b,), "int32"), "logits": ((n_rows,), "int64"),
               "row_src": ((n_rows,), "int32"), "row_dst": ((n_rows,), "int32"), "positions": ((n_rows,), "int32"),
               "ids": ((n_rows,), "int32"), "parent_ids": ((n_rows,), "int32"), "depths": ((n_rows,), "int32"),
-              "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32")}
+              "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32"), "roots": ((b,), "int32")}
+    ragged = layout != "batch"
     with Stream.create(backend) as s, _tensors(backend, shapes) as t:
-        tree = DraftTree(t["words"], t["nodes"], t["parents"], t["past"], t["query_lengths"], t["logits"],
-                         t["row_src"], t["row_dst"], t["positions"], t["ids"], t["parent_ids"], t["depths"],
-                         t["mask"], width, 2, t["rope"] if mrope else None, cap if mrope else 0)
+        common = (t["words"], t["nodes"], t["parents"], t["past"], t["row_src"], t["row_dst"], t["logits"], t["mask"],
+                  t["ids"], width, 2)
+        if ragged:
+            mrope = layout == "mrope"
+            tree = DraftTree(*common, logits_stride=width, query_lengths=t["query_lengths"], positions=t["positions"],
+                             parent_ids=t["parent_ids"], depths=t["depths"], rope_rows=t["rope"] if mrope else None,
+                             rope_cap=cap if mrope else 0)
+        else:
+            tree = DraftTree(*common, logits_stride=0, roots=t["roots"])
         for _round in range(2):
             past = rng.integers(0, 500, b)
+            roots = rng.integers(0, 100, b)
             t["past"].copy_from(past.astype(np.int32), s)
+            t["roots"].copy_from(roots.astype(np.int32), s)
             levels: list[np.ndarray] = []
             n0, prev = 0, (0, 0)
             while True:
@@ -96,23 +106,29 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                     par = np.broadcast_to(par, (b, k))
                 staged = (par[0] if shared else par.reshape(-1)).astype(np.int32)
                 t["parents"].reshape(staged.shape).copy_from(staged, s)
-                DraftLevel(tree, b, n0, k, *prev, shared).enqueue(s)
+                level_rows = prev if ragged else (0, width)
+                DraftLevel(tree, b, n0, k, *level_rows, shared).enqueue(s)
                 levels.append(par)
                 want = _walk(levels, past, width, cap)
                 n = n0 + k
                 got = {name: t[name].to_numpy(s) for name in shapes}
-                np.testing.assert_array_equal(got["positions"], want["positions"].reshape(-1))
                 np.testing.assert_array_equal(got["ids"], want["ids"].reshape(-1))
-                np.testing.assert_array_equal(got["parent_ids"], want["parents"].reshape(-1))
-                np.testing.assert_array_equal(got["depths"], want["depths"].reshape(-1))
                 np.testing.assert_array_equal(got["mask"].view(np.uint32), want["mask"].reshape(n_rows, 2))
-                np.testing.assert_array_equal(got["query_lengths"], np.full(b, n))
-                new = (np.arange(b)[:, None] * width + np.arange(n0, n)).reshape(-1)
-                np.testing.assert_array_equal(got["logits"][:b * k], new)
-                np.testing.assert_array_equal(got["row_dst"][:b * k], new)
-                src = np.arange(b)[:, None] + 0 * par if n0 == 0 else np.arange(b)[:, None] * prev[1] + par - prev[0]
+                seq, new = np.arange(b)[:, None], np.arange(n0, n)
+                np.testing.assert_array_equal(got["row_dst"][:b * k], (seq * width + new).reshape(-1))
+                if n0 == 0:
+                    src = np.broadcast_to(seq if ragged else roots[:, None], (b, k))
+                else:
+                    src = seq * level_rows[1] + par - level_rows[0]
                 np.testing.assert_array_equal(got["row_src"][:b * k], src.reshape(-1))
-                if mrope:
+                np.testing.assert_array_equal(got["logits"][:b * k],
+                                              (seq * (width if ragged else 0) + new).reshape(-1))
+                if ragged:
+                    np.testing.assert_array_equal(got["positions"], want["positions"].reshape(-1))
+                    np.testing.assert_array_equal(got["parent_ids"], want["parents"].reshape(-1))
+                    np.testing.assert_array_equal(got["depths"], want["depths"].reshape(-1))
+                    np.testing.assert_array_equal(got["query_lengths"], np.full(b, n))
+                if layout == "mrope":
                     np.testing.assert_array_equal(got["rope"], want["rope"].reshape(-1))
                 prev, n0 = (n0, k), n
 

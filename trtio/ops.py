@@ -289,27 +289,32 @@ class DecodeAdvance:
 
 @dataclass(frozen=True, eq=False)
 class DraftTree:
-    """Where a ragged draft tree lives on the device, for :class:`DraftLevel`: the tree itself (``words``
-    packed ancestor words per node, int32 ``[rows, words]``; ``nodes``: depth and parent per node, int32
-    ``[rows, 2]``), the step block's inputs a level reads (``parents``, ``past``) and writes (the rest), and
-    the tree's ``width`` (nodes per sequence). ``rope_rows`` (with ``rope_cap``) is for MRoPE tables only.
+    """Where a draft tree lives on the device, for :class:`DraftLevel`: the tree itself (``words``: packed
+    ancestor words per node, int32 ``[rows, n_words]``; ``nodes``: depth and parent per node, int32
+    ``[rows, 2]``), the inputs a level reads (``parents``, ``past``: each sequence's cached length; ``roots``:
+    each sequence's root hidden row, else row ``b``) and the step inputs it writes: the new nodes' hidden
+    rows (``row_src``, ``row_dst``) and logits rows (int64 ``b * logits_stride + node``), every row's
+    ``mask`` and ``position_ids``, and where the contract has them ``query_lengths``, ``positions``,
+    ``parent_ids``, ``depths`` and MRoPE ``rope_rows`` (with ``rope_cap``). ``width``: nodes per sequence.
     One object per setup: levels compare it by identity."""
 
     words: Tensor
     nodes: Tensor
     parents: Tensor
     past: Tensor
-    query_lengths: Tensor
-    logits_indices: Tensor
     row_src: Tensor
     row_dst: Tensor
-    positions: Tensor
-    position_ids: Tensor
-    parent_ids: Tensor
-    depths: Tensor
+    logits: Tensor
     mask: Tensor
+    position_ids: Tensor
     width: int
     n_words: int
+    logits_stride: int
+    roots: Tensor | None = None
+    query_lengths: Tensor | None = None
+    positions: Tensor | None = None
+    parent_ids: Tensor | None = None
+    depths: Tensor | None = None
     rope_rows: Tensor | None = None
     rope_cap: int = 0
 
@@ -321,14 +326,13 @@ class DraftTree:
 @hash_once
 @dataclass(frozen=True)
 class DraftLevel:
-    """One level of a ragged draft tree, made on the device (kernel ``trtio_draft_level``): the ``k`` nodes
-    ``n0 .. n0 + k - 1`` of each of ``batch`` sequences hang off ``tree.parents`` (``[k]`` if ``shared``,
-    else ``[batch, k]``; parents of the previous level, ``level0 .. level0 + level_k - 1``, or -1 on a
-    round's first level). Every input of the proposal step is then rewritten from the tree: positions
-    past + depth, each row's packed ancestors, parents and depths, padding rows past the ``n0 + k`` nodes,
-    the query lengths, and the logits, hidden-source (the parent's draft row; the root's is row ``b``) and
-    hidden-destination rows of the new nodes. Equal values are the same work (parents are read when it
-    runs)."""
+    """One level of a draft tree, made on the device (kernel ``trtio_draft_level``): the ``k`` nodes ``n0
+    .. n0 + k - 1`` of each of ``batch`` sequences hang off ``tree.parents`` (``[k]`` if ``shared``, else
+    ``[batch, k]``; parents of the previous level, ``level0 .. level0 + level_k - 1``, or -1 on a round's
+    first level). Every input of the proposal step is then rewritten from the tree (see :class:`DraftTree`):
+    padding rows past the ``n0 + k`` nodes, positions past + depth, each row's packed ancestors, and the new
+    nodes' logits and hidden rows (a parent's draft row is ``b * level_k + parent - level0``). Equal values
+    are the same work (parents are read when it runs)."""
 
     tree: DraftTree
     batch: int
@@ -347,10 +351,10 @@ class DraftLevel:
         if self.backend.name == "cuda":
             _kernel(self, "trtio_draft_level", b, _ptr(t.parents), np.int32(self.shared), _ptr(t.past),
                     np.int32(t.width), np.int32(t.n_words), np.int32(n0), np.int32(k), np.int32(self.level0),
-                    np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.query_lengths),
-                    _ptr(t.logits_indices), _ptr(t.row_src), _ptr(t.row_dst), _ptr(t.positions),
-                    _ptr(t.position_ids), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask), _ptr(t.rope_rows),
-                    np.int64(t.rope_cap))(stream.handle)
+                    np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.roots), _ptr(t.query_lengths),
+                    _ptr(t.logits), np.int32(t.logits_stride), _ptr(t.row_src), _ptr(t.row_dst),
+                    _ptr(t.positions), _ptr(t.position_ids), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask),
+                    _ptr(t.rope_rows), np.int64(t.rope_cap))(stream.handle)
             return
         _host_work(self.backend, stream, functools.partial(_draft_level_host, self))
 
@@ -371,25 +375,29 @@ def _draft_level_host(level: DraftLevel) -> None:
         p = np.full((b, k), -1, np.int64)
         words[:, new] = own
         nodes[:, new, 0] = 0
-        src = np.broadcast_to(seq, (b, k))
+        roots = _ints(t.roots.data_ptr, b)[:, None] if t.roots is not None else seq
+        src = np.broadcast_to(roots, (b, k))
     else:
         p = par.astype(np.int64)
         words[:, new] = words[seq, p] | own
         nodes[:, new, 0] = nodes[seq, p, 0] + 1
         src = seq * level.level_k + p - level.level0
     nodes[:, new, 1] = p
-    rows = seq * w + new
     _ints(t.row_src.data_ptr, b * k)[:] = src.reshape(-1)
-    _ints(t.row_dst.data_ptr, b * k)[:] = rows.reshape(-1)
-    host_view(t.logits_indices.data_ptr, 8 * b * k).view(np.int64)[:] = rows.reshape(-1)
-    _ints(t.query_lengths.data_ptr, b)[:] = n0 + k
+    _ints(t.row_dst.data_ptr, b * k)[:] = (seq * w + new).reshape(-1)
+    host_view(t.logits.data_ptr, 8 * b * k).view(np.int64)[:] = (seq * t.logits_stride + new).reshape(-1)
     real = np.arange(w)[None, :] < n0 + k
     depth = np.where(real, nodes[:, :, 0], 0)
     at = _ints(t.past.data_ptr, b)[:, None] + depth
-    _ints(t.positions.data_ptr, b * w)[:] = np.where(real, at, -1).reshape(-1)
     _ints(t.position_ids.data_ptr, b * w)[:] = np.where(real, at, 0).reshape(-1)
-    _ints(t.parent_ids.data_ptr, b * w)[:] = np.where(real, nodes[:, :, 1], -1).reshape(-1)
-    _ints(t.depths.data_ptr, b * w)[:] = depth.reshape(-1)
     _ints(t.mask.data_ptr, b * w * nw)[:] = np.where(real[:, :, None], words, np.uint32(0)).view(np.int32).reshape(-1)
+    if t.query_lengths is not None:
+        _ints(t.query_lengths.data_ptr, b)[:] = n0 + k
+    if t.positions is not None:
+        _ints(t.positions.data_ptr, b * w)[:] = np.where(real, at, -1).reshape(-1)
+    if t.parent_ids is not None:
+        _ints(t.parent_ids.data_ptr, b * w)[:] = np.where(real, nodes[:, :, 1], -1).reshape(-1)
+    if t.depths is not None:
+        _ints(t.depths.data_ptr, b * w)[:] = depth.reshape(-1)
     if t.rope_rows is not None:
         _ints(t.rope_rows.data_ptr, b * w)[:] = np.where(real, seq * t.rope_cap + at, -1).reshape(-1)

@@ -395,7 +395,9 @@ class PipelineIO:
         ]
         # Row indices of the hidden-state moves (draft inputs assembled from outputs, accepted rows compacted).
         step = [TensorRequest.of("row_src", (b * seq,), DType.INT32),
-                TensorRequest.of("row_dst", (b * seq,), DType.INT32)]
+                TensorRequest.of("row_dst", (b * seq,), DType.INT32),
+                TensorRequest.of("draft_parents", (b * p,), DType.INT32),  # a draft level's (ops.DraftLevel)
+                TensorRequest.of("draft_roots", (b,), DType.INT32)]  # each sequence's root hidden row
         io = cls(reqs, num_deepstack=base.num_deepstack_features, max_batch=b, max_seq=seq,
                  hidden_size=base.hidden_size, is_spec_decode=True, backend=be, title="PipelineIO(spec_decode)",
                  step_requests=step)

@@ -108,18 +108,21 @@ extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int b
     lengths[i] = len + 1;
 }
 
-// One level of a draft tree (ragged proposal step), block b = sequence b of a tree `width` rows wide. The
-// level's k new nodes n0 .. n0+k-1 hang off parents_in ([k] shared, else [batch, k]; -1: the root on a
-// round's first level). The tree itself lives in tree_words (each node's ancestors and itself, packed,
-// `words` per row) and tree_nodes ([row, 2]: depth, parent), written level by level; every engine input of
-// the step is then rewritten from it in full (padding rows included), so other steps may use the step
-// block between levels. Rows: row_src = the parent's draft hidden row (the root's: row b), row_dst = logits
-// row = b * width + node; positions = past + depth (-1 on padding), MRoPE rows b * rope_cap + position.
+// One level of a draft tree (a proposal step), block b = sequence b of a tree `width` rows wide. The level's
+// k new nodes n0 .. n0+k-1 hang off parents_in ([k] shared, else [batch, k]; -1: the root on a round's first
+// level). The tree itself lives in tree_words (each node's ancestors and itself, packed, `words` per row) and
+// tree_nodes ([row, 2]: depth, parent), written level by level; every input of the step is then rewritten
+// from it in full (padding rows included), so other steps may use the inputs between levels. Per new node:
+// row_src = the parent's draft hidden row (b * level_k + parent - level0; a root's: roots[b], or b without
+// roots), row_dst = b * width + node, logits = b * logits_stride + node. Per row: the packed mask, position
+// ids past + depth (0 on padding) and, where given, positions (-1 on padding), parents, depths and MRoPE rows
+// b * rope_cap + position; query_lengths[b] = n0 + k where given. Outputs a contract lacks are null.
 extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in, int shared,
                                              const int* __restrict__ past, int width, int words, int n0, int k,
                                              int level0, int level_k, unsigned int* __restrict__ tree_words,
-                                             int* __restrict__ tree_nodes, int* __restrict__ query_lengths,
-                                             long long* __restrict__ logits_indices, int* __restrict__ row_src,
+                                             int* __restrict__ tree_nodes, const int* __restrict__ roots,
+                                             int* __restrict__ query_lengths, long long* __restrict__ logits,
+                                             int logits_stride, int* __restrict__ row_src,
                                              int* __restrict__ row_dst, int* __restrict__ positions,
                                              int* __restrict__ position_ids, int* __restrict__ parent_ids,
                                              int* __restrict__ depths, int* __restrict__ mask,
@@ -144,23 +147,23 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
         tree_nodes[r * 2] = depth;
         tree_nodes[r * 2 + 1] = p;
         int out = b * k + i;
-        row_src[out] = n0 == 0 ? b : b * level_k + (p - level0);
+        row_src[out] = n0 == 0 ? (roots ? roots[b] : b) : b * level_k + (p - level0);
         row_dst[out] = (int)r;
-        logits_indices[out] = r;
+        logits[out] = (long long)b * logits_stride + node;
     }
     __syncthreads();
     int n = n0 + k;
     int pl = past[b];
-    if (threadIdx.x == 0) query_lengths[b] = n;
+    if (query_lengths && threadIdx.x == 0) query_lengths[b] = n;
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
         long long r = first + j;
         bool real = j < n;
         int depth = real ? tree_nodes[r * 2] : 0;
-        positions[r] = real ? pl + depth : -1;
         position_ids[r] = real ? pl + depth : 0;
-        parent_ids[r] = real ? tree_nodes[r * 2 + 1] : -1;
-        depths[r] = depth;
         for (int q = 0; q < words; ++q) mask[r * words + q] = real ? (int)tree_words[r * words + q] : 0;
+        if (positions) positions[r] = real ? pl + depth : -1;
+        if (parent_ids) parent_ids[r] = real ? tree_nodes[r * 2 + 1] : -1;
+        if (depths) depths[r] = depth;
         if (rope_rows) rope_rows[r] = real ? (int)(b * rope_cap + pl + depth) : -1;
     }
 }

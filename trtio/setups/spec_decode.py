@@ -118,12 +118,13 @@ class SpecDecodeSetup(SetupBase):
             step = max(bundle.effective_max_draft_proposal_size(), 1)
             w = self.proposal_width
             n_words = max(1, -(-w // 32))
-            tree = [TensorRequest.of("draft_tree_words", (mb * w, n_words), DType.INT32),
-                    TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)] if self.contract == "ragged" else []
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (mb, step, base_cfg.hidden_size), base_cfg.activation,
-                                 Location.PINNED), *tree], backend=be, title="spec_decode staging"))
-            self._device_tree = self._make_device_tree(draft_cfg, n_words) if tree else None
+                                 Location.PINNED),
+                TensorRequest.of("draft_tree_words", (mb * w, n_words), DType.INT32),
+                TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
+                backend=be, title="spec_decode staging"))
+            self._device_tree = self._make_device_tree(draft_cfg, n_words)
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
             _fill_mrope(io, base_cfg, s)
@@ -134,14 +135,9 @@ class SpecDecodeSetup(SetupBase):
         self._draft_ready = False  # the draft has caught up with the base: a round may start
         self._root_rows = np.zeros(mb, np.int64)  # draft_hidden_states_out row of each sequence's root hidden
         self._tree_n = 0  # draft-tree nodes run this round (per sequence)
-        self._tree_words = np.zeros((mb, w, max(1, -(-w // 32))), np.uint32)  # each node's ancestors, packed
-        self._tree_depth = np.zeros((mb, w), np.int64)
         self._tree_parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
-        self._node_ids = np.arange(w)
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(mb)[:, None]
-        # Node i's own bit in the packed rows (bit i % 32 of word i // 32).
-        self._own_bit = pack_rows(np.eye(w, dtype=bool)[None], w)[0] if w else np.zeros((0, 1), np.uint32)
         self._draft_levels: dict[tuple[int, ...], tuple[DeviceWork, ...]] = {}
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
@@ -155,15 +151,22 @@ class SpecDecodeSetup(SetupBase):
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
 
     def _make_device_tree(self, cfg: LLMEngineConfig, n_words: int) -> DraftTree:
-        """The ragged draft tree's device state and the step-block inputs its levels read and write."""
+        """The draft tree's device state and the step inputs its levels read and write: the ragged step
+        block's, or the batch contract's tree buffers, start index and token selection."""
         assert self.io.step is not None
-        t, a = self.io.step.tensors, self._extra_arena
+        t, a, w = self.io.step.tensors, self._extra_arena, self.proposal_width
+        if self.contract != "ragged":
+            return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"],
+                             self.draft.state.kv_lengths, t["row_src"], t["row_dst"], self.io.select_token_indices,
+                             self.io.packed_attention_mask, self.io.spec_decode_position_ids, w, n_words,
+                             logits_stride=0, roots=t["draft_roots"])
         per_slot = cfg.is_mrope
         return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"], t["past_lengths"],
-                         t["query_lengths"], t["logits_indices"], t["row_src"], t["row_dst"], t["positions"],
-                         t["spec_decode_position_ids"], t["spec_tree_parent_ids"], t["spec_tree_depths"],
-                         t["packed_attention_mask"], self.proposal_width, n_words,
-                         t["rope_rows"] if per_slot else None, cfg.max_kv_cache_capacity if per_slot else 0)
+                         t["row_src"], t["row_dst"], t["logits_indices"], t["packed_attention_mask"],
+                         t["spec_decode_position_ids"], w, n_words, logits_stride=w, query_lengths=t["query_lengths"],
+                         positions=t["positions"], parent_ids=t["spec_tree_parent_ids"],
+                         depths=t["spec_tree_depths"], rope_rows=t["rope_rows"] if per_slot else None,
+                         rope_cap=cfg.max_kv_cache_capacity if per_slot else 0)
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -274,7 +277,6 @@ class SpecDecodeSetup(SetupBase):
 
     def _start_round(self) -> None:
         self._tree_n = 0
-        self._tree_words[:] = 0
         self._tree_parents.clear()
         self._level = (0, 0)
         self._draft_ready = True
@@ -315,7 +317,6 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
-        nodes = self._node_ids[n0:n0 + k]
         self._tree_parents.append(par.copy())  # the caller's array may change after the call
         self._stage_tree_embeds(x, b, n0, k, s)
         # A new round: no base features in proposals, and no stale draft rows.
@@ -324,10 +325,7 @@ class SpecDecodeSetup(SetupBase):
         # Each new node's draft input: its parent's draft hidden state (the root's: the last catch-up's).
         move = self._row_copy(io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
                               e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
-        if self.contract == "ragged":
-            level = self._draft_level(e, past, par, b, n0, k, s)
-        else:
-            level = self._batch_level(e, past, par, nodes, b, n0, k, s)
+        level = self._draft_level(e, past, par, b, n0, k, s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=zeros + level + (move,))
         self._tree_n = n0 + k
@@ -336,62 +334,49 @@ class SpecDecodeSetup(SetupBase):
 
     def _draft_level(self, e: BoundEngine, past: np.ndarray, par: np.ndarray, b: int, n0: int, k: int,
                      s: Stream) -> tuple[DeviceWork, ...]:
-        """A ragged proposal level (phase 4; 3 for a one-node tree): the parents are uploaded (with the
-        round's lengths on its first level) and the device grows its copy of the tree and lays out the step
-        (:class:`~trtio.ops.DraftLevel`); then the RoPE rows are gathered at the nodes' positions."""
+        """A proposal level (ragged phase 4; 3 for a one-node tree): the parents are uploaded (with the
+        round's lengths, and the batch contract's root rows, on its first level) and the device grows its
+        copy of the tree and lays out the step (:class:`~trtio.ops.DraftLevel`); on the ragged contract the
+        RoPE rows are then gathered at the nodes' positions."""
         step = self.io.step
-        assert step is not None and self._device_tree is not None
-        w = self.proposal_width
+        assert step is not None
+        w, ragged = self.proposal_width, self.contract == "ragged"
         if n0 == 0:  # a new round: the lengths are fixed for all its levels
-            past32 = constant(past.astype(np.int32))
-            self._round_lengths = (past32, constant(past32 + np.int32(w)))
-        past32, asl = self._round_lengths
-        step.write("query_start_offsets", ramp(b + 1, w))
-        step.write("past_lengths", past32)
-        step.write("attention_sequence_lengths", asl)
-        step.write("state_indices", ramp(b))
-        shared = par.ndim == 1
+            if ragged:
+                past32 = constant(past.astype(np.int32))
+                self._round_lengths = (past32, constant(past32 + np.int32(w)))
+            else:
+                e.state.upload_start_index(past, s)
+                self.io.upload_context_lengths(past + w, s)
+                step.write("draft_roots", self._root_rows[:b])
+        if ragged:
+            past32, asl = self._round_lengths
+            step.write("query_start_offsets", ramp(b + 1, w))
+            step.write("past_lengths", past32)
+            step.write("attention_sequence_lengths", asl)
+            step.write("state_indices", ramp(b))
         step.write("draft_parents", par)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
         if n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTree.WRITES)
-        level0, level_k = (0, 0) if n0 == 0 else self._level
+        # A parent's draft hidden row: the previous level's rows (ragged), or its node's row (batch).
+        level0, level_k = ((0, 0) if n0 == 0 else self._level) if ragged else (0, w)
+        shared = par.ndim == 1
         key = (b, n0, k, level0, level_k, shared)
         found = self._draft_levels.get(key)
         if found is None:
-            tree = self._device_tree
-            table, _per_slot = self._rope_rows_source(e, s)
-            rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
-            gather = self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w,
-                                    e.cfg.rotary_dim * DType.FLOAT32.itemsize)
+            work: tuple[DeviceWork, ...] = (DraftLevel(self._device_tree, b, n0, k, level0, level_k, shared),)
+            if ragged:
+                tree = self._device_tree
+                table, _per_slot = self._rope_rows_source(e, s)
+                rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
+                assert rows is not None
+                work += (self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w,
+                                        e.cfg.rotary_dim * DType.FLOAT32.itemsize),)
             if len(self._draft_levels) >= 256:
                 self._draft_levels.clear()
-            found = self._draft_levels[key] = (DraftLevel(tree, b, n0, k, level0, level_k, shared), gather)
+            found = self._draft_levels[key] = work
         return found
-
-    def _batch_level(self, e: BoundEngine, past: np.ndarray, par: np.ndarray, nodes: np.ndarray, b: int, n0: int,
-                     k: int, s: Stream) -> tuple[DeviceWork, ...]:
-        """A batch-contract proposal level: the tree grown on the host and its inputs uploaded."""
-        w = self.proposal_width
-        rows_b = self._batch_rows[:b]
-        words, depth = self._tree_words[:b], self._tree_depth[:b]
-        # Each new node sees its parent's ancestors and itself (packed rows, LSB first), one level deeper;
-        # a round's first level hangs off the root (every parent -1), later levels off the previous one.
-        if n0 == 0:
-            words[:, nodes] = self._own_bit[nodes]
-            depth[:, nodes] = 0
-            src = np.broadcast_to(self._root_rows[:b, None], (b, k))
-        else:
-            words[:, nodes] = words[rows_b, par] | self._own_bit[nodes]
-            depth[:, nodes] = depth[rows_b, par] + 1
-            src = rows_b * w + par
-        out = self._stage_rows(src.reshape(-1), (rows_b * w + nodes).reshape(-1), s)
-        real = self._node_ids[:w] < n0 + k
-        self.io.upload_tree(words.view(np.int32), np.where(real, past[:, None] + depth, 0).astype(np.int32), s)
-        e.state.upload_start_index(past, s)
-        self.io.upload_context_lengths(past + w, s)
-        self.io.upload_select_token_indices(np.broadcast_to(nodes, (b, k)), s)
-        return out
 
     def _catch_up_layout(self, acc: np.ndarray, a: int) -> TreeLayout:
         """A catch-up's rows (ragged): causal over each sequence's accepted tokens, logits at the last one;
