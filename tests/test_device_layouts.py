@@ -13,8 +13,10 @@ import pytest
 
 import trtio
 from trtio import DType, Location, Stream, Tensor
+from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
 from trtio.edgellm import EngineDir
-from trtio.ops import DecodeAdvance, DraftLevel, DraftTree
+from trtio.ops import DecodeAdvance, DraftLevel, DraftTree, TreeStep, TreeTargets
+from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
@@ -131,6 +133,63 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                 if layout == "mrope":
                     np.testing.assert_array_equal(got["rope"], want["rope"].reshape(-1))
                 prev, n0 = (n0, k), n
+
+
+@pytest.mark.parametrize("contract", ["ragged", "mrope", "batch"])
+@pytest.mark.parametrize("phase", [PHASE_DECODE, PHASE_VERIFY])
+def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: trtio.Backend, contract: str,
+                                                             phase: int) -> None:
+    """Random trees of 1-9 nodes in 9 rows per sequence (padding after them), random cached lengths: the
+    device's positions, ids (padding value 7), attention lengths and MRoPE rows equal TreeLayout.at's
+    (ragged); the start index, context lengths, position ids (0 on padding) and the copied mask and token
+    selection equal what the batch contract uploads for such a step."""
+    b, w, cap = 4, 9, 512
+    rng = np.random.default_rng(phase + len(contract))
+    parents = [np.array([-1] + [int(rng.integers(0, t)) for t in range(1, int(rng.integers(1, w + 1)))])
+               for _ in range(b)]
+    vis = np.zeros((b, w, w), bool)
+    for i, par in enumerate(parents):
+        vis[i, :par.size, :par.size] = ancestor_mask(par)
+    real = vis.any(axis=2)
+    grid = np.array([np.pad(p, (0, w - p.size), constant_values=-1) for p in parents])
+    layout = TreeLayout.of(pack_rows(vis, w), vis.sum(axis=2) - 1, real, phase=phase, logits_rows=np.arange(b * w),
+                           parents=grid, padding_position=7)
+    past = rng.integers(0, 300, b)
+    select = rng.integers(0, 1000, (b, 3))
+    shapes = {n: ((b,), "int32") for n in ("past", "lengths", "asl", "start", "ctx")}
+    shapes.update({n: ((b * w,), "int32") for n in ("depths", "positions", "ids", "rope")})
+    shapes.update({"mask_src": (layout.packed_mask.shape, "int32"), "mask_dst": (layout.packed_mask.shape, "int32"),
+                   "select_src": ((b, 3), "int64"), "select_dst": ((b, 3), "int64")})
+    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+        t["past"].copy_from(past.astype(np.int32), s)
+        t["lengths"].copy_from(layout.query_lengths, s)
+        t["depths"].copy_from(layout.tree_depths, s)
+        t["mask_src"].copy_from(layout.packed_mask, s)
+        t["select_src"].copy_from(select, s)
+        if contract == "batch":
+            targets = TreeTargets(t["past"], t["lengths"], t["depths"], start=t["start"], ctx=t["ctx"], ids=t["ids"],
+                                  mask_src=t["mask_src"], mask_dst=t["mask_dst"], select_src=t["select_src"],
+                                  select_dst=t["select_dst"])
+            TreeStep(targets, b, w, True, 0, layout.packed_mask.shape[1], 3).enqueue(s)
+            np.testing.assert_array_equal(t["start"].to_numpy(s), past)
+            np.testing.assert_array_equal(t["ctx"].to_numpy(s), past + w)
+            want_ids = np.where(real, past[:, None] + vis.sum(axis=2) - 1, 0).reshape(-1)
+            np.testing.assert_array_equal(t["ids"].to_numpy(s), want_ids)
+            np.testing.assert_array_equal(t["mask_dst"].to_numpy(s), layout.packed_mask)
+            np.testing.assert_array_equal(t["select_dst"].to_numpy(s), select)
+            return
+        mrope = contract == "mrope"
+        targets = TreeTargets(t["past"], t["lengths"], t["depths"], asl=t["asl"], positions=t["positions"],
+                              ids=t["ids"], rope_rows=t["rope"] if mrope else None, rope_cap=cap if mrope else 0)
+        TreeStep(targets, b, w, phase > PHASE_DECODE, 7).enqueue(s)
+        want = layout.at(past)
+        np.testing.assert_array_equal(t["positions"].to_numpy(s), want.positions)
+        np.testing.assert_array_equal(t["ids"].to_numpy(s), want.attention_position_ids)
+        np.testing.assert_array_equal(t["asl"].to_numpy(s), want.attention_sequence_lengths)
+        if mrope:
+            slots = np.repeat(np.arange(b), w)
+            np.testing.assert_array_equal(t["rope"].to_numpy(s),
+                                          np.where(want.positions >= 0, slots * cap + want.positions, -1))
 
 
 def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: trtio.Backend) -> None:

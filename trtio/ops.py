@@ -23,8 +23,8 @@ from trtio.cuda.backend import Backend
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "Zero", "copy_rows",
-           "warm_up"]
+__all__ = ["DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "TreeStep", "TreeTargets",
+           "Zero", "copy_rows", "warm_up"]
 
 _BLOCK = 128
 
@@ -401,3 +401,90 @@ def _draft_level_host(level: DraftLevel) -> None:
         _ints(t.depths.data_ptr, b * w)[:] = depth.reshape(-1)
     if t.rope_rows is not None:
         _ints(t.rope_rows.data_ptr, b * w)[:] = np.where(real, seq * t.rope_cap + at, -1).reshape(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class TreeTargets:
+    """The device tensors a :class:`TreeStep` reads (``past``, ``lengths``: real rows per sequence,
+    ``depths``: each row's depth; int32, written by the host) and writes, where the contract has them: the
+    ragged contract's ``asl``, ``positions``, ``ids`` and MRoPE ``rope_rows`` (with ``rope_cap``); the batch
+    contract's ``start`` index, context lengths (``ctx``), position ``ids``, and its mask and token
+    selection, copied from the step block's ``mask_src`` and ``select_src``. One object per setup and engine."""
+
+    past: Tensor
+    lengths: Tensor
+    depths: Tensor
+    asl: Tensor | None = None
+    positions: Tensor | None = None
+    ids: Tensor | None = None
+    rope_rows: Tensor | None = None
+    rope_cap: int = 0
+    start: Tensor | None = None
+    ctx: Tensor | None = None
+    mask_src: Tensor | None = None
+    mask_dst: Tensor | None = None
+    select_src: Tensor | None = None
+    select_dst: Tensor | None = None
+
+
+@hash_once
+@dataclass(frozen=True)
+class TreeStep:
+    """A tree step's (verify, catch-up) inputs that depend on the cached lengths, made on the device
+    (kernel ``trtio_tree_step``) from the staged lengths: the step uploads its lengths, the rest of a
+    repeated tree being constants the step block already holds. For ``batch`` sequences of ``width`` rows
+    (row ``j < lengths[b]`` a node at ``depths[row]``): attention lengths ``past + width`` (``full_width``)
+    or ``past + lengths``, positions and ids ``past + depth`` (-1 and ``ids_pad`` on padding), MRoPE rows,
+    start index ``past``, context lengths ``past + width``, and ``words`` mask words per row and
+    ``select_count`` selected tokens per sequence copied (see :class:`TreeTargets`)."""
+
+    targets: TreeTargets
+    batch: int
+    width: int
+    full_width: bool
+    ids_pad: int = -1
+    words: int = 0
+    select_count: int = 0
+
+    @property
+    def backend(self) -> Backend:
+        return self.targets.past.backend
+
+    def enqueue(self, stream: Stream) -> None:
+        t = self.targets
+        if self.backend.name == "cuda":
+            _kernel(self, "trtio_tree_step", self.batch, np.int32(self.width), _ptr(t.past), _ptr(t.lengths),
+                    _ptr(t.depths), np.int32(self.full_width), _ptr(t.asl), _ptr(t.start), _ptr(t.ctx),
+                    _ptr(t.positions), _ptr(t.ids), np.int32(self.ids_pad), _ptr(t.rope_rows), np.int64(t.rope_cap),
+                    _ptr(t.mask_src), _ptr(t.mask_dst if self.words else None), np.int32(self.words),
+                    _ptr(t.select_src), _ptr(t.select_dst if self.select_count else None),
+                    np.int32(self.select_count))(stream.handle)
+            return
+        _host_work(self.backend, stream, functools.partial(_tree_step_host, self))
+
+
+def _tree_step_host(step: TreeStep) -> None:
+    """:class:`TreeStep` in numpy (the host backend's kernel)."""
+    t, b, w = step.targets, step.batch, step.width
+    past = _ints(t.past.data_ptr, b).astype(np.int64)
+    lengths = _ints(t.lengths.data_ptr, b)
+    real = np.arange(w)[None, :] < lengths[:, None]
+    at = past[:, None] + _ints(t.depths.data_ptr, b * w).reshape(b, w)
+    if t.asl is not None:
+        _ints(t.asl.data_ptr, b)[:] = past + (w if step.full_width else lengths)
+    if t.start is not None:
+        _ints(t.start.data_ptr, b)[:] = past
+    if t.ctx is not None:
+        _ints(t.ctx.data_ptr, b)[:] = past + w
+    if t.positions is not None:
+        _ints(t.positions.data_ptr, b * w)[:] = np.where(real, at, -1).reshape(-1)
+    if t.ids is not None:
+        _ints(t.ids.data_ptr, b * w)[:] = np.where(real, at, step.ids_pad).reshape(-1)
+    if t.rope_rows is not None:
+        _ints(t.rope_rows.data_ptr, b * w)[:] = np.where(real, np.arange(b)[:, None] * t.rope_cap + at, -1).reshape(-1)
+    if step.words and t.mask_src is not None and t.mask_dst is not None:
+        n = b * w * step.words
+        _ints(t.mask_dst.data_ptr, n)[:] = _ints(t.mask_src.data_ptr, n)
+    if step.select_count and t.select_src is not None and t.select_dst is not None:
+        n = b * step.select_count
+        host_view(t.select_dst.data_ptr, 8 * n)[:] = host_view(t.select_src.data_ptr, 8 * n)

@@ -397,7 +397,14 @@ class PipelineIO:
         step = [TensorRequest.of("row_src", (b * seq,), DType.INT32),
                 TensorRequest.of("row_dst", (b * seq,), DType.INT32),
                 TensorRequest.of("draft_parents", (b * p,), DType.INT32),  # a draft level's (ops.DraftLevel)
-                TensorRequest.of("draft_roots", (b,), DType.INT32)]  # each sequence's root hidden row
+                TensorRequest.of("draft_roots", (b,), DType.INT32),  # each sequence's root hidden row
+                # A tree step's (ops.TreeStep): the cached lengths, then a tree's constants, which the device
+                # copies or expands into the engine's inputs.
+                TensorRequest.of("tree_past", (b,), DType.INT32),
+                TensorRequest.of("tree_lengths", (b,), DType.INT32),
+                TensorRequest.of("tree_depths", (b * p,), DType.INT32),
+                TensorRequest.of("tree_mask", (b * p, math.ceil(p / 32)), DType.INT32),
+                TensorRequest.of("tree_select", (b * p,), DType.INT64)]
         io = cls(reqs, num_deepstack=base.num_deepstack_features, max_batch=b, max_seq=seq,
                  hidden_size=base.hidden_size, is_spec_decode=True, backend=be, title="PipelineIO(spec_decode)",
                  step_requests=step)

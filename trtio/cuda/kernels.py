@@ -167,9 +167,45 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
         if (rope_rows) rope_rows[r] = real ? (int)(b * rope_cap + pl + depth) : -1;
     }
 }
+
+// A tree step's (verify, catch-up) inputs that depend on the cached lengths, block b = sequence b of `width`
+// rows: row j < lengths[b] is a node at depth depths[row]. From past[b]: asl = past + (full_width ? width :
+// lengths[b]), start = past, ctx = past + width, positions = past + depth (-1 on padding), ids = past + depth
+// (ids_pad on padding), MRoPE rows b * rope_cap + position (-1 on padding); the constant mask rows and token
+// selection are copied from the step block to the engine's buffers (the batch contract's). Null: not wanted.
+extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ past, const int* __restrict__ lengths,
+                                           const int* __restrict__ depths, int full_width, int* __restrict__ asl,
+                                           int* __restrict__ start, int* __restrict__ ctx,
+                                           int* __restrict__ positions, int* __restrict__ ids, int ids_pad,
+                                           int* __restrict__ rope_rows, long long rope_cap,
+                                           const int* __restrict__ mask_src, int* __restrict__ mask_dst, int words,
+                                           const long long* __restrict__ select_src,
+                                           long long* __restrict__ select_dst, int select_count) {
+    int b = blockIdx.x;
+    int pl = past[b], n = lengths[b];
+    if (threadIdx.x == 0) {
+        if (asl) asl[b] = pl + (full_width ? width : n);
+        if (start) start[b] = pl;
+        if (ctx) ctx[b] = pl + width;
+    }
+    for (int j = threadIdx.x; j < width; j += blockDim.x) {
+        long long r = (long long)b * width + j;
+        bool real = j < n;
+        int at = pl + depths[r];
+        if (positions) positions[r] = real ? at : -1;
+        if (ids) ids[r] = real ? at : ids_pad;
+        if (rope_rows) rope_rows[r] = real ? (int)(b * rope_cap + at) : -1;
+        if (mask_dst) for (int q = 0; q < words; ++q) mask_dst[r * words + q] = mask_src[r * words + q];
+    }
+    if (select_dst) {
+        long long first = (long long)b * select_count;
+        for (int i = threadIdx.x; i < select_count; i += blockDim.x) select_dst[first + i] = select_src[first + i];
+    }
+}
 """
 
-KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level")
+KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level",
+                "trtio_tree_step")
 
 _lock = threading.Lock()
 _modules: dict[int, dict[str, Any]] = {}

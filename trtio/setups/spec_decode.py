@@ -36,7 +36,6 @@ from trtio.contracts.ragged import (
     PHASE_DRAFT,
     PHASE_PREFILL,
     PHASE_VERIFY,
-    StepLayout,
     TreeLayout,
     causal_step,
     pack_rows,
@@ -48,7 +47,7 @@ from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import DraftLevel, DraftTree, Zero, warm_up
+from trtio.ops import DraftLevel, DraftTree, TreeStep, TreeTargets, Zero, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -60,7 +59,7 @@ from trtio.setups.base import (
     engine_backend,
     with_contract,
 )
-from trtio.spec_decode import ancestor_mask, pack_tree_mask, validate_tree_mask
+from trtio.spec_decode import ancestor_mask, validate_tree_mask
 from trtio.staging import constant
 from trtio.state import MAX_PATH_MOVES, path_grid
 from trtio.stream import Stream, StreamLike
@@ -142,7 +141,9 @@ class SpecDecodeSetup(SetupBase):
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
-        self._catch_up: dict[Any, TreeLayout] = {}
+        self._catch_up: dict[Any, _CatchUp] = {}
+        self._tree_steps: dict[tuple[Any, ...], tuple[DeviceWork, ...]] = {}
+        self._targets: dict[str, TreeTargets] = {}
         self._zeros: dict[tuple[int, int], Zero] = {}
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_embeds = np.zeros((mb, w, base_cfg.hidden_size), base_cfg.activation.storage_numpy)
@@ -378,9 +379,9 @@ class SpecDecodeSetup(SetupBase):
             found = self._draft_levels[key] = work
         return found
 
-    def _catch_up_layout(self, acc: np.ndarray, a: int) -> TreeLayout:
-        """A catch-up's rows (ragged): causal over each sequence's accepted tokens, logits at the last one;
-        remembered per (accept lengths, width)."""
+    def _catch_up_layout(self, acc: np.ndarray, a: int) -> _CatchUp:
+        """A catch-up's rows: causal over each sequence's accepted tokens, logits (the batch contract's token
+        selection) at the last one, the accepted rows' scratch rows; remembered per (accept lengths, width)."""
         key = (a, acc.tobytes())
         found = self._catch_up.get(key)
         if found is None:
@@ -389,9 +390,81 @@ class SpecDecodeSetup(SetupBase):
             causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
             if len(self._catch_up) >= 64:
                 self._catch_up.pop(next(iter(self._catch_up)))
-            found = self._catch_up[key] = TreeLayout.of(
-                pack_rows(causal, a), np.broadcast_to(j, take.shape), take,
-                phase=PHASE_DRAFT if a > 1 else PHASE_DECODE, logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
+            layout = TreeLayout.of(pack_rows(causal, a), np.broadcast_to(j, take.shape), take,
+                                   phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
+                                   logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
+            scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch_rows + j, -1)
+            found = self._catch_up[key] = _CatchUp(layout, constant(take), constant(scratch.reshape(-1)),
+                                                   constant((acc - 1)[:, None].astype(np.int64)))
+        return found
+
+    def _stage_tree(self, e: BoundEngine, layout: TreeLayout, past: np.ndarray, select: np.ndarray,
+                    s: Stream) -> tuple[DeviceWork, ...]:
+        """Stage a tree step (verify, catch-up) of ``e``: the cached lengths ``past`` and the tree's constants
+        (which the step block receives once while they repeat), uploaded with whatever the step wrote before,
+        in one copy; the device then lays out the rest (:class:`~trtio.ops.TreeStep`). Ragged: the step's
+        inputs and its RoPE gather; batch: the start index, context lengths, position ids, mask and token
+        selection (``select``)."""
+        step = self.io.step
+        assert step is not None
+        b, w = layout.real.shape
+        ragged = self.contract == "ragged"
+        if ragged:
+            step.write("query_start_offsets", ramp(b + 1, w))
+            step.write("query_lengths", layout.query_lengths)
+            step.write("past_lengths", past)
+            step.write("state_indices", ramp(b))
+            step.write("logits_indices", layout.logits_indices)
+            step.write("packed_attention_mask", layout.packed_mask)
+            step.write("spec_tree_parent_ids", layout.tree_parent_ids)
+            step.write("spec_tree_depths", layout.tree_depths)
+        else:
+            step.write("tree_past", past)
+            step.write("tree_lengths", layout.query_lengths)
+            step.write("tree_depths", layout.tree_depths)
+            step.write("tree_mask", layout.packed_mask)
+            step.write("tree_select", select)
+        step.upload(s)
+        if ragged:  # written on the device from here on
+            step.overwritten(("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows"))
+        words = layout.packed_mask.shape[1]
+        key = (e.role, b, w, layout.phase, layout.padding_position, words, select.shape[1])
+        found = self._tree_steps.get(key)
+        if found is None:
+            targets = self._tree_targets(e)
+            work: tuple[DeviceWork, ...]
+            if ragged:
+                work = (TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),)
+                table, per_slot = self._rope_rows_source(e, s)
+                rows = targets.rope_rows if per_slot else targets.positions
+                assert rows is not None
+                work += (self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w,
+                                        e.cfg.rotary_dim * DType.FLOAT32.itemsize),)
+            else:
+                work = (TreeStep(targets, b, w, True, 0, words, select.shape[1]),)
+            if len(self._tree_steps) >= 256:
+                self._tree_steps.clear()
+            found = self._tree_steps[key] = work
+        return found
+
+    def _tree_targets(self, e: BoundEngine) -> TreeTargets:
+        """What a tree step of ``e`` reads and writes on the device (see :class:`~trtio.ops.TreeTargets`)."""
+        found = self._targets.get(e.role)
+        if found is None:
+            assert self.io.step is not None
+            t, io = self.io.step.tensors, self.io
+            if self.contract == "ragged":
+                per_slot = e.cfg.is_mrope
+                found = TreeTargets(t["past_lengths"], t["query_lengths"], t["spec_tree_depths"],
+                                    asl=t["attention_sequence_lengths"], positions=t["positions"],
+                                    ids=t["spec_decode_position_ids"], rope_rows=t["rope_rows"] if per_slot else None,
+                                    rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+            else:
+                found = TreeTargets(t["tree_past"], t["tree_lengths"], t["tree_depths"], start=e.state.kv_lengths,
+                                    ctx=io.context_lengths, ids=io.spec_decode_position_ids, mask_src=t["tree_mask"],
+                                    mask_dst=io.packed_attention_mask, select_src=t["tree_select"],
+                                    select_dst=io.select_token_indices)
+            self._targets[e.role] = found
         return found
 
     def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
@@ -450,20 +523,6 @@ class SpecDecodeSetup(SetupBase):
             found = self._zeros[key] = Zero(t, count * t.dtype.itemsize)
         return found
 
-    def _stage_rows(self, src_rows: np.ndarray, dst_rows: np.ndarray | None, s: Stream, *,
-                    then: tuple[BoundEngine, StepLayout] | None = None) -> tuple[DeviceWork, ...]:
-        """Stage the row indices of a step's hidden-state moves (``row_src``, ``row_dst``) and upload them,
-        with ``then``'s ragged step layout in the same copy; returns ``then``'s RoPE gather (if any)."""
-        step = self.io.step
-        assert step is not None
-        step.write("row_src", src_rows)
-        if dst_rows is not None:
-            step.write("row_dst", dst_rows)
-        if then is not None:
-            return (self._stage_layout(then[0], then[1], s),)  # uploads the block, the rows above too
-        step.upload(s)
-        return ()
-
     # -- verify and accept --------------------------------------------------------------------------
     def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
         """Base over a token tree per sequence; returns logits [batch * N, vocab] for every node.
@@ -490,15 +549,7 @@ class SpecDecodeSetup(SetupBase):
                              f"cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        before: tuple[DeviceWork, ...] = ()
-        if self.contract == "ragged":
-            before = (self._stage_layout(e, t.layout.at(lengths), s),)
-        else:
-            self.io.upload_tree(t.packed.view(np.int32), np.where(t.real, lengths[:, None] + t.depth, 0)
-                                .astype(np.int32), s)
-            e.state.upload_start_index(lengths, s)
-            self.io.upload_context_lengths(lengths + n, s)
-            self.io.upload_select_token_indices(t.select, s)
+        before = self._stage_tree(e, t.layout, lengths, t.select, s)
         e.tensor_map.use_deepstack_zero()
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
@@ -615,29 +666,22 @@ class SpecDecodeSetup(SetupBase):
                              f"max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        io, j = self.io, np.arange(a)
-        take = j[None, :] < acc[:, None]  # [b, a]: row j of sequence i is an accepted token
+        io = self.io
+        catch_up = self._catch_up_layout(acc, a)
         # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
         # path), gathered through scratch rows i*P + j (the rows overlap: no in-place gather).
         src = np.full((b, a), -1, np.int64)
-        src[:, :self._accepted_rows.shape[1]] = self._accepted_rows
-        src[~take] = -1
-        dst = np.where(take, self._batch_rows[:b] * self._scratch_rows + j, -1)
+        width = min(a, self._accepted_rows.shape[1])
+        src[:, :width] = np.where(catch_up.take[:, :width], self._accepted_rows[:, :width], -1)
         row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
         moves = (self._row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
                  self._row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
                  self._zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size))
-        if self.contract == "ragged":
-            before = self._stage_rows(src.reshape(-1), dst.reshape(-1), s,
-                                      then=(e, self._catch_up_layout(acc, a).at(past))) + moves
-        else:
-            before = self._stage_rows(src.reshape(-1), dst.reshape(-1), s) + moves
-            causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
-            pos = np.where(take, past[:, None] + j[None, :], 0)
-            self.io.upload_tree(pack_tree_mask(causal), pos.astype(np.int32), s)
-            e.state.upload_start_index(past, s)
-            self.io.upload_context_lengths(past + a, s)
-            self.io.upload_select_token_indices((acc - 1)[:, None], s)
+        step = io.step
+        assert step is not None
+        step.write("row_src", src)
+        step.write("row_dst", catch_up.scratch_rows)
+        before = self._stage_tree(e, catch_up.layout, past, catch_up.select, s) + moves
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
         e.state.lengths[:b] = past + acc
@@ -668,6 +712,17 @@ class SpecDecodeSetup(SetupBase):
 
 
 @dataclass(frozen=True)
+class _CatchUp:
+    """A catch-up's layout for a pattern of accept lengths: the tree step, which rows hold an accepted token
+    ([B, A]), their scratch rows (-1 past each path) and the batch contract's token selection ([B, 1])."""
+
+    layout: TreeLayout
+    take: np.ndarray
+    scratch_rows: np.ndarray
+    select: np.ndarray
+
+
+@dataclass(frozen=True)
 class _Tree:
     """A checked verify tree, laid out for both contracts: packed rows, depths, parents, real rows."""
 
@@ -685,8 +740,7 @@ class _Tree:
         real: np.ndarray = np.asarray(vis.any(axis=2))
         packed, depth, parents = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis)
         layout = TreeLayout.of(packed, depth, real, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
-        return cls(n, packed, depth, parents, real, np.ascontiguousarray(np.broadcast_to(np.arange(n), (b, n))),
-                   layout)
+        return cls(n, packed, depth, parents, real, constant(np.broadcast_to(np.arange(n), (b, n))), layout)
 
 
 def _parents_of(vis: np.ndarray) -> np.ndarray:
