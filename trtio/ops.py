@@ -71,9 +71,11 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
             if bad.size:
                 raise ValueError(f"{what}: {label} row {int(idx[bad[0]])} at index {int(bad[0])} is outside the "
                                  f"{cap} rows of the tensor")
-        out = host_view(d_ptr, dst_cap * row_bytes).reshape(dst_cap, row_bytes)
-        rows = host_view(s_ptr, src_cap * row_bytes).reshape(src_cap, row_bytes)[np.maximum(s_idx, 0)]
-        rows[s_idx < 0] = 0
+        # Rows as single void elements: numpy moves each with one memcpy.
+        out = _rows(d_ptr, dst_cap, row_bytes)
+        rows = _rows(s_ptr, src_cap, row_bytes)[np.maximum(s_idx, 0)]
+        if (s_idx < 0).any():
+            rows.view(np.uint8).reshape(count, row_bytes)[s_idx < 0] = 0
         keep = d_idx >= 0
         out[d_idx[keep]] = rows[keep]
 
@@ -101,6 +103,11 @@ def _kernel(work: Any, name: str, grid: int | tuple[int, ...], *args: Any) -> An
 
 def _ptr(t: Tensor | None) -> np.uint64:
     return np.uint64(t.data_ptr if t is not None else 0)
+
+
+def _rows(ptr: int, n: int, row_bytes: int) -> np.ndarray:
+    """The host backend's view of ``n`` rows of ``row_bytes`` at a device pointer, a row per (void) element."""
+    return host_view(ptr, n * row_bytes).view(np.dtype((np.void, row_bytes)))
 
 
 def _ints(ptr: int, n: int) -> np.ndarray:
@@ -177,6 +184,13 @@ class KVCommit:
             self.seq_stride = layout.heads * self.chunk_stride
         ptrs = [t.data_ptr for t in caches]
         self.base = min(ptrs)
+        # Evenly spaced caches of one size (an arena's): the host moves whole entry pieces of every cache at
+        # once through a strided view [caches, pieces, piece bytes]; else rows of the shared unit below.
+        sizes = {t.capacity for t in caches}
+        steps = {b - a for a, b in zip(ptrs, ptrs[1:])}
+        self.stride = steps.pop() if len(sizes) == 1 and len(steps) == 1 and ptrs == sorted(ptrs) and \
+            layout.entry_bytes and caches[0].capacity % layout.entry_bytes == 0 else 0
+        self.cache_pieces = caches[0].capacity // layout.entry_bytes if self.stride else 0
         # The host view: the span every cache shares, in rows of `unit` bytes (an entry piece is `piece` rows).
         self.unit = math.gcd(layout.entry_bytes, *[p - self.base for p in ptrs])
         self.piece = layout.entry_bytes // self.unit
@@ -231,12 +245,23 @@ class KVCommit:
                 # Entry rows in a cache viewed [B * H * C, D]: one piece per head.
                 s_rows = ((seq[:, None] * lay.heads + heads) * cap + src[:, None]).reshape(-1)
                 d_rows = ((seq[:, None] * lay.heads + heads) * cap + dst[:, None]).reshape(-1)
+            moved = s_rows != d_rows  # an entry already in place stays
+            s_rows, d_rows = s_rows[moved], d_rows[moved]
+            if not s_rows.size:
+                return
+            # Reading every source before writing equals the in-order moves: a path is increasing, so no
+            # source is overwritten by an earlier move.
+            if self.stride:
+                span = (self.n_caches - 1) * self.stride + self.cache_pieces * lay.entry_bytes
+                pieces = _rows(self.base, span // lay.entry_bytes, lay.entry_bytes)
+                caches = np.lib.stride_tricks.as_strided(pieces, (self.n_caches, self.cache_pieces),
+                                                         (self.stride, lay.entry_bytes), writeable=True)
+                caches[:, d_rows] = caches[:, s_rows]
+                return
             piece = np.arange(self.piece)
             s_all = ((self.first + s_rows[None, :] * self.piece)[..., None] + piece).reshape(-1)
             d_all = ((self.first + d_rows[None, :] * self.piece)[..., None] + piece).reshape(-1)
-            view = host_view(self.base, self.span).reshape(-1, self.unit)
-            # Reading every source before writing equals the in-order moves: a path is increasing, so no
-            # source is overwritten by an earlier move.
+            view = _rows(self.base, self.span // self.unit, self.unit)
             view[d_all] = view[s_all]
 
         _host_work(be, stream, run)
