@@ -199,3 +199,46 @@ def test_commit_paths_is_one_device_operation_after_one_staged_copy(host) -> Non
     with pytest.raises(trtio.ShapeError, match=r"paths\[0\]: 33 moved entries, more than the 32"):
         st.commit_paths([0], [list(range(0, 67, 2))])
     st.close()
+
+
+def test_a_commit_over_unevenly_spaced_caches_moves_what_per_slot_copies_move(backend) -> None:
+    """Caches that are not one arena's evenly spaced tensors (here three allocated apart, a spacer between
+    two of them): the commit still equals per-slot copies, in every cache."""
+    from trtio.ops import KVCommit, KVLayout
+
+    rng = np.random.default_rng(3)
+    b, heads, dim = 3, 2, 8
+    cap = 32
+    with trtio.Stream.create(backend) as s:
+        caches, spacers = [], []
+        for i in range(3):
+            caches.append(trtio.Tensor.empty((b, heads, cap, dim), "float16", trtio.Location.DEVICE,
+                                             backend=backend, name=f"cache{i}"))
+            spacers.append(trtio.Tensor.empty((1000 * (i + 1),), "uint8", trtio.Location.DEVICE, backend=backend,
+                                              name=f"spacer{i}"))
+        table = trtio.Tensor.empty((len(caches),), "int64", trtio.Location.DEVICE, backend=backend, name="table")
+        moves = trtio.Tensor.empty((b, 7), "int32", trtio.Location.DEVICE, backend=backend, name="moves")
+        try:
+            table.copy_from(np.array([t.data_ptr for t in caches], np.int64), s)
+            values = [rng.standard_normal(t.shape).astype(np.float16) for t in caches]
+            for t, v in zip(caches, values):
+                t.copy_from(v, s)
+            commit = KVCommit(caches, table, KVLayout(paged=False, heads=heads, capacity=cap, entry_bytes=2 * dim))
+            assert commit.stride == 0, "the caches were meant to be unevenly spaced"
+            paths, starts = [[0, 2, 5, 6], [0, 1], [0, 3]], [4, 10, 0]
+            rows = np.zeros((b, 7), np.int32)
+            for i, (path, start) in enumerate(zip(paths, starts)):
+                rows[i, 0] = len(path) - 1
+                for j, node in enumerate(path[1:], 1):
+                    rows[i, 2 * j - 1:2 * j + 1] = (start + node, start + j)
+            moves.copy_from(rows, s)
+            commit.run(moves, b, 7, s)
+            for t, v in zip(caches, values):
+                want = v.copy()
+                for i, (path, start) in enumerate(zip(paths, starts)):
+                    for j, node in enumerate(path):
+                        want[i, :, start + j] = want[i, :, start + node]
+                np.testing.assert_array_equal(t.to_numpy(s), want, err_msg=t.name)
+        finally:
+            for t in (*caches, *spacers, table, moves):
+                t.close()
