@@ -205,3 +205,69 @@ def test_uploads_wait_only_when_the_host_is_a_ring_ahead_of_the_device() -> None
     step.close()
     arena.close()
     s.close()
+
+
+def test_one_fence_covers_a_group_of_uploads_on_its_stream() -> None:
+    """An event is recorded after every FENCE_EVERY uploads on a stream, and on the old stream when an
+    upload comes on another: each recorded on the stream of the copies it covers. Reusing a slot asks
+    its group's event once; the group's other slots are then known free."""
+    from trtio.cuda.host import HostBackend
+    from trtio.staging import FENCE_EVERY, RING_SLOTS
+
+    class Counting(HostBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records: list[int] = []
+            self.queries = 0
+
+        def record_event(self, event: int, stream: int) -> None:
+            super().record_event(event, stream)
+            self.records.append(stream)
+
+        def query_event(self, event: int) -> bool:
+            self.queries += 1
+            return super().query_event(event)
+
+    be = Counting()
+    arena, step = _block(be)
+    s1, s2 = Stream.create(be), Stream.create(be)
+
+    def upload(s: Stream, value: int) -> None:
+        step.write("a", np.full(3, value, np.int32))
+        step.upload(s)
+
+    for i in range(RING_SLOTS):
+        upload(s1, i)
+    assert be.records == [s1.handle] * (RING_SLOTS // FENCE_EVERY) and be.queries == 0
+    for i in range(FENCE_EVERY):  # the first group's slots, reused: one question for all of them
+        upload(s1, i)
+    assert be.queries == 1 and len(be.records) == RING_SLOTS // FENCE_EVERY + 1
+    upload(s2, 50)  # a new group on s2, open
+    assert len(be.records) == RING_SLOTS // FENCE_EVERY + 1
+    upload(s1, 51)  # back to s1: s2's copy is fenced on s2 first
+    assert be.records[-1] == s2.handle
+    s1.synchronize()
+    assert step.tensors["a"].reshape((3,)).to_numpy().tolist() == [51, 51, 51]
+    step.close()
+    arena.close()
+    s1.close()
+    s2.close()
+
+
+def test_uploads_on_a_stream_closed_since_are_waited_for_not_fenced_there(host) -> None:
+    """The open group's stream is closed before the next upload comes on another stream: no event can be
+    recorded on it, so the upload waits for the device (once) and carries on."""
+    arena, step = _block(host)
+    s1, s2 = Stream.create(host), Stream.create(host)
+    step.write("a", np.full(3, 1, np.int32))
+    step.upload(s1)
+    s1.close()
+    syncs = host.sync_count
+    step.write("a", np.full(3, 2, np.int32))
+    step.upload(s2)
+    assert host.sync_count == syncs + 1 and step.fence_waits == 1
+    s2.synchronize()
+    assert step.tensors["a"].reshape((3,)).to_numpy().tolist() == [2, 2, 2]
+    step.close()
+    arena.close()
+    s2.close()

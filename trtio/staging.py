@@ -8,10 +8,12 @@ its values into numpy views of the pinned block and :meth:`StepStaging.upload` m
 since the last upload with **one** copy on the step's stream.
 
 Writes go to the pinned twins (the host's view of the block, never read by a copy); an upload copies
-the written byte range into the next of ``RING_SLOTS`` pinned slots and from there to the device, each
-slot fenced by an event. A step therefore never waits for the device unless the host runs
-``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet): then the upload waits for
-that copy, the ring's only flow control (``fence_waits`` counts it).
+the written byte range into the next of ``RING_SLOTS`` pinned slots and from there to the device. Slots
+are fenced in groups: one event recorded after every ``FENCE_EVERY`` uploads on a stream (and for the
+uploads made so far when the next one comes on another stream) covers the copies of its group, so a step
+records an event, and asks whether one has completed, a quarter of the time. A step never waits for the
+device unless the host runs ``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet):
+then the upload waits for that copy's group, the ring's only flow control (``fence_waits`` counts it).
 
 Many step values repeat from step to step (query offsets, state indices, a repeated tree's mask). A
 value made with :func:`constant` (read-only, owning its data) is remembered once uploaded: writing the
@@ -34,9 +36,13 @@ from trtio.memory import Arena, TensorRequest, align_up
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 
-__all__ = ["RING_SLOTS", "StepStaging", "constant"]
+__all__ = ["FENCE_EVERY", "RING_SLOTS", "StepStaging", "constant"]
 
 RING_SLOTS = 8  # uploads a host may run ahead of the device before an upload waits
+FENCE_EVERY = 4  # uploads on one stream covered by one fence event (fewer when the next comes on another)
+
+
+_FREE, _UNFENCED = -1, -2  # a ring slot nothing reads any more; one whose copy no event covers yet
 
 
 def constant(values: np.ndarray) -> np.ndarray:
@@ -100,7 +106,13 @@ class StepStaging:
             for ev in self._fences:
                 ev.close()
             raise
-        self._pending = [False] * RING_SLOTS
+        # Per slot: the fence event covering its last copy (an index into _fences), _UNFENCED while its
+        # group is open, _FREE when nothing can still read it.
+        self._cover = [_FREE] * RING_SLOTS
+        self._done = [True] * RING_SLOTS  # per event: known to have completed since it was recorded
+        self._group: list[int] = []  # slots uploaded since the last fence, all on _group_stream
+        self._group_stream: Stream | None = None
+        self._groups = 0  # fences recorded (the next one is _fences[_groups % RING_SLOTS])
         self._closed = False
         self.uploads = 0  # copies made: a step that leaves device-made values in the block compares it
         self.fence_waits = 0  # host waits the fence forced (telemetry)
@@ -152,14 +164,25 @@ class StepStaging:
         if hi <= lo:
             return
         c = self._slot
-        fence = self._fences[c]
-        if self._pending[c] and not fence.query():  # the host is RING_SLOTS uploads ahead of the device
-            self.fence_waits += 1
-            fence.synchronize()
+        ev = self._cover[c]
+        if ev != _FREE:  # slot c's copy was made RING_SLOTS uploads ago: it must have run
+            if ev == _UNFENCED:
+                ev = self._fence_group()
+            if not self._done[ev]:
+                if not self._fences[ev].query():  # the host is RING_SLOTS uploads ahead of the device
+                    self.fence_waits += 1
+                    self._fences[ev].synchronize()
+                self._done[ev] = True
+            self._cover[c] = _FREE
+        if self._group and stream is not self._group_stream:  # an event on that stream covers its copies
+            self._fence_group()
         self._ring[c, lo:hi] = self._twins[lo:hi]
         self._backend.memcpy(self._dev_base + lo, self._ring_base + c * self._end + lo, hi - lo, stream.handle)
-        fence.record(stream)
-        self._pending[c] = True
+        self._group.append(c)
+        self._group_stream = stream
+        self._cover[c] = _UNFENCED
+        if len(self._group) >= FENCE_EVERY:
+            self._fence_group()
         self._slot = (c + 1) % RING_SLOTS
         self.uploads += 1
         if stream is not self._streamed:  # the block's tensors were last written on another stream
@@ -170,6 +193,26 @@ class StepStaging:
         if self._written:
             self._held.update(self._written)
             self._written.clear()
+
+    def _fence_group(self) -> int:
+        """Record an event after the open group's copies, on their stream; returns its index. An event is
+        reused RING_SLOTS fences later, when every slot it covered has been checked and freed (each group
+        holds an upload, and a slot is checked before the upload that would reuse it)."""
+        ev = self._groups % RING_SLOTS
+        self._groups += 1
+        stream = self._group_stream
+        assert stream is not None
+        if stream.is_closed:  # closed since its uploads (rare): no event can follow them there, so wait for all
+            self.fence_waits += 1
+            self._backend.synchronize()
+            self._done[ev] = True
+        else:
+            self._fences[ev].record(stream)
+            self._done[ev] = False
+        for c in self._group:
+            self._cover[c] = ev
+        self._group.clear()
+        return ev
 
     def overwritten(self, names: Sequence[str]) -> None:
         """``names`` are written on the device by work a step enqueues (not by an upload): the block no
