@@ -23,8 +23,8 @@ from trtio.cuda.backend import Backend
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "TreeStep", "TreeTargets",
-           "Zero", "copy_rows", "warm_up"]
+__all__ = ["Copy2D", "DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "TreeStep",
+           "TreeTargets", "Zero", "copy_rows", "warm_up"]
 
 _BLOCK = 128
 
@@ -146,6 +146,25 @@ class Zero:
         t = self.tensor
         t.backend.memset(t.data_ptr, 0, self.nbytes, stream.handle)
         t._last_stream = stream
+
+
+@hash_once
+@dataclass(frozen=True)
+class Copy2D:
+    """``height`` rows of ``width`` bytes from device address ``src`` (rows ``spitch`` apart) to ``dst``
+    (``dpitch`` apart), as a value (see :class:`RowCopy`): a copy a captured graph replays from the same
+    addresses, so only for buffers that stay in place (a runtime's embedding output)."""
+
+    backend: Backend
+    dst: int
+    dpitch: int
+    src: int
+    spitch: int
+    width: int
+    height: int
+
+    def enqueue(self, stream: Stream) -> None:
+        self.backend.memcpy_2d(self.dst, self.dpitch, self.src, self.spitch, self.width, self.height, stream.handle)
 
 
 @dataclass(frozen=True)

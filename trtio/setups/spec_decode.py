@@ -47,7 +47,7 @@ from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import DraftLevel, DraftTree, TreeStep, TreeTargets, Zero, warm_up
+from trtio.ops import Copy2D, DraftLevel, DraftTree, TreeStep, TreeTargets, Zero, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -66,6 +66,9 @@ from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
+
+_MAX_LEVEL_COPIES = 32  # embedding copies a setup captures in level graphs (each address pair: one more graph)
+_STABLE_ROUNDS = 1  # rounds in a row a level's embeddings came from one address before its graph copies them
 
 
 class SpecDecodeSetup(SetupBase):
@@ -138,6 +141,9 @@ class SpecDecodeSetup(SetupBase):
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(mb)[:, None]
         self._draft_levels: dict[tuple[int, ...], tuple[DeviceWork, ...]] = {}
+        # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
+        self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._level_copies: dict[tuple[int, ...], Copy2D] = {}  # the copies made part of a level's graph
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
@@ -319,7 +325,7 @@ class SpecDecodeSetup(SetupBase):
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
         self._tree_parents.append(par.copy())  # the caller's array may change after the call
-        self._stage_tree_embeds(x, b, n0, k, s)
+        embeds = self._stage_tree_embeds(x, b, n0, k, s)
         # A new round: no base features in proposals, and no stale draft rows.
         zeros = self._round_zeros(b, w) if n0 == 0 else ()
         io = self.io
@@ -328,7 +334,7 @@ class SpecDecodeSetup(SetupBase):
                               e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
         level = self._draft_level(e, past, par, b, n0, k, s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=zeros + level + (move,))
+        e.executor.execute(s, before=embeds + zeros + level + (move,))
         self._tree_n = n0 + k
         self._level = (n0, k)
         return self.io.output_logits
@@ -499,16 +505,30 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"parents[{bi}, {i}] = {int(full[bi, i])}: a new node's parent must be {what}")
         return par
 
-    def _stage_tree_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> None:
+    def _stage_tree_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> tuple[DeviceWork, ...]:
         """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
-        width; earlier nodes' rows stay as the previous calls left them."""
+        width; earlier nodes' rows stay as the previous calls left them. A device tensor at the address the
+        same level read in each of the last ``_STABLE_ROUNDS`` rounds (a runtime's embedding buffer) is
+        copied in the step's graph (returned as device work for it); any other is copied now, so buffers
+        that move between rounds never cost a graph capture per address."""
         dst, w = self.io.inputs_embeds, self.proposal_width
         row = dst.dtype.itemsize * x.shape[2]
         if isinstance(x, Tensor):
-            self._backend.memcpy_2d(dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b, s.handle)
-            return
+            args = (dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
+            last, seen = self._level_sources.get(n0, ((), 0))
+            seen = seen + 1 if last == args else 1
+            self._level_sources[n0] = (args, seen)
+            if seen > _STABLE_ROUNDS:
+                found = self._level_copies.get(args)
+                if found is None and len(self._level_copies) < _MAX_LEVEL_COPIES:  # a bounded number of graphs
+                    found = self._level_copies[args] = Copy2D(self._backend, *args)
+                if found is not None:
+                    return (found,)
+            self._backend.memcpy_2d(*args, s.handle)
+            return ()
         self._round_embeds[:b, n0:n0 + k] = x
         self._embeds_staging.upload(self._round_embeds[:b], s)
+        return ()
 
     def _round_zeros(self, b: int, w: int) -> tuple[DeviceWork, ...]:
         """A proposal round's first level: the base features and the draft's own hidden rows set to 0."""
