@@ -476,8 +476,14 @@ def test_spec_decode_embeddings_that_the_activation_dtype_cannot_hold_are_refuse
 
 
 @pytest.mark.parametrize("contract", CONTRACTS)
-def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_work(host: trtio.Backend,
-                                                                                   contract: str) -> None:
+@pytest.mark.parametrize("walk", ["python", "numpy"])
+def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_work(
+        host: trtio.Backend, contract: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call out of order or with inconsistent input is refused before any work is enqueued; accepted
+    paths are checked alike whether they are walked in Python (a few) or with numpy (many)."""
+    import trtio.setups.spec_decode as spec_decode_module
+
+    monkeypatch.setattr(spec_decode_module, "_PYTHON_PATH_NODES", 512 if walk == "python" else 0)
     cap = TINY["max_kv_cache_capacity"]
 
     def z(n: int) -> np.ndarray:

@@ -68,6 +68,7 @@ from trtio.tensor import Tensor
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
 
 _MAX_LEVEL_COPIES = 32  # embedding copies a setup captures in level graphs (each address pair: one more graph)
+_PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
 _STABLE_ROUNDS = 1  # rounds in a row a level's embeddings came from one address before its graph copies them
 
 
@@ -640,18 +641,15 @@ class SpecDecodeSetup(SetupBase):
             i = int(np.argmax(acc))
             raise ShapeError(f"paths[{i}]: {int(acc[i])} nodes, more than the {MAX_PATH_MOVES + 1} an accepted path "
                              f"may have (depth {MAX_PATH_MOVES})")
-        if (grid[:, 0] != 0).any():
-            i = int(np.flatnonzero(grid[:, 0] != 0)[0])
-            raise ShapeError(f"paths[{i}] = {grid[i, :acc[i]].tolist()}: a path starts at the root, node 0")
-        child, parent = grid[:, 1:], grid[:, :-1]
         rows_b = self._batch_rows[:b]
-        ok = (child > 0) & (child < n)
-        ok &= tree.parents[rows_b, np.where(ok, child, 0)] == parent
-        ok |= self._path_ids[1:width] >= acc[:, None]  # past a path's end
-        if not ok.all():
-            i, t = (int(v) for v in np.argwhere(~ok)[0])
-            raise ShapeError(f"paths[{i}] = {grid[i, :acc[i]].tolist()}: node {int(child[i, t])} is not a child of "
-                             f"node {int(parent[i, t])} in the verified tree")
+        bad = self._bad_path(grid, acc, tree)
+        if bad is not None:
+            i, t = bad
+            path = grid[i, :acc[i]].tolist()
+            if t == 0:
+                raise ShapeError(f"paths[{i}] = {path}: a path starts at the root, node 0")
+            raise ShapeError(f"paths[{i}] = {path}: node {path[t]} is not a child of node {path[t - 1]} in the "
+                             f"verified tree")
         s = self._stream(stream)
         lengths = self.base.state.lengths
         self.base.state.commit_grid(lengths[:b], grid, acc, s)
@@ -659,6 +657,37 @@ class SpecDecodeSetup(SetupBase):
         self._accepted_rows = rows_b * n + grid  # the paths' base hidden-state rows, for draft_accept
         self._accepted = acc
         self._verified = None
+
+    def _bad_path(self, grid: np.ndarray, acc: np.ndarray, tree: _Tree) -> tuple[int, int] | None:
+        """The first wrong node of the accepted paths (``grid`` [B, L], lengths ``acc``) in the verified
+        ``tree``: (sequence, 0) for a path that does not start at the root (checked for every sequence
+        first), else (sequence, t) for node t that is not a child of node t - 1; None when all follow it.
+        A few dozen nodes (a runtime's paths) are walked in Python, more with numpy."""
+        n = tree.nodes
+        if grid.size <= _PYTHON_PATH_NODES:
+            rows, lens = grid.tolist(), acc.tolist()
+            for i, row in enumerate(rows):
+                if row[0] != 0:
+                    return i, 0
+            for i, row in enumerate(rows):
+                parents, prev = tree.parent_lists[i], 0
+                for t in range(1, lens[i]):
+                    node = row[t]
+                    if not 0 < node < n or parents[node] != prev:
+                        return i, t
+                    prev = node
+            return None
+        roots = np.flatnonzero(grid[:, 0] != 0)
+        if roots.size:
+            return int(roots[0]), 0
+        child, parent = grid[:, 1:], grid[:, :-1]
+        ok = (child > 0) & (child < n)
+        ok &= tree.parents[self._batch_rows[:grid.shape[0]], np.where(ok, child, 0)] == parent
+        ok |= self._path_ids[1:grid.shape[1]] >= acc[:, None]  # past a path's end
+        if ok.all():
+            return None
+        i, t = (int(v) for v in np.argwhere(~ok)[0])
+        return i, t + 1
 
     def draft_accept(self, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
         """The draft's catch-up over the accepted tokens (shifted by one, as in the prefill): row t of
@@ -753,6 +782,7 @@ class _Tree:
     real: np.ndarray  # bool [B, N]
     select: np.ndarray  # int64 [B, N]: the batch contract's last_token_ids (every node)
     layout: TreeLayout  # the ragged contract's verify step, less what depends on the cached lengths
+    parent_lists: list[list[int]]  # ``parents`` as Python lists (accept walks a few paths through them)
 
     @classmethod
     def of(cls, vis: np.ndarray) -> _Tree:
@@ -760,7 +790,8 @@ class _Tree:
         real: np.ndarray = np.asarray(vis.any(axis=2))
         packed, depth, parents = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis)
         layout = TreeLayout.of(packed, depth, real, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
-        return cls(n, packed, depth, parents, real, constant(np.broadcast_to(np.arange(n), (b, n))), layout)
+        return cls(n, packed, depth, parents, real, constant(np.broadcast_to(np.arange(n), (b, n))), layout,
+                   parents.tolist())
 
 
 def _parents_of(vis: np.ndarray) -> np.ndarray:
