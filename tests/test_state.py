@@ -226,13 +226,11 @@ def test_a_commit_over_unevenly_spaced_caches_moves_what_per_slot_copies_move(ba
             commit = KVCommit(caches, table, KVLayout(paged=False, heads=heads, capacity=cap, entry_bytes=2 * dim))
             assert commit.stride == 0, "the caches were meant to be unevenly spaced"
             paths, starts = [[0, 2, 5, 6], [0, 1], [0, 3]], [4, 10, 0]
-            rows = np.zeros((b, 7), np.int32)
+            rows = np.zeros((b, 6), np.int32)  # [start, path length, the path's nodes]
             for i, (path, start) in enumerate(zip(paths, starts)):
-                rows[i, 0] = len(path) - 1
-                for j, node in enumerate(path[1:], 1):
-                    rows[i, 2 * j - 1:2 * j + 1] = (start + node, start + j)
-            moves.copy_from(rows, s)
-            commit.run(moves, b, 7, s)
+                rows[i, :2 + len(path)] = [start, len(path), *path]
+            moves.reshape((b, 6)).copy_from(rows, s)
+            commit.run(moves, b, 6, s)
             for t, v in zip(caches, values):
                 want = v.copy()
                 for i, (path, start) in enumerate(zip(paths, starts)):

@@ -219,8 +219,9 @@ class KVCommit:
 
     def run(self, moves: Tensor, batch: int, stride: int, stream: Stream) -> None:
         """For each sequence slot ``b < batch``, row ``b`` of ``moves`` (int32 ``[batch, stride]``) is
-        ``[n, src0, dst0, src1, dst1, ...]``: entry ``src_i`` of sequence ``b`` is copied to ``dst_i`` in
-        order, in every cache. Moves are read when the work runs (a captured graph replays fresh paths)."""
+        ``[start, n, node_0, ..., node_{n-1}]``, an accepted path of ``n`` nodes (``node_0`` the root): entry
+        ``start + node_j`` of sequence ``b`` is copied to ``start + j`` for ``j = 1 .. n - 1``, in order, in
+        every cache. Moves are read when the work runs (a captured graph replays fresh paths)."""
         lay, be = self.layout, self.backend
         if be.name == "cuda":
             key = (moves.data_ptr, batch, stride)
@@ -239,14 +240,13 @@ class KVCommit:
         mv_ptr = moves.data_ptr
 
         def run() -> None:
-            rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride)
-            n = rows[:, 0].astype(np.int64)
-            if (n < 0).any() or (2 * n + 1 > stride).any():
-                raise ValueError(f"commit_kv: move counts {n.tolist()} do not fit rows of {stride} ints")
-            take = np.arange(stride - 1)[None, :] < 2 * n[:, None]
-            pairs = rows[:, 1:][take].reshape(-1, 2).astype(np.int64)
-            seq = np.repeat(np.arange(batch), n)
-            src, dst = pairs[:, 0], pairs[:, 1]
+            rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride).astype(np.int64)
+            start, n = rows[:, 0], rows[:, 1]
+            if (n < 1).any() or (n + 2 > stride).any():
+                raise ValueError(f"commit_kv: path lengths {n.tolist()} do not fit rows of {stride} ints")
+            j = np.arange(stride - 2)[None, :]
+            seq, at = np.nonzero((j > 0) & (j < n[:, None]))  # every node after each root moves
+            src, dst = start[seq] + rows[seq, 2 + at], start[seq] + at
             if lay.paged:
                 pages = host_view(self.page_table_ptr, 4 * batch * 2 * lay.max_pages).view(np.int32)
                 pages = pages.reshape(batch, 2, lay.max_pages).astype(np.int64)

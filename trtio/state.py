@@ -306,7 +306,7 @@ class EngineState:
         # table of their addresses and a per-step table of moves (one row per sequence).
         self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
         requests.append(TensorRequest.of("kv_cache_table", (max(len(self._kv_caches), 1),), DType.INT64))
-        requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 1 + 2 * MAX_PATH_MOVES),
+        requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 3 + MAX_PATH_MOVES),
                                                            DType.INT32)])
         self._arena = Arena(requests, backend=be, title=f"{self.name} state")
         try:
@@ -314,7 +314,7 @@ class EngineState:
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
-            self._move_rows = np.zeros((max_batch, 1 + 2 * MAX_PATH_MOVES), np.int32)
+            self._move_rows = np.zeros(max_batch * (3 + MAX_PATH_MOVES), np.int32)
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = None
@@ -392,22 +392,21 @@ class EngineState:
         self._check_open()
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
-        batch = grid.shape[0]
-        counts = lengths - 1  # every node after the root moves (an entry already in place is skipped on the device)
-        if counts.max(initial=0) > MAX_PATH_MOVES:
-            b = int(np.argmax(counts))
-            raise ShapeError(f"paths[{b}]: {int(counts[b])} moved entries, more than the {MAX_PATH_MOVES} an "
+        batch, width = grid.shape
+        if width - 1 > MAX_PATH_MOVES and lengths.max(initial=0) - 1 > MAX_PATH_MOVES:
+            b = int(np.argmax(lengths))
+            raise ShapeError(f"paths[{b}]: {int(lengths[b]) - 1} moved entries, more than the {MAX_PATH_MOVES} an "
                              f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
-        start = np.asarray(starts, np.int64)[:batch, None]
-        rows = self._move_rows[:batch]
-        rows[:, 0] = counts
-        m = grid.shape[1] - 1
-        rows[:, 1:1 + 2 * m:2] = start + grid[:, 1:]  # past each path's end: read by nobody
-        rows[:, 2:2 + 2 * m:2] = start + np.arange(1, m + 1)
+        # Row b: [start, path length, its nodes]; the device moves every node after the root (an entry
+        # already in place is skipped).
+        rows = self._move_rows[:batch * (2 + width)].reshape(batch, 2 + width)
+        rows[:, 0] = starts[:batch]
+        rows[:, 1] = lengths
+        rows[:, 2:] = grid
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        self._commit.run(moves, batch, rows.shape[1], s)
+        self._commit.run(moves, batch, 2 + width, s)
 
     def _kv_layout(self) -> KVLayout:
         first = self.tensors[self._kv_caches[0]]

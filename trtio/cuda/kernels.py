@@ -49,12 +49,13 @@ extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __
     }
 }
 
-// Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b listed in
-// moves[b] = [n, src0, dst0, src1, dst1, ...] (absolute cache slots) in cache caches[c]. Each entry is
-// `chunks` pieces of chunk_bytes: a contiguous cache [B, H, C, D] has one piece per head (layout 0); a paged
-// pool [2, P, page, H, D] has the K piece (page table row 0) and the V piece (row 1, ids already + P)
-// (layout 1). Moves run in order with a barrier between them: a later move may overwrite an earlier one's
-// source (path [0, 2, 3]: slot 2 is read by move 1, then written by move 2). A move onto itself is skipped.
+// Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b's path in
+// cache caches[c]: moves[b] = [start, n, node_0, ..., node_{n-1}] moves entry start + node_j to start + j for
+// j = 1 .. n - 1 (absolute cache slots). Each entry is `chunks` pieces of chunk_bytes: a contiguous cache
+// [B, H, C, D] has one piece per head (layout 0); a paged pool [2, P, page, H, D] has the K piece (page table
+// row 0) and the V piece (row 1, ids already + P) (layout 1). Moves run in order with a barrier between them:
+// a later move may overwrite an earlier one's source (path [0, 2, 3]: slot 2 is read by move 1, then written
+// by move 2). A move onto itself is skipped.
 extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict__ caches, const int* __restrict__ moves,
                                            int stride, int layout, long long chunk_bytes, int chunks,
                                            long long chunk_stride, long long seq_stride, long long slot_stride,
@@ -63,10 +64,11 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
     int c = blockIdx.x;
     int b = blockIdx.y;
     const int* row = moves + (long long)b * stride;
-    int n = row[0];
+    long long start = row[0];
+    int n = row[1];
     char* base = (char*)caches[c];
-    for (int m = 0; m < n; ++m) {
-        long long src = row[1 + 2 * m], dst = row[2 + 2 * m];
+    for (int m = 1; m < n; ++m) {
+        long long src = start + row[2 + m], dst = start + m;
         if (src == dst) continue;  // an entry already in place (uniform over the block: no barrier skipped alone)
         for (int ch = 0; ch < chunks; ++ch) {
             long long so, dof;
