@@ -536,6 +536,8 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         _refused(host, TrtioError, behind, sd.draft_propose, z(1))
         _refused(host, ShapeError, r"accept_lengths \[3, 1\] differ from the path lengths accept\(\) committed "
                                    r"\[3, 2\]", sd.draft_accept, z(3), [3, 1])
+        _refused(host, ShapeError, r"accept_lengths\[0\] = 3 is outside 1\.\.2", sd.draft_accept, z(2), [3, 2])
+        _refused(host, ShapeError, r"accept_lengths: expected 2 integer lengths", sd.draft_accept, z(3), [3.0, 2.0])
         sd.draft_accept(z(3), [3, 2])
         assert sd.base_lengths.tolist() == sd.draft_lengths.tolist() == [6, 6]
         # Capacity: the errors give the numbers.

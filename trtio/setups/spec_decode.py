@@ -149,6 +149,7 @@ class SpecDecodeSetup(SetupBase):
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
         self._catch_up: dict[Any, _CatchUp] = {}
+        self._catch_up_moves: dict[tuple[int, int], tuple[DeviceWork, ...]] = {}
         self._tree_steps: dict[tuple[Any, ...], tuple[DeviceWork, ...]] = {}
         self._targets: dict[str, TreeTargets] = {}
         self._zeros: dict[tuple[int, int], Zero] = {}
@@ -654,7 +655,9 @@ class SpecDecodeSetup(SetupBase):
         lengths = self.base.state.lengths
         self.base.state.commit_grid(lengths[:b], grid, acc, s)
         lengths[:b] += acc
-        self._accepted_rows = rows_b * n + grid  # the paths' base hidden-state rows, for draft_accept
+        # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
+        rows = rows_b * n + grid
+        self._accepted_rows = rows if int(acc.min()) == width else np.where(grid >= 0, rows, -1)
         self._accepted = acc
         self._verified = None
 
@@ -703,10 +706,15 @@ class SpecDecodeSetup(SetupBase):
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
-        acc = self._check_lengths(accept_lengths, b, a, "accept_lengths")
-        if not np.array_equal(acc, self._accepted):
-            raise ShapeError(f"accept_lengths {acc.tolist()} differ from the path lengths accept() committed "
-                             f"{self._accepted.tolist()}")
+        acc = self._accepted
+        given = np.asarray(accept_lengths)
+        if given.shape != (b,) or given.dtype.kind not in "iu" or not np.array_equal(given, acc):
+            checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
+            raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed "
+                             f"{acc.tolist()}")
+        if int(acc.max()) > a:  # as _check_lengths words it: the catch-up is narrower than a path
+            i = int(np.argmax(acc))
+            raise ShapeError(f"accept_lengths[{i}] = {int(acc[i])} is outside 1..{a}")
         dims = self._dims(e, "accept", b, a)
         past = e.state.lengths[:b].copy()
         if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
@@ -719,13 +727,17 @@ class SpecDecodeSetup(SetupBase):
         catch_up = self._catch_up_layout(acc, a)
         # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
         # path), gathered through scratch rows i*P + j (the rows overlap: no in-place gather).
-        src = np.full((b, a), -1, np.int64)
-        width = min(a, self._accepted_rows.shape[1])
-        src[:, :width] = np.where(catch_up.take[:, :width], self._accepted_rows[:, :width], -1)
-        row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
-        moves = (self._row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
-                 self._row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
-                 self._zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size))
+        src = self._accepted_rows
+        if src.shape[1] != a:
+            src = np.full((b, a), -1, np.int64)
+            src[:, :self._accepted_rows.shape[1]] = self._accepted_rows
+        moves = self._catch_up_moves.get((b, a))
+        if moves is None:
+            row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
+            moves = self._catch_up_moves[(b, a)] = (
+                self._row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
+                self._row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
+                self._zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size))
         step = io.step
         assert step is not None
         step.write("row_src", src)
@@ -734,7 +746,8 @@ class SpecDecodeSetup(SetupBase):
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
         e.state.lengths[:b] = past + acc
-        self._root_rows[:b] = np.arange(b) if self.contract == "ragged" else np.arange(b) * a + acc - 1
+        if self.contract != "ragged":  # a ragged round's roots are rows 0 .. b - 1 of the catch-up's output
+            self._root_rows[:b] = np.arange(b) * a + acc - 1
         self._accepted = None
         self._start_round()
         return self.io.output_logits
