@@ -150,6 +150,7 @@ class SpecDecodeSetup(SetupBase):
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
         self._catch_up: dict[Any, _CatchUp] = {}
         self._catch_up_moves: dict[tuple[int, int], tuple[DeviceWork, ...]] = {}
+        self._level_moves: dict[tuple[int, int], DeviceWork] = {}
         self._tree_steps: dict[tuple[Any, ...], tuple[DeviceWork, ...]] = {}
         self._targets: dict[str, TreeTargets] = {}
         self._zeros: dict[tuple[int, int], Zero] = {}
@@ -319,7 +320,7 @@ class SpecDecodeSetup(SetupBase):
                              f"holds (drafting_step x drafting_top_k = {w})")
         past = e.state.lengths[:b]
         cap = e.cfg.max_kv_cache_capacity
-        if int(past.max()) + w > cap:
+        if n0 == 0 and int(past.max()) + w > cap:  # a round's levels all write after the lengths it started at
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens and a proposal round "
                              f"writes {w} more, past max_kv_cache_capacity ({cap})")
@@ -330,10 +331,12 @@ class SpecDecodeSetup(SetupBase):
         embeds = self._stage_tree_embeds(x, b, n0, k, s)
         # A new round: no base features in proposals, and no stale draft rows.
         zeros = self._round_zeros(b, w) if n0 == 0 else ()
-        io = self.io
-        # Each new node's draft input: its parent's draft hidden state (the root's: the last catch-up's).
-        move = self._row_copy(io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
-                              e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
+        move = self._level_moves.get((b, k))
+        if move is None:  # each new node's draft input: its parent's draft hidden state (the root's: the catch-up's)
+            io = self.io
+            move = self._level_moves[(b, k)] = self._row_copy(
+                io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
+                e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
         level = self._draft_level(e, past, par, b, n0, k, s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=embeds + zeros + level + (move,))
