@@ -201,6 +201,30 @@ def test_commit_paths_is_one_device_operation_after_one_staged_copy(host) -> Non
     st.close()
 
 
+def test_short_paths_in_a_grid_wider_than_a_path_may_be_commit_as_those_paths(host) -> None:
+    """An int array of paths padded with -1 past the longest path a commit may move: the padding is
+    dropped, and the caches end as with the paths given as lists."""
+    cfg = llm_config(num_attention_layers=2)
+    eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True))
+    states = [EngineState(eio, cfg, max_batch=2, backend="host") for _ in range(2)]
+    try:
+        rng = np.random.default_rng(5)
+        for name in states[0]._kv_caches:
+            raw = rng.integers(0, 256, states[0].tensors[name].view(trtio.DType.UINT8).shape, dtype=np.uint8)
+            for st in states:
+                st.tensors[name].view(trtio.DType.UINT8).copy_from(raw)
+        wide = np.full((2, 40), -1)
+        wide[0, :3], wide[1, :2] = [0, 2, 5], [0, 1]
+        states[0].commit_paths([4, 9], wide)
+        states[1].commit_paths([4, 9], [[0, 2, 5], [0, 1]])
+        for name in states[0]._kv_caches:
+            got, want = (st.tensors[name].view(trtio.DType.UINT8).to_numpy() for st in states)
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    finally:
+        for st in states:
+            st.close()
+
+
 def test_a_commit_over_unevenly_spaced_caches_moves_what_per_slot_copies_move(backend) -> None:
     """Caches that are not one arena's evenly spaced tensors (here three allocated apart, a spacer between
     two of them): the commit still equals per-slot copies, in every cache."""

@@ -393,10 +393,13 @@ class EngineState:
         if self._commit is None:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         batch, width = grid.shape
-        if width - 1 > MAX_PATH_MOVES and lengths.max(initial=0) - 1 > MAX_PATH_MOVES:
-            b = int(np.argmax(lengths))
-            raise ShapeError(f"paths[{b}]: {int(lengths[b]) - 1} moved entries, more than the {MAX_PATH_MOVES} an "
-                             f"accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
+        if width - 1 > MAX_PATH_MOVES:  # a wide grid: its paths may still be short, padded with -1
+            if lengths.max(initial=0) - 1 > MAX_PATH_MOVES:
+                b = int(np.argmax(lengths))
+                raise ShapeError(f"paths[{b}]: {int(lengths[b]) - 1} moved entries, more than the {MAX_PATH_MOVES} "
+                                 f"an accepted path may move (a path depth of at most {MAX_PATH_MOVES})")
+            width = int(lengths.max(initial=1))
+            grid = grid[:, :width]
         # Row b: [start, path length, its nodes]; the device moves every node after the root (an entry
         # already in place is skipped).
         rows = self._move_rows[:batch * (2 + width)].reshape(batch, 2 + width)

@@ -75,7 +75,7 @@ class LLMSetup(SetupBase):
         self._batch: int | None = None
         self._decode_dims: dict[int, InferenceDims] = {}
         self._select_zero_batch: int | None = None
-        # Ragged decode: the device's lengths equal these while the step block saw no other upload since.
+        # Decode: the device's copy of the lengths equals these while the step block saw no other upload since.
         self._decode_seen = np.zeros(0, np.int64)
         self._decode_mark = -1
         self._decode_steps: dict[int, tuple[DeviceWork, ...]] = {}
