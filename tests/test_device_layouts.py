@@ -70,7 +70,8 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
     per-sequence parents: after every level the step inputs equal the tree walked node by node, padding
     rows included, whatever the buffers held before. Ragged (with MRoPE rows or without): logits rows
     b * width + node, a parent's hidden row is its row in the previous level's output (row b for the root).
-    Batch: logits are the node ids, a parent's hidden row is b * width + parent (the root's: given)."""
+    Batch: logits are the node ids, a parent's hidden row is b * width + parent (the root's: given), and the
+    start index and context lengths follow the round's lengths."""
     b, width, cap = 3, 40, 1000
     rng = np.random.default_rng(7 + shared + 2 * len(layout))
     n_rows = b * width
@@ -78,7 +79,8 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
               "past": ((b,), "int32"), "query_lengths": ((b,), "int32"), "logits": ((n_rows,), "int64"),
               "row_src": ((n_rows,), "int32"), "row_dst": ((n_rows,), "int32"), "positions": ((n_rows,), "int32"),
               "ids": ((n_rows,), "int32"), "parent_ids": ((n_rows,), "int32"), "depths": ((n_rows,), "int32"),
-              "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32"), "roots": ((b,), "int32")}
+              "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32"), "roots": ((b,), "int32"),
+              "start": ((b,), "int32"), "ctx": ((b,), "int32")}
     ragged = layout != "batch"
     with Stream.create(backend) as s, _tensors(backend, shapes) as t:
         common = (t["words"], t["nodes"], t["parents"], t["past"], t["row_src"], t["row_dst"], t["logits"], t["mask"],
@@ -89,7 +91,7 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                              parent_ids=t["parent_ids"], depths=t["depths"], rope_rows=t["rope"] if mrope else None,
                              rope_cap=cap if mrope else 0)
         else:
-            tree = DraftTree(*common, logits_stride=0, roots=t["roots"])
+            tree = DraftTree(*common, logits_stride=0, roots=t["roots"], start=t["start"], ctx=t["ctx"])
         for _round in range(2):
             past = rng.integers(0, 500, b)
             roots = rng.integers(0, 100, b)
@@ -130,6 +132,9 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                     np.testing.assert_array_equal(got["parent_ids"], want["parents"].reshape(-1))
                     np.testing.assert_array_equal(got["depths"], want["depths"].reshape(-1))
                     np.testing.assert_array_equal(got["query_lengths"], np.full(b, n))
+                else:  # the batch contract's start index and context lengths, from the round's lengths
+                    np.testing.assert_array_equal(got["start"], past)
+                    np.testing.assert_array_equal(got["ctx"], past + width)
                 if layout == "mrope":
                     np.testing.assert_array_equal(got["rope"], want["rope"].reshape(-1))
                 prev, n0 = (n0, k), n

@@ -339,7 +339,8 @@ class DraftTree:
     each sequence's root hidden row, else row ``b``) and the step inputs it writes: the new nodes' hidden
     rows (``row_src``, ``row_dst``) and logits rows (int64 ``b * logits_stride + node``), every row's
     ``mask`` and ``position_ids``, and where the contract has them ``query_lengths``, ``positions``,
-    ``parent_ids``, ``depths`` and MRoPE ``rope_rows`` (with ``rope_cap``). ``width``: nodes per sequence.
+    ``parent_ids``, ``depths``, MRoPE ``rope_rows`` (with ``rope_cap``), the batch contract's ``start`` index
+    (``past``) and context lengths ``ctx`` (``past + width``). ``width``: nodes per sequence.
     One object per setup: levels compare it by identity."""
 
     words: Tensor
@@ -361,6 +362,8 @@ class DraftTree:
     depths: Tensor | None = None
     rope_rows: Tensor | None = None
     rope_cap: int = 0
+    start: Tensor | None = None
+    ctx: Tensor | None = None
 
     #: The step-block inputs a level writes on the device (their host copies are stale after it runs).
     WRITES = ("query_lengths", "logits_indices", "row_src", "row_dst", "positions", "spec_decode_position_ids",
@@ -398,7 +401,7 @@ class DraftLevel:
                     np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.roots), _ptr(t.query_lengths),
                     _ptr(t.logits), np.int32(t.logits_stride), _ptr(t.row_src), _ptr(t.row_dst),
                     _ptr(t.positions), _ptr(t.position_ids), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask),
-                    _ptr(t.rope_rows), np.int64(t.rope_cap))(stream.handle)
+                    _ptr(t.rope_rows), np.int64(t.rope_cap), _ptr(t.start), _ptr(t.ctx))(stream.handle)
             return
         _host_work(self.backend, stream, functools.partial(_draft_level_host, self))
 
@@ -432,7 +435,12 @@ def _draft_level_host(level: DraftLevel) -> None:
     host_view(t.logits.data_ptr, 8 * b * k).view(np.int64)[:] = (seq * t.logits_stride + new).reshape(-1)
     real = np.arange(w)[None, :] < n0 + k
     depth = np.where(real, nodes[:, :, 0], 0)
-    at = _ints(t.past.data_ptr, b)[:, None] + depth
+    past = _ints(t.past.data_ptr, b)
+    at = past[:, None] + depth
+    if t.start is not None:
+        _ints(t.start.data_ptr, b)[:] = past
+    if t.ctx is not None:
+        _ints(t.ctx.data_ptr, b)[:] = past + w
     _ints(t.position_ids.data_ptr, b * w)[:] = np.where(real, at, 0).reshape(-1)
     _ints(t.mask.data_ptr, b * w * nw)[:] = np.where(real[:, :, None], words, np.uint32(0)).view(np.int32).reshape(-1)
     if t.query_lengths is not None:

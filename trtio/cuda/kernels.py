@@ -118,7 +118,8 @@ extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int b
 // row_src = the parent's draft hidden row (b * level_k + parent - level0; a root's: roots[b], or b without
 // roots), row_dst = b * width + node, logits = b * logits_stride + node. Per row: the packed mask, position
 // ids past + depth (0 on padding) and, where given, positions (-1 on padding), parents, depths and MRoPE rows
-// b * rope_cap + position; query_lengths[b] = n0 + k where given. Outputs a contract lacks are null.
+// b * rope_cap + position; query_lengths[b] = n0 + k, start[b] = past and ctx[b] = past + width where given.
+// Outputs a contract lacks are null.
 extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in, int shared,
                                              const int* __restrict__ past, int width, int words, int n0, int k,
                                              int level0, int level_k, unsigned int* __restrict__ tree_words,
@@ -128,7 +129,8 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
                                              int* __restrict__ row_dst, int* __restrict__ positions,
                                              int* __restrict__ position_ids, int* __restrict__ parent_ids,
                                              int* __restrict__ depths, int* __restrict__ mask,
-                                             int* __restrict__ rope_rows, long long rope_cap) {
+                                             int* __restrict__ rope_rows, long long rope_cap,
+                                             int* __restrict__ start, int* __restrict__ ctx) {
     int b = blockIdx.x;
     long long first = (long long)b * width;
     for (int i = threadIdx.x; i < k; i += blockDim.x) {
@@ -156,7 +158,11 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
     __syncthreads();
     int n = n0 + k;
     int pl = past[b];
-    if (query_lengths && threadIdx.x == 0) query_lengths[b] = n;
+    if (threadIdx.x == 0) {
+        if (query_lengths) query_lengths[b] = n;
+        if (start) start[b] = pl;
+        if (ctx) ctx[b] = pl + width;
+    }
     for (int j = threadIdx.x; j < width; j += blockDim.x) {
         long long r = first + j;
         bool real = j < n;

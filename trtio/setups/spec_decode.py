@@ -166,10 +166,10 @@ class SpecDecodeSetup(SetupBase):
         assert self.io.step is not None
         t, a, w = self.io.step.tensors, self._extra_arena, self.proposal_width
         if self.contract != "ragged":
-            return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"],
-                             self.draft.state.kv_lengths, t["row_src"], t["row_dst"], self.io.select_token_indices,
-                             self.io.packed_attention_mask, self.io.spec_decode_position_ids, w, n_words,
-                             logits_stride=0, roots=t["draft_roots"])
+            return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"], t["tree_past"],
+                             t["row_src"], t["row_dst"], self.io.select_token_indices, self.io.packed_attention_mask,
+                             self.io.spec_decode_position_ids, w, n_words, logits_stride=0, roots=t["draft_roots"],
+                             start=self.draft.state.kv_lengths, ctx=self.io.context_lengths)
         per_slot = cfg.is_mrope
         return DraftTree(a["draft_tree_words"], a["draft_tree_nodes"], t["draft_parents"], t["past_lengths"],
                          t["row_src"], t["row_dst"], t["logits_indices"], t["packed_attention_mask"],
@@ -346,27 +346,26 @@ class SpecDecodeSetup(SetupBase):
 
     def _draft_level(self, e: BoundEngine, past: np.ndarray, par: np.ndarray, b: int, n0: int, k: int,
                      s: Stream) -> tuple[DeviceWork, ...]:
-        """A proposal level (ragged phase 4; 3 for a one-node tree): the parents are uploaded (with the
-        round's lengths, and the batch contract's root rows, on its first level) and the device grows its
+        """A proposal level (ragged phase 4; 3 for a one-node tree): the parents are uploaded with the round's
+        lengths (sent once a round; the batch contract's root rows too) and the device grows its
         copy of the tree and lays out the step (:class:`~trtio.ops.DraftLevel`); on the ragged contract the
         RoPE rows are then gathered at the nodes' positions."""
         step = self.io.step
         assert step is not None
         w, ragged = self.proposal_width, self.contract == "ragged"
         if n0 == 0:  # a new round: the lengths are fixed for all its levels
-            if ragged:
-                past32 = constant(past.astype(np.int32))
-                self._round_lengths = (past32, constant(past32 + np.int32(w)))
-            else:
-                e.state.upload_start_index(past, s)
-                self.io.upload_context_lengths(past + w, s)
+            past32 = constant(past.astype(np.int32))
+            self._round_lengths = (past32, constant(past32 + np.int32(w)))
+            if not ragged:
                 step.write("draft_roots", self._root_rows[:b])
+        past32, asl = self._round_lengths
         if ragged:
-            past32, asl = self._round_lengths
             step.write("query_start_offsets", ramp(b + 1, w))
             step.write("past_lengths", past32)
             step.write("attention_sequence_lengths", asl)
             step.write("state_indices", ramp(b))
+        else:  # the device writes the start index and context lengths from these
+            step.write("tree_past", past32)
         step.write("draft_parents", par)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
         if n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
