@@ -203,12 +203,14 @@ class KVCommit:
             self.seq_stride = layout.heads * self.chunk_stride
         ptrs = [t.data_ptr for t in caches]
         self.base = min(ptrs)
-        # Evenly spaced caches of one size (an arena's): the host moves whole entry pieces of every cache at
-        # once through a strided view [caches, pieces, piece bytes]; else rows of the shared unit below.
+        # Evenly spaced caches of one size (an arena's), in whole entry pieces: the host moves the pieces of
+        # every cache at once through a strided view [caches, pieces]; else rows of the shared unit below.
+        piece_bytes = layout.entry_bytes
         sizes = {t.capacity for t in caches}
-        steps = {b - a for a, b in zip(ptrs, ptrs[1:])}
-        self.stride = steps.pop() if len(sizes) == 1 and len(steps) == 1 and ptrs == sorted(ptrs) and \
-            layout.entry_bytes and caches[0].capacity % layout.entry_bytes == 0 else 0
+        steps = {b - a for a, b in zip(ptrs, ptrs[1:])} or {0}
+        step = steps.pop()
+        even = len(sizes) == 1 and not steps and ptrs == sorted(ptrs) and piece_bytes > 0
+        self.stride = step if even and step % piece_bytes == 0 and caches[0].capacity % piece_bytes == 0 else 0
         self.cache_pieces = caches[0].capacity // layout.entry_bytes if self.stride else 0
         # The host view: the span every cache shares, in rows of `unit` bytes (an entry piece is `piece` rows).
         self.unit = math.gcd(layout.entry_bytes, *[p - self.base for p in ptrs])
