@@ -83,13 +83,20 @@ def _stress(backend_kind: str, device: str, contract: str) -> None:
             assert setup.graph_stats.captures >= 1, "the decode steps ran as captured graphs"
             return tokens
 
+    _every_thread_gives_the_tokens_of_one(be, generate, CYCLES)
+
+
+def _every_thread_gives_the_tokens_of_one(be: trtio.Backend, generate: Callable[[Any], list[list[int]]],
+                                          cycles: int) -> None:
+    """``generate(stream)`` ``cycles`` times on each of THREADS threads (half on their default stream, half
+    on a stream of their own): no thread raises, and every run's tokens equal a single-threaded run's."""
     expected = generate(None)
     got: dict[tuple[int, int], list[list[int]]] = {}
 
     def work(i: int) -> None:
         own = trtio.Stream.create(be) if i % 2 else None
         try:
-            for cycle in range(CYCLES):
+            for cycle in range(cycles):
                 got[i, cycle] = generate(own)
         finally:
             if own is not None:
@@ -98,7 +105,7 @@ def _stress(backend_kind: str, device: str, contract: str) -> None:
     errors = _run_threads(THREADS, work)
     assert not errors, f"{len(errors)} thread(s) failed; first: {errors[0]!r}"
     wrong = sorted(key for key, tokens in got.items() if tokens != expected)
-    assert len(got) == THREADS * CYCLES
+    assert len(got) == THREADS * cycles
     assert not wrong, f"{len(wrong)} runs gave other tokens than a single thread, e.g. (thread, cycle) {wrong[0]}"
 
 
@@ -119,23 +126,7 @@ def _spec_stress(backend_kind: str, device: str) -> None:
             assert all(stats.captures >= 1 for stats in sd.graph_stats.values())
             return tokens
 
-    expected = generate(None)
-    got: dict[tuple[int, int], list[list[int]]] = {}
-
-    def work(i: int) -> None:
-        own = trtio.Stream.create(be) if i % 2 else None
-        try:
-            for cycle in range(SPEC_CYCLES):
-                got[i, cycle] = generate(own)
-        finally:
-            if own is not None:
-                own.close()
-
-    errors = _run_threads(THREADS, work)
-    assert not errors, f"{len(errors)} thread(s) failed; first: {errors[0]!r}"
-    assert len(got) == THREADS * SPEC_CYCLES
-    wrong = sorted(key for key, tokens in got.items() if tokens != expected)
-    assert not wrong, f"{len(wrong)} runs gave other tokens than a single thread, e.g. (thread, cycle) {wrong[0]}"
+    _every_thread_gives_the_tokens_of_one(be, generate, SPEC_CYCLES)
 
 
 def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trtio.Backend) -> None:

@@ -464,14 +464,7 @@ class EngineExecutor:
             raise BindingError(self.name, problems)
 
         ctx = self.context
-        if profile != self._profile:
-            try:
-                ctx.set_optimization_profile_async(profile, stream.handle)
-            except Exception as exc:
-                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: "
-                                  f"{exc}") from exc
-            self._profile = profile
-            self._bound_shape.clear()  # TensorRT wants input shapes set again after a profile switch
+        self._use_profile(profile, stream)
         for info, t, shape in planned:
             if t._shape != shape:
                 t.reshape(shape)
@@ -513,21 +506,26 @@ class EngineExecutor:
             self._plans.popitem(last=False)
         tm.add_user(self)
 
+    def _use_profile(self, profile: int, stream: Any) -> None:
+        """Switch the context to optimization ``profile`` on ``stream`` if it is on another one; TensorRT then
+        wants every input shape set again."""
+        if profile == self._profile:
+            return
+        try:
+            self.context.set_optimization_profile_async(profile, stream.handle)
+        except Exception as exc:
+            raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: "
+                              f"{exc}") from exc
+        self._profile = profile
+        self._bound_shape.clear()
+
     def _sync(self, plan: _Plan, stream: Any) -> None:
         """Bring the execution context in line with ``plan`` (checked when it was made): only what differs
         from what the context holds is set."""
         if self._synced is plan:
             return
         ctx = self.context
-        profile = plan.snapshot[0]
-        if profile != self._profile:
-            try:
-                ctx.set_optimization_profile_async(profile, stream.handle)
-            except Exception as exc:
-                raise EngineError(f"engine {self.name!r}: set_optimization_profile_async({profile}) failed: "
-                                  f"{exc}") from exc
-            self._profile = profile
-            self._bound_shape.clear()
+        self._use_profile(plan.snapshot[0], stream)
         for name, ptr, shape in plan.snapshot[1:]:
             if self._bound_addr.get(name) != ptr:
                 if not ctx.set_tensor_address(name, ptr):

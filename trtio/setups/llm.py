@@ -76,7 +76,8 @@ class LLMSetup(SetupBase):
         self._decode_dims: dict[int, InferenceDims] = {}
         self._select_zero_batch: int | None = None
         # Decode: the device's copy of the lengths equals these while the step block saw no other upload since.
-        self._decode_seen = np.zeros(0, np.int64)
+        self._seen = np.zeros(cfg.max_supported_batch_size, np.int64)
+        self._decode_seen = self._seen[:0]
         self._decode_mark = -1
         self._decode_steps: dict[int, tuple[DeviceWork, ...]] = {}
         self._streaming_pending = False
@@ -235,6 +236,7 @@ class LLMSetup(SetupBase):
             if ragged:
                 step.overwritten(("past_lengths", "attention_sequence_lengths", "positions", "rope_rows"))
             self._decode_mark = step.uploads
+            self._decode_seen = self._seen[:b]
         work = self._decode_steps.get(b)
         if work is None:
             t = step.tensors
@@ -249,7 +251,7 @@ class LLMSetup(SetupBase):
             else:
                 work = (DecodeAdvance(t["decode_lengths"], b, e.state.kv_lengths, self.io.context_lengths),)
             self._decode_steps[b] = work
-        self._decode_seen = lengths + 1  # what this step leaves in the host's lengths and the device's copy
+        np.add(lengths, 1, out=self._decode_seen)  # what this step leaves in both copies of the lengths
         return work
 
     def populate_streaming(self, stream: StreamLike = None) -> None:
