@@ -1,6 +1,7 @@
 import ctypes
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -116,6 +117,31 @@ def test_host_capture_records_instead_of_running(host):
     assert (host_view(buf, 16) == 9).all()
     host.destroy_graph(g)
     host.free(buf, Location.DEVICE)
+
+
+def test_host_times_the_device_work_it_runs_not_what_it_records(host):
+    """``work_seconds`` (the benchmark's "device work" column) grows by the time the work itself takes:
+    host work run in stream order and graph replays, not captures or work that ran elsewhere."""
+    s = host.create_stream()
+    nap = 0.02
+
+    def work() -> None:
+        time.sleep(nap)
+
+    before = host.work_seconds
+    host.launch_host_func(s, work)
+    ran = host.work_seconds - before
+    assert nap <= ran < nap + 1.0
+    host.begin_capture(s)
+    host.launch_host_func(s, work)
+    g = host.end_capture(s)
+    assert host.work_seconds - before == ran, "a capture records the work and runs none"
+    host.launch_graph(g, s)
+    assert host.work_seconds - before >= ran + nap, "a replay runs it"
+    time.sleep(nap)  # host time outside the backend's work is not counted
+    host.destroy_graph(g)
+    assert host.work_seconds - before < 2 * nap + 1.0
+    host.destroy_stream(s)
 
 
 def test_host_refuses_what_a_capture_forbids(host):

@@ -802,4 +802,5 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
         for name, row in rows.items():
             assert 1 <= row["device_ops"] <= 16 or name == "SpecDecodeSetup.accept", (contract, name, row)
             assert row["us_per_call_synced"] >= row["us_per_call"] > 0
+            assert row["device_work_us"] is None, "the dry-run backend runs no device work to time"
         assert rows["SpecDecodeSetup.accept"]["device_ops"] == 2, "one staged copy of the moves and one commit"

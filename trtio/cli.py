@@ -111,7 +111,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
                   kv_capacity=args.kv_capacity)
     if args.json:
-        print(json.dumps({c: {name: {"us_per_call_synced": v[0], "us_per_call": v[1], "device_ops": v[2]}
+        def number(x: float) -> float | None:
+            return None if x != x else x  # NaN (not measured on this backend): null
+
+        print(json.dumps({c: {name: {"us_per_call_synced": v.synced, "us_per_call": v.alone,
+                                     "device_ops": number(v.ops), "device_work_us": number(v.work)}
                               for name, v in rows.items()} for c, rows in results.items()}, indent=2))
     else:
         print(format_results(results, args.backend))

@@ -9,7 +9,8 @@ embeddings up on the GPU). Both contracts: trtio's batch-major one and Edge-LLM 
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
-enqueues (counted by the host backend; the cuda backend issues the same ones).
+enqueues (counted by the host backend; the cuda backend issues the same ones). On the host backend, where
+numpy runs the device work in the calling thread, also the part of the call spent in that work.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["configs", "format_results", "run"]
+__all__ = ["Row", "configs", "format_results", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -65,17 +66,30 @@ def _engine(cfg: LLMEngineConfig, backend: Backend) -> Any:
     return ReferenceEngine.from_config(cfg, device=device, null_compute=True)
 
 
+class Row(NamedTuple):
+    """One helper's medians: host µs per call followed by a sync and alone, device operations per call
+    (counted by the host and dry-run backends, else NaN), and µs per call the host backend spent running
+    the device work in numpy (NaN on other backends)."""
+
+    synced: float
+    alone: float
+    ops: float
+    work: float
+
+
 class _Clock:
-    """Host time per call (alone, and followed by a sync) and device operations per call, by helper."""
+    """Host time per call (alone, and followed by a sync), device operations and device-work time per
+    call, by helper."""
 
     def __init__(self, backend: Backend, stream: Stream) -> None:
         self.backend, self.stream = backend, stream
         self.alone: dict[str, list[float]] = {}
         self.synced: dict[str, list[float]] = {}
         self.ops: dict[str, list[int]] = {}
+        self.work: dict[str, list[float]] = {}
 
     def __call__(self, name: str, fn: Callable[[], object]) -> None:
-        ops = getattr(self.backend, "op_count", 0)
+        ops, work = getattr(self.backend, "op_count", 0), getattr(self.backend, "work_seconds", 0.0)
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
@@ -84,11 +98,15 @@ class _Clock:
         self.alone.setdefault(name, []).append(t1 - t0)
         self.synced.setdefault(name, []).append(t2 - t0)
         self.ops.setdefault(name, []).append(getattr(self.backend, "op_count", 0) - ops)
+        self.work.setdefault(name, []).append(getattr(self.backend, "work_seconds", 0.0) - work)
 
-    def row(self, name: str) -> tuple[float, float, float]:
-        ops = self.ops[name]
-        return (statistics.median(self.synced[name]) * 1e6, statistics.median(self.alone[name]) * 1e6,
-                statistics.median(ops) if getattr(self.backend, "op_count", None) is not None else float("nan"))
+    def row(self, name: str) -> Row:
+        nan = float("nan")
+        counted = getattr(self.backend, "op_count", None) is not None
+        timed = self.backend.name == "host"  # the dry-run backend runs no device work to time
+        return Row(statistics.median(self.synced[name]) * 1e6, statistics.median(self.alone[name]) * 1e6,
+                   statistics.median(self.ops[name]) if counted else nan,
+                   statistics.median(self.work[name]) * 1e6 if timed else nan)
 
 
 def _device(backend: Backend, shape: Sequence[int], rng: np.random.Generator) -> Tensor:
@@ -166,12 +184,12 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
 
 
-Results = dict[str, dict[str, tuple[float, float, float]]]
+Results = dict[str, dict[str, Row]]
 
 
 def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
         contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None) -> Results:
-    """``{contract: {helper: (µs with sync, µs alone, device ops)}}`` for each contract, one run.
+    """``{contract: {helper: Row}}`` for each contract, one run.
 
     ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
     memory is host RAM: 36 layers of 8 x 4096-token caches are 9.6 GB)."""
@@ -197,15 +215,27 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
 
 
 def format_results(results: Results, backend_kind: str) -> str:
-    """A markdown table of :func:`run`'s results (``backend_kind``: host, cuda or dry-run)."""
+    """A markdown table of :func:`run`'s results (``backend_kind``: host, cuda or dry-run).
+
+    ``x decode`` divides by ``LLMSetup.decode``'s time in the same run. On the host backend one column more
+    says how much of a call numpy spent running its device work (the moves a GPU makes)."""
+    host = backend_kind == "host"
     lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend_kind)}):", ""]
     head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
-    lines += [head, "| --- | --- | ---: | ---: | ---: | ---: |"]
+    rule = "| --- | --- | ---: | ---: | ---: | ---: |"
+    if host:
+        head += " of which device work µs (numpy) |"
+        rule += " ---: |"
+    lines += [head, rule]
     for contract, rows in results.items():
-        decode = rows["LLMSetup.decode"][0]
-        for name, (synced, alone, ops) in rows.items():
-            count = "-" if ops != ops else f"{ops:g}"  # NaN: the cuda backend does not count
-            lines.append(f"| {contract} | {name} | {synced:.1f} | {alone:.1f} | {count} | {synced / decode:.2f} |")
+        decode = rows["LLMSetup.decode"]
+        for name, row in rows.items():
+            count = "-" if row.ops != row.ops else f"{row.ops:g}"  # NaN: the cuda backend does not count
+            line = (f"| {contract} | {name} | {row.synced:.1f} | {row.alone:.1f} | {count} | "
+                    f"{row.synced / decode.synced:.2f} |")
+            if host:
+                line += f" {row.work:.1f} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
