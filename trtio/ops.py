@@ -27,6 +27,7 @@ __all__ = ["Copy2D", "DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KV
            "TreeTargets", "Zero", "copy_rows", "warm_up"]
 
 _BLOCK = 128
+_ROW_SPAN = 16 * 4 * _BLOCK  # bytes of a row one block copies: a 16-byte word x TRTIO_UNROLL per thread
 
 
 def warm_up(backend: Backend) -> None:
@@ -54,10 +55,11 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
     if be.name == "cuda":
         from trtio.cuda import kernels
 
-        kernels.launch(be.device_id, "trtio_copy_rows", stream.handle, count, _BLOCK,
+        parts = -(-row_bytes // _ROW_SPAN)  # blocks per row: a wide row is copied by several at once
+        kernels.launch(be.device_id, "trtio_copy_rows", stream.handle, (count, parts), _BLOCK,
                        kernels.ptr(dst.data_ptr), kernels.ptr(dst_rows.data_ptr if dst_rows is not None else 0),
                        kernels.ptr(src.data_ptr), kernels.ptr(src_rows.data_ptr), np.int32(count),
-                       np.int64(row_bytes), np.int64(dst_cap), np.int64(src_cap))
+                       np.int64(row_bytes), np.int64(dst_cap), np.int64(src_cap), np.int64(_ROW_SPAN))
         return
     d_ptr, s_ptr, si_ptr = dst.data_ptr, src.data_ptr, src_rows.data_ptr
     di_ptr = dst_rows.data_ptr if dst_rows is not None else 0

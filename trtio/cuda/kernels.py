@@ -19,34 +19,53 @@ from trtio.errors import CudaError
 __all__ = ["KERNEL_NAMES", "Launch", "kernels", "launch"]
 
 _SOURCE = r"""
+#define TRTIO_UNROLL 4
+
+// Bytes [lo, hi) of `out` = the same bytes of `in` (zeros when `in` is null), by the block's threads together:
+// in 16-byte words where both addresses and the length allow, each thread issuing all its loads before its
+// stores, so TRTIO_UNROLL x blockDim words are in flight at once (a copy is bound by memory latency, not width).
+__device__ __forceinline__ void trtio_copy_span(char* __restrict__ out, const char* __restrict__ in, long long lo,
+                                                long long hi) {
+    unsigned long long a = (unsigned long long)(out + lo) | (in ? (unsigned long long)(in + lo) : 0ull);
+    long long n = hi - lo;
+    if (((a | (unsigned long long)n) & 15ull) == 0) {
+        int4* o = (int4*)(out + lo);
+        const int4* s = (const int4*)(in + lo);
+        long long words = n >> 4, step = (long long)blockDim.x * TRTIO_UNROLL;
+        for (long long w0 = 0; w0 < words; w0 += step) {
+            int4 v[TRTIO_UNROLL];
+#pragma unroll
+            for (int u = 0; u < TRTIO_UNROLL; ++u) {
+                long long k = w0 + threadIdx.x + (long long)u * blockDim.x;
+                v[u] = (in && k < words) ? s[k] : make_int4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < TRTIO_UNROLL; ++u) {
+                long long k = w0 + threadIdx.x + (long long)u * blockDim.x;
+                if (k < words) o[k] = v[u];
+            }
+        }
+    } else {
+        for (long long k = lo + threadIdx.x; k < hi; k += blockDim.x) out[k] = in ? in[k] : (char)0;
+    }
+}
+
 // dst row (dst_rows ? dst_rows[i] : i) = src row src_rows[i] (zeros when src_rows[i] < 0), for i < count.
-// Rows outside [0, dst_cap) or [0, src_cap) are skipped: an index is data, never a reason to fault.
+// Rows outside [0, dst_cap) or [0, src_cap) are skipped: an index is data, never a reason to fault. Block
+// (i, p) copies bytes [p * span, (p + 1) * span) of row i: a wide row is spread over several blocks.
 extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __restrict__ dst_rows,
                                            const char* __restrict__ src, const int* __restrict__ src_rows,
-                                           int count, long long row_bytes, long long dst_cap, long long src_cap) {
+                                           int count, long long row_bytes, long long dst_cap, long long src_cap,
+                                           long long span) {
     int i = blockIdx.x;
     if (i >= count) return;
     long long d = dst_rows ? (long long)dst_rows[i] : (long long)i;
     long long s = src_rows[i];
     if (d < 0 || d >= dst_cap || s >= src_cap) return;
-    char* out = dst + d * row_bytes;
-    if ((row_bytes & 3) == 0) {
-        int* o = (int*)out;
-        long long n = row_bytes >> 2;
-        if (s < 0) {
-            for (long long k = threadIdx.x; k < n; k += blockDim.x) o[k] = 0;
-        } else {
-            const int* in = (const int*)(src + s * row_bytes);
-            for (long long k = threadIdx.x; k < n; k += blockDim.x) o[k] = in[k];
-        }
-    } else {
-        if (s < 0) {
-            for (long long k = threadIdx.x; k < row_bytes; k += blockDim.x) out[k] = 0;
-        } else {
-            const char* in = src + s * row_bytes;
-            for (long long k = threadIdx.x; k < row_bytes; k += blockDim.x) out[k] = in[k];
-        }
-    }
+    long long lo = (long long)blockIdx.y * span;
+    if (lo >= row_bytes) return;
+    long long hi = lo + span < row_bytes ? lo + span : row_bytes;
+    trtio_copy_span(dst + d * row_bytes, s < 0 ? nullptr : src + s * row_bytes, lo, hi);
 }
 
 // Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b's path in
@@ -55,7 +74,26 @@ extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __
 // [B, H, C, D] has one piece per head (layout 0); a paged pool [2, P, page, H, D] has the K piece (page table
 // row 0) and the V piece (row 1, ids already + P) (layout 1). Moves run in order with a barrier between them:
 // a later move may overwrite an earlier one's source (path [0, 2, 3]: slot 2 is read by move 1, then written
-// by move 2). A move onto itself is skipped.
+// by move 2). A move onto itself is skipped. Within a move, the threads share every piece's 16-byte words
+// (all of a thread's loads before its stores), so the pieces of an entry are read at once, not one by one.
+__device__ __forceinline__ bool trtio_piece(int layout, int b, int ch, long long src, long long dst,
+                                            long long chunk_bytes, long long chunk_stride, long long seq_stride,
+                                            long long slot_stride, const int* __restrict__ page_table,
+                                            int max_pages, int page_size, long long pool_rows, long long* so,
+                                            long long* dof) {
+    if (layout == 0) {
+        *so = b * seq_stride + ch * chunk_stride + src * slot_stride;
+        *dof = b * seq_stride + ch * chunk_stride + dst * slot_stride;
+        return true;
+    }
+    const int* pages = page_table + ((long long)b * 2 + ch) * max_pages;
+    long long ps = pages[src / page_size], pd = pages[dst / page_size];
+    if (ps < 0 || pd < 0 || ps >= pool_rows || pd >= pool_rows) return false;
+    *so = (ps * page_size + src % page_size) * chunk_bytes;
+    *dof = (pd * page_size + dst % page_size) * chunk_bytes;
+    return true;
+}
+
 extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict__ caches, const int* __restrict__ moves,
                                            int stride, int layout, long long chunk_bytes, int chunks,
                                            long long chunk_stride, long long seq_stride, long long slot_stride,
@@ -67,26 +105,39 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
     long long start = row[0];
     int n = row[1];
     char* base = (char*)caches[c];
+    // 16-byte words when every piece starts on one (the strides are multiples of the piece for layout 0).
+    bool words = (((unsigned long long)base | (unsigned long long)chunk_bytes
+                   | (unsigned long long)(layout == 0 ? (chunk_stride | seq_stride | slot_stride) : 0)) & 15ull) == 0;
+    long long per = words ? chunk_bytes >> 4 : 0, total = per * chunks;
     for (int m = 1; m < n; ++m) {
         long long src = start + row[2 + m], dst = start + m;
         if (src == dst) continue;  // an entry already in place (uniform over the block: no barrier skipped alone)
-        for (int ch = 0; ch < chunks; ++ch) {
-            long long so, dof;
-            if (layout == 0) {
-                so = b * seq_stride + ch * chunk_stride + src * slot_stride;
-                dof = b * seq_stride + ch * chunk_stride + dst * slot_stride;
-            } else {
-                const int* pages = page_table + ((long long)b * 2 + ch) * max_pages;
-                long long ps = pages[src / page_size], pd = pages[dst / page_size];
-                if (ps < 0 || pd < 0 || ps >= pool_rows || pd >= pool_rows) continue;
-                so = (ps * page_size + src % page_size) * chunk_bytes;
-                dof = (pd * page_size + dst % page_size) * chunk_bytes;
+        if (words) {
+            for (long long q0 = 0; q0 < total; q0 += (long long)blockDim.x * TRTIO_UNROLL) {
+                int4 v[TRTIO_UNROLL];
+                long long to[TRTIO_UNROLL];
+#pragma unroll
+                for (int u = 0; u < TRTIO_UNROLL; ++u) {
+                    long long q = q0 + threadIdx.x + (long long)u * blockDim.x, so, dof;
+                    to[u] = -1;
+                    if (q < total && trtio_piece(layout, b, (int)(q / per), src, dst, chunk_bytes, chunk_stride,
+                                                 seq_stride, slot_stride, page_table, max_pages, page_size,
+                                                 pool_rows, &so, &dof)) {
+                        long long k = (q % per) << 4;
+                        v[u] = *(const int4*)(base + so + k);
+                        to[u] = dof + k;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < TRTIO_UNROLL; ++u) {
+                    if (to[u] >= 0) *(int4*)(base + to[u]) = v[u];
+                }
             }
-            if ((chunk_bytes & 3) == 0) {
-                const int* in = (const int*)(base + so);
-                int* out = (int*)(base + dof);
-                for (long long k = threadIdx.x; k < (chunk_bytes >> 2); k += blockDim.x) out[k] = in[k];
-            } else {
+        } else {
+            for (int ch = 0; ch < chunks; ++ch) {
+                long long so, dof;
+                if (!trtio_piece(layout, b, ch, src, dst, chunk_bytes, chunk_stride, seq_stride, slot_stride,
+                                 page_table, max_pages, page_size, pool_rows, &so, &dof)) continue;
                 for (long long k = threadIdx.x; k < chunk_bytes; k += blockDim.x) base[dof + k] = base[so + k];
             }
         }
