@@ -60,7 +60,7 @@ def main() -> None:
     # kernels
     kernels.kernels(be.device_id)
     args = (kernels.ptr(d), kernels.ptr(0), kernels.ptr(d + 65536), kernels.ptr(d + 131072), np.int32(4),
-            np.int64(64), np.int64(16), np.int64(16))
+            np.int64(64), np.int64(16), np.int64(16), np.int64(8192))
     timeit("kernels.launch (cuda.core)", lambda: kernels.launch(be.device_id, "trtio_copy_rows", s, 4, 128, *args))
     k = kernels.kernels(be.device_id)["trtio_copy_rows"]
     handle = getattr(k, "_handle", None)
@@ -70,13 +70,21 @@ def main() -> None:
     import ctypes
 
     vals = [ctypes.c_uint64(d), ctypes.c_uint64(0), ctypes.c_uint64(d + 65536), ctypes.c_uint64(d + 131072),
-            ctypes.c_int32(4), ctypes.c_int64(64), ctypes.c_int64(16), ctypes.c_int64(16)]
+            ctypes.c_int32(4), ctypes.c_int64(64), ctypes.c_int64(16), ctypes.c_int64(16), ctypes.c_int64(8192)]
     arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
     addr = ctypes.addressof(arr)
     rt.cudaMemsetAsync(d + 131072, 0, 64, s)
     print("raw launch", drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
     be.synchronize_stream(s)
     timeit("drv.cuLaunchKernel (packed params)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
+    timeit("drv.cuLaunchKernel (int stream)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, s, addr, 0))
+    packed = kernels.Launch(be.device_id, "trtio_copy_rows", 4, 128, *args)
+    timeit("kernels.Launch.__call__", lambda: packed(s))
+    cu_launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
+    cu_launch.argtypes = (ctypes.c_void_p,) + (ctypes.c_uint,) * 6 + (ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                                                                      ctypes.c_void_p)
+    fn_ptr = int(fn)
+    timeit("ctypes cuLaunchKernel", lambda: cu_launch(fn_ptr, 4, 1, 1, 128, 1, 1, 0, s, addr, None))
     be.synchronize_stream(s)
     # The same driver calls through ctypes (argument types declared once): the floor of a Python call.
     cu = ctypes.CDLL("libcuda.so.1")

@@ -70,6 +70,7 @@ def main() -> None:
     wrap(engine.EngineExecutor, "execute", "Executor.execute")
     wrap(ops, "copy_rows", "ops.copy_rows")
     wrap(state.EngineState, "commit_grid", "EngineState.commit_grid")
+    wrap(ops.KVCommit, "run", "KVCommit.run")
     wrap(memory.HostStaging, "upload", "HostStaging.upload")
     wrap(sbase.SetupBase, "_stage_layout", "SetupBase._stage_layout")
     for name in ("draft_propose", "verify", "accept", "draft_accept", "_draft_level", "_batch_level", "_check_parents",

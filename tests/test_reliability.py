@@ -472,6 +472,47 @@ def test_spec_decode_embeddings_that_the_activation_dtype_cannot_hold_are_refuse
         sd.draft_accept(np.zeros((2, 2, 16)), [2, 1])
 
 
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: trtio.Backend, contract: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lists of ints (what a runtime passes: walked once in Python) and an int array padded with -1 (the
+    general checks) commit the same entries, lengths and catch-up rows, paths of unequal lengths included."""
+    import trtio.setups.spec_decode as spec_decode_module
+
+    walked: list[bool] = []
+    list_paths = spec_decode_module.SpecDecodeSetup._list_paths
+
+    def spy(paths: Any, b: int, tree: Any) -> Any:
+        found = list_paths(paths, b, tree)
+        walked.append(found is not None)
+        return found
+
+    monkeypatch.setattr(spec_decode_module.SpecDecodeSetup, "_list_paths", staticmethod(spy))
+    rng = np.random.default_rng(3)
+    x, catch_up = rng.standard_normal((2, 4, 16)), rng.standard_normal((2, 3, 16))
+    results = []
+    for paths in ([[0, 1, 3], [0, 2]], np.array([[0, 1, 3], [0, 2, -1]])):
+        with Factory(f"spec-{contract}").create(host, graphs=False) as sd:
+            sd.base.state.reset(None, clear=True)  # slots no step writes read alike in both runs
+            emb, lens = embed_batch(E, PROMPTS, np.float16)
+            sd.base_prefill(emb, lens)
+            sd.draft_prefill(emb, lens)
+            sd.verify(x, [-1, 0, 0, 1])
+            sd.accept(paths)
+            logits = sd.draft_accept(catch_up, [3, 2]).to_numpy()
+            state = sd.base.state
+            caches = {n: state.tensors[n].to_numpy() for n in state._kv_caches}
+            caches["features"] = sd.io.base_hidden_states.to_numpy()  # the catch-up's rows: zeros past a path
+            results.append((state.lengths.copy(), caches, logits))
+    assert walked == [True, False], "the lists took the Python walk, the array the general checks"
+    (lengths, caches, logits), (lengths2, caches2, logits2) = results
+    np.testing.assert_array_equal(lengths, lengths2)
+    np.testing.assert_array_equal(lengths, np.array([3, 4]) + [3, 2])
+    for name in caches:
+        np.testing.assert_array_equal(caches[name], caches2[name], err_msg=name)
+    np.testing.assert_array_equal(logits, logits2)
+
+
 # -- spec decode: out-of-order and inconsistent calls, refused before any work --------------------------
 
 

@@ -146,17 +146,19 @@ def _per_slot_reference(caches: dict[str, np.ndarray], paths, starts, *, paged: 
 
 @pytest.mark.parametrize("kv", ["float16", "fp8"])
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_commit_paths_is_bit_identical_to_per_slot_copies(backend, layout: str, kv: str) -> None:
+@pytest.mark.parametrize("head_dim", [16, 6])  # 6: entry pieces that are no whole number of 16-byte words
+def test_commit_paths_is_bit_identical_to_per_slot_copies(backend, layout: str, kv: str, head_dim: int) -> None:
     import dataclasses
 
     from trtio.testing.toy_engines import default_engines_dir
 
     rng = np.random.default_rng(7)
+    dims = {} if head_dim == 16 else dict(head_dim=head_dim, rotary_dim=head_dim)
     if layout == "paged":
         cfg = trtio.EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
-        cfg = dataclasses.replace(cfg, kv_cache_dtype=kv, num_attention_layers=3, kv_pool_pages=0).validate()
+        cfg = dataclasses.replace(cfg, kv_cache_dtype=kv, num_attention_layers=3, kv_pool_pages=0, **dims).validate()
     else:
-        cfg = llm_config(kv_cache_dtype=kv, num_attention_layers=3, max_kv_cache_capacity=256)
+        cfg = llm_config(kv_cache_dtype=kv, num_attention_layers=3, max_kv_cache_capacity=256, **dims)
     eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True))
     st = EngineState(eio, cfg, max_batch=4, backend=backend)
     s = trtio.Stream.create(backend)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trtio import names as _names
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.cuda.backend import Backend, Location, destroy_graphs, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError
@@ -162,26 +162,12 @@ class EngineIO:
         return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def _destroy_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int]) -> None:
-    """Destroy every graph in ``graphs`` (0 marks a snapshot that was not captured) and empty it."""
-    live = [g for g in graphs.values() if g]
-    graphs.clear()
-    errors = []
-    for g in live:
-        try:
-            backend.destroy_graph(g)
-        except Exception as exc:  # keep destroying the rest, then report
-            errors.append(exc)
-    if errors:
-        raise errors[0]
-
-
 def _release_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int], name: str) -> None:
     """Finalizer backstop of an executor never closed: free its graphs, warn, never raise."""
     if not any(graphs.values()):
         return
     try:
-        _destroy_graphs(backend, graphs)
+        destroy_graphs(backend, graphs)
     except Exception:  # the driver may already be gone at interpreter exit
         return
     warnings.warn(f"trtio executor {name!r} was never closed; its CUDA graphs were freed by the garbage collector",
@@ -652,7 +638,7 @@ class EngineExecutor:
     def clear_graphs(self) -> None:
         """Destroy every captured graph (after a rebinding that makes them stale, or to free them)."""
         try:
-            _destroy_graphs(self._backend, self._graphs)
+            destroy_graphs(self._backend, self._graphs)
         finally:
             for plan in self._plans.values():
                 plan.graph = None

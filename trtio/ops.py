@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from trtio._hashing import hash_once
+from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Backend
+from trtio.cuda.backend import Backend, destroy_graphs
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
@@ -186,7 +187,7 @@ class KVLayout:
     max_pages: int = 0
 
 
-class KVCommit:
+class KVCommit(Closeable):
     """Everything :meth:`run` needs to move cache entries of every KV cache of a state in one device
     operation, worked out once (addresses, strides, the host view's row unit)."""
 
@@ -219,7 +220,37 @@ class KVCommit:
         self.piece = layout.entry_bytes // self.unit
         self.first = np.array([(p - self.base) // self.unit for p in ptrs], np.int64)[:, None]
         self.span = max(p + t.capacity for p, t in zip(ptrs, caches)) - self.base
-        self._launches: dict[tuple[int, int, int], Any] = {}  # the cuda launch per (moves, batch, stride)
+        self._graphs: dict[tuple[int, int, int], int] = {}  # cuda: the kernel's graph per (moves, batch, stride)
+        # Its owner (a state) warns when dropped unclosed; the graphs then go silently.
+        self._init_lifetime(f"the KV commit of {self.n_caches} caches", destroy_graphs, self.backend, self._graphs,
+                            warn=False)
+
+    def _capture(self, key: tuple[int, int, int], stream: Stream) -> int:
+        """The kernel of ``key`` captured in a graph of its own; 0 after launching it directly, where
+        ``stream`` is already being captured (by a caller: the launch joins the caller's graph)."""
+        from trtio.cuda import kernels
+
+        self._check_open()
+        lay, be = self.layout, self.backend
+        moves_ptr, batch, stride = key
+        launch = kernels.Launch(
+            be.device_id, "trtio_kv_commit", (self.n_caches, batch), _BLOCK, kernels.ptr(self.table_ptr),
+            kernels.ptr(moves_ptr), np.int32(stride), np.int32(1 if lay.paged else 0),
+            np.int64(lay.entry_bytes), np.int32(self.chunks), np.int64(self.chunk_stride),
+            np.int64(self.seq_stride), np.int64(self.slot_stride), kernels.ptr(self.page_table_ptr),
+            np.int32(lay.max_pages), np.int32(lay.capacity), np.int64(2 * lay.pool_pages))
+        h = stream.handle
+        if be.is_capturing(h):
+            launch(h)
+            return 0
+        be.begin_capture(h)
+        try:
+            launch(h)
+        except BaseException:
+            be.abort_capture(h)
+            raise
+        graph = self._graphs[key] = be.end_capture(h)
+        return graph
 
     def run(self, moves: Tensor, batch: int, stride: int, stream: Stream) -> None:
         """For each sequence slot ``b < batch``, row ``b`` of ``moves`` (int32 ``[batch, stride]``) is
@@ -229,17 +260,11 @@ class KVCommit:
         lay, be = self.layout, self.backend
         if be.name == "cuda":
             key = (moves.data_ptr, batch, stride)
-            launch = self._launches.get(key)
-            if launch is None:
-                from trtio.cuda import kernels
-
-                launch = self._launches[key] = kernels.Launch(
-                    be.device_id, "trtio_kv_commit", (self.n_caches, batch), _BLOCK, kernels.ptr(self.table_ptr),
-                    kernels.ptr(moves.data_ptr), np.int32(stride), np.int32(1 if lay.paged else 0),
-                    np.int64(lay.entry_bytes), np.int32(self.chunks), np.int64(self.chunk_stride),
-                    np.int64(self.seq_stride), np.int64(self.slot_stride), kernels.ptr(self.page_table_ptr),
-                    np.int32(lay.max_pages), np.int32(lay.capacity), np.int64(2 * lay.pool_pages))
-            launch(stream.handle)
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._capture(key, stream)
+            if graph:
+                be.launch_graph(graph, stream.handle)  # a one-kernel graph: cheaper to launch than the kernel
             return
         mv_ptr = moves.data_ptr
 

@@ -468,6 +468,8 @@ class EngineState:
             raise FrozenError(f"engine state {self.name!r} is bound by open executor(s) {users}: freeing it would "
                               f"leave their engines writing to freed memory; close the setup first")
         self._closed = True
+        if self._commit is not None:
+            self._commit.close()
         self._staging.close()
         self._moves.close()
         for t in self._arena.tensors.values():

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import enum
 import threading
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from trtio.errors import CudaError, InvalidValueError
 
-__all__ = ["Backend", "Location", "LocationLike", "get_backend", "cuda_available"]
+__all__ = ["Backend", "Location", "LocationLike", "cuda_available", "destroy_graphs", "get_backend"]
 
 
 class Location(enum.Enum):
@@ -126,6 +126,21 @@ def cuda_available() -> bool:
 
         _cuda_probe = probe_device_count() > 0
     return _cuda_probe
+
+
+def destroy_graphs(backend: Backend, graphs: dict[Any, int]) -> None:
+    """Destroy every graph in ``graphs`` (0 marks one that was not captured) and empty it: each is tried,
+    then the first error is raised."""
+    live = [g for g in graphs.values() if g]
+    graphs.clear()
+    errors = []
+    for g in live:
+        try:
+            backend.destroy_graph(g)
+        except Exception as exc:  # keep destroying the rest, then report
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def get_backend(kind: str | Backend | None = "auto") -> Backend:

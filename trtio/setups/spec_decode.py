@@ -24,6 +24,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -638,21 +639,25 @@ class SpecDecodeSetup(SetupBase):
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
-        grid, acc = path_grid(paths, b)
+        found = self._list_paths(paths, b, tree)
+        if found is None:  # anything but lists of ints on the tree: the general checks name what is wrong
+            grid, acc = path_grid(paths, b)
+            if grid.shape[1] > MAX_PATH_MOVES + 1:
+                i = int(np.argmax(acc))
+                raise ShapeError(f"paths[{i}]: {int(acc[i])} nodes, more than the {MAX_PATH_MOVES + 1} an accepted "
+                                 f"path may have (depth {MAX_PATH_MOVES})")
+            bad = self._bad_path(grid, acc, tree)
+            if bad is not None:
+                i, t = bad
+                path = grid[i, :acc[i]].tolist()
+                if t == 0:
+                    raise ShapeError(f"paths[{i}] = {path}: a path starts at the root, node 0")
+                raise ShapeError(f"paths[{i}] = {path}: node {path[t]} is not a child of node {path[t - 1]} in "
+                                 f"the verified tree")
+        else:
+            grid, acc = found
         n, width = tree.nodes, grid.shape[1]
-        if width > MAX_PATH_MOVES + 1:
-            i = int(np.argmax(acc))
-            raise ShapeError(f"paths[{i}]: {int(acc[i])} nodes, more than the {MAX_PATH_MOVES + 1} an accepted path "
-                             f"may have (depth {MAX_PATH_MOVES})")
         rows_b = self._batch_rows[:b]
-        bad = self._bad_path(grid, acc, tree)
-        if bad is not None:
-            i, t = bad
-            path = grid[i, :acc[i]].tolist()
-            if t == 0:
-                raise ShapeError(f"paths[{i}] = {path}: a path starts at the root, node 0")
-            raise ShapeError(f"paths[{i}] = {path}: node {path[t]} is not a child of node {path[t - 1]} in the "
-                             f"verified tree")
         s = self._stream(stream)
         lengths = self.base.state.lengths
         self.base.state.commit_grid(lengths[:b], grid, acc, s)
@@ -662,6 +667,30 @@ class SpecDecodeSetup(SetupBase):
         self._accepted_rows = rows if int(acc.min()) == width else np.where(grid >= 0, rows, -1)
         self._accepted = acc
         self._verified = None
+
+    @staticmethod
+    def _list_paths(paths: Any, b: int, tree: _Tree) -> tuple[np.ndarray, np.ndarray] | None:
+        """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree``
+        (at most MAX_PATH_MOVES + 1 nodes), as (grid padded with -1, lengths), walked once in Python; None for
+        anything else, which the general checks (:func:`path_grid`, :meth:`_bad_path`) then refuse or read."""
+        if type(paths) is not list or len(paths) != b:
+            return None
+        n, lens, walked = tree.nodes, [], 0
+        for p, parents in zip(paths, tree.parent_lists):
+            if type(p) is not list or not p or type(p[0]) is not int or p[0] != 0 or len(p) > MAX_PATH_MOVES + 1:
+                return None
+            walked += len(p)
+            if walked > _PYTHON_PATH_NODES:  # numpy checks many paths faster
+                return None
+            prev = 0
+            for node in itertools.islice(p, 1, None):
+                if type(node) is not int or not 0 < node < n or parents[node] != prev:
+                    return None
+                prev = node
+            lens.append(len(p))
+        longest = max(lens)
+        rows = paths if min(lens) == longest else [p + [-1] * (longest - len(p)) for p in paths]
+        return np.array(rows, np.int64), np.array(lens, np.int64)
 
     def _bad_path(self, grid: np.ndarray, acc: np.ndarray, tree: _Tree) -> tuple[int, int] | None:
         """The first wrong node of the accepted paths (``grid`` [B, L], lengths ``acc``) in the verified

@@ -1,0 +1,97 @@
+"""``trtio.ops.copy_rows``, the row gather every step helper's graph holds (RoPE rows, hidden-state rows of
+accepted nodes, a draft level's parent rows), against numpy on the host backend and on the GPU: rows of
+every alignment (whole 16-byte words, 4-byte words, odd bytes) and rows wider than one block copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import DType, Location, Stream, Tensor
+from trtio.ops import copy_rows
+
+
+def _device(backend: trtio.Backend, values: np.ndarray, name: str) -> Tensor:
+    t = Tensor.empty(values.shape, values.dtype, Location.DEVICE, backend=backend, name=name)
+    t.copy_from(values)
+    return t
+
+
+def _expected(dst: np.ndarray, src: np.ndarray, src_rows: np.ndarray, dst_rows: np.ndarray | None) -> np.ndarray:
+    out = dst.copy()
+    for i, s in enumerate(src_rows):
+        d = i if dst_rows is None else dst_rows[i]
+        if d >= 0:
+            out[d] = 0 if s < 0 else src[s]
+    return out
+
+
+@pytest.mark.parametrize("row_bytes", [6, 20, 48, 512, 8192 + 48, 3 * 8192])
+@pytest.mark.parametrize("scatter", [False, True])
+def test_copy_rows_equals_the_numpy_gather(backend: trtio.Backend, row_bytes: int, scatter: bool) -> None:
+    """Row ``dst_rows[i]`` (``i`` without them) of the destination becomes row ``src_rows[i]`` of the
+    source, zeros for a negative source row; a negative destination row is skipped; every other byte
+    stays as it was."""
+    rng = np.random.default_rng(row_bytes)
+    src_cap, dst_cap, count = 9, 11, 7
+    src = rng.integers(0, 256, (src_cap, row_bytes), dtype=np.uint8)
+    dst = rng.integers(0, 256, (dst_cap, row_bytes), dtype=np.uint8)
+    src_rows = rng.integers(0, src_cap, count).astype(np.int32)
+    src_rows[2] = -1  # zeros
+    dst_rows = rng.permutation(dst_cap)[:count].astype(np.int32) if scatter else None
+    if dst_rows is not None:
+        dst_rows[4] = -1  # skipped
+    s = Stream.create(backend)
+    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"), _device(backend, src_rows, "src_rows")]
+    if dst_rows is not None:
+        ts.append(_device(backend, dst_rows, "dst_rows"))
+    try:
+        copy_rows(ts[1], ts[0], ts[2], count, row_bytes=row_bytes, stream=s,
+                  dst_rows=ts[3] if dst_rows is not None else None)
+        got = ts[1].to_numpy(s)
+        np.testing.assert_array_equal(got, _expected(dst, src, src_rows, dst_rows))
+        assert not np.array_equal(got, dst), "the copy moved something"
+    finally:
+        for t in ts:
+            t.close()
+        s.close()
+
+
+def test_a_row_index_outside_a_tensor_is_refused_on_the_host_and_skipped_on_the_gpu(backend: trtio.Backend) -> None:
+    """An index is data the device reads when the work runs: the host backend raises, naming it; a kernel
+    skips the row rather than fault (checking would synchronise the host)."""
+    src = np.arange(4 * 16, dtype=np.uint8).reshape(4, 16)
+    dst = np.zeros((3, 16), np.uint8)
+    rows = np.array([1, 7, 2], np.int32)  # 7: past the source's 4 rows
+    s = Stream.create(backend)
+    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"), _device(backend, rows, "src_rows")]
+    try:
+        if backend.name == "host":
+            with pytest.raises(ValueError, match="source row 7 at index 1 is outside the 4 rows"):
+                copy_rows(ts[1], ts[0], ts[2], 3, row_bytes=16, stream=s)
+        else:
+            copy_rows(ts[1], ts[0], ts[2], 3, row_bytes=16, stream=s)
+            np.testing.assert_array_equal(ts[1].to_numpy(s), np.stack([src[1], dst[1], src[2]]))
+    finally:
+        for t in ts:
+            t.close()
+        s.close()
+
+
+def test_rows_are_bytes_whatever_the_dtype(backend: trtio.Backend) -> None:
+    """A float16 tensor's rows move as bytes: NaN payloads and negative zeros arrive unchanged."""
+    src = np.array([[np.nan, -0.0, 1.5, -np.inf], [65504.0, 6e-8, -2.0, 0.0]], np.float16)
+    src.view(np.uint16)[0, 0] = 0x7E01  # a NaN with a payload
+    dst = np.ones((2, 4), np.float16)
+    s = Stream.create(backend)
+    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"),
+          _device(backend, np.array([1, 0], np.int32), "src_rows")]
+    try:
+        assert ts[0].dtype is DType.FLOAT16
+        copy_rows(ts[1], ts[0], ts[2], 2, row_bytes=8, stream=s)
+        np.testing.assert_array_equal(ts[1].to_numpy(s).view(np.uint16), src[::-1].view(np.uint16))
+    finally:
+        for t in ts:
+            t.close()
+        s.close()
