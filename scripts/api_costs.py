@@ -8,8 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 
 def timeit(name: str, fn: Callable[[], object], n: int = 3000) -> None:
     for _ in range(200):
@@ -59,27 +57,23 @@ def main() -> None:
     be.synchronize_stream(s)
     # kernels
     kernels.kernels(be.device_id)
-    args = (kernels.ptr(d), kernels.ptr(0), kernels.ptr(d + 65536), kernels.ptr(d + 131072), np.int32(4),
-            np.int64(64), np.int64(16), np.int64(16), np.int64(8192))
-    timeit("kernels.launch (cuda.core)", lambda: kernels.launch(be.device_id, "trtio_copy_rows", s, 4, 128, *args))
-    k = kernels.kernels(be.device_id)["trtio_copy_rows"]
-    handle = getattr(k, "_handle", None)
-    print("kernel handle", type(handle), [a for a in dir(k) if not a.startswith("__")])
-    err, fn = drv.cuKernelGetFunction(handle)
+    job = (d, 0, d + 65536, d + 131072, 4, 64, 64, 64, 16, 16)  # 4 rows of 64 bytes, indices at d + 131072
+    packed = kernels.copy_jobs(be.device_id, [job], 8192, 128)
+    timeit("kernels.Launch (trtio_copy_jobs)", lambda: packed(s))
+    k = kernels.kernels(be.device_id)["trtio_copy_jobs"]
+    err, fn = drv.cuKernelGetFunction(k.handle)
     print("cuKernelGetFunction", err)
     import ctypes
 
-    vals = [ctypes.c_uint64(d), ctypes.c_uint64(0), ctypes.c_uint64(d + 65536), ctypes.c_uint64(d + 131072),
-            ctypes.c_int32(4), ctypes.c_int64(64), ctypes.c_int64(16), ctypes.c_int64(16), ctypes.c_int64(8192)]
-    arr = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+    table = kernels.CopyJobs(n=1, span=8192)
+    table.job[0] = kernels.CopyJob(*job, 0, 1)
+    arr = (ctypes.c_void_p * 1)(ctypes.addressof(table))
     addr = ctypes.addressof(arr)
     rt.cudaMemsetAsync(d + 131072, 0, 64, s)
     print("raw launch", drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
     be.synchronize_stream(s)
     timeit("drv.cuLaunchKernel (packed params)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, cs, addr, 0))
     timeit("drv.cuLaunchKernel (int stream)", lambda: drv.cuLaunchKernel(fn, 4, 1, 1, 128, 1, 1, 0, s, addr, 0))
-    packed = kernels.Launch(be.device_id, "trtio_copy_rows", 4, 128, *args)
-    timeit("kernels.Launch.__call__", lambda: packed(s))
     cu_launch = ctypes.CDLL("libcuda.so.1").cuLaunchKernel
     cu_launch.argtypes = (ctypes.c_void_p,) + (ctypes.c_uint,) * 6 + (ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
                                                                       ctypes.c_void_p)

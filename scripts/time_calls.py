@@ -63,7 +63,7 @@ def main() -> None:
     for m in ("memcpy", "memcpy_2d", "record_event", "query_event", "launch_graph", "wait_event", "memset", "fill"):
         if hasattr(type(be), m):
             wrap(be, m, f"backend.{m}")
-    wrap(kernels, "launch", "kernels.launch")
+    wrap(kernels.Launch, "__call__", "kernels.Launch")
     wrap(staging.StepStaging, "write", "StepStaging.write")
     wrap(staging.StepStaging, "upload", "StepStaging.upload")
     wrap(engine.EngineExecutor, "prepare", "Executor.prepare")

@@ -95,3 +95,74 @@ def test_rows_are_bytes_whatever_the_dtype(backend: trtio.Backend) -> None:
         for t in ts:
             t.close()
         s.close()
+
+
+def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: trtio.Backend) -> None:
+    """One kernel for several independent copies (a step's RoPE rows, hidden rows, embeddings and zeros):
+    the same bytes as each copy alone, for jobs of different row counts and widths (a wide row spread
+    over blocks, many narrow rows, a long zeroing) and more jobs than one launch takes."""
+    from trtio.cuda.kernels import MAX_COPY_JOBS
+    from trtio.ops import Copy2D, CopyJobs, RowCopy, Zero, fuse
+
+    rng = np.random.default_rng(5)
+    s = Stream.create(backend)
+    owned: list[Tensor] = []
+
+    def dev(values: np.ndarray, name: str) -> Tensor:
+        owned.append(_device(backend, values, name))
+        return owned[-1]
+
+    try:
+        copies: list = []
+        expected: list[tuple[Tensor, np.ndarray]] = []
+        for n, (rows, width) in enumerate([(3, 8192 * 2 + 64), (40, 48), (5, 20), (9, 512), (2, 16)]):
+            src = rng.integers(0, 256, (rows + 2, width), dtype=np.uint8)
+            dst = rng.integers(0, 256, (rows + 1, width), dtype=np.uint8)
+            idx = rng.integers(-1, rows + 2, rows).astype(np.int32)
+            to = rng.permutation(rows + 1)[:rows].astype(np.int32)
+            d = dev(dst, f"dst{n}")
+            copies.append(RowCopy(d, dev(src, f"src{n}"), dev(idx, f"idx{n}"), rows, width, dev(to, f"to{n}")))
+            expected.append((d, _expected(dst, src, idx, to)))
+        plain = rng.integers(0, 256, (4, 96), dtype=np.uint8)
+        wide = dev(rng.integers(0, 256, (4, 160), dtype=np.uint8), "wide")
+        src2d = dev(plain, "plain")
+        copies.append(Copy2D(backend, wide.data_ptr + 32, 160, src2d.data_ptr, 96, 96, 4))
+        want = wide.to_numpy(s).copy()
+        want[:, 32:128] = plain
+        expected.append((wide, want))
+        zeros = dev(rng.integers(1, 256, 3 * 8192 + 16, dtype=np.uint8), "zeros")
+        copies.append(Zero(zeros, 2 * 8192 + 16))
+        want = zeros.to_numpy(s).copy()
+        want[:2 * 8192 + 16] = 0
+        expected.append((zeros, want))
+        works = fuse(copies)
+        assert len(copies) > MAX_COPY_JOBS and len(works) == 2 and all(isinstance(w, CopyJobs) for w in works)
+        for w in works:
+            w.enqueue(s)
+        for t, want in expected:
+            np.testing.assert_array_equal(t.to_numpy(s), want, err_msg=t.name)
+    finally:
+        for t in owned:
+            t.close()
+        s.close()
+
+
+def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: trtio.Backend) -> None:
+    """Copies in one kernel run at once: one that writes what another reads or writes is refused when the
+    work is made, naming both; and only copies fuse."""
+    from trtio.ops import CopyJobs, RowCopy, Zero, fuse
+
+    a = _device(host, np.zeros((4, 16), np.uint8), "a")
+    b = _device(host, np.zeros((4, 16), np.uint8), "b")
+    rows = _device(host, np.arange(4, dtype=np.int32), "rows")
+    try:
+        with pytest.raises(ValueError, match="copy 1 writes memory that copy 0 reads"):
+            CopyJobs((RowCopy(b, a, rows, 4, 16), Zero(a, 16)))
+        with pytest.raises(ValueError, match="copy 0 writes memory that copy 1 reads or writes"):
+            CopyJobs((RowCopy(b, a, rows, 4, 16), RowCopy(b, rows, rows, 1, 16)))
+        assert len(fuse([RowCopy(b, a, rows, 4, 16)])) == 1
+        with pytest.raises(TypeError, match="str is not a copy"):
+            fuse(["work"])
+    finally:
+        for t in (a, b, rows):
+            t.close()

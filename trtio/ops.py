@@ -24,8 +24,8 @@ from trtio.cuda.backend import Backend, destroy_graphs
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["Copy2D", "DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout", "RowCopy", "TreeStep",
-           "TreeTargets", "Zero", "copy_rows", "warm_up"]
+__all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout",
+           "RowCopy", "TreeStep", "TreeTargets", "Zero", "copy_rows", "fuse", "warm_up"]
 
 _BLOCK = 128
 _ROW_SPAN = 16 * 4 * _BLOCK  # bytes of a row one block copies: a 16-byte word x TRTIO_UNROLL per thread
@@ -54,13 +54,9 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
     be = dst.backend
     dst_cap, src_cap = dst.capacity // row_bytes, src.capacity // row_bytes
     if be.name == "cuda":
-        from trtio.cuda import kernels
-
-        parts = -(-row_bytes // _ROW_SPAN)  # blocks per row: a wide row is copied by several at once
-        kernels.launch(be.device_id, "trtio_copy_rows", stream.handle, (count, parts), _BLOCK,
-                       kernels.ptr(dst.data_ptr), kernels.ptr(dst_rows.data_ptr if dst_rows is not None else 0),
-                       kernels.ptr(src.data_ptr), kernels.ptr(src_rows.data_ptr), np.int32(count),
-                       np.int64(row_bytes), np.int64(dst_cap), np.int64(src_cap), np.int64(_ROW_SPAN))
+        job = (dst.data_ptr, dst_rows.data_ptr if dst_rows is not None else 0, src.data_ptr, src_rows.data_ptr,
+               count, row_bytes, row_bytes, row_bytes, dst_cap, src_cap)
+        _copy_jobs(be, (job,))(stream.handle)
         return
     d_ptr, s_ptr, si_ptr = dst.data_ptr, src.data_ptr, src_rows.data_ptr
     di_ptr = dst_rows.data_ptr if dst_rows is not None else 0
@@ -91,6 +87,22 @@ def _host_work(be: Backend, stream: Stream, run: Any) -> None:
     if launch is None:
         raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
     launch(stream.handle, run)
+
+
+_job_launches: dict[tuple[Any, ...], Any] = {}  # the packed copy launches of the last few hundred job lists
+
+
+def _copy_jobs(be: Backend, jobs: tuple[tuple[int, ...], ...]) -> Any:
+    """The packed launch of ``trtio_copy_jobs`` for ``jobs`` (see :func:`trtio.cuda.kernels.copy_jobs`)."""
+    key = (be.device_id, jobs)
+    found = _job_launches.get(key)
+    if found is None:
+        from trtio.cuda import kernels
+
+        if len(_job_launches) >= 512:
+            _job_launches.clear()
+        found = _job_launches[key] = kernels.copy_jobs(be.device_id, jobs, _ROW_SPAN, _BLOCK)
+    return found
 
 
 def _kernel(work: Any, name: str, grid: int | tuple[int, ...], *args: Any) -> Any:
@@ -136,6 +148,12 @@ class RowCopy:
         copy_rows(self.dst, self.src, self.src_rows, self.count, row_bytes=self.row_bytes, stream=stream,
                   dst_rows=self.dst_rows)
 
+    def job(self) -> tuple[int, ...]:
+        """This copy as a ``trtio_copy_jobs`` job."""
+        b = self.row_bytes
+        return (self.dst.data_ptr, self.dst_rows.data_ptr if self.dst_rows is not None else 0, self.src.data_ptr,
+                self.src_rows.data_ptr, self.count, b, b, b, self.dst.capacity // b, self.src.capacity // b)
+
 
 @hash_once
 @dataclass(frozen=True)
@@ -145,10 +163,18 @@ class Zero:
     tensor: Tensor
     nbytes: int
 
+    @property
+    def backend(self) -> Backend:
+        return self.tensor.backend
+
     def enqueue(self, stream: Stream) -> None:
         t = self.tensor
         t.backend.memset(t.data_ptr, 0, self.nbytes, stream.handle)
         t._last_stream = stream
+
+    def job(self) -> tuple[int, ...]:
+        """This zeroing as a ``trtio_copy_jobs`` job (one row, no source)."""
+        return (self.tensor.data_ptr, 0, 0, 0, 1, self.nbytes, 0, 0, 1, 1)
 
 
 @hash_once
@@ -168,6 +194,73 @@ class Copy2D:
 
     def enqueue(self, stream: Stream) -> None:
         self.backend.memcpy_2d(self.dst, self.dpitch, self.src, self.spitch, self.width, self.height, stream.handle)
+
+    def job(self) -> tuple[int, ...]:
+        """This copy as a ``trtio_copy_jobs`` job."""
+        h = self.height
+        return (self.dst, 0, self.src, 0, h, self.width, self.dpitch, self.spitch, h, h)
+
+
+Copy = RowCopy | Zero | Copy2D
+
+
+@hash_once
+@dataclass(frozen=True)
+class CopyJobs:
+    """Copies of which none reads what another writes, as one value (see :class:`RowCopy`): one kernel on
+    the cuda backend (a graph node, where each copy alone would be one), the copies in turn elsewhere."""
+
+    copies: tuple[Copy, ...]
+
+    def __post_init__(self) -> None:
+        spans = [_spans(c) for c in self.copies]
+        for i, (dst, _src) in enumerate(spans):
+            for j, (other_dst, other_src) in enumerate(spans):
+                if i != j and any(_overlap(dst, r) for r in (other_dst, other_src) if r is not None):
+                    raise ValueError(f"CopyJobs: copy {i} writes memory that copy {j} reads or writes; such copies "
+                                     f"must run one after the other")
+
+    def enqueue(self, stream: Stream) -> None:
+        first = self.copies[0]
+        be = first.dst.backend if isinstance(first, RowCopy) else first.backend
+        if be.name != "cuda":
+            for c in self.copies:
+                c.enqueue(stream)
+            return
+        found = self.__dict__.get("_launch")
+        if found is None:
+            found = self.__dict__["_launch"] = _copy_jobs(be, tuple(c.job() for c in self.copies))
+        found(stream.handle)
+        for c in self.copies:
+            if isinstance(c, Zero):
+                c.tensor._last_stream = stream
+
+
+def _spans(c: Copy) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """The byte ranges a copy writes and reads (its tensors' whole capacity for a row copy)."""
+    if isinstance(c, RowCopy):
+        return ((c.dst.data_ptr, c.dst.data_ptr + c.dst.capacity), (c.src.data_ptr, c.src.data_ptr + c.src.capacity))
+    if isinstance(c, Zero):
+        return (c.tensor.data_ptr, c.tensor.data_ptr + c.nbytes), None
+    last = c.height - 1
+    return ((c.dst, c.dst + c.dpitch * last + c.width), (c.src, c.src + c.spitch * last + c.width))
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def fuse(copies: Sequence[Any]) -> tuple[Any, ...]:
+    """``copies`` (:data:`Copy` values, none reading what another writes) as the fewest works: a
+    :class:`CopyJobs` per ``MAX_COPY_JOBS`` of them, a single copy as itself."""
+    from trtio.cuda.kernels import MAX_COPY_JOBS
+
+    for c in copies:
+        if not isinstance(c, (RowCopy, Zero, Copy2D)):
+            raise TypeError(f"fuse: {type(c).__name__} is not a copy (RowCopy, Zero or Copy2D)")
+    if len(copies) < 2:
+        return tuple(copies)
+    return tuple(CopyJobs(tuple(copies[i:i + MAX_COPY_JOBS])) for i in range(0, len(copies), MAX_COPY_JOBS))
 
 
 @dataclass(frozen=True)

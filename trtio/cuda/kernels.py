@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from trtio.errors import CudaError
 
-__all__ = ["KERNEL_NAMES", "Launch", "kernels", "launch"]
+__all__ = ["KERNEL_NAMES", "MAX_COPY_JOBS", "CopyJob", "CopyJobs", "Launch", "copy_jobs", "kernels"]
 
 _SOURCE = r"""
 #define TRTIO_UNROLL 4
@@ -50,22 +51,37 @@ __device__ __forceinline__ void trtio_copy_span(char* __restrict__ out, const ch
     }
 }
 
-// dst row (dst_rows ? dst_rows[i] : i) = src row src_rows[i] (zeros when src_rows[i] < 0), for i < count.
-// Rows outside [0, dst_cap) or [0, src_cap) are skipped: an index is data, never a reason to fault. Block
-// (i, p) copies bytes [p * span, (p + 1) * span) of row i: a wide row is spread over several blocks.
-extern "C" __global__ void trtio_copy_rows(char* __restrict__ dst, const int* __restrict__ dst_rows,
-                                           const char* __restrict__ src, const int* __restrict__ src_rows,
-                                           int count, long long row_bytes, long long dst_cap, long long src_cap,
-                                           long long span) {
-    int i = blockIdx.x;
-    if (i >= count) return;
-    long long d = dst_rows ? (long long)dst_rows[i] : (long long)i;
-    long long s = src_rows[i];
-    if (d < 0 || d >= dst_cap || s >= src_cap) return;
-    long long lo = (long long)blockIdx.y * span;
-    if (lo >= row_bytes) return;
-    long long hi = lo + span < row_bytes ? lo + span : row_bytes;
-    trtio_copy_span(dst + d * row_bytes, s < 0 ? nullptr : src + s * row_bytes, lo, hi);
+// Copy jobs, up to TRTIO_MAX_COPY_JOBS made by one launch (none may read what another writes). Job j: for
+// i < count, row (dst_rows ? dst_rows[i] : i) of dst (rows dpitch apart) = row (src_rows ? src_rows[i] : i) of
+// src (rows spitch apart), `width` bytes; zeros where src is null or the source row is negative; a negative
+// destination row writes nothing, and rows outside [0, dst_cap) or [0, src_cap) are skipped (an index is
+// data, never a reason to fault). Job j owns blocks [first, first + count * parts): block (i, p) of it copies
+// bytes [p * span, (p + 1) * span) of row i, so a wide row is spread over several blocks.
+#define TRTIO_MAX_COPY_JOBS 6
+struct TrtioCopyJob {
+    char* dst;
+    const int* dst_rows;
+    const char* src;
+    const int* src_rows;
+    long long count, width, dpitch, spitch, dst_cap, src_cap, first, parts;
+};
+struct TrtioCopyJobs {
+    TrtioCopyJob job[TRTIO_MAX_COPY_JOBS];
+    long long n, span;
+};
+
+extern "C" __global__ void trtio_copy_jobs(TrtioCopyJobs jobs) {
+    long long blk = blockIdx.x;
+    int j = 0;
+    while (j + 1 < jobs.n && blk >= jobs.job[j + 1].first) ++j;
+    const TrtioCopyJob c = jobs.job[j];
+    long long local = blk - c.first, i = local / c.parts, lo = (local % c.parts) * jobs.span;
+    if (i >= c.count || lo >= c.width) return;
+    long long d = c.dst_rows ? (long long)c.dst_rows[i] : i;
+    long long s = c.src_rows ? (long long)c.src_rows[i] : i;
+    if (d < 0 || d >= c.dst_cap || s >= c.src_cap) return;
+    long long hi = lo + jobs.span < c.width ? lo + jobs.span : c.width;
+    trtio_copy_span(c.dst + d * c.dpitch, (c.src == nullptr || s < 0) ? nullptr : c.src + s * c.spitch, lo, hi);
 }
 
 // Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b's path in
@@ -263,7 +279,7 @@ extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ pa
 }
 """
 
-KERNEL_NAMES = ("trtio_copy_rows", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level",
+KERNEL_NAMES = ("trtio_copy_jobs", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level",
                 "trtio_tree_step")
 
 _lock = threading.Lock()
@@ -314,10 +330,43 @@ def _function(device_id: int, name: str) -> Any:
     return found
 
 
+MAX_COPY_JOBS = 6  # TRTIO_MAX_COPY_JOBS
+
+
+class CopyJob(ctypes.Structure):
+    """``TrtioCopyJob`` (see ``trtio_copy_jobs``)."""
+
+    _fields_ = [("dst", ctypes.c_uint64), ("dst_rows", ctypes.c_uint64), ("src", ctypes.c_uint64),
+                ("src_rows", ctypes.c_uint64), ("count", ctypes.c_int64), ("width", ctypes.c_int64),
+                ("dpitch", ctypes.c_int64), ("spitch", ctypes.c_int64), ("dst_cap", ctypes.c_int64),
+                ("src_cap", ctypes.c_int64), ("first", ctypes.c_int64), ("parts", ctypes.c_int64)]
+
+
+class CopyJobs(ctypes.Structure):
+    """``TrtioCopyJobs``: the one parameter of ``trtio_copy_jobs``, passed by value."""
+
+    _fields_ = [("job", CopyJob * MAX_COPY_JOBS), ("n", ctypes.c_int64), ("span", ctypes.c_int64)]
+
+
+def copy_jobs(device_id: int, jobs: Sequence[tuple[int, ...]], span: int, block: int) -> Launch:
+    """The launch of ``trtio_copy_jobs`` for ``jobs``: each (dst, dst_rows, src, src_rows, count, width, dpitch,
+    spitch, dst_cap, src_cap), addresses as ints (0: none); rows of ``width`` bytes are split in ``span``s."""
+    if not 0 < len(jobs) <= MAX_COPY_JOBS:
+        raise ValueError(f"copy_jobs: {len(jobs)} jobs, expected 1..{MAX_COPY_JOBS}")
+    table = CopyJobs(n=len(jobs), span=span)
+    first = 0
+    for k, job in enumerate(jobs):
+        parts = max(1, -(-job[5] // span))
+        table.job[k] = CopyJob(*job, first, parts)
+        first += job[4] * parts
+    return Launch(device_id, "trtio_copy_jobs", max(first, 1), block, table)
+
+
 class Launch:
     """One launch of kernel ``name`` with its arguments packed once: a step that relaunches it (with fresh
     data in device memory) pays one ``cuLaunchKernel``. ``args`` are numpy scalars of the kernel's
-    parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers)."""
+    parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers) or ctypes structures
+    (a struct parameter passed by value)."""
 
     def __init__(self, device_id: int, name: str, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
         from cuda.bindings import driver
@@ -325,7 +374,8 @@ class Launch:
         self.name = name
         self._device_id = device_id
         self._fn = _function(device_id, name)
-        self._values = [_C_TYPES[np.asarray(a).dtype](a.item()) for a in args]  # kept alive with the array
+        self._values = [a if isinstance(a, ctypes.Structure) else _C_TYPES[np.asarray(a).dtype](a.item())
+                        for a in args]  # kept alive with the array
         self._params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(v) for v in self._values])
         g = (grid, 1, 1) if isinstance(grid, int) else (tuple(grid) + (1, 1))[:3]
         self._dims = (*g, block, 1, 1)
@@ -347,21 +397,6 @@ class Launch:
             if err == self._ok:
                 return
         raise CudaError(f"cuLaunchKernel({self.name})", str(err), "")
-
-
-_launches: dict[tuple[Any, ...], Launch] = {}
-
-
-def launch(device_id: int, name: str, stream: int, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
-    """Launch kernel ``name`` on the stream handle ``stream`` (see :class:`Launch`; the packed launches
-    of the last few hundred distinct argument lists are kept)."""
-    key = (device_id, name, grid, block, *(a.item() for a in args))
-    found = _launches.get(key)
-    if found is None:
-        if len(_launches) >= 512:
-            _launches.clear()
-        found = _launches[key] = Launch(device_id, name, grid, block, *args)
-    found(stream)
 
 
 def ptr(value: int) -> np.uint64:

@@ -48,7 +48,7 @@ from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import Copy2D, DraftLevel, DraftTree, TreeStep, TreeTargets, Zero, warm_up
+from trtio.ops import Copy2D, DraftLevel, DraftTree, TreeStep, TreeTargets, Zero, fuse, warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -146,6 +146,7 @@ class SpecDecodeSetup(SetupBase):
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
         self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
         self._level_copies: dict[tuple[int, ...], Copy2D] = {}  # the copies made part of a level's graph
+        self._fused_works: dict[tuple[Any, ...], tuple[DeviceWork, ...]] = {}  # step works in the fewest kernels
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._dims_cache: dict[tuple[Any, ...], InferenceDims] = {}
         self._trees: dict[Any, _Tree] = {}  # verify trees seen (a runtime's tree shape repeats)
@@ -340,7 +341,7 @@ class SpecDecodeSetup(SetupBase):
                 e.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst)
         level = self._draft_level(e, past, par, b, n0, k, s)
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=embeds + zeros + level + (move,))
+        e.executor.execute(s, before=self._fused(embeds, zeros, level, move))
         self._tree_n = n0 + k
         self._level = (n0, k)
         return self.io.output_logits
@@ -407,6 +408,21 @@ class SpecDecodeSetup(SetupBase):
             scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch_rows + j, -1)
             found = self._catch_up[key] = _CatchUp(layout, constant(take), constant(scratch.reshape(-1)),
                                                    constant((acc - 1)[:, None].astype(np.int64)))
+        return found
+
+    def _fused(self, embeds: tuple[DeviceWork, ...], zeros: tuple[DeviceWork, ...], level: tuple[DeviceWork, ...],
+               move: DeviceWork) -> tuple[DeviceWork, ...]:
+        """A proposal level's device work in the fewest kernels (:func:`~trtio.ops.fuse`): a round's zeros and
+        the level's embedding copy before the tree's level, the copies that read what it writes (the RoPE
+        rows, the parents' hidden rows; the embedding copy on later levels) in one kernel after it."""
+        key = (embeds, zeros, level, move)
+        found = self._fused_works.get(key)
+        if found is None:
+            first, then = (zeros + embeds, ()) if zeros else ((), embeds)
+            found = fuse(first) + level[:1] + fuse(then + level[1:] + (move,))
+            if len(self._fused_works) >= 256:
+                self._fused_works.clear()
+            self._fused_works[key] = found
         return found
 
     def _stage_tree(self, e: BoundEngine, layout: TreeLayout, past: np.ndarray, select: np.ndarray,
@@ -773,7 +789,15 @@ class SpecDecodeSetup(SetupBase):
         assert step is not None
         step.write("row_src", src)
         step.write("row_dst", catch_up.scratch_rows)
-        before = self._stage_tree(e, catch_up.layout, past, catch_up.select, s) + moves
+        tree = self._stage_tree(e, catch_up.layout, past, catch_up.select, s)
+        key = (tree, moves)
+        before = self._fused_works.get(key)
+        if before is None:  # the layout, then the RoPE rows, the gather and the zeros in one kernel, then the scatter
+            gather, scatter, zero = moves
+            before = tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,)
+            if len(self._fused_works) >= 256:
+                self._fused_works.clear()
+            self._fused_works[key] = before
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
         e.state.lengths[:b] = past + acc
