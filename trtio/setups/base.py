@@ -35,11 +35,24 @@ from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend", "with_contract"]
+__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend", "remember", "with_contract"]
 
 log = logging.getLogger("trtio")
 
 _S = TypeVar("_S", bound="SetupBase")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+_CACHE_LIMIT = 256  # entries a setup's cache of derived step values holds before it starts over
+
+
+def remember(cache: dict[_K, _V], key: _K, value: _V) -> _V:
+    """``cache[key] = value``, in a setup's cache of values derived per step shape (a runtime's steps repeat a
+    few shapes; one that keeps changing must not grow it without bound: it is emptied at _CACHE_LIMIT)."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -430,9 +443,7 @@ class SetupBase:
         key = (id(dst), id(src), id(src_rows), count, row_bytes, id(dst_rows))
         found = self._row_copies.get(key)
         if found is None:
-            if len(self._row_copies) >= 256:
-                self._row_copies.clear()
-            found = self._row_copies[key] = RowCopy(dst, src, src_rows, count, row_bytes, dst_rows)
+            found = remember(self._row_copies, key, RowCopy(dst, src, src_rows, count, row_bytes, dst_rows))
         return found
 
     def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:

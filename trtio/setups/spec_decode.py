@@ -58,6 +58,7 @@ from trtio.setups.base import (
     _RopeTables,
     bind_engine,
     engine_backend,
+    remember,
     with_contract,
 )
 from trtio.spec_decode import ancestor_mask, validate_tree_mask
@@ -386,9 +387,7 @@ class SpecDecodeSetup(SetupBase):
                 assert rows is not None
                 work += (self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w,
                                         e.cfg.rotary_dim * DType.FLOAT32.itemsize),)
-            if len(self._draft_levels) >= 256:
-                self._draft_levels.clear()
-            found = self._draft_levels[key] = work
+            found = remember(self._draft_levels, key, work)
         return found
 
     def _catch_up_layout(self, acc: np.ndarray, a: int) -> _CatchUp:
@@ -419,10 +418,7 @@ class SpecDecodeSetup(SetupBase):
         found = self._fused_works.get(key)
         if found is None:
             first, then = (zeros + embeds, ()) if zeros else ((), embeds)
-            found = fuse(first) + level[:1] + fuse(then + level[1:] + (move,))
-            if len(self._fused_works) >= 256:
-                self._fused_works.clear()
-            self._fused_works[key] = found
+            found = remember(self._fused_works, key, fuse(first) + level[:1] + fuse(then + level[1:] + (move,)))
         return found
 
     def _stage_tree(self, e: BoundEngine, layout: TreeLayout, past: np.ndarray, select: np.ndarray,
@@ -469,9 +465,7 @@ class SpecDecodeSetup(SetupBase):
                                         e.cfg.rotary_dim * DType.FLOAT32.itemsize),)
             else:
                 work = (TreeStep(targets, b, w, True, 0, words, select.shape[1]),)
-            if len(self._tree_steps) >= 256:
-                self._tree_steps.clear()
-            found = self._tree_steps[key] = work
+            found = remember(self._tree_steps, key, work)
         return found
 
     def _tree_targets(self, e: BoundEngine) -> TreeTargets:
@@ -794,10 +788,7 @@ class SpecDecodeSetup(SetupBase):
         before = self._fused_works.get(key)
         if before is None:  # the layout, then the RoPE rows, the gather and the zeros in one kernel, then the scatter
             gather, scatter, zero = moves
-            before = tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,)
-            if len(self._fused_works) >= 256:
-                self._fused_works.clear()
-            self._fused_works[key] = before
+            before = remember(self._fused_works, key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
         e.state.lengths[:b] = past + acc
