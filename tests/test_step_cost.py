@@ -171,6 +171,33 @@ def test_ragged_steps_are_one_staged_copy_and_one_graph(host: trtio.Backend) -> 
         sd.close()
 
 
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_the_copies_of_a_step_graph_are_one_kernel_per_stage(host: trtio.Backend, contract: str) -> None:
+    """Each node of a graph costs the device about 2 µs whatever it moves, so the copies around a step's
+    layout kernel are one kernel where they are independent (``ops.CopyJobs``): a later proposal level is
+    its tree level, then its embeddings, RoPE and hidden rows; a round's first level zeroes and copies
+    before the tree level; a catch-up is its layout, one kernel of copies, then the scatter that reads
+    what that kernel gathered."""
+    sd = _setup(contract, True)
+    try:
+        _start(sd)
+        (levels,) = _level_buffers(sd, 1)
+        for r in range(3):
+            _round(sd, r, levels)  # the level buffers stay in place: their copies join the level graphs
+
+        def works() -> list[str]:
+            return [type(w).__name__ for w in sd.draft.executor._plan.graph_before]
+
+        assert works() == ["TreeStep", "CopyJobs", "RowCopy"]
+        sd.draft_propose(levels[0], parents=np.full(TOP_K, -1))
+        assert works() == ["CopyJobs", "DraftLevel", "CopyJobs" if contract == "ragged" else "RowCopy"]
+        sd.draft_propose(levels[1], parents=np.arange(TOP_K) // 2)
+        assert works() == ["DraftLevel", "CopyJobs"]
+        _close([levels])
+    finally:
+        sd.close()
+
+
 def test_level_embeddings_from_new_addresses_every_round_cost_no_new_graphs(host: trtio.Backend) -> None:
     """A runtime that hands each level a buffer at another address each round: the copies stay outside the
     graphs (one 2D copy each), and the level graphs captured in the first round replay."""
