@@ -712,6 +712,26 @@ def test_padding_rows_write_nothing_and_garbage_stays_unseen() -> None:
         assert (after[written] != before[written]).any(axis=1).all()
 
 
+def _replay_on_new_data_equals_direct(rig: Rig, backend: trtio.Backend, graph: int, snap: dict[str, np.ndarray],
+                                      tokens: Tokens, past: list[int]) -> None:
+    """Stage another verify tree in the captured step's buffers and replay ``graph``: its outputs and pools
+    equal a direct execute of that step from the pools ``snap`` held at capture. Destroys ``graph``."""
+    new, _ = tree_step(rig, tokens, [[-1, 0, 1], [-1, 0, 0]], past, 3, phase=5)
+    for name, array in new.inputs.items():
+        rig.tensors[name].reshape(array.shape).copy_from(array, rig.stream)
+    backend.launch_graph(graph, rig.stream.handle)
+    replay = rig.outputs()
+    replay_pools = rig.pools()
+    rig.fill_pools(snap)
+    direct = rig.run(new)
+    for a, b in zip(replay, direct):
+        assert a is not None and b is not None
+        np.testing.assert_array_equal(a, b)
+    for name, pool in rig.pools().items():
+        np.testing.assert_array_equal(replay_pools[name], pool)
+    backend.destroy_graph(graph)
+
+
 def test_host_graph_replay_recomputes_a_ragged_step() -> None:
     """A captured verify step replays on new data in the same buffers as a direct execute would."""
     cfg = small_cfg("base", activation_dtype="bfloat16")
@@ -728,20 +748,7 @@ def test_host_graph_replay_recomputes_a_ragged_step() -> None:
         assert rig.ctx.execute_async_v3(rig.stream.handle)
     finally:
         graph = backend.end_capture(rig.stream.handle)
-    new, _ = tree_step(rig, tokens, [[-1, 0, 1], [-1, 0, 0]], past, 3, phase=5)
-    for name, array in new.inputs.items():
-        rig.tensors[name].reshape(array.shape).copy_from(array, rig.stream)
-    backend.launch_graph(graph, rig.stream.handle)
-    replay = rig.outputs()
-    replay_pools = rig.pools()
-    rig.fill_pools(snap)
-    direct = rig.run(new)
-    for a, b in zip(replay, direct):
-        assert a is not None and b is not None
-        np.testing.assert_array_equal(a, b)
-    for name, pool in rig.pools().items():
-        np.testing.assert_array_equal(replay_pools[name], pool)
-    backend.destroy_graph(graph)
+    _replay_on_new_data_equals_direct(rig, backend, graph, snap, tokens, past)
 
 
 def test_an_engine_without_the_optional_inputs_computes_the_same() -> None:
@@ -1037,20 +1044,7 @@ def test_gpu_graph_replay_equals_direct_execution(kv: str) -> None:
         raise
     graph = backend.end_capture(rig.stream.handle)
     assert (pool.used_bytes(), pool.total_bytes(), backend.alloc_count) == (used, total, allocs)
-    new, _ = tree_step(rig, tokens, [[-1, 0, 1], [-1, 0, 0]], past, 3, phase=5)
-    for name, array in new.inputs.items():
-        rig.tensors[name].reshape(array.shape).copy_from(array, rig.stream)
-    backend.launch_graph(graph, rig.stream.handle)
-    replay = rig.outputs()
-    replay_pools = rig.pools()
-    rig.fill_pools(snap)
-    direct = rig.run(new)
-    for a, b in zip(replay, direct):
-        assert a is not None and b is not None
-        np.testing.assert_array_equal(a, b)
-    for name, value in rig.pools().items():
-        np.testing.assert_array_equal(replay_pools[name], value)
-    backend.destroy_graph(graph)
+    _replay_on_new_data_equals_direct(rig, backend, graph, snap, tokens, past)
 
 
 @pytest.mark.gpu

@@ -38,18 +38,26 @@ _loggers: dict[str, Any] = {}
 _plugins: dict[str, ctypes.CDLL] = {}
 
 
+def _first_importable(names: Iterable[str]) -> tuple[ModuleType | None, str]:
+    """The first of ``names`` that imports, or None and why each one did not."""
+    errors = []
+    for name in names:
+        try:
+            return importlib.import_module(name), ""
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    return None, "; ".join(errors)
+
+
 def import_trt(module: str | ModuleType = "auto") -> ModuleType:
     """Resolve ``module``: "auto" tries tensorrt, then tensorrt_rtx."""
     if isinstance(module, ModuleType):
         return module
     if module == "auto":
-        errors = []
-        for name in KNOWN_MODULES:
-            try:
-                return importlib.import_module(name)
-            except ImportError as exc:
-                errors.append(f"{name}: {exc}")
-        raise EngineError("neither tensorrt nor tensorrt_rtx can be imported (" + "; ".join(errors) + ")")
+        found, why = _first_importable(KNOWN_MODULES)
+        if found is None:
+            raise EngineError(f"neither tensorrt nor tensorrt_rtx can be imported ({why})")
+        return found
     if module not in KNOWN_MODULES:
         raise EngineError(f"unknown TensorRT module {module!r}; expected 'auto', " +
                           " or ".join(repr(m) for m in KNOWN_MODULES) + ", or a module object")
@@ -200,15 +208,11 @@ def _module_for(module: str | ModuleType, fmt: tuple[str, str] | None) -> Module
     """``module``; for "auto", the module that wrote the plan first, then the other one."""
     if module != "auto" or fmt is None:
         return import_trt(module)
-    order = [fmt[1]] + [m for m in KNOWN_MODULES if m != fmt[1]]
-    errors = []
-    for name in order:
-        try:
-            return importlib.import_module(name)
-        except ImportError as exc:
-            errors.append(f"{name}: {exc}")
-    raise EngineError(f"this is a {fmt[0]} plan, which needs {fmt[1]}, and no TensorRT module can be imported ("
-                      + "; ".join(errors) + ")")
+    found, why = _first_importable([fmt[1]] + [m for m in KNOWN_MODULES if m != fmt[1]])
+    if found is None:
+        raise EngineError(f"this is a {fmt[0]} plan, which needs {fmt[1]}, and no TensorRT module can be imported "
+                          f"({why})")
+    return found
 
 
 def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto", *,
