@@ -16,10 +16,10 @@ from trtio import DType, Location, Stream, Tensor
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
 from trtio.edgellm import EngineDir
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTree, TreeStep, TreeTargets
-from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
+from trtio.trees import ancestor_mask
 
 E = toy_embedding(512, 64)
 

@@ -21,7 +21,6 @@ from _contract import expected_contract
 import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
-from trtio.spec_decode import ancestor_mask, pack_tree_mask, tree_position_ids
 from trtio.testing import reference_engine as re_mod
 from trtio.testing.reference_engine import (
     DataType,
@@ -31,6 +30,7 @@ from trtio.testing.reference_engine import (
     TensorLocation,
 )
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
+from trtio.trees import ancestor_mask, pack_tree_mask, tree_position_ids
 
 LOGGER = "trtio.testing.reference_engine"
 STATIC = ExecutionContextAllocationStrategy.STATIC

@@ -32,7 +32,6 @@ import pytest
 import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
-from trtio.spec_decode import ancestor_mask, pack_tree_mask
 from trtio.testing import reference_engine as re_mod
 from trtio.testing.reference_engine import (
     RAGGED_OMITTABLE,
@@ -42,6 +41,7 @@ from trtio.testing.reference_engine import (
     TensorIOMode,
 )
 from trtio.testing.toy_model import ToyWeights, log_softmax, reference_forward, rope_table, toy_embedding
+from trtio.trees import ancestor_mask, pack_tree_mask
 
 LOGGER = "trtio.testing.reference_engine"
 USER_MANAGED = ExecutionContextAllocationStrategy.USER_MANAGED

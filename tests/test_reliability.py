@@ -49,10 +49,10 @@ from trtio import (
 from trtio.cuda.host import HostBackend
 from trtio.edgellm import EngineDir
 from trtio.setups import LLMSetup
-from trtio.spec_decode import ancestor_mask
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
+from trtio.trees import ancestor_mask
 
 # A tiny model, so that a thousand setups take a few seconds: one layer, 16 wide, 32 tokens.
 TINY = dict(hidden_size=16, vocab_size=32, max_supported_batch_size=2, max_supported_input_length=8,

@@ -13,9 +13,9 @@ from _configs import bundle, llm_config
 import trtio
 from trtio import BindingError, ShapeError, Stream, TrtioError, names
 from trtio.setups import create_for_llm, create_for_spec_decode
-from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
+from trtio.trees import ancestor_mask
 
 
 @pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])

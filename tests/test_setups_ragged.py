@@ -24,10 +24,10 @@ from trtio import BindingError, ConfigError, ShapeError, TrtioError, names
 from trtio.contracts.ragged import causal_step, tree_step
 from trtio.edgellm import EngineDir
 from trtio.rope import rope_cos_sin_table
-from trtio.spec_decode import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
+from trtio.trees import ancestor_mask
 
 ENGINES = default_engines_dir()
 LLM_DIR = ENGINES / "toy-llm-ragged"

@@ -22,9 +22,11 @@ from trtio.errors import (
     CudaError,
     EngineError,
     FrozenError,
+    InvalidTypeError,
     InvalidValueError,
     ShapeError,
     TrtioError,
+    UnknownNameError,
 )
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
@@ -69,7 +71,9 @@ __all__ = [
     "EngineError",
     "Event",
     "FrozenError",
+    "InvalidTypeError",
     "InvalidValueError",
+    "UnknownNameError",
     "HostStaging",
     "InferenceDims",
     "LLMEngineConfig",

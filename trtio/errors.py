@@ -17,6 +17,8 @@ __all__ = [
     "EngineError",
     "ClosedError",
     "InvalidValueError",
+    "InvalidTypeError",
+    "UnknownNameError",
 ]
 
 
@@ -50,6 +52,19 @@ class InvalidValueError(TrtioError, ValueError):
 
     The message names the object involved (tensor, stream, arena), the value, and what was expected.
     """
+
+
+class InvalidTypeError(TrtioError, TypeError):
+    """An argument has a type trtio cannot use (a config where an engine belongs, a str where a path list
+    does); the message names the argument, the type given and what was expected."""
+
+
+class UnknownNameError(TrtioError, KeyError):
+    """A lookup by name found nothing (a tensor, a binding, a member); the message names it and what
+    exists."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; the message reads better as written
+        return str(self.args[0]) if self.args else ""
 
 
 class ShapeError(TrtioError, ValueError):

@@ -61,11 +61,11 @@ from trtio.setups.base import (
     remember,
     with_contract,
 )
-from trtio.spec_decode import ancestor_mask, validate_tree_mask
 from trtio.staging import constant
 from trtio.state import MAX_PATH_MOVES, path_grid
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
+from trtio.trees import ancestor_mask, validate_tree_mask
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
 

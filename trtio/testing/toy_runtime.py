@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from trtio.setups import LLMSetup, SpecDecodeSetup
-from trtio.spec_decode import ancestor_mask
+from trtio.trees import ancestor_mask
 
 __all__ = ["DraftTree", "SpecStats", "embed_batch", "expand_level", "greedy_generate", "spec_generate"]
 

@@ -1,4 +1,4 @@
-"""Tests for trtio.spec_decode: packed tree masks and their companion inputs.
+"""Tests for trtio.trees: packed tree masks and their companion inputs.
 
 The packing is checked against a slow pure-Python reference written straight from Edge-LLM's
 kernel (``mask |= 1 << (i % 32)`` over explicit loops), not against a second numpy version.
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trtio.errors import ShapeError
-from trtio.spec_decode import (
+from trtio.trees import (
     CAUSAL_MASK_TRAILING_DIMS,
     EDGE_LLM_MAX_TREE_SIZE,
     ancestor_mask,
@@ -492,7 +492,7 @@ def test_write_tree_inputs_stages_everything_into_pipeline_io():
     from _configs import bundle
 
     from trtio.pipeline_io import PipelineIO
-    from trtio.spec_decode import ancestor_mask, write_tree_inputs
+    from trtio.trees import ancestor_mask, write_tree_inputs
 
     b = bundle()
     io = PipelineIO.create_for_spec_decode(b, backend="host")
