@@ -15,7 +15,7 @@ import trtio
 from trtio import DType, Location, Stream, Tensor
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
 from trtio.edgellm import EngineDir
-from trtio.ops import DecodeAdvance, DraftLevel, DraftTree, TreeStep, TreeTargets
+from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
@@ -87,11 +87,11 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                   t["ids"], width, 2)
         if ragged:
             mrope = layout == "mrope"
-            tree = DraftTree(*common, logits_stride=width, query_lengths=t["query_lengths"], positions=t["positions"],
-                             parent_ids=t["parent_ids"], depths=t["depths"], rope_rows=t["rope"] if mrope else None,
-                             rope_cap=cap if mrope else 0)
+            tree = DraftTreeBuffers(*common, logits_stride=width, query_lengths=t["query_lengths"],
+                                    positions=t["positions"], parent_ids=t["parent_ids"], depths=t["depths"],
+                                    rope_rows=t["rope"] if mrope else None, rope_cap=cap if mrope else 0)
         else:
-            tree = DraftTree(*common, logits_stride=0, roots=t["roots"], start=t["start"], ctx=t["ctx"])
+            tree = DraftTreeBuffers(*common, logits_stride=0, roots=t["roots"], start=t["start"], ctx=t["ctx"])
         for _round in range(2):
             past = rng.integers(0, 500, b)
             roots = rng.integers(0, 100, b)

@@ -62,8 +62,8 @@ import pytest
 from _safetensors import write_safetensors
 
 import trtio
+import trtio.contracts.ragged_steps as ragged_steps_module
 import trtio.setups.engine_dir as engine_dir_module
-import trtio.setups.llm as llm_setup_module
 from trtio import ConfigError, EngineError, LLMEngineConfig, LLMSetup, SpecDecodeSetup
 from trtio.cuda._hostmem import host_view
 from trtio.edgellm import CONFIG_FILES, D2T_FILE, EMBEDDING_FILE, ENGINE_FILES, PLUGIN_LIBRARY, EngineDir
@@ -735,7 +735,7 @@ def test_consistency_checks_catch_shared_pages_and_a_shifted_decode_position(
 
     # One position ahead changes no token of these 8 (the toy's attention is weak), only logits: the toys
     # compare those too; real engines, with tokens only, see a larger shift.
-    monkeypatch.setattr(llm_setup_module, "DecodeAdvance", _DecodeOnePositionAhead)
+    monkeypatch.setattr(ragged_steps_module, "DecodeAdvance", _DecodeOnePositionAhead)
     shifted = run_checks_on(toy)
     test_graphs_change_no_token(toy, shifted)
     test_batch_composition_changes_no_token(toy, shifted)

@@ -477,17 +477,17 @@ def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: trti
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Lists of ints (what a runtime passes: walked once in Python) and an int array padded with -1 (the
     general checks) commit the same entries, lengths and catch-up rows, paths of unequal lengths included."""
-    import trtio.setups.spec_decode as spec_decode_module
+    import trtio.setups.verify as verify_module
 
     walked: list[bool] = []
-    list_paths = spec_decode_module.SpecDecodeSetup._list_paths
+    list_paths = verify_module.AcceptedPaths._lists
 
     def spy(paths: Any, b: int, tree: Any) -> Any:
         found = list_paths(paths, b, tree)
         walked.append(found is not None)
         return found
 
-    monkeypatch.setattr(spec_decode_module.SpecDecodeSetup, "_list_paths", staticmethod(spy))
+    monkeypatch.setattr(verify_module.AcceptedPaths, "_lists", staticmethod(spy))
     rng = np.random.default_rng(3)
     x, catch_up = rng.standard_normal((2, 4, 16)), rng.standard_normal((2, 3, 16))
     results = []
@@ -522,9 +522,9 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         host: trtio.Backend, contract: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call out of order or with inconsistent input is refused before any work is enqueued; accepted
     paths are checked alike whether they are walked in Python (a few) or with numpy (many)."""
-    import trtio.setups.spec_decode as spec_decode_module
+    import trtio.setups.verify as verify_module
 
-    monkeypatch.setattr(spec_decode_module, "_PYTHON_PATH_NODES", 512 if walk == "python" else 0)
+    monkeypatch.setattr(verify_module, "_PYTHON_PATH_NODES", 512 if walk == "python" else 0)
     cap = TINY["max_kv_cache_capacity"]
 
     def z(n: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from trtio.cuda.backend import Backend, destroy_graphs
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTree", "KVCommit", "KVLayout",
+__all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTreeBuffers", "KVCommit", "KVLayout",
            "RowCopy", "TreeStep", "TreeTargets", "Zero", "copy_rows", "fuse", "warm_up"]
 
 _BLOCK = 128
@@ -454,7 +454,7 @@ class DecodeAdvance:
 
 
 @dataclass(frozen=True, eq=False)
-class DraftTree:
+class DraftTreeBuffers:
     """Where a draft tree lives on the device, for :class:`DraftLevel`: the tree itself (``words``: packed
     ancestor words per node, int32 ``[rows, n_words]``; ``nodes``: depth and parent per node, int32
     ``[rows, 2]``), the inputs a level reads (``parents``, ``past``: each sequence's cached length; ``roots``:
@@ -498,12 +498,12 @@ class DraftLevel:
     """One level of a draft tree, made on the device (kernel ``trtio_draft_level``): the ``k`` nodes ``n0
     .. n0 + k - 1`` of each of ``batch`` sequences hang off ``tree.parents`` (``[k]`` if ``shared``, else
     ``[batch, k]``; parents of the previous level, ``level0 .. level0 + level_k - 1``, or -1 on a round's
-    first level). Every input of the proposal step is then rewritten from the tree (see :class:`DraftTree`):
+    first level). Every input of the proposal step is then rewritten from the tree (see :class:`DraftTreeBuffers`):
     padding rows past the ``n0 + k`` nodes, positions past + depth, each row's packed ancestors, and the new
     nodes' logits and hidden rows (a parent's draft row is ``b * level_k + parent - level0``). Equal values
     are the same work (parents are read when it runs)."""
 
-    tree: DraftTree
+    tree: DraftTreeBuffers
     batch: int
     n0: int
     k: int

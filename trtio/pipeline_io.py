@@ -12,19 +12,22 @@ views the worst-case buffers at its own shape.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from trtio import names
-from trtio._lifetime import open_binders
+from trtio._checks import is_int
+from trtio._lifetime import Closeable, open_binders
 from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts import contract_named
+from trtio.contracts.contract import Contract, PipelineLayout
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
-from trtio.errors import CapacityError, ClosedError, FrozenError, ShapeError, TrtioError
+from trtio.errors import CapacityError, ClosedError, ConfigError, FrozenError, ShapeError, TrtioError, UnknownNameError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.staging import StepStaging
 from trtio.stream import Event, StreamLike, as_stream
@@ -35,7 +38,8 @@ __all__ = ["PipelineIO", "StreamingPrefillBuffers"]
 
 log = logging.getLogger("trtio")
 
-# PipelineIO's members, in Edge-LLM's order (snake_case); deepstack_embeds is a list.
+# PipelineIO's members, in Edge-LLM's order (snake_case); deepstack_embeds is a list. A contract's layout
+# adds its own (PipelineLayout.members).
 MEMBERS = (
     "inputs_embeds", "output_logits", "select_token_indices", "context_lengths",
     "host_context_lengths", "host_select_token_indices", "deepstack_embeds", "mrope_cos_sin",
@@ -46,17 +50,6 @@ MEMBERS = (
 EXTRA_MEMBERS = (
     "deepstack_zero", "host_packed_attention_mask", "host_spec_decode_position_ids",
     "host_spec_select_token_indices",
-)
-# The token-major ("ragged") contract's members (Edge-LLM 0.11). Per-step inputs live in one StepStaging
-# (a device block the engine binds and its pinned twin: one host write and one copy per step);
-# packed_attention_mask and spec_decode_position_ids join them there on this contract.
-RAGGED_STEP_MEMBERS = (
-    "query_start_offsets", "query_lengths", "past_lengths", "attention_sequence_lengths", "state_indices",
-    "logits_indices", "row_src", "row_dst", "rope_rows", "positions", "spec_tree_parent_ids", "spec_tree_depths",
-)
-RAGGED_MEMBERS = (
-    "ragged_rope_cos_sin", "execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale",
-    "row_scratch",
 )
 
 
@@ -97,7 +90,7 @@ class _FrozenList(list[Tensor]):
     __imul__ = _frozen_guard("__imul__")
 
 
-class StreamingPrefillBuffers:
+class StreamingPrefillBuffers(Closeable):
     """Persistent copies of the prefill-time ``inputs_embeds`` and engine ``hidden_states``.
 
     Streaming consumers (Edge-LLM's Qwen3-Omni Talker) read these while the decode loop
@@ -106,6 +99,7 @@ class StreamingPrefillBuffers:
     """
 
     def __init__(self, backend: Backend) -> None:
+        self._init_lifetime("streaming_prefill")
         self._backend = backend
         self._arena: Arena | None = None
         self.input_embeds: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend,
@@ -115,16 +109,11 @@ class StreamingPrefillBuffers:
         self._ready: Event | None = None
         self._released: Event | None = None
         self._released_pending = False
-        self._closed = False
         self._worst = (0, 0, 0)
 
     @property
     def is_allocated(self) -> bool:
         return self._arena is not None
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("streaming_prefill is closed")
 
     @property
     def ready_event(self) -> Event:
@@ -134,7 +123,7 @@ class StreamingPrefillBuffers:
             raise TrtioError("streaming_prefill: populate_from_prefill has not been called yet")
         return self._ready
 
-    def release(self, stream: StreamLike) -> None:
+    def release(self, stream: StreamLike = None) -> None:
         """Record that the consumer on ``stream`` is done; the next populate waits for it (on the device)."""
         self._check_open()
         if self._released is None:
@@ -205,23 +194,23 @@ class StreamingPrefillBuffers:
             return rep
         return self._arena.report()
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for ev in (self._ready, self._released):
-            if ev is not None:
-                ev.close()
-        if self._arena is not None:
-            self._arena.close()
+    def _close_owned(self) -> None:
+        with contextlib.ExitStack() as release:  # everything is released; the first failure raises
+            if self._arena is not None:
+                release.callback(self._arena.close)
+            for ev in (self._ready, self._released):
+                if ev is not None:
+                    release.callback(ev.close)
 
 
-def _absent(name: str, dtype: DType, location: Location = Location.DEVICE) -> TensorRequest:
-    return TensorRequest(name, (0,), dtype, location)
+_LIFETIME_FIELDS = frozenset(("_closed", "_what", "_finalizer"))
 
 
-class PipelineIO:
-    """All tensors flowing through an inference pipeline (see module docstring)."""
+class PipelineIO(Closeable):
+    """All tensors flowing through an inference pipeline (see module docstring).
+
+    Members beyond the seed's (Edge-LLM 0.11's ragged members: ``query_start_offsets``, ``positions``, ...)
+    come from the contract's layout (:class:`~trtio.contracts.contract.PipelineLayout`)."""
 
     inputs_embeds: Tensor
     output_logits: Tensor
@@ -242,7 +231,7 @@ class PipelineIO:
     host_packed_attention_mask: Tensor
     host_spec_decode_position_ids: Tensor
     host_spec_select_token_indices: Tensor
-    # ragged contract
+    # the ragged contract's (PipelineLayout.members)
     query_start_offsets: Tensor
     query_lengths: Tensor
     past_lengths: Tensor
@@ -261,93 +250,73 @@ class PipelineIO:
     skip_softmax_scale: Tensor
     row_scratch: Tensor
     step: StepStaging | None
-    contract: str
+    contract: Contract
     max_batch: int
     max_seq: int
     hidden_size: int
     is_spec_decode: bool
     context_lengths_staging: HostStaging
     select_token_indices_staging: HostStaging
-    # Plain assignment works from the start: __setattr__ reads these before __init__ sets them.
+    # Plain assignment works from the start: __setattr__ reads this before __init__ sets it.
     _frozen: bool = False
-    _closed: bool = False
     _arena: Arena
     _backend: Backend
+    _members: tuple[str, ...]  # the member names of this layout (assignment refused once frozen)
     _standalone: dict[str, Tensor]  # members replaced by reallocate()
     _maps: list[TensorMap]  # tensor maps built from this PipelineIO (their executors pin it)
     _spec_staging: dict[str, HostStaging]
+    _owned: contextlib.ExitStack
 
-    def __init__(self, requests: list[TensorRequest], *, num_deepstack: int, max_batch: int, max_seq: int,
-                 hidden_size: int, is_spec_decode: bool, backend: Backend, title: str,
-                 step_requests: list[TensorRequest] | None = None, contract: str = "batch") -> None:
-        """Internal: use :meth:`create_for_llm` or :meth:`create_for_spec_decode`."""
-        step_requests = step_requests or []
-        arena = Arena(requests + StepStaging.requests(step_requests), backend=backend, title=title)
-        step = None
-        if step_requests:
-            try:
-                step = StepStaging(arena, [r.name for r in step_requests], title=f"{title} per-step inputs")
-            except BaseException:
-                arena.close()
-                raise
-        self.step = step
-        self.contract = contract
-        self._arena = arena
-        self._backend = backend
-        self._standalone = {}
-        self._maps = []
-        self.max_batch = max_batch
-        self.max_seq = max_seq
-        self.hidden_size = hidden_size
-        self.is_spec_decode = is_spec_decode
-        t = arena.tensors
-        if step is not None:
-            t.update(step.tensors)
-        for m in MEMBERS + EXTRA_MEMBERS + RAGGED_STEP_MEMBERS + RAGGED_MEMBERS:
-            if m in t:
+    def __init__(self, layout: PipelineLayout, contract: Contract, stream: StreamLike, backend: Backend) -> None:
+        """Internal: use :meth:`create_for_llm` or :meth:`create_for_spec_decode`. Zeroes the layout's
+        ``zeroed`` members on ``stream``; a failure frees everything made so far."""
+        self._init_lifetime("PipelineIO")
+        with contextlib.ExitStack() as stack:
+            arena = stack.enter_context(Arena(layout.requests + StepStaging.requests(layout.step_requests),
+                                              backend=backend, title=layout.title))
+            step = None
+            if layout.step_requests:
+                step = stack.enter_context(StepStaging(arena, [r.name for r in layout.step_requests],
+                                                       title=f"{layout.title} per-step inputs"))
+            self.step = step
+            self.contract = contract
+            self._arena = arena
+            self._backend = backend
+            self._standalone = {}
+            self._maps = []
+            self.max_batch = layout.max_batch
+            self.max_seq = layout.max_seq
+            self.hidden_size = layout.hidden_size
+            self.is_spec_decode = layout.is_spec_decode
+            t = dict(arena.tensors)
+            if step is not None:
+                t.update(step.tensors)
+            self._members = tuple(m for m in MEMBERS + EXTRA_MEMBERS + layout.members if m in t)
+            for m in self._members:
                 setattr(self, m, t[m])
-        self.deepstack_embeds = _FrozenList(t[names.deepstack_embeds(i)] for i in range(num_deepstack))
-        self.streaming_prefill = StreamingPrefillBuffers(backend)
-        self.context_lengths_staging = HostStaging(self.host_context_lengths, self.context_lengths, backend)
-        self.select_token_indices_staging = HostStaging(self.host_select_token_indices, self.select_token_indices,
-                                                        backend)
-        staging: dict[str, HostStaging] = {}
-        if is_spec_decode and contract == "batch":
-            staging = {
-                "mask": HostStaging(self.host_packed_attention_mask, self.packed_attention_mask, backend),
-                "position_ids": HostStaging(self.host_spec_decode_position_ids, self.spec_decode_position_ids, backend),
-                "select": HostStaging(self.host_spec_select_token_indices, self.select_token_indices, backend),
-            }
-        self._spec_staging = staging
+            self.deepstack_embeds = _FrozenList(t[names.deepstack_embeds(i)] for i in range(layout.num_deepstack))
+            self.streaming_prefill = stack.enter_context(StreamingPrefillBuffers(backend))
+            self.context_lengths_staging = stack.enter_context(
+                HostStaging(self.host_context_lengths, self.context_lengths, backend))
+            self.select_token_indices_staging = stack.enter_context(
+                HostStaging(self.host_select_token_indices, self.select_token_indices, backend))
+            self._spec_staging = {key: stack.enter_context(HostStaging(t[host], t[dev], backend))
+                                  for key, host, dev in layout.staging_pairs}
+            s = as_stream(stream, backend)
+            for m in layout.zeroed:
+                t[m].zero_(s)
+            self._owned = stack.pop_all()
 
     # -- factories ------------------------------------------------------------------------------
     @classmethod
     def create_for_llm(cls, cfg: LLMEngineConfig, stream: StreamLike = None, *,
                        backend: Backend | str | None = None) -> PipelineIO:
-        """Worst-case buffers for one LLM engine (Edge-LLM's ``createForLLM``); token-major with the
-        ragged contract's per-step members when ``cfg.contract == "ragged"``."""
+        """Worst-case buffers for one LLM engine (Edge-LLM's ``createForLLM``), laid out for the config's
+        contract (token-major with the ragged contract's per-step members for ``"ragged"``)."""
         cfg.validate()
-        be = get_backend(backend)
-        if cfg.contract == "ragged":
-            return cls._create_ragged(cfg, None, cfg.max_supported_batch_size, stream, be)
-        b, s, h = cfg.max_supported_batch_size, cfg.max_supported_input_length, cfg.hidden_size
-        act = cfg.activation
-        reqs = _basic_requests(b, s, h, act, logits_rows=b, vocab=cfg.output_vocab_size, select_cols=1)
-        reqs += _deepstack_requests(cfg.num_deepstack_features, b, s, h, act, zero_seq=1)
-        reqs.append(_mrope_request(cfg, b))
-        reqs += [_absent("base_hidden_states", act), _absent("draft_hidden_states_in", act),
-                 _absent("draft_hidden_states_out", act),
-                 TensorRequest.of("output_hidden_states", (b, s, h), act),
-                 _absent("packed_attention_mask", DType.INT32), _absent("spec_decode_position_ids", DType.INT32)]
-        # decode_lengths: the device's copy of the lengths, which a decode step advances itself (ops.DecodeAdvance).
-        io = cls(reqs, num_deepstack=cfg.num_deepstack_features, max_batch=b, max_seq=s, hidden_size=h,
-                 is_spec_decode=False, backend=be, title="PipelineIO(llm)",
-                 step_requests=[TensorRequest.of("decode_lengths", (b,), DType.INT32)])
-        try:
-            io.deepstack_zero.zero_(as_stream(stream, be))
-        except BaseException:
-            io.close()
-            raise
+        contract = contract_named(cfg.contract)
+        layout = contract.pipeline_layout(cfg, None, cfg.max_supported_batch_size)
+        io = cls(layout, contract, stream, get_backend(backend))
         log.debug("PipelineIO.create_for_llm: %s", io._arena)
         return io
 
@@ -362,165 +331,29 @@ class PipelineIO:
         """
         bundle.validate()
         if bundle.draft is None or bundle.spec is None:
-            raise TrtioError("create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
-        base, draft, spec = bundle.base, bundle.draft, bundle.spec
+            raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec "
+                                       "section")
         limit = bundle.max_runtime_batch_size()
         b = limit if max_runtime_batch_size is None else max_runtime_batch_size
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= limit:
+        if not is_int(b) or not 1 <= b <= limit:
             raise ShapeError(f"max_runtime_batch_size must be an int in 1..{limit} (min of base and draft "
                              f"max_supported_batch_size), got {max_runtime_batch_size!r}")
-        be = get_backend(backend)
-        if base.contract == "ragged":
-            return cls._create_ragged(base, bundle, b, stream, be)
-        max_input = max(base.max_supported_input_length, draft.max_supported_input_length)
-        p = bundle.effective_max_draft_proposal_size()
-        seq = max(max_input, p)
-        act = base.activation
-        vocab = max(base.output_vocab_size, draft.output_vocab_size)
-        reqs = _basic_requests(b, seq, base.hidden_size, act, logits_rows=b * p, vocab=vocab, select_cols=p)
-        reqs += _deepstack_requests(base.num_deepstack_features, b, max_input, base.hidden_size, act,
-                                    zero_seq=max(spec.verify_size, 1))
-        reqs.append(_mrope_request(base, b))
-        reqs += [
-            TensorRequest.of("base_hidden_states", (b, seq, spec.base_output_hidden_dim), act),
-            TensorRequest.of("draft_hidden_states_in", (b, seq, spec.draft_hidden_size), act),
-            TensorRequest.of("draft_hidden_states_out", (b, seq, spec.draft_hidden_size), act),
-            _absent("output_hidden_states", act),
-            TensorRequest.of("packed_attention_mask", (b, p, math.ceil(p / 32)), DType.INT32),
-            TensorRequest.of("spec_decode_position_ids", (b, p), DType.INT32),
-            TensorRequest.of("host_packed_attention_mask", (b, p, math.ceil(p / 32)), DType.INT32, Location.PINNED),
-            TensorRequest.of("host_spec_decode_position_ids", (b, p), DType.INT32, Location.PINNED),
-            TensorRequest.of("host_spec_select_token_indices", (b, p), DType.INT64, Location.PINNED),
-            TensorRequest.of("row_scratch", (b * p, max(spec.base_output_hidden_dim, spec.draft_hidden_size)), act),
-        ]
-        # Row indices of the hidden-state moves (draft inputs assembled from outputs, accepted rows compacted).
-        step = [TensorRequest.of("row_src", (b * seq,), DType.INT32),
-                TensorRequest.of("row_dst", (b * seq,), DType.INT32),
-                TensorRequest.of("draft_parents", (b * p,), DType.INT32),  # a draft level's (ops.DraftLevel)
-                TensorRequest.of("draft_roots", (b,), DType.INT32),  # each sequence's root hidden row
-                # A tree step's (ops.TreeStep): the cached lengths, then a tree's constants, which the device
-                # copies or expands into the engine's inputs.
-                TensorRequest.of("tree_past", (b,), DType.INT32),
-                TensorRequest.of("tree_lengths", (b,), DType.INT32),
-                TensorRequest.of("tree_depths", (b * p,), DType.INT32),
-                TensorRequest.of("tree_mask", (b * p, math.ceil(p / 32)), DType.INT32),
-                TensorRequest.of("tree_select", (b * p,), DType.INT64)]
-        io = cls(reqs, num_deepstack=base.num_deepstack_features, max_batch=b, max_seq=seq,
-                 hidden_size=base.hidden_size, is_spec_decode=True, backend=be, title="PipelineIO(spec_decode)",
-                 step_requests=step)
-        try:
-            s = as_stream(stream, be)
-            for t in (io.select_token_indices, io.base_hidden_states, io.draft_hidden_states_in,
-                      io.draft_hidden_states_out, io.packed_attention_mask, io.spec_decode_position_ids,
-                      io.deepstack_zero):
-                t.zero_(s)
-        except BaseException:
-            io.close()
-            raise
-        return io
-
-    @classmethod
-    def _create_ragged(cls, base: LLMEngineConfig, bundle: DeploymentConfig | None, b: int, stream: StreamLike,
-                       be: Backend) -> PipelineIO:
-        """Token-major worst case (the ragged contract): ``T`` rows = batch x the longest step of any
-        engine (prompt, verify tree or draft tree), logits rows = batch x the most rows a step selects."""
-        act, h = base.activation, base.hidden_size
-        spec = bundle.spec if bundle is not None else None
-        draft = bundle.draft if bundle is not None else None
-        p = bundle.effective_max_draft_proposal_size() if bundle is not None else 1
-        max_input = max(base.max_supported_input_length,
-                        draft.max_supported_input_length if draft is not None else 0)
-        t = b * max(max_input, p)
-        rows = b * p  # logits rows: one per sequence (LLM), every tree node (verify), top-k per sequence (draft)
-        vocab = max(base.output_vocab_size, draft.output_vocab_size if draft is not None else 0)
-        words = math.ceil(p / 32)
-        i32 = DType.INT32
-        reqs = [
-            TensorRequest.of("inputs_embeds", (t, h), act),
-            TensorRequest.of("output_logits", (rows, vocab), DType.FLOAT32),
-            _absent("select_token_indices", DType.INT64), _absent("context_lengths", i32),
-            _absent("host_context_lengths", i32, Location.PINNED),
-            _absent("host_select_token_indices", DType.INT64, Location.PINNED),
-        ]
-        nd = base.num_deepstack_features
-        reqs += [TensorRequest.of(names.deepstack_embeds(i), (t, h), act) for i in range(nd)]
-        zero_rows = b * (max(spec.verify_size, 1) if spec is not None else 1)
-        reqs.append(TensorRequest.of("deepstack_zero", (zero_rows, h), act) if nd else _absent("deepstack_zero", act))
-        reqs.append(_mrope_request(base, b))
-        if bundle is not None and spec is not None:
-            width = max(spec.base_output_hidden_dim, spec.draft_hidden_size)
-            reqs += [
-                TensorRequest.of("base_hidden_states", (t, spec.base_output_hidden_dim), act),
-                TensorRequest.of("draft_hidden_states_in", (t, spec.draft_hidden_size), act),
-                TensorRequest.of("draft_hidden_states_out", (t, spec.draft_hidden_size), act),
-                TensorRequest.of("row_scratch", (rows, width), act),
-            ]
-        else:
-            reqs += [_absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
-                                               "draft_hidden_states_out", "row_scratch")]
-        reqs += [
-            _absent("output_hidden_states", act),
-            _absent("host_spec_select_token_indices", DType.INT64, Location.PINNED),
-            TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
-            # Shape-only carriers: the engine reads their extents, never their bytes.
-            TensorRequest.of("execution_phase_marker", (8,), i32),
-            TensorRequest.of("context_sequence_count_carrier", (b,), i32),
-            TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
-        ]
-        # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
-        # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
-        step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
-        step += [
-            TensorRequest.of("query_start_offsets", (b + 1,), i32),
-            TensorRequest.of("query_lengths", (b,), i32),
-            TensorRequest.of("past_lengths", (b,), i32),
-            TensorRequest.of("attention_sequence_lengths", (b,), i32),
-            TensorRequest.of("state_indices", (b,), i32),
-            TensorRequest.of("logits_indices", (rows,), DType.INT64),
-            TensorRequest.of("row_src", (t,), i32),
-            TensorRequest.of("row_dst", (t,), i32),
-            TensorRequest.of("rope_rows", (t,), i32),
-            TensorRequest.of("positions", (t,), i32),
-        ]
-        if bundle is not None:
-            step += [
-                TensorRequest.of("spec_decode_position_ids", (t,), i32),
-                TensorRequest.of("spec_tree_parent_ids", (t,), i32),
-                TensorRequest.of("spec_tree_depths", (t,), i32),
-                TensorRequest.of("packed_attention_mask", (t, words), i32),
-                TensorRequest.of("draft_parents", (rows,), i32),  # a draft level's parents (ops.DraftLevel)
-            ]
-        else:
-            reqs += [_absent("packed_attention_mask", i32), _absent("spec_decode_position_ids", i32),
-                     _absent("spec_tree_parent_ids", i32), _absent("spec_tree_depths", i32),
-                     _absent("host_packed_attention_mask", i32, Location.PINNED),
-                     _absent("host_spec_decode_position_ids", i32, Location.PINNED)]
-        title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
-        io = cls(reqs, num_deepstack=nd, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
-                 backend=be, title=title, step_requests=step, contract="ragged")
-        try:
-            s = as_stream(stream, be)
-            for z in (io.execution_phase_marker, io.context_sequence_count_carrier, io.skip_softmax_scale,
-                      io.deepstack_zero, io.base_hidden_states, io.draft_hidden_states_in, io.draft_hidden_states_out):
-                z.zero_(s)
-        except BaseException:
-            io.close()
-            raise
-        return io
+        b = int(b)
+        contract = contract_named(bundle.base.contract)
+        return cls(contract.pipeline_layout(bundle.base, bundle, b), contract, stream, get_backend(backend))
 
     # -- freezing -------------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        if self._closed:
-            raise ClosedError("PipelineIO is closed")
-        if name in MEMBERS or name in EXTRA_MEMBERS or name in RAGGED_STEP_MEMBERS or name in RAGGED_MEMBERS:
-            if self._frozen:
+        if name not in _LIFETIME_FIELDS:
+            self._check_open()
+            if self._frozen and (name in self._members or name in MEMBERS or name in EXTRA_MEMBERS):
                 raise FrozenError(
                     f"PipelineIO.{name} cannot be reassigned after a tensor map was built "
                     f"(POINTER STABILITY INVARIANT: bound addresses would go stale)")
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in MEMBERS or name in EXTRA_MEMBERS:
+        if name in self._members or name in MEMBERS or name in EXTRA_MEMBERS:
             raise FrozenError(f"PipelineIO.{name} cannot be deleted: the pipeline owns it until close()")
         object.__delattr__(self, name)
 
@@ -529,15 +362,16 @@ class PipelineIO:
         return self._frozen
 
     @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    @property
     def backend(self) -> Backend:
         return self._backend
 
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The tensor members of this PipelineIO's layout (the seed's and its contract's), by name."""
+        return self._members
+
     def _member_tensors(self) -> Iterable[Tensor]:
-        for m in MEMBERS + EXTRA_MEMBERS + RAGGED_STEP_MEMBERS + RAGGED_MEMBERS:
+        for m in self._members:
             v = getattr(self, m, None)
             if isinstance(v, Tensor):
                 yield v
@@ -557,7 +391,7 @@ class PipelineIO:
         """
         self._check_open()
         if member not in MEMBERS + EXTRA_MEMBERS or not isinstance(getattr(self, member, None), Tensor):
-            raise TrtioError(f"PipelineIO has no tensor member {member!r}")
+            raise UnknownNameError(f"PipelineIO has no tensor member {member!r}")
         if self._frozen:
             raise FrozenError(f"PipelineIO.{member} cannot be reallocated after a tensor map was built "
                               f"(POINTER STABILITY INVARIANT)")
@@ -577,44 +411,15 @@ class PipelineIO:
         self._maps.append(tm)
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
         tm.set(names.kLogits, self.output_logits)
-        if self.contract == "ragged":
-            self._ragged_bindings(tm)
-        else:
-            tm.set(names.kContextLengths, self.context_lengths)
-            tm.set(names.kLastTokenIds, self.select_token_indices)
-            if cfg.is_mrope:
-                tm.set(names.kRopeCosSin, self.mrope_cos_sin)
-            if self.is_spec_decode:
-                tm.set(names.kAttentionMask, self.packed_attention_mask)
-                tm.set(names.kAttentionPosId, self.spec_decode_position_ids)
+        self.contract.bind_pipeline(self, tm, cfg)
         if cfg.num_deepstack_features:
             if cfg.num_deepstack_features != len(self.deepstack_embeds):
-                raise TrtioError(f"{title}: config has {cfg.num_deepstack_features} deepstack features, "
-                                 f"PipelineIO has {len(self.deepstack_embeds)}")
+                raise ConfigError("num_deepstack_features", f"{title}: the config has {cfg.num_deepstack_features} "
+                                                            f"deepstack features, PipelineIO has "
+                                                            f"{len(self.deepstack_embeds)}")
             tm.set_deepstack({names.deepstack_embeds(i): t for i, t in enumerate(self.deepstack_embeds)},
                              self.deepstack_zero)
         return tm
-
-    def _ragged_bindings(self, tm: TensorMap) -> None:
-        """The token-major contract's inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of
-        ``query_lengths``; RoPE rows are gathered per token into ``ragged_rope_cos_sin``."""
-        tm.set(names.kRopeCosSin, self.ragged_rope_cos_sin)
-        tm.set(names.kPositions, self.positions)
-        tm.set(names.kQueryStartOffsets, self.query_start_offsets)
-        tm.set(names.kQueryLengths, self.query_lengths)
-        tm.set(names.kPastLengths, self.past_lengths)
-        tm.set(names.kAttentionSequenceLengths, self.attention_sequence_lengths)
-        tm.set(names.kStateIndices, self.state_indices)
-        tm.set(names.kExecutionPhaseMarker, self.execution_phase_marker)
-        tm.set(names.kContextSequenceCountCarrier, self.context_sequence_count_carrier)
-        tm.set(names.kLogitsIndices, self.logits_indices)
-        tm.set(names.kSkipSoftmaxScale, self.skip_softmax_scale)
-        if self.is_spec_decode:
-            tm.set(names.kPackedAttentionMask, self.packed_attention_mask)
-            tm.set(names.kAttentionPositionIds, self.spec_decode_position_ids)
-            tm.set(names.kTreeParentIds, self.spec_tree_parent_ids)
-            tm.set(names.kTreeDepths, self.spec_tree_depths)
-            tm.set(names.kValidTreeCounts, self.query_lengths)
 
     def build_tensor_map(self, cfg: LLMEngineConfig) -> TensorMap:
         """The map for a plain LLM or a spec-decode base; freezes this PipelineIO.
@@ -630,7 +435,7 @@ class PipelineIO:
                 f"was created for {'spec decode' if self.is_spec_decode else 'a plain LLM'}")
         tm = self._common_map(cfg, "base" if cfg.is_spec_decode_base else "llm")
         hidden = self.base_hidden_states if cfg.is_spec_decode_base else self.output_hidden_states
-        if not hidden.is_empty or self.contract == "batch":
+        if not hidden.is_empty:  # Edge-LLM 0.11's plain LLM engines declare no hidden_states
             tm.set(names.kOutputHiddenStates, hidden)
         self._freeze()
         tm.freeze()
@@ -652,10 +457,6 @@ class PipelineIO:
         return tm
 
     # -- host staging -----------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("PipelineIO is closed")
-
     def upload_context_lengths(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
         """Stage int32 ``values`` [batch] through ``host_context_lengths`` into ``context_lengths``."""
         if self._closed:  # inline: this runs every step
@@ -677,7 +478,7 @@ class PipelineIO:
         if self._closed:
             raise ClosedError("PipelineIO is closed")
         if not self.is_spec_decode:
-            raise TrtioError("upload_tree: PipelineIO was created for a plain LLM (no tree buffers)")
+            raise TrtioError("upload_tree: this PipelineIO was created for a plain LLM (no tree buffers)")
         self._spec_staging["mask"].upload(np.asarray(packed_mask, dtype=np.int32), stream)
         self._spec_staging["position_ids"].upload(np.asarray(position_ids, dtype=np.int32), stream)
 
@@ -712,54 +513,19 @@ class PipelineIO:
         if users:
             raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) writing to freed memory; close the setup first")
-        self._frozen = False
+        super().close()
+
+    def _close_owned(self) -> None:
+        object.__setattr__(self, "_frozen", False)
         self.deepstack_embeds._frozen = False
         for t in self._member_tensors():
             t._unfreeze()
-        self._closed = True
-        for pair in [self.context_lengths_staging, self.select_token_indices_staging, *self._spec_staging.values()]:
-            pair.close()
-        self.streaming_prefill.close()
-        for t in self._standalone.values():
-            t.close()
-        if self.step is not None:
-            self.step.close()
-        self._arena.close()
-
-    def __enter__(self) -> PipelineIO:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        with contextlib.ExitStack() as release:  # everything is released; the first failure raises
+            release.push(self._owned)
+            for t in self._standalone.values():
+                release.callback(t.close)
 
     def __repr__(self) -> str:
         kind = "spec_decode" if self.is_spec_decode else "llm"
         state = "closed" if self._closed else ("frozen" if self._frozen else "open")
         return f"PipelineIO({kind}, max_batch={self.max_batch}, max_seq={self.max_seq}, {state})"
-
-
-def _basic_requests(b: int, seq: int, h: int, act: DType, *, logits_rows: int, vocab: int,
-                    select_cols: int) -> list[TensorRequest]:
-    return [
-        TensorRequest.of("inputs_embeds", (b, seq, h), act),
-        TensorRequest.of("output_logits", (logits_rows, vocab), DType.FLOAT32),
-        TensorRequest.of("select_token_indices", (b, select_cols), DType.INT64),
-        TensorRequest.of("context_lengths", (b,), DType.INT32),
-        TensorRequest.of("host_context_lengths", (b,), DType.INT32, Location.PINNED),
-        TensorRequest.of("host_select_token_indices", (b, 1), DType.INT64, Location.PINNED),
-    ]
-
-
-def _deepstack_requests(n: int, b: int, seq: int, h: int, act: DType, *, zero_seq: int) -> list[TensorRequest]:
-    if n == 0:
-        return [_absent("deepstack_zero", act)]
-    reqs = [TensorRequest.of(names.deepstack_embeds(i), (b, seq, h), act) for i in range(n)]
-    # Edge-LLM's zero buffer: max(maxBatch * seq * H * elem, 256) bytes, seq = 1 (vanilla) or verify size.
-    reqs.append(TensorRequest.of("deepstack_zero", (b, zero_seq, h), act))
-    return reqs
-
-
-def _mrope_request(cfg: LLMEngineConfig, b: int) -> TensorRequest:
-    if not cfg.is_mrope:
-        return _absent("mrope_cos_sin", DType.FLOAT32)
-    return TensorRequest.of("mrope_cos_sin", (b, cfg.max_kv_cache_capacity, cfg.rotary_dim), DType.FLOAT32)

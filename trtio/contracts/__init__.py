@@ -1,8 +1,10 @@
 """Engine contracts: which bindings an engine declares, and how a step lays them out.
 
-trtio binds two contracts (DESIGN §11) and tells them apart by the engine's I/O:
-``"batch"`` (:mod:`trtio.contracts.batch`: ``[B, S, H]`` activations, contiguous KV caches) and
-``"ragged"`` (:mod:`trtio.contracts.ragged`: Edge-LLM 0.11's token-major rows, paged KV pools).
+trtio binds two contracts and tells them apart by the engine's I/O: ``"batch"``
+(:mod:`trtio.contracts.batch`: ``[B, S, H]`` activations, contiguous KV caches) and ``"ragged"``
+(:mod:`trtio.contracts.ragged`: Edge-LLM 0.11's token-major rows, paged KV pools). Each is one
+:class:`~trtio.contracts.contract.Contract` object, chosen once when an engine is bound
+(:func:`contract_named`); ``docs/architecture.md`` describes the protocol.
 """
 
 from __future__ import annotations
@@ -11,22 +13,38 @@ from typing import Any
 
 from trtio import names
 from trtio.config import LLMEngineConfig
-from trtio.contracts import batch, ragged
-from trtio.errors import ConfigError
+from trtio.contracts.batch import BatchContract
+from trtio.contracts.contract import Contract
+from trtio.contracts.ragged_steps import RaggedContract
+from trtio.engine import EngineIO
+from trtio.errors import ConfigError, InvalidTypeError
 from trtio.registry import TensorRegistry
 
-__all__ = ["CONTRACTS", "build_registry", "contract_of", "resolve_contract"]
+__all__ = ["CONTRACTS", "Contract", "build_registry", "contract_named", "contract_of", "resolve_contract"]
 
-CONTRACTS = ("batch", "ragged")
+_BY_NAME: dict[str, Contract] = {c.name: c for c in (BatchContract(), RaggedContract())}
+#: The contracts trtio binds, by name.
+CONTRACTS = tuple(_BY_NAME)
+
+
+def contract_named(name: str | None) -> Contract:
+    """The contract called ``name`` (None: the batch contract, trtio's default for configs that name none)."""
+    found = _BY_NAME.get(name or "batch")
+    if found is None:
+        raise ConfigError("contract", f"must be one of {CONTRACTS}, got {name!r}")
+    return found
 
 
 def contract_of(engine: Any) -> str:
     """``"ragged"`` when the engine (a TensorRT engine, a ReferenceEngine or an :class:`~trtio.EngineIO`)
     declares ``query_start_offsets``, else ``"batch"``."""
-    if hasattr(engine, "names") and hasattr(engine, "tensors"):
+    if isinstance(engine, EngineIO):
         declared = set(engine.names())
-    else:
+    elif hasattr(engine, "num_io_tensors") and hasattr(engine, "get_tensor_name"):
         declared = {engine.get_tensor_name(i) for i in range(int(engine.num_io_tensors))}
+    else:
+        raise InvalidTypeError(f"contract_of: expected a TensorRT engine (ICudaEngine), a ReferenceEngine or an "
+                               f"EngineIO, got {type(engine).__name__}")
     return "ragged" if names.kQueryStartOffsets in declared else "batch"
 
 
@@ -44,9 +62,4 @@ def resolve_contract(cfg: LLMEngineConfig, detected: str, what: str = "engine") 
 def build_registry(cfg: LLMEngineConfig, contract: str | None = None) -> TensorRegistry:
     """The PipelineIO-owned bindings of an engine of ``cfg.role`` on ``contract`` (default: the
     config's, else batch). The engine state adds its own."""
-    which = contract or cfg.contract or "batch"
-    if which == "ragged":
-        return ragged.registry_for(cfg)
-    if which == "batch":
-        return batch.registry_for(cfg)
-    raise ConfigError("contract", f"must be one of {CONTRACTS}, got {which!r}")
+    return contract_named(contract or cfg.contract).registry(cfg)

@@ -8,12 +8,40 @@ the engine state, which owns their specs (:mod:`trtio.state`).
 
 from __future__ import annotations
 
-from trtio import names
-from trtio.config import LLMEngineConfig
-from trtio.dtypes import DType
-from trtio.registry import TensorRegistry, TensorSpec
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-__all__ = ["registry_for"]
+import numpy as np
+
+from trtio import names
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts.contract import (
+    Contract,
+    DraftLevelPlan,
+    EngineView,
+    PipelineLayout,
+    StepInputs,
+    absent,
+    deepstack_requests,
+    mrope_request,
+    seed_requests,
+)
+from trtio.cuda.backend import Location
+from trtio.dtypes import DType
+from trtio.memory import TensorRequest
+from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
+from trtio.registry import TensorRegistry, TensorSpec
+from trtio.stream import Stream
+
+if TYPE_CHECKING:
+    from trtio.contracts.ragged import TreeLayout
+    from trtio.engine import DeviceWork
+    from trtio.pipeline_io import PipelineIO
+    from trtio.tensor import Tensor
+    from trtio.tensor_map import TensorMap
+
+__all__ = ["BatchContract", "BatchSteps", "registry_for"]
 
 
 def _common(reg: TensorRegistry, cfg: LLMEngineConfig) -> None:
@@ -49,3 +77,206 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     if cfg.role != "llm":
         _tree_inputs(reg)
     return reg
+
+
+# -- the contract object: PipelineIO layout, bindings, step inputs ----------------------------------------
+
+
+class BatchContract(Contract):
+    """The batch-major contract (see module docstring): whole-batch steps over contiguous caches."""
+
+    name = "batch"
+    kv_layout = "contiguous"
+    slotted = False
+
+    def registry(self, cfg: LLMEngineConfig) -> TensorRegistry:
+        return registry_for(cfg)
+
+    def pipeline_layout(self, base: LLMEngineConfig, bundle: DeploymentConfig | None,
+                        max_batch: int) -> PipelineLayout:
+        if bundle is None:
+            return _llm_layout(base, max_batch)
+        return _spec_layout(bundle, max_batch)
+
+    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        tm.set(names.kContextLengths, io.context_lengths)
+        tm.set(names.kLastTokenIds, io.select_token_indices)
+        if cfg.is_mrope:
+            tm.set(names.kRopeCosSin, io.mrope_cos_sin)
+        if io.is_spec_decode:
+            tm.set(names.kAttentionMask, io.packed_attention_mask)
+            tm.set(names.kAttentionPosId, io.spec_decode_position_ids)
+
+    def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
+        return not cfg.is_mrope
+
+    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+        return BatchSteps(io, rope_table)
+
+
+def _llm_layout(cfg: LLMEngineConfig, b: int) -> PipelineLayout:
+    s, h, act = cfg.max_supported_input_length, cfg.hidden_size, cfg.activation
+    nd = cfg.num_deepstack_features
+    reqs = seed_requests(b, s, h, act, logits_rows=b, vocab=cfg.output_vocab_size, select_cols=1)
+    reqs += deepstack_requests(nd, (b, s, h), (b, 1, h), act)
+    reqs.append(mrope_request(cfg, b))
+    reqs += [absent("base_hidden_states", act), absent("draft_hidden_states_in", act),
+             absent("draft_hidden_states_out", act),
+             TensorRequest.of("output_hidden_states", (b, s, h), act),
+             absent("packed_attention_mask", DType.INT32), absent("spec_decode_position_ids", DType.INT32)]
+    # decode_lengths: the device's copy of the lengths, which a decode step advances itself (ops.DecodeAdvance).
+    return PipelineLayout("PipelineIO(llm)", reqs, [TensorRequest.of("decode_lengths", (b,), DType.INT32)],
+                          max_batch=b, max_seq=s, hidden_size=h, is_spec_decode=False, num_deepstack=nd,
+                          zeroed=("deepstack_zero",))
+
+
+def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
+    base, draft, spec = bundle.base, bundle.draft, bundle.spec
+    assert draft is not None and spec is not None
+    max_input = max(base.max_supported_input_length, draft.max_supported_input_length)
+    p = bundle.effective_max_draft_proposal_size()
+    seq = max(max_input, p)
+    act, h = base.activation, base.hidden_size
+    vocab = max(base.output_vocab_size, draft.output_vocab_size)
+    words = math.ceil(p / 32)
+    i32 = DType.INT32
+    reqs = seed_requests(b, seq, h, act, logits_rows=b * p, vocab=vocab, select_cols=p)
+    reqs += deepstack_requests(base.num_deepstack_features, (b, max_input, h), (b, max(spec.verify_size, 1), h), act)
+    reqs.append(mrope_request(base, b))
+    reqs += [
+        TensorRequest.of("base_hidden_states", (b, seq, spec.base_output_hidden_dim), act),
+        TensorRequest.of("draft_hidden_states_in", (b, seq, spec.draft_hidden_size), act),
+        TensorRequest.of("draft_hidden_states_out", (b, seq, spec.draft_hidden_size), act),
+        absent("output_hidden_states", act),
+        TensorRequest.of("packed_attention_mask", (b, p, words), i32),
+        TensorRequest.of("spec_decode_position_ids", (b, p), i32),
+        TensorRequest.of("host_packed_attention_mask", (b, p, words), i32, Location.PINNED),
+        TensorRequest.of("host_spec_decode_position_ids", (b, p), i32, Location.PINNED),
+        TensorRequest.of("host_spec_select_token_indices", (b, p), DType.INT64, Location.PINNED),
+        TensorRequest.of("row_scratch", (b * p, max(spec.base_output_hidden_dim, spec.draft_hidden_size)), act),
+    ]
+    # Row indices of the hidden-state moves (draft inputs assembled from outputs, accepted rows compacted).
+    step = [TensorRequest.of("row_src", (b * seq,), i32),
+            TensorRequest.of("row_dst", (b * seq,), i32),
+            TensorRequest.of("draft_parents", (b * p,), i32),  # a draft level's (ops.DraftLevel)
+            TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row
+            # A tree step's (ops.TreeStep): the cached lengths, then a tree's constants, which the device
+            # copies or expands into the engine's inputs.
+            TensorRequest.of("tree_past", (b,), i32),
+            TensorRequest.of("tree_lengths", (b,), i32),
+            TensorRequest.of("tree_depths", (b * p,), i32),
+            TensorRequest.of("tree_mask", (b * p, words), i32),
+            TensorRequest.of("tree_select", (b * p,), DType.INT64)]
+    return PipelineLayout(
+        "PipelineIO(spec_decode)", reqs, step, max_batch=b, max_seq=seq, hidden_size=h, is_spec_decode=True,
+        num_deepstack=base.num_deepstack_features, members=("row_scratch", "row_src", "row_dst"),
+        zeroed=("select_token_indices", "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out",
+                "packed_attention_mask", "spec_decode_position_ids", "deepstack_zero"),
+        staging_pairs=(("mask", "host_packed_attention_mask", "packed_attention_mask"),
+                       ("position_ids", "host_spec_decode_position_ids", "spec_decode_position_ids"),
+                       ("select", "host_spec_select_token_indices", "select_token_indices")))
+
+
+class BatchSteps(StepInputs):
+    """Step inputs of the batch contract: lengths and token selection through the PipelineIO's staging
+    pairs, the start index through the state's; tree and draft-level inputs laid out on the device from the
+    step block (see :mod:`trtio.ops`)."""
+
+    def __init__(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
+        super().__init__(io, rope_table)
+        self._select_zero_batch: int | None = None  # the batch whose decode selection (all 0) is staged
+
+    def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
+               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        b = lengths.shape[0]
+        self.io.upload_context_lengths(lengths if past is None else past + lengths, s)
+        self.io.upload_select_token_indices((lengths - 1)[:, None], s)
+        start = None if past is None and e.empty_start_ok else (np.zeros(b, np.int32) if past is None else past)
+        e.state.upload_start_index(start, s)
+        self._select_zero_batch = None
+        return ()
+
+    def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
+        return past is None and e.empty_start_ok
+
+    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream,
+               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        work = super().decode(e, lengths, s, slots)
+        b = lengths.shape[0]
+        if self._select_zero_batch != b:
+            self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
+            self._select_zero_batch = b
+        return work
+
+    def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
+        pass  # the start index and context lengths are made on the device from the lengths alone
+
+    def _decode_uploaded(self) -> None:
+        pass  # the device writes nothing of the step block
+
+    def _decode_work(self, e: EngineView, b: int, s: Stream) -> tuple[DeviceWork, ...]:
+        return (DecodeAdvance(self.step.tensors["decode_lengths"], b, e.state.kv_lengths, self.io.context_lengths),)
+
+    def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
+             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """The cached lengths and the tree's constants (which the step block receives once while they repeat)
+        in one copy; the device writes the start index, context lengths, position ids, mask and token
+        selection (:class:`~trtio.ops.TreeStep`)."""
+        step = self.step
+        b, w = layout.real.shape
+        step.write("tree_past", past)
+        step.write("tree_lengths", layout.query_lengths)
+        step.write("tree_depths", layout.tree_depths)
+        step.write("tree_mask", layout.packed_mask)
+        step.write("tree_select", select)
+        step.upload(s)
+        words = layout.packed_mask.shape[1]
+        key = (e.role, b, w, words, select.shape[1])
+        found = self._tree_works.get(key)
+        if found is None:
+            found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words, select.shape[1]),))
+        return found
+
+    def tree_targets(self, e: EngineView) -> TreeTargets:
+        found = self._targets.get(e.role)
+        if found is None:
+            t, io = self.step.tensors, self.io
+            found = self._targets[e.role] = TreeTargets(
+                t["tree_past"], t["tree_lengths"], t["tree_depths"], start=e.state.kv_lengths, ctx=io.context_lengths,
+                ids=io.spec_decode_position_ids, mask_src=t["tree_mask"], mask_dst=io.packed_attention_mask,
+                select_src=t["tree_select"], select_dst=io.select_token_indices)
+        return found
+
+    def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
+                      n_words: int) -> DraftTreeBuffers:
+        t, io = self.step.tensors, self.io
+        return DraftTreeBuffers(words, nodes, t["draft_parents"], t["tree_past"], t["row_src"], t["row_dst"],
+                                io.select_token_indices, io.packed_attention_mask, io.spec_decode_position_ids, width,
+                                n_words, logits_stride=0, roots=t["draft_roots"], start=e.state.kv_lengths,
+                                ctx=io.context_lengths)
+
+    def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
+                    s: Stream) -> tuple[DeviceWork, ...]:
+        """The parents, with the round's lengths and root rows on its first level; the device writes the
+        start index and context lengths from them. A parent's draft hidden row is its node's row."""
+        step = self.step
+        if plan.n0 == 0:
+            step.write("draft_roots", plan.roots)
+        step.write("tree_past", plan.past)
+        step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
+        step.upload(s)
+        if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
+            step.overwritten(DraftTreeBuffers.WRITES)
+        shared = plan.parents.ndim == 1
+        key = (plan.batch, plan.n0, plan.k, shared)
+        found = self._level_works.get(key)
+        if found is None:
+            found = self._level_works.put(
+                key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared),))
+        return found
+
+    def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
+        return np.asarray(np.arange(batch) * width + lengths - 1)
+
+    def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
+        return np.asarray(np.arange(batch) * width + accepted - 1)

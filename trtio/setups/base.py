@@ -7,26 +7,27 @@ with what its config implies before anything is bound.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 
 from trtio import names
+from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
-from trtio.contracts import build_registry, contract_of, resolve_contract
-from trtio.contracts.ragged import StepLayout
+from trtio.contracts import contract_named, contract_of, resolve_contract
+from trtio.contracts.contract import Contract, StepInputs
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, EngineExecutor, EngineIO
-from trtio.errors import BindingError, ClosedError, InvalidValueError, ShapeError
+from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, EngineExecutor, EngineIO, GraphStats
+from trtio.errors import BindingError, InvalidTypeError, InvalidValueError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
-from trtio.ops import RowCopy
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry
 from trtio.rope import rope_cos_sin_table
@@ -35,24 +36,10 @@ from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BoundEngine", "SetupBase", "bind_engine", "check_engine", "engine_backend", "remember", "with_contract"]
+__all__ = ["BoundEngine", "EngineGraphStats", "SetupBase", "bind_engine", "check_engine", "engine_backend",
+           "with_contract"]
 
 log = logging.getLogger("trtio")
-
-_S = TypeVar("_S", bound="SetupBase")
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-
-_CACHE_LIMIT = 256  # entries a setup's cache of derived step values holds before it starts over
-
-
-def remember(cache: dict[_K, _V], key: _K, value: _V) -> _V:
-    """``cache[key] = value``, in a setup's cache of values derived per step shape (a runtime's steps repeat a
-    few shapes; one that keeps changing must not grow it without bound: it is emptied at _CACHE_LIMIT)."""
-    if len(cache) >= _CACHE_LIMIT:
-        cache.clear()
-    cache[key] = value
-    return value
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -165,15 +152,17 @@ def ml_max(dtype: np.dtype) -> float:
     return float(cast(Any, ml_dtypes).finfo(dtype).max)  # ml_dtypes' finfo is untyped
 
 
-class _RopeTables:
+class _RopeTables(Closeable):
     """Non-MRoPE cos/sin tables ([1, C, R] float32, with the config's RoPE scaling), one per distinct
     table, shared by the engines of a setup. Created when an engine is bound, never in a step."""
 
     def __init__(self, backend: Backend) -> None:
+        self._init_lifetime("RoPE tables")
         self._backend = backend
         self._tables: dict[tuple[Any, ...], Tensor] = {}
 
     def get(self, cfg: LLMEngineConfig, stream: Stream) -> Tensor:
+        self._check_open()
         key = (cfg.max_kv_cache_capacity, cfg.rotary_dim, float(cfg.rope_theta), cfg.rope_scaling,
                cfg.max_position_embeddings)
         t = self._tables.get(key)
@@ -181,8 +170,8 @@ class _RopeTables:
             table = _rope_table(cfg)
             t = Tensor.empty(table.shape, DType.FLOAT32, Location.DEVICE, name=names.kRopeCosSin,
                              backend=self._backend)
-            t.copy_from(table, stream)
             self._tables[key] = t
+            t.copy_from(table, stream)
         return t
 
     def report(self) -> MemoryReport:
@@ -194,16 +183,11 @@ class _RopeTables:
             rep.allocations[loc] = rep.allocations.get(loc, 0) + 1
         return rep
 
-    def close(self) -> None:
-        for t in self._tables.values():
-            t._unfreeze()
-            t.close()
-
-    def __enter__(self) -> _RopeTables:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _close_owned(self) -> None:
+        with contextlib.ExitStack() as release:  # every table is freed; the first failure raises
+            for t in self._tables.values():
+                t._unfreeze()
+                release.callback(t.close)
 
 
 def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
@@ -227,12 +211,13 @@ def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
 
 @dataclass
 class BoundEngine:
-    """One engine of a setup: its role ("llm", "base" or "draft"), config, declared I/O, registry, state,
-    tensor map and executor."""
+    """One engine of a setup: its role ("llm", "base" or "draft"), config, declared I/O, contract,
+    registry, state, tensor map and executor."""
 
     role: str
     cfg: LLMEngineConfig
     io: EngineIO
+    contract: Contract
     registry: TensorRegistry
     state: EngineState
     tensor_map: TensorMap
@@ -244,33 +229,33 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
                 context_memory: ContextMemory, graphs: bool, rope: _RopeTables, stream: Stream,
                 resources: contextlib.ExitStack, name: str) -> BoundEngine:
     """Check ``engine`` against ``cfg``, create its state and executor (closed by ``resources``) and bind
-    the state and the RoPE table into ``tm``. The executor's registry is the contract's plus the
-    state's own specs."""
+    the state (and the RoPE table, where the contract binds it) into ``tm``. The executor's registry is the
+    contract's plus the state's own specs."""
     eio = EngineIO.from_engine(engine)
-    contract = resolve_contract(cfg, contract_of(eio), f"engine {eio.name!r}")
-    registry = build_registry(cfg, contract)
+    contract = contract_named(resolve_contract(cfg, contract_of(eio), f"engine {eio.name!r}"))
+    registry = contract.registry(cfg)
     check_engine(eio, registry, cfg, max_batch=max_batch)
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
                                                 stream=stream))
     state.bind(tm)
     stable = state.stable_names()
     if not cfg.is_mrope and names.kRopeCosSin in eio:
-        table = rope.get(cfg, stream)  # the ragged contract gathers each step's rows from it
-        if contract == "batch":
+        table = rope.get(cfg, stream)  # made now, never in a step (the ragged contract's steps gather rows of it)
+        if contract.binds_rope_table(cfg):
             tm.add(names.kRopeCosSin, table)
             stable.add(names.kRopeCosSin)
     executor = resources.enter_context(EngineExecutor(engine, context_memory=context_memory, name=name,
                                                       registry=registry.merged(state.specs()), stable=stable,
                                                       graphs=graphs, backend=backend))
     tm.add_user(executor)  # from now on its PipelineIO and state refuse to close under it, stepped or not
-    return BoundEngine(name, cfg, eio, registry, state, tm, executor, _start_index_may_be_empty(eio))
+    return BoundEngine(name, cfg, eio, contract, registry, state, tm, executor, _start_index_may_be_empty(eio))
 
 
 def _engine_io(engine: Any, factory: str) -> EngineIO:
-    """The engine's declared I/O; an object that is not an engine is a TypeError naming the factory."""
+    """The engine's declared I/O; an object that is not an engine is an InvalidTypeError naming the factory."""
     if engine is None or not hasattr(engine, "num_io_tensors"):
-        raise TypeError(f"{factory}: expected a TensorRT engine (ICudaEngine, e.g. from trtio.load_engine) or a "
-                        f"trtio.testing.ReferenceEngine, got {type(engine).__name__}")
+        raise InvalidTypeError(f"{factory}: expected a TensorRT engine (ICudaEngine, e.g. from trtio.load_engine) "
+                               f"or a trtio.testing.ReferenceEngine, got {type(engine).__name__}")
     return EngineIO.from_engine(engine)
 
 
@@ -285,52 +270,99 @@ def engine_backend(engine: Any, backend: Backend | str | None) -> Backend:
     return get_backend(backend if backend is not None else getattr(engine, "trtio_backend", None))
 
 
-class SetupBase:
-    """What LLMSetup and SpecDecodeSetup share: staging, lengths checks, reporting, lifetime.
+class EngineGraphStats(Mapping[str, GraphStats]):
+    """A setup's CUDA-graph telemetry: each engine's :class:`~trtio.engine.GraphStats` by role
+    (``stats["llm"]``; ``stats["base"]``, ``stats["draft"]``) and, as attributes, their sums (``hits``,
+    ``captures``, ``misses``, ``graphs``) and the newest miss reason of any engine. A live view."""
+
+    def __init__(self, engines: Sequence[BoundEngine]) -> None:
+        self._by_role = {e.role: e.executor.graph_stats for e in engines}
+
+    def __getitem__(self, role: str) -> GraphStats:
+        return self._by_role[role]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_role)
+
+    def __len__(self) -> int:
+        return len(self._by_role)
+
+    @property
+    def hits(self) -> int:
+        return sum(g.hits for g in self._by_role.values())
+
+    @property
+    def captures(self) -> int:
+        return sum(g.captures for g in self._by_role.values())
+
+    @property
+    def misses(self) -> int:
+        return sum(g.misses for g in self._by_role.values())
+
+    @property
+    def graphs(self) -> int:
+        return sum(g.graphs for g in self._by_role.values())
+
+    @property
+    def last_miss_reason(self) -> str:
+        """Why the newest capture was made (one engine), else each engine's, by role."""
+        if len(self._by_role) == 1:
+            return next(iter(self._by_role.values())).last_miss_reason
+        return "; ".join(f"{role}: {g.last_miss_reason}" for role, g in self._by_role.items() if g.last_miss_reason)
+
+    def __repr__(self) -> str:
+        return f"EngineGraphStats({self._by_role})"
+
+
+class SetupBase(Closeable, abc.ABC):
+    """What LLMSetup and SpecDecodeSetup share: construction, staging, input checks, reporting, lifetime.
 
     A subclass builds its parts inside :meth:`_building` (everything entered there is closed again if
     construction fails half way, and by :meth:`close` later) and lists its engines in :meth:`engines`.
+
+    Streams: every step takes ``stream`` (a :class:`~trtio.Stream`, an int handle or any object with
+    ``__cuda_stream__``); ``None`` is the calling thread's trtio default stream (:func:`trtio.stream.as_stream`),
+    as everywhere in trtio. Construction runs on the stream given at creation and ends synchronised, so
+    steps may run on any stream. A setup is stepped by one thread at a time; several threads may each step
+    their own setup.
     """
 
     io: PipelineIO
     _backend: Backend
-    _default_stream: Stream | None  # the stream given at creation; None: each calling thread's default stream
+    _batch: int | None
+    _steps: StepInputs
     _rope: _RopeTables
     _context_memory: ContextMemory
     _extra_arena: Arena
     _embeds_staging: HostStaging
     _resources: contextlib.ExitStack | None = None
-    _closed: bool = True
 
     @contextlib.contextmanager
     def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
         """An ExitStack for the parts under construction (kept, for close, only if construction succeeds)
-        and the stream construction works on. Construction ends synchronised, so steps may run on any
-        stream: the one given at creation, or (``stream=None``) the calling thread's default stream."""
-        self._default_stream = None if stream is None else as_stream(stream, self._backend)
-        self._row_copies: dict[tuple[int, ...], RowCopy] = {}
-        self._rope_sources: dict[str, tuple[Tensor, bool]] = {}
-        s = self._default_stream or as_stream(None, self._backend)
+        and the stream construction works on. Construction ends synchronised."""
+        self._init_lifetime(f"this {type(self).__name__}")
+        s = as_stream(stream, self._backend)
         with contextlib.ExitStack() as stack:
             yield stack, s
             s.synchronize()
             self._resources = stack.pop_all()
-        self._closed = False
 
+    def _make_steps(self) -> None:
+        """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
+        self._steps = self.io.contract.steps(self.io, self._rope.get)
+
+    @abc.abstractmethod
     def engines(self) -> list[BoundEngine]:
         """Every engine of the setup, each with its role, config, state, tensor map and executor."""
-        raise NotImplementedError
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"this {type(self).__name__} is closed")
+    @property
+    def contract(self) -> str:
+        """The engine contract the setup's engines speak: ``"batch"`` or ``"ragged"``."""
+        return self.io.contract.name
 
     def _stream(self, stream: StreamLike) -> Stream:
-        """A step's stream: ``stream``, else the one given at creation, else this thread's default stream.
-
-        A setup is stepped by one thread at a time; several threads may each step their own setup."""
-        if stream is None:
-            return self._default_stream or as_stream(None, self._backend)
+        """A step's stream (see the class docstring: ``None`` is this thread's default stream)."""
         return as_stream(stream, self._backend)
 
     def _embeds(self, x: Any, hidden: int, what: str = "inputs_embeds") -> tuple[Any, int, int]:
@@ -354,6 +386,26 @@ class SetupBase:
             staging.upload(x, stream)
         else:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
+
+    def _check_past(self, e: BoundEngine, past_lengths: Any, b: int, ctx: np.ndarray) -> np.ndarray | None:
+        if past_lengths is None:
+            return None
+        arr = np.asarray(past_lengths)
+        if arr.shape != (b,) or arr.dtype.kind not in "iu":
+            raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
+        have = e.state.lengths[:b] if self._batch is not None and self._batch >= b else np.zeros(b, np.int64)
+        over = np.flatnonzero((arr < 0) | (arr > have))
+        if over.size:
+            i = int(over[0])
+            raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
+                             f"tokens")
+        cap = e.cfg.max_kv_cache_capacity
+        full = np.flatnonzero(arr + ctx > cap)
+        if full.size:
+            i = int(full[0])
+            raise ShapeError(f"prefill: sequence {i} would hold {int(arr[i] + ctx[i])} tokens, more than "
+                             f"max_kv_cache_capacity ({cap})")
+        return arr.astype(np.int64)
 
     def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int,
                          seq: int) -> list[Any] | None:
@@ -388,13 +440,11 @@ class SetupBase:
                 v.copy_from(f, s)
         e.tensor_map.use_deepstack_features()
 
-    @staticmethod
-    def _prefill_dims(e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:
+    def _prefill_dims(self, e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:
         """A prefill's dims (checking seq against max_supported_input_length). With ``past`` (tokens each
         sequence already has cached) the step continues those caches: a restored prefix (the ragged
         contract's phase 2, the batch contract's non-empty start index)."""
-        empty = past is None and (e.empty_start_ok or e.cfg.contract == "ragged")
-        return e.cfg.prefill_dims(b, seq, kv_cache_empty=empty)
+        return e.cfg.prefill_dims(b, seq, kv_cache_empty=self._steps.empty_prefill(e, past))
 
     def _run_prefill(self, e: BoundEngine, dims: InferenceDims, ctx: np.ndarray, s: Stream,
                      past: np.ndarray | None = None, before: tuple[DeviceWork, ...] = ()) -> None:
@@ -405,55 +455,6 @@ class SetupBase:
         e.executor.execute(s, use_graph=False, before=before)
         e.state.lengths[:b] = ctx if past is None else past + ctx
         e.state.lengths[b:] = 0
-
-    def _stage_layout(self, e: BoundEngine, layout: StepLayout, s: Stream) -> RowCopy:
-        """Write a ragged step's inputs into the step block and upload them with one copy; returns the
-        gather of the step's RoPE rows (one per token, at its position) from the engine's table, device
-        work to enqueue before the engine (in its graph)."""
-        io, step = self.io, self.io.step
-        assert step is not None
-        step.write("query_start_offsets", layout.query_start_offsets)
-        step.write("query_lengths", layout.query_lengths)
-        step.write("past_lengths", layout.past_lengths)
-        step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
-        step.write("state_indices", layout.state_indices)
-        step.write("logits_indices", layout.logits_indices)
-        rows = step.write("positions", layout.positions)  # a shared RoPE table's rows are the positions
-        table, per_slot = self._rope_rows_source(e, s)
-        if per_slot:  # MRoPE: one table per sequence slot, [B, C, R] read as B*C rows
-            slots = np.repeat(layout.state_indices.astype(np.int64), layout.width)
-            at = layout.positions
-            rows = step.write("rope_rows", np.where(at >= 0, slots * e.cfg.max_kv_cache_capacity + at, -1)
-                              .astype(np.int32))
-        if layout.packed_mask is not None and io.is_spec_decode:
-            assert layout.attention_position_ids is not None
-            assert layout.tree_parent_ids is not None and layout.tree_depths is not None
-            step.write("packed_attention_mask", layout.packed_mask)
-            step.write("spec_decode_position_ids", layout.attention_position_ids)
-            step.write("spec_tree_parent_ids", layout.tree_parent_ids)
-            step.write("spec_tree_depths", layout.tree_depths)
-        step.upload(s)
-        row_bytes = e.cfg.rotary_dim * DType.FLOAT32.itemsize
-        return self._row_copy(io.ragged_rope_cos_sin, table, rows, layout.rows, row_bytes)
-
-    def _row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
-                  dst_rows: Tensor | None = None) -> RowCopy:
-        """The RowCopy of these arguments, one object per distinct copy (an executor compares the work
-        before its engine with the work its graph holds: the same object compares at once)."""
-        key = (id(dst), id(src), id(src_rows), count, row_bytes, id(dst_rows))
-        found = self._row_copies.get(key)
-        if found is None:
-            found = remember(self._row_copies, key, RowCopy(dst, src, src_rows, count, row_bytes, dst_rows))
-        return found
-
-    def _rope_rows_source(self, e: BoundEngine, s: Stream) -> tuple[Tensor, bool]:
-        """The table a ragged step's RoPE rows are gathered from, and whether it has one per slot (looked
-        up once per engine: the tables live as long as the setup)."""
-        found = self._rope_sources.get(e.role)
-        if found is None:
-            found = self._rope_sources[e.role] = \
-                (self.io.mrope_cos_sin, True) if e.cfg.is_mrope else (self._rope.get(e.cfg, s), False)
-        return found
 
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)
@@ -475,17 +476,8 @@ class SetupBase:
             parts.append(self._context_memory.report())
         return MemoryReport.combine(title, parts)
 
-    def close(self) -> None:
-        """Free every buffer, context and graph of the setup. Idempotent; a failure to free raises."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close_owned(self) -> None:
+        """Free every buffer, context and graph of the setup (in the reverse order of construction)."""
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()
-
-    def __enter__(self: _S) -> _S:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

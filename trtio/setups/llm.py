@@ -12,18 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from trtio._cache import BoundedCache
 from trtio.config import LLMEngineConfig
-from trtio.contracts.ragged import PHASE_PREFILL, PHASE_PREFILL_RESTORED, causal_step, decode_step
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
-from trtio.dtypes import DType
-from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor, GraphStats
-from trtio.errors import ShapeError, TrtioError
+from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
+from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import DecodeAdvance, warm_up
+from trtio.ops import warm_up
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
+    EngineGraphStats,
     SetupBase,
     _engine_io,
     _fill_mrope,
@@ -33,7 +33,7 @@ from trtio.setups.base import (
     with_contract,
 )
 from trtio.state import EngineState
-from trtio.stream import Stream, StreamLike
+from trtio.stream import StreamLike
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -46,20 +46,20 @@ class LLMSetup(SetupBase):
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         if not isinstance(cfg, LLMEngineConfig):
-            raise TypeError(f"create_for_llm: cfg must be an LLMEngineConfig, got {type(cfg).__name__} (read one "
-                            f"with LLMEngineConfig.from_json / from_edgellm)")
+            raise InvalidTypeError(f"create_for_llm: cfg must be an LLMEngineConfig, got {type(cfg).__name__} (read "
+                                   f"one with LLMEngineConfig.from_json / from_edgellm)")
         cfg.validate()
         if cfg.is_draft or cfg.is_spec_decode_base:
-            raise TrtioError(f"create_for_llm: the config describes a spec-decode {cfg.role}; "
-                             f"use create_for_spec_decode with a DeploymentConfig")
+            raise ConfigError("engine_role", f"create_for_llm: the config describes a spec-decode {cfg.role}; "
+                                             f"use create_for_spec_decode with a DeploymentConfig")
         cfg = with_contract(cfg, _engine_io(engine, "create_for_llm"), "engine")
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
-        self.contract = cfg.contract or "batch"
         with self._building(stream) as (stack, s):
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
             self._rope = stack.enter_context(_RopeTables(be))
+            self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
@@ -73,13 +73,7 @@ class LLMSetup(SetupBase):
             _fill_mrope(self.io, cfg, s)
             warm_up(be)
         self._batch: int | None = None
-        self._decode_dims: dict[int, InferenceDims] = {}
-        self._select_zero_batch: int | None = None
-        # Decode: the device's copy of the lengths equals these while the step block saw no other upload since.
-        self._seen = np.zeros(cfg.max_supported_batch_size, np.int64)
-        self._decode_seen = self._seen[:0]
-        self._decode_mark = -1
-        self._decode_steps: dict[int, tuple[DeviceWork, ...]] = {}
+        self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._streaming_pending = False
 
     def engines(self) -> list[BoundEngine]:
@@ -99,8 +93,9 @@ class LLMSetup(SetupBase):
         return self._engine.tensor_map
 
     @property
-    def graph_stats(self) -> GraphStats:
-        return self._engine.executor.graph_stats
+    def graph_stats(self) -> EngineGraphStats:
+        """CUDA-graph telemetry: ``graph_stats["llm"]``, and its counts as attributes."""
+        return EngineGraphStats(self.engines())
 
     @property
     def batch(self) -> int | None:
@@ -137,42 +132,11 @@ class LLMSetup(SetupBase):
         # Everything is checked: from here on work is enqueued.
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        if self.contract == "ragged":
-            zero = np.zeros(b, np.int64)
-            layout = causal_step(zero if past is None else past, ctx, seq,
-                                 phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED)
-            before: tuple[DeviceWork, ...] = (self._stage_layout(e, layout, s),)
-        else:
-            before = ()
-            self.io.upload_context_lengths(ctx if past is None else past + ctx, s)
-            self.io.upload_select_token_indices((ctx - 1)[:, None], s)
-            start = None if past is None and e.empty_start_ok else (np.zeros(b, np.int32) if past is None else past)
-            e.state.upload_start_index(start, s)
-        self._select_zero_batch = None
+        before = self._steps.prompt(e, past, ctx, seq, s)
         self._bind_deepstack(e, features, b, seq, s)
         self._run_prefill(e, dims, ctx, s, past, before)
         self._batch = b
         return self.io.output_logits
-
-    def _check_past(self, e: BoundEngine, past_lengths: Any, b: int, ctx: np.ndarray) -> np.ndarray | None:
-        if past_lengths is None:
-            return None
-        arr = np.asarray(past_lengths)
-        if arr.shape != (b,) or arr.dtype.kind not in "iu":
-            raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
-        have = e.state.lengths[:b] if self._batch is not None and self._batch >= b else np.zeros(b, np.int64)
-        over = np.flatnonzero((arr < 0) | (arr > have))
-        if over.size:
-            i = int(over[0])
-            raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
-                             f"tokens")
-        cap = e.cfg.max_kv_cache_capacity
-        full = np.flatnonzero(arr + ctx > cap)
-        if full.size:
-            i = int(full[0])
-            raise ShapeError(f"prefill: sequence {i} would hold {int(arr[i] + ctx[i])} tokens, more than "
-                             f"max_kv_cache_capacity ({cap})")
-        return arr.astype(np.int64)
 
     def decode(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
         """One token per sequence after the cached ones (profile 1); returns the logits view [batch, vocab].
@@ -197,62 +161,18 @@ class LLMSetup(SetupBase):
                              f"got [{nb}, {ns}, ...]")
         s = self._stream(stream)
         self._upload_embeds(x, s)
-        before = self._decode_work(e, lengths, s)
-        if self.contract != "ragged" and self._select_zero_batch != b:
-            self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
-            self._select_zero_batch = b
+        before = self._steps.decode(e, lengths, s)
         e.tensor_map.use_deepstack_zero()
         if self._streaming_pending:
             self.io.streaming_prefill.order_before(s)
             self._streaming_pending = False
         dims = self._decode_dims.get(b)
         if dims is None:
-            dims = self._decode_dims[b] = self.cfg.decode_dims(b)
+            dims = self._decode_dims.put(b, self.cfg.decode_dims(b))
         e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, before=before)
         lengths += 1
         return self.io.output_logits
-
-    def _decode_work(self, e: BoundEngine, lengths: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
-        """A decode step's device work: its inputs made on the device from the device's copy of the lengths
-        (:class:`~trtio.ops.DecodeAdvance`: the ragged contract's past and attention lengths and positions,
-        then the RoPE rows gathered at those; the batch contract's start index and context lengths).
-
-        The copy and the step's constant inputs are uploaded only when the step block may not hold them:
-        after another step used the block, or when the host's lengths are not the ones the last decode left
-        (a prefill, a reset). A steady decode uploads nothing and replays its graph as it is."""
-        step = self.io.step
-        assert step is not None
-        b = lengths.shape[0]
-        ragged = self.contract == "ragged"
-        if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or \
-                (lengths != self._decode_seen).any():
-            layout = decode_step(lengths)
-            step.write("decode_lengths", layout.past_lengths)
-            if ragged:
-                for name in ("query_start_offsets", "query_lengths", "state_indices", "logits_indices"):
-                    step.write(name, getattr(layout, name))
-            step.upload(s)
-            if ragged:
-                step.overwritten(("past_lengths", "attention_sequence_lengths", "positions", "rope_rows"))
-            self._decode_mark = step.uploads
-            self._decode_seen = self._seen[:b]
-        work = self._decode_steps.get(b)
-        if work is None:
-            t = step.tensors
-            if ragged:
-                table, per_slot = self._rope_rows_source(e, s)
-                rows = t["rope_rows"] if per_slot else t["positions"]
-                work = (DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
-                                      t["positions"], rows if per_slot else None,
-                                      e.cfg.max_kv_cache_capacity if per_slot else 0),
-                        self._row_copy(self.io.ragged_rope_cos_sin, table, rows, b,
-                                       e.cfg.rotary_dim * DType.FLOAT32.itemsize))
-            else:
-                work = (DecodeAdvance(t["decode_lengths"], b, e.state.kv_lengths, self.io.context_lengths),)
-            self._decode_steps[b] = work
-        np.add(lengths, 1, out=self._decode_seen)  # what this step leaves in both copies of the lengths
-        return work
 
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer

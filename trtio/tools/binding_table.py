@@ -17,7 +17,6 @@ from typing import Any
 
 from trtio import names
 from trtio.engine import EngineIO, TensorInfo
-from trtio.pipeline_io import EXTRA_MEMBERS, MEMBERS, RAGGED_MEMBERS, RAGGED_STEP_MEMBERS
 from trtio.setups import SetupBase
 from trtio.tensor import Tensor
 
@@ -33,7 +32,7 @@ def setup_engines(setup: SetupBase) -> list[tuple[str, Any, Any, Any]]:
 def _owners(setup: SetupBase) -> dict[int, str]:
     io = setup.io
     owners: dict[int, str] = {}
-    for member in MEMBERS + EXTRA_MEMBERS + RAGGED_MEMBERS + RAGGED_STEP_MEMBERS:
+    for member in io.members:
         value = getattr(io, member, None)
         if isinstance(value, Tensor):
             owners[id(value)] = f"PipelineIO.{member}"

@@ -312,7 +312,7 @@ def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]
                                                    consumer, be, pair.names["llm"])
             bindings = {"llm": binding_rows(llm)["llm"]}
             memory = {"llm": llm.memory_report()}
-            graph_stats = {"llm": dataclasses.asdict(llm.graph_stats)}
+            graph_stats = {role: dataclasses.asdict(g) for role, g in llm.graph_stats.items()}
         t0 = time.perf_counter()
         with create_for_spec_decode(pair.base_engine, pair.draft_engine, pair.bundle, stream=main,
                                     graphs=opts.graphs, backend=be) as sd:

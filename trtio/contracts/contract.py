@@ -1,0 +1,296 @@
+"""What an engine contract is: the object a setup binds once and calls for everything that differs.
+
+A contract (:class:`Contract`) says which bindings an engine of each role declares (its registry), how
+a :class:`~trtio.pipeline_io.PipelineIO` lays its worst-case buffers out for it (:class:`PipelineLayout`),
+how a tensor map binds them, and, per setup, how each step's inputs are staged (:class:`StepInputs`:
+prefill, decode, tree steps, draft-tree levels). The setups call these and never ask which contract
+they hold, so a new contract is a new module here (``docs/architecture.md`` says what it takes).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+
+from trtio import names
+from trtio._cache import BoundedCache
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.cuda.backend import Location
+from trtio.dtypes import DType
+from trtio.errors import TrtioError
+from trtio.memory import TensorRequest
+from trtio.ops import RowCopy
+from trtio.registry import TensorRegistry
+from trtio.stream import Stream
+
+if TYPE_CHECKING:
+    from trtio.contracts.ragged import TreeLayout
+    from trtio.engine import DeviceWork
+    from trtio.ops import DraftTreeBuffers, TreeTargets
+    from trtio.pipeline_io import PipelineIO
+    from trtio.staging import StepStaging
+    from trtio.state import EngineState
+    from trtio.tensor import Tensor
+    from trtio.tensor_map import TensorMap
+
+__all__ = ["Contract", "DraftLevelPlan", "EngineView", "PipelineLayout", "StepInputs", "absent"]
+
+
+class EngineView(Protocol):
+    """What a step writer reads of a bound engine: its role (``"llm"``, ``"base"``, ``"draft"``), config,
+    KV state, and whether its prefill profile lets ``kvcache_start_index`` be empty (an empty cache)."""
+
+    role: str
+    cfg: LLMEngineConfig
+    state: EngineState
+    empty_start_ok: bool
+
+
+def absent(name: str, dtype: DType, location: Location = Location.DEVICE) -> TensorRequest:
+    """A member this layout does not have: an empty tensor, no allocation."""
+    return TensorRequest(name, (0,), dtype, location)
+
+
+@dataclass
+class PipelineLayout:
+    """A PipelineIO's worst case on one contract: its arena's requests (every member, empty ones
+    included), the per-step inputs staged together (:class:`~trtio.staging.StepStaging`), the members a
+    user sees as attributes beyond the seed's (arena tensors or step-block tensors), the members zeroed at
+    creation, the staging pairs beyond the seed's, and the sizes."""
+
+    title: str
+    requests: list[TensorRequest]
+    step_requests: list[TensorRequest]
+    max_batch: int
+    max_seq: int
+    hidden_size: int
+    is_spec_decode: bool
+    num_deepstack: int
+    members: tuple[str, ...] = ()
+    zeroed: tuple[str, ...] = ()
+    #: Fenced pinned twins beside the seed's two: (key, pinned member, device member).
+    staging_pairs: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class DraftLevelPlan:
+    """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant) and
+    attention lengths (``asl``: past + the round's width), the level's ``parents``, its place in the round
+    (nodes ``n0 .. n0 + k - 1`` of ``batch`` sequences), the previous level (``level``: its first node and
+    count, where the parents' hidden rows are) and each sequence's root hidden row (``roots``)."""
+
+    past: np.ndarray
+    asl: np.ndarray
+    parents: np.ndarray
+    batch: int
+    n0: int
+    k: int
+    roots: np.ndarray
+    level: tuple[int, int] = (0, 0)
+    slots: np.ndarray | None = None
+
+
+class Contract(abc.ABC):
+    """One engine I/O contract (see module docstring). Stateless: one instance per contract."""
+
+    name: ClassVar[str]
+    #: The KV state an engine of this contract declares: ``"paged"`` pools or ``"contiguous"`` caches.
+    kv_layout: ClassVar[str]
+    #: Whether a step may run any subset of the sequence slots (admission, release, pages on demand).
+    slotted: ClassVar[bool]
+
+    @abc.abstractmethod
+    def registry(self, cfg: LLMEngineConfig) -> TensorRegistry:
+        """The PipelineIO-owned bindings an engine of ``cfg.role`` declares (the engine state adds its own)."""
+
+    @abc.abstractmethod
+    def pipeline_layout(self, base: LLMEngineConfig, bundle: DeploymentConfig | None,
+                        max_batch: int) -> PipelineLayout:
+        """The worst-case buffers of a PipelineIO for one LLM (``bundle`` None) or a spec-decode pair."""
+
+    @abc.abstractmethod
+    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        """Add this contract's PipelineIO bindings for an engine of ``cfg`` to ``tm`` (beyond the
+        embeddings, logits and deepstack features every contract binds alike)."""
+
+    @abc.abstractmethod
+    def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
+        """Whether the engine binds the setup's shared RoPE table itself (else its steps gather rows of it)."""
+
+    @abc.abstractmethod
+    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+        """A setup's step-input writer on this contract (one per setup)."""
+
+    def __repr__(self) -> str:
+        return f"<{self.name} contract>"
+
+
+class StepInputs(abc.ABC):
+    """How a setup stages each step's inputs on one contract, and the device work a step enqueues with
+    its engine (in its graph). One per setup; it keeps per-shape work in :class:`~trtio._cache.BoundedCache` s.
+
+    Every method is called after the step's inputs were checked and before its engine is enqueued; it
+    writes into the PipelineIO's step block (one upload per step) or its staging pairs on ``stream``."""
+
+    def __init__(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
+        step = io.step
+        if step is None:
+            raise TrtioError(f"{type(self).__name__}: the PipelineIO has no step block")
+        self.io = io
+        self.step: StepStaging = step
+        self._rope_table = rope_table
+        self._row_copies: BoundedCache[tuple[int, ...], RowCopy] = BoundedCache()
+        self._rope_sources: dict[str, tuple[Tensor, bool]] = {}
+        self._decode_works: BoundedCache[tuple[str, int], tuple[DeviceWork, ...]] = BoundedCache()
+        self._tree_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+        self._level_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+        self._targets: dict[str, TreeTargets] = {}
+        # Decode: the device's copy of the lengths equals these while the step block saw no other upload since.
+        self._seen = np.zeros(io.max_batch, np.int64)
+        self._decode_seen = self._seen[:0]
+        self._decode_slots: tuple[int, ...] | None = None
+        self._decode_mark = -1
+
+    # -- what every contract shares ----------------------------------------------------------------
+    def row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
+                 dst_rows: Tensor | None = None) -> RowCopy:
+        """The RowCopy of these arguments, one object per distinct copy (an executor compares the work
+        before its engine with the work its graph holds: the same object compares at once)."""
+        key = (id(dst), id(src), id(src_rows), count, row_bytes, id(dst_rows))
+        found = self._row_copies.get(key)
+        if found is None:
+            found = self._row_copies.put(key, RowCopy(dst, src, src_rows, count, row_bytes, dst_rows))
+        return found
+
+    def rope_source(self, e: EngineView, s: Stream) -> tuple[Tensor, bool]:
+        """The table a step's RoPE rows are gathered from, and whether it has one per slot (looked up once
+        per engine: the tables live as long as the setup)."""
+        found = self._rope_sources.get(e.role)
+        if found is None:
+            found = self._rope_sources[e.role] = \
+                (self.io.mrope_cos_sin, True) if e.cfg.is_mrope else (self._rope_table(e.cfg, s), False)
+        return found
+
+    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream,
+               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """A decode step's device work: its inputs made on the device from the device's copy of the lengths
+        (:class:`~trtio.ops.DecodeAdvance`).
+
+        The copy and the step's constant inputs are uploaded only when the step block may not hold them:
+        after another step used the block, when the host's lengths are not the ones the last decode left
+        (a prefill, a reset), or when the step's sequences changed. A steady decode uploads nothing and
+        replays its graph as it is."""
+        step = self.step
+        b = lengths.shape[0]
+        key = None if slots is None else tuple(slots.tolist())
+        if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or key != self._decode_slots \
+                or (lengths != self._decode_seen).any():
+            step.write("decode_lengths", lengths)
+            self._write_decode(lengths, slots)
+            step.upload(s)
+            self._decode_uploaded()
+            self._decode_mark = step.uploads
+            self._decode_seen = self._seen[:b]
+            self._decode_slots = key
+        work = self._decode_works.get((e.role, b))
+        if work is None:
+            work = self._decode_works.put((e.role, b), self._decode_work(e, b, s))
+        np.add(lengths, 1, out=self._decode_seen)  # what this step leaves in both copies of the lengths
+        return work
+
+    def forget_decode(self) -> None:
+        """The host's lengths changed under the device's copy (a reset, a release): resync next decode."""
+        self._decode_mark = -1
+
+    # -- what each contract does its own way -----------------------------------------------------------
+    @abc.abstractmethod
+    def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
+               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """Stage a prefill of ``lengths[i]`` new tokens per sequence (entry-padded to ``width``) after
+        ``past[i]`` cached ones (None: empty caches); returns the device work to run before the engine."""
+
+    @abc.abstractmethod
+    def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
+        """Whether a prefill's dims say the caches start empty (the shapes that tells the engine)."""
+
+    @abc.abstractmethod
+    def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
+        """Write a decode step's constant inputs into the step block (the lengths are written already)."""
+
+    @abc.abstractmethod
+    def _decode_uploaded(self) -> None:
+        """Called after a decode's upload: what the device now writes itself is stale on the host."""
+
+    @abc.abstractmethod
+    def _decode_work(self, e: EngineView, b: int, s: Stream) -> tuple[DeviceWork, ...]:
+        """A decode step's device work for ``b`` sequences (:class:`~trtio.ops.DecodeAdvance` and what reads
+        its results)."""
+
+    @abc.abstractmethod
+    def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
+             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """Stage a tree step (verify, catch-up) of ``layout`` after ``past`` cached tokens; returns its
+        device work. ``select`` is the batch contract's token selection ([B, N] or [B, 1])."""
+
+    @abc.abstractmethod
+    def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
+                      n_words: int) -> DraftTreeBuffers:
+        """Where the draft tree lives on the device and the step inputs its levels write."""
+
+    @abc.abstractmethod
+    def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
+                    s: Stream) -> tuple[DeviceWork, ...]:
+        """Stage a proposal level (its parents, the round's lengths on its first level) and return its
+        device work: the level made on the device, then what reads it (RoPE rows)."""
+
+    @abc.abstractmethod
+    def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
+        """Each sequence's root hidden row after a draft prefill of ``lengths`` in ``width``-wide rows."""
+
+    @abc.abstractmethod
+    def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
+        """Each sequence's root hidden row after a catch-up over ``accepted`` tokens (None: the rows a
+        round's first level reads by default)."""
+
+    @abc.abstractmethod
+    def tree_targets(self, e: EngineView) -> TreeTargets:
+        """What a tree step of the engine ``role`` reads and writes on the device."""
+
+
+def rope_row_bytes(cfg: LLMEngineConfig) -> int:
+    """Bytes of one RoPE cos/sin row (float32)."""
+    return cfg.rotary_dim * DType.FLOAT32.itemsize
+
+
+def seed_requests(b: int, seq: int, h: int, act: DType, *, logits_rows: int, vocab: int,
+                  select_cols: int) -> list[TensorRequest]:
+    """The seed's batch-major members (embeddings, logits, selection, context lengths and their twins)."""
+    return [
+        TensorRequest.of("inputs_embeds", (b, seq, h), act),
+        TensorRequest.of("output_logits", (logits_rows, vocab), DType.FLOAT32),
+        TensorRequest.of("select_token_indices", (b, select_cols), DType.INT64),
+        TensorRequest.of("context_lengths", (b,), DType.INT32),
+        TensorRequest.of("host_context_lengths", (b,), DType.INT32, Location.PINNED),
+        TensorRequest.of("host_select_token_indices", (b, 1), DType.INT64, Location.PINNED),
+    ]
+
+
+def deepstack_requests(n: int, shape: Sequence[int], zero_shape: Sequence[int], act: DType) -> list[TensorRequest]:
+    """The deepstack feature buffers and Edge-LLM's zero buffer they are bound to without features."""
+    if n == 0:
+        return [absent("deepstack_zero", act)]
+    reqs = [TensorRequest.of(names.deepstack_embeds(i), tuple(shape), act) for i in range(n)]
+    reqs.append(TensorRequest.of("deepstack_zero", tuple(zero_shape), act))
+    return reqs
+
+
+def mrope_request(cfg: LLMEngineConfig, b: int) -> TensorRequest:
+    """MRoPE's per-slot cos/sin tables [B, C, R] (empty without MRoPE)."""
+    if not cfg.is_mrope:
+        return absent("mrope_cos_sin", DType.FLOAT32)
+    return TensorRequest.of("mrope_cos_sin", (b, cfg.max_kv_cache_capacity, cfg.rotary_dim), DType.FLOAT32)
+

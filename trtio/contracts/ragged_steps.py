@@ -1,0 +1,340 @@
+"""The ragged contract as an object: its PipelineIO layout, its bindings, and how a step stages its inputs.
+
+Token-major worst case: ``T`` rows = batch x the longest step of any engine (prompt, verify tree or
+draft tree), logits rows = batch x the most rows a step selects. A step's per-step inputs (offsets,
+lengths, positions, logits rows, tree masks) live in one step block (:class:`~trtio.staging.StepStaging`):
+one host write and one copy per step, the rest laid out on the device (:mod:`trtio.ops`). The host layouts
+themselves are :mod:`trtio.contracts.ragged`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from trtio import names
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts.contract import (
+    Contract,
+    DraftLevelPlan,
+    EngineView,
+    PipelineLayout,
+    StepInputs,
+    absent,
+    mrope_request,
+    rope_row_bytes,
+)
+from trtio.contracts.ragged import (
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    PHASE_PREFILL_RESTORED,
+    StepLayout,
+    TreeLayout,
+    causal_step,
+    decode_step,
+    ramp,
+    registry_for,
+)
+from trtio.cuda.backend import Location
+from trtio.dtypes import DType
+from trtio.memory import TensorRequest
+from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
+from trtio.registry import TensorRegistry
+from trtio.stream import Stream
+
+if TYPE_CHECKING:
+    from trtio.engine import DeviceWork
+    from trtio.pipeline_io import PipelineIO
+    from trtio.tensor import Tensor
+    from trtio.tensor_map import TensorMap
+
+__all__ = ["RaggedContract", "RaggedSteps"]
+
+# The members a user sees on a ragged PipelineIO (Edge-LLM 0.11's, and trtio's row buffers).
+_MEMBERS = (
+    "query_start_offsets", "query_lengths", "past_lengths", "attention_sequence_lengths", "state_indices",
+    "logits_indices", "row_src", "row_dst", "rope_rows", "positions", "spec_tree_parent_ids", "spec_tree_depths",
+    "ragged_rope_cos_sin", "execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale",
+    "row_scratch", "packed_attention_mask", "spec_decode_position_ids",
+)
+
+
+class RaggedContract(Contract):
+    """Edge-LLM 0.11's token-major contract with paged KV pools (see :mod:`trtio.contracts.ragged`)."""
+
+    name = "ragged"
+    kv_layout = "paged"
+    slotted = True
+
+    def registry(self, cfg: LLMEngineConfig) -> TensorRegistry:
+        return registry_for(cfg)
+
+    def pipeline_layout(self, base: LLMEngineConfig, bundle: DeploymentConfig | None,
+                        max_batch: int) -> PipelineLayout:
+        b = max_batch
+        act, h = base.activation, base.hidden_size
+        spec = bundle.spec if bundle is not None else None
+        draft = bundle.draft if bundle is not None else None
+        p = bundle.effective_max_draft_proposal_size() if bundle is not None else 1
+        max_input = max(base.max_supported_input_length,
+                        draft.max_supported_input_length if draft is not None else 0)
+        t = b * max(max_input, p)
+        rows = b * p  # logits rows: one per sequence (LLM), every tree node (verify), top-k per sequence (draft)
+        vocab = max(base.output_vocab_size, draft.output_vocab_size if draft is not None else 0)
+        words = math.ceil(p / 32)
+        i32 = DType.INT32
+        reqs = [
+            TensorRequest.of("inputs_embeds", (t, h), act),
+            TensorRequest.of("output_logits", (rows, vocab), DType.FLOAT32),
+            absent("select_token_indices", DType.INT64), absent("context_lengths", i32),
+            absent("host_context_lengths", i32, Location.PINNED),
+            absent("host_select_token_indices", DType.INT64, Location.PINNED),
+        ]
+        nd = base.num_deepstack_features
+        reqs += [TensorRequest.of(names.deepstack_embeds(i), (t, h), act) for i in range(nd)]
+        zero_rows = b * (max(spec.verify_size, 1) if spec is not None else 1)
+        reqs.append(TensorRequest.of("deepstack_zero", (zero_rows, h), act) if nd else absent("deepstack_zero", act))
+        reqs.append(mrope_request(base, b))
+        if spec is not None:
+            width = max(spec.base_output_hidden_dim, spec.draft_hidden_size)
+            reqs += [
+                TensorRequest.of("base_hidden_states", (t, spec.base_output_hidden_dim), act),
+                TensorRequest.of("draft_hidden_states_in", (t, spec.draft_hidden_size), act),
+                TensorRequest.of("draft_hidden_states_out", (t, spec.draft_hidden_size), act),
+                TensorRequest.of("row_scratch", (rows, width), act),
+            ]
+        else:
+            reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
+                                              "draft_hidden_states_out", "row_scratch")]
+        reqs += [
+            absent("output_hidden_states", act),
+            absent("host_spec_select_token_indices", DType.INT64, Location.PINNED),
+            TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
+            # Shape-only carriers: the engine reads their extents, never their bytes.
+            TensorRequest.of("execution_phase_marker", (8,), i32),
+            TensorRequest.of("context_sequence_count_carrier", (b,), i32),
+            TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
+        ]
+        # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
+        # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
+        step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
+        step += [
+            TensorRequest.of("query_start_offsets", (b + 1,), i32),
+            TensorRequest.of("query_lengths", (b,), i32),
+            TensorRequest.of("past_lengths", (b,), i32),
+            TensorRequest.of("attention_sequence_lengths", (b,), i32),
+            TensorRequest.of("state_indices", (b,), i32),
+            TensorRequest.of("logits_indices", (rows,), DType.INT64),
+            TensorRequest.of("row_src", (t,), i32),
+            TensorRequest.of("row_dst", (t,), i32),
+            TensorRequest.of("rope_rows", (t,), i32),
+            TensorRequest.of("positions", (t,), i32),
+        ]
+        if bundle is not None:
+            step += [
+                TensorRequest.of("spec_decode_position_ids", (t,), i32),
+                TensorRequest.of("spec_tree_parent_ids", (t,), i32),
+                TensorRequest.of("spec_tree_depths", (t,), i32),
+                TensorRequest.of("packed_attention_mask", (t, words), i32),
+                TensorRequest.of("draft_parents", (rows,), i32),  # a draft level's parents (ops.DraftLevel)
+            ]
+        else:
+            reqs += [absent("packed_attention_mask", i32), absent("spec_decode_position_ids", i32),
+                     absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32),
+                     absent("host_packed_attention_mask", i32, Location.PINNED),
+                     absent("host_spec_decode_position_ids", i32, Location.PINNED)]
+        title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
+        return PipelineLayout(
+            title, reqs, step, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
+            num_deepstack=nd, members=_MEMBERS,
+            zeroed=("execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale", "deepstack_zero",
+                    "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"))
+
+    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        """The token-major inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of ``query_lengths``;
+        RoPE rows are gathered per token into ``ragged_rope_cos_sin``."""
+        tm.set(names.kRopeCosSin, io.ragged_rope_cos_sin)
+        tm.set(names.kPositions, io.positions)
+        tm.set(names.kQueryStartOffsets, io.query_start_offsets)
+        tm.set(names.kQueryLengths, io.query_lengths)
+        tm.set(names.kPastLengths, io.past_lengths)
+        tm.set(names.kAttentionSequenceLengths, io.attention_sequence_lengths)
+        tm.set(names.kStateIndices, io.state_indices)
+        tm.set(names.kExecutionPhaseMarker, io.execution_phase_marker)
+        tm.set(names.kContextSequenceCountCarrier, io.context_sequence_count_carrier)
+        tm.set(names.kLogitsIndices, io.logits_indices)
+        tm.set(names.kSkipSoftmaxScale, io.skip_softmax_scale)
+        if io.is_spec_decode:
+            tm.set(names.kPackedAttentionMask, io.packed_attention_mask)
+            tm.set(names.kAttentionPositionIds, io.spec_decode_position_ids)
+            tm.set(names.kTreeParentIds, io.spec_tree_parent_ids)
+            tm.set(names.kTreeDepths, io.spec_tree_depths)
+            tm.set(names.kValidTreeCounts, io.query_lengths)
+
+    def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
+        return False  # each step gathers its tokens' rows from the table
+
+    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+        return RaggedSteps(io, rope_table)
+
+
+# What a decode step's device work writes into the step block (stale on the host after it runs).
+_DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "rope_rows")
+# What a tree step's device work writes.
+_TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
+
+
+class RaggedSteps(StepInputs):
+    """Step inputs of the ragged contract: every step writes its layout (Edge-LLM's entry padding, phases
+    1-5) into the step block and uploads it with one copy; RoPE rows are gathered on the device at each
+    token's position."""
+
+    def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
+               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        zero = np.zeros(lengths.shape[0], np.int64)
+        layout = causal_step(zero if past is None else past, lengths, width,
+                             phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
+        return (self._stage_layout(e, layout, s),)
+
+    def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
+        return past is None
+
+    def _stage_layout(self, e: EngineView, layout: StepLayout, s: Stream) -> DeviceWork:
+        """Write a step's inputs into the step block and upload them with one copy; returns the gather of the
+        step's RoPE rows (one per token, at its position) from the engine's table, device work to enqueue
+        before the engine (in its graph)."""
+        io, step = self.io, self.step
+        step.write("query_start_offsets", layout.query_start_offsets)
+        step.write("query_lengths", layout.query_lengths)
+        step.write("past_lengths", layout.past_lengths)
+        step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
+        step.write("state_indices", layout.state_indices)
+        step.write("logits_indices", layout.logits_indices)
+        rows = step.write("positions", layout.positions)  # a shared RoPE table's rows are the positions
+        table, per_slot = self.rope_source(e, s)
+        if per_slot:  # MRoPE: one table per sequence slot, [B, C, R] read as B*C rows
+            slots = np.repeat(layout.state_indices.astype(np.int64), layout.width)
+            at = layout.positions
+            rows = step.write("rope_rows", np.where(at >= 0, slots * e.cfg.max_kv_cache_capacity + at, -1)
+                              .astype(np.int32))
+        if layout.packed_mask is not None and io.is_spec_decode:
+            assert layout.attention_position_ids is not None
+            assert layout.tree_parent_ids is not None and layout.tree_depths is not None
+            step.write("packed_attention_mask", layout.packed_mask)
+            step.write("spec_decode_position_ids", layout.attention_position_ids)
+            step.write("spec_tree_parent_ids", layout.tree_parent_ids)
+            step.write("spec_tree_depths", layout.tree_depths)
+        step.upload(s)
+        return self.row_copy(io.ragged_rope_cos_sin, table, rows, layout.rows, rope_row_bytes(e.cfg))
+
+    def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
+        layout = decode_step(lengths)
+        step = self.step
+        step.write("query_start_offsets", layout.query_start_offsets)
+        step.write("query_lengths", layout.query_lengths)
+        step.write("state_indices", layout.state_indices if slots is None else slots.astype(np.int32))
+        step.write("logits_indices", layout.logits_indices)
+
+    def _decode_uploaded(self) -> None:
+        self.step.overwritten(_DECODE_WRITES)
+
+    def _decode_work(self, e: EngineView, b: int, s: Stream) -> tuple[DeviceWork, ...]:
+        """:class:`~trtio.ops.DecodeAdvance` (past and attention lengths, positions, MRoPE rows), then the
+        RoPE rows gathered at those positions."""
+        t = self.step.tensors
+        table, per_slot = self.rope_source(e, s)
+        rows = t["rope_rows"] if per_slot else t["positions"]
+        return (DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
+                              t["positions"], rows if per_slot else None,
+                              e.cfg.max_kv_cache_capacity if per_slot else 0),
+                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b, rope_row_bytes(e.cfg)))
+
+    def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
+             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """The cached lengths and the tree's constants (which the step block receives once while they repeat)
+        in one copy; the device lays out the rest (:class:`~trtio.ops.TreeStep`), then the RoPE rows are
+        gathered."""
+        step = self.step
+        b, w = layout.real.shape
+        step.write("query_start_offsets", ramp(b + 1, w))
+        step.write("query_lengths", layout.query_lengths)
+        step.write("past_lengths", past)
+        step.write("state_indices", ramp(b) if slots is None else slots.astype(np.int32))
+        step.write("logits_indices", layout.logits_indices)
+        step.write("packed_attention_mask", layout.packed_mask)
+        step.write("spec_tree_parent_ids", layout.tree_parent_ids)
+        step.write("spec_tree_depths", layout.tree_depths)
+        step.upload(s)
+        step.overwritten(_TREE_WRITES)
+        words = layout.packed_mask.shape[1]
+        key = (e.role, b, w, layout.phase, layout.padding_position, words)
+        found = self._tree_works.get(key)
+        if found is None:
+            targets = self.tree_targets(e)
+            table, per_slot = self.rope_source(e, s)
+            rows = targets.rope_rows if per_slot else targets.positions
+            assert rows is not None
+            found = self._tree_works.put(key, (
+                TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
+                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w, rope_row_bytes(e.cfg))))
+        return found
+
+    def tree_targets(self, e: EngineView) -> TreeTargets:
+        found = self._targets.get(e.role)
+        if found is None:
+            t = self.step.tensors
+            per_slot = e.cfg.is_mrope
+            found = self._targets[e.role] = TreeTargets(
+                t["past_lengths"], t["query_lengths"], t["spec_tree_depths"], asl=t["attention_sequence_lengths"],
+                positions=t["positions"], ids=t["spec_decode_position_ids"],
+                rope_rows=t["rope_rows"] if per_slot else None,
+                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+        return found
+
+    def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
+                      n_words: int) -> DraftTreeBuffers:
+        t = self.step.tensors
+        per_slot = e.cfg.is_mrope
+        return DraftTreeBuffers(words, nodes, t["draft_parents"], t["past_lengths"], t["row_src"], t["row_dst"],
+                                t["logits_indices"], t["packed_attention_mask"], t["spec_decode_position_ids"], width,
+                                n_words, logits_stride=width, query_lengths=t["query_lengths"],
+                                positions=t["positions"], parent_ids=t["spec_tree_parent_ids"],
+                                depths=t["spec_tree_depths"], rope_rows=t["rope_rows"] if per_slot else None,
+                                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+
+    def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
+                    s: Stream) -> tuple[DeviceWork, ...]:
+        """A proposal level (phase 4; 3 for a one-node tree): the parents, uploaded with the round's lengths,
+        then the level made on the device (:class:`~trtio.ops.DraftLevel`) and the RoPE rows gathered at the
+        nodes' positions. A parent's draft hidden row is the previous level's output row."""
+        step = self.step
+        b, w = plan.batch, tree.width
+        step.write("query_start_offsets", ramp(b + 1, w))
+        step.write("past_lengths", plan.past)
+        step.write("attention_sequence_lengths", plan.asl)
+        step.write("state_indices", ramp(b) if plan.slots is None else plan.slots.astype(np.int32))
+        step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
+        step.upload(s)
+        if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
+            step.overwritten(DraftTreeBuffers.WRITES)
+        level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
+        shared = plan.parents.ndim == 1
+        key = (b, plan.n0, plan.k, level0, level_k, shared)
+        found = self._level_works.get(key)
+        if found is None:
+            table, _per_slot = self.rope_source(e, s)
+            rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
+            assert rows is not None
+            found = self._level_works.put(key, (
+                DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared),
+                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w, rope_row_bytes(e.cfg))))
+        return found
+
+    def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
+        return np.arange(batch)  # the draft's hidden output has one row per sequence (its logits row)
+
+    def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
+        return np.arange(batch)

@@ -1,0 +1,107 @@
+"""The draft's catch-up over the tokens a round accepted (``draft_accept``).
+
+The draft re-runs the accepted tokens (shifted by one, as in its prefill), causal over each sequence's
+accepted path, with the accepted nodes' base hidden states as its features. Those rows are gathered
+from the verify step's output into scratch rows and scattered back in order, on the device, in the
+catch-up's graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtio._cache import BoundedCache
+from trtio.contracts.contract import EngineView, StepInputs
+from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
+from trtio.engine import DeviceWork
+from trtio.ops import Zero, fuse
+from trtio.pipeline_io import PipelineIO
+from trtio.staging import constant
+from trtio.stream import Stream
+
+__all__ = ["CatchUp"]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A catch-up's layout for a pattern of accept lengths: the tree step, which rows hold an accepted token
+    ([B, A]), their scratch rows (-1 past each path) and the batch contract's token selection ([B, 1])."""
+
+    layout: TreeLayout
+    take: np.ndarray
+    scratch_rows: np.ndarray
+    select: np.ndarray
+
+
+class CatchUp:
+    """Stages a catch-up and makes its device work (see module docstring). ``scratch_rows``: rows set
+    aside per sequence for its accepted hidden states (the longest path a round may accept)."""
+
+    def __init__(self, io: PipelineIO, steps: StepInputs, *, base_width: int, scratch_rows: int) -> None:
+        self._io = io
+        self._steps = steps
+        self._base_width = base_width
+        self._scratch = scratch_rows
+        self._batch_rows = np.arange(io.max_batch)[:, None]
+        self._layouts: BoundedCache[tuple[int, bytes], _Layout] = BoundedCache()
+        self._moves: BoundedCache[tuple[int, int], tuple[DeviceWork, DeviceWork, DeviceWork]] = BoundedCache()
+        self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+
+    def stage(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray, past: np.ndarray,
+              s: Stream, slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """Stage the catch-up of ``e`` over ``accepted[i]`` tokens per sequence in ``width``-wide rows after
+        ``past`` cached ones, its features the base hidden-state ``rows`` [B, L] of the accepted nodes (-1 past
+        each path); returns its device work: the layout, then the RoPE rows, the gather and the zeros in one
+        kernel, then the scatter."""
+        b, a = accepted.shape[0], width
+        found = self._layout(accepted, a)
+        # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
+        # path), gathered through scratch rows i*P + j (the rows overlap: no in-place gather).
+        src = rows
+        if src.shape[1] != a:
+            src = np.full((b, a), -1, np.int64)
+            src[:, :rows.shape[1]] = rows
+        moves = self._gather_scatter(e, b, a)
+        step = self._steps.step
+        step.write("row_src", src)
+        step.write("row_dst", found.scratch_rows)
+        tree = self._steps.tree(e, found.layout, past, found.select, s, slots)
+        key = (tree, moves)
+        before = self._fused.get(key)
+        if before is None:
+            gather, scatter, zero = moves
+            before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
+        return before
+
+    def _layout(self, acc: np.ndarray, a: int) -> _Layout:
+        """A catch-up's rows: causal over each sequence's accepted tokens, logits (the batch contract's token
+        selection) at the last one, the accepted rows' scratch rows; remembered per (width, accept lengths)."""
+        key = (a, acc.tobytes())
+        found = self._layouts.get(key)
+        if found is None:
+            j = np.arange(a)
+            take = j[None, :] < acc[:, None]
+            causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
+            layout = TreeLayout.of(pack_rows(causal, a), np.broadcast_to(j, take.shape), take,
+                                   phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
+                                   logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
+            scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch + j, -1)
+            found = self._layouts.put(key, _Layout(layout, constant(take), constant(scratch.reshape(-1)),
+                                                   constant((acc - 1)[:, None].astype(np.int64))))
+        return found
+
+    def _gather_scatter(self, e: EngineView, b: int, a: int) -> tuple[DeviceWork, DeviceWork, DeviceWork]:
+        """The accepted rows gathered into scratch rows, scattered back in order, and the draft's own hidden
+        inputs zeroed."""
+        found = self._moves.get((b, a))
+        if found is None:
+            io, steps = self._io, self._steps
+            row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
+            found = self._moves.put((b, a), (
+                steps.row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
+                steps.row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
+                Zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size * io.draft_hidden_states_in.dtype.itemsize)))
+        return found

@@ -1,0 +1,182 @@
+"""The draft tree of a speculative round: its levels, as ``draft_propose`` grows it.
+
+A round's tree starts at each sequence's root (its last committed token) and grows one level per
+:meth:`DraftTree.propose`: ``k`` new nodes per sequence hanging off the root (the first level) or off
+nodes of the previous level. The draft runs over every node of the tree so far, one fixed width per
+round (Edge-LLM re-runs it: ``drafting_step * drafting_top_k`` rows per sequence). The device keeps its
+own copy of the tree and lays each level's step out from it (:class:`~trtio.ops.DraftLevel`); the host
+keeps the parents given, for the verify tree a runtime selects from the draft tree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtio._cache import BoundedCache
+from trtio.contracts.contract import DraftLevelPlan, StepInputs
+from trtio.cuda.backend import Backend
+from trtio.engine import DeviceWork
+from trtio.errors import ShapeError
+from trtio.memory import HostStaging
+from trtio.ops import Copy2D, Zero, fuse
+from trtio.pipeline_io import PipelineIO
+from trtio.setups.base import BoundEngine
+from trtio.staging import constant
+from trtio.stream import Stream
+from trtio.tensor import Tensor
+
+__all__ = ["DraftTree"]
+
+_MAX_LEVEL_COPIES = 32  # embedding copies a setup captures in level graphs (each address pair: one more graph)
+_STABLE_ROUNDS = 1  # rounds in a row a level's embeddings came from one address before its graph copies them
+
+
+class DraftTree:
+    """The round's draft tree (see module docstring): what levels were proposed, and the device work and
+    staging of the next one. ``width`` nodes per sequence at most (``drafting_step * drafting_top_k``)."""
+
+    def __init__(self, io: PipelineIO, steps: StepInputs, draft: BoundEngine, words: Tensor, nodes: Tensor,
+                 staging: HostStaging, backend: Backend, *, width: int, base_width: int) -> None:
+        self._io = io
+        self._steps = steps
+        self._draft = draft
+        self._staging = staging
+        self._backend = backend
+        self.width = width
+        self._base_width = base_width
+        n_words = max(1, -(-width // 32))
+        self.buffers = steps.draft_buffers(draft, words, nodes, width, n_words)
+        self.nodes = 0  # nodes run this round (per sequence)
+        self._parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
+        self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
+        self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
+        self._round_embeds = np.zeros((io.max_batch, width, draft.cfg.hidden_size),
+                                      draft.cfg.activation.storage_numpy)
+        # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
+        self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._level_copies: BoundedCache[tuple[int, ...], Copy2D] = BoundedCache()  # copies in a level's graph
+        self._moves: BoundedCache[tuple[int, int], DeviceWork] = BoundedCache()
+        self._zeros: BoundedCache[tuple[int, int], Zero] = BoundedCache()
+        self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+
+    def start(self) -> None:
+        """A new round: no node yet."""
+        self.nodes = 0
+        self._parents.clear()
+        self._level = (0, 0)
+
+    def parents(self, batch: int) -> np.ndarray:
+        """The parents (-1: the root) of the nodes proposed this round, [batch, nodes] int64."""
+        if not self.nodes:
+            return np.zeros((batch, 0), np.int64)
+        levels = [np.broadcast_to(p, (batch, p.shape[-1])) for p in self._parents]
+        return np.concatenate(levels, axis=1).astype(np.int64)
+
+    def check(self, parents: Any, b: int, k: int) -> np.ndarray:
+        """The new level's parents, [k] or [b, k]: all -1 (the root) on a round's first level, else nodes of
+        the previous level; and that ``k`` more nodes fit the round's width."""
+        level0, level_k = self._level
+        if parents is None:
+            if k != 1:
+                raise ShapeError(f"draft_propose: {k} nodes per sequence need their parents (-1 for the root)")
+            par = np.full(1, self.nodes - 1 if self.nodes else -1, np.int64)
+        else:
+            par = np.asarray(parents)
+            if par.dtype.kind not in "iu" or par.shape not in ((k,), (b, k)):
+                raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} "
+                                 f"{par.shape}")
+            lo, hi = (-1, -1) if self.nodes == 0 else (level0, level0 + level_k - 1)
+            vals = par.ravel().tolist()  # a level is a few dozen values: Python's min and max beat numpy's here
+            if vals and (min(vals) < lo or max(vals) > hi):
+                full = np.broadcast_to(par, (b, k))
+                bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
+                what = "-1 (the root) on a round's first level" if self.nodes == 0 else \
+                    f"a node of the previous level ({level0}..{level0 + level_k - 1})"
+                raise ShapeError(f"parents[{bi}, {i}] = {int(full[bi, i])}: a new node's parent must be {what}")
+        if self.nodes + k > self.width:
+            raise ShapeError(f"draft_propose: {k} more nodes make {self.nodes + k}, more than the {self.width} a "
+                             f"round's draft tree holds (drafting_step x drafting_top_k = {self.width})")
+        return par
+
+    def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
+                slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """Stage the level of ``x`` ([b, k, hidden] embeddings, checked) hanging off ``par`` (:meth:`check`)
+        after ``past`` cached tokens, and return its device work in the fewest kernels; the tree then holds
+        the level. ``roots``: each sequence's root hidden row (read on a round's first level)."""
+        b, k = int(x.shape[0]), int(x.shape[1])
+        n0 = self.nodes
+        self._parents.append(par.copy())  # the caller's array may change after the call
+        embeds = self._stage_embeds(x, b, n0, k, s)
+        zeros = self._round_zeros(b) if n0 == 0 else ()  # a new round: no base features, no stale draft rows
+        move = self._move(b, k)
+        if n0 == 0:  # a new round: the lengths are fixed for all its levels
+            past32 = constant(past.astype(np.int32))
+            self._round_lengths = (past32, constant(past32 + np.int32(self.width)))
+        plan = DraftLevelPlan(self._round_lengths[0], self._round_lengths[1], par, b, n0, k, roots, self._level, slots)
+        level = self._steps.draft_level(self._draft, self.buffers, plan, s)
+        self.nodes = n0 + k
+        self._level = (n0, k)
+        return self._fuse(embeds, zeros, level, move)
+
+    def _move(self, b: int, k: int) -> DeviceWork:
+        """Each new node's draft input: its parent's draft hidden state (the root's: the catch-up's)."""
+        found = self._moves.get((b, k))
+        if found is None:
+            io = self._io
+            found = self._moves.put((b, k), self._steps.row_copy(
+                io.draft_hidden_states_in, io.draft_hidden_states_out, io.row_src, b * k,
+                self._draft.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst))
+        return found
+
+    def _fuse(self, embeds: tuple[DeviceWork, ...], zeros: tuple[DeviceWork, ...], level: tuple[DeviceWork, ...],
+              move: DeviceWork) -> tuple[DeviceWork, ...]:
+        """A proposal level's device work in the fewest kernels (:func:`~trtio.ops.fuse`): a round's zeros and
+        the level's embedding copy before the tree's level, the copies that read what it writes (the RoPE
+        rows, the parents' hidden rows; the embedding copy on later levels) in one kernel after it."""
+        key = (embeds, zeros, level, move)
+        found = self._fused.get(key)
+        if found is None:
+            first, then = (zeros + embeds, ()) if zeros else ((), embeds)
+            found = self._fused.put(key, fuse(first) + level[:1] + fuse(then + level[1:] + (move,)))
+        return found
+
+    def _stage_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> tuple[DeviceWork, ...]:
+        """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
+        width; earlier nodes' rows stay as the previous calls left them. A device tensor at the address the
+        same level read in each of the last ``_STABLE_ROUNDS`` rounds (a runtime's embedding buffer) is
+        copied in the step's graph (returned as device work for it); any other is copied now, so buffers
+        that move between rounds never cost a graph capture per address."""
+        dst, w = self._io.inputs_embeds, self.width
+        row = dst.dtype.itemsize * x.shape[2]
+        if isinstance(x, Tensor):
+            args = (dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
+            last, seen = self._level_sources.get(n0, ((), 0))
+            seen = seen + 1 if last == args else 1
+            self._level_sources[n0] = (args, seen)
+            if seen > _STABLE_ROUNDS:
+                found = self._level_copies.get(args)
+                if found is None and len(self._level_copies) < _MAX_LEVEL_COPIES:  # a bounded number of graphs
+                    found = self._level_copies.put(args, Copy2D(self._backend, *args))
+                if found is not None:
+                    return (found,)
+            self._backend.memcpy_2d(*args, s.handle)
+            return ()
+        self._round_embeds[:b, n0:n0 + k] = x
+        self._staging.upload(self._round_embeds[:b], s)
+        return ()
+
+    def _round_zeros(self, b: int) -> tuple[DeviceWork, ...]:
+        """A proposal round's first level: the base features and the draft's own hidden rows set to 0."""
+        w = self.width
+        return (self._zero(self._io.base_hidden_states, b * w * self._base_width),
+                self._zero(self._io.draft_hidden_states_in, b * w * self._draft.cfg.hidden_size))
+
+    def _zero(self, t: Tensor, count: int) -> Zero:
+        """The Zero of ``t``'s first ``count`` elements, one object per distinct zeroing."""
+        key = (id(t), count)
+        found = self._zeros.get(key)
+        if found is None:
+            found = self._zeros.put(key, Zero(t, count * t.dtype.itemsize))
+        return found

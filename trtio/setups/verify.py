@@ -1,0 +1,191 @@
+"""Verify trees and accepted paths: what ``verify`` and ``accept`` check and lay out.
+
+A verify tree is given as a parent list (shared by the batch, or one per sequence) or an unpacked mask;
+:class:`VerifyTrees` checks it and lays it out once per distinct tree (a runtime's tree shape repeats).
+:class:`AcceptedPaths` reads the paths a runtime accepts from the verified tree, checked node by node
+against it, as the grid the KV commit takes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtio._cache import BoundedCache
+from trtio.contracts.ragged import PHASE_VERIFY, TreeLayout, pack_rows
+from trtio.errors import ShapeError
+from trtio.staging import constant
+from trtio.state import MAX_PATH_MOVES, path_grid
+from trtio.trees import ancestor_mask, validate_tree_mask
+
+__all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
+
+_PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
+
+
+@dataclass(frozen=True)
+class VerifyTree:
+    """A checked verify tree, laid out for both contracts: packed rows, depths, parents, real rows."""
+
+    nodes: int
+    packed: np.ndarray  # uint32 [B, N, ceil(N/32)]
+    depth: np.ndarray  # int64 [B, N]
+    parents: np.ndarray  # int64 [B, N], -1 for the root and padding rows
+    real: np.ndarray  # bool [B, N]
+    select: np.ndarray  # int64 [B, N]: the batch contract's last_token_ids (every node)
+    layout: TreeLayout  # the ragged contract's verify step, less what depends on the cached lengths
+    parent_lists: list[list[int]]  # ``parents`` as Python lists (accept walks a few paths through them)
+
+    @classmethod
+    def of(cls, vis: np.ndarray) -> VerifyTree:
+        b, n = vis.shape[0], vis.shape[1]
+        real: np.ndarray = np.asarray(vis.any(axis=2))
+        packed, depth, parents = pack_rows(vis, n), vis.sum(axis=2) - 1, _parents_of(vis)
+        layout = TreeLayout.of(packed, depth, real, phase=PHASE_VERIFY, logits_rows=np.arange(b * n), parents=parents)
+        return cls(n, packed, depth, parents, real, constant(np.broadcast_to(np.arange(n), (b, n))), layout,
+                   parents.tolist())
+
+
+def _parents_of(vis: np.ndarray) -> np.ndarray:
+    """Each node's parent (its deepest other ancestor; -1 for roots and padding) from a tree mask [B, N, N]."""
+    n = vis.shape[1]
+    strict = vis & ~np.eye(n, dtype=bool)[None]
+    idx = np.where(strict, np.arange(n)[None, None, :], -1)
+    return np.asarray(idx.max(axis=2))
+
+
+class VerifyTrees:
+    """Verify trees seen, checked and laid out once each (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._trees: BoundedCache[tuple[Any, ...], VerifyTree] = BoundedCache()
+
+    def get(self, tree: Any, b: int) -> VerifyTree:
+        """``tree`` for ``b`` sequences: a parent list ([N] shared, or [b, N]; -1 for the root) or an
+        unpacked mask [b, N, N]; a ShapeError names what is wrong with it."""
+        arr = np.asarray(tree)
+        if arr.dtype.kind not in "iub":
+            raise ShapeError(f"tree: expected a parent list or a [batch, N, N] mask, got dtype {arr.dtype}")
+        key = (b, arr.shape, arr.dtype.str, arr.tobytes())
+        found = self._trees.get(key)
+        if found is None:
+            found = self._trees.put(key, VerifyTree.of(_tree_mask(arr, b)))
+        return found
+
+
+def _tree_mask(arr: np.ndarray, b: int) -> np.ndarray:
+    """The checked ancestor mask [b, N, N] of a parent list or mask: node 0 the root, padding rows last,
+    every other node with a parent."""
+    if arr.ndim == 1:
+        vis = np.broadcast_to(ancestor_mask(arr), (b, arr.shape[0], arr.shape[0]))
+    elif arr.ndim == 2 and arr.shape[0] == b and arr.dtype.kind in "iu":
+        vis = np.stack([ancestor_mask(p) for p in arr])
+    elif arr.ndim == 3 and arr.shape[0] == b:
+        vis = arr != 0
+    else:
+        raise ShapeError(f"tree: expected a parent list [N] or [batch={b}, N], or a [batch={b}, N, N] mask, "
+                         f"got shape {arr.shape}")
+    validate_tree_mask(vis)
+    real: np.ndarray = np.asarray(vis.any(axis=2))
+    if not real[:, 0].all() or vis[:, 0, 1:].any():
+        bi = int(np.flatnonzero(~real[:, 0] | vis[:, 0, 1:].any(axis=1))[0])
+        raise ShapeError(f"tree: node 0 of sequence {bi} must be the root (it sees itself only)")
+    gaps = real[:, 1:] & ~real[:, :-1]
+    if gaps.any():
+        bi, t = (int(v) for v in np.argwhere(gaps)[0])
+        raise ShapeError(f"tree: sequence {bi} has a padding row before node {t + 1}; padding rows come last")
+    orphans = real[:, 1:] & (vis[:, 1:, :].sum(axis=2) < 2)
+    if orphans.any():
+        bi, t = (int(v) for v in np.argwhere(orphans)[0])
+        raise ShapeError(f"tree: node {t + 1} of sequence {bi} has no parent; only node 0 is a root")
+    return np.ascontiguousarray(vis)
+
+
+class AcceptedPaths:
+    """Reads accepted paths against a verified tree (see module docstring)."""
+
+    def __init__(self, max_batch: int) -> None:
+        self._path_ids = np.arange(MAX_PATH_MOVES + 1)
+        self._batch_rows = np.arange(max_batch)[:, None]
+
+    def read(self, paths: Sequence[Sequence[int]] | np.ndarray, b: int,
+             tree: VerifyTree) -> tuple[np.ndarray, np.ndarray]:
+        """``paths`` as (grid [b, longest] padded with -1, lengths); a ShapeError names the first path that
+        does not start at the root or leaves the verified tree."""
+        found = self._lists(paths, b, tree)
+        if found is not None:
+            return found
+        # Anything but lists of ints on the tree: the general checks name what is wrong.
+        grid, acc = path_grid(paths, b)
+        if grid.shape[1] > MAX_PATH_MOVES + 1:
+            i = int(np.argmax(acc))
+            raise ShapeError(f"paths[{i}]: {int(acc[i])} nodes, more than the {MAX_PATH_MOVES + 1} an accepted "
+                             f"path may have (depth {MAX_PATH_MOVES})")
+        bad = self._bad(grid, acc, tree)
+        if bad is not None:
+            i, t = bad
+            path = grid[i, :acc[i]].tolist()
+            if t == 0:
+                raise ShapeError(f"paths[{i}] = {path}: a path starts at the root, node 0")
+            raise ShapeError(f"paths[{i}] = {path}: node {path[t]} is not a child of node {path[t - 1]} in "
+                             f"the verified tree")
+        return grid, acc
+
+    @staticmethod
+    def _lists(paths: Any, b: int, tree: VerifyTree) -> tuple[np.ndarray, np.ndarray] | None:
+        """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree``
+        (at most MAX_PATH_MOVES + 1 nodes), as (grid padded with -1, lengths), walked once in Python; None for
+        anything else, which the general checks (:func:`path_grid`, :meth:`_bad`) then refuse or read."""
+        if type(paths) is not list or len(paths) != b:
+            return None
+        n, lens, walked = tree.nodes, [], 0
+        for p, parents in zip(paths, tree.parent_lists):
+            if type(p) is not list or not p or type(p[0]) is not int or p[0] != 0 or len(p) > MAX_PATH_MOVES + 1:
+                return None
+            walked += len(p)
+            if walked > _PYTHON_PATH_NODES:  # numpy checks many paths faster
+                return None
+            prev = 0
+            for node in itertools.islice(p, 1, None):
+                if type(node) is not int or not 0 < node < n or parents[node] != prev:
+                    return None
+                prev = node
+            lens.append(len(p))
+        longest = max(lens)
+        rows = paths if min(lens) == longest else [p + [-1] * (longest - len(p)) for p in paths]
+        return np.array(rows, np.int64), np.array(lens, np.int64)
+
+    def _bad(self, grid: np.ndarray, acc: np.ndarray, tree: VerifyTree) -> tuple[int, int] | None:
+        """The first wrong node of the accepted paths (``grid`` [B, L], lengths ``acc``) in the verified
+        ``tree``: (sequence, 0) for a path that does not start at the root (checked for every sequence
+        first), else (sequence, t) for node t that is not a child of node t - 1; None when all follow it.
+        A few dozen nodes (a runtime's paths) are walked in Python, more with numpy."""
+        n = tree.nodes
+        if grid.size <= _PYTHON_PATH_NODES:
+            rows, lens = grid.tolist(), acc.tolist()
+            for i, row in enumerate(rows):
+                if row[0] != 0:
+                    return i, 0
+            for i, row in enumerate(rows):
+                parents, prev = tree.parent_lists[i], 0
+                for t in range(1, lens[i]):
+                    node = row[t]
+                    if not 0 < node < n or parents[node] != prev:
+                        return i, t
+                    prev = node
+            return None
+        roots = np.flatnonzero(grid[:, 0] != 0)
+        if roots.size:
+            return int(roots[0]), 0
+        child, parent = grid[:, 1:], grid[:, :-1]
+        ok = (child > 0) & (child < n)
+        ok &= tree.parents[self._batch_rows[:grid.shape[0]], np.where(ok, child, 0)] == parent
+        ok |= self._path_ids[1:grid.shape[1]] >= acc[:, None]  # past a path's end
+        if ok.all():
+            return None
+        i, t = (int(v) for v in np.argwhere(~ok)[0])
+        return i, t + 1
