@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from trtio import DType, LLMEngineConfig, names
+import trtio
+from trtio import ConfigError, DType, InvalidTypeError, LLMEngineConfig, names
 from trtio.contracts import build_registry, contract_of
 from trtio.state import paged_state_specs
 
@@ -89,3 +90,44 @@ def test_contract_of_tells_the_contracts_apart() -> None:
     from trtio.testing import ReferenceEngine
 
     assert contract_of(ReferenceEngine.from_config(llm_config(), device="host", null_compute=True)) == "batch"
+
+
+def test_contract_of_checks_the_type_instead_of_guessing() -> None:
+    """An object that happens to have ``names`` and ``tensors`` attributes is not read as an EngineIO."""
+
+    class Lookalike:
+        names = ("query_start_offsets",)
+        tensors = ()
+
+    with pytest.raises(InvalidTypeError, match="contract_of: expected a TensorRT engine .* got Lookalike"):
+        contract_of(Lookalike())
+
+
+def test_contracts_are_objects_chosen_by_name() -> None:
+    from trtio.contracts import CONTRACTS, contract_named
+
+    assert CONTRACTS == ("batch", "ragged")
+    assert [contract_named(n).name for n in CONTRACTS] == list(CONTRACTS)
+    assert contract_named(None) is contract_named("batch")
+    assert contract_named("ragged").kv_layout == "paged" and contract_named("batch").kv_layout == "contiguous"
+    with pytest.raises(ConfigError, match=r"contract: must be one of \('batch', 'ragged'\), got 'paged'"):
+        contract_named("paged")
+
+
+SETUP_CODE = [Path(trtio.__file__).parent / "pipeline_io.py", *sorted((Path(trtio.__file__).parent / "setups")
+                                                                      .glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", SETUP_CODE, ids=lambda p: p.name)
+def test_setups_and_pipeline_io_never_compare_contract_names(path: Path) -> None:
+    """What differs between contracts is the contract object's to do: no comparison with a contract's name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            named = any(isinstance(side, ast.Constant) and side.value in ("batch", "ragged", "paged", "contiguous")
+                        for side in sides)
+            if named and any("contract" in ast.unparse(side) or "layout" in ast.unparse(side) for side in sides):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, f"contract names compared at {found}"

@@ -434,8 +434,10 @@ def test_closing_the_pipeline_io_or_state_under_a_live_setup_is_refused(host):
         setup.io.close()
     with pytest.raises(trtio.FrozenError, match=r"engine state 'llm' is bound by open executor\(s\) \['llm'\]"):
         setup.state.close()
-    # Nothing was freed: the setup still steps, and its own close frees everything in order.
-    assert greedy_generate(setup, E, [[1, 2, 3]], 3) == greedy_generate(setup, E, [[1, 2, 3]], 3)
+    # Nothing was freed: the setup still steps (the tokens of a fresh setup), and its own close frees everything.
+    fresh = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+    assert greedy_generate(setup, E, [[1, 2, 3]], 3) == greedy_generate(fresh, E, [[1, 2, 3]], 3)
+    fresh.close()
     live = host.live_allocations
     setup.close()
     assert host.live_allocations < live and setup.io.is_closed and setup.state.is_closed
@@ -457,3 +459,94 @@ def test_a_dropped_executor_frees_its_graphs(host):
         gc.collect()
     assert host.live_graphs == base
     assert any("was never closed" in str(w.message) and issubclass(w.category, ResourceWarning) for w in seen)
+
+
+@pytest.mark.parametrize("kind", ["llm", "spec", "pipeline_io"])
+def test_with_on_a_closed_setup_or_pipeline_io_raises(host, kind):
+    """The close protocol everywhere: ``is_closed``, close twice is harmless, ``with`` on a closed object and
+    any step after close raise ClosedError naming the object."""
+    cfg = llm_config()
+    if kind == "llm":
+        obj = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg)
+        step = lambda: obj.decode(np.zeros((1, 1, 64), np.float16))  # noqa: E731
+    elif kind == "spec":
+        b, _bw, base, draft = _spec_pair("host")
+        obj = create_for_spec_decode(base, draft, b)
+        step = lambda: obj.verify(np.zeros((1, 1, 64), np.float16), [-1])  # noqa: E731
+    else:
+        obj = trtio.PipelineIO.create_for_llm(cfg, backend=host)
+        step = lambda: obj.upload_context_lengths(np.ones(1, np.int32))  # noqa: E731
+    with obj as entered:
+        assert entered is obj and not obj.is_closed
+    assert obj.is_closed
+    obj.close()  # harmless
+    name = {"llm": "LLMSetup", "spec": "SpecDecodeSetup", "pipeline_io": "PipelineIO"}[kind]
+    with pytest.raises(trtio.ClosedError, match=f"{name} is closed"):
+        with obj:
+            pass
+    with pytest.raises(trtio.ClosedError, match=f"{name} is closed"):
+        step()
+
+
+def test_stream_none_is_the_threads_default_stream_in_a_setup_too(host):
+    """A setup created on a stream of its own still steps on the thread's default stream when given none
+    (one meaning of ``stream=None`` everywhere), and on the stream given when one is."""
+    cfg = llm_config()
+    mine = Stream.create(host)
+    setup = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, stream=mine)
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
+    logits = setup.prefill(emb, lens)
+    assert logits._last_stream is trtio.stream.as_stream(None, host)
+    setup.decode(E[[4]][:, None, :].astype(np.float16), mine)
+    assert logits._last_stream is mine
+    setup.close()
+    mine.close()
+
+
+def test_graph_stats_read_alike_on_both_setups(host):
+    """One type on both setups: per engine by role, and the sums as attributes."""
+    cfg = llm_config()
+    llm = create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, graphs=True)
+    E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
+    greedy_generate(llm, E, [[1, 2, 3]], 4)
+    b, _bw, base, draft = _spec_pair("host")
+    sd = create_for_spec_decode(base, draft, b, graphs=True)
+    spec_generate(sd, E, [[1, 2, 3]], 6, depth=2, top_k=2)
+    assert type(llm.graph_stats) is type(sd.graph_stats)
+    assert list(llm.graph_stats) == ["llm"] and list(sd.graph_stats) == ["base", "draft"]
+    assert llm.graph_stats.hits == llm.executor.graph_stats.hits > 0
+    for field in ("hits", "captures", "misses", "graphs"):
+        assert getattr(sd.graph_stats, field) == sum(getattr(g, field) for g in sd.graph_stats.values())
+    assert sd.graph_stats.captures > 0
+    llm.close()
+    sd.close()
+
+
+def test_base_prefill_continues_with_past_lengths_like_create_for_llm(host):
+    """A prompt prefilled in two chunks (``past_lengths`` on the second, base and draft) gives the logits of
+    one prefill of the whole prompt, and the same speculative round after it."""
+    b, bw, base, draft = _spec_pair("host")
+    E = toy_embedding(512, 64, 0)
+    prompt = [7, 3, 99, 41, 5, 18, 260, 77]
+    whole = create_for_spec_decode(base, draft, b)
+    e, lens = embed_batch(E, [prompt], np.float16)
+    want_base = whole.base_prefill(e, lens).to_numpy()
+    shifted, _ = embed_batch(E, [prompt[1:] + [int(want_base.argmax(-1)[0])]], np.float16)
+    want_draft = whole.draft_prefill(shifted, lens).to_numpy()
+    chunked = create_for_spec_decode(*_spec_pair("host")[2:], b)
+    first, rest = prompt[:5], prompt[5:]
+    e1, l1 = embed_batch(E, [first], np.float16)
+    chunked.base_prefill(e1, l1)
+    chunked.draft_prefill(embed_batch(E, [prompt[1:6]], np.float16)[0], l1)
+    e2, l2 = embed_batch(E, [rest], np.float16)
+    got_base = chunked.base_prefill(e2, l2, past_lengths=[5]).to_numpy()
+    np.testing.assert_allclose(got_base, want_base, atol=2e-3, rtol=2e-3)
+    shifted2, _ = embed_batch(E, [prompt[6:] + [int(want_base.argmax(-1)[0])]], np.float16)
+    got_draft = chunked.draft_prefill(shifted2, l2).to_numpy()
+    np.testing.assert_allclose(got_draft, want_draft, atol=2e-3, rtol=2e-3)
+    assert chunked.base_lengths.tolist() == chunked.draft_lengths.tolist() == [len(prompt)]
+    with pytest.raises(ShapeError, match=r"past_lengths\[0\] = 9, but sequence 0's cache holds 8 tokens"):
+        chunked.base_prefill(e2, l2, past_lengths=[9])
+    whole.close()
+    chunked.close()
