@@ -186,7 +186,7 @@ def test_demo_ragged_contract(demo_json: dict[str, Any]) -> None:
     assert by["base"]["past_key_values_0"]["address"] != by["draft"]["past_key_values_0"]["address"]
     mem = {k: {(e["group"], e["name"]) for e in v["entries"]} for k, v in s["memory"].items()}
     assert ("llm state", "past_key_values_3") in mem["llm"]
-    assert ("draft state", "kv_page_table") in mem["spec_decode"]
+    assert ("PipelineIO(spec_decode, ragged)", "draft_kv_page_table") in mem["spec_decode"]  # staged per step
     g = s["graph_stats"]
     assert g["llm"]["captures"] == 1 and g["llm"]["hits"] == 18
     assert g["base"]["hits"] > 0 and g["draft"]["hits"] > 0

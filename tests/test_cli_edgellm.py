@@ -107,7 +107,7 @@ def test_plan_a_plain_llm_directory_lists_its_paged_pools(capsys: pytest.Capture
     for i in range(cfg.num_attention_layers):
         assert entries[f"llm state/past_key_values_{i}"]["nbytes"] == pool_bytes
     assert kv["bytes"] == cfg.num_attention_layers * pool_bytes
-    assert "llm state/kv_page_table" in entries and "context_memory" not in entries
+    assert "PipelineIO(llm, ragged)/kv_page_table" in entries and "context_memory" not in entries  # staged per step
 
     rc, text, _ = run(capsys, "plan", str(directory))
     assert rc == 0
@@ -134,8 +134,9 @@ def test_plan_a_speculative_pair_defaults_to_the_largest_tree(capsys: pytest.Cap
         assert kv[role]["layout"] == "paged" and kv[role]["tensors"] == cfg.num_attention_layers
         assert kv[role]["shape"] == _pool_shape(cfg)
     names = {f"{e['group']}/{e['name']}" for e in result["memory"]["entries"]}
-    assert {"base state/past_key_values_0", "draft state/past_key_values_0", "base state/kv_page_table",
-            "draft state/kv_page_table"} <= names
+    assert {"base state/past_key_values_0", "draft state/past_key_values_0",
+            "PipelineIO(spec_decode, ragged)/kv_page_table", "PipelineIO(spec_decode, ragged)/draft_kv_page_table"} \
+        <= names  # the page tables are staged per step with the step's inputs
     rc, text, _ = run(capsys, "plan", str(directory))
     assert "run-time values: --draft-top-k 1" in text and "(defaulted: --draft-top-k, --draft-step, --verify-size;" \
         in text

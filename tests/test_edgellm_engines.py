@@ -697,14 +697,21 @@ def test_random_embedding_stands_in_where_the_build_wrote_none(toys: RaggedToyEn
 
 
 class _SharedPages(Target):
-    """A toy directory bound with every sequence slot's page-table row pointing at slot 0's pages."""
+    """A toy directory bound with every step's page-table rows pointing at its first sequence's pages."""
 
     def bind(self, *, graphs: bool) -> LLMSetup | SpecDecodeSetup:
         setup = super().bind(graphs=graphs)
         assert isinstance(setup, LLMSetup) and setup.state.page_table is not None
-        rows = setup.state.page_table.to_numpy()
-        rows[:] = rows[0]
-        setup.state.page_table.copy_from(rows)
+        table = setup._seqs.tables["llm"]
+        real = table.step_rows
+
+        def shared(slots: tuple[int, ...]) -> np.ndarray:
+            rows = real(slots).copy()
+            rows[:] = rows[0]
+            rows.flags.writeable = False
+            return rows
+
+        table.step_rows = shared  # type: ignore[method-assign]
         return setup
 
 

@@ -310,9 +310,12 @@ def test_bad_setups_are_refused_naming_the_binding_and_numbers() -> None:
     with pytest.raises(BindingError, match=r"kv_page_table: the engine has paged KV caches .* but declares no page "
                                            r"table"):
         trtio.create_for_llm(_Omits.from_config(cfg, device="host", null_compute=True), cfg)
-    small = dataclasses.replace(cfg, max_supported_batch_size=2, kv_pool_pages=0).validate()
-    with pytest.raises(BindingError, match=r"past_key_values_0: the pool holds 4 pages, fewer than 4 sequences x 2 "
-                                           r"pages per sequence = 8"):
+    # A pool smaller than every slot's pages is what pages on demand are for: accepted, and reported.
+    small = dataclasses.replace(cfg, kv_pool_pages=3).validate()
+    with trtio.create_for_llm(ReferenceEngine.from_config(small, device="host", null_compute=True), small) as setup:
+        assert (setup.kv_pages.total, setup.kv_pages.free) == (3, 3)
+    with pytest.raises(BindingError, match=r"past_key_values_0: the engine's pool holds 3 pages but the config's "
+                                           r"kv_pool_pages is 8"):
         trtio.create_for_llm(ReferenceEngine.from_config(small, device="host", null_compute=True), cfg)
     short = dataclasses.replace(cfg, max_kv_cache_capacity=128, kv_pool_pages=0).validate()
     with pytest.raises(BindingError, match=r"kv_page_table: the engine takes 1 pages per sequence but "

@@ -383,13 +383,6 @@ class LLMEngineConfig:
         if self.max_step_tokens > self.max_kv_cache_capacity:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
-        if self.kv_pool_pages < self.min_kv_pool_pages:
-            raise ConfigError("kv_pool_pages",
-                              f"{self.kv_pool_pages} pages cannot give each of max_supported_batch_size "
-                              f"({self.max_supported_batch_size}) sequences its max_kv_cache_capacity "
-                              f"({self.max_kv_cache_capacity}) tokens: that takes {self.max_supported_batch_size} x "
-                              f"ceil({self.max_kv_cache_capacity} / kv_page_size {self.kv_page_size}) = "
-                              f"{self.min_kv_pool_pages} pages; give at least that, or 0 to derive it")
         self._validate_eagle_layers()
         if not isinstance(self.extras, Mapping):
             raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")

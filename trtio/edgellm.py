@@ -471,13 +471,7 @@ def config_from_edgellm(source: str | os.PathLike[str] | Mapping[str, Any], *,
     if input_len > capacity:
         raise r.error("builder_config.max_input_len", f"{input_len} exceeds builder_config.max_kv_cache_capacity "
                                                       f"({capacity}): a prompt must fit the KV cache")
-    min_pages = batch * -(-capacity // KV_PAGE_SIZE)
     pool = r.int_("builder_config.max_kv_pool_pages", default=0, low=0, meaning="pages per KV pool")
-    if pool and pool < min_pages:
-        raise r.error("builder_config.max_kv_pool_pages",
-                      f"{pool} pages cannot give each of builder_config.max_batch_size ({batch}) sequences "
-                      f"builder_config.max_kv_cache_capacity ({capacity}) tokens: that takes {batch} x "
-                      f"ceil({capacity} / {KV_PAGE_SIZE}) = {min_pages} pages")
 
     output_vocab = vocab
     base_hidden = 0

@@ -25,6 +25,7 @@ from trtio.stream import Stream
 from trtio.tensor import Tensor
 
 __all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTreeBuffers", "KVCommit", "KVLayout",
+           "copy_pages",
            "RowCopy", "TreeStep", "TreeTargets", "Zero", "copy_rows", "fuse", "warm_up"]
 
 _BLOCK = 128
@@ -79,6 +80,30 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
         out[d_idx[keep]] = rows[keep]
 
     _host_work(be, stream, run)
+
+
+def copy_pages(pools: Sequence[Tensor], pool_pages: int, moves: Sequence[tuple[int, int]], stream: Stream) -> None:
+    """For each ``(src, dst)`` of ``moves``: page ``dst`` of every paged KV pool (``[2, P, page, H, D]``, K
+    pages then V pages) becomes a copy of page ``src``, K and V. A sequence's copy of a shared page before it
+    writes there (copy on write): rare, so enqueued as plain copies, outside any graph. Pools spaced evenly
+    in memory (one arena) take one 2D copy per page and half (K, V) whatever the layer count."""
+    if not moves or not pools:
+        return
+    be = pools[0].backend
+    page_bytes = pools[0].capacity // (2 * pool_pages)
+    half = pool_pages * page_bytes
+    stride = pools[1].data_ptr - pools[0].data_ptr if len(pools) > 1 else 0
+    even = all(p.data_ptr == pools[0].data_ptr + i * stride for i, p in enumerate(pools)) and stride > 0
+    for src, dst in moves:
+        for kv in (0, half):
+            if even or len(pools) == 1:
+                base = pools[0].data_ptr + kv
+                be.memcpy_2d(base + dst * page_bytes, stride or page_bytes, base + src * page_bytes,
+                             stride or page_bytes, page_bytes, len(pools), stream.handle)
+            else:
+                for p in pools:
+                    be.memcpy(p.data_ptr + kv + dst * page_bytes, p.data_ptr + kv + src * page_bytes, page_bytes,
+                              stream.handle)
 
 
 def _host_work(be: Backend, stream: Stream, run: Any) -> None:

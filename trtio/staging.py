@@ -214,6 +214,11 @@ class StepStaging:
         self._group.clear()
         return ev
 
+    @property
+    def pending(self) -> bool:
+        """Whether values were written since the last upload (the next upload has something to copy)."""
+        return self._hi > self._lo
+
     def overwritten(self, names: Sequence[str]) -> None:
         """``names`` are written on the device by work a step enqueues (not by an upload): the block no
         longer holds the constants last uploaded to them, so writing one again uploads it."""

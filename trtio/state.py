@@ -158,10 +158,12 @@ def state_names(eio: EngineIO) -> set[str]:
     return out
 
 
-def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int) -> list[str]:
+def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, *,
+                   pages_on_demand: bool = False) -> list[str]:
     """Every problem of the engine's declared state (and, with ``cfg``, its fit to the config and to
     ``max_batch`` sequences): missing aliases, unbounded shapes, a paged cache without a page table,
-    KV dtype and dims that disagree with the config, a page pool too small."""
+    KV dtype and dims that disagree with the config, a page pool too small (a pool whose pages a setup
+    hands out on demand, ``pages_on_demand``, may be smaller than every slot's pages)."""
     problems = []
     pairs = eio.state_pairs()
     paired = {p for p, _ in pairs}
@@ -189,10 +191,10 @@ def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int) -
             problems.append(f"{names.kKVPageTable}: its profiles do not bound {_fmt(table.max_shape())}")
     if cfg is None or problems:
         return problems
-    return problems + _config_problems(eio, cfg, max_batch)
+    return problems + _config_problems(eio, cfg, max_batch, pages_on_demand)
 
 
-def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
+def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_on_demand: bool) -> list[str]:
     problems = []
     pairs_list = eio.state_pairs()
     paged = kv_layout(eio) == "paged"
@@ -246,7 +248,7 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> lis
             problems.append(f"{names.kKVPageTable}: the engine takes {pages} pages per sequence but "
                             f"max_kv_cache_capacity {cfg.max_kv_cache_capacity} needs {need} pages of "
                             f"{cfg.kv_page_size}")
-        if pool[1] < max_batch * pages:
+        if pool[1] < max_batch * pages and not pages_on_demand:
             problems.append(f"{pairs_list[0][0]}: the pool holds {pool[1]} pages, fewer than {max_batch} "
                             f"sequences x {pages} pages per sequence = {max_batch * pages}")
         if pool[1] != cfg.kv_pool_pages:
@@ -263,7 +265,11 @@ class EngineState:
     """
 
     def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, *, max_batch: int,
-                 backend: Backend | str | None = None, name: str = "", stream: StreamLike = None) -> None:
+                 backend: Backend | str | None = None, name: str = "", stream: StreamLike = None,
+                 page_table: Tensor | None = None) -> None:
+        """``page_table`` (paged caches): the int32 [max_batch, 2, M] table a setup stages each step's rows
+        into (pages on demand); without it the state owns a table mapping slot ``b`` to pages ``b*M ..
+        b*M + M - 1``, which needs a pool of every slot's pages."""
         self.name = name or engine_io.name
         self.max_batch = max_batch
         self.pairs = engine_io.state_pairs()
@@ -271,7 +277,7 @@ class EngineState:
         be = get_backend(backend)
         self._closed = False
         self._maps: list[TensorMap] = []
-        problems = state_problems(engine_io, cfg, max_batch)
+        problems = state_problems(engine_io, cfg, max_batch, pages_on_demand=page_table is not None)
         if problems:
             raise BindingError(engine_io.name, problems)
         self._specs: dict[str, TensorSpec] = {}
@@ -295,7 +301,13 @@ class EngineState:
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))
-            requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence), DType.INT32))
+            if page_table is None:
+                requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence),
+                                                 DType.INT32))
+            elif page_table.capacity < max_batch * 2 * self.pages_per_sequence * 4:
+                raise BindingError(engine_io.name, [
+                    f"{names.kKVPageTable}: the staged table holds {page_table.capacity} bytes, {max_batch} slots x 2 "
+                    f"x {self.pages_per_sequence} pages need {max_batch * 2 * self.pages_per_sequence * 4}"])
         self.has_start_index = names.kKVCacheStartIndex in engine_io
         if self.has_start_index:
             self._specs[names.kKVCacheStartIndex] = TensorSpec(names.kKVCacheStartIndex, "input", DType.INT32,
@@ -317,8 +329,9 @@ class EngineState:
             self._move_rows = np.zeros(max_batch * (3 + MAX_PATH_MOVES), np.int32)
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
-            self.page_table: Tensor | None = None
-            if self.layout == "paged":
+            self.page_table: Tensor | None = page_table
+            self.pages_on_demand = page_table is not None
+            if self.layout == "paged" and page_table is None:
                 self.page_table = self._arena["kv_page_table"]
                 m = self.pages_per_sequence
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)

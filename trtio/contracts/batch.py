@@ -187,7 +187,7 @@ class BatchSteps(StepInputs):
         self._select_zero_batch: int | None = None  # the batch whose decode selection (all 0) is staged
 
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
-               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         b = lengths.shape[0]
         self.io.upload_context_lengths(lengths if past is None else past + lengths, s)
         self.io.upload_select_token_indices((lengths - 1)[:, None], s)
@@ -199,9 +199,9 @@ class BatchSteps(StepInputs):
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None and e.empty_start_ok
 
-    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream,
-               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        work = super().decode(e, lengths, s, slots)
+    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        work = super().decode(e, lengths, s, slots, key, pages)
         b = lengths.shape[0]
         if self._select_zero_batch != b:
             self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)
@@ -218,7 +218,7 @@ class BatchSteps(StepInputs):
         return (DecodeAdvance(self.step.tensors["decode_lengths"], b, e.state.kv_lengths, self.io.context_lengths),)
 
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
-             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+             slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """The cached lengths and the tree's constants (which the step block receives once while they repeat)
         in one copy; the device writes the start index, context lengths, position ids, mask and token
         selection (:class:`~trtio.ops.TreeStep`)."""

@@ -92,6 +92,7 @@ class DraftLevelPlan:
     roots: np.ndarray
     level: tuple[int, int] = (0, 0)
     slots: np.ndarray | None = None
+    pages: np.ndarray | None = None  # the step's page-table rows (pages on demand), None: not staged
 
 
 class Contract(abc.ABC):
@@ -124,6 +125,11 @@ class Contract(abc.ABC):
     @abc.abstractmethod
     def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         """A setup's step-input writer on this contract (one per setup)."""
+
+    def page_table(self, io: PipelineIO, role: str) -> Tensor | None:
+        """The page table a paged engine of ``role`` binds, staged per step with its sequences' rows (pages
+        on demand); None: the engine state keeps a fixed table of its own."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{self.name} contract>"
@@ -175,8 +181,14 @@ class StepInputs(abc.ABC):
                 (self.io.mrope_cos_sin, True) if e.cfg.is_mrope else (self._rope_table(e.cfg, s), False)
         return found
 
-    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream,
-               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+    def write_pages(self, e: EngineView, pages: np.ndarray | None) -> None:
+        """Stage a step's page-table rows (a read-only array per rows version: the step block keeps it while
+        they stay the same)."""
+        if pages is not None:
+            self.step.write("draft_kv_page_table" if e.role == "draft" else "kv_page_table", pages)
+
+    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """A decode step's device work: its inputs made on the device from the device's copy of the lengths
         (:class:`~trtio.ops.DecodeAdvance`).
 
@@ -186,9 +198,9 @@ class StepInputs(abc.ABC):
         replays its graph as it is."""
         step = self.step
         b = lengths.shape[0]
-        key = None if slots is None else tuple(slots.tolist())
+        self.write_pages(e, pages)
         if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or key != self._decode_slots \
-                or (lengths != self._decode_seen).any():
+                or step.pending or (lengths != self._decode_seen).any():
             step.write("decode_lengths", lengths)
             self._write_decode(lengths, slots)
             step.upload(s)
@@ -209,7 +221,7 @@ class StepInputs(abc.ABC):
     # -- what each contract does its own way -----------------------------------------------------------
     @abc.abstractmethod
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
-               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """Stage a prefill of ``lengths[i]`` new tokens per sequence (entry-padded to ``width``) after
         ``past[i]`` cached ones (None: empty caches); returns the device work to run before the engine."""
 
@@ -232,7 +244,7 @@ class StepInputs(abc.ABC):
 
     @abc.abstractmethod
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
-             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+             slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """Stage a tree step (verify, catch-up) of ``layout`` after ``past`` cached tokens; returns its
         device work. ``select`` is the batch contract's token selection ([B, N] or [B, 1])."""
 

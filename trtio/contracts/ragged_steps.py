@@ -103,7 +103,8 @@ class RaggedContract(Contract):
             reqs += [
                 TensorRequest.of("base_hidden_states", (t, spec.base_output_hidden_dim), act),
                 TensorRequest.of("draft_hidden_states_in", (t, spec.draft_hidden_size), act),
-                TensorRequest.of("draft_hidden_states_out", (t, spec.draft_hidden_size), act),
+                # Past the T rows a step writes: one row per slot keeping its root hidden state between rounds.
+                TensorRequest.of("draft_hidden_states_out", (t + b, spec.draft_hidden_size), act),
                 TensorRequest.of("row_scratch", (rows, width), act),
             ]
         else:
@@ -128,6 +129,13 @@ class RaggedContract(Contract):
             TensorRequest.of("attention_sequence_lengths", (b,), i32),
             TensorRequest.of("state_indices", (b,), i32),
             TensorRequest.of("logits_indices", (rows,), DType.INT64),
+            # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
+            TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32),
+        ]
+        if draft is not None:
+            step += [TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32),
+                     TensorRequest.of("draft_roots", (b,), i32)]  # each sequence's root hidden row (ops.DraftLevel)
+        step += [
             TensorRequest.of("row_src", (t,), i32),
             TensorRequest.of("row_dst", (t,), i32),
             TensorRequest.of("rope_rows", (t,), i32),
@@ -180,6 +188,10 @@ class RaggedContract(Contract):
     def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         return RaggedSteps(io, rope_table)
 
+    def page_table(self, io: PipelineIO, role: str) -> Tensor | None:
+        assert io.step is not None
+        return io.step.tensors["draft_kv_page_table" if role == "draft" else "kv_page_table"]
+
 
 # What a decode step's device work writes into the step block (stale on the host after it runs).
 _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "rope_rows")
@@ -193,10 +205,11 @@ class RaggedSteps(StepInputs):
     token's position."""
 
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
-               slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         zero = np.zeros(lengths.shape[0], np.int64)
         layout = causal_step(zero if past is None else past, lengths, width,
                              phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
+        self.write_pages(e, pages)
         return (self._stage_layout(e, layout, s),)
 
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
@@ -253,11 +266,12 @@ class RaggedSteps(StepInputs):
                 self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b, rope_row_bytes(e.cfg)))
 
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
-             slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+             slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """The cached lengths and the tree's constants (which the step block receives once while they repeat)
         in one copy; the device lays out the rest (:class:`~trtio.ops.TreeStep`), then the RoPE rows are
         gathered."""
         step = self.step
+        self.write_pages(e, pages)
         b, w = layout.real.shape
         step.write("query_start_offsets", ramp(b + 1, w))
         step.write("query_lengths", layout.query_lengths)
@@ -300,7 +314,7 @@ class RaggedSteps(StepInputs):
         per_slot = e.cfg.is_mrope
         return DraftTreeBuffers(words, nodes, t["draft_parents"], t["past_lengths"], t["row_src"], t["row_dst"],
                                 t["logits_indices"], t["packed_attention_mask"], t["spec_decode_position_ids"], width,
-                                n_words, logits_stride=width, query_lengths=t["query_lengths"],
+                                n_words, logits_stride=width, roots=t["draft_roots"], query_lengths=t["query_lengths"],
                                 positions=t["positions"], parent_ids=t["spec_tree_parent_ids"],
                                 depths=t["spec_tree_depths"], rope_rows=t["rope_rows"] if per_slot else None,
                                 rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
@@ -312,6 +326,9 @@ class RaggedSteps(StepInputs):
         nodes' positions. A parent's draft hidden row is the previous level's output row."""
         step = self.step
         b, w = plan.batch, tree.width
+        self.write_pages(e, plan.pages)
+        if plan.n0 == 0:
+            step.write("draft_roots", plan.roots)
         step.write("query_start_offsets", ramp(b + 1, w))
         step.write("past_lengths", plan.past)
         step.write("attention_sequence_lengths", plan.asl)

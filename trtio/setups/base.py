@@ -13,7 +13,7 @@ import dataclasses
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, EngineExecutor, EngineIO, GraphStats
 from trtio.errors import BindingError, InvalidTypeError, InvalidValueError, ShapeError
 from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport
+from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry
 from trtio.rope import rope_cos_sin_table
@@ -35,6 +36,9 @@ from trtio.state import EngineState, state_names, state_problems
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
+
+if TYPE_CHECKING:
+    from trtio.setups.sequences import KVPages, Sequences
 
 __all__ = ["BoundEngine", "EngineGraphStats", "SetupBase", "bind_engine", "check_engine", "engine_backend",
            "with_contract"]
@@ -46,7 +50,7 @@ _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
 
 
 def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *,
-                 max_batch: int | None = None) -> None:
+                 max_batch: int | None = None, pages_on_demand: bool = False) -> None:
     """Compare an engine's declared I/O with what the config implies on the registry's contract; raise
     one BindingError with every disagreement: unknown inputs, missing bindings, dtypes, ranks, fixed
     dims, profile ranges too small for the config, and (through the engine state's own check) the KV
@@ -76,7 +80,8 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             what = "input" if spec.is_input else "output"
             problems.append(f"{spec.name}: the config implies this {what} but the engine does not declare it")
     problems += _range_problems(engine_io, registry, cfg)
-    problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size)
+    problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
+                               pages_on_demand=pages_on_demand)
     if problems:
         raise BindingError(engine_io.name, problems)
 
@@ -227,16 +232,17 @@ class BoundEngine:
 
 def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: int, backend: Backend,
                 context_memory: ContextMemory, graphs: bool, rope: _RopeTables, stream: Stream,
-                resources: contextlib.ExitStack, name: str) -> BoundEngine:
+                resources: contextlib.ExitStack, name: str, io: PipelineIO) -> BoundEngine:
     """Check ``engine`` against ``cfg``, create its state and executor (closed by ``resources``) and bind
     the state (and the RoPE table, where the contract binds it) into ``tm``. The executor's registry is the
     contract's plus the state's own specs."""
     eio = EngineIO.from_engine(engine)
     contract = contract_named(resolve_contract(cfg, contract_of(eio), f"engine {eio.name!r}"))
     registry = contract.registry(cfg)
-    check_engine(eio, registry, cfg, max_batch=max_batch)
+    page_table = contract.page_table(io, name)  # staged per step with its sequences' pages (pages on demand)
+    check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None)
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
-                                                stream=stream))
+                                                stream=stream, page_table=page_table))
     state.bind(tm)
     stable = state.stable_names()
     if not cfg.is_mrope and names.kRopeCosSin in eio:
@@ -329,7 +335,7 @@ class SetupBase(Closeable, abc.ABC):
 
     io: PipelineIO
     _backend: Backend
-    _batch: int | None
+    _seqs: Sequences
     _steps: StepInputs
     _rope: _RopeTables
     _context_memory: ContextMemory
@@ -387,25 +393,140 @@ class SetupBase(Closeable, abc.ABC):
         else:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
 
-    def _check_past(self, e: BoundEngine, past_lengths: Any, b: int, ctx: np.ndarray) -> np.ndarray | None:
-        if past_lengths is None:
-            return None
-        arr = np.asarray(past_lengths)
-        if arr.shape != (b,) or arr.dtype.kind not in "iu":
-            raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
-        have = e.state.lengths[:b] if self._batch is not None and self._batch >= b else np.zeros(b, np.int64)
-        over = np.flatnonzero((arr < 0) | (arr > have))
-        if over.size:
-            i = int(over[0])
-            raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
-                             f"tokens")
-        cap = e.cfg.max_kv_cache_capacity
-        full = np.flatnonzero(arr + ctx > cap)
-        if full.size:
-            i = int(full[0])
-            raise ShapeError(f"prefill: sequence {i} would hold {int(arr[i] + ctx[i])} tokens, more than "
-                             f"max_kv_cache_capacity ({cap})")
-        return arr.astype(np.int64)
+    # -- sequences --------------------------------------------------------------------------------
+    @property
+    def active(self) -> np.ndarray:
+        """The active sequence slots, ascending (int64; a copy)."""
+        return self._seqs.order.copy()
+
+    @property
+    def batch(self) -> int | None:
+        """How many sequences are active (None: none)."""
+        return self._seqs.count or None
+
+    @property
+    def kv_pages(self) -> KVPages:
+        """The KV page pool's ``total`` and ``free`` pages (the LLM's, or the base's; ragged contract)."""
+        self._check_open()
+        return self._seqs.kv_pages()
+
+    def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
+        """End the sequences of ``slots`` (ragged contract): their slots become free and their pages go back
+        to the pool (pages a pinned prefix holds stay). Host bookkeeping only: nothing is enqueued."""
+        self._check_open()
+        arr = self._seqs.checked_release(slots, "release")
+        self._between_rounds("release")
+        self._seqs.release(arr)
+
+    def pin_prefix(self, slot: int, tokens: int) -> Prefix:
+        """Keep the first ``tokens`` KV entries of the active sequence in ``slot`` alive, also after the slot is
+        released, for later prefills to start from (``prefill(..., prefix=P)``; ragged contract). Full pages
+        are shared by every sequence started from it; the partly filled last page is copied for each before
+        it writes there. Host bookkeeping only: nothing is enqueued."""
+        self._check_open()
+        self._between_rounds("pin_prefix")
+        return self._seqs.pin(slot, tokens)
+
+    def _between_rounds(self, what: str) -> None:
+        """Refuse ``what`` where a step protocol is half way through (a speculative round)."""
+
+    def _step_lengths(self, e: BoundEngine) -> tuple[np.ndarray, tuple[int, ...], np.ndarray, bool]:
+        """A step over every active sequence: the slots (ascending), their key, the engine's lengths of them
+        (a view where the slots are ``0 .. n - 1``, else a copy) and whether it is a view."""
+        seqs = self._seqs
+        order, whole = seqs.order, seqs.contiguous
+        lengths = e.state.lengths[:order.shape[0]] if whole else e.state.lengths[order]
+        return order, seqs.order_key, lengths, whole
+
+    @contextlib.contextmanager
+    def _step_pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
+                    s: Stream) -> Iterator[np.ndarray | None]:
+        """Take the pages a step writes (``width`` tokens from ``starts`` on for each slot of ``order``; a
+        CapacityError before anything changes when the pool is short), enqueue the copies of shared pages it
+        writes, and give the step's page-table rows (None where pages are not staged per step). A step that
+        raises inside gives the pages back."""
+        seqs = self._seqs
+        if not seqs.slotted:
+            yield None
+            return
+        plan = seqs.tables[e.role].ensure(order, starts, width)
+        if plan is None:
+            yield seqs.step_rows(e.role, key)
+            return
+        plan.commit()
+        try:
+            seqs.copy(e.role, plan.moves, s)
+            yield seqs.step_rows(e.role, key)
+        except BaseException:
+            plan.undo()
+            raise
+
+    def _prompt_slots(self, e: BoundEngine, slots: Any, prefix: Any, past_lengths: Any, b: int, ctx: np.ndarray,
+                      what: str) -> tuple[np.ndarray, list[Prefix | None] | None, np.ndarray | None]:
+        """A prefill's slots, prefixes and cached lengths before it (None: every cache starts empty)."""
+        seqs = self._seqs
+        if prefix is not None and past_lengths is not None:
+            raise ShapeError(f"{what}: prefix= starts new sequences after a pinned prefix, past_lengths= continues "
+                             f"active ones; give one of them")
+        rows = seqs.prefill_slots(slots, b, continuing=past_lengths is not None, what=what)
+        prefixes = seqs.prefixes(prefix, b, what)
+        past = None
+        if past_lengths is not None:
+            arr = np.asarray(past_lengths)
+            if arr.shape != (b,) or arr.dtype.kind not in "iu":
+                raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
+            have = e.state.lengths[rows]
+            over = np.flatnonzero((arr < 0) | (arr > have))
+            if over.size:
+                i = int(over[0])
+                raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
+                                 f"tokens")
+            past = arr.astype(np.int64)
+        elif prefixes is not None:
+            past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
+        if past is not None:
+            cap = e.cfg.max_kv_cache_capacity
+            full = np.flatnonzero(past + ctx > cap)
+            if full.size:
+                i = int(full[0])
+                raise ShapeError(f"{what}: sequence {i} would hold {int(past[i] + ctx[i])} tokens, more than "
+                                 f"max_kv_cache_capacity ({cap})")
+        return rows, prefixes, past
+
+    def _prompt_pages(self, engines: Sequence[BoundEngine], rows: np.ndarray, past: np.ndarray | None,
+                      ctx: np.ndarray, prefixes: list[Prefix | None] | None, *, restart: bool) -> list[StepPages]:
+        """The host side of an admission (inside the sequences' transaction): a restarting batch releases
+        every other sequence, new sequences become active (holding their prefixes' pages), and the pages the
+        prompts write are taken in each of ``engines``' pools (CapacityError when one is short)."""
+        seqs = self._seqs
+        if restart:
+            keep = set(rows.tolist()) if past is not None and prefixes is None else set()
+            gone = np.array([s for s in seqs.order.tolist() if s not in keep], np.int64)
+            if gone.size:
+                seqs.release(gone)
+        new = np.array([s for s in rows.tolist() if not seqs.is_active(s)], np.int64)
+        if new.size:
+            seqs.admit(new, None if prefixes is None else [p for s, p in zip(rows.tolist(), prefixes)
+                                                           if not seqs.is_active(s)])
+        plans = []
+        if seqs.slotted:
+            start = np.zeros(rows.shape[0], np.int64) if past is None else past
+            for e in engines:
+                plan = seqs.plan(e.role, rows.tolist(), start.tolist(), (start + ctx).tolist())
+                plan.commit()
+                plans.append(plan)
+        return plans
+
+    def _stage_prompt(self, e: BoundEngine, rows: np.ndarray, past: np.ndarray | None, ctx: np.ndarray, seq: int,
+                      plans: list[StepPages], s: Stream) -> tuple[DeviceWork, ...]:
+        """A prefill's inputs staged (its page copies enqueued first); returns its device work."""
+        seqs = self._seqs
+        if not seqs.slotted:
+            return self._steps.prompt(e, past, ctx, seq, s)
+        for plan in plans:
+            seqs.copy(plan.table_role, plan.moves, s)
+        key = tuple(rows.tolist())
+        return self._steps.prompt(e, past, ctx, seq, s, slots=rows, pages=seqs.step_rows(e.role, key))
 
     def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int,
                          seq: int) -> list[Any] | None:
@@ -447,14 +568,12 @@ class SetupBase(Closeable, abc.ABC):
         return e.cfg.prefill_dims(b, seq, kv_cache_empty=self._steps.empty_prefill(e, past))
 
     def _run_prefill(self, e: BoundEngine, dims: InferenceDims, ctx: np.ndarray, s: Stream,
-                     past: np.ndarray | None = None, before: tuple[DeviceWork, ...] = ()) -> None:
+                     past: np.ndarray | None, before: tuple[DeviceWork, ...], rows: np.ndarray) -> None:
         """Prepare and enqueue a prefill (profile 0, never graph-captured) after the device work ``before``;
-        the lengths become ``past + ctx``."""
-        b = dims.batch
+        the lengths of the sequences in ``rows`` become ``past + ctx``."""
         e.executor.prepare(PREFILL_PROFILE, e.tensor_map, dims, s)
         e.executor.execute(s, use_graph=False, before=before)
-        e.state.lengths[:b] = ctx if past is None else past + ctx
-        e.state.lengths[b:] = 0
+        e.state.lengths[rows] = ctx if past is None else past + ctx
 
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
         arr = np.asarray(ctx)

@@ -51,7 +51,7 @@ class CatchUp:
         self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
 
     def stage(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray, past: np.ndarray,
-              s: Stream, slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+              s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """Stage the catch-up of ``e`` over ``accepted[i]`` tokens per sequence in ``width``-wide rows after
         ``past`` cached ones, its features the base hidden-state ``rows`` [B, L] of the accepted nodes (-1 past
         each path); returns its device work: the layout, then the RoPE rows, the gather and the zeros in one
@@ -68,7 +68,7 @@ class CatchUp:
         step = self._steps.step
         step.write("row_src", src)
         step.write("row_dst", found.scratch_rows)
-        tree = self._steps.tree(e, found.layout, past, found.select, s, slots)
+        tree = self._steps.tree(e, found.layout, past, found.select, s, slots, pages)
         key = (tree, moves)
         before = self._fused.get(key)
         if before is None:

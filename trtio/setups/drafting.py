@@ -101,7 +101,7 @@ class DraftTree:
         return par
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
-                slots: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """Stage the level of ``x`` ([b, k, hidden] embeddings, checked) hanging off ``par`` (:meth:`check`)
         after ``past`` cached tokens, and return its device work in the fewest kernels; the tree then holds
         the level. ``roots``: each sequence's root hidden row (read on a round's first level)."""
@@ -114,7 +114,8 @@ class DraftTree:
         if n0 == 0:  # a new round: the lengths are fixed for all its levels
             past32 = constant(past.astype(np.int32))
             self._round_lengths = (past32, constant(past32 + np.int32(self.width)))
-        plan = DraftLevelPlan(self._round_lengths[0], self._round_lengths[1], par, b, n0, k, roots, self._level, slots)
+        plan = DraftLevelPlan(self._round_lengths[0], self._round_lengths[1], par, b, n0, k, roots, self._level, slots,
+                              pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
         self.nodes = n0 + k
         self._level = (n0, k)

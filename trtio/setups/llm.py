@@ -20,6 +20,7 @@ from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
+from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -32,6 +33,7 @@ from trtio.setups.base import (
     engine_backend,
     with_contract,
 )
+from trtio.setups.sequences import Sequences
 from trtio.state import EngineState
 from trtio.stream import StreamLike
 from trtio.tensor import Tensor
@@ -64,7 +66,7 @@ class LLMSetup(SetupBase):
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
-                                       stream=s, resources=stack, name="llm")
+                                       stream=s, resources=stack, name="llm", io=self.io)
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
                                  cfg.activation, Location.PINNED)], backend=be, title="llm staging"))
@@ -72,7 +74,7 @@ class LLMSetup(SetupBase):
                 HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be))
             _fill_mrope(self.io, cfg, s)
             warm_up(be)
-        self._batch: int | None = None
+        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._streaming_pending = False
 
@@ -98,27 +100,29 @@ class LLMSetup(SetupBase):
         return EngineGraphStats(self.engines())
 
     @property
-    def batch(self) -> int | None:
-        return self._batch
-
-    @property
     def lengths(self) -> np.ndarray:
-        """Tokens cached per sequence (host mirror; a copy)."""
-        b = self._batch or 0
-        return self._engine.state.lengths[:b].copy()
+        """Tokens cached per active sequence, in the order of :attr:`active` (host mirror; a copy)."""
+        return np.asarray(self._engine.state.lengths[self._seqs.order])
 
     # -- steps ----------------------------------------------------------------------------------
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
-                deepstack_embeds: Sequence[Any] | None = None, past_lengths: Any = None) -> Tensor:
-        """Run the prompt (profile 0) and return the logits view [batch, vocab] of each last prompt token.
+                slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
+                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+        """Run prompts (profile 0) and return the logits view [batch, vocab] of each one's last token.
 
         ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
         already filled); ``context_lengths`` gives each sequence's prompt length (<= seq; shorter
         prompts are right-padded; on the ragged contract each sequence is one entry-padded block of
-        ``seq`` rows). Without ``deepstack_embeds`` the deepstack inputs are zero. ``past_lengths``
-        continues caches that already hold that many tokens per sequence (a restored prefix or an
-        earlier chunk of the prompt: at most what :attr:`lengths` says each holds); by default the
-        caches start empty.
+        ``seq`` rows). Without ``deepstack_embeds`` the deepstack inputs are zero.
+
+        ``slots=None``: the batch restarts; slots ``0 .. batch - 1`` hold the prompts and every other slot
+        is released. ``slots=[s0, ...]`` (ragged contract) admits the sequences into those free slots; the
+        other active sequences keep their KV. Row i of the logits belongs to ``slots[i]``. ``past_lengths``
+        continues active sequences whose caches hold that many tokens (a later chunk of a prompt: at most
+        what :attr:`lengths` says). ``prefix`` (a :class:`~trtio.pages.Prefix` from :meth:`pin_prefix`, or
+        one per sequence, None for none) starts each sequence after the prefix's tokens: ``inputs_embeds``
+        hold only the tokens after it. Pages the prompts write are taken before anything is enqueued: a
+        pool too short raises CapacityError and changes nothing.
         """
         self._check_open()
         e = self._engine
@@ -126,59 +130,78 @@ class LLMSetup(SetupBase):
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        past = self._check_past(e, past_lengths, b, ctx)
+        rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "prefill")
         dims = self._prefill_dims(e, b, seq, past)
         features = self._check_deepstack(e, deepstack_embeds, b, seq)
-        # Everything is checked: from here on work is enqueued.
+        # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
         s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._steps.prompt(e, past, ctx, seq, s)
-        self._bind_deepstack(e, features, b, seq, s)
-        self._run_prefill(e, dims, ctx, s, past, before)
-        self._batch = b
+        with self._seqs.transaction():
+            plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
+            self._upload_embeds(x, s)
+            before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            self._bind_deepstack(e, features, b, seq, s)
+            self._run_prefill(e, dims, ctx, s, past, before, rows)
         return self.io.output_logits
 
-    def decode(self, inputs_embeds: Any, stream: StreamLike = None) -> Tensor:
-        """One token per sequence after the cached ones (profile 1); returns the logits view [batch, vocab].
+    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
+        """One token for each sequence of ``slots`` (default: every active slot, ascending) after its cached
+        ones (profile 1); returns the logits view [rows, vocab], row i for the i-th of those slots.
 
         Batch contract: ``kvcache_start_index`` = the cached lengths, ``context_lengths`` = lengths + 1,
-        ``last_token_ids`` = 0. Ragged contract: phase 3, one row per sequence at position = its length.
-        The lengths then grow by one. No allocation; no host synchronisation.
+        ``last_token_ids`` = 0. Ragged contract: phase 3, one row per sequence at position = its length; a
+        sequence that reaches a new page takes it first (CapacityError, nothing changed, when the pool has
+        none free). The lengths then grow by one. No allocation; no host synchronisation.
         """
         self._check_open()
-        b = self._batch
-        if b is None:
+        seqs, e = self._seqs, self._engine
+        if seqs.count == 0:
             raise TrtioError("decode() before prefill(): there is no sequence to continue")
-        e = self._engine
-        lengths = e.state.lengths[:b]
+        x, nb, ns = self._embeds(inputs_embeds, self.cfg.hidden_size)
+        if slots is None and (nb, ns) != (seqs.count, 1) or ns != 1:
+            raise ShapeError(f"inputs_embeds: decode takes [batch={seqs.count if slots is None else nb}, 1, "
+                             f"{self.cfg.hidden_size}], got [{nb}, {ns}, ...]")
+        sl, key = seqs.step_slots(slots, nb, "decode")
+        n = sl.shape[0]
+        whole = slots is None and seqs.contiguous
+        lengths = e.state.lengths[:n] if whole else e.state.lengths[sl]
         if int(lengths.max()) >= self.cfg.max_kv_cache_capacity:
             full = int(np.argmax(lengths))
-            raise ShapeError(f"KV cache full: sequence {full} holds {int(lengths[full])} tokens, the capacity "
+            raise ShapeError(f"KV cache full: sequence {int(sl[full])} holds {int(lengths[full])} tokens, the capacity "
                              f"(max_kv_cache_capacity) is {self.cfg.max_kv_cache_capacity}")
-        x, nb, ns = self._embeds(inputs_embeds, self.cfg.hidden_size)
-        if (nb, ns) != (b, 1):
-            raise ShapeError(f"inputs_embeds: decode takes [batch={b}, 1, {self.cfg.hidden_size}], "
-                             f"got [{nb}, {ns}, ...]")
-        s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._steps.decode(e, lengths, s)
-        e.tensor_map.use_deepstack_zero()
-        if self._streaming_pending:
-            self.io.streaming_prefill.order_before(s)
-            self._streaming_pending = False
-        dims = self._decode_dims.get(b)
+        plan = seqs.tables[e.role].ensure(sl, lengths, 1) if seqs.slotted else None
+        dims = self._decode_dims.get(n)
         if dims is None:
-            dims = self._decode_dims.put(b, self.cfg.decode_dims(b))
-        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=before)
-        lengths += 1
+            dims = self._decode_dims.put(n, self.cfg.decode_dims(n))
+        s = self._stream(stream)
+        if plan is not None:
+            plan.commit()
+        try:
+            if plan is not None:
+                seqs.copy(e.role, plan.moves, s)
+            self._upload_embeds(x, s)
+            before = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key,
+                                        seqs.step_rows(e.role, key))
+            e.tensor_map.use_deepstack_zero()
+            if self._streaming_pending:
+                self.io.streaming_prefill.order_before(s)
+                self._streaming_pending = False
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+            e.executor.execute(s, before=before)
+        except BaseException:
+            if plan is not None:
+                plan.undo()
+            raise
+        if whole:
+            lengths += 1
+        else:
+            e.state.lengths[sl] += 1
         return self.io.output_logits
 
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
         (call after prefill, before the first decode)."""
         self._check_open()
-        if self._batch is None:
+        if self._seqs.count == 0:
             raise TrtioError("populate_streaming() before prefill()")
         if self.io.output_hidden_states.is_empty:
             raise TrtioError("populate_streaming: this engine has no hidden_states output to snapshot (Edge-LLM "
@@ -193,17 +216,17 @@ class LLMSetup(SetupBase):
         self._streaming_pending = True
 
     def reset(self, stream: StreamLike = None) -> None:
-        """Empty the KV state (lengths to 0); the next step must be a prefill."""
+        """End every sequence (their pages go back; pinned prefixes stay); the next step must be a prefill."""
         self._check_open()
+        self._seqs.release_all()
         self._engine.state.reset(self._stream(stream))
-        self._batch = None
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state, staging, RoPE table and context memory."""
         return self._report("create_for_llm", include_context_memory)
 
     def __repr__(self) -> str:
-        return f"LLMSetup(batch={self._batch}, graphs={self.executor.graphs_enabled})"
+        return f"LLMSetup({self.contract}, active={self._seqs.order_key}, graphs={self.executor.graphs_enabled})"
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,

@@ -25,6 +25,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,11 @@ from trtio.config import DeploymentConfig
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import DECODE_PROFILE, ContextMemory
+from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
+from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import (
     BoundEngine,
@@ -52,8 +54,9 @@ from trtio.setups.base import (
 )
 from trtio.setups.catch_up import CatchUp
 from trtio.setups.drafting import DraftTree
+from trtio.setups.sequences import Sequences
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
-from trtio.stream import StreamLike
+from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
@@ -104,10 +107,10 @@ class SpecDecodeSetup(SetupBase):
                                                                                  backend=be))
             self.base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
                                     context_memory=self._context_memory, graphs=graphs, rope=self._rope, stream=s,
-                                    resources=stack, name="base")
+                                    resources=stack, name="base", io=io)
             self.draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg),
                                      max_batch=mb, backend=be, context_memory=self._context_memory, graphs=graphs,
-                                     rope=self._rope, stream=s, resources=stack, name="draft")
+                                     rope=self._rope, stream=s, resources=stack, name="draft", io=io)
             rows = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
@@ -127,12 +130,17 @@ class SpecDecodeSetup(SetupBase):
         # Accepted rows set aside per sequence: the longest path a round may accept.
         self._catch_up = CatchUp(io, self._steps, base_width=spec.base_output_hidden_dim,
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
+        # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
+        self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
         self._batch_rows = np.arange(mb)[:, None]
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
-        self._batch: int | None = None
-        self._prompt: tuple[int, np.ndarray, np.ndarray | None] | None = None  # the base prefill's width, lengths, past
+        self._prompt: _Prompt | None = None  # a base prefill awaiting its draft prefill
         self._draft_ready = False  # the draft has caught up with the base: a round may start
-        self._root_rows = np.zeros(mb, np.int64)  # draft_hidden_states_out row of each sequence's root hidden
+        # Per slot: the draft_hidden_states_out row of its root hidden state (a step's output row, or one of the
+        # rows past them where a root waits while other sequences are admitted).
+        self._root_rows = np.zeros(mb, np.int64)
+        self._root_base = io.draft_hidden_states_out.capacity // (
+            spec.draft_hidden_size * io.draft_hidden_states_out.dtype.itemsize) - mb
         self._verified: VerifyTree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
@@ -143,25 +151,23 @@ class SpecDecodeSetup(SetupBase):
     # -- public views ---------------------------------------------------------------------------
     @property
     def base_lengths(self) -> np.ndarray:
-        """Tokens the base has cached and committed per sequence (a copy)."""
-        b = self._batch or 0
-        return self.base.state.lengths[:b].copy()
+        """Tokens the base has cached and committed per active sequence, in the order of :attr:`active`."""
+        return np.asarray(self.base.state.lengths[self._seqs.order])
 
     @property
     def draft_lengths(self) -> np.ndarray:
-        """Tokens the draft has committed per sequence (equal to ``base_lengths`` between rounds)."""
-        b = self._batch or 0
-        return self.draft.state.lengths[:b].copy()
+        """Tokens the draft has committed per active sequence (equal to ``base_lengths`` between rounds)."""
+        return np.asarray(self.draft.state.lengths[self._seqs.order])
 
     @property
     def lengths(self) -> np.ndarray:
-        """Tokens cached and committed per sequence (``base_lengths``)."""
+        """Tokens cached and committed per active sequence (``base_lengths``)."""
         return self.base_lengths
 
     @property
     def draft_tree(self) -> np.ndarray:
         """The parents (-1: the root) of the draft-tree nodes proposed this round, [batch, nodes]."""
-        return self._tree.parents(self._batch or 0)
+        return self._tree.parents(self._seqs.count)
 
     @property
     def graph_stats(self) -> EngineGraphStats:
@@ -169,25 +175,34 @@ class SpecDecodeSetup(SetupBase):
         attributes."""
         return EngineGraphStats(self.engines())
 
-    @property
-    def batch(self) -> int | None:
-        return self._batch
-
     def _need_batch(self) -> int:
-        if self._batch is None:
+        if self._seqs.count == 0:
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
-        return self._batch
+        return self._seqs.count
+
+    def _in_round(self) -> bool:
+        return self._tree.nodes > 0 or self._verified is not None or self._accepted is not None
+
+    def _between_rounds(self, what: str) -> None:
+        if self._prompt is not None:
+            raise TrtioError(f"{what}: slots {list(self._prompt.rows.tolist())} await their draft_prefill(); call it "
+                             f"first")
+        if self._in_round():
+            raise TrtioError(f"{what}: a speculative round is under way (draft_propose .. draft_accept); call it "
+                             f"between rounds, after draft_accept()")
 
     # -- prefill ----------------------------------------------------------------------------------
     def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
-                     deepstack_embeds: Sequence[Any] | None = None, past_lengths: Any = None) -> Tensor:
+                     slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
+                     past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
         """Base over the prompts (profile 0, causal); returns logits [batch, vocab] of each last prompt token.
 
         The base's ``hidden_states`` land in ``io.base_hidden_states`` (a row per token), which the draft
         prefill reads as ``hidden_states_input`` at the same address. Without ``deepstack_embeds`` the
-        deepstack inputs are zero. ``past_lengths`` continues caches that already hold that many tokens per
-        sequence (a later chunk of the prompt: at most what :attr:`base_lengths` says each holds); the draft
-        prefill that follows continues the draft's caches alike.
+        deepstack inputs are zero. ``slots``, ``prefix`` and ``past_lengths`` as for
+        :meth:`LLMSetup.prefill <trtio.setups.llm.LLMSetup.prefill>` (a prefix pins both engines' pools);
+        admitting sequences (``slots=``) is allowed between rounds, and they join the next round after their
+        :meth:`draft_prefill`. ``slots=None`` restarts the batch.
         """
         self._check_open()
         e = self.base
@@ -195,55 +210,95 @@ class SpecDecodeSetup(SetupBase):
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        past = self._check_past(e, past_lengths, b, ctx)
+        if slots is not None:
+            self._between_rounds("base_prefill(slots=...)")
+        rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "base_prefill")
         dims = self._prefill_dims(e, b, seq, past)
         features = self._check_deepstack(e, deepstack_embeds, b, seq)
         s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._steps.prompt(e, past, ctx, seq, s)
-        self._bind_deepstack(e, features, b, seq, s)
-        self._run_prefill(e, dims, ctx, s, past, before)
-        self._batch = b
-        self._prompt = (seq, ctx, past)
+        with self._seqs.transaction():
+            plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
+            self._upload_embeds(x, s)
+            before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            self._bind_deepstack(e, features, b, seq, s)
+            self._run_prefill(e, dims, ctx, s, past, before, rows)
+        self._prompt = _Prompt(seq, ctx, past, rows, prefixes)
         self._draft_ready = False
         self._verified = self._accepted = None
         self._tree.start()
         return self.io.output_logits
 
-    def draft_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None) -> Tensor:
+    def draft_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
+                      slots: Sequence[int] | None = None,
+                      prefix: Prefix | Sequence[Prefix | None] | None = None) -> Tensor:
         """Draft over the prompts shifted by one token (EAGLE): row p holds the embedding of token p+1,
         ``hidden_states_input`` is the base prefill's hidden states (no copy), ``hidden_states_from_draft``
-        is zero. Takes the base prefill's batch, width and lengths (and its ``past_lengths``). Returns the
-        draft logits [batch, draft vocab] at each sequence's last row."""
+        is zero. Takes the base prefill's batch, width, lengths, slots and prefixes (``slots`` and ``prefix``,
+        where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
+        sequence's last row."""
         self._check_open()
-        b0 = self._need_batch()
-        if self._prompt is None:
+        self._need_batch()
+        pending = self._prompt
+        if pending is None:
             raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
-        width, lengths, past = self._prompt
         e = self.draft
+        b0, width, rows = pending.rows.shape[0], pending.width, pending.rows
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
         if (b, seq) != (b0, width):
             raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b0}, "
                              f"seq={width}, hidden], got {list(x.shape)}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        if not np.array_equal(ctx, lengths):
-            raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's {lengths.tolist()}: "
-                             f"the draft reads the base's hidden states row for row")
-        if past is not None and (e.state.lengths[:b] < past).any():
-            i = int(np.flatnonzero(e.state.lengths[:b] < past)[0])
-            raise TrtioError(f"draft_prefill: the base prefill continued sequence {i} after {int(past[i])} tokens "
-                             f"but the draft has cached only {int(e.state.lengths[i])}; catch the draft up first")
+        if not np.array_equal(ctx, pending.lengths):
+            raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's "
+                             f"{pending.lengths.tolist()}: the draft reads the base's hidden states row for row")
+        if slots is not None and list(slots) != rows.tolist():
+            raise ShapeError(f"draft_prefill: slots {list(slots)} differ from the base prefill's {rows.tolist()}")
+        if prefix is not None and (pending.prefixes is None or
+                                   (list(prefix) if not isinstance(prefix, Prefix) else [prefix] * b)
+                                   != pending.prefixes):
+            raise ShapeError("draft_prefill: prefix differs from the base prefill's")
+        past = pending.past
+        if past is not None and (e.state.lengths[rows] < past).any():
+            i = int(np.flatnonzero(e.state.lengths[rows] < past)[0])
+            raise TrtioError(f"draft_prefill: the base prefill continued slot {int(rows[i])} after {int(past[i])} "
+                             f"tokens but the draft has cached only {int(e.state.lengths[rows[i]])}; catch the "
+                             f"draft up first")
         dims = self._prefill_dims(e, b, seq, past)
+        seqs = self._seqs
         s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._steps.prompt(e, past, ctx, seq, s)
-        self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
-        self._run_prefill(e, dims, ctx, s, past, before)
+        with seqs.transaction():
+            plans = []
+            if seqs.slotted:
+                start = np.zeros(b, np.int64) if past is None else past
+                plan = seqs.plan(e.role, rows.tolist(), start.tolist(), (start + ctx).tolist())
+                plan.commit()
+                plans.append(plan)
+            self._upload_embeds(x, s)
+            saved = self._save_roots(rows, s)
+            before = saved + self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
+            self._run_prefill(e, dims, ctx, s, past, before, rows)
         self._prompt = None
         # The root's hidden state: the draft output row of each sequence's last token.
-        self._root_rows[:b] = self._steps.prompt_roots(b, seq, ctx)
+        self._root_rows[rows] = self._steps.prompt_roots(b, seq, ctx)
         self._start_round()
         return self.io.output_logits
+
+    def _save_roots(self, rows: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
+        """Before a draft prefill admits ``rows``, the roots of the other active sequences that still sit in
+        the draft's output rows move to their slots' rows past them (the prefill writes those output rows)."""
+        keep = [slot for slot in self._seqs.order.tolist()
+                if slot not in set(rows.tolist()) and self._root_rows[slot] < self._root_base]
+        if not keep:
+            return ()
+        io, step = self.io, self._steps.step
+        dst = np.array(keep, np.int64) + self._root_base
+        step.write("row_src", self._root_rows[keep].astype(np.int32))
+        step.write("row_dst", dst.astype(np.int32))
+        self._root_rows[keep] = dst
+        row_bytes = self.draft.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize
+        return (self._steps.row_copy(io.draft_hidden_states_out, io.draft_hidden_states_out, io.row_src, len(keep),
+                                     row_bytes, io.row_dst),)
 
     def _start_round(self) -> None:
         self._tree.start()
@@ -273,18 +328,20 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"inputs_embeds: batch {nb} differs from the prefill's batch {b}")
         tree = self._tree
         par = tree.check(parents, b, k)
-        past = e.state.lengths[:b]
+        order, key, past, _whole = self._step_lengths(e)
         cap, w = e.cfg.max_kv_cache_capacity, tree.width
         if tree.nodes == 0 and int(past.max()) + w > cap:  # a round's levels all write after the lengths it started at
             i = int(np.argmax(past))
-            raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens and a proposal round "
-                             f"writes {w} more, past max_kv_cache_capacity ({cap})")
+            raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and a "
+                             f"proposal round writes {w} more, past max_kv_cache_capacity ({cap})")
         dims = self._dims(e, "proposal", b, w, k)
-        # Everything is checked: from here on work is enqueued.
+        # Everything is checked: from here on pages are taken (a round's first level) and work is enqueued.
         s = self._stream(stream)
-        before = tree.propose(x, par, past, self._root_rows[:b], s)
-        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=before)
+        with self._step_pages(e, order, key, past, w if tree.nodes == 0 else 0, s) as pages:
+            before = tree.propose(x, par, past, self._root_rows[order], s, order if self._seqs.slotted else None,
+                                  pages)
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+            e.executor.execute(s, before=before)
         return self.io.output_logits
 
     # -- verify and accept --------------------------------------------------------------------------
@@ -306,17 +363,18 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
                              f"got {list(x.shape)}")
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
-        lengths = e.state.lengths[:b]
+        order, key, lengths, _whole = self._step_lengths(e)
         if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
-            raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence {i} has "
-                             f"cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
+            raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
+                             f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._steps.tree(e, t.layout, lengths, t.select, s)
-        e.tensor_map.use_deepstack_zero()
-        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=before)
+        with self._step_pages(e, order, key, lengths, n, s) as pages:
+            self._upload_embeds(x, s)
+            before = self._steps.tree(e, t.layout, lengths, t.select, s, order if self._seqs.slotted else None, pages)
+            e.tensor_map.use_deepstack_zero()
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+            e.executor.execute(s, before=before)
         self._verified = t
         self._accepted = None
         self._draft_ready = False
@@ -339,9 +397,12 @@ class SpecDecodeSetup(SetupBase):
         grid, acc = self._paths.read(paths, b, tree)
         n, width = tree.nodes, grid.shape[1]
         s = self._stream(stream)
-        lengths = self.base.state.lengths
-        self.base.state.commit_grid(lengths[:b], grid, acc, s)
-        lengths[:b] += acc
+        order, _key, lengths, whole = self._step_lengths(self.base)
+        self.base.state.commit_grid(lengths, grid, acc, s)
+        if whole:
+            lengths += acc
+        else:
+            self.base.state.lengths[order] += acc
         # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
         rows = self._batch_rows[:b] * n + grid
         self._accepted_rows = rows if int(acc.min()) == width else np.where(grid >= 0, rows, -1)
@@ -372,20 +433,23 @@ class SpecDecodeSetup(SetupBase):
             i = int(np.argmax(acc))
             raise ShapeError(f"accept_lengths[{i}] = {int(acc[i])} is outside 1..{a}")
         dims = self._dims(e, "accept", b, a)
-        past = e.state.lengths[:b].copy()
+        order, key, lengths, _whole = self._step_lengths(e)
+        past = lengths.copy()
         if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
-            raise ShapeError(f"draft KV cache full: sequence {i} holds {int(past[i])} tokens, {a} more pass "
-                             f"max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
+            raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
+                             f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        self._upload_embeds(x, s)
-        before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s)
-        e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-        e.executor.execute(s, before=before)
-        e.state.lengths[:b] = past + acc
+        with self._step_pages(e, order, key, past, a, s) as pages:
+            self._upload_embeds(x, s)
+            before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
+                                          order if self._seqs.slotted else None, pages)
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
+            e.executor.execute(s, before=before)
+        e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
-            self._root_rows[:b] = roots
+            self._root_rows[order] = roots
         self._accepted = None
         self._start_round()
         return self.io.output_logits
@@ -404,9 +468,9 @@ class SpecDecodeSetup(SetupBase):
         """Empty both KV states; the next step must be a base prefill."""
         self._check_open()
         s = self._stream(stream)
+        self._seqs.release_all()
         self.base.state.reset(s)
         self.draft.state.reset(s)
-        self._batch = None
         self._prompt = None
         self._draft_ready = False
         self._verified = self._accepted = None
@@ -418,7 +482,19 @@ class SpecDecodeSetup(SetupBase):
         return self._report("create_for_spec_decode", include_context_memory)
 
     def __repr__(self) -> str:
-        return f"SpecDecodeSetup({self.contract}, batch={self._batch})"
+        return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    """A base prefill awaiting its draft prefill: its width, lengths, cached lengths before it, slots and
+    prefixes."""
+
+    width: int
+    lengths: np.ndarray
+    past: np.ndarray | None
+    rows: np.ndarray
+    prefixes: list[Prefix | None] | None
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,

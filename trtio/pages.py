@@ -1,0 +1,319 @@
+"""KV pages on demand: one pool's pages, the page-table row of each sequence slot, and pinned prefixes.
+
+Pure Python and numpy, no device: the setups plan each step's pages here before anything is enqueued,
+and stage the rows it reports into the step's one copy.
+
+A pool holds ``total`` pages of ``page_size`` tokens. A sequence slot's row lists the pages that hold its
+tokens ``0, page_size, 2 * page_size, ...`` (-1: unmapped, as in Edge-LLM's ``kv_page_table``). Pages are
+counted by reference: a slot's row holds one reference to each of its pages, a pinned prefix
+(:class:`Prefix`) one to each page it keeps. A page goes back to the pool when its last reference goes.
+
+Writes never touch a page another reference reads: before a step writes into a page that is shared (a
+pinned prefix's partly filled last page), the writer gets a fresh page holding a copy (copy on write);
+full pages of a prefix are never written again (every write lands at or after a sequence's length).
+
+A step is planned in two parts: :meth:`PageTable.plan` works out what its sequences need and raises
+:class:`~trtio.errors.CapacityError` (naming the slot, the pages needed and the pool's free and total
+pages) when the pool is short, changing nothing; :meth:`StepPages.commit` then takes the pages, and
+:meth:`StepPages.undo` gives them back if the step fails before its work reaches the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtio.errors import CapacityError, TrtioError
+
+__all__ = ["PagePool", "PageTable", "Prefix", "StepPages"]
+
+
+class PagePool:
+    """The pages of one KV pool, counted by reference (see module docstring)."""
+
+    __slots__ = ("total", "_refs", "_free")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._refs = np.zeros(total, np.int32)
+        self._free = list(range(total - 1, -1, -1))  # a stack: the lowest ids go first
+
+    @property
+    def free(self) -> int:
+        """Pages no slot and no prefix holds."""
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.total - len(self._free)
+
+    def refs(self, page: int) -> int:
+        """References to ``page`` (0: free)."""
+        return int(self._refs[page])
+
+    def take(self, n: int) -> list[int]:
+        """``n`` free pages, each with one reference (the caller checked :attr:`free`)."""
+        if n > len(self._free):
+            raise CapacityError(f"KV page pool: {n} pages asked for, {len(self._free)} of {self.total} free")
+        out = [self._free.pop() for _ in range(n)]
+        self._refs[out] = 1
+        return out
+
+    def hold(self, pages: Sequence[int]) -> None:
+        """One more reference to each of ``pages`` (all in use)."""
+        for p in pages:
+            self._refs[p] += 1
+
+    def drop(self, pages: Sequence[int]) -> None:
+        """One reference fewer to each of ``pages``; a page whose last reference goes is free again."""
+        for p in pages:
+            self._refs[p] -= 1
+            if self._refs[p] == 0:
+                self._free.append(p)
+
+    def snapshot(self) -> tuple[np.ndarray, list[int]]:
+        return self._refs.copy(), list(self._free)
+
+    def restore(self, saved: tuple[np.ndarray, list[int]]) -> None:
+        self._refs[:] = saved[0]
+        self._free[:] = saved[1]
+
+
+@dataclass
+class StepPages:
+    """A step's planned pages (:meth:`PageTable.plan`): per slot the pages to take for unmapped entries
+    (``new``: slot -> [(entry, ...)]) and the shared pages to copy before writing (``copies``: slot ->
+    [(entry, shared page)]). :meth:`commit` takes them and maps them; afterwards ``moves`` lists the
+    page copies the step must enqueue before its engine runs ((source page, destination page))."""
+
+    table: PageTable
+    starts: dict[int, int] = field(default_factory=dict)  # each planned slot's first written token
+    new: dict[int, list[int]] = field(default_factory=dict)
+    copies: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    moves: list[tuple[int, int]] = field(default_factory=list)
+    _taken: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, entry, page it replaced or -1)
+    committed: bool = False
+
+    @property
+    def table_role(self) -> str:
+        return self.table.role
+
+    @property
+    def needed(self) -> int:
+        return sum(len(v) for v in self.new.values()) + sum(len(v) for v in self.copies.values())
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.new or self.copies)
+
+    def commit(self) -> None:
+        """Take and map the planned pages (the plan was checked against the free pages)."""
+        t, pool = self.table, self.table.pool
+        fresh = pool.take(self.needed)
+        for slot, entries in self.new.items():
+            for e in entries:
+                page = fresh.pop()
+                t.rows[slot, e] = page
+                self._taken.append((slot, e, -1))
+        for slot, shared in self.copies.items():
+            for e, old in shared:
+                page = fresh.pop()
+                t.rows[slot, e] = page
+                pool.drop([old])
+                self._taken.append((slot, e, old))
+                self.moves.append((old, page))
+        for slot, start in self.starts.items():
+            t.refresh(slot, start)
+        t.version += 1
+        self.committed = True
+
+    def undo(self) -> None:
+        """Give back what :meth:`commit` took (the step failed before its work reached the device)."""
+        if not self.committed:
+            return
+        t, pool = self.table, self.table.pool
+        for slot, e, old in reversed(self._taken):
+            page = int(t.rows[slot, e])
+            if old >= 0:
+                pool.hold([old])
+            t.rows[slot, e] = old
+            pool.drop([page])
+        self._taken.clear()
+        self.moves.clear()
+        for slot in self.starts:
+            t.limit[slot] = 0
+        t.version += 1
+        self.committed = False
+
+
+class PageTable:
+    """The page-table rows of one engine's sequence slots over one pool (see module docstring).
+
+    ``rows`` is int32 ``[slots, pages per sequence]``: K page ids, -1 where unmapped; the engine's table
+    adds the V ids (K id + ``pool.total``). ``version`` changes with every row change (a step's rows are
+    staged again only then)."""
+
+    def __init__(self, pool: PagePool, slots: int, pages_per_sequence: int, page_size: int, role: str = "") -> None:
+        self.role = role  # the engine whose pool this is ("llm", "base", "draft")
+        self.pool = pool
+        self.page_size = page_size
+        self.rows = np.full((slots, pages_per_sequence), -1, np.int32)
+        # Per slot: the token a step may write up to without planning (its pages from the current one on are
+        # mapped and its own); 0 until a plan says otherwise.
+        self.limit = np.zeros(slots, np.int64)
+        self.version = 0
+        self._bound: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+
+    def ensure(self, slots: np.ndarray, starts: np.ndarray, width: int) -> StepPages | None:
+        """:meth:`plan` of a step writing ``width`` tokens from ``starts[i]`` on for ``slots[i]``, or None when
+        every slot writes within pages it holds alone already (the common step: one numpy comparison)."""
+        if not (starts + width > self.limit[slots]).any():
+            return None
+        first = starts.tolist()
+        return self.plan(slots.tolist(), first, [v + width for v in first])
+
+    def refresh(self, slot: int, start: int) -> None:
+        """Recompute ``limit[slot]`` for writes from token ``start`` on."""
+        row, page = self.rows[slot], self.page_size
+        e = start // page
+        while e < row.shape[0] and row[e] >= 0 and self.pool.refs(int(row[e])) == 1:
+            e += 1
+        self.limit[slot] = e * page
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, list[int]]]:
+        return self.rows.copy(), self.limit.copy(), self.pool.snapshot()
+
+    def restore(self, saved: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, list[int]]]) -> None:
+        self.rows[:], self.limit[:] = saved[0], saved[1]
+        self.pool.restore(saved[2])
+        self.version += 1
+
+    @property
+    def pages_per_sequence(self) -> int:
+        return int(self.rows.shape[1])
+
+    def pages_of(self, slot: int) -> list[int]:
+        """The pages slot ``slot`` holds, in token order."""
+        row = self.rows[slot]
+        return [int(p) for p in row[row >= 0]]
+
+    def plan(self, slots: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> StepPages:
+        """The pages a step writing tokens ``starts[i] .. ends[i] - 1`` of slot ``slots[i]`` needs: an
+        unmapped entry takes a page; a shared page it writes into is copied first. Raises CapacityError
+        (naming the slot, the pages it needs and the pool's free / total) when the pool is short; nothing
+        changes until :meth:`StepPages.commit`."""
+        plan = StepPages(self)
+        page, pool, rows = self.page_size, self.pool, self.rows
+        need = 0
+        for slot, start, end in zip(slots, starts, ends):
+            if end <= start:
+                continue
+            first, last = start // page, (end - 1) // page
+            if last >= rows.shape[1]:
+                raise CapacityError(f"slot {slot}: tokens up to {end} need page entry {last}, past the "
+                                    f"{rows.shape[1]} pages of a page-table row")
+            plan.starts[slot] = start
+            row = rows[slot]
+            new = [e for e in range(first, last + 1) if row[e] < 0]
+            shared = [(e, int(row[e])) for e in range(first, last + 1) if row[e] >= 0 and pool.refs(int(row[e])) > 1]
+            if new:
+                plan.new[slot] = new
+            if shared:
+                plan.copies[slot] = shared
+            need += len(new) + len(shared)
+            if need > pool.free:
+                mine = len(new) + len(shared)
+                raise CapacityError(f"slot {slot} needs {mine} more KV page(s) for tokens {start}..{end - 1}"
+                                    f"{'' if mine == need else f' ({need} with the slots before it in this step)'}, "
+                                    f"but the pool has {pool.free} free of {pool.total}: release a sequence (or a "
+                                    f"prefix) and retry")
+        return plan
+
+    def assign(self, slot: int, pages: Sequence[int]) -> None:
+        """Map ``pages`` (held already) as the first entries of a free slot's row."""
+        self.rows[slot, :] = -1
+        self.rows[slot, :len(pages)] = pages
+        self.limit[slot] = 0
+        self.version += 1
+
+    def release(self, slot: int) -> list[int]:
+        """Unmap every entry of ``slot``; returns the pages it held (the caller drops them)."""
+        held = self.pages_of(slot)
+        self.rows[slot, :] = -1
+        self.limit[slot] = 0
+        self.version += 1
+        return held
+
+    def step_rows(self, slots: tuple[int, ...]) -> np.ndarray:
+        """The engine's table for a step of ``slots`` (in step order): int32 [S, 2, M], K ids then V ids
+        (K id + pool size; -1 stays -1). One read-only array per (slots, version): a step block holds it
+        until the rows change."""
+        key = (slots, self.version)
+        found = self._bound.get(key)
+        if found is None:
+            if len(self._bound) >= 64:
+                self._bound.clear()
+            k = self.rows[list(slots)]
+            found = np.empty((len(slots), 2, k.shape[1]), np.int32)
+            found[:, 0] = k
+            found[:, 1] = np.where(k >= 0, k + self.pool.total, -1)
+            found.flags.writeable = False
+            self._bound[key] = found
+        return found
+
+
+class Prefix:
+    """A pinned prefix: the KV entries of a sequence's first :attr:`tokens` tokens, kept alive (also after
+    the sequence ends) for later prefills to start from (``prefill(..., prefix=P)``).
+
+    Made by a setup's ``pin_prefix``; :meth:`release` (or leaving a ``with`` block) gives its pages back
+    once no sequence uses them. Full pages are shared by every sequence that starts from it; the partly
+    filled last page is copied for each before it writes there."""
+
+    def __init__(self, owner: object, tokens: int, pages: dict[str, list[int]], pools: dict[str, PagePool]) -> None:
+        self._owner = owner
+        self._tokens = tokens
+        self._pages = pages
+        self._pools = pools
+        self._released = False
+
+    @property
+    def tokens(self) -> int:
+        """KV entries the prefix holds: a prefill from it starts after them."""
+        return self._tokens
+
+    @property
+    def is_released(self) -> bool:
+        return self._released
+
+    def pages(self, role: str) -> list[int]:
+        """The pages of the engine ``role`` the prefix holds (its last one partly filled, unless whole)."""
+        return list(self._pages[role])
+
+    def check(self, owner: object, what: str) -> None:
+        """Refuse a prefix of another setup, or one already released."""
+        if owner is not self._owner:
+            raise TrtioError(f"{what}: this prefix was pinned by another setup; a prefix starts sequences of the "
+                             f"setup that pinned it")
+        if self._released:
+            raise TrtioError(f"{what}: this prefix was released; pin it again with pin_prefix()")
+
+    def release(self) -> None:
+        """Give the prefix's pages back (those no sequence holds go back to the pool). Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        for role, pages in self._pages.items():
+            self._pools[role].drop(pages)
+
+    def __enter__(self) -> Prefix:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "pinned"
+        return f"Prefix(tokens={self._tokens}, {state})"

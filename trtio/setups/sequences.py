@@ -1,0 +1,292 @@
+"""A setup's sequences: which slots are active, how long each is, and the KV pages of each engine.
+
+On a slotted contract (Edge-LLM 0.11's ragged one) a step runs any subset of the sequence slots: a
+prefill admits new sequences into free slots while the others keep their KV, a decode runs the active
+slots (or some), ``release`` ends sequences and gives their pages back. Each engine's pool hands pages
+out on demand (:mod:`trtio.pages`), so a step first plans the pages its sequences will write, and raises
+:class:`~trtio.errors.CapacityError` before anything is enqueued when the pool is short. On the batch
+contract every step is a whole-batch step over slots ``0 .. n - 1``.
+
+Every misuse is refused before any work, naming the slot: a slot out of range or given twice, a prefill
+into an active slot (without ``past_lengths``), a decode or release of a free slot, a row count that
+differs from the slots, a prefix longer than its sequence, of another setup or already released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtio._checks import is_int
+from trtio.errors import ShapeError, TrtioError
+from trtio.ops import copy_pages
+from trtio.pages import PagePool, PageTable, Prefix, StepPages
+from trtio.setups.base import BoundEngine
+from trtio.stream import Stream
+
+__all__ = ["KVPages", "Sequences"]
+
+
+@dataclass(frozen=True)
+class KVPages:
+    """A pool's pages: ``total`` and ``free`` (neither a sequence nor a prefix holds them), at the time read."""
+
+    total: int
+    free: int
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free
+
+
+class Sequences:
+    """The sequence slots of a setup and, on a slotted contract, each engine's page table (see module
+    docstring). ``engines``: the setup's engines (``llm``, or ``base`` and ``draft``); ``prefix_lag``: KV
+    entries a pinned prefix keeps fewer than asked (a speculative draft's last entry depends on the token
+    after it, so a speculative prefix keeps one entry fewer)."""
+
+    def __init__(self, engines: Sequence[BoundEngine], max_batch: int, *, prefix_lag: int = 0) -> None:
+        self._owner = object()  # what a Prefix of these sequences names as its maker (not the setup: no cycle)
+        self._engines = {e.role: e for e in engines}
+        self.max_batch = max_batch
+        self.slotted = all(e.contract.slotted and e.state.pages_on_demand for e in engines)
+        self._lag = prefix_lag
+        self._active = np.zeros(max_batch, bool)
+        self._order = np.zeros(0, np.int64)  # the active slots, ascending
+        self._order_key: tuple[int, ...] = ()
+        self._contiguous = True  # the active slots are 0 .. n - 1
+        self.tables: dict[str, PageTable] = {}
+        if self.slotted:
+            for e in engines:
+                st = e.state
+                self.tables[e.role] = PageTable(PagePool(st.pool_pages), max_batch, st.pages_per_sequence,
+                                                st.page_size, e.role)
+        self._role = engines[0].role  # the engine whose pool kv_pages reports (the LLM's, or the base's)
+
+    # -- what is active ------------------------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        return int(self._order.shape[0])
+
+    @property
+    def order(self) -> np.ndarray:
+        """The active slots, ascending (int64; the caller must not change it)."""
+        return self._order
+
+    @property
+    def order_key(self) -> tuple[int, ...]:
+        return self._order_key
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the active slots are ``0 .. n - 1`` (a step over all of them then views the lengths)."""
+        return self._contiguous
+
+    def is_active(self, slot: int) -> bool:
+        return bool(self._active[slot])
+
+    def _set_active(self, slots: np.ndarray, value: bool) -> None:
+        self._active[slots] = value
+        self._order = np.flatnonzero(self._active).astype(np.int64)
+        self._order_key = tuple(self._order.tolist())
+        n = self._order.shape[0]
+        self._contiguous = bool(n == 0 or self._order[-1] == n - 1)
+
+    def kv_pages(self) -> KVPages:
+        """The LLM's (or the base's) pool."""
+        if not self.slotted:
+            raise TrtioError("kv_pages: KV pages are handed out on the ragged contract (Edge-LLM 0.11's paged pools); "
+                             "this setup's engines keep contiguous caches per sequence")
+        pool = self.tables[self._role].pool
+        return KVPages(pool.total, pool.free)
+
+    def pool(self, role: str) -> KVPages:
+        pool = self.tables[role].pool
+        return KVPages(pool.total, pool.free)
+
+    # -- checks ----------------------------------------------------------------------------------------
+    def refuse_unslotted(self, what: str, **given: Any) -> None:
+        """On the batch contract, ``slots=`` or ``prefix=`` (or a slot call) is a TrtioError naming the ragged
+        contract."""
+        if self.slotted:
+            return
+        named = [k for k, v in given.items() if v is not None]
+        if named or not given:
+            args = ", ".join(f"{k}=" for k in named) or what
+            raise TrtioError(f"{what}: {args} needs the ragged contract (Edge-LLM 0.11 engines: any subset of "
+                             f"slots per step, KV pages on demand); these engines speak the batch contract, whose "
+                             f"steps are whole-batch steps over contiguous caches")
+
+    def _slot_list(self, slots: Any, what: str) -> np.ndarray:
+        """``slots`` as distinct int64 slot ids in range, in the order given."""
+        if isinstance(slots, (str, bytes)) or not hasattr(slots, "__len__"):
+            raise ShapeError(f"{what}: slots must be a list of slot ids, got {type(slots).__name__} {slots!r}")
+        out = []
+        for i, v in enumerate(slots):
+            if not is_int(v):
+                raise ShapeError(f"{what}: slots[{i}] = {v!r} is not a slot id (an int)")
+            if not 0 <= int(v) < self.max_batch:
+                raise ShapeError(f"{what}: slot {int(v)} is out of range 0..{self.max_batch - 1}")
+            out.append(int(v))
+        if len(set(out)) != len(out):
+            twice = next(v for v in out if out.count(v) > 1)
+            raise ShapeError(f"{what}: slot {twice} is given twice")
+        if not out:
+            raise ShapeError(f"{what}: no slot given")
+        return np.array(out, np.int64)
+
+    def step_slots(self, slots: Any, rows: int, what: str) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The slots a decode-type step runs: ``None`` is every active slot, ascending; a list must name
+        active slots, one per row of the step's inputs (``rows``)."""
+        if slots is None:
+            if self.count == 0:
+                raise TrtioError(f"{what}: no sequence is active (prefill first)")
+            if rows != self.count:
+                raise ShapeError(f"inputs_embeds: {rows} rows for the {self.count} active slots "
+                                 f"{list(self._order_key)}")
+            return self._order, self._order_key
+        self.refuse_unslotted(what, slots=slots)
+        arr = self._slot_list(slots, what)
+        free = arr[~self._active[arr]]
+        if free.size:
+            raise TrtioError(f"{what}: slot {int(free[0])} is free (no sequence there to continue)")
+        if arr.shape[0] != rows:
+            raise ShapeError(f"inputs_embeds: {rows} rows for the {arr.shape[0]} slots {arr.tolist()}")
+        return arr, tuple(arr.tolist())
+
+    def prefill_slots(self, slots: Any, rows: int, *, continuing: bool, what: str) -> np.ndarray:
+        """The slots a prefill of ``rows`` sequences writes: ``None`` is slots ``0 .. rows - 1`` (the batch
+        restarts; with ``continuing`` those must hold the sequences to continue); a list admits new sequences
+        into free slots (or continues active ones, with ``continuing``)."""
+        if not 1 <= rows <= self.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {rows} is outside 1..{self.max_batch}")
+        if slots is None:
+            return np.arange(rows, dtype=np.int64)
+        self.refuse_unslotted(what, slots=slots)
+        arr = self._slot_list(slots, what)
+        if arr.shape[0] != rows:
+            raise ShapeError(f"inputs_embeds: {rows} rows for the {arr.shape[0]} slots {arr.tolist()}")
+        if continuing:
+            free = arr[~self._active[arr]]
+            if free.size:
+                raise TrtioError(f"{what}: slot {int(free[0])} is free; past_lengths continues active sequences")
+        else:
+            busy = arr[self._active[arr]]
+            if busy.size:
+                raise TrtioError(f"{what}: slot {int(busy[0])} is active; release it first, or pass past_lengths to "
+                                 f"continue its sequence")
+        return arr
+
+    def prefixes(self, prefix: Any, rows: int, what: str) -> list[Prefix | None] | None:
+        """``prefix=``: one Prefix for every row, one per row (None for none), checked as this setup's and
+        pinned; None when no row has one."""
+        if prefix is None:
+            return None
+        self.refuse_unslotted(what, prefix=prefix)
+        given = [prefix] * rows if isinstance(prefix, Prefix) else list(prefix)
+        if len(given) != rows:
+            raise ShapeError(f"{what}: {len(given)} prefixes for {rows} sequences")
+        for i, p in enumerate(given):
+            if p is not None:
+                if not isinstance(p, Prefix):
+                    raise ShapeError(f"{what}: prefix[{i}] is {type(p).__name__}, not a Prefix (from pin_prefix)")
+                p.check(self._owner, f"{what}: prefix[{i}]")
+        return given if any(p is not None for p in given) else None
+
+    # -- pages -----------------------------------------------------------------------------------------
+    def plan(self, role: str, slots: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> StepPages:
+        """Plan the pages of a step writing tokens ``starts[i] .. ends[i] - 1`` of each slot (CapacityError
+        when the pool is short; nothing changes)."""
+        return self.tables[role].plan(slots, starts, ends)
+
+    def step_rows(self, role: str, key: tuple[int, ...]) -> np.ndarray | None:
+        """The page-table rows of a step of the slots ``key`` (step order) for the engine ``role``, None when
+        the engine's table is not staged per step."""
+        table = self.tables.get(role)
+        return None if table is None else table.step_rows(key)
+
+    def copy(self, role: str, moves: list[tuple[int, int]], s: Stream) -> None:
+        """Enqueue the page copies a committed plan made (copy on write), before the step's engine."""
+        if moves:
+            e = self._engines[role]
+            pools = [e.state.tensors[p] for p in e.state._kv_caches]
+            copy_pages(pools, e.state.pool_pages, moves, s)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Host state (active slots, lengths, page tables, pools) as it was if the block raises."""
+        saved_active = self._active.copy()
+        saved_lengths = {r: e.state.lengths.copy() for r, e in self._engines.items()}
+        saved_tables = {r: t.snapshot() for r, t in self.tables.items()}
+        try:
+            yield
+        except BaseException:
+            self._active[:] = saved_active
+            self._set_active(np.zeros(0, np.int64), False)  # recomputes the order from the restored slots
+            for r, e in self._engines.items():
+                e.state.lengths[:] = saved_lengths[r]
+            for r, t in self.tables.items():
+                t.restore(saved_tables[r])
+            raise
+
+    def admit(self, slots: np.ndarray, prefixes: list[Prefix | None] | None) -> None:
+        """Slots become active; a sequence from a prefix holds the prefix's pages (in every engine)."""
+        self._set_active(slots, True)
+        if prefixes is None:
+            return
+        for slot, p in zip(slots.tolist(), prefixes):
+            if p is None:
+                continue
+            for role, table in self.tables.items():
+                pages = p.pages(role)
+                table.pool.hold(pages)
+                table.assign(slot, pages)
+
+    def release(self, slots: np.ndarray) -> None:
+        """End the sequences of ``slots`` (active, checked): their pages go back, their lengths to 0."""
+        for table in self.tables.values():
+            for slot in slots.tolist():
+                table.pool.drop(table.release(slot))
+        for e in self._engines.values():
+            e.state.lengths[slots] = 0
+        self._set_active(slots, False)
+
+    def release_all(self) -> None:
+        if self.count:
+            self.release(self._order.copy())
+
+    def checked_release(self, slots: Any, what: str) -> np.ndarray:
+        self.refuse_unslotted(what, slots=slots)
+        arr = self._slot_list(slots, what)
+        free = arr[~self._active[arr]]
+        if free.size:
+            raise TrtioError(f"{what}: slot {int(free[0])} is free (no sequence to release)")
+        return arr
+
+    def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix") -> Prefix:
+        """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``."""
+        self.refuse_unslotted(what)
+        if not is_int(slot) or not 0 <= int(slot) < self.max_batch:
+            raise ShapeError(f"{what}: slot {slot!r} is not a slot id in 0..{self.max_batch - 1}")
+        slot = int(slot)
+        if not self._active[slot]:
+            raise TrtioError(f"{what}: slot {slot} is free (no sequence to pin a prefix of)")
+        have = int(min(e.state.lengths[slot] for e in self._engines.values()))
+        keep_min = 1 + self._lag
+        if not is_int(tokens) or not keep_min <= int(tokens) <= have:
+            raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: a prefix "
+                             f"pins {keep_min}..{have} of them")
+        kept = int(tokens) - self._lag
+        pages: dict[str, list[int]] = {}
+        pools: dict[str, PagePool] = {}
+        for role, table in self.tables.items():
+            held = table.pages_of(slot)[:-(-kept // table.page_size)]
+            table.pool.hold(held)
+            table.limit[slot] = 0  # its pages are shared now: the next write into one copies it first
+            pages[role], pools[role] = held, table.pool
+        return Prefix(self._owner, kept, pages, pools)
