@@ -1,0 +1,394 @@
+"""Sequences that come and go (ragged contract): slots, KV pages on demand, pinned prefixes.
+
+Every sequence of a changing batch (admitted at different steps, released, its slot reused) must give
+exactly the logits it gives alone, with a pool smaller than ``max_batch x pages per sequence``; pages are
+taken when a step is about to write into them, a short pool is a CapacityError with nothing run and
+nothing changed, and sequences started from one pinned prefix share its full pages. The ground truth is
+the numpy toy model (``toy_model.reference_forward``) over each sequence's own tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import CapacityError, ShapeError, TrtioError
+from trtio.edgellm import EngineDir
+from trtio.pages import PagePool, PageTable
+from trtio.rope import rope_cos_sin_table
+from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing.toy_engines import default_engines_dir
+
+ENGINES = default_engines_dir()
+E = toy_embedding(512, 64)
+PAGE = 16  # small pages, so that short sequences cross page boundaries
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return str(request.param)
+
+
+def small_pool_cfg(pool: int = 12, **over: Any) -> trtio.LLMEngineConfig:
+    """The ragged toy LLM with 16-token pages, 8 pages per sequence and a pool of ``pool`` (< 4 x 8)."""
+    cfg = EngineDir.open(ENGINES / "toy-llm-ragged").config
+    return dataclasses.replace(cfg, kv_page_size=PAGE, max_kv_cache_capacity=128, kv_pool_pages=pool,
+                               **over).validate()
+
+
+def weights(cfg: trtio.LLMEngineConfig) -> ToyWeights:
+    return ToyWeights.generate(cfg, 0)
+
+
+def llm(cfg: trtio.LLMEngineConfig, device: str = "host", *, graphs: bool = False) -> trtio.LLMSetup:
+    return trtio.create_for_llm(ReferenceEngine.from_config(cfg, device=device, weights=weights(cfg)), cfg,
+                                graphs=graphs)
+
+
+def emb(tokens: list[list[int]], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    width = width or max(map(len, tokens))
+    out = np.zeros((len(tokens), width, 64), np.float16)
+    for i, t in enumerate(tokens):
+        out[i, :len(t)] = E[t]
+    return out, np.array([len(t) for t in tokens], np.int64)
+
+
+class Truth:
+    """The numpy model's logits after every token of a sequence (causal: one pass gives them all)."""
+
+    def __init__(self, cfg: trtio.LLMEngineConfig) -> None:
+        self.cfg, self.w = cfg, weights(cfg)
+        self.rope = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta)
+
+    def logits(self, tokens: list[int]) -> np.ndarray:
+        return reference_forward(self.w, self.cfg, E[tokens].astype(np.float16), rope=self.rope)[1]
+
+
+def assert_logits(got: np.ndarray, truth: np.ndarray, what: str) -> None:
+    np.testing.assert_allclose(got, truth, atol=2e-3, rtol=2e-3, err_msg=what)
+
+
+# -- a changing batch ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_changing_batch_gives_each_sequence_its_solo_logits(device: str, graphs: bool) -> None:
+    """Sequences admitted at different steps into chosen slots, one released early and its slot reused, each
+    give the logits of their own tokens alone; the pool (12 pages) is smaller than 4 slots x 8 pages."""
+    cfg = small_pool_cfg()
+    truth = Truth(cfg)
+    rng = np.random.default_rng(0)
+    prompts = [list(map(int, rng.integers(0, 512, n))) for n in (20, 7, 33, 5)]
+    tokens: dict[int, list[int]] = {}  # request -> its tokens so far
+    seen: dict[int, list[tuple[int, np.ndarray]]] = {}  # request -> (position, logits) produced
+    where: dict[int, int] = {}  # slot -> request
+    with llm(cfg, device, graphs=graphs) as setup:
+        assert setup.kv_pages.total == 12 < cfg.max_supported_batch_size * cfg.pages_per_sequence
+
+        def admit(req: int, slot: int) -> None:
+            x, lens = emb([prompts[req]])
+            logits = setup.prefill(x, lens, slots=[slot]).to_numpy()
+            tokens[req] = list(prompts[req])
+            seen[req] = [(len(prompts[req]) - 1, logits[0])]
+            where[slot] = req
+
+        admit(0, 2)
+        for step in range(24):
+            if step == 3:
+                admit(1, 0)
+            if step == 5:
+                admit(2, 1)
+            if step == 12:
+                setup.release([0])
+                del where[0]
+                admit(3, 0)  # the freed slot, reused
+            active = setup.active.tolist()
+            assert active == sorted(where)
+            nxt = [int(seen[where[s]][-1][1].argmax()) for s in active]
+            logits = setup.decode(E[nxt][:, None].astype(np.float16)).to_numpy()
+            for i, s in enumerate(active):
+                req = where[s]
+                tokens[req].append(nxt[i])
+                seen[req].append((len(tokens[req]) - 1, logits[i]))
+            assert setup.lengths.tolist() == [len(tokens[where[s]]) for s in active]
+        if graphs:
+            assert setup.graph_stats.hits > 0, "the decode graphs replayed across admissions and releases"
+        pages_in_use = setup.kv_pages.used
+        want = sum(-(-len(tokens[where[s]]) // PAGE) for s in where)
+        assert pages_in_use == want, "each active sequence holds the pages of its tokens, no more"
+    for req in range(4):
+        ref = truth.logits(tokens[req])
+        for pos, logits in seen[req]:
+            assert_logits(logits, ref[pos], f"request {req} at position {pos}")
+
+
+def test_decode_runs_a_subset_of_the_active_slots_in_the_order_given(device: str) -> None:
+    cfg = small_pool_cfg()
+    truth = Truth(cfg)
+    with llm(cfg, device) as setup:
+        prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+        x, lens = emb(prompts)
+        first = setup.prefill(x, lens, slots=[3, 1, 0]).to_numpy()
+        toks = {3: prompts[0] + [1], 1: prompts[1] + [2], 0: prompts[2] + [3]}
+        logits = setup.decode(E[[2, 1]][:, None].astype(np.float16), slots=[1, 3]).to_numpy()
+        assert setup.active.tolist() == [0, 1, 3]
+        assert setup.lengths.tolist() == [4, 3, 4], "slot 0 did not step"
+    for i, (slot, p) in enumerate(zip([3, 1, 0], prompts)):
+        assert_logits(first[i], truth.logits(p)[-1], f"prefill row {i} (slot {slot})")
+    assert_logits(logits[0], truth.logits(toks[1])[-1], "decode row 0 = slot 1")
+    assert_logits(logits[1], truth.logits(toks[3])[-1], "decode row 1 = slot 3")
+
+
+def test_prefill_without_slots_restarts_the_batch_and_releases_every_other_slot() -> None:
+    cfg = small_pool_cfg()
+    with llm(cfg) as setup:
+        x, lens = emb([[1, 2, 3]])
+        setup.prefill(x, lens, slots=[2])
+        assert setup.active.tolist() == [2] and setup.kv_pages.free == 11
+        x, lens = emb([[4] * 20, [5, 6]])
+        setup.prefill(x, lens)
+        assert setup.active.tolist() == [0, 1] and setup.lengths.tolist() == [20, 2]
+        assert setup.kv_pages.free == 12 - 2 - 1, "slot 2's page went back; 20 tokens take 2 pages, 2 take 1"
+
+
+# -- pages on demand -----------------------------------------------------------------------------------
+
+
+def test_a_sequence_takes_one_page_when_it_crosses_a_page_boundary() -> None:
+    cfg = small_pool_cfg()
+    with llm(cfg) as setup:
+        x, lens = emb([[7] * (PAGE - 1)])
+        setup.prefill(x, lens, slots=[1])
+        assert setup.kv_pages.free == 11
+        setup.decode(E[[3]][:, None].astype(np.float16))  # token 15: still the first page
+        assert setup.kv_pages.free == 11
+        setup.decode(E[[3]][:, None].astype(np.float16))  # token 16: the second page
+        assert setup.kv_pages.free == 10
+        table = setup._seqs.tables["llm"]
+        assert (table.rows[1, :2] >= 0).all() and (table.rows[1, 2:] == -1).all()
+        setup.release([1])
+        assert setup.kv_pages.free == 12 and (table.rows[1] == -1).all()
+
+
+def test_a_short_pool_refuses_the_step_with_nothing_changed_and_succeeds_after_a_release(device: str) -> None:
+    """A decode whose sequences need more pages than are free raises CapacityError naming the slot, the pages
+    and the pool's free / total before anything is enqueued; nothing moved, so after a release the same call
+    succeeds, with the logits of the sequence alone."""
+    cfg = small_pool_cfg(pool=3)
+    truth = Truth(cfg)
+    a, b = [11] * PAGE, [12] * (PAGE - 1) + [13] * PAGE  # one full page; two pages, the second full
+    with llm(cfg, device) as setup:
+        x, lens = emb([a, b])
+        setup.prefill(x, lens, slots=[0, 2])
+        assert setup.kv_pages.free == 0
+        before = (setup.active.tolist(), setup.lengths.tolist(), setup._seqs.tables["llm"].rows.copy(),
+                  setup.io.step.uploads)
+        ops = setup.io.backend.op_count if device == "host" else None
+        nxt = E[[1, 2]][:, None].astype(np.float16)
+        with pytest.raises(CapacityError, match=r"slot 0 needs 1 more KV page\(s\) for tokens 16\.\.16, but the "
+                                                r"pool has 0 free of 3"):
+            setup.decode(nxt)
+        after = (setup.active.tolist(), setup.lengths.tolist(), setup._seqs.tables["llm"].rows.copy(),
+                 setup.io.step.uploads)
+        assert before[:2] == after[:2] and np.array_equal(before[2], after[2]) and before[3] == after[3]
+        if ops is not None:
+            assert setup.io.backend.op_count == ops, "nothing was enqueued"
+        setup.release([2])
+        assert setup.kv_pages.free == 2
+        logits = setup.decode(nxt[:1]).to_numpy()
+    assert_logits(logits[0], truth.logits(a + [1])[-1], "the retried step, after the release")
+
+
+def test_a_prefill_beyond_the_pool_is_refused_and_changes_nothing() -> None:
+    cfg = small_pool_cfg(pool=4)
+    with llm(cfg) as setup:
+        x, lens = emb([[1] * 40])
+        setup.prefill(x, lens, slots=[1])  # 3 pages
+        x, lens = emb([[2] * 20])
+        with pytest.raises(CapacityError, match=r"slot 0 needs 2 more KV page\(s\) for tokens 0\.\.19, but the pool "
+                                                r"has 1 free of 4"):
+            setup.prefill(x, lens, slots=[0])
+        assert setup.active.tolist() == [1] and setup.kv_pages.free == 1 and setup.lengths.tolist() == [40]
+        with pytest.raises(CapacityError, match=r"slot 1 needs 3 more KV page\(s\) for tokens 0\.\.39 \(6 with the "
+                                                r"slots before it in this step\), but the pool has 4 free of 4"):
+            setup.prefill(*emb([[3] * 40, [3] * 40]))  # a restart counts the pages it frees
+        assert setup.active.tolist() == [1] and setup.kv_pages.free == 1, "the restart was undone"
+
+
+# -- pinned prefixes -------------------------------------------------------------------------------------
+
+
+def test_sequences_from_one_prefix_share_its_full_pages_and_give_their_solo_logits(device: str) -> None:
+    cfg = small_pool_cfg()
+    truth = Truth(cfg)
+    rng = np.random.default_rng(4)
+    system = list(map(int, rng.integers(0, 512, 2 * PAGE + 5)))  # two full pages and a partly filled one
+    own = [list(map(int, rng.integers(0, 512, n))) for n in (6, 9)]
+    with llm(cfg, device) as setup:
+        x, lens = emb([system])
+        setup.prefill(x, lens, slots=[3])
+        prefix = setup.pin_prefix(3, len(system))
+        assert prefix.tokens == len(system) and prefix.pages("llm") == setup._seqs.tables["llm"].pages_of(3)
+        setup.release([3])
+        assert setup.kv_pages.free == 12 - 3, "the prefix keeps its three pages"
+        x, lens = emb(own)
+        first = setup.prefill(x, lens, slots=[0, 2], prefix=prefix).to_numpy()
+        table = setup._seqs.tables["llm"]
+        full = prefix.pages("llm")[:2]
+        assert table.rows[0, :2].tolist() == table.rows[2, :2].tolist() == full, "full pages shared"
+        partial = prefix.pages("llm")[2]
+        assert partial not in (table.rows[0, 2], table.rows[2, 2]), "the partly filled page is copied for each"
+        assert setup.kv_pages.free == 12 - 3 - 2
+        toks = [system + o for o in own]
+        seen = [[(len(t) - 1, first[i])] for i, t in enumerate(toks)]
+        for _ in range(12):
+            nxt = [int(s[-1][1].argmax()) for s in seen]
+            logits = setup.decode(E[nxt][:, None].astype(np.float16)).to_numpy()
+            for i in range(2):
+                toks[i].append(nxt[i])
+                seen[i].append((len(toks[i]) - 1, logits[i]))
+        setup.release([0, 2])
+        assert setup.kv_pages.free == 12 - 3
+        prefix.release()
+        prefix.release()  # idempotent
+        assert setup.kv_pages.free == 12
+    for i in range(2):
+        ref = truth.logits(toks[i])
+        for pos, logits in seen[i]:
+            assert_logits(logits, ref[pos], f"sequence {i} at position {pos}")
+
+
+def test_writing_into_the_shared_partial_page_would_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: without the copy, both sequences write their tokens into the prefix's partly filled
+    page; each then reads the other's entries, and the logits leave the solo run."""
+    cfg = small_pool_cfg()
+    truth = Truth(cfg)
+    system = [int(t) for t in np.random.default_rng(5).integers(0, 512, PAGE + 3)]
+    own = [[41, 42, 43, 44], [51, 52]]
+
+    def run(*, copy: bool) -> np.ndarray:
+        with llm(cfg) as setup:
+            x, lens = emb([system])
+            setup.prefill(x, lens, slots=[0])
+            prefix = setup.pin_prefix(0, len(system))
+            setup.release([0])
+            if not copy:  # every page looks unshared: nothing is copied before a write
+                monkeypatch.setattr(PagePool, "refs", lambda self, page: 1)
+            x, lens = emb(own)
+            return setup.prefill(x, lens, slots=[1, 2], prefix=prefix).to_numpy()
+
+    good, bad = run(copy=True), run(copy=False)
+    assert_logits(good[0], truth.logits(system + own[0])[-1], "with the copy")
+    with pytest.raises(AssertionError):
+        assert_logits(bad[0], truth.logits(system + own[0])[-1], "without the copy")
+
+
+def test_the_sequence_that_pinned_a_prefix_copies_its_shared_page_before_writing_there() -> None:
+    cfg = small_pool_cfg()
+    truth = Truth(cfg)
+    prompt = [int(t) for t in np.random.default_rng(6).integers(0, 512, PAGE + 2)]
+    with llm(cfg) as setup:
+        x, lens = emb([prompt])
+        setup.prefill(x, lens, slots=[0])
+        prefix = setup.pin_prefix(0, len(prompt))
+        shared = setup._seqs.tables["llm"].rows[0, 1]
+        logits = setup.decode(E[[9]][:, None].astype(np.float16)).to_numpy()
+        assert setup._seqs.tables["llm"].rows[0, 1] != shared, "the writer took a copy"
+        x, lens = emb([[77, 78]])
+        other = setup.prefill(x, lens, slots=[1], prefix=prefix).to_numpy()
+    assert_logits(logits[0], truth.logits(prompt + [9])[-1], "the pinning sequence")
+    assert_logits(other[0], truth.logits(prompt + [77, 78])[-1], "a sequence from its prefix")
+
+
+# -- misuse: refused before any work, naming the slot -------------------------------------------------------
+
+
+MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], Any]]] = {
+    "prefill into an active slot": (TrtioError, r"prefill: slot 1 is active; release it first, or pass past_lengths",
+                                    lambda s, p: s.prefill(*emb([[1, 2]]), slots=[1])),
+    "slot out of range": (ShapeError, r"prefill: slot 4 is out of range 0\.\.3",
+                          lambda s, p: s.prefill(*emb([[1, 2]]), slots=[4])),
+    "slot given twice": (ShapeError, r"prefill: slot 0 is given twice",
+                         lambda s, p: s.prefill(*emb([[1, 2], [3]]), slots=[0, 0])),
+    "rows differ from the slots": (ShapeError, r"inputs_embeds: 2 rows for the 1 slots \[0\]",
+                                   lambda s, p: s.prefill(*emb([[1, 2], [3]]), slots=[0])),
+    "decode of a free slot": (TrtioError, r"decode: slot 2 is free",
+                              lambda s, p: s.decode(E[[1, 2]][:, None].astype(np.float16), slots=[1, 2])),
+    "decode rows differ from the slots": (ShapeError, r"inputs_embeds: 1 rows for the 2 slots \[1, 3\]",
+                                          lambda s, p: s.decode(E[[1]][:, None].astype(np.float16), slots=[1, 3])),
+    "release of a free slot": (TrtioError, r"release: slot 0 is free", lambda s, p: s.release([0])),
+    "a prefix longer than its sequence": (ShapeError, r"pin_prefix: tokens = 9, but slot 1's sequence holds 5 "
+                                                      r"tokens", lambda s, p: s.pin_prefix(1, 9)),
+    "pinning a free slot": (TrtioError, r"pin_prefix: slot 2 is free", lambda s, p: s.pin_prefix(2, 1)),
+    "a prefix of another setup": (TrtioError, r"prefill: prefix\[0\]: this prefix was pinned by another setup",
+                                  lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=p["other"])),
+    "a released prefix": (TrtioError, r"prefill: prefix\[0\]: this prefix was released",
+                          lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=p["released"])),
+    "prefix and past_lengths": (ShapeError, r"prefix= starts new sequences after a pinned prefix, past_lengths=",
+                                lambda s, p: s.prefill(*emb([[1]]), slots=[1], prefix=p["mine"], past_lengths=[2])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_every_misuse_is_refused_before_any_work(host: trtio.Backend, case: str) -> None:
+    error, match, call = MISUSE[case]
+    cfg = small_pool_cfg()
+    with llm(cfg) as setup, llm(cfg) as other:
+        x, lens = emb([[1, 2, 3, 4, 5], [6, 7, 8]])
+        setup.prefill(x, lens, slots=[1, 3])
+        other.prefill(*emb([[1, 2]]), slots=[0])
+        released = setup.pin_prefix(1, 2)
+        released.release()
+        prefixes = {"mine": setup.pin_prefix(1, 3), "other": other.pin_prefix(0, 1), "released": released}
+        state = (setup.active.tolist(), setup.lengths.tolist(), setup.kv_pages, setup.io.step.uploads)
+        ops = setup.io.backend.op_count
+        with pytest.raises(error, match=match):
+            call(setup, prefixes)
+        assert (setup.active.tolist(), setup.lengths.tolist(), setup.kv_pages, setup.io.step.uploads) == state
+        assert setup.io.backend.op_count == ops, "nothing was enqueued"
+
+
+def test_the_batch_contract_refuses_slots_and_prefixes_naming_the_ragged_contract() -> None:
+    from _configs import llm_config
+
+    cfg = llm_config()
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg) as setup:
+        x, lens = emb([[1, 2]])
+        setup.prefill(x, lens)
+        for call in (lambda: setup.prefill(x, lens, slots=[0]),
+                     lambda: setup.decode(E[[1]][:, None].astype(np.float16), slots=[0]),
+                     lambda: setup.release([0]), lambda: setup.pin_prefix(0, 1), lambda: setup.kv_pages):
+            with pytest.raises(TrtioError, match="ragged contract"):
+                call()
+        assert setup.active.tolist() == [0] and setup.lengths.tolist() == [2]
+
+
+# -- the page pool and tables alone ----------------------------------------------------------------------
+
+
+def test_pages_are_counted_by_reference() -> None:
+    pool = PagePool(4)
+    table = PageTable(pool, 2, 3, 8)
+    plan = table.plan([0], [0], [17])  # tokens 0..16: three pages
+    assert plan.needed == 3 and pool.free == 4, "planning takes nothing"
+    plan.commit()
+    assert pool.free == 1 and table.pages_of(0) == table.rows[0].tolist()
+    pool.hold(table.pages_of(0)[:2])  # a prefix holds two of them
+    assert pool.free == 1 and table.plan([1], [0], [8]).needed == 1
+    with pytest.raises(CapacityError, match=r"slot 1 needs 2 more KV page\(s\) for tokens 0\.\.8, but the pool has "
+                                            r"1 free of 4"):
+        table.plan([1], [0], [9])
+    pool.drop(table.release(0))
+    assert pool.free == 2, "the two pages the prefix holds stay taken"
+    undo = table.plan([1], [0], [9])
+    undo.commit()
+    assert pool.free == 0
+    undo.undo()
+    assert pool.free == 2 and (table.rows[1] == -1).all()
