@@ -91,6 +91,20 @@ class CudaArray:
             "data": (target.data_ptr, False), "strides": strides, "version": 3, "stream": stream, **extra}
 
 
+def assert_kept_alive(make: Any, consume: Any) -> None:
+    """What ``consume(producer)`` returns keeps ``make()``'s producer alive, and only that: the producer goes with
+    it."""
+    producer = make()
+    alive = weakref.ref(producer)
+    view = consume(producer)
+    del producer
+    gc.collect()
+    assert alive() is not None, "the view keeps its producer alive"
+    del view
+    gc.collect()
+    assert alive() is None, "the producer goes with the view"
+
+
 @pytest.fixture
 def fake() -> FakeCudaBackend:
     return FakeCudaBackend()
@@ -160,17 +174,13 @@ def test_a_legacy_producer_without_max_version_is_asked_again(host: Any) -> None
 @needs_torch
 def test_a_cpu_torch_tensor_is_read_in_place(host: Any) -> None:
     t = torch.arange(16, dtype=torch.float16).reshape(2, 1, 8)
-    alive = weakref.ref(t)
     got = as_input(t, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
     assert isinstance(got, np.ndarray)
     assert got.ctypes.data == t.data_ptr()
     np.testing.assert_array_equal(got, t.numpy())
-    del t
-    gc.collect()
-    assert alive() is not None
-    del got
-    gc.collect()
-    assert alive() is None
+    del t, got
+    assert_kept_alive(lambda: torch.zeros(2, 1, 8, dtype=torch.float16),
+                      lambda p: as_input(p, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None))
 
 
 @needs_torch
@@ -357,15 +367,8 @@ def test_no_event_when_the_interface_needs_no_order(fake: FakeCudaBackend, same:
 
 
 def test_a_cuda_array_interface_keeps_its_producer_alive(fake: FakeCudaBackend) -> None:
-    array = CudaArray(_device_tensor(fake, _embeds()))
-    alive = weakref.ref(array)
-    got = as_input(array, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
-    del array
-    gc.collect()
-    assert alive() is not None
-    del got
-    gc.collect()
-    assert alive() is None
+    assert_kept_alive(lambda: CudaArray(_device_tensor(fake, _embeds())),
+                      lambda p: as_input(p, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None))
 
 
 @pytest.mark.parametrize(("kwargs", "error", "needle"), [

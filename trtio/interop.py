@@ -102,11 +102,7 @@ def as_input(obj: Any, what: str, *, dtype: DTypeLike | None, ndim: int | tuple[
             array = _host_array(_consume(obj, what, None), what)
             _check_host(array, what, want, ranks)
             return array
-        _check_device(obj, what, device, be, device_ok)
-        view = _consume(obj, what, as_stream(stream, be).handle)
-        found = _dtype_of(view, what)
-        _check_view(what, found, view.shape, want, ranks, view.is_c_contiguous)
-        return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=what)
+        return _from_dlpack_device(obj, what, device, want, ranks, be, stream, device_ok, name=what)
     interface = _cuda_array_interface(obj)
     if interface is not None:
         return _from_cuda_array_interface(obj, interface, what, want, ranks, be, stream, device_ok, name=what)
@@ -138,11 +134,7 @@ def tensor_from_foreign(obj: Any, stream: StreamLike = None, *, name: str = "",
             return _wrap(view.data, view.shape, found, Location.PINNED if pinned else Location.HOST, view.owner,
                          what, be, name=name)
         be = get_backend("cuda" if backend is None else backend)
-        _check_device(obj, what, device, be, True)
-        view = _consume(obj, what, as_stream(stream, be).handle)
-        found = _dtype_of(view, what)
-        _check_view(what, found, view.shape, None, None, view.is_c_contiguous)
-        return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=name)
+        return _from_dlpack_device(obj, what, device, None, None, be, stream, True, name=name)
     interface = _cuda_array_interface(obj)
     if interface is None:
         raise InvalidTypeError(f"{what}: {type(obj).__name__} has neither __dlpack__ / __dlpack_device__ nor "
@@ -288,6 +280,18 @@ def _consume(obj: Any, what: str, stream: int | None) -> DLPackView:
         return consume_capsule(capsule, obj)
     except BufferError as exc:
         raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack__() returned {exc}") from None
+
+
+def _from_dlpack_device(obj: Any, what: str, device: tuple[int, int], want: DType | None,
+                        ranks: tuple[int, ...] | None, be: Backend, stream: StreamLike, device_ok: bool, *,
+                        name: str) -> Tensor:
+    """A DLPack array in device memory as a DEVICE Tensor: checked where it lives, then exported with trtio's
+    stream (the producer orders its pending work before it), then checked for dtype, rank and layout."""
+    _check_device(obj, what, device, be, device_ok)
+    view = _consume(obj, what, as_stream(stream, be).handle)
+    found = _dtype_of(view, what)
+    _check_view(what, found, view.shape, want, ranks, view.is_c_contiguous)
+    return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=name)
 
 
 def _dtype_of(view: DLPackView, what: str) -> DType:
