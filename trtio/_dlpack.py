@@ -1,4 +1,4 @@
-"""DLPack export in pure Python: ``DLManagedTensor`` structs and their capsules built with ctypes.
+"""DLPack in pure Python: ``DLManagedTensor`` structs and their capsules, made and consumed with ctypes.
 
 :func:`make_capsule` wraps memory that some Python object owns (a trtio tensor, a numpy array)
 in the PyCapsule a DLPack consumer takes: ``numpy.from_dlpack``, ``torch.from_dlpack``, CuPy,
@@ -21,6 +21,12 @@ memory) drops it while its error is being raised. A ctypes callback cannot leave
 place for the consumer to return, so the consumer then reports ``SystemError: ... returned NULL
 without setting an exception``. The export is still released, and the lost error is logged as
 a warning on this module's logger so the real reason is not gone.
+
+Import. :func:`consume_capsule` is the consumer side: it takes a capsule a producer's ``__dlpack__``
+returned, reads what it describes (:class:`DLPackView`) and takes it over as the DLPack standard says
+(renames it ``used_dltensor[_versioned]``). The producer's deleter then runs exactly once: when the
+view's ``owner`` (:class:`ImportedCapsule`) is released or garbage collected. It copies nothing and
+orders nothing either: the producer did that in ``__dlpack__(stream=...)``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +59,10 @@ __all__ = [
     "make_capsule",
     "parse_max_version",
     "live_exports",
+    "DLPackView",
+    "ImportedCapsule",
+    "consume_capsule",
+    "contiguous_strides",
 ]
 
 _log = logging.getLogger(__name__)
@@ -232,7 +243,8 @@ def parse_max_version(max_version: object) -> bool:
     return major >= 1
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides, in elements, of a C-contiguous array of ``shape``."""
     # A zero-length dimension does not zero the strides of the dimensions before it (torch's rule;
     # numpy 2 writes all-zero strides for an empty array, which consumers accept as well).
     strides = []
@@ -282,7 +294,7 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
             "which cannot mark it read-only; the consumer must ask for max_version >= (1, 0)")
     dims = _as_ints("shape", shape, minimum=0)
     if strides is None:
-        steps = _contiguous_strides(dims)
+        steps = contiguous_strides(dims)
     else:
         steps = _as_ints("strides", strides, minimum=None)
         if len(steps) != len(dims):
@@ -327,3 +339,115 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
     except BaseException:
         _release(key)
         raise
+
+
+# -- import ---------------------------------------------------------------------------------------
+# Prototypes on capsule objects (the ones above take bare addresses, for the destructor).
+_PyCapsule_IsValidObject = _capi("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_GetPointerObject = _capi("PyCapsule_GetPointer", ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)
+_PyCapsule_SetName = _capi("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_void_p)
+
+# A consumed capsule keeps pointing at its new name for as long as it lives: the names are never freed.
+_USED_NAMES = (ctypes.create_string_buffer(b"used_dltensor"),
+               ctypes.create_string_buffer(b"used_dltensor_versioned"))
+_Py_IncRef(_USED_NAMES)
+
+
+def _call_deleter(deleter: Any, managed_address: int) -> None:
+    deleter(managed_address)
+
+
+class ImportedCapsule:
+    """A consumed DLPack tensor, held for its consumer: the producer's deleter runs once, on
+    :meth:`release` or when this object is garbage collected. ``producer`` (the object whose
+    ``__dlpack__`` made the capsule) is referenced as long as this object lives."""
+
+    __slots__ = ("producer", "_finalizer", "__weakref__")
+
+    def __init__(self, managed_address: int, deleter: Any, producer: object) -> None:
+        self.producer = producer
+        self._finalizer = weakref.finalize(self, _call_deleter, deleter, managed_address) if deleter else None
+
+    @property
+    def released(self) -> bool:
+        return self._finalizer is None or not self._finalizer.alive
+
+    def release(self) -> None:
+        """Hand the tensor back to its producer now (idempotent)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def _forget(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+
+@dataclass(frozen=True)
+class DLPackView:
+    """What a consumed capsule describes. ``data`` is the first element's address (``byte_offset``
+    applied); ``strides`` count elements (None: C-contiguous). The memory stays valid while ``owner``
+    is referenced and not released."""
+
+    data: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    type_code: int
+    bits: int
+    lanes: int
+    device_type: int
+    device_id: int
+    read_only: bool
+    owner: ImportedCapsule
+
+    @property
+    def is_c_contiguous(self) -> bool:
+        """True when the elements lie in row-major order without gaps (strides of extent-1 dimensions,
+        which no index ever steps along, may be anything, as torch writes them)."""
+        if self.strides is None or 0 in self.shape:
+            return True
+        want = contiguous_strides(self.shape)
+        return all(dim == 1 or got == need for dim, got, need in zip(self.shape, self.strides, want))
+
+
+def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
+    """Take over the DLPack capsule ``capsule`` (``"dltensor"`` or ``"dltensor_versioned"``) and return
+    what it describes; ``producer`` is kept alive beside it.
+
+    Raises BufferError for anything else (an already consumed capsule, another kind of object) or a
+    versioned capsule of a major version above :data:`DLPACK_MAJOR_VERSION`; the capsule is then left as
+    it was, for its own destructor to free.
+    """
+    if _PyCapsule_IsValidObject(capsule, _VERSIONED_NAME):
+        versioned, name = True, _VERSIONED_NAME
+    elif _PyCapsule_IsValidObject(capsule, _LEGACY_NAME):
+        versioned, name = False, _LEGACY_NAME
+    else:
+        raise BufferError(f"{type(capsule).__name__} is not an unused DLPack capsule "
+                          "('dltensor' or 'dltensor_versioned')")
+    address = _PyCapsule_GetPointerObject(capsule, name)
+    managed: DLManagedTensor | DLManagedTensorVersioned
+    read_only = False
+    if versioned:
+        managed = DLManagedTensorVersioned.from_address(address)
+        if managed.version.major > DLPACK_MAJOR_VERSION:
+            raise BufferError(f"the capsule is DLPack {managed.version.major}.{managed.version.minor}; trtio reads "
+                              f"DLPack {DLPACK_MAJOR_VERSION}.x")
+        read_only = bool(managed.flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+    else:
+        managed = DLManagedTensor.from_address(address)
+    tensor = managed.dl_tensor
+    ndim = int(tensor.ndim)
+    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
+    strides = tuple(int(tensor.strides[i]) for i in range(ndim)) if tensor.strides else None
+    owner = ImportedCapsule(address, managed.deleter, producer)
+    try:
+        if _PyCapsule_SetName(capsule, ctypes.addressof(_USED_NAMES[1 if versioned else 0])) != 0:
+            raise BufferError("PyCapsule_SetName failed on a DLPack capsule")
+    except BaseException:
+        owner._forget()  # the capsule is still the producer's: its destructor frees it
+        raise
+    return DLPackView(
+        data=(tensor.data or 0) + int(tensor.byte_offset), shape=shape, strides=strides,
+        type_code=int(tensor.dtype.code), bits=int(tensor.dtype.bits), lanes=int(tensor.dtype.lanes),
+        device_type=int(tensor.device.device_type), device_id=int(tensor.device.device_id),
+        read_only=read_only, owner=owner)

@@ -1,4 +1,4 @@
-"""The ``trtio`` command: ``info``, ``demo``, ``inspect``, ``plan``, ``bench``.
+"""The ``trtio`` command: ``info``, ``demo``, ``generate``, ``inspect``, ``plan``, ``bench``.
 
 ``demo`` runs the toy engines of both engine contracts (``--contract batch|ragged|both``); ``inspect``
 and ``plan`` take trtio's own configs and plans and TensorRT Edge-LLM 0.11 engine directories
@@ -119,6 +119,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                               for name, v in rows.items()} for c, rows in results.items()}, indent=2))
     else:
         print(format_results(results, args.backend))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    run_generate(GenerateOptions(path=args.engine_dir, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
+                                 speculative=args.speculative, draft_top_k=args.draft_top_k,
+                                 draft_step=args.draft_step, backend=args.backend))
     return 0
 
 
@@ -258,6 +267,29 @@ def build_parser() -> argparse.ArgumentParser:
                            "builder_config.max_verify_tree_size)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
+
+    gen = sub.add_parser(
+        "generate", parents=[_common()],
+        help="generate text from an engine directory with its tokenizer and embedding table",
+        description="Tokenize PROMPT with the directory's tokenizer.json (Hugging Face tokenizers: pip install "
+                    "'trtio[generate]'), embed it with its embedding.safetensors on the device, and generate greedily "
+                    "(or, for a speculative pair with --speculative, with draft chains verified by the base), "
+                    "streaming the text to stdout; tokens/s (and the acceptance rate) go to stderr at the end. Takes "
+                    "an Edge-LLM engine directory or one of trtio's toy folders; without engine files (the toys) it "
+                    "runs ReferenceEngines with the toy model's weights and says so.")
+    gen.add_argument("engine_dir", type=Path, metavar="ENGINE_DIR", help="the engine directory")
+    gen.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
+                     help="stop after N tokens (default 32), or earlier at an end-of-sequence token or a full KV cache")
+    gen.add_argument("--speculative", action="store_true",
+                     help="speculative decoding (a directory with base and draft engines)")
+    gen.add_argument("--draft-top-k", type=_positive_int, default=None, metavar="N",
+                     help="--speculative: draft chains per round, from the draft's N best first tokens (default 1)")
+    gen.add_argument("--draft-step", type=_positive_int, default=None, metavar="N",
+                     help="--speculative: tokens per chain (default: the longest the engines' tree caps allow)")
+    gen.add_argument("--backend", default="auto", choices=["auto", "host", "cuda"],
+                     help="memory backend of ReferenceEngines (directories without engine files); default auto")
+    gen.set_defaults(func=_cmd_generate)
 
     bench = sub.add_parser(
         "bench", parents=[_common()],

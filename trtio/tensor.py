@@ -227,6 +227,23 @@ class Tensor(Closeable):
             raise
         return t
 
+    @classmethod
+    def from_dlpack(cls, obj: Any, stream: StreamLike = None, *, name: str = "",
+                    backend: Backend | str | None = None) -> Tensor:
+        """Wrap the memory of ``obj`` (a torch, CuPy, JAX or numpy array: anything with ``__dlpack__``, or
+        ``__cuda_array_interface__``) as a non-owning tensor, without a copy; the tensor keeps ``obj``'s
+        memory alive.
+
+        CUDA memory becomes a DEVICE tensor of ``backend`` (None: the cuda backend), which must be the
+        array's device, and the producer's pending work is ordered before ``stream`` (None: the calling
+        thread's trtio default stream) without synchronising the host. Host memory becomes a HOST tensor
+        (PINNED for 256-byte aligned pinned memory). The array must be C-contiguous with a dtype trtio
+        knows, and device addresses 256-byte aligned. See :mod:`trtio.interop`.
+        """
+        from trtio.interop import tensor_from_foreign
+
+        return tensor_from_foreign(obj, stream, name=name, backend=backend)
+
     # -- state ----------------------------------------------------------------------------
     def _live(self) -> None:
         if self._closed:

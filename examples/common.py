@@ -1,0 +1,213 @@
+"""What the examples share: opening an engine directory, prompts, and the array library that samples.
+
+An example runs on the toy engines of this repository by default (``engines/toy-llm-ragged``,
+``engines/toy-eagle3-ragged``: configs without engine files, so the engines are ReferenceEngines computing
+the toy model) or on an Edge-LLM engine directory given as an argument (with ``llm.engine``, or
+``spec_base.engine`` + ``spec_draft.engine``: TensorRT engines, Edge-LLM's plugin in EDGELLM_PLUGIN_PATH).
+
+Sampling runs where the logits are. On a GPU: torch, else CuPy, each on trtio's stream, reading the
+logits in place (DLPack) and handing trtio device tensors (``trtio.Tensor.from_dlpack``); nothing is
+copied to the host until the tokens are printed. Without a GPU: numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import trtio
+from trtio.testing import ReferenceEngine, ToyWeights
+
+ENGINES = Path(__file__).resolve().parents[1] / "engines"
+PROMPTS = ("Once upon a time", "The quick brown fox jumps over the lazy dog.")
+
+
+def parser(description: str, default_dir: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("engine_dir", nargs="?", type=Path, default=ENGINES / default_dir,
+                   help=f"an Edge-LLM engine directory (default: engines/{default_dir})")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--backend", default="auto", choices=["auto", "host", "cuda"])
+    p.add_argument("--array", default="auto", choices=["auto", "torch", "cupy", "numpy"],
+                   help="the library that samples (default: torch, else CuPy, on a GPU; numpy without one; torch "
+                        "runs on the CPU with the host backend)")
+    return p
+
+
+def open_directory(path: Path, backend: str, **tree: int) -> tuple[Any, np.ndarray, np.ndarray | None]:
+    """(setup, float16 embedding table, draft-to-target map or None) of an engine directory. ``tree`` is a pair's
+    draft_top_k, draft_step and verify_size."""
+    d = trtio.EngineDir.open(path)
+    table = np.array(d.embedding_table())  # a copy: the file's memory map is read-only
+    d2t = d.draft_to_target() if d.kind == "spec_decode" else None
+    be = None if backend == "auto" else backend
+    if d.has_engines:
+        return trtio.create_from_engine_dir(path, graphs=True, backend=be, **tree), table, d2t
+    # Configs only (the toys): ReferenceEngines with the toy model's seeded weights.
+    if d.kind == "llm":
+        engine = ReferenceEngine.from_config(d.config, weights=ToyWeights.generate(d.config), device=backend)
+        return trtio.create_for_llm(engine, d.config, graphs=True), table, d2t
+    weights = ToyWeights.generate(d.base_config)
+    base = ReferenceEngine.from_config(d.base_config, weights=weights, device=backend)
+    draft = ReferenceEngine.from_config(d.draft_config, device=backend,
+                                        weights=ToyWeights.generate_draft(d.draft_config, weights))
+    bundle = d.deployment(tree["draft_top_k"], tree["draft_step"], tree["verify_size"])
+    return trtio.create_for_spec_decode(base, draft, bundle, graphs=True), table, d2t
+
+
+def prompt_ids(path: Path) -> list[list[int]]:
+    """The prompts as token ids: with the directory's tokenizer.json where Hugging Face tokenizers is installed,
+    else fixed ids."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    return [tokenizer.encode(p).ids for p in PROMPTS]
+
+
+def padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows right-padded with 0 into one [batch, longest] array, and their lengths."""
+    lengths = np.array([len(r) for r in rows])
+    out = np.zeros((len(rows), int(lengths.max())), np.int64)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out, lengths
+
+
+class Numpy:
+    """Sampling on the host: the logits are copied out, the embeddings staged in by trtio."""
+
+    name = "numpy"
+
+    def __init__(self, stream: trtio.Stream) -> None:
+        self.stream = stream
+
+    def array(self, host: np.ndarray) -> Any:
+        return host
+
+    def logits(self, t: trtio.Tensor) -> Any:
+        return t.to_numpy(self.stream)
+
+    def topk(self, x: Any, k: int) -> Any:
+        return np.argsort(-x, axis=-1, kind="stable")[..., :k]
+
+    def cat(self, parts: list[Any]) -> Any:
+        return np.concatenate(parts, axis=1)
+
+    def gather(self, x: Any, index: Any) -> Any:
+        """``out[b, i] = x[b, index[b, i]]``."""
+        return np.take_along_axis(x, index, axis=1)
+
+    def to_input(self, x: Any) -> Any:
+        return x
+
+    def host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)
+
+    def running(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class Torch(Numpy):
+    """Sampling with torch, on trtio's stream: logits read in place, inputs handed over in place. On the GPU
+    with the cuda backend; on the CPU with the host backend (the same code, as CI runs it)."""
+
+    name = "torch"
+
+    def __init__(self, stream: trtio.Stream) -> None:
+        import torch
+
+        super().__init__(stream)
+        self.torch = torch
+        self.device = "cuda" if stream.backend.name == "cuda" else "cpu"
+
+    def array(self, host: np.ndarray) -> Any:
+        return self.torch.as_tensor(host, device=self.device)
+
+    def logits(self, t: trtio.Tensor) -> Any:
+        return self.torch.from_dlpack(t)  # zero copy; ordered after trtio's write of it
+
+    def topk(self, x: Any, k: int) -> Any:
+        return x.topk(k, dim=-1).indices
+
+    def cat(self, parts: list[Any]) -> Any:
+        return self.torch.cat(parts, dim=1)
+
+    def gather(self, x: Any, index: Any) -> Any:
+        return self.torch.gather(x, 1, index)
+
+    def to_input(self, x: Any) -> Any:
+        return trtio.Tensor.from_dlpack(x.contiguous(), self.stream)
+
+    def host(self, x: Any) -> np.ndarray:
+        return np.asarray(x.cpu().numpy())
+
+    def running(self) -> Any:
+        if self.device == "cpu":
+            return super().running()
+        return self.torch.cuda.stream(self.torch.cuda.ExternalStream(self.stream.handle))
+
+
+class Cupy(Numpy):
+    """Sampling on the GPU with CuPy, on trtio's stream."""
+
+    name = "cupy"
+
+    def __init__(self, stream: trtio.Stream) -> None:
+        import cupy
+
+        super().__init__(stream)
+        self.cupy = cupy
+        self.cupy_stream = cupy.cuda.ExternalStream(stream.handle)
+
+    def array(self, host: np.ndarray) -> Any:
+        return self.cupy.asarray(host)
+
+    def logits(self, t: trtio.Tensor) -> Any:
+        return self.cupy.from_dlpack(t)
+
+    def topk(self, x: Any, k: int) -> Any:
+        return self.cupy.argsort(-x, axis=-1)[..., :k]
+
+    def cat(self, parts: list[Any]) -> Any:
+        return self.cupy.concatenate(parts, axis=1)
+
+    def gather(self, x: Any, index: Any) -> Any:
+        return self.cupy.take_along_axis(x, index, axis=1)
+
+    def to_input(self, x: Any) -> Any:
+        return trtio.Tensor.from_dlpack(self.cupy.ascontiguousarray(x), self.stream)
+
+    def host(self, x: Any) -> np.ndarray:
+        return np.asarray(self.cupy.asnumpy(x))
+
+    def running(self) -> Any:
+        return self.cupy_stream
+
+
+def array_library(choice: str, setup: Any) -> Numpy:
+    """The library that samples: ``choice``, or on the cuda backend torch (with CUDA), else CuPy, else numpy."""
+    stream = trtio.Stream.default(setup.io.backend)  # the setups here run on the thread's default stream
+    if choice == "auto":
+        choice = "numpy"
+        if setup.io.backend.name == "cuda":
+            try:
+                import torch
+
+                choice = "torch" if torch.cuda.is_available() else choice
+            except ImportError:
+                pass
+            if choice == "numpy":
+                try:
+                    import cupy  # noqa: F401
+
+                    choice = "cupy"
+                except ImportError:
+                    pass
+    return {"numpy": Numpy, "torch": Torch, "cupy": Cupy}[choice](stream)

@@ -1,0 +1,212 @@
+"""examples/: each runs as it is, on the toy engines, and produces the toy model's greedy tokens.
+
+The host tests run each example as a user would (a subprocess, the host backend), sampling with numpy and,
+where torch is installed, with torch on the CPU (the same code the GPU runs). The ``gpu`` tests run them on
+the cuda backend with torch and with CuPy, and check in-process that the device loops leave the host alone:
+no trtio host synchronisation at all, and torch's only ones are the reads the examples make on purpose (one at
+the end of greedy generation, one per speculative round).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trtio
+from trtio.testing.toy_engines import RaggedToyEngines, default_engines_dir
+from trtio.testing.toy_runtime import greedy_generate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+ENGINES = default_engines_dir()
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _common() -> Any:
+    """examples/common.py, imported as the examples import it."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return common
+
+
+def _example(name: str) -> Any:
+    _common()
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return module
+
+
+def greedy_tokens(count: int) -> list[list[int]]:
+    """The toy model's greedy tokens for the examples' prompts (numpy, in-process)."""
+    toys = RaggedToyEngines.load(ENGINES)
+    prompts = _common().prompt_ids(ENGINES / "toy-llm-ragged")
+    with trtio.create_for_llm(toys.reference_engine("toy-llm-ragged", device="host"), toys.llm_config) as setup:
+        return greedy_generate(setup, toys.embedding(), prompts, count)
+
+
+def run_example(name: str, *argv: str, cwd: Path) -> tuple[list[list[int]], str]:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *argv], capture_output=True, text=True,
+                          cwd=cwd, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    rows = [[int(t) for t in m.group(1).split(", ")]
+            for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$", proc.stdout, re.M)]
+    return rows, proc.stdout.strip().splitlines()[-1]
+
+
+ARRAYS = ["numpy", pytest.param("torch", marks=pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed"))]
+
+
+@pytest.mark.parametrize("array", ARRAYS)
+def test_generate_example_gives_the_greedy_tokens(array: str, tmp_path: Path) -> None:
+    rows, last = run_example("generate", "--max-new-tokens", "16", "--backend", "host", "--array", array,
+                             cwd=tmp_path)
+    assert rows == greedy_tokens(16)
+    assert re.fullmatch(rf"32 tokens in [\d.]+ s: [\d.]+ tokens/s \(host backend, sampling with {array}\)", last)
+
+
+@pytest.mark.parametrize("array", ARRAYS)
+@pytest.mark.parametrize("tree", [("--top-k", "2", "--depth", "3"), ("--top-k", "1", "--depth", "5")])
+def test_speculative_example_gives_the_greedy_tokens(array: str, tree: tuple[str, ...], tmp_path: Path) -> None:
+    rows, last = run_example("speculative", "--max-new-tokens", "16", "--backend", "host", "--array", array, *tree,
+                             cwd=tmp_path)
+    assert rows == greedy_tokens(16)
+    assert re.fullmatch(rf"32 tokens in [\d.]+ s: [\d.]+ tokens/s, [\d.]+ accepted tokens per verify "
+                        rf"\(host backend, sampling with {array}\)", last)
+
+
+def test_examples_take_an_engine_directory(tmp_path: Path) -> None:
+    for name in ("toy-llm-ragged", "toy-eagle3-ragged"):
+        shutil.copytree(ENGINES / name, tmp_path / name)
+    greedy = greedy_tokens(6)
+    rows, _ = run_example("generate", str(tmp_path / "toy-llm-ragged"), "--max-new-tokens", "6", "--backend", "host",
+                          cwd=tmp_path)
+    assert rows == greedy
+    rows, _ = run_example("speculative", str(tmp_path / "toy-eagle3-ragged"), "--max-new-tokens", "6", "--backend",
+                          "host", cwd=tmp_path)
+    assert rows == greedy
+
+
+@pytest.mark.parametrize("array", ARRAYS)
+def test_the_speculative_rounds_accept_draft_tokens(array: str) -> None:
+    """The toy draft is right some of the time: rounds accept tokens, and fewer rounds than tokens are needed."""
+    example, common = _example("speculative"), _common()
+    tree = example.Tree(2, 3)
+    setup, table, d2t = common.open_directory(ENGINES / "toy-eagle3-ragged", "host", draft_top_k=2, draft_step=3,
+                                              verify_size=7)
+    with setup:
+        tokens, stats = example.speculative(setup, table, d2t, common.prompt_ids(ENGINES / "toy-eagle3-ragged"), 40,
+                                            common.array_library(array, setup), tree)
+    assert tokens == greedy_tokens(40)
+    assert stats["accepted_per_verify"] > 0
+    assert stats["rounds"] < 39
+
+
+def test_the_fixed_tree_and_its_paths() -> None:
+    tree = _example("speculative").Tree(2, 3)
+    assert tree.parents.tolist() == [-1, 0, 0, 1, 2, 3, 4]
+    assert tree.depth_of.tolist() == [0, 1, 1, 2, 2, 3, 3]
+    assert tree.paths[6] == [0, 2, 4, 6] and tree.paths[0] == [0]
+    assert tree.emit_columns[6].tolist() == [2, 4, 6, 7] and tree.emit_columns[0].tolist() == [7, 7, 7, 7]
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+
+
+def _gpu_arrays() -> list[Any]:
+    return ["torch", "cupy"]
+
+
+def _require(array: str) -> None:
+    if array == "torch":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("torch has no CUDA here")
+    else:
+        pytest.importorskip("cupy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("example", ["generate", "speculative"])
+@pytest.mark.parametrize("array", _gpu_arrays())
+def test_examples_on_the_gpu_give_the_greedy_tokens(example: str, array: str, tmp_path: Path) -> None:
+    _require(array)
+    pytest.importorskip("cupy")  # the toy ReferenceEngines compute with CuPy on a GPU
+    rows, last = run_example(example, "--max-new-tokens", "16", "--backend", "cuda", "--array", array, cwd=tmp_path)
+    assert rows == greedy_tokens(16)
+    assert last.endswith(f"(cuda backend, sampling with {array})")
+
+
+def _sync_warnings(torch: Any, run: Any) -> int:
+    """How many synchronising CUDA operations torch performs in ``run()``."""
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("array", _gpu_arrays())
+def test_device_loops_make_no_host_synchronisation_per_step(array: str) -> None:
+    """The greedy loop's syncs do not grow with its length (none per step; torch reads once at the end); the
+    speculative loop's grow by one per round (the accepted chains, read for accept); trtio makes none."""
+    _require(array)
+    pytest.importorskip("cupy")
+    common, greedy_example, spec_example = _common(), _example("generate"), _example("speculative")
+    torch = pytest.importorskip("torch") if array == "torch" else None
+    be = trtio.get_backend("cuda")
+    prompts = common.prompt_ids(ENGINES / "toy-llm-ragged")
+
+    setup, table, _ = common.open_directory(ENGINES / "toy-llm-ragged", "cuda")
+    with setup:
+        lib = common.array_library(array, setup)
+        greedy_example.generate(setup, table, prompts, 4, lib)  # capture the graphs first
+        syncs, counts = be.sync_count, []
+        for n in (8, 24):
+            if torch is not None:
+                counts.append(_sync_warnings(torch, lambda n=n: greedy_example.generate(setup, table, prompts, n, lib)))
+            else:
+                greedy_example.generate(setup, table, prompts, n, lib)
+        assert be.sync_count == syncs, "trtio synchronised the host in the greedy device loop"
+        if torch is not None:
+            assert counts[0] == counts[1], f"torch synchronised per step: {counts}"
+
+    tree = spec_example.Tree(2, 3)
+    setup, table, d2t = common.open_directory(ENGINES / "toy-eagle3-ragged", "cuda", draft_top_k=2, draft_step=3,
+                                              verify_size=7)
+    with setup:
+        lib = common.array_library(array, setup)
+        spec_example.speculative(setup, table, d2t, prompts, 8, lib, tree)
+        syncs, counts, rounds = be.sync_count, [], []
+        for n in (8, 24):
+            def run(n: int = n) -> None:
+                rounds.append(spec_example.speculative(setup, table, d2t, prompts, n, lib, tree)[1]["rounds"])
+
+            if torch is not None:
+                counts.append(_sync_warnings(torch, run))
+            else:
+                run()
+        assert be.sync_count == syncs, "trtio synchronised the host in the speculative device loop"
+        if torch is not None:
+            assert counts[1] - counts[0] == rounds[1] - rounds[0], (counts, rounds)

@@ -1,0 +1,553 @@
+"""trtio.interop and Tensor.from_dlpack: foreign arrays in, read in place, ordered, kept alive, refused clearly.
+
+Host memory is tested with numpy and torch (CPU); CUDA memory, without a GPU, through a host backend that
+calls itself ``cuda`` (:class:`FakeCudaBackend`): its "device" memory is host memory it allocated, so every
+path of the adapter (zero copy, the stream handshakes, the refusals) runs here, on what a producer of CUDA
+memory hands over. The ``gpu`` tests repeat the essentials with torch and CuPy on a real device.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import InvalidTypeError, InvalidValueError, Location, ShapeError, Stream, Tensor
+from trtio._dlpack import kDLCPU, kDLCUDA, kDLFloat, live_exports, make_capsule, parse_max_version
+from trtio.cuda.host import HostBackend
+from trtio.interop import as_input
+
+try:
+    import torch
+except ImportError:  # CI installs the CPU build (.ci/requirements.txt); elsewhere these tests skip
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+class FakeCudaBackend(HostBackend):
+    """The host backend under the cuda backend's name: DLPack exports of its DEVICE tensors say kDLCUDA, so
+    they stand in for CUDA arrays of another library. Records the events recorded and waited for."""
+
+    name = "cuda"
+
+    def __init__(self, device_id: int = 0) -> None:
+        super().__init__()
+        self.device_id = device_id
+        self.orders: list[tuple[str, int]] = []
+
+    def record_event(self, event: int, stream: int) -> None:
+        super().record_event(event, stream)
+        self.orders.append(("record", stream))
+
+    def wait_event(self, stream: int, event: int) -> None:
+        super().wait_event(stream, event)
+        self.orders.append(("wait", stream))
+
+
+class Producer:
+    """A foreign array behind ``__dlpack__``: the memory of ``target`` (a trtio Tensor or a numpy array)
+    described as the test says (device, dtype code and bits, shape, strides, address offset).
+    ``asked`` records the keyword arguments of every ``__dlpack__`` call."""
+
+    def __init__(self, target: Any, *, device: tuple[int, int], shape: tuple[int, ...], code: int = kDLFloat,
+                 bits: int = 16, strides: tuple[int, ...] | None = None, offset: int = 0) -> None:
+        self.target = target
+        self.device = device
+        self.shape = shape
+        self.code, self.bits = code, bits
+        self.strides = strides
+        self.offset = offset
+        self.asked: list[dict[str, Any]] = []
+
+    def _address(self) -> int:
+        if isinstance(self.target, Tensor):
+            return self.target.data_ptr
+        return int(self.target.ctypes.data)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.device
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, **kwargs: Any) -> object:
+        self.asked.append({"stream": stream, "max_version": max_version, **kwargs})
+        return make_capsule(self._address(), self.shape, type_code=self.code, bits=self.bits,
+                            device_type=self.device[0], device_id=self.device[1], owner=self.target,
+                            strides=self.strides, byte_offset=self.offset,
+                            versioned=parse_max_version(max_version))
+
+
+class CudaArray:
+    """A foreign CUDA array behind ``__cuda_array_interface__`` (v3) over a trtio DEVICE tensor's memory."""
+
+    def __init__(self, target: Tensor, *, typestr: str = "<f2", shape: tuple[int, ...] | None = None,
+                 strides: tuple[int, ...] | None = None, stream: Any = None, **extra: Any) -> None:
+        self.target = target
+        self.__cuda_array_interface__ = {
+            "shape": tuple(target.shape) if shape is None else shape, "typestr": typestr,
+            "data": (target.data_ptr, False), "strides": strides, "version": 3, "stream": stream, **extra}
+
+
+def assert_kept_alive(make: Any, consume: Any) -> None:
+    """What ``consume(producer)`` returns keeps ``make()``'s producer alive, and only that: the producer goes with
+    it."""
+    producer = make()
+    alive = weakref.ref(producer)
+    view = consume(producer)
+    del producer
+    gc.collect()
+    assert alive() is not None, "the view keeps its producer alive"
+    del view
+    gc.collect()
+    assert alive() is None, "the producer goes with the view"
+
+
+@pytest.fixture
+def fake() -> FakeCudaBackend:
+    return FakeCudaBackend()
+
+
+def _device_tensor(be: Any, values: np.ndarray) -> Tensor:
+    t = Tensor.empty(values.shape, values.dtype, Location.DEVICE, backend=be)
+    t.copy_from(values, stream=Stream.default(be))
+    return t
+
+
+def _embeds(shape: tuple[int, ...] = (2, 1, 8)) -> np.ndarray:
+    return (np.arange(int(np.prod(shape))) * 0.25).astype(np.float16).reshape(shape)
+
+
+# -- host memory ------------------------------------------------------------------------------------
+
+
+def test_numpy_and_lists_pass_through_as_numpy(host: Any) -> None:
+    x = _embeds()
+    assert as_input(x, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None) is x
+    got = as_input([[3, 4]], "context_lengths", dtype="int32", ndim=2, backend=host, stream=None)
+    assert isinstance(got, np.ndarray)
+    assert got.tolist() == [[3, 4]]
+
+
+def test_host_data_keeps_its_dtype_for_the_caller_to_convert(host: Any) -> None:
+    """Host values of the binding's kind come back unconverted (the setups convert them, checking overflow)."""
+    x = np.ones((1, 1, 8), np.float32)
+    got = as_input(x, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert got is x and got.dtype == np.float32
+
+
+def test_numpy_through_dlpack_is_read_in_place_and_kept_alive(host: Any) -> None:
+    values = _embeds()
+    producer = Producer(values, device=(kDLCPU, 0), shape=values.shape)
+    alive = weakref.ref(producer)
+
+    got = as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+
+    assert isinstance(got, np.ndarray) and got.dtype == np.float16 and got.shape == (2, 1, 8)
+    assert got.ctypes.data == values.ctypes.data, "a view of the producer's memory, not a copy"
+    assert producer.asked[0]["stream"] is None, "host memory: no stream is passed"
+    values[1, 0, 3] = 7
+    assert got[1, 0, 3] == 7
+    del producer
+    gc.collect()
+    assert alive() is not None, "the view keeps its producer alive"
+    del got
+    gc.collect()
+    assert alive() is None
+
+
+def test_a_legacy_producer_without_max_version_is_asked_again(host: Any) -> None:
+    values = _embeds()
+
+    class Legacy(Producer):
+        def __dlpack__(self, *, stream: Any = None) -> object:  # type: ignore[override]
+            return super().__dlpack__(stream=stream)
+
+    producer = Legacy(values, device=(kDLCPU, 0), shape=values.shape)
+    got = as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert got.ctypes.data == values.ctypes.data
+    assert producer.asked == [{"stream": None, "max_version": None}]
+
+
+@needs_torch
+def test_a_cpu_torch_tensor_is_read_in_place(host: Any) -> None:
+    t = torch.arange(16, dtype=torch.float16).reshape(2, 1, 8)
+    got = as_input(t, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert isinstance(got, np.ndarray)
+    assert got.ctypes.data == t.data_ptr()
+    np.testing.assert_array_equal(got, t.numpy())
+    del t, got
+    assert_kept_alive(lambda: torch.zeros(2, 1, 8, dtype=torch.float16),
+                      lambda p: as_input(p, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None))
+
+
+@needs_torch
+def test_torch_bfloat16_and_integer_lengths(host: Any) -> None:
+    pytest.importorskip("ml_dtypes")
+    bf = torch.tensor([[[1.5, -2.0]]], dtype=torch.bfloat16)
+    got = as_input(bf, "inputs_embeds", dtype="bfloat16", ndim=3, backend=host, stream=None)
+    assert got.dtype.name == "bfloat16"
+    assert got.astype(np.float32).tolist() == [[[1.5, -2.0]]]
+    lengths = as_input(torch.tensor([5, 3]), "context_lengths", dtype="int32", ndim=1, backend=host, stream=None,
+                       device_ok=False)
+    assert lengths.dtype == np.int64 and lengths.tolist() == [5, 3]
+
+
+# -- refusals of host data --------------------------------------------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize(("make", "error", "needle"), [
+    (lambda: torch.zeros(2, 8, dtype=torch.float16), ShapeError,
+     "inputs_embeds: expected 3 dimensions, got 2: shape [2, 8]"),
+    (lambda: torch.zeros(1, 8, 2, dtype=torch.float16).transpose(1, 2), ShapeError,
+     "inputs_embeds: a strided (non-contiguous) view of shape [1, 2, 8]"),
+    (lambda: torch.zeros(1, 1, 8, dtype=torch.int64), ShapeError,
+     "inputs_embeds: expected floating values for a float16 input, got int64"),
+    (lambda: torch.zeros(1, 1, 8, dtype=torch.float64), InvalidTypeError,
+     "inputs_embeds: DLPack elements float64 have no trtio dtype"),
+    (lambda: torch.zeros(1, 1, 8, dtype=torch.complex64), InvalidTypeError,
+     "inputs_embeds: DLPack elements complex64 have no trtio dtype"),
+])
+def test_torch_cpu_refusals_name_the_input(host: Any, make: Any, error: type[Exception], needle: str) -> None:
+    with pytest.raises(error) as info:
+        as_input(make(), "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(("value", "error", "needle"), [
+    ("abc", InvalidTypeError, "lengths: expected an array of numbers"),
+    ([[1, 2], [3]], ShapeError, "lengths: cannot read list as an array"),
+    (np.array([1.0, 2.0]), ShapeError, "lengths: expected integer values for a int32 input, got float64"),
+    (np.zeros((2, 2), np.int32), ShapeError, "lengths: expected 1 dimensions, got 2"),
+])
+def test_host_refusals_name_the_input(host: Any, value: Any, error: type[Exception], needle: str) -> None:
+    with pytest.raises(error) as info:
+        as_input(value, "lengths", dtype="int32", ndim=1, backend=host, stream=None)
+    assert needle in str(info.value)
+
+
+def test_memory_of_another_kind_is_refused_before_export(host: Any) -> None:
+    producer = Producer(_embeds(), device=(4, 0), shape=(2, 1, 8))  # OpenCL
+    with pytest.raises(InvalidValueError, match=r"inputs_embeds: Producer lives in OpenCL memory"):
+        as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert producer.asked == []
+
+
+# -- CUDA memory (through a fake cuda backend) ------------------------------------------------------
+
+
+def test_a_cuda_array_on_the_host_backend_is_refused_before_export(host: Any, fake: FakeCudaBackend) -> None:
+    src = _device_tensor(fake, _embeds())
+    producer = Producer(src, device=(kDLCUDA, 0), shape=src.shape)
+    with pytest.raises(InvalidValueError) as info:
+        as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert str(info.value) == ("inputs_embeds: Producer is on CUDA device 0, but the step runs on the host backend, "
+                               "which has no CUDA device; pass host memory (numpy, a CPU tensor)")
+    assert producer.asked == [], "refused before the producer was asked for anything"
+
+
+def test_a_cuda_array_on_another_device_is_refused_before_export(fake: FakeCudaBackend) -> None:
+    src = _device_tensor(fake, _embeds())
+    producer = Producer(src, device=(kDLCUDA, 1), shape=src.shape)
+    with pytest.raises(InvalidValueError) as info:
+        as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    assert "inputs_embeds: Producer is on CUDA device 1, the step runs on device 0" in str(info.value)
+    assert producer.asked == []
+
+
+def test_device_memory_is_refused_where_the_host_reads_the_input(fake: FakeCudaBackend) -> None:
+    src = _device_tensor(fake, np.array([3, 4], np.int32))
+    producer = Producer(src, device=(kDLCUDA, 0), shape=(2,), code=0, bits=32)
+    with pytest.raises(InvalidValueError, match="context_lengths: Producer is on CUDA device 0, but the host reads "
+                                                "this input"):
+        as_input(producer, "context_lengths", dtype="int32", ndim=1, backend=fake, stream=None, device_ok=False)
+    assert producer.asked == []
+    with pytest.raises(InvalidValueError, match="context_lengths: tensor '' is in device memory"):
+        as_input(src, "context_lengths", dtype="int32", ndim=1, backend=fake, stream=None, device_ok=False)
+
+
+def test_a_cuda_array_is_wrapped_in_place_with_trtio_stream_passed(fake: FakeCudaBackend) -> None:
+    values = _embeds()
+    src = _device_tensor(fake, values)
+    producer = Producer(src, device=(kDLCUDA, 0), shape=src.shape)
+    step = Stream.create(fake)
+    syncs = fake.sync_count
+
+    got = as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=step)
+
+    assert isinstance(got, Tensor)
+    assert got.data_ptr == src.data_ptr, "zero copy: the producer's own address"
+    assert (got.shape, got.dtype, got.location, got.backend) == ((2, 1, 8), trtio.DType.FLOAT16, Location.DEVICE,
+                                                                 fake)
+    assert producer.asked[0]["stream"] == step.handle, "DLPack: the producer orders its work before trtio's stream"
+    assert fake.sync_count == syncs, "nothing synchronises the host"
+    np.testing.assert_array_equal(got.to_numpy(), values)
+
+
+def test_a_wrapped_cuda_array_keeps_its_producer_until_it_is_dropped(fake: FakeCudaBackend) -> None:
+    gc.collect()
+    baseline = live_exports()
+    src = _device_tensor(fake, _embeds())
+    producer = Producer(src, device=(kDLCUDA, 0), shape=src.shape)
+    alive = weakref.ref(producer)
+    got = as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    del producer
+    gc.collect()
+    assert alive() is not None
+    assert live_exports() == baseline + 1, "the capsule is held, its deleter not called yet"
+    del got
+    gc.collect()
+    assert alive() is None
+    assert live_exports() == baseline, "the producer's deleter ran once the tensor went"
+
+
+def test_stream_none_means_this_threads_default_stream(fake: FakeCudaBackend) -> None:
+    src = _device_tensor(fake, _embeds())
+    producer = Producer(src, device=(kDLCUDA, 0), shape=src.shape)
+    as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    assert producer.asked[0]["stream"] == Stream.default(fake).handle
+
+
+@pytest.mark.parametrize(("kwargs", "error", "needle"), [
+    ({"bits": 32}, ShapeError,
+     "inputs_embeds: expected float16 elements, got float32; trtio reads device arrays in place and never converts"),
+    ({"shape": (16,), "bits": 16}, ShapeError, "inputs_embeds: expected 3 dimensions, got 1: shape [16]"),
+    ({"shape": (2, 1, 4), "strides": (8, 8, 2)}, ShapeError,
+     "inputs_embeds: a strided (non-contiguous) view of shape [2, 1, 4]"),
+    ({"offset": 2}, InvalidValueError, "is not 256-byte aligned (off by 2: a view into another array?)"),
+    ({"code": 5, "bits": 32}, InvalidTypeError, "inputs_embeds: DLPack elements complex32 have no trtio dtype"),
+])
+def test_cuda_array_refusals_name_the_input(fake: FakeCudaBackend, kwargs: dict[str, Any], error: type[Exception],
+                                            needle: str) -> None:
+    src = _device_tensor(fake, _embeds())
+    options: dict[str, Any] = {"shape": src.shape, **kwargs}
+    producer = Producer(src, device=(kDLCUDA, 0), **options)
+    with pytest.raises(error) as info:
+        as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    assert needle in str(info.value)
+
+
+def test_extent_one_dimensions_may_have_any_stride(fake: FakeCudaBackend) -> None:
+    """torch writes arbitrary strides for dimensions of extent 1; no index steps along them."""
+    src = _device_tensor(fake, _embeds())
+    producer = Producer(src, device=(kDLCUDA, 0), shape=(2, 1, 8), strides=(8, 1, 1))
+    got = as_input(producer, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    assert isinstance(got, Tensor) and got.data_ptr == src.data_ptr
+
+
+# -- CUDA array interface ---------------------------------------------------------------------------
+
+
+def test_a_cuda_array_interface_is_read_in_place_after_its_stream(fake: FakeCudaBackend) -> None:
+    values = _embeds()
+    src = _device_tensor(fake, values)
+    producer_stream, step = Stream.create(fake), Stream.create(fake)
+    syncs = fake.sync_count
+
+    got = as_input(CudaArray(src, stream=producer_stream.handle), "inputs_embeds", dtype="float16", ndim=3,
+                   backend=fake, stream=step)
+
+    assert isinstance(got, Tensor) and got.data_ptr == src.data_ptr
+    assert fake.orders == [("record", producer_stream.handle), ("wait", step.handle)], \
+        "trtio's stream waits for an event recorded on the producer's stream"
+    assert fake.sync_count == syncs
+    np.testing.assert_array_equal(got.to_numpy(), values)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_no_event_when_the_interface_needs_no_order(fake: FakeCudaBackend, same: bool) -> None:
+    src = _device_tensor(fake, _embeds())
+    step = Stream.create(fake)
+    as_input(CudaArray(src, stream=step.handle if same else None), "inputs_embeds", dtype="float16", ndim=3,
+             backend=fake, stream=step)
+    assert fake.orders == []
+
+
+def test_a_cuda_array_interface_keeps_its_producer_alive(fake: FakeCudaBackend) -> None:
+    assert_kept_alive(lambda: CudaArray(_device_tensor(fake, _embeds())),
+                      lambda p: as_input(p, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None))
+
+
+@pytest.mark.parametrize(("kwargs", "error", "needle"), [
+    ({"typestr": "<f4"}, ShapeError, "inputs_embeds: expected float16 elements, got float32"),
+    ({"typestr": "<c8"}, InvalidTypeError, "inputs_embeds: elements of type '<c8' have no trtio dtype"),
+    ({"shape": (2, 2, 2), "strides": (8, 2, 4)}, ShapeError, "inputs_embeds: a strided (non-contiguous) view"),
+    ({"stream": 0}, InvalidValueError, "inputs_embeds: __cuda_array_interface__ stream 0 is not a stream handle"),
+    ({"mask": object()}, InvalidTypeError, "inputs_embeds: __cuda_array_interface__ has a mask"),
+])
+def test_cuda_array_interface_refusals(fake: FakeCudaBackend, kwargs: dict[str, Any], error: type[Exception],
+                                       needle: str) -> None:
+    array = CudaArray(_device_tensor(fake, _embeds()), **kwargs)
+    with pytest.raises(error) as info:
+        as_input(array, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    assert needle in str(info.value)
+    assert fake.orders == [], "refused before any stream was ordered"
+
+
+def test_a_cuda_array_interface_on_the_host_backend_is_refused(host: Any, fake: FakeCudaBackend) -> None:
+    with pytest.raises(InvalidValueError, match="the step runs on the host backend"):
+        as_input(CudaArray(_device_tensor(fake, _embeds())), "inputs_embeds", dtype="float16", ndim=3, backend=host,
+                 stream=None)
+
+
+# -- trtio tensors ----------------------------------------------------------------------------------
+
+
+def test_trtio_tensors_pass_through_after_their_checks(host: Any, fake: FakeCudaBackend) -> None:
+    t = _device_tensor(host, _embeds())
+    assert as_input(t, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None) is t
+    with pytest.raises(ShapeError, match="inputs_embeds: expected float32 elements, got tensor '' of float16"):
+        as_input(t, "inputs_embeds", dtype="float32", ndim=3, backend=host, stream=None)
+    with pytest.raises(InvalidValueError, match="belongs to the host backend, the step runs on the cuda backend"):
+        as_input(t, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    lengths = Tensor.empty((2,), "int32", Location.HOST, backend=host).fill_(3)
+    got = as_input(lengths, "context_lengths", dtype="int32", ndim=1, backend=host, stream=None, device_ok=False)
+    assert isinstance(got, np.ndarray) and got.tolist() == [3, 3]
+
+
+# -- Tensor.from_dlpack -----------------------------------------------------------------------------
+
+
+@needs_torch
+def test_from_dlpack_wraps_a_cpu_tensor_without_a_copy() -> None:
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    alive = weakref.ref(t)
+    wrapped = Tensor.from_dlpack(t, name="ids")
+    assert (wrapped.name, wrapped.shape, wrapped.dtype, wrapped.location) == ("ids", (2, 3), trtio.DType.INT32,
+                                                                              Location.HOST)
+    assert wrapped.data_ptr == t.data_ptr()
+    t[1, 2] = 40
+    del t
+    gc.collect()
+    assert alive() is not None
+    assert wrapped.to_numpy().tolist() == [[0, 1, 2], [3, 4, 40]]
+    wrapped.close()
+    gc.collect()
+    assert alive() is None, "close() drops the producer"
+
+
+def test_from_dlpack_wraps_device_memory_on_the_stream_given(fake: FakeCudaBackend) -> None:
+    values = _embeds()
+    src = _device_tensor(fake, values)
+    producer = Producer(src, device=(kDLCUDA, 0), shape=src.shape)
+    wrapped = Tensor.from_dlpack(producer, backend=fake)
+    assert wrapped.location is Location.DEVICE and wrapped.data_ptr == src.data_ptr
+    assert producer.asked[0]["stream"] == Stream.default(fake).handle, "stream=None: the thread's default stream"
+    step = Stream.create(fake)
+    Tensor.from_dlpack(producer, step, backend=fake)
+    assert producer.asked[1]["stream"] == step.handle
+    np.testing.assert_array_equal(wrapped.to_numpy(), values)
+
+
+def test_from_dlpack_refusals(fake: FakeCudaBackend) -> None:
+    with pytest.raises(InvalidTypeError, match=r"Tensor.from_dlpack\(list\): list has neither __dlpack__"):
+        Tensor.from_dlpack([1, 2])
+    src = _device_tensor(fake, _embeds())
+    with pytest.raises(ShapeError, match="a strided"):
+        Tensor.from_dlpack(Producer(src, device=(kDLCUDA, 0), shape=(2, 2), strides=(1, 2)), backend=fake)
+    with pytest.raises(InvalidValueError, match="is on CUDA device 3, the step runs on device 0"):
+        Tensor.from_dlpack(Producer(src, device=(kDLCUDA, 3), shape=(2,)), backend=fake)
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_are_read_in_place_without_a_host_sync(cuda: Any) -> None:
+    torch_ = pytest.importorskip("torch")
+    if not torch_.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    step = Stream.create(cuda)
+    x = torch_.arange(16, device="cuda", dtype=torch_.float16).reshape(2, 1, 8)
+    dst = Tensor.empty((2, 1, 8), "float16", backend=cuda)
+    syncs = cuda.sync_count
+    with torch_.cuda.stream(torch_.cuda.ExternalStream(step.handle)):
+        got = as_input(x, "inputs_embeds", dtype="float16", ndim=3, backend=cuda, stream=step)
+        assert isinstance(got, Tensor) and got.data_ptr == x.data_ptr()
+        dst.copy_from(got, step)
+    assert cuda.sync_count == syncs
+    np.testing.assert_array_equal(dst.to_numpy(step), x.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_a_torch_producer_stream_with_pending_work_is_honoured(cuda: Any) -> None:
+    """The embeddings are written on a side stream, behind a long kernel, just before trtio reads them on its
+    own stream; without DLPack's stream handshake the copy would read the zeros."""
+    torch_ = pytest.importorskip("torch")
+    if not torch_.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    step = Stream.create(cuda)
+    side = torch_.cuda.Stream()
+    x = torch_.zeros((4, 1, 4096), device="cuda", dtype=torch_.float16)
+    torch_.cuda.synchronize()
+    dst = Tensor.empty(tuple(x.shape), "float16", backend=cuda)
+    with torch_.cuda.stream(side):
+        torch_.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the write
+        x.fill_(3.0)
+        got = as_input(x, "inputs_embeds", dtype="float16", ndim=3, backend=cuda, stream=step)
+    dst.copy_from(got, step)
+    assert (dst.to_numpy(step) == 3.0).all()
+
+
+_SLOW_FILL = r"""
+#include <cuda_fp16.h>
+extern "C" __global__ void slow_fill(__half* out, int n, long long spin) {
+    long long start = clock64();
+    while (clock64() - start < spin) {}
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2half(5.0f);
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("via", ["dlpack", "cai"])
+def test_cupy_arrays_are_read_in_place_after_their_stream(cuda: Any, via: str) -> None:
+    """A CuPy kernel on a side stream spins, then writes the embeddings; trtio's copy on its own stream must
+    see the written values: through DLPack's stream handshake, or the array interface's ``stream`` field."""
+    cupy = pytest.importorskip("cupy")
+    kernel = cupy.RawKernel(_SLOW_FILL, "slow_fill")
+    step = Stream.create(cuda)
+    side = cupy.cuda.Stream(non_blocking=True)
+    x = cupy.zeros((2, 1, 2048), dtype=cupy.float16)
+    cupy.cuda.runtime.deviceSynchronize()
+    syncs = cuda.sync_count
+    with side:
+        kernel((16,), (256,), (x, np.int32(x.size), np.int64(200_000_000)))
+        obj = x if via == "dlpack" else CupyInterfaceOnly(x)
+        got = as_input(obj, "inputs_embeds", dtype="float16", ndim=3, backend=cuda, stream=step)
+    assert isinstance(got, Tensor) and got.data_ptr == x.data.ptr
+    dst = Tensor.empty((2, 1, 2048), "float16", backend=cuda)
+    dst.copy_from(got, step)
+    assert cuda.sync_count == syncs
+    assert (dst.to_numpy(step) == 5).all()
+
+
+class CupyInterfaceOnly:
+    """A CuPy array seen only through ``__cuda_array_interface__`` (its ``stream`` is CuPy's current stream)."""
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        interface: dict[str, Any] = self.array.__cuda_array_interface__
+        return interface
+
+
+@pytest.mark.gpu
+def test_from_dlpack_of_a_torch_cuda_tensor_keeps_it_alive(cuda: Any) -> None:
+    torch_ = pytest.importorskip("torch")
+    if not torch_.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    x = torch_.arange(512, device="cuda", dtype=torch_.float32)
+    ptr = x.data_ptr()
+    wrapped = Tensor.from_dlpack(x)
+    del x
+    gc.collect()
+    torch_.cuda.empty_cache()
+    assert wrapped.data_ptr == ptr
+    np.testing.assert_array_equal(wrapped.to_numpy(), np.arange(512, dtype=np.float32))

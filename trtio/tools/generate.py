@@ -1,0 +1,465 @@
+"""``trtio generate``: text from an engine directory, greedily or speculatively, streamed as it is made.
+
+The directory is one TensorRT Edge-LLM 0.11 writes (``config.json`` + ``llm.engine``, or ``base_config.json`` +
+``draft_config.json`` + ``spec_base.engine`` + ``spec_draft.engine``) or one of trtio's batch-major toy folders
+(``engines/toy-llm``, ``engines/toy-eagle``: a ``config.json`` DeploymentConfig, plans in ``model.plan`` files).
+Beside the engines it holds what a runtime needs: ``tokenizer.json`` (read with Hugging Face ``tokenizers``,
+the optional extra ``trtio[generate]``) and ``embedding.safetensors`` (the token embedding table, tensor
+``"embedding"``). Without engine files (the toy directories) the engines are ReferenceEngines of the configs
+computing the toy model with its seeded weights (:mod:`trtio.testing`), and a line on stderr says so.
+
+The prompt is tokenized, its embeddings gathered on the device from the table, and tokens are chosen greedily
+until an end-of-sequence token (``eos_token_id`` of the config, else ``eos_token`` of
+``tokenizer_config.json``), ``--max-new-tokens`` or a full KV cache. A speculative pair drafts ``draft_top_k``
+chains of ``draft_step`` tokens per round (the draft's top-k first tokens, then its greedy continuation of
+each), verifies them all with the base in one step and keeps the longest chain the base agrees with, plus
+the base's next token: exactly the tokens greedy decoding of the base gives. Text goes to stdout as tokens
+come; tokens per second (and for a pair the acceptance rate) to stderr at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from trtio._safetensors import read_safetensors
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.cuda.backend import Location
+from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
+from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode, create_from_engine_dir
+from trtio.stream import Stream
+from trtio.tensor import Tensor
+from trtio.testing.toy_model import ToyWeights
+from trtio.tools.engine_dirs import RUNTIME_FLAGS, edgellm_directory
+from trtio.trt import load_engine
+
+__all__ = ["GenerateOptions", "TOKENIZER_FILE", "TOKENIZER_CONFIG_FILE", "run_generate"]
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+_PLAN = "model.plan"  # trtio's toy folders: a plan beside each engine's config
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """What ``trtio generate`` takes (its command-line options)."""
+
+    path: Path
+    prompt: str
+    max_new_tokens: int = 32
+    speculative: bool = False
+    draft_top_k: int | None = None
+    draft_step: int | None = None
+    backend: str = "auto"
+
+
+@dataclass
+class _Model:
+    """A directory opened for generation: its setup, embedding table, draft-to-target map and end tokens."""
+
+    setup: LLMSetup | SpecDecodeSetup
+    table: np.ndarray  # float16 [vocab, hidden]
+    eos: frozenset[int]
+    draft_to_target: np.ndarray | None
+    note: str | None  # why the engines are ReferenceEngines, where they are
+
+
+def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
+    """Generate from ``opts.prompt`` in ``opts.path``, streaming the text to ``out`` (default stdout) and the
+    closing statistics to ``err`` (default stderr); returns them (``tokens``, ``seconds``, ``tokens_per_second``,
+    ``stopped``, and for a pair ``rounds``, ``drafted``, ``accepted``, ``acceptance_rate``,
+    ``accepted_per_verify``)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    path = Path(opts.path)
+    if not path.is_dir():
+        raise ConfigError(str(path), "no such engine directory" if not path.exists() else "is not a directory")
+    kind = _directory_kind(path)
+    for name in (TOKENIZER_FILE, EMBEDDING_FILE):
+        if not (path / name).is_file():
+            raise ConfigError(str(path / name), f"no such file; trtio generate needs the directory's {TOKENIZER_FILE} "
+                                                f"and {EMBEDDING_FILE}")
+    tokenizer = _tokenizer(path)
+    ids = tokenizer.encode(opts.prompt).ids
+    if not ids:
+        raise ShapeError(f"--prompt: {opts.prompt!r} has no tokens")
+    model = _open(path, kind, opts)
+    with model.setup as setup:
+        limit = (setup.base.cfg if isinstance(setup, SpecDecodeSetup) else setup.cfg).max_supported_input_length
+        if len(ids) > limit:
+            raise ShapeError(f"--prompt: {len(ids)} tokens, more than the engine takes in one prefill "
+                             f"(max_supported_input_length {limit})")
+        if model.note:
+            print(f"trtio generate: {model.note}", file=err, flush=True)
+        text = _TextStream(tokenizer, out)
+        out.write(opts.prompt)
+        out.flush()
+        sink = _Sink(text.push, model.eos, opts.max_new_tokens)
+        embed = _DeviceEmbedding(model.table, setup)
+        try:
+            start = time.perf_counter()
+            if isinstance(setup, SpecDecodeSetup):
+                stats = _speculative(setup, embed, ids, sink, opts.speculative, model.draft_to_target)
+            else:
+                stats = _greedy(setup, embed, ids, sink)
+            seconds = time.perf_counter() - start
+        finally:
+            embed.close()
+        text.close()
+    result: dict[str, Any] = {"tokens": sink.count, "seconds": seconds,
+                              "tokens_per_second": sink.count / max(seconds, 1e-9), "stopped": sink.stopped, **stats}
+    line = f"trtio generate: {sink.count} tokens in {seconds:.3f} s, {result['tokens_per_second']:.1f} tokens/s"
+    if opts.speculative:
+        line += (f"; {result['rounds']} verify steps, {result['acceptance_rate']:.0%} of drafted tokens accepted, "
+                 f"{result['accepted_per_verify']:.2f} accepted tokens per verify")
+    if sink.stopped:
+        line += f" (stopped: {sink.stopped})"
+    print(line, file=err, flush=True)
+    return result
+
+
+# -- opening a directory ----------------------------------------------------------------------------
+
+
+def _directory_kind(path: Path) -> str:
+    """``"edgellm"`` for Edge-LLM's layout, ``"trtio"`` for one of trtio's toy folders."""
+    if edgellm_directory(path) is not None:
+        return "edgellm"
+    config = path / CONFIG_FILES["llm"]
+    if config.is_file():
+        try:
+            data = json.loads(config.read_bytes())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and "base" in data:
+            return "trtio"
+    raise ConfigError(str(path), "holds no engine config: expected an Edge-LLM engine directory (config.json, or "
+                                 "base_config.json + draft_config.json) or a trtio toy folder (config.json with base)")
+
+
+def _tokenizer(path: Path) -> Any:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise TrtioError("trtio generate needs Hugging Face tokenizers to read tokenizer.json: "
+                         "pip install 'trtio[generate]'") from None
+    try:
+        return Tokenizer.from_file(str(path / TOKENIZER_FILE))
+    except Exception as exc:  # tokenizers raises its own Exception type for a malformed file
+        raise ConfigError(str(path / TOKENIZER_FILE), f"cannot be read by tokenizers: {exc}") from None
+
+
+def _open(path: Path, kind: str, opts: GenerateOptions) -> _Model:
+    if kind == "edgellm":
+        return _open_edgellm(path, opts)
+    return _open_trtio(path, opts)
+
+
+def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
+    directory = EngineDir.open(path)
+    pair = directory.kind == "spec_decode"
+    _check_mode(path, pair, opts)
+    role = "base" if pair else "llm"
+    eos = _eos(directory.raw(role).get("eos_token_id"), path)
+    table = np.asarray(directory.embedding_table())
+    if not pair:
+        if directory.has_engines:
+            return _Model(create_from_engine_dir(path, graphs=True, backend=_backend(opts)), table, eos, None, None)
+        cfg = directory.config
+        engine = _reference(cfg, ToyWeights.generate(cfg, 0), opts)
+        return _Model(create_for_llm(engine, cfg, graphs=True), table, eos, None, _reference_note(path))
+    base, draft = directory.base_config, directory.draft_config
+    k, depth = _tree(base, draft, opts)
+    if directory.has_engines:
+        setup = create_from_engine_dir(path, graphs=True, draft_top_k=k, draft_step=depth, verify_size=1 + k * depth,
+                                       backend=_backend(opts))
+        note = None
+    else:
+        bundle = directory.deployment(k, depth, 1 + k * depth)
+        weights = ToyWeights.generate(base, 0)
+        setup = create_for_spec_decode(_reference(base, weights, opts),
+                                       _reference(draft, ToyWeights.generate_draft(draft, weights, 0), opts), bundle,
+                                       graphs=True)
+        note = _reference_note(path)
+    return _Model(setup, table, eos, directory.draft_to_target(), note)
+
+
+def _open_trtio(path: Path, opts: GenerateOptions) -> _Model:
+    deployment = DeploymentConfig.from_json(path / CONFIG_FILES["llm"])
+    seed = int(deployment.extra.get("seed", 0))
+    base = deployment.base
+    pair = deployment.draft is not None
+    _check_mode(path, pair, opts)
+    table = _embedding_file(path / EMBEDDING_FILE, base)
+    eos = _eos(_tokenizer_eos(path), path)
+    weights = ToyWeights.generate(base, seed)
+    if not pair:
+        plan = path / _PLAN
+        if plan.is_file():
+            return _Model(create_for_llm(load_engine(plan), base, graphs=True), table, eos, None, None)
+        return _Model(create_for_llm(_reference(base, weights, opts), base, graphs=True), table, eos, None,
+                      _reference_note(path))
+    draft = deployment.draft
+    assert draft is not None and deployment.spec is not None
+    k, depth = _tree(base, draft, opts)
+    bundle = DeploymentConfig(base, draft, dataclasses.replace(
+        deployment.spec, drafting_top_k=k, drafting_step=depth, verify_size=1 + k * depth)).validate()
+    plans = [path / role / _PLAN for role in ("base", "draft")]
+    if all(p.is_file() for p in plans):
+        engines = [load_engine(p) for p in plans]
+        note = None
+    else:
+        engines = [_reference(base, weights, opts),
+                   _reference(draft, ToyWeights.generate_draft(draft, weights, seed), opts)]
+        note = _reference_note(path)
+    setup = create_for_spec_decode(engines[0], engines[1], bundle, graphs=True)
+    return _Model(setup, table, eos, None, note)
+
+
+def _check_mode(path: Path, pair: bool, opts: GenerateOptions) -> None:
+    if opts.speculative and not pair:
+        raise ConfigError("--speculative", f"needs a speculative pair (base and draft engines); {path} holds a plain "
+                                           "LLM")
+    if not pair:
+        for flag, value in ((RUNTIME_FLAGS["draft_top_k"], opts.draft_top_k),
+                            (RUNTIME_FLAGS["draft_step"], opts.draft_step)):
+            if value is not None:
+                raise ConfigError(flag, f"is for a speculative pair; {path} holds a plain LLM")
+
+
+def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) -> tuple[int, int]:
+    """(chains, tokens per chain) of a round's draft tree: ``--draft-top-k`` (default 1) and ``--draft-step``
+    (default: the longest chains the engines' tree caps allow). Verified whole: 1 + k x step nodes. Without
+    ``--speculative`` the pair decodes greedily through the base alone (verify steps of one node)."""
+    if not opts.speculative:
+        return 1, 1
+    k = 1 if opts.draft_top_k is None else opts.draft_top_k
+    room = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1) // k
+    depth = room if opts.draft_step is None else opts.draft_step
+    if depth < 1 or k * depth > draft.max_draft_tree_size or 1 + k * depth > base.max_verify_tree_size:
+        raise ConfigError(RUNTIME_FLAGS["draft_step"] if opts.draft_step is not None else RUNTIME_FLAGS["draft_top_k"],
+                          f"{k} chains of {depth} tokens need a draft tree of {k * depth} nodes (the draft takes "
+                          f"{draft.max_draft_tree_size}) and a verify tree of {1 + k * depth} (the base takes "
+                          f"{base.max_verify_tree_size})")
+    return k, depth
+
+
+def _backend(opts: GenerateOptions) -> str | None:
+    return None if opts.backend == "auto" else opts.backend
+
+
+def _reference(cfg: LLMEngineConfig, weights: ToyWeights, opts: GenerateOptions) -> Any:
+    from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+
+    return ReferenceEngine.from_config(cfg, weights=weights, device=opts.backend)
+
+
+def _reference_note(path: Path) -> str:
+    return (f"{path} has no engine files: running ReferenceEngines of its configs with the toy model's seeded "
+            "weights (trtio.testing)")
+
+
+def _eos(value: Any, path: Path) -> frozenset[int]:
+    if value is None:
+        return frozenset()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{path}: eos_token_id", f"expected a token id or a list of them, got {value!r}")
+    return frozenset(values)
+
+
+def _tokenizer_eos(path: Path) -> int | None:
+    """The id of ``eos_token`` in ``tokenizer_config.json`` (None without the file or the key)."""
+    file = path / TOKENIZER_CONFIG_FILE
+    if not file.is_file():
+        return None
+    try:
+        token = json.loads(file.read_bytes()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        raise ConfigError(str(file), "is not a JSON object") from None
+    if isinstance(token, dict):  # {"content": "</s>", ...}
+        token = token.get("content")
+    if not isinstance(token, str):
+        return None
+    found: int | None = _tokenizer(path).token_to_id(token)
+    return found
+
+
+def _embedding_file(file: Path, cfg: LLMEngineConfig) -> np.ndarray:
+    """The table of a trtio toy folder: tensor ``"embedding"``, F16 or F32 ``[vocab_size, hidden_size]``."""
+    table = read_safetensors(file, ["embedding"])["embedding"]
+    want = (cfg.vocab_size, cfg.hidden_size)
+    if table.dtype not in ("F16", "F32") or table.array.shape != want:
+        raise ConfigError(f"{file}: embedding", f"expected F16 or F32 {list(want)} (vocab_size, hidden_size), got "
+                                                f"{table.dtype} {list(table.array.shape)}")
+    return table.array.astype(np.float16)
+
+
+# -- generation -------------------------------------------------------------------------------------
+
+
+class _DeviceEmbedding:
+    """The embedding table on the setup's device and a buffer its rows are gathered into, one copy per token on
+    the setup's stream. The buffer is reused: each step reads it on that stream before the next gather writes."""
+
+    def __init__(self, table: np.ndarray, setup: LLMSetup | SpecDecodeSetup) -> None:
+        self._backend = setup.io.backend
+        self._table = Tensor.from_numpy(np.ascontiguousarray(table, np.float16), Location.DEVICE,
+                                        name="embedding", backend=self._backend)
+        self._row = table.shape[1] * 2
+        rows = max(setup.io.inputs_embeds.capacity // self._row, 1)
+        self._rows = Tensor.empty((1, rows, table.shape[1]), "float16", Location.DEVICE, name="token_embeds",
+                                  backend=self._backend)
+
+    def __call__(self, tokens: Sequence[int]) -> Tensor:
+        """[1, len(tokens), hidden]: the rows of ``tokens``, gathered on the setup's stream."""
+        out = self._rows.reshape((1, len(tokens), self._table.shape[1]))
+        stream = Stream.default(self._backend)  # the setups here were made with stream=None: steps run on it
+        for i, token in enumerate(tokens):
+            self._backend.memcpy(out.data_ptr + i * self._row, self._table.data_ptr + int(token) * self._row,
+                                 self._row, stream.handle)
+        out.mark_written(stream)
+        return out
+
+    def close(self) -> None:
+        self._rows.close()
+        self._table.close()
+
+
+class _Sink:
+    """Takes generated tokens until an end-of-sequence token or the limit; counts and streams them."""
+
+    def __init__(self, emit: Callable[[list[int]], None], eos: frozenset[int], limit: int) -> None:
+        self._emit = emit
+        self._eos = eos
+        self._limit = limit
+        self.count = 0
+        self.stopped = ""
+
+    def take(self, tokens: Sequence[int]) -> bool:
+        """Stream ``tokens`` in order; True once generation must end (the tokens after that are dropped)."""
+        for token in tokens:
+            if token in self._eos:
+                self.stopped = "end of sequence"
+                return True
+            self._emit([int(token)])
+            self.count += 1
+            if self.count >= self._limit:
+                return True
+        return False
+
+
+def _greedy(setup: LLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink) -> dict[str, Any]:
+    cap = setup.cfg.max_kv_cache_capacity
+    logits = setup.prefill(embed(ids), [len(ids)])
+    while True:
+        token = int(logits.to_numpy().argmax(-1)[0])
+        if sink.take([token]):
+            break
+        if int(setup.lengths[0]) >= cap:
+            sink.stopped = f"the KV cache holds max_kv_cache_capacity ({cap}) tokens"
+            break
+        logits = setup.decode(embed([token]))
+    return {}
+
+
+def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink, drafting: bool,
+                 d2t: np.ndarray | None) -> dict[str, Any]:
+    """Rounds of: draft ``k`` chains of ``depth`` tokens, verify them with the base, keep the longest chain the
+    base agrees with plus the base's next token (module docstring). Without ``drafting`` each verify has one
+    node: plain greedy decoding by the base."""
+    spec = setup.bundle.spec
+    assert spec is not None
+    k, depth = (spec.drafting_top_k, spec.drafting_step) if drafting else (1, 0)
+    # The verify tree: node 0 is the pending token; draft node j (level j // k, chain j % k) is node j + 1.
+    parents = np.array([-1] + [0 if j < k else j - k + 1 for j in range(k * depth)], np.int64)
+    depth_of = np.array([0] + [j // k + 1 for j in range(k * depth)])
+    base_cap, draft_cap = setup.base.cfg.max_kv_cache_capacity, setup.draft.cfg.max_kv_cache_capacity
+    pending = int(setup.base_prefill(embed(ids), [len(ids)]).to_numpy().argmax(-1)[0])
+    if drafting:
+        draft_logits = setup.draft_prefill(embed(ids[1:] + [pending]), [len(ids)]).to_numpy()
+    rounds = accepted = 0
+    stop = sink.take([pending])
+    while not stop:
+        if int(setup.base_lengths[0]) + len(parents) > base_cap or \
+                (drafting and int(setup.draft_lengths[0]) + k * depth > draft_cap):
+            sink.stopped = "the KV cache is full"
+            break
+        tokens = [pending]
+        if drafting:
+            level = _top(draft_logits[0], k, d2t)
+            tokens += level
+            for n in range(1, depth):  # the draft reads level n - 1 (joining its tree) and proposes level n
+                par = np.full(k, -1) if n == 1 else np.arange(k) + (n - 2) * k
+                level = [int(t) for t in _map(setup.draft_propose(embed(level), parents=par).to_numpy().argmax(-1),
+                                              d2t)]
+                tokens += level
+        greedy = setup.verify(embed(tokens), parents).to_numpy().argmax(-1)
+        ok = np.zeros(len(tokens), bool)
+        ok[0] = True
+        for node in range(1, len(tokens)):  # a node is accepted when its parent is and the base chose its token
+            ok[node] = ok[parents[node]] and tokens[node] == greedy[parents[node]]
+        best = int(np.argmax(np.where(ok, depth_of, -1)))
+        path = [best]
+        while path[-1] != 0:
+            path.append(int(parents[path[-1]]))
+        path.reverse()
+        setup.accept([path])
+        emitted = [tokens[n] for n in path[1:]] + [int(greedy[best])]
+        rounds += 1
+        accepted += len(path) - 1
+        stop = sink.take(emitted)
+        pending = emitted[-1]
+        if drafting and not stop:
+            draft_logits = setup.draft_accept(embed(emitted), [len(path)]).to_numpy()
+    drafted = rounds * k * depth
+    return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "accepted_per_verify": accepted / rounds if rounds else 0.0}
+
+
+def _map(columns: np.ndarray, d2t: np.ndarray | None) -> np.ndarray:
+    return columns if d2t is None else d2t[columns]
+
+
+def _top(logits: np.ndarray, k: int, d2t: np.ndarray | None) -> list[int]:
+    """The ``k`` best tokens of one row of draft logits, best first."""
+    columns = np.argsort(-logits, kind="stable")[:k]
+    return [int(t) for t in _map(columns, d2t)]
+
+
+class _TextStream:
+    """Writes the decoded text of the tokens so far as it grows, holding back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: Any, out: TextIO) -> None:
+        self._tokenizer = tokenizer
+        self._out = out
+        self._ids: list[int] = []
+        self._written = 0
+
+    def push(self, tokens: list[int]) -> None:
+        self._ids += tokens
+        text: str = self._tokenizer.decode(self._ids)
+        if text.endswith("\ufffd"):
+            return  # a character whose remaining bytes come with the next token
+        self._write(text)
+
+    def close(self) -> None:
+        self._write(self._tokenizer.decode(self._ids))
+        self._out.write("\n")
+        self._out.flush()
+
+    def _write(self, text: str) -> None:
+        if len(text) > self._written:
+            self._out.write(text[self._written:])
+            self._out.flush()
+            self._written = len(text)
