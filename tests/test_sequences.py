@@ -392,3 +392,107 @@ def test_pages_are_counted_by_reference() -> None:
     assert pool.free == 0
     undo.undo()
     assert pool.free == 2 and (table.rows[1] == -1).all()
+
+
+# -- speculative decoding over a changing batch -------------------------------------------------------------
+
+
+def small_pool_pair(pool: int = 14) -> trtio.DeploymentConfig:
+    """The ragged toy EAGLE3 pair with 16-token pages, 8 per sequence, pools of ``pool`` pages each."""
+    d = EngineDir.open(ENGINES / "toy-eagle3-ragged").deployment(1, 2, 3)
+    small = {"kv_page_size": PAGE, "max_kv_cache_capacity": 128, "kv_pool_pages": pool}
+    return trtio.DeploymentConfig(dataclasses.replace(d.base, **small).validate(),
+                                  dataclasses.replace(d.draft, **small).validate(), d.spec).validate()
+
+
+def spec_setup(bundle: trtio.DeploymentConfig, device: str, *, graphs: bool = False) -> trtio.SpecDecodeSetup:
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    assert bundle.draft is not None
+    return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),
+                                        ReferenceEngine.from_config(bundle.draft, device=device, weights=dw),
+                                        bundle, graphs=graphs)
+
+
+class Chains:
+    """Greedy speculative rounds with chain drafting (one node per level, two levels) over a setup's active
+    slots: what each sequence's tokens and verify logits become, round by round."""
+
+    def __init__(self, setup: trtio.SpecDecodeSetup) -> None:
+        self.setup = setup
+        # slot -> {"tokens", "draft", "verify": [verify logits per round], "proposed": [level-0 draft logits]}
+        self.seqs: dict[int, dict[str, Any]] = {}
+
+    def admit(self, slot: int, prompt: list[int]) -> None:
+        s = self.setup
+        x, lens = emb([prompt])
+        first = int(s.base_prefill(x, lens, slots=[slot]).to_numpy()[0].argmax())
+        x, _ = emb([prompt[1:] + [first]])
+        draft = s.draft_prefill(x, lens, slots=[slot]).to_numpy()[0]
+        self.seqs[slot] = {"tokens": prompt + [first], "draft": draft, "verify": [], "proposed": []}
+
+    def round(self) -> None:
+        s = self.setup
+        order = s.active.tolist()
+        seqs = [self.seqs[slot] for slot in order]
+        d0 = [int(q["draft"].argmax()) for q in seqs]
+        level0 = s.draft_propose(E[d0][:, None].astype(np.float16)).to_numpy()
+        d1 = level0.argmax(-1).tolist()
+        s.draft_propose(E[d1][:, None].astype(np.float16))
+        for q, p in zip(seqs, level0):
+            q["proposed"].append(p)
+        tree = [[q["tokens"][-1], a, b] for q, a, b in zip(seqs, d0, d1)]
+        verify = s.verify(E[tree].astype(np.float16), [-1, 0, 1]).to_numpy().reshape(len(order), 3, -1)
+        paths, emitted = [], []
+        for q, v, t in zip(seqs, verify, tree):
+            q["verify"].append(v)
+            path = [0]
+            while len(path) < 3 and int(v[path[-1]].argmax()) == t[len(path)]:
+                path.append(len(path))
+            paths.append(path)
+            emitted.append([t[n] for n in path[1:]] + [int(v[path[-1]].argmax())])
+        s.accept(paths)
+        x, acc = emb(emitted)
+        draft = s.draft_accept(x, acc).to_numpy()
+        for q, e, d in zip(seqs, emitted, draft):
+            q["tokens"] += e
+            q["draft"] = d
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_logits(device: str,
+                                                                                     graphs: bool) -> None:
+    """Sequences admitted between rounds, one released and its slot reused, each verify (and draft) exactly
+    as alone; both pools are smaller than 4 slots x 8 pages."""
+    bundle = small_pool_pair()
+    rng = np.random.default_rng(7)
+    prompts = {r: list(map(int, rng.integers(0, 512, n))) for r, n in enumerate((14, 5, 21, 9))}
+    plan = {0: [("admit", 0, 2)], 2: [("admit", 1, 0)], 3: [("admit", 2, 3)], 5: [("release", 2, None),
+                                                                                 ("admit", 3, 2)]}
+    requests: dict[int, dict[str, Any]] = {}
+    with spec_setup(bundle, device, graphs=graphs) as setup:
+        run = Chains(setup)
+        for step in range(8):
+            for what, req, slot in plan.get(step, []):
+                if what == "admit":
+                    run.admit(slot, prompts[req])
+                    requests[req] = run.seqs[slot]
+                else:
+                    setup.release([req])
+                    del run.seqs[req]
+            run.round()
+            for table in setup._seqs.tables.values():  # no page lost, none held twice, none by a free slot
+                held = [p for slot in setup.active.tolist() for p in table.pages_of(slot)]
+                assert len(held) == len(set(held)) == table.pool.used
+                assert all(not table.pages_of(slot) for slot in range(4) if slot not in setup.active)
+    for req, q in requests.items():
+        with spec_setup(bundle, device) as alone:
+            solo = Chains(alone)
+            solo.admit(0, prompts[req])
+            for _ in q["verify"]:
+                solo.round()
+            assert solo.seqs[0]["tokens"] == q["tokens"], f"request {req}: the same tokens alone"
+            for r, (got, want) in enumerate(zip(q["verify"], solo.seqs[0]["verify"])):
+                assert_logits(got, want, f"request {req}, round {r}: verify logits")
+            for r, (got, want) in enumerate(zip(q["proposed"], solo.seqs[0]["proposed"])):
+                assert_logits(got, want, f"request {req}, round {r}: the draft's first level (its root's hidden)")
