@@ -22,7 +22,7 @@ real engine directory takes is exercised:
 
 * ``toy-llm-ragged/config.json`` — a plain LLM (4 layers);
 * ``toy-eagle3-ragged/base_config.json`` + ``draft_config.json`` — the same model as an EAGLE3 base
-  (hidden states of layers 0, 1 and 3 feed the draft) and a one-layer EAGLE3 draft.
+  (hidden states of layers 0, 1 and 3 feed the draft) and an EAGLE3 draft with the base's 4 layers.
 
 Edge-LLM's configs have no seed: the weights are ``ToyWeights.generate(cfg, 0)`` for the LLM and the
 base (one model) and ``ToyWeights.generate_draft(draft, base weights, 0)`` for the draft. No plans of
@@ -167,7 +167,7 @@ class ToyEngines:
         raise KeyError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
 
     def weights(self, name: str) -> ToyWeights:
-        """Seeded weights; toy-llm and toy-eagle/base share one set, the draft approximates it."""
+        """Seeded weights; toy-llm and toy-eagle/base share one set, the draft is derived from it."""
         self.config(name)
         if name not in self._weights:
             base = self._weights.get("toy-llm") or ToyWeights.generate(self.llm.base, self.seed)
@@ -330,8 +330,8 @@ class RaggedToyEngines:
         return self.pair_dir.deployment(draft_top_k, draft_step, verify_size)
 
     def weights(self, name: str) -> ToyWeights:
-        """Seeded weights (seed :data:`RAGGED_SEED`); the LLM and the base share one set, the draft
-        approximates it."""
+        """Seeded weights (seed :data:`RAGGED_SEED`); the LLM and the base share one set, the draft is
+        derived from it."""
         self.config(name)
         if name not in self._weights:
             base = self._weights.get(RAGGED_ENGINE_NAMES[0]) or ToyWeights.generate(self.llm_config, self.seed)

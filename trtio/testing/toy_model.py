@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtio.dtypes import DType
+from trtio.errors import ConfigError
 
 __all__ = [
     "ATTN_SCALE",
@@ -39,7 +40,7 @@ __all__ = [
 
 ATTN_SCALE = 0.5
 MLP_SCALE = 0.5
-DRAFT_MIX_SCALE = 0.1
+DRAFT_MIX_SCALE = 0.01
 ROPE_THETA = 10000.0
 _EMBEDDING_SEED_OFFSET = 7919
 
@@ -123,24 +124,51 @@ class ToyWeights:
 
     @classmethod
     def generate_draft(cls, cfg: Any, base: ToyWeights, seed: int = 0) -> ToyWeights:
-        """An EAGLE draft that approximates ``base``, so speculation gets accepted often but not always.
+        """An EAGLE draft derived from ``base``'s own weights, so that it agrees with the base's next step.
 
-        Starts from :meth:`generate` (``cfg``, ``seed``) and then: ``we`` is the identity (the draft
-        sees the next token's embedding as the base does), ``wh`` and ``wd`` are scaled by
-        ``DRAFT_MIX_SCALE``, and ``w_lm`` is the base's (the draft's output vocab must equal the
-        base's). The base's residual stream is dominated by the token embedding, so the draft's
-        guess usually matches the base's next token; the base's attention and MLP make it miss.
+        The draft is the base cut after its first ``cfg.num_attention_layers`` layers (all of them when
+        the draft has as many layers as the base, as the toy engines' drafts do): its layers are the
+        base's, ``we`` is the identity (the draft takes the next token's embedding, as the base's own
+        next step does) and ``w_lm`` is the base's. Fed the prompt shifted by one token (EAGLE), a full
+        copy computes the base over every token but the first, so its guesses are the base's next
+        tokens except where the first token tips the choice (the toy's attention spreads over the whole
+        context, so that happens mostly early in short sequences). ``wh`` and ``wd`` keep the base's
+        hidden states and the draft's own in play without overruling the copy: draws of
+        ``numpy.random.default_rng(seed)`` (``wh`` first, then ``wd``) of the scales of
+        :meth:`generate` times ``DRAFT_MIX_SCALE``.
+
+        The draft must have the base's attention and MLP geometry (its layers are used as they are), at
+        most as many layers, and the base's logits width. Raises :class:`~trtio.ConfigError` naming the
+        field otherwise.
         """
         if config_role(cfg) != "draft":
-            raise ValueError("generate_draft needs a draft config (base_model_hidden_size > 0)")
-        w = cls.generate(cfg, seed)
-        if w.w_lm.shape != base.w_lm.shape:
-            raise ValueError(f"draft logits {w.w_lm.shape} must match the base's {base.w_lm.shape} to share w_lm")
-        assert w.wh is not None and w.wd is not None
+            raise ConfigError("base_model_hidden_size", "generate_draft needs an EAGLE draft config "
+                                                        "(base_model_hidden_size > 0)")
         h = int(cfg.hidden_size)
-        scale = np.float32(DRAFT_MIX_SCALE)
-        return cls(wq=w.wq, wk=w.wk, wv=w.wv, wo=w.wo, w1=w.w1, w2=w.w2, we=np.eye(h, dtype=np.float32),
-                   wh=w.wh * scale, wd=w.wd * scale, w_lm=base.w_lm)
+        hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
+        layers = int(cfg.num_attention_layers)
+        if not 1 <= layers <= base.num_layers:
+            raise ConfigError("num_attention_layers", f"the draft copies the base's first layers: {layers} must be "
+                                                      f"in 1..{base.num_layers} (the base's layer count)")
+        shapes = {"wq": (h, hq * d), "wk": (h, hkv * d), "wv": (h, hkv * d), "wo": (hq * d, h), "w1": (h, 2 * h),
+                  "w2": (2 * h, h)}
+        for name, shape in shapes.items():
+            got = getattr(base, name)[0].shape
+            if got != shape:
+                raise ConfigError("hidden_size", f"the draft copies the base's layers, but the base's {name} is "
+                                                 f"{list(got)} where this draft (hidden_size {h}, {hq} heads, {hkv} "
+                                                 f"KV heads of {d}) needs {list(shape)}")
+        vout = output_vocab_size(cfg)
+        if base.w_lm.shape != (h, vout):
+            raise ConfigError("output_vocab_size", f"the draft shares the base's LM head {list(base.w_lm.shape)}, "
+                                                   f"but this draft's logits are [{h}, {vout}]")
+        hb = int(cfg.base_model_hidden_size)
+        rng = np.random.default_rng(seed)
+        wh = _draw(rng, (hb, h), DRAFT_MIX_SCALE / math.sqrt(hb))
+        wd = _draw(rng, (h, h), DRAFT_MIX_SCALE / math.sqrt(h))
+        return cls(wq=base.wq[:layers], wk=base.wk[:layers], wv=base.wv[:layers], wo=base.wo[:layers],
+                   w1=base.w1[:layers], w2=base.w2[:layers], we=np.eye(h, dtype=np.float32), wh=wh, wd=wd,
+                   w_lm=base.w_lm)
 
 
 def toy_embedding(vocab: int, hidden: int, seed: int = 0) -> np.ndarray:
