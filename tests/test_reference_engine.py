@@ -22,6 +22,7 @@ import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.testing import reference_engine as re_mod
+from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
     DataType,
     ExecutionContextAllocationStrategy,
@@ -119,7 +120,7 @@ def test_io_contract_matches_the_doc(variant: str) -> None:
             for p in range(2):
                 assert engine.get_tensor_profile_shape(name, p) == list(w["profiles"][p])
         else:
-            with pytest.raises(RuntimeError, match="not an input"):
+            with pytest.raises(trtio.InvalidValueError, match="not an input"):
                 engine.get_tensor_profile_shape(name, 0)
     with pytest.raises(IndexError):
         engine[len(want)]
@@ -177,9 +178,9 @@ def test_unknown_names_log_and_return_sentinels(caplog: pytest.LogCaptureFixture
         assert engine.get_device_memory_size_for_profile_v2(2) == 0
     assert sum("'nope'" in r.getMessage() for r in caplog.records) == 6
     assert all(r.levelno == logging.ERROR for r in caplog.records)
-    with pytest.raises(RuntimeError, match="not an I/O tensor"):
+    with pytest.raises(trtio.UnknownNameError, match="not an I/O tensor"):
         engine.get_tensor_profile_shape("nope", 0)
-    with pytest.raises(RuntimeError, match="profile index"):
+    with pytest.raises(trtio.InvalidValueError, match="profile index"):
         engine.get_tensor_profile_shape(names.kInputsEmbeds, 2)
 
 
@@ -485,9 +486,9 @@ def test_profiles_switch_and_forget_input_shapes() -> None:
     h = fresh_context()
     ctx = h.ctx
     assert ctx.active_optimization_profile == 0
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(trtio.InvalidValueError, match="out of range"):
         ctx.set_optimization_profile_async(2, h.stream.handle)
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(trtio.InvalidValueError, match="out of range"):
         ctx.set_optimization_profile_async(-1, h.stream.handle)
     assert ctx.set_optimization_profile_async(np.int64(0), h.stream.handle) is True
     assert ctx.set_input_shape(names.kInputsEmbeds, (2, 5, 32))
@@ -520,7 +521,7 @@ def test_output_shapes_and_infer_shapes() -> None:
     assert ctx.get_tensor_shape(names.kOutputHiddenStates) == (2, 6, 32)
     assert ctx.get_tensor_shape("present_v_cache_0") == (2, 2, 48, 8)
     assert ctx.set_input_shape(names.kAttentionPosId, (2, 5))  # neither 1 nor the step length
-    with pytest.raises(RuntimeError, match="attention_pos_id"):
+    with pytest.raises(trtio.EngineError, match="attention_pos_id"):
         ctx.infer_shapes()
     assert ctx.get_tensor_shape("nope") == ()
 
@@ -565,7 +566,7 @@ def test_execute_refusals_name_the_binding(caplog: pytest.LogCaptureFixture) -> 
 
 def test_static_context_needs_no_memory_but_refuses_user_memory() -> None:
     h = fresh_context()
-    with pytest.raises(RuntimeError, match="USER_MANAGED"):
+    with pytest.raises(trtio.EngineError, match="USER_MANAGED"):
         h.ctx.set_device_memory(h.tensors[names.kInputsEmbeds].data_ptr, 1024)
 
 
@@ -585,9 +586,9 @@ def test_user_managed_context_memory(caplog: pytest.LogCaptureFixture) -> None:
     need = engine.get_device_memory_size_for_profile_v2(0)
     assert ctx.update_device_memory_size_for_shapes() == need
     mem = new_tensor((need,), "uint8")
-    with pytest.raises(RuntimeError, match="aligned"):
+    with pytest.raises(trtio.InvalidValueError, match="aligned"):
         ctx.set_device_memory(mem.data_ptr + 64, need - 256)
-    with pytest.raises(RuntimeError, match="aligned"):
+    with pytest.raises(trtio.InvalidValueError, match="aligned"):
         ctx.set_device_memory(0, 0)
     ctx.set_device_memory(mem.data_ptr, need - 256)
     caplog.clear()
@@ -605,7 +606,7 @@ def test_create_execution_context_strategies() -> None:
         ctx = engine.create_execution_context(s)
         assert ctx.engine is engine and ctx.active_optimization_profile == 0
     assert engine.create_execution_context().name != engine.create_execution_context().name
-    with pytest.raises(RuntimeError, match="allocation strategy"):
+    with pytest.raises(trtio.InvalidValueError, match="allocation strategy"):
         engine.create_execution_context(7)
 
 
@@ -882,13 +883,13 @@ def test_bf16_conversions_match_ml_dtypes() -> None:
         # exact ties: the lower 16 bits are 0x8000, with even and odd upper halves
         np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000], np.uint32).view(np.float32),
     ]).astype(np.float32)
-    bits = re_mod._store(np, x, trtio.DType.BFLOAT16)
+    bits = reference_math._store(np, x, trtio.DType.BFLOAT16)
     assert bits.dtype == np.uint16
     np.testing.assert_array_equal(bits, x.astype(ml_dtypes.bfloat16).view(np.uint16))
-    back = re_mod._load(np, bits, trtio.DType.BFLOAT16)
+    back = reference_math._load(np, bits, trtio.DType.BFLOAT16)
     np.testing.assert_array_equal(back, x.astype(ml_dtypes.bfloat16).astype(np.float32))
-    nan = re_mod._store(np, np.array([np.nan, -np.nan], np.float32), trtio.DType.BFLOAT16)
-    assert np.isnan(re_mod._load(np, nan, trtio.DType.BFLOAT16)).all()
+    nan = reference_math._store(np, np.array([np.nan, -np.nan], np.float32), trtio.DType.BFLOAT16)
+    assert np.isnan(reference_math._load(np, nan, trtio.DType.BFLOAT16)).all()
 
 
 # -- host "graphs" and null compute ------------------------------------------------------------------------

@@ -812,7 +812,7 @@ def test_shape_rules_refuse_the_step(case: str, caplog: pytest.LogCaptureFixture
     for name, shape in shapes.items():
         assert rig.ctx.set_input_shape(name, shape), (name, shape)
     refused(rig, caplog, why)
-    with pytest.raises(RuntimeError, match="infer_shapes"):
+    with pytest.raises(trtio.EngineError, match="infer_shapes"):
         rig.ctx.infer_shapes()
 
 
