@@ -600,14 +600,79 @@ def test_user_managed_context_memory(caplog: pytest.LogCaptureFixture) -> None:
     assert ctx.calls["set_device_memory"] == 4
 
 
-def test_create_execution_context_strategies() -> None:
+def bound_context(h: Harness, strategy: Any) -> Any:
+    """A new context of ``strategy`` on ``h``'s engine, bound to ``h``'s tensors; ``h`` now drives it."""
+    ctx = h.engine.create_execution_context(strategy)
+    for name, t in h.tensors.items():
+        assert ctx.set_tensor_address(name, t.data_ptr)
+    for c in h.caches():
+        assert ctx.set_tensor_address("present_" + c, h.tensors[c].data_ptr)
+    h.ctx = ctx
+    return ctx
+
+
+def test_create_execution_context_strategies(caplog: pytest.LogCaptureFixture) -> None:
+    """TensorRT's allocation strategies (enum members or their ints): STATIC and ON_PROFILE_CHANGE contexts
+    bring their own context memory, enough for every profile, so they execute in both profiles without
+    set_device_memory, which they refuse; a USER_MANAGED context has none until set_device_memory hands it at
+    least what the active profile needs (get_device_memory_size_for_profile_v2)."""
     engine = ReferenceEngine.from_config(make_cfg(), device="host")
-    for s in (STATIC, 0, ExecutionContextAllocationStrategy.ON_PROFILE_CHANGE, 2):
-        ctx = engine.create_execution_context(s)
-        assert ctx.engine is engine and ctx.active_optimization_profile == 0
-    assert engine.create_execution_context().name != engine.create_execution_context().name
-    with pytest.raises(trtio.InvalidValueError, match="allocation strategy"):
+    h = Harness(engine)
+    steps = ((0, llm_step_inputs(seq=3)), (1, llm_step_inputs(seq=1)))
+    need = [engine.get_device_memory_size_for_profile_v2(p) for p in range(2)]
+    assert need[0] > need[1] and engine.device_memory_size_v2 == need[0]
+    memory = new_tensor((need[0],), "uint8")
+    names_seen = set()
+    for strategy, kind in ((STATIC, "STATIC"), (0, "STATIC"), (ExecutionContextAllocationStrategy.ON_PROFILE_CHANGE,
+                           "ON_PROFILE_CHANGE"), (1, "ON_PROFILE_CHANGE")):
+        ctx = bound_context(h, strategy)
+        assert ctx.engine is engine and ctx.active_optimization_profile == 0 and f"strategy={kind}" in repr(ctx)
+        for profile, inputs in steps:
+            h.stage(profile, inputs)
+            assert ctx.execute_async_v3(h.stream.handle), (kind, profile)
+        with pytest.raises(trtio.EngineError, match=f"needs a context created with .*USER_MANAGED, this one is {kind}"):
+            ctx.set_device_memory(memory.data_ptr, need[0])
+        names_seen.add(ctx.name)
+    for strategy in (USER_MANAGED, 2):
+        ctx = bound_context(h, strategy)
+        assert "strategy=USER_MANAGED" in repr(ctx)
+        h.stage(0, steps[0][1])
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            assert ctx.execute_async_v3(h.stream.handle) is False
+        assert f"no context memory (USER_MANAGED: call set_device_memory with {need[0]} bytes)" in caplog.text
+        ctx.set_device_memory(memory.data_ptr, need[1])  # enough for profile 1 only
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            assert ctx.execute_async_v3(h.stream.handle) is False
+        assert f"context memory of {need[1]} bytes is smaller than the {need[0]} bytes profile 0 needs" in caplog.text
+        h.stage(1, steps[1][1])
+        assert ctx.update_device_memory_size_for_shapes() == need[1]
+        assert ctx.execute_async_v3(h.stream.handle)
+        ctx.set_device_memory(memory.data_ptr, need[0])
+        h.stage(0, steps[0][1])
+        assert ctx.execute_async_v3(h.stream.handle)
+        names_seen.add(ctx.name)
+    assert len(names_seen) == 6  # each context has a name of its own
+    with pytest.raises(trtio.InvalidValueError, match="unknown allocation strategy 7"):
         engine.create_execution_context(7)
+
+
+@pytest.mark.gpu
+def test_gpu_context_memory_by_strategy() -> None:
+    """On the GPU a STATIC context allocates device_memory_size_v2 bytes of its own and computes its scratch
+    there; a USER_MANAGED one computes in the memory it is handed, within the active profile's need."""
+    pytest.importorskip("cupy")
+    engine = ReferenceEngine.from_config(make_cfg(), device="gpu")
+    h = Harness(engine, backend="cuda")
+    h.run(0, llm_step_inputs())
+    assert 0 < h.ctx.scratch_peak_bytes <= engine.device_memory_size_v2
+    ctx = bound_context(h, USER_MANAGED)
+    need = engine.get_device_memory_size_for_profile_v2(0)
+    memory = new_tensor((need,), "uint8", backend="cuda")
+    ctx.set_device_memory(memory.data_ptr, need)
+    h.run(0, llm_step_inputs())
+    assert 0 < ctx.scratch_peak_bytes <= need
 
 
 def test_validation_is_cached_and_counters_count(monkeypatch: pytest.MonkeyPatch) -> None:
