@@ -46,7 +46,7 @@ import numpy as np
 
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import EngineDir
-from trtio.errors import ConfigError
+from trtio.errors import ConfigError, UnknownNameError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
 __all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
@@ -164,7 +164,7 @@ class ToyEngines:
         if name == "toy-eagle/draft":
             assert self.eagle.draft is not None
             return self.eagle.draft
-        raise KeyError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
+        raise UnknownNameError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
 
     def weights(self, name: str) -> ToyWeights:
         """Seeded weights; toy-llm and toy-eagle/base share one set, the draft is derived from it."""
@@ -321,7 +321,7 @@ class RaggedToyEngines:
             return self.pair_dir.base_config
         if name == RAGGED_ENGINE_NAMES[2]:
             return self.pair_dir.draft_config
-        raise KeyError(f"unknown ragged toy engine {name!r}; expected one of {RAGGED_ENGINE_NAMES}")
+        raise UnknownNameError(f"unknown ragged toy engine {name!r}; expected one of {RAGGED_ENGINE_NAMES}")
 
     def deployment(self, draft_top_k: int = RAGGED_DEMO_TREE[0], draft_step: int = RAGGED_DEMO_TREE[1],
                    verify_size: int = RAGGED_DEMO_TREE[2]) -> DeploymentConfig:

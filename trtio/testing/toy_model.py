@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtio.dtypes import DType
-from trtio.errors import ConfigError
+from trtio.errors import ConfigError, InvalidValueError, ShapeError
 
 __all__ = [
     "ATTN_SCALE",
@@ -188,7 +188,7 @@ def rope_table(max_positions: int, rotary_dim: int, theta: float = ROPE_THETA) -
     """
     r = int(rotary_dim)
     if r <= 0 or r % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        raise InvalidValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     inv_freq = float(theta) ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [R/2]
     angles = np.arange(int(max_positions), dtype=np.float64)[:, None] * inv_freq[None, :]
     table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
@@ -207,11 +207,11 @@ def apply_rope(t: np.ndarray, cos_sin: np.ndarray, positions: np.ndarray) -> np.
     r = cos_sin.shape[-1]
     half = r // 2
     if r > t.shape[-1]:
-        raise ValueError(f"rotary dim {r} exceeds head dim {t.shape[-1]}")
+        raise ShapeError(f"rotary dim {r} exceeds head dim {t.shape[-1]}")
     if positions.shape != (t.shape[0],):
-        raise ValueError(f"positions shape {positions.shape} does not match {t.shape[0]} tokens")
+        raise ShapeError(f"positions shape {positions.shape} does not match {t.shape[0]} tokens")
     if positions.size and (positions.min() < 0 or positions.max() >= cos_sin.shape[0]):
-        raise ValueError(
+        raise InvalidValueError(
             f"positions span [{positions.min()}, {positions.max()}] but the RoPE table has "
             f"{cos_sin.shape[0]} rows"
         )
@@ -233,14 +233,14 @@ def causal_visibility(num_tokens: int) -> np.ndarray:
 def _as_f32(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
     arr = np.asarray(x).astype(np.float32)
     if arr.shape != shape:
-        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+        raise ShapeError(f"{name} has shape {arr.shape}, expected {shape}")
     return arr
 
 
 def _round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
     np_dtype = dtype.numpy
     if np_dtype is None:
-        raise ValueError(f"no numpy type for kv_cache_dtype {dtype} (install ml_dtypes)")
+        raise ConfigError("kv_cache_dtype", f"no numpy type for {dtype} (install ml_dtypes)")
     return x.astype(np_dtype).astype(np.float32)
 
 
@@ -280,18 +280,18 @@ def reference_forward(
     nd = int(getattr(cfg, "num_deepstack_features", 0) or 0)
     kv_dtype = DType.coerce(cfg.kv_cache_dtype)
     if hq % hkv:
-        raise ValueError(f"num_attention_heads={hq} is not a multiple of num_kv_heads={hkv}")
+        raise ConfigError("num_kv_heads", f"num_attention_heads={hq} is not a multiple of num_kv_heads={hkv}")
     group = hq // hkv
 
     x_in = np.asarray(embeds)
     if x_in.ndim != 2:
-        raise ValueError(f"embeds must be [T, H], got shape {x_in.shape}")
+        raise ShapeError(f"embeds must be [T, H], got shape {x_in.shape}")
     t = x_in.shape[0]
     x_in = _as_f32("embeds", x_in, (t, h))
 
     if config_role(cfg) == "draft":
         if hidden_input is None or hidden_from_draft is None:
-            raise ValueError("a draft model needs hidden_input and hidden_from_draft")
+            raise InvalidValueError("a draft model needs hidden_input and hidden_from_draft")
         hb = int(cfg.base_model_hidden_size)
         assert weights.we is not None and weights.wh is not None and weights.wd is not None
         x = (
@@ -301,23 +301,24 @@ def reference_forward(
         )
     else:
         if hidden_input is not None or hidden_from_draft is not None:
-            raise ValueError("hidden_input / hidden_from_draft are for draft models only")
+            raise InvalidValueError("hidden_input / hidden_from_draft are for draft models only")
         x = x_in
 
     ds: list[np.ndarray] = []
     if nd > weights.num_layers:
-        raise ValueError(f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
+        raise ConfigError("num_deepstack_features",
+                          f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
     if nd:
         if deepstack is None or len(deepstack) != nd:
             got = "None" if deepstack is None else f"{len(deepstack)} arrays"
-            raise ValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
+            raise InvalidValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
         ds = [_as_f32(f"deepstack[{i}]", a, (t, h)) for i, a in enumerate(deepstack)]
     elif deepstack:
-        raise ValueError("deepstack given but num_deepstack_features is 0")
+        raise InvalidValueError("deepstack given but num_deepstack_features is 0")
 
     pos = np.arange(t) if positions is None else np.asarray(positions).astype(np.int64)
     if pos.shape != (t,):
-        raise ValueError(f"positions has shape {pos.shape}, expected ({t},)")
+        raise ShapeError(f"positions has shape {pos.shape}, expected ({t},)")
     if rope is None:
         rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
         table = rope_table(rows, int(cfg.rotary_dim))[0]
@@ -325,18 +326,18 @@ def reference_forward(
         table = np.asarray(rope, dtype=np.float32)
         if table.ndim == 3:
             if table.shape[0] != 1:
-                raise ValueError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
+                raise ShapeError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
             table = table[0]
         if table.ndim != 2 or table.shape[-1] != int(cfg.rotary_dim):
-            raise ValueError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
+            raise ShapeError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
 
     vis = causal_visibility(t) if visible is None else np.asarray(visible, dtype=bool)
     if vis.shape != (t, t):
-        raise ValueError(f"visible has shape {vis.shape}, expected ({t}, {t})")
+        raise ShapeError(f"visible has shape {vis.shape}, expected ({t}, {t})")
 
     after = [] if hidden_after is None else [int(i) for i in hidden_after]
     if any(not 0 <= i < weights.num_layers for i in after):
-        raise ValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
+        raise InvalidValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
     captured: dict[int, np.ndarray] = {}
 
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
