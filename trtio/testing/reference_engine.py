@@ -152,8 +152,9 @@ class ReferenceEngine:
     error is logged on ``trtio.testing.reference_engine`` and a sentinel comes back
     (``get_tensor_mode``: ``TensorIOMode.NONE``; ``get_tensor_dtype``: ``DataType.FLOAT``;
     ``get_tensor_shape``: ``()``; ``get_tensor_location``: ``TensorLocation.DEVICE``;
-    ``get_aliased_input_tensor``: None); ``get_tensor_profile_shape`` raises ``RuntimeError``
-    as TensorRT's Python binding does.
+    ``get_aliased_input_tensor``: None); ``get_tensor_profile_shape`` raises where TensorRT's Python
+    binding does: :class:`~trtio.UnknownNameError` for an unknown name, :class:`~trtio.InvalidValueError`
+    for an output or a profile out of range.
     """
 
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
@@ -209,8 +210,9 @@ class ReferenceEngine:
         ``role``, ``max_step_tokens``); anything else (None included) the batch-major one.
         ``omit`` (ragged only) leaves out optional inputs no dense graph reads
         (:data:`RAGGED_OMITTABLE`), as an engine whose ONNX parser dropped them; a name this role
-        does not declare as optional is a ValueError. Ragged engines take ``kv_cache_dtype="fp8"``
-        (e4m3fn pools); batch ones compute with float32, float16 or bfloat16 caches only.
+        does not declare as optional is an :class:`~trtio.InvalidValueError`. Ragged engines take
+        ``kv_cache_dtype="fp8"`` (e4m3fn pools); batch ones compute with float32, float16 or bfloat16 caches
+        only.
 
         ``fixed_cache_batch=True`` declares the batch-contract caches with a fixed batch of
         ``max_supported_batch_size`` (cache rows are sequence slots; a step of ``b`` sequences uses
@@ -366,7 +368,7 @@ class ReferenceEngine:
         p = _index(profile_index, 2)
         if p is None:
             raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} "
-                               f"is out of range [0, 2)")
+                                    f"is out of range [0, 2)")
         return list(decl.profiles[p])
 
     def get_aliased_input_tensor(self, name: str) -> str | None:
@@ -396,7 +398,7 @@ class ReferenceEngine:
             strategy = ExecutionContextAllocationStrategy(int(strategy))
         except (TypeError, ValueError):
             raise InvalidValueError(f"{self._name}: create_execution_context: unknown allocation strategy "
-                               f"{strategy!r}") from None
+                                    f"{strategy!r}") from None
         return ReferenceExecutionContext(self, strategy, f"{self._name}.context{next(self._context_ids)}")
 
 
@@ -484,7 +486,7 @@ class ReferenceExecutionContext:
         p = _index(profile_index, self._engine.num_optimization_profiles)
         if p is None:
             raise InvalidValueError(f"{self.name}: set_optimization_profile_async: profile index {profile_index!r} "
-                               f"is out of range [0, {self._engine.num_optimization_profiles})")
+                                    f"is out of range [0, {self._engine.num_optimization_profiles})")
         if p != self._profile:
             self._profile = p
             self._shapes.clear()
@@ -563,7 +565,8 @@ class ReferenceExecutionContext:
         return (-1, g.hidden_out) if emb is None else (emb[0], g.hidden_out)
 
     def infer_shapes(self) -> list[str]:
-        """Names of the inputs whose shapes are still unspecified; RuntimeError if the shapes set disagree."""
+        """Names of the inputs whose shapes are still unspecified; :class:`~trtio.EngineError` if the shapes set
+        disagree."""
         missing = [d.name for d in self._engine._decls if d.is_input and self._input_shape(d) is None]
         if not missing:
             problems = self._shape_problems()
@@ -599,15 +602,16 @@ class ReferenceExecutionContext:
         return self._addresses.get(name, 0)
 
     def set_device_memory(self, memory: int, size: int) -> None:
-        """USER_MANAGED only: the context memory, 256-byte aligned (RuntimeError otherwise)."""
+        """USER_MANAGED only (:class:`~trtio.EngineError` otherwise): the context memory, 256-byte aligned
+        (:class:`~trtio.InvalidValueError` otherwise)."""
         self.calls["set_device_memory"] += 1
         if self._strategy is not ExecutionContextAllocationStrategy.USER_MANAGED:
             raise EngineError(f"{self.name}: set_device_memory needs a context created with "
-                               f"ExecutionContextAllocationStrategy.USER_MANAGED, this one is {self._strategy.name}")
+                              f"ExecutionContextAllocationStrategy.USER_MANAGED, this one is {self._strategy.name}")
         ptr, size = int(memory), int(size)
         if ptr <= 0 or ptr % ADDRESS_ALIGNMENT:
             raise InvalidValueError(f"{self.name}: set_device_memory: address 0x{ptr:x} is not a "
-                               f"{ADDRESS_ALIGNMENT}-byte aligned device address")
+                                    f"{ADDRESS_ALIGNMENT}-byte aligned device address")
         if size < 0:
             raise InvalidValueError(f"{self.name}: set_device_memory: size {size} is negative")
         if self._memory != (ptr, size):

@@ -804,7 +804,7 @@ def _require_layers(trt: Any, network: Any) -> None:
     missing = [m for m in ("add_kv_cache_update", "add_rotary_embedding") if not hasattr(network, m)]
     if missing:
         raise EngineError(f"{trt.__name__} {getattr(trt, '__version__', '?')} has no {', '.join(missing)}: the toy "
-                           f"plans need TensorRT 10.15 or later (or TensorRT-RTX 1.2 or later)")
+                          f"plans need TensorRT 10.15 or later (or TensorRT-RTX 1.2 or later)")
 
 
 def build_plan(
