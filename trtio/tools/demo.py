@@ -22,7 +22,9 @@ For each contract:
 2. speculative decoding of the same prompts with ``create_for_spec_decode`` and EAGLE tree drafting
    (batch: the ``spec`` section's ``drafting_top_k`` / ``drafting_step`` / ``verify_size``; ragged:
    Edge-LLM's run-time values :data:`~trtio.testing.toy_engines.RAGGED_DEMO_TREE`), whose tokens
-   must equal the greedy ones;
+   must equal the greedy ones, and how much the base accepted of the draft's proposals
+   (:class:`~trtio.testing.toy_runtime.SpecStats`: the acceptance rate per draft level, the mean accepted
+   tokens per verify, the drafted tree nodes accepted);
 3. the binding tables, the memory reports and the graph statistics of both setups.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
