@@ -114,6 +114,24 @@ def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
     assert st["live_overwritten_by_decode"]  # the snapshot survived the decode loop's writes
 
 
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_demo_draft_agrees_with_its_base(demo_json: dict[str, Any], contract: str) -> None:
+    """The toy drafts are derived from their bases (ToyWeights.generate_draft): the base accepts at least 60 % of
+    the draft levels of each verify, and the demo reports the mean accepted tokens per verify."""
+    from trtio.tools.demo import format_demo
+
+    sd = demo_json["contracts"][contract]["spec_decode"]
+    per_verify = sd["accepted"] / (sd["rounds"] * 4)  # 4 sequences
+    assert sd["accepted_per_verify"] == pytest.approx(per_verify)
+    assert sd["acceptance_rate"] == pytest.approx(per_verify / sd["tree"]["depth"])
+    assert sd["node_acceptance_rate"] == pytest.approx(sd["accepted"] / sd["proposed"])
+    assert sd["tokens_per_verify"] == pytest.approx(1 + per_verify)
+    assert sd["acceptance_rate"] >= 0.6, sd
+    text = format_demo(demo_json).split("== ragged contract")[contract == "ragged"]
+    assert f"mean accepted tokens per verify: {per_verify:.2f}" in text
+    assert f"acceptance rate: {sd['acceptance_rate']:.3f} of the 3 draft levels per verify" in text
+
+
 def test_demo_bindings_cover_every_engine_tensor(demo_json: dict[str, Any]) -> None:
     bindings = demo_json["contracts"]["batch"]["bindings"]
     for role, name in (("llm", "toy-llm"), ("base", "toy-eagle/base"), ("draft", "toy-eagle/draft")):

@@ -195,7 +195,8 @@ def test_engines_configs_describe_one_small_model(toys: ToyEngines) -> None:
     assert (toys.llm.extra["name"], toys.eagle.extra["name"]) == ("toy-llm", "toy-eagle")
     heads = (llm.num_attention_heads, llm.num_kv_heads, llm.head_dim, llm.rotary_dim)
     assert (llm.hidden_size, *heads) == (64, 4, 2, 16, 16)
-    assert (llm.num_attention_layers, draft.num_attention_layers, llm.vocab_size) == (2, 1, 512)
+    # The draft copies the base's two layers (ToyWeights.generate_draft), so that it agrees with the base.
+    assert (llm.num_attention_layers, draft.num_attention_layers, llm.vocab_size) == (2, 2, 512)
     assert (llm.max_supported_batch_size, llm.max_supported_input_length, llm.max_kv_cache_capacity) == (4, 64, 128)
     assert llm.activation_dtype == llm.kv_cache_dtype == "float16"
     assert draft.base_model_hidden_size == base.hidden_size

@@ -22,6 +22,7 @@ import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.testing import reference_engine as re_mod
+from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
     DataType,
     ExecutionContextAllocationStrategy,
@@ -119,7 +120,7 @@ def test_io_contract_matches_the_doc(variant: str) -> None:
             for p in range(2):
                 assert engine.get_tensor_profile_shape(name, p) == list(w["profiles"][p])
         else:
-            with pytest.raises(RuntimeError, match="not an input"):
+            with pytest.raises(trtio.InvalidValueError, match="not an input"):
                 engine.get_tensor_profile_shape(name, 0)
     with pytest.raises(IndexError):
         engine[len(want)]
@@ -177,9 +178,9 @@ def test_unknown_names_log_and_return_sentinels(caplog: pytest.LogCaptureFixture
         assert engine.get_device_memory_size_for_profile_v2(2) == 0
     assert sum("'nope'" in r.getMessage() for r in caplog.records) == 6
     assert all(r.levelno == logging.ERROR for r in caplog.records)
-    with pytest.raises(RuntimeError, match="not an I/O tensor"):
+    with pytest.raises(trtio.UnknownNameError, match="not an I/O tensor"):
         engine.get_tensor_profile_shape("nope", 0)
-    with pytest.raises(RuntimeError, match="profile index"):
+    with pytest.raises(trtio.InvalidValueError, match="profile index"):
         engine.get_tensor_profile_shape(names.kInputsEmbeds, 2)
 
 
@@ -485,9 +486,9 @@ def test_profiles_switch_and_forget_input_shapes() -> None:
     h = fresh_context()
     ctx = h.ctx
     assert ctx.active_optimization_profile == 0
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(trtio.InvalidValueError, match="out of range"):
         ctx.set_optimization_profile_async(2, h.stream.handle)
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(trtio.InvalidValueError, match="out of range"):
         ctx.set_optimization_profile_async(-1, h.stream.handle)
     assert ctx.set_optimization_profile_async(np.int64(0), h.stream.handle) is True
     assert ctx.set_input_shape(names.kInputsEmbeds, (2, 5, 32))
@@ -520,7 +521,7 @@ def test_output_shapes_and_infer_shapes() -> None:
     assert ctx.get_tensor_shape(names.kOutputHiddenStates) == (2, 6, 32)
     assert ctx.get_tensor_shape("present_v_cache_0") == (2, 2, 48, 8)
     assert ctx.set_input_shape(names.kAttentionPosId, (2, 5))  # neither 1 nor the step length
-    with pytest.raises(RuntimeError, match="attention_pos_id"):
+    with pytest.raises(trtio.EngineError, match="attention_pos_id"):
         ctx.infer_shapes()
     assert ctx.get_tensor_shape("nope") == ()
 
@@ -565,7 +566,7 @@ def test_execute_refusals_name_the_binding(caplog: pytest.LogCaptureFixture) -> 
 
 def test_static_context_needs_no_memory_but_refuses_user_memory() -> None:
     h = fresh_context()
-    with pytest.raises(RuntimeError, match="USER_MANAGED"):
+    with pytest.raises(trtio.EngineError, match="USER_MANAGED"):
         h.ctx.set_device_memory(h.tensors[names.kInputsEmbeds].data_ptr, 1024)
 
 
@@ -585,9 +586,9 @@ def test_user_managed_context_memory(caplog: pytest.LogCaptureFixture) -> None:
     need = engine.get_device_memory_size_for_profile_v2(0)
     assert ctx.update_device_memory_size_for_shapes() == need
     mem = new_tensor((need,), "uint8")
-    with pytest.raises(RuntimeError, match="aligned"):
+    with pytest.raises(trtio.InvalidValueError, match="aligned"):
         ctx.set_device_memory(mem.data_ptr + 64, need - 256)
-    with pytest.raises(RuntimeError, match="aligned"):
+    with pytest.raises(trtio.InvalidValueError, match="aligned"):
         ctx.set_device_memory(0, 0)
     ctx.set_device_memory(mem.data_ptr, need - 256)
     caplog.clear()
@@ -599,14 +600,79 @@ def test_user_managed_context_memory(caplog: pytest.LogCaptureFixture) -> None:
     assert ctx.calls["set_device_memory"] == 4
 
 
-def test_create_execution_context_strategies() -> None:
+def bound_context(h: Harness, strategy: Any) -> Any:
+    """A new context of ``strategy`` on ``h``'s engine, bound to ``h``'s tensors; ``h`` now drives it."""
+    ctx = h.engine.create_execution_context(strategy)
+    for name, t in h.tensors.items():
+        assert ctx.set_tensor_address(name, t.data_ptr)
+    for c in h.caches():
+        assert ctx.set_tensor_address("present_" + c, h.tensors[c].data_ptr)
+    h.ctx = ctx
+    return ctx
+
+
+def test_create_execution_context_strategies(caplog: pytest.LogCaptureFixture) -> None:
+    """TensorRT's allocation strategies (enum members or their ints): STATIC and ON_PROFILE_CHANGE contexts
+    bring their own context memory, enough for every profile, so they execute in both profiles without
+    set_device_memory, which they refuse; a USER_MANAGED context has none until set_device_memory hands it at
+    least what the active profile needs (get_device_memory_size_for_profile_v2)."""
     engine = ReferenceEngine.from_config(make_cfg(), device="host")
-    for s in (STATIC, 0, ExecutionContextAllocationStrategy.ON_PROFILE_CHANGE, 2):
-        ctx = engine.create_execution_context(s)
-        assert ctx.engine is engine and ctx.active_optimization_profile == 0
-    assert engine.create_execution_context().name != engine.create_execution_context().name
-    with pytest.raises(RuntimeError, match="allocation strategy"):
+    h = Harness(engine)
+    steps = ((0, llm_step_inputs(seq=3)), (1, llm_step_inputs(seq=1)))
+    need = [engine.get_device_memory_size_for_profile_v2(p) for p in range(2)]
+    assert need[0] > need[1] and engine.device_memory_size_v2 == need[0]
+    memory = new_tensor((need[0],), "uint8")
+    names_seen = set()
+    for strategy, kind in ((STATIC, "STATIC"), (0, "STATIC"), (ExecutionContextAllocationStrategy.ON_PROFILE_CHANGE,
+                           "ON_PROFILE_CHANGE"), (1, "ON_PROFILE_CHANGE")):
+        ctx = bound_context(h, strategy)
+        assert ctx.engine is engine and ctx.active_optimization_profile == 0 and f"strategy={kind}" in repr(ctx)
+        for profile, inputs in steps:
+            h.stage(profile, inputs)
+            assert ctx.execute_async_v3(h.stream.handle), (kind, profile)
+        with pytest.raises(trtio.EngineError, match=f"needs a context created with .*USER_MANAGED, this one is {kind}"):
+            ctx.set_device_memory(memory.data_ptr, need[0])
+        names_seen.add(ctx.name)
+    for strategy in (USER_MANAGED, 2):
+        ctx = bound_context(h, strategy)
+        assert "strategy=USER_MANAGED" in repr(ctx)
+        h.stage(0, steps[0][1])
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            assert ctx.execute_async_v3(h.stream.handle) is False
+        assert f"no context memory (USER_MANAGED: call set_device_memory with {need[0]} bytes)" in caplog.text
+        ctx.set_device_memory(memory.data_ptr, need[1])  # enough for profile 1 only
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            assert ctx.execute_async_v3(h.stream.handle) is False
+        assert f"context memory of {need[1]} bytes is smaller than the {need[0]} bytes profile 0 needs" in caplog.text
+        h.stage(1, steps[1][1])
+        assert ctx.update_device_memory_size_for_shapes() == need[1]
+        assert ctx.execute_async_v3(h.stream.handle)
+        ctx.set_device_memory(memory.data_ptr, need[0])
+        h.stage(0, steps[0][1])
+        assert ctx.execute_async_v3(h.stream.handle)
+        names_seen.add(ctx.name)
+    assert len(names_seen) == 6  # each context has a name of its own
+    with pytest.raises(trtio.InvalidValueError, match="unknown allocation strategy 7"):
         engine.create_execution_context(7)
+
+
+@pytest.mark.gpu
+def test_gpu_context_memory_by_strategy() -> None:
+    """On the GPU a STATIC context allocates device_memory_size_v2 bytes of its own and computes its scratch
+    there; a USER_MANAGED one computes in the memory it is handed, within the active profile's need."""
+    pytest.importorskip("cupy")
+    engine = ReferenceEngine.from_config(make_cfg(), device="gpu")
+    h = Harness(engine, backend="cuda")
+    h.run(0, llm_step_inputs())
+    assert 0 < h.ctx.scratch_peak_bytes <= engine.device_memory_size_v2
+    ctx = bound_context(h, USER_MANAGED)
+    need = engine.get_device_memory_size_for_profile_v2(0)
+    memory = new_tensor((need,), "uint8", backend="cuda")
+    ctx.set_device_memory(memory.data_ptr, need)
+    h.run(0, llm_step_inputs())
+    assert 0 < ctx.scratch_peak_bytes <= need
 
 
 def test_validation_is_cached_and_counters_count(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -882,13 +948,13 @@ def test_bf16_conversions_match_ml_dtypes() -> None:
         # exact ties: the lower 16 bits are 0x8000, with even and odd upper halves
         np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000], np.uint32).view(np.float32),
     ]).astype(np.float32)
-    bits = re_mod._store(np, x, trtio.DType.BFLOAT16)
+    bits = reference_math._store(np, x, trtio.DType.BFLOAT16)
     assert bits.dtype == np.uint16
     np.testing.assert_array_equal(bits, x.astype(ml_dtypes.bfloat16).view(np.uint16))
-    back = re_mod._load(np, bits, trtio.DType.BFLOAT16)
+    back = reference_math._load(np, bits, trtio.DType.BFLOAT16)
     np.testing.assert_array_equal(back, x.astype(ml_dtypes.bfloat16).astype(np.float32))
-    nan = re_mod._store(np, np.array([np.nan, -np.nan], np.float32), trtio.DType.BFLOAT16)
-    assert np.isnan(re_mod._load(np, nan, trtio.DType.BFLOAT16)).all()
+    nan = reference_math._store(np, np.array([np.nan, -np.nan], np.float32), trtio.DType.BFLOAT16)
+    assert np.isnan(reference_math._load(np, nan, trtio.DType.BFLOAT16)).all()
 
 
 # -- host "graphs" and null compute ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ are compared bit for bit.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -33,6 +34,7 @@ import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.testing import reference_engine as re_mod
+from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
     RAGGED_OMITTABLE,
     DataType,
@@ -517,15 +519,18 @@ def test_base_hidden_states_are_the_eagle_layers_streams() -> None:
 
 
 def tree_step(rig: Rig, tokens: Tokens, parents: Sequence[Sequence[int]], past: Sequence[int], width: int,
-              phase: int, picks: Sequence[int] | None = None) -> tuple[Step, list[list[dict[str, Any]]]]:
+              phase: int, picks: Sequence[int] | None = None, slots: Sequence[int] | None = None
+              ) -> tuple[Step, list[list[dict[str, Any]]]]:
     """A verify (phase 5) or draft-proposal (phase 4) step: tree nodes at slots past + i, RoPE position
-    past + depth, each node seeing the prefix, itself and its ancestors."""
+    past + depth, each node seeing the prefix, itself and its ancestors; step row i is sequence slot
+    ``slots[i]`` (default i)."""
     nodes = [tokens.draws(len(p)) for p in parents]
     masks = [ancestor_mask(np.array(p)) for p in parents]
     positions = [list(past[s] + m.sum(axis=1) - 1) for s, m in enumerate(masks)]
     if picks is None:
         picks = list(range(len(parents) * width))
-    step = Step(rig, tokens, nodes, positions, width=width, past=past, phase=phase, picks=picks, masks=masks)
+    step = Step(rig, tokens, nodes, positions, width=width, past=past, phase=phase, picks=picks, masks=masks,
+                slots=slots)
     return step, nodes
 
 
@@ -666,6 +671,174 @@ def test_scattered_page_tables_give_the_same_results() -> None:
                         np.testing.assert_array_equal(flat_s[page_s], flat_i[rigs[0].table[s, kind, col]])
         unused = np.setdiff1d(np.arange(2 * p), scattered[scattered >= 0])
         assert not flat_s[unused].any()  # pages no sequence owns were never written
+
+
+DEVICES = ["host", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def device_rig(cfg: LLMEngineConfig, device: str, table: np.ndarray | None = None) -> Rig:
+    """A Rig on the host device, or on the GPU (CuPy, cuda backend)."""
+    if device == "gpu":
+        return Rig(_gpu_engine(cfg), backend="cuda", table=table)
+    return Rig(ReferenceEngine.from_config(cfg, device="host"), table=table)
+
+
+def paired_table(k_ids: Any, pool_pages: int) -> np.ndarray:
+    """A page table [slots, 2, M] from K page ids [slots, M]: V ids are K ids + P, unmapped (-1) stays -1."""
+    k_ids = np.asarray(k_ids, np.int32)
+    return np.stack([k_ids, np.where(k_ids >= 0, k_ids + pool_pages, -1)], axis=1).astype(np.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_arbitrary_page_tables_give_the_identity_tables_logits(device: str) -> None:
+    """Each sequence's pages scattered anywhere in a pool larger than needed, sequences in slots other than
+    their step row, and -1 for every page past what they reach: prefill, decodes and a verify give exactly
+    the outputs of the identity table with slot = step row, and the logits of reference_forward."""
+    cfg = small_cfg("base", kv_pool_pages=20)
+    m, p = cfg.pages_per_sequence, cfg.kv_pool_pages
+    rng = np.random.default_rng(3)
+    slots = [2, 0, 1]  # step row i is sequence slot slots[i]
+    k_ids = np.full((3, m), -1)
+    reach = [2, 2, 1]  # pages each step row's sequence reaches (12 + 10 slots, 9 + 10, 4 + 10; pages of 16)
+    picked = iter(rng.permutation(p)[:sum(reach)])
+    for row, slot in enumerate(slots):
+        k_ids[slot, :reach[row]] = [next(picked) for _ in range(reach[row])]
+    table = paired_table(k_ids, p)
+    assert (table[slots[0], 0] != np.arange(m)).any() and p > 3 * m
+    results = []
+    for rig, seqs in ((device_rig(cfg, device), None), (device_rig(cfg, device, table), slots)):
+        tokens = Tokens(cfg, seed=11)
+        past = [12, 9, 4]
+        out = [prefill(rig, tokens, past, seqs=seqs)]
+        for _ in range(6):  # step row 0 crosses into its second page
+            decode(rig, tokens, past, seqs=seqs)
+            out.append(rig.outputs())
+        parents = [[-1, 0, 0], [-1, 0, 1, 2], [-1, 0]]
+        step, nodes = tree_step(rig, tokens, parents, past, 4, phase=5, slots=seqs)
+        out.append(rig.run(step))
+        results.append(out)
+        logits = out[-1][0]
+        for row in range(3):
+            slot = row if seqs is None else seqs[row]
+            _, want = tree_reference(tokens, slot, nodes[row], parents[row])
+            assert_close(logits[row * 4:row * 4 + len(parents[row])], want, cfg)
+    for (la, ha), (lb, hb) in zip(*results):
+        np.testing.assert_array_equal(la, lb)
+        np.testing.assert_array_equal(ha, hb)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sequences_sharing_the_full_pages_of_a_prefix(device: str) -> None:
+    """Two sequences whose tables share the two full pages of a 32-token prefix (read-only: they write only
+    their own third page) give the logits of their own solo run, bit for bit the same as with private copies
+    of the prefix, and leave the shared pages as the prefix's prefill wrote them."""
+    cfg = small_cfg(max_supported_input_length=32, kv_pool_pages=12)
+    p, page = cfg.kv_pool_pages, cfg.kv_page_size
+    tokens = Tokens(cfg, seed=6)
+    prefix = tokens.draws(32)
+    suffixes = [tokens.draws(5), tokens.draws(9)]
+    steps = [tokens.draws(1), tokens.draws(1)]
+    layouts = {"shared": ([[5, 9, 2], [5, 9, 7], [5, 9, 11]], [0]),  # slot 0 prefills the prefix once
+               "private": ([[5, 9, 2], [0, 1, 7], [3, 4, 11]], [1, 2])}  # slots 1 and 2 each prefill a copy
+    results = {}
+    for name, (k_ids, prefilled) in layouts.items():
+        rig = device_rig(cfg, device, paired_table(k_ids, p))
+        for slot in prefilled:
+            rig.run(Step(rig, tokens, [prefix], [list(range(32))], width=32, past=[0], phase=1, picks=[31],
+                         slots=[slot]))
+        shared = {n: pool.reshape(2 * p, page, -1)[[5, 9, 5 + p, 9 + p]].copy() for n, pool in rig.pools().items()}
+        out = [rig.run(Step(rig, tokens, suffixes, [list(range(32, 37)), list(range(32, 41))], width=9,
+                            past=[32, 32], phase=2, picks=[4, 9 + 8], slots=[1, 2]))[0]]
+        out.append(rig.run(Step(rig, tokens, steps, [[37], [41]], width=1, past=[37, 41], phase=3, picks=[0, 1],
+                                slots=[1, 2]))[0])
+        results[name] = out
+        if name == "shared":
+            for n, pool in rig.pools().items():
+                np.testing.assert_array_equal(pool.reshape(2 * p, page, -1)[[5, 9, 5 + p, 9 + p]], shared[n])
+    for a, b in zip(results["shared"], results["private"]):
+        np.testing.assert_array_equal(a, b)
+    for row in range(2):
+        history = prefix + suffixes[row]
+        tokens.history = {0: history}
+        assert_close(results["shared"][0][row], tokens.reference(0)[1][-1], cfg)
+        tokens.history = {0: history + steps[row]}
+        assert_close(results["shared"][1][row], tokens.reference(0)[1][-1], cfg)
+    assert np.abs(results["shared"][0][0] - results["shared"][0][1]).max() > 0.05  # two different sequences
+
+
+BAD_PAGES: dict[str, tuple[tuple[int, int, int], int]] = {
+    "k-unmapped": ((1, 0, 0), -1),
+    "v-unmapped": ((1, 1, 0), -1),
+    "k-past-the-pool": ((1, 0, 0), 18),  # 2P = 18
+    "v-negative": ((1, 1, 0), -7),
+}
+
+
+def _bad_page_step(device: str, case: str) -> tuple[Rig, Step, tuple[Any, ...], dict[str, dict[str, np.ndarray]]]:
+    """A base rig after a prefill, a verify step whose sequence 1 touches a bad page, what the same step gives
+    with the good table (outputs), and the pools before it and after it; the rig's pools are left as before."""
+    cfg = small_cfg("base")
+    rig = device_rig(cfg, device)
+    tokens = Tokens(cfg)
+    past = [3, 5]
+    prefill(rig, tokens, past)
+    step, _ = tree_step(rig, tokens, [[-1, 0, 1, 1], [-1, 0]], past, 4, phase=5)
+    before = rig.pools()
+    good = rig.run(step)
+    pools = {"before": before, "good": rig.pools()}
+    rig.fill_pools(before)
+    index, value = BAD_PAGES[case]
+    bad = copy.copy(step)
+    bad.inputs = dict(step.inputs)
+    table = bad.inputs[names.kKVPageTable].copy()
+    table[index] = value
+    bad.inputs[names.kKVPageTable] = table
+    return rig, bad, good, pools
+
+
+def _assert_sequence_1_is_nan(rig: Rig, got: tuple[np.ndarray, np.ndarray | None], good: tuple[Any, ...],
+                              pools: dict[str, dict[str, np.ndarray]]) -> None:
+    (logits, hidden), (good_logits, good_hidden) = got, good
+    assert hidden is not None
+    assert np.isnan(logits[4:8]).all() and np.isnan(hidden[4:8]).all()  # every row of sequence 1
+    np.testing.assert_array_equal(logits[:4], good_logits[:4])  # sequence 0 as with the good table
+    np.testing.assert_array_equal(hidden[:4], good_hidden[:4])
+    page, p, m = rig.cfg.kv_page_size, rig.cfg.kv_pool_pages, rig.cfg.pages_per_sequence
+    for name, pool in rig.pools().items():
+        rows = pool.reshape(2 * p, page, -1).view(np.uint8)
+        before = pools["before"][name].reshape(2 * p, page, -1).view(np.uint8)
+        written = pools["good"][name].reshape(2 * p, page, -1).view(np.uint8)
+        for k_page in (m, m + p):  # sequence 1's K and V pages: nothing written
+            np.testing.assert_array_equal(rows[k_page], before[k_page])
+        for k_page in (0, p):  # sequence 0's: written as with the good table
+            np.testing.assert_array_equal(rows[k_page], written[k_page])
+
+
+@pytest.mark.parametrize("case", list(BAD_PAGES))
+def test_unchecked_steps_make_a_sequence_with_a_bad_page_nan(case: str) -> None:
+    """The GPU's handling of a touched page id that is unmapped or outside the pool (reference_math on numpy,
+    unchecked as the GPU runs it): every output row of that sequence is NaN, it writes no K/V, and the other
+    sequence's outputs and pages are exactly those of the good table. (The host device refuses the step.)"""
+    rig, bad, good, pools = _bad_page_step("host", case)
+    rig.stage(bad.inputs, bad.phase, bad.contexts)
+    plan = rig.ctx._validate()
+    assert plan is not None
+    engine = rig.engine
+    with np.errstate(all="ignore"):
+        reference_math._forward_ragged(np, np.matmul, reference_math._scatter_rows_host, engine._geo,
+                                       reference_math._Weights.of(engine.weights, np.asarray), plan.views, plan.phase,
+                                       reference_math._NoScratch(), checked=False)
+    _assert_sequence_1_is_nan(rig, rig.outputs(), good, pools)
+    with pytest.raises(trtio.InvalidValueError, match=r"kv_page_table\[1, "):
+        rig.ctx.execute_async_v3(rig.stream.handle)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(BAD_PAGES))
+def test_gpu_sequence_with_a_bad_page_is_nan(case: str) -> None:
+    """On the GPU (no host sync inside execute) the step runs; the sequence with the bad page is NaN."""
+    rig, bad, good, pools = _bad_page_step("gpu", case)
+    _assert_sequence_1_is_nan(rig, rig.run(bad), good, pools)
 
 
 def test_fp8_pools_hold_e4m3_k_and_v_at_their_pages() -> None:
@@ -812,7 +985,7 @@ def test_shape_rules_refuse_the_step(case: str, caplog: pytest.LogCaptureFixture
     for name, shape in shapes.items():
         assert rig.ctx.set_input_shape(name, shape), (name, shape)
     refused(rig, caplog, why)
-    with pytest.raises(RuntimeError, match="infer_shapes"):
+    with pytest.raises(trtio.EngineError, match="infer_shapes"):
         rig.ctx.infer_shapes()
 
 
@@ -875,6 +1048,8 @@ DATA_REFUSALS: dict[str, tuple[str, Callable[[np.ndarray], None], str]] = {
     "query-length-over-w": (names.kQueryLengths, lambda a: a.__setitem__(1, 5), "0 <= query length <= W (4)"),
     "page-id-out-of-range": (names.kKVPageTable, lambda a: a.__setitem__((1, 1, 0), 18), "0 <= page id < 2 * "),
     "page-id-unset": (names.kKVPageTable, lambda a: a.__setitem__((0, 0, 0), -1), "kv_page_table[0, 0, 0] = -1"),
+    "v-page-id-unset": (names.kKVPageTable, lambda a: a.__setitem__((1, 1, 0), -1), "kv_page_table[1, 1, 0] = -1"),
+    "page-id-negative": (names.kKVPageTable, lambda a: a.__setitem__((0, 0, 0), -3), "kv_page_table[0, 0, 0] = -3"),
     "slot-past-the-pages": (names.kPastLengths, lambda a: a.__setitem__(0, 46), "0 <= slot < the 3 pages x 16"),
     "logits-row": (names.kLogitsIndices, lambda a: a.__setitem__(0, 8), "0 <= row < T (8)"),
     "length-below-w": (names.kAttentionSequenceLengths, lambda a: a.__setitem__(0, 3), "W (4) <= length <= 48"),
@@ -895,13 +1070,23 @@ def test_bad_data_raises_on_the_host(case: str) -> None:
 
 
 def test_unused_page_ids_may_be_anything() -> None:
-    """Entries for pages a step never touches (-1, or out of range) are not read."""
+    """Entries for pages a step never touches (-1, or out of range) are not read: the step's outputs and pools
+    are exactly those of the identity table's."""
+    rig, step = base_rig()
+    want = rig.run(step)
+    want_pools = rig.pools()
     rig, step = base_rig()
     table = step.inputs[names.kKVPageTable].copy()
+    assert (step.inputs[names.kPastLengths] + 4 <= rig.cfg.kv_page_size).all()  # the step touches page 0 only
     table[:, :, 1:] = -1
     table[0, 1, 2] = 999
     step.inputs[names.kKVPageTable] = table
-    rig.run(step)
+    got = rig.run(step)
+    for a, b in zip(got, want):
+        assert a is not None and b is not None
+        np.testing.assert_array_equal(a, b)
+    for name, pool in rig.pools().items():
+        np.testing.assert_array_equal(pool, want_pools[name])
 
 
 # -- fp8 conversions ----------------------------------------------------------------------------------------

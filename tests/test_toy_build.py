@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from _contract import expected_contract
 
-from trtio import EngineError, LLMEngineConfig
+from trtio import ConfigError, EngineError, LLMEngineConfig
 from trtio.testing import toy_build as tb
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_model import ToyWeights
@@ -159,6 +159,13 @@ def test_bad_configs_are_refused_with_the_field_named() -> None:
         build(cfg_for("llm", num_deepstack_features=3))
     with pytest.raises(ValueError, match="EAGLE draft"):
         tb.build_network(trt, cfg_for("draft"), ToyWeights.generate(cfg_for("llm", num_attention_layers=1)))
+
+
+def test_bad_configs_are_one_config_error_listing_every_problem() -> None:
+    with pytest.raises(ConfigError) as info:
+        build(cfg_for("llm", num_kv_heads=3, rotary_dim=18))
+    assert info.value.field == "num_kv_heads"
+    assert "num_kv_heads=3" in str(info.value) and "rotary_dim=18" in str(info.value)
 
 
 # -- build_plan and main() ------------------------------------------------------------------------
@@ -318,6 +325,6 @@ def test_rtx_plans_are_built_for_user_allocation_so_graphs_can_capture_them():
 
 def test_a_tensorrt_without_the_kv_cache_layer_is_named():
     old = types.SimpleNamespace(__name__="tensorrt", __version__="10.8.0")
-    with pytest.raises(RuntimeError, match=r"tensorrt 10.8.0 has no add_kv_cache_update, add_rotary_embedding: "
+    with pytest.raises(EngineError, match=r"tensorrt 10.8.0 has no add_kv_cache_update, add_rotary_embedding: "
                                            r"the toy plans need TensorRT 10.15 or later"):
         tb._require_layers(old, object())

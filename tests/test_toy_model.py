@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trtio.errors import ConfigError
 from trtio.testing.toy_model import (
+    DRAFT_MIX_SCALE,
     ToyWeights,
     apply_rope,
     config_role,
@@ -48,7 +50,7 @@ def make_cfg(**overrides: object) -> types.SimpleNamespace:
 
 
 def draft_cfg(**overrides: object) -> types.SimpleNamespace:
-    return make_cfg(num_attention_layers=1, base_model_hidden_size=48, **overrides)
+    return make_cfg(**{"num_attention_layers": 1, "base_model_hidden_size": 48, **overrides})
 
 
 def embeds_for(cfg: types.SimpleNamespace, tokens: list[int], seed: int = 0) -> np.ndarray:
@@ -143,6 +145,66 @@ def test_weights_follow_the_documented_draw_order_and_scales(cfg: types.SimpleNa
     assert len(got) == len(expected)
     for x, y in zip(got, expected):
         np.testing.assert_array_equal(x, y)
+
+
+def _cut(w: ToyWeights, layers: int) -> ToyWeights:
+    return ToyWeights(wq=w.wq[:layers], wk=w.wk[:layers], wv=w.wv[:layers], wo=w.wo[:layers], w1=w.w1[:layers],
+                      w2=w.w2[:layers], we=None, wh=None, wd=None, w_lm=w.w_lm)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_the_draft_is_the_base_cut_after_its_layers(layers: int) -> None:
+    """generate_draft: the base's first layers and LM head, the next token's embedding as it is (we = I): fed
+    zero hidden states, the draft computes exactly what the base cut after those layers computes."""
+    base_cfg = make_cfg(num_attention_layers=3)
+    base = ToyWeights.generate(base_cfg, seed=2)
+    cfg = draft_cfg(num_attention_layers=layers)
+    draft = ToyWeights.generate_draft(cfg, base, seed=2)
+    assert draft.num_layers == layers and draft.is_draft and draft.w_lm is base.w_lm
+    assert draft.we is not None and (draft.we == np.eye(32, dtype=np.float32)).all()
+    x = embeds_for(cfg, [5, 9, 1, 30, 7])
+    zeros = dict(hidden_input=np.zeros((5, 48)), hidden_from_draft=np.zeros((5, 32)))
+    got_hidden, got = reference_forward(draft, cfg, x, **zeros)
+    want_hidden, want = reference_forward(_cut(base, layers), base_cfg, x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got_hidden, want_hidden)
+
+
+def test_the_draft_keeps_its_hidden_inputs_in_play() -> None:
+    """wh and wd are the documented draws (wh, then wd, scaled by DRAFT_MIX_SCALE): small, so the copy rules,
+    but every hidden input still moves the draft's logits."""
+    cfg = draft_cfg(num_attention_layers=2)
+    base = ToyWeights.generate(make_cfg(), seed=0)
+    draft = ToyWeights.generate_draft(cfg, base, seed=4)
+    rng = np.random.default_rng(4)
+    wh = rng.standard_normal((48, 32), dtype=np.float32) * np.float32(DRAFT_MIX_SCALE / math.sqrt(48))
+    wd = rng.standard_normal((32, 32), dtype=np.float32) * np.float32(DRAFT_MIX_SCALE / math.sqrt(32))
+    assert draft.wh is not None and draft.wd is not None
+    np.testing.assert_array_equal(draft.wh, wh)
+    np.testing.assert_array_equal(draft.wd, wd)
+    x = embeds_for(cfg, [3, 4, 5])
+    hin = np.random.default_rng(1).standard_normal((3, 48)).astype(np.float32)
+    hfd = np.random.default_rng(2).standard_normal((3, 32)).astype(np.float32)
+    _, plain = reference_forward(draft, cfg, x, hidden_input=np.zeros_like(hin), hidden_from_draft=np.zeros_like(hfd))
+    for kw in (dict(hidden_input=hin, hidden_from_draft=np.zeros_like(hfd)),
+               dict(hidden_input=np.zeros_like(hin), hidden_from_draft=hfd)):
+        _, moved = reference_forward(draft, cfg, x, **kw)
+        change = np.abs(moved - plain).max()
+        assert 1e-3 < change < 0.2 * np.abs(plain).max(), change
+
+
+@pytest.mark.parametrize("field, cfg, match", [
+    ("base_model_hidden_size", make_cfg(), "needs an EAGLE draft config"),
+    ("num_attention_layers", draft_cfg(num_attention_layers=3), r"3 must be in 1..2"),
+    ("hidden_size", draft_cfg(num_kv_heads=1), r"the base's wk is \[32, 16\] where this draft .* needs \[32, 8\]"),
+    ("output_vocab_size", draft_cfg(output_vocab_size=40), r"shares the base's LM head \[32, 64\]"),
+])
+def test_generate_draft_refuses_a_draft_that_cannot_copy_its_base(field: str, cfg: types.SimpleNamespace,
+                                                                  match: str) -> None:
+    base = ToyWeights.generate(make_cfg())
+    with pytest.raises(ConfigError, match=match) as info:
+        ToyWeights.generate_draft(cfg, base)
+    assert info.value.field == field
 
 
 def test_embedding_table() -> None:

@@ -2,10 +2,32 @@
 
 ``ReferenceEngine`` implements the part of TensorRT's engine / context API trtio uses and computes a
 tiny transformer (``docs/toy-model.md``) on the raw addresses it is given: numpy on the host backend,
-CuPy on a GPU.
+CuPy on a GPU. ``greedy_generate`` and ``spec_generate`` are complete generation loops over trtio's
+setups (token embedding, greedy sampling, EAGLE tree drafting); a loop of one's own can reuse their parts
+(``embed_batch``, ``expand_level``, ``CandidateTree``, ``SpecStats``).
 """
 
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
+from trtio.testing.toy_runtime import (
+    CandidateTree,
+    SpecStats,
+    embed_batch,
+    expand_level,
+    greedy_generate,
+    spec_generate,
+)
 
-__all__ = ["ReferenceEngine", "ToyWeights", "reference_forward", "rope_table", "toy_embedding"]
+__all__ = [
+    "CandidateTree",
+    "ReferenceEngine",
+    "SpecStats",
+    "ToyWeights",
+    "embed_batch",
+    "expand_level",
+    "greedy_generate",
+    "reference_forward",
+    "rope_table",
+    "spec_generate",
+    "toy_embedding",
+]

@@ -5,8 +5,13 @@
 types and failure behaviour, and computes the toy model of ``docs/toy-model.md`` on the raw
 addresses it is given. trtio talks to it exactly as to TensorRT; nothing in trtio special-cases it.
 The enums TensorRT's API returns (:class:`DataType`, :class:`TensorIOMode`, :class:`TensorLocation`,
-:class:`ExecutionContextAllocationStrategy`) live in this module, because trtio finds them through
-``sys.modules[type(engine).__module__]``.
+:class:`ExecutionContextAllocationStrategy`) are attributes of this module, because trtio finds them
+through ``sys.modules[type(engine).__module__]``.
+
+This module is the TensorRT API emulation; its parts live beside it: ``reference_io`` (the enums, the
+engine's geometry and declared I/O), ``reference_math`` (one engine call over numpy or CuPy: both
+contracts prepare their views of a step and share one layer loop) and ``reference_gpu`` (CuPy on raw
+device memory: the scratch allocator, the kernels, the context-memory bound).
 
 Two contracts, picked by ``cfg.contract``: trtio's batch-major one (``[B, S, H]`` activations,
 contiguous KV caches written like TensorRT's KVCacheUpdate) and, for ``"ragged"``, Edge-LLM 0.11's
@@ -24,18 +29,10 @@ Two devices:
   replay of the host "graph" recomputes from the same addresses with whatever data they then hold,
   as a CUDA graph would.
 * ``"gpu"``: CuPy on device memory, on the given stream (``cupy.cuda.Stream.from_external``).
-  Every temporary CuPy makes comes from a per-context bump allocator over the context memory, reset at the start of
-  each execute (and after each layer), so an execute hands out the same addresses each time, never
-  calls ``cudaMalloc`` and never synchronises the host: after one warm-up execute with the same
-  bindings, ``execute_async_v3`` can be captured into a CUDA graph.
-
-Both devices run one implementation of the math (:func:`_forward`, :func:`_forward_ragged`, over
-an array module that is numpy or CuPy) in float32; bf16 is converted with the same integer bit
-operations on both, fp8 (e4m3fn) by ml_dtypes on the host and by :func:`float32_to_e4m3fn_bits` /
-:func:`e4m3fn_bits_to_float32` on the GPU (CuPy has no fp8 dtype; tests hold them to ml_dtypes). On
-the GPU the matrix products are one plain CUDA kernel rather than cuBLAS (CuPy refuses cuBLAS calls
-during a capture), so replayed graphs and direct executes agree bit for bit; the ragged contract's
-page-table writes are another small kernel that skips padding rows without a host sync.
+  Every temporary CuPy makes comes from a per-context bump allocator over the context memory, reset at
+  the start of each execute (and after each layer), so an execute hands out the same addresses each
+  time, never calls ``cudaMalloc`` and never synchronises the host: after one warm-up execute with the
+  same bindings, ``execute_async_v3`` can be captured into a CUDA graph.
 
 Where this engine chooses behaviour TensorRT leaves open or undefined:
 
@@ -50,22 +47,27 @@ Where this engine chooses behaviour TensorRT leaves open or undefined:
   carrier other than ``S`` in phases 1-2 or 0 in phases 3-5.
 * Switching to another optimization profile forgets every input shape: set them again.
 * Data that would index outside a tensor (a cache slot ``start + s >= C``, a RoPE position
-  ``>= C``, a ``last_token_ids`` entry ``>= S``) raises ``ValueError`` on the host device, from the
-  enqueued work; on the GPU it is clipped, since checking would synchronise the host. Ragged: an
-  offset other than ``i * W``, a query length outside ``0..W``, a slot past the sequence's pages, a
-  page id outside the pool on a page the step touches, a logits row outside ``T``, in tree phases an
-  ``attention_sequence_lengths`` entry below ``W`` (the GPU ignores the offsets and clips the rest).
+  ``>= C``, a ``last_token_ids`` entry ``>= S``) raises :class:`~trtio.InvalidValueError` on the host
+  device, from the enqueued work; on the GPU it is clipped, since checking would synchronise the host.
+  Ragged: an offset other than ``i * W``, a query length outside ``0..W``, a slot past the sequence's
+  pages, a logits row outside ``T``, in tree phases an ``attention_sequence_lengths`` entry below ``W``
+  (the GPU ignores the offsets and clips the rest); and a page id the step touches that is unmapped
+  (-1) or outside the pool (``0 .. 2P - 1``): the host raises, and on the GPU that sequence writes no
+  K/V and every row of its outputs (logits, hidden states) is NaN, computed on the device, so a
+  page-table bug fails any comparison of logits instead of passing silently. Entries of pages a step
+  never touches are not read.
 * ``device_memory_size_v2`` is the GPU scratch bound of the worst-case shapes of either profile
   (reported on the host device too, where nothing uses it); a ``null_compute`` engine reports 512.
+* Where TensorRT's Python API raises (an unknown allocation strategy, a profile index out of range,
+  ``set_device_memory`` on a context that does not take it), this engine raises a
+  :class:`~trtio.TrtioError` (:class:`~trtio.InvalidValueError`, :class:`~trtio.UnknownNameError` or
+  :class:`~trtio.EngineError`) with the message TensorRT's failure would carry.
 """
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
-import math
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,927 +75,71 @@ from typing import Any
 import numpy as np
 
 from trtio import names
-from trtio.contracts import ragged as ragged_contract
 from trtio.cuda._hostmem import host_view
 from trtio.dtypes import DType
-from trtio.state import paged_state_specs
-from trtio.testing.toy_model import ToyWeights, config_role, output_vocab_size
+from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
+from trtio.testing.reference_gpu import (
+    ADDRESS_ALIGNMENT,
+    _BumpAllocator,
+    _cupy_stream,
+    _gpu_usable,
+    _GpuMatmul,
+    _GpuScatterRows,
+    _import_cupy,
+    _ragged_scratch_bound,
+    _scratch_bound,
+)
+from trtio.testing.reference_io import (
+    _RAGGED_UNREAD,
+    RAGGED_OMITTABLE,
+    DataType,
+    ExecutionContextAllocationStrategy,
+    Shape,
+    TensorIOMode,
+    TensorLocation,
+    _batch_shape_problems,
+    _Decl,
+    _declare,
+    _declare_ragged,
+    _Geometry,
+    _index,
+    _ragged_shape_problems,
+)
+from trtio.testing.reference_math import (
+    _DataError,
+    _forward,
+    _forward_ragged,
+    _NoScratch,
+    _scatter_rows_host,
+    _Weights,
+    e4m3fn_bits_to_float32,
+    float32_to_e4m3fn_bits,
+)
+from trtio.testing.toy_model import ToyWeights
 
 __all__ = [
     "ADDRESS_ALIGNMENT",
+    "RAGGED_OMITTABLE",
     "DataType",
     "ExecutionContextAllocationStrategy",
+    "IOIndexError",
     "ReferenceEngine",
     "ReferenceExecutionContext",
     "TensorIOMode",
     "TensorLocation",
+    "e4m3fn_bits_to_float32",
+    "float32_to_e4m3fn_bits",
 ]
 
 log = logging.getLogger("trtio.testing.reference_engine")
 
-#: TensorRT's alignment for tensor addresses and for user-managed context memory.
-ADDRESS_ALIGNMENT = 256
 #: The context memory a reference engine reports when it needs none (null_compute): never 0.
 _MIN_CONTEXT_MEMORY = 512
 
-Shape = tuple[int, ...]
-ProfileShapes = tuple[Shape, Shape, Shape]
 
-
-# -- TensorRT's enums ----------------------------------------------------------------------------
-
-
-class DataType(enum.IntEnum):
-    """``tensorrt.DataType``: same member names and values."""
-
-    FLOAT = 0
-    HALF = 1
-    INT8 = 2
-    INT32 = 3
-    BOOL = 4
-    UINT8 = 5
-    FP8 = 6
-    BF16 = 7
-    INT64 = 8
-    INT4 = 9
-    FP4 = 10
-    E8M0 = 11
-
-
-class TensorIOMode(enum.IntEnum):
-    """``tensorrt.TensorIOMode``."""
-
-    NONE = 0
-    INPUT = 1
-    OUTPUT = 2
-
-
-class TensorLocation(enum.IntEnum):
-    """``tensorrt.TensorLocation``."""
-
-    DEVICE = 0
-    HOST = 1
-
-
-class ExecutionContextAllocationStrategy(enum.IntEnum):
-    """``tensorrt.ExecutionContextAllocationStrategy``."""
-
-    STATIC = 0
-    ON_PROFILE_CHANGE = 1
-    USER_MANAGED = 2
-
-
-# -- the engine's geometry and I/O contract ------------------------------------------------------
-
-
-def _half(x: int) -> int:
-    return max(1, x // 2)
-
-
-@dataclass(frozen=True)
-class _Geometry:
-    """The numbers of ``docs/toy-model.md`` read once from a config (duck-typed)."""
-
-    role: str
-    h: int
-    vout: int
-    bmax: int
-    smax: int
-    cap: int
-    layers: int
-    hq: int
-    hkv: int
-    d: int
-    r: int
-    act: DType
-    kv: DType
-    nd: int
-    mrope: bool
-    hb: int  # draft: base_model_hidden_size, else 0
-    p1: int  # longest step of profile 1
-    fixed_cache_batch: bool = False  # caches declared [Bmax, Hkv, C, D]: rows are sequence slots
-    contract: str = "batch"  # or "ragged" (Edge-LLM 0.11, paged KV)
-    page: int = 0  # ragged: tokens per KV page
-    pool_pages: int = 0  # ragged: pages per layer pool (P; the pool holds 2P: K pages, then V pages)
-    seq_pages: int = 0  # ragged: page-table columns (M = pages_per_sequence)
-    eagle: tuple[int, ...] = ()  # ragged base: layers whose residual streams form hidden_states
-
-    @classmethod
-    def from_config(cls, cfg: Any, *, fixed_cache_batch: bool = False) -> _Geometry:
-        role = config_role(cfg)
-        p1 = 1
-        if role == "base":
-            p1 = int(cfg.max_verify_tree_size)
-        elif role == "draft":
-            p1 = int(cfg.max_draft_tree_size)
-        ragged: dict[str, Any] = {}
-        if getattr(cfg, "contract", None) == "ragged":
-            ragged = dict(
-                contract="ragged",
-                page=int(cfg.kv_page_size),
-                pool_pages=int(cfg.kv_pool_pages),
-                seq_pages=int(cfg.pages_per_sequence),
-                eagle=tuple(int(i) for i in cfg.eagle_hidden_state_layers) if role == "base" else (),
-            )
-        return cls(
-            role=role,
-            h=int(cfg.hidden_size),
-            vout=output_vocab_size(cfg),
-            bmax=int(cfg.max_supported_batch_size),
-            smax=int(cfg.max_supported_input_length),
-            cap=int(cfg.max_kv_cache_capacity),
-            layers=int(cfg.num_attention_layers),
-            hq=int(cfg.num_attention_heads),
-            hkv=int(cfg.num_kv_heads),
-            d=int(cfg.head_dim),
-            r=int(cfg.rotary_dim or cfg.head_dim),
-            act=DType.coerce(cfg.activation_dtype),
-            kv=DType.coerce(cfg.kv_cache_dtype),
-            nd=int(getattr(cfg, "num_deepstack_features", 0) or 0),
-            mrope=getattr(cfg, "rope_type", "rope") == "mrope",
-            hb=int(getattr(cfg, "base_model_hidden_size", 0) or 0) if role == "draft" else 0,
-            p1=p1,
-            fixed_cache_batch=fixed_cache_batch,
-            **ragged,
-        )
-
-    @property
-    def is_spec(self) -> bool:
-        return self.role != "llm"
-
-    @property
-    def is_ragged(self) -> bool:
-        return self.contract == "ragged"
-
-    @property
-    def seq_slots(self) -> int:
-        """Ragged: the KV slots one sequence can address through its page-table row (M * page)."""
-        return self.seq_pages * self.page
-
-    @property
-    def hidden_out(self) -> int:
-        """Ragged base: width of hidden_states (the EAGLE3 layers' streams side by side, else H)."""
-        return self.h * max(len(self.eagle), 1)
-
-    @property
-    def f(self) -> int:
-        return 2 * self.h
-
-
-@dataclass(frozen=True)
-class _Decl:
-    """One I/O tensor as the engine declares it."""
-
-    index: int
-    name: str
-    mode: TensorIOMode
-    dtype: DType
-    shape: Shape  # -1 for dynamic dims
-    profiles: tuple[ProfileShapes, ...]  # inputs: (min, opt, max) per profile; outputs: ()
-    alias: str | None = None  # outputs that update an input in place: that input
-
-    @property
-    def is_input(self) -> bool:
-        return self.mode is TensorIOMode.INPUT
-
-    @property
-    def is_static(self) -> bool:
-        return -1 not in self.shape
-
-
-def _declare(g: _Geometry) -> list[_Decl]:
-    """The I/O table of ``docs/toy-model.md``, in its declaration order."""
-    f32, i32, i64 = DType.FLOAT32, DType.INT32, DType.INT64
-    rows: list[tuple[str, TensorIOMode, DType, Shape, tuple[ProfileShapes, ...], str | None]] = []
-
-    def seq(width: int) -> tuple[ProfileShapes, ...]:
-        return (
-            ((1, 1, width), (g.bmax, _half(g.smax), width), (g.bmax, g.smax, width)),
-            ((1, 1, width), (g.bmax, _half(g.p1), width), (g.bmax, g.p1, width)),
-        )
-
-    def per_batch(*rest: int) -> tuple[ProfileShapes, ...]:
-        one = ((1, *rest), (g.bmax, *rest), (g.bmax, *rest))
-        return (one, one)
-
-    def static(shape: Shape) -> tuple[ProfileShapes, ...]:
-        return ((shape, shape, shape),) * 2
-
-    def inp(name: str, dtype: DType, shape: Shape, profiles: tuple[ProfileShapes, ...]) -> None:
-        rows.append((name, TensorIOMode.INPUT, dtype, shape, profiles, None))
-
-    def out(name: str, dtype: DType, shape: Shape, alias: str | None = None) -> None:
-        rows.append((name, TensorIOMode.OUTPUT, dtype, shape, (), alias))
-
-    inp(names.kInputsEmbeds, g.act, (-1, -1, g.h), seq(g.h))
-    if g.role == "draft":
-        inp(names.kBaseModelHiddenStates, g.act, (-1, -1, g.hb), seq(g.hb))
-        inp(names.kDraftModelHiddenStates, g.act, (-1, -1, g.h), seq(g.h))
-    inp(names.kContextLengths, i32, (-1,), per_batch())
-    inp(names.kLastTokenIds, i64, (-1, -1),
-        (((1, 1), (g.bmax, 1), (g.bmax, 1)), ((1, 1), (g.bmax, _half(g.p1)), (g.bmax, g.p1))))
-    inp(names.kKVCacheStartIndex, i32, (-1,), per_batch())
-    if g.mrope:
-        inp(names.kRopeCosSin, f32, (-1, g.cap, g.r), per_batch(g.cap, g.r))
-    else:
-        inp(names.kRopeCosSin, f32, (1, g.cap, g.r), static((1, g.cap, g.r)))
-    if g.is_spec:
-        inp(names.kAttentionMask, i32, (-1, -1, -1), (
-            ((1, 1, 1), (g.bmax, 1, 1), (g.bmax, 1, 1)),
-            ((1, 1, 1), (g.bmax, _half(g.p1), math.ceil(_half(g.p1) / 32)),
-             (g.bmax, g.p1, math.ceil(g.p1 / 32))),
-        ))
-        inp(names.kAttentionPosId, i32, (-1, -1),
-            (((1, 1), (g.bmax, 1), (g.bmax, 1)), ((1, 1), (g.bmax, _half(g.p1)), (g.bmax, g.p1))))
-    for i in range(g.nd):
-        inp(names.deepstack_embeds(i), g.act, (-1, -1, g.h), seq(g.h))
-    cache = (g.bmax if g.fixed_cache_batch else -1, g.hkv, g.cap, g.d)
-    cache_profiles = static(cache) if g.fixed_cache_batch else per_batch(g.hkv, g.cap, g.d)
-    for i in range(g.layers):
-        inp(names.k_cache(i), g.kv, cache, cache_profiles)
-        inp(names.v_cache(i), g.kv, cache, cache_profiles)
-    out(names.kLogits, f32, (-1, g.vout))
-    out(names.kOutputHiddenStates, g.act, (-1, -1, g.h))
-    for i in range(g.layers):
-        out(names.present_k_cache(i), g.kv, cache, names.k_cache(i))
-        out(names.present_v_cache(i), g.kv, cache, names.v_cache(i))
-    return [_Decl(i, *row) for i, row in enumerate(rows)]
-
-
-#: Inputs of the ragged contract that no dense graph reads, so a real engine may lack them
-#: (TensorRT's ONNX parser drops unused inputs): ``from_config(cfg, omit=...)`` leaves them out.
-RAGGED_OMITTABLE = (names.kPositions, names.kStateIndices, names.kTreeParentIds, names.kTreeDepths,
-                    names.kValidTreeCounts)
-# Ragged inputs the reference engine reads neither for data nor for shape rules beyond their extent.
-_RAGGED_UNREAD = frozenset(RAGGED_OMITTABLE) | {names.kAttentionPositionIds, names.kExecutionPhaseMarker,
-                                                 names.kContextSequenceCountCarrier}
-
-
-def _declare_ragged(cfg: Any, omit: Iterable[str] = ()) -> list[_Decl]:
-    """The I/O of an Edge-LLM 0.11 engine of ``cfg.role``, in the exporter's order (``docs/toy-model.md``).
-
-    Built from ``trtio.contracts.ragged.registry_for`` (every binding but the KV state) and
-    ``trtio.state.paged_state_specs`` (pools, their present aliases, the page table), so shapes and
-    profiles have one source. The optional ``skip_softmax_scale`` is left out; ``omit`` drops
-    optional inputs of :data:`RAGGED_OMITTABLE` that this role declares.
-    """
-    registry = ragged_contract.registry_for(cfg)
-    state = {spec.name: spec for spec in paged_state_specs(cfg)}
-    layers = range(int(cfg.num_attention_layers))
-    omit = set(omit)
-    omittable = {name for name in RAGGED_OMITTABLE if name in registry}
-    if omit - omittable:
-        raise ValueError(f"ReferenceEngine: omit={sorted(omit)}: a {cfg.role} engine can only lack "
-                         f"{sorted(omittable)} (optional inputs no dense graph reads)")
-    # The exporter writes the pools right after inputs_embeds and the page table after the
-    # context-count carrier; every other binding keeps the registry's order.
-    follows = {
-        names.kInputsEmbeds: [state[names.past_key_values(i)] for i in layers],
-        names.kContextSequenceCountCarrier: [state[names.kKVPageTable]],
-    }
-    specs = []
-    for spec in registry:
-        if spec.name in omit or spec.name == names.kSkipSoftmaxScale:
-            continue
-        specs.append(spec)
-        specs.extend(follows.get(spec.name, ()))
-    specs.extend(state[names.present_key_values(i)] for i in layers)
-    aliases = {names.present_key_values(i): names.past_key_values(i) for i in layers}
-    return [_Decl(index, spec.name, TensorIOMode.INPUT if spec.is_input else TensorIOMode.OUTPUT, spec.dtype,
-                  spec.engine_shape, spec.profiles if spec.is_input else (), aliases.get(spec.name))
-            for index, spec in enumerate(specs)]
-
-
-def _index(value: Any, size: int) -> int | None:
-    """``value`` as an index in ``[0, size)`` (Python or numpy integer, as pybind takes), else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        i = operator.index(value)
-    except TypeError:
-        return None
-    return i if 0 <= i < size else None
-
-
-def _align(n: int, alignment: int = ADDRESS_ALIGNMENT) -> int:
-    return (int(n) + alignment - 1) // alignment * alignment
-
-
-def _scratch_bound(g: _Geometry, batch: int, seq: int, select: int) -> int:
-    """Bytes of GPU scratch one execute needs at most for a step of ``batch`` x ``seq`` tokens.
-
-    Counts every float32 / int64 temporary :func:`_forward` makes (each kind of array times a
-    generous number of copies), for the persistent part (inputs, masks, positions), one layer
-    (scratch is released after each layer) and the outputs, plus alignment and a 1 MiB margin.
-    """
-    t = batch * seq
-    f4, i8 = 4, 8
-    q = t * g.hq * g.d * f4
-    kv = t * g.hkv * g.d * f4
-    cache = batch * g.hkv * g.cap * g.d * f4
-    scores = batch * g.hq * seq * g.cap * f4
-    x = t * g.h * f4
-    mask = batch * seq * g.cap * i8
-    persistent = (
-        16 * mask  # visibility, tree bits and their temporaries
-        + 12 * t * g.r * f4  # rope rows, cos, sin
-        + 16 * x + 6 * t * max(g.hb, 1) * f4  # activation loads, draft input projections, x buffers
-        + 8 * t * g.hkv * i8 + 16 * t * i8 + 16 * batch * select * i8  # indices
-    )
-    per_layer = (
-        8 * q + 24 * kv  # projections, RoPE, cache conversions of the new K/V
-        + 6 * cache  # cache reads converted to float32
-        + 10 * scores  # scores, mask, softmax
-        + 4 * batch * g.hq * seq * g.d * f4  # attention output and its transposes
-        + 10 * x + 4 * t * g.f * f4  # residuals, MLP, deepstack
-    )
-    final = 10 * x + 3 * batch * select * g.h * f4 + 3 * batch * select * g.vout * f4
-    allocations = 512 * ADDRESS_ALIGNMENT  # alignment waste, a few hundred allocations
-    return _align(persistent + per_layer + final + allocations + (1 << 20))
-
-
-def _ragged_scratch_bound(g: _Geometry, tokens: int, seqs: int, select: int) -> int:
-    """:func:`_scratch_bound` for a ragged step of ``tokens`` rows, ``seqs`` sequences and ``select``
-    logits rows. Per sequence the step gathers every slot its page-table row addresses (``M * page``),
-    so the caches read count ``seqs * M * page`` slots; scores and masks count ``tokens * M * page``
-    whatever the split into sequences. FP8 pools add their bit conversions (a few uint32 temporaries
-    per element), which the generous copy counts cover.
-    """
-    t, lk = tokens, g.seq_slots
-    f4, i8 = 4, 8
-    q = t * g.hq * g.d * f4
-    kv = t * g.hkv * g.d * f4
-    cache = seqs * lk * g.hkv * g.d * f4
-    scores = t * g.hq * lk * f4
-    x = t * g.h * f4
-    mask = t * lk * i8
-    persistent = (
-        16 * mask  # visibility, tree bits and their temporaries
-        + 12 * t * g.r * f4  # RoPE rows, cos, sin
-        + 16 * x + 6 * t * max(g.hb, 1) * f4  # activation loads, draft input projections, x buffers
-        + 16 * seqs * lk * i8  # page-table gathers: pool rows of every addressable slot, slots in use
-        + 24 * t * i8 + 16 * seqs * (g.seq_pages + 2) * i8 + 16 * select * i8  # row, sequence and page indices
-    )
-    per_layer = (
-        8 * q + 32 * kv  # projections, RoPE, storage conversions of the new K/V
-        + 12 * cache  # pool gathers converted to float32
-        + 10 * scores  # scores, mask, softmax
-        + 4 * t * g.hq * g.d * f4  # attention output and its transposes
-        + 10 * x + 4 * t * g.f * f4  # residuals, MLP, deepstack, EAGLE3 hidden-state stores
-    )
-    final = 10 * x + 3 * select * g.h * f4 + 8 * select * g.vout * f4  # logits, draft log-softmax
-    allocations = 512 * ADDRESS_ALIGNMENT
-    return _align(persistent + per_layer + final + allocations + (1 << 20))
-
-
-# -- the math, shared by numpy and CuPy -----------------------------------------------------------
-
-
-def _ml_dtypes() -> Any:
-    try:
-        import ml_dtypes  # noqa: PLC0415 - optional dependency
-    except ImportError:
-        return None
-    return ml_dtypes
-
-
-def float32_to_e4m3fn_bits(xp: Any, x: Any) -> Any:
-    """float32 -> float8 e4m3fn storage (uint8 bits) with element-wise ops of ``xp`` (numpy or CuPy).
-
-    CuPy has no fp8 dtype, so the GPU rounds on the bits; the host checks this function against
-    ml_dtypes. Round to nearest, ties to even; below 2**-6 the subnormals (steps of 2**-9, exact
-    after scaling by 512); magnitudes that round past 448 (the format's max), infinities and NaN
-    become NaN (0x7F) with the sign kept, as ml_dtypes' cast does (e4m3fn has no infinity).
-    """
-    u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-    sign = ((u >> 24) & xp.uint32(0x80)).astype(xp.uint8)
-    a = u & xp.uint32(0x7FFFFFFF)
-    # Normal range: drop 20 of the 23 mantissa bits, rounding to nearest even; a carry moves into
-    # the exponent as it should. Rebias the exponent from 127 to 7 (120 << 3 in the shifted bits).
-    shifted = (a + (xp.uint32(0x7FFFF) + ((a >> 20) & xp.uint32(1)))) >> 20
-    normal = xp.where(shifted > xp.uint32(0x7E + (120 << 3)), xp.uint32(0x7F + (120 << 3)), shifted)
-    normal = normal - xp.uint32(120 << 3)  # only read where a >= 2**-6, so it never wraps there
-    is_small = a < xp.uint32(0x3C800000)  # |x| < 2**-6: a subnormal (or 2**-6 after rounding up)
-    small = xp.where(is_small, a, xp.uint32(0)).view(xp.float32)
-    sub = xp.rint(small * xp.float32(512.0)).astype(xp.uint32)  # round half to even, like the bits above
-    return xp.where(is_small, sub, normal).astype(xp.uint8) | sign
-
-
-def e4m3fn_bits_to_float32(xp: Any, bits: Any) -> Any:
-    """float8 e4m3fn storage (uint8 bits) -> float32, exactly, with element-wise ops of ``xp``."""
-    b = bits.astype(xp.uint32)
-    sign = (b & xp.uint32(0x80)) << 24
-    exponent = (b >> 3) & xp.uint32(0xF)
-    mantissa = b & xp.uint32(7)
-    normal = sign | ((exponent + xp.uint32(120)) << 23) | (mantissa << 20)
-    subnormal = (mantissa.astype(xp.float32) * xp.float32(2.0 ** -9)).view(xp.uint32) | sign
-    out = xp.where(exponent == 0, subnormal, normal)
-    out = xp.where((exponent == 15) & (mantissa == 7), sign | xp.uint32(0x7FC00000), out)
-    return out.view(xp.float32)
-
-
-def _load(xp: Any, raw: Any, dtype: DType) -> Any:
-    """A new float32 array from raw storage (bf16 arrives as uint16 bits, fp8 as uint8 bits)."""
-    if dtype is DType.BFLOAT16:
-        return (raw.astype(xp.uint32) << 16).view(xp.float32)
-    if dtype is DType.FP8:
-        mld = _ml_dtypes() if xp is np else None
-        if mld is not None:
-            return raw.view(mld.float8_e4m3fn).astype(np.float32)
-        return e4m3fn_bits_to_float32(xp, raw)
-    return raw.astype(xp.float32)
-
-
-def _store(xp: Any, x: Any, dtype: DType) -> Any:
-    """``x`` (float32) rounded to ``dtype``'s storage (bf16: uint16 bits, round to nearest even;
-    fp8: e4m3fn uint8 bits, by ml_dtypes on the host and :func:`float32_to_e4m3fn_bits` on the GPU)."""
-    if dtype is DType.BFLOAT16:
-        u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
-        rounded = (u + (xp.uint32(0x7FFF) + ((u >> 16) & 1))) >> 16
-        is_nan = (u & 0x7FFFFFFF) > 0x7F800000
-        return xp.where(is_nan, (u >> 16) | 0x0040, rounded).astype(xp.uint16)
-    if dtype is DType.FP8:
-        mld = _ml_dtypes() if xp is np else None
-        if mld is not None:
-            return np.asarray(x, dtype=np.float32).astype(mld.float8_e4m3fn).view(np.uint8)
-        return float32_to_e4m3fn_bits(xp, x)
-    return x.astype(dtype.storage_numpy)
-
-
-@dataclass(frozen=True)
-class _Weights:
-    """ToyWeights as arrays of one array module (numpy, or CuPy on the device)."""
-
-    wq: tuple[Any, ...]
-    wk: tuple[Any, ...]
-    wv: tuple[Any, ...]
-    wo: tuple[Any, ...]
-    w1: tuple[Any, ...]
-    w2: tuple[Any, ...]
-    we: Any
-    wh: Any
-    wd: Any
-    w_lm: Any
-
-    @classmethod
-    def of(cls, w: ToyWeights, to: Callable[[np.ndarray], Any]) -> _Weights:
-        def conv(a: np.ndarray | None) -> Any:
-            return None if a is None else to(np.ascontiguousarray(a, dtype=np.float32))
-
-        def layers(arrays: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
-            return tuple(conv(a) for a in arrays)
-
-        return cls(wq=layers(w.wq), wk=layers(w.wk), wv=layers(w.wv), wo=layers(w.wo), w1=layers(w.w1),
-                   w2=layers(w.w2), we=conv(w.we), wh=conv(w.wh), wd=conv(w.wd), w_lm=conv(w.w_lm))
-
-
-class _NoScratch:
-    """numpy allocates as it likes: marks and releases are no-ops."""
-
-    def mark(self) -> int:
-        return 0
-
-    def release(self, mark: int) -> None:
-        pass
-
-
-class _DataError(ValueError):
-    pass
-
-
-def _check_range(what: str, values: np.ndarray, lo: int, hi: int, rule: str) -> None:
-    """Host only: data the model cannot use raises (on the GPU it is clipped instead)."""
-    bad = np.argwhere((values < lo) | (values >= hi))
-    if bad.size:
-        where = tuple(int(i) for i in bad[0])
-        raise _DataError(f"{what}{list(where)} = {int(values[where])} breaks {rule}")
-
-
-def _attend(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, q: Any, keys: Any, values: Any,
-            visible: Any) -> Any:
-    """Grouped-query attention of both contracts: ``q`` [B, S, Hq, D] over ``keys`` / ``values``
-    [B, Hkv, K, D] (float32, as stored), ``visible`` [B, S, K] bool; returns [B, S, Hq*D].
-
-    A query that sees no key gets zeros. ``values`` must hold no NaN where no query looks.
-    """
-    batch, seq = q.shape[0], q.shape[1]
-    hkv, hq, d = g.hkv, g.hq, g.d
-    group, lk = hq // hkv, keys.shape[2]
-    inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
-    q_grouped = q.transpose(0, 2, 1, 3).reshape(batch, hkv, group * seq, d)
-    scores = (mm(q_grouped, keys.transpose(0, 1, 3, 2)) * inv_sqrt_d).reshape(batch, hkv, group, seq, lk)
-    scores = xp.where(visible[:, None, None, :, :], scores, -xp.inf)
-    row_max = scores.max(axis=-1, keepdims=True)
-    any_seen = xp.isfinite(row_max)  # a row that sees no key attends to nothing: zeros
-    p = xp.exp(scores - xp.where(any_seen, row_max, 0.0))
-    denom = p.sum(axis=-1, keepdims=True)
-    p = xp.where(any_seen, p / xp.where(any_seen, denom, 1.0), 0.0).astype(xp.float32)
-    attn = mm(p.reshape(batch, hkv, group * seq, lk), values).reshape(batch, hq, seq, d)
-    return attn.transpose(0, 2, 1, 3).reshape(batch, seq, hq * d)
-
-
-def _forward(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, io: Mapping[str, Any],
-             tree: bool, scratch: Any) -> None:
-    """One engine call of ``docs/toy-model.md`` on the arrays ``io`` (views of the bound memory).
-
-    ``mm`` is the matrix product (``numpy.matmul``; on the GPU a kernel of this module, because
-    CuPy refuses cuBLAS calls while a stream is captured). Writes ``logits``, ``hidden_states`` and
-    the new K/V rows of every cache in place. On the host (``xp is numpy``) data that would index
-    out of range raises; on the GPU it is clipped (a check would synchronise the host).
-    """
-    host = xp is np
-    f32 = xp.float32
-    emb = io[names.kInputsEmbeds]
-    batch, seq, _ = emb.shape
-    c, d, r, hkv, hq = g.cap, g.d, g.r, g.hkv, g.hq
-    half = r // 2
-
-    ctx = io[names.kContextLengths].astype(xp.int64)
-    start = io[names.kKVCacheStartIndex].astype(xp.int64)
-    last = io[names.kLastTokenIds].astype(xp.int64)
-    select = last.shape[1]
-    b_idx = xp.arange(batch, dtype=xp.int64)
-    s_idx = xp.arange(seq, dtype=xp.int64)
-    slots = xp.arange(c, dtype=xp.int64)
-    write = start[:, None] + s_idx[None, :]  # [B, S]: cache slot of each new token
-    below_ctx = slots[None, None, :] < ctx[:, None, None]  # [B, 1, C]
-
-    if tree:
-        pos = xp.broadcast_to(io[names.kAttentionPosId].astype(xp.int64), (batch, seq))
-        words = io[names.kAttentionMask]  # int32 [B, S, W]
-        nbits = 32 * words.shape[2]
-        rel = slots[None, :] - start[:, None]  # [B, C]: the tree node a slot holds
-        in_tree = (rel >= 0) & (rel < seq) & (rel < nbits)
-        rel_c = xp.clip(rel, 0, nbits - 1)
-        word = words[b_idx[:, None, None], s_idx[None, :, None], (rel_c // 32)[:, None, :]]  # [B, S, C]
-        # An arithmetic shift keeps bit k of the word at bit 0, also for negative (bit 31) words.
-        seen = in_tree[:, None, :] & (((word >> (rel_c % 32)[:, None, :]) & 1) == 1)
-        visible = below_ctx & ((slots[None, :] < start[:, None])[:, None, :] | seen)
-    else:
-        pos = write
-        visible = below_ctx & (slots[None, None, :] <= write[:, :, None])
-
-    if host:
-        _check_range("kvcache_start_index + s at [b, s] ", write, 0, c,
-                     f"0 <= slot < max_kv_cache_capacity ({c})")
-        _check_range("RoPE position at [b, s] ", np.asarray(pos), 0, c,
-                     f"0 <= position < {c} (rows of rope_rotary_cos_sin)")
-        _check_range("last_token_ids", last, 0, seq, f"0 <= id < step length ({seq})")
-    else:
-        write = xp.clip(write, 0, c - 1)
-        pos = xp.clip(pos, 0, c - 1)
-        last = xp.clip(last, 0, seq - 1)
-
-    table = io[names.kRopeCosSin]  # float32 [1 or B, C, R]
-    rows_cs = table[0][pos] if table.shape[0] == 1 else table[b_idx[:, None], pos]  # [B, S, R]
-    cos = rows_cs[:, :, None, :half]
-    sin = rows_cs[:, :, None, half:r]
-
-    def rope(t: Any) -> Any:  # [B, S, heads, D]
-        t1, t2 = t[..., :half], t[..., half:r]
-        return xp.concatenate([t1 * cos - t2 * sin, t2 * cos + t1 * sin, t[..., r:]], axis=-1)
-
-    x = _load(xp, emb, g.act)
-    if g.role == "draft":
-        x = (mm(x, w.we)
-             + mm(_load(xp, io[names.kBaseModelHiddenStates], g.act), w.wh)
-             + mm(_load(xp, io[names.kDraftModelHiddenStates], g.act), w.wd))
-    # Flat row of cache[b, h, slot] in a [B*Hkv*C, D] view: where KVCacheUpdate writes token (b, s).
-    cache_rows = ((b_idx[:, None, None] * hkv + xp.arange(hkv, dtype=xp.int64)[None, None, :]) * c
-                  + write[:, :, None]).reshape(-1)
-    # Slots no query sees may hold anything (fresh cudaMalloc memory, NaN included): 0 * NaN is NaN,
-    # so their values are zeroed before the probability-weighted sum rather than trusted.
-    slot_used = visible.any(axis=1)[:, None, :, None]  # [B, 1, C, 1]
-    x_keep = None if host else xp.empty((batch, seq, g.h), dtype=f32)
-    layer_mark = scratch.mark()
-
-    for layer in range(g.layers):
-        q = rope(mm(x, w.wq[layer]).reshape(batch, seq, hq, d))
-        k = rope(mm(x, w.wk[layer]).reshape(batch, seq, hkv, d))
-        v = mm(x, w.wv[layer]).reshape(batch, seq, hkv, d)
-        k_cache = io[names.k_cache(layer)]  # raw [B, Hkv, C, D]
-        v_cache = io[names.v_cache(layer)]
-        k_cache.reshape(-1, d)[cache_rows] = _store(xp, k.reshape(-1, d), g.kv)
-        v_cache.reshape(-1, d)[cache_rows] = _store(xp, v.reshape(-1, d), g.kv)
-        keys = _load(xp, k_cache[:batch], g.kv)  # [B, Hkv, C, D], as stored (a fixed-batch cache: its first rows)
-        values = xp.where(slot_used, _load(xp, v_cache[:batch], g.kv), 0.0)
-        x = x + mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer])
-        x = x + mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer])
-        if layer < g.nd:
-            x = x + _load(xp, io[names.deepstack_embeds(layer)], g.act)
-        if x_keep is not None:
-            # Keep the residual stream and hand this layer's scratch back: stream order makes
-            # the reuse safe, and the scratch a step needs no longer grows with the layer count.
-            x_keep[...] = x
-            x = x_keep
-            scratch.release(layer_mark)
-
-    io[names.kOutputHiddenStates][...] = _store(xp, x, g.act)
-    chosen = x[b_idx[:, None], last].reshape(batch * select, g.h)
-    io[names.kLogits][...] = mm(chosen, w.w_lm)
-
-
-def _scatter_rows_host(target: np.ndarray, index: np.ndarray, rows: np.ndarray) -> None:
-    """``target[index[i]] = rows[i]`` for every ``index[i] >= 0`` (rows of -1 are written nowhere)."""
-    keep = index >= 0
-    target[index[keep]] = rows[keep]
-
-
-def _log_softmax(xp: Any, z: Any) -> Any:
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
-
-
-def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[Any, Any, Any], None],
-                    g: _Geometry, w: _Weights, io: Mapping[str, Any], phase: int, scratch: Any) -> None:
-    """One step of Edge-LLM 0.11's token-major contract (``docs/toy-model.md``, "A step").
-
-    ``T`` rows are ``S`` sequences of ``W`` rows (entry padding), so the math runs on ``[S, W, ...]``
-    views and shares the batch contract's attention. K/V go through the page table: each layer's
-    pool is viewed as ``[2P * page, Hkv * D]`` rows; valid rows scatter into it (``scatter`` skips
-    index -1: padding rows write nothing), and each sequence gathers all ``M * page`` slots its
-    page-table row addresses. ``phase`` is the extent of ``execution_phase_marker`` (validated).
-    """
-    host = xp is np
-    f32, i64 = xp.float32, xp.int64
-    emb = io[names.kInputsEmbeds]
-    t = emb.shape[0]
-    ql = io[names.kQueryLengths].astype(i64)
-    n = ql.shape[0]
-    width = t // n
-    page, lk, pages2 = g.page, g.seq_slots, 2 * g.pool_pages
-    d, r, hkv, hq, h = g.d, g.r, g.hkv, g.hq, g.h
-    half = r // 2
-    tree = phase >= ragged_contract.PHASE_DRAFT
-    past = io[names.kPastLengths].astype(i64)
-    asl = io[names.kAttentionSequenceLengths].astype(i64)
-    table = io[names.kKVPageTable].astype(i64)  # [S, 2, M]: K page ids, V page ids
-    picks = io[names.kLogitsIndices].astype(i64)  # [R]
-    seq_idx = xp.arange(n, dtype=i64)
-    j = xp.arange(width, dtype=i64)
-    slots = xp.arange(lk, dtype=i64)
-
-    if host:
-        offsets = io[names.kQueryStartOffsets].astype(np.int64)
-        bad = np.flatnonzero(offsets != np.arange(n + 1) * width)
-        if bad.size:
-            i = int(bad[0])
-            raise _DataError(f"query_start_offsets[{i}] = {int(offsets[i])} breaks entry padding "
-                             f"(offset i*W = {i * width}; W = T/S = {width})")
-        _check_range("query_lengths", ql, 0, width + 1, f"0 <= query length <= W ({width})")
-    else:  # the GPU does not look at query_start_offsets: entry padding fixes them to i*W
-        ql = xp.clip(ql, 0, width)
-    valid = j[None, :] < ql[:, None]  # [S, W]
-    write = past[:, None] + j[None, :]  # [S, W]: KV slot of each row (valid rows only)
-    if host:
-        _check_range("past_lengths[s] + j at valid row [s, j] ", np.where(valid, write, 0), 0, lk,
-                     f"0 <= slot < the {g.seq_pages} pages x {page} slots of a page-table row ({lk})")
-        has_rows = ql > 0
-        if tree:
-            _check_range("attention_sequence_lengths", np.where(has_rows, asl, width), width, lk + 1,
-                         f"W ({width}) <= length <= {lk} in phase {phase} (the in-flight rows sit at "
-                         f"slots length - W ..)")
-        _check_range("logits_indices", picks, 0, t, f"0 <= row < T ({t})")
-        # Every page a sequence touches: slots below what it writes, and in tree phases below its length.
-        extent = np.where(has_rows, np.maximum(asl, past + ql) if tree else past + ql, 0)
-        touched = (np.arange(g.seq_pages)[None, :] * page) < extent[:, None]  # [S, M]
-        _check_range("kv_page_table", np.where(touched[:, None, :], table, 0), 0, pages2,
-                     f"0 <= page id < 2 * kv_pool_pages ({pages2}) for every page the step touches")
-    # The host has refused whatever these clips would change for a valid row; on the GPU they are
-    # the answer to bad data. Padding rows and unused page-table entries (-1) are clipped on both
-    # and then neither written nor seen.
-    write = xp.clip(write, 0, lk - 1)
-    picks = xp.clip(picks, 0, t - 1)
-    if tree:
-        asl = xp.clip(asl, width, lk)
-    table = xp.clip(table, 0, pages2 - 1)
-
-    def pool_rows(kind: int, seq: Any, slot: Any) -> Any:
-        """Row of the pool viewed [2P * page, Hkv * D] that holds ``slot`` of sequence ``seq``."""
-        return table[seq, kind, slot // page] * page + slot % page
-
-    dst_k = xp.where(valid, pool_rows(0, seq_idx[:, None], write), -1).reshape(-1)  # [T]
-    dst_v = xp.where(valid, pool_rows(1, seq_idx[:, None], write), -1).reshape(-1)
-    src_k = pool_rows(0, seq_idx[:, None], slots[None, :]).reshape(-1)  # [S * Lk]
-    src_v = pool_rows(1, seq_idx[:, None], slots[None, :]).reshape(-1)
-
-    if tree:
-        prefix = asl - width  # [S]: committed slots; the W in-flight rows follow them
-        words = io[names.kPackedAttentionMask].reshape(n, width, -1)  # int32 [S, W, w]
-        nbits = 32 * words.shape[2]
-        rel = slots[None, :] - prefix[:, None]  # [S, Lk]: the in-flight row a slot holds
-        in_flight = (rel >= 0) & (rel < width) & (rel < nbits)
-        rel_c = xp.clip(rel, 0, nbits - 1)
-        word = words[seq_idx[:, None, None], j[None, :, None], (rel_c // 32)[:, None, :]]  # [S, W, Lk]
-        seen = in_flight[:, None, :] & (((word >> (rel_c % 32)[:, None, :]) & 1) == 1)
-        visible = valid[:, :, None] & ((slots[None, :] < prefix[:, None])[:, None, :] | seen)
-    else:
-        visible = (valid[:, :, None] & (slots[None, None, :] <= write[:, :, None])
-                   & (slots[None, None, :] < asl[:, None, None]))
-    # Slots no valid row sees may hold anything (other sequences' pages, NaN): zero their values.
-    slot_used = visible.any(axis=1).reshape(n * lk, 1)
-
-    cos_sin = io[names.kRopeCosSin].reshape(n, width, 1, -1)  # float32 [S, W, 1, R]: each row its own
-    cos = cos_sin[..., :half]
-    sin = cos_sin[..., half:r]
-
-    def rope(v: Any) -> Any:  # [S, W, heads, D]
-        v1, v2 = v[..., :half], v[..., half:r]
-        return xp.concatenate([v1 * cos - v2 * sin, v2 * cos + v1 * sin, v[..., r:]], axis=-1)
-
-    def rows(name: str, width_: int) -> Any:
-        return _load(xp, io[name], g.act).reshape(n, width, width_)
-
-    x = rows(names.kInputsEmbeds, h)
-    if g.role == "draft":
-        x = (mm(x, w.we) + mm(rows(names.kBaseModelHiddenStates, g.hb), w.wh)
-             + mm(rows(names.kDraftModelHiddenStates, h), w.wd))
-    hidden_out = io[names.kOutputHiddenStates] if g.role == "base" else None
-    x_keep = None if host else xp.empty((n, width, h), dtype=f32)
-    layer_mark = scratch.mark()
-
-    for layer in range(g.layers):
-        q = rope(mm(x, w.wq[layer]).reshape(n, width, hq, d))
-        k = rope(mm(x, w.wk[layer]).reshape(n, width, hkv, d))
-        v = mm(x, w.wv[layer]).reshape(n, width, hkv, d)
-        pool = io[names.past_key_values(layer)].reshape(pages2 * page, hkv * d)  # raw storage, in place
-        scatter(pool, dst_k, _store(xp, k.reshape(t, hkv * d), g.kv))
-        scatter(pool, dst_v, _store(xp, v.reshape(t, hkv * d), g.kv))
-        keys = _load(xp, pool[src_k], g.kv).reshape(n, lk, hkv, d).transpose(0, 2, 1, 3)
-        values = xp.where(slot_used, _load(xp, pool[src_v], g.kv), 0.0).reshape(n, lk, hkv, d).transpose(0, 2, 1, 3)
-        x = x + mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer])
-        x = x + mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer])
-        if layer < g.nd:
-            x = x + rows(names.deepstack_embeds(layer), h)
-        if hidden_out is not None:
-            for pos, captured in enumerate(g.eagle):
-                if captured == layer:
-                    hidden_out[:, pos * h:(pos + 1) * h] = _store(xp, x.reshape(t, h), g.act)
-        if x_keep is not None:
-            x_keep[...] = x
-            x = x_keep
-            scratch.release(layer_mark)
-
-    final = x.reshape(t, h)
-    chosen = final[picks]  # [R, H]
-    logits = mm(chosen, w.w_lm)
-    if g.role == "draft":
-        logits = _log_softmax(xp, logits)
-        io[names.kOutputHiddenStates][...] = _store(xp, chosen, g.act)
-    elif hidden_out is not None and not g.eagle:
-        hidden_out[...] = _store(xp, final, g.act)
-    io[names.kLogits][...] = logits
-
-
-# -- GPU support ------------------------------------------------------------------------------------
-
-
-def _import_cupy() -> Any:
-    import cupy  # noqa: PLC0415 - optional dependency, imported only for the gpu device
-
-    return cupy
-
-
-_MATMUL_SOURCE = r"""
-extern "C" __global__ void trtio_reference_bmm(
-        const float* a, const float* b, float* out, long long batch, long long m, long long n, long long k,
-        long long sab, long long sam, long long sak, long long sbb, long long sbk, long long sbn) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= batch * m * n) return;
-    long long col = i % n, row = (i / n) % m, mat = i / (m * n);
-    const float* pa = a + mat * sab + row * sam;
-    const float* pb = b + mat * sbb + col * sbn;
-    float acc = 0.0f;
-    for (long long j = 0; j < k; ++j) acc += pa[j * sak] * pb[j * sbk];
-    out[i] = acc;
-}
-"""
-
-
-class _GpuMatmul:
-    """float32 ``a @ b`` as one plain CUDA kernel: ``[..., M, K] @ [K, N]`` or matching batch dims.
-
-    Not cuBLAS: CuPy refuses cuBLAS calls while a stream is captured, and one fixed kernel also
-    makes a replayed graph and a direct execute add in the same order. Toy sizes only.
-    """
-
-    def __init__(self, cupy: Any) -> None:
-        self._cupy = cupy
-        self._kernel = cupy.RawKernel(_MATMUL_SOURCE, "trtio_reference_bmm")
-        self._kernel.compile()  # now, not in the first (maybe captured) execute
-
-    def __call__(self, a: Any, b: Any) -> Any:
-        cp = self._cupy
-        k, n = b.shape[-2], b.shape[-1]
-        if b.ndim == 2:  # [..., K] rows times one matrix
-            a3, b3 = a.reshape(1, -1, k), b.reshape(1, k, n)
-        else:  # the same batch dims on both sides; reshape copies only where a view cannot do
-            a3, b3 = a.reshape(-1, a.shape[-2], k), b.reshape(-1, k, n)
-        batch, m = a3.shape[0], a3.shape[1]
-        out = cp.empty((*a.shape[:-1], n), dtype=cp.float32)
-        total = batch * m * n
-        if total:
-            sa = [st // 4 for st in a3.strides]
-            sb = [st // 4 for st in b3.strides]
-            i64 = np.int64
-            self._kernel(((total + 255) // 256,), (256,),
-                         (a3, b3, out, i64(batch), i64(m), i64(n), i64(k),
-                          i64(sa[0]), i64(sa[1]), i64(sa[2]), i64(sb[0]), i64(sb[1]), i64(sb[2])))
-        return out
-
-
-_SCATTER_SOURCE = r"""
-extern "C" __global__ void trtio_reference_scatter_rows(
-        const unsigned char* rows, unsigned char* target, const long long* index, long long n, long long row_bytes) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n * row_bytes) return;
-    long long dst = index[i / row_bytes];
-    if (dst < 0) return;
-    target[dst * row_bytes + i % row_bytes] = rows[i];
-}
-"""
-
-
-class _GpuScatterRows:
-    """``target[index[i]] = rows[i]`` for ``index[i] >= 0``, byte for byte (any storage dtype).
-
-    CuPy's fancy assignment has no "skip this row"; boolean indexing would synchronise the host.
-    ``target`` and ``rows`` are C-contiguous 2-D arrays of one dtype and row width.
-    """
-
-    def __init__(self, cupy: Any) -> None:
-        self._cupy = cupy
-        self._kernel = cupy.RawKernel(_SCATTER_SOURCE, "trtio_reference_scatter_rows")
-        self._kernel.compile()
-
-    def __call__(self, target: Any, index: Any, rows: Any) -> None:
-        cp = self._cupy
-        rows = cp.ascontiguousarray(rows)
-        index = cp.ascontiguousarray(index, dtype=cp.int64)
-        row_bytes = rows.shape[1] * rows.itemsize
-        total = index.shape[0] * row_bytes
-        if total:
-            self._kernel(((total + 255) // 256,), (256,),
-                         (rows, target, index, np.int64(index.shape[0]), np.int64(row_bytes)))
-
-
-class _StreamRef:
-    """A raw stream handle in the CUDA stream protocol, for ``cupy.cuda.Stream.from_external``."""
-
-    def __init__(self, handle: int) -> None:
-        self.handle = handle
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.handle)
-
-
-def _cupy_stream(cupy: Any, handle: int, device_id: int) -> Any:
-    from_external = getattr(cupy.cuda.Stream, "from_external", None)
-    if from_external is not None:
-        return from_external(_StreamRef(handle))
-    return cupy.cuda.ExternalStream(handle, device_id)
-
-
-class _BumpAllocator:
-    """CuPy allocator over one block of context memory: hands out 256-byte aligned slices.
-
-    Nothing is freed one by one; :meth:`reset` (start of each execute) and :meth:`release`
-    (after each layer) move the offset back. Slices are handed out in the same order every
-    execute, so a CUDA graph captured from one execute replays on the same addresses.
-    """
-
-    def __init__(self, cupy: Any, what: str, base: int, size: int, device_id: int) -> None:
-        self._cupy = cupy
-        self.what = what
-        self.base = int(base)
-        self.size = int(size)
-        self.device_id = device_id
-        self.offset = 0
-        self.peak = 0
-        self.count = 0
-
-    def __call__(self, nbytes: int) -> Any:
-        need = _align(max(int(nbytes), 1))
-        if self.offset + need > self.size:
-            raise RuntimeError(
-                f"{self.what}: context memory exhausted: a temporary of {int(nbytes)} bytes needs "
-                f"{self.offset + need} bytes in all, but the context memory holds {self.size} "
-                f"(engine.device_memory_size_v2 underestimates this step; please report it)")
-        ptr = self.base + self.offset
-        self.offset += need
-        self.peak = max(self.peak, self.offset)
-        self.count += 1
-        mem = self._cupy.cuda.UnownedMemory(ptr, need, self, self.device_id)
-        return self._cupy.cuda.MemoryPointer(mem, 0)
-
-    def reset(self) -> None:
-        self.offset = 0
-
-    def mark(self) -> int:
-        return self.offset
-
-    def release(self, mark: int) -> None:
-        self.offset = mark
+class IOIndexError(InvalidValueError, IndexError):
+    """``engine[i]`` with an index outside the engine's I/O tensors: an :class:`~trtio.InvalidValueError`,
+    and an ``IndexError`` as TensorRT's raises (iterating over an engine stops on it)."""
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -1006,8 +152,9 @@ class ReferenceEngine:
     error is logged on ``trtio.testing.reference_engine`` and a sentinel comes back
     (``get_tensor_mode``: ``TensorIOMode.NONE``; ``get_tensor_dtype``: ``DataType.FLOAT``;
     ``get_tensor_shape``: ``()``; ``get_tensor_location``: ``TensorLocation.DEVICE``;
-    ``get_aliased_input_tensor``: None); ``get_tensor_profile_shape`` raises ``RuntimeError``
-    as TensorRT's Python binding does.
+    ``get_aliased_input_tensor``: None); ``get_tensor_profile_shape`` raises where TensorRT's Python
+    binding does: :class:`~trtio.UnknownNameError` for an unknown name, :class:`~trtio.InvalidValueError`
+    for an output or a profile out of range.
     """
 
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
@@ -1063,8 +210,9 @@ class ReferenceEngine:
         ``role``, ``max_step_tokens``); anything else (None included) the batch-major one.
         ``omit`` (ragged only) leaves out optional inputs no dense graph reads
         (:data:`RAGGED_OMITTABLE`), as an engine whose ONNX parser dropped them; a name this role
-        does not declare as optional is a ValueError. Ragged engines take ``kv_cache_dtype="fp8"``
-        (e4m3fn pools); batch ones compute with float32, float16 or bfloat16 caches only.
+        does not declare as optional is an :class:`~trtio.InvalidValueError`. Ragged engines take
+        ``kv_cache_dtype="fp8"`` (e4m3fn pools); batch ones compute with float32, float16 or bfloat16 caches
+        only.
 
         ``fixed_cache_batch=True`` declares the batch-contract caches with a fixed batch of
         ``max_supported_batch_size`` (cache rows are sequence slots; a step of ``b`` sequences uses
@@ -1080,36 +228,37 @@ class ReferenceEngine:
         if callable(validate):
             validate()
         if device not in ("auto", "host", "gpu"):
-            raise ValueError(f"ReferenceEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
+            raise InvalidValueError(f"ReferenceEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
         if device == "auto":
             device = "gpu" if _gpu_usable() else "host"
         elif device == "gpu" and not null_compute:
             try:
                 _import_cupy()
             except ImportError as exc:
-                raise RuntimeError(f"ReferenceEngine: device='gpu' needs CuPy ({exc}); use device='host'") from None
+                raise EngineError(f"ReferenceEngine: device='gpu' needs CuPy ({exc}); use device='host'") from None
         geo = _Geometry.from_config(cfg)
         omit = tuple(omit)
         if geo.is_ragged and fixed_cache_batch:
-            raise ValueError("ReferenceEngine: fixed_cache_batch is for the batch contract; a ragged engine's "
-                             "KV state is a paged pool")
+            raise InvalidValueError("ReferenceEngine: fixed_cache_batch is for the batch contract; a ragged "
+                                    "engine's KV state is a paged pool")
         if omit and not geo.is_ragged:
-            raise ValueError(f"ReferenceEngine: omit={list(omit)} is for the ragged contract (cfg.contract="
-                             f"'ragged'); a batch engine has no optional inputs")
+            raise InvalidValueError(f"ReferenceEngine: omit={list(omit)} is for the ragged contract (cfg.contract="
+                                    f"'ragged'); a batch engine has no optional inputs")
         if not null_compute:
             floats = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16)
             for field_name, dt in (("activation_dtype", geo.act), ("kv_cache_dtype", geo.kv)):
                 if dt in floats or (geo.is_ragged and field_name == "kv_cache_dtype" and dt is DType.FP8):
                     continue
                 also = " (fp8 KV: ragged contract only)" if dt is DType.FP8 else ""
-                raise ValueError(
-                    f"ReferenceEngine computes with float32, float16 or bfloat16 only{also}; {field_name} is "
-                    f"{dt} (pass null_compute=True for an engine that only checks its I/O)")
+                raise ConfigError(field_name, f"ReferenceEngine computes with float32, float16 or bfloat16 only{also}, "
+                                              f"got {dt} (pass null_compute=True for an engine that only checks its "
+                                              f"I/O)")
         if weights is None:
             weights = ToyWeights.generate(cfg, seed) if not null_compute else _NO_WEIGHTS
         elif weights.num_layers != geo.layers or weights.is_draft != (geo.role == "draft"):
-            raise ValueError(f"ReferenceEngine: the weights ({weights.num_layers} layers, draft={weights.is_draft}) "
-                             f"do not fit the config ({geo.layers} layers, role {geo.role!r})")
+            raise InvalidValueError(f"ReferenceEngine: the weights ({weights.num_layers} layers, draft="
+                                    f"{weights.is_draft}) do not fit the config ({geo.layers} layers, role "
+                                    f"{geo.role!r})")
         return cls(cfg, weights, device=device, null_compute=null_compute,
                    name=name if name is not None else f"toy-{geo.role}", seed=seed,
                    fixed_cache_batch=fixed_cache_batch, omit=omit)
@@ -1173,7 +322,7 @@ class ReferenceEngine:
     def __getitem__(self, index: int) -> str:
         i = _index(index, len(self._decls))
         if i is None:
-            raise IndexError(f"{self._name}: I/O tensor index {index!r} out of range [0, {len(self._decls)})")
+            raise IOIndexError(f"{self._name}: I/O tensor index {index!r} out of range [0, {len(self._decls)})")
         return self._decls[i].name
 
     def get_tensor_name(self, index: int) -> str | None:
@@ -1212,13 +361,14 @@ class ReferenceEngine:
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
         """``[min, opt, max]`` of input ``name`` in ``profile_index`` (a static input: its shape thrice)."""
         decl = self._by_name.get(name)
-        if decl is None or not decl.is_input:
-            what = "not an I/O tensor" if decl is None else "an output, not an input"
-            raise RuntimeError(f"{self._name}: get_tensor_profile_shape: {name!r} is {what}")
+        if decl is None:
+            raise UnknownNameError(f"{self._name}: get_tensor_profile_shape: {name!r} is not an I/O tensor")
+        if not decl.is_input:
+            raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: {name!r} is an output, not an input")
         p = _index(profile_index, 2)
         if p is None:
-            raise RuntimeError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} "
-                               f"is out of range [0, 2)")
+            raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} "
+                                    f"is out of range [0, 2)")
         return list(decl.profiles[p])
 
     def get_aliased_input_tensor(self, name: str) -> str | None:
@@ -1247,25 +397,13 @@ class ReferenceEngine:
         try:
             strategy = ExecutionContextAllocationStrategy(int(strategy))
         except (TypeError, ValueError):
-            raise RuntimeError(f"{self._name}: create_execution_context: unknown allocation strategy "
-                               f"{strategy!r}") from None
+            raise InvalidValueError(f"{self._name}: create_execution_context: unknown allocation strategy "
+                                    f"{strategy!r}") from None
         return ReferenceExecutionContext(self, strategy, f"{self._name}.context{next(self._context_ids)}")
 
 
 _NO_WEIGHTS = ToyWeights(wq=(), wk=(), wv=(), wo=(), w1=(), w2=(), we=None, wh=None, wd=None,
                          w_lm=np.zeros((0, 0), np.float32))
-
-
-def _gpu_usable() -> bool:
-    from trtio.cuda.backend import cuda_available  # noqa: PLC0415 - avoid importing the backend early
-
-    if not cuda_available():
-        return False
-    try:
-        _import_cupy()
-    except ImportError:
-        return False
-    return True
 
 
 # -- the execution context ----------------------------------------------------------------------------
@@ -1347,8 +485,8 @@ class ReferenceExecutionContext:
         self.calls["set_optimization_profile_async"] += 1
         p = _index(profile_index, self._engine.num_optimization_profiles)
         if p is None:
-            raise RuntimeError(f"{self.name}: set_optimization_profile_async: profile index {profile_index!r} "
-                               f"is out of range [0, {self._engine.num_optimization_profiles})")
+            raise InvalidValueError(f"{self.name}: set_optimization_profile_async: profile index {profile_index!r} "
+                                    f"is out of range [0, {self._engine.num_optimization_profiles})")
         if p != self._profile:
             self._profile = p
             self._shapes.clear()
@@ -1427,14 +565,15 @@ class ReferenceExecutionContext:
         return (-1, g.hidden_out) if emb is None else (emb[0], g.hidden_out)
 
     def infer_shapes(self) -> list[str]:
-        """Names of the inputs whose shapes are still unspecified; RuntimeError if the shapes set disagree."""
+        """Names of the inputs whose shapes are still unspecified; :class:`~trtio.EngineError` if the shapes set
+        disagree."""
         missing = [d.name for d in self._engine._decls if d.is_input and self._input_shape(d) is None]
         if not missing:
             problems = self._shape_problems()
             if problems:
                 for problem in problems:
                     self._error("infer_shapes", "%s", problem)
-                raise RuntimeError(f"{self.name}: infer_shapes: " + "; ".join(problems))
+                raise EngineError(f"{self.name}: infer_shapes: " + "; ".join(problems))
         return missing
 
     # -- addresses and memory ----------------------------------------------------------------------
@@ -1463,17 +602,18 @@ class ReferenceExecutionContext:
         return self._addresses.get(name, 0)
 
     def set_device_memory(self, memory: int, size: int) -> None:
-        """USER_MANAGED only: the context memory, 256-byte aligned (RuntimeError otherwise)."""
+        """USER_MANAGED only (:class:`~trtio.EngineError` otherwise): the context memory, 256-byte aligned
+        (:class:`~trtio.InvalidValueError` otherwise)."""
         self.calls["set_device_memory"] += 1
         if self._strategy is not ExecutionContextAllocationStrategy.USER_MANAGED:
-            raise RuntimeError(f"{self.name}: set_device_memory needs a context created with "
-                               f"ExecutionContextAllocationStrategy.USER_MANAGED, this one is {self._strategy.name}")
+            raise EngineError(f"{self.name}: set_device_memory needs a context created with "
+                              f"ExecutionContextAllocationStrategy.USER_MANAGED, this one is {self._strategy.name}")
         ptr, size = int(memory), int(size)
         if ptr <= 0 or ptr % ADDRESS_ALIGNMENT:
-            raise RuntimeError(f"{self.name}: set_device_memory: address 0x{ptr:x} is not a "
-                               f"{ADDRESS_ALIGNMENT}-byte aligned device address")
+            raise InvalidValueError(f"{self.name}: set_device_memory: address 0x{ptr:x} is not a "
+                                    f"{ADDRESS_ALIGNMENT}-byte aligned device address")
         if size < 0:
-            raise RuntimeError(f"{self.name}: set_device_memory: size {size} is negative")
+            raise InvalidValueError(f"{self.name}: set_device_memory: size {size} is negative")
         if self._memory != (ptr, size):
             self._set_memory(ptr, size)
             self._invalidate()
@@ -1497,108 +637,11 @@ class ReferenceExecutionContext:
                 out[d.name] = d.shape if shape is None else shape
         return out
 
-    def _ragged_shape_problems(self) -> list[str]:
-        """The ragged contract's shape rules (docs/toy-model.md, "A step"): entry padding, sequence and
-        token extents, and the phase carriers."""
-        g = self._engine._geo
-        s = self._set_shapes()
-        rows = s[names.kInputsEmbeds][0]
-        seqs = s[names.kQueryLengths][0]
-        problems = []
-
-        def need(name: str, want: Shape, why: str) -> None:
-            if name in s and s[name] != want:
-                problems.append(f"{name!r} has shape {s[name]}, but {why} needs {want}")
-
-        if rows % seqs:
-            problems.append(f"'inputs_embeds' has {rows} rows, not a multiple of the {seqs} sequences of "
-                            f"'query_lengths' (entry padding: T = S * W)")
-        width = rows // seqs
-        seq_why = f"the {seqs} sequences of 'query_lengths'"
-        for name in (names.kPastLengths, names.kAttentionSequenceLengths, names.kStateIndices,
-                     names.kValidTreeCounts):
-            need(name, (seqs,), seq_why)
-        need(names.kQueryStartOffsets, (seqs + 1,), seq_why)
-        table = s[names.kKVPageTable]
-        if table[0] != seqs:
-            problems.append(f"'kv_page_table' has shape {table}, but {seq_why} need {seqs} rows")
-        row_why = f"the {rows} rows of 'inputs_embeds'"
-        need(names.kRopeCosSin, (rows, g.r), row_why)
-        for name in (names.kPositions, names.kAttentionPositionIds, names.kTreeParentIds, names.kTreeDepths):
-            need(name, (rows,), row_why)
-        need(names.kBaseModelHiddenStates, (rows, g.hb), row_why)
-        for name in [names.kDraftModelHiddenStates] + [names.deepstack_embeds(i) for i in range(g.nd)]:
-            need(name, (rows, g.h), row_why)
-        mask = s.get(names.kPackedAttentionMask)
-        if mask is not None and mask[0] != rows:
-            problems.append(f"'packed_attention_mask' has shape {mask}, but {row_why} need [{rows}, words]")
-        phase = s[names.kExecutionPhaseMarker][0]
-        carried = s[names.kContextSequenceCountCarrier][0]
-        tree_phases = (ragged_contract.PHASE_DRAFT, ragged_contract.PHASE_VERIFY)
-        if not ragged_contract.PHASE_PREFILL <= phase <= ragged_contract.PHASE_VERIFY:
-            problems.append(f"'execution_phase_marker' has extent {phase}: this engine runs phases 1 (prefill), "
-                            f"2 (prefill after a restored prefix), 3 (decode), 4 (draft) and 5 (verify)")
-        elif phase in tree_phases and mask is None:
-            problems.append(f"'execution_phase_marker' has extent {phase} (tree attention), but a plain LLM "
-                            f"engine has no packed_attention_mask: phases 1-3 only")
-        elif phase <= ragged_contract.PHASE_PREFILL_RESTORED and carried != seqs:
-            problems.append(f"'context_sequence_count_carrier' has extent {carried}, but phase {phase} (prefill) "
-                            f"needs one per sequence ({seqs}); mixed prefill and generation steps are refused")
-        elif phase > ragged_contract.PHASE_PREFILL_RESTORED and carried != 0:
-            problems.append(f"'context_sequence_count_carrier' has extent {carried}, but phase {phase} "
-                            f"(generation) needs 0")
-        if phase in tree_phases and mask is not None and not rows % seqs and 32 * mask[1] < width:
-            problems.append(f"'packed_attention_mask' has shape {mask}: {mask[1]} words hold {32 * mask[1]} "
-                            f"bits, fewer than the {width} in-flight rows of a phase-{phase} sequence")
-        return problems
-
     def _shape_problems(self) -> list[str]:
         """Disagreements between input shapes that TensorRT's shape inference would refuse."""
         g = self._engine._geo
-        if g.is_ragged:
-            return self._ragged_shape_problems()
-        s = self._set_shapes()
-        emb = s[names.kInputsEmbeds]
-        batch, seq = emb[0], emb[1]
-        problems = []
-
-        def need(name: str, got: Shape, want: Shape, why: str) -> None:
-            if got != want:
-                problems.append(f"{name!r} has shape {got}, but {why} needs {want}")
-
-        for name in (names.kContextLengths, names.kKVCacheStartIndex):
-            need(name, s[name], (batch,), f"the batch of inputs_embeds {emb}")
-        ids = s[names.kLastTokenIds]
-        if ids[0] != batch:
-            problems.append(f"'last_token_ids' has shape {ids}, but its batch must equal inputs_embeds' ({batch})")
-        if g.role == "draft":
-            need(names.kBaseModelHiddenStates, s[names.kBaseModelHiddenStates], (batch, seq, g.hb),
-                 f"inputs_embeds {emb}")
-            need(names.kDraftModelHiddenStates, s[names.kDraftModelHiddenStates], emb, f"inputs_embeds {emb}")
-        for i in range(g.nd):
-            need(names.deepstack_embeds(i), s[names.deepstack_embeds(i)], emb, f"inputs_embeds {emb}")
-        if g.mrope:
-            need(names.kRopeCosSin, s[names.kRopeCosSin], (batch, g.cap, g.r), "MRoPE (one table per sequence)")
-        if g.is_spec:
-            mask = s[names.kAttentionMask]
-            pos = s[names.kAttentionPosId]
-            if mask[0] != batch or pos[0] != batch:
-                problems.append(f"'attention_mask' {mask} and 'attention_pos_id' {pos} must have the batch "
-                                f"of inputs_embeds ({batch})")
-            if mask[1] not in (1, seq):
-                problems.append(f"'attention_mask' {mask} must have 1 row (causal) or one row per token "
-                                f"of the step ({seq})")
-            if pos[1] not in (1, seq):
-                problems.append(f"'attention_pos_id' {pos} must have 1 column or one per token of the step ({seq})")
-        for i in range(g.layers):
-            for cache in (names.k_cache(i), names.v_cache(i)):
-                if g.fixed_cache_batch and s[cache][0] < batch:
-                    problems.append(f"{cache!r} holds {s[cache][0]} sequence slots but inputs_embeds has {batch}")
-                elif not g.fixed_cache_batch and s[cache][0] != batch:
-                    problems.append(
-                        f"{cache!r} has batch {s[cache][0]} but inputs_embeds has {batch}: TensorRT's "
-                        f"KVCacheUpdate needs the cache batch to equal the update batch")
-        return problems
+        shapes = self._set_shapes()
+        return _ragged_shape_problems(g, shapes) if g.is_ragged else _batch_shape_problems(g, shapes)
 
     def _validate(self) -> _Plan | None:
         engine = self._engine
@@ -1701,11 +744,12 @@ class ReferenceExecutionContext:
             with np.errstate(all="ignore"):
                 if engine._geo.is_ragged:
                     _forward_ragged(np, np.matmul, _scatter_rows_host, engine._geo, engine._host_weights, plan.views,
-                                    plan.phase, _NoScratch())
+                                    plan.phase, _NoScratch(), checked=True)
                 else:
-                    _forward(np, np.matmul, engine._geo, engine._host_weights, plan.views, plan.tree, _NoScratch())
+                    _forward(np, np.matmul, engine._geo, engine._host_weights, plan.views, plan.tree, _NoScratch(),
+                             checked=True)
         except _DataError as exc:
-            raise ValueError(f"{self.name}: execute_async_v3: {exc}") from None
+            raise InvalidValueError(f"{self.name}: execute_async_v3: {exc}") from None
 
     def _execute_gpu(self, plan: _Plan, stream_handle: int) -> None:
         cupy = _import_cupy()
@@ -1720,6 +764,7 @@ class ReferenceExecutionContext:
             if engine._geo.is_ragged:
                 assert engine._gpu_scatter is not None
                 _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo, engine._gpu_weights,
-                                plan.views, plan.phase, scratch)
+                                plan.views, plan.phase, scratch, checked=False)
             else:
-                _forward(cupy, engine._gpu_matmul, engine._geo, engine._gpu_weights, plan.views, plan.tree, scratch)
+                _forward(cupy, engine._gpu_matmul, engine._geo, engine._gpu_weights, plan.views, plan.tree, scratch,
+                         checked=False)

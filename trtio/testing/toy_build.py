@@ -27,7 +27,7 @@ import math
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +36,7 @@ import numpy as np
 
 from trtio import names
 from trtio.dtypes import DType
+from trtio.errors import ConfigError, EngineError
 from trtio.testing.toy_model import ToyWeights, config_role
 from trtio.trt import KNOWN_MODULES, import_trt, trt_logger
 
@@ -140,7 +141,7 @@ class _Graph:
 
     def _out(self, layer: Any, name: str) -> Any:
         if layer is None:
-            raise RuntimeError(f"TensorRT refused to add layer {name!r}")
+            raise EngineError(f"TensorRT refused to add layer {name!r}")
         layer.name = name
         return layer.get_output(0)
 
@@ -215,7 +216,7 @@ class _Graph:
     def input(self, name: str, dtype: DType, shape: Sequence[int]) -> Any:
         t = self.net.add_input(name, dtype.to_trt(self.trt), tuple(shape))
         if t is None:
-            raise RuntimeError(f"TensorRT refused input {name!r} {dtype} {tuple(shape)}")
+            raise EngineError(f"TensorRT refused input {name!r} {dtype} {tuple(shape)}")
         return t
 
     def output(self, t: Any, name: str) -> None:
@@ -224,28 +225,88 @@ class _Graph:
 
 
 def _validate(cfg: Any, weights: ToyWeights) -> None:
-    problems = []
+    """Every reason the toy network cannot be built from ``cfg`` and ``weights``, in one
+    :class:`~trtio.ConfigError` naming the first field at fault."""
+    problems: list[tuple[str, str]] = []
     hq, hkv, d, r = (int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim),
                      int(cfg.rotary_dim))
     if hkv <= 0 or hq % hkv:
-        problems.append(f"num_attention_heads={hq} must be a multiple of num_kv_heads={hkv}")
+        problems.append(("num_kv_heads", f"num_attention_heads={hq} must be a multiple of num_kv_heads={hkv}"))
     if r <= 0 or r % 2 or r > d:
-        problems.append(f"rotary_dim={r} must be even and in [2, head_dim={d}]")
+        problems.append(("rotary_dim", f"rotary_dim={r} must be even and in [2, head_dim={d}]"))
     nd = int(cfg.num_deepstack_features or 0)
     if nd > int(cfg.num_attention_layers):
-        problems.append(f"num_deepstack_features={nd} exceeds num_attention_layers={cfg.num_attention_layers}")
+        problems.append(("num_deepstack_features",
+                         f"num_deepstack_features={nd} exceeds num_attention_layers={cfg.num_attention_layers}"))
     if cfg.rope_type not in ("rope", "mrope"):
-        problems.append(f"rope_type={cfg.rope_type!r} must be 'rope' or 'mrope'")
+        problems.append(("rope_type", f"rope_type={cfg.rope_type!r} must be 'rope' or 'mrope'"))
     for field in ("activation_dtype", "kv_cache_dtype"):
         dt = DType.coerce(getattr(cfg, field))
         if dt not in (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16):
-            problems.append(f"{field}={dt} must be float32, float16 or bfloat16")
+            problems.append((field, f"{field}={dt} must be float32, float16 or bfloat16"))
     if weights.num_layers != int(cfg.num_attention_layers):
-        problems.append(f"weights have {weights.num_layers} layers, config {cfg.num_attention_layers}")
+        problems.append(("num_attention_layers",
+                         f"weights have {weights.num_layers} layers, config {cfg.num_attention_layers}"))
     if weights.is_draft != (config_role(cfg) == "draft"):
-        problems.append("weights and config disagree on whether this is an EAGLE draft")
+        problems.append(("base_model_hidden_size", "weights and config disagree on whether this is an EAGLE draft"))
     if problems:
-        raise ValueError("toy engine config: " + "; ".join(problems))
+        raise ConfigError(problems[0][0], "toy engine config: " + "; ".join(text for _, text in problems))
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """The numbers of ``docs/toy-model.md`` a network is built from (read once from the config)."""
+
+    role: str
+    act: DType
+    kv: DType
+    h: int
+    hq: int
+    hkv: int
+    d: int
+    r: int
+    cap: int
+    nd: int
+    layers: int
+    max_step: int
+    mrope: bool
+
+    @classmethod
+    def of(cls, cfg: Any) -> _Dims:
+        return cls(role=config_role(cfg), act=DType.coerce(cfg.activation_dtype), kv=DType.coerce(cfg.kv_cache_dtype),
+                   h=int(cfg.hidden_size), hq=int(cfg.num_attention_heads), hkv=int(cfg.num_kv_heads),
+                   d=int(cfg.head_dim), r=int(cfg.rotary_dim), cap=int(cfg.max_kv_cache_capacity),
+                   nd=int(cfg.num_deepstack_features or 0), layers=int(cfg.num_attention_layers),
+                   max_step=max(int(cfg.max_supported_input_length), step_capacity(cfg)),
+                   mrope=cfg.rope_type == "mrope")
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """The network's input tensors (None where the role has no such input)."""
+
+    embeds: Any
+    hidden_in: Any
+    hidden_draft: Any
+    ctx: Any
+    last_ids: Any
+    start: Any
+    cos_sin: Any
+    mask_words: Any
+    pos_ids: Any
+    deepstack: list[Any]
+    caches: list[tuple[Any, Any]]  # (k_cache, v_cache) per layer
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """What every layer's attention shares: which keys each query sees and how its rows are rotated."""
+
+    visible: Any  # bool [B, 1, S, C]
+    any_visible: Any  # bool [B, 1, S, 1]: rows with no visible key give zeros, not NaN
+    rope: Callable[[Any, str], Any]  # RotaryEmbedding of a [B, heads, S, D] tensor
+    q_scale: Any  # 1/sqrt(D): IAttention does not scale
+    zero: Any  # float32 0 of rank 4
 
 
 def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, list[Any]]:
@@ -258,55 +319,70 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
     to it, K and V come straight from the KVCacheUpdate layers, the result is cast back to float32.
     """
     _validate(cfg, weights)
-    role = config_role(cfg)
-    act = DType.coerce(cfg.activation_dtype)
-    kv = DType.coerce(cfg.kv_cache_dtype)
-    f32, i32, i64 = DType.FLOAT32, DType.INT32, DType.INT64
-    h = int(cfg.hidden_size)
-    hq, hkv, d, r = (int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim),
-                     int(cfg.rotary_dim))
-    cap = int(cfg.max_kv_cache_capacity)
-    nd = int(cfg.num_deepstack_features or 0)
-    n_layers = int(cfg.num_attention_layers)
-    p1 = step_capacity(cfg)
-    max_step = max(int(cfg.max_supported_input_length), p1)
+    dims = _Dims.of(cfg)
+    builder, network = _create_network(trt, dims.role)
+    g = _Graph(trt, network)
+    inputs = _add_inputs(g, cfg, dims)
+    attention = _attention(g, cfg, dims, inputs)
+    x = _input_stream(g, dims, weights, inputs)
+    presents = []
+    for layer in range(dims.layers):
+        x, present = _decoder_layer(g, dims, weights, layer, x, inputs, attention)
+        presents.append(present)
+    _add_outputs(g, dims, weights, x, inputs.last_ids, presents)
+    return builder, network, _profiles(builder, cfg)
 
+
+def _create_network(trt: Any, role: str) -> tuple[Any, Any]:
+    """A builder and an empty strongly typed network named ``toy-<role>`` (checked for the layers it needs)."""
     builder = trt.Builder(trt_logger(trt))
     if builder is None:
-        raise RuntimeError(f"{trt.__name__}.Builder could not be created")
+        raise EngineError(f"{trt.__name__}.Builder could not be created")
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     if network is None:
-        raise RuntimeError(f"{trt.__name__}: create_network failed")
+        raise EngineError(f"{trt.__name__}: create_network failed")
     _require_layers(trt, network)
     network.name = f"toy-{role}"
-    g = _Graph(trt, network)
+    return builder, network
 
-    # Inputs, in the contract's declaration order.
+
+def _add_inputs(g: _Graph, cfg: Any, dims: _Dims) -> _Inputs:
+    """Every input of the contract, in its declaration order."""
+    f32, i32, i64 = DType.FLOAT32, DType.INT32, DType.INT64
+    act, h = dims.act, dims.h
     embeds = g.input(names.kInputsEmbeds, act, (-1, -1, h))
-    if role == "draft":
+    hidden_in = hidden_draft = None
+    if dims.role == "draft":
         hidden_in = g.input(names.kBaseModelHiddenStates, act, (-1, -1, int(cfg.base_model_hidden_size)))
         hidden_draft = g.input(names.kDraftModelHiddenStates, act, (-1, -1, h))
     ctx = g.input(names.kContextLengths, i32, (-1,))
     last_ids = g.input(names.kLastTokenIds, i64, (-1, -1))
     start = g.input(names.kKVCacheStartIndex, i32, (-1,))
-    rope_shape = (-1, cap, r) if cfg.rope_type == "mrope" else (1, cap, r)
-    cos_sin = g.input(names.kRopeCosSin, f32, rope_shape)
-    if role != "llm":
+    cos_sin = g.input(names.kRopeCosSin, f32, (-1 if dims.mrope else 1, dims.cap, dims.r))
+    mask_words = pos_ids = None
+    if dims.role != "llm":
         mask_words = g.input(names.kAttentionMask, i32, (-1, -1, -1))
         pos_ids = g.input(names.kAttentionPosId, i32, (-1, -1))
-    deepstack = [g.input(names.deepstack_embeds(i), act, (-1, -1, h)) for i in range(nd)]
-    caches = [
-        (g.input(names.k_cache(i), kv, (-1, hkv, cap, d)), g.input(names.v_cache(i), kv, (-1, hkv, cap, d)))
-        for i in range(n_layers)
-    ]
+    deepstack = [g.input(names.deepstack_embeds(i), act, (-1, -1, h)) for i in range(dims.nd)]
+    cache = (-1, dims.hkv, dims.cap, dims.d)
+    caches = [(g.input(names.k_cache(i), dims.kv, cache), g.input(names.v_cache(i), dims.kv, cache))
+              for i in range(dims.layers)]
+    return _Inputs(embeds, hidden_in, hidden_draft, ctx, last_ids, start, cos_sin, mask_words, pos_ids, deepstack,
+                   caches)
 
-    # Visibility mask [B, 1, S, C] (True = attend) and RoPE positions [B, S].
-    step_len = g.dim(embeds, 1, "step_len")
-    s4 = g.reshape(g.arange(max_step, step_len, "steps"), (1, 1, -1, 1), "steps4")
+
+def _attention(g: _Graph, cfg: Any, dims: _Dims, inputs: _Inputs) -> _Attention:
+    """The visibility mask [B, 1, S, C] (True = attend), its rows that see nothing, and RoPE at each token's
+    position (``start + s``, or ``attention_pos_id`` for a tree) from the cos/sin caches."""
+    trt, network = g.trt, g.net
+    f32 = DType.FLOAT32
+    cap, r = dims.cap, dims.r
+    step_len = g.dim(inputs.embeds, 1, "step_len")
+    s4 = g.reshape(g.arange(dims.max_step, step_len, "steps"), (1, 1, -1, 1), "steps4")
     j4 = g.const(np.arange(cap, dtype=np.int32).reshape(1, 1, 1, cap), "slots4")
-    start4 = g.reshape(start, (-1, 1, 1, 1), "start4")
-    ctx4 = g.reshape(ctx, (-1, 1, 1, 1), "ctx4")
+    start4 = g.reshape(inputs.start, (-1, 1, 1, 1), "start4")
+    ctx4 = g.reshape(inputs.ctx, (-1, 1, 1, 1), "ctx4")
     one4 = g.scalar(1, np.int32, 4, "one4")
     causal_pos4 = g.ew(start4, s4, "SUM", "causal_pos4")  # [B, 1, S, 1]
     below_ctx = g.ew(j4, ctx4, "LESS", "below_ctx")  # [B, 1, 1, C]
@@ -315,29 +391,28 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
         below_ctx, "AND", "causal_vis",
     )
     causal_pos = g.reshape(causal_pos4, (0, -1), "causal_pos")  # [B, S]
-    if role == "llm":
+    if dims.role == "llm":
         visible, positions = causal_vis, causal_pos
     else:
-        visible, positions = _tree_or_causal(g, cfg, mask_words, pos_ids, j4, start4, below_ctx,
+        visible, positions = _tree_or_causal(g, cfg, inputs.mask_words, inputs.pos_ids, j4, start4, below_ctx,
                                              causal_vis, causal_pos)
     any_visible = g.ew(
         g._out(network.add_reduce(g.cast(visible, f32, "visible_f"), trt.ReduceOperation.MAX, 1 << 3, True),
                "visible_rowmax"),
         g.scalar(0.5, np.float32, 4, "half4"), "GREATER", "any_visible",
-    )  # [B, 1, S, 1]: rows with no visible key give zeros, not NaN
-    positions64 = g.cast(positions, i64, "positions64")
+    )
 
     # cos/sin caches for the RotaryEmbedding layer.
-    if cfg.rope_type == "mrope":
-        rows = g.gather_rows(cos_sin, positions, "rope_rows")  # [B, S, R], per-sequence tables
+    if dims.mrope:
+        rows = g.gather_rows(inputs.cos_sin, positions, "rope_rows")  # [B, S, R], per-sequence tables
         cos = g._out(network.add_gather(rows, g.const(np.arange(r // 2, dtype=np.int32), "cos_idx"), 2), "rope_cos")
         sin = g._out(network.add_gather(rows, g.const(np.arange(r // 2, r, dtype=np.int32), "sin_idx"), 2), "rope_sin")
         rope_positions = None
     else:
-        table = g.reshape(cos_sin, (cap, r), "rope_table")
+        table = g.reshape(inputs.cos_sin, (cap, r), "rope_table")
         cos = g._out(network.add_slice(table, (0, 0), (cap, r // 2), (1, 1)), "rope_cos")
         sin = g._out(network.add_slice(table, (0, r // 2), (cap, r // 2), (1, 1)), "rope_sin")
-        rope_positions = positions64  # rank-2 caches are indexed by position ids
+        rope_positions = g.cast(positions, DType.INT64, "positions64")  # rank-2 caches are indexed by position
 
     def rope(t: Any, name: str) -> Any:
         layer = network.add_rotary_embedding(t, cos, sin, False, r)
@@ -345,73 +420,90 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
             layer.set_input(3, rope_positions)
         return g._out(layer, name)
 
-    # Residual stream x [B, S, H], float32.
-    if role == "draft":
-        assert weights.we is not None and weights.wh is not None and weights.wd is not None
-        x = g.ew(
-            g.ew(g.linear(g.cast(embeds, f32, "embeds_f"), weights.we, "fc_embeds"),
-                 g.linear(g.cast(hidden_in, f32, "hidden_in_f"), weights.wh, "fc_hidden_in"), "SUM", "x_eh"),
-            g.linear(g.cast(hidden_draft, f32, "hidden_draft_f"), weights.wd, "fc_hidden_draft"), "SUM", "x0",
-        )
-    else:
-        x = g.cast(embeds, f32, "x0")
+    return _Attention(visible, any_visible, rope, g.scalar(1.0 / math.sqrt(dims.d), np.float32, 4, "q_scale"),
+                      g.scalar(0.0, np.float32, 4, "zero4"))
 
-    q_scale = g.scalar(1.0 / math.sqrt(d), np.float32, 4, "q_scale")
-    zero4 = g.scalar(0.0, np.float32, 4, "zero4")
-    presents = []
-    for layer_idx in range(n_layers):
-        p = f"l{layer_idx}."
 
-        def heads(t: Any, n: int, name: str) -> Any:  # [B, S, n*D] -> [B, n, S, D]
-            t = g.reshape(t, (0, 0, n, d), name + ".split")
-            return g.transpose(t, (0, 2, 1, 3), name)
+def _input_stream(g: _Graph, dims: _Dims, weights: ToyWeights, inputs: _Inputs) -> Any:
+    """The residual stream entering layer 0, float32 [B, S, H]: the embeddings, or a draft's projections
+    ``inputs_embeds @ we + hidden_states_input @ wh + hidden_states_from_draft @ wd``."""
+    f32 = DType.FLOAT32
+    if dims.role != "draft":
+        return g.cast(inputs.embeds, f32, "x0")
+    assert weights.we is not None and weights.wh is not None and weights.wd is not None
+    return g.ew(
+        g.ew(g.linear(g.cast(inputs.embeds, f32, "embeds_f"), weights.we, "fc_embeds"),
+             g.linear(g.cast(inputs.hidden_in, f32, "hidden_in_f"), weights.wh, "fc_hidden_in"), "SUM", "x_eh"),
+        g.linear(g.cast(inputs.hidden_draft, f32, "hidden_draft_f"), weights.wd, "fc_hidden_draft"), "SUM", "x0",
+    )
 
-        q = heads(g.linear(x, weights.wq[layer_idx], p + "q_proj"), hq, p + "q")
-        k = heads(g.linear(x, weights.wk[layer_idx], p + "k_proj"), hkv, p + "k")
-        v = heads(g.linear(x, weights.wv[layer_idx], p + "v_proj"), hkv, p + "v")
-        q = g.ew(rope(q, p + "q_rope"), q_scale, "PROD", p + "q_scaled")  # IAttention does not scale
-        k = rope(k, p + "k_rope")
 
-        k_cache, v_cache = caches[layer_idx]
-        cache_mode = trt.KVCacheMode.LINEAR
-        k_up = network.add_kv_cache_update(k_cache, g.cast(k, kv, p + "k_kv"), start, cache_mode)
-        present_k = g._out(k_up, p + "k_cache_update")
-        v_up = network.add_kv_cache_update(v_cache, g.cast(v, kv, p + "v_kv"), start, cache_mode)
-        present_v = g._out(v_up, p + "v_cache_update")
-        presents.append((present_k, present_v))
+def _decoder_layer(g: _Graph, dims: _Dims, weights: ToyWeights, layer: int, x: Any, inputs: _Inputs,
+                   attention: _Attention) -> tuple[Any, tuple[Any, Any]]:
+    """One layer on the stream ``x``: attention through the KVCacheUpdate'd caches, the MLP, the layer's
+    deepstack feature. Returns the new stream and the layer's (present_k, present_v)."""
+    trt, network = g.trt, g.net
+    f32, kv, d = DType.FLOAT32, dims.kv, dims.d
+    p = f"l{layer}."
 
-        # Attention runs in the cache's dtype: K and V must be the KVCacheUpdate outputs as they
-        # are (TensorRT-RTX 1.7's Myelin fails "Fusing attention ops must leave the graph in a
-        # well-formed state" when they are cast to float32 first), and Q must share their type.
-        q_kv = g.cast(q, kv, p + "q_kv")
-        softmax = trt.AttentionNormalizationOp.SOFTMAX
-        if hasattr(network, "add_attention_v2"):
-            attn = network.add_attention_v2(q_kv, present_k, present_v, softmax, trt.CausalMaskKind.NONE)
-        else:  # older TensorRT releases only have the first version
-            attn = network.add_attention(q_kv, present_k, present_v, softmax, False)
-        if attn is None:
-            raise RuntimeError(f"TensorRT refused the attention of layer {layer_idx}")
-        attn.mask = visible
-        attn.decomposable = True
-        attn.name = p + "attention"
-        a = g.select(any_visible, g.cast(attn.get_output(0), f32, p + "attn_f"), zero4, p + "attn_guarded")
-        a = g.reshape(g.transpose(a, (0, 2, 1, 3), p + "attn_bshd"), (0, 0, hq * d), p + "attn_flat")
-        x = g.ew(x, g.linear(a, weights.wo[layer_idx], p + "o_proj"), "SUM", p + "x_attn")
+    def heads(t: Any, n: int, name: str) -> Any:  # [B, S, n*D] -> [B, n, S, D]
+        t = g.reshape(t, (0, 0, n, d), name + ".split")
+        return g.transpose(t, (0, 2, 1, 3), name)
 
-        up = g._out(network.add_activation(g.linear(x, weights.w1[layer_idx], p + "up"),
-                                           trt.ActivationType.RELU), p + "relu")
-        x = g.ew(x, g.linear(up, weights.w2[layer_idx], p + "down"), "SUM", p + "x_mlp")
-        if layer_idx < nd:
-            x = g.ew(x, g.cast(deepstack[layer_idx], f32, p + "deepstack_f"), "SUM", p + "x_deepstack")
+    q = heads(g.linear(x, weights.wq[layer], p + "q_proj"), dims.hq, p + "q")
+    k = heads(g.linear(x, weights.wk[layer], p + "k_proj"), dims.hkv, p + "k")
+    v = heads(g.linear(x, weights.wv[layer], p + "v_proj"), dims.hkv, p + "v")
+    q = g.ew(attention.rope(q, p + "q_rope"), attention.q_scale, "PROD", p + "q_scaled")
+    k = attention.rope(k, p + "k_rope")
 
-    # Outputs, in the contract's declaration order.
-    selected = g.reshape(g.gather_rows(x, last_ids, "selected_rows"), (-1, h), "selected_flat")
+    k_cache, v_cache = inputs.caches[layer]
+    mode = trt.KVCacheMode.LINEAR
+    present_k = g._out(network.add_kv_cache_update(k_cache, g.cast(k, kv, p + "k_kv"), inputs.start, mode),
+                       p + "k_cache_update")
+    present_v = g._out(network.add_kv_cache_update(v_cache, g.cast(v, kv, p + "v_kv"), inputs.start, mode),
+                       p + "v_cache_update")
+
+    # Attention runs in the cache's dtype: K and V must be the KVCacheUpdate outputs as they
+    # are (TensorRT-RTX 1.7's Myelin fails "Fusing attention ops must leave the graph in a
+    # well-formed state" when they are cast to float32 first), and Q must share their type.
+    q_kv = g.cast(q, kv, p + "q_kv")
+    softmax = trt.AttentionNormalizationOp.SOFTMAX
+    if hasattr(network, "add_attention_v2"):
+        attn = network.add_attention_v2(q_kv, present_k, present_v, softmax, trt.CausalMaskKind.NONE)
+    else:  # older TensorRT releases only have the first version
+        attn = network.add_attention(q_kv, present_k, present_v, softmax, False)
+    if attn is None:
+        raise EngineError(f"TensorRT refused the attention of layer {layer}")
+    attn.mask = attention.visible
+    attn.decomposable = True
+    attn.name = p + "attention"
+    a = g.select(attention.any_visible, g.cast(attn.get_output(0), f32, p + "attn_f"), attention.zero,
+                 p + "attn_guarded")
+    a = g.reshape(g.transpose(a, (0, 2, 1, 3), p + "attn_bshd"), (0, 0, dims.hq * d), p + "attn_flat")
+    x = g.ew(x, g.linear(a, weights.wo[layer], p + "o_proj"), "SUM", p + "x_attn")
+
+    up = g._out(network.add_activation(g.linear(x, weights.w1[layer], p + "up"), trt.ActivationType.RELU),
+                p + "relu")
+    x = g.ew(x, g.linear(up, weights.w2[layer], p + "down"), "SUM", p + "x_mlp")
+    if layer < dims.nd:
+        x = g.ew(x, g.cast(inputs.deepstack[layer], f32, p + "deepstack_f"), "SUM", p + "x_deepstack")
+    return x, (present_k, present_v)
+
+
+def _add_outputs(g: _Graph, dims: _Dims, weights: ToyWeights, x: Any, last_ids: Any,
+                 presents: list[tuple[Any, Any]]) -> None:
+    """The outputs in the contract's declaration order: logits of the ``last_token_ids`` rows, the final
+    stream, and each layer's present caches."""
+    selected = g.reshape(g.gather_rows(x, last_ids, "selected_rows"), (-1, dims.h), "selected_flat")
     g.output(g.matmul(selected, g.const(weights.w_lm.astype(np.float32), "lm_head.w"), "lm_head"), names.kLogits)
-    g.output(g.cast(x, act, "hidden_out"), names.kOutputHiddenStates)
-    for layer_idx, (present_k, present_v) in enumerate(presents):
-        g.output(present_k, names.present_k_cache(layer_idx))
-        g.output(present_v, names.present_v_cache(layer_idx))
+    g.output(g.cast(x, dims.act, "hidden_out"), names.kOutputHiddenStates)
+    for layer, (present_k, present_v) in enumerate(presents):
+        g.output(present_k, names.present_k_cache(layer))
+        g.output(present_v, names.present_v_cache(layer))
 
+
+def _profiles(builder: Any, cfg: Any) -> list[Any]:
+    """Profile 0 (prefill) and profile 1 (everything else) of :func:`profile_shapes`."""
     profiles = []
     for which in range(2):
         profile = builder.create_optimization_profile()
@@ -419,7 +511,7 @@ def build_network(trt: Any, cfg: Any, weights: ToyWeights) -> tuple[Any, Any, li
             lo, opt, hi = per_profile[which]
             profile.set_shape(name, lo, opt, hi)
         profiles.append(profile)
-    return builder, network, profiles
+    return profiles
 
 
 def _tree_or_causal(
@@ -711,8 +803,8 @@ def _require_layers(trt: Any, network: Any) -> None:
     """The KVCacheUpdate and RotaryEmbedding layers exist from TensorRT 10.15 (TensorRT-RTX 1.2) on."""
     missing = [m for m in ("add_kv_cache_update", "add_rotary_embedding") if not hasattr(network, m)]
     if missing:
-        raise RuntimeError(f"{trt.__name__} {getattr(trt, '__version__', '?')} has no {', '.join(missing)}: the toy "
-                           f"plans need TensorRT 10.15 or later (or TensorRT-RTX 1.2 or later)")
+        raise EngineError(f"{trt.__name__} {getattr(trt, '__version__', '?')} has no {', '.join(missing)}: the toy "
+                          f"plans need TensorRT 10.15 or later (or TensorRT-RTX 1.2 or later)")
 
 
 def build_plan(
@@ -729,7 +821,7 @@ def build_plan(
 
     With ``progress``, a bar is drawn on ``stream`` (default stderr) while TensorRT builds, when the
     stream is a terminal and the module has ``IProgressMonitor``; a one-line summary follows. Raises
-    RuntimeError with TensorRT's error log when the build fails.
+    :class:`~trtio.EngineError` with TensorRT's error log when the build fails.
     """
     trt = resolve_module(module)
     out_path = Path(out_path)
@@ -739,11 +831,11 @@ def build_plan(
     builder, network, profiles = build_network(trt, cfg, weights)
     config = builder.create_builder_config()
     if config is None:
-        raise RuntimeError(f"{trt.__name__}: create_builder_config failed")
+        raise EngineError(f"{trt.__name__}: create_builder_config failed")
     configure_builder(trt, config)
     for i, profile in enumerate(profiles):
         if config.add_optimization_profile(profile) < 0:
-            raise RuntimeError(f"{trt.__name__}: optimization profile {i} rejected")
+            raise EngineError(f"{trt.__name__}: optimization profile {i} rejected")
     bar = None
     monitor = None  # referenced until the build returns: TensorRT calls it from its threads
     interactive = progress and getattr(stream, "isatty", lambda: False)()
@@ -762,7 +854,7 @@ def build_plan(
     errors = logger.take_errors()
     if plan is None or plan.nbytes == 0:
         detail = "; ".join(errors) if errors else "no error was logged"
-        raise RuntimeError(f"{trt.__name__}: building {label} failed: {detail}")
+        raise EngineError(f"{trt.__name__}: building {label} failed: {detail}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     data = memoryview(plan)
     with open(out_path, "wb") as f:

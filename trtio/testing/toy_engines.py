@@ -22,7 +22,7 @@ real engine directory takes is exercised:
 
 * ``toy-llm-ragged/config.json`` — a plain LLM (4 layers);
 * ``toy-eagle3-ragged/base_config.json`` + ``draft_config.json`` — the same model as an EAGLE3 base
-  (hidden states of layers 0, 1 and 3 feed the draft) and a one-layer EAGLE3 draft.
+  (hidden states of layers 0, 1 and 3 feed the draft) and an EAGLE3 draft with the base's 4 layers.
 
 Edge-LLM's configs have no seed: the weights are ``ToyWeights.generate(cfg, 0)`` for the LLM and the
 base (one model) and ``ToyWeights.generate_draft(draft, base weights, 0)`` for the draft. No plans of
@@ -46,7 +46,7 @@ import numpy as np
 
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import EngineDir
-from trtio.errors import ConfigError
+from trtio.errors import ConfigError, UnknownNameError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
 __all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
@@ -164,10 +164,10 @@ class ToyEngines:
         if name == "toy-eagle/draft":
             assert self.eagle.draft is not None
             return self.eagle.draft
-        raise KeyError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
+        raise UnknownNameError(f"unknown toy engine {name!r}; expected one of {ENGINE_NAMES}")
 
     def weights(self, name: str) -> ToyWeights:
-        """Seeded weights; toy-llm and toy-eagle/base share one set, the draft approximates it."""
+        """Seeded weights; toy-llm and toy-eagle/base share one set, the draft is derived from it."""
         self.config(name)
         if name not in self._weights:
             base = self._weights.get("toy-llm") or ToyWeights.generate(self.llm.base, self.seed)
@@ -321,7 +321,7 @@ class RaggedToyEngines:
             return self.pair_dir.base_config
         if name == RAGGED_ENGINE_NAMES[2]:
             return self.pair_dir.draft_config
-        raise KeyError(f"unknown ragged toy engine {name!r}; expected one of {RAGGED_ENGINE_NAMES}")
+        raise UnknownNameError(f"unknown ragged toy engine {name!r}; expected one of {RAGGED_ENGINE_NAMES}")
 
     def deployment(self, draft_top_k: int = RAGGED_DEMO_TREE[0], draft_step: int = RAGGED_DEMO_TREE[1],
                    verify_size: int = RAGGED_DEMO_TREE[2]) -> DeploymentConfig:
@@ -330,8 +330,8 @@ class RaggedToyEngines:
         return self.pair_dir.deployment(draft_top_k, draft_step, verify_size)
 
     def weights(self, name: str) -> ToyWeights:
-        """Seeded weights (seed :data:`RAGGED_SEED`); the LLM and the base share one set, the draft
-        approximates it."""
+        """Seeded weights (seed :data:`RAGGED_SEED`); the LLM and the base share one set, the draft is
+        derived from it."""
         self.config(name)
         if name not in self._weights:
             base = self._weights.get(RAGGED_ENGINE_NAMES[0]) or ToyWeights.generate(self.llm_config, self.seed)

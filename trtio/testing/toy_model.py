@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtio.dtypes import DType
+from trtio.errors import ConfigError, InvalidValueError, ShapeError
 
 __all__ = [
     "ATTN_SCALE",
@@ -39,7 +40,7 @@ __all__ = [
 
 ATTN_SCALE = 0.5
 MLP_SCALE = 0.5
-DRAFT_MIX_SCALE = 0.1
+DRAFT_MIX_SCALE = 0.01
 ROPE_THETA = 10000.0
 _EMBEDDING_SEED_OFFSET = 7919
 
@@ -123,24 +124,51 @@ class ToyWeights:
 
     @classmethod
     def generate_draft(cls, cfg: Any, base: ToyWeights, seed: int = 0) -> ToyWeights:
-        """An EAGLE draft that approximates ``base``, so speculation gets accepted often but not always.
+        """An EAGLE draft derived from ``base``'s own weights, so that it agrees with the base's next step.
 
-        Starts from :meth:`generate` (``cfg``, ``seed``) and then: ``we`` is the identity (the draft
-        sees the next token's embedding as the base does), ``wh`` and ``wd`` are scaled by
-        ``DRAFT_MIX_SCALE``, and ``w_lm`` is the base's (the draft's output vocab must equal the
-        base's). The base's residual stream is dominated by the token embedding, so the draft's
-        guess usually matches the base's next token; the base's attention and MLP make it miss.
+        The draft is the base cut after its first ``cfg.num_attention_layers`` layers (all of them when
+        the draft has as many layers as the base, as the toy engines' drafts do): its layers are the
+        base's, ``we`` is the identity (the draft takes the next token's embedding, as the base's own
+        next step does) and ``w_lm`` is the base's. Fed the prompt shifted by one token (EAGLE), a full
+        copy computes the base over every token but the first, so its guesses are the base's next
+        tokens except where the first token tips the choice (the toy's attention spreads over the whole
+        context, so that happens mostly early in short sequences). ``wh`` and ``wd`` keep the base's
+        hidden states and the draft's own in play without overruling the copy: draws of
+        ``numpy.random.default_rng(seed)`` (``wh`` first, then ``wd``) of the scales of
+        :meth:`generate` times ``DRAFT_MIX_SCALE``.
+
+        The draft must have the base's attention and MLP geometry (its layers are used as they are), at
+        most as many layers, and the base's logits width. Raises :class:`~trtio.ConfigError` naming the
+        field otherwise.
         """
         if config_role(cfg) != "draft":
-            raise ValueError("generate_draft needs a draft config (base_model_hidden_size > 0)")
-        w = cls.generate(cfg, seed)
-        if w.w_lm.shape != base.w_lm.shape:
-            raise ValueError(f"draft logits {w.w_lm.shape} must match the base's {base.w_lm.shape} to share w_lm")
-        assert w.wh is not None and w.wd is not None
+            raise ConfigError("base_model_hidden_size", "generate_draft needs an EAGLE draft config "
+                                                        "(base_model_hidden_size > 0)")
         h = int(cfg.hidden_size)
-        scale = np.float32(DRAFT_MIX_SCALE)
-        return cls(wq=w.wq, wk=w.wk, wv=w.wv, wo=w.wo, w1=w.w1, w2=w.w2, we=np.eye(h, dtype=np.float32),
-                   wh=w.wh * scale, wd=w.wd * scale, w_lm=base.w_lm)
+        hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
+        layers = int(cfg.num_attention_layers)
+        if not 1 <= layers <= base.num_layers:
+            raise ConfigError("num_attention_layers", f"the draft copies the base's first layers: {layers} must be "
+                                                      f"in 1..{base.num_layers} (the base's layer count)")
+        shapes = {"wq": (h, hq * d), "wk": (h, hkv * d), "wv": (h, hkv * d), "wo": (hq * d, h), "w1": (h, 2 * h),
+                  "w2": (2 * h, h)}
+        for name, shape in shapes.items():
+            got = getattr(base, name)[0].shape
+            if got != shape:
+                raise ConfigError("hidden_size", f"the draft copies the base's layers, but the base's {name} is "
+                                                 f"{list(got)} where this draft (hidden_size {h}, {hq} heads, {hkv} "
+                                                 f"KV heads of {d}) needs {list(shape)}")
+        vout = output_vocab_size(cfg)
+        if base.w_lm.shape != (h, vout):
+            raise ConfigError("output_vocab_size", f"the draft shares the base's LM head {list(base.w_lm.shape)}, "
+                                                   f"but this draft's logits are [{h}, {vout}]")
+        hb = int(cfg.base_model_hidden_size)
+        rng = np.random.default_rng(seed)
+        wh = _draw(rng, (hb, h), DRAFT_MIX_SCALE / math.sqrt(hb))
+        wd = _draw(rng, (h, h), DRAFT_MIX_SCALE / math.sqrt(h))
+        return cls(wq=base.wq[:layers], wk=base.wk[:layers], wv=base.wv[:layers], wo=base.wo[:layers],
+                   w1=base.w1[:layers], w2=base.w2[:layers], we=np.eye(h, dtype=np.float32), wh=wh, wd=wd,
+                   w_lm=base.w_lm)
 
 
 def toy_embedding(vocab: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -160,7 +188,7 @@ def rope_table(max_positions: int, rotary_dim: int, theta: float = ROPE_THETA) -
     """
     r = int(rotary_dim)
     if r <= 0 or r % 2:
-        raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+        raise InvalidValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     inv_freq = float(theta) ** (-np.arange(0, r, 2, dtype=np.float64) / r)  # [R/2]
     angles = np.arange(int(max_positions), dtype=np.float64)[:, None] * inv_freq[None, :]
     table = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
@@ -179,11 +207,11 @@ def apply_rope(t: np.ndarray, cos_sin: np.ndarray, positions: np.ndarray) -> np.
     r = cos_sin.shape[-1]
     half = r // 2
     if r > t.shape[-1]:
-        raise ValueError(f"rotary dim {r} exceeds head dim {t.shape[-1]}")
+        raise ShapeError(f"rotary dim {r} exceeds head dim {t.shape[-1]}")
     if positions.shape != (t.shape[0],):
-        raise ValueError(f"positions shape {positions.shape} does not match {t.shape[0]} tokens")
+        raise ShapeError(f"positions shape {positions.shape} does not match {t.shape[0]} tokens")
     if positions.size and (positions.min() < 0 or positions.max() >= cos_sin.shape[0]):
-        raise ValueError(
+        raise InvalidValueError(
             f"positions span [{positions.min()}, {positions.max()}] but the RoPE table has "
             f"{cos_sin.shape[0]} rows"
         )
@@ -205,14 +233,14 @@ def causal_visibility(num_tokens: int) -> np.ndarray:
 def _as_f32(name: str, x: Any, shape: tuple[int, ...]) -> np.ndarray:
     arr = np.asarray(x).astype(np.float32)
     if arr.shape != shape:
-        raise ValueError(f"{name} has shape {arr.shape}, expected {shape}")
+        raise ShapeError(f"{name} has shape {arr.shape}, expected {shape}")
     return arr
 
 
 def _round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
     np_dtype = dtype.numpy
     if np_dtype is None:
-        raise ValueError(f"no numpy type for kv_cache_dtype {dtype} (install ml_dtypes)")
+        raise ConfigError("kv_cache_dtype", f"no numpy type for {dtype} (install ml_dtypes)")
     return x.astype(np_dtype).astype(np.float32)
 
 
@@ -252,18 +280,18 @@ def reference_forward(
     nd = int(getattr(cfg, "num_deepstack_features", 0) or 0)
     kv_dtype = DType.coerce(cfg.kv_cache_dtype)
     if hq % hkv:
-        raise ValueError(f"num_attention_heads={hq} is not a multiple of num_kv_heads={hkv}")
+        raise ConfigError("num_kv_heads", f"num_attention_heads={hq} is not a multiple of num_kv_heads={hkv}")
     group = hq // hkv
 
     x_in = np.asarray(embeds)
     if x_in.ndim != 2:
-        raise ValueError(f"embeds must be [T, H], got shape {x_in.shape}")
+        raise ShapeError(f"embeds must be [T, H], got shape {x_in.shape}")
     t = x_in.shape[0]
     x_in = _as_f32("embeds", x_in, (t, h))
 
     if config_role(cfg) == "draft":
         if hidden_input is None or hidden_from_draft is None:
-            raise ValueError("a draft model needs hidden_input and hidden_from_draft")
+            raise InvalidValueError("a draft model needs hidden_input and hidden_from_draft")
         hb = int(cfg.base_model_hidden_size)
         assert weights.we is not None and weights.wh is not None and weights.wd is not None
         x = (
@@ -273,23 +301,24 @@ def reference_forward(
         )
     else:
         if hidden_input is not None or hidden_from_draft is not None:
-            raise ValueError("hidden_input / hidden_from_draft are for draft models only")
+            raise InvalidValueError("hidden_input / hidden_from_draft are for draft models only")
         x = x_in
 
     ds: list[np.ndarray] = []
     if nd > weights.num_layers:
-        raise ValueError(f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
+        raise ConfigError("num_deepstack_features",
+                          f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
     if nd:
         if deepstack is None or len(deepstack) != nd:
             got = "None" if deepstack is None else f"{len(deepstack)} arrays"
-            raise ValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
+            raise InvalidValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
         ds = [_as_f32(f"deepstack[{i}]", a, (t, h)) for i, a in enumerate(deepstack)]
     elif deepstack:
-        raise ValueError("deepstack given but num_deepstack_features is 0")
+        raise InvalidValueError("deepstack given but num_deepstack_features is 0")
 
     pos = np.arange(t) if positions is None else np.asarray(positions).astype(np.int64)
     if pos.shape != (t,):
-        raise ValueError(f"positions has shape {pos.shape}, expected ({t},)")
+        raise ShapeError(f"positions has shape {pos.shape}, expected ({t},)")
     if rope is None:
         rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
         table = rope_table(rows, int(cfg.rotary_dim))[0]
@@ -297,18 +326,18 @@ def reference_forward(
         table = np.asarray(rope, dtype=np.float32)
         if table.ndim == 3:
             if table.shape[0] != 1:
-                raise ValueError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
+                raise ShapeError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
             table = table[0]
         if table.ndim != 2 or table.shape[-1] != int(cfg.rotary_dim):
-            raise ValueError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
+            raise ShapeError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
 
     vis = causal_visibility(t) if visible is None else np.asarray(visible, dtype=bool)
     if vis.shape != (t, t):
-        raise ValueError(f"visible has shape {vis.shape}, expected ({t}, {t})")
+        raise ShapeError(f"visible has shape {vis.shape}, expected ({t}, {t})")
 
     after = [] if hidden_after is None else [int(i) for i in hidden_after]
     if any(not 0 <= i < weights.num_layers for i in after):
-        raise ValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
+        raise InvalidValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
     captured: dict[int, np.ndarray] = {}
 
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))

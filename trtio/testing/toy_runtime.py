@@ -17,7 +17,7 @@ import numpy as np
 from trtio.setups import LLMSetup, SpecDecodeSetup
 from trtio.trees import ancestor_mask
 
-__all__ = ["DraftTree", "SpecStats", "embed_batch", "expand_level", "greedy_generate", "spec_generate"]
+__all__ = ["CandidateTree", "SpecStats", "embed_batch", "expand_level", "greedy_generate", "spec_generate"]
 
 
 def embed_batch(embedding: np.ndarray, rows: Sequence[Sequence[int]], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -49,22 +49,43 @@ def greedy_generate(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Se
 
 @dataclass
 class SpecStats:
-    """What speculation achieved: draft tokens proposed and accepted, base verify steps."""
+    """What speculation achieved over a run of :func:`spec_generate`.
+
+    ``rounds`` counts base verify steps, ``proposed`` the draft tree nodes of every round and sequence,
+    ``accepted`` the draft tokens the base accepted (the bonus token each verify adds is not counted),
+    ``levels`` the draft levels of a round (``drafting_step``): one verify accepts at most that many
+    tokens per sequence.
+    """
 
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
     accepted_per_sequence: list[int] = field(default_factory=list)
+    levels: int = 0
+
+    @property
+    def accepted_per_verify(self) -> float:
+        """Mean draft tokens accepted per verify step and sequence (0 .. ``levels``)."""
+        n = len(self.accepted_per_sequence) or 1
+        return self.accepted / max(self.rounds * n, 1)
 
     @property
     def acceptance_rate(self) -> float:
+        """The share of draft levels whose token the base accepted: :attr:`accepted_per_verify` over
+        ``levels``. Each level drafts one position of the sequence (``top_k`` candidates for it); with
+        chain drafting (``top_k = 1``) it is the share of drafted tokens accepted."""
+        return self.accepted_per_verify / self.levels if self.levels else 0.0
+
+    @property
+    def node_acceptance_rate(self) -> float:
+        """``accepted / proposed``: the share of draft tree nodes accepted. At most one node per level can
+        be accepted, so a tree of ``top_k`` nodes per level stays at or below ``1 / top_k``."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
     def tokens_per_verify(self) -> float:
         """Tokens emitted per base verify step per sequence (1 = no gain over plain decoding)."""
-        n = len(self.accepted_per_sequence) or 1
-        return 1.0 + self.accepted / max(self.rounds * n, 1)
+        return 1.0 + self.accepted_per_verify
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -75,9 +96,10 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass
-class DraftTree:
-    """One sequence's draft tree of a round: each node's token, parent (-1: the root) and cumulative
-    log-probability under the draft."""
+class CandidateTree:
+    """One sequence's candidate tokens of a round, as a tree: each node's token, parent (-1: the root,
+    the pending token) and cumulative log-probability under the draft. The verify tree is selected from
+    it (:meth:`select`)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
@@ -102,7 +124,7 @@ class DraftTree:
         return sorted(chosen)
 
 
-def expand_level(trees: list[DraftTree], level: list[list[int]], logp: np.ndarray, top_k: int,
+def expand_level(trees: list[CandidateTree], level: list[list[int]], logp: np.ndarray, top_k: int,
                  token_map: np.ndarray | None = None) -> list[list[int]]:
     """One level of EAGLE drafting: for each sequence, the ``top_k`` best children over every node of
     ``level`` (by cumulative log-probability; ``logp`` [B, len(level), V]) join its tree; returns the new
@@ -153,9 +175,9 @@ def spec_generate(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequen
     shifted = [list(p[1:]) + [int(t)] for p, t in zip(prompts, pending)]
     emb, _ = embed_batch(embedding, shifted, dtype)
     draft_logits = setup.draft_prefill(emb, lens, stream).to_numpy(stream)
-    stats = SpecStats(accepted_per_sequence=[0] * batch)
+    stats = SpecStats(accepted_per_sequence=[0] * batch, levels=depth)
     while min(len(o) for o in out) < max_new_tokens:
-        trees = [DraftTree() for _ in range(batch)]
+        trees = [CandidateTree() for _ in range(batch)]
         level = expand_level(trees, [[-1] for _ in range(batch)], _log_softmax(draft_logits)[:, None, :], top_k,
                              draft_to_target)
         for _ in range(depth - 1):

@@ -22,7 +22,9 @@ For each contract:
 2. speculative decoding of the same prompts with ``create_for_spec_decode`` and EAGLE tree drafting
    (batch: the ``spec`` section's ``drafting_top_k`` / ``drafting_step`` / ``verify_size``; ragged:
    Edge-LLM's run-time values :data:`~trtio.testing.toy_engines.RAGGED_DEMO_TREE`), whose tokens
-   must equal the greedy ones;
+   must equal the greedy ones, and how much the base accepted of the draft's proposals
+   (:class:`~trtio.testing.toy_runtime.SpecStats`: the acceptance rate per draft level, the mean accepted
+   tokens per verify, the drafted tree nodes accepted);
 3. the binding tables, the memory reports and the graph statistics of both setups.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
@@ -341,7 +343,8 @@ def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]
         "spec_decode": {
             "tree": {"top_k": top_k, "depth": depth, "draft_nodes": top_k * depth, "verify_size": spec.verify_size},
             "rounds": stats.rounds, "proposed": stats.proposed, "accepted": stats.accepted,
-            "acceptance_rate": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify,
+            "acceptance_rate": stats.acceptance_rate, "accepted_per_verify": stats.accepted_per_verify,
+            "node_acceptance_rate": stats.node_acceptance_rate, "tokens_per_verify": stats.tokens_per_verify,
             "accepted_per_sequence": list(stats.accepted_per_sequence),
         },
         "streaming": streaming,
@@ -467,8 +470,10 @@ def _format_section(key: str, s: dict[str, Any]) -> list[str]:
         f"nodes, verify trees of {sd['tree']['verify_size']}): {sd['rounds']} verify rounds, "
         f"{t['spec_decode_s']:.2f} s",
         *_tokens(s["spec_tokens"]),
-        f"acceptance rate: {sd['acceptance_rate']:.3f} ({sd['accepted']} of {sd['proposed']} drafted tokens "
-        f"accepted; {sd['tokens_per_verify']:.2f} tokens per verify step)",
+        f"acceptance rate: {sd['acceptance_rate']:.3f} of the {sd['tree']['depth']} draft levels per verify "
+        f"(mean accepted tokens per verify: {sd['accepted_per_verify']:.2f}; {sd['tokens_per_verify']:.2f} tokens "
+        f"per verify step with the base's own); {sd['accepted']} of {sd['proposed']} drafted tree nodes accepted "
+        f"({sd['node_acceptance_rate']:.3f}; at most 1 in {sd['tree']['top_k']}: one node per level can be)",
         f"spec-decode tokens equal vanilla tokens: {_yes(s['tokens_equal'])}",
         "",
     ]
@@ -501,8 +506,9 @@ def _format_section(key: str, s: dict[str, Any]) -> list[str]:
 def _verdict(key: str, s: dict[str, Any]) -> str:
     st = s["streaming"]
     snap = f"snapshot identical {_yes(st['identical'])}" if st["checked"] else "snapshot not checked (no hidden_states)"
-    return (f"{key}: tokens equal {_yes(s['tokens_equal'])}, acceptance rate "
-            f"{s['spec_decode']['acceptance_rate']:.3f}, {snap}")
+    sd = s["spec_decode"]
+    return (f"{key}: tokens equal {_yes(s['tokens_equal'])}, acceptance rate {sd['acceptance_rate']:.3f} "
+            f"({sd['accepted_per_verify']:.2f} accepted tokens per verify), {snap}")
 
 
 def format_demo(s: dict[str, Any]) -> str:
