@@ -3,21 +3,22 @@
 Field names follow Edge-LLM's ``LLMEngineConfig`` / ``SpecDecodeConfig`` / ``DeploymentConfig`` in
 snake_case. ``validate()`` raises :class:`ConfigError` naming the field and the value; configs read
 from a file name the file too (``"path: field: message"``). Edge-LLM's own ``config.json`` files are
-read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm`).
+read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm_config`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from trtio._json import json_kind, read_json, write_json
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
+from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, ShapeError
 from trtio.rope import RopeScaling, rope_parameters
 
@@ -52,16 +53,9 @@ def _where(what: str) -> str:
     return what[:-1] if what.endswith(":") else what
 
 
-def _message(exc: ConfigError) -> str:
-    """The message of ``exc`` without its field (``str(exc)`` is ``"field: message"``)."""
-    text = str(exc)
-    prefix = f"{exc.field}: "
-    return text[len(prefix):] if text.startswith(prefix) else text
-
-
 def _within(what: str, exc: ConfigError) -> ConfigError:
     """``exc`` re-homed under ``what`` (the file or section it came from)."""
-    return ConfigError(_at(what, exc.field), _message(exc))
+    return ConfigError(_at(what, exc.field), exc.message)
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -150,7 +144,7 @@ _NO_EXTRAS: Mapping[str, Any] = FrozenMap()
 
 def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {_json_kind(data)}")
+        raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {json_kind(data)}")
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -163,70 +157,6 @@ def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
         return cls(**data)
     except ConfigError as exc:
         raise _within(what, exc) from None
-
-
-class _NonFinite:
-    """What the JSON reader puts where a file says ``NaN``, ``Infinity`` or ``-Infinity``."""
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-def _find_non_finite(value: Any, key: str = "") -> tuple[str, str] | None:
-    if isinstance(value, _NonFinite):
-        return key, value.literal
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = _find_non_finite(v, f"{key}.{k}" if key else str(k))
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for i, v in enumerate(value):
-            found = _find_non_finite(v, f"{key}[{i}]")
-            if found is not None:
-                return found
-    return None
-
-
-def _read_json(path: str | os.PathLike[str]) -> Any:
-    """The JSON value in ``path``; ConfigError naming the file for a missing, unreadable or invalid one.
-
-    JSON has no NaN or Infinity (RFC 8259; Edge-LLM's C++ reader refuses them too), although Python's
-    reader takes them: such a literal is refused here, naming its key.
-    """
-    if not isinstance(path, (str, bytes, os.PathLike)):  # open() would take an int as a file descriptor
-        raise TypeError(f"a config path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        data = json.loads(raw.decode("utf-8"), parse_constant=_NonFinite)
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such config file") from None
-    except IsADirectoryError:
-        hint = ""
-        if any(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "base_config.json")):
-            hint = ("; it looks like an Edge-LLM engine directory: open it with "
-                    "trtio.edgellm.EngineDir.open(path) (and .deployment(...) for a DeploymentConfig)")
-        raise ConfigError(str(path), f"is a directory, not a config file{hint}") from None
-    except PermissionError as exc:
-        raise ConfigError(str(path), f"cannot be read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                                     f"{exc.start}); a JSON config is UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
-    found = _find_non_finite(data)
-    if found is not None:
-        key, literal = found
-        raise ConfigError(f"{path}: {key}" if key else str(path),
-                          f"is {literal}, which JSON does not allow; give a finite number")
-    return data
-
-
-def _write_json(path: str | os.PathLike[str], data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, allow_nan=False)
-        fh.write("\n")
 
 
 @dataclass(frozen=True)
@@ -410,7 +340,7 @@ class LLMEngineConfig:
                             max_position_embeddings=self.max_position_embeddings or None)
         except ConfigError as exc:
             field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
-            raise ConfigError(field_name, _message(exc)) from None
+            raise ConfigError(field_name, exc.message) from None
 
     def _validate_eagle_layers(self) -> None:
         layers = self.eagle_hidden_state_layers
@@ -453,10 +383,10 @@ class LLMEngineConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> LLMEngineConfig:
         """A validated config from a JSON file in trtio's own layout (see :meth:`from_edgellm` for Edge-LLM's)."""
-        return cls.from_dict(_read_json(path), what=f"{path}:")
+        return cls.from_dict(read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
-        _write_json(path, self.to_dict())
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_edgellm(cls, source: str | os.PathLike[str] | Mapping[str, Any], *,
@@ -466,13 +396,16 @@ class LLMEngineConfig:
 
         Maps Edge-LLM's keys onto trtio's fields (``num_hidden_layers`` -> ``num_attention_layers``,
         ``builder_config.max_batch_size`` -> ``max_supported_batch_size``, ...; the table is in
-        :mod:`trtio.edgellm`), sets ``contract="ragged"``, and keeps every key it does not map in
+        :mod:`trtio.edgellm_config`), sets ``contract="ragged"``, and keeps every key it does not map in
         ``extras``. Families trtio cannot bind yet are refused here, naming the key that marks them.
-        ``what`` names a dict's source in errors (a path names itself).
+        ``what`` names a dict's source in errors (a path names itself). Errors name the file and the
+        Edge-LLM key.
         """
-        from trtio.edgellm import config_from_edgellm  # edgellm.py builds on this module
-
-        return config_from_edgellm(source, what=what)
+        mapped = map_edgellm_config(source, what=what)
+        try:
+            return cls(**mapped.values).validate()
+        except ConfigError as exc:
+            raise mapped.error_for(exc) from None
 
     # -- shape recipes (Edge-LLM's llmEngineConfig.cpp) ------------------------------------------
     def _rope_batch(self, batch: int) -> int:
@@ -656,7 +589,7 @@ class DeploymentConfig:
         (together), and optionally ``name`` / ``description`` / ``seed``. Errors name ``what``."""
         if not isinstance(data, Mapping):
             raise ConfigError(_where(what) or "DeploymentConfig",
-                              f"must hold a JSON object with a \"base\" section, got a {_json_kind(data)}")
+                              f"must hold a JSON object with a \"base\" section, got a {json_kind(data)}")
         if "base" not in data:
             raise ConfigError(_at(what, "base"), "is required (the base or plain LLM engine's config)")
         extra = {k: v for k, v in data.items() if k not in ("base", "draft", "spec")}
@@ -676,28 +609,15 @@ class DeploymentConfig:
     def from_json(cls, path: str | os.PathLike[str]) -> DeploymentConfig:
         """A validated deployment from a JSON file in trtio's layout. An Edge-LLM engine directory has no
         deployment file: use ``trtio.edgellm.EngineDir.open(path).deployment(...)``."""
-        return cls.from_dict(_read_json(path), what=f"{path}:")
+        return cls.from_dict(read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
-        _write_json(path, self.to_dict())
-
-
-def _json_kind(value: Any) -> str:
-    """How JSON names the type of ``value`` ("list" for a JSON array, "number", ...)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Sequence):
-        return "list"
-    return "null" if value is None else type(value).__name__
+        write_json(path, self.to_dict())
 
 
 def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
     """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
-    data = _read_json(path)
+    data = read_json(path)
     if isinstance(data, dict) and "base" in data:
         return DeploymentConfig.from_dict(data, what=f"{path}:")
     return LLMEngineConfig.from_dict(data, what=f"{path}:")

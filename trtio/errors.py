@@ -82,10 +82,12 @@ class BindingError(TrtioError):
 
 
 class ConfigError(TrtioError, ValueError):
-    """A configuration field has a bad value; ``field`` names it."""
+    """A configuration field has a bad value; ``field`` names it and ``message`` says what is wrong
+    (``str(error)`` is ``"field: message"``)."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

@@ -18,11 +18,12 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from trtio.edgellm import PLUGIN_LIBRARY
+from trtio.cuda.backend import cuda_available
+from trtio.cuda.device import probe_error
 from trtio.errors import EngineError
 
 __all__ = ["import_trt", "module_of", "load_engine", "load_plugins", "loaded_plugins", "plan_format", "trt_logger",
-           "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_PATH_ENV"]
+           "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_LIBRARY", "PLUGIN_PATH_ENV"]
 
 log = logging.getLogger("trtio.trt")
 
@@ -32,6 +33,8 @@ KNOWN_MODULES = ("tensorrt", "tensorrt_rtx")
 PLAN_MAGICS = {b"ftrt": ("TensorRT", "tensorrt"), b"vtrt": ("TensorRT-RTX", "tensorrt_rtx")}
 #: The environment variable naming Edge-LLM's plugin library (its loader sets it to the library file).
 PLUGIN_PATH_ENV = "EDGELLM_PLUGIN_PATH"
+#: The file name of Edge-LLM's TensorRT plugin library (what ``EDGELLM_PLUGIN_PATH`` names).
+PLUGIN_LIBRARY = "libNvInfer_edgellm_plugin.so"
 
 _KEPT_ERRORS = 20  # TensorRT errors a logger bridge keeps for messages
 _lock = threading.Lock()
@@ -273,9 +276,6 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto",
                 f"{getattr(trt, '__version__', '?')}")
         if fmt is not None and fmt[1] != trt.__name__ and trt.__name__ in KNOWN_MODULES:
             head += f" (it is a {fmt[0]} plan, which needs {fmt[1]})"
-        from trtio.cuda.backend import cuda_available
-        from trtio.cuda.device import probe_error
-
         if not cuda_available():
             raise EngineError(f"{head}: no usable CUDA device here ({probe_error()}), and TensorRT needs one to "
                               f"load a plan; if the file is also corrupt or truncated, TensorRT's log says so: {why}")

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from trtio.cuda._hostmem import HostHeap, host_fill
-from trtio.cuda.backend import Location
+from trtio.cuda._location import Location
 from trtio.errors import CudaError
 
 __all__ = ["CudaBackend", "probe_device_count", "probe_error"]

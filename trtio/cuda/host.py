@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 
 from trtio.cuda._hostmem import HostHeap, host_fill
-from trtio.cuda.backend import Location
+from trtio.cuda._location import Location
 from trtio.errors import CudaError
 
 __all__ = ["HostBackend"]
