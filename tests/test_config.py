@@ -183,6 +183,16 @@ def test_deployment_bundle_checks_and_sizes():
                                             activation_dtype="bfloat16"), b.spec).validate()
 
 
+def test_a_base_and_draft_of_two_contracts_is_a_config_error():
+    b = bundle()
+    draft = llm_config(base_model_hidden_size=64, max_draft_tree_size=8, contract="ragged")
+    with pytest.raises(ConfigError, match=r"draft.contract: 'ragged' differs from base.contract \('batch'\)"):
+        DeploymentConfig(llm_config(is_spec_decode_base=True, max_verify_tree_size=8, contract="batch"), draft,
+                         b.spec).validate()
+    # A contract left to the engine (None) is decided when the engines are bound, not here.
+    DeploymentConfig(llm_config(is_spec_decode_base=True, max_verify_tree_size=8), draft, b.spec).validate()
+
+
 def test_deployment_json_round_trip(tmp_path):
     b = bundle()
     p = tmp_path / "d.json"

@@ -31,6 +31,8 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from trtio.errors import ExportError, InvalidTypeError, InvalidValueError, ShapeError
+
 __all__ = [
     "kDLCPU",
     "kDLCUDA",
@@ -226,7 +228,7 @@ def parse_max_version(max_version: object) -> bool:
     try:
         major = operator.index(max_version[0])  # type: ignore[index]
     except (TypeError, IndexError) as exc:
-        raise TypeError(
+        raise InvalidTypeError(
             f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, "
             f"got {max_version!r}") from exc
     return major >= 1
@@ -247,16 +249,16 @@ def _as_ints(field: str, values: tuple[int, ...], *, minimum: int | None) -> tup
     try:
         ints = tuple(operator.index(v) for v in values)
     except TypeError as exc:
-        raise TypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from exc
+        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from exc
     if minimum is not None and any(v < minimum for v in ints):
-        raise ValueError(f"make_capsule: {field} must not be negative, got {values!r}")
+        raise ShapeError(f"make_capsule: {field} must not be negative, got {values!r}")
     return ints
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> int:
     value = operator.index(value)
     if not low <= value <= high:
-        raise ValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
+        raise InvalidValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
     return value
 
 
@@ -277,7 +279,7 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
     deleter, or until the capsule is freed without being consumed.
     """
     if read_only and not versioned:
-        raise BufferError(
+        raise ExportError(
             "make_capsule: read-only memory cannot be exported through a legacy 'dltensor' capsule, "
             "which cannot mark it read-only; the consumer must ask for max_version >= (1, 0)")
     dims = _as_ints("shape", shape, minimum=0)
@@ -286,7 +288,7 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
     else:
         steps = _as_ints("strides", strides, minimum=None)
         if len(steps) != len(dims):
-            raise ValueError(
+            raise ShapeError(
                 f"make_capsule: strides {tuple(strides)!r} has {len(steps)} entries "
                 f"for shape {tuple(shape)!r} of {len(dims)} dimensions")
     address = _check_range("ptr", ptr, 0, 2**64 - 1)

@@ -19,7 +19,7 @@ from trtio._json import json_kind, read_json, write_json
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
-from trtio.errors import ConfigError, ShapeError
+from trtio.errors import ConfigError, NotAvailableError, ShapeError
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
@@ -109,7 +109,7 @@ class FrozenMap(Mapping[str, Any]):
         return len(self._items)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
+        raise NotAvailableError(f"{type(self).__name__} is read-only")
 
     def __hash__(self) -> int:
         return hash(frozenset(self._items.items()))  # order-free, as equality is
@@ -553,6 +553,10 @@ class DeploymentConfig:
             raise ConfigError("spec.max_draft_proposal_size",
                               f"{spec.max_draft_proposal_size} exceeds draft.max_draft_tree_size "
                               f"({self.draft.max_draft_tree_size})")
+        if None not in (self.base.contract, self.draft.contract) and self.draft.contract != self.base.contract:
+            raise ConfigError("draft.contract", f"{self.draft.contract!r} differs from base.contract "
+                                                f"({self.base.contract!r}); a base and its draft speak one engine "
+                                                "I/O contract")
         if self.draft.activation_dtype != self.base.activation_dtype:
             raise ConfigError("draft.activation_dtype",
                               f"{self.draft.activation_dtype!r} differs from base.activation_dtype "

@@ -26,7 +26,7 @@ from trtio import names as _names
 from trtio.cuda.backend import Backend, Location, destroy_graphs, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import BindingError, ClosedError, EngineError, FrozenError
+from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, UnknownNameError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import StreamLike, as_stream
@@ -138,7 +138,7 @@ class EngineIO:
         for t in self.tensors:
             if t.name == name:
                 return t
-        raise KeyError(f"engine {self.name!r} has no tensor {name!r}")
+        raise UnknownNameError(f"engine {self.name!r} has no tensor {name!r}")
 
     def __contains__(self, name: object) -> bool:
         return any(t.name == name for t in self.tensors)

@@ -19,6 +19,8 @@ __all__ = [
     "InvalidValueError",
     "InvalidTypeError",
     "UnknownNameError",
+    "ExportError",
+    "NotAvailableError",
 ]
 
 
@@ -65,6 +67,17 @@ class UnknownNameError(TrtioError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; the message reads better as written
         return str(self.args[0]) if self.args else ""
+
+
+class ExportError(TrtioError, BufferError):
+    """A tensor cannot be exported through DLPack as asked (a copy, another device, a dtype DLPack cannot
+    carry); a ``BufferError``, as the DLPack protocol requires."""
+
+
+class NotAvailableError(TrtioError, AttributeError):
+    """An attribute the object does not offer: an array interface of memory the interface cannot reach
+    (``__cuda_array_interface__`` of host memory), or any attribute of a read-only object being set. An
+    ``AttributeError``, so that ``hasattr`` and the array protocols' probes read it as absent."""
 
 
 class ShapeError(TrtioError, ValueError):

@@ -19,7 +19,7 @@ from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT, host_view
 from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CudaError, InvalidValueError, TrtioError
+from trtio.errors import CudaError, InvalidTypeError, InvalidValueError, TrtioError, UnknownNameError
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
@@ -46,7 +46,7 @@ class TensorRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise TypeError(f"TensorRequest: name must be a str, got {self.name!r}")
+            raise InvalidTypeError(f"TensorRequest: name must be a str, got {self.name!r}")
         # Normalised in place: the one place a frozen dataclass may set its own fields.
         object.__setattr__(self, "shape", normalize_shape(self.shape, f"shape of tensor {self.name!r}"))
         try:
@@ -117,7 +117,8 @@ class MemoryReport:
         for e in self.entries:
             if e.name == name:
                 return e
-        raise KeyError(name)
+        raise UnknownNameError(f"memory report {self.title!r} has no entry {name!r}; it holds "
+                               f"{[e.name for e in self.entries]}")
 
     @classmethod
     def combine(cls, title: str, reports: Iterable[MemoryReport]) -> MemoryReport:
@@ -213,7 +214,7 @@ class Arena(Closeable):
                  title: str = "arena", alignment: int = ALIGNMENT) -> None:
         for i, r in enumerate(requests):
             if not isinstance(r, TensorRequest):
-                raise TypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
+                raise InvalidTypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
         names = [r.name for r in requests]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -284,7 +285,7 @@ class Arena(Closeable):
         try:
             return self._tensors[name]
         except KeyError:
-            raise KeyError(f"{self._what} has no tensor {name!r}; it holds {sorted(self._tensors)}") from None
+            raise UnknownNameError(f"{self._what} has no tensor {name!r}; it holds {sorted(self._tensors)}") from None
 
     @property
     def allocation_count(self) -> int:

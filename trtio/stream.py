@@ -19,7 +19,7 @@ import numpy as np
 
 from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, get_backend
-from trtio.errors import InvalidValueError
+from trtio.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Stream", "Event", "StreamLike", "SupportsCudaStream", "as_stream"]
 
@@ -58,7 +58,8 @@ def _stream_handle(obj: object) -> tuple[int, str]:
         try:
             _version, value = got
         except (TypeError, ValueError):
-            raise TypeError(f"{where} returned {got!r}; the CUDA stream protocol returns (version, handle)") from None
+            raise InvalidTypeError(f"{where} returned {got!r}; the CUDA stream protocol returns "
+                                   "(version, handle)") from None
     elif type(obj).__name__ in ("Stream", "ExternalStream") and isinstance(
             getattr(obj, "cuda_stream", getattr(obj, "ptr", None)), int):
         # torch.cuda.Stream before it had __cuda_stream__ (.cuda_stream); cupy.cuda.Stream (.ptr).
@@ -71,9 +72,9 @@ def _stream_handle(obj: object) -> tuple[int, str]:
         where = "stream handle"
         value = obj
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{where}: {value!r} is a bool, not a stream handle")
+        raise InvalidTypeError(f"{where}: {value!r} is a bool, not a stream handle")
     if not isinstance(value, (int, np.integer)):
-        raise TypeError(
+        raise InvalidTypeError(
             f"cannot make a stream of {type(obj).__name__} {obj!r}: expected a trtio.Stream, an int handle "
             "or an object with __cuda_stream__ (cuda.core, PyTorch, CuPy streams)")
     handle = int(value)
@@ -128,7 +129,8 @@ class Stream(Closeable):
         if isinstance(handle, Stream):
             return _same_backend(handle, backend)
         if handle is None:
-            raise TypeError("Stream.from_handle(None): None means the thread's default stream; use Stream.default()")
+            raise InvalidTypeError("Stream.from_handle(None): None means the thread's default stream; "
+                                   "use Stream.default()")
         raw, where = _stream_handle(handle)
         be = get_backend(backend)
         if be.knows_stream(raw) is False:
@@ -181,7 +183,7 @@ class Stream(Closeable):
         """Make this stream wait for ``event`` (no host synchronisation)."""
         self._check_open()
         if not isinstance(event, Event):
-            raise TypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
+            raise InvalidTypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
         event.wait(self)
 
     def close(self) -> None:

@@ -28,7 +28,18 @@ from trtio._lifetime import Closeable, mark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, InvalidValueError, ShapeError, TrtioError
+from trtio.errors import (
+    CapacityError,
+    ClosedError,
+    CudaError,
+    ExportError,
+    FrozenError,
+    InvalidTypeError,
+    InvalidValueError,
+    NotAvailableError,
+    ShapeError,
+    TrtioError,
+)
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
 __all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
@@ -68,7 +79,7 @@ def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int
     if capacity is None:
         return need
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
+        raise InvalidTypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
     cap = int(capacity)
     if cap < 0:
         raise InvalidValueError(f"tensor {name!r}: capacity {cap} bytes is negative")
@@ -87,9 +98,9 @@ def _short(value: object, limit: int = 40) -> str:
 def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Backend) -> int:
     """Check an address to wrap (see :meth:`Tensor.wrap`) and return it as an int."""
     if isinstance(ptr, (bool, np.bool_)):
-        raise TypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
+        raise InvalidTypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
     if not isinstance(ptr, (int, np.integer)):
-        raise TypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
+        raise InvalidTypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
     address = int(ptr)
     if address < 0:
         raise InvalidValueError(f"tensor {name!r}: pointer {address} is negative; addresses are unsigned")
@@ -498,7 +509,7 @@ class Tensor(Closeable):
         if isinstance(value, (bool, np.bool_)):
             return np.asarray(value, dtype=npdt).tobytes()
         if not isinstance(value, numbers.Real):
-            raise TypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
+            raise InvalidTypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
                             f"{_short(value)}")
         if dt is DType.BOOL:
             if value not in (0, 1):
@@ -543,13 +554,13 @@ class Tensor(Closeable):
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         if self._backend.name != "cuda" or self._location is not Location.DEVICE:
-            raise AttributeError(
+            raise NotAvailableError(
                 f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
                 f"{self._backend.name}); use __array_interface__ or to_numpy()")
         self._live()
         typestr = self._dtype.typestr
         if typestr is None:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"tensor {self._name!r}: __cuda_array_interface__ has no type string for {self._dtype}; "
                 f"export with __dlpack__ or view the bytes: tensor.view(trtio.DType.UINT8)")
         stream = self._last_stream
@@ -565,7 +576,7 @@ class Tensor(Closeable):
     @property
     def __array_interface__(self) -> dict[str, Any]:
         if not self.is_host_accessible:
-            raise AttributeError(
+            raise NotAvailableError(
                 f"tensor {self._name!r} is in device memory; use __dlpack__, "
                 f"__cuda_array_interface__ or to_numpy()")
         self._live()
@@ -598,12 +609,12 @@ class Tensor(Closeable):
         self._live()
         device = self.__dlpack_device__()
         if copy is True:
-            raise BufferError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
+            raise ExportError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
         if dl_device is not None and tuple(dl_device) != device:
-            raise BufferError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
+            raise ExportError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
         code = self._dtype.dlpack
         if code is None:
-            raise BufferError(
+            raise ExportError(
                 f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
                 f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
         if device[0] == _DL_CUDA and stream != -1:
@@ -617,8 +628,8 @@ class Tensor(Closeable):
         if stream is None:
             return 1  # the consumer did not say: CUDA's legacy default stream
         if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
-            raise TypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes an int "
-                            f"stream handle, -1 or None")
+            raise InvalidTypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes "
+                                   f"an int stream handle, -1 or None")
         handle = int(stream)
         if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
             raise InvalidValueError(

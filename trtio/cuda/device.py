@@ -14,7 +14,7 @@ from typing import Any
 
 from trtio.cuda._hostmem import HostHeap, host_fill
 from trtio.cuda._location import Location
-from trtio.errors import CudaError
+from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["CudaBackend", "probe_device_count", "probe_error"]
 
@@ -157,7 +157,7 @@ class CudaBackend:
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
-            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+            raise InvalidValueError(f"alloc of {nbytes} bytes: size must be positive")
         call = {Location.DEVICE: "cudaMalloc", Location.PINNED: "cudaMallocHost"}.get(location, "malloc")
         if nbytes >= _SIZE_LIMIT:
             raise CudaError(call, "cudaErrorMemoryAllocation", f"{nbytes} bytes of {location} memory asked; "
@@ -244,7 +244,7 @@ class CudaBackend:
             _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr, 8, lo, 1, count, stream))
             _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, count, stream))
         else:
-            raise ValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {width}")
+            raise InvalidValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {width}")
 
     def host_fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
         """Fill pageable host memory after the stream's earlier work (synchronises the stream)."""
