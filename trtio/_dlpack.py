@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import operator
 from dataclasses import dataclass
 from typing import Any
 
+from trtio._checks import is_int
 from trtio.errors import ExportError, InvalidTypeError, InvalidValueError, ShapeError
 
 __all__ = [
@@ -226,12 +226,13 @@ def parse_max_version(max_version: object) -> bool:
     if max_version is None:
         return False
     try:
-        major = operator.index(max_version[0])  # type: ignore[index]
-    except (TypeError, IndexError) as exc:
+        major = max_version[0]  # type: ignore[index]
+    except (TypeError, IndexError, KeyError):
+        major = None
+    if not is_int(major):
         raise InvalidTypeError(
-            f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, "
-            f"got {max_version!r}") from exc
-    return major >= 1
+            f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, got {max_version!r}")
+    return int(major) >= 1
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -247,16 +248,21 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _as_ints(field: str, values: tuple[int, ...], *, minimum: int | None) -> tuple[int, ...]:
     try:
-        ints = tuple(operator.index(v) for v in values)
-    except TypeError as exc:
-        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from exc
+        items = tuple(values)
+    except TypeError:
+        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from None
+    if not all(is_int(v) for v in items):
+        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}")
+    ints = tuple(int(v) for v in items)
     if minimum is not None and any(v < minimum for v in ints):
         raise ShapeError(f"make_capsule: {field} must not be negative, got {values!r}")
     return ints
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> int:
-    value = operator.index(value)
+    if not is_int(value):
+        raise InvalidTypeError(f"make_capsule: {field} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
     if not low <= value <= high:
         raise InvalidValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
     return value

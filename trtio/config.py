@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from trtio._checks import is_int
 from trtio._json import json_kind, read_json, write_json
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
@@ -34,10 +35,6 @@ _ROPE_TYPES = ("rope", "mrope")
 CONTRACTS = ("batch", "ragged")
 # Top-level keys a deployment JSON may carry besides base / draft / spec.
 _DEPLOYMENT_EXTRA_KEYS = ("name", "description", "seed")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _at(what: str, key: str) -> str:
@@ -61,15 +58,27 @@ def _within(what: str, exc: ConfigError) -> ConfigError:
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
-        if not _is_int(v) or v <= 0:
+        if not is_int(v) or v <= 0:
             raise ConfigError(name, f"must be a positive int, got {v!r}")
 
 
 def _non_negative(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             raise ConfigError(name, f"must be a non-negative int, got {v!r}")
+
+
+def _python_ints(obj: Any) -> None:
+    """Store every integer field (and the entries of a tuple of them) as a Python int: NumPy integers are
+    accepted where a config takes a whole number, and kept as ``int`` so that JSON, hashing and equality
+    see one type."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if is_int(v) and type(v) is not int:
+            object.__setattr__(obj, f.name, int(v))
+        elif isinstance(v, tuple) and any(is_int(x) and type(x) is not int for x in v):
+            object.__setattr__(obj, f.name, tuple(int(x) if is_int(x) else x for x in v))
 
 
 def _finite_floats(obj: Any) -> None:
@@ -200,6 +209,7 @@ class LLMEngineConfig:
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _python_ints(self)
         # Resolved here, once, so that no reader ever sees a "derive me" value.
         if not self.output_vocab_size:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
@@ -207,14 +217,15 @@ class LLMEngineConfig:
             object.__setattr__(self, "rotary_dim", self.head_dim)
         object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
         object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
-        if (not self.kv_pool_pages and all(_is_int(v) and v > 0 for v in (
+        if (not self.kv_pool_pages and all(is_int(v) and v > 0 for v in (
                 self.kv_page_size, self.max_supported_batch_size, self.max_kv_cache_capacity))):
             object.__setattr__(self, "kv_pool_pages", self.min_kv_pool_pages)
         scaling: Any = self.rope_scaling  # a dict from JSON, or a RopeScaling
         if isinstance(scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_hf(scaling))
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
-            object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
+            object.__setattr__(self, "eagle_hidden_state_layers",
+                               tuple(int(i) if is_int(i) else i for i in self.eagle_hidden_state_layers))
         if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
             object.__setattr__(self, "extras", freeze_json(self.extras))
 
@@ -352,7 +363,7 @@ class LLMEngineConfig:
             raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
                                                            f"this {self.role} config lists {list(layers)}")
         for i in layers:
-            if not _is_int(i) or not 0 <= i < self.num_attention_layers:
+            if not is_int(i) or not 0 <= i < self.num_attention_layers:
                 raise ConfigError("eagle_hidden_state_layers",
                                   f"{list(layers)}: every entry must be a layer index in "
                                   f"[0, num_attention_layers={self.num_attention_layers}), got {i!r}")
@@ -412,13 +423,13 @@ class LLMEngineConfig:
         return batch if self.is_mrope else 1
 
     def _check_batch(self, batch: int) -> None:
-        if not _is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
+        if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
             raise ShapeError(f"batch must be an int in 1..{self.max_supported_batch_size} "
                              f"(max_supported_batch_size), got {batch!r}")
 
     @staticmethod
     def _check_len(what: str, value: int, limit: int, limit_name: str) -> None:
-        if not _is_int(value) or not 1 <= value <= limit:
+        if not is_int(value) or not 1 <= value <= limit:
             raise ShapeError(f"{what} must be an int in 1..{limit} ({limit_name}), got {value!r}")
 
     def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, *, execution_phase: int,
@@ -486,6 +497,9 @@ class SpecDecodeConfig:
     drafting_top_k: int = 1
     drafting_step: int = 1
     verify_size: int = 1
+
+    def __post_init__(self) -> None:
+        _python_ints(self)
 
     def validate(self) -> SpecDecodeConfig:
         _positive(self, "base_output_hidden_dim", "draft_hidden_size", "max_verify_size",

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT, host_view
 from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
@@ -219,7 +220,7 @@ class Arena(Closeable):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise TrtioError(f"{title}: tensor names must be unique, repeated: {sorted(dup)}")
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % ALIGNMENT:
+        if not is_int(alignment) or alignment <= 0 or alignment % ALIGNMENT:
             raise InvalidValueError(f"arena {title!r}: alignment {alignment!r} must be a positive multiple of "
                                     f"{ALIGNMENT} (TensorRT's address alignment)")
         self._backend = get_backend(backend)

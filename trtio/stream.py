@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, get_backend
 from trtio.errors import InvalidTypeError, InvalidValueError
@@ -73,7 +74,7 @@ def _stream_handle(obj: object) -> tuple[int, str]:
         value = obj
     if isinstance(value, (bool, np.bool_)):
         raise InvalidTypeError(f"{where}: {value!r} is a bool, not a stream handle")
-    if not isinstance(value, (int, np.integer)):
+    if not is_int(value):
         raise InvalidTypeError(
             f"cannot make a stream of {type(obj).__name__} {obj!r}: expected a trtio.Stream, an int handle "
             "or an object with __cuda_stream__ (cuda.core, PyTorch, CuPy streams)")

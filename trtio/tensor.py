@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable, mark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
@@ -53,7 +54,7 @@ _NULL_PAGE = 4096  # the first page is never mapped (Linux's mmap_min_addr is at
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """Validate a shape (a sequence of non-negative ints) and return it as a tuple of int."""
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+    if is_int(shape):
         shape = (shape,)
     try:
         dims = tuple(shape)
@@ -61,7 +62,7 @@ def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         raise ShapeError(f"{what} must be a sequence of ints, got {shape!r}") from None
     out = []
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+        if not is_int(d):
             raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
         if d < 0:
             raise ShapeError(f"{what} {dims!r} has a negative dimension {int(d)}")
@@ -78,7 +79,7 @@ def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int
     need = dtype.nbytes(volume(shape))
     if capacity is None:
         return need
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+    if not is_int(capacity):
         raise InvalidTypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
     cap = int(capacity)
     if cap < 0:
@@ -99,7 +100,7 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
     """Check an address to wrap (see :meth:`Tensor.wrap`) and return it as an int."""
     if isinstance(ptr, (bool, np.bool_)):
         raise InvalidTypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
-    if not isinstance(ptr, (int, np.integer)):
+    if not is_int(ptr):
         raise InvalidTypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
     address = int(ptr)
     if address < 0:
@@ -510,14 +511,14 @@ class Tensor(Closeable):
             return np.asarray(value, dtype=npdt).tobytes()
         if not isinstance(value, numbers.Real):
             raise InvalidTypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
-                            f"{_short(value)}")
+                                   f"{_short(value)}")
         if dt is DType.BOOL:
             if value not in (0, 1):
                 raise refuse("a bool tensor takes True, False, 0 or 1")
             return np.asarray(bool(value), dtype=npdt).tobytes()
         if npdt.kind in "iu":
             info = np.iinfo(npdt)
-            if isinstance(value, numbers.Integral):
+            if is_int(value):
                 whole = int(value)
             else:
                 real = float(value)
@@ -627,7 +628,7 @@ class Tensor(Closeable):
         """The consumer's CUDA stream handle from ``__dlpack__(stream=...)``, as the DLPack standard defines it."""
         if stream is None:
             return 1  # the consumer did not say: CUDA's legacy default stream
-        if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
+        if not is_int(stream):
             raise InvalidTypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes "
                                    f"an int stream handle, -1 or None")
         handle = int(stream)
