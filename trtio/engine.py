@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -23,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trtio import names as _names
+from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location, destroy_graphs, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, UnknownNameError
+from trtio.errors import BindingError, EngineError, FrozenError, UnknownNameError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import StreamLike, as_stream
@@ -162,26 +162,15 @@ class EngineIO:
         return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def _release_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int], name: str) -> None:
-    """Finalizer backstop of an executor never closed: free its graphs, warn, never raise."""
-    if not any(graphs.values()):
-        return
-    try:
-        destroy_graphs(backend, graphs)
-    except Exception:  # the driver may already be gone at interpreter exit
-        return
-    warnings.warn(f"trtio executor {name!r} was never closed; its CUDA graphs were freed by the garbage collector",
-                  ResourceWarning, stacklevel=2)
-
-
-class ContextMemory:
+class ContextMemory(Closeable):
     """One USER_MANAGED device buffer that several execution contexts share.
 
     Sized to the maximum over the engines and their profiles; the contexts must run serially
     (one stream, or streams ordered with events), as base and draft do.
 
-    :meth:`close` is refused (:class:`FrozenError`) while an open executor uses the memory: its
-    execution context (and any graph captured from it) would run in freed memory.
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` frees the memory, and is
+    refused (:class:`FrozenError`) while an open executor uses it: its execution context (and any
+    graph captured from it) would run in freed memory.
     """
 
     def __init__(self, nbytes: int, *, backend: Backend | str | None = None, name: str = "context_memory") -> None:
@@ -191,6 +180,7 @@ class ContextMemory:
         base = self._tensor.data_ptr
         self.ptr = (base + CONTEXT_MEMORY_ALIGNMENT - 1) // CONTEXT_MEMORY_ALIGNMENT * CONTEXT_MEMORY_ALIGNMENT
         self._users: weakref.WeakSet[EngineExecutor] = weakref.WeakSet()  # executors whose contexts use it
+        self._init_lifetime(f"context memory {name!r}")  # the tensor frees itself if this is never closed
 
     @staticmethod
     def required_bytes(engine: Any) -> int:
@@ -207,14 +197,6 @@ class ContextMemory:
     @property
     def capacity(self) -> int:
         return self.nbytes
-
-    @property
-    def is_closed(self) -> bool:
-        return self._tensor.is_closed
-
-    def _check_open(self) -> None:
-        if self._tensor.is_closed:
-            raise ClosedError(f"context memory {self._tensor.name!r} is closed")
 
     def _add_user(self, executor: EngineExecutor) -> None:
         self._check_open()
@@ -237,25 +219,19 @@ class ContextMemory:
                 f"{need} bytes (max of device_memory_size_v2 and every profile); size it with "
                 f"ContextMemory.for_engines([...]) over every engine that shares it")
 
-    def close(self) -> None:
-        """Free the memory. Idempotent; refused (:class:`FrozenError`) while an open executor uses it."""
-        if self._tensor.is_closed:
-            return
+    def _closable(self) -> bool:
         users = sorted(e.name for e in list(self._users) if not e.is_closed)
         if users:
             raise FrozenError(f"context memory {self._tensor.name!r} is used by open executor(s) {users}: freeing "
                               f"it would leave their execution contexts (and captured graphs) running in freed "
                               f"memory; close the executors (or the setup) first")
+        return super()._closable()
+
+    def _close_owned(self) -> None:
         self._tensor.close()
 
-    def __enter__(self) -> ContextMemory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = ", closed" if self._tensor.is_closed else ""
+        state = ", closed" if self._closed else ""
         return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x}{state})"
 
 
@@ -312,8 +288,14 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
-class EngineExecutor:
-    """One execution context of an engine, bound to trtio tensors (see module docstring)."""
+class EngineExecutor(Closeable):
+    """One execution context of an engine, bound to trtio tensors (see module docstring).
+
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` destroys the captured graphs,
+    drops the execution context and frees the context memory it made for itself (a shared
+    :class:`ContextMemory` stays with its owner); an executor never closed has its graphs destroyed by
+    the garbage collector, with a warning.
+    """
 
     def __init__(self, engine: Any, *, context_memory: ContextMemory | None = None, name: str = "",
                  registry: TensorRegistry | None = None, stable: Iterable[str] = (), graphs: bool = False,
@@ -325,17 +307,20 @@ class EngineExecutor:
         self.graphs_enabled = graphs
         self._backend = get_backend(backend)
         self._stable = set(stable)  # bindings only this executor reshapes (its state): left out of the fast path
-        self._closed = False
         self._own_memory = context_memory is None
-        self.context_memory = context_memory or ContextMemory.for_engines([engine], backend=self._backend)
-        self.context_memory.check(engine, self.name)  # a closed one is refused here
-        trt = module_of(engine)
-        strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
-        self.context = engine.create_execution_context(strategy)
-        if self.context is None:
-            raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
-        self.context.set_device_memory(self.context_memory.ptr, self.context_memory.nbytes)
-        self.context_memory._add_user(self)
+        with contextlib.ExitStack() as undo:  # a constructor that fails frees the memory it made
+            if context_memory is None:
+                context_memory = ContextMemory.for_engines([engine], backend=self._backend)
+                undo.callback(context_memory.close)
+            self.context_memory = context_memory
+            context_memory.check(engine, self.name)  # a closed one is refused here
+            trt = module_of(engine)
+            strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
+            self.context = engine.create_execution_context(strategy)
+            if self.context is None:
+                raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
+            self.context.set_device_memory(context_memory.ptr, context_memory.nbytes)
+            undo.pop_all()
         self._profile: int | None = None
         self._bound_addr: dict[str, int] = {}
         self._bound_shape: dict[str, tuple[int, ...]] = {}
@@ -348,8 +333,8 @@ class EngineExecutor:
         self.graph_stats = GraphStats()
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
-        self._finalizer = weakref.finalize(self, _release_graphs, self._backend, self._graphs, self.name)
-        self._finalizer.atexit = False
+        self._init_lifetime(f"executor {self.name!r}", destroy_graphs, self._backend, self._graphs)
+        self.context_memory._add_user(self)
 
     # -- binding ----------------------------------------------------------------------------------
     def _dummy_ptr(self) -> int:
@@ -369,7 +354,7 @@ class EngineExecutor:
         is told only what changed: a step identical to the previous one makes no TensorRT call.
         """
         if self._closed:
-            raise ClosedError(f"executor {self.name!r} is closed")
+            self._check_open()
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
@@ -541,7 +526,7 @@ class EngineExecutor:
         move may read what the engine writes).
         """
         if self._closed:
-            raise ClosedError(f"executor {self.name!r} is closed")
+            self._check_open()
         plan = self._plan
         if plan is None:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
@@ -649,17 +634,9 @@ class EngineExecutor:
             self.graph_stats.graphs = 0
 
     # -- lifetime ---------------------------------------------------------------------------------
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Destroy graphs, the context and (if owned) the context memory. Idempotent; a failure to
-        destroy or free raises (after everything else was released)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
+    def _close_owned(self) -> None:
+        # Graphs first, then the context, then the memory they ran in; a failure to destroy or free raises
+        # after everything else was released.
         with contextlib.ExitStack() as release:
             if self._own_memory:
                 release.callback(self.context_memory.close)
@@ -667,12 +644,6 @@ class EngineExecutor:
                 release.callback(self._dummy.close)
             self.context = None
             self.clear_graphs()
-
-    def __enter__(self) -> EngineExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"EngineExecutor({self.name!r}, {len(self.io.tensors)} I/O tensors, profile={self._profile})"

@@ -208,7 +208,8 @@ class Arena(Closeable):
     """One backend allocation per location, carved into aligned tensor slices.
 
     Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` closes every slice and
-    frees the blocks; a failed free raises (naming the arena) and the arena is closed anyway.
+    frees the blocks; a failed free raises :class:`CudaError` naming the arena and the block (every
+    other block is freed first), and the arena is closed anyway.
     """
 
     def __init__(self, requests: Sequence[TensorRequest], *, backend: Backend | str | None = None,
@@ -306,11 +307,6 @@ class Arena(Closeable):
             rep.allocations[str(loc)] = 1
         return rep
 
-    def close(self) -> None:
-        """Close every slice and free the blocks. Idempotent; a failed free raises :class:`CudaError`
-        naming the arena and the block (every other block is freed first), and the arena is closed anyway."""
-        super().close()
-
     def _close_owned(self) -> None:
         for t in self._tensors.values():
             t._unfreeze()
@@ -328,8 +324,8 @@ class HostStaging(Closeable):
     finished before overwriting it, then issues the copy on ``stream`` and records the fence.
     When the previous upload is already done, as in steady state, nothing synchronises.
 
-    The pair owns its fence event, not its tensors (they belong to an arena). It follows trtio's
-    close protocol (:mod:`trtio._lifetime`).
+    The pair owns its fence event, not its tensors (they belong to an arena): :meth:`close` destroys
+    the event. It follows trtio's close protocol (:mod:`trtio._lifetime`).
     """
 
     def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
@@ -381,10 +377,6 @@ class HostStaging(Closeable):
         self._fence.record(s)
         self._pending = True
         return dev
-
-    def close(self) -> None:
-        """Destroy the fence event (the tensors belong to their arena). Idempotent."""
-        super().close()
 
     def _close_owned(self) -> None:
         self._fence.close()

@@ -93,8 +93,9 @@ def _stream_handle(obj: object) -> tuple[int, str]:
 class Stream(Closeable):
     """A stream handle on a backend: owned (destroyed on close), borrowed, or a thread's default stream.
 
-    Follows trtio's close protocol (:mod:`trtio._lifetime`), except that a default stream cannot
-    be closed (see :meth:`default`).
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` destroys an owned stream
+    (a failure raises, and the stream is closed anyway) and forgets a borrowed one. A thread's default
+    stream cannot be closed: ``close()`` leaves it open (see :meth:`default`).
     """
 
     __slots__ = ("_handle", "_backend", "_owned", "_is_default")
@@ -187,15 +188,8 @@ class Stream(Closeable):
             raise InvalidTypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
         event.wait(self)
 
-    def close(self) -> None:
-        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent.
-
-        A failure to destroy the stream raises (the stream is closed anyway). On a thread's
-        default stream this does nothing: it cannot be closed (see :meth:`default`).
-        """
-        if self._is_default:
-            return
-        super().close()
+    def _closable(self) -> bool:
+        return not self._is_default and super()._closable()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._backend is self._backend
@@ -235,7 +229,8 @@ def as_stream(stream: StreamLike, backend: Backend | str | None = None) -> Strea
 
 
 class Event(Closeable):
-    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`)."""
+    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`):
+    :meth:`close` destroys it, and a failure to destroy it raises (the event is closed anyway)."""
 
     __slots__ = ("_handle", "_backend")
 
@@ -278,10 +273,6 @@ class Event(Closeable):
     def query(self) -> bool:
         """True when the recorded work has finished."""
         return self._backend.query_event(self.handle)
-
-    def close(self) -> None:
-        """Destroy the event. Idempotent; a failure to destroy it raises (the event is closed anyway)."""
-        super().close()
 
     def __repr__(self) -> str:
         return f"Event(0x{self._handle:x}, {self._backend.name}{', closed' if self._closed else ''})"

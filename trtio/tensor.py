@@ -149,7 +149,9 @@ class Tensor(Closeable):
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
     (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead. Tensors follow
-    trtio's close protocol (:mod:`trtio._lifetime`).
+    trtio's close protocol (:mod:`trtio._lifetime`): a failed free raises :class:`CudaError` naming the
+    tensor (closed anyway), and a tensor bound in a frozen tensor map refuses to close
+    (:class:`FrozenError`).
     """
 
     __slots__ = (
@@ -654,24 +656,16 @@ class Tensor(Closeable):
     def _unfreeze(self) -> None:
         self._frozen = False
 
-    def close(self) -> None:
-        """Free owned memory (non-owning tensors just drop their owner). Idempotent.
-
-        A failed free raises :class:`CudaError` naming the tensor; the tensor is closed anyway.
-        A frozen tensor (bound in a tensor map) refuses: freeing it would leave an engine
-        binding pointing at freed memory.
-        """
-        if self._closed:
-            return
+    def _closable(self) -> bool:
+        # A frozen tensor (bound in a frozen tensor map) refuses: freeing it would leave an engine binding
+        # pointing at freed memory.
         if self._frozen:
             raise FrozenError(
                 f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
-        try:
-            super().close()
-        finally:
-            Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
+        return super()._closable()
 
     def _close_owned(self) -> None:
+        Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
         self._owner = None
         self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
         event, self._export_event = self._export_event, None
