@@ -29,7 +29,7 @@ from trtio.dtypes import DType
 from trtio.errors import BindingError, EngineError, FrozenError, UnknownNameError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
@@ -251,7 +251,7 @@ class DeviceWork(Protocol):
     captured with the engine in one graph. Hashable; equal values are the same work (they read what they
     need, e.g. row indices, from device memory when they run)."""
 
-    def enqueue(self, stream: Any) -> None: ...
+    def enqueue(self, stream: Stream) -> None: ...
 
 
 @dataclass
@@ -373,7 +373,7 @@ class EngineExecutor(Closeable):
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
 
-    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any,
+    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
         self._plan = None
         if not 0 <= profile < self.io.num_profiles:
@@ -477,7 +477,7 @@ class EngineExecutor(Closeable):
             self._plans.popitem(last=False)
         tm.add_user(self)
 
-    def _use_profile(self, profile: int, stream: Any) -> None:
+    def _use_profile(self, profile: int, stream: Stream) -> None:
         """Switch the context to optimization ``profile`` on ``stream`` if it is on another one; TensorRT then
         wants every input shape set again."""
         if profile == self._profile:
@@ -490,7 +490,7 @@ class EngineExecutor(Closeable):
         self._profile = profile
         self._bound_shape.clear()
 
-    def _sync(self, plan: _Plan, stream: Any) -> None:
+    def _sync(self, plan: _Plan, stream: Stream) -> None:
         """Bring the execution context in line with ``plan`` (checked when it was made): only what differs
         from what the context holds is set."""
         if self._synced is plan:
@@ -558,14 +558,14 @@ class EngineExecutor(Closeable):
         for t in plan.outputs:
             t._last_stream = s
 
-    def _enqueue(self, s: Any, before: tuple[DeviceWork, ...] = ()) -> None:
+    def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:
             work.enqueue(s)
         if not self.context.execute_async_v3(s.handle):
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
                               f"see the trtio.trt log for TensorRT's reason")
 
-    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Any) -> int:
+    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:
         """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
         this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``."""
         snapshot, before = key

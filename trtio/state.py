@@ -264,13 +264,14 @@ class EngineState(Closeable):
     frees the state's memory, and is refused (:class:`FrozenError`) while an open executor binds it.
     """
 
-    def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, *, max_batch: int,
-                 backend: Backend | str | None = None, name: str = "", stream: StreamLike = None) -> None:
+    def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, stream: StreamLike = None, *,
+                 max_batch: int, backend: Backend | str | None = None, name: str = "") -> None:
         self.name = name or engine_io.name
         self.max_batch = max_batch
         self.pairs = engine_io.state_pairs()
         self.layout = kv_layout(engine_io)
         be = get_backend(backend)
+        s = as_stream(stream, be)  # orders the page table's and the cache table's first upload
         self._init_lifetime(f"engine state {self.name!r}")  # what it owns frees itself if this is never closed
         self._maps: list[TensorMap] = []
         problems = state_problems(engine_io, cfg, max_batch)
@@ -328,12 +329,12 @@ class EngineState(Closeable):
                 m = self.pages_per_sequence
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
                 rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
-                self.page_table.copy_from(rows, as_stream(stream, be))
+                self.page_table.copy_from(rows, s)
             cache_table = self._arena["kv_cache_table"]
             self._commit: KVCommit | None = None
             if self._kv_caches:
                 ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
-                cache_table.copy_from(ptrs, as_stream(stream, be))
+                cache_table.copy_from(ptrs, s)
                 self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(),
                                         self.page_table)
             undo.pop_all()

@@ -1,13 +1,20 @@
-"""Streams and events: thin owners of backend handles.
+"""Streams and events: thin owners of backend handles, and trtio's one rule for ``stream=``.
 
-Anything stream-ordered in trtio takes ``stream=``; :func:`as_stream` converts what callers
-pass (a :class:`Stream`, an int handle, any object with ``__cuda_stream__`` such as a torch,
-CuPy or cuda.core stream, or None for trtio's own default stream) once, at the API boundary.
-trtio never falls back to CUDA's legacy default stream.
+The stream rule
+---------------
+Every stream-ordered call in trtio takes ``stream: StreamLike = None`` as its last
+positional-or-keyword parameter (options after it are keyword-only), so ``t.copy_from(x, s)`` and
+``t.copy_from(x, stream=s)`` both work everywhere. The call converts it once, at its entry, with
+:func:`as_stream` (:data:`StreamLike`: a :class:`Stream`, an int handle, or any object with
+``__cuda_stream__`` such as a torch, CuPy or cuda.core stream), and orders all its work on it.
 
-Default streams are per thread: ``stream=None`` means the calling thread's own trtio default
-stream of the backend (see :meth:`Stream.default`), so threads that each capture CUDA graphs with
-``stream=None`` never record each other's work.
+``stream=None`` means the same thing everywhere: the calling thread's trtio default stream of the
+backend the call works on (:meth:`Stream.default`), a non-blocking stream of that thread's own, so
+threads that each capture CUDA graphs with ``stream=None`` never record each other's work. It is
+never CUDA's legacy default stream, which trtio does not use at all (handles 0 and 1 are refused).
+
+The one exception is ``Tensor.__dlpack__(stream=...)``, whose keyword and meaning the DLPack
+protocol fixes: it is the consumer's stream handle, which trtio orders after its own writes.
 """
 
 from __future__ import annotations

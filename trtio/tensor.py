@@ -229,8 +229,8 @@ class Tensor(Closeable):
         return cls(address, shape, dt, location, cap, be, name=name, owner=owner)
 
     @classmethod
-    def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, *, name: str = "",
-                   backend: Backend | str | None = None, stream: StreamLike = None) -> Tensor:
+    def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, stream: StreamLike = None, *,
+                   name: str = "", backend: Backend | str | None = None) -> Tensor:
         """A new tensor holding a copy of ``array`` (copied on ``stream``)."""
         array = np.asarray(array)
         t = cls.empty(array.shape, DType.from_numpy(array.dtype), location, name=name, backend=backend)
@@ -548,7 +548,7 @@ class Tensor(Closeable):
             raise refuse(f"{dt} has no infinity (it would be stored as {out})")
         return encoded.tobytes()
 
-    def mark_written(self, stream: StreamLike) -> None:
+    def mark_written(self, stream: StreamLike = None) -> None:
         """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
         self._live()
         self._last_stream = as_stream(stream, self._backend)
