@@ -258,6 +258,9 @@ def _kv_layer_problem(r: _Reader) -> str | None:
     return None
 
 
+_Found = list[tuple[str, str, str]]  # (dotted key, family, detail)
+
+
 def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> list[tuple[str, str, str]]:
     """Every feature of an Edge-LLM config that trtio cannot bind yet, as (dotted key, family, detail).
 
@@ -265,61 +268,72 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     key of the wrong type.
     """
     r = _Reader(data, where)
-    found: list[tuple[str, str, str]] = []
-    layers = r.raw("num_hidden_layers")
+    return [*_hybrid_attention(r), *_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
+            *_per_layer_embeddings(r), *_unsupported_modes(r)]
 
-    # Hybrid linear attention (Qwen3.5 Gated-DeltaNet, Nemotron-H Mamba2): recurrent layers with state
-    # bindings instead of a KV cache.
+
+def _hybrid_attention(r: _Reader) -> _Found:
+    """Hybrid linear attention (Qwen3.5 Gated-DeltaNet, Nemotron-H Mamba2): recurrent layers with state
+    bindings instead of a KV cache."""
     n_linear = _nonzero_int(r, "num_linear_attn_layers")
     layer_types = r.raw("layer_types")
     if n_linear:
-        found.append(("num_linear_attn_layers", "hybrid linear attention", f"{n_linear} of {layers} layers are "
-                      "recurrent (Mamba / Gated-DeltaNet), with state bindings instead of a KV cache"))
-    elif layer_types is not None:
+        return [("num_linear_attn_layers", "hybrid linear attention", f"{n_linear} of {r.raw('num_hidden_layers')} "
+                 "layers are recurrent (Mamba / Gated-DeltaNet), with state bindings instead of a KV cache")]
+    if layer_types is not None:
         if not isinstance(layer_types, list):
             raise r.error("layer_types", f"expected a list, got {_got(layer_types)}")
         other = sorted({str(t) for t in layer_types if t != "attention"})
         if other:
-            found.append(("layer_types", "hybrid linear attention", f"layer types {other} besides 'attention'"))
-    elif r.has("recurrent_state_num_heads"):
-        found.append(("recurrent_state_num_heads", "hybrid linear attention", "recurrent state bindings"))
+            return [("layer_types", "hybrid linear attention", f"layer types {other} besides 'attention'")]
+        return []
+    if r.has("recurrent_state_num_heads"):
+        return [("recurrent_state_num_heads", "hybrid linear attention", "recurrent state bindings")]
+    return []
 
-    # Per-layer KV head dims (Gemma-4: global layers with their own head_dim / KV heads).
+
+def _per_layer_kv_dims(r: _Reader) -> _Found:
+    """Per-layer KV head dims (Gemma-4: global layers with their own head_dim / KV heads)."""
     global_dim = r.raw("global_head_dim")
     if global_dim not in (None, 0) and global_dim != r.raw("head_dim"):
-        found.append(("global_head_dim", "per-layer KV head dims", f"global layers use head_dim {global_dim!r}, "
-                      f"the others {r.raw('head_dim')!r}"))
-    else:
-        problem = _kv_layer_problem(r)
-        if problem is not None:
-            found.append(("kv_layer_configs", "per-layer KV head dims", problem))
-        else:
-            global_heads = r.raw("num_global_key_value_heads")
-            if global_heads not in (None, 0) and global_heads != r.raw("num_key_value_heads"):
-                found.append(("num_global_key_value_heads", "per-layer KV head dims",
-                              f"global layers use {global_heads!r} KV heads, the others "
-                              f"{r.raw('num_key_value_heads')!r}"))
-            elif r.bool_("attention_k_eq_v"):
-                found.append(("attention_k_eq_v", "per-layer KV head dims", "K == V attention layers"))
+        return [("global_head_dim", "per-layer KV head dims", f"global layers use head_dim {global_dim!r}, "
+                 f"the others {r.raw('head_dim')!r}")]
+    problem = _kv_layer_problem(r)
+    if problem is not None:
+        return [("kv_layer_configs", "per-layer KV head dims", problem)]
+    global_heads = r.raw("num_global_key_value_heads")
+    if global_heads not in (None, 0) and global_heads != r.raw("num_key_value_heads"):
+        return [("num_global_key_value_heads", "per-layer KV head dims",
+                 f"global layers use {global_heads!r} KV heads, the others {r.raw('num_key_value_heads')!r}")]
+    if r.bool_("attention_k_eq_v"):
+        return [("attention_k_eq_v", "per-layer KV head dims", "K == V attention layers")]
+    return []
 
-    # KV sharing (Gemma-4: later layers read an earlier layer's KV cache).
+
+def _kv_sharing(r: _Reader) -> _Found:
+    """KV sharing (Gemma-4: later layers read an earlier layer's KV cache; drafts that read the target's)."""
     donors = r.raw("kv_sharing_donors")
     if donors is not None:
         if not isinstance(donors, list):
             raise r.error("kv_sharing_donors", f"expected a list (one donor index or -1 per layer), got {_got(donors)}")
         shared = [i for i, d in enumerate(donors) if d != -1]
         if shared:
-            found.append(("kv_sharing_donors", "KV sharing", f"layers {shared} read the KV cache of layers "
-                          f"{[donors[i] for i in shared]}"))
-    elif _nonzero_int(r, "num_kv_shared_layers"):
-        found.append(("num_kv_shared_layers", "KV sharing", f"{r.raw('num_kv_shared_layers')} layers read another "
-                      "layer's KV cache"))
-    elif r.raw("kv_sharing_map"):
-        found.append(("kv_sharing_map", "KV sharing", "the draft reads the target's KV cache"))
-    elif r.bool_("shares_target_kv"):
-        found.append(("shares_target_kv", "KV sharing", "the draft reads the target's KV cache"))
+            return [("kv_sharing_donors", "KV sharing", f"layers {shared} read the KV cache of layers "
+                     f"{[donors[i] for i in shared]}")]
+        return []
+    if _nonzero_int(r, "num_kv_shared_layers"):
+        return [("num_kv_shared_layers", "KV sharing", f"{r.raw('num_kv_shared_layers')} layers read another "
+                 "layer's KV cache")]
+    if r.raw("kv_sharing_map"):
+        return [("kv_sharing_map", "KV sharing", "the draft reads the target's KV cache")]
+    if r.bool_("shares_target_kv"):
+        return [("shares_target_kv", "KV sharing", "the draft reads the target's KV cache")]
+    return []
 
-    # Sliding-window layers with their own RoPE (two cos/sin tables) and KV pool.
+
+def _dual_rope(r: _Reader) -> _Found:
+    """Sliding-window layers with their own RoPE (two cos/sin tables) and KV pool."""
+    found: _Found = []
     for key in ("sliding_rope_config", "full_rope_config", "sliding_rotary_dim", "global_rope_theta"):
         if r.raw(key) is not None:
             found.append((key, "sliding-window dual RoPE", "sliding and full attention layers use different RoPE "
@@ -328,16 +342,24 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     if _nonzero_int(r, "builder_config.num_swa_pages"):
         found.append(("builder_config.num_swa_pages", "sliding-window dual RoPE",
                       f"sliding layers use a KV pool of {r.raw('builder_config.num_swa_pages')} pages of their own"))
+    return found
 
-    # Per-layer embeddings (Gemma-4 "PLE": an extra per-layer input table).
+
+def _per_layer_embeddings(r: _Reader) -> _Found:
+    """Per-layer embeddings (Gemma-4 "PLE": an extra per-layer input table)."""
     ple = r.bool_("ple_enabled")
     n_ple, ple_hidden = _nonzero_int(r, "num_ple_inputs"), _nonzero_int(r, "ple_hidden_size")
-    if ple or n_ple or ple_hidden:
-        key = "ple_enabled" if ple else ("num_ple_inputs" if n_ple else "ple_hidden_size")
-        found.append((key, "per-layer embeddings (Gemma PLE)", f"num_ple_inputs {n_ple}, ple_hidden_size "
-                      f"{ple_hidden}: a per-layer input table trtio does not allocate"))
+    if not (ple or n_ple or ple_hidden):
+        return []
+    key = "ple_enabled" if ple else ("num_ple_inputs" if n_ple else "ple_hidden_size")
+    return [(key, "per-layer embeddings (Gemma PLE)", f"num_ple_inputs {n_ple}, ple_hidden_size {ple_hidden}: a "
+             "per-layer input table trtio does not allocate")]
 
-    # Roles and modes trtio has no step protocol for.
+
+def _unsupported_modes(r: _Reader) -> _Found:
+    """Roles and modes trtio has no step protocol for: diffusion, tensor parallelism, LoRA, other speculative
+    families."""
+    found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
         key = "engine_role" if r.raw("engine_role") == "dllm" else "decoding_strategy"
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))

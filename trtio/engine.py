@@ -285,6 +285,38 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         Tensor.view_changes += 1
 
 
+def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profile: int) -> list[str]:
+    """What is wrong with binding ``t`` at ``shape`` to the engine tensor ``info`` on ``profile``: dtype,
+    location, rank (nothing more is checked at a wrong rank), fixed dims, the profile range, capacity."""
+    kind = "input" if info.is_input else "output"
+    problems = []
+    if t.dtype is not info.dtype:
+        problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is {info.dtype}")
+    want_device = info.location is Location.DEVICE
+    if want_device != (t.location is Location.DEVICE):
+        problems.append(f"{info.name}: location {t.location} (tensor {t.name!r}) but the engine {kind} "
+                        f"lives on {'the device' if want_device else 'the host'}")
+    if len(shape) != len(info.shape):
+        problems.append(f"{info.name}: shape {_fmt(shape)} has rank {len(shape)} but the engine {kind} "
+                        f"{_fmt(info.shape)} has rank {len(info.shape)}")
+        return problems
+    fixed = [(i, d, e) for i, (d, e) in enumerate(zip(shape, info.shape)) if e >= 0 and d != e]
+    if fixed:
+        i, d, e = fixed[0]
+        problems.append(f"{info.name}: shape {_fmt(shape)} has {d} in dim {i} where the engine {kind} "
+                        f"{_fmt(info.shape)} fixes {e}")
+    if info.is_input and info.profiles:
+        lo, _, hi = info.profiles[profile]
+        if any(d < a or d > b for d, a, b in zip(shape, lo, hi)):
+            problems.append(f"{info.name}: shape {_fmt(shape)} is outside profile {profile}'s range "
+                            f"min {_fmt(lo)} .. max {_fmt(hi)}")
+    need = t.dtype.nbytes(math.prod(shape))
+    if need > t.capacity:
+        problems.append(f"{info.name}: shape {_fmt(shape)} needs {need} bytes but tensor {t.name!r} "
+                        f"holds {t.capacity} bytes")
+    return problems
+
+
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
@@ -375,15 +407,26 @@ class EngineExecutor(Closeable):
 
     def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
+        """Check every binding of a step not seen before, bind what changed, and remember it as a plan."""
         self._plan = None
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
         if self.registry is not None:
             dims.check(s for spec in self.registry if spec.name in self.io for s in spec.members())
+        planned, problems = self._planned_bindings(profile, tm, dims)
+        problems += self._alias_problems(tm)
+        if problems:
+            raise BindingError(self.name, problems)
+        self._bind(profile, planned, stream)
+        self._check_output_shapes(planned)
+        self._remember(key, profile, planned, tm)
+
+    def _planned_bindings(self, profile: int, tm: TensorMap,
+                          dims: InferenceDims) -> tuple[list[tuple[TensorInfo, Tensor, tuple[int, ...]]], list[str]]:
+        """(engine tensor, trtio tensor, shape) of every binding that passes its checks, and every problem."""
         problems: list[str] = []
-        planned: list[tuple[Any, Tensor, tuple[int, ...]]] = []
+        planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]] = []
         for info in self.io.tensors:
-            kind = "input" if info.is_input else "output"
             t = tm.get(info.name)
             if t is None:
                 what = "unbound engine input" if info.is_input else "missing output binding"
@@ -392,48 +435,28 @@ class EngineExecutor(Closeable):
                 continue
             spec = self.registry.get(info.name) if self.registry is not None else None
             shape = spec.resolve(dims) if spec is not None else t._shape
-            bad = False
-            if t.dtype is not info.dtype:
-                problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is "
-                                f"{info.dtype}")
-                bad = True
-            want_device = info.location is Location.DEVICE
-            if want_device != (t.location is Location.DEVICE):
-                problems.append(f"{info.name}: location {t.location} (tensor {t.name!r}) but the engine {kind} "
-                                f"lives on {'the device' if want_device else 'the host'}")
-                bad = True
-            if len(shape) != len(info.shape):
-                problems.append(f"{info.name}: shape {_fmt(shape)} has rank {len(shape)} but the engine {kind} "
-                                f"{_fmt(info.shape)} has rank {len(info.shape)}")
-                continue
-            fixed = [(i, d, e) for i, (d, e) in enumerate(zip(shape, info.shape)) if e >= 0 and d != e]
-            if fixed:
-                i, d, e = fixed[0]
-                problems.append(f"{info.name}: shape {_fmt(shape)} has {d} in dim {i} where the engine {kind} "
-                                f"{_fmt(info.shape)} fixes {e}")
-                bad = True
-            if info.is_input and info.profiles:
-                lo, _, hi = info.profiles[profile]
-                if any(d < a or d > b for d, a, b in zip(shape, lo, hi)):
-                    problems.append(f"{info.name}: shape {_fmt(shape)} is outside profile {profile}'s range "
-                                    f"min {_fmt(lo)} .. max {_fmt(hi)}")
-                    bad = True
-            need = t.dtype.nbytes(math.prod(shape))
-            if need > t.capacity:
-                problems.append(f"{info.name}: shape {_fmt(shape)} needs {need} bytes but tensor {t.name!r} "
-                                f"holds {t.capacity} bytes")
-                bad = True
-            if not bad:
+            found = _binding_problems(info, t, shape, profile)
+            if found:
+                problems += found
+            else:
                 planned.append((info, t, shape))
+        return planned, problems
+
+    def _alias_problems(self, tm: TensorMap) -> list[str]:
+        """An output that updates an input in place must be bound to the input's address."""
+        problems = []
         for info in self.io.outputs:
             if info.aliased_input and info.name in tm and info.aliased_input in tm:
                 if tm[info.name].data_ptr != tm[info.aliased_input].data_ptr:
                     problems.append(f"{info.name}: updates {info.aliased_input} in place, so both must be bound to "
                                     f"one address (got 0x{tm[info.name].data_ptr:x} and "
                                     f"0x{tm[info.aliased_input].data_ptr:x})")
-        if problems:
-            raise BindingError(self.name, problems)
+        return problems
 
+    def _bind(self, profile: int, planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], stream: Stream) -> None:
+        """Tell the execution context every address and input shape that changed; one BindingError lists every
+        call TensorRT refused."""
+        problems = []
         ctx = self.context
         self._use_profile(profile, stream)
         for info, t, shape in planned:
@@ -455,14 +478,22 @@ class EngineExecutor(Closeable):
                     self._bound_shape[info.name] = shape
         if problems:
             raise BindingError(self.name, problems)
+
+    def _check_output_shapes(self, planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]]) -> None:
+        """The shapes the engine computes for its outputs must be the bindings' shapes."""
+        problems = []
         for info, _t, shape in planned:
             if not info.is_input:
-                got = tuple(int(d) for d in ctx.get_tensor_shape(info.name))
+                got = tuple(int(d) for d in self.context.get_tensor_shape(info.name))
                 if got != shape:
                     problems.append(f"{info.name}: the engine computes output shape {_fmt(got)} but the binding "
                                     f"expects {_fmt(shape)}")
         if problems:
             raise BindingError(self.name, problems)
+
+    def _remember(self, key: tuple[Any, ...], profile: int,
+                  planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], tm: TensorMap) -> None:
+        """Keep what this step checked and bound as the plan of ``key``, for the fast path of later steps."""
         all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
         for t, shape, nbytes in all_views:
             t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
