@@ -292,7 +292,7 @@ def test_mrope_and_reduced_vocab() -> None:
 
 def test_extras_are_read_only() -> None:
     cfg = LLMEngineConfig.from_edgellm(_tiny())
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="'FrozenMap' object does not support item assignment"):
         cfg.extras["model"] = "x"  # type: ignore[index]
     assert cfg.extras["eos_token_id"] == (2,)
 

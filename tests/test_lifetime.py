@@ -165,7 +165,7 @@ def test_failed_free_in_arena_close_raises_naming_the_arena_and_leaves_it_closed
     arena.close()  # idempotent: the failure is not raised again
     with pytest.raises(ClosedError, match="arena 'kv' is closed"):
         arena["a"]
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match="^tensor 'a' is closed$"):
         a.data_ptr
 
 

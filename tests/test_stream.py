@@ -72,7 +72,7 @@ def test_event_record_wait_query(backend):
     assert e.query()
     e.close()
     e.close()
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match=rf"^event 0x{e._handle:x} is closed$"):
         e.record(s1)
     s1.close()
     s2.close()

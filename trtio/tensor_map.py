@@ -130,10 +130,6 @@ class TensorMap:
 
     # -- the sanctioned rebinding -----------------------------------------------------------------
     @property
-    def deepstack_names(self) -> list[str]:
-        return list(self._deepstack_real)
-
-    @property
     def uses_deepstack_features(self) -> bool:
         return bool(self._deepstack_real) and all(
             self._map[n] is t for n, t in self._deepstack_real.items())

@@ -149,11 +149,6 @@ class CudaBackend:
     def live_graphs(self) -> int:
         return self._live["graphs"]
 
-    def make_current(self) -> None:
-        """Make this device current on the calling thread (needed once per new thread)."""
-        self._device.set_current()
-        _check("cudaSetDevice", self._rt.cudaSetDevice(self.device_id))
-
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
