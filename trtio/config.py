@@ -31,7 +31,9 @@ log = logging.getLogger("trtio")
 _ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")
 _KV_DTYPES = ("float16", "bfloat16", "float32", "fp8", "int8")
 _ROPE_TYPES = ("rope", "mrope")
-#: The engine I/O contracts a config may name (DESIGN §11); ``None`` means "as the engine declares".
+#: The engine I/O contracts a config may name: ``"batch"`` (batch-major activations, contiguous KV caches)
+#: and ``"ragged"`` (Edge-LLM 0.11's token-major activations, paged KV pools; ``docs/edgellm-assumptions.md``
+#: §3, §4); ``None`` means "as the engine declares" (``trtio.contract_of``).
 CONTRACTS = ("batch", "ragged")
 # Top-level keys a deployment JSON may carry besides base / draft / spec.
 _DEPLOYMENT_EXTRA_KEYS = ("name", "description", "seed")

@@ -2,7 +2,7 @@
 
 The state owns its bindings' specs. It derives them from the engine's declared I/O (rank, fixed
 dims, profile max) and checks them against the config; the executor takes every state binding's
-shape from here, so no registry repeats it. Two KV layouts exist (DESIGN §7, §11):
+shape from here, so no registry repeats it. Two KV layouts exist, one per engine I/O contract:
 
 * ``"contiguous"`` — ``k_cache_i`` / ``v_cache_i`` ``[B, Hkv, C, D]`` (TensorRT's KVCacheUpdate layer),
   aliased by ``present_k_cache_i`` / ``present_v_cache_i``, plus ``kvcache_start_index``. Allocated at
