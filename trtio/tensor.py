@@ -54,7 +54,7 @@ _NULL_PAGE = 4096  # the first page is never mapped (Linux's mmap_min_addr is at
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """Validate a shape (a sequence of non-negative ints) and return it as a tuple of int."""
-    if is_int(shape):
+    if type(shape) is not tuple and is_int(shape):
         shape = (shape,)
     try:
         dims = tuple(shape)
@@ -62,11 +62,13 @@ def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         raise ShapeError(f"{what} must be a sequence of ints, got {shape!r}") from None
     out = []
     for d in dims:
-        if not is_int(d):
-            raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
+        if type(d) is not int:  # the common case costs one test: steps reshape every step
+            if not is_int(d):
+                raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
+            d = int(d)
         if d < 0:
-            raise ShapeError(f"{what} {dims!r} has a negative dimension {int(d)}")
-        out.append(int(d))
+            raise ShapeError(f"{what} {dims!r} has a negative dimension {d}")
+        out.append(d)
     return tuple(out)
 
 
