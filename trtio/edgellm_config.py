@@ -45,8 +45,8 @@ Edge-LLM key                             trtio field                    note
 ======================================== ============================== ====================================
 
 Every other key lands in ``extras`` (``builder_config`` keys as ``"builder_config.<key>"``). What this
-mapping and the artifact readers assume where Edge-LLM leaves meaning open is listed, with how to check
-it, in ``docs/edgellm-assumptions.md``.
+mapping assumes where Edge-LLM leaves meaning open is listed, with how to check it, in
+``docs/edgellm-assumptions.md``.
 Engines trtio cannot bind yet are refused when their config is read, naming the key that marks them
 (:data:`UNSUPPORTED_MARKERS`). Errors are :class:`~trtio.ConfigError` with the field
 ``"<file>: <dotted key>"``.
