@@ -161,7 +161,7 @@ def test_host_refuses_what_a_capture_forbids(host):
 
 def test_free_of_unknown_pointer_is_an_error(backend):
     buf = np.zeros(16, np.uint8)
-    with pytest.raises(CudaError):
+    with pytest.raises(CudaError, match=rf"pointer 0x{buf.ctypes.data:x} was not allocated here"):
         backend.free(buf.ctypes.data, Location.HOST)
 
 

@@ -159,8 +159,9 @@ def test_plan_takes_edgellms_run_time_values(capsys: pytest.CaptureFixture[str])
 
 def test_plan_help_says_the_defaults(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "400")  # no wrapping inside hyphenated words
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["plan", "--help"])
+    assert info.value.code == 0, "help is not an error"
     text = " ".join(capsys.readouterr().out.split())
     for needle in ("--draft-top-k N", "--draft-step N", "--verify-size N", "(default: 1)",
                    "(default: the largest that fits, builder_config.max_draft_tree_size // draft-top-k)",

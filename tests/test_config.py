@@ -37,7 +37,7 @@ def test_rotary_dim_and_output_vocab_are_ints_from_construction():
 
 def test_frozen():
     cfg = llm_config()
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'hidden_size'"):
         cfg.hidden_size = 3
 
 
@@ -183,6 +183,16 @@ def test_deployment_bundle_checks_and_sizes():
                                             activation_dtype="bfloat16"), b.spec).validate()
 
 
+def test_a_base_and_draft_of_two_contracts_is_a_config_error():
+    b = bundle()
+    draft = llm_config(base_model_hidden_size=64, max_draft_tree_size=8, contract="ragged")
+    with pytest.raises(ConfigError, match=r"draft.contract: 'ragged' differs from base.contract \('batch'\)"):
+        DeploymentConfig(llm_config(is_spec_decode_base=True, max_verify_tree_size=8, contract="batch"), draft,
+                         b.spec).validate()
+    # A contract left to the engine (None) is decided when the engines are bound, not here.
+    DeploymentConfig(llm_config(is_spec_decode_base=True, max_verify_tree_size=8), draft, b.spec).validate()
+
+
 def test_deployment_json_round_trip(tmp_path):
     b = bundle()
     p = tmp_path / "d.json"
@@ -219,11 +229,11 @@ def test_rope_scaling_is_read_only_hashable_and_round_trips(tmp_path):
     cfg = llm_config(rope_scaling=dict(scaling), eagle_hidden_state_layers=[0, 1], is_spec_decode_base=True,
                      max_verify_tree_size=4, extras={"model": "llama", "eos_token_id": [1, 2]})
     assert isinstance(cfg.rope_scaling, RopeScaling) and cfg.rope_scaling.to_dict() == scaling
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'factor'"):
         cfg.rope_scaling.factor = 2.0  # type: ignore[misc]
     assert cfg.eagle_hidden_state_layers == (0, 1)
     assert cfg.extras["eos_token_id"] == (1, 2)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="'FrozenMap' object does not support item assignment"):
         cfg.extras["model"] = "x"  # type: ignore[index]
     hash(cfg)  # usable as a cache key
     path = tmp_path / "c.json"

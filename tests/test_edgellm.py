@@ -22,7 +22,8 @@ from _safetensors import write_safetensors
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
 from trtio._safetensors import bf16_to_float32, e4m3_to_float32, read_safetensors
-from trtio.edgellm import CONFIG_FILES, EngineDir, config_from_edgellm, unsupported_features
+from trtio.edgellm import CONFIG_FILES, EngineDir
+from trtio.edgellm_config import unsupported_features
 from trtio.rope import RopeScaling
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -247,7 +248,7 @@ def test_raw_is_a_copy() -> None:
 def test_from_edgellm_on_a_dict_and_on_a_path_agree() -> None:
     path = TINY_LLM / "config.json"
     assert LLMEngineConfig.from_edgellm(path) == LLMEngineConfig.from_edgellm(_tiny())
-    assert LLMEngineConfig.from_edgellm(str(path)) == config_from_edgellm(_tiny())
+    assert LLMEngineConfig.from_edgellm(str(path)) == LLMEngineConfig.from_edgellm(_tiny())
 
 
 def test_defaults_where_keys_are_absent() -> None:
@@ -256,7 +257,7 @@ def test_defaults_where_keys_are_absent() -> None:
                 "kv_cache_dtype"):
         del raw[key]
     del raw["builder_config"]["max_kv_pool_pages"]
-    cfg = config_from_edgellm(raw)
+    cfg = LLMEngineConfig.from_edgellm(raw)
     assert cfg.head_dim == 64 // 4 and cfg.rotary_dim == 16
     assert (cfg.rope_theta, cfg.rope_scaling, cfg.num_deepstack_features, cfg.kv_cache_dtype) == (
         10000.0, None, 0, "float16")
@@ -267,31 +268,31 @@ def test_defaults_where_keys_are_absent() -> None:
 def test_partial_rotary_factor_gives_rotary_dim(factor: float, rotary: int) -> None:
     raw = _tiny()
     raw["partial_rotary_factor"] = factor
-    assert config_from_edgellm(raw).rotary_dim == rotary
+    assert LLMEngineConfig.from_edgellm(raw).rotary_dim == rotary
 
 
 @pytest.mark.parametrize("name,trtio_name", sorted(_SHORT.items()))
 def test_every_kv_cache_dtype_name(name: str, trtio_name: str) -> None:
     raw = _tiny()
     raw["kv_cache_dtype"] = name
-    assert config_from_edgellm(raw).kv_cache_dtype == trtio_name
+    assert LLMEngineConfig.from_edgellm(raw).kv_cache_dtype == trtio_name
 
 
 def test_mrope_and_reduced_vocab() -> None:
     raw = _tiny()
     raw["rope_scaling"] = {"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"}
-    assert config_from_edgellm(raw).rope_type == "mrope"
+    assert LLMEngineConfig.from_edgellm(raw).rope_type == "mrope"
     raw["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 3, 3]}
-    assert config_from_edgellm(raw).rope_type == "mrope"
+    assert LLMEngineConfig.from_edgellm(raw).rope_type == "mrope"
     raw = _tiny()
     raw["reduced_vocab_size"] = 128
-    cfg = config_from_edgellm(raw)
+    cfg = LLMEngineConfig.from_edgellm(raw)
     assert (cfg.vocab_size, cfg.output_vocab_size) == (512, 128)
 
 
 def test_extras_are_read_only() -> None:
-    cfg = config_from_edgellm(_tiny())
-    with pytest.raises(TypeError):
+    cfg = LLMEngineConfig.from_edgellm(_tiny())
+    with pytest.raises(TypeError, match="'FrozenMap' object does not support item assignment"):
         cfg.extras["model"] = "x"  # type: ignore[index]
     assert cfg.extras["eos_token_id"] == (2,)
 
@@ -452,7 +453,7 @@ def test_every_unsupported_feature_is_listed_in_one_error() -> None:
     raw = _edit(lambda r: r.update(ple_enabled=True, num_ple_inputs=8, ple_hidden_size=4,
                                    kv_sharing_donors=[-1] * 7 + [0]))
     with pytest.raises(ConfigError) as info:
-        config_from_edgellm(raw, what="gemma.json")
+        LLMEngineConfig.from_edgellm(raw, what="gemma.json")
     assert info.value.field == "gemma.json: kv_sharing_donors"
     assert "; also ple_enabled (per-layer embeddings (Gemma PLE)" in str(info.value)
     assert [k for k, _, _ in unsupported_features(raw)] == ["kv_sharing_donors", "ple_enabled"]
@@ -463,7 +464,7 @@ def test_uniform_layer_tables_are_not_a_family() -> None:
     raw = _edit(lambda r: r.update(layer_types=["attention"] * 8, kv_layer_configs=[{"num_kv_heads": 2,
                                                                                       "head_dim": 16}] * 8,
                                    kv_sharing_donors=[-1] * 8, global_head_dim=16, ple_enabled=False))
-    cfg = config_from_edgellm(raw)
+    cfg = LLMEngineConfig.from_edgellm(raw)
     assert cfg.extras["layer_types"] == ("attention",) * 8
 
 
@@ -810,5 +811,5 @@ def test_a_pool_of_fewer_pages_than_every_slots_is_read_as_written() -> None:
     directory (Edge-LLM writes that product by default; a smaller pool serves fewer long sequences at once)."""
     raw = _tiny()
     raw["builder_config"]["max_kv_pool_pages"] = 3
-    cfg = config_from_edgellm(raw)
+    cfg = LLMEngineConfig.from_edgellm(raw)
     assert cfg.kv_pool_pages == 3 < cfg.min_kv_pool_pages == 4

@@ -242,7 +242,7 @@ def test_execute_errors(llm):
         bad.execute()
     bad.close()
     ex.close()
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match=rf"^executor {ex.name!r} is closed$"):
         ex.prepare(0, tm, cfg.prefill_dims(1, 1))
 
 

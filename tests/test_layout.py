@@ -1,4 +1,5 @@
-"""The package's import graph reads top-down: core <- setups <- tools, with testing beside the tools.
+"""The package's import graph reads top-down: core <- setups <- tools, with testing beside the tools,
+and has no cycle, between layers or within one.
 
 Every import statement of every module under ``trtio/`` counts, module-level or inside a function
 (a lazy import is an arrow too). ``trtio/__init__.py`` is the public facade and re-exports from the
@@ -94,6 +95,87 @@ def _violations() -> list[str]:
     return problems
 
 
+def _arrows() -> dict[str, dict[str, str]]:
+    """module -> {imported trtio module: where the first such import is ("trtio/x.py:12")}."""
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, dict[str, str]] = {}
+    for module, path in sorted(modules.items()):
+        out = graph.setdefault(module, {})
+        for line, target in sorted(_imports(module, path, known)):
+            if target in known:
+                out.setdefault(target, f"{path.relative_to(ROOT)}:{line}")
+    return graph
+
+
+def _strongly_connected(graph: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def _cycle_through(graph: dict[str, dict[str, str]], start: str, members: set[str]) -> list[str]:
+    """A shortest cycle from ``start`` back to it inside ``members`` (breadth first)."""
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(previous[path[-1]])
+                    return [*reversed(path), start]
+                if w in members and w not in previous:
+                    previous[w] = v
+                    following.append(w)
+        frontier = following
+    raise AssertionError(f"{start} is on no cycle inside {sorted(members)}")
+
+
+def _cycles() -> list[str]:
+    """One line per import cycle (per strongly connected group of modules): each arrow and where it is."""
+    graph = _arrows()
+    problems = []
+    for component in _strongly_connected(graph):
+        first = component[0]
+        if len(component) == 1 and first not in graph[first]:
+            continue
+        cycle = _cycle_through(graph, first, set(component))
+        arrows = " -> ".join(f"{b} ({graph[a][b]})" for a, b in zip(cycle, cycle[1:]))
+        problems.append(f"import cycle: {first} -> {arrows}")
+    return problems
+
+
 def test_import_graph_has_no_upward_arrow() -> None:
     assert _violations() == []
 
@@ -109,6 +191,45 @@ def test_the_checker_sees_an_upward_arrow(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert _violations() == ["trtio/engine.py:2: trtio.engine (core) imports trtio.tools.demo (tools)"]
+
+
+def test_import_graph_has_no_cycle() -> None:
+    assert _cycles() == []
+
+
+def _fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> None:
+    fake = tmp_path / "trtio"
+    for name, text in {"__init__.py": "", **files}.items():
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+
+
+def test_the_checker_sees_a_cycle_within_a_layer_through_a_lazy_import(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_package(tmp_path, monkeypatch, {
+        "config.py": "from trtio.rope import R\n",
+        "rope.py": "from trtio import dims\n",
+        "dims.py": "def f():\n    from trtio.config import C\n    return C\n",
+        "names.py": "from trtio.dims import f\n",  # on the way into the cycle, not on it
+    })
+    assert _cycles() == ["import cycle: trtio.config -> trtio.rope (trtio/config.py:1) -> trtio.dims "
+                         "(trtio/rope.py:1) -> trtio.config (trtio/dims.py:2)"]
+
+
+def test_the_checker_sees_a_cycle_across_layers_and_a_module_importing_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_package(tmp_path, monkeypatch, {
+        "tools/__init__.py": "",
+        "tools/plan.py": "import trtio.engine\n",
+        "engine.py": "import os\n\ndef g():\n    import trtio.tools.plan\n",
+        "trt.py": "def h():\n    from trtio import trt\n",
+    })
+    assert _cycles() == [
+        "import cycle: trtio.engine -> trtio.tools.plan (trtio/engine.py:4) -> trtio.engine (trtio/tools/plan.py:1)",
+        "import cycle: trtio.trt -> trtio.trt (trtio/trt.py:2)",
+    ]
 
 
 def test_layers_are_what_the_design_says() -> None:

@@ -1,19 +1,27 @@
-"""The close protocol (trtio._lifetime) and its adoption by Tensor, Arena, Stream, Event and HostStaging."""
+"""The close protocol (trtio._lifetime) and its adoption by every resource owner: Tensor, Arena, Stream, Event,
+HostStaging, ContextMemory, EngineExecutor and EngineState."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _configs import llm_config
 
 import trtio
+import trtio.state
 from trtio import Arena, ClosedError, CudaError, Event, HostStaging, Location, Stream, Tensor, TensorRequest
 from trtio._lifetime import Closeable
 from trtio.cuda.host import HostBackend
+from trtio.engine import ContextMemory, EngineExecutor, EngineIO
+from trtio.state import EngineState
+from trtio.testing import ReferenceEngine
 
 
 # -- the protocol on a toy resource -----------------------------------------------------------------
@@ -157,7 +165,7 @@ def test_failed_free_in_arena_close_raises_naming_the_arena_and_leaves_it_closed
     arena.close()  # idempotent: the failure is not raised again
     with pytest.raises(ClosedError, match="arena 'kv' is closed"):
         arena["a"]
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match="^tensor 'a' is closed$"):
         a.data_ptr
 
 
@@ -270,3 +278,83 @@ def test_every_arena_and_staging_method_raises_after_close(host: trtio.Backend) 
     for call in (lambda: arena["dev"], lambda: arena.tensors, arena.report, arena.__enter__):
         with pytest.raises(ClosedError, match="arena 'stage' is closed"):
             call()
+
+
+# -- every resource owner follows the protocol ---------------------------------------------------------
+def _engine() -> ReferenceEngine:
+    return ReferenceEngine.from_config(llm_config(), device="host")
+
+
+OWNERS: dict[str, Callable[[HostBackend], Any]] = {
+    "tensor": lambda be: Tensor.empty((4,), "int32", name="t", backend=be),
+    "arena": lambda be: Arena(_requests(), backend=be, title="a"),
+    "stream": lambda be: Stream.create(be),
+    "event": lambda be: Event.create(be),
+    "staging pair": lambda be: HostStaging(Tensor.empty((4,), "int32", Location.PINNED, backend=be),
+                                           Tensor.empty((4,), "int32", backend=be), be),
+    "context memory": lambda be: ContextMemory(4096, backend=be),
+    "executor": lambda be: EngineExecutor(_engine(), backend=be),
+    "engine state": lambda be: EngineState(EngineIO.from_engine(_engine()), llm_config(), max_batch=2, backend=be),
+}
+
+
+@pytest.mark.parametrize("kind", OWNERS)
+def test_every_resource_owner_closes_once_and_cannot_be_entered_closed(kind: str) -> None:
+    be = HostBackend()
+    obj = OWNERS[kind](be)
+    assert isinstance(obj, Closeable)
+    with obj as entered:
+        assert entered is obj and obj.is_closed is False
+    assert obj.is_closed is True
+    obj.close()  # a second close does nothing
+    assert obj.is_closed is True
+    with pytest.raises(ClosedError, match="is closed"), obj:
+        pass
+
+
+def test_no_class_writes_the_close_protocol_again() -> None:
+    """close, __enter__ and __exit__ come from Closeable (classes refine _closable and _close_owned)."""
+    root = Path(trtio.__file__).parent
+    not_yet: set[str] = set()
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in not_yet or rel == "_lifetime.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                found += [f"{rel}: {node.name}.{f.name}" for f in node.body
+                          if isinstance(f, ast.FunctionDef) and f.name in ("close", "__enter__", "__exit__")]
+    assert found == []
+
+
+def _no_resource_warning(caught: list[warnings.WarningMessage]) -> None:
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == []
+
+
+def test_an_executor_that_fails_half_way_frees_the_memory_it_made() -> None:
+    be = HostBackend()
+    engine = _engine()
+    engine.create_execution_context = lambda *args: None  # as TensorRT does when it cannot make one
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(trtio.EngineError, match="create_execution_context returned None"):
+            EngineExecutor(engine, backend=be)
+        gc.collect()
+    assert be.live_allocations == 0
+    _no_resource_warning(caught)
+
+
+def test_an_engine_state_that_fails_half_way_frees_what_it_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise CudaError("cuModuleLoadData", "CUDA_ERROR_OUT_OF_MEMORY", "no room for the KV commit kernel")
+
+    monkeypatch.setattr(trtio.state, "KVCommit", refuse)  # the last part the state builds
+    be = HostBackend()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(CudaError, match="no room for the KV commit kernel"):
+            EngineState(EngineIO.from_engine(_engine()), llm_config(), max_batch=2, backend=be)
+        gc.collect()
+    assert (be.live_allocations, be.live_events) == (0, 0)
+    _no_resource_warning(caught)

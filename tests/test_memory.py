@@ -67,9 +67,9 @@ def test_close_frees_everything_and_slices_become_unusable(host):
     arena.close()
     arena.close()
     assert host.live_allocations == live
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match="^tensor 'a' is closed$"):
         t.data_ptr
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match="^arena 'arena' is closed$"):
         arena["a"]
 
 
@@ -103,7 +103,8 @@ def test_arena_tensors_reshape_within_their_slice(host):
     arena = Arena([TensorRequest.of("x", (4, 8), "float32")], backend=host)
     x = arena["x"]
     x.reshape((2, 8)).copy_from(np.ones((2, 8), np.float32))
-    with pytest.raises(trtio.CapacityError):
+    with pytest.raises(trtio.CapacityError, match=r"tensor 'x': shape \(5, 8\) of float32 needs 160 bytes but the "
+                                                 r"capacity is 128 bytes"):
         x.reshape((5, 8))
     arena.close()
 

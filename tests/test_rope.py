@@ -161,7 +161,7 @@ def test_from_hf_normalises_and_keeps_extras() -> None:
     assert llama3 is not None and llama3.beta_fast is None and dict(llama3.extras) == {"beta_fast": 32}
     yarn = RopeScaling.from_hf({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
     assert yarn is not None and (yarn.beta_fast, yarn.beta_slow, yarn.truncate) == (32.0, 1.0, True)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="cannot assign to field 'factor'"):
         yarn.factor = 2.0  # type: ignore[misc]
 
 

@@ -72,7 +72,7 @@ def test_event_record_wait_query(backend):
     assert e.query()
     e.close()
     e.close()
-    with pytest.raises(ClosedError):
+    with pytest.raises(ClosedError, match=rf"^event 0x{e._handle:x} is closed$"):
         e.record(s1)
     s1.close()
     s2.close()
@@ -209,3 +209,69 @@ def test_a_threads_default_stream_goes_when_the_thread_and_its_users_are_gone():
         gc.collect()
     assert be.live_streams == 0
     assert not [w for w in caught if w.category is ResourceWarning], "a default stream ends silently"
+
+
+# -- the stream rule (trtio/stream.py's module docstring) ---------------------------------------------
+# Parameters named "stream" that are not a stream= argument: backend handles (int), streams a caller
+# converted already (Stream), and text streams (TextIO).
+_NOT_STREAM_ARGUMENTS = ("int", "Stream", "TextIO", "TextIO | None")
+# The converter itself, and calls in modules whose owners have yet to adopt the rule.
+_EXEMPT = {"trtio.stream.as_stream", "trtio.pipeline_io.StreamingPrefillBuffers.release",
+           "trtio.pipeline_io.StreamingPrefillBuffers.order_before", "trtio.trees.write_tree_inputs",
+           "trtio.testing.toy_runtime.spec_generate"}
+
+
+def _stream_rule_breaches(modules) -> list[str]:
+    import inspect
+
+    found = []
+    for mod in modules:
+        members = [(n, o) for n, o in vars(mod).items() if getattr(o, "__module__", None) == mod.__name__]
+        calls = []
+        for name, obj in members:
+            if inspect.isfunction(obj) and not name.startswith("_"):
+                calls.append((name, obj))
+            elif inspect.isclass(obj):
+                for attr, f in vars(obj).items():
+                    f = f.__func__ if isinstance(f, (classmethod, staticmethod)) else f
+                    if inspect.isfunction(f) and (not attr.startswith("_") or attr == "__init__"):
+                        calls.append((f"{name}.{attr}", f))
+        for qual, f in calls:
+            params = inspect.signature(f).parameters
+            p = params.get("stream")
+            if p is None or p.annotation in _NOT_STREAM_ARGUMENTS or f"{mod.__name__}.{qual}" in _EXEMPT:
+                continue
+            positional = [q.name for q in params.values() if q.kind is q.POSITIONAL_OR_KEYWORD]
+            if p.kind is not p.POSITIONAL_OR_KEYWORD or p.default is not None or positional[-1] != "stream":
+                found.append(f"{mod.__name__}.{qual}{inspect.signature(f)}")
+    return found
+
+
+def test_every_stream_argument_is_the_last_positional_one_and_defaults_to_none():
+    import importlib
+    import pkgutil
+
+    import trtio
+
+    modules = [importlib.import_module(m.name) for m in pkgutil.walk_packages(trtio.__path__, "trtio.")
+               if m.name != "trtio.__main__"]
+    assert _stream_rule_breaches(modules) == []
+
+
+def test_the_stream_rule_check_sees_a_keyword_only_or_required_stream():
+    import types
+
+    mod = types.ModuleType("fake")
+
+    def upload(values, *, stream=None): ...
+
+    def record(stream, event=None): ...
+
+    def launch(graph: int, stream: "int"): ...  # a backend handle: not a stream= argument
+
+    def _helper(stream, values): ...  # private: it takes what its public caller converted
+
+    for f in (upload, record, launch, _helper):
+        f.__module__ = "fake"
+        setattr(mod, f.__name__, f)
+    assert _stream_rule_breaches([mod]) == ["fake.upload(values, *, stream=None)", "fake.record(stream, event=None)"]

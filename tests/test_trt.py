@@ -261,3 +261,28 @@ def test_truncated_plan_is_a_clear_error(tmp_path):
         load_engine(cut, module="tensorrt_rtx")
     msg = str(info.value)
     assert "cut.plan" in msg and f"({len(data) // 2} bytes)" in msg and "could not be deserialized" in msg
+
+
+class _RefusingRuntime:
+    """A runtime that logs its reason through the logger it was given and returns None, as TensorRT does."""
+
+    def __init__(self, logger):
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, data):
+        self.logger.log(_Severity.ERROR, f"plan of {len(data)} bytes refused: serialization version mismatch")
+        return None
+
+
+def test_a_failed_load_names_its_own_reason_after_many_earlier_errors(tmp_path):
+    """The bridge keeps only the latest errors; a load long after the first 20 must still find its own."""
+    trt = _fake_trt("faketrt_many_errors")
+    trt.Runtime = _RefusingRuntime
+    bridge = trt_logger(trt)
+    for i in range(25):
+        bridge.log(_Severity.ERROR, f"earlier error {i}")
+    with pytest.raises(EngineError) as info:
+        load_engine(_plan(tmp_path), trt)
+    msg = str(info.value)
+    assert "plan of 64 bytes refused: serialization version mismatch" in msg
+    assert "TensorRT gave no reason" not in msg and "earlier error" not in msg

@@ -11,7 +11,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-from trtio.errors import ShapeError, TrtioError
+from trtio.errors import ConfigError, ShapeError, TrtioError
 
 __all__ = ["check_int", "is_int"]
 
@@ -25,7 +25,7 @@ def check_int(value: Any, what: str, *, minimum: int | None = None, maximum: int
               error: type[TrtioError] = ShapeError) -> int:
     """``value`` as a Python int, checked by :func:`is_int` and against ``minimum`` / ``maximum``
     (inclusive); otherwise ``error`` (a :class:`ShapeError` by default) naming ``what``, the value and the
-    range expected."""
+    range expected. A :class:`ConfigError` gets ``what`` as its field."""
     if minimum is not None and maximum is not None:
         want = f"an integer in {minimum}..{maximum}"
     elif minimum is not None:
@@ -35,8 +35,14 @@ def check_int(value: Any, what: str, *, minimum: int | None = None, maximum: int
     else:
         want = "an integer"
     if not is_int(value):
-        raise error(f"{what}: expected {want}, got {type(value).__name__} {value!r}")
+        raise _error(error, what, f"expected {want}, got {type(value).__name__} {value!r}")
     v = int(value)
     if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
-        raise error(f"{what}: expected {want}, got {v}")
+        raise _error(error, what, f"expected {want}, got {v}")
     return v
+
+
+def _error(error: type[TrtioError], what: str, message: str) -> TrtioError:
+    if issubclass(error, ConfigError):
+        return error(what, message)
+    return error(f"{what}: {message}")

@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import operator
 import weakref
 from dataclasses import dataclass
 from typing import Any
+
+from trtio._checks import is_int
+from trtio.errors import ExportError, InvalidTypeError, InvalidValueError, ShapeError
 
 __all__ = [
     "kDLCPU",
@@ -235,12 +237,13 @@ def parse_max_version(max_version: object) -> bool:
     if max_version is None:
         return False
     try:
-        major = operator.index(max_version[0])  # type: ignore[index]
-    except (TypeError, IndexError) as exc:
-        raise TypeError(
-            f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, "
-            f"got {max_version!r}") from exc
-    return major >= 1
+        major = max_version[0]  # type: ignore[index]
+    except (TypeError, IndexError, KeyError):
+        major = None
+    if not is_int(major):
+        raise InvalidTypeError(
+            f"__dlpack__: max_version must be None or a (major, minor) tuple of ints, got {max_version!r}")
+    return int(major) >= 1
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -257,18 +260,23 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _as_ints(field: str, values: tuple[int, ...], *, minimum: int | None) -> tuple[int, ...]:
     try:
-        ints = tuple(operator.index(v) for v in values)
-    except TypeError as exc:
-        raise TypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from exc
+        items = tuple(values)
+    except TypeError:
+        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}") from None
+    if not all(is_int(v) for v in items):
+        raise InvalidTypeError(f"make_capsule: {field} must be a tuple of ints, got {values!r}")
+    ints = tuple(int(v) for v in items)
     if minimum is not None and any(v < minimum for v in ints):
-        raise ValueError(f"make_capsule: {field} must not be negative, got {values!r}")
+        raise ShapeError(f"make_capsule: {field} must not be negative, got {values!r}")
     return ints
 
 
 def _check_range(field: str, value: int, low: int, high: int) -> int:
-    value = operator.index(value)
+    if not is_int(value):
+        raise InvalidTypeError(f"make_capsule: {field} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
     if not low <= value <= high:
-        raise ValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
+        raise InvalidValueError(f"make_capsule: {field} must be in [{low}, {high}], got {value}")
     return value
 
 
@@ -289,7 +297,7 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
     deleter, or until the capsule is freed without being consumed.
     """
     if read_only and not versioned:
-        raise BufferError(
+        raise ExportError(
             "make_capsule: read-only memory cannot be exported through a legacy 'dltensor' capsule, "
             "which cannot mark it read-only; the consumer must ask for max_version >= (1, 0)")
     dims = _as_ints("shape", shape, minimum=0)
@@ -298,7 +306,7 @@ def make_capsule(ptr: int, shape: tuple[int, ...], *, type_code: int, bits: int,
     else:
         steps = _as_ints("strides", strides, minimum=None)
         if len(steps) != len(dims):
-            raise ValueError(
+            raise ShapeError(
                 f"make_capsule: strides {tuple(strides)!r} has {len(steps)} entries "
                 f"for shape {tuple(shape)!r} of {len(dims)} dimensions")
     address = _check_range("ptr", ptr, 0, 2**64 - 1)
@@ -422,7 +430,7 @@ def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
     elif _PyCapsule_IsValidObject(capsule, _LEGACY_NAME):
         versioned, name = False, _LEGACY_NAME
     else:
-        raise BufferError(f"{type(capsule).__name__} is not an unused DLPack capsule "
+        raise ExportError(f"{type(capsule).__name__} is not an unused DLPack capsule "
                           "('dltensor' or 'dltensor_versioned')")
     address = _PyCapsule_GetPointerObject(capsule, name)
     managed: DLManagedTensor | DLManagedTensorVersioned
@@ -430,7 +438,7 @@ def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
     if versioned:
         managed = DLManagedTensorVersioned.from_address(address)
         if managed.version.major > DLPACK_MAJOR_VERSION:
-            raise BufferError(f"the capsule is DLPack {managed.version.major}.{managed.version.minor}; trtio reads "
+            raise ExportError(f"the capsule is DLPack {managed.version.major}.{managed.version.minor}; trtio reads "
                               f"DLPack {DLPACK_MAJOR_VERSION}.x")
         read_only = bool(managed.flags & DLPACK_FLAG_BITMASK_READ_ONLY)
     else:
@@ -442,7 +450,7 @@ def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
     owner = ImportedCapsule(address, managed.deleter, producer)
     try:
         if _PyCapsule_SetName(capsule, ctypes.addressof(_USED_NAMES[1 if versioned else 0])) != 0:
-            raise BufferError("PyCapsule_SetName failed on a DLPack capsule")
+            raise ExportError("PyCapsule_SetName failed on a DLPack capsule")
     except BaseException:
         owner._forget()  # the capsule is still the producer's: its destructor frees it
         raise

@@ -12,7 +12,7 @@ The protocol
    later ``close()`` nor by the garbage collector (a double free is worse than a leak).
 3. ``is_closed`` says whether ``close()`` has run.
 4. ``with obj:`` closes ``obj`` when the block ends, with or without an exception; entering a
-   closed object raises.
+   closed object raises :class:`~trtio.errors.ClosedError`.
 5. After ``close()``, every public method, and every property that reads the resource, raises
    :class:`~trtio.errors.ClosedError` naming the object (``"tensor 'logits' is closed"``).
    Properties that only describe the object (``name``, ``dtype``, ``capacity``, ``backend``,
@@ -42,7 +42,8 @@ exists (and before anything can call ``_check_open``), call
 itself (the finalizer would keep it alive). Objects without a resource call
 ``self._init_lifetime(what)``. Override ``_close_owned()`` to close what the object owns, and
 call ``self._check_open()`` at the top of every public method. A subclass that must refuse to
-close (a tensor still bound to an engine) checks before calling ``super().close()``::
+close (a tensor still bound to an engine) overrides ``_closable()``; no subclass writes ``close``,
+``__enter__`` or ``__exit__`` again::
 
     class Buffer(Closeable):
         __slots__ = ("_ptr", "_backend")
@@ -52,7 +53,7 @@ close (a tensor still bound to an engine) checks before calling ``super().close(
             self._ptr = backend.alloc(nbytes, Location.DEVICE)
             self._init_lifetime(f"buffer 0x{self._ptr:x}", backend.free, self._ptr, Location.DEVICE)
 
-        def zero(self, stream: Stream) -> None:
+        def zero(self, stream: StreamLike = None) -> None:
             self._check_open()
             ...
 """
@@ -144,16 +145,23 @@ class Closeable:
     def _close_owned(self) -> None:
         """Close what this object owns, before its own resource is released (override)."""
 
-    def close(self) -> None:
-        """Release what the object owns. Idempotent; a failed release raises, and the object is closed anyway.
-
-        Refused (:class:`FrozenError`, nothing released) while an open executor has its memory bound."""
-        if self._closed:
-            return
+    def _closable(self) -> bool:
+        """Checked by :meth:`close` before anything is released (override to refine): raise to refuse
+        (:class:`FrozenError` naming who still uses the object), or return False for an object that
+        ``close()`` leaves open (a thread's default stream). Here: refused while an open executor has
+        the object's memory bound (:func:`mark_bound`)."""
         users = open_binders(self)
         if users:
             raise FrozenError(f"{self._what} is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) using freed memory; close them (or the setup) first")
+        return True
+
+    def close(self) -> None:
+        """Release what the object owns. Idempotent; a failed release raises, and the object is closed anyway.
+
+        Refused (:class:`FrozenError`, nothing released) while an open executor has its memory bound."""
+        if self._closed or not self._closable():
+            return
         self._closed = True
         try:
             self._close_owned()

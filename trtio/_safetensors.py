@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio.errors import ConfigError
 
 __all__ = ["SafeTensor", "read_safetensors", "bf16_to_float32", "e4m3_to_float32"]
@@ -89,11 +90,10 @@ def _tensor(where: str, name: str, info: object, data_start: int, size: int) -> 
     tag, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if tag not in _NUMPY and tag not in _RAW:
         raise ConfigError(what, f"dtype {tag!r} is not one trtio reads ({', '.join([*_NUMPY, *_RAW])})")
-    if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                               for d in shape)):
+    if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
         raise ConfigError(what, f"shape must be a list of ints >= 0, got {shape!r}")
     if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            or not all(is_int(o) for o in offsets)):
         raise ConfigError(what, f"data_offsets must be [begin, end], got {offsets!r}")
     dtype = np.dtype(_NUMPY.get(tag) or _RAW[tag])
     begin, end = offsets

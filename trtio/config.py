@@ -3,22 +3,24 @@
 Field names follow Edge-LLM's ``LLMEngineConfig`` / ``SpecDecodeConfig`` / ``DeploymentConfig`` in
 snake_case. ``validate()`` raises :class:`ConfigError` naming the field and the value; configs read
 from a file name the file too (``"path: field: message"``). Edge-LLM's own ``config.json`` files are
-read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm`).
+read by :meth:`LLMEngineConfig.from_edgellm` (the mapping lives in :mod:`trtio.edgellm_config`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from trtio._checks import is_int
+from trtio._json import json_kind, read_json, write_json
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import ConfigError, ShapeError
+from trtio.edgellm_config import map_edgellm_config
+from trtio.errors import ConfigError, NotAvailableError, ShapeError
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
@@ -29,14 +31,12 @@ log = logging.getLogger("trtio")
 _ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")
 _KV_DTYPES = ("float16", "bfloat16", "float32", "fp8", "int8")
 _ROPE_TYPES = ("rope", "mrope")
-#: The engine I/O contracts a config may name (DESIGN §11); ``None`` means "as the engine declares".
+#: The engine I/O contracts a config may name: ``"batch"`` (batch-major activations, contiguous KV caches)
+#: and ``"ragged"`` (Edge-LLM 0.11's token-major activations, paged KV pools; ``docs/edgellm-assumptions.md``
+#: §3, §4); ``None`` means "as the engine declares" (``trtio.contract_of``).
 CONTRACTS = ("batch", "ragged")
 # Top-level keys a deployment JSON may carry besides base / draft / spec.
 _DEPLOYMENT_EXTRA_KEYS = ("name", "description", "seed")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _at(what: str, key: str) -> str:
@@ -52,30 +52,35 @@ def _where(what: str) -> str:
     return what[:-1] if what.endswith(":") else what
 
 
-def _message(exc: ConfigError) -> str:
-    """The message of ``exc`` without its field (``str(exc)`` is ``"field: message"``)."""
-    text = str(exc)
-    prefix = f"{exc.field}: "
-    return text[len(prefix):] if text.startswith(prefix) else text
-
-
 def _within(what: str, exc: ConfigError) -> ConfigError:
     """``exc`` re-homed under ``what`` (the file or section it came from)."""
-    return ConfigError(_at(what, exc.field), _message(exc))
+    return ConfigError(_at(what, exc.field), exc.message)
 
 
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
-        if not _is_int(v) or v <= 0:
+        if not is_int(v) or v <= 0:
             raise ConfigError(name, f"must be a positive int, got {v!r}")
 
 
 def _non_negative(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             raise ConfigError(name, f"must be a non-negative int, got {v!r}")
+
+
+def _python_ints(obj: Any) -> None:
+    """Store every integer field (and the entries of a tuple of them) as a Python int: NumPy integers are
+    accepted where a config takes a whole number, and kept as ``int`` so that JSON, hashing and equality
+    see one type."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if is_int(v) and type(v) is not int:
+            object.__setattr__(obj, f.name, int(v))
+        elif isinstance(v, tuple) and any(is_int(x) and type(x) is not int for x in v):
+            object.__setattr__(obj, f.name, tuple(int(x) if is_int(x) else x for x in v))
 
 
 def _finite_floats(obj: Any) -> None:
@@ -115,7 +120,7 @@ class FrozenMap(Mapping[str, Any]):
         return len(self._items)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
+        raise NotAvailableError(f"{type(self).__name__} is read-only")
 
     def __hash__(self) -> int:
         return hash(frozenset(self._items.items()))  # order-free, as equality is
@@ -150,7 +155,7 @@ _NO_EXTRAS: Mapping[str, Any] = FrozenMap()
 
 def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {_json_kind(data)}")
+        raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {json_kind(data)}")
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -163,70 +168,6 @@ def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
         return cls(**data)
     except ConfigError as exc:
         raise _within(what, exc) from None
-
-
-class _NonFinite:
-    """What the JSON reader puts where a file says ``NaN``, ``Infinity`` or ``-Infinity``."""
-
-    def __init__(self, literal: str) -> None:
-        self.literal = literal
-
-
-def _find_non_finite(value: Any, key: str = "") -> tuple[str, str] | None:
-    if isinstance(value, _NonFinite):
-        return key, value.literal
-    if isinstance(value, dict):
-        for k, v in value.items():
-            found = _find_non_finite(v, f"{key}.{k}" if key else str(k))
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for i, v in enumerate(value):
-            found = _find_non_finite(v, f"{key}[{i}]")
-            if found is not None:
-                return found
-    return None
-
-
-def _read_json(path: str | os.PathLike[str]) -> Any:
-    """The JSON value in ``path``; ConfigError naming the file for a missing, unreadable or invalid one.
-
-    JSON has no NaN or Infinity (RFC 8259; Edge-LLM's C++ reader refuses them too), although Python's
-    reader takes them: such a literal is refused here, naming its key.
-    """
-    if not isinstance(path, (str, bytes, os.PathLike)):  # open() would take an int as a file descriptor
-        raise TypeError(f"a config path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        data = json.loads(raw.decode("utf-8"), parse_constant=_NonFinite)
-    except FileNotFoundError:
-        raise ConfigError(str(path), "no such config file") from None
-    except IsADirectoryError:
-        hint = ""
-        if any(os.path.isfile(os.path.join(path, name)) for name in ("config.json", "base_config.json")):
-            hint = ("; it looks like an Edge-LLM engine directory: open it with "
-                    "trtio.edgellm.EngineDir.open(path) (and .deployment(...) for a DeploymentConfig)")
-        raise ConfigError(str(path), f"is a directory, not a config file{hint}") from None
-    except PermissionError as exc:
-        raise ConfigError(str(path), f"cannot be read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
-                                     f"{exc.start}); a JSON config is UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), f"is not valid JSON: {exc}") from None
-    found = _find_non_finite(data)
-    if found is not None:
-        key, literal = found
-        raise ConfigError(f"{path}: {key}" if key else str(path),
-                          f"is {literal}, which JSON does not allow; give a finite number")
-    return data
-
-
-def _write_json(path: str | os.PathLike[str], data: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, allow_nan=False)
-        fh.write("\n")
 
 
 @dataclass(frozen=True)
@@ -270,6 +211,7 @@ class LLMEngineConfig:
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _python_ints(self)
         # Resolved here, once, so that no reader ever sees a "derive me" value.
         if not self.output_vocab_size:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
@@ -277,14 +219,15 @@ class LLMEngineConfig:
             object.__setattr__(self, "rotary_dim", self.head_dim)
         object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
         object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
-        if (not self.kv_pool_pages and all(_is_int(v) and v > 0 for v in (
+        if (not self.kv_pool_pages and all(is_int(v) and v > 0 for v in (
                 self.kv_page_size, self.max_supported_batch_size, self.max_kv_cache_capacity))):
             object.__setattr__(self, "kv_pool_pages", self.min_kv_pool_pages)
         scaling: Any = self.rope_scaling  # a dict from JSON, or a RopeScaling
         if isinstance(scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_hf(scaling))
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
-            object.__setattr__(self, "eagle_hidden_state_layers", tuple(self.eagle_hidden_state_layers))
+            object.__setattr__(self, "eagle_hidden_state_layers",
+                               tuple(int(i) if is_int(i) else i for i in self.eagle_hidden_state_layers))
         if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
             object.__setattr__(self, "extras", freeze_json(self.extras))
 
@@ -403,7 +346,7 @@ class LLMEngineConfig:
                             max_position_embeddings=self.max_position_embeddings or None)
         except ConfigError as exc:
             field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
-            raise ConfigError(field_name, _message(exc)) from None
+            raise ConfigError(field_name, exc.message) from None
 
     def _validate_eagle_layers(self) -> None:
         layers = self.eagle_hidden_state_layers
@@ -415,7 +358,7 @@ class LLMEngineConfig:
             raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
                                                            f"this {self.role} config lists {list(layers)}")
         for i in layers:
-            if not _is_int(i) or not 0 <= i < self.num_attention_layers:
+            if not is_int(i) or not 0 <= i < self.num_attention_layers:
                 raise ConfigError("eagle_hidden_state_layers",
                                   f"{list(layers)}: every entry must be a layer index in "
                                   f"[0, num_attention_layers={self.num_attention_layers}), got {i!r}")
@@ -446,10 +389,10 @@ class LLMEngineConfig:
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> LLMEngineConfig:
         """A validated config from a JSON file in trtio's own layout (see :meth:`from_edgellm` for Edge-LLM's)."""
-        return cls.from_dict(_read_json(path), what=f"{path}:")
+        return cls.from_dict(read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
-        _write_json(path, self.to_dict())
+        write_json(path, self.to_dict())
 
     @classmethod
     def from_edgellm(cls, source: str | os.PathLike[str] | Mapping[str, Any], *,
@@ -459,26 +402,29 @@ class LLMEngineConfig:
 
         Maps Edge-LLM's keys onto trtio's fields (``num_hidden_layers`` -> ``num_attention_layers``,
         ``builder_config.max_batch_size`` -> ``max_supported_batch_size``, ...; the table is in
-        :mod:`trtio.edgellm`), sets ``contract="ragged"``, and keeps every key it does not map in
+        :mod:`trtio.edgellm_config`), sets ``contract="ragged"``, and keeps every key it does not map in
         ``extras``. Families trtio cannot bind yet are refused here, naming the key that marks them.
-        ``what`` names a dict's source in errors (a path names itself).
+        ``what`` names a dict's source in errors (a path names itself). Errors name the file and the
+        Edge-LLM key.
         """
-        from trtio.edgellm import config_from_edgellm  # edgellm.py builds on this module
-
-        return config_from_edgellm(source, what=what)
+        mapped = map_edgellm_config(source, what=what)
+        try:
+            return cls(**mapped.values).validate()
+        except ConfigError as exc:
+            raise mapped.error_for(exc) from None
 
     # -- shape recipes (Edge-LLM's llmEngineConfig.cpp) ------------------------------------------
     def _rope_batch(self, batch: int) -> int:
         return batch if self.is_mrope else 1
 
     def _check_batch(self, batch: int) -> None:
-        if not _is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
+        if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
             raise ShapeError(f"batch must be an int in 1..{self.max_supported_batch_size} "
                              f"(max_supported_batch_size), got {batch!r}")
 
     @staticmethod
     def _check_len(what: str, value: int, limit: int, limit_name: str) -> None:
-        if not _is_int(value) or not 1 <= value <= limit:
+        if not is_int(value) or not 1 <= value <= limit:
             raise ShapeError(f"{what} must be an int in 1..{limit} ({limit_name}), got {value!r}")
 
     def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, *, execution_phase: int,
@@ -547,6 +493,9 @@ class SpecDecodeConfig:
     drafting_step: int = 1
     verify_size: int = 1
 
+    def __post_init__(self) -> None:
+        _python_ints(self)
+
     def validate(self) -> SpecDecodeConfig:
         _positive(self, "base_output_hidden_dim", "draft_hidden_size", "max_verify_size",
                   "max_draft_proposal_size", "drafting_top_k", "drafting_step", "verify_size")
@@ -613,6 +562,10 @@ class DeploymentConfig:
             raise ConfigError("spec.max_draft_proposal_size",
                               f"{spec.max_draft_proposal_size} exceeds draft.max_draft_tree_size "
                               f"({self.draft.max_draft_tree_size})")
+        if None not in (self.base.contract, self.draft.contract) and self.draft.contract != self.base.contract:
+            raise ConfigError("draft.contract", f"{self.draft.contract!r} differs from base.contract "
+                                                f"({self.base.contract!r}); a base and its draft speak one engine "
+                                                "I/O contract")
         if self.draft.activation_dtype != self.base.activation_dtype:
             raise ConfigError("draft.activation_dtype",
                               f"{self.draft.activation_dtype!r} differs from base.activation_dtype "
@@ -649,7 +602,7 @@ class DeploymentConfig:
         (together), and optionally ``name`` / ``description`` / ``seed``. Errors name ``what``."""
         if not isinstance(data, Mapping):
             raise ConfigError(_where(what) or "DeploymentConfig",
-                              f"must hold a JSON object with a \"base\" section, got a {_json_kind(data)}")
+                              f"must hold a JSON object with a \"base\" section, got a {json_kind(data)}")
         if "base" not in data:
             raise ConfigError(_at(what, "base"), "is required (the base or plain LLM engine's config)")
         extra = {k: v for k, v in data.items() if k not in ("base", "draft", "spec")}
@@ -669,28 +622,15 @@ class DeploymentConfig:
     def from_json(cls, path: str | os.PathLike[str]) -> DeploymentConfig:
         """A validated deployment from a JSON file in trtio's layout. An Edge-LLM engine directory has no
         deployment file: use ``trtio.edgellm.EngineDir.open(path).deployment(...)``."""
-        return cls.from_dict(_read_json(path), what=f"{path}:")
+        return cls.from_dict(read_json(path), what=f"{path}:")
 
     def to_json(self, path: str | os.PathLike[str]) -> None:
-        _write_json(path, self.to_dict())
-
-
-def _json_kind(value: Any) -> str:
-    """How JSON names the type of ``value`` ("list" for a JSON array, "number", ...)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Sequence):
-        return "list"
-    return "null" if value is None else type(value).__name__
+        write_json(path, self.to_dict())
 
 
 def read_config(path: str | os.PathLike[str]) -> LLMEngineConfig | DeploymentConfig:
     """A config JSON of either kind: a deployment (it has ``"base"``) or one engine's LLMEngineConfig."""
-    data = _read_json(path)
+    data = read_json(path)
     if isinstance(data, dict) and "base" in data:
         return DeploymentConfig.from_dict(data, what=f"{path}:")
     return LLMEngineConfig.from_dict(data, what=f"{path}:")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
+from trtio._checks import is_int
 from trtio._hashing import hash_once
 from trtio.errors import ShapeError
 
@@ -45,12 +46,15 @@ class InferenceDims:
     context_seq_len: int = 0  # prefill sequences in the step (context_sequence_count_carrier), 0 in generation
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ShapeError(f"InferenceDims.{f.name} must be an int, got {v!r}")
+        for name in _FIELD_ORDER:
+            v = getattr(self, name)
+            if type(v) is not int:  # a NumPy integer is stored as the int it is
+                if not is_int(v):
+                    raise ShapeError(f"InferenceDims.{name} must be an int, got {v!r}")
+                v = int(v)
+                object.__setattr__(self, name, v)
             if v < 0:
-                raise ShapeError(f"InferenceDims.{f.name} must not be negative, got {v}")
+                raise ShapeError(f"InferenceDims.{name} must not be negative, got {v}")
 
     def check(self, members: Iterable[str]) -> None:
         """Refuse 0 in any referenced member that is not a shape carrier."""
@@ -74,4 +78,5 @@ class InferenceDims:
         return "InferenceDims(" + ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self)) + ")"
 
 
-_FIELD_NAMES = frozenset(f.name for f in fields(InferenceDims))
+_FIELD_ORDER = tuple(f.name for f in fields(InferenceDims))
+_FIELD_NAMES = frozenset(_FIELD_ORDER)

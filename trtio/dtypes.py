@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
+from trtio.errors import InvalidValueError
+
 __all__ = ["DType", "DTypeLike"]
 
 _ml: ModuleType | None
@@ -127,11 +130,11 @@ class DType(enum.Enum):
         """From a TensorRT / TensorRT-RTX ``DataType`` member, its name (``"HALF"``), or its int value."""
         if isinstance(x, DType):
             return x
-        if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        if is_int(x):
             for member in cls:
                 if member.value.trt_value == int(x):
                     return member
-            raise ValueError(f"unknown TensorRT DataType value {int(x)}")
+            raise InvalidValueError(f"unknown TensorRT DataType value {int(x)}")
         name = getattr(x, "name", None)
         if not isinstance(name, str):
             name = str(x)
@@ -139,7 +142,7 @@ class DType(enum.Enum):
         for member in cls:
             if key.upper() == member.value.trt_name or key.lower() == member.value.name:
                 return member
-        raise ValueError(
+        raise InvalidValueError(
             f"unknown TensorRT DataType {x!r}; expected one of "
             + ", ".join(m.value.trt_name for m in cls)
         )
@@ -152,7 +155,7 @@ class DType(enum.Enum):
         try:
             dt = x if isinstance(x, np.dtype) else np.dtype(x)
         except TypeError as exc:
-            raise ValueError(f"{x!r} is not a numpy dtype") from exc
+            raise InvalidValueError(f"{x!r} is not a numpy dtype") from exc
         found = _FROM_NUMPY.get(dt)
         if found is None:
             for member in cls:
@@ -160,7 +163,7 @@ class DType(enum.Enum):
                     found = _FROM_NUMPY[dt] = member
                     break
             else:
-                raise ValueError(f"numpy dtype {dt} has no trtio DType")
+                raise InvalidValueError(f"numpy dtype {dt} has no trtio DType")
         return found
 
     @classmethod
@@ -186,7 +189,7 @@ class DType(enum.Enum):
         try:
             return cls.from_numpy(x)
         except ValueError:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{x!r} is not a dtype trtio knows; expected a trtio.DType, one of "
                 + ", ".join(m.value.name for m in cls)
                 + ", an Edge-LLM short name (" + ", ".join(_SHORT_NAMES) + "), a numpy dtype or a TensorRT DataType"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -23,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from trtio import names as _names
+from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location, destroy_graphs, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import BindingError, ClosedError, EngineError, FrozenError
+from trtio.errors import BindingError, EngineError, FrozenError, UnknownNameError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
@@ -138,7 +138,7 @@ class EngineIO:
         for t in self.tensors:
             if t.name == name:
                 return t
-        raise KeyError(f"engine {self.name!r} has no tensor {name!r}")
+        raise UnknownNameError(f"engine {self.name!r} has no tensor {name!r}")
 
     def __contains__(self, name: object) -> bool:
         return any(t.name == name for t in self.tensors)
@@ -162,26 +162,15 @@ class EngineIO:
         return {"name": self.name, "num_profiles": self.num_profiles, "tensors": [t.to_dict() for t in self.tensors]}
 
 
-def _release_graphs(backend: Backend, graphs: dict[tuple[Any, ...], int], name: str) -> None:
-    """Finalizer backstop of an executor never closed: free its graphs, warn, never raise."""
-    if not any(graphs.values()):
-        return
-    try:
-        destroy_graphs(backend, graphs)
-    except Exception:  # the driver may already be gone at interpreter exit
-        return
-    warnings.warn(f"trtio executor {name!r} was never closed; its CUDA graphs were freed by the garbage collector",
-                  ResourceWarning, stacklevel=2)
-
-
-class ContextMemory:
+class ContextMemory(Closeable):
     """One USER_MANAGED device buffer that several execution contexts share.
 
     Sized to the maximum over the engines and their profiles; the contexts must run serially
     (one stream, or streams ordered with events), as base and draft do.
 
-    :meth:`close` is refused (:class:`FrozenError`) while an open executor uses the memory: its
-    execution context (and any graph captured from it) would run in freed memory.
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` frees the memory, and is
+    refused (:class:`FrozenError`) while an open executor uses it: its execution context (and any
+    graph captured from it) would run in freed memory.
     """
 
     def __init__(self, nbytes: int, *, backend: Backend | str | None = None, name: str = "context_memory") -> None:
@@ -191,6 +180,7 @@ class ContextMemory:
         base = self._tensor.data_ptr
         self.ptr = (base + CONTEXT_MEMORY_ALIGNMENT - 1) // CONTEXT_MEMORY_ALIGNMENT * CONTEXT_MEMORY_ALIGNMENT
         self._users: weakref.WeakSet[EngineExecutor] = weakref.WeakSet()  # executors whose contexts use it
+        self._init_lifetime(f"context memory {name!r}")  # the tensor frees itself if this is never closed
 
     @staticmethod
     def required_bytes(engine: Any) -> int:
@@ -207,14 +197,6 @@ class ContextMemory:
     @property
     def capacity(self) -> int:
         return self.nbytes
-
-    @property
-    def is_closed(self) -> bool:
-        return self._tensor.is_closed
-
-    def _check_open(self) -> None:
-        if self._tensor.is_closed:
-            raise ClosedError(f"context memory {self._tensor.name!r} is closed")
 
     def _add_user(self, executor: EngineExecutor) -> None:
         self._check_open()
@@ -237,25 +219,19 @@ class ContextMemory:
                 f"{need} bytes (max of device_memory_size_v2 and every profile); size it with "
                 f"ContextMemory.for_engines([...]) over every engine that shares it")
 
-    def close(self) -> None:
-        """Free the memory. Idempotent; refused (:class:`FrozenError`) while an open executor uses it."""
-        if self._tensor.is_closed:
-            return
+    def _closable(self) -> bool:
         users = sorted(e.name for e in list(self._users) if not e.is_closed)
         if users:
             raise FrozenError(f"context memory {self._tensor.name!r} is used by open executor(s) {users}: freeing "
                               f"it would leave their execution contexts (and captured graphs) running in freed "
                               f"memory; close the executors (or the setup) first")
+        return super()._closable()
+
+    def _close_owned(self) -> None:
         self._tensor.close()
 
-    def __enter__(self) -> ContextMemory:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = ", closed" if self._tensor.is_closed else ""
+        state = ", closed" if self._closed else ""
         return f"ContextMemory({self.nbytes} bytes at 0x{self.ptr:x}{state})"
 
 
@@ -275,7 +251,7 @@ class DeviceWork(Protocol):
     captured with the engine in one graph. Hashable; equal values are the same work (they read what they
     need, e.g. row indices, from device memory when they run)."""
 
-    def enqueue(self, stream: Any) -> None: ...
+    def enqueue(self, stream: Stream) -> None: ...
 
 
 @dataclass
@@ -309,11 +285,49 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         Tensor.view_changes += 1
 
 
+def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profile: int) -> list[str]:
+    """What is wrong with binding ``t`` at ``shape`` to the engine tensor ``info`` on ``profile``: dtype,
+    location, rank (nothing more is checked at a wrong rank), fixed dims, the profile range, capacity."""
+    kind = "input" if info.is_input else "output"
+    problems = []
+    if t.dtype is not info.dtype:
+        problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is {info.dtype}")
+    want_device = info.location is Location.DEVICE
+    if want_device != (t.location is Location.DEVICE):
+        problems.append(f"{info.name}: location {t.location} (tensor {t.name!r}) but the engine {kind} "
+                        f"lives on {'the device' if want_device else 'the host'}")
+    if len(shape) != len(info.shape):
+        problems.append(f"{info.name}: shape {_fmt(shape)} has rank {len(shape)} but the engine {kind} "
+                        f"{_fmt(info.shape)} has rank {len(info.shape)}")
+        return problems
+    fixed = [(i, d, e) for i, (d, e) in enumerate(zip(shape, info.shape)) if e >= 0 and d != e]
+    if fixed:
+        i, d, e = fixed[0]
+        problems.append(f"{info.name}: shape {_fmt(shape)} has {d} in dim {i} where the engine {kind} "
+                        f"{_fmt(info.shape)} fixes {e}")
+    if info.is_input and info.profiles:
+        lo, _, hi = info.profiles[profile]
+        if any(d < a or d > b for d, a, b in zip(shape, lo, hi)):
+            problems.append(f"{info.name}: shape {_fmt(shape)} is outside profile {profile}'s range "
+                            f"min {_fmt(lo)} .. max {_fmt(hi)}")
+    need = t.dtype.nbytes(math.prod(shape))
+    if need > t.capacity:
+        problems.append(f"{info.name}: shape {_fmt(shape)} needs {need} bytes but tensor {t.name!r} "
+                        f"holds {t.capacity} bytes")
+    return problems
+
+
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
-class EngineExecutor:
-    """One execution context of an engine, bound to trtio tensors (see module docstring)."""
+class EngineExecutor(Closeable):
+    """One execution context of an engine, bound to trtio tensors (see module docstring).
+
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` destroys the captured graphs,
+    drops the execution context and frees the context memory it made for itself (a shared
+    :class:`ContextMemory` stays with its owner); an executor never closed has its graphs destroyed by
+    the garbage collector, with a warning.
+    """
 
     def __init__(self, engine: Any, *, context_memory: ContextMemory | None = None, name: str = "",
                  registry: TensorRegistry | None = None, stable: Iterable[str] = (), graphs: bool = False,
@@ -325,17 +339,20 @@ class EngineExecutor:
         self.graphs_enabled = graphs
         self._backend = get_backend(backend)
         self._stable = set(stable)  # bindings only this executor reshapes (its state): left out of the fast path
-        self._closed = False
         self._own_memory = context_memory is None
-        self.context_memory = context_memory or ContextMemory.for_engines([engine], backend=self._backend)
-        self.context_memory.check(engine, self.name)  # a closed one is refused here
-        trt = module_of(engine)
-        strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
-        self.context = engine.create_execution_context(strategy)
-        if self.context is None:
-            raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
-        self.context.set_device_memory(self.context_memory.ptr, self.context_memory.nbytes)
-        self.context_memory._add_user(self)
+        with contextlib.ExitStack() as undo:  # a constructor that fails frees the memory it made
+            if context_memory is None:
+                context_memory = ContextMemory.for_engines([engine], backend=self._backend)
+                undo.callback(context_memory.close)
+            self.context_memory = context_memory
+            context_memory.check(engine, self.name)  # a closed one is refused here
+            trt = module_of(engine)
+            strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
+            self.context = engine.create_execution_context(strategy)
+            if self.context is None:
+                raise EngineError(f"engine {self.name!r}: create_execution_context returned None")
+            self.context.set_device_memory(context_memory.ptr, context_memory.nbytes)
+            undo.pop_all()
         self._profile: int | None = None
         self._bound_addr: dict[str, int] = {}
         self._bound_shape: dict[str, tuple[int, ...]] = {}
@@ -348,8 +365,8 @@ class EngineExecutor:
         self.graph_stats = GraphStats()
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
-        self._finalizer = weakref.finalize(self, _release_graphs, self._backend, self._graphs, self.name)
-        self._finalizer.atexit = False
+        self._init_lifetime(f"executor {self.name!r}", destroy_graphs, self._backend, self._graphs)
+        self.context_memory._add_user(self)
 
     # -- binding ----------------------------------------------------------------------------------
     def _dummy_ptr(self) -> int:
@@ -369,7 +386,7 @@ class EngineExecutor:
         is told only what changed: a step identical to the previous one makes no TensorRT call.
         """
         if self._closed:
-            raise ClosedError(f"executor {self.name!r} is closed")
+            self._check_open()
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
@@ -388,17 +405,28 @@ class EngineExecutor:
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
 
-    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Any,
+    def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
+        """Check every binding of a step not seen before, bind what changed, and remember it as a plan."""
         self._plan = None
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
         if self.registry is not None:
             dims.check(s for spec in self.registry if spec.name in self.io for s in spec.members())
+        planned, problems = self._planned_bindings(profile, tm, dims)
+        problems += self._alias_problems(tm)
+        if problems:
+            raise BindingError(self.name, problems)
+        self._bind(profile, planned, stream)
+        self._check_output_shapes(planned)
+        self._remember(key, profile, planned, tm)
+
+    def _planned_bindings(self, profile: int, tm: TensorMap,
+                          dims: InferenceDims) -> tuple[list[tuple[TensorInfo, Tensor, tuple[int, ...]]], list[str]]:
+        """(engine tensor, trtio tensor, shape) of every binding that passes its checks, and every problem."""
         problems: list[str] = []
-        planned: list[tuple[Any, Tensor, tuple[int, ...]]] = []
+        planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]] = []
         for info in self.io.tensors:
-            kind = "input" if info.is_input else "output"
             t = tm.get(info.name)
             if t is None:
                 what = "unbound engine input" if info.is_input else "missing output binding"
@@ -407,48 +435,28 @@ class EngineExecutor:
                 continue
             spec = self.registry.get(info.name) if self.registry is not None else None
             shape = spec.resolve(dims) if spec is not None else t._shape
-            bad = False
-            if t.dtype is not info.dtype:
-                problems.append(f"{info.name}: dtype {t.dtype} (tensor {t.name!r}) but the engine {kind} is "
-                                f"{info.dtype}")
-                bad = True
-            want_device = info.location is Location.DEVICE
-            if want_device != (t.location is Location.DEVICE):
-                problems.append(f"{info.name}: location {t.location} (tensor {t.name!r}) but the engine {kind} "
-                                f"lives on {'the device' if want_device else 'the host'}")
-                bad = True
-            if len(shape) != len(info.shape):
-                problems.append(f"{info.name}: shape {_fmt(shape)} has rank {len(shape)} but the engine {kind} "
-                                f"{_fmt(info.shape)} has rank {len(info.shape)}")
-                continue
-            fixed = [(i, d, e) for i, (d, e) in enumerate(zip(shape, info.shape)) if e >= 0 and d != e]
-            if fixed:
-                i, d, e = fixed[0]
-                problems.append(f"{info.name}: shape {_fmt(shape)} has {d} in dim {i} where the engine {kind} "
-                                f"{_fmt(info.shape)} fixes {e}")
-                bad = True
-            if info.is_input and info.profiles:
-                lo, _, hi = info.profiles[profile]
-                if any(d < a or d > b for d, a, b in zip(shape, lo, hi)):
-                    problems.append(f"{info.name}: shape {_fmt(shape)} is outside profile {profile}'s range "
-                                    f"min {_fmt(lo)} .. max {_fmt(hi)}")
-                    bad = True
-            need = t.dtype.nbytes(math.prod(shape))
-            if need > t.capacity:
-                problems.append(f"{info.name}: shape {_fmt(shape)} needs {need} bytes but tensor {t.name!r} "
-                                f"holds {t.capacity} bytes")
-                bad = True
-            if not bad:
+            found = _binding_problems(info, t, shape, profile)
+            if found:
+                problems += found
+            else:
                 planned.append((info, t, shape))
+        return planned, problems
+
+    def _alias_problems(self, tm: TensorMap) -> list[str]:
+        """An output that updates an input in place must be bound to the input's address."""
+        problems = []
         for info in self.io.outputs:
             if info.aliased_input and info.name in tm and info.aliased_input in tm:
                 if tm[info.name].data_ptr != tm[info.aliased_input].data_ptr:
                     problems.append(f"{info.name}: updates {info.aliased_input} in place, so both must be bound to "
                                     f"one address (got 0x{tm[info.name].data_ptr:x} and "
                                     f"0x{tm[info.aliased_input].data_ptr:x})")
-        if problems:
-            raise BindingError(self.name, problems)
+        return problems
 
+    def _bind(self, profile: int, planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], stream: Stream) -> None:
+        """Tell the execution context every address and input shape that changed; one BindingError lists every
+        call TensorRT refused."""
+        problems = []
         ctx = self.context
         self._use_profile(profile, stream)
         for info, t, shape in planned:
@@ -470,14 +478,22 @@ class EngineExecutor:
                     self._bound_shape[info.name] = shape
         if problems:
             raise BindingError(self.name, problems)
+
+    def _check_output_shapes(self, planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]]) -> None:
+        """The shapes the engine computes for its outputs must be the bindings' shapes."""
+        problems = []
         for info, _t, shape in planned:
             if not info.is_input:
-                got = tuple(int(d) for d in ctx.get_tensor_shape(info.name))
+                got = tuple(int(d) for d in self.context.get_tensor_shape(info.name))
                 if got != shape:
                     problems.append(f"{info.name}: the engine computes output shape {_fmt(got)} but the binding "
                                     f"expects {_fmt(shape)}")
         if problems:
             raise BindingError(self.name, problems)
+
+    def _remember(self, key: tuple[Any, ...], profile: int,
+                  planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], tm: TensorMap) -> None:
+        """Keep what this step checked and bound as the plan of ``key``, for the fast path of later steps."""
         all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
         for t, shape, nbytes in all_views:
             t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
@@ -492,7 +508,7 @@ class EngineExecutor:
             self._plans.popitem(last=False)
         tm.add_user(self)
 
-    def _use_profile(self, profile: int, stream: Any) -> None:
+    def _use_profile(self, profile: int, stream: Stream) -> None:
         """Switch the context to optimization ``profile`` on ``stream`` if it is on another one; TensorRT then
         wants every input shape set again."""
         if profile == self._profile:
@@ -505,7 +521,7 @@ class EngineExecutor:
         self._profile = profile
         self._bound_shape.clear()
 
-    def _sync(self, plan: _Plan, stream: Any) -> None:
+    def _sync(self, plan: _Plan, stream: Stream) -> None:
         """Bring the execution context in line with ``plan`` (checked when it was made): only what differs
         from what the context holds is set."""
         if self._synced is plan:
@@ -541,7 +557,7 @@ class EngineExecutor:
         move may read what the engine writes).
         """
         if self._closed:
-            raise ClosedError(f"executor {self.name!r} is closed")
+            self._check_open()
         plan = self._plan
         if plan is None:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
@@ -573,14 +589,14 @@ class EngineExecutor:
         for t in plan.outputs:
             t._last_stream = s
 
-    def _enqueue(self, s: Any, before: tuple[DeviceWork, ...] = ()) -> None:
+    def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:
             work.enqueue(s)
         if not self.context.execute_async_v3(s.handle):
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
                               f"see the trtio.trt log for TensorRT's reason")
 
-    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Any) -> int:
+    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:
         """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
         this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``."""
         snapshot, before = key
@@ -649,17 +665,9 @@ class EngineExecutor:
             self.graph_stats.graphs = 0
 
     # -- lifetime ---------------------------------------------------------------------------------
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        """Destroy graphs, the context and (if owned) the context memory. Idempotent; a failure to
-        destroy or free raises (after everything else was released)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._finalizer.detach()
+    def _close_owned(self) -> None:
+        # Graphs first, then the context, then the memory they ran in; a failure to destroy or free raises
+        # after everything else was released.
         with contextlib.ExitStack() as release:
             if self._own_memory:
                 release.callback(self.context_memory.close)
@@ -667,12 +675,6 @@ class EngineExecutor:
                 release.callback(self._dummy.close)
             self.context = None
             self.clear_graphs()
-
-    def __enter__(self) -> EngineExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"EngineExecutor({self.name!r}, {len(self.io.tensors)} I/O tensors, profile={self._profile})"

@@ -19,6 +19,8 @@ __all__ = [
     "InvalidValueError",
     "InvalidTypeError",
     "UnknownNameError",
+    "ExportError",
+    "NotAvailableError",
 ]
 
 
@@ -67,6 +69,17 @@ class UnknownNameError(TrtioError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ExportError(TrtioError, BufferError):
+    """A tensor cannot be exported through DLPack as asked (a copy, another device, a dtype DLPack cannot
+    carry); a ``BufferError``, as the DLPack protocol requires."""
+
+
+class NotAvailableError(TrtioError, AttributeError):
+    """An attribute the object does not offer: an array interface of memory the interface cannot reach
+    (``__cuda_array_interface__`` of host memory), or any attribute of a read-only object being set. An
+    ``AttributeError``, so that ``hasattr`` and the array protocols' probes read it as absent."""
+
+
 class ShapeError(TrtioError, ValueError):
     """A shape is malformed (negative, non-integer) or does not match what is required."""
 
@@ -82,10 +95,12 @@ class BindingError(TrtioError):
 
 
 class ConfigError(TrtioError, ValueError):
-    """A configuration field has a bad value; ``field`` names it."""
+    """A configuration field has a bad value; ``field`` names it and ``message`` says what is wrong
+    (``str(error)`` is ``"field: message"``)."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        self.message = message
         super().__init__(f"{field}: {message}")
 
 

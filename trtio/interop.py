@@ -34,48 +34,39 @@ reuses memory in that stream's order.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 import numpy as np
 
-from trtio._dlpack import (
-    DLPackView,
-    consume_capsule,
-    contiguous_strides,
-    kDLBfloat,
-    kDLBool,
-    kDLCPU,
-    kDLCUDA,
-    kDLCUDAHost,
-    kDLFloat,
-    kDLInt,
-    kDLUInt,
-)
-from trtio.cuda._hostmem import ALIGNMENT
+from trtio._dlpack import kDLCPU, kDLCUDAHost
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import InvalidTypeError, InvalidValueError, ShapeError, TrtioError
-from trtio.stream import StreamLike, as_stream
+from trtio.errors import InvalidValueError, ShapeError
+from trtio.foreign import (
+    Foreign,
+    asarray,
+    check_host,
+    check_rank,
+    consume,
+    cuda_array_interface,
+    dlpack_device,
+    from_cuda_array_interface,
+    from_dlpack_device,
+    host_array,
+    rank_set,
+)
+from trtio.stream import StreamLike
 from trtio.tensor import Tensor
 
-__all__ = ["as_input", "tensor_from_foreign"]
-
-_DEVICE_NAMES = {kDLCPU: "host (kDLCPU)", kDLCUDA: "CUDA (kDLCUDA)", kDLCUDAHost: "pinned host (kDLCUDAHost)",
-                 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed",
-                 14: "oneAPI"}
-_CODE_NAMES = {kDLInt: "int", kDLUInt: "uint", kDLFloat: "float", kDLBfloat: "bfloat", kDLBool: "bool", 5: "complex"}
-_BY_DLPACK = {member.dlpack: member for member in DType if member.dlpack is not None}
-_FLOATS = (DType.FLOAT32, DType.FLOAT16, DType.BFLOAT16, DType.FP8)
-_INTEGERS = (DType.INT8, DType.INT32, DType.INT64, DType.UINT8)
+__all__ = ["as_input"]
 
 
 # -- the adapter ------------------------------------------------------------------------------------
 
 
-def as_input(obj: Any, what: str, *, dtype: DTypeLike | None, ndim: int | tuple[int, ...] | None,
-             backend: Backend | str | None, stream: StreamLike, device_ok: bool = True) -> np.ndarray | Tensor:
+def as_input(obj: Any, what: str, stream: StreamLike = None, *, dtype: DTypeLike | None,
+             ndim: int | tuple[int, ...] | None, backend: Backend | str | None,
+             device_ok: bool = True) -> np.ndarray | Tensor:
     """``obj`` as a step input named ``what``: a numpy array (host data) or a Tensor (device data).
 
     ``dtype`` is the binding's element type: a device array must have it; host data must be of its kind
@@ -90,115 +81,26 @@ def as_input(obj: Any, what: str, *, dtype: DTypeLike | None, ndim: int | tuple[
     """
     be = get_backend(backend)
     want = None if dtype is None else DType.coerce(dtype)
-    ranks = _ranks(ndim)
+    found_ranks = rank_set(ndim)
     if isinstance(obj, Tensor):
-        return _checked_tensor(obj, what, want, ranks, be, device_ok)
+        return _checked_tensor(obj, what, want, found_ranks, be, device_ok)
     if isinstance(obj, np.ndarray):
-        _check_host(obj, what, want, ranks)
+        check_host(obj, what, want, found_ranks)
         return obj
-    device = _dlpack_device(obj, what)
+    device = dlpack_device(obj, what)
     if device is not None:
         if device[0] in (kDLCPU, kDLCUDAHost):
-            array = _host_array(_consume(obj, what, None), what)
-            _check_host(array, what, want, ranks)
+            array = host_array(consume(obj, what, None), what)
+            check_host(array, what, want, found_ranks)
             return array
-        return _from_dlpack_device(obj, what, device, want, ranks, be, stream, device_ok, name=what)
-    interface = _cuda_array_interface(obj)
+        return _tensor(from_dlpack_device(obj, what, device, want, found_ranks, be, device_ok, stream, name=what))
+    interface = cuda_array_interface(obj)
     if interface is not None:
-        return _from_cuda_array_interface(obj, interface, what, want, ranks, be, stream, device_ok, name=what)
-    array = _asarray(obj, what)
-    _check_host(array, what, want, ranks)
+        return _tensor(from_cuda_array_interface(obj, interface, what, want, found_ranks, be, device_ok, stream,
+                                                 name=what))
+    array = asarray(obj, what)
+    check_host(array, what, want, found_ranks)
     return array
-
-
-def tensor_from_foreign(obj: Any, stream: StreamLike = None, *, name: str = "",
-                        backend: Backend | str | None = None) -> Tensor:
-    """:meth:`Tensor.from_dlpack <trtio.tensor.Tensor.from_dlpack>`: ``obj``'s memory as a non-owning
-    Tensor, without a copy (the producer stays alive while the tensor does).
-
-    ``obj`` has ``__dlpack__`` (or, failing that, ``__cuda_array_interface__``) and is C-contiguous. CUDA
-    memory becomes a DEVICE tensor of ``backend`` (None: the cuda backend), which must be the array's
-    device; the producer's pending work is ordered before ``stream`` (None: the calling thread's trtio
-    default stream). Host memory becomes a HOST tensor (PINNED for 256-byte aligned kDLCUDAHost memory) of
-    ``backend`` (None: the default backend).
-    """
-    what = f"Tensor.from_dlpack({name or type(obj).__name__})"
-    device = _dlpack_device(obj, what)
-    if device is not None:
-        if device[0] in (kDLCPU, kDLCUDAHost):
-            be = get_backend(backend)
-            view = _consume(obj, what, None)
-            found = _dtype_of(view, what)
-            _check_view(what, found, view.shape, None, None, view.is_c_contiguous)
-            pinned = device[0] == kDLCUDAHost and view.data % ALIGNMENT == 0
-            return _wrap(view.data, view.shape, found, Location.PINNED if pinned else Location.HOST, view.owner,
-                         what, be, name=name)
-        be = get_backend("cuda" if backend is None else backend)
-        return _from_dlpack_device(obj, what, device, None, None, be, stream, True, name=name)
-    interface = _cuda_array_interface(obj)
-    if interface is None:
-        raise InvalidTypeError(f"{what}: {type(obj).__name__} has neither __dlpack__ / __dlpack_device__ nor "
-                               "__cuda_array_interface__; pass a torch, CuPy, JAX or numpy array")
-    be = get_backend("cuda" if backend is None else backend)
-    return _from_cuda_array_interface(obj, interface, what, None, None, be, stream, True, name=name)
-
-
-# -- checks -----------------------------------------------------------------------------------------
-
-
-def _ranks(ndim: int | tuple[int, ...] | None) -> tuple[int, ...] | None:
-    if ndim is None:
-        return None
-    return (ndim,) if isinstance(ndim, int) else tuple(ndim)
-
-
-def _rank_text(ranks: tuple[int, ...]) -> str:
-    return " or ".join(str(r) for r in ranks)
-
-
-def _family(dt: DType) -> str:
-    if dt in _FLOATS:
-        return "floating"
-    if dt in _INTEGERS:
-        return "integer"
-    return "bool" if dt is DType.BOOL else dt.name
-
-
-def _numpy_family(dt: np.dtype) -> str | None:
-    if dt.kind == "f":
-        return "floating"
-    if dt.kind in "iu":
-        return "integer"
-    if dt.kind == "b":
-        return "bool"
-    try:
-        return _family(DType.from_numpy(dt))  # ml_dtypes' bfloat16 and float8 (kind 'V')
-    except (TrtioError, ValueError, TypeError):
-        return None
-
-
-def _check_rank(what: str, shape: tuple[int, ...], ranks: tuple[int, ...] | None) -> None:
-    if ranks is not None and len(shape) not in ranks:
-        raise ShapeError(f"{what}: expected {_rank_text(ranks)} dimensions, got {len(shape)}: shape {list(shape)}")
-
-
-def _check_host(array: np.ndarray, what: str, want: DType | None, ranks: tuple[int, ...] | None) -> None:
-    """Host data: the binding's kind of values (converted by the caller) and its rank."""
-    if want is not None and _numpy_family(array.dtype) != _family(want):
-        raise ShapeError(f"{what}: expected {_family(want)} values for a {want} input, got {array.dtype}")
-    _check_rank(what, array.shape, ranks)
-
-
-def _check_view(what: str, found: DType, shape: tuple[int, ...], want: DType | None,
-                ranks: tuple[int, ...] | None, contiguous: bool) -> None:
-    """Memory read in place: exactly the binding's dtype, its rank, and no gaps between elements."""
-    if want is not None and found is not want:
-        raise ShapeError(f"{what}: expected {want} elements, got {found}; trtio reads device arrays in place and "
-                         f"never converts them (convert on the producer's side, e.g. torch: .to(torch.{want}))")
-    _check_rank(what, shape, ranks)
-    if not contiguous:
-        raise ShapeError(f"{what}: a strided (non-contiguous) view of shape {list(shape)}; trtio reads foreign arrays "
-                         "in place and needs them C-contiguous (torch: .contiguous(), CuPy: cupy.ascontiguousarray)")
 
 
 def _checked_tensor(t: Tensor, what: str, want: DType | None, ranks: tuple[int, ...] | None, be: Backend,
@@ -210,7 +112,7 @@ def _checked_tensor(t: Tensor, what: str, want: DType | None, ranks: tuple[int, 
                                 f"the {be.name} backend")
     if want is not None and t.dtype is not want:
         raise ShapeError(f"{what}: expected {want} elements, got tensor {t.name!r} of {t.dtype}")
-    _check_rank(what, shape, ranks)
+    check_rank(what, shape, ranks)
     if device_ok:
         return t
     if t.location is Location.DEVICE:
@@ -220,245 +122,7 @@ def _checked_tensor(t: Tensor, what: str, want: DType | None, ranks: tuple[int, 
     return np.asarray(t)
 
 
-def _check_device(obj: Any, what: str, device: tuple[int, int], be: Backend, device_ok: bool) -> None:
-    """CUDA memory is usable when the step takes it, the backend is CUDA and the device is the backend's."""
-    kind, index = device
-    if kind != kDLCUDA:
-        name = _DEVICE_NAMES.get(kind, f"type {kind}")
-        raise InvalidValueError(f"{what}: {type(obj).__name__} lives in {name} memory (DLPack device {device}); "
-                                "trtio takes host and CUDA memory")
-    _check_cuda(obj, what, index, be, device_ok)
 
 
-def _check_cuda(obj: Any, what: str, index: int | None, be: Backend, device_ok: bool) -> None:
-    where = "CUDA device memory" if index is None else f"CUDA device {index}"
-    if not device_ok:
-        raise InvalidValueError(f"{what}: {type(obj).__name__} is on {where}, but the host reads this input when it "
-                                "lays out the step (reading device memory would synchronise); pass it in host memory "
-                                "(numpy, a CPU tensor)")
-    if be.name != "cuda":
-        raise InvalidValueError(f"{what}: {type(obj).__name__} is on {where}, but the step runs on the {be.name} "
-                                "backend, which has no CUDA device; pass host memory (numpy, a CPU tensor)")
-    if index is not None and index != be.device_id:
-        raise InvalidValueError(f"{what}: {type(obj).__name__} is on CUDA device {index}, the step runs on device "
-                                f"{be.device_id}; move it there first (torch: .to('cuda:{be.device_id}'))")
-
-
-# -- DLPack -----------------------------------------------------------------------------------------
-
-
-def _dlpack_device(obj: Any, what: str) -> tuple[int, int] | None:
-    """``obj.__dlpack_device__()`` as (device type, device id); None when ``obj`` does not speak DLPack."""
-    probe = getattr(obj, "__dlpack_device__", None)
-    if probe is None or not hasattr(obj, "__dlpack__"):
-        return None
-    try:
-        kind, index = probe()
-        return int(kind), int(index)
-    except (TypeError, ValueError) as exc:
-        raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack_device__() did not give a (device type, "
-                               f"device id) pair of ints: {exc}") from None
-
-
-def _consume(obj: Any, what: str, stream: int | None) -> DLPackView:
-    """Ask ``obj`` for a capsule (``stream``: the consumer's CUDA stream handle, None for host memory) and
-    take it over. Producers that predate DLPack 1.0 do not take ``max_version``; they are asked again
-    without it."""
-    exporter = obj.__dlpack__
-    try:
-        try:
-            capsule = exporter(stream=stream, max_version=(1, 0))
-        except TypeError:
-            capsule = exporter(stream=stream)
-    except TypeError as exc:
-        raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack__(stream=...) failed ({exc}); trtio passes "
-                               "its stream so that the producer orders its pending work before it") from None
-    except (BufferError, ValueError, RuntimeError) as exc:
-        raise InvalidValueError(f"{what}: {type(obj).__name__} refused to export itself through DLPack: "
-                                f"{exc}") from None
-    try:
-        return consume_capsule(capsule, obj)
-    except BufferError as exc:
-        raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack__() returned {exc}") from None
-
-
-def _from_dlpack_device(obj: Any, what: str, device: tuple[int, int], want: DType | None,
-                        ranks: tuple[int, ...] | None, be: Backend, stream: StreamLike, device_ok: bool, *,
-                        name: str) -> Tensor:
-    """A DLPack array in device memory as a DEVICE Tensor: checked where it lives, then exported with trtio's
-    stream (the producer orders its pending work before it), then checked for dtype, rank and layout."""
-    _check_device(obj, what, device, be, device_ok)
-    view = _consume(obj, what, as_stream(stream, be).handle)
-    found = _dtype_of(view, what)
-    _check_view(what, found, view.shape, want, ranks, view.is_c_contiguous)
-    return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=name)
-
-
-def _dtype_of(view: DLPackView, what: str) -> DType:
-    found = _BY_DLPACK.get((view.type_code, view.bits)) if view.lanes == 1 else None
-    if found is None:
-        code = _CODE_NAMES.get(view.type_code, f"type code {view.type_code}")
-        lanes = f" x {view.lanes} lanes" if view.lanes != 1 else ""
-        raise InvalidTypeError(f"{what}: DLPack elements {code}{view.bits}{lanes} have no trtio dtype; trtio takes "
-                               + ", ".join(str(d) for d in _BY_DLPACK.values()))
-    return found
-
-
-class _HostMemory:
-    """An ``__array_interface__`` over memory a DLPack capsule gave; numpy keeps it (and so the capsule's
-    owner) as the array's base."""
-
-    __slots__ = ("__array_interface__", "_owner")
-
-    def __init__(self, interface: dict[str, Any], owner: object) -> None:
-        self.__array_interface__ = interface
-        self._owner = owner
-
-
-def _host_array(view: DLPackView, what: str) -> np.ndarray:
-    found = _dtype_of(view, what)
-    _check_view(what, found, view.shape, None, None, view.is_c_contiguous)
-    element = found.numpy
-    if element is None:
-        raise ShapeError(f"{what}: host {found} values need ml_dtypes to be read as numpy (pip install ml_dtypes)")
-    if not view.data or 0 in view.shape:
-        return np.empty(view.shape, element)  # nothing to read; DLPack allows a null address here
-    # bf16 and fp8 have no standard typestr: read their bytes as unsigned ints, then view them as the type.
-    typestr = found.typestr or f"<u{found.itemsize}"
-    interface = {"shape": view.shape, "typestr": typestr, "data": (view.data, view.read_only), "strides": None,
-                 "version": 3}
-    array = np.asarray(_HostMemory(interface, view.owner))
-    return array if array.dtype == element else array.view(element)
-
-
-# -- CUDA array interface ---------------------------------------------------------------------------
-
-
-def _cuda_array_interface(obj: Any) -> dict[str, Any] | None:
-    try:
-        interface = obj.__cuda_array_interface__
-    except AttributeError:  # trtio's own tensors raise it for host memory
-        return None
-    return interface if isinstance(interface, dict) else None
-
-
-def _from_cuda_array_interface(obj: Any, interface: dict[str, Any], what: str, want: DType | None,
-                               ranks: tuple[int, ...] | None, be: Backend, stream: StreamLike, device_ok: bool, *,
-                               name: str) -> Tensor:
-    """A CUDA array interface (v3) array as a DEVICE Tensor, after ordering its ``stream`` before ours."""
-    _check_cuda(obj, what, None, be, device_ok)
-    shape, found, ptr, strides, producer = _parse_interface(interface, what)
-    contiguous = strides is None or 0 in shape or all(
-        dim == 1 or got == need * found.itemsize for dim, got, need in zip(shape, strides, contiguous_strides(shape)))
-    _check_view(what, found, shape, want, ranks, contiguous)
-    index = _pointer_device(be, ptr)
-    if index is not None and index != be.device_id:
-        _check_cuda(obj, what, index, be, device_ok)
-    s = as_stream(stream, be)
-    if producer is not None and producer != s.handle:
-        _order_after(be, producer, s.handle)
-    return _wrap(ptr, shape, found, Location.DEVICE, obj, what, be, name=name)
-
-
-def _parse_interface(interface: dict[str, Any], what: str
-                     ) -> tuple[tuple[int, ...], DType, int, tuple[int, ...] | None, int | None]:
-    """(shape, dtype, address, strides in bytes or None, the producer's stream or None) of a CAI dict."""
-    def bad(detail: str) -> InvalidTypeError:
-        return InvalidTypeError(f"{what}: __cuda_array_interface__ {detail}")
-
-    try:
-        shape = tuple(int(d) for d in interface["shape"])
-        typestr = str(interface["typestr"])
-        ptr, _read_only = interface["data"]
-        ptr = int(ptr or 0)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise bad(f"lacks a valid shape, typestr or data ({type(exc).__name__}: {exc})") from None
-    if interface.get("mask") is not None:
-        raise bad("has a mask; trtio takes unmasked arrays")
-    try:
-        found = DType.from_numpy(np.dtype(typestr))
-    except (TrtioError, ValueError, TypeError):
-        raise InvalidTypeError(f"{what}: elements of type {typestr!r} have no trtio dtype; trtio takes "
-                               + ", ".join(repr(d.typestr) for d in DType if d.typestr)) from None
-    if np.dtype(typestr).byteorder == ">":
-        raise bad(f"typestr {typestr!r} is big-endian; CUDA memory is little-endian")
-    strides = interface.get("strides")
-    stream = interface.get("stream")
-    if stream is not None:
-        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)) or int(stream) <= 0:
-            raise InvalidValueError(f"{what}: __cuda_array_interface__ stream {stream!r} is not a stream handle "
-                                    "(v3 allows None, 1, 2 or a handle; 0 is not allowed)")
-        stream = int(stream)
-    return shape, found, ptr, None if strides is None else tuple(int(s) for s in strides), stream
-
-
-def _pointer_device(be: Backend, ptr: int) -> int | None:
-    """The CUDA device ``ptr`` belongs to, where the driver can tell (None: it cannot, or no driver)."""
-    from trtio.cuda.device import CudaBackend
-
-    if not ptr or not isinstance(be, CudaBackend):
-        return None
-    try:
-        from cuda.bindings import driver
-
-        err, ordinal = driver.cuPointerGetAttribute(
-            driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-    except Exception:  # no driver, or a pointer CUDA does not know
-        return None
-    return int(ordinal) if int(err) == 0 else None
-
-
-class _OrderEvent:
-    """One event per thread and backend, recorded on a producer's stream and waited for by trtio's. One
-    suffices: a wait takes the event as it was recorded when the wait was enqueued."""
-
-    __slots__ = ("handle", "__weakref__")
-
-    def __init__(self, be: Backend) -> None:
-        self.handle = be.create_event()
-        weakref.finalize(self, be.destroy_event, self.handle)
-
-
-class _ThreadEvents(threading.local):
-    def __init__(self) -> None:
-        self.events: dict[int, tuple[Backend, _OrderEvent]] = {}
-
-
-_thread_events = _ThreadEvents()
-
-
-def _order_after(be: Backend, producer: int, consumer: int) -> None:
-    """Make stream ``consumer`` wait for the work enqueued on stream ``producer`` so far (no host sync)."""
-    held = _thread_events.events.get(id(be))
-    if held is None or held[0] is not be:
-        held = _thread_events.events[id(be)] = (be, _OrderEvent(be))
-    event = held[1].handle
-    be.record_event(event, producer)
-    be.wait_event(consumer, event)
-
-
-# -- results ----------------------------------------------------------------------------------------
-
-
-def _wrap(ptr: int, shape: tuple[int, ...], dtype: DType, location: Location, owner: object, what: str,
-          be: Backend, *, name: str) -> Tensor:
-    nbytes = dtype.nbytes(int(np.prod(shape, dtype=np.int64)))
-    if location is not Location.HOST and nbytes and ptr % ALIGNMENT:
-        raise InvalidValueError(
-            f"{what}: its address 0x{ptr:x} is not {ALIGNMENT}-byte aligned (off by {ptr % ALIGNMENT}: a view into "
-            f"another array?); trtio tensors need {ALIGNMENT}-byte aligned {location} addresses: pass an array of its "
-            "own (torch: .clone(), CuPy: .copy())")
-    return Tensor.wrap(ptr if nbytes else 0, shape, dtype, location, owner, name=name, backend=be)
-
-
-def _asarray(obj: Any, what: str) -> np.ndarray:
-    """Anything else (lists, scalars, objects numpy reads) as numpy; what numpy cannot make an array of
-    numbers from is refused."""
-    try:
-        array = np.asarray(obj)
-    except (TypeError, ValueError) as exc:
-        raise ShapeError(f"{what}: cannot read {type(obj).__name__} as an array ({exc})") from None
-    if array.dtype.kind not in "biuf" and _numpy_family(array.dtype) is None:
-        raise InvalidTypeError(f"{what}: expected an array of numbers (numpy, a list, or any array with __dlpack__ or "
-                               f"__cuda_array_interface__), got {type(obj).__name__} (read as {array.dtype})")
-    return array
+def _tensor(f: Foreign) -> Tensor:
+    return Tensor.wrap(f.ptr, f.shape, f.dtype, f.location, f.owner, name=f.name, backend=f.backend)

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import ALIGNMENT, host_view
 from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CudaError, InvalidValueError, TrtioError
+from trtio.errors import CudaError, InvalidTypeError, InvalidValueError, TrtioError, UnknownNameError
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
@@ -46,7 +47,7 @@ class TensorRequest:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
-            raise TypeError(f"TensorRequest: name must be a str, got {self.name!r}")
+            raise InvalidTypeError(f"TensorRequest: name must be a str, got {self.name!r}")
         # Normalised in place: the one place a frozen dataclass may set its own fields.
         object.__setattr__(self, "shape", normalize_shape(self.shape, f"shape of tensor {self.name!r}"))
         try:
@@ -117,7 +118,8 @@ class MemoryReport:
         for e in self.entries:
             if e.name == name:
                 return e
-        raise KeyError(name)
+        raise UnknownNameError(f"memory report {self.title!r} has no entry {name!r}; it holds "
+                               f"{[e.name for e in self.entries]}")
 
     @classmethod
     def combine(cls, title: str, reports: Iterable[MemoryReport]) -> MemoryReport:
@@ -206,19 +208,20 @@ class Arena(Closeable):
     """One backend allocation per location, carved into aligned tensor slices.
 
     Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` closes every slice and
-    frees the blocks; a failed free raises (naming the arena) and the arena is closed anyway.
+    frees the blocks; a failed free raises :class:`CudaError` naming the arena and the block (every
+    other block is freed first), and the arena is closed anyway.
     """
 
     def __init__(self, requests: Sequence[TensorRequest], *, backend: Backend | str | None = None,
                  title: str = "arena", alignment: int = ALIGNMENT) -> None:
         for i, r in enumerate(requests):
             if not isinstance(r, TensorRequest):
-                raise TypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
+                raise InvalidTypeError(f"arena {title!r}: request {i} is a {type(r).__name__}, not a TensorRequest")
         names = [r.name for r in requests]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise TrtioError(f"{title}: tensor names must be unique, repeated: {sorted(dup)}")
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment % ALIGNMENT:
+        if not is_int(alignment) or alignment <= 0 or alignment % ALIGNMENT:
             raise InvalidValueError(f"arena {title!r}: alignment {alignment!r} must be a positive multiple of "
                                     f"{ALIGNMENT} (TensorRT's address alignment)")
         self._backend = get_backend(backend)
@@ -284,7 +287,7 @@ class Arena(Closeable):
         try:
             return self._tensors[name]
         except KeyError:
-            raise KeyError(f"{self._what} has no tensor {name!r}; it holds {sorted(self._tensors)}") from None
+            raise UnknownNameError(f"{self._what} has no tensor {name!r}; it holds {sorted(self._tensors)}") from None
 
     @property
     def allocation_count(self) -> int:
@@ -304,11 +307,6 @@ class Arena(Closeable):
             rep.allocations[str(loc)] = 1
         return rep
 
-    def close(self) -> None:
-        """Close every slice and free the blocks. Idempotent; a failed free raises :class:`CudaError`
-        naming the arena and the block (every other block is freed first), and the arena is closed anyway."""
-        super().close()
-
     def _close_owned(self) -> None:
         for t in self._tensors.values():
             t._unfreeze()
@@ -326,8 +324,8 @@ class HostStaging(Closeable):
     finished before overwriting it, then issues the copy on ``stream`` and records the fence.
     When the previous upload is already done, as in steady state, nothing synchronises.
 
-    The pair owns its fence event, not its tensors (they belong to an arena). It follows trtio's
-    close protocol (:mod:`trtio._lifetime`).
+    The pair owns its fence event, not its tensors (they belong to an arena): :meth:`close` destroys
+    the event. It follows trtio's close protocol (:mod:`trtio._lifetime`).
     """
 
     def __init__(self, host: Tensor, device: Tensor, backend: Backend) -> None:
@@ -379,10 +377,6 @@ class HostStaging(Closeable):
         self._fence.record(s)
         self._pending = True
         return dev
-
-    def close(self) -> None:
-        """Destroy the fence event (the tensors belong to their arena). Idempotent."""
-        super().close()
 
     def _close_owned(self) -> None:
         self._fence.close()

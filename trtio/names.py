@@ -7,6 +7,9 @@ layers are numbered separately, as in Edge-LLM.
 
 from __future__ import annotations
 
+from trtio._checks import check_int
+from trtio.errors import InvalidValueError
+
 # -- LLM core ---------------------------------------------------------------------------------
 kInputsEmbeds = "inputs_embeds"
 kPleTokenEmbedsTemplate = "ple_token_embeds"
@@ -111,9 +114,7 @@ kDenoisedTrajectory = "denoised_trajectory"
 
 
 def _layer(template: str, i: int) -> str:
-    if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-        raise ValueError(f"layer index for {template!r} must be a non-negative int, got {i!r}")
-    return f"{template}_{i}"
+    return f"{template}_{check_int(i, f'layer index for {template!r}', minimum=0, error=InvalidValueError)}"
 
 
 def past_key_values(i: int) -> str:

@@ -21,6 +21,7 @@ from trtio._hashing import hash_once
 from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend, destroy_graphs
+from trtio.errors import InvalidTypeError, InvalidValueError, ShapeError
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
@@ -69,7 +70,7 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
         for label, idx, cap in (("source", s_idx, src_cap), ("destination", d_idx, dst_cap)):
             bad = np.flatnonzero(idx >= cap)
             if bad.size:
-                raise ValueError(f"{what}: {label} row {int(idx[bad[0]])} at index {int(bad[0])} is outside the "
+                raise InvalidValueError(f"{what}: {label} row {int(idx[bad[0]])} at index {int(bad[0])} is outside the "
                                  f"{cap} rows of the tensor")
         # Rows as single void elements: numpy moves each with one memcpy.
         out = _rows(d_ptr, dst_cap, row_bytes)
@@ -110,7 +111,7 @@ def _host_work(be: Backend, stream: Stream, run: Any) -> None:
     """Enqueue ``run`` (the host backend's version of a kernel) in ``stream``'s order."""
     launch = getattr(be, "launch_host_func", None)
     if launch is None:
-        raise TypeError(f"backend {be.name!r} cannot run host work in stream order")
+        raise InvalidTypeError(f"backend {be.name!r} cannot run host work in stream order")
     launch(stream.handle, run)
 
 
@@ -242,8 +243,8 @@ class CopyJobs:
         for i, (dst, _src) in enumerate(spans):
             for j, (other_dst, other_src) in enumerate(spans):
                 if i != j and any(_overlap(dst, r) for r in (other_dst, other_src) if r is not None):
-                    raise ValueError(f"CopyJobs: copy {i} writes memory that copy {j} reads or writes; such copies "
-                                     f"must run one after the other")
+                    raise InvalidValueError(f"CopyJobs: copy {i} writes memory that copy {j} reads or writes; such "
+                                            f"copies must run one after the other")
 
     def enqueue(self, stream: Stream) -> None:
         first = self.copies[0]
@@ -282,7 +283,7 @@ def fuse(copies: Sequence[Any]) -> tuple[Any, ...]:
 
     for c in copies:
         if not isinstance(c, (RowCopy, Zero, Copy2D)):
-            raise TypeError(f"fuse: {type(c).__name__} is not a copy (RowCopy, Zero or Copy2D)")
+            raise InvalidTypeError(f"fuse: {type(c).__name__} is not a copy (RowCopy, Zero or Copy2D)")
     if len(copies) < 2:
         return tuple(copies)
     return tuple(CopyJobs(tuple(copies[i:i + MAX_COPY_JOBS])) for i in range(0, len(copies), MAX_COPY_JOBS))
@@ -390,7 +391,7 @@ class KVCommit(Closeable):
             rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride).astype(np.int64)
             start, n = rows[:, 0], rows[:, 1]
             if (n < 1).any() or (n + 2 > stride).any():
-                raise ValueError(f"commit_kv: path lengths {n.tolist()} do not fit rows of {stride} ints")
+                raise ShapeError(f"commit_kv: path lengths {n.tolist()} do not fit rows of {stride} ints")
             j = np.arange(stride - 2)[None, :]
             seq, at = np.nonzero((j > 0) & (j < n[:, None]))  # every node after each root moves
             src, dst = start[seq] + rows[seq, 2 + at], start[seq] + at
@@ -399,14 +400,14 @@ class KVCommit(Closeable):
                 pages = pages.reshape(batch, 2, lay.max_pages).astype(np.int64)
                 page = lay.capacity
                 if (np.maximum(src, dst) // page >= lay.max_pages).any():
-                    raise ValueError(f"commit_kv: a slot past the {lay.max_pages} pages of a sequence")
+                    raise InvalidValueError(f"commit_kv: a slot past the {lay.max_pages} pages of a sequence")
                 # Entry rows in a pool viewed [2P * page, H * D]: K pieces (table row 0), then V (row 1).
                 s_rows = np.concatenate([pages[seq, h, src // page] * page + src % page for h in (0, 1)])
                 d_rows = np.concatenate([pages[seq, h, dst // page] * page + dst % page for h in (0, 1)])
             else:
                 cap = lay.capacity
                 if (np.maximum(src, dst) >= cap).any():
-                    raise ValueError(f"commit_kv: a slot past the cache capacity {cap}")
+                    raise InvalidValueError(f"commit_kv: a slot past the cache capacity {cap}")
                 heads = np.arange(lay.heads)
                 # Entry rows in a cache viewed [B * H * C, D]: one piece per head.
                 s_rows = ((seq[:, None] * lay.heads + heads) * cap + src[:, None]).reshape(-1)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio.errors import CapacityError, TrtioError
 
 __all__ = ["PagePool", "PageTable", "Prefix", "StepPages"]
@@ -264,20 +265,20 @@ class PageTable:
         return found
 
 
-class Prefix:
+class Prefix(Closeable):
     """A pinned prefix: the KV entries of a sequence's first :attr:`tokens` tokens, kept alive (also after
     the sequence ends) for later prefills to start from (``prefill(..., prefix=P)``).
 
-    Made by a setup's ``pin_prefix``; :meth:`release` (or leaving a ``with`` block) gives its pages back
-    once no sequence uses them. Full pages are shared by every sequence that starts from it; the partly
-    filled last page is copied for each before it writes there."""
+    Made by a setup's ``pin_prefix``; :meth:`release` (the close protocol's ``close``, or leaving a
+    ``with`` block) gives its pages back once no sequence uses them. Full pages are shared by every sequence
+    that starts from it; the partly filled last page is copied for each before it writes there."""
 
     def __init__(self, owner: object, tokens: int, pages: dict[str, list[int]], pools: dict[str, PagePool]) -> None:
         self._owner = owner
         self._tokens = tokens
         self._pages = pages
         self._pools = pools
-        self._released = False
+        self._init_lifetime(f"prefix of {tokens} tokens")
 
     @property
     def tokens(self) -> int:
@@ -286,10 +287,11 @@ class Prefix:
 
     @property
     def is_released(self) -> bool:
-        return self._released
+        return self._closed
 
     def pages(self, role: str) -> list[int]:
         """The pages of the engine ``role`` the prefix holds (its last one partly filled, unless whole)."""
+        self._check_open()
         return list(self._pages[role])
 
     def check(self, owner: object, what: str) -> None:
@@ -297,23 +299,17 @@ class Prefix:
         if owner is not self._owner:
             raise TrtioError(f"{what}: this prefix was pinned by another setup; a prefix starts sequences of the "
                              f"setup that pinned it")
-        if self._released:
+        if self._closed:
             raise TrtioError(f"{what}: this prefix was released; pin it again with pin_prefix()")
 
     def release(self) -> None:
         """Give the prefix's pages back (those no sequence holds go back to the pool). Idempotent."""
-        if self._released:
-            return
-        self._released = True
+        self.close()
+
+    def _close_owned(self) -> None:
         for role, pages in self._pages.items():
             self._pools[role].drop(pages)
 
-    def __enter__(self) -> Prefix:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
     def __repr__(self) -> str:
-        state = "released" if self._released else "pinned"
+        state = "released" if self._closed else "pinned"
         return f"Prefix(tokens={self._tokens}, {state})"

@@ -267,7 +267,7 @@ class PipelineIO(Closeable):
     _spec_staging: dict[str, HostStaging]
     _owned: contextlib.ExitStack
 
-    def __init__(self, layout: PipelineLayout, contract: Contract, stream: StreamLike, backend: Backend) -> None:
+    def __init__(self, layout: PipelineLayout, contract: Contract, backend: Backend, stream: StreamLike = None) -> None:
         """Internal: use :meth:`create_for_llm` or :meth:`create_for_spec_decode`. Zeroes the layout's
         ``zeroed`` members on ``stream``; a failure frees everything made so far."""
         self._init_lifetime("PipelineIO")
@@ -316,7 +316,7 @@ class PipelineIO(Closeable):
         cfg.validate()
         contract = contract_named(cfg.contract)
         layout = contract.pipeline_layout(cfg, None, cfg.max_supported_batch_size)
-        io = cls(layout, contract, stream, get_backend(backend))
+        io = cls(layout, contract, get_backend(backend), stream)
         log.debug("PipelineIO.create_for_llm: %s", io._arena)
         return io
 
@@ -340,7 +340,7 @@ class PipelineIO(Closeable):
                              f"max_supported_batch_size), got {max_runtime_batch_size!r}")
         b = int(b)
         contract = contract_named(bundle.base.contract)
-        return cls(contract.pipeline_layout(bundle.base, bundle, b), contract, stream, get_backend(backend))
+        return cls(contract.pipeline_layout(bundle.base, bundle, b), contract, get_backend(backend), stream)
 
     # -- freezing -------------------------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -364,6 +364,13 @@ class PipelineIO(Closeable):
     @property
     def backend(self) -> Backend:
         return self._backend
+
+    def member(self, name: str) -> Tensor:
+        """The member tensor ``name`` of this layout (the seed's, or its contract's: ``positions``, ...)."""
+        if name not in self._members:
+            raise UnknownNameError(f"PipelineIO has no member {name!r} (its layout has {sorted(self._members)})")
+        found: Tensor = getattr(self, name)
+        return found
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -499,21 +506,16 @@ class PipelineIO(Closeable):
             parts.append(rep)
         return MemoryReport.combine(self._arena.report().title, parts)
 
-    def close(self) -> None:
-        """Free everything (the arena, the streaming buffers, the fences). Idempotent.
-
-        Refused (:class:`FrozenError`) while an open executor has a tensor map of this PipelineIO
-        bound: its engine (and any captured graph) would write to freed memory. Close the setup, or
-        the executors, first.
-        """
-        if self._closed:
-            return
+    def _closable(self) -> bool:
+        """``close()`` (which frees the arena, the streaming buffers and the fences) is refused
+        (:class:`FrozenError`) while an open executor has a tensor map of this PipelineIO bound: its engine
+        (and any captured graph) would write to freed memory. Close the setup, or the executors, first."""
         users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena))
                        | {u for t in self._standalone.values() for u in open_binders(t)})
         if users:
             raise FrozenError(f"PipelineIO is bound by open executor(s) {users}: freeing it would leave their "
                               f"engines (and captured graphs) writing to freed memory; close the setup first")
-        super().close()
+        return True
 
     def _close_owned(self) -> None:
         object.__setattr__(self, "_frozen", False)

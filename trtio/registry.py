@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
+from trtio.errors import InvalidValueError, ShapeError
 
 __all__ = ["Dim", "ProfileShapes", "TensorRegistry", "TensorSpec"]
 
@@ -95,9 +96,9 @@ class TensorRegistry:
 
     def add(self, spec: TensorSpec) -> None:
         if spec.name in self._specs:
-            raise ValueError(f"registry {self.role!r}: {spec.name!r} is declared twice")
+            raise InvalidValueError(f"registry {self.role!r}: {spec.name!r} is declared twice")
         if len(spec.shape) > 8:
-            raise ValueError(f"registry {self.role!r}: {spec.name!r} has rank {len(spec.shape)} > 8")
+            raise ShapeError(f"registry {self.role!r}: {spec.name!r} has rank {len(spec.shape)} > 8")
         self._specs[spec.name] = spec
 
     def merged(self, specs: Iterable[TensorSpec]) -> TensorRegistry:

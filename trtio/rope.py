@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import check_int, is_int
 from trtio.errors import ConfigError, ShapeError
 
 __all__ = ["ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
@@ -56,10 +57,6 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-
-
 def _check_number(name: str, v: Any, *, low: float, inclusive: bool = True) -> float:
     """``v`` as a float, or ConfigError naming ``name`` if it is not a finite number in range."""
     relation = ">=" if inclusive else ">"
@@ -68,12 +65,6 @@ def _check_number(name: str, v: Any, *, low: float, inclusive: bool = True) -> f
     if v < low or (not inclusive and v == low):
         raise ConfigError(name, f"expected a number {relation} {low:g}, got {v!r}")
     return float(v)
-
-
-def _check_int(name: str, v: Any, *, low: int) -> int:
-    if not _is_int(v) or v < low:
-        raise ConfigError(name, f"expected an int >= {low}, got {v!r}")
-    return int(v)
 
 
 def _check_bool(name: str, v: Any) -> bool:
@@ -95,7 +86,7 @@ def _check_section(name: str, v: Any) -> tuple[int, ...]:
     if isinstance(v, (str, bytes)) or not isinstance(v, Sequence) or len(v) != 3:
         raise ConfigError(name, f"expected 3 ints (temporal, height, width frequency counts), got {v!r}")
     for x in v:
-        if not _is_int(x) or x < 0:
+        if not is_int(x) or x < 0:
             raise ConfigError(name, f"expected 3 ints >= 0, got {v!r}")
     return tuple(int(x) for x in v)
 
@@ -170,8 +161,9 @@ class RopeScaling:
             if v is not None:
                 self._set(name, _check_number(self._key(name), v, low=0.0, inclusive=False))
         if self.original_max_position_embeddings is not None:
-            self._set("original_max_position_embeddings", _check_int(
-                self._key("original_max_position_embeddings"), self.original_max_position_embeddings, low=1))
+            key = self._key("original_max_position_embeddings")
+            self._set("original_max_position_embeddings",
+                      check_int(self.original_max_position_embeddings, key, minimum=1, error=ConfigError))
         if self.truncate is not None:
             _check_bool(self._key("truncate"), self.truncate)
         for name in ("short_factor", "long_factor"):
@@ -260,7 +252,7 @@ class RopeScaling:
 
 
 def _check_rotary_dim(rotary_dim: Any) -> int:
-    if not _is_int(rotary_dim) or rotary_dim <= 0 or rotary_dim % 2:
+    if not is_int(rotary_dim) or rotary_dim <= 0 or rotary_dim % 2:
         raise ConfigError("rotary_dim", f"expected a positive even int, got {rotary_dim!r}")
     return int(rotary_dim)
 
@@ -268,7 +260,7 @@ def _check_rotary_dim(rotary_dim: Any) -> int:
 def _needs_max_positions(max_position_embeddings: int | None, why: str) -> int:
     if max_position_embeddings is None:
         raise ConfigError("max_position_embeddings", f"is required {why}")
-    return _check_int("max_position_embeddings", max_position_embeddings, low=1)
+    return check_int(max_position_embeddings, "max_position_embeddings", minimum=1, error=ConfigError)
 
 
 def _yarn(rotary_dim: int, theta: float, s: RopeScaling, factor: float, base_inv: np.ndarray) -> np.ndarray:
@@ -339,9 +331,9 @@ def rope_parameters(rotary_dim: int, theta: float, scaling: RopeScaling | None =
         raise ConfigError("theta", f"expected a finite number > 0 (rope_theta), got {theta!r}")
     theta = float(theta)
     if max_position_embeddings is not None:
-        _check_int("max_position_embeddings", max_position_embeddings, low=1)
+        check_int(max_position_embeddings, "max_position_embeddings", minimum=1, error=ConfigError)
     if seq_len is not None:
-        _check_int("seq_len", seq_len, low=0)
+        check_int(seq_len, "seq_len", minimum=0, error=ConfigError)
     half = rotary_dim // 2
     # Same expression as the unscaled table always used, so that table stays bit-identical.
     base_inv: np.ndarray = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / rotary_dim)
@@ -421,8 +413,8 @@ def rope_cos_sin_table(max_positions: int, rotary_dim: int, theta: float = 10000
     array owned by the caller.
     """
     _check_rotary_dim(rotary_dim)
-    _check_int("max_positions", max_positions, low=0)
-    _check_int("batch", batch, low=1)
+    check_int(max_positions, "max_positions", minimum=0, error=ConfigError)
+    check_int(batch, "batch", minimum=1, error=ConfigError)
     inv_freq, attention_factor = rope_parameters(rotary_dim, theta, scaling,
                                                  max_position_embeddings=max_position_embeddings,
                                                  seq_len=max_positions)

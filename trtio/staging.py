@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
@@ -57,8 +58,9 @@ def _ring_name(names: Sequence[str]) -> str:
     return f"host_ring_{names[0]}" if names else "host_ring"
 
 
-class StepStaging:
-    """Per-step device tensors with a pinned twin block (see module docstring)."""
+class StepStaging(Closeable):
+    """Per-step device tensors with a pinned twin block (see module docstring). Follows the close protocol:
+    :meth:`close` releases the fences (the arena stays its owner's)."""
 
     def __init__(self, arena: Arena, names: Sequence[str], *, title: str) -> None:
         """``arena`` holds each ``name`` in device memory and its pinned twin ``host_<name>``, each set
@@ -113,7 +115,7 @@ class StepStaging:
         self._group: list[int] = []  # slots uploaded since the last fence, all on _group_stream
         self._group_stream: Stream | None = None
         self._groups = 0  # fences recorded (the next one is _fences[_groups % RING_SLOTS])
-        self._closed = False
+        self._init_lifetime(title)
         self.uploads = 0  # copies made: a step that leaves device-made values in the block compares it
         self.fence_waits = 0  # host waits the fence forced (telemetry)
         self.skipped = 0  # writes of a constant the device block already held (telemetry)
@@ -226,23 +228,9 @@ class StepStaging:
         for n in names:
             held.pop(n, None)
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _close_owned(self) -> None:
         self._held.clear()
         self._written.clear()
         with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
             for ev in self._fences:
                 release.callback(ev.close)
-
-    def __enter__(self) -> StepStaging:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-

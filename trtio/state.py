@@ -2,7 +2,7 @@
 
 The state owns its bindings' specs. It derives them from the engine's declared I/O (rank, fixed
 dims, profile max) and checks them against the config; the executor takes every state binding's
-shape from here, so no registry repeats it. Two KV layouts exist (DESIGN §7, §11):
+shape from here, so no registry repeats it. Two KV layouts exist, one per engine I/O contract:
 
 * ``"contiguous"`` — ``k_cache_i`` / ``v_cache_i`` ``[B, Hkv, C, D]`` (TensorRT's KVCacheUpdate layer),
   aliased by ``present_k_cache_i`` / ``present_v_cache_i``, plus ``kvcache_start_index``. Allocated at
@@ -19,6 +19,7 @@ host mirror of the tokens each sequence slot has committed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from trtio import names
-from trtio._lifetime import open_binders
+from trtio._lifetime import Closeable, open_binders
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
@@ -257,15 +258,16 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
     return problems
 
 
-class EngineState:
+class EngineState(Closeable):
     """The in-place state of one engine (see module docstring).
 
     ``cfg`` (optional) is checked against the engine's declared state; without it only the engine's
-    own consistency is checked.
+    own consistency is checked. Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close`
+    frees the state's memory, and is refused (:class:`FrozenError`) while an open executor binds it.
     """
 
-    def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, *, max_batch: int,
-                 backend: Backend | str | None = None, name: str = "", stream: StreamLike = None,
+    def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, stream: StreamLike = None, *,
+                 max_batch: int, backend: Backend | str | None = None, name: str = "",
                  page_table: Tensor | None = None) -> None:
         """``page_table`` (paged caches): the int32 [max_batch, 2, M] table a setup stages each step's rows
         into (pages on demand); without it the state owns a table mapping slot ``b`` to pages ``b*M ..
@@ -275,7 +277,8 @@ class EngineState:
         self.pairs = engine_io.state_pairs()
         self.layout = kv_layout(engine_io)
         be = get_backend(backend)
-        self._closed = False
+        s = as_stream(stream, be)  # orders the page table's and the cache table's first upload
+        self._init_lifetime(f"engine state {self.name!r}")  # what it owns frees itself if this is never closed
         self._maps: list[TensorMap] = []
         problems = state_problems(engine_io, cfg, max_batch, pages_on_demand=page_table is not None)
         if problems:
@@ -320,12 +323,15 @@ class EngineState:
         requests.append(TensorRequest.of("kv_cache_table", (max(len(self._kv_caches), 1),), DType.INT64))
         requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 3 + MAX_PATH_MOVES),
                                                            DType.INT32)])
-        self._arena = Arena(requests, backend=be, title=f"{self.name} state")
-        try:
+        with contextlib.ExitStack() as undo:  # a constructor that fails frees what it made
+            self._arena = Arena(requests, backend=be, title=f"{self.name} state")
+            undo.callback(self._arena.close)
             self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+            undo.callback(self._staging.close)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
+            undo.callback(self._moves.close)
             self._move_rows = np.zeros(max_batch * (3 + MAX_PATH_MOVES), np.int32)
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
@@ -336,17 +342,15 @@ class EngineState:
                 m = self.pages_per_sequence
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
                 rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
-                self.page_table.copy_from(rows, as_stream(stream, be))
+                self.page_table.copy_from(rows, s)
             cache_table = self._arena["kv_cache_table"]
             self._commit: KVCommit | None = None
             if self._kv_caches:
                 ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
-                cache_table.copy_from(ptrs, as_stream(stream, be))
+                cache_table.copy_from(ptrs, s)
                 self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(),
                                         self.page_table)
-        except BaseException:
-            self._arena.close()
-            raise
+            undo.pop_all()
         self.lengths = np.zeros(max_batch, dtype=np.int64)
 
     # -- binding ----------------------------------------------------------------------------------
@@ -464,36 +468,20 @@ class EngineState:
         self._check_open()
         return self._arena.report()
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"engine state {self.name!r} is closed")
-
-    def close(self) -> None:
-        """Free the state. Refused (:class:`FrozenError`) while an open executor binds it."""
-        if self._closed:
-            return
+    def _closable(self) -> bool:
         users = sorted({u for tm in self._maps for u in tm.open_users()} | set(open_binders(self._arena)))
         if users:
             raise FrozenError(f"engine state {self.name!r} is bound by open executor(s) {users}: freeing it would "
                               f"leave their engines writing to freed memory; close the setup first")
-        self._closed = True
-        if self._commit is not None:
-            self._commit.close()
-        self._staging.close()
-        self._moves.close()
-        for t in self._arena.tensors.values():
-            t._unfreeze()
-        self._arena.close()
+        return super()._closable()
 
-    def __enter__(self) -> EngineState:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _close_owned(self) -> None:
+        with contextlib.ExitStack() as release:  # each part is released even if another fails
+            release.callback(self._arena.close)  # it unfreezes its tensors (bound in frozen maps) first
+            release.callback(self._moves.close)
+            release.callback(self._staging.close)
+            if self._commit is not None:
+                release.callback(self._commit.close)
 
     def __repr__(self) -> str:
         return (f"EngineState({self.name!r}, {self.layout}, {len(self.pairs)} pairs, "

@@ -1,13 +1,20 @@
-"""Streams and events: thin owners of backend handles.
+"""Streams and events: thin owners of backend handles, and trtio's one rule for ``stream=``.
 
-Anything stream-ordered in trtio takes ``stream=``; :func:`as_stream` converts what callers
-pass (a :class:`Stream`, an int handle, any object with ``__cuda_stream__`` such as a torch,
-CuPy or cuda.core stream, or None for trtio's own default stream) once, at the API boundary.
-trtio never falls back to CUDA's legacy default stream.
+The stream rule
+---------------
+Every stream-ordered call in trtio takes ``stream: StreamLike = None`` as its last
+positional-or-keyword parameter (options after it are keyword-only), so ``t.copy_from(x, s)`` and
+``t.copy_from(x, stream=s)`` both work everywhere. The call converts it once, at its entry, with
+:func:`as_stream` (:data:`StreamLike`: a :class:`Stream`, an int handle, or any object with
+``__cuda_stream__`` such as a torch, CuPy or cuda.core stream), and orders all its work on it.
 
-Default streams are per thread: ``stream=None`` means the calling thread's own trtio default
-stream of the backend (see :meth:`Stream.default`), so threads that each capture CUDA graphs with
-``stream=None`` never record each other's work.
+``stream=None`` means the same thing everywhere: the calling thread's trtio default stream of the
+backend the call works on (:meth:`Stream.default`), a non-blocking stream of that thread's own, so
+threads that each capture CUDA graphs with ``stream=None`` never record each other's work. It is
+never CUDA's legacy default stream, which trtio does not use at all (handles 0 and 1 are refused).
+
+The one exception is ``Tensor.__dlpack__(stream=...)``, whose keyword and meaning the DLPack
+protocol fixes: it is the consumer's stream handle, which trtio orders after its own writes.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, get_backend
-from trtio.errors import InvalidValueError
+from trtio.errors import InvalidTypeError, InvalidValueError
 
 __all__ = ["Stream", "Event", "StreamLike", "SupportsCudaStream", "as_stream"]
 
@@ -58,7 +66,8 @@ def _stream_handle(obj: object) -> tuple[int, str]:
         try:
             _version, value = got
         except (TypeError, ValueError):
-            raise TypeError(f"{where} returned {got!r}; the CUDA stream protocol returns (version, handle)") from None
+            raise InvalidTypeError(f"{where} returned {got!r}; the CUDA stream protocol returns "
+                                   "(version, handle)") from None
     elif type(obj).__name__ in ("Stream", "ExternalStream") and isinstance(
             getattr(obj, "cuda_stream", getattr(obj, "ptr", None)), int):
         # torch.cuda.Stream before it had __cuda_stream__ (.cuda_stream); cupy.cuda.Stream (.ptr).
@@ -71,9 +80,9 @@ def _stream_handle(obj: object) -> tuple[int, str]:
         where = "stream handle"
         value = obj
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{where}: {value!r} is a bool, not a stream handle")
-    if not isinstance(value, (int, np.integer)):
-        raise TypeError(
+        raise InvalidTypeError(f"{where}: {value!r} is a bool, not a stream handle")
+    if not is_int(value):
+        raise InvalidTypeError(
             f"cannot make a stream of {type(obj).__name__} {obj!r}: expected a trtio.Stream, an int handle "
             "or an object with __cuda_stream__ (cuda.core, PyTorch, CuPy streams)")
     handle = int(value)
@@ -91,8 +100,9 @@ def _stream_handle(obj: object) -> tuple[int, str]:
 class Stream(Closeable):
     """A stream handle on a backend: owned (destroyed on close), borrowed, or a thread's default stream.
 
-    Follows trtio's close protocol (:mod:`trtio._lifetime`), except that a default stream cannot
-    be closed (see :meth:`default`).
+    Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` destroys an owned stream
+    (a failure raises, and the stream is closed anyway) and forgets a borrowed one. A thread's default
+    stream cannot be closed: ``close()`` leaves it open (see :meth:`default`).
     """
 
     __slots__ = ("_handle", "_backend", "_owned", "_is_default")
@@ -128,7 +138,8 @@ class Stream(Closeable):
         if isinstance(handle, Stream):
             return _same_backend(handle, backend)
         if handle is None:
-            raise TypeError("Stream.from_handle(None): None means the thread's default stream; use Stream.default()")
+            raise InvalidTypeError("Stream.from_handle(None): None means the thread's default stream; "
+                                   "use Stream.default()")
         raw, where = _stream_handle(handle)
         be = get_backend(backend)
         if be.knows_stream(raw) is False:
@@ -181,18 +192,11 @@ class Stream(Closeable):
         """Make this stream wait for ``event`` (no host synchronisation)."""
         self._check_open()
         if not isinstance(event, Event):
-            raise TypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
+            raise InvalidTypeError(f"{self._what}: wait() takes a trtio.Event, got {type(event).__name__} {event!r}")
         event.wait(self)
 
-    def close(self) -> None:
-        """Destroy an owned stream; borrowed streams are only forgotten. Idempotent.
-
-        A failure to destroy the stream raises (the stream is closed anyway). On a thread's
-        default stream this does nothing: it cannot be closed (see :meth:`default`).
-        """
-        if self._is_default:
-            return
-        super().close()
+    def _closable(self) -> bool:
+        return not self._is_default and super()._closable()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._handle == self._handle and other._backend is self._backend
@@ -232,7 +236,8 @@ def as_stream(stream: StreamLike, backend: Backend | str | None = None) -> Strea
 
 
 class Event(Closeable):
-    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`)."""
+    """A synchronisation event (no timing); follows trtio's close protocol (:mod:`trtio._lifetime`):
+    :meth:`close` destroys it, and a failure to destroy it raises (the event is closed anyway)."""
 
     __slots__ = ("_handle", "_backend")
 
@@ -275,10 +280,6 @@ class Event(Closeable):
     def query(self) -> bool:
         """True when the recorded work has finished."""
         return self._backend.query_event(self.handle)
-
-    def close(self) -> None:
-        """Destroy the event. Idempotent; a failure to destroy it raises (the event is closed anyway)."""
-        super().close()
 
     def __repr__(self) -> str:
         return f"Event(0x{self._handle:x}, {self._backend.name}{', closed' if self._closed else ''})"

@@ -24,11 +24,24 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable, mark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CapacityError, ClosedError, CudaError, FrozenError, InvalidValueError, ShapeError, TrtioError
+from trtio.errors import (
+    CapacityError,
+    ClosedError,
+    CudaError,
+    ExportError,
+    FrozenError,
+    InvalidTypeError,
+    InvalidValueError,
+    NotAvailableError,
+    ShapeError,
+    TrtioError,
+)
+from trtio.foreign import read_foreign
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
 __all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
@@ -42,7 +55,7 @@ _NULL_PAGE = 4096  # the first page is never mapped (Linux's mmap_min_addr is at
 
 def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
     """Validate a shape (a sequence of non-negative ints) and return it as a tuple of int."""
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+    if type(shape) is not tuple and is_int(shape):
         shape = (shape,)
     try:
         dims = tuple(shape)
@@ -50,11 +63,13 @@ def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
         raise ShapeError(f"{what} must be a sequence of ints, got {shape!r}") from None
     out = []
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-            raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
+        if type(d) is not int:  # the common case costs one test: steps reshape every step
+            if not is_int(d):
+                raise ShapeError(f"{what} {dims!r} has a non-integer dimension {d!r}")
+            d = int(d)
         if d < 0:
-            raise ShapeError(f"{what} {dims!r} has a negative dimension {int(d)}")
-        out.append(int(d))
+            raise ShapeError(f"{what} {dims!r} has a negative dimension {d}")
+        out.append(d)
     return tuple(out)
 
 
@@ -67,8 +82,8 @@ def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int
     need = dtype.nbytes(volume(shape))
     if capacity is None:
         return need
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
+    if not is_int(capacity):
+        raise InvalidTypeError(f"tensor {name!r}: capacity must be an int number of bytes, got {capacity!r}")
     cap = int(capacity)
     if cap < 0:
         raise InvalidValueError(f"tensor {name!r}: capacity {cap} bytes is negative")
@@ -87,9 +102,9 @@ def _short(value: object, limit: int = 40) -> str:
 def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Backend) -> int:
     """Check an address to wrap (see :meth:`Tensor.wrap`) and return it as an int."""
     if isinstance(ptr, (bool, np.bool_)):
-        raise TypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
-    if not isinstance(ptr, (int, np.integer)):
-        raise TypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
+        raise InvalidTypeError(f"tensor {name!r}: {ptr!r} is a bool, not a pointer")
+    if not is_int(ptr):
+        raise InvalidTypeError(f"tensor {name!r}: a pointer is an int address, got {type(ptr).__name__} {ptr!r}")
     address = int(ptr)
     if address < 0:
         raise InvalidValueError(f"tensor {name!r}: pointer {address} is negative; addresses are unsigned")
@@ -137,7 +152,9 @@ class Tensor(Closeable):
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
     (:meth:`wrap`, arena slices, :meth:`view`) keep their ``owner`` alive instead. Tensors follow
-    trtio's close protocol (:mod:`trtio._lifetime`).
+    trtio's close protocol (:mod:`trtio._lifetime`): a failed free raises :class:`CudaError` naming the
+    tensor (closed anyway), and a tensor bound in a frozen tensor map refuses to close
+    (:class:`FrozenError`).
     """
 
     __slots__ = (
@@ -215,8 +232,8 @@ class Tensor(Closeable):
         return cls(address, shape, dt, location, cap, be, name=name, owner=owner)
 
     @classmethod
-    def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, *, name: str = "",
-                   backend: Backend | str | None = None, stream: StreamLike = None) -> Tensor:
+    def from_numpy(cls, array: np.ndarray, location: Location = Location.DEVICE, stream: StreamLike = None, *,
+                   name: str = "", backend: Backend | str | None = None) -> Tensor:
         """A new tensor holding a copy of ``array`` (copied on ``stream``)."""
         array = np.asarray(array)
         t = cls.empty(array.shape, DType.from_numpy(array.dtype), location, name=name, backend=backend)
@@ -240,9 +257,8 @@ class Tensor(Closeable):
         (PINNED for 256-byte aligned pinned memory). The array must be C-contiguous with a dtype trtio
         knows, and device addresses 256-byte aligned. See :mod:`trtio.interop`.
         """
-        from trtio.interop import tensor_from_foreign
-
-        return tensor_from_foreign(obj, stream, name=name, backend=backend)
+        f = read_foreign(obj, stream, name=name, backend=backend)
+        return cls.wrap(f.ptr, f.shape, f.dtype, f.location, f.owner, name=f.name, backend=f.backend)
 
     # -- state ----------------------------------------------------------------------------
     def _live(self) -> None:
@@ -515,15 +531,15 @@ class Tensor(Closeable):
         if isinstance(value, (bool, np.bool_)):
             return np.asarray(value, dtype=npdt).tobytes()
         if not isinstance(value, numbers.Real):
-            raise TypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
-                            f"{_short(value)}")
+            raise InvalidTypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
+                                   f"{_short(value)}")
         if dt is DType.BOOL:
             if value not in (0, 1):
                 raise refuse("a bool tensor takes True, False, 0 or 1")
             return np.asarray(bool(value), dtype=npdt).tobytes()
         if npdt.kind in "iu":
             info = np.iinfo(npdt)
-            if isinstance(value, numbers.Integral):
+            if is_int(value):
                 whole = int(value)
             else:
                 real = float(value)
@@ -551,7 +567,7 @@ class Tensor(Closeable):
             raise refuse(f"{dt} has no infinity (it would be stored as {out})")
         return encoded.tobytes()
 
-    def mark_written(self, stream: StreamLike) -> None:
+    def mark_written(self, stream: StreamLike = None) -> None:
         """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
         self._live()
         self._last_stream = as_stream(stream, self._backend)
@@ -560,13 +576,13 @@ class Tensor(Closeable):
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
         if self._backend.name != "cuda" or self._location is not Location.DEVICE:
-            raise AttributeError(
+            raise NotAvailableError(
                 f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
                 f"{self._backend.name}); use __array_interface__ or to_numpy()")
         self._live()
         typestr = self._dtype.typestr
         if typestr is None:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"tensor {self._name!r}: __cuda_array_interface__ has no type string for {self._dtype}; "
                 f"export with __dlpack__ or view the bytes: tensor.view(trtio.DType.UINT8)")
         stream = self._last_stream
@@ -582,7 +598,7 @@ class Tensor(Closeable):
     @property
     def __array_interface__(self) -> dict[str, Any]:
         if not self.is_host_accessible:
-            raise AttributeError(
+            raise NotAvailableError(
                 f"tensor {self._name!r} is in device memory; use __dlpack__, "
                 f"__cuda_array_interface__ or to_numpy()")
         self._live()
@@ -615,12 +631,12 @@ class Tensor(Closeable):
         self._live()
         device = self.__dlpack_device__()
         if copy is True:
-            raise BufferError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
+            raise ExportError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
         if dl_device is not None and tuple(dl_device) != device:
-            raise BufferError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
+            raise ExportError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
         code = self._dtype.dlpack
         if code is None:
-            raise BufferError(
+            raise ExportError(
                 f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
                 f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
         if device[0] == _DL_CUDA and stream != -1:
@@ -633,9 +649,9 @@ class Tensor(Closeable):
         """The consumer's CUDA stream handle from ``__dlpack__(stream=...)``, as the DLPack standard defines it."""
         if stream is None:
             return 1  # the consumer did not say: CUDA's legacy default stream
-        if isinstance(stream, (bool, np.bool_)) or not isinstance(stream, (int, np.integer)):
-            raise TypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes an int "
-                            f"stream handle, -1 or None")
+        if not is_int(stream):
+            raise InvalidTypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes "
+                                   f"an int stream handle, -1 or None")
         handle = int(stream)
         if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
             raise InvalidValueError(
@@ -659,24 +675,16 @@ class Tensor(Closeable):
     def _unfreeze(self) -> None:
         self._frozen = False
 
-    def close(self) -> None:
-        """Free owned memory (non-owning tensors just drop their owner). Idempotent.
-
-        A failed free raises :class:`CudaError` naming the tensor; the tensor is closed anyway.
-        A frozen tensor (bound in a tensor map) refuses: freeing it would leave an engine
-        binding pointing at freed memory.
-        """
-        if self._closed:
-            return
+    def _closable(self) -> bool:
+        # A frozen tensor (bound in a frozen tensor map) refuses: freeing it would leave an engine binding
+        # pointing at freed memory.
         if self._frozen:
             raise FrozenError(
                 f"tensor {self._name!r} is bound in a frozen tensor map; close its PipelineIO instead")
-        try:
-            super().close()
-        finally:
-            Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
+        return super()._closable()
 
     def _close_owned(self) -> None:
+        Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
         self._owner = None
         self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
         event, self._export_event = self._export_event, None

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from trtio.errors import FrozenError, TrtioError
+from trtio.errors import FrozenError, InvalidTypeError, TrtioError, UnknownNameError
 from trtio.tensor import Tensor, mark_bound_memory
 
 __all__ = ["TensorMap"]
@@ -51,7 +51,7 @@ class TensorMap:
         try:
             return self._map[name]
         except KeyError:
-            raise KeyError(f"tensor map {self.name!r} has no binding {name!r}") from None
+            raise UnknownNameError(f"tensor map {self.name!r} has no binding {name!r}") from None
 
     def get(self, name: str) -> Tensor | None:
         return self._map.get(name)
@@ -79,8 +79,8 @@ class TensorMap:
     def set(self, name: str, tensor: Tensor) -> None:
         """Bind ``name`` to ``tensor``. After freezing, only new names may be bound."""
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"tensor map {self.name!r}: {name!r} must be bound to a trtio.Tensor, "
-                            f"got {type(tensor).__name__}")
+            raise InvalidTypeError(f"tensor map {self.name!r}: {name!r} must be bound to a trtio.Tensor, "
+                                   f"got {type(tensor).__name__}")
         if tensor.is_closed:
             raise TrtioError(f"tensor map {self.name!r}: cannot bind {name!r} to a closed tensor")
         if self._frozen:
@@ -129,10 +129,6 @@ class TensorMap:
             t._unfreeze()
 
     # -- the sanctioned rebinding -----------------------------------------------------------------
-    @property
-    def deepstack_names(self) -> list[str]:
-        return list(self._deepstack_real)
-
     @property
     def uses_deepstack_features(self) -> bool:
         return bool(self._deepstack_real) and all(

@@ -13,15 +13,17 @@ import logging
 import os
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from trtio.edgellm import PLUGIN_LIBRARY
+from trtio.cuda.backend import cuda_available
+from trtio.cuda.device import probe_error
 from trtio.errors import EngineError
 
 __all__ = ["import_trt", "module_of", "load_engine", "load_plugins", "loaded_plugins", "plan_format", "trt_logger",
-           "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_PATH_ENV"]
+           "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_LIBRARY", "PLUGIN_PATH_ENV"]
 
 log = logging.getLogger("trtio.trt")
 
@@ -31,7 +33,10 @@ KNOWN_MODULES = ("tensorrt", "tensorrt_rtx")
 PLAN_MAGICS = {b"ftrt": ("TensorRT", "tensorrt"), b"vtrt": ("TensorRT-RTX", "tensorrt_rtx")}
 #: The environment variable naming Edge-LLM's plugin library (its loader sets it to the library file).
 PLUGIN_PATH_ENV = "EDGELLM_PLUGIN_PATH"
+#: The file name of Edge-LLM's TensorRT plugin library (what ``EDGELLM_PLUGIN_PATH`` names).
+PLUGIN_LIBRARY = "libNvInfer_edgellm_plugin.so"
 
+_KEPT_ERRORS = 20  # TensorRT errors a logger bridge keeps for messages
 _lock = threading.Lock()
 _loggers: dict[str, Any] = {}
 # realpath -> handle. Never unloaded: a plugin library registers creators that TensorRT keeps pointers to.
@@ -95,20 +100,31 @@ def trt_logger(trt: ModuleType) -> Any:
         class _Bridge(trt.ILogger):  # type: ignore[misc, name-defined]
             def __init__(self) -> None:
                 trt.ILogger.__init__(self)
-                self.errors: list[str] = []  # the latest errors, for messages that explain a failure
+                # The latest errors, for messages that explain a failure, and how many were ever logged: a
+                # caller marks the count before a call and reads the errors logged after it.
+                self._errors: deque[str] = deque(maxlen=_KEPT_ERRORS)
+                self.error_count = 0
                 self._errors_lock = threading.Lock()
 
             def log(self, sev: Any, msg: str) -> None:
                 level = levels.get(sev, logging.INFO)
                 if level >= logging.ERROR:
                     with self._errors_lock:
-                        self.errors.append(msg)
-                        del self.errors[:-20]
+                        self._errors.append(msg)
+                        self.error_count += 1
                 log.log(level, "%s", msg)
 
-            def take_errors(self) -> list[str]:
+            def errors_since(self, mark: int) -> list[str]:
+                """The errors logged after :attr:`error_count` was ``mark`` (the latest ones kept)."""
                 with self._errors_lock:
-                    errors, self.errors = self.errors, []
+                    new = min(self.error_count - mark, len(self._errors))
+                    return list(self._errors)[len(self._errors) - new:] if new > 0 else []
+
+            def take_errors(self) -> list[str]:
+                """The errors kept so far, forgetting them (a caller that owns the module's log for a while)."""
+                with self._errors_lock:
+                    errors = list(self._errors)
+                    self._errors.clear()
                 return errors
 
         bridge = _Bridge()
@@ -241,27 +257,25 @@ def load_engine(path: str | os.PathLike[str], module: str | ModuleType = "auto",
     trt = _module_for(module, fmt)
     load_plugins(plugins)
     logger = trt_logger(trt)
-    before = len(logger.errors)
+    mark = logger.error_count
     try:
         runtime = trt.Runtime(logger)
     except Exception as exc:
         raise EngineError(f"{trt.__name__}.Runtime could not be created: {exc}") from exc
     if runtime is None:
         raise EngineError(f"{trt.__name__}.Runtime could not be created (no usable GPU?)")
+    raised: list[str] = []
     try:
         engine = runtime.deserialize_cuda_engine(data)
     except Exception as exc:
         engine = None
-        logger.errors.append(str(exc))
+        raised.append(str(exc))
     if engine is None:
-        why = "; ".join(logger.errors[before:]) or "TensorRT gave no reason"
+        why = "; ".join(logger.errors_since(mark) + raised) or "TensorRT gave no reason"
         head = (f"plan file {path!r} ({len(data)} bytes) could not be deserialized with {trt.__name__} "
                 f"{getattr(trt, '__version__', '?')}")
         if fmt is not None and fmt[1] != trt.__name__ and trt.__name__ in KNOWN_MODULES:
             head += f" (it is a {fmt[0]} plan, which needs {fmt[1]})"
-        from trtio.cuda.backend import cuda_available
-        from trtio.cuda.device import probe_error
-
         if not cuda_available():
             raise EngineError(f"{head}: no usable CUDA device here ({probe_error()}), and TensorRT needs one to "
                               f"load a plan; if the file is also corrupt or truncated, TensorRT's log says so: {why}")

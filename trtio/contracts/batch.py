@@ -20,6 +20,7 @@ from trtio.contracts.contract import (
     Contract,
     DraftLevelPlan,
     EngineView,
+    Pipeline,
     PipelineLayout,
     StepInputs,
     absent,
@@ -37,7 +38,6 @@ from trtio.stream import Stream
 if TYPE_CHECKING:
     from trtio.contracts.ragged import TreeLayout
     from trtio.engine import DeviceWork
-    from trtio.pipeline_io import PipelineIO
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
@@ -98,7 +98,7 @@ class BatchContract(Contract):
             return _llm_layout(base, max_batch)
         return _spec_layout(bundle, max_batch)
 
-    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+    def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         tm.set(names.kContextLengths, io.context_lengths)
         tm.set(names.kLastTokenIds, io.select_token_indices)
         if cfg.is_mrope:
@@ -110,7 +110,7 @@ class BatchContract(Contract):
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return not cfg.is_mrope
 
-    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+    def steps(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         return BatchSteps(io, rope_table)
 
 
@@ -182,7 +182,7 @@ class BatchSteps(StepInputs):
     pairs, the start index through the state's; tree and draft-level inputs laid out on the device from the
     step block (see :mod:`trtio.ops`)."""
 
-    def __init__(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
+    def __init__(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
         super().__init__(io, rope_table)
         self._select_zero_batch: int | None = None  # the batch whose decode selection (all 0) is staged
 

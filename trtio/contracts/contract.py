@@ -25,19 +25,49 @@ from trtio.errors import TrtioError
 from trtio.memory import TensorRequest
 from trtio.ops import RowCopy
 from trtio.registry import TensorRegistry
-from trtio.stream import Stream
+from trtio.stream import Stream, StreamLike
 
 if TYPE_CHECKING:
     from trtio.contracts.ragged import TreeLayout
     from trtio.engine import DeviceWork
     from trtio.ops import DraftTreeBuffers, TreeTargets
-    from trtio.pipeline_io import PipelineIO
     from trtio.staging import StepStaging
     from trtio.state import EngineState
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
-__all__ = ["Contract", "DraftLevelPlan", "EngineView", "PipelineLayout", "StepInputs", "absent"]
+__all__ = ["Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs", "absent"]
+
+
+class Pipeline(Protocol):
+    """What a contract reads of a :class:`~trtio.pipeline_io.PipelineIO`: its sizes, its step block, the
+    members it binds and stages (the seed's, and its own layout's), and the seed's staging calls. The
+    PipelineIO is built from the contract's layout (:meth:`Contract.pipeline_layout`), so the members a
+    contract names are there."""
+
+    max_batch: int
+    is_spec_decode: bool
+    step: StepStaging | None
+    select_token_indices: Tensor
+    context_lengths: Tensor
+    mrope_cos_sin: Tensor
+    packed_attention_mask: Tensor
+    spec_decode_position_ids: Tensor
+    draft_hidden_states_in: Tensor
+    draft_hidden_states_out: Tensor
+    base_hidden_states: Tensor
+    row_scratch: Tensor
+    row_src: Tensor
+    row_dst: Tensor
+
+    def member(self, name: str) -> Tensor:
+        """The member tensor ``name`` (a contract's own: ``query_start_offsets``, ``positions``, ...)."""
+
+    def upload_context_lengths(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
+        """Stage the batch contract's context lengths."""
+
+    def upload_select_token_indices(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
+        """Stage the batch contract's token selection."""
 
 
 class EngineView(Protocol):
@@ -114,7 +144,7 @@ class Contract(abc.ABC):
         """The worst-case buffers of a PipelineIO for one LLM (``bundle`` None) or a spec-decode pair."""
 
     @abc.abstractmethod
-    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+    def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """Add this contract's PipelineIO bindings for an engine of ``cfg`` to ``tm`` (beyond the
         embeddings, logits and deepstack features every contract binds alike)."""
 
@@ -123,10 +153,10 @@ class Contract(abc.ABC):
         """Whether the engine binds the setup's shared RoPE table itself (else its steps gather rows of it)."""
 
     @abc.abstractmethod
-    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+    def steps(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         """A setup's step-input writer on this contract (one per setup)."""
 
-    def page_table(self, io: PipelineIO, role: str) -> Tensor | None:
+    def page_table(self, io: Pipeline, role: str) -> Tensor | None:
         """The page table a paged engine of ``role`` binds, staged per step with its sequences' rows (pages
         on demand); None: the engine state keeps a fixed table of its own."""
         return None
@@ -142,7 +172,7 @@ class StepInputs(abc.ABC):
     Every method is called after the step's inputs were checked and before its engine is enqueued; it
     writes into the PipelineIO's step block (one upload per step) or its staging pairs on ``stream``."""
 
-    def __init__(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
+    def __init__(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
         step = io.step
         if step is None:
             raise TrtioError(f"{type(self).__name__}: the PipelineIO has no step block")

@@ -21,6 +21,7 @@ from trtio.contracts.contract import (
     Contract,
     DraftLevelPlan,
     EngineView,
+    Pipeline,
     PipelineLayout,
     StepInputs,
     absent,
@@ -47,7 +48,6 @@ from trtio.stream import Stream
 
 if TYPE_CHECKING:
     from trtio.engine import DeviceWork
-    from trtio.pipeline_io import PipelineIO
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
@@ -161,34 +161,34 @@ class RaggedContract(Contract):
             zeroed=("execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale", "deepstack_zero",
                     "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"))
 
-    def bind_pipeline(self, io: PipelineIO, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+    def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """The token-major inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of ``query_lengths``;
         RoPE rows are gathered per token into ``ragged_rope_cos_sin``."""
-        tm.set(names.kRopeCosSin, io.ragged_rope_cos_sin)
-        tm.set(names.kPositions, io.positions)
-        tm.set(names.kQueryStartOffsets, io.query_start_offsets)
-        tm.set(names.kQueryLengths, io.query_lengths)
-        tm.set(names.kPastLengths, io.past_lengths)
-        tm.set(names.kAttentionSequenceLengths, io.attention_sequence_lengths)
-        tm.set(names.kStateIndices, io.state_indices)
-        tm.set(names.kExecutionPhaseMarker, io.execution_phase_marker)
-        tm.set(names.kContextSequenceCountCarrier, io.context_sequence_count_carrier)
-        tm.set(names.kLogitsIndices, io.logits_indices)
-        tm.set(names.kSkipSoftmaxScale, io.skip_softmax_scale)
+        tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
+        tm.set(names.kPositions, io.member("positions"))
+        tm.set(names.kQueryStartOffsets, io.member("query_start_offsets"))
+        tm.set(names.kQueryLengths, io.member("query_lengths"))
+        tm.set(names.kPastLengths, io.member("past_lengths"))
+        tm.set(names.kAttentionSequenceLengths, io.member("attention_sequence_lengths"))
+        tm.set(names.kStateIndices, io.member("state_indices"))
+        tm.set(names.kExecutionPhaseMarker, io.member("execution_phase_marker"))
+        tm.set(names.kContextSequenceCountCarrier, io.member("context_sequence_count_carrier"))
+        tm.set(names.kLogitsIndices, io.member("logits_indices"))
+        tm.set(names.kSkipSoftmaxScale, io.member("skip_softmax_scale"))
         if io.is_spec_decode:
             tm.set(names.kPackedAttentionMask, io.packed_attention_mask)
             tm.set(names.kAttentionPositionIds, io.spec_decode_position_ids)
-            tm.set(names.kTreeParentIds, io.spec_tree_parent_ids)
-            tm.set(names.kTreeDepths, io.spec_tree_depths)
-            tm.set(names.kValidTreeCounts, io.query_lengths)
+            tm.set(names.kTreeParentIds, io.member("spec_tree_parent_ids"))
+            tm.set(names.kTreeDepths, io.member("spec_tree_depths"))
+            tm.set(names.kValidTreeCounts, io.member("query_lengths"))
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return False  # each step gathers its tokens' rows from the table
 
-    def steps(self, io: PipelineIO, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
+    def steps(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         return RaggedSteps(io, rope_table)
 
-    def page_table(self, io: PipelineIO, role: str) -> Tensor | None:
+    def page_table(self, io: Pipeline, role: str) -> Tensor | None:
         assert io.step is not None
         return io.step.tensors["draft_kv_page_table" if role == "draft" else "kv_page_table"]
 
@@ -241,7 +241,7 @@ class RaggedSteps(StepInputs):
             step.write("spec_tree_parent_ids", layout.tree_parent_ids)
             step.write("spec_tree_depths", layout.tree_depths)
         step.upload(s)
-        return self.row_copy(io.ragged_rope_cos_sin, table, rows, layout.rows, rope_row_bytes(e.cfg))
+        return self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, layout.rows, rope_row_bytes(e.cfg))
 
     def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
         layout = decode_step(lengths)
@@ -263,7 +263,7 @@ class RaggedSteps(StepInputs):
         return (DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
                               t["positions"], rows if per_slot else None,
                               e.cfg.max_kv_cache_capacity if per_slot else 0),
-                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b, rope_row_bytes(e.cfg)))
+                self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b, rope_row_bytes(e.cfg)))
 
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
              slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
@@ -293,7 +293,7 @@ class RaggedSteps(StepInputs):
             assert rows is not None
             found = self._tree_works.put(key, (
                 TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
-                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w, rope_row_bytes(e.cfg))))
+                self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
         return found
 
     def tree_targets(self, e: EngineView) -> TreeTargets:
@@ -347,7 +347,7 @@ class RaggedSteps(StepInputs):
             assert rows is not None
             found = self._level_works.put(key, (
                 DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared),
-                self.row_copy(self.io.ragged_rope_cos_sin, table, rows, b * w, rope_row_bytes(e.cfg))))
+                self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
         return found
 
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:

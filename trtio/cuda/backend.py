@@ -4,50 +4,24 @@ Two implementations exist: :mod:`trtio.cuda.device` (cuda-python) and :mod:`trti
 (numpy, synchronous). Everything above this layer only talks to the protocol, so all of
 trtio's logic runs, and is tested, on a machine without a GPU.
 
+:class:`Location` (where memory lives) is defined beneath both implementations, in
+:mod:`trtio.cuda._location`; import it from here.
+
 Handles are plain ints: pointers, stream handles, event handles and graph-exec handles.
 Stream-ordered calls take the stream handle as their last argument.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from trtio.cuda._location import Location, LocationLike
+from trtio.cuda.device import CudaBackend, probe_device_count, probe_error
+from trtio.cuda.host import HostBackend
 from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["Backend", "Location", "LocationLike", "cuda_available", "destroy_graphs", "get_backend"]
-
-
-class Location(enum.Enum):
-    """Where a tensor's memory lives."""
-
-    DEVICE = "device"
-    PINNED = "pinned"  # page-locked host memory; async copies, visible to the device
-    HOST = "host"  # pageable host memory (host-located engine tensors, tests)
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def coerce(cls, value: LocationLike, what: str = "location") -> Location:
-        """A Location from a member, its value (``"device"``) or its name (``"DEVICE"``).
-
-        Anything else raises :class:`InvalidValueError` naming ``what`` and the locations that exist.
-        """
-        if isinstance(value, Location):
-            return value
-        if isinstance(value, str):
-            found = _LOCATIONS.get(value.lower())
-            if found is not None:
-                return found
-        raise InvalidValueError(
-            f"{what}: {value!r} is not a memory location; expected one of "
-            + ", ".join(repr(m.value) for m in cls) + " (trtio.Location.DEVICE, PINNED, HOST)")
-
-
-LocationLike: TypeAlias = "Location | str"
-_LOCATIONS = {m.value: m for m in Location}
 
 
 @runtime_checkable
@@ -122,8 +96,6 @@ def cuda_available() -> bool:
     """True when cuda-python loads and reports at least one CUDA device. Never raises."""
     global _cuda_probe
     if _cuda_probe is None:
-        from trtio.cuda.device import probe_device_count
-
         _cuda_probe = probe_device_count() > 0
     return _cuda_probe
 
@@ -162,20 +134,14 @@ def get_backend(kind: str | Backend | None = "auto") -> Backend:
         if backend is None:
             if kind == "cuda":
                 if not cuda_available():
-                    from trtio.cuda.device import probe_error
-
                     raise CudaError(
                         "get_backend('cuda')",
                         None,
                         f"no CUDA device is usable here ({probe_error()}); "
                         "use get_backend('host') or 'auto' on machines without a GPU",
                     )
-                from trtio.cuda.device import CudaBackend
-
                 backend = CudaBackend()
             else:
-                from trtio.cuda.host import HostBackend
-
                 backend = HostBackend()
             _backends[kind] = backend
         return backend

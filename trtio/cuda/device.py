@@ -13,8 +13,8 @@ import threading
 from typing import Any
 
 from trtio.cuda._hostmem import HostHeap, host_fill
-from trtio.cuda.backend import Location
-from trtio.errors import CudaError
+from trtio.cuda._location import Location
+from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["CudaBackend", "probe_device_count", "probe_error"]
 
@@ -149,15 +149,10 @@ class CudaBackend:
     def live_graphs(self) -> int:
         return self._live["graphs"]
 
-    def make_current(self) -> None:
-        """Make this device current on the calling thread (needed once per new thread)."""
-        self._device.set_current()
-        _check("cudaSetDevice", self._rt.cudaSetDevice(self.device_id))
-
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
-            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+            raise InvalidValueError(f"alloc of {nbytes} bytes: size must be positive")
         call = {Location.DEVICE: "cudaMalloc", Location.PINNED: "cudaMallocHost"}.get(location, "malloc")
         if nbytes >= _SIZE_LIMIT:
             raise CudaError(call, "cudaErrorMemoryAllocation", f"{nbytes} bytes of {location} memory asked; "
@@ -244,7 +239,7 @@ class CudaBackend:
             _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr, 8, lo, 1, count, stream))
             _check("cuMemsetD2D32Async", drv.cuMemsetD2D32Async(ptr + 4, 8, hi, 1, count, stream))
         else:
-            raise ValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {width}")
+            raise InvalidValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {width}")
 
     def host_fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
         """Fill pageable host memory after the stream's earlier work (synchronises the stream)."""

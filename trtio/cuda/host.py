@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 
 from trtio.cuda._hostmem import HostHeap, host_fill
-from trtio.cuda.backend import Location
-from trtio.errors import CudaError
+from trtio.cuda._location import Location
+from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["HostBackend"]
 
@@ -83,7 +83,7 @@ class HostBackend:
     def alloc(self, nbytes: int, location: Location) -> int:
         call = _ALLOC_CALL[location]
         if nbytes <= 0:
-            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+            raise InvalidValueError(f"alloc of {nbytes} bytes: size must be positive")
         self._refuse_while_capturing(call, "memory cannot be allocated")
         if nbytes > self._total_memory:
             raise CudaError(call, "cudaErrorMemoryAllocation",
@@ -156,7 +156,7 @@ class HostBackend:
 
     def fill(self, ptr: int, pattern: bytes, count: int, stream: int) -> None:
         if len(pattern) not in (1, 2, 4, 8):
-            raise ValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {len(pattern)}")
+            raise InvalidValueError(f"fill pattern must be 1, 2, 4 or 8 bytes, got {len(pattern)}")
         if count > 0:
             self._run(stream, lambda: host_fill(ptr, pattern, count))
         elif count < 0:

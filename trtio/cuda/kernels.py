@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.errors import CudaError
+from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["KERNEL_NAMES", "MAX_COPY_JOBS", "CopyJob", "CopyJobs", "Launch", "copy_jobs", "kernels"]
 
@@ -352,7 +352,7 @@ def copy_jobs(device_id: int, jobs: Sequence[tuple[int, ...]], span: int, block:
     """The launch of ``trtio_copy_jobs`` for ``jobs``: each (dst, dst_rows, src, src_rows, count, width, dpitch,
     spitch, dst_cap, src_cap), addresses as ints (0: none); rows of ``width`` bytes are split in ``span``s."""
     if not 0 < len(jobs) <= MAX_COPY_JOBS:
-        raise ValueError(f"copy_jobs: {len(jobs)} jobs, expected 1..{MAX_COPY_JOBS}")
+        raise InvalidValueError(f"copy_jobs: {len(jobs)} jobs, expected 1..{MAX_COPY_JOBS}")
     table = CopyJobs(n=len(jobs), span=span)
     first = 0
     for k, job in enumerate(jobs):

@@ -5,7 +5,8 @@ a :class:`SpecDecodeSetup` (base and draft prefill, draft proposal, verify, acce
 ``create_from_engine_dir`` either one for an Edge-LLM engine directory.
 """
 
-from trtio.setups.base import BoundEngine, SetupBase, check_engine
+from trtio.setups.base import SetupBase
+from trtio.setups.binding import BoundEngine, check_engine
 from trtio.setups.engine_dir import create_from_engine_dir
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode

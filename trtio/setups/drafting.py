@@ -22,7 +22,7 @@ from trtio.errors import ShapeError
 from trtio.memory import HostStaging
 from trtio.ops import Copy2D, Zero, fuse
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import BoundEngine
+from trtio.setups.binding import BoundEngine
 from trtio.staging import constant
 from trtio.stream import Stream
 from trtio.tensor import Tensor

@@ -22,15 +22,14 @@ from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import (
+from trtio.setups.base import EngineGraphStats, SetupBase
+from trtio.setups.binding import (
     BoundEngine,
-    EngineGraphStats,
-    SetupBase,
-    _engine_io,
-    _fill_mrope,
-    _RopeTables,
+    RopeTables,
     bind_engine,
     engine_backend,
+    engine_io,
+    fill_mrope,
     with_contract,
 )
 from trtio.setups.sequences import Sequences
@@ -54,13 +53,13 @@ class LLMSetup(SetupBase):
         if cfg.is_draft or cfg.is_spec_decode_base:
             raise ConfigError("engine_role", f"create_for_llm: the config describes a spec-decode {cfg.role}; "
                                              f"use create_for_spec_decode with a DeploymentConfig")
-        cfg = with_contract(cfg, _engine_io(engine, "create_for_llm"), "engine")
+        cfg = with_contract(cfg, engine_io(engine, "create_for_llm"), "engine")
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
         with self._building(stream) as (stack, s):
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
-            self._rope = stack.enter_context(_RopeTables(be))
+            self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
             tm = self.io.build_tensor_map(cfg)
@@ -72,7 +71,7 @@ class LLMSetup(SetupBase):
                                  cfg.activation, Location.PINNED)], backend=be, title="llm staging"))
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be))
-            _fill_mrope(self.io, cfg, s)
+            fill_mrope(self.io, cfg, s)
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()

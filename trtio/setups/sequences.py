@@ -25,7 +25,7 @@ from trtio._checks import is_int
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
 from trtio.pages import PagePool, PageTable, Prefix, StepPages
-from trtio.setups.base import BoundEngine
+from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
 
 __all__ = ["KVPages", "Sequences"]

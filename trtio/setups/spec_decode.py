@@ -41,15 +41,14 @@ from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import (
+from trtio.setups.base import EngineGraphStats, SetupBase
+from trtio.setups.binding import (
     BoundEngine,
-    EngineGraphStats,
-    SetupBase,
-    _engine_io,
-    _fill_mrope,
-    _RopeTables,
+    RopeTables,
     bind_engine,
     engine_backend,
+    engine_io,
+    fill_mrope,
     with_contract,
 )
 from trtio.setups.catch_up import CatchUp
@@ -82,9 +81,9 @@ class SpecDecodeSetup(SetupBase):
         if bundle.draft is None or bundle.spec is None:
             raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec "
                                        "section")
-        base_cfg = with_contract(bundle.base, _engine_io(base_engine, "create_for_spec_decode (base)"),
+        base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"),
                                  "base engine")
-        draft_cfg = with_contract(bundle.draft, _engine_io(draft_engine, "create_for_spec_decode (draft)"),
+        draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
                                   "draft engine")
         if base_cfg.contract != draft_cfg.contract:
             raise ConfigError("contract", f"create_for_spec_decode: the base engine declares the "
@@ -101,7 +100,7 @@ class SpecDecodeSetup(SetupBase):
             self.io = io = stack.enter_context(
                 PipelineIO.create_for_spec_decode(bundle, max_runtime_batch_size, s, backend=be))
             mb = io.max_batch
-            self._rope = stack.enter_context(_RopeTables(be))
+            self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([base_engine, draft_engine],
                                                                                  backend=be))
@@ -123,7 +122,7 @@ class SpecDecodeSetup(SetupBase):
             self._tree = DraftTree(io, self._steps, self.draft, self._extra_arena["draft_tree_words"],
                                    self._extra_arena["draft_tree_nodes"], self._embeds_staging, be, width=w,
                                    base_width=spec.base_output_hidden_dim)
-            _fill_mrope(io, base_cfg, s)
+            fill_mrope(io, base_cfg, s)
             warm_up(be)
         self._trees = VerifyTrees()
         self._paths = AcceptedPaths(mb)

@@ -742,7 +742,8 @@ class _ProgressBar:
         self.stream.flush()
         self._drawn = True
 
-    def close(self) -> None:
+    def clear(self) -> None:
+        """Erase the bar from its line."""
         with self._lock:
             if self._drawn:
                 self.stream.write("\r" + " " * 100 + "\r")
@@ -850,7 +851,7 @@ def build_plan(
         plan = builder.build_serialized_network(network, config)
     finally:
         if bar is not None:
-            bar.close()
+            bar.clear()
     errors = logger.take_errors()
     if plan is None or plan.nbytes == 0:
         detail = "; ".join(errors) if errors else "no error was logged"

@@ -6,21 +6,26 @@ pool, bound under both its input and its ``present_*`` name; the ``kvcache_start
 the ``kv_page_table``) or the shared RoPE table. :func:`binding_labels` names that tensor for every
 engine tensor, by identity, from the setup's own tensor maps; :func:`binding_rows` adds what is bound
 right now (shape, dtype, address); :func:`engine_rows` describes an engine's declared I/O
-(per-profile ranges, aliasing, bytes at the max shape). ``trtio demo`` and ``trtio inspect`` print
-these; every row is a JSON-able dict.
+(per-profile ranges, aliasing, bytes at the max shape); :func:`check_fits` refuses a config whose
+bindings an engine cannot take. ``trtio demo`` and ``trtio inspect`` print these; every row is a
+JSON-able dict.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from trtio import names
+from trtio.config import LLMEngineConfig
+from trtio.contracts import build_registry
 from trtio.engine import EngineIO, TensorInfo
-from trtio.setups import SetupBase
+from trtio.errors import BindingError, ConfigError
+from trtio.setups import SetupBase, check_engine
 from trtio.tensor import Tensor
 
-__all__ = ["binding_capacities", "binding_labels", "binding_rows", "engine_rows", "format_binding_table",
+__all__ = ["binding_capacities", "binding_labels", "binding_rows", "check_fits", "engine_rows", "format_binding_table",
            "format_bytes", "format_engine_table", "format_shape", "setup_engines"]
 
 
@@ -224,3 +229,16 @@ def format_engine_table(rows: list[dict[str, Any]], num_profiles: int) -> list[s
     header += [f"profile {p} min / opt / max" for p in range(num_profiles)]
     header += ["aliases", "bytes at max", "trtio binding"]
     return _table(header, body)
+
+
+def check_fits(eio: EngineIO, cfg: LLMEngineConfig, what: str, config_path: str | os.PathLike[str]) -> None:
+    """Refuse a config the engine cannot serve, listing every disagreement ``check_engine`` finds
+    (what the factories would refuse)."""
+    try:
+        check_engine(eio, build_registry(cfg), cfg)
+        problems = []
+    except BindingError as exc:
+        problems = list(exc.problems)
+    if problems:
+        raise ConfigError(str(config_path), f"does not fit {what} ({len(problems)} problem(s)): "
+                                            + "; ".join(problems))

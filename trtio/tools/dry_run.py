@@ -23,7 +23,7 @@ from typing import Any
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
-from trtio.errors import ConfigError
+from trtio.errors import ConfigError, InvalidValueError
 from trtio.memory import MemoryReport, align_up
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 
@@ -46,7 +46,7 @@ class DryRunBackend(HostBackend):
 
     def alloc(self, nbytes: int, location: Location) -> int:
         if nbytes <= 0:
-            raise ValueError(f"alloc of {nbytes} bytes: size must be positive")
+            raise InvalidValueError(f"alloc of {nbytes} bytes: size must be positive")
         if location is not Location.DEVICE:
             # Host-side buffers are real (small: staging twins), so the host may fill them as in any step.
             ptr = super().alloc(nbytes, location)

@@ -28,7 +28,14 @@ from trtio.config import DeploymentConfig
 from trtio.edgellm import CONFIG_FILES, ENGINE_FILES, EngineDir
 from trtio.engine import EngineIO
 from trtio.errors import ConfigError, TrtioError
-from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_bytes, format_shape
+from trtio.tools.binding_table import (
+    binding_capacities,
+    binding_labels,
+    check_fits,
+    engine_rows,
+    format_bytes,
+    format_shape,
+)
 from trtio.tools.dry_run import dry_run_setup, planned
 
 __all__ = ["RUNTIME_FLAGS", "edgellm_directory", "engine_name", "format_kv_state", "format_runtime",
@@ -105,10 +112,9 @@ def runtime_values(directory: EngineDir, draft_top_k: int | None = None, draft_s
     except ConfigError as exc:
         if exc.field not in RUNTIME_FLAGS:
             raise
-        message = str(exc)[len(exc.field) + 2:]
         defaulted = [f"{RUNTIME_FLAGS[n]} {values[n]}" for n, v in given.items() if v is None]
         note = f" (defaulted: {', '.join(defaulted)})" if defaulted else ""
-        raise ConfigError(RUNTIME_FLAGS[exc.field], message + note) from None
+        raise ConfigError(RUNTIME_FLAGS[exc.field], exc.message + note) from None
     return bundle, {**values, "defaulted": [n for n, v in given.items() if v is None]}
 
 
@@ -172,7 +178,6 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
     directory's deployment (a pair with :func:`runtime_values`' defaults).
     """
     from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
-    from trtio.tools.inspection import check_fits  # noqa: PLC0415 - inspection dispatches here
 
     for plugin in plugins:
         if not Path(plugin).is_file():

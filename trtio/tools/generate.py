@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Location
@@ -114,7 +115,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
             seconds = time.perf_counter() - start
         finally:
             embed.close()
-        text.close()
+        text.end()
     result: dict[str, Any] = {"tokens": sink.count, "seconds": seconds,
                               "tokens_per_second": sink.count / max(seconds, 1e-9), "stopped": sink.stopped, **stats}
     line = f"trtio generate: {sink.count} tokens in {seconds:.3f} s, {result['tokens_per_second']:.1f} tokens/s"
@@ -307,11 +308,12 @@ def _embedding_file(file: Path, cfg: LLMEngineConfig) -> np.ndarray:
 # -- generation -------------------------------------------------------------------------------------
 
 
-class _DeviceEmbedding:
+class _DeviceEmbedding(Closeable):
     """The embedding table on the setup's device and a buffer its rows are gathered into, one copy per token on
     the setup's stream. The buffer is reused: each step reads it on that stream before the next gather writes."""
 
     def __init__(self, table: np.ndarray, setup: LLMSetup | SpecDecodeSetup) -> None:
+        self._init_lifetime("embedding table")
         self._backend = setup.io.backend
         self._table = Tensor.from_numpy(np.ascontiguousarray(table, np.float16), Location.DEVICE,
                                         name="embedding", backend=self._backend)
@@ -330,7 +332,7 @@ class _DeviceEmbedding:
         out.mark_written(stream)
         return out
 
-    def close(self) -> None:
+    def _close_owned(self) -> None:
         self._rows.close()
         self._table.close()
 
@@ -453,7 +455,8 @@ class _TextStream:
             return  # a character whose remaining bytes come with the next token
         self._write(text)
 
-    def close(self) -> None:
+    def end(self) -> None:
+        """Write the rest of the text and end the line."""
         self._write(self._tokenizer.decode(self._ids))
         self._out.write("\n")
         self._out.flush()

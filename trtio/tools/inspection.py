@@ -25,12 +25,16 @@ from typing import Any
 
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig, read_config
-from trtio.contracts import build_registry
 from trtio.engine import EngineIO
-from trtio.errors import BindingError, ConfigError, EngineError
-from trtio.setups import check_engine
+from trtio.errors import ConfigError, EngineError
 from trtio.testing.toy_engines import CONFIG_FILE, PLAN_FILE
-from trtio.tools.binding_table import binding_capacities, binding_labels, engine_rows, format_engine_table
+from trtio.tools.binding_table import (
+    binding_capacities,
+    binding_labels,
+    check_fits,
+    engine_rows,
+    format_engine_table,
+)
 from trtio.tools.dry_run import dry_run_setup, planned
 from trtio.tools.engine_dirs import (
     edgellm_directory,
@@ -100,19 +104,6 @@ def _engine_config(config: LLMEngineConfig | DeploymentConfig, eio: EngineIO) ->
     if names.kBaseModelHiddenStates in eio and config.draft is not None:
         return config.draft
     return config.base
-
-
-def check_fits(eio: EngineIO, cfg: LLMEngineConfig, what: str, config_path: str | os.PathLike[str]) -> None:
-    """Refuse a config the engine cannot serve, listing every disagreement ``check_engine`` finds
-    (what the factories would refuse)."""
-    try:
-        check_engine(eio, build_registry(cfg), cfg)
-        problems = []
-    except BindingError as exc:
-        problems = list(exc.problems)
-    if problems:
-        raise ConfigError(str(config_path), f"does not fit {what} ({len(problems)} problem(s)): "
-                                            + "; ".join(problems))
 
 
 def _labels(config: LLMEngineConfig | DeploymentConfig, cfg: LLMEngineConfig) -> tuple[dict[str, str],
