@@ -551,3 +551,189 @@ def test_from_dlpack_of_a_torch_cuda_tensor_keeps_it_alive(cuda: Any) -> None:
     torch_.cuda.empty_cache()
     assert wrapped.data_ptr == ptr
     np.testing.assert_array_equal(wrapped.to_numpy(), np.arange(512, dtype=np.float32))
+
+
+# -- step inputs through the setups ------------------------------------------------------------------------
+
+
+class DLPackOnly:
+    """A numpy array seen only through ``__dlpack__`` / ``__dlpack_device__`` (what numpy >= 1.22 exports)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._a = array
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> Any:
+        return self._a.__dlpack_device__()
+
+
+def _toy_llm(contract: str) -> Any:
+    from trtio.testing import ReferenceEngine
+    from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines
+
+    if contract == "ragged":
+        cfg = RaggedToyEngines.load().llm_config
+    else:
+        cfg = ToyEngines.load().llm.base
+    return trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg), cfg
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+@pytest.mark.parametrize("kind", ["numpy-dlpack", pytest.param("torch-cpu", marks=needs_torch)])
+def test_a_setup_takes_foreign_host_arrays_as_its_step_inputs(contract: str, kind: str) -> None:
+    """Embeddings and lengths given as foreign host arrays (numpy through DLPack, CPU torch tensors) give the
+    logits numpy inputs give."""
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64)
+    prompts = np.zeros((2, 5, 64), np.float16)
+    prompts[0, :5], prompts[1, :3] = table[[5, 6, 7, 8, 9]], table[[10, 11, 12]]
+    lens = np.array([5, 3], np.int64)
+    step = table[[1, 2]][:, None].astype(np.float16)
+
+    def wrap(a: np.ndarray) -> Any:
+        return DLPackOnly(a) if kind == "numpy-dlpack" else torch.from_numpy(a)
+
+    got, want = [], []
+    for out, conv in ((got, wrap), (want, lambda a: a)):
+        setup, _cfg = _toy_llm(contract)
+        with setup:
+            out.append(setup.prefill(conv(prompts), conv(lens)).to_numpy())
+            out.append(setup.decode(conv(step)).to_numpy())
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+@needs_torch
+def test_a_speculative_setup_takes_trees_paths_and_lengths_as_cpu_tensors() -> None:
+    from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+    from trtio.testing.toy_engines import RaggedToyEngines
+
+    bundle = RaggedToyEngines.load().deployment(1, 2, 3)
+    assert bundle.draft is not None
+    table = toy_embedding(512, 64)
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+
+    def run(conv: Any) -> list[np.ndarray]:
+        with trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device="host", weights=bw),
+                                          ReferenceEngine.from_config(bundle.draft, device="host", weights=dw),
+                                          bundle) as sd:
+            x = table[[[3, 4, 5, 6]]].astype(np.float16)
+            out = [sd.base_prefill(conv(x), conv(np.array([4]))).to_numpy()]
+            out.append(sd.draft_prefill(conv(table[[[4, 5, 6, 7]]].astype(np.float16)), conv(np.array([4]))).to_numpy())
+            out.append(sd.draft_propose(conv(table[[[8]]].astype(np.float16)), parents=conv(np.array([-1]))).to_numpy())
+            out.append(sd.verify(conv(table[[[7, 8, 9]]].astype(np.float16)), conv(np.array([-1, 0, 1]))).to_numpy())
+            sd.accept(conv(np.array([[0, 1]])))
+            out.append(sd.draft_accept(conv(table[[[8, 2]]].astype(np.float16)), conv(np.array([2]))).to_numpy())
+        return out
+
+    for g, w in zip(run(torch.from_numpy), run(lambda a: a)):
+        np.testing.assert_array_equal(g, w)
+
+
+@needs_torch
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda: (torch.arange(256, dtype=torch.float16).reshape(2, 1, 128) / 256)[:, :, ::2],
+     r"inputs_embeds: a strided \(non-contiguous\) view of shape \[2, 1, 64\]"),
+    (lambda: torch.zeros((2, 64), dtype=torch.float16),
+     r"inputs_embeds: expected 3 dimensions, got 2: shape \[2, 64\]"),
+])
+def test_a_setup_refuses_foreign_embeddings_naming_the_input(make: Any, needle: str) -> None:
+    """Foreign arrays are read in place: a strided view is refused (pass it contiguous), as is a wrong rank;
+    before any work, naming the input."""
+    setup, _cfg = _toy_llm("ragged")
+    with setup:
+        setup.prefill(np.zeros((2, 3, 64), np.float16), [3, 3])
+        ops = setup.io.backend.op_count
+        with pytest.raises(ShapeError, match=needle):
+            setup.decode(make())
+        assert setup.io.backend.op_count == ops and setup.lengths.tolist() == [3, 3]
+
+
+def test_a_setup_refuses_device_memory_where_the_host_reads_the_input(fake: FakeCudaBackend) -> None:
+    """Lengths are read by the host when a step is laid out: a device array there is refused (reading it would
+    synchronise), naming the input, before any work."""
+    setup, _cfg = _toy_llm("ragged")
+    with setup:
+        lengths = Producer(_device_tensor(fake, np.array([3, 3], np.int64)), device=(kDLCUDA, 0), shape=(2,),
+                           code=0, bits=64)
+        with pytest.raises(InvalidValueError, match=r"context_lengths: .* is on CUDA device 0, but the host reads "
+                                                    r"this input"):
+            setup.prefill(np.zeros((2, 3, 64), np.float16), lengths)
+        assert setup.batch is None
+
+
+def _gpu_llm(cuda: Any) -> Any:
+    from trtio.testing import ReferenceEngine
+    from trtio.testing.toy_engines import RaggedToyEngines
+
+    pytest.importorskip("cupy")
+    cfg = RaggedToyEngines.load().llm_config
+    return trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="gpu"), cfg, graphs=True, backend=cuda)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lib", ["torch", "cupy"])
+def test_a_greedy_loop_driven_by_device_arrays_gives_the_numpy_tokens_without_host_syncs(cuda: Any, lib: str) -> None:
+    """Embedding gather and argmax on the device (torch or CuPy, on trtio's stream), the setup fed their arrays
+    directly: the tokens of the numpy loop, and no host synchronisation by trtio in any step."""
+    from trtio.testing import greedy_generate, toy_embedding
+
+    table = toy_embedding(512, 64)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    with _gpu_llm(cuda) as setup:
+        want = greedy_generate(setup, table, prompts, 12)
+    step = Stream.create(cuda)
+    x = np.zeros((2, 5, 64), np.float16)
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = table[p]
+    with _gpu_llm(cuda) as setup:
+        if lib == "torch":
+            t = pytest.importorskip("torch")
+            ctx = t.cuda.stream(t.cuda.ExternalStream(step.handle))
+        else:
+            cp = pytest.importorskip("cupy")
+            ctx = cp.cuda.ExternalStream(step.handle)
+        with ctx:
+            if lib == "torch":
+                dev_table = t.from_numpy(table.astype(np.float16)).cuda()
+                logits = setup.prefill(t.from_numpy(x).cuda(), [5, 3], step)
+                toks = [t.from_dlpack(logits).argmax(-1)]
+            else:
+                dev_table = cp.asarray(table.astype(np.float16))
+                logits = setup.prefill(cp.asarray(x), [5, 3], step)
+                toks = [cp.from_dlpack(logits).argmax(-1)]
+            syncs = cuda.sync_count
+            for _ in range(11):
+                logits = setup.decode(dev_table[toks[-1]][:, None], step)
+                toks.append((t.from_dlpack(logits) if lib == "torch" else cp.from_dlpack(logits)).argmax(-1))
+            assert cuda.sync_count == syncs, "no step synchronised the host"
+            got = [[int(v) for v in (tk.cpu().numpy() if lib == "torch" else tk.get())] for tk in toks]
+    assert [[got[s][i] for s in range(12)] for i in range(2)] == want
+    step.close()
+
+
+@pytest.mark.gpu
+def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> None:
+    """The embeddings are written on a side stream behind a long kernel, just before the step runs on trtio's
+    stream: the step's logits are those of the written embeddings, not of the zeros before them."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64)
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]].astype(np.float16), [3])
+        want = setup.decode(table[[[9]]].astype(np.float16)).to_numpy()
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]].astype(np.float16), [3])
+        side = t.cuda.Stream()
+        x = t.zeros((1, 1, 64), device="cuda", dtype=t.float16)
+        t.cuda.synchronize()
+        with t.cuda.stream(side):
+            t.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the write
+            x.copy_(t.from_numpy(table[[[9]]].astype(np.float16)).cuda(non_blocking=True))
+            got = setup.decode(x).to_numpy()
+    np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)

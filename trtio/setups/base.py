@@ -22,6 +22,7 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import InvalidValueError, ShapeError
+from trtio.interop import as_input
 from trtio.memory import Arena, HostStaging, MemoryReport
 from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
@@ -34,7 +35,12 @@ __all__ = ["EngineGraphStats", "SetupBase"]
 
 log = logging.getLogger("trtio")
 
-def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
+def _as_embeds(x: Any, what: str, dtype: DType, hidden: int, backend: Backend, stream: StreamLike) -> Any:
+    """Embeddings ``x`` ([batch, seq, hidden]) checked: a device array (a Tensor, or any foreign array read in
+    place through DLPack or CUDA's array interface, its producer's work ordered before ``stream``) must be of
+    ``dtype``; host data is converted to it (refusing values the conversion would turn into inf or NaN)."""
+    if not isinstance(x, (np.ndarray, Tensor)) and (hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__")):
+        x = as_input(x, what, stream, dtype=dtype if _is_device_array(x) else None, ndim=3, backend=backend)
     if isinstance(x, Tensor):
         shape = x.shape  # checks it is open
         if x.dtype is not dtype or len(shape) != 3 or shape[2] != hidden:
@@ -56,6 +62,17 @@ def _as_embeds(x: Any, what: str, dtype: DType, hidden: int) -> Any:
                                     f"{top:g}); converting {arr.dtype} to {dtype} would make it inf or NaN")
         arr = arr.astype(want)
     return np.ascontiguousarray(arr)
+
+
+def _is_device_array(x: Any) -> bool:
+    """Whether a foreign array lives in device memory (then it is never converted)."""
+    probe = getattr(x, "__dlpack_device__", None)
+    if probe is not None:
+        try:
+            return int(probe()[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
+        except Exception:  # noqa: BLE001 - as_input names what is wrong with it
+            return True
+    return hasattr(x, "__cuda_array_interface__")
 
 
 def ml_max(dtype: np.dtype) -> float:
@@ -160,10 +177,11 @@ class SetupBase(Closeable, abc.ABC):
         """A step's stream (see the class docstring: ``None`` is this thread's default stream)."""
         return as_stream(stream, self._backend)
 
-    def _embeds(self, x: Any, hidden: int, what: str = "inputs_embeds") -> tuple[Any, int, int]:
-        """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy),
-        with its batch and seq; nothing is enqueued."""
-        x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden)
+    def _embeds(self, x: Any, hidden: int, stream: StreamLike, what: str = "inputs_embeds") -> tuple[Any, int, int]:
+        """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy; a
+        device array as it is), with its batch and seq. Nothing is enqueued; a foreign device array's
+        producer is ordered before ``stream`` (the step's)."""
+        x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
 
@@ -261,7 +279,7 @@ class SetupBase(Closeable, abc.ABC):
         prefixes = seqs.prefixes(prefix, b, what)
         past = None
         if past_lengths is not None:
-            arr = np.asarray(past_lengths)
+            arr = np.asarray(self._host_input(past_lengths, "past_lengths"))
             if arr.shape != (b,) or arr.dtype.kind not in "iu":
                 raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
             have = e.state.lengths[rows]
@@ -317,8 +335,8 @@ class SetupBase(Closeable, abc.ABC):
         key = tuple(rows.tolist())
         return self._steps.prompt(e, past, ctx, seq, s, slots=rows, pages=seqs.step_rows(e.role, key))
 
-    def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int,
-                         seq: int) -> list[Any] | None:
+    def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int,
+                         stream: StreamLike = None) -> list[Any] | None:
         """A prefill's deepstack features, checked ([b, seq, hidden] each, one per feature) and converted."""
         n = e.cfg.num_deepstack_features
         if not n:
@@ -331,7 +349,8 @@ class SetupBase(Closeable, abc.ABC):
             raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
         out = []
         for i, f in enumerate(features):
-            x = _as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size)
+            x = _as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size, self._backend,
+                           stream)
             if tuple(x.shape[:2]) != (b, seq):
                 raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
             out.append(x)
@@ -364,8 +383,17 @@ class SetupBase(Closeable, abc.ABC):
         e.executor.execute(s, use_graph=False, before=before)
         e.state.lengths[rows] = ctx if past is None else past + ctx
 
+    def _host_input(self, obj: Any, what: str) -> Any:
+        """An input the host reads when it lays a step out (lengths, trees, parents, paths): Python and numpy
+        values as they are; a foreign array in host memory (a CPU torch tensor) as a numpy view; device
+        memory refused (reading it would synchronise), naming ``what``."""
+        if isinstance(obj, (np.ndarray, list, tuple, int)) or not (
+                hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
+            return obj  # the step's own checks read it, and name what is wrong with it
+        return as_input(obj, what, dtype=None, ndim=None, backend=self._backend, device_ok=False)
+
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
-        arr = np.asarray(ctx)
+        arr = np.asarray(self._host_input(ctx, what))
         if arr.shape != (batch,) or arr.dtype.kind not in "iu":
             raise ShapeError(f"{what}: expected {batch} integer lengths (one per sequence), "
                              f"got {arr.dtype} {arr.shape}")

@@ -125,13 +125,13 @@ class LLMSetup(SetupBase):
         """
         self._check_open()
         e = self._engine
-        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
         rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "prefill")
         dims = self._prefill_dims(e, b, seq, past)
-        features = self._check_deepstack(e, deepstack_embeds, b, seq)
+        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
         # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
         s = self._stream(stream)
         with self._seqs.transaction():
@@ -155,7 +155,7 @@ class LLMSetup(SetupBase):
         seqs, e = self._seqs, self._engine
         if seqs.count == 0:
             raise TrtioError("decode() before prefill(): there is no sequence to continue")
-        x, nb, ns = self._embeds(inputs_embeds, self.cfg.hidden_size)
+        x, nb, ns = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)
         if slots is None and (nb, ns) != (seqs.count, 1) or ns != 1:
             raise ShapeError(f"inputs_embeds: decode takes [batch={seqs.count if slots is None else nb}, 1, "
                              f"{self.cfg.hidden_size}], got [{nb}, {ns}, ...]")

@@ -205,7 +205,7 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_open()
         e = self.base
-        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
             raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
@@ -213,7 +213,7 @@ class SpecDecodeSetup(SetupBase):
             self._between_rounds("base_prefill(slots=...)")
         rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "base_prefill")
         dims = self._prefill_dims(e, b, seq, past)
-        features = self._check_deepstack(e, deepstack_embeds, b, seq)
+        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
         s = self._stream(stream)
         with self._seqs.transaction():
             plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
@@ -242,7 +242,7 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
         e = self.draft
         b0, width, rows = pending.rows.shape[0], pending.width, pending.rows
-        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (b, seq) != (b0, width):
             raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b0}, "
                              f"seq={width}, hidden], got {list(x.shape)}")
@@ -322,11 +322,11 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("draft_propose() needs the draft caught up with the base: call draft_prefill() after "
                              "base_prefill(), or draft_accept() after accept()")
         e = self.draft
-        x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from the prefill's batch {b}")
         tree = self._tree
-        par = tree.check(parents, b, k)
+        par = tree.check(self._host_input(parents, "parents"), b, k)
         order, key, past, _whole = self._step_lengths(e)
         cap, w = e.cfg.max_kv_cache_capacity, tree.width
         if tree.nodes == 0 and int(past.max()) + w > cap:  # a round's levels all write after the lengths it started at
@@ -355,9 +355,9 @@ class SpecDecodeSetup(SetupBase):
         self._check_open()
         b = self._need_batch()
         e = self.base
-        t = self._trees.get(tree, b)
+        t = self._trees.get(self._host_input(tree, "tree"), b)
         n = t.nodes
-        x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
                              f"got {list(x.shape)}")
@@ -393,7 +393,7 @@ class SpecDecodeSetup(SetupBase):
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
-        grid, acc = self._paths.read(paths, b, tree)
+        grid, acc = self._paths.read(self._host_input(paths, "paths"), b, tree)
         n, width = tree.nodes, grid.shape[1]
         s = self._stream(stream)
         order, _key, lengths, whole = self._step_lengths(self.base)
@@ -419,11 +419,11 @@ class SpecDecodeSetup(SetupBase):
         if self._accepted is None:
             raise TrtioError("draft_accept() follows accept(): there are no accepted tokens to catch up on")
         e = self.draft
-        x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size)
+        x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
         acc = self._accepted
-        given = np.asarray(accept_lengths)
+        given = np.asarray(self._host_input(accept_lengths, "accept_lengths"))
         if given.shape != (b,) or given.dtype.kind not in "iu" or not np.array_equal(given, acc):
             checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
             raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed "
