@@ -496,3 +496,204 @@ def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_lo
                 assert_logits(got, want, f"request {req}, round {r}: verify logits")
             for r, (got, want) in enumerate(zip(q["proposed"], solo.seqs[0]["proposed"])):
                 assert_logits(got, want, f"request {req}, round {r}: the draft's first level (its root's hidden)")
+
+
+# -- random admissions, releases and prefixes against a model ----------------------------------------------
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+_CFG = small_pool_cfg(pool=10)
+_TRUTH = Truth(_CFG)
+
+
+class SlotsAndPages(RuleBasedStateMachine):
+    """Random admit / decode / release / pin / unpin / reset against a pure-Python model of the slots (which
+    sequence each holds, its tokens) and the pages (who holds which page): no page or slot is ever lost or
+    held twice, a short pool changes nothing, and every step's logits are those of each sequence alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setup = llm(_CFG, graphs=True)
+        self.tokens: dict[int, list[int]] = {}  # slot -> its sequence's tokens (the model)
+        self.prefixes: list[tuple[Any, list[int]]] = []  # live prefixes and their tokens
+        self.refused = 0
+
+    def teardown(self) -> None:
+        try:
+            if self.tokens:
+                self.setup.release(sorted(self.tokens))
+            for p, _ in self.prefixes:
+                p.release()
+            assert self.setup.kv_pages.free == self.setup.kv_pages.total, "every page came back"
+        finally:
+            self.setup.close()
+
+    # -- what must always hold --
+    @invariant()
+    def slots_and_lengths_are_the_models(self) -> None:
+        assert self.setup.active.tolist() == sorted(self.tokens)
+        assert self.setup.lengths.tolist() == [len(self.tokens[s]) for s in sorted(self.tokens)]
+
+    @invariant()
+    def every_page_is_held_by_whoever_holds_it_and_no_one_else(self) -> None:
+        table = self.setup._seqs.tables["llm"]
+        pool = table.pool
+        holders = np.zeros(pool.total, np.int64)
+        for slot in range(_CFG.max_supported_batch_size):
+            row = table.rows[slot]
+            pages = row[row >= 0]
+            assert slot in self.tokens or pages.size == 0, f"free slot {slot} holds pages"
+            if slot in self.tokens:
+                assert pages.size == -(-len(self.tokens[slot]) // PAGE), "a sequence holds the pages of its tokens"
+                assert len(set(pages.tolist())) == pages.size, "no page twice in one row"
+            holders[pages] += 1
+        for p, _ in self.prefixes:
+            holders[p.pages("llm")] += 1
+        assert [pool.refs(i) for i in range(pool.total)] == holders.tolist()
+        assert pool.free == int((holders == 0).sum()), "a page is free exactly when no one holds it"
+
+    # -- what a serving loop does --
+    def _unchanged(self) -> Any:
+        s = self.setup
+        return (s.active.tolist(), s.lengths.tolist(), s.kv_pages, s._seqs.tables["llm"].rows.tolist())
+
+    def _check(self, logits: np.ndarray, slots: list[int]) -> None:
+        for row, slot in zip(logits, slots):
+            want = _TRUTH.logits(self.tokens[slot])[-1]
+            assert_logits(row, want, f"slot {slot} after {len(self.tokens[slot])} tokens")
+
+    @initialize()
+    def start(self) -> None:
+        self.setup.prefill(*emb([[1, 2, 3]]), slots=[0])
+        self.tokens[0] = [1, 2, 3]
+
+    @rule(data=st.data(), n=st.integers(1, 30), from_prefix=st.booleans())
+    def admit(self, data: st.DataObject, n: int, from_prefix: bool) -> None:
+        free = [s for s in range(_CFG.max_supported_batch_size) if s not in self.tokens]
+        if not free:
+            return
+        slot = data.draw(st.sampled_from(free))
+        new = data.draw(st.lists(st.integers(0, 511), min_size=n, max_size=n))
+        prefix, head = (None, [])
+        if from_prefix and self.prefixes:
+            prefix, head = data.draw(st.sampled_from(self.prefixes))
+        if len(head) + n > _CFG.max_kv_cache_capacity:
+            return
+        before = self._unchanged()
+        try:
+            logits = self.setup.prefill(*emb([new]), slots=[slot], prefix=prefix).to_numpy()
+        except CapacityError:
+            assert self._unchanged() == before, "a refused admission changed nothing"
+            self.refused += 1
+            return
+        self.tokens[slot] = head + new
+        self._check(logits, [slot])
+
+    @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        slots = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, unique=True))
+        if any(len(self.tokens[s]) >= _CFG.max_kv_cache_capacity for s in slots):
+            return
+        toks = data.draw(st.lists(st.integers(0, 511), min_size=len(slots), max_size=len(slots)))
+        before = self._unchanged()
+        try:
+            logits = self.setup.decode(E[toks][:, None].astype(np.float16), slots=slots).to_numpy()
+        except CapacityError:
+            assert self._unchanged() == before, "a refused step changed nothing"
+            self.refused += 1
+            return
+        for s, t in zip(slots, toks):
+            self.tokens[s].append(t)
+        self._check(logits, slots)
+
+    @precondition(lambda self: bool(self.tokens))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        slot = data.draw(st.sampled_from(sorted(self.tokens)))
+        self.setup.release([slot])
+        del self.tokens[slot]
+
+    @precondition(lambda self: bool(self.tokens) and len(self.prefixes) < 3)
+    @rule(data=st.data())
+    def pin(self, data: st.DataObject) -> None:
+        slot = data.draw(st.sampled_from(sorted(self.tokens)))
+        n = data.draw(st.integers(1, len(self.tokens[slot])))
+        self.prefixes.append((self.setup.pin_prefix(slot, n), self.tokens[slot][:n]))
+
+    @precondition(lambda self: bool(self.prefixes))
+    @rule(data=st.data())
+    def unpin(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.prefixes) - 1))
+        self.prefixes.pop(i)[0].release()
+
+    @rule()
+    def reset(self) -> None:
+        self.setup.reset()
+        self.tokens.clear()
+
+
+TestSlotsAndPages = SlotsAndPages.TestCase
+TestSlotsAndPages.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+def _random_requests(setup: trtio.LLMSetup, count: int, seed: int) -> int:
+    """``count`` requests of random lengths arriving, decoding for random budgets and leaving, through one
+    setup; returns the steps run."""
+    rng = np.random.default_rng(seed)
+    left: dict[int, int] = {}  # slot -> tokens still to generate
+    started = steps = 0
+    slots = setup._seqs.max_batch
+    while started < count or left:
+        free = [s for s in range(slots) if s not in left]
+        if free and started < count and rng.random() < 0.5:
+            slot = int(rng.choice(free))
+            n = int(rng.integers(1, 40))
+            try:
+                setup.prefill(*emb([list(map(int, rng.integers(0, 512, n)))]), slots=[slot])
+            except CapacityError:
+                pass
+            else:
+                left[slot] = int(rng.integers(1, 30))
+                started += 1
+        if left:
+            active = sorted(left)
+            try:
+                setup.decode(E[rng.integers(0, 512, len(active))][:, None].astype(np.float16))
+            except CapacityError:  # the pool is short: the longest sequence ends early
+                lengths = setup.lengths.tolist()
+                victim = max(active, key=lambda s: lengths[active.index(s)])
+                setup.release([victim])
+                del left[victim]
+                continue
+            steps += 1
+            lengths = setup.lengths.tolist()
+            for s in active:
+                left[s] -= 1
+                if left[s] == 0 or lengths[active.index(s)] >= setup.cfg.max_kv_cache_capacity:
+                    setup.release([s])
+                    del left[s]
+    return steps
+
+
+@pytest.mark.parametrize("count", [pytest.param(1000, id="host-1000"),
+                                   pytest.param(200, id="gpu-200", marks=pytest.mark.gpu)])
+def test_many_requests_leave_allocations_graphs_and_pages_at_their_baseline(count: int) -> None:
+    device = "host" if count == 1000 else "gpu"
+    if device == "gpu":
+        pytest.importorskip("cupy")
+    cfg = small_pool_cfg(pool=10)
+    be = trtio.get_backend("host" if device == "host" else "cuda")
+    trtio.Stream.default(be)
+    import gc
+
+    gc.collect()
+    base = (be.live_allocations, be.live_graphs, be.live_events)
+    with llm(cfg, device, graphs=True) as setup:
+        steps = _random_requests(setup, count, seed=11)
+        assert steps > count and setup.kv_pages.free == setup.kv_pages.total
+        assert setup.graph_stats.captures <= 4 * setup._seqs.max_batch, "graphs per batch size, not per request"
+    gc.collect()
+    assert (be.live_allocations, be.live_graphs, be.live_events) == base
