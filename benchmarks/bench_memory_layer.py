@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, table, time_per_call  # noqa: E402
 
 import trtio  # noqa: E402
-from trtio import Arena, Location, Stream, Tensor, TensorRequest  # noqa: E402
+from trtio import Location, Stream, Tensor  # noqa: E402
+from trtio.memory import Arena, TensorRequest  # noqa: E402
 
 
 def main() -> None:

@@ -7,10 +7,8 @@ from _configs import bundle, llm_config
 from trtio import (
     BindingError,
     ClosedError,
-    ContextMemory,
     DType,
     EngineError,
-    EngineExecutor,
     EngineIO,
     Location,
     PipelineIO,
@@ -20,6 +18,7 @@ from trtio import (
     names,
 )
 from trtio.contracts import build_registry
+from trtio.engine import ContextMemory, EngineExecutor
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_engine import TensorLocation

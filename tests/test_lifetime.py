@@ -16,10 +16,11 @@ from _configs import llm_config
 
 import trtio
 import trtio.state
-from trtio import Arena, ClosedError, CudaError, Event, HostStaging, Location, Stream, Tensor, TensorRequest
+from trtio import ClosedError, CudaError, Event, Location, Stream, Tensor
 from trtio._lifetime import Closeable
 from trtio.cuda.host import HostBackend
 from trtio.engine import ContextMemory, EngineExecutor, EngineIO
+from trtio.memory import Arena, HostStaging, TensorRequest
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 import trtio
-from trtio import Arena, ClosedError, Location, MemoryReport, TensorRequest, TrtioError
+from trtio import ClosedError, Location, MemoryReport, TrtioError
 from trtio.cuda.host import HostBackend
 from trtio.errors import InvalidValueError
+from trtio.memory import Arena, HostStaging, TensorRequest
 
 
 def _requests():
@@ -157,7 +158,7 @@ def test_staging_pair_refuses_use_after_close(host):
     arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32")],
                   backend=host)
     events = host.live_events
-    with trtio.HostStaging(arena["h"], arena["d"], host) as pair:
+    with HostStaging(arena["h"], arena["d"], host) as pair:
         pair.upload(np.arange(4, dtype=np.int32))
         np.testing.assert_array_equal(arena["d"].to_numpy(), np.arange(4))
     assert pair.is_closed and host.live_events == events, "its fence event is destroyed"
@@ -170,9 +171,9 @@ def test_staging_pair_checks_its_tensors(host):
     arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32"),
                    TensorRequest.of("f", (4,), "float32")], backend=host)
     with pytest.raises(InvalidValueError, match="staging pair 'd' -> 'd'.*pinned or host memory"):
-        trtio.HostStaging(arena["d"], arena["d"], host)
+        HostStaging(arena["d"], arena["d"], host)
     with pytest.raises(InvalidValueError, match="dtypes differ"):
-        trtio.HostStaging(arena["h"], arena["f"], host)
+        HostStaging(arena["h"], arena["f"], host)
     with pytest.raises(InvalidValueError, match="must live on"):
-        trtio.HostStaging(arena["h"], arena["d"], HostBackend())
+        HostStaging(arena["h"], arena["d"], HostBackend())
     arena.close()

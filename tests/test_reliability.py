@@ -28,10 +28,8 @@ import trtio
 from trtio import (
     ClosedError,
     ConfigError,
-    ContextMemory,
     CudaError,
     DeploymentConfig,
-    EngineExecutor,
     EngineIO,
     FrozenError,
     InvalidValueError,
@@ -48,6 +46,8 @@ from trtio import (
 )
 from trtio.cuda.host import HostBackend
 from trtio.edgellm import EngineDir
+from trtio.engine import ContextMemory, EngineExecutor
+from trtio.memory import Arena, TensorRequest
 from trtio.setups import LLMSetup
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine, toy_embedding
@@ -184,7 +184,7 @@ def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it
     rope_owner = Tensor.empty((2, 128, 16), "float32", name="rope_owner", backend=host)
     rope = Tensor.wrap(rope_owner.data_ptr, (1, 128, 16), "float32", owner=rope_owner, name="rope", backend=host)
     rope.copy_from(trtio.rope.rope_cos_sin_table(128, 16, cfg.rope_theta, 1))
-    arena = trtio.Arena([trtio.TensorRequest.of("select", (4, 1), "int64")], backend=host, title="mine")
+    arena = Arena([TensorRequest.of("select", (4, 1), "int64")], backend=host, title="mine")
     mine = TensorMap("mine")  # not frozen: its tensors are not frozen either
     for n in io_map.names():
         mine.set(n, io_map[n])

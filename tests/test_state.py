@@ -3,8 +3,9 @@ import pytest
 from _configs import llm_config
 
 import trtio
-from trtio import BindingError, EngineIO, EngineState, TensorMap, names
+from trtio import BindingError, EngineIO, TensorMap, names
 from trtio.engine import TensorInfo
+from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 
 

@@ -2,18 +2,21 @@
 
 ``import trtio`` works with no GPU, no CUDA driver and no TensorRT: cuda-python and TensorRT
 are imported only when a backend or engine needs them.
+
+This module re-exports what a user of trtio constructs, passes or catches; everything else stays
+importable from its own module (``trtio.memory.Arena``, ``trtio.engine.EngineExecutor``, ...).
+``docs/architecture.md`` maps the modules.
 """
 
 import logging as _logging
 
 from trtio import edgellm, names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.contracts import build_registry, contract_of
+from trtio.contracts import contract_of
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
-from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.edgellm import EngineDir
-from trtio.engine import ContextMemory, EngineExecutor, EngineIO, GraphStats, TensorInfo
+from trtio.engine import EngineIO, GraphStats
 from trtio.errors import (
     BindingError,
     CapacityError,
@@ -21,19 +24,30 @@ from trtio.errors import (
     ConfigError,
     CudaError,
     EngineError,
+    ExportError,
     FrozenError,
     InvalidTypeError,
     InvalidValueError,
+    NotAvailableError,
     ShapeError,
     TrtioError,
     UnknownNameError,
 )
-from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
+from trtio.memory import MemoryReport
+from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
-from trtio.registry import TensorRegistry, TensorSpec
-from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode, create_from_engine_dir
-from trtio.state import EngineState
-from trtio.stream import Event, Stream
+from trtio.setups import (
+    BoundEngine,
+    LLMSetup,
+    SpecDecodeSetup,
+    check_engine,
+    create_for_llm,
+    create_for_spec_decode,
+    create_from_engine_dir,
+)
+from trtio.setups.base import EngineGraphStats
+from trtio.setups.sequences import KVPages
+from trtio.stream import Event, Stream, StreamLike
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import load_engine, load_plugins
@@ -44,56 +58,57 @@ __version__ = "0.1.0"
 _logging.getLogger("trtio").addHandler(_logging.NullHandler())
 
 __all__ = [
-    "ContextMemory",
-    "EngineExecutor",
-    "EngineIO",
-    "EngineState",
-    "GraphStats",
-    "LLMSetup",
-    "SpecDecodeSetup",
-    "TensorInfo",
+    # setups: what a runtime creates and steps
     "create_for_llm",
     "create_for_spec_decode",
     "create_from_engine_dir",
+    "LLMSetup",
+    "SpecDecodeSetup",
+    "BoundEngine",
+    "check_engine",
+    "EngineGraphStats",
+    "GraphStats",
+    "KVPages",
+    "Prefix",
+    # engines and their directories
+    "EngineIO",
+    "EngineDir",
+    "contract_of",
     "load_engine",
     "load_plugins",
-    "EngineDir",
     "edgellm",
-    "Arena",
+    "names",
+    # configs
+    "LLMEngineConfig",
+    "SpecDecodeConfig",
+    "DeploymentConfig",
+    # buffers, streams and backends
+    "PipelineIO",
+    "StreamingPrefillBuffers",
+    "TensorMap",
+    "Tensor",
+    "DType",
+    "Location",
+    "MemoryReport",
+    "Stream",
+    "StreamLike",
+    "Event",
     "Backend",
+    "get_backend",
+    "cuda_available",
+    # errors
+    "TrtioError",
     "BindingError",
     "CapacityError",
     "ClosedError",
     "ConfigError",
     "CudaError",
-    "DType",
-    "DeploymentConfig",
     "EngineError",
-    "Event",
+    "ExportError",
     "FrozenError",
     "InvalidTypeError",
     "InvalidValueError",
-    "UnknownNameError",
-    "HostStaging",
-    "InferenceDims",
-    "LLMEngineConfig",
-    "Location",
-    "MemoryEntry",
-    "MemoryReport",
-    "PipelineIO",
+    "NotAvailableError",
     "ShapeError",
-    "SpecDecodeConfig",
-    "Stream",
-    "StreamingPrefillBuffers",
-    "Tensor",
-    "TensorMap",
-    "TensorRegistry",
-    "TensorRequest",
-    "TensorSpec",
-    "TrtioError",
-    "cuda_available",
-    "build_registry",
-    "contract_of",
-    "get_backend",
-    "names",
+    "UnknownNameError",
 ]
