@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtio import names
-from trtio.config import LLMEngineConfig
+from trtio.config import CONTRACTS, LLMEngineConfig
 from trtio.contracts.batch import BatchContract
 from trtio.contracts.contract import Contract
 from trtio.contracts.ragged_steps import RaggedContract
@@ -23,8 +23,7 @@ from trtio.registry import TensorRegistry
 __all__ = ["CONTRACTS", "Contract", "build_registry", "contract_named", "contract_of", "resolve_contract"]
 
 _BY_NAME: dict[str, Contract] = {c.name: c for c in (BatchContract(), RaggedContract())}
-#: The contracts trtio binds, by name.
-CONTRACTS = tuple(_BY_NAME)
+assert tuple(_BY_NAME) == CONTRACTS, "every contract a config may name has its object here"
 
 
 def contract_named(name: str | None) -> Contract:

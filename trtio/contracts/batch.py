@@ -1,5 +1,5 @@
 """The batch-major contract: trtio's TensorRT-native toy engines and engines built with TensorRT's
-KVCacheUpdate / Attention layers (DESIGN §11).
+KVCacheUpdate / Attention layers (``docs/architecture.md``, "Contracts").
 
 Activations are ``[B, S, H]``; lengths and selection go through ``context_lengths`` and
 ``last_token_ids``; the KV caches (``k_cache_i`` / ``v_cache_i``) and ``kvcache_start_index`` belong to

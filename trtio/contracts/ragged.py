@@ -1,5 +1,5 @@
-"""The token-major ("ragged") contract of Edge-LLM 0.11 engines (DESIGN §11; reference
-``edge-llm-0.11-contract.md`` §3).
+"""The token-major ("ragged") contract of Edge-LLM 0.11 engines (``docs/architecture.md``, "Contracts"; what
+trtio assumes of Edge-LLM's runtime is in ``docs/edgellm-assumptions.md``).
 
 Activations are ``[T, H]`` with ``T = S * W`` physical rows: sequence ``s`` of a step occupies rows
 ``[s*W, (s+1)*W)`` (Edge-LLM's entry padding), so a step's dims are the batch-major ones read
