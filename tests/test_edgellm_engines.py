@@ -233,6 +233,43 @@ def chunked_greedy(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Seq
     return run
 
 
+def staggered_greedy(setup: LLMSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
+                     steps: int) -> list[list[int]]:
+    """Greedy decoding with sequences that come and go (Edge-LLM's slots): the first prompt starts alone in the
+    last slot; the second is admitted into slot 0 two steps later while the first keeps decoding; the first
+    ends (its slot released) once it has its tokens. Returns each prompt's tokens."""
+    act = setup.io.inputs_embeds.dtype.numpy
+    setup.reset()
+    last = setup.io.max_batch - 1
+    tokens: dict[int, list[int]] = {}
+    where: dict[int, int] = {}  # slot -> prompt
+    pending: dict[int, int] = {}  # slot -> its next token
+
+    def admit(i: int, slot: int) -> None:
+        emb, lens = embed_batch(embedding, [prompts[i]], act)
+        first = int(setup.prefill(emb, lens, slots=[slot]).to_numpy()[0].argmax())
+        tokens[i], where[slot], pending[slot] = [first], i, first
+
+    admit(0, last)
+    step = 0
+    while where:
+        if step == 2:
+            admit(1, 0)
+        done = [slot for slot in where if len(tokens[where[slot]]) >= steps]
+        if done:
+            setup.release(done)
+            for slot in done:
+                del where[slot], pending[slot]
+        if where:
+            active = sorted(where)
+            logits = setup.decode(embedding[[pending[s] for s in active]][:, None, :].astype(act)).to_numpy()
+            for row, slot in enumerate(active):
+                pending[slot] = int(logits[row].argmax())
+                tokens[where[slot]].append(pending[slot])
+        step += 1
+    return [tokens[0][:steps], tokens[1][:steps]]
+
+
 def base_greedy(setup: SpecDecodeSetup, embedding: np.ndarray, prompts: Sequence[Sequence[int]],
                 steps: int) -> Run:
     """Greedy decoding on a speculative pair's base alone: base prefill, then per token a verify of the
@@ -346,6 +383,7 @@ class Results:
     alone: Run | None = None  # the reference loop on the second prompt alone (slot 0, its own width)
     extended: Run | None = None  # the reference loop on each prompt + its first EXTEND greedy tokens
     chunked: Run | None = None  # plain: the same, the EXTEND tokens prefilled after the cached prompt
+    staggered: list[list[int]] | None = None  # plain: the first two prompts admitted at different steps (slots)
     own_embedding: bool = True  # the directory's embedding.safetensors (not the random stand-in)
 
 
@@ -376,9 +414,11 @@ def run_checks_on(target: Target, steps: int = NEW_TOKENS) -> Results:
         with target.bind(graphs=True) as setup:
             graphed = greedy(setup, embedding, prompts, steps).tokens
             repeat = greedy(setup, embedding, prompts, steps).tokens
+            staggered = staggered_greedy(setup, embedding, prompts, steps) \
+                if len(prompts) > 1 and setup.io.max_batch > 1 else None
             captures, hits = graph_use(setup.graph_stats)
         return Results("llm", cfg.output_vocab_size, 0, reference, graphed, captures, hits, graphed_repeat=repeat,
-                       **more)
+                       staggered=staggered, **more)
     d2t = d.draft_to_target()
     with target.bind(graphs=False) as setup:
         reference = base_greedy(setup, embedding, prompts, steps)
@@ -538,6 +578,19 @@ def test_prefill_after_a_cached_prefix_changes_no_token(target: Target, results:
         pytest.skip(f"{target.path}: max_input_len leaves no room for {EXTEND} more prompt tokens")
     assert_same_run(results.chunked, results.reference.part(start=EXTEND), target,
                     f"{target.path.name}: {EXTEND} tokens prefilled after the cached prompts")
+
+
+@pytest.mark.parametrize("target", LLM, indirect=True)
+def test_sequences_admitted_at_different_steps_change_no_token(target: Target, results: Results) -> None:
+    """Sequences admitted into other slots while one decodes, and released when done, give the tokens of the
+    whole-batch run: each step binds its sequences' page-table rows in step order, and their pages are their
+    own (docs/edgellm-assumptions.md 3.6, 4.2)."""
+    if results.kind != "llm":
+        pytest.skip(f"{target.path}: the speculative pair's slots are checked in tests/test_sequences.py")
+    if results.staggered is None:
+        pytest.skip(f"{target.path}: the engine takes one sequence per step")
+    assert_same_tokens(results.staggered, results.reference.part(slice(0, 2)), target.tie_tol,
+                       f"{target.path.name}: two prompts admitted at different steps")
 
 
 @pytest.mark.parametrize("target", SPEC, indirect=True)
