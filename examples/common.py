@@ -46,13 +46,14 @@ def open_directory(path: Path, backend: str, **tree: int) -> tuple[Any, np.ndarr
     be = None if backend == "auto" else backend
     if d.has_engines:
         return trtio.create_from_engine_dir(path, graphs=True, backend=be, **tree), table, d2t
-    # Configs only (the toys): ReferenceEngines with the toy model's seeded weights.
+    # Configs only (the toys): ReferenceEngines with the toy model's seeded weights, computing where the backend is.
+    device = {"cuda": "gpu"}.get(backend, backend)
     if d.kind == "llm":
-        engine = ReferenceEngine.from_config(d.config, weights=ToyWeights.generate(d.config), device=backend)
+        engine = ReferenceEngine.from_config(d.config, weights=ToyWeights.generate(d.config), device=device)
         return trtio.create_for_llm(engine, d.config, graphs=True), table, d2t
     weights = ToyWeights.generate(d.base_config)
-    base = ReferenceEngine.from_config(d.base_config, weights=weights, device=backend)
-    draft = ReferenceEngine.from_config(d.draft_config, device=backend,
+    base = ReferenceEngine.from_config(d.base_config, weights=weights, device=device)
+    draft = ReferenceEngine.from_config(d.draft_config, device=device,
                                         weights=ToyWeights.generate_draft(d.draft_config, weights))
     bundle = d.deployment(tree["draft_top_k"], tree["draft_step"], tree["verify_size"])
     return trtio.create_for_spec_decode(base, draft, bundle, graphs=True), table, d2t

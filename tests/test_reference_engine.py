@@ -133,7 +133,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "build_toy_engines
 @pytest.mark.rtx
 @pytest.mark.parametrize("variant", ["llm", "base", "draft", "llm-deepstack", "llm-mrope", "llm-bf16"])
 def test_io_contract_equals_the_built_network(variant: str) -> None:
-    """The CI check of DESIGN §9: a TensorRT-RTX network of the same config declares the same I/O."""
+    """The CI check of the toy build: a TensorRT-RTX network of the same config declares the same I/O."""
     trt = pytest.importorskip("tensorrt_rtx", exc_type=ImportError)
     if not SCRIPT.exists():
         pytest.skip("scripts/build_toy_engines.py is not there")
@@ -827,7 +827,7 @@ def path_to(parents: list[int], node: int) -> list[int]:
 
 @pytest.mark.parametrize("big", [False, True], ids=["8-nodes", "40-nodes"])
 def test_tree_verify_equals_decoding_each_path(big: bool) -> None:
-    """DESIGN's acceptance test: a verify step's logits for node i are those of decoding root..i in order."""
+    """Tree verification: a verify step's logits for node i are those of decoding root..i in order."""
     if big:
         cfg = make_cfg("base", max_verify_tree_size=40, max_kv_cache_capacity=64)
         trees = [[-1] + [i // 2 for i in range(39)], [-1, 0, 0, 1] + list(range(3, 33))]
