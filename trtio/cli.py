@@ -94,7 +94,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_plan, plan_config
 
     result = plan_config(args.config, draft_top_k=args.draft_top_k, draft_step=args.draft_step,
-                         verify_size=args.verify_size)
+                         verify_size=args.verify_size, sequence_length=args.sequence_length)
     if args.json:
         result = dict(result)
         result.pop("text")
@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--verify-size", type=_positive_int, default=None, metavar="N",
                       help="Edge-LLM pair: tree nodes the base verifies per round (default: "
                            "builder_config.max_verify_tree_size)")
+    plan.add_argument("--sequence-length", type=_positive_int, default=None, metavar="N",
+                      help="how many sequences of N tokens fit the KV pools (default: max_kv_cache_capacity; for a "
+                           "speculative pair less its widest round, which writes its tree past a sequence's length)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
