@@ -197,7 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "prompts with create_for_llm, decode them speculatively with create_for_spec_decode (EAGLE "
                     "tree drafting), stream the prefill snapshot to a consumer stream where the engine has a "
                     "hidden_states output, and print tokens, acceptance rate, bindings, memory and graph "
-                    "statistics. Exit status 1 when any contract's speculative tokens differ from its greedy ones.")
+                    "statistics. On the ragged contract also requests that arrive and leave: prompts admitted into "
+                    "free slots at different steps, one finishing early and its slot reused, one starting from a "
+                    "pinned prefix, with the KV pages in use at each event and each request's tokens checked against "
+                    "its solo greedy run. Exit status 1 when any contract's speculative tokens differ from its greedy "
+                    "ones, or a request's tokens from its solo run.")
     demo.add_argument("--contract", default="both", metavar="{batch,ragged,both}",
                       help="which toy engines to run: batch (toy-llm, toy-eagle), ragged (toy-llm-ragged, "
                            "toy-eagle3-ragged) or both (default)")
