@@ -896,3 +896,47 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
             assert row["us_per_call_synced"] >= row["us_per_call"] > 0
             assert row["device_work_us"] is None, "the dry-run backend runs no device work to time"
         assert rows["SpecDecodeSetup.accept"]["device_ops"] == 2, "one staged copy of the moves and one commit"
+
+
+def test_bench_sequences_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio bench --sequences`` on the dry-run backend: every call of sequences that come and go beside its
+    whole-batch counterpart, the decode after admissions and releases enqueueing what a whole-batch decode does,
+    and release / pin_prefix making no host synchronisation and enqueueing nothing. Timings are reported, never
+    asserted."""
+    assert main(["bench", "--sequences", "--backend", "dry-run", "--steps", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["sequences"]
+    assert (out["kv_capacity"], out["page_size"], out["pool_pages"]) == (4096, 128, 8 * 32)
+    rows = out["rows"]
+    assert list(rows) == ["LLMSetup.decode, a batch of 8 prefilled whole",
+                          "LLMSetup.decode, 8 slots after admissions and releases",
+                          "LLMSetup.prefill, 16 tokens, the batch of 7 restarted (slots=None)",
+                          "LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)",
+                          "LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active",
+                          "LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"]
+    for name, row in rows.items():
+        assert row["us_per_call_synced"] >= row["us_per_call"] > 0, name
+        assert row["host_syncs"] == 0, f"{name} synchronised the host"
+    whole, churned = rows["LLMSetup.decode, a batch of 8 prefilled whole"], \
+        rows["LLMSetup.decode, 8 slots after admissions and releases"]
+    assert whole["device_ops"] == churned["device_ops"] == 1, "one graph launch per decode step, either way"
+    admit = rows["LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active"]
+    assert admit["device_ops"] == rows["LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)"]["device_ops"]
+    for name in ("LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"):
+        assert rows[name]["device_ops"] == 0, f"{name} is host bookkeeping: nothing enqueued"
+    targets = {t["what"]: t for t in out["targets"]}
+    assert len(targets) == 5 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert targets["device operations per decode step, unchanged"]["met"]
+    ratio = targets["decode after admissions and releases / whole-batch decode"]["value"]
+    assert ratio == pytest.approx(churned["us_per_call_synced"] / whole["us_per_call_synced"])
+
+    assert main(["bench", "--sequences", "--backend", "dry-run", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Sequences that come and go at 8B-class scale (ragged contract: 36 layers, 8 slots, KV "
+                           "capacity 4096, pages of 128 tokens, a pool of 256;")
+    assert "| LLMSetup.release([s]), 7 others active: host time, no sync |" in text
+    assert "| device operations per decode step, unchanged | 1 | = 1 | yes |" in text
+
+
+def test_bench_sequences_is_for_the_ragged_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "bench", "--sequences", "--contract", "batch", "--backend", "dry-run")
+    assert_one_line_error(rc, err, "bench", "--contract", "ragged contract")

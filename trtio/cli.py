@@ -105,8 +105,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from trtio.tools.bench import format_results, run
+    from trtio.tools.bench import format_results, machine_name, run
 
+    if args.sequences:
+        return _bench_sequences(args, machine_name(args.backend))
     contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
                   kv_capacity=args.kv_capacity)
@@ -119,6 +121,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                               for name, v in rows.items()} for c, rows in results.items()}, indent=2))
     else:
         print(format_results(results, args.backend))
+    return 0
+
+
+def _bench_sequences(args: argparse.Namespace, machine: str) -> int:
+    from trtio.errors import ConfigError
+    from trtio.tools.bench_sequences import format_sequences, run_sequences
+
+    if args.contract == "batch":
+        raise ConfigError("--contract", "batch: --sequences measures the ragged contract (Edge-LLM 0.11's slots and "
+                                        "paged pools); the batch contract's steps are whole-batch steps")
+    results = run_sequences(args.backend, steps=args.steps, kv_capacity=args.kv_capacity)
+    print(json.dumps({"sequences": results.to_dict()}, indent=2) if args.json else format_sequences(results, machine))
     return 0
 
 
@@ -316,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kv-capacity", type=_positive_int, default=None, metavar="N",
                        help="tokens per sequence in the KV caches (default 4096; 1024 on the host backend, whose "
                             "device memory is host RAM)")
+    bench.add_argument("--sequences", action="store_true",
+                       help="instead: sequences that come and go on the ragged contract, beside whole-batch steps (a "
+                            "decode of 8 slots after admissions and releases, an admission's prefill, release, "
+                            "pin_prefix; --steps of each)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
     return p
