@@ -210,6 +210,80 @@ def test_demo_ragged_contract(demo_json: dict[str, Any]) -> None:
     assert g["base"]["hits"] > 0 and g["draft"]["hits"] > 0
 
 
+def test_demo_ragged_requests_arrive_and_leave(demo_json: dict[str, Any]) -> None:
+    """The ragged section's admission story: five requests for four slots, admitted at different steps while
+    the others decode, one finishing early and its slot reused by a request that starts from a pinned prefix;
+    every request's tokens are its solo greedy tokens, and the pages in use follow the events."""
+    s = demo_json["contracts"]["ragged"]
+    a = s["admissions"]
+    assert a["equal"] and s["ok"] and "admissions" not in demo_json["contracts"]["batch"]
+    assert (a["slots"], a["pool_pages"], a["page_size"]) == (4, 8, 128)
+    reqs = a["requests"]
+    assert [r["arrive"] for r in reqs] == [0, 2, 3, 3, 4] and [r["budget"] for r in reqs] == [20, 20, 5, 20, 20]
+    for r in reqs:
+        assert r["tokens"] == r["solo_tokens"] and len(r["tokens"]) == r["budget"] and r["equal"]
+        assert r["admitted"] >= r["arrive"] and r["finished"] >= r["admitted"]
+    assert reqs[0]["tokens"] == s["vanilla_tokens"][0], "request 0 is the demo's first prompt, alone in its slot"
+    assert reqs[2]["finished"] < min(reqs[i]["finished"] for i in (0, 1, 3)), "request 2 finishes early"
+    assert reqs[4]["admitted"] > reqs[4]["arrive"], "request 4 waits: every slot is busy when it arrives"
+    assert reqs[4]["slot"] == reqs[2]["slot"] and reqs[4]["admitted"] == reqs[2]["finished"] + 1
+    assert reqs[4]["from_prefix"] and reqs[4]["prompt"][:40] == reqs[1]["prompt"][:40]
+    assert len({r["admitted"] for r in reqs}) >= 4, "admitted at different steps"
+
+    events = a["events"]
+    kinds = [(e["event"], e["request"]) for e in events]
+    assert kinds[:5] == [("admit", 0), ("admit", 1), ("pin", 1), ("admit", 2), ("admit", 3)]
+    assert kinds[-1] == ("unpin", -1) and kinds.count(("release", 2)) == 1
+    admit4 = next(e for e in events if e["event"] == "admit" and e["request"] == 4)
+    assert admit4["reused"] and admit4["prefix"] == 40 and admit4["prompt"] == 46
+    pin = events[2]
+    assert pin["tokens"] == 40 and pin["pages_used"] == events[1]["pages_used"], "pinning takes no page"
+    for e in events:
+        assert e["pages_total"] == 8 and 0 <= e["pages_used"] <= 8
+        if e["event"] == "admit" and not e["prefix"]:
+            assert e["pages_used"] >= len(e["active"]), "every active sequence holds a page"
+    last_release = [e for e in events if e["event"] == "release"][-1]
+    assert last_release["active"] == [] and last_release["pages_used"] == 1, "the prefix's page alone"
+    assert events[-1]["pages_used"] == 0, "every page back once the prefix is released"
+    assert a["graph_stats"]["hits"] > 0, "decode graphs replay across admissions and releases"
+
+
+def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--contract", "ragged")
+    assert rc == 0, err
+    story = out.split("requests arriving and leaving (toy-llm-ragged, create_for_llm: 4 slots, a KV pool of 8 pages "
+                      "of 128 tokens;")[1]
+    for needle in ("step 0: request 0 (5 tokens, budget 20) admitted into slot 0; active [0]; pages in use 1 of 8",
+                   "step 2: pinned the first 40 tokens of slot 1 (request 1's system prompt) as a prefix",
+                   "request 2 finished (5 tokens, its budget); slot 2 released",
+                   "request 4 (6 tokens after the pinned 40-token prefix, budget 20) admitted into slot 2 (reused)",
+                   "end: the prefix of 40 tokens released; pages in use 0 of 8",
+                   "each request's tokens equal its solo greedy run: yes"):
+        assert needle in story, needle
+    assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes -> OK")
+
+
+def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.testing.toy_runtime import greedy_generate as real
+
+    def off_by_one(setup: Any, embedding: Any, prompts: Any, count: int, stream: Any = None) -> list[list[int]]:
+        out = real(setup, embedding, prompts, count, stream)
+        if len(prompts[0]) == 46:  # the request from the prefix
+            out[0][-1] = (out[0][-1] + 1) % 512
+        return out
+
+    monkeypatch.setattr("trtio.tools.admissions.greedy_generate", off_by_one)
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--max-new-tokens", "6")
+    assert rc == 1
+    assert "each request's tokens equal its solo greedy run: NO" in out
+    assert out.rstrip().splitlines()[-1].endswith("admissions equal NO -> FAILED")
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--max-new-tokens", "6", "--json")
+    s = json.loads(out)
+    assert rc == 1 and not s["ok"] and not s["contracts"]["ragged"]["admissions"]["equal"]
+    assert [r["equal"] for r in s["contracts"]["ragged"]["admissions"]["requests"]] == [True] * 4 + [False]
+
+
 def test_demo_text_report_of_both_contracts(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "6")
     assert rc == 0, err
@@ -822,3 +896,47 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
             assert row["us_per_call_synced"] >= row["us_per_call"] > 0
             assert row["device_work_us"] is None, "the dry-run backend runs no device work to time"
         assert rows["SpecDecodeSetup.accept"]["device_ops"] == 2, "one staged copy of the moves and one commit"
+
+
+def test_bench_sequences_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio bench --sequences`` on the dry-run backend: every call of sequences that come and go beside its
+    whole-batch counterpart, the decode after admissions and releases enqueueing what a whole-batch decode does,
+    and release / pin_prefix making no host synchronisation and enqueueing nothing. Timings are reported, never
+    asserted."""
+    assert main(["bench", "--sequences", "--backend", "dry-run", "--steps", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["sequences"]
+    assert (out["kv_capacity"], out["page_size"], out["pool_pages"]) == (4096, 128, 8 * 32)
+    rows = out["rows"]
+    assert list(rows) == ["LLMSetup.decode, a batch of 8 prefilled whole",
+                          "LLMSetup.decode, 8 slots after admissions and releases",
+                          "LLMSetup.prefill, 16 tokens, the batch of 7 restarted (slots=None)",
+                          "LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)",
+                          "LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active",
+                          "LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"]
+    for name, row in rows.items():
+        assert row["us_per_call_synced"] >= row["us_per_call"] > 0, name
+        assert row["host_syncs"] == 0, f"{name} synchronised the host"
+    whole, churned = rows["LLMSetup.decode, a batch of 8 prefilled whole"], \
+        rows["LLMSetup.decode, 8 slots after admissions and releases"]
+    assert whole["device_ops"] == churned["device_ops"] == 1, "one graph launch per decode step, either way"
+    admit = rows["LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active"]
+    assert admit["device_ops"] == rows["LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)"]["device_ops"]
+    for name in ("LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"):
+        assert rows[name]["device_ops"] == 0, f"{name} is host bookkeeping: nothing enqueued"
+    targets = {t["what"]: t for t in out["targets"]}
+    assert len(targets) == 5 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert targets["device operations per decode step, unchanged"]["met"]
+    ratio = targets["decode after admissions and releases / whole-batch decode"]["value"]
+    assert ratio == pytest.approx(churned["us_per_call_synced"] / whole["us_per_call_synced"])
+
+    assert main(["bench", "--sequences", "--backend", "dry-run", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Sequences that come and go at 8B-class scale (ragged contract: 36 layers, 8 slots, KV "
+                           "capacity 4096, pages of 128 tokens, a pool of 256;")
+    assert "| LLMSetup.release([s]), 7 others active: host time, no sync |" in text
+    assert "| device operations per decode step, unchanged | 1 | = 1 | yes |" in text
+
+
+def test_bench_sequences_is_for_the_ragged_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "bench", "--sequences", "--contract", "batch", "--backend", "dry-run")
+    assert_one_line_error(rc, err, "bench", "--contract", "ragged contract")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import trtio
@@ -213,6 +214,125 @@ def test_plan_an_8b_class_directory_allocates_nothing(tmp_path: Path, capsys: py
     entries = {f"{e['group']}/{e['name']}": e for e in json.loads(out)["memory"]["entries"]}
     assert entries["llm state/past_key_values_35"]["nbytes"] == pool
     assert json.loads(out)["memory"]["total_required"] > 36 * pool  # 9 GiB laid out, none of it allocated
+
+
+# -- the sequence budget: how many sequences of a given length fit the KV pools ----------------------------------
+
+
+def _small_pool(src: Path, root: Path, pages: int) -> Path:
+    """A copy of a ragged toy directory whose pools hold ``pages`` pages (4 slots x 2 pages would be 8)."""
+    names = ["base_config.json", "draft_config.json"] if (src / "base_config.json").is_file() else ["config.json"]
+    d = _copy(src, root, *names)
+    for name in names:
+        _edit(d / name, builder_config__max_kv_pool_pages=pages)
+    return d
+
+
+def _grow(setup: trtio.LLMSetup, slot: int, tokens: int) -> None:
+    """Admit a sequence into ``slot`` and prefill it to ``tokens`` tokens in chunks of max_input_len."""
+    hidden, chunk = setup.cfg.hidden_size, setup.cfg.max_supported_input_length
+    done = 0
+    while done < tokens:
+        n = min(chunk, tokens - done)
+        x = np.zeros((1, n, hidden), np.float16)
+        setup.prefill(x, [n], slots=[slot], past_lengths=None if done == 0 else [done])
+        done += n
+
+
+@pytest.mark.parametrize(("length", "pages", "fit"), [(None, 2, 2), (100, 1, 4), (128, 1, 4), (129, 2, 2),
+                                                      (256, 2, 2)])
+def test_plan_counts_the_sequences_a_pool_holds(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                length: int | None, pages: int, fit: int) -> None:
+    """A plain LLM: a sequence of N tokens takes ceil(N / 128) pages; a pool of 5 pages holds 5 // pages of them,
+    and never more than the 4 slots. A live setup of the same directory admits exactly that many."""
+    d = _small_pool(RAGGED_LLM, tmp_path / "llm", 5)
+    argv = [] if length is None else ["--sequence-length", str(length)]
+    rc, out, err = run(capsys, "plan", str(d), "--json", *argv)
+    assert rc == 0, err
+    seqs = json.loads(out)["sequences"]
+    n = 256 if length is None else length
+    assert seqs["length"] == n and seqs["defaulted"] == (length is None) and seqs["longest"] == 256
+    [llm] = seqs["engines"]
+    assert llm == {"role": "llm", "layout": "paged", "round_width": 0, "entries": n, "slots": 4, "pages": pages,
+                   "page_size": 128, "pool_pages": 5, "fit_pool": 5 // pages, "fit": fit}
+    assert seqs["fit"] == fit
+    rc, text, _ = run(capsys, "plan", str(d), *argv)
+    source = "default: max_kv_cache_capacity" if length is None else "--sequence-length"
+    limit = "the slots" if fit == 4 else "the pool"
+    assert f"sequences of {n} tokens ({source}):" in text
+    assert (f"  llm: {n} entries, {pages} page{'s' if pages > 1 else ''} of 128 tokens each; the pool's 5 pages hold "
+            f"{5 // pages} such sequences, with 4 slots: {fit} fit (limited by {limit})") in text
+
+    cfg = EngineDir.open(d).config
+    with create_for_llm(ReferenceEngine.from_config(cfg, null_compute=True, device="host"), cfg,
+                        backend="host") as setup:
+        for slot in range(fit):
+            _grow(setup, slot, n)
+        assert setup.kv_pages.used == fit * pages
+        if fit < 4:
+            with pytest.raises(trtio.CapacityError, match=r"slot 3 needs 1 more KV page"):
+                _grow(setup, 3, n)
+
+
+def test_plan_counts_a_speculative_pairs_rounds_past_each_sequence(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A pair: the base's verify writes its tree (8 entries) past a sequence's length, the draft's proposal round
+    its tree (2 x 3) or a catch-up the longest path (3 + 1): the default length leaves room for the widest, and
+    each pool counts the sequence with its own round; the pair holds what both pools hold."""
+    tree = ["--draft-top-k", "2", "--draft-step", "3", "--verify-size", "8"]
+    rc, out, err = run(capsys, "plan", str(RAGGED_PAIR), "--json", *tree)
+    assert rc == 0, err
+    seqs = json.loads(out)["sequences"]
+    assert seqs["length"] == seqs["longest"] == 256 - 8 and seqs["defaulted"]
+    base, draft = seqs["engines"]
+    assert (base["role"], base["round_width"], base["entries"], base["pages"], base["fit"]) == ("base", 8, 256, 2, 4)
+    assert (draft["role"], draft["round_width"], draft["entries"], draft["pages"], draft["fit"]) == \
+        ("draft", 6, 254, 2, 4)
+    rc, out, _ = run(capsys, "plan", str(RAGGED_PAIR), "--json", "--draft-top-k", "1", "--draft-step", "5",
+                     "--verify-size", "8")
+    assert [e["round_width"] for e in json.loads(out)["sequences"]["engines"]] == [8, 6], "a catch-up of 5 + 1"
+
+    d = _small_pool(RAGGED_PAIR, tmp_path / "pair", 5)
+    rc, out, err = run(capsys, "plan", str(d), "--json", "--sequence-length", "121", *tree)
+    assert rc == 0, err
+    seqs = json.loads(out)["sequences"]
+    base, draft = seqs["engines"]
+    assert (base["entries"], base["pages"], base["fit_pool"], base["fit"]) == (129, 2, 2, 2)
+    assert (draft["entries"], draft["pages"], draft["fit_pool"], draft["fit"]) == (127, 1, 5, 4)
+    assert seqs["fit"] == 2
+    rc, text, _ = run(capsys, "plan", str(d), "--sequence-length", "121", *tree)
+    assert "  base: 121 + 8 entries a verify writes past them = 129 entries, 2 pages of 128 tokens each" in text
+    assert "  draft: 121 + 6 entries a proposal round or catch-up writes past them = 127 entries, 1 page" in text
+    assert "  2 fit in every engine's KV state" in text
+    rc, text, _ = run(capsys, "plan", str(d), *tree)
+    assert ("sequences of 248 tokens (default: the longest a speculative pair runs rounds on, max_kv_cache_capacity "
+            "less its widest round of 8 entries):") in text
+
+
+@pytest.mark.parametrize(("directory", "length", "needles"), [
+    (RAGGED_LLM, "257", ["257 tokens", "at most 256", "max_kv_cache_capacity is 256"]),
+    (RAGGED_PAIR, "249", ["249 tokens", "at most 248", "base: a verify writes 8 entries past a sequence's length"]),
+], ids=["llm", "pair"])
+def test_a_sequence_longer_than_the_engines_run_is_one_line(capsys: pytest.CaptureFixture[str], directory: Path,
+                                                            length: str, needles: list[str]) -> None:
+    rc, out, err = run(capsys, "plan", str(directory), "--sequence-length", length)
+    assert_one_line_error(rc, err, "plan", "--sequence-length", *needles)
+    assert out == ""
+    rc, _, err = run(capsys, "plan", str(directory), "--sequence-length", "0")
+    assert rc == 2 and "--sequence-length" in err and "positive int" in err
+
+
+def test_plan_of_contiguous_caches_fits_a_sequence_per_slot(capsys: pytest.CaptureFixture[str]) -> None:
+    """trtio's batch toy contract: each slot owns a cache of max_kv_cache_capacity entries; no pool to share."""
+    rc, out, err = run(capsys, "plan", str(ENGINES / "toy-llm" / "config.json"), "--json", "--sequence-length", "100")
+    assert rc == 0, err
+    seqs = json.loads(out)["sequences"]
+    cfg = trtio.DeploymentConfig.from_json(ENGINES / "toy-llm" / "config.json").base
+    assert seqs["fit"] == cfg.max_supported_batch_size and seqs["longest"] == cfg.max_kv_cache_capacity
+    assert seqs["engines"][0]["layout"] == "contiguous" and seqs["engines"][0]["pages"] is None
+    rc, text, _ = run(capsys, "plan", str(ENGINES / "toy-llm" / "config.json"), "--sequence-length", "100")
+    assert (f"  llm: 100 entries in a contiguous cache per slot; {cfg.max_supported_batch_size} slots: "
+            f"{cfg.max_supported_batch_size} fit") in text
 
 
 def _copy(src: Path, dst: Path, *names: str) -> Path:

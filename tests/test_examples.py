@@ -1,4 +1,5 @@
-"""examples/: each runs as it is, on the toy engines, and produces the toy model's greedy tokens.
+"""examples/: each runs as it is, on the toy engines, and produces the toy model's greedy tokens (serve.py: each
+request's own, as if it ran alone).
 
 The host tests run each example as a user would (a subprocess, the host backend), sampling with numpy and,
 where torch is installed, with torch on the CPU (the same code the GPU runs). The ``gpu`` tests run them on
@@ -46,6 +47,7 @@ def _example(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     sys.path.insert(0, str(EXAMPLES))
     try:
         spec.loader.exec_module(module)
@@ -127,6 +129,75 @@ def test_the_fixed_tree_and_its_paths() -> None:
     assert tree.emit_columns[6].tolist() == [2, 4, 6, 7] and tree.emit_columns[0].tolist() == [7, 7, 7, 7]
 
 
+def served_tokens(count: int, eos: set[int]) -> list[list[int]]:
+    """What examples/serve.py must give each of its requests: its greedy tokens alone (numpy, in-process), up to
+    its budget or its first end-of-sequence token."""
+    toys = RaggedToyEngines.load(ENGINES)
+    out = []
+    with trtio.create_for_llm(toys.reference_engine("toy-llm-ragged", device="host"), toys.llm_config) as setup:
+        for r in _example("serve").requests(ENGINES / "toy-llm-ragged", count):
+            tokens = greedy_generate(setup, toys.embedding(), [r.prompt], r.budget)[0]
+            out.append(tokens[:next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))])
+    return out
+
+
+def served(stdout: str) -> list[dict[str, Any]]:
+    """serve.py's request lines."""
+    pattern = (r"^request (\d+): (\d+) prompt tokens, arrived at step (\d+), admitted at step (\d+) into slot (\d+), "
+               r"ended at step (\d+) \((end of sequence|its budget)\)$")
+    return [{"arrived": int(m[3]), "admitted": int(m[4]), "slot": int(m[5]), "ended": int(m[6]), "why": m[7]}
+            for m in re.finditer(pattern, stdout, re.M)]
+
+
+def run_serve(*argv: str, cwd: Path) -> tuple[list[list[int]], list[dict[str, Any]], str]:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "serve.py"), *argv], capture_output=True, text=True,
+                          cwd=cwd, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    rows = [[int(t) for t in m.group(1).split(", ")]
+            for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$", proc.stdout, re.M)]
+    return rows, served(proc.stdout), proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("array", ARRAYS)
+def test_serve_example_gives_each_request_its_greedy_tokens(array: str, tmp_path: Path) -> None:
+    """Six requests over four slots, arriving at different steps: each gets exactly its greedy tokens alone, up to
+    its budget or the toy config's end-of-sequence token (2); requests wait for a slot, and slots are reused."""
+    rows, reqs, last = run_serve("--max-new-tokens", "16", "--backend", "host", "--array", array, cwd=tmp_path)
+    want = served_tokens(16, {2})
+    assert rows == want
+    assert len(reqs) == 6 and sum(len(r) for r in rows) == sum(len(w) for w in want)
+    assert [r["arrived"] for r in reqs] == [0, 0, 2, 3, 5, 6]
+    assert any(r["admitted"] > r["arrived"] for r in reqs), "a request waited for a free slot"
+    slots = [r["slot"] for r in reqs]
+    assert len(set(slots)) == 4 < len(slots), "the four slots, reused"
+    for a in reqs:  # a slot serves one request at a time
+        for b in reqs:
+            if a is not b and a["slot"] == b["slot"]:
+                assert a["ended"] < b["admitted"] or b["ended"] < a["admitted"], (a, b)
+    count = sum(len(r) for r in rows)
+    assert re.fullmatch(rf"{count} tokens in [\d.]+ s: [\d.]+ tokens/s \(6 requests over 4 slots, \d+ steps; host "
+                        rf"backend, sampling with {array}\)", last), last
+
+
+def test_serve_example_ends_a_request_at_an_end_of_sequence_token(tmp_path: Path) -> None:
+    """With ``--eos`` set to the fifth greedy token of request 0, request 0 ends there (its slot freed early) and every
+    other request ends at that token's first occurrence or its budget; an engine directory is taken as an argument."""
+    shutil.copytree(ENGINES / "toy-llm-ragged", tmp_path / "toy-llm-ragged")
+    eos = served_tokens(16, set())[0][4]
+    rows, reqs, _ = run_serve(str(tmp_path / "toy-llm-ragged"), "--max-new-tokens", "16", "--backend", "host",
+                              "--eos", str(eos), cwd=tmp_path)
+    assert rows == served_tokens(16, {eos})
+    assert rows[0][-1] == eos and len(rows[0]) <= 5 and reqs[0]["why"] == "end of sequence"
+    assert all((r["why"] == "end of sequence") == (row[-1] == eos) for r, row in zip(reqs, rows))
+
+
+def test_serve_example_refuses_a_speculative_pair(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "serve.py"), str(ENGINES / "toy-eagle3-ragged"), "--backend",
+                           "host"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "holds a speculative pair" in proc.stderr and "Traceback" not in proc.stderr
+
+
 # -- on a GPU ---------------------------------------------------------------------------------------
 
 
@@ -152,6 +223,16 @@ def test_examples_on_the_gpu_give_the_greedy_tokens(example: str, array: str, tm
     rows, last = run_example(example, "--max-new-tokens", "16", "--backend", "cuda", "--array", array, cwd=tmp_path)
     assert rows == greedy_tokens(16)
     assert last.endswith(f"(cuda backend, sampling with {array})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("array", _gpu_arrays())
+def test_serve_example_on_the_gpu_gives_each_request_its_greedy_tokens(array: str, tmp_path: Path) -> None:
+    _require(array)
+    pytest.importorskip("cupy")  # the toy ReferenceEngines compute with CuPy on a GPU
+    rows, reqs, last = run_serve("--max-new-tokens", "16", "--backend", "cuda", "--array", array, cwd=tmp_path)
+    assert rows == served_tokens(16, {2}) and len(reqs) == 6
+    assert last.endswith(f"cuda backend, sampling with {array})")
 
 
 def _sync_warnings(torch: Any, run: Any) -> int:

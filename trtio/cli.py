@@ -94,7 +94,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_plan, plan_config
 
     result = plan_config(args.config, draft_top_k=args.draft_top_k, draft_step=args.draft_step,
-                         verify_size=args.verify_size)
+                         verify_size=args.verify_size, sequence_length=args.sequence_length)
     if args.json:
         result = dict(result)
         result.pop("text")
@@ -105,8 +105,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from trtio.tools.bench import format_results, run
+    from trtio.tools.bench import format_results, machine_name, run
 
+    if args.sequences:
+        return _bench_sequences(args, machine_name(args.backend))
     contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
                   kv_capacity=args.kv_capacity)
@@ -119,6 +121,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                               for name, v in rows.items()} for c, rows in results.items()}, indent=2))
     else:
         print(format_results(results, args.backend))
+    return 0
+
+
+def _bench_sequences(args: argparse.Namespace, machine: str) -> int:
+    from trtio.errors import ConfigError
+    from trtio.tools.bench_sequences import format_sequences, run_sequences
+
+    if args.contract == "batch":
+        raise ConfigError("--contract", "batch: --sequences measures the ragged contract (Edge-LLM 0.11's slots and "
+                                        "paged pools); the batch contract's steps are whole-batch steps")
+    results = run_sequences(args.backend, steps=args.steps, kv_capacity=args.kv_capacity)
+    print(json.dumps({"sequences": results.to_dict()}, indent=2) if args.json else format_sequences(results, machine))
     return 0
 
 
@@ -197,7 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "prompts with create_for_llm, decode them speculatively with create_for_spec_decode (EAGLE "
                     "tree drafting), stream the prefill snapshot to a consumer stream where the engine has a "
                     "hidden_states output, and print tokens, acceptance rate, bindings, memory and graph "
-                    "statistics. Exit status 1 when any contract's speculative tokens differ from its greedy ones.")
+                    "statistics. On the ragged contract also requests that arrive and leave: prompts admitted into "
+                    "free slots at different steps, one finishing early and its slot reused, one starting from a "
+                    "pinned prefix, with the KV pages in use at each event and each request's tokens checked against "
+                    "its solo greedy run. Exit status 1 when any contract's speculative tokens differ from its greedy "
+                    "ones, or a request's tokens from its solo run.")
     demo.add_argument("--contract", default="both", metavar="{batch,ragged,both}",
                       help="which toy engines to run: batch (toy-llm, toy-eagle), ragged (toy-llm-ragged, "
                            "toy-eagle3-ragged) or both (default)")
@@ -265,6 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--verify-size", type=_positive_int, default=None, metavar="N",
                       help="Edge-LLM pair: tree nodes the base verifies per round (default: "
                            "builder_config.max_verify_tree_size)")
+    plan.add_argument("--sequence-length", type=_positive_int, default=None, metavar="N",
+                      help="how many sequences of N tokens fit the KV pools (default: max_kv_cache_capacity; for a "
+                           "speculative pair less its widest round, which writes its tree past a sequence's length)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
@@ -309,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kv-capacity", type=_positive_int, default=None, metavar="N",
                        help="tokens per sequence in the KV caches (default 4096; 1024 on the host backend, whose "
                             "device memory is host RAM)")
+    bench.add_argument("--sequences", action="store_true",
+                       help="instead: sequences that come and go on the ragged contract, beside whole-batch steps (a "
+                            "decode of 8 slots after admissions and releases, an admission's prefill, release, "
+                            "pin_prefix; --steps of each)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
     return p

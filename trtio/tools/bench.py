@@ -31,7 +31,8 @@ from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["Row", "configs", "format_results", "run"]
+__all__ = ["Row", "bench_backend", "configs", "default_kv_capacity", "device_tensor", "format_results",
+           "machine_name", "null_engine", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -59,7 +60,8 @@ def configs(contract: str, kv_capacity: int = 4096) -> tuple[LLMEngineConfig, De
     return llm, DeploymentConfig(base, draft, spec).validate()
 
 
-def _engine(cfg: LLMEngineConfig, backend: Backend) -> Any:
+def null_engine(cfg: LLMEngineConfig, backend: Backend) -> Any:
+    """A null-compute ReferenceEngine of ``cfg`` (its I/O contract and checks, no math) for ``backend``."""
     from trtio.testing.reference_engine import ReferenceEngine
 
     device = "gpu" if backend.name == "cuda" else "host"
@@ -109,7 +111,8 @@ class _Clock:
                    statistics.median(self.work[name]) * 1e6 if timed else nan)
 
 
-def _device(backend: Backend, shape: Sequence[int], rng: np.random.Generator) -> Tensor:
+def device_tensor(backend: Backend, shape: Sequence[int], rng: np.random.Generator) -> Tensor:
+    """A float16 device tensor of ``shape`` holding small random values (a step's embeddings); the caller closes it."""
     t = Tensor.empty(tuple(shape), "float16", Location.DEVICE, backend=backend, name="bench.embeds")
     t.copy_from((rng.standard_normal(shape) * 0.1).astype(np.float16))
     return t
@@ -117,9 +120,9 @@ def _device(backend: Backend, shape: Sequence[int], rng: np.random.Generator) ->
 
 def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock) -> None:
     rng = np.random.default_rng(0)
-    with create_for_llm(_engine(llm, backend), llm, stream, graphs=True, backend=backend) as setup:
+    with create_for_llm(null_engine(llm, backend), llm, stream, graphs=True, backend=backend) as setup:
         setup.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
-        prompt = _device(backend, (BATCH, 16, HIDDEN), rng)
+        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
         embeds = setup.io.inputs_embeds  # a runtime writes the step's embeddings in place: no copy
         setup.prefill(prompt, np.full(BATCH, 16))
 
@@ -145,12 +148,12 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
     rng = np.random.default_rng(1)
     draft_cfg = bundle.draft
     assert draft_cfg is not None, "configs() always builds a bundle with a draft"
-    base, draft = _engine(bundle.base, backend), _engine(draft_cfg, backend)
+    base, draft = null_engine(bundle.base, backend), null_engine(draft_cfg, backend)
     with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
         for e in sd.engines():
             e.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
-        prompt = _device(backend, (BATCH, 16, HIDDEN), rng)
-        level = _device(backend, (BATCH, TOP_K, HIDDEN), rng)
+        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
+        level = device_tensor(backend, (BATCH, TOP_K, HIDDEN), rng)
         embeds = sd.io.inputs_embeds  # verify and catch-up embeddings written in place by the runtime: no copy
 
         def tree() -> Tensor:
@@ -187,19 +190,30 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
 Results = dict[str, dict[str, Row]]
 
 
+def bench_backend(kind: str) -> Backend:
+    """The backend a benchmark runs on: ``host``, ``cuda``, or ``dry-run`` (the device work counted but not
+    run: trtio's own host cost alone)."""
+    if kind == "dry-run":
+        from trtio.tools.dry_run import DryRunBackend
+
+        return DryRunBackend()
+    return get_backend(kind)
+
+
+def default_kv_capacity(backend: Backend) -> int:
+    """Tokens per sequence at 8B-class scale: 4096, or 1024 on the host backend, whose "device" memory is host
+    RAM (36 layers of 8 x 4096-token caches are 9.6 GB)."""
+    return 4096 if backend.name in ("cuda", "dry-run") else 1024
+
+
 def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
         contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None) -> Results:
     """``{contract: {helper: Row}}`` for each contract, one run.
 
     ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
     memory is host RAM: 36 layers of 8 x 4096-token caches are 9.6 GB)."""
-    if backend_kind == "dry-run":  # the device work is counted but not run: trtio's own host cost alone
-        from trtio.tools.dry_run import DryRunBackend
-
-        backend: Backend = DryRunBackend()
-    else:
-        backend = get_backend(backend_kind)
-    kv = kv_capacity or (4096 if backend.name in ("cuda", "dry-run") else 1024)
+    backend = bench_backend(backend_kind)
+    kv = kv_capacity or default_kv_capacity(backend)
     out: Results = {}
     for contract in contracts:
         llm, bundle = configs(contract, kv)
@@ -220,7 +234,7 @@ def format_results(results: Results, backend_kind: str) -> str:
     ``x decode`` divides by ``LLMSetup.decode``'s time in the same run. On the host backend one column more
     says how much of a call numpy spent running its device work (the moves a GPU makes)."""
     host = backend_kind == "host"
-    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({_machine(backend_kind)}):", ""]
+    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({machine_name(backend_kind)}):", ""]
     head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
     rule = "| --- | --- | ---: | ---: | ---: | ---: |"
     if host:
@@ -239,7 +253,8 @@ def format_results(results: Results, backend_kind: str) -> str:
     return "\n".join(lines)
 
 
-def _machine(backend_kind: str) -> str:
+def machine_name(backend_kind: str) -> str:
+    """Where a benchmark ran: the GPU's name, or the CPU's architecture and cores, with the backend and Python."""
     import os
     import platform
 

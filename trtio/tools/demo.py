@@ -25,7 +25,12 @@ For each contract:
    must equal the greedy ones, and how much the base accepted of the draft's proposals
    (:class:`~trtio.testing.toy_runtime.SpecStats`: the acceptance rate per draft level, the mean accepted
    tokens per verify, the drafted tree nodes accepted);
-3. the binding tables, the memory reports and the graph statistics of both setups.
+3. on the ragged contract, requests that arrive and leave the LLM setup
+   (:mod:`trtio.tools.admissions`): prompts of different lengths admitted into free slots at different
+   steps while the others decode, one finishing early and its slot reused by a request that starts from a
+   pinned prefix, the KV pages in use at each event, and each request's tokens checked against its solo
+   greedy run;
+4. the binding tables, the memory reports and the graph statistics of both setups.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
 under ``"contracts"``); :func:`format_demo` renders it for a terminal.
@@ -61,6 +66,7 @@ from trtio.testing.toy_engines import (
     default_engines_dir,
 )
 from trtio.testing.toy_runtime import embed_batch, spec_generate
+from trtio.tools.admissions import format_admissions, run_admissions, story_requests
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.inspection import check_fits
 from trtio.trt import KNOWN_MODULES
@@ -315,6 +321,10 @@ def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]
             bindings = {"llm": binding_rows(llm)["llm"]}
             memory = {"llm": llm.memory_report()}
             graph_stats = {role: dataclasses.asdict(g) for role, g in llm.graph_stats.items()}
+            admissions = None
+            if contract == "ragged":  # sequences that come and go: slots, pages on demand, a pinned prefix
+                requests = story_requests(prompts, pair.llm_cfg.vocab_size, pair.seed, opts.max_new_tokens)
+                admissions = run_admissions(llm, pair.embedding, requests, main)
         t0 = time.perf_counter()
         with create_for_spec_decode(pair.base_engine, pair.draft_engine, pair.bundle, stream=main,
                                     graphs=opts.graphs, backend=be) as sd:
@@ -331,7 +341,7 @@ def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]
         main.close()
         consumer.close()
     equal = tokens == vanilla
-    return {
+    section = {
         "contract": contract,
         "engines": dict(pair.names),
         "backend": be.name,
@@ -355,6 +365,10 @@ def _run_contract(pair: _Pair, be: Backend, opts: DemoOptions) -> dict[str, Any]
         "timings": {"setup_llm_s": t_setup_llm, **greedy_t, "setup_spec_s": t_setup_sd, "spec_decode_s": t_spec},
         "ok": bool(equal and streaming.get("identical", True)),
     }
+    if admissions is not None:
+        section["admissions"] = admissions
+        section["ok"] = bool(section["ok"] and admissions["equal"])
+    return section
 
 
 def _batch_section(toys: ToyEngines, opts: DemoOptions) -> dict[str, Any]:
@@ -392,8 +406,9 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     """Run the demo (module docstring) and return its summary: ``contract``, ``engines_dir``, ``graphs``,
     ``max_new_tokens``, ``contracts`` (``{"batch": {...}, "ragged": {...}}``: each contract's engines,
     backend, prompts, tokens, spec-decode statistics, streaming check, graph statistics, bindings, memory
-    and timings), ``timings`` and ``ok``, which is False when any contract's speculative tokens differ
-    from its greedy ones or a streamed snapshot is not byte-identical."""
+    and timings; the ragged one also ``admissions``, :func:`~trtio.tools.admissions.run_admissions`' story),
+    ``timings`` and ``ok``, which is False when any contract's speculative tokens differ from its greedy ones,
+    a streamed snapshot is not byte-identical, or a request of the admission story differs from its solo run."""
     opts = (opts or DemoOptions()).validate()
     t_start = time.perf_counter()
     root = opts.engines_dir if opts.engines_dir is not None else default_engines_dir()
@@ -477,6 +492,8 @@ def _format_section(key: str, s: dict[str, Any]) -> list[str]:
         f"spec-decode tokens equal vanilla tokens: {_yes(s['tokens_equal'])}",
         "",
     ]
+    if "admissions" in s:
+        lines += [*format_admissions(s["admissions"], n["llm"]), ""]
     if st["checked"]:
         lines += [
             f"streaming prefill snapshot: populate_streaming() after prefill; a consumer stream waited on "
@@ -507,8 +524,9 @@ def _verdict(key: str, s: dict[str, Any]) -> str:
     st = s["streaming"]
     snap = f"snapshot identical {_yes(st['identical'])}" if st["checked"] else "snapshot not checked (no hidden_states)"
     sd = s["spec_decode"]
+    story = f", admissions equal {_yes(s['admissions']['equal'])}" if "admissions" in s else ""
     return (f"{key}: tokens equal {_yes(s['tokens_equal'])}, acceptance rate {sd['acceptance_rate']:.3f} "
-            f"({sd['accepted_per_verify']:.2f} accepted tokens per verify), {snap}")
+            f"({sd['accepted_per_verify']:.2f} accepted tokens per verify), {snap}{story}")
 
 
 def format_demo(s: dict[str, Any]) -> str:

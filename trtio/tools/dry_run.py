@@ -26,6 +26,7 @@ from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
 from trtio.memory import MemoryReport, align_up
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.tools.sequence_fit import round_width
 
 __all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "kv_state_rows", "planned", "planned_memory"]
 
@@ -148,8 +149,11 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
     """The KV state of each engine of ``setup``, one JSON-able dict per engine: ``role``, ``layout``
     (``"paged"`` or ``"contiguous"``), ``tensors`` (one per layer: a paged pool ``[2, pages, page, kv_heads,
     head_dim]`` or a contiguous K or V cache), ``shape`` and ``dtype`` of one of them, ``bytes`` (all of
-    them), and for a paged state ``pool_pages``, ``page_size``, ``pages_per_sequence`` and
-    ``page_table_shape`` (``[batch, 2, pages_per_sequence]``: K page ids, then V page ids)."""
+    them), ``capacity`` (``max_kv_cache_capacity``), ``slots`` (sequence slots), ``round_width`` (entries a
+    step writes past a sequence's length: :func:`trtio.tools.sequence_fit.round_width`), and for a paged state
+    ``pool_pages``, ``page_size``, ``pages_per_sequence`` and ``page_table_shape`` (``[batch, 2,
+    pages_per_sequence]``: K page ids, then V page ids)."""
+    spec = setup.bundle.spec if isinstance(setup, SpecDecodeSetup) else None
     rows = []
     for e in setup.engines():
         state = e.state
@@ -162,6 +166,9 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
             "shape": [int(d) for d in tensors[0].shape] if tensors else [],
             "dtype": str(tensors[0].dtype) if tensors else None,
             "bytes": sum(t.capacity for t in tensors),
+            "capacity": e.cfg.max_kv_cache_capacity,
+            "slots": setup.io.max_batch,
+            "round_width": round_width(e.role, spec),
         }
         if state.layout == "paged" and state.page_table is not None:
             row.update(pool_pages=int(state.pool_pages), page_size=int(state.page_size),

@@ -43,6 +43,7 @@ from trtio.tools.engine_dirs import (
     inspect_engine_dir,
     plan_engine_dir,
 )
+from trtio.tools.sequence_fit import format_sequence_fit, sequence_fit
 
 __all__ = ["check_fits", "inspect_target", "format_inspection", "plan_config", "format_plan"]
 
@@ -224,17 +225,24 @@ def _deployment_for_plan(path: Path) -> tuple[Path, DeploymentConfig]:
 
 
 def plan_config(path: str | os.PathLike[str], *, draft_top_k: int | None = None, draft_step: int | None = None,
-                verify_size: int | None = None) -> dict[str, Any]:
+                verify_size: int | None = None, sequence_length: int | None = None) -> dict[str, Any]:
     """``trtio plan``: what the factories allocate for the config at ``path`` (a JSON, or a folder
     holding config.json), as ``{"config", "kind": "trtio", "factory", "contract", "kv_state", "memory":
-    MemoryReport.to_dict(), "text"}``.
+    MemoryReport.to_dict(), "text", "sequences"}``.
 
     An Edge-LLM engine directory (or a config in one) is planned by
     :func:`~trtio.tools.engine_dirs.plan_engine_dir` with Edge-LLM's run-time values ``draft_top_k``,
     ``draft_step``, ``verify_size`` (a speculative pair's; defaults: the largest its caps allow). trtio's
-    own deployment configs carry them in their ``spec`` section instead.
+    own deployment configs carry them in their ``spec`` section instead. ``sequences`` is how many
+    sequences of ``sequence_length`` tokens fit each engine's KV state
+    (:func:`~trtio.tools.sequence_fit.sequence_fit`; default: the longest the engines run their steps on).
     """
-    path = Path(path)
+    result = _plan(Path(path), draft_top_k, draft_step, verify_size)
+    result["sequences"] = sequence_fit(result["kv_state"], sequence_length)
+    return result
+
+
+def _plan(path: Path, draft_top_k: int | None, draft_step: int | None, verify_size: int | None) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(str(path), "no such config file or folder")
     edgellm = edgellm_directory(path)
@@ -267,6 +275,8 @@ def format_plan(result: dict[str, Any]) -> str:
         lines = [f"{result['factory']} for {result['config']}:"]
     lines.append("KV state:")
     lines.extend(format_kv_state(result["kv_state"]))
+    if "sequences" in result:
+        lines.extend(format_sequence_fit(result["sequences"]))
     lines.append(result["text"])
     return "\n".join(lines)
 
