@@ -106,7 +106,7 @@ def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
     assert all(len(t) == 20 for t in s["vanilla_tokens"])
     sd = s["spec_decode"]
     assert 0.0 < sd["acceptance_rate"] < 1.0
-    assert sd["tree"] == {"top_k": 2, "depth": 3, "draft_nodes": 6, "verify_size": 5}
+    assert sd["tree"] == {"top_k": 2, "depth": 3, "draft_nodes": 6, "verify_size": 7}  # every drafted node verified
     assert sd["proposed"] == sd["rounds"] * 4 * 3 * 2, "4 sequences, 3 levels of top-2 draft nodes"
     st = s["streaming"]
     assert st["identical"] and st["input_embeds_identical"] and st["hidden_states_identical"]
@@ -148,7 +148,7 @@ def test_demo_bindings_cover_every_engine_tensor(demo_json: dict[str, Any]) -> N
     assert by["draft"]["hidden_states_input"]["address"] == by["base"]["hidden_states"]["address"]
     assert by["draft"]["rope_rotary_cos_sin"]["address"] == by["base"]["rope_rotary_cos_sin"]["address"]
     assert by["base"]["k_cache_0"]["address"] != by["draft"]["k_cache_0"]["address"]
-    assert by["base"]["inputs_embeds"]["shape"] == [4, 5, 64]  # its last verify: a 5-node tree
+    assert by["base"]["inputs_embeds"]["shape"] == [4, 7, 64]  # its last verify: a 7-node tree
 
 
 def test_demo_memory_and_graph_stats(demo_json: dict[str, Any]) -> None:

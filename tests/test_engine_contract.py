@@ -202,7 +202,7 @@ def test_engines_configs_describe_one_small_model(toys: ToyEngines) -> None:
     assert draft.base_model_hidden_size == base.hidden_size
     assert draft.vocab_size == base.output_vocab_size  # the draft shares the base's lm head
     assert (spec.drafting_step, spec.drafting_top_k, spec.max_verify_size, spec.max_draft_proposal_size) == (3, 2, 8, 8)
-    assert spec.verify_size == 1 + spec.drafting_top_k + spec.drafting_step - 1  # the demo's tree: 5 nodes
+    assert spec.verify_size == 1 + spec.drafting_top_k * spec.drafting_step  # the demo verifies every drafted node
 
 
 @pytest.mark.parametrize("name", ["toy-eagle/base", "toy-eagle/draft"])
