@@ -206,6 +206,8 @@ def snapshot(setup: Any) -> dict[str, Any]:
         out[f"{role}.limit"] = t.limit.tolist()
         out[f"{role}.refs"] = t.pool._refs.tolist()
         out[f"{role}.free"] = sorted(t.pool._free)
+    if hasattr(setup, "_streaming_pending"):
+        out["streaming_pending"] = setup._streaming_pending
     if hasattr(setup, "_tree"):
         tree = setup._tree
         out["tree"] = (tree.nodes, tree._level, [p.tolist() for p in tree._parents])

@@ -129,6 +129,8 @@ def _factories(be: trtio.Backend) -> dict[str, Callable[[], Any]]:
             *p, b, graphs=True, backend=be)
         out[f"PipelineIO.create_for_llm-{contract}"] = lambda cfg=cfg: trtio.PipelineIO.create_for_llm(cfg,
                                                                                                       backend=be)
+        out[f"PipelineIO.create_for_spec_decode-{contract}"] = lambda b=b: trtio.PipelineIO.create_for_spec_decode(
+            b, backend=be)
         out[f"EngineExecutor-{contract}"] = lambda e=llm: trtio.EngineExecutor(e, backend=be)
     return out
 

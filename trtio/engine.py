@@ -557,8 +557,13 @@ class EngineExecutor(Closeable):
 
         With graphs, the first step of each binding snapshot and ``before`` runs un-captured (TensorRT's
         lazy initialisation) and is then captured with ``before`` in one graph, which later steps with the
-        same snapshot and equal ``before`` replay. A step runs once: ``before`` need not be idempotent (a
-        move may read what the engine writes).
+        same snapshot and equal ``before`` replay (a capture that fails after that first run costs only the
+        graph: see :meth:`_capture`). A step runs once: ``before`` need not be idempotent (a move may read
+        what the engine writes).
+
+        When it raises, :attr:`enqueued` says how far it got: the works of ``before`` that reached the stream,
+        plus 1 once the engine's work did (a step whose device work overwrote what it reads cannot simply
+        be run again then).
         """
         if self._closed:
             self._check_open()

@@ -175,7 +175,8 @@ class SetupBase(Closeable, abc.ABC):
 
     def _check_usable(self) -> None:
         """Refuse a call on a closed or a broken setup, naming what to do."""
-        self._check_open()
+        if self._closed:
+            self._check_open()
         if self._broken is not None:
             raise TrtioError(f"this {type(self).__name__} is broken: {self._broken}; reset() it (every sequence "
                              f"ends; prefill again) or close() it")

@@ -10,7 +10,6 @@ keeps the parents given, for the verify tree a runtime selects from the draft tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,18 +28,6 @@ from trtio.stream import Stream
 from trtio.tensor import Tensor
 
 __all__ = ["DraftTree"]
-
-
-@dataclass(frozen=True)
-class _Level:
-    """A level :meth:`DraftTree.propose` staged: its parents, place in the round, the round's lengths and
-    its embeddings' source (see ``DraftTree._stage_embeds``)."""
-
-    parents: np.ndarray
-    n0: int
-    k: int
-    lengths: tuple[np.ndarray, np.ndarray]
-    source: tuple[tuple[int, ...], int] | None
 
 _MAX_LEVEL_COPIES = 32  # embedding copies a setup captures in level graphs (each address pair: one more graph)
 _STABLE_ROUNDS = 1  # rounds in a row a level's embeddings came from one address before its graph copies them
@@ -73,7 +60,9 @@ class DraftTree:
         self._moves: BoundedCache[tuple[int, int], DeviceWork] = BoundedCache()
         self._zeros: BoundedCache[tuple[int, int], Zero] = BoundedCache()
         self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
-        self._staged: _Level | None = None  # the level propose() staged, until grow() adds it to the tree
+        # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
+        # round's lengths and its embeddings' source (see _stage_embeds).
+        self._staged: tuple[np.ndarray, int, int, tuple[np.ndarray, np.ndarray], Any] | None = None
 
     def start(self) -> None:
         """A new round: no node yet."""
@@ -132,19 +121,19 @@ class DraftTree:
             lengths = (past32, constant(past32 + np.int32(self.width)))
         plan = DraftLevelPlan(lengths[0], lengths[1], par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
-        self._staged = _Level(par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
+        self._staged = (par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
         return self._fuse(embeds, zeros, level, move)
 
     def grow(self) -> None:
         """The level :meth:`propose` staged joins the tree (its step succeeded)."""
-        level = self._staged
-        assert level is not None, "grow() follows propose()"
-        self._parents.append(level.parents)
-        self.nodes = level.n0 + level.k
-        self._level = (level.n0, level.k)
-        self._round_lengths = level.lengths
-        if level.source is not None:
-            self._level_sources[level.n0] = level.source
+        staged = self._staged
+        assert staged is not None, "grow() follows propose()"
+        parents, n0, k, self._round_lengths, source = staged
+        self._parents.append(parents)
+        self.nodes = n0 + k
+        self._level = (n0, k)
+        if source is not None:
+            self._level_sources[n0] = source
         self._staged = None
 
     def _move(self, b: int, k: int) -> DeviceWork:

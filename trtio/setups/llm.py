@@ -183,13 +183,13 @@ class LLMSetup(SetupBase):
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
-                self._streaming_pending = False
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             e.executor.execute(s, before=before)
         except BaseException:
             if plan is not None:
                 plan.undo()
             raise
+        self._streaming_pending = False
         if whole:
             lengths += 1
         else:
