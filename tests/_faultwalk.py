@@ -11,40 +11,30 @@ one error naming that, and ``reset()`` (then the script from its start) or ``clo
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import _configs
 import numpy as np
 
 import trtio
-from trtio import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig, TrtioError
+from trtio import DeploymentConfig, LLMEngineConfig, TrtioError
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import Call
 
-TINY = dict(hidden_size=16, vocab_size=32, max_supported_batch_size=2, max_supported_input_length=8,
-            max_kv_cache_capacity=32, num_attention_layers=1, num_attention_heads=2, num_kv_heads=1, head_dim=8,
-            rotary_dim=8)
 H = 16
 KINDS = ["llm-batch", "llm-ragged", "spec-batch", "spec-ragged"]
+# Ragged: pages of 4 tokens in pools of 12 (< 2 slots x 8 pages), so that steps take pages and prefixes share them.
+PAGES = {"page": 4, "pool": 12}
 
 
-def _contract_fields(contract: str) -> dict[str, Any]:
-    # Pages of 4 tokens in a pool of 12 (< 2 slots x 8 pages): steps take pages, prefixes share them.
-    return {"contract": "ragged", "kv_page_size": 4, "kv_pool_pages": 12} if contract == "ragged" else {}
-
-
-def tiny_llm(contract: str, **over: Any) -> LLMEngineConfig:
-    return LLMEngineConfig(**{**TINY, **_contract_fields(contract), **over}).validate()
+def tiny_llm(contract: str) -> LLMEngineConfig:
+    return _configs.tiny_llm(contract, **PAGES)
 
 
 def tiny_bundle(contract: str) -> DeploymentConfig:
-    base = tiny_llm(contract, is_spec_decode_base=True, max_verify_tree_size=4)
-    draft = tiny_llm(contract, base_model_hidden_size=16, max_draft_tree_size=4)
-    spec = SpecDecodeConfig(base_output_hidden_dim=16, draft_hidden_size=16, max_verify_size=4,
-                            max_draft_proposal_size=4, drafting_top_k=2, drafting_step=2, verify_size=4)
-    return DeploymentConfig(base, draft, spec).validate()
+    return _configs.tiny_bundle(contract, **PAGES)
 
 
 _RNG = np.random.default_rng(20)
@@ -239,6 +229,9 @@ class Outcome:
 
 @dataclass
 class Walk:
+    """The walk over one setup kind (see module docstring): the reference results and each step's calls
+    (:meth:`prepare`), and the outcome of each fault position walked so far."""
+
     kind: Kind
     reference: list[Any] = field(default_factory=list)
     calls: list[list[Call]] = field(default_factory=list)
@@ -344,9 +337,3 @@ class Walk:
         self.outcomes += out
         return out
 
-
-def summary(outcomes: list[Outcome]) -> dict[str, Counter[str]]:
-    by: dict[str, Counter[str]] = {}
-    for o in outcomes:
-        by.setdefault(o.name, Counter())[o.result] += 1
-    return by

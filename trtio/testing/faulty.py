@@ -6,16 +6,24 @@ says it is broken and refuses every later call (except ``reset`` and ``close``) 
 :class:`FaultyBackend` is how trtio's tests check that rule, and how a runtime author can check their own
 loop against it, without a GPU or a real fault::
 
-    faulty = FaultyBackend("host")                     # wraps get_backend("host"); FaultyBackend("cuda") on a GPU
-    setup = trtio.create_for_llm(engine, cfg, backend=faulty)
-    faulty.watch(setup)                                # the engines' enqueues can fail too
-    with faulty.recording() as calls:                  # which calls does one step make?
-        setup.decode(x)
-    for call in calls:                                 # make each of them fail in turn
-        faulty.fail(call.method, call.nth)
+    faulty = FaultyBackend("host")               # wraps get_backend("host"); FaultyBackend("cuda") on a GPU
+
+    def fresh():                                 # a setup after a prefill, its engine's enqueue watched too
+        setup = trtio.create_for_llm(engine, cfg, backend=faulty)
+        faulty.watch(setup)
+        setup.prefill(prompt, lengths)
+        return setup
+
+    setup = fresh()
+    with faulty.recording() as calls:            # which calls does one decode step make?
+        logits = setup.decode(x)
+    want = logits.to_numpy()
+    for call in calls:                           # make each of them fail in turn
+        setup = fresh()
+        faulty.fail(*call)
         with pytest.raises(trtio.TrtioError):
             setup.decode(x)
-        setup.decode(x)                                # ... and retry (on a fresh setup for each call)
+        assert (setup.decode(x).to_numpy() == want).all()   # the retry gives what a fault-free step gives
 
 Every call is forwarded to the wrapped backend. A call made to fail (:meth:`FaultyBackend.fail`) raises the
 :class:`~trtio.errors.CudaError` the real backend raises for that call, naming the CUDA call, and does
