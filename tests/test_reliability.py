@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _configs import bundle, llm_config
+from _configs import TINY, bundle, llm_config, tiny_bundle, tiny_llm
 
 import trtio
 from trtio import (
@@ -37,7 +37,6 @@ from trtio import (
     Location,
     PipelineIO,
     ShapeError,
-    SpecDecodeConfig,
     Stream,
     Tensor,
     TensorMap,
@@ -54,31 +53,10 @@ from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
 from trtio.trees import ancestor_mask
 
-# A tiny model, so that a thousand setups take a few seconds: one layer, 16 wide, 32 tokens.
-TINY = dict(hidden_size=16, vocab_size=32, max_supported_batch_size=2, max_supported_input_length=8,
-            max_kv_cache_capacity=32, num_attention_layers=1, num_attention_heads=2, num_kv_heads=1, head_dim=8,
-            rotary_dim=8)
 CONTRACTS = ["batch", "ragged"]
 SETUPS = ["llm-batch", "llm-ragged", "spec-batch", "spec-ragged"]
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 E = toy_embedding(32, 16)
-
-
-def _contract_fields(contract: str) -> dict[str, Any]:
-    return {"contract": "ragged", "kv_page_size": 16} if contract == "ragged" else {}
-
-
-def tiny_llm(contract: str, **over: Any) -> LLMEngineConfig:
-    return LLMEngineConfig(**{**TINY, **_contract_fields(contract), **over}).validate()
-
-
-def tiny_bundle(contract: str) -> DeploymentConfig:
-    """An EAGLE pair of the tiny model: trees of 2 x 2 draft nodes, 4 verify nodes."""
-    base = tiny_llm(contract, is_spec_decode_base=True, max_verify_tree_size=4)
-    draft = tiny_llm(contract, base_model_hidden_size=16, max_draft_tree_size=4)
-    spec = SpecDecodeConfig(base_output_hidden_dim=16, draft_hidden_size=16, max_verify_size=4,
-                            max_draft_proposal_size=4, drafting_top_k=2, drafting_step=2, verify_size=4)
-    return DeploymentConfig(base, draft, spec).validate()
 
 
 class Factory:

@@ -26,7 +26,7 @@ from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location, destroy_graphs, get_backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.errors import BindingError, EngineError, FrozenError, UnknownNameError
+from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, UnknownNameError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
@@ -363,6 +363,10 @@ class EngineExecutor(Closeable):
         self._last_snapshot: tuple[Any, ...] | None = None
         self._last_before: tuple[DeviceWork, ...] = ()
         self.graph_stats = GraphStats()
+        # How much of the last execute() reached the stream: the works of its `before` enqueued, plus 1 once the
+        # engine's work was (a graph launched: all of them). A step that fails reads it to tell what its own
+        # device work has already changed.
+        self.enqueued = 0
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
         self._init_lifetime(f"executor {self.name!r}", destroy_graphs, self._backend, self._graphs)
@@ -553,11 +557,17 @@ class EngineExecutor(Closeable):
 
         With graphs, the first step of each binding snapshot and ``before`` runs un-captured (TensorRT's
         lazy initialisation) and is then captured with ``before`` in one graph, which later steps with the
-        same snapshot and equal ``before`` replay. A step runs once: ``before`` need not be idempotent (a
-        move may read what the engine writes).
+        same snapshot and equal ``before`` replay (a capture that fails after that first run costs only the
+        graph: see :meth:`_capture`). A step runs once: ``before`` need not be idempotent (a move may read
+        what the engine writes).
+
+        When it raises, :attr:`enqueued` says how far it got: the works of ``before`` that reached the stream,
+        plus 1 once the engine's work did (a step whose device work overwrote what it reads cannot simply
+        be run again then).
         """
         if self._closed:
             self._check_open()
+        self.enqueued = 0
         plan = self._plan
         if plan is None:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
@@ -580,6 +590,7 @@ class EngineExecutor(Closeable):
             elif graph:
                 self.graph_stats.hits += 1
                 self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
+                self.enqueued = len(before) + 1
             else:
                 self._sync(plan, s)
                 self._enqueue(s, before)  # this binding snapshot cannot be captured (graph_stats says why)
@@ -592,13 +603,21 @@ class EngineExecutor(Closeable):
     def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:
             work.enqueue(s)
+            self.enqueued += 1
         if not self.context.execute_async_v3(s.handle):
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
                               f"see the trtio.trt log for TensorRT's reason")
+        self.enqueued += 1
 
     def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:
         """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
-        this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``."""
+        this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``, or where
+        the capture fails.
+
+        The warm-up is the step's work: once it has run and the stream has synchronised, the step is done,
+        and a capture that fails after that (begin, an enqueue into the capture, end) costs only the graph:
+        it is logged, ``graph_stats.last_miss_reason`` says why, and the step returns. A failed warm-up or
+        synchronisation raises (the step's work may not have run, or may have failed)."""
         snapshot, before = key
         stats = self.graph_stats
         stats.misses += 1
@@ -613,6 +632,23 @@ class EngineExecutor(Closeable):
             self._graphs[key] = 0
             log.info("executor %s: %s", self.name, stats.last_miss_reason)
             return 0
+        try:
+            graph = self._record(s, before)
+        except TrtioError as exc:  # the step ran (the warm-up): only its graph is lost
+            stats.last_miss_reason += f"; not captured: {exc}"
+            self._graphs[key] = 0
+            log.warning("executor %s: the CUDA-graph capture failed after the step ran; this binding snapshot runs "
+                        "without a graph from now on (clear_graphs() tries again): %s", self.name, exc)
+            return 0
+        self._graphs[key] = graph
+        stats.captures += 1
+        stats.graphs = len(self._graphs)
+        log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
+        return graph
+
+    def _record(self, s: Stream, before: tuple[DeviceWork, ...]) -> int:
+        """Capture ``before`` and the engine's enqueue on ``s`` into a graph; the stream is not left capturing
+        whatever fails."""
         be = self._backend
         be.begin_capture(s.handle)
         try:
@@ -625,12 +661,7 @@ class EngineExecutor(Closeable):
         if not ok:
             be.abort_capture(s.handle)
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False while capturing a CUDA graph")
-        graph = be.end_capture(s.handle)
-        self._graphs[key] = graph
-        stats.captures += 1
-        stats.graphs = len(self._graphs)
-        log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
-        return graph
+        return be.end_capture(s.handle)
 
     def _miss_reason(self, snapshot: tuple[Any, ...], before: tuple[DeviceWork, ...]) -> str:
         prev = self._last_snapshot

@@ -345,12 +345,17 @@ class HostStaging(Closeable):
         self._init_lifetime(what)
         self._fence = Event.create(backend)
         self._pending = False
+        self._unfenced = False  # an upload's copy was enqueued but its fence could not be recorded
         self.fence_waits = 0  # host waits the fence forced (telemetry)
 
     def wait_fence(self) -> None:
         """Block the host until the previous upload has finished reading the pinned buffer."""
         self._check_open()
-        if self._pending and not self._fence.query():
+        if self._unfenced:  # no event follows that copy: wait for the device (rare: a fence failed to record)
+            self.fence_waits += 1
+            self.device.backend.synchronize()
+            self._unfenced = False
+        elif self._pending and not self._fence.query():
             self.fence_waits += 1
             self._fence.synchronize()
         self._pending = False
@@ -374,7 +379,11 @@ class HostStaging(Closeable):
         else:  # another dtype (refused with its name) or a type numpy cannot hold
             host.copy_from(values)
             dev.copy_from(host, s)
-        self._fence.record(s)
+        try:
+            self._fence.record(s)
+        except BaseException:
+            self._unfenced = True  # the next upload must not overwrite the pinned buffer under the copy
+            raise
         self._pending = True
         return dev
 

@@ -380,10 +380,17 @@ class KVCommit(Closeable):
         if be.name == "cuda":
             key = (moves.data_ptr, batch, stride)
             graph = self._graphs.get(key)
+            fresh = graph is None
             if graph is None:
                 graph = self._capture(key, stream)
             if graph:
-                be.launch_graph(graph, stream.handle)  # a one-kernel graph: cheaper to launch than the kernel
+                try:
+                    be.launch_graph(graph, stream.handle)  # a one-kernel graph: cheaper to launch than the kernel
+                except BaseException:
+                    if fresh:  # a step that fails leaves no graph behind it
+                        del self._graphs[key]
+                        be.destroy_graph(graph)
+                    raise
             return
         mv_ptr = moves.data_ptr
 

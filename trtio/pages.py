@@ -95,6 +95,7 @@ class StepPages:
     copies: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     moves: list[tuple[int, int]] = field(default_factory=list)
     _taken: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, entry, page it replaced or -1)
+    _limits: dict[int, int] = field(default_factory=dict)  # each planned slot's limit before the commit
     committed: bool = False
 
     @property
@@ -126,6 +127,7 @@ class StepPages:
                 self._taken.append((slot, e, old))
                 self.moves.append((old, page))
         for slot, start in self.starts.items():
+            self._limits[slot] = int(t.limit[slot])
             t.refresh(slot, start)
         t.version += 1
         self.committed = True
@@ -143,8 +145,9 @@ class StepPages:
             pool.drop([page])
         self._taken.clear()
         self.moves.clear()
-        for slot in self.starts:
-            t.limit[slot] = 0
+        for slot, limit in self._limits.items():
+            t.limit[slot] = limit
+        self._limits.clear()
         t.version += 1
         self.committed = False
 

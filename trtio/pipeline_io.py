@@ -95,20 +95,28 @@ class StreamingPrefillBuffers(Closeable):
 
     Streaming consumers (Edge-LLM's Qwen3-Omni Talker) read these while the decode loop
     overwrites the live buffers. Allocated on the first :meth:`populate_from_prefill` (at the
-    worst case, in the live tensors' dtypes), reused afterwards.
+    worst case, in the live tensors' dtypes), reused afterwards. A first call that fails frees them again.
     """
+
+    input_embeds: Tensor
+    engine_hidden_states: Tensor
+    _worst: tuple[int, int, int]
 
     def __init__(self, backend: Backend) -> None:
         self._init_lifetime("streaming_prefill")
         self._backend = backend
         self._arena: Arena | None = None
-        self.input_embeds: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend,
-                                           name="streaming.input_embeds")
-        self.engine_hidden_states: Tensor = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, backend,
-                                                   name="streaming.engine_hidden_states")
         self._ready: Event | None = None
         self._released: Event | None = None
         self._released_pending = False
+        self._empty()
+
+    def _empty(self) -> None:
+        """Empty tensors (no allocation) until the first :meth:`populate_from_prefill`."""
+        self.input_embeds = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, self._backend,
+                                   name="streaming.input_embeds")
+        self.engine_hidden_states = Tensor(0, (0,), DType.FLOAT16, Location.DEVICE, 0, self._backend,
+                                           name="streaming.engine_hidden_states")
         self._worst = (0, 0, 0)
 
     @property
@@ -147,38 +155,63 @@ class StreamingPrefillBuffers(Closeable):
                 raise ShapeError(f"streaming_prefill: {label} ({t.name!r}) has shape {t.shape}, "
                                  f"expected (batch, prefill_len, hidden_size) = {want}")
         s = as_stream(stream, self._backend)
-        if self._arena is None:
+        fresh = self._arena is None
+        if fresh:
             normalize_shape((max_batch, max_seq, hidden_size), "streaming_prefill worst case")
             if batch > max_batch or prefill_len > max_seq:
                 raise CapacityError(f"streaming_prefill: request {want} exceeds the worst case "
                                     f"({max_batch}, {max_seq}, {hidden_size})")
-            self._arena = Arena([
-                TensorRequest.of("streaming.input_embeds", (max_batch, max_seq, hidden_size), live_inputs_embeds.dtype),
-                TensorRequest.of("streaming.engine_hidden_states", (max_batch, max_seq, hidden_size),
-                                 live_engine_hidden_states.dtype),
-            ], backend=self._backend, title="streaming_prefill")
-            self.input_embeds = self._arena["streaming.input_embeds"]
-            self.engine_hidden_states = self._arena["streaming.engine_hidden_states"]
+        with contextlib.ExitStack() as undo:  # a first call that fails frees what it allocated
+            if fresh:
+                self._allocate(live_inputs_embeds.dtype, live_engine_hidden_states.dtype, max_batch, max_seq,
+                               hidden_size)
+                undo.callback(self._free)
+            wb, ws, wh = self._worst
+            if batch > wb or prefill_len > ws or hidden_size != wh:
+                raise CapacityError(f"streaming_prefill: request {want} exceeds the allocation made on the first "
+                                    f"call ({self._worst})")
+            for label, live, mine in (("inputs_embeds", live_inputs_embeds, self.input_embeds),
+                                      ("engine_hidden_states", live_engine_hidden_states, self.engine_hidden_states)):
+                if live.dtype is not mine.dtype:
+                    raise ShapeError(f"streaming_prefill: live {label} is {live.dtype} but the buffers were "
+                                     f"allocated as {mine.dtype}")
+                mine.reshape(want)
+            if self._released_pending:
+                assert self._released is not None
+                self._released.wait(s)  # the previous consumer must be done before we overwrite
+            self.input_embeds.copy_from(live_inputs_embeds, s)
+            self.engine_hidden_states.copy_from(live_engine_hidden_states, s)
+            assert self._ready is not None
+            self._ready.record(s)
+            undo.pop_all()
+        self._released_pending = False
+
+    def _allocate(self, embeds: DType, hidden: DType, max_batch: int, max_seq: int, hidden_size: int) -> None:
+        """The buffers at the worst case, and the ready event."""
+        worst = (max_batch, max_seq, hidden_size)
+        arena = Arena([TensorRequest.of("streaming.input_embeds", worst, embeds),
+                       TensorRequest.of("streaming.engine_hidden_states", worst, hidden)],
+                      backend=self._backend, title="streaming_prefill")
+        try:
             self._ready = Event.create(self._backend)
-            self._worst = (max_batch, max_seq, hidden_size)
-        wb, ws, wh = self._worst
-        if batch > wb or prefill_len > ws or hidden_size != wh:
-            raise CapacityError(f"streaming_prefill: request {want} exceeds the allocation made on the first call "
-                                f"({self._worst})")
-        for label, live, mine in (("inputs_embeds", live_inputs_embeds, self.input_embeds),
-                                  ("engine_hidden_states", live_engine_hidden_states, self.engine_hidden_states)):
-            if live.dtype is not mine.dtype:
-                raise ShapeError(f"streaming_prefill: live {label} is {live.dtype} but the buffers were "
-                                 f"allocated as {mine.dtype}")
-            mine.reshape(want)
-        if self._released_pending:
-            assert self._released is not None
-            self._released.wait(s)  # the previous consumer must be done before we overwrite
-            self._released_pending = False
-        self.input_embeds.copy_from(live_inputs_embeds, s)
-        self.engine_hidden_states.copy_from(live_engine_hidden_states, s)
-        assert self._ready is not None
-        self._ready.record(s)
+        except BaseException:
+            arena.close()
+            raise
+        self._arena = arena
+        self.input_embeds = arena["streaming.input_embeds"]
+        self.engine_hidden_states = arena["streaming.engine_hidden_states"]
+        self._worst = worst
+
+    def _free(self) -> None:
+        """Back to unallocated (a first call failed after :meth:`_allocate`)."""
+        arena, ready = self._arena, self._ready
+        self._arena = self._ready = None
+        self._empty()
+        with contextlib.ExitStack() as release:
+            if arena is not None:
+                release.callback(arena.close)
+            if ready is not None:
+                release.callback(ready.close)
 
     def order_before(self, stream: StreamLike) -> None:
         """Make ``stream`` (a decode stream) wait for the snapshot copies (no host sync)."""

@@ -201,9 +201,9 @@ class StepStaging(Closeable):
         reused RING_SLOTS fences later, when every slot it covered has been checked and freed (each group
         holds an upload, and a slot is checked before the upload that would reuse it)."""
         ev = self._groups % RING_SLOTS
-        self._groups += 1
         stream = self._group_stream
         assert stream is not None
+        # Nothing changes until the fence is made: a failed record leaves the group open, fenced by the next one.
         if stream.is_closed:  # closed since its uploads (rare): no event can follow them there, so wait for all
             self.fence_waits += 1
             self._backend.synchronize()
@@ -211,6 +211,7 @@ class StepStaging(Closeable):
         else:
             self._fences[ev].record(stream)
             self._done[ev] = False
+        self._groups += 1
         for c in self._group:
             self._cover[c] = ev
         self._group.clear()
@@ -220,6 +221,12 @@ class StepStaging(Closeable):
     def pending(self) -> bool:
         """Whether values were written since the last upload (the next upload has something to copy)."""
         return self._hi > self._lo
+
+    def forget(self) -> None:
+        """Trust nothing the device block held: every constant is uploaded again when next written (after
+        device work that failed half way may have left anything there)."""
+        self._held.clear()
+        self._written.clear()
 
     def overwritten(self, names: Sequence[str]) -> None:
         """``names`` are written on the device by work a step enqueues (not by an upload): the block no

@@ -21,7 +21,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
-from trtio.errors import InvalidValueError, ShapeError
+from trtio.errors import InvalidValueError, ShapeError, TrtioError
 from trtio.interop import as_input
 from trtio.memory import Arena, HostStaging, MemoryReport
 from trtio.pages import Prefix, StepPages
@@ -137,6 +137,12 @@ class SetupBase(Closeable, abc.ABC):
     as everywhere in trtio. Construction runs on the stream given at creation and ends synchronised, so
     steps may run on any stream. A setup is stepped by one thread at a time; several threads may each step
     their own setup.
+
+    Failures (``docs/faults.md``): a step that raises leaves the setup as it was before the call (lengths,
+    slots, pages, the round's state), so the same call may be retried. Where a step's own device work has
+    already overwritten what a retry would read, it cannot be undone: the setup then says it is broken
+    (:attr:`is_broken`), and every later call except :meth:`reset` and ``close()`` raises a TrtioError saying
+    so; ``reset()`` ends every sequence and makes it usable again.
     """
 
     io: PipelineIO
@@ -148,6 +154,7 @@ class SetupBase(Closeable, abc.ABC):
     _extra_arena: Arena
     _embeds_staging: HostStaging
     _resources: contextlib.ExitStack | None = None
+    _broken: str | None = None  # why the setup refuses every step (see the class docstring)
 
     @contextlib.contextmanager
     def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
@@ -159,6 +166,45 @@ class SetupBase(Closeable, abc.ABC):
             yield stack, s
             s.synchronize()
             self._resources = stack.pop_all()
+
+    @property
+    def is_broken(self) -> bool:
+        """Whether a failed step left device state it could not undo: every call but :meth:`reset` and
+        ``close()`` is refused until ``reset()`` (see the class docstring)."""
+        return self._broken is not None
+
+    def _check_usable(self) -> None:
+        """Refuse a call on a closed or a broken setup, naming what to do."""
+        if self._closed:
+            self._check_open()
+        if self._broken is not None:
+            raise TrtioError(f"this {type(self).__name__} is broken: {self._broken}; reset() it (every sequence "
+                             f"ends; prefill again) or close() it")
+
+    def _run(self, e: BoundEngine, s: Stream, before: tuple[DeviceWork, ...], *, rerun: str | None = None) -> None:
+        """Enqueue ``e``'s step (prepared) after the device work ``before``. ``rerun``: None for a step that may
+        simply run again after a failure at any point (its work overwrites nothing it reads); else what its
+        engine overwrites that a retry would read: a failure after the engine's work reached the device (a
+        synchronisation that failed after a graph's warm-up) then leaves the setup broken."""
+        try:
+            e.executor.execute(s, before=before)
+        except BaseException as exc:
+            if rerun is not None and e.executor.enqueued > len(before):
+                self._break(f"{rerun}, and the step failed after that ({type(exc).__name__}: {exc})")
+                exc.add_note(f"this {type(self).__name__} is now broken: reset() or close() it")
+            raise
+
+    def _break(self, why: str) -> None:
+        self._broken = why
+        log.warning("%r is broken: %s", self, why)
+
+    def _repair(self) -> None:
+        """After :meth:`reset` ended every sequence: nothing the setup remembers of the device's state is
+        trusted any more (the step block's constants, the device's copy of the lengths)."""
+        if self._broken is not None:
+            self._steps.step.forget()
+            self._steps.forget_decode()
+            self._broken = None
 
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
@@ -220,7 +266,7 @@ class SetupBase(Closeable, abc.ABC):
     def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
         """End the sequences of ``slots`` (ragged contract): their slots become free and their pages go back
         to the pool (pages a pinned prefix holds stay). Host bookkeeping only: nothing is enqueued."""
-        self._check_open()
+        self._check_usable()
         arr = self._seqs.checked_release(slots, "release")
         self._between_rounds("release")
         self._seqs.release(arr)
@@ -230,7 +276,7 @@ class SetupBase(Closeable, abc.ABC):
         released, for later prefills to start from (``prefill(..., prefix=P)``; ragged contract). Full pages
         are shared by every sequence started from it; the partly filled last page is copied for each before
         it writes there. Host bookkeeping only: nothing is enqueued."""
-        self._check_open()
+        self._check_usable()
         self._between_rounds("pin_prefix")
         return self._seqs.pin(slot, tokens)
 

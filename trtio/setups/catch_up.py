@@ -76,6 +76,15 @@ class CatchUp:
             before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
         return before
 
+    def in_order(self, accepted: np.ndarray, width: int) -> np.ndarray:
+        """Where a catch-up of ``width``-wide rows leaves the accepted nodes' features once its scatter has
+        run: row ``i * width + j`` for accepted node ``j`` of sequence ``i`` (-1 past each path). A catch-up
+        that failed after that reads them there when it runs again (its scatter overwrote the rows it
+        gathered from)."""
+        j = np.arange(width)[None, :]
+        rows = self._batch_rows[:accepted.shape[0]] * width + j
+        return np.where(j < accepted[:, None], rows, -1)
+
     def _layout(self, acc: np.ndarray, a: int) -> _Layout:
         """A catch-up's rows: causal over each sequence's accepted tokens, logits (the batch contract's token
         selection) at the last one, the accepted rows' scratch rows; remembered per (width, accept lengths)."""

@@ -60,12 +60,16 @@ class DraftTree:
         self._moves: BoundedCache[tuple[int, int], DeviceWork] = BoundedCache()
         self._zeros: BoundedCache[tuple[int, int], Zero] = BoundedCache()
         self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+        # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
+        # round's lengths and its embeddings' source (see _stage_embeds).
+        self._staged: tuple[np.ndarray, int, int, tuple[np.ndarray, np.ndarray], Any] | None = None
 
     def start(self) -> None:
         """A new round: no node yet."""
         self.nodes = 0
         self._parents.clear()
         self._level = (0, 0)
+        self._staged = None
 
     def parents(self, batch: int) -> np.ndarray:
         """The parents (-1: the root) of the nodes proposed this round, [batch, nodes] int64."""
@@ -103,23 +107,34 @@ class DraftTree:
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
                 slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         """Stage the level of ``x`` ([b, k, hidden] embeddings, checked) hanging off ``par`` (:meth:`check`)
-        after ``past`` cached tokens, and return its device work in the fewest kernels; the tree then holds
-        the level. ``roots``: each sequence's root hidden row (read on a round's first level)."""
+        after ``past`` cached tokens, and return its device work in the fewest kernels. The tree holds the
+        level once :meth:`grow` says its step succeeded: a step that fails leaves the tree as it was.
+        ``roots``: each sequence's root hidden row (read on a round's first level)."""
         b, k = int(x.shape[0]), int(x.shape[1])
         n0 = self.nodes
-        self._parents.append(par.copy())  # the caller's array may change after the call
-        embeds = self._stage_embeds(x, b, n0, k, s)
+        embeds, source = self._stage_embeds(x, b, n0, k, s)
         zeros = self._round_zeros(b) if n0 == 0 else ()  # a new round: no base features, no stale draft rows
         move = self._move(b, k)
+        lengths = self._round_lengths
         if n0 == 0:  # a new round: the lengths are fixed for all its levels
             past32 = constant(past.astype(np.int32))
-            self._round_lengths = (past32, constant(past32 + np.int32(self.width)))
-        plan = DraftLevelPlan(self._round_lengths[0], self._round_lengths[1], par, b, n0, k, roots, self._level, slots,
-                              pages)
+            lengths = (past32, constant(past32 + np.int32(self.width)))
+        plan = DraftLevelPlan(lengths[0], lengths[1], par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
+        self._staged = (par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
+        return self._fuse(embeds, zeros, level, move)
+
+    def grow(self) -> None:
+        """The level :meth:`propose` staged joins the tree (its step succeeded)."""
+        staged = self._staged
+        assert staged is not None, "grow() follows propose()"
+        parents, n0, k, self._round_lengths, source = staged
+        self._parents.append(parents)
         self.nodes = n0 + k
         self._level = (n0, k)
-        return self._fuse(embeds, zeros, level, move)
+        if source is not None:
+            self._level_sources[n0] = source
+        self._staged = None
 
     def _move(self, b: int, k: int) -> DeviceWork:
         """Each new node's draft input: its parent's draft hidden state (the root's: the catch-up's)."""
@@ -143,30 +158,31 @@ class DraftTree:
             found = self._fused.put(key, fuse(first) + level[:1] + fuse(then + level[1:] + (move,)))
         return found
 
-    def _stage_embeds(self, x: Any, b: int, n0: int, k: int, s: Stream) -> tuple[DeviceWork, ...]:
+    def _stage_embeds(self, x: Any, b: int, n0: int, k: int,
+                      s: Stream) -> tuple[tuple[DeviceWork, ...], tuple[tuple[int, ...], int] | None]:
         """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
         width; earlier nodes' rows stay as the previous calls left them. A device tensor at the address the
         same level read in each of the last ``_STABLE_ROUNDS`` rounds (a runtime's embedding buffer) is
         copied in the step's graph (returned as device work for it); any other is copied now, so buffers
-        that move between rounds never cost a graph capture per address."""
+        that move between rounds never cost a graph capture per address. Also returns what the level's
+        source becomes once the step succeeds (its addresses and rounds seen; None for host data)."""
         dst, w = self._io.inputs_embeds, self.width
         row = dst.dtype.itemsize * x.shape[2]
         if isinstance(x, Tensor):
             args = (dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
             last, seen = self._level_sources.get(n0, ((), 0))
             seen = seen + 1 if last == args else 1
-            self._level_sources[n0] = (args, seen)
             if seen > _STABLE_ROUNDS:
                 found = self._level_copies.get(args)
                 if found is None and len(self._level_copies) < _MAX_LEVEL_COPIES:  # a bounded number of graphs
                     found = self._level_copies.put(args, Copy2D(self._backend, *args))
                 if found is not None:
-                    return (found,)
+                    return (found,), (args, seen)
             self._backend.memcpy_2d(*args, s.handle)
-            return ()
+            return (), (args, seen)
         self._round_embeds[:b, n0:n0 + k] = x
         self._staging.upload(self._round_embeds[:b], s)
-        return ()
+        return (), None
 
     def _round_zeros(self, b: int) -> tuple[DeviceWork, ...]:
         """A proposal round's first level: the base features and the draft's own hidden rows set to 0."""

@@ -123,7 +123,7 @@ class LLMSetup(SetupBase):
         hold only the tokens after it. Pages the prompts write are taken before anything is enqueued: a
         pool too short raises CapacityError and changes nothing.
         """
-        self._check_open()
+        self._check_usable()
         e = self._engine
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
@@ -151,7 +151,7 @@ class LLMSetup(SetupBase):
         sequence that reaches a new page takes it first (CapacityError, nothing changed, when the pool has
         none free). The lengths then grow by one. No allocation; no host synchronisation.
         """
-        self._check_open()
+        self._check_usable()
         seqs, e = self._seqs, self._engine
         if seqs.count == 0:
             raise TrtioError("decode() before prefill(): there is no sequence to continue")
@@ -183,13 +183,13 @@ class LLMSetup(SetupBase):
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
-                self._streaming_pending = False
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             e.executor.execute(s, before=before)
         except BaseException:
             if plan is not None:
                 plan.undo()
             raise
+        self._streaming_pending = False
         if whole:
             lengths += 1
         else:
@@ -199,7 +199,7 @@ class LLMSetup(SetupBase):
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
         (call after prefill, before the first decode)."""
-        self._check_open()
+        self._check_usable()
         if self._seqs.count == 0:
             raise TrtioError("populate_streaming() before prefill()")
         if self.io.output_hidden_states.is_empty:
@@ -215,10 +215,13 @@ class LLMSetup(SetupBase):
         self._streaming_pending = True
 
     def reset(self, stream: StreamLike = None) -> None:
-        """End every sequence (their pages go back; pinned prefixes stay); the next step must be a prefill."""
+        """End every sequence (their pages go back; pinned prefixes stay); the next step must be a prefill.
+        Also makes a broken setup (:attr:`is_broken`) usable again."""
         self._check_open()
+        s = self._stream(stream)
         self._seqs.release_all()
-        self._engine.state.reset(self._stream(stream))
+        self._engine.state.reset(s)
+        self._repair()
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state, staging, RoPE table and context memory."""

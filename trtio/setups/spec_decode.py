@@ -24,7 +24,8 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -203,7 +204,7 @@ class SpecDecodeSetup(SetupBase):
         admitting sequences (``slots=``) is allowed between rounds, and they join the next round after their
         :meth:`draft_prefill`. ``slots=None`` restarts the batch.
         """
-        self._check_open()
+        self._check_usable()
         e = self.base
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
@@ -235,7 +236,7 @@ class SpecDecodeSetup(SetupBase):
         is zero. Takes the base prefill's batch, width, lengths, slots and prefixes (``slots`` and ``prefix``,
         where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
         sequence's last row."""
-        self._check_open()
+        self._check_usable()
         self._need_batch()
         pending = self._prompt
         if pending is None:
@@ -265,7 +266,8 @@ class SpecDecodeSetup(SetupBase):
         dims = self._prefill_dims(e, b, seq, past)
         seqs = self._seqs
         s = self._stream(stream)
-        with seqs.transaction():
+        roots = self._root_rows.copy()  # _save_roots moves some; a prefill that fails moves them back
+        with seqs.transaction(), _restored(self._root_rows, roots):
             plans = []
             if seqs.slotted:
                 start = np.zeros(b, np.int64) if past is None else past
@@ -316,7 +318,7 @@ class SpecDecodeSetup(SetupBase):
         and ``hidden_states_input`` zero (Edge-LLM's proposal step). At most ``drafting_step *
         drafting_top_k`` nodes per round.
         """
-        self._check_open()
+        self._check_usable()
         b = self._need_batch()
         if not self._draft_ready:
             raise TrtioError("draft_propose() needs the draft caught up with the base: call draft_prefill() after "
@@ -340,7 +342,9 @@ class SpecDecodeSetup(SetupBase):
             before = tree.propose(x, par, past, self._root_rows[order], s, order if self._seqs.slotted else None,
                                   pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-            e.executor.execute(s, before=before)
+            self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
+                                          "reads (the root's, or the previous level's)")
+        tree.grow()
         return self.io.output_logits
 
     # -- verify and accept --------------------------------------------------------------------------
@@ -352,7 +356,7 @@ class SpecDecodeSetup(SetupBase):
         ones). Node 0 is the root (the pending token). Nodes go to cache slots ``length + t``; positions are
         length + depth. The base cache is not committed until :meth:`accept`.
         """
-        self._check_open()
+        self._check_usable()
         b = self._need_batch()
         e = self.base
         t = self._trees.get(self._host_input(tree, "tree"), b)
@@ -388,7 +392,7 @@ class SpecDecodeSetup(SetupBase):
         base hidden-state rows are set aside for :meth:`draft_accept`, and the base lengths grow by the
         path length.
         """
-        self._check_open()
+        self._check_usable()
         b = self._need_batch()
         tree = self._verified
         if tree is None:
@@ -414,7 +418,7 @@ class SpecDecodeSetup(SetupBase):
         lengths :meth:`accept` committed. ``hidden_states_input`` rows are the accepted nodes' base hidden
         states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
         sequence's last accepted row."""
-        self._check_open()
+        self._check_usable()
         b = self._need_batch()
         if self._accepted is None:
             raise TrtioError("draft_accept() follows accept(): there are no accepted tokens to catch up on")
@@ -444,7 +448,13 @@ class SpecDecodeSetup(SetupBase):
             before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
                                           order if self._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-            e.executor.execute(s, before=before)
+            try:
+                self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
+                                              "place")
+            except BaseException:
+                if e.executor.enqueued >= len(before):  # the features were put in order in place: read them there
+                    self._accepted_rows = self._catch_up.in_order(acc, a)
+                raise
         e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
@@ -464,7 +474,8 @@ class SpecDecodeSetup(SetupBase):
         return dims
 
     def reset(self, stream: StreamLike = None) -> None:
-        """Empty both KV states; the next step must be a base prefill."""
+        """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
+        (:attr:`is_broken`) usable again."""
         self._check_open()
         s = self._stream(stream)
         self._seqs.release_all()
@@ -474,6 +485,7 @@ class SpecDecodeSetup(SetupBase):
         self._draft_ready = False
         self._verified = self._accepted = None
         self._tree.start()
+        self._repair()
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: the shared PipelineIO, both KV states, staging, RoPE tables and
@@ -482,6 +494,16 @@ class SpecDecodeSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"
+
+
+@contextlib.contextmanager
+def _restored(target: np.ndarray, saved: np.ndarray) -> Iterator[None]:
+    """``target`` gets the values ``saved`` back if the block raises."""
+    try:
+        yield
+    except BaseException:
+        target[:] = saved
+        raise
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@
 tiny transformer (``docs/toy-model.md``) on the raw addresses it is given: numpy on the host backend,
 CuPy on a GPU. ``greedy_generate`` and ``spec_generate`` are complete generation loops over trtio's
 setups (token embedding, greedy sampling, EAGLE tree drafting); a loop of one's own can reuse their parts
-(``embed_batch``, ``expand_level``, ``CandidateTree``, ``SpecStats``).
+(``embed_batch``, ``expand_level``, ``CandidateTree``, ``SpecStats``). ``FaultyBackend`` wraps a backend and
+makes chosen calls fail, to test what a failure mid-step leaves behind (``docs/faults.md``).
 """
 
+from trtio.testing.faulty import FaultyBackend
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
 from trtio.testing.toy_runtime import (
@@ -20,6 +22,7 @@ from trtio.testing.toy_runtime import (
 
 __all__ = [
     "CandidateTree",
+    "FaultyBackend",
     "ReferenceEngine",
     "SpecStats",
     "ToyWeights",
