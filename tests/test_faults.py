@@ -23,6 +23,7 @@ from _faultwalk import KINDS, Kind, Walk, live, tiny_bundle, tiny_llm
 
 import trtio
 from trtio import ClosedError, CudaError, EngineError, InvalidValueError, Location, Stream, TrtioError
+from trtio.engine import EngineExecutor
 from trtio.memory import HostStaging
 from trtio.staging import RING_SLOTS
 from trtio.testing import FaultyBackend, ReferenceEngine
@@ -131,7 +132,7 @@ def _factories(be: trtio.Backend) -> dict[str, Callable[[], Any]]:
                                                                                                       backend=be)
         out[f"PipelineIO.create_for_spec_decode-{contract}"] = lambda b=b: trtio.PipelineIO.create_for_spec_decode(
             b, backend=be)
-        out[f"EngineExecutor-{contract}"] = lambda e=llm: trtio.EngineExecutor(e, backend=be)
+        out[f"EngineExecutor-{contract}"] = lambda e=llm: EngineExecutor(e, backend=be)
     return out
 
 
