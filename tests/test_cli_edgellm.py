@@ -72,7 +72,7 @@ def test_edgellm_targets_are_told_from_trtios_own(tmp_path: Path) -> None:
     assert edgellm_directory(RAGGED_LLM / "config.json") == RAGGED_LLM
     assert edgellm_directory(RAGGED_PAIR) == RAGGED_PAIR
     assert edgellm_directory(RAGGED_PAIR / "draft_config.json") == RAGGED_PAIR
-    assert edgellm_directory(EDGELLM / "qwen3-tp2-tiny") == EDGELLM / "qwen3-tp2-tiny"  # refused later, by name
+    assert edgellm_directory(EDGELLM / "qwen3-tp2-tiny") == EDGELLM / "qwen3-tp2-tiny"  # tensor parallel
     for own in (ENGINES / "toy-llm", ENGINES / "toy-llm" / "config.json", ENGINES / "toy-eagle",
                 ENGINES / "toy-eagle" / "base" / "config.json"):
         assert edgellm_directory(own) is None
@@ -275,9 +275,8 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
                 ["--draft-top-k", "3 x 3 = 9 exceeds builder_config.max_draft_tree_size (8)", "draft_config.json"])
     if kind == "run-time value on a plain LLM":
         return _copy(RAGGED_LLM, root, "config.json"), ["--draft-step", "2"], ["--draft-step", "plain LLM"]
-    if kind == "tensor parallel":
-        return (_copy(EDGELLM / "qwen3-tp2-tiny", root, "config_world2.json"), [],
-                ["config_world2.json", "tensor-parallel"])
+    if kind.startswith("tp "):
+        return _broken_tp(kind, root)
     if kind == "plain and pair":
         d = _copy(RAGGED_PAIR, root, "base_config.json", "draft_config.json")
         shutil.copy(RAGGED_LLM / "config.json", d / "config.json")
@@ -285,9 +284,47 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
     raise AssertionError(kind)
 
 
+def _broken_tp(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
+    """A broken copy of the tensor-parallel toy directory (``kind`` "tp ...")."""
+    d = _copy(ENGINES / "toy-llm-tp2", root, "config_world2.json")
+    path = d / "config_world2.json"
+    data = json.loads(path.read_text())
+    ranks = data["rank_configs"]
+    needles = {
+        "tp rank count": ["config_world2.json: rank_configs", "has 1 entries, but tp_size is 2"],
+        "tp rank twice": ["config_world2.json: rank_configs[1].rank", "rank 0 is listed twice"],
+        "tp unknown override": ["rank_configs[1].config_overrides.num_experts",
+                                "overrides a key config_world2.json does not have"],
+        "tp uneven heads": ["rank_configs[1].config_overrides.num_attention_heads", "rank 1 has 3 attention heads",
+                            "split the model's 4 evenly"],
+        "tp speculative": ["config_world2.json: engine_role", "tensor-parallel speculative decoding is not supported"],
+        "tp world size": ["config_world2.json: builder_config.tp_size", "is 4, but the file name says 2 ranks"],
+        "tp devices flag": ["--draft-step", "plain LLM"],
+    }[kind]
+    argv: list[str] = []
+    if kind == "tp rank count":
+        del ranks[1]
+    elif kind == "tp rank twice":
+        ranks[1]["rank"] = 0
+    elif kind == "tp unknown override":
+        ranks[1]["config_overrides"]["num_experts"] = 2
+    elif kind == "tp uneven heads":
+        ranks[1]["config_overrides"]["num_attention_heads"] = 3
+    elif kind == "tp speculative":
+        data["engine_role"] = "base"
+    elif kind == "tp world size":
+        data["builder_config"]["tp_size"] = 4
+    else:
+        argv = ["--draft-step", "2"]
+    path.write_text(json.dumps(data))
+    return d, argv, needles
+
+
+BROKEN_TP = ["tp rank count", "tp rank twice", "tp unknown override", "tp uneven heads", "tp speculative",
+             "tp world size", "tp devices flag"]
 BROKEN = ["missing key", "missing builder key", "unsupported family", "unsupported spec family", "gemma", "non-JSON",
           "one spec config", "wrong role", "verify cap", "draft cap", "run-time value on a plain LLM",
-          "tensor parallel", "plain and pair"]
+          *BROKEN_TP, "plain and pair"]
 
 
 @pytest.mark.parametrize("kind", BROKEN)
@@ -299,7 +336,7 @@ def test_plan_a_broken_directory_is_one_line(tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.parametrize("kind", ["missing key", "unsupported family", "non-JSON", "one spec config",
-                                  "tensor parallel"])
+                                  *BROKEN_TP[:-1]])
 def test_inspect_a_broken_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 kind: str) -> None:
     directory, _, needles = _broken(kind, tmp_path / "engine")
