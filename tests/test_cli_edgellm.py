@@ -7,6 +7,7 @@ out by a patched ``trtio.trt.load_engine``, so the plan code path runs here; eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -522,3 +523,91 @@ def test_verbose_before_the_command_logs(capsys: pytest.CaptureFixture[str], mon
     assert rc == 0 and "trtio: INFO: hello from the command" in err
     rc, _, err = run(capsys, "plan", "X")
     assert rc == 0 and "hello" not in err
+
+
+# -- tensor-parallel directories: every rank --------------------------------------------------------------
+
+TP2 = ENGINES / "toy-llm-tp2"
+TINY_TP = EDGELLM_011 / "qwen3-tiny-tp2"
+
+
+@pytest.mark.parametrize("directory", [TP2, ENGINES / "toy-llm-tp4", TINY_TP], ids=lambda p: p.name)
+def test_plan_a_tensor_parallel_directory_shows_every_rank(capsys: pytest.CaptureFixture[str],
+                                                           directory: Path) -> None:
+    d = EngineDir.open(directory)
+    rc, out, err = run(capsys, "plan", str(directory), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["tp_size"] == d.tp_size and [r["rank"] for r in result["ranks"]] == list(range(d.tp_size))
+    assert result["configs"] == [str(d.config_path("llm"))]
+    bindings = {b.engine_name: b for b in d.checkpoint_bindings()}
+    for r, rank in enumerate(result["ranks"]):
+        cfg = d.rank_config(r)
+        assert rank["engine"] == d.engine_path(r).name and rank["engine_file"] is None
+        assert (rank["heads"], rank["kv_heads"]) == (cfg.num_attention_heads, cfg.num_kv_heads)
+        (kv,) = rank["kv_state"]
+        assert kv["shape"] == _pool_shape(cfg) and kv["tensors"] == cfg.num_attention_layers
+        weights = {e["name"]: e for e in rank["memory"]["entries"] if e["group"] == f"rank {r} checkpoint weights"}
+        assert {n: e["shape"] for n, e in weights.items()} == {n: list(b.shape) for n, b in bindings.items()}
+    groups = {e["group"].split(" ")[1] for e in result["memory"]["entries"]}
+    assert groups == {str(r) for r in range(d.tp_size)}
+    rc, text, _ = run(capsys, "plan", str(directory))
+    assert text.startswith(f"create_from_engine_dir ({d.tp_size} tensor-parallel ranks) for the Edge-LLM engine "
+                           f"directory {directory} ({d.config_path('llm').name}; engine files: none")
+    for r in range(d.tp_size):
+        cfg = d.rank_config(r)
+        shape = ",".join(map(str, _pool_shape(cfg)))
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"  rank {r} ({d.engine_path(r).name}): "))
+        assert f"each [{shape}]" in line and f"{cfg.num_kv_heads} KV head" in line
+
+
+def test_inspect_a_tensor_parallel_directory_shows_every_rank_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "inspect", str(TP2), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["tp_size"] == 2
+    engines = result["engines"]
+    assert [(e["name"], e["role"], e["source"]) for e in engines] == [
+        ("llm_world2_rank0.engine", "rank 0", "config"), ("llm_world2_rank1.engine", "rank 1", "config")]
+    for r, e in enumerate(engines):
+        rows = {t["name"]: t for t in e["tensors"]}
+        assert rows["past_key_values_0"]["shape"] == [2, -1, 128, 1, 16]
+        assert rows["lm_head.weight"]["binding"] == "checkpoint weight lm_head.weight"
+        assert rows["model.layers.3.mlp.down_proj.weight"]["binding"] == (
+            f"checkpoint weight model.layers.3.mlp.down_proj.weight (part {r} of 2 along axis 1)")
+        assert rows["model.layers.3.mlp.down_proj.weight"]["shape"] == [64, 64]
+    rc, text, _ = run(capsys, "inspect", str(TP2))
+    assert "llm_world2_rank1.engine (rank 1): the engine" in text
+
+
+def test_inspect_reads_each_rank_plan_and_refuses_one_its_rank_does_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import trtio.trt
+
+    d = tmp_path / "tp"
+    shutil.copytree(TP2, d)
+    (d / "config_world2.json").write_text((TP2 / "config_world2.json").read_text().replace(
+        '"../toy-checkpoint"', json.dumps(str(ENGINES / "toy-checkpoint"))))
+    for r in range(2):
+        (d / f"llm_world2_rank{r}.engine").write_bytes(b"ftrt plan")
+    directory = EngineDir.open(d)
+    calls: list[str] = []
+    heads = {"n": None}
+
+    def load(path: Any, module: Any = "auto", *, plugins: Any = ()) -> Any:
+        calls.append(Path(path).name)
+        r = int(Path(path).stem[-1])
+        cfg = directory.rank_config(r)
+        if heads["n"] is not None:
+            cfg = dataclasses.replace(cfg, num_kv_heads=heads["n"], num_attention_heads=heads["n"])
+        return ReferenceEngine.from_config(cfg, null_compute=True, device="host", tp_rank=r, tp_size=2)
+
+    monkeypatch.setattr(trtio.trt, "load_engine", load)
+    rc, out, err = run(capsys, "inspect", str(d), "--json")
+    assert rc == 0, err
+    assert calls == ["llm_world2_rank0.engine", "llm_world2_rank1.engine"]
+    assert [e["source"] for e in json.loads(out)["engines"]] == ["plan", "plan"]
+    heads["n"] = 2  # a rank plan built with the whole model's 2 KV heads
+    rc, _, err = run(capsys, "inspect", str(d))
+    assert_one_line_error(rc, err, "inspect", "config_world2.json: does not fit plan", "llm_world2_rank0.engine",
+                          "past_key_values_0")

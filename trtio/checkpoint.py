@@ -144,7 +144,7 @@ def checkpoint_directory(config_dir: Path, raw: Any, where: str,
                                                           " pass checkpoint_dir= with the model's safetensors")
         path = Path(raw)
         if not path.is_absolute():
-            path = config_dir / path
+            path = Path(os.path.normpath(config_dir / path))
         what = f"{where}: checkpoint_dir"
     if not path.is_dir():
         raise ConfigError(what, f"{str(path)!r} is not a directory (the engines read weights from the model's "
@@ -152,9 +152,9 @@ def checkpoint_directory(config_dir: Path, raw: Any, where: str,
     return path
 
 
-def _tensor_files(directory: Path) -> dict[str, Path]:
+def _tensor_files(directory: Path, opened: dict[Path, dict[str, SafeTensor]]) -> dict[str, Path]:
     """Checkpoint tensor name -> its safetensors file: from ``model.safetensors.index.json`` where present,
-    else from every ``*.safetensors`` file of the directory."""
+    else from every ``*.safetensors`` file of the directory (read into ``opened``)."""
     index = directory / _INDEX_FILE
     if index.is_file():
         try:
@@ -170,7 +170,8 @@ def _tensor_files(directory: Path) -> dict[str, Path]:
                                           "safetensors checkpoint)")
     out: dict[str, Path] = {}
     for file in files:
-        for name in read_safetensors(file):
+        opened[file] = read_safetensors(file)
+        for name in opened[file]:
             out.setdefault(name, file)
     return out
 
@@ -192,9 +193,9 @@ def read_weights(bindings: Sequence[CheckpointBinding], directory: Path, tp_size
     """Each rank's weight inputs (``[rank][engine_name]``, new C-contiguous arrays), read once from the
     checkpoint in ``directory``. ConfigError naming the binding where a tensor is missing or its part does
     not have the binding's shape."""
-    files = _tensor_files(directory) if bindings else {}
-    per_rank: list[dict[str, np.ndarray]] = [{} for _ in range(tp_size)]
     opened: dict[Path, dict[str, SafeTensor]] = {}
+    files = _tensor_files(directory, opened) if bindings else {}
+    per_rank: list[dict[str, np.ndarray]] = [{} for _ in range(tp_size)]
     for b in bindings:
         file = files.get(b.checkpoint_key)
         if file is None:

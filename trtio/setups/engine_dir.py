@@ -65,7 +65,7 @@ def _tensor_parallel(directory: EngineDir, stream: StreamLike, *, graphs: bool,
                      checkpoint_dir: str | os.PathLike[str] | None) -> TensorParallelLLMSetup:
     kind = _backend_kind(backend)
     ranks = directory.tp_size
-    found = check_devices(devices, ranks, kind)
+    found = check_devices(devices, ranks, kind if isinstance(kind, str) else "host")
     weights = directory.checkpoint_weights(checkpoint_dir)  # read once, before any device work
     specs = []
     for r in range(ranks):
@@ -79,11 +79,14 @@ def _tensor_parallel(directory: EngineDir, stream: StreamLike, *, graphs: bool,
                                   plugins=[os.fspath(p) for p in plugins])
 
 
-def _backend_kind(backend: Backend | str | None) -> str:
-    """``"cuda"`` or ``"host"``: where a tensor-parallel setup's ranks run."""
+def _backend_kind(backend: Backend | str | None) -> str | Backend:
+    """Where a tensor-parallel setup's ranks run: ``"cuda"``, ``"host"``, or a host Backend instance (every rank on
+    it)."""
     if backend is None or backend == "auto":
         return get_backend("auto").name
     if backend in ("cuda", "host"):
         return str(backend)
-    raise ConfigError("backend", f"a tensor-parallel directory runs on 'cuda' (one device per rank) or 'host', got "
-                                 f"{backend!r}; trtio makes each rank's backend itself")
+    if not isinstance(backend, str) and backend.name != "cuda":
+        return backend
+    raise ConfigError("backend", f"a tensor-parallel directory runs on 'cuda' (one device per rank, each rank's "
+                                 f"backend made by trtio), 'host' or a host Backend instance, got {backend!r}")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -42,6 +41,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from trtio import collectives
+from trtio._cache import BoundedCache
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import EngineExecutor
@@ -68,6 +68,7 @@ T = TypeVar("T")
 FAILURE_GRACE_SECONDS = 2.0
 #: How long ranks get to return after their communicators were aborted.
 ABORT_WAIT_SECONDS = 60.0
+_POLL_SECONDS = 0.05  # how often the caller looks for a failed rank while it waits for another one
 
 _cuda_backends: dict[int, Backend] = {}
 _cuda_lock = threading.Lock()
@@ -90,69 +91,65 @@ def _cuda_backend(device: int) -> Backend:
 # -- rank threads --------------------------------------------------------------------------------------
 
 
-class _Round:
-    """One call handed to ``expect`` of ``size`` ranks: what each returned or raised (by rank), and when the
-    caller may go on."""
-
-    def __init__(self, size: int, expect: int | None = None) -> None:
-        self.cond = threading.Condition()
-        self.left = size if expect is None else expect
-        self.results: list[Any] = [None] * size
-        self.raised: list[BaseException | None] = [None] * size
-        self.done = [False] * size
-
-    @property
-    def errors(self) -> dict[int, BaseException]:
-        """What raised, by rank."""
-        return {r: e for r, e in enumerate(self.raised) if e is not None}
-
-    @property
-    def failed(self) -> bool:
-        return any(e is not None for e in self.raised)
-
-    def report(self, rank: int, result: Any, error: BaseException | None) -> None:
-        with self.cond:
-            self.results[rank] = result
-            self.raised[rank] = error
-            self.done[rank] = True
-            self.left -= 1
-            self.cond.notify()
-
-
 class _RankWorker:
-    """The persistent thread of one rank: sets the rank's device once, then runs the calls it is handed, in
-    order."""
+    """The persistent thread of one rank: sets the rank's device once, then runs the calls it is given, one at a
+    time. A call is handed over and waited for through two locks (the cheapest hand-off Python has): :meth:`start`
+    releases ``_go``, the thread releases ``_done`` when the call has returned or raised. ``on_error(rank)`` runs
+    on the rank's thread as soon as a call raises (before ``_done``)."""
 
-    def __init__(self, rank: int, device: int, kind: str) -> None:
+    def __init__(self, rank: int, device: int, kind: str, on_error: Callable[[int], None]) -> None:
         self.rank = rank
         self.device = device
         self._kind = kind
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], _Round] | None] = queue.SimpleQueue()
+        self._on_error = on_error
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._job: Callable[[], Any] | None = None
+        self._stopping = False
+        self.abandoned = False  # a call never returned: the thread is left to itself
+        self.result: Any = None
+        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name=f"trtio-tp-rank{rank}", daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[[], Any], round_: _Round) -> None:
-        self._jobs.put((job, round_))
+    def start(self, job: Callable[[], Any]) -> None:
+        """Hand ``job`` to the thread (the previous call has been waited for)."""
+        if self.abandoned:
+            raise EngineError(f"rank {self.rank}: its thread is still in a call that never returned")
+        self._job = job
+        self._go.release()
+
+    def wait(self, timeout: float = -1) -> bool:
+        """Whether the call returned (or raised) within ``timeout`` seconds (-1: wait as long as it takes)."""
+        return self._done.acquire(timeout=timeout)
+
+    def outcome(self) -> Any:
+        """What the call that was waited for returned; what it raised is raised."""
+        if self.error is not None:
+            raise self.error
+        return self.result
 
     def _loop(self) -> None:
-        started = self._start()
+        failed_start = self._start()
         while True:
-            item = self._jobs.get()
-            if item is None:
+            self._go.acquire()
+            if self._stopping:
                 return
-            job, round_ = item
-            if started is not None:
-                round_.report(self.rank, None, started)
-                continue
+            job, self._job = self._job, None
             try:
-                result = job()
-            except BaseException as exc:  # handed to the caller, which re-raises it
-                round_.report(self.rank, None, exc)
-            else:
-                round_.report(self.rank, result, None)
+                if failed_start is not None:
+                    raise failed_start
+                assert job is not None
+                self.result, self.error = job(), None
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.result, self.error = None, exc
+                self._on_error(self.rank)
+            self._done.release()
 
     def _start(self) -> BaseException | None:
-        """Make the rank's device this thread's; the error, to report for every call, where that fails."""
+        """Make the rank's device this thread's; the error, raised for every call, where that fails."""
         try:
             if self._kind == "cuda":
                 from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
@@ -162,12 +159,16 @@ class _RankWorker:
                     raise EngineError(f"rank {self.rank}: cudaSetDevice({self.device}) failed: {err}")
             else:
                 collectives.set_thread_device(self.device)
-        except BaseException as exc:  # reported at the first call
+        except BaseException as exc:  # raised at the first call
             return exc
         return None
 
     def stop(self) -> None:
-        self._jobs.put(None)
+        """End the thread (no call may be running; an abandoned thread is left to end with the process)."""
+        if self.abandoned:
+            return
+        self._stopping = True
+        self._go.release()
         self._thread.join()
 
 
@@ -217,24 +218,29 @@ class TensorParallelLLMSetup(LLMSetup):
     in place on the step's stream) copies it to the other ranks.
     """
 
-    def __init__(self, model: LLMEngineConfig, ranks: Sequence[RankSpec], stream: StreamLike = None, *, backend: str,
-                 graphs: bool = False, plugins: Sequence[str] = ()) -> None:
-        if backend not in ("host", "cuda"):
-            raise InvalidTypeError(f"TensorParallelLLMSetup: backend must be 'host' or 'cuda', got {backend!r}")
+    def __init__(self, model: LLMEngineConfig, ranks: Sequence[RankSpec], stream: StreamLike = None, *,
+                 backend: str | Backend, graphs: bool = False, plugins: Sequence[str] = ()) -> None:
+        kind = backend if isinstance(backend, str) else ("cuda" if backend.name == "cuda" else "host")
+        if kind not in ("host", "cuda") or (kind == "cuda" and not isinstance(backend, str)):
+            raise InvalidTypeError(f"TensorParallelLLMSetup: backend must be 'host', 'cuda' (a backend per device, "
+                                   f"made here) or a host Backend instance, got {backend!r}")
+        host: Backend = get_backend("host") if isinstance(backend, str) else backend
         self._init_lifetime(f"this TensorParallelLLMSetup ({len(ranks)} ranks)")
         self.cfg = model
-        self._kind = backend
+        self._kind = kind
         self._devices = tuple(r.device for r in ranks)
         self._broken: str | None = None
+        self._views: list[BoundedCache[tuple[Any, ...], Tensor]] = [BoundedCache() for _ in ranks]
         self._owner = object()  # what this setup's prefixes name as their maker
         self._workers: list[_RankWorker] = []
+        self._failure = threading.Event()  # a rank's call raised (set on its thread)
+        self._stepping = False
         self._group: collectives.HostGroup | None = None
         self._nccl: Any = None
         with contextlib.ExitStack() as stack:
             stack.callback(self._stop_workers)
-            self._workers = [_RankWorker(r, spec.device, backend) for r, spec in enumerate(ranks)]
-            self._backends = self._on_ranks(lambda r: get_backend("host") if backend == "host"
-                                            else _cuda_backend(self._devices[r]))
+            self._workers = [_RankWorker(r, spec.device, kind, self._rank_failed) for r, spec in enumerate(ranks)]
+            self._backends = self._on_ranks(lambda r: host if kind == "host" else _cuda_backend(self._devices[r]))
             self._backend = self._backends[0]
             self._make_communicators(stack, plugins)
             caller = as_stream(stream, self._backend) if stream is not None else None
@@ -301,37 +307,34 @@ class TensorParallelLLMSetup(LLMSetup):
     # -- running on the ranks ------------------------------------------------------------------------------
     def _on_rank(self, rank: int, fn: Callable[[], T]) -> T:
         """``fn()`` on rank ``rank``'s thread (construction and closing, one rank at a time)."""
-        round_ = _Round(len(self._workers), 1)
-        self._workers[rank].submit(fn, round_)
-        with round_.cond:
-            round_.cond.wait_for(lambda: round_.left == 0)
-        error = round_.raised[rank]
-        if error is not None:
-            raise error
-        result: T = round_.results[rank]
+        worker = self._workers[rank]
+        worker.start(fn)
+        worker.wait()
+        result: T = worker.outcome()
         return result
 
     def _on_ranks(self, fn: Callable[[int], T], *, close: Callable[[T], None] | None = None) -> list[T]:
         """``fn(r)`` on every rank's thread at once, during construction: every result, or the first error
         (lowest rank) after the results that were made are closed with ``close``."""
-        round_ = self._dispatch([functools.partial(fn, r) for r in range(len(self._workers))])
-        with round_.cond:
-            round_.cond.wait_for(lambda: round_.left == 0)
-        errors = round_.errors
-        if errors:
+        for r, worker in enumerate(self._workers):
+            worker.start(functools.partial(fn, r))
+        for worker in self._workers:
+            worker.wait()
+        failed = [w for w in self._workers if w.error is not None]
+        if failed:
             if close is not None:
-                for r, result in enumerate(round_.results):
-                    if r not in errors:
+                for worker in self._workers:
+                    if worker.error is None:
                         with contextlib.suppress(Exception):
-                            self._on_rank(r, functools.partial(close, result))
-            raise errors[min(errors)]
-        return list(round_.results)
+                            self._on_rank(worker.rank, functools.partial(close, worker.result))
+            raise failed[0].outcome()
+        return [w.result for w in self._workers]
 
-    def _dispatch(self, jobs: Sequence[Callable[[], Any]]) -> _Round:
-        round_ = _Round(len(jobs))
-        for worker, job in zip(self._workers, jobs):
-            worker.submit(job, round_)
-        return round_
+    def _rank_failed(self, rank: int) -> None:
+        """On rank ``rank``'s thread, as its call raises: during a step, no other rank may wait for it."""
+        self._failure.set()
+        if self._stepping and self._group is not None:
+            self._group.abort()  # ranks inside the host all-reduce raise at once
 
     def _step(self, what: str, step: Callable[[int, Stream], T], stream: StreamLike) -> T:
         """Run ``step(rank, stream)`` on every rank in lockstep (see the module docstring); rank 0's result."""
@@ -340,55 +343,68 @@ class TensorParallelLLMSetup(LLMSetup):
             raise TrtioError(f"{what}: {self._broken}")
         s = as_stream(stream, self._backend)
         self._ready.record(s)
-
-        def job(r: int) -> Any:
-            if r == 0:
-                return step(0, s)
-            rs = self._streams[r]
-            self._backends[r].wait_event(rs.handle, self._ready.handle)
-            return step(r, rs)
-
-        round_ = self._dispatch([functools.partial(job, r) for r in range(len(self._workers))])
-        with round_.cond:
-            round_.cond.wait_for(lambda: round_.left == 0 or round_.failed)
-            if round_.left:
-                self._after_failure(round_)
-        if round_.failed:
-            self._settle(what, round_)
-        result: T = round_.results[0]
+        self._failure.clear()
+        self._stepping = True
+        try:
+            self._workers[0].start(functools.partial(step, 0, s))
+            for r in range(1, len(self._workers)):
+                self._workers[r].start(functools.partial(self._after_ready, step, r))
+            for worker in self._workers:
+                if not worker.wait(_POLL_SECONDS):
+                    self._wait_failing(worker)
+        finally:
+            self._stepping = False
+        if self._failure.is_set():
+            self._settle(what)
+        result: T = self._workers[0].result
         return result
 
-    def _after_failure(self, round_: _Round) -> None:
-        """A rank failed while others still run (``round_.cond`` held): make sure none is left waiting."""
-        if self._group is not None:
-            self._group.abort()  # the host group: ranks inside an all-reduce raise at once
-        elif not round_.cond.wait_for(lambda: round_.left == 0, FAILURE_GRACE_SECONDS):
-            self._nccl.abort()  # a rank is blocked in NCCL, waiting for the one that failed
-        if not round_.cond.wait_for(lambda: round_.left == 0, ABORT_WAIT_SECONDS):
-            failed = min(round_.errors)
-            self._broken = (f"rank(s) {[r for r, done in enumerate(round_.done) if not done]} did not return "
-                            f"within {ABORT_WAIT_SECONDS:g} s after rank {failed} failed")
-            raise EngineError(self._broken) from round_.errors[failed]
+    def _after_ready(self, step: Callable[[int, Stream], T], rank: int) -> T:
+        """Rank ``rank`` (> 0): its stream waits for the caller's, then it steps."""
+        rs = self._streams[rank]
+        self._backends[rank].wait_event(rs.handle, self._ready.handle)
+        return step(rank, rs)
 
-    def _settle(self, what: str, round_: _Round) -> None:
+    def _wait_failing(self, worker: _RankWorker) -> None:
+        """Wait for ``worker``'s call; once another rank has failed, make sure it is not left waiting for that one
+        (GPUs: after a grace period, the communicators are aborted)."""
+        waited = 0.0
+        while not worker.wait(_POLL_SECONDS):
+            if not self._failure.is_set():
+                continue
+            waited += _POLL_SECONDS
+            if self._nccl is not None and waited >= FAILURE_GRACE_SECONDS and not self._nccl.aborted:
+                self._nccl.abort()  # the rank is blocked in NCCL, waiting for the one that failed
+            if waited >= FAILURE_GRACE_SECONDS + ABORT_WAIT_SECONDS:
+                failed = next(w for w in self._workers if w.error is not None)
+                worker.abandoned = True
+                self._broken = (f"rank {worker.rank} did not return within {ABORT_WAIT_SECONDS:g} s after rank "
+                                f"{failed.rank} failed")
+                raise EngineError(self._broken) from failed.error
+
+    def _settle(self, what: str) -> None:
         """After a failed step: the ranks' collectives are quiet again, or the setup is broken; raise the
         failure (that of the lowest rank that did not merely see the all-reduce aborted)."""
-        errors = round_.errors
-        primary = [r for r, e in errors.items() if not isinstance(e, collectives.CollectiveAbortedError)]
-        rank = min(primary) if primary else min(errors)
-        error = errors[rank]
+        failed = [w for w in self._workers if w.error is not None]
+        primary = [w for w in failed if not isinstance(w.error, collectives.CollectiveAbortedError)]
+        first = (primary or failed)[0]
+        error = first.error
+        assert error is not None
         if self._group is not None:
             self._group.reset()
-        elif len(errors) < len(self._workers):
+        elif len(failed) < len(self._workers) and not self._nccl.aborted:
             self._nccl.abort()  # some ranks enqueued collectives the failed ones never will
+        where = f"rank {first.rank} (device {self._devices[first.rank]}) failed in {what} ({type(error).__name__}: " \
+                f"{error})"
         if self._nccl is not None and self._nccl.aborted:
-            self._broken = (f"rank {rank} (device {self._devices[rank]}) failed in {what} "
-                            f"({type(error).__name__}: {error}) and the NCCL communicators were aborted; close this "
-                            "setup and create a new one")
+            self._broken = f"{where} and the NCCL communicators were aborted; close this setup and create a new one"
         elif not self._ranks_agree():
-            self._broken = (f"rank {rank} (device {self._devices[rank]}) failed in {what} "
-                            f"({type(error).__name__}: {error}) after other ranks had finished the step: the "
-                            "ranks' sequences differ now; close this setup and create a new one")
+            self._broken = (f"{where} after other ranks had finished the step: the ranks' sequences differ now; close "
+                            "this setup and create a new one")
+        if len(failed) < len(self._workers) or len(primary) < len(failed):
+            add_note = getattr(error, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"tensor-parallel {what}: {where}; the other ranks' steps were abandoned")
         raise error
 
     def _ranks_agree(self) -> bool:
@@ -397,6 +413,23 @@ class TensorParallelLLMSetup(LLMSetup):
             if not (np.array_equal(first.active, other.active) and np.array_equal(first.lengths, other.lengths)):
                 return False
         return True
+
+    def _inputs(self, x: Any) -> Sequence[Any]:
+        """A step's ``inputs_embeds`` as each rank takes it. A Tensor (often rank 0's ``io.inputs_embeds``, written
+        in place) is given to the other ranks as a view of its memory at its current shape, which they copy on
+        their streams after the caller's: rank 0 reshapes the tensor itself while they read it."""
+        if not isinstance(x, Tensor):
+            return [x] * len(self._workers)
+        shape = x.shape  # refuses a closed tensor here, before any rank reads its memory
+        out = [x]
+        for r in range(1, len(self._workers)):
+            key = (x.data_ptr, shape, x.dtype, x.location)
+            view = self._views[r].get(key)
+            if view is None:
+                view = self._views[r].put(key, Tensor.wrap(x.data_ptr, shape, x.dtype, x.location, name=x.name,
+                                                           backend=self._backends[r]))
+            out.append(view)
+        return out
 
     def _prefixes(self, prefix: Any, rank: int) -> Any:
         """The prefix argument as rank ``rank`` takes it (each tensor-parallel prefix by its rank's)."""
@@ -481,13 +514,15 @@ class TensorParallelLLMSetup(LLMSetup):
                 past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
         """:meth:`LLMSetup.prefill` on every rank (the same inputs, copied to each rank's device); rank 0's logits
         view. ``prefix``: prefixes of this setup's :meth:`pin_prefix`."""
+        x = self._inputs(inputs_embeds)
         return self._step("prefill", lambda r, s: self._rank_setups[r].prefill(
-            inputs_embeds, context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
+            x[r], context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
             past_lengths=past_lengths, deepstack_embeds=deepstack_embeds), stream)
 
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
         """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation."""
-        return self._step("decode", lambda r, s: self._rank_setups[r].decode(inputs_embeds, s, slots=slots), stream)
+        x = self._inputs(inputs_embeds)
+        return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream)
 
     def reset(self, stream: StreamLike = None) -> None:
         """End every sequence on every rank (pinned prefixes stay)."""

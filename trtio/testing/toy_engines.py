@@ -424,7 +424,7 @@ class TensorParallelToyEngines:
                                            tp_size=self.tp_size, all_reduce=all_reduce,
                                            name=self.directory.engine_path(rank).name)
 
-    def loader(self, *, device: str = "host", all_reduce: Any = None) -> Any:
+    def loader(self, *, device: str = "host", all_reduce: Any = None, null_compute: bool = False) -> Any:
         """A stand-in for :func:`trtio.load_engine` (same arguments) that gives each rank engine file of the
         directory its :meth:`reference_engine`: patch ``trtio.setups.engine_dir.load_engine`` with it to run
         ``create_from_engine_dir`` on the directory without plans."""
@@ -434,6 +434,6 @@ class TensorParallelToyEngines:
             name = Path(path).name
             if name not in ranks:
                 raise UnknownNameError(f"{path} is not a rank engine of {self.directory.path}")
-            return self.reference_engine(ranks[name], device=device, all_reduce=all_reduce)
+            return self.reference_engine(ranks[name], device=device, all_reduce=all_reduce, null_compute=null_compute)
 
         return load
