@@ -108,7 +108,7 @@ def test_tensor_parallel_toys_generate_the_tp1_tokens(toys: RaggedToyEngines, em
 
 
 def _scenario(setup: trtio.LLMSetup, emb: np.ndarray) -> list[Any]:
-    """Admissions, subsets of slots, a chunked prompt, a pinned prefix and releases (DESIGN §12); what each step
+    """Admissions, subsets of slots, a chunked prompt, a pinned prefix and releases; what each step
     returned (tokens) and the sequences' state after it."""
     seen: list[Any] = []
 
@@ -563,7 +563,8 @@ def test_the_toy_checkpoint_is_the_toy_model() -> None:
 
 def test_the_host_group_sums_in_rank_order_and_aborts_waiting_ranks() -> None:
     with collectives.HostGroup(3, timeout=WAIT) as group:
-        parts = [np.full(4, 0.1, np.float32) * (r + 1) for r in range(3)]
+        rng = np.random.default_rng(0)  # magnitudes far apart: float32 sums depend on their order
+        parts = [(rng.standard_normal(256) * 10.0 ** rng.uniform(-4, 4, 256)).astype(np.float32) for _ in range(3)]
         out: list[Any] = [None] * 3
 
         def rank(r: int) -> None:

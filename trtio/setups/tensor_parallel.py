@@ -1,6 +1,6 @@
 """One LLM across N ranks: a tensor-parallel Edge-LLM directory's rank engines stepped in lockstep.
 
-Edge-LLM 0.11 builds a model too large for one GPU as N rank engines (``config_world{N}.json``; DESIGN §13,
+Edge-LLM 0.11 builds a model too large for one GPU as N rank engines (``config_world{N}.json``;
 ``docs/edgellm-assumptions.md`` section 7): each rank holds some of the attention heads and of the MLP, its own
 KV pools (``kv_heads / N`` heads each), and all-reduces inside itself through Edge-LLM's ``AllReducePlugin``;
 every rank takes the same step inputs and produces the full logits. :class:`TensorParallelLLMSetup` is an
@@ -17,10 +17,11 @@ every rank takes the same step inputs and produces the full logits. :class:`Tens
   them: on GPUs NCCL through ``nccl4py`` registered with the plugin library (:mod:`trtio.nccl`), on the host
   backend an in-process group (:mod:`trtio.collectives`).
 
-Slots and pages (§12) work as on one engine: every rank gets the same calls, so every rank's page table makes
-the same choices (one page-table model, a pool per rank); :attr:`kv_pages`, :attr:`active` and :attr:`lengths`
-are rank 0's. A call every rank refuses (bad input, a slot that is not free, a pool that is short) is refused
-before any rank changes anything: the ranks check the same things on the same state.
+Slots and pages (admissions, releases, pages on demand, pinned prefixes) work as on one engine: every rank
+gets the same calls, so every rank's page table makes the same choices (one page-table model, a pool per
+rank); :attr:`kv_pages`, :attr:`active` and :attr:`lengths` are rank 0's. A call every rank refuses (bad
+input, a slot that is not free, a pool that is short) is refused before any rank changes anything: the ranks
+check the same things on the same state.
 
 A rank that fails to enqueue fails the whole step, and no rank is left waiting in a collective: on the host the
 group is aborted at once; on GPUs, where every rank refused the step the communicators stay, else they are
