@@ -735,3 +735,18 @@ def test_the_decode_steps_host_cost_per_rank(stand_in: Path, toys: RaggedToyEngi
     with _gpu_setup(ENGINES / "toy-llm-tp2", stand_in, graphs=True) as tp:
         t2 = median_step(tp)
     print(f"\ndecode step host time, graphs on: TP=1 {t1:.1f} us, TP=2 {t2:.1f} us ({t2 / t1:.2f}x)")
+
+
+def test_bench_times_the_decode_step_across_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio bench --tp N``: the 8B-class LLM's decode step on one engine and across N ranks, same run (dry-run
+    backend: trtio's own host time)."""
+    from trtio.cli import main
+
+    assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--contract", "ragged", "--tp", "2",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["ragged, tensor parallel"]
+    assert list(rows) == ["LLMSetup.decode", "TensorParallelLLMSetup.decode (2 ranks)"]
+    # each rank's step, and rank 1's copy of the embeddings written in place in rank 0's buffer
+    one, two = rows["LLMSetup.decode"], rows["TensorParallelLLMSetup.decode (2 ranks)"]
+    assert two["device_ops"] == 2 * one["device_ops"] + 1
+    assert all(r["us_per_call"] > 0 for r in rows.values())

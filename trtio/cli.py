@@ -109,7 +109,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
-                  kv_capacity=args.kv_capacity)
+                  kv_capacity=args.kv_capacity, tensor_parallel=(args.tp,) if args.tp else ())
     if args.json:
         def number(x: float) -> float | None:
             return None if x != x else x  # NaN (not measured on this backend): null
@@ -309,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kv-capacity", type=_positive_int, default=None, metavar="N",
                        help="tokens per sequence in the KV caches (default 4096; 1024 on the host backend, whose "
                             "device memory is host RAM)")
+    bench.add_argument("--tp", type=_positive_int, default=None, metavar="N",
+                       help="also the LLM's decode step across N tensor-parallel ranks (cuda: N GPUs, nccl4py and a C "
+                            "compiler), beside one engine's")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
     return p

@@ -213,18 +213,25 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
         else:
             eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, null_compute=True, device="host",
                                                                    name=names[role]))
-        engines.append({
-            "name": ENGINE_FILES[role],
-            "role": role,
-            "plan": str(plan) if engine is not None else None,
-            "config": str(config_path),
-            "source": "plan" if engine is not None else "config",
-            "plan_not_read": why,
-            "contract": cfg.contract,
-            "num_profiles": eio.num_profiles,
-            "tensors": engine_rows(eio, labels[role], capacities[role]),
-        })
+        engines.append(_engine_entry(ENGINE_FILES[role], role, plan if engine is not None else None, why,
+                                     config_path, cfg, eio, labels[role], capacities[role]))
     return {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind, "engines": engines}
+
+
+def _engine_entry(name: str, role: str, plan: Path | None, why: str | None, config_path: Path, cfg: LLMEngineConfig,
+                  eio: EngineIO, labels: dict[str, str], capacities: dict[str, int]) -> dict[str, Any]:
+    """One engine of ``trtio inspect DIR``: its I/O table from the plan (``plan``) or from its config."""
+    return {
+        "name": name,
+        "role": role,
+        "plan": str(plan) if plan is not None else None,
+        "config": str(config_path),
+        "source": "plan" if plan is not None else "config",
+        "plan_not_read": why,
+        "contract": cfg.contract,
+        "num_profiles": eio.num_profiles,
+        "tensors": engine_rows(eio, labels, capacities),
+    }
 
 
 def format_runtime(runtime: dict[str, Any] | None) -> str | None:
@@ -355,17 +362,8 @@ def inspect_tensor_parallel_dir(directory: EngineDir, *, module: str = "auto",
         for name, b in bindings.items():
             labels[name] = f"checkpoint weight {b.checkpoint_key}" + (
                 f" (part {r} of {b.tp_shard[1]} along axis {b.tp_shard[0]})" if b.tp_shard else "")
-        engines.append({
-            "name": plan.name,
-            "role": f"rank {r}",
-            "plan": str(plan) if engine is not None else None,
-            "config": str(config_path),
-            "source": "plan" if engine is not None else "config",
-            "plan_not_read": why,
-            "contract": cfg.contract,
-            "num_profiles": eio.num_profiles,
-            "tensors": engine_rows(eio, labels, capacities),
-        })
+        engines.append(_engine_entry(plan.name, f"rank {r}", plan if engine is not None else None, why, config_path,
+                                     cfg, eio, labels, capacities))
     return {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind,
             "tp_size": directory.tp_size, "engines": engines}
 
