@@ -750,3 +750,27 @@ def test_bench_times_the_decode_step_across_ranks(capsys: pytest.CaptureFixture[
     one, two = rows["LLMSetup.decode"], rows["TensorParallelLLMSetup.decode (2 ranks)"]
     assert two["device_ops"] == 2 * one["device_ops"] + 1
     assert all(r["us_per_call"] > 0 for r in rows.values())
+
+
+def test_a_setup_never_closed_is_collected_with_its_threads_and_devices(emb: np.ndarray) -> None:
+    import gc
+    import warnings
+
+    count = threading.active_count()
+    with tp_setup(ENGINES / "toy-llm-tp2") as tp:
+        pass
+    engines = TensorParallelToyEngines.load(ENGINES / "toy-llm-tp2")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_dir_module, "load_engine", engines.loader())
+        tp = trtio.create_from_engine_dir(engines.directory.path, backend="host")
+    x, lens = embed_batch(emb, PROMPTS[:1], F16)
+    tp.prefill(x, lens)
+    assert threading.active_count() == count + 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del tp
+        gc.collect()
+    assert threading.active_count() == count, "the rank threads do not keep their setup alive"
+    assert any("TensorParallelLLMSetup (2 ranks) was never closed" in str(w.message) for w in caught)
+    with tp_setup(ENGINES / "toy-llm-tp2"):  # its host devices are free again
+        pass

@@ -16,12 +16,13 @@ tested, on a machine without a GPU:
 
 A device holds one communicator at a time: registering a second one while the first is registered is an
 :class:`~trtio.EngineError` (two setups on one device would make each rank engine reach the other setup's
-ranks).
+ranks). The table holds communicators weakly: a setup collected without ``close()`` frees its devices.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +39,8 @@ __all__ = ["CollectiveAbortedError", "HostCommunicator", "HostGroup", "communica
 WAIT_SECONDS = 120.0
 
 _table_lock = threading.Lock()
-_table: dict[int, HostCommunicator] = {}
+# device -> its communicator, held weakly: a setup collected without close() frees its devices
+_table: dict[int, weakref.ref[HostCommunicator]] = {}
 _thread = threading.local()
 
 
@@ -109,7 +111,7 @@ class HostGroup(Closeable):
 class HostCommunicator:
     """Rank ``rank``'s end of a :class:`HostGroup`: what a rank engine on the host backend all-reduces with."""
 
-    __slots__ = ("_group", "rank")
+    __slots__ = ("_group", "rank", "__weakref__")
 
     def __init__(self, group: HostGroup, rank: int) -> None:
         self._group = group
@@ -135,19 +137,20 @@ def register(devices: Sequence[int], members: Sequence[HostCommunicator]) -> Non
     """Put ``members[i]`` in the table under ``devices[i]``; refused (nothing registered) where a device
     already holds one."""
     with _table_lock:
-        taken = [d for d in devices if d in _table]
+        taken = [d for d in devices if d in _table and _table[d]() is not None]
         if taken:
             raise EngineError(f"host device {taken[0]} already has a tensor-parallel communicator registered (a "
                               "tensor-parallel setup on it is open): close that setup first")
         for d, m in zip(devices, members):
-            _table[d] = m
+            _table[d] = weakref.ref(m)
 
 
 def unregister(devices: Sequence[int], members: Sequence[HostCommunicator]) -> None:
     """Remove each of ``members`` from the table (an entry another communicator holds stays)."""
     with _table_lock:
         for d, m in zip(devices, members):
-            if _table.get(d) is m:
+            entry = _table.get(d)
+            if entry is not None and entry() is m:
                 del _table[d]
 
 
@@ -157,7 +160,8 @@ def communicator(device: int | None = None) -> HostCommunicator:
     if device is None:
         device = thread_device()
     with _table_lock:
-        found = _table.get(device) if device is not None else None
+        entry = _table.get(device) if device is not None else None
+        found = entry() if entry is not None else None
     if found is None:
         where = "this thread has no device set (set_thread_device)" if device is None else f"host device {device}"
         raise EngineError(f"all-reduce: no communicator is registered for {where}; a tensor-parallel setup "

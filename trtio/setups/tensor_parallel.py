@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -76,17 +77,20 @@ _cuda_lock = threading.Lock()
 
 
 def _cuda_backend(device: int) -> Backend:
-    """The cuda backend of ``device`` (created on the calling thread, whose current device it becomes)."""
-    from trtio.cuda.device import CudaBackend  # noqa: PLC0415 - only for tensor parallelism on GPUs
+    """The cuda backend of ``device``; ``device`` is the calling thread's current device afterwards (making the
+    shared backend makes device 0 current)."""
+    from cuda.bindings import runtime  # noqa: PLC0415 - only for tensor parallelism on GPUs
 
-    shared = get_backend("cuda")
-    if shared.device_id == device:
-        return shared
-    with _cuda_lock:
-        found = _cuda_backends.get(device)
-        if found is None:
-            found = _cuda_backends[device] = CudaBackend(device)
-        return found
+    from trtio.cuda.device import CudaBackend  # noqa: PLC0415
+
+    found = get_backend("cuda")
+    if found.device_id != device:
+        with _cuda_lock:
+            found = _cuda_backends.get(device) or _cuda_backends.setdefault(device, CudaBackend(device))
+    err = runtime.cudaSetDevice(device)[0]
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise EngineError(f"cudaSetDevice({device}) failed: {err}")
+    return found
 
 
 # -- rank threads --------------------------------------------------------------------------------------
@@ -95,10 +99,12 @@ def _cuda_backend(device: int) -> Backend:
 class _RankWorker:
     """The persistent thread of one rank: sets the rank's device once, then runs the calls it is given, one at a
     time. A call is handed over and waited for through two locks (the cheapest hand-off Python has): :meth:`start`
-    releases ``_go``, the thread releases ``_done`` when the call has returned or raised. ``on_error(rank)`` runs
-    on the rank's thread as soon as a call raises (before ``_done``)."""
+    releases ``_go``, the thread releases ``_done`` when the call has returned or raised. ``on_error()(rank)``
+    runs on the rank's thread as soon as a call raises (before ``_done``): ``on_error`` is a weak reference (a
+    :class:`weakref.WeakMethod`), so the thread does not keep its setup alive."""
 
-    def __init__(self, rank: int, device: int, kind: str, on_error: Callable[[int], None]) -> None:
+    def __init__(self, rank: int, device: int, kind: str,
+                 on_error: Callable[[], Callable[[int], None] | None]) -> None:
         self.rank = rank
         self.device = device
         self._kind = kind
@@ -146,7 +152,10 @@ class _RankWorker:
                 self.result, self.error = job(), None
             except BaseException as exc:  # handed to the caller, which raises it
                 self.result, self.error = None, exc
-                self._on_error(self.rank)
+                on_error = self._on_error()
+                if on_error is not None:
+                    on_error(self.rank)
+            del job  # the call's closure (and the setup it names) is not kept by an idle thread
             self._done.release()
 
     def _start(self) -> BaseException | None:
@@ -226,21 +235,22 @@ class TensorParallelLLMSetup(LLMSetup):
             raise InvalidTypeError(f"TensorParallelLLMSetup: backend must be 'host', 'cuda' (a backend per device, "
                                    f"made here) or a host Backend instance, got {backend!r}")
         host: Backend = get_backend("host") if isinstance(backend, str) else backend
-        self._init_lifetime(f"this TensorParallelLLMSetup ({len(ranks)} ranks)")
+        self._workers: list[_RankWorker] = []  # filled in place: the backstop below stops what it holds then
+        self._init_lifetime(f"this TensorParallelLLMSetup ({len(ranks)} ranks)", _stop_all, self._workers)
         self.cfg = model
         self._kind = kind
         self._devices = tuple(r.device for r in ranks)
         self._broken: str | None = None
         self._views: list[BoundedCache[tuple[Any, ...], Tensor]] = [BoundedCache() for _ in ranks]
         self._owner = object()  # what this setup's prefixes name as their maker
-        self._workers: list[_RankWorker] = []
         self._failure = threading.Event()  # a rank's call raised (set on its thread)
         self._stepping = False
         self._group: collectives.HostGroup | None = None
         self._nccl: Any = None
         with contextlib.ExitStack() as stack:
             stack.callback(self._stop_workers)
-            self._workers = [_RankWorker(r, spec.device, kind, self._rank_failed) for r, spec in enumerate(ranks)]
+            failed = weakref.WeakMethod(self._rank_failed)  # the threads must not keep the setup alive
+            self._workers.extend(_RankWorker(r, spec.device, kind, failed) for r, spec in enumerate(ranks))
             self._backends = self._on_ranks(lambda r: host if kind == "host" else _cuda_backend(self._devices[r]))
             self._backend = self._backends[0]
             self._make_communicators(stack, plugins)
@@ -301,9 +311,7 @@ class TensorParallelLLMSetup(LLMSetup):
         return out
 
     def _stop_workers(self) -> None:
-        workers, self._workers = self._workers, []
-        for w in workers:
-            w.stop()
+        _stop_all(self._workers)
 
     # -- running on the ranks ------------------------------------------------------------------------------
     def _on_rank(self, rank: int, fn: Callable[[], T]) -> T:
@@ -575,6 +583,14 @@ class TensorParallelLLMSetup(LLMSetup):
             super()._close_owned()
         finally:
             self._stop_workers()
+
+
+def _stop_all(workers: list[_RankWorker]) -> None:
+    """End every rank thread of ``workers`` (and forget them)."""
+    stopping = list(workers)
+    workers.clear()
+    for w in stopping:
+        w.stop()
 
 
 def ranks_memory_report(title: str, reports: Sequence[MemoryReport], weights: Sequence[Mapping[str, Tensor]], *,
