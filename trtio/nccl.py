@@ -75,11 +75,11 @@ class NcclCommunicators(Closeable):
         nccl = import_nccl()
         self._nccl = nccl
         self.devices = tuple(int(d) for d in devices)
+        self.all_reduce_function = _all_reduce_address()  # first: nothing to undo if libnccl is unusable
         try:
             self._comms = list(nccl.Communicator.init_all(list(self.devices)))
         except Exception as exc:  # nccl4py raises its own error types
             raise EngineError(f"ncclCommInitAll on devices {list(self.devices)} failed: {exc}") from None
-        self.all_reduce_function = _all_reduce_address()
         self._aborted = False
         self._init_lifetime(f"NCCL communicators of devices {list(self.devices)}")
 

@@ -245,8 +245,9 @@ class ReferenceEngine:
         Tensor parallelism (ragged only; ``trtio.testing.reference_tp``): ``tp_rank`` of ``tp_size`` ranks
         computes its share of the model (``cfg`` is the rank's config: its heads and KV heads; ``weights`` are
         the whole model's, required when ``tp_size > 1``) and sums the attention and MLP outputs over the ranks
-        with ``all_reduce`` (where given, also for one rank; required when ``tp_size > 1``). A config whose
-        ``extras`` list ``checkpoint_weight_bindings`` gets one static input per binding, read at each execute:
+        with ``all_reduce`` (where given, also for one rank; required when ``tp_size > 1``). A rank's config
+        (``EngineDir.rank_config``: its ``extras`` name ``tp_rank``) whose ``extras`` list
+        ``checkpoint_weight_bindings`` gets one static input per binding, read at each execute:
         ``lm_head.weight`` ``[vocab, hidden]`` (the LM head, transposed) and
         ``model.layers.<i>.mlp.down_proj.weight`` ``[hidden, MLP width]`` (layer i's ``w2``, transposed: the
         rank's rows); a null-compute engine declares any binding.
@@ -482,6 +483,8 @@ _BINDING_DTYPES = {"F16": DType.FLOAT16, "F32": DType.FLOAT32, "BF16": DType.BFL
 def _weight_inputs(cfg: Any, geo: _Geometry, tp_size: int, null_compute: bool) -> list[tuple[str, DType, Shape]]:
     """The static weight inputs of ``cfg``'s ``checkpoint_weight_bindings`` (see ``from_config``)."""
     extras = getattr(cfg, "extras", None) or {}
+    if "tp_rank" not in extras:
+        return []  # the whole model's config of a tensor-parallel build describes no rank engine's inputs
     bindings = parse_bindings(_thawed(extras.get(BINDINGS_KEY)), "ReferenceEngine config", tp_size)
     out = []
     for b in bindings:
