@@ -27,13 +27,22 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _cuda_devices() -> int:
+    from trtio.cuda.device import probe_device_count
+
+    return probe_device_count() if trtio.cuda_available() else 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu = trtio.cuda_available()
     trt = gpu and _has_module("tensorrt")
     rtx = _has_module("tensorrt_rtx")
+    gpu2 = _cuda_devices() >= 2 if any("gpu2" in item.keywords for item in items) else False
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(pytest.mark.skip(reason="no CUDA device answers here"))
+        if "gpu2" in item.keywords and not gpu2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA devices"))
         if "trt" in item.keywords and not trt:
             item.add_marker(pytest.mark.skip(reason="needs full TensorRT and a CUDA device"))
         if "rtx" in item.keywords and not rtx:

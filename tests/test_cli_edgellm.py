@@ -7,6 +7,7 @@ out by a patched ``trtio.trt.load_engine``, so the plan code path runs here; eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -73,7 +74,7 @@ def test_edgellm_targets_are_told_from_trtios_own(tmp_path: Path) -> None:
     assert edgellm_directory(RAGGED_LLM / "config.json") == RAGGED_LLM
     assert edgellm_directory(RAGGED_PAIR) == RAGGED_PAIR
     assert edgellm_directory(RAGGED_PAIR / "draft_config.json") == RAGGED_PAIR
-    assert edgellm_directory(EDGELLM / "qwen3-tp2-tiny") == EDGELLM / "qwen3-tp2-tiny"  # refused later, by name
+    assert edgellm_directory(EDGELLM / "qwen3-tp2-tiny") == EDGELLM / "qwen3-tp2-tiny"  # tensor parallel
     for own in (ENGINES / "toy-llm", ENGINES / "toy-llm" / "config.json", ENGINES / "toy-eagle",
                 ENGINES / "toy-eagle" / "base" / "config.json"):
         assert edgellm_directory(own) is None
@@ -395,9 +396,8 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
                 ["--draft-top-k", "3 x 3 = 9 exceeds builder_config.max_draft_tree_size (8)", "draft_config.json"])
     if kind == "run-time value on a plain LLM":
         return _copy(RAGGED_LLM, root, "config.json"), ["--draft-step", "2"], ["--draft-step", "plain LLM"]
-    if kind == "tensor parallel":
-        return (_copy(EDGELLM / "qwen3-tp2-tiny", root, "config_world2.json"), [],
-                ["config_world2.json", "tensor-parallel"])
+    if kind.startswith("tp "):
+        return _broken_tp(kind, root)
     if kind == "plain and pair":
         d = _copy(RAGGED_PAIR, root, "base_config.json", "draft_config.json")
         shutil.copy(RAGGED_LLM / "config.json", d / "config.json")
@@ -405,9 +405,47 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
     raise AssertionError(kind)
 
 
+def _broken_tp(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
+    """A broken copy of the tensor-parallel toy directory (``kind`` "tp ...")."""
+    d = _copy(ENGINES / "toy-llm-tp2", root, "config_world2.json")
+    path = d / "config_world2.json"
+    data = json.loads(path.read_text())
+    ranks = data["rank_configs"]
+    needles = {
+        "tp rank count": ["config_world2.json: rank_configs", "has 1 entries, but tp_size is 2"],
+        "tp rank twice": ["config_world2.json: rank_configs[1].rank", "rank 0 is listed twice"],
+        "tp unknown override": ["rank_configs[1].config_overrides.num_experts",
+                                "overrides a key config_world2.json does not have"],
+        "tp uneven heads": ["rank_configs[1].config_overrides.num_attention_heads", "rank 1 has 3 attention heads",
+                            "split the model's 4 evenly"],
+        "tp speculative": ["config_world2.json: engine_role", "tensor-parallel speculative decoding is not supported"],
+        "tp world size": ["config_world2.json: builder_config.tp_size", "is 4, but the file name says 2 ranks"],
+        "tp devices flag": ["--draft-step", "plain LLM"],
+    }[kind]
+    argv: list[str] = []
+    if kind == "tp rank count":
+        del ranks[1]
+    elif kind == "tp rank twice":
+        ranks[1]["rank"] = 0
+    elif kind == "tp unknown override":
+        ranks[1]["config_overrides"]["num_experts"] = 2
+    elif kind == "tp uneven heads":
+        ranks[1]["config_overrides"]["num_attention_heads"] = 3
+    elif kind == "tp speculative":
+        data["engine_role"] = "base"
+    elif kind == "tp world size":
+        data["builder_config"]["tp_size"] = 4
+    else:
+        argv = ["--draft-step", "2"]
+    path.write_text(json.dumps(data))
+    return d, argv, needles
+
+
+BROKEN_TP = ["tp rank count", "tp rank twice", "tp unknown override", "tp uneven heads", "tp speculative",
+             "tp world size", "tp devices flag"]
 BROKEN = ["missing key", "missing builder key", "unsupported family", "unsupported spec family", "gemma", "non-JSON",
           "one spec config", "wrong role", "verify cap", "draft cap", "run-time value on a plain LLM",
-          "tensor parallel", "plain and pair"]
+          *BROKEN_TP, "plain and pair"]
 
 
 @pytest.mark.parametrize("kind", BROKEN)
@@ -419,7 +457,7 @@ def test_plan_a_broken_directory_is_one_line(tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.parametrize("kind", ["missing key", "unsupported family", "non-JSON", "one spec config",
-                                  "tensor parallel"])
+                                  *BROKEN_TP[:-1]])
 def test_inspect_a_broken_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                 kind: str) -> None:
     directory, _, needles = _broken(kind, tmp_path / "engine")
@@ -605,3 +643,91 @@ def test_verbose_before_the_command_logs(capsys: pytest.CaptureFixture[str], mon
     assert rc == 0 and "trtio: INFO: hello from the command" in err
     rc, _, err = run(capsys, "plan", "X")
     assert rc == 0 and "hello" not in err
+
+
+# -- tensor-parallel directories: every rank --------------------------------------------------------------
+
+TP2 = ENGINES / "toy-llm-tp2"
+TINY_TP = EDGELLM_011 / "qwen3-tiny-tp2"
+
+
+@pytest.mark.parametrize("directory", [TP2, ENGINES / "toy-llm-tp4", TINY_TP], ids=lambda p: p.name)
+def test_plan_a_tensor_parallel_directory_shows_every_rank(capsys: pytest.CaptureFixture[str],
+                                                           directory: Path) -> None:
+    d = EngineDir.open(directory)
+    rc, out, err = run(capsys, "plan", str(directory), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["tp_size"] == d.tp_size and [r["rank"] for r in result["ranks"]] == list(range(d.tp_size))
+    assert result["configs"] == [str(d.config_path("llm"))]
+    bindings = {b.engine_name: b for b in d.checkpoint_bindings()}
+    for r, rank in enumerate(result["ranks"]):
+        cfg = d.rank_config(r)
+        assert rank["engine"] == d.engine_path(r).name and rank["engine_file"] is None
+        assert (rank["heads"], rank["kv_heads"]) == (cfg.num_attention_heads, cfg.num_kv_heads)
+        (kv,) = rank["kv_state"]
+        assert kv["shape"] == _pool_shape(cfg) and kv["tensors"] == cfg.num_attention_layers
+        weights = {e["name"]: e for e in rank["memory"]["entries"] if e["group"] == f"rank {r} checkpoint weights"}
+        assert {n: e["shape"] for n, e in weights.items()} == {n: list(b.shape) for n, b in bindings.items()}
+    groups = {e["group"].split(" ")[1] for e in result["memory"]["entries"]}
+    assert groups == {str(r) for r in range(d.tp_size)}
+    rc, text, _ = run(capsys, "plan", str(directory))
+    assert text.startswith(f"create_from_engine_dir ({d.tp_size} tensor-parallel ranks) for the Edge-LLM engine "
+                           f"directory {directory} ({d.config_path('llm').name}; engine files: none")
+    for r in range(d.tp_size):
+        cfg = d.rank_config(r)
+        shape = ",".join(map(str, _pool_shape(cfg)))
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"  rank {r} ({d.engine_path(r).name}): "))
+        assert f"each [{shape}]" in line and f"{cfg.num_kv_heads} KV head" in line
+
+
+def test_inspect_a_tensor_parallel_directory_shows_every_rank_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "inspect", str(TP2), "--json")
+    assert rc == 0, err
+    result = json.loads(out)
+    assert result["tp_size"] == 2
+    engines = result["engines"]
+    assert [(e["name"], e["role"], e["source"]) for e in engines] == [
+        ("llm_world2_rank0.engine", "rank 0", "config"), ("llm_world2_rank1.engine", "rank 1", "config")]
+    for r, e in enumerate(engines):
+        rows = {t["name"]: t for t in e["tensors"]}
+        assert rows["past_key_values_0"]["shape"] == [2, -1, 128, 1, 16]
+        assert rows["lm_head.weight"]["binding"] == "checkpoint weight lm_head.weight"
+        assert rows["model.layers.3.mlp.down_proj.weight"]["binding"] == (
+            f"checkpoint weight model.layers.3.mlp.down_proj.weight (part {r} of 2 along axis 1)")
+        assert rows["model.layers.3.mlp.down_proj.weight"]["shape"] == [64, 64]
+    rc, text, _ = run(capsys, "inspect", str(TP2))
+    assert "llm_world2_rank1.engine (rank 1): the engine" in text
+
+
+def test_inspect_reads_each_rank_plan_and_refuses_one_its_rank_does_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import trtio.trt
+
+    d = tmp_path / "tp"
+    shutil.copytree(TP2, d)
+    (d / "config_world2.json").write_text((TP2 / "config_world2.json").read_text().replace(
+        '"../toy-checkpoint"', json.dumps(str(ENGINES / "toy-checkpoint"))))
+    for r in range(2):
+        (d / f"llm_world2_rank{r}.engine").write_bytes(b"ftrt plan")
+    directory = EngineDir.open(d)
+    calls: list[str] = []
+    heads = {"n": None}
+
+    def load(path: Any, module: Any = "auto", *, plugins: Any = ()) -> Any:
+        calls.append(Path(path).name)
+        r = int(Path(path).stem[-1])
+        cfg = directory.rank_config(r)
+        if heads["n"] is not None:
+            cfg = dataclasses.replace(cfg, num_kv_heads=heads["n"], num_attention_heads=heads["n"])
+        return ReferenceEngine.from_config(cfg, null_compute=True, device="host", tp_rank=r, tp_size=2)
+
+    monkeypatch.setattr(trtio.trt, "load_engine", load)
+    rc, out, err = run(capsys, "inspect", str(d), "--json")
+    assert rc == 0, err
+    assert calls == ["llm_world2_rank0.engine", "llm_world2_rank1.engine"]
+    assert [e["source"] for e in json.loads(out)["engines"]] == ["plan", "plan"]
+    heads["n"] = 2  # a rank plan built with the whole model's 2 KV heads
+    rc, _, err = run(capsys, "inspect", str(d))
+    assert_one_line_error(rc, err, "inspect", "config_world2.json: does not fit plan", "llm_world2_rank0.engine",
+                          "past_key_values_0")

@@ -25,6 +25,7 @@ from trtio._safetensors import bf16_to_float32, e4m3_to_float32, read_safetensor
 from trtio.edgellm import CONFIG_FILES, EngineDir
 from trtio.edgellm_config import unsupported_features
 from trtio.rope import RopeScaling
+from trtio.testing.toy_engines import default_engines_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SHARED = FIXTURES / "edgellm-0.11"
@@ -40,15 +41,17 @@ REFUSED = {
     "qwen3.5-tiny": "num_linear_attn_layers",
     "qwen3.5-mtp-tiny": "num_linear_attn_layers",
     "qwen3-dflash-tiny": "spec_decode_type",
-    "qwen3-tp2-tiny": None,  # config_world2.json: the directory is refused before any key is read
 }
+# Tensor-parallel builds (config_world{N}.json): read per rank, tested in their own section.
+TENSOR_PARALLEL = {"qwen3-tp2-tiny", "qwen3-tiny-tp2"}
 
 
 def _dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*config*.json"))) if root.is_dir() else []
 
 
-SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in REFUSED]
+SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in REFUSED and
+             p.name not in TENSOR_PARALLEL]
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -181,11 +184,8 @@ def test_generated_fixtures_of_unsupported_families_are_refused(name: str) -> No
     with pytest.raises(ConfigError) as info:
         EngineDir.open(folder)
     key = REFUSED[name]
-    if key is None:
-        assert "tensor-parallel" in str(info.value)
-    else:
-        assert info.value.field.endswith(f"config.json: {key}")
-        assert "which trtio does not support yet" in str(info.value)
+    assert info.value.field.endswith(f"config.json: {key}")
+    assert "which trtio does not support yet" in str(info.value)
 
 
 def test_shared_fixtures_open() -> None:
@@ -433,8 +433,6 @@ FAMILIES = [
      "per-layer embeddings (Gemma PLE)"),
     ("PLE (inputs only)", lambda r: r.update(num_ple_inputs=8), "num_ple_inputs", "per-layer embeddings"),
     ("dllm role", lambda r: r.update(engine_role="dllm"), "engine_role", "diffusion LLM (dllm) engines"),
-    ("tensor parallel", lambda r: r["builder_config"].update(tp_size=2), "builder_config.tp_size",
-     "tensor parallelism"),
     ("LoRA", lambda r: r["builder_config"].update(max_lora_rank=8), "builder_config.max_lora_rank", "LoRA adapters"),
 ]
 
@@ -570,7 +568,8 @@ def test_mixed_and_tensor_parallel_and_dllm_directories(tmp_path: Path) -> None:
     tp = tmp_path / "tp"
     tp.mkdir()
     (tp / "config_world2.json").write_text("{}")
-    with pytest.raises(ConfigError, match=r"config_world2\.json: is a tensor-parallel engine config"):
+    with pytest.raises(ConfigError, match=r"config_world2\.json: builder_config\.tp_size: is None, but the file name "
+                                          r"says 2 ranks"):
         EngineDir.open(tp)
     dllm = tmp_path / "dllm"
     dllm.mkdir()
@@ -813,3 +812,159 @@ def test_a_pool_of_fewer_pages_than_every_slots_is_read_as_written() -> None:
     raw["builder_config"]["max_kv_pool_pages"] = 3
     cfg = LLMEngineConfig.from_edgellm(raw)
     assert cfg.kv_pool_pages == 3 < cfg.min_kv_pool_pages == 4
+
+
+# -- tensor-parallel directories (config_world{N}.json) ----------------------------------------------------
+
+TINY_TP = SHARED / "qwen3-tiny-tp2"
+TP_FIXTURES = [TINY_TP, *(p for p in _dirs(GENERATED) if p.name in TENSOR_PARALLEL)]
+
+
+@pytest.mark.parametrize("folder", TP_FIXTURES, ids=lambda p: p.name)
+def test_tensor_parallel_fixtures_open_with_every_rank(folder: Path) -> None:
+    file = next(folder.glob("config_world*.json"))
+    raw = _load(file)
+    world = raw["builder_config"]["tp_size"]
+    d = EngineDir.open(folder)
+    assert (d.kind, d.roles, d.tp_size, d.is_tensor_parallel) == ("llm", ("llm",), world, True)
+    assert d.config_path("llm") == file and d.raw() == raw and not d.has_engines
+    whole = {k: v for k, v in raw.items() if k != "rank_configs"}
+    whole["builder_config"] = {k: v for k, v in raw["builder_config"].items() if k != "tp_size"}
+    assert d.config == LLMEngineConfig.from_edgellm(whole), "the whole model's keys map as a plain LLM's do"
+    assert d.config.extras["builder_config.tp_size"] == world and "rank_configs" not in d.config.extras
+    for entry in raw["rank_configs"]:
+        r = entry["rank"]
+        cfg = d.rank_config(r)
+        over = entry["config_overrides"]
+        assert cfg.num_attention_heads == over["num_attention_heads"] == raw["num_attention_heads"] // world
+        assert cfg.num_kv_heads == over["num_key_value_heads"] == raw["num_key_value_heads"] // world
+        assert cfg.extras["intermediate_size"] == over["intermediate_size"]
+        assert (cfg.extras["tp_rank"], cfg.extras["tp_size"]) == (r, world)
+        assert cfg.head_dim == d.config.head_dim == raw["head_dim"], "a rank's heads keep the model's head size"
+        for name in ("hidden_size", "vocab_size", "num_attention_layers", "max_kv_cache_capacity", "kv_pool_pages",
+                     "max_supported_batch_size", "rotary_dim", "rope_theta", "kv_cache_dtype"):
+            assert getattr(cfg, name) == getattr(d.config, name), name
+        assert d.engine_path(r) == folder / entry["engine"] == folder / f"llm_world{world}_rank{r}.engine"
+    assert d.engine_paths == tuple(d.engine_path(r) for r in range(world))
+    assert repr(d).endswith(f"tp_size={world}, configs only)")
+
+
+def test_a_tensor_parallel_directory_has_engines_when_every_rank_has_one(tmp_path: Path) -> None:
+    d = tmp_path / "tp"
+    shutil.copytree(TINY_TP, d)
+    (d / "llm_world2_rank0.engine").write_bytes(b"ftrt")
+    assert not EngineDir.open(d).has_engines
+    (d / "llm_world2_rank1.engine").write_bytes(b"ftrt")
+    assert EngineDir.open(d).has_engines
+
+
+def test_ranks_and_roles_of_a_tensor_parallel_directory() -> None:
+    d = EngineDir.open(TINY_TP)
+    with pytest.raises(ConfigError, match=r"role: .* is a tensor-parallel directory with one engine per rank: ask for "
+                                          r"engine_path\(0\) \.\. engine_path\(1\)"):
+        d.engine_path("llm")
+    for bad in (2, -1, "0", 1.0, True):
+        with pytest.raises(ConfigError, match=r"rank: expected a rank in 0\.\.1 .*tp_size 2"):
+            d.rank_config(bad)  # type: ignore[arg-type]
+    plain = EngineDir.open(TINY_LLM)
+    assert (plain.tp_size, plain.is_tensor_parallel, plain.rank_config(0)) == (1, False, plain.config)
+    assert plain.engine_path(0) == plain.engine_path("llm")
+    with pytest.raises(ConfigError, match=r"holds a speculative pair: ask for the 'base' or 'draft' role"):
+        EngineDir.open(TINY_PAIR).rank_config(0)
+
+
+def test_a_tensor_parallel_config_read_alone_is_refused_naming_its_key() -> None:
+    raw = _load(TINY_TP / "config_world2.json")
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(raw)
+    assert info.value.field == "Edge-LLM config: builder_config.tp_size"
+    assert "marks a tensor-parallel build (tp_size 2" in str(info.value)
+    assert "EngineDir.open(dir).rank_config(r)" in str(info.value)
+    raw["builder_config"]["tp_size"] = 1
+    with pytest.raises(ConfigError, match=r"Edge-LLM config: rank_configs: marks a tensor-parallel build"):
+        LLMEngineConfig.from_edgellm(raw)
+    assert unsupported_features(raw) == [], "tensor parallelism is read, not refused as an unsupported family"
+
+
+def _tp_dir(tmp_path: Path, edit: Any, name: str = "config_world2.json") -> Path:
+    d = tmp_path / "tp"
+    d.mkdir(exist_ok=True)
+    raw = _load(TINY_TP / "config_world2.json")
+    edit(raw)
+    (d / name).write_text(json.dumps(raw))
+    return d
+
+
+def _override(rank: int, **over: Any) -> Any:
+    return lambda r: r["rank_configs"][rank]["config_overrides"].update(over)
+
+
+BAD_TP = [
+    ("rank count", lambda r: r["rank_configs"].pop(), "rank_configs",
+     "has 1 entries, but tp_size is 2 (Edge-LLM's runtime: rank_configs length must match tpSize)"),
+    ("no rank_configs", lambda r: r.pop("rank_configs"), "rank_configs", "is absent; a tensor-parallel config lists"),
+    ("rank twice", lambda r: r["rank_configs"][1].update(rank=0), "rank_configs[1].rank",
+     "rank 0 is listed twice (also rank_configs[0])"),
+    ("rank out of range", lambda r: r["rank_configs"][1].update(rank=2), "rank_configs[1].rank",
+     "expected a rank in 0..1, got 2"),
+    ("entry not an object", lambda r: r["rank_configs"].__setitem__(1, "rank1"), "rank_configs[1]",
+     "expected an object, got str"),
+    ("engine path", lambda r: r["rank_configs"][1].update(engine="../x.engine"), "rank_configs[1].engine",
+     "expected the rank's engine file name (beside the config), got '../x.engine'"),
+    ("engine shared", lambda r: r["rank_configs"][1].update(engine="llm_world2_rank0.engine"),
+     "rank_configs[1].engine", "'llm_world2_rank0.engine' is also rank 0's engine"),
+    ("unknown key", _override(1, num_experts=2), "rank_configs[1].config_overrides.num_experts",
+     "overrides a key config_world2.json does not have"),
+    ("unsharded key", _override(0, vocab_size=512), "rank_configs[0].config_overrides.vocab_size",
+     "is not a dimension Edge-LLM shards across ranks"),
+    ("overrides not an object", lambda r: r["rank_configs"][0].update(config_overrides=[1]),
+     "rank_configs[0].config_overrides", "expected an object, got list"),
+    ("uneven heads", _override(1, num_attention_heads=1), "rank_configs[1].config_overrides.num_attention_heads",
+     "rank 1 has 1 attention heads; 2 ranks split the model's 4 evenly (2 each)"),
+    ("uneven kv heads", _override(1, num_attention_heads=2, num_key_value_heads=2),
+     "rank_configs[1].config_overrides.num_key_value_heads", "rank 1 has 2 KV heads; 2 ranks split the model's 2: "
+                                                            "1 each"),
+    ("uneven mlp", _override(0, intermediate_size=300), "rank_configs[0].config_overrides.intermediate_size",
+     "rank 0 has intermediate_size 300; 2 ranks split the model's 512 evenly (256 each)"),
+    ("bad override value", _override(1, num_key_value_heads=0), "(rank 1): num_key_value_heads",
+     "expected an int >= 1"),
+    ("world size", lambda r: r["builder_config"].update(tp_size=4), "builder_config.tp_size",
+     "is 4, but the file name says 2 ranks (config_world2.json)"),
+    ("speculative role", lambda r: r.update(engine_role="base"), "engine_role",
+     "is 'base': tensor-parallel speculative decoding is not supported"),
+    ("speculative type", lambda r: r.update(spec_decode_type="eagle3"), "spec_decode_type",
+     "is 'eagle3': tensor-parallel speculative decoding is not supported"),
+]
+
+
+@pytest.mark.parametrize("edit,key,needle", [c[1:] for c in BAD_TP], ids=[c[0] for c in BAD_TP])
+def test_bad_tensor_parallel_configs_are_refused_naming_the_file_and_key(tmp_path: Path, edit: Any, key: str,
+                                                                         needle: str) -> None:
+    d = _tp_dir(tmp_path, edit)
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(d)
+    file = str(d / "config_world2.json")
+    assert info.value.field.startswith(file) and info.value.field.endswith(key), info.value.field
+    assert needle in str(info.value)
+
+
+def test_kv_heads_fewer_than_ranks_are_replicated_one_per_rank() -> None:
+    d = EngineDir.open(default_engines_dir() / "toy-llm-tp4")
+    assert d.config.num_kv_heads == 2 and [d.rank_config(r).num_kv_heads for r in range(4)] == [1] * 4
+
+
+def test_tensor_parallel_directory_layout_errors(tmp_path: Path) -> None:
+    d = _tp_dir(tmp_path, lambda r: None)
+    shutil.copy(d / "config_world2.json", d / "config_world4.json")
+    with pytest.raises(ConfigError, match=r"holds config_world2\.json, config_world4\.json: one tensor-parallel "
+                                          r"build per directory"):
+        EngineDir.open(d)
+    (d / "config_world4.json").unlink()
+    shutil.copy(TINY_LLM / "config.json", d / "config.json")
+    with pytest.raises(ConfigError, match=r"holds both a tensor-parallel build \(config_world2\.json\) and "
+                                          r"config\.json; an engine directory holds one deployment"):
+        EngineDir.open(d)
+    (d / "config.json").unlink()
+    (d / "config_world2.json").rename(d / "config_world0.json")
+    with pytest.raises(ConfigError, match=r"names 0 ranks"):
+        EngineDir.open(d)

@@ -111,7 +111,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_sequences(args, machine_name(args.backend))
     contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
-                  kv_capacity=args.kv_capacity)
+                  kv_capacity=args.kv_capacity, tensor_parallel=(args.tp,) if args.tp else ())
     if args.json:
         def number(x: float) -> float | None:
             return None if x != x else x  # NaN (not measured on this backend): null
@@ -334,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instead: sequences that come and go on the ragged contract, beside whole-batch steps (a "
                             "decode of 8 slots after admissions and releases, an admission's prefill, release, "
                             "pin_prefix; --steps of each)")
+    bench.add_argument("--tp", type=_positive_int, default=None, metavar="N",
+                       help="also the LLM's decode step across N tensor-parallel ranks (cuda: N GPUs, nccl4py and a C "
+                            "compiler), beside one engine's")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
     return p

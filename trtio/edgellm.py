@@ -1,20 +1,27 @@
 """TensorRT Edge-LLM 0.11 engine directories.
 
-An Edge-LLM engine directory is flat: ``llm.engine`` + ``config.json`` for a plain LLM, or
+An Edge-LLM engine directory is flat: ``llm.engine`` + ``config.json`` for a plain LLM,
 ``spec_base.engine`` + ``base_config.json`` and ``spec_draft.engine`` + ``draft_config.json`` for a
-speculative (EAGLE3) pair. :class:`EngineDir` opens one (the configs alone open, for planning) and
-reads what a runtime needs beside the engines (the token embedding table, an EAGLE3 pair's
-draft-to-target map). Each config is read by ``LLMEngineConfig.from_edgellm``; the table of Edge-LLM
-keys and trtio fields is in :mod:`trtio.edgellm_config`. What this module and the mapping assume
-where Edge-LLM leaves meaning open is listed, with how to check it, in ``docs/edgellm-assumptions.md``.
+speculative (EAGLE3) pair, or, for a plain LLM built across N GPUs (tensor parallelism), one engine per rank
+(``llm_world{N}_rank{R}.engine``) and one ``config_world{N}.json`` whose top-level keys describe the whole model
+and whose ``rank_configs[r].config_overrides`` give rank r's heads, KV heads and MLP width. :class:`EngineDir`
+opens one (the configs alone open, for planning) and reads what a runtime needs beside the engines (the
+token embedding table, an EAGLE3 pair's draft-to-target map, weights the engines left in the checkpoint).
+Each config is read by ``LLMEngineConfig.from_edgellm`` (a tensor-parallel one, the whole model's and each
+rank's, by the same mapping); the table of Edge-LLM keys and trtio fields is in :mod:`trtio.edgellm_config`.
+What this module and the mapping assume where Edge-LLM leaves meaning open is listed, with how to check
+it, in ``docs/edgellm-assumptions.md``.
 Errors are :class:`~trtio.ConfigError` with the field ``"<file>: <dotted key>"`` (or the file alone).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +30,13 @@ import numpy as np
 from trtio._checks import is_int
 from trtio._json import read_json
 from trtio._safetensors import SafeTensor, bf16_to_float32, e4m3_to_float32, read_safetensors
+from trtio.checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directory, parse_bindings, read_weights
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, InvalidTypeError
 
-__all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE"]
+__all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
+           "TP_CONFIG_PATTERN"]
 
 #: The config and engine file of each role in an engine directory.
 CONFIG_FILES = {"llm": "config.json", "base": "base_config.json", "draft": "draft_config.json"}
@@ -37,6 +47,25 @@ EMBEDDING_FILE = "embedding.safetensors"
 #: An EAGLE3 pair's draft-to-target vocabulary map (absent: the identity).
 D2T_FILE = "d2t.safetensors"
 _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
+#: A tensor-parallel directory's config: ``config_world{N}.json`` (N ranks).
+TP_CONFIG_PATTERN = re.compile(r"config_world(\d+)\.json")
+#: The keys Edge-LLM 0.11's writer shards across ranks (``_tp_rank_overrides``): the only keys a rank's
+#: ``config_overrides`` may change.
+SHARDED_KEYS = ("num_attention_heads", "num_key_value_heads", "intermediate_size", "recurrent_state_num_heads",
+                "conv_dim", "kv_layer_configs")
+
+
+@dataclass(frozen=True)
+class _Ranks:
+    """A tensor-parallel directory's ranks: its config file, each rank's engine file name and config."""
+
+    file: Path
+    engines: tuple[str, ...]
+    configs: tuple[LLMEngineConfig, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.engines)
 
 
 # -- engine directories -----------------------------------------------------------------------
@@ -44,19 +73,25 @@ _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM'
 class EngineDir:
     """An Edge-LLM 0.11 engine directory, opened and checked: its kind, configs and engine paths.
 
-    ``kind`` is ``"llm"`` (``config.json`` + ``llm.engine``) or ``"spec_decode"`` (``base_config.json``
-    + ``spec_base.engine`` and ``draft_config.json`` + ``spec_draft.engine``). The configs are read and
-    validated at :meth:`open`; the engines need not exist yet (planning from configs alone). Nothing is
-    held open: an EngineDir is a value.
+    ``kind`` is ``"llm"`` (``config.json`` + ``llm.engine``, or a tensor-parallel ``config_world{N}.json`` +
+    one engine per rank) or ``"spec_decode"`` (``base_config.json`` + ``spec_base.engine`` and
+    ``draft_config.json`` + ``spec_draft.engine``). The configs are read and validated at :meth:`open`; the
+    engines need not exist yet (planning from configs alone). Nothing is held open: an EngineDir is a value.
+
+    A tensor-parallel directory has :attr:`tp_size` N > 1 (or a ``config_world1.json``): :attr:`config` is
+    the whole model, :meth:`rank_config` each rank's view of it (the rank's heads, KV heads and MLP width)
+    and :meth:`engine_path` takes the rank. Other directories have ``tp_size`` 1 and one rank, rank 0.
     """
 
-    __slots__ = ("_path", "_kind", "_configs", "_raw")
+    __slots__ = ("_path", "_kind", "_configs", "_raw", "_ranks")
 
-    def __init__(self, path: Path, kind: str, configs: dict[str, LLMEngineConfig], raw: dict[str, Any]) -> None:
+    def __init__(self, path: Path, kind: str, configs: dict[str, LLMEngineConfig], raw: dict[str, Any],
+                 ranks: _Ranks | None = None) -> None:
         self._path = path
         self._kind = kind
         self._configs = configs
         self._raw = raw
+        self._ranks = ranks
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -76,6 +111,8 @@ class EngineDir:
                         "LLMEngineConfig.from_edgellm(path)")
             raise ConfigError(str(root), f"is a file, not an engine directory{hint}")
         kind = _kind_of(root)
+        if kind == "tensor_parallel":
+            return cls._open_tensor_parallel(root)
         roles = ("llm",) if kind == "llm" else ("base", "draft")
         configs: dict[str, LLMEngineConfig] = {}
         raw: dict[str, Any] = {}
@@ -89,10 +126,54 @@ class EngineDir:
             _check_pair(root, configs["base"], configs["draft"])
         return cls(root, kind, configs, raw)
 
+    @classmethod
+    def _open_tensor_parallel(cls, root: Path) -> EngineDir:
+        file = _tp_config_file(root)
+        data = read_json(file)
+        whole, ranks = _read_ranks(file, data)
+        return cls(root, "llm", {"llm": whole}, {"llm": data}, ranks)
+
     # -- what it holds ------------------------------------------------------------------------
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def tp_size(self) -> int:
+        """Ranks (GPUs) the directory's LLM is built for: N of ``config_world{N}.json``, else 1."""
+        return 1 if self._ranks is None else self._ranks.size
+
+    @property
+    def is_tensor_parallel(self) -> bool:
+        """Whether the directory is a tensor-parallel build (``config_world{N}.json``, one engine per rank)."""
+        return self._ranks is not None
+
+    def rank_config(self, rank: int) -> LLMEngineConfig:
+        """Rank ``rank``'s config: the whole model's with the rank's ``config_overrides`` applied (its attention
+        heads, KV heads and MLP width). A directory that is not tensor-parallel has rank 0 only: its
+        :attr:`config`."""
+        r = self._rank(rank)
+        return self.config if self._ranks is None else self._ranks.configs[r]
+
+    def checkpoint_bindings(self, role: str = "llm") -> tuple[CheckpointBinding, ...]:
+        """The engine inputs the config of ``role`` fills from the model's checkpoint
+        (``checkpoint_weight_bindings``, checked now; the runtime's embedding tables left out); empty for most
+        directories."""
+        role = self._role(role)
+        return parse_bindings(self._raw[role].get(BINDINGS_KEY), str(self.config_path(role)), self.tp_size)
+
+    def checkpoint_weights(self, checkpoint_dir: str | os.PathLike[str] | None = None,
+                           role: str = "llm") -> list[dict[str, np.ndarray]]:
+        """Each rank's weight inputs (``[rank][engine input name]``: host arrays of the binding's dtype and
+        rank-local shape), read once from the checkpoint's safetensors files: ``checkpoint_dir`` where given,
+        else the config's ``checkpoint_dir`` (relative to this directory). See :mod:`trtio.checkpoint`.
+        One empty dict per rank where the engines bind no checkpoint weight."""
+        bindings = self.checkpoint_bindings(role)
+        if not bindings:
+            return [{} for _ in range(self.tp_size)]
+        where = str(self.config_path(role))
+        directory = checkpoint_directory(self._path, self._raw[role].get("checkpoint_dir"), where, checkpoint_dir)
+        return read_weights(bindings, directory, self.tp_size, where)
 
     @property
     def kind(self) -> str:
@@ -120,18 +201,39 @@ class EngineDir:
         return self._config("draft")
 
     def config_path(self, role: str) -> Path:
-        """The config file of ``role``."""
-        return self._path / CONFIG_FILES[self._role(role)]
+        """The config file of ``role`` (a tensor-parallel directory's ``config_world{N}.json`` for ``"llm"``)."""
+        role = self._role(role)
+        return self._ranks.file if self._ranks is not None else self._path / CONFIG_FILES[role]
 
-    def engine_path(self, role: str) -> Path:
-        """The engine (plan) file of ``role``: ``llm.engine``, ``spec_base.engine`` or ``spec_draft.engine``.
-        It may not exist yet (a directory of configs opens for planning); see :attr:`has_engines`."""
-        return self._path / ENGINE_FILES[self._role(role)]
+    def engine_path(self, role: str | int) -> Path:
+        """The engine (plan) file of ``role`` (``llm.engine``, ``spec_base.engine`` or ``spec_draft.engine``) or
+        of a rank (an int: a tensor-parallel directory's ``rank_configs[r].engine``; rank 0 of another plain
+        LLM directory is its ``llm.engine``). It may not exist yet (a directory of configs opens for planning);
+        see :attr:`has_engines`."""
+        if not isinstance(role, str) and is_int(role):
+            r = self._rank(role)
+            if self._ranks is not None:
+                return self._path / self._ranks.engines[r]
+            return self._path / ENGINE_FILES["llm"]
+        if not isinstance(role, str):
+            raise ConfigError("role", f"expected a role name or a rank (int), got {type(role).__name__} {role!r}")
+        role = self._role(role)
+        if self._ranks is not None:
+            raise ConfigError("role", f"{self._path} is a tensor-parallel directory with one engine per rank: ask "
+                                      f"for engine_path(0) .. engine_path({self.tp_size - 1})")
+        return self._path / ENGINE_FILES[role]
+
+    @property
+    def engine_paths(self) -> tuple[Path, ...]:
+        """Every engine file of the directory: one per role, or one per rank."""
+        if self._ranks is not None:
+            return tuple(self._path / name for name in self._ranks.engines)
+        return tuple(self._path / ENGINE_FILES[role] for role in self.roles)
 
     @property
     def has_engines(self) -> bool:
         """Whether every engine file of the directory is there."""
-        return all(self.engine_path(role).is_file() for role in self.roles)
+        return all(p.is_file() for p in self.engine_paths)
 
     def raw(self, role: str | None = None) -> dict[str, Any]:
         """The JSON of ``role``'s config as read (a copy); ``role`` may be left out for a plain LLM."""
@@ -258,9 +360,17 @@ class EngineDir:
 
     def __repr__(self) -> str:
         engines = "engines present" if self.has_engines else "configs only"
-        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}, {engines})"
+        tp = f", tp_size={self.tp_size}" if self._ranks is not None else ""
+        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}{tp}, {engines})"
 
     # -- helpers ------------------------------------------------------------------------------
+    def _rank(self, rank: Any) -> int:
+        if not is_int(rank) or not 0 <= int(rank) < self.tp_size:
+            raise ConfigError("rank", f"expected a rank in 0..{self.tp_size - 1} of {self._path} (tp_size "
+                                      f"{self.tp_size}), got {rank!r}")
+        if self._kind != "llm":
+            raise ConfigError("rank", f"{self._path} holds a speculative pair: ask for the 'base' or 'draft' role")
+        return int(rank)
     def _role(self, role: str) -> str:
         if role not in self._configs:
             raise ConfigError("role", f"expected one of {list(self._configs)} for the {self._kind} directory "
@@ -301,6 +411,12 @@ def _kind_of(root: Path) -> str:
     present = {name for name in (*CONFIG_FILES.values(), *ENGINE_FILES.values()) if (root / name).is_file()}
     llm_files = sorted(present & {CONFIG_FILES["llm"], ENGINE_FILES["llm"]})
     spec_files = sorted(present - set(llm_files))
+    tp = sorted(p.name for p in root.iterdir() if TP_CONFIG_PATTERN.fullmatch(p.name) and p.is_file())
+    if tp and present:
+        raise ConfigError(str(root), f"holds both a tensor-parallel build ({', '.join(tp)}) and "
+                                     f"{', '.join(sorted(present))}; an engine directory holds one deployment")
+    if tp:
+        return "tensor_parallel"
     if llm_files and spec_files:
         raise ConfigError(str(root), f"holds both a plain LLM ({', '.join(llm_files)}) and a speculative pair "
                                      f"({', '.join(spec_files)}); an engine directory holds one deployment")
@@ -324,16 +440,13 @@ def _kind_of(root: Path) -> str:
             raise ConfigError(str(root / CONFIG_FILES["llm"]),
                               f"is missing: {ENGINE_FILES['llm']} needs the config.json its builder wrote beside it")
         return "llm"
-    tp = sorted(p.name for p in root.glob("config_world*.json"))
-    if tp:
-        raise ConfigError(str(root / tp[0]), "is a tensor-parallel engine config; tensor-parallel directories "
-                                             "(one engine per rank) are not supported by trtio yet")
     if (root / "dllm.engine").is_file():
         raise ConfigError(str(root / "dllm.engine"), "is a diffusion LLM engine; trtio has no block-diffusion "
                                                      "step protocol")
     raise ConfigError(str(root), "holds no Edge-LLM engine config: expected config.json (+ llm.engine) for a plain "
-                                 "LLM, or base_config.json + draft_config.json (+ spec_base.engine, "
-                                 "spec_draft.engine) for a speculative pair")
+                                 "LLM, base_config.json + draft_config.json (+ spec_base.engine, "
+                                 "spec_draft.engine) for a speculative pair, or config_world{N}.json (+ one engine "
+                                 "per rank) for a tensor-parallel LLM")
 
 
 def _check_role(file: Path, data: Any, role: str) -> None:
@@ -376,3 +489,143 @@ def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> No
                                                         "base tokens")
     if draft.is_mrope and not base.is_mrope:
         raise ConfigError(f"{dfile}: rope_scaling", f"uses MRoPE but the base ({bfile.name}) does not")
+
+
+# -- tensor-parallel directories ----------------------------------------------------------------
+
+
+def _tp_config_file(root: Path) -> Path:
+    found = sorted(p for p in root.iterdir() if TP_CONFIG_PATTERN.fullmatch(p.name) and p.is_file())
+    if len(found) > 1:
+        raise ConfigError(str(root), f"holds {', '.join(p.name for p in found)}: one tensor-parallel build per "
+                                     "directory (Edge-LLM's rank 0 writes one config_world{N}.json)")
+    return found[0]
+
+
+def _read_ranks(file: Path, data: Any) -> tuple[LLMEngineConfig, _Ranks]:
+    """The whole model's config and each rank's, from a ``config_world{N}.json``: ``rank_configs`` must list
+    ranks 0 .. N - 1 once each, with an engine file name and overrides of existing sharded keys only, which
+    split the heads, KV heads and MLP width evenly (KV heads may also be replicated: one per rank)."""
+    match = TP_CONFIG_PATTERN.fullmatch(file.name)
+    assert match is not None
+    world = int(match.group(1))
+    where = str(file)
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, f"must hold a JSON object (Edge-LLM's engine config), got {type(data).__name__}")
+    role, spec = data.get("engine_role"), data.get("spec_decode_type")
+    if role in ("base", "draft") or (spec is not None and spec != "none"):
+        key, value = ("engine_role", role) if role in ("base", "draft") else ("spec_decode_type", spec)
+        raise ConfigError(f"{where}: {key}", f"is {value!r}: tensor-parallel speculative decoding is not supported "
+                                             "(Edge-LLM 0.11 builds tensor-parallel engines for plain LLMs only)")
+    if world < 1:
+        raise ConfigError(where, "names 0 ranks (config_world0.json); expected config_world{N}.json with N >= 1")
+    builder = data.get("builder_config")
+    tp = builder.get("tp_size") if isinstance(builder, Mapping) else None
+    if tp != world:
+        raise ConfigError(f"{where}: builder_config.tp_size", f"is {tp!r}, but the file name says {world} ranks "
+                                                              f"({file.name}); Edge-LLM writes config_world{{tp_size}}"
+                                                              ".json")
+    whole_data = {k: v for k, v in data.items() if k != "rank_configs"}
+    whole = _mapped(whole_data, where)
+    entries = _rank_entries(where, data.get("rank_configs"), world)
+    engines, configs = [], []
+    for i, entry in entries:
+        overrides = _overrides(where, i, entry.get("config_overrides"), whole_data)
+        rank_data = copy.deepcopy(whole_data)
+        rank_data.setdefault("head_dim", whole.head_dim)  # the rank's heads must not change the head size
+        rank_data.update(copy.deepcopy(overrides))
+        rank = int(entry["rank"])
+        cfg = _mapped(rank_data, f"{where} (rank {rank})")
+        extras = {**cfg.extras, "tp_rank": rank, "tp_size": world}
+        configs.append(dataclasses.replace(cfg, extras=extras))
+        engines.append(str(entry["engine"]))
+    _check_split(where, entries, whole, configs, whole_data, world)
+    return whole, _Ranks(file, tuple(engines), tuple(configs))
+
+
+def _mapped(data: Mapping[str, Any], where: str) -> LLMEngineConfig:
+    mapped = map_edgellm_config(data, what=where, tensor_parallel=True)
+    try:
+        return LLMEngineConfig(**mapped.values).validate()
+    except ConfigError as exc:
+        raise mapped.error_for(exc) from None
+
+
+def _rank_entries(where: str, raw: Any, world: int) -> list[tuple[int, Mapping[str, Any]]]:
+    """``rank_configs`` as (index, entry) in rank order, checked."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: rank_configs", f"is {'absent' if raw is None else type(raw).__name__}; a "
+                                                    f"tensor-parallel config lists each rank's engine and overrides")
+    if len(raw) != world:
+        raise ConfigError(f"{where}: rank_configs", f"has {len(raw)} entries, but tp_size is {world} (Edge-LLM's "
+                                                    "runtime: rank_configs length must match tpSize)")
+    by_rank: dict[int, tuple[int, Mapping[str, Any]]] = {}
+    names: dict[str, int] = {}
+    for i, entry in enumerate(raw):
+        key = f"{where}: rank_configs[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(key, f"expected an object, got {type(entry).__name__}")
+        rank = entry.get("rank")
+        if not is_int(rank) or not 0 <= rank < world:
+            raise ConfigError(f"{key}.rank", f"expected a rank in 0..{world - 1}, got {rank!r}")
+        if int(rank) in by_rank:
+            raise ConfigError(f"{key}.rank", f"rank {rank} is listed twice (also rank_configs"
+                                             f"[{by_rank[int(rank)][0]}])")
+        engine = entry.get("engine")
+        if not isinstance(engine, str) or not engine or Path(engine).name != engine or engine in (".", ".."):
+            raise ConfigError(f"{key}.engine", f"expected the rank's engine file name (beside the config), got "
+                                               f"{engine!r}")
+        if engine in names:
+            raise ConfigError(f"{key}.engine", f"{engine!r} is also rank {names[engine]}'s engine")
+        names[engine] = int(rank)
+        by_rank[int(rank)] = (i, entry)
+    missing = [r for r in range(world) if r not in by_rank]
+    if missing:
+        raise ConfigError(f"{where}: rank_configs", f"has no entry for rank {missing[0]}")
+    return [by_rank[r] for r in range(world)]
+
+
+def _overrides(where: str, i: int, raw: Any, whole: Mapping[str, Any]) -> Mapping[str, Any]:
+    key = f"{where}: rank_configs[{i}].config_overrides"
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, f"expected an object, got {type(raw).__name__}")
+    for name in raw:
+        if name not in whole:
+            raise ConfigError(f"{key}.{name}", f"overrides a key {Path(where).name} does not have (the overrides "
+                                               f"change the whole model's {', '.join(SHARDED_KEYS[:3])}, ...)")
+        if name not in SHARDED_KEYS:
+            raise ConfigError(f"{key}.{name}", f"is not a dimension Edge-LLM shards across ranks (it overrides "
+                                               f"{', '.join(SHARDED_KEYS)} only)")
+    return raw
+
+
+def _check_split(where: str, entries: list[tuple[int, Mapping[str, Any]]], whole: LLMEngineConfig,
+                 ranks: list[LLMEngineConfig], whole_data: Mapping[str, Any], world: int) -> None:
+    """Each rank holds 1/N of the attention heads and of the MLP, and 1/N of the KV heads (or, where there
+    are fewer KV heads than ranks, one of them, each KV head on N / kv_heads ranks)."""
+    heads, kv = whole.num_attention_heads, whole.num_kv_heads
+    mlp = whole_data.get("intermediate_size")
+    for (i, _), cfg in zip(entries, ranks):
+        key = f"{where}: rank_configs[{i}].config_overrides"
+        if heads % world or cfg.num_attention_heads != heads // world:
+            raise ConfigError(f"{key}.num_attention_heads",
+                              f"rank {cfg.extras['tp_rank']} has {cfg.num_attention_heads} attention heads; "
+                              f"{world} ranks split the model's {heads} evenly ({heads / world:g} each)")
+        if kv % world == 0:
+            want = kv // world
+        elif world % kv == 0:
+            want = 1  # KV heads replicated: rank r reads KV head r * kv // world
+        else:
+            want = -1
+        if cfg.num_kv_heads != want:
+            split = f"{want} each" if want > 0 else "neither evenly nor one per rank"
+            raise ConfigError(f"{key}.num_key_value_heads",
+                              f"rank {cfg.extras['tp_rank']} has {cfg.num_kv_heads} KV heads; {world} ranks split "
+                              f"the model's {kv}: {split}")
+        rank_mlp = cfg.extras.get("intermediate_size")
+        if is_int(mlp) and is_int(rank_mlp) and (mlp % world or rank_mlp != mlp // world):
+            raise ConfigError(f"{key}.intermediate_size",
+                              f"rank {cfg.extras['tp_rank']} has intermediate_size {rank_mlp}; {world} ranks split "
+                              f"the model's {mlp} evenly ({mlp / world:g} each)")

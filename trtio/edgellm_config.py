@@ -48,8 +48,10 @@ Every other key lands in ``extras`` (``builder_config`` keys as ``"builder_confi
 mapping assumes where Edge-LLM leaves meaning open is listed, with how to check it, in
 ``docs/edgellm-assumptions.md``.
 Engines trtio cannot bind yet are refused when their config is read, naming the key that marks them
-(:data:`UNSUPPORTED_MARKERS`). Errors are :class:`~trtio.ConfigError` with the field
-``"<file>: <dotted key>"``.
+(:data:`UNSUPPORTED_MARKERS`). A tensor-parallel config (``config_world{N}.json``, :data:`TENSOR_PARALLEL_KEYS`)
+describes the whole model and each rank's overrides: it is read through its directory
+(:class:`~trtio.edgellm.EngineDir`, ``tensor_parallel=True`` here), never alone. Errors are
+:class:`~trtio.ConfigError` with the field ``"<file>: <dotted key>"``.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ from trtio.dtypes import DType
 from trtio.errors import ConfigError
 from trtio.rope import RopeScaling
 
-__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "UNSUPPORTED_MARKERS", "MappedConfig", "map_edgellm_config",
-           "unsupported_features"]
+__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "TENSOR_PARALLEL_KEYS", "UNSUPPORTED_MARKERS", "MappedConfig",
+           "map_edgellm_config", "unsupported_features"]
 
 log = logging.getLogger("trtio")
 
@@ -95,10 +97,12 @@ UNSUPPORTED_MARKERS: Mapping[str, tuple[str, ...]] = {
                                  "full_rotary_dim", "global_rope_theta", "builder_config.num_swa_pages"),
     "per-layer embeddings (PLE)": ("ple_enabled", "num_ple_inputs", "ple_hidden_size"),
     "diffusion LLM": ("engine_role", "decoding_strategy"),
-    "tensor parallelism": ("builder_config.tp_size", "rank_configs"),
     "LoRA": ("builder_config.max_lora_rank",),
     "speculative family": ("spec_decode_type",),
 }
+
+#: The keys that mark a tensor-parallel build (Edge-LLM's ``config_world{N}.json``): read with its directory.
+TENSOR_PARALLEL_KEYS = ("builder_config.tp_size", "rank_configs")
 
 # trtio field -> the Edge-LLM key it comes from (to name the key when a field check fails).
 _SOURCE_KEY = {
@@ -357,16 +361,11 @@ def _per_layer_embeddings(r: _Reader) -> _Found:
 
 
 def _unsupported_modes(r: _Reader) -> _Found:
-    """Roles and modes trtio has no step protocol for: diffusion, tensor parallelism, LoRA, other speculative
-    families."""
+    """Roles and modes trtio has no step protocol for: diffusion, LoRA, other speculative families."""
     found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
         key = "engine_role" if r.raw("engine_role") == "dllm" else "decoding_strategy"
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))
-    tp = r.raw("builder_config.tp_size")
-    if (tp is not None and tp != 1) or r.has("rank_configs"):
-        key = "builder_config.tp_size" if tp not in (None, 1) else "rank_configs"
-        found.append((key, "tensor parallelism", f"tp_size {tp!r}: one engine per rank, bound across GPUs"))
     if _nonzero_int(r, "builder_config.max_lora_rank"):
         found.append(("builder_config.max_lora_rank", "LoRA adapters",
                       f"max_lora_rank {r.raw('builder_config.max_lora_rank')}: adapter weight inputs trtio does not "
@@ -414,11 +413,29 @@ def _source(source: str | os.PathLike[str] | Mapping[str, Any], what: str | None
     return source, what or "Edge-LLM config"
 
 
-def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
-                       what: str | None = None) -> MappedConfig:
+def _refuse_tensor_parallel(data: Mapping[str, Any], where: str) -> None:
+    """A tensor-parallel config read alone: name the key and say how to read it."""
+    r = _Reader(data, where)
+    tp = r.raw("builder_config.tp_size")
+    if (tp is None or tp == 1) and not r.has("rank_configs"):
+        return
+    key = "builder_config.tp_size" if tp not in (None, 1) else "rank_configs"
+    raise ConfigError(f"{where}: {key}", f"marks a tensor-parallel build (tp_size {tp!r}: one engine per rank, "
+                                         "each with its own heads); such a config_world{N}.json describes the whole "
+                                         "model, so it is read with its directory: trtio.edgellm.EngineDir.open(dir)"
+                                         ".rank_config(r) is rank r's config, and create_from_engine_dir(dir) binds "
+                                         "every rank")
+
+
+def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, what: str | None = None,
+                       tensor_parallel: bool = False) -> MappedConfig:
     """One Edge-LLM 0.11 engine config (a path or its dict) read onto trtio's field names; see the module
     docstring for the key -> field table. :meth:`LLMEngineConfig.from_edgellm
     <trtio.config.LLMEngineConfig.from_edgellm>` builds and validates the config from it.
+
+    ``tensor_parallel=True`` (:class:`~trtio.edgellm.EngineDir` reading a ``config_world{N}.json``, the whole
+    model or one rank's view of it) keeps ``builder_config.tp_size`` and ``rank_configs`` in ``extras``;
+    otherwise a config with them is refused, naming the key.
 
     Raises :class:`ConfigError` naming the file (or ``what``) and the dotted key: a missing or mistyped
     key, a non-finite number, an unknown role, a value Edge-LLM's runtime would refuse, or a family trtio
@@ -427,6 +444,8 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *,
     data, where = _source(source, what)
     if not isinstance(data, Mapping):
         raise ConfigError(where, f"must hold a JSON object (Edge-LLM's engine config), got a {json_kind(data)}")
+    if not tensor_parallel:
+        _refuse_tensor_parallel(data, where)
     _refuse_unsupported(data, where)
     r = _Reader(data, where)
     builder = r.take("builder_config", "an object: Edge-LLM's builder writes max_batch_size, max_input_len, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,17 +41,26 @@ _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
 
 
 def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig, *,
-                 max_batch: int | None = None, pages_on_demand: bool = False) -> None:
+                 max_batch: int | None = None, pages_on_demand: bool = False,
+                 constants: Mapping[str, Tensor] | None = None) -> None:
     """Compare an engine's declared I/O with what the config implies on the registry's contract; raise
     one BindingError with every disagreement: unknown inputs, missing bindings, dtypes, ranks, fixed
     dims, profile ranges too small for the config, and (through the engine state's own check) the KV
-    state's dtype, dims and page pool."""
+    state's dtype, dims and page pool. ``constants`` (engine input name -> tensor) are inputs the caller
+    binds itself (weights the engine reads at run time): each must be a declared input of its dtype."""
     problems = []
     owned = state_names(engine_io)
+    given = dict(constants or {})
+    for name, t in given.items():
+        info = engine_io[name] if name in engine_io else None
+        if info is None or not info.is_input:
+            problems.append(f"{name}: a constant input is given for it, but the engine declares no such input")
+        elif t.dtype is not info.dtype:
+            problems.append(f"{name}: the engine wants {info.dtype}, the constant input is {t.dtype}")
     for info in engine_io.tensors:
         spec = registry.get(info.name)
         if spec is None:
-            if info.name not in owned:
+            if info.name not in owned and info.name not in given:
                 problems.append(f"{info.name}: the engine declares this {info.mode} but a {registry.role} engine of "
                                 f"the {registry.contract} contract has no such binding")
             continue
@@ -191,19 +201,25 @@ class BoundEngine:
 
 def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: int, backend: Backend,
                 context_memory: ContextMemory, graphs: bool, rope: RopeTables, stream: Stream,
-                resources: contextlib.ExitStack, name: str, io: PipelineIO) -> BoundEngine:
+                resources: contextlib.ExitStack, name: str, io: PipelineIO,
+                constants: Mapping[str, Tensor] | None = None) -> BoundEngine:
     """Check ``engine`` against ``cfg``, create its state and executor (closed by ``resources``) and bind
     the state (and the RoPE table, where the contract binds it) into ``tm``. The executor's registry is the
-    contract's plus the state's own specs."""
+    contract's plus the state's own specs. ``constants`` (input name -> a tensor the caller owns and keeps
+    open while the engine is bound) are bound as they are (see :func:`check_engine`)."""
     eio = EngineIO.from_engine(engine)
     contract = contract_named(resolve_contract(cfg, contract_of(eio), f"engine {eio.name!r}"))
     registry = contract.registry(cfg)
     page_table = contract.page_table(io, name)  # staged per step with its sequences' pages (pages on demand)
-    check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None)
+    check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None,
+                 constants=constants)
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
                                                 stream=stream, page_table=page_table))
     state.bind(tm)
     stable = state.stable_names()
+    for input_name, t in (constants or {}).items():
+        tm.add(input_name, t)
+        stable.add(input_name)
     if not cfg.is_mrope and names.kRopeCosSin in eio:
         table = rope.get(cfg, stream)  # made now, never in a step (the ragged contract's steps gather rows of it)
         if contract.binds_rope_table(cfg):

@@ -7,7 +7,7 @@ pinned staging buffers are fenced with events that are normally complete already
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (DESIGN §8)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
-                 backend: Backend | str | None = None) -> None:
+                 backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> None:
         if not isinstance(cfg, LLMEngineConfig):
             raise InvalidTypeError(f"create_for_llm: cfg must be an LLMEngineConfig, got {type(cfg).__name__} (read "
                                    f"one with LLMEngineConfig.from_json / from_edgellm)")
@@ -65,7 +65,7 @@ class LLMSetup(SetupBase):
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
-                                       stream=s, resources=stack, name="llm", io=self.io)
+                                       stream=s, resources=stack, name="llm", io=self.io, constants=constants)
             self._extra_arena = stack.enter_context(Arena([
                 TensorRequest.of("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
                                  cfg.activation, Location.PINNED)], backend=be, title="llm staging"))
@@ -232,8 +232,10 @@ class LLMSetup(SetupBase):
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
-                   backend: Backend | str | None = None) -> LLMSetup:
-    """Bind one LLM engine to a new PipelineIO (see :class:`LLMSetup`)."""
-    return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend)
+                   backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> LLMSetup:
+    """Bind one LLM engine to a new PipelineIO (see :class:`LLMSetup`). ``constants``: engine inputs bound to
+    tensors the caller owns and keeps open until the setup is closed (weights the engine reads at run time,
+    e.g. Edge-LLM's ``checkpoint_weight_bindings``)."""
+    return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend, constants=constants)
 
 

@@ -66,8 +66,10 @@ Where this engine chooses behaviour TensorRT leaves open or undefined:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +77,8 @@ from typing import Any
 import numpy as np
 
 from trtio import names
+from trtio._checks import is_int
+from trtio.checkpoint import BINDINGS_KEY, parse_bindings
 from trtio.cuda._hostmem import host_view
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
@@ -109,12 +113,14 @@ from trtio.testing.reference_math import (
     _DataError,
     _forward,
     _forward_ragged,
+    _load,
     _NoScratch,
     _scatter_rows_host,
     _Weights,
     e4m3fn_bits_to_float32,
     float32_to_e4m3fn_bits,
 )
+from trtio.testing.reference_tp import AllReduce, rank_weights
 from trtio.testing.toy_model import ToyWeights
 
 __all__ = [
@@ -135,6 +141,10 @@ log = logging.getLogger("trtio.testing.reference_engine")
 
 #: The context memory a reference engine reports when it needs none (null_compute): never 0.
 _MIN_CONTEXT_MEMORY = 512
+
+
+def _identity(partial: Any) -> Any:
+    return partial
 
 
 class IOIndexError(InvalidValueError, IndexError):
@@ -158,7 +168,9 @@ class ReferenceEngine:
     """
 
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
-                 seed: int, fixed_cache_batch: bool = False, omit: Iterable[str] = ()) -> None:
+                 seed: int, fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0,
+                 tp_size: int = 1, all_reduce: AllReduce | None = None,
+                 weight_inputs: Sequence[tuple[str, DType, Shape]] = ()) -> None:
         self._cfg = cfg
         self._geo = _Geometry.from_config(cfg, fixed_cache_batch=fixed_cache_batch)
         self._toy_weights = weights
@@ -166,7 +178,12 @@ class ReferenceEngine:
         self._null_compute = bool(null_compute)
         self._name = name
         self._seed = seed
-        self._decls = _declare_ragged(cfg, omit) if self._geo.is_ragged else _declare(self._geo)
+        self._tp = (tp_rank, tp_size)
+        self._all_reduce = all_reduce
+        self._weight_inputs = tuple(name for name, _, _ in weight_inputs)
+        if tp_size > 1 and not self._null_compute:
+            weights = rank_weights(weights, tp_rank, tp_size, self._geo.hq, self._geo.hkv, self._geo.d)
+        self._decls = _declare_ragged(cfg, omit, weight_inputs) if self._geo.is_ragged else _declare(self._geo)
         self._by_name = {decl.name: decl for decl in self._decls}
         self._host_weights: _Weights | None = None
         self._gpu_weights: _Weights | None = None
@@ -201,7 +218,8 @@ class ReferenceEngine:
     @classmethod
     def from_config(cls, cfg: Any, *, seed: int = 0, device: str = "auto", weights: ToyWeights | None = None,
                     null_compute: bool = False, name: str | None = None,
-                    fixed_cache_batch: bool = False, omit: Iterable[str] = ()) -> ReferenceEngine:
+                    fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0, tp_size: int = 1,
+                    all_reduce: AllReduce | None = None) -> ReferenceEngine:
         """An engine computing the toy model of ``cfg`` (an ``LLMEngineConfig`` or any object with its fields).
 
         ``cfg.contract`` picks the I/O contract: ``"ragged"`` is Edge-LLM 0.11's token-major one with
@@ -223,6 +241,16 @@ class ReferenceEngine:
         ``trtio.cuda_available()`` and CuPy imports, else host). ``null_compute=True`` keeps the
         I/O contract and every validation but computes nothing (overhead benchmarks); it needs no
         weights and reports a small context memory. ``name`` defaults to ``"toy-<role>"``.
+
+        Tensor parallelism (ragged only; ``trtio.testing.reference_tp``): ``tp_rank`` of ``tp_size`` ranks
+        computes its share of the model (``cfg`` is the rank's config: its heads and KV heads; ``weights`` are
+        the whole model's, required when ``tp_size > 1``) and sums the attention and MLP outputs over the ranks
+        with ``all_reduce`` (where given, also for one rank; required when ``tp_size > 1``). A rank's config
+        (``EngineDir.rank_config``: its ``extras`` name ``tp_rank``) whose ``extras`` list
+        ``checkpoint_weight_bindings`` gets one static input per binding, read at each execute:
+        ``lm_head.weight`` ``[vocab, hidden]`` (the LM head, transposed) and
+        ``model.layers.<i>.mlp.down_proj.weight`` ``[hidden, MLP width]`` (layer i's ``w2``, transposed: the
+        rank's rows); a null-compute engine declares any binding.
         """
         validate = getattr(cfg, "validate", None)
         if callable(validate):
@@ -253,6 +281,15 @@ class ReferenceEngine:
                 raise ConfigError(field_name, f"ReferenceEngine computes with float32, float16 or bfloat16 only{also}, "
                                               f"got {dt} (pass null_compute=True for an engine that only checks its "
                                               f"I/O)")
+        if not is_int(tp_size) or tp_size < 1 or not is_int(tp_rank) or not 0 <= tp_rank < tp_size:
+            raise InvalidValueError(f"ReferenceEngine: tp_rank {tp_rank!r} of tp_size {tp_size!r}: expected ranks "
+                                    "0 .. tp_size - 1 of tp_size >= 1")
+        if (tp_size > 1 or all_reduce is not None) and not geo.is_ragged:
+            raise InvalidValueError("ReferenceEngine: tensor parallelism is for the ragged contract (Edge-LLM "
+                                    "0.11's tensor-parallel LLM engines)")
+        if tp_size > 1 and not null_compute and (weights is None or all_reduce is None):
+            raise InvalidValueError(f"ReferenceEngine: rank {tp_rank} of {tp_size} needs the whole model's weights "
+                                    "(weights=) and the ranks' all-reduce (all_reduce=)")
         if weights is None:
             weights = ToyWeights.generate(cfg, seed) if not null_compute else _NO_WEIGHTS
         elif weights.num_layers != geo.layers or weights.is_draft != (geo.role == "draft"):
@@ -261,7 +298,8 @@ class ReferenceEngine:
                                     f"{geo.role!r})")
         return cls(cfg, weights, device=device, null_compute=null_compute,
                    name=name if name is not None else f"toy-{geo.role}", seed=seed,
-                   fixed_cache_batch=fixed_cache_batch, omit=omit)
+                   fixed_cache_batch=fixed_cache_batch, omit=omit, tp_rank=int(tp_rank), tp_size=int(tp_size),
+                   all_reduce=all_reduce, weight_inputs=_weight_inputs(cfg, geo, int(tp_size), null_compute))
 
     # -- reference-engine extras (not TensorRT API) ---------------------------------------------
     @property
@@ -287,6 +325,15 @@ class ReferenceEngine:
         return self._null_compute
 
     @property
+    def tp_rank(self) -> int:
+        """The tensor-parallel rank this engine computes (0 of 1: the whole model)."""
+        return self._tp[0]
+
+    @property
+    def tp_size(self) -> int:
+        return self._tp[1]
+
+    @property
     def contract(self) -> str:
         """``"batch"`` or ``"ragged"``: the I/O contract this engine speaks."""
         return self._geo.contract
@@ -302,6 +349,30 @@ class ReferenceEngine:
     def __repr__(self) -> str:
         return (f"ReferenceEngine(name={self._name!r}, role={self._geo.role!r}, contract={self._geo.contract!r}, "
                 f"device={self._device!r}, io_tensors={len(self._decls)}, null_compute={self._null_compute})")
+
+    def _bound_weights(self, xp: Any, weights: _Weights, views: Mapping[str, Any]) -> _Weights:
+        """``weights`` with those the engine reads from its weight inputs taken from the bound memory."""
+        if not self._weight_inputs:
+            return weights
+        w2 = list(weights.w2)
+        w_lm = weights.w_lm
+        dtypes = {d.name: d.dtype for d in self._decls}
+        for name in self._weight_inputs:
+            value = _load(xp, views[name], dtypes[name]).T  # [out, in] as stored -> x @ w
+            if name == _LM_HEAD_INPUT:
+                w_lm = value
+            else:
+                layer = _DOWN_PROJ_INPUT.fullmatch(name)
+                assert layer is not None
+                w2[int(layer.group(1))] = value
+        return dataclasses.replace(weights, w2=tuple(w2), w_lm=w_lm)
+
+    def _all_reduce_on(self, xp: Any, stream: int) -> Callable[[Any], Any]:
+        """The layer loop's all-reduce for an execute on ``stream`` (the identity without ``all_reduce``)."""
+        reduce = self._all_reduce
+        if reduce is None:
+            return _identity
+        return lambda partial: reduce(xp, partial, stream)
 
     # -- ICudaEngine -------------------------------------------------------------------------------
     @property
@@ -404,6 +475,42 @@ class ReferenceEngine:
 
 _NO_WEIGHTS = ToyWeights(wq=(), wk=(), wv=(), wo=(), w1=(), w2=(), we=None, wh=None, wd=None,
                          w_lm=np.zeros((0, 0), np.float32))
+_LM_HEAD_INPUT = "lm_head.weight"
+_DOWN_PROJ_INPUT = re.compile(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight")
+_BINDING_DTYPES = {"F16": DType.FLOAT16, "F32": DType.FLOAT32, "BF16": DType.BFLOAT16}
+
+
+def _weight_inputs(cfg: Any, geo: _Geometry, tp_size: int, null_compute: bool) -> list[tuple[str, DType, Shape]]:
+    """The static weight inputs of ``cfg``'s ``checkpoint_weight_bindings`` (see ``from_config``)."""
+    extras = getattr(cfg, "extras", None) or {}
+    if "tp_rank" not in extras:
+        return []  # the whole model's config of a tensor-parallel build describes no rank engine's inputs
+    bindings = parse_bindings(_thawed(extras.get(BINDINGS_KEY)), "ReferenceEngine config", tp_size)
+    out = []
+    for b in bindings:
+        if not null_compute:
+            layer = _DOWN_PROJ_INPUT.fullmatch(b.engine_name)
+            if b.engine_name == _LM_HEAD_INPUT:
+                want: Shape = (geo.vout, geo.h)
+            elif layer is not None and int(layer.group(1)) < geo.layers:
+                want = (geo.h, geo.f // tp_size)
+            else:
+                raise InvalidValueError(f"ReferenceEngine: checkpoint weight {b.engine_name!r}: the toy model reads "
+                                        f"{_LM_HEAD_INPUT!r} and model.layers.<i>.mlp.down_proj.weight only")
+            if b.shape != want:
+                raise InvalidValueError(f"ReferenceEngine: checkpoint weight {b.engine_name!r} is {list(b.shape)}, "
+                                        f"the toy model's is {list(want)}")
+        out.append((b.engine_name, _BINDING_DTYPES[b.dtype], b.shape))
+    return out
+
+
+def _thawed(value: Any) -> Any:
+    """A frozen JSON value (a config's extras) as plain lists and dicts."""
+    if isinstance(value, Mapping):
+        return {k: _thawed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_thawed(v) for v in value]
+    return value
 
 
 # -- the execution context ----------------------------------------------------------------------------
@@ -733,18 +840,20 @@ class ReferenceExecutionContext:
                 from trtio.cuda.backend import get_backend  # noqa: PLC0415
 
                 self._host_backend = get_backend("host")
-            self._host_backend.launch_host_func(stream, lambda: self._compute_host(plan))
+            self._host_backend.launch_host_func(stream, lambda: self._compute_host(plan, stream))
         return True
 
-    def _compute_host(self, plan: _Plan) -> None:
+    def _compute_host(self, plan: _Plan, stream: int) -> None:
         engine = self._engine
         assert engine._host_weights is not None
+        weights = engine._bound_weights(np, engine._host_weights, plan.views)
         try:
             # An engine does not warn about NaN or inf in what it is given; it computes on.
             with np.errstate(all="ignore"):
                 if engine._geo.is_ragged:
-                    _forward_ragged(np, np.matmul, _scatter_rows_host, engine._geo, engine._host_weights, plan.views,
-                                    plan.phase, _NoScratch(), checked=True)
+                    _forward_ragged(np, np.matmul, _scatter_rows_host, engine._geo, weights, plan.views,
+                                    plan.phase, _NoScratch(), checked=True,
+                                    all_reduce=engine._all_reduce_on(np, stream))
                 else:
                     _forward(np, np.matmul, engine._geo, engine._host_weights, plan.views, plan.tree, _NoScratch(),
                              checked=True)
@@ -763,8 +872,9 @@ class ReferenceExecutionContext:
         with cupy.cuda.Device(engine._device_id), ext, cupy.cuda.using_allocator(scratch):
             if engine._geo.is_ragged:
                 assert engine._gpu_scatter is not None
-                _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo, engine._gpu_weights,
-                                plan.views, plan.phase, scratch, checked=False)
+                _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,
+                                engine._bound_weights(cupy, engine._gpu_weights, plan.views), plan.views, plan.phase,
+                                scratch, checked=False, all_reduce=engine._all_reduce_on(cupy, stream_handle))
             else:
                 _forward(cupy, engine._gpu_matmul, engine._geo, engine._gpu_weights, plan.views, plan.tree, scratch,
                          checked=False)

@@ -257,13 +257,16 @@ _RAGGED_UNREAD = frozenset(RAGGED_OMITTABLE) | {names.kAttentionPositionIds, nam
                                                  names.kContextSequenceCountCarrier}
 
 
-def _declare_ragged(cfg: Any, omit: Iterable[str] = ()) -> list[_Decl]:
+def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
+                    weight_inputs: Iterable[tuple[str, DType, Shape]] = ()) -> list[_Decl]:
     """The I/O of an Edge-LLM 0.11 engine of ``cfg.role``, in the exporter's order (``docs/toy-model.md``).
 
     Built from ``trtio.contracts.ragged.registry_for`` (every binding but the KV state) and
     ``trtio.state.paged_state_specs`` (pools, their present aliases, the page table), so shapes and
     profiles have one source. The optional ``skip_softmax_scale`` is left out; ``omit`` drops
-    optional inputs of :data:`RAGGED_OMITTABLE` that this role declares.
+    optional inputs of :data:`RAGGED_OMITTABLE` that this role declares. ``weight_inputs`` (name, dtype,
+    shape) are static weight inputs the engine reads its weights from (``checkpoint_weight_bindings``),
+    declared last.
     """
     registry = ragged_contract.registry_for(cfg)
     state = {spec.name: spec for spec in paged_state_specs(cfg)}
@@ -287,9 +290,12 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = ()) -> list[_Decl]:
         specs.extend(follows.get(spec.name, ()))
     specs.extend(state[names.present_key_values(i)] for i in layers)
     aliases = {names.present_key_values(i): names.past_key_values(i) for i in layers}
-    return [_Decl(index, spec.name, TensorIOMode.INPUT if spec.is_input else TensorIOMode.OUTPUT, spec.dtype,
-                  spec.engine_shape, spec.profiles if spec.is_input else (), aliases.get(spec.name))
-            for index, spec in enumerate(specs)]
+    decls = [_Decl(index, spec.name, TensorIOMode.INPUT if spec.is_input else TensorIOMode.OUTPUT, spec.dtype,
+                   spec.engine_shape, spec.profiles if spec.is_input else (), aliases.get(spec.name))
+             for index, spec in enumerate(specs)]
+    for name, dtype, shape in weight_inputs:
+        decls.append(_Decl(len(decls), name, TensorIOMode.INPUT, dtype, shape, ((shape, shape, shape),) * 2))
+    return decls
 
 
 def _index(value: Any, size: int) -> int | None:

@@ -239,9 +239,14 @@ def _attend(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, q: Any, keys: 
     return attn.transpose(0, 2, 1, 3).reshape(batch, seq, hq * d)
 
 
+def _no_all_reduce(partial: Any) -> Any:
+    return partial
+
+
 def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, x: Any,
                 rope: Callable[[Any], Any], kv: KVUpdate, visible: Any, deepstack: Callable[[int], Any],
-                after_layer: Callable[[int, Any], None], scratch: Any) -> Any:
+                after_layer: Callable[[int, Any], None], scratch: Any,
+                all_reduce: Callable[[Any], Any] = _no_all_reduce) -> Any:
     """The layer loop of ``docs/toy-model.md`` over ``x`` (float32 ``[N, S, H]``), for either contract.
 
     Per layer: Q/K/V projections, RoPE on Q and K (``rope``), the new K/V written and the visible ones read
@@ -249,6 +254,10 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
     first ``num_deepstack_features`` layers (``deepstack(layer)``), then ``after_layer(layer, x)``. Returns
     the final stream. After each layer the stream is kept in one buffer and the layer's scratch is handed
     back (stream order makes the reuse safe), so a step's scratch does not grow with the layer count.
+
+    A tensor-parallel rank holds some of the heads and of the MLP's width (``w`` is its share):
+    ``all_reduce`` sums the attention output's and the MLP's partial products over the ranks before each is
+    added to the stream, as Edge-LLM's AllReducePlugin does after ``o_proj`` and ``down_proj``.
     """
     n, s = x.shape[0], x.shape[1]
     x_keep = xp.empty((n, s, g.h), dtype=xp.float32)
@@ -258,8 +267,8 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
         k = rope(mm(x, w.wk[layer]).reshape(n, s, g.hkv, g.d))
         v = mm(x, w.wv[layer]).reshape(n, s, g.hkv, g.d)
         keys, values = kv(layer, k, v)
-        x = x + mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer])
-        x = x + mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer])
+        x = x + all_reduce(mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer]))
+        x = x + all_reduce(mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer]))
         if layer < g.nd:
             x = x + deepstack(layer)
         after_layer(layer, x)
@@ -362,7 +371,7 @@ def _log_softmax(xp: Any, z: Any) -> Any:
 
 def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[Any, Any, Any], None],
                     g: _Geometry, w: _Weights, io: Mapping[str, Any], phase: int, scratch: Any, *,
-                    checked: bool) -> None:
+                    checked: bool, all_reduce: Callable[[Any], Any] = _no_all_reduce) -> None:
     """One step of Edge-LLM 0.11's token-major contract (``docs/toy-model.md``, "A step").
 
     ``T`` rows are ``S`` sequences of ``W`` rows (entry padding), so the layers run on ``[S, W, ...]``
@@ -370,7 +379,8 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     valid rows scatter into it (``scatter`` skips index -1: padding rows write nothing), and each sequence
     gathers all ``M * page`` slots its page-table row addresses. ``phase`` is the extent of
     ``execution_phase_marker`` (validated). Unchecked, a sequence that touches an unmapped or out-of-pool
-    page computes NaN and writes nothing (module docstring).
+    page computes NaN and writes nothing (module docstring). ``all_reduce``: a tensor-parallel rank's
+    (:func:`_run_layers`).
     """
     i64 = xp.int64
     emb = io[names.kInputsEmbeds]
@@ -472,7 +482,7 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     x = xp.where(unmapped[:, None, None], xp.float32(np.nan), x)
     rope_rows = io[names.kRopeCosSin].reshape(n, width, -1)  # float32 [S, W, R]: each row its own
     x = _run_layers(xp, mm, g, w, x, _rope(xp, rope_rows, g.r), kv, visible,
-                    lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch)
+                    lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch, all_reduce)
 
     final = x.reshape(t, h)
     chosen = final[picks]  # [R, H]

@@ -28,6 +28,11 @@ Edge-LLM's configs have no seed: the weights are ``ToyWeights.generate(cfg, 0)``
 base (one model) and ``ToyWeights.generate_draft(draft, base weights, 0)`` for the draft. No plans of
 this contract are built here (Edge-LLM's builder and attention plugin make real ones); the engines
 are :class:`~trtio.testing.ReferenceEngine` s.
+
+The same model built tensor-parallel (:class:`TensorParallelToyEngines`), in Edge-LLM's layout of such a
+build: ``toy-llm-tp2/config_world2.json`` and ``toy-llm-tp4/config_world4.json`` (one engine per rank, each
+with its share of the heads and of the MLP), whose engines read the LM head and each layer's MLP down
+projection (split across ranks) from ``toy-checkpoint/model.safetensors`` (``checkpoint_weight_bindings``).
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, UnknownNameError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
-__all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
-           "RaggedToyEngines", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
+__all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED", "TP_DIRS",
+           "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
 ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
@@ -60,6 +65,9 @@ RAGGED_DIRS = ("toy-llm-ragged", "toy-eagle3-ragged")
 RAGGED_ENGINE_NAMES = ("toy-llm-ragged", "toy-eagle3-ragged/base", "toy-eagle3-ragged/draft")
 #: The weights' seed of the ragged toys (Edge-LLM's configs have no seed key).
 RAGGED_SEED = 0
+#: The tensor-parallel toy directories (Edge-LLM's ``config_world{N}.json`` layout): toy-llm-ragged's model
+#: across 2 and 4 ranks, with the checkpoint their engines read weights from.
+TP_DIRS = ("toy-llm-tp2", "toy-llm-tp4")
 #: The run-time tree of the ragged pair's demo: (draft_top_k, draft_step, verify_size), within the
 #: configs' caps (max_draft_tree_size 8 >= 2 x 3, max_verify_tree_size 8).
 RAGGED_DEMO_TREE = (2, 3, 8)
@@ -363,3 +371,69 @@ class RaggedToyEngines:
             for role in directory.roles:
                 text = json.dumps(directory.raw(role), indent=2) + "\n"
                 (target / directory.config_path(role).name).write_text(text)
+
+
+@dataclass(frozen=True)
+class TensorParallelToyEngines:
+    """A tensor-parallel toy directory (:data:`TP_DIRS`): toy-llm-ragged's model (``ToyWeights.generate(cfg,
+    0)`` of the whole model's config) across the directory's ranks, as :class:`~trtio.testing.ReferenceEngine`
+    rank engines."""
+
+    directory: EngineDir
+    _weights: dict[str, ToyWeights] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike[str] = TP_DIRS[0]) -> TensorParallelToyEngines:
+        """Open a tensor-parallel directory: a name of :data:`TP_DIRS` (under :func:`default_engines_dir`) or a
+        path. ConfigError where it is not tensor-parallel."""
+        path = Path(name_or_path)
+        if str(name_or_path) in TP_DIRS:
+            path = default_engines_dir() / str(name_or_path)
+        directory = EngineDir.open(path)
+        if not directory.is_tensor_parallel:
+            raise ConfigError(str(path), "is not a tensor-parallel engine directory (config_world{N}.json)")
+        return cls(directory)
+
+    @property
+    def tp_size(self) -> int:
+        return self.directory.tp_size
+
+    @property
+    def weights(self) -> ToyWeights:
+        """The whole model's weights (every rank cuts its share out of them)."""
+        if "model" not in self._weights:
+            self._weights["model"] = ToyWeights.generate(self.directory.config, RAGGED_SEED)
+        return self._weights["model"]
+
+    def embedding(self) -> np.ndarray:
+        cfg = self.directory.config
+        return toy_embedding(cfg.vocab_size, cfg.hidden_size, RAGGED_SEED)
+
+    def reference_engine(self, rank: int, *, device: str = "host", all_reduce: Any = None,
+                         null_compute: bool = False) -> Any:
+        """Rank ``rank``'s engine. ``all_reduce`` (default: on the host device, :class:`HostAllReduce
+        <trtio.testing.reference_tp.HostAllReduce>`; on the GPU it must be given, e.g. a
+        :class:`~trtio.testing.reference_tp.PluginAllReduce`)."""
+        from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+        from trtio.testing.reference_tp import HostAllReduce  # noqa: PLC0415
+
+        if all_reduce is None and device == "host" and not null_compute:
+            all_reduce = HostAllReduce()
+        return ReferenceEngine.from_config(self.directory.rank_config(rank), device=device, null_compute=null_compute,
+                                           weights=None if null_compute else self.weights, tp_rank=rank,
+                                           tp_size=self.tp_size, all_reduce=all_reduce,
+                                           name=self.directory.engine_path(rank).name)
+
+    def loader(self, *, device: str = "host", all_reduce: Any = None, null_compute: bool = False) -> Any:
+        """A stand-in for :func:`trtio.load_engine` (same arguments) that gives each rank engine file of the
+        directory its :meth:`reference_engine`: patch ``trtio.setups.engine_dir.load_engine`` with it to run
+        ``create_from_engine_dir`` on the directory without plans."""
+        ranks = {self.directory.engine_path(r).name: r for r in range(self.tp_size)}
+
+        def load(path: str | os.PathLike[str], module: Any = "auto", *, plugins: Any = ()) -> Any:
+            name = Path(path).name
+            if name not in ranks:
+                raise UnknownNameError(f"{path} is not a rank engine of {self.directory.path}")
+            return self.reference_engine(ranks[name], device=device, all_reduce=all_reduce, null_compute=null_compute)
+
+        return load

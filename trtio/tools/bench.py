@@ -187,6 +187,57 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
 
 
+def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
+                          clock: _Clock) -> None:
+    """The decode step of ``llm`` split across ``n`` ranks for each of ``sizes`` (heads and KV heads split evenly,
+    null-compute rank engines, graphs on, device-tensor inputs), beside one LLMSetup's in the same run. On the
+    cuda backend the ranks need ``n`` GPUs, nccl4py and a C compiler (a stand-in of Edge-LLM's plugin library
+    takes the communicators' registration); sizes beyond the GPUs here are left out."""
+    import tempfile
+
+    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
+    from trtio.testing.reference_tp import build_stand_in_plugin
+
+    def timed(setup: Any, name: str, stream: Stream) -> None:
+        rng = np.random.default_rng(0)
+        prompt = device_tensor(setup.io.inputs_embeds.backend, (BATCH, 16, HIDDEN), rng)
+        embeds = setup.io.inputs_embeds
+        setup.prefill(prompt, np.full(BATCH, 16), stream)
+        for i in range(steps + 3):  # three warm-up steps capture the graphs
+            if i >= 3:
+                clock(name, lambda: setup.decode(embeds.reshape((BATCH, 1, HIDDEN)), stream))
+            else:
+                setup.decode(embeds.reshape((BATCH, 1, HIDDEN)), stream)
+        prompt.close()
+
+    stream = Stream.create(backend)
+    try:
+        with create_for_llm(null_engine(llm, backend), llm, stream, graphs=True, backend=backend) as one:
+            timed(one, "LLMSetup.decode", stream)
+    finally:
+        stream.close()
+    gpus = 0
+    if backend.name == "cuda":
+        from trtio.cuda.device import probe_device_count
+
+        gpus = probe_device_count()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            if backend.name == "cuda" and n > gpus:
+                continue
+            rank = dataclasses.replace(llm, num_attention_heads=llm.num_attention_heads // n,
+                                       num_kv_heads=max(1, llm.num_kv_heads // n)).validate()
+            specs = [RankSpec(rank, r, functools.partial(null_engine, rank, backend), {}) for r in range(n)]
+            kind: Any = "cuda" if backend.name == "cuda" else backend
+            plugins = [str(build_stand_in_plugin(tmp))] if backend.name == "cuda" else []
+            with TensorParallelLLMSetup(llm, specs, backend=kind, graphs=True, plugins=plugins) as tp:
+                s = Stream.create(tp.io.inputs_embeds.backend)
+                try:
+                    timed(tp, f"TensorParallelLLMSetup.decode ({n} ranks)", s)
+                finally:
+                    s.close()
+
+
 Results = dict[str, dict[str, Row]]
 
 
@@ -207,8 +258,10 @@ def default_kv_capacity(backend: Backend) -> int:
 
 
 def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
-        contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None) -> Results:
-    """``{contract: {helper: Row}}`` for each contract, one run.
+        contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None,
+        tensor_parallel: Sequence[int] = ()) -> Results:
+    """``{contract: {helper: Row}}`` for each contract, one run; with ``tensor_parallel`` (rank counts) also
+    ``"ragged, tensor parallel"``: the LLM's decode step on one engine and across that many ranks.
 
     ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
     memory is host RAM: 36 layers of 8 x 4096-token caches are 9.6 GB)."""
@@ -225,6 +278,11 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
             out[contract] = {name: clock.row(name) for name in clock.alone}
         finally:
             stream.close()
+    if tensor_parallel:
+        llm, _ = configs("ragged", kv)
+        clock = _Clock(backend, Stream.default(backend))
+        _tensor_parallel_rows(llm, backend, steps, tensor_parallel, clock)
+        out["ragged, tensor parallel"] = {name: clock.row(name) for name in clock.alone}
     return out
 
 

@@ -18,16 +18,24 @@ max_draft_tree_size // draft_top_k``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtio.config import DeploymentConfig
+from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts import build_registry
+from trtio.cuda.backend import Location
+from trtio.dtypes import DType
 from trtio.edgellm import CONFIG_FILES, ENGINE_FILES, EngineDir
 from trtio.engine import EngineIO
-from trtio.errors import ConfigError, TrtioError
+from trtio.errors import BindingError, ConfigError, TrtioError
+from trtio.memory import MemoryReport
+from trtio.setups import LLMSetup, check_engine, create_for_llm
+from trtio.setups.tensor_parallel import close_constant, ranks_memory_report
+from trtio.tensor import Tensor
 from trtio.tools.binding_table import (
     binding_capacities,
     binding_labels,
@@ -36,14 +44,16 @@ from trtio.tools.binding_table import (
     format_bytes,
     format_shape,
 )
-from trtio.tools.dry_run import dry_run_setup, planned
+from trtio.tools.dry_run import DryRunBackend, dry_run_setup, kv_state_rows, planned
 
 __all__ = ["RUNTIME_FLAGS", "edgellm_directory", "engine_name", "format_kv_state", "format_runtime",
-           "inspect_engine_dir", "plan_engine_dir", "runtime_values"]
+           "inspect_engine_dir", "inspect_tensor_parallel_dir", "plan_engine_dir", "plan_tensor_parallel_dir",
+           "runtime_values"]
 
 #: The command-line flag of each of Edge-LLM's run-time values.
 RUNTIME_FLAGS = {"draft_top_k": "--draft-top-k", "draft_step": "--draft-step", "verify_size": "--verify-size"}
 _MARKER_KEYS = ("builder_config", "engine_role", "edgellm_version")
+_BINDING_DTYPES = {"F16": DType.FLOAT16, "F32": DType.FLOAT32, "BF16": DType.BFLOAT16}
 
 
 def _is_edgellm_json(path: Path) -> bool:
@@ -134,6 +144,8 @@ def plan_engine_dir(path: str | os.PathLike[str], *, draft_top_k: int | None = N
     "engine_files", "contract", "factory", "runtime", "kv_state", "memory", "text"}``."""
     directory = EngineDir.open(path)
     bundle, runtime = runtime_values(directory, draft_top_k, draft_step, verify_size)
+    if directory.is_tensor_parallel:
+        return plan_tensor_parallel_dir(directory)
     report, kv = planned(bundle, engine_names={role: engine_name(role) for role in directory.roles})
     factory = "create_for_spec_decode" if bundle.draft is not None else "create_for_llm"
     return {
@@ -185,6 +197,8 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
                                           "library such as Edge-LLM's libNvInfer_edgellm_plugin.so)")
     directory = EngineDir.open(path)
     bundle, _ = runtime_values(directory)
+    if directory.is_tensor_parallel:
+        return inspect_tensor_parallel_dir(directory, module=module, plugins=plugins)
     names = {role: engine_name(role) for role in directory.roles}
     with dry_run_setup(bundle, engine_names=names) as setup:
         labels, capacities = binding_labels(setup), binding_capacities(setup)
@@ -199,18 +213,25 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
         else:
             eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, null_compute=True, device="host",
                                                                    name=names[role]))
-        engines.append({
-            "name": ENGINE_FILES[role],
-            "role": role,
-            "plan": str(plan) if engine is not None else None,
-            "config": str(config_path),
-            "source": "plan" if engine is not None else "config",
-            "plan_not_read": why,
-            "contract": cfg.contract,
-            "num_profiles": eio.num_profiles,
-            "tensors": engine_rows(eio, labels[role], capacities[role]),
-        })
+        engines.append(_engine_entry(ENGINE_FILES[role], role, plan if engine is not None else None, why,
+                                     config_path, cfg, eio, labels[role], capacities[role]))
     return {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind, "engines": engines}
+
+
+def _engine_entry(name: str, role: str, plan: Path | None, why: str | None, config_path: Path, cfg: LLMEngineConfig,
+                  eio: EngineIO, labels: dict[str, str], capacities: dict[str, int]) -> dict[str, Any]:
+    """One engine of ``trtio inspect DIR``: its I/O table from the plan (``plan``) or from its config."""
+    return {
+        "name": name,
+        "role": role,
+        "plan": str(plan) if plan is not None else None,
+        "config": str(config_path),
+        "source": "plan" if plan is not None else "config",
+        "plan_not_read": why,
+        "contract": cfg.contract,
+        "num_profiles": eio.num_profiles,
+        "tensors": engine_rows(eio, labels, capacities),
+    }
 
 
 def format_runtime(runtime: dict[str, Any] | None) -> str | None:
@@ -245,3 +266,113 @@ def format_kv_state(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  {r['role']}: {_count(r['tensors'], 'contiguous KV cache')} ({span}), each "
                          f"{format_shape(shape)} {r['dtype']}: {format_bytes(r['bytes'])} in all")
     return lines
+
+
+# -- tensor-parallel directories: every rank --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _dry_run_rank(directory: EngineDir, rank: int, backend: DryRunBackend) -> Iterator[LLMSetup]:
+    """Rank ``rank``'s setup as ``create_from_engine_dir`` makes it, on ``backend`` (no memory): a null-compute
+    ReferenceEngine of the rank's config and its checkpoint weights as (unbacked) constant inputs."""
+    from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
+
+    cfg = directory.rank_config(rank)
+    engine = ReferenceEngine.from_config(cfg, null_compute=True, device="host", tp_rank=rank,
+                                         tp_size=directory.tp_size, name=directory.engine_path(rank).name)
+    weights = {b.engine_name: Tensor.empty(b.shape, _BINDING_DTYPES[b.dtype], Location.DEVICE, name=b.engine_name,
+                                           backend=backend) for b in directory.checkpoint_bindings()}
+    try:
+        with create_for_llm(engine, cfg, backend=backend, constants=weights) as setup:
+            yield setup
+    finally:
+        for t in weights.values():
+            close_constant(t)
+
+
+def _rank_label(directory: EngineDir, rank: int) -> str:
+    return f"rank {rank} ({directory.engine_path(rank).name})"
+
+
+def plan_tensor_parallel_dir(directory: EngineDir) -> dict[str, Any]:
+    """``trtio plan DIR`` for a tensor-parallel directory: what each rank's setup allocates (its PipelineIO,
+    its KV pools of its own KV heads, its page table, staging, RoPE, its checkpoint weights), on a dry-run
+    backend. The keys of :func:`plan_engine_dir`, plus ``tp_size`` and ``ranks`` (per rank: ``rank``,
+    ``engine``, ``engine_file``, ``heads``, ``kv_heads``, ``kv_state``, ``memory``)."""
+    reports, kv, ranks = [], [], []
+    for r in range(directory.tp_size):
+        with _dry_run_rank(directory, r, DryRunBackend()) as setup:
+            report = setup.memory_report(include_context_memory=False)
+            rows = kv_state_rows(setup)
+            consts = {b.engine_name: setup.tensor_map[b.engine_name] for b in directory.checkpoint_bindings()}
+            rank_report = ranks_memory_report(_rank_label(directory, r), [report], [consts], first_rank=r)
+        for row in rows:
+            row["role"] = _rank_label(directory, r)
+        reports.append(rank_report)
+        kv.extend(rows)
+        cfg = directory.rank_config(r)
+        engine = directory.engine_path(r)
+        ranks.append({"rank": r, "engine": engine.name, "engine_file": str(engine) if engine.is_file() else None,
+                      "heads": cfg.num_attention_heads, "kv_heads": cfg.num_kv_heads, "kv_state": rows,
+                      "memory": rank_report.to_dict()})
+    combined = MemoryReport.combine(f"create_from_engine_dir ({directory.tp_size} ranks)", reports)
+    combined.notes = list(dict.fromkeys(combined.notes))  # every rank's setup notes the same
+    combined.notes.append("context memory: not included (device_memory_size_v2 of each rank's engine)")
+    return {
+        "config": str(directory.path),
+        "kind": "edgellm",
+        "directory_kind": directory.kind,
+        "tp_size": directory.tp_size,
+        "configs": [str(directory.config_path("llm"))],
+        "engine_files": {f"rank {r}": ranks[r]["engine_file"] for r in range(directory.tp_size)},
+        "contract": directory.config.contract,
+        "factory": f"create_from_engine_dir ({directory.tp_size} tensor-parallel ranks)",
+        "runtime": None,
+        "kv_state": kv,
+        "ranks": ranks,
+        "memory": combined.to_dict(),
+        "text": str(combined),
+    }
+
+
+def inspect_tensor_parallel_dir(directory: EngineDir, *, module: str = "auto",
+                                plugins: Sequence[str | os.PathLike[str]] = ()) -> dict[str, Any]:
+    """``trtio inspect DIR`` for a tensor-parallel directory: each rank engine's I/O table (from its plan where
+    it deserializes here, else from the engine its rank config describes) and the trtio tensor each tensor binds
+    to (checkpoint weights included), as :func:`inspect_engine_dir` gives them."""
+    from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - testing helper, loaded on use
+
+    engines = []
+    config_path = directory.config_path("llm")
+    bindings = {b.engine_name: b for b in directory.checkpoint_bindings()}
+    for r in range(directory.tp_size):
+        cfg = directory.rank_config(r)
+        with _dry_run_rank(directory, r, DryRunBackend()) as setup:
+            labels, capacities = binding_labels(setup)["llm"], binding_capacities(setup)["llm"]
+            consts = {name: setup.tensor_map[name] for name in bindings}
+            plan = directory.engine_path(r)
+            engine, why = _load_plan(plan, module, plugins)
+            if engine is not None:
+                eio = EngineIO.from_engine(engine)
+                _check_rank_fits(eio, cfg, consts, f"plan {plan}", config_path)
+            else:
+                eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, null_compute=True, device="host",
+                                                                       tp_rank=r, tp_size=directory.tp_size,
+                                                                       name=plan.name))
+        for name, b in bindings.items():
+            labels[name] = f"checkpoint weight {b.checkpoint_key}" + (
+                f" (part {r} of {b.tp_shard[1]} along axis {b.tp_shard[0]})" if b.tp_shard else "")
+        engines.append(_engine_entry(plan.name, f"rank {r}", plan if engine is not None else None, why, config_path,
+                                     cfg, eio, labels, capacities))
+    return {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind,
+            "tp_size": directory.tp_size, "engines": engines}
+
+
+def _check_rank_fits(eio: EngineIO, cfg: LLMEngineConfig, constants: dict[str, Tensor], what: str,
+                     config_path: Path) -> None:
+    """Refuse a rank plan its rank config does not fit, listing every disagreement."""
+    try:
+        check_engine(eio, build_registry(cfg), cfg, constants=constants)
+    except BindingError as exc:
+        raise ConfigError(str(config_path), f"does not fit {what} ({len(exc.problems)} problem(s)): "
+                                            + "; ".join(exc.problems)) from None

@@ -1,0 +1,656 @@
+"""One LLM across N ranks: a tensor-parallel Edge-LLM directory's rank engines stepped in lockstep.
+
+Edge-LLM 0.11 builds a model too large for one GPU as N rank engines (``config_world{N}.json``;
+``docs/edgellm-assumptions.md`` section 7): each rank holds some of the attention heads and of the MLP, its own
+KV pools (``kv_heads / N`` heads each), and all-reduces inside itself through Edge-LLM's ``AllReducePlugin``;
+every rank takes the same step inputs and produces the full logits. :class:`TensorParallelLLMSetup` is an
+:class:`~trtio.setups.llm.LLMSetup` over such ranks:
+
+* each rank is an ordinary ``LLMSetup`` bound to its rank engine, on its own device, backend and stream, with
+  the weights the engine reads from the checkpoint bound as constant inputs;
+* each rank has one persistent thread (:class:`_RankWorker`) that sets its device once and runs everything of
+  that rank: loading the engine, binding it, every step, closing. A step's inputs are given once; the calling
+  thread hands the same call to every rank thread and waits for all of them. Rank 0 works on the caller's
+  stream, the others on their own streams, after an event recorded on the caller's stream (so a device tensor
+  the caller just wrote is ready); the logits view is rank 0's;
+* the communicators (one per rank) are made before the engines and registered where the rank engines look for
+  them: on GPUs NCCL through ``nccl4py`` registered with the plugin library (:mod:`trtio.nccl`), on the host
+  backend an in-process group (:mod:`trtio.collectives`).
+
+Slots and pages (admissions, releases, pages on demand, pinned prefixes) work as on one engine: every rank
+gets the same calls, so every rank's page table makes the same choices (one page-table model, a pool per
+rank); :attr:`kv_pages`, :attr:`active` and :attr:`lengths` are rank 0's. A call every rank refuses (bad
+input, a slot that is not free, a pool that is short) is refused before any rank changes anything: the ranks
+check the same things on the same state.
+
+A rank that fails to enqueue fails the whole step, and no rank is left waiting in a collective: on the host the
+group is aborted at once; on GPUs, where every rank refused the step the communicators stay, else they are
+aborted (``ncclCommAbort``), which ends collectives in flight. A step after which the ranks no longer hold the
+same sequences leaves the setup broken: every later step raises, naming the failure, and :meth:`close` still
+releases everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from trtio import collectives
+from trtio._cache import BoundedCache
+from trtio.config import LLMEngineConfig
+from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.engine import EngineExecutor
+from trtio.errors import ConfigError, EngineError, InvalidTypeError, TrtioError
+from trtio.memory import MemoryEntry, MemoryReport
+from trtio.pages import Prefix
+from trtio.pipeline_io import PipelineIO
+from trtio.setups.base import EngineGraphStats
+from trtio.setups.binding import BoundEngine
+from trtio.setups.llm import LLMSetup
+from trtio.setups.sequences import KVPages
+from trtio.state import EngineState
+from trtio.stream import Event, Stream, StreamLike, as_stream
+from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
+
+__all__ = ["RankSpec", "TensorParallelLLMSetup", "TensorParallelPrefix", "check_devices", "close_constant",
+           "ranks_memory_report"]
+
+T = TypeVar("T")
+
+#: How long the other ranks of a GPU step get to return after one failed, before the communicators are
+#: aborted (a rank blocked in an NCCL call waits for the failed one; ranks that only refused return at once).
+FAILURE_GRACE_SECONDS = 2.0
+#: How long ranks get to return after their communicators were aborted.
+ABORT_WAIT_SECONDS = 60.0
+_POLL_SECONDS = 0.05  # how often the caller looks for a failed rank while it waits for another one
+
+_cuda_backends: dict[int, Backend] = {}
+_cuda_lock = threading.Lock()
+
+
+def _cuda_backend(device: int) -> Backend:
+    """The cuda backend of ``device``; ``device`` is the calling thread's current device afterwards (making the
+    shared backend makes device 0 current)."""
+    from cuda.bindings import runtime  # noqa: PLC0415 - only for tensor parallelism on GPUs
+
+    from trtio.cuda.device import CudaBackend  # noqa: PLC0415
+
+    found = get_backend("cuda")
+    if found.device_id != device:
+        with _cuda_lock:
+            found = _cuda_backends.get(device) or _cuda_backends.setdefault(device, CudaBackend(device))
+    err = runtime.cudaSetDevice(device)[0]
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise EngineError(f"cudaSetDevice({device}) failed: {err}")
+    return found
+
+
+# -- rank threads --------------------------------------------------------------------------------------
+
+
+class _RankWorker:
+    """The persistent thread of one rank: sets the rank's device once, then runs the calls it is given, one at a
+    time. A call is handed over and waited for through two locks (the cheapest hand-off Python has): :meth:`start`
+    releases ``_go``, the thread releases ``_done`` when the call has returned or raised. ``on_error()(rank)``
+    runs on the rank's thread as soon as a call raises (before ``_done``): ``on_error`` is a weak reference (a
+    :class:`weakref.WeakMethod`), so the thread does not keep its setup alive."""
+
+    def __init__(self, rank: int, device: int, kind: str,
+                 on_error: Callable[[], Callable[[int], None] | None]) -> None:
+        self.rank = rank
+        self.device = device
+        self._kind = kind
+        self._on_error = on_error
+        self._go = threading.Lock()
+        self._go.acquire()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._job: Callable[[], Any] | None = None
+        self._stopping = False
+        self.abandoned = False  # a call never returned: the thread is left to itself
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"trtio-tp-rank{rank}", daemon=True)
+        self._thread.start()
+
+    def start(self, job: Callable[[], Any]) -> None:
+        """Hand ``job`` to the thread (the previous call has been waited for)."""
+        if self.abandoned:
+            raise EngineError(f"rank {self.rank}: its thread is still in a call that never returned")
+        self._job = job
+        self._go.release()
+
+    def wait(self, timeout: float = -1) -> bool:
+        """Whether the call returned (or raised) within ``timeout`` seconds (-1: wait as long as it takes)."""
+        return self._done.acquire(timeout=timeout)
+
+    def outcome(self) -> Any:
+        """What the call that was waited for returned; what it raised is raised."""
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    def _loop(self) -> None:
+        failed_start = self._start()
+        while True:
+            self._go.acquire()
+            if self._stopping:
+                return
+            job, self._job = self._job, None
+            try:
+                if failed_start is not None:
+                    raise failed_start
+                assert job is not None
+                self.result, self.error = job(), None
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.result, self.error = None, exc
+                on_error = self._on_error()
+                if on_error is not None:
+                    on_error(self.rank)
+            del job  # the call's closure (and the setup it names) is not kept by an idle thread
+            self._done.release()
+
+    def _start(self) -> BaseException | None:
+        """Make the rank's device this thread's; the error, raised for every call, where that fails."""
+        try:
+            if self._kind == "cuda":
+                from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
+
+                err = runtime.cudaSetDevice(self.device)[0]
+                if err != runtime.cudaError_t.cudaSuccess:
+                    raise EngineError(f"rank {self.rank}: cudaSetDevice({self.device}) failed: {err}")
+            else:
+                collectives.set_thread_device(self.device)
+        except BaseException as exc:  # raised at the first call
+            return exc
+        return None
+
+    def stop(self) -> None:
+        """End the thread (no call may be running; an abandoned thread is left to end with the process)."""
+        if self.abandoned:
+            return
+        self._stopping = True
+        self._go.release()
+        self._thread.join()
+
+
+# -- prefixes --------------------------------------------------------------------------------------------
+
+
+class TensorParallelPrefix(Prefix):
+    """A pinned prefix of a tensor-parallel setup: the same prefix pinned in every rank's pool (see
+    :class:`~trtio.pages.Prefix`); releasing it releases every rank's."""
+
+    def __init__(self, owner: object, ranks: Sequence[Prefix]) -> None:
+        self._ranks = tuple(ranks)
+        super().__init__(owner, ranks[0].tokens, {}, {})
+
+    def rank(self, rank: int) -> Prefix:
+        """Rank ``rank``'s prefix."""
+        self._check_open()
+        return self._ranks[rank]
+
+    def _close_owned(self) -> None:
+        with contextlib.ExitStack() as release:  # every rank's is released; the first failure raises
+            for p in self._ranks:
+                release.callback(p.release)
+
+
+# -- the setup ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    """What one rank is made of: its config, its device, how to load its engine (called on the rank's thread,
+    with its device current) and the weight inputs to bind (host arrays by engine input name)."""
+
+    config: LLMEngineConfig
+    device: int
+    load: Callable[[], Any]
+    weights: Mapping[str, np.ndarray]
+
+
+class TensorParallelLLMSetup(LLMSetup):
+    """An :class:`LLMSetup` over the rank engines of a tensor-parallel build (see the module docstring); made by
+    ``create_from_engine_dir`` for a ``config_world{N}.json`` directory.
+
+    ``cfg`` is the whole model's config; :attr:`ranks` the bound rank engines, :attr:`rank_setups` the per-rank
+    setups (read them, do not step them), :attr:`devices` the device of each rank. ``io`` is rank 0's
+    PipelineIO: its ``output_logits`` is what the steps return, and a step given ``io.inputs_embeds`` (written
+    in place on the step's stream) copies it to the other ranks.
+    """
+
+    def __init__(self, model: LLMEngineConfig, ranks: Sequence[RankSpec], stream: StreamLike = None, *,
+                 backend: str | Backend, graphs: bool = False, plugins: Sequence[str] = ()) -> None:
+        kind = backend if isinstance(backend, str) else ("cuda" if backend.name == "cuda" else "host")
+        if kind not in ("host", "cuda") or (kind == "cuda" and not isinstance(backend, str)):
+            raise InvalidTypeError(f"TensorParallelLLMSetup: backend must be 'host', 'cuda' (a backend per device, "
+                                   f"made here) or a host Backend instance, got {backend!r}")
+        host: Backend = get_backend("host") if isinstance(backend, str) else backend
+        self._workers: list[_RankWorker] = []  # filled in place: the backstop below stops what it holds then
+        self._init_lifetime(f"this TensorParallelLLMSetup ({len(ranks)} ranks)", _stop_all, self._workers)
+        self.cfg = model
+        self._kind = kind
+        self._devices = tuple(r.device for r in ranks)
+        self._broken: str | None = None
+        self._views: list[BoundedCache[tuple[Any, ...], Tensor]] = [BoundedCache() for _ in ranks]
+        self._owner = object()  # what this setup's prefixes name as their maker
+        self._failure = threading.Event()  # a rank's call raised (set on its thread)
+        self._stepping = False
+        self._group: collectives.HostGroup | None = None
+        self._nccl: Any = None
+        with contextlib.ExitStack() as stack:
+            stack.callback(self._stop_workers)
+            failed = weakref.WeakMethod(self._rank_failed)  # the threads must not keep the setup alive
+            self._workers.extend(_RankWorker(r, spec.device, kind, failed) for r, spec in enumerate(ranks))
+            self._backends = self._on_ranks(lambda r: host if kind == "host" else _cuda_backend(self._devices[r]))
+            self._backend = self._backends[0]
+            self._make_communicators(stack, plugins)
+            caller = as_stream(stream, self._backend) if stream is not None else None
+            self._streams: list[Stream] = self._on_ranks(lambda r: Stream.create(self._backends[r]))
+            for r, s in enumerate(self._streams):
+                stack.callback(self._on_rank, r, s.close)
+            self._constants = self._on_ranks(lambda r: self._upload(r, ranks[r].weights))
+            for r, consts in enumerate(self._constants):
+                for t in consts.values():
+                    stack.callback(self._on_rank, r, functools.partial(close_constant, t))
+
+            def build(r: int) -> LLMSetup:
+                construct = caller if r == 0 and caller is not None else self._streams[r]
+                return LLMSetup(ranks[r].load(), ranks[r].config, construct, graphs=graphs, backend=self._backends[r],
+                                constants=self._constants[r])
+
+            self._rank_setups: list[LLMSetup] = self._on_ranks(build, close=lambda s: s.close())
+            for r, setup in enumerate(self._rank_setups):
+                stack.callback(self._on_rank, r, setup.close)
+            self._ready = self._on_rank(0, lambda: Event.create(self._backend))  # on rank 0's device
+            stack.callback(self._on_rank, 0, self._ready.close)
+            self._resources = stack.pop_all()
+        self.io: PipelineIO = self._rank_setups[0].io
+
+    # -- construction helpers -------------------------------------------------------------------------
+    def _make_communicators(self, stack: contextlib.ExitStack, plugins: Sequence[str]) -> None:
+        """One communicator per rank, registered where the rank engines look for theirs."""
+        if self._kind == "host":
+            group = stack.enter_context(collectives.HostGroup(len(self._devices)))
+            members = [group.member(r) for r in range(group.size)]
+            collectives.register(self._devices, members)
+            stack.callback(collectives.unregister, self._devices, members)
+            self._group = group
+            return
+        from trtio.nccl import NcclCommunicators, PluginRegistration  # noqa: PLC0415 - GPUs only
+        from trtio.trt import load_plugins  # noqa: PLC0415 - GPUs only
+
+        libraries = load_plugins(plugins)  # before the engines deserialize: they look their communicator up
+        comms = stack.enter_context(NcclCommunicators(self._devices))
+        self._nccl = comms
+        stack.enter_context(PluginRegistration(libraries, self._devices, comms.pointers, comms.all_reduce_function))
+
+    def _upload(self, rank: int, weights: Mapping[str, np.ndarray]) -> dict[str, Tensor]:
+        """Rank ``rank``'s weight inputs as device tensors (its thread, its stream; synchronised)."""
+        out: dict[str, Tensor] = {}
+        s = self._streams[rank]
+        try:
+            for name, value in weights.items():
+                t = Tensor.empty(value.shape, value.dtype, Location.DEVICE, name=name, backend=self._backends[rank])
+                out[name] = t
+                t.copy_from(value, s)
+            s.synchronize()
+        except BaseException:
+            for t in out.values():
+                t.close()
+            raise
+        return out
+
+    def _stop_workers(self) -> None:
+        _stop_all(self._workers)
+
+    # -- running on the ranks ------------------------------------------------------------------------------
+    def _on_rank(self, rank: int, fn: Callable[[], T]) -> T:
+        """``fn()`` on rank ``rank``'s thread (construction and closing, one rank at a time)."""
+        worker = self._workers[rank]
+        worker.start(fn)
+        worker.wait()
+        result: T = worker.outcome()
+        return result
+
+    def _on_ranks(self, fn: Callable[[int], T], *, close: Callable[[T], None] | None = None) -> list[T]:
+        """``fn(r)`` on every rank's thread at once, during construction: every result, or the first error
+        (lowest rank) after the results that were made are closed with ``close``."""
+        for r, worker in enumerate(self._workers):
+            worker.start(functools.partial(fn, r))
+        for worker in self._workers:
+            worker.wait()
+        failed = [w for w in self._workers if w.error is not None]
+        if failed:
+            if close is not None:
+                for worker in self._workers:
+                    if worker.error is None:
+                        with contextlib.suppress(Exception):
+                            self._on_rank(worker.rank, functools.partial(close, worker.result))
+            raise failed[0].outcome()
+        return [w.result for w in self._workers]
+
+    def _rank_failed(self, rank: int) -> None:
+        """On rank ``rank``'s thread, as its call raises: during a step, no other rank may wait for it."""
+        self._failure.set()
+        if self._stepping and self._group is not None:
+            self._group.abort()  # ranks inside the host all-reduce raise at once
+
+    def _step(self, what: str, step: Callable[[int, Stream], T], stream: StreamLike) -> T:
+        """Run ``step(rank, stream)`` on every rank in lockstep (see the module docstring); rank 0's result."""
+        self._check_open()
+        if self._broken is not None:  # beyond reset(): a rank's own brokenness is refused (and repaired) by it
+            raise TrtioError(f"{what}: this TensorParallelLLMSetup is broken: {self._broken}")
+        s = as_stream(stream, self._backend)
+        self._ready.record(s)
+        self._failure.clear()
+        self._stepping = True
+        try:
+            self._workers[0].start(functools.partial(step, 0, s))
+            for r in range(1, len(self._workers)):
+                self._workers[r].start(functools.partial(self._after_ready, step, r))
+            for worker in self._workers:
+                if not worker.wait(_POLL_SECONDS):
+                    self._wait_failing(worker)
+        finally:
+            self._stepping = False
+        if self._failure.is_set():
+            self._settle(what)
+        result: T = self._workers[0].result
+        return result
+
+    def _after_ready(self, step: Callable[[int, Stream], T], rank: int) -> T:
+        """Rank ``rank`` (> 0): its stream waits for the caller's, then it steps."""
+        rs = self._streams[rank]
+        self._backends[rank].wait_event(rs.handle, self._ready.handle)
+        return step(rank, rs)
+
+    def _wait_failing(self, worker: _RankWorker) -> None:
+        """Wait for ``worker``'s call; once another rank has failed, make sure it is not left waiting for that one
+        (GPUs: after a grace period, the communicators are aborted)."""
+        waited = 0.0
+        while not worker.wait(_POLL_SECONDS):
+            if not self._failure.is_set():
+                continue
+            waited += _POLL_SECONDS
+            if self._nccl is not None and waited >= FAILURE_GRACE_SECONDS and not self._nccl.aborted:
+                self._nccl.abort()  # the rank is blocked in NCCL, waiting for the one that failed
+            if waited >= FAILURE_GRACE_SECONDS + ABORT_WAIT_SECONDS:
+                failed = next(w for w in self._workers if w.error is not None)
+                worker.abandoned = True
+                self._broken = (f"rank {worker.rank} did not return within {ABORT_WAIT_SECONDS:g} s after rank "
+                                f"{failed.rank} failed")
+                raise EngineError(self._broken) from failed.error
+
+    def _settle(self, what: str) -> None:
+        """After a failed step: the ranks' collectives are quiet again, or the setup is broken; raise the
+        failure (that of the lowest rank that did not merely see the all-reduce aborted)."""
+        failed = [w for w in self._workers if w.error is not None]
+        primary = [w for w in failed if not isinstance(w.error, collectives.CollectiveAbortedError)]
+        first = (primary or failed)[0]
+        error = first.error
+        assert error is not None
+        if self._group is not None:
+            self._group.reset()
+        elif len(failed) < len(self._workers) and not self._nccl.aborted:
+            self._nccl.abort()  # some ranks enqueued collectives the failed ones never will
+        where = f"rank {first.rank} (device {self._devices[first.rank]}) failed in {what} ({type(error).__name__}: " \
+                f"{error})"
+        if self._nccl is not None and self._nccl.aborted:
+            self._broken = f"{where} and the NCCL communicators were aborted; close this setup and create a new one"
+        elif not self._ranks_agree():
+            self._broken = (f"{where} after other ranks had finished the step: the ranks' sequences differ now; close "
+                            "this setup and create a new one")
+        if len(failed) < len(self._workers) or len(primary) < len(failed):
+            add_note = getattr(error, "add_note", None)  # Python 3.11+
+            if add_note is not None:
+                add_note(f"tensor-parallel {what}: {where}; the other ranks' steps were abandoned")
+        raise error
+
+    def _ranks_agree(self) -> bool:
+        first = self._rank_setups[0]
+        for other in self._rank_setups[1:]:
+            if not (np.array_equal(first.active, other.active) and np.array_equal(first.lengths, other.lengths)):
+                return False
+        return True
+
+    def _inputs(self, x: Any) -> Sequence[Any]:
+        """A step's ``inputs_embeds`` as each rank takes it. A Tensor (often rank 0's ``io.inputs_embeds``, written
+        in place) is given to the other ranks as a view of its memory at its current shape, which they copy on
+        their streams after the caller's: rank 0 reshapes the tensor itself while they read it."""
+        if not isinstance(x, Tensor):
+            return [x] * len(self._workers)
+        shape = x.shape  # refuses a closed tensor here, before any rank reads its memory
+        out = [x]
+        for r in range(1, len(self._workers)):
+            key = (x.data_ptr, shape, x.dtype, x.location)
+            view = self._views[r].get(key)
+            if view is None:
+                view = self._views[r].put(key, Tensor.wrap(x.data_ptr, shape, x.dtype, x.location, name=x.name,
+                                                           backend=self._backends[r]))
+            out.append(view)
+        return out
+
+    def _prefixes(self, prefix: Any, rank: int) -> Any:
+        """The prefix argument as rank ``rank`` takes it (each tensor-parallel prefix by its rank's)."""
+        if prefix is None:
+            return None
+        if isinstance(prefix, Prefix):
+            return self._rank_prefix(prefix, 0, rank)
+        return [None if p is None else self._rank_prefix(p, i, rank) for i, p in enumerate(prefix)]
+
+    def _rank_prefix(self, p: Any, i: int, rank: int) -> Any:
+        if not isinstance(p, TensorParallelPrefix):
+            return p  # refused by the rank's own checks, naming it
+        p.check(self._owner, f"prefill: prefix[{i}]")
+        return p.rank(rank)
+
+    # -- public views ----------------------------------------------------------------------------------------
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The device of each rank (host labels on the host backend)."""
+        return self._devices
+
+    @property
+    def tp_size(self) -> int:
+        return len(self._devices)
+
+    @property
+    def is_broken(self) -> bool:
+        """Whether a rank's setup is broken (``reset()`` repairs it, as for one engine), or the ranks no longer
+        agree or their communicators were aborted (only ``close()`` remains: every step says so)."""
+        return self._broken is not None or any(s.is_broken for s in getattr(self, "_rank_setups", ()))
+
+    @property
+    def ranks(self) -> list[BoundEngine]:
+        """The bound rank engines, by rank."""
+        self._check_open()
+        return [s.engines()[0] for s in self._rank_setups]
+
+    @property
+    def rank_setups(self) -> list[LLMSetup]:
+        """Each rank's LLMSetup (for reading; the steps of this setup step them all)."""
+        self._check_open()
+        return list(self._rank_setups)
+
+    def engines(self) -> list[BoundEngine]:
+        return self.ranks
+
+    @property
+    def state(self) -> EngineState:
+        """Rank 0's KV state."""
+        return self._rank_setups[0].state
+
+    @property
+    def executor(self) -> EngineExecutor:
+        """Rank 0's executor."""
+        return self._rank_setups[0].executor
+
+    @property
+    def tensor_map(self) -> TensorMap:
+        """Rank 0's tensor map."""
+        return self._rank_setups[0].tensor_map
+
+    @property
+    def graph_stats(self) -> EngineGraphStats:
+        """CUDA-graph telemetry of every rank: ``graph_stats["rank0"]``, ...; the counts as attributes are sums."""
+        return EngineGraphStats([dataclasses.replace(e, role=f"rank{r}") for r, e in enumerate(self.ranks)])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._rank_setups[0].lengths
+
+    @property
+    def active(self) -> np.ndarray:
+        return self._rank_setups[0].active
+
+    @property
+    def batch(self) -> int | None:
+        return self._rank_setups[0].batch
+
+    @property
+    def kv_pages(self) -> KVPages:
+        """Rank 0's pool (every rank's pool holds the same pages of its own heads)."""
+        self._check_open()
+        return self._rank_setups[0].kv_pages
+
+    # -- steps ------------------------------------------------------------------------------------------------
+    def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
+                slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
+                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+        """:meth:`LLMSetup.prefill` on every rank (the same inputs, copied to each rank's device); rank 0's logits
+        view. ``prefix``: prefixes of this setup's :meth:`pin_prefix`."""
+        x = self._inputs(inputs_embeds)
+        return self._step("prefill", lambda r, s: self._rank_setups[r].prefill(
+            x[r], context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
+            past_lengths=past_lengths, deepstack_embeds=deepstack_embeds), stream)
+
+    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
+        """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation."""
+        x = self._inputs(inputs_embeds)
+        return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream)
+
+    def reset(self, stream: StreamLike = None) -> None:
+        """End every sequence on every rank (pinned prefixes stay)."""
+        self._step("reset", lambda r, s: self._rank_setups[r].reset(s), stream)
+
+    def populate_streaming(self, stream: StreamLike = None) -> None:
+        """:meth:`LLMSetup.populate_streaming` on every rank (Edge-LLM's tensor-parallel engines declare no
+        ``hidden_states``: refused by the ranks)."""
+        self._step("populate_streaming", lambda r, s: self._rank_setups[r].populate_streaming(s), stream)
+
+    def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
+        """End the sequences of ``slots`` on every rank (host bookkeeping: rank 0 checks, then every rank
+        releases)."""
+        self._check_open()
+        self._rank_setups[0].release(slots, stream)
+        for setup in self._rank_setups[1:]:
+            setup.release(slots)
+
+    def pin_prefix(self, slot: int, tokens: int) -> Prefix:
+        """Pin the first ``tokens`` KV entries of ``slot``'s sequence in every rank's pool; one
+        :class:`TensorParallelPrefix` for all of them."""
+        self._check_open()
+        first = self._rank_setups[0].pin_prefix(slot, tokens)
+        pinned = [first]
+        try:
+            for setup in self._rank_setups[1:]:
+                pinned.append(setup.pin_prefix(slot, tokens))
+        except BaseException:
+            for p in pinned:
+                p.release()
+            raise
+        return TensorParallelPrefix(self._owner, pinned)
+
+    def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
+        """Every rank's buffers (its setup's and its checkpoint weights), each entry's group naming the rank."""
+        self._check_open()
+        return ranks_memory_report("create_from_engine_dir (tensor parallel)",
+                                   [s.memory_report(include_context_memory=include_context_memory)
+                                    for s in self._rank_setups], self._constants)
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return f"TensorParallelLLMSetup({self.tp_size} ranks, closed)"
+        return (f"TensorParallelLLMSetup({self.tp_size} ranks on {self._kind} devices {list(self._devices)}, "
+                f"active={self._rank_setups[0].active.tolist()})")
+
+    def _close_owned(self) -> None:
+        try:
+            super()._close_owned()
+        finally:
+            self._stop_workers()
+
+
+def _stop_all(workers: list[_RankWorker]) -> None:
+    """End every rank thread of ``workers`` (and forget them)."""
+    stopping = list(workers)
+    workers.clear()
+    for w in stopping:
+        w.stop()
+
+
+def ranks_memory_report(title: str, reports: Sequence[MemoryReport], weights: Sequence[Mapping[str, Tensor]], *,
+                        first_rank: int = 0) -> MemoryReport:
+    """One report of each rank's setup report and weight inputs (ranks ``first_rank``, ``first_rank + 1``, ...),
+    each entry's group naming its rank."""
+    out = MemoryReport(title)
+    for r, (report, consts) in enumerate(zip(reports, weights), start=first_rank):
+        own = MemoryReport("checkpoint weights")
+        for name, t in consts.items():
+            own.entries.append(MemoryEntry(name, t.shape, str(t.dtype), str(t.location), t.capacity,
+                                           group="checkpoint weights"))
+            loc = str(t.location)
+            own.allocated[loc] = own.allocated.get(loc, 0) + t.capacity
+            own.allocations[loc] = own.allocations.get(loc, 0) + 1
+        for part in (report, own):
+            for e in part.entries:
+                out.entries.append(dataclasses.replace(e, group=f"rank {r}" + (f" {e.group}" if e.group else "")))
+            for loc, n in part.allocated.items():
+                out.allocated[loc] = out.allocated.get(loc, 0) + n
+            for loc, n in part.allocations.items():
+                out.allocations[loc] = out.allocations.get(loc, 0) + n
+    out.notes.extend(reports[0].notes if reports else ())
+    return out
+
+
+def close_constant(t: Tensor) -> None:
+    """Free a weight input once its rank's setup is closed (its tensor map froze it, as the RoPE tables are)."""
+    t._unfreeze()
+    t.close()
+
+
+def check_devices(devices: Any, size: int, kind: str) -> tuple[int, ...]:
+    """``devices`` (None: ``range(size)``) as ``size`` distinct device ids; ConfigError naming ``devices``."""
+    if devices is None:
+        found = tuple(range(size))
+    else:
+        if isinstance(devices, (str, bytes)) or not hasattr(devices, "__len__"):
+            raise ConfigError("devices", f"expected {size} device ids (one per rank), got {type(devices).__name__} "
+                                         f"{devices!r}")
+        found = tuple(devices)
+        if len(found) != size or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+                                         for d in found):
+            raise ConfigError("devices", f"expected {size} device ids >= 0 (one per rank), got {list(found)}")
+        found = tuple(int(d) for d in found)
+        if len(set(found)) != size:
+            raise ConfigError("devices", f"{list(found)} names a device twice: each rank needs a device of its own")
+    if kind == "cuda":
+        from trtio.cuda.device import probe_device_count  # noqa: PLC0415 - GPUs only
+
+        count = probe_device_count()
+        beyond = [d for d in found if d >= count]
+        if beyond:
+            raise ConfigError("devices", f"{list(found)}: device {beyond[0]} does not exist here ({count} CUDA "
+                                         f"device(s)); a {size}-rank directory needs {size} local GPUs")
+    return found
+
