@@ -20,6 +20,7 @@ come; tokens per second (and for a pair the acceptance rate) to stderr at the en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -175,6 +176,11 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
     if not pair:
         if directory.has_engines:
             return _Model(create_from_engine_dir(path, graphs=True, backend=_backend(opts)), table, eos, None, None)
+        if directory.is_tensor_parallel:
+            if opts.backend == "cuda":
+                raise ConfigError("--backend", f"cuda needs engine files; {path} has none, and its reference ranks "
+                                               "run on the host backend only (--backend host or auto)")
+            return _Model(_reference_ranks(directory), table, eos, None, _reference_note(path, ranks=True))
         cfg = directory.config
         engine = _reference(cfg, ToyWeights.generate(cfg, 0), opts)
         return _Model(create_for_llm(engine, cfg, graphs=True), table, eos, None, _reference_note(path))
@@ -264,9 +270,24 @@ def _reference(cfg: LLMEngineConfig, weights: ToyWeights, opts: GenerateOptions)
     return ReferenceEngine.from_config(cfg, weights=weights, device=opts.backend)
 
 
-def _reference_note(path: Path) -> str:
-    return (f"{path} has no engine files: running ReferenceEngines of its configs with the toy model's seeded "
-            "weights (trtio.testing)")
+def _reference_ranks(directory: EngineDir) -> LLMSetup:
+    """A tensor-parallel directory without engine files: its ranks as ReferenceEngines on the host backend (each
+    its share of the toy model, all-reducing in process), bound as ``create_from_engine_dir`` binds rank engines,
+    with the checkpoint's weight inputs."""
+    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup  # noqa: PLC0415 - TP only
+    from trtio.testing.toy_engines import TensorParallelToyEngines  # noqa: PLC0415 - heavy, loaded on use
+
+    toys = TensorParallelToyEngines(directory)
+    weights = directory.checkpoint_weights()
+    specs = [RankSpec(directory.rank_config(r), r, functools.partial(toys.reference_engine, r), weights[r])
+             for r in range(directory.tp_size)]
+    return TensorParallelLLMSetup(directory.config, specs, backend="host", graphs=True)
+
+
+def _reference_note(path: Path, *, ranks: bool = False) -> str:
+    what = "its ranks as ReferenceEngines on the host backend (in-process all-reduce)" if ranks else \
+        "ReferenceEngines of its configs"
+    return f"{path} has no engine files: running {what} with the toy model's seeded weights (trtio.testing)"
 
 
 def _eos(value: Any, path: Path) -> frozenset[int]:
