@@ -719,6 +719,45 @@ def test_a_greedy_loop_driven_by_device_arrays_gives_the_numpy_tokens_without_ho
 
 
 @pytest.mark.gpu
+def test_a_greedy_loop_driven_by_jax_arrays_gives_the_numpy_tokens_without_host_syncs(
+        cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX on the GPU: the embedding gather and the argmax in JAX, the setup fed JAX arrays (DLPack, read in
+    place) and its logits read back by JAX: the numpy loop's tokens, and no host synchronisation by trtio in any
+    step after the first (its graph capture)."""
+    from trtio.testing import greedy_generate, toy_embedding
+
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX takes memory as it needs it
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU here")
+    table = toy_embedding(512, 64)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    with _gpu_llm(cuda) as setup:
+        want = greedy_generate(setup, table, prompts, 12)
+    x = np.zeros((2, 5, 64), np.float16)
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = table[p]
+    dev_table = jax.device_put(table.astype(np.float16), gpu)
+    with _gpu_llm(cuda) as setup:
+        logits = setup.prefill(jax.device_put(x, gpu), [5, 3])
+        toks = [jnp.argmax(jnp.from_dlpack(logits), axis=-1)]
+        syncs = None
+        for i in range(11):
+            embeds = dev_table[toks[-1]][:, None]
+            assert embeds.devices() == {gpu}
+            logits = setup.decode(embeds)
+            toks.append(jnp.argmax(jnp.from_dlpack(logits), axis=-1))
+            if i == 0:  # the first decode captures its graph (a one-time synchronisation); none after it
+                syncs = cuda.sync_count
+        assert cuda.sync_count == syncs, "no step after the first synchronised the host"
+        got = [np.asarray(tk).tolist() for tk in toks]
+    assert [[got[s][i] for s in range(12)] for i in range(2)] == want
+
+
+@pytest.mark.gpu
 def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> None:
     """The embeddings are written on a side stream behind a long kernel, just before the step runs on trtio's
     stream: the step's logits are those of the written embeddings, not of the zeros before them."""
