@@ -117,12 +117,12 @@ class StepPages:
         for slot, entries in self.new.items():
             for e in entries:
                 page = fresh.pop()
-                t.rows[slot, e] = page
+                t.map(slot, e, page)
                 self._taken.append((slot, e, -1))
         for slot, shared in self.copies.items():
             for e, old in shared:
                 page = fresh.pop()
-                t.rows[slot, e] = page
+                t.map(slot, e, page)
                 pool.drop([old])
                 self._taken.append((slot, e, old))
                 self.moves.append((old, page))
@@ -138,10 +138,10 @@ class StepPages:
             return
         t, pool = self.table, self.table.pool
         for slot, e, old in reversed(self._taken):
-            page = int(t.rows[slot, e])
+            page = t.entry(slot, e)
             if old >= 0:
                 pool.hold([old])
-            t.rows[slot, e] = old
+            t.map(slot, e, old)
             pool.drop([page])
         self._taken.clear()
         self.moves.clear()
@@ -157,13 +157,18 @@ class PageTable:
 
     ``rows`` is int32 ``[slots, pages per sequence]``: K page ids, -1 where unmapped; the engine's table
     adds the V ids (K id + ``pool.total``). ``version`` changes with every row change (a step's rows are
-    staged again only then)."""
+    staged again only then). Every change of ``rows`` goes through :meth:`map`, :meth:`assign`,
+    :meth:`release` or :meth:`restore`, which keep a plain-list copy of each row beside it: one slot's
+    pages are then read without numpy (``release`` and ``pin_prefix`` of one sequence are a few list
+    operations)."""
 
     def __init__(self, pool: PagePool, slots: int, pages_per_sequence: int, page_size: int, role: str = "") -> None:
         self.role = role  # the engine whose pool this is ("llm", "base", "draft")
         self.pool = pool
         self.page_size = page_size
         self.rows = np.full((slots, pages_per_sequence), -1, np.int32)
+        # rows[slot] as a list of ints, up to its last mapped entry (trailing -1 entries may stay)
+        self._held: list[list[int]] = [[] for _ in range(slots)]
         # Per slot: the token a step may write up to without planning (its pages from the current one on are
         # mapped and its own); 0 until a plan says otherwise.
         self.limit = np.zeros(slots, np.int64)
@@ -180,9 +185,9 @@ class PageTable:
 
     def refresh(self, slot: int, start: int) -> None:
         """Recompute ``limit[slot]`` for writes from token ``start`` on."""
-        row, page = self.rows[slot], self.page_size
+        row, page = self._held[slot], self.page_size
         e = start // page
-        while e < row.shape[0] and row[e] >= 0 and self.pool.refs(int(row[e])) == 1:
+        while e < len(row) and row[e] >= 0 and self.pool.refs(row[e]) == 1:
             e += 1
         self.limit[slot] = e * page
 
@@ -191,6 +196,7 @@ class PageTable:
 
     def restore(self, saved: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, list[int]]]) -> None:
         self.rows[:], self.limit[:] = saved[0], saved[1]
+        self._held = self.rows.tolist()
         self.pool.restore(saved[2])
         self.version += 1
 
@@ -199,9 +205,22 @@ class PageTable:
         return int(self.rows.shape[1])
 
     def pages_of(self, slot: int) -> list[int]:
-        """The pages slot ``slot`` holds, in token order."""
-        row = self.rows[slot]
-        return [int(p) for p in row[row >= 0]]
+        """The pages slot ``slot`` holds, in token order (a new list)."""
+        return [p for p in self._held[slot] if p >= 0]
+
+    def entry(self, slot: int, e: int) -> int:
+        """The page of entry ``e`` of slot ``slot``'s row (-1: unmapped)."""
+        row = self._held[slot]
+        return row[e] if e < len(row) else -1
+
+    def map(self, slot: int, e: int, page: int) -> None:
+        """Set entry ``e`` of slot ``slot``'s row to ``page`` (-1: unmap it); the caller counts the references
+        and bumps :attr:`version`."""
+        row = self._held[slot]
+        if e >= len(row):
+            row.extend([-1] * (e + 1 - len(row)))
+        row[e] = page
+        self.rows[slot, e] = page
 
     def plan(self, slots: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> StepPages:
         """The pages a step writing tokens ``starts[i] .. ends[i] - 1`` of slot ``slots[i]`` needs: an
@@ -219,9 +238,10 @@ class PageTable:
                 raise CapacityError(f"slot {slot}: tokens up to {end} need page entry {last}, past the "
                                     f"{rows.shape[1]} pages of a page-table row")
             plan.starts[slot] = start
-            row = rows[slot]
-            new = [e for e in range(first, last + 1) if row[e] < 0]
-            shared = [(e, int(row[e])) for e in range(first, last + 1) if row[e] >= 0 and pool.refs(int(row[e])) > 1]
+            row = self._held[slot]
+            mapped = [(e, row[e] if e < len(row) else -1) for e in range(first, last + 1)]
+            new = [e for e, p in mapped if p < 0]
+            shared = [(e, p) for e, p in mapped if p >= 0 and pool.refs(p) > 1]
             if new:
                 plan.new[slot] = new
             if shared:
@@ -239,13 +259,17 @@ class PageTable:
         """Map ``pages`` (held already) as the first entries of a free slot's row."""
         self.rows[slot, :] = -1
         self.rows[slot, :len(pages)] = pages
+        self._held[slot] = [int(p) for p in pages]
         self.limit[slot] = 0
         self.version += 1
 
     def release(self, slot: int) -> list[int]:
         """Unmap every entry of ``slot``; returns the pages it held (the caller drops them)."""
-        held = self.pages_of(slot)
-        self.rows[slot, :] = -1
+        row = self._held[slot]
+        held = [p for p in row if p >= 0]
+        if row:
+            self.rows[slot, :len(row)] = -1  # entries past the list were never mapped
+            self._held[slot] = []
         self.limit[slot] = 0
         self.version += 1
         return held
