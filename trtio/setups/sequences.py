@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._cache import BoundedCache
 from trtio._checks import is_int
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
@@ -56,10 +57,12 @@ class Sequences:
         self.slotted = all(e.contract.slotted and e.state.pages_on_demand for e in engines)
         self._lag = prefix_lag
         # Plain Python per slot, kept up to date in place: releasing or admitting one sequence is a few list
-        # and tuple operations, and only the order's array is made anew.
+        # and tuple operations; the order's array is made once per set of active slots.
         self._active = [False] * max_batch
         self._order_key: tuple[int, ...] = ()  # the active slots, ascending
-        self._order = np.zeros(0, np.int64)  # the same, as an array for the steps
+        self._order = np.zeros(0, np.int64)  # the same, as a read-only array for the steps
+        self._order.flags.writeable = False
+        self._orders: BoundedCache[tuple[int, ...], np.ndarray] = BoundedCache()
         self._contiguous = True  # the active slots are 0 .. n - 1
         self.tables: dict[str, PageTable] = {}
         if self.slotted:
@@ -76,7 +79,7 @@ class Sequences:
 
     @property
     def order(self) -> np.ndarray:
-        """The active slots, ascending (int64; the caller must not change it)."""
+        """The active slots, ascending (int64, read-only)."""
         return self._order
 
     @property
@@ -93,8 +96,13 @@ class Sequences:
 
     def _set_order(self, key: tuple[int, ...]) -> None:
         """The active slots are now ``key`` (ascending; ``_active`` says the same)."""
+        order = self._orders.get(key)
+        if order is None:
+            order = np.array(key, np.int64)
+            order.flags.writeable = False
+            self._orders.put(key, order)
         self._order_key = key
-        self._order = np.array(key, np.int64)
+        self._order = order
         self._contiguous = not key or key[-1] == len(key) - 1
 
     def kv_pages(self) -> KVPages:
