@@ -337,6 +337,19 @@ MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], An
     "release of one slot not in a list": (ShapeError, r"release: slots must be a list of slot ids, got int 1",
                                           lambda s, p: s.release(1)),
     "release of no slot": (ShapeError, r"release: no slot given", lambda s, p: s.release([])),
+    "release of a 0-d array of slots": (ShapeError, r"release: slots must be a list of slot ids, got ndarray",
+                                        lambda s, p: s.release(np.array(1))),
+    "prefill into a 0-d array of slots": (ShapeError, r"prefill: slots must be a list of slot ids, got ndarray",
+                                          lambda s, p: s.prefill(*emb([[1]]), slots=np.array(2))),
+    "prefill into a set of slots (no order)": (ShapeError, r"prefill: slots must be a list of slot ids, got set",
+                                               lambda s, p: s.prefill(*emb([[1], [2]]), slots={2, 0})),
+    "decode of a dict of slots": (ShapeError, r"decode: slots must be a list of slot ids, got dict",
+                                  lambda s, p: s.decode(E[[1]][:, None].astype(np.float16), slots={1: 0})),
+    "a prefix that is an int": (ShapeError, r"prefill: prefix must be a Prefix \(from pin_prefix\) or one per "
+                                            r"sequence \(None for none\), got int 3",
+                                lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=3)),
+    "a prefix that is a string": (ShapeError, r"prefill: prefix must be a Prefix .*, got str 'a'",
+                                  lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix="a")),
     "a prefix longer than its sequence": (ShapeError, r"pin_prefix: tokens = 9, but slot 1's sequence holds 5 "
                                                       r"tokens", lambda s, p: s.pin_prefix(1, 9)),
     "pinning a free slot": (TrtioError, r"pin_prefix: slot 2 is free", lambda s, p: s.pin_prefix(2, 1)),
@@ -432,6 +445,42 @@ def test_a_refused_admission_from_a_prefix_leaves_its_slot_without_the_prefix_pa
     assert_logits(first[0], truth.logits(c)[-1], "slot 2's prefill")
     assert_logits(logits[0], truth.logits(a + [5])[-1], "slot 0 after the prefix's release")
     assert_logits(logits[1], truth.logits(c + [6])[-1], "slot 2")
+
+
+@pytest.mark.xfail(strict=True, reason="finding (probe): a setup stepped from a second thread while a step runs on "
+                                       "another is not refused; the fix belongs in trtio/setups/base.py (a per-setup "
+                                       "in-use guard around every public step), not in sequences.py")
+def test_a_call_from_another_thread_while_a_step_runs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setup misused across threads: a release from thread B while thread A's prefill is inside its engine
+    must raise a TrtioError (and change nothing), not interleave with the step. Without a guard the two
+    interleave, and a 4-thread stress of prefill / release / decode / pin_prefix on one setup loses KV pages
+    (after reset() the pool has fewer free pages than it holds) or fails with a bare ValueError."""
+    import threading
+
+    from trtio.engine import EngineExecutor
+
+    with llm(small_pool_cfg()) as setup:
+        setup.prefill(*emb([[1, 2, 3]]), slots=[1])
+        seen: list[BaseException | None] = []
+        real = EngineExecutor.execute
+
+        def execute(self: Any, *args: Any, **kw: Any) -> Any:
+            if not seen:
+                def other() -> None:
+                    try:
+                        setup.release([1])
+                        seen.append(None)
+                    except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                        seen.append(exc)
+                t = threading.Thread(target=other)
+                t.start()
+                t.join()
+            return real(self, *args, **kw)
+
+        monkeypatch.setattr(EngineExecutor, "execute", execute)
+        setup.prefill(*emb([[4, 5]]), slots=[0])
+        assert isinstance(seen[0], TrtioError), "the second thread's release was refused"
+        assert setup.active.tolist() == [0, 1]
 
 
 def test_the_batch_contract_refuses_slots_and_prefixes_naming_the_ragged_contract() -> None:
@@ -575,6 +624,48 @@ def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_lo
                 assert_logits(got, want, f"request {req}, round {r}: verify logits")
             for r, (got, want) in enumerate(zip(q["proposed"], solo.seqs[0]["proposed"])):
                 assert_logits(got, want, f"request {req}, round {r}: the draft's first level (its root's hidden)")
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_speculative_sequence_from_a_pinned_prefix_verifies_as_its_whole_prompt_alone(device: str,
+                                                                                         graphs: bool) -> None:
+    """base_prefill(prefix=P) then draft_prefill(prefix=P): the draft holds the prefix's entries too (its length
+    is the prefix's, not 0, so its prefill continues after them), and the sequence drafts and verifies exactly
+    as its whole prompt alone."""
+    bundle = small_pool_pair(pool=16)
+    rng = np.random.default_rng(3)
+    shared = list(map(int, rng.integers(0, 512, 20)))
+    first_prompt, prompt = shared + [7, 8], shared + [9, 10, 11]
+    with spec_setup(bundle, device, graphs=graphs) as setup:
+        run = Chains(setup)
+        run.admit(0, first_prompt)
+        run.round()
+        prefix = setup.pin_prefix(0, len(shared))  # keeps len(shared) - 1 entries: the draft's last needs the next
+        setup.release([0])
+        k = prefix.tokens
+        x, lens = emb([prompt[k:]])
+        base = setup.base_prefill(x, lens, slots=[2], prefix=prefix).to_numpy()[0].copy()
+        assert setup.draft_lengths.tolist() == [k], "the draft holds the prefix's entries"
+        first = int(base.argmax())
+        x, _ = emb([prompt[k + 1:] + [first]])
+        draft = setup.draft_prefill(x, lens, slots=[2], prefix=prefix).to_numpy()[0].copy()
+        assert setup.base_lengths.tolist() == setup.draft_lengths.tolist() == [len(prompt)]
+        run.seqs = {2: {"tokens": prompt + [first], "draft": draft, "verify": [], "proposed": []}}
+        for _ in range(3):
+            run.round()
+        prefix.release()
+        got = run.seqs[2]
+    with spec_setup(bundle, device) as alone:
+        solo = Chains(alone)
+        solo.admit(0, prompt)
+        for _ in range(3):
+            solo.round()
+    want = solo.seqs[0]
+    assert got["tokens"] == want["tokens"]
+    for r, (g, w) in enumerate(zip(got["verify"], want["verify"])):
+        assert_logits(g, w, f"round {r}: verify logits")
+    for r, (g, w) in enumerate(zip(got["proposed"], want["proposed"])):
+        assert_logits(g, w, f"round {r}: the draft's first level")
 
 
 # -- random admissions, releases and prefixes against a model ----------------------------------------------

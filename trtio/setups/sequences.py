@@ -15,7 +15,7 @@ differs from the slots, a prefix longer than its sequence, of another setup or a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,8 +134,10 @@ class Sequences:
         """``slots`` as distinct slot ids (Python ints) in range, in the order given."""
         if type(slots) is list and len(slots) == 1 and type(slots[0]) is int and 0 <= slots[0] < self.max_batch:
             return [slots[0]]  # the common call (one slot, a plain int): nothing more to check
-        if isinstance(slots, (str, bytes)) or not hasattr(slots, "__len__"):
-            raise ShapeError(f"{what}: slots must be a list of slot ids, got {type(slots).__name__} {slots!r}")
+        if (isinstance(slots, (str, bytes, Set, Mapping)) or not hasattr(slots, "__len__")
+                or (isinstance(slots, np.ndarray) and slots.ndim != 1)):
+            raise ShapeError(f"{what}: slots must be a list of slot ids, "
+                             f"got {type(slots).__name__} {slots!r}")
         out = []
         for i, v in enumerate(slots):
             if type(v) is not int:  # a plain int needs no more than the range check
@@ -200,7 +202,13 @@ class Sequences:
         if prefix is None:
             return None
         self.refuse_unslotted(what, prefix=prefix)
-        given = [prefix] * rows if isinstance(prefix, Prefix) else list(prefix)
+        if isinstance(prefix, Prefix):
+            given = [prefix] * rows
+        elif isinstance(prefix, (str, bytes, Set, Mapping)) or not hasattr(prefix, "__iter__"):
+            raise ShapeError(f"{what}: prefix must be a Prefix (from pin_prefix) or one per sequence (None for none), "
+                             f"got {type(prefix).__name__} {prefix!r}")
+        else:
+            given = list(prefix)
         if len(given) != rows:
             raise ShapeError(f"{what}: {len(given)} prefixes for {rows} sequences")
         for i, p in enumerate(given):
@@ -248,7 +256,9 @@ class Sequences:
             raise
 
     def admit(self, slots: np.ndarray, prefixes: list[Prefix | None] | None) -> None:
-        """Free slots become active; a sequence from a prefix holds the prefix's pages (in every engine)."""
+        """Free slots become active; a sequence from a prefix holds the prefix's pages and so its KV entries (in
+        every engine: each engine's length of it is the prefix's tokens until its own prefill writes after
+        them)."""
         new = slots.tolist()
         for slot in new:
             self._active[slot] = True
@@ -262,6 +272,8 @@ class Sequences:
                 pages = p.pages(role)
                 table.pool.hold(pages)
                 table.assign(slot, pages)
+            for e in self._engines.values():
+                e.state.lengths[slot] = p.tokens
 
     def release(self, slots: Sequence[int] | np.ndarray) -> None:
         """End the sequences of ``slots`` (active, checked): their pages go back, their lengths to 0."""
