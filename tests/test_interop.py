@@ -778,3 +778,86 @@ def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> Non
             x.copy_(t.from_numpy(table[[[9]]].astype(np.float16)).cuda(non_blocking=True))
             got = setup.decode(x).to_numpy()
     np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
+
+
+# -- hostile producers: refused naming the input, nothing read, nothing leaked ----------------------------
+
+
+class Liar(Producer):
+    """A producer whose ``__dlpack_device__`` says ``says`` while its capsule describes memory of ``device``."""
+
+    def __init__(self, target: Any, *, says: tuple[int, int], **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.says = says
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.says
+
+
+def test_a_capsule_of_another_device_than_dlpack_device_says_is_refused(host: Any, fake: FakeCudaBackend) -> None:
+    """Device memory behind a producer that says kDLCPU would be read by the host as host memory (a crash on a
+    GPU); host memory behind one that says kDLCUDA would be bound as device memory. Both are refused, naming
+    the input and both devices, and the capsule is handed back."""
+    gc.collect()
+    before = live_exports()
+    src = _device_tensor(fake, _embeds())
+    says_host = Liar(src, says=(kDLCPU, 0), device=(kDLCUDA, 0), shape=src.shape)
+    with pytest.raises(InvalidValueError) as info:
+        as_input(says_host, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert str(info.value).startswith("inputs_embeds: Liar.__dlpack_device__() says host (kDLCPU) (device 0), but "
+                                      "its capsule holds memory of CUDA (kDLCUDA) (device 0)")
+    with pytest.raises(InvalidValueError, match=r"says host \(kDLCPU\).*holds memory of CUDA"):
+        Tensor.from_dlpack(says_host, backend=host)
+    says_cuda = Liar(_embeds(), says=(kDLCUDA, 0), device=(kDLCPU, 0), shape=(2, 1, 8))
+    with pytest.raises(InvalidValueError, match=r"inputs_embeds: Liar.__dlpack_device__\(\) says CUDA \(kDLCUDA\) "
+                                                r"\(device 0\), but its capsule holds memory of host \(kDLCPU\)"):
+        as_input(says_cuda, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    del says_host, says_cuda, info
+    gc.collect()
+    assert live_exports() == before, "every refused capsule was handed back to its producer"
+
+
+class _Raises:
+    def __init__(self, where: str, error: BaseException) -> None:
+        self.where, self.error = where, error
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self.where == "device":
+            raise self.error
+        return (kDLCPU, 0)
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise self.error
+
+
+@pytest.mark.parametrize(("where", "error", "needle"), [
+    ("dlpack", KeyError("boom"), "x: _Raises.__dlpack__() failed (KeyError: 'boom')"),
+    ("dlpack", AttributeError("no"), "x: _Raises.__dlpack__() failed (AttributeError: no)"),
+    ("device", RuntimeError("dev"), "x: _Raises.__dlpack_device__() failed (RuntimeError: dev)"),
+    ("device", KeyError("k"), "x: _Raises.__dlpack_device__() failed (KeyError: 'k')"),
+])
+def test_a_producer_that_raises_anything_is_a_trtio_error_naming_the_input(host: Any, where: str,
+                                                                           error: BaseException, needle: str) -> None:
+    with pytest.raises(InvalidValueError) as info:
+        as_input(_Raises(where, error), "x", dtype=None, ndim=None, backend=host, stream=None)
+    assert str(info.value) == needle
+    with pytest.raises(InvalidValueError, match="failed"):
+        Tensor.from_dlpack(_Raises(where, error), backend=host)
+
+
+class _Device:
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __dlpack_device__(self) -> Any:
+        return self.device
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise AssertionError("never asked: the device is checked first")
+
+
+@pytest.mark.parametrize("device", [(1.5, 0), (kDLCPU, "0"), (True, 0)])
+def test_a_dlpack_device_of_no_ints_is_refused(host: Any, device: Any) -> None:
+    with pytest.raises(InvalidTypeError, match=r"x: _Device.__dlpack_device__\(\) did not give a \(device type, "
+                                               r"device id\) pair of ints"):
+        as_input(_Device(device), "x", dtype=None, ndim=None, backend=host, stream=None)
