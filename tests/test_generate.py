@@ -240,6 +240,17 @@ def test_a_missing_runtime_file_is_named(missing: str, name: str, tmp_path: Path
     (("{engines}/toy-llm-ragged", "--prompt", "word " * 80), ("--prompt: ", "tokens, more than the engine takes",
                                                               "(max_supported_input_length 64)")),
     (("{engines}/toy-llm-ragged", "--prompt", ""), ("--prompt: '' has no tokens",)),
+    # probe: more chains than a tree holds said "100 chains of 0 tokens need a draft tree of 0 nodes"
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--speculative", "--draft-top-k", "100"),
+     ("--draft-top-k: 100 chains of at least 1 token need a draft tree of 100 nodes and a verify tree of 101, but "
+      "the draft takes 8 and the base 8: at most 7 chains",)),
+    # probe: tree flags without --speculative were ignored (greedy decoding through the base alone)
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--draft-top-k", "2"),
+     ("--draft-top-k: shapes the draft tree of --speculative decoding", "(add --speculative)")),
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--draft-step", "2"),
+     ("--draft-step: shapes the draft tree of --speculative decoding",)),
+    (("{engines}/toy-llm-tp2", "--prompt", "x", "--draft-top-k", "2"),
+     ("--draft-top-k: is for a speculative pair", "holds a plain LLM")),
 ])
 def test_bad_input_is_one_line(argv: tuple[str, ...], needles: tuple[str, ...], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -236,11 +236,13 @@ def _check_mode(path: Path, pair: bool, opts: GenerateOptions) -> None:
     if opts.speculative and not pair:
         raise ConfigError("--speculative", f"needs a speculative pair (base and draft engines); {path} holds a plain "
                                            "LLM")
-    if not pair:
-        for flag, value in ((RUNTIME_FLAGS["draft_top_k"], opts.draft_top_k),
-                            (RUNTIME_FLAGS["draft_step"], opts.draft_step)):
-            if value is not None:
-                raise ConfigError(flag, f"is for a speculative pair; {path} holds a plain LLM")
+    for flag, value in ((RUNTIME_FLAGS["draft_top_k"], opts.draft_top_k),
+                        (RUNTIME_FLAGS["draft_step"], opts.draft_step)):
+        if value is not None and not pair:
+            raise ConfigError(flag, f"is for a speculative pair; {path} holds a plain LLM")
+        if value is not None and not opts.speculative:
+            raise ConfigError(flag, "shapes the draft tree of --speculative decoding; without --speculative the "
+                                    "pair decodes greedily through the base alone (add --speculative)")
 
 
 def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) -> tuple[int, int]:
@@ -250,7 +252,13 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
     if not opts.speculative:
         return 1, 1
     k = 1 if opts.draft_top_k is None else opts.draft_top_k
-    room = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1) // k
+    cap = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1)  # draft nodes a round may have
+    if k > cap:
+        raise ConfigError(RUNTIME_FLAGS["draft_top_k"],
+                          f"{k} chains of at least 1 token need a draft tree of {k} nodes and a verify tree of "
+                          f"{1 + k}, but the draft takes {draft.max_draft_tree_size} and the base "
+                          f"{base.max_verify_tree_size}: at most {cap} chains")
+    room = cap // k
     depth = room if opts.draft_step is None else opts.draft_step
     if depth < 1 or k * depth > draft.max_draft_tree_size or 1 + k * depth > base.max_verify_tree_size:
         raise ConfigError(RUNTIME_FLAGS["draft_step"] if opts.draft_step is not None else RUNTIME_FLAGS["draft_top_k"],
