@@ -632,7 +632,7 @@ def _check_split(where: str, entries: list[tuple[int, Mapping[str, Any]]], whole
                               f"the model's {mlp} evenly ({_share(mlp, world)} each)")
 
 
-def _share(total: int, world: int) -> str:
+def _share(total: int | np.integer[Any], world: int) -> str:
     """``total / world`` as text, exact for any ints (a float would overflow for a huge JSON int)."""
-    whole, rest = divmod(total, world)
+    whole, rest = divmod(int(total), world)
     return str(whole) if not rest else f"{total}/{world}, not a whole number"

@@ -181,12 +181,13 @@ def dlpack_device(obj: Any, what: str) -> tuple[int, int] | None:
                                 f"({type(exc).__name__}: {exc})") from exc
     try:
         kind, index = found
-        if not (is_int(kind) and is_int(index)):
-            raise TypeError(f"got {found!r}")
-        return int(kind), int(index)
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack_device__() did not give a (device type, "
                                f"device id) pair of ints: {exc}") from None
+    if not (is_int(kind) and is_int(index)):
+        raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack_device__() did not give a (device type, "
+                               f"device id) pair of ints: got {found!r}")
+    return int(kind), int(index)
 
 
 def consume(obj: Any, what: str, handle: int | None, device: tuple[int, int] | None = None) -> DLPackView:

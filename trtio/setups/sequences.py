@@ -202,6 +202,7 @@ class Sequences:
         if prefix is None:
             return None
         self.refuse_unslotted(what, prefix=prefix)
+        given: list[Any]
         if isinstance(prefix, Prefix):
             given = [prefix] * rows
         elif isinstance(prefix, (str, bytes, Set, Mapping)) or not hasattr(prefix, "__iter__"):
