@@ -952,8 +952,8 @@ BAD_TP = [
     # hostile values: a string width passed unchecked, a huge int crashed the message, a NUL in a file name
     ("mlp as a string", _override(0, intermediate_size="256"), "rank_configs[0].config_overrides.intermediate_size",
      "rank 0 has intermediate_size '256'; 2 ranks split the model's 512 evenly (256 each)"),
-    ("huge heads", lambda r: r.update(num_attention_heads=10 ** 400),
-     "rank_configs[0].config_overrides.num_attention_heads", "2 ranks split the model's 1000"),
+    ("huge heads", lambda r: r.update(num_attention_heads=10 ** 400), ": num_attention_heads",
+     "must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), got an int of 1332 bits"),
     ("engine name with NUL", lambda r: r["rank_configs"][0].update(engine="rank\x000.engine"),
      "rank_configs[0].engine", "expected the rank's engine file name (beside the config)"),
 ]

@@ -73,7 +73,7 @@ def _positive(obj: Any, *names: str) -> None:
         v = getattr(obj, name)
         if not is_int(v) or v <= 0:
             raise ConfigError(name, f"must be a positive int, got {_shown(v)}")
-        _at_most_max(name, v)
+        _at_most_max(name, int(v))
 
 
 def _non_negative(obj: Any, *names: str) -> None:
@@ -81,7 +81,7 @@ def _non_negative(obj: Any, *names: str) -> None:
         v = getattr(obj, name)
         if not is_int(v) or v < 0:
             raise ConfigError(name, f"must be a non-negative int, got {_shown(v)}")
-        _at_most_max(name, v)
+        _at_most_max(name, int(v))
 
 
 def _at_most_max(name: str, v: int) -> None:
