@@ -205,7 +205,7 @@ def snapshot(setup: Any) -> dict[str, Any]:
         out["draft_ready"] = setup._draft_ready
         out["verified"] = setup._verified is not None
         out["accepted"] = None if setup._accepted is None else setup._accepted.tolist()
-        out["roots"] = setup._root_rows.tolist()
+        out["roots"] = setup._roots.rows.tolist()
     out["live"] = live(setup._backend)
     return out
 

@@ -347,9 +347,9 @@ def test_a_config_too_big_to_allocate_is_a_cuda_error_naming_the_tensor_and_byte
     live = host.live_allocations
     with pytest.raises(CudaError, match=r"cudaMalloc: cudaErrorMemoryAllocation: arena 'PipelineIO\(llm\)': a device "
                                         r"block of \d+ bytes for 6 tensor\(s\) asked \(the largest: tensor "
-                                        r"'inputs_embeds', shape \(4, 64, 2147483648\) of float16, 1099511627776 "
+                                        r"'inputs_embeds', shape \(4, 64, 1073741824\) of float16, 549755813888 "
                                         r"bytes\)"):
-        trtio.create_for_llm(eng, llm_config(hidden_size=2**31), backend=host)
+        trtio.create_for_llm(eng, llm_config(hidden_size=2**30), backend=host)
     assert host.live_allocations == live, "nothing is left allocated"
 
 

@@ -10,6 +10,7 @@ the numpy toy model (``toy_model.reference_forward``) over each sequence's own t
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -365,6 +366,11 @@ MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], An
                                   lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=p["other"])),
     "a released prefix": (TrtioError, r"prefill: prefix\[0\]: this prefix was released",
                           lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=p["released"])),
+    "continuing a slot past its cache": (ShapeError, r"past_lengths\[0\] = 4, but the cache of slot 3 holds 3 tokens",
+                                         lambda s, p: s.prefill(*emb([[1]]), slots=[3], past_lengths=[4])),
+    "continuing a slot past its capacity": (ShapeError, r"prefill: the sequence in slot 3 would hold 129 tokens, "
+                                                        r"more than max_kv_cache_capacity \(128\)",
+                                            lambda s, p: s.prefill(*emb([[1] * 126]), slots=[3], past_lengths=[3])),
     "prefix and past_lengths": (ShapeError, r"prefix= starts new sequences after a pinned prefix, past_lengths=",
                                 lambda s, p: s.prefill(*emb([[1]]), slots=[1], prefix=p["mine"], past_lengths=[2])),
 }
@@ -447,40 +453,75 @@ def test_a_refused_admission_from_a_prefix_leaves_its_slot_without_the_prefix_pa
     assert_logits(logits[1], truth.logits(c + [6])[-1], "slot 2")
 
 
-@pytest.mark.xfail(strict=True, reason="finding (probe): a setup stepped from a second thread while a step runs on "
-                                       "another is not refused; the fix belongs in trtio/setups/base.py (a per-setup "
-                                       "in-use guard around every public step), not in sequences.py")
+def _from_another_thread_inside(monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any]) -> list[Any]:
+    """Patch the engine call so that the first one runs ``call`` on a second thread (and waits for it): what
+    that call returned or raised, once the patched step has run."""
+    from trtio.engine import EngineExecutor
+
+    seen: list[Any] = []
+    real = EngineExecutor.execute
+
+    def execute(self: Any, *args: Any, **kw: Any) -> Any:
+        if not seen:
+            def other() -> None:
+                try:
+                    seen.append(call())
+                except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                    seen.append(exc)
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(EngineExecutor, "execute", execute)
+    return seen
+
+
 def test_a_call_from_another_thread_while_a_step_runs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """One setup misused across threads: a release from thread B while thread A's prefill is inside its engine
     must raise a TrtioError (and change nothing), not interleave with the step. Without a guard the two
     interleave, and a 4-thread stress of prefill / release / decode / pin_prefix on one setup loses KV pages
     (after reset() the pool has fewer free pages than it holds) or fails with a bare ValueError."""
-    import threading
-
-    from trtio.engine import EngineExecutor
-
     with llm(small_pool_cfg()) as setup:
         setup.prefill(*emb([[1, 2, 3]]), slots=[1])
-        seen: list[BaseException | None] = []
-        real = EngineExecutor.execute
-
-        def execute(self: Any, *args: Any, **kw: Any) -> Any:
-            if not seen:
-                def other() -> None:
-                    try:
-                        setup.release([1])
-                        seen.append(None)
-                    except BaseException as exc:  # noqa: BLE001 - what the test looks at
-                        seen.append(exc)
-                t = threading.Thread(target=other)
-                t.start()
-                t.join()
-            return real(self, *args, **kw)
-
-        monkeypatch.setattr(EngineExecutor, "execute", execute)
+        seen = _from_another_thread_inside(monkeypatch, lambda: setup.release([1]))
         setup.prefill(*emb([[4, 5]]), slots=[0])
         assert isinstance(seen[0], TrtioError), "the second thread's release was refused"
+        assert "LLMSetup.release(): another thread is inside a call of this setup" in str(seen[0])
         assert setup.active.tolist() == [0, 1]
+
+
+def test_a_speculative_setup_refuses_a_second_thread_mid_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard covers every step of SpecDecodeSetup: a base prefill from thread B while thread A's verify runs
+    is refused with nothing changed, and the round goes on."""
+    with spec_setup(small_pool_pair(), "host") as s:
+        chains = Chains(s)
+        chains.admit(0, [1, 2, 3])
+        s.draft_propose(E[[4]][:, None].astype(np.float16))
+        seen = _from_another_thread_inside(monkeypatch, lambda: s.base_prefill(*emb([[7, 8]]), slots=[1]))
+        s.verify(E[[[3, 4]]].astype(np.float16), [-1, 0])
+        assert isinstance(seen[0], TrtioError) and "SpecDecodeSetup.base_prefill(): another thread" in str(seen[0])
+        assert s.active.tolist() == [0]
+        s.accept([[0]])  # the round goes on
+
+
+def test_a_setup_is_usable_from_another_thread_after_a_step_failed() -> None:
+    """The guard is per call: a step that raised leaves the setup to whichever thread calls next."""
+    with llm(small_pool_cfg()) as setup:
+        with pytest.raises(ShapeError):
+            setup.prefill(*emb([[1]]), slots=[9])
+        out: list[Any] = []
+
+        def other() -> None:
+            try:
+                out.append(setup.prefill(*emb([[1, 2]]), slots=[0]).to_numpy().copy())
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                out.append(exc)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert isinstance(out[0], np.ndarray), out[0]
+        assert setup.active.tolist() == [0]
 
 
 def test_the_batch_contract_refuses_slots_and_prefixes_naming_the_ragged_contract() -> None:
@@ -585,6 +626,25 @@ class Chains:
         for q, e, d in zip(seqs, emitted, draft):
             q["tokens"] += e
             q["draft"] = d
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"slots": np.array(0)}, r"draft_prefill: slots must be a list of slot ids, got ndarray"),
+    ({"slots": [1]}, r"draft_prefill: slots \[1\] differ from the base prefill's \[0\]"),
+    ({"prefix": 3}, r"draft_prefill: prefix must be a Prefix \(from pin_prefix\) or one per sequence"),
+])
+def test_a_draft_prefill_of_other_slots_or_prefixes_than_the_base_prefills_is_refused(bad: dict[str, Any],
+                                                                                     match: str) -> None:
+    with spec_setup(small_pool_pair(), "host") as s:
+        x, lens = emb([[1, 2, 3]])
+        s.base_prefill(x, lens, slots=[0])
+        shifted = emb([[2, 3, 4]])
+        ops = s.io.backend.op_count
+        with pytest.raises(ShapeError, match=match):
+            s.draft_prefill(*shifted, **({"slots": [0]} | bad))
+        assert s.io.backend.op_count == ops, "nothing was enqueued"
+        s.draft_prefill(*shifted, slots=np.array([0]))  # the base prefill's slots, as an array: accepted
+        assert s.draft_lengths.tolist() == [3]
 
 
 @pytest.mark.parametrize("graphs", [False, True])

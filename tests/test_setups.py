@@ -546,7 +546,7 @@ def test_base_prefill_continues_with_past_lengths_like_create_for_llm(host):
     got_draft = chunked.draft_prefill(shifted2, l2).to_numpy()
     np.testing.assert_allclose(got_draft, want_draft, atol=2e-3, rtol=2e-3)
     assert chunked.base_lengths.tolist() == chunked.draft_lengths.tolist() == [len(prompt)]
-    with pytest.raises(ShapeError, match=r"past_lengths\[0\] = 9, but sequence 0's cache holds 8 tokens"):
+    with pytest.raises(ShapeError, match=r"past_lengths\[0\] = 9, but the cache of slot 0 holds 8 tokens"):
         chunked.base_prefill(e2, l2, past_lengths=[9])
     whole.close()
     chunked.close()

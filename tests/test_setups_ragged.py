@@ -340,7 +340,7 @@ def test_bad_steps_are_refused_before_any_work(host: trtio.Backend) -> None:
         _refused(host, TrtioError, r"decode\(\) before prefill\(\)", setup.decode, np.zeros((1, 1, 64), np.float16))
         emb, lens = embed_batch(E, _prompts((3,)), np.float16)
         setup.prefill(emb, lens)
-        _refused(host, ShapeError, r"past_lengths\[0\] = 5, but sequence 0's cache holds 3 tokens", setup.prefill,
+        _refused(host, ShapeError, r"past_lengths\[0\] = 5, but the cache of slot 0 holds 3 tokens", setup.prefill,
                  emb, lens, past_lengths=[5])
         _refused(host, ShapeError, r"inputs_embeds: decode takes \[batch=1, 1, 64\], got \[2, 1, ...\]",
                  setup.decode, np.zeros((2, 1, 64), np.float16))

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, cast
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 
@@ -31,9 +34,34 @@ from trtio.setups.sequences import KVPages, Sequences
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 
-__all__ = ["EngineGraphStats", "SetupBase"]
+__all__ = ["EngineGraphStats", "Prompt", "SetupBase", "one_thread"]
 
 log = logging.getLogger("trtio")
+
+_S = TypeVar("_S", bound="SetupBase")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """A public call of a setup that changes its state: refused with a TrtioError, before anything is read or
+    changed, while another thread is inside such a call of the same setup (a setup is stepped by one thread
+    at a time; two interleaved steps would corrupt its lengths, slots and pages)."""
+    name = step.__name__
+
+    @functools.wraps(step)
+    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        lock = self._in_use
+        if not lock.acquire(False):
+            raise TrtioError(f"{type(self).__name__}.{name}(): another thread is inside a call of this setup; a setup "
+                             f"is stepped by one thread at a time (give each thread its own setup, or serialise "
+                             f"the calls)")
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            lock.release()
+
+    return guarded
 
 def _as_embeds(x: Any, what: str, dtype: DType, hidden: int, backend: Backend, stream: StreamLike) -> Any:
     """Embeddings ``x`` ([batch, seq, hidden]) checked: a device array (a Tensor, or any foreign array read in
@@ -126,6 +154,18 @@ class EngineGraphStats(Mapping[str, GraphStats]):
         return f"EngineGraphStats({self._by_role})"
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What a prefill ran: its width (rows per sequence), prompt lengths, the lengths cached before it (None:
+    the caches started empty), its slots and its prefixes (None: none)."""
+
+    width: int
+    lengths: np.ndarray
+    past: np.ndarray | None
+    rows: np.ndarray
+    prefixes: list[Prefix | None] | None
+
+
 class SetupBase(Closeable, abc.ABC):
     """What LLMSetup and SpecDecodeSetup share: construction, staging, input checks, reporting, lifetime.
 
@@ -135,8 +175,9 @@ class SetupBase(Closeable, abc.ABC):
     Streams: every step takes ``stream`` (a :class:`~trtio.Stream`, an int handle or any object with
     ``__cuda_stream__``); ``None`` is the calling thread's trtio default stream (:func:`trtio.stream.as_stream`),
     as everywhere in trtio. Construction runs on the stream given at creation and ends synchronised, so
-    steps may run on any stream. A setup is stepped by one thread at a time; several threads may each step
-    their own setup.
+    steps may run on any stream. A setup is stepped by one thread at a time: a call that changes it while
+    another thread is inside one is refused (:func:`one_thread`); several threads may each step their own
+    setup.
 
     Failures (``docs/faults.md``): a step that raises leaves the setup as it was before the call (lengths,
     slots, pages, the round's state), so the same call may be retried. Where a step's own device work has
@@ -155,12 +196,14 @@ class SetupBase(Closeable, abc.ABC):
     _embeds_staging: HostStaging
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
+    _in_use: threading.Lock  # held by the thread inside a public call (:func:`one_thread`)
 
     @contextlib.contextmanager
     def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
         """An ExitStack for the parts under construction (kept, for close, only if construction succeeds)
         and the stream construction works on. Construction ends synchronised."""
         self._init_lifetime(f"this {type(self).__name__}")
+        self._in_use = threading.Lock()
         s = as_stream(stream, self._backend)
         with contextlib.ExitStack() as stack:
             yield stack, s
@@ -263,6 +306,7 @@ class SetupBase(Closeable, abc.ABC):
         self._check_open()
         return self._seqs.kv_pages()
 
+    @one_thread
     def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
         """End the sequences of ``slots`` (ragged contract): their slots become free and their pages go back
         to the pool (pages a pinned prefix holds stay). Host bookkeeping only: nothing is enqueued."""
@@ -271,6 +315,7 @@ class SetupBase(Closeable, abc.ABC):
         self._between_rounds("release")
         self._seqs.release(arr)
 
+    @one_thread
     def pin_prefix(self, slot: int, tokens: int) -> Prefix:
         """Keep the first ``tokens`` KV entries of the active sequence in ``slot`` alive, also after the slot is
         released, for later prefills to start from (``prefill(..., prefix=P)``; ragged contract). Full pages
@@ -314,6 +359,31 @@ class SetupBase(Closeable, abc.ABC):
             plan.undo()
             raise
 
+    def _prefill(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any, stream: StreamLike, slots: Any,
+                 prefix: Any, past_lengths: Any, deepstack_embeds: Sequence[Any] | None, what: str) -> Prompt:
+        """A prefill of ``e`` (``LLMSetup.prefill``, ``SpecDecodeSetup.base_prefill``): every input checked, then
+        the sequences admitted, their pages taken, the prompts staged and the engine enqueued; a failure on
+        the way leaves the sequences as they were. Returns what the prompts were."""
+        self._check_usable()
+        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
+        if not 1 <= b <= self.io.max_batch:
+            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
+        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
+        if slots is not None:
+            self._between_rounds(f"{what}(slots=...)")
+        rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, what)
+        dims = self._prefill_dims(e, b, seq, past)
+        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
+        # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
+        s = self._stream(stream)
+        with self._seqs.transaction():
+            plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
+            self._upload_embeds(x, s)
+            before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            self._bind_deepstack(e, features, b, seq, s)
+            self._run_prefill(e, dims, ctx, s, past, before, rows)
+        return Prompt(seq, ctx, past, rows, prefixes)
+
     def _prompt_slots(self, e: BoundEngine, slots: Any, prefix: Any, past_lengths: Any, b: int, ctx: np.ndarray,
                       what: str) -> tuple[np.ndarray, list[Prefix | None] | None, np.ndarray | None]:
         """A prefill's slots, prefixes and cached lengths before it (None: every cache starts empty)."""
@@ -332,8 +402,8 @@ class SetupBase(Closeable, abc.ABC):
             over = np.flatnonzero((arr < 0) | (arr > have))
             if over.size:
                 i = int(over[0])
-                raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but sequence {i}'s cache holds {int(have[i])} "
-                                 f"tokens")
+                raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but the cache of slot {int(rows[i])} holds "
+                                 f"{int(have[i])} tokens")
             past = arr.astype(np.int64)
         elif prefixes is not None:
             past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
@@ -342,8 +412,8 @@ class SetupBase(Closeable, abc.ABC):
             full = np.flatnonzero(past + ctx > cap)
             if full.size:
                 i = int(full[0])
-                raise ShapeError(f"{what}: sequence {i} would hold {int(past[i] + ctx[i])} tokens, more than "
-                                 f"max_kv_cache_capacity ({cap})")
+                raise ShapeError(f"{what}: the sequence in slot {int(rows[i])} would hold {int(past[i] + ctx[i])} "
+                                 f"tokens, more than max_kv_cache_capacity ({cap})")
         return rows, prefixes, past
 
     def _prompt_pages(self, engines: Sequence[BoundEngine], rows: np.ndarray, past: np.ndarray | None,

@@ -22,7 +22,7 @@ from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import EngineGraphStats, SetupBase
+from trtio.setups.base import EngineGraphStats, SetupBase, one_thread
 from trtio.setups.binding import (
     BoundEngine,
     RopeTables,
@@ -104,6 +104,7 @@ class LLMSetup(SetupBase):
         return np.asarray(self._engine.state.lengths[self._seqs.order])
 
     # -- steps ----------------------------------------------------------------------------------
+    @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
                 past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
@@ -123,25 +124,11 @@ class LLMSetup(SetupBase):
         hold only the tokens after it. Pages the prompts write are taken before anything is enqueued: a
         pool too short raises CapacityError and changes nothing.
         """
-        self._check_usable()
-        e = self._engine
-        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
-        if not 1 <= b <= self.io.max_batch:
-            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "prefill")
-        dims = self._prefill_dims(e, b, seq, past)
-        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
-        # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
-        s = self._stream(stream)
-        with self._seqs.transaction():
-            plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
-            self._upload_embeds(x, s)
-            before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
-            self._bind_deepstack(e, features, b, seq, s)
-            self._run_prefill(e, dims, ctx, s, past, before, rows)
+        self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
+                      deepstack_embeds, "prefill")
         return self.io.output_logits
 
+    @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
         """One token for each sequence of ``slots`` (default: every active slot, ascending) after its cached
         ones (profile 1); returns the logits view [rows, vocab], row i for the i-th of those slots.
@@ -196,6 +183,7 @@ class LLMSetup(SetupBase):
             e.state.lengths[sl] += 1
         return self.io.output_logits
 
+    @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
         (call after prefill, before the first decode)."""
@@ -214,6 +202,7 @@ class LLMSetup(SetupBase):
                                                         self._stream(stream))
         self._streaming_pending = True
 
+    @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """End every sequence (their pages go back; pinned prefixes stay); the next step must be a prefill.
         Also makes a broken setup (:attr:`is_broken`) usable again."""

@@ -130,7 +130,7 @@ class Sequences:
                              f"slots per step, KV pages on demand); these engines speak the batch contract, whose "
                              f"steps are whole-batch steps over contiguous caches")
 
-    def _slot_list(self, slots: Any, what: str) -> list[int]:
+    def slot_list(self, slots: Any, what: str) -> list[int]:
         """``slots`` as distinct slot ids (Python ints) in range, in the order given."""
         if type(slots) is list and len(slots) == 1 and type(slots[0]) is int and 0 <= slots[0] < self.max_batch:
             return [slots[0]]  # the common call (one slot, a plain int): nothing more to check
@@ -165,7 +165,7 @@ class Sequences:
                                  f"{list(self._order_key)}")
             return self._order, self._order_key
         self.refuse_unslotted(what, slots=slots)
-        given = self._slot_list(slots, what)
+        given = self.slot_list(slots, what)
         free = [v for v in given if not self._active[v]]
         if free:
             raise TrtioError(f"{what}: slot {free[0]} is free (no sequence there to continue)")
@@ -182,7 +182,7 @@ class Sequences:
         if slots is None:
             return np.arange(rows, dtype=np.int64)
         self.refuse_unslotted(what, slots=slots)
-        given = self._slot_list(slots, what)
+        given = self.slot_list(slots, what)
         if len(given) != rows:
             raise ShapeError(f"inputs_embeds: {rows} rows for the {len(given)} slots {given}")
         if continuing:
@@ -301,7 +301,7 @@ class Sequences:
         slot, and nothing changes)."""
         if not self.slotted:
             self.refuse_unslotted(what, slots=slots)
-        given = self._slot_list(slots, what)
+        given = self.slot_list(slots, what)
         for slot in given:
             if not self._active[slot]:
                 raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")

@@ -24,9 +24,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,13 +34,13 @@ from trtio.config import DeploymentConfig
 from trtio.cuda.backend import Backend, Location
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork
+from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
 from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import EngineGraphStats, SetupBase
+from trtio.setups.base import EngineGraphStats, Prompt, SetupBase, one_thread
 from trtio.setups.binding import (
     BoundEngine,
     RopeTables,
@@ -53,10 +51,11 @@ from trtio.setups.binding import (
     with_contract,
 )
 from trtio.setups.catch_up import CatchUp
+from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draft_shape
 from trtio.setups.drafting import DraftTree
 from trtio.setups.sequences import Sequences
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
-from trtio.stream import Stream, StreamLike
+from trtio.stream import StreamLike
 from trtio.tensor import Tensor
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
@@ -134,13 +133,9 @@ class SpecDecodeSetup(SetupBase):
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
         self._batch_rows = np.arange(mb)[:, None]
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
-        self._prompt: _Prompt | None = None  # a base prefill awaiting its draft prefill
+        self._prompt: Prompt | None = None  # a base prefill awaiting its draft prefill
         self._draft_ready = False  # the draft has caught up with the base: a round may start
-        # Per slot: the draft_hidden_states_out row of its root hidden state (a step's output row, or one of the
-        # rows past them where a root waits while other sequences are admitted).
-        self._root_rows = np.zeros(mb, np.int64)
-        self._root_base = io.draft_hidden_states_out.capacity // (
-            spec.draft_hidden_size * io.draft_hidden_states_out.dtype.itemsize) - mb
+        self._roots = DraftRoots(io, self._steps, mb, spec.draft_hidden_size)
         self._verified: VerifyTree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
@@ -192,6 +187,7 @@ class SpecDecodeSetup(SetupBase):
                              f"between rounds, after draft_accept()")
 
     # -- prefill ----------------------------------------------------------------------------------
+    @one_thread
     def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                      slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
                      past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
@@ -204,30 +200,14 @@ class SpecDecodeSetup(SetupBase):
         admitting sequences (``slots=``) is allowed between rounds, and they join the next round after their
         :meth:`draft_prefill`. ``slots=None`` restarts the batch.
         """
-        self._check_usable()
-        e = self.base
-        x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
-        if not 1 <= b <= self.io.max_batch:
-            raise ShapeError(f"inputs_embeds: batch {b} is outside 1..{self.io.max_batch}")
-        ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        if slots is not None:
-            self._between_rounds("base_prefill(slots=...)")
-        rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, "base_prefill")
-        dims = self._prefill_dims(e, b, seq, past)
-        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
-        s = self._stream(stream)
-        with self._seqs.transaction():
-            plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
-            self._upload_embeds(x, s)
-            before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
-            self._bind_deepstack(e, features, b, seq, s)
-            self._run_prefill(e, dims, ctx, s, past, before, rows)
-        self._prompt = _Prompt(seq, ctx, past, rows, prefixes)
+        self._prompt = self._prefill(self.base, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
+                                     deepstack_embeds, "base_prefill")
         self._draft_ready = False
         self._verified = self._accepted = None
         self._tree.start()
         return self.io.output_logits
 
+    @one_thread
     def draft_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                       slots: Sequence[int] | None = None,
                       prefix: Prefix | Sequence[Prefix | None] | None = None) -> Tensor:
@@ -241,71 +221,32 @@ class SpecDecodeSetup(SetupBase):
         pending = self._prompt
         if pending is None:
             raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
-        e = self.draft
-        b0, width, rows = pending.rows.shape[0], pending.width, pending.rows
+        e, rows, past = self.draft, pending.rows, pending.past
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
-        if (b, seq) != (b0, width):
-            raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b0}, "
-                             f"seq={width}, hidden], got {list(x.shape)}")
+        check_draft_shape(pending, x.shape)
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
-        if not np.array_equal(ctx, pending.lengths):
-            raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's "
-                             f"{pending.lengths.tolist()}: the draft reads the base's hidden states row for row")
-        if slots is not None and list(slots) != rows.tolist():
-            raise ShapeError(f"draft_prefill: slots {list(slots)} differ from the base prefill's {rows.tolist()}")
-        if prefix is not None and (pending.prefixes is None or
-                                   (list(prefix) if not isinstance(prefix, Prefix) else [prefix] * b)
-                                   != pending.prefixes):
-            raise ShapeError("draft_prefill: prefix differs from the base prefill's")
-        past = pending.past
-        if past is not None and (e.state.lengths[rows] < past).any():
-            i = int(np.flatnonzero(e.state.lengths[rows] < past)[0])
-            raise TrtioError(f"draft_prefill: the base prefill continued slot {int(rows[i])} after {int(past[i])} "
-                             f"tokens but the draft has cached only {int(e.state.lengths[rows[i]])}; catch the "
-                             f"draft up first")
+        check_draft_prompt(pending, ctx, slots, prefix, self._seqs, e)
         dims = self._prefill_dims(e, b, seq, past)
         seqs = self._seqs
         s = self._stream(stream)
-        roots = self._root_rows.copy()  # _save_roots moves some; a prefill that fails moves them back
-        with seqs.transaction(), _restored(self._root_rows, roots):
-            plans = []
-            if seqs.slotted:
-                start = np.zeros(b, np.int64) if past is None else past
-                plan = seqs.plan(e.role, rows.tolist(), start.tolist(), (start + ctx).tolist())
-                plan.commit()
-                plans.append(plan)
+        with seqs.transaction(), self._roots.kept():  # a prefill that fails moves no root
+            plans = self._prompt_pages([e], rows, past, ctx, None, restart=False)  # admitted by the base prefill
             self._upload_embeds(x, s)
-            saved = self._save_roots(rows, s)
-            before = saved + self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            before = self._roots.park(rows, seqs.order) + self._stage_prompt(e, rows, past, ctx, seq, plans, s)
             self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         self._prompt = None
         # The root's hidden state: the draft output row of each sequence's last token.
-        self._root_rows[rows] = self._steps.prompt_roots(b, seq, ctx)
+        self._roots.rows[rows] = self._steps.prompt_roots(b, seq, ctx)
         self._start_round()
         return self.io.output_logits
-
-    def _save_roots(self, rows: np.ndarray, s: Stream) -> tuple[DeviceWork, ...]:
-        """Before a draft prefill admits ``rows``, the roots of the other active sequences that still sit in
-        the draft's output rows move to their slots' rows past them (the prefill writes those output rows)."""
-        keep = [slot for slot in self._seqs.order.tolist()
-                if slot not in set(rows.tolist()) and self._root_rows[slot] < self._root_base]
-        if not keep:
-            return ()
-        io, step = self.io, self._steps.step
-        dst = np.array(keep, np.int64) + self._root_base
-        step.write("row_src", self._root_rows[keep].astype(np.int32))
-        step.write("row_dst", dst.astype(np.int32))
-        self._root_rows[keep] = dst
-        row_bytes = self.draft.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize
-        return (self._steps.row_copy(io.draft_hidden_states_out, io.draft_hidden_states_out, io.row_src, len(keep),
-                                     row_bytes, io.row_dst),)
 
     def _start_round(self) -> None:
         self._tree.start()
         self._draft_ready = True
 
     # -- drafting ---------------------------------------------------------------------------------
+    @one_thread
     def draft_propose(self, inputs_embeds: Any, stream: StreamLike = None, *, parents: Any = None) -> Tensor:
         """Expand the draft tree by one level and return the draft's logits [batch * k, draft vocab] of its
         ``k`` new nodes (sequence-major).
@@ -339,7 +280,7 @@ class SpecDecodeSetup(SetupBase):
         # Everything is checked: from here on pages are taken (a round's first level) and work is enqueued.
         s = self._stream(stream)
         with self._step_pages(e, order, key, past, w if tree.nodes == 0 else 0, s) as pages:
-            before = tree.propose(x, par, past, self._root_rows[order], s, order if self._seqs.slotted else None,
+            before = tree.propose(x, par, past, self._roots.rows[order], s, order if self._seqs.slotted else None,
                                   pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
@@ -348,6 +289,7 @@ class SpecDecodeSetup(SetupBase):
         return self.io.output_logits
 
     # -- verify and accept --------------------------------------------------------------------------
+    @one_thread
     def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
         """Base over a token tree per sequence; returns logits [batch * N, vocab] for every node.
 
@@ -383,6 +325,7 @@ class SpecDecodeSetup(SetupBase):
         self._draft_ready = False
         return self.io.output_logits
 
+    @one_thread
     def accept(self, paths: Sequence[Sequence[int]] | np.ndarray, stream: StreamLike = None) -> None:
         """Commit each sequence's accepted root-to-node path of the last verify tree.
 
@@ -412,6 +355,7 @@ class SpecDecodeSetup(SetupBase):
         self._accepted = acc
         self._verified = None
 
+    @one_thread
     def draft_accept(self, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
         """The draft's catch-up over the accepted tokens (shifted by one, as in the prefill): row t of
         sequence b holds the embedding of the token after accepted node t; ``accept_lengths`` are the path
@@ -458,7 +402,7 @@ class SpecDecodeSetup(SetupBase):
         e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
-            self._root_rows[order] = roots
+            self._roots.rows[order] = roots
         self._accepted = None
         self._start_round()
         return self.io.output_logits
@@ -473,6 +417,7 @@ class SpecDecodeSetup(SetupBase):
             dims = self._dims_cache.put(key, recipes[kind](*args))
         return dims
 
+    @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
         (:attr:`is_broken`) usable again."""
@@ -494,28 +439,6 @@ class SpecDecodeSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"
-
-
-@contextlib.contextmanager
-def _restored(target: np.ndarray, saved: np.ndarray) -> Iterator[None]:
-    """``target`` gets the values ``saved`` back if the block raises."""
-    try:
-        yield
-    except BaseException:
-        target[:] = saved
-        raise
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    """A base prefill awaiting its draft prefill: its width, lengths, cached lengths before it, slots and
-    prefixes."""
-
-    width: int
-    lengths: np.ndarray
-    past: np.ndarray | None
-    rows: np.ndarray
-    prefixes: list[Prefix | None] | None
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,

@@ -1,0 +1,95 @@
+"""The draft's prefill (``draft_prefill``): its inputs checked against the base prefill it follows, and
+where each sequence's root hidden state sits.
+
+A round's first proposal level reads each sequence's *root* (the draft's hidden state at its last
+committed token) from a row of ``draft_hidden_states_out``: the row of the step that produced it. A draft
+prefill writes the output rows of the sequences it admits, so the roots of the other active sequences
+that still sit there move first, to rows past the step rows (one per slot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from trtio.contracts.contract import StepInputs
+from trtio.engine import DeviceWork
+from trtio.errors import ShapeError, TrtioError
+from trtio.pipeline_io import PipelineIO
+from trtio.setups.base import Prompt
+from trtio.setups.binding import BoundEngine
+from trtio.setups.sequences import Sequences
+
+__all__ = ["DraftRoots", "check_draft_prompt", "check_draft_shape"]
+
+
+def check_draft_shape(pending: Prompt, shape: tuple[int, ...]) -> None:
+    """Refuse draft-prefill embeddings of another batch or width than the base prefill ``pending``'s."""
+    b, width = pending.rows.shape[0], pending.width
+    if tuple(shape[:2]) != (b, width):
+        raise ShapeError(f"inputs_embeds: the draft prefill takes the base prefill's shape [batch={b}, "
+                         f"seq={width}, hidden], got {list(shape)}")
+
+
+def check_draft_prompt(pending: Prompt, ctx: np.ndarray, slots: Any, prefix: Any, seqs: Sequences,
+                       draft: BoundEngine) -> None:
+    """Refuse a draft prefill that is not the base prefill ``pending`` shifted by one: other lengths (``ctx``,
+    checked as lengths), slots or prefixes, or a continued sequence the draft has not cached as far."""
+    b, rows = pending.rows.shape[0], pending.rows
+    if not np.array_equal(ctx, pending.lengths):
+        raise ShapeError(f"context_lengths {ctx.tolist()} differ from the base prefill's "
+                         f"{pending.lengths.tolist()}: the draft reads the base's hidden states row for row")
+    if slots is not None:
+        given = seqs.slot_list(slots, "draft_prefill")
+        if given != rows.tolist():
+            raise ShapeError(f"draft_prefill: slots {given} differ from the base prefill's {rows.tolist()}")
+    if prefix is not None and seqs.prefixes(prefix, b, "draft_prefill") != pending.prefixes:
+        raise ShapeError("draft_prefill: prefix differs from the base prefill's")
+    past = pending.past
+    if past is not None:
+        have = draft.state.lengths[rows]
+        short = np.flatnonzero(have < past)
+        if short.size:
+            i = int(short[0])
+            raise TrtioError(f"draft_prefill: the base prefill continued slot {int(rows[i])} after {int(past[i])} "
+                             f"tokens but the draft has cached only {int(have[i])}; catch the draft up first")
+
+
+class DraftRoots:
+    """Per slot, the ``draft_hidden_states_out`` row that holds its root hidden state: a step's output row, or
+    one of the rows past them where a root waits while other sequences are admitted."""
+
+    def __init__(self, io: PipelineIO, steps: StepInputs, max_batch: int, hidden: int) -> None:
+        self._io, self._steps, self._hidden = io, steps, hidden
+        self.rows = np.zeros(max_batch, np.int64)
+        out = io.draft_hidden_states_out
+        self._parked = out.capacity // (hidden * out.dtype.itemsize) - max_batch  # the first row past the steps'
+
+    def park(self, admitted: np.ndarray, active: np.ndarray) -> tuple[DeviceWork, ...]:
+        """Before a draft prefill writes the output rows, move the roots of the ``active`` slots not
+        ``admitted`` that still sit in a step's output rows to their slots' rows past them; the device work."""
+        new = set(admitted.tolist())
+        keep = [slot for slot in active.tolist() if slot not in new and self.rows[slot] < self._parked]
+        if not keep:
+            return ()
+        io, step = self._io, self._steps.step
+        dst = np.array(keep, np.int64) + self._parked
+        step.write("row_src", self.rows[keep].astype(np.int32))
+        step.write("row_dst", dst.astype(np.int32))
+        self.rows[keep] = dst
+        out = io.draft_hidden_states_out
+        return (self._steps.row_copy(out, out, io.row_src, len(keep), self._hidden * out.dtype.itemsize,
+                                     io.row_dst),)
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """The rows as they were if the block raises (a draft prefill that fails moves no root)."""
+        saved = self.rows.copy()
+        try:
+            yield
+        except BaseException:
+            self.rows[:] = saved
+            raise
