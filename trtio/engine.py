@@ -268,6 +268,22 @@ class _Plan:
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
     view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
+    stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
+    # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
+    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+
+    def switch_from(self, prev: _Plan) -> list[tuple[Tensor, tuple[int, ...], int]]:
+        """The views of the executor's own tensors (``stable_views``) that differ from ``prev``'s, where
+        they hold ``prev``'s (only their executor reshapes them)."""
+        found = self.switches.get(id(prev))
+        if found is not None and found[0] is prev:
+            return found[1]
+        if len(self.switches) >= _PLAN_CACHE:
+            self.switches.clear()
+        before = {id(t): shp for t, shp, _n in prev.stable_views}
+        diff = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
+        self.switches[id(prev)] = (prev, diff)
+        return diff
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
@@ -359,6 +375,7 @@ class EngineExecutor(Closeable):
         self._plan: _Plan | None = None
         self._plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()  # checked plans, by key (most recent last)
         self._synced: _Plan | None = None  # the plan whose bindings the execution context holds
+        self._stable_of: _Plan | None = None  # the plan whose views the executor's own tensors hold (None: unknown)
         self._graphs: dict[tuple[Any, ...], int] = {}
         self._last_snapshot: tuple[Any, ...] | None = None
         self._last_before: tuple[DeviceWork, ...] = ()
@@ -367,6 +384,7 @@ class EngineExecutor(Closeable):
         # engine's work was (a graph launched: all of them). A step that fails reads it to tell what its own
         # device work has already changed.
         self.enqueued = 0
+        self.last_work: tuple[DeviceWork, ...] = ()  # the device work the last execute() ran before its engine
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
         self._init_lifetime(f"executor {self.name!r}", destroy_graphs, self._backend, self._graphs)
@@ -400,9 +418,14 @@ class EngineExecutor(Closeable):
             return
         cached = self._plans.get(key)
         if cached is not None:
-            # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
-            # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
-            _apply_views(cached.all_views)
+            # A step this executor checked before (a spec-decode round alternates a few): re-apply its views (of
+            # the executor's own tensors, those that differ from the plan they hold). The execution context is
+            # brought in line only if it has to enqueue (a graph replay needs nothing).
+            held = self._stable_of
+            _apply_views(cached.views if held is not None else cached.all_views)
+            if held is not None and held is not cached:
+                _apply_views(cached.switch_from(held))
+            self._stable_of = cached
             cached.view_changes = Tensor.view_changes
             self._plans.move_to_end(key)
             self._plan = cached
@@ -412,7 +435,7 @@ class EngineExecutor(Closeable):
     def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
         """Check every binding of a step not seen before, bind what changed, and remember it as a plan."""
-        self._plan = None
+        self._plan = self._stable_of = None  # until the new plan is bound: the views may be half set
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
         if self.registry is not None:
@@ -502,11 +525,12 @@ class EngineExecutor(Closeable):
         for t, shape, nbytes in all_views:
             t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
         views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name not in self._stable]
+        stable_views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name in self._stable]
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
-        plan = _Plan(key, views, all_views, outputs, snapshot, inputs)
-        self._plan = self._synced = plan
+        plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views)
+        self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
             self._plans.popitem(last=False)
@@ -568,6 +592,7 @@ class EngineExecutor(Closeable):
         if self._closed:
             self._check_open()
         self.enqueued = 0
+        self.last_work = before
         plan = self._plan
         if plan is None:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")

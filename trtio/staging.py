@@ -74,7 +74,8 @@ class StepStaging(Closeable):
         used = [n for n in names if self.tensors[n].capacity]
         self._dev_base = self.tensors[used[0]].data_ptr if used else 0
         self._pin_base = pinned[used[0]].data_ptr if used else 0
-        self._slots: dict[str, tuple[np.ndarray, int, int]] = {}  # name: (pinned view, byte offset, itemsize)
+        # name: (pinned view, byte offset, itemsize, values it holds, device tensor)
+        self._slots: dict[str, tuple[np.ndarray, int, int, int, Tensor]] = {}
         for n in used:
             dev, pin = self.tensors[n], pinned[n]
             offset = dev.data_ptr - self._dev_base
@@ -84,8 +85,9 @@ class StepStaging(Closeable):
                                  f"{offset} and {pin.data_ptr - self._pin_base}); request the device tensors and "
                                  f"their twins consecutively, in the same order")
             view = host_view(pin.data_ptr, pin.capacity).view(dev.dtype.storage_numpy)
-            self._slots[n] = (view, offset, view.itemsize)
-        self._end = max((off + self.tensors[n].capacity for n, (_v, off, _i) in self._slots.items()), default=0)
+            self._slots[n] = (view, offset, view.itemsize, view.size, dev)
+        self._end = max((off + self.tensors[n].capacity for n, (_v, off, _i, _s, _t) in self._slots.items()),
+                        default=0)
         ring = arena[_ring_name(names)]
         if ring.location is not Location.PINNED or ring.capacity < RING_SLOTS * self._end:
             raise TrtioError(f"{title}: the upload ring {ring.name!r} holds {ring.capacity} pinned bytes, "
@@ -139,24 +141,32 @@ class StepStaging(Closeable):
         if self._held.get(name) is values:
             self.skipped += 1
             return self.tensors[name]
-        if self._closed:
-            raise ClosedError(f"{self.title} is closed")
         slot = self._slots.get(name)
         n = values.size
-        if slot is None or n > slot[0].size:
-            raise CapacityError(f"{self.title}: {name!r} holds {0 if slot is None else slot[0].size} values, "
-                                f"a step asked for {n} ({values.shape})")
-        view, lo, itemsize = slot
-        view[:n] = values.reshape(-1)
+        if slot is None or n > slot[3] or self._closed:
+            self._refuse(name, values)
+        view, lo, itemsize, _size, tensor = slot  # type: ignore[misc]  # _refuse raised where slot is None
+        view[:n] = values if values.ndim == 1 else values.reshape(-1)
         hi = lo + n * itemsize
         if lo < self._lo:
             self._lo = lo
         if hi > self._hi:
             self._hi = hi
-        self._held.pop(name, None)
-        if not values.flags.writeable and values.flags.owndata:
+        held = self._held
+        if name in held:
+            del held[name]
+        flags = values.flags
+        if not flags.writeable and flags.owndata:
             self._written[name] = values
-        return self.tensors[name]
+        return tensor
+
+    def _refuse(self, name: str, values: np.ndarray) -> None:
+        """Why :meth:`write` cannot write ``values`` into ``name`` (raised)."""
+        if self._closed:
+            raise ClosedError(f"{self.title} is closed")
+        slot = self._slots.get(name)
+        raise CapacityError(f"{self.title}: {name!r} holds {0 if slot is None else slot[3]} values, "
+                            f"a step asked for {values.size} ({values.shape})")
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""

@@ -33,7 +33,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
-from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import StepStaging
@@ -316,7 +316,7 @@ class EngineState(Closeable):
             self._specs[names.kKVCacheStartIndex] = TensorSpec(names.kKVCacheStartIndex, "input", DType.INT32,
                                                                ("start_index_len",))
         requests.append(TensorRequest.of("kv_lengths", (max_batch,), DType.INT32))
-        requests.append(TensorRequest.of("host_kv_lengths", (max_batch,), DType.INT32, Location.PINNED))
+        requests.append(HostStaging.request("host_kv_lengths", (max_batch,), DType.INT32))
         # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
         # table of their addresses and a per-step table of moves (one row per sequence).
         self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
@@ -328,7 +328,7 @@ class EngineState(Closeable):
             undo.callback(self._arena.close)
             self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
-            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be, slots=HOST_RING_SLOTS)
             undo.callback(self._staging.close)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
             undo.callback(self._moves.close)

@@ -119,36 +119,43 @@ class RaggedContract(Contract):
             TensorRequest.of("context_sequence_count_carrier", (b,), i32),
             TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
         ]
-        # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
+        # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
+        # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
+        # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
+        # (written when they change), the row lists, and last what only the device writes (positions, RoPE rows).
         # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
         step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
         step += [
             TensorRequest.of("query_start_offsets", (b + 1,), i32),
-            TensorRequest.of("query_lengths", (b,), i32),
             TensorRequest.of("past_lengths", (b,), i32),
-            TensorRequest.of("attention_sequence_lengths", (b,), i32),
             TensorRequest.of("state_indices", (b,), i32),
-            TensorRequest.of("logits_indices", (rows,), DType.INT64),
-            # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
-            TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32),
         ]
         if draft is not None:
-            step += [TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32),
-                     TensorRequest.of("draft_roots", (b,), i32)]  # each sequence's root hidden row (ops.DraftLevel)
+            step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
+                     TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
         step += [
-            TensorRequest.of("row_src", (t,), i32),
-            TensorRequest.of("row_dst", (t,), i32),
-            TensorRequest.of("rope_rows", (t,), i32),
-            TensorRequest.of("positions", (t,), i32),
+            TensorRequest.of("attention_sequence_lengths", (b,), i32),
+            TensorRequest.of("query_lengths", (b,), i32),
+            TensorRequest.of("logits_indices", (rows,), DType.INT64),
         ]
         if bundle is not None:
             step += [
-                TensorRequest.of("spec_decode_position_ids", (t,), i32),
                 TensorRequest.of("spec_tree_parent_ids", (t,), i32),
                 TensorRequest.of("spec_tree_depths", (t,), i32),
                 TensorRequest.of("packed_attention_mask", (t, words), i32),
-                TensorRequest.of("draft_parents", (rows,), i32),  # a draft level's parents (ops.DraftLevel)
             ]
+        # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
+        step.append(TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32))
+        if draft is not None:
+            step.append(TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32))
+        step += [
+            TensorRequest.of("row_src", (t,), i32),
+            TensorRequest.of("row_dst", (t,), i32),
+            TensorRequest.of("positions", (t,), i32),
+            TensorRequest.of("rope_rows", (t,), i32),
+        ]
+        if bundle is not None:
+            step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
         else:
             reqs += [absent("packed_attention_mask", i32), absent("spec_decode_position_ids", i32),
                      absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32),

@@ -155,6 +155,9 @@ class SetupBase(Closeable, abc.ABC):
     _embeds_staging: HostStaging
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
+    # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
+    # decode before it) and with reset().
+    _epoch = 0
 
     @contextlib.contextmanager
     def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
@@ -174,7 +177,9 @@ class SetupBase(Closeable, abc.ABC):
         return self._broken is not None
 
     def _check_usable(self) -> None:
-        """Refuse a call on a closed or a broken setup, naming what to do."""
+        """Refuse a call on a closed or a broken setup, naming what to do. Every call that may change the setup
+        checks this first, which moves :attr:`_epoch` on."""
+        self._epoch += 1
         if self._closed:
             self._check_open()
         if self._broken is not None:
@@ -241,7 +246,7 @@ class SetupBase(Closeable, abc.ABC):
         if isinstance(x, Tensor):
             if x is not dst:
                 dst.reshape((b, s, hidden)).copy_from(x, stream)
-        elif s * b * hidden * dst.dtype.itemsize <= staging.host.capacity:
+        elif s * b * hidden * dst.dtype.itemsize <= staging.slot_capacity:
             staging.upload(x, stream)
         else:
             dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
@@ -291,25 +296,22 @@ class SetupBase(Closeable, abc.ABC):
         lengths = e.state.lengths[:order.shape[0]] if whole else e.state.lengths[order]
         return order, seqs.order_key, lengths, whole
 
-    @contextlib.contextmanager
-    def _step_pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
-                    s: Stream) -> Iterator[np.ndarray | None]:
+    def _pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
+               s: Stream) -> tuple[StepPages | None, np.ndarray | None]:
         """Take the pages a step writes (``width`` tokens from ``starts`` on for each slot of ``order``; a
-        CapacityError before anything changes when the pool is short), enqueue the copies of shared pages it
-        writes, and give the step's page-table rows (None where pages are not staged per step). A step that
-        raises inside gives the pages back."""
+        CapacityError before anything changes when the pool is short) and enqueue the copies of shared pages it
+        writes. Returns the plan that took pages (None: none taken), which the caller undoes if the step raises
+        later, and the step's page-table rows (None where pages are not staged per step)."""
         seqs = self._seqs
         if not seqs.slotted:
-            yield None
-            return
-        plan = seqs.tables[e.role].ensure(order, starts, width)
+            return None, None
+        plan = seqs.tables[e.role].ensure(order, starts, width) if width else None
         if plan is None:
-            yield seqs.step_rows(e.role, key)
-            return
+            return None, seqs.step_rows(e.role, key)
         plan.commit()
         try:
             seqs.copy(e.role, plan.moves, s)
-            yield seqs.step_rows(e.role, key)
+            return plan, seqs.step_rows(e.role, key)
         except BaseException:
             plan.undo()
             raise

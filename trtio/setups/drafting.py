@@ -52,8 +52,6 @@ class DraftTree:
         self._parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
-        self._round_embeds = np.zeros((io.max_batch, width, draft.cfg.hidden_size),
-                                      draft.cfg.activation.storage_numpy)
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
         self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
         self._level_copies: BoundedCache[tuple[int, ...], Copy2D] = BoundedCache()  # copies in a level's graph
@@ -161,7 +159,8 @@ class DraftTree:
     def _stage_embeds(self, x: Any, b: int, n0: int, k: int,
                       s: Stream) -> tuple[tuple[DeviceWork, ...], tuple[tuple[int, ...], int] | None]:
         """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
-        width; earlier nodes' rows stay as the previous calls left them. A device tensor at the address the
+        width (only those: host data through a pinned slot with one 2D copy); earlier nodes' rows stay as the
+        previous calls left them. A device tensor at the address the
         same level read in each of the last ``_STABLE_ROUNDS`` rounds (a runtime's embedding buffer) is
         copied in the step's graph (returned as device work for it); any other is copied now, so buffers
         that move between rounds never cost a graph capture per address. Also returns what the level's
@@ -180,8 +179,7 @@ class DraftTree:
                     return (found,), (args, seen)
             self._backend.memcpy_2d(*args, s.handle)
             return (), (args, seen)
-        self._round_embeds[:b, n0:n0 + k] = x
-        self._staging.upload(self._round_embeds[:b], s)
+        self._staging.upload_rows(x, n0 * row, w * row, s)  # host data: the new rows only, one 2D copy
         return (), None
 
     def _round_zeros(self, b: int) -> tuple[DeviceWork, ...]:

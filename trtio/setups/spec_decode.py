@@ -33,12 +33,12 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig
-from trtio.cuda.backend import Backend, Location
+from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
@@ -113,13 +113,12 @@ class SpecDecodeSetup(SetupBase):
                                      rope=self._rope, stream=s, resources=stack, name="draft", io=io)
             rows = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
-                TensorRequest.of("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
-                                 Location.PINNED),
+                HostStaging.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation),
                 TensorRequest.of("draft_tree_words", (mb * w, max(1, -(-w // 32))), DType.INT32),
                 TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
                 backend=be, title="spec_decode staging"))
             self._embeds_staging = stack.enter_context(
-                HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
+                HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be, slots=HOST_RING_SLOTS))
             self._tree = DraftTree(io, self._steps, self.draft, self._extra_arena["draft_tree_words"],
                                    self._extra_arena["draft_tree_nodes"], self._embeds_staging, be, width=w,
                                    base_width=spec.base_output_hidden_dim)
@@ -338,12 +337,17 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on pages are taken (a round's first level) and work is enqueued.
         s = self._stream(stream)
-        with self._step_pages(e, order, key, past, w if tree.nodes == 0 else 0, s) as pages:
+        taken, pages = self._pages(e, order, key, past, w if tree.nodes == 0 else 0, s)
+        try:
             before = tree.propose(x, par, past, self._root_rows[order], s, order if self._seqs.slotted else None,
                                   pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
         tree.grow()
         return self.io.output_logits
 
@@ -372,12 +376,17 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        with self._step_pages(e, order, key, lengths, n, s) as pages:
+        taken, pages = self._pages(e, order, key, lengths, n, s)
+        try:
             self._upload_embeds(x, s)
             before = self._steps.tree(e, t.layout, lengths, t.select, s, order if self._seqs.slotted else None, pages)
             e.tensor_map.use_deepstack_zero()
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             e.executor.execute(s, before=before)
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
         self._verified = t
         self._accepted = None
         self._draft_ready = False
@@ -443,7 +452,8 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        with self._step_pages(e, order, key, past, a, s) as pages:
+        taken, pages = self._pages(e, order, key, past, a, s)
+        try:
             self._upload_embeds(x, s)
             before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
                                           order if self._seqs.slotted else None, pages)
@@ -455,6 +465,10 @@ class SpecDecodeSetup(SetupBase):
                 if e.executor.enqueued >= len(before):  # the features were put in order in place: read them there
                     self._accepted_rows = self._catch_up.in_order(acc, a)
                 raise
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
         e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
