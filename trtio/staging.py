@@ -99,6 +99,8 @@ class StepStaging(Closeable):
         self._slot = 0  # the ring slot of the next upload
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
+        # write_group's byte images, by the ids of their constants: (first byte, end, bytes, the constants)
+        self._images: dict[tuple[int, ...], tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]] = {}
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         self._last_streams = list(self.tensors.values())
         self._streamed: Stream | None = None  # the stream the last upload marked on them (only uploads write them)
@@ -159,6 +161,60 @@ class StepStaging(Closeable):
         if not flags.writeable and flags.owndata:
             self._written[name] = values
         return tensor
+
+    def write_group(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
+        """:meth:`write` of several :func:`constant` s that steps write together (a tree's lengths, logits rows,
+        parents, depths and mask) into ``names``, which lie next to each other in the block: one copy of their
+        bytes, laid out once per set of constants (the unused end of each value's room holds zeros)."""
+        held = self._held
+        for n, v in zip(names, values):
+            if held.get(n) is not v:
+                break
+        else:
+            self.skipped += len(names)
+            return
+        key = tuple(map(id, values))
+        found = self._images.get(key)
+        if found is None or any(a is not b for a, b in zip(found[3], values)):
+            found = self._image(names, values)
+            if len(self._images) >= 64:
+                self._images.clear()
+            self._images[key] = found
+        lo, hi, image, _values = found
+        self._twins[lo:hi] = image
+        if lo < self._lo:
+            self._lo = lo
+        if hi > self._hi:
+            self._hi = hi
+        written = self._written
+        for n, v in zip(names, values):
+            if n in held:
+                del held[n]
+            written[n] = v
+
+    def _image(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]
+               ) -> tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]:
+        """The bytes :meth:`write_group` copies for ``values`` into ``names``: (first byte, end, the bytes, the
+        values). Refuses names that are not next to each other, and values that are no constants or do not fit."""
+        if self._closed:
+            raise ClosedError(f"{self.title} is closed")
+        slots = [self._slots.get(n) for n in names]
+        for n, v, slot in zip(names, values, slots):
+            if slot is None or v.size > slot[3]:
+                self._refuse(n, v)
+            if v.flags.writeable or not v.flags.owndata:
+                raise TrtioError(f"{self.title}: write_group takes constants (trtio.staging.constant); {n!r} is not")
+        lo = slots[0][1]  # type: ignore[index]
+        end = slots[-1][1] + values[-1].size * slots[-1][2]  # type: ignore[index]
+        inside = sorted(off for _v, off, _i, _s, _t in self._slots.values() if lo <= off < end)
+        if inside != [slot[1] for slot in slots]:  # type: ignore[index]
+            raise TrtioError(f"{self.title}: write_group names {list(names)}, which are not next to each other in "
+                             f"the block")
+        image = np.zeros(end - lo, np.uint8)
+        for v, slot in zip(values, slots):
+            view, off, itemsize, _size, _t = slot  # type: ignore[misc]
+            image[off - lo:off - lo + v.size * itemsize] = v.reshape(-1).astype(view.dtype, copy=False).view(np.uint8)
+        return lo, end, image, values
 
     def _refuse(self, name: str, values: np.ndarray) -> None:
         """Why :meth:`write` cannot write ``values`` into ``name`` (raised)."""

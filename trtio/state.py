@@ -423,10 +423,20 @@ class EngineState(Closeable):
         rows[:, 0] = starts[:batch]
         rows[:, 1] = lengths
         rows[:, 2:] = grid
+        self.commit_rows(rows, stream)
+
+    def commit_rows(self, rows: np.ndarray, stream: StreamLike = None) -> None:
+        """:meth:`commit_grid` of its rows, laid out already: int32 [batch, 2 + width], row ``b`` the sequence's
+        cached length, its path's length and the path's nodes (at most ``MAX_PATH_MOVES + 1``, checked by the
+        caller) padded with -1."""
+        if self._closed:
+            self._check_open()
+        if self._commit is None:
+            raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        self._commit.run(moves, batch, 2 + width, s)
+        self._commit.run(moves, rows.shape[0], rows.shape[1], s)
 
     def _kv_layout(self) -> KVLayout:
         first = self.tensors[self._kv_caches[0]]

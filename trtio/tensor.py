@@ -77,6 +77,10 @@ def volume(shape: Iterable[int]) -> int:
     return math.prod(shape)
 
 
+# Shapes Tensor.reshape was given as tuples, checked (normalize_shape) with their volume: a step's shapes repeat.
+_SHAPES: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
+
+
 def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int | None) -> int:
     """The byte capacity of a new tensor: ``capacity`` if given (it must hold ``shape``), else the shape's bytes."""
     need = dtype.nbytes(volume(shape))
@@ -347,10 +351,23 @@ class Tensor(Closeable):
         the view does not fit.
         """
         self._live()
-        if type(shape) is tuple and shape == self._shape:
-            return self
-        dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
-        need = self._dtype.nbytes(volume(dims))
+        found = None
+        plain = False
+        if type(shape) is tuple:
+            if shape == self._shape:
+                return self
+            plain = all(type(d) is int for d in shape)  # no bool, float or numpy int (equal to an int, hashed alike)
+            if plain:
+                found = _SHAPES.get(shape)  # a shape steps give again: checked once
+        if found is None:
+            dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
+            found = (dims, volume(dims))
+            if plain:
+                if len(_SHAPES) >= 1024:
+                    _SHAPES.clear()
+                _SHAPES[dims] = found
+        dims = found[0]
+        need = self._dtype.nbytes(found[1])
         if need > self._capacity:
             raise CapacityError(
                 f"tensor {self._name!r}: shape {dims} of {self._dtype} needs {need} bytes but "

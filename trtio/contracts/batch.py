@@ -223,19 +223,21 @@ class BatchSteps(StepInputs):
         in one copy; the device writes the start index, context lengths, position ids, mask and token
         selection (:class:`~trtio.ops.TreeStep`)."""
         step = self.step
-        b, w = layout.real.shape
+        plan = self._tree_plans.get((e.role, id(layout)))
+        if plan is None or plan[0] is not layout or plan[1] is not select:
+            b, w = layout.real.shape
+            words = layout.packed_mask.shape[1]
+            key = (e.role, b, w, words, select.shape[1])
+            found = self._tree_works.get(key)
+            if found is None:
+                found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words,
+                                                            select.shape[1]),))
+            plan = (layout, select, (layout.query_lengths, layout.tree_depths, layout.packed_mask, select), found)
+            self._tree_plans.put((e.role, id(layout)), plan)
         step.write("tree_past", past)
-        step.write("tree_lengths", layout.query_lengths)
-        step.write("tree_depths", layout.tree_depths)
-        step.write("tree_mask", layout.packed_mask)
-        step.write("tree_select", select)
+        step.write_group(("tree_lengths", "tree_depths", "tree_mask", "tree_select"), plan[2])
         step.upload(s)
-        words = layout.packed_mask.shape[1]
-        key = (e.role, b, w, words, select.shape[1])
-        found = self._tree_works.get(key)
-        if found is None:
-            found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words, select.shape[1]),))
-        return found
+        return plan[3]
 
     def tree_targets(self, e: EngineView) -> TreeTargets:
         found = self._targets.get(e.role)

@@ -19,16 +19,17 @@ import numpy as np
 from trtio import names
 from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts.ragged import TreeLayout, ramp
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.errors import TrtioError
 from trtio.memory import HostStaging, TensorRequest
 from trtio.ops import RowCopy
 from trtio.registry import TensorRegistry
+from trtio.staging import constant
 from trtio.stream import Stream, StreamLike
 
 if TYPE_CHECKING:
-    from trtio.contracts.ragged import TreeLayout
     from trtio.engine import DeviceWork
     from trtio.ops import DraftTreeBuffers, TreeTargets
     from trtio.staging import StepStaging
@@ -106,7 +107,7 @@ class PipelineLayout:
     staging_pairs: tuple[tuple[str, str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DraftLevelPlan:
     """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant) and
     attention lengths (``asl``: past + the round's width), the level's ``parents``, its place in the round
@@ -185,6 +186,9 @@ class StepInputs(abc.ABC):
         self._tree_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
         self._level_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
         self._targets: dict[str, TreeTargets] = {}
+        # Per (role, id of a tree layout): the layout and what a tree step of it writes and runs.
+        self._tree_plans: BoundedCache[tuple[str, int], Any] = BoundedCache()
+        self._slot_ids: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int32))
         # Decode: the engine's host lengths (all slots, as bytes) that the device's copy of the step's lengths
         # equals, while the step block saw no other upload (``decode_mark``) and the step's slots are the same.
         self.device_lengths: bytes | None = None
@@ -202,6 +206,17 @@ class StepInputs(abc.ABC):
         if found is None:
             found = self._row_copies.put(key, RowCopy(dst, src, src_rows, count, row_bytes, dst_rows))
         return found
+
+    def slot_ids(self, batch: int, slots: np.ndarray | None) -> np.ndarray:
+        """A step's slots as the int32 constant the step block takes (``0 .. batch - 1`` without ``slots``); the
+        same object while the slots are the same array (a setup's active order is one array until it changes)."""
+        if slots is None:
+            return ramp(batch)
+        last, ids = self._slot_ids
+        if slots is not last:
+            ids = constant(slots.astype(np.int32))
+            self._slot_ids = (slots, ids)
+        return ids
 
     def rope_source(self, e: EngineView, s: Stream) -> tuple[Tensor, bool]:
         """The table a step's RoPE rows are gathered from, and whether it has one per slot (looked up once

@@ -153,6 +153,7 @@ class SetupBase(Closeable, abc.ABC):
     _context_memory: ContextMemory
     _extra_arena: Arena
     _embeds_staging: HostStaging
+    _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
     # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
@@ -214,6 +215,7 @@ class SetupBase(Closeable, abc.ABC):
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
         self._steps = self.io.contract.steps(self.io, self._rope.get)
+        self._embeds_dtype = self.io.inputs_embeds.dtype.numpy  # host embeddings taken as they are
 
     @abc.abstractmethod
     def engines(self) -> list[BoundEngine]:
@@ -232,6 +234,16 @@ class SetupBase(Closeable, abc.ABC):
         """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy; a
         device array as it is), with its batch and seq. Nothing is enqueued; a foreign device array's
         producer is ordered before ``stream`` (the step's)."""
+        kind = type(x)
+        if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
+            shape = x.shape  # checks that it is open
+            if x.dtype is self.io.inputs_embeds.dtype and len(shape) == 3 and shape[2] == hidden and \
+                    x.backend is self._backend:
+                return x, shape[0], shape[1]
+        elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
+            shape = x.shape
+            if len(shape) == 3 and shape[2] == hidden and x.dtype == self._embeds_dtype and x.flags.c_contiguous:
+                return x, shape[0], shape[1]
         x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
@@ -305,7 +317,12 @@ class SetupBase(Closeable, abc.ABC):
         seqs = self._seqs
         if not seqs.slotted:
             return None, None
-        plan = seqs.tables[e.role].ensure(order, starts, width) if width else None
+        table = seqs.tables[e.role]
+        plan = None
+        if width:  # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
+            limit = table.limit.tolist()
+            if any(start + width > limit[slot] for slot, start in zip(key, starts.tolist())):
+                plan = table.ensure(order, starts, width)
         if plan is None:
             return None, seqs.step_rows(e.role, key)
         plan.commit()

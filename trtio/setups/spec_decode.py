@@ -143,6 +143,7 @@ class SpecDecodeSetup(SetupBase):
         self._verified: VerifyTree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
+        self._accepted_list: list[int] = []  # the path lengths as ints
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -363,7 +364,7 @@ class SpecDecodeSetup(SetupBase):
         self._check_usable()
         b = self._need_batch()
         e = self.base
-        t = self._trees.get(self._host_input(tree, "tree"), b)
+        t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
@@ -371,7 +372,7 @@ class SpecDecodeSetup(SetupBase):
                              f"got {list(x.shape)}")
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
-        if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
+        if max(lengths.tolist()) + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
@@ -406,19 +407,29 @@ class SpecDecodeSetup(SetupBase):
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
-        grid, acc = self._paths.read(self._host_input(paths, "paths"), b, tree)
-        n, width = tree.nodes, grid.shape[1]
-        s = self._stream(stream)
+        given = paths if type(paths) is list else self._host_input(paths, "paths")
         order, _key, lengths, whole = self._step_lengths(self.base)
-        self.base.state.commit_grid(lengths, grid, acc, s)
+        state = self.base.state
+        walked = self._paths.walk(given, b, tree, lengths.tolist())  # a runtime's lists: laid out in one walk
+        if walked is None:
+            grid, acc = self._paths.read(given, b, tree)  # anything else: checked (or refused), then laid out
+        s = self._stream(stream)
+        if walked is not None:
+            moves, acc, rows = walked
+            state.commit_rows(moves, s)
+        else:
+            state.commit_grid(lengths, grid, acc, s)
+            # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
+            rows = self._batch_rows[:b] * tree.nodes + grid
+            if int(acc.min()) != grid.shape[1]:
+                rows = np.where(grid >= 0, rows, -1)
         if whole:
             lengths += acc
         else:
-            self.base.state.lengths[order] += acc
-        # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
-        rows = self._batch_rows[:b] * n + grid
-        self._accepted_rows = rows if int(acc.min()) == width else np.where(grid >= 0, rows, -1)
+            state.lengths[order] += acc
+        self._accepted_rows = rows
         self._accepted = acc
+        self._accepted_list = acc.tolist()
         self._verified = None
 
     def draft_accept(self, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
@@ -435,19 +446,24 @@ class SpecDecodeSetup(SetupBase):
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
-        acc = self._accepted
-        given = np.asarray(self._host_input(accept_lengths, "accept_lengths"))
-        if given.shape != (b,) or given.dtype.kind not in "iu" or not np.array_equal(given, acc):
+        acc, lens = self._accepted, self._accepted_list
+        given = accept_lengths
+        # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
+        same = type(given) is list and given == lens and all(type(v) is int for v in given)
+        if not same:
+            given = np.asarray(self._host_input(given, "accept_lengths"))
+            same = given.shape == (b,) and given.dtype.kind in "iu" and given.tolist() == lens
+        if not same:
             checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
             raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed "
-                             f"{acc.tolist()}")
-        if int(acc.max()) > a:  # as _check_lengths words it: the catch-up is narrower than a path
-            i = int(np.argmax(acc))
-            raise ShapeError(f"accept_lengths[{i}] = {int(acc[i])} is outside 1..{a}")
+                             f"{lens}")
+        if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
+            i = lens.index(max(lens))
+            raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
         dims = self._dims(e, "accept", b, a)
-        order, key, lengths, _whole = self._step_lengths(e)
+        order, key, lengths, whole = self._step_lengths(e)
         past = lengths.copy()
-        if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
+        if max(past.tolist()) + a > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
@@ -469,7 +485,10 @@ class SpecDecodeSetup(SetupBase):
             if taken is not None:
                 taken.undo()
             raise
-        e.state.lengths[order] = past + acc
+        if whole:
+            np.add(past, acc, out=lengths)
+        else:
+            e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
             self._root_rows[order] = roots
