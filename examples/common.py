@@ -13,6 +13,8 @@ copied to the host until the tokens are printed. Without a GPU: numpy.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +27,69 @@ ENGINES = Path(__file__).resolve().parents[1] / "engines"
 PROMPTS = ("Once upon a time", "The quick brown fox jumps over the lazy dog.")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1 (a usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {value}")
+    return value
+
+
 def parser(description: str, default_dir: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("engine_dir", nargs="?", type=Path, default=ENGINES / default_dir,
                    help=f"an Edge-LLM engine directory (default: engines/{default_dir})")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--backend", default="auto", choices=["auto", "host", "cuda"])
     p.add_argument("--array", default="auto", choices=["auto", "torch", "cupy", "numpy"],
                    help="the library that samples (default: torch, else CuPy, on a GPU; numpy without one; torch "
                         "runs on the CPU with the host backend)")
     return p
+
+
+def run(main: Callable[[], None]) -> None:
+    """Run an example's ``main``: an error ends it with one line on stderr (``NAME: error: ...``) and exit status 1,
+    without a traceback (usage errors stay argparse's: status 2)."""
+    prog = Path(sys.argv[0]).name
+    try:
+        main()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - one clear line, whatever failed
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        if not isinstance(exc, (trtio.TrtioError, OSError)):
+            text = f"{type(exc).__name__}: {text}"
+        print(f"{prog}: error: {text}", file=sys.stderr)
+        sys.exit(1)
+
+
+def check_kind(p: argparse.ArgumentParser, path: Path, kind: str) -> trtio.EngineDir:
+    """The engine directory at ``path``, which must hold ``kind`` (``"llm"``: a plain LLM, ``"spec_decode"``: a
+    speculative pair); another kind is a usage error naming what the example takes."""
+    d = trtio.EngineDir.open(path)
+    if d.kind != kind:
+        held, wanted = (("a speculative pair", "a plain LLM directory") if kind == "llm" else
+                        ("a plain LLM", "a speculative pair (base_config.json + draft_config.json)"))
+        p.error(f"{path} holds {held}; {Path(sys.argv[0]).name} takes {wanted}")
+    return d
+
+
+def check_budget(d: trtio.EngineDir, longest_prompt: int, max_new_tokens: int, extra: int = 0) -> None:
+    """Refuse ``--max-new-tokens`` where a sequence of ``longest_prompt`` tokens would outgrow the KV cache
+    (``extra``: entries a step writes past a sequence's length, e.g. a speculative round's tree). The last new
+    token is never written to the cache: a sequence holds ``prompt + new - 1`` entries at most."""
+    cfg = d.config if d.kind == "llm" else d.base_config
+    need = longest_prompt + max_new_tokens - 1 + extra
+    if need > cfg.max_kv_cache_capacity:
+        room = cfg.max_kv_cache_capacity - longest_prompt - extra + 1
+        past = f" (and {extra} entries a round writes past it)" if extra else ""
+        raise trtio.ConfigError("--max-new-tokens", f"{max_new_tokens} tokens after a prompt of {longest_prompt}{past}"
+                                                    f" outgrow the KV cache of {cfg.max_kv_cache_capacity} "
+                                                    f"(max_kv_cache_capacity): at most {max(room, 0)} here")
 
 
 def open_directory(path: Path, backend: str, **tree: int) -> tuple[Any, np.ndarray, np.ndarray | None]:
@@ -211,4 +266,7 @@ def array_library(choice: str, setup: Any) -> Numpy:
                     choice = "cupy"
                 except ImportError:
                     pass
-    return {"numpy": Numpy, "torch": Torch, "cupy": Cupy}[choice](stream)
+    try:
+        return {"numpy": Numpy, "torch": Torch, "cupy": Cupy}[choice](stream)
+    except ImportError as exc:
+        raise trtio.NotAvailableError(f"--array {choice}: {exc.name or choice} is not installed here") from None

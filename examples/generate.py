@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import numpy as np
-from common import array_library, open_directory, padded, parser, prompt_ids
+from common import array_library, check_budget, check_kind, open_directory, padded, parser, prompt_ids, run
 
 
 def generate(setup: Any, table: np.ndarray, prompts: list[list[int]], max_new_tokens: int, lib: Any) -> np.ndarray:
@@ -33,11 +33,14 @@ def generate(setup: Any, table: np.ndarray, prompts: list[list[int]], max_new_to
 
 
 def main() -> None:
-    args = parser(__doc__.splitlines()[0], "toy-llm-ragged").parse_args()
+    p = parser(__doc__.splitlines()[0], "toy-llm-ragged")
+    args = p.parse_args()
+    d = check_kind(p, args.engine_dir, "llm")
+    prompts = prompt_ids(args.engine_dir)
+    check_budget(d, max(map(len, prompts)), args.max_new_tokens)
     setup, table, _ = open_directory(args.engine_dir, args.backend)
     with setup:
         lib = array_library(args.array, setup)
-        prompts = prompt_ids(args.engine_dir)
         generate(setup, table, prompts, 2, lib)  # warm-up: the decode step's CUDA graph is captured here
         start = time.perf_counter()
         tokens = generate(setup, table, prompts, args.max_new_tokens, lib)
@@ -50,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import array_library, open_directory, parser
+from common import array_library, check_budget, check_kind, open_directory, parser, run
 
 import trtio
 
@@ -116,8 +116,8 @@ def main() -> None:
     p.add_argument("--eos", type=int, action="append", default=None, metavar="ID",
                    help="an end-of-sequence token id (repeatable; default: the config's eos_token_id)")
     args = p.parse_args()
-    if trtio.EngineDir.open(args.engine_dir).kind != "llm":
-        p.error(f"{args.engine_dir} holds a speculative pair; examples/serve.py takes a plain LLM directory")
+    d = check_kind(p, args.engine_dir, "llm")
+    check_budget(d, max(len(ids) for ids in token_ids(args.engine_dir, TEXTS)), args.max_new_tokens)
     eos = set(args.eos) if args.eos is not None else eos_ids(args.engine_dir)
     setup, table, _ = open_directory(args.engine_dir, args.backend)
     with setup:
@@ -141,4 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -18,7 +18,17 @@ import time
 from typing import Any
 
 import numpy as np
-from common import array_library, open_directory, padded, parser, prompt_ids
+from common import (
+    array_library,
+    check_budget,
+    check_kind,
+    open_directory,
+    padded,
+    parser,
+    positive_int,
+    prompt_ids,
+    run,
+)
 
 
 class Tree:
@@ -90,16 +100,18 @@ def speculative(setup: Any, table: np.ndarray, d2t: np.ndarray, prompts: list[li
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0], "toy-eagle3-ragged")
-    p.add_argument("--top-k", type=int, default=2, help="draft chains per round (default 2)")
-    p.add_argument("--depth", type=int, default=3, help="tokens per chain (default 3)")
+    p.add_argument("--top-k", type=positive_int, default=2, help="draft chains per round (default 2)")
+    p.add_argument("--depth", type=positive_int, default=3, help="tokens per chain (default 3)")
     args = p.parse_args()
+    d = check_kind(p, args.engine_dir, "spec_decode")
     tree = Tree(args.top_k, args.depth)
+    prompts = prompt_ids(args.engine_dir)
+    check_budget(d, max(map(len, prompts)), args.max_new_tokens, extra=len(tree.parents) + args.depth)
     setup, table, d2t = open_directory(args.engine_dir, args.backend, draft_top_k=args.top_k, draft_step=args.depth,
                                        verify_size=len(tree.parents))
-    assert d2t is not None, f"{args.engine_dir} holds a plain LLM; examples/speculative.py takes a pair"
+    assert d2t is not None
     with setup:
         lib = array_library(args.array, setup)
-        prompts = prompt_ids(args.engine_dir)
         speculative(setup, table, d2t, prompts, 8, lib, tree)  # warm-up: the steps' CUDA graphs are captured here
         start = time.perf_counter()
         tokens, stats = speculative(setup, table, d2t, prompts, args.max_new_tokens, lib, tree)
@@ -113,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

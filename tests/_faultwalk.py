@@ -337,3 +337,31 @@ class Walk:
         self.outcomes += out
         return out
 
+
+
+def positions_table(backend: str = "host", graphs: tuple[bool, ...] = (False, True)) -> str:
+    """The walk of every kind and step on ``backend`` (``"cuda"``: the GPU ReferenceEngine), as the Markdown
+    table of ``docs/faults.md``: positions per setup kind and graphs setting, by outcome."""
+    names = {"llm": "LLM", "spec": "spec decode"}
+    heads = ["retried", "absorbed", "broken"]
+    rows = ["| setup | graphs | positions | " + " | ".join(heads) + " | other |",
+            "| --- | --- | ---: | " + " | ".join("---:" for _ in heads) + " | ---: |"]
+    device = "gpu" if backend == "cuda" else "host"
+    for kind in KINDS:
+        for g in graphs:
+            walk = Walk(Kind(kind, trtio.get_backend(backend), device, graphs=g))
+            walk.prepare()
+            for step in range(len(walk.calls)):
+                walk.walk(step)
+            results = [o.result for o in walk.outcomes]
+            other = len(results) - sum(results.count(h) for h in heads)
+            role, contract = kind.split("-")
+            rows.append(f"| {names[role]}, {contract} | {'on' if g else 'off'} | {len(results)} | "
+                        + " | ".join(str(results.count(h)) for h in heads) + f" | {other} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python3 tests/_faultwalk.py [host|cuda]: the table of docs/faults.md
+    import sys
+
+    print(positions_table(sys.argv[1] if len(sys.argv) > 1 else "host"))

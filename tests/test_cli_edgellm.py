@@ -731,3 +731,18 @@ def test_inspect_reads_each_rank_plan_and_refuses_one_its_rank_does_not_fit(
     rc, _, err = run(capsys, "inspect", str(d))
     assert_one_line_error(rc, err, "inspect", "config_world2.json: does not fit plan", "llm_world2_rank0.engine",
                           "past_key_values_0")
+
+
+@pytest.mark.parametrize("command", ["plan", "inspect"])
+def test_a_tensor_parallel_config_file_names_its_directory(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """config_world2.json given as the target was read as one of trtio's own configs ("builder_config: is not a
+    LLMEngineConfig field; known fields: [...]"); config.json of a plain directory already worked."""
+    rc, out, err = run(capsys, command, str(ENGINES / "toy-llm-tp2" / "config_world2.json"))
+    assert rc == 0, err
+    assert "toy-llm-tp2" in out and "rank 1" in out
+
+
+def test_a_run_time_flag_for_a_tensor_parallel_directory_names_its_config(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _out, err = run(capsys, "plan", str(ENGINES / "toy-llm-tp2"), "--draft-top-k", "2")
+    assert_one_line_error(rc, err, "plan", "--draft-top-k: is for a speculative pair",
+                          "holds a plain LLM (config_world2.json)")

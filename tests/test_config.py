@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -408,3 +409,16 @@ def test_every_config_reader_names_the_file_of_a_bad_config(tmp_path, reader, na
         _READERS[reader](path)
     assert str(path) in str(info.value)
     assert "base: is required" not in str(info.value)
+
+
+@pytest.mark.parametrize(("field", "value", "shown"), [
+    ("hidden_size", 2**31, "2147483648"),
+    ("vocab_size", 10**400, "an int of 1332 bits"),  # longer than Python prints: named by its size
+    ("max_position_embeddings", 10**5000, "an int of 16612 bits"),
+], ids=["2**31", "10**400", "10**5000"])
+def test_sizes_beyond_32_bits_are_refused_naming_the_field(field: str, value: int, shown: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        dataclasses.replace(llm_config(), **{field: value}).validate()
+    assert str(info.value) == (f"{field}: must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), "
+                               f"got {shown}")
+    dataclasses.replace(llm_config(), **{field: 2**31 - 1}).validate()  # the largest that fits is taken

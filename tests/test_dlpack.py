@@ -388,3 +388,60 @@ def test_many_exports_leave_nothing_behind(baseline: int) -> None:
         del consumers, unconsumed
     gc.collect()
     assert live_exports() == baseline
+
+
+# -- consuming: a capsule no array can be is refused before anything is read through it -----------------------
+
+
+def _malformed(change: str) -> tuple[object, np.ndarray]:
+    """A capsule over 4 float32s whose struct then says what no producer may say."""
+    a = np.arange(4, dtype=np.float32)
+    capsule = make_capsule(_data(a), (4,), type_code=kDLFloat, bits=32, device_type=kDLCPU, device_id=0, owner=a)
+    t = _struct(capsule).dl_tensor
+    if change == "ndim 1000":
+        t.ndim = 1000  # reading 1000 dims would run past the 1-entry shape array
+    elif change == "ndim 65":
+        t.ndim = 65
+    elif change == "ndim -3":
+        t.ndim = -3
+    elif change == "null shape":
+        t.shape = ctypes.POINTER(ctypes.c_int64)()
+    elif change == "negative dim":
+        t.shape[0] = -4
+    elif change == "null data":
+        t.data = None  # numpy would make an uninitialised array of it: garbage as input
+    return capsule, a
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ("ndim 1000", r"a DLPack tensor of ndim 1000; trtio reads 0\.\.64 dimensions"),
+    ("ndim 65", r"a DLPack tensor of ndim 65; trtio reads 0\.\.64 dimensions"),
+    ("ndim -3", r"a DLPack tensor of ndim -3; trtio reads 0\.\.64 dimensions"),
+    ("null shape", r"a DLPack tensor of ndim 1 without a shape \(a null shape pointer\)"),
+    ("negative dim", r"a DLPack tensor of shape \[-4\]: a dimension is negative"),
+    ("null data", r"a DLPack tensor of shape \[4\] at a null data pointer \(only an empty tensor may have one\)"),
+])
+def test_consume_refuses_a_malformed_tensor_and_leaves_the_capsule_to_its_destructor(change: str, match: str,
+                                                                                     baseline: int) -> None:
+    from trtio._dlpack import consume_capsule
+    from trtio.errors import ExportError
+
+    capsule, _ = _malformed(change)
+    with pytest.raises(ExportError, match=match):
+        consume_capsule(capsule)
+    assert _capsule_name(capsule) in (b"dltensor", b"dltensor_versioned"), "not taken: still the producer's"
+    del capsule
+    gc.collect()
+    assert live_exports() == baseline
+
+
+def test_consume_takes_an_empty_tensor_at_a_null_address(baseline: int) -> None:
+    from trtio._dlpack import consume_capsule
+
+    capsule = make_capsule(0, (0, 3), type_code=kDLFloat, bits=32, device_type=kDLCPU, device_id=0, owner=None)
+    view = consume_capsule(capsule)
+    assert view.shape == (0, 3) and view.data == 0
+    view.owner.release()
+    del capsule, view
+    gc.collect()
+    assert live_exports() == baseline

@@ -701,6 +701,21 @@ def _header_file(path: Path, header: bytes, data: bytes = b"", length: int | Non
     (lambda p: _header_file(p, b'{"y": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}}', bytes(2)),
      r"holds no tensor 'x' \(it holds \['y'\]\)"),
     (lambda p: None, r"no such file"),
+    # hostile headers: each was a bare TypeError / ValueError / OverflowError / RecursionError
+    (lambda p: _header_file(p, b'{"x": {"dtype": ["F16"], "shape": [1], "data_offsets": [0, 2]}}', bytes(2)),
+     r"x: dtype \['F16'\] is not one trtio reads"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F32", "shape": [4294967296, 4294967296], '
+                               b'"data_offsets": [0, 0]}}'),  # 2**64 elements: int64 wrapped to 0 bytes
+     r"x: data_offsets \[0, 0\] hold 0 bytes, but F32 \[4294967296, 4294967296\] takes 73786976294838206464"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F32", "shape": [1180591620717411303424], '
+                               b'"data_offsets": [0, 8]}}', bytes(8)),
+     r"x: data_offsets \[0, 8\] hold 8 bytes, but F32 \[1180591620717411303424\] takes"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F32", "shape": [' + b", ".join([b"1"] * 65) +
+                            b'], "data_offsets": [0, 4]}}', bytes(4)),
+     r"x: shape has 65 dimensions; trtio reads at most 64"),
+    (lambda p: _header_file(p, b"[" * 100000 + b"]" * 100000), r"its header is not JSON \(nested too deeply\)"),
+    (lambda p: _header_file(p, b'{"x": {"dtype": "F16", "shape": [1], "data_offsets": [-2, 0]}}', bytes(2)),
+     r"x: data_offsets \[-2, 0\] must be \[begin, end\] with 0 <= begin <= end"),
 ])
 def test_malformed_safetensors_name_the_file(tmp_path: Path, make: Any, needle: str) -> None:
     path = tmp_path / "bad.safetensors"
@@ -934,6 +949,13 @@ BAD_TP = [
      "is 'base': tensor-parallel speculative decoding is not supported"),
     ("speculative type", lambda r: r.update(spec_decode_type="eagle3"), "spec_decode_type",
      "is 'eagle3': tensor-parallel speculative decoding is not supported"),
+    # hostile values: a string width passed unchecked, a huge int crashed the message, a NUL in a file name
+    ("mlp as a string", _override(0, intermediate_size="256"), "rank_configs[0].config_overrides.intermediate_size",
+     "rank 0 has intermediate_size '256'; 2 ranks split the model's 512 evenly (256 each)"),
+    ("huge heads", lambda r: r.update(num_attention_heads=10 ** 400), ": num_attention_heads",
+     "must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), got an int of 1332 bits"),
+    ("engine name with NUL", lambda r: r["rank_configs"][0].update(engine="rank\x000.engine"),
+     "rank_configs[0].engine", "expected the rank's engine file name (beside the config)"),
 ]
 
 
@@ -968,3 +990,77 @@ def test_tensor_parallel_directory_layout_errors(tmp_path: Path) -> None:
     (d / "config_world2.json").rename(d / "config_world0.json")
     with pytest.raises(ConfigError, match=r"names 0 ranks"):
         EngineDir.open(d)
+
+
+# -- a tensor-parallel directory's roles and checkpoint, misused -------------------------------------------------
+
+
+@pytest.mark.parametrize("role", [["llm"], {"llm": 1}, None])
+def test_a_role_that_is_no_name_is_a_config_error(role: Any) -> None:
+    """An unhashable role was a bare TypeError (unhashable type)."""
+    d = EngineDir.open(TINY_TP)
+    for call in (d.config_path, d.raw, d.checkpoint_bindings, lambda r: d.checkpoint_weights(role=r)):
+        if role is None and call == d.raw:
+            continue  # raw(None) is the plain LLM's config
+        with pytest.raises(ConfigError, match=r"role: expected one of \['llm'\]"):
+            call(role)
+
+
+def _checkpoint_dir(tmp_path: Path, tensors: dict[str, Any], bindings: list[dict[str, Any]],
+                    index: Any = None) -> EngineDir:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    write_safetensors(ckpt / "model.safetensors", tensors)
+    if index is not None:
+        (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    return EngineDir.open(_tp_dir(tmp_path, lambda r: r.update(checkpoint_weight_bindings=bindings,
+                                                                checkpoint_dir=str(ckpt))))
+
+
+def _weight(**over: Any) -> dict[str, Any]:
+    return {"engine_name": "w", "checkpoint_keys": ["w"], "source_layout": "fp16", "dtype": "F32", "shape": [4, 4],
+            "tp_shard": {"axis": 1, "size": 2}, **over}
+
+
+def test_a_checkpoint_tensor_of_fewer_dims_than_its_binding_is_a_config_error(tmp_path: Path) -> None:
+    """Split along axis 1 of a 1-D tensor was an IndexError."""
+    d = _checkpoint_dir(tmp_path, {"w": np.ones(8, np.float32)}, [_weight()])
+    with pytest.raises(ConfigError, match=r"checkpoint_weight_bindings: w: w is \[8\] \(1 dims\), the engine input "
+                                          r"\[4, 4\] \(2 dims\)"):
+        d.checkpoint_weights()
+
+
+def test_a_binding_dtype_that_is_no_name_is_a_config_error(tmp_path: Path) -> None:
+    d = _checkpoint_dir(tmp_path, {"w": np.ones((4, 8), np.float32)}, [_weight(dtype=["F32"])])
+    with pytest.raises(ConfigError, match=r"checkpoint_weight_bindings\[0\]\.dtype: w: expected one of"):
+        d.checkpoint_weights()
+
+
+@pytest.mark.parametrize("file", [None, 5, "../../etc/passwd", ""])
+def test_a_safetensors_index_entry_must_name_a_file_beside_it(tmp_path: Path, file: Any) -> None:
+    """A null or numeric entry read a file named 'None' or '5'; a path left the checkpoint directory."""
+    d = _checkpoint_dir(tmp_path, {"w": np.ones((4, 8), np.float32)}, [_weight()],
+                        index={"weight_map": {"w": file}})
+    with pytest.raises(ConfigError, match=r"model\.safetensors\.index\.json: weight_map\.w: expected the name of a "
+                                          r"safetensors file beside the index"):
+        d.checkpoint_weights()
+
+
+@pytest.mark.parametrize("given", [5, 1.5, ["ckpt"]])
+def test_a_checkpoint_dir_that_is_no_path_is_a_config_error(tmp_path: Path, given: Any) -> None:
+    d = _checkpoint_dir(tmp_path, {"w": np.ones((4, 8), np.float32)}, [_weight()])
+    assert [w["w"].shape for w in d.checkpoint_weights()] == [(4, 4), (4, 4)]
+    with pytest.raises(ConfigError, match=r"checkpoint_dir: expected the path of the model's safetensors checkpoint"):
+        d.checkpoint_weights(given)
+
+
+@pytest.mark.parametrize("backend", [5, object(), 1.5])
+def test_create_from_a_tensor_parallel_directory_names_a_backend_that_is_none(backend: Any) -> None:
+    """A backend that was neither a name nor a Backend was an AttributeError ('int' object has no attribute
+    'name')."""
+    import trtio
+
+    with pytest.raises(ConfigError, match=r"backend: a tensor-parallel directory runs on 'cuda'"):
+        trtio.create_from_engine_dir(default_engines_dir() / "toy-llm-tp2", backend=backend)
+    with pytest.raises(ConfigError, match=r"checkpoint_dir: expected the path of the model's safetensors checkpoint"):
+        trtio.create_from_engine_dir(default_engines_dir() / "toy-llm-tp2", backend="host", checkpoint_dir=7)

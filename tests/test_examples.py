@@ -291,3 +291,63 @@ def test_device_loops_make_no_host_synchronisation_per_step(array: str) -> None:
         assert be.sync_count == syncs, "trtio synchronised the host in the speculative device loop"
         if torch is not None:
             assert counts[1] - counts[0] == rounds[1] - rounds[0], (counts, rounds)
+
+
+# -- bad arguments: one line, no traceback ------------------------------------------------------------------
+
+BAD_RUNS = [
+    # (example, argv, exit status, what the one line says); each gave a traceback (or an AssertionError, a KeyError,
+    # a ValueError of numpy), or ran on with nonsense (0 or negative token counts).
+    ("generate", ["{tmp}/nowhere"], 1, "generate.py: error: {tmp}/nowhere: no such engine directory"),
+    ("speculative", ["{tmp}/nowhere"], 1, "speculative.py: error: {tmp}/nowhere: no such engine directory"),
+    ("serve", ["{tmp}/nowhere"], 1, "serve.py: error: {tmp}/nowhere: no such engine directory"),
+    ("generate", ["{engines}/toy-eagle3-ragged"], 2,
+     "generate.py: error: {engines}/toy-eagle3-ragged holds a speculative pair; generate.py takes a plain LLM"),
+    ("speculative", ["{engines}/toy-llm-ragged"], 2,
+     "speculative.py: error: {engines}/toy-llm-ragged holds a plain LLM; speculative.py takes a speculative pair"),
+    ("generate", ["--max-new-tokens", "0"], 2, "argument --max-new-tokens: expected a positive int, got 0"),
+    ("speculative", ["--max-new-tokens", "-5"], 2, "argument --max-new-tokens: expected a positive int, got -5"),
+    ("serve", ["--max-new-tokens", "0"], 2, "argument --max-new-tokens: expected a positive int, got 0"),
+    ("speculative", ["--top-k", "0"], 2, "argument --top-k: expected a positive int, got 0"),
+    ("generate", ["--max-new-tokens", "100000"], 1,
+     "generate.py: error: --max-new-tokens: 100000 tokens after a prompt of"),
+    ("speculative", ["--max-new-tokens", "100000"], 1,
+     "speculative.py: error: --max-new-tokens: 100000 tokens after a prompt of"),
+    ("serve", ["--max-new-tokens", "100000"], 1, "serve.py: error: --max-new-tokens: 100000 tokens after a prompt of"),
+    ("generate", ["{engines}/toy-llm"], 1, "generate.py: error: {engines}/toy-llm/config.json: builder_config: is "
+                                           "required"),
+]
+
+
+@pytest.mark.parametrize(("name", "argv", "status", "needle"), BAD_RUNS,
+                         ids=[f"{b[0]} {' '.join(b[1])}" for b in BAD_RUNS])
+def test_bad_arguments_end_an_example_with_one_line(name: str, argv: list[str], status: int, needle: str,
+                                                    tmp_path: Path) -> None:
+    fill = {"tmp": str(tmp_path), "engines": str(ENGINES)}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *(a.format(**fill) for a in argv),
+                           "--backend", "host"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == status, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert needle.format(**fill) in proc.stderr, proc.stderr
+    if status == 1:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_an_array_library_that_is_not_installed_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "generate.py"), "--array", "cupy", "--backend", "host"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "generate.py: error: --array cupy: cupy is not installed here"
+
+
+def test_the_largest_budget_the_kv_cache_allows_runs(tmp_path: Path) -> None:
+    """The refusal is exact: the most new tokens --max-new-tokens names as the limit are generated."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "generate.py"), "--max-new-tokens", "100000", "--backend",
+                           "host"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    most = int(re.search(r"at most (\d+) here", proc.stderr).group(1))  # type: ignore[union-attr]
+    rows, _ = run_example("generate", "--max-new-tokens", str(most), "--backend", "host", cwd=tmp_path)
+    assert all(len(r) == most for r in rows)

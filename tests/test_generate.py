@@ -88,6 +88,31 @@ def test_generate_prints_the_toy_models_greedy_text(name: str, capsys: pytest.Ca
     assert lines[-1].startswith("trtio generate: 12 tokens in ") and lines[-1].endswith(" tokens/s")
 
 
+@pytest.mark.parametrize("name", ["toy-llm-tp2", "toy-llm-tp4"])
+def test_a_tensor_parallel_toy_directory_generates_through_its_ranks(name: str, capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without engine files, the ranks run as ReferenceEngines on the host backend (each its share of the toy model
+    that toy-llm-ragged computes whole): the one engine's greedy text, through a TensorParallelLLMSetup."""
+    from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+
+    made: list[int] = []
+    init = TensorParallelLLMSetup.__init__
+
+    def spy(self: TensorParallelLLMSetup, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self.tp_size)
+
+    monkeypatch.setattr(TensorParallelLLMSetup, "__init__", spy)
+    rc, out, err = run(capsys, str(ENGINES / name), "--prompt", PROMPT, "--max-new-tokens", "12")
+    assert rc == 0, err
+    assert made == [int(name[-1])]
+    assert tokenizer(name).to_str() == tokenizer("toy-llm-ragged").to_str()
+    assert out == greedy_text("toy-llm-ragged", PROMPT, 12)
+    assert "running its ranks as ReferenceEngines on the host backend" in err.splitlines()[0]
+    rc, out, err = run(capsys, str(ENGINES / name), "--prompt", PROMPT, "--backend", "cuda")
+    one_line_error(rc, err, "--backend", "cuda needs engine files", "host backend only")
+
+
 @pytest.mark.parametrize("name", PAIR_DIRS)
 @pytest.mark.parametrize("tree", [(), ("--draft-top-k", "2", "--draft-step", "3")])
 def test_speculative_generation_prints_the_greedy_text(name: str, tree: tuple[str, ...],
@@ -215,6 +240,17 @@ def test_a_missing_runtime_file_is_named(missing: str, name: str, tmp_path: Path
     (("{engines}/toy-llm-ragged", "--prompt", "word " * 80), ("--prompt: ", "tokens, more than the engine takes",
                                                               "(max_supported_input_length 64)")),
     (("{engines}/toy-llm-ragged", "--prompt", ""), ("--prompt: '' has no tokens",)),
+    # probe: more chains than a tree holds said "100 chains of 0 tokens need a draft tree of 0 nodes"
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--speculative", "--draft-top-k", "100"),
+     ("--draft-top-k: 100 chains of at least 1 token need a draft tree of 100 nodes and a verify tree of 101, but "
+      "the draft takes 8 and the base 8: at most 7 chains",)),
+    # probe: tree flags without --speculative were ignored (greedy decoding through the base alone)
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--draft-top-k", "2"),
+     ("--draft-top-k: shapes the draft tree of --speculative decoding", "(add --speculative)")),
+    (("{engines}/toy-eagle3-ragged", "--prompt", "x", "--draft-step", "2"),
+     ("--draft-step: shapes the draft tree of --speculative decoding",)),
+    (("{engines}/toy-llm-tp2", "--prompt", "x", "--draft-top-k", "2"),
+     ("--draft-top-k: is for a speculative pair", "holds a plain LLM")),
 ])
 def test_bad_input_is_one_line(argv: tuple[str, ...], needles: tuple[str, ...], tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -706,14 +706,55 @@ def test_a_greedy_loop_driven_by_device_arrays_gives_the_numpy_tokens_without_ho
                 dev_table = cp.asarray(table.astype(np.float16))
                 logits = setup.prefill(cp.asarray(x), [5, 3], step)
                 toks = [cp.from_dlpack(logits).argmax(-1)]
-            syncs = cuda.sync_count
-            for _ in range(11):
+            syncs = None
+            for i in range(11):
                 logits = setup.decode(dev_table[toks[-1]][:, None], step)
                 toks.append((t.from_dlpack(logits) if lib == "torch" else cp.from_dlpack(logits)).argmax(-1))
-            assert cuda.sync_count == syncs, "no step synchronised the host"
+                if i == 0:  # the first decode captures its graph (a one-time synchronisation); none after it
+                    syncs = cuda.sync_count
+            assert cuda.sync_count == syncs, "no step after the first synchronised the host"
             got = [[int(v) for v in (tk.cpu().numpy() if lib == "torch" else tk.get())] for tk in toks]
     assert [[got[s][i] for s in range(12)] for i in range(2)] == want
     step.close()
+
+
+@pytest.mark.gpu
+def test_a_greedy_loop_driven_by_jax_arrays_gives_the_numpy_tokens_without_host_syncs(
+        cuda: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX on the GPU: the embedding gather and the argmax in JAX, the setup fed JAX arrays (DLPack, read in
+    place) and its logits read back by JAX: the numpy loop's tokens, and no host synchronisation by trtio in any
+    step after the first (its graph capture)."""
+    from trtio.testing import greedy_generate, toy_embedding
+
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX takes memory as it needs it
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpu = jax.devices("gpu")[0]
+    except RuntimeError:
+        pytest.skip("JAX has no GPU here")
+    table = toy_embedding(512, 64)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    with _gpu_llm(cuda) as setup:
+        want = greedy_generate(setup, table, prompts, 12)
+    x = np.zeros((2, 5, 64), np.float16)
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = table[p]
+    dev_table = jax.device_put(table.astype(np.float16), gpu)
+    with _gpu_llm(cuda) as setup:
+        logits = setup.prefill(jax.device_put(x, gpu), [5, 3])
+        toks = [jnp.argmax(jnp.from_dlpack(logits), axis=-1)]
+        syncs = None
+        for i in range(11):
+            embeds = dev_table[toks[-1]][:, None]
+            assert embeds.devices() == {gpu}
+            logits = setup.decode(embeds)
+            toks.append(jnp.argmax(jnp.from_dlpack(logits), axis=-1))
+            if i == 0:  # the first decode captures its graph (a one-time synchronisation); none after it
+                syncs = cuda.sync_count
+        assert cuda.sync_count == syncs, "no step after the first synchronised the host"
+        got = [np.asarray(tk).tolist() for tk in toks]
+    assert [[got[s][i] for s in range(12)] for i in range(2)] == want
 
 
 @pytest.mark.gpu
@@ -737,3 +778,86 @@ def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> Non
             x.copy_(t.from_numpy(table[[[9]]].astype(np.float16)).cuda(non_blocking=True))
             got = setup.decode(x).to_numpy()
     np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
+
+
+# -- hostile producers: refused naming the input, nothing read, nothing leaked ----------------------------
+
+
+class Liar(Producer):
+    """A producer whose ``__dlpack_device__`` says ``says`` while its capsule describes memory of ``device``."""
+
+    def __init__(self, target: Any, *, says: tuple[int, int], **kw: Any) -> None:
+        super().__init__(target, **kw)
+        self.says = says
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.says
+
+
+def test_a_capsule_of_another_device_than_dlpack_device_says_is_refused(host: Any, fake: FakeCudaBackend) -> None:
+    """Device memory behind a producer that says kDLCPU would be read by the host as host memory (a crash on a
+    GPU); host memory behind one that says kDLCUDA would be bound as device memory. Both are refused, naming
+    the input and both devices, and the capsule is handed back."""
+    gc.collect()
+    before = live_exports()
+    src = _device_tensor(fake, _embeds())
+    says_host = Liar(src, says=(kDLCPU, 0), device=(kDLCUDA, 0), shape=src.shape)
+    with pytest.raises(InvalidValueError) as info:
+        as_input(says_host, "inputs_embeds", dtype="float16", ndim=3, backend=host, stream=None)
+    assert str(info.value).startswith("inputs_embeds: Liar.__dlpack_device__() says host (kDLCPU) (device 0), but "
+                                      "its capsule holds memory of CUDA (kDLCUDA) (device 0)")
+    with pytest.raises(InvalidValueError, match=r"says host \(kDLCPU\).*holds memory of CUDA"):
+        Tensor.from_dlpack(says_host, backend=host)
+    says_cuda = Liar(_embeds(), says=(kDLCUDA, 0), device=(kDLCPU, 0), shape=(2, 1, 8))
+    with pytest.raises(InvalidValueError, match=r"inputs_embeds: Liar.__dlpack_device__\(\) says CUDA \(kDLCUDA\) "
+                                                r"\(device 0\), but its capsule holds memory of host \(kDLCPU\)"):
+        as_input(says_cuda, "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+    del says_host, says_cuda, info
+    gc.collect()
+    assert live_exports() == before, "every refused capsule was handed back to its producer"
+
+
+class _Raises:
+    def __init__(self, where: str, error: BaseException) -> None:
+        self.where, self.error = where, error
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        if self.where == "device":
+            raise self.error
+        return (kDLCPU, 0)
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise self.error
+
+
+@pytest.mark.parametrize(("where", "error", "needle"), [
+    ("dlpack", KeyError("boom"), "x: _Raises.__dlpack__() failed (KeyError: 'boom')"),
+    ("dlpack", AttributeError("no"), "x: _Raises.__dlpack__() failed (AttributeError: no)"),
+    ("device", RuntimeError("dev"), "x: _Raises.__dlpack_device__() failed (RuntimeError: dev)"),
+    ("device", KeyError("k"), "x: _Raises.__dlpack_device__() failed (KeyError: 'k')"),
+])
+def test_a_producer_that_raises_anything_is_a_trtio_error_naming_the_input(host: Any, where: str,
+                                                                           error: BaseException, needle: str) -> None:
+    with pytest.raises(InvalidValueError) as info:
+        as_input(_Raises(where, error), "x", dtype=None, ndim=None, backend=host, stream=None)
+    assert str(info.value) == needle
+    with pytest.raises(InvalidValueError, match="failed"):
+        Tensor.from_dlpack(_Raises(where, error), backend=host)
+
+
+class _Device:
+    def __init__(self, device: Any) -> None:
+        self.device = device
+
+    def __dlpack_device__(self) -> Any:
+        return self.device
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        raise AssertionError("never asked: the device is checked first")
+
+
+@pytest.mark.parametrize("device", [(1.5, 0), (kDLCPU, "0"), (True, 0)])
+def test_a_dlpack_device_of_no_ints_is_refused(host: Any, device: Any) -> None:
+    with pytest.raises(InvalidTypeError, match=r"x: _Device.__dlpack_device__\(\) did not give a \(device type, "
+                                               r"device id\) pair of ints"):
+        as_input(_Device(device), "x", dtype=None, ndim=None, backend=host, stream=None)

@@ -327,7 +327,7 @@ class Tokens:
 
 
 class Step:
-    """One step laid out as Edge-LLM 0.11's runtime lays it out (reference §3.1).
+    """One step laid out as Edge-LLM 0.11's runtime lays it out (``docs/edgellm-assumptions.md`` §3).
 
     ``rows[s]`` are sequence s's valid rows (token inputs), ``positions[s]`` their RoPE positions;
     each sequence gets ``width`` rows (entry padding: padding rows carry token 0's embedding, RoPE

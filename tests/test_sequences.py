@@ -324,9 +324,43 @@ MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], An
     "decode rows differ from the slots": (ShapeError, r"inputs_embeds: 1 rows for the 2 slots \[1, 3\]",
                                           lambda s, p: s.decode(E[[1]][:, None].astype(np.float16), slots=[1, 3])),
     "release of a free slot": (TrtioError, r"release: slot 0 is free", lambda s, p: s.release([0])),
+    "release of an active and a free slot": (TrtioError, r"release: slot 2 is free", lambda s, p: s.release([1, 2])),
+    "release of a negative slot": (ShapeError, r"release: slot -1 is out of range 0\.\.3",
+                                   lambda s, p: s.release([-1])),
+    "release of a slot out of range": (ShapeError, r"release: slot 4 is out of range 0\.\.3",
+                                       lambda s, p: s.release([4])),
+    "release of a slot given twice": (ShapeError, r"release: slot 3 is given twice", lambda s, p: s.release([3, 3])),
+    "release of a bool slot": (ShapeError, r"release: slots\[0\] = True is not a slot id \(an int\)",
+                               lambda s, p: s.release([True])),
+    "release of a float slot": (ShapeError, r"release: slots\[1\] = 1\.0 is not a slot id \(an int\)",
+                                lambda s, p: s.release([3, 1.0])),
+    "release of one slot not in a list": (ShapeError, r"release: slots must be a list of slot ids, got int 1",
+                                          lambda s, p: s.release(1)),
+    "release of no slot": (ShapeError, r"release: no slot given", lambda s, p: s.release([])),
+    "release of a 0-d array of slots": (ShapeError, r"release: slots must be a list of slot ids, got ndarray",
+                                        lambda s, p: s.release(np.array(1))),
+    "prefill into a 0-d array of slots": (ShapeError, r"prefill: slots must be a list of slot ids, got ndarray",
+                                          lambda s, p: s.prefill(*emb([[1]]), slots=np.array(2))),
+    "prefill into a set of slots (no order)": (ShapeError, r"prefill: slots must be a list of slot ids, got set",
+                                               lambda s, p: s.prefill(*emb([[1], [2]]), slots={2, 0})),
+    "decode of a dict of slots": (ShapeError, r"decode: slots must be a list of slot ids, got dict",
+                                  lambda s, p: s.decode(E[[1]][:, None].astype(np.float16), slots={1: 0})),
+    "a prefix that is an int": (ShapeError, r"prefill: prefix must be a Prefix \(from pin_prefix\) or one per "
+                                            r"sequence \(None for none\), got int 3",
+                                lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=3)),
+    "a prefix that is a string": (ShapeError, r"prefill: prefix must be a Prefix .*, got str 'a'",
+                                  lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix="a")),
     "a prefix longer than its sequence": (ShapeError, r"pin_prefix: tokens = 9, but slot 1's sequence holds 5 "
                                                       r"tokens", lambda s, p: s.pin_prefix(1, 9)),
     "pinning a free slot": (TrtioError, r"pin_prefix: slot 2 is free", lambda s, p: s.pin_prefix(2, 1)),
+    "pinning a negative slot": (ShapeError, r"pin_prefix: slot -1 is not a slot id in 0\.\.3",
+                                lambda s, p: s.pin_prefix(-1, 1)),
+    "pinning a bool slot": (ShapeError, r"pin_prefix: slot True is not a slot id in 0\.\.3",
+                            lambda s, p: s.pin_prefix(True, 1)),
+    "pinning a float token count": (ShapeError, r"pin_prefix: tokens = 2\.0, but slot 1's sequence holds 5 tokens",
+                                    lambda s, p: s.pin_prefix(1, 2.0)),
+    "pinning no token": (ShapeError, r"pin_prefix: tokens = 0, but slot 1's sequence holds 5 tokens: a prefix pins "
+                                     r"1\.\.5 of them", lambda s, p: s.pin_prefix(1, 0)),
     "a prefix of another setup": (TrtioError, r"prefill: prefix\[0\]: this prefix was pinned by another setup",
                                   lambda s, p: s.prefill(*emb([[1]]), slots=[2], prefix=p["other"])),
     "a released prefix": (TrtioError, r"prefill: prefix\[0\]: this prefix was released",
@@ -353,6 +387,100 @@ def test_every_misuse_is_refused_before_any_work(host: trtio.Backend, case: str)
             call(setup, prefixes)
         assert (setup.active.tolist(), setup.lengths.tolist(), setup.kv_pages, setup.io.step.uploads) == state
         assert setup.io.backend.op_count == ops, "nothing was enqueued"
+
+
+def test_release_and_pin_take_numpy_ints_and_any_sequence_of_slots() -> None:
+    with llm(small_pool_cfg()) as setup:
+        setup.prefill(*emb([[1, 2, 3], [4, 5], [6], [7, 8]]), slots=[0, 1, 2, 3])
+        prefix = setup.pin_prefix(np.int64(1), np.int32(2))
+        assert prefix.tokens == 2 and prefix.pages("llm") == setup._seqs.tables["llm"].pages_of(1)
+        setup.release(np.array([1]))
+        setup.release((np.int64(3),))
+        assert setup.active.tolist() == [0, 2] and setup.lengths.tolist() == [3, 1]
+        setup.release(range(0, 3, 2))
+        assert setup.active.tolist() == [] and setup.kv_pages.free == 12 - 1
+        prefix.release()
+        assert setup.kv_pages.free == 12
+
+
+def test_release_and_pin_enqueue_nothing_and_neither_synchronise_nor_allocate(host: trtio.Backend) -> None:
+    """Host bookkeeping only: the backend counts no device operation, no host synchronisation and no
+    allocation for release, pin_prefix and Prefix.release (graphs on, as a server runs)."""
+    with llm(small_pool_cfg(), graphs=True) as setup:
+        setup.prefill(*emb([[1, 2, 3], [4, 5], [6, 7, 8, 9]]), slots=[0, 2, 3])
+        setup.decode(E[[1, 2, 3]][:, None].astype(np.float16))
+        counts = (host.op_count, host.sync_count, host.live_allocations)
+        prefix = setup.pin_prefix(2, 3)
+        setup.release([2])
+        setup.release([0, 3])
+        prefix.release()
+        assert (host.op_count, host.sync_count, host.live_allocations) == counts
+        assert setup.active.tolist() == [] and setup.kv_pages.free == 12
+
+
+def test_a_refused_admission_from_a_prefix_leaves_its_slot_without_the_prefix_pages(device: str) -> None:
+    """An admission from a prefix maps the prefix's pages into its slot's row before the pool turns out short;
+    the CapacityError puts the row back, so a later sequence in that slot takes pages of its own and the
+    prefix's pages stay counted (were the slot to keep them, the prefix's release would free pages slot 0
+    still reads)."""
+    cfg = small_pool_cfg(pool=4)
+    truth = Truth(cfg)
+    rng = np.random.default_rng(7)
+    a, b, c = ([int(t) for t in rng.integers(0, 512, PAGE + 4)] for _ in range(3))  # two pages each
+    with llm(cfg, device) as setup:
+        setup.prefill(*emb([a]), slots=[0])
+        prefix = setup.pin_prefix(0, len(a))
+        setup.prefill(*emb([b]), slots=[1])
+        assert setup.kv_pages.free == 0
+        with pytest.raises(CapacityError, match="slot 2 needs 1 more KV page"):
+            setup.prefill(*emb([[9, 9, 9]]), slots=[2], prefix=prefix)  # its copy of the shared last page
+        table = setup._seqs.tables["llm"]
+        assert setup.active.tolist() == [0, 1] and table.pages_of(2) == [] and (table.rows[2] == -1).all()
+        setup.release([1])
+        first = setup.prefill(*emb([c]), slots=[2]).to_numpy()
+        assert set(table.pages_of(2)).isdisjoint(prefix.pages("llm")), "slot 2 holds pages of its own"
+        prefix.release()
+        assert setup.kv_pages.free == 0, "slot 0 still holds the pages the prefix held"
+        logits = setup.decode(E[[5, 6]][:, None].astype(np.float16), slots=[0, 2]).to_numpy()
+    assert_logits(first[0], truth.logits(c)[-1], "slot 2's prefill")
+    assert_logits(logits[0], truth.logits(a + [5])[-1], "slot 0 after the prefix's release")
+    assert_logits(logits[1], truth.logits(c + [6])[-1], "slot 2")
+
+
+@pytest.mark.xfail(strict=True, reason="finding (probe): a setup stepped from a second thread while a step runs on "
+                                       "another is not refused; the fix belongs in trtio/setups/base.py (a per-setup "
+                                       "in-use guard around every public step), not in sequences.py")
+def test_a_call_from_another_thread_while_a_step_runs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One setup misused across threads: a release from thread B while thread A's prefill is inside its engine
+    must raise a TrtioError (and change nothing), not interleave with the step. Without a guard the two
+    interleave, and a 4-thread stress of prefill / release / decode / pin_prefix on one setup loses KV pages
+    (after reset() the pool has fewer free pages than it holds) or fails with a bare ValueError."""
+    import threading
+
+    from trtio.engine import EngineExecutor
+
+    with llm(small_pool_cfg()) as setup:
+        setup.prefill(*emb([[1, 2, 3]]), slots=[1])
+        seen: list[BaseException | None] = []
+        real = EngineExecutor.execute
+
+        def execute(self: Any, *args: Any, **kw: Any) -> Any:
+            if not seen:
+                def other() -> None:
+                    try:
+                        setup.release([1])
+                        seen.append(None)
+                    except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                        seen.append(exc)
+                t = threading.Thread(target=other)
+                t.start()
+                t.join()
+            return real(self, *args, **kw)
+
+        monkeypatch.setattr(EngineExecutor, "execute", execute)
+        setup.prefill(*emb([[4, 5]]), slots=[0])
+        assert isinstance(seen[0], TrtioError), "the second thread's release was refused"
+        assert setup.active.tolist() == [0, 1]
 
 
 def test_the_batch_contract_refuses_slots_and_prefixes_naming_the_ragged_contract() -> None:
@@ -498,6 +626,48 @@ def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_lo
                 assert_logits(got, want, f"request {req}, round {r}: the draft's first level (its root's hidden)")
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_speculative_sequence_from_a_pinned_prefix_verifies_as_its_whole_prompt_alone(device: str,
+                                                                                         graphs: bool) -> None:
+    """base_prefill(prefix=P) then draft_prefill(prefix=P): the draft holds the prefix's entries too (its length
+    is the prefix's, not 0, so its prefill continues after them), and the sequence drafts and verifies exactly
+    as its whole prompt alone."""
+    bundle = small_pool_pair(pool=16)
+    rng = np.random.default_rng(3)
+    shared = list(map(int, rng.integers(0, 512, 20)))
+    first_prompt, prompt = shared + [7, 8], shared + [9, 10, 11]
+    with spec_setup(bundle, device, graphs=graphs) as setup:
+        run = Chains(setup)
+        run.admit(0, first_prompt)
+        run.round()
+        prefix = setup.pin_prefix(0, len(shared))  # keeps len(shared) - 1 entries: the draft's last needs the next
+        setup.release([0])
+        k = prefix.tokens
+        x, lens = emb([prompt[k:]])
+        base = setup.base_prefill(x, lens, slots=[2], prefix=prefix).to_numpy()[0].copy()
+        assert setup.draft_lengths.tolist() == [k], "the draft holds the prefix's entries"
+        first = int(base.argmax())
+        x, _ = emb([prompt[k + 1:] + [first]])
+        draft = setup.draft_prefill(x, lens, slots=[2], prefix=prefix).to_numpy()[0].copy()
+        assert setup.base_lengths.tolist() == setup.draft_lengths.tolist() == [len(prompt)]
+        run.seqs = {2: {"tokens": prompt + [first], "draft": draft, "verify": [], "proposed": []}}
+        for _ in range(3):
+            run.round()
+        prefix.release()
+        got = run.seqs[2]
+    with spec_setup(bundle, device) as alone:
+        solo = Chains(alone)
+        solo.admit(0, prompt)
+        for _ in range(3):
+            solo.round()
+    want = solo.seqs[0]
+    assert got["tokens"] == want["tokens"]
+    for r, (g, w) in enumerate(zip(got["verify"], want["verify"])):
+        assert_logits(g, w, f"round {r}: verify logits")
+    for r, (g, w) in enumerate(zip(got["proposed"], want["proposed"])):
+        assert_logits(g, w, f"round {r}: the draft's first level")
+
+
 # -- random admissions, releases and prefixes against a model ----------------------------------------------
 
 from hypothesis import settings  # noqa: E402
@@ -553,6 +723,13 @@ class SlotsAndPages(RuleBasedStateMachine):
             holders[p.pages("llm")] += 1
         assert [pool.refs(i) for i in range(pool.total)] == holders.tolist()
         assert pool.free == int((holders == 0).sum()), "a page is free exactly when no one holds it"
+
+    @invariant()
+    def each_rows_pages_are_what_the_table_reports(self) -> None:
+        table = self.setup._seqs.tables["llm"]
+        for slot in range(_CFG.max_supported_batch_size):
+            row = table.rows[slot]
+            assert table.pages_of(slot) == row[row >= 0].tolist(), f"slot {slot}"
 
     # -- what a serving loop does --
     def _unchanged(self) -> Any:

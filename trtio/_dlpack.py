@@ -86,6 +86,9 @@ DLPACK_MAJOR_VERSION = 1
 DLPACK_MINOR_VERSION = 0
 DLPACK_FLAG_BITMASK_READ_ONLY = 1
 
+#: The most dimensions a consumed tensor may have (numpy's limit).
+MAX_NDIM = 64
+
 _LEGACY_NAME = b"dltensor"
 _VERSIONED_NAME = b"dltensor_versioned"
 
@@ -421,9 +424,10 @@ def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
     """Take over the DLPack capsule ``capsule`` (``"dltensor"`` or ``"dltensor_versioned"``) and return
     what it describes; ``producer`` is kept alive beside it.
 
-    Raises BufferError for anything else (an already consumed capsule, another kind of object) or a
-    versioned capsule of a major version above :data:`DLPACK_MAJOR_VERSION`; the capsule is then left as
-    it was, for its own destructor to free.
+    Raises BufferError for anything else (an already consumed capsule, another kind of object), a
+    versioned capsule of a major version above :data:`DLPACK_MAJOR_VERSION`, or a tensor no array can be
+    (ndim outside 0..:data:`MAX_NDIM`, a null shape pointer, a negative dimension, a null data pointer for
+    elements); the capsule is then left as it was, for its own destructor to free.
     """
     if _PyCapsule_IsValidObject(capsule, _VERSIONED_NAME):
         versioned, name = True, _VERSIONED_NAME
@@ -445,7 +449,18 @@ def consume_capsule(capsule: object, producer: object = None) -> DLPackView:
         managed = DLManagedTensor.from_address(address)
     tensor = managed.dl_tensor
     ndim = int(tensor.ndim)
+    # What the struct says is checked before anything is read through its pointers: a capsule refused here is
+    # left as it was, for its own destructor to hand back.
+    if not 0 <= ndim <= MAX_NDIM:
+        raise ExportError(f"a DLPack tensor of ndim {ndim}; trtio reads 0..{MAX_NDIM} dimensions")
+    if ndim and not tensor.shape:
+        raise ExportError(f"a DLPack tensor of ndim {ndim} without a shape (a null shape pointer)")
     shape = tuple(int(tensor.shape[i]) for i in range(ndim))
+    if any(d < 0 for d in shape):
+        raise ExportError(f"a DLPack tensor of shape {list(shape)}: a dimension is negative")
+    if not tensor.data and 0 not in shape:
+        raise ExportError(f"a DLPack tensor of shape {list(shape)} at a null data pointer (only an empty tensor "
+                          "may have one)")
     strides = tuple(int(tensor.strides[i]) for i in range(ndim)) if tensor.strides else None
     owner = ImportedCapsule(address, managed.deleter, producer)
     try:

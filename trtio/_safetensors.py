@@ -2,7 +2,9 @@
 
 Edge-LLM's engine directories carry the token embedding table (``embedding.safetensors``) and the EAGLE3
 draft-to-target vocabulary map (``d2t.safetensors``) in this format; trtio reads them without depending on
-the ``safetensors`` package. The format: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON
+the ``safetensors`` package, whose numpy loader refuses the BF16 and FP8 tensors these files hold (numpy has
+no such dtypes; here they are widened to float32 by :func:`bf16_to_float32` and :func:`e4m3_to_float32`). The
+format: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON
 (``{name: {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``), then the
 data, each tensor's offsets relative to the end of the header, little-endian and C-contiguous.
 """
@@ -10,6 +12,7 @@ data, each tensor's offsets relative to the end of the header, little-endian and
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable
@@ -27,6 +30,7 @@ _NUMPY = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", 
           "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
 _RAW = {"BF16": "<u2", "F8_E4M3": "u1", "F8_E5M2": "u1"}
 _MAX_HEADER = 100 << 20  # the safetensors package refuses headers over 100 MB too
+_MAX_NDIM = 64  # numpy's limit
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,13 @@ def read_safetensors(path: str | os.PathLike[str], names: Iterable[str] | None =
         raise ConfigError(where, "no such file") from None
     except IsADirectoryError:
         raise ConfigError(where, "is a directory, not a safetensors file") from None
+    except OSError as exc:
+        raise ConfigError(where, f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(where, f"is not a safetensors file: its header is not JSON ({exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(where, f"is not a safetensors file: its header is not JSON ({detail})") from None
     if not isinstance(header, dict):
         raise ConfigError(where, "is not a safetensors file: its header is not a JSON object")
     header.pop("__metadata__", None)
@@ -88,17 +95,21 @@ def _tensor(where: str, name: str, info: object, data_start: int, size: int) -> 
     if not isinstance(info, dict):
         raise ConfigError(what, f"expected an object with dtype, shape and data_offsets, got {info!r}")
     tag, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if tag not in _NUMPY and tag not in _RAW:
+    if not isinstance(tag, str) or (tag not in _NUMPY and tag not in _RAW):
         raise ConfigError(what, f"dtype {tag!r} is not one trtio reads ({', '.join([*_NUMPY, *_RAW])})")
     if not isinstance(shape, list) or not all(is_int(d) and d >= 0 for d in shape):
         raise ConfigError(what, f"shape must be a list of ints >= 0, got {shape!r}")
+    if len(shape) > _MAX_NDIM:
+        raise ConfigError(what, f"shape has {len(shape)} dimensions; trtio reads at most {_MAX_NDIM}")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(is_int(o) for o in offsets)):
         raise ConfigError(what, f"data_offsets must be [begin, end], got {offsets!r}")
     dtype = np.dtype(_NUMPY.get(tag) or _RAW[tag])
     begin, end = offsets
-    count = int(np.prod(shape, dtype=np.int64))
-    if not 0 <= begin <= end or end - begin != count * dtype.itemsize:
+    count = math.prod(int(d) for d in shape)  # Python ints: a huge shape must not wrap around to a small count
+    if not 0 <= begin <= end:
+        raise ConfigError(what, f"data_offsets {offsets} must be [begin, end] with 0 <= begin <= end")
+    if end - begin != count * dtype.itemsize:
         raise ConfigError(what, f"data_offsets {offsets} hold {end - begin} bytes, but {tag} {shape} takes "
                                 f"{count * dtype.itemsize}")
     if data_start + end > size:

@@ -104,7 +104,7 @@ def _parse_entry(entry: Mapping[str, Any], name: str, where: str, i: int, tp_siz
         raise _entry_error(where, i, "checkpoint_source", f"{name}: is {source!r}; trtio reads the model's own "
                                                           "checkpoint ('component') only")
     dtype = entry.get("dtype")
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise _entry_error(where, i, "dtype", f"{name}: expected one of {sorted(_DTYPES)}, got {dtype!r}")
     shape = entry.get("shape")
     if not isinstance(shape, list) or not shape or not all(is_int(d) and d > 0 for d in shape):
@@ -135,6 +135,9 @@ def checkpoint_directory(config_dir: Path, raw: Any, where: str,
     """The checkpoint directory a config's weight inputs come from: ``override`` where given, else the
     config's ``checkpoint_dir`` (relative to the config's directory). ConfigError where neither is there."""
     if override is not None:
+        if not isinstance(override, (str, os.PathLike)):
+            raise ConfigError("checkpoint_dir", f"expected the path of the model's safetensors checkpoint, got "
+                                                f"{type(override).__name__} {override!r}")
         path = Path(override)
         what = "checkpoint_dir (given)"
     else:
@@ -163,7 +166,11 @@ def _tensor_files(directory: Path, opened: dict[Path, dict[str, SafeTensor]]) ->
             raise ConfigError(str(index), f"is not a safetensors index ({exc})") from None
         if not isinstance(weight_map, Mapping):
             raise ConfigError(f"{index}: weight_map", "expected an object: tensor name -> file")
-        return {str(k): directory / str(v) for k, v in weight_map.items()}
+        for k, v in weight_map.items():
+            if not isinstance(v, str) or not v or Path(v).name != v or v in (".", ".."):
+                raise ConfigError(f"{index}: weight_map.{k}", f"expected the name of a safetensors file beside the "
+                                                              f"index, got {v!r}")
+        return {str(k): directory / v for k, v in weight_map.items()}
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ConfigError(str(directory), "holds no *.safetensors file (the engines read weights from the model's "
@@ -207,6 +214,10 @@ def read_weights(bindings: Sequence[CheckpointBinding], directory: Path, tp_size
         if stored is None:
             raise ConfigError(str(file), f"holds no tensor {b.checkpoint_key!r} (its index says it does)")
         full = _as_dtype(stored, b.dtype, f"{file}: {b.checkpoint_key}")
+        if full.ndim != len(b.shape):
+            raise ConfigError(f"{where}: {BINDINGS_KEY}", f"{b.engine_name}: {b.checkpoint_key} is {list(full.shape)} "
+                                                          f"({full.ndim} dims), the engine input {list(b.shape)} "
+                                                          f"({len(b.shape)} dims)")
         if b.tp_shard is not None and full.shape[b.tp_shard[0]] % b.tp_shard[1]:
             axis, parts = b.tp_shard
             raise ConfigError(f"{where}: {BINDINGS_KEY}", f"{b.engine_name}: {b.checkpoint_key} {list(full.shape)} "

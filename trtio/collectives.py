@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.errors import EngineError, InvalidValueError
 
@@ -53,11 +54,15 @@ class HostGroup(Closeable):
     communicator. Partial sums are float32 numpy arrays of one shape on every rank."""
 
     def __init__(self, size: int, *, timeout: float = WAIT_SECONDS) -> None:
-        if not isinstance(size, int) or size < 1:
+        if not is_int(size) or size < 1:
             raise InvalidValueError(f"HostGroup: size must be an int >= 1, got {size!r}")
+        size = int(size)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidValueError(f"HostGroup: timeout must be a number of seconds > 0, got {timeout!r}")
         self._size = size
         self._timeout = timeout
         self._barrier = threading.Barrier(size)
+        self._aborted = False  # abort() was called (else a broken barrier is a wait that timed out)
         # Two sets of slots, used in turn: a rank may reach the next all-reduce while a slower one still
         # reads this one's parts, but it cannot pass the next barrier before that rank arrives there.
         self._parts: list[list[Any]] = [[None] * size, [None] * size]
@@ -70,7 +75,10 @@ class HostGroup(Closeable):
         return self._size
 
     def member(self, rank: int) -> HostCommunicator:
-        return self._members[rank]
+        """Rank ``rank``'s communicator (``0 <= rank < size``)."""
+        if not is_int(rank) or not 0 <= rank < self._size:
+            raise InvalidValueError(f"HostGroup.member: rank must be an int in 0..{self._size - 1}, got {rank!r}")
+        return self._members[int(rank)]
 
     @property
     def aborted(self) -> bool:
@@ -79,10 +87,12 @@ class HostGroup(Closeable):
     def abort(self) -> None:
         """Make every rank waiting in an all-reduce, and every later one, raise CollectiveAbortedError (until
         :meth:`reset`)."""
+        self._aborted = True
         self._barrier.abort()
 
     def reset(self) -> None:
         """Make the group usable again after :meth:`abort`; call it only while no rank is inside an all-reduce."""
+        self._aborted = False
         self._barrier.reset()
         self._calls = [0] * self._size
         for parts in self._parts:
@@ -97,11 +107,26 @@ class HostGroup(Closeable):
         try:
             self._barrier.wait(self._timeout)
         except threading.BrokenBarrierError:
-            why = "the group was aborted (another rank's step failed)" if not self._closed else "the group is closed"
+            if self._closed:
+                why = "the group is closed"
+            elif self._aborted:
+                why = "the group was aborted (another rank's step failed)"
+            else:  # threading.Barrier breaks itself when a wait times out
+                why = f"a rank did not arrive within {self._timeout:g} s; the group is aborted until reset()"
             raise CollectiveAbortedError(f"all-reduce of rank {rank} of {self._size}: {why}") from None
-        total = np.array(parts[0], dtype=np.float32, copy=True)
-        for other in parts[1:]:
-            total += other
+        # Every rank reads the same parts: each finds the same mismatch, so no rank returns while another raises.
+        shapes = [np.shape(p) for p in parts]
+        if any(sh != shapes[0] for sh in shapes):
+            raise InvalidValueError(f"all-reduce of rank {rank} of {self._size}: the ranks' partial sums differ in "
+                                    f"shape ({', '.join(f'rank {r}: {list(sh)}' for r, sh in enumerate(shapes))}); "
+                                    "every rank must hand in the same shape")
+        try:
+            total = np.array(parts[0], dtype=np.float32, copy=True)
+            for other in parts[1:]:
+                total += np.asarray(other, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InvalidValueError(f"all-reduce of rank {rank} of {self._size}: a partial sum is not an array of "
+                                    f"numbers ({exc})") from None
         return total
 
     def _close_owned(self) -> None:
@@ -135,7 +160,17 @@ class HostCommunicator:
 
 def register(devices: Sequence[int], members: Sequence[HostCommunicator]) -> None:
     """Put ``members[i]`` in the table under ``devices[i]``; refused (nothing registered) where a device
-    already holds one."""
+    already holds one, where a device is named twice, or where the lists differ in length."""
+    devices, members = list(devices), list(members)
+    if len(devices) != len(members):
+        raise InvalidValueError(f"register: {len(devices)} devices for {len(members)} communicators; one device each")
+    bad = [d for d in devices if not is_int(d)]
+    if bad:
+        raise InvalidValueError(f"register: device {bad[0]!r} is not a device id (an int)")
+    twice = [d for d in devices if devices.count(d) > 1]
+    if twice:
+        raise InvalidValueError(f"register: device {twice[0]} is named twice; a device holds one communicator (a rank "
+                                "engine there would reach another rank's)")
     with _table_lock:
         taken = [d for d in devices if d in _table and _table[d]() is not None]
         if taken:
@@ -159,6 +194,8 @@ def communicator(device: int | None = None) -> HostCommunicator:
     EngineError naming the device where none is registered (as Edge-LLM's plugin reports it)."""
     if device is None:
         device = thread_device()
+    if device is not None and not is_int(device):
+        raise InvalidValueError(f"all-reduce: device {device!r} is not a device id (an int)")
     with _table_lock:
         entry = _table.get(device) if device is not None else None
         found = entry() if entry is not None else None

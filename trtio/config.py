@@ -57,18 +57,36 @@ def _within(what: str, exc: ConfigError) -> ConfigError:
     return ConfigError(_at(what, exc.field), exc.message)
 
 
+#: The largest size or count a config may give: step inputs and engine dimensions are 32-bit ints.
+MAX_SIZE = 2**31 - 1
+
+
+def _shown(v: Any) -> str:
+    """``repr(v)``, except for an int too long to show (Python refuses to print ints of over 4300 digits)."""
+    if is_int(v) and abs(int(v)) > 10**30:
+        return f"an int of {len(f'{abs(int(v)):x}') * 4} bits"
+    return repr(v)
+
+
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
         if not is_int(v) or v <= 0:
-            raise ConfigError(name, f"must be a positive int, got {v!r}")
+            raise ConfigError(name, f"must be a positive int, got {_shown(v)}")
+        _at_most_max(name, int(v))
 
 
 def _non_negative(obj: Any, *names: str) -> None:
     for name in names:
         v = getattr(obj, name)
         if not is_int(v) or v < 0:
-            raise ConfigError(name, f"must be a non-negative int, got {v!r}")
+            raise ConfigError(name, f"must be a non-negative int, got {_shown(v)}")
+        _at_most_max(name, int(v))
+
+
+def _at_most_max(name: str, v: int) -> None:
+    if v > MAX_SIZE:
+        raise ConfigError(name, f"must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), got {_shown(v)}")
 
 
 def _python_ints(obj: Any) -> None:

@@ -372,13 +372,13 @@ class EngineDir:
             raise ConfigError("rank", f"{self._path} holds a speculative pair: ask for the 'base' or 'draft' role")
         return int(rank)
     def _role(self, role: str) -> str:
-        if role not in self._configs:
+        if not isinstance(role, str) or role not in self._configs:
             raise ConfigError("role", f"expected one of {list(self._configs)} for the {self._kind} directory "
                                       f"{self._path}, got {role!r}")
         return role
 
     def _config(self, role: str) -> LLMEngineConfig:
-        if role not in self._configs:
+        if not isinstance(role, str) or role not in self._configs:
             other = "config" if self._kind == "llm" else "base_config / draft_config"
             raise ConfigError(CONFIG_FILES[role], f"{self._path} is a {self._kind} directory without it; use .{other}")
         return self._configs[role]
@@ -572,7 +572,8 @@ def _rank_entries(where: str, raw: Any, world: int) -> list[tuple[int, Mapping[s
             raise ConfigError(f"{key}.rank", f"rank {rank} is listed twice (also rank_configs"
                                              f"[{by_rank[int(rank)][0]}])")
         engine = entry.get("engine")
-        if not isinstance(engine, str) or not engine or Path(engine).name != engine or engine in (".", ".."):
+        if (not isinstance(engine, str) or not engine or Path(engine).name != engine or engine in (".", "..")
+                or "\0" in engine):
             raise ConfigError(f"{key}.engine", f"expected the rank's engine file name (beside the config), got "
                                                f"{engine!r}")
         if engine in names:
@@ -612,7 +613,7 @@ def _check_split(where: str, entries: list[tuple[int, Mapping[str, Any]]], whole
         if heads % world or cfg.num_attention_heads != heads // world:
             raise ConfigError(f"{key}.num_attention_heads",
                               f"rank {cfg.extras['tp_rank']} has {cfg.num_attention_heads} attention heads; "
-                              f"{world} ranks split the model's {heads} evenly ({heads / world:g} each)")
+                              f"{world} ranks split the model's {heads} evenly ({_share(heads, world)} each)")
         if kv % world == 0:
             want = kv // world
         elif world % kv == 0:
@@ -625,7 +626,13 @@ def _check_split(where: str, entries: list[tuple[int, Mapping[str, Any]]], whole
                               f"rank {cfg.extras['tp_rank']} has {cfg.num_kv_heads} KV heads; {world} ranks split "
                               f"the model's {kv}: {split}")
         rank_mlp = cfg.extras.get("intermediate_size")
-        if is_int(mlp) and is_int(rank_mlp) and (mlp % world or rank_mlp != mlp // world):
+        if is_int(mlp) and (not is_int(rank_mlp) or mlp % world or rank_mlp != mlp // world):
             raise ConfigError(f"{key}.intermediate_size",
-                              f"rank {cfg.extras['tp_rank']} has intermediate_size {rank_mlp}; {world} ranks split "
-                              f"the model's {mlp} evenly ({mlp / world:g} each)")
+                              f"rank {cfg.extras['tp_rank']} has intermediate_size {rank_mlp!r}; {world} ranks split "
+                              f"the model's {mlp} evenly ({_share(mlp, world)} each)")
+
+
+def _share(total: int | np.integer[Any], world: int) -> str:
+    """``total / world`` as text, exact for any ints (a float would overflow for a huge JSON int)."""
+    whole, rest = divmod(int(total), world)
+    return str(whole) if not rest else f"{total}/{world}, not a whole number"

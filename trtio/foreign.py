@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._dlpack import (
     DLPackView,
     consume_capsule,
@@ -67,7 +68,7 @@ def read_foreign(obj: Any, stream: StreamLike = None, *, name: str = "",
     if device is not None:
         if device[0] in (kDLCPU, kDLCUDAHost):
             be = get_backend(backend)
-            view = consume(obj, what, None)
+            view = consume(obj, what, None, device)
             found = _dtype_of(view, what)
             _check_view(what, found, view.shape, None, None, view.is_c_contiguous)
             pinned = device[0] == kDLCUDAHost and view.data % ALIGNMENT == 0
@@ -174,17 +175,26 @@ def dlpack_device(obj: Any, what: str) -> tuple[int, int] | None:
     if probe is None or not hasattr(obj, "__dlpack__"):
         return None
     try:
-        kind, index = probe()
-        return int(kind), int(index)
+        found = probe()
+    except Exception as exc:  # the producer's own error, whatever it is: named, with the input
+        raise InvalidValueError(f"{what}: {type(obj).__name__}.__dlpack_device__() failed "
+                                f"({type(exc).__name__}: {exc})") from exc
+    try:
+        kind, index = found
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack_device__() did not give a (device type, "
                                f"device id) pair of ints: {exc}") from None
+    if not (is_int(kind) and is_int(index)):
+        raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack_device__() did not give a (device type, "
+                               f"device id) pair of ints: got {found!r}")
+    return int(kind), int(index)
 
 
-def consume(obj: Any, what: str, handle: int | None) -> DLPackView:
+def consume(obj: Any, what: str, handle: int | None, device: tuple[int, int] | None = None) -> DLPackView:
     """Ask ``obj`` for a capsule (``handle``: the consumer's CUDA stream handle, None for host memory) and
     take it over. Producers that predate DLPack 1.0 do not take ``max_version``; they are asked again
-    without it."""
+    without it. ``device``: what ``__dlpack_device__`` said; a capsule of another device is refused (and
+    handed back), since its memory would be read as the wrong kind."""
     exporter = obj.__dlpack__
     try:
         try:
@@ -197,10 +207,28 @@ def consume(obj: Any, what: str, handle: int | None) -> DLPackView:
     except (BufferError, ValueError, RuntimeError) as exc:
         raise InvalidValueError(f"{what}: {type(obj).__name__} refused to export itself through DLPack: "
                                 f"{exc}") from None
+    except Exception as exc:  # the producer's own error, whatever it is: named, with the input
+        raise InvalidValueError(f"{what}: {type(obj).__name__}.__dlpack__() failed ({type(exc).__name__}: "
+                                f"{exc})") from exc
     try:
-        return consume_capsule(capsule, obj)
+        view = consume_capsule(capsule, obj)
     except BufferError as exc:
         raise InvalidTypeError(f"{what}: {type(obj).__name__}.__dlpack__() returned {exc}") from None
+    if device is not None:
+        found = (view.device_type, view.device_id)
+        host = (kDLCPU, kDLCUDAHost)  # both are host memory: read alike
+        same = (found[0] == device[0] or (found[0] in host and device[0] in host)) and (
+            device[0] != kDLCUDA or found[1] == device[1])
+        if not same:
+            view.owner.release()
+            raise InvalidValueError(f"{what}: {type(obj).__name__}.__dlpack_device__() says {_device_text(device)}, "
+                                    f"but its capsule holds memory of {_device_text(found)}; trtio reads memory only "
+                                    "where the producer says it is")
+    return view
+
+
+def _device_text(device: tuple[int, int]) -> str:
+    return f"{_DEVICE_NAMES.get(device[0], f'DLPack device type {device[0]}')} (device {device[1]})"
 
 
 def from_dlpack_device(obj: Any, what: str, device: tuple[int, int], want: DType | None,
@@ -209,7 +237,7 @@ def from_dlpack_device(obj: Any, what: str, device: tuple[int, int], want: DType
     """A DLPack array in device memory as DEVICE memory: checked where it lives, then exported with trtio's
     stream (the producer orders its pending work before it), then checked for dtype, rank and layout."""
     _check_device(obj, what, device, be, device_ok)
-    view = consume(obj, what, as_stream(stream, be).handle)
+    view = consume(obj, what, as_stream(stream, be).handle, device)
     found = _dtype_of(view, what)
     _check_view(what, found, view.shape, want, ranks, view.is_c_contiguous)
     return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=name)

@@ -90,7 +90,7 @@ def as_input(obj: Any, what: str, stream: StreamLike = None, *, dtype: DTypeLike
     device = dlpack_device(obj, what)
     if device is not None:
         if device[0] in (kDLCPU, kDLCUDAHost):
-            array = host_array(consume(obj, what, None), what)
+            array = host_array(consume(obj, what, None, device), what)
             check_host(array, what, want, found_ranks)
             return array
         return _tensor(from_dlpack_device(obj, what, device, want, found_ranks, be, device_ok, stream, name=what))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.errors import CapacityError, TrtioError
 
@@ -117,12 +118,12 @@ class StepPages:
         for slot, entries in self.new.items():
             for e in entries:
                 page = fresh.pop()
-                t.rows[slot, e] = page
+                t.map(slot, e, page)
                 self._taken.append((slot, e, -1))
         for slot, shared in self.copies.items():
             for e, old in shared:
                 page = fresh.pop()
-                t.rows[slot, e] = page
+                t.map(slot, e, page)
                 pool.drop([old])
                 self._taken.append((slot, e, old))
                 self.moves.append((old, page))
@@ -138,10 +139,10 @@ class StepPages:
             return
         t, pool = self.table, self.table.pool
         for slot, e, old in reversed(self._taken):
-            page = int(t.rows[slot, e])
+            page = t.entry(slot, e)
             if old >= 0:
                 pool.hold([old])
-            t.rows[slot, e] = old
+            t.map(slot, e, old)
             pool.drop([page])
         self._taken.clear()
         self.moves.clear()
@@ -155,20 +156,28 @@ class StepPages:
 class PageTable:
     """The page-table rows of one engine's sequence slots over one pool (see module docstring).
 
-    ``rows`` is int32 ``[slots, pages per sequence]``: K page ids, -1 where unmapped; the engine's table
-    adds the V ids (K id + ``pool.total``). ``version`` changes with every row change (a step's rows are
-    staged again only then)."""
+    ``rows`` is int32 ``[slots, pages per sequence]``: K page ids, -1 where unmapped (a read-only view of
+    the K half of the engine's table, which adds the V ids: K id + ``pool.total``). ``version`` changes with
+    every row change (a step's rows are staged again only then). Every change goes through :meth:`map`,
+    :meth:`assign`, :meth:`release` or :meth:`restore`, which keep the K and V ids and a plain-list copy of
+    each row together: one slot's pages are read without numpy (``release`` and ``pin_prefix`` of one
+    sequence are a few list operations), and a step's table is one gather of its slots' rows."""
 
     def __init__(self, pool: PagePool, slots: int, pages_per_sequence: int, page_size: int, role: str = "") -> None:
         self.role = role  # the engine whose pool this is ("llm", "base", "draft")
         self.pool = pool
         self.page_size = page_size
-        self.rows = np.full((slots, pages_per_sequence), -1, np.int32)
+        self._table = np.full((slots, 2, pages_per_sequence), -1, np.int32)  # per slot: K ids, V ids
+        self._slot_tables = list(self._table)  # a view of each slot's [2, M] (one fill() unmaps a row)
+        self.rows = self._table[:, 0]
+        self.rows.flags.writeable = False
+        # rows[slot] as a list of ints, up to its last mapped entry (trailing -1 entries may stay)
+        self._held: list[list[int]] = [[] for _ in range(slots)]
         # Per slot: the token a step may write up to without planning (its pages from the current one on are
         # mapped and its own); 0 until a plan says otherwise.
         self.limit = np.zeros(slots, np.int64)
         self.version = 0
-        self._bound: dict[tuple[tuple[int, ...], int], np.ndarray] = {}
+        self._bound: BoundedCache[tuple[tuple[int, ...], int], np.ndarray] = BoundedCache()
 
     def ensure(self, slots: np.ndarray, starts: np.ndarray, width: int) -> StepPages | None:
         """:meth:`plan` of a step writing ``width`` tokens from ``starts[i]`` on for ``slots[i]``, or None when
@@ -180,17 +189,18 @@ class PageTable:
 
     def refresh(self, slot: int, start: int) -> None:
         """Recompute ``limit[slot]`` for writes from token ``start`` on."""
-        row, page = self.rows[slot], self.page_size
+        row, page = self._held[slot], self.page_size
         e = start // page
-        while e < row.shape[0] and row[e] >= 0 and self.pool.refs(int(row[e])) == 1:
+        while e < len(row) and row[e] >= 0 and self.pool.refs(row[e]) == 1:
             e += 1
         self.limit[slot] = e * page
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, list[int]]]:
-        return self.rows.copy(), self.limit.copy(), self.pool.snapshot()
+        return self._table.copy(), self.limit.copy(), self.pool.snapshot()
 
     def restore(self, saved: tuple[np.ndarray, np.ndarray, tuple[np.ndarray, list[int]]]) -> None:
-        self.rows[:], self.limit[:] = saved[0], saved[1]
+        self._table[:], self.limit[:] = saved[0], saved[1]
+        self._held = self.rows.tolist()
         self.pool.restore(saved[2])
         self.version += 1
 
@@ -199,9 +209,23 @@ class PageTable:
         return int(self.rows.shape[1])
 
     def pages_of(self, slot: int) -> list[int]:
-        """The pages slot ``slot`` holds, in token order."""
-        row = self.rows[slot]
-        return [int(p) for p in row[row >= 0]]
+        """The pages slot ``slot`` holds, in token order (a new list)."""
+        return [p for p in self._held[slot] if p >= 0]
+
+    def entry(self, slot: int, e: int) -> int:
+        """The page of entry ``e`` of slot ``slot``'s row (-1: unmapped)."""
+        row = self._held[slot]
+        return row[e] if e < len(row) else -1
+
+    def map(self, slot: int, e: int, page: int) -> None:
+        """Set entry ``e`` of slot ``slot``'s row to ``page`` (-1: unmap it); the caller counts the references
+        and bumps :attr:`version`."""
+        row = self._held[slot]
+        if e >= len(row):
+            row.extend([-1] * (e + 1 - len(row)))
+        row[e] = page
+        self._table[slot, 0, e] = page
+        self._table[slot, 1, e] = page + self.pool.total if page >= 0 else -1
 
     def plan(self, slots: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> StepPages:
         """The pages a step writing tokens ``starts[i] .. ends[i] - 1`` of slot ``slots[i]`` needs: an
@@ -209,19 +233,20 @@ class PageTable:
         (naming the slot, the pages it needs and the pool's free / total) when the pool is short; nothing
         changes until :meth:`StepPages.commit`."""
         plan = StepPages(self)
-        page, pool, rows = self.page_size, self.pool, self.rows
+        page, pool, entries = self.page_size, self.pool, self.pages_per_sequence
         need = 0
         for slot, start, end in zip(slots, starts, ends):
             if end <= start:
                 continue
             first, last = start // page, (end - 1) // page
-            if last >= rows.shape[1]:
+            if last >= entries:
                 raise CapacityError(f"slot {slot}: tokens up to {end} need page entry {last}, past the "
-                                    f"{rows.shape[1]} pages of a page-table row")
+                                    f"{entries} pages of a page-table row")
             plan.starts[slot] = start
-            row = rows[slot]
-            new = [e for e in range(first, last + 1) if row[e] < 0]
-            shared = [(e, int(row[e])) for e in range(first, last + 1) if row[e] >= 0 and pool.refs(int(row[e])) > 1]
+            row = self._held[slot]
+            mapped = [(e, row[e] if e < len(row) else -1) for e in range(first, last + 1)]
+            new = [e for e, p in mapped if p < 0]
+            shared = [(e, p) for e, p in mapped if p >= 0 and pool.refs(p) > 1]
             if new:
                 plan.new[slot] = new
             if shared:
@@ -237,15 +262,22 @@ class PageTable:
 
     def assign(self, slot: int, pages: Sequence[int]) -> None:
         """Map ``pages`` (held already) as the first entries of a free slot's row."""
-        self.rows[slot, :] = -1
-        self.rows[slot, :len(pages)] = pages
+        held = [int(p) for p in pages]
+        table = self._slot_tables[slot]
+        table.fill(-1)
+        table[0, :len(held)] = held
+        table[1, :len(held)] = [p + self.pool.total for p in held]
+        self._held[slot] = held
         self.limit[slot] = 0
         self.version += 1
 
     def release(self, slot: int) -> list[int]:
         """Unmap every entry of ``slot``; returns the pages it held (the caller drops them)."""
-        held = self.pages_of(slot)
-        self.rows[slot, :] = -1
+        row = self._held[slot]
+        held = [p for p in row if p >= 0]
+        if row:
+            self._slot_tables[slot].fill(-1)
+            self._held[slot] = []
         self.limit[slot] = 0
         self.version += 1
         return held
@@ -257,14 +289,9 @@ class PageTable:
         key = (slots, self.version)
         found = self._bound.get(key)
         if found is None:
-            if len(self._bound) >= 64:
-                self._bound.clear()
-            k = self.rows[list(slots)]
-            found = np.empty((len(slots), 2, k.shape[1]), np.int32)
-            found[:, 0] = k
-            found[:, 1] = np.where(k >= 0, k + self.pool.total, -1)
+            found = self._table[list(slots)]  # a copy: later row changes leave it as it is
             found.flags.writeable = False
-            self._bound[key] = found
+            self._bound.put(key, found)
         return found
 
 

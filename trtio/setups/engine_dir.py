@@ -86,7 +86,7 @@ def _backend_kind(backend: Backend | str | None) -> str | Backend:
         return get_backend("auto").name
     if backend in ("cuda", "host"):
         return str(backend)
-    if not isinstance(backend, str) and backend.name != "cuda":
+    if isinstance(backend, Backend) and backend.name != "cuda":
         return backend
     raise ConfigError("backend", f"a tensor-parallel directory runs on 'cuda' (one device per rank, each rank's "
                                  f"backend made by trtio), 'host' or a host Backend instance, got {backend!r}")

@@ -42,7 +42,7 @@ __all__ = ["LLMSetup", "create_for_llm"]
 
 
 class LLMSetup(SetupBase):
-    """One LLM engine bound to a PipelineIO: prefill / decode / reset (DESIGN §8)."""
+    """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> None:

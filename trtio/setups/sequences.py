@@ -15,12 +15,13 @@ differs from the slots, a prefix longer than its sequence, of another setup or a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from trtio._cache import BoundedCache
 from trtio._checks import is_int
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
@@ -55,9 +56,13 @@ class Sequences:
         self.max_batch = max_batch
         self.slotted = all(e.contract.slotted and e.state.pages_on_demand for e in engines)
         self._lag = prefix_lag
-        self._active = np.zeros(max_batch, bool)
-        self._order = np.zeros(0, np.int64)  # the active slots, ascending
-        self._order_key: tuple[int, ...] = ()
+        # Plain Python per slot, kept up to date in place: releasing or admitting one sequence is a few list
+        # and tuple operations; the order's array is made once per set of active slots.
+        self._active = [False] * max_batch
+        self._order_key: tuple[int, ...] = ()  # the active slots, ascending
+        self._order = np.zeros(0, np.int64)  # the same, as a read-only array for the steps
+        self._order.flags.writeable = False
+        self._orders: BoundedCache[tuple[int, ...], np.ndarray] = BoundedCache()
         self._contiguous = True  # the active slots are 0 .. n - 1
         self.tables: dict[str, PageTable] = {}
         if self.slotted:
@@ -74,7 +79,7 @@ class Sequences:
 
     @property
     def order(self) -> np.ndarray:
-        """The active slots, ascending (int64; the caller must not change it)."""
+        """The active slots, ascending (int64, read-only)."""
         return self._order
 
     @property
@@ -87,14 +92,18 @@ class Sequences:
         return self._contiguous
 
     def is_active(self, slot: int) -> bool:
-        return bool(self._active[slot])
+        return self._active[slot]
 
-    def _set_active(self, slots: np.ndarray, value: bool) -> None:
-        self._active[slots] = value
-        self._order = np.flatnonzero(self._active).astype(np.int64)
-        self._order_key = tuple(self._order.tolist())
-        n = self._order.shape[0]
-        self._contiguous = bool(n == 0 or self._order[-1] == n - 1)
+    def _set_order(self, key: tuple[int, ...]) -> None:
+        """The active slots are now ``key`` (ascending; ``_active`` says the same)."""
+        order = self._orders.get(key)
+        if order is None:
+            order = np.array(key, np.int64)
+            order.flags.writeable = False
+            self._orders.put(key, order)
+        self._order_key = key
+        self._order = order
+        self._contiguous = not key or key[-1] == len(key) - 1
 
     def kv_pages(self) -> KVPages:
         """The LLM's (or the base's) pool."""
@@ -121,23 +130,29 @@ class Sequences:
                              f"slots per step, KV pages on demand); these engines speak the batch contract, whose "
                              f"steps are whole-batch steps over contiguous caches")
 
-    def _slot_list(self, slots: Any, what: str) -> np.ndarray:
-        """``slots`` as distinct int64 slot ids in range, in the order given."""
-        if isinstance(slots, (str, bytes)) or not hasattr(slots, "__len__"):
-            raise ShapeError(f"{what}: slots must be a list of slot ids, got {type(slots).__name__} {slots!r}")
+    def _slot_list(self, slots: Any, what: str) -> list[int]:
+        """``slots`` as distinct slot ids (Python ints) in range, in the order given."""
+        if type(slots) is list and len(slots) == 1 and type(slots[0]) is int and 0 <= slots[0] < self.max_batch:
+            return [slots[0]]  # the common call (one slot, a plain int): nothing more to check
+        if (isinstance(slots, (str, bytes, Set, Mapping)) or not hasattr(slots, "__len__")
+                or (isinstance(slots, np.ndarray) and slots.ndim != 1)):
+            raise ShapeError(f"{what}: slots must be a list of slot ids, "
+                             f"got {type(slots).__name__} {slots!r}")
         out = []
         for i, v in enumerate(slots):
-            if not is_int(v):
-                raise ShapeError(f"{what}: slots[{i}] = {v!r} is not a slot id (an int)")
-            if not 0 <= int(v) < self.max_batch:
-                raise ShapeError(f"{what}: slot {int(v)} is out of range 0..{self.max_batch - 1}")
-            out.append(int(v))
+            if type(v) is not int:  # a plain int needs no more than the range check
+                if not is_int(v):
+                    raise ShapeError(f"{what}: slots[{i}] = {v!r} is not a slot id (an int)")
+                v = int(v)
+            if not 0 <= v < self.max_batch:
+                raise ShapeError(f"{what}: slot {v} is out of range 0..{self.max_batch - 1}")
+            out.append(v)
         if len(set(out)) != len(out):
             twice = next(v for v in out if out.count(v) > 1)
             raise ShapeError(f"{what}: slot {twice} is given twice")
         if not out:
             raise ShapeError(f"{what}: no slot given")
-        return np.array(out, np.int64)
+        return out
 
     def step_slots(self, slots: Any, rows: int, what: str) -> tuple[np.ndarray, tuple[int, ...]]:
         """The slots a decode-type step runs: ``None`` is every active slot, ascending; a list must name
@@ -150,13 +165,13 @@ class Sequences:
                                  f"{list(self._order_key)}")
             return self._order, self._order_key
         self.refuse_unslotted(what, slots=slots)
-        arr = self._slot_list(slots, what)
-        free = arr[~self._active[arr]]
-        if free.size:
-            raise TrtioError(f"{what}: slot {int(free[0])} is free (no sequence there to continue)")
-        if arr.shape[0] != rows:
-            raise ShapeError(f"inputs_embeds: {rows} rows for the {arr.shape[0]} slots {arr.tolist()}")
-        return arr, tuple(arr.tolist())
+        given = self._slot_list(slots, what)
+        free = [v for v in given if not self._active[v]]
+        if free:
+            raise TrtioError(f"{what}: slot {free[0]} is free (no sequence there to continue)")
+        if len(given) != rows:
+            raise ShapeError(f"inputs_embeds: {rows} rows for the {len(given)} slots {given}")
+        return np.array(given, np.int64), tuple(given)
 
     def prefill_slots(self, slots: Any, rows: int, *, continuing: bool, what: str) -> np.ndarray:
         """The slots a prefill of ``rows`` sequences writes: ``None`` is slots ``0 .. rows - 1`` (the batch
@@ -167,19 +182,19 @@ class Sequences:
         if slots is None:
             return np.arange(rows, dtype=np.int64)
         self.refuse_unslotted(what, slots=slots)
-        arr = self._slot_list(slots, what)
-        if arr.shape[0] != rows:
-            raise ShapeError(f"inputs_embeds: {rows} rows for the {arr.shape[0]} slots {arr.tolist()}")
+        given = self._slot_list(slots, what)
+        if len(given) != rows:
+            raise ShapeError(f"inputs_embeds: {rows} rows for the {len(given)} slots {given}")
         if continuing:
-            free = arr[~self._active[arr]]
-            if free.size:
-                raise TrtioError(f"{what}: slot {int(free[0])} is free; past_lengths continues active sequences")
+            free = [v for v in given if not self._active[v]]
+            if free:
+                raise TrtioError(f"{what}: slot {free[0]} is free; past_lengths continues active sequences")
         else:
-            busy = arr[self._active[arr]]
-            if busy.size:
-                raise TrtioError(f"{what}: slot {int(busy[0])} is active; release it first, or pass past_lengths to "
+            busy = [v for v in given if self._active[v]]
+            if busy:
+                raise TrtioError(f"{what}: slot {busy[0]} is active; release it first, or pass past_lengths to "
                                  f"continue its sequence")
-        return arr
+        return np.array(given, np.int64)
 
     def prefixes(self, prefix: Any, rows: int, what: str) -> list[Prefix | None] | None:
         """``prefix=``: one Prefix for every row, one per row (None for none), checked as this setup's and
@@ -187,7 +202,14 @@ class Sequences:
         if prefix is None:
             return None
         self.refuse_unslotted(what, prefix=prefix)
-        given = [prefix] * rows if isinstance(prefix, Prefix) else list(prefix)
+        given: list[Any]
+        if isinstance(prefix, Prefix):
+            given = [prefix] * rows
+        elif isinstance(prefix, (str, bytes, Set, Mapping)) or not hasattr(prefix, "__iter__"):
+            raise ShapeError(f"{what}: prefix must be a Prefix (from pin_prefix) or one per sequence (None for none), "
+                             f"got {type(prefix).__name__} {prefix!r}")
+        else:
+            given = list(prefix)
         if len(given) != rows:
             raise ShapeError(f"{what}: {len(given)} prefixes for {rows} sequences")
         for i, p in enumerate(given):
@@ -220,14 +242,14 @@ class Sequences:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Host state (active slots, lengths, page tables, pools) as it was if the block raises."""
-        saved_active = self._active.copy()
+        saved_active = list(self._active)
         saved_lengths = {r: e.state.lengths.copy() for r, e in self._engines.items()}
         saved_tables = {r: t.snapshot() for r, t in self.tables.items()}
         try:
             yield
         except BaseException:
             self._active[:] = saved_active
-            self._set_active(np.zeros(0, np.int64), False)  # recomputes the order from the restored slots
+            self._set_order(tuple(slot for slot, on in enumerate(saved_active) if on))
             for r, e in self._engines.items():
                 e.state.lengths[:] = saved_lengths[r]
             for r, t in self.tables.items():
@@ -235,50 +257,68 @@ class Sequences:
             raise
 
     def admit(self, slots: np.ndarray, prefixes: list[Prefix | None] | None) -> None:
-        """Slots become active; a sequence from a prefix holds the prefix's pages (in every engine)."""
-        self._set_active(slots, True)
+        """Free slots become active; a sequence from a prefix holds the prefix's pages and so its KV entries (in
+        every engine: each engine's length of it is the prefix's tokens until its own prefill writes after
+        them)."""
+        new = slots.tolist()
+        for slot in new:
+            self._active[slot] = True
+        self._set_order(tuple(sorted(self._order_key + tuple(new))))
         if prefixes is None:
             return
-        for slot, p in zip(slots.tolist(), prefixes):
+        for slot, p in zip(new, prefixes):
             if p is None:
                 continue
             for role, table in self.tables.items():
                 pages = p.pages(role)
                 table.pool.hold(pages)
                 table.assign(slot, pages)
+            for e in self._engines.values():
+                e.state.lengths[slot] = p.tokens
 
-    def release(self, slots: np.ndarray) -> None:
+    def release(self, slots: Sequence[int] | np.ndarray) -> None:
         """End the sequences of ``slots`` (active, checked): their pages go back, their lengths to 0."""
+        gone = slots.tolist() if isinstance(slots, np.ndarray) else list(slots)
         for table in self.tables.values():
-            for slot in slots.tolist():
-                table.pool.drop(table.release(slot))
+            drop = table.pool.drop
+            for slot in gone:
+                drop(table.release(slot))
         for e in self._engines.values():
-            e.state.lengths[slots] = 0
-        self._set_active(slots, False)
+            lengths = e.state.lengths
+            for slot in gone:
+                lengths[slot] = 0
+        active = self._active
+        for slot in gone:
+            active[slot] = False
+        self._set_order(tuple([slot for slot in self._order_key if active[slot]]))
 
     def release_all(self) -> None:
         if self.count:
-            self.release(self._order.copy())
+            self.release(self._order_key)
 
-    def checked_release(self, slots: Any, what: str) -> np.ndarray:
-        self.refuse_unslotted(what, slots=slots)
-        arr = self._slot_list(slots, what)
-        free = arr[~self._active[arr]]
-        if free.size:
-            raise TrtioError(f"{what}: slot {int(free[0])} is free (no sequence to release)")
-        return arr
+    def checked_release(self, slots: Any, what: str) -> list[int]:
+        """``slots`` checked for :meth:`release`: distinct, in range, each active (else an error naming the
+        slot, and nothing changes)."""
+        if not self.slotted:
+            self.refuse_unslotted(what, slots=slots)
+        given = self._slot_list(slots, what)
+        for slot in given:
+            if not self._active[slot]:
+                raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")
+        return given
 
     def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix") -> Prefix:
         """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``."""
-        self.refuse_unslotted(what)
-        if not is_int(slot) or not 0 <= int(slot) < self.max_batch:
+        if not self.slotted:
+            self.refuse_unslotted(what)
+        if not (type(slot) is int or is_int(slot)) or not 0 <= slot < self.max_batch:
             raise ShapeError(f"{what}: slot {slot!r} is not a slot id in 0..{self.max_batch - 1}")
         slot = int(slot)
         if not self._active[slot]:
             raise TrtioError(f"{what}: slot {slot} is free (no sequence to pin a prefix of)")
-        have = int(min(e.state.lengths[slot] for e in self._engines.values()))
+        have = min([e.state.lengths.item(slot) for e in self._engines.values()])
         keep_min = 1 + self._lag
-        if not is_int(tokens) or not keep_min <= int(tokens) <= have:
+        if not (type(tokens) is int or is_int(tokens)) or not keep_min <= tokens <= have:
             raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: a prefix "
                              f"pins {keep_min}..{have} of them")
         kept = int(tokens) - self._lag

@@ -1,7 +1,7 @@
 """create_for_spec_decode: an EAGLE-style base + draft pair sharing one PipelineIO, and its step protocol.
 
 The two engines share one PipelineIO and one context memory, each with its own tensor map and KV
-state. A round (Edge-LLM's ``eagleDecoder`` phases, notes §9):
+state. A round (Edge-LLM's ``eagleDecoder`` phases: ``docs/edgellm-assumptions.md`` §6):
 
 1. ``base_prefill`` then ``draft_prefill`` (the prompt shifted by one token) — or, after a round,
    ``draft_accept`` — give the draft's logits at each sequence's last committed token (the *root*);

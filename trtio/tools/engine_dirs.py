@@ -29,7 +29,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts import build_registry
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
-from trtio.edgellm import CONFIG_FILES, ENGINE_FILES, EngineDir
+from trtio.edgellm import CONFIG_FILES, ENGINE_FILES, TP_CONFIG_PATTERN, EngineDir
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ConfigError, TrtioError
 from trtio.memory import MemoryReport
@@ -75,8 +75,9 @@ def edgellm_directory(target: Path) -> Path | None:
     configs or engine files.
     """
     if target.is_file():
-        if target.name in ENGINE_FILES.values() or (target.name in CONFIG_FILES.values() and
-                                                    _is_edgellm_json(target)):
+        if target.name in ENGINE_FILES.values() or (
+                (target.name in CONFIG_FILES.values() or TP_CONFIG_PATTERN.fullmatch(target.name))
+                and _is_edgellm_json(target)):
             return target.parent
         return None
     if not target.is_dir():
@@ -108,7 +109,7 @@ def runtime_values(directory: EngineDir, draft_top_k: int | None = None, draft_s
         for name, value in given.items():
             if value is not None:
                 raise ConfigError(RUNTIME_FLAGS[name], f"is for a speculative pair; {directory.path} holds a plain "
-                                                       f"LLM ({CONFIG_FILES['llm']})")
+                                                       f"LLM ({directory.config_path('llm').name})")
         return directory.deployment(), None
     base, draft = directory.base_config, directory.draft_config
     top_k = 1 if draft_top_k is None else draft_top_k

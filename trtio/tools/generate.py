@@ -20,6 +20,7 @@ come; tokens per second (and for a pair the acceptance rate) to stderr at the en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -175,6 +176,11 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
     if not pair:
         if directory.has_engines:
             return _Model(create_from_engine_dir(path, graphs=True, backend=_backend(opts)), table, eos, None, None)
+        if directory.is_tensor_parallel:
+            if opts.backend == "cuda":
+                raise ConfigError("--backend", f"cuda needs engine files; {path} has none, and its reference ranks "
+                                               "run on the host backend only (--backend host or auto)")
+            return _Model(_reference_ranks(directory), table, eos, None, _reference_note(path, ranks=True))
         cfg = directory.config
         engine = _reference(cfg, ToyWeights.generate(cfg, 0), opts)
         return _Model(create_for_llm(engine, cfg, graphs=True), table, eos, None, _reference_note(path))
@@ -230,11 +236,13 @@ def _check_mode(path: Path, pair: bool, opts: GenerateOptions) -> None:
     if opts.speculative and not pair:
         raise ConfigError("--speculative", f"needs a speculative pair (base and draft engines); {path} holds a plain "
                                            "LLM")
-    if not pair:
-        for flag, value in ((RUNTIME_FLAGS["draft_top_k"], opts.draft_top_k),
-                            (RUNTIME_FLAGS["draft_step"], opts.draft_step)):
-            if value is not None:
-                raise ConfigError(flag, f"is for a speculative pair; {path} holds a plain LLM")
+    for flag, value in ((RUNTIME_FLAGS["draft_top_k"], opts.draft_top_k),
+                        (RUNTIME_FLAGS["draft_step"], opts.draft_step)):
+        if value is not None and not pair:
+            raise ConfigError(flag, f"is for a speculative pair; {path} holds a plain LLM")
+        if value is not None and not opts.speculative:
+            raise ConfigError(flag, "shapes the draft tree of --speculative decoding; without --speculative the "
+                                    "pair decodes greedily through the base alone (add --speculative)")
 
 
 def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) -> tuple[int, int]:
@@ -244,7 +252,13 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
     if not opts.speculative:
         return 1, 1
     k = 1 if opts.draft_top_k is None else opts.draft_top_k
-    room = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1) // k
+    cap = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1)  # draft nodes a round may have
+    if k > cap:
+        raise ConfigError(RUNTIME_FLAGS["draft_top_k"],
+                          f"{k} chains of at least 1 token need a draft tree of {k} nodes and a verify tree of "
+                          f"{1 + k}, but the draft takes {draft.max_draft_tree_size} and the base "
+                          f"{base.max_verify_tree_size}: at most {cap} chains")
+    room = cap // k
     depth = room if opts.draft_step is None else opts.draft_step
     if depth < 1 or k * depth > draft.max_draft_tree_size or 1 + k * depth > base.max_verify_tree_size:
         raise ConfigError(RUNTIME_FLAGS["draft_step"] if opts.draft_step is not None else RUNTIME_FLAGS["draft_top_k"],
@@ -264,9 +278,24 @@ def _reference(cfg: LLMEngineConfig, weights: ToyWeights, opts: GenerateOptions)
     return ReferenceEngine.from_config(cfg, weights=weights, device=opts.backend)
 
 
-def _reference_note(path: Path) -> str:
-    return (f"{path} has no engine files: running ReferenceEngines of its configs with the toy model's seeded "
-            "weights (trtio.testing)")
+def _reference_ranks(directory: EngineDir) -> LLMSetup:
+    """A tensor-parallel directory without engine files: its ranks as ReferenceEngines on the host backend (each
+    its share of the toy model, all-reducing in process), bound as ``create_from_engine_dir`` binds rank engines,
+    with the checkpoint's weight inputs."""
+    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup  # noqa: PLC0415 - TP only
+    from trtio.testing.toy_engines import TensorParallelToyEngines  # noqa: PLC0415 - heavy, loaded on use
+
+    toys = TensorParallelToyEngines(directory)
+    weights = directory.checkpoint_weights()
+    specs = [RankSpec(directory.rank_config(r), r, functools.partial(toys.reference_engine, r), weights[r])
+             for r in range(directory.tp_size)]
+    return TensorParallelLLMSetup(directory.config, specs, backend="host", graphs=True)
+
+
+def _reference_note(path: Path, *, ranks: bool = False) -> str:
+    what = "its ranks as ReferenceEngines on the host backend (in-process all-reduce)" if ranks else \
+        "ReferenceEngines of its configs"
+    return f"{path} has no engine files: running {what} with the toy model's seeded weights (trtio.testing)"
 
 
 def _eos(value: Any, path: Path) -> frozenset[int]:
