@@ -290,3 +290,91 @@ def test_work_before_an_engine_is_captured_in_its_graph(host: trtio.Backend) -> 
         for t in (src, dst, rows):
             t.close()
         s.close()
+
+
+def _steady_llm(host: trtio.Backend) -> tuple[trtio.LLMSetup, np.ndarray]:
+    """A toy LLM with graphs, two sequences prefilled and decoded until its decode step is a steady replay."""
+    llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    setup = trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True)
+    emb, lens = embed_batch(E, [[1, 2, 3], [4, 5]], np.float16)
+    setup.prefill(emb, lens)
+    x = E[np.array([[6], [7]])].astype(np.float16)
+    for _ in range(3):  # the first step runs plain, the second is captured, the third replays
+        setup.decode(x)
+    return setup, x
+
+
+def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: trtio.Backend) -> None:
+    """Between two steady decodes (graph replays without a prepare) a shared tensor's view may change: one
+    reshape (set back alone), several, or a view another executor set (set back all at once). Each step
+    returns the logits at its own view and still replays its graph; its logits are a plain run's."""
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    plain.executor.graphs_enabled = False
+    try:
+        ex, io = setup.executor, setup.io
+        rows = io.output_logits.shape
+        embeds = io.inputs_embeds.shape
+        changes: list[Callable[[], object]] = [
+            lambda: io.output_logits.reshape((rows[0] * rows[1],)),  # one reshape since the last step
+            lambda: (io.output_logits.reshape((1, rows[0] * rows[1])),  # two
+                     io.inputs_embeds.reshape((int(np.prod(embeds)),))),
+            lambda: io.output_logits._set_view((rows[1], rows[0]), io.output_logits.nbytes),  # an executor's way
+            lambda: io.inputs_embeds.reshape((1, int(np.prod(embeds)))),  # the tensor the step uploads into
+        ]
+        for change in changes:
+            change()
+            hits = ex.graph_stats.hits
+            got = setup.decode(x)
+            want = plain.decode(x)
+            assert ex.graph_stats.hits == hits + 1, "the steady step replayed its graph"
+            assert got.shape == rows, "the logits view is the step's own again"
+            assert io.inputs_embeds.shape == embeds, "the embeddings' view is the step's own again"
+            np.testing.assert_array_equal(got.to_numpy(), want.to_numpy())
+    finally:
+        setup.close()
+        plain.close()
+
+
+def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trtio.Backend) -> None:
+    """``EngineExecutor.replay`` stands for prepare + execute only where the last execute replayed the graph of
+    the same plan and the same ``before``: other work before the engine, other dims, another profile or a
+    tensor map changed since return False and enqueue nothing."""
+    from trtio.ops import RowCopy
+
+    setup, x = _steady_llm(host)
+    try:
+        e = setup.engines()[0]
+        ex, tm, s = e.executor, e.tensor_map, trtio.Stream.create(host)
+        dims = e.cfg.decode_dims(2)
+        tm.generation += 1  # what a sanctioned rebinding does: a new plan, of these dims
+        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
+        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
+        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
+        work, other = (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+        for _ in range(2):  # a plain run, then the capture
+            ex.prepare(1, tm, dims, s)
+            ex.execute(s, before=work)
+        ops, hits = host.op_count, ex.graph_stats.hits
+        assert ex.replay(1, tm, dims, s, work), "the same plan and work: a replay"
+        assert (ex.graph_stats.hits, host.op_count) == (hits + 1, ops + 1), "one graph launch"
+        np.testing.assert_array_equal(dst.to_numpy(), src.to_numpy()[[3, 2, 1, 0]])
+        ops = host.op_count
+        assert not ex.replay(1, tm, dims, s, other), "other work before the engine"
+        assert not ex.replay(1, tm, e.cfg.decode_dims(1), s, work), "other dims"
+        assert not ex.replay(0, tm, dims, s, work), "another profile"
+        ex.prepare(1, tm, dims, s)
+        ex.execute(s, before=other)  # the last execute ran other work: its graph is not `work`'s
+        ops = host.op_count
+        assert not ex.replay(1, tm, dims, s, work), "the last execute ran other work"
+        assert host.op_count == ops, "a refused replay enqueues nothing"
+        ex.prepare(1, tm, dims, s)
+        ex.execute(s, before=work)
+        assert ex.replay(1, tm, dims, s, work)
+        tm.generation += 1  # what a sanctioned rebinding does: the plan's bindings may be stale
+        assert not ex.replay(1, tm, dims, s, work), "a tensor map changed since"
+        for t in (src, dst, rows):
+            t.close()
+        s.close()
+    finally:
+        setup.close()

@@ -268,6 +268,7 @@ class _Plan:
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
     view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
+    by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
     switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
@@ -298,7 +299,27 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
             t._nbytes = nbytes
             changed = True
     if changed:
+        Tensor.last_reshaped = None
         Tensor.view_changes += 1
+
+
+def _views_again(plan: _Plan) -> None:
+    """Set the views of ``plan``'s shared tensors again after views changed since it last did: where the one
+    change since was the reshape of one of them (:attr:`Tensor.last_reshaped`), that one alone. Where the last
+    reshape was of another tensor, all of them: a thread may have reshaped it after this one's own change."""
+    changes = Tensor.view_changes
+    t = Tensor.last_reshaped
+    view = plan.by_tensor.get(id(t)) if t is not None and changes == plan.view_changes + 1 else None
+    if view is not None and view[0] is t:  # one reshape since: of t, alone
+        if t._shape is not view[1]:
+            if t._closed:
+                t._live()
+            t._shape, t._nbytes = view[1], view[2]
+            Tensor.view_changes = changes = changes + 1  # t alone changed: it is still the last one
+    else:
+        _apply_views(plan.views)
+        changes = Tensor.view_changes
+    plan.view_changes = changes
 
 
 def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profile: int) -> list[str]:
@@ -413,8 +434,7 @@ class EngineExecutor(Closeable):
         plan = self._plan
         if plan is not None and plan.key == key:
             if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
-                _apply_views(plan.views)
-                plan.view_changes = Tensor.view_changes
+                _views_again(plan)
             return
         cached = self._plans.get(key)
         if cached is not None:
@@ -529,7 +549,8 @@ class EngineExecutor(Closeable):
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
-        plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views)
+        plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views,
+                     by_tensor={id(v[0]): v for v in views})
         self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
@@ -624,6 +645,29 @@ class EngineExecutor(Closeable):
             self._enqueue(s, before)
         for t in plan.outputs:
             t._last_stream = s
+
+    def replay(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: Stream,
+               before: tuple[DeviceWork, ...]) -> bool:
+        """:meth:`prepare` then :meth:`execute` of a step whose graph, with the same ``before``, the last
+        ``execute`` replayed (a steady step): its views are set again where they changed and its graph is
+        launched. False, having done nothing, where it is not such a step (then prepare and execute it)."""
+        plan = self._plan
+        if plan is None or self._closed or plan.graph_before is not before or not plan.graph or \
+                not self.graphs_enabled:
+            return False
+        key = plan.key
+        if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
+            return False
+        if plan.view_changes != Tensor.view_changes:
+            _views_again(plan)
+        self.enqueued = 0
+        self.last_work = before
+        self.graph_stats.hits += 1
+        self._backend.launch_graph(plan.graph, stream.handle)  # the graph holds its bindings: no context sync
+        self.enqueued = len(before) + 1
+        for t in plan.outputs:
+            t._last_stream = stream
+        return True
 
     def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:

@@ -168,6 +168,9 @@ class Tensor(Closeable):
     # Counts view changes of every tensor: an executor whose views were all set since the last change
     # need not test them one by one (see EngineExecutor.prepare).
     view_changes: ClassVar[int] = 0
+    # The tensor whose reshape made the last view change (None: the last change was not one reshape): an
+    # executor that finds one change since its own, this one's, sets this view back alone.
+    last_reshaped: ClassVar[Tensor | None] = None
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
                  capacity: int, backend: Backend, *, name: str = "", owner: Any = None,
@@ -352,17 +355,22 @@ class Tensor(Closeable):
         """
         self._live()
         found = None
-        plain = False
         if type(shape) is tuple:
             if shape == self._shape:
                 return self
-            plain = all(type(d) is int for d in shape)  # no bool, float or numpy int (equal to an int, hashed alike)
-            if plain:
+            try:
                 found = _SHAPES.get(shape)  # a shape steps give again: checked once
+            except TypeError:  # unhashable: normalize_shape names what is wrong with it
+                pass
+            if found is not None:
+                for d in shape:  # the very ints it was checked as (a bool, a float or a numpy int hash alike)
+                    if type(d) is not int:
+                        found = None
+                        break
         if found is None:
             dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
             found = (dims, volume(dims))
-            if plain:
+            if type(shape) is tuple and dims == shape and all(type(d) is int for d in shape):
                 if len(_SHAPES) >= 1024:
                     _SHAPES.clear()
                 _SHAPES[dims] = found
@@ -374,6 +382,7 @@ class Tensor(Closeable):
                 f"the capacity is {self._capacity} bytes")
         self._shape = dims
         self._nbytes = need
+        Tensor.last_reshaped = self  # before the count: whoever sees the count sees this
         Tensor.view_changes += 1
         return self
 
@@ -381,6 +390,7 @@ class Tensor(Closeable):
         """Internal (executors): a view already checked against this tensor's capacity, set without checks."""
         self._shape = shape
         self._nbytes = nbytes
+        Tensor.last_reshaped = None
         Tensor.view_changes += 1
 
     def view(self, dtype: DTypeLike) -> Tensor:
@@ -701,6 +711,7 @@ class Tensor(Closeable):
         return super()._closable()
 
     def _close_owned(self) -> None:
+        Tensor.last_reshaped = None
         Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
         self._owner = None
         self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)

@@ -254,14 +254,12 @@ class SetupBase(Closeable, abc.ABC):
         dst, staging = self.io.inputs_embeds, self._embeds_staging
         if x is dst:
             return  # written in place by the caller
-        b, s, hidden = (int(d) for d in x.shape)
         if isinstance(x, Tensor):
-            if x is not dst:
-                dst.reshape((b, s, hidden)).copy_from(x, stream)
-        elif s * b * hidden * dst.dtype.itemsize <= staging.slot_capacity:
-            staging.upload(x, stream)
+            dst.reshape(x.shape).copy_from(x, stream)
+        elif x.nbytes <= staging.slot_capacity:
+            staging.upload(x, stream, reshape=False)  # the step's executor views the embeddings as it binds them
         else:
-            dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
+            dst.reshape(x.shape).copy_from(x, stream)  # a long prompt: pageable copy, no staging
 
     # -- sequences --------------------------------------------------------------------------------
     @property

@@ -176,8 +176,9 @@ class LLMSetup(SetupBase):
             if x is not st.dst:
                 self._embeds_staging.upload(x, s, reshape=False)
             ex = e.executor
-            ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
-            ex.execute(s, before=st.work)
+            if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
+                ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
+                ex.execute(s, before=st.work)
         except BaseException:
             self._steady = None
             self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again next step
