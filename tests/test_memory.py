@@ -198,9 +198,8 @@ class _Behind(HostBackend):
 def test_staging_ring_waits_only_beyond_its_depth_and_once_per_slot() -> None:
     """A staging pair uploads through a ring of fenced pinned slots (one arena allocation holds them): with a
     device that has run none of the copies, a host up to the ring's depth ahead never waits; every upload beyond
-    it waits once, for the copy of the slot it reuses (each slot's own event), once the device has run them
-    none waits, and the values of every upload
-    reach the device (the slots never mix)."""
+    it waits once, for the copy of the slot it reuses (each slot's own event); once the device has run the copies
+    none waits; the values of every upload reach the device (the slots never mix)."""
     from trtio.memory import HOST_RING_SLOTS
 
     be = _Behind()

@@ -378,3 +378,24 @@ def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trti
         s.close()
     finally:
         setup.close()
+
+
+def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.Backend) -> None:
+    """A view that goes back and forth (a runtime's, then a step's) is set back without checks, by the identity
+    of the shape tuple: its byte count comes back with it, an equal shape of other ints is checked, and a
+    closed tensor still refuses."""
+    t = Tensor.empty((8, 64), "float16", Location.DEVICE, backend=host)
+    a, b = (8, 1, 64), (2, 64)
+    for _ in range(3):
+        assert t.reshape(a).shape == a and t.nbytes == 8 * 64 * 2
+        assert t.reshape(b).shape == b and t.nbytes == 2 * 64 * 2
+    with pytest.raises(trtio.ShapeError, match="non-integer"):
+        t.reshape((8, 1, 64.5))
+    t.reshape(a)
+    assert t.reshape((np.int64(2), 64)).shape == b and type(t.shape[0]) is int, "numpy ints: checked, not kept"
+    assert t.nbytes == 2 * 64 * 2
+    for shape in (a, b, a):  # the view before is b, given as that very tuple
+        t.reshape(shape)
+    t.close()
+    with pytest.raises(trtio.ClosedError):
+        t.reshape(b)

@@ -30,7 +30,7 @@ from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, Unk
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
+from trtio.tensor import VIEWS, Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
@@ -267,7 +267,7 @@ class _Plan:
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
-    view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
+    view_changes: int = -1  # VIEWS.changes when this plan's views were last known set
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
@@ -295,30 +295,33 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         if t._closed:
             t._live()
         if t._shape is not shp:  # checked against the capacity when the plan was made (Tensor._set_view, inlined)
+            t._prev_view = (t._shape, t._nbytes)
             t._shape = shp
             t._nbytes = nbytes
             changed = True
     if changed:
-        Tensor.last_reshaped = None
-        Tensor.view_changes += 1
+        VIEWS.last = None
+        VIEWS.changes += 1
 
 
 def _views_again(plan: _Plan) -> None:
     """Set the views of ``plan``'s shared tensors again after views changed since it last did: where the one
-    change since was the reshape of one of them (:attr:`Tensor.last_reshaped`), that one alone. Where the last
+    change since was the reshape of one of them (:attr:`ViewLog.last`), that one alone. Where the last
     reshape was of another tensor, all of them: a thread may have reshaped it after this one's own change."""
-    changes = Tensor.view_changes
-    t = Tensor.last_reshaped
+    views = VIEWS
+    changes = views.changes
+    t = views.last
     view = plan.by_tensor.get(id(t)) if t is not None and changes == plan.view_changes + 1 else None
     if view is not None and view[0] is t:  # one reshape since: of t, alone
         if t._shape is not view[1]:
             if t._closed:
                 t._live()
+            t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
-            Tensor.view_changes = changes = changes + 1  # t alone changed: it is still the last one
+            views.changes = changes = changes + 1  # t alone changed: it is still the last one
     else:
         _apply_views(plan.views)
-        changes = Tensor.view_changes
+        changes = views.changes
     plan.view_changes = changes
 
 
@@ -433,7 +436,7 @@ class EngineExecutor(Closeable):
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
-            if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
+            if plan.view_changes != VIEWS.changes:  # a view changed somewhere since this plan set its own
                 _views_again(plan)
             return
         cached = self._plans.get(key)
@@ -446,7 +449,7 @@ class EngineExecutor(Closeable):
             if held is not None and held is not cached:
                 _apply_views(cached.switch_from(held))
             self._stable_of = cached
-            cached.view_changes = Tensor.view_changes
+            cached.view_changes = VIEWS.changes
             self._plans.move_to_end(key)
             self._plan = cached
             return
@@ -658,7 +661,7 @@ class EngineExecutor(Closeable):
         key = plan.key
         if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
             return False
-        if plan.view_changes != Tensor.view_changes:
+        if plan.view_changes != VIEWS.changes:
             _views_again(plan)
         self.enqueued = 0
         self.last_work = before
