@@ -6,8 +6,12 @@ timings are benchmarks (``trtio bench``), never tests."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -399,3 +403,96 @@ def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.
     t.close()
     with pytest.raises(trtio.ClosedError):
         t.reshape(b)
+
+
+@contextlib.contextmanager
+def _dry_run_tp(n: int = 2) -> Iterator[tuple[Any, Callable[[], Tensor], trtio.Stream]]:
+    """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (graphs on), prefilled and
+    decoded until its decode step is steady: (setup, the step's embeddings: rank 0's io.inputs_embeds viewed as
+    a step's, stream)."""
+    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
+    from trtio.tools.bench import configs, null_engine
+    from trtio.tools.dry_run import DryRunBackend
+
+    be = DryRunBackend()
+    llm, _ = configs("ragged", 256)
+    rank = dataclasses.replace(llm, num_attention_heads=llm.num_attention_heads // n,
+                               num_kv_heads=llm.num_kv_heads // n).validate()
+    specs = [RankSpec(rank, r, functools.partial(null_engine, rank, be), {}) for r in range(n)]
+    with TensorParallelLLMSetup(llm, specs, backend=be, graphs=True) as tp:
+        s = trtio.Stream.create(be)
+        prompt = Tensor.empty((4, 8, llm.hidden_size), "float16", Location.DEVICE, backend=be)
+        tp.prefill(prompt, np.full(4, 8), s)
+        shape = (4, 1, llm.hidden_size)
+
+        def x() -> Tensor:
+            return tp.io.inputs_embeds.reshape(shape)
+        for _ in range(3):
+            tp.decode(x(), s)
+        try:
+            yield tp, x, s
+        finally:
+            prompt.close()
+            s.close()
+
+
+def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where device work runs apart from the host (here the dry-run backend), a steady decode replays every rank's
+    graph from the calling thread, no hand-off to the rank threads: rank 0 on the caller's stream, each other rank
+    on its own stream after waiting for the caller's; every rank's lengths advance."""
+    from trtio.setups.llm import LLMSetup
+
+    with _dry_run_tp() as (tp, x, s):
+        threads: list[tuple[int, int]] = []
+        real = LLMSetup._steady_decode
+
+        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any) -> Tensor:
+            threads.append((tp.rank_setups.index(self), threading.get_ident()))
+            return real(self, st, xr, stream)
+
+        monkeypatch.setattr(LLMSetup, "_steady_decode", spy)
+        waits: list[tuple[int, int]] = []
+        be = tp.io.inputs_embeds.backend
+        real_wait = be.wait_event
+        monkeypatch.setattr(be, "wait_event", lambda stream, event: (waits.append((stream, event)),
+                                                                     real_wait(stream, event))[1])
+        hits = [r.executor.graph_stats.hits for r in tp.rank_setups]
+        lengths = tp.rank_setups[1].lengths
+        for _ in range(3):
+            assert tp.decode(x(), s) is tp.io.output_logits
+        me = threading.get_ident()
+        assert threads == [(0, me), (1, me)] * 3, "every rank's step on the calling thread, rank 0 first"
+        assert [r.executor.graph_stats.hits for r in tp.rank_setups] == [h + 3 for h in hits], "one replay each"
+        assert (tp.rank_setups[1].lengths == lengths + 3).all() and (tp.lengths == lengths + 3).all()
+        rank1 = tp._streams[1].handle
+        assert [w for w in waits if w[0] == rank1] == [(rank1, tp._ready.handle)] * 3, "rank 1 waits for the caller"
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_failing_in_a_steady_tensor_parallel_decode_stops_the_ranks_after_it(
+        monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    """A rank whose steady step fails ends the step: the ranks after it never start. The first rank failing
+    leaves every rank as it was (the setup goes on); a later one leaves the ranks before it stepped: the setup is
+    broken, naming the failure."""
+    with _dry_run_tp() as (tp, x, s):
+        ex = tp.rank_setups[failing].executor
+
+        def refuse(*args: Any) -> bool:
+            raise trtio.EngineError("planted: the graph launch failed")
+
+        monkeypatch.setattr(ex, "replay", refuse)
+        before = [r.lengths.tolist() for r in tp.rank_setups]
+        with pytest.raises(trtio.EngineError, match="planted"):
+            tp.decode(x(), s)
+        after = [r.lengths.tolist() for r in tp.rank_setups]
+        if failing == 0:
+            assert after == before and not tp.is_broken, "rank 1 never started"
+            monkeypatch.undo()
+            tp.decode(x(), s)
+            assert [r.lengths.tolist() for r in tp.rank_setups] == [[v + 1 for v in b] for b in before]
+        else:
+            assert after[0] != before[0] and after[1] == before[1]
+            assert tp.is_broken
+            with pytest.raises(trtio.TrtioError, match="broken: rank 1 .*planted.*sequences differ"):
+                tp.decode(x(), s)

@@ -153,27 +153,42 @@ class LLMSetup(SetupBase):
         none free). The lengths then grow by one. No allocation; no host synchronisation.
         """
         st = self._steady
-        if st is not None and slots is None and st.epoch == self._epoch and st.room:
-            # The steady step (see _Steady): the same sequences as the last decode, which left everything in place.
-            x = inputs_embeds
-            if type(x) is Tensor:
-                if x is not st.dst or x._shape != st.shape:
-                    x = None
-            elif type(x) is not np.ndarray or x.shape != st.shape or x.dtype != st.dtype or \
-                    not x.flags.c_contiguous:
-                x = None
-            lengths = self._engine.state.lengths
-            if x is not None and lengths is st.array and lengths.tobytes() == st.lengths and self._broken is None \
-                    and not self._closed and self._steps.step.uploads == st.uploads and not self._streaming_pending:
+        if st is not None and slots is None:
+            x = self._steady_input(st, inputs_embeds)
+            if x is not None:
                 return self._steady_decode(st, x, stream)
         return self._decode(inputs_embeds, stream, slots)
+
+    def _steady_input(self, st: _Steady, x: Any) -> Any:
+        """``x`` where a decode of every active sequence fed ``x`` is the steady step ``st`` (the same sequences
+        as the last decode, which left everything in place), else None."""
+        if st.epoch != self._epoch or not st.room:
+            return None
+        if type(x) is Tensor:  # io.inputs_embeds written in place, or a device tensor of the same kind
+            if x._shape != st.shape or x is not st.dst and (
+                    x._dtype is not st.dst._dtype or x._backend is not st.dst._backend or x._closed):
+                return None
+        elif type(x) is not np.ndarray or x.shape != st.shape or x.dtype != st.dtype or not x.flags.c_contiguous:
+            return None
+        lengths = self._engine.state.lengths
+        if lengths is st.array and lengths.tobytes() == st.lengths and self._broken is None and not self._closed \
+                and self._steps.step.uploads == st.uploads and not self._streaming_pending:
+            return x
+        return None
 
     def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
         """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""
         e = self._engine
         s = as_stream(stream, self._backend)
         try:
-            if x is not st.dst:
+            if type(x) is Tensor:
+                if x is not st.dst:  # a device tensor of the step's shape and dtype: one copy, the view left as it is
+                    x._live()
+                    if x._last_stream is not None:
+                        x._order_consumer(s.handle)
+                    self._backend.memcpy(st.dst.data_ptr, x._ptr, x._nbytes, s.handle)
+                    st.dst._last_stream = s
+            else:
                 self._embeds_staging.upload(x, s, reshape=False)
             ex = e.executor
             if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
