@@ -384,31 +384,17 @@ class TensorParallelLLMSetup(LLMSetup):
         """Rank 0's step on the calling thread, as its own thread would run it: with rank 0's device the
         thread's for the call, its result or error kept where :meth:`_settle` reads them."""
         worker = self._workers[0]
-        device = self._devices[0]
-        if self._kind == "cuda":
-            from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
-
-            err, before = runtime.cudaGetDevice()
-            if err != runtime.cudaError_t.cudaSuccess:
-                raise EngineError(f"cudaGetDevice failed: {err}")
-            if before != device:
-                err = runtime.cudaSetDevice(device)[0]
-                if err != runtime.cudaError_t.cudaSuccess:
-                    raise EngineError(f"cudaSetDevice({device}) failed: {err}")
-        else:
-            before = collectives.thread_device()
-            collectives.set_thread_device(device)
-        try:
+        before: int | None = None
+        moved = False
+        try:  # whatever fails is rank 0's error: the other ranks' calls are waited for
+            before, moved = self._use_device(self._devices[0]), True
             worker.result, worker.error = step(0, s), None
         except BaseException as exc:  # raised by _step, as a rank thread's error is
             worker.result, worker.error = None, exc
             self._rank_failed(0)
         finally:
-            if self._kind == "cuda":
-                if before != device:
-                    runtime.cudaSetDevice(before)
-            else:
-                collectives.set_thread_device(before)
+            if moved:
+                self._use_device(before)
 
     def _use_device(self, device: int | None) -> int | None:
         """Make ``device`` this thread's (cuda: current, None: leave it; host: :func:`collectives.set_thread_device`);
@@ -426,6 +412,14 @@ class TensorParallelLLMSetup(LLMSetup):
         collectives.set_thread_device(device)
         return before
 
+    @staticmethod
+    def _set_cuda_device(device: int) -> None:
+        from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
+
+        err = runtime.cudaSetDevice(device)[0]
+        if err != runtime.cudaError_t.cudaSuccess:
+            raise EngineError(f"cudaSetDevice({device}) failed: {err}")
+
     def _replay_here(self, steady: list[tuple[Any, Any]], stream: StreamLike) -> Tensor:
         """A steady decode (each rank's steady state and input, checked), every rank's enqueued from this thread
         (see ``_replays_here``): rank 0's on the caller's stream, each other rank's on its own stream after the
@@ -441,7 +435,8 @@ class TensorParallelLLMSetup(LLMSetup):
             w.result = w.error = None
         self._ready.record(s)
         failed = False
-        outer = self._use_device(self._devices[0])
+        cuda = self._kind == "cuda"  # elsewhere no device work runs here: the thread's device is not read
+        outer = self._use_device(self._devices[0]) if cuda else None
         try:
             for r, (st, xr) in enumerate(steady):
                 w = workers[r]
@@ -449,7 +444,8 @@ class TensorParallelLLMSetup(LLMSetup):
                     if r == 0:
                         w.result = self._rank_setups[0]._steady_decode(st, xr, s)
                     else:
-                        self._use_device(self._devices[r])
+                        if cuda:
+                            self._set_cuda_device(self._devices[r])
                         rs = self._streams[r]
                         self._backends[r].wait_event(rs.handle, self._ready.handle)
                         w.result = self._rank_setups[r]._steady_decode(st, xr, rs)
@@ -458,7 +454,8 @@ class TensorParallelLLMSetup(LLMSetup):
                     failed = True
                     break
         finally:
-            self._use_device(outer)
+            if outer is not None:
+                self._set_cuda_device(outer)
         if failed:
             self._settle("decode")
         result: Tensor = workers[0].result
