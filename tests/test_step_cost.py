@@ -496,3 +496,22 @@ def test_a_rank_failing_in_a_steady_tensor_parallel_decode_stops_the_ranks_after
             assert tp.is_broken
             with pytest.raises(trtio.TrtioError, match="broken: rank 1 .*planted.*sequences differ"):
                 tp.decode(x(), s)
+
+
+def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Embeddings given as a foreign array (a torch tensor here, in host memory) are checked and read once, then
+    the step is a steady one like numpy's: no full decode, the logits a plain run's."""
+    torch = pytest.importorskip("torch")
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    try:
+        full: list[int] = []
+        real = trtio.LLMSetup._decode
+        monkeypatch.setattr(trtio.LLMSetup, "_decode", lambda self, *a: (full.append(1), real(self, *a))[1])
+        for i in range(3):
+            got = setup.decode(torch.from_numpy(x + np.float16(i)))
+            np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(i)).to_numpy())
+        assert full == [], "no step took the full path"
+    finally:
+        setup.close()
+        plain.close()

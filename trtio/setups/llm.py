@@ -154,6 +154,11 @@ class LLMSetup(SetupBase):
         """
         st = self._steady
         if st is not None and slots is None:
+            kind = type(inputs_embeds)
+            if kind is not Tensor and kind is not np.ndarray and not self._closed and self._broken is None:
+                # A foreign array (torch, CuPy, ...) or a nested list: checked and read in place or converted
+                # once (its producer ordered before the step's stream), then a step like any other.
+                inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
             x = self._steady_input(st, inputs_embeds)
             if x is not None:
                 return self._steady_decode(st, x, stream)
