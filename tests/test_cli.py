@@ -887,12 +887,16 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
     out = json.loads(capsys.readouterr().out)
     helpers = {"LLMSetup.decode", "SpecDecodeSetup.draft_propose", "SpecDecodeSetup.verify", "SpecDecodeSetup.accept",
                "SpecDecodeSetup.draft_accept", "prepare + execute (decode, graph)",
-               "prepare + execute (draft proposal, graph)"}
+               "prepare + execute (decode's own graph)", "prepare + execute (draft proposal, graph)",
+               "speculative round (3 levels + verify + accept + draft_accept)"}
     assert out.keys() == {"batch", "ragged"}
     for contract, rows in out.items():
         assert rows.keys() == helpers, contract
         for name, row in rows.items():
             assert 1 <= row["device_ops"] <= 16 or name == "SpecDecodeSetup.accept", (contract, name, row)
+            if name.startswith("speculative round"):
+                assert row["device_ops"] == 3 * rows["SpecDecodeSetup.draft_propose"]["device_ops"] + sum(
+                    rows[f"SpecDecodeSetup.{h}"]["device_ops"] for h in ("verify", "accept", "draft_accept"))
             assert row["us_per_call_synced"] >= row["us_per_call"] > 0
             assert row["device_work_us"] is None, "the dry-run backend runs no device work to time"
         assert rows["SpecDecodeSetup.accept"]["device_ops"] == 2, "one staged copy of the moves and one commit"

@@ -7,12 +7,13 @@ from _configs import bundle, llm_config
 import trtio
 from trtio import CapacityError, ClosedError, DType, FrozenError, Location, ShapeError, Tensor, TrtioError, names
 from trtio.cuda.host import HostBackend
-from trtio.memory import align_up
+from trtio.memory import HOST_RING_SLOTS, align_up
 from trtio.pipeline_io import MEMBERS, PipelineIO
 from trtio.staging import RING_SLOTS
 
 F16, BF16, F32, I32, I64 = DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.INT32, DType.INT64
 D, P = "device", "pinned"
+R = HOST_RING_SLOTS  # a staging pair's pinned twin holds a ring of slots
 EMPTY = None
 
 
@@ -29,7 +30,7 @@ def _llm_table(b, s, h, v, act):
     return {
         "inputs_embeds": ((b, s, h), act, D), "output_logits": ((b, v), F32, D),
         "select_token_indices": ((b, 1), I64, D), "context_lengths": ((b,), I32, D),
-        "host_context_lengths": ((b,), I32, P), "host_select_token_indices": ((b, 1), I64, P),
+        "host_context_lengths": ((R, b), I32, P), "host_select_token_indices": ((R, b, 1), I64, P),
         "mrope_cos_sin": EMPTY, "base_hidden_states": EMPTY, "draft_hidden_states_in": EMPTY,
         "draft_hidden_states_out": EMPTY, "output_hidden_states": ((b, s, h), act, D),
         "packed_attention_mask": EMPTY, "spec_decode_position_ids": EMPTY,
@@ -83,12 +84,12 @@ def _spec_table(b, seq, h, logits_rows, vocab, p, hb, hd):
     return {
         "inputs_embeds": ((b, seq, h), F16, D), "output_logits": ((logits_rows, vocab), F32, D),
         "select_token_indices": ((b, p), I64, D), "context_lengths": ((b,), I32, D),
-        "host_context_lengths": ((b,), I32, P), "host_select_token_indices": ((b, 1), I64, P),
+        "host_context_lengths": ((R, b), I32, P), "host_select_token_indices": ((R, b, 1), I64, P),
         "mrope_cos_sin": EMPTY, "base_hidden_states": ((b, seq, hb), F16, D),
         "draft_hidden_states_in": ((b, seq, hd), F16, D), "draft_hidden_states_out": ((b, seq, hd), F16, D),
         "output_hidden_states": EMPTY, "packed_attention_mask": ((b, p, w), I32, D),
-        "spec_decode_position_ids": ((b, p), I32, D), "host_packed_attention_mask": ((b, p, w), I32, P),
-        "host_spec_decode_position_ids": ((b, p), I32, P), "host_spec_select_token_indices": ((b, p), I64, P),
+        "spec_decode_position_ids": ((b, p), I32, D), "host_packed_attention_mask": ((R, b, p, w), I32, P),
+        "host_spec_decode_position_ids": ((R, b, p), I32, P), "host_spec_select_token_indices": ((R, b, p), I64, P),
     }
 
 
@@ -146,7 +147,10 @@ def test_8b_class_config_wastes_at_most_one_percent(host):
     rep = io.memory_report()
     # The decode step's device lengths: 8 int32 on the device, their pinned twin and a ring of upload slots.
     step_block = 8 * 4 + 8 * 4 + RING_SLOTS * align_up(8 * 4)
-    assert rep.total_required == (2 * 8 * 4096 * 4096 * 2) + 8 * 151936 * 4 + 8 * 8 + 8 * 4 + 8 * 4 + 8 * 8 + step_block
+    # The embeddings and logits; then the token selection and the context lengths, each with its ring of pinned
+    # staging slots.
+    assert rep.total_required == (2 * 8 * 4096 * 4096 * 2) + 8 * 151936 * 4 + (1 + R) * 8 * 8 + (1 + R) * 8 * 4 + \
+        step_block
     assert 1.0 <= rep.ratio <= 1.01
     io.close()
 
@@ -361,16 +365,21 @@ def test_staging_uploads_values(host):
     io.close()
 
 
-def test_restaging_waits_for_the_previous_upload():
+def test_restaging_waits_only_for_the_slot_it_reuses():
+    """The staging pairs upload through a ring of pinned slots: while the device has run none of the copies,
+    R uploads go without a wait; the next one reuses the first slot and waits for its copy, once."""
     be = SlowEventBackend()
     io = PipelineIO.create_for_llm(llm_config(), backend=be)
-    io.upload_context_lengths(np.array([1, 2]))
-    assert be.event_syncs == 0, "the first upload has nothing to wait for"
+    for i in range(R):
+        io.upload_context_lengths(np.array([i, i + 1]))
+    assert be.event_syncs == 0 and io.staging_fence_waits == 0, "a ring ahead of the device: no upload waits"
     io.upload_context_lengths(np.array([3, 4]))
-    assert be.event_syncs == 1 and io.staging_fence_waits == 1, "pinned memory rewritten only after the upload"
+    assert be.event_syncs == 1 and io.staging_fence_waits == 1, "pinned memory rewritten only after its upload"
     be.done.update(be._events)  # uploads finished: restaging must not synchronise
-    io.upload_context_lengths(np.array([5, 6]))
+    for _ in range(R):
+        io.upload_context_lengths(np.array([5, 6]))
     assert be.event_syncs == 1
+    assert io.context_lengths.to_numpy().tolist() == [5, 6]
     io.close()
 
 

@@ -458,14 +458,14 @@ def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: trti
     import trtio.setups.verify as verify_module
 
     walked: list[bool] = []
-    list_paths = verify_module.AcceptedPaths._lists
+    list_paths = verify_module.AcceptedPaths.walk
 
-    def spy(paths: Any, b: int, tree: Any) -> Any:
-        found = list_paths(paths, b, tree)
+    def spy(self: Any, paths: Any, b: int, tree: Any, starts: list[int]) -> Any:
+        found = list_paths(self, paths, b, tree, starts)
         walked.append(found is not None)
         return found
 
-    monkeypatch.setattr(verify_module.AcceptedPaths, "_lists", staticmethod(spy))
+    monkeypatch.setattr(verify_module.AcceptedPaths, "walk", spy)
     rng = np.random.default_rng(3)
     x, catch_up = rng.standard_normal((2, 4, 16)), rng.standard_normal((2, 3, 16))
     results = []

@@ -6,8 +6,12 @@ timings are benchmarks (``trtio bench``), never tests."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -290,3 +294,224 @@ def test_work_before_an_engine_is_captured_in_its_graph(host: trtio.Backend) -> 
         for t in (src, dst, rows):
             t.close()
         s.close()
+
+
+def _steady_llm(host: trtio.Backend) -> tuple[trtio.LLMSetup, np.ndarray]:
+    """A toy LLM with graphs, two sequences prefilled and decoded until its decode step is a steady replay."""
+    llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    setup = trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True)
+    emb, lens = embed_batch(E, [[1, 2, 3], [4, 5]], np.float16)
+    setup.prefill(emb, lens)
+    x = E[np.array([[6], [7]])].astype(np.float16)
+    for _ in range(3):  # the first step runs plain, the second is captured, the third replays
+        setup.decode(x)
+    return setup, x
+
+
+def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: trtio.Backend) -> None:
+    """Between two steady decodes (graph replays without a prepare) a shared tensor's view may change: one
+    reshape (set back alone), several, or a view another executor set (set back all at once). Each step
+    returns the logits at its own view and still replays its graph; its logits are a plain run's."""
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    plain.executor.graphs_enabled = False
+    try:
+        ex, io = setup.executor, setup.io
+        rows = io.output_logits.shape
+        embeds = io.inputs_embeds.shape
+        changes: list[Callable[[], object]] = [
+            lambda: io.output_logits.reshape((rows[0] * rows[1],)),  # one reshape since the last step
+            lambda: (io.output_logits.reshape((1, rows[0] * rows[1])),  # two
+                     io.inputs_embeds.reshape((int(np.prod(embeds)),))),
+            lambda: io.output_logits._set_view((rows[1], rows[0]), io.output_logits.nbytes),  # an executor's way
+            lambda: io.inputs_embeds.reshape((1, int(np.prod(embeds)))),  # the tensor the step uploads into
+        ]
+        for change in changes:
+            change()
+            hits = ex.graph_stats.hits
+            got = setup.decode(x)
+            want = plain.decode(x)
+            assert ex.graph_stats.hits == hits + 1, "the steady step replayed its graph"
+            assert got.shape == rows, "the logits view is the step's own again"
+            assert io.inputs_embeds.shape == embeds, "the embeddings' view is the step's own again"
+            np.testing.assert_array_equal(got.to_numpy(), want.to_numpy())
+    finally:
+        setup.close()
+        plain.close()
+
+
+def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trtio.Backend) -> None:
+    """``EngineExecutor.replay`` stands for prepare + execute only where the last execute replayed the graph of
+    the same plan and the same ``before``: other work before the engine, other dims, another profile or a
+    tensor map changed since return False and enqueue nothing."""
+    from trtio.ops import RowCopy
+
+    setup, x = _steady_llm(host)
+    try:
+        e = setup.engines()[0]
+        ex, tm, s = e.executor, e.tensor_map, trtio.Stream.create(host)
+        dims = e.cfg.decode_dims(2)
+        tm.generation += 1  # what a sanctioned rebinding does: a new plan, of these dims
+        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
+        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
+        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
+        work, other = (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+        for _ in range(2):  # a plain run, then the capture
+            ex.prepare(1, tm, dims, s)
+            ex.execute(s, before=work)
+        ops, hits = host.op_count, ex.graph_stats.hits
+        assert ex.replay(1, tm, dims, s, work), "the same plan and work: a replay"
+        assert (ex.graph_stats.hits, host.op_count) == (hits + 1, ops + 1), "one graph launch"
+        np.testing.assert_array_equal(dst.to_numpy(), src.to_numpy()[[3, 2, 1, 0]])
+        ops = host.op_count
+        assert not ex.replay(1, tm, dims, s, other), "other work before the engine"
+        assert not ex.replay(1, tm, e.cfg.decode_dims(1), s, work), "other dims"
+        assert not ex.replay(0, tm, dims, s, work), "another profile"
+        ex.prepare(1, tm, dims, s)
+        ex.execute(s, before=other)  # the last execute ran other work: its graph is not `work`'s
+        ops = host.op_count
+        assert not ex.replay(1, tm, dims, s, work), "the last execute ran other work"
+        assert host.op_count == ops, "a refused replay enqueues nothing"
+        ex.prepare(1, tm, dims, s)
+        ex.execute(s, before=work)
+        assert ex.replay(1, tm, dims, s, work)
+        tm.generation += 1  # what a sanctioned rebinding does: the plan's bindings may be stale
+        assert not ex.replay(1, tm, dims, s, work), "a tensor map changed since"
+        for t in (src, dst, rows):
+            t.close()
+        s.close()
+    finally:
+        setup.close()
+
+
+def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.Backend) -> None:
+    """A view that goes back and forth (a runtime's, then a step's) is set back without checks, by the identity
+    of the shape tuple: its byte count comes back with it, an equal shape of other ints is checked, and a
+    closed tensor still refuses."""
+    t = Tensor.empty((8, 64), "float16", Location.DEVICE, backend=host)
+    a, b = (8, 1, 64), (2, 64)
+    for _ in range(3):
+        assert t.reshape(a).shape == a and t.nbytes == 8 * 64 * 2
+        assert t.reshape(b).shape == b and t.nbytes == 2 * 64 * 2
+    with pytest.raises(trtio.ShapeError, match="non-integer"):
+        t.reshape((8, 1, 64.5))
+    t.reshape(a)
+    assert t.reshape((np.int64(2), 64)).shape == b and type(t.shape[0]) is int, "numpy ints: checked, not kept"
+    assert t.nbytes == 2 * 64 * 2
+    for shape in (a, b, a):  # the view before is b, given as that very tuple
+        t.reshape(shape)
+    t.close()
+    with pytest.raises(trtio.ClosedError):
+        t.reshape(b)
+
+
+@contextlib.contextmanager
+def _dry_run_tp(n: int = 2) -> Iterator[tuple[Any, Callable[[], Tensor], trtio.Stream]]:
+    """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (graphs on), prefilled and
+    decoded until its decode step is steady: (setup, the step's embeddings: rank 0's io.inputs_embeds viewed as
+    a step's, stream)."""
+    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
+    from trtio.tools.bench import configs, null_engine
+    from trtio.tools.dry_run import DryRunBackend
+
+    be = DryRunBackend()
+    llm, _ = configs("ragged", 256)
+    rank = dataclasses.replace(llm, num_attention_heads=llm.num_attention_heads // n,
+                               num_kv_heads=llm.num_kv_heads // n).validate()
+    specs = [RankSpec(rank, r, functools.partial(null_engine, rank, be), {}) for r in range(n)]
+    with TensorParallelLLMSetup(llm, specs, backend=be, graphs=True) as tp:
+        s = trtio.Stream.create(be)
+        prompt = Tensor.empty((4, 8, llm.hidden_size), "float16", Location.DEVICE, backend=be)
+        tp.prefill(prompt, np.full(4, 8), s)
+        shape = (4, 1, llm.hidden_size)
+
+        def x() -> Tensor:
+            return tp.io.inputs_embeds.reshape(shape)
+        for _ in range(3):
+            tp.decode(x(), s)
+        try:
+            yield tp, x, s
+        finally:
+            prompt.close()
+            s.close()
+
+
+def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where device work runs apart from the host (here the dry-run backend), a steady decode replays every rank's
+    graph from the calling thread, no hand-off to the rank threads: rank 0 on the caller's stream, each other rank
+    on its own stream after waiting for the caller's; every rank's lengths advance."""
+    from trtio.setups.llm import LLMSetup
+
+    with _dry_run_tp() as (tp, x, s):
+        threads: list[tuple[int, int]] = []
+        real = LLMSetup._steady_decode
+
+        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any) -> Tensor:
+            threads.append((tp.rank_setups.index(self), threading.get_ident()))
+            return real(self, st, xr, stream)
+
+        monkeypatch.setattr(LLMSetup, "_steady_decode", spy)
+        waits: list[tuple[int, int]] = []
+        be = tp.io.inputs_embeds.backend
+        real_wait = be.wait_event
+        monkeypatch.setattr(be, "wait_event", lambda stream, event: (waits.append((stream, event)),
+                                                                     real_wait(stream, event))[1])
+        hits = [r.executor.graph_stats.hits for r in tp.rank_setups]
+        lengths = tp.rank_setups[1].lengths
+        for _ in range(3):
+            assert tp.decode(x(), s) is tp.io.output_logits
+        me = threading.get_ident()
+        assert threads == [(0, me), (1, me)] * 3, "every rank's step on the calling thread, rank 0 first"
+        assert [r.executor.graph_stats.hits for r in tp.rank_setups] == [h + 3 for h in hits], "one replay each"
+        assert (tp.rank_setups[1].lengths == lengths + 3).all() and (tp.lengths == lengths + 3).all()
+        rank1 = tp._streams[1].handle
+        assert [w for w in waits if w[0] == rank1] == [(rank1, tp._ready.handle)] * 3, "rank 1 waits for the caller"
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_failing_in_a_steady_tensor_parallel_decode_stops_the_ranks_after_it(
+        monkeypatch: pytest.MonkeyPatch, failing: int) -> None:
+    """A rank whose steady step fails ends the step: the ranks after it never start. The first rank failing
+    leaves every rank as it was (the setup goes on); a later one leaves the ranks before it stepped: the setup is
+    broken, naming the failure."""
+    with _dry_run_tp() as (tp, x, s):
+        ex = tp.rank_setups[failing].executor
+
+        def refuse(*args: Any) -> bool:
+            raise trtio.EngineError("planted: the graph launch failed")
+
+        monkeypatch.setattr(ex, "replay", refuse)
+        before = [r.lengths.tolist() for r in tp.rank_setups]
+        with pytest.raises(trtio.EngineError, match="planted"):
+            tp.decode(x(), s)
+        after = [r.lengths.tolist() for r in tp.rank_setups]
+        if failing == 0:
+            assert after == before and not tp.is_broken, "rank 1 never started"
+            monkeypatch.undo()
+            tp.decode(x(), s)
+            assert [r.lengths.tolist() for r in tp.rank_setups] == [[v + 1 for v in b] for b in before]
+        else:
+            assert after[0] != before[0] and after[1] == before[1]
+            assert tp.is_broken
+            with pytest.raises(trtio.TrtioError, match="broken: rank 1 .*planted.*sequences differ"):
+                tp.decode(x(), s)
+
+
+def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Embeddings given as a foreign array (a torch tensor here, in host memory) are checked and read once, then
+    the step is a steady one like numpy's: no full decode, the logits a plain run's."""
+    torch = pytest.importorskip("torch")
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    try:
+        full: list[int] = []
+        real = trtio.LLMSetup._decode
+        monkeypatch.setattr(trtio.LLMSetup, "_decode", lambda self, *a: (full.append(1), real(self, *a))[1])
+        for i in range(3):
+            got = setup.decode(torch.from_numpy(x + np.float16(i)))
+            np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(i)).to_numpy())
+        assert full == [], "no step took the full path"
+    finally:
+        setup.close()
+        plain.close()

@@ -277,6 +277,42 @@ def test_a_failing_rank_fails_the_step_and_leaves_no_rank_waiting(toys: RaggedTo
     assert got == want
 
 
+def test_a_steady_step_runs_rank_0_on_the_calling_thread_and_its_failure_leaves_no_rank_waiting(
+        toys: RaggedToyEngines, emb: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the host backend a steady decode (graph replays) runs rank 0's step on the calling thread, the other
+    ranks' on theirs (they all-reduce together). Rank 0 failing there aborts the all-reduce the others wait in:
+    the step raises rank 0's error, every rank is as it was, and the setup goes on."""
+    from trtio.setups.llm import LLMSetup
+
+    with tp_setup(ENGINES / "toy-llm-tp2", graphs=True) as tp:
+        x, lens = embed_batch(emb, PROMPTS, F16)
+        toks = tokens(tp.prefill(x, lens))
+        for _ in range(3):  # the second step on is a steady one
+            toks = tokens(tp.decode(step_embeds(emb, toks)))
+        threads: list[tuple[int, int]] = []
+        real = LLMSetup._steady_decode
+
+        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any) -> trtio.Tensor:
+            threads.append((tp.rank_setups.index(self), threading.get_ident()))
+            return real(self, st, xr, stream)
+
+        monkeypatch.setattr(LLMSetup, "_steady_decode", spy)
+        toks = tokens(tp.decode(step_embeds(emb, toks)))
+        me = threading.get_ident()
+        assert sorted(threads)[0] == (0, me) and sorted(threads)[1][1] != me, "rank 0 here, rank 1 on its thread"
+        before = [(s.active.tolist(), s.lengths.tolist(), s.kv_pages) for s in tp.rank_setups]
+        ctx = tp.rank_setups[0].executor.context
+        _fail_in_compute(ctx)
+        error = _run_with_timeout(lambda: tp.decode(step_embeds(emb, toks)))
+        assert isinstance(error, EngineError) and "injected" in str(error)
+        assert not isinstance(error, collectives.CollectiveAbortedError), "the failing rank's error is raised"
+        assert [(s.active.tolist(), s.lengths.tolist(), s.kv_pages) for s in tp.rank_setups] == before
+        assert not tp.is_broken
+        vars(ctx).pop("_compute_host", None)
+        tp.decode(step_embeds(emb, toks))
+        assert [s.lengths.tolist() for s in tp.rank_setups] == [[v + 1 for v in b[1]] for b in before]
+
+
 def test_a_failure_after_other_ranks_finished_breaks_the_setup(emb: np.ndarray) -> None:
     """Null-compute ranks meet in no all-reduce: rank 0 finishes its step while rank 1 fails, so the ranks'
     sequences differ and every later step is refused; close still releases everything."""

@@ -111,7 +111,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _bench_sequences(args, machine_name(args.backend))
     contracts = ("batch", "ragged") if args.contract == "both" else (args.contract,)
     results = run(args.backend, steps=args.steps, rounds=args.rounds, contracts=contracts,
-                  kv_capacity=args.kv_capacity, tensor_parallel=(args.tp,) if args.tp else ())
+                  kv_capacity=args.kv_capacity, tensor_parallel=(args.tp,) if args.tp else (), inputs=args.inputs)
     if args.json:
         def number(x: float) -> float | None:
             return None if x != x else x  # NaN (not measured on this backend): null
@@ -120,7 +120,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                                      "device_ops": number(v.ops), "device_work_us": number(v.work)}
                               for name, v in rows.items()} for c, rows in results.items()}, indent=2))
     else:
-        print(format_results(results, args.backend))
+        print(format_results(results, args.backend, args.inputs))
     return 0
 
 
@@ -337,6 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--tp", type=_positive_int, default=None, metavar="N",
                        help="also the LLM's decode step across N tensor-parallel ranks (cuda: N GPUs, nccl4py and a C "
                             "compiler), beside one engine's")
+    bench.add_argument("--inputs", choices=["device", "host", "torch"], default="device",
+                       help="what the steps are fed: device tensors (default), host numpy arrays (one np.copyto of "
+                            "each helper's input timed beside it) or torch tensors (on the GPU with --backend cuda; "
+                            "the decode step fed a trtio Tensor beside it)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
     return p

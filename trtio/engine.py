@@ -30,7 +30,7 @@ from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, Unk
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
+from trtio.tensor import VIEWS, Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
@@ -267,7 +267,24 @@ class _Plan:
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
-    view_changes: int = -1  # Tensor.view_changes when this plan's views were last known set
+    view_changes: int = -1  # VIEWS.changes when this plan's views were last known set
+    by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
+    stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
+    # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
+    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+
+    def switch_from(self, prev: _Plan) -> list[tuple[Tensor, tuple[int, ...], int]]:
+        """The views of the executor's own tensors (``stable_views``) that differ from ``prev``'s, where
+        they hold ``prev``'s (only their executor reshapes them)."""
+        found = self.switches.get(id(prev))
+        if found is not None and found[0] is prev:
+            return found[1]
+        if len(self.switches) >= _PLAN_CACHE:
+            self.switches.clear()
+        before = {id(t): shp for t, shp, _n in prev.stable_views}
+        diff = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
+        self.switches[id(prev)] = (prev, diff)
+        return diff
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
@@ -278,11 +295,34 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         if t._closed:
             t._live()
         if t._shape is not shp:  # checked against the capacity when the plan was made (Tensor._set_view, inlined)
+            t._prev_view = (t._shape, t._nbytes)
             t._shape = shp
             t._nbytes = nbytes
             changed = True
     if changed:
-        Tensor.view_changes += 1
+        VIEWS.last = None
+        VIEWS.changes += 1
+
+
+def _views_again(plan: _Plan) -> None:
+    """Set the views of ``plan``'s shared tensors again after views changed since it last did: where the one
+    change since was the reshape of one of them (:attr:`ViewLog.last`), that one alone. Where the last
+    reshape was of another tensor, all of them: a thread may have reshaped it after this one's own change."""
+    views = VIEWS
+    changes = views.changes
+    t = views.last
+    view = plan.by_tensor.get(id(t)) if t is not None and changes == plan.view_changes + 1 else None
+    if view is not None and view[0] is t:  # one reshape since: of t, alone
+        if t._shape is not view[1]:
+            if t._closed:
+                t._live()
+            t._prev_view = (t._shape, t._nbytes)
+            t._shape, t._nbytes = view[1], view[2]
+            views.changes = changes = changes + 1  # t alone changed: it is still the last one
+    else:
+        _apply_views(plan.views)
+        changes = views.changes
+    plan.view_changes = changes
 
 
 def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profile: int) -> list[str]:
@@ -359,6 +399,7 @@ class EngineExecutor(Closeable):
         self._plan: _Plan | None = None
         self._plans: OrderedDict[tuple[Any, ...], _Plan] = OrderedDict()  # checked plans, by key (most recent last)
         self._synced: _Plan | None = None  # the plan whose bindings the execution context holds
+        self._stable_of: _Plan | None = None  # the plan whose views the executor's own tensors hold (None: unknown)
         self._graphs: dict[tuple[Any, ...], int] = {}
         self._last_snapshot: tuple[Any, ...] | None = None
         self._last_before: tuple[DeviceWork, ...] = ()
@@ -367,6 +408,7 @@ class EngineExecutor(Closeable):
         # engine's work was (a graph launched: all of them). A step that fails reads it to tell what its own
         # device work has already changed.
         self.enqueued = 0
+        self.last_work: tuple[DeviceWork, ...] = ()  # the device work the last execute() ran before its engine
         self._dummy: Tensor | None = None
         # An executor dropped without close() must not leak its graphs (they pin device memory).
         self._init_lifetime(f"executor {self.name!r}", destroy_graphs, self._backend, self._graphs)
@@ -394,16 +436,20 @@ class EngineExecutor(Closeable):
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
-            if plan.view_changes != Tensor.view_changes:  # a view changed somewhere since this plan set its own
-                _apply_views(plan.views)
-                plan.view_changes = Tensor.view_changes
+            if plan.view_changes != VIEWS.changes:  # a view changed somewhere since this plan set its own
+                _views_again(plan)
             return
         cached = self._plans.get(key)
         if cached is not None:
-            # A step this executor checked before (a spec-decode round alternates a few): re-apply its views.
-            # The execution context is brought in line only if it has to enqueue (a graph replay needs nothing).
-            _apply_views(cached.all_views)
-            cached.view_changes = Tensor.view_changes
+            # A step this executor checked before (a spec-decode round alternates a few): re-apply its views (of
+            # the executor's own tensors, those that differ from the plan they hold). The execution context is
+            # brought in line only if it has to enqueue (a graph replay needs nothing).
+            held = self._stable_of
+            _apply_views(cached.views if held is not None else cached.all_views)
+            if held is not None and held is not cached:
+                _apply_views(cached.switch_from(held))
+            self._stable_of = cached
+            cached.view_changes = VIEWS.changes
             self._plans.move_to_end(key)
             self._plan = cached
             return
@@ -412,7 +458,7 @@ class EngineExecutor(Closeable):
     def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
         """Check every binding of a step not seen before, bind what changed, and remember it as a plan."""
-        self._plan = None
+        self._plan = self._stable_of = None  # until the new plan is bound: the views may be half set
         if not 0 <= profile < self.io.num_profiles:
             raise BindingError(self.name, [f"profile {profile} does not exist (engine has {self.io.num_profiles})"])
         if self.registry is not None:
@@ -502,11 +548,13 @@ class EngineExecutor(Closeable):
         for t, shape, nbytes in all_views:
             t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
         views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name not in self._stable]
+        stable_views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name in self._stable]
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
-        plan = _Plan(key, views, all_views, outputs, snapshot, inputs)
-        self._plan = self._synced = plan
+        plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views,
+                     by_tensor={id(v[0]): v for v in views})
+        self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
             self._plans.popitem(last=False)
@@ -568,6 +616,7 @@ class EngineExecutor(Closeable):
         if self._closed:
             self._check_open()
         self.enqueued = 0
+        self.last_work = before
         plan = self._plan
         if plan is None:
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
@@ -599,6 +648,29 @@ class EngineExecutor(Closeable):
             self._enqueue(s, before)
         for t in plan.outputs:
             t._last_stream = s
+
+    def replay(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: Stream,
+               before: tuple[DeviceWork, ...]) -> bool:
+        """:meth:`prepare` then :meth:`execute` of a step whose graph, with the same ``before``, the last
+        ``execute`` replayed (a steady step): its views are set again where they changed and its graph is
+        launched. False, having done nothing, where it is not such a step (then prepare and execute it)."""
+        plan = self._plan
+        if plan is None or self._closed or plan.graph_before is not before or not plan.graph or \
+                not self.graphs_enabled:
+            return False
+        key = plan.key
+        if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
+            return False
+        if plan.view_changes != VIEWS.changes:
+            _views_again(plan)
+        self.enqueued = 0
+        self.last_work = before
+        self.graph_stats.hits += 1
+        self._backend.launch_graph(plan.graph, stream.handle)  # the graph holds its bindings: no context sync
+        self.enqueued = len(before) + 1
+        for t in plan.outputs:
+            t._last_stream = stream
+        return True
 
     def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:

@@ -28,7 +28,7 @@ from trtio.contracts.contract import Contract, PipelineLayout
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.errors import CapacityError, ClosedError, ConfigError, FrozenError, ShapeError, TrtioError, UnknownNameError
-from trtio.memory import Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
+from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
 from trtio.staging import StepStaging
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape
@@ -330,10 +330,10 @@ class PipelineIO(Closeable):
             self.deepstack_embeds = _FrozenList(t[names.deepstack_embeds(i)] for i in range(layout.num_deepstack))
             self.streaming_prefill = stack.enter_context(StreamingPrefillBuffers(backend))
             self.context_lengths_staging = stack.enter_context(
-                HostStaging(self.host_context_lengths, self.context_lengths, backend))
+                HostStaging(self.host_context_lengths, self.context_lengths, backend, slots=HOST_RING_SLOTS))
             self.select_token_indices_staging = stack.enter_context(
-                HostStaging(self.host_select_token_indices, self.select_token_indices, backend))
-            self._spec_staging = {key: stack.enter_context(HostStaging(t[host], t[dev], backend))
+                HostStaging(self.host_select_token_indices, self.select_token_indices, backend, slots=HOST_RING_SLOTS))
+            self._spec_staging = {key: stack.enter_context(HostStaging(t[host], t[dev], backend, slots=HOST_RING_SLOTS))
                                   for key, host, dev in layout.staging_pairs}
             s = as_stream(stream, backend)
             for m in layout.zeroed:

@@ -74,7 +74,8 @@ class StepStaging(Closeable):
         used = [n for n in names if self.tensors[n].capacity]
         self._dev_base = self.tensors[used[0]].data_ptr if used else 0
         self._pin_base = pinned[used[0]].data_ptr if used else 0
-        self._slots: dict[str, tuple[np.ndarray, int, int]] = {}  # name: (pinned view, byte offset, itemsize)
+        # name: (pinned view, byte offset, itemsize, values it holds, device tensor)
+        self._slots: dict[str, tuple[np.ndarray, int, int, int, Tensor]] = {}
         for n in used:
             dev, pin = self.tensors[n], pinned[n]
             offset = dev.data_ptr - self._dev_base
@@ -84,8 +85,9 @@ class StepStaging(Closeable):
                                  f"{offset} and {pin.data_ptr - self._pin_base}); request the device tensors and "
                                  f"their twins consecutively, in the same order")
             view = host_view(pin.data_ptr, pin.capacity).view(dev.dtype.storage_numpy)
-            self._slots[n] = (view, offset, view.itemsize)
-        self._end = max((off + self.tensors[n].capacity for n, (_v, off, _i) in self._slots.items()), default=0)
+            self._slots[n] = (view, offset, view.itemsize, view.size, dev)
+        self._end = max((off + self.tensors[n].capacity for n, (_v, off, _i, _s, _t) in self._slots.items()),
+                        default=0)
         ring = arena[_ring_name(names)]
         if ring.location is not Location.PINNED or ring.capacity < RING_SLOTS * self._end:
             raise TrtioError(f"{title}: the upload ring {ring.name!r} holds {ring.capacity} pinned bytes, "
@@ -97,6 +99,8 @@ class StepStaging(Closeable):
         self._slot = 0  # the ring slot of the next upload
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
+        # write_group's byte images, by the ids of their constants: (first byte, end, bytes, the constants)
+        self._images: dict[tuple[int, ...], tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]] = {}
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         self._last_streams = list(self.tensors.values())
         self._streamed: Stream | None = None  # the stream the last upload marked on them (only uploads write them)
@@ -139,24 +143,86 @@ class StepStaging(Closeable):
         if self._held.get(name) is values:
             self.skipped += 1
             return self.tensors[name]
-        if self._closed:
-            raise ClosedError(f"{self.title} is closed")
         slot = self._slots.get(name)
         n = values.size
-        if slot is None or n > slot[0].size:
-            raise CapacityError(f"{self.title}: {name!r} holds {0 if slot is None else slot[0].size} values, "
-                                f"a step asked for {n} ({values.shape})")
-        view, lo, itemsize = slot
-        view[:n] = values.reshape(-1)
+        if slot is None or n > slot[3] or self._closed:
+            self._refuse(name, values)
+        view, lo, itemsize, _size, tensor = slot  # type: ignore[misc]  # _refuse raised where slot is None
+        view[:n] = values if values.ndim == 1 else values.reshape(-1)
         hi = lo + n * itemsize
         if lo < self._lo:
             self._lo = lo
         if hi > self._hi:
             self._hi = hi
-        self._held.pop(name, None)
-        if not values.flags.writeable and values.flags.owndata:
+        held = self._held
+        if name in held:
+            del held[name]
+        flags = values.flags
+        if not flags.writeable and flags.owndata:
             self._written[name] = values
-        return self.tensors[name]
+        return tensor
+
+    def write_group(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
+        """:meth:`write` of several :func:`constant` s that steps write together (a tree's lengths, logits rows,
+        parents, depths and mask) into ``names``, which lie next to each other in the block: one copy of their
+        bytes, laid out once per set of constants (the unused end of each value's room holds zeros)."""
+        held = self._held
+        for n, v in zip(names, values):
+            if held.get(n) is not v:
+                break
+        else:
+            self.skipped += len(names)
+            return
+        key = tuple(map(id, values))
+        found = self._images.get(key)
+        if found is None or any(a is not b for a, b in zip(found[3], values)):
+            found = self._image(names, values)
+            if len(self._images) >= 64:
+                self._images.clear()
+            self._images[key] = found
+        lo, hi, image, _values = found
+        self._twins[lo:hi] = image
+        if lo < self._lo:
+            self._lo = lo
+        if hi > self._hi:
+            self._hi = hi
+        written = self._written
+        for n, v in zip(names, values):
+            if n in held:
+                del held[n]
+            written[n] = v
+
+    def _image(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]
+               ) -> tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]:
+        """The bytes :meth:`write_group` copies for ``values`` into ``names``: (first byte, end, the bytes, the
+        values). Refuses names that are not next to each other, and values that are no constants or do not fit."""
+        if self._closed:
+            raise ClosedError(f"{self.title} is closed")
+        slots = [self._slots.get(n) for n in names]
+        for n, v, slot in zip(names, values, slots):
+            if slot is None or v.size > slot[3]:
+                self._refuse(n, v)
+            if v.flags.writeable or not v.flags.owndata:
+                raise TrtioError(f"{self.title}: write_group takes constants (trtio.staging.constant); {n!r} is not")
+        lo = slots[0][1]  # type: ignore[index]
+        end = slots[-1][1] + values[-1].size * slots[-1][2]  # type: ignore[index]
+        inside = sorted(off for _v, off, _i, _s, _t in self._slots.values() if lo <= off < end)
+        if inside != [slot[1] for slot in slots]:  # type: ignore[index]
+            raise TrtioError(f"{self.title}: write_group names {list(names)}, which are not next to each other in "
+                             f"the block")
+        image = np.zeros(end - lo, np.uint8)
+        for v, slot in zip(values, slots):
+            view, off, itemsize, _size, _t = slot  # type: ignore[misc]
+            image[off - lo:off - lo + v.size * itemsize] = v.reshape(-1).astype(view.dtype, copy=False).view(np.uint8)
+        return lo, end, image, values
+
+    def _refuse(self, name: str, values: np.ndarray) -> None:
+        """Why :meth:`write` cannot write ``values`` into ``name`` (raised)."""
+        if self._closed:
+            raise ClosedError(f"{self.title} is closed")
+        slot = self._slots.get(name)
+        raise CapacityError(f"{self.title}: {name!r} holds {0 if slot is None else slot[3]} values, "
+                            f"a step asked for {values.size} ({values.shape})")
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""

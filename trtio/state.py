@@ -33,7 +33,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
-from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import StepStaging
@@ -316,7 +316,7 @@ class EngineState(Closeable):
             self._specs[names.kKVCacheStartIndex] = TensorSpec(names.kKVCacheStartIndex, "input", DType.INT32,
                                                                ("start_index_len",))
         requests.append(TensorRequest.of("kv_lengths", (max_batch,), DType.INT32))
-        requests.append(TensorRequest.of("host_kv_lengths", (max_batch,), DType.INT32, Location.PINNED))
+        requests.append(HostStaging.request("host_kv_lengths", (max_batch,), DType.INT32))
         # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
         # table of their addresses and a per-step table of moves (one row per sequence).
         self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
@@ -328,7 +328,7 @@ class EngineState(Closeable):
             undo.callback(self._arena.close)
             self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
-            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be)
+            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be, slots=HOST_RING_SLOTS)
             undo.callback(self._staging.close)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
             undo.callback(self._moves.close)
@@ -423,10 +423,20 @@ class EngineState(Closeable):
         rows[:, 0] = starts[:batch]
         rows[:, 1] = lengths
         rows[:, 2:] = grid
+        self.commit_rows(rows, stream)
+
+    def commit_rows(self, rows: np.ndarray, stream: StreamLike = None) -> None:
+        """:meth:`commit_grid` of its rows, laid out already: int32 [batch, 2 + width], row ``b`` the sequence's
+        cached length, its path's length and the path's nodes (at most ``MAX_PATH_MOVES + 1``, checked by the
+        caller) padded with -1."""
+        if self._closed:
+            self._check_open()
+        if self._commit is None:
+            raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        self._commit.run(moves, batch, 2 + width, s)
+        self._commit.run(moves, rows.shape[0], rows.shape[1], s)
 
     def _kv_layout(self) -> KVLayout:
         first = self.tensors[self._kv_caches[0]]

@@ -20,7 +20,7 @@ import ctypes
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +75,27 @@ def normalize_shape(shape: Any, what: str = "shape") -> tuple[int, ...]:
 
 def volume(shape: Iterable[int]) -> int:
     return math.prod(shape)
+
+
+class ViewLog:
+    """Internal (executors): view changes of every tensor. ``changes`` counts them: an executor whose views
+    were all set since the last change need not test them one by one (see EngineExecutor.prepare). ``last`` is
+    the tensor whose reshape made the last change (None: the last change was not one reshape): an executor
+    that finds one change since its own, this one's, sets this view back alone. An instance, not class
+    attributes of Tensor: writing a class attribute would void the interpreter's caches of Tensor's
+    attributes at every step."""
+
+    __slots__ = ("changes", "last")
+
+    def __init__(self) -> None:
+        self.changes = 0
+        self.last: Tensor | None = None
+
+
+VIEWS = ViewLog()
+
+# Shapes Tensor.reshape was given as tuples, checked (normalize_shape) with their volume: a step's shapes repeat.
+_SHAPES: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
 
 
 def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int | None) -> int:
@@ -159,11 +180,8 @@ class Tensor(Closeable):
 
     __slots__ = (
         "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
-        "_owner", "_owning", "_frozen", "_last_stream", "_export_event",
+        "_owner", "_owning", "_frozen", "_last_stream", "_export_event", "_prev_view",
     )
-    # Counts view changes of every tensor: an executor whose views were all set since the last change
-    # need not test them one by one (see EngineExecutor.prepare).
-    view_changes: ClassVar[int] = 0
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
                  capacity: int, backend: Backend, *, name: str = "", owner: Any = None,
@@ -173,6 +191,9 @@ class Tensor(Closeable):
         self._location = location
         self._shape = shape
         self._nbytes = dtype.nbytes(volume(shape))
+        # The view before the current one, (shape, bytes), where a reshape or an executor changed it: a view
+        # that goes back and forth (a runtime's view, then a step's) is set back without checks.
+        self._prev_view: tuple[tuple[int, ...], int] | None = None
         self._capacity = capacity
         self._ptr = ptr
         self._backend = backend
@@ -346,25 +367,63 @@ class Tensor(Closeable):
         Raises :class:`CapacityError` naming the tensor, the shape and both byte counts when
         the view does not fit.
         """
+        if type(shape) is tuple:
+            now = self._shape
+            if shape == now:
+                if self._closed:
+                    self._live()
+                return self
+            prev = self._prev_view
+            if prev is not None and shape is prev[0] and not self._closed:  # the view before, checked then
+                self._live()
+                self._prev_view = (now, self._nbytes)
+                self._shape, self._nbytes = shape, prev[1]
+                VIEWS.last = self  # before the count: whoever sees the count sees this
+                VIEWS.changes += 1
+                return self
         self._live()
-        if type(shape) is tuple and shape == self._shape:
-            return self
-        dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
-        need = self._dtype.nbytes(volume(dims))
+        found = None
+        plain = False
+        if type(shape) is tuple:
+            try:
+                found = _SHAPES.get(shape)  # a shape steps give again: checked once
+            except TypeError:  # unhashable: normalize_shape names what is wrong with it
+                pass
+            plain = True
+            for d in shape:  # the very ints it was checked as (a bool, a float or a numpy int hash alike)
+                if type(d) is not int:
+                    found = None
+                    plain = False
+                    break
+        if found is None:
+            dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
+            found = (dims, volume(dims))
+            if plain and dims == shape:
+                if len(_SHAPES) >= 1024:
+                    _SHAPES.clear()
+                _SHAPES[dims] = found
+        dims = found[0]
+        need = self._dtype.nbytes(found[1])
         if need > self._capacity:
             raise CapacityError(
                 f"tensor {self._name!r}: shape {dims} of {self._dtype} needs {need} bytes but "
                 f"the capacity is {self._capacity} bytes")
-        self._shape = dims
+        self._prev_view = (self._shape, self._nbytes)
+        # A tuple of plain ints is kept as given (it equals the checked one): given again, the same object is
+        # found by identity when it is the view before.
+        self._shape = shape if plain else dims  # type: ignore[assignment]
         self._nbytes = need
-        Tensor.view_changes += 1
+        VIEWS.last = self  # before the count: whoever sees the count sees this
+        VIEWS.changes += 1
         return self
 
     def _set_view(self, shape: tuple[int, ...], nbytes: int) -> None:
         """Internal (executors): a view already checked against this tensor's capacity, set without checks."""
+        self._prev_view = (self._shape, self._nbytes)
         self._shape = shape
         self._nbytes = nbytes
-        Tensor.view_changes += 1
+        VIEWS.last = None
+        VIEWS.changes += 1
 
     def view(self, dtype: DTypeLike) -> Tensor:
         """The same bytes seen with another dtype (last dim rescaled); shares memory, owns nothing."""
@@ -684,7 +743,8 @@ class Tensor(Closeable):
         return super()._closable()
 
     def _close_owned(self) -> None:
-        Tensor.view_changes += 1  # executors look their views over again (and find this one closed)
+        VIEWS.last = None
+        VIEWS.changes += 1  # executors look their views over again (and find this one closed)
         self._owner = None
         self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
         event, self._export_event = self._export_event, None

@@ -28,9 +28,8 @@ from trtio.contracts.contract import (
     mrope_request,
     seed_requests,
 )
-from trtio.cuda.backend import Location
 from trtio.dtypes import DType
-from trtio.memory import TensorRequest
+from trtio.memory import HostStaging, TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry, TensorSpec
 from trtio.stream import Stream
@@ -150,23 +149,24 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
         absent("output_hidden_states", act),
         TensorRequest.of("packed_attention_mask", (b, p, words), i32),
         TensorRequest.of("spec_decode_position_ids", (b, p), i32),
-        TensorRequest.of("host_packed_attention_mask", (b, p, words), i32, Location.PINNED),
-        TensorRequest.of("host_spec_decode_position_ids", (b, p), i32, Location.PINNED),
-        TensorRequest.of("host_spec_select_token_indices", (b, p), DType.INT64, Location.PINNED),
+        HostStaging.request("host_packed_attention_mask", (b, p, words), i32),
+        HostStaging.request("host_spec_decode_position_ids", (b, p), i32),
+        HostStaging.request("host_spec_select_token_indices", (b, p), DType.INT64),
         TensorRequest.of("row_scratch", (b * p, max(spec.base_output_hidden_dim, spec.draft_hidden_size)), act),
     ]
-    # Row indices of the hidden-state moves (draft inputs assembled from outputs, accepted rows compacted).
-    step = [TensorRequest.of("row_src", (b * seq,), i32),
-            TensorRequest.of("row_dst", (b * seq,), i32),
-            TensorRequest.of("draft_parents", (b * p,), i32),  # a draft level's (ops.DraftLevel)
-            TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row
-            # A tree step's (ops.TreeStep): the cached lengths, then a tree's constants, which the device
-            # copies or expands into the engine's inputs.
+    # Each upload copies one byte range, from the first value a step wrote to the last: a draft level's values
+    # first, then a tree step's (ops.TreeStep: the cached lengths, then a tree's constants, which the device copies
+    # or expands into the engine's inputs), then the row indices of the hidden-state moves (draft inputs assembled
+    # from outputs, accepted rows compacted).
+    step = [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row
             TensorRequest.of("tree_past", (b,), i32),
+            TensorRequest.of("draft_parents", (b * p,), i32),  # a draft level's (ops.DraftLevel)
             TensorRequest.of("tree_lengths", (b,), i32),
             TensorRequest.of("tree_depths", (b * p,), i32),
             TensorRequest.of("tree_mask", (b * p, words), i32),
-            TensorRequest.of("tree_select", (b * p,), DType.INT64)]
+            TensorRequest.of("tree_select", (b * p,), DType.INT64),
+            TensorRequest.of("row_src", (b * seq,), i32),
+            TensorRequest.of("row_dst", (b * seq,), i32)]
     return PipelineLayout(
         "PipelineIO(spec_decode)", reqs, step, max_batch=b, max_seq=seq, hidden_size=h, is_spec_decode=True,
         num_deepstack=base.num_deepstack_features, members=("row_scratch", "row_src", "row_dst"),
@@ -223,19 +223,21 @@ class BatchSteps(StepInputs):
         in one copy; the device writes the start index, context lengths, position ids, mask and token
         selection (:class:`~trtio.ops.TreeStep`)."""
         step = self.step
-        b, w = layout.real.shape
+        plan = self._tree_plans.get((e.role, id(layout)))
+        if plan is None or plan[0] is not layout or plan[1] is not select:
+            b, w = layout.real.shape
+            words = layout.packed_mask.shape[1]
+            key = (e.role, b, w, words, select.shape[1])
+            found = self._tree_works.get(key)
+            if found is None:
+                found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words,
+                                                            select.shape[1]),))
+            plan = (layout, select, (layout.query_lengths, layout.tree_depths, layout.packed_mask, select), found)
+            self._tree_plans.put((e.role, id(layout)), plan)
         step.write("tree_past", past)
-        step.write("tree_lengths", layout.query_lengths)
-        step.write("tree_depths", layout.tree_depths)
-        step.write("tree_mask", layout.packed_mask)
-        step.write("tree_select", select)
+        step.write_group(("tree_lengths", "tree_depths", "tree_mask", "tree_select"), plan[2])
         step.upload(s)
-        words = layout.packed_mask.shape[1]
-        key = (e.role, b, w, words, select.shape[1])
-        found = self._tree_works.get(key)
-        if found is None:
-            found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words, select.shape[1]),))
-        return found
+        return plan[3]
 
     def tree_targets(self, e: EngineView) -> TreeTargets:
         found = self._targets.get(e.role)

@@ -19,16 +19,17 @@ import numpy as np
 from trtio import names
 from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts.ragged import TreeLayout, ramp
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.errors import TrtioError
-from trtio.memory import TensorRequest
+from trtio.memory import HostStaging, TensorRequest
 from trtio.ops import RowCopy
 from trtio.registry import TensorRegistry
+from trtio.staging import constant
 from trtio.stream import Stream, StreamLike
 
 if TYPE_CHECKING:
-    from trtio.contracts.ragged import TreeLayout
     from trtio.engine import DeviceWork
     from trtio.ops import DraftTreeBuffers, TreeTargets
     from trtio.staging import StepStaging
@@ -106,7 +107,7 @@ class PipelineLayout:
     staging_pairs: tuple[tuple[str, str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DraftLevelPlan:
     """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant) and
     attention lengths (``asl``: past + the round's width), the level's ``parents``, its place in the round
@@ -185,11 +186,15 @@ class StepInputs(abc.ABC):
         self._tree_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
         self._level_works: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
         self._targets: dict[str, TreeTargets] = {}
-        # Decode: the device's copy of the lengths equals these while the step block saw no other upload since.
-        self._seen = np.zeros(io.max_batch, np.int64)
-        self._decode_seen = self._seen[:0]
+        # Per (role, id of a tree layout): the layout and what a tree step of it writes and runs.
+        self._tree_plans: BoundedCache[tuple[str, int], Any] = BoundedCache()
+        self._slot_ids: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int32))
+        # Decode: the engine's host lengths (all slots, as bytes) that the device's copy of the step's lengths
+        # equals, while the step block saw no other upload (``decode_mark``) and the step's slots are the same.
+        self.device_lengths: bytes | None = None
         self._decode_slots: tuple[int, ...] | None = None
-        self._decode_mark = -1
+        self._decode_batch = -1
+        self.decode_mark = -1
 
     # -- what every contract shares ----------------------------------------------------------------
     def row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
@@ -201,6 +206,17 @@ class StepInputs(abc.ABC):
         if found is None:
             found = self._row_copies.put(key, RowCopy(dst, src, src_rows, count, row_bytes, dst_rows))
         return found
+
+    def slot_ids(self, batch: int, slots: np.ndarray | None) -> np.ndarray:
+        """A step's slots as the int32 constant the step block takes (``0 .. batch - 1`` without ``slots``); the
+        same object while the slots are the same array (a setup's active order is one array until it changes)."""
+        if slots is None:
+            return ramp(batch)
+        last, ids = self._slot_ids
+        if slots is not last:
+            ids = constant(slots.astype(np.int32))
+            self._slot_ids = (slots, ids)
+        return ids
 
     def rope_source(self, e: EngineView, s: Stream) -> tuple[Tensor, bool]:
         """The table a step's RoPE rows are gathered from, and whether it has one per slot (looked up once
@@ -225,28 +241,35 @@ class StepInputs(abc.ABC):
         The copy and the step's constant inputs are uploaded only when the step block may not hold them:
         after another step used the block, when the host's lengths are not the ones the last decode left
         (a prefill, a reset), or when the step's sequences changed. A steady decode uploads nothing and
-        replays its graph as it is."""
+        replays its graph as it is. Once the step ran and the host's lengths moved on, the setup says so
+        (:meth:`decoded`)."""
         step = self.step
         b = lengths.shape[0]
         self.write_pages(e, pages)
-        if step.uploads != self._decode_mark or b != self._decode_seen.shape[0] or key != self._decode_slots \
-                or step.pending or (lengths != self._decode_seen).any():
+        if step.uploads != self.decode_mark or b != self._decode_batch or key != self._decode_slots \
+                or step.pending or e.state.lengths.tobytes() != self.device_lengths:
             step.write("decode_lengths", lengths)
             self._write_decode(lengths, slots)
+            self.device_lengths = None  # until the step ran (decoded())
             step.upload(s)
             self._decode_uploaded()
-            self._decode_mark = step.uploads
-            self._decode_seen = self._seen[:b]
+            self.decode_mark = step.uploads
+            self._decode_batch = b
             self._decode_slots = key
         work = self._decode_works.get((e.role, b))
         if work is None:
             work = self._decode_works.put((e.role, b), self._decode_work(e, b, s))
-        np.add(lengths, 1, out=self._decode_seen)  # what this step leaves in both copies of the lengths
         return work
+
+    def decoded(self, lengths: np.ndarray | None) -> None:
+        """A decode step ran and the host's lengths of its sequences grew by one, as the device's copy did:
+        ``lengths`` is the engine's host lengths array now (None: the step failed, the copy is unknown)."""
+        self.device_lengths = None if lengths is None else lengths.tobytes()
 
     def forget_decode(self) -> None:
         """The host's lengths changed under the device's copy (a reset, a release): resync next decode."""
-        self._decode_mark = -1
+        self.decode_mark = -1
+        self.device_lengths = None
 
     # -- what each contract does its own way -----------------------------------------------------------
     @abc.abstractmethod
@@ -316,8 +339,8 @@ def seed_requests(b: int, seq: int, h: int, act: DType, *, logits_rows: int, voc
         TensorRequest.of("output_logits", (logits_rows, vocab), DType.FLOAT32),
         TensorRequest.of("select_token_indices", (b, select_cols), DType.INT64),
         TensorRequest.of("context_lengths", (b,), DType.INT32),
-        TensorRequest.of("host_context_lengths", (b,), DType.INT32, Location.PINNED),
-        TensorRequest.of("host_select_token_indices", (b, 1), DType.INT64, Location.PINNED),
+        HostStaging.request("host_context_lengths", (b,), DType.INT32),
+        HostStaging.request("host_select_token_indices", (b, 1), DType.INT64),
     ]
 
 

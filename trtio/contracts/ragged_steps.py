@@ -119,36 +119,43 @@ class RaggedContract(Contract):
             TensorRequest.of("context_sequence_count_carrier", (b,), i32),
             TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
         ]
-        # Per-step inputs, smallest first: a decode step's upload then copies a short prefix of the block.
+        # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
+        # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
+        # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
+        # (written when they change), the row lists, and last what only the device writes (positions, RoPE rows).
         # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
         step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
         step += [
             TensorRequest.of("query_start_offsets", (b + 1,), i32),
-            TensorRequest.of("query_lengths", (b,), i32),
             TensorRequest.of("past_lengths", (b,), i32),
-            TensorRequest.of("attention_sequence_lengths", (b,), i32),
             TensorRequest.of("state_indices", (b,), i32),
-            TensorRequest.of("logits_indices", (rows,), DType.INT64),
-            # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
-            TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32),
         ]
         if draft is not None:
-            step += [TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32),
-                     TensorRequest.of("draft_roots", (b,), i32)]  # each sequence's root hidden row (ops.DraftLevel)
+            step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
+                     TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
         step += [
-            TensorRequest.of("row_src", (t,), i32),
-            TensorRequest.of("row_dst", (t,), i32),
-            TensorRequest.of("rope_rows", (t,), i32),
-            TensorRequest.of("positions", (t,), i32),
+            TensorRequest.of("attention_sequence_lengths", (b,), i32),
+            TensorRequest.of("query_lengths", (b,), i32),
+            TensorRequest.of("logits_indices", (rows,), DType.INT64),
         ]
         if bundle is not None:
             step += [
-                TensorRequest.of("spec_decode_position_ids", (t,), i32),
                 TensorRequest.of("spec_tree_parent_ids", (t,), i32),
                 TensorRequest.of("spec_tree_depths", (t,), i32),
                 TensorRequest.of("packed_attention_mask", (t, words), i32),
-                TensorRequest.of("draft_parents", (rows,), i32),  # a draft level's parents (ops.DraftLevel)
             ]
+        # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
+        step.append(TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32))
+        if draft is not None:
+            step.append(TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32))
+        step += [
+            TensorRequest.of("row_src", (t,), i32),
+            TensorRequest.of("row_dst", (t,), i32),
+            TensorRequest.of("positions", (t,), i32),
+            TensorRequest.of("rope_rows", (t,), i32),
+        ]
+        if bundle is not None:
+            step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
         else:
             reqs += [absent("packed_attention_mask", i32), absent("spec_decode_position_ids", i32),
                      absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32),
@@ -197,6 +204,8 @@ class RaggedContract(Contract):
 _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "rope_rows")
 # What a tree step's device work writes.
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
+# A tree layout's constants, next to each other in the step block (StepStaging.write_group).
+_TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_tree_depths", "packed_attention_mask")
 
 
 class RaggedSteps(StepInputs):
@@ -271,18 +280,25 @@ class RaggedSteps(StepInputs):
         in one copy; the device lays out the rest (:class:`~trtio.ops.TreeStep`), then the RoPE rows are
         gathered."""
         step = self.step
-        self.write_pages(e, pages)
-        b, w = layout.real.shape
-        step.write("query_start_offsets", ramp(b + 1, w))
-        step.write("query_lengths", layout.query_lengths)
+        plan = self._tree_plans.get((e.role, id(layout)))
+        if plan is None or plan[0] is not layout:
+            plan = self._tree_plan(e, layout, s)
+        _layout, offsets, constants, work = plan
+        if pages is not None:
+            self.write_pages(e, pages)
+        step.write("query_start_offsets", offsets)
         step.write("past_lengths", past)
-        step.write("state_indices", ramp(b) if slots is None else slots.astype(np.int32))
-        step.write("logits_indices", layout.logits_indices)
-        step.write("packed_attention_mask", layout.packed_mask)
-        step.write("spec_tree_parent_ids", layout.tree_parent_ids)
-        step.write("spec_tree_depths", layout.tree_depths)
+        step.write("state_indices", self.slot_ids(layout.real.shape[0], slots))
+        step.write_group(_TREE_GROUP, constants)
         step.upload(s)
         step.overwritten(_TREE_WRITES)
+        return work
+
+    def _tree_plan(self, e: EngineView, layout: TreeLayout, s: Stream
+                   ) -> tuple[TreeLayout, np.ndarray, tuple[np.ndarray, ...], tuple[DeviceWork, ...]]:
+        """What a tree step of ``layout`` on engine ``e`` writes and runs, whatever is cached: the layout, its query
+        offsets, its constants (:data:`_TREE_GROUP`) and its device work."""
+        b, w = layout.real.shape
         words = layout.packed_mask.shape[1]
         key = (e.role, b, w, layout.phase, layout.padding_position, words)
         found = self._tree_works.get(key)
@@ -294,7 +310,10 @@ class RaggedSteps(StepInputs):
             found = self._tree_works.put(key, (
                 TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
-        return found
+        plan = (layout, ramp(b + 1, w), (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids,
+                                         layout.tree_depths, layout.packed_mask), found)
+        self._tree_plans.put((e.role, id(layout)), plan)
+        return plan
 
     def tree_targets(self, e: EngineView) -> TreeTargets:
         found = self._targets.get(e.role)
@@ -326,13 +345,14 @@ class RaggedSteps(StepInputs):
         nodes' positions. A parent's draft hidden row is the previous level's output row."""
         step = self.step
         b, w = plan.batch, tree.width
-        self.write_pages(e, plan.pages)
+        if plan.pages is not None:
+            self.write_pages(e, plan.pages)
         if plan.n0 == 0:
             step.write("draft_roots", plan.roots)
         step.write("query_start_offsets", ramp(b + 1, w))
         step.write("past_lengths", plan.past)
         step.write("attention_sequence_lengths", plan.asl)
-        step.write("state_indices", ramp(b) if plan.slots is None else plan.slots.astype(np.int32))
+        step.write("state_indices", self.slot_ids(b, plan.slots))
         step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
@@ -351,7 +371,7 @@ class RaggedSteps(StepInputs):
         return found
 
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
-        return np.arange(batch)  # the draft's hidden output has one row per sequence (its logits row)
+        return ramp(batch, dtype="i8")  # the draft's hidden output has one row per sequence (its logits row)
 
     def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
-        return np.arange(batch)
+        return ramp(batch, dtype="i8")

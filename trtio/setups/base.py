@@ -194,9 +194,13 @@ class SetupBase(Closeable, abc.ABC):
     _context_memory: ContextMemory
     _extra_arena: Arena
     _embeds_staging: HostStaging
+    _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
     _in_use: threading.Lock  # held by the thread inside a public call (:func:`one_thread`)
+    # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
+    # decode before it) and with reset().
+    _epoch = 0
 
     @contextlib.contextmanager
     def _building(self, stream: StreamLike) -> Iterator[tuple[contextlib.ExitStack, Stream]]:
@@ -217,7 +221,9 @@ class SetupBase(Closeable, abc.ABC):
         return self._broken is not None
 
     def _check_usable(self) -> None:
-        """Refuse a call on a closed or a broken setup, naming what to do."""
+        """Refuse a call on a closed or a broken setup, naming what to do. Every call that may change the setup
+        checks this first, which moves :attr:`_epoch` on."""
+        self._epoch += 1
         if self._closed:
             self._check_open()
         if self._broken is not None:
@@ -252,6 +258,7 @@ class SetupBase(Closeable, abc.ABC):
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
         self._steps = self.io.contract.steps(self.io, self._rope.get)
+        self._embeds_dtype = self.io.inputs_embeds.dtype.numpy  # host embeddings taken as they are
 
     @abc.abstractmethod
     def engines(self) -> list[BoundEngine]:
@@ -270,6 +277,16 @@ class SetupBase(Closeable, abc.ABC):
         """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy; a
         device array as it is), with its batch and seq. Nothing is enqueued; a foreign device array's
         producer is ordered before ``stream`` (the step's)."""
+        kind = type(x)
+        if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
+            shape = x.shape  # checks that it is open
+            if x.dtype is self.io.inputs_embeds.dtype and len(shape) == 3 and shape[2] == hidden and \
+                    x.backend is self._backend:
+                return x, shape[0], shape[1]
+        elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
+            shape = x.shape
+            if len(shape) == 3 and shape[2] == hidden and x.dtype == self._embeds_dtype and x.flags.c_contiguous:
+                return x, shape[0], shape[1]
         x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
@@ -280,14 +297,12 @@ class SetupBase(Closeable, abc.ABC):
         dst, staging = self.io.inputs_embeds, self._embeds_staging
         if x is dst:
             return  # written in place by the caller
-        b, s, hidden = (int(d) for d in x.shape)
         if isinstance(x, Tensor):
-            if x is not dst:
-                dst.reshape((b, s, hidden)).copy_from(x, stream)
-        elif s * b * hidden * dst.dtype.itemsize <= staging.host.capacity:
-            staging.upload(x, stream)
+            dst.reshape(x.shape).copy_from(x, stream)
+        elif x.nbytes <= staging.slot_capacity:
+            staging.upload(x, stream, reshape=False)  # the step's executor views the embeddings as it binds them
         else:
-            dst.reshape((b, s, hidden)).copy_from(x, stream)  # a long prompt: pageable copy, no staging
+            dst.reshape(x.shape).copy_from(x, stream)  # a long prompt: pageable copy, no staging
 
     # -- sequences --------------------------------------------------------------------------------
     @property
@@ -336,25 +351,27 @@ class SetupBase(Closeable, abc.ABC):
         lengths = e.state.lengths[:order.shape[0]] if whole else e.state.lengths[order]
         return order, seqs.order_key, lengths, whole
 
-    @contextlib.contextmanager
-    def _step_pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
-                    s: Stream) -> Iterator[np.ndarray | None]:
+    def _pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
+               s: Stream) -> tuple[StepPages | None, np.ndarray | None]:
         """Take the pages a step writes (``width`` tokens from ``starts`` on for each slot of ``order``; a
-        CapacityError before anything changes when the pool is short), enqueue the copies of shared pages it
-        writes, and give the step's page-table rows (None where pages are not staged per step). A step that
-        raises inside gives the pages back."""
+        CapacityError before anything changes when the pool is short) and enqueue the copies of shared pages it
+        writes. Returns the plan that took pages (None: none taken), which the caller undoes if the step raises
+        later, and the step's page-table rows (None where pages are not staged per step)."""
         seqs = self._seqs
         if not seqs.slotted:
-            yield None
-            return
-        plan = seqs.tables[e.role].ensure(order, starts, width)
+            return None, None
+        table = seqs.tables[e.role]
+        plan = None
+        if width:  # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
+            limit = table.limit.tolist()
+            if any(start + width > limit[slot] for slot, start in zip(key, starts.tolist())):
+                plan = table.ensure(order, starts, width)
         if plan is None:
-            yield seqs.step_rows(e.role, key)
-            return
+            return None, seqs.step_rows(e.role, key)
         plan.commit()
         try:
             seqs.copy(e.role, plan.moves, s)
-            yield seqs.step_rows(e.role, key)
+            return plan, seqs.step_rows(e.role, key)
         except BaseException:
             plan.undo()
             raise

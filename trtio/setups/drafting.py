@@ -52,14 +52,15 @@ class DraftTree:
         self._parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
-        self._round_embeds = np.zeros((io.max_batch, width, draft.cfg.hidden_size),
-                                      draft.cfg.activation.storage_numpy)
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
         self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
         self._level_copies: BoundedCache[tuple[int, ...], Copy2D] = BoundedCache()  # copies in a level's graph
         self._moves: BoundedCache[tuple[int, int], DeviceWork] = BoundedCache()
         self._zeros: BoundedCache[tuple[int, int], Zero] = BoundedCache()
-        self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+        # The fused work of a level, by the ids of its parts (kept beside it): (parts..., fused)
+        self._fused: BoundedCache[tuple[int, ...], tuple[Any, ...]] = BoundedCache()
+        self._zero_pairs: BoundedCache[int, tuple[DeviceWork, ...]] = BoundedCache()  # a round's zeros, by batch
+        self._row_bytes = io.inputs_embeds.dtype.itemsize * draft.cfg.hidden_size  # one embedding row
         # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
         # round's lengths and its embeddings' source (see _stage_embeds).
         self._staged: tuple[np.ndarray, int, int, tuple[np.ndarray, np.ndarray], Any] | None = None
@@ -110,15 +111,17 @@ class DraftTree:
         after ``past`` cached tokens, and return its device work in the fewest kernels. The tree holds the
         level once :meth:`grow` says its step succeeded: a step that fails leaves the tree as it was.
         ``roots``: each sequence's root hidden row (read on a round's first level)."""
-        b, k = int(x.shape[0]), int(x.shape[1])
+        shape = x.shape
+        b, k = int(shape[0]), int(shape[1])
         n0 = self.nodes
         embeds, source = self._stage_embeds(x, b, n0, k, s)
-        zeros = self._round_zeros(b) if n0 == 0 else ()  # a new round: no base features, no stale draft rows
-        move = self._move(b, k)
-        lengths = self._round_lengths
-        if n0 == 0:  # a new round: the lengths are fixed for all its levels
+        if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
+            zeros = self._round_zeros(b)
             past32 = constant(past.astype(np.int32))
             lengths = (past32, constant(past32 + np.int32(self.width)))
+        else:
+            zeros, lengths = (), self._round_lengths
+        move = self._move(b, k)
         plan = DraftLevelPlan(lengths[0], lengths[1], par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
         self._staged = (par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
@@ -146,30 +149,36 @@ class DraftTree:
                 self._draft.cfg.hidden_size * io.draft_hidden_states_out.dtype.itemsize, io.row_dst))
         return found
 
-    def _fuse(self, embeds: tuple[DeviceWork, ...], zeros: tuple[DeviceWork, ...], level: tuple[DeviceWork, ...],
+    def _fuse(self, embeds: DeviceWork | None, zeros: tuple[DeviceWork, ...], level: tuple[DeviceWork, ...],
               move: DeviceWork) -> tuple[DeviceWork, ...]:
         """A proposal level's device work in the fewest kernels (:func:`~trtio.ops.fuse`): a round's zeros and
         the level's embedding copy before the tree's level, the copies that read what it writes (the RoPE
-        rows, the parents' hidden rows; the embedding copy on later levels) in one kernel after it."""
-        key = (embeds, zeros, level, move)
+        rows, the parents' hidden rows; the embedding copy on later levels) in one kernel after it. Every part
+        is an object kept by its own cache: the fused work is found by their identities."""
+        key = (id(embeds), id(zeros), id(level), id(move))
         found = self._fused.get(key)
-        if found is None:
-            first, then = (zeros + embeds, ()) if zeros else ((), embeds)
-            found = self._fused.put(key, fuse(first) + level[:1] + fuse(then + level[1:] + (move,)))
-        return found
+        if found is None or found[0] is not embeds or found[1] is not zeros or found[2] is not level or \
+                found[3] is not move:
+            copies = () if embeds is None else (embeds,)
+            first, then = (zeros + copies, ()) if zeros else ((), copies)
+            found = self._fused.put(key, (embeds, zeros, level, move,
+                                          fuse(first) + level[:1] + fuse(then + level[1:] + (move,))))
+        fused: tuple[DeviceWork, ...] = found[4]
+        return fused
 
     def _stage_embeds(self, x: Any, b: int, n0: int, k: int,
-                      s: Stream) -> tuple[tuple[DeviceWork, ...], tuple[tuple[int, ...], int] | None]:
+                      s: Stream) -> tuple[DeviceWork | None, tuple[tuple[int, ...], int] | None]:
         """The new nodes' embeddings into rows ``n0 .. n0 + k - 1`` of each sequence's block of the round's
-        width; earlier nodes' rows stay as the previous calls left them. A device tensor at the address the
+        width (only those: host data through a pinned slot with one 2D copy); earlier nodes' rows stay as the
+        previous calls left them. A device tensor at the address the
         same level read in each of the last ``_STABLE_ROUNDS`` rounds (a runtime's embedding buffer) is
         copied in the step's graph (returned as device work for it); any other is copied now, so buffers
         that move between rounds never cost a graph capture per address. Also returns what the level's
         source becomes once the step succeeds (its addresses and rounds seen; None for host data)."""
         dst, w = self._io.inputs_embeds, self.width
-        row = dst.dtype.itemsize * x.shape[2]
+        row = self._row_bytes
         if isinstance(x, Tensor):
-            args = (dst.data_ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
+            args = (dst._ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
             last, seen = self._level_sources.get(n0, ((), 0))
             seen = seen + 1 if last == args else 1
             if seen > _STABLE_ROUNDS:
@@ -177,18 +186,22 @@ class DraftTree:
                 if found is None and len(self._level_copies) < _MAX_LEVEL_COPIES:  # a bounded number of graphs
                     found = self._level_copies.put(args, Copy2D(self._backend, *args))
                 if found is not None:
-                    return (found,), (args, seen)
+                    return found, (args, seen)
             self._backend.memcpy_2d(*args, s.handle)
-            return (), (args, seen)
-        self._round_embeds[:b, n0:n0 + k] = x
-        self._staging.upload(self._round_embeds[:b], s)
-        return (), None
+            return None, (args, seen)
+        self._staging.upload_rows(x, n0 * row, w * row, s)  # host data: the new rows only, one 2D copy
+        return None, None
 
     def _round_zeros(self, b: int) -> tuple[DeviceWork, ...]:
-        """A proposal round's first level: the base features and the draft's own hidden rows set to 0."""
-        w = self.width
-        return (self._zero(self._io.base_hidden_states, b * w * self._base_width),
-                self._zero(self._io.draft_hidden_states_in, b * w * self._draft.cfg.hidden_size))
+        """A proposal round's first level: the base features and the draft's own hidden rows set to 0 (one tuple
+        per batch size)."""
+        found = self._zero_pairs.get(b)
+        if found is None:
+            w = self.width
+            found = self._zero_pairs.put(b, (
+                self._zero(self._io.base_hidden_states, b * w * self._base_width),
+                self._zero(self._io.draft_hidden_states_in, b * w * self._draft.cfg.hidden_size)))
+        return found
 
     def _zero(self, t: Tensor, count: int) -> Zero:
         """The Zero of ``t``'s first ``count`` elements, one object per distinct zeroing."""

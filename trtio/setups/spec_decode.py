@@ -31,12 +31,12 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig
-from trtio.cuda.backend import Backend, Location
+from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
@@ -112,13 +112,12 @@ class SpecDecodeSetup(SetupBase):
                                      rope=self._rope, stream=s, resources=stack, name="draft", io=io)
             rows = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
-                TensorRequest.of("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
-                                 Location.PINNED),
+                HostStaging.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation),
                 TensorRequest.of("draft_tree_words", (mb * w, max(1, -(-w // 32))), DType.INT32),
                 TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
                 backend=be, title="spec_decode staging"))
             self._embeds_staging = stack.enter_context(
-                HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be))
+                HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be, slots=HOST_RING_SLOTS))
             self._tree = DraftTree(io, self._steps, self.draft, self._extra_arena["draft_tree_words"],
                                    self._extra_arena["draft_tree_nodes"], self._embeds_staging, be, width=w,
                                    base_width=spec.base_output_hidden_dim)
@@ -139,6 +138,7 @@ class SpecDecodeSetup(SetupBase):
         self._verified: VerifyTree | None = None  # the last verify tree
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
+        self._accepted_list: list[int] = []  # the path lengths as ints
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -279,12 +279,17 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on pages are taken (a round's first level) and work is enqueued.
         s = self._stream(stream)
-        with self._step_pages(e, order, key, past, w if tree.nodes == 0 else 0, s) as pages:
+        taken, pages = self._pages(e, order, key, past, w if tree.nodes == 0 else 0, s)
+        try:
             before = tree.propose(x, par, past, self._roots.rows[order], s, order if self._seqs.slotted else None,
                                   pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
         tree.grow()
         return self.io.output_logits
 
@@ -301,7 +306,7 @@ class SpecDecodeSetup(SetupBase):
         self._check_usable()
         b = self._need_batch()
         e = self.base
-        t = self._trees.get(self._host_input(tree, "tree"), b)
+        t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
@@ -309,17 +314,22 @@ class SpecDecodeSetup(SetupBase):
                              f"got {list(x.shape)}")
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
-        if int(lengths.max()) + n > e.cfg.max_kv_cache_capacity:
+        if max(lengths.tolist()) + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        with self._step_pages(e, order, key, lengths, n, s) as pages:
+        taken, pages = self._pages(e, order, key, lengths, n, s)
+        try:
             self._upload_embeds(x, s)
             before = self._steps.tree(e, t.layout, lengths, t.select, s, order if self._seqs.slotted else None, pages)
             e.tensor_map.use_deepstack_zero()
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             e.executor.execute(s, before=before)
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
         self._verified = t
         self._accepted = None
         self._draft_ready = False
@@ -340,19 +350,29 @@ class SpecDecodeSetup(SetupBase):
         tree = self._verified
         if tree is None:
             raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
-        grid, acc = self._paths.read(self._host_input(paths, "paths"), b, tree)
-        n, width = tree.nodes, grid.shape[1]
-        s = self._stream(stream)
+        given = paths if type(paths) is list else self._host_input(paths, "paths")
         order, _key, lengths, whole = self._step_lengths(self.base)
-        self.base.state.commit_grid(lengths, grid, acc, s)
+        state = self.base.state
+        walked = self._paths.walk(given, b, tree, lengths.tolist())  # a runtime's lists: laid out in one walk
+        if walked is None:
+            grid, acc = self._paths.read(given, b, tree)  # anything else: checked (or refused), then laid out
+        s = self._stream(stream)
+        if walked is not None:
+            moves, acc, rows = walked
+            state.commit_rows(moves, s)
+        else:
+            state.commit_grid(lengths, grid, acc, s)
+            # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
+            rows = self._batch_rows[:b] * tree.nodes + grid
+            if int(acc.min()) != grid.shape[1]:
+                rows = np.where(grid >= 0, rows, -1)
         if whole:
             lengths += acc
         else:
-            self.base.state.lengths[order] += acc
-        # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
-        rows = self._batch_rows[:b] * n + grid
-        self._accepted_rows = rows if int(acc.min()) == width else np.where(grid >= 0, rows, -1)
+            state.lengths[order] += acc
+        self._accepted_rows = rows
         self._accepted = acc
+        self._accepted_list = acc.tolist()
         self._verified = None
 
     @one_thread
@@ -370,24 +390,30 @@ class SpecDecodeSetup(SetupBase):
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
-        acc = self._accepted
-        given = np.asarray(self._host_input(accept_lengths, "accept_lengths"))
-        if given.shape != (b,) or given.dtype.kind not in "iu" or not np.array_equal(given, acc):
+        acc, lens = self._accepted, self._accepted_list
+        given = accept_lengths
+        # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
+        same = type(given) is list and given == lens and all(type(v) is int for v in given)
+        if not same:
+            given = np.asarray(self._host_input(given, "accept_lengths"))
+            same = given.shape == (b,) and given.dtype.kind in "iu" and given.tolist() == lens
+        if not same:
             checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
             raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed "
-                             f"{acc.tolist()}")
-        if int(acc.max()) > a:  # as _check_lengths words it: the catch-up is narrower than a path
-            i = int(np.argmax(acc))
-            raise ShapeError(f"accept_lengths[{i}] = {int(acc[i])} is outside 1..{a}")
+                             f"{lens}")
+        if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
+            i = lens.index(max(lens))
+            raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
         dims = self._dims(e, "accept", b, a)
-        order, key, lengths, _whole = self._step_lengths(e)
+        order, key, lengths, whole = self._step_lengths(e)
         past = lengths.copy()
-        if int((past + a).max()) > e.cfg.max_kv_cache_capacity:
+        if max(past.tolist()) + a > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        with self._step_pages(e, order, key, past, a, s) as pages:
+        taken, pages = self._pages(e, order, key, past, a, s)
+        try:
             self._upload_embeds(x, s)
             before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
                                           order if self._seqs.slotted else None, pages)
@@ -399,7 +425,14 @@ class SpecDecodeSetup(SetupBase):
                 if e.executor.enqueued >= len(before):  # the features were put in order in place: read them there
                     self._accepted_rows = self._catch_up.in_order(acc, a)
                 raise
-        e.state.lengths[order] = past + acc
+        except BaseException:
+            if taken is not None:
+                taken.undo()
+            raise
+        if whole:
+            np.add(past, acc, out=lengths)
+        else:
+            e.state.lengths[order] = past + acc
         roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
             self._roots.rows[order] = roots

@@ -242,6 +242,7 @@ class TensorParallelLLMSetup(LLMSetup):
         self._devices = tuple(r.device for r in ranks)
         self._broken: str | None = None
         self._views: list[BoundedCache[tuple[Any, ...], Tensor]] = [BoundedCache() for _ in ranks]
+        self._last_inputs: tuple[Any, tuple[int, ...], list[Any]] = (None, (), [])  # _inputs' last answer
         self._owner = object()  # what this setup's prefixes name as their maker
         self._failure = threading.Event()  # a rank's call raised (set on its thread)
         self._stepping = False
@@ -253,6 +254,11 @@ class TensorParallelLLMSetup(LLMSetup):
             self._workers.extend(_RankWorker(r, spec.device, kind, failed) for r, spec in enumerate(ranks))
             self._backends = self._on_ranks(lambda r: host if kind == "host" else _cuda_backend(self._devices[r]))
             self._backend = self._backends[0]
+            # A steady decode replays every rank's graph. Where device work runs apart from the host (GPUs; the
+            # dry-run backend runs none), this thread enqueues every rank's replay: nothing in it blocks the host.
+            # The host backend runs device work, the host group's all-reduce included, as it is enqueued: its
+            # ranks run at once, on their threads.
+            self._replays_here = kind == "cuda" or self._backend.name != "host"
             self._make_communicators(stack, plugins)
             caller = as_stream(stream, self._backend) if stream is not None else None
             self._streams: list[Stream] = self._on_ranks(lambda r: Stream.create(self._backends[r]))
@@ -345,8 +351,10 @@ class TensorParallelLLMSetup(LLMSetup):
         if self._stepping and self._group is not None:
             self._group.abort()  # ranks inside the host all-reduce raise at once
 
-    def _step(self, what: str, step: Callable[[int, Stream], T], stream: StreamLike) -> T:
-        """Run ``step(rank, stream)`` on every rank in lockstep (see the module docstring); rank 0's result."""
+    def _step(self, what: str, step: Callable[[int, Stream], T], stream: StreamLike, *, here: bool = False) -> T:
+        """Run ``step(rank, stream)`` on every rank in lockstep (see the module docstring); rank 0's result.
+        ``here``: rank 0's step runs on the calling thread while the others run on theirs (a step that only
+        replays graphs: it never blocks the host in a collective)."""
         self._check_open()
         if self._broken is not None:  # beyond reset(): a rank's own brokenness is refused (and repaired) by it
             raise TrtioError(f"{what}: this TensorParallelLLMSetup is broken: {self._broken}")
@@ -354,11 +362,15 @@ class TensorParallelLLMSetup(LLMSetup):
         self._ready.record(s)
         self._failure.clear()
         self._stepping = True
+        workers = self._workers
         try:
-            self._workers[0].start(functools.partial(step, 0, s))
-            for r in range(1, len(self._workers)):
-                self._workers[r].start(functools.partial(self._after_ready, step, r))
-            for worker in self._workers:
+            if not here:
+                workers[0].start(functools.partial(step, 0, s))
+            for r in range(1, len(workers)):
+                workers[r].start(functools.partial(self._after_ready, step, r))
+            if here:
+                self._here(step, s)
+            for worker in workers[1:] if here else workers:
                 if not worker.wait(_POLL_SECONDS):
                     self._wait_failing(worker)
         finally:
@@ -366,6 +378,87 @@ class TensorParallelLLMSetup(LLMSetup):
         if self._failure.is_set():
             self._settle(what)
         result: T = self._workers[0].result
+        return result
+
+    def _here(self, step: Callable[[int, Stream], T], s: Stream) -> None:
+        """Rank 0's step on the calling thread, as its own thread would run it: with rank 0's device the
+        thread's for the call, its result or error kept where :meth:`_settle` reads them."""
+        worker = self._workers[0]
+        before: int | None = None
+        moved = False
+        try:  # whatever fails is rank 0's error: the other ranks' calls are waited for
+            before, moved = self._use_device(self._devices[0]), True
+            worker.result, worker.error = step(0, s), None
+        except BaseException as exc:  # raised by _step, as a rank thread's error is
+            worker.result, worker.error = None, exc
+            self._rank_failed(0)
+        finally:
+            if moved:
+                self._use_device(before)
+
+    def _use_device(self, device: int | None) -> int | None:
+        """Make ``device`` this thread's (cuda: current, None: leave it; host: :func:`collectives.set_thread_device`);
+        the one it had."""
+        if self._kind == "cuda":
+            from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
+
+            err, before = runtime.cudaGetDevice()
+            if err == runtime.cudaError_t.cudaSuccess and device is not None and before != device:
+                err = runtime.cudaSetDevice(device)[0]
+            if err != runtime.cudaError_t.cudaSuccess:
+                raise EngineError(f"cudaGetDevice / cudaSetDevice({device}) failed: {err}")
+            return int(before)
+        before = collectives.thread_device()
+        collectives.set_thread_device(device)
+        return before
+
+    @staticmethod
+    def _set_cuda_device(device: int) -> None:
+        from cuda.bindings import runtime  # noqa: PLC0415 - GPUs only
+
+        err = runtime.cudaSetDevice(device)[0]
+        if err != runtime.cudaError_t.cudaSuccess:
+            raise EngineError(f"cudaSetDevice({device}) failed: {err}")
+
+    def _replay_here(self, steady: list[tuple[Any, Any]], stream: StreamLike) -> Tensor:
+        """A steady decode (each rank's steady state and input, checked), every rank's enqueued from this thread
+        (see ``_replays_here``): rank 0's on the caller's stream, each other rank's on its own stream after the
+        caller's work so far, with the rank's device the thread's. A rank that fails ends the step as in
+        :meth:`_step` (the ranks after it never start; those before it have stepped: the setup is broken, their
+        collectives aborted)."""
+        self._check_open()
+        if self._broken is not None:
+            raise TrtioError(f"decode: this TensorParallelLLMSetup is broken: {self._broken}")
+        s = as_stream(stream, self._backend)
+        workers = self._workers
+        for w in workers:
+            w.result = w.error = None
+        self._ready.record(s)
+        failed = False
+        cuda = self._kind == "cuda"  # elsewhere no device work runs here: the thread's device is not read
+        outer = self._use_device(self._devices[0]) if cuda else None
+        try:
+            for r, (st, xr) in enumerate(steady):
+                w = workers[r]
+                try:
+                    if r == 0:
+                        w.result = self._rank_setups[0]._steady_decode(st, xr, s)
+                    else:
+                        if cuda:
+                            self._set_cuda_device(self._devices[r])
+                        rs = self._streams[r]
+                        self._backends[r].wait_event(rs.handle, self._ready.handle)
+                        w.result = self._rank_setups[r]._steady_decode(st, xr, rs)
+                except BaseException as exc:
+                    w.error = exc
+                    failed = True
+                    break
+        finally:
+            if outer is not None:
+                self._set_cuda_device(outer)
+        if failed:
+            self._settle("decode")
+        result: Tensor = workers[0].result
         return result
 
     def _after_ready(self, step: Callable[[int, Stream], T], rank: int) -> T:
@@ -429,6 +522,10 @@ class TensorParallelLLMSetup(LLMSetup):
         their streams after the caller's: rank 0 reshapes the tensor itself while they read it."""
         if not isinstance(x, Tensor):
             return [x] * len(self._workers)
+        last = self._last_inputs
+        if last[0] is x and x._shape == last[1]:  # the same tensor at the same shape as the last step
+            x._live()  # refuses a closed tensor here, before any rank reads its memory
+            return last[2]
         shape = x.shape  # refuses a closed tensor here, before any rank reads its memory
         out = [x]
         for r in range(1, len(self._workers)):
@@ -438,6 +535,7 @@ class TensorParallelLLMSetup(LLMSetup):
                 view = self._views[r].put(key, Tensor.wrap(x.data_ptr, shape, x.dtype, x.location, name=x.name,
                                                            backend=self._backends[r]))
             out.append(view)
+        self._last_inputs = (x, shape, out)
         return out
 
     def _prefixes(self, prefix: Any, rank: int) -> Any:
@@ -537,7 +635,15 @@ class TensorParallelLLMSetup(LLMSetup):
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
         """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation."""
         x = self._inputs(inputs_embeds)
-        return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream)
+        here = False
+        if slots is None:
+            # A steady step (see LLMSetup.decode) on every rank replays each rank's graph.
+            steady = [(st, setup._steady_input(st, xr)) for setup, xr in zip(self._rank_setups, x)
+                      if (st := setup._steady) is not None]
+            here = len(steady) == len(x) and all(xr is not None for _st, xr in steady)
+            if here and self._replays_here:
+                return self._replay_here(steady, stream)
+        return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream, here=here)
 
     def reset(self, stream: StreamLike = None) -> None:
         """End every sequence on every rank (pinned prefixes stay)."""

@@ -8,7 +8,6 @@ against it, as the grid the KV commit takes.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +62,23 @@ class VerifyTrees:
 
     def __init__(self) -> None:
         self._trees: BoundedCache[tuple[Any, ...], VerifyTree] = BoundedCache()
+        self._last: tuple[int, list[Any], VerifyTree] | None = None  # the last parent list given: b, a copy, its tree
 
     def get(self, tree: Any, b: int) -> VerifyTree:
         """``tree`` for ``b`` sequences: a parent list ([N] shared, or [b, N]; -1 for the root) or an
         unpacked mask [b, N, N]; a ShapeError names what is wrong with it."""
+        last = self._last
+        if last is not None and type(tree) is list and last[0] == b and tree == last[1]:
+            return last[2]  # a runtime's tree shape repeats: the same list (of ints) as the last one
+        found = self._get(tree, b)
+        if type(tree) is list:  # kept (a copy) where it holds plain ints only
+            nested = bool(tree) and type(tree[0]) is list
+            rows = [list(r) for r in tree] if nested else list(tree)
+            if all(type(v) is int for v in ([v for r in rows for v in r] if nested else rows)):
+                self._last = (b, rows, found)
+        return found
+
+    def _get(self, tree: Any, b: int) -> VerifyTree:
         arr = np.asarray(tree)
         if arr.dtype.kind not in "iub":
             raise ShapeError(f"tree: expected a parent list or a [batch, N, N] mask, got dtype {arr.dtype}")
@@ -111,15 +123,13 @@ class AcceptedPaths:
     def __init__(self, max_batch: int) -> None:
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(max_batch)[:, None]
+        self._first_rows: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()
 
     def read(self, paths: Sequence[Sequence[int]] | np.ndarray, b: int,
              tree: VerifyTree) -> tuple[np.ndarray, np.ndarray]:
         """``paths`` as (grid [b, longest] padded with -1, lengths); a ShapeError names the first path that
-        does not start at the root or leaves the verified tree."""
-        found = self._lists(paths, b, tree)
-        if found is not None:
-            return found
-        # Anything but lists of ints on the tree: the general checks name what is wrong.
+        does not start at the root or leaves the verified tree. (A runtime's lists of ints on the tree take
+        :meth:`walk`; this is for anything else: the general checks name what is wrong.)"""
         grid, acc = path_grid(paths, b)
         if grid.shape[1] > MAX_PATH_MOVES + 1:
             i = int(np.argmax(acc))
@@ -135,29 +145,58 @@ class AcceptedPaths:
                              f"the verified tree")
         return grid, acc
 
-    @staticmethod
-    def _lists(paths: Any, b: int, tree: VerifyTree) -> tuple[np.ndarray, np.ndarray] | None:
-        """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree``
-        (at most MAX_PATH_MOVES + 1 nodes), as (grid padded with -1, lengths), walked once in Python; None for
-        anything else, which the general checks (:func:`path_grid`, :meth:`_bad`) then refuse or read."""
+    def walk(self, paths: Any, b: int, tree: VerifyTree,
+             starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree`` (at
+        most MAX_PATH_MOVES + 1 nodes), walked once in Python and laid out for the KV commit and the catch-up:
+        the commit's rows ([b, 2 + longest]: the sequence's cached length ``starts[i]``, the path's length, its
+        nodes padded with -1), the lengths ([b]) and the accepted nodes' rows of the verify step's outputs ([b,
+        longest], -1 past each path), int64 views of one array. None for anything else, which :meth:`read` then
+        refuses or reads."""
         if type(paths) is not list or len(paths) != b:
             return None
         n, lens, walked = tree.nodes, [], 0
         for p, parents in zip(paths, tree.parent_lists):
-            if type(p) is not list or not p or type(p[0]) is not int or p[0] != 0 or len(p) > MAX_PATH_MOVES + 1:
+            if type(p) is not list:
                 return None
-            walked += len(p)
+            m = len(p)
+            if not 0 < m <= MAX_PATH_MOVES + 1 or type(p[0]) is not int or p[0] != 0:
+                return None
+            walked += m
             if walked > _PYTHON_PATH_NODES:  # numpy checks many paths faster
                 return None
             prev = 0
-            for node in itertools.islice(p, 1, None):
+            for node in p[1:]:
                 if type(node) is not int or not 0 < node < n or parents[node] != prev:
                     return None
                 prev = node
-            lens.append(len(p))
+            lens.append(m)
+        # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
         longest = max(lens)
-        rows = paths if min(lens) == longest else [p + [-1] * (longest - len(p)) for p in paths]
-        return np.array(rows, np.int64), np.array(lens, np.int64)
+        flat: list[int] = []
+        if min(lens) == longest:
+            for p, start in zip(paths, starts):
+                flat += (start, longest, *p)
+        else:
+            for p, start, m in zip(paths, starts, lens):
+                flat += (start, m, *p)
+                flat += [-1] * (longest - m)
+        flat += lens
+        out = np.array(flat, np.int64)
+        end = b * (2 + longest)
+        moves = out[:end].reshape(b, 2 + longest)
+        grid = moves[:, 2:]
+        rows = self._firsts(b, n) + grid
+        if min(lens) != longest:
+            rows = np.where(grid >= 0, rows, -1)
+        return moves, out[end:], rows
+
+    def _firsts(self, b: int, n: int) -> np.ndarray:
+        """``[b, 1]``: each sequence's first row of a verify step of ``n`` nodes."""
+        found = self._first_rows.get((b, n))
+        if found is None:
+            found = self._first_rows.put((b, n), self._batch_rows[:b] * n)
+        return found
 
     def _bad(self, grid: np.ndarray, acc: np.ndarray, tree: VerifyTree) -> tuple[int, int] | None:
         """The first wrong node of the accepted paths (``grid`` [B, L], lengths ``acc``) in the verified

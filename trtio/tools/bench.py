@@ -4,8 +4,12 @@ The engines are null-compute :class:`~trtio.testing.ReferenceEngine` s (their fu
 validation, no math), so every figure is trtio's own cost. Scale: a 36-layer base (hidden 4096, 32 query /
 8 KV heads of 128, vocab 151936, KV capacity 4096), batch 8, an EAGLE-3-like one-layer draft (reads
 3 x 4096 base features, draft vocab 32000), EAGLE drafting of top-10 x 6 levels, verify trees of 60 nodes (a
-binary tree), accepted paths of 4 nodes; CUDA graphs on. Inputs are device tensors (a runtime looks its
-embeddings up on the GPU). Both contracts: trtio's batch-major one and Edge-LLM 0.11's token-major one.
+binary tree), accepted paths of 4 nodes; CUDA graphs on. Both contracts: trtio's batch-major one and Edge-LLM
+0.11's token-major one. Inputs (``inputs``): device tensors (a runtime looks its embeddings up on the GPU), host
+numpy arrays (beside each helper, one ``np.copyto`` of its input: the least any step spends on the bytes it is
+given), or torch tensors (on the GPU with the cuda backend; beside the decode step fed one, the same step fed a
+trtio Tensor). Beside ``prepare + execute`` of the engine alone, ``prepare + execute`` replaying the decode step's
+own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -27,12 +31,13 @@ import numpy as np
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import DECODE_PROFILE
+from trtio.errors import InvalidValueError
 from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["Row", "bench_backend", "configs", "default_kv_capacity", "device_tensor", "format_results",
-           "machine_name", "null_engine", "run"]
+__all__ = ["INPUTS", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity", "device_tensor",
+           "format_results", "machine_name", "null_engine", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -118,33 +123,136 @@ def device_tensor(backend: Backend, shape: Sequence[int], rng: np.random.Generat
     return t
 
 
-def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock) -> None:
+INPUTS = ("device", "host", "torch")
+ROUND = "speculative round (3 levels + verify + accept + draft_accept)"
+ROUND_LEVELS = 3
+
+
+def copy_row(helper: str) -> str:
+    """The name of the row that times one ``np.copyto`` of ``helper``'s host input (the least any step spends on
+    the bytes it is given)."""
+    return f"np.copyto of {helper.rsplit('.', 1)[-1]}'s input"
+
+
+class _Embeds:
+    """A step's embeddings of each shape as the bench's ``inputs`` give them: ``device`` (a runtime's buffers on
+    the device: written in place in ``io.inputs_embeds`` where the step reads them, else a device Tensor of
+    their own), ``host`` (numpy arrays; beside each helper, one ``np.copyto`` of its input is timed) or
+    ``torch`` (torch tensors: on the GPU with the cuda backend, in host memory elsewhere)."""
+
+    def __init__(self, kind: str, backend: Backend, io_embeds: Tensor, seed: int) -> None:
+        if kind not in INPUTS:
+            raise InvalidValueError(f"inputs: {kind!r} is not one of {', '.join(INPUTS)}")
+        self.kind, self.backend, self._io = kind, backend, io_embeds
+        self._rng = np.random.default_rng(seed)
+        self._owned: list[Tensor] = []
+        self._floors: dict[tuple[int, ...], np.ndarray] = {}
+
+    def _values(self, shape: tuple[int, ...]) -> np.ndarray:
+        return (self._rng.standard_normal(shape) * 0.1).astype(np.float16)
+
+    def in_place(self, shape: tuple[int, ...]) -> Callable[[], Any]:
+        """Embeddings a runtime writes where the step reads them: ``io.inputs_embeds`` viewed as ``shape`` on
+        device inputs (no copy), else an array of the bench's kind (the same object every call)."""
+        if self.kind == "device":
+            embeds, shape = self._io, tuple(shape)
+            return lambda: embeds.reshape(shape)
+        x = self.array(shape)
+        return lambda: x
+
+    def array(self, shape: tuple[int, ...]) -> Any:
+        """An input of ``shape`` of the bench's kind, made once (device inputs: a device Tensor of its own)."""
+        shape = tuple(shape)
+        if self.kind == "device":
+            t = device_tensor(self.backend, shape, self._rng)
+            self._owned.append(t)
+            return t
+        values = self._values(shape)
+        if self.kind == "host":
+            return values
+        import torch
+
+        x = torch.from_numpy(values)
+        return x.cuda() if self.backend.name == "cuda" else x
+
+    def tensor(self, shape: tuple[int, ...]) -> Tensor:
+        """A trtio device Tensor of ``shape`` (the torch inputs' comparison)."""
+        t = device_tensor(self.backend, tuple(shape), self._rng)
+        self._owned.append(t)
+        return t
+
+    def floor(self, shape: tuple[int, ...]) -> Callable[[], None] | None:
+        """One ``np.copyto`` of a host input of ``shape`` into a buffer of its own (None unless inputs are host)."""
+        if self.kind != "host":
+            return None
+        shape = tuple(shape)
+        src, dst = self._values(shape), np.zeros(shape, np.float16)
+        self._floors[shape] = dst
+        return lambda: np.copyto(dst, src)
+
+    def free(self) -> None:
+        """Close the device tensors made for the inputs."""
+        for t in self._owned:
+            t.close()
+        self._owned.clear()
+
+
+def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
+              inputs: str = "device") -> None:
     rng = np.random.default_rng(0)
     with create_for_llm(null_engine(llm, backend), llm, stream, graphs=True, backend=backend) as setup:
         setup.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
-        embeds = setup.io.inputs_embeds  # a runtime writes the step's embeddings in place: no copy
-        setup.prefill(prompt, np.full(BATCH, 16))
+        feed = _Embeds(inputs, backend, setup.io.inputs_embeds, 0)
+        try:
+            setup.prefill(prompt, np.full(BATCH, 16))
+            one = (BATCH, 1, HIDDEN)
+            embeds = feed.in_place(one)  # device inputs: a runtime writes the step's embeddings in place: no copy
 
-        def decode() -> object:
-            return setup.decode(embeds.reshape((BATCH, 1, HIDDEN)))
+            def decode() -> object:
+                return setup.decode(embeds())
 
-        for _ in range(3):
-            decode()  # bind the decode shape and capture its graph
-        e = setup.engines()[0]
-        dims = llm.decode_dims(BATCH)
+            other: Callable[[], object] | None = None
+            if inputs == "torch":  # the same step fed a trtio Tensor (cuda) or numpy (host memory elsewhere)
+                x = feed.tensor(one) if backend.name == "cuda" else feed._values(one)
 
-        def prepare_execute() -> None:
-            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
-            e.executor.execute(stream)
+                def other() -> object:
+                    return setup.decode(x)
+            floor = feed.floor(one)
+            for _ in range(3):
+                decode()  # bind the decode shape and capture its graph
+                if other is not None:
+                    other()
+            e = setup.engines()[0]
+            dims = llm.decode_dims(BATCH)
+            work = e.executor.last_work  # the device work decode enqueues before its engine, in its graph
 
-        prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
-        for _ in range(steps):
-            clock("prepare + execute (decode, graph)", prepare_execute)
-            clock("LLMSetup.decode", decode)
+            def prepare_execute() -> None:
+                e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+                e.executor.execute(stream)
+
+            def same_graph() -> None:
+                e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+                e.executor.execute(stream, before=work)
+
+            prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
+            same_graph()
+            for _ in range(steps):
+                clock("prepare + execute (decode, graph)", prepare_execute)
+                # decode's graph: its device work advances the device's lengths once more (null compute: harmless)
+                clock("prepare + execute (decode's own graph)", same_graph)
+                clock("LLMSetup.decode", decode)
+                if other is not None:
+                    clock(f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}", other)
+                if floor is not None:
+                    clock(copy_row("LLMSetup.decode"), floor)
+        finally:
+            feed.free()
+            prompt.close()
 
 
-def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock) -> None:
+def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
+               inputs: str = "device") -> None:
     rng = np.random.default_rng(1)
     draft_cfg = bundle.draft
     assert draft_cfg is not None, "configs() always builds a bundle with a draft"
@@ -153,38 +261,60 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
         for e in sd.engines():
             e.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
-        level = device_tensor(backend, (BATCH, TOP_K, HIDDEN), rng)
-        embeds = sd.io.inputs_embeds  # verify and catch-up embeddings written in place by the runtime: no copy
+        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 1)
+        try:
+            level = feed.array((BATCH, TOP_K, HIDDEN))  # a runtime's buffer per level, written in place each round
+            tree = feed.in_place((BATCH, VERIFY, HIDDEN))  # device inputs: written in place by the runtime: no copy
+            catch_up = feed.in_place((BATCH, PATH, HIDDEN))
+            floors = {"SpecDecodeSetup.draft_propose": feed.floor((BATCH, TOP_K, HIDDEN)),
+                      "SpecDecodeSetup.verify": feed.floor((BATCH, VERIFY, HIDDEN)),
+                      "SpecDecodeSetup.draft_accept": feed.floor((BATCH, PATH, HIDDEN))}
+            lens = np.full(BATCH, 16)
+            sd.base_prefill(prompt, lens)
+            sd.draft_prefill(prompt, lens)
+            binary = [-1] + [(i - 1) // 2 for i in range(1, VERIFY)]  # a 60-node binary tree
+            path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
+            first = np.full(TOP_K, -1)
+            parents = [first] + [(lv - 1) * TOP_K + np.arange(TOP_K) // 2 for lv in range(1, STEPS - 1)]
+            e = sd.draft
+            dims = draft_cfg.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
 
-        def tree() -> Tensor:
-            return embeds.reshape((BATCH, VERIFY, HIDDEN))
+            def prepare_execute() -> None:
+                e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+                e.executor.execute(stream)
 
-        def catch_up() -> Tensor:
-            return embeds.reshape((BATCH, PATH, HIDDEN))
-        lens = np.full(BATCH, 16)
-        sd.base_prefill(prompt, lens)
-        sd.draft_prefill(prompt, lens)
-        binary = [-1] + [(i - 1) // 2 for i in range(1, VERIFY)]  # a 60-node binary tree
-        path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
-        first = np.full(TOP_K, -1)
-        e = sd.draft
-        dims = draft_cfg.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
+            def untimed(name: str, fn: Callable[[], object]) -> object:
+                return fn()
 
-        def prepare_execute() -> None:
-            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
-            e.executor.execute(stream)
+            def copies(timed: Callable[[str, Callable[[], object]], object], name: str) -> None:
+                floor = floors.get(name)
+                if floor is not None:
+                    timed(copy_row(name), floor)
 
-        for r in range(rounds + 2):
-            # two warm-up rounds capture every graph
-            timed: Callable[[str, Callable[[], object]], object] = clock if r >= 2 else (lambda name, fn: fn())
-            timed("SpecDecodeSetup.draft_propose", lambda: sd.draft_propose(level, parents=first))
-            for lv in range(1, STEPS - 1):
-                parents = (lv - 1) * TOP_K + np.arange(TOP_K) // 2
-                timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=parents))
-            timed("prepare + execute (draft proposal, graph)", prepare_execute)
-            timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
-            timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
-            timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
+            def whole_round(levels: int) -> None:
+                for p in parents[:levels]:
+                    sd.draft_propose(level, parents=p)
+                sd.verify(tree(), binary)
+                sd.accept([path] * BATCH)
+                sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+
+            for r in range(rounds + 2):
+                # two warm-up rounds capture every graph
+                timed: Callable[[str, Callable[[], object]], object] = clock if r >= 2 else untimed
+                for p in parents:
+                    timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=p))
+                    copies(timed, "SpecDecodeSetup.draft_propose")
+                timed("prepare + execute (draft proposal, graph)", prepare_execute)
+                timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
+                copies(timed, "SpecDecodeSetup.verify")
+                timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
+                timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
+                copies(timed, "SpecDecodeSetup.draft_accept")
+                # a whole round of 3 levels (two rounds in, its own graphs are captured too)
+                timed(ROUND, functools.partial(whole_round, ROUND_LEVELS))
+        finally:
+            feed.free()
+            prompt.close()
 
 
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
@@ -259,12 +389,17 @@ def default_kv_capacity(backend: Backend) -> int:
 
 def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
         contracts: Sequence[str] = ("batch", "ragged"), kv_capacity: int | None = None,
-        tensor_parallel: Sequence[int] = ()) -> Results:
+        tensor_parallel: Sequence[int] = (), inputs: str = "device") -> Results:
     """``{contract: {helper: Row}}`` for each contract, one run; with ``tensor_parallel`` (rank counts) also
     ``"ragged, tensor parallel"``: the LLM's decode step on one engine and across that many ranks.
 
+    ``inputs`` says what the steps are fed (:class:`_Embeds`): ``device`` arrays (the default), ``host`` numpy
+    arrays (with one ``np.copyto`` of each helper's input timed beside it) or ``torch`` tensors (with the decode
+    step fed a trtio Tensor beside it: on the GPU with the cuda backend, numpy elsewhere).
     ``kv_capacity`` defaults to 4096 on the cuda backend and 1024 on the host backend (whose "device"
     memory is host RAM: 36 layers of 8 x 4096-token caches are 9.6 GB)."""
+    if inputs not in INPUTS:
+        raise InvalidValueError(f"inputs: {inputs!r} is not one of {', '.join(INPUTS)}")
     backend = bench_backend(backend_kind)
     kv = kv_capacity or default_kv_capacity(backend)
     out: Results = {}
@@ -273,8 +408,8 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
         stream = Stream.create(backend)
         try:
             clock = _Clock(backend, stream)
-            _llm_rows(llm, backend, stream, steps, clock)
-            _spec_rows(bundle, backend, stream, rounds, clock)
+            _llm_rows(llm, backend, stream, steps, clock, inputs)
+            _spec_rows(bundle, backend, stream, rounds, clock, inputs)
             out[contract] = {name: clock.row(name) for name in clock.alone}
         finally:
             stream.close()
@@ -286,15 +421,23 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
     return out
 
 
-def format_results(results: Results, backend_kind: str) -> str:
-    """A markdown table of :func:`run`'s results (``backend_kind``: host, cuda or dry-run).
+def format_results(results: Results, backend_kind: str, inputs: str = "device") -> str:
+    """A markdown table of :func:`run`'s results (``backend_kind``: host, cuda or dry-run; ``inputs``: what the
+    steps were fed).
 
-    ``x decode`` divides by ``LLMSetup.decode``'s time in the same run. On the host backend one column more
-    says how much of a call numpy spent running its device work (the moves a GPU makes)."""
+    ``x decode`` divides by ``LLMSetup.decode``'s time in the same run. With host inputs one column more takes
+    one ``np.copyto`` of each helper's own input off its time first (``beyond np.copyto, x decode``). On the
+    host backend one column more says how much of a call numpy spent running its device work (the moves a GPU
+    makes)."""
     host = backend_kind == "host"
-    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on ({machine_name(backend_kind)}):", ""]
+    copies = inputs == "host"
+    lines = [f"Step helpers at 8B-class scale, null-compute engines, graphs on, {inputs} inputs "
+             f"({machine_name(backend_kind)}):", ""]
     head = "| contract | step | host µs per call + sync | host µs per call | device ops per call | x decode |"
     rule = "| --- | --- | ---: | ---: | ---: | ---: |"
+    if copies:
+        head += " beyond np.copyto, x decode |"
+        rule += " ---: |"
     if host:
         head += " of which device work µs (numpy) |"
         rule += " ---: |"
@@ -305,6 +448,9 @@ def format_results(results: Results, backend_kind: str) -> str:
             count = "-" if row.ops != row.ops else f"{row.ops:g}"  # NaN: the cuda backend does not count
             line = (f"| {contract} | {name} | {row.synced:.1f} | {row.alone:.1f} | {count} | "
                     f"{row.synced / decode.synced:.2f} |")
+            if copies:
+                floor = rows.get(copy_row(name))
+                line += f" {(row.synced - floor.synced) / decode.synced:.2f} |" if floor is not None else " |"
             if host:
                 line += f" {row.work:.1f} |"
             lines.append(line)

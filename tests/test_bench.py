@@ -1,0 +1,53 @@
+"""``trtio bench`` (trtio/tools/bench.py): what it times beside each helper, and the inputs it feeds the steps.
+Timings are reported, never asserted."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from trtio.cli import main
+from trtio.tools.bench import ROUND, copy_row
+
+
+def _rows(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, dict[str, dict[str, float]]]:
+    assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--json", *args]) == 0
+    out: dict[str, dict[str, dict[str, float]]] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_host_inputs_time_one_copy_of_each_helpers_input_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--inputs host``: numpy arrays feed every step; beside each helper that takes embeddings, one np.copyto of
+    its input (0 device operations); a host input adds one staged copy to a step (a proposal level's 2D copy of
+    its new rows)."""
+    host = _rows(capsys, "--inputs", "host", "--contract", "ragged")["ragged"]
+    device = _rows(capsys, "--contract", "ragged")["ragged"]
+    for helper in ("LLMSetup.decode", "SpecDecodeSetup.draft_propose", "SpecDecodeSetup.verify",
+                   "SpecDecodeSetup.draft_accept"):
+        assert host[copy_row(helper)]["device_ops"] == 0
+        assert host[helper]["device_ops"] == device[helper]["device_ops"] + 1, helper
+    assert copy_row("SpecDecodeSetup.accept") not in host, "accept takes no embeddings"
+    assert host[ROUND]["device_ops"] == device[ROUND]["device_ops"] + 5, "3 levels, verify and the catch-up"
+    assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--inputs", "host",
+                 "--contract", "batch"]) == 0
+    text = capsys.readouterr().out
+    assert "host inputs" in text and "beyond np.copyto, x decode |" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_torch_inputs_feed_the_steps_with_the_decode_step_fed_numpy_beside(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--inputs torch`` works with a CPU torch build (host memory: the steps read it as numpy); the decode step
+    fed a torch tensor and fed numpy enqueue alike."""
+    rows = _rows(capsys, "--inputs", "torch", "--contract", "batch")["batch"]
+    assert rows["LLMSetup.decode"]["device_ops"] == rows["LLMSetup.decode, fed numpy"]["device_ops"] == 2
+    assert rows["SpecDecodeSetup.verify"]["device_ops"] == 3
+
+
+def test_the_decode_steps_own_graph_and_a_whole_round_are_timed(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _rows(capsys)
+    for rows in out.values():
+        assert rows["prepare + execute (decode's own graph)"]["device_ops"] == 1
+        assert rows[ROUND]["device_ops"] == 3 * rows["SpecDecodeSetup.draft_propose"]["device_ops"] + sum(
+            rows[f"SpecDecodeSetup.{h}"]["device_ops"] for h in ("verify", "accept", "draft_accept"))
