@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _threads import from_another_thread_inside
 
 import trtio
 from trtio import CapacityError, ShapeError, TrtioError
@@ -453,30 +454,6 @@ def test_a_refused_admission_from_a_prefix_leaves_its_slot_without_the_prefix_pa
     assert_logits(logits[1], truth.logits(c + [6])[-1], "slot 2")
 
 
-def _from_another_thread_inside(monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any]) -> list[Any]:
-    """Patch the engine call so that the first one runs ``call`` on a second thread (and waits for it): what
-    that call returned or raised, once the patched step has run."""
-    from trtio.engine import EngineExecutor
-
-    seen: list[Any] = []
-    real = EngineExecutor.execute
-
-    def execute(self: Any, *args: Any, **kw: Any) -> Any:
-        if not seen:
-            def other() -> None:
-                try:
-                    seen.append(call())
-                except BaseException as exc:  # noqa: BLE001 - what the test looks at
-                    seen.append(exc)
-            t = threading.Thread(target=other)
-            t.start()
-            t.join()
-        return real(self, *args, **kw)
-
-    monkeypatch.setattr(EngineExecutor, "execute", execute)
-    return seen
-
-
 def test_a_call_from_another_thread_while_a_step_runs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """One setup misused across threads: a release from thread B while thread A's prefill is inside its engine
     must raise a TrtioError (and change nothing), not interleave with the step. Without a guard the two
@@ -484,7 +461,7 @@ def test_a_call_from_another_thread_while_a_step_runs_is_refused(monkeypatch: py
     (after reset() the pool has fewer free pages than it holds) or fails with a bare ValueError."""
     with llm(small_pool_cfg()) as setup:
         setup.prefill(*emb([[1, 2, 3]]), slots=[1])
-        seen = _from_another_thread_inside(monkeypatch, lambda: setup.release([1]))
+        seen = from_another_thread_inside(monkeypatch, lambda: setup.release([1]))
         setup.prefill(*emb([[4, 5]]), slots=[0])
         assert isinstance(seen[0], TrtioError), "the second thread's release was refused"
         assert "LLMSetup.release(): another thread is inside a call of this setup" in str(seen[0])
@@ -498,7 +475,7 @@ def test_a_speculative_setup_refuses_a_second_thread_mid_round(monkeypatch: pyte
         chains = Chains(s)
         chains.admit(0, [1, 2, 3])
         s.draft_propose(E[[4]][:, None].astype(np.float16))
-        seen = _from_another_thread_inside(monkeypatch, lambda: s.base_prefill(*emb([[7, 8]]), slots=[1]))
+        seen = from_another_thread_inside(monkeypatch, lambda: s.base_prefill(*emb([[7, 8]]), slots=[1]))
         s.verify(E[[[3, 4]]].astype(np.float16), [-1, 0])
         assert isinstance(seen[0], TrtioError) and "SpecDecodeSetup.base_prefill(): another thread" in str(seen[0])
         assert s.active.tolist() == [0]

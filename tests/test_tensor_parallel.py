@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _safetensors import write_safetensors
+from _threads import from_another_thread_inside
 
 import trtio
 import trtio.setups.engine_dir as engine_dir_module
@@ -361,6 +362,20 @@ def test_refused_calls_change_no_rank(toys: RaggedToyEngines, emb: np.ndarray) -
         assert toks.shape == (2,)
         for p in prefixes:
             p.release()
+
+
+def test_a_call_from_another_thread_while_a_step_runs_is_refused(emb: np.ndarray,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TensorParallelLLMSetup is stepped by one thread at a time, as every setup: a release from a second
+    thread while the caller's prefill is inside the ranks' engines is refused, and changes no rank."""
+    with tp_setup(ENGINES / "toy-llm-tp2") as tp:
+        x, lens = embed_batch(emb, PROMPTS[:1], F16)
+        tp.prefill(x, lens, slots=[1])
+        seen = from_another_thread_inside(monkeypatch, lambda: tp.release([1]))
+        tp.prefill(x, lens, slots=[0])
+        assert isinstance(seen[0], TrtioError), seen[0]
+        assert "TensorParallelLLMSetup.release(): another thread is inside a call of this setup" in str(seen[0])
+        assert [s.active.tolist() for s in tp.rank_setups] == [[0, 1], [0, 1]]
 
 
 def test_prefixes_belong_to_their_setup(emb: np.ndarray) -> None:

@@ -51,7 +51,7 @@ from trtio.errors import ConfigError, EngineError, InvalidTypeError, TrtioError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import EngineGraphStats
+from trtio.setups.base import EngineGraphStats, one_thread
 from trtio.setups.binding import BoundEngine
 from trtio.setups.llm import LLMSetup
 from trtio.setups.sequences import KVPages
@@ -246,6 +246,7 @@ class TensorParallelLLMSetup(LLMSetup):
         self._owner = object()  # what this setup's prefixes name as their maker
         self._failure = threading.Event()  # a rank's call raised (set on its thread)
         self._stepping = False
+        self._in_use = threading.Lock()  # one_thread: the setup's public calls, one thread at a time
         self._group: collectives.HostGroup | None = None
         self._nccl: Any = None
         with contextlib.ExitStack() as stack:
@@ -622,6 +623,7 @@ class TensorParallelLLMSetup(LLMSetup):
         return self._rank_setups[0].kv_pages
 
     # -- steps ------------------------------------------------------------------------------------------------
+    @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
                 past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
@@ -632,6 +634,7 @@ class TensorParallelLLMSetup(LLMSetup):
             x[r], context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
             past_lengths=past_lengths, deepstack_embeds=deepstack_embeds), stream)
 
+    @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
         """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation."""
         x = self._inputs(inputs_embeds)
@@ -645,15 +648,18 @@ class TensorParallelLLMSetup(LLMSetup):
                 return self._replay_here(steady, stream)
         return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream, here=here)
 
+    @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """End every sequence on every rank (pinned prefixes stay)."""
         self._step("reset", lambda r, s: self._rank_setups[r].reset(s), stream)
 
+    @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """:meth:`LLMSetup.populate_streaming` on every rank (Edge-LLM's tensor-parallel engines declare no
         ``hidden_states``: refused by the ranks)."""
         self._step("populate_streaming", lambda r, s: self._rank_setups[r].populate_streaming(s), stream)
 
+    @one_thread
     def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
         """End the sequences of ``slots`` on every rank (host bookkeeping: rank 0 checks, then every rank
         releases)."""
@@ -662,6 +668,7 @@ class TensorParallelLLMSetup(LLMSetup):
         for setup in self._rank_setups[1:]:
             setup.release(slots)
 
+    @one_thread
     def pin_prefix(self, slot: int, tokens: int) -> Prefix:
         """Pin the first ``tokens`` KV entries of ``slot``'s sequence in every rank's pool; one
         :class:`TensorParallelPrefix` for all of them."""
