@@ -130,7 +130,6 @@ class SpecDecodeSetup(SetupBase):
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
-        self._batch_rows = np.arange(mb)[:, None]
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
         self._prompt: Prompt | None = None  # a base prefill awaiting its draft prefill
         self._draft_ready = False  # the draft has caught up with the base: a round may start
@@ -353,24 +352,11 @@ class SpecDecodeSetup(SetupBase):
         given = paths if type(paths) is list else self._host_input(paths, "paths")
         order, _key, lengths, whole = self._step_lengths(self.base)
         state = self.base.state
-        walked = self._paths.walk(given, b, tree, lengths.tolist())  # a runtime's lists: laid out in one walk
-        if walked is None:
-            grid, acc = self._paths.read(given, b, tree)  # anything else: checked (or refused), then laid out
-        s = self._stream(stream)
-        if walked is not None:
-            moves, acc, rows = walked
-            state.commit_rows(moves, s)
-        else:
-            state.commit_grid(lengths, grid, acc, s)
-            # The paths' base hidden-state rows, for draft_accept (-1 past each path's end).
-            rows = self._batch_rows[:b] * tree.nodes + grid
-            if int(acc.min()) != grid.shape[1]:
-                rows = np.where(grid >= 0, rows, -1)
+        acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, self._stream(stream))
         if whole:
             lengths += acc
         else:
             state.lengths[order] += acc
-        self._accepted_rows = rows
         self._accepted = acc
         self._accepted_list = acc.tolist()
         self._verified = None

@@ -18,7 +18,8 @@ from trtio._cache import BoundedCache
 from trtio.contracts.ragged import PHASE_VERIFY, TreeLayout, pack_rows
 from trtio.errors import ShapeError
 from trtio.staging import constant
-from trtio.state import MAX_PATH_MOVES, path_grid
+from trtio.state import MAX_PATH_MOVES, EngineState, path_grid
+from trtio.stream import Stream
 from trtio.trees import ancestor_mask, validate_tree_mask
 
 __all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
@@ -190,6 +191,23 @@ class AcceptedPaths:
         if min(lens) != longest:
             rows = np.where(grid >= 0, rows, -1)
         return moves, out[end:], rows
+
+    def commit(self, paths: Any, b: int, tree: VerifyTree, state: EngineState, lengths: np.ndarray,
+               stream: Stream) -> tuple[np.ndarray, np.ndarray]:
+        """Check ``paths`` against the verified ``tree`` (a ShapeError before anything is enqueued), then enqueue
+        the KV commit of ``state`` (whose cached lengths of the ``b`` sequences are ``lengths``); returns the
+        path lengths and the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each
+        path). A runtime's lists of ints take one walk in Python; anything else is read and checked by
+        :meth:`read`."""
+        walked = self.walk(paths, b, tree, lengths.tolist())
+        if walked is not None:
+            moves, acc, rows = walked
+            state.commit_rows(moves, stream)
+            return acc, rows
+        grid, acc = self.read(paths, b, tree)
+        state.commit_grid(lengths, grid, acc, stream)
+        rows = self._firsts(b, tree.nodes) + grid
+        return acc, rows if int(acc.min()) == grid.shape[1] else np.where(grid >= 0, rows, -1)
 
     def _firsts(self, b: int, n: int) -> np.ndarray:
         """``[b, 1]``: each sequence's first row of a verify step of ``n`` nodes."""
