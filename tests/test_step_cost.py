@@ -445,13 +445,13 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
 
     with _dry_run_tp() as (tp, x, s):
         threads: list[tuple[int, int]] = []
-        real = LLMSetup._steady_decode
+        real = LLMSetup._steady_rank
 
-        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any) -> Tensor:
+        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any, value: int, now: bytes) -> None:
             threads.append((tp.rank_setups.index(self), threading.get_ident()))
-            return real(self, st, xr, stream)
+            real(self, st, xr, stream, value, now)
 
-        monkeypatch.setattr(LLMSetup, "_steady_decode", spy)
+        monkeypatch.setattr(LLMSetup, "_steady_rank", spy)
         waits: list[tuple[int, int]] = []
         be = tp.io.inputs_embeds.backend
         real_wait = be.wait_event

@@ -34,7 +34,7 @@ from trtio.setups.binding import (
 )
 from trtio.setups.sequences import Sequences
 from trtio.state import EngineState
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -198,6 +198,35 @@ class LLMSetup(SetupBase):
         st.room -= 1
         self._steps.device_lengths = now
         return self.io.output_logits
+
+    def _steady_rank(self, st: _Steady, x: Any, s: Stream, value: int, now: bytes) -> None:
+        """This setup's part of a tensor-parallel steady decode (``TensorParallelLLMSetup.decode``), whose caller
+        checked the step once for every rank (rank 0's :meth:`_steady_input`) and ordered ``x``'s producer
+        before ``s``: :meth:`_steady_decode` on ``s`` without its checks, the lengths advanced to ``value``
+        (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (its bytes copied as they
+        are, whatever its view) or a host array."""
+        e = self._engine
+        try:
+            if type(x) is Tensor:
+                dst = st.dst
+                if x is not dst:
+                    self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s.handle)
+                    dst._last_stream = s
+            else:
+                self._embeds_staging.upload(x, s, reshape=False)
+            ex = e.executor
+            if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
+                ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
+                ex.execute(s, before=st.work)
+        except BaseException:
+            self._steady = None
+            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again next step
+            raise
+        st.value = value
+        st.lengths = now
+        st.bytes_view[:] = now
+        st.room -= 1
+        self._steps.device_lengths = now
 
     def _decode(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``)."""
