@@ -438,8 +438,9 @@ class TensorParallelLLMSetup(LLMSetup):
             if st is None or st.lengths != first.lengths or st.ones != first.ones or st.room != first.room or \
                     st.shape != first.shape or st.dtype != first.dtype:
                 return None
-            others.append((setup, st, self._streams[r], self._backends[r], self._devices[r]))
-        return _SteadyPlan(first, tuple(others))
+            rs = self._streams[r]
+            others.append((setup, st, rs, rs.handle, self._backends[r], self._devices[r]))
+        return _SteadyPlan(self._rank_setups[0], first, tuple(others), self._ready.handle, self._kind == "cuda")
 
     def _replay_plan(self, plan: _SteadyPlan, x: Any, stream: StreamLike) -> Tensor:
         """A steady decode of ``plan`` fed ``x`` (checked by rank 0's :meth:`LLMSetup._steady_input`, which
@@ -451,21 +452,22 @@ class TensorParallelLLMSetup(LLMSetup):
         collectives aborted)."""
         first = plan.first
         s = as_stream(stream, self._backend)
+        sh = s.handle
         if type(x) is Tensor and x is not first.dst and x._last_stream is not None:
-            x._order_consumer(s.handle)  # x's producer before the caller's stream: every rank reads x after _ready
-        self._ready.record(s)
-        ready = self._ready.handle
+            x._order_consumer(sh)  # x's producer before the caller's stream: every rank reads x after _ready
+        ready = plan.ready
+        self._backend.record_event(ready, sh)
         value = first.value + first.ones
         now = value.to_bytes(first.nbytes, "little")
-        cuda = self._kind == "cuda"  # elsewhere no device work runs here: the thread's device is not read
+        cuda = plan.cuda  # elsewhere no device work runs here: the thread's device is not read
         outer = self._use_device(self._devices[0]) if cuda else None
         r = 0
         try:
-            self._rank_setups[0]._steady_rank(first, x, s, value, now)
-            for r, (setup, st, rs, backend, device) in enumerate(plan.others, 1):  # noqa: B007 - r names the failing rank below
+            plan.setup._steady_rank(first, x, s, value, now)
+            for r, (setup, st, rs, handle, backend, device) in enumerate(plan.others, 1):  # noqa: B007 - r: below
                 if cuda:
                     self._set_cuda_device(device)
-                backend.wait_event(rs.handle, ready)
+                backend.wait_event(handle, ready)
                 setup._steady_rank(st, x, rs, value, now)
         except BaseException as exc:
             self._plan = None
@@ -658,10 +660,10 @@ class TensorParallelLLMSetup(LLMSetup):
         if plan is not None and slots is None and self._broken is None and not self._closed:
             # A steady step (see LLMSetup.decode) on every rank: rank 0's checks stand for every rank, where no
             # rank's steady state moved since the plan was made (no call of this setup but a steady decode).
-            first = self._rank_setups[0]
+            first = plan.setup
             xs = first._steady_input(plan.first, inputs_embeds) if first._steady is plan.first else None
             if xs is not None:
-                for setup, st, _rs, _be, _dev in plan.others:
+                for setup, st in plan.checks:
                     if setup._steady is not st or setup._epoch != st.epoch:
                         break
                 else:
@@ -737,15 +739,22 @@ class TensorParallelLLMSetup(LLMSetup):
 
 class _SteadyPlan:
     """The steady decode of every rank that a decode of every active sequence left (see
-    :meth:`TensorParallelLLMSetup._steady_plan`): rank 0's steady state (``first``), and for each other rank its
-    setup, steady state, stream, backend and device. Every rank's steady state is as rank 0's (the same slots,
+    :meth:`TensorParallelLLMSetup._steady_plan`): rank 0's setup and steady state (``setup``, ``first``); for each
+    other rank its setup, steady state, stream, the stream's handle, backend and device; the handle of the event
+    the other ranks wait on; whether the ranks are GPUs. Every rank's steady state is as rank 0's (the same slots,
     lengths and room): rank 0's checks stand for all of them."""
 
-    __slots__ = ("first", "others")
+    __slots__ = ("setup", "first", "others", "checks", "ready", "cuda")
 
-    def __init__(self, first: _Steady, others: tuple[tuple[LLMSetup, _Steady, Stream, Backend, int], ...]) -> None:
+    def __init__(self, setup: LLMSetup, first: _Steady,
+                 others: tuple[tuple[LLMSetup, _Steady, Stream, int, Backend, int], ...], ready: int,
+                 cuda: bool) -> None:
+        self.setup = setup
         self.first = first
         self.others = others
+        self.checks = tuple((o[0], o[1]) for o in others)  # each other rank's setup and steady state
+        self.ready = ready
+        self.cuda = cuda
 
 
 def _stop_all(workers: list[_RankWorker]) -> None:
