@@ -170,41 +170,21 @@ class LLMSetup(SetupBase):
 
     def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
         """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""
-        e = self._engine
         s = as_stream(stream, self._backend)
-        try:
-            if type(x) is Tensor:
-                if x is not st.dst:  # a device tensor of the step's shape and dtype: one copy, the view left as it is
-                    x._live()
-                    if x._last_stream is not None:
-                        x._order_consumer(s.handle)
-                    self._backend.memcpy(st.dst.data_ptr, x._ptr, x._nbytes, s.handle)
-                    st.dst._last_stream = s
-            else:
-                self._embeds_staging.upload(x, s, reshape=False)
-            ex = e.executor
-            if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
-                ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
-                ex.execute(s, before=st.work)
-        except BaseException:
-            self._steady = None
-            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again next step
-            raise
+        if type(x) is Tensor and x is not st.dst and x._last_stream is not None:
+            x._order_consumer(s.handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
         # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
         # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
-        st.value += st.ones
-        st.lengths = now = st.value.to_bytes(st.nbytes, "little")
-        st.bytes_view[:] = now
-        st.room -= 1
-        self._steps.device_lengths = now
+        value = st.value + st.ones
+        self._steady_rank(st, x, s, value, value.to_bytes(st.nbytes, "little"))
         return self.io.output_logits
 
     def _steady_rank(self, st: _Steady, x: Any, s: Stream, value: int, now: bytes) -> None:
-        """This setup's part of a tensor-parallel steady decode (``TensorParallelLLMSetup.decode``), whose caller
-        checked the step once for every rank (rank 0's :meth:`_steady_input`) and ordered ``x``'s producer
-        before ``s``: :meth:`_steady_decode` on ``s`` without its checks, the lengths advanced to ``value``
-        (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (its bytes copied as they
-        are, whatever its view) or a host array."""
+        """The device work and the lengths of a steady step on ``s``, checked by the caller (:meth:`_steady_input`)
+        and ``x``'s producer ordered before ``s``: :meth:`_steady_decode`'s, or this setup's part of a
+        tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every rank). The
+        lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
+        copy of its bytes, whatever its view, unless it is the step's own input) or a host array."""
         e = self._engine
         try:
             if type(x) is Tensor:
