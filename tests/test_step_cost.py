@@ -445,13 +445,13 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
 
     with _dry_run_tp() as (tp, x, s):
         threads: list[tuple[int, int]] = []
-        real = LLMSetup._steady_decode
+        real = LLMSetup._steady_rank
 
-        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any) -> Tensor:
+        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any, value: int, now: bytes) -> None:
             threads.append((tp.rank_setups.index(self), threading.get_ident()))
-            return real(self, st, xr, stream)
+            real(self, st, xr, stream, value, now)
 
-        monkeypatch.setattr(LLMSetup, "_steady_decode", spy)
+        monkeypatch.setattr(LLMSetup, "_steady_rank", spy)
         waits: list[tuple[int, int]] = []
         be = tp.io.inputs_embeds.backend
         real_wait = be.wait_event
@@ -467,6 +467,71 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
         assert (tp.rank_setups[1].lengths == lengths + 3).all() and (tp.lengths == lengths + 3).all()
         rank1 = tp._streams[1].handle
         assert [w for w in waits if w[0] == rank1] == [(rank1, tp._ready.handle)] * 3, "rank 1 waits for the caller"
+
+
+def test_a_steady_tensor_parallel_decode_checks_rank_0_once_but_replays_no_rank_whose_state_moved() -> None:
+    """A steady decode checks rank 0's steady state alone (every rank holds the same slots and lengths), as long as
+    no rank's state moved since the decode that planned it: a rank setup reset on its own (what the setup's
+    callers must not do) is not replayed as if it still held its sequences; the step takes every rank's full
+    checks, and rank 1's refuse it."""
+    with _dry_run_tp() as (tp, x, s):
+        hits = [r.executor.graph_stats.hits for r in tp.rank_setups]
+        tp.decode(x(), s)
+        assert [r.executor.graph_stats.hits for r in tp.rank_setups] == [h + 1 for h in hits], "a steady step"
+        tp.rank_setups[1].reset(s)
+        with pytest.raises(trtio.TrtioError, match="before prefill"):
+            tp.decode(x(), s)
+        assert tp.rank_setups[1].lengths.size == 0 and tp.rank_setups[1].executor.graph_stats.hits == hits[1] + 1
+
+
+def test_a_steady_tensor_parallel_decode_orders_its_input_before_the_event_the_other_ranks_wait_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A steady decode fed a device tensor written on another stream: the caller's stream waits for that stream
+    before the event the other ranks wait on is recorded (so every rank copies the written bytes)."""
+    with _dry_run_tp() as (tp, x, s):
+        be = tp.io.inputs_embeds.backend
+        y = Tensor.empty(x().shape, "float16", Location.DEVICE, backend=be)
+        other = trtio.Stream.create(be)
+        try:
+            y.copy_from(np.zeros(y.shape, np.float16), other)
+            calls: list[tuple[str, int, int]] = []
+            real_record, real_wait = be.record_event, be.wait_event
+            monkeypatch.setattr(be, "record_event", lambda ev, st: (calls.append(("record", ev, st)),
+                                                                    real_record(ev, st))[1])
+            monkeypatch.setattr(be, "wait_event", lambda st, ev: (calls.append(("wait", st, ev)),
+                                                                  real_wait(st, ev))[1])
+            hits = tp.rank_setups[1].executor.graph_stats.hits
+            tp.decode(y, s)
+            assert tp.rank_setups[1].executor.graph_stats.hits == hits + 1, "a steady step"
+            ready = calls.index(("record", tp._ready.handle, s.handle))
+            waited = [i for i, c in enumerate(calls) if c[0] == "wait" and c[1] == s.handle]
+            assert waited and waited[0] < ready, "the caller's stream waits for y's before _ready is recorded"
+        finally:
+            other.close()
+            y.close()
+
+
+def test_a_steady_tensor_parallel_decode_sets_again_only_the_views_that_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller viewing rank 0's io.inputs_embeds as a step's embeddings changes no view of the other ranks: a
+    steady step sets that view back (rank 0's plan) and no other rank's views again. A view of another tensor
+    changed after it is set back too."""
+    import trtio.engine as engine
+
+    with _dry_run_tp() as (tp, x, s):
+        applied: list[int] = []
+        real = engine._apply_views
+        monkeypatch.setattr(engine, "_apply_views", lambda views: (applied.append(len(views)), real(views))[1])
+        plain = tp.io.inputs_embeds.shape
+        for _ in range(3):
+            tp.decode(x(), s)
+            assert tp.io.inputs_embeds.shape == plain
+        assert applied == [], "no plan set all its views again"
+        own = tp.rank_setups[1].io.inputs_embeds
+        x()
+        own.reshape((plain[0], 1, plain[1]))  # after rank 0's: the last change is not rank 0's
+        tp.decode(x(), s)
+        assert tp.io.inputs_embeds.shape == plain and own.shape == plain
 
 
 @pytest.mark.parametrize("failing", [0, 1])

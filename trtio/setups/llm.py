@@ -34,7 +34,7 @@ from trtio.setups.binding import (
 )
 from trtio.setups.sequences import Sequences
 from trtio.state import EngineState
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -170,16 +170,28 @@ class LLMSetup(SetupBase):
 
     def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
         """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""
-        e = self._engine
         s = as_stream(stream, self._backend)
+        if type(x) is Tensor and x is not st.dst and x._last_stream is not None:
+            x._order_consumer(s.handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
+        # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
+        # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
+        value = st.value + st.ones
+        self._steady_rank(st, x, s, value, value.to_bytes(st.nbytes, "little"))
+        return self.io.output_logits
+
+    def _steady_rank(self, st: _Steady, x: Any, s: Stream, value: int, now: bytes) -> None:
+        """The device work and the lengths of a steady step on ``s``, checked by the caller (:meth:`_steady_input`)
+        and ``x``'s producer ordered before ``s``: :meth:`_steady_decode`'s, or this setup's part of a
+        tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every rank). The
+        lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
+        copy of its bytes, whatever its view, unless it is the step's own input) or a host array."""
+        e = self._engine
         try:
             if type(x) is Tensor:
-                if x is not st.dst:  # a device tensor of the step's shape and dtype: one copy, the view left as it is
-                    x._live()
-                    if x._last_stream is not None:
-                        x._order_consumer(s.handle)
-                    self._backend.memcpy(st.dst.data_ptr, x._ptr, x._nbytes, s.handle)
-                    st.dst._last_stream = s
+                dst = st.dst
+                if x is not dst:
+                    self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s.handle)
+                    dst._last_stream = s
             else:
                 self._embeds_staging.upload(x, s, reshape=False)
             ex = e.executor
@@ -190,14 +202,11 @@ class LLMSetup(SetupBase):
             self._steady = None
             self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again next step
             raise
-        # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
-        # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
-        st.value += st.ones
-        st.lengths = now = st.value.to_bytes(st.nbytes, "little")
+        st.value = value
+        st.lengths = now
         st.bytes_view[:] = now
         st.room -= 1
         self._steps.device_lengths = now
-        return self.io.output_logits
 
     def _decode(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``)."""

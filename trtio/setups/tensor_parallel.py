@@ -53,7 +53,7 @@ from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import EngineGraphStats, one_thread
 from trtio.setups.binding import BoundEngine
-from trtio.setups.llm import LLMSetup
+from trtio.setups.llm import LLMSetup, _Steady
 from trtio.setups.sequences import KVPages
 from trtio.state import EngineState
 from trtio.stream import Event, Stream, StreamLike, as_stream
@@ -246,6 +246,7 @@ class TensorParallelLLMSetup(LLMSetup):
         self._owner = object()  # what this setup's prefixes name as their maker
         self._failure = threading.Event()  # a rank's call raised (set on its thread)
         self._stepping = False
+        self._plan: _SteadyPlan | None = None  # the steady decode the last decode left (see _steady_plan)
         self._in_use = threading.Lock()  # one_thread: the setup's public calls, one thread at a time
         self._group: collectives.HostGroup | None = None
         self._nccl: Any = None
@@ -421,46 +422,64 @@ class TensorParallelLLMSetup(LLMSetup):
         if err != runtime.cudaError_t.cudaSuccess:
             raise EngineError(f"cudaSetDevice({device}) failed: {err}")
 
-    def _replay_here(self, steady: list[tuple[Any, Any]], stream: StreamLike) -> Tensor:
-        """A steady decode (each rank's steady state and input, checked), every rank's enqueued from this thread
-        (see ``_replays_here``): rank 0's on the caller's stream, each other rank's on its own stream after the
-        caller's work so far, with the rank's device the thread's. A rank that fails ends the step as in
+    def _steady_plan(self) -> _SteadyPlan | None:
+        """After a decode of every active sequence: the plan of the steady decodes that may follow it, where every
+        rank's step left the same steady state (see :class:`_SteadyPlan`); None elsewhere (the host backend,
+        whose ranks run their steps on their threads)."""
+        if not self._replays_here:
+            return None
+        first = self._rank_setups[0]._steady
+        if first is None:
+            return None
+        others = []
+        for r in range(1, len(self._rank_setups)):
+            setup = self._rank_setups[r]
+            st = setup._steady
+            if st is None or st.lengths != first.lengths or st.ones != first.ones or st.room != first.room or \
+                    st.shape != first.shape or st.dtype != first.dtype:
+                return None
+            rs = self._streams[r]
+            others.append((setup, st, rs, rs.handle, self._backends[r], self._devices[r]))
+        return _SteadyPlan(self._rank_setups[0], first, tuple(others), self._ready.handle, self._kind == "cuda")
+
+    def _replay_plan(self, plan: _SteadyPlan, x: Any, stream: StreamLike) -> Tensor:
+        """A steady decode of ``plan`` fed ``x`` (checked by rank 0's :meth:`LLMSetup._steady_input`, which
+        stands for every rank: they hold the same slots and lengths), every rank's enqueued from this thread (see
+        ``_replays_here``): rank 0's on the caller's stream, each other rank's on its own stream after the
+        caller's work so far (the ``_ready`` event), with the rank's device the thread's; each rank's input copy,
+        graph replay and lengths, the lengths worked out once. A rank that fails ends the step as in
         :meth:`_step` (the ranks after it never start; those before it have stepped: the setup is broken, their
         collectives aborted)."""
-        self._check_open()
-        if self._broken is not None:
-            raise TrtioError(f"decode: this TensorParallelLLMSetup is broken: {self._broken}")
+        first = plan.first
         s = as_stream(stream, self._backend)
-        workers = self._workers
-        for w in workers:
-            w.result = w.error = None
-        self._ready.record(s)
-        failed = False
-        cuda = self._kind == "cuda"  # elsewhere no device work runs here: the thread's device is not read
+        sh = s.handle
+        if type(x) is Tensor and x is not first.dst and x._last_stream is not None:
+            x._order_consumer(sh)  # x's producer before the caller's stream: every rank reads x after _ready
+        ready = plan.ready
+        self._backend.record_event(ready, sh)
+        value = first.value + first.ones
+        now = value.to_bytes(first.nbytes, "little")
+        cuda = plan.cuda  # elsewhere no device work runs here: the thread's device is not read
         outer = self._use_device(self._devices[0]) if cuda else None
+        r = 0
         try:
-            for r, (st, xr) in enumerate(steady):
-                w = workers[r]
-                try:
-                    if r == 0:
-                        w.result = self._rank_setups[0]._steady_decode(st, xr, s)
-                    else:
-                        if cuda:
-                            self._set_cuda_device(self._devices[r])
-                        rs = self._streams[r]
-                        self._backends[r].wait_event(rs.handle, self._ready.handle)
-                        w.result = self._rank_setups[r]._steady_decode(st, xr, rs)
-                except BaseException as exc:
-                    w.error = exc
-                    failed = True
-                    break
+            plan.setup._steady_rank(first, x, s, value, now)
+            for r, (setup, st, rs, handle, backend, device) in enumerate(plan.others, 1):  # noqa: B007 - r: below
+                if cuda:
+                    self._set_cuda_device(device)
+                backend.wait_event(handle, ready)
+                setup._steady_rank(st, x, rs, value, now)
+        except BaseException as exc:
+            self._plan = None
+            for w in self._workers:
+                w.result = w.error = None
+            self._workers[r].error = exc
         finally:
             if outer is not None:
                 self._set_cuda_device(outer)
-        if failed:
+        if self._plan is None:
             self._settle("decode")
-        result: Tensor = workers[0].result
-        return result
+        return self.io.output_logits
 
     def _after_ready(self, step: Callable[[int, Stream], T], rank: int) -> T:
         """Rank ``rank`` (> 0): its stream waits for the caller's, then it steps."""
@@ -637,16 +656,30 @@ class TensorParallelLLMSetup(LLMSetup):
     @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
         """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation."""
+        plan = self._plan
+        if plan is not None and slots is None and self._broken is None and not self._closed:
+            # A steady step (see LLMSetup.decode) on every rank: rank 0's checks stand for every rank, where no
+            # rank's steady state moved since the plan was made (no call of this setup but a steady decode).
+            first = plan.setup
+            xs = first._steady_input(plan.first, inputs_embeds) if first._steady is plan.first else None
+            if xs is not None:
+                for setup, st in plan.checks:
+                    if setup._steady is not st or setup._epoch != st.epoch:
+                        break
+                else:
+                    return self._replay_plan(plan, xs, stream)
+        self._plan = None
         x = self._inputs(inputs_embeds)
         here = False
+        if slots is None and not self._replays_here:
+            # A steady step on every rank replays each rank's graph: on the host backend, whose all-reduce runs as
+            # it is enqueued, rank 0's on this thread and the others' on theirs.
+            here = all((held := setup._steady) is not None and setup._steady_input(held, xr) is not None
+                       for setup, xr in zip(self._rank_setups, x))
+        out = self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream, here=here)
         if slots is None:
-            # A steady step (see LLMSetup.decode) on every rank replays each rank's graph.
-            steady = [(st, setup._steady_input(st, xr)) for setup, xr in zip(self._rank_setups, x)
-                      if (st := setup._steady) is not None]
-            here = len(steady) == len(x) and all(xr is not None for _st, xr in steady)
-            if here and self._replays_here:
-                return self._replay_here(steady, stream)
-        return self._step("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream, here=here)
+            self._plan = self._steady_plan()
+        return out
 
     @one_thread
     def reset(self, stream: StreamLike = None) -> None:
@@ -702,6 +735,26 @@ class TensorParallelLLMSetup(LLMSetup):
             super()._close_owned()
         finally:
             self._stop_workers()
+
+
+class _SteadyPlan:
+    """The steady decode of every rank that a decode of every active sequence left (see
+    :meth:`TensorParallelLLMSetup._steady_plan`): rank 0's setup and steady state (``setup``, ``first``); for each
+    other rank its setup, steady state, stream, the stream's handle, backend and device; the handle of the event
+    the other ranks wait on; whether the ranks are GPUs. Every rank's steady state is as rank 0's (the same slots,
+    lengths and room): rank 0's checks stand for all of them."""
+
+    __slots__ = ("setup", "first", "others", "checks", "ready", "cuda")
+
+    def __init__(self, setup: LLMSetup, first: _Steady,
+                 others: tuple[tuple[LLMSetup, _Steady, Stream, int, Backend, int], ...], ready: int,
+                 cuda: bool) -> None:
+        self.setup = setup
+        self.first = first
+        self.others = others
+        self.checks = tuple((o[0], o[1]) for o in others)  # each other rank's setup and steady state
+        self.ready = ready
+        self.cuda = cuda
 
 
 def _stop_all(workers: list[_RankWorker]) -> None:
