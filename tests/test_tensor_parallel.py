@@ -412,6 +412,7 @@ def test_a_device_holds_one_tensor_parallel_setup_at_a_time(emb: np.ndarray) -> 
 
 def test_close_releases_every_rank_and_thread(emb: np.ndarray) -> None:
     be = trtio.get_backend("host")
+    trtio.Stream.default(be)  # this thread's default stream lives on (the steps run on it): part of the baseline
     before = (be.live_allocations, be.live_streams, be.live_events, threading.active_count())
     with tp_setup(ENGINES / "toy-llm-tp4", graphs=True) as tp:
         x, lens = embed_batch(emb, PROMPTS, F16)

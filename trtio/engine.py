@@ -304,33 +304,14 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         VIEWS.changes += 1
 
 
-class _ViewRun:
-    """Changes of one tensor's view in a row, as :func:`_views_again` saw them: every change ``VIEWS.changes``
-    counts after ``start`` up to ``end`` was of the view of the tensor whose id is ``tensor`` (a reshape of it, then
-    a plan setting it back), which is still :attr:`ViewLog.last` while ``VIEWS.changes == end``. A plan that does
-    not hold that tensor and whose views were set at ``start`` or after has none to set again (the other ranks of a
-    tensor-parallel step, after rank 0's plan set back the view its caller changed)."""
-
-    __slots__ = ("start", "end", "tensor")
-
-    def __init__(self) -> None:
-        self.start = self.end = -1
-        self.tensor = 0
-
-
-_RUN = _ViewRun()
-
-
 def _views_again(plan: _Plan) -> None:
     """Set the views of ``plan``'s shared tensors again after views changed since it last did: where the one
-    change since was the reshape of one of them (:attr:`ViewLog.last`), that one alone; where every change since
-    was of one tensor it does not hold (:class:`_ViewRun`), none. Where the last reshape was of another tensor,
-    all of them: a thread may have reshaped it after this one's own change."""
+    change since was the reshape of one of them (:attr:`ViewLog.last`), that one alone. Where the last
+    reshape was of another tensor, all of them: a thread may have reshaped it after this one's own change."""
     views = VIEWS
     changes = views.changes
     t = views.last
-    since = plan.view_changes
-    view = plan.by_tensor.get(id(t)) if t is not None and changes == since + 1 else None
+    view = plan.by_tensor.get(id(t)) if t is not None and changes == plan.view_changes + 1 else None
     if view is not None and view[0] is t:  # one reshape since: of t, alone
         if t._shape is not view[1]:
             if t._closed:
@@ -338,13 +319,6 @@ def _views_again(plan: _Plan) -> None:
             t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
             views.changes = changes = changes + 1  # t alone changed: it is still the last one
-            run = _RUN
-            if run.end != since or run.tensor != id(t):  # else the run of t's changes goes on
-                run.start, run.tensor = since, id(t)
-            run.end = changes
-    elif changes == _RUN.end and _RUN.start <= since and t is not None and _RUN.tensor == id(t) and \
-            id(t) not in plan.by_tensor:
-        pass  # every change since this plan's was of t's view, which it does not hold
     else:
         _apply_views(plan.views)
         changes = views.changes
