@@ -780,6 +780,66 @@ def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> Non
     np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.gpu
+def test_a_steady_decode_waits_for_a_torch_tensor_written_on_another_stream(cuda: Any) -> None:
+    """The steady decode reads torch's CUDA tensors without DLPack's capsule (``torch_device_input``): its
+    producer's stream must still be ordered before the step. Three decodes make the step steady; then the
+    embeddings are written on a side stream behind a long kernel just before the step: its logits are those of
+    the written embeddings (the numpy-fed run's), not of the zeros before them."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64).astype(np.float16)
+    steps = [[[9]], [[11]], [[13]], [[17]]]
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]], [3])
+        want = [setup.decode(table[tok]).to_numpy() for tok in steps]
+    with _gpu_llm(cuda) as setup:
+        s = Stream.create(cuda)
+        setup.prefill(table[[[5, 6, 7]]], [3], s)
+        x = t.zeros((1, 1, 64), device="cuda", dtype=t.float16)
+        for tok, w in zip(steps[:3], want):  # torch on trtio's stream: the steady path needs no event
+            with t.cuda.stream(t.cuda.ExternalStream(s.handle)):
+                x.copy_(t.from_numpy(table[tok]).cuda(non_blocking=True))
+                np.testing.assert_allclose(setup.decode(x, s).to_numpy(s), w, atol=2e-3, rtol=2e-3)
+        hits = setup.graph_stats.hits
+        side = t.cuda.Stream()
+        t.cuda.synchronize()
+        with t.cuda.stream(side):
+            t.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the write
+            x.copy_(t.from_numpy(table[steps[3]]).cuda(non_blocking=True))
+            got = setup.decode(x, s).to_numpy(s)
+        assert setup.graph_stats.hits > hits, "the step was a steady replay"
+        s.close()
+    np.testing.assert_allclose(got, want[3], atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: Any) -> None:
+    """What the steady path does not take (another dtype, a strided view, a tensor that needs a gradient) goes
+    the general way and is refused there, naming the input, with nothing enqueued and the setup usable."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64).astype(np.float16)
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]], [3])
+        for tok in (9, 11):
+            setup.decode(t.from_numpy(table[[[tok]]]).cuda())
+        lengths = setup.lengths.tolist()
+        bad = [(t.zeros((1, 1, 64), device="cuda", dtype=t.float32), ShapeError, "float16"),
+               (t.zeros((1, 1, 128), device="cuda", dtype=t.float16)[..., ::2], ShapeError, "contiguous"),
+               (t.zeros((1, 1, 64), device="cuda", dtype=t.float16, requires_grad=True), InvalidValueError,
+                "inputs_embeds")]
+        for x, error, needle in bad:
+            with pytest.raises(error, match=needle) as info:
+                setup.decode(x)
+            assert "inputs_embeds" in str(info.value)
+            assert setup.lengths.tolist() == lengths, "a refused step changed nothing"
+        setup.decode(t.from_numpy(table[[[13]]]).cuda())
+        assert setup.lengths.tolist() == [n + 1 for n in lengths]
+
+
 # -- hostile producers: refused naming the input, nothing read, nothing leaked ----------------------------
 
 

@@ -386,6 +386,64 @@ def _order_after(be: Backend, producer: int, consumer: int) -> None:
     be.wait_event(consumer, event)
 
 
+# -- torch's CUDA tensors, without a capsule ----------------------------------------------------------
+
+
+class _TorchReader:
+    """What :func:`torch_device_input` reads from an imported torch: its tensor type, its dtype of each trtio
+    dtype (by the trtio dtype's ``id``: an enum's own hash is a Python call), and its current stream of a device
+    (``torch._C._cuda_getCurrentRawStream``, what torch's own compiled code calls, where this torch has it; else
+    the public ``torch.cuda.current_stream``)."""
+
+    __slots__ = ("tensor_type", "dtypes", "current_stream")
+
+    def __init__(self, torch: Any) -> None:
+        self.tensor_type = torch.Tensor
+        names = {DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16",
+                 DType.INT8: "int8", DType.INT32: "int32", DType.INT64: "int64", DType.UINT8: "uint8",
+                 DType.BOOL: "bool"}
+        self.dtypes = {id(dt): getattr(torch, n) for dt, n in names.items() if hasattr(torch, n)}
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.current_stream: Any = raw if raw is not None else \
+            (lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+
+_torch: list[_TorchReader] = []  # the reader, once torch is imported (trtio never imports it)
+
+
+def torch_device_input(obj: Any, be: Backend, consumer: int, dtype: DType, shape: tuple[int, ...]) -> int | None:
+    """The device address of ``obj`` where it is a plain torch CUDA tensor of ``shape`` and ``dtype`` on ``be``'s
+    device, C-contiguous, 256-byte aligned, as DLPack would export it; its producer's pending work (torch's
+    current stream of that device) is ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)``
+    orders it. None, having done nothing, for anything else: the caller takes the general path
+    (:func:`trtio.interop.as_input`), which names what is wrong.
+
+    The same reading as DLPack's, without its capsule: a steady decode fed torch's tensors pays a few attribute
+    reads, and no event where torch runs on the step's stream (``torch.cuda.ExternalStream(stream.handle)``).
+    Neither the conjugate bit (complex dtypes only) nor the negative bit (set on the imaginary part of a
+    conjugated complex tensor, which DLPack refuses) may be set."""
+    if not _torch:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj).__module__ != "torch":
+            return None
+        _torch.append(_TorchReader(torch))
+    reader = _torch[0]
+    if type(obj) is not reader.tensor_type or not obj.is_cuda or obj.dtype is not reader.dtypes.get(id(dtype)) or \
+            obj.shape != shape or obj.requires_grad or not obj.is_contiguous() or obj.is_neg() or \
+            be.name != "cuda":
+        return None
+    index = obj.get_device()
+    ptr: int = obj.data_ptr()
+    if index != be.device_id or ptr % ALIGNMENT:
+        return None
+    producer = reader.current_stream(index)
+    if producer != consumer:
+        _order_after(be, producer, consumer)
+    return ptr
+
+
 # -- results ----------------------------------------------------------------------------------------
 
 

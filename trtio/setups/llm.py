@@ -18,6 +18,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
+from trtio.foreign import torch_device_input
 from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix
@@ -143,8 +144,11 @@ class LLMSetup(SetupBase):
         if st is not None and slots is None:
             kind = type(inputs_embeds)
             if kind is not Tensor and kind is not np.ndarray and not self._closed and self._broken is None:
-                # A foreign array (torch, CuPy, ...) or a nested list: checked and read in place or converted
-                # once (its producer ordered before the step's stream), then a step like any other.
+                out = self._steady_torch(st, inputs_embeds, stream)
+                if out is not None:
+                    return out
+                # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or
+                # converted once (its producer ordered before the step's stream), then a step like any other.
                 inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
             x = self._steady_input(st, inputs_embeds)
             if x is not None:
@@ -162,11 +166,29 @@ class LLMSetup(SetupBase):
                 return None
         elif type(x) is not np.ndarray or x.shape != st.shape or x.dtype != st.dtype or not x.flags.c_contiguous:
             return None
+        return x if self._steady_ready(st) else None
+
+    def _steady_ready(self, st: _Steady) -> bool:
+        """Whether the next decode of every active sequence is the steady step ``st``, whatever it is fed."""
         lengths = self._engine.state.lengths
-        if lengths is st.array and lengths.tobytes() == st.lengths and self._broken is None and not self._closed \
-                and self._steps.step.uploads == st.uploads and not self._streaming_pending:
-            return x
-        return None
+        return st.epoch == self._epoch and st.room > 0 and lengths is st.array and lengths.tobytes() == st.lengths \
+            and self._broken is None and not self._closed and self._steps.step.uploads == st.uploads \
+            and not self._streaming_pending
+
+    def _steady_torch(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor | None:
+        """The steady decode fed ``x``, where it is a torch CUDA tensor of the step's shape and dtype (see
+        :func:`~trtio.foreign.torch_device_input`): copied into the step's input after its producer; else None,
+        having done nothing."""
+        if not self._steady_ready(st):
+            return None
+        dst = st.dst
+        s = as_stream(stream, self._backend)
+        ptr = torch_device_input(x, self._backend, s.handle, dst._dtype, st.shape)
+        if ptr is None:
+            return None
+        self._backend.memcpy(dst._ptr, ptr, dst._dtype.itemsize * st.shape[0] * st.shape[2], s.handle)
+        dst._last_stream = s
+        return self._steady_decode(st, dst, s)
 
     def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
         """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""

@@ -8,8 +8,9 @@ binary tree), accepted paths of 4 nodes; CUDA graphs on. Both contracts: trtio's
 0.11's token-major one. Inputs (``inputs``): device tensors (a runtime looks its embeddings up on the GPU), host
 numpy arrays (beside each helper, one ``np.copyto`` of its input: the least any step spends on the bytes it is
 given), or torch tensors (on the GPU with the cuda backend; beside the decode step fed one, the same step fed a
-trtio Tensor). Beside ``prepare + execute`` of the engine alone, ``prepare + execute`` replaying the decode step's
-own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
+trtio Tensor; torch runs on the step's stream, and once more on its own default stream). Beside ``prepare +
+execute`` of the engine alone, ``prepare + execute`` replaying the decode step's own graph (the call
+``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -19,6 +20,7 @@ numpy runs the device work in the calling thread, also the part of the call spen
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import statistics
@@ -223,6 +225,16 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 decode()  # bind the decode shape and capture its graph
                 if other is not None:
                     other()
+            on_step_stream: Any = contextlib.nullcontext()
+            elsewhere: Callable[[], Any] | None = None
+            if inputs == "torch" and backend.name == "cuda":
+                # torch runs on the step's stream (this thread's trtio default: as trtio.interop advises, no event
+                # per step), and once more on its own default stream (the producer ordered by an event each step)
+                import torch
+
+                external: Any = torch.cuda.ExternalStream
+                on_step_stream = torch.cuda.stream(external(Stream.default(backend).handle))
+                elsewhere = functools.partial(torch.cuda.stream, torch.cuda.default_stream())
             e = setup.engines()[0]
             dims = llm.decode_dims(BATCH)
             work = e.executor.last_work  # the device work decode enqueues before its engine, in its graph
@@ -237,15 +249,20 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
             prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
             same_graph()
-            for _ in range(steps):
-                clock("prepare + execute (decode, graph)", prepare_execute)
-                # decode's graph: its device work advances the device's lengths once more (null compute: harmless)
-                clock("prepare + execute (decode's own graph)", same_graph)
-                clock("LLMSetup.decode", decode)
-                if other is not None:
-                    clock(f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}", other)
-                if floor is not None:
-                    clock(copy_row("LLMSetup.decode"), floor)
+            with on_step_stream:
+                for _ in range(steps):
+                    clock("prepare + execute (decode, graph)", prepare_execute)
+                    # decode's graph: its device work advances the device's lengths once more (null compute)
+                    clock("prepare + execute (decode's own graph)", same_graph)
+                    clock("LLMSetup.decode", decode)
+                    if elsewhere is not None:
+                        with elsewhere():
+                            clock("LLMSetup.decode, fed torch from its default stream", decode)
+                    if other is not None:
+                        clock(f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}",
+                              other)
+                    if floor is not None:
+                        clock(copy_row("LLMSetup.decode"), floor)
         finally:
             feed.free()
             prompt.close()
