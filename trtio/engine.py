@@ -669,13 +669,15 @@ class EngineExecutor(Closeable):
         key = plan.key
         if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
             return False
+        if stream._closed:
+            stream._check_open()
         views = self._views
         if plan.view_changes != views.changes:
             _views_again(plan, views)
         self.enqueued = 0
         self.last_work = before
         self.graph_stats.hits += 1
-        self._backend.launch_graph(plan.graph, stream.handle)  # the graph holds its bindings: no context sync
+        self._backend.launch_graph(plan.graph, stream._handle)  # the graph holds its bindings: no context sync
         self.enqueued = len(before) + 1
         for t in plan.outputs:
             t._last_stream = stream
