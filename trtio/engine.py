@@ -294,6 +294,7 @@ class _Plan:
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
     untouched view costs one identity test; a closed tensor raises, naming itself."""
+    changed: ViewLog | None = None  # the log of the last view changed, counted once it is another's or at the end
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
@@ -302,8 +303,14 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
             t._shape = shp
             t._nbytes = nbytes
             log = t._log
-            log.last = 0
-            log.changes += 1
+            if log is not changed:
+                if changed is not None:
+                    changed.last = 0
+                    changed.changes += 1
+                changed = log
+    if changed is not None:
+        changed.last = 0
+        changed.changes += 1
 
 
 def _views_again(plan: _Plan, log: ViewLog) -> None:
