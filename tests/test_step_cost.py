@@ -340,6 +340,82 @@ def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: trtio.B
         plain.close()
 
 
+def test_a_view_another_executor_of_the_same_owner_set_is_set_back_by_a_steady_decode(host: trtio.Backend) -> None:
+    """Executors that share a context memory are one owner: they share a view log. Another executor bound to the
+    same tensor map (a one-sequence decode step: every shared view at its own shape) between two steady decodes:
+    the next steady decode still replays its graph, sets every view back to its own and returns a plain run's
+    logits."""
+    from trtio.engine import EngineExecutor
+
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    plain.executor.graphs_enabled = False
+    e = setup.engines()[0]
+    other = EngineExecutor(ReferenceEngine.from_config(e.cfg, device="host"), context_memory=e.executor.context_memory,
+                           name="other", registry=e.executor.registry, backend=host)
+    s = trtio.Stream.create(host)
+    try:
+        io, ex = setup.io, setup.executor
+        rows, embeds = io.output_logits.shape, io.inputs_embeds.shape
+        for _ in range(2):
+            other.prepare(1, e.tensor_map, e.cfg.decode_dims(1), s)
+            assert io.output_logits.shape != rows and io.inputs_embeds.shape != embeds, "the other step's views"
+            hits = ex.graph_stats.hits
+            got = setup.decode(x)
+            assert ex.graph_stats.hits == hits + 1, "a steady step: its graph replayed"
+            assert got.shape == rows and io.inputs_embeds.shape == embeds, "every view is the step's own again"
+            np.testing.assert_array_equal(got.to_numpy(), plain.decode(x).to_numpy())
+    finally:
+        s.close()
+        other.close()
+        setup.close()
+        plain.close()
+
+
+def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(host: trtio.Backend) -> None:
+    """Two setups, each stepped by its own thread at the same time, thread switches as frequent as the interpreter
+    allows: every steady decode (its caller viewing io.inputs_embeds as the step's embeddings, a reshape of the
+    setup's own tensor just before it) returns with each of its views set back to its own, whatever the other
+    thread reshaped meanwhile."""
+    import sys
+
+    setups = [_steady_llm(host) for _ in range(2)]
+    failures: list[str] = []
+    start = threading.Barrier(2)
+
+    def steps(setup: trtio.LLMSetup, x: np.ndarray) -> None:
+        io = setup.io
+        rows, embeds = io.output_logits.shape, io.inputs_embeds.shape
+        dev = Tensor.from_numpy(x, backend=host)
+        step = (x.shape[0], 1, x.shape[2])
+        try:
+            start.wait()
+            for i in range(200):  # within the KV capacity (256)
+                io.inputs_embeds.reshape(step)
+                got = setup.decode(dev)
+                if got.shape != rows or io.inputs_embeds.shape != embeds:
+                    failures.append(f"step {i}: logits {got.shape}, inputs_embeds {io.inputs_embeds.shape}")
+                    return
+        except BaseException as exc:  # noqa: BLE001 - a thread's error fails the test
+            failures.append(repr(exc))
+        finally:
+            dev.close()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=steps, args=pair) for pair in setups]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+        for setup, _ in setups:
+            setup.close()
+    assert failures == []
+
+
 def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trtio.Backend) -> None:
     """``EngineExecutor.replay`` stands for prepare + execute only where the last execute replayed the graph of
     the same plan and the same ``before``: other work before the engine, other dims, another profile or a
@@ -522,6 +598,27 @@ def test_a_steady_tensor_parallel_decode_sets_back_every_view_that_changed() -> 
         own = tp.rank_setups[1].io.inputs_embeds
         x()
         own.reshape((plain[0], 1, plain[1]))  # after rank 0's: the last change is not rank 0's
+        tp.decode(x(), s)
+        assert tp.io.inputs_embeds.shape == plain and own.shape == plain
+
+
+def test_a_view_rank_0_s_caller_changes_sets_no_other_rank_s_views_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank is its own owner of views: the caller viewing rank 0's io.inputs_embeds as a step's embeddings
+    before every steady step is a change rank 0's plan sets back alone, and no rank's plan sets its views
+    wholesale; a view of rank 1's own tensor changed is still set back, by rank 1's plan."""
+    import trtio.engine as engine
+
+    with _dry_run_tp() as (tp, x, s):
+        applied: list[int] = []
+        real = engine._apply_views
+        monkeypatch.setattr(engine, "_apply_views", lambda views: (applied.append(len(views)), real(views))[1])
+        plain = tp.io.inputs_embeds.shape
+        for _ in range(3):
+            tp.decode(x(), s)
+            assert tp.io.inputs_embeds.shape == plain
+        assert applied == [], "no plan set all its views again"
+        own = tp.rank_setups[1].io.inputs_embeds
+        own.reshape((plain[0], 1, plain[1]))
         tp.decode(x(), s)
         assert tp.io.inputs_embeds.shape == plain and own.shape == plain
 

@@ -30,7 +30,7 @@ from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, Unk
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import VIEWS, Tensor
+from trtio.tensor import VIEWS, Tensor, ViewLog
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
@@ -180,6 +180,9 @@ class ContextMemory(Closeable):
         base = self._tensor.data_ptr
         self.ptr = (base + CONTEXT_MEMORY_ALIGNMENT - 1) // CONTEXT_MEMORY_ALIGNMENT * CONTEXT_MEMORY_ALIGNMENT
         self._users: weakref.WeakSet[EngineExecutor] = weakref.WeakSet()  # executors whose contexts use it
+        # The view log of the tensors its executors bind (Tensor._log): they run one at a time, so one thread
+        # writes it; another setup's executors (another thread, another rank) have their own.
+        self.views = ViewLog()
         self._init_lifetime(f"context memory {name!r}")  # the tensor frees itself if this is never closed
 
     @staticmethod
@@ -267,7 +270,8 @@ class _Plan:
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
     graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
-    view_changes: int = -1  # VIEWS.changes when this plan's views were last known set
+    view_changes: int = -1  # its executor's view log's count when this plan's views were last known set
+    foreign: bool = False  # it holds a tensor of another owner's view log: its views are set at every step
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
@@ -290,7 +294,7 @@ class _Plan:
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
     untouched view costs one identity test; a closed tensor raises, naming itself."""
-    changed = False
+    changed: ViewLog | None = None  # the log of the last view changed, counted once it is another's or at the end
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
@@ -298,31 +302,36 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
             t._prev_view = (t._shape, t._nbytes)
             t._shape = shp
             t._nbytes = nbytes
-            changed = True
-    if changed:
-        VIEWS.last = None
-        VIEWS.changes += 1
+            log = t._log
+            if log is not changed:
+                if changed is not None:
+                    changed.last = 0
+                    changed.changes += 1
+                changed = log
+    if changed is not None:
+        changed.last = 0
+        changed.changes += 1
 
 
-def _views_again(plan: _Plan) -> None:
-    """Set the views of ``plan``'s shared tensors again after views changed since it last did: where the one
-    change since was the reshape of one of them (:attr:`ViewLog.last`), that one alone. Where the last
-    reshape was of another tensor, all of them: a thread may have reshaped it after this one's own change."""
-    views = VIEWS
-    changes = views.changes
-    t = views.last
-    view = plan.by_tensor.get(id(t)) if t is not None and changes == plan.view_changes + 1 else None
-    if view is not None and view[0] is t:  # one reshape since: of t, alone
+def _views_again(plan: _Plan, log: ViewLog) -> None:
+    """Set the views of ``plan``'s shared tensors again after its executor's view ``log`` counted changes since
+    it last did: where the one change since was the reshape of one of them (:attr:`ViewLog.last`), that one
+    alone; else all of them (a plan that holds another owner's tensor: all of them, at every step)."""
+    changes = log.changes
+    # A plan holds its tensors, so an id it finds is of a tensor alive since before its views were last set.
+    view = plan.by_tensor.get(log.last) if changes == plan.view_changes + 1 else None
+    if view is not None:  # one reshape since: of t, alone
+        t = view[0]
         if t._shape is not view[1]:
             if t._closed:
                 t._live()
             t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
-            views.changes = changes = changes + 1  # t alone changed: it is still the last one
+            log.changes = changes = changes + 1  # t alone changed: it is still the last one
     else:
         _apply_views(plan.views)
-        changes = views.changes
-    plan.view_changes = changes
+        changes = log.changes
+    plan.view_changes = -1 if plan.foreign else changes
 
 
 def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profile: int) -> list[str]:
@@ -385,6 +394,7 @@ class EngineExecutor(Closeable):
                 context_memory = ContextMemory.for_engines([engine], backend=self._backend)
                 undo.callback(context_memory.close)
             self.context_memory = context_memory
+            self._views = context_memory.views  # the view log of the tensors its plans hold
             context_memory.check(engine, self.name)  # a closed one is refused here
             trt = module_of(engine)
             strategy = trt.ExecutionContextAllocationStrategy.USER_MANAGED
@@ -436,8 +446,8 @@ class EngineExecutor(Closeable):
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
         if plan is not None and plan.key == key:
-            if plan.view_changes != VIEWS.changes:  # a view changed somewhere since this plan set its own
-                _views_again(plan)
+            if plan.view_changes != self._views.changes:  # a view of this owner changed since the plan set its own
+                _views_again(plan, self._views)
             return
         cached = self._plans.get(key)
         if cached is not None:
@@ -449,7 +459,7 @@ class EngineExecutor(Closeable):
             if held is not None and held is not cached:
                 _apply_views(cached.switch_from(held))
             self._stable_of = cached
-            cached.view_changes = VIEWS.changes
+            cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
             self._plan = cached
             return
@@ -545,6 +555,10 @@ class EngineExecutor(Closeable):
                   planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], tm: TensorMap) -> None:
         """Keep what this step checked and bound as the plan of ``key``, for the fast path of later steps."""
         all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
+        own = self._views
+        for t, _shape, _nbytes in all_views:
+            if t._log is VIEWS:  # bound by no executor yet: this owner's from now on
+                t._log = own
         for t, shape, nbytes in all_views:
             t._set_view(shape, nbytes)  # the plan's own tuple: the fast path tests views by identity
         views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name not in self._stable]
@@ -553,7 +567,8 @@ class EngineExecutor(Closeable):
         snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
         inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
         plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views,
-                     by_tensor={id(v[0]): v for v in views})
+                     by_tensor={id(v[0]): v for v in views}, foreign=any(v[0]._log is not own for v in views))
+        plan.view_changes = -1 if plan.foreign else own.changes
         self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
@@ -661,12 +676,15 @@ class EngineExecutor(Closeable):
         key = plan.key
         if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
             return False
-        if plan.view_changes != VIEWS.changes:
-            _views_again(plan)
+        if stream._closed:
+            stream._check_open()
+        views = self._views
+        if plan.view_changes != views.changes:
+            _views_again(plan, views)
         self.enqueued = 0
         self.last_work = before
         self.graph_stats.hits += 1
-        self._backend.launch_graph(plan.graph, stream.handle)  # the graph holds its bindings: no context sync
+        self._backend.launch_graph(plan.graph, stream._handle)  # the graph holds its bindings: no context sync
         self.enqueued = len(before) + 1
         for t in plan.outputs:
             t._last_stream = stream

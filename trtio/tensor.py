@@ -78,20 +78,28 @@ def volume(shape: Iterable[int]) -> int:
 
 
 class ViewLog:
-    """Internal (executors): view changes of every tensor. ``changes`` counts them: an executor whose views
-    were all set since the last change need not test them one by one (see EngineExecutor.prepare). ``last`` is
-    the tensor whose reshape made the last change (None: the last change was not one reshape): an executor
-    that finds one change since its own, this one's, sets this view back alone. An instance, not class
-    attributes of Tensor: writing a class attribute would void the interpreter's caches of Tensor's
-    attributes at every step."""
+    """Internal (executors): the view changes of one group of tensors, those of one owner. ``changes`` counts
+    them: an executor whose views were all set since the last change of its group's log need not test them one
+    by one (see EngineExecutor.prepare). ``last`` is the ``id`` of the tensor whose reshape made the last change
+    (0: the last change was not one reshape): an executor that finds one change since its own, this one's, sets
+    this view back alone (an id, not the tensor: tensors hold their log, and a log that held a tensor would keep
+    it alive until the garbage collector found the cycle).
+
+    A tensor reports to the log it holds (``Tensor._log``): :data:`VIEWS` until an executor binds it, then its
+    executor's (the log of the executors that share one :class:`~trtio.engine.ContextMemory`, which run one at a
+    time). A log is written by the one thread that steps its owner, so its count and ``last`` always name the
+    same change; a thread that steps another setup writes another log and disturbs no executor of this one.
+    An instance, not class attributes of Tensor: writing a class attribute would void the interpreter's caches
+    of Tensor's attributes at every step."""
 
     __slots__ = ("changes", "last")
 
     def __init__(self) -> None:
         self.changes = 0
-        self.last: Tensor | None = None
+        self.last = 0
 
 
+#: The log of tensors no executor has bound (no executor reads it: nothing watches their views).
 VIEWS = ViewLog()
 
 # Shapes Tensor.reshape was given as tuples, checked (normalize_shape) with their volume: a step's shapes repeat.
@@ -180,7 +188,7 @@ class Tensor(Closeable):
 
     __slots__ = (
         "_name", "_dtype", "_location", "_shape", "_nbytes", "_capacity", "_ptr", "_backend",
-        "_owner", "_owning", "_frozen", "_last_stream", "_export_event", "_prev_view",
+        "_owner", "_owning", "_frozen", "_last_stream", "_export_event", "_prev_view", "_log",
     )
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: DType, location: Location,
@@ -194,6 +202,7 @@ class Tensor(Closeable):
         # The view before the current one, (shape, bytes), where a reshape or an executor changed it: a view
         # that goes back and forth (a runtime's view, then a step's) is set back without checks.
         self._prev_view: tuple[tuple[int, ...], int] | None = None
+        self._log = VIEWS  # where its view changes are counted (an executor that binds it gives it its own)
         self._capacity = capacity
         self._ptr = ptr
         self._backend = backend
@@ -378,8 +387,9 @@ class Tensor(Closeable):
                 self._live()
                 self._prev_view = (now, self._nbytes)
                 self._shape, self._nbytes = shape, prev[1]
-                VIEWS.last = self  # before the count: whoever sees the count sees this
-                VIEWS.changes += 1
+                log = self._log
+                log.last = id(self)
+                log.changes += 1
                 return self
         self._live()
         found = None
@@ -413,8 +423,9 @@ class Tensor(Closeable):
         # found by identity when it is the view before.
         self._shape = shape if plain else dims  # type: ignore[assignment]
         self._nbytes = need
-        VIEWS.last = self  # before the count: whoever sees the count sees this
-        VIEWS.changes += 1
+        log = self._log
+        log.last = id(self)
+        log.changes += 1
         return self
 
     def _set_view(self, shape: tuple[int, ...], nbytes: int) -> None:
@@ -422,8 +433,9 @@ class Tensor(Closeable):
         self._prev_view = (self._shape, self._nbytes)
         self._shape = shape
         self._nbytes = nbytes
-        VIEWS.last = None
-        VIEWS.changes += 1
+        log = self._log
+        log.last = 0
+        log.changes += 1
 
     def view(self, dtype: DTypeLike) -> Tensor:
         """The same bytes seen with another dtype (last dim rescaled); shares memory, owns nothing."""
@@ -743,8 +755,9 @@ class Tensor(Closeable):
         return super()._closable()
 
     def _close_owned(self) -> None:
-        VIEWS.last = None
-        VIEWS.changes += 1  # executors look their views over again (and find this one closed)
+        log = self._log
+        log.last = 0
+        log.changes += 1  # executors look their views over again (and find this one closed)
         self._owner = None
         self._last_stream = None  # a closed tensor keeps no stream alive (a thread's default stream)
         event, self._export_event = self._export_event, None

@@ -193,8 +193,10 @@ class LLMSetup(SetupBase):
     def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
         """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""
         s = as_stream(stream, self._backend)
+        if s._closed:
+            s._check_open()
         if type(x) is Tensor and x is not st.dst and x._last_stream is not None:
-            x._order_consumer(s.handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
+            x._order_consumer(s._handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
         # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
         # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
         value = st.value + st.ones
@@ -202,9 +204,10 @@ class LLMSetup(SetupBase):
         return self.io.output_logits
 
     def _steady_rank(self, st: _Steady, x: Any, s: Stream, value: int, now: bytes) -> None:
-        """The device work and the lengths of a steady step on ``s``, checked by the caller (:meth:`_steady_input`)
-        and ``x``'s producer ordered before ``s``: :meth:`_steady_decode`'s, or this setup's part of a
-        tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every rank). The
+        """The device work and the lengths of a steady step on ``s`` (found open by the caller), checked by the
+        caller (:meth:`_steady_input`) and ``x``'s producer ordered before ``s``: :meth:`_steady_decode`'s, or this
+        setup's part of a tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every
+        rank; the other ranks' streams are the setup's own, open while it is). The
         lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
         copy of its bytes, whatever its view, unless it is the step's own input) or a host array."""
         e = self._engine
@@ -212,7 +215,7 @@ class LLMSetup(SetupBase):
             if type(x) is Tensor:
                 dst = st.dst
                 if x is not dst:
-                    self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s.handle)
+                    self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s._handle)
                     dst._last_stream = s
             else:
                 self._embeds_staging.upload(x, s, reshape=False)

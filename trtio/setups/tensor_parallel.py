@@ -452,7 +452,9 @@ class TensorParallelLLMSetup(LLMSetup):
         collectives aborted)."""
         first = plan.first
         s = as_stream(stream, self._backend)
-        sh = s.handle
+        if s._closed:
+            s._check_open()
+        sh = s._handle
         if type(x) is Tensor and x is not first.dst and x._last_stream is not None:
             x._order_consumer(sh)  # x's producer before the caller's stream: every rank reads x after _ready
         ready = plan.ready
