@@ -279,7 +279,8 @@ class SpecDecodeSetup(SetupBase):
         if first:
             order, key, past, _whole = self._step_lengths(e)
             cap = e.cfg.max_kv_cache_capacity
-            if max(past.tolist()) + w > cap:  # a round's levels all write after the lengths it started at
+            have = past.tolist()
+            if max(have) + w > cap:  # a round's levels all write after the lengths it started at
                 i = int(np.argmax(past))
                 raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and a "
                                  f"proposal round writes {w} more, past max_kv_cache_capacity ({cap})")
@@ -290,7 +291,7 @@ class SpecDecodeSetup(SetupBase):
         s = self._stream(stream)
         taken = None
         if first:
-            taken, pages = self._pages(e, order, key, past, w, s)
+            taken, pages = self._pages(e, order, key, past, w, s, have)
         try:
             before = tree.propose(x, par, past, self._roots.rows[order] if first else _NO_ROOTS, s,
                                   order if self._seqs.slotted else None, pages)
@@ -333,7 +334,7 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, lengths, n, s)
+        taken, pages = self._pages(e, order, key, lengths, n, s, have)
         try:
             self._upload_embeds(x, s)
             past = self._tree.round_past(have)  # the proposal levels' constant where equal: not staged again
