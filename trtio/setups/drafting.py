@@ -106,13 +106,17 @@ class DraftTree:
         return par
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
-                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        """Stage the level of ``x`` ([b, k, hidden] embeddings, checked) hanging off ``par`` (:meth:`check`)
-        after ``past`` cached tokens, and return its device work in the fewest kernels. The tree holds the
-        level once :meth:`grow` says its step succeeded: a step that fails leaves the tree as it was.
-        ``roots``: each sequence's root hidden row (read on a round's first level only)."""
-        shape = x.shape
-        b, k = int(shape[0]), int(shape[1])
+                slots: np.ndarray | None = None, pages: np.ndarray | None = None, *, batch: int | None = None,
+                nodes: int | None = None) -> tuple[DeviceWork, ...]:
+        """Stage the level of ``x`` ([b, k, hidden] embeddings, checked; ``batch`` and ``nodes``: its b and k,
+        where the caller has them) hanging off ``par`` (:meth:`check`) after ``past`` cached tokens, and return
+        its device work in the fewest kernels. The tree holds the level once :meth:`grow` says its step
+        succeeded: a step that fails leaves the tree as it was. ``roots``: each sequence's root hidden row (read
+        on a round's first level only)."""
+        if batch is None or nodes is None:
+            shape = x.shape
+            batch, nodes = int(shape[0]), int(shape[1])
+        b, k = batch, nodes
         n0 = self.nodes
         embeds, source = self._stage_embeds(x, b, n0, k, s)
         if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
@@ -190,7 +194,7 @@ class DraftTree:
         dst, w = self._io.inputs_embeds, self.width
         row = self._row_bytes
         if isinstance(x, Tensor):
-            args = (dst._ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
+            args = (dst._ptr + n0 * row, w * row, x._ptr, k * row, k * row, b)  # x was checked open (_embeds)
             last, seen = self._level_sources.get(n0, ((), 0))
             seen = seen + 1 if last == args else 1
             if seen > _STABLE_ROUNDS:

@@ -294,7 +294,7 @@ class SpecDecodeSetup(SetupBase):
             taken, pages = self._pages(e, order, key, past, w, s, have)
         try:
             before = tree.propose(x, par, past, self._roots.rows[order] if first else _NO_ROOTS, s,
-                                  order if self._seqs.slotted else None, pages)
+                                  order if self._seqs.slotted else None, pages, batch=b, nodes=k)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
