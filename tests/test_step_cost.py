@@ -669,3 +669,64 @@ def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monk
     finally:
         setup.close()
         plain.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trtio.Backend, contract: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a steady round, a proposal level after the first writes only its parents into the step block (the
+    round's lengths, roots, slots and pages are there from the first level), and verify finds the cached
+    lengths the levels staged (the base's equal the draft's) in the block rather than staging them again.
+    What is written is recorded by name, with whether the block already held that very constant."""
+    sd = _setup(contract, True)
+    try:
+        _start(sd)
+        levels = _level_buffers(sd)[0]
+        for r in range(2):
+            _round(sd, r, levels)
+        step = sd._steps.step
+        writes: list[tuple[str, bool]] = []
+        real_write = step.write
+
+        def write(name: str, values: np.ndarray) -> Tensor:
+            writes.append((name, step._held.get(name) is values))
+            return real_write(name, values)
+
+        monkeypatch.setattr(step, "write", write)
+        per_call: list[list[tuple[str, bool]]] = []
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        for x, p in zip(levels, parents):
+            writes.clear()
+            sd.draft_propose(x, parents=p)
+            per_call.append(list(writes))
+        writes.clear()
+        sd.verify(sd.io.inputs_embeds.reshape((4, VERIFY, 64)), BINARY)
+        lengths = "tree_past" if contract == "batch" else "past_lengths"
+        assert (lengths, False) in per_call[0]  # the round's first level stages its lengths
+        assert per_call[1:] == [[("draft_parents", False)]] * (STEPS - 1)
+        assert (lengths, True) in writes and (lengths, False) not in writes
+        sd.accept([[0, 1, 3], [0, 2], [0], [0, 1]])
+        sd.draft_accept(sd.io.inputs_embeds.reshape((4, 3, 64)), np.array([3, 2, 1, 2]))
+        for x in levels:
+            x.close()
+    finally:
+        sd.close()
+
+
+def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: trtio.Backend) -> None:
+    """The draft tree hands verify the round's lengths constant only where the values are the same."""
+    sd = _setup("batch", True)
+    try:
+        _start(sd)
+        levels = _level_buffers(sd)[0]
+        tree = sd._tree
+        assert tree.round_past(sd.base_lengths.tolist()) is None  # no level ran this round
+        sd.draft_propose(levels[0], parents=np.full(TOP_K, -1))
+        lengths = sd.base_lengths.tolist()
+        same = tree.round_past(lengths)
+        assert same is not None and same.tolist() == lengths and not same.flags.writeable
+        assert tree.round_past([n + 1 for n in lengths]) is None
+        for x in levels:
+            x.close()
+    finally:
+        sd.close()

@@ -96,6 +96,7 @@ class StepStaging(Closeable):
         self._ring_base = ring.data_ptr
         self._ring = host_view(ring.data_ptr, RING_SLOTS * self._end).reshape(RING_SLOTS, self._end) \
             if self._end else np.zeros((RING_SLOTS, 0), np.uint8)
+        self._ring_slots = list(self._ring)  # each slot's row of the ring (indexed once, not per upload)
         self._slot = 0  # the ring slot of the next upload
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
@@ -232,7 +233,8 @@ class StepStaging(Closeable):
         if hi <= lo:
             return
         c = self._slot
-        ev = self._cover[c]
+        cover = self._cover
+        ev = cover[c]
         if ev != _FREE:  # slot c's copy was made RING_SLOTS uploads ago: it must have run
             if ev == _UNFENCED:
                 ev = self._fence_group()
@@ -241,15 +243,16 @@ class StepStaging(Closeable):
                     self.fence_waits += 1
                     self._fences[ev].synchronize()
                 self._done[ev] = True
-            self._cover[c] = _FREE
-        if self._group and stream is not self._group_stream:  # an event on that stream covers its copies
+            cover[c] = _FREE
+        group = self._group
+        if group and stream is not self._group_stream:  # an event on that stream covers its copies
             self._fence_group()
-        self._ring[c, lo:hi] = self._twins[lo:hi]
+        self._ring_slots[c][lo:hi] = self._twins[lo:hi]
         self._backend.memcpy(self._dev_base + lo, self._ring_base + c * self._end + lo, hi - lo, stream.handle)
-        self._group.append(c)
+        group.append(c)
         self._group_stream = stream
-        self._cover[c] = _UNFENCED
-        if len(self._group) >= FENCE_EVERY:
+        cover[c] = _UNFENCED
+        if len(group) >= FENCE_EVERY:
             self._fence_group()
         self._slot = (c + 1) % RING_SLOTS
         self.uploads += 1

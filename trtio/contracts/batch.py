@@ -262,9 +262,9 @@ class BatchSteps(StepInputs):
         """The parents, with the round's lengths and root rows on its first level; the device writes the
         start index and context lengths from them. A parent's draft hidden row is its node's row."""
         step = self.step
-        if plan.n0 == 0:
+        if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
             step.write("draft_roots", plan.roots)
-        step.write("tree_past", plan.past)
+            step.write("tree_past", plan.past)
         step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds

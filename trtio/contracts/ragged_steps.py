@@ -345,14 +345,13 @@ class RaggedSteps(StepInputs):
         nodes' positions. A parent's draft hidden row is the previous level's output row."""
         step = self.step
         b, w = plan.batch, tree.width
-        if plan.pages is not None:
+        if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
             self.write_pages(e, plan.pages)
-        if plan.n0 == 0:
             step.write("draft_roots", plan.roots)
-        step.write("query_start_offsets", ramp(b + 1, w))
-        step.write("past_lengths", plan.past)
-        step.write("attention_sequence_lengths", plan.asl)
-        step.write("state_indices", self.slot_ids(b, plan.slots))
+            step.write("query_start_offsets", ramp(b + 1, w))
+            step.write("past_lengths", plan.past)
+            step.write("attention_sequence_lengths", plan.asl)
+            step.write("state_indices", self.slot_ids(b, plan.slots))
         step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
         step.upload(s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds

@@ -352,11 +352,12 @@ class SetupBase(Closeable, abc.ABC):
         return order, seqs.order_key, lengths, whole
 
     def _pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
-               s: Stream) -> tuple[StepPages | None, np.ndarray | None]:
+               s: Stream, start_list: list[int] | None = None) -> tuple[StepPages | None, np.ndarray | None]:
         """Take the pages a step writes (``width`` tokens from ``starts`` on for each slot of ``order``; a
         CapacityError before anything changes when the pool is short) and enqueue the copies of shared pages it
         writes. Returns the plan that took pages (None: none taken), which the caller undoes if the step raises
-        later, and the step's page-table rows (None where pages are not staged per step)."""
+        later, and the step's page-table rows (None where pages are not staged per step). ``start_list``:
+        ``starts`` as ints, where the caller has them."""
         seqs = self._seqs
         if not seqs.slotted:
             return None, None
@@ -364,7 +365,9 @@ class SetupBase(Closeable, abc.ABC):
         plan = None
         if width:  # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
             limit = table.limit.tolist()
-            if any(start + width > limit[slot] for slot, start in zip(key, starts.tolist())):
+            if start_list is None:
+                start_list = starts.tolist()
+            if any(start + width > limit[slot] for slot, start in zip(key, start_list)):
                 plan = table.ensure(order, starts, width)
         if plan is None:
             return None, seqs.step_rows(e.role, key)

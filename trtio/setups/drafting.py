@@ -23,7 +23,6 @@ from trtio.memory import HostStaging
 from trtio.ops import Copy2D, Zero, fuse
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine
-from trtio.staging import constant
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
@@ -52,6 +51,7 @@ class DraftTree:
         self._parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
+        self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
         self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
         self._level_copies: BoundedCache[tuple[int, ...], Copy2D] = BoundedCache()  # copies in a level's graph
@@ -106,19 +106,25 @@ class DraftTree:
         return par
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
-                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        """Stage the level of ``x`` ([b, k, hidden] embeddings, checked) hanging off ``par`` (:meth:`check`)
-        after ``past`` cached tokens, and return its device work in the fewest kernels. The tree holds the
-        level once :meth:`grow` says its step succeeded: a step that fails leaves the tree as it was.
-        ``roots``: each sequence's root hidden row (read on a round's first level)."""
-        shape = x.shape
-        b, k = int(shape[0]), int(shape[1])
+                slots: np.ndarray | None = None, pages: np.ndarray | None = None, *, batch: int | None = None,
+                nodes: int | None = None) -> tuple[DeviceWork, ...]:
+        """Stage the level of ``x`` ([b, k, hidden] embeddings, checked; ``batch`` and ``nodes``: its b and k,
+        where the caller has them) hanging off ``par`` (:meth:`check`) after ``past`` cached tokens, and return
+        its device work in the fewest kernels. The tree holds the level once :meth:`grow` says its step
+        succeeded: a step that fails leaves the tree as it was. ``roots``: each sequence's root hidden row (read
+        on a round's first level only)."""
+        if batch is None or nodes is None:
+            shape = x.shape
+            batch, nodes = int(shape[0]), int(shape[1])
+        b, k = batch, nodes
         n0 = self.nodes
         embeds, source = self._stage_embeds(x, b, n0, k, s)
         if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
             zeros = self._round_zeros(b)
-            past32 = constant(past.astype(np.int32))
-            lengths = (past32, constant(past32 + np.int32(self.width)))
+            past32 = past.astype(np.int32)  # new arrays of their own: made constants in place
+            asl = past32 + np.int32(self.width)
+            past32.flags.writeable = asl.flags.writeable = False
+            lengths = (past32, asl)
         else:
             zeros, lengths = (), self._round_lengths
         move = self._move(b, k)
@@ -127,11 +133,21 @@ class DraftTree:
         self._staged = (par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
         return self._fuse(embeds, zeros, level, move)
 
+    def round_past(self, lengths: list[int]) -> np.ndarray | None:
+        """The int32 constant of the cached lengths this round's levels staged, where they are ``lengths`` (a
+        verify's, whose base caches as far as the draft between rounds): the step block may hold it already.
+        None before a level ran or where the lengths differ."""
+        if self.nodes and lengths == self._round_list:
+            return self._round_lengths[0]
+        return None
+
     def grow(self) -> None:
         """The level :meth:`propose` staged joins the tree (its step succeeded)."""
         staged = self._staged
         assert staged is not None, "grow() follows propose()"
         parents, n0, k, self._round_lengths, source = staged
+        if n0 == 0:
+            self._round_list = self._round_lengths[0].tolist()
         self._parents.append(parents)
         self.nodes = n0 + k
         self._level = (n0, k)
@@ -178,7 +194,7 @@ class DraftTree:
         dst, w = self._io.inputs_embeds, self.width
         row = self._row_bytes
         if isinstance(x, Tensor):
-            args = (dst._ptr + n0 * row, w * row, x.data_ptr, k * row, k * row, b)
+            args = (dst._ptr + n0 * row, w * row, x._ptr, k * row, k * row, b)  # x was checked open (_embeds)
             last, seen = self._level_sources.get(n0, ((), 0))
             seen = seen + 1 if last == args else 1
             if seen > _STABLE_ROUNDS:

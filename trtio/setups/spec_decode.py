@@ -60,6 +60,8 @@ from trtio.tensor import Tensor
 
 __all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
 
+_NO_ROOTS = np.zeros(0, np.int64)  # a later proposal level's roots: only a round's first level reads them
+
 
 class SpecDecodeSetup(SetupBase):
     """A spec-decode base + draft sharing one PipelineIO (see module docstring).
@@ -138,6 +140,9 @@ class SpecDecodeSetup(SetupBase):
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
         self._accepted_list: list[int] = []  # the path lengths as ints
+        # A round's first proposal level's slots, their key, cached lengths and page-table rows (its later levels'):
+        self._round_step: tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None] = (
+            np.zeros(0, np.int64), (), np.zeros(0, np.int64), None)
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -269,19 +274,27 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"inputs_embeds: batch {nb} differs from the prefill's batch {b}")
         tree = self._tree
         par = tree.check(self._host_input(parents, "parents"), b, k)
-        order, key, past, _whole = self._step_lengths(e)
-        cap, w = e.cfg.max_kv_cache_capacity, tree.width
-        if tree.nodes == 0 and int(past.max()) + w > cap:  # a round's levels all write after the lengths it started at
-            i = int(np.argmax(past))
-            raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and a "
-                             f"proposal round writes {w} more, past max_kv_cache_capacity ({cap})")
+        w = tree.width
+        first = tree.nodes == 0
+        if first:
+            order, key, past, _whole = self._step_lengths(e)
+            cap = e.cfg.max_kv_cache_capacity
+            have = past.tolist()
+            if max(have) + w > cap:  # a round's levels all write after the lengths it started at
+                i = int(np.argmax(past))
+                raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and a "
+                                 f"proposal round writes {w} more, past max_kv_cache_capacity ({cap})")
+        else:  # nothing moves the sequences, lengths or pages between a round's levels: its first level's
+            order, key, past, pages = self._round_step
         dims = self._dims(e, "proposal", b, w, k)
         # Everything is checked: from here on pages are taken (a round's first level) and work is enqueued.
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, past, w if tree.nodes == 0 else 0, s)
+        taken = None
+        if first:
+            taken, pages = self._pages(e, order, key, past, w, s, have)
         try:
-            before = tree.propose(x, par, past, self._roots.rows[order], s, order if self._seqs.slotted else None,
-                                  pages)
+            before = tree.propose(x, par, past, self._roots.rows[order] if first else _NO_ROOTS, s,
+                                  order if self._seqs.slotted else None, pages, batch=b, nodes=k)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
@@ -290,6 +303,8 @@ class SpecDecodeSetup(SetupBase):
                 taken.undo()
             raise
         tree.grow()
+        if first:
+            self._round_step = (order, key, past, pages)
         return self.io.output_logits
 
     # -- verify and accept --------------------------------------------------------------------------
@@ -313,15 +328,18 @@ class SpecDecodeSetup(SetupBase):
                              f"got {list(x.shape)}")
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
-        if max(lengths.tolist()) + n > e.cfg.max_kv_cache_capacity:
+        have = lengths.tolist()
+        if max(have) + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, lengths, n, s)
+        taken, pages = self._pages(e, order, key, lengths, n, s, have)
         try:
             self._upload_embeds(x, s)
-            before = self._steps.tree(e, t.layout, lengths, t.select, s, order if self._seqs.slotted else None, pages)
+            past = self._tree.round_past(have)  # the proposal levels' constant where equal: not staged again
+            before = self._steps.tree(e, t.layout, lengths if past is None else past, t.select, s,
+                                      order if self._seqs.slotted else None, pages)
             e.tensor_map.use_deepstack_zero()
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             e.executor.execute(s, before=before)
