@@ -186,7 +186,7 @@ class LLMSetup(SetupBase):
         ptr = torch_device_input(x, self._backend, s.handle, dst._dtype, st.shape)
         if ptr is None:
             return None
-        self._backend.memcpy(dst._ptr, ptr, dst._dtype.itemsize * st.shape[0] * st.shape[2], s.handle)
+        self._backend.memcpy(dst._ptr, ptr, st.embeds_nbytes, s.handle)
         dst._last_stream = s
         return self._steady_decode(st, dst, s)
 
@@ -336,8 +336,8 @@ class _Steady:
     device work, dims and slots are the same, the device's copy of the lengths is the host's (the step
     advances both), and ``room`` more steps take no page and stay within the KV capacity."""
 
-    __slots__ = ("epoch", "shape", "dtype", "dst", "array", "bytes_view", "nbytes", "lengths", "value", "ones",
-                 "room", "work", "dims", "uploads")
+    __slots__ = ("epoch", "shape", "dtype", "dst", "embeds_nbytes", "array", "bytes_view", "nbytes", "lengths",
+                 "value", "ones", "room", "work", "dims", "uploads")
 
     def __init__(self, epoch: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray, slots: list[int],
                  room: int, work: tuple[DeviceWork, ...], dims: InferenceDims, uploads: int) -> None:
@@ -346,6 +346,7 @@ class _Steady:
         self.shape = shape  # the embeddings a step takes
         self.dtype = dst.dtype.numpy  # their numpy dtype (host inputs)
         self.dst = dst  # io.inputs_embeds: given itself, written in place by the caller
+        self.embeds_nbytes = dst.dtype.nbytes(shape[0] * shape[1] * shape[2])  # the bytes a step's embeddings hold
         self.array = array  # the engine's host lengths (every slot)
         self.bytes_view = array.data.cast("B")
         self.nbytes = array.nbytes
