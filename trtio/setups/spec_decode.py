@@ -401,8 +401,8 @@ class SpecDecodeSetup(SetupBase):
         taken, pages = self._pages(e, order, key, past, a, s)
         try:
             self._upload_embeds(x, s)
-            before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
-                                          order if self._seqs.slotted else None, pages)
+            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
+                                                 order if self._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
@@ -419,7 +419,6 @@ class SpecDecodeSetup(SetupBase):
             np.add(past, acc, out=lengths)
         else:
             e.state.lengths[order] = past + acc
-        roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
             self._roots.rows[order] = roots
         self._accepted = None
