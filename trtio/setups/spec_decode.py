@@ -381,7 +381,8 @@ class SpecDecodeSetup(SetupBase):
         # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
         same = type(given) is list and given == lens and all(type(v) is int for v in given)
         if not same:
-            given = np.asarray(self._host_input(given, "accept_lengths"))
+            if type(given) is not np.ndarray:
+                given = np.asarray(self._host_input(given, "accept_lengths"))
             same = given.shape == (b,) and given.dtype.kind in "iu" and given.tolist() == lens
         if not same:
             checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
