@@ -178,24 +178,26 @@ class AcceptedPaths:
             if not p or p != nodes.get(p[-1]):  # empty, or not the root path of its last node (or none there)
                 return None
             lens.append(len(p))
-        # The commit's rows; the accepted rows from the commit's nodes.
+        # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
         longest = max(lens)
         flat: list[int] = []
         if min(lens) == longest:
-            for p in paths:
-                flat += (0, longest, *p)
+            for p, start in zip(paths, starts.tolist()):
+                flat += (start, longest, *p)
         else:
-            for p, m in zip(paths, lens):
-                flat += (0, m, *p)
+            for p, start, m in zip(paths, starts.tolist(), lens):
+                flat += (start, m, *p)
                 flat += [-1] * (longest - m)
-        moves = np.array(flat, np.int64).reshape(b, 2 + longest)
+        flat += lens
+        out = np.array(flat, np.int64)
+        end = b * (2 + longest)
+        moves, acc = out[:end].reshape(b, 2 + longest), out[end:]
         grid = moves[:, 2:]
         rows = self._firsts(b, tree.nodes) + grid
         if min(lens) != longest:
             rows = np.where(grid >= 0, rows, -1)
-        acc, rows = constant(np.array(lens, np.int64)), constant(rows)
+        acc.flags.writeable = rows.flags.writeable = False  # kept: read-only (rows, its own data, is a constant)
         self._last = (tree, [p.copy() for p in paths], moves, acc, rows)
-        moves[:, 0] = starts
         return moves, acc, rows
 
     def _ends(self, tree: VerifyTree) -> list[dict[int, list[int]]]:
