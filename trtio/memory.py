@@ -333,7 +333,10 @@ class HostStaging(Closeable):
     from there on the step's stream, then records that slot's fence event; an upload never writes a slot
     whose copy may not have run yet: the slot's event is asked first (normally complete), and only where the
     host runs ``slots`` uploads ahead of the device does the upload wait for it (``fence_waits`` counts
-    those). With one slot an upload waits for the previous one whenever the device is behind.
+    those). With one slot an upload waits for the previous one whenever the device is behind. Where the last
+    upload's copy has run already (a runtime that read the step's outputs since), the next upload takes that
+    slot again: its bytes are still in the host's caches, where a slot the ring goes round to is not (a large
+    input, such as a verify tree's embeddings, in between pushes it out).
 
     The pair owns its fence events, not its tensors (they belong to an arena): :meth:`close` destroys the
     events. It follows trtio's close protocol (:mod:`trtio._lifetime`).
@@ -416,7 +419,11 @@ class HostStaging(Closeable):
             raise CapacityError(f"{self._what}: {what} of shape {values.shape} ({n} bytes) do not fit "
                                 f"tensor {self.host.name!r}'s {self.slot_capacity}-byte slots")
         c = self._next
-        if self._state[c]:
+        last = c - 1 if c else self.slots - 1
+        if last != c and self._state[last] == _FENCED and self._fences[last].query():
+            c = last  # the last upload's copy has run: its slot is free, and warm in the host's caches
+            self._state[c] = _FREE
+        elif self._state[c]:
             self._free_slot(c)
         flat = self._flat
         if flat is not None and (values.dtype == flat[c].dtype or values.dtype == self._numpy):

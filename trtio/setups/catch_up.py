@@ -28,12 +28,14 @@ __all__ = ["CatchUp"]
 @dataclass(frozen=True)
 class _Layout:
     """A catch-up's layout for a pattern of accept lengths: the tree step, which rows hold an accepted token
-    ([B, A]), their scratch rows (-1 past each path) and the batch contract's token selection ([B, 1])."""
+    ([B, A]), their scratch rows (-1 past each path), the batch contract's token selection ([B, 1]) and each
+    sequence's root row after it (the contract's ``catch_up_roots``)."""
 
     layout: TreeLayout
     take: np.ndarray
     scratch_rows: np.ndarray
     select: np.ndarray
+    roots: np.ndarray | None
 
 
 class CatchUp:
@@ -49,15 +51,26 @@ class CatchUp:
         self._layouts: BoundedCache[tuple[int, bytes], _Layout] = BoundedCache()
         self._moves: BoundedCache[tuple[int, int], tuple[DeviceWork, DeviceWork, DeviceWork]] = BoundedCache()
         self._fused: BoundedCache[tuple[Any, ...], tuple[DeviceWork, ...]] = BoundedCache()
+        # The last catch-up's (a round repeats it): the accept lengths and width, their layout; the tree step's
+        # work, the moves and the fused work of both.
+        self._last_layout: tuple[np.ndarray, int, _Layout] | None = None
+        self._last_work: tuple[tuple[DeviceWork, ...], tuple[DeviceWork, ...], tuple[DeviceWork, ...]] | None = None
 
     def stage(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray, past: np.ndarray,
-              s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+              s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None
+              ) -> tuple[tuple[DeviceWork, ...], np.ndarray | None]:
         """Stage the catch-up of ``e`` over ``accepted[i]`` tokens per sequence in ``width``-wide rows after
         ``past`` cached ones, its features the base hidden-state ``rows`` [B, L] of the accepted nodes (-1 past
-        each path); returns its device work: the layout, then the RoPE rows, the gather and the zeros in one
-        kernel, then the scatter."""
+        each path); returns its device work (the layout, then the RoPE rows, the gather and the zeros in one
+        kernel, then the scatter) and each sequence's root row once it has run (None: the default rows)."""
         b, a = accepted.shape[0], width
-        found = self._layout(accepted, a)
+        last = self._last_layout
+        if last is not None and last[0] is accepted and last[1] == a:  # accept()'s read-only lengths, kept per paths
+            found = last[2]
+        else:
+            found = self._layout(accepted, a)
+            if not accepted.flags.writeable:
+                self._last_layout = (accepted, a, found)
         # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
         # path), gathered through scratch rows i*P + j (the rows overlap: no in-place gather).
         src = rows
@@ -69,12 +82,16 @@ class CatchUp:
         step.write("row_src", src)
         step.write("row_dst", found.scratch_rows)
         tree = self._steps.tree(e, found.layout, past, found.select, s, slots, pages)
+        work = self._last_work
+        if work is not None and work[0] is tree and work[1] is moves:
+            return work[2], found.roots
         key = (tree, moves)
         before = self._fused.get(key)
         if before is None:
             gather, scatter, zero = moves
             before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
-        return before
+        self._last_work = (tree, moves, before)
+        return before, found.roots
 
     def in_order(self, accepted: np.ndarray, width: int) -> np.ndarray:
         """Where a catch-up of ``width``-wide rows leaves the accepted nodes' features once its scatter has
@@ -98,8 +115,10 @@ class CatchUp:
                                    phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
                                    logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
             scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch + j, -1)
+            roots = self._steps.catch_up_roots(acc.shape[0], a, acc)
             found = self._layouts.put(key, _Layout(layout, constant(take), constant(scratch.reshape(-1)),
-                                                   constant((acc - 1)[:, None].astype(np.int64))))
+                                                   constant((acc - 1)[:, None].astype(np.int64)),
+                                                   None if roots is None else constant(roots)))
         return found
 
     def _gather_scatter(self, e: EngineView, b: int, a: int) -> tuple[DeviceWork, DeviceWork, DeviceWork]:

@@ -399,7 +399,8 @@ class SpecDecodeSetup(SetupBase):
         # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
         same = type(given) is list and given == lens and all(type(v) is int for v in given)
         if not same:
-            given = np.asarray(self._host_input(given, "accept_lengths"))
+            if type(given) is not np.ndarray:
+                given = np.asarray(self._host_input(given, "accept_lengths"))
             same = given.shape == (b,) and given.dtype.kind in "iu" and given.tolist() == lens
         if not same:
             checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
@@ -419,8 +420,8 @@ class SpecDecodeSetup(SetupBase):
         taken, pages = self._pages(e, order, key, past, a, s)
         try:
             self._upload_embeds(x, s)
-            before = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
-                                          order if self._seqs.slotted else None, pages)
+            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
+                                                 order if self._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
@@ -437,7 +438,6 @@ class SpecDecodeSetup(SetupBase):
             np.add(past, acc, out=lengths)
         else:
             e.state.lengths[order] = past + acc
-        roots = self._steps.catch_up_roots(b, a, acc)
         if roots is not None:
             self._roots.rows[order] = roots
         self._accepted = None

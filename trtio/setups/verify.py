@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from trtio.trees import ancestor_mask, validate_tree_mask
 
 __all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
 
+_LISTS, _INTS = {list}, {int}
 _PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
 
 
@@ -125,6 +127,11 @@ class AcceptedPaths:
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(max_batch)[:, None]
         self._first_rows: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()
+        # Per verify tree (by id, kept beside it): each sequence's root path of every node, by the node.
+        self._paths: BoundedCache[int, tuple[VerifyTree, list[dict[int, list[int]]]]] = BoundedCache()
+        # The last paths walked: their tree, a copy of them, the commit rows (starts rewritten per call), the
+        # lengths and the accepted rows.
+        self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def read(self, paths: Sequence[Sequence[int]] | np.ndarray, b: int,
              tree: VerifyTree) -> tuple[np.ndarray, np.ndarray]:
@@ -147,50 +154,75 @@ class AcceptedPaths:
         return grid, acc
 
     def walk(self, paths: Any, b: int, tree: VerifyTree,
-             starts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+             starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree`` (at
-        most MAX_PATH_MOVES + 1 nodes), walked once in Python and laid out for the KV commit and the catch-up:
-        the commit's rows ([b, 2 + longest]: the sequence's cached length ``starts[i]``, the path's length, its
-        nodes padded with -1), the lengths ([b]) and the accepted nodes' rows of the verify step's outputs ([b,
-        longest], -1 past each path), int64 views of one array. None for anything else, which :meth:`read` then
-        refuses or reads."""
-        if type(paths) is not list or len(paths) != b:
-            return None
-        n, lens, walked = tree.nodes, [], 0
-        for p, parents in zip(paths, tree.parent_lists):
-            if type(p) is not list:
+        most MAX_PATH_MOVES + 1 nodes), checked in Python and laid out for the KV commit and the catch-up: the
+        commit's rows ([b, 2 + longest]: the sequence's cached length ``starts[i]``, the path's length, its nodes
+        padded with -1), the lengths ([b]) and the accepted nodes' rows of the verify step's outputs ([b,
+        longest], -1 past each path). None for anything else, which :meth:`read` then refuses or reads.
+
+        A node has one path from the root, so a path is checked as a whole against its last node's (one list
+        comparison). The same paths as the last call's, on the same tree, are laid out once: the lengths and
+        rows are kept read-only (a catch-up's step values) and only the commit rows' starts are written."""
+        if type(paths) is not list or len(paths) != b or set(map(type, paths)) != _LISTS or \
+                set(map(type, chain.from_iterable(paths))) != _INTS:
+            return None  # not b lists of ints only (bools and floats are no nodes: read() names them)
+        last = self._last
+        if last is not None and last[0] is tree and paths == last[1]:
+            moves = last[2]
+            moves[:, 0] = starts
+            return moves, last[3], last[4]
+        ends = self._ends(tree)
+        lens = []
+        for p, nodes in zip(paths, ends):
+            if not p or p != nodes.get(p[-1]):  # empty, or not the root path of its last node (or none there)
                 return None
-            m = len(p)
-            if not 0 < m <= MAX_PATH_MOVES + 1 or type(p[0]) is not int or p[0] != 0:
-                return None
-            walked += m
-            if walked > _PYTHON_PATH_NODES:  # numpy checks many paths faster
-                return None
-            prev = 0
-            for node in p[1:]:
-                if type(node) is not int or not 0 < node < n or parents[node] != prev:
-                    return None
-                prev = node
-            lens.append(m)
+            lens.append(len(p))
         # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
         longest = max(lens)
         flat: list[int] = []
         if min(lens) == longest:
-            for p, start in zip(paths, starts):
+            for p, start in zip(paths, starts.tolist()):
                 flat += (start, longest, *p)
         else:
-            for p, start, m in zip(paths, starts, lens):
+            for p, start, m in zip(paths, starts.tolist(), lens):
                 flat += (start, m, *p)
                 flat += [-1] * (longest - m)
         flat += lens
         out = np.array(flat, np.int64)
         end = b * (2 + longest)
-        moves = out[:end].reshape(b, 2 + longest)
+        moves, acc = out[:end].reshape(b, 2 + longest), out[end:]
         grid = moves[:, 2:]
-        rows = self._firsts(b, n) + grid
+        rows = self._firsts(b, tree.nodes) + grid
         if min(lens) != longest:
             rows = np.where(grid >= 0, rows, -1)
-        return moves, out[end:], rows
+        acc.flags.writeable = rows.flags.writeable = False  # kept: read-only (rows, its own data, is a constant)
+        self._last = (tree, [p.copy() for p in paths], moves, acc, rows)
+        return moves, acc, rows
+
+    def _ends(self, tree: VerifyTree) -> list[dict[int, list[int]]]:
+        """Per sequence of ``tree``: each node's path from the root (at most MAX_PATH_MOVES + 1 nodes; padding
+        nodes and deeper ones have none), by its last node; worked out once per tree (sequences of one parent
+        list share it)."""
+        found = self._paths.get(id(tree))
+        if found is not None and found[0] is tree:
+            return found[1]
+        by_list: dict[tuple[int, ...], dict[int, list[int]]] = {}
+        ends = []
+        for parents in tree.parent_lists:
+            key = tuple(parents)
+            nodes = by_list.get(key)
+            if nodes is None:
+                nodes = by_list[key] = {0: [0]}
+                for c in range(1, len(parents)):
+                    up = [c]  # c and its ancestors, up to the root (a padding node's parent is -1)
+                    while up[-1] > 0 and len(up) <= MAX_PATH_MOVES + 1:
+                        up.append(parents[up[-1]])
+                    if up[-1] == 0 and len(up) <= MAX_PATH_MOVES + 1:
+                        nodes[c] = up[::-1]
+            ends.append(nodes)
+        self._paths.put(id(tree), (tree, ends))
+        return ends
 
     def commit(self, paths: Any, b: int, tree: VerifyTree, state: EngineState, lengths: np.ndarray,
                stream: Stream) -> tuple[np.ndarray, np.ndarray]:
@@ -199,7 +231,7 @@ class AcceptedPaths:
         path lengths and the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each
         path). A runtime's lists of ints take one walk in Python; anything else is read and checked by
         :meth:`read`."""
-        walked = self.walk(paths, b, tree, lengths.tolist())
+        walked = self.walk(paths, b, tree, lengths)
         if walked is not None:
             moves, acc, rows = walked
             state.commit_rows(moves, stream)
