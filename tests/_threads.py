@@ -1,7 +1,9 @@
-"""Test helper: a call made from a second thread while a step of the first is inside its engine."""
+"""Test helpers for threads: a call made from a second thread while a step of the first is inside its engine,
+and calls run on several threads at once with thread switches as frequent as the interpreter allows."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -31,3 +33,18 @@ def from_another_thread_inside(monkeypatch: pytest.MonkeyPatch, call: Callable[[
 
     monkeypatch.setattr(EngineExecutor, "execute", execute)
     return seen
+
+
+def run_at_once(calls: list[Callable[[], Any]]) -> None:
+    """Run each of ``calls`` on a thread of its own, all at once, switching threads as often as the interpreter
+    allows; returns when every thread has ended (each call records its own failures)."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=call) for call in calls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)

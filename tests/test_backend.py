@@ -1,10 +1,10 @@
 import ctypes
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from _threads import run_at_once
 
 import trtio
 from trtio import CudaError, Location
@@ -290,27 +290,19 @@ def test_host_capture_rules_apply_to_the_capturing_thread_only(host):
 
 def test_host_backend_state_is_consistent_under_threads():
     be = HostBackend()
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        def work():
-            for _ in range(300):
-                s = be.create_stream()
-                e = be.create_event()
-                p = be.alloc(256, Location.DEVICE)
-                be.record_event(e, s)
-                be.synchronize_stream(s)
-                be.free(p, Location.DEVICE)
-                be.destroy_event(e)
-                be.destroy_stream(s)
 
-        threads = [threading.Thread(target=work) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
+    def work():
+        for _ in range(300):
+            s = be.create_stream()
+            e = be.create_event()
+            p = be.alloc(256, Location.DEVICE)
+            be.record_event(e, s)
+            be.synchronize_stream(s)
+            be.free(p, Location.DEVICE)
+            be.destroy_event(e)
+            be.destroy_stream(s)
+
+    run_at_once([work] * 8)
     assert be.alloc_count == 8 * 300 and be.sync_count == 8 * 300
     assert (be.live_allocations, be.live_streams, be.live_events) == (0, 0, 0)
 

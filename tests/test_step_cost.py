@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _threads import run_at_once
 
 import trtio
 from trtio import Location, Tensor
@@ -106,6 +107,15 @@ def _start(sd: trtio.SpecDecodeSetup) -> None:
     emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
     sd.base_prefill(emb, lens)
     sd.draft_prefill(emb, lens)
+
+
+def _two_rounds_in(sd: trtio.SpecDecodeSetup) -> list[Tensor]:
+    """Start ``sd`` and run two rounds (every graph captured); returns the level buffers a steady round reuses."""
+    _start(sd)
+    levels = _level_buffers(sd)[0]
+    for r in range(2):
+        _round(sd, r, levels)
+    return levels
 
 
 def _kv(sd: trtio.SpecDecodeSetup) -> dict[str, np.ndarray]:
@@ -241,10 +251,7 @@ def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) 
 def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: trtio.Backend, contract: str) -> None:
     sd = _setup(contract, True)
     try:
-        _start(sd)
-        levels = _level_buffers(sd)[0]
-        for r in range(2):
-            _round(sd, r, levels)
+        levels = _two_rounds_in(sd)
         calls = {e.role: dict(e.executor.context.calls) for e in sd.engines()}
         for _ in range(2):
             allocs, syncs = host.alloc_count, host.sync_count
@@ -377,8 +384,6 @@ def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(h
     allows: every steady decode (its caller viewing io.inputs_embeds as the step's embeddings, a reshape of the
     setup's own tensor just before it) returns with each of its views set back to its own, whatever the other
     thread reshaped meanwhile."""
-    import sys
-
     setups = [_steady_llm(host) for _ in range(2)]
     failures: list[str] = []
     start = threading.Barrier(2)
@@ -401,16 +406,9 @@ def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(h
         finally:
             dev.close()
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=steps, args=pair) for pair in setups]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_at_once([functools.partial(steps, *pair) for pair in setups])
     finally:
-        sys.setswitchinterval(switch)
         for setup, _ in setups:
             setup.close()
     assert failures == []
@@ -680,10 +678,7 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
     What is written is recorded by name, with whether the block already held that very constant."""
     sd = _setup(contract, True)
     try:
-        _start(sd)
-        levels = _level_buffers(sd)[0]
-        for r in range(2):
-            _round(sd, r, levels)
+        levels = _two_rounds_in(sd)
         step = sd._steps.step
         writes: list[tuple[str, bool]] = []
         real_write = step.write
