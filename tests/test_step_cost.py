@@ -240,7 +240,7 @@ def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) 
         ops: dict[str, list[int]] = {}
         for r, levels in enumerate(buffers):
             _round(sd, r, levels, ops if r >= 2 else None)
-        assert ops == {"draft_propose": [3] * (2 * STEPS), "verify": [2, 2], "accept": [2, 2],
+        assert ops == {"draft_propose": [3] * (2 * STEPS), "verify": [1, 1], "accept": [2, 2],
                        "draft_accept": [2, 2]}
         _close(buffers)
     finally:
@@ -721,6 +721,37 @@ def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: trti
         same = tree.round_past(lengths)
         assert same is not None and same.tolist() == lengths and not same.flags.writeable
         assert tree.round_past([n + 1 for n in lengths]) is None
+        for x in levels:
+            x.close()
+    finally:
+        sd.close()
+
+
+def test_a_batch_verify_after_a_catch_up_finds_its_tree_in_the_step_block(host: trtio.Backend,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the batch contract verify stages its tree's constants into names of its own: the catch-up between two
+    verifies of the same tree (paths that differ every round) leaves them in the block, so the later verify
+    makes no staging copy at all (its lengths are the proposal levels')."""
+    sd = _setup("batch", True)
+    try:
+        _start(sd)
+        levels = _level_buffers(sd)[0]
+        for r in range(2):
+            _round(sd, r, levels)
+        step = sd._steps.step
+        uploads: list[int] = []
+        real_verify = sd.verify
+
+        def verify(*args: object, **kwargs: object) -> Tensor:
+            before = step.uploads
+            out = real_verify(*args, **kwargs)  # type: ignore[arg-type]
+            uploads.append(step.uploads - before)
+            return out
+
+        monkeypatch.setattr(sd, "verify", verify)
+        for r in range(2, 4):  # the catch-ups before these verifies staged other paths' trees
+            _round(sd, r, levels)
+        assert uploads == [0, 0]
         for x in levels:
             x.close()
     finally:

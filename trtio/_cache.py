@@ -9,7 +9,7 @@ next time. One whose shapes keep changing must not grow memory without bound: a 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 __all__ = ["CACHE_LIMIT", "BoundedCache"]
 
@@ -20,31 +20,17 @@ _K = TypeVar("_K", bound=Hashable)
 _V = TypeVar("_V")
 
 
-class BoundedCache(Generic[_K, _V]):
-    """A dict of at most :data:`CACHE_LIMIT` entries that forgets the oldest first (see module docstring)."""
+class BoundedCache(dict[_K, _V]):
+    """A dict of at most :data:`CACHE_LIMIT` entries that forgets the oldest first (see module docstring).
 
-    __slots__ = ("_entries",)
+    It is a dict, so a look-up (``get``, ``in``) is the dict's own, with no Python call around it; entries are
+    added through :meth:`put` alone, which keeps the bound."""
 
-    def __init__(self) -> None:
-        self._entries: dict[_K, _V] = {}
-
-    def get(self, key: _K) -> _V | None:
-        """The value kept for ``key``, or None."""
-        return self._entries.get(key)
+    __slots__ = ()
 
     def put(self, key: _K, value: _V) -> _V:
         """Keep ``value`` for ``key`` (forgetting the oldest entry when full); returns ``value``."""
-        entries = self._entries
-        if key not in entries and len(entries) >= CACHE_LIMIT:
-            del entries[next(iter(entries))]
-        entries[key] = value
+        if key not in self and len(self) >= CACHE_LIMIT:
+            del self[next(iter(self))]
+        self[key] = value
         return value
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
-
-    def clear(self) -> None:
-        self._entries.clear()

@@ -227,6 +227,10 @@ def _same_backend(stream: Stream, backend: Backend | str | None) -> Stream:
 def as_stream(stream: StreamLike, backend: Backend | str | None = None) -> Stream:
     """Convert a ``stream=`` argument; None means the calling thread's trtio default stream of ``backend``."""
     if stream is None:
+        if backend is not None and type(backend) is not str:  # a Backend: this thread's stream of it, once made
+            found = _thread_defaults.streams.get(id(backend))
+            if found is not None:
+                return found
         return Stream.default(backend)
     if isinstance(stream, Stream):
         if backend is None or stream._backend is backend:

@@ -166,7 +166,14 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
             TensorRequest.of("tree_mask", (b * p, words), i32),
             TensorRequest.of("tree_select", (b * p,), DType.INT64),
             TensorRequest.of("row_src", (b * seq,), i32),
-            TensorRequest.of("row_dst", (b * seq,), i32)]
+            TensorRequest.of("row_dst", (b * seq,), i32),
+            # The base's tree step (verify) has names of its own: the catch-up between two verifies writes the
+            # draft's into the tree_* names, and the verify tree's constants stay in the block while they repeat.
+            # Last in the block, so a catch-up's upload (tree_past .. row_dst) does not copy them.
+            TensorRequest.of("verify_lengths", (b,), i32),
+            TensorRequest.of("verify_depths", (b * p,), i32),
+            TensorRequest.of("verify_mask", (b * p, words), i32),
+            TensorRequest.of("verify_select", (b * p,), DType.INT64)]
     return PipelineLayout(
         "PipelineIO(spec_decode)", reqs, step, max_batch=b, max_seq=seq, hidden_size=h, is_spec_decode=True,
         num_deepstack=base.num_deepstack_features, members=("row_scratch", "row_src", "row_dst"),
@@ -175,6 +182,11 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
         staging_pairs=(("mask", "host_packed_attention_mask", "packed_attention_mask"),
                        ("position_ids", "host_spec_decode_position_ids", "spec_decode_position_ids"),
                        ("select", "host_spec_select_token_indices", "select_token_indices")))
+
+
+# A tree step's constants, written together (HostStaging.write_group): the base's (verify) and the draft's (catch-up).
+_VERIFY_GROUP = ("verify_lengths", "verify_depths", "verify_mask", "verify_select")
+_TREE_GROUP = ("tree_lengths", "tree_depths", "tree_mask", "tree_select")
 
 
 class BatchSteps(StepInputs):
@@ -235,7 +247,7 @@ class BatchSteps(StepInputs):
             plan = (layout, select, (layout.query_lengths, layout.tree_depths, layout.packed_mask, select), found)
             self._tree_plans.put((e.role, id(layout)), plan)
         step.write("tree_past", past)
-        step.write_group(("tree_lengths", "tree_depths", "tree_mask", "tree_select"), plan[2])
+        step.write_group(_VERIFY_GROUP if e.role == "base" else _TREE_GROUP, plan[2])
         step.upload(s)
         return plan[3]
 
@@ -243,10 +255,11 @@ class BatchSteps(StepInputs):
         found = self._targets.get(e.role)
         if found is None:
             t, io = self.step.tensors, self.io
+            lengths, depths, mask, select = (t[n] for n in (_VERIFY_GROUP if e.role == "base" else _TREE_GROUP))
             found = self._targets[e.role] = TreeTargets(
-                t["tree_past"], t["tree_lengths"], t["tree_depths"], start=e.state.kv_lengths, ctx=io.context_lengths,
-                ids=io.spec_decode_position_ids, mask_src=t["tree_mask"], mask_dst=io.packed_attention_mask,
-                select_src=t["tree_select"], select_dst=io.select_token_indices)
+                t["tree_past"], lengths, depths, start=e.state.kv_lengths, ctx=io.context_lengths,
+                ids=io.spec_decode_position_ids, mask_src=mask, mask_dst=io.packed_attention_mask,
+                select_src=select, select_dst=io.select_token_indices)
         return found
 
     def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,

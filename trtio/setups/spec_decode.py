@@ -175,9 +175,10 @@ class SpecDecodeSetup(SetupBase):
         return EngineGraphStats(self.engines())
 
     def _need_batch(self) -> int:
-        if self._seqs.count == 0:
+        count = self._seqs.count
+        if count == 0:
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
-        return self._seqs.count
+        return count
 
     def _in_round(self) -> bool:
         return self._tree.nodes > 0 or self._verified is not None or self._accepted is not None
