@@ -122,6 +122,23 @@ def test_the_last_paths_again_take_the_new_starts_and_are_checked_again_on_anoth
     assert walked is not None and walked[0].tolist() == [[8, 3, 0, 1, 2], [11, 2, 0, 1, -1]]
 
 
+def test_paths_that_change_are_laid_out_afresh_and_paths_that_repeat_are_kept_read_only() -> None:
+    """Paths new since the last call get arrays of their own, left writable (kept by no one); the same paths
+    again return the same lengths and rows, read-only from then on (a catch-up keeps its layout by them), and
+    the next new paths leave those as they were."""
+    paths = AcceptedPaths(2)
+    tree = VerifyTrees().get([-1, 0, 1, 1], 2)
+    first = paths.walk([[0, 1, 3], [0, 1]], 2, tree, np.array([5, 9]))
+    assert first is not None and first[1].flags.writeable and first[2].flags.writeable
+    again = paths.walk([[0, 1, 3], [0, 1]], 2, tree, np.array([6, 9]))
+    assert again is not None and again[1] is first[1] and again[2] is first[2]
+    assert not again[1].flags.writeable and not again[2].flags.writeable
+    other = paths.walk([[0, 1], [0, 1, 2]], 2, tree, np.array([7, 9]))
+    assert other is not None and other[1] is not again[1] and other[1].flags.writeable
+    assert other[1].tolist() == [2, 3] and other[2].tolist() == [[0, 1, -1], [4, 5, 6]]
+    assert again[1].tolist() == [3, 2] and again[2].tolist() == [[0, 1, 3], [4, 5, -1]]
+
+
 def _spec(device: str = "host"):  # type: ignore[no-untyped-def]
     b = bundle(draft_vocab=512, verify_size=6, max_verify=8, max_proposal=8, top_k=2, step=3)
     bw = ToyWeights.generate(b.base, 0)

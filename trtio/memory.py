@@ -374,6 +374,9 @@ class HostStaging(Closeable):
             for ev in self._fences:
                 ev.close()
             raise
+        # The events' handles, asked and recorded on the backend directly: the pair's own, open until close().
+        self._backend = backend
+        self._fence_handles = [ev.handle for ev in self._fences]
         self._state = [_FREE] * self.slots  # per slot: free, fenced (its event follows its copy), or unfenced
         self._next = 0  # the slot of the next upload
         self.fence_waits = 0  # host waits the fence forced (telemetry)
@@ -400,7 +403,7 @@ class HostStaging(Closeable):
         """Slot ``c``'s copy was enqueued on ``s``: record its fence and move on to the next slot."""
         self._next = (c + 1) % self.slots
         try:
-            self._fences[c].record(s)
+            self._backend.record_event(self._fence_handles[c], s.handle)
         except BaseException:
             self._state[c] = _UNFENCED  # its next upload must not overwrite it under the copy
             raise
@@ -420,10 +423,11 @@ class HostStaging(Closeable):
                                 f"tensor {self.host.name!r}'s {self.slot_capacity}-byte slots")
         c = self._next
         last = c - 1 if c else self.slots - 1
-        if last != c and self._state[last] == _FENCED and self._fences[last].query():
+        state = self._state
+        if last != c and state[last] == _FENCED and self._backend.query_event(self._fence_handles[last]):
             c = last  # the last upload's copy has run: its slot is free, and warm in the host's caches
-            self._state[c] = _FREE
-        elif self._state[c]:
+            state[c] = _FREE
+        elif state[c]:
             self._free_slot(c)
         flat = self._flat
         if flat is not None and (values.dtype == flat[c].dtype or values.dtype == self._numpy):
@@ -442,18 +446,21 @@ class HostStaging(Closeable):
         False (its view stays: whoever binds it sets it, and the values land at its start)."""
         if self._closed:
             self._check_open()
-        values = np.asarray(values)
+        if type(values) is not np.ndarray:
+            values = np.asarray(values)
         dev = self.device
-        if values.nbytes > self.slot_capacity:
+        n = values.nbytes
+        if n > self.slot_capacity:
             self._stage(values, "values")  # refused, naming the staging tensor
-        if reshape and dev._shape != values.shape:
-            dev.reshape(values.shape)  # within its capacity, or CapacityError naming the tensor
-        elif not reshape and values.nbytes > dev.capacity:
+        if reshape:
+            if dev._shape != values.shape:
+                dev.reshape(values.shape)  # within its capacity, or CapacityError naming the tensor
+        elif n > dev.capacity:
             dev.reshape(values.shape)  # refused, naming the tensor
-        s = as_stream(stream, dev.backend)
+        s = as_stream(stream, self._backend)
         c, n = self._stage(values, "values")
         if n:
-            dev.backend.memcpy(dev.data_ptr, self._base + c * self.slot_capacity, n, s.handle)
+            self._backend.memcpy(dev.data_ptr, self._base + c * self.slot_capacity, n, s.handle)
         dev._last_stream = s
         self._fenced(c, s)
         return dev

@@ -28,14 +28,16 @@ __all__ = ["CatchUp"]
 @dataclass(frozen=True)
 class _Layout:
     """A catch-up's layout for a pattern of accept lengths: the tree step, which rows hold an accepted token
-    ([B, A]), their scratch rows (-1 past each path), the batch contract's token selection ([B, 1]) and each
-    sequence's root row after it (the contract's ``catch_up_roots``)."""
+    ([B, A]), their scratch rows (-1 past each path), the batch contract's token selection ([B, 1]), each
+    sequence's root row after it (the contract's ``catch_up_roots``) and the moves of its shape
+    (:meth:`CatchUp._gather_scatter`)."""
 
     layout: TreeLayout
     take: np.ndarray
     scratch_rows: np.ndarray
     select: np.ndarray
     roots: np.ndarray | None
+    moves: tuple[DeviceWork, DeviceWork, DeviceWork]
 
 
 class CatchUp:
@@ -68,7 +70,7 @@ class CatchUp:
         if last is not None and last[0] is accepted and last[1] == a:  # accept()'s read-only lengths, kept per paths
             found = last[2]
         else:
-            found = self._layout(accepted, a)
+            found = self._layout(e, accepted, a)
             if not accepted.flags.writeable:
                 self._last_layout = (accepted, a, found)
         # The draft's features: row i*a + j = the base's row of accepted node j of sequence i (zeros past the
@@ -77,7 +79,7 @@ class CatchUp:
         if src.shape[1] != a:
             src = np.full((b, a), -1, np.int64)
             src[:, :rows.shape[1]] = rows
-        moves = self._gather_scatter(e, b, a)
+        moves = found.moves
         step = self._steps.step
         step.write("row_src", src)
         step.write("row_dst", found.scratch_rows)
@@ -102,7 +104,7 @@ class CatchUp:
         rows = self._batch_rows[:accepted.shape[0]] * width + j
         return np.where(j < accepted[:, None], rows, -1)
 
-    def _layout(self, acc: np.ndarray, a: int) -> _Layout:
+    def _layout(self, e: EngineView, acc: np.ndarray, a: int) -> _Layout:
         """A catch-up's rows: causal over each sequence's accepted tokens, logits (the batch contract's token
         selection) at the last one, the accepted rows' scratch rows; remembered per (width, accept lengths)."""
         key = (a, acc.tobytes())
@@ -118,7 +120,8 @@ class CatchUp:
             roots = self._steps.catch_up_roots(acc.shape[0], a, acc)
             found = self._layouts.put(key, _Layout(layout, constant(take), constant(scratch.reshape(-1)),
                                                    constant((acc - 1)[:, None].astype(np.int64)),
-                                                   None if roots is None else constant(roots)))
+                                                   None if roots is None else constant(roots),
+                                                   self._gather_scatter(e, acc.shape[0], a)))
         return found
 
     def _gather_scatter(self, e: EngineView, b: int, a: int) -> tuple[DeviceWork, DeviceWork, DeviceWork]:

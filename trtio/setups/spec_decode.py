@@ -411,14 +411,14 @@ class SpecDecodeSetup(SetupBase):
             i = lens.index(max(lens))
             raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
         dims = self._dims(e, "accept", b, a)
-        order, key, lengths, whole = self._step_lengths(e)
-        past = lengths.copy()
-        if max(past.tolist()) + a > e.cfg.max_kv_cache_capacity:
+        order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
+        have = past.tolist()
+        if max(have) + a > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, past, a, s)
+        taken, pages = self._pages(e, order, key, past, a, s, have)
         try:
             self._upload_embeds(x, s)
             before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
@@ -435,12 +435,14 @@ class SpecDecodeSetup(SetupBase):
             if taken is not None:
                 taken.undo()
             raise
-        if whole:
-            np.add(past, acc, out=lengths)
+        if whole:  # a view of the state's lengths (slots 0 .. b - 1)
+            past += acc
+            if roots is not None:
+                self._roots.rows[:b] = roots
         else:
             e.state.lengths[order] = past + acc
-        if roots is not None:
-            self._roots.rows[order] = roots
+            if roots is not None:
+                self._roots.rows[order] = roots
         self._accepted = None
         self._start_round()
         return self.io.output_logits

@@ -26,6 +26,7 @@ from trtio.trees import ancestor_mask, validate_tree_mask
 __all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
 
 _LISTS, _INTS = {list}, {int}
+_PADDING = [(-1,) * n for n in range(MAX_PATH_MOVES + 1)]  # a shorter path's padding in the commit's rows
 _PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
 
 
@@ -127,11 +128,13 @@ class AcceptedPaths:
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(max_batch)[:, None]
         self._first_rows: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()
-        # Per verify tree (by id, kept beside it): each sequence's root path of every node, by the node.
-        self._paths: BoundedCache[int, tuple[VerifyTree, list[dict[int, list[int]]]]] = BoundedCache()
+        # Per verify tree (by id, kept beside it): each sequence's root path of every node, by the node, and
+        # each sequence's first row.
+        self._paths: BoundedCache[int, tuple[VerifyTree, list[dict[int, list[int]]], np.ndarray]] = BoundedCache()
         # The last paths walked: their tree, a copy of them, the commit rows (starts rewritten per call), the
-        # lengths and the accepted rows.
-        self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray] | None = None
+        # lengths, the accepted rows, and the tree's root paths and first rows (:meth:`_ends`).
+        self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray,
+                          list[dict[int, list[int]]], np.ndarray] | None = None
 
     def read(self, paths: Sequence[Sequence[int]] | np.ndarray, b: int,
              tree: VerifyTree) -> tuple[np.ndarray, np.ndarray]:
@@ -162,51 +165,54 @@ class AcceptedPaths:
         longest], -1 past each path). None for anything else, which :meth:`read` then refuses or reads.
 
         A node has one path from the root, so a path is checked as a whole against its last node's (one list
-        comparison). The same paths as the last call's, on the same tree, are laid out once: the lengths and
-        rows are kept read-only (a catch-up's step values) and only the commit rows' starts are written."""
+        comparison for the batch). The same paths as the last call's, on the same tree, are laid out once: only
+        the commit rows' starts are written, and from their first repeat on the lengths and rows are read-only
+        (a catch-up's step values, kept while the paths repeat); paths that change every call pay no more than
+        their layout."""
         if type(paths) is not list or len(paths) != b or set(map(type, paths)) != _LISTS or \
                 set(map(type, chain.from_iterable(paths))) != _INTS:
             return None  # not b lists of ints only (bools and floats are no nodes: read() names them)
         last = self._last
-        if last is not None and last[0] is tree and paths == last[1]:
-            moves = last[2]
-            moves[:, 0] = starts
-            return moves, last[3], last[4]
-        ends = self._ends(tree)
-        lens = []
-        for p, nodes in zip(paths, ends):
-            if not p or p != nodes.get(p[-1]):  # empty, or not the root path of its last node (or none there)
-                return None
-            lens.append(len(p))
+        if last is not None and last[0] is tree:
+            if paths == last[1]:
+                moves, acc, rows = last[2], last[3], last[4]
+                if acc.flags.writeable:  # the paths repeat: their layout is kept, read-only from here on
+                    acc.flags.writeable = rows.flags.writeable = False
+                moves[:, 0] = starts
+                return moves, acc, rows
+            ends, firsts = last[5], last[6]
+        else:
+            ends, firsts = self._ends(tree, b)
+        lens = [*map(len, paths)]
+        shortest, longest = min(lens), max(lens)
+        # Each path the root path of its last node (none there: padding, deeper than a commit moves, no node).
+        if not shortest or paths != [nodes.get(p[-1]) for p, nodes in zip(paths, ends)]:
+            return None
         # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
-        longest = max(lens)
         flat: list[int] = []
-        if min(lens) == longest:
+        if shortest == longest:
             for p, start in zip(paths, starts.tolist()):
                 flat += (start, longest, *p)
         else:
             for p, start, m in zip(paths, starts.tolist(), lens):
-                flat += (start, m, *p)
-                flat += [-1] * (longest - m)
+                flat += (start, m, *p, *_PADDING[longest - m])
         flat += lens
         out = np.array(flat, np.int64)
         end = b * (2 + longest)
         moves, acc = out[:end].reshape(b, 2 + longest), out[end:]
         grid = moves[:, 2:]
-        rows = self._firsts(b, tree.nodes) + grid
-        if min(lens) != longest:
-            rows = np.where(grid >= 0, rows, -1)
-        acc.flags.writeable = rows.flags.writeable = False  # kept: read-only (rows, its own data, is a constant)
-        self._last = (tree, [p.copy() for p in paths], moves, acc, rows)
+        # Node j of sequence i at row i * nodes + j; padding (-1) stays -1 (no first row added to it).
+        rows = firsts + grid if shortest == longest else grid + firsts * (grid >= 0)  # its own data
+        self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, ends, firsts)
         return moves, acc, rows
 
-    def _ends(self, tree: VerifyTree) -> list[dict[int, list[int]]]:
+    def _ends(self, tree: VerifyTree, b: int) -> tuple[list[dict[int, list[int]]], np.ndarray]:
         """Per sequence of ``tree``: each node's path from the root (at most MAX_PATH_MOVES + 1 nodes; padding
         nodes and deeper ones have none), by its last node; worked out once per tree (sequences of one parent
-        list share it)."""
+        list share it). With each sequence's first row of the verify step (``[b, 1]``)."""
         found = self._paths.get(id(tree))
         if found is not None and found[0] is tree:
-            return found[1]
+            return found[1], found[2]
         by_list: dict[tuple[int, ...], dict[int, list[int]]] = {}
         ends = []
         for parents in tree.parent_lists:
@@ -221,8 +227,9 @@ class AcceptedPaths:
                     if up[-1] == 0 and len(up) <= MAX_PATH_MOVES + 1:
                         nodes[c] = up[::-1]
             ends.append(nodes)
-        self._paths.put(id(tree), (tree, ends))
-        return ends
+        firsts = self._firsts(b, tree.nodes)
+        self._paths.put(id(tree), (tree, ends, firsts))
+        return ends, firsts
 
     def commit(self, paths: Any, b: int, tree: VerifyTree, state: EngineState, lengths: np.ndarray,
                stream: Stream) -> tuple[np.ndarray, np.ndarray]:
