@@ -30,6 +30,14 @@ _PADDING = [(-1,) * n for n in range(MAX_PATH_MOVES + 1)]  # a shorter path's pa
 _PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
 
 
+def _accepted_rows(firsts: np.ndarray, grid: np.ndarray, full: bool) -> np.ndarray:
+    """The verify step's output rows of accepted nodes ``grid`` ([b, longest], -1 past each path; ``full``: no
+    path is shorter), each sequence's first row ``firsts`` ([b, 1]) added: node j of sequence i at row
+    i * nodes + j, padding -1 (an array of its own)."""
+    rows: np.ndarray = firsts + grid if full else grid + firsts * (grid >= 0)
+    return rows
+
+
 @dataclass(frozen=True)
 class VerifyTree:
     """A checked verify tree, laid out for both contracts: packed rows, depths, parents, real rows."""
@@ -201,8 +209,7 @@ class AcceptedPaths:
         end = b * (2 + longest)
         moves, acc = out[:end].reshape(b, 2 + longest), out[end:]
         grid = moves[:, 2:]
-        # Node j of sequence i at row i * nodes + j; padding (-1) stays -1 (no first row added to it).
-        rows = firsts + grid if shortest == longest else grid + firsts * (grid >= 0)  # its own data
+        rows = _accepted_rows(firsts, grid, shortest == longest)
         self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, ends, firsts)
         return moves, acc, rows
 
@@ -245,8 +252,7 @@ class AcceptedPaths:
             return acc, rows
         grid, acc = self.read(paths, b, tree)
         state.commit_grid(lengths, grid, acc, stream)
-        rows = self._firsts(b, tree.nodes) + grid
-        return acc, rows if int(acc.min()) == grid.shape[1] else np.where(grid >= 0, rows, -1)
+        return acc, _accepted_rows(self._firsts(b, tree.nodes), grid, int(acc.min()) == grid.shape[1])
 
     def _firsts(self, b: int, n: int) -> np.ndarray:
         """``[b, 1]``: each sequence's first row of a verify step of ``n`` nodes."""
