@@ -338,6 +338,59 @@ def test_extent_one_dimensions_may_have_any_stride(fake: FakeCudaBackend) -> Non
     assert isinstance(got, Tensor) and got.data_ptr == src.data_ptr
 
 
+def _aligned_cpu_tensor(dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A contiguous CPU torch tensor at a 256-byte aligned address (a view into a larger one)."""
+    count = int(np.prod(shape))
+    base = torch.zeros(count + 256, dtype=dtype)
+    skip = (-base.data_ptr() % 256) // base.element_size()
+    return base[skip:skip + count].view(shape)
+
+
+@needs_torch
+def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
+    """The capsule-less read a steady decode makes of a torch input (trtio.foreign.TorchDeviceInput), run on CPU
+    tensors: the fake cuda backend on "device -1" (what get_device() says of a host tensor) stands in for a GPU,
+    and torch's current stream is the test's. Everything DLPack would refuse, or the step could not take as it
+    is, is passed over (None, nothing ordered); a producer on another stream is ordered before the step's."""
+    from trtio.dtypes import DType
+    from trtio.foreign import torch_device_input
+
+    assert torch_device_input(HostBackend(), DType.FLOAT16, (2, 1, 8)) is None, "the host backend takes no reader"
+    fake = FakeCudaBackend(device_id=-1)
+    half = torch_device_input(fake, DType.FLOAT16, (2, 1, 8))
+    single = torch_device_input(fake, DType.FLOAT32, (2, 1, 8))
+    assert half is not None and single is not None
+    torch_stream, step_stream = fake.create_stream(), fake.create_stream()
+    current = {-1: torch_stream}
+    half._current_stream = single._current_stream = lambda index: current.get(index, -99)
+    x = _aligned_cpu_tensor(torch.float16, (2, 1, 8))
+    assert half.read(x, torch_stream) == x.data_ptr() and fake.orders == [], "torch on the step's stream: no event"
+    assert half.read(x, step_stream) == x.data_ptr()
+    assert fake.orders == [("record", torch_stream), ("wait", step_stream)]
+    fake.orders.clear()
+
+    class Sub(torch.Tensor):
+        pass
+
+    passed_over = {
+        "another dtype": (half, _aligned_cpu_tensor(torch.float32, (2, 1, 8))),
+        "another shape": (half, x.view(2, 8)),
+        "a 4-D shape": (half, x.view(2, 1, 1, 8)),
+        "a strided view": (half, _aligned_cpu_tensor(torch.float16, (2, 1, 16))[..., ::2]),
+        "a gradient": (half, _aligned_cpu_tensor(torch.float16, (2, 1, 8)).requires_grad_()),
+        "the negative bit": (single, torch._neg_view(_aligned_cpu_tensor(torch.float32, (2, 1, 8)))),
+        "a misaligned address": (half, torch.zeros(16 + 256, dtype=torch.float16)[
+            (-x.data_ptr() % 256) // 2 + 1:][:16].view(2, 1, 8)),
+        "a subclass": (half, x.as_subclass(Sub)),
+        "another device": (torch_device_input(FakeCudaBackend(device_id=0), DType.FLOAT16, (2, 1, 8)), x),
+    }
+    for what, (reader, t) in passed_over.items():
+        assert reader is not None
+        assert reader.read(t, step_stream) is None, what
+    assert fake.orders == [], "nothing passed over was ordered"
+    assert single.read(_aligned_cpu_tensor(torch.float32, (2, 1, 8)), torch_stream) is not None, "float32 is read"
+
+
 # -- CUDA array interface ---------------------------------------------------------------------------
 
 

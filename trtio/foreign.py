@@ -389,59 +389,60 @@ def _order_after(be: Backend, producer: int, consumer: int) -> None:
 # -- torch's CUDA tensors, without a capsule ----------------------------------------------------------
 
 
-class _TorchReader:
-    """What :func:`torch_device_input` reads from an imported torch: its tensor type, its dtype of each trtio
-    dtype (by the trtio dtype's ``id``: an enum's own hash is a Python call), and its current stream of a device
-    (``torch._C._cuda_getCurrentRawStream``, what torch's own compiled code calls, where this torch has it; else
-    the public ``torch.cuda.current_stream``)."""
+class TorchDeviceInput:
+    """A plain torch CUDA tensor of one shape and dtype on one device, read as DLPack would export it, without
+    its capsule (what a steady decode fed torch's tensors reads: see :func:`torch_device_input`). Made once per
+    step shape; :meth:`read` then pays only torch's own attribute reads, and no event where torch runs on the
+    step's stream (``torch.cuda.ExternalStream(stream.handle)``)."""
 
-    __slots__ = ("tensor_type", "dtypes", "current_stream")
+    __slots__ = ("tensor_type", "_dtype", "_shape", "_device", "_backend", "_current_stream")
 
-    def __init__(self, torch: Any) -> None:
+    def __init__(self, torch: Any, torch_dtype: Any, shape: tuple[int, ...], be: Backend) -> None:
         self.tensor_type = torch.Tensor
-        names = {DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16",
-                 DType.INT8: "int8", DType.INT32: "int32", DType.INT64: "int64", DType.UINT8: "uint8",
-                 DType.BOOL: "bool"}
-        self.dtypes = {id(dt): getattr(torch, n) for dt, n in names.items() if hasattr(torch, n)}
+        self._dtype = torch_dtype
+        self._shape = shape
+        self._device = be.device_id
+        self._backend = be
+        # torch's current stream of a device: what torch's own compiled code calls, where this torch has it.
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self.current_stream: Any = raw if raw is not None else \
+        self._current_stream: Any = raw if raw is not None else \
             (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
-
-_torch: list[_TorchReader] = []  # the reader, once torch is imported (trtio never imports it)
-
-
-def torch_device_input(obj: Any, be: Backend, consumer: int, dtype: DType, shape: tuple[int, ...]) -> int | None:
-    """The device address of ``obj`` where it is a plain torch CUDA tensor of ``shape`` and ``dtype`` on ``be``'s
-    device, C-contiguous, 256-byte aligned, as DLPack would export it; its producer's pending work (torch's
-    current stream of that device) is ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)``
-    orders it. None, having done nothing, for anything else: the caller takes the general path
-    (:func:`trtio.interop.as_input`), which names what is wrong.
-
-    The same reading as DLPack's, without its capsule: a steady decode fed torch's tensors pays a few attribute
-    reads, and no event where torch runs on the step's stream (``torch.cuda.ExternalStream(stream.handle)``).
-    Neither the conjugate bit (complex dtypes only) nor the negative bit (set on the imaginary part of a
-    conjugated complex tensor, which DLPack refuses) may be set."""
-    if not _torch:
-        import sys
-
-        torch = sys.modules.get("torch")
-        if torch is None or type(obj).__module__ != "torch":
+    def read(self, obj: Any, consumer: int) -> int | None:
+        """The device address of ``obj`` where it is a plain torch tensor of this shape and dtype on this device,
+        C-contiguous and 256-byte aligned, with its producer's pending work (torch's current stream of the
+        device) ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)`` orders it. None,
+        having done nothing, for anything else: the caller takes the general path
+        (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
+        a gradient (DLPack refuses it) nor the negative bit (set on the imaginary part of a conjugated complex
+        tensor, also once copied; DLPack refuses it too) may be set."""
+        if type(obj) is not self.tensor_type or obj.get_device() != self._device or obj.dtype is not self._dtype \
+                or obj.shape != self._shape or obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
             return None
-        _torch.append(_TorchReader(torch))
-    reader = _torch[0]
-    if type(obj) is not reader.tensor_type or not obj.is_cuda or obj.dtype is not reader.dtypes.get(id(dtype)) or \
-            obj.shape != shape or obj.requires_grad or not obj.is_contiguous() or obj.is_neg() or \
-            be.name != "cuda":
+        ptr: int = obj.data_ptr()
+        if ptr % ALIGNMENT:
+            return None
+        producer = self._current_stream(self._device)
+        if producer != consumer:
+            _order_after(self._backend, producer, consumer)
+        return ptr
+
+
+_TORCH_DTYPES = {DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16", DType.INT8: "int8",
+                 DType.INT32: "int32", DType.INT64: "int64", DType.UINT8: "uint8", DType.BOOL: "bool"}
+
+
+def torch_device_input(be: Backend, dtype: DType, shape: tuple[int, ...]) -> TorchDeviceInput | None:
+    """The reader of torch CUDA tensors of ``shape`` and ``dtype`` on ``be``'s device (:class:`TorchDeviceInput`),
+    or None where none can be: ``be`` is not the cuda backend, torch is not imported (trtio never imports it), or
+    ``dtype`` has no torch dtype."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    name = _TORCH_DTYPES.get(dtype)
+    if torch is None or be.name != "cuda" or name is None or not hasattr(torch, name):
         return None
-    index = obj.get_device()
-    ptr: int = obj.data_ptr()
-    if index != be.device_id or ptr % ALIGNMENT:
-        return None
-    producer = reader.current_stream(index)
-    if producer != consumer:
-        _order_after(be, producer, consumer)
-    return ptr
+    return TorchDeviceInput(torch, getattr(torch, name), shape, be)
 
 
 # -- results ----------------------------------------------------------------------------------------

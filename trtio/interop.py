@@ -25,7 +25,7 @@ host: DLPack's ``__dlpack__(stream=trtio's stream handle)`` asks the producer to
 its work, and a CUDA array interface ``stream`` makes trtio's stream wait for it through an event. DLPack
 gives a capsule's dtype and shape only after that handshake, so a DLPack refusal can follow it; the
 handshake only orders trtio's stream and changes no data. A steady decode (``LLMSetup.decode``) fed a plain
-torch CUDA tensor of its shape and dtype reads it without a capsule (:func:`trtio.foreign.torch_device_input`):
+torch CUDA tensor of its shape and dtype reads it without a capsule (:class:`trtio.foreign.TorchDeviceInput`):
 torch's current stream is ordered before trtio's by an event, and needs none where it is trtio's stream.
 
 Lifetime. A step reads a device input asynchronously on its stream: keep the array, and do not write it,

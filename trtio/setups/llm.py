@@ -18,7 +18,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.foreign import torch_device_input
+from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix
@@ -144,15 +144,23 @@ class LLMSetup(SetupBase):
         if st is not None and slots is None:
             kind = type(inputs_embeds)
             if kind is not Tensor and kind is not np.ndarray and not self._closed and self._broken is None:
-                out = self._steady_torch(st, inputs_embeds, stream)
-                if out is not None:
-                    return out
+                reader = st.torch or self._torch_input(st)
+                if reader is not None and kind is reader.tensor_type and self._steady_ready(st):
+                    s = as_stream(stream, self._backend)
+                    if s._closed:
+                        s._check_open()
+                    ptr = reader.read(inputs_embeds, s._handle)
+                    if ptr is not None:  # a torch CUDA tensor of the step's shape and dtype, after its producer
+                        dst = st.dst
+                        self._backend.memcpy(dst._ptr, ptr, st.embeds_nbytes, s._handle)
+                        dst._last_stream = s
+                        return self._steady_decode(st, dst, s)
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or
                 # converted once (its producer ordered before the step's stream), then a step like any other.
                 inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
             x = self._steady_input(st, inputs_embeds)
             if x is not None:
-                return self._steady_decode(st, x, stream)
+                return self._steady_decode(st, x, as_stream(stream, self._backend))
         return self._decode(inputs_embeds, stream, slots)
 
     def _steady_input(self, st: _Steady, x: Any) -> Any:
@@ -175,24 +183,15 @@ class LLMSetup(SetupBase):
             and self._broken is None and not self._closed and self._steps.step.uploads == st.uploads \
             and not self._streaming_pending
 
-    def _steady_torch(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor | None:
-        """The steady decode fed ``x``, where it is a torch CUDA tensor of the step's shape and dtype (see
-        :func:`~trtio.foreign.torch_device_input`): copied into the step's input after its producer; else None,
-        having done nothing."""
-        if not self._steady_ready(st):
-            return None
-        dst = st.dst
-        s = as_stream(stream, self._backend)
-        ptr = torch_device_input(x, self._backend, s.handle, dst._dtype, st.shape)
-        if ptr is None:
-            return None
-        self._backend.memcpy(dst._ptr, ptr, st.embeds_nbytes, s.handle)
-        dst._last_stream = s
-        return self._steady_decode(st, dst, s)
+    def _torch_input(self, st: _Steady) -> TorchDeviceInput | None:
+        """The reader of torch CUDA tensors of ``st``'s embeddings (kept by ``st``), where torch is imported and the
+        setup runs on the cuda backend (:func:`~trtio.foreign.torch_device_input`); else None."""
+        st.torch = torch_device_input(self._backend, st.dst._dtype, st.shape)
+        return st.torch
 
-    def _steady_decode(self, st: _Steady, x: Any, stream: StreamLike) -> Tensor:
-        """A decode step of :meth:`decode`'s steady case: nothing to check, stage or plan but the embeddings."""
-        s = as_stream(stream, self._backend)
+    def _steady_decode(self, st: _Steady, x: Any, s: Stream) -> Tensor:
+        """A decode step of :meth:`decode`'s steady case on ``s`` (the step's stream): nothing to check, stage or
+        plan but the embeddings."""
         if s._closed:
             s._check_open()
         if type(x) is Tensor and x is not st.dst and x._last_stream is not None:
@@ -337,7 +336,7 @@ class _Steady:
     advances both), and ``room`` more steps take no page and stay within the KV capacity."""
 
     __slots__ = ("epoch", "shape", "dtype", "dst", "embeds_nbytes", "array", "bytes_view", "nbytes", "lengths",
-                 "value", "ones", "room", "work", "dims", "uploads")
+                 "value", "ones", "room", "work", "dims", "uploads", "torch")
 
     def __init__(self, epoch: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray, slots: list[int],
                  room: int, work: tuple[DeviceWork, ...], dims: InferenceDims, uploads: int) -> None:
@@ -357,6 +356,7 @@ class _Steady:
         self.work = work
         self.dims = dims
         self.uploads = uploads  # the step block's uploads when the last step ran
+        self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
