@@ -1,0 +1,91 @@
+"""How a speculative round's tree steps (verify, the draft's catch-up) stage their inputs on the ragged
+contract: the base binds its own tree inputs, so a verify tree that repeats is staged once however many
+draft steps ran since."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import trtio
+from trtio import Location, Tensor, names
+from trtio.contracts.ragged import pack_rows
+from trtio.edgellm import EngineDir
+from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.testing.toy_engines import default_engines_dir
+from trtio.testing.toy_runtime import embed_batch
+
+E = toy_embedding(512, 64)
+TOP_K, STEPS = 2, 3
+TREE = [-1, 0, 0, 1, 1, 2]  # as wide as the draft tree (TOP_K * STEPS nodes): the steps share their query offsets
+PATHS = [[0, 1, 3], [0, 2], [0, 2, 5], [0]]
+
+
+def _setup() -> trtio.SpecDecodeSetup:
+    bundle = EngineDir.open(default_engines_dir() / "toy-eagle3-ragged").deployment(TOP_K, STEPS, len(TREE))
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, weights=bw, device="host"),
+                                        ReferenceEngine.from_config(bundle.draft, weights=dw, device="host"), bundle,
+                                        graphs=True)
+
+
+def _embeds(sd: trtio.SpecDecodeSetup, shape: tuple[int, int], rng: np.random.Generator) -> Tensor:
+    t = Tensor.empty(shape + (E.shape[1],), "float16", Location.DEVICE, backend=sd.io.inputs_embeds.backend)
+    t.copy_from(E[rng.integers(0, 512, shape)].astype(np.float16))
+    return t
+
+
+def _visible(parents: list[int]) -> np.ndarray:
+    """[N, N]: node t sees itself and its ancestors."""
+    n = len(parents)
+    out = np.zeros((n, n), bool)
+    for t in range(n):
+        at = t
+        while at >= 0:
+            out[t, at] = True
+            at = parents[at]
+    return out
+
+
+def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(host: trtio.Backend) -> None:
+    """The draft's levels and catch-up rewrite the shared tree inputs on the device every round; the base's
+    own ones keep the verify tree, so a steady verify stages nothing (its graph alone) and its engine reads the
+    tree's mask, parents, depths, lengths and logits rows."""
+    sd = _setup()
+    rng = np.random.default_rng(0)
+    be = sd.io.inputs_embeds.backend
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b = 4
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        ops = []
+        for _ in range(4):
+            for p in parents:
+                x = _embeds(sd, (b, TOP_K), rng)
+                sd.draft_propose(x, parents=p)
+                x.close()
+            tree = sd.io.inputs_embeds.reshape((b, len(TREE), E.shape[1]))  # written in place, like a runtime
+            tree.copy_from(E[rng.integers(0, 512, (b, len(TREE)))].astype(np.float16))
+            before = be.op_count
+            sd.verify(tree, TREE)
+            ops.append(be.op_count - before)
+            tm = sd.base.tensor_map
+            n = len(TREE)
+            want_mask = pack_rows(np.broadcast_to(_visible(TREE), (b, n, n)), n).view(np.int32).reshape(b * n, -1)
+            np.testing.assert_array_equal(tm[names.kPackedAttentionMask].to_numpy(), want_mask)
+            np.testing.assert_array_equal(tm[names.kTreeParentIds].to_numpy(), np.tile(TREE, b))
+            np.testing.assert_array_equal(tm[names.kTreeDepths].to_numpy(), np.tile(_visible(TREE).sum(1) - 1, b))
+            assert tm[names.kQueryLengths].to_numpy().tolist() == [n] * b
+            assert tm[names.kLogitsIndices].to_numpy().tolist() == list(range(b * n))
+            # The draft binds the shared inputs, which its levels rewrite: not the base's.
+            assert sd.draft.tensor_map[names.kPackedAttentionMask].data_ptr != tm[names.kPackedAttentionMask].data_ptr
+            sd.accept(PATHS)
+            catch_up = _embeds(sd, (b, 3), rng)
+            sd.draft_accept(catch_up, np.array([len(p) for p in PATHS]))
+            catch_up.close()
+        # The first verify stages its tree, the second captures its graph; from then on the graph alone.
+        assert ops[2:] == [1, 1]
+    finally:
+        sd.close()
