@@ -89,3 +89,39 @@ def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(
         assert ops[2:] == [1, 1]
     finally:
         sd.close()
+
+
+def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached_lengths(host: trtio.Backend) -> None:
+    """The catch-up writes its query offsets with its tree layout's constants (the levels left theirs in the
+    block), and stages the draft's cached lengths as the round's levels did (the block holds them): its engine
+    reads offsets of its own width and the lengths the draft had cached before it, round after round."""
+    sd = _setup()
+    rng = np.random.default_rng(1)
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b, a = 4, 3
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        tm = sd.draft.tensor_map
+        for r in range(4):
+            for p in parents:
+                x = _embeds(sd, (b, TOP_K), rng)
+                sd.draft_propose(x, parents=p)
+                x.close()
+            assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * TOP_K * STEPS,
+                                                                                   TOP_K * STEPS))
+            tree = _embeds(sd, (b, len(TREE)), rng)
+            sd.verify(tree, TREE)
+            tree.close()
+            paths = PATHS if r % 2 else PATHS[::-1]
+            sd.accept(paths)
+            cached = sd.draft_lengths.tolist()
+            catch_up = _embeds(sd, (b, a), rng)
+            sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
+            catch_up.close()
+            assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * a, a)), r
+            assert tm[names.kPastLengths].to_numpy().tolist() == cached, r
+            assert sd.draft_lengths.tolist() == [c + len(p) for c, p in zip(cached, paths)]
+    finally:
+        sd.close()

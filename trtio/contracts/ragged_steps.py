@@ -125,17 +125,19 @@ class RaggedContract(Contract):
         # (written when they change), the row lists, the base's own tree inputs, and last what only the device writes
         # (positions, RoPE rows).
         # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
-        step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
+        offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
+        step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
         step += [
-            TensorRequest.of("query_start_offsets", (b + 1,), i32),
             TensorRequest.of("past_lengths", (b,), i32),
             TensorRequest.of("state_indices", (b,), i32),
         ]
         if draft is not None:
             step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
                      TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
+        step.append(TensorRequest.of("attention_sequence_lengths", (b,), i32))
+        if bundle is not None:  # next to a tree layout's constants: a draft tree step writes them together
+            step.append(offsets)
         step += [
-            TensorRequest.of("attention_sequence_lengths", (b,), i32),
             TensorRequest.of("query_lengths", (b,), i32),
             TensorRequest.of("logits_indices", (rows,), DType.INT64),
         ]
@@ -234,6 +236,9 @@ _TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_
 _BASE_NAMES = dict(zip(_TREE_GROUP, ("verify_query_lengths", "verify_logits_indices", "verify_tree_parent_ids",
                                      "verify_tree_depths", "verify_packed_attention_mask")))
 _VERIFY_GROUP = tuple(_BASE_NAMES.values())
+# A draft tree step's (the catch-up's) constants: the query offsets before the tree layout's (the steps that write
+# the shared tree inputs on the device, a round's levels, also write other offsets).
+_DRAFT_GROUP = ("query_start_offsets", *_TREE_GROUP)
 
 
 def _owns_tree(e: EngineView, io: Pipeline) -> bool:
@@ -317,21 +322,24 @@ class RaggedSteps(StepInputs):
         plan = self._tree_plans.get((e.role, id(layout)))
         if plan is None or plan[0] is not layout:
             plan = self._tree_plan(e, layout, s)
-        _layout, offsets, constants, work = plan
+        _layout, offsets, group, constants, work = plan
         if pages is not None:
             self.write_pages(e, pages)
-        step.write("query_start_offsets", offsets)
+        if offsets is not None:
+            step.write("query_start_offsets", offsets)
         step.write("past_lengths", past)
         step.write("state_indices", self.slot_ids(layout.real.shape[0], slots))
-        step.write_group(_VERIFY_GROUP if _owns_tree(e, self.io) else _TREE_GROUP, constants)
+        step.write_group(group, constants)
         step.upload(s)
         step.overwritten(_TREE_WRITES)
         return work
 
     def _tree_plan(self, e: EngineView, layout: TreeLayout, s: Stream
-                   ) -> tuple[TreeLayout, np.ndarray, tuple[np.ndarray, ...], tuple[DeviceWork, ...]]:
+                   ) -> tuple[TreeLayout, np.ndarray | None, tuple[str, ...], tuple[np.ndarray, ...],
+                              tuple[DeviceWork, ...]]:
         """What a tree step of ``layout`` on engine ``e`` writes and runs, whatever is cached: the layout, its query
-        offsets, its constants (:data:`_TREE_GROUP`) and its device work."""
+        offsets where they are written on their own (the base's), the names and values of its constants, written
+        together (:data:`_VERIFY_GROUP`, or :data:`_DRAFT_GROUP`: with the offsets), and its device work."""
         b, w = layout.real.shape
         words = layout.packed_mask.shape[1]
         key = (e.role, b, w, layout.phase, layout.padding_position, words)
@@ -344,8 +352,11 @@ class RaggedSteps(StepInputs):
             found = self._tree_works.put(key, (
                 TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
-        plan = (layout, ramp(b + 1, w), (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids,
-                                         layout.tree_depths, layout.packed_mask), found)
+        constants = (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids, layout.tree_depths,
+                     layout.packed_mask)
+        offsets = ramp(b + 1, w)
+        plan = (layout, offsets, _VERIFY_GROUP, constants, found) if _owns_tree(e, self.io) else \
+            (layout, None, _DRAFT_GROUP, (offsets, *constants), found)
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
 

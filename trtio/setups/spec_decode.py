@@ -423,8 +423,9 @@ class SpecDecodeSetup(SetupBase):
         taken, pages = self._pages(e, order, key, past, a, s, have)
         try:
             self._upload_embeds(x, s)
-            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
-                                                 order if self._seqs.slotted else None, pages)
+            staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
+            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past if staged is None else staged,
+                                                 s, order if self._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
