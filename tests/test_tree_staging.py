@@ -4,14 +4,17 @@ draft steps ran since."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 
 import trtio
 from trtio import Location, Tensor, names
 from trtio.contracts.ragged import pack_rows
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
-from trtio.testing.toy_engines import default_engines_dir
+from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
 
 E = toy_embedding(512, 64)
@@ -20,10 +23,16 @@ TREE = [-1, 0, 0, 1, 1, 2]  # as wide as the draft tree (TOP_K * STEPS nodes): t
 PATHS = [[0, 1, 3], [0, 2], [0, 2, 5], [0]]
 
 
-def _setup() -> trtio.SpecDecodeSetup:
-    bundle = EngineDir.open(default_engines_dir() / "toy-eagle3-ragged").deployment(TOP_K, STEPS, len(TREE))
-    bw = ToyWeights.generate(bundle.base, 0)
-    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+def _setup(contract: str = "ragged") -> trtio.SpecDecodeSetup:
+    if contract == "ragged":
+        bundle = EngineDir.open(default_engines_dir() / "toy-eagle3-ragged").deployment(TOP_K, STEPS, len(TREE))
+        bw = ToyWeights.generate(bundle.base, 0)
+        dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    else:
+        toys = ToyEngines.load()
+        spec = dataclasses.replace(toys.eagle.spec, drafting_top_k=TOP_K, drafting_step=STEPS, verify_size=len(TREE))
+        bundle = dataclasses.replace(toys.eagle, spec=spec).validate()
+        bw, dw = toys.weights("toy-eagle/base"), toys.weights("toy-eagle/draft")
     return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, weights=bw, device="host"),
                                         ReferenceEngine.from_config(bundle.draft, weights=dw, device="host"), bundle,
                                         graphs=True)
@@ -123,5 +132,53 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
             assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * a, a)), r
             assert tm[names.kPastLengths].to_numpy().tolist() == cached, r
             assert sd.draft_lengths.tolist() == [c + len(p) for c, p in zip(cached, paths)]
+    finally:
+        sd.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(host: trtio.Backend,
+                                                                              contract: str) -> None:
+    """The catch-up gathers the accepted nodes' rows through row lists only it writes (the levels rewrite the
+    shared ones on the device): each catch-up finds the rows of its own paths there, also when paths of the
+    same lengths alternate, and a catch-up whose paths and lengths repeat stages nothing of them (on the
+    batch contract, whose tree constants also stay: nothing at all, its graph alone)."""
+    sd = _setup(contract)
+    rng = np.random.default_rng(2)
+    be = sd.io.inputs_embeds.backend
+    step = sd.io.step
+    assert step is not None
+    other = [[0, 2, 5], [0, 1], [0, 1, 4], [0]]  # PATHS' lengths, other nodes
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b, a, n = 4, 3, len(TREE)
+        scratch = sd.bundle.effective_max_draft_proposal_size()
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        x = _embeds(sd, (b, TOP_K), rng)
+        tree = _embeds(sd, (b, n), rng)
+        ops = []
+        for paths in (PATHS, other, PATHS, other, other, other, other):
+            for p in parents:
+                sd.draft_propose(x, parents=p)
+            sd.verify(tree, TREE)
+            sd.accept(paths)
+            catch_up = sd.io.inputs_embeds.reshape((b, a, E.shape[1]))  # written in place, like a runtime
+            catch_up.copy_from(E[rng.integers(0, 512, (b, a))].astype(np.float16))
+            before = be.op_count
+            sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
+            ops.append(be.op_count - before)
+            want_src = np.array([[i * n + v for v in p] + [-1] * (a - len(p)) for i, p in enumerate(paths)])
+            want_dst = np.array([[i * scratch + j if j < len(p) else -1 for j in range(a)]
+                                 for i, p in enumerate(paths)])
+            np.testing.assert_array_equal(step.tensors["catch_up_src"].to_numpy()[:b * a], want_src.reshape(-1))
+            np.testing.assert_array_equal(step.tensors["catch_up_dst"].to_numpy()[:b * a], want_dst.reshape(-1))
+        x.close()
+        tree.close()
+        # Paths that repeat are laid out read-only from their first repeat, and staged as such once more: from the
+        # second repeat on, the graph, after one upload of the tree's constants on the ragged contract (its levels
+        # rewrite them on the device), after none on the batch contract.
+        assert ops[-2:] == ([2, 2] if contract == "ragged" else [1, 1])
     finally:
         sd.close()

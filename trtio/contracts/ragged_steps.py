@@ -146,6 +146,9 @@ class RaggedContract(Contract):
                 TensorRequest.of("spec_tree_parent_ids", (t,), i32),
                 TensorRequest.of("spec_tree_depths", (t,), i32),
                 TensorRequest.of("packed_attention_mask", (t, words), i32),
+                # The catch-up's row lists (CatchUp: its scratch rows, then the accepted rows): only it writes them.
+                TensorRequest.of("catch_up_dst", (rows,), i32),
+                TensorRequest.of("catch_up_src", (rows,), i32),
             ]
         # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
         step.append(TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32))
