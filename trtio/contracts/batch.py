@@ -165,11 +165,14 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
             TensorRequest.of("tree_depths", (b * p,), i32),
             TensorRequest.of("tree_mask", (b * p, words), i32),
             TensorRequest.of("tree_select", (b * p,), DType.INT64),
+            # The catch-up's row lists (CatchUp: its scratch rows, then the accepted rows): only it writes them.
+            TensorRequest.of("catch_up_dst", (b * p,), i32),
+            TensorRequest.of("catch_up_src", (b * p,), i32),
             TensorRequest.of("row_src", (b * seq,), i32),
             TensorRequest.of("row_dst", (b * seq,), i32),
             # The base's tree step (verify) has names of its own: the catch-up between two verifies writes the
             # draft's into the tree_* names, and the verify tree's constants stay in the block while they repeat.
-            # Last in the block, so a catch-up's upload (tree_past .. row_dst) does not copy them.
+            # Last in the block, so a catch-up's upload (tree_past .. catch_up_src) does not copy them.
             TensorRequest.of("verify_lengths", (b,), i32),
             TensorRequest.of("verify_depths", (b * p,), i32),
             TensorRequest.of("verify_mask", (b * p, words), i32),

@@ -122,19 +122,22 @@ class RaggedContract(Contract):
         # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
         # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
         # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
-        # (written when they change), the row lists, and last what only the device writes (positions, RoPE rows).
+        # (written when they change), the row lists, the base's own tree inputs, and last what only the device writes
+        # (positions, RoPE rows).
         # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
-        step = [TensorRequest.of("decode_lengths", (b,), i32)] if bundle is None else []
+        offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
+        step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
         step += [
-            TensorRequest.of("query_start_offsets", (b + 1,), i32),
             TensorRequest.of("past_lengths", (b,), i32),
             TensorRequest.of("state_indices", (b,), i32),
         ]
         if draft is not None:
             step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
                      TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
+        step.append(TensorRequest.of("attention_sequence_lengths", (b,), i32))
+        if bundle is not None:  # next to a tree layout's constants: a draft tree step writes them together
+            step.append(offsets)
         step += [
-            TensorRequest.of("attention_sequence_lengths", (b,), i32),
             TensorRequest.of("query_lengths", (b,), i32),
             TensorRequest.of("logits_indices", (rows,), DType.INT64),
         ]
@@ -143,6 +146,9 @@ class RaggedContract(Contract):
                 TensorRequest.of("spec_tree_parent_ids", (t,), i32),
                 TensorRequest.of("spec_tree_depths", (t,), i32),
                 TensorRequest.of("packed_attention_mask", (t, words), i32),
+                # The catch-up's row lists (CatchUp: its scratch rows, then the accepted rows): only it writes them.
+                TensorRequest.of("catch_up_dst", (rows,), i32),
+                TensorRequest.of("catch_up_src", (rows,), i32),
             ]
         # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
         step.append(TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32))
@@ -151,6 +157,18 @@ class RaggedContract(Contract):
         step += [
             TensorRequest.of("row_src", (t,), i32),
             TensorRequest.of("row_dst", (t,), i32),
+        ]
+        if bundle is not None:
+            # The base's own tree inputs (_BASE_NAMES): only its steps write them, so a verify tree that repeats
+            # finds them in the block however many draft steps ran since (those rewrite the draft's on the device).
+            step += [
+                TensorRequest.of("verify_query_lengths", (b,), i32),
+                TensorRequest.of("verify_logits_indices", (rows,), DType.INT64),
+                TensorRequest.of("verify_tree_parent_ids", (t,), i32),
+                TensorRequest.of("verify_tree_depths", (t,), i32),
+                TensorRequest.of("verify_packed_attention_mask", (t, words), i32),
+            ]
+        step += [
             TensorRequest.of("positions", (t,), i32),
             TensorRequest.of("rope_rows", (t,), i32),
         ]
@@ -170,24 +188,35 @@ class RaggedContract(Contract):
 
     def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """The token-major inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of ``query_lengths``;
-        RoPE rows are gathered per token into ``ragged_rope_cos_sin``."""
+        RoPE rows are gathered per token into ``ragged_rope_cos_sin``. A spec-decode base binds its own
+        query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_NAMES`): the draft's steps
+        rewrite the shared ones every round."""
         tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
         tm.set(names.kPositions, io.member("positions"))
+        own = _BASE_NAMES if cfg.role == "base" and io.is_spec_decode else {}
+
+        def member(name: str) -> Tensor:  # the engine's own copy of a tree input, else the shared member
+            mine = own.get(name)
+            if mine is None:
+                return io.member(name)
+            assert io.step is not None
+            return io.step.tensors[mine]
+
         tm.set(names.kQueryStartOffsets, io.member("query_start_offsets"))
-        tm.set(names.kQueryLengths, io.member("query_lengths"))
+        tm.set(names.kQueryLengths, member("query_lengths"))
         tm.set(names.kPastLengths, io.member("past_lengths"))
         tm.set(names.kAttentionSequenceLengths, io.member("attention_sequence_lengths"))
         tm.set(names.kStateIndices, io.member("state_indices"))
         tm.set(names.kExecutionPhaseMarker, io.member("execution_phase_marker"))
         tm.set(names.kContextSequenceCountCarrier, io.member("context_sequence_count_carrier"))
-        tm.set(names.kLogitsIndices, io.member("logits_indices"))
+        tm.set(names.kLogitsIndices, member("logits_indices"))
         tm.set(names.kSkipSoftmaxScale, io.member("skip_softmax_scale"))
         if io.is_spec_decode:
-            tm.set(names.kPackedAttentionMask, io.packed_attention_mask)
+            tm.set(names.kPackedAttentionMask, member("packed_attention_mask"))
             tm.set(names.kAttentionPositionIds, io.spec_decode_position_ids)
-            tm.set(names.kTreeParentIds, io.member("spec_tree_parent_ids"))
-            tm.set(names.kTreeDepths, io.member("spec_tree_depths"))
-            tm.set(names.kValidTreeCounts, io.member("query_lengths"))
+            tm.set(names.kTreeParentIds, member("spec_tree_parent_ids"))
+            tm.set(names.kTreeDepths, member("spec_tree_depths"))
+            tm.set(names.kValidTreeCounts, member("query_lengths"))
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return False  # each step gathers its tokens' rows from the table
@@ -206,6 +235,18 @@ _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "ro
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
 # A tree layout's constants, next to each other in the step block (StepStaging.write_group).
 _TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_tree_depths", "packed_attention_mask")
+# A spec-decode base's own copies of them (RaggedContract.bind_pipeline), next to each other too.
+_BASE_NAMES = dict(zip(_TREE_GROUP, ("verify_query_lengths", "verify_logits_indices", "verify_tree_parent_ids",
+                                     "verify_tree_depths", "verify_packed_attention_mask")))
+_VERIFY_GROUP = tuple(_BASE_NAMES.values())
+# A draft tree step's (the catch-up's) constants: the query offsets before the tree layout's (the steps that write
+# the shared tree inputs on the device, a round's levels, also write other offsets).
+_DRAFT_GROUP = ("query_start_offsets", *_TREE_GROUP)
+
+
+def _owns_tree(e: EngineView, io: Pipeline) -> bool:
+    """Whether ``e`` binds its own tree inputs (:data:`_BASE_NAMES`): a spec-decode base."""
+    return e.role == "base" and io.is_spec_decode
 
 
 class RaggedSteps(StepInputs):
@@ -229,12 +270,13 @@ class RaggedSteps(StepInputs):
         step's RoPE rows (one per token, at its position) from the engine's table, device work to enqueue
         before the engine (in its graph)."""
         io, step = self.io, self.step
+        qlen, logits, parent_ids, depths, mask = _VERIFY_GROUP if _owns_tree(e, io) else _TREE_GROUP
         step.write("query_start_offsets", layout.query_start_offsets)
-        step.write("query_lengths", layout.query_lengths)
+        step.write(qlen, layout.query_lengths)
         step.write("past_lengths", layout.past_lengths)
         step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
         step.write("state_indices", layout.state_indices)
-        step.write("logits_indices", layout.logits_indices)
+        step.write(logits, layout.logits_indices)
         rows = step.write("positions", layout.positions)  # a shared RoPE table's rows are the positions
         table, per_slot = self.rope_source(e, s)
         if per_slot:  # MRoPE: one table per sequence slot, [B, C, R] read as B*C rows
@@ -245,10 +287,10 @@ class RaggedSteps(StepInputs):
         if layout.packed_mask is not None and io.is_spec_decode:
             assert layout.attention_position_ids is not None
             assert layout.tree_parent_ids is not None and layout.tree_depths is not None
-            step.write("packed_attention_mask", layout.packed_mask)
+            step.write(mask, layout.packed_mask)
             step.write("spec_decode_position_ids", layout.attention_position_ids)
-            step.write("spec_tree_parent_ids", layout.tree_parent_ids)
-            step.write("spec_tree_depths", layout.tree_depths)
+            step.write(parent_ids, layout.tree_parent_ids)
+            step.write(depths, layout.tree_depths)
         step.upload(s)
         return self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, layout.rows, rope_row_bytes(e.cfg))
 
@@ -283,21 +325,24 @@ class RaggedSteps(StepInputs):
         plan = self._tree_plans.get((e.role, id(layout)))
         if plan is None or plan[0] is not layout:
             plan = self._tree_plan(e, layout, s)
-        _layout, offsets, constants, work = plan
+        _layout, offsets, group, constants, work = plan
         if pages is not None:
             self.write_pages(e, pages)
-        step.write("query_start_offsets", offsets)
+        if offsets is not None:
+            step.write("query_start_offsets", offsets)
         step.write("past_lengths", past)
         step.write("state_indices", self.slot_ids(layout.real.shape[0], slots))
-        step.write_group(_TREE_GROUP, constants)
+        step.write_group(group, constants)
         step.upload(s)
         step.overwritten(_TREE_WRITES)
         return work
 
     def _tree_plan(self, e: EngineView, layout: TreeLayout, s: Stream
-                   ) -> tuple[TreeLayout, np.ndarray, tuple[np.ndarray, ...], tuple[DeviceWork, ...]]:
+                   ) -> tuple[TreeLayout, np.ndarray | None, tuple[str, ...], tuple[np.ndarray, ...],
+                              tuple[DeviceWork, ...]]:
         """What a tree step of ``layout`` on engine ``e`` writes and runs, whatever is cached: the layout, its query
-        offsets, its constants (:data:`_TREE_GROUP`) and its device work."""
+        offsets where they are written on their own (the base's), the names and values of its constants, written
+        together (:data:`_VERIFY_GROUP`, or :data:`_DRAFT_GROUP`: with the offsets), and its device work."""
         b, w = layout.real.shape
         words = layout.packed_mask.shape[1]
         key = (e.role, b, w, layout.phase, layout.padding_position, words)
@@ -310,8 +355,11 @@ class RaggedSteps(StepInputs):
             found = self._tree_works.put(key, (
                 TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
-        plan = (layout, ramp(b + 1, w), (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids,
-                                         layout.tree_depths, layout.packed_mask), found)
+        constants = (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids, layout.tree_depths,
+                     layout.packed_mask)
+        offsets = ramp(b + 1, w)
+        plan = (layout, offsets, _VERIFY_GROUP, constants, found) if _owns_tree(e, self.io) else \
+            (layout, None, _DRAFT_GROUP, (offsets, *constants), found)
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
 
@@ -320,8 +368,10 @@ class RaggedSteps(StepInputs):
         if found is None:
             t = self.step.tensors
             per_slot = e.cfg.is_mrope
+            lengths, depths = (_BASE_NAMES[n] if _owns_tree(e, self.io) else n
+                               for n in ("query_lengths", "spec_tree_depths"))
             found = self._targets[e.role] = TreeTargets(
-                t["past_lengths"], t["query_lengths"], t["spec_tree_depths"], asl=t["attention_sequence_lengths"],
+                t["past_lengths"], t[lengths], t[depths], asl=t["attention_sequence_lengths"],
                 positions=t["positions"], ids=t["spec_decode_position_ids"],
                 rope_rows=t["rope_rows"] if per_slot else None,
                 rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)

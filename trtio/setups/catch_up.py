@@ -81,8 +81,8 @@ class CatchUp:
             src[:, :rows.shape[1]] = rows
         moves = found.moves
         step = self._steps.step
-        step.write("row_src", src)
-        step.write("row_dst", found.scratch_rows)
+        step.write("catch_up_dst", found.scratch_rows)  # the block keeps them from the last catch-up of this layout
+        step.write("catch_up_src", src)
         tree = self._steps.tree(e, found.layout, past, found.select, s, slots, pages)
         work = self._last_work
         if work is not None and work[0] is tree and work[1] is moves:
@@ -131,8 +131,9 @@ class CatchUp:
         if found is None:
             io, steps = self._io, self._steps
             row_bytes = self._base_width * io.base_hidden_states.dtype.itemsize
+            src, dst = steps.step.tensors["catch_up_src"], steps.step.tensors["catch_up_dst"]
             found = self._moves.put((b, a), (
-                steps.row_copy(io.row_scratch, io.base_hidden_states, io.row_src, b * a, row_bytes, io.row_dst),
-                steps.row_copy(io.base_hidden_states, io.row_scratch, io.row_dst, b * a, row_bytes),
+                steps.row_copy(io.row_scratch, io.base_hidden_states, src, b * a, row_bytes, dst),
+                steps.row_copy(io.base_hidden_states, io.row_scratch, dst, b * a, row_bytes),
                 Zero(io.draft_hidden_states_in, b * a * e.cfg.hidden_size * io.draft_hidden_states_in.dtype.itemsize)))
         return found

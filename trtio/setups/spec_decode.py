@@ -341,9 +341,11 @@ class SpecDecodeSetup(SetupBase):
             past = self._tree.round_past(have)  # the proposal levels' constant where equal: not staged again
             before = self._steps.tree(e, t.layout, lengths if past is None else past, t.select, s,
                                       order if self._seqs.slotted else None, pages)
-            e.tensor_map.use_deepstack_zero()
-            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-            e.executor.execute(s, before=before)
+            tm, ex = e.tensor_map, e.executor
+            tm.use_deepstack_zero()
+            if not ex.replay(DECODE_PROFILE, tm, dims, s, before):  # a steady verify: its graph, as it is
+                ex.prepare(DECODE_PROFILE, tm, dims, s)
+                ex.execute(s, before=before)
         except BaseException:
             if taken is not None:
                 taken.undo()
@@ -421,8 +423,9 @@ class SpecDecodeSetup(SetupBase):
         taken, pages = self._pages(e, order, key, past, a, s, have)
         try:
             self._upload_embeds(x, s)
-            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past, s,
-                                                 order if self._seqs.slotted else None, pages)
+            staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
+            before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past if staged is None else staged,
+                                                 s, order if self._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "

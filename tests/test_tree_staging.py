@@ -1,0 +1,184 @@
+"""How a speculative round's tree steps (verify, the draft's catch-up) stage their inputs on the ragged
+contract: the base binds its own tree inputs, so a verify tree that repeats is staged once however many
+draft steps ran since."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio import Location, Tensor, names
+from trtio.contracts.ragged import pack_rows
+from trtio.edgellm import EngineDir
+from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.testing.toy_engines import ToyEngines, default_engines_dir
+from trtio.testing.toy_runtime import embed_batch
+
+E = toy_embedding(512, 64)
+TOP_K, STEPS = 2, 3
+TREE = [-1, 0, 0, 1, 1, 2]  # as wide as the draft tree (TOP_K * STEPS nodes): the steps share their query offsets
+PATHS = [[0, 1, 3], [0, 2], [0, 2, 5], [0]]
+
+
+def _setup(contract: str = "ragged") -> trtio.SpecDecodeSetup:
+    if contract == "ragged":
+        bundle = EngineDir.open(default_engines_dir() / "toy-eagle3-ragged").deployment(TOP_K, STEPS, len(TREE))
+        bw = ToyWeights.generate(bundle.base, 0)
+        dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    else:
+        toys = ToyEngines.load()
+        spec = dataclasses.replace(toys.eagle.spec, drafting_top_k=TOP_K, drafting_step=STEPS, verify_size=len(TREE))
+        bundle = dataclasses.replace(toys.eagle, spec=spec).validate()
+        bw, dw = toys.weights("toy-eagle/base"), toys.weights("toy-eagle/draft")
+    return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, weights=bw, device="host"),
+                                        ReferenceEngine.from_config(bundle.draft, weights=dw, device="host"), bundle,
+                                        graphs=True)
+
+
+def _embeds(sd: trtio.SpecDecodeSetup, shape: tuple[int, int], rng: np.random.Generator) -> Tensor:
+    t = Tensor.empty(shape + (E.shape[1],), "float16", Location.DEVICE, backend=sd.io.inputs_embeds.backend)
+    t.copy_from(E[rng.integers(0, 512, shape)].astype(np.float16))
+    return t
+
+
+def _visible(parents: list[int]) -> np.ndarray:
+    """[N, N]: node t sees itself and its ancestors."""
+    n = len(parents)
+    out = np.zeros((n, n), bool)
+    for t in range(n):
+        at = t
+        while at >= 0:
+            out[t, at] = True
+            at = parents[at]
+    return out
+
+
+def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(host: trtio.Backend) -> None:
+    """The draft's levels and catch-up rewrite the shared tree inputs on the device every round; the base's
+    own ones keep the verify tree, so a steady verify stages nothing (its graph alone) and its engine reads the
+    tree's mask, parents, depths, lengths and logits rows."""
+    sd = _setup()
+    rng = np.random.default_rng(0)
+    be = sd.io.inputs_embeds.backend
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b = 4
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        ops = []
+        for _ in range(4):
+            for p in parents:
+                x = _embeds(sd, (b, TOP_K), rng)
+                sd.draft_propose(x, parents=p)
+                x.close()
+            tree = sd.io.inputs_embeds.reshape((b, len(TREE), E.shape[1]))  # written in place, like a runtime
+            tree.copy_from(E[rng.integers(0, 512, (b, len(TREE)))].astype(np.float16))
+            before = be.op_count
+            sd.verify(tree, TREE)
+            ops.append(be.op_count - before)
+            tm = sd.base.tensor_map
+            n = len(TREE)
+            want_mask = pack_rows(np.broadcast_to(_visible(TREE), (b, n, n)), n).view(np.int32).reshape(b * n, -1)
+            np.testing.assert_array_equal(tm[names.kPackedAttentionMask].to_numpy(), want_mask)
+            np.testing.assert_array_equal(tm[names.kTreeParentIds].to_numpy(), np.tile(TREE, b))
+            np.testing.assert_array_equal(tm[names.kTreeDepths].to_numpy(), np.tile(_visible(TREE).sum(1) - 1, b))
+            assert tm[names.kQueryLengths].to_numpy().tolist() == [n] * b
+            assert tm[names.kLogitsIndices].to_numpy().tolist() == list(range(b * n))
+            # The draft binds the shared inputs, which its levels rewrite: not the base's.
+            assert sd.draft.tensor_map[names.kPackedAttentionMask].data_ptr != tm[names.kPackedAttentionMask].data_ptr
+            sd.accept(PATHS)
+            catch_up = _embeds(sd, (b, 3), rng)
+            sd.draft_accept(catch_up, np.array([len(p) for p in PATHS]))
+            catch_up.close()
+        # The first verify stages its tree, the second captures its graph; from then on the graph alone.
+        assert ops[2:] == [1, 1]
+    finally:
+        sd.close()
+
+
+def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached_lengths(host: trtio.Backend) -> None:
+    """The catch-up writes its query offsets with its tree layout's constants (the levels left theirs in the
+    block), and stages the draft's cached lengths as the round's levels did (the block holds them): its engine
+    reads offsets of its own width and the lengths the draft had cached before it, round after round."""
+    sd = _setup()
+    rng = np.random.default_rng(1)
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b, a = 4, 3
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        tm = sd.draft.tensor_map
+        for r in range(4):
+            for p in parents:
+                x = _embeds(sd, (b, TOP_K), rng)
+                sd.draft_propose(x, parents=p)
+                x.close()
+            assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * TOP_K * STEPS,
+                                                                                   TOP_K * STEPS))
+            tree = _embeds(sd, (b, len(TREE)), rng)
+            sd.verify(tree, TREE)
+            tree.close()
+            paths = PATHS if r % 2 else PATHS[::-1]
+            sd.accept(paths)
+            cached = sd.draft_lengths.tolist()
+            catch_up = _embeds(sd, (b, a), rng)
+            sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
+            catch_up.close()
+            assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * a, a)), r
+            assert tm[names.kPastLengths].to_numpy().tolist() == cached, r
+            assert sd.draft_lengths.tolist() == [c + len(p) for c, p in zip(cached, paths)]
+    finally:
+        sd.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(host: trtio.Backend,
+                                                                              contract: str) -> None:
+    """The catch-up gathers the accepted nodes' rows through row lists only it writes (the levels rewrite the
+    shared ones on the device): each catch-up finds the rows of its own paths there, also when paths of the
+    same lengths alternate, and a catch-up whose paths and lengths repeat stages nothing of them (on the
+    batch contract, whose tree constants also stay: nothing at all, its graph alone)."""
+    sd = _setup(contract)
+    rng = np.random.default_rng(2)
+    be = sd.io.inputs_embeds.backend
+    step = sd.io.step
+    assert step is not None
+    other = [[0, 2, 5], [0, 1], [0, 1, 4], [0]]  # PATHS' lengths, other nodes
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b, a, n = 4, 3, len(TREE)
+        scratch = sd.bundle.effective_max_draft_proposal_size()
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        x = _embeds(sd, (b, TOP_K), rng)
+        tree = _embeds(sd, (b, n), rng)
+        ops = []
+        for paths in (PATHS, other, PATHS, other, other, other, other):
+            for p in parents:
+                sd.draft_propose(x, parents=p)
+            sd.verify(tree, TREE)
+            sd.accept(paths)
+            catch_up = sd.io.inputs_embeds.reshape((b, a, E.shape[1]))  # written in place, like a runtime
+            catch_up.copy_from(E[rng.integers(0, 512, (b, a))].astype(np.float16))
+            before = be.op_count
+            sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
+            ops.append(be.op_count - before)
+            want_src = np.array([[i * n + v for v in p] + [-1] * (a - len(p)) for i, p in enumerate(paths)])
+            want_dst = np.array([[i * scratch + j if j < len(p) else -1 for j in range(a)]
+                                 for i, p in enumerate(paths)])
+            np.testing.assert_array_equal(step.tensors["catch_up_src"].to_numpy()[:b * a], want_src.reshape(-1))
+            np.testing.assert_array_equal(step.tensors["catch_up_dst"].to_numpy()[:b * a], want_dst.reshape(-1))
+        x.close()
+        tree.close()
+        # Paths that repeat are laid out read-only from their first repeat, and staged as such once more: from the
+        # second repeat on, the graph, after one upload of the tree's constants on the ragged contract (its levels
+        # rewrite them on the device), after none on the batch contract.
+        assert ops[-2:] == ([2, 2] if contract == "ragged" else [1, 1])
+    finally:
+        sd.close()
