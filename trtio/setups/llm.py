@@ -354,9 +354,17 @@ class _Steady:
         self.value = int.from_bytes(self.lengths, "little")  # the same, as one number
         self.ones = sum(1 << (64 * slot) for slot in slots)  # a 1 in the lane of each of the step's slots
         self.room = room
-        self.work = work
+        self.work = work  # before the engine (a tensor-parallel rank's may copy rank 0's input: tensor_parallel.py)
         self.dims = dims
         self.uploads = uploads  # the step block's uploads when the last step ran
+
+    def advance(self, value: int, now: bytes) -> None:
+        """After a step: the lengths are ``value`` (``now``: its bytes), in the engine's array too; one step less
+        of room."""
+        self.value = value
+        self.lengths = now
+        self.bytes_view[:] = now
+        self.room -= 1
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
