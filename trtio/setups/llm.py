@@ -358,14 +358,6 @@ class _Steady:
         self.dims = dims
         self.uploads = uploads  # the step block's uploads when the last step ran
 
-    def advance(self, value: int, now: bytes) -> None:
-        """After a step: the lengths are ``value`` (``now``: its bytes), in the engine's array too; one step less
-        of room."""
-        self.value = value
-        self.lengths = now
-        self.bytes_view[:] = now
-        self.room -= 1
-
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                    backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> LLMSetup:

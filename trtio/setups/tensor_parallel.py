@@ -473,7 +473,11 @@ class TensorParallelLLMSetup(LLMSetup):
                     self._set_cuda_device(rank.device)
                 rank.backend.wait_event(rank.handle, ready)
                 if own and rank.executor.replay_again(rank.stream, rank.copying):
-                    rank.steady.advance(value, now)
+                    st = rank.steady  # its lengths are rank 0's (as LLMSetup._steady_rank leaves them)
+                    st.value = value
+                    st.lengths = now
+                    st.bytes_view[:] = now
+                    st.room -= 1
                     rank.steps.device_lengths = now
                 else:
                     rank.step(None if own else x, value, now)
