@@ -458,6 +458,44 @@ def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trti
         setup.close()
 
 
+def test_a_replay_again_launches_only_the_graph_the_last_replay_launched(host: trtio.Backend) -> None:
+    """``EngineExecutor.replay_again`` (the caller's checks stand for the step's key) launches the graph of the
+    executor's last step where that step ran the same ``before`` as a graph; other work, a last step that ran
+    other work, or graphs cleared since return False and enqueue nothing."""
+    from trtio.ops import RowCopy
+
+    setup, x = _steady_llm(host)
+    try:
+        e = setup.engines()[0]
+        ex, tm, s = e.executor, e.tensor_map, trtio.Stream.create(host)
+        dims = e.cfg.decode_dims(2)
+        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
+        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
+        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
+        work, other = (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+        for _ in range(2):  # a plain run, then the capture
+            ex.prepare(1, tm, dims, s)
+            ex.execute(s, before=work)
+        ops, hits = host.op_count, ex.graph_stats.hits
+        assert ex.replay_again(s, work), "the last step's plan and work: a launch"
+        assert (ex.graph_stats.hits, host.op_count) == (hits + 1, ops + 1), "one graph launch"
+        np.testing.assert_array_equal(dst.to_numpy(), src.to_numpy()[[3, 2, 1, 0]])
+        ops = host.op_count
+        assert not ex.replay_again(s, other), "other work before the engine"
+        ex.prepare(1, tm, dims, s)
+        ex.execute(s, before=other)  # the last step ran other work: its graph is not `work`'s
+        ops = host.op_count
+        assert not ex.replay_again(s, work), "the last step ran other work"
+        ex.clear_graphs()
+        assert not ex.replay_again(s, other), "no graph since"
+        assert host.op_count == ops, "a refused launch enqueues nothing"
+        for t in (src, dst, rows):
+            t.close()
+        s.close()
+    finally:
+        setup.close()
+
+
 def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.Backend) -> None:
     """A view that goes back and forth (a runtime's, then a step's) is set back without checks, by the identity
     of the shape tuple: its byte count comes back with it, an equal shape of other ints is checked, and a
@@ -480,15 +518,16 @@ def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.
 
 
 @contextlib.contextmanager
-def _dry_run_tp(n: int = 2) -> Iterator[tuple[Any, Callable[[], Tensor], trtio.Stream]]:
-    """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (graphs on), prefilled and
-    decoded until its decode step is steady: (setup, the step's embeddings: rank 0's io.inputs_embeds viewed as
-    a step's, stream)."""
+def _dry_run_tp(n: int = 2, backend: trtio.Backend | None = None) -> Iterator[tuple[Any, Callable[[], Tensor],
+                                                                                 trtio.Stream]]:
+    """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (or ``backend``; graphs on),
+    prefilled and decoded until its decode step is steady: (setup, the step's embeddings: rank 0's
+    io.inputs_embeds viewed as a step's, stream)."""
     from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
     from trtio.tools.bench import configs, null_engine
     from trtio.tools.dry_run import DryRunBackend
 
-    be = DryRunBackend()
+    be = backend or DryRunBackend()
     llm, _ = configs("ragged", 256)
     rank = dataclasses.replace(llm, num_attention_heads=llm.num_attention_heads // n,
                                num_kv_heads=llm.num_kv_heads // n).validate()
@@ -515,19 +554,18 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
     """Where device work runs apart from the host (here the dry-run backend), a steady decode replays every rank's
     graph from the calling thread, no hand-off to the rank threads: rank 0 on the caller's stream, each other rank
     on its own stream after waiting for the caller's; every rank's lengths advance."""
-    from trtio.setups.llm import LLMSetup
-
     with _dry_run_tp() as (tp, x, s):
         threads: list[tuple[int, int]] = []
-        real = LLMSetup._steady_rank
-
-        def spy(self: LLMSetup, st: Any, xr: Any, stream: Any, value: int, now: bytes) -> None:
-            threads.append((tp.rank_setups.index(self), threading.get_ident()))
-            real(self, st, xr, stream, value, now)
-
-        monkeypatch.setattr(LLMSetup, "_steady_rank", spy)
-        waits: list[tuple[int, int]] = []
         be = tp.io.inputs_embeds.backend
+        rank_of = {s.handle: 0, tp._streams[1].handle: 1}  # each rank's step is a graph launch on its stream
+        real = be.launch_graph
+
+        def spy(graph: int, stream: int) -> None:
+            threads.append((rank_of[stream], threading.get_ident()))
+            real(graph, stream)
+
+        monkeypatch.setattr(be, "launch_graph", spy)
+        waits: list[tuple[int, int]] = []
         real_wait = be.wait_event
         monkeypatch.setattr(be, "wait_event", lambda stream, event: (waits.append((stream, event)),
                                                                      real_wait(stream, event))[1])
@@ -541,6 +579,62 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
         assert (tp.rank_setups[1].lengths == lengths + 3).all() and (tp.lengths == lengths + 3).all()
         rank1 = tp._streams[1].handle
         assert [w for w in waits if w[0] == rank1] == [(rank1, tp._ready.handle)] * 3, "rank 1 waits for the caller"
+
+
+def _copy_log() -> Any:
+    """A dry-run backend whose copies are kept in ``copies`` as (stream, dst, src, nbytes) when they run: a copy
+    enqueued into a graph capture runs (and is kept) at each launch of the graph."""
+    from trtio.tools.dry_run import DryRunBackend
+
+    class CopyLog(DryRunBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.copies: list[tuple[int, int, int, int]] = []
+
+        def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+            self._run(stream, lambda: self.copies.append((stream, dst, src, nbytes)))
+
+    return CopyLog()
+
+
+def test_a_steady_tensor_parallel_decode_fed_rank_0_s_input_is_one_graph_launch_per_rank() -> None:
+    """Fed rank 0's io.inputs_embeds (written in place), each other rank's steady step is one launch of its graph,
+    which copies that input into the rank's own first, on the rank's stream: no copy outside the graphs."""
+    be = _copy_log()
+    with _dry_run_tp(backend=be) as (tp, x, s):
+        mine = tp.rank_setups[1].io.inputs_embeds
+        rank1 = tp._streams[1].handle
+        for _ in range(3):
+            be.copies.clear()
+            ops = be.op_count
+            step = x()
+            tp.decode(step, s)
+            assert be.op_count - ops == 2, "one graph launch per rank, nothing else"
+            assert be.copies == [(rank1, mine.data_ptr, tp.io.inputs_embeds.data_ptr, step.nbytes)]
+
+
+def test_a_steady_tensor_parallel_decode_fed_another_tensor_copies_that_one() -> None:
+    """Fed a device tensor of its own, each other rank copies that tensor (not rank 0's io.inputs_embeds) before
+    it replays its graph; fed rank 0's input again, the rank's graph copies that one again."""
+    be = _copy_log()
+    with _dry_run_tp(backend=be) as (tp, x, s):
+        mine = tp.rank_setups[1].io.inputs_embeds
+        rank1 = tp._streams[1].handle
+        y = Tensor.empty(x().shape, "float16", Location.DEVICE, backend=be)
+        try:
+            for _ in range(2):
+                hits = tp.rank_setups[1].executor.graph_stats.hits
+                be.copies.clear()
+                tp.decode(y, s)
+                copies = [c for c in be.copies if c[0] == rank1]  # rank 0 copies y into its own input too
+                assert copies == [(rank1, mine.data_ptr, y.data_ptr, y.nbytes)], "y copied, and nothing else"
+                assert tp.rank_setups[1].executor.graph_stats.hits == hits + 1, "a steady step"
+            be.copies.clear()
+            step = x()
+            tp.decode(step, s)
+            assert be.copies == [(rank1, mine.data_ptr, tp.io.inputs_embeds.data_ptr, step.nbytes)]
+        finally:
+            y.close()
 
 
 def test_a_steady_tensor_parallel_decode_checks_rank_0_once_but_replays_no_rank_whose_state_moved() -> None:
@@ -634,6 +728,7 @@ def test_a_rank_failing_in_a_steady_tensor_parallel_decode_stops_the_ranks_after
             raise trtio.EngineError("planted: the graph launch failed")
 
         monkeypatch.setattr(ex, "replay", refuse)
+        monkeypatch.setattr(ex, "replay_again", refuse)  # a rank > 0's steady step fed rank 0's input
         before = [r.lengths.tolist() for r in tp.rank_setups]
         with pytest.raises(trtio.EngineError, match="planted"):
             tp.decode(x(), s)

@@ -800,9 +800,9 @@ def test_bench_times_the_decode_step_across_ranks(capsys: pytest.CaptureFixture[
                  "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["ragged, tensor parallel"]
     assert list(rows) == ["LLMSetup.decode", "TensorParallelLLMSetup.decode (2 ranks)"]
-    # each rank's step, and rank 1's copy of the embeddings written in place in rank 0's buffer
+    # each rank's step: rank 1's copy of the embeddings written in place in rank 0's buffer is in its graph
     one, two = rows["LLMSetup.decode"], rows["TensorParallelLLMSetup.decode (2 ranks)"]
-    assert two["device_ops"] == 2 * one["device_ops"] + 1
+    assert two["device_ops"] == 2 * one["device_ops"]
     assert all(r["us_per_call"] > 0 for r in rows.values())
 
 

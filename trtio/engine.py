@@ -690,6 +690,26 @@ class EngineExecutor(Closeable):
             t._last_stream = stream
         return True
 
+    def replay_again(self, stream: Stream, before: tuple[DeviceWork, ...]) -> bool:
+        """:meth:`replay` of the step the last one replayed, where the caller's checks stand for the step's key
+        (the same profile, dims and tensor map: ``before`` is work only that step runs, and nothing prepared
+        another step since) and ``stream`` is the stream the last one ran on, open (its outputs' last stream
+        stays): its views are set again where they changed and its graph is launched. False, having done
+        nothing, where the last step replayed was not that one (then :meth:`replay`)."""
+        plan = self._plan
+        if plan is None or plan.graph_before is not before or not plan.graph or self._closed or \
+                not self.graphs_enabled:
+            return False
+        views = self._views
+        if plan.view_changes != views.changes:
+            _views_again(plan, views)
+        self.enqueued = 0
+        self.last_work = before
+        self.graph_stats.hits += 1
+        self._backend.launch_graph(plan.graph, stream._handle)  # the graph holds its bindings: no context sync
+        self.enqueued = len(before) + 1
+        return True
+
     def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:
             work.enqueue(s)

@@ -353,7 +353,7 @@ class _Steady:
         self.value = int.from_bytes(self.lengths, "little")  # the same, as one number
         self.ones = sum(1 << (64 * slot) for slot in slots)  # a 1 in the lane of each of the step's slots
         self.room = room
-        self.work = work
+        self.work = work  # before the engine (a tensor-parallel rank's may copy rank 0's input: tensor_parallel.py)
         self.dims = dims
         self.uploads = uploads  # the step block's uploads when the last step ran
         self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one

@@ -438,18 +438,19 @@ class TensorParallelLLMSetup(LLMSetup):
             if st is None or st.lengths != first.lengths or st.ones != first.ones or st.room != first.room or \
                     st.shape != first.shape or st.dtype != first.dtype:
                 return None
-            rs = self._streams[r]
-            others.append((setup, st, rs, rs.handle, self._backends[r], self._devices[r]))
+            copy = _InputCopy(self._backends[r], st.dst._ptr, first.dst._ptr, st.embeds_nbytes)
+            others.append(_RankStep(setup, st, self._streams[r], self._backends[r], self._devices[r], copy))
         return _SteadyPlan(self._rank_setups[0], first, tuple(others), self._ready.handle, self._kind == "cuda")
 
     def _replay_plan(self, plan: _SteadyPlan, x: Any, stream: StreamLike) -> Tensor:
         """A steady decode of ``plan`` fed ``x`` (checked by rank 0's :meth:`LLMSetup._steady_input`, which
         stands for every rank: they hold the same slots and lengths), every rank's enqueued from this thread (see
         ``_replays_here``): rank 0's on the caller's stream, each other rank's on its own stream after the
-        caller's work so far (the ``_ready`` event), with the rank's device the thread's; each rank's input copy,
-        graph replay and lengths, the lengths worked out once. A rank that fails ends the step as in
-        :meth:`_step` (the ranks after it never start; those before it have stepped: the setup is broken, their
-        collectives aborted)."""
+        caller's work so far (the ``_ready`` event), with the rank's device the thread's; the lengths worked out
+        once. Fed rank 0's ``io.inputs_embeds`` (written in place), each other rank's step is one launch of its
+        graph, which copies that input first (see :class:`_RankStep`); fed anything else, the rank copies it,
+        then replays. A rank that fails ends the step as in :meth:`_step` (the ranks after it never start; those
+        before it have stepped: the setup is broken, their collectives aborted)."""
         first = plan.first
         s = as_stream(stream, self._backend)
         if s._closed:
@@ -463,19 +464,32 @@ class TensorParallelLLMSetup(LLMSetup):
         now = value.to_bytes(first.nbytes, "little")
         cuda = plan.cuda  # elsewhere no device work runs here: the thread's device is not read
         outer = self._use_device(self._devices[0]) if cuda else None
-        r = 0
+        rank: _RankStep | None = None  # the rank > 0 stepping
         try:
             plan.setup._steady_rank(first, x, s, value, now)
-            for r, (setup, st, rs, handle, backend, device) in enumerate(plan.others, 1):  # noqa: B007 - r: below
+            own = x is first.dst
+            for rank in plan.others:
                 if cuda:
-                    self._set_cuda_device(device)
-                backend.wait_event(handle, ready)
-                setup._steady_rank(st, x, rs, value, now)
+                    self._set_cuda_device(rank.device)
+                rank.backend.wait_event(rank.handle, ready)
+                if own and rank.executor.replay_again(rank.stream, rank.copying):
+                    st = rank.steady  # its lengths are rank 0's (as LLMSetup._steady_rank leaves them)
+                    st.value = value
+                    st.lengths = now
+                    st.bytes_view[:] = now
+                    st.room -= 1
+                    rank.steps.device_lengths = now
+                else:
+                    rank.step(None if own else x, value, now)
         except BaseException as exc:
             self._plan = None
             for w in self._workers:
                 w.result = w.error = None
-            self._workers[r].error = exc
+            if rank is None:
+                self._workers[0].error = exc
+            else:
+                self._workers[plan.others.index(rank) + 1].error = exc
+                rank.failed()
         finally:
             if outer is not None:
                 self._set_cuda_device(outer)
@@ -661,12 +675,13 @@ class TensorParallelLLMSetup(LLMSetup):
         plan = self._plan
         if plan is not None and slots is None and self._broken is None and not self._closed:
             # A steady step (see LLMSetup.decode) on every rank: rank 0's checks stand for every rank, where no
-            # rank's steady state moved since the plan was made (no call of this setup but a steady decode).
+            # rank's steady state moved since the plan was made (no call of this setup but a steady decode; a
+            # call of a rank's own moves its epoch, and a steady step that fails drops the plan).
             first = plan.setup
             xs = first._steady_input(plan.first, inputs_embeds) if first._steady is plan.first else None
             if xs is not None:
-                for setup, st in plan.checks:
-                    if setup._steady is not st or setup._epoch != st.epoch:
+                for setup, epoch in plan.checks:
+                    if setup._epoch != epoch:
                         break
                 else:
                     return self._replay_plan(plan, xs, stream)
@@ -739,22 +754,79 @@ class TensorParallelLLMSetup(LLMSetup):
             self._stop_workers()
 
 
+@dataclasses.dataclass(frozen=True)
+class _InputCopy:
+    """A rank's copy of rank 0's step input (``nbytes`` from address ``src``, rank 0's ``io.inputs_embeds``, to
+    ``dst``, the rank's), as a value (see :class:`~trtio.ops.RowCopy`): device work before the rank's engine,
+    captured in its graph, so a steady step of a rank fed rank 0's input is one graph launch. Equal values are
+    the same copy."""
+
+    backend: Backend
+    dst: int
+    src: int
+    nbytes: int
+
+    def enqueue(self, stream: Stream) -> None:
+        self.backend.memcpy(self.dst, self.src, self.nbytes, stream.handle)
+
+
+class _RankStep:
+    """The steady step of one rank > 0 in a :class:`_SteadyPlan`: its setup, steady state, executor and step
+    inputs' writer (``setup``, ``steady``, ``executor``, ``steps``), stream and its handle, backend, device, and
+    the device work before its engine, fed rank 0's ``io.inputs_embeds`` (``copying``: the steady state's own and
+    :class:`_InputCopy`; once the rank's last step ran it, the next is
+    :meth:`~trtio.engine.EngineExecutor.replay_again`) or anything else (``plain``: the steady state's own, the
+    input copied before). Rank 0's checks stand for it (see :class:`_SteadyPlan`); it is enqueued after the
+    rank's stream waits for the caller's."""
+
+    __slots__ = ("setup", "steady", "stream", "handle", "backend", "device", "plain", "copying", "executor", "steps")
+
+    def __init__(self, setup: LLMSetup, steady: _Steady, stream: Stream, backend: Backend, device: int,
+                 copy: _InputCopy) -> None:
+        self.setup = setup
+        self.steady = steady
+        self.stream = stream
+        self.handle = stream.handle
+        self.backend = backend
+        self.device = device
+        self.plain = steady.work
+        self.copying = steady.work + (copy,)
+        self.executor = setup.executor
+        self.steps = setup._steps
+
+    def step(self, x: Any, value: int, now: bytes) -> None:
+        """The step fed ``x`` (None: rank 0's input, copied by the rank's graph), checked by rank 0's checks:
+        :meth:`LLMSetup._steady_rank` with the work before the engine that ``x`` needs."""
+        st = self.steady
+        if x is None:
+            st.work = self.copying
+            self.setup._steady_rank(st, st.dst, self.stream, value, now)
+        else:
+            st.work = self.plain
+            self.setup._steady_rank(st, x, self.stream, value, now)
+
+    def failed(self) -> None:
+        """After the rank's step raised: its next decode is checked in full, its lengths staged again (as
+        :meth:`LLMSetup._steady_rank` leaves a failed step)."""
+        self.setup._steady = None
+        self.setup._steps.decoded(None)
+
+
 class _SteadyPlan:
     """The steady decode of every rank that a decode of every active sequence left (see
-    :meth:`TensorParallelLLMSetup._steady_plan`): rank 0's setup and steady state (``setup``, ``first``); for each
-    other rank its setup, steady state, stream, the stream's handle, backend and device; the handle of the event
-    the other ranks wait on; whether the ranks are GPUs. Every rank's steady state is as rank 0's (the same slots,
-    lengths and room): rank 0's checks stand for all of them."""
+    :meth:`TensorParallelLLMSetup._steady_plan`): rank 0's setup and steady state (``setup``, ``first``); each
+    other rank's step (:class:`_RankStep`); the handle of the event the other ranks wait on; whether the ranks are
+    GPUs. Every rank's steady state is as rank 0's (the same slots, lengths and room): rank 0's checks stand for
+    all of them."""
 
     __slots__ = ("setup", "first", "others", "checks", "ready", "cuda")
 
-    def __init__(self, setup: LLMSetup, first: _Steady,
-                 others: tuple[tuple[LLMSetup, _Steady, Stream, int, Backend, int], ...], ready: int,
+    def __init__(self, setup: LLMSetup, first: _Steady, others: tuple[_RankStep, ...], ready: int,
                  cuda: bool) -> None:
         self.setup = setup
         self.first = first
         self.others = others
-        self.checks = tuple((o[0], o[1]) for o in others)  # each other rank's setup and steady state
+        self.checks = tuple((o.setup, o.steady.epoch) for o in others)  # each other rank's setup and its epoch
         self.ready = ready
         self.cuda = cuda
 
