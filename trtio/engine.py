@@ -275,22 +275,25 @@ class _Plan:
     foreign: bool = False  # it holds a tensor of another owner's view log: its views are set at every step
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
-    # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
-    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+    # Per plan switched from (by id; the plan is kept beside its lists): the views to set (see switch_from).
+    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]],
+                              list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
 
-    def switch_from(self, prev: _Plan) -> list[tuple[Tensor, tuple[int, ...], int]]:
+    def switch_from(self, prev: _Plan, shared_held: bool) -> list[tuple[Tensor, tuple[int, ...], int]]:
         """The views to set where the executor's own tensors hold ``prev``'s views (only their executor
-        reshapes them): the shared tensors' (``views``), then those of its own (``stable_views``) that differ
-        from ``prev``'s."""
+        reshapes them): the shared tensors' (``views``) and those of its own (``stable_views``) that differ
+        from ``prev``'s. ``shared_held``: the shared tensors hold ``prev``'s views too (no view of the
+        executor's log changed since ``prev`` set them), so only those of them that differ are set."""
         found = self.switches.get(id(prev))
-        if found is not None and found[0] is prev:
-            return found[1]
-        if len(self.switches) >= _PLAN_CACHE:
-            self.switches.clear()
-        before = {id(t): shp for t, shp, _n in prev.stable_views}
-        diff = self.views + [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
-        self.switches[id(prev)] = (prev, diff)
-        return diff
+        if found is None or found[0] is not prev:
+            if len(self.switches) >= _PLAN_CACHE:
+                self.switches.clear()
+            before = {id(t): shp for t, shp, _n in prev.stable_views}
+            own = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
+            before = {id(t): shp for t, shp, _n in prev.all_views}
+            found = self.switches[id(prev)] = (prev, self.views + own,
+                                                [v for v in self.all_views if before.get(id(v[0])) != v[1]])
+        return found[2] if shared_held else found[1]
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
@@ -459,8 +462,10 @@ class EngineExecutor(Closeable):
             held = self._stable_of
             if held is None:
                 _apply_views(cached.all_views)
-            else:  # one pass over the shared views and the own views that differ from the held plan's
-                _apply_views(cached.views if held is cached else cached.switch_from(held))
+            elif held is cached:
+                _apply_views(cached.views)
+            else:  # one pass over the views that differ from the held plan's (see _Plan.switch_from)
+                _apply_views(cached.switch_from(held, held.view_changes == self._views.changes))
             self._stable_of = cached
             cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
