@@ -358,7 +358,8 @@ class StepStaging(Closeable):
                 del held[n]
         if held_at:
             for n in names:
-                held_at.pop(n, None)
+                if n in held_at:
+                    del held_at[n]
 
     def _close_owned(self) -> None:
         self._held.clear()
