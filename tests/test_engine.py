@@ -290,3 +290,51 @@ def test_an_uncapturable_context_runs_plainly_and_says_why(host):
         assert "not captured: the execution context reports the stream is not capturable" in stats.last_miss_reason
     with create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, graphs=True) as plain:
         assert greedy_generate(plain, E, [[1, 2, 3], [4, 5]], 5) == got
+
+
+def test_a_plan_switch_sets_every_view_the_step_needs(llm):
+    """Switching back to a plan sets the views that differ from the plan held before; where a view was changed
+    by hand since (the executor's view log moved on), also those the two plans share."""
+    cfg, io, tm, state, ex = llm
+    s = Stream.create("host")
+    state.upload_start_index(np.zeros(2, np.int32), s)
+    io.upload_context_lengths(np.array([4, 4]), s)
+    prefill, decode = cfg.prefill_dims(2, 3, kv_cache_empty=False), cfg.decode_dims(2)
+    for dims in (prefill, decode, prefill, decode):
+        ex.prepare(1 if dims is decode else 0, tm, dims, s)
+    ctx_shape = io.context_lengths.shape  # alike in both plans
+    assert io.inputs_embeds.shape == (2, 1, 64)
+    ex.prepare(0, tm, prefill, s)  # nothing changed by hand since the decode plan set its views
+    assert io.inputs_embeds.shape == (2, 3, 64) and io.context_lengths.shape == ctx_shape
+    ex.prepare(1, tm, decode, s)
+    io.context_lengths.reshape((1,))  # by hand, between two steps
+    ex.prepare(0, tm, prefill, s)
+    assert io.inputs_embeds.shape == (2, 3, 64) and io.context_lengths.shape == ctx_shape
+    s.close()
+
+
+def test_equal_work_before_a_step_replays_its_graph(llm):
+    """The graph of a step and the device work before it is found again for the same work (by identity) and
+    for equal work made afresh (by value): no second capture."""
+    from trtio.ops import Zero
+
+    cfg, io, tm, state, ex = llm
+    s = Stream.create("host")
+    state.upload_start_index(np.zeros(2, np.int32), s)
+    io.upload_context_lengths(np.array([4, 4]), s)
+    io.upload_select_token_indices(np.zeros((2, 1)), s)
+    ex.graphs_enabled = True
+    scratch = Tensor.empty((16,), "int32", backend="host")
+    decode = cfg.decode_dims(2)
+    works = [(Zero(scratch, 16),), (Zero(scratch, 32),)]
+    for work in works * 2:
+        ex.prepare(1, tm, decode, s)
+        ex.execute(s, before=work)
+    assert ex.graph_stats.captures == 2
+    for work in works + [(Zero(scratch, 16),), (Zero(scratch, 32),)]:  # equal work, new objects
+        ex.prepare(1, tm, decode, s)
+        ex.execute(s, before=work)
+    assert (ex.graph_stats.captures, ex.graph_stats.hits) == (2, 6)
+    s.synchronize()
+    scratch.close()
+    s.close()

@@ -14,6 +14,7 @@ from trtio.contracts.ragged import (
     packed_tree_step,
     tree_step,
 )
+from trtio.errors import CapacityError
 from trtio.memory import Arena, TensorRequest
 from trtio.staging import StepStaging, constant
 from trtio.stream import Stream
@@ -101,6 +102,53 @@ def test_writable_or_borrowed_arrays_are_never_skipped(host):
     step.close()
     arena.close()
     s.close()
+
+
+def test_constants_written_at_their_own_elements_stay_in_the_block(host):
+    """write_at puts each constant in elements of its own: a step that writes the same constants at the same
+    places again makes no copy; a value written over part of one makes the block forget that one (and only
+    that one), and a whole-name write forgets them all."""
+    arena, step = _block(host)
+    s = Stream.create(host)
+    first, second = constant(np.array([1, 2, 3], np.int32)), constant(np.array([4, 5], np.int32))
+    step.write_at("a", 0, first)
+    step.write_at("a", 4, second)
+    step.upload(s)
+    ops = host.op_count
+    step.write_at("a", 0, first)
+    step.write_at("a", 4, second)
+    step.upload(s)
+    assert (step.skipped, host.op_count - ops) == (2, 0), "both held: nothing written, no copy"
+    step.write_at("a", 2, constant(np.array([9], np.int32)))  # over the last element of `first`
+    step.upload(s)
+    step.write_at("a", 0, first)  # written again: the block no longer holds it
+    step.write_at("a", 4, second)  # untouched: still held
+    assert step.skipped == 3
+    step.upload(s)
+    s.synchronize()
+    got = step.tensors["a"].reshape((8,)).to_numpy()
+    assert got[:3].tolist() == [1, 2, 3] and got[4:6].tolist() == [4, 5]
+    step.write("a", np.zeros(8, np.int32))
+    step.upload(s)
+    step.write_at("a", 4, second)
+    assert step.skipped == 3, "the whole-name write overwrote it"
+    step.upload(s)
+    s.synchronize()
+    assert step.tensors["a"].reshape((8,)).to_numpy().tolist() == [0, 0, 0, 0, 4, 5, 0, 0]
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_write_at_refuses_values_past_the_end_of_the_name(host):
+    arena, step = _block(host)
+    with pytest.raises(CapacityError, match=r"'a' holds 8 values, a step asked for 3 \(\(3,\)\) from element 6"):
+        step.write_at("a", 6, np.zeros(3, np.int32))
+    with pytest.raises(CapacityError, match="'a' holds 8 values"):
+        step.write_at("a", -1, np.zeros(1, np.int32))
+    assert not step.pending, "nothing was written"
+    step.close()
+    arena.close()
 
 
 def test_constant_is_a_read_only_copy():

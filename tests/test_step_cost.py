@@ -55,9 +55,10 @@ def _embeds(sd: trtio.SpecDecodeSetup, tokens: np.ndarray) -> Tensor:
 
 
 def _round(sd: trtio.SpecDecodeSetup, r: int, levels: list[Tensor],
-           ops: dict[str, list[int]] | None = None) -> list[np.ndarray]:
+           ops: dict[str, list[int]] | None = None, parents: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """One round with fixed shapes and round-dependent tokens and paths: every level, verify, accept and
-    the catch-up; returns every logits output. ``ops`` collects device operations per helper."""
+    the catch-up; returns every logits output. ``ops`` collects device operations per helper; ``parents``:
+    each level's (else a binary tree's, made afresh)."""
     b = sd.batch
     assert b is not None
     rng = np.random.default_rng(r)
@@ -73,7 +74,8 @@ def _round(sd: trtio.SpecDecodeSetup, r: int, levels: list[Tensor],
     out = []
     for x in levels:  # the level embedding buffers, written in place (a runtime's lookup output)
         x.copy_from(E[rng.integers(0, 512, (b, TOP_K))].astype(np.float16))
-    parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+    if parents is None:
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
     for x, p in zip(levels, parents):
         out.append(counted("draft_propose", lambda x=x, p=p: sd.draft_propose(x, parents=p)).to_numpy())
     tree = sd.io.inputs_embeds.reshape((b, VERIFY, E.shape[1]))
@@ -175,12 +177,13 @@ def test_ragged_steps_are_one_staged_copy_and_one_graph(host: trtio.Backend) -> 
         ops: dict[str, list[int]] = {}
         for r in range(2, 4):
             _round(sd, r, levels, ops)
-        # A level's embeddings, from the buffers of the rounds before, are copied in its graph.
-        assert ops == {"draft_propose": [2] * (2 * STEPS), "verify": [2, 2], "accept": [2, 2],
-                       "draft_accept": [2, 2]}
+        # A level's embeddings, from the buffers of the rounds before, are copied in its graph; a later level
+        # whose parents repeat the last round's finds them in the step block: its graph alone.
+        assert ops == {"draft_propose": [2] + [1] * (STEPS - 1) + [2] + [1] * (STEPS - 1), "verify": [2, 2],
+                       "accept": [2, 2], "draft_accept": [2, 2]}
         ops.clear()
         _round(sd, 4, moved, ops)  # other buffers: their embeddings are copied outside the graphs, which stay
-        assert ops["draft_propose"] == [3] * STEPS
+        assert ops["draft_propose"] == [3] + [2] * (STEPS - 1)
     finally:
         sd.close()
 
@@ -224,7 +227,8 @@ def test_level_embeddings_from_new_addresses_every_round_cost_no_new_graphs(host
             ops: dict[str, list[int]] = {}
             _round(sd, r, levels, ops)
             if r:
-                assert sd.graph_stats["draft"].captures == before and ops["draft_propose"] == [3] * STEPS
+                assert sd.graph_stats["draft"].captures == before and \
+                    ops["draft_propose"] == [3] + [2] * (STEPS - 1)  # later levels: their parents held
         _close(buffers)
     finally:
         sd.close()
@@ -240,8 +244,9 @@ def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) 
         ops: dict[str, list[int]] = {}
         for r, levels in enumerate(buffers):
             _round(sd, r, levels, ops if r >= 2 else None)
-        assert ops == {"draft_propose": [3] * (2 * STEPS), "verify": [1, 1], "accept": [2, 2],
-                       "draft_accept": [2, 2]}
+        # a round's later levels find their parents (those of the last round) in the step block: no copy
+        assert ops == {"draft_propose": [3] + [2] * (STEPS - 1) + [3] + [2] * (STEPS - 1), "verify": [1, 1],
+                       "accept": [2, 2], "draft_accept": [2, 2]}
         _close(buffers)
     finally:
         sd.close()
@@ -768,7 +773,8 @@ def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monk
 def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trtio.Backend, contract: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """In a steady round, a proposal level after the first writes only its parents into the step block (the
-    round's lengths, roots, slots and pages are there from the first level), and verify finds the cached
+    round's lengths, roots, slots and pages are there from the first level; its parents too, from the last
+    round), and verify finds the cached
     lengths the levels staged (the base's equal the draft's) in the block rather than staging them again.
     What is written is recorded by name, with whether the block already held that very constant."""
     sd = _setup(contract, True)
@@ -782,7 +788,14 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
             writes.append((name, step._held.get(name) is values))
             return real_write(name, values)
 
+        real_write_at = step.write_at
+
+        def write_at(name: str, at: int, values: np.ndarray) -> None:
+            writes.append((name, step._held_at.get(name, {}).get(at) is values))
+            real_write_at(name, at, values)
+
         monkeypatch.setattr(step, "write", write)
+        monkeypatch.setattr(step, "write_at", write_at)
         per_call: list[list[tuple[str, bool]]] = []
         parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         for x, p in zip(levels, parents):
@@ -793,7 +806,8 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
         sd.verify(sd.io.inputs_embeds.reshape((4, VERIFY, 64)), BINARY)
         lengths = "tree_past" if contract == "batch" else "past_lengths"
         assert (lengths, False) in per_call[0]  # the round's first level stages its lengths
-        assert per_call[1:] == [[("draft_parents", False)]] * (STEPS - 1)
+        # the parents, at each level's own place, where the block holds them since the last round (same values)
+        assert per_call[1:] == [[("draft_parents", True)]] * (STEPS - 1)
         assert (lengths, True) in writes and (lengths, False) not in writes
         sd.accept([[0, 1, 3], [0, 2], [0], [0, 1]])
         sd.draft_accept(sd.io.inputs_embeds.reshape((4, 3, 64)), np.array([3, 2, 1, 2]))
@@ -801,6 +815,42 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
             x.close()
     finally:
         sd.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_level_parents_that_change_reach_the_device_and_repeated_ones_cost_no_copy(host: trtio.Backend,
+                                                                                   contract: str) -> None:
+    """Each level's parents stay in the step block while they repeat: a later level whose parents repeat the
+    last round's is its graph alone (no staging copy). Parents the caller changed in place since, given per
+    sequence, or written over by other parents are staged afresh (one copy): every round's logits are those of
+    a setup without graphs fed the same."""
+    sd, plain = _setup(contract, True), _setup(contract, False)
+    try:
+        _start(sd)
+        _start(plain)
+        levels, plain_levels = _level_buffers(sd)[0], _level_buffers(plain)[0]
+        parents = [np.full(TOP_K, -1), np.zeros(TOP_K, np.int64), TOP_K + np.arange(TOP_K) // 2]
+        per_sequence = np.array([[1, 0], [0, 1], [1, 1], [0, 0]])
+        ops: dict[str, list[int]] = {}
+        later: list[list[int]] = []  # the device operations of each round's second and third levels
+        for r in range(6):
+            if r == 3:
+                parents[1][:] = [1, 0]  # changed in place: the same array, other values
+            given = [parents[0], per_sequence, parents[2]] if r == 4 else parents
+            ops.clear()
+            got = _round(sd, r, levels, ops, parents=given)
+            later.append(ops["draft_propose"][1:])
+            want = _round(plain, r, plain_levels, parents=given)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        graph = later[2][1]  # a steady level: its graph's launch
+        assert later[2] == [graph, graph]
+        assert later[3] == [graph + 1, graph], "level 2's parents changed in place: staged again"
+        assert later[5] == [graph + 1, graph], "level 2's slot held round 4's per-sequence parents: staged again"
+        _close([levels, plain_levels])
+    finally:
+        sd.close()
+        plain.close()
 
 
 def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: trtio.Backend) -> None:

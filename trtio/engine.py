@@ -269,26 +269,31 @@ class _Plan:
     inputs: frozenset[str] = frozenset()
     graph: int | None = None  # the graph of this snapshot and `graph_before`, once looked up or captured
     graph_before: tuple[DeviceWork, ...] = ()
-    graphs: dict[tuple[DeviceWork, ...], int] = field(default_factory=dict)  # by the work before the engine
+    # By the work before the engine, found by identity (the work tuple is kept beside its graph): (work, graph)
+    graphs: dict[int, tuple[tuple[DeviceWork, ...], int]] = field(default_factory=dict)
     view_changes: int = -1  # its executor's view log's count when this plan's views were last known set
     foreign: bool = False  # it holds a tensor of another owner's view log: its views are set at every step
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
-    # Per plan switched from (by id; the plan is kept beside its list): the executor's own views that differ.
-    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+    # Per plan switched from (by id; the plan is kept beside its lists): the views to set (see switch_from).
+    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]],
+                              list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
 
-    def switch_from(self, prev: _Plan) -> list[tuple[Tensor, tuple[int, ...], int]]:
-        """The views of the executor's own tensors (``stable_views``) that differ from ``prev``'s, where
-        they hold ``prev``'s (only their executor reshapes them)."""
+    def switch_from(self, prev: _Plan, shared_held: bool) -> list[tuple[Tensor, tuple[int, ...], int]]:
+        """The views to set where the executor's own tensors hold ``prev``'s views (only their executor
+        reshapes them): the shared tensors' (``views``) and those of its own (``stable_views``) that differ
+        from ``prev``'s. ``shared_held``: the shared tensors hold ``prev``'s views too (no view of the
+        executor's log changed since ``prev`` set them), so only those of them that differ are set."""
         found = self.switches.get(id(prev))
-        if found is not None and found[0] is prev:
-            return found[1]
-        if len(self.switches) >= _PLAN_CACHE:
-            self.switches.clear()
-        before = {id(t): shp for t, shp, _n in prev.stable_views}
-        diff = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
-        self.switches[id(prev)] = (prev, diff)
-        return diff
+        if found is None or found[0] is not prev:
+            if len(self.switches) >= _PLAN_CACHE:
+                self.switches.clear()
+            before = {id(t): shp for t, shp, _n in prev.stable_views}
+            own = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
+            before = {id(t): shp for t, shp, _n in prev.all_views}
+            found = self.switches[id(prev)] = (prev, self.views + own,
+                                                [v for v in self.all_views if before.get(id(v[0])) != v[1]])
+        return found[2] if shared_held else found[1]
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
@@ -455,9 +460,12 @@ class EngineExecutor(Closeable):
             # the executor's own tensors, those that differ from the plan they hold). The execution context is
             # brought in line only if it has to enqueue (a graph replay needs nothing).
             held = self._stable_of
-            _apply_views(cached.views if held is not None else cached.all_views)
-            if held is not None and held is not cached:
-                _apply_views(cached.switch_from(held))
+            if held is None:
+                _apply_views(cached.all_views)
+            elif held is cached:
+                _apply_views(cached.views)
+            else:  # one pass over the views that differ from the held plan's (see _Plan.switch_from)
+                _apply_views(cached.switch_from(held, held.view_changes == self._views.changes))
             self._stable_of = cached
             cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
@@ -637,17 +645,22 @@ class EngineExecutor(Closeable):
             raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
         s = as_stream(stream, self._backend)
         if use_graph if use_graph is not None else self.graphs_enabled:
-            graph = plan.graph if plan.graph_before == before else None
+            graph = plan.graph if plan.graph_before is before else None
             captured = False
             if graph is None:
-                graph = plan.graphs.get(before)  # a step that alternates between works (a round's first level)
-                if graph is None:
+                # A step that alternates between works (a round's levels): each work's graph, by identity.
+                found = plan.graphs.get(id(before))
+                if found is not None and found[0] is before:
+                    graph = found[1]
+                else:
                     key = (plan.snapshot, before)
                     graph = self._graphs.get(key)  # hashing the snapshot: once per new plan or new `before`
                     if graph is None:
                         self._sync(plan, s)
                         graph, captured = self._capture(key, s), True
-                    plan.graphs[before] = graph
+                    if len(plan.graphs) >= _PLAN_CACHE:  # works made afresh per step would grow it without bound
+                        plan.graphs.clear()
+                    plan.graphs[id(before)] = (before, graph)
                 plan.graph, plan.graph_before = graph, before
             if captured:
                 pass  # the capture's warm-up was this step: the graph (or plain execution) serves the next ones

@@ -533,8 +533,10 @@ class DraftLevel:
     ``[batch, k]``; parents of the previous level, ``level0 .. level0 + level_k - 1``, or -1 on a round's
     first level). Every input of the proposal step is then rewritten from the tree (see :class:`DraftTreeBuffers`):
     padding rows past the ``n0 + k`` nodes, positions past + depth, each row's packed ancestors, and the new
-    nodes' logits and hidden rows (a parent's draft row is ``b * level_k + parent - level0``). Equal values
-    are the same work (parents are read when it runs)."""
+    nodes' logits and hidden rows (a parent's draft row is ``b * level_k + parent - level0``). The parents
+    are read from element ``parents_at`` of ``tree.parents`` on (each level of a round its own slot there, so
+    parents that repeat stay in the step block). Equal values are the same work (parents are read when it
+    runs)."""
 
     tree: DraftTreeBuffers
     batch: int
@@ -543,6 +545,7 @@ class DraftLevel:
     level0: int
     level_k: int
     shared: bool
+    parents_at: int = 0
 
     @property
     def backend(self) -> Backend:
@@ -551,7 +554,8 @@ class DraftLevel:
     def enqueue(self, stream: Stream) -> None:
         t, b, n0, k = self.tree, self.batch, self.n0, self.k
         if self.backend.name == "cuda":
-            _kernel(self, "trtio_draft_level", b, _ptr(t.parents), np.int32(self.shared), _ptr(t.past),
+            parents = np.uint64(t.parents.data_ptr + 4 * self.parents_at)  # int32 values
+            _kernel(self, "trtio_draft_level", b, parents, np.int32(self.shared), _ptr(t.past),
                     np.int32(t.width), np.int32(t.n_words), np.int32(n0), np.int32(k), np.int32(self.level0),
                     np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.roots), _ptr(t.query_lengths),
                     _ptr(t.logits), np.int32(t.logits_stride), _ptr(t.row_src), _ptr(t.row_dst),
@@ -565,7 +569,7 @@ def _draft_level_host(level: DraftLevel) -> None:
     """:class:`DraftLevel` in numpy (the host backend's kernel)."""
     t, b, n0, k = level.tree, level.batch, level.n0, level.k
     w, nw = t.width, t.n_words
-    parents = _ints(t.parents.data_ptr, k if level.shared else b * k)
+    parents = _ints(t.parents.data_ptr + 4 * level.parents_at, k if level.shared else b * k)
     par = np.broadcast_to(parents, (b, k)) if level.shared else parents.reshape(b, k)
     words = host_view(t.words.data_ptr, 4 * b * w * nw).view(np.uint32).reshape(b, w, nw)
     nodes = _ints(t.nodes.data_ptr, 2 * b * w).reshape(b, w, 2)

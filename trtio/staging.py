@@ -103,6 +103,9 @@ class StepStaging(Closeable):
         # write_group's byte images, by the ids of their constants: (first byte, end, bytes, the constants)
         self._images: dict[tuple[int, ...], tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]] = {}
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
+        # write_at's constants by name and first element: those written since the last upload, those held
+        self._written_at: dict[str, dict[int, np.ndarray]] = {}
+        self._held_at: dict[str, dict[int, np.ndarray]] = {}
         self._last_streams = list(self.tensors.values())
         self._streamed: Stream | None = None  # the stream the last upload marked on them (only uploads write them)
         self._fences: list[Event] = []
@@ -158,10 +161,47 @@ class StepStaging(Closeable):
         held = self._held
         if name in held:
             del held[name]
+        if name in self._held_at or name in self._written_at:  # write_at's constants there are overwritten
+            self._held_at.pop(name, None)
+            self._written_at.pop(name, None)
         flags = values.flags
         if not flags.writeable and flags.owndata:
             self._written[name] = values
         return tensor
+
+    def write_at(self, name: str, at: int, values: np.ndarray) -> None:
+        """:meth:`write` of ``values`` into the elements ``at .. at + values.size - 1`` of ``name``; the others
+        keep what they hold. A :func:`constant` the device block already holds at ``at`` (written there and
+        uploaded, and nothing written over any of its elements since) is not written again: values that
+        repeat each in a place of their own (a draft round's levels) cost no copy."""
+        held = self._held_at.get(name)
+        if held is not None and held.get(at) is values:
+            self.skipped += 1
+            return
+        slot = self._slots.get(name)
+        n = values.size
+        if slot is None or not 0 <= at <= slot[3] - n or self._closed:
+            self._refuse(name, values, at)
+        view, off, itemsize, _size, _tensor = slot  # type: ignore[misc]  # _refuse raised where slot is None
+        view[at:at + n] = values if values.ndim == 1 else values.reshape(-1)
+        lo = off + at * itemsize
+        hi = lo + n * itemsize
+        if lo < self._lo:
+            self._lo = lo
+        if hi > self._hi:
+            self._hi = hi
+        self._held.pop(name, None)
+        self._written.pop(name, None)
+        written = self._written_at.get(name)
+        for placed in (held, written):  # what lay in these elements is gone (on the host, and after the upload)
+            if placed:
+                for start in [a for a, v in placed.items() if a < at + n and at < a + v.size]:
+                    del placed[start]
+        flags = values.flags
+        if not flags.writeable and flags.owndata:
+            if written is None:
+                written = self._written_at[name] = {}
+            written[at] = values
 
     def write_group(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
         """:meth:`write` of several :func:`constant` s that steps write together (a tree's lengths, logits rows,
@@ -192,6 +232,10 @@ class StepStaging(Closeable):
             if n in held:
                 del held[n]
             written[n] = v
+        if self._held_at or self._written_at:  # write_at's constants in these names are overwritten
+            for n in names:
+                self._held_at.pop(n, None)
+                self._written_at.pop(n, None)
 
     def _image(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]
                ) -> tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]:
@@ -217,13 +261,15 @@ class StepStaging(Closeable):
             image[off - lo:off - lo + v.size * itemsize] = v.reshape(-1).astype(view.dtype, copy=False).view(np.uint8)
         return lo, end, image, values
 
-    def _refuse(self, name: str, values: np.ndarray) -> None:
-        """Why :meth:`write` cannot write ``values`` into ``name`` (raised)."""
+    def _refuse(self, name: str, values: np.ndarray, at: int = 0) -> None:
+        """Why :meth:`write` (:meth:`write_at` from element ``at``) cannot write ``values`` into ``name``
+        (raised)."""
         if self._closed:
             raise ClosedError(f"{self.title} is closed")
         slot = self._slots.get(name)
+        where = f" from element {at}" if at else ""
         raise CapacityError(f"{self.title}: {name!r} holds {0 if slot is None else slot[3]} values, "
-                            f"a step asked for {values.size} ({values.shape})")
+                            f"a step asked for {values.size} ({values.shape}){where}")
 
     def upload(self, stream: Stream) -> None:
         """One copy of everything written since the last upload, on ``stream``; records the fence."""
@@ -264,6 +310,10 @@ class StepStaging(Closeable):
         if self._written:
             self._held.update(self._written)
             self._written.clear()
+        if self._written_at:
+            for name, placed in self._written_at.items():
+                self._held_at.setdefault(name, {}).update(placed)
+            self._written_at.clear()
 
     def _fence_group(self) -> int:
         """Record an event after the open group's copies, on their stream; returns its index. An event is
@@ -296,17 +346,26 @@ class StepStaging(Closeable):
         device work that failed half way may have left anything there)."""
         self._held.clear()
         self._written.clear()
+        self._held_at.clear()
+        self._written_at.clear()
 
     def overwritten(self, names: Sequence[str]) -> None:
         """``names`` are written on the device by work a step enqueues (not by an upload): the block no
         longer holds the constants last uploaded to them, so writing one again uploads it."""
-        held = self._held
+        held, held_at = self._held, self._held_at
         for n in names:
-            held.pop(n, None)
+            if n in held:
+                del held[n]
+        if held_at:
+            for n in names:
+                if n in held_at:
+                    del held_at[n]
 
     def _close_owned(self) -> None:
         self._held.clear()
         self._written.clear()
+        self._held_at.clear()
+        self._written_at.clear()
         with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
             for ev in self._fences:
                 release.callback(ev.close)

@@ -281,7 +281,7 @@ class BatchSteps(StepInputs):
         if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
             step.write("draft_roots", plan.roots)
             step.write("tree_past", plan.past)
-        step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
+        step.write_at("draft_parents", plan.n0 * plan.batch, plan.parents)  # each level a slot of its own
         step.upload(s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTreeBuffers.WRITES)
@@ -290,7 +290,7 @@ class BatchSteps(StepInputs):
         found = self._level_works.get(key)
         if found is None:
             found = self._level_works.put(
-                key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared),))
+                key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared, plan.n0 * plan.batch),))
         return found
 
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:

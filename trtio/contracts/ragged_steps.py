@@ -402,7 +402,7 @@ class RaggedSteps(StepInputs):
             step.write("past_lengths", plan.past)
             step.write("attention_sequence_lengths", plan.asl)
             step.write("state_indices", self.slot_ids(b, plan.slots))
-        step.write("draft_parents", plan.parents)  # checked to lie in -1 .. w - 1: stored as int32
+        step.write_at("draft_parents", plan.n0 * b, plan.parents)  # each level a slot of its own
         step.upload(s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTreeBuffers.WRITES)
@@ -415,7 +415,7 @@ class RaggedSteps(StepInputs):
             rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
             assert rows is not None
             found = self._level_works.put(key, (
-                DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared),
+                DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared, plan.n0 * b),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
         return found
 

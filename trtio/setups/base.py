@@ -367,8 +367,10 @@ class SetupBase(Closeable, abc.ABC):
             limit = table.limit.tolist()
             if start_list is None:
                 start_list = starts.tolist()
-            if any(start + width > limit[slot] for slot, start in zip(key, start_list)):
-                plan = table.ensure(order, starts, width)
+            for slot, start in zip(key, start_list):  # a plain loop: a generator costs more than a step's few slots
+                if start + width > limit[slot]:
+                    plan = table.ensure(order, starts, width)
+                    break
         if plan is None:
             return None, seqs.step_rows(e.role, key)
         plan.commit()

@@ -48,7 +48,9 @@ class DraftTree:
         n_words = max(1, -(-width // 32))
         self.buffers = steps.draft_buffers(draft, words, nodes, width, n_words)
         self.nodes = 0  # nodes run this round (per sequence)
-        self._parents: list[np.ndarray] = []  # each level's parents this round, as given ([k] or [b, k])
+        self._parents: list[np.ndarray] = []  # each level's parents this round ([k] or [b, k], int32 constants)
+        # Per first node: the last parents a level starting there had (values, shape, their int32 constant).
+        self._level_parents: BoundedCache[int, tuple[list[int], tuple[int, ...], np.ndarray]] = BoundedCache()
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
@@ -81,29 +83,40 @@ class DraftTree:
 
     def check(self, parents: Any, b: int, k: int) -> np.ndarray:
         """The new level's parents, [k] or [b, k]: all -1 (the root) on a round's first level, else nodes of
-        the previous level; and that ``k`` more nodes fit the round's width."""
-        level0, level_k = self._level
+        the previous level; and that ``k`` more nodes fit the round's width. Returned as an int32
+        :func:`~trtio.staging.constant`, the same object as the same level's last round where the values and
+        shape repeat (the step block then holds them already)."""
+        n = self.nodes
         if parents is None:
             if k != 1:
                 raise ShapeError(f"draft_propose: {k} nodes per sequence need their parents (-1 for the root)")
-            par = np.full(1, self.nodes - 1 if self.nodes else -1, np.int64)
+            vals, shape = [n - 1 if n else -1], (1,)
         else:
             par = np.asarray(parents)
-            if par.dtype.kind not in "iu" or par.shape not in ((k,), (b, k)):
+            shape = par.shape
+            if par.dtype.kind not in "iu" or shape not in ((k,), (b, k)):
                 raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} "
-                                 f"{par.shape}")
-            lo, hi = (-1, -1) if self.nodes == 0 else (level0, level0 + level_k - 1)
+                                 f"{shape}")
+            level0, level_k = self._level
+            lo, hi = (-1, -1) if n == 0 else (level0, level0 + level_k - 1)
             vals = par.ravel().tolist()  # a level is a few dozen values: Python's min and max beat numpy's here
             if vals and (min(vals) < lo or max(vals) > hi):
                 full = np.broadcast_to(par, (b, k))
                 bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
-                what = "-1 (the root) on a round's first level" if self.nodes == 0 else \
+                what = "-1 (the root) on a round's first level" if n == 0 else \
                     f"a node of the previous level ({level0}..{level0 + level_k - 1})"
                 raise ShapeError(f"parents[{bi}, {i}] = {int(full[bi, i])}: a new node's parent must be {what}")
-        if self.nodes + k > self.width:
-            raise ShapeError(f"draft_propose: {k} more nodes make {self.nodes + k}, more than the {self.width} a "
+        if n + k > self.width:
+            raise ShapeError(f"draft_propose: {k} more nodes make {n + k}, more than the {self.width} a "
                              f"round's draft tree holds (drafting_step x drafting_top_k = {self.width})")
-        return par
+        found = self._level_parents.get(n)
+        if found is not None and found[1] == shape and found[0] == vals:
+            return found[2]
+        par32 = np.array(vals, np.int32)  # checked to lie in -1 .. width - 1
+        par32.shape = shape  # in place: the constant owns its data
+        par32.flags.writeable = False
+        self._level_parents.put(n, (vals, shape, par32))
+        return par32
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
                 slots: np.ndarray | None = None, pages: np.ndarray | None = None, *, batch: int | None = None,
@@ -130,7 +143,7 @@ class DraftTree:
         move = self._move(b, k)
         plan = DraftLevelPlan(lengths[0], lengths[1], par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
-        self._staged = (par.copy(), n0, k, lengths, source)  # a copy: the caller's array may change
+        self._staged = (par, n0, k, lengths, source)  # a constant of check()'s: no copy
         return self._fuse(embeds, zeros, level, move)
 
     def round_past(self, lengths: list[int]) -> np.ndarray | None:

@@ -278,7 +278,7 @@ class SpecDecodeSetup(SetupBase):
         w = tree.width
         first = tree.nodes == 0
         if first:
-            order, key, past, _whole = self._step_lengths(e)
+            order, key, past, whole = self._step_lengths(e)
             cap = e.cfg.max_kv_cache_capacity
             have = past.tolist()
             if max(have) + w > cap:  # a round's levels all write after the lengths it started at
@@ -294,8 +294,10 @@ class SpecDecodeSetup(SetupBase):
         if first:
             taken, pages = self._pages(e, order, key, past, w, s, have)
         try:
-            before = tree.propose(x, par, past, self._roots.rows[order] if first else _NO_ROOTS, s,
-                                  order if self._seqs.slotted else None, pages, batch=b, nodes=k)
+            # the roots are staged at once (a view of slots 0 .. b - 1 serves as well as a copy)
+            roots = _NO_ROOTS if not first else self._roots.rows[:b] if whole else self._roots.rows[order]
+            before = tree.propose(x, par, past, roots, s, order if self._seqs.slotted else None, pages, batch=b,
+                                  nodes=k)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
