@@ -395,12 +395,12 @@ class TorchDeviceInput:
     step shape; :meth:`read` then pays only torch's own attribute reads, and no event where torch runs on the
     step's stream (``torch.cuda.ExternalStream(stream.handle)``)."""
 
-    __slots__ = ("tensor_type", "_dtype", "_shape", "_device", "_backend", "_current_stream")
+    __slots__ = ("tensor_type", "_dtype", "shape", "_device", "_backend", "_current_stream")
 
     def __init__(self, torch: Any, torch_dtype: Any, shape: tuple[int, ...], be: Backend) -> None:
         self.tensor_type = torch.Tensor
         self._dtype = torch_dtype
-        self._shape = shape
+        self.shape = shape
         self._device = be.device_id
         self._backend = be
         # torch's current stream of a device: what torch's own compiled code calls, where this torch has it.
@@ -409,15 +409,16 @@ class TorchDeviceInput:
             (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
     def read(self, obj: Any, consumer: int) -> int | None:
-        """The device address of ``obj`` where it is a plain torch tensor of this shape and dtype on this device,
+        """The device address of ``obj``, a plain torch tensor (the caller checked: ``type(obj) is
+        reader.tensor_type``), where it is one of this shape and dtype on this device,
         C-contiguous and 256-byte aligned, with its producer's pending work (torch's current stream of the
         device) ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)`` orders it. None,
         having done nothing, for anything else: the caller takes the general path
         (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
         a gradient (DLPack refuses it) nor the negative bit (set on the imaginary part of a conjugated complex
         tensor, also once copied; DLPack refuses it too) may be set."""
-        if type(obj) is not self.tensor_type or obj.get_device() != self._device or obj.dtype is not self._dtype \
-                or obj.shape != self._shape or obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
+        if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
+                obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
             return None
         ptr: int = obj.data_ptr()
         if ptr % ALIGNMENT:

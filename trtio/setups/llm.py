@@ -78,6 +78,7 @@ class LLMSetup(SetupBase):
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._streaming_pending = False
         self._steady: _Steady | None = None  # what the last decode left for the next one (see _Steady)
+        self._torch_reader: TorchDeviceInput | None = None  # the last steady step's reader of torch tensors
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
@@ -184,10 +185,13 @@ class LLMSetup(SetupBase):
             and not self._streaming_pending
 
     def _torch_input(self, st: _Steady) -> TorchDeviceInput | None:
-        """The reader of torch CUDA tensors of ``st``'s embeddings (kept by ``st``), where torch is imported and the
-        setup runs on the cuda backend (:func:`~trtio.foreign.torch_device_input`); else None."""
-        st.torch = torch_device_input(self._backend, st.dst._dtype, st.shape)
-        return st.torch
+        """The reader of torch CUDA tensors of ``st``'s embeddings (kept by ``st`` and the setup), where torch is
+        imported and the setup runs on the cuda backend (:func:`~trtio.foreign.torch_device_input`); else None."""
+        found = self._torch_reader
+        if found is None or found.shape != st.shape:  # one per step shape, kept across steady steps
+            found = self._torch_reader = torch_device_input(self._backend, st.dst._dtype, st.shape)
+        st.torch = found
+        return found
 
     def _steady_decode(self, st: _Steady, x: Any, s: Stream) -> Tensor:
         """A decode step of :meth:`decode`'s steady case on ``s`` (the step's stream): nothing to check, stage or
