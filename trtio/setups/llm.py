@@ -152,10 +152,7 @@ class LLMSetup(SetupBase):
                         s._check_open()
                     ptr = reader.read(inputs_embeds, s._handle)
                     if ptr is not None:  # a torch CUDA tensor of the step's shape and dtype, after its producer
-                        dst = st.dst
-                        self._backend.memcpy(dst._ptr, ptr, st.embeds_nbytes, s._handle)
-                        dst._last_stream = s
-                        return self._steady_decode(st, dst, s)
+                        return self._steady_decode(st, ptr, s)
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or
                 # converted once (its producer ordered before the step's stream), then a step like any other.
                 inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
@@ -212,7 +209,9 @@ class LLMSetup(SetupBase):
         setup's part of a tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every
         rank; the other ranks' streams are the setup's own, open while it is). The
         lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
-        copy of its bytes, whatever its view, unless it is the step's own input) or a host array."""
+        copy of its bytes, whatever its view, unless it is the step's own input), the device address of a foreign
+        array of the step's embeddings (an int: a torch tensor :class:`~trtio.foreign.TorchDeviceInput` read) or a
+        host array."""
         e = self._engine
         try:
             if type(x) is Tensor:
@@ -220,6 +219,10 @@ class LLMSetup(SetupBase):
                 if x is not dst:
                     self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s._handle)
                     dst._last_stream = s
+            elif type(x) is int:
+                dst = st.dst
+                self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
+                dst._last_stream = s
             else:
                 self._embeds_staging.upload(x, s, reshape=False)
             ex = e.executor
