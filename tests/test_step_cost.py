@@ -19,6 +19,7 @@ from _threads import run_at_once
 
 import trtio
 from trtio import Location, Tensor
+from trtio._cache import BoundedCache
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
@@ -903,11 +904,11 @@ def test_a_batch_verify_after_a_catch_up_finds_its_tree_in_the_step_block(host: 
         sd.close()
 
 
-class _NothingKept(dict):  # type: ignore[type-arg]
+class _NothingKept(BoundedCache[Any, Any]):
     """A cache that keeps nothing: every level takes its full path."""
 
-    def __setitem__(self, key: object, value: object) -> None:
-        pass
+    def put(self, key: Any, value: Any) -> Any:
+        return value
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])

@@ -68,8 +68,8 @@ class DraftTree:
         self._staged: tuple[np.ndarray, int, int, tuple[np.ndarray, np.ndarray], Any] | None = None
         # Per first node of a round's later level: its last (parents constant, embedding copy, batch, count,
         # previous level, fused work); the objects are kept, so identity tests find no stale one.
-        self._steady: dict[int, tuple[np.ndarray, DeviceWork | None, int, int, tuple[int, int],
-                                      tuple[DeviceWork, ...]]] = {}
+        self._steady: BoundedCache[int, tuple[np.ndarray, DeviceWork | None, int, int, tuple[int, int],
+                                              tuple[DeviceWork, ...]]] = BoundedCache()
 
     def start(self) -> None:
         """A new round: no node yet."""
@@ -156,8 +156,8 @@ class DraftTree:
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
         self._staged = (par, n0, k, lengths, source)  # a constant of check()'s: no copy
         fused = self._fuse(embeds, zeros, level, move)
-        if n0:  # at most one per node of the round's width
-            self._steady[n0] = (par, embeds, b, k, self._level, fused)
+        if n0:
+            self._steady.put(n0, (par, embeds, b, k, self._level, fused))
         return fused
 
     def round_past(self, lengths: list[int]) -> np.ndarray | None:
