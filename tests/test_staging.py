@@ -14,7 +14,7 @@ from trtio.contracts.ragged import (
     packed_tree_step,
     tree_step,
 )
-from trtio.errors import CapacityError
+from trtio.errors import CapacityError, TrtioError
 from trtio.memory import Arena, TensorRequest
 from trtio.staging import StepStaging, constant
 from trtio.stream import Stream
@@ -319,3 +319,46 @@ def test_uploads_on_a_stream_closed_since_are_waited_for_not_fenced_there(host) 
     step.close()
     arena.close()
     s2.close()
+
+
+def test_a_prepared_group_is_copied_until_the_device_holds_all_of_it(host):
+    """write_prepared copies the group's bytes (zeros past each value) and skips it only while the device block
+    holds every one of its constants: device work that rewrote any name of it sends the group again."""
+    arena, step = _block(host)
+    s = Stream.create(host)
+    a, b = constant(np.array([1, 2, 3], np.int32)), constant(np.array([4, 5], np.int32))
+    group = step.group(("a", "b"), (a, b))
+    step.write("a", constant(np.full(8, 9, np.int32)))  # the zeros between a's values and b replace these
+    step.write_prepared(group)
+    step.upload(s)
+    s.synchronize()
+    assert step.tensors["a"].reshape((8,)).to_numpy().tolist() == [1, 2, 3, 0, 0, 0, 0, 0]
+    assert step.tensors["b"].reshape((2,)).to_numpy().tolist() == [4, 5]
+    step.write_prepared(group)
+    assert step.skipped == 2 and not step.pending, "the device holds both: nothing is written"
+    step.overwritten(["b"])  # device work rewrote b alone
+    step.write_prepared(group)
+    assert step.pending, "b is no longer held: the group is written again"
+    step.close()
+    arena.close()
+    s.close()
+
+
+def test_a_prepared_group_written_over_a_held_constant_makes_the_block_forget_it(host):
+    """A constant the device held in a name the group then writes is sent again when next written."""
+    arena, step = _block(host)
+    s = Stream.create(host)
+    ones = constant(np.ones(8, np.int32))
+    step.write("a", ones)
+    step.upload(s)
+    step.write_prepared(step.group(("a", "b"), (constant(np.array([7], np.int32)), constant(np.zeros(1, np.int32)))))
+    step.write("a", ones)
+    assert step.skipped == 0, "the group wrote over a: the constant is no longer held"
+    step.upload(s)
+    s.synchronize()
+    assert step.tensors["a"].reshape((8,)).to_numpy().tolist() == [1] * 8
+    other_arena, other = _block(host)
+    with pytest.raises(TrtioError, match="write_prepared takes a group this block laid out"):
+        other.write_prepared(step.group(("a",), (ones,)))
+    for c in (step, other, arena, other_arena, s):
+        c.close()

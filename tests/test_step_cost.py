@@ -19,6 +19,7 @@ from _threads import run_at_once
 
 import trtio
 from trtio import Location, Tensor
+from trtio._cache import BoundedCache
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
@@ -901,3 +902,49 @@ def test_a_batch_verify_after_a_catch_up_finds_its_tree_in_the_step_block(host: 
             x.close()
     finally:
         sd.close()
+
+
+class _NothingKept(BoundedCache[Any, Any]):
+    """A cache that keeps nothing: every level takes its full path."""
+
+    def put(self, key: Any, value: Any) -> Any:
+        return value
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_a_later_level_after_a_previous_level_of_another_shape_runs_its_own_work(host: trtio.Backend,
+                                                                                 contract: str) -> None:
+    """A round's later level at the same first node as last round's, where the level before it had another count
+    (its parents' hidden rows lie elsewhere; same parents constant), or where its parents are given per sequence
+    after shared ones: the level runs its own device work, so every logits output is that of a setup that keeps
+    no level's work from round to round."""
+    sd, plain = _setup(contract, True), _setup(contract, False)
+    plain._tree._steady = _NothingKept()
+    try:
+        _start(sd)
+        _start(plain)
+        rng = np.random.default_rng(5)
+        # (k, parents) per level: node 2's level hangs off node 1 after a level of 2 or of 1 nodes, or its parents
+        # are given per sequence
+        shapes = [[(2, [-1, -1]), (2, [1, 1]), (2, [2, 3])],
+                  [(2, [-1, -1]), (2, [[1, 1], [0, 0], [1, 0], [0, 1]]), (2, [2, 3])],
+                  [(1, [-1]), (1, [0]), (2, [1, 1])]]
+        parents = {(n, lv): np.array(p) for n, shape in enumerate(shapes) for lv, (_k, p) in enumerate(shape)}
+        for r in range(6):
+            n = r % 3
+            tokens = [rng.integers(0, 512, (4, k)) for k, _p in shapes[n]]
+            tree = rng.integers(0, 512, (4, VERIFY))
+            catch_up = rng.integers(0, 512, (4, 2))
+            outs = []
+            for setup in (sd, plain):
+                got = [setup.draft_propose(E[t].astype(np.float16), parents=parents[n, lv]).to_numpy()
+                       for lv, t in enumerate(tokens)]
+                got.append(setup.verify(E[tree].astype(np.float16), BINARY).to_numpy())
+                setup.accept([[0, 1], [0, 2], [0, 1], [0, 2]])
+                got.append(setup.draft_accept(E[catch_up].astype(np.float16), np.full(4, 2)).to_numpy())
+                outs.append(got)
+            for g, w in zip(*outs):
+                np.testing.assert_array_equal(g, w)
+    finally:
+        sd.close()
+        plain.close()

@@ -37,7 +37,7 @@ from trtio.memory import Arena, TensorRequest, align_up
 from trtio.stream import Event, Stream
 from trtio.tensor import Tensor
 
-__all__ = ["FENCE_EVERY", "RING_SLOTS", "StepStaging", "constant"]
+__all__ = ["FENCE_EVERY", "RING_SLOTS", "StagedGroup", "StepStaging", "constant"]
 
 RING_SLOTS = 8  # uploads a host may run ahead of the device before an upload waits
 FENCE_EVERY = 4  # uploads on one stream covered by one fence event (fewer when the next comes on another)
@@ -56,6 +56,23 @@ def constant(values: np.ndarray) -> np.ndarray:
 
 def _ring_name(names: Sequence[str]) -> str:
     return f"host_ring_{names[0]}" if names else "host_ring"
+
+
+class StagedGroup:
+    """Constants a step writes together into names next to each other in a :class:`StepStaging` block, laid
+    out once (:meth:`StepStaging.group`): the names, the values (kept: their ids key nothing stale), the
+    byte range and its bytes, and the (name, value) pairs."""
+
+    __slots__ = ("staging", "names", "values", "lo", "hi", "image", "pairs")
+
+    def __init__(self, staging: StepStaging, names: tuple[str, ...], values: tuple[np.ndarray, ...], lo: int,
+                 hi: int, image: np.ndarray) -> None:
+        self.staging = staging
+        self.names = names
+        self.values = values
+        self.lo, self.hi = lo, hi
+        self.image = image
+        self.pairs = dict(zip(names, values))
 
 
 class StepStaging(Closeable):
@@ -100,8 +117,8 @@ class StepStaging(Closeable):
         self._slot = 0  # the ring slot of the next upload
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
-        # write_group's byte images, by the ids of their constants: (first byte, end, bytes, the constants)
-        self._images: dict[tuple[int, ...], tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]] = {}
+        # write_group's byte images, by the ids of their constants (each record keeps its constants)
+        self._images: dict[tuple[int, ...], StagedGroup] = {}
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         # write_at's constants by name and first element: those written since the last upload, those held
         self._written_at: dict[str, dict[int, np.ndarray]] = {}
@@ -206,41 +223,60 @@ class StepStaging(Closeable):
     def write_group(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
         """:meth:`write` of several :func:`constant` s that steps write together (a tree's lengths, logits rows,
         parents, depths and mask) into ``names``, which lie next to each other in the block: one copy of their
-        bytes, laid out once per set of constants (the unused end of each value's room holds zeros)."""
-        held = self._held
-        for n, v in zip(names, values):
-            if held.get(n) is not v:
-                break
-        else:
-            self.skipped += len(names)
-            return
+        bytes, laid out once per set of constants (the unused end of each value's room holds zeros). A step
+        that writes one set again and again prepares it once (:meth:`group`) and writes it with
+        :meth:`write_prepared`."""
         key = tuple(map(id, values))
         found = self._images.get(key)
-        if found is None or any(a is not b for a, b in zip(found[3], values)):
-            found = self._image(names, values)
+        if found is None or found.names != names or any(a is not b for a, b in zip(found.values, values)):
+            found = self.group(names, values)
             if len(self._images) >= 64:
                 self._images.clear()
             self._images[key] = found
-        lo, hi, image, _values = found
-        self._twins[lo:hi] = image
+        self.write_prepared(found)
+
+    def group(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> StagedGroup:
+        """``values`` (constants) laid out for ``names`` (next to each other in the block), for
+        :meth:`write_prepared`; refuses what :meth:`write_group` would."""
+        lo, hi, image = self._image(names, values)
+        return StagedGroup(self, names, values, lo, hi, image)
+
+    def write_prepared(self, group: StagedGroup) -> None:
+        """:meth:`write_group` of a set :meth:`group` laid out (of this block): nothing is looked up or
+        checked again but what the device block holds."""
+        held = self._held
+        names, values = group.names, group.values
+        if held.get(names[0]) is values[0]:  # rare where device work rewrites the names: the full test then
+            for n, v in group.pairs.items():
+                if held.get(n) is not v:
+                    break
+            else:
+                self.skipped += len(names)
+                return
+        if self._closed or group.staging is not self:
+            if self._closed:
+                raise ClosedError(f"{self.title} is closed")
+            raise TrtioError(f"{self.title}: write_prepared takes a group this block laid out (group()), not "
+                             f"{group.staging.title}'s")
+        lo, hi = group.lo, group.hi
+        self._twins[lo:hi] = group.image
         if lo < self._lo:
             self._lo = lo
         if hi > self._hi:
             self._hi = hi
-        written = self._written
-        for n, v in zip(names, values):
-            if n in held:
-                del held[n]
-            written[n] = v
+        if held:
+            for n in names:
+                if n in held:
+                    del held[n]
+        self._written.update(group.pairs)
         if self._held_at or self._written_at:  # write_at's constants in these names are overwritten
             for n in names:
                 self._held_at.pop(n, None)
                 self._written_at.pop(n, None)
 
-    def _image(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]
-               ) -> tuple[int, int, np.ndarray, tuple[np.ndarray, ...]]:
-        """The bytes :meth:`write_group` copies for ``values`` into ``names``: (first byte, end, the bytes, the
-        values). Refuses names that are not next to each other, and values that are no constants or do not fit."""
+    def _image(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> tuple[int, int, np.ndarray]:
+        """The bytes :meth:`write_group` copies for ``values`` into ``names``: (first byte, end, the bytes).
+        Refuses names that are not next to each other, and values that are no constants or do not fit."""
         if self._closed:
             raise ClosedError(f"{self.title} is closed")
         slots = [self._slots.get(n) for n in names]
@@ -259,7 +295,7 @@ class StepStaging(Closeable):
         for v, slot in zip(values, slots):
             view, off, itemsize, _size, _t = slot  # type: ignore[misc]
             image[off - lo:off - lo + v.size * itemsize] = v.reshape(-1).astype(view.dtype, copy=False).view(np.uint8)
-        return lo, end, image, values
+        return lo, end, image
 
     def _refuse(self, name: str, values: np.ndarray, at: int = 0) -> None:
         """Why :meth:`write` (:meth:`write_at` from element ``at``) cannot write ``values`` into ``name``

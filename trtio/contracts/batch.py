@@ -247,10 +247,11 @@ class BatchSteps(StepInputs):
             if found is None:
                 found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, w, True, 0, words,
                                                             select.shape[1]),))
-            plan = (layout, select, (layout.query_lengths, layout.tree_depths, layout.packed_mask, select), found)
+            plan = (layout, select, self.step.group(_VERIFY_GROUP if e.role == "base" else _TREE_GROUP, (
+                layout.query_lengths, layout.tree_depths, layout.packed_mask, select)), found)
             self._tree_plans.put((e.role, id(layout)), plan)
         step.write("tree_past", past)
-        step.write_group(_VERIFY_GROUP if e.role == "base" else _TREE_GROUP, plan[2])
+        step.write_prepared(plan[2])
         step.upload(s)
         return plan[3]
 
@@ -281,8 +282,7 @@ class BatchSteps(StepInputs):
         if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
             step.write("draft_roots", plan.roots)
             step.write("tree_past", plan.past)
-        step.write_at("draft_parents", plan.n0 * plan.batch, plan.parents)  # each level a slot of its own
-        step.upload(s)
+        self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTreeBuffers.WRITES)
         shared = plan.parents.ndim == 1

@@ -312,6 +312,15 @@ class StepInputs(abc.ABC):
         """Stage a proposal level (its parents, the round's lengths on its first level) and return its
         device work: the level made on the device, then what reads it (RoPE rows)."""
 
+    def stage_parents(self, n0: int, batch: int, parents: np.ndarray, s: Stream) -> None:
+        """Stage a proposal level's ``parents`` (:meth:`draft_level`'s place for them: each level a slot of its
+        own, from element ``n0 * batch``) and upload what is written. A round's later level whose device work is
+        known (the same place, parents and previous level as a level :meth:`draft_level` staged) stages this
+        alone."""
+        step = self.step
+        step.write_at("draft_parents", n0 * batch, parents)
+        step.upload(s)
+
     @abc.abstractmethod
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
         """Each sequence's root hidden row after a draft prefill of ``lengths`` in ``width``-wide rows."""

@@ -44,6 +44,7 @@ from trtio.dtypes import DType
 from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry
+from trtio.staging import StagedGroup
 from trtio.stream import Stream
 
 if TYPE_CHECKING:
@@ -325,24 +326,23 @@ class RaggedSteps(StepInputs):
         plan = self._tree_plans.get((e.role, id(layout)))
         if plan is None or plan[0] is not layout:
             plan = self._tree_plan(e, layout, s)
-        _layout, offsets, group, constants, work = plan
+        _layout, offsets, group, work = plan
         if pages is not None:
             self.write_pages(e, pages)
         if offsets is not None:
             step.write("query_start_offsets", offsets)
         step.write("past_lengths", past)
         step.write("state_indices", self.slot_ids(layout.real.shape[0], slots))
-        step.write_group(group, constants)
+        step.write_prepared(group)
         step.upload(s)
         step.overwritten(_TREE_WRITES)
         return work
 
     def _tree_plan(self, e: EngineView, layout: TreeLayout, s: Stream
-                   ) -> tuple[TreeLayout, np.ndarray | None, tuple[str, ...], tuple[np.ndarray, ...],
-                              tuple[DeviceWork, ...]]:
+                   ) -> tuple[TreeLayout, np.ndarray | None, StagedGroup, tuple[DeviceWork, ...]]:
         """What a tree step of ``layout`` on engine ``e`` writes and runs, whatever is cached: the layout, its query
-        offsets where they are written on their own (the base's), the names and values of its constants, written
-        together (:data:`_VERIFY_GROUP`, or :data:`_DRAFT_GROUP`: with the offsets), and its device work."""
+        offsets where they are written on their own (the base's), its constants laid out to be written together
+        (:data:`_VERIFY_GROUP`, or :data:`_DRAFT_GROUP`: with the offsets), and its device work."""
         b, w = layout.real.shape
         words = layout.packed_mask.shape[1]
         key = (e.role, b, w, layout.phase, layout.padding_position, words)
@@ -358,8 +358,9 @@ class RaggedSteps(StepInputs):
         constants = (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids, layout.tree_depths,
                      layout.packed_mask)
         offsets = ramp(b + 1, w)
-        plan = (layout, offsets, _VERIFY_GROUP, constants, found) if _owns_tree(e, self.io) else \
-            (layout, None, _DRAFT_GROUP, (offsets, *constants), found)
+        step = self.step
+        plan = (layout, offsets, step.group(_VERIFY_GROUP, constants), found) if _owns_tree(e, self.io) else \
+            (layout, None, step.group(_DRAFT_GROUP, (offsets, *constants)), found)
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
 
@@ -402,8 +403,7 @@ class RaggedSteps(StepInputs):
             step.write("past_lengths", plan.past)
             step.write("attention_sequence_lengths", plan.asl)
             step.write("state_indices", self.slot_ids(b, plan.slots))
-        step.write_at("draft_parents", plan.n0 * b, plan.parents)  # each level a slot of its own
-        step.upload(s)
+        self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTreeBuffers.WRITES)
         level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
