@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _configs import bundle
+from _configs import bundle, tiny_bundle
 
 from trtio import ShapeError, Stream
 from trtio.cuda.host import HostBackend
@@ -250,3 +250,81 @@ def test_a_host_input_is_staged_in_the_last_slot_once_its_copy_has_run() -> None
         np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 31))
     arena.close()
     s.close()
+
+
+def test_ragged_rounds_of_the_same_paths_commit_at_the_starts_verify_staged_without_uploading_them() -> None:
+    """Ragged: accept's KV commit reads each sequence's start from the past lengths the verify step staged, so
+    paths that repeat while the lengths grow are not uploaded again (one device operation per accept) and still
+    commit what paths read afresh commit (their rows carrying the starts): equal logits, lengths and pools."""
+    b = tiny_bundle("ragged")
+    E = toy_embedding(32, 16, 0)
+    emb, lens = embed_batch(E, [[1, 2, 3, 4], [5, 6, 7]], np.float16)
+    rng = np.random.default_rng(5)
+    trees = [[-1, 0, 0, 1], [-1, 0, 1, 1]]
+    same = [[0, 1, 3], [0, 1]]
+    other = [[0, 2], [0, 1, 3]]
+    rounds = [(0, same), (0, same), (0, same), (0, other), (0, other), (1, same), (1, same), (1, same), (0, same)]
+    inputs = [(E[rng.integers(0, 32, (2, 4))].astype(np.float16), E[rng.integers(0, 32, (2, 3))].astype(np.float16))
+              for _ in rounds]
+    bw = ToyWeights.generate(b.base, 0)
+    dw = ToyWeights.generate_draft(b.draft, bw, 0)
+    kept, fresh = (create_for_spec_decode(ReferenceEngine.from_config(b.base, weights=bw),
+                                          ReferenceEngine.from_config(b.draft, weights=dw), b) for _ in range(2))
+    results: list[list[np.ndarray]] = [[], []]
+    for sd, out in zip((kept, fresh), results):
+        sd.base.state.reset(clear=True)  # pools compared whole below: no bytes left from before
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        moves = sd.base.state._moves
+        for i, ((t, paths), (x, catch_up)) in enumerate(zip(rounds, inputs)):
+            out.append(sd.verify(x, trees[t]).to_numpy().copy())
+            acc = [len(p) for p in paths]
+            uploads = moves.uploads
+            sd.accept(paths if sd is kept else _padded(paths))
+            if sd is kept and i in (2, 7):  # the same paths a third time on one tree: their rows are on the device
+                assert moves.uploads == uploads, f"round {i}: the repeated paths were uploaded again"
+            else:
+                assert moves.uploads == uploads + 1, f"round {i}"
+            out.append(sd.draft_accept(catch_up[:, :max(acc)], acc).to_numpy().copy())
+            out.append(sd.base_lengths.copy())
+    assert kept.base_lengths.tolist() != [4, 3] and kept.base_lengths.tolist() == fresh.base_lengths.tolist()
+    for a, c in zip(*results):
+        np.testing.assert_array_equal(a, c)
+    for name, t in kept.base.state.tensors.items():
+        np.testing.assert_array_equal(t.to_numpy(), fresh.base.state.tensors[name].to_numpy(), err_msg=name)
+    kept.close()
+    fresh.close()
+
+
+def test_a_commit_reads_the_starts_on_the_device_where_given(backend) -> None:  # type: ignore[no-untyped-def]
+    """``starts`` given: each sequence's start is read from that device tensor, the rows' first ints ignored."""
+    from trtio import Location, Tensor
+    from trtio.ops import KVCommit, KVLayout
+
+    rng = np.random.default_rng(4)
+    b, heads, dim, cap = 3, 2, 8, 32
+    with Stream.create(backend) as s:
+        cache = Tensor.empty((b, heads, cap, dim), "float16", Location.DEVICE, backend=backend, name="cache")
+        table = Tensor.empty((1,), "int64", Location.DEVICE, backend=backend, name="table")
+        moves = Tensor.empty((b, 6), "int32", Location.DEVICE, backend=backend, name="moves")
+        starts = Tensor.empty((b,), "int32", Location.DEVICE, backend=backend, name="starts")
+        try:
+            table.copy_from(np.array([cache.data_ptr], np.int64), s)
+            value = rng.standard_normal(cache.shape).astype(np.float16)
+            cache.copy_from(value, s)
+            paths, at = [[0, 2, 3], [0, 1, 3, 4], [0, 3]], [4, 10, 0]
+            rows = np.full((b, 6), -1, np.int32)
+            for i, path in enumerate(paths):
+                rows[i, :2 + len(path)] = [20 + i, len(path), *path]  # starts no commit may read
+            moves.copy_from(rows, s)
+            starts.copy_from(np.array(at, np.int32), s)
+            KVCommit([cache], table, KVLayout(paged=False, heads=heads, capacity=cap, entry_bytes=2 * dim)).run(
+                moves, b, 6, s, starts=starts)
+            want = value.copy()
+            for i, (path, start) in enumerate(zip(paths, at)):
+                for j, node in enumerate(path):
+                    want[i, :, start + j] = want[i, :, start + node]
+            np.testing.assert_array_equal(cache.to_numpy(s), want)
+        finally:
+            for t in (cache, table, moves, starts):
+                t.close()

@@ -339,25 +339,25 @@ class KVCommit(Closeable):
         self.piece = layout.entry_bytes // self.unit
         self.first = np.array([(p - self.base) // self.unit for p in ptrs], np.int64)[:, None]
         self.span = max(p + t.capacity for p, t in zip(ptrs, caches)) - self.base
-        self._graphs: dict[tuple[int, int, int], int] = {}  # cuda: the kernel's graph per (moves, batch, stride)
+        self._graphs: dict[tuple[int, int, int, int], int] = {}  # cuda: its graph per (moves, batch, stride, starts)
         # Its owner (a state) warns when dropped unclosed; the graphs then go silently.
         self._init_lifetime(f"the KV commit of {self.n_caches} caches", destroy_graphs, self.backend, self._graphs,
                             warn=False)
 
-    def _capture(self, key: tuple[int, int, int], stream: Stream) -> int:
+    def _capture(self, key: tuple[int, int, int, int], stream: Stream) -> int:
         """The kernel of ``key`` captured in a graph of its own; 0 after launching it directly, where
         ``stream`` is already being captured (by a caller: the launch joins the caller's graph)."""
         from trtio.cuda import kernels
 
         self._check_open()
         lay, be = self.layout, self.backend
-        moves_ptr, batch, stride = key
+        moves_ptr, batch, stride, starts_ptr = key
         launch = kernels.Launch(
             be.device_id, "trtio_kv_commit", (self.n_caches, batch), _BLOCK, kernels.ptr(self.table_ptr),
             kernels.ptr(moves_ptr), np.int32(stride), np.int32(1 if lay.paged else 0),
             np.int64(lay.entry_bytes), np.int32(self.chunks), np.int64(self.chunk_stride),
             np.int64(self.seq_stride), np.int64(self.slot_stride), kernels.ptr(self.page_table_ptr),
-            np.int32(lay.max_pages), np.int32(lay.capacity), np.int64(2 * lay.pool_pages))
+            np.int32(lay.max_pages), np.int32(lay.capacity), np.int64(2 * lay.pool_pages), kernels.ptr(starts_ptr))
         h = stream.handle
         if be.is_capturing(h):
             launch(h)
@@ -371,14 +371,18 @@ class KVCommit(Closeable):
         graph = self._graphs[key] = be.end_capture(h)
         return graph
 
-    def run(self, moves: Tensor, batch: int, stride: int, stream: Stream) -> None:
+    def run(self, moves: Tensor, batch: int, stride: int, stream: Stream, *,
+            starts: Tensor | None = None) -> None:
         """For each sequence slot ``b < batch``, row ``b`` of ``moves`` (int32 ``[batch, stride]``) is
         ``[start, n, node_0, ..., node_{n-1}]``, an accepted path of ``n`` nodes (``node_0`` the root): entry
         ``start + node_j`` of sequence ``b`` is copied to ``start + j`` for ``j = 1 .. n - 1``, in order, in
-        every cache. Moves are read when the work runs (a captured graph replays fresh paths)."""
+        every cache. With ``starts`` (int32 ``[batch]`` on the device: the cached lengths a step staged there),
+        ``start`` is ``starts[b]`` and the rows' first ints are not read. Moves and starts are read when the
+        work runs (a captured graph replays fresh paths)."""
         lay, be = self.layout, self.backend
+        starts_ptr = 0 if starts is None else starts.data_ptr
         if be.name == "cuda":
-            key = (moves.data_ptr, batch, stride)
+            key = (moves.data_ptr, batch, stride, starts_ptr)
             graph = self._graphs.get(key)
             fresh = graph is None
             if graph is None:
@@ -397,6 +401,8 @@ class KVCommit(Closeable):
         def run() -> None:
             rows = host_view(mv_ptr, 4 * batch * stride).view(np.int32).reshape(batch, stride).astype(np.int64)
             start, n = rows[:, 0], rows[:, 1]
+            if starts_ptr:
+                start = host_view(starts_ptr, 4 * batch).view(np.int32).astype(np.int64)
             if (n < 1).any() or (n + 2 > stride).any():
                 raise ShapeError(f"commit_kv: path lengths {n.tolist()} do not fit rows of {stride} ints")
             j = np.arange(stride - 2)[None, :]

@@ -425,10 +425,13 @@ class EngineState(Closeable):
         rows[:, 2:] = grid
         self.commit_rows(rows, stream)
 
-    def commit_rows(self, rows: np.ndarray, stream: StreamLike = None) -> None:
+    def commit_rows(self, rows: np.ndarray, stream: StreamLike = None, *,
+                    starts: Tensor | None = None) -> None:
         """:meth:`commit_grid` of its rows, laid out already: int32 [batch, 2 + width], row ``b`` the sequence's
         cached length, its path's length and the path's nodes (at most ``MAX_PATH_MOVES + 1``, checked by the
-        caller) padded with -1."""
+        caller) padded with -1. ``starts``: the cached lengths on the device instead (int32 [batch], what the
+        step before staged there; the rows' first column is then not read), so rows that repeat (a
+        :func:`~trtio.staging.constant` the block holds) are not uploaded again."""
         if self._closed:
             self._check_open()
         if self._commit is None:
@@ -436,7 +439,7 @@ class EngineState(Closeable):
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        self._commit.run(moves, rows.shape[0], rows.shape[1], s)
+        self._commit.run(moves, rows.shape[0], rows.shape[1], s, starts=starts)
 
     def _kv_layout(self) -> KVLayout:
         first = self.tensors[self._kv_caches[0]]

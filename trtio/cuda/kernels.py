@@ -86,7 +86,8 @@ extern "C" __global__ void trtio_copy_jobs(TrtioCopyJobs jobs) {
 
 // Commit accepted tree paths in KV caches: block (c, b) moves, in order, the entries of sequence b's path in
 // cache caches[c]: moves[b] = [start, n, node_0, ..., node_{n-1}] moves entry start + node_j to start + j for
-// j = 1 .. n - 1 (absolute cache slots). Each entry is `chunks` pieces of chunk_bytes: a contiguous cache
+// j = 1 .. n - 1 (absolute cache slots); with `starts` (int32 [B], else null) start is starts[b], not the row's
+// first int. Each entry is `chunks` pieces of chunk_bytes: a contiguous cache
 // [B, H, C, D] has one piece per head (layout 0); a paged pool [2, P, page, H, D] has the K piece (page table
 // row 0) and the V piece (row 1, ids already + P) (layout 1). Moves run in order with a barrier between them:
 // a later move may overwrite an earlier one's source (path [0, 2, 3]: slot 2 is read by move 1, then written
@@ -114,11 +115,11 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
                                            int stride, int layout, long long chunk_bytes, int chunks,
                                            long long chunk_stride, long long seq_stride, long long slot_stride,
                                            const int* __restrict__ page_table, int max_pages, int page_size,
-                                           long long pool_rows) {
+                                           long long pool_rows, const int* __restrict__ starts) {
     int c = blockIdx.x;
     int b = blockIdx.y;
     const int* row = moves + (long long)b * stride;
-    long long start = row[0];
+    long long start = starts ? starts[b] : row[0];  // starts: the device's cached lengths, else the row's own
     int n = row[1];
     char* base = (char*)caches[c];
     // 16-byte words when every piece starts on one (the strides are multiples of the piece for layout 0).

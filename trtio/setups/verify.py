@@ -21,6 +21,7 @@ from trtio.errors import ShapeError
 from trtio.staging import constant
 from trtio.state import MAX_PATH_MOVES, EngineState, path_grid
 from trtio.stream import Stream
+from trtio.tensor import Tensor
 from trtio.trees import ancestor_mask, validate_tree_mask
 
 __all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
@@ -143,6 +144,9 @@ class AcceptedPaths:
         # lengths, the accepted rows, and the tree's root paths and first rows (:meth:`_ends`).
         self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray,
                           list[dict[int, list[int]]], np.ndarray] | None = None
+        # The last paths' commit rows as a constant, for a commit that reads the starts on the device (None: not
+        # made yet for them).
+        self._fixed: np.ndarray | None = None
 
     def read(self, paths: Sequence[Sequence[int]] | np.ndarray, b: int,
              tree: VerifyTree) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +169,7 @@ class AcceptedPaths:
         return grid, acc
 
     def walk(self, paths: Any, b: int, tree: VerifyTree,
-             starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+             starts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree`` (at
         most MAX_PATH_MOVES + 1 nodes), checked in Python and laid out for the KV commit and the catch-up: the
         commit's rows ([b, 2 + longest]: the sequence's cached length ``starts[i]``, the path's length, its nodes
@@ -176,7 +180,9 @@ class AcceptedPaths:
         comparison for the batch). The same paths as the last call's, on the same tree, are laid out once: only
         the commit rows' starts are written, and from their first repeat on the lengths and rows are read-only
         (a catch-up's step values, kept while the paths repeat); paths that change every call pay no more than
-        their layout."""
+        their layout. ``starts`` None: the commit reads the cached lengths on the device (the rows' starts are 0),
+        and from the first repeat on the commit rows too are one read-only array (a
+        :func:`~trtio.staging.constant`: its upload is skipped while they repeat)."""
         if type(paths) is not list or len(paths) != b or set(map(type, paths)) != _LISTS or \
                 set(map(type, chain.from_iterable(paths))) != _INTS:
             return None  # not b lists of ints only (bools and floats are no nodes: read() names them)
@@ -186,6 +192,12 @@ class AcceptedPaths:
                 moves, acc, rows = last[2], last[3], last[4]
                 if acc.flags.writeable:  # the paths repeat: their layout is kept, read-only from here on
                     acc.flags.writeable = rows.flags.writeable = False
+                if starts is None:
+                    fixed = self._fixed
+                    if fixed is None:
+                        moves[:, 0] = 0
+                        fixed = self._fixed = constant(moves)
+                    return fixed, acc, rows
                 moves[:, 0] = starts
                 return moves, acc, rows
             ends, firsts = last[5], last[6]
@@ -198,11 +210,12 @@ class AcceptedPaths:
             return None
         # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
         flat: list[int] = []
+        firsts_of = [0] * b if starts is None else starts.tolist()
         if shortest == longest:
-            for p, start in zip(paths, starts.tolist()):
+            for p, start in zip(paths, firsts_of):
                 flat += (start, longest, *p)
         else:
-            for p, start, m in zip(paths, starts.tolist(), lens):
+            for p, start, m in zip(paths, firsts_of, lens):
                 flat += (start, m, *p, *_PADDING[longest - m])
         flat += lens
         out = np.array(flat, np.int64)
@@ -211,6 +224,7 @@ class AcceptedPaths:
         grid = moves[:, 2:]
         rows = _accepted_rows(firsts, grid, shortest == longest)
         self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, ends, firsts)
+        self._fixed = None
         return moves, acc, rows
 
     def _ends(self, tree: VerifyTree, b: int) -> tuple[list[dict[int, list[int]]], np.ndarray]:
@@ -239,16 +253,17 @@ class AcceptedPaths:
         return ends, firsts
 
     def commit(self, paths: Any, b: int, tree: VerifyTree, state: EngineState, lengths: np.ndarray,
-               stream: Stream) -> tuple[np.ndarray, np.ndarray]:
+               stream: Stream, *, staged: Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Check ``paths`` against the verified ``tree`` (a ShapeError before anything is enqueued), then enqueue
         the KV commit of ``state`` (whose cached lengths of the ``b`` sequences are ``lengths``); returns the
         path lengths and the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each
         path). A runtime's lists of ints take one walk in Python; anything else is read and checked by
-        :meth:`read`."""
-        walked = self.walk(paths, b, tree, lengths)
+        :meth:`read`. ``staged``: ``lengths`` as the device holds them (int32 [b], staged by the verify step),
+        which a walked commit reads there (its rows then repeat with the paths: no upload while they do)."""
+        walked = self.walk(paths, b, tree, None if staged is not None else lengths)
         if walked is not None:
             moves, acc, rows = walked
-            state.commit_rows(moves, stream)
+            state.commit_rows(moves, stream, starts=staged)
             return acc, rows
         grid, acc = self.read(paths, b, tree)
         state.commit_grid(lengths, grid, acc, stream)
