@@ -334,6 +334,12 @@ class StepInputs(abc.ABC):
     def tree_targets(self, e: EngineView) -> TreeTargets:
         """What a tree step of the engine ``role`` reads and writes on the device."""
 
+    def tree_starts(self) -> Tensor | None:
+        """Where a verify step leaves each sequence's cached length on the device ([batch] int32, the sequences'
+        order) until the next step, for accept's KV commit to read; None where it leaves none (the commit's rows
+        then carry the starts)."""
+        return None
+
 
 def rope_row_bytes(cfg: LLMEngineConfig) -> int:
     """Bytes of one RoPE cos/sin row (float32)."""

@@ -364,6 +364,9 @@ class RaggedSteps(StepInputs):
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
 
+    def tree_starts(self) -> Tensor | None:
+        return self.step.tensors["past_lengths"]  # verify stages its cached lengths there (its tree targets')
+
     def tree_targets(self, e: EngineView) -> TreeTargets:
         found = self._targets.get(e.role)
         if found is None:

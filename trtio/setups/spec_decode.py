@@ -140,10 +140,9 @@ class SpecDecodeSetup(SetupBase):
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
         self._accepted_list: list[int] = []  # the path lengths as ints
-        # A step block with past lengths (the ragged one): the verify step stages the base's cached lengths there
-        # ([batch], the sequences' order), where accept's KV commit reads them (as it reads the verify step's page
-        # table); else (None) the commit's rows carry them.
-        self._verify_starts = self._steps.step.tensors.get("past_lengths")
+        # Where verify leaves the base's cached lengths on the device for accept's KV commit (as it leaves its page
+        # table there); None: the commit's rows carry them.
+        self._verify_starts = self._steps.tree_starts()
         # A round's first proposal level's slots, their key, cached lengths and page-table rows (its later levels'):
         self._round_step: tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None] = (
             np.zeros(0, np.int64), (), np.zeros(0, np.int64), None)
