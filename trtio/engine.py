@@ -691,14 +691,7 @@ class EngineExecutor(Closeable):
             return False
         if stream._closed:
             stream._check_open()
-        views = self._views
-        if plan.view_changes != views.changes:
-            _views_again(plan, views)
-        self.enqueued = 0
-        self.last_work = before
-        self.graph_stats.hits += 1
-        self._backend.launch_graph(plan.graph, stream._handle)  # the graph holds its bindings: no context sync
-        self.enqueued = len(before) + 1
+        self._launch(plan, stream, before)
         for t in plan.outputs:
             t._last_stream = stream
         return True
@@ -713,15 +706,22 @@ class EngineExecutor(Closeable):
         if plan is None or plan.graph_before is not before or not plan.graph or self._closed or \
                 not self.graphs_enabled:
             return False
+        self._launch(plan, stream, before)
+        return True
+
+    def _launch(self, plan: _Plan, stream: Stream, before: tuple[DeviceWork, ...]) -> None:
+        """A replay's launch of ``plan``'s graph (checked by the caller) on ``stream``: its views set again where
+        they changed, then the graph, which holds its bindings (no context sync)."""
         views = self._views
         if plan.view_changes != views.changes:
             _views_again(plan, views)
         self.enqueued = 0
         self.last_work = before
         self.graph_stats.hits += 1
-        self._backend.launch_graph(plan.graph, stream._handle)  # the graph holds its bindings: no context sync
+        graph = plan.graph
+        assert graph is not None  # the caller's check
+        self._backend.launch_graph(graph, stream._handle)
         self.enqueued = len(before) + 1
-        return True
 
     def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
         for work in before:
