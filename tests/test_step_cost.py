@@ -420,22 +420,28 @@ def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(h
     assert failures == []
 
 
+def _reversed_rows(host: trtio.Backend) -> tuple[Tensor, Tensor, Tensor, tuple[Any, ...], tuple[Any, ...]]:
+    """Host tensors src [4, 2], dst and rows [3, 2, 1, 0], with two works before an engine: a RowCopy of all four
+    rows reversed, and one of two rows (other work)."""
+    from trtio.ops import RowCopy
+
+    src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
+    dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
+    rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
+    return src, dst, rows, (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+
+
 def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trtio.Backend) -> None:
     """``EngineExecutor.replay`` stands for prepare + execute only where the last execute replayed the graph of
     the same plan and the same ``before``: other work before the engine, other dims, another profile or a
     tensor map changed since return False and enqueue nothing."""
-    from trtio.ops import RowCopy
-
     setup, x = _steady_llm(host)
     try:
         e = setup.engines()[0]
         ex, tm, s = e.executor, e.tensor_map, trtio.Stream.create(host)
         dims = e.cfg.decode_dims(2)
         tm.generation += 1  # what a sanctioned rebinding does: a new plan, of these dims
-        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
-        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
-        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
-        work, other = (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+        src, dst, rows, work, other = _reversed_rows(host)
         for _ in range(2):  # a plain run, then the capture
             ex.prepare(1, tm, dims, s)
             ex.execute(s, before=work)
@@ -468,17 +474,12 @@ def test_a_replay_again_launches_only_the_graph_the_last_replay_launched(host: t
     """``EngineExecutor.replay_again`` (the caller's checks stand for the step's key) launches the graph of the
     executor's last step where that step ran the same ``before`` as a graph; other work, a last step that ran
     other work, or graphs cleared since return False and enqueue nothing."""
-    from trtio.ops import RowCopy
-
     setup, x = _steady_llm(host)
     try:
         e = setup.engines()[0]
         ex, tm, s = e.executor, e.tensor_map, trtio.Stream.create(host)
         dims = e.cfg.decode_dims(2)
-        src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
-        dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
-        rows = Tensor.from_numpy(np.array([3, 2, 1, 0], np.int32), backend=host)
-        work, other = (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
+        src, dst, rows, work, other = _reversed_rows(host)
         for _ in range(2):  # a plain run, then the capture
             ex.prepare(1, tm, dims, s)
             ex.execute(s, before=work)
