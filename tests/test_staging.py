@@ -104,6 +104,46 @@ def test_writable_or_borrowed_arrays_are_never_skipped(host):
     s.close()
 
 
+def test_write_all_writes_as_write_does_value_by_value(host):
+    """write_all is write of each value in one call: a held constant is skipped, another value for its name (or
+    for the elements a write_at constant holds) makes the block forget it, and a value that does not fit raises
+    with the values before it still going with the next upload."""
+    arena, step = _block(host)
+    s = Stream.create(host)
+    ones, sevens = constant(np.ones(4, np.int32)), constant(np.full(2, 7, np.int64))
+    step.write_all(("a", "c"), (ones, sevens))
+    ops = host.op_count
+    step.upload(s)
+    assert host.op_count - ops == 1, "one copy for the whole block"
+    step.write_all(("a", "c"), (ones, sevens))
+    assert step.skipped == 2
+    step.write_all(("a", "c"), (np.full(4, 5, np.int32), sevens))  # a plain array for "a": the block forgets `ones`
+    step.upload(s)
+    step.write_all(("a",), (ones,))  # written again
+    step.upload(s)
+    s.synchronize()
+    assert step.skipped == 3
+    assert step.tensors["a"].reshape((4,)).to_numpy().tolist() == [1, 1, 1, 1]
+    placed = constant(np.array([8, 9], np.int32))
+    step.write_at("b", 2, placed)
+    step.upload(s)
+    step.write_all(("b",), (np.zeros(4, np.int32),))  # over it
+    step.upload(s)
+    step.write_at("b", 2, placed)  # written again
+    step.upload(s)
+    s.synchronize()
+    assert step.skipped == 3
+    assert step.tensors["b"].reshape((4,)).to_numpy().tolist() == [0, 0, 8, 9]
+    with pytest.raises(CapacityError, match=r"'c' holds 4 values, a step asked for 5"):
+        step.write_all(("a", "c"), (np.full(2, 3, np.int32), np.zeros(5, np.int64)))
+    step.upload(s)  # the value written before the one that did not fit goes with it
+    s.synchronize()
+    assert step.tensors["a"].reshape((2,)).to_numpy().tolist() == [3, 3]
+    step.close()
+    arena.close()
+    s.close()
+
+
 def test_constants_written_at_their_own_elements_stay_in_the_block(host):
     """write_at puts each constant in elements of its own: a step that writes the same constants at the same
     places again makes no copy; a value written over part of one makes the block forget that one (and only

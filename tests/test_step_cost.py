@@ -796,8 +796,15 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
             writes.append((name, step._held_at.get(name, {}).get(at) is values))
             real_write_at(name, at, values)
 
+        real_write_all = step.write_all
+
+        def write_all(names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
+            writes.extend((n, step._held.get(n) is v) for n, v in zip(names, values))
+            real_write_all(names, values)
+
         monkeypatch.setattr(step, "write", write)
         monkeypatch.setattr(step, "write_at", write_at)
+        monkeypatch.setattr(step, "write_all", write_all)
         per_call: list[list[tuple[str, bool]]] = []
         parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         for x, p in zip(levels, parents):

@@ -450,7 +450,10 @@ class EngineExecutor(Closeable):
             self._check_open()
         key = (profile, dims, id(tensor_map), tensor_map.generation)
         plan = self._plan
-        if plan is not None and plan.key == key:
+        # The held plan's dims are tested by identity first (a setup keeps one object per step shape): a switch
+        # between plans then costs no field-by-field comparison of dims that differ; equal dims of another object
+        # find the plan among the cached ones below.
+        if plan is not None and plan.key[1] is dims and plan.key == key:
             if plan.view_changes != self._views.changes:  # a view of this owner changed since the plan set its own
                 _views_again(plan, self._views)
             return

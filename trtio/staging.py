@@ -186,6 +186,40 @@ class StepStaging(Closeable):
             self._written[name] = values
         return tensor
 
+    def write_all(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
+        """:meth:`write` of each of ``values`` into the name at its place in ``names``, in order, in one call (a
+        step that writes several values pays one call, not one each); a value that does not fit raises as
+        :meth:`write` does, the earlier ones written."""
+        held, slots, held_at, written_at, written = self._held, self._slots, self._held_at, self._written_at, \
+            self._written
+        lo_all, hi_all = self._lo, self._hi
+        try:
+            for name, v in zip(names, values, strict=True):
+                if held.get(name) is v:
+                    self.skipped += 1
+                    continue
+                slot = slots.get(name)
+                n = v.size
+                if slot is None or n > slot[3] or self._closed:
+                    self._refuse(name, v)
+                view, lo, itemsize, _size, _tensor = slot  # type: ignore[misc]  # _refuse raised where slot is None
+                view[:n] = v if v.ndim == 1 else v.reshape(-1)
+                hi = lo + n * itemsize
+                if lo < lo_all:
+                    lo_all = lo
+                if hi > hi_all:
+                    hi_all = hi
+                if name in held:
+                    del held[name]
+                if name in held_at or name in written_at:  # write_at's constants there are overwritten
+                    held_at.pop(name, None)
+                    written_at.pop(name, None)
+                flags = v.flags
+                if not flags.writeable and flags.owndata:
+                    written[name] = v
+        finally:  # what was written before a value that does not fit goes with the next upload
+            self._lo, self._hi = lo_all, hi_all
+
     def write_at(self, name: str, at: int, values: np.ndarray) -> None:
         """:meth:`write` of ``values`` into the elements ``at .. at + values.size - 1`` of ``name``; the others
         keep what they hold. A :func:`constant` the device block already holds at ``at`` (written there and

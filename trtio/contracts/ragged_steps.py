@@ -234,6 +234,15 @@ class RaggedContract(Contract):
 _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "rope_rows")
 # What a tree step's device work writes.
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
+# What a round's first proposal level writes besides its page-table rows (RaggedSteps.draft_level).
+_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "attention_sequence_lengths", "state_indices")
+# The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
+_PAGE_TABLE = {False: ("kv_page_table",), True: ("draft_kv_page_table",)}
+_LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
+# What a tree step writes besides its layout's constants (RaggedSteps.tree): its cached lengths and slots, then the
+# query offsets where they are written on their own (the base's).
+_TREE_NAMES: tuple[str, ...] = ("past_lengths", "state_indices")
+_TREE_OFFSETS = (*_TREE_NAMES, "query_start_offsets")
 # A tree layout's constants, next to each other in the step block (StepStaging.write_group).
 _TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_tree_depths", "packed_attention_mask")
 # A spec-decode base's own copies of them (RaggedContract.bind_pipeline), next to each other too.
@@ -327,12 +336,13 @@ class RaggedSteps(StepInputs):
         if plan is None or plan[0] is not layout:
             plan = self._tree_plan(e, layout, s)
         _layout, offsets, group, work = plan
-        if pages is not None:
-            self.write_pages(e, pages)
+        names: tuple[str, ...] = _TREE_NAMES
+        values: tuple[np.ndarray, ...] = (past, self.slot_ids(layout.real.shape[0], slots))
         if offsets is not None:
-            step.write("query_start_offsets", offsets)
-        step.write("past_lengths", past)
-        step.write("state_indices", self.slot_ids(layout.real.shape[0], slots))
+            names, values = _TREE_OFFSETS, (*values, offsets)
+        if pages is not None:  # write_pages' name for them
+            names, values = names + _PAGE_TABLE[e.role == "draft"], (*values, pages)
+        step.write_all(names, values)
         step.write_prepared(group)
         step.upload(s)
         step.overwritten(_TREE_WRITES)
@@ -400,12 +410,11 @@ class RaggedSteps(StepInputs):
         step = self.step
         b, w = plan.batch, tree.width
         if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
-            self.write_pages(e, plan.pages)
-            step.write("draft_roots", plan.roots)
-            step.write("query_start_offsets", ramp(b + 1, w))
-            step.write("past_lengths", plan.past)
-            step.write("attention_sequence_lengths", plan.asl)
-            step.write("state_indices", self.slot_ids(b, plan.slots))
+            values = (plan.roots, ramp(b + 1, w), plan.past, plan.asl, self.slot_ids(b, plan.slots))
+            if plan.pages is None:
+                step.write_all(_LEVEL_NAMES, values)
+            else:  # with the page-table rows (write_pages' name for them)
+                step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
         self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
             step.overwritten(DraftTreeBuffers.WRITES)

@@ -24,6 +24,9 @@ from trtio.stream import Stream
 
 __all__ = ["CatchUp"]
 
+# The rows a catch-up's gather writes to (its scratch rows) and reads from (the accepted nodes' base rows).
+_MOVE_NAMES = ("catch_up_dst", "catch_up_src")
+
 
 @dataclass(frozen=True)
 class _Layout:
@@ -81,8 +84,8 @@ class CatchUp:
             src[:, :rows.shape[1]] = rows
         moves = found.moves
         step = self._steps.step
-        step.write("catch_up_dst", found.scratch_rows)  # the block keeps them from the last catch-up of this layout
-        step.write("catch_up_src", src)
+        # the block keeps the scratch rows from the last catch-up of this layout
+        step.write_all(_MOVE_NAMES, (found.scratch_rows, src))
         tree = self._steps.tree(e, found.layout, past, found.select, s, slots, pages)
         work = self._last_work
         if work is not None and work[0] is tree and work[1] is moves:

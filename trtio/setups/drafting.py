@@ -23,6 +23,7 @@ from trtio.memory import HostStaging
 from trtio.ops import Copy2D, Zero, fuse
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine
+from trtio.staging import constant
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
@@ -54,6 +55,9 @@ class DraftTree:
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
         self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
+        self._width32 = np.int32(width)
+        # The roots a round's first level last staged: their values, and the constant holding them (_root_rows).
+        self._last_roots: tuple[list[int], np.ndarray] | None = None
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
         self._level_sources: dict[int, tuple[tuple[int, ...], int]] = {}
         self._level_copies: BoundedCache[tuple[int, ...], Copy2D] = BoundedCache()  # copies in a level's graph
@@ -146,9 +150,11 @@ class DraftTree:
         if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
             zeros = self._round_zeros(b)
             past32 = past.astype(np.int32)  # new arrays of their own: made constants in place
-            asl = past32 + np.int32(self.width)
-            past32.flags.writeable = asl.flags.writeable = False
+            asl = past32 + self._width32
+            past32.setflags(write=False)
+            asl.setflags(write=False)
             lengths = (past32, asl)
+            roots = self._root_rows(roots)
         else:
             zeros, lengths = (), self._round_lengths
         move = self._move(b, k)
@@ -159,6 +165,18 @@ class DraftTree:
         if n0:
             self._steady.put(n0, (par, embeds, b, k, self._level, fused))
         return fused
+
+    def _root_rows(self, roots: np.ndarray) -> np.ndarray:
+        """``roots`` (each sequence's root hidden row) as a read-only constant: the last round's where the values
+        are the same (a steady batch's roots stay in place between rounds), so the step block, which holds it
+        from that round's upload, is not written again."""
+        rows = roots.tolist()
+        last = self._last_roots
+        if last is not None and last[0] == rows:
+            return last[1]
+        found = constant(roots)
+        self._last_roots = (rows, found)
+        return found
 
     def round_past(self, lengths: list[int]) -> np.ndarray | None:
         """The int32 constant of the cached lengths this round's levels staged, where they are ``lengths`` (a
