@@ -161,30 +161,8 @@ class StepStaging(Closeable):
 
         A constant (:func:`constant`: read-only, owning its data) the device block already holds from an
         earlier upload is not written again: steps share their offsets, ones and identity rows."""
-        if self._held.get(name) is values:
-            self.skipped += 1
-            return self.tensors[name]
-        slot = self._slots.get(name)
-        n = values.size
-        if slot is None or n > slot[3] or self._closed:
-            self._refuse(name, values)
-        view, lo, itemsize, _size, tensor = slot  # type: ignore[misc]  # _refuse raised where slot is None
-        view[:n] = values if values.ndim == 1 else values.reshape(-1)
-        hi = lo + n * itemsize
-        if lo < self._lo:
-            self._lo = lo
-        if hi > self._hi:
-            self._hi = hi
-        held = self._held
-        if name in held:
-            del held[name]
-        if name in self._held_at or name in self._written_at:  # write_at's constants there are overwritten
-            self._held_at.pop(name, None)
-            self._written_at.pop(name, None)
-        flags = values.flags
-        if not flags.writeable and flags.owndata:
-            self._written[name] = values
-        return tensor
+        self.write_all((name,), (values,))
+        return self.tensors[name]
 
     def write_all(self, names: tuple[str, ...], values: tuple[np.ndarray, ...]) -> None:
         """:meth:`write` of each of ``values`` into the name at its place in ``names``, in order, in one call (a
