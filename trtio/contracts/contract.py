@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
-__all__ = ["Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs", "absent"]
+__all__ = ["PAGE_TABLE_NAMES", "Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs",
+           "absent"]
 
 
 class Pipeline(Protocol):
@@ -231,7 +232,7 @@ class StepInputs(abc.ABC):
         """Stage a step's page-table rows (a read-only array per rows version: the step block keeps it while
         they stay the same)."""
         if pages is not None:
-            self.step.write("draft_kv_page_table" if e.role == "draft" else "kv_page_table", pages)
+            self.step.write(PAGE_TABLE_NAMES[e.role == "draft"], pages)
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
                key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
@@ -339,6 +340,10 @@ class StepInputs(abc.ABC):
         order) until the next step, for accept's KV commit to read; None where it leaves none (the commit's rows
         then carry the starts)."""
         return None
+
+
+# The step-block name of a step's page-table rows, by whether the engine is the draft (StepInputs.write_pages).
+PAGE_TABLE_NAMES = ("kv_page_table", "draft_kv_page_table")
 
 
 def rope_row_bytes(cfg: LLMEngineConfig) -> int:

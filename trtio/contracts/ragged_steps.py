@@ -18,6 +18,7 @@ import numpy as np
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
+    PAGE_TABLE_NAMES,
     Contract,
     DraftLevelPlan,
     EngineView,
@@ -152,9 +153,9 @@ class RaggedContract(Contract):
                 TensorRequest.of("catch_up_src", (rows,), i32),
             ]
         # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
-        step.append(TensorRequest.of("kv_page_table", (b, 2, base.pages_per_sequence), i32))
+        step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
         if draft is not None:
-            step.append(TensorRequest.of("draft_kv_page_table", (b, 2, draft.pages_per_sequence), i32))
+            step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
         step += [
             TensorRequest.of("row_src", (t,), i32),
             TensorRequest.of("row_dst", (t,), i32),
@@ -227,7 +228,7 @@ class RaggedContract(Contract):
 
     def page_table(self, io: Pipeline, role: str) -> Tensor | None:
         assert io.step is not None
-        return io.step.tensors["draft_kv_page_table" if role == "draft" else "kv_page_table"]
+        return io.step.tensors[PAGE_TABLE_NAMES[role == "draft"]]
 
 
 # What a decode step's device work writes into the step block (stale on the host after it runs).
@@ -237,7 +238,7 @@ _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position
 # What a round's first proposal level writes besides its page-table rows (RaggedSteps.draft_level).
 _LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "attention_sequence_lengths", "state_indices")
 # The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
-_PAGE_TABLE = {False: ("kv_page_table",), True: ("draft_kv_page_table",)}
+_PAGE_TABLE = {is_draft: (PAGE_TABLE_NAMES[is_draft],) for is_draft in (False, True)}
 _LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
 # What a tree step writes besides its layout's constants (RaggedSteps.tree): its cached lengths and slots, then the
 # query offsets where they are written on their own (the base's).
