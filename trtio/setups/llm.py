@@ -230,14 +230,24 @@ class LLMSetup(SetupBase):
                 ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
                 ex.execute(s, before=st.work)
         except BaseException:
-            self._steady = None
-            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again next step
+            self._steady_failed()
             raise
+        self._steady_done(st, value, now)
+
+    def _steady_done(self, st: _Steady, value: int, now: bytes) -> None:
+        """After a steady step of ``st`` ran: the lengths are ``value`` (``now``: its bytes) on the host and in the
+        device's copy, and one step less is left before a page or the capacity."""
         st.value = value
         st.lengths = now
         st.bytes_view[:] = now
         st.room -= 1
         self._steps.device_lengths = now
+
+    def _steady_failed(self) -> None:
+        """After a steady step raised: the next decode is checked in full, and the device's copy of the lengths,
+        which may have moved, is staged again."""
+        self._steady = None
+        self._steps.decoded(None)
 
     def _decode(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``)."""

@@ -473,12 +473,7 @@ class TensorParallelLLMSetup(LLMSetup):
                     self._set_cuda_device(rank.device)
                 rank.backend.wait_event(rank.handle, ready)
                 if own and rank.executor.replay_again(rank.stream, rank.copying):
-                    st = rank.steady  # its lengths are rank 0's (as LLMSetup._steady_rank leaves them)
-                    st.value = value
-                    st.lengths = now
-                    st.bytes_view[:] = now
-                    st.room -= 1
-                    rank.steps.device_lengths = now
+                    rank.setup._steady_done(rank.steady, value, now)  # its lengths are rank 0's
                 else:
                     rank.step(None if own else x, value, now)
         except BaseException as exc:
@@ -771,15 +766,15 @@ class _InputCopy:
 
 
 class _RankStep:
-    """The steady step of one rank > 0 in a :class:`_SteadyPlan`: its setup, steady state, executor and step
-    inputs' writer (``setup``, ``steady``, ``executor``, ``steps``), stream and its handle, backend, device, and
+    """The steady step of one rank > 0 in a :class:`_SteadyPlan`: its setup, steady state and executor
+    (``setup``, ``steady``, ``executor``), stream and its handle, backend, device, and
     the device work before its engine, fed rank 0's ``io.inputs_embeds`` (``copying``: the steady state's own and
     :class:`_InputCopy`; once the rank's last step ran it, the next is
     :meth:`~trtio.engine.EngineExecutor.replay_again`) or anything else (``plain``: the steady state's own, the
     input copied before). Rank 0's checks stand for it (see :class:`_SteadyPlan`); it is enqueued after the
     rank's stream waits for the caller's."""
 
-    __slots__ = ("setup", "steady", "stream", "handle", "backend", "device", "plain", "copying", "executor", "steps")
+    __slots__ = ("setup", "steady", "stream", "handle", "backend", "device", "plain", "copying", "executor")
 
     def __init__(self, setup: LLMSetup, steady: _Steady, stream: Stream, backend: Backend, device: int,
                  copy: _InputCopy) -> None:
@@ -792,7 +787,6 @@ class _RankStep:
         self.plain = steady.work
         self.copying = steady.work + (copy,)
         self.executor = setup.executor
-        self.steps = setup._steps
 
     def step(self, x: Any, value: int, now: bytes) -> None:
         """The step fed ``x`` (None: rank 0's input, copied by the rank's graph), checked by rank 0's checks:
@@ -806,10 +800,8 @@ class _RankStep:
             self.setup._steady_rank(st, x, self.stream, value, now)
 
     def failed(self) -> None:
-        """After the rank's step raised: its next decode is checked in full, its lengths staged again (as
-        :meth:`LLMSetup._steady_rank` leaves a failed step)."""
-        self.setup._steady = None
-        self.setup._steps.decoded(None)
+        """After the rank's step raised: as :meth:`LLMSetup._steady_rank` leaves a failed step."""
+        self.setup._steady_failed()
 
 
 class _SteadyPlan:
