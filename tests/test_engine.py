@@ -313,6 +313,36 @@ def test_a_plan_switch_sets_every_view_the_step_needs(llm):
     s.close()
 
 
+def test_every_view_is_the_plan_s_after_each_switch_between_plans(llm):
+    """Switching between three plans in every order, with views changed by hand in between: after each prepare,
+    every binding's tensor has the view (shape and bytes) its registry spec resolves to for the step's dims."""
+    import math
+
+    cfg, io, tm, state, ex = llm
+    s = Stream.create("host")
+    state.upload_start_index(np.zeros(3, np.int32), s)
+    io.upload_context_lengths(np.array([4, 4, 4]), s)
+    plans = [(0, cfg.prefill_dims(2, 3, kv_cache_empty=False)), (1, cfg.decode_dims(2)), (1, cfg.decode_dims(3)),
+             (0, cfg.prefill_dims(3, 5, kv_cache_empty=False))]
+    order = [0, 1, 2, 3, 1, 0, 2, 1, 3, 0, 0, 2, 3, 2, 1]
+    checked = 0
+    for n, i in enumerate(order * 2):
+        profile, dims = plans[i]
+        if n >= len(order) and n % 3 == 0:  # the second time round: views changed by hand between the steps
+            io.inputs_embeds.reshape((1, 1, 64))
+            io.context_lengths.reshape((1,))
+        ex.prepare(profile, tm, dims, s)
+        for name in ex.io.names():
+            spec = ex.registry.get(name)
+            if spec is None:
+                continue
+            t, want = tm[name], spec.resolve(dims)
+            assert (t.shape, t.nbytes) == (want, t.dtype.nbytes(math.prod(want))), (n, name)
+            checked += 1
+    assert checked > 10 * len(order)
+    s.close()
+
+
 def test_equal_work_before_a_step_replays_its_graph(llm):
     """The graph of a step and the device work before it is found again for the same work (by identity) and
     for equal work made afresh (by value): no second capture."""

@@ -276,35 +276,50 @@ class _Plan:
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its lists): the views to set (see switch_from).
-    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]],
-                              list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+    switches: dict[int, _Switch] = field(default_factory=dict)
 
-    def switch_from(self, prev: _Plan, shared_held: bool) -> list[tuple[Tensor, tuple[int, ...], int]]:
-        """The views to set where the executor's own tensors hold ``prev``'s views (only their executor
-        reshapes them): the shared tensors' (``views``) and those of its own (``stable_views``) that differ
-        from ``prev``'s. ``shared_held``: the shared tensors hold ``prev``'s views too (no view of the
-        executor's log changed since ``prev`` set them), so only those of them that differ are set."""
+    def switch_from(self, prev: _Plan, log: ViewLog) -> _Switch:
+        """The views to set where the executor's own tensors (those of its view ``log``) hold ``prev``'s
+        views: see :class:`_Switch`."""
         found = self.switches.get(id(prev))
-        if found is None or found[0] is not prev:
+        if found is None or found.prev is not prev:
             if len(self.switches) >= _PLAN_CACHE:
                 self.switches.clear()
             before = {id(t): shp for t, shp, _n in prev.stable_views}
             own = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
             before = {id(t): shp for t, shp, _n in prev.all_views}
-            found = self.switches[id(prev)] = (prev, self.views + own,
-                                                [v for v in self.all_views if before.get(id(v[0])) != v[1]])
-        return found[2] if shared_held else found[1]
+            differ = [v for v in self.all_views if before.get(id(v[0])) != v[1]]
+            # A tensor's log is fixed once an executor bound it (Tensor._log leaves VIEWS once, in _remember).
+            found = self.switches[id(prev)] = _Switch(prev, self.views + own, differ,
+                                                      all(v[0]._log is log for v in differ))
+        return found
+
+
+@dataclass
+class _Switch:
+    """The views a plan sets where the plan held before was ``prev``: ``views`` where only the executor's own
+    tensors are known to hold ``prev``'s views (the shared ones are tested one by one); ``differ``, every view
+    whose shape differs from ``prev``'s, where all of them hold ``prev``'s views (no view of the executor's log
+    changed since ``prev`` set them). ``own_log``: every tensor of ``differ`` reports to the executor's view
+    log, so setting them is one count of that log."""
+
+    prev: _Plan
+    views: list[tuple[Tensor, tuple[int, ...], int]]
+    differ: list[tuple[Tensor, tuple[int, ...], int]]
+    own_log: bool
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
-    untouched view costs one identity test; a closed tensor raises, naming itself."""
+    untouched view costs one identity test; a closed tensor raises, naming itself.
+
+    A tensor's view before (``Tensor._prev_view``) is left as it was: any (shape, bytes) pair it once held stays
+    a valid view of it (its dtype and capacity never change), and a plan's view set back is set here."""
     changed: ViewLog | None = None  # the log of the last view changed, counted once it is another's or at the end
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
         if t._shape is not shp:  # checked against the capacity when the plan was made (Tensor._set_view, inlined)
-            t._prev_view = (t._shape, t._nbytes)
             t._shape = shp
             t._nbytes = nbytes
             log = t._log
@@ -316,6 +331,20 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     if changed is not None:
         changed.last = 0
         changed.changes += 1
+
+
+def _switch_views(views: list[tuple[Tensor, tuple[int, ...], int]], log: ViewLog) -> None:
+    """Set views that all differ from their tensors' (a :attr:`_Switch.differ` of ``own_log``): one count of
+    their view ``log``, made first (a closed tensor that raises half way leaves the count moved on)."""
+    if not views:
+        return
+    log.last = 0
+    log.changes += 1
+    for t, shp, nbytes in views:
+        if t._closed:
+            t._live()
+        t._shape = shp
+        t._nbytes = nbytes
 
 
 def _views_again(plan: _Plan, log: ViewLog) -> None:
@@ -330,7 +359,6 @@ def _views_again(plan: _Plan, log: ViewLog) -> None:
         if t._shape is not view[1]:
             if t._closed:
                 t._live()
-            t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
             log.changes = changes = changes + 1  # t alone changed: it is still the last one
     else:
@@ -468,7 +496,14 @@ class EngineExecutor(Closeable):
             elif held is cached:
                 _apply_views(cached.views)
             else:  # one pass over the views that differ from the held plan's (see _Plan.switch_from)
-                _apply_views(cached.switch_from(held, held.view_changes == self._views.changes))
+                views = self._views
+                switch = cached.switch_from(held, views)
+                if held.view_changes != views.changes:
+                    _apply_views(switch.views)
+                elif switch.own_log:
+                    _switch_views(switch.differ, views)
+                else:
+                    _apply_views(switch.differ)
             self._stable_of = cached
             cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
