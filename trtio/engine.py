@@ -277,6 +277,8 @@ class _Plan:
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its lists): the views to set (see switch_from).
     switches: dict[int, _Switch] = field(default_factory=dict)
+    after: _Switch | None = None  # the last switch from this plan to another: a round's next step is found by it
+    dropped: bool = False  # no longer among its executor's plans (the oldest, forgotten): never used again
 
     def switch_from(self, prev: _Plan, log: ViewLog) -> _Switch:
         """The views to set where the executor's own tensors (those of its view ``log``) hold ``prev``'s
@@ -290,20 +292,21 @@ class _Plan:
             before = {id(t): shp for t, shp, _n in prev.all_views}
             differ = [v for v in self.all_views if before.get(id(v[0])) != v[1]]
             # A tensor's log is fixed once an executor bound it (Tensor._log leaves VIEWS once, in _remember).
-            found = self.switches[id(prev)] = _Switch(prev, self.views + own, differ,
-                                                      all(v[0]._log is log for v in differ))
+            found = self.switches[id(prev)] = _Switch(prev, self, self.views + own, differ,
+                                                      all(v[0]._log is log for v in self.all_views))
         return found
 
 
 @dataclass
 class _Switch:
-    """The views a plan sets where the plan held before was ``prev``: ``views`` where only the executor's own
-    tensors are known to hold ``prev``'s views (the shared ones are tested one by one); ``differ``, every view
-    whose shape differs from ``prev``'s, where all of them hold ``prev``'s views (no view of the executor's log
-    changed since ``prev`` set them). ``own_log``: every tensor of ``differ`` reports to the executor's view
-    log, so setting them is one count of that log."""
+    """The views a plan (``target``) sets where the plan held before was ``prev``: ``views`` where only the
+    executor's own tensors are known to hold ``prev``'s views (the shared ones are tested one by one); ``differ``,
+    every view whose shape differs from ``prev``'s, where all of them hold ``prev``'s views (no view of the
+    executor's log changed since ``prev`` set them). ``own_log``: every tensor of the plan reports to the
+    executor's view log, so setting views of them is one count of that log (:func:`_set_views`)."""
 
     prev: _Plan
+    target: _Plan
     views: list[tuple[Tensor, tuple[int, ...], int]]
     differ: list[tuple[Tensor, tuple[int, ...], int]]
     own_log: bool
@@ -333,9 +336,10 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
         changed.changes += 1
 
 
-def _switch_views(views: list[tuple[Tensor, tuple[int, ...], int]], log: ViewLog) -> None:
-    """Set views that all differ from their tensors' (a :attr:`_Switch.differ` of ``own_log``): one count of
-    their view ``log``, made first (a closed tensor that raises half way leaves the count moved on)."""
+def _set_views(views: list[tuple[Tensor, tuple[int, ...], int]], log: ViewLog) -> None:
+    """:func:`_apply_views` of tensors that all report to one view ``log`` (a switch of ``own_log``): one count of
+    it, made first (a closed tensor that raises half way leaves the count moved on), even where no view differs
+    (a few plans then test their views again)."""
     if not views:
         return
     log.last = 0
@@ -343,8 +347,9 @@ def _switch_views(views: list[tuple[Tensor, tuple[int, ...], int]], log: ViewLog
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
-        t._shape = shp
-        t._nbytes = nbytes
+        if t._shape is not shp:
+            t._shape = shp
+            t._nbytes = nbytes
 
 
 def _views_again(plan: _Plan, log: ViewLog) -> None:
@@ -361,8 +366,10 @@ def _views_again(plan: _Plan, log: ViewLog) -> None:
                 t._live()
             t._shape, t._nbytes = view[1], view[2]
             log.changes = changes = changes + 1  # t alone changed: it is still the last one
-    else:
+    elif plan.foreign:
         _apply_views(plan.views)
+    else:  # every tensor of its views reports to `log`
+        _set_views(plan.views, log)
         changes = log.changes
     plan.view_changes = -1 if plan.foreign else changes
 
@@ -485,6 +492,15 @@ class EngineExecutor(Closeable):
             if plan.view_changes != self._views.changes:  # a view of this owner changed since the plan set its own
                 _views_again(plan, self._views)
             return
+        if plan is not None and plan.after is not None and self._stable_of is plan:
+            # The step the last switch from the held plan went to (a round alternates a few steps): found without
+            # hashing the key, by the same identity test of the dims.
+            switch = plan.after
+            target = switch.target
+            k = target.key
+            if k[1] is dims and not target.dropped and k[0] == profile and k[2] == key[2] and k[3] == key[3]:
+                self._switch_to(plan, switch)
+                return
         cached = self._plans.get(key)
         if cached is not None:
             # A step this executor checked before (a spec-decode round alternates a few): re-apply its views (of
@@ -496,20 +512,29 @@ class EngineExecutor(Closeable):
             elif held is cached:
                 _apply_views(cached.views)
             else:  # one pass over the views that differ from the held plan's (see _Plan.switch_from)
-                views = self._views
-                switch = cached.switch_from(held, views)
-                if held.view_changes != views.changes:
-                    _apply_views(switch.views)
-                elif switch.own_log:
-                    _switch_views(switch.differ, views)
-                else:
-                    _apply_views(switch.differ)
+                self._switch_to(held, cached.switch_from(held, self._views))
+                return
             self._stable_of = cached
             cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
             self._plan = cached
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
+
+    def _switch_to(self, held: _Plan, switch: _Switch) -> None:
+        """Make ``switch.target`` (a cached plan) the plan, from ``held`` (the plan whose views the executor's own
+        tensors hold): the views that differ set in one pass."""
+        views = self._views
+        todo = switch.differ if held.view_changes == views.changes else switch.views
+        if switch.own_log:
+            _set_views(todo, views)
+        else:
+            _apply_views(todo)
+        target = switch.target
+        held.after = switch
+        self._stable_of = self._plan = target
+        target.view_changes = -1 if target.foreign else views.changes
+        self._plans.move_to_end(target.key)
 
     def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
@@ -618,7 +643,7 @@ class EngineExecutor(Closeable):
         self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
-            self._plans.popitem(last=False)
+            self._plans.popitem(last=False)[1].dropped = True
         tm.add_user(self)
 
     def _use_profile(self, profile: int, stream: Stream) -> None:
