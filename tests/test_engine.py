@@ -313,6 +313,75 @@ def test_a_plan_switch_sets_every_view_the_step_needs(llm):
     s.close()
 
 
+def test_every_view_is_the_plan_s_after_each_switch_between_plans(llm):
+    """Switching between three plans in every order, with views changed by hand in between: after each prepare,
+    every binding's tensor has the view (shape and bytes) its registry spec resolves to for the step's dims."""
+    import math
+
+    cfg, io, tm, state, ex = llm
+    s = Stream.create("host")
+    state.upload_start_index(np.zeros(3, np.int32), s)
+    io.upload_context_lengths(np.array([4, 4, 4]), s)
+    plans = [(0, cfg.prefill_dims(2, 3, kv_cache_empty=False)), (1, cfg.decode_dims(2)), (1, cfg.decode_dims(3)),
+             (0, cfg.prefill_dims(3, 5, kv_cache_empty=False))]
+    order = [0, 1, 2, 3, 1, 0, 2, 1, 3, 0, 0, 2, 3, 2, 1]
+    checked = 0
+    for n, i in enumerate(order * 2):
+        profile, dims = plans[i]
+        if n >= len(order) and n % 3 == 0:  # the second time round: views changed by hand between the steps
+            io.inputs_embeds.reshape((1, 1, 64))
+            io.context_lengths.reshape((1,))
+        ex.prepare(profile, tm, dims, s)
+        for name in ex.io.names():
+            spec = ex.registry.get(name)
+            if spec is None:
+                continue
+            t, want = tm[name], spec.resolve(dims)
+            assert (t.shape, t.nbytes) == (want, t.dtype.nbytes(math.prod(want))), (n, name)
+            checked += 1
+    assert checked > 10 * len(order)
+    s.close()
+
+
+def test_the_step_switched_to_last_is_found_again_only_for_its_tensor_map_and_while_it_is_kept(llm):
+    """A round alternates steps: the plan the last switch from the held plan went to is found again without the
+    key's look-up, but only for the same tensor map generation (a rebinding makes a new plan, bound to the new
+    tensor) and while the executor keeps that plan (one forgotten as the oldest is checked and made again)."""
+    cfg, io, tm, state, ex = llm
+    s = Stream.create("host")
+    state.upload_start_index(np.zeros(4, np.int32), s)
+    io.upload_context_lengths(np.array([4, 4, 4, 4]), s)
+    io.upload_select_token_indices(np.zeros((2, 1)), s)
+    prefill, decode = cfg.prefill_dims(2, 3, kv_cache_empty=False), cfg.decode_dims(2)
+    for dims in (prefill, decode, prefill, decode, prefill):
+        ex.prepare(1 if dims is decode else 0, tm, dims, s)
+    first_decode = ex._plans[(1, decode, id(tm), tm.generation)]
+    rope, plain = Tensor.from_numpy(np.zeros((1, 128, 16), np.float32), backend="host"), tm[names.kRopeCosSin]
+    tm._unfreeze()
+    tm.set(names.kRopeCosSin, rope)  # a rebinding: the tensor map's generation moves on
+    ex.prepare(1, tm, decode, s)
+    ex.execute(s)
+    assert ex.context.get_tensor_address(names.kRopeCosSin) == rope.data_ptr
+    for dims in (prefill, decode, prefill):
+        ex.prepare(1 if dims is decode else 0, tm, dims, s)
+    kept = ex._plans[(1, decode, id(tm), tm.generation)]
+    assert kept is not first_decode
+    for b in range(1, 5):  # 32 other steps: the decode plan, older than the prefill's, is forgotten
+        for seq in range(1, 9):
+            ex.prepare(0, tm, cfg.prefill_dims(b, seq, kv_cache_empty=False), s)
+    ex.prepare(0, tm, prefill, s)
+    assert kept.dropped and not ex._plan.dropped
+    ex.prepare(1, tm, decode, s)
+    assert ex._plan is not kept and ex._plan is ex._plans[(1, decode, id(tm), tm.generation)]
+    assert io.inputs_embeds.shape == (2, 1, 64)
+    s.synchronize()
+    s.close()
+    tm.set(names.kRopeCosSin, plain)
+    tm.freeze()
+    ex.close()  # it bound `rope`
+    rope.close()
+
+
 def test_equal_work_before_a_step_replays_its_graph(llm):
     """The graph of a step and the device work before it is found again for the same work (by identity) and
     for equal work made afresh (by value): no second capture."""

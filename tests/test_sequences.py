@@ -705,6 +705,32 @@ def test_a_speculative_sequence_from_a_pinned_prefix_verifies_as_its_whole_promp
         assert_logits(g, w, f"round {r}: the draft's first level")
 
 
+def test_a_speculative_sequence_that_pins_a_prefix_copies_the_shared_page_before_its_next_round_writes_there() -> None:
+    """Pinning a prefix of an active speculative sequence between steady rounds (its steps' page rows and limits
+    known) shares the page it writes into next: the next round's steps of both engines copy that page first, and
+    the prefix keeps its own."""
+    bundle = small_pool_pair(pool=16)
+    prompt = [int(t) for t in np.random.default_rng(8).integers(0, 512, PAGE + 4)]
+    with spec_setup(bundle, "host") as setup:
+        run = Chains(setup)
+        run.admit(0, prompt)
+        for _ in range(2):
+            run.round()
+        tables = setup._seqs.tables
+        lengths = {"base": int(setup.base_lengths[0]), "draft": int(setup.draft_lengths[0])}
+        prefix = setup.pin_prefix(0, min(lengths.values()))
+        for role in ("base", "draft"):
+            pinned = prefix.pages(role)
+            entry = lengths[role] // PAGE
+            assert entry == len(pinned) - 1 and tables[role].rows[0, entry] == pinned[-1], \
+                f"{role}: the next write goes into the prefix's last page"
+        run.round()
+        for role in ("base", "draft"):
+            pinned = prefix.pages(role)
+            assert tables[role].rows[0, len(pinned) - 1] != pinned[-1], f"{role}: the writer took a copy"
+        prefix.release()
+
+
 # -- random admissions, releases and prefixes against a model ----------------------------------------------
 
 from hypothesis import settings  # noqa: E402

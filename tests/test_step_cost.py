@@ -709,8 +709,10 @@ def test_a_view_rank_0_s_caller_changes_sets_no_other_rank_s_views_again(monkeyp
 
     with _dry_run_tp() as (tp, x, s):
         applied: list[int] = []
-        real = engine._apply_views
+        real, real_set = engine._apply_views, engine._set_views
         monkeypatch.setattr(engine, "_apply_views", lambda views: (applied.append(len(views)), real(views))[1])
+        monkeypatch.setattr(engine, "_set_views",
+                            lambda views, log: (applied.append(len(views)), real_set(views, log))[1])
         plain = tp.io.inputs_embeds.shape
         for _ in range(3):
             tp.decode(x(), s)

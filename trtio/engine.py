@@ -276,35 +276,53 @@ class _Plan:
     by_tensor: dict[int, tuple[Tensor, tuple[int, ...], int]] = field(default_factory=dict)  # views, by id(tensor)
     stable_views: list[tuple[Tensor, tuple[int, ...], int]] = field(default_factory=list)  # the executor's own
     # Per plan switched from (by id; the plan is kept beside its lists): the views to set (see switch_from).
-    switches: dict[int, tuple[_Plan, list[tuple[Tensor, tuple[int, ...], int]],
-                              list[tuple[Tensor, tuple[int, ...], int]]]] = field(default_factory=dict)
+    switches: dict[int, _Switch] = field(default_factory=dict)
+    after: _Switch | None = None  # the last switch from this plan to another: a round's next step is found by it
+    dropped: bool = False  # no longer among its executor's plans (the oldest, forgotten): never used again
 
-    def switch_from(self, prev: _Plan, shared_held: bool) -> list[tuple[Tensor, tuple[int, ...], int]]:
-        """The views to set where the executor's own tensors hold ``prev``'s views (only their executor
-        reshapes them): the shared tensors' (``views``) and those of its own (``stable_views``) that differ
-        from ``prev``'s. ``shared_held``: the shared tensors hold ``prev``'s views too (no view of the
-        executor's log changed since ``prev`` set them), so only those of them that differ are set."""
+    def switch_from(self, prev: _Plan, log: ViewLog) -> _Switch:
+        """The views to set where the executor's own tensors (those of its view ``log``) hold ``prev``'s
+        views: see :class:`_Switch`."""
         found = self.switches.get(id(prev))
-        if found is None or found[0] is not prev:
+        if found is None or found.prev is not prev:
             if len(self.switches) >= _PLAN_CACHE:
                 self.switches.clear()
             before = {id(t): shp for t, shp, _n in prev.stable_views}
             own = [v for v in self.stable_views if before.get(id(v[0])) != v[1]]
             before = {id(t): shp for t, shp, _n in prev.all_views}
-            found = self.switches[id(prev)] = (prev, self.views + own,
-                                                [v for v in self.all_views if before.get(id(v[0])) != v[1]])
-        return found[2] if shared_held else found[1]
+            differ = [v for v in self.all_views if before.get(id(v[0])) != v[1]]
+            # A tensor's log is fixed once an executor bound it (Tensor._log leaves VIEWS once, in _remember).
+            found = self.switches[id(prev)] = _Switch(prev, self, self.views + own, differ,
+                                                      all(v[0]._log is log for v in self.all_views))
+        return found
+
+
+@dataclass
+class _Switch:
+    """The views a plan (``target``) sets where the plan held before was ``prev``: ``views`` where only the
+    executor's own tensors are known to hold ``prev``'s views (the shared ones are tested one by one); ``differ``,
+    every view whose shape differs from ``prev``'s, where all of them hold ``prev``'s views (no view of the
+    executor's log changed since ``prev`` set them). ``own_log``: every tensor of the plan reports to the
+    executor's view log, so setting views of them is one count of that log (:func:`_set_views`)."""
+
+    prev: _Plan
+    target: _Plan
+    views: list[tuple[Tensor, tuple[int, ...], int]]
+    differ: list[tuple[Tensor, tuple[int, ...], int]]
+    own_log: bool
 
 
 def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     """Set each tensor's view to a plan's shape. Views are set to the plan's own shape tuples, so an
-    untouched view costs one identity test; a closed tensor raises, naming itself."""
+    untouched view costs one identity test; a closed tensor raises, naming itself.
+
+    A tensor's view before (``Tensor._prev_view``) is left as it was: any (shape, bytes) pair it once held stays
+    a valid view of it (its dtype and capacity never change), and a plan's view set back is set here."""
     changed: ViewLog | None = None  # the log of the last view changed, counted once it is another's or at the end
     for t, shp, nbytes in views:
         if t._closed:
             t._live()
         if t._shape is not shp:  # checked against the capacity when the plan was made (Tensor._set_view, inlined)
-            t._prev_view = (t._shape, t._nbytes)
             t._shape = shp
             t._nbytes = nbytes
             log = t._log
@@ -316,6 +334,22 @@ def _apply_views(views: list[tuple[Tensor, tuple[int, ...], int]]) -> None:
     if changed is not None:
         changed.last = 0
         changed.changes += 1
+
+
+def _set_views(views: list[tuple[Tensor, tuple[int, ...], int]], log: ViewLog) -> None:
+    """:func:`_apply_views` of tensors that all report to one view ``log`` (a switch of ``own_log``): one count of
+    it, made first (a closed tensor that raises half way leaves the count moved on), even where no view differs
+    (a few plans then test their views again)."""
+    if not views:
+        return
+    log.last = 0
+    log.changes += 1
+    for t, shp, nbytes in views:
+        if t._closed:
+            t._live()
+        if t._shape is not shp:
+            t._shape = shp
+            t._nbytes = nbytes
 
 
 def _views_again(plan: _Plan, log: ViewLog) -> None:
@@ -330,11 +364,12 @@ def _views_again(plan: _Plan, log: ViewLog) -> None:
         if t._shape is not view[1]:
             if t._closed:
                 t._live()
-            t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
             log.changes = changes = changes + 1  # t alone changed: it is still the last one
-    else:
+    elif plan.foreign:
         _apply_views(plan.views)
+    else:  # every tensor of its views reports to `log`
+        _set_views(plan.views, log)
         changes = log.changes
     plan.view_changes = -1 if plan.foreign else changes
 
@@ -457,6 +492,15 @@ class EngineExecutor(Closeable):
             if plan.view_changes != self._views.changes:  # a view of this owner changed since the plan set its own
                 _views_again(plan, self._views)
             return
+        if plan is not None and plan.after is not None and self._stable_of is plan:
+            # The step the last switch from the held plan went to (a round alternates a few steps): found without
+            # hashing the key, by the same identity test of the dims.
+            switch = plan.after
+            target = switch.target
+            k = target.key
+            if k[1] is dims and not target.dropped and k[0] == profile and k[2] == key[2] and k[3] == key[3]:
+                self._switch_to(plan, switch)
+                return
         cached = self._plans.get(key)
         if cached is not None:
             # A step this executor checked before (a spec-decode round alternates a few): re-apply its views (of
@@ -468,13 +512,29 @@ class EngineExecutor(Closeable):
             elif held is cached:
                 _apply_views(cached.views)
             else:  # one pass over the views that differ from the held plan's (see _Plan.switch_from)
-                _apply_views(cached.switch_from(held, held.view_changes == self._views.changes))
+                self._switch_to(held, cached.switch_from(held, self._views))
+                return
             self._stable_of = cached
             cached.view_changes = -1 if cached.foreign else self._views.changes
             self._plans.move_to_end(key)
             self._plan = cached
             return
         self._prepare_slow(profile, tensor_map, dims, as_stream(stream, self._backend), key)
+
+    def _switch_to(self, held: _Plan, switch: _Switch) -> None:
+        """Make ``switch.target`` (a cached plan) the plan, from ``held`` (the plan whose views the executor's own
+        tensors hold): the views that differ set in one pass."""
+        views = self._views
+        todo = switch.differ if held.view_changes == views.changes else switch.views
+        if switch.own_log:
+            _set_views(todo, views)
+        else:
+            _apply_views(todo)
+        target = switch.target
+        held.after = switch
+        self._stable_of = self._plan = target
+        target.view_changes = -1 if target.foreign else views.changes
+        self._plans.move_to_end(target.key)
 
     def _prepare_slow(self, profile: int, tm: TensorMap, dims: InferenceDims, stream: Stream,
                       key: tuple[Any, ...]) -> None:
@@ -583,7 +643,7 @@ class EngineExecutor(Closeable):
         self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
         while len(self._plans) > _PLAN_CACHE:
-            self._plans.popitem(last=False)
+            self._plans.popitem(last=False)[1].dropped = True
         tm.add_user(self)
 
     def _use_profile(self, profile: int, stream: Stream) -> None:

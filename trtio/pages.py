@@ -158,8 +158,9 @@ class PageTable:
 
     ``rows`` is int32 ``[slots, pages per sequence]``: K page ids, -1 where unmapped (a read-only view of
     the K half of the engine's table, which adds the V ids: K id + ``pool.total``). ``version`` changes with
-    every row change (a step's rows are staged again only then). Every change goes through :meth:`map`,
-    :meth:`assign`, :meth:`release` or :meth:`restore`, which keep the K and V ids and a plain-list copy of
+    every row change (a step's rows are staged again only then) and every change of a slot's ``limit`` (a step
+    reads its slots' limits with its rows). Every change goes through :meth:`map`, :meth:`assign`,
+    :meth:`release` or :meth:`restore`, which keep the K and V ids and a plain-list copy of
     each row together: one slot's pages are read without numpy (``release`` and ``pin_prefix`` of one
     sequence are a few list operations), and a step's table is one gather of its slots' rows."""
 
@@ -177,7 +178,8 @@ class PageTable:
         # mapped and its own); 0 until a plan says otherwise.
         self.limit = np.zeros(slots, np.int64)
         self.version = 0
-        self._bound: BoundedCache[tuple[tuple[int, ...], int], np.ndarray] = BoundedCache()
+        # Per (step slots, version): the step's table and its slots' limits (see step()).
+        self._bound: BoundedCache[tuple[tuple[int, ...], int], tuple[np.ndarray, list[int]]] = BoundedCache()
 
     def ensure(self, slots: np.ndarray, starts: np.ndarray, width: int) -> StepPages | None:
         """:meth:`plan` of a step writing ``width`` tokens from ``starts[i]`` on for ``slots[i]``, or None when
@@ -286,13 +288,25 @@ class PageTable:
         """The engine's table for a step of ``slots`` (in step order): int32 [S, 2, M], K ids then V ids
         (K id + pool size; -1 stays -1). One read-only array per (slots, version): a step block holds it
         until the rows change."""
+        return self.step(slots)[0]
+
+    def step(self, slots: tuple[int, ...]) -> tuple[np.ndarray, list[int]]:
+        """:meth:`step_rows` of ``slots`` and their limits (in step order, as ints): a step that writes below
+        every limit takes no page (:meth:`ensure`'s test, on a few ints). Kept per (slots, version): every
+        change of a limit moves :attr:`version` on too."""
         key = (slots, self.version)
         found = self._bound.get(key)
         if found is None:
-            found = self._table[list(slots)]  # a copy: later row changes leave it as it is
-            found.flags.writeable = False
-            self._bound.put(key, found)
+            rows = self._table[list(slots)]  # a copy: later row changes leave it as it is
+            rows.flags.writeable = False
+            limit = self.limit
+            found = self._bound.put(key, (rows, [int(limit[slot]) for slot in slots]))
         return found
+
+    def share(self, slot: int) -> None:
+        """The pages of ``slot`` are shared now (a prefix pinned them): its next write into one copies it first."""
+        self.limit[slot] = 0
+        self.version += 1
 
 
 class Prefix(Closeable):

@@ -11,6 +11,7 @@ import abc
 import contextlib
 import functools
 import logging
+import operator
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -347,9 +348,9 @@ class SetupBase(Closeable, abc.ABC):
         """A step over every active sequence: the slots (ascending), their key, the engine's lengths of them
         (a view where the slots are ``0 .. n - 1``, else a copy) and whether it is a view."""
         seqs = self._seqs
-        order, whole = seqs.order, seqs.contiguous
+        order, whole = seqs._order, seqs._contiguous  # the properties' fields: read at every step
         lengths = e.state.lengths[:order.shape[0]] if whole else e.state.lengths[order]
-        return order, seqs.order_key, lengths, whole
+        return order, seqs._order_key, lengths, whole
 
     def _pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
                s: Stream, start_list: list[int] | None = None) -> tuple[StepPages | None, np.ndarray | None]:
@@ -362,17 +363,13 @@ class SetupBase(Closeable, abc.ABC):
         if not seqs.slotted:
             return None, None
         table = seqs.tables[e.role]
-        plan = None
-        if width:  # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
-            limit = table.limit.tolist()
-            if start_list is None:
-                start_list = starts.tolist()
-            for slot, start in zip(key, start_list):  # a plain loop: a generator costs more than a step's few slots
-                if start + width > limit[slot]:
-                    plan = table.ensure(order, starts, width)
-                    break
+        rows, limits = table.step(key)
+        # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
+        if not width or not key or max(map(operator.sub, start_list or starts.tolist(), limits)) + width <= 0:
+            return None, rows
+        plan = table.ensure(order, starts, width)
         if plan is None:
-            return None, seqs.step_rows(e.role, key)
+            return None, rows
         plan.commit()
         try:
             seqs.copy(e.role, plan.moves, s)

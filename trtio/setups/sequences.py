@@ -327,6 +327,6 @@ class Sequences:
         for role, table in self.tables.items():
             held = table.pages_of(slot)[:-(-kept // table.page_size)]
             table.pool.hold(held)
-            table.limit[slot] = 0  # its pages are shared now: the next write into one copies it first
+            table.share(slot)
             pages[role], pools[role] = held, table.pool
         return Prefix(self._owner, kept, pages, pools)
