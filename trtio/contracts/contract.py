@@ -163,6 +163,12 @@ class Contract(abc.ABC):
         on demand); None: the engine state keeps a fixed table of its own."""
         return None
 
+    def catch_up_map(self, io: Pipeline, tm: TensorMap) -> TensorMap:
+        """The tensor map a spec-decode draft binds for its catch-up (``draft_accept``), given its map ``tm``
+        (frozen, the engine state bound): ``tm`` itself where the catch-up reads the inputs its other steps
+        read."""
+        return tm
+
     def __repr__(self) -> str:
         return f"<{self.name} contract>"
 
