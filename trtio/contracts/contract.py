@@ -110,13 +110,12 @@ class PipelineLayout:
 
 @dataclass(slots=True)
 class DraftLevelPlan:
-    """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant) and
-    attention lengths (``asl``: past + the round's width), the level's ``parents``, its place in the round
+    """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant), the
+    level's ``parents``, its place in the round
     (nodes ``n0 .. n0 + k - 1`` of ``batch`` sequences), the previous level (``level``: its first node and
     count, where the parents' hidden rows are) and each sequence's root hidden row (``roots``)."""
 
     past: np.ndarray
-    asl: np.ndarray
     parents: np.ndarray
     batch: int
     n0: int

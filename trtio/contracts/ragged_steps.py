@@ -265,7 +265,9 @@ _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "ro
 # What a tree step's device work writes.
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
 # What a round's first proposal level writes besides its page-table rows (RaggedSteps.draft_level).
-_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "attention_sequence_lengths", "state_indices")
+_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "state_indices")
+# What the levels write on the device: the tree's inputs, and the attention lengths (past + the round's width).
+_LEVEL_WRITES = (*DraftTreeBuffers.WRITES, "attention_sequence_lengths")
 # The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
 _PAGE_TABLE = {is_draft: (PAGE_TABLE_NAMES[is_draft],) for is_draft in (False, True)}
 _LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
@@ -444,7 +446,8 @@ class RaggedSteps(StepInputs):
                                 n_words, logits_stride=width, roots=t["draft_roots"], query_lengths=t["query_lengths"],
                                 positions=t["positions"], parent_ids=t["spec_tree_parent_ids"],
                                 depths=t["spec_tree_depths"], rope_rows=t["rope_rows"] if per_slot else None,
-                                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+                                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0,
+                                ctx=t["attention_sequence_lengths"])  # past + width, made by each level
 
     def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
                     s: Stream) -> tuple[DeviceWork, ...]:
@@ -454,14 +457,14 @@ class RaggedSteps(StepInputs):
         step = self.step
         b, w = plan.batch, tree.width
         if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
-            values = (plan.roots, ramp(b + 1, w), plan.past, plan.asl, self.slot_ids(b, plan.slots))
+            values = (plan.roots, ramp(b + 1, w), plan.past, self.slot_ids(b, plan.slots))
             if plan.pages is None:
                 step.write_all(_LEVEL_NAMES, values)
             else:  # with the page-table rows (write_pages' name for them)
                 step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
         self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
-            step.overwritten(DraftTreeBuffers.WRITES)
+            step.overwritten(_LEVEL_WRITES)
         level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
         shared = plan.parents.ndim == 1
         key = (b, plan.n0, plan.k, level0, level_k, shared)
