@@ -417,3 +417,60 @@ def test_create_from_engine_dir_binds_a_directorys_engines(tmp_path: Path, monke
         assert [n for n, _ in loaded] == ["spec_base.engine", "spec_draft.engine"]
         tokens, _ = spec_generate(sd, E, _prompts((3, 5)), 6)
     assert len(tokens) == 2 and all(len(t) == 6 for t in tokens)
+
+
+def test_the_ragged_catch_up_and_the_next_level_equal_the_numpy_draft_round_after_round() -> None:
+    """The draft's catch-up binds tree inputs of its own (its levels rewrite the shared ones on the device every
+    round): its logits at each sequence's last accepted row, and those of the next round's first level, equal
+    the numpy draft model over the committed tokens, round after round, also while the accept lengths repeat
+    (the step block then keeps the catch-up's tree from the round before)."""
+    bundle = pair(2, 3, 8)
+    bc, dc = bundle.base, bundle.draft
+    bw = ToyWeights.generate(bc, 0)
+    dw = ToyWeights.generate_draft(dc, bw, 0)
+    rng = np.random.default_rng(5)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    tree = [-1, 0, 0, 1]
+    rounds = [([0, 1, 3], [0, 2]), ([0, 2], [0, 1, 3]), ([0, 2], [0, 1, 3]), ([0, 1], [0, 1, 3]), ([0, 1], [0, 1, 3])]
+    f16, dh = np.float16, dc.hidden_size
+
+    def draft_model(base_rows: np.ndarray, draft_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        feats, _ = reference_forward(bw, bc, base_rows, hidden_after=bc.eagle_hidden_state_layers)
+        feats = feats.astype(f16).astype(np.float32)
+        hidden, logits = reference_forward(dw, dc, draft_rows, hidden_input=feats,
+                                           hidden_from_draft=np.zeros((len(draft_rows), dh)))
+        return feats, hidden
+
+    with trtio.create_for_spec_decode(ReferenceEngine.from_config(bc, weights=bw, device="host"),
+                                      ReferenceEngine.from_config(dc, weights=dw, device="host"), bundle,
+                                      graphs=True) as sd:
+        emb, lens = embed_batch(E, prompts, f16)
+        pending = sd.base_prefill(emb, lens).to_numpy().argmax(-1)
+        shifted = [p[1:] + [int(t)] for p, t in zip(prompts, pending)]
+        sd.draft_prefill(embed_batch(E, shifted, f16)[0], lens)
+        base_rows = [E[p].astype(f16) for p in prompts]
+        draft_rows = [E[s].astype(f16) for s in shifted]
+        for r, paths in enumerate(rounds):
+            x = E[rng.integers(0, 512, (2, 2))].astype(f16)
+            level = sd.draft_propose(x, parents=[-1, -1]).to_numpy().reshape(2, 2, -1)
+            for b in range(2):
+                n = len(draft_rows[b])
+                feats, hidden = draft_model(base_rows[b], draft_rows[b])
+                for i in range(2):
+                    _, lg = reference_forward(dw, dc, np.concatenate([draft_rows[b], x[b, i:i + 1]]),
+                                              hidden_input=np.concatenate([feats, np.zeros((1, feats.shape[1]))]),
+                                              hidden_from_draft=np.concatenate([np.zeros((n, dh)),
+                                                                                hidden[n - 1:n].astype(f16)]))
+                    np.testing.assert_allclose(level[b, i], _log_softmax(lg[n]), atol=2e-3, err_msg=f"round {r}")
+            v = E[rng.integers(0, 512, (2, len(tree)))].astype(f16)
+            sd.verify(v, tree)
+            sd.accept([list(p) for p in paths])
+            c = E[rng.integers(0, 512, (2, 3))].astype(f16)
+            out = sd.draft_accept(c, np.array([len(p) for p in paths])).to_numpy()
+            for b, p in enumerate(paths):
+                base_rows[b] = np.concatenate([base_rows[b], v[b, p]])
+                draft_rows[b] = np.concatenate([draft_rows[b], c[b, :len(p)]])
+                _, lg = reference_forward(dw, dc, draft_rows[b],
+                                          hidden_input=draft_model(base_rows[b], draft_rows[b])[0],
+                                          hidden_from_draft=np.zeros((len(draft_rows[b]), dh)))
+                np.testing.assert_allclose(out[b], _log_softmax(lg[-1]), atol=2e-3, err_msg=f"round {r}")

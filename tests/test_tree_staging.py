@@ -101,9 +101,9 @@ def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(
 
 
 def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached_lengths(host: trtio.Backend) -> None:
-    """The catch-up writes its query offsets with its tree layout's constants (the levels left theirs in the
-    block), and stages the draft's cached lengths as the round's levels did (the block holds them): its engine
-    reads offsets of its own width and the lengths the draft had cached before it, round after round."""
+    """The catch-up writes its query offsets with its tree layout's constants into inputs of its own (the levels
+    keep theirs), and stages the draft's cached lengths as the round's levels did (the block holds them): its
+    engine reads offsets of its own width and the lengths the draft had cached before it, round after round."""
     sd = _setup()
     rng = np.random.default_rng(1)
     try:
@@ -112,7 +112,7 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
         sd.draft_prefill(emb, lens)
         b, a = 4, 3
         parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
-        tm = sd.draft.tensor_map
+        tm, cu = sd.draft.tensor_map, sd.catch_up_tensor_map  # the draft's maps: its levels', its catch-up's
         for r in range(4):
             for p in parents:
                 x = _embeds(sd, (b, TOP_K), rng)
@@ -129,8 +129,8 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
             catch_up = _embeds(sd, (b, a), rng)
             sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
             catch_up.close()
-            assert tm[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * a, a)), r
-            assert tm[names.kPastLengths].to_numpy().tolist() == cached, r
+            assert cu[names.kQueryStartOffsets].to_numpy().tolist() == list(range(0, (b + 1) * a, a)), r
+            assert cu[names.kPastLengths].to_numpy().tolist() == cached, r
             assert sd.draft_lengths.tolist() == [c + len(p) for c, p in zip(cached, paths)]
     finally:
         sd.close()
@@ -177,8 +177,69 @@ def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(ho
         x.close()
         tree.close()
         # Paths that repeat are laid out read-only from their first repeat, and staged as such once more: from the
-        # second repeat on, the graph, after one upload of the tree's constants on the ragged contract (its levels
-        # rewrite them on the device), after none on the batch contract.
-        assert ops[-2:] == ([2, 2] if contract == "ragged" else [1, 1])
+        # second repeat on, the graph alone (the ragged catch-up's tree constants stay in inputs of its own, which
+        # its levels never rewrite; the batch contract's stay too).
+        assert ops[-2:] == [1, 1]
+    finally:
+        sd.close()
+
+
+def test_the_catch_up_plan_binds_its_own_tree_inputs_and_a_steady_one_uploads_none_of_them(
+        host: trtio.Backend) -> None:
+    """The draft's proposal plan binds the shared tree inputs (its levels rewrite them on the device), its catch-up
+    plan step-block inputs of its own, every other name alike; a catch-up whose accept lengths repeat uploads only
+    what changed (its rows' list), none of the tree inputs, shared or its own."""
+    sd = _setup()
+    rng = np.random.default_rng(3)
+    step = sd.io.step
+    assert step is not None
+    tm, cu = sd.draft.tensor_map, sd.catch_up_tensor_map
+    own = {names.kQueryStartOffsets: "query_start_offsets", names.kQueryLengths: "query_lengths",
+           names.kValidTreeCounts: "query_lengths", names.kLogitsIndices: "logits_indices",
+           names.kPackedAttentionMask: "packed_attention_mask", names.kTreeParentIds: "spec_tree_parent_ids",
+           names.kTreeDepths: "spec_tree_depths"}
+    for name in tm.names():
+        if name in own:
+            assert tm[name] is sd.io.member(own[name]), name
+            assert cu[name] is step.tensors[f"catch_up_{own[name]}".replace("spec_tree", "tree")], name
+        else:
+            assert cu[name] is tm[name], name
+    tree_names = [n for n in step.tensors if n in own.values() or n.startswith("catch_up_") and
+                  not n.endswith(("_src", "_dst"))]
+    spans = [(step._slots[n][1], step._slots[n][1] + step.tensors[n].capacity) for n in tree_names]
+    ranges: list[tuple[int, int]] = []
+    upload = step.upload
+
+    def spy(s: trtio.Stream) -> None:
+        ranges.append((step._lo, step._hi))
+        upload(s)
+
+    other = [[0, 2, 5], [0, 1], [0, 1, 4], [0]]  # PATHS' lengths, other nodes
+    try:
+        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+        b, a = 4, 3
+        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+        x = _embeds(sd, (b, TOP_K), rng)
+        tree = _embeds(sd, (b, len(TREE)), rng)
+        catch_up = _embeds(sd, (b, a), rng)
+        for r, paths in enumerate((PATHS, other, PATHS, other)):
+            for p in parents:
+                sd.draft_propose(x, parents=p)
+            sd.verify(tree, TREE)
+            sd.accept(paths)
+            ranges.clear()
+            step.upload = spy  # type: ignore[method-assign]
+            try:
+                sd.draft_accept(catch_up, np.array([len(p) for p in paths]))
+            finally:
+                del step.upload
+            if r:  # the catch-up's tree is in the block from the first round: its rows' list alone
+                assert len(ranges) == 1 and ranges[0][1] > ranges[0][0], r
+                lo, hi = ranges[0]
+                assert not [n for n, (s0, s1) in zip(tree_names, spans) if s0 < hi and lo < s1], r
+        for t in (x, tree, catch_up):
+            t.close()
     finally:
         sd.close()

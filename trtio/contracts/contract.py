@@ -110,13 +110,12 @@ class PipelineLayout:
 
 @dataclass(slots=True)
 class DraftLevelPlan:
-    """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant) and
-    attention lengths (``asl``: past + the round's width), the level's ``parents``, its place in the round
+    """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant), the
+    level's ``parents``, its place in the round
     (nodes ``n0 .. n0 + k - 1`` of ``batch`` sequences), the previous level (``level``: its first node and
     count, where the parents' hidden rows are) and each sequence's root hidden row (``roots``)."""
 
     past: np.ndarray
-    asl: np.ndarray
     parents: np.ndarray
     batch: int
     n0: int
@@ -162,6 +161,12 @@ class Contract(abc.ABC):
         """The page table a paged engine of ``role`` binds, staged per step with its sequences' rows (pages
         on demand); None: the engine state keeps a fixed table of its own."""
         return None
+
+    def catch_up_map(self, io: Pipeline, tm: TensorMap) -> TensorMap:
+        """The tensor map a spec-decode draft binds for its catch-up (``draft_accept``), given its map ``tm``
+        (frozen, the engine state bound): ``tm`` itself where the catch-up reads the inputs its other steps
+        read."""
+        return tm
 
     def __repr__(self) -> str:
         return f"<{self.name} contract>"

@@ -47,11 +47,11 @@ from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, Tre
 from trtio.registry import TensorRegistry
 from trtio.staging import StagedGroup
 from trtio.stream import Stream
+from trtio.tensor_map import TensorMap
 
 if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
-    from trtio.tensor_map import TensorMap
 
 __all__ = ["RaggedContract", "RaggedSteps"]
 
@@ -170,6 +170,19 @@ class RaggedContract(Contract):
                 TensorRequest.of("verify_tree_depths", (t,), i32),
                 TensorRequest.of("verify_packed_attention_mask", (t, words), i32),
             ]
+        if draft is not None:
+            # The draft catch-up's own (_CATCH_UP_NAMES): the levels rewrite the shared ones on the device every
+            # round, so a catch-up that repeats finds its tree here; sized for the longest catch-up (accept_dims).
+            longest = max(draft.max_draft_tree_size, 1)
+            a = b * longest
+            step += [
+                TensorRequest.of("catch_up_query_start_offsets", (b + 1,), i32),
+                TensorRequest.of("catch_up_query_lengths", (b,), i32),
+                TensorRequest.of("catch_up_logits_indices", (b,), DType.INT64),
+                TensorRequest.of("catch_up_tree_parent_ids", (a,), i32),
+                TensorRequest.of("catch_up_tree_depths", (a,), i32),
+                TensorRequest.of("catch_up_packed_attention_mask", (a, math.ceil(longest / 32)), i32),
+            ]
         step += [
             TensorRequest.of("positions", (t,), i32),
             TensorRequest.of("rope_rows", (t,), i32),
@@ -230,13 +243,31 @@ class RaggedContract(Contract):
         assert io.step is not None
         return io.step.tensors[PAGE_TABLE_NAMES[role == "draft"]]
 
+    def catch_up_map(self, io: Pipeline, tm: TensorMap) -> TensorMap:
+        """A copy of the draft's map ``tm`` with the catch-up's own query offsets, lengths, logits rows and tree
+        inputs (:data:`_CATCH_UP_NAMES`, step-block tensors) in place of the shared ones, which a round's levels
+        rewrite on the device: the two plans of the draft bind different tensors for them."""
+        assert io.step is not None
+        own = io.step.tensors
+        swap = {names.kQueryStartOffsets: own[_CATCH_UP_NAMES["query_start_offsets"]]}
+        for engine_name, member in _TREE_BINDINGS.items():
+            if engine_name in tm:
+                swap[engine_name] = own[_CATCH_UP_NAMES[member]]
+        out = TensorMap(f"{tm.name} catch-up")
+        for name, t in tm.items():
+            out.set(name, swap.get(name, t))
+        out.freeze()
+        return out
+
 
 # What a decode step's device work writes into the step block (stale on the host after it runs).
 _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "rope_rows")
 # What a tree step's device work writes.
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
 # What a round's first proposal level writes besides its page-table rows (RaggedSteps.draft_level).
-_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "attention_sequence_lengths", "state_indices")
+_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "state_indices")
+# What the levels write on the device: the tree's inputs, and the attention lengths (past + the round's width).
+_LEVEL_WRITES = (*DraftTreeBuffers.WRITES, "attention_sequence_lengths")
 # The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
 _PAGE_TABLE = {is_draft: (PAGE_TABLE_NAMES[is_draft],) for is_draft in (False, True)}
 _LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
@@ -250,14 +281,27 @@ _TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_
 _BASE_NAMES = dict(zip(_TREE_GROUP, ("verify_query_lengths", "verify_logits_indices", "verify_tree_parent_ids",
                                      "verify_tree_depths", "verify_packed_attention_mask")))
 _VERIFY_GROUP = tuple(_BASE_NAMES.values())
-# A draft tree step's (the catch-up's) constants: the query offsets before the tree layout's (the steps that write
-# the shared tree inputs on the device, a round's levels, also write other offsets).
-_DRAFT_GROUP = ("query_start_offsets", *_TREE_GROUP)
+# The draft's catch-up's own query offsets and tree constants (RaggedContract.catch_up_map), next to each other:
+# a round's levels rewrite the shared ones on the device, and write other offsets.
+_CATCH_UP_NAMES = dict(zip(("query_start_offsets", *_TREE_GROUP),
+                           ("catch_up_query_start_offsets", "catch_up_query_lengths", "catch_up_logits_indices",
+                            "catch_up_tree_parent_ids", "catch_up_tree_depths", "catch_up_packed_attention_mask")))
+_CATCH_UP_GROUP = tuple(_CATCH_UP_NAMES.values())
+# The engine inputs bound to a tree step's constants (RaggedContract.bind_pipeline), and the members they are.
+_TREE_BINDINGS = {names.kQueryLengths: "query_lengths", names.kValidTreeCounts: "query_lengths",
+                  names.kLogitsIndices: "logits_indices", names.kPackedAttentionMask: "packed_attention_mask",
+                  names.kTreeParentIds: "spec_tree_parent_ids", names.kTreeDepths: "spec_tree_depths"}
 
 
 def _owns_tree(e: EngineView, io: Pipeline) -> bool:
-    """Whether ``e`` binds its own tree inputs (:data:`_BASE_NAMES`): a spec-decode base."""
+    """Whether ``e`` binds its own tree inputs in every step (:data:`_BASE_NAMES`): a spec-decode base."""
     return e.role == "base" and io.is_spec_decode
+
+
+def _tree_names(e: EngineView) -> dict[str, str]:
+    """The step-block names of a spec-decode tree step's constants on engine ``e``: the base's verify inputs
+    (:data:`_BASE_NAMES`), or the draft's catch-up's (:data:`_CATCH_UP_NAMES`, bound by its catch-up map)."""
+    return _BASE_NAMES if e.role == "base" else _CATCH_UP_NAMES
 
 
 class RaggedSteps(StepInputs):
@@ -353,7 +397,8 @@ class RaggedSteps(StepInputs):
                    ) -> tuple[TreeLayout, np.ndarray | None, StagedGroup, tuple[DeviceWork, ...]]:
         """What a tree step of ``layout`` on engine ``e`` writes and runs, whatever is cached: the layout, its query
         offsets where they are written on their own (the base's), its constants laid out to be written together
-        (:data:`_VERIFY_GROUP`, or :data:`_DRAFT_GROUP`: with the offsets), and its device work."""
+        (:data:`_VERIFY_GROUP`, or the catch-up's :data:`_CATCH_UP_GROUP`: with the offsets), and its device
+        work."""
         b, w = layout.real.shape
         words = layout.packed_mask.shape[1]
         key = (e.role, b, w, layout.phase, layout.padding_position, words)
@@ -370,8 +415,8 @@ class RaggedSteps(StepInputs):
                      layout.packed_mask)
         offsets = ramp(b + 1, w)
         step = self.step
-        plan = (layout, offsets, step.group(_VERIFY_GROUP, constants), found) if _owns_tree(e, self.io) else \
-            (layout, None, step.group(_DRAFT_GROUP, (offsets, *constants)), found)
+        plan = (layout, offsets, step.group(_VERIFY_GROUP, constants), found) if e.role == "base" else \
+            (layout, None, step.group(_CATCH_UP_GROUP, (offsets, *constants)), found)
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
 
@@ -383,8 +428,8 @@ class RaggedSteps(StepInputs):
         if found is None:
             t = self.step.tensors
             per_slot = e.cfg.is_mrope
-            lengths, depths = (_BASE_NAMES[n] if _owns_tree(e, self.io) else n
-                               for n in ("query_lengths", "spec_tree_depths"))
+            own = _tree_names(e)
+            lengths, depths = own["query_lengths"], own["spec_tree_depths"]
             found = self._targets[e.role] = TreeTargets(
                 t["past_lengths"], t[lengths], t[depths], asl=t["attention_sequence_lengths"],
                 positions=t["positions"], ids=t["spec_decode_position_ids"],
@@ -401,7 +446,8 @@ class RaggedSteps(StepInputs):
                                 n_words, logits_stride=width, roots=t["draft_roots"], query_lengths=t["query_lengths"],
                                 positions=t["positions"], parent_ids=t["spec_tree_parent_ids"],
                                 depths=t["spec_tree_depths"], rope_rows=t["rope_rows"] if per_slot else None,
-                                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+                                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0,
+                                ctx=t["attention_sequence_lengths"])  # past + width, made by each level
 
     def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
                     s: Stream) -> tuple[DeviceWork, ...]:
@@ -411,14 +457,14 @@ class RaggedSteps(StepInputs):
         step = self.step
         b, w = plan.batch, tree.width
         if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
-            values = (plan.roots, ramp(b + 1, w), plan.past, plan.asl, self.slot_ids(b, plan.slots))
+            values = (plan.roots, ramp(b + 1, w), plan.past, self.slot_ids(b, plan.slots))
             if plan.pages is None:
                 step.write_all(_LEVEL_NAMES, values)
             else:  # with the page-table rows (write_pages' name for them)
                 step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
         self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
-            step.overwritten(DraftTreeBuffers.WRITES)
+            step.overwritten(_LEVEL_WRITES)
         level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
         shared = plan.parents.ndim == 1
         key = (b, plan.n0, plan.k, level0, level_k, shared)

@@ -53,9 +53,8 @@ class DraftTree:
         # Per first node: the last parents a level starting there had (values, shape, their int32 constant).
         self._level_parents: BoundedCache[int, tuple[list[int], tuple[int, ...], np.ndarray]] = BoundedCache()
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
-        self._round_lengths = (np.zeros(0, np.int32), np.zeros(0, np.int32))
+        self._round_lengths = np.zeros(0, np.int32)  # the round's cached lengths (its levels'), an int32 constant
         self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
-        self._width32 = np.int32(width)
         # The roots a round's first level last staged: their values, and the constant holding them (_root_rows).
         self._last_roots: tuple[list[int], np.ndarray] | None = None
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
@@ -69,7 +68,7 @@ class DraftTree:
         self._row_bytes = io.inputs_embeds.dtype.itemsize * draft.cfg.hidden_size  # one embedding row
         # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
         # round's lengths and its embeddings' source (see _stage_embeds).
-        self._staged: tuple[np.ndarray, int, int, tuple[np.ndarray, np.ndarray], Any] | None = None
+        self._staged: tuple[np.ndarray, int, int, np.ndarray, Any] | None = None
         # Per first node of a round's later level: its last (parents constant, embedding copy, batch, count,
         # previous level, fused work); the objects are kept, so identity tests find no stale one.
         self._steady: BoundedCache[int, tuple[np.ndarray, DeviceWork | None, int, int, tuple[int, int],
@@ -149,16 +148,13 @@ class DraftTree:
                 return last[5]
         if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
             zeros = self._round_zeros(b)
-            past32 = past.astype(np.int32)  # new arrays of their own: made constants in place
-            asl = past32 + self._width32
-            past32.setflags(write=False)
-            asl.setflags(write=False)
-            lengths = (past32, asl)
+            lengths = past.astype(np.int32)  # a new array of its own: made a constant in place
+            lengths.flags.writeable = False
             roots = self._root_rows(roots)
         else:
             zeros, lengths = (), self._round_lengths
         move = self._move(b, k)
-        plan = DraftLevelPlan(lengths[0], lengths[1], par, b, n0, k, roots, self._level, slots, pages)
+        plan = DraftLevelPlan(lengths, par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
         self._staged = (par, n0, k, lengths, source)  # a constant of check()'s: no copy
         fused = self._fuse(embeds, zeros, level, move)
@@ -183,7 +179,7 @@ class DraftTree:
         verify's, whose base caches as far as the draft between rounds): the step block may hold it already.
         None before a level ran or where the lengths differ."""
         if self.nodes and lengths == self._round_list:
-            return self._round_lengths[0]
+            return self._round_lengths
         return None
 
     def grow(self) -> None:
@@ -192,7 +188,7 @@ class DraftTree:
         assert staged is not None, "grow() follows propose()"
         parents, n0, k, self._round_lengths, source = staged
         if n0 == 0:
-            self._round_list = self._round_lengths[0].tolist()
+            self._round_list = self._round_lengths.tolist()
         self._parents.append(parents)
         self.nodes = n0 + k
         self._level = (n0, k)

@@ -143,14 +143,21 @@ def binding_rows(setup: SetupBase) -> dict[str, list[dict[str, Any]]]:
     """
     owners = _owners(setup)
     out: dict[str, list[dict[str, Any]]] = {}
+    # A spec-decode draft binds some names to other tensors in its catch-up (its own tree inputs): where the
+    # execution context holds one of those now, that is the row's tensor.
+    catch_up = getattr(setup, "catch_up_tensor_map", None)
     for role, executor, tm, _state in setup_engines(setup):
         rows = []
         context = executor.context
+        other = catch_up if role == "draft" and catch_up is not tm else None
         for info in executor.io.tensors:
             t = tm.get(info.name)
             engine_address = engine_shape = None
             if context is not None and hasattr(context, "get_tensor_address"):
                 engine_address = int(context.get_tensor_address(info.name))
+                alt = other.get(info.name) if other is not None else None
+                if alt is not None and alt is not t and alt.data_ptr == engine_address:
+                    t = alt
             if context is not None and hasattr(context, "get_tensor_shape"):
                 engine_shape = _shape(context.get_tensor_shape(info.name))
             if t is None:
