@@ -112,7 +112,7 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
         sd.draft_prefill(emb, lens)
         b, a = 4, 3
         parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
-        tm, cu = sd.draft.tensor_map, sd.catch_up_tensor_map  # the draft's maps: its levels', its catch-up's
+        tm, cu = sd.draft.tensor_map, sd._catch_up_map  # the draft's maps: its levels', its catch-up's
         for r in range(4):
             for p in parents:
                 x = _embeds(sd, (b, TOP_K), rng)
@@ -193,7 +193,7 @@ def test_the_catch_up_plan_binds_its_own_tree_inputs_and_a_steady_one_uploads_no
     rng = np.random.default_rng(3)
     step = sd.io.step
     assert step is not None
-    tm, cu = sd.draft.tensor_map, sd.catch_up_tensor_map
+    tm, cu = sd.draft.tensor_map, sd._catch_up_map
     own = {names.kQueryStartOffsets: "query_start_offsets", names.kQueryLengths: "query_lengths",
            names.kValidTreeCounts: "query_lengths", names.kLogitsIndices: "logits_indices",
            names.kPackedAttentionMask: "packed_attention_mask", names.kTreeParentIds: "spec_tree_parent_ids",

@@ -114,9 +114,9 @@ class SpecDecodeSetup(SetupBase):
                                      rope=self._rope, stream=s, resources=stack, name="draft", io=io)
             # The draft's catch-up binds its own tree inputs where the contract has them (its levels rewrite the
             # shared ones every round): a plan of its own, from a map of its own.
-            self.catch_up_tensor_map = self.draft.contract.catch_up_map(io, self.draft.tensor_map)
-            if self.catch_up_tensor_map is not self.draft.tensor_map:
-                self.catch_up_tensor_map.add_user(self.draft.executor)
+            self._catch_up_map = self.draft.contract.catch_up_map(io, self.draft.tensor_map)
+            if self._catch_up_map is not self.draft.tensor_map:
+                self._catch_up_map.add_user(self.draft.executor)
             rows = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
                 HostStaging.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation),
@@ -437,7 +437,7 @@ class SpecDecodeSetup(SetupBase):
             staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
             before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past if staged is None else staged,
                                                  s, order if self._seqs.slotted else None, pages)
-            e.executor.prepare(DECODE_PROFILE, self.catch_up_tensor_map, dims, s)
+            e.executor.prepare(DECODE_PROFILE, self._catch_up_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
                                               "place")

@@ -145,7 +145,7 @@ def binding_rows(setup: SetupBase) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     # A spec-decode draft binds some names to other tensors in its catch-up (its own tree inputs): where the
     # execution context holds one of those now, that is the row's tensor.
-    catch_up = getattr(setup, "catch_up_tensor_map", None)
+    catch_up = getattr(setup, "_catch_up_map", None)
     for role, executor, tm, _state in setup_engines(setup):
         rows = []
         context = executor.context
