@@ -958,3 +958,41 @@ def test_a_later_level_after_a_previous_level_of_another_shape_runs_its_own_work
     finally:
         sd.close()
         plain.close()
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_a_rounds_first_level_like_the_last_rounds_reuses_its_device_work(host: trtio.Backend, contract: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's first level with the batch, nodes, parents and embeddings source of the last round's returns
+    that round's device work as it was and stages the round's new lengths (the accepted paths moved them): every
+    round's logits are those of a setup without graphs fed the same. Embeddings from another buffer take the full
+    path, and still match."""
+    sd, plain = _setup(contract, True), _setup(contract, False)
+    try:
+        _start(sd)
+        _start(plain)
+        kept, moved = _level_buffers(sd, 2)
+        plain_levels = _level_buffers(plain)[0]
+        tree = sd._tree
+        firsts: list[object] = []
+        real_propose = tree.propose
+
+        def propose(*args: object, **kwargs: object) -> object:
+            work = real_propose(*args, **kwargs)  # type: ignore[arg-type]
+            if tree.nodes == 0:
+                firsts.append(work)
+            return work
+
+        monkeypatch.setattr(tree, "propose", propose)
+        for r in range(6):
+            levels = moved if r == 4 else kept
+            got = _round(sd, r, levels)
+            want = _round(plain, r, plain_levels)
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+        assert firsts[3] is firsts[2], "a steady round's first level: last round's device work"
+        assert firsts[4] is not firsts[3], "embeddings from another buffer: the full path"
+        _close([kept, moved, plain_levels])
+    finally:
+        sd.close()
+        plain.close()

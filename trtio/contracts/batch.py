@@ -187,6 +187,7 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
                        ("select", "host_spec_select_token_indices", "select_token_indices")))
 
 
+_ROUND_NAMES = ("draft_roots", "tree_past")  # what a round's first proposal level writes besides its parents
 # A tree step's constants, written together (HostStaging.write_group): the base's (verify) and the draft's (catch-up).
 _VERIFY_GROUP = ("verify_lengths", "verify_depths", "verify_mask", "verify_select")
 _TREE_GROUP = ("tree_lengths", "tree_depths", "tree_mask", "tree_select")
@@ -278,13 +279,10 @@ class BatchSteps(StepInputs):
                     s: Stream) -> tuple[DeviceWork, ...]:
         """The parents, with the round's lengths and root rows on its first level; the device writes the
         start index and context lengths from them. A parent's draft hidden row is its node's row."""
-        step = self.step
-        if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
-            step.write("draft_roots", plan.roots)
-            step.write("tree_past", plan.past)
-        self.stage_parents(plan.n0, plan.batch, plan.parents, s)
-        if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
-            step.overwritten(DraftTreeBuffers.WRITES)
+        if plan.n0 == 0:
+            self.stage_round(e, plan, tree.width, s)
+        else:
+            self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         shared = plan.parents.ndim == 1
         key = (plan.batch, plan.n0, plan.k, shared)
         found = self._level_works.get(key)
@@ -292,6 +290,15 @@ class BatchSteps(StepInputs):
             found = self._level_works.put(
                 key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared, plan.n0 * plan.batch),))
         return found
+
+    def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
+        """The round's root rows and cached lengths (a round's later levels find them in the block: only the
+        levels run between, which keep them), with the parents, in one upload."""
+        step = self.step
+        step.write_all(_ROUND_NAMES, (plan.roots, plan.past))
+        self.stage_parents(0, plan.batch, plan.parents, s)
+        # the levels rewrite these on the device; only verify and catch-ups write them between rounds
+        step.overwritten(DraftTreeBuffers.WRITES)
 
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
         return np.asarray(np.arange(batch) * width + lengths - 1)

@@ -318,6 +318,15 @@ class StepInputs(abc.ABC):
         """Stage a proposal level (its parents, the round's lengths on its first level) and return its
         device work: the level made on the device, then what reads it (RoPE rows)."""
 
+    @abc.abstractmethod
+    def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
+        """Stage a round's first proposal level (``plan.n0 == 0``) without its device work: the round's inputs
+        (its cached lengths and root rows, and what the contract's levels read besides: offsets, slots, page-table
+        rows), the level's parents, one upload; then the block forgets the constants it held in what the levels
+        write on the device. :meth:`draft_level` stages a first level with this; a round whose first level's
+        device work is known (the same batch, nodes, parents and embeddings source as a level it staged) stages
+        this alone. ``width``: the round's nodes per sequence."""
+
     def stage_parents(self, n0: int, batch: int, parents: np.ndarray, s: Stream) -> None:
         """Stage a proposal level's ``parents`` (:meth:`draft_level`'s place for them: each level a slot of its
         own, from element ``n0 * batch``) and upload what is written. A round's later level whose device work is

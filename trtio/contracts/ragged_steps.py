@@ -454,17 +454,11 @@ class RaggedSteps(StepInputs):
         """A proposal level (phase 4; 3 for a one-node tree): the parents, uploaded with the round's lengths,
         then the level made on the device (:class:`~trtio.ops.DraftLevel`) and the RoPE rows gathered at the
         nodes' positions. A parent's draft hidden row is the previous level's output row."""
-        step = self.step
         b, w = plan.batch, tree.width
-        if plan.n0 == 0:  # a round's later levels find these in the block: only the levels ran since, which keep them
-            values = (plan.roots, ramp(b + 1, w), plan.past, self.slot_ids(b, plan.slots))
-            if plan.pages is None:
-                step.write_all(_LEVEL_NAMES, values)
-            else:  # with the page-table rows (write_pages' name for them)
-                step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
-        self.stage_parents(plan.n0, plan.batch, plan.parents, s)
-        if plan.n0 == 0:  # the levels rewrite these on the device; only verify and catch-ups write them between rounds
-            step.overwritten(_LEVEL_WRITES)
+        if plan.n0 == 0:
+            self.stage_round(e, plan, w, s)
+        else:
+            self.stage_parents(plan.n0, b, plan.parents, s)
         level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
         shared = plan.parents.ndim == 1
         key = (b, plan.n0, plan.k, level0, level_k, shared)
@@ -477,6 +471,20 @@ class RaggedSteps(StepInputs):
                 DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared, plan.n0 * b),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
         return found
+
+    def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
+        """The round's root rows, query offsets, cached lengths, slots and page-table rows (a round's later levels
+        find them in the block: only the levels run between, which keep them), with the parents, in one upload."""
+        step = self.step
+        b = plan.batch
+        values = (plan.roots, ramp(b + 1, width), plan.past, self.slot_ids(b, plan.slots))
+        if plan.pages is None:
+            step.write_all(_LEVEL_NAMES, values)
+        else:  # with the page-table rows (write_pages' name for them)
+            step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
+        self.stage_parents(0, b, plan.parents, s)
+        # the levels rewrite these on the device; only verify and catch-ups write them between rounds
+        step.overwritten(_LEVEL_WRITES)
 
     def prompt_roots(self, batch: int, width: int, lengths: np.ndarray) -> np.ndarray:
         return ramp(batch, dtype="i8")  # the draft's hidden output has one row per sequence (its logits row)

@@ -69,8 +69,8 @@ class DraftTree:
         # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
         # round's lengths and its embeddings' source (see _stage_embeds).
         self._staged: tuple[np.ndarray, int, int, np.ndarray, Any] | None = None
-        # Per first node of a round's later level: its last (parents constant, embedding copy, batch, count,
-        # previous level, fused work); the objects are kept, so identity tests find no stale one.
+        # Per first node of a level: its last (parents constant, embedding copy, batch, count, previous level,
+        # fused work); the objects are kept, so identity tests find no stale one.
         self._steady: BoundedCache[int, tuple[np.ndarray, DeviceWork | None, int, int, tuple[int, int],
                                               tuple[DeviceWork, ...]]] = BoundedCache()
 
@@ -139,27 +139,32 @@ class DraftTree:
         b, k = batch, nodes
         n0 = self.nodes
         embeds, source = self._stage_embeds(x, b, n0, k, s)
-        if n0:  # a later level like the same level last round: its parents staged, its device work as it was
-            last = self._steady.get(n0)
-            if last is not None and last[0] is par and last[1] is embeds and last[2] == b and last[3] == k and \
-                    last[4] == self._level:
-                self._steps.stage_parents(n0, b, par, s)
-                self._staged = (par, n0, k, self._round_lengths, source)
-                return last[5]
-        if n0 == 0:  # a new round: no base features, no stale draft rows; the lengths are fixed for all its levels
-            zeros = self._round_zeros(b)
+        if n0 == 0:  # a new round: the lengths are fixed for all its levels
             lengths = past.astype(np.int32)  # a new array of its own: made a constant in place
             lengths.flags.writeable = False
             roots = self._root_rows(roots)
         else:
-            zeros, lengths = (), self._round_lengths
+            lengths = self._round_lengths
+        # A level like the same level last round (a round's first: its inputs staged; a later one: its parents
+        # staged), its device work as it was.
+        last = self._steady.get(n0)
+        if last is not None and last[0] is par and last[1] is embeds and last[2] == b and last[3] == k and \
+                last[4] == self._level:
+            if n0:
+                self._steps.stage_parents(n0, b, par, s)
+            else:
+                self._steps.stage_round(self._draft, DraftLevelPlan(lengths, par, b, 0, k, roots, (0, 0), slots,
+                                                                    pages), self.width, s)
+            self._staged = (par, n0, k, lengths, source)
+            return last[5]
+        # A round's first level also zeroes the base features and stale draft rows.
+        zeros = self._round_zeros(b) if n0 == 0 else ()
         move = self._move(b, k)
         plan = DraftLevelPlan(lengths, par, b, n0, k, roots, self._level, slots, pages)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
         self._staged = (par, n0, k, lengths, source)  # a constant of check()'s: no copy
         fused = self._fuse(embeds, zeros, level, move)
-        if n0:
-            self._steady.put(n0, (par, embeds, b, k, self._level, fused))
+        self._steady.put(n0, (par, embeds, b, k, self._level, fused))
         return fused
 
     def _root_rows(self, roots: np.ndarray) -> np.ndarray:
