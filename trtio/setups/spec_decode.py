@@ -145,6 +145,7 @@ class SpecDecodeSetup(SetupBase):
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
         self._accepted_list: list[int] = []  # the path lengths as ints
+        self._accepted_of: np.ndarray | None = None  # the read-only lengths _accepted_list holds (kept alive by it)
         # Where verify leaves the base's cached lengths on the device for accept's KV commit (as it leaves its page
         # table there); None: the commit's rows carry them.
         self._verify_starts = self._steps.tree_starts()
@@ -183,7 +184,7 @@ class SpecDecodeSetup(SetupBase):
         return EngineGraphStats(self.engines())
 
     def _need_batch(self) -> int:
-        count = self._seqs.count
+        count = len(self._seqs._order)  # Sequences.count's field: read at every step
         if count == 0:
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
         return count
@@ -340,12 +341,13 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
         have = lengths.tolist()
-        if max(have) + n > e.cfg.max_kv_cache_capacity:
+        top = max(have)
+        if top + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, lengths, n, s, have)
+        taken, pages = self._pages(e, order, key, lengths, n, s, have, top)
         try:
             self._upload_embeds(x, s)
             past = self._tree.round_past(have)  # the proposal levels' constant where equal: not staged again
@@ -390,7 +392,9 @@ class SpecDecodeSetup(SetupBase):
         else:
             state.lengths[order] += acc
         self._accepted = acc
-        self._accepted_list = acc.tolist()
+        if acc is not self._accepted_of:  # the read-only lengths of repeated paths are read as ints once
+            self._accepted_list = acc.tolist()
+            self._accepted_of = None if acc.flags.writeable else acc
         self._verified = None
 
     @one_thread
@@ -426,12 +430,13 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
-        if max(have) + a > e.cfg.max_kv_cache_capacity:
+        top = max(have)
+        if top + a > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, past, a, s, have)
+        taken, pages = self._pages(e, order, key, past, a, s, have, top)
         try:
             self._upload_embeds(x, s)
             staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
