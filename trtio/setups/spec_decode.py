@@ -138,6 +138,7 @@ class SpecDecodeSetup(SetupBase):
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
+        self._last_dims: BoundedCache[tuple[str, str], tuple[tuple[int, ...], InferenceDims]] = BoundedCache()
         self._prompt: Prompt | None = None  # a base prefill awaiting its draft prefill
         self._draft_ready = False  # the draft has caught up with the base: a round may start
         self._roots = DraftRoots(io, self._steps, mb, spec.draft_hidden_size)
@@ -467,13 +468,18 @@ class SpecDecodeSetup(SetupBase):
         return self.io.output_logits
 
     def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
-        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them)."""
+        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them); the
+        last of each engine and kind is found again by its shape alone (a round repeats its steps' shapes)."""
+        last = self._last_dims.get((e.role, kind))
+        if last is not None and last[0] == args:
+            return last[1]
         key = (e.role, kind, *args)
         dims = self._dims_cache.get(key)
         if dims is None:
             recipes: dict[str, Callable[..., InferenceDims]] = {
                 "proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims, "accept": e.cfg.accept_dims}
             dims = self._dims_cache.put(key, recipes[kind](*args))
+        self._last_dims.put((e.role, kind), (args, dims))  # one entry per engine and kind
         return dims
 
     @one_thread
