@@ -252,11 +252,12 @@ def test_a_host_input_is_staged_in_the_last_slot_once_its_copy_has_run() -> None
     s.close()
 
 
-def test_ragged_rounds_of_the_same_paths_commit_at_the_starts_verify_staged_without_uploading_them() -> None:
-    """Ragged: accept's KV commit reads each sequence's start from the past lengths the verify step staged, so
-    paths that repeat while the lengths grow are not uploaded again (one device operation per accept) and still
+@pytest.mark.parametrize("contract", ["ragged", "batch"])
+def test_rounds_of_the_same_paths_commit_at_the_starts_verify_staged_without_uploading_them(contract: str) -> None:
+    """Accept's KV commit reads each sequence's start from the cached lengths the verify step staged, so paths
+    that repeat while the lengths grow are not uploaded again (one device operation per accept) and still
     commit what paths read afresh commit (their rows carrying the starts): equal logits, lengths and pools."""
-    b = tiny_bundle("ragged")
+    b = tiny_bundle(contract)
     E = toy_embedding(32, 16, 0)
     emb, lens = embed_batch(E, [[1, 2, 3, 4], [5, 6, 7]], np.float16)
     rng = np.random.default_rng(5)

@@ -899,9 +899,8 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
                     rows[f"SpecDecodeSetup.{h}"]["device_ops"] for h in ("verify", "accept", "draft_accept"))
             assert row["us_per_call_synced"] >= row["us_per_call"] > 0
             assert row["device_work_us"] is None, "the dry-run backend runs no device work to time"
-        # Ragged: the commit reads the starts verify staged, so moves that repeat are not copied again.
-        assert rows["SpecDecodeSetup.accept"]["device_ops"] == (1 if contract == "ragged" else 2), \
-            "one commit, after one staged copy of the moves where they carry the starts"
+        # Both contracts: the commit reads the starts verify staged, so moves that repeat are not copied again.
+        assert rows["SpecDecodeSetup.accept"]["device_ops"] == 1, "one commit, no staged copy of repeated moves"
 
 
 def test_bench_sequences_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:

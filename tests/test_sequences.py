@@ -540,6 +540,39 @@ def test_pages_are_counted_by_reference() -> None:
     assert pool.free == 2 and (table.rows[1] == -1).all()
 
 
+
+def test_a_step_of_the_same_slots_tuple_reads_the_table_anew_after_it_changed() -> None:
+    """PageTable.step finds its last answer by the identity of the slots tuple, but only while the table's version
+    stands: the same tuple after pages were mapped gets the new rows, limits and lowest limit."""
+    table = PageTable(PagePool(8), 3, 4, 4, role="base")
+    slots = (0, 2)
+    rows, limits, lowest = table.step(slots)
+    assert (rows == -1).all() and limits == [0, 0] and lowest == 0
+    assert table.step(slots) is table.step(slots), "a repeated step of the same slots is answered from the cache"
+    table.ensure(np.array(slots), np.array([0, 0]), 6).commit()  # two pages each
+    rows, limits, lowest = table.step(slots)
+    assert (rows[:, :, :2] >= 0).all() and (rows[:, :, 2:] == -1).all() and limits == [8, 8] and lowest == 8
+    table.ensure(np.array(slots), np.array([6, 2]), 3).commit()  # slot 0 crosses into a third page
+    rows, limits, lowest = table.step(slots)
+    assert (rows[0, :, 2] >= 0).all() and (rows[1, :, 2] == -1).all() and limits == [12, 8] and lowest == 8
+
+
+def test_a_verify_takes_a_page_for_a_short_sequence_at_its_page_end_beside_a_long_one_with_room() -> None:
+    """A step takes no page at once where its furthest start ends below the lowest limit of its slots; else each
+    slot is tested: here the longest sequence has room in its page while the shorter one crosses its own."""
+    sd = spec_setup(small_pool_pair(), "host")
+    x, lens = emb([list(range(1, PAGE + 2)), list(range(1, PAGE))])  # PAGE + 1 and PAGE - 1 tokens
+    sd.base_prefill(x, lens)
+    sd.draft_prefill(x, lens)
+    free = sd.kv_pages.free
+    table = sd._seqs.tables["base"]
+    assert table.limit[:2].tolist() == [2 * PAGE, PAGE]
+    sd.verify(E[np.zeros((2, 3), int)].astype(np.float16), [-1, 0, 0])  # each writes 3 entries after its own
+    assert sd.kv_pages.free == free - 1, "the short sequence's verify nodes cross into a page of their own"
+    assert table.limit[:2].tolist() == [2 * PAGE, 2 * PAGE]
+    sd.close()
+
+
 # -- speculative decoding over a changing batch -------------------------------------------------------------
 
 

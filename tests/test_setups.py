@@ -253,6 +253,20 @@ def _spec_pair(device, **kw):
     return b, bw, base, draft
 
 
+def test_a_spec_steps_dims_follow_the_shape_asked_for_after_the_last_one_repeated() -> None:
+    """A step's dims are found again by its shape while the shape repeats (one object per shape, which the
+    executor tests by identity), and a step of another shape, or of another kind or engine, gets its own."""
+    b, _bw, base, draft = _spec_pair("host")
+    with create_for_spec_decode(base, draft, b) as sd:
+        four = sd._dims(sd.base, "verify", 2, 4)
+        assert sd._dims(sd.base, "verify", 2, 4) is four and four == b.base.spec_verify_dims(2, 4)
+        three = sd._dims(sd.base, "verify", 2, 3)
+        assert three == b.base.spec_verify_dims(2, 3) and three != four
+        assert sd._dims(sd.base, "verify", 2, 4) is four
+        assert sd._dims(sd.draft, "accept", 2, 3) == b.draft.accept_dims(2, 3)
+        assert sd._dims(sd.draft, "proposal", 2, 3, 1) == b.draft.proposal_dims(2, 3, 1)
+
+
 @pytest.mark.parametrize("top_k,depth", [(1, 3), (2, 3), (2, 1)])
 def test_spec_decode_gives_exactly_the_greedy_tokens(device, top_k, depth):
     b, bw, base, draft = _spec_pair(device)

@@ -179,7 +179,9 @@ class PageTable:
         self.limit = np.zeros(slots, np.int64)
         self.version = 0
         # Per (step slots, version): the step's table and its slots' limits (see step()).
-        self._bound: BoundedCache[tuple[tuple[int, ...], int], tuple[np.ndarray, list[int]]] = BoundedCache()
+        self._bound: BoundedCache[tuple[tuple[int, ...], int], tuple[np.ndarray, list[int], int]] = BoundedCache()
+        self._last_step: tuple[tuple[int, ...] | None, int, tuple[np.ndarray, list[int], int]] = \
+            (None, -1, (np.zeros((0, 2, 0), np.int32), [], 0))  # step()'s last answer, by its slots
 
     def ensure(self, slots: np.ndarray, starts: np.ndarray, width: int) -> StepPages | None:
         """:meth:`plan` of a step writing ``width`` tokens from ``starts[i]`` on for ``slots[i]``, or None when
@@ -290,17 +292,24 @@ class PageTable:
         until the rows change."""
         return self.step(slots)[0]
 
-    def step(self, slots: tuple[int, ...]) -> tuple[np.ndarray, list[int]]:
-        """:meth:`step_rows` of ``slots`` and their limits (in step order, as ints): a step that writes below
-        every limit takes no page (:meth:`ensure`'s test, on a few ints). Kept per (slots, version): every
-        change of a limit moves :attr:`version` on too."""
-        key = (slots, self.version)
+    def step(self, slots: tuple[int, ...]) -> tuple[np.ndarray, list[int], int]:
+        """:meth:`step_rows` of ``slots``, their limits (in step order, as ints) and the lowest of them (0 for
+        no slot): a step that writes below every limit takes no page (:meth:`ensure`'s test, on a few ints). Kept
+        per (slots, version): every change of a limit moves :attr:`version` on too. The last one asked for is
+        found again by the identity of ``slots`` (a setup keeps one tuple while its slots stay), unhashed."""
+        version = self.version
+        last = self._last_step
+        if last[0] is slots and last[1] == version:
+            return last[2]
+        key = (slots, version)
         found = self._bound.get(key)
         if found is None:
             rows = self._table[list(slots)]  # a copy: later row changes leave it as it is
             rows.flags.writeable = False
             limit = self.limit
-            found = self._bound.put(key, (rows, [int(limit[slot]) for slot in slots]))
+            limits = [int(limit[slot]) for slot in slots]
+            found = self._bound.put(key, (rows, limits, min(limits, default=0)))
+        self._last_step = (slots, version, found)  # holds `slots`: its id stays its own
         return found
 
     def share(self, slot: int) -> None:

@@ -256,6 +256,9 @@ class BatchSteps(StepInputs):
         step.upload(s)
         return plan[3]
 
+    def tree_starts(self) -> Tensor | None:
+        return self.step.tensors["tree_past"]  # verify stages its cached lengths there (its tree targets')
+
     def tree_targets(self, e: EngineView) -> TreeTargets:
         found = self._targets.get(e.role)
         if found is None:

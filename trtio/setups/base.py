@@ -195,6 +195,7 @@ class SetupBase(Closeable, abc.ABC):
     _context_memory: ContextMemory
     _extra_arena: Arena
     _embeds_staging: HostStaging
+    _embeds_type: DType  # the activations' dtype
     _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
@@ -259,7 +260,8 @@ class SetupBase(Closeable, abc.ABC):
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
         self._steps = self.io.contract.steps(self.io, self._rope.get)
-        self._embeds_dtype = self.io.inputs_embeds.dtype.numpy  # host embeddings taken as they are
+        self._embeds_type = self.io.inputs_embeds.dtype  # device embeddings taken as they are
+        self._embeds_dtype = self._embeds_type.numpy  # host embeddings taken as they are
 
     @abc.abstractmethod
     def engines(self) -> list[BoundEngine]:
@@ -281,8 +283,7 @@ class SetupBase(Closeable, abc.ABC):
         kind = type(x)
         if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
             shape = x.shape  # checks that it is open
-            if x.dtype is self.io.inputs_embeds.dtype and len(shape) == 3 and shape[2] == hidden and \
-                    x.backend is self._backend:
+            if x._dtype is self._embeds_type and len(shape) == 3 and shape[2] == hidden and x._backend is self._backend:
                 return x, shape[0], shape[1]
         elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
             shape = x.shape
@@ -353,19 +354,22 @@ class SetupBase(Closeable, abc.ABC):
         return order, seqs._order_key, lengths, whole
 
     def _pages(self, e: BoundEngine, order: np.ndarray, key: tuple[int, ...], starts: np.ndarray, width: int,
-               s: Stream, start_list: list[int] | None = None) -> tuple[StepPages | None, np.ndarray | None]:
+               s: Stream, start_list: list[int] | None = None,
+               top: int | None = None) -> tuple[StepPages | None, np.ndarray | None]:
         """Take the pages a step writes (``width`` tokens from ``starts`` on for each slot of ``order``; a
         CapacityError before anything changes when the pool is short) and enqueue the copies of shared pages it
         writes. Returns the plan that took pages (None: none taken), which the caller undoes if the step raises
         later, and the step's page-table rows (None where pages are not staged per step). ``start_list``:
-        ``starts`` as ints, where the caller has them."""
+        ``starts`` as ints, and ``top`` the largest of them, where the caller has them."""
         seqs = self._seqs
         if not seqs.slotted:
             return None, None
         table = seqs.tables[e.role]
-        rows, limits = table.step(key)
-        # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit?
-        if not width or not key or max(map(operator.sub, start_list or starts.tolist(), limits)) + width <= 0:
+        rows, limits, lowest = table.step(key)
+        # PageTable.ensure's test, on Python ints (a step's few slots): does any slot write past its limit? None
+        # does where the furthest start ends below the lowest limit (a steady step, most of the time).
+        if not width or not key or (top is not None and top + width <= lowest) or \
+                max(map(operator.sub, start_list or starts.tolist(), limits)) + width <= 0:
             return None, rows
         plan = table.ensure(order, starts, width)
         if plan is None:

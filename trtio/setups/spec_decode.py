@@ -138,6 +138,7 @@ class SpecDecodeSetup(SetupBase):
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
+        self._last_dims: BoundedCache[tuple[str, str], tuple[tuple[int, ...], InferenceDims]] = BoundedCache()
         self._prompt: Prompt | None = None  # a base prefill awaiting its draft prefill
         self._draft_ready = False  # the draft has caught up with the base: a round may start
         self._roots = DraftRoots(io, self._steps, mb, spec.draft_hidden_size)
@@ -145,6 +146,7 @@ class SpecDecodeSetup(SetupBase):
         self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
         self._accepted_list: list[int] = []  # the path lengths as ints
+        self._accepted_of: np.ndarray | None = None  # the read-only lengths _accepted_list holds (kept alive by it)
         # Where verify leaves the base's cached lengths on the device for accept's KV commit (as it leaves its page
         # table there); None: the commit's rows carry them.
         self._verify_starts = self._steps.tree_starts()
@@ -183,7 +185,7 @@ class SpecDecodeSetup(SetupBase):
         return EngineGraphStats(self.engines())
 
     def _need_batch(self) -> int:
-        count = self._seqs.count
+        count = len(self._seqs._order)  # Sequences.count's field: read at every step
         if count == 0:
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
         return count
@@ -340,12 +342,13 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
         have = lengths.tolist()
-        if max(have) + n > e.cfg.max_kv_cache_capacity:
+        top = max(have)
+        if top + n > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(lengths))
             raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
                              f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, lengths, n, s, have)
+        taken, pages = self._pages(e, order, key, lengths, n, s, have, top)
         try:
             self._upload_embeds(x, s)
             past = self._tree.round_past(have)  # the proposal levels' constant where equal: not staged again
@@ -390,7 +393,9 @@ class SpecDecodeSetup(SetupBase):
         else:
             state.lengths[order] += acc
         self._accepted = acc
-        self._accepted_list = acc.tolist()
+        if acc is not self._accepted_of:  # the read-only lengths of repeated paths are read as ints once
+            self._accepted_list = acc.tolist()
+            self._accepted_of = None if acc.flags.writeable else acc
         self._verified = None
 
     @one_thread
@@ -426,12 +431,13 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
-        if max(have) + a > e.cfg.max_kv_cache_capacity:
+        top = max(have)
+        if top + a > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(past))
             raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
                              f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         s = self._stream(stream)
-        taken, pages = self._pages(e, order, key, past, a, s, have)
+        taken, pages = self._pages(e, order, key, past, a, s, have, top)
         try:
             self._upload_embeds(x, s)
             staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
@@ -462,13 +468,18 @@ class SpecDecodeSetup(SetupBase):
         return self.io.output_logits
 
     def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
-        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them)."""
+        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them); the
+        last of each engine and kind is found again by its shape alone (a round repeats its steps' shapes)."""
+        last = self._last_dims.get((e.role, kind))
+        if last is not None and last[0] == args:
+            return last[1]
         key = (e.role, kind, *args)
         dims = self._dims_cache.get(key)
         if dims is None:
             recipes: dict[str, Callable[..., InferenceDims]] = {
                 "proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims, "accept": e.cfg.accept_dims}
             dims = self._dims_cache.put(key, recipes[kind](*args))
+        self._last_dims.put((e.role, kind), (args, dims))  # one entry per engine and kind
         return dims
 
     @one_thread
