@@ -365,6 +365,24 @@ def test_spec_setup_bad_calls():
         create_for_spec_decode(base, draft, trtio.DeploymentConfig(llm_config()))
 
 
+
+@pytest.mark.parametrize("tree", [[-1, 0.0, 1], [-1, 0, np.float64(1)], [[-1, 0, 1.0]]])
+def test_a_verify_tree_equal_to_the_last_but_not_of_ints_is_refused_as_the_first_one_would_be(tree):
+    """A parent list equal in value to the last verify's (a float equal to its int) is not a list of ints:
+    it is refused by its dtype, as a first verify given it is, not taken for the last one's tree."""
+    b, bw, base, draft = _spec_pair("host")
+    E = toy_embedding(512, 64, 0)
+    with create_for_spec_decode(base, draft, b) as sd:
+        emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
+        sd.base_prefill(emb, lens)
+        x = E[[[1, 2, 3]]].astype(np.float16)
+        with pytest.raises(ShapeError, match="got dtype"):
+            sd.verify(x, tree)  # refused on its own
+        ints = [[-1, 0, 1]] if type(tree[0]) is list else [-1, 0, 1]
+        sd.verify(x, ints)
+        with pytest.raises(ShapeError, match="got dtype"):
+            sd.verify(x, tree)  # equal in value to the list just verified
+
 def test_spec_base_prefill_carries_deepstack_features_like_create_for_llm():
     b = bundle(draft_vocab=512, num_deepstack_features=1)
     bw = ToyWeights.generate(b.base, 0)

@@ -75,20 +75,24 @@ class VerifyTrees:
 
     def __init__(self) -> None:
         self._trees: BoundedCache[tuple[Any, ...], VerifyTree] = BoundedCache()
-        self._last: tuple[int, list[Any], VerifyTree] | None = None  # the last parent list given: b, a copy, its tree
+        # The last parent list given: b, a copy of it, its tree, and whether it is one list per sequence.
+        self._last: tuple[int, list[Any], VerifyTree, bool] | None = None
 
     def get(self, tree: Any, b: int) -> VerifyTree:
         """``tree`` for ``b`` sequences: a parent list ([N] shared, or [b, N]; -1 for the root) or an
         unpacked mask [b, N, N]; a ShapeError names what is wrong with it."""
         last = self._last
-        if last is not None and type(tree) is list and last[0] == b and tree == last[1]:
-            return last[2]  # a runtime's tree shape repeats: the same list (of ints) as the last one
+        # A runtime's tree shape repeats: the same list of ints as the last one (anything else equal to an int
+        # is not one: it is read as an array below, where a float is refused).
+        if last is not None and type(tree) is list and last[0] == b and tree == last[1] and \
+                set(map(type, chain.from_iterable(tree) if last[3] else tree)) == _INTS:
+            return last[2]
         found = self._get(tree, b)
         if type(tree) is list:  # kept (a copy) where it holds plain ints only
             nested = bool(tree) and type(tree[0]) is list
             rows = [list(r) for r in tree] if nested else list(tree)
             if all(type(v) is int for v in ([v for r in rows for v in r] if nested else rows)):
-                self._last = (b, rows, found)
+                self._last = (b, rows, found, nested)
         return found
 
     def _get(self, tree: Any, b: int) -> VerifyTree:
