@@ -44,6 +44,15 @@ def _embeds(sd: trtio.SpecDecodeSetup, shape: tuple[int, int], rng: np.random.Ge
     return t
 
 
+def _prefilled(sd: trtio.SpecDecodeSetup) -> list[np.ndarray]:
+    """Prefill base and draft with four prompts; returns each proposal level's parents (a round of STEPS levels
+    of TOP_K nodes, each a child of the previous level's)."""
+    emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
+    sd.base_prefill(emb, lens)
+    sd.draft_prefill(emb, lens)
+    return [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
+
+
 def _visible(parents: list[int]) -> np.ndarray:
     """[N, N]: node t sees itself and its ancestors."""
     n = len(parents)
@@ -64,11 +73,8 @@ def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(
     rng = np.random.default_rng(0)
     be = sd.io.inputs_embeds.backend
     try:
-        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
-        sd.base_prefill(emb, lens)
-        sd.draft_prefill(emb, lens)
+        parents = _prefilled(sd)  # 4 sequences
         b = 4
-        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         ops = []
         for _ in range(4):
             for p in parents:
@@ -107,11 +113,8 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
     sd = _setup()
     rng = np.random.default_rng(1)
     try:
-        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
-        sd.base_prefill(emb, lens)
-        sd.draft_prefill(emb, lens)
+        parents = _prefilled(sd)  # 4 sequences
         b, a = 4, 3
-        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         tm, cu = sd.draft.tensor_map, sd._catch_up_map  # the draft's maps: its levels', its catch-up's
         for r in range(4):
             for p in parents:
@@ -150,12 +153,9 @@ def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(ho
     assert step is not None
     other = [[0, 2, 5], [0, 1], [0, 1, 4], [0]]  # PATHS' lengths, other nodes
     try:
-        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
-        sd.base_prefill(emb, lens)
-        sd.draft_prefill(emb, lens)
+        parents = _prefilled(sd)  # 4 sequences
         b, a, n = 4, 3, len(TREE)
         scratch = sd.bundle.effective_max_draft_proposal_size()
-        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         x = _embeds(sd, (b, TOP_K), rng)
         tree = _embeds(sd, (b, n), rng)
         ops = []
@@ -216,11 +216,8 @@ def test_the_catch_up_plan_binds_its_own_tree_inputs_and_a_steady_one_uploads_no
 
     other = [[0, 2, 5], [0, 1], [0, 1, 4], [0]]  # PATHS' lengths, other nodes
     try:
-        emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
-        sd.base_prefill(emb, lens)
-        sd.draft_prefill(emb, lens)
+        parents = _prefilled(sd)  # 4 sequences
         b, a = 4, 3
-        parents = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in range(STEPS - 1)]
         x = _embeds(sd, (b, TOP_K), rng)
         tree = _embeds(sd, (b, len(TREE)), rng)
         catch_up = _embeds(sd, (b, a), rng)
