@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Callable
 
 import pytest
 
 from trtio.cli import main
+from trtio.stream import Stream
+from trtio.tools import bench
 from trtio.tools.bench import ROUND, copy_row
 
 
@@ -43,6 +46,32 @@ def test_torch_inputs_feed_the_steps_with_the_decode_step_fed_numpy_beside(capsy
     rows = _rows(capsys, "--inputs", "torch", "--contract", "batch")["batch"]
     assert rows["LLMSetup.decode"]["device_ops"] == rows["LLMSetup.decode, fed numpy"]["device_ops"] == 2
     assert rows["SpecDecodeSetup.verify"]["device_ops"] == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_decode_rows_compared_side_by_side_each_follow_the_engines_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode fed torch and the decode fed the other input are timed in the same place of the loop: each right
+    after the engine's own two rows (what ran just before a call warms or cools the host's caches)."""
+    calls: list[str] = []
+    real = bench._Clock.__call__
+
+    def spy(self: bench._Clock, name: str, fn: Callable[[], object]) -> None:
+        calls.append(name)
+        real(self, name, fn)
+
+    monkeypatch.setattr(bench._Clock, "__call__", spy)
+    llm, _ = bench.configs("batch", 1024)
+    backend = bench.bench_backend("dry-run")
+    stream = Stream.create(backend)
+    try:
+        bench._llm_rows(llm, backend, stream, 3, bench._Clock(backend, stream), "torch")
+    finally:
+        stream.close()
+    decodes = [i for i, name in enumerate(calls) if name.startswith("LLMSetup.decode")]
+    assert {calls[i] for i in decodes} == {"LLMSetup.decode", "LLMSetup.decode, fed numpy"}
+    assert len(decodes) == 6
+    for i in decodes:
+        assert calls[i - 2:i] == ["prepare + execute (decode, graph)", "prepare + execute (decode's own graph)"], i
 
 
 def test_the_decode_steps_own_graph_and_a_whole_round_are_timed(capsys: pytest.CaptureFixture[str]) -> None:

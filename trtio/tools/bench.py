@@ -8,7 +8,8 @@ binary tree), accepted paths of 4 nodes; CUDA graphs on. Both contracts: trtio's
 0.11's token-major one. Inputs (``inputs``): device tensors (a runtime looks its embeddings up on the GPU), host
 numpy arrays (beside each helper, one ``np.copyto`` of its input: the least any step spends on the bytes it is
 given), or torch tensors (on the GPU with the cuda backend; beside the decode step fed one, the same step fed a
-trtio Tensor; torch runs on the step's stream, and once more on its own default stream). Beside ``prepare +
+trtio Tensor; torch runs on the step's stream, and once more on its own default stream; each of those decode
+rows is timed right after the engine's own rows, so that they follow the same calls). Beside ``prepare +
 execute`` of the engine alone, ``prepare + execute`` replaying the decode step's own graph (the call
 ``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
 
@@ -249,18 +250,24 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
             prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
             same_graph()
+            rows: list[tuple[str, Callable[[], object], Callable[[], Any]]] = [
+                ("LLMSetup.decode", decode, contextlib.nullcontext)]
+            if elsewhere is not None:
+                rows.append(("LLMSetup.decode, fed torch from its default stream", decode, elsewhere))
+            if other is not None:
+                rows.append((f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}",
+                             other, contextlib.nullcontext))
             with on_step_stream:
                 for _ in range(steps):
-                    clock("prepare + execute (decode, graph)", prepare_execute)
-                    # decode's graph: its device work advances the device's lengths once more (null compute)
-                    clock("prepare + execute (decode's own graph)", same_graph)
-                    clock("LLMSetup.decode", decode)
-                    if elsewhere is not None:
-                        with elsewhere():
-                            clock("LLMSetup.decode, fed torch from its default stream", decode)
-                    if other is not None:
-                        clock(f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}",
-                              other)
+                    # Each decode row right after the engine's own two rows: what ran just before a call warms or
+                    # cools the host's caches (a step timed right after another decode runs faster), so rows
+                    # compared side by side follow the same calls.
+                    for name, step, context in rows:
+                        clock("prepare + execute (decode, graph)", prepare_execute)
+                        # decode's graph: its device work advances the device's lengths once more (null compute)
+                        clock("prepare + execute (decode's own graph)", same_graph)
+                        with context():
+                            clock(name, step)
                     if floor is not None:
                         clock(copy_row("LLMSetup.decode"), floor)
         finally:
