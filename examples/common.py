@@ -6,8 +6,9 @@ the toy model) or on an Edge-LLM engine directory given as an argument (with ``l
 ``spec_base.engine`` + ``spec_draft.engine``: TensorRT engines, Edge-LLM's plugin in EDGELLM_PLUGIN_PATH).
 
 Sampling runs where the logits are. On a GPU: torch, else CuPy, each on trtio's stream, reading the
-logits in place (DLPack) and handing trtio device tensors (``trtio.Tensor.from_dlpack``); nothing is
-copied to the host until the tokens are printed. Without a GPU: numpy.
+logits in place (DLPack) and handing the steps their own arrays, which trtio reads in place (a steady decode
+reads a torch tensor without a DLPack capsule); nothing is copied to the host until the tokens are printed.
+Without a GPU: numpy.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ class Torch(Numpy):
         return self.torch.gather(x, 1, index)
 
     def to_input(self, x: Any) -> Any:
-        return trtio.Tensor.from_dlpack(x.contiguous(), self.stream)
+        return x.contiguous()  # a step reads it in place, on trtio's stream, which torch runs on
 
     def host(self, x: Any) -> np.ndarray:
         return np.asarray(x.cpu().numpy())
@@ -238,7 +239,7 @@ class Cupy(Numpy):
         return self.cupy.take_along_axis(x, index, axis=1)
 
     def to_input(self, x: Any) -> Any:
-        return trtio.Tensor.from_dlpack(self.cupy.ascontiguousarray(x), self.stream)
+        return self.cupy.ascontiguousarray(x)  # a step reads it in place (DLPack), on trtio's stream
 
     def host(self, x: Any) -> np.ndarray:
         return np.asarray(self.cupy.asnumpy(x))

@@ -4,8 +4,8 @@
     python3 examples/generate.py ENGINE_DIR    # an Edge-LLM engine directory (config.json + llm.engine)
 
 Each step: argmax over the logits trtio returns (read in place), the embedding rows of those tokens gathered
-from the table on the device, handed to ``decode`` as a trtio tensor (``Tensor.from_dlpack``). The tokens stay
-on the device until the end. Prints each prompt's tokens and the tokens per second.
+from the table on the device, handed to ``decode`` as they are (trtio reads them in place). The tokens stay on
+the device until the end. Prints each prompt's tokens and the tokens per second.
 """
 
 from __future__ import annotations
