@@ -8,8 +8,9 @@ binary tree), accepted paths of 4 nodes; CUDA graphs on. Both contracts: trtio's
 0.11's token-major one. Inputs (``inputs``): device tensors (a runtime looks its embeddings up on the GPU), host
 numpy arrays (beside each helper, one ``np.copyto`` of its input: the least any step spends on the bytes it is
 given), or torch tensors (on the GPU with the cuda backend; beside the decode step fed one, the same step fed a
-trtio Tensor; torch runs on the step's stream, and once more on its own default stream; each of those decode
-rows is timed right after the engine's own rows, so that they follow the same calls). Beside ``prepare +
+trtio Tensor; torch runs on the step's stream, and once more on its own default stream, beside which the step is
+fed a trtio Tensor last written on another stream; each of those decode rows is timed right after the engine's
+own rows, so that they follow the same calls). Beside ``prepare +
 execute`` of the engine alone, ``prepare + execute`` replaying the decode step's own graph (the call
 ``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
 
@@ -207,6 +208,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
         setup.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
         feed = _Embeds(inputs, backend, setup.io.inputs_embeds, 0)
+        side: Stream | None = None
         try:
             setup.prefill(prompt, np.full(BATCH, 16))
             one = (BATCH, 1, HIDDEN)
@@ -228,6 +230,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                     other()
             on_step_stream: Any = contextlib.nullcontext()
             elsewhere: Callable[[], Any] | None = None
+            apart: Callable[[], object] | None = None
             if inputs == "torch" and backend.name == "cuda":
                 # torch runs on the step's stream (this thread's trtio default: as trtio.interop advises, no event
                 # per step), and once more on its own default stream (the producer ordered by an event each step)
@@ -236,6 +239,13 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 external: Any = torch.cuda.ExternalStream
                 on_step_stream = torch.cuda.stream(external(Stream.default(backend).handle))
                 elsewhere = functools.partial(torch.cuda.stream, torch.cuda.default_stream())
+                # beside that one, a trtio Tensor last written on another stream: ordered by an event each step too
+                side = Stream.create(backend)
+                y = feed.tensor(one).copy_from(feed._values(one), side)
+
+                def apart() -> object:
+                    return setup.decode(y)
+                apart()
             e = setup.engines()[0]
             dims = llm.decode_dims(BATCH)
             work = e.executor.last_work  # the device work decode enqueues before its engine, in its graph
@@ -250,8 +260,14 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
             prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
             same_graph()
+            # The rows compared follow the same calls (see below), and each is three calls after a decode of the
+            # other's kind: the torch-fed one after the Tensor-fed one, the Tensor-fed one after the torch-fed one
+            # from torch's default stream.
             rows: list[tuple[str, Callable[[], object], Callable[[], Any]]] = [
                 ("LLMSetup.decode", decode, contextlib.nullcontext)]
+            if apart is not None:
+                rows.append(("LLMSetup.decode, fed a trtio Tensor written on another stream", apart,
+                             contextlib.nullcontext))
             if elsewhere is not None:
                 rows.append(("LLMSetup.decode, fed torch from its default stream", decode, elsewhere))
             if other is not None:
@@ -272,6 +288,8 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                         clock(copy_row("LLMSetup.decode"), floor)
         finally:
             feed.free()
+            if side is not None:
+                side.close()
             prompt.close()
 
 
