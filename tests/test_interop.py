@@ -868,6 +868,51 @@ def test_a_steady_decode_waits_for_a_torch_tensor_written_on_another_stream(cuda
 
 
 @pytest.mark.gpu
+def test_a_steady_decode_fed_torch_over_its_own_input_reads_it_in_place(cuda: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch runtime writes each step's embeddings in place, through a torch view of io.inputs_embeds (torch on
+    trtio's stream), and hands that view over: the steady step reads them where they are, with no copy onto
+    themselves, and its logits are the numpy-fed run's."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64).astype(np.float16)
+    steps = [[[9]], [[11]], [[13]], [[17]], [[19]]]
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]], [3])
+        want = [setup.decode(table[tok]).to_numpy() for tok in steps]
+    with _gpu_llm(cuda) as setup:
+        s = Stream.create(cuda)
+        setup.prefill(table[[[5, 6, 7]]], [3], s)
+        np.testing.assert_allclose(setup.decode(table[steps[0]], s).to_numpy(s), want[0], atol=2e-3, rtol=2e-3)
+        dst = setup.io.inputs_embeds.data_ptr
+        copies: list[tuple[int, int]] = []
+        real = cuda.memcpy
+
+        def memcpy(to: int, src: int, nbytes: int, stream: int) -> None:
+            copies.append((to, src))
+            real(to, src, nbytes, stream)
+
+        with t.cuda.stream(t.cuda.ExternalStream(s.handle)):
+            view = t.from_dlpack(setup.io.inputs_embeds.reshape((1, 1, 64)))  # the decode step's input
+            assert view.data_ptr() == dst
+            for i, (tok, w) in enumerate(zip(steps[1:], want[1:])):
+                view.copy_(t.from_numpy(table[tok]).cuda(non_blocking=True))
+                hits = setup.graph_stats.hits
+                monkeypatch.setattr(cuda, "memcpy", memcpy)
+                got = setup.decode(view, s)
+                monkeypatch.undo()
+                np.testing.assert_allclose(got.to_numpy(s), w, atol=2e-3, rtol=2e-3)
+                assert (dst, dst) not in copies, f"step {i + 1} copied its input onto itself"
+                if i >= 2:  # captured by then: a steady replay, and no copy of the input at all
+                    assert setup.graph_stats.hits > hits, "a steady step"
+                    assert [c for c in copies if c[0] == dst] == []
+                copies.clear()
+            del view
+        s.close()
+
+
+@pytest.mark.gpu
 def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: Any) -> None:
     """What the steady path does not take (another dtype, a strided view, a tensor that needs a gradient) goes
     the general way and is refused there, naming the input, with nothing enqueued and the setup usable."""

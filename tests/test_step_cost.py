@@ -773,6 +773,99 @@ def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monk
         plain.close()
 
 
+def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Backend,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Embeddings written in place into the step's own input, handed over as another tensor over those bytes (a
+    runtime's view of io.inputs_embeds), are read where they are: the steady step copies nothing onto itself.
+    A tensor of its own is copied in, once. The logits are a plain run's either way."""
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    io = setup.io
+    over = Tensor.wrap(io.inputs_embeds.data_ptr, x.shape, "float16", Location.DEVICE, backend=host)
+    apart = Tensor.empty(x.shape, "float16", Location.DEVICE, backend=host)
+    copies: list[tuple[int, int]] = []
+    real = host.memcpy
+
+    def memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
+        copies.append((dst, src))
+        real(dst, src, nbytes, stream)
+
+    try:
+        for i, fed in enumerate((over, apart, over)):
+            fed.copy_from(x + np.float16(i + 1))
+            hits = setup.executor.graph_stats.hits
+            monkeypatch.setattr(host, "memcpy", memcpy)
+            got = setup.decode(fed)
+            monkeypatch.undo()
+            assert setup.executor.graph_stats.hits == hits + 1, "a steady step"
+            into = [c for c in copies if c[0] == io.inputs_embeds.data_ptr]
+            assert into == ([] if fed is over else [(io.inputs_embeds.data_ptr, apart.data_ptr)]), i
+            copies.clear()
+            np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(i + 1)).to_numpy())
+        # a step that checks everything (slots named) takes it in place too
+        over.copy_from(x + np.float16(4))
+        monkeypatch.setattr(host, "memcpy", memcpy)
+        got = setup.decode(over, slots=setup.active.tolist())
+        monkeypatch.undo()
+        assert [c for c in copies if c[0] == io.inputs_embeds.data_ptr] == []
+        np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(4)).to_numpy())
+    finally:
+        over.close()
+        apart.close()
+        setup.close()
+        plain.close()
+
+
+def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
+        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steady decode's torch reader (trtio.foreign.TorchDeviceInput) finds the embeddings at the step's own
+    input's address (a runtime's torch view of io.inputs_embeds, written in place): nothing is copied onto
+    itself. On the CPU the host backend's "device" memory is host memory, so the reader is made for "device -1"
+    (what get_device() says of a host tensor), with torch's current stream the step's (as in
+    test_interop.py's reader test); the GPU suite runs the same step on the H200."""
+    import ctypes
+
+    torch = pytest.importorskip("torch")
+    from trtio.foreign import TorchDeviceInput
+
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    io = setup.io
+    step = trtio.Stream.default(host)
+
+    def reader(be: trtio.Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
+        made = TorchDeviceInput(torch, torch.float16, shape, host)
+        made._device = -1
+        made._current_stream = lambda index: step.handle
+        return made
+
+    monkeypatch.setattr("trtio.setups.llm.torch_device_input", reader)
+    raw = (ctypes.c_uint16 * x.size).from_address(io.inputs_embeds.data_ptr)
+    over = torch.frombuffer(raw, dtype=torch.float16).view(x.shape)  # the step's input, as torch sees it
+    assert over.data_ptr() == io.inputs_embeds.data_ptr
+    copies: list[tuple[int, int]] = []
+    real = host.memcpy
+
+    def memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
+        copies.append((dst, src))
+        real(dst, src, nbytes, stream)
+
+    try:
+        for i in range(3):
+            over.copy_(torch.from_numpy(x + np.float16(i + 1)))
+            hits = setup.executor.graph_stats.hits
+            monkeypatch.setattr(host, "memcpy", memcpy)
+            got = setup.decode(over)
+            monkeypatch.setattr(host, "memcpy", real)
+            assert setup.executor.graph_stats.hits == hits + 1, "a steady step"
+            assert [c for c in copies if c[0] == io.inputs_embeds.data_ptr] == [], i
+            np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(i + 1)).to_numpy())
+    finally:
+        del over, raw
+        setup.close()
+        plain.close()
+
+
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
 def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trtio.Backend, contract: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:

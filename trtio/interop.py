@@ -32,6 +32,11 @@ Lifetime. A step reads a device input asynchronously on its stream: keep the arr
 until that work has run. The simplest way is to produce inputs on trtio's stream itself (torch:
 ``with torch.cuda.stream(torch.cuda.ExternalStream(stream.handle))``), where the producer's allocator
 reuses memory in that stream's order.
+
+In place. Embeddings written straight into the step's own input, through a view of its bytes
+(``torch.from_dlpack(setup.io.inputs_embeds.reshape(shape))``, written with ``out=`` or ``copy_``), and handed
+over as that view, are read where they are: no copy. Write them after the last step that read them, in that
+step's stream order (again: torch on trtio's stream).
 """
 
 from __future__ import annotations

@@ -211,18 +211,20 @@ class LLMSetup(SetupBase):
         lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
         copy of its bytes, whatever its view, unless it is the step's own input), the device address of a foreign
         array of the step's embeddings (an int: a torch tensor :class:`~trtio.foreign.TorchDeviceInput` read) or a
-        host array."""
+        host array. Embeddings at the step's own input's address (that input, another view of its bytes, or a
+        foreign array over them: written there in place) are read where they are, not copied onto themselves."""
         e = self._engine
         try:
             if type(x) is Tensor:
                 dst = st.dst
-                if x is not dst:
+                if x._ptr != dst._ptr:
                     self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s._handle)
                     dst._last_stream = s
             elif type(x) is int:
                 dst = st.dst
-                self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
-                dst._last_stream = s
+                if x != dst._ptr:
+                    self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
+                    dst._last_stream = s
             else:
                 self._embeds_staging.upload(x, s, reshape=False)
             ex = e.executor
