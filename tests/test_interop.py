@@ -833,6 +833,13 @@ def test_a_step_waits_for_embeddings_written_on_another_stream(cuda: Any) -> Non
     np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
 
 
+def _numpy_fed_decodes(cuda: Any, table: np.ndarray, steps: list[Any]) -> list[np.ndarray]:
+    """The logits of decodes fed ``table``'s rows of ``steps`` as numpy, after a prefill of tokens 5, 6, 7."""
+    with _gpu_llm(cuda) as setup:
+        setup.prefill(table[[[5, 6, 7]]], [3])
+        return [setup.decode(table[tok]).to_numpy() for tok in steps]
+
+
 @pytest.mark.gpu
 def test_a_steady_decode_waits_for_a_torch_tensor_written_on_another_stream(cuda: Any) -> None:
     """The steady decode reads torch's CUDA tensors without DLPack's capsule (``torch_device_input``): its
@@ -844,9 +851,7 @@ def test_a_steady_decode_waits_for_a_torch_tensor_written_on_another_stream(cuda
 
     table = toy_embedding(512, 64).astype(np.float16)
     steps = [[[9]], [[11]], [[13]], [[17]]]
-    with _gpu_llm(cuda) as setup:
-        setup.prefill(table[[[5, 6, 7]]], [3])
-        want = [setup.decode(table[tok]).to_numpy() for tok in steps]
+    want = _numpy_fed_decodes(cuda, table, steps)
     with _gpu_llm(cuda) as setup:
         s = Stream.create(cuda)
         setup.prefill(table[[[5, 6, 7]]], [3], s)
@@ -878,9 +883,7 @@ def test_a_steady_decode_fed_torch_over_its_own_input_reads_it_in_place(cuda: An
 
     table = toy_embedding(512, 64).astype(np.float16)
     steps = [[[9]], [[11]], [[13]], [[17]], [[19]]]
-    with _gpu_llm(cuda) as setup:
-        setup.prefill(table[[[5, 6, 7]]], [3])
-        want = [setup.decode(table[tok]).to_numpy() for tok in steps]
+    want = _numpy_fed_decodes(cuda, table, steps)
     with _gpu_llm(cuda) as setup:
         s = Stream.create(cuda)
         setup.prefill(table[[[5, 6, 7]]], [3], s)

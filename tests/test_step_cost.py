@@ -773,6 +773,18 @@ def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monk
         plain.close()
 
 
+def _kept_copies(be: trtio.Backend) -> tuple[list[tuple[int, int]], Callable[[int, int, int, int], None]]:
+    """``be``'s memcpy, keeping each copy's (dst, src) in the list returned with it (patch it in, and back)."""
+    copies: list[tuple[int, int]] = []
+    real = be.memcpy
+
+    def memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
+        copies.append((dst, src))
+        real(dst, src, nbytes, stream)
+
+    return copies, memcpy
+
+
 def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Backend,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Embeddings written in place into the step's own input, handed over as another tensor over those bytes (a
@@ -783,13 +795,7 @@ def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Bac
     io = setup.io
     over = Tensor.wrap(io.inputs_embeds.data_ptr, x.shape, "float16", Location.DEVICE, backend=host)
     apart = Tensor.empty(x.shape, "float16", Location.DEVICE, backend=host)
-    copies: list[tuple[int, int]] = []
-    real = host.memcpy
-
-    def memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
-        copies.append((dst, src))
-        real(dst, src, nbytes, stream)
-
+    copies, memcpy = _kept_copies(host)
     try:
         for i, fed in enumerate((over, apart, over)):
             fed.copy_from(x + np.float16(i + 1))
@@ -843,13 +849,8 @@ def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
     raw = (ctypes.c_uint16 * x.size).from_address(io.inputs_embeds.data_ptr)
     over = torch.frombuffer(raw, dtype=torch.float16).view(x.shape)  # the step's input, as torch sees it
     assert over.data_ptr() == io.inputs_embeds.data_ptr
-    copies: list[tuple[int, int]] = []
+    copies, memcpy = _kept_copies(host)
     real = host.memcpy
-
-    def memcpy(dst: int, src: int, nbytes: int, stream: int) -> None:
-        copies.append((dst, src))
-        real(dst, src, nbytes, stream)
-
     try:
         for i in range(3):
             over.copy_(torch.from_numpy(x + np.float16(i + 1)))
