@@ -10,9 +10,9 @@ numpy arrays (beside each helper, one ``np.copyto`` of its input: the least any 
 given), or torch tensors (on the GPU with the cuda backend; beside the decode step fed one, the same step fed a
 trtio Tensor; torch runs on the step's stream, and once more on its own default stream, beside which the step is
 fed a trtio Tensor last written on another stream; each of those decode rows is timed right after the engine's
-own rows, so that they follow the same calls). Beside ``prepare +
-execute`` of the engine alone, ``prepare + execute`` replaying the decode step's own graph (the call
-``LLMSetup.decode`` wraps), and a whole speculative round of 3 levels timed as one call.
+own rows, so that they follow the same calls). Beside ``prepare + execute`` of the engine alone, ``prepare +
+execute`` replaying the decode step's own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative
+round of 3 levels timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
