@@ -9,6 +9,7 @@ memory hands over. The ``gpu`` tests repeat the essentials with torch and CuPy o
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from typing import Any
 
@@ -372,6 +373,11 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
     class Sub(torch.Tensor):
         pass
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor([torch.zeros(1, 8, dtype=torch.float16)] * 2)  # no shape: torch raises
+    emptied = _aligned_cpu_tensor(torch.float16, (2, 1, 8)).clone()
+    emptied.untyped_storage().resize_(0)  # its shape stays, its data pointer is null
     passed_over = {
         "another dtype": (half, _aligned_cpu_tensor(torch.float32, (2, 1, 8))),
         "another shape": (half, x.view(2, 8)),
@@ -382,6 +388,8 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
         "a misaligned address": (half, torch.zeros(16 + 256, dtype=torch.float16)[
             (-x.data_ptr() % 256) // 2 + 1:][:16].view(2, 1, 8)),
         "another device": (torch_device_input(FakeCudaBackend(device_id=0), DType.FLOAT16, (2, 1, 8)), x),
+        "a nested tensor": (half, nested),
+        "a tensor without storage": (half, emptied),
     }
     assert type(x.as_subclass(Sub)) is not half.tensor_type, "a subclass is not what the caller reads"
     for what, (reader, t) in passed_over.items():
@@ -917,8 +925,9 @@ def test_a_steady_decode_fed_torch_over_its_own_input_reads_it_in_place(cuda: An
 
 @pytest.mark.gpu
 def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: Any) -> None:
-    """What the steady path does not take (another dtype, a strided view, a tensor that needs a gradient) goes
-    the general way and is refused there, naming the input, with nothing enqueued and the setup usable."""
+    """What the steady path does not take (another dtype, a strided view, a tensor that needs a gradient, a
+    nested tensor torch gives no shape of, a tensor whose storage was resized to nothing) goes the general way
+    and is refused there, naming the input, with nothing enqueued and the setup usable."""
     t = pytest.importorskip("torch")
     from trtio.testing import toy_embedding
 
@@ -932,6 +941,12 @@ def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: A
                (t.zeros((1, 1, 128), device="cuda", dtype=t.float16)[..., ::2], ShapeError, "contiguous"),
                (t.zeros((1, 1, 64), device="cuda", dtype=t.float16, requires_grad=True), InvalidValueError,
                 "inputs_embeds")]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: nested tensors are a prototype
+            nested = t.nested.nested_tensor([t.zeros((1, 64), device="cuda", dtype=t.float16)])
+        emptied = t.zeros((1, 1, 64), device="cuda", dtype=t.float16)
+        emptied.untyped_storage().resize_(0)
+        bad += [(nested, InvalidValueError, "DLPack"), (emptied, InvalidTypeError, "null data pointer")]
         for x, error, needle in bad:
             with pytest.raises(error, match=needle) as info:
                 setup.decode(x)

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -822,21 +823,12 @@ def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Bac
         plain.close()
 
 
-def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
-        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The steady decode's torch reader (trtio.foreign.TorchDeviceInput) finds the embeddings at the step's own
-    input's address (a runtime's torch view of io.inputs_embeds, written in place): nothing is copied onto
-    itself. On the CPU the host backend's "device" memory is host memory, so the reader is made for "device -1"
-    (what get_device() says of a host tensor), with torch's current stream the step's (as in
-    test_interop.py's reader test); the GPU suite runs the same step on the H200."""
-    import ctypes
-
-    torch = pytest.importorskip("torch")
+def _read_host_torch(torch: Any, host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steady decodes on ``host`` read torch tensors as they would on a GPU: the reader
+    (trtio.foreign.TorchDeviceInput) is made for "device -1" (what get_device() says of a host tensor), with
+    torch's current stream the step's (as in test_interop.py's reader test)."""
     from trtio.foreign import TorchDeviceInput
 
-    setup, x = _steady_llm(host)
-    plain, _ = _steady_llm(host)
-    io = setup.io
     step = trtio.Stream.default(host)
 
     def reader(be: trtio.Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
@@ -846,6 +838,21 @@ def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
         return made
 
     monkeypatch.setattr("trtio.setups.llm.torch_device_input", reader)
+
+
+def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
+        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steady decode's torch reader (trtio.foreign.TorchDeviceInput) finds the embeddings at the step's own
+    input's address (a runtime's torch view of io.inputs_embeds, written in place): nothing is copied onto
+    itself. On the CPU the host backend's "device" memory is host memory, read as a GPU's
+    (:func:`_read_host_torch`); the GPU suite runs the same step on the H200."""
+    import ctypes
+
+    torch = pytest.importorskip("torch")
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    io = setup.io
+    _read_host_torch(torch, host, monkeypatch)
     raw = (ctypes.c_uint16 * x.size).from_address(io.inputs_embeds.data_ptr)
     over = torch.frombuffer(raw, dtype=torch.float16).view(x.shape)  # the step's input, as torch sees it
     assert over.data_ptr() == io.inputs_embeds.data_ptr
@@ -863,6 +870,32 @@ def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
             np.testing.assert_array_equal(got.to_numpy(), plain.decode(x + np.float16(i + 1)).to_numpy())
     finally:
         del over, raw
+        setup.close()
+        plain.close()
+
+
+def test_a_steady_decode_fed_a_torch_tensor_torch_cannot_describe_names_the_input(
+        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch tensor of the step's dtype on its device whose shape torch cannot give (a nested one: torch raises
+    RuntimeError) is passed over by the steady reader, and the general path refuses it with trtio's error naming
+    the input, before any work: the next step's logits are a plain setup's."""
+    torch = pytest.importorskip("torch")
+    setup, x = _steady_llm(host)
+    plain, _ = _steady_llm(host)
+    _read_host_torch(torch, host, monkeypatch)
+    rows = [torch.from_numpy(r) for r in x]  # one [1, hidden] row per sequence
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: nested tensors are a prototype
+        nested = torch.nested.nested_tensor(rows)
+    assert type(nested) is torch.Tensor and nested.get_device() == -1 and nested.dtype is torch.float16
+    try:
+        ops = host.op_count
+        with pytest.raises(trtio.InvalidValueError, match="inputs_embeds"):
+            setup.decode(nested)
+        assert host.op_count == ops, "nothing enqueued"
+        np.testing.assert_array_equal(setup.decode(x + np.float16(1)).to_numpy(),
+                                      plain.decode(x + np.float16(1)).to_numpy())
+    finally:
         setup.close()
         plain.close()
 

@@ -410,18 +410,22 @@ class TorchDeviceInput:
 
     def read(self, obj: Any, consumer: int) -> int | None:
         """The device address of ``obj``, a plain torch tensor (the caller checked: ``type(obj) is
-        reader.tensor_type``), where it is one of this shape and dtype on this device,
-        C-contiguous and 256-byte aligned, with its producer's pending work (torch's current stream of the
+        reader.tensor_type``), where it is one of this shape and dtype on this device, C-contiguous at a
+        256-byte aligned address (not null), with its producer's pending work (torch's current stream of the
         device) ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)`` orders it. None,
         having done nothing, for anything else: the caller takes the general path
         (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
-        a gradient (DLPack refuses it) nor the negative bit (set on the imaginary part of a conjugated complex
-        tensor, also once copied; DLPack refuses it too) may be set."""
-        if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
-                obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
+        a gradient (DLPack refuses it) nor the negative bit (set by ``torch._neg_view`` and on the imaginary part
+        of a conjugated complex tensor; DLPack refuses it too) may be set. A tensor torch cannot say these of (a
+        nested one has no single shape: torch raises RuntimeError) is passed over too."""
+        try:
+            if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
+                    obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
+                return None
+            ptr: int = obj.data_ptr()
+        except RuntimeError:
             return None
-        ptr: int = obj.data_ptr()
-        if ptr % ALIGNMENT:
+        if ptr % ALIGNMENT or not ptr:  # null: a tensor whose storage was resized to nothing
             return None
         producer = self._current_stream(self._device)
         if producer != consumer:
