@@ -211,6 +211,8 @@ def test_torch_bfloat16_and_integer_lengths(host: Any) -> None:
      "inputs_embeds: DLPack elements float64 have no trtio dtype"),
     (lambda: torch.zeros(1, 1, 8, dtype=torch.complex64), InvalidTypeError,
      "inputs_embeds: DLPack elements complex64 have no trtio dtype"),
+    (lambda: torch._neg_view(torch.ones(1, 1, 8, dtype=torch.float16)), InvalidValueError,
+     "inputs_embeds: a torch tensor with the negative bit set"),
 ])
 def test_torch_cpu_refusals_name_the_input(host: Any, make: Any, error: type[Exception], needle: str) -> None:
     with pytest.raises(error) as info:
@@ -488,6 +490,34 @@ def test_from_dlpack_wraps_a_cpu_tensor_without_a_copy() -> None:
     wrapped.close()
     gc.collect()
     assert alive() is None, "close() drops the producer"
+
+
+@needs_torch
+def test_a_negated_torch_tensor_is_refused_where_dlpack_would_hand_it_over() -> None:
+    """torch's DLPack export hands a negative-bit tensor's memory over as it is, the negation of its values
+    (torch refuses only the conjugate bit): Tensor.from_dlpack and a decode refuse it, naming it, and the
+    decode changes nothing; its values negated back (resolve_neg) are read as they are."""
+    t = torch._neg_view(torch.arange(1, 7, dtype=torch.float32).reshape(2, 3))
+    with pytest.raises(InvalidValueError, match=r"Tensor.from_dlpack\(x\): a torch tensor with the negative bit"):
+        Tensor.from_dlpack(t, name="x")
+    with Tensor.from_dlpack(t.resolve_neg()) as resolved:
+        assert resolved.to_numpy().tolist() == [[-1, -2, -3], [-4, -5, -6]]
+    logits = []
+    for negated in (True, False):
+        setup, cfg = _toy_llm("ragged")
+        with setup:
+            prompt = np.full((1, 3, cfg.hidden_size), 0.1, np.float16)
+            step = np.linspace(-1, 1, cfg.hidden_size, dtype=np.float16).reshape(1, 1, -1)
+            setup.prefill(prompt, [3])
+            if negated:
+                x = torch._neg_view(torch.from_numpy(-step))  # stands for step's values, holds -step
+                with pytest.raises(InvalidValueError, match="inputs_embeds: a torch tensor with the negative bit"):
+                    setup.decode(x)
+                assert setup.lengths.tolist() == [3], "the refused step changed nothing"
+                logits.append(setup.decode(x.resolve_neg()).to_numpy())
+            else:
+                logits.append(setup.decode(step).to_numpy())
+    np.testing.assert_array_equal(logits[0], logits[1])
 
 
 def test_from_dlpack_wraps_device_memory_on_the_stream_given(fake: FakeCudaBackend) -> None:
@@ -926,8 +956,8 @@ def test_a_steady_decode_fed_torch_over_its_own_input_reads_it_in_place(cuda: An
 @pytest.mark.gpu
 def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: Any) -> None:
     """What the steady path does not take (another dtype, a strided view, a tensor that needs a gradient, a
-    nested tensor torch gives no shape of, a tensor whose storage was resized to nothing) goes the general way
-    and is refused there, naming the input, with nothing enqueued and the setup usable."""
+    nested tensor torch gives no shape of, a tensor whose storage was resized to nothing, a negated view) goes
+    the general way and is refused there, naming the input, with nothing enqueued and the setup usable."""
     t = pytest.importorskip("torch")
     from trtio.testing import toy_embedding
 
@@ -946,7 +976,8 @@ def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: A
             nested = t.nested.nested_tensor([t.zeros((1, 64), device="cuda", dtype=t.float16)])
         emptied = t.zeros((1, 1, 64), device="cuda", dtype=t.float16)
         emptied.untyped_storage().resize_(0)
-        bad += [(nested, InvalidValueError, "DLPack"), (emptied, InvalidTypeError, "null data pointer")]
+        bad += [(nested, InvalidValueError, "DLPack"), (emptied, InvalidTypeError, "null data pointer"),
+                (t._neg_view(t.zeros((1, 1, 64), device="cuda", dtype=t.float16)), InvalidValueError, "negative bit")]
         for x, error, needle in bad:
             with pytest.raises(error, match=needle) as info:
                 setup.decode(x)

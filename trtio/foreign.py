@@ -11,6 +11,7 @@ stream wait for it through an event.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -190,11 +191,26 @@ def dlpack_device(obj: Any, what: str) -> tuple[int, int] | None:
     return int(kind), int(index)
 
 
+def check_not_negated(obj: Any, what: str) -> None:
+    """Refuse a torch tensor with the negative bit set (``torch._neg_view``, or the imaginary part of a
+    conjugated complex tensor): its memory holds its values negated, and torch's ``__dlpack__`` hands that
+    memory over as it is (it refuses only the conjugate bit). A torch tensor always speaks DLPack, so this is
+    asked before its capsule (:func:`consume`). trtio never imports torch: a program that has not imported it
+    holds no torch tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_neg():
+        raise InvalidValueError(f"{what}: a torch tensor with the negative bit set (torch._neg_view, or the "
+                                "imaginary part of a conjugated tensor): its memory holds its values negated, and "
+                                "DLPack would hand that memory over as it is; pass x.resolve_neg()")
+
+
 def consume(obj: Any, what: str, handle: int | None, device: tuple[int, int] | None = None) -> DLPackView:
     """Ask ``obj`` for a capsule (``handle``: the consumer's CUDA stream handle, None for host memory) and
     take it over. Producers that predate DLPack 1.0 do not take ``max_version``; they are asked again
     without it. ``device``: what ``__dlpack_device__`` said; a capsule of another device is refused (and
-    handed back), since its memory would be read as the wrong kind."""
+    handed back), since its memory would be read as the wrong kind. A negated torch tensor is refused
+    first (:func:`check_not_negated`)."""
+    check_not_negated(obj, what)
     exporter = obj.__dlpack__
     try:
         try:
@@ -415,9 +431,9 @@ class TorchDeviceInput:
         device) ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)`` orders it. None,
         having done nothing, for anything else: the caller takes the general path
         (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
-        a gradient (DLPack refuses it) nor the negative bit (set by ``torch._neg_view`` and on the imaginary part
-        of a conjugated complex tensor; DLPack refuses it too) may be set. A tensor torch cannot say these of (a
-        nested one has no single shape: torch raises RuntimeError) is passed over too."""
+        a gradient (DLPack refuses it) nor the negative bit (the general path refuses it:
+        :func:`check_not_negated`) may be set. A tensor torch cannot say these of (a nested one has no single
+        shape: torch raises RuntimeError) is passed over too."""
         try:
             if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
                     obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
@@ -441,8 +457,6 @@ def torch_device_input(be: Backend, dtype: DType, shape: tuple[int, ...]) -> Tor
     """The reader of torch CUDA tensors of ``shape`` and ``dtype`` on ``be``'s device (:class:`TorchDeviceInput`),
     or None where none can be: ``be`` is not the cuda backend, torch is not imported (trtio never imports it), or
     ``dtype`` has no torch dtype."""
-    import sys
-
     torch = sys.modules.get("torch")
     name = _TORCH_DTYPES.get(dtype)
     if torch is None or be.name != "cuda" or name is None or not hasattr(torch, name):

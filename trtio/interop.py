@@ -18,7 +18,10 @@ their dtype must be the binding's. Everything that can be checked is checked bef
 a refusal names the input: another CUDA device than the backend's, CUDA memory on the host backend or for
 an input the host reads, a wrong dtype, a wrong rank, a strided view (:class:`~trtio.errors.ShapeError`
 for dtype and shape, :class:`~trtio.errors.InvalidValueError` for memory in the wrong place,
-:class:`~trtio.errors.InvalidTypeError` for an object that is no array).
+:class:`~trtio.errors.InvalidTypeError` for an object that is no array). What the producer will not export
+is refused with its reason (torch: a tensor that needs a gradient, a conjugated one); trtio also refuses a
+torch tensor with the negative bit set, whose memory holds its values negated, which torch's DLPack export
+hands over as it is.
 
 Stream order. The producer's pending writes are ordered before trtio's stream, never by synchronising the
 host: DLPack's ``__dlpack__(stream=trtio's stream handle)`` asks the producer to make that stream wait for
