@@ -56,8 +56,10 @@ class Producer:
     ``asked`` records the keyword arguments of every ``__dlpack__`` call."""
 
     def __init__(self, target: Any, *, device: tuple[int, int], shape: tuple[int, ...], code: int = kDLFloat,
-                 bits: int = 16, strides: tuple[int, ...] | None = None, offset: int = 0) -> None:
+                 bits: int = 16, strides: tuple[int, ...] | None = None, offset: int = 0,
+                 read_only: bool = False) -> None:
         self.target = target
+        self.read_only = read_only
         self.device = device
         self.shape = shape
         self.code, self.bits = code, bits
@@ -78,18 +80,19 @@ class Producer:
         return make_capsule(self._address(), self.shape, type_code=self.code, bits=self.bits,
                             device_type=self.device[0], device_id=self.device[1], owner=self.target,
                             strides=self.strides, byte_offset=self.offset,
-                            versioned=parse_max_version(max_version))
+                            versioned=parse_max_version(max_version), read_only=self.read_only)
 
 
 class CudaArray:
     """A foreign CUDA array behind ``__cuda_array_interface__`` (v3) over a trtio DEVICE tensor's memory."""
 
     def __init__(self, target: Tensor, *, typestr: str = "<f2", shape: tuple[int, ...] | None = None,
-                 strides: tuple[int, ...] | None = None, stream: Any = None, **extra: Any) -> None:
+                 strides: tuple[int, ...] | None = None, stream: Any = None, read_only: bool = False,
+                 **extra: Any) -> None:
         self.target = target
         self.__cuda_array_interface__ = {
             "shape": tuple(target.shape) if shape is None else shape, "typestr": typestr,
-            "data": (target.data_ptr, False), "strides": strides, "version": 3, "stream": stream, **extra}
+            "data": (target.data_ptr, read_only), "strides": strides, "version": 3, "stream": stream, **extra}
 
 
 def assert_kept_alive(make: Any, consume: Any) -> None:
@@ -531,6 +534,38 @@ def test_from_dlpack_wraps_device_memory_on_the_stream_given(fake: FakeCudaBacke
     Tensor.from_dlpack(producer, step, backend=fake)
     assert producer.asked[1]["stream"] == step.handle
     np.testing.assert_array_equal(wrapped.to_numpy(), values)
+
+
+def test_from_dlpack_refuses_read_only_memory_which_steps_still_read(fake: FakeCudaBackend) -> None:
+    """Memory its producer marks read-only (numpy over immutable bytes; DLPack's read-only flag on device memory;
+    the CUDA array interface's) is not wrapped as a Tensor, which can be written: refused naming it, the bytes
+    untouched, nothing ordered for the CUDA array interface. A step, which only reads its inputs, takes each."""
+    values = np.linspace(-1, 1, 64, dtype=np.float16)
+    frozen = values.tobytes()
+    array = np.frombuffer(frozen, dtype=np.float16).reshape(1, 1, 64)
+    assert not array.flags.writeable
+    with pytest.raises(InvalidValueError, match=r"Tensor.from_dlpack\(ndarray\): the array is read-only"):
+        Tensor.from_dlpack(array)
+    src = _device_tensor(fake, _embeds())
+    producer_stream = Stream.create(fake)
+    device_kinds = {"DLPack": lambda ro: Producer(src, device=(kDLCUDA, 0), shape=src.shape, read_only=ro),
+                    "CAI": lambda ro: CudaArray(src, stream=producer_stream.handle, read_only=ro)}
+    for kind, make in device_kinds.items():
+        with pytest.raises(InvalidValueError, match="the array is read-only"):
+            Tensor.from_dlpack(make(True), backend=fake)
+        assert kind == "DLPack" or fake.orders == [], "refused before the producer's stream was ordered"
+        got = as_input(make(True), "inputs_embeds", dtype="float16", ndim=3, backend=fake, stream=None)
+        assert isinstance(got, Tensor) and got.data_ptr == src.data_ptr, kind
+        assert Tensor.from_dlpack(make(False), backend=fake).data_ptr == src.data_ptr, kind
+        fake.orders.clear()
+    logits = []
+    for fed in (array, array.copy()):  # a step fed the read-only array, and one fed a writable copy
+        setup, _cfg = _toy_llm("ragged")
+        with setup:
+            setup.prefill(np.full((1, 3, 64), 0.1, np.float16), [3])
+            logits.append(setup.decode(fed).to_numpy())
+    np.testing.assert_array_equal(logits[0], logits[1])
+    assert frozen == values.tobytes()
 
 
 def test_from_dlpack_refusals(fake: FakeCudaBackend) -> None:

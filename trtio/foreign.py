@@ -70,19 +70,29 @@ def read_foreign(obj: Any, stream: StreamLike = None, *, name: str = "",
         if device[0] in (kDLCPU, kDLCUDAHost):
             be = get_backend(backend)
             view = consume(obj, what, None, device)
+            if view.read_only:
+                raise _read_only(what)
             found = _dtype_of(view, what)
             _check_view(what, found, view.shape, None, None, view.is_c_contiguous)
             pinned = device[0] == kDLCUDAHost and view.data % ALIGNMENT == 0
             return _wrap(view.data, view.shape, found, Location.PINNED if pinned else Location.HOST, view.owner,
                          what, be, name=name)
         be = get_backend("cuda" if backend is None else backend)
-        return from_dlpack_device(obj, what, device, None, None, be, True, stream, name=name)
+        return from_dlpack_device(obj, what, device, None, None, be, True, stream, name=name, writable=True)
     interface = cuda_array_interface(obj)
     if interface is None:
         raise InvalidTypeError(f"{what}: {type(obj).__name__} has neither __dlpack__ / __dlpack_device__ nor "
                                "__cuda_array_interface__; pass a torch, CuPy, JAX or numpy array")
     be = get_backend("cuda" if backend is None else backend)
-    return from_cuda_array_interface(obj, interface, what, None, None, be, True, stream, name=name)
+    return from_cuda_array_interface(obj, interface, what, None, None, be, True, stream, name=name, writable=True)
+
+
+def _read_only(what: str) -> InvalidValueError:
+    """The refusal of read-only memory where a trtio Tensor would wrap it: a Tensor can be written
+    (``copy_from``, ``fill_``, its exports), and writing where the producer said not to (a numpy array over
+    ``bytes``, an immutable array) would corrupt it. A step reads its inputs only, so it takes such memory."""
+    return InvalidValueError(f"{what}: the array is read-only (its producer says so), and a trtio Tensor can be "
+                             "written; wrap a writable copy (numpy: a.copy()), or pass the array to a step as it is")
 
 
 # -- checks -----------------------------------------------------------------------------------------
@@ -249,11 +259,14 @@ def _device_text(device: tuple[int, int]) -> str:
 
 def from_dlpack_device(obj: Any, what: str, device: tuple[int, int], want: DType | None,
                        ranks: tuple[int, ...] | None, be: Backend, device_ok: bool, stream: StreamLike = None, *,
-                       name: str) -> Foreign:
+                       name: str, writable: bool = False) -> Foreign:
     """A DLPack array in device memory as DEVICE memory: checked where it lives, then exported with trtio's
-    stream (the producer orders its pending work before it), then checked for dtype, rank and layout."""
+    stream (the producer orders its pending work before it), then checked for dtype, rank and layout (and,
+    ``writable``, refused where the producer marked it read-only)."""
     _check_device(obj, what, device, be, device_ok)
     view = consume(obj, what, as_stream(stream, be).handle, device)
+    if writable and view.read_only:
+        raise _read_only(what)
     found = _dtype_of(view, what)
     _check_view(what, found, view.shape, want, ranks, view.is_c_contiguous)
     return _wrap(view.data, view.shape, found, Location.DEVICE, view.owner, what, be, name=name)
@@ -309,10 +322,13 @@ def cuda_array_interface(obj: Any) -> dict[str, Any] | None:
 
 def from_cuda_array_interface(obj: Any, interface: dict[str, Any], what: str, want: DType | None,
                               ranks: tuple[int, ...] | None, be: Backend, device_ok: bool, stream: StreamLike = None,
-                              *, name: str) -> Foreign:
-    """A CUDA array interface (v3) array as DEVICE memory, after ordering its ``stream`` before ours."""
+                              *, name: str, writable: bool = False) -> Foreign:
+    """A CUDA array interface (v3) array as DEVICE memory, after ordering its ``stream`` before ours
+    (``writable``: refused first where the interface marks it read-only)."""
     _check_cuda(obj, what, None, be, device_ok)
-    shape, found, ptr, strides, producer = _parse_interface(interface, what)
+    shape, found, ptr, strides, producer, read_only = _parse_interface(interface, what)
+    if writable and read_only:
+        raise _read_only(what)
     contiguous = strides is None or 0 in shape or all(
         dim == 1 or got == need * found.itemsize for dim, got, need in zip(shape, strides, contiguous_strides(shape)))
     _check_view(what, found, shape, want, ranks, contiguous)
@@ -326,15 +342,16 @@ def from_cuda_array_interface(obj: Any, interface: dict[str, Any], what: str, wa
 
 
 def _parse_interface(interface: dict[str, Any], what: str
-                     ) -> tuple[tuple[int, ...], DType, int, tuple[int, ...] | None, int | None]:
-    """(shape, dtype, address, strides in bytes or None, the producer's stream or None) of a CAI dict."""
+                     ) -> tuple[tuple[int, ...], DType, int, tuple[int, ...] | None, int | None, bool]:
+    """(shape, dtype, address, strides in bytes or None, the producer's stream or None, read-only) of a CAI
+    dict."""
     def bad(detail: str) -> InvalidTypeError:
         return InvalidTypeError(f"{what}: __cuda_array_interface__ {detail}")
 
     try:
         shape = tuple(int(d) for d in interface["shape"])
         typestr = str(interface["typestr"])
-        ptr, _read_only = interface["data"]
+        ptr, read_only = interface["data"]
         ptr = int(ptr or 0)
     except (KeyError, TypeError, ValueError) as exc:
         raise bad(f"lacks a valid shape, typestr or data ({type(exc).__name__}: {exc})") from None
@@ -354,7 +371,7 @@ def _parse_interface(interface: dict[str, Any], what: str
             raise InvalidValueError(f"{what}: __cuda_array_interface__ stream {stream!r} is not a stream handle "
                                     "(v3 allows None, 1, 2 or a handle; 0 is not allowed)")
         stream = int(stream)
-    return shape, found, ptr, None if strides is None else tuple(int(s) for s in strides), stream
+    return shape, found, ptr, None if strides is None else tuple(int(s) for s in strides), stream, bool(read_only)
 
 
 def _pointer_device(be: Backend, ptr: int) -> int | None:

@@ -285,7 +285,8 @@ class Tensor(Closeable):
         array's device, and the producer's pending work is ordered before ``stream`` (None: the calling
         thread's trtio default stream) without synchronising the host. Host memory becomes a HOST tensor
         (PINNED for 256-byte aligned pinned memory). The array must be C-contiguous with a dtype trtio
-        knows, and device addresses 256-byte aligned. See :mod:`trtio.interop`.
+        knows, and device addresses 256-byte aligned. Memory its producer marks read-only (DLPack's flag, the
+        CUDA array interface's) is refused: a Tensor can be written. See :mod:`trtio.interop`.
         """
         f = read_foreign(obj, stream, name=name, backend=backend)
         return cls.wrap(f.ptr, f.shape, f.dtype, f.location, f.owner, name=f.name, backend=f.backend)
