@@ -1022,6 +1022,36 @@ def test_a_steady_decode_refuses_a_torch_tensor_of_another_dtype_or_view(cuda: A
         assert setup.lengths.tolist() == [n + 1 for n in lengths]
 
 
+@pytest.mark.gpu
+def test_torch_embeddings_partly_over_the_steps_own_input_are_refused(cuda: Any) -> None:
+    """A torch view of io.inputs_embeds 256 bytes on (four sequences' embeddings hold 512) would be copied onto
+    itself in part: the steady decode (its capsule-less reader), a checked decode (slots=, through DLPack) and a
+    prefill refuse it, naming the input, with nothing changed; the setup then decodes as before."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64).astype(np.float16)
+    step = table[[[9], [10], [11], [12]]]
+    with _gpu_llm(cuda) as setup:
+        s = Stream.create(cuda)
+        setup.prefill(table[[[1, 2], [3, 4], [5, 6], [7, 8]]], [2, 2, 2, 2], s)
+        with t.cuda.stream(t.cuda.ExternalStream(s.handle)):
+            whole = t.from_dlpack(setup.io.inputs_embeds.reshape((8, 1, 64)))
+            over = whole[2:6]  # 256 bytes on
+            assert over.data_ptr() == setup.io.inputs_embeds.data_ptr + 256 and over.is_contiguous()
+            attempts = {"steady": lambda: setup.decode(over, s),
+                        "slots=": lambda: setup.decode(over, s, slots=setup.active.tolist()),
+                        "prefill": lambda: setup.prefill(over, [1, 1, 1, 1], s)}
+            for what, attempt in attempts.items():
+                for _ in range(3):  # steady again after a refused step
+                    setup.decode(t.from_numpy(step).cuda(), s)
+                lengths = setup.lengths.tolist()
+                with pytest.raises(InvalidValueError, match="inputs_embeds: its 512 bytes at 0x[0-9a-f]+ overlap"):
+                    attempt()
+                assert setup.lengths.tolist() == lengths, what
+        s.close()
+
+
 # -- hostile producers: refused naming the input, nothing read, nothing leaked ----------------------------
 
 

@@ -874,6 +874,53 @@ def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
         plain.close()
 
 
+def test_embeddings_partly_over_the_steps_own_input_are_refused_before_any_work(
+        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Embeddings whose bytes overlap io.inputs_embeds without starting at its address (a view 256 bytes on, in
+    a batch of four whose embeddings hold 512) would be copied onto themselves in part: refused, naming the
+    input, by the steady decode (fed a Tensor, or a torch tensor through the steady reader) and by a checked
+    step (``slots=``, and a prefill), with nothing enqueued. The next step's logits are a plain setup's."""
+    import ctypes
+
+    torch = pytest.importorskip("torch")
+    llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8]]
+    step = E[np.array([[9], [10], [11], [12]])].astype(np.float16)
+    setups = [trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True) for _ in "ab"]
+    setup, plain = setups
+    _read_host_torch(torch, host, monkeypatch)
+    try:
+        for s in setups:
+            s.prefill(*embed_batch(E, prompts, np.float16))
+            for _ in range(3):  # steady by then
+                s.decode(step)
+        dst = setup.io.inputs_embeds.data_ptr
+        over = Tensor.wrap(dst + 256, step.shape, "float16", Location.DEVICE, setup.io.inputs_embeds, name="over",
+                           backend=host)
+        raw = (ctypes.c_uint16 * step.size).from_address(dst + 256)
+        torch_over = torch.frombuffer(raw, dtype=torch.float16).view(step.shape)
+        attempts = {"steady, a Tensor": lambda: setup.decode(over),
+                    "steady, torch": lambda: setup.decode(torch_over),
+                    "checked, slots=": lambda: setup.decode(over, slots=setup.active.tolist()),
+                    "prefill": lambda: setup.prefill(over, np.ones(4, np.int64))}
+        for i, (what, attempt) in enumerate(attempts.items()):
+            for s in setups:  # a refused steady step leaves the next one checked: one step makes it steady again
+                s.decode(step + np.float16(i))
+            np.testing.assert_array_equal(setup.io.output_logits.to_numpy(), plain.io.output_logits.to_numpy())
+            assert setup._steady is not None, "the next decode of every sequence is the steady step"
+            lengths, ops = setup.lengths.tolist(), host.op_count
+            with pytest.raises(trtio.InvalidValueError, match="inputs_embeds: its 512 bytes at 0x[0-9a-f]+ overlap "
+                                                              "inputs_embeds"):
+                attempt()
+            assert (setup.lengths.tolist(), host.op_count) == (lengths, ops), f"{what}: nothing enqueued"
+        np.testing.assert_array_equal(setup.decode(step + np.float16(9)).to_numpy(),
+                                      plain.decode(step + np.float16(9)).to_numpy())
+        over.close()
+    finally:
+        for s in setups:
+            s.close()
+
+
 def test_a_steady_decode_fed_a_torch_tensor_torch_cannot_describe_names_the_input(
         host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch tensor of the step's dtype on its device whose shape torch cannot give (a nested one: torch raises

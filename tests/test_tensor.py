@@ -459,6 +459,31 @@ def test_copy_from_a_tensor_of_another_backend_is_refused(host):
     b.close()
 
 
+def test_copy_from_a_tensor_over_the_same_bytes_copies_nothing_and_one_partly_over_them_is_refused(backend):
+    """Two views of the same bytes: nothing to copy (no device operation). Bytes that overlap without starting at
+    the same address: a copy between them is undefined, so it is refused, naming both, and nothing changes."""
+    values = np.arange(256, dtype=np.float16).reshape(2, 128)
+    base = Tensor.empty((2, 256), "float16", name="base", backend=backend)
+    try:
+        base.copy_from(np.zeros((2, 256), np.float16))
+        head = Tensor.wrap(base.data_ptr, (2, 128), "float16", Location.DEVICE, base, name="head", backend=backend)
+        same = Tensor.wrap(base.data_ptr, (2, 128), "float16", Location.DEVICE, base, name="same", backend=backend)
+        later = Tensor.wrap(base.data_ptr + 256, (2, 128), "float16", Location.DEVICE, base, name="later",
+                            backend=backend)  # 256 bytes on: inside head's 512
+        head.copy_from(values)
+        ops = getattr(backend, "op_count", None)
+        assert same.copy_from(head) is same
+        assert ops is None or backend.op_count == ops, "the same bytes: no copy"
+        np.testing.assert_array_equal(same.to_numpy(), values)
+        for dst, src in ((head, later), (later, head)):
+            with pytest.raises(InvalidValueError, match=f"tensor '{dst.name}': copy_from\\(tensor '{src.name}'\\): "
+                                                        "its 512 bytes at 0x[0-9a-f]+ overlap"):
+                dst.copy_from(src)
+        np.testing.assert_array_equal(head.to_numpy(), values)
+    finally:
+        base.close()
+
+
 # -- fill_: values the dtype cannot hold ------------------------------------------------------------
 @pytest.mark.parametrize("dtype,value,needle", [
     ("int32", 1.5, r"int32 holds integers; 1.5 is not one \(it would be stored as 1\)"),

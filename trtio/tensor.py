@@ -158,6 +158,19 @@ def _pointer(name: str, ptr: object, cap: int, location: Location, backend: Back
     return address
 
 
+def partly_over(src: int, dst: int, nbytes: int) -> bool:
+    """Whether ``nbytes`` at ``src`` and ``nbytes`` at ``dst`` overlap without being the same bytes: a copy
+    between them is undefined (``cudaMemcpyAsync`` does not say which bytes it reads first)."""
+    return src != dst and dst - nbytes < src < dst + nbytes
+
+
+def overlap_error(what: str, src: int, dst: int, nbytes: int, onto: str) -> InvalidValueError:
+    """The refusal of :func:`partly_over` memory, naming the input ``what`` and the tensor ``onto``."""
+    return InvalidValueError(f"{what}: its {nbytes} bytes at 0x{src:x} overlap {onto} at 0x{dst:x} without starting "
+                             f"there; trtio would copy them onto themselves in part, which is undefined: write them "
+                             f"at the address of {onto} (read in place, no copy) or in memory of their own")
+
+
 def mark_bound_memory(tensor: Tensor, user: Any) -> None:
     """Record that ``user`` (an executor) has ``tensor``'s address bound: the object whose close() would
     free that memory (the tensor, the tensor it views, the arena it is a slice of) refuses to close while
@@ -496,10 +509,14 @@ class Tensor(Closeable):
             if src._backend is not self._backend:
                 raise TrtioError(f"tensor {self._name!r} ({self._backend.name}): cannot copy from tensor "
                                  f"{src._name!r} of another backend ({src._backend.name})")
+            if partly_over(src._ptr, self._ptr, self._nbytes):
+                raise overlap_error(f"tensor {self._name!r}: copy_from(tensor {src._name!r})", src._ptr, self._ptr,
+                                    self._nbytes, f"tensor {self._name!r}")
             s = as_stream(stream, self._backend)
             if src._last_stream is not None:
                 src._order_consumer(s.handle)
-            self._backend.memcpy(self._ptr, src._ptr, self._nbytes, s.handle)
+            if src._ptr != self._ptr:  # the same bytes: nothing to copy, s ordered after their writer all the same
+                self._backend.memcpy(self._ptr, src._ptr, self._nbytes, s.handle)
             self._last_stream = s
             return self
         array = src if isinstance(src, np.ndarray) else np.asarray(src)

@@ -33,7 +33,7 @@ from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
 from trtio.setups.sequences import KVPages, Sequences
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
+from trtio.tensor import Tensor, overlap_error, partly_over
 
 __all__ = ["EngineGraphStats", "Prompt", "SetupBase", "one_thread"]
 
@@ -284,14 +284,25 @@ class SetupBase(Closeable, abc.ABC):
         if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
             shape = x.shape  # checks that it is open
             if x._dtype is self._embeds_type and len(shape) == 3 and shape[2] == hidden and x._backend is self._backend:
+                self._not_partly_over(x, what)
                 return x, shape[0], shape[1]
         elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
             shape = x.shape
             if len(shape) == 3 and shape[2] == hidden and x.dtype == self._embeds_dtype and x.flags.c_contiguous:
                 return x, shape[0], shape[1]
         x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
+        if isinstance(x, Tensor):
+            self._not_partly_over(x, what)
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
+
+    def _not_partly_over(self, x: Tensor, what: str) -> None:
+        """Refuse embeddings whose bytes overlap ``inputs_embeds`` without starting at its address: the step
+        would copy them onto themselves in part (see :func:`~trtio.tensor.partly_over`). At its address they are
+        read in place."""
+        dst = self.io.inputs_embeds
+        if partly_over(x._ptr, dst._ptr, x._nbytes):
+            raise overlap_error(what, x._ptr, dst._ptr, x._nbytes, "inputs_embeds")
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned

@@ -36,7 +36,7 @@ from trtio.setups.binding import (
 from trtio.setups.sequences import Sequences
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
+from trtio.tensor import Tensor, overlap_error
 from trtio.tensor_map import TensorMap
 
 __all__ = ["LLMSetup", "create_for_llm"]
@@ -212,17 +212,22 @@ class LLMSetup(SetupBase):
         copy of its bytes, whatever its view, unless it is the step's own input), the device address of a foreign
         array of the step's embeddings (an int: a torch tensor :class:`~trtio.foreign.TorchDeviceInput` read) or a
         host array. Embeddings at the step's own input's address (that input, another view of its bytes, or a
-        foreign array over them: written there in place) are read where they are, not copied onto themselves."""
+        foreign array over them: written there in place) are read where they are, not copied onto themselves;
+        embeddings that overlap it elsewhere are refused (:func:`~trtio.tensor.partly_over`) before any copy."""
         e = self._engine
         try:
             if type(x) is Tensor:
                 dst = st.dst
                 if x._ptr != dst._ptr:
+                    if st.near < x._ptr < st.far:
+                        raise overlap_error("inputs_embeds", x._ptr, dst._ptr, x._nbytes, "inputs_embeds")
                     self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s._handle)
                     dst._last_stream = s
             elif type(x) is int:
                 dst = st.dst
                 if x != dst._ptr:
+                    if st.near < x < st.far:
+                        raise overlap_error("inputs_embeds", x, dst._ptr, st.embeds_nbytes, "inputs_embeds")
                     self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
                     dst._last_stream = s
             else:
@@ -354,8 +359,8 @@ class _Steady:
     device work, dims and slots are the same, the device's copy of the lengths is the host's (the step
     advances both), and ``room`` more steps take no page and stay within the KV capacity."""
 
-    __slots__ = ("epoch", "shape", "dtype", "dst", "embeds_nbytes", "array", "bytes_view", "nbytes", "lengths",
-                 "value", "ones", "room", "work", "dims", "uploads", "torch")
+    __slots__ = ("epoch", "shape", "dtype", "dst", "embeds_nbytes", "near", "far", "array", "bytes_view", "nbytes",
+                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "torch")
 
     def __init__(self, epoch: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray, slots: list[int],
                  room: int, work: tuple[DeviceWork, ...], dims: InferenceDims, uploads: int) -> None:
@@ -365,6 +370,8 @@ class _Steady:
         self.dtype = dst.dtype.numpy  # their numpy dtype (host inputs)
         self.dst = dst  # io.inputs_embeds: given itself, written in place by the caller
         self.embeds_nbytes = dst.dtype.nbytes(shape[0] * shape[1] * shape[2])  # the bytes a step's embeddings hold
+        # Embeddings at an address strictly between these overlap dst's (partly_over, where they are not dst's own)
+        self.near, self.far = dst.data_ptr - self.embeds_nbytes, dst.data_ptr + self.embeds_nbytes
         self.array = array  # the engine's host lengths (every slot)
         self.bytes_view = array.data.cast("B")
         self.nbytes = array.nbytes
