@@ -11,7 +11,7 @@ import pytest
 from _configs import bundle, llm_config
 
 import trtio
-from trtio import BindingError, ShapeError, Stream, TrtioError, names
+from trtio import BindingError, InvalidValueError, Location, ShapeError, Stream, Tensor, TrtioError, names
 from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
@@ -400,6 +400,43 @@ def test_spec_base_prefill_carries_deepstack_features_like_create_for_llm():
     assert not np.allclose(want, without), "the features change the logits"
     llm.close()
     sd.close()
+
+
+def test_deepstack_features_partly_over_their_own_buffer_are_refused_before_any_work(host, monkeypatch):
+    """A deepstack feature whose bytes overlap its io.deepstack_embeds buffer without starting there would be
+    copied onto itself in part: refused, naming it, with nothing enqueued; at the buffer's own address it is read
+    in place (no copy) and gives the logits of the same values given as numpy."""
+    b = bundle(draft_vocab=512, num_deepstack_features=1)
+    cfg = dataclasses.replace(b.base, is_spec_decode_base=False, max_verify_tree_size=0)
+    bw = ToyWeights.generate(cfg, 0)
+    emb, lens = embed_batch(toy_embedding(512, 64, 0), [[1, 2, 3, 4], [5, 6]], np.float16)
+    feats = np.random.default_rng(2).standard_normal(emb.shape).astype(np.float16) * 0.5  # [2, 4, 64]: 1024 bytes
+    with create_for_llm(ReferenceEngine.from_config(cfg, weights=bw, device="host"), cfg) as setup:
+        want = setup.prefill(emb, lens, deepstack_embeds=[feats]).to_numpy()
+        buffer = setup.io.deepstack_embeds[0]
+        over = Tensor.wrap(buffer.data_ptr + 256, feats.shape, "float16", Location.DEVICE, buffer, name="over",
+                           backend=host)
+        ops = host.op_count
+        with pytest.raises(InvalidValueError, match=r"deepstack_embeds\[0\]: its 1024 bytes at 0x[0-9a-f]+ overlap "
+                                                    r"io.deepstack_embeds\[0\]"):
+            setup.prefill(emb, lens, deepstack_embeds=[over])
+        assert host.op_count == ops, "nothing enqueued"
+        own = Tensor.wrap(buffer.data_ptr, feats.shape, "float16", Location.DEVICE, buffer, name="own", backend=host)
+        own.copy_from(feats)
+        copies = []
+        real = host.memcpy
+
+        def memcpy(dst, src, nbytes, stream):
+            copies.append((dst, src))
+            real(dst, src, nbytes, stream)
+
+        monkeypatch.setattr(host, "memcpy", memcpy)
+        got = setup.prefill(emb, lens, deepstack_embeds=[own]).to_numpy()
+        monkeypatch.undo()
+        assert (buffer.data_ptr, buffer.data_ptr) not in copies, "read in place, not copied onto itself"
+        np.testing.assert_array_equal(got, want)
+        own.close()
+        over.close()
 
 
 # -- the engine state owns its bindings' specs ------------------------------------------------------

@@ -64,6 +64,15 @@ def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[
 
     return guarded
 
+
+def _not_partly_over(x: Tensor, what: str, dst: Tensor, onto: str) -> None:
+    """Refuse device embeddings ``x`` whose bytes overlap ``dst`` (the step's buffer they are copied into) without
+    starting at its address: the step would copy them onto themselves in part (see
+    :func:`~trtio.tensor.partly_over`). At its address they are read in place."""
+    if partly_over(x._ptr, dst._ptr, x._nbytes):
+        raise overlap_error(what, x._ptr, dst._ptr, x._nbytes, onto)
+
+
 def _as_embeds(x: Any, what: str, dtype: DType, hidden: int, backend: Backend, stream: StreamLike) -> Any:
     """Embeddings ``x`` ([batch, seq, hidden]) checked: a device array (a Tensor, or any foreign array read in
     place through DLPack or CUDA's array interface, its producer's work ordered before ``stream``) must be of
@@ -284,7 +293,7 @@ class SetupBase(Closeable, abc.ABC):
         if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
             shape = x.shape  # checks that it is open
             if x._dtype is self._embeds_type and len(shape) == 3 and shape[2] == hidden and x._backend is self._backend:
-                self._not_partly_over(x, what)
+                _not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
                 return x, shape[0], shape[1]
         elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
             shape = x.shape
@@ -292,17 +301,9 @@ class SetupBase(Closeable, abc.ABC):
                 return x, shape[0], shape[1]
         x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         if isinstance(x, Tensor):
-            self._not_partly_over(x, what)
+            _not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
-
-    def _not_partly_over(self, x: Tensor, what: str) -> None:
-        """Refuse embeddings whose bytes overlap ``inputs_embeds`` without starting at its address: the step
-        would copy them onto themselves in part (see :func:`~trtio.tensor.partly_over`). At its address they are
-        read in place."""
-        dst = self.io.inputs_embeds
-        if partly_over(x._ptr, dst._ptr, x._nbytes):
-            raise overlap_error(what, x._ptr, dst._ptr, x._nbytes, "inputs_embeds")
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
@@ -506,6 +507,8 @@ class SetupBase(Closeable, abc.ABC):
                            stream)
             if tuple(x.shape[:2]) != (b, seq):
                 raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
+            if isinstance(x, Tensor):
+                _not_partly_over(x, f"deepstack_embeds[{i}]", self.io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
             out.append(x)
         return out
 
