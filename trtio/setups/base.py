@@ -307,14 +307,12 @@ class SetupBase(Closeable, abc.ABC):
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
-        staging for numpy, a device copy for Tensors (none for a Tensor over inputs_embeds' own bytes)."""
+        staging for numpy, a device copy for Tensors (none for a Tensor over inputs_embeds' own bytes: copy_from
+        only orders its writer first)."""
         dst, staging = self.io.inputs_embeds, self._embeds_staging
         if x is dst:
             return  # written in place by the caller
         if isinstance(x, Tensor):
-            if x._ptr == dst._ptr:  # another view of those bytes (a runtime's, written in place): its writer first
-                x._order_consumer(stream.handle)
-                return
             dst.reshape(x.shape).copy_from(x, stream)
         elif x.nbytes <= staging.slot_capacity:
             staging.upload(x, stream, reshape=False)  # the step's executor views the embeddings as it binds them
