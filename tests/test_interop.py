@@ -8,6 +8,7 @@ memory hands over. The ``gpu`` tests repeat the essentials with torch and CuPy o
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import warnings
 import weakref
@@ -353,11 +354,13 @@ def _aligned_cpu_tensor(dtype: Any, shape: tuple[int, ...]) -> Any:
 
 
 @needs_torch
-def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
+@pytest.mark.parametrize("guard", [True, False], ids=["torch's guard", "attributes alone"])
+def test_the_steady_torch_reader_takes_only_what_dlpack_would_export(guard: bool) -> None:
     """The capsule-less read a steady decode makes of a torch input (trtio.foreign.TorchDeviceInput), run on CPU
     tensors: the fake cuda backend on "device -1" (what get_device() says of a host tensor) stands in for a GPU,
     and torch's current stream is the test's. Everything DLPack would refuse, or the step could not take as it
-    is, is passed over (None, nothing ordered); a producer on another stream is ordered before the step's."""
+    is, is passed over (None, nothing ordered); a producer on another stream is ordered before the step's. The
+    same with torch's guard recognising tensors like the last one read, and where this torch has none."""
     from trtio.dtypes import DType
     from trtio.foreign import torch_device_input
 
@@ -366,6 +369,8 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
     half = torch_device_input(fake, DType.FLOAT16, (2, 1, 8))
     single = torch_device_input(fake, DType.FLOAT32, (2, 1, 8))
     assert half is not None and single is not None
+    if not guard:
+        half._guards = single._guards = None
     torch_stream, step_stream = fake.create_stream(), fake.create_stream()
     current = {-1: torch_stream}
     half._current_stream = single._current_stream = lambda index: current.get(index, -99)
@@ -373,6 +378,9 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
     assert half.read(x, torch_stream) == x.data_ptr() and fake.orders == [], "torch on the step's stream: no event"
     assert half.read(x, step_stream) == x.data_ptr()
     assert fake.orders == [("record", torch_stream), ("wait", step_stream)]
+    y = _aligned_cpu_tensor(torch.float32, (2, 1, 8))
+    assert single.read(y, torch_stream) == y.data_ptr(), "float32 is read"
+    assert (half._like_last is not None and single._like_last is not None) is guard, "the guards are in use"
     fake.orders.clear()
 
     class Sub(torch.Tensor):
@@ -389,6 +397,7 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
         "a 4-D shape": (half, x.view(2, 1, 1, 8)),
         "a strided view": (half, _aligned_cpu_tensor(torch.float16, (2, 1, 16))[..., ::2]),
         "a gradient": (half, _aligned_cpu_tensor(torch.float16, (2, 1, 8)).requires_grad_()),
+        "a gradient, grad mode off": (half, _aligned_cpu_tensor(torch.float16, (2, 1, 8)).requires_grad_()),
         "the negative bit": (single, torch._neg_view(_aligned_cpu_tensor(torch.float32, (2, 1, 8)))),
         "a misaligned address": (half, torch.zeros(16 + 256, dtype=torch.float16)[
             (-x.data_ptr() % 256) // 2 + 1:][:16].view(2, 1, 8)),
@@ -399,9 +408,90 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
     assert type(x.as_subclass(Sub)) is not half.tensor_type, "a subclass is not what the caller reads"
     for what, (reader, t) in passed_over.items():
         assert reader is not None and type(t) is reader.tensor_type
-        assert reader.read(t, step_stream) is None, what
+        with torch.no_grad() if "grad mode off" in what else contextlib.nullcontext():
+            assert reader.read(t, step_stream) is None, what
     assert fake.orders == [], "nothing passed over was ordered"
     assert single.read(_aligned_cpu_tensor(torch.float32, (2, 1, 8)), torch_stream) is not None, "float32 is read"
+
+
+@needs_torch
+def test_torch_guard_is_used_only_where_it_tells_apart_what_the_reader_must() -> None:
+    """The steady reader asks torch's guard (private: torch._C._dynamo.guards.TensorGuards) only where it exists,
+    takes the arguments trtio gives it, and refuses small host tensors of another size, dtype or stride, with the
+    negative bit, or with a gradient where grad mode is off; a guard that overlooks any of these is not used."""
+    import types
+
+    from trtio.foreign import _torch_guards
+
+    real = _torch_guards.__wrapped__
+    guards = torch._C._dynamo.guards.TensorGuards
+
+    def like_torch(checker: Any) -> Any:
+        dynamo = types.SimpleNamespace(guards=types.SimpleNamespace(TensorGuards=checker))
+        return types.SimpleNamespace(_C=types.SimpleNamespace(_dynamo=dynamo), zeros=torch.zeros,
+                                     float64=torch.float64, float32=torch.float32, _neg_view=torch._neg_view,
+                                     no_grad=torch.no_grad)
+
+    class Overlooking:
+        """torch's guard, but blind to what ``skip`` says of a tensor."""
+
+        def __init__(self, skip: Any, *args: Any, **kwargs: Any) -> None:
+            self._guard, self._skip = guards(*args, **kwargs), skip
+
+        def check(self, t: Any) -> bool:
+            return bool(self._guard.check(self._skip(t)))
+
+    def overlooking(skip: Any) -> Any:
+        return lambda *args, **kwargs: Overlooking(skip, *args, **kwargs)
+
+    def other_arguments(*args: Any) -> Any:
+        raise TypeError("missing dynamic_shapes=...")
+
+    assert real(torch) is guards
+    assert real(like_torch(guards)) is guards, "the stand-in is torch itself"
+    assert real(types.SimpleNamespace(_C=types.SimpleNamespace())) is None, "no guard"
+    assert real(like_torch(other_arguments)) is None, "a guard that takes other arguments"
+    assert real(like_torch(overlooking(lambda t: t.detach() if not torch.is_grad_enabled() else t))) is None, \
+        "a guard that overlooks a gradient where grad mode is off"
+    assert real(like_torch(overlooking(lambda t: t._neg_view() if t.is_neg() else t))) is None, \
+        "a guard blind to the negative bit"
+    assert real(like_torch(overlooking(lambda t: t.contiguous()))) is None, "a guard blind to strides"
+
+
+@needs_torch
+def test_the_steady_torch_reader_recognises_a_tensor_like_the_last_in_one_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once it has read a torch tensor, the steady reader recognises the next one of the same kind (type, dispatch
+    keys, dtype, device, sizes, strides) with torch's guard, without the public attributes' calls (made to raise
+    here); a tensor of another kind (one made in inference mode, read in it) goes through those attributes
+    again and becomes the one the next is compared with. Every answer is the attributes' own."""
+    from trtio.dtypes import DType
+    from trtio.foreign import torch_device_input
+
+    fake = FakeCudaBackend(device_id=-1)
+    reader = torch_device_input(fake, DType.FLOAT16, (2, 1, 8))
+    assert reader is not None
+    reader._current_stream = lambda index: 7
+    x, y = _aligned_cpu_tensor(torch.float16, (2, 1, 8)), _aligned_cpu_tensor(torch.float16, (2, 1, 8))
+    assert reader.read(x, 7) == x.data_ptr()
+    asked: list[str] = []
+    for name in ("get_device", "is_contiguous", "is_neg"):
+        public = getattr(torch.Tensor, name)
+
+        def counted(t: Any, *args: Any, _name: str = name, _public: Any = public) -> Any:
+            asked.append(_name)
+            return _public(t, *args)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    assert reader.read(y, 7) == y.data_ptr() and asked == [], "another tensor of x's kind: one call"
+    assert reader.read(y[:, :, :4].reshape(2, 1, 4), 7) is None and asked == ["get_device"], "another shape"
+    asked.clear()
+    with torch.inference_mode():
+        z = _aligned_cpu_tensor(torch.float16, (2, 1, 8))
+        assert reader.read(z, 7) == z.data_ptr() and asked == ["get_device", "is_contiguous", "is_neg"], \
+            "another kind: the attributes"
+        asked.clear()
+        assert reader.read(z, 7) == z.data_ptr() and asked == [], "now the one compared with"
+        assert reader.read(torch._neg_view(z), 7) is None, "the negative bit, in inference mode too"
 
 
 # -- CUDA array interface ---------------------------------------------------------------------------

@@ -29,7 +29,10 @@ its work, and a CUDA array interface ``stream`` makes trtio's stream wait for it
 gives a capsule's dtype and shape only after that handshake, so a DLPack refusal can follow it; the
 handshake only orders trtio's stream and changes no data. A steady decode (``LLMSetup.decode``) fed a plain
 torch CUDA tensor of its shape and dtype reads it without a capsule (:class:`trtio.foreign.TorchDeviceInput`):
-torch's current stream is ordered before trtio's by an event, and needs none where it is trtio's stream.
+torch's current stream is ordered before trtio's by an event, and needs none where it is trtio's stream. A
+tensor like the last one read is recognised in one call, the input check of ``torch.compile`` (a private
+torch API, used only where it passes trtio's own test of it); any other is checked through torch's public
+attributes.
 
 Lifetime. A step reads a device input asynchronously on its stream: keep the array, and do not write it,
 until that work has run. The simplest way is to produce inputs on trtio's stream itself (torch:
