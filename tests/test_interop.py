@@ -1036,6 +1036,45 @@ def test_a_steady_decode_waits_for_a_torch_tensor_written_on_another_stream(cuda
 
 
 @pytest.mark.gpu
+def test_a_steady_decode_recognises_torch_tensors_like_the_last_in_one_call(cuda: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU's torch: once a steady decode has read a torch CUDA tensor, the next ones of its kind (a new
+    tensor each step, as ``table[ids]`` gives) are recognised by torch's guard, without the public attributes'
+    calls (counted here), and their logits are the numpy-fed run's; a tensor with the negative bit is still
+    refused."""
+    t = pytest.importorskip("torch")
+    from trtio.testing import toy_embedding
+
+    table = toy_embedding(512, 64).astype(np.float16)
+    steps = [[[9]], [[11]], [[13]], [[17]], [[19]], [[23]]]
+    want = _numpy_fed_decodes(cuda, table, steps)
+    asked: list[str] = []
+    with _gpu_llm(cuda) as setup:
+        s = Stream.create(cuda)
+        setup.prefill(table[[[5, 6, 7]]], [3], s)
+        device_table = t.from_numpy(table).cuda()
+        with t.cuda.stream(t.cuda.ExternalStream(s.handle)):
+            for i, (tok, w) in enumerate(zip(steps, want)):
+                if i == 3:  # steady since the second step, which read the first tensor through the attributes
+                    for name in ("get_device", "is_contiguous", "is_neg"):
+                        public = getattr(t.Tensor, name)
+
+                        def counted(x: Any, *args: Any, _name: str = name, _public: Any = public) -> Any:
+                            asked.append(_name)
+                            return _public(x, *args)
+                        monkeypatch.setattr(t.Tensor, name, counted)
+                hits = setup.graph_stats.hits
+                x = device_table[t.tensor(tok, device="cuda")]  # a new [1, 1, 64] tensor
+                np.testing.assert_allclose(setup.decode(x, s).to_numpy(s), w, atol=2e-3, rtol=2e-3)
+                if i >= 3:
+                    assert setup.graph_stats.hits > hits and asked == [], f"step {i}: one call into torch"
+            monkeypatch.undo()
+            with pytest.raises(InvalidValueError, match="negative bit"):
+                setup.decode(t._neg_view(device_table[t.tensor(steps[0], device="cuda")]), s)
+        s.close()
+
+
+@pytest.mark.gpu
 def test_a_steady_decode_fed_torch_over_its_own_input_reads_it_in_place(cuda: Any,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch runtime writes each step's embeddings in place, through a torch view of io.inputs_embeds (torch on
