@@ -414,6 +414,20 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export(guard: bool
     assert single.read(_aligned_cpu_tensor(torch.float32, (2, 1, 8)), torch_stream) is not None, "float32 is read"
 
 
+def _count_public_calls(torch: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the public torch.Tensor methods the steady torch reader checks a tensor with, one entry per
+    call made from now on (until ``monkeypatch`` undoes it)."""
+    asked: list[str] = []
+    for name in ("get_device", "is_contiguous", "is_neg"):
+        public = getattr(torch.Tensor, name)
+
+        def counted(t: Any, *args: Any, _name: str = name, _public: Any = public) -> Any:
+            asked.append(_name)
+            return _public(t, *args)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return asked
+
+
 @needs_torch
 def test_torch_guard_is_used_only_where_it_tells_apart_what_the_reader_must() -> None:
     """The steady reader asks torch's guard (private: torch._C._dynamo.guards.TensorGuards) only where it exists,
@@ -474,14 +488,7 @@ def test_the_steady_torch_reader_recognises_a_tensor_like_the_last_in_one_call(
     reader._current_stream = lambda index: 7
     x, y = _aligned_cpu_tensor(torch.float16, (2, 1, 8)), _aligned_cpu_tensor(torch.float16, (2, 1, 8))
     assert reader.read(x, 7) == x.data_ptr()
-    asked: list[str] = []
-    for name in ("get_device", "is_contiguous", "is_neg"):
-        public = getattr(torch.Tensor, name)
-
-        def counted(t: Any, *args: Any, _name: str = name, _public: Any = public) -> Any:
-            asked.append(_name)
-            return _public(t, *args)
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    asked = _count_public_calls(torch, monkeypatch)
     assert reader.read(y, 7) == y.data_ptr() and asked == [], "another tensor of x's kind: one call"
     assert reader.read(y[:, :, :4].reshape(2, 1, 4), 7) is None and asked == ["get_device"], "another shape"
     asked.clear()
@@ -1048,7 +1055,7 @@ def test_a_steady_decode_recognises_torch_tensors_like_the_last_in_one_call(cuda
     table = toy_embedding(512, 64).astype(np.float16)
     steps = [[[9]], [[11]], [[13]], [[17]], [[19]], [[23]]]
     want = _numpy_fed_decodes(cuda, table, steps)
-    asked: list[str] = []
+    asked: list[str] = []  # the public attribute calls the steady reader makes, from the fourth step on
     with _gpu_llm(cuda) as setup:
         s = Stream.create(cuda)
         setup.prefill(table[[[5, 6, 7]]], [3], s)
@@ -1056,13 +1063,7 @@ def test_a_steady_decode_recognises_torch_tensors_like_the_last_in_one_call(cuda
         with t.cuda.stream(t.cuda.ExternalStream(s.handle)):
             for i, (tok, w) in enumerate(zip(steps, want)):
                 if i == 3:  # steady since the second step, which read the first tensor through the attributes
-                    for name in ("get_device", "is_contiguous", "is_neg"):
-                        public = getattr(t.Tensor, name)
-
-                        def counted(x: Any, *args: Any, _name: str = name, _public: Any = public) -> Any:
-                            asked.append(_name)
-                            return _public(x, *args)
-                        monkeypatch.setattr(t.Tensor, name, counted)
+                    asked = _count_public_calls(t, monkeypatch)
                 hits = setup.graph_stats.hits
                 x = device_table[t.tensor(tok, device="cuda")]  # a new [1, 1, 64] tensor
                 np.testing.assert_allclose(setup.decode(x, s).to_numpy(s), w, atol=2e-3, rtol=2e-3)
