@@ -202,7 +202,7 @@ def snapshot(setup: Any) -> dict[str, Any]:
         tree = setup._tree
         out["tree"] = (tree.nodes, tree._level, [p.tolist() for p in tree._parents])
         out["prompt"] = setup._prompt is not None
-        out["draft_ready"] = setup._draft_ready
+        out["phase"] = setup.phase.name
         out["verified"] = setup._verified is not None
         out["accepted"] = None if setup._accepted is None else setup._accepted.tolist()
         out["roots"] = setup._roots.rows.tolist()

@@ -14,8 +14,6 @@ import pytest
 from _configs import bundle, tiny_bundle
 
 from trtio import ShapeError, Stream
-from trtio.cuda.host import HostBackend
-from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, TensorRequest
 from trtio.setups import create_for_spec_decode
 from trtio.setups.verify import AcceptedPaths, VerifyTrees
 from trtio.state import MAX_PATH_MOVES
@@ -200,56 +198,6 @@ def test_rounds_of_the_same_paths_commit_what_paths_read_afresh_commit(repeat: b
                 np.testing.assert_array_equal(ours[i, :, :m], ref[i, :, :m], err_msg=f"{state} {name}")
     kept.close()
     fresh.close()
-
-
-class _Device(HostBackend):
-    """Records the addresses the copies read inside ``ring`` (``sources``); ``caught_up`` False: a device that
-    has run none of the copies (every event pending until the host waits for it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sources: list[int] = []
-        self.ring = range(0)
-        self.caught_up = True
-
-    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        if src in self.ring:
-            self.sources.append(src)
-        super().memcpy(dst, src, nbytes, stream)
-
-    def query_event(self, event: int) -> bool:
-        return self.caught_up and super().query_event(event)
-
-
-def test_a_host_input_is_staged_in_the_last_slot_once_its_copy_has_run() -> None:
-    """An embeddings staging ring (as a catch-up's host input goes through): while the device has run the last
-    copy, each upload takes the last slot again (its bytes warm in the host's caches); while it has not, the ring
-    goes round and never writes a slot whose copy is pending; every upload's values reach the device."""
-    be = _Device()
-    arena = Arena([HostStaging.request("h", (4,), "int32"), TensorRequest.of("d", (4,), "int32")], backend=be)
-    s = Stream.create(be)
-    be.ring = range(arena["h"].data_ptr, arena["h"].data_ptr + arena["h"].capacity)
-    with HostStaging(arena["h"], arena["d"], be, slots=HOST_RING_SLOTS) as pair:
-        for i in range(3):
-            pair.upload(np.full(4, i, np.int32), s)
-            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, i))
-        assert len(be.sources) == 3 and len(set(be.sources)) == 1, "a device that ran each copy: one slot again"
-        be.caught_up = False
-        be.sources.clear()
-        for i in range(HOST_RING_SLOTS - 1):
-            pair.upload(np.full(4, 10 + i, np.int32), s)
-            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 10 + i))
-        assert len(set(be.sources)) == HOST_RING_SLOTS - 1, "copies pending: each upload in a slot of its own"
-        assert pair.fence_waits == 0
-        be.caught_up = True
-        last = be.sources[-1]
-        be.sources.clear()
-        pair.upload(np.full(4, 30, np.int32), s)
-        pair.upload(np.full(4, 31, np.int32), s)
-        assert be.sources == [last, last], "caught up again: the last slot"
-        np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 31))
-    arena.close()
-    s.close()
 
 
 @pytest.mark.parametrize("contract", ["ragged", "batch"])

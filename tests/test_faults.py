@@ -24,8 +24,7 @@ from _faultwalk import KINDS, Kind, Walk, live, tiny_bundle, tiny_llm
 import trtio
 from trtio import ClosedError, CudaError, EngineError, InvalidValueError, Location, Stream, TrtioError
 from trtio.engine import EngineExecutor
-from trtio.memory import HostStaging
-from trtio.staging import RING_SLOTS
+from trtio.staging import RING_SLOTS, UploadRing
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import ENGINE_CALLS, FAULTABLE, Call
 
@@ -347,23 +346,21 @@ def test_streaming_buffers_a_first_populate_that_fails_frees_them() -> None:
         np.testing.assert_array_equal(streaming.input_embeds.to_numpy(), setup.io.inputs_embeds.to_numpy())
 
 
-def test_a_staging_pair_whose_fence_failed_waits_for_the_device_before_the_next_upload() -> None:
-    """The copy was enqueued but no event follows it: the next upload must not overwrite the pinned buffer
-    before the copy has read it, so it synchronises the device once (then the fence works as before)."""
+def test_an_upload_ring_whose_fence_failed_fences_the_open_group_before_reusing_a_slot() -> None:
+    """The copy was enqueued but its fence failed to record: the group stays open, and the next use of its slot
+    records the fence first (and waits for it), so the pinned slot is never overwritten under its copy."""
     faulty = FaultyBackend("host")
-    host = trtio.Tensor.empty((4,), "int32", Location.PINNED, backend=faulty)
+    host = trtio.Tensor.empty((1, 4), "int32", Location.PINNED, backend=faulty)
     dev = trtio.Tensor.empty((4,), "int32", backend=faulty)
     s = Stream.create(faulty)
-    with HostStaging(host, dev, faulty) as pair:
+    with UploadRing(host, faulty, slots=1) as ring:
         faulty.fail("record_event")
         with pytest.raises(CudaError, match="cudaEventRecord"):
-            pair.upload(np.arange(4, dtype=np.int32), s)
-        syncs = faulty.counts["synchronize"]
-        pair.upload(np.arange(4, dtype=np.int32) + 1, s)
-        assert faulty.counts["synchronize"] == syncs + 1 and pair.fence_waits == 1
-        pair.upload(np.arange(4, dtype=np.int32) + 2, s)
-        assert faulty.counts["synchronize"] == syncs + 1, "one device wait, then the fence again"
-        np.testing.assert_array_equal(dev.to_numpy(s), np.arange(4) + 2)
+            ring.upload(np.arange(4, dtype=np.int32), dev, s)
+        records = faulty.counts["record_event"]
+        ring.upload(np.arange(4, dtype=np.int32) + 1, dev, s)
+        assert faulty.counts["record_event"] > records, "the open group is fenced before its slot is reused"
+        np.testing.assert_array_equal(dev.to_numpy(s), np.arange(4) + 1)
     for t in (host, dev, s):
         t.close()
 
@@ -379,12 +376,12 @@ def test_a_step_block_whose_fence_failed_fences_the_open_group_at_the_next_uploa
     for i in range(3):  # three copies of an open group; the fourth closes it with an event
         step.write("positions", np.full(4, i, np.int32))
         step.upload(s)
-    groups = step._groups
+    groups = step.ring._groups
     step.write("positions", np.full(4, 3, np.int32))
     faulty.fail("record_event")
     with pytest.raises(CudaError, match="cudaEventRecord"):
         step.upload(s)
-    assert step._groups == groups and step.pending, "nothing fenced, the values still pending"
+    assert step.ring._groups == groups and step.pending, "nothing fenced, the values still pending"
     for i in range(3, 3 + 2 * RING_SLOTS):
         step.write("positions", np.full(4, i, np.int32))
         step.upload(s)

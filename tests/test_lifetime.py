@@ -1,5 +1,5 @@
 """The close protocol (trtio._lifetime) and its adoption by every resource owner: Tensor, Arena, Stream, Event,
-HostStaging, ContextMemory, EngineExecutor and EngineState."""
+UploadRing, ContextMemory, EngineExecutor and EngineState."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from trtio import ClosedError, CudaError, Event, Location, Stream, Tensor
 from trtio._lifetime import Closeable
 from trtio.cuda.host import HostBackend
 from trtio.engine import ContextMemory, EngineExecutor, EngineIO
-from trtio.memory import Arena, HostStaging, TensorRequest
+from trtio.memory import Arena, TensorRequest
+from trtio.staging import UploadRing
 from trtio.state import EngineState
 from trtio.testing import ReferenceEngine
 
@@ -269,11 +270,11 @@ def test_every_stream_and_event_method_raises_after_close(host: trtio.Backend) -
 def test_every_arena_and_staging_method_raises_after_close(host: trtio.Backend) -> None:
     arena = Arena([TensorRequest.of("host", (4,), "int32", Location.PINNED), TensorRequest.of("dev", (4,), "int32")],
                   backend=host, title="stage")
-    pair = HostStaging(arena["host"], arena["dev"], host)
-    pair.close()
-    pair.close()
-    for call in (lambda: pair.upload(np.zeros(4, np.int32)), pair.wait_fence, pair.__enter__):
-        with pytest.raises(ClosedError, match="staging pair 'host' -> 'dev' is closed"):
+    ring = UploadRing(arena["host"], host, slots=1)
+    ring.close()
+    ring.close()
+    for call in (lambda: ring.upload(np.zeros(4, np.int32), arena["dev"]), ring.wait, ring.take, ring.__enter__):
+        with pytest.raises(ClosedError, match="upload ring 'host' is closed"):
             call()
     arena.close()
     for call in (lambda: arena["dev"], lambda: arena.tensors, arena.report, arena.__enter__):
@@ -291,8 +292,7 @@ OWNERS: dict[str, Callable[[HostBackend], Any]] = {
     "arena": lambda be: Arena(_requests(), backend=be, title="a"),
     "stream": lambda be: Stream.create(be),
     "event": lambda be: Event.create(be),
-    "staging pair": lambda be: HostStaging(Tensor.empty((4,), "int32", Location.PINNED, backend=be),
-                                           Tensor.empty((4,), "int32", backend=be), be),
+    "upload ring": lambda be: UploadRing(Tensor.empty((4,), "int32", Location.PINNED, backend=be), be, slots=1),
     "context memory": lambda be: ContextMemory(4096, backend=be),
     "executor": lambda be: EngineExecutor(_engine(), backend=be),
     "engine state": lambda be: EngineState(EngineIO.from_engine(_engine()), llm_config(), max_batch=2, backend=be),

@@ -7,7 +7,7 @@ import trtio
 from trtio import ClosedError, Location, MemoryReport, TrtioError
 from trtio.cuda.host import HostBackend
 from trtio.errors import InvalidValueError
-from trtio.memory import Arena, HostStaging, TensorRequest
+from trtio.memory import Arena, TensorRequest
 
 
 def _requests():
@@ -154,104 +154,3 @@ def test_arena_names_a_missing_tensor(host):
     arena.close()
 
 
-def test_staging_pair_refuses_use_after_close(host):
-    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32")],
-                  backend=host)
-    events = host.live_events
-    with HostStaging(arena["h"], arena["d"], host) as pair:
-        pair.upload(np.arange(4, dtype=np.int32))
-        np.testing.assert_array_equal(arena["d"].to_numpy(), np.arange(4))
-    assert pair.is_closed and host.live_events == events, "its fence event is destroyed"
-    with pytest.raises(ClosedError, match="staging pair 'h' -> 'd' is closed"):
-        pair.upload(np.arange(4, dtype=np.int32))
-    arena.close()
-
-
-def test_staging_pair_checks_its_tensors(host):
-    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32"),
-                   TensorRequest.of("f", (4,), "float32")], backend=host)
-    with pytest.raises(InvalidValueError, match="staging pair 'd' -> 'd'.*pinned or host memory"):
-        HostStaging(arena["d"], arena["d"], host)
-    with pytest.raises(InvalidValueError, match="dtypes differ"):
-        HostStaging(arena["h"], arena["f"], host)
-    with pytest.raises(InvalidValueError, match="must live on"):
-        HostStaging(arena["h"], arena["d"], HostBackend())
-    arena.close()
-
-
-class _Behind(HostBackend):
-    """A device that has finished nothing, until the host waits for an event (then that event's work is done)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waited: list[int] = []
-        self.caught_up = False  # True: the device has finished everything enqueued
-
-    def query_event(self, event: int) -> bool:
-        return self.caught_up
-
-    def synchronize_event(self, event: int) -> None:
-        self.waited.append(event)
-        super().synchronize_event(event)
-
-
-def test_staging_ring_waits_only_beyond_its_depth_and_once_per_slot() -> None:
-    """A staging pair uploads through a ring of fenced pinned slots (one arena allocation holds them): with a
-    device that has run none of the copies, a host up to the ring's depth ahead never waits; every upload beyond
-    it waits once, for the copy of the slot it reuses (each slot's own event); once the device has run the copies
-    none waits; the values of every upload reach the device (the slots never mix)."""
-    from trtio.memory import HOST_RING_SLOTS
-
-    be = _Behind()
-    before = be.alloc_count
-    arena = Arena([HostStaging.request("h", (4,), "int32"), TensorRequest.of("d", (4,), "int32")], backend=be)
-    assert be.alloc_count - before == 2, "one allocation per location: the ring is one pinned block"
-    assert arena["h"].shape == (HOST_RING_SLOTS, 4)
-    s = trtio.Stream.create(be)
-    with HostStaging(arena["h"], arena["d"], be, slots=HOST_RING_SLOTS) as pair:
-        assert pair.slot_capacity == 16
-        for i in range(HOST_RING_SLOTS):
-            pair.upload(np.full(4, i, np.int32), s)
-            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, i))
-        assert be.waited == [] and pair.fence_waits == 0, "a ring ahead of the device: no upload waits"
-        events = []
-        for i in range(2 * HOST_RING_SLOTS):
-            pair.upload(np.full(4, 10 + i, np.int32), s)
-            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 10 + i))
-            assert pair.fence_waits == i + 1, "each upload beyond the ring waits once"
-            events.append(be.waited[-1])
-        assert len(set(events[:HOST_RING_SLOTS])) == HOST_RING_SLOTS, "once per slot: each slot's own fence"
-        assert events[HOST_RING_SLOTS:] == events[:HOST_RING_SLOTS], "the ring goes round in order"
-        be.caught_up, waits = True, len(be.waited)
-        for i in range(2 * HOST_RING_SLOTS):
-            pair.upload(np.full(4, 30 + i, np.int32), s)
-        assert len(be.waited) == waits, "a device that has run the copies: the ring goes round without waiting"
-        with pytest.raises(trtio.CapacityError, match="'h'.*16-byte slots"):
-            pair.upload(np.zeros(5, np.int32), s)
-    arena.close()
-    s.close()
-
-
-def test_staging_pair_uploads_rows_into_a_block_and_leaves_the_view(host) -> None:
-    """``upload_rows`` copies new rows among a block's rows (one 2D copy); ``reshape=False`` leaves the device
-    tensor's view as its binder set it."""
-    arena = Arena([HostStaging.request("h", (2, 3, 4), "float32", 2), TensorRequest.of("d", (2, 5, 4), "float32")],
-                  backend=host)
-    dev = arena["d"]
-    dev.copy_from(np.zeros((2, 5, 4), np.float32))
-    s = trtio.Stream.create(host)
-    with HostStaging(arena["h"], dev, host, slots=2) as pair:
-        rows = np.arange(2 * 2 * 4, dtype=np.float32).reshape(2, 2, 4)
-        ops = host.op_count
-        pair.upload_rows(rows, 3 * 4 * 4, 5 * 4 * 4, s)  # rows 3..4 of each sequence's 5
-        assert host.op_count - ops == 1, "one 2D copy"
-        got = dev.to_numpy()
-        np.testing.assert_array_equal(got[:, 3:], rows)
-        np.testing.assert_array_equal(got[:, :3], 0)
-        pair.upload(np.ones((2, 2, 4), np.float32), s, reshape=False)
-        assert dev.shape == (2, 5, 4), "the view stays"
-        np.testing.assert_array_equal(dev.to_numpy().reshape(-1)[:16], 1)
-        with pytest.raises(trtio.CapacityError, match="pass tensor 'd'"):
-            pair.upload_rows(rows, 4 * 4 * 4, 5 * 4 * 4, s)
-    arena.close()
-    s.close()

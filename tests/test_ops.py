@@ -4,6 +4,9 @@ every alignment (whole 16-byte words, 4-byte words, odd bytes) and rows wider th
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -166,3 +169,34 @@ def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: trtio.Back
     finally:
         for t in (a, b, rows):
             t.close()
+
+
+@pytest.mark.gpu
+def test_a_launch_from_a_thread_without_a_context_leaves_the_thread_without_one(cuda) -> None:
+    """A kernel launched from a thread that has no CUDA context current (a thread that only used the driver API)
+    runs in the device's primary context, pushed for the launch and popped after: the thread's current context
+    is what it was (none), not the device's left behind."""
+    from cuda.bindings import driver
+
+    from trtio.cuda import kernels
+
+    src = trtio.Tensor.empty((64,), "uint8", backend=cuda)
+    dst = trtio.Tensor.empty((64,), "uint8", backend=cuda)
+    src.copy_from(np.arange(64, dtype=np.uint8))
+    dst.zero_()
+    stream = trtio.Stream.create(cuda)
+    launch = kernels.copy_jobs(cuda.device_id, [(dst.data_ptr, 0, src.data_ptr, 0, 1, 64, 64, 64, 64, 64)], 64, 64)
+    cuda.synchronize()
+    seen: dict[str, Any] = {}
+
+    def fresh_thread() -> None:
+        seen["before"] = int(driver.cuCtxGetCurrent()[1])
+        launch(stream.handle)
+        seen["after"] = int(driver.cuCtxGetCurrent()[1])
+
+    t = threading.Thread(target=fresh_thread)
+    t.start()
+    t.join()
+    assert seen == {"before": 0, "after": 0}, "the launch left the thread's current context as it found it"
+    assert dst.to_numpy(stream).tolist() == list(range(64)), "and the kernel ran"
+    stream.close()

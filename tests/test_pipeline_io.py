@@ -7,13 +7,13 @@ from _configs import bundle, llm_config
 import trtio
 from trtio import CapacityError, ClosedError, DType, FrozenError, Location, ShapeError, Tensor, TrtioError, names
 from trtio.cuda.host import HostBackend
-from trtio.memory import HOST_RING_SLOTS, align_up
-from trtio.pipeline_io import MEMBERS, PipelineIO
+from trtio.memory import align_up
+from trtio.pipeline_io import MEMBERS, STAGING_SLOTS, PipelineIO
 from trtio.staging import RING_SLOTS
 
 F16, BF16, F32, I32, I64 = DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.INT32, DType.INT64
 D, P = "device", "pinned"
-R = HOST_RING_SLOTS  # a staging pair's pinned twin holds a ring of slots
+R = STAGING_SLOTS  # a staged member's private ring holds this many slots
 EMPTY = None
 
 
@@ -30,7 +30,7 @@ def _llm_table(b, s, h, v, act):
     return {
         "inputs_embeds": ((b, s, h), act, D), "output_logits": ((b, v), F32, D),
         "select_token_indices": ((b, 1), I64, D), "context_lengths": ((b,), I32, D),
-        "host_context_lengths": ((R, b), I32, P), "host_select_token_indices": ((R, b, 1), I64, P),
+        "host_context_lengths": ((b,), I32, P), "host_select_token_indices": ((b, 1), I64, P),
         "mrope_cos_sin": EMPTY, "base_hidden_states": EMPTY, "draft_hidden_states_in": EMPTY,
         "draft_hidden_states_out": EMPTY, "output_hidden_states": ((b, s, h), act, D),
         "packed_attention_mask": EMPTY, "spec_decode_position_ids": EMPTY,
@@ -84,12 +84,12 @@ def _spec_table(b, seq, h, logits_rows, vocab, p, hb, hd):
     return {
         "inputs_embeds": ((b, seq, h), F16, D), "output_logits": ((logits_rows, vocab), F32, D),
         "select_token_indices": ((b, p), I64, D), "context_lengths": ((b,), I32, D),
-        "host_context_lengths": ((R, b), I32, P), "host_select_token_indices": ((R, b, 1), I64, P),
+        "host_context_lengths": ((b,), I32, P), "host_select_token_indices": ((b, 1), I64, P),
         "mrope_cos_sin": EMPTY, "base_hidden_states": ((b, seq, hb), F16, D),
         "draft_hidden_states_in": ((b, seq, hd), F16, D), "draft_hidden_states_out": ((b, seq, hd), F16, D),
         "output_hidden_states": EMPTY, "packed_attention_mask": ((b, p, w), I32, D),
-        "spec_decode_position_ids": ((b, p), I32, D), "host_packed_attention_mask": ((R, b, p, w), I32, P),
-        "host_spec_decode_position_ids": ((R, b, p), I32, P), "host_spec_select_token_indices": ((R, b, p), I64, P),
+        "spec_decode_position_ids": ((b, p), I32, D), "host_packed_attention_mask": ((b, p, w), I32, P),
+        "host_spec_decode_position_ids": ((b, p), I32, P), "host_spec_select_token_indices": ((b, p), I64, P),
     }
 
 
@@ -147,9 +147,9 @@ def test_8b_class_config_wastes_at_most_one_percent(host):
     rep = io.memory_report()
     # The decode step's device lengths: 8 int32 on the device, their pinned twin and a ring of upload slots.
     step_block = 8 * 4 + 8 * 4 + RING_SLOTS * align_up(8 * 4)
-    # The embeddings and logits; then the token selection and the context lengths, each with its ring of pinned
-    # staging slots.
-    assert rep.total_required == (2 * 8 * 4096 * 4096 * 2) + 8 * 151936 * 4 + (1 + R) * 8 * 8 + (1 + R) * 8 * 4 + \
+    # The embeddings and logits; then the token selection and the context lengths, each with its pinned twin (the
+    # seed's host_* member) and its private ring of pinned staging slots.
+    assert rep.total_required == (2 * 8 * 4096 * 4096 * 2) + 8 * 151936 * 4 + (2 + R) * 8 * 8 + (2 + R) * 8 * 4 + \
         step_block
     assert 1.0 <= rep.ratio <= 1.01
     io.close()
@@ -339,6 +339,7 @@ class SlowEventBackend(HostBackend):
         super().__init__()
         self.done = set()
         self.event_syncs = 0
+        self.all_done = False  # True: the device has run everything enqueued
 
     def record_event(self, event, stream):
         super().record_event(event, stream)
@@ -346,7 +347,7 @@ class SlowEventBackend(HostBackend):
 
     def query_event(self, event):
         super().query_event(event)
-        return event in self.done
+        return self.all_done or event in self.done
 
     def synchronize_event(self, event):
         super().synchronize_event(event)
@@ -360,14 +361,14 @@ def test_staging_uploads_values(host):
     assert io.context_lengths.shape == (3,) and io.context_lengths.to_numpy().tolist() == [3, 5, 7]
     io.upload_select_token_indices(np.array([[2], [4], [6]]))
     assert io.select_token_indices.to_numpy().tolist() == [[2], [4], [6]]
-    with pytest.raises(CapacityError, match="host_context_lengths"):
+    with pytest.raises(CapacityError, match="'context_lengths'"):
         io.upload_context_lengths(np.arange(5))
     io.close()
 
 
 def test_restaging_waits_only_for_the_slot_it_reuses():
-    """The staging pairs upload through a ring of pinned slots: while the device has run none of the copies,
-    R uploads go without a wait; the next one reuses the first slot and waits for its copy, once."""
+    """The staged members upload through a private ring of pinned slots: while the device has run none of the
+    copies, R uploads go without a wait; the next one reuses the first slot and waits for its fence, once."""
     be = SlowEventBackend()
     io = PipelineIO.create_for_llm(llm_config(), backend=be)
     for i in range(R):
@@ -375,7 +376,7 @@ def test_restaging_waits_only_for_the_slot_it_reuses():
     assert be.event_syncs == 0 and io.staging_fence_waits == 0, "a ring ahead of the device: no upload waits"
     io.upload_context_lengths(np.array([3, 4]))
     assert be.event_syncs == 1 and io.staging_fence_waits == 1, "pinned memory rewritten only after its upload"
-    be.done.update(be._events)  # uploads finished: restaging must not synchronise
+    be.all_done = True  # uploads finished: restaging must not synchronise
     for _ in range(R):
         io.upload_context_lengths(np.array([5, 6]))
     assert be.event_syncs == 1
@@ -510,3 +511,37 @@ def test_streaming_snapshot_consumer_never_sees_corruption(cuda):
 def test_streaming_snapshot_without_the_wait_can_fail(cuda):
     """The same run without waiting on ready_event does see corrupted snapshots: the test has teeth."""
     assert _streaming_run(cuda, 20, consumer_waits=False) > 0
+
+
+# -- the seed's members keep the seed's meaning -----------------------------------------------------------
+
+
+def test_the_seeds_host_members_are_pinned_twins_of_max_batch_and_keep_what_was_staged(host):
+    """``host_context_lengths`` is a pinned [maxBatch] int32 tensor and ``host_select_token_indices`` a pinned
+    [maxBatch, 1] int64 one, as in the seed; each holds the values last staged into its device member (the ring
+    they are staged through is private)."""
+    io = PipelineIO.create_for_llm(llm_config(), backend=host)
+    b = io.max_batch
+    assert (io.host_context_lengths.shape, io.host_context_lengths.dtype, io.host_context_lengths.location) == \
+        ((b,), I32, trtio.Location.PINNED)
+    assert (io.host_select_token_indices.shape, io.host_select_token_indices.dtype,
+            io.host_select_token_indices.location) == ((b, 1), I64, trtio.Location.PINNED)
+    io.upload_context_lengths(np.array([3, 5, 7]))
+    io.upload_select_token_indices(np.array([[2], [4], [6]]))
+    assert io.host_context_lengths.to_numpy()[:3].tolist() == [3, 5, 7]
+    assert io.host_select_token_indices.to_numpy()[:3, 0].tolist() == [2, 4, 6]
+    assert io.host_context_lengths.shape == (b,), "the seed's shape stays: staging reshapes the device member only"
+    assert not any(name.startswith("ring_") for name in io.members), "the rings are private"
+    io.close()
+
+
+def test_members_the_ragged_contract_does_not_use_say_so(host):
+    io = PipelineIO.create_for_llm(llm_config(contract="ragged", kv_page_size=16, kv_pool_pages=0), backend=host)
+    for name in ("context_lengths", "host_context_lengths", "select_token_indices", "host_select_token_indices"):
+        with pytest.raises(trtio.NotAvailableError, match=f"PipelineIO.{name} is not used by the ragged contract"):
+            getattr(io, name)
+        assert not hasattr(io, name)
+    with pytest.raises(trtio.NotAvailableError, match="no attribute 'no_such_member'"):
+        io.no_such_member  # noqa: B018
+    assert io.inputs_embeds.shape[0] > 0, "the members it uses are there"
+    io.close()

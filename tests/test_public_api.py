@@ -10,7 +10,8 @@ from pathlib import Path
 import trtio
 
 INTERNALS = {  # module -> names a user never needs from the facade
-    "trtio.memory": ["Arena", "TensorRequest", "HostStaging", "MemoryEntry"],
+    "trtio.memory": ["Arena", "TensorRequest", "MemoryEntry"],
+    "trtio.staging": ["UploadRing", "StepStaging"],
     "trtio.engine": ["ContextMemory", "EngineExecutor", "TensorInfo"],
     "trtio.state": ["EngineState"],
     "trtio.registry": ["TensorRegistry", "TensorSpec"],

@@ -510,23 +510,23 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
 
     with Factory(f"spec-{contract}").create(host, graphs=True) as sd:
         emb, lens = embed_batch(E, PROMPTS, np.float16)  # lengths [3, 4]
-        first = r"run base_prefill\(\) first"
+        first = r"is out of order: no prompt has run: base_prefill\(\) comes next"
         _refused(host, TrtioError, first, sd.draft_prefill, emb, lens)
         _refused(host, TrtioError, first, sd.draft_propose, z(1))
         _refused(host, TrtioError, first, sd.verify, z(2), [-1, 0])
         _refused(host, TrtioError, first, sd.accept, [[0], [0]])
         _refused(host, TrtioError, first, sd.draft_accept, z(1), [1, 1])
         sd.base_prefill(emb, lens)
-        behind = r"draft_propose\(\) needs the draft caught up with the base"
+        behind = r"draft_propose\(\) is out of order"
         _refused(host, TrtioError, behind, sd.draft_propose, z(1))
-        _refused(host, TrtioError, r"draft_accept\(\) follows accept\(\)", sd.draft_accept, z(1), [1, 1])
-        _refused(host, TrtioError, r"accept\(\) needs a verify\(\)", sd.accept, [[0], [0]])
+        _refused(host, TrtioError, r"draft_accept\(\) is out of order", sd.draft_accept, z(1), [1, 1])
+        _refused(host, TrtioError, r"accept\(\) is out of order", sd.accept, [[0], [0]])
         _refused(host, ShapeError, r"context_lengths \[3, 3\] differ from the base prefill's \[3, 4\]",
                  sd.draft_prefill, emb, [3, 3])
         _refused(host, ShapeError, r"the draft prefill takes the base prefill's shape \[batch=2, seq=4, hidden\], "
                                    r"got \[2, 3, 16\]", sd.draft_prefill, emb[:, :3], [3, 3])
         sd.draft_prefill(emb, lens)
-        _refused(host, TrtioError, r"draft_prefill\(\) follows base_prefill\(\)", sd.draft_prefill, emb, lens)
+        _refused(host, TrtioError, r"draft_prefill\(\) is out of order: between rounds", sd.draft_prefill, emb, lens)
         # Verify trees: a node that sees a later node, a node that does not see itself, a parent after its node.
         later = np.broadcast_to(np.tril(np.ones((3, 3), bool)), (2, 3, 3)).copy()
         later[0, 1, 2] = True
@@ -551,7 +551,7 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
                  sd.accept, "01")
         _refused(host, ShapeError, r"paths: expected one path per sequence \(2\), got 1", sd.accept, [[0, 1]])
         sd.accept([[0, 1, 3], [0, 2]])
-        _refused(host, TrtioError, r"accept\(\) needs a verify\(\)", sd.accept, [[0], [0]])
+        _refused(host, TrtioError, r"accept\(\) is out of order", sd.accept, [[0], [0]])
         _refused(host, TrtioError, behind, sd.draft_propose, z(1))
         _refused(host, ShapeError, r"accept_lengths \[3, 1\] differ from the path lengths accept\(\) committed "
                                    r"\[3, 2\]", sd.draft_accept, z(3), [3, 1])

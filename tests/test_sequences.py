@@ -970,3 +970,88 @@ def test_many_requests_leave_allocations_graphs_and_pages_at_their_baseline(coun
         assert setup.graph_stats.captures <= 4 * setup._seqs.max_batch, "graphs per batch size, not per request"
     gc.collect()
     assert (be.live_allocations, be.live_graphs, be.live_events) == base
+
+
+# -- prefixes dropped, or released from another thread ------------------------------------------------------
+
+
+def test_a_prefix_dropped_without_release_gives_its_pages_back_when_collected() -> None:
+    import gc
+
+    cfg = small_pool_cfg(pool=8)
+    with llm(cfg) as setup:
+        x, lens = emb([list(range(2 * PAGE + 3))])
+        setup.prefill(x, lens, slots=[0])
+        prefix = setup.pin_prefix(0, 2 * PAGE + 3)
+        setup.release([0])
+        assert setup.kv_pages.free == 8 - 3, "the prefix holds its three pages"
+        with pytest.warns(ResourceWarning, match="prefix of 35 tokens was never closed"):
+            del prefix
+            gc.collect()
+        assert setup.kv_pages.free == 8, "its pages went back to the pool"
+        setup.prefill(*emb([list(range(5))]), slots=[1])  # the pool works on
+        assert setup.kv_pages.free == 7
+
+
+def test_a_prefix_released_on_another_thread_while_steps_run_leaves_the_pool_consistent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread admits sequences from prefixes, decodes and releases them; another releases the prefixes the
+    first hands it, at the same time. The release waits for the step in progress (the setup's page lock), so
+    no step sees a pool changing under it: every step succeeds, and in the end every page is free. (Each drop of
+    a page reference is made slow, read and write apart, so that two unlocked drops would interleave.)"""
+    import queue
+    import time
+
+    def slow_drop(pool: PagePool, pages: Any) -> None:
+        for p in pages:
+            left = int(pool._refs[p]) - 1
+            time.sleep(1e-4)
+            pool._refs[p] = left
+            if left == 0:
+                pool._free.append(p)
+
+    monkeypatch.setattr(PagePool, "drop", slow_drop)
+
+    cfg = small_pool_cfg(pool=24)
+    handed: queue.Queue[Any] = queue.Queue()
+    errors: list[BaseException] = []
+
+    def releaser() -> None:
+        while True:
+            p = handed.get()
+            if p is None:
+                return
+            try:
+                p.release()
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+    import sys
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between almost any two bytecodes: races show
+    with llm(cfg) as setup:
+        thread = threading.Thread(target=releaser)
+        thread.start()
+        try:
+            rng = np.random.default_rng(2)
+            for i in range(60):
+                system = list(map(int, rng.integers(0, 512, PAGE + 3)))
+                setup.prefill(*emb([system]), slots=[0])
+                prefix = setup.pin_prefix(0, len(system))
+                setup.release([0])
+                setup.prefill(*emb([[1, 2], [3, 4, 5]]), slots=[1, 2], prefix=prefix)
+                handed.put(prefix)  # released over there, while this thread releases and decodes
+                setup.release([1])
+                for _ in range(2):
+                    setup.decode(E[[int(rng.integers(0, 512))]][:, None].astype(np.float16))
+                setup.release([2])
+                if i % 7 == 0:
+                    pool = setup._seqs.tables["llm"].pool
+                    assert pool.free + pool.used == pool.total
+        finally:
+            handed.put(None)
+            thread.join()
+            sys.setswitchinterval(switch)
+        assert errors == []
+        assert setup.kv_pages.free == 24, "every page came back: none leaked, none given back twice"

@@ -355,9 +355,9 @@ def test_bad_spec_decode_calls_are_refused_before_any_work(host: trtio.Backend) 
                                       ReferenceEngine.from_config(bundle.draft, device="host"), bundle) as sd:
         emb, lens = embed_batch(E, _prompts((4, 6)), np.float16)
         two = np.zeros((2, 2, 64), np.float16)
-        _refused(host, TrtioError, r"run base_prefill\(\) first", sd.draft_propose, two)
+        _refused(host, TrtioError, r"draft_propose\(\) is out of order: no prompt has run", sd.draft_propose, two)
         sd.base_prefill(emb, lens)
-        _refused(host, TrtioError, r"draft_propose\(\) needs the draft caught up", sd.draft_propose, two,
+        _refused(host, TrtioError, r"draft_propose\(\) is out of order: a base prefill awaits", sd.draft_propose, two,
                  parents=[-1, -1])
         _refused(host, ShapeError, r"context_lengths \[4, 5\] differ from the base prefill's \[4, 6\]",
                  sd.draft_prefill, emb, [4, 5])
@@ -371,7 +371,7 @@ def test_bad_spec_decode_calls_are_refused_before_any_work(host: trtio.Backend) 
         sd.draft_propose(two, parents=[2, 2])
         _refused(host, ShapeError, r"6 more nodes make 12, more than the 6 a round's draft tree holds",
                  sd.draft_propose, np.zeros((2, 6, 64), np.float16), parents=[4] * 6)
-        _refused(host, TrtioError, r"accept\(\) needs a verify\(\)", sd.accept, [[0], [0]])
+        _refused(host, TrtioError, r"accept\(\) is out of order", sd.accept, [[0], [0]])
         later = np.zeros((2, 3, 3), bool)
         later[:, 0, 0] = later[:, 1, :2] = later[:, 2, 1:] = True
         _refused(host, ShapeError, r"row \(b=0, t=0\) sees later node|row \(b=0, t=1\)|sees later node",
@@ -381,7 +381,7 @@ def test_bad_spec_decode_calls_are_refused_before_any_work(host: trtio.Backend) 
         sd.verify(np.zeros((2, 4, 64), np.float16), [-1, 0, 0, 1])
         _refused(host, ShapeError, r"paths\[1\] = \[0, 3\]: node 3 is not a child of node 0", sd.accept,
                  [[0, 1], [0, 3]])
-        _refused(host, TrtioError, r"draft_accept\(\) follows accept\(\)", sd.draft_accept, two, [1, 1])
+        _refused(host, TrtioError, r"draft_accept\(\) is out of order", sd.draft_accept, two, [1, 1])
         sd.accept([[0, 1, 3], [0, 2]])
         _refused(host, ShapeError, r"accept_lengths \[3, 1\] differ from the path lengths accept\(\) committed "
                                    r"\[3, 2\]", sd.draft_accept, np.zeros((2, 3, 64), np.float16), [3, 1])

@@ -1,4 +1,8 @@
-"""StepStaging: one host write and one copy per step; constants the device block holds are not sent again."""
+"""Staging: the one upload ring (its fencing rule, what it keeps alive); StepStaging: one host write and one copy
+per step; constants the device block holds are not sent again."""
+
+import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -14,9 +18,11 @@ from trtio.contracts.ragged import (
     packed_tree_step,
     tree_step,
 )
-from trtio.errors import CapacityError, TrtioError
+from trtio.cuda.backend import Location
+from trtio.cuda.host import HostBackend
+from trtio.errors import CapacityError, ClosedError, InvalidValueError, TrtioError
 from trtio.memory import Arena, TensorRequest
-from trtio.staging import StepStaging, constant
+from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing, constant
 from trtio.stream import Stream
 
 
@@ -402,3 +408,144 @@ def test_a_prepared_group_written_over_a_held_constant_makes_the_block_forget_it
         other.write_prepared(step.group(("a",), (ones,)))
     for c in (step, other, arena, other_arena, s):
         c.close()
+
+
+# -- UploadRing: the one staging ring ---------------------------------------------------------------------
+
+
+class _Behind(HostBackend):
+    """A device that has finished nothing, until the host waits for an event (then that event's work is done)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited: list[int] = []
+        self.caught_up = False  # True: the device has finished everything enqueued
+
+    def query_event(self, event: int) -> bool:
+        return self.caught_up
+
+    def synchronize_event(self, event: int) -> None:
+        self.waited.append(event)
+        super().synchronize_event(event)
+
+
+def _ring(backend, shape=(4,), dtype="int32", slots=INPUT_RING_SLOTS):
+    arena = Arena([UploadRing.request("h", shape, dtype, slots=slots), TensorRequest.of("d", shape, dtype)],
+                  backend=backend)
+    return arena, UploadRing(arena["h"], backend, slots=slots, title="ring h")
+
+
+def test_upload_ring_refuses_use_after_close(host):
+    arena, ring = _ring(host)
+    events = host.live_events
+    with ring:
+        ring.upload(np.arange(4, dtype=np.int32), arena["d"])
+        np.testing.assert_array_equal(arena["d"].to_numpy(), np.arange(4))
+    assert ring.is_closed and host.live_events == events - INPUT_RING_SLOTS, "its fence events are destroyed"
+    with pytest.raises(ClosedError, match="ring h is closed"):
+        ring.upload(np.arange(4, dtype=np.int32), arena["d"])
+    arena.close()
+
+
+def test_upload_ring_checks_its_memory_and_what_it_uploads(host):
+    arena = Arena([TensorRequest.of("h", (4,), "int32", Location.PINNED), TensorRequest.of("d", (4,), "int32"),
+                   TensorRequest.of("f", (4,), "float32")], backend=host)
+    with pytest.raises(InvalidValueError, match="'d'.*pinned or host memory"):
+        UploadRing(arena["d"], host)
+    with pytest.raises(InvalidValueError, match="lives on"):
+        UploadRing(arena["h"], HostBackend())
+    with UploadRing(arena["h"], host, slots=1) as ring:
+        with pytest.raises(TrtioError, match="numpy dtype int32 cannot be uploaded into tensor 'f' of float32"):
+            ring.upload(np.zeros(4, np.int32), arena["f"])
+        with pytest.raises(CapacityError, match="tensor 'd': shape \\(5,\\)"):
+            ring.upload(np.zeros(5, np.int32), arena["d"])
+    with UploadRing(arena["h"], host, slots=2) as ring, pytest.raises(CapacityError, match="'h'.*8-byte slots"):
+        ring.upload(np.zeros(4, np.int32), arena["d"])
+    arena.close()
+
+
+def test_upload_ring_waits_only_beyond_its_depth_and_once_per_fence() -> None:
+    """An upload ring fences its slots in groups of half its slots (the one rule): with a device that has run
+    none of the copies, a host up to the ring's depth ahead never waits; beyond it, the first upload into a group's
+    slots waits for that group's event, once; once the device has run the copies none waits; the values of every
+    upload reach the device (the slots never mix)."""
+    be = _Behind()
+    before = be.alloc_count
+    arena, ring = _ring(be)
+    assert be.alloc_count - before == 2, "one allocation per location: the ring is one pinned block"
+    assert arena["h"].shape == (INPUT_RING_SLOTS, 4) and ring.slot_capacity == 16
+    s = Stream.create(be)
+    with ring:
+        for i in range(INPUT_RING_SLOTS):
+            ring.upload(np.full(4, i, np.int32), arena["d"], s)
+            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, i))
+        assert be.waited == [] and ring.fence_waits == 0, "a ring ahead of the device: no upload waits"
+        group = INPUT_RING_SLOTS // 2
+        for i in range(2 * INPUT_RING_SLOTS):
+            ring.upload(np.full(4, 10 + i, np.int32), arena["d"], s)
+            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 10 + i))
+            assert ring.fence_waits == i // group + 1, "the first upload into a group's slots waits, once"
+        be.caught_up, waits = True, len(be.waited)
+        for i in range(2 * INPUT_RING_SLOTS):
+            ring.upload(np.full(4, 30 + i, np.int32), arena["d"], s)
+        assert len(be.waited) == waits, "a device that has run the copies: the ring goes round without waiting"
+    arena.close()
+    s.close()
+
+
+def test_upload_ring_uploads_rows_into_a_block_and_leaves_the_view(host) -> None:
+    """``upload_rows`` copies new rows among a block's rows (one 2D copy); ``reshape=False`` leaves the device
+    tensor's view as its binder set it."""
+    arena = Arena([UploadRing.request("h", (2, 3, 4), "float32", 2), TensorRequest.of("d", (2, 5, 4), "float32")],
+                  backend=host)
+    dev = arena["d"]
+    dev.copy_from(np.zeros((2, 5, 4), np.float32))
+    s = Stream.create(host)
+    with UploadRing(arena["h"], host, slots=2) as ring:
+        rows = np.arange(2 * 2 * 4, dtype=np.float32).reshape(2, 2, 4)
+        ops = host.op_count
+        ring.upload_rows(rows, dev, 3 * 4 * 4, 5 * 4 * 4, s)  # rows 3..4 of each sequence's 5
+        assert host.op_count - ops == 1, "one 2D copy"
+        got = dev.to_numpy()
+        np.testing.assert_array_equal(got[:, 3:], rows)
+        np.testing.assert_array_equal(got[:, :3], 0)
+        ring.upload(np.ones((2, 2, 4), np.float32), dev, s, reshape=False)
+        assert dev.shape == (2, 5, 4), "the view stays"
+        np.testing.assert_array_equal(dev.to_numpy().reshape(-1)[:16], 1)
+        with pytest.raises(CapacityError, match="pass tensor 'd'"):
+            ring.upload_rows(rows, dev, 4 * 4 * 4, 5 * 4 * 4, s)
+    arena.close()
+    s.close()
+
+
+class _Kept:
+    """Something a step's copy reads, whose collection a test can see."""
+
+
+def test_upload_ring_keeps_what_a_use_reads_until_its_fence_has_completed() -> None:
+    """What a use hands the ring (``keep=``, ``hold``) stays referenced until the use's fence has completed:
+    past the group's fence (recorded, not yet run) it is still held; once the device has run it, the next use of
+    the slot lets it go; ``wait()`` lets everything go."""
+    be = _Behind()
+    arena, ring = _ring(be)
+    s = Stream.create(be)
+    kept = _Kept()
+    gone = weakref.ref(kept)
+    ring.hold(kept, s)
+    ring.upload(np.zeros(4, np.int32), arena["d"], s, keep=_Kept())
+    del kept
+    gc.collect()
+    assert gone() is not None, "held while its fence has not completed"
+    for _ in range(INPUT_RING_SLOTS - 2):  # every other slot
+        ring.upload(np.zeros(4, np.int32), arena["d"], s)
+    gc.collect()
+    assert gone() is not None, "a slot's keep goes only when the slot is used again, after its fence"
+    be.caught_up = True
+    ring.upload(np.zeros(4, np.int32), arena["d"], s)  # slot 0 again: its fence has completed
+    gc.collect()
+    assert gone() is None and ring.fence_waits == 0, "the fence completed and the slot was reused: let go"
+    ring.wait()
+    assert ring._kept == [None] * INPUT_RING_SLOTS
+    ring.close()
+    arena.close()
+    s.close()

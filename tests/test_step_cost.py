@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -834,7 +835,7 @@ def _read_host_torch(torch: Any, host: trtio.Backend, monkeypatch: pytest.Monkey
     def reader(be: trtio.Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
         made = TorchDeviceInput(torch, torch.float16, shape, host)
         made._device = -1
-        made._current_stream = lambda index: step.handle
+        made._current_stream = lambda index: types.SimpleNamespace(cuda_stream=step.handle)
         return made
 
     monkeypatch.setattr("trtio.setups.llm.torch_device_input", reader)

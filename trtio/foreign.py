@@ -11,11 +11,9 @@ stream wait for it through an event.
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -427,16 +425,10 @@ def _order_after(be: Backend, producer: int, consumer: int) -> None:
 class TorchDeviceInput:
     """A plain torch CUDA tensor of one shape and dtype on one device, read as DLPack would export it, without
     its capsule (what a steady decode fed torch's tensors reads: see :func:`torch_device_input`). Made once per
-    step shape; :meth:`read` then pays only torch's own calls, and no event where torch runs on the step's stream
-    (``torch.cuda.ExternalStream(stream.handle)``).
+    step shape; :meth:`read` then pays only torch's public calls (no capsule), and no event where torch runs on
+    the step's stream (``torch.cuda.ExternalStream(stream.handle)``)."""
 
-    A tensor like the last one read is recognised in one call into torch, the check ``torch.compile`` makes of
-    its graphs' inputs (:func:`_torch_guard`): the same type, dispatch keys (device type, negative and conjugate
-    bits), dtype, device index, gradient flag, sizes and strides. Any other tensor, or every one where this torch
-    has no such check, is read through torch's public attributes, and a tensor those take becomes the one the
-    next is compared with. Either way a tensor is read only where the public attributes would take it."""
-
-    __slots__ = ("tensor_type", "_dtype", "shape", "_device", "_backend", "_current_stream", "_guards", "_like_last")
+    __slots__ = ("tensor_type", "_dtype", "shape", "_device", "_backend", "_current_stream")
 
     def __init__(self, torch: Any, torch_dtype: Any, shape: tuple[int, ...], be: Backend) -> None:
         self.tensor_type = torch.Tensor
@@ -444,12 +436,7 @@ class TorchDeviceInput:
         self.shape = shape
         self._device = be.device_id
         self._backend = be
-        # torch's current stream of a device: what torch's own compiled code calls, where this torch has it.
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._current_stream: Any = raw if raw is not None else \
-            (lambda index: torch.cuda.current_stream(index).cuda_stream)
-        self._guards: Any = _torch_guards(torch)
-        self._like_last: Callable[[Any], bool] | None = None  # whether a tensor is like the last one read
+        self._current_stream = torch.cuda.current_stream
 
     def read(self, obj: Any, consumer: int) -> int | None:
         """The device address of ``obj``, a plain torch tensor (the caller checked: ``type(obj) is
@@ -460,62 +447,20 @@ class TorchDeviceInput:
         (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
         a gradient (DLPack refuses it) nor the negative bit (the general path refuses it:
         :func:`check_not_negated`) may be set. A tensor torch cannot say these of (a nested one has no single
-        shape: torch raises RuntimeError) is passed over too; torch's guard is never asked of a nested tensor,
-        whose sizes it cannot read either, and then ends the process rather than raise."""
+        shape: torch raises RuntimeError) is passed over too."""
         try:
-            like_last = self._like_last
-            if like_last is None or obj.is_nested or not like_last(obj):
-                if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
-                        obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
-                    return None
-                if self._guards is not None:
-                    self._like_last = _torch_guard(self._guards, obj)
+            if obj.get_device() != self._device or obj.dtype is not self._dtype or obj.shape != self.shape or \
+                    obj.requires_grad or not obj.is_contiguous() or obj.is_neg():
+                return None
             ptr: int = obj.data_ptr()
         except RuntimeError:
             return None
         if ptr % ALIGNMENT or not ptr:  # null: a tensor whose storage was resized to nothing
             return None
-        producer = self._current_stream(self._device)
+        producer = self._current_stream(self._device).cuda_stream
         if producer != consumer:
             _order_after(self._backend, producer, consumer)
         return ptr
-
-
-@functools.cache
-def _torch_guards(torch: Any) -> Any:
-    """torch's checker of tensors' properties, ``torch._C._dynamo.guards.TensorGuards`` (private: what
-    ``torch.compile`` guards its graphs' inputs with), where this torch has one that :func:`_torch_guard` can
-    make and that tells apart, on small host tensors, what the reader must: another size, dtype or stride, the
-    negative bit, and a gradient also where grad mode is off (some versions overlooked it there). Else None."""
-    checker = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None), "TensorGuards", None)
-    if checker is None:
-        return None
-    try:
-        like = torch.zeros((2, 1), dtype=torch.float32)
-        check = _torch_guard(checker, like)
-        if check is None:
-            return None
-        others = (torch.zeros((1, 2)), torch.zeros((2, 1), dtype=torch.float64), torch.zeros((2, 2))[:, :1],
-                  torch._neg_view(like), torch.zeros((2, 1), requires_grad=True))
-        with torch.no_grad():
-            if any(check(other) is not False for other in others) or check(like) is not True:
-                return None
-    except Exception:  # anything unexpected of a private API: the public attributes alone
-        return None
-    return checker
-
-
-def _torch_guard(checker: Any, example: Any) -> Callable[[Any], bool] | None:
-    """A check, one call into torch, that a tensor has ``example``'s type, dispatch keys under the calling
-    thread's modes (device type, negative and conjugate bits, inference or not), dtype, device index, gradient
-    flag, sizes and strides (``checker``: :func:`_torch_guards`; it keeps no reference to ``example``). None where
-    this torch's checker takes other arguments, or does not recognise ``example`` itself."""
-    try:
-        check: Callable[[Any], bool] = checker(example, dynamic_dims_sizes=[list(example.shape)],
-                                              dynamic_dims_strides=[list(example.stride())]).check
-        return check if check(example) is True else None
-    except Exception:  # another torch's signature: the public attributes alone
-        return None
 
 
 _TORCH_DTYPES = {DType.FLOAT32: "float32", DType.FLOAT16: "float16", DType.BFLOAT16: "bfloat16", DType.INT8: "int8",

@@ -8,24 +8,20 @@ is the arena, so their pointers are stable for the arena's life.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from trtio._checks import is_int
 from trtio._lifetime import Closeable
-from trtio.cuda._hostmem import ALIGNMENT, host_view
+from trtio.cuda._hostmem import ALIGNMENT
 from trtio.cuda.backend import Backend, Location, LocationLike, get_backend
 from trtio.dtypes import DType, DTypeLike
-from trtio.errors import CapacityError, CudaError, InvalidTypeError, InvalidValueError, TrtioError, UnknownNameError
-from trtio.stream import Event, Stream, StreamLike, as_stream
+from trtio.errors import CudaError, InvalidTypeError, InvalidValueError, TrtioError, UnknownNameError
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
-__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "HostStaging", "HOST_RING_SLOTS", "align_up"]
+__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "align_up"]
 
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
@@ -316,175 +312,3 @@ class Arena(Closeable):
     def __repr__(self) -> str:
         sizes = ", ".join(f"{loc}={n}" for loc, n in self._sizes.items())
         return f"Arena({self._title!r}, {len(self._tensors)} tensors, {sizes}{', closed' if self._closed else ''})"
-
-
-#: Slots of the pinned ring a setup's staging pairs upload through: a host may run this many uploads ahead of the
-#: device before an upload waits for one (the oldest) to have been copied.
-HOST_RING_SLOTS = 4
-
-_FREE, _FENCED, _UNFENCED = 0, 1, 2  # a ring slot nothing reads; one whose copy an event follows; one without
-
-
-class HostStaging(Closeable):
-    """Pinned host memory that feeds a device tensor, through a ring of ``slots`` fenced slots.
-
-    ``host`` holds the ring: ``slots`` equal slots of ``host.capacity // slots`` bytes each
-    (:meth:`request` asks an arena for it). Each upload writes its values into the next slot and copies them
-    from there on the step's stream, then records that slot's fence event; an upload never writes a slot
-    whose copy may not have run yet: the slot's event is asked first (normally complete), and only where the
-    host runs ``slots`` uploads ahead of the device does the upload wait for it (``fence_waits`` counts
-    those). With one slot an upload waits for the previous one whenever the device is behind. Where the last
-    upload's copy has run already (a runtime that read the step's outputs since), the next upload takes that
-    slot again: its bytes are still in the host's caches, where a slot the ring goes round to is not (a large
-    input, such as a verify tree's embeddings, in between pushes it out).
-
-    The pair owns its fence events, not its tensors (they belong to an arena): :meth:`close` destroys the
-    events. It follows trtio's close protocol (:mod:`trtio._lifetime`).
-    """
-
-    def __init__(self, host: Tensor, device: Tensor, backend: Backend, *, slots: int = 1) -> None:
-        what = f"staging pair {host.name!r} -> {device.name!r}"
-        if host.location is Location.DEVICE:
-            raise InvalidValueError(f"{what}: the staging tensor must be pinned or host memory, not {host.location}")
-        if host.dtype is not device.dtype:
-            raise InvalidValueError(f"{what}: dtypes differ ({host.dtype} and {device.dtype})")
-        if host.backend is not backend or device.backend is not backend:
-            raise InvalidValueError(f"{what}: both tensors must live on {backend!r} (got {host.backend!r} and "
-                                    f"{device.backend!r})")
-        if not is_int(slots) or slots < 1:
-            raise InvalidValueError(f"{what}: slots = {slots!r}, expected a whole number >= 1")
-        self.host = host
-        self.device = device
-        self.slots = int(slots)
-        item = host.dtype.itemsize if host.dtype.itemsize else 1
-        #: Bytes one upload may stage (a slot).
-        self.slot_capacity = host.capacity // self.slots // item * item
-        self._base = host.data_ptr if host.capacity else 0
-        storage = host.dtype.storage_numpy
-        # Each slot as a flat numpy array of the dtype's storage: an upload writes it in one assignment.
-        self._flat = [host_view(self._base + c * self.slot_capacity, self.slot_capacity).view(storage)
-                      for c in range(self.slots)] if self.slot_capacity and host.dtype.itemsize else None
-        self._numpy = host.dtype.numpy  # the dtype values come in (its storage type also taken)
-        self._init_lifetime(what)
-        self._fences: list[Event] = []
-        try:
-            for _ in range(self.slots):
-                self._fences.append(Event.create(backend))
-        except BaseException:
-            for ev in self._fences:
-                ev.close()
-            raise
-        # The events' handles, asked and recorded on the backend directly: the pair's own, open until close().
-        self._backend = backend
-        self._fence_handles = [ev.handle for ev in self._fences]
-        self._state = [_FREE] * self.slots  # per slot: free, fenced (its event follows its copy), or unfenced
-        self._next = 0  # the slot of the next upload
-        self.fence_waits = 0  # host waits the fence forced (telemetry)
-
-    @staticmethod
-    def request(name: str, shape: Sequence[int], dtype: DTypeLike, slots: int = HOST_RING_SLOTS,
-                location: LocationLike = Location.PINNED) -> TensorRequest:
-        """The arena request of a ring of ``slots`` slots of ``shape`` (``[slots, *shape]``)."""
-        return TensorRequest.of(name, (slots, *shape), dtype, location)
-
-    def _free_slot(self, c: int) -> None:
-        """Slot ``c`` once its last copy is known to have run (waiting for it only where it has not)."""
-        state = self._state[c]
-        if state == _FENCED:
-            if not self._fences[c].query():  # the host is `slots` uploads ahead of the device
-                self.fence_waits += 1
-                self._fences[c].synchronize()
-        elif state == _UNFENCED:  # no event follows that copy (a fence failed to record): wait for the device
-            self.fence_waits += 1
-            self.device.backend.synchronize()
-        self._state[c] = _FREE
-
-    def _fenced(self, c: int, s: Stream) -> None:
-        """Slot ``c``'s copy was enqueued on ``s``: record its fence and move on to the next slot."""
-        self._next = (c + 1) % self.slots
-        try:
-            self._backend.record_event(self._fence_handles[c], s.handle)
-        except BaseException:
-            self._state[c] = _UNFENCED  # its next upload must not overwrite it under the copy
-            raise
-        self._state[c] = _FENCED
-
-    def wait_fence(self) -> None:
-        """Block the host until every upload has finished reading its slot."""
-        self._check_open()
-        for c in range(self.slots):
-            self._free_slot(c)
-
-    def _stage(self, values: np.ndarray, what: str) -> tuple[int, int]:
-        """``values`` written into the next free slot: (slot, bytes)."""
-        n = values.nbytes
-        if n > self.slot_capacity:
-            raise CapacityError(f"{self._what}: {what} of shape {values.shape} ({n} bytes) do not fit "
-                                f"tensor {self.host.name!r}'s {self.slot_capacity}-byte slots")
-        c = self._next
-        last = c - 1 if c else self.slots - 1
-        state = self._state
-        if last != c and state[last] == _FENCED and self._backend.query_event(self._fence_handles[last]):
-            c = last  # the last upload's copy has run: its slot is free, and warm in the host's caches
-            state[c] = _FREE
-        elif state[c]:
-            self._free_slot(c)
-        flat = self._flat
-        if flat is not None and (values.dtype == flat[c].dtype or values.dtype == self._numpy):
-            if values.size:
-                flat[c][:values.size] = values.reshape(-1).view(flat[c].dtype)
-        else:  # another dtype (refused, naming it) or a type numpy cannot hold
-            ptr = self._base + c * self.slot_capacity
-            Tensor(ptr, values.shape, self.host.dtype, self.host.location, self.slot_capacity, self.host.backend,
-                   name=self.host.name, owner=self.host).copy_from(values)
-        return c, n
-
-    def upload(self, values: np.ndarray, stream: StreamLike = None, *, reshape: bool = True) -> Tensor:
-        """Stage ``values`` and copy them to the device tensor on ``stream``; returns the device tensor.
-
-        The device tensor is reshaped to ``values.shape`` first (within its capacity), unless ``reshape`` is
-        False (its view stays: whoever binds it sets it, and the values land at its start)."""
-        if self._closed:
-            self._check_open()
-        if type(values) is not np.ndarray:
-            values = np.asarray(values)
-        dev = self.device
-        n = values.nbytes
-        if n > self.slot_capacity:
-            self._stage(values, "values")  # refused, naming the staging tensor
-        if reshape:
-            if dev._shape != values.shape:
-                dev.reshape(values.shape)  # within its capacity, or CapacityError naming the tensor
-        elif n > dev.capacity:
-            dev.reshape(values.shape)  # refused, naming the tensor
-        s = as_stream(stream, self._backend)
-        c, n = self._stage(values, "values")
-        if n:
-            self._backend.memcpy(dev.data_ptr, self._base + c * self.slot_capacity, n, s.handle)
-        dev._last_stream = s
-        self._fenced(c, s)
-        return dev
-
-    def upload_rows(self, values: np.ndarray, offset: int, pitch: int, stream: StreamLike = None) -> None:
-        """Stage ``values`` ([rows, ...], C-contiguous) and copy row ``i`` of them to byte ``offset + i * pitch``
-        of the device tensor (one 2D copy on ``stream``): new rows among a block's that stay as they are."""
-        if self._closed:
-            self._check_open()
-        dev = self.device
-        rows = int(values.shape[0])
-        width = values.nbytes // rows if rows else 0
-        if rows and offset + (rows - 1) * pitch + width > dev.capacity:
-            raise CapacityError(f"{self._what}: {rows} rows of {width} bytes every {pitch} from byte {offset} pass "
-                                f"tensor {dev.name!r}'s {dev.capacity} bytes")
-        s = as_stream(stream, dev.backend)
-        c, n = self._stage(values, "rows")
-        if n:
-            dev.backend.memcpy_2d(dev.data_ptr + offset, pitch, self._base + c * self.slot_capacity, width, width,
-                                  rows, s.handle)
-        dev._last_stream = s
-        self._fenced(c, s)
-
-    def _close_owned(self) -> None:
-        with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
-            for ev in self._fences:
-                release.callback(ev.close)

@@ -20,8 +20,11 @@ pages) when the pool is short, changing nothing; :meth:`StepPages.commit` then t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +32,7 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.errors import CapacityError, TrtioError
 
-__all__ = ["PagePool", "PageTable", "Prefix", "StepPages"]
+__all__ = ["PagePool", "PageTable", "Prefix", "PrefixReturns", "StepPages"]
 
 
 class PagePool:
@@ -318,20 +321,52 @@ class PageTable:
         self.version += 1
 
 
+class PrefixReturns:
+    """Where a setup's prefixes give their pages back: the lock the setup's calls hold while they read or change
+    its pools (a prefix released from another thread waits for it), and the pages of prefixes the garbage
+    collector released, which the setup drops into its pools at its next call (:meth:`collect`): a finalizer
+    may run anywhere, also inside a step of the same thread, so it never touches a pool itself."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._dropped: deque[tuple[dict[str, PagePool], dict[str, list[int]]]] = deque()
+        #: Orders a prefix's release after the setup's last call (the setup's stream rule); set by the setup.
+        self.follow: Callable[[Any], object] | None = None
+
+    def defer(self, pools: dict[str, PagePool], pages: dict[str, list[int]]) -> None:
+        """Pages of a collected prefix, to go back at the setup's next call (no lock: a deque append)."""
+        if pages:
+            self._dropped.append((pools, dict(pages)))
+            pages.clear()
+
+    def collect(self) -> None:
+        """Drop the pages collected prefixes left (the caller holds :attr:`lock`, outside any transaction)."""
+        dropped = self._dropped
+        while dropped:
+            pools, pages = dropped.popleft()
+            for role, held in pages.items():
+                pools[role].drop(held)
+
+
 class Prefix(Closeable):
     """A pinned prefix: the KV entries of a sequence's first :attr:`tokens` tokens, kept alive (also after
     the sequence ends) for later prefills to start from (``prefill(..., prefix=P)``).
 
     Made by a setup's ``pin_prefix``; :meth:`release` (the close protocol's ``close``, or leaving a
-    ``with`` block) gives its pages back once no sequence uses them. Full pages are shared by every sequence
-    that starts from it; the partly filled last page is copied for each before it writes there."""
+    ``with`` block) gives its pages back once no sequence uses them, under the setup's lock (from any thread:
+    it waits for a call of the setup in progress). A prefix dropped without ``release()`` gives its pages back
+    when it is collected (with a ResourceWarning, as every trtio owner does): they return to the pool at the
+    setup's next call. Full pages are shared by every sequence that starts from it; the partly filled last page
+    is copied for each before it writes there."""
 
-    def __init__(self, owner: object, tokens: int, pages: dict[str, list[int]], pools: dict[str, PagePool]) -> None:
+    def __init__(self, owner: object, tokens: int, pages: dict[str, list[int]], pools: dict[str, PagePool],
+                 returns: PrefixReturns | None = None) -> None:
         self._owner = owner
         self._tokens = tokens
         self._pages = pages
         self._pools = pools
-        self._init_lifetime(f"prefix of {tokens} tokens")
+        self._returns = returns if returns is not None else PrefixReturns()
+        self._init_lifetime(f"prefix of {tokens} tokens", self._returns.defer, pools, pages)
 
     @property
     def tokens(self) -> int:
@@ -355,13 +390,22 @@ class Prefix(Closeable):
         if self._closed:
             raise TrtioError(f"{what}: this prefix was released; pin it again with pin_prefix()")
 
-    def release(self) -> None:
-        """Give the prefix's pages back (those no sequence holds go back to the pool). Idempotent."""
-        self.close()
+    def release(self, stream: Any = None) -> None:
+        """Give the prefix's pages back (those no sequence holds go back to the pool), under the setup's lock and
+        ordered after its last call (``stream``: as the setup's calls take it). Idempotent."""
+        if self._closed:
+            return
+        with self._returns.lock:
+            follow = self._returns.follow
+            if follow is not None:
+                follow(stream)
+            self.close()
 
     def _close_owned(self) -> None:
-        for role, pages in self._pages.items():
-            self._pools[role].drop(pages)
+        with self._returns.lock:
+            for role, pages in self._pages.items():
+                self._pools[role].drop(pages)
+            self._pages.clear()  # the finalizer's release (run by close()) then has nothing left to give back
 
     def __repr__(self) -> str:
         state = "released" if self._closed else "pinned"

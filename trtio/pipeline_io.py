@@ -25,11 +25,21 @@ from trtio._lifetime import Closeable, open_binders
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts import contract_named
 from trtio.contracts.contract import Contract, PipelineLayout
+from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
-from trtio.errors import CapacityError, ClosedError, ConfigError, FrozenError, ShapeError, TrtioError, UnknownNameError
-from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryEntry, MemoryReport, TensorRequest
-from trtio.staging import StepStaging
+from trtio.errors import (
+    CapacityError,
+    ClosedError,
+    ConfigError,
+    FrozenError,
+    NotAvailableError,
+    ShapeError,
+    TrtioError,
+    UnknownNameError,
+)
+from trtio.memory import Arena, MemoryEntry, MemoryReport, TensorRequest
+from trtio.staging import StepStaging, UploadRing
 from trtio.stream import Event, StreamLike, as_stream
 from trtio.tensor import ShapeLike, Tensor, normalize_shape
 from trtio.tensor_map import TensorMap
@@ -37,6 +47,8 @@ from trtio.tensor_map import TensorMap
 __all__ = ["PipelineIO", "StreamingPrefillBuffers"]
 
 log = logging.getLogger("trtio")
+
+STAGING_SLOTS = 4  # slots of each staged member's private ring: uploads the host may run ahead of the device
 
 # PipelineIO's members, in Edge-LLM's order (snake_case); deepstack_embeds is a list. A contract's layout
 # adds its own (PipelineLayout.members).
@@ -288,8 +300,6 @@ class PipelineIO(Closeable):
     max_seq: int
     hidden_size: int
     is_spec_decode: bool
-    context_lengths_staging: HostStaging
-    select_token_indices_staging: HostStaging
     # Plain assignment works from the start: __setattr__ reads this before __init__ sets it.
     _frozen: bool = False
     _arena: Arena
@@ -297,7 +307,9 @@ class PipelineIO(Closeable):
     _members: tuple[str, ...]  # the member names of this layout (assignment refused once frozen)
     _standalone: dict[str, Tensor]  # members replaced by reallocate()
     _maps: list[TensorMap]  # tensor maps built from this PipelineIO (their executors pin it)
-    _spec_staging: dict[str, HostStaging]
+    _rings: dict[str, UploadRing]  # the private ring each staged device member is uploaded through
+    _twins: dict[str, list[Tensor]]  # the pinned members keeping the host's copy of what was staged there
+    _unavailable: tuple[str, ...] = ()  # the seed's members the contract does not use
     _owned: contextlib.ExitStack
 
     def __init__(self, layout: PipelineLayout, contract: Contract, backend: Backend, stream: StreamLike = None) -> None:
@@ -305,7 +317,11 @@ class PipelineIO(Closeable):
         ``zeroed`` members on ``stream``; a failure frees everything made so far."""
         self._init_lifetime("PipelineIO")
         with contextlib.ExitStack() as stack:
-            arena = stack.enter_context(Arena(layout.requests + StepStaging.requests(layout.step_requests),
+            shapes = {r.name: r for r in layout.requests}
+            staged = list(dict.fromkeys(dev for _twin, dev in layout.staging_pairs))
+            rings = [UploadRing.request(f"ring_{dev}", shapes[dev].shape, shapes[dev].dtype, slots=STAGING_SLOTS)
+                     for dev in staged]
+            arena = stack.enter_context(Arena(layout.requests + rings + StepStaging.requests(layout.step_requests),
                                               backend=backend, title=layout.title))
             step = None
             if layout.step_requests:
@@ -317,6 +333,7 @@ class PipelineIO(Closeable):
             self._backend = backend
             self._standalone = {}
             self._maps = []
+            self._unavailable = layout.unavailable
             self.max_batch = layout.max_batch
             self.max_seq = layout.max_seq
             self.hidden_size = layout.hidden_size
@@ -329,16 +346,23 @@ class PipelineIO(Closeable):
                 setattr(self, m, t[m])
             self.deepstack_embeds = _FrozenList(t[names.deepstack_embeds(i)] for i in range(layout.num_deepstack))
             self.streaming_prefill = stack.enter_context(StreamingPrefillBuffers(backend))
-            self.context_lengths_staging = stack.enter_context(
-                HostStaging(self.host_context_lengths, self.context_lengths, backend, slots=HOST_RING_SLOTS))
-            self.select_token_indices_staging = stack.enter_context(
-                HostStaging(self.host_select_token_indices, self.select_token_indices, backend, slots=HOST_RING_SLOTS))
-            self._spec_staging = {key: stack.enter_context(HostStaging(t[host], t[dev], backend, slots=HOST_RING_SLOTS))
-                                  for key, host, dev in layout.staging_pairs}
+            self._rings = {dev: stack.enter_context(UploadRing(t[f"ring_{dev}"], backend,  slots=STAGING_SLOTS,
+                                                               title=f"{layout.title} staging of {dev}"))
+                           for dev in staged}
+            self._twins = {dev: [t[twin] for twin, d in layout.staging_pairs if d == dev] for dev in staged}
             s = as_stream(stream, backend)
             for m in layout.zeroed:
                 t[m].zero_(s)
             self._owned = stack.pop_all()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only names not found otherwise: the seed's members this contract does not use say so.
+        if name not in object.__getattribute__(self, "_unavailable"):  # NotAvailableError is an AttributeError
+            raise NotAvailableError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        contract = object.__getattribute__(self, "contract").name
+        raise NotAvailableError(f"PipelineIO.{name} is not used by the {contract} contract (Edge-LLM 0.11's "
+                                f"token-major steps carry their lengths and logits rows in query_start_offsets, "
+                                f"query_lengths, past_lengths and logits_indices instead)")
 
     # -- factories ------------------------------------------------------------------------------
     @classmethod
@@ -497,21 +521,29 @@ class PipelineIO(Closeable):
         return tm
 
     # -- host staging -----------------------------------------------------------------------------
-    def upload_context_lengths(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
-        """Stage int32 ``values`` [batch] through ``host_context_lengths`` into ``context_lengths``."""
+    def _stage(self, device: str, values: np.ndarray, stream: StreamLike) -> Tensor:
+        """Stage ``values`` into the device member ``device`` through its private ring; the pinned twin that
+        holds them keeps the host's copy (``host_context_lengths``: the lengths last staged)."""
         if self._closed:  # inline: this runs every step
             raise ClosedError("PipelineIO is closed")
-        return self.context_lengths_staging.upload(np.asarray(values, dtype=np.int32), stream)
+        ring = self._rings.get(device)
+        if ring is None:
+            raise NotAvailableError(f"PipelineIO: {device} is not staged by the {self.contract.name} contract")
+        out = ring.upload(values, getattr(self, device), stream)
+        for twin in self._twins[device]:
+            if values.nbytes <= twin.capacity and values.dtype.itemsize == twin.dtype.itemsize:
+                if values.nbytes:
+                    host_view(twin.data_ptr, values.nbytes)[:] = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+                break
+        return out
+
+    def upload_context_lengths(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
+        """Stage int32 ``values`` [batch] into ``context_lengths`` (``host_context_lengths`` keeps them)."""
+        return self._stage("context_lengths", np.asarray(values, dtype=np.int32), stream)
 
     def upload_select_token_indices(self, values: np.ndarray, stream: StreamLike = None) -> Tensor:
-        """Stage int64 ``values`` into ``select_token_indices`` (through the [B, 1] pinned twin, or the
-        [B, P] one for spec decode when more than one column is given)."""
-        if self._closed:
-            raise ClosedError("PipelineIO is closed")
-        values = np.asarray(values, dtype=np.int64)
-        if values.ndim == 2 and values.shape[1] > 1 and self.is_spec_decode:
-            return self._spec_staging["select"].upload(values, stream)
-        return self.select_token_indices_staging.upload(values, stream)
+        """Stage int64 ``values`` ([B, 1]; [B, P] for spec decode) into ``select_token_indices``."""
+        return self._stage("select_token_indices", np.asarray(values, dtype=np.int64), stream)
 
     def upload_tree(self, packed_mask: np.ndarray, position_ids: np.ndarray, stream: StreamLike = None) -> None:
         """Stage a packed tree mask [B, N, W] and position ids [B, N] (spec decode only)."""
@@ -519,13 +551,12 @@ class PipelineIO(Closeable):
             raise ClosedError("PipelineIO is closed")
         if not self.is_spec_decode:
             raise TrtioError("upload_tree: this PipelineIO was created for a plain LLM (no tree buffers)")
-        self._spec_staging["mask"].upload(np.asarray(packed_mask, dtype=np.int32), stream)
-        self._spec_staging["position_ids"].upload(np.asarray(position_ids, dtype=np.int32), stream)
+        self._stage("packed_attention_mask", np.asarray(packed_mask, dtype=np.int32), stream)
+        self._stage("spec_decode_position_ids", np.asarray(position_ids, dtype=np.int32), stream)
 
     @property
     def staging_fence_waits(self) -> int:
-        pairs = [self.context_lengths_staging, self.select_token_indices_staging, *self._spec_staging.values()]
-        return sum(p.fence_waits for p in pairs)
+        return sum(r.fence_waits for r in self._rings.values())
 
     # -- reporting and lifetime -------------------------------------------------------------------
     def memory_report(self) -> MemoryReport:

@@ -1,19 +1,25 @@
-"""StepStaging: a step's small per-step inputs, staged to the device with one host write and one copy.
+"""Staging: every upload of host values to the device goes through one kind of pinned ring.
 
-The ragged contract feeds an engine a dozen small per-step tensors (offsets, lengths, positions,
-logits rows, tree masks). Uploading each through its own pinned buffer costs a copy (and an API call)
-per tensor per step. A StepStaging lays them out twice with the same offsets: once in device memory
-(the tensors the engine binds; addresses fixed for life) and once in pinned host memory. A step writes
-its values into numpy views of the pinned block and :meth:`StepStaging.upload` moves every value written
-since the last upload with **one** copy on the step's stream.
+:class:`UploadRing` is trtio's one staging ring, with its one fencing rule. It holds ``RING_SLOTS`` slots
+of pinned host memory; an upload takes the next slot (:meth:`UploadRing.take`), writes its values there,
+enqueues the copy from the slot to the device on the step's stream and gives the slot back
+(:meth:`UploadRing.put`). The fencing rule: an event is recorded after every ``FENCE_EVERY`` uploads on a
+stream (at most half the ring's slots: every other ``slots / 2`` on a smaller ring; and on the old stream
+when the next upload comes on another), and covers their slots; a slot is written again only once its
+event has completed. A step never waits for the device unless the host runs
+``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet): then the upload waits for
+that copy's event, the ring's only flow control (``fence_waits`` counts it).
 
-Writes go to the pinned twins (the host's view of the block, never read by a copy); an upload copies
-the written byte range into the next of ``RING_SLOTS`` pinned slots and from there to the device. Slots
-are fenced in groups: one event recorded after every ``FENCE_EVERY`` uploads on a stream (and for the
-uploads made so far when the next one comes on another stream) covers the copies of its group, so a step
-records an event, and asks whether one has completed, a quarter of the time. A step never waits for the
-device unless the host runs ``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet):
-then the upload waits for that copy's group, the ring's only flow control (``fence_waits`` counts it).
+The same fence keeps a step's inputs alive (``DESIGN`` of input lifetimes, ``docs/architecture.md``): an
+input trtio does not own (a numpy or foreign array, a Tensor view) that a step's copies read is handed to
+the ring with the step's slot (``put(..., keep=x)``, or :meth:`UploadRing.hold` where the step stages no
+bytes), and the ring references it until the slot's event has completed, so a caller may drop or reuse it
+as soon as the step returns.
+
+:class:`StepStaging` lays a step's small per-step inputs out twice with the same offsets: once in device
+memory (the tensors the engine binds; addresses fixed for life) and once in pinned host memory (the
+twins). A step writes its values into numpy views of the twins and :meth:`StepStaging.upload` moves every
+value written since the last upload with **one** copy on the step's stream, through its ring.
 
 Many step values repeat from step to step (query offsets, state indices, a repeated tree's mask). A
 value made with :func:`constant` (read-only, owning its data) is remembered once uploaded: writing the
@@ -25,25 +31,243 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from trtio._checks import is_int
 from trtio._lifetime import Closeable
 from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Location
-from trtio.dtypes import DType
-from trtio.errors import CapacityError, ClosedError, TrtioError
+from trtio.cuda.backend import Backend, Location, LocationLike
+from trtio.dtypes import DType, DTypeLike
+from trtio.errors import CapacityError, ClosedError, InvalidValueError, TrtioError
 from trtio.memory import Arena, TensorRequest, align_up
-from trtio.stream import Event, Stream
+from trtio.stream import Event, Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 
-__all__ = ["FENCE_EVERY", "RING_SLOTS", "StagedGroup", "StepStaging", "constant"]
+__all__ = ["FENCE_EVERY", "INPUT_RING_SLOTS", "RING_SLOTS", "StagedGroup", "StepStaging", "UploadRing", "constant"]
 
 RING_SLOTS = 8  # uploads a host may run ahead of the device before an upload waits
 FENCE_EVERY = 4  # uploads on one stream covered by one fence event (fewer when the next comes on another)
+INPUT_RING_SLOTS = 4  # slots of a ring of large inputs (a step's embeddings): each holds a whole step's worth
 
 
 _FREE, _UNFENCED = -1, -2  # a ring slot nothing reads any more; one whose copy no event covers yet
+
+
+class UploadRing(Closeable):
+    """``slots`` pinned slots that uploads go through, fenced by trtio's one rule (see the module docstring).
+
+    ``host`` (pinned or host memory, e.g. an arena's slice from :meth:`request`) holds the slots:
+    ``host.capacity // slots`` bytes each, rounded down to the dtype's items. The ring owns its fence events,
+    not ``host``: :meth:`close` destroys the events and drops what it kept alive. It follows trtio's close
+    protocol (:mod:`trtio._lifetime`).
+    """
+
+    def __init__(self, host: Tensor, backend: Backend, *, slots: int = RING_SLOTS, title: str = "") -> None:
+        what = title or f"upload ring {host.name!r}"
+        if host.location is Location.DEVICE:
+            raise InvalidValueError(f"{what}: the ring must be pinned or host memory, not {host.location}")
+        if host.backend is not backend:
+            raise InvalidValueError(f"{what}: the ring's memory lives on {host.backend!r}, not on {backend!r}")
+        if not is_int(slots) or slots < 1:
+            raise InvalidValueError(f"{what}: slots = {slots!r}, expected a whole number >= 1")
+        self.host = host
+        self.slots = int(slots)
+        item = host.dtype.itemsize if host.dtype.itemsize else 1
+        #: Bytes one upload may stage (a slot).
+        self.slot_capacity = host.capacity // self.slots // item * item
+        self._base = host.data_ptr if host.capacity else 0
+        self._views = [host_view(self._base + c * self.slot_capacity, self.slot_capacity) for c in range(self.slots)]
+        self._backend = backend
+        self._fences: list[Event] = []
+        try:
+            for _ in range(self.slots):
+                self._fences.append(Event.create(backend))
+        except BaseException:
+            for ev in self._fences:
+                ev.close()
+            raise
+        self._init_lifetime(what)
+        # Per slot: the fence event covering its last use (an index into _fences), _UNFENCED while its group is
+        # open, _FREE when nothing can still read it; and what its use keeps alive until then.
+        self._cover = [_FREE] * self.slots
+        self._kept: list[Any] = [None] * self.slots
+        self._done = [True] * self.slots  # per event: known to have completed since it was recorded
+        self._group: list[int] = []  # slots put since the last fence, all on _group_stream
+        self._group_stream: Stream | None = None
+        self._groups = 0  # fences recorded (the next one is _fences[_groups % slots])
+        self._next = 0  # the slot the next take() hands out
+        self._fence_every = max(1, min(FENCE_EVERY, self.slots // 2))
+        self.fence_waits = 0  # host waits the fence forced (telemetry)
+
+    @staticmethod
+    def request(name: str, slot_shape: Sequence[int], dtype: DTypeLike, slots: int = RING_SLOTS,
+                location: LocationLike = Location.PINNED) -> TensorRequest:
+        """The arena request of a ring of ``slots`` slots of ``slot_shape`` (``[slots, *slot_shape]``)."""
+        return TensorRequest.of(name, (slots, *slot_shape), dtype, location)
+
+    # -- the rule ---------------------------------------------------------------------------------
+    def take(self) -> int:
+        """The next slot, free to write: its last use's fence waited for where it has not completed (the host
+        is ``slots`` uses ahead of the device), what that use kept alive let go. A full group left open by
+        :meth:`put` (``fence=False``) is fenced first."""
+        if self._closed:
+            self._check_open()
+        if len(self._group) >= self._fence_every:
+            self._fence_group()
+        c = self._next
+        ev = self._cover[c]
+        if ev != _FREE:
+            if ev == _UNFENCED:
+                ev = self._fence_group()
+            if not self._done[ev]:
+                if not self._fences[ev].query():
+                    self.fence_waits += 1
+                    self._fences[ev].synchronize()
+                self._done[ev] = True
+            self._cover[c] = _FREE
+            self._kept[c] = None
+        return c
+
+    def put(self, c: int, stream: Stream, keep: Any = None, *, fence: bool = True) -> None:
+        """Slot ``c`` (from :meth:`take`) is in use by work enqueued on ``stream``: it is fenced by the rule,
+        and ``keep`` (inputs that work reads; None: none) is referenced until the fence has completed.
+
+        ``fence=False`` makes no backend call (the end of a step, after its work: nothing may fail there): the
+        slot joins the open group, which the next :meth:`take` fences once full. Only for uses whose streams are
+        ordered one after the other already (a setup's calls, by its stream rule), so that one event on the
+        last stream covers the whole group."""
+        group = self._group
+        if fence and group and stream is not self._group_stream:  # an event on that stream covers its uses
+            self._fence_group()
+        group.append(c)
+        self._group_stream = stream
+        self._cover[c] = _UNFENCED
+        self._kept[c] = keep
+        if fence and len(group) >= self._fence_every:
+            self._fence_group()
+        self._next = c + 1 if c + 1 < self.slots else 0
+
+    def _fence_group(self) -> int:
+        """Record an event after the open group's uses, on their stream; returns its index. An event is reused
+        ``slots`` fences later, when every slot it covered has been taken again (each group holds a use, and a
+        slot is checked before the use that would reuse it)."""
+        ev = self._groups % self.slots
+        stream = self._group_stream
+        assert stream is not None
+        # Nothing changes until the fence is made: a failed record leaves the group open, fenced by the next one.
+        if stream.is_closed:  # closed since its uploads (rare): no event can follow them there, so wait for all
+            self.fence_waits += 1
+            self._backend.synchronize()
+            self._done[ev] = True
+        else:
+            self._fences[ev].record(stream)
+            self._done[ev] = False
+        self._groups += 1
+        for c in self._group:
+            self._cover[c] = ev
+        self._group.clear()
+        return ev
+
+    def wait(self) -> None:
+        """Block the host until every use of every slot has finished (and let go of what they kept)."""
+        self._check_open()
+        if self._group:
+            self._fence_group()
+        for ev, done in enumerate(self._done):
+            if not done:
+                self.fence_waits += 1
+                self._fences[ev].synchronize()
+                self._done[ev] = True
+        self._cover = [_FREE] * self.slots
+        self._kept = [None] * self.slots
+
+    # -- uses -------------------------------------------------------------------------------------
+    def view(self, c: int) -> np.ndarray:
+        """Slot ``c``'s bytes (uint8), for the host to write."""
+        return self._views[c]
+
+    def address(self, c: int) -> int:
+        return self._base + c * self.slot_capacity
+
+    def hold(self, keep: Any, stream: Stream) -> None:
+        """Keep ``keep`` alive until the work enqueued on ``stream`` so far has completed (a slot whose bytes
+        are not used: a step that copies inputs without staging them)."""
+        self.put(self.take(), stream, keep)
+
+    def upload(self, values: np.ndarray, device: Tensor, stream: StreamLike = None, *, reshape: bool = True,
+               keep: Any = None) -> Tensor:
+        """Stage ``values`` in the next slot and copy them to ``device`` on ``stream``; returns ``device``.
+
+        ``device`` is reshaped to ``values.shape`` first (within its capacity), unless ``reshape`` is False (its
+        view stays: whoever binds it sets it, and the values land at its start). ``keep``: inputs the step's
+        other copies read, kept alive with this upload's slot."""
+        if self._closed:
+            self._check_open()
+        if type(values) is not np.ndarray:
+            values = np.asarray(values)
+        n = values.nbytes
+        if reshape:
+            if device._shape != values.shape:
+                device.reshape(values.shape)  # within its capacity, or CapacityError naming the tensor
+        elif n > device.capacity:
+            device.reshape(values.shape)  # refused, naming the tensor
+        if n > self.slot_capacity:
+            self._too_big(values, "values")
+        self._check_dtype(values, device)
+        s = as_stream(stream, self._backend)
+        c = self._write(values)
+        if n:
+            self._backend.memcpy(device.data_ptr, self.address(c), n, s.handle)
+        device._last_stream = s
+        self.put(c, s, keep)
+        return device
+
+    def upload_rows(self, values: np.ndarray, device: Tensor, offset: int, pitch: int,
+                    stream: StreamLike = None) -> None:
+        """Stage ``values`` ([rows, ...], C-contiguous) and copy row ``i`` of them to byte ``offset + i * pitch``
+        of ``device`` (one 2D copy on ``stream``): new rows among a block's that stay as they are."""
+        if self._closed:
+            self._check_open()
+        rows = int(values.shape[0])
+        width = values.nbytes // rows if rows else 0
+        if rows and offset + (rows - 1) * pitch + width > device.capacity:
+            raise CapacityError(f"{self._what}: {rows} rows of {width} bytes every {pitch} from byte {offset} pass "
+                                f"tensor {device.name!r}'s {device.capacity} bytes")
+        if values.nbytes > self.slot_capacity:
+            self._too_big(values, "rows")
+        self._check_dtype(values, device)
+        s = as_stream(stream, self._backend)
+        c = self._write(values)
+        if values.nbytes:
+            self._backend.memcpy_2d(device.data_ptr + offset, pitch, self.address(c), width, width, rows, s.handle)
+        device._last_stream = s
+        self.put(c, s)
+
+    def _write(self, values: np.ndarray) -> int:
+        """``values`` (checked to fit) written into the next slot; returns the slot."""
+        c = self.take()
+        if values.nbytes:
+            flat = values.reshape(-1) if values.flags.c_contiguous else np.ascontiguousarray(values).reshape(-1)
+            self._views[c][:values.nbytes] = flat.view(np.uint8)
+        return c
+
+    def _check_dtype(self, values: np.ndarray, device: Tensor) -> None:
+        dt = device.dtype
+        if values.dtype != dt.storage_numpy and values.dtype != dt.numpy:
+            raise TrtioError(f"{self._what}: values of numpy dtype {values.dtype} cannot be uploaded into tensor "
+                             f"{device.name!r} of {dt}")
+
+    def _too_big(self, values: np.ndarray, what: str) -> None:
+        raise CapacityError(f"{self._what}: {what} of shape {values.shape} ({values.nbytes} bytes) do not fit "
+                            f"tensor {self.host.name!r}'s {self.slot_capacity}-byte slots")
+
+    def _close_owned(self) -> None:
+        self._kept = [None] * self.slots
+        with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
+            for ev in self._fences:
+                release.callback(ev.close)
 
 
 def constant(values: np.ndarray) -> np.ndarray:
@@ -110,11 +334,7 @@ class StepStaging(Closeable):
             raise TrtioError(f"{title}: the upload ring {ring.name!r} holds {ring.capacity} pinned bytes, "
                              f"{RING_SLOTS} slots of the block need {RING_SLOTS * self._end}")
         self._twins = host_view(self._pin_base, self._end) if self._end else np.zeros(0, np.uint8)
-        self._ring_base = ring.data_ptr
-        self._ring = host_view(ring.data_ptr, RING_SLOTS * self._end).reshape(RING_SLOTS, self._end) \
-            if self._end else np.zeros((RING_SLOTS, 0), np.uint8)
-        self._ring_slots = list(self._ring)  # each slot's row of the ring (indexed once, not per upload)
-        self._slot = 0  # the ring slot of the next upload
+        self.ring = UploadRing(ring, self._backend, title=f"{title} upload ring")
         self._lo, self._hi = self._end, 0  # byte range written since the last upload
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
         # write_group's byte images, by the ids of their constants (each record keeps its constants)
@@ -125,24 +345,8 @@ class StepStaging(Closeable):
         self._held_at: dict[str, dict[int, np.ndarray]] = {}
         self._last_streams = list(self.tensors.values())
         self._streamed: Stream | None = None  # the stream the last upload marked on them (only uploads write them)
-        self._fences: list[Event] = []
-        try:
-            for _ in range(RING_SLOTS):
-                self._fences.append(Event.create(self._backend))
-        except BaseException:
-            for ev in self._fences:
-                ev.close()
-            raise
-        # Per slot: the fence event covering its last copy (an index into _fences), _UNFENCED while its
-        # group is open, _FREE when nothing can still read it.
-        self._cover = [_FREE] * RING_SLOTS
-        self._done = [True] * RING_SLOTS  # per event: known to have completed since it was recorded
-        self._group: list[int] = []  # slots uploaded since the last fence, all on _group_stream
-        self._group_stream: Stream | None = None
-        self._groups = 0  # fences recorded (the next one is _fences[_groups % RING_SLOTS])
         self._init_lifetime(title)
         self.uploads = 0  # copies made: a step that leaves device-made values in the block compares it
-        self.fence_waits = 0  # host waits the fence forced (telemetry)
         self.skipped = 0  # writes of a constant the device block already held (telemetry)
 
     @staticmethod
@@ -320,35 +524,17 @@ class StepStaging(Closeable):
                             f"a step asked for {values.size} ({values.shape}){where}")
 
     def upload(self, stream: Stream) -> None:
-        """One copy of everything written since the last upload, on ``stream``; records the fence."""
+        """One copy of everything written since the last upload, on ``stream``, through the ring."""
         if self._closed:  # its device block may be freed already: never copy into it
             raise ClosedError(f"{self.title} is closed")
         lo, hi = self._lo, self._hi
         if hi <= lo:
             return
-        c = self._slot
-        cover = self._cover
-        ev = cover[c]
-        if ev != _FREE:  # slot c's copy was made RING_SLOTS uploads ago: it must have run
-            if ev == _UNFENCED:
-                ev = self._fence_group()
-            if not self._done[ev]:
-                if not self._fences[ev].query():  # the host is RING_SLOTS uploads ahead of the device
-                    self.fence_waits += 1
-                    self._fences[ev].synchronize()
-                self._done[ev] = True
-            cover[c] = _FREE
-        group = self._group
-        if group and stream is not self._group_stream:  # an event on that stream covers its copies
-            self._fence_group()
-        self._ring_slots[c][lo:hi] = self._twins[lo:hi]
-        self._backend.memcpy(self._dev_base + lo, self._ring_base + c * self._end + lo, hi - lo, stream.handle)
-        group.append(c)
-        self._group_stream = stream
-        cover[c] = _UNFENCED
-        if len(group) >= FENCE_EVERY:
-            self._fence_group()
-        self._slot = (c + 1) % RING_SLOTS
+        ring = self.ring
+        c = ring.take()
+        ring.view(c)[lo:hi] = self._twins[lo:hi]
+        self._backend.memcpy(self._dev_base + lo, ring.address(c) + lo, hi - lo, stream.handle)
+        ring.put(c, stream)
         self.uploads += 1
         if stream is not self._streamed:  # the block's tensors were last written on another stream
             for t in self._last_streams:
@@ -363,26 +549,10 @@ class StepStaging(Closeable):
                 self._held_at.setdefault(name, {}).update(placed)
             self._written_at.clear()
 
-    def _fence_group(self) -> int:
-        """Record an event after the open group's copies, on their stream; returns its index. An event is
-        reused RING_SLOTS fences later, when every slot it covered has been checked and freed (each group
-        holds an upload, and a slot is checked before the upload that would reuse it)."""
-        ev = self._groups % RING_SLOTS
-        stream = self._group_stream
-        assert stream is not None
-        # Nothing changes until the fence is made: a failed record leaves the group open, fenced by the next one.
-        if stream.is_closed:  # closed since its uploads (rare): no event can follow them there, so wait for all
-            self.fence_waits += 1
-            self._backend.synchronize()
-            self._done[ev] = True
-        else:
-            self._fences[ev].record(stream)
-            self._done[ev] = False
-        self._groups += 1
-        for c in self._group:
-            self._cover[c] = ev
-        self._group.clear()
-        return ev
+    @property
+    def fence_waits(self) -> int:
+        """Host waits the ring's fence forced (telemetry)."""
+        return self.ring.fence_waits
 
     @property
     def pending(self) -> bool:
@@ -413,6 +583,4 @@ class StepStaging(Closeable):
         self._written.clear()
         self._held_at.clear()
         self._written_at.clear()
-        with contextlib.ExitStack() as release:  # every fence is closed; the first failure raises
-            for ev in self._fences:
-                release.callback(ev.close)
+        self.ring.close()

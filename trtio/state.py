@@ -33,10 +33,10 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
-from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.registry import Dim, ProfileShapes, TensorSpec
-from trtio.staging import StepStaging
+from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
@@ -316,7 +316,7 @@ class EngineState(Closeable):
             self._specs[names.kKVCacheStartIndex] = TensorSpec(names.kKVCacheStartIndex, "input", DType.INT32,
                                                                ("start_index_len",))
         requests.append(TensorRequest.of("kv_lengths", (max_batch,), DType.INT32))
-        requests.append(HostStaging.request("host_kv_lengths", (max_batch,), DType.INT32))
+        requests.append(UploadRing.request("ring_kv_lengths", (max_batch,), DType.INT32, slots=INPUT_RING_SLOTS))
         # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
         # table of their addresses and a per-step table of moves (one row per sequence).
         self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
@@ -328,7 +328,8 @@ class EngineState(Closeable):
             undo.callback(self._arena.close)
             self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
-            self._staging = HostStaging(self._arena["host_kv_lengths"], self.kv_lengths, be, slots=HOST_RING_SLOTS)
+            self._staging = UploadRing(self._arena["ring_kv_lengths"], be, slots=INPUT_RING_SLOTS,
+                                       title=f"{self.name} kv_lengths staging")
             undo.callback(self._staging.close)
             self._moves = StepStaging(self._arena, ["kv_moves"], title=f"{self.name} accepted paths")
             undo.callback(self._moves.close)
@@ -462,7 +463,7 @@ class EngineState(Closeable):
             raise ClosedError(f"engine state {self.name!r} is closed")
         if values is None:
             return self.kv_lengths.reshape((0,))
-        return self._staging.upload(np.asarray(values, dtype=np.int32), stream)
+        return self._staging.upload(np.asarray(values, dtype=np.int32), self.kv_lengths, stream)
 
     def reset(self, stream: StreamLike = None, *, clear: bool = False) -> None:
         """Forget every cached token (lengths to 0); ``clear=True`` also zeroes the state tensors."""

@@ -17,6 +17,7 @@ import numpy as np
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
+    SEED_STAGING_PAIRS,
     Contract,
     DraftLevelPlan,
     EngineView,
@@ -28,8 +29,9 @@ from trtio.contracts.contract import (
     mrope_request,
     seed_requests,
 )
+from trtio.cuda.backend import Location
 from trtio.dtypes import DType
-from trtio.memory import HostStaging, TensorRequest
+from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry, TensorSpec
 from trtio.stream import Stream
@@ -126,7 +128,7 @@ def _llm_layout(cfg: LLMEngineConfig, b: int) -> PipelineLayout:
     # decode_lengths: the device's copy of the lengths, which a decode step advances itself (ops.DecodeAdvance).
     return PipelineLayout("PipelineIO(llm)", reqs, [TensorRequest.of("decode_lengths", (b,), DType.INT32)],
                           max_batch=b, max_seq=s, hidden_size=h, is_spec_decode=False, num_deepstack=nd,
-                          zeroed=("deepstack_zero",))
+                          zeroed=("deepstack_zero",), staging_pairs=SEED_STAGING_PAIRS)
 
 
 def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
@@ -149,9 +151,9 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
         absent("output_hidden_states", act),
         TensorRequest.of("packed_attention_mask", (b, p, words), i32),
         TensorRequest.of("spec_decode_position_ids", (b, p), i32),
-        HostStaging.request("host_packed_attention_mask", (b, p, words), i32),
-        HostStaging.request("host_spec_decode_position_ids", (b, p), i32),
-        HostStaging.request("host_spec_select_token_indices", (b, p), DType.INT64),
+        TensorRequest.of("host_packed_attention_mask", (b, p, words), i32, Location.PINNED),
+        TensorRequest.of("host_spec_decode_position_ids", (b, p), i32, Location.PINNED),
+        TensorRequest.of("host_spec_select_token_indices", (b, p), DType.INT64, Location.PINNED),
         TensorRequest.of("row_scratch", (b * p, max(spec.base_output_hidden_dim, spec.draft_hidden_size)), act),
     ]
     # Each upload copies one byte range, from the first value a step wrote to the last: a draft level's values
@@ -182,13 +184,12 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
         num_deepstack=base.num_deepstack_features, members=("row_scratch", "row_src", "row_dst"),
         zeroed=("select_token_indices", "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out",
                 "packed_attention_mask", "spec_decode_position_ids", "deepstack_zero"),
-        staging_pairs=(("mask", "host_packed_attention_mask", "packed_attention_mask"),
-                       ("position_ids", "host_spec_decode_position_ids", "spec_decode_position_ids"),
-                       ("select", "host_spec_select_token_indices", "select_token_indices")))
+        staging_pairs=SEED_STAGING_PAIRS + (("host_packed_attention_mask", "packed_attention_mask"),
+                                            ("host_spec_decode_position_ids", "spec_decode_position_ids")))
 
 
 _ROUND_NAMES = ("draft_roots", "tree_past")  # what a round's first proposal level writes besides its parents
-# A tree step's constants, written together (HostStaging.write_group): the base's (verify) and the draft's (catch-up).
+# A tree step's constants, written together (StepStaging.write_group): the base's (verify) and the draft's (catch-up).
 _VERIFY_GROUP = ("verify_lengths", "verify_depths", "verify_mask", "verify_select")
 _TREE_GROUP = ("tree_lengths", "tree_depths", "tree_mask", "tree_select")
 

@@ -23,7 +23,7 @@ from trtio.contracts.ragged import TreeLayout, ramp
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.errors import TrtioError
-from trtio.memory import HostStaging, TensorRequest
+from trtio.memory import TensorRequest
 from trtio.ops import RowCopy
 from trtio.registry import TensorRegistry
 from trtio.staging import constant
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
-__all__ = ["PAGE_TABLE_NAMES", "Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs",
+__all__ = ["PAGE_TABLE_NAMES", "SEED_STAGING_PAIRS",
+           "Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs",
            "absent"]
 
 
@@ -104,8 +105,11 @@ class PipelineLayout:
     num_deepstack: int
     members: tuple[str, ...] = ()
     zeroed: tuple[str, ...] = ()
-    #: Fenced pinned twins beside the seed's two: (key, pinned member, device member).
-    staging_pairs: tuple[tuple[str, str, str], ...] = ()
+    #: Device members the host stages values into, each through a private ring, and the pinned member that keeps
+    #: the host's copy of the values last staged there (the seed's ``host_context_lengths``): (twin, device).
+    staging_pairs: tuple[tuple[str, str], ...] = ()
+    #: Members of the seed this contract does not use: reading one raises NotAvailableError naming the contract.
+    unavailable: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -373,9 +377,14 @@ def seed_requests(b: int, seq: int, h: int, act: DType, *, logits_rows: int, voc
         TensorRequest.of("output_logits", (logits_rows, vocab), DType.FLOAT32),
         TensorRequest.of("select_token_indices", (b, select_cols), DType.INT64),
         TensorRequest.of("context_lengths", (b,), DType.INT32),
-        HostStaging.request("host_context_lengths", (b,), DType.INT32),
-        HostStaging.request("host_select_token_indices", (b, 1), DType.INT64),
+        TensorRequest.of("host_context_lengths", (b,), DType.INT32, Location.PINNED),
+        TensorRequest.of("host_select_token_indices", (b, 1), DType.INT64, Location.PINNED),
     ]
+
+
+#: The seed's staged members: (pinned twin, device member), each staged through a private ring.
+SEED_STAGING_PAIRS = (("host_context_lengths", "context_lengths"),
+                      ("host_select_token_indices", "select_token_indices"))
 
 
 def deepstack_requests(n: int, shape: Sequence[int], zero_shape: Sequence[int], act: DType) -> list[TensorRequest]:

@@ -40,7 +40,6 @@ from trtio.contracts.ragged import (
     ramp,
     registry_for,
 )
-from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
@@ -62,6 +61,12 @@ _MEMBERS = (
     "ragged_rope_cos_sin", "execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale",
     "row_scratch", "packed_attention_mask", "spec_decode_position_ids",
 )
+
+
+# The seed's batch-major lengths and selection (and trtio's pinned twins of the batch contract's tree inputs): this
+# contract's steps carry lengths, offsets and logits rows in their own inputs instead.
+_UNAVAILABLE = ("context_lengths", "host_context_lengths", "select_token_indices", "host_select_token_indices",
+                "host_packed_attention_mask", "host_spec_decode_position_ids", "host_spec_select_token_indices")
 
 
 class RaggedContract(Contract):
@@ -91,9 +96,6 @@ class RaggedContract(Contract):
         reqs = [
             TensorRequest.of("inputs_embeds", (t, h), act),
             TensorRequest.of("output_logits", (rows, vocab), DType.FLOAT32),
-            absent("select_token_indices", DType.INT64), absent("context_lengths", i32),
-            absent("host_context_lengths", i32, Location.PINNED),
-            absent("host_select_token_indices", DType.INT64, Location.PINNED),
         ]
         nd = base.num_deepstack_features
         reqs += [TensorRequest.of(names.deepstack_embeds(i), (t, h), act) for i in range(nd)]
@@ -114,7 +116,6 @@ class RaggedContract(Contract):
                                               "draft_hidden_states_out", "row_scratch")]
         reqs += [
             absent("output_hidden_states", act),
-            absent("host_spec_select_token_indices", DType.INT64, Location.PINNED),
             TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
             # Shape-only carriers: the engine reads their extents, never their bytes.
             TensorRequest.of("execution_phase_marker", (8,), i32),
@@ -191,15 +192,14 @@ class RaggedContract(Contract):
             step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
         else:
             reqs += [absent("packed_attention_mask", i32), absent("spec_decode_position_ids", i32),
-                     absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32),
-                     absent("host_packed_attention_mask", i32, Location.PINNED),
-                     absent("host_spec_decode_position_ids", i32, Location.PINNED)]
+                     absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32)]
         title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
         return PipelineLayout(
             title, reqs, step, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
             num_deepstack=nd, members=_MEMBERS,
             zeroed=("execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale", "deepstack_zero",
-                    "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"))
+                    "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"),
+            unavailable=_UNAVAILABLE)
 
     def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """The token-major inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of ``query_lengths``;

@@ -28,8 +28,19 @@ class HostHeap:
 
     def free(self, ptr: int) -> bool:
         """Release the buffer at ``ptr``; False when ``ptr`` is not the start of a live buffer."""
+        return self.release(ptr) is not None
+
+    def release(self, ptr: int) -> np.ndarray | None:
+        """Forget the buffer at ``ptr`` and hand over the array that owns its bytes (the caller decides when
+        they go); None when ``ptr`` is not the start of a live buffer."""
         with self._lock:
-            return self._live.pop(ptr, None) is not None
+            found = self._live.pop(ptr, None)
+        return None if found is None else found[0]
+
+    def size(self, ptr: int) -> int:
+        """The bytes asked for the live buffer at ``ptr`` (0 when there is none)."""
+        found = self._live.get(ptr)
+        return 0 if found is None else found[1]
 
     def owns(self, ptr: int) -> bool:
         """True when ``ptr`` is the start of a live buffer."""

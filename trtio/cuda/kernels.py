@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -303,12 +303,16 @@ def _compile(device_id: int) -> dict[str, Any]:
     try:
         from cuda.core import Device, Program, ProgramOptions
 
-        device = Device(device_id)
-        device.set_current()
-        major, minor = device.compute_capability
-        program = Program(_SOURCE, "c++", ProgramOptions(arch=f"sm_{major}{minor}", name="trtio_kernels"))
-        module = program.compile("cubin", name_expressions=KERNEL_NAMES)
-        return {name: module.get_kernel(name) for name in KERNEL_NAMES}
+        major, minor = Device(device_id).compute_capability
+
+        def build() -> dict[str, Any]:
+            program = Program(_SOURCE, "c++", ProgramOptions(arch=f"sm_{major}{minor}", name="trtio_kernels"))
+            module = program.compile("cubin", name_expressions=KERNEL_NAMES)
+            return {name: module.get_kernel(name) for name in KERNEL_NAMES}
+
+        # In the device's primary context, popped after: the caller's current device and context stay its own.
+        built: dict[str, Any] = _in_primary_context(device_id, build)
+        return built
     except Exception as exc:
         raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
 
@@ -391,13 +395,36 @@ class Launch:
         if err == self._ok:
             return
         if err == self._no_context:  # a thread without the device's context current (driver API)
-            from cuda.bindings import runtime
-
-            runtime.cudaSetDevice(self._device_id)
-            err = self._launch(self._fn, gx, gy, gz, bx, by, bz, 0, stream, addr, 0)[0]
+            err = _in_primary_context(self._device_id,
+                                      lambda: self._launch(self._fn, gx, gy, gz, bx, by, bz, 0, stream, addr, 0)[0])
             if err == self._ok:
                 return
         raise CudaError(f"cuLaunchKernel({self.name})", str(err), "")
+
+
+_primary: dict[int, Any] = {}  # device -> its primary context, retained once for the process
+
+
+def _in_primary_context(device_id: int, call: Callable[[], Any]) -> Any:
+    """``call()`` with ``device_id``'s primary context pushed on this thread, and popped after: whatever context
+    the caller had current (none, where a launch found none) is current again afterwards."""
+    from cuda.bindings import driver
+
+    ctx = _primary.get(device_id)
+    if ctx is None:
+        err, dev = driver.cuDeviceGet(device_id)
+        if err == driver.CUresult.CUDA_SUCCESS:
+            err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise CudaError("cuDevicePrimaryCtxRetain", str(err), f"device {device_id}")
+        _primary[device_id] = ctx
+    err = driver.cuCtxPushCurrent(ctx)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CudaError("cuCtxPushCurrent", str(err), f"device {device_id}")
+    try:
+        return call()
+    finally:
+        driver.cuCtxPopCurrent()
 
 
 def ptr(value: int) -> np.uint64:

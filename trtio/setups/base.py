@@ -13,6 +13,7 @@ import functools
 import logging
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
@@ -27,12 +28,13 @@ from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import InvalidValueError, ShapeError, TrtioError
 from trtio.interop import as_input
-from trtio.memory import Arena, HostStaging, MemoryReport
-from trtio.pages import Prefix, StepPages
+from trtio.memory import Arena, MemoryReport
+from trtio.pages import Prefix, PrefixReturns, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
 from trtio.setups.sequences import KVPages, Sequences
-from trtio.stream import Stream, StreamLike, as_stream
+from trtio.staging import UploadRing
+from trtio.stream import Event, Stream, StreamLike, as_stream
 from trtio.tensor import Tensor, overlap_error, partly_over
 
 __all__ = ["EngineGraphStats", "Prompt", "SetupBase", "one_thread"]
@@ -47,7 +49,9 @@ _R = TypeVar("_R")
 def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
     """A public call of a setup that changes its state: refused with a TrtioError, before anything is read or
     changed, while another thread is inside such a call of the same setup (a setup is stepped by one thread
-    at a time; two interleaved steps would corrupt its lengths, slots and pages)."""
+    at a time; two interleaved steps would corrupt its lengths, slots and pages). The call holds the setup's
+    page lock (which a prefix released from another thread waits for) and first takes back the pages of
+    prefixes the garbage collector released."""
     name = step.__name__
 
     @functools.wraps(step)
@@ -58,7 +62,14 @@ def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[
                              f"is stepped by one thread at a time (give each thread its own setup, or serialise "
                              f"the calls)")
         try:
-            return step(self, *args, **kwargs)
+            returns = self._returns
+            with returns.lock:
+                returns.collect()
+                try:
+                    return step(self, *args, **kwargs)
+                finally:
+                    if self._read_slot is not None:  # inputs the call's copies read (also where it failed later)
+                        self._hold_reads()
         finally:
             lock.release()
 
@@ -184,10 +195,17 @@ class SetupBase(Closeable, abc.ABC):
 
     Streams: every step takes ``stream`` (a :class:`~trtio.Stream`, an int handle or any object with
     ``__cuda_stream__``); ``None`` is the calling thread's trtio default stream (:func:`trtio.stream.as_stream`),
-    as everywhere in trtio. Construction runs on the stream given at creation and ends synchronised, so
-    steps may run on any stream. A setup is stepped by one thread at a time: a call that changes it while
-    another thread is inside one is refused (:func:`one_thread`); several threads may each step their own
-    setup.
+    as everywhere in trtio. Construction runs on the stream given at creation and ends synchronised. Calls
+    run in call order whatever streams they are given (the stream rule): a call on a stream other than the last
+    call's makes its stream wait for an event recorded after the last call's work (no host synchronisation);
+    ``release``, ``pin_prefix``, ``reset`` and a prefix's ``release`` follow it too. A setup is stepped by one
+    thread at a time: a call that changes it while another thread is inside one is refused (:func:`one_thread`);
+    several threads may each step their own setup, and a setup may be handed from thread to thread (each
+    thread's default stream is ordered after the last call's, by the rule).
+
+    Inputs: a step input trtio does not own (a numpy or foreign array, a Tensor view) is kept referenced until
+    the copies the step enqueued to read it have completed on the device (the input ring's fence,
+    :class:`~trtio.staging.UploadRing`), so the caller may drop or reuse it as soon as the call returns.
 
     Failures (``docs/faults.md``): a step that raises leaves the setup as it was before the call (lengths,
     slots, pages, the round's state), so the same call may be retried. Where a step's own device work has
@@ -203,12 +221,19 @@ class SetupBase(Closeable, abc.ABC):
     _rope: RopeTables
     _context_memory: ContextMemory
     _extra_arena: Arena
-    _embeds_staging: HostStaging
+    _embeds_staging: UploadRing
     _embeds_type: DType  # the activations' dtype
     _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
     _in_use: threading.Lock  # held by the thread inside a public call (:func:`one_thread`)
+    _returns: PrefixReturns  # the page lock, and the pages of prefixes the garbage collector released
+    _last: Stream | None = None  # the stream of the last call (the stream rule; None: none since construction)
+    _order_event: Event  # recorded after the last call's work when a call comes on another stream
+    # Inputs the running call enqueued copies of and does not own, and the input ring's slot that keeps them (taken
+    # before the first such copy; given back with them, fenced, when the call returns).
+    _reads: list[Any]
+    _read_slot: int | None = None
     # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
     # decode before it) and with reset().
     _epoch = 0
@@ -219,8 +244,12 @@ class SetupBase(Closeable, abc.ABC):
         and the stream construction works on. Construction ends synchronised."""
         self._init_lifetime(f"this {type(self).__name__}")
         self._in_use = threading.Lock()
+        self._returns = PrefixReturns()
+        self._returns.follow = _follow_of(self)
+        self._reads = []
         s = as_stream(stream, self._backend)
         with contextlib.ExitStack() as stack:
+            self._order_event = stack.enter_context(Event.create(self._backend))
             yield stack, s
             s.synchronize()
             self._resources = stack.pop_all()
@@ -282,8 +311,24 @@ class SetupBase(Closeable, abc.ABC):
         return self.io.contract.name
 
     def _stream(self, stream: StreamLike) -> Stream:
-        """A step's stream (see the class docstring: ``None`` is this thread's default stream)."""
-        return as_stream(stream, self._backend)
+        """A call's stream (see the class docstring: ``None`` is this thread's default stream), ordered after the
+        last call's work by the stream rule. Called once the call's inputs are checked, before its work."""
+        s = as_stream(stream, self._backend)
+        if s is not self._last:
+            self._follow(s)
+        return s
+
+    def _follow(self, s: Stream) -> None:
+        """The stream rule: ``s`` waits for an event recorded after the last call's work (on the last call's
+        stream), and becomes the last call's stream."""
+        last = self._last
+        if last is not None and last != s:
+            if last.is_closed:  # no event can follow its work there any more (rare): wait for the device
+                self._backend.synchronize()
+            else:
+                self._order_event.record(last)
+                self._order_event.wait(s)
+        self._last = s
 
     def _embeds(self, x: Any, hidden: int, stream: StreamLike, what: str = "inputs_embeds") -> tuple[Any, int, int]:
         """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy; a
@@ -308,16 +353,35 @@ class SetupBase(Closeable, abc.ABC):
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
         staging for numpy, a device copy for Tensors (none for a Tensor over inputs_embeds' own bytes: copy_from
-        only orders its writer first)."""
+        only orders its writer first). What a copy reads is kept until it has run (:meth:`_hold_reads`)."""
         dst, staging = self.io.inputs_embeds, self._embeds_staging
         if x is dst:
             return  # written in place by the caller
         if isinstance(x, Tensor):
+            self._read(x)
             dst.reshape(x.shape).copy_from(x, stream)
         elif x.nbytes <= staging.slot_capacity:
-            staging.upload(x, stream, reshape=False)  # the step's executor views the embeddings as it binds them
+            staging.upload(x, dst, stream, reshape=False)  # the step's executor views the embeddings as it binds them
         else:
+            self._read(x)
             dst.reshape(x.shape).copy_from(x, stream)  # a long prompt: pageable copy, no staging
+
+    def _read(self, x: Any) -> None:
+        """``x`` (an input the setup does not own) is about to be read by a copy the call enqueues: it is kept
+        until that copy has run (:meth:`_hold_reads`). Called before the copy: the slot that keeps it is taken
+        here, so a failure to take it fails the call before that copy."""
+        if self._read_slot is None:
+            self._read_slot = self._embeds_staging.take()
+        self._reads.append(x)
+
+    def _hold_reads(self) -> None:
+        """When a call returns (or raises): the inputs it enqueued copies of (:meth:`_read`) go into the input
+        ring's slot, kept until the slot's fence (recorded at a later call, after everything this one enqueued)
+        has completed. No backend call: nothing may fail after the call's work."""
+        c, self._read_slot = self._read_slot, None
+        reads, self._reads = tuple(self._reads), []
+        assert c is not None and self._last is not None  # a copy was enqueued: on the call's stream
+        self._embeds_staging.put(c, self._last, reads, fence=False)
 
     # -- sequences --------------------------------------------------------------------------------
     @property
@@ -332,31 +396,40 @@ class SetupBase(Closeable, abc.ABC):
 
     @property
     def kv_pages(self) -> KVPages:
-        """The KV page pool's ``total`` and ``free`` pages (the LLM's, or the base's; ragged contract)."""
+        """The KV page pool's ``total`` and ``free`` pages (the LLM's, or the base's; ragged contract), with the
+        pages of prefixes the garbage collector released given back first."""
         self._check_open()
-        return self._seqs.kv_pages()
+        with self._returns.lock:
+            self._returns.collect()
+            return self._seqs.kv_pages()
 
     @one_thread
     def release(self, slots: Sequence[int], stream: StreamLike = None) -> None:
         """End the sequences of ``slots`` (ragged contract): their slots become free and their pages go back
-        to the pool (pages a pinned prefix holds stay). Host bookkeeping only: nothing is enqueued."""
+        to the pool (pages a pinned prefix holds stay). Host bookkeeping only: nothing is enqueued; ordered
+        after the last call by the stream rule (``stream``: where the next work on those pages may come)."""
         self._check_usable()
         arr = self._seqs.checked_release(slots, "release")
-        self._between_rounds("release")
+        self._between_rounds("release()", release=True)
+        self._stream(stream)
         self._seqs.release(arr)
 
     @one_thread
-    def pin_prefix(self, slot: int, tokens: int) -> Prefix:
+    def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
         """Keep the first ``tokens`` KV entries of the active sequence in ``slot`` alive, also after the slot is
         released, for later prefills to start from (``prefill(..., prefix=P)``; ragged contract). Full pages
         are shared by every sequence started from it; the partly filled last page is copied for each before
-        it writes there. Host bookkeeping only: nothing is enqueued."""
+        it writes there. Host bookkeeping only: nothing is enqueued; ordered after the last call by the stream
+        rule."""
         self._check_usable()
-        self._between_rounds("pin_prefix")
-        return self._seqs.pin(slot, tokens)
+        self._between_rounds("pin_prefix()")
+        prefix = self._seqs.pin(slot, tokens, returns=self._returns)
+        self._stream(stream)
+        return prefix
 
-    def _between_rounds(self, what: str) -> None:
-        """Refuse ``what`` where a step protocol is half way through (a speculative round)."""
+    def _between_rounds(self, what: str, *, release: bool = False) -> None:
+        """Refuse ``what`` where a step protocol is half way through (a speculative round); ``release``: the
+        call ends sequences (allowed in more places than an admission)."""
 
     def _step_lengths(self, e: BoundEngine) -> tuple[np.ndarray, tuple[int, ...], np.ndarray, bool]:
         """A step over every active sequence: the slots (ascending), their key, the engine's lengths of them
@@ -520,6 +593,7 @@ class SetupBase(Closeable, abc.ABC):
                 v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
         else:
             for v, f in zip(views, features):
+                self._read(f)
                 v.copy_from(f, s)
         e.tensor_map.use_deepstack_features()
 
@@ -571,3 +645,15 @@ class SetupBase(Closeable, abc.ABC):
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()
+
+
+def _follow_of(setup: SetupBase) -> Callable[[StreamLike], object]:
+    """The stream rule of ``setup`` for its prefixes' releases, without keeping the setup alive."""
+    ref = weakref.ref(setup)
+
+    def follow(stream: StreamLike) -> None:
+        found = ref()
+        if found is not None and not found.is_closed:
+            found._stream(stream)
+
+    return follow

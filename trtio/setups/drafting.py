@@ -19,11 +19,10 @@ from trtio.contracts.contract import DraftLevelPlan, StepInputs
 from trtio.cuda.backend import Backend
 from trtio.engine import DeviceWork
 from trtio.errors import ShapeError
-from trtio.memory import HostStaging
 from trtio.ops import Copy2D, Zero, fuse
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine
-from trtio.staging import constant
+from trtio.staging import UploadRing, constant
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
@@ -38,7 +37,7 @@ class DraftTree:
     staging of the next one. ``width`` nodes per sequence at most (``drafting_step * drafting_top_k``)."""
 
     def __init__(self, io: PipelineIO, steps: StepInputs, draft: BoundEngine, words: Tensor, nodes: Tensor,
-                 staging: HostStaging, backend: Backend, *, width: int, base_width: int) -> None:
+                 staging: UploadRing, backend: Backend, *, width: int, base_width: int) -> None:
         self._io = io
         self._steps = steps
         self._draft = draft
@@ -251,7 +250,7 @@ class DraftTree:
                     return found, (args, seen)
             self._backend.memcpy_2d(*args, s.handle)
             return None, (args, seen)
-        self._staging.upload_rows(x, n0 * row, w * row, s)  # host data: the new rows only, one 2D copy
+        self._staging.upload_rows(x, dst, n0 * row, w * row, s)  # host data: the new rows only, one 2D copy
         return None, None
 
     def _round_zeros(self, b: int) -> tuple[DeviceWork, ...]:

@@ -19,7 +19,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport
+from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
@@ -34,8 +34,9 @@ from trtio.setups.binding import (
     with_contract,
 )
 from trtio.setups.sequences import Sequences
+from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
-from trtio.stream import Stream, StreamLike, as_stream
+from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor, overlap_error
 from trtio.tensor_map import TensorMap
 
@@ -68,10 +69,11 @@ class LLMSetup(SetupBase):
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
                                        stream=s, resources=stack, name="llm", io=self.io, constants=constants)
             self._extra_arena = stack.enter_context(Arena([
-                HostStaging.request("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
-                                    cfg.activation)], backend=be, title="llm staging"))
+                UploadRing.request("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
+                                    cfg.activation, slots=INPUT_RING_SLOTS)], backend=be, title="llm staging"))
             self._embeds_staging = stack.enter_context(
-                HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be, slots=HOST_RING_SLOTS))
+                UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
+                           title="inputs_embeds staging"))
             fill_mrope(self.io, cfg, s)
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
@@ -147,18 +149,20 @@ class LLMSetup(SetupBase):
             if kind is not Tensor and kind is not np.ndarray and not self._closed and self._broken is None:
                 reader = st.torch or self._torch_input(st)
                 if reader is not None and kind is reader.tensor_type and self._steady_ready(st):
-                    s = as_stream(stream, self._backend)
+                    s = self._stream(stream)
                     if s._closed:
                         s._check_open()
                     ptr = reader.read(inputs_embeds, s._handle)
                     if ptr is not None:  # a torch CUDA tensor of the step's shape and dtype, after its producer
+                        if ptr != st.dst._ptr:
+                            self._read(inputs_embeds)  # kept until the step's copy of it has run
                         return self._steady_decode(st, ptr, s)
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or
                 # converted once (its producer ordered before the step's stream), then a step like any other.
                 inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
             x = self._steady_input(st, inputs_embeds)
             if x is not None:
-                return self._steady_decode(st, x, as_stream(stream, self._backend))
+                return self._steady_decode(st, x, self._stream(stream))
         return self._decode(inputs_embeds, stream, slots)
 
     def _steady_input(self, st: _Steady, x: Any) -> Any:
@@ -195,8 +199,11 @@ class LLMSetup(SetupBase):
         plan but the embeddings."""
         if s._closed:
             s._check_open()
-        if type(x) is Tensor and x is not st.dst and x._last_stream is not None:
-            x._order_consumer(s._handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
+        if type(x) is Tensor and x is not st.dst:
+            if x._last_stream is not None:
+                x._order_consumer(s._handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
+            if x._ptr != st.dst._ptr:
+                self._read(x)  # kept until the step's copy of it has run
         # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
         # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
         value = st.value + st.ones
@@ -231,7 +238,7 @@ class LLMSetup(SetupBase):
                     self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
                     dst._last_stream = s
             else:
-                self._embeds_staging.upload(x, s, reshape=False)
+                self._embeds_staging.upload(x, self.io.inputs_embeds, s, reshape=False)
             ex = e.executor
             if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
                 ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)

@@ -25,7 +25,7 @@ from trtio._cache import BoundedCache
 from trtio._checks import is_int
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
-from trtio.pages import PagePool, PageTable, Prefix, StepPages
+from trtio.pages import PagePool, PageTable, Prefix, PrefixReturns, StepPages
 from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
 
@@ -307,7 +307,7 @@ class Sequences:
                 raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")
         return given
 
-    def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix") -> Prefix:
+    def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", *, returns: PrefixReturns | None = None) -> Prefix:
         """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``."""
         if not self.slotted:
             self.refuse_unslotted(what)
@@ -329,4 +329,4 @@ class Sequences:
             table.pool.hold(held)
             table.share(slot)
             pages[role], pools[role] = held, table.pool
-        return Prefix(self._owner, kept, pages, pools)
+        return Prefix(self._owner, kept, pages, pools, returns)

@@ -24,6 +24,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.memory import HOST_RING_SLOTS, Arena, HostStaging, MemoryReport, TensorRequest
+from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
@@ -55,10 +56,37 @@ from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draf
 from trtio.setups.drafting import DraftTree
 from trtio.setups.sequences import Sequences
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
+from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import StreamLike
 from trtio.tensor import Tensor
 
-__all__ = ["SpecDecodeSetup", "create_for_spec_decode"]
+__all__ = ["Phase", "SpecDecodeSetup", "create_for_spec_decode"]
+
+
+class Phase(enum.Enum):
+    """Where a :class:`SpecDecodeSetup` stands in its one order of calls (its value says what comes next).
+
+    ``base_prefill`` (PROMPTED) → ``draft_prefill`` (READY) → ``draft_propose`` × levels (PROPOSING) →
+    ``verify`` (VERIFIED) → ``accept`` (ACCEPTED) → ``draft_accept`` (READY) → the next round. Between rounds
+    (READY, or EMPTY before any prompt) ``base_prefill(slots=...)`` admits sequences and ``release`` /
+    ``pin_prefix`` run; ``base_prefill`` without ``slots`` restarts the batch from any phase; ``reset`` empties
+    it. The base may also run alone: a ``verify`` right after ``base_prefill`` leaves the draft behind
+    (BASE_VERIFIED → ``accept`` → BASE_ONLY → ``verify`` ...; no draft call until a ``base_prefill`` restarts
+    the batch). A call out of order is refused naming what comes next, and changes nothing."""
+
+    EMPTY = "no prompt has run: base_prefill() comes next"
+    PROMPTED = "a base prefill awaits its draft_prefill() (or, for the base alone, a verify()), which comes next"
+    READY = "between rounds: draft_propose() or verify() comes next"
+    PROPOSING = "a round is drafting: draft_propose() or verify() comes next"
+    VERIFIED = "a verify awaits its accept() (or another verify() replacing it), which comes next"
+    ACCEPTED = "an accept awaits its draft_accept(), which comes next"
+    BASE_VERIFIED = "a verify of the base alone awaits its accept() (or another verify()), which comes next"
+    BASE_ONLY = ("the base runs alone (it verified without the draft's prefill): verify() comes next; "
+                 "base_prefill() restarts the batch with the draft")
+
+
+_BETWEEN_ROUNDS = (Phase.EMPTY, Phase.READY)
+_RELEASE = (*_BETWEEN_ROUNDS, Phase.BASE_ONLY)  # a sequence may end between the base's verifies too
 
 _NO_ROOTS = np.zeros(0, np.int64)  # a later proposal level's roots: only a round's first level reads them
 
@@ -119,12 +147,14 @@ class SpecDecodeSetup(SetupBase):
                 self._catch_up_map.add_user(self.draft.executor)
             rows = max(bundle.effective_max_draft_proposal_size(), 1)
             self._extra_arena = stack.enter_context(Arena([
-                HostStaging.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation),
+                UploadRing.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
+                                   slots=INPUT_RING_SLOTS),
                 TensorRequest.of("draft_tree_words", (mb * w, max(1, -(-w // 32))), DType.INT32),
                 TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
                 backend=be, title="spec_decode staging"))
             self._embeds_staging = stack.enter_context(
-                HostStaging(self._extra_arena["host_inputs_embeds"], io.inputs_embeds, be, slots=HOST_RING_SLOTS))
+                UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
+                           title="inputs_embeds staging"))
             self._tree = DraftTree(io, self._steps, self.draft, self._extra_arena["draft_tree_words"],
                                    self._extra_arena["draft_tree_nodes"], self._embeds_staging, be, width=w,
                                    base_width=spec.base_output_hidden_dim)
@@ -139,11 +169,11 @@ class SpecDecodeSetup(SetupBase):
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
         self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
         self._last_dims: BoundedCache[tuple[str, str], tuple[tuple[int, ...], InferenceDims]] = BoundedCache()
-        self._prompt: Prompt | None = None  # a base prefill awaiting its draft prefill
-        self._draft_ready = False  # the draft has caught up with the base: a round may start
+        self._phase = Phase.EMPTY  # the one order of calls (see Phase); the fields below are its phases' data
+        self._prompt: Prompt | None = None  # PROMPTED: the base prefill awaiting its draft prefill
         self._roots = DraftRoots(io, self._steps, mb, spec.draft_hidden_size)
-        self._verified: VerifyTree | None = None  # the last verify tree
-        self._accepted: np.ndarray | None = None  # path lengths accept() committed, awaiting draft_accept
+        self._verified: VerifyTree | None = None  # VERIFIED: the verify tree accept() accepts from
+        self._accepted: np.ndarray | None = None  # ACCEPTED: path lengths accept() committed, for draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
         self._accepted_list: list[int] = []  # the path lengths as ints
         self._accepted_of: np.ndarray | None = None  # the read-only lengths _accepted_list holds (kept alive by it)
@@ -190,16 +220,18 @@ class SpecDecodeSetup(SetupBase):
             raise TrtioError("run base_prefill() first: there is no sequence to continue")
         return count
 
-    def _in_round(self) -> bool:
-        return self._tree.nodes > 0 or self._verified is not None or self._accepted is not None
+    @property
+    def phase(self) -> Phase:
+        """Where the setup stands in its order of calls (:class:`Phase`: its value says what comes next)."""
+        return self._phase
 
-    def _between_rounds(self, what: str) -> None:
-        if self._prompt is not None:
-            raise TrtioError(f"{what}: slots {list(self._prompt.rows.tolist())} await their draft_prefill(); call it "
-                             f"first")
-        if self._in_round():
-            raise TrtioError(f"{what}: a speculative round is under way (draft_propose .. draft_accept); call it "
-                             f"between rounds, after draft_accept()")
+    def _expect(self, what: str, *phases: Phase) -> None:
+        """Refuse ``what`` unless the setup stands in one of ``phases`` (before anything is read or changed)."""
+        if self._phase not in phases:
+            raise TrtioError(f"{what} is out of order: {self._phase.value}")
+
+    def _between_rounds(self, what: str, *, release: bool = False) -> None:
+        self._expect(what, *(_RELEASE if release else _BETWEEN_ROUNDS))
 
     # -- prefill ----------------------------------------------------------------------------------
     @one_thread
@@ -217,9 +249,9 @@ class SpecDecodeSetup(SetupBase):
         """
         self._prompt = self._prefill(self.base, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                                      deepstack_embeds, "base_prefill")
-        self._draft_ready = False
         self._verified = self._accepted = None
         self._tree.start()
+        self._phase = Phase.PROMPTED
         return self.io.output_logits
 
     @one_thread
@@ -232,10 +264,10 @@ class SpecDecodeSetup(SetupBase):
         where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
         sequence's last row."""
         self._check_usable()
+        self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
         pending = self._prompt
-        if pending is None:
-            raise TrtioError("draft_prefill() follows base_prefill(); after a verify round use draft_accept()")
+        assert pending is not None  # PROMPTED's data
         e, rows, past = self.draft, pending.rows, pending.past
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         check_draft_shape(pending, x.shape)
@@ -258,7 +290,7 @@ class SpecDecodeSetup(SetupBase):
 
     def _start_round(self) -> None:
         self._tree.start()
-        self._draft_ready = True
+        self._phase = Phase.READY
 
     # -- drafting ---------------------------------------------------------------------------------
     @one_thread
@@ -275,10 +307,8 @@ class SpecDecodeSetup(SetupBase):
         drafting_top_k`` nodes per round.
         """
         self._check_usable()
+        self._expect("draft_propose()", Phase.READY, Phase.PROPOSING)
         b = self._need_batch()
-        if not self._draft_ready:
-            raise TrtioError("draft_propose() needs the draft caught up with the base: call draft_prefill() after "
-                             "base_prefill(), or draft_accept() after accept()")
         e = self.draft
         x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
@@ -306,6 +336,8 @@ class SpecDecodeSetup(SetupBase):
         try:
             # the roots are staged at once (a view of slots 0 .. b - 1 serves as well as a copy)
             roots = _NO_ROOTS if not first else self._roots.rows[:b] if whole else self._roots.rows[order]
+            if type(x) is Tensor:  # read by a copy now or in the step's graph: kept until it has run
+                self._read(x)
             before = tree.propose(x, par, past, roots, s, order if self._seqs.slotted else None, pages, batch=b,
                                   nodes=k)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
@@ -318,6 +350,7 @@ class SpecDecodeSetup(SetupBase):
         tree.grow()
         if first:
             self._round_step = (order, key, past, pages)
+        self._phase = Phase.PROPOSING
         return self.io.output_logits
 
     # -- verify and accept --------------------------------------------------------------------------
@@ -331,6 +364,9 @@ class SpecDecodeSetup(SetupBase):
         length + depth. The base cache is not committed until :meth:`accept`.
         """
         self._check_usable()
+        # (again after a verify, not yet accepted: the new tree replaces the last; nothing was committed)
+        self._expect("verify()", Phase.READY, Phase.PROPOSING, Phase.VERIFIED, Phase.PROMPTED, Phase.BASE_ONLY,
+                     Phase.BASE_VERIFIED)
         b = self._need_batch()
         e = self.base
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
@@ -365,7 +401,9 @@ class SpecDecodeSetup(SetupBase):
             raise
         self._verified = t
         self._accepted = None
-        self._draft_ready = False
+        self._prompt = None  # from PROMPTED: the draft is left behind
+        self._phase = Phase.VERIFIED if self._phase in (Phase.READY, Phase.PROPOSING, Phase.VERIFIED) else \
+            Phase.BASE_VERIFIED
         return self.io.output_logits
 
     @one_thread
@@ -379,10 +417,10 @@ class SpecDecodeSetup(SetupBase):
         path length.
         """
         self._check_usable()
+        self._expect("accept()", Phase.VERIFIED, Phase.BASE_VERIFIED)
         b = self._need_batch()
         tree = self._verified
-        if tree is None:
-            raise TrtioError("accept() needs a verify() whose tree it accepts from (none since the last accept)")
+        assert tree is not None  # VERIFIED's data
         given = paths if type(paths) is list else self._host_input(paths, "paths")
         order, _key, lengths, whole = self._step_lengths(self.base)
         state = self.base.state
@@ -397,6 +435,7 @@ class SpecDecodeSetup(SetupBase):
             self._accepted_list = acc.tolist()
             self._accepted_of = None if acc.flags.writeable else acc
         self._verified = None
+        self._phase = Phase.ACCEPTED if self._phase is Phase.VERIFIED else Phase.BASE_ONLY
 
     @one_thread
     def draft_accept(self, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
@@ -406,14 +445,14 @@ class SpecDecodeSetup(SetupBase):
         states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
         sequence's last accepted row."""
         self._check_usable()
+        self._expect("draft_accept()", Phase.ACCEPTED)
         b = self._need_batch()
-        if self._accepted is None:
-            raise TrtioError("draft_accept() follows accept(): there are no accepted tokens to catch up on")
         e = self.draft
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
         acc, lens = self._accepted, self._accepted_list
+        assert acc is not None  # ACCEPTED's data
         given = accept_lengths
         # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
         same = type(given) is list and given == lens and all(type(v) is int for v in given)
@@ -492,9 +531,9 @@ class SpecDecodeSetup(SetupBase):
         self.base.state.reset(s)
         self.draft.state.reset(s)
         self._prompt = None
-        self._draft_ready = False
         self._verified = self._accepted = None
         self._tree.start()
+        self._phase = Phase.EMPTY
         self._repair()
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:

@@ -49,7 +49,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import EngineExecutor
 from trtio.errors import ConfigError, EngineError, InvalidTypeError, TrtioError
 from trtio.memory import MemoryEntry, MemoryReport
-from trtio.pages import Prefix
+from trtio.pages import Prefix, PrefixReturns
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.base import EngineGraphStats, one_thread
 from trtio.setups.binding import BoundEngine
@@ -248,6 +248,9 @@ class TensorParallelLLMSetup(LLMSetup):
         self._stepping = False
         self._plan: _SteadyPlan | None = None  # the steady decode the last decode left (see _steady_plan)
         self._in_use = threading.Lock()  # one_thread: the setup's public calls, one thread at a time
+        self._returns = PrefixReturns()  # one_thread's page lock (each rank setup keeps its own pools)
+        self._reads: list[Any] = []  # (each rank setup keeps what its own copies read)
+        self._read_slot = None
         self._group: collectives.HostGroup | None = None
         self._nccl: Any = None
         with contextlib.ExitStack() as stack:
@@ -714,11 +717,11 @@ class TensorParallelLLMSetup(LLMSetup):
             setup.release(slots)
 
     @one_thread
-    def pin_prefix(self, slot: int, tokens: int) -> Prefix:
+    def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
         """Pin the first ``tokens`` KV entries of ``slot``'s sequence in every rank's pool; one
         :class:`TensorParallelPrefix` for all of them."""
         self._check_open()
-        first = self._rank_setups[0].pin_prefix(slot, tokens)
+        first = self._rank_setups[0].pin_prefix(slot, tokens, stream)
         pinned = [first]
         try:
             for setup in self._rank_setups[1:]:

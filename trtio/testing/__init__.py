@@ -8,6 +8,7 @@ setups (token embedding, greedy sampling, EAGLE tree drafting); a loop of one's 
 makes chosen calls fail, to test what a failure mid-step leaves behind (``docs/faults.md``).
 """
 
+from trtio.testing.async_host import AsyncHostBackend
 from trtio.testing.faulty import FaultyBackend
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
@@ -21,6 +22,7 @@ from trtio.testing.toy_runtime import (
 )
 
 __all__ = [
+    "AsyncHostBackend",
     "CandidateTree",
     "FaultyBackend",
     "ReferenceEngine",

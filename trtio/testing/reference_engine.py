@@ -80,6 +80,7 @@ from trtio import names
 from trtio._checks import is_int
 from trtio.checkpoint import BINDINGS_KEY, parse_bindings
 from trtio.cuda._hostmem import host_view
+from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.testing.reference_gpu import (
@@ -170,8 +171,9 @@ class ReferenceEngine:
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
                  seed: int, fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0,
                  tp_size: int = 1, all_reduce: AllReduce | None = None,
-                 weight_inputs: Sequence[tuple[str, DType, Shape]] = ()) -> None:
+                 weight_inputs: Sequence[tuple[str, DType, Shape]] = (), backend: Backend | str | None = None) -> None:
         self._cfg = cfg
+        self._backend = backend if backend is not None and not isinstance(backend, str) else None
         self._geo = _Geometry.from_config(cfg, fixed_cache_batch=fixed_cache_batch)
         self._toy_weights = weights
         self._device = device
@@ -219,7 +221,7 @@ class ReferenceEngine:
     def from_config(cls, cfg: Any, *, seed: int = 0, device: str = "auto", weights: ToyWeights | None = None,
                     null_compute: bool = False, name: str | None = None,
                     fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0, tp_size: int = 1,
-                    all_reduce: AllReduce | None = None) -> ReferenceEngine:
+                    all_reduce: AllReduce | None = None, backend: Backend | str | None = None) -> ReferenceEngine:
         """An engine computing the toy model of ``cfg`` (an ``LLMEngineConfig`` or any object with its fields).
 
         ``cfg.contract`` picks the I/O contract: ``"ragged"`` is Edge-LLM 0.11's token-major one with
@@ -242,6 +244,11 @@ class ReferenceEngine:
         I/O contract and every validation but computes nothing (overhead benchmarks); it needs no
         weights and reports a small context memory. ``name`` defaults to ``"toy-<role>"``.
 
+        ``backend``: the trtio backend the engine computes on and launches its work on (a ``Backend``
+        instance, e.g. :class:`~trtio.testing.AsyncHostBackend`, or ``"host"`` / ``"cuda"``); its kind sets
+        ``device`` (a ``device`` that disagrees is refused). Setups bind the engine on it
+        (:attr:`trtio_backend`). Default: the shared backend of ``device``.
+
         Tensor parallelism (ragged only; ``trtio.testing.reference_tp``): ``tp_rank`` of ``tp_size`` ranks
         computes its share of the model (``cfg`` is the rank's config: its heads and KV heads; ``weights`` are
         the whole model's, required when ``tp_size > 1``) and sums the attention and MLP outputs over the ranks
@@ -257,6 +264,16 @@ class ReferenceEngine:
             validate()
         if device not in ("auto", "host", "gpu"):
             raise InvalidValueError(f"ReferenceEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
+        if backend is not None:
+            if isinstance(backend, str) and backend not in ("host", "cuda"):
+                raise InvalidValueError(f"ReferenceEngine: backend must be 'host', 'cuda' or a Backend, got "
+                                        f"{backend!r}")
+            name_of = backend if isinstance(backend, str) else backend.name
+            kind = "gpu" if name_of == "cuda" else "host"
+            if device not in ("auto", kind):
+                raise InvalidValueError(f"ReferenceEngine: device={device!r} disagrees with backend={backend!r} "
+                                        f"(which computes on the {kind})")
+            device = kind
         if device == "auto":
             device = "gpu" if _gpu_usable() else "host"
         elif device == "gpu" and not null_compute:
@@ -296,7 +313,7 @@ class ReferenceEngine:
             raise InvalidValueError(f"ReferenceEngine: the weights ({weights.num_layers} layers, draft="
                                     f"{weights.is_draft}) do not fit the config ({geo.layers} layers, role "
                                     f"{geo.role!r})")
-        return cls(cfg, weights, device=device, null_compute=null_compute,
+        return cls(cfg, weights, device=device, null_compute=null_compute, backend=backend,
                    name=name if name is not None else f"toy-{geo.role}", seed=seed,
                    fixed_cache_batch=fixed_cache_batch, omit=omit, tp_rank=int(tp_rank), tp_size=int(tp_size),
                    all_reduce=all_reduce, weight_inputs=_weight_inputs(cfg, geo, int(tp_size), null_compute))
@@ -316,8 +333,11 @@ class ReferenceEngine:
         return self._device
 
     @property
-    def trtio_backend(self) -> str:
-        """The trtio backend whose memory this engine computes on: ``"host"`` or ``"cuda"``."""
+    def trtio_backend(self) -> Backend | str:
+        """The trtio backend whose memory this engine computes on and whose streams it launches on: the one
+        ``from_config`` was given, else ``"host"`` or ``"cuda"``."""
+        if self._backend is not None:
+            return self._backend
         return "cuda" if self._device == "gpu" else "host"
 
     @property
@@ -535,8 +555,8 @@ class ReferenceExecutionContext:
 
     Choices where TensorRT's behaviour is not pinned down: switching to another optimization
     profile forgets every input shape; ON_PROFILE_CHANGE allocates like STATIC; user-managed
-    memory must be 256-byte aligned. A host-device context enqueues its work through trtio's shared
-    host backend (``get_backend("host")``), so captures must be made on that backend.
+    memory must be 256-byte aligned. A host-device context enqueues its work through its engine's host
+    backend (:attr:`ReferenceEngine.trtio_backend`), so captures must be made on that backend.
     """
 
     def __init__(self, engine: ReferenceEngine, strategy: ExecutionContextAllocationStrategy, name: str) -> None:
@@ -839,7 +859,7 @@ class ReferenceExecutionContext:
             if self._host_backend is None:
                 from trtio.cuda.backend import get_backend  # noqa: PLC0415
 
-                self._host_backend = get_backend("host")
+                self._host_backend = get_backend(engine.trtio_backend)
             self._host_backend.launch_host_func(stream, lambda: self._compute_host(plan, stream))
         return True
 
