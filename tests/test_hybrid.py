@@ -112,7 +112,7 @@ def test_hybrid_keys_that_do_not_fit_are_refused_naming_the_key(source: Path, ch
 
 def test_hybrid_fields_are_validated_together() -> None:
     cfg = LLMEngineConfig.from_edgellm(QWEN35 / "config.json")
-    with pytest.raises(ConfigError, match=r"kv_layer_configs\[3\]: attention layer 3 must have the model's KV geometry"):
+    with pytest.raises(ConfigError, match=r"kv_layer_configs\[3\]: attention layer 3 must have the model's KV"):
         dataclasses.replace(cfg, kv_layer_configs=cfg.kv_layer_configs[:3] + (None,) + cfg.kv_layer_configs[4:]
                             ).validate()
     with pytest.raises(ConfigError, match=r"kv_layer_configs\[0\]: layer 0 is recurrent"):
@@ -507,3 +507,27 @@ def test_on_the_gpu_admissions_zero_restore_and_replay_graphs(name: str) -> None
         stats = setup.graph_stats["llm"]
         assert stats.hits > stats.captures > 0
     story.check(Truth(toy))
+
+
+# -- trtio plan / inspect --------------------------------------------------------------------------------
+
+
+def test_plan_and_inspect_show_the_state_pools_and_their_bytes() -> None:
+    from trtio.tools.engine_dirs import format_kv_state, inspect_engine_dir, plan_engine_dir
+
+    plan = plan_engine_dir(ENGINES / "toy-qwen35-ragged")
+    (row,) = plan["kv_state"]
+    assert row["tensors"] == 2 and row["names"] == ["past_key_values_0", "past_key_values_1"], "KV pools only"
+    rec = row["recurrent"]
+    assert (rec["kind"], rec["layers"], rec["rows"], rec["snapshot_rows"]) == ("gated_deltanet", 4, 4, 4)
+    assert rec["conv"]["shape"] == [4, 128, 4] and rec["conv"]["bytes"] == 4 * (4 * 128 * 4 * 2)
+    assert rec["state"]["dtype"] == "float32" and rec["state"]["bytes"] == 4 * (4 * 4 * 16 * 16 * 4)
+    assert rec["snapshot_bytes"] == rec["conv"]["bytes"] + rec["state"]["bytes"]  # 4 rows of each of 4 slots' pools
+    assert "recurrent_state_3_snapshots" in plan["text"] and "conv_state_0 " in plan["text"]  # the memory report
+    (line,) = [x for x in format_kv_state(plan["kv_state"]) if "recurrent" in x]
+    assert "4 recurrent layers (gated_deltanet)" in line and "80.00 KiB in all" in line and "4 rows per pool" in line
+    inspected = inspect_engine_dir(ENGINES / "toy-nemotron-h-ragged")
+    rows = {t["name"]: t for t in inspected["engines"][0]["tensors"]}
+    for name in ("conv_state_2", "recurrent_state_2", "present_recurrent_state_2"):
+        assert name in rows, name
+    assert rows["recurrent_state_0"]["dtype"] == "float16"

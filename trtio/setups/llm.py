@@ -95,6 +95,12 @@ class LLMSetup(SetupBase):
         return self._engine.state
 
     @property
+    def recurrent(self) -> RecurrentStates | None:
+        """A hybrid model's recurrent states (the snapshot pool and which of its rows prefixes hold); None for a
+        model without recurrent layers."""
+        return self._recurrent
+
+    @property
     def executor(self) -> EngineExecutor:
         return self._engine.executor
 

@@ -55,7 +55,8 @@ from trtio.errors import ConfigError, UnknownNameError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
 __all__ = ["ENGINE_NAMES", "HYBRID_DIRS", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
-           "TP_DIRS", "HybridToyEngine", "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
+           "TP_DIRS", "HybridToyEngine", "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines",
+           "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
 ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
