@@ -153,6 +153,17 @@ def test_the_registry_names_every_binding_the_exporter_wrote_for_qwen35() -> Non
     assert aliases[names.present_recurrent_state(0)] == names.recurrent_state(0)
 
 
+def test_the_registry_names_every_binding_the_exporter_wrote_for_nemotron_h() -> None:
+    """The same for the Mamba2 graph the exporter wrote for the checkpoint of NEMOTRON's config."""
+    graph = parse_onnx_io(FIXTURES / "edgellm-0.11" / "nemotron-h-mamba2" / "onnx-io.txt")
+    specs = _declared(LLMEngineConfig.from_edgellm(NEMOTRON))
+    assert len(graph) == 17 + 6
+    assert {n for n in specs if n not in graph} == {names.kSkipSoftmaxScale}
+    for name, (io, dtype, shape) in graph.items():
+        s = specs[name]
+        assert (s.io, s.dtype, s.engine_shape) == (io, dtype, shape), name
+
+
 def test_a_mamba2_config_implies_the_bindings_edge_llm_declares_for_it() -> None:
     """Nemotron-H (written by Edge-LLM's config writer; its graph I/O from the facts: conv_state_j FP16 [rows,
     conv_dim, k], recurrent_state_j FP16 [rows, heads, head_dim, ssm_state] with present aliases, KV pools numbered

@@ -274,7 +274,8 @@ def format_kv_state(rows: list[dict[str, Any]]) -> list[str]:
                          f"{format_shape(state['shape'])} {state['dtype']}, one row per sequence slot "
                          f"({conv['names'][0]} .. {state['names'][-1]}): "
                          f"{format_bytes(conv['bytes'] + state['bytes'])} in all; snapshots for pinned prefixes: "
-                         f"{_count(rec['snapshot_rows'], 'row')} per pool (max_prefixes), {format_bytes(rec['snapshot_bytes'])}")
+                         f"{_count(rec['snapshot_rows'], 'row')} per pool (max_prefixes), "
+                         f"{format_bytes(rec['snapshot_bytes'])}")
     return lines
 
 
