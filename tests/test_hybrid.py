@@ -445,7 +445,8 @@ def test_memory_report_lists_the_state_pools_and_the_snapshot_pool() -> None:
         conv, rec = entries[names.conv_state(j)], entries[names.recurrent_state(j)]
         assert conv.shape == (4, 128, 4) and conv.dtype == "float16" and conv.nbytes == 4 * 128 * 4 * 2
         assert rec.shape == (4, 4, 16, 16) and rec.dtype == "float32" and rec.nbytes == 4 * 4 * 16 * 16 * 4
-        assert entries[f"{names.recurrent_state(j)}_snapshots"].shape == (3, 4, 16, 16)
+    assert entries["recurrent_state_snapshots"].shape == (4, 3, 4, 16, 16), "[recurrent layers, max_prefixes, ...]"
+    assert entries["conv_state_snapshots"].shape == (4, 3, 128, 4)
 
 
 def _churn(toy: HybridToyEngine, requests: int) -> None:
@@ -534,7 +535,7 @@ def test_plan_and_inspect_show_the_state_pools_and_their_bytes() -> None:
     assert rec["conv"]["shape"] == [4, 128, 4] and rec["conv"]["bytes"] == 4 * (4 * 128 * 4 * 2)
     assert rec["state"]["dtype"] == "float32" and rec["state"]["bytes"] == 4 * (4 * 4 * 16 * 16 * 4)
     assert rec["snapshot_bytes"] == rec["conv"]["bytes"] + rec["state"]["bytes"]  # 4 rows of each of 4 slots' pools
-    assert "recurrent_state_3_snapshots" in plan["text"] and "conv_state_0 " in plan["text"]  # the memory report
+    assert "recurrent_state_snapshots" in plan["text"] and "conv_state_0 " in plan["text"]  # the memory report
     (line,) = [x for x in format_kv_state(plan["kv_state"]) if "recurrent" in x]
     assert "4 recurrent layers (gated_deltanet)" in line and "80.00 KiB in all" in line and "4 rows per pool" in line
     inspected = inspect_engine_dir(ENGINES / "toy-nemotron-h-ragged")

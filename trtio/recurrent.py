@@ -12,16 +12,14 @@ count, whatever the step's batch.
 :class:`RecurrentStates` is what a setup does with those rows: a new sequence's rows are zeroed on the device before
 its prefill reads them (Edge-LLM's ``clearSlot``), a pinned prefix keeps a copy of its slot's rows in a row of a fixed
 snapshot pool (``max_prefixes`` rows), and a sequence started from that prefix gets the copy back. Each is one device
-operation (a fused row copy, indices read on the device), so admitting sequences costs one launch, no host sync.
+operation on the cuda backend (strided row copies of every layer's pool, packed into one launch), with no host sync.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
-
-import numpy as np
+from typing import Any
 
 from trtio import names
 from trtio._cache import BoundedCache
@@ -31,8 +29,8 @@ from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.engine import DeviceWork, EngineIO
 from trtio.errors import CapacityError
-from trtio.memory import Arena, HostStaging, MemoryReport, TensorRequest
-from trtio.ops import RowCopy, fuse
+from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.ops import Copy2D, Zero2D, fuse
 from trtio.pages import PagePool
 from trtio.registry import ProfileShapes, TensorSpec
 from trtio.stream import Stream
@@ -133,13 +131,41 @@ def recurrent_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> l
     return problems
 
 
+class _Group:
+    """The pools of one kind (every layer's conv state, or every layer's recurrent state) and their snapshots: row
+    ``s`` of layer ``l``'s pool at ``base + l * stride + s * row``, snapshot row ``r`` of layer ``l`` at
+    ``snapshots + l * snap_stride + r * row``. Pools an arena laid out evenly (one allocation, sizes a multiple of
+    its alignment) are one group of ``layers`` pools; other pools are groups of one."""
+
+    def __init__(self, pools: list[Tensor], snapshots: int, row: int, prefixes: int) -> None:
+        self.backend = pools[0].backend
+        self.base, self.layers, self.row = pools[0].data_ptr, len(pools), row
+        self.stride = pools[1].data_ptr - pools[0].data_ptr if len(pools) > 1 else row
+        self.snapshots = snapshots  # the address of this group's first layer's snapshot row 0 (0: none)
+        self.snap_stride = prefixes * row
+
+
+def _groups(pools: list[Tensor], snapshots: Tensor | None, row: int, prefixes: int) -> list[_Group]:
+    """``pools`` (one kind, layer order; ``snapshots`` ``[layers, prefixes, ...]``) as the fewest groups: one where
+    they are evenly spaced, else one per pool."""
+    ptrs = [p.data_ptr for p in pools]
+    stride = ptrs[1] - ptrs[0] if len(ptrs) > 1 else 0
+    snap = snapshots.data_ptr if snapshots is not None else 0
+    if len(ptrs) == 1 or (stride > 0 and all(q == ptrs[0] + i * stride for i, q in enumerate(ptrs))):
+        return [_Group(pools, snap, row, prefixes)]
+    return [_Group([pool], snap + layer * prefixes * row if snap else 0, row, prefixes)
+            for layer, pool in enumerate(pools)]
+
+
 class RecurrentStates(Closeable):
     """What a setup does with a hybrid engine's per-slot state rows (see the module docstring): the pools are the
-    engine state's (``pools``: name -> tensor, ``[rows, ...]``); this owns the snapshot pool of ``max_prefixes`` rows
-    per pool, the device indices its copies read, and which snapshot rows pinned prefixes hold (:attr:`rows`).
+    engine state's (``pools``: name -> tensor, ``[rows, ...]``, conv states first, each kind in layer order); this
+    owns the snapshot pool (one tensor per kind, ``[layers, max_prefixes, ...]``) and which of its rows pinned
+    prefixes hold (:attr:`rows`).
 
-    Every method enqueues on the stream it is given and returns at once (no host sync). Follows trtio's close
-    protocol (:mod:`trtio._lifetime`).
+    Each operation is one device launch on the cuda backend (a fused copy of the slot's row in every layer's pool:
+    evenly spaced pools, as the engine state's arena lays them out, are one strided copy per kind), enqueued on the
+    stream given, no host sync. Follows trtio's close protocol (:mod:`trtio._lifetime`).
     """
 
     def __init__(self, pools: dict[str, Tensor], max_batch: int, max_prefixes: int, *, backend: Backend,
@@ -148,65 +174,50 @@ class RecurrentStates(Closeable):
         self.max_batch = max_batch
         self.max_prefixes = max_prefixes
         self._init_lifetime(f"recurrent states of {name!r}")
-        self._pools = dict(pools)
         self.rows = PagePool(max_prefixes)  # snapshot rows, held by pinned prefixes
-        i32 = DType.INT32
-        requests = [TensorRequest.of(f"{past}_snapshots", (max_prefixes, *t.shape[1:]), t.dtype)
-                    for past, t in self._pools.items() if max_prefixes]
-        requests += [TensorRequest.of("state_fill", (max_batch,), i32),
-                     TensorRequest.of("state_sources", (max_batch,), i32),
-                     HostStaging.request("host_state_sources", (max_batch,), i32),
-                     TensorRequest.of("state_pin_slot", (1,), i32), TensorRequest.of("state_pin_row", (1,), i32),
-                     HostStaging.request("host_state_pin_slot", (1,), i32),
-                     HostStaging.request("host_state_pin_row", (1,), i32)]
-        with contextlib.ExitStack() as undo:  # a constructor that fails frees what it made
-            self._arena = Arena(requests, backend=backend, title=f"{name} recurrent snapshots")
-            undo.callback(self._arena.close)
-            self._snapshots = {past: self._arena[f"{past}_snapshots"] for past in self._pools if max_prefixes}
-            self._fill = self._arena["state_fill"]
-            self._fill.copy_from(np.full(max_batch, -1, np.int32), stream)  # -1: a zero row (ops.copy_rows)
-            self._sources = HostStaging(self._arena["host_state_sources"], self._arena["state_sources"], backend)
-            undo.callback(self._sources.close)
-            # A pin's source slot and snapshot row, each in a tensor of its own (a row copy reads its indices from
-            # a tensor's start).
-            self._pin_slot = HostStaging(self._arena["host_state_pin_slot"], self._arena["state_pin_slot"], backend)
-            undo.callback(self._pin_slot.close)
-            self._pin_row = HostStaging(self._arena["host_state_pin_row"], self._arena["state_pin_row"], backend)
-            undo.callback(self._pin_row.close)
-            undo.pop_all()
-        self._admissions: BoundedCache[tuple[int, bool, int], tuple[DeviceWork, ...]] = BoundedCache()
-        self._pins: tuple[DeviceWork, ...] | None = None
+        kinds = {template: [t for past, t in pools.items() if past.startswith(template + "_")]
+                 for template in (names.kConvStateTemplate, names.kRecurrentStateTemplate)}
+        self._kinds = {k: v for k, v in kinds.items() if v}
+        requests = [TensorRequest.of(f"{template}_snapshots", (len(ts), max_prefixes, *ts[0].shape[1:]), ts[0].dtype)
+                    for template, ts in self._kinds.items()]
+        self._arena = Arena(requests, backend=backend, title=f"{name} recurrent snapshots")
+        self._groups: list[_Group] = []
+        for template, ts in self._kinds.items():
+            snaps = self._arena[f"{template}_snapshots"] if max_prefixes else None
+            self._groups += _groups(ts, snaps, ts[0].dtype.nbytes(math.prod(ts[0].shape[1:])), max_prefixes)
+        self._admissions: BoundedCache[tuple[tuple[int, ...], tuple[int, ...] | None], tuple[DeviceWork, ...]] = \
+            BoundedCache()
+        self._pins: BoundedCache[tuple[int, int], tuple[DeviceWork, ...]] = BoundedCache()
 
     @property
     def nbytes(self) -> int:
         """Bytes of the snapshot pool (the state pools themselves are the engine state's)."""
-        return sum(t.capacity for t in self._snapshots.values())
-
-    def _row_bytes(self, t: Tensor) -> int:
-        return t.dtype.nbytes(math.prod(t.shape[1:]))
+        return sum(self._arena[f"{t}_snapshots"].capacity for t in self._kinds)
 
     # -- admissions ----------------------------------------------------------------------------------
-    def admission(self, slots: Tensor, count: int, sources: Sequence[int] | None,
-                  stream: Stream) -> tuple[DeviceWork, ...]:
-        """Device work that sets the state rows of ``count`` new sequences before the engine reads them: row
-        ``slots[i]`` (int32 on the device, read when the work runs: the step's ``state_indices``) of every pool
-        becomes zeros, or, where ``sources[i] >= 0``, a copy of snapshot row ``sources[i]`` (a pinned prefix's). The
-        sources (None: all zero) are staged on ``stream`` now; the returned work is enqueued by the caller, after
-        the step's inputs are uploaded and before the engine. Equal calls return the same work (its launch is
-        packed once)."""
+    def admission(self, slots: Sequence[int], sources: Sequence[int] | None) -> tuple[DeviceWork, ...]:
+        """Device work that sets the state rows of new sequences before the engine reads them: row ``slots[i]`` of
+        every pool becomes zeros, or, where ``sources[i] >= 0``, a copy of snapshot row ``sources[i]`` (a pinned
+        prefix's). The caller enqueues it on the step's stream before the engine. Equal calls return the same work
+        (its launch packed once): an admission of one sequence then costs one launch (more where the pools are not
+        evenly spaced)."""
         self._check_open()
-        restore = sources is not None and any(r >= 0 for r in sources)
-        if restore:
-            assert sources is not None
-            self._sources.upload(np.asarray(sources, np.int32), stream, reshape=False)
-        key = (count, restore, slots.data_ptr)
+        key = (tuple(slots), None if sources is None else tuple(sources))
         found = self._admissions.get(key)
         if found is None:
-            src_rows = self._sources.device if restore else self._fill
-            copies = [RowCopy(pool, self._snapshots.get(past, pool), src_rows, count, self._row_bytes(pool),
-                              dst_rows=slots) for past, pool in self._pools.items()]
-            found = self._admissions.put(key, fuse(copies))
+            works: list[Any] = []
+            for i, slot in enumerate(key[0]):  # one launch per slot: the strided rows of two slots interleave
+                src = -1 if key[1] is None else key[1][i]
+                works += fuse([self._row_copy(g, slot, src) for g in self._groups])
+            found = self._admissions.put(key, tuple(works))
         return found
+
+    def _row_copy(self, g: _Group, slot: int, source: int) -> Any:
+        """Slot ``slot``'s row of every layer of ``g``: zeros (``source`` < 0) or snapshot row ``source``."""
+        dst = g.base + slot * g.row
+        if source < 0:
+            return Zero2D(g.backend, dst, g.stride, g.row, g.layers)
+        return Copy2D(g.backend, dst, g.stride, g.snapshots + source * g.row, g.snap_stride, g.row, g.layers)
 
     # -- snapshots -------------------------------------------------------------------------------------
     def snapshot(self, slot: int, what: str, stream: Stream) -> int:
@@ -220,13 +231,11 @@ class RecurrentStates(Closeable):
                                 f"create the setup with a larger max_prefixes")
         row = self.rows.take(1)[0]
         try:
-            self._pin_slot.upload(np.array([slot], np.int32), stream, reshape=False)
-            self._pin_row.upload(np.array([row], np.int32), stream, reshape=False)
-            works = self._pins
+            works = self._pins.get((slot, row))
             if works is None:
-                works = self._pins = fuse([RowCopy(self._snapshots[past], pool, self._pin_slot.device, 1,
-                                                   self._row_bytes(pool), dst_rows=self._pin_row.device)
-                                           for past, pool in self._pools.items()])
+                works = self._pins.put((slot, row), fuse([
+                    Copy2D(g.backend, g.snapshots + row * g.row, g.snap_stride, g.base + slot * g.row, g.stride, g.row,
+                           g.layers) for g in self._groups]))
             for w in works:
                 w.enqueue(stream)
         except BaseException:
@@ -239,12 +248,8 @@ class RecurrentStates(Closeable):
         return self._arena.report()
 
     def _close_owned(self) -> None:
-        with contextlib.ExitStack() as release:
-            release.callback(self._arena.close)
-            release.callback(self._sources.close)
-            release.callback(self._pin_slot.close)
-            release.callback(self._pin_row.close)
+        self._arena.close()
 
     def __repr__(self) -> str:
-        return (f"RecurrentStates({self.name!r}, {len(self._pools)} pools, {self.max_prefixes} snapshot rows, "
-                f"{self.rows.free} free)")
+        return (f"RecurrentStates({self.name!r}, {sum(g.layers for g in self._groups)} pools, {self.max_prefixes} "
+                f"snapshot rows, {self.rows.free} free)")

@@ -419,7 +419,7 @@ class SetupBase(Closeable, abc.ABC):
             self._upload_embeds(x, s)
             before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
             if past_lengths is None:  # new sequences: a hybrid's recurrent states zeroed, or restored from prefixes
-                before += self._seqs.admitted_states(rows, prefixes, self.io, s)
+                before += self._seqs.admitted_states(rows, prefixes)
             self._bind_deepstack(e, features, b, seq, s)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)

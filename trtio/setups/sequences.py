@@ -27,7 +27,6 @@ from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
 from trtio.pages import PagePool, PageTable, Prefix, StepPages
-from trtio.pipeline_io import PipelineIO
 from trtio.recurrent import RecurrentStates
 from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
@@ -317,17 +316,15 @@ class Sequences:
                 raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")
         return given
 
-    def admitted_states(self, rows: np.ndarray, prefixes: list[Prefix | None] | None, io: PipelineIO,
-                        s: Stream) -> tuple[DeviceWork, ...]:
-        """A hybrid model's new sequences (``rows``: their slots, in step order; a prefill that starts them, not one
-        that continues them): device work that zeroes their recurrent-state rows, or restores a prefix's snapshot
-        into them, reading the slots from the step's ``state_indices`` (``io``'s, uploaded before the work runs).
-        Nothing for a model without recurrent layers."""
+    def admitted_states(self, rows: np.ndarray, prefixes: list[Prefix | None] | None) -> tuple[DeviceWork, ...]:
+        """A hybrid model's new sequences (``rows``: their slots; a prefill that starts them, not one that continues
+        them): device work that zeroes their recurrent-state rows, or restores a prefix's snapshot into them, to
+        enqueue on the step's stream before its engine. Nothing for a model without recurrent layers."""
         rec = self.recurrent
         if rec is None:
             return ()
         sources = None if prefixes is None else [-1 if p is None else p.pages(STATE_ROWS)[0] for p in prefixes]
-        return rec.admission(io.member("state_indices"), int(rows.shape[0]), sources, s)
+        return rec.admission(rows.tolist(), sources)
 
     def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", stream: Stream | None = None) -> Prefix:
         """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``. A hybrid
