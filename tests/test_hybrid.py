@@ -543,3 +543,39 @@ def test_plan_and_inspect_show_the_state_pools_and_their_bytes() -> None:
     for name in ("conv_state_2", "recurrent_state_2", "present_recurrent_state_2"):
         assert name in rows, name
     assert rows["recurrent_state_0"]["dtype"] == "float16"
+
+
+# -- trtio demo and trtio generate -------------------------------------------------------------------------
+
+
+def test_the_demo_runs_the_hybrid_directories_and_their_admission_story() -> None:
+    from trtio.cuda.backend import get_backend
+    from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
+
+    prompts = [[3, 14, 15], [92, 65, 35, 89, 79], [32, 38], [46, 26, 43, 38]]  # the story needs four
+    out = run_hybrid(ENGINES, prompts, 6, get_backend("host"))
+    assert list(out) == list(HYBRID_DIRS)
+    for name, s in out.items():
+        toy = HybridToyEngine.load(name)
+        assert s["ok"] and s["admissions"]["equal"], name
+        assert any(e["event"] == "pin" for e in s["admissions"]["events"])
+        assert any(r["from_prefix"] and r["equal"] for r in s["admissions"]["requests"]), "a request from the prefix"
+        with setup_for(toy) as setup:
+            from trtio.testing.toy_runtime import greedy_generate
+
+            assert s["tokens"] == greedy_generate(setup, toy.embedding(), prompts, 6)
+    text = "\n".join(format_hybrid(out))
+    assert "== hybrid model: toy-nemotron-h-ragged (mamba2; layers mamba, mamba, attention, mamba; RoPE off" in text
+
+
+def test_generate_runs_a_hybrid_directory() -> None:
+    pytest.importorskip("tokenizers")
+    import io
+
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    out, err = io.StringIO(), io.StringIO()
+    stats = run_generate(GenerateOptions(ENGINES / "toy-qwen35-ragged", "The quick brown fox", 8, backend="host"),
+                         out, err)
+    assert stats["tokens"] >= 1 and out.getvalue().startswith("The quick brown fox")
+    assert "has no engine files: running" in err.getvalue()
