@@ -260,7 +260,9 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
                    "end: the prefix of 40 tokens released; pages in use 0 of 8",
                    "each request's tokens equal its solo greedy run: yes"):
         assert needle in story, needle
-    assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes -> OK")
+    assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes; "
+                                                  "toy-qwen35-ragged: admissions equal yes; toy-nemotron-h-ragged: "
+                                                  "admissions equal yes -> OK")
 
 
 def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: pytest.MonkeyPatch,
