@@ -1,6 +1,7 @@
 """Write the runtime files of the toy engine directories in TensorRT Edge-LLM's layout.
 
-Each toy directory of ``engines/`` (``toy-llm-ragged``, ``toy-eagle3-ragged``, ``toy-llm``, ``toy-eagle``) gets
+Each toy directory of ``engines/`` (``toy-llm-ragged``, ``toy-eagle3-ragged``, ``toy-llm``, ``toy-eagle``, and the
+hybrid ``toy-qwen35-ragged`` and ``toy-nemotron-h-ragged``) gets
 what Edge-LLM's builder writes beside its engines for a runtime to use:
 
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE tokenizer (Hugging Face ``tokenizers``)
@@ -32,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtio.edgellm import EMBEDDING_FILE  # noqa: E402 - after the path set-up, so a checkout runs as it is
-from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines  # noqa: E402
+from trtio.testing.toy_engines import HYBRID_DIRS, HybridToyEngine, RaggedToyEngines, ToyEngines  # noqa: E402
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the toy configs' eos_token_id is [2]
-DIRECTORIES = ("toy-llm-ragged", "toy-eagle3-ragged", "toy-llm", "toy-eagle")
+DIRECTORIES = ("toy-llm-ragged", "toy-eagle3-ragged", "toy-llm", "toy-eagle", *HYBRID_DIRS)
 
 # The training text: plain English, so that English prompts split into a few tokens each.
 TEXT = """\
@@ -117,8 +118,10 @@ def make_assets(engines: Path) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     tokenizers: dict[int, str] = {}
     for name in DIRECTORIES:
-        toys = ragged if name in ("toy-llm-ragged", "toy-eagle3-ragged") else batch
-        cfg = toys.llm_config
+        toys: RaggedToyEngines | ToyEngines | HybridToyEngine = (
+            ragged if name in ("toy-llm-ragged", "toy-eagle3-ragged") else
+            HybridToyEngine.load(engines / name) if name in HYBRID_DIRS else batch)
+        cfg = toys.config if isinstance(toys, HybridToyEngine) else toys.llm_config
         if cfg.vocab_size not in tokenizers:
             tokenizers[cfg.vocab_size] = train_tokenizer(cfg.vocab_size)
         out[f"{name}/{TOKENIZER_FILE}"] = tokenizers[cfg.vocab_size].encode()

@@ -260,7 +260,9 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
                    "end: the prefix of 40 tokens released; pages in use 0 of 8",
                    "each request's tokens equal its solo greedy run: yes"):
         assert needle in story, needle
-    assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes -> OK")
+    assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes; "
+                                                  "toy-qwen35-ragged: admissions equal yes; toy-nemotron-h-ragged: "
+                                                  "admissions equal yes -> OK")
 
 
 def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: pytest.MonkeyPatch,
@@ -917,7 +919,10 @@ def test_bench_sequences_side_by_side(capsys: pytest.CaptureFixture[str]) -> Non
                           "LLMSetup.prefill, 16 tokens, the batch of 7 restarted (slots=None)",
                           "LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)",
                           "LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active",
-                          "LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"]
+                          "LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()",
+                          "hybrid LLMSetup.decode, a batch of 8 prefilled whole",
+                          "hybrid LLMSetup.decode, 8 slots after admissions and releases",
+                          "hybrid admission: one slot's recurrent states zeroed (27 layers)"]
     for name, row in rows.items():
         assert row["us_per_call_synced"] >= row["us_per_call"] > 0, name
         assert row["host_syncs"] == 0, f"{name} synchronised the host"
@@ -928,8 +933,15 @@ def test_bench_sequences_side_by_side(capsys: pytest.CaptureFixture[str]) -> Non
     assert admit["device_ops"] == rows["LLMSetup.prefill, 16 tokens, a batch of 1 restarted (slots=None)"]["device_ops"]
     for name in ("LLMSetup.release([s]), 7 others active", "LLMSetup.pin_prefix(s, 16)", "Prefix.release()"):
         assert rows[name]["device_ops"] == 0, f"{name} is host bookkeeping: nothing enqueued"
+    hybrid_whole, hybrid_churned = rows["hybrid LLMSetup.decode, a batch of 8 prefilled whole"], \
+        rows["hybrid LLMSetup.decode, 8 slots after admissions and releases"]
+    assert hybrid_whole["device_ops"] == hybrid_churned["device_ops"] == 1
+    assert rows["hybrid admission: one slot's recurrent states zeroed (27 layers)"]["device_ops"] == 2, \
+        "one strided zeroing per kind of state (conv, recurrent), every layer at once"
     targets = {t["what"]: t for t in out["targets"]}
-    assert len(targets) == 5 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert len(targets) == 7 and all(isinstance(t["met"], bool) for t in targets.values())
+    assert targets["hybrid: decode after admissions and releases / whole-batch decode"]["value"] == pytest.approx(
+        hybrid_churned["us_per_call_synced"] / hybrid_whole["us_per_call_synced"])
     assert targets["device operations per decode step, unchanged"]["met"]
     ratio = targets["decode after admissions and releases / whole-batch decode"]["value"]
     assert ratio == pytest.approx(churned["us_per_call_synced"] / whole["us_per_call_synced"])

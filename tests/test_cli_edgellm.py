@@ -368,8 +368,8 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
         _edit(d / "config.json", builder_config__max_batch_size=None)
         return d, [], ["config.json: builder_config.max_batch_size: is required"]
     if kind == "unsupported family":
-        return _copy(EDGELLM / "qwen3.5-tiny", root, "config.json"), [], ["num_linear_attn_layers",
-                                                                          "hybrid linear attention", "not support"]
+        return _copy(EDGELLM / "gemma4-keqv-tiny", root, "config.json"), [], ["global_head_dim",
+                                                                              "per-layer KV head dims", "not support"]
     if kind == "unsupported spec family":
         return (_copy(EDGELLM / "qwen3-dflash-tiny", root, "base_config.json", "draft_config.json"), [],
                 ["spec_decode_type", "dflash"])

@@ -37,9 +37,7 @@ GENERATED = FIXTURES / "edgellm"
 REFUSED = {
     "gemma4-ple-tiny": "global_head_dim",
     "gemma4-keqv-tiny": "global_head_dim",
-    "nemotron-h-hublayout-tiny": "num_linear_attn_layers",
-    "qwen3.5-tiny": "num_linear_attn_layers",
-    "qwen3.5-mtp-tiny": "num_linear_attn_layers",
+    "qwen3.5-mtp-tiny": "spec_decode_type",
     "qwen3-dflash-tiny": "spec_decode_type",
 }
 # Tensor-parallel builds (config_world{N}.json): read per rank, tested in their own section.
@@ -128,6 +126,24 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
         assert cfg.max_verify_tree_size == 0 and cfg.eagle_hidden_state_layers == ()
     assert (cfg.contract, cfg.kv_page_size, cfg.activation_dtype) == ("ragged", 128, "float16")
     assert b["ragged_backend"] == "entry_padded_compatibility"
+    assert cfg.use_rope == raw.get("use_rope", True)
+    used.add("use_rope")
+    if "layer_types" in raw:  # a hybrid model (or a uniform table of attention layers)
+        used |= {"layer_types", "kv_layer_configs", "num_linear_attn_layers"}
+        assert list(cfg.layer_types) == raw["layer_types"]
+        assert [None if e is None else e.to_dict() for e in cfg.kv_layer_configs] == raw.get("kv_layer_configs", [])
+    if cfg.is_hybrid:
+        recurrent = ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
+                     "recurrent_state_size")
+        used |= {*recurrent, "recurrent_state_num_groups", "recurrent_spec_verify_mode", "recurrent_state_dtype",
+                 "conv_state_dtype"}
+        assert [getattr(cfg, k) for k in recurrent] == [raw[k] for k in recurrent]
+        assert cfg.recurrent_state_num_groups == raw.get("recurrent_state_num_groups", 0)
+        assert (cfg.recurrent_state_dtype, cfg.conv_state_dtype) == (_SHORT[raw["recurrent_state_dtype"]],
+                                                                     _SHORT[raw["conv_state_dtype"]])
+        assert cfg.recurrent_spec_verify_mode == raw["recurrent_spec_verify_mode"]
+        kinds = {"snapshot": "gated_deltanet", "replay": "mamba2"}
+        assert cfg.recurrent_kind == kinds[raw["recurrent_spec_verify_mode"]]
     rest = {k: v for k, v in _flat(raw).items() if k not in used}
     assert _thaw(cfg.extras) == rest
 
@@ -409,12 +425,6 @@ def test_json_nan_literal_and_broken_files(tmp_path: Path) -> None:
 # -- unsupported families: refused at load, naming the marker key -----------------------------
 
 FAMILIES = [
-    ("hybrid linear attention (count)", lambda r: r.update(num_linear_attn_layers=6, num_attention_layers=2),
-     "num_linear_attn_layers", "hybrid linear attention"),
-    ("hybrid linear attention (layer types)",
-     lambda r: r.update(layer_types=["mamba", "attention"] * 4,
-                        kv_layer_configs=[None, {"num_kv_heads": 2, "head_dim": 16}] * 4),
-     "layer_types", "layer types ['mamba'] besides 'attention'"),
     ("per-layer KV head dims (global)", lambda r: r.update(global_head_dim=32), "global_head_dim",
      "per-layer KV head dims"),
     ("per-layer KV head dims (table)",
@@ -463,7 +473,7 @@ def test_uniform_layer_tables_are_not_a_family() -> None:
                                                                                       "head_dim": 16}] * 8,
                                    kv_sharing_donors=[-1] * 8, global_head_dim=16, ple_enabled=False))
     cfg = LLMEngineConfig.from_edgellm(raw)
-    assert cfg.extras["layer_types"] == ("attention",) * 8
+    assert cfg.layer_types == ("attention",) * 8 and not cfg.is_hybrid
 
 
 # -- roles and pairs ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 import trtio
 from trtio.cli import main
 from trtio.edgellm import EngineDir
-from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, default_engines_dir
+from trtio.testing.toy_engines import HYBRID_DIRS, RaggedToyEngines, ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import greedy_generate
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -313,7 +313,7 @@ def _essentials(text: bytes) -> dict[str, Any]:
 
 def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
     made = _script().make_assets(ENGINES)
-    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS for a in ASSETS)
+    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS + HYBRID_DIRS for a in ASSETS)
     for rel, data in made.items():
         committed = (ENGINES / rel).read_bytes()
         if rel.endswith("tokenizer.json"):

@@ -478,20 +478,15 @@ class _WithRecurrentState(ReferenceEngine):
         self._by_name = {d.name: d for d in self._decls}
 
 
-def test_a_state_pair_no_registry_names_is_bound_by_the_state():
+def test_a_recurrent_state_the_config_does_not_describe_is_refused():
+    """A recurrent state pair on a config without recurrent layers: no registry names it, and the engine state
+    binds recurrent pools whole, one row per slot (trtio/recurrent.py), only where the config's layer_types say
+    which layers they belong to; otherwise binding is refused, naming the binding."""
     cfg = llm_config()
     eng = _WithRecurrentState.from_config(cfg, device="host")
-    with create_for_llm(eng, cfg, graphs=True) as setup:
-        E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
-        got = greedy_generate(setup, E, [[1, 2, 3], [4, 5]], 4)
-        t = setup.state.tensors[names.recurrent_state(0)]
-        assert setup.tensor_map[names.present_recurrent_state(0)] is t
-        ctx = setup.executor.context
-        assert ctx.get_tensor_address(names.recurrent_state(0)) == ctx.get_tensor_address(
-            names.present_recurrent_state(0)) == t.data_ptr
-        assert tuple(ctx.get_tensor_shape(names.recurrent_state(0))) == (2, 3), "the dynamic batch follows the step"
-    with create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg) as plain:
-        assert greedy_generate(plain, E, [[1, 2, 3], [4, 5]], 4) == got
+    with pytest.raises(trtio.BindingError, match=r"recurrent_state_0: the engine declares this recurrent state but "
+                                                 r"the config has no recurrent layer \(layer_types\)"):
+        create_for_llm(eng, cfg, graphs=True)
 
 
 # -- lifetimes --------------------------------------------------------------------------------------

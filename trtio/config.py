@@ -24,13 +24,22 @@ from trtio.errors import ConfigError, NotAvailableError, ShapeError
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
-           "freeze_json"]
+           "KVLayerConfig", "LAYER_TYPES", "RECURRENT_KINDS", "SPEC_VERIFY_MODES", "freeze_json"]
 
 log = logging.getLogger("trtio")
 
 _ACTIVATION_DTYPES = ("float16", "bfloat16", "float32")
 _KV_DTYPES = ("float16", "bfloat16", "float32", "fp8", "int8")
 _ROPE_TYPES = ("rope", "mrope")
+#: ``LLMEngineConfig.layer_types`` entries, as Edge-LLM's config writer spells them: an attention layer (KV pool),
+#: or ``"mamba"`` for any recurrent layer (Gated DeltaNet or Mamba2: conv and recurrent state per slot).
+LAYER_TYPES = ("attention", "mamba")
+#: ``LLMEngineConfig.recurrent_kind``: the recurrence of a hybrid model's recurrent layers.
+RECURRENT_KINDS = ("gated_deltanet", "mamba2")
+#: ``recurrent_spec_verify_mode``: how a speculative verify commits recurrent state (Edge-LLM's GDN "snapshot",
+#: Mamba2 "replay").
+SPEC_VERIFY_MODES = ("snapshot", "replay")
+_STATE_DTYPES = ("float16", "bfloat16", "float32")
 #: The engine I/O contracts a config may name: ``"batch"`` (batch-major activations, contiguous KV caches)
 #: and ``"ragged"`` (Edge-LLM 0.11's token-major activations, paged KV pools; ``docs/edgellm-assumptions.md``
 #: §3, §4); ``None`` means "as the engine declares" (``trtio.contract_of``).
@@ -189,6 +198,24 @@ def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
 
 
 @dataclass(frozen=True)
+class KVLayerConfig:
+    """One attention layer's KV geometry (an entry of Edge-LLM's ``kv_layer_configs``)."""
+
+    num_kv_heads: int
+    head_dim: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim}
+
+
+def _kv_layer(entry: Any) -> Any:
+    """A ``kv_layer_configs`` entry as a KVLayerConfig (None stays None; anything else is left for validate())."""
+    if isinstance(entry, Mapping) and set(entry) == {"num_kv_heads", "head_dim"}:
+        return KVLayerConfig(entry["num_kv_heads"], entry["head_dim"])
+    return entry
+
+
+@dataclass(frozen=True)
 class LLMEngineConfig:
     """What trtio needs to know about one LLM engine (base, draft or plain).
 
@@ -226,6 +253,21 @@ class LLMEngineConfig:
     rope_scaling: RopeScaling | None = None  # HF's rope_scaling (a dict is validated into a RopeScaling)
     max_position_embeddings: int = 0  # the model's; 0: unknown (dynamic / yarn / longrope scaling may need it)
     eagle_hidden_state_layers: tuple[int, ...] = ()  # EAGLE3 base: layers whose hidden states feed the draft
+    # Hybrid models (docs/architecture.md, "Hybrid models"): the mixer layers in order, "attention" or "mamba" (any
+    # recurrent layer); () is every layer an attention layer. Nemotron-H lists its mixers only, not its MLP blocks.
+    layer_types: tuple[str, ...] = ()
+    kv_layer_configs: tuple[KVLayerConfig | None, ...] = ()  # per layer of layer_types: None for a recurrent one
+    recurrent_kind: str | None = None  # "gated_deltanet" | "mamba2"; None without recurrent layers
+    conv_dim: int = 0  # channels of a recurrent layer's causal conv state [rows, conv_dim, conv_kernel]
+    conv_kernel: int = 0
+    recurrent_state_num_heads: int = 0  # recurrent state [rows, heads, head_dim, size] (GDN: v heads, k dim, v dim)
+    recurrent_state_head_dim: int = 0
+    recurrent_state_size: int = 0
+    recurrent_state_num_groups: int = 0  # Mamba2's B/C groups (0: not given)
+    recurrent_state_dtype: str = "float32"
+    conv_state_dtype: str = "float16"
+    recurrent_spec_verify_mode: str | None = None  # "snapshot" (GDN) | "replay" (Mamba2)
+    use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -243,6 +285,13 @@ class LLMEngineConfig:
         scaling: Any = self.rope_scaling  # a dict from JSON, or a RopeScaling
         if isinstance(scaling, Mapping):
             object.__setattr__(self, "rope_scaling", RopeScaling.from_hf(scaling))
+        types: Any = self.layer_types  # a list from JSON, or a tuple
+        if isinstance(types, list):
+            object.__setattr__(self, "layer_types", tuple(types))
+        if isinstance(self.kv_layer_configs, (list, tuple)):
+            object.__setattr__(self, "kv_layer_configs", tuple(_kv_layer(e) for e in self.kv_layer_configs))
+        object.__setattr__(self, "recurrent_state_dtype", _dtype_name(self.recurrent_state_dtype))
+        object.__setattr__(self, "conv_state_dtype", _dtype_name(self.conv_state_dtype))
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
             object.__setattr__(self, "eagle_hidden_state_layers",
                                tuple(int(i) if is_int(i) else i for i in self.eagle_hidden_state_layers))
@@ -269,6 +318,37 @@ class LLMEngineConfig:
     def pages_per_sequence(self) -> int:
         """KV pages one sequence needs: ceil(max_kv_cache_capacity / kv_page_size)."""
         return -(-self.max_kv_cache_capacity // self.kv_page_size)
+
+    # -- hybrid models ------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        """Mixer layers: ``len(layer_types)`` on a hybrid model, else the attention layers."""
+        return len(self.layer_types) or self.num_attention_layers
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The indices (into :attr:`layer_types`) of the recurrent layers; recurrent layer j is the j-th."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
+
+    @property
+    def num_recurrent_layers(self) -> int:
+        return len(self.recurrent_layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layer is recurrent (conv and recurrent state per slot besides the KV pools)."""
+        return self.num_recurrent_layers > 0
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        """One slot's conv state: ``[conv_dim, conv_kernel]``."""
+        return (self.conv_dim, self.conv_kernel)
+
+    @property
+    def recurrent_state_shape(self) -> tuple[int, int, int]:
+        """One slot's recurrent state: ``[heads, head_dim, size]`` (GDN: value heads, key dim, value dim; Mamba2:
+        heads, head dim, SSM state)."""
+        return (self.recurrent_state_num_heads, self.recurrent_state_head_dim, self.recurrent_state_size)
 
     @property
     def is_mrope(self) -> bool:
@@ -345,6 +425,7 @@ class LLMEngineConfig:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
         self._validate_eagle_layers()
+        self._validate_layers()
         if not isinstance(self.extras, Mapping):
             raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")
         return self
@@ -365,6 +446,56 @@ class LLMEngineConfig:
         except ConfigError as exc:
             field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
             raise ConfigError(field_name, exc.message) from None
+
+    def _validate_layers(self) -> None:
+        """The hybrid fields: layer types, the KV table, the recurrent geometry and dtypes, all or none."""
+        if not isinstance(self.use_rope, bool):
+            raise ConfigError("use_rope", f"must be true or false, got {self.use_rope!r}")
+        types = self.layer_types
+        if not isinstance(types, tuple) or any(t not in LAYER_TYPES for t in types):
+            raise ConfigError("layer_types", f"must be a list of {list(LAYER_TYPES)}, got {_shown(types)}")
+        if types and types.count("attention") != self.num_attention_layers:
+            raise ConfigError("num_attention_layers", f"{self.num_attention_layers} differs from the "
+                                                      f"{types.count('attention')} 'attention' entries of layer_types "
+                                                      "(KV pools are numbered over attention layers only)")
+        table = self.kv_layer_configs
+        if not isinstance(table, tuple):
+            raise ConfigError("kv_layer_configs", f"must be a list (one entry per layer), got {_shown(table)}")
+        if table and len(table) != len(types):
+            raise ConfigError("kv_layer_configs", f"has {len(table)} entries for the {len(types)} layers of "
+                                                  "layer_types")
+        for i, entry in enumerate(table):
+            recurrent = types[i] != "attention"
+            if recurrent and entry is not None:
+                raise ConfigError(f"kv_layer_configs[{i}]", f"layer {i} is recurrent ({types[i]!r}); its entry must be "
+                                                            f"null, got {_shown(entry)}")
+            if not recurrent and (not isinstance(entry, KVLayerConfig)
+                                  or (entry.num_kv_heads, entry.head_dim) != (self.num_kv_heads, self.head_dim)):
+                raise ConfigError(f"kv_layer_configs[{i}]",
+                                  f"attention layer {i} must have the model's KV geometry {{num_kv_heads: "
+                                  f"{self.num_kv_heads}, head_dim: {self.head_dim}}} (per-layer KV head dims are not "
+                                  f"supported), got {_shown(entry)}")
+        state = ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
+                 "recurrent_state_size")
+        if not self.is_hybrid:
+            set_ = [n for n in (*state, "recurrent_state_num_groups") if getattr(self, n)]
+            if self.recurrent_kind is not None or set_ or self.recurrent_spec_verify_mode is not None:
+                name = set_[0] if set_ else ("recurrent_kind" if self.recurrent_kind is not None
+                                             else "recurrent_spec_verify_mode")
+                raise ConfigError(name, "is set but layer_types has no recurrent ('mamba') layer")
+            return
+        _positive(self, *state)
+        _non_negative(self, "recurrent_state_num_groups")
+        if self.recurrent_kind not in RECURRENT_KINDS:
+            raise ConfigError("recurrent_kind", f"must be one of {list(RECURRENT_KINDS)} on a hybrid model, got "
+                                                f"{self.recurrent_kind!r}")
+        for name in ("recurrent_state_dtype", "conv_state_dtype"):
+            if getattr(self, name) not in _STATE_DTYPES:
+                raise ConfigError(name, f"must be one of {_STATE_DTYPES}, got {getattr(self, name)!r}")
+        mode = self.recurrent_spec_verify_mode
+        if mode is not None and mode not in SPEC_VERIFY_MODES:
+            raise ConfigError("recurrent_spec_verify_mode", f"must be one of {list(SPEC_VERIFY_MODES)} or null, got "
+                                                            f"{mode!r}")
 
     def _validate_eagle_layers(self) -> None:
         layers = self.eagle_hidden_state_layers
@@ -390,7 +521,13 @@ class LLMEngineConfig:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if isinstance(value, RopeScaling) else _thaw(value)
+            if isinstance(value, RopeScaling):
+                out[f.name] = value.to_dict()
+            elif f.name == "kv_layer_configs":
+                out[f.name] = [None if e is None else e.to_dict() if isinstance(e, KVLayerConfig) else e
+                               for e in value]
+            else:
+                out[f.name] = _thaw(value)
         return out
 
     @classmethod

@@ -40,6 +40,13 @@ Edge-LLM key                             trtio field                    note
 ``builder_config.max_draft_tree_size``   ``max_draft_tree_size``        draft: required
 ``builder_config.ragged_backend``        ``contract = "ragged"``        required:
                                                                         ``entry_padded_compatibility``
+``layer_types``, ``kv_layer_configs``    same names                     hybrid models; entries 'attention' /
+                                                                        'mamba'; KV geometry per attention layer
+``conv_dim``, ``conv_kernel``,           same names                     required where a layer is 'mamba';
+``recurrent_state_*``                                                   dtypes fp16 / bf16 / fp32
+``recurrent_spec_verify_mode``           same name, ``recurrent_kind``  'snapshot' (GDN) / 'replay' (Mamba2);
+                                                                        the kind also from groups and dtype
+``use_rope``                             ``use_rope``                   default true
 (fixed by Edge-LLM)                      ``kv_page_size = 128``,
                                          ``activation_dtype = float16``
 ======================================== ============================== ====================================
@@ -88,8 +95,6 @@ _EDGELLM_VERSION = "0.11"
 #: The keys that mark each engine family trtio cannot bind yet (read from Edge-LLM 0.11's config
 #: writers and confirmed on configs its builder wrote): family -> keys.
 UNSUPPORTED_MARKERS: Mapping[str, tuple[str, ...]] = {
-    "hybrid linear attention": ("num_linear_attn_layers", "layer_types", "kv_layer_configs",
-                                "recurrent_state_num_heads"),
     "per-layer KV head dims": ("global_head_dim", "kv_layer_configs", "num_global_key_value_heads",
                                "attention_k_eq_v"),
     "KV sharing": ("kv_sharing_donors", "num_kv_shared_layers", "kv_sharing_map", "shares_target_kv"),
@@ -127,6 +132,18 @@ _SOURCE_KEY = {
     "kv_pool_pages": "builder_config.max_kv_pool_pages",
     "max_verify_tree_size": "builder_config.max_verify_tree_size",
     "max_draft_tree_size": "builder_config.max_draft_tree_size",
+    "layer_types": "layer_types",
+    "kv_layer_configs": "kv_layer_configs",
+    "recurrent_kind": "recurrent_spec_verify_mode",
+    "conv_dim": "conv_dim",
+    "conv_kernel": "conv_kernel",
+    "recurrent_state_num_heads": "recurrent_state_num_heads",
+    "recurrent_state_head_dim": "recurrent_state_head_dim",
+    "recurrent_state_size": "recurrent_state_size",
+    "recurrent_state_num_groups": "recurrent_state_num_groups",
+    "recurrent_state_dtype": "recurrent_state_dtype",
+    "conv_state_dtype": "conv_state_dtype",
+    "use_rope": "use_rope",
 }
 
 
@@ -272,28 +289,8 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     key of the wrong type.
     """
     r = _Reader(data, where)
-    return [*_hybrid_attention(r), *_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
+    return [*_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
             *_per_layer_embeddings(r), *_unsupported_modes(r)]
-
-
-def _hybrid_attention(r: _Reader) -> _Found:
-    """Hybrid linear attention (Qwen3.5 Gated-DeltaNet, Nemotron-H Mamba2): recurrent layers with state
-    bindings instead of a KV cache."""
-    n_linear = _nonzero_int(r, "num_linear_attn_layers")
-    layer_types = r.raw("layer_types")
-    if n_linear:
-        return [("num_linear_attn_layers", "hybrid linear attention", f"{n_linear} of {r.raw('num_hidden_layers')} "
-                 "layers are recurrent (Mamba / Gated-DeltaNet), with state bindings instead of a KV cache")]
-    if layer_types is not None:
-        if not isinstance(layer_types, list):
-            raise r.error("layer_types", f"expected a list, got {_got(layer_types)}")
-        other = sorted({str(t) for t in layer_types if t != "attention"})
-        if other:
-            return [("layer_types", "hybrid linear attention", f"layer types {other} besides 'attention'")]
-        return []
-    if r.has("recurrent_state_num_heads"):
-        return [("recurrent_state_num_heads", "hybrid linear attention", "recurrent state bindings")]
-    return []
 
 
 def _per_layer_kv_dims(r: _Reader) -> _Found:
@@ -481,7 +478,7 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
     head_dim = r.int_("head_dim", default=hidden // heads)
     rotary_dim = _rotary_dim(r, head_dim)
     theta = r.number("rope_theta", default=10000.0, low=0.0)
-    rope_scaling, rope_type = _rope_scaling(r)
+    rope_scaling, rope_type = _rope_scaling(r, theta, rotary_dim / head_dim)
     max_positions = r.int_("max_position_embeddings", default=0, low=0, meaning="the model's context length")
     deepstack = r.int_("num_deepstack_features", default=0, low=0)
     kv_dtype = r.str_("kv_cache_dtype", _KV_DTYPES, default="fp16", meaning="Edge-LLM's KV cache dtype names")
@@ -525,7 +522,7 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         base_model_hidden_size=base_hidden, max_verify_tree_size=verify, max_draft_tree_size=draft_tree,
         contract="ragged", kv_page_size=KV_PAGE_SIZE, kv_pool_pages=pool, rope_scaling=rope_scaling,
         max_position_embeddings=max_positions,
-        eagle_hidden_state_layers=eagle_layers, extras=r.extras(),
+        eagle_hidden_state_layers=eagle_layers, **_hybrid(r, layers, role), extras=r.extras(),
     )
     return MappedConfig(values, where)
 
@@ -556,7 +553,9 @@ def _rotary_dim(r: _Reader, head_dim: int) -> int:
     return int(rotary)
 
 
-def _rope_scaling(r: _Reader) -> tuple[RopeScaling | None, str]:
+def _rope_scaling(r: _Reader, theta: float, factor: float) -> tuple[RopeScaling | None, str]:
+    """``rope_scaling`` validated; its copies of ``rope_theta`` and ``partial_rotary_factor`` (Edge-LLM's writer
+    puts them there too) must agree with the top-level keys, which the table is computed from."""
     value = r.take("rope_scaling", "null or an object (HF's rope_scaling)", required=False)
     if value is None:
         return None, "rope"
@@ -566,6 +565,11 @@ def _rope_scaling(r: _Reader) -> tuple[RopeScaling | None, str]:
         scaling = RopeScaling.from_hf(value, what="rope_scaling")
     except ConfigError as exc:
         raise r.error(exc.field, exc.message) from None
+    for key, top in (("rope_theta", theta), ("partial_rotary_factor", factor)):
+        copy_ = value.get(key)
+        if copy_ is not None and (not _is_number(copy_) or not math.isclose(float(copy_), top, rel_tol=1e-9)):
+            raise r.error(f"rope_scaling.{key}", f"is {copy_!r} but the config's {key} is {top:g}: the RoPE table "
+                                                 "would depend on which one is read")
     if scaling is None:
         return None, "rope"
     is_mrope = scaling.mrope_section is not None or scaling.rope_type == "mrope"
@@ -582,3 +586,91 @@ def _eagle_layers(r: _Reader, layers: int) -> tuple[int, ...]:
     if bad:
         raise r.error("eagle_hidden_state_layers", f"{value}: {bad} outside [0, num_hidden_layers={layers})")
     return tuple(value)
+
+
+# -- hybrid models ----------------------------------------------------------------------------
+
+_STATE_DTYPES = ("fp16", "bf16", "fp32")
+_LAYER_TYPES = ("attention", "mamba")
+
+
+def _hybrid(r: _Reader, attention_layers: int, role: str) -> dict[str, Any]:
+    """The hybrid keys (Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba2): ``layer_types``, ``kv_layer_configs``, the
+    recurrent state's geometry and dtypes, ``recurrent_spec_verify_mode`` and ``use_rope``, read onto trtio's
+    fields; ``recurrent_kind`` told from them. Nothing for a dense config (``use_rope`` aside)."""
+    out: dict[str, Any] = {}
+    use_rope = r.bool_("use_rope")
+    if use_rope is not None:
+        r.used.add("use_rope")
+        out["use_rope"] = use_rope
+    types = r.take("layer_types", "a list of 'attention' / 'mamba'", required=False)
+    n_linear = r.int_("num_linear_attn_layers", default=0, low=0, meaning="the recurrent layers")
+    if types is None:
+        if n_linear:
+            raise r.error("num_linear_attn_layers", f"is {n_linear} but the config has no layer_types saying which "
+                                                    "layers are recurrent")
+        if r.has("recurrent_state_num_heads"):
+            raise r.error("recurrent_state_num_heads", "describes recurrent state but the config has no layer_types "
+                                                       "saying which layers are recurrent")
+        return out
+    if not isinstance(types, list) or any(t not in _LAYER_TYPES for t in types):
+        bad = types if not isinstance(types, list) else next(t for t in types if t not in _LAYER_TYPES)
+        raise r.error("layer_types", f"expected a list of {list(_LAYER_TYPES)} (Edge-LLM's per-layer routing: any "
+                                     f"recurrent layer is 'mamba'), got {_got(bad)}")
+    table = r.take("kv_layer_configs", "a list with one entry per layer of layer_types", required=False)
+    if table is not None:
+        if not isinstance(table, list):
+            raise r.error("kv_layer_configs", f"expected a list (one entry per layer), got {_got(table)}")
+        out["kv_layer_configs"] = [copy.deepcopy(e) for e in table]
+    if types.count("attention") != attention_layers:
+        key = "num_attention_layers" if r.has("num_attention_layers") else "num_hidden_layers"
+        raise r.error(key, f"is {attention_layers} but layer_types lists {types.count('attention')} attention layers")
+    out["layer_types"] = list(types)
+    recurrent = types.count("mamba")
+    if not recurrent:
+        return out
+    if r.has("num_linear_attn_layers") and n_linear != recurrent:
+        raise r.error("num_linear_attn_layers", f"is {n_linear} but layer_types lists {recurrent} recurrent layers")
+    if role != "llm":
+        raise r.error("engine_role", f"is {role!r} on a hybrid model: speculative decoding over recurrent layers "
+                                     "(per-token intermediate states, committed by snapshot or replay) is not "
+                                     "supported yet; the config is refused rather than bound wrong")
+    for key in ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
+                "recurrent_state_size"):
+        out[key] = r.int_(key, meaning="the recurrent layers' state geometry")
+    groups = r.int_("recurrent_state_num_groups", default=0, low=0, meaning="Mamba2's B/C groups")
+    out["recurrent_state_num_groups"] = groups
+    state_dtype = r.str_("recurrent_state_dtype", _STATE_DTYPES, meaning="the recurrent state's dtype")
+    out["recurrent_state_dtype"] = str(DType.coerce(state_dtype))
+    out["conv_state_dtype"] = str(DType.coerce(r.str_("conv_state_dtype", _STATE_DTYPES,
+                                                      meaning="the conv state's dtype")))
+    mode = r.str_("recurrent_spec_verify_mode", ("snapshot", "replay"), required=False, default="",
+                  meaning="GDN 'snapshot', Mamba2 'replay'") or None
+    out["recurrent_spec_verify_mode"] = mode
+    out["recurrent_kind"] = _recurrent_kind(r, mode, state_dtype, groups)
+    if out["recurrent_kind"] == "mamba2" and groups:
+        # Mamba2's conv runs over x, B and C together: heads x head_dim + 2 x groups x state channels.
+        want = out["recurrent_state_num_heads"] * out["recurrent_state_head_dim"] + 2 * groups * \
+            out["recurrent_state_size"]
+        if out["conv_dim"] != want:
+            raise r.error("conv_dim", f"is {out['conv_dim']} but a Mamba2 layer of {out['recurrent_state_num_heads']} "
+                                      f"heads x {out['recurrent_state_head_dim']} + 2 x {groups} groups x "
+                                      f"{out['recurrent_state_size']} state convolves {want} channels")
+    return out
+
+
+def _recurrent_kind(r: _Reader, mode: str | None, state_dtype: str, groups: int) -> str:
+    """Gated DeltaNet or Mamba2, told from the keys Edge-LLM's writer sets differently for them: the verify mode
+    (GDN "snapshot", Mamba2 "replay"), the B/C groups (Mamba2 only) and the recurrent state's dtype (GDN FP32, Mamba2
+    FP16: the plugins' schemas). Keys that disagree are refused, naming the one that contradicts the first."""
+    votes: list[tuple[str, str]] = []
+    if mode is not None:
+        votes.append(("recurrent_spec_verify_mode", "gated_deltanet" if mode == "snapshot" else "mamba2"))
+    if groups:
+        votes.append(("recurrent_state_num_groups", "mamba2"))
+    votes.append(("recurrent_state_dtype", "gated_deltanet" if state_dtype == "fp32" else "mamba2"))
+    key, kind = votes[0]
+    for other, says in votes[1:]:
+        if says != kind:
+            raise r.error(other, f"marks a {says} layer but {key} marks {kind}: the recurrent kind is ambiguous")
+    return kind

@@ -27,7 +27,7 @@ from trtio.tensor import Tensor
 
 __all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTreeBuffers", "KVCommit", "KVLayout",
            "copy_pages",
-           "RowCopy", "TreeStep", "TreeTargets", "Zero", "copy_rows", "fuse", "warm_up"]
+           "RowCopy", "TreeStep", "TreeTargets", "Zero", "Zero2D", "copy_rows", "fuse", "warm_up"]
 
 _BLOCK = 128
 _ROW_SPAN = 16 * 4 * _BLOCK  # bytes of a row one block copies: a 16-byte word x TRTIO_UNROLL per thread
@@ -227,7 +227,38 @@ class Copy2D:
         return (self.dst, 0, self.src, 0, h, self.width, self.dpitch, self.spitch, h, h)
 
 
-Copy = RowCopy | Zero | Copy2D
+@hash_once
+@dataclass(frozen=True)
+class Zero2D:
+    """``height`` rows of ``width`` bytes at device address ``dst`` (rows ``dpitch`` apart) set to 0, as a value
+    (see :class:`RowCopy`): one slot's row in each of several evenly spaced pools (a hybrid model's recurrent
+    states, zeroed when a sequence takes the slot)."""
+
+    backend: Backend
+    dst: int
+    dpitch: int
+    width: int
+    height: int
+
+    def enqueue(self, stream: Stream) -> None:
+        if self.backend.name == "cuda":
+            _copy_jobs(self.backend, (self.job(),))(stream.handle)
+            return
+        dst, pitch, width, height = self.dst, self.dpitch, self.width, self.height
+
+        def run() -> None:
+            for r in range(height):
+                host_view(dst + r * pitch, width)[:] = 0
+
+        _host_work(self.backend, stream, run)
+
+    def job(self) -> tuple[int, ...]:
+        """This zeroing as a ``trtio_copy_jobs`` job (rows without a source)."""
+        h = self.height
+        return (self.dst, 0, 0, 0, h, self.width, self.dpitch, 0, h, h)
+
+
+Copy = RowCopy | Zero | Copy2D | Zero2D
 
 
 @hash_once
@@ -268,6 +299,8 @@ def _spans(c: Copy) -> tuple[tuple[int, int], tuple[int, int] | None]:
         return ((c.dst.data_ptr, c.dst.data_ptr + c.dst.capacity), (c.src.data_ptr, c.src.data_ptr + c.src.capacity))
     if isinstance(c, Zero):
         return (c.tensor.data_ptr, c.tensor.data_ptr + c.nbytes), None
+    if isinstance(c, Zero2D):
+        return (c.dst, c.dst + c.dpitch * (c.height - 1) + c.width), None
     last = c.height - 1
     return ((c.dst, c.dst + c.dpitch * last + c.width), (c.src, c.src + c.spitch * last + c.width))
 
@@ -282,8 +315,8 @@ def fuse(copies: Sequence[Any]) -> tuple[Any, ...]:
     from trtio.cuda.kernels import MAX_COPY_JOBS
 
     for c in copies:
-        if not isinstance(c, (RowCopy, Zero, Copy2D)):
-            raise InvalidTypeError(f"fuse: {type(c).__name__} is not a copy (RowCopy, Zero or Copy2D)")
+        if not isinstance(c, (RowCopy, Zero, Copy2D, Zero2D)):
+            raise InvalidTypeError(f"fuse: {type(c).__name__} is not a copy (RowCopy, Zero, Copy2D or Zero2D)")
     if len(copies) < 2:
         return tuple(copies)
     return tuple(CopyJobs(tuple(copies[i:i + MAX_COPY_JOBS])) for i in range(0, len(copies), MAX_COPY_JOBS))

@@ -22,7 +22,7 @@ import numpy as np
 from trtio._checks import check_int, is_int
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
+__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
 
 #: The ``rope_type`` values :class:`RopeScaling` accepts. ``"mrope"`` is the legacy Qwen2-VL spelling:
 #: default frequencies, with ``mrope_section`` saying which position axis each frequency follows.
@@ -43,12 +43,20 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
     "default": (),
     "mrope": (),
     "linear": (),
-    "dynamic": (),
+    "dynamic": ("alpha",),
     "llama3": (),
     "yarn": ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
     "longrope": ("factor", "attention_factor"),
 }
 _MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+#: Keys a ``rope_scaling`` dict may carry that no rope type reads for its frequencies: the legacy ``type`` beside
+#: ``rope_type``, and the copies of the config's own ``rope_theta`` and ``partial_rotary_factor`` that
+#: transformers 5 and Edge-LLM's writer put there (the caller checks them against the config's).
+NEUTRAL_KEYS = ("type", "rope_theta", "partial_rotary_factor")
+# Every key some rope type reads: a key of another type is ignored by this one, as transformers ignores it
+# (HunYuan's "dynamic" scaling with ``alpha`` carries YaRN's beta_fast, mscale, ... besides); a key no type reads
+# is refused, naming it, rather than ignored.
+_KNOWN_KEYS = frozenset(k for keys in (*_REQUIRED.values(), *_OPTIONAL.values()) for k in keys) | set(_MROPE_KEYS)
 # HF's yarn defaults (modeling_rope_utils._compute_yarn_parameters).
 _YARN_DEFAULTS: dict[str, Any] = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
 
@@ -99,9 +107,13 @@ class RopeScaling:
     missing ``factor`` is ``max_position_embeddings / original_max_position_embeddings``, and a missing
     ``attention_factor`` is derived as HF derives it. ``yarn``'s ``beta_fast``, ``beta_slow`` and
     ``truncate`` are filled with HF's defaults (32, 1, true). ``mrope_section`` and ``mrope_interleaved``
-    (Qwen2-VL / Qwen3-VL) may accompany any type. ``extras`` keeps the keys the type does not read
-    (``rope_theta``, ``partial_rotary_factor``, another type's keys): ``rope_theta`` and the rotary
-    dimension are passed to :func:`rope_parameters` by the caller, never taken from here.
+    (Qwen2-VL / Qwen3-VL) may accompany any type. ``dynamic`` with ``alpha`` is HunYuan's DynamicNTKAlpha
+    (a static base ``theta * alpha ** (R / (R - 2))``; ``factor`` is then not needed, and ignored where given,
+    as transformers' HunYuan model ignores it). ``extras`` keeps the keys the type does not read
+    (:data:`NEUTRAL_KEYS`, another type's keys, which transformers ignores too): ``rope_theta`` and the rotary
+    dimension are passed to :func:`rope_parameters` by the caller, never taken from here. A key no rope type
+    reads is refused (:class:`ConfigError` naming it): it would change the model's math in a way trtio does not
+    know.
     ``what`` is the config path used in error messages.
 
     Construct with :meth:`from_hf`; direct construction is validated the same way.
@@ -117,6 +129,7 @@ class RopeScaling:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
+    alpha: float | None = None  # dynamic: HunYuan's NTK alpha (a static rescaled base)
     truncate: bool | None = None
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
@@ -140,7 +153,7 @@ class RopeScaling:
                 if getattr(self, name) is None:
                     self._set(name, default)
         for name in _REQUIRED[t]:
-            if getattr(self, name) is None and not (name == "factor" and t == "yarn"):
+            if getattr(self, name) is None and not (name == "factor" and (t == "yarn" or self.alpha is not None)):
                 raise ConfigError(self._key(name), f"is required for rope_type {t!r}")
         self._normalize()
         self._check_relations()
@@ -156,7 +169,7 @@ class RopeScaling:
         if self.factor is not None:
             self._set("factor", _check_number(self._key("factor"), self.factor, low=1.0))
         for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-                     "attention_factor"):
+                     "attention_factor", "alpha"):
             v = getattr(self, name)
             if v is not None:
                 self._set(name, _check_number(self._key(name), v, low=0.0, inclusive=False))
@@ -180,6 +193,12 @@ class RopeScaling:
         if clash:
             raise ConfigError(self._key(clash[0]),
                               f"is read by rope_type {self.rope_type!r}; pass it as a field, not in extras")
+        unknown = sorted(str(k) for k in self.extras if k not in _KNOWN_KEYS and k not in NEUTRAL_KEYS)
+        if unknown:
+            raise ConfigError(self._key(unknown[0]),
+                              f"is not a RoPE scaling parameter trtio knows (rope types {list(ROPE_TYPES)} read "
+                              f"{sorted(_KNOWN_KEYS)}; {list(NEUTRAL_KEYS)} are accepted beside them); the "
+                              "config is refused rather than its RoPE table computed without it")
         self._set("extras", MappingProxyType(copy.deepcopy(dict(self.extras))))
 
     def _check_relations(self) -> None:
@@ -225,8 +244,10 @@ class RopeScaling:
         if not isinstance(rope_type, str) or rope_type not in ROPE_TYPES:
             key = "rope_type" if "rope_type" in data else "type"
             raise ConfigError(f"{what}.{key}", f"expected one of {list(ROPE_TYPES)}, got {rope_type!r}")
+        if "alpha" in rest and rest["alpha"] is None:
+            del rest["alpha"]  # null: no alpha, as transformers reads it
         for key in _REQUIRED[rope_type]:
-            if key not in rest:
+            if key not in rest and not (key == "factor" and rope_type == "dynamic" and "alpha" in rest):
                 raise ConfigError(f"{what}.{key}", f"is required for rope_type {rope_type!r} and is missing")
         read = set(_REQUIRED[rope_type]) | set(_OPTIONAL[rope_type]) | set(_MROPE_KEYS)
         kwargs = {key: rest.pop(key) for key in list(rest) if key in read}
@@ -350,6 +371,15 @@ def rope_parameters(rotary_dim: int, theta: float, scaling: RopeScaling | None =
     if t == "linear":
         assert s.factor is not None
         return base_inv / s.factor, 1.0
+    if t == "dynamic" and s.alpha is not None:
+        # HunYuan's DynamicNTKAlpha (transformers' HunYuanDenseV1RotaryEmbedding, "ntk_alpha"): a fixed alpha
+        # rescales the base once, whatever the sequence length.
+        if rotary_dim == 2:
+            raise ConfigError("rotary_dim", "expected > 2 for rope_type 'dynamic' with alpha (its base exponent is "
+                                            "R / (R - 2))")
+        alpha_base = theta * s.alpha ** (rotary_dim / (rotary_dim - 2))
+        alpha_inv: np.ndarray = alpha_base ** (-np.arange(half, dtype=np.float64) * 2.0 / rotary_dim)
+        return alpha_inv, 1.0
     if t == "dynamic":
         assert s.factor is not None
         max_pos = _needs_max_positions(max_position_embeddings, "for rope_type 'dynamic' (the length it scales beyond)")

@@ -13,8 +13,10 @@ shape from here, so no registry repeats it. Two KV layouts exist, one per engine
   aliased by ``present_key_values_i``, plus ``kv_page_table`` ``[S, 2, M]``: row 0 holds a sequence's K
   page ids, row 1 its V ids (K id + P). Sequence slot ``b`` owns pages ``b*M .. b*M + M - 1``.
 
-Any other past/present pair (recurrent states) is bound like a contiguous cache. ``lengths`` is the
-host mirror of the tokens each sequence slot has committed.
+A hybrid model's recurrent states (``conv_state_j`` / ``recurrent_state_j``, aliased by their ``present_*``) are
+pools of one row per sequence slot (:mod:`trtio.recurrent`), bound at their full row count whatever the step's
+batch: ``state_indices`` picks each sequence's row. ``lengths`` is the host mirror of the tokens each sequence slot
+has committed.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
+from trtio.recurrent import is_recurrent_state, recurrent_problems
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing
 from trtio.stream import StreamLike, as_stream
@@ -192,7 +195,7 @@ def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, *
             problems.append(f"{names.kKVPageTable}: its profiles do not bound {_fmt(table.max_shape())}")
     if cfg is None or problems:
         return problems
-    return problems + _config_problems(eio, cfg, max_batch, pages_on_demand)
+    return problems + _config_problems(eio, cfg, max_batch, pages_on_demand) + recurrent_problems(eio, cfg, max_batch)
 
 
 def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_on_demand: bool) -> list[str]:
@@ -290,7 +293,9 @@ class EngineState(Closeable):
             info = engine_io[past]
             shape = info.max_shape()
             self._max_shape[past] = shape
-            lead: Dim = "batch" if info.shape and info.shape[0] < 0 else shape[0]
+            # A recurrent pool is indexed by slot (state_indices): bound whole. A KV cache's dynamic batch follows
+            # the step's.
+            lead: Dim = "batch" if info.shape and info.shape[0] < 0 and not is_recurrent_state(past) else shape[0]
             sym: tuple[Dim, ...] = (lead, *shape[1:]) if shape else ()
             self._specs[past] = TensorSpec(past, "input", info.dtype, sym)
             self._specs[present] = TensorSpec(present, "output", info.dtype, sym)

@@ -97,7 +97,8 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     add(names.kQueryLengths, "input", i32, (S,), seqs())
     add(names.kPastLengths, "input", i32, (S,), seqs())
     add(names.kAttentionSequenceLengths, "input", i32, (S,), seqs())
-    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=True)
+    # Read by a hybrid model's recurrent layers (each sequence's state row); no dense graph reads it.
+    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=not cfg.is_hybrid)
     generation_phase = {"llm": PHASE_DECODE, "base": PHASE_VERIFY, "draft": PHASE_DRAFT}[role]
     add(names.kExecutionPhaseMarker, "input", i32, ("execution_phase_len",),
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))

@@ -419,13 +419,13 @@ class SetupBase(Closeable, abc.ABC):
         """Keep the first ``tokens`` KV entries of the active sequence in ``slot`` alive, also after the slot is
         released, for later prefills to start from (``prefill(..., prefix=P)``; ragged contract). Full pages
         are shared by every sequence started from it; the partly filled last page is copied for each before
-        it writes there. Host bookkeeping only: nothing is enqueued; ordered after the last call by the stream
-        rule."""
+        it writes there. Host bookkeeping only, except on a hybrid model: there ``tokens`` must be all the slot
+        holds, and a copy of the slot's recurrent states is enqueued on ``stream`` into a row of the setup's
+        snapshot pool (``max_prefixes`` rows; a CapacityError naming it when every row is held). Ordered after
+        the last call by the stream rule."""
         self._check_usable()
         self._between_rounds("pin_prefix()")
-        prefix = self._seqs.pin(slot, tokens, returns=self._returns)
-        self._stream(stream)
-        return prefix
+        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._returns)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:
         """Refuse ``what`` where a step protocol is half way through (a speculative round); ``release``: the
@@ -489,6 +489,8 @@ class SetupBase(Closeable, abc.ABC):
             plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
             self._upload_embeds(x, s)
             before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            if past_lengths is None:  # new sequences: a hybrid's recurrent states zeroed, or restored from prefixes
+                before += self._seqs.admitted_states(rows, prefixes)
             self._bind_deepstack(e, features, b, seq, s)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)

@@ -9,6 +9,7 @@ from types import ModuleType
 from trtio.cuda.backend import Backend, get_backend
 from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError
+from trtio.recurrent import DEFAULT_MAX_PREFIXES
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
 from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup, check_devices
@@ -23,7 +24,8 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
                            verify_size: int | None = None, plugins: Sequence[str | os.PathLike[str]] = (),
                            module: str | ModuleType = "auto", backend: Backend | str | None = None,
                            devices: Sequence[int] | None = None,
-                           checkpoint_dir: str | os.PathLike[str] | None = None) -> LLMSetup | SpecDecodeSetup:
+                           checkpoint_dir: str | os.PathLike[str] | None = None,
+                           max_prefixes: int = DEFAULT_MAX_PREFIXES) -> LLMSetup | SpecDecodeSetup:
     """An :class:`LLMSetup` (``llm.engine`` + ``config.json``, or a tensor-parallel ``config_world{N}.json`` +
     one engine per rank) or a :class:`SpecDecodeSetup` (``spec_base.engine`` + ``base_config.json``,
     ``spec_draft.engine`` + ``draft_config.json``) for the Edge-LLM directory at ``path``.
@@ -41,6 +43,8 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
     (``trtio[tp]``) and are registered with the plugin library that exports
     ``edgellmRegisterNcclCommForAllReducePlugin`` (Edge-LLM's, among ``plugins``); on the host backend
     (``"host"``) the ranks all-reduce in process and ``devices`` are labels.
+
+    ``max_prefixes``: a hybrid LLM's snapshot rows for pinned prefixes (see :func:`~trtio.setups.create_for_llm`).
     """
     directory = EngineDir.open(path)
     bundle = directory.deployment(draft_top_k, draft_step, verify_size)
@@ -53,7 +57,8 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
                                     "holds one engine per role")
     if directory.kind == "llm":
         engine = load_engine(directory.engine_path("llm"), module, plugins=plugins)
-        return create_for_llm(engine, directory.config, stream, graphs=graphs, backend=backend)
+        return create_for_llm(engine, directory.config, stream, graphs=graphs, backend=backend,
+                              max_prefixes=max_prefixes)
     base = load_engine(directory.engine_path("base"), module, plugins=plugins)
     draft = load_engine(directory.engine_path("draft"), module, plugins=plugins)
     return create_for_spec_decode(base, draft, bundle, stream=stream, graphs=graphs, backend=backend)

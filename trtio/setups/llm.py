@@ -7,22 +7,25 @@ pinned staging buffers are fenced with events that are normally complete already
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from trtio._cache import BoundedCache
+from trtio._checks import check_int
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
-from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
+from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
+from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
 from trtio.setups.base import EngineGraphStats, SetupBase, one_thread
 from trtio.setups.binding import (
     BoundEngine,
@@ -40,14 +43,15 @@ from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor, overlap_error
 from trtio.tensor_map import TensorMap
 
-__all__ = ["LLMSetup", "create_for_llm"]
+__all__ = ["LLMSetup", "create_for_llm", "recurrent_states"]
 
 
 class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
-                 backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> None:
+                 backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
+                 max_prefixes: int = DEFAULT_MAX_PREFIXES) -> None:
         if not isinstance(cfg, LLMEngineConfig):
             raise InvalidTypeError(f"create_for_llm: cfg must be an LLMEngineConfig, got {type(cfg).__name__} (read "
                                    f"one with LLMEngineConfig.from_json / from_edgellm)")
@@ -55,6 +59,7 @@ class LLMSetup(SetupBase):
         if cfg.is_draft or cfg.is_spec_decode_base:
             raise ConfigError("engine_role", f"create_for_llm: the config describes a spec-decode {cfg.role}; "
                                              f"use create_for_spec_decode with a DeploymentConfig")
+        check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
         cfg = with_contract(cfg, engine_io(engine, "create_for_llm"), "engine")
         be = engine_backend(engine, backend)
         self._backend = be
@@ -75,8 +80,9 @@ class LLMSetup(SetupBase):
                 UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
                            title="inputs_embeds staging"))
             fill_mrope(self.io, cfg, s)
+            self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
             warm_up(be)
-        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
+        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._streaming_pending = False
         self._steady: _Steady | None = None  # what the last decode left for the next one (see _Steady)
@@ -89,6 +95,12 @@ class LLMSetup(SetupBase):
     @property
     def state(self) -> EngineState:
         return self._engine.state
+
+    @property
+    def recurrent(self) -> RecurrentStates | None:
+        """A hybrid model's recurrent states (the snapshot pool and which of its rows prefixes hold); None for a
+        model without recurrent layers."""
+        return self._recurrent
 
     @property
     def executor(self) -> EngineExecutor:
@@ -352,8 +364,12 @@ class LLMSetup(SetupBase):
         self._repair()
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
-        """Every buffer the setup owns: PipelineIO, KV state, staging, RoPE table and context memory."""
-        return self._report("create_for_llm", include_context_memory)
+        """Every buffer the setup owns: PipelineIO, KV state (a hybrid model's recurrent state pools included),
+        staging, RoPE table, a hybrid model's snapshot pool and context memory."""
+        report = self._report("create_for_llm", include_context_memory)
+        if self._recurrent is None:
+            return report
+        return MemoryReport.combine("create_for_llm", [report, self._recurrent.report()])
 
     def __repr__(self) -> str:
         return f"LLMSetup({self.contract}, active={self._seqs.order_key}, graphs={self.executor.graphs_enabled})"
@@ -393,10 +409,25 @@ class _Steady:
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
-                   backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> LLMSetup:
+                   backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
+                   max_prefixes: int = DEFAULT_MAX_PREFIXES) -> LLMSetup:
     """Bind one LLM engine to a new PipelineIO (see :class:`LLMSetup`). ``constants``: engine inputs bound to
     tensors the caller owns and keeps open until the setup is closed (weights the engine reads at run time,
-    e.g. Edge-LLM's ``checkpoint_weight_bindings``)."""
-    return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend, constants=constants)
+    e.g. Edge-LLM's ``checkpoint_weight_bindings``). ``max_prefixes``: on a hybrid model, the rows of the snapshot
+    pool that pinned prefixes keep their slot's recurrent states in (at most that many prefixes pinned at once;
+    unused by a model without recurrent layers)."""
+    return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend, constants=constants,
+                    max_prefixes=max_prefixes)
+
+
+def recurrent_states(e: BoundEngine, max_prefixes: int, backend: Backend, s: Stream,
+                     resources: contextlib.ExitStack) -> RecurrentStates | None:
+    """A hybrid engine's :class:`~trtio.recurrent.RecurrentStates` over its state's pools (closed by
+    ``resources``), None for an engine without recurrent layers."""
+    if not e.cfg.is_hybrid:
+        return None
+    pools = {past: e.state.tensors[past] for past, _ in recurrent_state_names(e.cfg)}
+    return resources.enter_context(RecurrentStates(pools, e.state.max_batch, max_prefixes, backend=backend, stream=s,
+                                                   name=e.role))
 
 

@@ -23,13 +23,19 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio._checks import is_int
+from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
 from trtio.pages import PagePool, PageTable, Prefix, PrefixReturns, StepPages
+from trtio.recurrent import RecurrentStates
 from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
 
-__all__ = ["KVPages", "Sequences"]
+__all__ = ["KVPages", "STATE_ROWS", "Sequences"]
+
+#: The key under which a hybrid model's :class:`~trtio.pages.Prefix` holds its recurrent-state snapshot row (one
+#: row of the setup's snapshot pool, counted by reference like a page).
+STATE_ROWS = "recurrent state"
 
 
 @dataclass(frozen=True)
@@ -48,9 +54,11 @@ class Sequences:
     """The sequence slots of a setup and, on a slotted contract, each engine's page table (see module
     docstring). ``engines``: the setup's engines (``llm``, or ``base`` and ``draft``); ``prefix_lag``: KV
     entries a pinned prefix keeps fewer than asked (a speculative draft's last entry depends on the token
-    after it, so a speculative prefix keeps one entry fewer)."""
+    after it, so a speculative prefix keeps one entry fewer); ``recurrent``: a hybrid model's recurrent states
+    (admissions zero or restore their rows, prefixes snapshot them)."""
 
-    def __init__(self, engines: Sequence[BoundEngine], max_batch: int, *, prefix_lag: int = 0) -> None:
+    def __init__(self, engines: Sequence[BoundEngine], max_batch: int, *, prefix_lag: int = 0,
+                 recurrent: RecurrentStates | None = None) -> None:
         self._owner = object()  # what a Prefix of these sequences names as its maker (not the setup: no cycle)
         self._engines = {e.role: e for e in engines}
         self.max_batch = max_batch
@@ -71,6 +79,7 @@ class Sequences:
                 self.tables[e.role] = PageTable(PagePool(st.pool_pages), max_batch, st.pages_per_sequence,
                                                 st.page_size, e.role)
         self._role = engines[0].role  # the engine whose pool kv_pages reports (the LLM's, or the base's)
+        self.recurrent = recurrent
 
     # -- what is active ------------------------------------------------------------------------------
     @property
@@ -307,8 +316,21 @@ class Sequences:
                 raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")
         return given
 
-    def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", *, returns: PrefixReturns | None = None) -> Prefix:
-        """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``."""
+    def admitted_states(self, rows: np.ndarray, prefixes: list[Prefix | None] | None) -> tuple[DeviceWork, ...]:
+        """A hybrid model's new sequences (``rows``: their slots; a prefill that starts them, not one that continues
+        them): device work that zeroes their recurrent-state rows, or restores a prefix's snapshot into them, to
+        enqueue on the step's stream before its engine. Nothing for a model without recurrent layers."""
+        rec = self.recurrent
+        if rec is None:
+            return ()
+        sources = None if prefixes is None else [-1 if p is None else p.pages(STATE_ROWS)[0] for p in prefixes]
+        return rec.admission(rows.tolist(), sources)
+
+    def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", stream: Stream | None = None, *,
+            returns: PrefixReturns | None = None) -> Prefix:
+        """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``. A hybrid
+        model's prefix also keeps a copy of the slot's recurrent states, made on ``stream``: it needs ``tokens`` to
+        be all the sequence holds (the states are those after its last token)."""
         if not self.slotted:
             self.refuse_unslotted(what)
         if not (type(slot) is int or is_int(slot)) or not 0 <= slot < self.max_batch:
@@ -324,6 +346,14 @@ class Sequences:
         kept = int(tokens) - self._lag
         pages: dict[str, list[int]] = {}
         pools: dict[str, PagePool] = {}
+        rec = self.recurrent
+        if rec is not None:
+            if tokens != have:
+                raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: on a "
+                                 f"hybrid model a prefix keeps the slot's recurrent states, which are those after its "
+                                 f"last token, so it pins all {have} of them (pin before decoding further)")
+            assert stream is not None
+            pages[STATE_ROWS], pools[STATE_ROWS] = [rec.snapshot(slot, what, stream)], rec.rows  # first: may refuse
         for role, table in self.tables.items():
             held = table.pages_of(slot)[:-(-kept // table.page_size)]
             table.pool.hold(held)

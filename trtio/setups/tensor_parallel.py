@@ -719,7 +719,8 @@ class TensorParallelLLMSetup(LLMSetup):
     @one_thread
     def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
         """Pin the first ``tokens`` KV entries of ``slot``'s sequence in every rank's pool; one
-        :class:`TensorParallelPrefix` for all of them."""
+        :class:`TensorParallelPrefix` for all of them. ``stream``: rank 0's (the others' work, where a hybrid
+        model has any, goes on their own streams)."""
         self._check_open()
         first = self._rank_setups[0].pin_prefix(slot, tokens, stream)
         pinned = [first]

@@ -825,6 +825,8 @@ class ReferenceExecutionContext:
 
         views = {}
         unread = _RAGGED_UNREAD if engine._geo.is_ragged else frozenset()
+        if engine._geo.types:  # a hybrid's recurrent layers read each sequence's slot
+            unread = unread - {names.kStateIndices}
         for decl in engine._decls:
             if decl.alias is not None or decl.name in unread:
                 continue  # a present_* output is its cache input's memory; shape-only inputs have no data

@@ -91,6 +91,11 @@ def _ragged_scratch_bound(g: _Geometry, tokens: int, seqs: int, select: int) -> 
         + 10 * x + 4 * t * g.f * f4  # residuals, MLP, deepstack, EAGLE3 hidden-state stores
     )
     final = 10 * x + 3 * select * g.h * f4 + 8 * select * g.vout * f4  # logits, draft log-softmax
+    if g.types:  # a hybrid's recurrent layer: its slots' states and output kept, one token's temporaries at a time
+        c, k = g.conv
+        hh, d1, d2 = g.state
+        per_layer += 4 * x + 4 * seqs * (c * k + hh * d1 * d2) * f4 \
+            + 32 * seqs * (c * k + hh * d1 * d2 + c + g.h) * f4
     allocations = 512 * ADDRESS_ALIGNMENT
     return _align(persistent + per_layer + final + allocations + (1 << 20))
 

@@ -19,6 +19,7 @@ from trtio._checks import is_int
 from trtio.contracts import ragged as ragged_contract
 from trtio.dtypes import DType
 from trtio.errors import InvalidValueError
+from trtio.recurrent import recurrent_state_specs
 from trtio.state import paged_state_specs
 from trtio.testing.toy_model import config_role, output_vocab_size
 
@@ -105,6 +106,12 @@ class _Geometry:
     pool_pages: int = 0  # ragged: pages per layer pool (P; the pool holds 2P: K pages, then V pages)
     seq_pages: int = 0  # ragged: page-table columns (M = pages_per_sequence)
     eagle: tuple[int, ...] = ()  # ragged base: layers whose residual streams form hidden_states
+    types: tuple[str, ...] = ()  # hybrid: the mixer layers ("attention" / "mamba"); () is all attention
+    conv: tuple[int, int] = (0, 0)  # hybrid: a slot's conv state [conv_dim, conv_kernel]
+    state: tuple[int, int, int] = (0, 0, 0)  # hybrid: a slot's recurrent state [heads, head_dim, size]
+    conv_dtype: DType = DType.FLOAT16
+    state_dtype: DType = DType.FLOAT32
+    use_rope: bool = True  # False: attention layers rotate nothing (the RoPE input is still declared)
 
     @classmethod
     def from_config(cls, cfg: Any, *, fixed_cache_batch: bool = False) -> _Geometry:
@@ -122,7 +129,12 @@ class _Geometry:
                 pool_pages=int(cfg.kv_pool_pages),
                 seq_pages=int(cfg.pages_per_sequence),
                 eagle=tuple(int(i) for i in cfg.eagle_hidden_state_layers) if role == "base" else (),
+                use_rope=bool(getattr(cfg, "use_rope", True)),
             )
+            if getattr(cfg, "is_hybrid", False):
+                ragged.update(types=tuple(cfg.layer_types), conv=tuple(cfg.conv_state_shape),
+                              state=tuple(cfg.recurrent_state_shape), conv_dtype=DType.coerce(cfg.conv_state_dtype),
+                              state_dtype=DType.coerce(cfg.recurrent_state_dtype))
         return cls(
             role=role,
             h=int(cfg.hidden_size),
@@ -148,6 +160,10 @@ class _Geometry:
     @property
     def is_spec(self) -> bool:
         return self.role != "llm"
+
+    @property
+    def recurrent_layers(self) -> int:
+        return sum(1 for t in self.types if t != "attention")
 
     @property
     def is_ragged(self) -> bool:
@@ -270,9 +286,10 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
     """
     registry = ragged_contract.registry_for(cfg)
     state = {spec.name: spec for spec in paged_state_specs(cfg)}
+    recurrent = recurrent_state_specs(cfg) if getattr(cfg, "is_hybrid", False) else []
     layers = range(int(cfg.num_attention_layers))
     omit = set(omit)
-    omittable = {name for name in RAGGED_OMITTABLE if name in registry}
+    omittable = {name for name in RAGGED_OMITTABLE if name in registry and registry[name].optional}
     if omit - omittable:
         raise InvalidValueError(f"ReferenceEngine: omit={sorted(omit)}: a {cfg.role} engine can only lack "
                                 f"{sorted(omittable)} (optional inputs no dense graph reads)")
@@ -281,6 +298,7 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
     follows = {
         names.kInputsEmbeds: [state[names.past_key_values(i)] for i in layers],
         names.kContextSequenceCountCarrier: [state[names.kKVPageTable]],
+        names.kLogitsIndices: [spec for spec in recurrent if spec.is_input],  # a hybrid's state pools
     }
     specs = []
     for spec in registry:
@@ -289,7 +307,10 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
         specs.append(spec)
         specs.extend(follows.get(spec.name, ()))
     specs.extend(state[names.present_key_values(i)] for i in layers)
+    specs.extend(spec for spec in recurrent if not spec.is_input)
     aliases = {names.present_key_values(i): names.past_key_values(i) for i in layers}
+    aliases.update((out.name, inp.name) for inp, out in zip([r for r in recurrent if r.is_input],
+                                                             [r for r in recurrent if not r.is_input]))
     decls = [_Decl(index, spec.name, TensorIOMode.INPUT if spec.is_input else TensorIOMode.OUTPUT, spec.dtype,
                    spec.engine_shape, spec.profiles if spec.is_input else (), aliases.get(spec.name))
              for index, spec in enumerate(specs)]

@@ -22,6 +22,7 @@ GPU (CuPy has no fp8 dtype; tests hold them to ml_dtypes).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from trtio.contracts import ragged as ragged_contract
 from trtio.dtypes import DType
 from trtio.errors import InvalidValueError
 from trtio.testing.reference_io import _Geometry
-from trtio.testing.toy_model import ToyWeights
+from trtio.testing.toy_model import ToyWeights, recurrent_token
 
 __all__ = ["e4m3fn_bits_to_float32", "float32_to_e4m3fn_bits"]
 
@@ -134,6 +135,7 @@ class _Weights:
     wh: Any
     wd: Any
     w_lm: Any
+    recurrent: tuple[Any, ...] = ()  # RecurrentWeights whose arrays are of the array module
 
     @classmethod
     def of(cls, w: ToyWeights, to: Callable[[np.ndarray], Any]) -> _Weights:
@@ -143,8 +145,11 @@ class _Weights:
         def layers(arrays: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
             return tuple(conv(a) for a in arrays)
 
+        recurrent = tuple(dataclasses.replace(r, **{f.name: conv(getattr(r, f.name)) for f in dataclasses.fields(r)
+                                                    if f.name != "kind"}) for r in w.recurrent)
         return cls(wq=layers(w.wq), wk=layers(w.wk), wv=layers(w.wv), wo=layers(w.wo), w1=layers(w.w1),
-                   w2=layers(w.w2), we=conv(w.we), wh=conv(w.wh), wd=conv(w.wd), w_lm=conv(w.w_lm))
+                   w2=layers(w.w2), we=conv(w.we), wh=conv(w.wh), wd=conv(w.wd), w_lm=conv(w.w_lm),
+                   recurrent=recurrent)
 
 
 class _NoScratch:
@@ -246,7 +251,8 @@ def _no_all_reduce(partial: Any) -> Any:
 def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, x: Any,
                 rope: Callable[[Any], Any], kv: KVUpdate, visible: Any, deepstack: Callable[[int], Any],
                 after_layer: Callable[[int, Any], None], scratch: Any,
-                all_reduce: Callable[[Any], Any] = _no_all_reduce) -> Any:
+                all_reduce: Callable[[Any], Any] = _no_all_reduce,
+                recurrent: Callable[[int, Any], Any] | None = None) -> Any:
     """The layer loop of ``docs/toy-model.md`` over ``x`` (float32 ``[N, S, H]``), for either contract.
 
     Per layer: Q/K/V projections, RoPE on Q and K (``rope``), the new K/V written and the visible ones read
@@ -258,11 +264,26 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
     A tensor-parallel rank holds some of the heads and of the MLP's width (``w`` is its share):
     ``all_reduce`` sums the attention output's and the MLP's partial products over the ranks before each is
     added to the stream, as Edge-LLM's AllReducePlugin does after ``o_proj`` and ``down_proj``.
+
+    A hybrid model (``g.types``) runs its mixers in order: attention layer ``l`` as above, recurrent layer ``j``
+    through ``recurrent(j, x)`` (its output, added to the stream; it reads and writes its slots' state itself).
     """
     n, s = x.shape[0], x.shape[1]
     x_keep = xp.empty((n, s, g.h), dtype=xp.float32)
     layer_mark = scratch.mark()
-    for layer in range(g.layers):
+    types = g.types or ("attention",) * g.layers
+    layer = -1
+    j = -1
+    for kind in types:
+        if kind != "attention":
+            assert recurrent is not None
+            j += 1
+            x = x + recurrent(j, x)
+            x_keep[...] = x
+            x = x_keep
+            scratch.release(layer_mark)
+            continue
+        layer += 1
         q = rope(mm(x, w.wq[layer]).reshape(n, s, g.hq, g.d))
         k = rope(mm(x, w.wk[layer]).reshape(n, s, g.hkv, g.d))
         v = mm(x, w.wv[layer]).reshape(n, s, g.hkv, g.d)
@@ -481,8 +502,11 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     x = _input_stream(xp, mm, g, w, activations)
     x = xp.where(unmapped[:, None, None], xp.float32(np.nan), x)
     rope_rows = io[names.kRopeCosSin].reshape(n, width, -1)  # float32 [S, W, R]: each row its own
-    x = _run_layers(xp, mm, g, w, x, _rope(xp, rope_rows, g.r), kv, visible,
-                    lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch, all_reduce)
+    rope = _rope(xp, rope_rows, g.r) if g.use_rope else _no_rope
+    recurrent = _recurrent_layers(xp, mm, g, w, io, valid, scratch, checked=checked) if g.types else None
+    x = _run_layers(xp, mm, g, w, x, rope, kv, visible,
+                    lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch, all_reduce,
+                    recurrent)
 
     final = x.reshape(t, h)
     chosen = final[picks]  # [R, H]
@@ -493,3 +517,49 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     elif hidden_out is not None and not g.eagle:
         hidden_out[...] = _store(xp, final, g.act)
     io[names.kLogits][...] = logits
+
+
+def _no_rope(t: Any) -> Any:
+    return t  # use_rope false (Nemotron-H): the attention layers rotate nothing
+
+
+def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, io: Mapping[str, Any],
+                      valid: Any, scratch: Any, *, checked: bool) -> Callable[[int, Any], Any]:
+    """A hybrid step's recurrent layers (``docs/toy-model.md``, "Hybrid models"): ``layer(j, x)`` runs recurrent layer
+    ``j`` over ``x`` ([S, W, H] float32), token column by token column, from the state rows of each sequence's slot
+    (``state_indices``) and writes them back; padding rows leave the states as they were. Checked steps refuse a slot
+    outside the pools or given to two sequences; unchecked ones clip it."""
+    slots = io[names.kStateIndices].astype(xp.int64)  # [S]
+    n, width = valid.shape
+    rows = io[names.conv_state(0)].shape[0]
+    if checked:
+        _check_range("state_indices", slots, 0, rows, f"0 <= slot < the {rows} rows of the state pools")
+        if np.unique(slots).size != slots.size:
+            raise _DataError(f"state_indices {slots.tolist()} gives one slot to two sequences of the step")
+    else:
+        slots = xp.clip(slots, 0, rows - 1)
+
+    def round_to(dtype: DType) -> Callable[[Any], Any]:
+        return lambda a: _load(xp, _store(xp, a, dtype), dtype)
+
+    round_conv, round_state = round_to(g.conv_dtype), round_to(g.state_dtype)
+
+    def layer(j: int, x: Any) -> Any:
+        conv_pool, state_pool = io[names.conv_state(j)], io[names.recurrent_state(j)]
+        conv = _load(xp, conv_pool[slots], g.conv_dtype)  # [S, C, K] float32: new arrays, kept across tokens
+        state = _load(xp, state_pool[slots], g.state_dtype)
+        out = xp.empty((n, width, g.h), dtype=xp.float32)
+        token_mark = scratch.mark()
+        for col in range(width):
+            y, new_conv, new_state = recurrent_token(xp, mm, w.recurrent[j], x[:, col], conv, state, round_conv,
+                                                     round_state)
+            keep = valid[:, col]
+            conv[...] = xp.where(keep[:, None, None], new_conv, conv)
+            state[...] = xp.where(keep[:, None, None, None], new_state, state)
+            out[:, col] = y
+            scratch.release(token_mark)  # a token's temporaries: the next one reuses their scratch
+        conv_pool[slots] = _store(xp, conv, g.conv_dtype)
+        state_pool[slots] = _store(xp, state, g.state_dtype)
+        return out
+
+    return layer

@@ -54,8 +54,9 @@ from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, UnknownNameError
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
-__all__ = ["ENGINE_NAMES", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED", "TP_DIRS",
-           "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines", "default_engines_dir", "plan_cache_dir"]
+__all__ = ["ENGINE_NAMES", "HYBRID_DIRS", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
+           "TP_DIRS", "HybridToyEngine", "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines",
+           "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
 ENGINE_NAMES = ("toy-llm", "toy-eagle/base", "toy-eagle/draft")
@@ -68,6 +69,10 @@ RAGGED_SEED = 0
 #: The tensor-parallel toy directories (Edge-LLM's ``config_world{N}.json`` layout): toy-llm-ragged's model
 #: across 2 and 4 ranks, with the checkpoint their engines read weights from.
 TP_DIRS = ("toy-llm-tp2", "toy-llm-tp4")
+#: The hybrid toy directories (Edge-LLM layout, ragged contract): a Gated-DeltaNet model like Qwen3.5's (4 recurrent
+#: and 2 attention layers) and a Mamba2 model like Nemotron-H's (3 recurrent layers and one attention layer without
+#: RoPE; its MLP blocks are absent from layer_types), both with toy-llm-ragged's vocabulary and hidden size.
+HYBRID_DIRS = ("toy-qwen35-ragged", "toy-nemotron-h-ragged")
 #: The run-time tree of the ragged pair's demo: (draft_top_k, draft_step, verify_size), within the
 #: configs' caps (max_draft_tree_size 8 >= 2 x 3, max_verify_tree_size 8).
 RAGGED_DEMO_TREE = (2, 3, 8)
@@ -437,3 +442,40 @@ class TensorParallelToyEngines:
             return self.reference_engine(ranks[name], device=device, all_reduce=all_reduce, null_compute=null_compute)
 
         return load
+
+
+class HybridToyEngine:
+    """A hybrid toy directory (:data:`HYBRID_DIRS`): its config, its seeded weights (``ToyWeights.generate(cfg,
+    RAGGED_SEED)``: the attention layers' and the recurrent layers' ``RecurrentWeights``), the embedding table and
+    ReferenceEngines computing it."""
+
+    def __init__(self, directory: EngineDir) -> None:
+        self.directory = directory
+        self.config = directory.config
+        if not self.config.is_hybrid:
+            raise ConfigError(str(directory.path), "is not a hybrid engine directory (its config.json has no "
+                                                   "recurrent layer in layer_types)")
+        self.weights = ToyWeights.generate(self.config, RAGGED_SEED)
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike[str] = HYBRID_DIRS[0]) -> HybridToyEngine:
+        """A directory of :data:`HYBRID_DIRS` by name (under :func:`default_engines_dir`) or by path."""
+        path = Path(name_or_path)
+        if not path.is_dir() and str(name_or_path) in HYBRID_DIRS:
+            path = default_engines_dir() / str(name_or_path)
+        return cls(EngineDir.open(path))
+
+    @property
+    def name(self) -> str:
+        return self.directory.path.name
+
+    def embedding(self) -> np.ndarray:
+        """The token embedding table runtimes use with this engine (float32 [vocab, hidden])."""
+        return toy_embedding(self.config.vocab_size, self.config.hidden_size, RAGGED_SEED)
+
+    def reference_engine(self, *, device: str = "auto", null_compute: bool = False) -> Any:
+        """A :class:`~trtio.testing.ReferenceEngine` computing the hybrid toy model."""
+        from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+
+        return ReferenceEngine.from_config(self.config, device=device, weights=self.weights,
+                                           null_compute=null_compute, name=self.name)

@@ -22,6 +22,8 @@ from trtio.dtypes import DType
 from trtio.errors import ConfigError, InvalidValueError, ShapeError
 
 __all__ = [
+    "RecurrentWeights",
+    "recurrent_token",
     "ATTN_SCALE",
     "DRAFT_MIX_SCALE",
     "MLP_SCALE",
@@ -43,6 +45,7 @@ MLP_SCALE = 0.5
 DRAFT_MIX_SCALE = 0.01
 ROPE_THETA = 10000.0
 _EMBEDDING_SEED_OFFSET = 7919
+_RECURRENT_SEED_OFFSET = 104729  # the recurrent layers' weights have a generator of their own
 
 
 def config_role(cfg: Any) -> str:
@@ -65,6 +68,90 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.
 
 
 @dataclass(frozen=True, eq=False)
+class RecurrentWeights:
+    """One recurrent layer of a hybrid toy model (``docs/toy-model.md``, "Hybrid models"), float32, used as
+    ``x @ w``. ``C`` = conv_dim, ``K`` = conv_kernel, ``Hh`` = recurrent_state_num_heads, ``D1`` =
+    recurrent_state_head_dim, ``D2`` = recurrent_state_size. Gated DeltaNet: queries and keys ``[Hh, D1]``, values
+    ``[Hh, D2]``. Mamba2: ``x`` ``[Hh, D1]``, ``B`` and ``C`` ``[D2]`` shared by the heads."""
+
+    kind: str  # "gated_deltanet" | "mamba2"
+    w_in: np.ndarray  # [H, C]: the conv's input
+    w_conv: np.ndarray  # [C, K]: the causal depthwise conv, oldest column first
+    w_q: np.ndarray  # GDN: [C, Hh*D1] queries; Mamba2: [C, D2] its C (read-out)
+    w_k: np.ndarray  # GDN: [C, Hh*D1] keys; Mamba2: [C, D2] its B (write-in)
+    w_v: np.ndarray  # GDN: [C, Hh*D2] values; Mamba2: [C, Hh*D1] its x
+    w_gate: np.ndarray  # [H, Hh]: GDN decay logits; Mamba2 dt logits
+    w_beta: np.ndarray  # [H, Hh]: GDN write strength logits (unused by Mamba2)
+    bias: np.ndarray  # [Hh]: Mamba2 dt bias (unused by GDN)
+    a_log: np.ndarray  # [Hh]: Mamba2 A = -exp(a_log) (unused by GDN)
+    d_skip: np.ndarray  # [Hh]: Mamba2 skip D (unused by GDN)
+    w_out: np.ndarray  # GDN: [Hh*D2, H]; Mamba2: [Hh*D1, H]
+
+    @classmethod
+    def generate(cls, cfg: Any, rng: np.random.Generator) -> RecurrentWeights:
+        """One layer's weights, drawn from ``rng`` in field order (``w_in`` .. ``w_out``)."""
+        h, c, k = int(cfg.hidden_size), int(cfg.conv_dim), int(cfg.conv_kernel)
+        hh, d1, d2 = (int(cfg.recurrent_state_num_heads), int(cfg.recurrent_state_head_dim),
+                      int(cfg.recurrent_state_size))
+        kind = str(cfg.recurrent_kind)
+        gdn = kind == "gated_deltanet"
+        read, write, value = (hh * d1, hh * d1, hh * d2) if gdn else (d2, d2, hh * d1)
+        return cls(kind=kind, w_in=_draw(rng, (h, c), 1.0 / math.sqrt(h)),
+                   w_conv=_draw(rng, (c, k), 1.0 / math.sqrt(k)),
+                   w_q=_draw(rng, (c, read), 1.0 / math.sqrt(c)), w_k=_draw(rng, (c, write), 1.0 / math.sqrt(c)),
+                   w_v=_draw(rng, (c, value), 1.0 / math.sqrt(c)), w_gate=_draw(rng, (h, hh), 1.0 / math.sqrt(h)),
+                   w_beta=_draw(rng, (h, hh), 1.0 / math.sqrt(h)), bias=_draw(rng, (hh,), 0.5),
+                   a_log=_draw(rng, (hh,), 0.5), d_skip=_draw(rng, (hh,), 0.5),
+                   w_out=_draw(rng, (value, h), ATTN_SCALE / math.sqrt(value)))
+
+
+def _sigmoid(xp: Any, z: Any) -> Any:
+    return 1.0 / (1.0 + xp.exp(-z))
+
+
+def recurrent_token(xp: Any, mm: Any, w: Any, x: Any, conv: Any, state: Any, round_conv: Any,
+                    round_state: Any) -> tuple[Any, Any, Any]:
+    """One token of a recurrent layer for ``N`` sequences at once (``docs/toy-model.md``, "Hybrid models").
+
+    ``x`` float32 ``[N, H]`` (the residual stream), ``conv`` ``[N, C, K]`` and ``state`` ``[N, Hh, D1, D2]`` float32
+    as stored. Returns ``(y, conv, state)``: the layer's output ``[N, H]`` (added to the stream by the caller) and
+    the new states, rounded to their storage (``round_conv`` / ``round_state``: float32 -> float32 through the
+    storage dtype) after every token, so that a sequence's states do not depend on how its tokens are split into
+    steps. ``xp`` is numpy or CuPy, ``mm`` the matrix product; only element-wise ops besides (CUDA-graph safe).
+    ``w`` holds the weights of :class:`RecurrentWeights` (as arrays of ``xp``).
+    """
+    n = x.shape[0]
+    hh, d1, d2 = state.shape[1], state.shape[2], state.shape[3]
+    u = round_conv(mm(x, w.w_in))  # [N, C], as the conv state stores it
+    conv = xp.concatenate([conv[:, :, 1:], u[:, :, None]], axis=2)
+    c = (conv * w.w_conv[None]).sum(axis=2)
+    c = c * _sigmoid(xp, c)  # SiLU
+    if w.kind == "gated_deltanet":
+        q = mm(c, w.w_q).reshape(n, hh, d1)
+        k = mm(c, w.w_k).reshape(n, hh, d1)
+        q = q / xp.sqrt((q * q).sum(axis=2, keepdims=True) + 1e-6)
+        k = k / xp.sqrt((k * k).sum(axis=2, keepdims=True) + 1e-6)
+        v = mm(c, w.w_v).reshape(n, hh, d2)
+        decay = _sigmoid(xp, mm(x, w.w_gate))[:, :, None, None]  # [N, Hh, 1, 1]
+        beta = _sigmoid(xp, mm(x, w.w_beta))[:, :, None]  # [N, Hh, 1]
+        state = state * decay
+        seen = (k[:, :, :, None] * state).sum(axis=2)  # [N, Hh, D2]: what the state holds at k
+        state = round_state(state + k[:, :, :, None] * (beta * (v - seen))[:, :, None, :])
+        out = (q[:, :, :, None] * state).sum(axis=2)  # [N, Hh, D2]
+    else:
+        xs = mm(c, w.w_v).reshape(n, hh, d1)
+        b_in = mm(c, w.w_k)  # [N, D2]
+        c_out = mm(c, w.w_q)
+        z = mm(x, w.w_gate) + w.bias[None]
+        dt = xp.where(z > 20.0, z, xp.log1p(xp.exp(xp.minimum(z, 20.0))))  # softplus
+        decay = xp.exp(-xp.exp(w.a_log)[None] * dt)[:, :, None, None]
+        state = round_state(state * decay + (dt[:, :, None] * xs)[:, :, :, None] * b_in[:, None, None, :])
+        out = (state * c_out[:, None, None, :]).sum(axis=3) + w.d_skip[None, :, None] * xs  # [N, Hh, D1]
+    y = mm(out.reshape(n, -1).astype(xp.float32), w.w_out)
+    return y, conv, state
+
+
+@dataclass(frozen=True, eq=False)
 class ToyWeights:
     """Seeded parameters of the toy model (float32, row-major, used as ``x @ w``).
 
@@ -82,6 +169,7 @@ class ToyWeights:
     wh: np.ndarray | None  # [base_model_hidden_size, H]
     wd: np.ndarray | None  # [H, H]
     w_lm: np.ndarray  # [H, Vout]
+    recurrent: tuple[RecurrentWeights, ...] = ()  # a hybrid model's recurrent layers, in order
 
     @property
     def num_layers(self) -> int:
@@ -96,7 +184,9 @@ class ToyWeights:
         """Draw the weights of ``docs/toy-model.md`` from ``numpy.random.default_rng(seed)``.
 
         The draw order is part of the contract: for each layer in turn ``wq, wk, wv, wo, w1, w2``;
-        then, for a draft only, ``we, wh, wd``; then ``w_lm``.
+        then, for a draft only, ``we, wh, wd``; then ``w_lm``. A hybrid model's attention layers draw exactly
+        that (``num_attention_layers`` of them); its recurrent layers then draw their :class:`RecurrentWeights`,
+        one layer after the other, from ``numpy.random.default_rng(seed + 104729)``.
         """
         h = int(cfg.hidden_size)
         hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
@@ -118,8 +208,13 @@ class ToyWeights:
             wh = _draw(rng, (hb, h), 1.0 / math.sqrt(hb))
             wd = _draw(rng, (h, h), 1.0 / math.sqrt(h))
         w_lm = _draw(rng, (h, vout), 1.0 / math.sqrt(h))
+        recurrent: tuple[RecurrentWeights, ...] = ()
+        n_recurrent = int(getattr(cfg, "num_recurrent_layers", 0) or 0)
+        if n_recurrent:  # a generator of their own: a hybrid's attention layers draw what a dense model's do
+            rec_rng = np.random.default_rng(seed + _RECURRENT_SEED_OFFSET)
+            recurrent = tuple(RecurrentWeights.generate(cfg, rec_rng) for _ in range(n_recurrent))
         return cls(
-            **{k: tuple(v) for k, v in per_layer.items()}, we=we, wh=wh, wd=wd, w_lm=w_lm
+            **{k: tuple(v) for k, v in per_layer.items()}, we=we, wh=wh, wd=wd, w_lm=w_lm, recurrent=recurrent
         )
 
     @classmethod
@@ -341,12 +436,22 @@ def reference_forward(
     captured: dict[int, np.ndarray] = {}
 
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
-    for layer in range(weights.num_layers):
+    use_rope = bool(getattr(cfg, "use_rope", True))
+    types = tuple(getattr(cfg, "layer_types", ()) or ()) or ("attention",) * weights.num_layers
+    mixers = [i for i, kind in enumerate(types) if kind == "attention"]  # attention layer l is mixer mixers[l]
+    recurrent = iter(weights.recurrent)
+    for mixer, kind in enumerate(types):
+        if kind != "attention":
+            x = x + _recurrent_layer(next(recurrent), cfg, x)
+            continue
+        layer = mixers.index(mixer)
         q = (x @ weights.wq[layer]).reshape(t, hq, d)
         k = (x @ weights.wk[layer]).reshape(t, hkv, d)
         v = (x @ weights.wv[layer]).reshape(t, hkv, d)
-        q = apply_rope(q, table, pos)
-        k = _round_to(apply_rope(k, table, pos), kv_dtype)
+        if use_rope:
+            q = apply_rope(q, table, pos)
+            k = apply_rope(k, table, pos)
+        k = _round_to(k, kv_dtype)
         v = _round_to(v, kv_dtype)
         attn = np.zeros((t, hq, d), dtype=np.float32)
         for head in range(hq):
@@ -370,6 +475,20 @@ def reference_forward(
     if hidden_after is not None:
         return np.concatenate([np.zeros((t, 0), np.float32)] + [captured[i] for i in after], axis=-1), logits
     return x, logits
+
+
+def _recurrent_layer(w: RecurrentWeights, cfg: Any, x: np.ndarray) -> np.ndarray:
+    """A recurrent layer's output ``[T, H]`` over one sequence, token by token from zero states."""
+    conv_dtype, state_dtype = DType.coerce(cfg.conv_state_dtype), DType.coerce(cfg.recurrent_state_dtype)
+    conv = np.zeros((1, int(cfg.conv_dim), int(cfg.conv_kernel)), np.float32)
+    state = np.zeros((1, int(cfg.recurrent_state_num_heads), int(cfg.recurrent_state_head_dim),
+                      int(cfg.recurrent_state_size)), np.float32)
+    out = np.zeros_like(x)
+    for i in range(x.shape[0]):
+        y, conv, state = recurrent_token(np, np.matmul, w, x[i:i + 1], conv, state,
+                                         lambda a: _round_to(a, conv_dtype), lambda a: _round_to(a, state_dtype))
+        out[i] = y[0]
+    return out
 
 
 def log_softmax(logits: Any) -> np.ndarray:

@@ -3,11 +3,13 @@
 A small serving loop over the sequence slots of an :class:`~trtio.setups.LLMSetup`: requests of different
 lengths arrive at different decode steps and are admitted into free slots (``prefill(..., slots=[s])``)
 while the others keep decoding; each ends at its token budget and is released (``release``), its slot and
-pages going to the next request. One request's prompt starts with a system prompt, which is pinned
-(``pin_prefix``) after its prefill; a later request starts from that prefix (``prefill(..., prefix=P)``,
-its inputs only the tokens after it). Which slot each request takes and how many KV pages are in use
-(``kv_pages``) are recorded at every event. Afterwards every request is run alone, greedily, from its
-whole prompt (:func:`~trtio.testing.toy_runtime.greedy_generate`): the story's tokens must equal those.
+pages going to the next request. One request's prompt starts with a system prompt, which is prefilled
+first and pinned whole (``pin_prefix``; on a hybrid model a prefix keeps the recurrent states after its last
+token), the rest of the prompt prefilled after it (``past_lengths``); a later request starts from that prefix
+(``prefill(..., prefix=P)``, its inputs only the tokens after it). Which slot each request takes and how
+many KV pages are in use (``kv_pages``) are recorded at every event. Afterwards every request is run alone,
+greedily, from its whole prompt (:func:`~trtio.testing.toy_runtime.greedy_generate`): the story's tokens must
+equal those.
 
 :func:`run_admissions` plays it and returns a JSON-able summary; :func:`format_admissions` renders it.
 """
@@ -101,16 +103,21 @@ def run_admissions(setup: LLMSetup, embedding: np.ndarray, requests: list[Reques
             slot = next(s for s in range(slots) if s not in where)
             reused = any(e["slot"] == slot and e["event"] == "release" for e in events)
             start = prefix.tokens if r.from_prefix and prefix is not None else 0
-            x, lens = embed_batch(embedding, [r.prompt[start:]], dtype)
+            # A request that pins its first tokens prefills them first and pins them whole, then goes on from
+            # there (a prefill with past_lengths): a hybrid model's prefix keeps the states after its last token.
+            head = r.pins or len(r.prompt)
+            x, lens = embed_batch(embedding, [r.prompt[start:head]], dtype)
             logits = setup.prefill(x, lens, stream, slots=[slot], prefix=prefix if start else None)
-            token = int(logits.to_numpy(stream)[0].argmax())
-            r.slot, r.admitted, r.tokens = slot, step, [token]
-            where[slot], pending[slot] = req, token
             events.append(_event(setup, step, "admit", req, slot, prompt=len(r.prompt), prefix=start,
                                  reused=reused))
             if r.pins:
-                prefix = setup.pin_prefix(slot, r.pins)
+                prefix = setup.pin_prefix(slot, r.pins, stream)
                 events.append(_event(setup, step, "pin", req, slot, tokens=prefix.tokens))
+                x, lens = embed_batch(embedding, [r.prompt[head:]], dtype)
+                logits = setup.prefill(x, lens, stream, slots=[slot], past_lengths=[head])
+            token = int(logits.to_numpy(stream)[0].argmax())
+            r.slot, r.admitted, r.tokens = slot, step, [token]
+            where[slot], pending[slot] = req, token
             if len(r.tokens) == r.budget:
                 finish(slot)
         if where:

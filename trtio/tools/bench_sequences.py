@@ -14,6 +14,12 @@ run, in rounds that alternate the two ways so a drift of the machine's speed hit
 * **release** and **pin_prefix** (and ``Prefix.release``): host time (target: at most 20 µs each) and the
   host synchronisations they make (counted by the backend: there must be none).
 
+* **hybrid**: the same on a Qwen3.5-like hybrid of that scale (27 Gated-DeltaNet layers and 9 attention layers,
+  recurrent states of 16 heads x 128 x 128 FP32 per slot and layer): a decode of the 8 slots after admissions and
+  releases against a whole-batch decode (target: at most 1.2x), and the host time the zeroing of an admitted slot's
+  recurrent states adds to its prefill (the device work an admission enqueues before the engine: target at most
+  5 µs).
+
 Each figure is the median host time of one call, alone and followed by a stream synchronisation; device
 operations and host synchronisations are counted by the backend around the call alone. Every call is timed
 right after a decode step, as a server makes it (back to back, the same calls find the CPU's caches warm and
@@ -22,6 +28,7 @@ take less).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -31,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio.config import KVLayerConfig, LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.setups import LLMSetup, create_for_llm
 from trtio.stream import Stream
@@ -55,6 +63,10 @@ PREFILL_ADMIT = "LLMSetup.prefill(slots=[s]), 16 tokens, 7 others active"
 RELEASE = "LLMSetup.release([s]), 7 others active"
 PIN = "LLMSetup.pin_prefix(s, 16)"
 UNPIN = "Prefix.release()"
+HYBRID_WHOLE = "hybrid LLMSetup.decode, a batch of 8 prefilled whole"
+HYBRID_CHURNED = "hybrid LLMSetup.decode, 8 slots after admissions and releases"
+HYBRID_ZERO = "hybrid admission: one slot's recurrent states zeroed (27 layers)"
+ZERO_TARGET_US = 5.0  # the host time an admission's state zeroing adds
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,10 @@ class SequenceResults:
         return self.rows[PREFILL_ADMIT].synced - whole
 
     @property
+    def hybrid_decode_ratio(self) -> float:
+        return self.rows[HYBRID_CHURNED].synced / self.rows[HYBRID_WHOLE].synced
+
+    @property
     def ops_unchanged(self) -> bool | None:
         """Whether a decode after admissions and releases enqueues what a whole-batch one does (None: not
         counted on this backend)."""
@@ -107,6 +123,14 @@ class SequenceResults:
             row = self.rows[name]
             out.append({"what": f"{name}: host time, no sync", "value": row.alone, "unit": "us",
                         "limit": HOST_TARGET_US, "met": row.alone <= HOST_TARGET_US and row.syncs == 0})
+        out += [
+            {"what": "hybrid: decode after admissions and releases / whole-batch decode",
+             "value": self.hybrid_decode_ratio, "unit": "x", "limit": DECODE_TARGET,
+             "met": self.hybrid_decode_ratio <= DECODE_TARGET},
+            {"what": f"{HYBRID_ZERO}: host time, no sync", "value": self.rows[HYBRID_ZERO].alone, "unit": "us",
+             "limit": ZERO_TARGET_US,
+             "met": self.rows[HYBRID_ZERO].alone <= ZERO_TARGET_US and self.rows[HYBRID_ZERO].syncs == 0},
+        ]
         unchanged = self.ops_unchanged
         if unchanged is not None:
             out.append({"what": "device operations per decode step, unchanged", "value": self.rows[DECODE_CHURNED].ops,
@@ -221,9 +245,54 @@ def run_sequences(backend_kind: str = "host", *, steps: int = 200,
                     timed(UNPIN, prefix.release)
             rows = {name: clock.row(name) for name in (DECODE_WHOLE, DECODE_CHURNED, PREFILL_WHOLE_7, PREFILL_WHOLE,
                                                        PREFILL_ADMIT, RELEASE, PIN, UNPIN)}
-            return SequenceResults(rows, kv, int(setup.state.page_size), setup.kv_pages.total)
+            page_size, pool = int(setup.state.page_size), setup.kv_pages.total
+        _hybrid(backend, hybrid_config(llm), clock, stream, rounds, per_round, rng)
+        rows.update((name, clock.row(name)) for name in (HYBRID_WHOLE, HYBRID_CHURNED, HYBRID_ZERO))
+        return SequenceResults(rows, kv, page_size, pool)
     finally:
         stream.close()
+
+
+def hybrid_config(llm: LLMEngineConfig) -> LLMEngineConfig:
+    """The bench's LLM as a Qwen3.5-like hybrid: 3 Gated-DeltaNet layers to 1 attention layer (27 and 9 of 36),
+    recurrent states of 16 value heads x 128 x 128 (FP32) and a conv state of 6144 x 4 (FP16) per slot and layer."""
+    types = ("mamba", "mamba", "mamba", "attention") * (llm.num_attention_layers // 4)
+    kv = KVLayerConfig(llm.num_kv_heads, llm.head_dim)
+    return dataclasses.replace(
+        llm, num_attention_layers=types.count("attention"), layer_types=types,
+        kv_layer_configs=tuple(kv if t == "attention" else None for t in types), recurrent_kind="gated_deltanet",
+        conv_dim=2 * 16 * 128 + 16 * 128, conv_kernel=4, recurrent_state_num_heads=16, recurrent_state_head_dim=128,
+        recurrent_state_size=128, recurrent_spec_verify_mode="snapshot", kv_pool_pages=0).validate()
+
+
+def _hybrid(backend: Backend, cfg: LLMEngineConfig, clock: _Clock, stream: Stream, rounds: int, per_round: int,
+            rng: np.random.Generator) -> None:
+    """The hybrid rows (module docstring), in rounds as the others."""
+    with create_for_llm(null_engine(cfg, backend), cfg, stream, graphs=True, backend=backend) as setup, \
+            device_tensor(backend, (BATCH, PROMPT, HIDDEN), rng) as prompts, \
+            device_tensor(backend, (1, PROMPT, HIDDEN), rng) as one:
+        setup.state.reset(stream, clear=True)
+        embeds = setup.io.inputs_embeds
+        rec = setup.recurrent
+        assert rec is not None
+
+        def decode() -> object:
+            return setup.decode(embeds.reshape((setup.batch or 1, 1, HIDDEN)))
+
+        def zero() -> None:  # the device work an admission adds before the engine, as the prefill enqueues it
+            for work in rec.admission([SLOT], None):
+                work.enqueue(stream)
+
+        _churn(setup, one, decode)
+        for r in range(rounds + 1):
+            timed = clock if r else _untimed
+            setup.prefill(prompts, np.full(BATCH, PROMPT))
+            for _ in range(per_round):
+                timed(HYBRID_WHOLE, decode)
+            _churn(setup, one, decode)
+            for _ in range(per_round):
+                timed(HYBRID_CHURNED, decode)
+                timed(HYBRID_ZERO, zero)
 
 
 def format_sequences(res: SequenceResults, machine: str) -> str:

@@ -30,7 +30,9 @@ For each contract:
    steps while the others decode, one finishing early and its slot reused by a request that starts from a
    pinned prefix, the KV pages in use at each event, and each request's tokens checked against its solo
    greedy run;
-4. the binding tables, the memory reports and the graph statistics of both setups.
+4. the binding tables, the memory reports and the graph statistics of both setups;
+5. with the ragged contract, the hybrid toy directories (:mod:`trtio.tools.hybrid_demo`: Gated DeltaNet and
+   Mamba2, recurrent state per slot): greedy decoding and the admission story.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
 under ``"contracts"``); :func:`format_demo` renders it for a terminal.
@@ -61,6 +63,7 @@ from trtio.testing.toy_engines import (
     RAGGED_DEMO_TREE,
     RAGGED_DIRS,
     RAGGED_ENGINE_NAMES,
+    RAGGED_SEED,
     RaggedToyEngines,
     ToyEngines,
     default_engines_dir,
@@ -68,6 +71,7 @@ from trtio.testing.toy_engines import (
 from trtio.testing.toy_runtime import embed_batch, spec_generate
 from trtio.tools.admissions import format_admissions, run_admissions, story_requests
 from trtio.tools.binding_table import binding_rows, format_binding_table
+from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
 from trtio.trt import KNOWN_MODULES
 
@@ -429,14 +433,21 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         else:
             assert ragged is not None
             sections["ragged"] = _ragged_section(ragged, opts)
+    hybrid = {}
+    if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
+        assert ragged is not None
+        be, _why = _choose_ragged(opts)
+        prompts = demo_prompts(ragged.llm_config.vocab_size, RAGGED_SEED)
+        hybrid = run_hybrid(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
         "graphs": opts.graphs,
         "max_new_tokens": opts.max_new_tokens,
         "contracts": sections,
+        "hybrid": hybrid,
         "timings": {"total_s": time.perf_counter() - t_start},
-        "ok": all(s["ok"] for s in sections.values()),
+        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in hybrid.values()),
     }
 
 
@@ -537,8 +548,10 @@ def format_demo(s: dict[str, Any]) -> str:
              f"{'on' if s['graphs'] else 'off'}", ""]
     for key, section in contracts.items():
         lines += _format_section(key, section)
+    lines += format_hybrid(s.get("hybrid", {}))
     engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
     lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
-    lines.append("result: " + "; ".join(_verdict(k, sec) for k, sec in contracts.items())
-                 + f" -> {'OK' if s['ok'] else 'FAILED'}")
+    verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
+    verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
+    lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)

@@ -20,12 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
 from trtio.memory import MemoryReport, align_up
+from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
+from trtio.setups.binding import BoundEngine
 from trtio.tools.sequence_fit import round_width
 
 __all__ = ["DryRunBackend", "dry_run_setup", "companion_deployment", "kv_state_rows", "planned", "planned_memory"]
@@ -157,12 +160,12 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
     rows = []
     for e in setup.engines():
         state = e.state
-        tensors = list(state.tensors.values())
+        tensors = [t for name, t in state.tensors.items() if not is_recurrent_state(name)]
         row: dict[str, Any] = {
             "role": e.role,
             "layout": state.layout,
             "tensors": len(tensors),
-            "names": list(state.tensors),
+            "names": [name for name in state.tensors if not is_recurrent_state(name)],
             "shape": [int(d) for d in tensors[0].shape] if tensors else [],
             "dtype": str(tensors[0].dtype) if tensors else None,
             "bytes": sum(t.capacity for t in tensors),
@@ -174,8 +177,27 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
             row.update(pool_pages=int(state.pool_pages), page_size=int(state.page_size),
                        pages_per_sequence=int(state.pages_per_sequence),
                        page_table_shape=[int(d) for d in state.page_table.shape])
+        if e.cfg.is_hybrid:
+            row["recurrent"] = recurrent_rows(setup, e)
         rows.append(row)
     return rows
+
+
+def recurrent_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, Any]:
+    """A hybrid engine's recurrent state: ``kind``, ``layers`` (recurrent ones), ``rows`` (sequence slots), and per
+    pool kind (``conv``, ``state``) the ``names``, one pool's ``shape`` and ``dtype`` and the ``bytes`` of all, and
+    the snapshot pool's ``snapshot_rows`` (``max_prefixes``) and ``snapshot_bytes``."""
+    cfg, state = e.cfg, e.state
+    out: dict[str, Any] = {"kind": cfg.recurrent_kind, "layers": cfg.num_recurrent_layers, "rows": state.max_batch}
+    for key, template in (("conv", names.kConvStateTemplate), ("state", names.kRecurrentStateTemplate)):
+        pools = {n: t for n, t in state.tensors.items() if is_recurrent_state(n) and n.startswith(template + "_")}
+        first = next(iter(pools.values()))
+        out[key] = {"names": list(pools), "shape": [int(d) for d in first.shape], "dtype": str(first.dtype),
+                    "bytes": sum(t.capacity for t in pools.values())}
+    rec = setup.recurrent if isinstance(setup, LLMSetup) else None
+    out["snapshot_rows"] = rec.max_prefixes if rec is not None else 0
+    out["snapshot_bytes"] = rec.nbytes if rec is not None else 0
+    return out
 
 
 def planned(config: DeploymentConfig, *,

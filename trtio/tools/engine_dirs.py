@@ -266,6 +266,16 @@ def format_kv_state(rows: list[dict[str, Any]]) -> list[str]:
         else:
             lines.append(f"  {r['role']}: {_count(r['tensors'], 'contiguous KV cache')} ({span}), each "
                          f"{format_shape(shape)} {r['dtype']}: {format_bytes(r['bytes'])} in all")
+        rec = r.get("recurrent")
+        if rec is not None:
+            conv, state = rec["conv"], rec["state"]
+            lines.append(f"  {r['role']}: {_count(rec['layers'], 'recurrent layer')} ({rec['kind']}), each a conv "
+                         f"state {format_shape(conv['shape'])} {conv['dtype']} and a recurrent state "
+                         f"{format_shape(state['shape'])} {state['dtype']}, one row per sequence slot "
+                         f"({conv['names'][0]} .. {state['names'][-1]}): "
+                         f"{format_bytes(conv['bytes'] + state['bytes'])} in all; snapshots for pinned prefixes: "
+                         f"{_count(rec['snapshot_rows'], 'row')} per pool (max_prefixes), "
+                         f"{format_bytes(rec['snapshot_bytes'])}")
     return lines
 
 

@@ -1,0 +1,255 @@
+"""Recurrent state of hybrid models (Gated DeltaNet: Qwen3.5; Mamba2: Nemotron-H): what an engine declares for it,
+how its declaration is checked, and the per-slot work a setup does on it (``docs/architecture.md``, "Hybrid models").
+
+Each recurrent layer ``j`` of a hybrid engine has two pools the engine updates in place, both with one row per
+resident sequence slot (``max_batch_size`` rows, Edge-LLM's fixed resident-slot pool): ``conv_state_j``
+``[rows, conv_dim, conv_kernel]`` and ``recurrent_state_j`` ``[rows, heads, head_dim, size]`` (GDN FP32: value
+heads, key dim, value dim; Mamba2 FP16: heads, head dim, SSM state), aliased by ``present_conv_state_j`` and
+``present_recurrent_state_j``. A step's ``state_indices[s]`` is the slot of its sequence ``s``: the engine reads and
+writes that row only. The pools are allocated and bound by the engine state (:mod:`trtio.state`) at their full row
+count, whatever the step's batch.
+
+:class:`RecurrentStates` is what a setup does with those rows: a new sequence's rows are zeroed on the device before
+its prefill reads them (Edge-LLM's ``clearSlot``), a pinned prefix keeps a copy of its slot's rows in a row of a fixed
+snapshot pool (``max_prefixes`` rows), and a sequence started from that prefix gets the copy back. Each is one device
+operation on the cuda backend (strided row copies of every layer's pool, packed into one launch), with no host sync.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from trtio import names
+from trtio._cache import BoundedCache
+from trtio._lifetime import Closeable
+from trtio.config import LLMEngineConfig
+from trtio.cuda.backend import Backend
+from trtio.dtypes import DType
+from trtio.engine import DeviceWork, EngineIO
+from trtio.errors import CapacityError
+from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.ops import Copy2D, Zero2D, fuse
+from trtio.pages import PagePool
+from trtio.registry import ProfileShapes, TensorSpec
+from trtio.stream import Stream
+from trtio.tensor import Tensor
+
+__all__ = ["DEFAULT_MAX_PREFIXES", "RecurrentStates", "is_recurrent_state", "recurrent_problems",
+           "recurrent_state_names", "recurrent_state_specs"]
+
+#: Snapshot rows a hybrid setup keeps for pinned prefixes unless ``max_prefixes=`` says otherwise.
+DEFAULT_MAX_PREFIXES = 4
+
+
+def recurrent_state_names(cfg: LLMEngineConfig) -> list[tuple[str, str]]:
+    """The (input, output) pairs of ``cfg``'s recurrent layers, in the exporter's order: every conv state, then
+    every recurrent state."""
+    n = cfg.num_recurrent_layers
+    return ([(names.conv_state(j), names.present_conv_state(j)) for j in range(n)]
+            + [(names.recurrent_state(j), names.present_recurrent_state(j)) for j in range(n)])
+
+
+def _geometry(cfg: LLMEngineConfig, name: str) -> tuple[DType, tuple[int, ...]]:
+    """One slot's row of the pool ``name`` (its dtype and shape without the row dim)."""
+    if name.startswith(names.kConvStateTemplate):
+        return DType.coerce(cfg.conv_state_dtype), cfg.conv_state_shape
+    return DType.coerce(cfg.recurrent_state_dtype), cfg.recurrent_state_shape
+
+
+def recurrent_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
+    """What a hybrid engine of the ragged contract declares for its recurrent state: ``conv_state_j`` and
+    ``recurrent_state_j`` inputs (rows dynamic in the graph, ``state_pool_rows``; the builder pins both profiles to
+    ``max_batch_size`` rows), then their ``present_*`` outputs. Empty for a model without recurrent layers. The
+    ReferenceEngine declares these; tests compare them with files the real exporter wrote."""
+    rows = max_batch or cfg.max_supported_batch_size
+    pairs = recurrent_state_names(cfg)
+    inputs, outputs = [], []
+    for past, present in pairs:
+        dtype, row = _geometry(cfg, past)
+        shape = (rows, *row)
+        fixed: tuple[ProfileShapes, ...] = ((shape, shape, shape),) * 2
+        declared = (-1, *row)
+        inputs.append(TensorSpec(past, "input", dtype, shape, fixed, declared=declared))
+        outputs.append(TensorSpec(present, "output", dtype, shape, declared=declared))
+    return inputs + outputs
+
+
+def _recurrent_layer(name: str) -> int | None:
+    for template in (names.kConvStateTemplate, names.kRecurrentStateTemplate):
+        head = template + "_"
+        if name.startswith(head) and name[len(head):].isdigit():
+            return int(name[len(head):])
+    return None
+
+
+def is_recurrent_state(name: str) -> bool:
+    """Whether ``name`` is a recurrent layer's state input (``conv_state_j`` / ``recurrent_state_j``): a pool of one
+    row per slot, bound whole whatever the step's batch."""
+    return _recurrent_layer(name) is not None
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def recurrent_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
+    """Every disagreement between the recurrent state an engine declares and its config: a pool missing or beyond
+    the config's recurrent layers, its dtype, its per-slot dims, and a pool with fewer rows than the setup's
+    ``max_batch`` slots (``state_indices`` index it by slot)."""
+    problems = []
+    want = dict(recurrent_state_names(cfg))
+    declared = [info.name for info in eio.inputs if _recurrent_layer(info.name) is not None]
+    for name in declared:
+        if name not in want:
+            have = (f"{cfg.num_recurrent_layers} recurrent layers" if cfg.is_hybrid
+                    else "no recurrent layer (layer_types)")
+            problems.append(f"{name}: the engine declares this recurrent state but the config has {have}")
+    for past in want:
+        if past not in eio:
+            problems.append(f"{past}: the config has {cfg.num_recurrent_layers} recurrent layers but the engine "
+                            f"declares no {past}")
+            continue
+        info = eio[past]
+        dtype, row = _geometry(cfg, past)
+        field = "conv_state_dtype" if past.startswith(names.kConvStateTemplate) else "recurrent_state_dtype"
+        if info.dtype is not dtype:
+            problems.append(f"{past}: the engine's state is {info.dtype} but the config's {field} is {dtype}")
+        shape, top = info.shape, info.max_shape()
+        if len(shape) != 1 + len(row):
+            problems.append(f"{past}: expected [rows, {', '.join(str(d) for d in row)}], the engine declares rank "
+                            f"{len(shape)} {_fmt(shape)}")
+            continue
+        for dim, value in enumerate(row, start=1):
+            got = shape[dim] if shape[dim] >= 0 else top[dim]
+            if got != value:
+                problems.append(f"{past}: dim {dim} is {got} in the engine but {value} in the config")
+        if 0 <= top[0] < max_batch:
+            problems.append(f"{past}: the engine's pool holds {top[0]} rows, fewer than the {max_batch} sequence "
+                            f"slots state_indices address")
+    return problems
+
+
+class _Group:
+    """The pools of one kind (every layer's conv state, or every layer's recurrent state) and their snapshots: row
+    ``s`` of layer ``l``'s pool at ``base + l * stride + s * row``, snapshot row ``r`` of layer ``l`` at
+    ``snapshots + l * snap_stride + r * row``. Pools an arena laid out evenly (one allocation, sizes a multiple of
+    its alignment) are one group of ``layers`` pools; other pools are groups of one."""
+
+    def __init__(self, pools: list[Tensor], snapshots: int, row: int, prefixes: int) -> None:
+        self.backend = pools[0].backend
+        self.base, self.layers, self.row = pools[0].data_ptr, len(pools), row
+        self.stride = pools[1].data_ptr - pools[0].data_ptr if len(pools) > 1 else row
+        self.snapshots = snapshots  # the address of this group's first layer's snapshot row 0 (0: none)
+        self.snap_stride = prefixes * row
+
+
+def _groups(pools: list[Tensor], snapshots: Tensor | None, row: int, prefixes: int) -> list[_Group]:
+    """``pools`` (one kind, layer order; ``snapshots`` ``[layers, prefixes, ...]``) as the fewest groups: one where
+    they are evenly spaced, else one per pool."""
+    ptrs = [p.data_ptr for p in pools]
+    stride = ptrs[1] - ptrs[0] if len(ptrs) > 1 else 0
+    snap = snapshots.data_ptr if snapshots is not None else 0
+    if len(ptrs) == 1 or (stride > 0 and all(q == ptrs[0] + i * stride for i, q in enumerate(ptrs))):
+        return [_Group(pools, snap, row, prefixes)]
+    return [_Group([pool], snap + layer * prefixes * row if snap else 0, row, prefixes)
+            for layer, pool in enumerate(pools)]
+
+
+class RecurrentStates(Closeable):
+    """What a setup does with a hybrid engine's per-slot state rows (see the module docstring): the pools are the
+    engine state's (``pools``: name -> tensor, ``[rows, ...]``, conv states first, each kind in layer order); this
+    owns the snapshot pool (one tensor per kind, ``[layers, max_prefixes, ...]``) and which of its rows pinned
+    prefixes hold (:attr:`rows`).
+
+    Each operation is one device launch on the cuda backend (a fused copy of the slot's row in every layer's pool:
+    evenly spaced pools, as the engine state's arena lays them out, are one strided copy per kind), enqueued on the
+    stream given, no host sync. Follows trtio's close protocol (:mod:`trtio._lifetime`).
+    """
+
+    def __init__(self, pools: dict[str, Tensor], max_batch: int, max_prefixes: int, *, backend: Backend,
+                 stream: Stream, name: str = "llm") -> None:
+        self.name = name
+        self.max_batch = max_batch
+        self.max_prefixes = max_prefixes
+        self._init_lifetime(f"recurrent states of {name!r}")
+        self.rows = PagePool(max_prefixes)  # snapshot rows, held by pinned prefixes
+        kinds = {template: [t for past, t in pools.items() if past.startswith(template + "_")]
+                 for template in (names.kConvStateTemplate, names.kRecurrentStateTemplate)}
+        self._kinds = {k: v for k, v in kinds.items() if v}
+        requests = [TensorRequest.of(f"{template}_snapshots", (len(ts), max_prefixes, *ts[0].shape[1:]), ts[0].dtype)
+                    for template, ts in self._kinds.items()]
+        self._arena = Arena(requests, backend=backend, title=f"{name} recurrent snapshots")
+        self._groups: list[_Group] = []
+        for template, ts in self._kinds.items():
+            snaps = self._arena[f"{template}_snapshots"] if max_prefixes else None
+            self._groups += _groups(ts, snaps, ts[0].dtype.nbytes(math.prod(ts[0].shape[1:])), max_prefixes)
+        self._admissions: BoundedCache[tuple[tuple[int, ...], tuple[int, ...] | None], tuple[DeviceWork, ...]] = \
+            BoundedCache()
+        self._pins: BoundedCache[tuple[int, int], tuple[DeviceWork, ...]] = BoundedCache()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the snapshot pool (the state pools themselves are the engine state's)."""
+        return sum(self._arena[f"{t}_snapshots"].capacity for t in self._kinds)
+
+    # -- admissions ----------------------------------------------------------------------------------
+    def admission(self, slots: Sequence[int], sources: Sequence[int] | None) -> tuple[DeviceWork, ...]:
+        """Device work that sets the state rows of new sequences before the engine reads them: row ``slots[i]`` of
+        every pool becomes zeros, or, where ``sources[i] >= 0``, a copy of snapshot row ``sources[i]`` (a pinned
+        prefix's). The caller enqueues it on the step's stream before the engine. Equal calls return the same work
+        (its launch packed once): an admission of one sequence then costs one launch (more where the pools are not
+        evenly spaced)."""
+        self._check_open()
+        key = (tuple(slots), None if sources is None else tuple(sources))
+        found = self._admissions.get(key)
+        if found is None:
+            works: list[Any] = []
+            for i, slot in enumerate(key[0]):  # one launch per slot: the strided rows of two slots interleave
+                src = -1 if key[1] is None else key[1][i]
+                works += fuse([self._row_copy(g, slot, src) for g in self._groups])
+            found = self._admissions.put(key, tuple(works))
+        return found
+
+    def _row_copy(self, g: _Group, slot: int, source: int) -> Any:
+        """Slot ``slot``'s row of every layer of ``g``: zeros (``source`` < 0) or snapshot row ``source``."""
+        dst = g.base + slot * g.row
+        if source < 0:
+            return Zero2D(g.backend, dst, g.stride, g.row, g.layers)
+        return Copy2D(g.backend, dst, g.stride, g.snapshots + source * g.row, g.snap_stride, g.row, g.layers)
+
+    # -- snapshots -------------------------------------------------------------------------------------
+    def snapshot(self, slot: int, what: str, stream: Stream) -> int:
+        """Copy the state rows of ``slot`` into a free snapshot row, on ``stream``; returns the row (held: give it
+        back with ``rows.drop([row])``). A pool with no free row is a CapacityError naming ``max_prefixes``, with
+        nothing changed."""
+        self._check_open()
+        if not self.rows.free:
+            raise CapacityError(f"{what}: every one of the {self.max_prefixes} recurrent-state snapshot rows "
+                                f"(max_prefixes={self.max_prefixes}) is held by a pinned prefix; release a prefix, or "
+                                f"create the setup with a larger max_prefixes")
+        row = self.rows.take(1)[0]
+        try:
+            works = self._pins.get((slot, row))
+            if works is None:
+                works = self._pins.put((slot, row), fuse([
+                    Copy2D(g.backend, g.snapshots + row * g.row, g.snap_stride, g.base + slot * g.row, g.stride, g.row,
+                           g.layers) for g in self._groups]))
+            for w in works:
+                w.enqueue(stream)
+        except BaseException:
+            self.rows.drop([row])
+            raise
+        return row
+
+    def report(self) -> MemoryReport:
+        self._check_open()
+        return self._arena.report()
+
+    def _close_owned(self) -> None:
+        self._arena.close()
+
+    def __repr__(self) -> str:
+        return (f"RecurrentStates({self.name!r}, {sum(g.layers for g in self._groups)} pools, {self.max_prefixes} "
+                f"snapshot rows, {self.rows.free} free)")
