@@ -431,3 +431,22 @@ def test_on_the_gpu_temporaries_whose_blocks_are_reused_at_once_are_read_intact(
     want = _gpu_llm_script("ragged", graphs, "one", _GpuFeed("long-lived"))
     got = _gpu_llm_script("ragged", graphs, "streams", _GpuFeed(feed))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_a_loop_fed_device_inputs_far_ahead_of_the_device_never_waits_for_it(contract: str) -> None:
+    """The device runs nothing until the host waits (AsyncHostBackend): forty decodes fed device tensors, each
+    kept until its copy has run, leave the host as far ahead as it goes; keeping them costs no host wait (a
+    decode never synchronises the host), and the logits come out right when the host finally reads them."""
+    be = AsyncHostBackend(0)
+    setup, emb = _llm(be, contract, True)
+    feed = _Feed(be, "tensor view")
+    s = trtio.Stream.create(be)
+    setup.prefill(emb[None, [1, 2, 3]].repeat(2, 0).astype(np.float16), [3, 3], s)
+    syncs = be.sync_count
+    for t in range(28):  # to the KV capacity (32)
+        setup.decode(feed(emb[[t % 32, (t + 5) % 32]][:, None].astype(np.float16), s), s)
+    assert be.sync_count == syncs and be.pending > 28, "the host ran ahead without one wait"
+    assert np.isfinite(setup.io.output_logits.to_numpy(s)).all()
+    setup.close()
+    s.close()

@@ -45,11 +45,15 @@ from trtio.memory import Arena, TensorRequest, align_up
 from trtio.stream import Event, Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 
-__all__ = ["FENCE_EVERY", "INPUT_RING_SLOTS", "RING_SLOTS", "StagedGroup", "StepStaging", "UploadRing", "constant"]
+__all__ = ["FENCE_EVERY", "HOLD_SLOTS", "INPUT_RING_SLOTS", "RING_SLOTS", "StagedGroup", "StepStaging", "UploadRing",
+           "constant"]
 
 RING_SLOTS = 8  # uploads a host may run ahead of the device before an upload waits
 FENCE_EVERY = 4  # uploads on one stream covered by one fence event (fewer when the next comes on another)
 INPUT_RING_SLOTS = 4  # slots of a ring of large inputs (a step's embeddings): each holds a whole step's worth
+# Slots of a setup's ring of inputs in flight (no memory): calls a host may run ahead of the device before the one
+# after waits, where every call reads an input it does not own (a device loop fed torch tensors).
+HOLD_SLOTS = 64
 
 
 _FREE, _UNFENCED = -1, -2  # a ring slot nothing reads any more; one whose copy no event covers yet
@@ -59,25 +63,26 @@ class UploadRing(Closeable):
     """``slots`` pinned slots that uploads go through, fenced by trtio's one rule (see the module docstring).
 
     ``host`` (pinned or host memory, e.g. an arena's slice from :meth:`request`) holds the slots:
-    ``host.capacity // slots`` bytes each, rounded down to the dtype's items. The ring owns its fence events,
+    ``host.capacity // slots`` bytes each, rounded down to the dtype's items; None makes a ring without memory,
+    whose slots only keep inputs alive (:meth:`hold`). The ring owns its fence events,
     not ``host``: :meth:`close` destroys the events and drops what it kept alive. It follows trtio's close
     protocol (:mod:`trtio._lifetime`).
     """
 
-    def __init__(self, host: Tensor, backend: Backend, *, slots: int = RING_SLOTS, title: str = "") -> None:
-        what = title or f"upload ring {host.name!r}"
-        if host.location is Location.DEVICE:
+    def __init__(self, host: Tensor | None, backend: Backend, *, slots: int = RING_SLOTS, title: str = "") -> None:
+        what = title or f"upload ring {host.name if host is not None else ''!r}"
+        if host is not None and host.location is Location.DEVICE:
             raise InvalidValueError(f"{what}: the ring must be pinned or host memory, not {host.location}")
-        if host.backend is not backend:
+        if host is not None and host.backend is not backend:
             raise InvalidValueError(f"{what}: the ring's memory lives on {host.backend!r}, not on {backend!r}")
         if not is_int(slots) or slots < 1:
             raise InvalidValueError(f"{what}: slots = {slots!r}, expected a whole number >= 1")
         self.host = host
         self.slots = int(slots)
-        item = host.dtype.itemsize if host.dtype.itemsize else 1
-        #: Bytes one upload may stage (a slot).
-        self.slot_capacity = host.capacity // self.slots // item * item
-        self._base = host.data_ptr if host.capacity else 0
+        item = host.dtype.itemsize if host is not None and host.dtype.itemsize else 1
+        #: Bytes one upload may stage (a slot; 0 for a ring without memory, which only keeps inputs alive).
+        self.slot_capacity = host.capacity // self.slots // item * item if host is not None else 0
+        self._base = host.data_ptr if host is not None and host.capacity else 0
         self._views = [host_view(self._base + c * self.slot_capacity, self.slot_capacity) for c in range(self.slots)]
         self._backend = backend
         self._fences: list[Event] = []
@@ -261,7 +266,8 @@ class UploadRing(Closeable):
 
     def _too_big(self, values: np.ndarray, what: str) -> None:
         raise CapacityError(f"{self._what}: {what} of shape {values.shape} ({values.nbytes} bytes) do not fit "
-                            f"tensor {self.host.name!r}'s {self.slot_capacity}-byte slots")
+                            f"tensor {self.host.name if self.host is not None else ''!r}'s {self.slot_capacity}-byte "
+                            f"slots")
 
     def _close_owned(self) -> None:
         self._kept = [None] * self.slots

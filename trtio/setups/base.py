@@ -33,7 +33,7 @@ from trtio.pages import Prefix, PrefixReturns, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
 from trtio.setups.sequences import KVPages, Sequences
-from trtio.staging import UploadRing
+from trtio.staging import HOLD_SLOTS, UploadRing
 from trtio.stream import Event, Stream, StreamLike, as_stream
 from trtio.tensor import Tensor, overlap_error, partly_over
 
@@ -204,7 +204,7 @@ class SetupBase(Closeable, abc.ABC):
     thread's default stream is ordered after the last call's, by the rule).
 
     Inputs: a step input trtio does not own (a numpy or foreign array, a Tensor view) is kept referenced until
-    the copies the step enqueued to read it have completed on the device (the input ring's fence,
+    the copies the step enqueued to read it have completed on the device (the fence of its ring of inputs in flight,
     :class:`~trtio.staging.UploadRing`), so the caller may drop or reuse it as soon as the call returns.
 
     Failures (``docs/faults.md``): a step that raises leaves the setup as it was before the call (lengths,
@@ -234,6 +234,7 @@ class SetupBase(Closeable, abc.ABC):
     # before the first such copy; given back with them, fenced, when the call returns).
     _reads: list[Any]
     _read_slot: int | None = None
+    _holds: UploadRing  # the ring (no memory) whose slots keep them
     # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
     # decode before it) and with reset().
     _epoch = 0
@@ -250,6 +251,8 @@ class SetupBase(Closeable, abc.ABC):
         s = as_stream(stream, self._backend)
         with contextlib.ExitStack() as stack:
             self._order_event = stack.enter_context(Event.create(self._backend))
+            self._holds = stack.enter_context(UploadRing(None, self._backend, slots=HOLD_SLOTS,
+                                                         title=f"{type(self).__name__} inputs in flight"))
             yield stack, s
             s.synchronize()
             self._resources = stack.pop_all()
@@ -371,7 +374,7 @@ class SetupBase(Closeable, abc.ABC):
         until that copy has run (:meth:`_hold_reads`). Called before the copy: the slot that keeps it is taken
         here, so a failure to take it fails the call before that copy."""
         if self._read_slot is None:
-            self._read_slot = self._embeds_staging.take()
+            self._read_slot = self._holds.take()
         self._reads.append(x)
 
     def _hold_reads(self) -> None:
@@ -381,7 +384,7 @@ class SetupBase(Closeable, abc.ABC):
         c, self._read_slot = self._read_slot, None
         reads, self._reads = tuple(self._reads), []
         assert c is not None and self._last is not None  # a copy was enqueued: on the call's stream
-        self._embeds_staging.put(c, self._last, reads, fence=False)
+        self._holds.put(c, self._last, reads, fence=False)
 
     # -- sequences --------------------------------------------------------------------------------
     @property
