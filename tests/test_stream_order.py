@@ -446,7 +446,9 @@ def test_a_loop_fed_device_inputs_far_ahead_of_the_device_never_waits_for_it(con
     syncs = be.sync_count
     for t in range(28):  # to the KV capacity (32)
         setup.decode(feed(emb[[t % 32, (t + 5) % 32]][:, None].astype(np.float16), s), s)
-    assert be.sync_count == syncs and be.pending > 28, "the host ran ahead without one wait"
+        if t == 0:  # the first decode captured the graph (a capture waits for its warm-up)
+            syncs = be.sync_count
+    assert be.sync_count == syncs and be.pending > 27, "the host ran ahead without one wait"
     assert np.isfinite(setup.io.output_logits.to_numpy(s)).all()
     setup.close()
     s.close()
