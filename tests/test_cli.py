@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 import trtio
-from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, create_for_spec_decode
+from trtio import DeploymentConfig, LLMEngineConfig, create_for_llm, create_for_spec_decode
 from trtio.cli import main
+from trtio.cuda.backend import cuda_available
+from trtio.engine import EngineIO
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
 from trtio.testing.toy_engines import ENGINE_NAMES, RaggedToyEngines, ToyEngines, default_engines_dir
@@ -457,13 +459,13 @@ def test_demo_bad_options_are_one_line(capsys: pytest.CaptureFixture[str], argv:
     assert_one_line_error(rc, err, "demo", *needles)
 
 
-@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device answers here")
 def test_demo_on_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "demo", "--backend", "cuda")
     assert_one_line_error(rc, err, "demo", "no CUDA device")
 
 
-@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device answers here")
 def test_demo_with_plans_needs_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(tmp_path))
     assert_one_line_error(rc, err, "demo")
@@ -684,7 +686,7 @@ def rtx_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.rtx
-@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+@pytest.mark.skipif(cuda_available(), reason="a GPU answers: the plan may load here")
 @pytest.mark.parametrize("how", ["dir", "plan", "plan+config"])
 def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys: pytest.CaptureFixture[str],
                                                           how: str) -> None:
@@ -697,7 +699,7 @@ def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys
 
 
 @pytest.mark.rtx
-@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+@pytest.mark.skipif(cuda_available(), reason="a GPU answers: the plan may load here")
 def test_inspect_a_corrupt_plan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A TensorRT-RTX plan's magic, then garbage: it passes the header check and reaches TensorRT.
     (tmp_path / "model.plan").write_bytes(b"vtrt" + b"\x00not a plan" * 10)

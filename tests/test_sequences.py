@@ -20,6 +20,7 @@ from _threads import from_another_thread_inside
 
 import trtio
 from trtio import CapacityError, ShapeError, TrtioError
+from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.pages import PagePool, PageTable
 from trtio.rope import rope_cos_sin_table
@@ -378,7 +379,7 @@ MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], An
 
 
 @pytest.mark.parametrize("case", sorted(MISUSE))
-def test_every_misuse_is_refused_before_any_work(host: trtio.Backend, case: str) -> None:
+def test_every_misuse_is_refused_before_any_work(host: Backend, case: str) -> None:
     error, match, call = MISUSE[case]
     cfg = small_pool_cfg()
     with llm(cfg) as setup, llm(cfg) as other:
@@ -410,7 +411,7 @@ def test_release_and_pin_take_numpy_ints_and_any_sequence_of_slots() -> None:
         assert setup.kv_pages.free == 12
 
 
-def test_release_and_pin_enqueue_nothing_and_neither_synchronise_nor_allocate(host: trtio.Backend) -> None:
+def test_release_and_pin_enqueue_nothing_and_neither_synchronise_nor_allocate(host: Backend) -> None:
     """Host bookkeeping only: the backend counts no device operation, no host synchronisation and no
     allocation for release, pin_prefix and Prefix.release (graphs on, as a server runs)."""
     with llm(small_pool_cfg(), graphs=True) as setup:

@@ -21,6 +21,7 @@ from _threads import run_at_once
 import trtio
 from trtio import Location, Tensor
 from trtio._cache import BoundedCache
+from trtio.cuda.backend import Backend, cuda_available
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
@@ -161,12 +162,12 @@ def test_a_captured_round_replays_to_the_kv_state_of_plain_execution(contract: s
 def device(request: pytest.FixtureRequest) -> str:
     if request.param == "gpu":
         pytest.importorskip("cupy")
-        if not trtio.cuda_available():
+        if not cuda_available():
             pytest.skip("no CUDA device answers here")
     return str(request.param)
 
 
-def test_ragged_steps_are_one_staged_copy_and_one_graph(host: trtio.Backend) -> None:
+def test_ragged_steps_are_one_staged_copy_and_one_graph(host: Backend) -> None:
     """Steady rounds on the token-major contract, graphs on: every helper that runs an engine enqueues
     its staged inputs (one copy) and one graph (the engine and the gathers, moves and zeroing before
     it); a level's embeddings add one 2D copy; accept is one copy and one kernel over every KV cache."""
@@ -191,7 +192,7 @@ def test_ragged_steps_are_one_staged_copy_and_one_graph(host: trtio.Backend) -> 
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_the_copies_of_a_step_graph_are_one_kernel_per_stage(host: trtio.Backend, contract: str) -> None:
+def test_the_copies_of_a_step_graph_are_one_kernel_per_stage(host: Backend, contract: str) -> None:
     """Each node of a graph costs the device about 2 µs whatever it moves, so the copies around a step's
     layout kernel are one kernel where they are independent (``ops.CopyJobs``): a later proposal level is
     its tree level, then its embeddings, RoPE and hidden rows; a round's first level zeroes and copies
@@ -217,7 +218,7 @@ def test_the_copies_of_a_step_graph_are_one_kernel_per_stage(host: trtio.Backend
         sd.close()
 
 
-def test_level_embeddings_from_new_addresses_every_round_cost_no_new_graphs(host: trtio.Backend) -> None:
+def test_level_embeddings_from_new_addresses_every_round_cost_no_new_graphs(host: Backend) -> None:
     """A runtime that hands each level a buffer at another address each round: the copies stay outside the
     graphs (one 2D copy each), and the level graphs captured in the first round replay."""
     sd = _setup("ragged", True)
@@ -236,7 +237,7 @@ def test_level_embeddings_from_new_addresses_every_round_cost_no_new_graphs(host
         sd.close()
 
 
-def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) -> None:
+def test_batch_steps_stay_within_sixteen_device_operations(host: Backend) -> None:
     """The batch contract's steady rounds, with the worst case for a level (buffers that move each round, so
     every level's embeddings are copied outside its graph): at most 3 device operations per helper."""
     sd = _setup("batch", True)
@@ -255,7 +256,7 @@ def test_batch_steps_stay_within_sixteen_device_operations(host: trtio.Backend) 
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: trtio.Backend, contract: str) -> None:
+def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: Backend, contract: str) -> None:
     sd = _setup(contract, True)
     try:
         levels = _two_rounds_in(sd)
@@ -278,7 +279,7 @@ def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: trtio.Back
         sd.close()
 
 
-def test_work_before_an_engine_is_captured_in_its_graph(host: trtio.Backend) -> None:
+def test_work_before_an_engine_is_captured_in_its_graph(host: Backend) -> None:
     """The executor's ``before`` work runs before the engine, is captured with it, and a different
     ``before`` is another graph: a replay runs the captured work (reading its indices afresh)."""
     from trtio.ops import RowCopy
@@ -310,7 +311,7 @@ def test_work_before_an_engine_is_captured_in_its_graph(host: trtio.Backend) -> 
         s.close()
 
 
-def _steady_llm(host: trtio.Backend) -> tuple[trtio.LLMSetup, np.ndarray]:
+def _steady_llm(host: Backend) -> tuple[trtio.LLMSetup, np.ndarray]:
     """A toy LLM with graphs, two sequences prefilled and decoded until its decode step is a steady replay."""
     llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
     setup = trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True)
@@ -322,7 +323,7 @@ def _steady_llm(host: trtio.Backend) -> tuple[trtio.LLMSetup, np.ndarray]:
     return setup, x
 
 
-def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: trtio.Backend) -> None:
+def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: Backend) -> None:
     """Between two steady decodes (graph replays without a prepare) a shared tensor's view may change: one
     reshape (set back alone), several, or a view another executor set (set back all at once). Each step
     returns the logits at its own view and still replays its graph; its logits are a plain run's."""
@@ -354,7 +355,7 @@ def test_a_steady_decode_sets_back_views_changed_since_it_last_ran(host: trtio.B
         plain.close()
 
 
-def test_a_view_another_executor_of_the_same_owner_set_is_set_back_by_a_steady_decode(host: trtio.Backend) -> None:
+def test_a_view_another_executor_of_the_same_owner_set_is_set_back_by_a_steady_decode(host: Backend) -> None:
     """Executors that share a context memory are one owner: they share a view log. Another executor bound to the
     same tensor map (a one-sequence decode step: every shared view at its own shape) between two steady decodes:
     the next steady decode still replays its graph, sets every view back to its own and returns a plain run's
@@ -386,7 +387,7 @@ def test_a_view_another_executor_of_the_same_owner_set_is_set_back_by_a_steady_d
         plain.close()
 
 
-def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(host: trtio.Backend) -> None:
+def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(host: Backend) -> None:
     """Two setups, each stepped by its own thread at the same time, thread switches as frequent as the interpreter
     allows: every steady decode (its caller viewing io.inputs_embeds as the step's embeddings, a reshape of the
     setup's own tensor just before it) returns with each of its views set back to its own, whatever the other
@@ -421,7 +422,7 @@ def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(h
     assert failures == []
 
 
-def _reversed_rows(host: trtio.Backend) -> tuple[Tensor, Tensor, Tensor, tuple[Any, ...], tuple[Any, ...]]:
+def _reversed_rows(host: Backend) -> tuple[Tensor, Tensor, Tensor, tuple[Any, ...], tuple[Any, ...]]:
     """Host tensors src [4, 2], dst and rows [3, 2, 1, 0], with two works before an engine: a RowCopy of all four
     rows reversed, and one of two rows (other work)."""
     from trtio.ops import RowCopy
@@ -432,7 +433,7 @@ def _reversed_rows(host: trtio.Backend) -> tuple[Tensor, Tensor, Tensor, tuple[A
     return src, dst, rows, (RowCopy(dst, src, rows, 4, 8),), (RowCopy(dst, src, rows, 2, 8),)
 
 
-def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trtio.Backend) -> None:
+def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: Backend) -> None:
     """``EngineExecutor.replay`` stands for prepare + execute only where the last execute replayed the graph of
     the same plan and the same ``before``: other work before the engine, other dims, another profile or a
     tensor map changed since return False and enqueue nothing."""
@@ -471,7 +472,7 @@ def test_a_replay_runs_only_the_graph_of_the_last_steps_plan_and_work(host: trti
         setup.close()
 
 
-def test_a_replay_again_launches_only_the_graph_the_last_replay_launched(host: trtio.Backend) -> None:
+def test_a_replay_again_launches_only_the_graph_the_last_replay_launched(host: Backend) -> None:
     """``EngineExecutor.replay_again`` (the caller's checks stand for the step's key) launches the graph of the
     executor's last step where that step ran the same ``before`` as a graph; other work, a last step that ran
     other work, or graphs cleared since return False and enqueue nothing."""
@@ -504,7 +505,7 @@ def test_a_replay_again_launches_only_the_graph_the_last_replay_launched(host: t
         setup.close()
 
 
-def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.Backend) -> None:
+def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: Backend) -> None:
     """A view that goes back and forth (a runtime's, then a step's) is set back without checks, by the identity
     of the shape tuple: its byte count comes back with it, an equal shape of other ints is checked, and a
     closed tensor still refuses."""
@@ -526,7 +527,7 @@ def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: trtio.
 
 
 @contextlib.contextmanager
-def _dry_run_tp(n: int = 2, backend: trtio.Backend | None = None) -> Iterator[tuple[Any, Callable[[], Tensor],
+def _dry_run_tp(n: int = 2, backend: Backend | None = None) -> Iterator[tuple[Any, Callable[[], Tensor],
                                                                                  trtio.Stream]]:
     """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (or ``backend``; graphs on),
     prefilled and decoded until its decode step is steady: (setup, the step's embeddings: rank 0's
@@ -755,7 +756,7 @@ def test_a_rank_failing_in_a_steady_tensor_parallel_decode_stops_the_ranks_after
                 tp.decode(x(), s)
 
 
-def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embeddings given as a foreign array (a torch tensor here, in host memory) are checked and read once, then
     the step is a steady one like numpy's: no full decode, the logits a plain run's."""
     torch = pytest.importorskip("torch")
@@ -774,7 +775,7 @@ def test_a_decode_fed_a_foreign_array_is_a_steady_step(host: trtio.Backend, monk
         plain.close()
 
 
-def _kept_copies(be: trtio.Backend) -> tuple[list[tuple[int, int]], Callable[[int, int, int, int], None]]:
+def _kept_copies(be: Backend) -> tuple[list[tuple[int, int]], Callable[[int, int, int, int], None]]:
     """``be``'s memcpy, keeping each copy's (dst, src) in the list returned with it (patch it in, and back)."""
     copies: list[tuple[int, int]] = []
     real = be.memcpy
@@ -786,7 +787,7 @@ def _kept_copies(be: trtio.Backend) -> tuple[list[tuple[int, int]], Callable[[in
     return copies, memcpy
 
 
-def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Backend,
+def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: Backend,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Embeddings written in place into the step's own input, handed over as another tensor over those bytes (a
     runtime's view of io.inputs_embeds), are read where they are: the steady step copies nothing onto itself.
@@ -823,7 +824,7 @@ def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: trtio.Bac
         plain.close()
 
 
-def _read_host_torch(torch: Any, host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+def _read_host_torch(torch: Any, host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Steady decodes on ``host`` read torch tensors as they would on a GPU: the reader
     (trtio.foreign.TorchDeviceInput) is made for "device -1" (what get_device() says of a host tensor), with
     torch's current stream the step's (as in test_interop.py's reader test)."""
@@ -831,7 +832,7 @@ def _read_host_torch(torch: Any, host: trtio.Backend, monkeypatch: pytest.Monkey
 
     step = trtio.Stream.default(host)
 
-    def reader(be: trtio.Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
+    def reader(be: Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
         made = TorchDeviceInput(torch, torch.float16, shape, host)
         made._device = -1
         made._current_stream = lambda index: step.handle
@@ -841,7 +842,7 @@ def _read_host_torch(torch: Any, host: trtio.Backend, monkeypatch: pytest.Monkey
 
 
 def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
-        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+        host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """The steady decode's torch reader (trtio.foreign.TorchDeviceInput) finds the embeddings at the step's own
     input's address (a runtime's torch view of io.inputs_embeds, written in place): nothing is copied onto
     itself. On the CPU the host backend's "device" memory is host memory, read as a GPU's
@@ -875,7 +876,7 @@ def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
 
 
 def test_embeddings_partly_over_the_steps_own_input_are_refused_before_any_work(
-        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+        host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Embeddings whose bytes overlap io.inputs_embeds without starting at its address (a view 256 bytes on, in
     a batch of four whose embeddings hold 512) would be copied onto themselves in part: refused, naming the
     input, by the steady decode (fed a Tensor, or a torch tensor through the steady reader) and by a checked
@@ -922,7 +923,7 @@ def test_embeddings_partly_over_the_steps_own_input_are_refused_before_any_work(
 
 
 def test_a_steady_decode_fed_a_torch_tensor_torch_cannot_describe_names_the_input(
-        host: trtio.Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+        host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch tensor of the step's dtype on its device whose shape torch cannot give (a nested one: torch raises
     RuntimeError) is passed over by the steady reader, and the general path refuses it with trtio's error naming
     the input, before any work: the next step's logits are a plain setup's."""
@@ -948,7 +949,7 @@ def test_a_steady_decode_fed_a_torch_tensor_torch_cannot_describe_names_the_inpu
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trtio.Backend, contract: str,
+def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: Backend, contract: str,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """In a steady round, a proposal level after the first writes only its parents into the step block (the
     round's lengths, roots, slots and pages are there from the first level; its parents too, from the last
@@ -1003,7 +1004,7 @@ def test_a_rounds_later_levels_and_its_verify_stage_only_what_changed(host: trti
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_level_parents_that_change_reach_the_device_and_repeated_ones_cost_no_copy(host: trtio.Backend,
+def test_level_parents_that_change_reach_the_device_and_repeated_ones_cost_no_copy(host: Backend,
                                                                                    contract: str) -> None:
     """Each level's parents stay in the step block while they repeat: a later level whose parents repeat the
     last round's is its graph alone (no staging copy). Parents the caller changed in place since, given per
@@ -1038,7 +1039,7 @@ def test_level_parents_that_change_reach_the_device_and_repeated_ones_cost_no_co
         plain.close()
 
 
-def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: trtio.Backend) -> None:
+def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: Backend) -> None:
     """The draft tree hands verify the round's lengths constant only where the values are the same."""
     sd = _setup("batch", True)
     try:
@@ -1057,7 +1058,7 @@ def test_a_verify_whose_lengths_differ_from_the_rounds_stages_its_own(host: trti
         sd.close()
 
 
-def test_a_batch_verify_after_a_catch_up_finds_its_tree_in_the_step_block(host: trtio.Backend,
+def test_a_batch_verify_after_a_catch_up_finds_its_tree_in_the_step_block(host: Backend,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """On the batch contract verify stages its tree's constants into names of its own: the catch-up between two
     verifies of the same tree (paths that differ every round) leaves them in the block, so the later verify
@@ -1096,7 +1097,7 @@ class _NothingKept(BoundedCache[Any, Any]):
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_a_later_level_after_a_previous_level_of_another_shape_runs_its_own_work(host: trtio.Backend,
+def test_a_later_level_after_a_previous_level_of_another_shape_runs_its_own_work(host: Backend,
                                                                                  contract: str) -> None:
     """A round's later level at the same first node as last round's, where the level before it had another count
     (its parents' hidden rows lie elsewhere; same parents constant), or where its parents are given per sequence
@@ -1135,7 +1136,7 @@ def test_a_later_level_after_a_previous_level_of_another_shape_runs_its_own_work
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_a_rounds_first_level_like_the_last_rounds_reuses_its_device_work(host: trtio.Backend, contract: str,
+def test_a_rounds_first_level_like_the_last_rounds_reuses_its_device_work(host: Backend, contract: str,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A round's first level with the batch, nodes, parents and embeddings source of the last round's returns
     that round's device work as it was and stages the round's new lengths (the accepted paths moved them): every

@@ -21,6 +21,7 @@ import pytest
 from _configs import bundle, llm_config
 
 import trtio
+from trtio.cuda.backend import Backend
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import greedy_generate, spec_generate
 
@@ -86,7 +87,7 @@ def _stress(backend_kind: str, device: str, contract: str) -> None:
     _every_thread_gives_the_tokens_of_one(be, generate, CYCLES)
 
 
-def _every_thread_gives_the_tokens_of_one(be: trtio.Backend, generate: Callable[[Any], list[list[int]]],
+def _every_thread_gives_the_tokens_of_one(be: Backend, generate: Callable[[Any], list[list[int]]],
                                           cycles: int) -> None:
     """``generate(stream)`` ``cycles`` times on each of THREADS threads (half on their default stream, half
     on a stream of their own): no thread raises, and every run's tokens equal a single-threaded run's."""
@@ -129,7 +130,7 @@ def _spec_stress(backend_kind: str, device: str) -> None:
     _every_thread_gives_the_tokens_of_one(be, generate, SPEC_CYCLES)
 
 
-def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trtio.Backend) -> None:
+def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: Backend) -> None:
     """Thread A captures on its default stream; thread B works with stream=None meanwhile: B's copy runs
     at once (it is not recorded into A's graph) and B may allocate (the capture rule is per thread)."""
     a_capturing, b_done = threading.Event(), threading.Event()
