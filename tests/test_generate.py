@@ -23,6 +23,7 @@ import pytest
 import trtio
 from trtio.cli import main
 from trtio.edgellm import EngineDir
+from trtio.testing.toy_dirs import ASSETS_DIR, TOY_DIRECTORIES
 from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import greedy_generate
 
@@ -312,14 +313,24 @@ def _essentials(text: bytes) -> dict[str, Any]:
 
 
 def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
-    made = _script().make_assets(ENGINES)
-    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS for a in ASSETS)
+    """One copy of each asset (toy-assets/), and in each toy directory a link to it: the directories stay in
+    Edge-LLM's layout without six copies of every file."""
+    script = _script()
+    made = script.make_assets(ENGINES)
+    assert sorted(made) == sorted(f"{ASSETS_DIR}/{a}" for a in ASSETS)
     for rel, data in made.items():
         committed = (ENGINES / rel).read_bytes()
         if rel.endswith("tokenizer.json"):
             assert _essentials(committed) == _essentials(data), rel
         else:
             assert committed == data, f"{rel} differs: run python3 scripts/make_toy_assets.py"
+    links = script.links()
+    assert sorted(links) == sorted(f"{d}/{a}" for d in TOY_DIRECTORIES for a in ASSETS)
+    for rel, target in links.items():
+        path = ENGINES / rel
+        assert path.is_symlink() and str(path.readlink()) == target, f"{rel} is not a link to {target}"
+        assert path.read_bytes() == (ENGINES / ASSETS_DIR / path.name).read_bytes()
+    assert script.main(["--check"]) == 0
 
 
 @pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
@@ -347,11 +358,13 @@ def test_the_toy_embedding_file_holds_the_toy_table(name: str) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-def test_the_toy_assets_ship_in_the_wheel() -> None:
-    """pyproject's package data for trtio._engines (engines/) takes every toy asset."""
+def test_the_toy_assets_ship_in_the_wheel_once() -> None:
+    """pyproject's package data for trtio._engines (engines/) takes each toy asset once (toy-assets/) and not the
+    directories' links to it (a wheel would hold a copy per link)."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["trtio._engines"]
-    for d in LLM_DIRS + PAIR_DIRS:
-        for asset in ASSETS:
-            assert any(fnmatch.fnmatch(f"{d}/{asset}", p) for p in patterns), f"{d}/{asset} is not package data"
+    for asset in ASSETS:
+        assert any(fnmatch.fnmatch(f"{ASSETS_DIR}/{asset}", p) for p in patterns), f"{asset} is not package data"
+        for d in TOY_DIRECTORIES:
+            assert not any(fnmatch.fnmatch(f"{d}/{asset}", p) for p in patterns), f"{d}/{asset} would ship again"
