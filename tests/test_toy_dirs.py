@@ -21,6 +21,14 @@ from trtio.testing.toy_dirs import ASSETS_DIR, TOY_ASSETS, TOY_DIRECTORIES
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _ships(rel: str, patterns: list[str]) -> bool:
+    """Whether setuptools' package data takes ``rel`` (a path under engines/): glob patterns, ``*`` within one
+    folder name."""
+    parts = rel.split("/")
+    return any(len(p.split("/")) == len(parts) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, p.split("/")))
+               for p in patterns)
+
+
 def _package_data(tmp_path: Path) -> Path:
     """What a wheel installs as trtio/_engines: the files pyproject's package data takes from engines/."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -30,7 +38,7 @@ def _package_data(tmp_path: Path) -> Path:
     engines = ROOT / "engines"
     for path in engines.rglob("*"):
         rel = path.relative_to(engines).as_posix()
-        if path.is_file() and any(fnmatch.fnmatch(rel, p) for p in patterns):
+        if path.is_file() and _ships(rel, patterns):
             (shipped / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, shipped / rel)
     return shipped
@@ -138,3 +146,19 @@ def test_links_fall_back_to_copies(from_a_wheel: Path, monkeypatch: pytest.Monke
     root = toy_dirs.default_engines_dir()
     assert not (root / "toy-llm" / "tokenizer.json").is_symlink()
     _complete(root / "toy-llm")
+
+
+def test_the_package_data_takes_no_build_output() -> None:
+    """What scripts/build_toy_engines.py writes into engines/ (engines/build/, plans beside the configs) never
+    matches pyproject's package data, so a wheel built after it holds none of it."""
+    tomllib = pytest.importorskip("tomllib")
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "trtio._engines"]
+    built = ["build/toy-llm/config.json", "build/toy-llm/model.plan", "build/toy-eagle/base/config.json",
+             "build/toy-eagle/draft/model.plan", "toy-llm/model.plan", "toy-eagle/base/model.plan",
+             "toy-llm-ragged/llm.engine", "build/config.json"]
+    for rel in built:
+        assert not _ships(rel, patterns), f"{rel} would ship in a wheel"
+    for rel in ("toy-llm/config.json", "toy-eagle/base/config.json", "toy-eagle3-ragged/base_config.json",
+                "toy-llm-tp2/config_world2.json", "toy-checkpoint/model.safetensors", "README.md"):
+        assert _ships(rel, patterns), f"{rel} would not ship"
