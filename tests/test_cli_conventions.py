@@ -191,7 +191,7 @@ def test_info_without_a_driver_does_not_ask_for_a_driver_update(monkeypatch: pyt
     monkeypatch.setattr(options, "cuda_available", lambda: False)
     monkeypatch.setattr(driver, "cuDriverGetVersion", no_driver)
     text = options.cuda_status()
-    assert text == "no NVIDIA driver is installed (libcuda cannot be loaded)"
+    assert text == "no NVIDIA driver is installed: libcuda cannot be loaded"
     assert "insufficient" not in text.lower() and "update" not in text
 
 

@@ -35,7 +35,7 @@ def cuda_status() -> str:
     try:
         err, version = driver.cuDriverGetVersion()
     except Exception:  # cuda-python raises its own loader error where libcuda cannot be found
-        return "no NVIDIA driver is installed (libcuda cannot be loaded)"
+        return "no NVIDIA driver is installed: libcuda cannot be loaded"
     if int(err) != 0:
         return f"the NVIDIA driver does not answer ({probe_error()})"
     have, need = int(version) // 1000, _major(getattr(bindings, "__version__", ""))
