@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table  # noqa: E402
 
 import trtio  # noqa: E402
-from trtio import DeploymentConfig, LLMEngineConfig, PipelineIO, SpecDecodeConfig  # noqa: E402
+from trtio import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig  # noqa: E402
+from trtio.pipeline_io import PipelineIO
 
 MIB = 1 << 20
 

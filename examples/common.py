@@ -1,7 +1,7 @@
 """What the examples share: opening an engine directory, prompts, and the array library that samples.
 
-An example runs on the toy engines of this repository by default (``engines/toy-llm-ragged``,
-``engines/toy-eagle3-ragged``: configs without engine files, so the engines are ReferenceEngines computing
+An example runs on the toy engines trtio comes with by default (``toy-llm-ragged``, ``toy-eagle3-ragged``: in a
+checkout ``engines/``; configs without engine files, so the engines are ReferenceEngines computing
 the toy model) or on an Edge-LLM engine directory given as an argument (with ``llm.engine``, or
 ``spec_base.engine`` + ``spec_draft.engine``: TensorRT engines, Edge-LLM's plugin in EDGELLM_PLUGIN_PATH).
 
@@ -23,8 +23,9 @@ import numpy as np
 
 import trtio
 from trtio.testing import ReferenceEngine, ToyWeights
+from trtio.testing.toy_dirs import default_engines_dir
 
-ENGINES = Path(__file__).resolve().parents[1] / "engines"
+ENGINES = default_engines_dir()  # the toy engine directories trtio comes with (a checkout's engines/, or a wheel's)
 PROMPTS = ("Once upon a time", "The quick brown fox jumps over the lazy dog.")
 
 

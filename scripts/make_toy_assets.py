@@ -1,8 +1,9 @@
 """Write the runtime files of the toy engine directories in TensorRT Edge-LLM's layout.
 
-Each toy directory of ``engines/`` (``toy-llm-ragged``, ``toy-eagle3-ragged``, ``toy-llm``, ``toy-eagle``, and the
-hybrid ``toy-qwen35-ragged`` and ``toy-nemotron-h-ragged``) gets
-what Edge-LLM's builder writes beside its engines for a runtime to use:
+Each toy directory of ``engines/`` (``trtio.testing.toy_dirs.TOY_DIRECTORIES``) holds what Edge-LLM's builder
+writes beside its engines for a runtime to use. The directories share one model, so the files exist once, in
+``engines/toy-assets/``, and each directory links to them (``trtio/testing/toy_dirs.py`` says how a wheel, which
+cannot hold links, lays the directories out):
 
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE tokenizer (Hugging Face ``tokenizers``)
   trained on the English text below, with exactly the configs' ``vocab_size`` (512) entries: ``<unk>``,
@@ -12,11 +13,11 @@ what Edge-LLM's builder writes beside its engines for a runtime to use:
   ``trtio.testing.toy_model.toy_embedding(vocab, hidden, seed)`` as float16, under Edge-LLM's tensor name
   ``"embedding"``.
 
-``tests/test_generate.py`` checks that the committed files are what this script makes. Run it after
+``tests/test_generate.py`` checks that the committed files and links are what this script makes. Run it after
 changing the toy configs or this text::
 
-    python3 scripts/make_toy_assets.py            # rewrite the files under engines/
-    python3 scripts/make_toy_assets.py --check    # exit 1 when a committed file differs
+    python3 scripts/make_toy_assets.py            # rewrite engines/toy-assets/ and the directories' links
+    python3 scripts/make_toy_assets.py --check    # exit 1 when a committed file or link differs
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtio.edgellm import EMBEDDING_FILE  # noqa: E402 - after the path set-up, so a checkout runs as it is
-from trtio.testing.toy_engines import HYBRID_DIRS, HybridToyEngine, RaggedToyEngines, ToyEngines  # noqa: E402
+from trtio.testing.toy_dirs import ASSETS_DIR, TOY_ASSETS, TOY_DIRECTORIES  # noqa: E402
+from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines  # noqa: E402
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the toy configs' eos_token_id is [2]
-DIRECTORIES = ("toy-llm-ragged", "toy-eagle3-ragged", "toy-llm", "toy-eagle", *HYBRID_DIRS)
 
 # The training text: plain English, so that English prompts split into a few tokens each.
 TEXT = """\
@@ -113,22 +114,27 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
 
 
 def make_assets(engines: Path) -> dict[str, bytes]:
-    """Every file this script writes, by path relative to ``engines``."""
+    """Every file this script writes, by path relative to ``engines`` (all under ``toy-assets/``). One set serves
+    every directory only while their models agree on what the files depend on: SystemExit where they do not."""
     ragged, batch = RaggedToyEngines.load(engines), ToyEngines.load(engines)
-    out: dict[str, bytes] = {}
-    tokenizers: dict[int, str] = {}
-    for name in DIRECTORIES:
-        toys: RaggedToyEngines | ToyEngines | HybridToyEngine = (
-            ragged if name in ("toy-llm-ragged", "toy-eagle3-ragged") else
-            HybridToyEngine.load(engines / name) if name in HYBRID_DIRS else batch)
-        cfg = toys.config if isinstance(toys, HybridToyEngine) else toys.llm_config
-        if cfg.vocab_size not in tokenizers:
-            tokenizers[cfg.vocab_size] = train_tokenizer(cfg.vocab_size)
-        out[f"{name}/{TOKENIZER_FILE}"] = tokenizers[cfg.vocab_size].encode()
-        out[f"{name}/{TOKENIZER_CONFIG_FILE}"] = tokenizer_config(cfg.max_supported_input_length).encode()
-        table = toys.embedding().astype(np.float16)
-        out[f"{name}/{EMBEDDING_FILE}"] = safetensors_bytes({"embedding": table})
-    return out
+    cfg = ragged.llm_config
+    for toys in (ragged, batch):
+        got = (toys.llm_config.vocab_size, toys.llm_config.hidden_size, toys.llm_config.max_supported_input_length,
+               toys.seed)
+        if got != (cfg.vocab_size, cfg.hidden_size, cfg.max_supported_input_length, ragged.seed):
+            raise SystemExit(f"make_toy_assets: the toy models differ in vocab, hidden size, prompt length or seed "
+                             f"({got}); one {ASSETS_DIR}/ cannot serve them all")
+    table = ragged.embedding().astype(np.float16)
+    files = {TOKENIZER_FILE: train_tokenizer(cfg.vocab_size).encode(),
+             TOKENIZER_CONFIG_FILE: tokenizer_config(cfg.max_supported_input_length).encode(),
+             EMBEDDING_FILE: safetensors_bytes({"embedding": table})}
+    assert sorted(files) == sorted(TOY_ASSETS)
+    return {f"{ASSETS_DIR}/{name}": data for name, data in files.items()}
+
+
+def links() -> dict[str, str]:
+    """Each toy directory's asset links: path relative to the engines folder -> the link's target."""
+    return {f"{d}/{a}": f"../{ASSETS_DIR}/{a}" for d in TOY_DIRECTORIES for a in TOY_ASSETS}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +149,17 @@ def main(argv: list[str] | None = None) -> int:
             if not path.is_file() or path.read_bytes() != data:
                 differ.append(rel)
             continue
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         print(f"wrote {path} ({len(data)} bytes)")
+    for rel, target in links().items():
+        path = args.engines / rel
+        if args.check:
+            if not path.is_symlink() or str(path.readlink()) != target:
+                differ.append(rel)
+            continue
+        path.unlink(missing_ok=True)
+        path.symlink_to(target)
     if differ:
         print("make_toy_assets: these files differ from what the script makes: " + ", ".join(differ), file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ import numpy as np
 
 import trtio
 from trtio import DeploymentConfig, LLMEngineConfig, TrtioError
+from trtio.cuda.backend import Backend
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import Call
 
@@ -142,7 +143,7 @@ def _spec_script(contract: str) -> list[Step]:
 class Kind:
     """Setups of one kind on a FaultyBackend over ``inner``, their engines made once, and the script."""
 
-    def __init__(self, kind: str, inner: trtio.Backend, device: str = "host", *, graphs: bool = True,
+    def __init__(self, kind: str, inner: Backend, device: str = "host", *, graphs: bool = True,
                  plant: Callable[[Any], None] | None = None) -> None:
         self.kind = kind
         self.plant = plant  # a bug planted into each setup made (the walk must then fail)
@@ -180,7 +181,7 @@ class Kind:
         return setup
 
 
-def live(be: trtio.Backend) -> dict[str, int]:
+def live(be: Backend) -> dict[str, int]:
     return {"allocations": be.live_allocations, "events": be.live_events, "streams": be.live_streams,
             "graphs": be.live_graphs}
 

@@ -9,11 +9,12 @@ from _threads import run_at_once
 import trtio
 from trtio import CudaError, Location
 from trtio.cuda._hostmem import host_view
+from trtio.cuda.backend import cuda_available
 from trtio.cuda.host import HostBackend
 
 
 def test_auto_backend_is_host_without_a_gpu():
-    if trtio.cuda_available():
+    if cuda_available():
         assert trtio.get_backend().name == "cuda"
     else:
         assert trtio.get_backend().name == "host"
@@ -21,7 +22,7 @@ def test_auto_backend_is_host_without_a_gpu():
 
 
 def test_cuda_backend_refused_clearly_without_a_device():
-    if trtio.cuda_available():
+    if cuda_available():
         pytest.skip("a CUDA device answers here")
     with pytest.raises(CudaError, match=r"get_backend\('cuda'\).*no CUDA device"):
         trtio.get_backend("cuda")

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 import trtio
-from trtio import DeploymentConfig, EngineIO, LLMEngineConfig, create_for_llm, create_for_spec_decode
+from trtio import DeploymentConfig, LLMEngineConfig, create_for_llm, create_for_spec_decode
 from trtio.cli import main
+from trtio.cuda.backend import cuda_available
+from trtio.engine import EngineIO
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
 from trtio.testing.toy_engines import ENGINE_NAMES, RaggedToyEngines, ToyEngines, default_engines_dir
@@ -127,7 +129,7 @@ def test_demo_draft_agrees_with_its_base(demo_json: dict[str, Any], contract: st
     assert sd["node_acceptance_rate"] == pytest.approx(sd["accepted"] / sd["proposed"])
     assert sd["tokens_per_verify"] == pytest.approx(1 + per_verify)
     assert sd["acceptance_rate"] >= 0.6, sd
-    text = format_demo(demo_json).split("== ragged contract")[contract == "ragged"]
+    text = format_demo(demo_json, verbose=True).split("== ragged contract")[contract == "ragged"]
     assert f"mean accepted tokens per verify: {per_verify:.2f}" in text
     assert f"acceptance rate: {sd['acceptance_rate']:.3f} of the 3 draft levels per verify" in text
 
@@ -164,12 +166,13 @@ def test_demo_memory_and_graph_stats(demo_json: dict[str, Any]) -> None:
 
 
 def test_demo_text_report(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "8")
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "8", "--verbose")
     assert rc == 0, err
     assert "spec-decode tokens equal vanilla tokens: yes" in out
     assert "snapshot identical to the prefill-time buffers: yes" in out
     for needle in ("bindings of toy-llm", "bindings of toy-eagle base", "bindings of toy-eagle draft",
-                   "memory: create_for_llm", "memory: create_for_spec_decode", "CUDA graphs:",
+                   "memory: create_for_llm", "memory: create_for_spec_decode",
+                   "graphs (the host backend's recorded steps):",
                    "PipelineIO.base_hidden_states", "acceptance rate:"):
         assert needle in out
     assert out.rstrip().splitlines()[-1].endswith("-> OK")
@@ -249,7 +252,7 @@ def test_demo_ragged_requests_arrive_and_leave(demo_json: dict[str, Any]) -> Non
 
 
 def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run(capsys, "demo", "--backend", "host", "--contract", "ragged")
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--verbose")
     assert rc == 0, err
     story = out.split("requests arriving and leaving (toy-llm-ragged, create_for_llm: 4 slots, a KV pool of 8 pages "
                       "of 128 tokens;")[1]
@@ -287,7 +290,7 @@ def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: 
 
 
 def test_demo_text_report_of_both_contracts(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "6")
+    rc, out, err = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "6", "--verbose")
     assert rc == 0, err
     batch, ragged = out.split("== ragged contract: ")
     assert "== batch contract: toy-llm and toy-eagle" in batch
@@ -298,7 +301,8 @@ def test_demo_text_report_of_both_contracts(capsys: pytest.CaptureFixture[str]) 
                    "bindings of toy-eagle3-ragged base", "bindings of toy-eagle3-ragged draft",
                    "state[base].kv_page_table", "memory: create_for_llm", "memory: create_for_spec_decode",
                    "EAGLE tree drafting: top_k=2 per level, 3 levels, 6 draft nodes, verify trees of 8",
-                   "CUDA graphs:", "ReferenceEngines always: plans of this contract come from Edge-LLM's builder"):
+                   "graphs (the host backend's recorded steps):",
+                   "always ReferenceEngines: plans of this contract come from Edge-LLM's builder"):
         assert needle in ragged, needle
     last = out.rstrip().splitlines()[-1]
     assert last.startswith("result: batch: tokens equal yes") and "; ragged: tokens equal yes" in last
@@ -313,7 +317,7 @@ def test_demo_one_contract(capsys: pytest.CaptureFixture[str], contract: str) ->
     assert s["contract"] == contract and list(s["contracts"]) == [contract] and s["ok"]
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", contract, "--max-new-tokens", "3")
     other = {"batch": "ragged", "ragged": "batch"}[contract]
-    assert rc == 0 and f"== {contract} contract" in out and f"== {other} contract" not in out
+    assert rc == 0 and f"\n{contract} contract: " in out and f"\n{other} contract: " not in out
 
 
 def test_demo_ragged_runs_without_the_batch_toys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -346,7 +350,7 @@ def test_demo_fails_when_one_contracts_tokens_differ(monkeypatch: pytest.MonkeyP
         return tokens, stats
 
     monkeypatch.setattr("trtio.tools.demo.spec_generate", wrong_on_ragged)
-    rc, out, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4")
+    rc, out, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "--verbose")
     assert rc == 1
     assert "spec-decode tokens equal vanilla tokens: NO" in out.split("== ragged contract")[1]
     assert out.rstrip().splitlines()[-1].endswith("-> FAILED")
@@ -391,7 +395,9 @@ def test_demo_from_a_copied_engines_folder(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_python_m_trtio_demo(tmp_path: Path) -> None:
-    # From another folder, as a user would run it; trtio found wherever this test found it.
+    """From another folder, as a user would run it (trtio found wherever this test found it): at most 40 lines,
+    each contract's tokens, acceptance and checks, the sequences, the result last; no claim about CUDA graphs or
+    devices that is not true here."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(trtio.__file__).parent.parent)]
                                                       + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     t0 = time.perf_counter()
@@ -399,15 +405,33 @@ def test_python_m_trtio_demo(tmp_path: Path) -> None:
                           cwd=tmp_path, env=env)
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("spec-decode tokens equal vanilla tokens: yes") == 2  # both contracts
-    assert "== batch contract" in proc.stdout and "== ragged contract" in proc.stdout
-    assert "snapshot identical to the prefill-time buffers: yes" in proc.stdout
-    found = re.search(r"^acceptance rate: ([0-9.]+)", proc.stdout, re.M)
-    assert found is not None, proc.stdout
-    rate = float(found.group(1))
-    assert 0.0 < rate < 1.0
+    lines = proc.stdout.rstrip("\n").splitlines()
+    assert len(lines) <= 40, f"{len(lines)} lines by default"
+    assert proc.stdout.count("equal the greedy ones: yes") == 2  # both contracts
+    assert "\nbatch contract: " in proc.stdout and "\nragged contract: " in proc.stdout
+    assert proc.stdout.count("    [3] ") == 2, "each contract's greedy tokens, one line per prompt"
+    assert "identical to the prefill-time buffers: yes" in proc.stdout
+    assert re.search(r"sequences: 5 requests admitted into 4 slots .*solo greedy run: yes", proc.stdout)
+    rates = [float(r) for r in re.findall(r"; acceptance rate ([0-9.]+) \(", proc.stdout)]
+    assert len(rates) == 2 and all(0.0 < r < 1.0 for r in rates), proc.stdout
+    assert lines[-1].startswith("result: ") and lines[-1].endswith("-> OK")
+    assert "0x" not in proc.stdout, "no binding table (host addresses) by default"
+    if not cuda_available():
+        assert "CUDA graph" not in proc.stdout and "cuda backend" not in proc.stdout
+        assert "graphs of the host backend" in lines[1]
     assert seconds < 60, f"the demo took {seconds:.1f} s"
     assert "Traceback" not in proc.stderr
+
+
+def test_demo_verbose_adds_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, brief, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4")
+    rc2, full, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "-v")
+    assert rc == rc2 == 0
+    assert len(brief.splitlines()) <= 40 < len(full.splitlines())
+    for needle in ("bindings of toy-llm", "memory: create_for_llm", "graphs (the host backend's recorded steps):",
+                   "requests arriving and leaving"):
+        assert needle in full and needle not in brief, needle
+    assert brief.splitlines()[-1] == full.splitlines()[-1], "the same result line"
 
 
 def _engines_with(tmp_path: Path, part: str, **fields: Any) -> Path:
@@ -450,7 +474,7 @@ def test_demo_refuses_a_per_engine_config_that_disagrees(tmp_path: Path, capsys:
     (["--max-new-tokens", "0"], ["--max-new-tokens"]),
     (["--engine", "trt", "--backend", "host"], ["cuda backend"]),
     (["--engines", "/nonexistent/engines"], ["no such config file"]),
-    (["--contract", "all"], ["--contract", "'all'", "batch, ragged, both"]),
+    (["--contract", "all"], ["--contract", "'all'", "'batch', 'ragged', 'both'"]),
     (["--contract", "ragged", "--engine", "trt"], ["--engine", "ragged toy engines run as ReferenceEngines"]),
     (["--contract", "ragged", "--plans", "/somewhere"], ["--plans", "--contract batch or both"]),
 ])
@@ -459,23 +483,23 @@ def test_demo_bad_options_are_one_line(capsys: pytest.CaptureFixture[str], argv:
     assert_one_line_error(rc, err, "demo", *needles)
 
 
-@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device answers here")
 def test_demo_on_cuda_without_a_gpu_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "demo", "--backend", "cuda")
     assert_one_line_error(rc, err, "demo", "no CUDA device")
 
 
-@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device answers here")
 def test_demo_with_plans_needs_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(tmp_path))
     assert_one_line_error(rc, err, "demo")
 
 
 def test_demo_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = run(capsys, "demo", "--backend", "gpu", "--debug")
+    rc, _, err = run(capsys, "demo", "--engines", "/nonexistent/engines", "--debug")
     assert rc == 1
     assert "Traceback (most recent call last)" in err and "ConfigError" in err
-    assert err.strip().splitlines()[-1].startswith("trtio demo: error: --backend")
+    assert err.strip().splitlines()[-1].startswith("trtio demo: error: /nonexistent/engines")
 
 
 @pytest.fixture
@@ -686,7 +710,7 @@ def rtx_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.rtx
-@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+@pytest.mark.skipif(cuda_available(), reason="a GPU answers: the plan may load here")
 @pytest.mark.parametrize("how", ["dir", "plan", "plan+config"])
 def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys: pytest.CaptureFixture[str],
                                                           how: str) -> None:
@@ -699,7 +723,7 @@ def test_inspect_an_rtx_plan_on_the_cpu_is_one_clean_line(rtx_plan: Path, capsys
 
 
 @pytest.mark.rtx
-@pytest.mark.skipif(trtio.cuda_available(), reason="a GPU answers: the plan may load here")
+@pytest.mark.skipif(cuda_available(), reason="a GPU answers: the plan may load here")
 def test_inspect_a_corrupt_plan_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # A TensorRT-RTX plan's magic, then garbage: it passes the header check and reaches TensorRT.
     (tmp_path / "model.plan").write_bytes(b"vtrt" + b"\x00not a plan" * 10)

@@ -20,6 +20,7 @@ import pytest
 import trtio
 from trtio import create_for_llm, create_for_spec_decode
 from trtio.cli import build_parser, main
+from trtio.cuda.backend import cuda_available
 from trtio.edgellm import EngineDir
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_engines import default_engines_dir
@@ -529,7 +530,7 @@ def test_inspect_a_file_that_is_not_a_plan_shows_the_configs_view(tmp_path: Path
     assert "  plan not read: " in text and "is not a TensorRT plan" in text
 
 
-@pytest.mark.skipif(trtio.cuda_available(), reason="a CUDA device answers here")
+@pytest.mark.skipif(cuda_available(), reason="a CUDA device answers here")
 def test_inspect_says_when_no_cuda_device_can_read_the_plan(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tensorrt_rtx")

@@ -14,6 +14,7 @@ import pytest
 import trtio
 from trtio import DType, Location, Stream, Tensor
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
+from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
@@ -25,7 +26,7 @@ E = toy_embedding(512, 64)
 
 
 @contextmanager
-def _tensors(backend: trtio.Backend, shapes: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[dict[str, Tensor]]:
+def _tensors(backend: Backend, shapes: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[dict[str, Tensor]]:
     out = {n: Tensor.empty(shape, dtype, Location.DEVICE, backend=backend, name=n)
            for n, (shape, dtype) in shapes.items()}
     try:
@@ -64,7 +65,7 @@ def _walk(parents: list[np.ndarray], past: np.ndarray, width: int, rope_cap: int
 
 @pytest.mark.parametrize("shared", [True, False])
 @pytest.mark.parametrize("layout", ["ragged", "mrope", "batch"])
-def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backend: trtio.Backend, shared: bool,
+def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backend: Backend, shared: bool,
                                                                           layout: str) -> None:
     """Random trees (2 rounds, levels of 1-5 nodes, up to 40 nodes, so two mask words), shared or
     per-sequence parents: after every level the step inputs equal the tree walked node by node, padding
@@ -142,7 +143,7 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
 
 @pytest.mark.parametrize("contract", ["ragged", "mrope", "batch"])
 @pytest.mark.parametrize("phase", [PHASE_DECODE, PHASE_VERIFY])
-def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: trtio.Backend, contract: str,
+def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, contract: str,
                                                              phase: int) -> None:
     """Random trees of 1-9 nodes in 9 rows per sequence (padding after them), random cached lengths: the
     device's positions, ids (padding value 7), attention lengths and MRoPE rows equal TreeLayout.at's
@@ -197,7 +198,7 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: trtio.Back
                                           np.where(want.positions >= 0, slots * cap + want.positions, -1))
 
 
-def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: trtio.Backend) -> None:
+def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: Backend) -> None:
     b, cap = 5, 4096
     lengths = np.array([3, 0, 17, 4000, 9], np.int32)
     shapes = {n: ((b,), "int32") for n in ("lengths", "past", "asl", "positions", "rope")}
@@ -225,7 +226,7 @@ def _llm(graphs: bool, contract: str = "ragged") -> trtio.LLMSetup:
 
 @pytest.mark.parametrize("contract", ["ragged", "batch"])
 def test_decode_uploads_nothing_while_the_device_lengths_are_current_and_resyncs_after_a_prefill(
-        host: trtio.Backend, contract: str) -> None:
+        host: Backend, contract: str) -> None:
     """Steady decodes upload nothing; after a prefill with other lengths, and after one that ends at the
     very lengths the device copy holds, decodes give the logits of a new setup running that prefill."""
     steps = [[[1, 2, 3], [4, 5]], [[6, 7, 8, 9], [10]], [[6, 7, 8, 9, 1, 2, 5], [10, 3, 4, 2]]]

@@ -4,22 +4,12 @@ import numpy as np
 import pytest
 from _configs import bundle, llm_config
 
-from trtio import (
-    BindingError,
-    ClosedError,
-    DType,
-    EngineError,
-    EngineIO,
-    Location,
-    PipelineIO,
-    Stream,
-    Tensor,
-    TensorMap,
-    names,
-)
+from trtio import BindingError, ClosedError, DType, EngineError, Location, Stream, Tensor, names
 from trtio.contracts import build_registry
-from trtio.engine import ContextMemory, EngineExecutor
+from trtio.engine import ContextMemory, EngineExecutor, EngineIO
+from trtio.pipeline_io import PipelineIO
 from trtio.state import EngineState
+from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_engine import TensorLocation
 

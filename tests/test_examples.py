@@ -351,3 +351,70 @@ def test_the_largest_budget_the_kv_cache_allows_runs(tmp_path: Path) -> None:
     most = int(re.search(r"at most (\d+) here", proc.stderr).group(1))  # type: ignore[union-attr]
     rows, _ = run_example("generate", "--max-new-tokens", str(most), "--backend", "host", cwd=tmp_path)
     assert all(len(r) == most for r in rows)
+
+
+# -- real_engine.py: a directory with engine files and a plugin, to tokens ------------------------------------------
+
+
+def _stand_in_loader(loads: list[tuple[str, tuple[str, ...]]]) -> Any:
+    """A stand-in for trtio.load_engine (same arguments): each toy engine file's ReferenceEngine (the toy model of
+    its config), recording the file's name and the plugins it was given."""
+    toys = RaggedToyEngines.load(ENGINES)
+    names = {"llm.engine": "toy-llm-ragged", "spec_base.engine": "toy-eagle3-ragged/base",
+             "spec_draft.engine": "toy-eagle3-ragged/draft"}
+
+    def load(path: Any, module: Any = "auto", *, plugins: Any = ()) -> Any:
+        loads.append((Path(path).name, tuple(str(p) for p in plugins)))
+        return toys.reference_engine(names[Path(path).name], device="host")
+
+    return load
+
+
+@pytest.mark.skipif(trtio.cuda.backend.cuda_available(),
+                    reason="the stand-in engines compute on the host; GPU runners bind real directories "
+                           "(tests/test_edgellm_engines.py)")
+@pytest.mark.parametrize("by_hand", [False, True], ids=["create_from_engine_dir", "load_engine"])
+@pytest.mark.parametrize("name", ["toy-llm-ragged", "toy-eagle3-ragged"])
+def test_the_real_engine_example_binds_a_directory_with_its_plugin(name: str, by_hand: bool, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The example's own code on a directory with engine files (stand-ins that compute the toy model, loaded
+    where trtio loads plans): every engine file loaded once, with the plugin given, and the toy model's greedy
+    tokens (speculatively for the pair) for its prompt."""
+    tokenizers = pytest.importorskip("tokenizers")
+    d = tmp_path / name
+    shutil.copytree(ENGINES / name, d)
+    for engine in trtio.EngineDir.open(d).engine_paths:
+        engine.write_bytes(b"a serialized engine would be here")
+    loads: list[tuple[str, tuple[str, ...]]] = []
+    monkeypatch.setattr("trtio.setups.engine_dir.load_engine", _stand_in_loader(loads))
+    monkeypatch.setattr(trtio, "load_engine", _stand_in_loader(loads))
+    plugin = "/opt/edgellm/lib/libNvInfer_edgellm_plugin.so"
+    monkeypatch.setattr(sys, "argv", ["real_engine.py", str(d), "--plugin", plugin, "--max-new-tokens", "12",
+                                      *(["--load-engine"] if by_hand else [])])
+    _example("real_engine").main()
+    out = capsys.readouterr().out
+    rows = [[int(t) for t in m.group(1).split(", ")] for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$", out, re.M)]
+    toys = RaggedToyEngines.load(ENGINES)
+    ids = tokenizers.Tokenizer.from_file(str(d / "tokenizer.json")).encode("Once upon a time").ids
+    with trtio.create_for_llm(toys.reference_engine("toy-llm-ragged", device="host"), toys.llm_config) as setup:
+        assert rows == greedy_generate(setup, toys.embedding(), [ids], 12)
+    files = ["llm.engine"] if name == "toy-llm-ragged" else ["spec_base.engine", "spec_draft.engine"]
+    assert sorted(loads) == sorted((f, (plugin,)) for f in files)
+    assert re.search(r"^12 tokens in [\d.]+ s: [\d.]+ tokens/s \((greedy|speculative, [\d.]+ accepted tokens per "
+                     r"verify), host backend\)$", out, re.M), out
+
+
+def test_the_real_engine_example_refuses_configs_only_and_a_missing_plugin(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "real_engine.py"), str(ENGINES / "toy-llm-ragged")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "holds configs only (no llm.engine)" in proc.stderr
+    assert "examples/generate.py" in proc.stderr
+    d = tmp_path / "with-engines"
+    shutil.copytree(ENGINES / "toy-llm-ragged", d)
+    (d / "llm.engine").write_bytes(b"x")
+    env = {k: v for k, v in os.environ.items() if k != "EDGELLM_PLUGIN_PATH"}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "real_engine.py"), str(d)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "need its plugin library: pass --plugin PATH" in proc.stderr

@@ -23,7 +23,9 @@ from _faultwalk import KINDS, Kind, Walk, live, tiny_bundle, tiny_llm
 
 import trtio
 from trtio import ClosedError, CudaError, EngineError, InvalidValueError, Location, Stream, TrtioError
+from trtio.cuda.backend import Backend
 from trtio.engine import EngineExecutor
+from trtio.pipeline_io import PipelineIO
 from trtio.staging import RING_SLOTS, UploadRing
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import ENGINE_CALLS, FAULTABLE, Call
@@ -117,7 +119,7 @@ def test_a_step_failing_at_any_call_leaves_the_setup_as_it_was_on_the_gpu(kind: 
 # -- factories ----------------------------------------------------------------------------------------------
 
 
-def _factories(be: trtio.Backend) -> dict[str, Callable[[], Any]]:
+def _factories(be: Backend) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {}
     for contract in ("batch", "ragged"):
         cfg = tiny_llm(contract)
@@ -128,9 +130,9 @@ def _factories(be: trtio.Backend) -> dict[str, Callable[[], Any]]:
         pair = (ReferenceEngine.from_config(b.base), ReferenceEngine.from_config(b.draft))
         out[f"create_for_spec_decode-{contract}"] = lambda b=b, p=pair: trtio.create_for_spec_decode(
             *p, b, graphs=True, backend=be)
-        out[f"PipelineIO.create_for_llm-{contract}"] = lambda cfg=cfg: trtio.PipelineIO.create_for_llm(cfg,
+        out[f"PipelineIO.create_for_llm-{contract}"] = lambda cfg=cfg: PipelineIO.create_for_llm(cfg,
                                                                                                       backend=be)
-        out[f"PipelineIO.create_for_spec_decode-{contract}"] = lambda b=b: trtio.PipelineIO.create_for_spec_decode(
+        out[f"PipelineIO.create_for_spec_decode-{contract}"] = lambda b=b: PipelineIO.create_for_spec_decode(
             b, backend=be)
         out[f"EngineExecutor-{contract}"] = lambda e=llm: EngineExecutor(e, backend=be)
     return out
@@ -369,7 +371,7 @@ def test_a_step_block_whose_fence_failed_fences_the_open_group_at_the_next_uploa
     """A fence that failed to record leaves its group of copies open (no event index is skipped); the next
     upload records it before reusing a slot, and every value arrives."""
     faulty = FaultyBackend("host")
-    io = trtio.PipelineIO.create_for_llm(tiny_llm("ragged"), backend=faulty)
+    io = PipelineIO.create_for_llm(tiny_llm("ragged"), backend=faulty)
     step = io.step
     assert step is not None
     s = Stream.create(faulty)
@@ -488,7 +490,7 @@ def test_faulty_backend_watch_fails_an_engines_enqueue_and_refuses_its_capture()
 
 def test_faulty_backend_is_a_backend_with_the_wrapped_ones_extras() -> None:
     faulty = FaultyBackend("host")
-    assert isinstance(faulty, trtio.Backend)
+    assert isinstance(faulty, Backend)
     assert faulty.name == "host" and faulty.device_id == -1 and "FaultyBackend(HostBackend())" == repr(faulty)
     assert faulty.op_count == faulty.inner.op_count  # type: ignore[attr-defined]
     assert callable(faulty.launch_host_func)  # type: ignore[attr-defined]

@@ -22,8 +22,10 @@ import pytest
 
 import trtio
 from trtio.cli import main
+from trtio.cuda.backend import cuda_available
 from trtio.edgellm import EngineDir
-from trtio.testing.toy_engines import HYBRID_DIRS, RaggedToyEngines, ToyEngines, default_engines_dir
+from trtio.testing.toy_dirs import ASSETS_DIR, TOY_DIRECTORIES
+from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import greedy_generate
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -110,7 +112,10 @@ def test_a_tensor_parallel_toy_directory_generates_through_its_ranks(name: str, 
     assert out == greedy_text("toy-llm-ragged", PROMPT, 12)
     assert "running its ranks as ReferenceEngines on the host backend" in err.splitlines()[0]
     rc, out, err = run(capsys, str(ENGINES / name), "--prompt", PROMPT, "--backend", "cuda")
-    one_line_error(rc, err, "--backend", "cuda needs engine files", "host backend only")
+    if cuda_available():
+        one_line_error(rc, err, "--backend", "cuda needs engine files", "host backend only")
+    else:  # the machine's lack comes first, in the option's words
+        one_line_error(rc, err, "--backend: cuda: no CUDA device is usable here", "use --backend host")
 
 
 @pytest.mark.parametrize("name", PAIR_DIRS)
@@ -312,14 +317,24 @@ def _essentials(text: bytes) -> dict[str, Any]:
 
 
 def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
-    made = _script().make_assets(ENGINES)
-    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS + HYBRID_DIRS for a in ASSETS)
+    """One copy of each asset (toy-assets/), and in each toy directory a link to it: the directories stay in
+    Edge-LLM's layout without six copies of every file."""
+    script = _script()
+    made = script.make_assets(ENGINES)
+    assert sorted(made) == sorted(f"{ASSETS_DIR}/{a}" for a in ASSETS)
     for rel, data in made.items():
         committed = (ENGINES / rel).read_bytes()
         if rel.endswith("tokenizer.json"):
             assert _essentials(committed) == _essentials(data), rel
         else:
             assert committed == data, f"{rel} differs: run python3 scripts/make_toy_assets.py"
+    links = script.links()
+    assert sorted(links) == sorted(f"{d}/{a}" for d in TOY_DIRECTORIES for a in ASSETS)
+    for rel, target in links.items():
+        path = ENGINES / rel
+        assert path.is_symlink() and str(path.readlink()) == target, f"{rel} is not a link to {target}"
+        assert path.read_bytes() == (ENGINES / ASSETS_DIR / path.name).read_bytes()
+    assert script.main(["--check"]) == 0
 
 
 @pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
@@ -347,11 +362,18 @@ def test_the_toy_embedding_file_holds_the_toy_table(name: str) -> None:
     np.testing.assert_array_equal(got, want)
 
 
-def test_the_toy_assets_ship_in_the_wheel() -> None:
-    """pyproject's package data for trtio._engines (engines/) takes every toy asset."""
+def test_the_toy_assets_ship_in_the_wheel_once() -> None:
+    """pyproject's package data for trtio._engines (engines/) takes each toy asset once (toy-assets/) and not the
+    directories' links to it (a wheel would hold a copy per link)."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["trtio._engines"]
-    for d in LLM_DIRS + PAIR_DIRS:
-        for asset in ASSETS:
-            assert any(fnmatch.fnmatch(f"{d}/{asset}", p) for p in patterns), f"{d}/{asset} is not package data"
+    def ships(rel: str) -> bool:  # setuptools' glob: "*" stays within one folder name
+        return any(len(p.split("/")) == 2 and all(fnmatch.fnmatchcase(a, b) for a, b in zip(rel.split("/"),
+                                                                                          p.split("/")))
+                   for p in patterns)
+
+    for asset in ASSETS:
+        assert ships(f"{ASSETS_DIR}/{asset}"), f"{asset} is not package data"
+        for d in TOY_DIRECTORIES:
+            assert not ships(f"{d}/{asset}"), f"{d}/{asset} would ship again"

@@ -564,7 +564,7 @@ def test_the_demo_runs_the_hybrid_directories_and_their_admission_story() -> Non
             from trtio.testing.toy_runtime import greedy_generate
 
             assert s["tokens"] == greedy_generate(setup, toy.embedding(), prompts, 6)
-    text = "\n".join(format_hybrid(out))
+    text = "\n".join(format_hybrid(out, verbose=True))
     assert "== hybrid model: toy-nemotron-h-ragged (mamba2; layers mamba, mamba, attention, mamba; RoPE off" in text
 
 

@@ -18,6 +18,7 @@ import trtio
 import trtio.state
 from trtio import ClosedError, CudaError, Event, Location, Stream, Tensor
 from trtio._lifetime import Closeable
+from trtio.cuda.backend import Backend
 from trtio.cuda.host import HostBackend
 from trtio.engine import ContextMemory, EngineExecutor, EngineIO
 from trtio.memory import Arena, TensorRequest
@@ -241,7 +242,7 @@ def _tensor_calls(t: Tensor) -> Iterator[Callable[[], Any]]:
     yield lambda: t.__enter__()
 
 
-def test_every_tensor_method_raises_after_close(host: trtio.Backend) -> None:
+def test_every_tensor_method_raises_after_close(host: Backend) -> None:
     t = Tensor.empty((4,), "int32", Location.PINNED, name="gone", backend=host)
     t.close()
     for call in _tensor_calls(t):
@@ -251,7 +252,7 @@ def test_every_tensor_method_raises_after_close(host: trtio.Backend) -> None:
     assert "closed" in repr(t)
 
 
-def test_every_stream_and_event_method_raises_after_close(host: trtio.Backend) -> None:
+def test_every_stream_and_event_method_raises_after_close(host: Backend) -> None:
     s, e = Stream.create(host), Event.create(host)
     s.close()
     e.close()
@@ -267,7 +268,7 @@ def test_every_stream_and_event_method_raises_after_close(host: trtio.Backend) -
     live.close()
 
 
-def test_every_arena_and_staging_method_raises_after_close(host: trtio.Backend) -> None:
+def test_every_arena_and_staging_method_raises_after_close(host: Backend) -> None:
     arena = Arena([TensorRequest.of("host", (4,), "int32", Location.PINNED), TensorRequest.of("dev", (4,), "int32")],
                   backend=host, title="stage")
     ring = UploadRing(arena["host"], host, slots=1)

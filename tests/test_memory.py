@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import trtio
-from trtio import ClosedError, Location, MemoryReport, TrtioError
+from trtio import ClosedError, Location, TrtioError
 from trtio.cuda.host import HostBackend
 from trtio.errors import InvalidValueError
-from trtio.memory import Arena, TensorRequest
+from trtio.memory import Arena, MemoryReport, TensorRequest
 
 
 def _requests():

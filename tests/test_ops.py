@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import trtio
 from trtio import DType, Location, Stream, Tensor
+from trtio.cuda.backend import Backend
 from trtio.ops import copy_rows
 
 
-def _device(backend: trtio.Backend, values: np.ndarray, name: str) -> Tensor:
+def _device(backend: Backend, values: np.ndarray, name: str) -> Tensor:
     t = Tensor.empty(values.shape, values.dtype, Location.DEVICE, backend=backend, name=name)
     t.copy_from(values)
     return t
@@ -32,7 +32,7 @@ def _expected(dst: np.ndarray, src: np.ndarray, src_rows: np.ndarray, dst_rows: 
 
 @pytest.mark.parametrize("row_bytes", [6, 20, 48, 512, 8192 + 48, 3 * 8192])
 @pytest.mark.parametrize("scatter", [False, True])
-def test_copy_rows_equals_the_numpy_gather(backend: trtio.Backend, row_bytes: int, scatter: bool) -> None:
+def test_copy_rows_equals_the_numpy_gather(backend: Backend, row_bytes: int, scatter: bool) -> None:
     """Row ``dst_rows[i]`` (``i`` without them) of the destination becomes row ``src_rows[i]`` of the
     source, zeros for a negative source row; a negative destination row is skipped; every other byte
     stays as it was."""
@@ -61,7 +61,7 @@ def test_copy_rows_equals_the_numpy_gather(backend: trtio.Backend, row_bytes: in
         s.close()
 
 
-def test_a_row_index_outside_a_tensor_is_refused_on_the_host_and_skipped_on_the_gpu(backend: trtio.Backend) -> None:
+def test_a_row_index_outside_a_tensor_is_refused_on_the_host_and_skipped_on_the_gpu(backend: Backend) -> None:
     """An index is data the device reads when the work runs: the host backend raises, naming it; a kernel
     skips the row rather than fault (checking would synchronise the host)."""
     src = np.arange(4 * 16, dtype=np.uint8).reshape(4, 16)
@@ -82,7 +82,7 @@ def test_a_row_index_outside_a_tensor_is_refused_on_the_host_and_skipped_on_the_
         s.close()
 
 
-def test_rows_are_bytes_whatever_the_dtype(backend: trtio.Backend) -> None:
+def test_rows_are_bytes_whatever_the_dtype(backend: Backend) -> None:
     """A float16 tensor's rows move as bytes: NaN payloads and negative zeros arrive unchanged."""
     src = np.array([[np.nan, -0.0, 1.5, -np.inf], [65504.0, 6e-8, -2.0, 0.0]], np.float16)
     src.view(np.uint16)[0, 0] = 0x7E01  # a NaN with a payload
@@ -100,7 +100,7 @@ def test_rows_are_bytes_whatever_the_dtype(backend: trtio.Backend) -> None:
         s.close()
 
 
-def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: trtio.Backend) -> None:
+def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: Backend) -> None:
     """One kernel for several independent copies (a step's RoPE rows, hidden rows, embeddings and zeros):
     the same bytes as each copy alone, for jobs of different row counts and widths (a wide row spread
     over blocks, many narrow rows, a long zeroing) and more jobs than one launch takes."""
@@ -150,7 +150,7 @@ def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: trtio.Backend
         s.close()
 
 
-def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: trtio.Backend) -> None:
+def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: Backend) -> None:
     """Copies in one kernel run at once: one that writes what another reads or writes is refused when the
     work is made, naming both; and only copies fuse."""
     from trtio.ops import CopyJobs, RowCopy, Zero, fuse
@@ -180,11 +180,11 @@ def test_a_launch_from_a_thread_without_a_context_leaves_the_thread_without_one(
 
     from trtio.cuda import kernels
 
-    src = trtio.Tensor.empty((64,), "uint8", backend=cuda)
-    dst = trtio.Tensor.empty((64,), "uint8", backend=cuda)
+    src = Tensor.empty((64,), "uint8", backend=cuda)
+    dst = Tensor.empty((64,), "uint8", backend=cuda)
     src.copy_from(np.arange(64, dtype=np.uint8))
     dst.zero_()
-    stream = trtio.Stream.create(cuda)
+    stream = Stream.create(cuda)
     launch = kernels.copy_jobs(cuda.device_id, [(dst.data_ptr, 0, src.data_ptr, 0, 1, 64, 64, 64, 64, 64)], 64, 64)
     cuda.synchronize()
     seen: dict[str, Any] = {}

@@ -1,23 +1,44 @@
-"""trtio's public surface: ``trtio.__all__`` holds what a user constructs, passes or catches; the internals
-stay importable from their own modules."""
+"""trtio's public surface: ``trtio.__all__`` holds what a user calls, passes or catches (at most 30 names); the
+internals stay importable from their own modules; ``import trtio`` is quick and imports no optional package."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import subprocess
+import sys
 from pathlib import Path
 
 import trtio
+import trtio.testing
 
 INTERNALS = {  # module -> names a user never needs from the facade
-    "trtio.memory": ["Arena", "TensorRequest", "MemoryEntry"],
+    "trtio.memory": ["Arena", "TensorRequest", "MemoryEntry", "MemoryReport"],
     "trtio.staging": ["UploadRing", "StepStaging"],
-    "trtio.engine": ["ContextMemory", "EngineExecutor", "TensorInfo"],
+    "trtio.engine": ["ContextMemory", "EngineExecutor", "TensorInfo", "EngineIO", "GraphStats"],
     "trtio.state": ["EngineState"],
     "trtio.registry": ["TensorRegistry", "TensorSpec"],
     "trtio.contracts": ["build_registry"],
     "trtio.dims": ["InferenceDims"],
+    "trtio.pipeline_io": ["PipelineIO", "StreamingPrefillBuffers"],
+    "trtio.tensor_map": ["TensorMap"],
+    "trtio.setups.binding": ["BoundEngine", "check_engine"],
+    "trtio.setups.base": ["EngineGraphStats"],
+    "trtio.setups.sequences": ["KVPages"],
+    "trtio.pages": ["Prefix"],
+    "trtio.stream": ["StreamLike"],
+    "trtio.cuda.backend": ["Backend", "cuda_available"],
+    "trtio.trt": ["load_plugins"],
 }
+
+# Names the design shows as ``trtio.<name>`` that are not in __all__: they stay attributes of the package.
+DOCUMENTED_ATTRIBUTES = ["contract_of", "Event", "edgellm", "names", "ExportError", "InvalidTypeError",
+                         "InvalidValueError", "UnknownNameError"]
+
+# Python's own modules that ``import trtio`` may not pull in: optional packages are imported where used.
+OPTIONAL = ["ml_dtypes", "tokenizers", "torch", "cupy", "jax", "tensorrt", "tensorrt_rtx", "cuda.bindings",
+            "safetensors", "nccl", "hypothesis"]
 
 
 def test_every_public_name_resolves_and_none_is_listed_twice() -> None:
@@ -26,11 +47,37 @@ def test_every_public_name_resolves_and_none_is_listed_twice() -> None:
         assert getattr(trtio, name) is not None, name
 
 
+def test_the_facade_lists_at_most_30_names_and_no_module() -> None:
+    assert len(trtio.__all__) <= 30, f"{len(trtio.__all__)} names in trtio.__all__"
+    modules = [name for name in trtio.__all__ if inspect.ismodule(getattr(trtio, name))]
+    assert not modules, f"modules in trtio.__all__: {modules}"
+
+
 def test_what_a_runtime_needs_is_public() -> None:
     for name in ("create_for_llm", "create_for_spec_decode", "create_from_engine_dir", "LLMSetup", "SpecDecodeSetup",
-                 "BoundEngine", "check_engine", "StreamLike", "Prefix", "KVPages", "Tensor", "Stream", "TrtioError",
-                 "CapacityError"):
+                 "TensorParallelLLMSetup", "load_engine", "EngineDir", "Tensor", "Stream", "TrtioError",
+                 "CapacityError", "NotAvailableError"):
         assert name in trtio.__all__, name
+
+
+def test_what_create_from_engine_dir_returns_for_a_tensor_parallel_directory_is_public() -> None:
+    from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+
+    assert trtio.TensorParallelLLMSetup is TensorParallelLLMSetup
+    assert issubclass(trtio.TensorParallelLLMSetup, trtio.LLMSetup)
+
+
+def test_names_the_design_shows_stay_attributes() -> None:
+    for name in DOCUMENTED_ATTRIBUTES:
+        assert name not in trtio.__all__, name
+        assert getattr(trtio, name) is not None, name
+    assert trtio.edgellm.EngineDir is trtio.EngineDir
+    assert trtio.names.kLogits == "logits"
+    from trtio import errors
+
+    for name, value in vars(errors).items():
+        if isinstance(value, type) and issubclass(value, errors.TrtioError):
+            assert getattr(trtio, name) is value, f"trtio.{name}"
 
 
 def test_internals_stay_in_their_modules() -> None:
@@ -45,3 +92,29 @@ def test_the_facade_only_reexports() -> None:
     tree = ast.parse((Path(trtio.__file__)).read_text(encoding="utf-8"))
     defined = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))]
     assert not defined, "trtio/__init__.py defines nothing of its own"
+
+
+def test_the_testing_module_lists_what_it_exports() -> None:
+    assert len(set(trtio.testing.__all__)) == len(trtio.testing.__all__)
+    for name in trtio.testing.__all__:
+        assert getattr(trtio.testing, name) is not None, name
+
+
+def test_import_trtio_pulls_in_no_optional_package() -> None:
+    """Every command and program pays for ``import trtio``: optional packages (ml_dtypes alone took 0.4 s) are
+    imported where they are used, and bf16 still has its numpy type once something asks for it."""
+    code = ("import sys, trtio\n"
+            f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))\n"
+            "import trtio.cli, trtio.testing\n"
+            f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))\n"
+            "print(trtio.DType.BFLOAT16.numpy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(trtio.__file__).parents[1]).stdout.splitlines()
+    assert out[0] == "[]", f"import trtio imported {out[0]}"
+    assert out[1] == "[]", f"import trtio.cli / trtio.testing imported {out[1]}"
+    try:
+        import ml_dtypes  # noqa: F401
+    except ImportError:  # pragma: no cover - where ml_dtypes is absent bf16 has no numpy type
+        assert out[2] == "None"
+    else:
+        assert out[2] == "bfloat16"

@@ -33,6 +33,7 @@ import pytest
 import trtio
 from trtio import names
 from trtio.config import LLMEngineConfig
+from trtio.cuda.backend import Backend
 from trtio.testing import reference_engine as re_mod
 from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
@@ -885,7 +886,7 @@ def test_padding_rows_write_nothing_and_garbage_stays_unseen() -> None:
         assert (after[written] != before[written]).any(axis=1).all()
 
 
-def _replay_on_new_data_equals_direct(rig: Rig, backend: trtio.Backend, graph: int, snap: dict[str, np.ndarray],
+def _replay_on_new_data_equals_direct(rig: Rig, backend: Backend, graph: int, snap: dict[str, np.ndarray],
                                       tokens: Tokens, past: list[int]) -> None:
     """Stage another verify tree in the captured step's buffers and replay ``graph``: its outputs and pools
     equal a direct execute of that step from the pools ``snap`` held at capture. Destroys ``graph``."""

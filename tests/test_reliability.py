@@ -30,25 +30,25 @@ from trtio import (
     ConfigError,
     CudaError,
     DeploymentConfig,
-    EngineIO,
     FrozenError,
     InvalidValueError,
     LLMEngineConfig,
     Location,
-    PipelineIO,
     ShapeError,
     Stream,
     Tensor,
-    TensorMap,
     TrtioError,
     names,
 )
+from trtio.cuda.backend import Backend
 from trtio.cuda.host import HostBackend
 from trtio.edgellm import EngineDir
-from trtio.engine import ContextMemory, EngineExecutor
+from trtio.engine import ContextMemory, EngineExecutor, EngineIO
 from trtio.memory import Arena, TensorRequest
+from trtio.pipeline_io import PipelineIO
 from trtio.setups import LLMSetup
 from trtio.state import EngineState
+from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
 from trtio.trees import ancestor_mask
@@ -75,7 +75,7 @@ class Factory:
             self.cfg = tiny_llm(contract)
             self.engine = ReferenceEngine.from_config(self.cfg, device=device)
 
-    def create(self, backend: trtio.Backend, *, graphs: bool = True) -> Any:
+    def create(self, backend: Backend, *, graphs: bool = True) -> Any:
         if self.spec:
             return trtio.create_for_spec_decode(*self.engines, self.bundle, graphs=graphs, backend=backend)
         return trtio.create_for_llm(self.engine, self.cfg, graphs=graphs, backend=backend)
@@ -87,7 +87,7 @@ class Factory:
         return greedy_generate(setup, E, PROMPTS, 2)  # prefill + one decode step (captured)
 
 
-def _refused(host: trtio.Backend, error: type[Exception], match: str, fn: Callable[..., Any], *args: Any,
+def _refused(host: Backend, error: type[Exception], match: str, fn: Callable[..., Any], *args: Any,
              **kwargs: Any) -> None:
     """``fn(*args, **kwargs)`` raises ``error`` matching ``match`` before enqueueing any device work."""
     ops = host.op_count  # type: ignore[attr-defined]
@@ -100,7 +100,7 @@ def _refused(host: trtio.Backend, error: type[Exception], match: str, fn: Callab
 
 
 @pytest.mark.parametrize("kind", SETUPS)
-def test_the_parts_of_a_live_setup_refuse_to_close_even_before_its_first_step(host: trtio.Backend,
+def test_the_parts_of_a_live_setup_refuse_to_close_even_before_its_first_step(host: Backend,
                                                                             kind: str) -> None:
     """Its PipelineIO, each engine's state and the context memory are bound from creation on: closing one
     under the setup would leave the engine (or a graph captured later) writing to freed memory."""
@@ -129,7 +129,7 @@ def test_the_parts_of_a_live_setup_refuse_to_close_even_before_its_first_step(ho
     assert host.live_allocations == live
 
 
-def test_context_memory_refuses_to_close_under_an_open_executor(host: trtio.Backend) -> None:
+def test_context_memory_refuses_to_close_under_an_open_executor(host: Backend) -> None:
     eng = ReferenceEngine.from_config(llm_config(), device="host")
     mem = ContextMemory.for_engines([eng], backend=host)
     a = EngineExecutor(eng, context_memory=mem, name="a", backend=host)
@@ -149,7 +149,7 @@ def test_context_memory_refuses_to_close_under_an_open_executor(host: trtio.Back
         mem.report()
 
 
-def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it(host: trtio.Backend) -> None:
+def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it(host: Backend) -> None:
     """A user's own (unfrozen) tensor map over a PipelineIO, a state, an arena of their own, a tensor of
     their own and a view: closing any of them while the executor that bound the map is open would leave
     it (and its captured graph) using freed memory, so it is refused, and nothing is half closed."""
@@ -195,7 +195,7 @@ def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it
     assert io.is_closed and state.is_closed and arena.is_closed and rope_owner.is_closed
 
 
-def test_a_closed_pipeline_io_names_itself_not_one_of_its_tensors(host: trtio.Backend) -> None:
+def test_a_closed_pipeline_io_names_itself_not_one_of_its_tensors(host: Backend) -> None:
     b = bundle()
     io = PipelineIO.create_for_spec_decode(b, backend=host)
     streaming = io.streaming_prefill
@@ -216,7 +216,7 @@ def test_a_closed_pipeline_io_names_itself_not_one_of_its_tensors(host: trtio.Ba
     emb.close()
 
 
-def test_a_closed_step_block_never_copies_into_freed_memory(host: trtio.Backend) -> None:
+def test_a_closed_step_block_never_copies_into_freed_memory(host: Backend) -> None:
     """Values written into a ragged PipelineIO's step block, then the PipelineIO closed: the upload that
     would have copied them into the freed device block is refused."""
     io = PipelineIO.create_for_llm(tiny_llm("ragged"), backend=host)
@@ -229,7 +229,7 @@ def test_a_closed_step_block_never_copies_into_freed_memory(host: trtio.Backend)
     _refused(host, ClosedError, r"per-step inputs is closed", step.write, "positions", np.arange(4, dtype=np.int32))
 
 
-def test_a_closed_engine_state_names_itself(host: trtio.Backend) -> None:
+def test_a_closed_engine_state_names_itself(host: Backend) -> None:
     cfg = llm_config()
     eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True))
     state = EngineState(eio, cfg, max_batch=4, backend=host, name="kv")
@@ -280,13 +280,13 @@ def test_a_failed_free_while_closing_a_setup_raises_and_the_rest_is_still_freed(
 
 @pytest.mark.parametrize("location", ["device", "pinned", "host"])
 @pytest.mark.parametrize("ptr", [0x100, 0xF00])
-def test_wrap_refuses_addresses_in_the_null_page(backend: trtio.Backend, location: str, ptr: int) -> None:
+def test_wrap_refuses_addresses_in_the_null_page(backend: Backend, location: str, ptr: int) -> None:
     """Small ints are no pointers (``to_numpy`` of such a view would read address 0x100 and crash)."""
     with pytest.raises(InvalidValueError, match=rf"tensor 'w': pointer 0x{ptr:x} lies in the null page"):
         Tensor.wrap(ptr, (4,), "float32", location, name="w", backend=backend)
 
 
-def test_stream_wait_takes_an_event(host: trtio.Backend) -> None:
+def test_stream_wait_takes_an_event(host: Backend) -> None:
     s = Stream.create(host)
     for bad in (0xBEEF, None, s):
         with pytest.raises(TypeError, match=rf"stream 0x{s.handle:x}: wait\(\) takes a trtio.Event, got"):
@@ -342,7 +342,7 @@ def test_every_rope_scaling_number_must_be_finite(scaling: dict[str, Any], key: 
     assert info.value.field == f"rope_scaling.{key}" and "finite" in str(info.value)
 
 
-def test_a_config_too_big_to_allocate_is_a_cuda_error_naming_the_tensor_and_bytes(host: trtio.Backend) -> None:
+def test_a_config_too_big_to_allocate_is_a_cuda_error_naming_the_tensor_and_bytes(host: Backend) -> None:
     eng = ReferenceEngine.from_config(llm_config(), device="host")
     live = host.live_allocations
     with pytest.raises(CudaError, match=r"cudaMalloc: cudaErrorMemoryAllocation: arena 'PipelineIO\(llm\)': a device "
@@ -389,7 +389,7 @@ def test_an_engine_missing_an_output_is_refused_when_the_setup_is_created(contra
 
 
 @pytest.mark.parametrize("contract", CONTRACTS)
-def test_llm_embeddings_that_the_activation_dtype_cannot_hold_are_refused(host: trtio.Backend,
+def test_llm_embeddings_that_the_activation_dtype_cannot_hold_are_refused(host: Backend,
                                                                          contract: str) -> None:
     with Factory(f"llm-{contract}").create(host, graphs=False) as setup:
         big = np.zeros((1, 3, 16))
@@ -410,7 +410,7 @@ def test_llm_embeddings_that_the_activation_dtype_cannot_hold_are_refused(host: 
         x.close()
 
 
-def test_deepstack_and_bf16_embeddings_are_checked_too(host: trtio.Backend) -> None:
+def test_deepstack_and_bf16_embeddings_are_checked_too(host: Backend) -> None:
     cfg = tiny_llm("batch", num_deepstack_features=1)
     with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend=host) as setup:
         feats = np.zeros((1, 3, 16))
@@ -426,7 +426,7 @@ def test_deepstack_and_bf16_embeddings_are_checked_too(host: trtio.Backend) -> N
 
 
 @pytest.mark.parametrize("contract", CONTRACTS)
-def test_spec_decode_embeddings_that_the_activation_dtype_cannot_hold_are_refused(host: trtio.Backend,
+def test_spec_decode_embeddings_that_the_activation_dtype_cannot_hold_are_refused(host: Backend,
                                                                                  contract: str) -> None:
     def big(n: int) -> np.ndarray:
         x = np.zeros((2, n, 16))
@@ -451,7 +451,7 @@ def test_spec_decode_embeddings_that_the_activation_dtype_cannot_hold_are_refuse
 
 
 @pytest.mark.parametrize("contract", CONTRACTS)
-def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: trtio.Backend, contract: str,
+def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: Backend, contract: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Lists of ints (what a runtime passes: walked once in Python) and an int array padded with -1 (the
     general checks) commit the same entries, lengths and catch-up rows, paths of unequal lengths included."""
@@ -497,7 +497,7 @@ def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: trti
 @pytest.mark.parametrize("contract", CONTRACTS)
 @pytest.mark.parametrize("walk", ["python", "numpy"])
 def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_work(
-        host: trtio.Backend, contract: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        host: Backend, contract: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call out of order or with inconsistent input is refused before any work is enqueued; accepted
     paths are checked alike whether they are walked in Python (a few) or with numpy (many)."""
     import trtio.setups.verify as verify_module
@@ -590,14 +590,14 @@ def _lengths(state: EngineState, lengths: list[int]) -> Iterator[None]:
 # -- leaks: many create / step / close cycles, and setups dropped unclosed ------------------------------
 
 
-def _live(be: trtio.Backend, *, collect: bool = True) -> dict[str, int]:
+def _live(be: Backend, *, collect: bool = True) -> dict[str, int]:
     if collect:
         gc.collect()
     return {"allocations": be.live_allocations, "graphs": be.live_graphs, "events": be.live_events,
             "streams": be.live_streams}
 
 
-def _leak_check(be: trtio.Backend, factory: Factory, cycles: int, dropped: int) -> None:
+def _leak_check(be: Backend, factory: Factory, cycles: int, dropped: int) -> None:
     """``cycles`` create / step / close cycles, then ``dropped`` setups stepped and dropped without close():
     the backend's live counters end where they began."""
     Stream.default(be)  # this thread's default stream lives on: part of the baseline
@@ -628,10 +628,14 @@ def _leak_check(be: trtio.Backend, factory: Factory, cycles: int, dropped: int) 
     assert any(w.category is ResourceWarning and "was never closed" in str(w.message) for w in caught)
 
 
-@pytest.mark.parametrize("kind,cycles,dropped", [
-    ("llm-batch", 1000, 200), ("llm-ragged", 200, 50), ("spec-batch", 40, 20), ("spec-ragged", 40, 20),
-])
-def test_cycles_and_dropped_setups_leave_the_host_backend_at_its_baseline(host: trtio.Backend, kind: str,
+# Each kind at a quick count, and at full count under the slow marker (.ci/run runs both).
+HOST_CYCLES = [("llm-batch", 100, 20), ("llm-ragged", 40, 10), ("spec-batch", 10, 5), ("spec-ragged", 10, 5)] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in
+    [("llm-batch", 1000, 200), ("llm-ragged", 200, 50), ("spec-batch", 40, 20), ("spec-ragged", 40, 20)]]
+
+
+@pytest.mark.parametrize("kind,cycles,dropped", HOST_CYCLES)
+def test_cycles_and_dropped_setups_leave_the_host_backend_at_its_baseline(host: Backend, kind: str,
                                                                          cycles: int, dropped: int) -> None:
     _leak_check(host, Factory(kind), cycles, dropped)
 
@@ -640,13 +644,13 @@ def test_cycles_and_dropped_setups_leave_the_host_backend_at_its_baseline(host: 
 @pytest.mark.parametrize("kind,cycles,dropped", [
     ("llm-batch", 1000, 200), ("llm-ragged", 200, 50), ("spec-batch", 40, 20), ("spec-ragged", 40, 20),
 ])
-def test_cycles_and_dropped_setups_leave_the_cuda_backend_at_its_baseline(cuda: trtio.Backend, kind: str,
+def test_cycles_and_dropped_setups_leave_the_cuda_backend_at_its_baseline(cuda: Backend, kind: str,
                                                                          cycles: int, dropped: int) -> None:
     pytest.importorskip("cupy")
     _leak_check(cuda, Factory(kind, device="gpu"), cycles, dropped)
 
 
-def test_the_leak_check_sees_a_leak(host: trtio.Backend) -> None:
+def test_the_leak_check_sees_a_leak(host: Backend) -> None:
     """The check above can fail: setups whose close() forgets their graphs leave them live."""
     forgotten: list[int] = []
 
@@ -657,7 +661,7 @@ def test_the_leak_check_sees_a_leak(host: trtio.Backend) -> None:
             super().close()
 
     class LeakyFactory(Factory):
-        def create(self, backend: trtio.Backend, *, graphs: bool = True) -> Any:
+        def create(self, backend: Backend, *, graphs: bool = True) -> Any:
             return Leaky(self.engine, self.cfg, graphs=graphs, backend=backend)
 
     try:

@@ -20,6 +20,7 @@ from _threads import from_another_thread_inside
 
 import trtio
 from trtio import CapacityError, ShapeError, TrtioError
+from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.pages import PagePool, PageTable
 from trtio.rope import rope_cos_sin_table
@@ -378,7 +379,7 @@ MISUSE: dict[str, tuple[type[Exception], str, Callable[[trtio.LLMSetup, Any], An
 
 
 @pytest.mark.parametrize("case", sorted(MISUSE))
-def test_every_misuse_is_refused_before_any_work(host: trtio.Backend, case: str) -> None:
+def test_every_misuse_is_refused_before_any_work(host: Backend, case: str) -> None:
     error, match, call = MISUSE[case]
     cfg = small_pool_cfg()
     with llm(cfg) as setup, llm(cfg) as other:
@@ -410,7 +411,7 @@ def test_release_and_pin_take_numpy_ints_and_any_sequence_of_slots() -> None:
         assert setup.kv_pages.free == 12
 
 
-def test_release_and_pin_enqueue_nothing_and_neither_synchronise_nor_allocate(host: trtio.Backend) -> None:
+def test_release_and_pin_enqueue_nothing_and_neither_synchronise_nor_allocate(host: Backend) -> None:
     """Host bookkeeping only: the backend counts no device operation, no host synchronisation and no
     allocation for release, pin_prefix and Prefix.release (graphs on, as a server runs)."""
     with llm(small_pool_cfg(), graphs=True) as setup:
@@ -909,7 +910,14 @@ class SlotsAndPages(RuleBasedStateMachine):
 
 
 TestSlotsAndPages = SlotsAndPages.TestCase
-TestSlotsAndPages.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+TestSlotsAndPages.settings = settings(max_examples=10, stateful_step_count=30, deadline=None)
+
+
+@pytest.mark.slow
+class TestSlotsAndPagesAtFullCount(SlotsAndPages.TestCase):
+    """The same machine, three times the runs (``-m slow``; .ci/run runs it)."""
+
+    settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
 
 
 def _random_requests(setup: trtio.LLMSetup, count: int, seed: int) -> int:
@@ -951,10 +959,10 @@ def _random_requests(setup: trtio.LLMSetup, count: int, seed: int) -> int:
     return steps
 
 
-@pytest.mark.parametrize("count", [pytest.param(1000, id="host-1000"),
-                                   pytest.param(200, id="gpu-200", marks=pytest.mark.gpu)])
-def test_many_requests_leave_allocations_graphs_and_pages_at_their_baseline(count: int) -> None:
-    device = "host" if count == 1000 else "gpu"
+@pytest.mark.parametrize("count, device", [pytest.param(150, "host", id="host-150"),
+                                           pytest.param(1000, "host", id="host-1000", marks=pytest.mark.slow),
+                                           pytest.param(200, "gpu", id="gpu-200", marks=pytest.mark.gpu)])
+def test_many_requests_leave_allocations_graphs_and_pages_at_their_baseline(count: int, device: str) -> None:
     if device == "gpu":
         pytest.importorskip("cupy")
     cfg = small_pool_cfg(pool=10)

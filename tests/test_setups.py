@@ -13,6 +13,7 @@ from _configs import bundle, llm_config
 
 import trtio
 from trtio import BindingError, InvalidValueError, Location, ShapeError, Stream, Tensor, TrtioError, names
+from trtio.pipeline_io import PipelineIO
 from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
@@ -540,7 +541,7 @@ def test_with_on_a_closed_setup_or_pipeline_io_raises(host, kind):
         obj = create_for_spec_decode(base, draft, b)
         step = lambda: obj.verify(np.zeros((1, 1, 64), np.float16), [-1])  # noqa: E731
     else:
-        obj = trtio.PipelineIO.create_for_llm(cfg, backend=host)
+        obj = PipelineIO.create_for_llm(cfg, backend=host)
         step = lambda: obj.upload_context_lengths(np.ones(1, np.int32))  # noqa: E731
     with obj as entered:
         assert entered is obj and not obj.is_closed

@@ -22,6 +22,7 @@ import pytest
 import trtio
 from trtio import BindingError, ConfigError, ShapeError, TrtioError, names
 from trtio.contracts.ragged import causal_step, tree_step
+from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.rope import rope_cos_sin_table
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
@@ -183,7 +184,7 @@ def test_tree_layout_lengths_positions_and_mask() -> None:
     assert t.tree_depths.tolist() == [0, 1, 1, 2, 0, 1, 0, 0]
 
 
-def test_a_decode_step_uploads_its_inputs_with_one_copy(host: trtio.Backend) -> None:
+def test_a_decode_step_uploads_its_inputs_with_one_copy(host: Backend) -> None:
     cfg = llm_cfg()
     with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg) as setup:
         emb, lens = embed_batch(E, _prompts((3, 6)), np.float16)
@@ -291,7 +292,7 @@ class _Omits(ReferenceEngine):
         self._by_name = {d.name: d for d in self._decls}
 
 
-def _refused(host: trtio.Backend, error: type[Exception], match: str, fn: object, *args: object,
+def _refused(host: Backend, error: type[Exception], match: str, fn: object, *args: object,
              **kwargs: object) -> None:
     ops = host.op_count  # type: ignore[attr-defined]
     with pytest.raises(error, match=match):
@@ -327,7 +328,7 @@ def test_bad_setups_are_refused_naming_the_binding_and_numbers() -> None:
         trtio.create_for_llm(eng, {"hidden_size": 64})
 
 
-def test_bad_steps_are_refused_before_any_work(host: trtio.Backend) -> None:
+def test_bad_steps_are_refused_before_any_work(host: Backend) -> None:
     cfg = llm_cfg()
     with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg) as setup:
         too_long = np.zeros((1, 65, 64), np.float16)
@@ -349,7 +350,7 @@ def test_bad_steps_are_refused_before_any_work(host: trtio.Backend) -> None:
                                    r"\(max_kv_cache_capacity\) is 256", setup.decode, np.zeros((1, 1, 64), np.float16))
 
 
-def test_bad_spec_decode_calls_are_refused_before_any_work(host: trtio.Backend) -> None:
+def test_bad_spec_decode_calls_are_refused_before_any_work(host: Backend) -> None:
     bundle = pair(2, 3, 8)
     with trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device="host"),
                                       ReferenceEngine.from_config(bundle.draft, device="host"), bundle) as sd:

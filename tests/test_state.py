@@ -3,9 +3,10 @@ import pytest
 from _configs import llm_config
 
 import trtio
-from trtio import BindingError, EngineIO, TensorMap, names
-from trtio.engine import TensorInfo
+from trtio import BindingError, names
+from trtio.engine import EngineIO, TensorInfo
 from trtio.state import EngineState
+from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
 
 

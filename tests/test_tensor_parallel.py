@@ -33,6 +33,7 @@ import trtio
 import trtio.setups.engine_dir as engine_dir_module
 from trtio import CapacityError, ConfigError, EngineError, ShapeError, TrtioError, collectives
 from trtio.checkpoint import CheckpointBinding, parse_bindings, read_weights
+from trtio.cuda.backend import cuda_available
 from trtio.edgellm import EngineDir
 from trtio.nccl import REGISTER_FUNCTION, PluginRegistration, import_nccl
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup, TensorParallelPrefix
@@ -496,7 +497,7 @@ def test_devices_are_checked_before_any_rank_starts(devices: Any, needle: str) -
 
 
 def test_gpu_devices_must_exist() -> None:
-    if trtio.cuda_available():
+    if cuda_available():
         pytest.skip("checks the refusal on a machine without enough GPUs")
     with pytest.raises(ConfigError, match=r"devices: \[0, 1\]: device 0 does not exist here \(0 CUDA device\(s\)\)"):
         trtio.create_from_engine_dir(ENGINES / "toy-llm-tp2", backend="cuda")

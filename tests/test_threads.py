@@ -21,11 +21,13 @@ import pytest
 from _configs import bundle, llm_config
 
 import trtio
+from trtio.cuda.backend import Backend
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import greedy_generate, spec_generate
 
 THREADS = 8
-CYCLES = 40
+CYCLES = 40  # per thread, at full count (-m slow, and on the GPU); the quick host runs take QUICK_CYCLES
+QUICK_CYCLES = 10
 NEW_TOKENS = 4
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11]]
 
@@ -70,7 +72,7 @@ def _config(contract: str) -> trtio.LLMEngineConfig:
     return llm_config()
 
 
-def _stress(backend_kind: str, device: str, contract: str) -> None:
+def _stress(backend_kind: str, device: str, contract: str, cycles: int = CYCLES) -> None:
     be = trtio.get_backend(backend_kind)
     cfg = _config(contract)
     engine = ReferenceEngine.from_config(cfg, device=device)  # one engine, one context per setup (as TensorRT)
@@ -83,10 +85,10 @@ def _stress(backend_kind: str, device: str, contract: str) -> None:
             assert setup.graph_stats.captures >= 1, "the decode steps ran as captured graphs"
             return tokens
 
-    _every_thread_gives_the_tokens_of_one(be, generate, CYCLES)
+    _every_thread_gives_the_tokens_of_one(be, generate, cycles)
 
 
-def _every_thread_gives_the_tokens_of_one(be: trtio.Backend, generate: Callable[[Any], list[list[int]]],
+def _every_thread_gives_the_tokens_of_one(be: Backend, generate: Callable[[Any], list[list[int]]],
                                           cycles: int) -> None:
     """``generate(stream)`` ``cycles`` times on each of THREADS threads (half on their default stream, half
     on a stream of their own): no thread raises, and every run's tokens equal a single-threaded run's."""
@@ -110,9 +112,10 @@ def _every_thread_gives_the_tokens_of_one(be: trtio.Backend, generate: Callable[
 
 
 SPEC_CYCLES = 6
+QUICK_SPEC_CYCLES = 2
 
 
-def _spec_stress(backend_kind: str, device: str) -> None:
+def _spec_stress(backend_kind: str, device: str, cycles: int = SPEC_CYCLES) -> None:
     """The same with spec-decode setups (a base and a draft sharing context memory, both captured), fewer
     cycles: every thread's tokens equal a single-threaded run's."""
     be = trtio.get_backend(backend_kind)
@@ -126,10 +129,10 @@ def _spec_stress(backend_kind: str, device: str) -> None:
             assert all(stats.captures >= 1 for stats in sd.graph_stats.values())
             return tokens
 
-    _every_thread_gives_the_tokens_of_one(be, generate, SPEC_CYCLES)
+    _every_thread_gives_the_tokens_of_one(be, generate, cycles)
 
 
-def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trtio.Backend) -> None:
+def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: Backend) -> None:
     """Thread A captures on its default stream; thread B works with stream=None meanwhile: B's copy runs
     at once (it is not recorded into A's graph) and B may allocate (the capture rule is per thread)."""
     a_capturing, b_done = threading.Event(), threading.Event()
@@ -158,10 +161,11 @@ def test_a_capture_on_one_thread_records_none_of_another_threads_work(host: trti
     assert seen == {"a_recorded": 0, "b_values": [0, 1, 2, 3]}
 
 
+@pytest.mark.parametrize("cycles", [QUICK_CYCLES, pytest.param(CYCLES, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("contract", CONTRACTS)
 @pytest.mark.usefixtures("fast_switching")
-def test_threads_capturing_graphs_on_the_host_backend(contract: str) -> None:
-    _stress("host", "host", contract)
+def test_threads_capturing_graphs_on_the_host_backend(contract: str, cycles: int) -> None:
+    _stress("host", "host", contract, cycles)
 
 
 @pytest.mark.gpu
@@ -172,9 +176,10 @@ def test_threads_capturing_graphs_on_the_cuda_backend(contract: str) -> None:
     _stress("cuda", "gpu", contract)
 
 
+@pytest.mark.parametrize("cycles", [QUICK_SPEC_CYCLES, pytest.param(SPEC_CYCLES, marks=pytest.mark.slow)])
 @pytest.mark.usefixtures("fast_switching")
-def test_threads_capturing_spec_decode_graphs_on_the_host_backend() -> None:
-    _spec_stress("host", "host")
+def test_threads_capturing_spec_decode_graphs_on_the_host_backend(cycles: int) -> None:
+    _spec_stress("host", "host", cycles)
 
 
 @pytest.mark.gpu

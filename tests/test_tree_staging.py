@@ -12,6 +12,7 @@ import pytest
 import trtio
 from trtio import Location, Tensor, names
 from trtio.contracts.ragged import pack_rows
+from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
@@ -65,7 +66,7 @@ def _visible(parents: list[int]) -> np.ndarray:
     return out
 
 
-def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(host: trtio.Backend) -> None:
+def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(host: Backend) -> None:
     """The draft's levels and catch-up rewrite the shared tree inputs on the device every round; the base's
     own ones keep the verify tree, so a steady verify stages nothing (its graph alone) and its engine reads the
     tree's mask, parents, depths, lengths and logits rows."""
@@ -106,7 +107,7 @@ def test_a_repeated_verify_tree_stays_in_the_base_inputs_across_the_draft_steps(
         sd.close()
 
 
-def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached_lengths(host: trtio.Backend) -> None:
+def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached_lengths(host: Backend) -> None:
     """The catch-up writes its query offsets with its tree layout's constants into inputs of its own (the levels
     keep theirs), and stages the draft's cached lengths as the round's levels did (the block holds them): its
     engine reads offsets of its own width and the lengths the draft had cached before it, round after round."""
@@ -140,7 +141,7 @@ def test_a_catch_up_stages_its_offsets_with_its_tree_and_reads_the_rounds_cached
 
 
 @pytest.mark.parametrize("contract", ["batch", "ragged"])
-def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(host: trtio.Backend,
+def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(host: Backend,
                                                                               contract: str) -> None:
     """The catch-up gathers the accepted nodes' rows through row lists only it writes (the levels rewrite the
     shared ones on the device): each catch-up finds the rows of its own paths there, also when paths of the
@@ -185,7 +186,7 @@ def test_the_catch_ups_row_lists_are_its_own_and_staged_when_its_paths_change(ho
 
 
 def test_the_catch_up_plan_binds_its_own_tree_inputs_and_a_steady_one_uploads_none_of_them(
-        host: trtio.Backend) -> None:
+        host: Backend) -> None:
     """The draft's proposal plan binds the shared tree inputs (its levels rewrite them on the device), its catch-up
     plan step-block inputs of its own, every other name alike; a catch-up whose accept lengths repeat uploads only
     what changed (its rows' list), none of the tree inputs, shared or its own."""

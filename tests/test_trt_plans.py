@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtio import EngineIO, create_for_llm, create_for_spec_decode
+from trtio import create_for_llm, create_for_spec_decode
+from trtio.engine import EngineIO
 from trtio.testing.toy_build import contract_diff
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate

@@ -1,22 +1,27 @@
 """trtio: pointer-stable TensorRT binding manager for LLM inference.
 
-``import trtio`` works with no GPU, no CUDA driver and no TensorRT: cuda-python and TensorRT
-are imported only when a backend or engine needs them.
+``import trtio`` works with no GPU, no CUDA driver and no TensorRT: cuda-python, TensorRT and the optional
+packages (ml_dtypes, tokenizers, torch, ...) are imported only when something needs them.
 
-This module re-exports what a user of trtio constructs, passes or catches; everything else stays
-importable from its own module (``trtio.memory.Arena``, ``trtio.engine.EngineExecutor``, ...).
-``docs/architecture.md`` maps the modules.
+``__all__`` is what a user calls, passes or catches: the factories and the setups they return, engine loading,
+the configs, tensors, streams and backends, and the errors worth catching one by one. Everything else stays
+importable from its own module (``trtio.pipeline_io.PipelineIO``, ``trtio.engine.EngineIO``,
+``trtio.setups.binding.BoundEngine``, ...); ``docs/architecture.md`` maps the modules. A few names that are not
+in ``__all__`` stay attributes of the package because the design documents them as ``trtio.<name>``:
+``trtio.contract_of``, ``trtio.Event``, every error class of :mod:`trtio.errors`, and the modules
+``trtio.edgellm`` and ``trtio.names``.
 """
 
 import logging as _logging
 
-from trtio import edgellm, names
+# `X as X`: an attribute of the package that is not in __all__ (see above).
+from trtio import edgellm as edgellm
+from trtio import names as names
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.contracts import contract_of
-from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
+from trtio.contracts import contract_of as contract_of
+from trtio.cuda.backend import Location, get_backend
 from trtio.dtypes import DType
 from trtio.edgellm import EngineDir
-from trtio.engine import EngineIO, GraphStats
 from trtio.errors import (
     BindingError,
     CapacityError,
@@ -24,33 +29,27 @@ from trtio.errors import (
     ConfigError,
     CudaError,
     EngineError,
-    ExportError,
     FrozenError,
-    InvalidTypeError,
-    InvalidValueError,
     NotAvailableError,
     ShapeError,
     TrtioError,
-    UnknownNameError,
 )
-from trtio.memory import MemoryReport
-from trtio.pages import Prefix
-from trtio.pipeline_io import PipelineIO, StreamingPrefillBuffers
+from trtio.errors import ExportError as ExportError
+from trtio.errors import InvalidTypeError as InvalidTypeError
+from trtio.errors import InvalidValueError as InvalidValueError
+from trtio.errors import UnknownNameError as UnknownNameError
 from trtio.setups import (
-    BoundEngine,
     LLMSetup,
     SpecDecodeSetup,
-    check_engine,
     create_for_llm,
     create_for_spec_decode,
     create_from_engine_dir,
 )
-from trtio.setups.base import EngineGraphStats
-from trtio.setups.sequences import KVPages
-from trtio.stream import Event, Stream, StreamLike
+from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+from trtio.stream import Event as Event
+from trtio.stream import Stream
 from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
-from trtio.trt import load_engine, load_plugins
+from trtio.trt import load_engine
 
 __version__ = "0.1.0"
 
@@ -64,38 +63,20 @@ __all__ = [
     "create_from_engine_dir",
     "LLMSetup",
     "SpecDecodeSetup",
-    "BoundEngine",
-    "check_engine",
-    "EngineGraphStats",
-    "GraphStats",
-    "KVPages",
-    "Prefix",
+    "TensorParallelLLMSetup",
     # engines and their directories
-    "EngineIO",
-    "EngineDir",
-    "contract_of",
     "load_engine",
-    "load_plugins",
-    "edgellm",
-    "names",
+    "EngineDir",
     # configs
     "LLMEngineConfig",
     "SpecDecodeConfig",
     "DeploymentConfig",
-    # buffers, streams and backends
-    "PipelineIO",
-    "StreamingPrefillBuffers",
-    "TensorMap",
+    # tensors, streams and backends
     "Tensor",
     "DType",
     "Location",
-    "MemoryReport",
     "Stream",
-    "StreamLike",
-    "Event",
-    "Backend",
     "get_backend",
-    "cuda_available",
     # errors
     "TrtioError",
     "BindingError",
@@ -104,11 +85,8 @@ __all__ = [
     "ConfigError",
     "CudaError",
     "EngineError",
-    "ExportError",
     "FrozenError",
-    "InvalidTypeError",
-    "InvalidValueError",
     "NotAvailableError",
     "ShapeError",
-    "UnknownNameError",
 ]
+

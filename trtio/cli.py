@@ -1,16 +1,20 @@
 """The ``trtio`` command: ``info``, ``demo``, ``generate``, ``inspect``, ``plan``, ``bench``.
 
-``demo`` runs the toy engines of both engine contracts (``--contract batch|ragged|both``); ``inspect``
-and ``plan`` take trtio's own configs and plans and TensorRT Edge-LLM 0.11 engine directories
-(``config.json`` + ``llm.engine``, or ``base_config.json`` + ``draft_config.json`` + their engines;
-the engine files optional). ``--debug`` and ``--verbose`` go before or after the command.
+``demo`` runs the toy engines of both engine contracts (``--contract batch|ragged|both``); ``generate``,
+``inspect`` and ``plan`` take TensorRT Edge-LLM 0.11 engine directories (``config.json`` + ``llm.engine``, or
+``base_config.json`` + ``draft_config.json`` + their engines; the engine files optional), trtio's own configs and
+plans, and the toy engine directories by name (``toy-llm-ragged``, ``toy-eagle``, ...). ``--debug`` and
+``--verbose`` go before or after the command.
 
-Every command prints a human-readable report, or JSON with ``--json``. Bad input (a missing or
-corrupt plan, a config that does not fit its engine, an unknown option value) ends with one line
-on stderr, ``trtio COMMAND: error: ...``, and exit status 1 (2 for command-line usage errors);
-``--debug`` adds the traceback. trtio's log goes to stderr: warnings by default (held back when
-the command fails, so the error stays one line), everything with ``--verbose``; TensorRT's own
-log only with ``--verbose`` or ``--debug`` (its errors reach you inside trtio's error message).
+Every command prints a human-readable report, or JSON with ``--json``. Exit status (:data:`EXIT_STATUS`): 0
+success; 1 the command ran and failed (a missing or corrupt file, a config that does not fit its engine, a
+backend this machine lacks, a failed check); 2 the command line itself is wrong (an unknown command or option, a
+missing or malformed argument, a value the option does not take, options that exclude each other), refused before
+anything is read. Either error is one line on stderr, ``trtio COMMAND: error: ...``; ``--debug`` adds the
+traceback. trtio's log goes to stderr: warnings by default (held back when the command fails, so the error stays
+one line), everything with ``--verbose``; TensorRT's own log only with ``--verbose`` or ``--debug`` (its errors
+reach you inside trtio's error message). A closed standard output (``trtio demo | head``) ends the command quietly
+with status 0.
 """
 
 from __future__ import annotations
@@ -19,13 +23,28 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["main", "build_parser"]
+from trtio.errors import TrtioError
+
+__all__ = ["EXIT_STATUS", "main", "build_parser"]
+
+#: The exit statuses of every command.
+EXIT_STATUS = {0: "success", 1: "the command ran and failed", 2: "the command line is wrong (usage error)"}
+
+_EPILOG = ("exit status: 0 success; 1 the command ran and failed (a missing or corrupt file, a config that does not "
+           "fit its engine, a backend this machine lacks, a failed check); 2 the command line is wrong (unknown "
+           "command or option, a value the option does not take, options that exclude each other). Errors are one "
+           "line on stderr; --debug adds the traceback.")
+
+
+class _UsageError(TrtioError):
+    """The command line is wrong in a way argparse cannot see (options that exclude each other): exit status 2."""
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -36,7 +55,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     import trtio
     from trtio.cuda.backend import cuda_available
-    from trtio.cuda.device import probe_error
+    from trtio.tools.options import cuda_status
 
     be = trtio.get_backend()
     info = {
@@ -49,10 +68,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         info["device"] = getattr(be, "device_name", "?")
         info["compute_capability"] = list(getattr(be, "compute_capability", ()))
     else:
-        info["why_no_cuda"] = probe_error()
-    for mod in ("tensorrt", "tensorrt_rtx", "ml_dtypes", "cupy", "torch"):
+        info["why_no_cuda"] = cuda_status()
+    for mod in ("cuda.bindings", "tensorrt", "tensorrt_rtx", "ml_dtypes", "cupy", "torch", "tokenizers"):
         try:
-            m = __import__(mod)
+            m = __import__(mod, fromlist=["__version__"])
             info[mod] = getattr(m, "__version__", "installed")
         except Exception:
             info[mod] = None
@@ -65,35 +84,41 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from trtio.errors import ConfigError
     from trtio.tools.demo import DemoOptions, format_demo, run_demo
 
     opts = DemoOptions(contract=args.contract, backend=args.backend, engine=args.engine, module=args.module,
                        engines_dir=args.engines,
                        plans_dir=args.plans, max_new_tokens=args.max_new_tokens, graphs=not args.no_graphs,
                        progress=sys.stderr)
+    try:
+        opts.validate()
+    except ConfigError as exc:  # options that exclude each other
+        raise _UsageError(str(exc)) from None
     summary = run_demo(opts)
     if args.json:
         summary = dict(summary)
         summary.pop("memory_text", None)
         print(json.dumps(summary, indent=2))
     else:
-        print(format_demo(summary))
+        print(format_demo(summary, verbose=args.verbose or args.debug))
     return 0 if summary["ok"] else 1
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_inspection, inspect_target
+    from trtio.tools.options import engine_path
 
-    _check_module(args.module)
-    result = inspect_target(args.target, config=args.config, module=args.module, plugins=args.plugin)
+    result = inspect_target(engine_path(args.target), config=args.config, module=args.module, plugins=args.plugin)
     print(json.dumps(result, indent=2) if args.json else format_inspection(result))
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from trtio.tools.inspection import format_plan, plan_config
+    from trtio.tools.options import engine_path
 
-    result = plan_config(args.config, draft_top_k=args.draft_top_k, draft_step=args.draft_step,
+    result = plan_config(engine_path(args.config), draft_top_k=args.draft_top_k, draft_step=args.draft_step,
                          verify_size=args.verify_size, sequence_length=args.sequence_length)
     if args.json:
         result = dict(result)
@@ -125,12 +150,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_sequences(args: argparse.Namespace, machine: str) -> int:
-    from trtio.errors import ConfigError
     from trtio.tools.bench_sequences import format_sequences, run_sequences
 
     if args.contract == "batch":
-        raise ConfigError("--contract", "batch: --sequences measures the ragged contract (Edge-LLM 0.11's slots and "
-                                        "paged pools); the batch contract's steps are whole-batch steps")
+        raise _UsageError("--contract: batch: --sequences measures the ragged contract (Edge-LLM 0.11's slots and "
+                          "paged pools); the batch contract's steps are whole-batch steps")
     results = run_sequences(args.backend, steps=args.steps, kv_capacity=args.kv_capacity)
     print(json.dumps({"sequences": results.to_dict()}, indent=2) if args.json else format_sequences(results, machine))
     return 0
@@ -138,20 +162,13 @@ def _bench_sequences(args: argparse.Namespace, machine: str) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from trtio.tools.generate import GenerateOptions, run_generate
+    from trtio.tools.options import engine_path
 
-    run_generate(GenerateOptions(path=args.engine_dir, prompt=args.prompt, max_new_tokens=args.max_new_tokens,
-                                 speculative=args.speculative, draft_top_k=args.draft_top_k,
-                                 draft_step=args.draft_step, backend=args.backend))
+    run_generate(GenerateOptions(path=engine_path(args.engine_dir), prompt=args.prompt,
+                                 max_new_tokens=args.max_new_tokens, speculative=args.speculative,
+                                 draft_top_k=args.draft_top_k, draft_step=args.draft_step, backend=args.backend))
     return 0
 
-
-def _check_module(module: str) -> None:
-    from trtio.errors import ConfigError
-    from trtio.trt import KNOWN_MODULES
-
-    if module != "auto" and module not in KNOWN_MODULES:
-        raise ConfigError("--module", f"unknown TensorRT module {module!r}; expected auto, "
-                                      + " or ".join(KNOWN_MODULES))
 
 
 # -- parser -----------------------------------------------------------------------------------------
@@ -175,7 +192,8 @@ def _common() -> _Parser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show the traceback of an error, and every log message")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="log what trtio (and TensorRT) does to stderr")
+                        help="log what trtio (and TensorRT) does to stderr; demo: also every binding, the memory "
+                             "reports and the graph statistics")
     return common
 
 
@@ -189,20 +207,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="trtio", description="Pointer-stable TensorRT binding manager for LLM inference.",
-                parents=[_common()])
-    p.set_defaults(debug=False, verbose=False)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+def _demo_tokens(text: str) -> int:
+    value = _positive_int(text)
+    if value > 64:
+        raise argparse.ArgumentTypeError(f"expected an int in 1..64 (the toy engines' KV capacity), got {value}")
+    return value
 
-    info = sub.add_parser("info", help="what trtio sees here: backend, device, optional packages",
-                          parents=[_common()])
-    info.add_argument("--json", action="store_true")
-    info.set_defaults(func=_cmd_info)
 
+_TOY_NAMES = "toy-llm, toy-eagle, toy-llm-ragged, toy-eagle3-ragged, toy-llm-tp2 or toy-llm-tp4"
+_MODULES = ["auto", "tensorrt", "tensorrt_rtx"]
+
+
+def _add_demo(sub: argparse._SubParsersAction[_Parser]) -> None:
     demo = sub.add_parser(
-        "demo", parents=[_common()],
-        help="run the toy engines: greedy and speculative decoding, streaming, bindings, memory",
+        "demo", parents=[_common()], epilog=_EPILOG,
+        help="run the toy engines: greedy and speculative decoding, sequences that come and go",
         description="Run the toy engines of both engine contracts. Batch contract: toy-llm and toy-eagle "
                     "(TensorRT plans where tensorrt imports and a GPU answers, built on first use; else "
                     "ReferenceEngines). Ragged contract: toy-llm-ragged and toy-eagle3-ragged, engine "
@@ -210,59 +229,63 @@ def build_parser() -> argparse.ArgumentParser:
                     "plans of this contract come from Edge-LLM's builder). For each: generate greedily for four "
                     "prompts with create_for_llm, decode them speculatively with create_for_spec_decode (EAGLE "
                     "tree drafting), stream the prefill snapshot to a consumer stream where the engine has a "
-                    "hidden_states output, and print tokens, acceptance rate, bindings, memory and graph "
-                    "statistics. On the ragged contract also requests that arrive and leave: prompts admitted into "
-                    "free slots at different steps, one finishing early and its slot reused, one starting from a "
-                    "pinned prefix, with the KV pages in use at each event and each request's tokens checked against "
-                    "its solo greedy run. Exit status 1 when any contract's speculative tokens differ from its greedy "
-                    "ones, or a request's tokens from its solo run.")
-    demo.add_argument("--contract", default="both", metavar="{batch,ragged,both}",
+                    "hidden_states output; on the ragged contract also serve requests that arrive and leave "
+                    "(slots, KV pages on demand, a pinned prefix), each checked against its solo greedy run. "
+                    "Prints the tokens, the acceptance rate, the sequences and the result; --verbose adds every "
+                    "binding, the memory reports and the graph statistics. Exit status 1 when any contract's "
+                    "speculative tokens differ from its greedy ones, or a request's tokens from its solo run.")
+    demo.add_argument("--contract", default="both", choices=["batch", "ragged", "both"],
                       help="which toy engines to run: batch (toy-llm, toy-eagle), ragged (toy-llm-ragged, "
                            "toy-eagle3-ragged) or both (default)")
-    demo.add_argument("--backend", default="auto", metavar="{host,cuda,auto}",
+    demo.add_argument("--backend", default="auto", choices=["auto", "host", "cuda"],
                       help="memory backend (default auto: cuda when a GPU answers)")
-    demo.add_argument("--engine", default="auto", metavar="{auto,trt,reference}",
+    demo.add_argument("--engine", default="auto", choices=["auto", "trt", "reference"],
                       help="the batch toy engines as TensorRT plans, ReferenceEngines, or auto (plans where "
                            "tensorrt and a GPU are present); the ragged toys are always ReferenceEngines")
-    demo.add_argument("--module", default="auto", metavar="{auto,tensorrt,tensorrt_rtx}",
+    demo.add_argument("--module", default="auto", choices=_MODULES,
                       help="TensorRT module for the plans (default auto: tensorrt)")
     demo.add_argument("--engines", type=Path, default=None, metavar="DIR",
                       help="engines folder with toy-llm/ and toy-eagle/ (batch) and toy-llm-ragged/ and "
-                           "toy-eagle3-ragged/ (ragged) (default: the repository's engines/)")
+                           "toy-eagle3-ragged/ (ragged) (default: the toy engines trtio comes with)")
     demo.add_argument("--plans", type=Path, default=None, metavar="DIR",
                       help="folder of built plans of the batch toy engines (engines layout); default: beside the "
                            "configs, then engines/build, then a cache folder where they are built if missing")
-    demo.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="tokens per prompt (default 20)")
-    demo.add_argument("--no-graphs", action="store_true", help="run decode steps without CUDA graphs")
-    demo.add_argument("--json", action="store_true", help="machine-readable summary")
+    demo.add_argument("--max-new-tokens", type=_demo_tokens, default=20, metavar="N",
+                      help="tokens per prompt, 1..64 (default 20)")
+    demo.add_argument("--no-graphs", action="store_true", help="run decode steps without graphs")
+    demo.add_argument("--json", action="store_true", help="machine-readable summary, everything included")
     demo.set_defaults(func=_cmd_demo)
 
+
+def _add_inspect(sub: argparse._SubParsersAction[_Parser]) -> None:
     insp = sub.add_parser(
-        "inspect", parents=[_common()],
+        "inspect", parents=[_common()], epilog=_EPILOG,
         help="an engine's I/O table and the trtio binding of each tensor",
         description="Show every I/O tensor of a plan (where TensorRT can load it) or of the engine a config "
                     "describes (anywhere): mode, dtype, shape, location, each profile's min/opt/max, aliasing, "
                     "bytes at the max shape, and the trtio tensor create_for_llm / create_for_spec_decode binds "
                     "to it. A TensorRT Edge-LLM 0.11 engine directory (config.json + llm.engine, or "
                     "base_config.json + draft_config.json + spec_base.engine + spec_draft.engine) shows each "
-                    "engine from its plan where it deserializes here (pass Edge-LLM's plugin with --plugin or "
-                    "EDGELLM_PLUGIN_PATH), else from its config, saying why the plan was not read. A config "
-                    "that does not fit the engine is an error listing every disagreement.")
+                    "engine from its plan where it deserializes here (pass the path of Edge-LLM's plugin library "
+                    "with --plugin or EDGELLM_PLUGIN_PATH), else from its config, saying why the plan was not read. "
+                    "A config that does not fit the engine is an error listing every disagreement.")
     insp.add_argument("target", metavar="PLAN_OR_DIR_OR_CONFIG",
-                      help="a plan file, a folder with model.plan (or base/ and draft/) or config.json, a "
-                           "config JSON, or an Edge-LLM engine directory")
+                      help="a plan file, a folder with model.plan (or base/ and draft/) or config.json, a config "
+                           f"JSON, an Edge-LLM engine directory, or a toy engine directory by name ({_TOY_NAMES})")
     insp.add_argument("--config", type=Path, default=None, metavar="CONFIG",
                       help="config to bind with (default: the config.json beside the plan)")
-    insp.add_argument("--module", default="auto", metavar="{auto,tensorrt,tensorrt_rtx}",
+    insp.add_argument("--module", default="auto", choices=_MODULES,
                       help="TensorRT module that loads the plan (default auto)")
     insp.add_argument("--plugin", action="append", default=[], metavar="PATH",
-                      help="a TensorRT plugin library to load before deserializing (repeatable), e.g. Edge-LLM's "
-                           "libNvInfer_edgellm_plugin.so; EDGELLM_PLUGIN_PATH is loaded too")
+                      help="the path of a TensorRT plugin library to load before deserializing (repeatable), e.g. "
+                           "Edge-LLM's libNvInfer_edgellm_plugin.so; EDGELLM_PLUGIN_PATH (a path too) is loaded too")
     insp.add_argument("--json", action="store_true")
     insp.set_defaults(func=_cmd_inspect)
 
+
+def _add_plan(sub: argparse._SubParsersAction[_Parser]) -> None:
     plan = sub.add_parser(
-        "plan", parents=[_common()],
+        "plan", parents=[_common()], epilog=_EPILOG,
         help="what create_for_llm / create_for_spec_decode allocate for a config or engine directory",
         description="The memory report of create_for_llm (a plain LLM) or create_for_spec_decode (a deployment "
                     "with a draft), tensor by tensor: PipelineIO, each engine's KV state (contiguous caches, or "
@@ -274,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "base_config.json, --draft-top-k 1 and --draft-step = builder_config.max_draft_tree_size of "
                     "draft_config.json (draft-top-k x draft-step must fit it).")
     plan.add_argument("config", metavar="CONFIG_OR_DIR",
-                      help="a config JSON, a folder holding config.json, or an Edge-LLM engine directory")
+                      help="a config JSON, a folder holding config.json, an Edge-LLM engine directory, or a toy "
+                           f"engine directory by name ({_TOY_NAMES})")
     plan.add_argument("--draft-top-k", type=_positive_int, default=None, metavar="N",
                       help="Edge-LLM pair: candidates per drafted node (default: 1)")
     plan.add_argument("--draft-step", type=_positive_int, default=None, metavar="N",
@@ -289,16 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_cmd_plan)
 
+
+def _add_generate(sub: argparse._SubParsersAction[_Parser]) -> None:
     gen = sub.add_parser(
-        "generate", parents=[_common()],
+        "generate", parents=[_common()], epilog=_EPILOG,
         help="generate text from an engine directory with its tokenizer and embedding table",
         description="Tokenize PROMPT with the directory's tokenizer.json (Hugging Face tokenizers: pip install "
                     "'trtio[generate]'), embed it with its embedding.safetensors on the device, and generate greedily "
                     "(or, for a speculative pair with --speculative, with draft chains verified by the base), "
                     "streaming the text to stdout; tokens/s (and the acceptance rate) go to stderr at the end. Takes "
-                    "an Edge-LLM engine directory or one of trtio's toy folders; without engine files (the toys) it "
-                    "runs ReferenceEngines with the toy model's weights and says so.")
-    gen.add_argument("engine_dir", type=Path, metavar="ENGINE_DIR", help="the engine directory")
+                    "an Edge-LLM engine directory, one of trtio's toy folders, or a toy engine directory by name; "
+                    "without engine files (the toys) it runs ReferenceEngines with the toy model's weights and says "
+                    "so.")
+    gen.add_argument("engine_dir", metavar="ENGINE_DIR",
+                     help=f"the engine directory, or a toy engine directory by name ({_TOY_NAMES})")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
                      help="stop after N tokens (default 32), or earlier at an end-of-sequence token or a full KV cache")
@@ -312,8 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="memory backend of ReferenceEngines (directories without engine files); default auto")
     gen.set_defaults(func=_cmd_generate)
 
+
+def _add_bench(sub: argparse._SubParsersAction[_Parser]) -> None:
     bench = sub.add_parser(
-        "bench", parents=[_common()],
+        "bench", parents=[_common()], epilog=_EPILOG,
         help="what every step helper costs at 8B-class scale, beside prepare + execute alone",
         description="Time every step helper of create_for_llm and create_for_spec_decode at 8B-class scale (36 "
                     "layers, batch 8, an EAGLE-3-like draft, EAGLE drafting of top-10 x 6 levels, 60-node verify "
@@ -343,6 +373,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "the decode step fed a trtio Tensor beside it)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=_cmd_bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trtio import __version__
+
+    p = _Parser(prog="trtio", description="Pointer-stable TensorRT binding manager for LLM inference.",
+                epilog=_EPILOG, parents=[_common()])
+    p.add_argument("--version", action="version", version=f"trtio {__version__}")
+    p.set_defaults(debug=False, verbose=False)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    info = sub.add_parser("info", help="what trtio sees here: backend, device, optional packages",
+                          parents=[_common()], epilog=_EPILOG)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=_cmd_info)
+    for add in (_add_demo, _add_generate, _add_inspect, _add_plan, _add_bench):
+        add(sub)
     return p
 
 
@@ -397,11 +443,27 @@ def _one_line(exc: BaseException) -> str:
     return text
 
 
+def _quiet_stdout() -> None:
+    """Standard output was closed by the reader (``| head``): point it at /dev/null, so that nothing more is
+    written there and Python's flush at exit does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def _usage_error(command: str, exc: BaseException) -> int:
+    print(f"trtio {command}: error: {_one_line(exc)} (see trtio {command} --help)", file=sys.stderr)
+    return 2
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``trtio`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit status
+    (:data:`EXIT_STATUS`)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # usage errors and --help: argparse already printed its line
+    except SystemExit as exc:  # usage errors, --help and --version: argparse already printed its lines
         return int(exc.code or 0)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -409,9 +471,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _logging(args.verbose, args.debug) as held:
         try:
             rc = int(args.func(args))
+            sys.stdout.flush()  # a closed pipe shows here, where it can be told apart
+        except BrokenPipeError:
+            _quiet_stdout()
+            return 0
         except KeyboardInterrupt:
             print(f"trtio {args.command}: interrupted", file=sys.stderr)
             return 130
+        except _UsageError as exc:
+            if args.debug:
+                traceback.print_exc(file=sys.stderr)
+            return _usage_error(args.command, exc)
         except Exception as exc:  # one clear line unless --debug
             if args.debug:
                 traceback.print_exc(file=sys.stderr)

@@ -7,6 +7,7 @@ TensorRT's own helpers cannot be trusted for this (``trt.nptype`` knows no bf16/
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,17 +19,23 @@ from trtio.errors import InvalidValueError
 
 __all__ = ["DType", "DTypeLike"]
 
-_ml: ModuleType | None
-try:  # ml_dtypes gives numpy names to bf16 / fp8 / e8m0; optional.
-    import ml_dtypes as _ml
-except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
-    _ml = None
-
-
-def _ml_dtype(name: str) -> np.dtype | None:
-    if _ml is None or not hasattr(_ml, name):
+@functools.cache
+def _ml_dtypes() -> ModuleType | None:
+    """ml_dtypes (numpy names for bf16 / fp8 / e8m0; optional), imported on first use: it takes longer to
+    import than the rest of trtio, and most programs never ask for those types."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - exercised where ml_dtypes is absent
         return None
-    dt: np.dtype = np.dtype(getattr(_ml, name))
+    return ml_dtypes
+
+
+@functools.cache
+def _ml_dtype(name: str) -> np.dtype | None:
+    ml = _ml_dtypes()
+    if ml is None or not hasattr(ml, name):
+        return None
+    dt: np.dtype = np.dtype(getattr(ml, name))
     return dt
 
 

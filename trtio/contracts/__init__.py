@@ -35,7 +35,7 @@ def contract_named(name: str | None) -> Contract:
 
 
 def contract_of(engine: Any) -> str:
-    """``"ragged"`` when the engine (a TensorRT engine, a ReferenceEngine or an :class:`~trtio.EngineIO`)
+    """``"ragged"`` when the engine (a TensorRT engine, a ReferenceEngine or an :class:`~trtio.engine.EngineIO`)
     declares ``query_start_offsets``, else ``"batch"``."""
     if isinstance(engine, EngineIO):
         declared = set(engine.names())

@@ -240,7 +240,7 @@ class ReferenceEngine:
 
         ``weights`` default to ``ToyWeights.generate(cfg, seed)``. ``device``: ``"host"`` (numpy,
         for trtio's host backend), ``"gpu"`` (CuPy, for the cuda backend), or ``"auto"`` (gpu when
-        ``trtio.cuda_available()`` and CuPy imports, else host). ``null_compute=True`` keeps the
+        ``trtio.cuda.backend.cuda_available()`` and CuPy imports, else host). ``null_compute=True`` keeps the
         I/O contract and every validation but computes nothing (overhead benchmarks); it needs no
         weights and reports a small context memory. ``name`` defaults to ``"toy-<role>"``.
 

@@ -15,7 +15,7 @@ never patched into ``sys.modules``. Configs are duck-typed: an :class:`~trtio.LL
 any object with its fields.
 
 :func:`network_engine_io` turns a built network's declared I/O into the form of
-:meth:`trtio.EngineIO.to_dict`, and :func:`contract_diff` lists every difference between two such
+:meth:`trtio.engine.EngineIO.to_dict`, and :func:`contract_diff` lists every difference between two such
 forms: that is how CI checks, without a GPU, that a plan will offer trtio exactly the bindings the
 :class:`~trtio.testing.ReferenceEngine` does.
 """
@@ -591,7 +591,7 @@ def network_contract(network: Any, profiles: Sequence[Any]) -> list[dict[str, An
 
 
 def network_engine_io(network: Any, profiles: Sequence[Any]) -> dict[str, Any]:
-    """A built network's I/O in the form of :meth:`trtio.EngineIO.to_dict`.
+    """A built network's I/O in the form of :meth:`trtio.engine.EngineIO.to_dict`.
 
     What an engine built from ``network`` with ``profiles`` will declare: tensors in declaration
     order (inputs, then outputs) with index, name, mode, dtype, shape (-1 = dynamic), location,
@@ -624,7 +624,7 @@ def network_engine_io(network: Any, profiles: Sequence[Any]) -> dict[str, Any]:
 
 def contract_diff(got: Mapping[str, Any], want: Mapping[str, Any], *,
                   labels: tuple[str, str] = ("got", "want")) -> list[str]:
-    """Every difference between two I/O contracts in :meth:`trtio.EngineIO.to_dict` form.
+    """Every difference between two I/O contracts in :meth:`trtio.engine.EngineIO.to_dict` form.
 
     Tensors are matched by name (a difference in the set or order of names is reported once, then
     the common tensors are compared field by field: index, mode, dtype, shape, location, shape-tensor

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.resources
 import json
 import os
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import numpy as np
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, UnknownNameError
+from trtio.testing.toy_dirs import default_engines_dir, plan_cache_dir
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
 __all__ = ["ENGINE_NAMES", "HYBRID_DIRS", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
@@ -83,26 +83,6 @@ _MODEL_FIELDS = ("hidden_size", "vocab_size", "output_vocab_size", "num_attentio
                  "max_supported_input_length", "max_kv_cache_capacity", "kv_page_size", "kv_pool_pages")
 PLAN_FILE = "model.plan"
 CONFIG_FILE = "config.json"
-
-
-def default_engines_dir() -> Path:
-    """The toy engine definitions: the source checkout's ``engines/`` (next to the ``trtio`` package), else
-    the copy an installed wheel ships as package data (``trtio/_engines``)."""
-    checkout = Path(__file__).resolve().parents[2] / "engines"
-    if (checkout / "toy-llm" / CONFIG_FILE).is_file():
-        return checkout
-    shipped = importlib.resources.files("trtio._engines")
-    return Path(str(shipped))  # a wheel installs as plain files: the package data is a real directory
-
-
-def plan_cache_dir() -> Path:
-    """Where ``trtio demo`` keeps plans it built: ``$TRTIO_CACHE_DIR``, else ``$XDG_CACHE_HOME/trtio``,
-    else ``~/.cache/trtio``."""
-    explicit = os.environ.get("TRTIO_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "trtio"
 
 
 def _field_diff(a: Any, b: Any) -> str:

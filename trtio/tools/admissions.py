@@ -27,7 +27,7 @@ from trtio.setups import LLMSetup
 from trtio.stream import Stream
 from trtio.testing.toy_runtime import embed_batch, greedy_generate
 
-__all__ = ["Request", "format_admissions", "run_admissions", "story_requests"]
+__all__ = ["Request", "format_admissions", "run_admissions", "story_requests", "summarize_admissions"]
 
 SYSTEM_TOKENS = 40  # the pinned system prompt: a partly filled first page of 128 tokens
 
@@ -145,6 +145,20 @@ def run_admissions(setup: LLMSetup, embedding: np.ndarray, requests: list[Reques
     return {"slots": slots, "pool_pages": setup.kv_pages.total, "page_size": int(setup.state.page_size),
             "events": events, "requests": rows, "equal": all(r["equal"] for r in rows), "decode_steps": decodes,
             "graph_stats": story_graphs}
+
+
+def summarize_admissions(a: dict[str, Any]) -> str:
+    """The story of :func:`run_admissions` in one line: how many requests, slots reused, prefixes, peak KV pages,
+    and whether each request's tokens equal its solo run."""
+    admits = [e for e in a["events"] if e["event"] == "admit"]
+    reused = sum(1 for e in admits if e["reused"])
+    prefixed = sum(1 for e in admits if e["prefix"])
+    peak = max((e["pages_used"] for e in a["events"]), default=0)
+    steps = sorted({e["step"] for e in admits})
+    return (f"sequences: {len(admits)} requests admitted into {a['slots']} slots at steps "
+            f"{', '.join(map(str, steps))} while others decoded ({reused} into a released slot, {prefixed} from a "
+            f"pinned prefix; KV pages in use at most {peak} of {a['pool_pages']}); each request's tokens equal its "
+            f"solo greedy run: {_yes(a['equal'])}")
 
 
 def _yes(flag: bool) -> str:

@@ -33,12 +33,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.cuda.backend import Backend, Location
 from trtio.engine import DECODE_PROFILE
 from trtio.errors import InvalidValueError
 from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
+from trtio.tools.options import backend_option
 
 __all__ = ["INPUTS", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity", "device_tensor",
            "format_results", "machine_name", "null_engine", "run"]
@@ -420,7 +421,7 @@ def bench_backend(kind: str) -> Backend:
         from trtio.tools.dry_run import DryRunBackend
 
         return DryRunBackend()
-    return get_backend(kind)
+    return backend_option(kind, takes_auto=False)
 
 
 def default_kv_capacity(backend: Backend) -> int:
@@ -505,6 +506,6 @@ def machine_name(backend_kind: str) -> str:
     import platform
 
     if backend_kind == "cuda":
-        name = getattr(get_backend("cuda"), "device_name", "GPU")
+        name = getattr(backend_option("cuda", takes_auto=False), "device_name", "GPU")
         return f"{name}, cuda backend, Python {platform.python_version()}"
     return f"{platform.machine()}, {os.cpu_count()} cores, {backend_kind} backend, Python {platform.python_version()}"

@@ -1,7 +1,7 @@
 """Binding tables: each engine tensor, what the engine declares, and the trtio tensor bound to it.
 
 A setup (``create_for_llm`` / ``create_for_spec_decode``) binds every engine I/O to one trtio
-tensor: a :class:`~trtio.PipelineIO` member, a tensor of the engine's state (a KV cache or paged
+tensor: a :class:`~trtio.pipeline_io.PipelineIO` member, a tensor of the engine's state (a KV cache or paged
 pool, bound under both its input and its ``present_*`` name; the ``kvcache_start_index`` lengths;
 the ``kv_page_table``) or the shared RoPE table. :func:`binding_labels` names that tensor for every
 engine tensor, by identity, from the setup's own tensor maps; :func:`binding_rows` adds what is bound

@@ -52,7 +52,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from trtio import names
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio.cuda.backend import Backend, Location, cuda_available
 from trtio.engine import EngineIO
 from trtio.errors import ConfigError
 from trtio.setups import LLMSetup, create_for_llm, create_for_spec_decode
@@ -69,10 +69,11 @@ from trtio.testing.toy_engines import (
     default_engines_dir,
 )
 from trtio.testing.toy_runtime import embed_batch, spec_generate
-from trtio.tools.admissions import format_admissions, run_admissions, story_requests
+from trtio.tools.admissions import format_admissions, run_admissions, story_requests, summarize_admissions
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
+from trtio.tools.options import backend_option, cuda_status
 from trtio.trt import KNOWN_MODULES
 
 __all__ = ["DemoOptions", "demo_prompts", "format_demo", "run_demo"]
@@ -113,6 +114,9 @@ class DemoOptions:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) \
                 or not 1 <= self.max_new_tokens <= 64:
             raise ConfigError("--max-new-tokens", f"must be an int in 1..64, got {self.max_new_tokens!r}")
+        if self.engine == "trt" and self.backend == "host":
+            raise ConfigError("--engine", "trt: TensorRT plans run on the cuda backend; use --backend cuda (or auto), "
+                                          "or --engine reference")
         if self.contract == "ragged":
             no_plans = ("the ragged toy engines run as ReferenceEngines (plans of Edge-LLM's contract come from "
                         "its own builder); it applies to --contract batch or both")
@@ -142,17 +146,16 @@ def _importable(name: str) -> bool:
 def _choose(opts: DemoOptions) -> tuple[str, Backend, str]:
     """(engine kind, backend, why) for the options on this machine."""
     if opts.engine == "trt":
-        be = get_backend("cuda" if opts.backend == "auto" else opts.backend)
-        if be.name != "cuda":
-            raise ConfigError("--engine", "TensorRT plans run on the cuda backend; use --backend cuda (or auto), "
-                                          "or --engine reference")
-        return "trt", be, "--engine trt"
-    be = get_backend(opts.backend)
+        if not cuda_available():
+            raise ConfigError("--engine", f"trt: TensorRT plans need a CUDA device, and none is usable here: "
+                                          f"{cuda_status()}; use --engine reference (or auto)")
+        return "trt", backend_option("cuda"), "--engine trt"
+    be = backend_option(opts.backend)
     module = "tensorrt" if opts.module == "auto" else opts.module
     if opts.engine == "auto" and be.name == "cuda" and _importable(module):
         return "trt", be, "TensorRT imports and a GPU answers"
     why = "--engine reference" if opts.engine == "reference" else (
-        "no CUDA device answers" if be.name == "host" else "tensorrt does not import")
+        cuda_status() if be.name == "host" else "tensorrt does not import")
     be, why = _reference_backend(opts, be, why)
     return "reference", be, why
 
@@ -164,16 +167,15 @@ def _reference_backend(opts: DemoOptions, be: Backend, why: str) -> tuple[Backen
         if opts.backend == "cuda":
             raise ConfigError("--backend", "the reference engines need CuPy on the cuda backend; install cupy, "
                                            "or use --backend host")
-        return get_backend("host"), why + "; CuPy is missing, so the reference engines compute on the host"
+        return backend_option("host"), why + "; CuPy is missing, so the reference engines compute on the host"
     return be, why
 
 
 def _choose_ragged(opts: DemoOptions) -> tuple[Backend, str]:
     """(backend, why) for the ragged toy engines, which are always ReferenceEngines."""
-    always = "ReferenceEngines always: plans of this contract come from Edge-LLM's builder"
-    be = get_backend(opts.backend)
-    why = "--backend host" if opts.backend == "host" else ("no CUDA device answers" if be.name == "host"
-                                                            else "a GPU answers")
+    always = "always ReferenceEngines: plans of this contract come from Edge-LLM's builder"
+    be = backend_option(opts.backend)
+    why = "--backend host" if opts.backend == "host" else ("no CUDA" if be.name == "host" else "a GPU answers")
     be, why = _reference_backend(opts, be, why)
     return be, f"{always}; {why}"
 
@@ -458,13 +460,29 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
-def _tokens(rows: list[list[int]]) -> list[str]:
-    return [f"  [{i}] " + " ".join(str(t) for t in row) for i, row in enumerate(rows)]
+def _tokens(rows: list[list[int]], indent: str = "  ") -> list[str]:
+    return [f"{indent}[{i}] " + " ".join(str(t) for t in row) for i, row in enumerate(rows)]
 
 
 def _graphs(stats: dict[str, Any]) -> str:
     return (f"{stats['hits']} replays, {stats['captures']} captures, {stats['graphs']} graphs"
             + (f" (last capture: {stats['last_miss_reason']})" if stats.get("last_miss_reason") else ""))
+
+
+def _engines(s: dict[str, Any]) -> str:
+    e = s["engine"]
+    if e["kind"] == "trt":
+        return f"TensorRT plans ({e['module']} {e['version']}, from {e['plans_dir']})"
+    return f"ReferenceEngines ({'numpy' if e['device'] == 'host' else 'CuPy'})"
+
+
+def _graph_mode(graphs: bool, backend: str) -> str:
+    """What "graphs" means on this backend: CUDA graphs on a GPU, the host backend's recorded steps elsewhere."""
+    if not graphs:
+        return "decode steps enqueued one by one (--no-graphs)"
+    if backend == "cuda":
+        return "decode steps replayed as CUDA graphs"
+    return "decode steps replayed as graphs of the host backend (its recorded numpy work; no CUDA here)"
 
 
 _TITLES = {
@@ -474,18 +492,40 @@ _TITLES = {
 }
 
 
+def _spec_line(s: dict[str, Any]) -> str:
+    sd, tree = s["spec_decode"], s["spec_decode"]["tree"]
+    return (f"speculative tokens ({s['engines']['base']} + {s['engines']['draft']}, create_for_spec_decode, EAGLE "
+            f"trees of top-{tree['top_k']} x {tree['depth']} levels, verify {tree['verify_size']}): equal the greedy "
+            f"ones: {_yes(s['tokens_equal'])}; acceptance rate {sd['acceptance_rate']:.3f} "
+            f"({sd['accepted_per_verify']:.2f} accepted tokens per verify)")
+
+
+def _streaming_line(st: dict[str, Any]) -> str:
+    if not st["checked"]:
+        return f"streaming prefill snapshot: not checked: {st['why']}"
+    return (f"streaming prefill snapshot (read on another stream while decode overwrote the live buffers): identical "
+            f"to the prefill-time buffers: {_yes(st['identical'])}")
+
+
+def _brief_section(key: str, s: dict[str, Any]) -> list[str]:
+    """A contract in a few lines: the tokens, the acceptance, the sequences, the checks."""
+    lines = [f"{_TITLES[key]}; {_engines(s)} on the {s['backend']} backend ({s['why']})",
+             f"  greedy tokens ({s['engines']['llm']}, create_for_llm):", *_tokens(s["vanilla_tokens"], "    "),
+             "  " + _spec_line(s), "  " + _streaming_line(s["streaming"])]
+    if "admissions" in s:
+        lines.append("  " + summarize_admissions(s["admissions"]))
+    return lines
+
+
 def _format_section(key: str, s: dict[str, Any]) -> list[str]:
-    e = s["engine"]
-    if e["kind"] == "trt":
-        engines = f"TensorRT plans ({e['module']} {e['version']}, from {e['plans_dir']})"
-    else:
-        engines = f"ReferenceEngines ({'numpy' if e['device'] == 'host' else 'CuPy'})"
+    """A contract in full (``--verbose``): tokens, tree, acceptance, streaming, the admission story, every binding,
+    the memory reports and the graph statistics."""
     sd, st, t = s["spec_decode"], s["streaming"], s["timings"]
     lens = ", ".join(str(len(p)) for p in s["prompts"])
     n = s["engines"]
     lines = [
         f"== {_TITLES[key]} ==",
-        f"engines: {engines} on the {s['backend']} backend ({s['why']})",
+        f"engines: {_engines(s)} on the {s['backend']} backend ({s['why']})",
         f"prompts: {len(s['prompts'])} of lengths {lens} (seed {s['seed']})",
         "",
         f"greedy ({n['llm']}, create_for_llm): prefill {1e3 * t['prefill_s']:.1f} ms, decode "
@@ -526,7 +566,8 @@ def _format_section(key: str, s: dict[str, Any]) -> list[str]:
     for mem in ("llm", "spec_decode"):
         lines.append(f"memory: {s['memory_text'][mem]}")
         lines.append("")
-    lines.append("CUDA graphs: " + "; ".join(f"{role} {_graphs(g)}" for role, g in s["graph_stats"].items()))
+    graphs = "CUDA graphs" if s["backend"] == "cuda" else "graphs (the host backend's recorded steps)"
+    lines.append(f"{graphs}: " + "; ".join(f"{role} {_graphs(g)}" for role, g in s["graph_stats"].items()))
     lines.append("")
     return lines
 
@@ -540,17 +581,26 @@ def _verdict(key: str, s: dict[str, Any]) -> str:
             f"({sd['accepted_per_verify']:.2f} accepted tokens per verify), {snap}{story}")
 
 
-def format_demo(s: dict[str, Any]) -> str:
-    """The summary of :func:`run_demo` as text."""
+def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
+    """The summary of :func:`run_demo` as text: a few lines per contract (the tokens, the acceptance rate, the
+    sequences, the result; under 40 lines in all), or with ``verbose`` everything, the binding tables, memory
+    reports, graph statistics and timings included."""
     contracts = s["contracts"]
+    first = next(iter(contracts.values()))
+    lens = ", ".join(str(len(p)) for p in first["prompts"])
     lines = [f"trtio demo: the toy engines of {s['engines_dir']}, {' and '.join(contracts)} contract"
-             f"{'s' if len(contracts) > 1 else ''}; {s['max_new_tokens']} new tokens per prompt; CUDA graphs "
-             f"{'on' if s['graphs'] else 'off'}", ""]
+             f"{'s' if len(contracts) > 1 else ''}; {s['max_new_tokens']} new tokens for each of "
+             f"{len(first['prompts'])} prompts (lengths {lens})",
+             f"graphs: {_graph_mode(s['graphs'], first['backend'])}", ""]
     for key, section in contracts.items():
-        lines += _format_section(key, section)
-    lines += format_hybrid(s.get("hybrid", {}))
-    engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
-    lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
+        lines += _format_section(key, section) if verbose else [*_brief_section(key, section), ""]
+    lines += format_hybrid(s.get("hybrid", {}), verbose=verbose)
+    if verbose:
+        engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
+        lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
+    else:
+        lines.append("(--verbose adds every binding, the memory reports, graph statistics, the requests' story and "
+                     "timings; --json all of it)")
     verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")

@@ -194,8 +194,9 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
 
     for plugin in plugins:
         if not Path(plugin).is_file():
-            raise ConfigError("--plugin", f"{os.fspath(plugin)!r} is not a file (expected a TensorRT plugin "
-                                          "library such as Edge-LLM's libNvInfer_edgellm_plugin.so)")
+            raise ConfigError("--plugin", f"{os.fspath(plugin)!r} is not a file; --plugin takes the path of a "
+                                          "TensorRT plugin library, e.g. .../lib/libNvInfer_edgellm_plugin.so from "
+                                          "Edge-LLM's wheel or build")
     directory = EngineDir.open(path)
     bundle, _ = runtime_values(directory)
     if directory.is_tensor_parallel:

@@ -42,6 +42,7 @@ from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_model import ToyWeights
 from trtio.tools.engine_dirs import RUNTIME_FLAGS, edgellm_directory
+from trtio.tools.options import backend_option
 from trtio.trt import load_engine
 
 __all__ = ["GenerateOptions", "TOKENIZER_FILE", "TOKENIZER_CONFIG_FILE", "run_generate"]
@@ -83,6 +84,8 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     path = Path(opts.path)
+    if opts.backend != "auto":
+        backend_option(opts.backend)  # a backend this machine lacks: the option's error, before anything is read
     if not path.is_dir():
         raise ConfigError(str(path), "no such engine directory" if not path.exists() else "is not a directory")
     kind = _directory_kind(path)
@@ -183,7 +186,8 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
             return _Model(_reference_ranks(directory), table, eos, None, _reference_note(path, ranks=True))
         cfg = directory.config
         engine = _reference(cfg, ToyWeights.generate(cfg, 0), opts)
-        return _Model(create_for_llm(engine, cfg, graphs=True), table, eos, None, _reference_note(path))
+        return _Model(create_for_llm(engine, cfg, graphs=True, backend=_backend(opts)), table, eos, None,
+                      _reference_note(path))
     base, draft = directory.base_config, directory.draft_config
     k, depth = _tree(base, draft, opts)
     if directory.has_engines:
@@ -195,7 +199,7 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
         weights = ToyWeights.generate(base, 0)
         setup = create_for_spec_decode(_reference(base, weights, opts),
                                        _reference(draft, ToyWeights.generate_draft(draft, weights, 0), opts), bundle,
-                                       graphs=True)
+                                       graphs=True, backend=_backend(opts))
         note = _reference_note(path)
     return _Model(setup, table, eos, directory.draft_to_target(), note)
 
@@ -212,9 +216,10 @@ def _open_trtio(path: Path, opts: GenerateOptions) -> _Model:
     if not pair:
         plan = path / _PLAN
         if plan.is_file():
-            return _Model(create_for_llm(load_engine(plan), base, graphs=True), table, eos, None, None)
-        return _Model(create_for_llm(_reference(base, weights, opts), base, graphs=True), table, eos, None,
-                      _reference_note(path))
+            return _Model(create_for_llm(load_engine(plan), base, graphs=True, backend=_backend(opts)), table, eos,
+                          None, None)
+        return _Model(create_for_llm(_reference(base, weights, opts), base, graphs=True, backend=_backend(opts)), table,
+                      eos, None, _reference_note(path))
     draft = deployment.draft
     assert draft is not None and deployment.spec is not None
     k, depth = _tree(base, draft, opts)
@@ -228,7 +233,7 @@ def _open_trtio(path: Path, opts: GenerateOptions) -> _Model:
         engines = [_reference(base, weights, opts),
                    _reference(draft, ToyWeights.generate_draft(draft, weights, seed), opts)]
         note = _reference_note(path)
-    setup = create_for_spec_decode(engines[0], engines[1], bundle, graphs=True)
+    setup = create_for_spec_decode(engines[0], engines[1], bundle, graphs=True, backend=_backend(opts))
     return _Model(setup, table, eos, None, note)
 
 
@@ -275,7 +280,8 @@ def _backend(opts: GenerateOptions) -> str | None:
 def _reference(cfg: LLMEngineConfig, weights: ToyWeights, opts: GenerateOptions) -> Any:
     from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
 
-    return ReferenceEngine.from_config(cfg, weights=weights, device=opts.backend)
+    device = {"auto": "auto", "host": "host", "cuda": "gpu"}[opts.backend]
+    return ReferenceEngine.from_config(cfg, weights=weights, device=device)
 
 
 def _reference_ranks(directory: EngineDir) -> LLMSetup:

@@ -55,15 +55,25 @@ def run_hybrid(root: Any, prompts: list[list[int]], max_new_tokens: int, backend
     return out
 
 
-def format_hybrid(sections: dict[str, Any]) -> list[str]:
-    """Lines for :func:`run_hybrid`'s summary."""
+def format_hybrid(sections: dict[str, Any], *, verbose: bool = False) -> list[str]:
+    """Lines for :func:`run_hybrid`'s summary: a line per model, or with ``verbose`` its tokens, graph
+    statistics and the requests' story."""
     lines = []
     for name, s in sections.items():
         mixers = ", ".join(s["layers"])
+        if not verbose:
+            first = " ".join(map(str, s["tokens"][0][:8]))
+            lines += [f"hybrid {name} ({s['kind']}, recurrent state per slot): greedy [0] {first} ...; "
+                      f"requests admitted among others give their solo tokens: {_yes(s['ok'])}", ""]
+            continue
         lines += [f"== hybrid model: {name} ({s['kind']}; layers {mixers}; RoPE {'on' if s['use_rope'] else 'off'}; "
                   f"recurrent state per slot) ==",
-                  f"greedy (create_for_llm): {s['decode_step_ms']:.2f} ms per token; CUDA graphs "
+                  f"greedy (create_for_llm): {s['decode_step_ms']:.2f} ms per token; graphs "
                   f"{s['graph_stats']['hits']} replays, {s['graph_stats']['captures']} captures",
                   *[f"  [{i}] " + " ".join(map(str, row)) for i, row in enumerate(s["tokens"])],
                   *format_admissions(s["admissions"], name), ""]
     return lines
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
