@@ -33,6 +33,7 @@ from trtio.setups.binding import (
     fill_mrope,
     with_contract,
 )
+from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import Sequences
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike, as_stream
@@ -73,6 +74,8 @@ class LLMSetup(SetupBase):
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be, slots=HOST_RING_SLOTS))
             fill_mrope(self.io, cfg, s)
+            if cfg.is_mrope:  # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
+                self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
@@ -107,10 +110,21 @@ class LLMSetup(SetupBase):
         return np.asarray(self._engine.state.lengths[self._seqs.order])
 
     # -- steps ----------------------------------------------------------------------------------
+    @property
+    def rope_deltas(self) -> np.ndarray:
+        """MRoPE: each active sequence's position delta, in the order of :attr:`active` (int64; a copy): a token
+        at cache position ``k`` past its prompt has position ``k + delta`` on all three axes (0 for text, and for
+        every sequence of an engine without MRoPE)."""
+        if self._positions is None:
+            return np.zeros(self._seqs.count, np.int64)
+        deltas: np.ndarray = self._positions.deltas[self._seqs.order]
+        return deltas
+
     @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
-                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
+                mrope_positions: Any = None) -> Tensor:
         """Run prompts (profile 0) and return the logits view [batch, vocab] of each one's last token.
 
         ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
@@ -126,9 +140,24 @@ class LLMSetup(SetupBase):
         one per sequence, None for none) starts each sequence after the prefix's tokens: ``inputs_embeds``
         hold only the tokens after it. Pages the prompts write are taken before anything is enqueued: a
         pool too short raises CapacityError and changes nothing.
+
+        ``mrope_positions`` (MRoPE engines: vision-language models): int ``[3, batch, seq]``, each token's
+        temporal, height and width position (:func:`trtio.vision.splice` makes them), absolute (a continued
+        sequence's new tokens after its cached ones). The sequence's later tokens take text positions from its
+        delta on (:attr:`rope_deltas`). Without them a new sequence's positions are its token indices, and a
+        continued one goes on from its delta.
         """
-        self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
-                      deepstack_embeds, "prefill")
+        try:
+            self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
+                          deepstack_embeds, "prefill", mrope_positions)
+        except BaseException:
+            if self._positions is not None and self._positions.unsettled:
+                self._positions.settle()
+                self._break("a prefill that continued sequences with new MRoPE positions failed after writing "
+                            "their position rows")
+            raise
+        if self._positions is not None:
+            self._positions.settle()
         return self.io.output_logits
 
     @one_thread
