@@ -10,7 +10,7 @@ importable from its own module (``trtio.memory.Arena``, ``trtio.engine.EngineExe
 
 import logging as _logging
 
-from trtio import edgellm, names
+from trtio import edgellm, names, vision
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.contracts import contract_of
 from trtio.cuda.backend import Backend, Location, cuda_available, get_backend
@@ -40,9 +40,12 @@ from trtio.setups import (
     BoundEngine,
     LLMSetup,
     SpecDecodeSetup,
+    VisualOutput,
+    VisualSetup,
     check_engine,
     create_for_llm,
     create_for_spec_decode,
+    create_for_visual,
     create_from_engine_dir,
 )
 from trtio.setups.base import EngineGraphStats
@@ -51,6 +54,7 @@ from trtio.stream import Event, Stream, StreamLike
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.trt import load_engine, load_plugins
+from trtio.visual_config import VisualConfig
 
 __version__ = "0.1.0"
 
@@ -62,8 +66,13 @@ __all__ = [
     "create_for_llm",
     "create_for_spec_decode",
     "create_from_engine_dir",
+    "create_for_visual",
     "LLMSetup",
     "SpecDecodeSetup",
+    "VisualSetup",
+    "VisualOutput",
+    "VisualConfig",
+    "vision",
     "BoundEngine",
     "check_engine",
     "EngineGraphStats",

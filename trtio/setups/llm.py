@@ -35,6 +35,7 @@ from trtio.setups.binding import (
 )
 from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import Sequences
+from trtio.setups.visual import VisualSetup
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor, overlap_error
@@ -44,7 +45,12 @@ __all__ = ["LLMSetup", "create_for_llm"]
 
 
 class LLMSetup(SetupBase):
-    """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``)."""
+    """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
+
+    ``visual``: a vision-language model's encoder (a :class:`~trtio.setups.visual.VisualSetup` that
+    ``create_from_engine_dir`` attaches, closed with this setup), else None."""
+
+    visual: VisualSetup | None = None
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None) -> None:
@@ -85,6 +91,19 @@ class LLMSetup(SetupBase):
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
+
+    def attach_visual(self, visual: VisualSetup) -> None:
+        """Keep ``visual`` (the ViT of this LLM's vision-language model) as :attr:`visual`; it is closed with this
+        setup from now on."""
+        self._check_open()
+        if self.visual is not None:
+            raise TrtioError(f"{self!r} has a vision encoder attached already")
+        if visual.cfg.out_hidden_size != self.cfg.hidden_size:
+            raise ConfigError("vision_config.out_hidden_size", f"is {visual.cfg.out_hidden_size}, but the LLM's "
+                                                               f"hidden_size is {self.cfg.hidden_size}")
+        assert self._resources is not None
+        self._resources.callback(visual.close)
+        self.visual = visual
 
     # -- public views ---------------------------------------------------------------------------
     @property
