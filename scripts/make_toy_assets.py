@@ -5,8 +5,9 @@ what Edge-LLM's builder writes beside its engines for a runtime to use:
 
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE tokenizer (Hugging Face ``tokenizers``)
   trained on the English text below, with exactly the configs' ``vocab_size`` (512) entries: ``<unk>``,
-  ``<s>``, ``</s>`` (id 2, the configs' ``eos_token_id``), the 256 bytes, then merges. Any English prompt
-  round-trips: every byte has a token;
+  ``<s>``, ``</s>`` (id 2, the configs' ``eos_token_id``), for the vision-language toy (``toy-vlm-ragged``)
+  its vision markers (ids 3 .. 6), the 256 bytes, then merges. Any English prompt round-trips: every byte
+  has a token;
 * ``embedding.safetensors``: the toy token embedding table the demo and the tests use,
   ``trtio.testing.toy_model.toy_embedding(vocab, hidden, seed)`` as float16, under Edge-LLM's tensor name
   ``"embedding"``.
@@ -25,6 +26,7 @@ import json
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +34,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtio.edgellm import EMBEDDING_FILE  # noqa: E402 - after the path set-up, so a checkout runs as it is
-from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines  # noqa: E402
+from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, VisionToyEngines  # noqa: E402
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the toy configs' eos_token_id is [2]
-DIRECTORIES = ("toy-llm-ragged", "toy-eagle3-ragged", "toy-llm", "toy-eagle")
+# The vision-language toy's markers, ids 3 .. 6 (its configs' vision_start / vision_end / image / video token ids).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+DIRECTORIES = ("toy-llm-ragged", "toy-eagle3-ragged", "toy-llm", "toy-eagle", "toy-vlm-ragged")
 
 # The training text: plain English, so that English prompts split into a few tokens each.
 TEXT = """\
@@ -65,14 +69,15 @@ Instead you will read whatever the toy model thinks comes next, which is mostly 
 """
 
 
-def train_tokenizer(vocab_size: int) -> str:
-    """The toy tokenizer as ``tokenizer.json`` text: byte-level BPE, ``vocab_size`` entries in all."""
+def train_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> str:
+    """The toy tokenizer as ``tokenizer.json`` text: byte-level BPE, ``vocab_size`` entries in all, ``specials``
+    first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(TEXT.splitlines(), trainer=trainer)
     if tokenizer.get_vocab_size() != vocab_size:
@@ -114,14 +119,17 @@ def safetensors_bytes(tensors: dict[str, np.ndarray]) -> bytes:
 def make_assets(engines: Path) -> dict[str, bytes]:
     """Every file this script writes, by path relative to ``engines``."""
     ragged, batch = RaggedToyEngines.load(engines), ToyEngines.load(engines)
+    vlm = VisionToyEngines.load(engines / "toy-vlm-ragged")
     out: dict[str, bytes] = {}
-    tokenizers: dict[int, str] = {}
+    tokenizers: dict[tuple[int, tuple[str, ...]], str] = {}
     for name in DIRECTORIES:
-        toys = ragged if name in ("toy-llm-ragged", "toy-eagle3-ragged") else batch
-        cfg = toys.llm_config
-        if cfg.vocab_size not in tokenizers:
-            tokenizers[cfg.vocab_size] = train_tokenizer(cfg.vocab_size)
-        out[f"{name}/{TOKENIZER_FILE}"] = tokenizers[cfg.vocab_size].encode()
+        toys: Any = vlm if name == "toy-vlm-ragged" else \
+            ragged if name in ("toy-llm-ragged", "toy-eagle3-ragged") else batch
+        cfg = toys.config if name == "toy-vlm-ragged" else toys.llm_config
+        specials = SPECIAL_TOKENS + (VISION_TOKENS if name == "toy-vlm-ragged" else ())
+        if (cfg.vocab_size, specials) not in tokenizers:
+            tokenizers[cfg.vocab_size, specials] = train_tokenizer(cfg.vocab_size, specials)
+        out[f"{name}/{TOKENIZER_FILE}"] = tokenizers[cfg.vocab_size, specials].encode()
         out[f"{name}/{TOKENIZER_CONFIG_FILE}"] = tokenizer_config(cfg.max_supported_input_length).encode()
         table = toys.embedding().astype(np.float16)
         out[f"{name}/{EMBEDDING_FILE}"] = safetensors_bytes({"embedding": table})

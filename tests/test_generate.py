@@ -33,6 +33,7 @@ ENGINES = default_engines_dir()
 PROMPT = "The quick brown fox"
 LLM_DIRS = ("toy-llm-ragged", "toy-llm")
 PAIR_DIRS = ("toy-eagle3-ragged", "toy-eagle")
+VLM_DIRS = ("toy-vlm-ragged",)  # the vision-language toy (tests/test_vlm.py generates from it with images)
 ASSETS = ("tokenizer.json", "tokenizer_config.json", "embedding.safetensors")
 
 
@@ -313,7 +314,7 @@ def _essentials(text: bytes) -> dict[str, Any]:
 
 def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
     made = _script().make_assets(ENGINES)
-    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS for a in ASSETS)
+    assert sorted(made) == sorted(f"{d}/{a}" for d in LLM_DIRS + PAIR_DIRS + VLM_DIRS for a in ASSETS)
     for rel, data in made.items():
         committed = (ENGINES / rel).read_bytes()
         if rel.endswith("tokenizer.json"):
@@ -322,7 +323,7 @@ def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
             assert committed == data, f"{rel} differs: run python3 scripts/make_toy_assets.py"
 
 
-@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
+@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS + VLM_DIRS)
 def test_the_toy_tokenizer_fits_the_config_and_round_trips_english(name: str) -> None:
     tok = tokenizer(name)
     assert tok.get_vocab_size() == 512
@@ -333,7 +334,7 @@ def test_the_toy_tokenizer_fits_the_config_and_round_trips_english(name: str) ->
         assert tok.decode(ids) == text
 
 
-@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
+@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS + VLM_DIRS)
 def test_the_toy_embedding_file_holds_the_toy_table(name: str) -> None:
     toys: Any = RaggedToyEngines.load(ENGINES) if name.endswith("-ragged") else ToyEngines.load(ENGINES)
     want = toys.embedding().astype(np.float16)
@@ -352,6 +353,6 @@ def test_the_toy_assets_ship_in_the_wheel() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["trtio._engines"]
-    for d in LLM_DIRS + PAIR_DIRS:
-        for asset in ASSETS:
+    for d in LLM_DIRS + PAIR_DIRS + VLM_DIRS:
+        for asset in ASSETS + (("visual/config.json", "visual/preprocessor_config.json") if d in VLM_DIRS else ()):
             assert any(fnmatch.fnmatch(f"{d}/{asset}", p) for p in patterns), f"{d}/{asset} is not package data"
