@@ -135,12 +135,25 @@ def resize_bicubic(img: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def _as_rgb(image: Any, i: int, channels: int) -> np.ndarray:
-    """An image as uint8 ``[H, W, channels]``: a numpy array (or anything with ``__array__``) as it is, a PIL
-    image converted to RGB as Hugging Face's processor converts it."""
-    if hasattr(image, "convert") and hasattr(image, "mode"):  # a PIL image (no import: pillow is optional)
-        if image.mode != "RGB":
+    """An image as uint8 ``[H, W, channels]``, converted as Hugging Face's processor (transformers 5.25) converts
+    it: a PIL image to RGB, transparency composited onto white; a uint8 ``[H, W, 4]`` array composited onto white
+    (``round(a * rgb + (1 - a) * 255)``, ``a = alpha / 255``), a ``[H, W, 1]`` one repeated to three channels."""
+    if hasattr(image, "convert") and hasattr(image, "getbands"):  # a PIL image (pillow is optional: no import)
+        if "A" in image.getbands() or image.info.get("transparency") is not None:
+            from PIL import Image  # noqa: PLC0415 - the caller's own PIL image: pillow is there
+
+            rgba = image.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            image = Image.alpha_composite(white, rgba).convert("RGB")
+        elif image.mode != "RGB":
             image = image.convert("RGB")
     arr = np.asarray(image)
+    if arr.dtype == np.uint8 and arr.ndim == 3 and channels == 3 and arr.shape[2] in (1, 4):
+        if arr.shape[2] == 1:
+            arr = np.repeat(arr, 3, axis=2)
+        else:
+            alpha = arr[..., 3:4] / 255
+            arr = np.round(alpha * arr[..., :3] + (1 - alpha) * 255).astype(np.uint8)
     if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != channels:
         raise ShapeError(f"images[{i}]: expected 8-bit RGB pixels, uint8 [height, width, {channels}] (or a PIL image), "
                          f"got {arr.dtype} {list(arr.shape)}")
