@@ -193,11 +193,12 @@ class VisualSetup(Closeable):
         if arr.shape != want or arr.dtype.kind != "f":
             raise ShapeError(f"patches: expected [{want[0]}, {want[1]}] float values (the grids' patches x "
                              f"in_channels * temporal_patch_size * patch_size ** 2), got {arr.dtype} {list(arr.shape)}")
-        out = np.ascontiguousarray(arr.astype(np.float16))
+        with np.errstate(over="ignore"):  # an overflow is refused just below, naming the value
+            out = np.ascontiguousarray(arr.astype(np.float16))
         bad = ~np.isfinite(out)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise InvalidValueError(f"patches{list(where)} = {arr[where]!r} is not a finite float16 value")
+            raise InvalidValueError(f"patches{list(where)} = {float(arr[where])!r} is not a finite float16 value")
         return out
 
     def _follow(self, s: Stream) -> None:
