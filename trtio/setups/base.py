@@ -432,8 +432,8 @@ class SetupBase(Closeable, abc.ABC):
         """A prefill's ``mrope_positions``, checked (None where not given); refused for a setup without MRoPE."""
         if self._positions is None:
             if positions is not None:
-                raise ShapeError("mrope_positions: given, but the engine's RoPE is not MRoPE (its config's rope_type "
-                                 "is not 'mrope')")
+                raise ShapeError("mrope_positions: given, but the engine's RoPE is not MRoPE with sections (its config "
+                                 "has no rope_scaling.mrope_section)")
             return None
         return self._positions.check(positions, b, seq, ctx, past)
 

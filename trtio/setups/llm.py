@@ -80,7 +80,8 @@ class LLMSetup(SetupBase):
             self._embeds_staging = stack.enter_context(
                 HostStaging(self._extra_arena["host_inputs_embeds"], self.io.inputs_embeds, be, slots=HOST_RING_SLOTS))
             fill_mrope(self.io, cfg, s)
-            if cfg.is_mrope:  # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
+            if cfg.is_mrope and cfg.rope_scaling is not None and cfg.rope_scaling.mrope_section is not None:
+                # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
                 self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size)
