@@ -253,7 +253,7 @@ def test_mrope_positions_are_checked_before_any_work() -> None:
 
     ragged = RaggedToyEngines.load()
     with trtio.create_for_llm(ragged.reference_engine("toy-llm-ragged", device="host"), ragged.llm_config) as plain:
-        with pytest.raises(ShapeError, match="mrope_positions: given, but the engine's RoPE is not MRoPE with sections"):
+        with pytest.raises(ShapeError, match="mrope_positions: given, but the engine.s RoPE is not MRoPE"):
             plain.prefill(np.zeros((1, 4, 64), np.float16), [4], mrope_positions=np.zeros((3, 1, 4), np.int64))
     assert text_llm.config.is_mrope
 
