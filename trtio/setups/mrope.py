@@ -177,8 +177,9 @@ class SlotPositions(Closeable):
         works: list[Any] = []
         if copied_end > first:
             src = first + delta
-            works.append(Copy2D(self._table.backend, base + first * rb, 0, self._text.data_ptr + src * rb, 0,
-                                (copied_end - first) * rb, 1))
+            width = (copied_end - first) * rb
+            works.append(Copy2D(self._table.backend, base + first * rb, width, self._text.data_ptr + src * rb, width,
+                                width, 1))  # one row of the whole block (CUDA's pitches must cover the width)
         if copied_end < cap:  # delta > 0: positions past the plain table
             lo = max(first, copied_end)
             pos = np.broadcast_to(np.arange(lo, cap, dtype=np.int64) + delta, (3, cap - lo))
