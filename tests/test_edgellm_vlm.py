@@ -10,12 +10,12 @@ On a GPU runner with real engines::
 Without a reference model, what can be checked is checked (``docs/edgellm-assumptions.md`` section 8 names
 them): **vl-bind** (the ViT attaches and an encode is finite and not constant, one row per merged token),
 **vl-graphs** (the same tokens with CUDA graphs on and off), **vl-slots** (an image prompt admitted into slot 1
-while another decodes in slot 0, which then ends, gives its tokens alone), **vl-chunk** (a prompt prefilled in two chunks gives
-the single prefill's tokens), **vl-image** (another image gives other logits). Images are synthetic; prompts
-are the vision markers and seeded token ids. Real fp16 engines may pick another token where the reference
-barely prefers its own (within ``TIE_TOL`` of a logit): a difference is accepted there, and the rest of that
-sequence is not compared; the toy directory runs with no tolerance, and CI shows each check fails on a planted
-bug.
+while another decodes in slot 0, which then ends, gives its tokens alone), **vl-chunk** (a prompt prefilled in
+two chunks gives the single prefill's tokens), **vl-image** (another image gives other logits). Images are
+synthetic; prompts are the vision markers and seeded token ids. Real fp16 engines may pick another token where
+the reference barely prefers its own (within ``TIE_TOL`` of a logit): a difference is accepted there, and the
+rest of that sequence is not compared; the toy directory runs with no tolerance, and CI shows each check fails
+on a planted bug.
 """
 
 from __future__ import annotations
