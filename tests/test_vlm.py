@@ -287,6 +287,15 @@ def test_a_continued_prefill_that_fails_after_writing_its_rows_breaks_the_setup(
         np.testing.assert_allclose(got, truth_logits(embeds, deep, positions)[-1], atol=2e-2)
 
 
+def test_the_memory_report_holds_the_position_rows_ring() -> None:
+    with open_vlm() as setup:
+        report = setup.memory_report()
+        ring = report.entry("host_mrope_rows")
+        assert ring.location == "pinned" and ring.shape == (4, CFG.max_supported_input_length, CFG.rotary_dim)
+        assert report.entry("mrope_cos_sin").shape == (CFG.max_supported_batch_size, CFG.max_kv_cache_capacity,
+                                                       CFG.rotary_dim)
+
+
 def test_create_from_engine_dir_attaches_the_vision_encoder(monkeypatch: Any) -> None:
     from trtio.setups import engine_dir
 

@@ -578,6 +578,8 @@ class SetupBase(Closeable, abc.ABC):
         for e in self.engines():
             parts.append(e.state.memory_report())
         parts.append(self._extra_arena.report())
+        if self._positions is not None:
+            parts.append(self._positions.report())
         parts.append(self._rope.report())
         if include_context_memory:
             parts.append(self._context_memory.report())

@@ -27,7 +27,7 @@ from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.errors import ConfigError, ShapeError
-from trtio.memory import Arena, HostStaging
+from trtio.memory import Arena, HostStaging, MemoryReport
 from trtio.ops import Copy2D
 from trtio.pipeline_io import PipelineIO
 from trtio.rope import mrope_cos_sin_rows
@@ -98,6 +98,11 @@ class SlotPositions(Closeable):
 
     def _close_owned(self) -> None:
         self._resources.close()
+
+    def report(self) -> MemoryReport:
+        """The pinned ring the prompts' rows are uploaded through (the tables are the PipelineIO's)."""
+        self._check_open()
+        return self._arena.report()
 
     def settle(self) -> None:
         """The prefill whose work :meth:`prefill_work` made has run: its rows are its sequences'."""
