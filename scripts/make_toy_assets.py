@@ -7,8 +7,9 @@ cannot hold links, lays the directories out):
 
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE tokenizer (Hugging Face ``tokenizers``)
   trained on the English text below, with exactly the configs' ``vocab_size`` (512) entries: ``<unk>``,
-  ``<s>``, ``</s>`` (id 2, the configs' ``eos_token_id``), the 256 bytes, then merges. Any English prompt
-  round-trips: every byte has a token;
+  ``<s>``, ``</s>`` (id 2, the configs' ``eos_token_id``), for the vision-language toy (``toy-vlm-ragged``)
+  its vision markers (ids 3 .. 6), the 256 bytes, then merges. Any English prompt round-trips: every byte
+  has a token;
 * ``embedding.safetensors``: the toy token embedding table the demo and the tests use,
   ``trtio.testing.toy_model.toy_embedding(vocab, hidden, seed)`` as float16, under Edge-LLM's tensor name
   ``"embedding"``.
@@ -34,12 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trtio.edgellm import EMBEDDING_FILE  # noqa: E402 - after the path set-up, so a checkout runs as it is
-from trtio.testing.toy_dirs import ASSETS_DIR, TOY_ASSETS, TOY_DIRECTORIES  # noqa: E402
-from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines  # noqa: E402
+from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_ASSETS, TOY_DIRECTORIES, linked_assets  # noqa: E402
+from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, VisionToyEngines  # noqa: E402
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the toy configs' eos_token_id is [2]
+# The vision-language toy's markers, ids 3 .. 6 (its configs' vision_start / vision_end / image / video token ids).
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
 # The training text: plain English, so that English prompts split into a few tokens each.
 TEXT = """\
@@ -67,14 +70,15 @@ Instead you will read whatever the toy model thinks comes next, which is mostly 
 """
 
 
-def train_tokenizer(vocab_size: int) -> str:
-    """The toy tokenizer as ``tokenizer.json`` text: byte-level BPE, ``vocab_size`` entries in all."""
+def train_tokenizer(vocab_size: int, specials: tuple[str, ...] = SPECIAL_TOKENS) -> str:
+    """The toy tokenizer as ``tokenizer.json`` text: byte-level BPE, ``vocab_size`` entries in all, ``specials``
+    first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(TEXT.splitlines(), trainer=trainer)
     if tokenizer.get_vocab_size() != vocab_size:
@@ -118,23 +122,33 @@ def make_assets(engines: Path) -> dict[str, bytes]:
     every directory only while their models agree on what the files depend on: SystemExit where they do not."""
     ragged, batch = RaggedToyEngines.load(engines), ToyEngines.load(engines)
     cfg = ragged.llm_config
+    vlm = VisionToyEngines.load(engines / "toy-vlm-ragged")
     for toys in (ragged, batch):
         got = (toys.llm_config.vocab_size, toys.llm_config.hidden_size, toys.llm_config.max_supported_input_length,
                toys.seed)
         if got != (cfg.vocab_size, cfg.hidden_size, cfg.max_supported_input_length, ragged.seed):
             raise SystemExit(f"make_toy_assets: the toy models differ in vocab, hidden size, prompt length or seed "
                              f"({got}); one {ASSETS_DIR}/ cannot serve them all")
+    if (vlm.config.vocab_size, vlm.config.hidden_size) != (cfg.vocab_size, cfg.hidden_size):
+        raise SystemExit("make_toy_assets: the vision-language toy's vocabulary or hidden size differs from the "
+                         f"others': it cannot link {ASSETS_DIR}/{EMBEDDING_FILE}")
     table = ragged.embedding().astype(np.float16)
     files = {TOKENIZER_FILE: train_tokenizer(cfg.vocab_size).encode(),
              TOKENIZER_CONFIG_FILE: tokenizer_config(cfg.max_supported_input_length).encode(),
              EMBEDDING_FILE: safetensors_bytes({"embedding": table})}
     assert sorted(files) == sorted(TOY_ASSETS)
-    return {f"{ASSETS_DIR}/{name}": data for name, data in files.items()}
+    out = {f"{ASSETS_DIR}/{name}": data for name, data in files.items()}
+    # The vision-language toy's own tokenizer: the same vocabulary with its image markers as special tokens.
+    vlm_files = {TOKENIZER_FILE: train_tokenizer(cfg.vocab_size, SPECIAL_TOKENS + VISION_TOKENS).encode(),
+                 TOKENIZER_CONFIG_FILE: tokenizer_config(vlm.config.max_supported_input_length).encode()}
+    for name in OWN_ASSETS["toy-vlm-ragged"]:
+        out[f"toy-vlm-ragged/{name}"] = vlm_files[name]
+    return out
 
 
 def links() -> dict[str, str]:
     """Each toy directory's asset links: path relative to the engines folder -> the link's target."""
-    return {f"{d}/{a}": f"../{ASSETS_DIR}/{a}" for d in TOY_DIRECTORIES for a in TOY_ASSETS}
+    return {f"{d}/{a}": f"../{ASSETS_DIR}/{a}" for d in TOY_DIRECTORIES for a in linked_assets(d)}
 
 
 def main(argv: list[str] | None = None) -> int:

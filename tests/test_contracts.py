@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from pathlib import Path
 
 import pytest
+from _onnx_io import parse_onnx_io
 
 import trtio
 from trtio import ConfigError, DType, InvalidTypeError, LLMEngineConfig, names
@@ -27,24 +27,6 @@ GRAPHS = {  # role -> (onnx-io file, config file)
     "base": ("qwen3-tiny-eagle3-base.txt", "qwen3-tiny-eagle3/base_config.json"),
     "draft": ("qwen3-tiny-eagle3-draft.txt", "qwen3-tiny-eagle3/draft_config.json"),
 }
-ONNX_DTYPES = {"FLOAT16": DType.FLOAT16, "FLOAT": DType.FLOAT32, "INT32": DType.INT32, "INT64": DType.INT64}
-
-
-def parse_onnx_io(path: Path) -> dict[str, tuple[str, DType, tuple[int, ...]]]:
-    """name -> (io, dtype, shape with -1 for every symbolic dim), in the file's order."""
-    out: dict[str, tuple[str, DType, tuple[int, ...]]] = {}
-    io = ""
-    for line in path.read_text().splitlines():
-        if line.strip() in ("inputs:", "outputs:"):
-            io = line.strip()[:-2]
-            continue
-        m = re.match(r"^\s+(\S+)\s+(FLOAT16|FLOAT|INT32|INT64)\s+(\[.*\])\s*$", line)
-        if m and io:
-            dims = ast.literal_eval(m.group(3))
-            out[m.group(1)] = (io, ONNX_DTYPES[m.group(2)], tuple(d if isinstance(d, int) else -1 for d in dims))
-    return out
-
-
 def declared(role: str):
     cfg = LLMEngineConfig.from_edgellm(FIXTURES / GRAPHS[role][1])
     specs = [s for s in build_registry(cfg)] + paged_state_specs(cfg)

@@ -24,7 +24,7 @@ import trtio
 from trtio.cli import main
 from trtio.cuda.backend import cuda_available
 from trtio.edgellm import EngineDir
-from trtio.testing.toy_dirs import ASSETS_DIR, TOY_DIRECTORIES
+from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_DIRECTORIES, linked_assets
 from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import greedy_generate
 
@@ -35,6 +35,7 @@ ENGINES = default_engines_dir()
 PROMPT = "The quick brown fox"
 LLM_DIRS = ("toy-llm-ragged", "toy-llm")
 PAIR_DIRS = ("toy-eagle3-ragged", "toy-eagle")
+VLM_DIRS = ("toy-vlm-ragged",)  # the vision-language toy (tests/test_vlm.py generates from it with images)
 ASSETS = ("tokenizer.json", "tokenizer_config.json", "embedding.safetensors")
 
 
@@ -317,11 +318,13 @@ def _essentials(text: bytes) -> dict[str, Any]:
 
 
 def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
-    """One copy of each asset (toy-assets/), and in each toy directory a link to it: the directories stay in
-    Edge-LLM's layout without six copies of every file."""
+    """One copy of each shared asset (toy-assets/), and in each toy directory a link to it (the vision-language
+    toy's own tokenizer, which knows its image markers, excepted): the directories stay in Edge-LLM's layout
+    without a copy of every file each."""
     script = _script()
     made = script.make_assets(ENGINES)
-    assert sorted(made) == sorted(f"{ASSETS_DIR}/{a}" for a in ASSETS)
+    assert sorted(made) == sorted([f"{ASSETS_DIR}/{a}" for a in ASSETS] +
+                                  [f"{d}/{a}" for d, own in OWN_ASSETS.items() for a in own])
     for rel, data in made.items():
         committed = (ENGINES / rel).read_bytes()
         if rel.endswith("tokenizer.json"):
@@ -329,7 +332,7 @@ def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
         else:
             assert committed == data, f"{rel} differs: run python3 scripts/make_toy_assets.py"
     links = script.links()
-    assert sorted(links) == sorted(f"{d}/{a}" for d in TOY_DIRECTORIES for a in ASSETS)
+    assert sorted(links) == sorted(f"{d}/{a}" for d in TOY_DIRECTORIES for a in linked_assets(d))
     for rel, target in links.items():
         path = ENGINES / rel
         assert path.is_symlink() and str(path.readlink()) == target, f"{rel} is not a link to {target}"
@@ -337,7 +340,7 @@ def test_the_committed_toy_assets_are_what_the_script_makes() -> None:
     assert script.main(["--check"]) == 0
 
 
-@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
+@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS + VLM_DIRS)
 def test_the_toy_tokenizer_fits_the_config_and_round_trips_english(name: str) -> None:
     tok = tokenizer(name)
     assert tok.get_vocab_size() == 512
@@ -348,7 +351,7 @@ def test_the_toy_tokenizer_fits_the_config_and_round_trips_english(name: str) ->
         assert tok.decode(ids) == text
 
 
-@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS)
+@pytest.mark.parametrize("name", LLM_DIRS + PAIR_DIRS + VLM_DIRS)
 def test_the_toy_embedding_file_holds_the_toy_table(name: str) -> None:
     toys: Any = RaggedToyEngines.load(ENGINES) if name.endswith("-ragged") else ToyEngines.load(ENGINES)
     want = toys.embedding().astype(np.float16)
@@ -369,11 +372,13 @@ def test_the_toy_assets_ship_in_the_wheel_once() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["trtio._engines"]
     def ships(rel: str) -> bool:  # setuptools' glob: "*" stays within one folder name
-        return any(len(p.split("/")) == 2 and all(fnmatch.fnmatchcase(a, b) for a, b in zip(rel.split("/"),
-                                                                                          p.split("/")))
-                   for p in patterns)
+        return any(len(p.split("/")) == len(rel.split("/")) and
+                   all(fnmatch.fnmatchcase(x, y) for x, y in zip(rel.split("/"), p.split("/"))) for p in patterns)
 
     for asset in ASSETS:
         assert ships(f"{ASSETS_DIR}/{asset}"), f"{asset} is not package data"
         for d in TOY_DIRECTORIES:
-            assert not ships(f"{d}/{asset}"), f"{d}/{asset} would ship again"
+            assert ships(f"{d}/{asset}") == (asset in OWN_ASSETS.get(d, ())), f"{d}/{asset}: shipped once, not twice"
+    for d in VLM_DIRS:
+        for rel in ("visual/config.json", "visual/preprocessor_config.json"):
+            assert ships(f"{d}/{rel}"), f"{d}/{rel} is not package data"

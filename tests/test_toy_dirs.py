@@ -16,7 +16,7 @@ import pytest
 import trtio
 from trtio.edgellm import EngineDir
 from trtio.testing import toy_dirs, toy_engine_dir
-from trtio.testing.toy_dirs import ASSETS_DIR, TOY_ASSETS, TOY_DIRECTORIES
+from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_ASSETS, TOY_DIRECTORIES, linked_assets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,9 @@ def from_a_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
 def _complete(path: Path) -> None:
     for asset in TOY_ASSETS:
         assert (path / asset).is_file(), f"{path / asset} is missing"
-        assert (path / asset).read_bytes() == (ROOT / "engines" / ASSETS_DIR / asset).read_bytes()
+        shared = asset in linked_assets(path.name)
+        source = ROOT / "engines" / (ASSETS_DIR if shared else path.name) / asset
+        assert (path / asset).read_bytes() == source.read_bytes()
 
 
 @pytest.mark.parametrize("name", TOY_DIRECTORIES)
@@ -76,7 +78,7 @@ def test_an_unknown_name_lists_the_toy_directories() -> None:
 
 def test_the_package_data_holds_each_asset_once(from_a_wheel: Path) -> None:
     found = [p.name for p in from_a_wheel.rglob("*") if p.name in TOY_ASSETS]
-    assert sorted(found) == sorted(TOY_ASSETS)
+    assert sorted(found) == sorted(TOY_ASSETS + tuple(a for own in OWN_ASSETS.values() for a in own))
     assert not (from_a_wheel / "toy-llm" / "tokenizer.json").exists(), "a wheel holds no per-directory copy"
 
 

@@ -9,7 +9,7 @@ importable from its own module (``trtio.pipeline_io.PipelineIO``, ``trtio.engine
 ``trtio.setups.binding.BoundEngine``, ...); ``docs/architecture.md`` maps the modules. A few names that are not
 in ``__all__`` stay attributes of the package because the design documents them as ``trtio.<name>``:
 ``trtio.contract_of``, ``trtio.Event``, every error class of :mod:`trtio.errors`, and the modules
-``trtio.edgellm`` and ``trtio.names``.
+``trtio.edgellm``, ``trtio.names`` and ``trtio.vision``.
 """
 
 import logging as _logging
@@ -17,6 +17,7 @@ import logging as _logging
 # `X as X`: an attribute of the package that is not in __all__ (see above).
 from trtio import edgellm as edgellm
 from trtio import names as names
+from trtio import vision as vision
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.contracts import contract_of as contract_of
 from trtio.cuda.backend import Location, get_backend
@@ -41,8 +42,10 @@ from trtio.errors import UnknownNameError as UnknownNameError
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
+    VisualSetup,
     create_for_llm,
     create_for_spec_decode,
+    create_for_visual,
     create_from_engine_dir,
 )
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup
@@ -61,9 +64,11 @@ __all__ = [
     "create_for_llm",
     "create_for_spec_decode",
     "create_from_engine_dir",
+    "create_for_visual",
     "LLMSetup",
     "SpecDecodeSetup",
     "TensorParallelLLMSetup",
+    "VisualSetup",
     # engines and their directories
     "load_engine",
     "EngineDir",

@@ -166,7 +166,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     run_generate(GenerateOptions(path=engine_path(args.engine_dir), prompt=args.prompt,
                                  max_new_tokens=args.max_new_tokens, speculative=args.speculative,
-                                 draft_top_k=args.draft_top_k, draft_step=args.draft_step, backend=args.backend))
+                                 draft_top_k=args.draft_top_k, draft_step=args.draft_step, backend=args.backend,
+                                 images=tuple(args.image or ())))
     return 0
 
 
@@ -338,6 +339,10 @@ def _add_generate(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="--speculative: tokens per chain (default: the longest the engines' tree caps allow)")
     gen.add_argument("--backend", default="auto", choices=["auto", "host", "cuda"],
                      help="memory backend of ReferenceEngines (directories without engine files); default auto")
+    gen.add_argument("--image", type=Path, action="append", metavar="PATH",
+                     help="an image for a vision-language model's directory (repeat for several; PNG/JPEG with "
+                          "'trtio[vision]', or a .npy uint8 [H, W, 3] array); each goes before the prompt unless the "
+                          "prompt places it with the image pad token")
     gen.set_defaults(func=_cmd_generate)
 
 

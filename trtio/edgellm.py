@@ -34,9 +34,10 @@ from trtio.checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directo
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, InvalidTypeError
+from trtio.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 
 __all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
-           "TP_CONFIG_PATTERN"]
+           "TP_CONFIG_PATTERN", "VISUAL_DIR", "VISUAL_ENGINE_FILE", "VISUAL_ROLE"]
 
 #: The config and engine file of each role in an engine directory.
 CONFIG_FILES = {"llm": "config.json", "base": "base_config.json", "draft": "draft_config.json"}
@@ -47,6 +48,10 @@ EMBEDDING_FILE = "embedding.safetensors"
 #: An EAGLE3 pair's draft-to-target vocabulary map (absent: the identity).
 D2T_FILE = "d2t.safetensors"
 _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
+#: A vision-language model's encoder: its folder, its engine file and the role :meth:`EngineDir.engine_path` takes.
+VISUAL_DIR = "visual"
+VISUAL_ENGINE_FILE = "visual.engine"
+VISUAL_ROLE = "visual"
 #: A tensor-parallel directory's config: ``config_world{N}.json`` (N ranks).
 TP_CONFIG_PATTERN = re.compile(r"config_world(\d+)\.json")
 #: The keys Edge-LLM 0.11's writer shards across ranks (``_tp_rank_overrides``): the only keys a rank's
@@ -83,15 +88,16 @@ class EngineDir:
     and :meth:`engine_path` takes the rank. Other directories have ``tp_size`` 1 and one rank, rank 0.
     """
 
-    __slots__ = ("_path", "_kind", "_configs", "_raw", "_ranks")
+    __slots__ = ("_path", "_kind", "_configs", "_raw", "_ranks", "_visual")
 
     def __init__(self, path: Path, kind: str, configs: dict[str, LLMEngineConfig], raw: dict[str, Any],
-                 ranks: _Ranks | None = None) -> None:
+                 ranks: _Ranks | None = None, visual: VisualConfig | None = None) -> None:
         self._path = path
         self._kind = kind
         self._configs = configs
         self._raw = raw
         self._ranks = ranks
+        self._visual = visual
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
@@ -124,14 +130,14 @@ class EngineDir:
             raw[role] = data
         if kind == "spec_decode":
             _check_pair(root, configs["base"], configs["draft"])
-        return cls(root, kind, configs, raw)
+        return cls(root, kind, configs, raw, visual=_visual(root, configs["llm" if kind == "llm" else "base"]))
 
     @classmethod
     def _open_tensor_parallel(cls, root: Path) -> EngineDir:
         file = _tp_config_file(root)
         data = read_json(file)
         whole, ranks = _read_ranks(file, data)
-        return cls(root, "llm", {"llm": whole}, {"llm": data}, ranks)
+        return cls(root, "llm", {"llm": whole}, {"llm": data}, ranks, visual=_visual(root, whole))
 
     # -- what it holds ------------------------------------------------------------------------
     @property
@@ -181,6 +187,13 @@ class EngineDir:
         return self._kind
 
     @property
+    def visual_config(self) -> VisualConfig | None:
+        """The vision encoder's config (``visual/config.json`` and ``visual/preprocessor_config.json``: a
+        vision-language model's directory), None without ``visual/``. Read and checked at :meth:`open`
+        against the LLM's config (its hidden size, deepstack features and MRoPE sections)."""
+        return self._visual
+
+    @property
     def roles(self) -> tuple[str, ...]:
         """``("llm",)`` or ``("base", "draft")``."""
         return tuple(self._configs)
@@ -206,10 +219,14 @@ class EngineDir:
         return self._ranks.file if self._ranks is not None else self._path / CONFIG_FILES[role]
 
     def engine_path(self, role: str | int) -> Path:
-        """The engine (plan) file of ``role`` (``llm.engine``, ``spec_base.engine`` or ``spec_draft.engine``) or
-        of a rank (an int: a tensor-parallel directory's ``rank_configs[r].engine``; rank 0 of another plain
-        LLM directory is its ``llm.engine``). It may not exist yet (a directory of configs opens for planning);
-        see :attr:`has_engines`."""
+        """The engine (plan) file of ``role`` (``llm.engine``, ``spec_base.engine``, ``spec_draft.engine``, or
+        ``visual/visual.engine`` for ``"visual"``) or of a rank (an int: a tensor-parallel directory's
+        ``rank_configs[r].engine``; rank 0 of another plain LLM directory is its ``llm.engine``). It may not exist
+        yet (a directory of configs opens for planning); see :attr:`has_engines`."""
+        if role == VISUAL_ROLE:
+            if self._visual is None:
+                raise ConfigError("role", f"{self._path} has no vision encoder ({VISUAL_DIR}/{VISUAL_CONFIG_FILE})")
+            return self._path / VISUAL_DIR / VISUAL_ENGINE_FILE
         if not isinstance(role, str) and is_int(role):
             r = self._rank(role)
             if self._ranks is not None:
@@ -226,9 +243,10 @@ class EngineDir:
     @property
     def engine_paths(self) -> tuple[Path, ...]:
         """Every engine file of the directory: one per role, or one per rank."""
+        visual = (self.engine_path(VISUAL_ROLE),) if self._visual is not None else ()
         if self._ranks is not None:
-            return tuple(self._path / name for name in self._ranks.engines)
-        return tuple(self._path / ENGINE_FILES[role] for role in self.roles)
+            return tuple(self._path / name for name in self._ranks.engines) + visual
+        return tuple(self._path / ENGINE_FILES[role] for role in self.roles) + visual
 
     @property
     def has_engines(self) -> bool:
@@ -361,7 +379,8 @@ class EngineDir:
     def __repr__(self) -> str:
         engines = "engines present" if self.has_engines else "configs only"
         tp = f", tp_size={self.tp_size}" if self._ranks is not None else ""
-        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}{tp}, {engines})"
+        visual = f", visual={self._visual.model_type!r}" if self._visual is not None else ""
+        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}{tp}{visual}, {engines})"
 
     # -- helpers ------------------------------------------------------------------------------
     def _rank(self, rank: Any) -> int:
@@ -447,6 +466,35 @@ def _kind_of(root: Path) -> str:
                                  "LLM, base_config.json + draft_config.json (+ spec_base.engine, "
                                  "spec_draft.engine) for a speculative pair, or config_world{N}.json (+ one engine "
                                  "per rank) for a tensor-parallel LLM")
+
+
+def _visual(root: Path, llm: LLMEngineConfig) -> VisualConfig | None:
+    """``root/visual``'s config, checked against the LLM's (ConfigError naming the file and the key), or None."""
+    folder = root / VISUAL_DIR
+    if not (folder / VISUAL_CONFIG_FILE).is_file():
+        return None
+    cfg = VisualConfig.from_dir(folder)
+    file = folder / VISUAL_CONFIG_FILE
+    if cfg.out_hidden_size != llm.hidden_size:
+        raise ConfigError(f"{file}: vision_config.out_hidden_size", f"is {cfg.out_hidden_size}, but the LLM's "
+                                                                    f"hidden_size is {llm.hidden_size}: the image "
+                                                                    "tokens take the place of text embeddings")
+    if cfg.num_deepstack != llm.num_deepstack_features:
+        raise ConfigError(f"{file}: vision_config.deepstack_visual_indexes",
+                          f"gives {cfg.num_deepstack} deepstack feature(s), but the LLM takes "
+                          f"num_deepstack_features = {llm.num_deepstack_features}")
+    section = llm.rope_scaling.mrope_section if llm.rope_scaling is not None else None
+    if not llm.is_mrope or section is None:
+        raise ConfigError(f"{file}", "belongs to a vision-language model, but the LLM's RoPE is not MRoPE (its "
+                                     "rope_scaling has no mrope_section)")
+    for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"):
+        theirs = llm.extras.get(key)
+        if theirs is not None and getattr(cfg, key) is not None and theirs != getattr(cfg, key):
+            raise ConfigError(f"{file}: {key}", f"is {getattr(cfg, key)}, the LLM's config says {theirs}")
+    if cfg.mrope_section is not None and cfg.mrope_section != section:
+        raise ConfigError(f"{file}: rope_scaling.mrope_section", f"is {list(cfg.mrope_section)}, the LLM's is "
+                                                                 f"{list(section)}")
+    return cfg
 
 
 def _check_role(file: Path, data: Any, role: str) -> None:

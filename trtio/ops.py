@@ -486,9 +486,9 @@ class DecodeAdvance:
     """A decode step's per-sequence inputs made on the device from its own copy of the lengths, which it
     then advances: for ``i < batch``, ``past[i] = asl[i] - 1 = lengths[i]`` (the ragged contract's past and
     attention lengths, or the batch contract's start index and context lengths), ``positions[i] =
-    lengths[i]`` and the MRoPE row ``i * rope_cap + lengths[i]`` when those are given, then ``lengths[i] +=
-    1``. Steady decode steps so upload nothing: their graph replays as it is. All tensors are int32 on the
-    device."""
+    lengths[i]`` and the MRoPE row ``slots[i] * rope_cap + lengths[i]`` (``i`` for ``slots[i]`` without
+    ``slots``: the slot whose table the row is in) when those are given, then ``lengths[i] += 1``. Steady
+    decode steps so upload nothing: their graph replays as it is. All tensors are int32 on the device."""
 
     lengths: Tensor
     batch: int
@@ -497,6 +497,7 @@ class DecodeAdvance:
     positions: Tensor | None = None
     rope_rows: Tensor | None = None
     rope_cap: int = 0
+    slots: Tensor | None = None
 
     @property
     def backend(self) -> Backend:
@@ -506,11 +507,13 @@ class DecodeAdvance:
         b, cap = self.batch, self.rope_cap
         if self.backend.name == "cuda":
             _kernel(self, "trtio_decode_advance", -(-b // _BLOCK), _ptr(self.lengths), np.int32(b), _ptr(self.past),
-                    _ptr(self.asl), _ptr(self.positions), _ptr(self.rope_rows), np.int64(cap))(stream.handle)
+                    _ptr(self.asl), _ptr(self.positions), _ptr(self.rope_rows), np.int64(cap),
+                    _ptr(self.slots))(stream.handle)
             return
         ptrs = (self.lengths.data_ptr, self.past.data_ptr, self.asl.data_ptr)
         at = self.positions.data_ptr if self.positions is not None else 0
         rope = self.rope_rows.data_ptr if self.rope_rows is not None else 0
+        slots = self.slots.data_ptr if self.slots is not None else 0
 
         def run() -> None:
             lengths, past, asl = (_ints(p, b) for p in ptrs)
@@ -519,7 +522,8 @@ class DecodeAdvance:
             if at:
                 _ints(at, b)[:] = lengths
             if rope:
-                _ints(rope, b)[:] = np.arange(b, dtype=np.int32) * cap + lengths
+                which = _ints(slots, b) if slots else np.arange(b, dtype=np.int32)
+                _ints(rope, b)[:] = which * cap + lengths
             lengths += 1
 
         _host_work(self.backend, stream, run)

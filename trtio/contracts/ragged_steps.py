@@ -368,7 +368,8 @@ class RaggedSteps(StepInputs):
         rows = t["rope_rows"] if per_slot else t["positions"]
         return (DecodeAdvance(t["decode_lengths"], b, t["past_lengths"], t["attention_sequence_lengths"],
                               t["positions"], rows if per_slot else None,
-                              e.cfg.max_kv_cache_capacity if per_slot else 0),
+                              e.cfg.max_kv_cache_capacity if per_slot else 0,
+                              t["state_indices"] if per_slot else None),  # each sequence's own slot's table
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b, rope_row_bytes(e.cfg)))
 
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,

@@ -163,18 +163,20 @@ extern "C" __global__ void trtio_kv_commit(const unsigned long long* __restrict_
 }
 
 // A decode step's inputs from the device's own lengths, then the lengths advanced: for sequence i < batch,
-// past = asl - 1 = lengths[i] (and position = lengths[i], its MRoPE row i * rope_cap + lengths[i], where
-// those are given), then lengths[i] += 1. A replayed decode graph so needs no upload.
+// past = asl - 1 = lengths[i] (and position = lengths[i], its MRoPE row slot * rope_cap + lengths[i], where
+// those are given: slot = slots[i], or i without slots), then lengths[i] += 1. A replayed decode graph so needs
+// no upload.
 extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int batch, int* __restrict__ past,
                                                 int* __restrict__ asl, int* __restrict__ positions,
-                                                int* __restrict__ rope_rows, long long rope_cap) {
+                                                int* __restrict__ rope_rows, long long rope_cap,
+                                                const int* __restrict__ slots) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= batch) return;
     int len = lengths[i];
     past[i] = len;
     asl[i] = len + 1;
     if (positions) positions[i] = len;
-    if (rope_rows) rope_rows[i] = (int)(i * rope_cap + len);
+    if (rope_rows) rope_rows[i] = (int)((long long)(slots ? slots[i] : i) * rope_cap + len);
     lengths[i] = len + 1;
 }
 

@@ -32,6 +32,7 @@ from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, PrefixReturns, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
+from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import KVPages, Sequences
 from trtio.staging import HOLD_SLOTS, UploadRing
 from trtio.stream import Event, Stream, StreamLike, as_stream
@@ -225,6 +226,7 @@ class SetupBase(Closeable, abc.ABC):
     _embeds_type: DType  # the activations' dtype
     _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
+    _positions: SlotPositions | None = None  # MRoPE engines: each slot's position rows and delta
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
     _in_use: threading.Lock  # held by the thread inside a public call (:func:`one_thread`)
     _returns: PrefixReturns  # the page lock, and the pages of prefixes the garbage collector released
@@ -472,10 +474,12 @@ class SetupBase(Closeable, abc.ABC):
             raise
 
     def _prefill(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any, stream: StreamLike, slots: Any,
-                 prefix: Any, past_lengths: Any, deepstack_embeds: Sequence[Any] | None, what: str) -> Prompt:
+                 prefix: Any, past_lengths: Any, deepstack_embeds: Sequence[Any] | None, what: str,
+                 mrope_positions: Any = None) -> Prompt:
         """A prefill of ``e`` (``LLMSetup.prefill``, ``SpecDecodeSetup.base_prefill``): every input checked, then
         the sequences admitted, their pages taken, the prompts staged and the engine enqueued; a failure on
-        the way leaves the sequences as they were. Returns what the prompts were."""
+        the way leaves the sequences as they were. ``mrope_positions``: the prompts' 3-axis positions (MRoPE
+        setups, :mod:`trtio.setups.mrope`). Returns what the prompts were."""
         self._check_usable()
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
@@ -486,6 +490,7 @@ class SetupBase(Closeable, abc.ABC):
         rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, what)
         dims = self._prefill_dims(e, b, seq, past)
         features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
+        positions = self._check_positions(mrope_positions, b, seq, ctx, past)
         # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
         s = self._stream(stream)
         with self._seqs.transaction():
@@ -494,9 +499,21 @@ class SetupBase(Closeable, abc.ABC):
             before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
             if past_lengths is None:  # new sequences: a hybrid's recurrent states zeroed, or restored from prefixes
                 before += self._seqs.admitted_states(rows, prefixes)
+            if self._positions is not None:  # the slots' MRoPE rows, written before the step gathers them
+                before = self._positions.prefill_work(rows, past, ctx, positions, past_lengths is not None) + before
             self._bind_deepstack(e, features, b, seq, s)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)
+
+    def _check_positions(self, positions: Any, b: int, seq: int, ctx: np.ndarray,
+                         past: np.ndarray | None) -> np.ndarray | None:
+        """A prefill's ``mrope_positions``, checked (None where not given); refused for a setup without MRoPE."""
+        if self._positions is None:
+            if positions is not None:
+                raise ShapeError("mrope_positions: given, but the engine's RoPE is not MRoPE with sections (its config "
+                                 "has no rope_scaling.mrope_section)")
+            return None
+        return self._positions.check(positions, b, seq, ctx, past)
 
     def _prompt_slots(self, e: BoundEngine, slots: Any, prefix: Any, past_lengths: Any, b: int, ctx: np.ndarray,
                       what: str) -> tuple[np.ndarray, list[Prefix | None] | None, np.ndarray | None]:
@@ -640,6 +657,8 @@ class SetupBase(Closeable, abc.ABC):
         for e in self.engines():
             parts.append(e.state.memory_report())
         parts.append(self._extra_arena.report())
+        if self._positions is not None:
+            parts.append(self._positions.report())
         parts.append(self._rope.report())
         if include_context_memory:
             parts.append(self._context_memory.report())

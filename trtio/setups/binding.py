@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,19 +22,19 @@ from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
-from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO
+from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, InvalidTypeError
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
-from trtio.registry import TensorRegistry
+from trtio.registry import TensorRegistry, TensorSpec
 from trtio.rope import rope_cos_sin_table
 from trtio.state import EngineState, state_names, state_problems
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BoundEngine", "RopeTables", "bind_engine", "check_engine", "engine_backend", "engine_io", "fill_mrope",
-           "with_contract"]
+__all__ = ["BoundEngine", "RopeTables", "bind_engine", "check_engine", "declared_problems", "engine_backend",
+           "engine_io", "fill_mrope", "profile_problems", "with_contract"]
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -49,7 +49,6 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
     state's dtype, dims and page pool. ``constants`` (engine input name -> tensor) are inputs the caller
     binds itself (weights the engine reads at run time): each must be a declared input of its dtype."""
     problems = []
-    owned = state_names(engine_io)
     given = dict(constants or {})
     for name, t in given.items():
         info = engine_io[name] if name in engine_io else None
@@ -57,10 +56,23 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             problems.append(f"{name}: a constant input is given for it, but the engine declares no such input")
         elif t.dtype is not info.dtype:
             problems.append(f"{name}: the engine wants {info.dtype}, the constant input is {t.dtype}")
+    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given))
+    problems += _range_problems(engine_io, registry, cfg)
+    problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
+                               pages_on_demand=pages_on_demand)
+    if problems:
+        raise BindingError(engine_io.name, problems)
+
+
+def declared_problems(engine_io: EngineIO, registry: TensorRegistry, *, skip: Set[str] = frozenset()) -> list[str]:
+    """Where an engine's declared I/O and a registry disagree: a binding the registry does not know (except
+    those in ``skip``, bound by someone else), a direction, dtype, rank or fixed dim of another value, and a
+    required binding the engine does not declare."""
+    problems = []
     for info in engine_io.tensors:
         spec = registry.get(info.name)
         if spec is None:
-            if info.name not in owned and info.name not in given:
+            if info.name not in skip:
                 problems.append(f"{info.name}: the engine declares this {info.mode} but a {registry.role} engine of "
                                 f"the {registry.contract} contract has no such binding")
             continue
@@ -79,11 +91,21 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
         if spec.name not in engine_io and not spec.optional:
             what = "input" if spec.is_input else "output"
             problems.append(f"{spec.name}: the config implies this {what} but the engine does not declare it")
-    problems += _range_problems(engine_io, registry, cfg)
-    problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
-                               pages_on_demand=pages_on_demand)
-    if problems:
-        raise BindingError(engine_io.name, problems)
+    return problems
+
+
+def profile_problems(info: TensorInfo, spec: TensorSpec, *, lower: bool = False) -> list[str]:
+    """Profile maxima of ``info`` (an engine input) below what ``spec``'s profiles say the config needs, and with
+    ``lower`` minima above them (shapes the config allows that the engine would refuse)."""
+    problems = []
+    for p, (want, got) in enumerate(zip(spec.profiles, info.profiles)):
+        if any(g < w for g, w in zip(got[2], want[2])):
+            problems.append(f"{info.name}: profile {p} goes up to {list(got[2])} in the engine, the config "
+                            f"needs {list(want[2])}")
+        if lower and any(g > w for g, w in zip(got[0], want[0])):
+            problems.append(f"{info.name}: profile {p} starts at {list(got[0])} in the engine, the config "
+                            f"needs {list(want[0])}")
+    return problems
 
 
 def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineConfig) -> list[str]:
@@ -99,10 +121,7 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
         if spec is None or len(spec.shape) != len(info.shape):
             continue
         if spec.profiles and info.profiles:
-            for p, (want, got) in enumerate(zip(spec.profiles, info.profiles)):
-                if any(g < w for g, w in zip(got[2], want[2])):
-                    problems.append(f"{info.name}: profile {p} goes up to {list(got[2])} in the engine, the config "
-                                    f"needs {list(want[2])}")
+            problems += profile_problems(info, spec)
             continue
         profile_max = info.max_shape() if info.profiles else tuple(-1 for _ in info.shape)
         for i, dim in enumerate(spec.shape):

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from types import ModuleType
 
 from trtio.cuda.backend import Backend, get_backend
-from trtio.edgellm import EngineDir
+from trtio.edgellm import VISUAL_DIR, VISUAL_ROLE, EngineDir
 from trtio.errors import ConfigError
 from trtio.recurrent import DEFAULT_MAX_PREFIXES
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
 from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup, check_devices
+from trtio.setups.visual import create_for_visual
 from trtio.stream import StreamLike
 from trtio.trt import load_engine
 
@@ -29,6 +31,10 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
     """An :class:`LLMSetup` (``llm.engine`` + ``config.json``, or a tensor-parallel ``config_world{N}.json`` +
     one engine per rank) or a :class:`SpecDecodeSetup` (``spec_base.engine`` + ``base_config.json``,
     ``spec_draft.engine`` + ``draft_config.json``) for the Edge-LLM directory at ``path``.
+
+    A vision-language model's directory (a plain LLM with ``visual/``: Qwen2.5-VL, Qwen3-VL) gives the LLM's
+    setup with its encoder attached as ``setup.visual`` (:func:`~trtio.setups.visual.create_for_visual` of
+    ``visual/visual.engine``, on the same backend, with the same ``graphs``).
 
     A speculative pair needs ``draft_top_k``, ``draft_step`` and ``verify_size`` (Edge-LLM takes them at
     run time), checked against the configs' tree caps before any engine is loaded. Engines are
@@ -48,6 +54,11 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
     """
     directory = EngineDir.open(path)
     bundle = directory.deployment(draft_top_k, draft_step, verify_size)
+    if directory.visual_config is not None and (directory.kind != "llm" or directory.is_tensor_parallel):
+        what = "a speculative pair" if directory.kind != "llm" else "a tensor-parallel LLM"
+        raise ConfigError(VISUAL_DIR, f"{directory.path} holds {what} with a vision encoder; create_from_engine_dir "
+                                      "attaches a vision encoder to a plain LLM only (bind it with "
+                                      "trtio.create_for_visual)")
     if directory.is_tensor_parallel:
         return _tensor_parallel(directory, stream, graphs=graphs, plugins=plugins, module=module, backend=backend,
                                 devices=devices, checkpoint_dir=checkpoint_dir)
@@ -57,8 +68,16 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
                                     "holds one engine per role")
     if directory.kind == "llm":
         engine = load_engine(directory.engine_path("llm"), module, plugins=plugins)
-        return create_for_llm(engine, directory.config, stream, graphs=graphs, backend=backend,
-                              max_prefixes=max_prefixes)
+        setup = create_for_llm(engine, directory.config, stream, graphs=graphs, backend=backend,
+                               max_prefixes=max_prefixes)
+        visual = directory.visual_config
+        if visual is not None:
+            with contextlib.ExitStack() as undo:  # a ViT that fails to bind frees the LLM's setup
+                undo.callback(setup.close)
+                vit = load_engine(directory.engine_path(VISUAL_ROLE), module, plugins=plugins)
+                setup.attach_visual(create_for_visual(vit, visual, stream, graphs=graphs, backend=setup.io.backend))
+                undo.pop_all()
+        return setup
     base = load_engine(directory.engine_path("base"), module, plugins=plugins)
     draft = load_engine(directory.engine_path("draft"), module, plugins=plugins)
     return create_for_spec_decode(base, draft, bundle, stream=stream, graphs=graphs, backend=backend)

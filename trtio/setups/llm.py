@@ -36,7 +36,9 @@ from trtio.setups.binding import (
     fill_mrope,
     with_contract,
 )
+from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import Sequences
+from trtio.setups.visual import VisualSetup
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike
@@ -47,7 +49,12 @@ __all__ = ["LLMSetup", "create_for_llm", "recurrent_states"]
 
 
 class LLMSetup(SetupBase):
-    """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``)."""
+    """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
+
+    ``visual``: a vision-language model's encoder (a :class:`~trtio.setups.visual.VisualSetup` that
+    ``create_from_engine_dir`` attaches, closed with this setup), else None."""
+
+    visual: VisualSetup | None = None
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -81,6 +88,9 @@ class LLMSetup(SetupBase):
                            title="inputs_embeds staging"))
             fill_mrope(self.io, cfg, s)
             self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
+            if cfg.is_mrope and cfg.rope_scaling is not None and cfg.rope_scaling.mrope_section is not None:
+                # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
+                self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
@@ -90,6 +100,19 @@ class LLMSetup(SetupBase):
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
+
+    def attach_visual(self, visual: VisualSetup) -> None:
+        """Keep ``visual`` (the ViT of this LLM's vision-language model) as :attr:`visual`; it is closed with this
+        setup from now on."""
+        self._check_open()
+        if self.visual is not None:
+            raise TrtioError(f"{self!r} has a vision encoder attached already")
+        if visual.cfg.out_hidden_size != self.cfg.hidden_size:
+            raise ConfigError("vision_config.out_hidden_size", f"is {visual.cfg.out_hidden_size}, but the LLM's "
+                                                               f"hidden_size is {self.cfg.hidden_size}")
+        assert self._resources is not None
+        self._resources.callback(visual.close)
+        self.visual = visual
 
     # -- public views ---------------------------------------------------------------------------
     @property
@@ -121,10 +144,21 @@ class LLMSetup(SetupBase):
         return np.asarray(self._engine.state.lengths[self._seqs.order])
 
     # -- steps ----------------------------------------------------------------------------------
+    @property
+    def rope_deltas(self) -> np.ndarray:
+        """MRoPE: each active sequence's position delta, in the order of :attr:`active` (int64; a copy): a token
+        at cache position ``k`` past its prompt has position ``k + delta`` on all three axes (0 for text, and for
+        every sequence of an engine without MRoPE)."""
+        if self._positions is None:
+            return np.zeros(self._seqs.count, np.int64)
+        deltas: np.ndarray = self._positions.deltas[self._seqs.order]
+        return deltas
+
     @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
-                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
+                mrope_positions: Any = None) -> Tensor:
         """Run prompts (profile 0) and return the logits view [batch, vocab] of each one's last token.
 
         ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
@@ -140,9 +174,24 @@ class LLMSetup(SetupBase):
         one per sequence, None for none) starts each sequence after the prefix's tokens: ``inputs_embeds``
         hold only the tokens after it. Pages the prompts write are taken before anything is enqueued: a
         pool too short raises CapacityError and changes nothing.
+
+        ``mrope_positions`` (MRoPE engines: vision-language models): int ``[3, batch, seq]``, each token's
+        temporal, height and width position (:func:`trtio.vision.splice` makes them), absolute (a continued
+        sequence's new tokens after its cached ones). The sequence's later tokens take text positions from its
+        delta on (:attr:`rope_deltas`). Without them a new sequence's positions are its token indices, and a
+        continued one goes on from its delta.
         """
-        self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
-                      deepstack_embeds, "prefill")
+        try:
+            self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
+                          deepstack_embeds, "prefill", mrope_positions)
+        except BaseException:
+            if self._positions is not None and self._positions.unsettled:
+                self._positions.settle()
+                self._break("a prefill that continued sequences with new MRoPE positions failed after writing "
+                            "their position rows")
+            raise
+        if self._positions is not None:
+            self._positions.settle()
         return self.io.output_logits
 
     @one_thread

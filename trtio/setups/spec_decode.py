@@ -222,7 +222,8 @@ class SpecDecodeSetup(SetupBase):
 
     @property
     def phase(self) -> Phase:
-        """Where the setup stands in its order of calls (:class:`~trtio.setups.spec_decode.Phase`: its value says what comes next)."""
+        """Where the setup stands in its order of calls (:class:`~trtio.setups.spec_decode.Phase`: its value says
+        what comes next)."""
         return self._phase
 
     def _expect(self, what: str, *phases: Phase) -> None:

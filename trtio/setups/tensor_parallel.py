@@ -659,13 +659,19 @@ class TensorParallelLLMSetup(LLMSetup):
     @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
-                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+                past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
+                mrope_positions: Any = None) -> Tensor:
         """:meth:`LLMSetup.prefill` on every rank (the same inputs, copied to each rank's device); rank 0's logits
         view. ``prefix``: prefixes of this setup's :meth:`pin_prefix`."""
         x = self._inputs(inputs_embeds)
         return self._step("prefill", lambda r, s: self._rank_setups[r].prefill(
             x[r], context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
-            past_lengths=past_lengths, deepstack_embeds=deepstack_embeds), stream)
+            past_lengths=past_lengths, deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions), stream)
+
+    @property
+    def rope_deltas(self) -> np.ndarray:
+        """Rank 0's (every rank keeps the same)."""
+        return self._rank_setups[0].rope_deltas
 
     @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:

@@ -28,15 +28,27 @@ from pathlib import Path
 
 from trtio.errors import UnknownNameError
 
-__all__ = ["ASSETS_DIR", "TOY_ASSETS", "TOY_DIRECTORIES", "default_engines_dir", "plan_cache_dir", "toy_engine_dir"]
+__all__ = ["ASSETS_DIR", "OWN_ASSETS", "TOY_ASSETS", "TOY_DIRECTORIES", "default_engines_dir", "linked_assets",
+           "plan_cache_dir", "toy_engine_dir"]
 
 log = logging.getLogger("trtio")
 
 #: The toy engine directories, by name (``engines/README.md`` says what each is).
 TOY_DIRECTORIES = ("toy-llm", "toy-eagle", "toy-llm-ragged", "toy-eagle3-ragged", "toy-llm-tp2", "toy-llm-tp4",
-                   "toy-qwen35-ragged", "toy-nemotron-h-ragged")
+                   "toy-qwen35-ragged", "toy-nemotron-h-ragged", "toy-vlm-ragged")
 #: The files every toy directory holds beside its configs, kept once in :data:`ASSETS_DIR`.
 TOY_ASSETS = ("embedding.safetensors", "tokenizer.json", "tokenizer_config.json")
+#: Assets a directory holds as files of its own instead of links (the vision-language toy's tokenizer knows its
+#: image markers).
+OWN_ASSETS = {"toy-vlm-ragged": ("tokenizer.json", "tokenizer_config.json")}
+
+
+def linked_assets(name: str) -> tuple[str, ...]:
+    """The assets of toy directory ``name`` that are links into :data:`ASSETS_DIR`."""
+    own = OWN_ASSETS.get(name, ())
+    return tuple(a for a in TOY_ASSETS if a not in own)
+
+
 #: The folder of the engines folder that holds :data:`TOY_ASSETS`.
 ASSETS_DIR = "toy-assets"
 _MARKER = ".complete"  # written last into a laid-out folder: a folder without it is half written
@@ -81,7 +93,7 @@ def _lay_out(shipped: Path, target: Path) -> None:
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shipped / rel, target / rel)
     for name in TOY_DIRECTORIES:
-        for asset in TOY_ASSETS:
+        for asset in linked_assets(name):
             link = target / name / asset
             try:
                 link.symlink_to(Path("..") / ASSETS_DIR / asset)

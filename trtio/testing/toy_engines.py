@@ -29,6 +29,12 @@ base (one model) and ``ToyWeights.generate_draft(draft, base weights, 0)`` for t
 this contract are built here (Edge-LLM's builder and attention plugin make real ones); the engines
 are :class:`~trtio.testing.ReferenceEngine` s.
 
+A vision-language model in Edge-LLM's layout of a Qwen3-VL build (:class:`VisionToyEngines`):
+``toy-vlm-ragged/config.json`` (an LLM of the ragged toy's kind with interleaved MRoPE and three deepstack
+features) and ``toy-vlm-ragged/visual/`` (a Qwen3-VL ViT's ``config.json`` and ``preprocessor_config.json``),
+whose engines are a :class:`~trtio.testing.ReferenceEngine` and a
+:class:`~trtio.testing.reference_visual.ReferenceVisualEngine`.
+
 The same model built tensor-parallel (:class:`TensorParallelToyEngines`), in Edge-LLM's layout of such a
 build: ``toy-llm-tp2/config_world2.json`` and ``toy-llm-tp4/config_world4.json`` (one engine per rank, each
 with its share of the heads and of the MLP), whose engines read the LM head and each layer's MLP down
@@ -55,7 +61,8 @@ from trtio.testing.toy_dirs import default_engines_dir, plan_cache_dir
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
 __all__ = ["ENGINE_NAMES", "HYBRID_DIRS", "RAGGED_DEMO_TREE", "RAGGED_DIRS", "RAGGED_ENGINE_NAMES", "RAGGED_SEED",
-           "TP_DIRS", "HybridToyEngine", "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines",
+           "TP_DIRS", "VLM_DIR", "HybridToyEngine", "RaggedToyEngines", "TensorParallelToyEngines", "ToyEngines",
+           "VisionToyEngines",
            "default_engines_dir", "plan_cache_dir"]
 
 #: The toy engines, in build order: directory names under an engines folder.
@@ -73,6 +80,9 @@ TP_DIRS = ("toy-llm-tp2", "toy-llm-tp4")
 #: and 2 attention layers) and a Mamba2 model like Nemotron-H's (3 recurrent layers and one attention layer without
 #: RoPE; its MLP blocks are absent from layer_types), both with toy-llm-ragged's vocabulary and hidden size.
 HYBRID_DIRS = ("toy-qwen35-ragged", "toy-nemotron-h-ragged")
+
+#: The toy vision-language model directory (Edge-LLM's layout of a Qwen3-VL build: the LLM and ``visual/``).
+VLM_DIR = "toy-vlm-ragged"
 #: The run-time tree of the ragged pair's demo: (draft_top_k, draft_step, verify_size), within the
 #: configs' caps (max_draft_tree_size 8 >= 2 x 3, max_verify_tree_size 8).
 RAGGED_DEMO_TREE = (2, 3, 8)
@@ -459,3 +469,81 @@ class HybridToyEngine:
 
         return ReferenceEngine.from_config(self.config, device=device, weights=self.weights,
                                            null_compute=null_compute, name=self.name)
+
+
+@dataclass(frozen=True)
+class VisionToyEngines:
+    """The toy vision-language model (:data:`VLM_DIR`): the LLM (``ToyWeights.generate(config, 0)``) and its
+    Qwen3-VL vision encoder (``VitWeights.generate(visual_config, 0)``), as reference engines."""
+
+    directory: EngineDir
+    _weights: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike[str] = VLM_DIR) -> VisionToyEngines:
+        """Open the toy directory (its name under :func:`default_engines_dir`, or a path); ConfigError where the
+        directory has no vision encoder."""
+        path = default_engines_dir() / VLM_DIR if str(name_or_path) == VLM_DIR else Path(name_or_path)
+        directory = EngineDir.open(path)
+        if directory.visual_config is None or directory.kind != "llm":
+            raise ConfigError(str(path), "is not a vision-language model's directory (a plain LLM with visual/)")
+        return cls(directory)
+
+    @property
+    def config(self) -> LLMEngineConfig:
+        return self.directory.config
+
+    @property
+    def visual_config(self) -> Any:
+        """The ViT's :class:`~trtio.visual_config.VisualConfig`."""
+        return self.directory.visual_config
+
+    @property
+    def weights(self) -> ToyWeights:
+        if "llm" not in self._weights:
+            self._weights["llm"] = ToyWeights.generate(self.config, RAGGED_SEED)
+        found: ToyWeights = self._weights["llm"]
+        return found
+
+    @property
+    def vit_weights(self) -> Any:
+        """The ViT's :class:`~trtio.testing.reference_visual.VitWeights`."""
+        from trtio.testing.reference_visual import VitWeights  # noqa: PLC0415 - heavy, loaded on use
+
+        if "visual" not in self._weights:
+            self._weights["visual"] = VitWeights.generate(self.visual_config, RAGGED_SEED)
+        return self._weights["visual"]
+
+    def embedding(self) -> np.ndarray:
+        """The token embedding table (float32 [vocab, hidden])."""
+        cfg = self.config
+        return toy_embedding(cfg.vocab_size, cfg.hidden_size, RAGGED_SEED)
+
+    def reference_engine(self, *, device: str = "auto", null_compute: bool = False) -> Any:
+        """The LLM's :class:`~trtio.testing.ReferenceEngine`."""
+        from trtio.testing.reference_engine import ReferenceEngine  # noqa: PLC0415 - heavy, loaded on use
+
+        return ReferenceEngine.from_config(self.config, weights=None if null_compute else self.weights, device=device,
+                                           null_compute=null_compute, name=VLM_DIR)
+
+    def visual_engine(self, *, device: str = "auto", null_compute: bool = False) -> Any:
+        """The ViT's :class:`~trtio.testing.reference_visual.ReferenceVisualEngine`."""
+        from trtio.testing.reference_visual import ReferenceVisualEngine  # noqa: PLC0415 - heavy, loaded on use
+
+        return ReferenceVisualEngine.from_config(self.visual_config, weights=self.vit_weights, device=device,
+                                                 null_compute=null_compute, name=f"{VLM_DIR}/visual")
+
+    def loader(self, *, device: str = "auto") -> Any:
+        """A stand-in for :func:`trtio.load_engine` (same arguments) giving the directory's ``llm.engine`` and
+        ``visual/visual.engine`` their reference engines: patch ``trtio.setups.engine_dir.load_engine`` with it to
+        run ``create_from_engine_dir`` on the directory without plans."""
+        llm, visual = self.directory.engine_path("llm"), self.directory.engine_path("visual")
+
+        def load(path: str | os.PathLike[str], module: Any = "auto", *, plugins: Any = ()) -> Any:
+            if Path(path) == llm:
+                return self.reference_engine(device=device)
+            if Path(path) == visual:
+                return self.visual_engine(device=device)
+            raise UnknownNameError(f"{path} is not an engine of {self.directory.path}")
+
+        return load

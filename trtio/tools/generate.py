@@ -15,6 +15,12 @@ chains of ``draft_step`` tokens per round (the draft's top-k first tokens, then 
 each), verifies them all with the base in one step and keeps the longest chain the base agrees with, plus
 the base's next token: exactly the tokens greedy decoding of the base gives. Text goes to stdout as tokens
 come; tokens per second (and for a pair the acceptance rate) to stderr at the end.
+
+A vision-language model's directory (``visual/`` beside the LLM: Qwen2.5-VL, Qwen3-VL) takes ``--image``: each
+image is preprocessed (:func:`trtio.vision.preprocess`), encoded by the directory's ViT (``setup.visual``) and
+spliced into the prompt (:func:`trtio.vision.splice`): one image pad per image, wrapped in the vision markers
+and put before the prompt's text unless the prompt holds its own pads; the prefill takes the spliced
+embeddings, deepstack features and 3-axis MRoPE positions.
 """
 
 from __future__ import annotations
@@ -37,13 +43,21 @@ from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Location
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.errors import ConfigError, ShapeError, TrtioError
-from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode, create_from_engine_dir
+from trtio.setups import (
+    LLMSetup,
+    SpecDecodeSetup,
+    create_for_llm,
+    create_for_spec_decode,
+    create_for_visual,
+    create_from_engine_dir,
+)
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_model import ToyWeights
 from trtio.tools.engine_dirs import RUNTIME_FLAGS, edgellm_directory
 from trtio.tools.options import backend_option
 from trtio.trt import load_engine
+from trtio.vision import VisionPrompt, preprocess, splice
 
 __all__ = ["GenerateOptions", "TOKENIZER_FILE", "TOKENIZER_CONFIG_FILE", "run_generate"]
 
@@ -63,6 +77,7 @@ class GenerateOptions:
     draft_top_k: int | None = None
     draft_step: int | None = None
     backend: str = "auto"
+    images: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -97,11 +112,18 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
     ids = tokenizer.encode(opts.prompt).ids
     if not ids:
         raise ShapeError(f"--prompt: {opts.prompt!r} has no tokens")
+    images = _images(path, kind, opts)
     model = _open(path, kind, opts)
     with model.setup as setup:
         limit = (setup.base.cfg if isinstance(setup, SpecDecodeSetup) else setup.cfg).max_supported_input_length
+        prompt = None
+        if images:
+            assert isinstance(setup, LLMSetup) and setup.visual is not None
+            prompt = _vision_prompt(setup, model.table, ids, images)
+            ids = [int(t) for t in prompt.token_ids[0]]
         if len(ids) > limit:
-            raise ShapeError(f"--prompt: {len(ids)} tokens, more than the engine takes in one prefill "
+            what = "--prompt and --image" if images else "--prompt"
+            raise ShapeError(f"{what}: {len(ids)} tokens, more than the engine takes in one prefill "
                              f"(max_supported_input_length {limit})")
         if model.note:
             print(f"trtio generate: {model.note}", file=err, flush=True)
@@ -115,7 +137,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
             if isinstance(setup, SpecDecodeSetup):
                 stats = _speculative(setup, embed, ids, sink, opts.speculative, model.draft_to_target)
             else:
-                stats = _greedy(setup, embed, ids, sink)
+                stats = _greedy(setup, embed, ids, sink, prompt)
             seconds = time.perf_counter() - start
         finally:
             embed.close()
@@ -179,6 +201,8 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
     if not pair:
         if directory.has_engines:
             return _Model(create_from_engine_dir(path, graphs=True, backend=_backend(opts)), table, eos, None, None)
+        if directory.visual_config is not None:
+            return _Model(_reference_vlm(directory, opts), table, eos, None, _reference_note(path))
         if directory.is_tensor_parallel:
             if opts.backend == "cuda":
                 raise ConfigError("--backend", f"cuda needs engine files; {path} has none, and its reference ranks "
@@ -282,6 +306,74 @@ def _reference(cfg: LLMEngineConfig, weights: ToyWeights, opts: GenerateOptions)
 
     device = {"auto": "auto", "host": "host", "cuda": "gpu"}[opts.backend]
     return ReferenceEngine.from_config(cfg, weights=weights, device=device)
+
+
+def _reference_vlm(directory: EngineDir, opts: GenerateOptions) -> LLMSetup:
+    """A vision-language model's directory without engine files: the LLM and its ViT as ReferenceEngines of their
+    configs (the toy models' seeded weights), the ViT attached as ``setup.visual``."""
+    from trtio.testing.reference_visual import ReferenceVisualEngine, VitWeights  # noqa: PLC0415 - heavy
+
+    vcfg = directory.visual_config
+    assert vcfg is not None
+    cfg = directory.config
+    setup = create_for_llm(_reference(cfg, ToyWeights.generate(cfg, 0), opts), cfg, graphs=True)
+    try:
+        vit = ReferenceVisualEngine.from_config(vcfg, weights=VitWeights.generate(vcfg, 0), device=opts.backend)
+        setup.attach_visual(create_for_visual(vit, vcfg, graphs=True, backend=setup.io.backend))
+    except BaseException:
+        setup.close()
+        raise
+    return setup
+
+
+def _images(path: Path, kind: str, opts: GenerateOptions) -> list[np.ndarray]:
+    """The ``--image`` files as uint8 RGB arrays (refused for a directory without a vision encoder)."""
+    if not opts.images:
+        return []
+    if kind != "edgellm" or EngineDir.open(path).visual_config is None:
+        raise ConfigError("--image", f"{path} has no vision encoder (a vision-language model's directory holds "
+                                     "visual/config.json beside the LLM)")
+    return [_read_image(Path(p)) for p in opts.images]
+
+
+def _read_image(file: Path) -> np.ndarray:
+    """An image file as uint8 ``[H, W, 3]``: a ``.npy`` array as it is, anything else through Pillow (RGB)."""
+    if not file.is_file():
+        raise ConfigError(f"--image {file}", "no such file")
+    if file.suffix.lower() == ".npy":
+        try:
+            return np.asarray(np.load(file, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--image {file}", f"cannot be read as a numpy array: {exc}") from None
+    try:
+        from PIL import Image
+    except ImportError:
+        raise TrtioError("trtio generate --image needs Pillow to read PNG or JPEG files: pip install 'trtio[vision]' "
+                         "(or pass a .npy uint8 [H, W, 3] array)") from None
+    try:
+        with Image.open(file) as img:
+            return np.asarray(img.convert("RGB"))
+    except OSError as exc:
+        raise ConfigError(f"--image {file}", f"cannot be read as an image: {exc}") from None
+
+
+def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: list[np.ndarray]) -> VisionPrompt:
+    """The prompt with ``images`` spliced in: each image preprocessed and encoded by the setup's ViT; one image pad
+    per image (wrapped in the vision markers, before the text) unless the prompt holds its own pads."""
+    visual = setup.visual
+    assert visual is not None
+    vcfg = visual.cfg
+    if vcfg.image_token_id not in ids:
+        marker: list[int] = []
+        for _ in images:
+            marker.append(vcfg.vision_start_token_id)
+            marker.append(vcfg.image_token_id)
+            if vcfg.vision_end_token_id is not None:
+                marker.append(vcfg.vision_end_token_id)
+        ids = marker + ids
+    patches, grid = preprocess(images, vcfg)
+    encoded = visual.encode(patches, grid)
+    return splice(ids, grid, vcfg, table, encoded)
 
 
 def _reference_ranks(directory: EngineDir) -> LLMSetup:
@@ -395,9 +487,15 @@ class _Sink:
         return False
 
 
-def _greedy(setup: LLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink) -> dict[str, Any]:
+def _greedy(setup: LLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink,
+            prompt: VisionPrompt | None = None) -> dict[str, Any]:
     cap = setup.cfg.max_kv_cache_capacity
-    logits = setup.prefill(embed(ids), [len(ids)])
+    if prompt is None:
+        logits = setup.prefill(embed(ids), [len(ids)])
+    else:
+        logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths,
+                               deepstack_embeds=list(prompt.deepstack_embeds) or None,
+                               mrope_positions=prompt.mrope_positions)
     while True:
         token = int(logits.to_numpy().argmax(-1)[0])
         if sink.take([token]):
