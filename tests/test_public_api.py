@@ -64,7 +64,13 @@ def test_what_create_from_engine_dir_returns_for_a_tensor_parallel_directory_is_
     from trtio.setups.tensor_parallel import TensorParallelLLMSetup
 
     assert trtio.TensorParallelLLMSetup is TensorParallelLLMSetup
-    assert issubclass(trtio.TensorParallelLLMSetup, trtio.LLMSetup)
+    # LLMSetup's step API, by composition: the same calls with the same parameters, the same views
+    for name in ("prefill", "decode", "release", "pin_prefix", "reset", "populate_streaming", "memory_report"):
+        mine, theirs = (inspect.signature(getattr(c, name)) for c in (TensorParallelLLMSetup, trtio.LLMSetup))
+        assert list(mine.parameters) == list(theirs.parameters), name
+    for name in ("active", "lengths", "batch", "kv_pages", "state", "executor", "tensor_map", "graph_stats",
+                 "rope_deltas", "decode_planned", "is_broken", "contract", "is_closed", "close", "engines"):
+        assert hasattr(TensorParallelLLMSetup, name), name
 
 
 def test_names_the_design_shows_stay_attributes() -> None:

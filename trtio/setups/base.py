@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -38,11 +38,22 @@ from trtio.staging import HOLD_SLOTS, UploadRing
 from trtio.stream import Event, Stream, StreamLike, as_stream
 from trtio.tensor import Tensor, overlap_error, partly_over
 
-__all__ = ["EngineGraphStats", "Prompt", "SetupBase", "one_thread"]
+__all__ = ["EngineGraphStats", "Prompt", "SetupBase", "Stepped", "one_thread"]
 
 log = logging.getLogger("trtio")
 
-_S = TypeVar("_S", bound="SetupBase")
+class Stepped(Protocol):
+    """What :func:`one_thread` reads of a setup: the lock held by the thread inside a call, the page lock and
+    the returns of collected prefixes, and the inputs in flight the call registered (:meth:`SetupBase._read`)."""
+
+    _in_use: threading.Lock
+    _returns: PrefixReturns
+    _read_slot: int | None
+
+    def _hold_reads(self) -> None: ...
+
+
+_S = TypeVar("_S", bound=Stepped)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 

@@ -27,7 +27,8 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
                            module: str | ModuleType = "auto", backend: Backend | str | None = None,
                            devices: Sequence[int] | None = None,
                            checkpoint_dir: str | os.PathLike[str] | None = None,
-                           max_prefixes: int = DEFAULT_MAX_PREFIXES) -> LLMSetup | SpecDecodeSetup:
+                           max_prefixes: int = DEFAULT_MAX_PREFIXES,
+                           ) -> LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup:
     """An :class:`LLMSetup` (``llm.engine`` + ``config.json``, or a tensor-parallel ``config_world{N}.json`` +
     one engine per rank) or a :class:`SpecDecodeSetup` (``spec_base.engine`` + ``base_config.json``,
     ``spec_draft.engine`` + ``draft_config.json``) for the Edge-LLM directory at ``path``.

@@ -18,12 +18,12 @@ from trtio._checks import check_int
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
+from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
-from trtio.pages import Prefix
+from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
 from trtio.setups.base import EngineGraphStats, SetupBase, one_thread
@@ -36,6 +36,7 @@ from trtio.setups.binding import (
     fill_mrope,
     with_contract,
 )
+from trtio.setups.decode_plan import DecodePlan
 from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import Sequences
 from trtio.setups.visual import VisualSetup
@@ -95,8 +96,8 @@ class LLMSetup(SetupBase):
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._streaming_pending = False
-        self._steady: _Steady | None = None  # what the last decode left for the next one (see _Steady)
-        self._torch_reader: TorchDeviceInput | None = None  # the last steady step's reader of torch tensors
+        self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
+        self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
@@ -142,6 +143,14 @@ class LLMSetup(SetupBase):
     def lengths(self) -> np.ndarray:
         """Tokens cached per active sequence, in the order of :attr:`active` (host mirror; a copy)."""
         return np.asarray(self._engine.state.lengths[self._seqs.order])
+
+    @property
+    def decode_planned(self) -> bool:
+        """Whether the next :meth:`decode` of every active sequence, fed embeddings of its shape, runs the last
+        checked decode's plan as it is (:class:`~trtio.setups.decode_plan.DecodePlan`: no check, no staging, its
+        graph replayed where graphs are on)."""
+        plan = self._plan
+        return plan is not None and plan.holds(self)
 
     # -- steps ----------------------------------------------------------------------------------
     @property
@@ -203,131 +212,86 @@ class LLMSetup(SetupBase):
         ``last_token_ids`` = 0. Ragged contract: phase 3, one row per sequence at position = its length; a
         sequence that reaches a new page takes it first (CapacityError, nothing changed, when the pool has
         none free). The lengths then grow by one. No allocation; no host synchronisation.
+
+        A decode of every active sequence whose plan (:class:`~trtio.setups.decode_plan.DecodePlan`, what the
+        last checked decode laid out) still holds runs it as it is; any other is checked in full and leaves a
+        new plan. Both run the same way (:meth:`_run_plan`).
         """
-        st = self._steady
-        if st is not None and slots is None:
-            kind = type(inputs_embeds)
-            if kind is not Tensor and kind is not np.ndarray and not self._closed and self._broken is None:
-                reader = st.torch or self._torch_input(st)
-                if reader is not None and kind is reader.tensor_type and self._steady_ready(st):
-                    s = self._stream(stream)
-                    if s._closed:
-                        s._check_open()
-                    ptr = reader.read(inputs_embeds, s._handle)
-                    if ptr is not None:  # a torch CUDA tensor of the step's shape and dtype, after its producer
-                        if ptr != st.dst._ptr:
-                            self._read(inputs_embeds)  # kept until the step's copy of it has run
-                        return self._steady_decode(st, ptr, s)
-                # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or
-                # converted once (its producer ordered before the step's stream), then a step like any other.
-                inputs_embeds = self._embeds(inputs_embeds, self.cfg.hidden_size, stream)[0]
-            x = self._steady_input(st, inputs_embeds)
+        plan = self._plan
+        if plan is not None and slots is None and plan.holds(self):
+            s = self._stream(stream)
+            if s._closed:
+                s._check_open()
+            x = plan.read(inputs_embeds, s, self)
+            if x is None and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
+                # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
+                # once (its producer ordered before the step's stream), then taken as the plan takes it.
+                x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self)
             if x is not None:
-                return self._steady_decode(st, x, self._stream(stream))
-        return self._decode(inputs_embeds, stream, slots)
+                self._run_plan(plan, x, s, keep=inputs_embeds)
+                return self.io.output_logits
+        return self._decode_checked(inputs_embeds, stream, slots)
 
-    def _steady_input(self, st: _Steady, x: Any) -> Any:
-        """``x`` where a decode of every active sequence fed ``x`` is the steady step ``st`` (the same sequences
-        as the last decode, which left everything in place), else None."""
-        if st.epoch != self._epoch or not st.room:
-            return None
-        if type(x) is Tensor:  # io.inputs_embeds written in place, or a device tensor of the same kind
-            if x._shape != st.shape or x is not st.dst and (
-                    x._dtype is not st.dst._dtype or x._backend is not st.dst._backend or x._closed):
-                return None
-        elif type(x) is not np.ndarray or x.shape != st.shape or x.dtype != st.dtype or not x.flags.c_contiguous:
-            return None
-        return x if self._steady_ready(st) else None
+    @property
+    def _host_lengths(self) -> np.ndarray:
+        """The engine's host lengths array (every slot): what a plan advances."""
+        lengths: np.ndarray = self._engine.state.lengths
+        return lengths
 
-    def _steady_ready(self, st: _Steady) -> bool:
-        """Whether the next decode of every active sequence is the steady step ``st``, whatever it is fed."""
-        lengths = self._engine.state.lengths
-        return st.epoch == self._epoch and st.room > 0 and lengths is st.array and lengths.tobytes() == st.lengths \
-            and self._broken is None and not self._closed and self._steps.step.uploads == st.uploads \
-            and not self._streaming_pending
+    @property
+    def _uploads(self) -> int:
+        """Uploads of the step block so far (a plan holds while only its own step wrote the block)."""
+        return self._steps.step.uploads
 
-    def _torch_input(self, st: _Steady) -> TorchDeviceInput | None:
-        """The reader of torch CUDA tensors of ``st``'s embeddings (kept by ``st`` and the setup), where torch is
-        imported and the setup runs on the cuda backend (:func:`~trtio.foreign.torch_device_input`); else None."""
-        found = self._torch_reader
-        if found is None or found.shape != st.shape:  # one per step shape, kept across steady steps
-            found = self._torch_reader = torch_device_input(self._backend, st.dst._dtype, st.shape)
-        st.torch = found
+    def _torch_reader(self, shape: tuple[int, int, int]) -> TorchDeviceInput | None:
+        """The reader of torch CUDA tensors of embeddings of ``shape`` (one per step shape, kept across plans),
+        where torch is imported and the setup runs on the cuda backend; else None."""
+        found = self._torch_readers
+        if found is None or found.shape != shape:
+            found = self._torch_readers = torch_device_input(self._backend, self.io.inputs_embeds.dtype, shape)
         return found
 
-    def _steady_decode(self, st: _Steady, x: Any, s: Stream) -> Tensor:
-        """A decode step of :meth:`decode`'s steady case on ``s`` (the step's stream): nothing to check, stage or
-        plan but the embeddings."""
-        if s._closed:
-            s._check_open()
-        if type(x) is Tensor and x is not st.dst:
-            if x._last_stream is not None:
-                x._order_consumer(s._handle)  # a device tensor of the step's shape and dtype (open: _steady_input)
-            if x._ptr != st.dst._ptr:
-                self._read(x)  # kept until the step's copy of it has run
-        # The lengths of the step's slots grow by one: added to the array's bytes as one little-endian number with
-        # a 1 in each of those slots' 64-bit lanes (no lane nears 2**63), an eighth of a numpy call's cost.
-        value = st.value + st.ones
-        self._steady_rank(st, x, s, value, value.to_bytes(st.nbytes, "little"))
-        return self.io.output_logits
-
-    def _steady_rank(self, st: _Steady, x: Any, s: Stream, value: int, now: bytes) -> None:
-        """The device work and the lengths of a steady step on ``s`` (found open by the caller), checked by the
-        caller (:meth:`_steady_input`) and ``x``'s producer ordered before ``s``: :meth:`_steady_decode`'s, or this
-        setup's part of a tensor-parallel one (``TensorParallelLLMSetup.decode``: one rank's checks stand for every
-        rank; the other ranks' streams are the setup's own, open while it is). The
-        lengths become ``value`` (``now``: its bytes), worked out once for every rank. ``x``: a device Tensor (a
-        copy of its bytes, whatever its view, unless it is the step's own input), the device address of a foreign
-        array of the step's embeddings (an int: a torch tensor :class:`~trtio.foreign.TorchDeviceInput` read) or a
-        host array. Embeddings at the step's own input's address (that input, another view of its bytes, or a
-        foreign array over them: written there in place) are read where they are, not copied onto themselves;
-        embeddings that overlap it elsewhere are refused (:func:`~trtio.tensor.partly_over`) before any copy."""
+    def _run_plan(self, plan: DecodePlan, x: Any, s: Stream, pages: StepPages | None = None, *,
+                  keep: Any = None) -> None:
+        """Run a decode of ``plan`` fed ``x`` (a device Tensor, the device address of a torch tensor, or a host
+        array: checked, its producer ordered before ``s``) on ``s``: its embeddings into ``io.inputs_embeds``,
+        the plan's device work and its engine (its graph replayed where the last step ran the same); then the
+        lengths grow. Embeddings at the step's own input's address (that input, another view of its bytes, a
+        foreign array over them: written there in place) are read where they are; embeddings that overlap it
+        elsewhere are refused (:func:`~trtio.tensor.partly_over`) before any work. A copied input is kept until its
+        copy has run (``keep``: the caller's object behind ``x``, where ``x`` is read from it). A failure gives
+        back the pages the checked decode took (``pages``) and leaves no plan."""
         e = self._engine
         try:
-            if type(x) is Tensor:
-                dst = st.dst
-                if x._ptr != dst._ptr:
-                    if st.near < x._ptr < st.far:
-                        raise overlap_error("inputs_embeds", x._ptr, dst._ptr, x._nbytes, "inputs_embeds")
-                    self._backend.memcpy(dst._ptr, x._ptr, x._nbytes, s._handle)
-                    dst._last_stream = s
-            elif type(x) is int:
-                dst = st.dst
-                if x != dst._ptr:
-                    if st.near < x < st.far:
-                        raise overlap_error("inputs_embeds", x, dst._ptr, st.embeds_nbytes, "inputs_embeds")
-                    self._backend.memcpy(dst._ptr, x, st.embeds_nbytes, s._handle)
+            if type(x) is Tensor or type(x) is int:
+                src: int = x._ptr if isinstance(x, Tensor) else x
+                nbytes = x._nbytes if isinstance(x, Tensor) else plan.embeds_nbytes
+                dst = plan.dst
+                if src != dst._ptr:
+                    if plan.near < src < plan.far:
+                        raise overlap_error("inputs_embeds", src, dst._ptr, nbytes, "inputs_embeds")
+                    self._read(x if keep is None else keep)
+                    self._backend.memcpy(dst._ptr, src, nbytes, s._handle)
                     dst._last_stream = s
             else:
                 self._embeds_staging.upload(x, self.io.inputs_embeds, s, reshape=False)
             ex = e.executor
-            if not ex.replay(DECODE_PROFILE, e.tensor_map, st.dims, s, st.work):
-                ex.prepare(DECODE_PROFILE, e.tensor_map, st.dims, s)
-                ex.execute(s, before=st.work)
+            if not ex.replay(DECODE_PROFILE, e.tensor_map, plan.dims, s, plan.work):
+                ex.prepare(DECODE_PROFILE, e.tensor_map, plan.dims, s)
+                ex.execute(s, before=plan.work)
         except BaseException:
-            self._steady_failed()
+            if pages is not None:
+                pages.undo()
+            self._plan = None
+            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again
             raise
-        self._steady_done(st, value, now)
+        self._steps.device_lengths = plan.advance()
 
-    def _steady_done(self, st: _Steady, value: int, now: bytes) -> None:
-        """After a steady step of ``st`` ran: the lengths are ``value`` (``now``: its bytes) on the host and in the
-        device's copy, and one step less is left before a page or the capacity."""
-        st.value = value
-        st.lengths = now
-        st.bytes_view[:] = now
-        st.room -= 1
-        self._steps.device_lengths = now
-
-    def _steady_failed(self) -> None:
-        """After a steady step raised: the next decode is checked in full, and the device's copy of the lengths,
-        which may have moved, is staged again."""
-        self._steady = None
-        self._steps.decoded(None)
-
-    def _decode(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
-        """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``)."""
+    def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
+        """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``); lays the
+        step out as a plan and runs it (a decode of every active sequence keeps the plan for the next)."""
         self._check_usable()
-        self._steady = None
+        self._plan = None
         seqs, e = self._seqs, self._engine
         if seqs.count == 0:
             raise TrtioError("decode() before prefill(): there is no sequence to continue")
@@ -337,49 +301,42 @@ class LLMSetup(SetupBase):
                              f"{self.cfg.hidden_size}], got [{nb}, {ns}, ...]")
         sl, key = seqs.step_slots(slots, nb, "decode")
         n = sl.shape[0]
-        whole = slots is None and seqs.contiguous
-        lengths = e.state.lengths[:n] if whole else e.state.lengths[sl]
+        lengths = e.state.lengths[sl]
         cap = self.cfg.max_kv_cache_capacity
         if int(lengths.max()) >= cap:
             full = int(np.argmax(lengths))
             raise ShapeError(f"KV cache full: sequence {int(sl[full])} holds {int(lengths[full])} tokens, the capacity "
                              f"(max_kv_cache_capacity) is {cap}")
-        plan = seqs.tables[e.role].ensure(sl, lengths, 1) if seqs.slotted else None
+        pages = seqs.tables[e.role].ensure(sl, lengths, 1) if seqs.slotted else None
         dims = self._decode_dims.get(n)
         if dims is None:
             dims = self._decode_dims.put(n, self.cfg.decode_dims(n))
+        room = cap - int(lengths.max())  # runs of the plan before the capacity (this one included)
         s = self._stream(stream)
-        if plan is not None:
-            plan.commit()
+        if pages is not None:
+            pages.commit()
+        if seqs.slotted:  # and before a page to take (this step's taken)
+            room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
         try:
-            if plan is not None:
-                seqs.copy(e.role, plan.moves, s)
-            self._upload_embeds(x, s)
-            before = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key,
-                                        seqs.step_rows(e.role, key))
+            if pages is not None:
+                seqs.copy(e.role, pages.moves, s)
+            work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key))
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
-            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
-            e.executor.execute(s, before=before)
         except BaseException:
-            if plan is not None:
-                plan.undo()
+            if pages is not None:
+                pages.undo()
             self._steps.decoded(None)
             raise
+        if type(x) is Tensor and x is not self.io.inputs_embeds and x._last_stream is not None:
+            x._order_consumer(s._handle)
+        plan = DecodePlan(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
+                          sl.tolist(), room, work, dims, self._steps.step.uploads)
+        self._run_plan(plan, x, s, pages)
         self._streaming_pending = False
-        if whole:
-            lengths += 1
-        else:
-            e.state.lengths[sl] += 1
-            lengths = e.state.lengths[sl]
-        self._steps.decoded(e.state.lengths)
-        if slots is None:  # the next decode of these sequences may be a steady one
-            room = cap - int(lengths.max())
-            if seqs.slotted:
-                room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
-            self._steady = _Steady(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
-                                   sl.tolist(), room, before, dims, self._steps.step.uploads)
+        if slots is None:  # the next decode of these sequences may run the plan as it is
+            self._plan = plan
         return self.io.output_logits
 
     @one_thread
@@ -422,39 +379,6 @@ class LLMSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"LLMSetup({self.contract}, active={self._seqs.order_key}, graphs={self.executor.graphs_enabled})"
-
-
-class _Steady:
-    """What a decode of every active sequence left for the next one, which then only checks that nothing moved
-    since (:attr:`SetupBase._epoch`: no other call of the setup; the lengths; the step block's uploads; no
-    streaming snapshot pending) and that its embeddings have the same shape and kind, and runs: the step's
-    device work, dims and slots are the same, the device's copy of the lengths is the host's (the step
-    advances both), and ``room`` more steps take no page and stay within the KV capacity."""
-
-    __slots__ = ("epoch", "shape", "dtype", "dst", "embeds_nbytes", "near", "far", "array", "bytes_view", "nbytes",
-                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "torch")
-
-    def __init__(self, epoch: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray, slots: list[int],
-                 room: int, work: tuple[DeviceWork, ...], dims: InferenceDims, uploads: int) -> None:
-        assert array.dtype == np.int64 and array.flags.c_contiguous and array.ndim == 1
-        self.epoch = epoch
-        self.shape = shape  # the embeddings a step takes
-        self.dtype = dst.dtype.numpy  # their numpy dtype (host inputs)
-        self.dst = dst  # io.inputs_embeds: given itself, written in place by the caller
-        self.embeds_nbytes = dst.dtype.nbytes(shape[0] * shape[1] * shape[2])  # the bytes a step's embeddings hold
-        # Embeddings at an address strictly between these overlap dst's (partly_over, where they are not dst's own)
-        self.near, self.far = dst.data_ptr - self.embeds_nbytes, dst.data_ptr + self.embeds_nbytes
-        self.array = array  # the engine's host lengths (every slot)
-        self.bytes_view = array.data.cast("B")
-        self.nbytes = array.nbytes
-        self.lengths = array.tobytes()  # as the last step left them
-        self.value = int.from_bytes(self.lengths, "little")  # the same, as one number
-        self.ones = sum(1 << (64 * slot) for slot in slots)  # a 1 in the lane of each of the step's slots
-        self.room = room
-        self.work = work  # before the engine (a tensor-parallel rank's may copy rank 0's input: tensor_parallel.py)
-        self.dims = dims
-        self.uploads = uploads  # the step block's uploads when the last step ran
-        self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one
 
 
 def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,

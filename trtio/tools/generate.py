@@ -51,6 +51,7 @@ from trtio.setups import (
     create_for_visual,
     create_from_engine_dir,
 )
+from trtio.setups.tensor_parallel import TensorParallelLLMSetup
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_model import ToyWeights
@@ -84,7 +85,7 @@ class GenerateOptions:
 class _Model:
     """A directory opened for generation: its setup, embedding table, draft-to-target map and end tokens."""
 
-    setup: LLMSetup | SpecDecodeSetup
+    setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup
     table: np.ndarray  # float16 [vocab, hidden]
     eos: frozenset[int]
     draft_to_target: np.ndarray | None
@@ -376,11 +377,11 @@ def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: l
     return splice(ids, grid, vcfg, table, encoded)
 
 
-def _reference_ranks(directory: EngineDir) -> LLMSetup:
+def _reference_ranks(directory: EngineDir) -> TensorParallelLLMSetup:
     """A tensor-parallel directory without engine files: its ranks as ReferenceEngines on the host backend (each
     its share of the toy model, all-reducing in process), bound as ``create_from_engine_dir`` binds rank engines,
     with the checkpoint's weight inputs."""
-    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup  # noqa: PLC0415 - TP only
+    from trtio.setups.tensor_parallel import RankSpec  # noqa: PLC0415 - TP only
     from trtio.testing.toy_engines import TensorParallelToyEngines  # noqa: PLC0415 - heavy, loaded on use
 
     toys = TensorParallelToyEngines(directory)
@@ -439,7 +440,7 @@ class _DeviceEmbedding(Closeable):
     """The embedding table on the setup's device and a buffer its rows are gathered into, one copy per token on
     the setup's stream. The buffer is reused: each step reads it on that stream before the next gather writes."""
 
-    def __init__(self, table: np.ndarray, setup: LLMSetup | SpecDecodeSetup) -> None:
+    def __init__(self, table: np.ndarray, setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup) -> None:
         self._init_lifetime("embedding table")
         self._backend = setup.io.backend
         self._table = Tensor.from_numpy(np.ascontiguousarray(table, np.float16), Location.DEVICE,
@@ -487,7 +488,7 @@ class _Sink:
         return False
 
 
-def _greedy(setup: LLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink,
+def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink,
             prompt: VisionPrompt | None = None) -> dict[str, Any]:
     cap = setup.cfg.max_kv_cache_capacity
     if prompt is None:
