@@ -239,3 +239,66 @@ def test_layers_are_what_the_design_says() -> None:
     assert layer_of("trtio.tools.demo") == "tools"
     assert layer_of("trtio.cli") == "tools"
     assert layer_of("trtio.testing.reference_engine") == "testing"
+
+
+# The core reads bottom up in three sub-layers: memory (errors, backends, streams, tensors, foreign arrays, the
+# arena and the staging ring) <- binding (configs, engine directories, registries, the executor) <- steps (device
+# work, pages, the engine state, the contracts, PipelineIO, trees, the VLM glue) <- setups. A new core module is
+# placed here (an unplaced one is reported).
+CORE_SUBLAYERS = {
+    "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
+               "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
+    "binding": {"names", "dims", "rope", "config", "edgellm_config", "visual_config", "edgellm", "checkpoint",
+                "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
+    "steps": {"ops", "trees", "pages", "state", "recurrent", "contracts", "pipeline_io", "vision"},
+}
+SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
+
+
+def sublayer_of(module: str) -> str | None:
+    """The core sub-layer of a trtio module ("setups" for the setups; None outside core and setups)."""
+    layer = layer_of(module)
+    if layer == "setups":
+        return "setups"
+    if layer != "core":
+        return None
+    top = module.split(".")[1]
+    for name, members in CORE_SUBLAYERS.items():
+        if top in members:
+            return name
+    return "unplaced"
+
+
+def _sublayer_violations() -> list[str]:
+    modules = _modules()
+    known = set(modules)
+    problems = []
+    for module, path in sorted(modules.items()):
+        mine = sublayer_of(module) if module != "trtio" else None
+        if mine is None:
+            continue
+        if mine == "unplaced":
+            problems.append(f"{path.relative_to(ROOT)}: {module} is in no core sub-layer (tests/test_layout.py)")
+            continue
+        for line, target in _imports(module, path, known):
+            theirs = sublayer_of(target) if target.split(".")[0] == "trtio" and target != "trtio" else None
+            if theirs in SUBLAYER_ORDER and SUBLAYER_ORDER.index(theirs) > SUBLAYER_ORDER.index(mine):
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {module} ({mine}) imports {target} ({theirs})")
+    return problems
+
+
+def test_the_core_reads_bottom_up_memory_binding_steps_setups() -> None:
+    assert _sublayer_violations() == []
+
+
+def test_the_sublayer_checker_sees_a_step_module_below_the_binding(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_package(tmp_path, monkeypatch, {
+        "engine.py": "def f():\n    from trtio.pages import P\n",
+        "pages.py": "P = 1\n",
+        "newthing.py": "X = 1\n",
+    })
+    assert _sublayer_violations() == [
+        "trtio/engine.py:2: trtio.engine (binding) imports trtio.pages (steps)",
+        "trtio/newthing.py: trtio.newthing is in no core sub-layer (tests/test_layout.py)",
+    ]

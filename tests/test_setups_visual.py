@@ -224,6 +224,40 @@ def test_encodes_on_two_streams_run_in_call_order() -> None:
         np.testing.assert_allclose(first.astype(np.float32), want, atol=2e-3)
 
 
+def test_device_patches_dropped_as_the_encode_returns_are_read_intact() -> None:
+    """Patches in device memory that goes back to its allocator as encode returns (the caller keeps no
+    reference) are read as they were: the encode keeps them until its copy has run. The lazily running
+    AsyncHostBackend overwrites freed memory at once, so a copy that ran later would read garbage."""
+    import gc
+    import weakref
+
+    from trtio.cuda.backend import Location
+    from trtio.testing import AsyncHostBackend
+
+    cfg = visual("qwen2_5_vl")
+    be = AsyncHostBackend(seed=0)
+    engine = ReferenceVisualEngine.from_config(cfg, backend=be)
+    grid = [[1, 4, 6]]
+    patches = patches_for(cfg, grid)
+
+    class Block:
+        def __init__(self, nbytes: int) -> None:
+            self.ptr = be.alloc(nbytes, Location.DEVICE)
+            weakref.finalize(self, be.free, self.ptr, Location.DEVICE)
+
+    def dropped() -> trtio.Tensor:
+        host = patches.astype(np.float16)
+        block = Block(host.nbytes)
+        view = trtio.Tensor.wrap(block.ptr, host.shape, trtio.DType.FLOAT16, Location.DEVICE, backend=be, owner=block)
+        view.copy_from(host)
+        return view
+
+    with create_for_visual(engine, cfg, backend=be) as v:
+        out = v.encode(dropped(), grid)
+        gc.collect()
+        check(cfg, engine.weights, out, patches, grid)
+
+
 def test_memory_is_planned_from_the_caps() -> None:
     cfg = visual("qwen2_5_vl")
     with create_for_visual(ReferenceVisualEngine.from_config(cfg, device="host"), cfg, backend="host") as v:

@@ -846,7 +846,7 @@ def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: Backend,
 def _read_host_torch(torch: Any, host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Steady decodes on ``host`` read torch tensors as they would on a GPU: the reader
     (trtio.foreign.TorchDeviceInput) is made for "device -1" (what get_device() says of a host tensor), with
-    torch's current stream the step's (as in test_interop.py's reader test)."""
+    torch's current stream the step's (as in test_inputs.py's reader test)."""
     from trtio.foreign import TorchDeviceInput
 
     step = trtio.Stream.default(host)

@@ -1,5 +1,5 @@
 """Foreign arrays read in place: DLPack and CUDA-array-interface arrays (torch, CuPy, JAX, numpy) as memory
-trtio can wrap, checked and stream-ordered (see :mod:`trtio.interop`, which takes them as step inputs, and
+trtio can wrap, checked and stream-ordered (see :mod:`trtio.inputs`, which takes them as step inputs, and
 :meth:`Tensor.from_dlpack <trtio.tensor.Tensor.from_dlpack>`, which wraps them).
 
 Foreign arrays are read in place, so they must be C-contiguous; device arrays are never converted, so
@@ -444,7 +444,7 @@ class TorchDeviceInput:
         256-byte aligned address (not null), with its producer's pending work (torch's current stream of the
         device) ordered before stream ``consumer`` first, as ``__dlpack__(stream=consumer)`` orders it. None,
         having done nothing, for anything else: the caller takes the general path
-        (:func:`trtio.interop.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
+        (:func:`trtio.inputs.as_input`), which names what is wrong. ``get_device()`` is -1 on the host. Neither
         a gradient (DLPack refuses it) nor the negative bit (the general path refuses it:
         :func:`check_not_negated`) may be set. A tensor torch cannot say these of (a nested one has no single
         shape: torch raises RuntimeError) is passed over too."""

@@ -299,7 +299,7 @@ class Tensor(Closeable):
         thread's trtio default stream) without synchronising the host. Host memory becomes a HOST tensor
         (PINNED for 256-byte aligned pinned memory). The array must be C-contiguous with a dtype trtio
         knows, and device addresses 256-byte aligned. Memory its producer marks read-only (DLPack's flag, the
-        CUDA array interface's) is refused: a Tensor can be written. See :mod:`trtio.interop`.
+        CUDA array interface's) is refused: a Tensor can be written. See :mod:`trtio.inputs`.
         """
         f = read_foreign(obj, stream, name=name, backend=backend)
         return cls.wrap(f.ptr, f.shape, f.dtype, f.location, f.owner, name=f.name, backend=f.backend)

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 import logging
 import operator
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
@@ -26,122 +24,22 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
-from trtio.errors import InvalidValueError, ShapeError, TrtioError
-from trtio.interop import as_input
+from trtio.errors import ShapeError, TrtioError
+from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
-from trtio.pages import Prefix, PrefixReturns, StepPages
+from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
+from trtio.setups.calls import Calls, one_thread
 from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import KVPages, Sequences
-from trtio.staging import HOLD_SLOTS, UploadRing
-from trtio.stream import Event, Stream, StreamLike, as_stream
-from trtio.tensor import Tensor, overlap_error, partly_over
+from trtio.staging import UploadRing
+from trtio.stream import Stream, StreamLike, as_stream
+from trtio.tensor import Tensor
 
-__all__ = ["EngineGraphStats", "Prompt", "SetupBase", "Stepped", "one_thread"]
+__all__ = ["EngineGraphStats", "Prompt", "SetupBase"]
 
 log = logging.getLogger("trtio")
-
-class Stepped(Protocol):
-    """What :func:`one_thread` reads of a setup: the lock held by the thread inside a call, the page lock and
-    the returns of collected prefixes, and the inputs in flight the call registered (:meth:`SetupBase._read`)."""
-
-    _in_use: threading.Lock
-    _returns: PrefixReturns
-    _read_slot: int | None
-
-    def _hold_reads(self) -> None: ...
-
-
-_S = TypeVar("_S", bound=Stepped)
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
-    """A public call of a setup that changes its state: refused with a TrtioError, before anything is read or
-    changed, while another thread is inside such a call of the same setup (a setup is stepped by one thread
-    at a time; two interleaved steps would corrupt its lengths, slots and pages). The call holds the setup's
-    page lock (which a prefix released from another thread waits for) and first takes back the pages of
-    prefixes the garbage collector released."""
-    name = step.__name__
-
-    @functools.wraps(step)
-    def guarded(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        lock = self._in_use
-        if not lock.acquire(False):
-            raise TrtioError(f"{type(self).__name__}.{name}(): another thread is inside a call of this setup; a setup "
-                             f"is stepped by one thread at a time (give each thread its own setup, or serialise "
-                             f"the calls)")
-        try:
-            returns = self._returns
-            with returns.lock:
-                returns.collect()
-                try:
-                    return step(self, *args, **kwargs)
-                finally:
-                    if self._read_slot is not None:  # inputs the call's copies read (also where it failed later)
-                        self._hold_reads()
-        finally:
-            lock.release()
-
-    return guarded
-
-
-def _not_partly_over(x: Tensor, what: str, dst: Tensor, onto: str) -> None:
-    """Refuse device embeddings ``x`` whose bytes overlap ``dst`` (the step's buffer they are copied into) without
-    starting at its address: the step would copy them onto themselves in part (see
-    :func:`~trtio.tensor.partly_over`). At its address they are read in place."""
-    if partly_over(x._ptr, dst._ptr, x._nbytes):
-        raise overlap_error(what, x._ptr, dst._ptr, x._nbytes, onto)
-
-
-def _as_embeds(x: Any, what: str, dtype: DType, hidden: int, backend: Backend, stream: StreamLike) -> Any:
-    """Embeddings ``x`` ([batch, seq, hidden]) checked: a device array (a Tensor, or any foreign array read in
-    place through DLPack or CUDA's array interface, its producer's work ordered before ``stream``) must be of
-    ``dtype``; host data is converted to it (refusing values the conversion would turn into inf or NaN)."""
-    if not isinstance(x, (np.ndarray, Tensor)) and (hasattr(x, "__dlpack__") or hasattr(x, "__cuda_array_interface__")):
-        x = as_input(x, what, stream, dtype=dtype if _is_device_array(x) else None, ndim=3, backend=backend)
-    if isinstance(x, Tensor):
-        shape = x.shape  # checks it is open
-        if x.dtype is not dtype or len(shape) != 3 or shape[2] != hidden:
-            raise ShapeError(f"{what}: expected a [batch, seq, {hidden}] {dtype} tensor, got {shape} {x.dtype}")
-        return x
-    arr = np.asarray(x)
-    if arr.ndim != 3 or arr.shape[2] != hidden:
-        raise ShapeError(f"{what}: expected shape [batch, seq, {hidden}], got {arr.shape}")
-    want = dtype.numpy
-    if want is not None and arr.dtype != want:
-        if arr.dtype.kind != "f":
-            raise ShapeError(f"{what}: expected {dtype} values, got {arr.dtype}")
-        # A conversion must not turn values into inf or NaN silently (1e6 overflows float16).
-        top = float(np.finfo(want).max) if want.kind == "f" else float(ml_max(want))
-        bad = ~np.isfinite(arr) | (np.abs(arr) > top)
-        if bad.any():
-            where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise InvalidValueError(f"{what}{list(where)} = {arr[where]!r} is not a finite {dtype} value (|x| <= "
-                                    f"{top:g}); converting {arr.dtype} to {dtype} would make it inf or NaN")
-        arr = arr.astype(want)
-    return np.ascontiguousarray(arr)
-
-
-def _is_device_array(x: Any) -> bool:
-    """Whether a foreign array lives in device memory (then it is never converted)."""
-    probe = getattr(x, "__dlpack_device__", None)
-    if probe is not None:
-        try:
-            return int(probe()[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
-        except Exception:  # noqa: BLE001 - as_input names what is wrong with it
-            return True
-    return hasattr(x, "__cuda_array_interface__")
-
-
-def ml_max(dtype: np.dtype) -> float:
-    """The largest finite value of an ml_dtypes float type (bfloat16, float8)."""
-    import ml_dtypes
-
-    return float(cast(Any, ml_dtypes).finfo(dtype).max)  # ml_dtypes' finfo is untyped
-
 
 class EngineGraphStats(Mapping[str, GraphStats]):
     """A setup's CUDA-graph telemetry: each engine's :class:`~trtio.engine.GraphStats` by role
@@ -239,15 +137,7 @@ class SetupBase(Closeable, abc.ABC):
     _resources: contextlib.ExitStack | None = None
     _positions: SlotPositions | None = None  # MRoPE engines: each slot's position rows and delta
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
-    _in_use: threading.Lock  # held by the thread inside a public call (:func:`one_thread`)
-    _returns: PrefixReturns  # the page lock, and the pages of prefixes the garbage collector released
-    _last: Stream | None = None  # the stream of the last call (the stream rule; None: none since construction)
-    _order_event: Event  # recorded after the last call's work when a call comes on another stream
-    # Inputs the running call enqueued copies of and does not own, and the input ring's slot that keeps them (taken
-    # before the first such copy; given back with them, fenced, when the call returns).
-    _reads: list[Any]
-    _read_slot: int | None = None
-    _holds: UploadRing  # the ring (no memory) whose slots keep them
+    _calls: Calls  # one thread at a time, call order, inputs in flight (trtio.setups.calls)
     # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
     # decode before it) and with reset().
     _epoch = 0
@@ -257,15 +147,10 @@ class SetupBase(Closeable, abc.ABC):
         """An ExitStack for the parts under construction (kept, for close, only if construction succeeds)
         and the stream construction works on. Construction ends synchronised."""
         self._init_lifetime(f"this {type(self).__name__}")
-        self._in_use = threading.Lock()
-        self._returns = PrefixReturns()
-        self._returns.follow = _follow_of(self)
-        self._reads = []
         s = as_stream(stream, self._backend)
         with contextlib.ExitStack() as stack:
-            self._order_event = stack.enter_context(Event.create(self._backend))
-            self._holds = stack.enter_context(UploadRing(None, self._backend, slots=HOLD_SLOTS,
-                                                         title=f"{type(self).__name__} inputs in flight"))
+            self._calls = stack.enter_context(Calls(self._backend, type(self).__name__))
+            self._calls.returns.follow = _follow_of(self._calls)
             yield stack, s
             s.synchronize()
             self._resources = stack.pop_all()
@@ -328,23 +213,9 @@ class SetupBase(Closeable, abc.ABC):
 
     def _stream(self, stream: StreamLike) -> Stream:
         """A call's stream (see the class docstring: ``None`` is this thread's default stream), ordered after the
-        last call's work by the stream rule. Called once the call's inputs are checked, before its work."""
-        s = as_stream(stream, self._backend)
-        if s is not self._last:
-            self._follow(s)
-        return s
-
-    def _follow(self, s: Stream) -> None:
-        """The stream rule: ``s`` waits for an event recorded after the last call's work (on the last call's
-        stream), and becomes the last call's stream."""
-        last = self._last
-        if last is not None and last != s:
-            if last.is_closed:  # no event can follow its work there any more (rare): wait for the device
-                self._backend.synchronize()
-            else:
-                self._order_event.record(last)
-                self._order_event.wait(s)
-        self._last = s
+        last call's work (:meth:`Calls.stream <trtio.setups.calls.Calls.stream>`). Called once the call's inputs
+        are checked, before its work."""
+        return self._calls.stream(stream)
 
     def _embeds(self, x: Any, hidden: int, stream: StreamLike, what: str = "inputs_embeds") -> tuple[Any, int, int]:
         """``x`` checked as [batch, seq, hidden] embeddings and converted to the activation dtype (numpy; a
@@ -354,50 +225,34 @@ class SetupBase(Closeable, abc.ABC):
         if kind is Tensor:  # the steps' own checks, inlined: a device tensor of the activation dtype
             shape = x.shape  # checks that it is open
             if x._dtype is self._embeds_type and len(shape) == 3 and shape[2] == hidden and x._backend is self._backend:
-                _not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
+                not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
                 return x, shape[0], shape[1]
         elif kind is np.ndarray:  # host data of the activation dtype, C-contiguous
             shape = x.shape
             if len(shape) == 3 and shape[2] == hidden and x.dtype == self._embeds_dtype and x.flags.c_contiguous:
                 return x, shape[0], shape[1]
-        x = _as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
+        x = as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         if isinstance(x, Tensor):
-            _not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
+            not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
         staging for numpy, a device copy for Tensors (none for a Tensor over inputs_embeds' own bytes: copy_from
-        only orders its writer first). What a copy reads is kept until it has run (:meth:`_hold_reads`)."""
+        only orders its writer first). What a copy reads is kept until it has run (:meth:`Calls.read
+        <trtio.setups.calls.Calls.read>`)."""
         dst, staging = self.io.inputs_embeds, self._embeds_staging
         if x is dst:
             return  # written in place by the caller
         if isinstance(x, Tensor):
-            self._read(x)
+            self._calls.read(x)
             dst.reshape(x.shape).copy_from(x, stream)
         elif x.nbytes <= staging.slot_capacity:
             staging.upload(x, dst, stream, reshape=False)  # the step's executor views the embeddings as it binds them
         else:
-            self._read(x)
+            self._calls.read(x)
             dst.reshape(x.shape).copy_from(x, stream)  # a long prompt: pageable copy, no staging
-
-    def _read(self, x: Any) -> None:
-        """``x`` (an input the setup does not own) is about to be read by a copy the call enqueues: it is kept
-        until that copy has run (:meth:`_hold_reads`). Called before the copy: the slot that keeps it is taken
-        here, so a failure to take it fails the call before that copy."""
-        if self._read_slot is None:
-            self._read_slot = self._holds.take()
-        self._reads.append(x)
-
-    def _hold_reads(self) -> None:
-        """When a call returns (or raises): the inputs it enqueued copies of (:meth:`_read`) go into the input
-        ring's slot, kept until the slot's fence (recorded at a later call, after everything this one enqueued)
-        has completed. No backend call: nothing may fail after the call's work."""
-        c, self._read_slot = self._read_slot, None
-        reads, self._reads = tuple(self._reads), []
-        assert c is not None and self._last is not None  # a copy was enqueued: on the call's stream
-        self._holds.put(c, self._last, reads, fence=False)
 
     # -- sequences --------------------------------------------------------------------------------
     @property
@@ -415,8 +270,9 @@ class SetupBase(Closeable, abc.ABC):
         """The KV page pool's ``total`` and ``free`` pages (the LLM's, or the base's; ragged contract), with the
         pages of prefixes the garbage collector released given back first."""
         self._check_open()
-        with self._returns.lock:
-            self._returns.collect()
+        returns = self._calls.returns
+        with returns.lock:
+            returns.collect()
             return self._seqs.kv_pages()
 
     @one_thread
@@ -441,7 +297,7 @@ class SetupBase(Closeable, abc.ABC):
         the last call by the stream rule."""
         self._check_usable()
         self._between_rounds("pin_prefix()")
-        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._returns)
+        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:
         """Refuse ``what`` where a step protocol is half way through (a speculative round); ``release``: the
@@ -607,12 +463,12 @@ class SetupBase(Closeable, abc.ABC):
             raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
         out = []
         for i, f in enumerate(features):
-            x = _as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size, self._backend,
+            x = as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size, self._backend,
                            stream)
             if tuple(x.shape[:2]) != (b, seq):
                 raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
             if isinstance(x, Tensor):
-                _not_partly_over(x, f"deepstack_embeds[{i}]", self.io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
+                not_partly_over(x, f"deepstack_embeds[{i}]", self.io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
             out.append(x)
         return out
 
@@ -626,7 +482,7 @@ class SetupBase(Closeable, abc.ABC):
                 v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
         else:
             for v, f in zip(views, features):
-                self._read(f)
+                self._calls.read(f)
                 v.copy_from(f, s)
         e.tensor_map.use_deepstack_features()
 
@@ -645,23 +501,12 @@ class SetupBase(Closeable, abc.ABC):
         e.state.lengths[rows] = ctx if past is None else past + ctx
 
     def _host_input(self, obj: Any, what: str) -> Any:
-        """An input the host reads when it lays a step out (lengths, trees, parents, paths): Python and numpy
-        values as they are; a foreign array in host memory (a CPU torch tensor) as a numpy view; device
-        memory refused (reading it would synchronise), naming ``what``."""
-        if isinstance(obj, (np.ndarray, list, tuple, int)) or not (
-                hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__")):
-            return obj  # the step's own checks read it, and name what is wrong with it
-        return as_input(obj, what, dtype=None, ndim=None, backend=self._backend, device_ok=False)
+        """An input the host reads when it lays a step out (:func:`~trtio.inputs.host_input`)."""
+        return host_input(obj, what, self._backend)
 
     def _check_lengths(self, ctx: Any, batch: int, limit: int, what: str) -> np.ndarray:
-        arr = np.asarray(self._host_input(ctx, what))
-        if arr.shape != (batch,) or arr.dtype.kind not in "iu":
-            raise ShapeError(f"{what}: expected {batch} integer lengths (one per sequence), "
-                             f"got {arr.dtype} {arr.shape}")
-        if arr.size and (arr.min() < 1 or arr.max() > limit):
-            bad = int(np.flatnonzero((arr < 1) | (arr > limit))[0])
-            raise ShapeError(f"{what}[{bad}] = {int(arr[bad])} is outside 1..{limit}")
-        return arr.astype(np.int64)
+        """Lengths of ``batch`` sequences, each in 1..``limit`` (:func:`~trtio.inputs.check_lengths`)."""
+        return check_lengths(host_input(ctx, what, self._backend), batch, limit, what)
 
     def _report(self, title: str, include_context_memory: bool) -> MemoryReport:
         parts = [self.io.memory_report()]
@@ -682,13 +527,13 @@ class SetupBase(Closeable, abc.ABC):
             resources.close()
 
 
-def _follow_of(setup: SetupBase) -> Callable[[StreamLike], object]:
-    """The stream rule of ``setup`` for its prefixes' releases, without keeping the setup alive."""
-    ref = weakref.ref(setup)
+def _follow_of(calls: Calls) -> Callable[[StreamLike], object]:
+    """The stream rule of a setup's ``calls`` for its prefixes' releases, without keeping them alive."""
+    ref = weakref.ref(calls)
 
     def follow(stream: StreamLike) -> None:
         found = ref()
         if found is not None and not found.is_closed:
-            found._stream(stream)
+            found.stream(stream)
 
     return follow

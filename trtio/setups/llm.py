@@ -26,7 +26,7 @@ from trtio.ops import warm_up
 from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
-from trtio.setups.base import EngineGraphStats, SetupBase, one_thread
+from trtio.setups.base import EngineGraphStats, SetupBase
 from trtio.setups.binding import (
     BoundEngine,
     RopeTables,
@@ -36,6 +36,7 @@ from trtio.setups.binding import (
     fill_mrope,
     with_contract,
 )
+from trtio.setups.calls import one_thread
 from trtio.setups.decode_plan import DecodePlan
 from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import Sequences
@@ -270,7 +271,7 @@ class LLMSetup(SetupBase):
                 if src != dst._ptr:
                     if plan.near < src < plan.far:
                         raise overlap_error("inputs_embeds", src, dst._ptr, nbytes, "inputs_embeds")
-                    self._read(x if keep is None else keep)
+                    self._calls.read(x if keep is None else keep)
                     self._backend.memcpy(dst._ptr, src, nbytes, s._handle)
                     dst._last_stream = s
             else:

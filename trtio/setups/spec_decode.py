@@ -41,7 +41,7 @@ from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import EngineGraphStats, Prompt, SetupBase, one_thread
+from trtio.setups.base import EngineGraphStats, Prompt, SetupBase
 from trtio.setups.binding import (
     BoundEngine,
     RopeTables,
@@ -51,6 +51,7 @@ from trtio.setups.binding import (
     fill_mrope,
     with_contract,
 )
+from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
 from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draft_shape
 from trtio.setups.drafting import DraftTree
@@ -338,7 +339,7 @@ class SpecDecodeSetup(SetupBase):
             # the roots are staged at once (a view of slots 0 .. b - 1 serves as well as a copy)
             roots = _NO_ROOTS if not first else self._roots.rows[:b] if whole else self._roots.rows[order]
             if type(x) is Tensor:  # read by a copy now or in the step's graph: kept until it has run
-                self._read(x)
+                self._calls.read(x)
             before = tree.propose(x, par, past, roots, s, order if self._seqs.slotted else None, pages, batch=b,
                                   nodes=k)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)

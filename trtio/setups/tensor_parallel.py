@@ -48,10 +48,11 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.engine import EngineExecutor
 from trtio.errors import EngineError, InvalidTypeError
 from trtio.memory import MemoryEntry, MemoryReport
-from trtio.pages import Prefix, PrefixReturns
+from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import EngineGraphStats, one_thread
+from trtio.setups.base import EngineGraphStats
 from trtio.setups.binding import BoundEngine
+from trtio.setups.calls import Calls, one_thread
 from trtio.setups.llm import LLMSetup
 from trtio.setups.ranks import RankGroup, check_devices, stop_all
 from trtio.setups.sequences import KVPages
@@ -150,15 +151,14 @@ class TensorParallelLLMSetup(Closeable):
         self._views: list[BoundedCache[tuple[Any, ...], Tensor]] = [BoundedCache() for _ in ranks]
         self._last_inputs: tuple[Any, tuple[int, ...], list[Any]] = (None, (), [])  # _inputs' last answer
         self._owner = object()  # what this setup's prefixes name as their maker
-        # one_thread's state (each rank setup keeps its own pools, and what its own copies read)
-        self._in_use = threading.Lock()
-        self._returns = PrefixReturns()
-        self._read_slot: int | None = None  # (each rank setup keeps what its own copies read)
         with contextlib.ExitStack() as stack:
             stack.callback(self._group.stop)
             self._backends = self._group.on_ranks(
                 lambda r: host if kind == "host" else _cuda_backend(self._devices[r]))
             self._backend = self._backends[0]
+            # one_thread's state (each rank setup keeps its own pools, its own call order and what its copies read)
+            self._calls = self._group.on_rank(0, lambda: Calls(self._backend, type(self).__name__, holds=False))
+            stack.callback(self._group.on_rank, 0, self._calls.close)
             # Where device work runs apart from the host (GPUs; the dry-run backend runs none), a decode whose plan
             # holds on every rank is enqueued for every rank from the calling thread; the host backend runs device
             # work, the host group's all-reduce included, as it is enqueued: its ranks step on their threads.
@@ -440,9 +440,6 @@ class TensorParallelLLMSetup(Closeable):
             return f"TensorParallelLLMSetup({self.tp_size} ranks, closed)"
         return (f"TensorParallelLLMSetup({self.tp_size} ranks on {self._kind} devices {list(self._devices)}, "
                 f"active={self._rank_setups[0].active.tolist()})")
-
-    def _hold_reads(self) -> None:
-        """(Nothing: each rank setup keeps what its own copies read.)"""
 
     def _close_owned(self) -> None:
         try:

@@ -24,11 +24,12 @@ from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
 from trtio.engine import EngineExecutor
 from trtio.errors import BindingError, InvalidTypeError, InvalidValueError, ShapeError
-from trtio.interop import as_input
+from trtio.inputs import as_input
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
+from trtio.setups.calls import Calls, one_thread
 from trtio.staging import StepStaging, UploadRing
-from trtio.stream import Event, Stream, StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 from trtio.visual_config import VisualConfig
@@ -116,7 +117,7 @@ class VisualSetup(Closeable):
                                                             title="visual step inputs"))
             self._patches = stack.enter_context(UploadRing(self._arena[f"host_{kVisualInput}"], be,
                                                            slots=_PATCH_SLOTS, title="patches staging"))
-            self._order = stack.enter_context(Event.create(be))
+            self._calls = stack.enter_context(Calls(be, "VisualSetup"))
             tm = TensorMap("visual")
             for spec in self.registry:
                 tm.add(spec.name, self._arena[spec.name])
@@ -130,9 +131,9 @@ class VisualSetup(Closeable):
         self._geometry_names = tuple(g.name for g in geometry)
         self._outputs = [self._arena[n] for n in outputs]
         self._steps: BoundedCache[tuple[tuple[int, int, int], ...], VitStep] = BoundedCache()
-        self._last_stream: Stream | None = None
 
     # -- the step ----------------------------------------------------------------------------------
+    @one_thread
     def encode(self, patches: Any, grid_thw: Any, stream: StreamLike = None) -> VisualOutput:
         """Run the ViT over the images of ``grid_thw`` (``[images, 3]`` patch grids, as
         :func:`trtio.vision.preprocess` returns them) whose ``patches`` (``[N, patch_dim]``, N the grids' total
@@ -148,19 +149,19 @@ class VisualSetup(Closeable):
         want = (step.patches, self.cfg.patch_dim)
         s = as_stream(stream, self._backend)
         x = self._checked_patches(patches, want, s)
-        self._follow(s)
+        self._calls.stream(s)
         staging = self._staging
         staging.write_all(self._geometry_names, tuple(step.values[n] for n in self._geometry_names))
         staging.upload(s)
         dst = self._arena[kVisualInput]
         if isinstance(x, Tensor):
+            self._calls.read(x)  # kept until the copy has run
             dst.reshape(want).copy_from(x, s)
         else:
             self._patches.upload(x, dst, s)
         ex = self.executor
         ex.prepare(0, self.tensor_map, step.dims, s)
         ex.execute(s)
-        self._last_stream = s
         out = self._outputs
         return VisualOutput(out[0], out[1:], np.asarray(step.grid, np.int64))
 
@@ -200,13 +201,6 @@ class VisualSetup(Closeable):
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InvalidValueError(f"patches{list(where)} = {float(arr[where])!r} is not a finite float16 value")
         return out
-
-    def _follow(self, s: Stream) -> None:
-        """Order ``s`` after the last encode where that ran on another stream (its buffers are reused)."""
-        last = self._last_stream
-        if last is not None and last is not s and last != s and not last.is_closed:
-            self._order.record(last)
-            s.wait(self._order)
 
     # -- views ---------------------------------------------------------------------------------------
     @property

@@ -233,7 +233,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             elsewhere: Callable[[], Any] | None = None
             apart: Callable[[], object] | None = None
             if inputs == "torch" and backend.name == "cuda":
-                # torch runs on the step's stream (this thread's trtio default: as trtio.interop advises, no event
+                # torch runs on the step's stream (this thread's trtio default: as trtio.inputs advises, no event
                 # per step), and once more on its own default stream (the producer ordered by an event each step)
                 import torch
 

@@ -1,4 +1,4 @@
-"""trtio.interop and Tensor.from_dlpack: foreign arrays in, read in place, ordered, kept alive, refused clearly.
+"""trtio.inputs and Tensor.from_dlpack: foreign arrays in, read in place, ordered, kept alive, refused clearly.
 
 Host memory is tested with numpy and torch (CPU); CUDA memory, without a GPU, through a host backend that
 calls itself ``cuda`` (:class:`FakeCudaBackend`): its "device" memory is host memory it allocated, so every
@@ -22,7 +22,7 @@ import trtio
 from trtio import InvalidTypeError, InvalidValueError, Location, ShapeError, Stream, Tensor
 from trtio._dlpack import kDLCPU, kDLCUDA, kDLFloat, live_exports, make_capsule, parse_max_version
 from trtio.cuda.host import HostBackend
-from trtio.interop import as_input
+from trtio.inputs import as_input
 
 try:
     import torch
