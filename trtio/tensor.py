@@ -20,7 +20,7 @@ import ctypes
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -106,6 +106,45 @@ VIEWS = ViewLog()
 _SHAPES: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
 
 
+def _checked_view(shape: Any, dtype: DType, capacity: int, name: str) -> tuple[tuple[int, ...], int, bool]:
+    """``shape`` checked as a view of ``dtype`` within ``capacity`` bytes (of tensor ``name``): its dims, its bytes,
+    and whether it is a tuple of plain ints (then kept as given). Shapes steps give again are checked once."""
+    found = None
+    plain = False
+    if type(shape) is tuple:
+        try:
+            found = _SHAPES.get(shape)
+        except TypeError:  # unhashable: normalize_shape names what is wrong with it
+            pass
+        plain = True
+        for d in shape:  # the very ints it was checked as (a bool, a float or a numpy int hash alike)
+            if type(d) is not int:
+                found = None
+                plain = False
+                break
+    if found is None:
+        dims = normalize_shape(shape, f"new shape of tensor {name!r}")
+        found = (dims, volume(dims))
+        if plain and dims == shape:
+            if len(_SHAPES) >= 1024:
+                _SHAPES.clear()
+            _SHAPES[dims] = found
+    need = dtype.nbytes(found[1])
+    if need > capacity:
+        raise CapacityError(f"tensor {name!r}: shape {found[0]} of {dtype} needs {need} bytes but the capacity is "
+                            f"{capacity} bytes")
+    return found[0], need, plain
+
+
+def _layout(name: str, shape: ShapeLike, dtype: DTypeLike, location: Location, backend: Backend | str | None,
+            capacity: int | None) -> tuple[tuple[int, ...], DType, Location, Backend, int]:
+    """A new tensor's arguments checked: its shape, dtype, location, backend and capacity in bytes."""
+    dims = normalize_shape(shape, f"shape of tensor {name!r}")
+    dt = DType.coerce(dtype)
+    return (dims, dt, Location.coerce(location, f"location of tensor {name!r}"), get_backend(backend),
+            _capacity_for(name, dims, dt, capacity))
+
+
 def _capacity_for(name: str, shape: tuple[int, ...], dtype: DType, capacity: int | None) -> int:
     """The byte capacity of a new tensor: ``capacity`` if given (it must hold ``shape``), else the shape's bytes."""
     need = dtype.nbytes(volume(shape))
@@ -181,6 +220,70 @@ def mark_bound_memory(tensor: Tensor, user: Any) -> None:
     mark_bound(owner, user)
 
 
+def fill_pattern(dt: DType, value: object, name: str) -> bytes:
+    """The encoding of one element of ``value`` in ``dt``, refusing (naming tensor ``name``) what ``dt`` cannot
+    hold: integer types take integral values in range, bool True/False (or 0/1), floating types any value that
+    does not overflow to infinity. A packed type takes only 0: its pattern is empty (the caller zeroes)."""
+    if dt.is_packed:
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or value != 0:
+            raise InvalidValueError(f"tensor {name!r}: fill_({_short(value)}): packed {dt} supports only 0")
+        return b""
+    npdt = dt.numpy
+    if npdt is None:
+        raise TrtioError(f"tensor {name!r}: fill_ of {dt} needs ml_dtypes for the value's encoding")
+
+    def refuse(why: str) -> InvalidValueError:
+        return InvalidValueError(f"tensor {name!r}: fill_({_short(value)}): {why}")
+
+    if isinstance(value, (bool, np.bool_)):
+        return np.asarray(value, dtype=npdt).tobytes()
+    if not isinstance(value, numbers.Real):
+        raise InvalidTypeError(f"tensor {name!r}: fill_ takes a real number, got {type(value).__name__} "
+                               f"{_short(value)}")
+    if dt is DType.BOOL:
+        if value not in (0, 1):
+            raise refuse("a bool tensor takes True, False, 0 or 1")
+        return np.asarray(bool(value), dtype=npdt).tobytes()
+    if npdt.kind in "iu":
+        info = np.iinfo(npdt)
+        if is_int(value):
+            whole = int(value)
+        else:
+            real = float(value)
+            if not math.isfinite(real):
+                raise refuse(f"{dt} holds integers in [{info.min}, {info.max}], not {real}")
+            if not real.is_integer():
+                raise refuse(f"{dt} holds integers; {real} is not one (it would be stored as {int(real)})")
+            whole = int(real)
+        if not info.min <= whole <= info.max:
+            raise refuse(f"{_short(whole)} is outside {dt}'s range [{info.min}, {info.max}]")
+        return np.asarray(whole, dtype=npdt).tobytes()
+    try:
+        real = float(value)
+    except OverflowError:  # an int beyond any float
+        real = -math.inf if value < 0 else math.inf
+        finite_in = True
+    else:
+        finite_in = math.isfinite(real)
+    with np.errstate(over="ignore", invalid="ignore"):
+        encoded = np.asarray(real, dtype=npdt)
+    out = float(encoded)
+    if finite_in and not math.isfinite(out):
+        raise refuse(f"{_short(value)} cannot be represented in {dt} (it would be stored as {out})")
+    if math.isinf(real) and out != real:
+        raise refuse(f"{dt} has no infinity (it would be stored as {out})")
+    return encoded.tobytes()
+
+
+def _closed_owner(name: str, owner: Any) -> ClosedError:
+    """The refusal of tensor ``name`` whose ``owner`` (a tensor it views, an arena, a foreign array) is closed."""
+    if isinstance(owner, Tensor):
+        return ClosedError(f"tensor {name!r} is a view of closed tensor {owner._name!r}")
+    if isinstance(owner, Closeable):
+        return ClosedError(f"tensor {name!r} belongs to {owner._what}, which is closed")
+    return ClosedError(f"tensor {name!r} belongs to a closed {type(owner).__name__}")
+
+
 def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbytes: int) -> None:
     try:
         backend.free(ptr, location)
@@ -189,7 +292,80 @@ def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbyt
                                             f"{exc.detail}") from exc
 
 
-class Tensor(Closeable):
+class _Exports:
+    """A Tensor's zero-copy exports (DLPack, the CUDA and numpy array interfaces): each orders its consumer after
+    the tensor's last trtio writer (see the module docstring)."""
+
+    __slots__ = ()
+    # Tensor's fields the exports read (declared here for the type checker; Tensor's slots hold them)
+    _name: str
+    _dtype: DType
+    _location: Location
+    _shape: tuple[int, ...]
+    _nbytes: int
+    _ptr: int
+    _backend: Backend
+    _last_stream: Stream | None
+
+    if TYPE_CHECKING:  # Tensor's methods the exports call
+        def _live(self) -> None: ...
+
+        def _order_consumer(self, consumer_stream: int) -> None: ...
+
+    @property
+    def is_host_accessible(self) -> bool:
+        return self._backend.is_host_accessible(self._location)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self._backend.name != "cuda" or self._location is not Location.DEVICE:
+            raise NotAvailableError(
+                f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
+                f"{self._backend.name}); use __array_interface__ or to_numpy()")
+        self._live()
+        stream = self._last_stream
+        return _interface(self, device=True, stream=stream.handle if stream is not None and not stream.is_closed
+                          else None)
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if not self.is_host_accessible:
+            raise NotAvailableError(
+                f"tensor {self._name!r} is in device memory; use __dlpack__, "
+                f"__cuda_array_interface__ or to_numpy()")
+        self._live()
+        return _interface(self, device=False)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        self._live()
+        if self._backend.name == "cuda":
+            if self._location is Location.DEVICE:
+                return (_DL_CUDA, self._backend.device_id)
+            if self._location is Location.PINNED:
+                return (_DL_CUDA_HOST, 0)
+        return (_DL_CPU, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """Export the current view without a copy.
+
+        For CUDA device memory, the consumer's ``stream`` (a handle; None or 1 = legacy
+        default, 2 = per-thread default, -1 = no ordering) is made to wait for the last trtio
+        work that wrote this tensor.
+        """
+        from trtio import _dlpack
+
+        self._live()
+        device = self.__dlpack_device__()
+        code = _export_code(self._name, self._dtype, device, dl_device, copy)
+        if device[0] == _DL_CUDA and stream != -1:
+            self._order_consumer(_consumer_stream(self._name, stream))
+        return _dlpack.make_capsule(
+            self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
+            device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
+
+
+class Tensor(_Exports, Closeable):
     """A buffer with a fixed capacity and a reshapeable view (see module docstring).
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
@@ -239,11 +415,7 @@ class Tensor(Closeable):
 
         A zero-byte tensor allocates nothing and has ``data_ptr == 0`` (an absent feature).
         """
-        shape = normalize_shape(shape, f"shape of tensor {name!r}")
-        dt = DType.coerce(dtype)
-        location = Location.coerce(location, f"location of tensor {name!r}")
-        be = get_backend(backend)
-        cap = _capacity_for(name, shape, dt, capacity)
+        shape, dt, location, be, cap = _layout(name, shape, dtype, location, backend, capacity)
         ptr = 0
         if cap:
             try:
@@ -266,11 +438,7 @@ class Tensor(Closeable):
         backend knows its device allocations; CUDA cannot vouch for memory of other libraries, so the
         cuda backend takes the caller's word).
         """
-        shape = normalize_shape(shape, f"shape of tensor {name!r}")
-        dt = DType.coerce(dtype)
-        location = Location.coerce(location, f"location of tensor {name!r}")
-        be = get_backend(backend)
-        cap = _capacity_for(name, shape, dt, capacity)
+        shape, dt, location, be, cap = _layout(name, shape, dtype, location, backend, capacity)
         address = _pointer(name, ptr, cap, location, be)
         return cls(address, shape, dt, location, cap, be, name=name, owner=owner)
 
@@ -309,16 +477,9 @@ class Tensor(Closeable):
         if self._closed:
             raise ClosedError(f"tensor {self._name!r} is closed")
         owner = self._owner
-        if owner is None:
-            return
-        if isinstance(owner, Tensor):
-            if owner._closed:
-                raise ClosedError(f"tensor {self._name!r} is a view of closed tensor {owner._name!r}")
-        elif isinstance(owner, Closeable):
-            if owner._closed:
-                raise ClosedError(f"tensor {self._name!r} belongs to {owner._what}, which is closed")
-        elif getattr(owner, "is_closed", False) is True:
-            raise ClosedError(f"tensor {self._name!r} belongs to a closed {type(owner).__name__}")
+        if owner is not None and (owner._closed if isinstance(owner, Closeable)
+                                  else getattr(owner, "is_closed", False) is True):
+            raise _closed_owner(self._name, owner)
 
     @property
     def name(self) -> str:
@@ -379,10 +540,6 @@ class Tensor(Closeable):
         """True for a zero-capacity tensor: Edge-LLM's "feature absent"."""
         return self._capacity == 0
 
-    @property
-    def is_host_accessible(self) -> bool:
-        return self._backend.is_host_accessible(self._location)
-
     # -- reshaping --------------------------------------------------------------------------
     def reshape(self, shape: ShapeLike) -> Tensor:
         """Change the view in place (no reallocation); returns self.
@@ -406,32 +563,7 @@ class Tensor(Closeable):
                 log.changes += 1
                 return self
         self._live()
-        found = None
-        plain = False
-        if type(shape) is tuple:
-            try:
-                found = _SHAPES.get(shape)  # a shape steps give again: checked once
-            except TypeError:  # unhashable: normalize_shape names what is wrong with it
-                pass
-            plain = True
-            for d in shape:  # the very ints it was checked as (a bool, a float or a numpy int hash alike)
-                if type(d) is not int:
-                    found = None
-                    plain = False
-                    break
-        if found is None:
-            dims = normalize_shape(shape, f"new shape of tensor {self._name!r}")
-            found = (dims, volume(dims))
-            if plain and dims == shape:
-                if len(_SHAPES) >= 1024:
-                    _SHAPES.clear()
-                _SHAPES[dims] = found
-        dims = found[0]
-        need = self._dtype.nbytes(found[1])
-        if need > self._capacity:
-            raise CapacityError(
-                f"tensor {self._name!r}: shape {dims} of {self._dtype} needs {need} bytes but "
-                f"the capacity is {self._capacity} bytes")
+        dims, need, plain = _checked_view(shape, self._dtype, self._capacity, self._name)
         self._prev_view = (self._shape, self._nbytes)
         # A tuple of plain ints is kept as given (it equals the checked one): given again, the same object is
         # found by identity when it is the view before.
@@ -471,30 +603,6 @@ class Tensor(Closeable):
         return out
 
     # -- copies -----------------------------------------------------------------------------
-    def _check_peer(self, other_dtype: DType, other_shape: tuple[int, ...], other_nbytes: int, other_desc: str,
-                    verb: str, *, raw: bool = False) -> None:
-        """dtype and shape must equal the view's (``raw``: a packed type's flat bytes, as ``to_numpy`` gives them)."""
-        if other_dtype is not self._dtype:
-            raise TrtioError(
-                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: dtype {other_dtype} "
-                f"does not match {self._dtype}")
-        want = (self._nbytes,) if raw and self._dtype.is_packed else self._shape
-        if other_shape != want:
-            raise ShapeError(
-                f"tensor {self._name!r}: cannot copy {verb} {other_desc}: its shape {other_shape} ({other_nbytes} "
-                f"bytes) does not match {'the bytes of ' if want is not self._shape else ''}the view {self._shape} "
-                f"({self._nbytes} bytes); reshape one of them first (tensor.reshape({other_shape}) for a flat copy)")
-
-    def _numpy_dtype_of(self, array: np.ndarray) -> DType:
-        # Types numpy cannot name (packed 4-bit, bf16 without ml_dtypes) travel as raw storage.
-        if self._dtype.numpy is None and array.dtype == self._dtype.storage_numpy:
-            return self._dtype
-        try:
-            return DType.from_numpy(array.dtype)
-        except ValueError:
-            raise TrtioError(
-                f"tensor {self._name!r}: numpy dtype {array.dtype} does not match {self._dtype}") from None
-
     def copy_from(self, src: Any, stream: StreamLike = None) -> Tensor:
         """Copy ``src`` (numpy array or Tensor) into the current view; returns self.
 
@@ -505,7 +613,7 @@ class Tensor(Closeable):
         self._live()
         if isinstance(src, Tensor):
             src._live()
-            self._check_peer(src._dtype, src._shape, src._nbytes, f"tensor {src._name!r}", "from")
+            _check_peer(self, src._dtype, src._shape, src._nbytes, f"tensor {src._name!r}", "from")
             if src._backend is not self._backend:
                 raise TrtioError(f"tensor {self._name!r} ({self._backend.name}): cannot copy from tensor "
                                  f"{src._name!r} of another backend ({src._backend.name})")
@@ -520,8 +628,8 @@ class Tensor(Closeable):
             self._last_stream = s
             return self
         array = src if isinstance(src, np.ndarray) else np.asarray(src)
-        dt = self._numpy_dtype_of(array)
-        self._check_peer(dt, array.shape, array.nbytes, "an array", "from", raw=True)
+        dt = _numpy_dtype_of(self, array)
+        _check_peer(self, dt, array.shape, array.nbytes, "an array", "from", raw=True)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
         if self._location is Location.DEVICE:
@@ -546,8 +654,8 @@ class Tensor(Closeable):
             return dst
         if not isinstance(dst, np.ndarray) or not dst.flags.c_contiguous or not dst.flags.writeable:
             raise TrtioError(f"tensor {self._name!r}: copy_to needs a writeable C-contiguous numpy array or a Tensor")
-        dt = self._numpy_dtype_of(dst)
-        self._check_peer(dt, dst.shape, dst.nbytes, "an array", "to", raw=True)
+        dt = _numpy_dtype_of(self, dst)
+        _check_peer(self, dt, dst.shape, dst.nbytes, "an array", "to", raw=True)
         s = as_stream(stream, self._backend)
         if self._last_stream is not None:
             self._order_consumer(s.handle)
@@ -592,12 +700,9 @@ class Tensor(Closeable):
         True/False (or 0/1), floating tensors any value that does not overflow to infinity.
         """
         self._live()
-        if self._dtype.is_packed:
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or value != 0:
-                raise InvalidValueError(f"tensor {self._name!r}: fill_({_short(value)}): packed {self._dtype} "
-                                        f"supports only 0")
+        pattern = fill_pattern(self._dtype, value, self._name)
+        if not pattern:  # a packed type's 0
             return self.zero_(stream)
-        pattern = self._fill_pattern(value)
         count = volume(self._shape)
         if self._location is Location.DEVICE:
             s = as_stream(stream, self._backend)
@@ -607,148 +712,13 @@ class Tensor(Closeable):
             host_fill(self._ptr, pattern, count)
         return self
 
-    def _fill_pattern(self, value: object) -> bytes:
-        """The encoding of one element of ``value``, refusing what the dtype cannot hold."""
-        dt = self._dtype
-        npdt = dt.numpy
-        if npdt is None:
-            raise TrtioError(f"tensor {self._name!r}: fill_ of {dt} needs ml_dtypes for the value's encoding")
-
-        def refuse(why: str) -> InvalidValueError:
-            return InvalidValueError(f"tensor {self._name!r}: fill_({_short(value)}): {why}")
-
-        if isinstance(value, (bool, np.bool_)):
-            return np.asarray(value, dtype=npdt).tobytes()
-        if not isinstance(value, numbers.Real):
-            raise InvalidTypeError(f"tensor {self._name!r}: fill_ takes a real number, got {type(value).__name__} "
-                                   f"{_short(value)}")
-        if dt is DType.BOOL:
-            if value not in (0, 1):
-                raise refuse("a bool tensor takes True, False, 0 or 1")
-            return np.asarray(bool(value), dtype=npdt).tobytes()
-        if npdt.kind in "iu":
-            info = np.iinfo(npdt)
-            if is_int(value):
-                whole = int(value)
-            else:
-                real = float(value)
-                if not math.isfinite(real):
-                    raise refuse(f"{dt} holds integers in [{info.min}, {info.max}], not {real}")
-                if not real.is_integer():
-                    raise refuse(f"{dt} holds integers; {real} is not one (it would be stored as {int(real)})")
-                whole = int(real)
-            if not info.min <= whole <= info.max:
-                raise refuse(f"{_short(whole)} is outside {dt}'s range [{info.min}, {info.max}]")
-            return np.asarray(whole, dtype=npdt).tobytes()
-        try:
-            real = float(value)
-        except OverflowError:  # an int beyond any float
-            real = -math.inf if value < 0 else math.inf
-            finite_in = True
-        else:
-            finite_in = math.isfinite(real)
-        with np.errstate(over="ignore", invalid="ignore"):
-            encoded = np.asarray(real, dtype=npdt)
-        out = float(encoded)
-        if finite_in and not math.isfinite(out):
-            raise refuse(f"{_short(value)} cannot be represented in {dt} (it would be stored as {out})")
-        if math.isinf(real) and out != real:
-            raise refuse(f"{dt} has no infinity (it would be stored as {out})")
-        return encoded.tobytes()
-
     def mark_written(self, stream: StreamLike = None) -> None:
         """Record that work on ``stream`` writes this tensor (exports then order consumers after it)."""
         self._live()
         self._last_stream = as_stream(stream, self._backend)
 
-    # -- zero-copy export -------------------------------------------------------------------
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        if self._backend.name != "cuda" or self._location is not Location.DEVICE:
-            raise NotAvailableError(
-                f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
-                f"{self._backend.name}); use __array_interface__ or to_numpy()")
-        self._live()
-        typestr = self._dtype.typestr
-        if typestr is None:
-            raise InvalidTypeError(
-                f"tensor {self._name!r}: __cuda_array_interface__ has no type string for {self._dtype}; "
-                f"export with __dlpack__ or view the bytes: tensor.view(trtio.DType.UINT8)")
-        stream = self._last_stream
-        return {
-            "shape": self._shape,
-            "typestr": typestr,
-            "data": (self._ptr, False),
-            "strides": None,
-            "version": 3,
-            "stream": stream.handle if stream is not None and not stream.is_closed else None,
-        }
-
-    @property
-    def __array_interface__(self) -> dict[str, Any]:
-        if not self.is_host_accessible:
-            raise NotAvailableError(
-                f"tensor {self._name!r} is in device memory; use __dlpack__, "
-                f"__cuda_array_interface__ or to_numpy()")
-        self._live()
-        typestr = self._dtype.typestr or self._dtype.storage_numpy.newbyteorder("<").str
-        if self._dtype.typestr is None and self._dtype.storage_numpy.kind == "V":
-            typestr = f"<u{self._dtype.itemsize}"
-        shape = (self._nbytes,) if self._dtype.is_packed else self._shape
-        return {"shape": shape, "typestr": typestr, "data": (self._ptr, False), "strides": None,
-                "version": 3}
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        self._live()
-        if self._backend.name == "cuda":
-            if self._location is Location.DEVICE:
-                return (_DL_CUDA, self._backend.device_id)
-            if self._location is Location.PINNED:
-                return (_DL_CUDA_HOST, 0)
-        return (_DL_CPU, 0)
-
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: bool | None = None) -> Any:
-        """Export the current view without a copy.
-
-        For CUDA device memory, the consumer's ``stream`` (a handle; None or 1 = legacy
-        default, 2 = per-thread default, -1 = no ordering) is made to wait for the last trtio
-        work that wrote this tensor.
-        """
-        from trtio import _dlpack
-
-        self._live()
-        device = self.__dlpack_device__()
-        if copy is True:
-            raise ExportError(f"tensor {self._name!r}: trtio exports without copying (copy=True asked)")
-        if dl_device is not None and tuple(dl_device) != device:
-            raise ExportError(f"tensor {self._name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
-        code = self._dtype.dlpack
-        if code is None:
-            raise ExportError(
-                f"tensor {self._name!r}: DLPack cannot carry {self._dtype}; "
-                f"export tensor.view(trtio.DType.UINT8) and view it as the type on the consumer side")
-        if device[0] == _DL_CUDA and stream != -1:
-            self._order_consumer(self._dlpack_stream(stream))
-        return _dlpack.make_capsule(
-            self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
-            device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
-
-    def _dlpack_stream(self, stream: object) -> int:
-        """The consumer's CUDA stream handle from ``__dlpack__(stream=...)``, as the DLPack standard defines it."""
-        if stream is None:
-            return 1  # the consumer did not say: CUDA's legacy default stream
-        if not is_int(stream):
-            raise InvalidTypeError(f"tensor {self._name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes "
-                                   f"an int stream handle, -1 or None")
-        handle = int(stream)
-        if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
-            raise InvalidValueError(
-                f"tensor {self._name!r}: __dlpack__(stream={handle}) is not allowed: DLPack takes None or 1 (legacy "
-                f"default stream), 2 (per-thread default stream), -1 (no ordering) or a stream handle; 0 is ambiguous")
-        return handle
-
     def _order_consumer(self, consumer_stream: int) -> None:
+        """``consumer_stream`` (a handle) waits for the last trtio work that wrote this tensor (none: no wait)."""
         producer = self._last_stream
         if producer is None or producer.is_closed or producer.handle == consumer_stream:
             return
@@ -787,3 +757,79 @@ class Tensor(Closeable):
             return f"Tensor({self._name!r}, closed)"
         return (f"Tensor({self._name!r}, shape={self._shape}, dtype={self._dtype}, "
                 f"location={self._location}, ptr=0x{self._ptr:x}, capacity={self._capacity})")
+
+
+def _check_peer(t: Tensor, other_dtype: DType, other_shape: tuple[int, ...], other_nbytes: int, other_desc: str,
+                verb: str, *, raw: bool = False) -> None:
+    """A copy's other side must have ``t``'s dtype and view shape (``raw``: a packed type's flat bytes, as
+    ``to_numpy`` gives them)."""
+    if other_dtype is not t._dtype:
+        raise TrtioError(f"tensor {t._name!r}: cannot copy {verb} {other_desc}: dtype {other_dtype} does not match "
+                         f"{t._dtype}")
+    want = (t._nbytes,) if raw and t._dtype.is_packed else t._shape
+    if other_shape != want:
+        raise ShapeError(
+            f"tensor {t._name!r}: cannot copy {verb} {other_desc}: its shape {other_shape} ({other_nbytes} bytes) "
+            f"does not match {'the bytes of ' if want is not t._shape else ''}the view {t._shape} ({t._nbytes} "
+            f"bytes); reshape one of them first (tensor.reshape({other_shape}) for a flat copy)")
+
+
+def _numpy_dtype_of(t: Tensor, array: np.ndarray) -> DType:
+    """The dtype of a numpy array copied to or from ``t``: types numpy cannot name (packed 4-bit, bf16 without
+    ml_dtypes) travel as raw storage."""
+    if t._dtype.numpy is None and array.dtype == t._dtype.storage_numpy:
+        return t._dtype
+    try:
+        return DType.from_numpy(array.dtype)
+    except ValueError:
+        raise TrtioError(f"tensor {t._name!r}: numpy dtype {array.dtype} does not match {t._dtype}") from None
+
+
+def _interface(t: _Exports, *, device: bool, stream: int | None = None) -> dict[str, Any]:
+    """``t``'s current view as a CUDA array interface (``device``, with the producer's ``stream``) or a numpy
+    array interface (packed types as their flat bytes; types numpy cannot name as unsigned storage)."""
+    dt = t._dtype
+    typestr = dt.typestr
+    if device:
+        if typestr is None:
+            raise InvalidTypeError(
+                f"tensor {t._name!r}: __cuda_array_interface__ has no type string for {dt}; "
+                f"export with __dlpack__ or view the bytes: tensor.view(trtio.DType.UINT8)")
+        return {"shape": t._shape, "typestr": typestr, "data": (t._ptr, False), "strides": None, "version": 3,
+                "stream": stream}
+    if typestr is None:
+        storage = dt.storage_numpy
+        typestr = f"<u{dt.itemsize}" if storage.kind == "V" else storage.newbyteorder("<").str
+    shape = (t._nbytes,) if dt.is_packed else t._shape
+    return {"shape": shape, "typestr": typestr, "data": (t._ptr, False), "strides": None, "version": 3}
+
+
+def _export_code(name: str, dtype: DType, device: tuple[int, int], dl_device: Any, copy: bool | None
+                 ) -> tuple[int, int]:
+    """The DLPack type code of an export of tensor ``name`` (of ``dtype``, on DLPack ``device``), refusing a copy,
+    another device, and types DLPack cannot carry."""
+    if copy is True:
+        raise ExportError(f"tensor {name!r}: trtio exports without copying (copy=True asked)")
+    if dl_device is not None and tuple(dl_device) != device:
+        raise ExportError(f"tensor {name!r} lives on DLPack device {device}, not {tuple(dl_device)}")
+    code = dtype.dlpack
+    if code is None:
+        raise ExportError(f"tensor {name!r}: DLPack cannot carry {dtype}; export tensor.view(trtio.DType.UINT8) and "
+                          f"view it as the type on the consumer side")
+    return code
+
+
+def _consumer_stream(name: str, stream: object) -> int:
+    """The consumer's CUDA stream handle from ``__dlpack__(stream=...)`` of tensor ``name``, as the DLPack standard
+    defines it."""
+    if stream is None:
+        return 1  # the consumer did not say: CUDA's legacy default stream
+    if not is_int(stream):
+        raise InvalidTypeError(f"tensor {name!r}: __dlpack__(stream={stream!r}): a CUDA consumer passes an int "
+                               f"stream handle, -1 or None")
+    handle = int(stream)
+    if handle == 0 or handle < -1 or handle >= _ADDRESS_LIMIT:
+        raise InvalidValueError(
+            f"tensor {name!r}: __dlpack__(stream={handle}) is not allowed: DLPack takes None or 1 (legacy default "
+            f"stream), 2 (per-thread default stream), -1 (no ordering) or a stream handle; 0 is ambiguous")
+    return handle
