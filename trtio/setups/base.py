@@ -356,7 +356,7 @@ class SetupBase(Closeable, abc.ABC):
             self._between_rounds(f"{what}(slots=...)")
         rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, what)
         dims = self._prefill_dims(e, b, seq, past)
-        features = self._check_deepstack(e, deepstack_embeds, b, seq, stream)
+        features = check_deepstack(self.io, e, deepstack_embeds, b, seq, self._backend, stream)
         positions = self._check_positions(mrope_positions, b, seq, ctx, past)
         # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
         s = self._stream(stream)
@@ -368,7 +368,7 @@ class SetupBase(Closeable, abc.ABC):
                 before += self._seqs.admitted_states(rows, prefixes)
             if self._positions is not None:  # the slots' MRoPE rows, written before the step gathers them
                 before = self._positions.prefill_work(rows, past, ctx, positions, past_lengths is not None) + before
-            self._bind_deepstack(e, features, b, seq, s)
+            bind_deepstack(self.io, e, features, b, seq, s, self._calls)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)
 
@@ -449,43 +449,6 @@ class SetupBase(Closeable, abc.ABC):
         key = tuple(rows.tolist())
         return self._steps.prompt(e, past, ctx, seq, s, slots=rows, pages=seqs.step_rows(e.role, key))
 
-    def _check_deepstack(self, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int,
-                         stream: StreamLike = None) -> list[Any] | None:
-        """A prefill's deepstack features, checked ([b, seq, hidden] each, one per feature) and converted."""
-        n = e.cfg.num_deepstack_features
-        if not n:
-            if features:
-                raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
-            return None
-        if features is None:
-            return None
-        if len(features) != n:
-            raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
-        out = []
-        for i, f in enumerate(features):
-            x = as_embeds(f, f"deepstack_embeds[{i}]", self.io.inputs_embeds.dtype, e.cfg.hidden_size, self._backend,
-                           stream)
-            if tuple(x.shape[:2]) != (b, seq):
-                raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
-            if isinstance(x, Tensor):
-                not_partly_over(x, f"deepstack_embeds[{i}]", self.io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
-            out.append(x)
-        return out
-
-    def _bind_deepstack(self, e: BoundEngine, features: list[Any] | None, b: int, seq: int, s: Stream) -> None:
-        """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them."""
-        if not e.cfg.num_deepstack_features:
-            return
-        views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in self.io.deepstack_embeds]
-        if features is None:
-            for v in views:
-                v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
-        else:
-            for v, f in zip(views, features):
-                self._calls.read(f)
-                v.copy_from(f, s)
-        e.tensor_map.use_deepstack_features()
-
     def _prefill_dims(self, e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:
         """A prefill's dims (checking seq against max_supported_input_length). With ``past`` (tokens each
         sequence already has cached) the step continues those caches: a restored prefix (the ragged
@@ -537,3 +500,43 @@ def _follow_of(calls: Calls) -> Callable[[StreamLike], object]:
             found.stream(stream)
 
     return follow
+
+
+def check_deepstack(io: PipelineIO, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int,
+                    backend: Backend, stream: StreamLike = None) -> list[Any] | None:
+    """A prefill's deepstack features (Qwen3-VL), checked ([b, seq, hidden] each, one per feature) and converted."""
+    n = e.cfg.num_deepstack_features
+    if not n:
+        if features:
+            raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
+        return None
+    if features is None:
+        return None
+    if len(features) != n:
+        raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
+    out = []
+    for i, f in enumerate(features):
+        x = as_embeds(f, f"deepstack_embeds[{i}]", io.inputs_embeds.dtype, e.cfg.hidden_size, backend,
+                       stream)
+        if tuple(x.shape[:2]) != (b, seq):
+            raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
+        if isinstance(x, Tensor):
+            not_partly_over(x, f"deepstack_embeds[{i}]", io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
+        out.append(x)
+    return out
+
+def bind_deepstack(io: PipelineIO, e: BoundEngine, features: list[Any] | None, b: int, seq: int, s: Stream,
+                   calls: Calls) -> None:
+    """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them; ``calls`` keeps
+    each feature until its copy has run."""
+    if not e.cfg.num_deepstack_features:
+        return
+    views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in io.deepstack_embeds]
+    if features is None:
+        for v in views:
+            v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
+    else:
+        for v, f in zip(views, features):
+            calls.read(f)
+            v.copy_from(f, s)
+    e.tensor_map.use_deepstack_features()

@@ -118,9 +118,7 @@ class DraftTree:
         found = self._level_parents.get(n)
         if found is not None and found[1] == shape and found[0] == vals:
             return found[2]
-        par32 = np.array(vals, np.int32)  # checked to lie in -1 .. width - 1
-        par32.shape = shape  # in place: the constant owns its data
-        par32.flags.writeable = False
+        par32 = constant(np.array(vals, np.int32).reshape(shape))  # checked to lie in -1 .. width - 1
         self._level_parents.put(n, (vals, shape, par32))
         return par32
 
