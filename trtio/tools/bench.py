@@ -261,9 +261,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
             prepare_execute()  # its own graph: the engine alone, without the step's RoPE gather
             same_graph()
-            # The rows compared follow the same calls (see below), and each is three calls after a decode of the
-            # other's kind: the torch-fed one after the Tensor-fed one, the Tensor-fed one after the torch-fed one
-            # from torch's default stream.
+            # The rows compared follow the same calls (see below), each three calls after a decode of another row.
             rows: list[tuple[str, Callable[[], object], Callable[[], Any]]] = [
                 ("LLMSetup.decode", decode, contextlib.nullcontext)]
             if apart is not None:
@@ -275,11 +273,14 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 rows.append((f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}",
                              other, contextlib.nullcontext))
             with on_step_stream:
-                for _ in range(steps):
+                for i in range(steps):
                     # Each decode row right after the engine's own two rows: what ran just before a call warms or
                     # cools the host's caches (a step timed right after another decode runs faster), so rows
-                    # compared side by side follow the same calls.
-                    for name, step, context in rows:
+                    # compared side by side follow the same calls. The rows take turns at going first: the
+                    # setup's ring of inputs in flight is fenced once every few steps, and that fence (an event)
+                    # falls on each row alike rather than always on the first.
+                    turn = i % len(rows)
+                    for name, step, context in rows[turn:] + rows[:turn]:
                         clock("prepare + execute (decode, graph)", prepare_execute)
                         # decode's graph: its device work advances the device's lengths once more (null compute)
                         clock("prepare + execute (decode's own graph)", same_graph)
