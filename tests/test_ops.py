@@ -200,3 +200,41 @@ def test_a_launch_from_a_thread_without_a_context_leaves_the_thread_without_one(
     assert seen == {"before": 0, "after": 0}, "the launch left the thread's current context as it found it"
     assert dst.to_numpy(stream).tolist() == list(range(64)), "and the kernel ran"
     stream.close()
+
+
+def test_own_graphs_run_the_work_at_its_first_launch_and_replay_it_after(backend: Backend) -> None:
+    """A work launched through OwnGraphs (a hybrid slot's zeroing) runs at its first launch, where its graph is
+    captured, and at every later one, which replays that graph; inside a caller's capture the work itself joins the
+    caller's graph; equal works share one graph, and close destroys them."""
+    from trtio.ops import AsGraph, OwnGraphs, Zero
+
+    s = Stream.create(backend)
+    t = _device(backend, np.full(64, 7, np.uint8), "rows")
+    graphs = OwnGraphs(backend, "test graphs")
+    try:
+        work = AsGraph(Zero(t, 32), graphs, id(graphs))
+        want = np.full(64, 7, np.uint8)
+        want[:32] = 0
+        for _ in range(2):
+            t.copy_from(np.full(64, 7, np.uint8), s)
+            work.enqueue(s)
+            np.testing.assert_array_equal(t.to_numpy(s), want)
+        assert len(graphs) == 1
+        AsGraph(Zero(t, 32), graphs, id(graphs)).enqueue(s)  # an equal work: its graph
+        assert len(graphs) == 1
+        t.copy_from(np.full(64, 7, np.uint8), s)
+        backend.begin_capture(s.handle)
+        try:
+            AsGraph(Zero(t, 16), graphs, id(graphs)).enqueue(s)
+        finally:
+            outer = backend.end_capture(s.handle)
+        assert len(graphs) == 1, "inside a capture the work joins the caller's graph"
+        backend.launch_graph(outer, s.handle)
+        backend.destroy_graph(outer)
+        want[16:32] = 7
+        np.testing.assert_array_equal(t.to_numpy(s), want)
+    finally:
+        graphs.close()
+        assert len(graphs) == 0
+        t.close()
+        s.close()

@@ -30,7 +30,7 @@ from trtio.dtypes import DType
 from trtio.engine import DeviceWork, EngineIO
 from trtio.errors import CapacityError
 from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.ops import Copy2D, Zero2D, fuse
+from trtio.ops import AsGraph, Copy2D, OwnGraphs, Zero2D, fuse
 from trtio.pages import PagePool
 from trtio.registry import ProfileShapes, TensorSpec
 from trtio.stream import Stream
@@ -188,6 +188,7 @@ class RecurrentStates(Closeable):
         self._admissions: BoundedCache[tuple[tuple[int, ...], tuple[int, ...] | None], tuple[DeviceWork, ...]] = \
             BoundedCache()
         self._pins: BoundedCache[tuple[int, int], tuple[DeviceWork, ...]] = BoundedCache()
+        self._graphs = OwnGraphs(backend, f"recurrent states of {name!r}: zeroing graphs")
 
     @property
     def nbytes(self) -> int:
@@ -208,7 +209,9 @@ class RecurrentStates(Closeable):
             works: list[Any] = []
             for i, slot in enumerate(key[0]):  # one launch per slot: the strided rows of two slots interleave
                 src = -1 if key[1] is None else key[1][i]
-                works += fuse([self._row_copy(g, slot, src) for g in self._groups])
+                fused = fuse([self._row_copy(g, slot, src) for g in self._groups])
+                # A slot's zeroing (max_batch of them) as a graph of its own: cheaper for the host to launch
+                works += [AsGraph(w, self._graphs, id(self._graphs)) for w in fused] if src < 0 else fused
             found = self._admissions.put(key, tuple(works))
         return found
 
@@ -248,7 +251,10 @@ class RecurrentStates(Closeable):
         return self._arena.report()
 
     def _close_owned(self) -> None:
-        self._arena.close()
+        try:
+            self._graphs.close()  # before the memory they write
+        finally:
+            self._arena.close()
 
     def __repr__(self) -> str:
         return (f"RecurrentStates({self.name!r}, {sum(g.layers for g in self._groups)} pools, {self.max_prefixes} "
