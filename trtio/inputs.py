@@ -181,11 +181,13 @@ def as_embeds(x: Any, what: str, dtype: DType, hidden: int, backend: Backend, st
 
 
 def is_device_array(x: Any) -> bool:
-    """Whether a foreign array lives in device memory (then it is never converted)."""
+    """Whether an input (a trtio Tensor or a foreign array) lives in device memory (then it is never converted)."""
+    if isinstance(x, Tensor):
+        return x.location is Location.DEVICE
     probe = getattr(x, "__dlpack_device__", None)
     if probe is not None:
         try:
-            return int(probe()[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
+            return int(probe()[0]) not in (kDLCPU, kDLCUDAHost)
         except Exception:  # noqa: BLE001 - as_input names what is wrong with it
             return True
     return hasattr(x, "__cuda_array_interface__")

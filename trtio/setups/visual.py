@@ -20,11 +20,11 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
-from trtio.cuda.backend import Backend, Location
+from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.engine import EngineExecutor
 from trtio.errors import BindingError, InvalidTypeError, InvalidValueError, ShapeError
-from trtio.inputs import as_input
+from trtio.inputs import as_input, is_device_array
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
 from trtio.setups.calls import Calls, one_thread
@@ -182,7 +182,7 @@ class VisualSetup(Closeable):
 
     def _checked_patches(self, patches: Any, want: tuple[int, int], s: Stream) -> Tensor | np.ndarray:
         """``patches`` as float16 host data or a float16 device Tensor of shape ``want``."""
-        x = as_input(patches, "patches", s, dtype=DType.FLOAT16 if _on_device(patches) else None, ndim=2,
+        x = as_input(patches, "patches", s, dtype=DType.FLOAT16 if is_device_array(patches) else None, ndim=2,
                      backend=self._backend)
         if isinstance(x, Tensor):
             if x.dtype is not DType.FLOAT16 or tuple(x.shape) != want:
@@ -224,18 +224,6 @@ class VisualSetup(Closeable):
 
     def __repr__(self) -> str:
         return f"VisualSetup({self.cfg.model_type}, graphs={self.executor.graphs_enabled})"
-
-
-def _on_device(x: Any) -> bool:
-    if isinstance(x, Tensor):
-        return x.location is Location.DEVICE
-    probe = getattr(x, "__dlpack_device__", None)
-    if probe is not None:
-        try:
-            return int(probe()[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
-        except Exception:  # noqa: BLE001 - as_input names what is wrong with it
-            return True
-    return hasattr(x, "__cuda_array_interface__")
 
 
 def create_for_visual(engine: Any, cfg: VisualConfig, stream: StreamLike = None, *, graphs: bool = False,
