@@ -86,13 +86,13 @@ from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNam
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _BumpAllocator,
-    _cupy_stream,
     _gpu_usable,
     _GpuMatmul,
     _GpuScatterRows,
     _import_cupy,
     _ragged_scratch_bound,
     _scratch_bound,
+    gpu_scope,
 )
 from trtio.testing.reference_io import (
     _RAGGED_UNREAD,
@@ -883,15 +883,10 @@ class ReferenceExecutionContext:
             raise InvalidValueError(f"{self.name}: execute_async_v3: {exc}") from None
 
     def _execute_gpu(self, plan: _Plan, stream_handle: int) -> None:
-        cupy = _import_cupy()
         engine = self._engine
         scratch = self._scratch
         assert scratch is not None and engine._gpu_weights is not None and engine._gpu_matmul is not None
-        ext = self._streams.get(stream_handle)
-        if ext is None:
-            ext = self._streams[stream_handle] = _cupy_stream(cupy, stream_handle, engine._device_id)
-        scratch.reset()
-        with cupy.cuda.Device(engine._device_id), ext, cupy.cuda.using_allocator(scratch):
+        with gpu_scope(self._streams, stream_handle, engine._device_id, scratch) as cupy:
             if engine._geo.is_ragged:
                 assert engine._gpu_scatter is not None
                 _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,

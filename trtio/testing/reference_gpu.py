@@ -12,6 +12,8 @@ writes are another small kernel (:class:`_GpuScatterRows`) that skips padding ro
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -207,6 +209,19 @@ def _cupy_stream(cupy: Any, handle: int, device_id: int) -> Any:
     if from_external is not None:
         return from_external(_StreamRef(handle))
     return cupy.cuda.ExternalStream(handle, device_id)
+
+
+@contextlib.contextmanager
+def gpu_scope(streams: dict[int, Any], stream_handle: int, device_id: int, scratch: Any) -> Iterator[Any]:
+    """What a reference engine's GPU execute runs inside: CuPy (yielded) on the engine's device, on the caller's
+    stream (CuPy's view of it kept in ``streams`` per handle), allocating from ``scratch`` reset for this run."""
+    cupy = _import_cupy()
+    ext = streams.get(stream_handle)
+    if ext is None:
+        ext = streams[stream_handle] = _cupy_stream(cupy, stream_handle, device_id)
+    scratch.reset()
+    with cupy.cuda.Device(device_id), ext, cupy.cuda.using_allocator(scratch):
+        yield cupy
 
 
 class _BumpAllocator:

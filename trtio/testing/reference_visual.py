@@ -46,10 +46,10 @@ from trtio.testing.reference_engine import (
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _align,
-    _cupy_stream,
     _gpu_usable,
     _GpuMatmul,
     _import_cupy,
+    gpu_scope,
 )
 from trtio.testing.reference_io import ExecutionContextAllocationStrategy, TensorIOMode, _Decl, _index
 from trtio.testing.reference_math import _attend, _DataError, _load, _rope, _store
@@ -436,15 +436,10 @@ class ReferenceVisualContext(ReferenceExecutionContext):
         _write_outputs(np, plan.views, out, ds)
 
     def _execute_gpu(self, plan: _Plan, stream_handle: int) -> None:
-        cupy = _import_cupy()
         engine = self._engine
         scratch = self._scratch
         assert scratch is not None and engine._gpu_vit is not None and engine._gpu_matmul is not None
-        ext = self._streams.get(stream_handle)
-        if ext is None:
-            ext = self._streams[stream_handle] = _cupy_stream(cupy, stream_handle, engine._device_id)
-        scratch.reset()
-        with cupy.cuda.Device(engine._device_id), ext, cupy.cuda.using_allocator(scratch):
+        with gpu_scope(self._streams, stream_handle, engine._device_id, scratch) as cupy:
             out, ds = _vit_forward(cupy, engine._gpu_matmul, engine._cfg, engine._gpu_vit, plan.views,
                                    plan.shapes[kMaxSeqLenCarrier][0], checked=False)
             _write_outputs(cupy, plan.views, out, ds)
