@@ -69,6 +69,84 @@ _UNAVAILABLE = ("context_lengths", "host_context_lengths", "select_token_indices
                 "host_packed_attention_mask", "host_spec_decode_position_ids", "host_spec_select_token_indices")
 
 
+def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: int, t: int,
+                   p: int) -> list[TensorRequest]:
+    """The step block's tensors, in upload order (see the comment below), for ``b`` slots, ``t`` token rows and
+    ``p`` logits rows per sequence."""
+    draft = bundle.draft if bundle is not None else None
+    rows, words = b * p, math.ceil(p / 32)
+    i32 = DType.INT32
+    # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
+    # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
+    # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
+    # (written when they change), the row lists, the base's own tree inputs, and last what only the device writes
+    # (positions, RoPE rows).
+    # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
+    offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
+    step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
+    step += [
+        TensorRequest.of("past_lengths", (b,), i32),
+        TensorRequest.of("state_indices", (b,), i32),
+    ]
+    if draft is not None:
+        step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
+                 TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
+    step.append(TensorRequest.of("attention_sequence_lengths", (b,), i32))
+    if bundle is not None:  # next to a tree layout's constants: a draft tree step writes them together
+        step.append(offsets)
+    step += [
+        TensorRequest.of("query_lengths", (b,), i32),
+        TensorRequest.of("logits_indices", (rows,), DType.INT64),
+    ]
+    if bundle is not None:
+        step += [
+            TensorRequest.of("spec_tree_parent_ids", (t,), i32),
+            TensorRequest.of("spec_tree_depths", (t,), i32),
+            TensorRequest.of("packed_attention_mask", (t, words), i32),
+            # The catch-up's row lists (CatchUp: its scratch rows, then the accepted rows): only it writes them.
+            TensorRequest.of("catch_up_dst", (rows,), i32),
+            TensorRequest.of("catch_up_src", (rows,), i32),
+        ]
+    # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
+    step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
+    if draft is not None:
+        step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
+    step += [
+        TensorRequest.of("row_src", (t,), i32),
+        TensorRequest.of("row_dst", (t,), i32),
+    ]
+    if bundle is not None:
+        # The base's own tree inputs (_BASE_NAMES): only its steps write them, so a verify tree that repeats
+        # finds them in the block however many draft steps ran since (those rewrite the draft's on the device).
+        step += [
+            TensorRequest.of("verify_query_lengths", (b,), i32),
+            TensorRequest.of("verify_logits_indices", (rows,), DType.INT64),
+            TensorRequest.of("verify_tree_parent_ids", (t,), i32),
+            TensorRequest.of("verify_tree_depths", (t,), i32),
+            TensorRequest.of("verify_packed_attention_mask", (t, words), i32),
+        ]
+    if draft is not None:
+        # The draft catch-up's own (_CATCH_UP_NAMES): the levels rewrite the shared ones on the device every
+        # round, so a catch-up that repeats finds its tree here; sized for the longest catch-up (accept_dims).
+        longest = max(draft.max_draft_tree_size, 1)
+        a = b * longest
+        step += [
+            TensorRequest.of("catch_up_query_start_offsets", (b + 1,), i32),
+            TensorRequest.of("catch_up_query_lengths", (b,), i32),
+            TensorRequest.of("catch_up_logits_indices", (b,), DType.INT64),
+            TensorRequest.of("catch_up_tree_parent_ids", (a,), i32),
+            TensorRequest.of("catch_up_tree_depths", (a,), i32),
+            TensorRequest.of("catch_up_packed_attention_mask", (a, math.ceil(longest / 32)), i32),
+        ]
+    step += [
+        TensorRequest.of("positions", (t,), i32),
+        TensorRequest.of("rope_rows", (t,), i32),
+    ]
+    if bundle is not None:
+        step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
+    return step
+
+
 class RaggedContract(Contract):
     """Edge-LLM 0.11's token-major contract with paged KV pools (see :mod:`trtio.contracts.ragged`)."""
 
@@ -91,7 +169,6 @@ class RaggedContract(Contract):
         t = b * max(max_input, p)
         rows = b * p  # logits rows: one per sequence (LLM), every tree node (verify), top-k per sequence (draft)
         vocab = max(base.output_vocab_size, draft.output_vocab_size if draft is not None else 0)
-        words = math.ceil(p / 32)
         i32 = DType.INT32
         reqs = [
             TensorRequest.of("inputs_embeds", (t, h), act),
@@ -122,75 +199,8 @@ class RaggedContract(Contract):
             TensorRequest.of("context_sequence_count_carrier", (b,), i32),
             TensorRequest.of("skip_softmax_scale", (1,), DType.INT8),
         ]
-        # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
-        # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
-        # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
-        # (written when they change), the row lists, the base's own tree inputs, and last what only the device writes
-        # (positions, RoPE rows).
-        # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
-        offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
-        step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
-        step += [
-            TensorRequest.of("past_lengths", (b,), i32),
-            TensorRequest.of("state_indices", (b,), i32),
-        ]
-        if draft is not None:
-            step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
-                     TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
-        step.append(TensorRequest.of("attention_sequence_lengths", (b,), i32))
-        if bundle is not None:  # next to a tree layout's constants: a draft tree step writes them together
-            step.append(offsets)
-        step += [
-            TensorRequest.of("query_lengths", (b,), i32),
-            TensorRequest.of("logits_indices", (rows,), DType.INT64),
-        ]
-        if bundle is not None:
-            step += [
-                TensorRequest.of("spec_tree_parent_ids", (t,), i32),
-                TensorRequest.of("spec_tree_depths", (t,), i32),
-                TensorRequest.of("packed_attention_mask", (t, words), i32),
-                # The catch-up's row lists (CatchUp: its scratch rows, then the accepted rows): only it writes them.
-                TensorRequest.of("catch_up_dst", (rows,), i32),
-                TensorRequest.of("catch_up_src", (rows,), i32),
-            ]
-        # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
-        step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
-        if draft is not None:
-            step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
-        step += [
-            TensorRequest.of("row_src", (t,), i32),
-            TensorRequest.of("row_dst", (t,), i32),
-        ]
-        if bundle is not None:
-            # The base's own tree inputs (_BASE_NAMES): only its steps write them, so a verify tree that repeats
-            # finds them in the block however many draft steps ran since (those rewrite the draft's on the device).
-            step += [
-                TensorRequest.of("verify_query_lengths", (b,), i32),
-                TensorRequest.of("verify_logits_indices", (rows,), DType.INT64),
-                TensorRequest.of("verify_tree_parent_ids", (t,), i32),
-                TensorRequest.of("verify_tree_depths", (t,), i32),
-                TensorRequest.of("verify_packed_attention_mask", (t, words), i32),
-            ]
-        if draft is not None:
-            # The draft catch-up's own (_CATCH_UP_NAMES): the levels rewrite the shared ones on the device every
-            # round, so a catch-up that repeats finds its tree here; sized for the longest catch-up (accept_dims).
-            longest = max(draft.max_draft_tree_size, 1)
-            a = b * longest
-            step += [
-                TensorRequest.of("catch_up_query_start_offsets", (b + 1,), i32),
-                TensorRequest.of("catch_up_query_lengths", (b,), i32),
-                TensorRequest.of("catch_up_logits_indices", (b,), DType.INT64),
-                TensorRequest.of("catch_up_tree_parent_ids", (a,), i32),
-                TensorRequest.of("catch_up_tree_depths", (a,), i32),
-                TensorRequest.of("catch_up_packed_attention_mask", (a, math.ceil(longest / 32)), i32),
-            ]
-        step += [
-            TensorRequest.of("positions", (t,), i32),
-            TensorRequest.of("rope_rows", (t,), i32),
-        ]
-        if bundle is not None:
-            step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
-        else:
+        step = _step_requests(base, bundle, b, t, p)
+        if bundle is None:
             reqs += [absent("packed_attention_mask", i32), absent("spec_decode_position_ids", i32),
                      absent("spec_tree_parent_ids", i32), absent("spec_tree_depths", i32)]
         title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
