@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A wheel of this checkout, installed into a fresh virtual environment, works from an unrelated folder as the
-# README says: the demo, `trtio generate toy-llm-ragged`, the README's ci:wheel blocks (its Python snippets
-# included: scripts/readme_blocks.py), with the toy engines coming from the package data, never from a checkout.
+# README says: the demo, `trtio generate toy-llm-ragged` (and toy-vlm-ragged with an image), the README's ci:wheel
+# blocks (its Python snippets included: scripts/readme_blocks.py), with the toy engines coming from the package data, never from a checkout.
 # The wheel itself: no build outputs (trtio/_engines/build/, plans), each toy asset once, the LICENSE.
 # Run by .ci/run; takes about a minute (the venv installs numpy, cuda-python and tokenizers).
 set -euo pipefail
@@ -43,7 +43,7 @@ print(f"check_wheel: {len(names)} files, no build output, each toy asset once, L
 PY
 
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$wheel[generate]"
+"$work/venv/bin/python" -m pip install -q "$wheel[generate,vision]"
 mkdir "$work/elsewhere"
 cd "$work/elsewhere"
 export TRTIO_CACHE_DIR="$work/cache"  # where the wheel lays its toy directories out
@@ -60,6 +60,11 @@ tail -n 1 demo.txt | grep -q -- "-> OK$"
 say "trtio generate toy-llm-ragged (the toy directory by name)"
 trtio generate toy-llm-ragged --prompt "Once upon a time" --max-new-tokens 6 > generate.txt
 grep -q "^Once upon a time" generate.txt
+
+say "trtio generate toy-vlm-ragged --image (a PNG, read with the vision extra's Pillow)"
+python3 -c "import numpy as np; from PIL import Image; Image.fromarray((np.arange(56 * 84 * 3) % 251).astype(np.uint8).reshape(56, 84, 3)).save('picture.png')"
+trtio generate toy-vlm-ragged --image picture.png --prompt "Describe it." --max-new-tokens 6 > vision.txt
+grep -q "^Describe it\." vision.txt
 
 say "the README's ci:wheel blocks"
 python3 "$root/scripts/readme_blocks.py" write ci:wheel "$work/blocks"
