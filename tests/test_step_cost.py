@@ -542,6 +542,32 @@ def test_a_view_set_back_by_identity_keeps_its_bytes_and_its_checks(host: Backen
         t.reshape(b)
 
 
+def test_a_runtime_s_view_of_the_step_s_embeddings_is_taken_back_unchecked_after_a_steady_decode(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime writing each step's embeddings through ``io.inputs_embeds.reshape(shape)`` (one tuple): on the
+    ragged contract a steady decode sets the token-major view back, and the runtime's view is then the view before,
+    taken back by identity: no step checks a shape."""
+    from trtio.tools.bench import configs, null_engine
+    from trtio.tools.dry_run import DryRunBackend
+
+    be = DryRunBackend()
+    llm, _ = configs("ragged", 256)
+    with trtio.create_for_llm(null_engine(llm, be), llm, graphs=True, backend=be) as setup:
+        prompt = Tensor.empty((4, 8, llm.hidden_size), "float16", Location.DEVICE, backend=be)
+        setup.prefill(prompt, np.full(4, 8))
+        shape = (4, 1, llm.hidden_size)
+        for _ in range(3):
+            setup.decode(setup.io.inputs_embeds.reshape(shape))
+        checked: list[object] = []
+        real = trtio.tensor._checked_view
+        monkeypatch.setattr(trtio.tensor, "_checked_view", lambda *a: (checked.append(a[0]), real(*a))[1])
+        for _ in range(5):
+            setup.decode(setup.io.inputs_embeds.reshape(shape))
+        assert setup.io.inputs_embeds.shape != shape, "the step's own view is set back (token-major)"
+        assert checked == [], f"shapes checked again at steady steps: {checked}"
+        prompt.close()
+
+
 @contextlib.contextmanager
 def _dry_run_tp(n: int = 2, backend: Backend | None = None) -> Iterator[tuple[Any, Callable[[], Tensor],
                                                                                  trtio.Stream]]:

@@ -364,6 +364,9 @@ def _views_again(plan: _Plan, log: ViewLog) -> None:
         if t._shape is not view[1]:
             if t._closed:
                 t._live()
+            # The view it was given, checked then, is its view before: given again (a runtime writing its next
+            # step's inputs through that view), Tensor.reshape takes it back without a check.
+            t._prev_view = (t._shape, t._nbytes)
             t._shape, t._nbytes = view[1], view[2]
             log.changes = changes = changes + 1  # t alone changed: it is still the last one
     elif plan.foreign:
