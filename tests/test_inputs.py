@@ -371,7 +371,7 @@ def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
     torch_stream, step_stream = fake.create_stream(), fake.create_stream()
     current = {-1: torch_stream}
     half._current_stream = single._current_stream = \
-        lambda index: types.SimpleNamespace(cuda_stream=current.get(index, -99))
+        lambda index: types.SimpleNamespace(cuda_stream=current.get(index, -99), native_handle=current.get(index, -99))
     x = _aligned_cpu_tensor(torch.float16, (2, 1, 8))
     assert half.read(x, torch_stream) == x.data_ptr() and fake.orders == [], "torch on the step's stream: no event"
     assert half.read(x, step_stream) == x.data_ptr()
@@ -603,6 +603,33 @@ def test_torch_cuda_tensors_are_read_in_place_without_a_host_sync(cuda: Any) -> 
         dst.copy_from(got, step)
     assert cuda.sync_count == syncs
     np.testing.assert_array_equal(dst.to_numpy(step), x.cpu().numpy())
+
+
+@pytest.mark.gpu
+def test_the_steady_torch_reader_orders_the_stream_torch_cuda_calls_current(cuda: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capsule-less reader of a steady decode (trtio.foreign.TorchDeviceInput) takes torch's current stream
+    through the cheapest public call torch has: the stream it orders before the step's is the one
+    ``torch.cuda.current_stream()`` names, for a stream of torch's, the default one and the step's own (then
+    nothing is ordered)."""
+    import trtio.foreign as foreign
+    from trtio.dtypes import DType
+
+    torch_ = pytest.importorskip("torch")
+    if not torch_.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    reader = foreign.torch_device_input(cuda, DType.FLOAT16, (2, 1, 8))
+    assert reader is not None
+    ordered: list[tuple[int, int]] = []
+    monkeypatch.setattr(foreign, "_order_after", lambda be, producer, consumer: ordered.append((producer, consumer)))
+    step = Stream.create(cuda)
+    x = torch_.zeros((2, 1, 8), device="cuda", dtype=torch_.float16)
+    for s in (torch_.cuda.Stream(), torch_.cuda.default_stream(), torch_.cuda.ExternalStream(step.handle)):
+        ordered.clear()
+        with torch_.cuda.stream(s):
+            assert reader.read(x, step.handle) == x.data_ptr()
+            want = torch_.cuda.current_stream().cuda_stream
+        assert ordered == ([] if want == step.handle else [(want, step.handle)]), s
 
 
 @pytest.mark.gpu

@@ -880,7 +880,7 @@ def _read_host_torch(torch: Any, host: Backend, monkeypatch: pytest.MonkeyPatch)
     def reader(be: Backend, dtype: Any, shape: tuple[int, ...]) -> TorchDeviceInput:
         made = TorchDeviceInput(torch, torch.float16, shape, host)
         made._device = -1
-        made._current_stream = lambda index: types.SimpleNamespace(cuda_stream=step.handle)
+        made._current_stream = lambda index: types.SimpleNamespace(cuda_stream=step.handle, native_handle=step.handle)
         return made
 
     monkeypatch.setattr("trtio.setups.llm.torch_device_input", reader)
