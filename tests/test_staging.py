@@ -301,6 +301,44 @@ def test_uploads_wait_only_when_the_host_is_a_ring_ahead_of_the_device() -> None
     s.close()
 
 
+def test_a_ring_of_inputs_in_flight_fences_a_quarter_of_its_slots_at_once() -> None:
+    """A setup's ring of inputs in flight (HOLD_SLOTS slots, no memory: every call that copies an input it does not
+    own takes one) records one event per quarter of its slots, not per FENCE_EVERY uses: a call pays an event's
+    record and question a sixteenth of the time. What a use keeps is let go once its slot comes round again."""
+    import weakref
+
+    from trtio.cuda.host import HostBackend
+    from trtio.staging import FENCE_EVERY, HOLD_SLOTS, UploadRing
+
+    class Counting(HostBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.records = 0
+
+        def record_event(self, event: int, stream: int) -> None:
+            super().record_event(event, stream)
+            self.records += 1
+
+    class Input:
+        pass
+
+    be = Counting()
+    s = Stream.create(be)
+    group = HOLD_SLOTS // 4
+    assert group > FENCE_EVERY
+    uses = 3 * HOLD_SLOTS
+    with UploadRing(None, be, slots=HOLD_SLOTS) as ring:
+        first = Input()
+        gone = weakref.ref(first)
+        ring.put(ring.take(), s, (first,), fence=False)
+        del first
+        for _ in range(uses - 1):
+            ring.put(ring.take(), s, (Input(),), fence=False)
+        assert be.records == (uses - 1) // group, "one event per group of uses (a take fences a full group)"
+        assert gone() is None, "the first use's input, let go when its slot was taken again"
+    s.close()
+
+
 def test_one_fence_covers_a_group_of_uploads_on_its_stream() -> None:
     """An event is recorded after every FENCE_EVERY uploads on a stream, and on the old stream when an
     upload comes on another: each recorded on the stream of the copies it covers. Reusing a slot asks

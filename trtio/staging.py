@@ -4,7 +4,7 @@
 of pinned host memory; an upload takes the next slot (:meth:`UploadRing.take`), writes its values there,
 enqueues the copy from the slot to the device on the step's stream and gives the slot back
 (:meth:`UploadRing.put`). The fencing rule: an event is recorded after every ``FENCE_EVERY`` uploads on a
-stream (at most half the ring's slots: every other ``slots / 2`` on a smaller ring; and on the old stream
+stream (a quarter of the slots on a larger ring, at most half of them on a smaller one; and on the old stream
 when the next upload comes on another), and covers their slots; a slot is written again only once its
 event has completed. A step never waits for the device unless the host runs
 ``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet): then the upload waits for
@@ -103,7 +103,7 @@ class UploadRing(Closeable):
         self._group_stream: Stream | None = None
         self._groups = 0  # fences recorded (the next one is _fences[_groups % slots])
         self._next = 0  # the slot the next take() hands out
-        self._fence_every = max(1, min(FENCE_EVERY, self.slots // 2))
+        self._fence_every = max(1, min(max(FENCE_EVERY, self.slots // 4), self.slots // 2))
         self.fence_waits = 0  # host waits the fence forced (telemetry)
 
     @staticmethod
