@@ -267,3 +267,23 @@ def test_memory_is_planned_from_the_caps() -> None:
         assert report.entry("cu_seqlens").shape == (cfg.max_frames + 1,)
         assert report.entry("max_seqlen_carrier").shape == (cfg.max_frame_patches,)
         assert isinstance(v, VisualSetup) and "qwen2_5_vl" in repr(v)
+
+
+def test_a_gpu_reference_engine_without_cupy_is_refused_as_it_is_made() -> None:
+    """Both reference engines (the LLM's and the ViT's) refuse device='gpu' where CuPy is missing, naming
+    themselves and the way out, when they are made rather than at their first step; a null-compute one, which
+    computes nothing, is made."""
+    import importlib.util
+
+    from trtio.testing import ReferenceEngine
+    from trtio.tools.bench import configs
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    llm, _ = configs("ragged", 256)
+    for make, who in ((lambda **kw: ReferenceVisualEngine.from_config(visual("qwen3_vl"), **kw),
+                       "ReferenceVisualEngine"),
+                      (lambda **kw: ReferenceEngine.from_config(llm, **kw), "ReferenceEngine")):
+        with pytest.raises(trtio.EngineError, match=rf"^{who}: device='gpu' needs CuPy .*use device='host'"):
+            make(device="gpu")
+        make(device="gpu", null_compute=True)

@@ -86,12 +86,12 @@ from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNam
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _BumpAllocator,
-    _gpu_usable,
     _GpuMatmul,
     _GpuScatterRows,
     _import_cupy,
     _ragged_scratch_bound,
     _scratch_bound,
+    compute_device,
     gpu_scope,
 )
 from trtio.testing.reference_io import (
@@ -274,13 +274,7 @@ class ReferenceEngine:
                 raise InvalidValueError(f"ReferenceEngine: device={device!r} disagrees with backend={backend!r} "
                                         f"(which computes on the {kind})")
             device = kind
-        if device == "auto":
-            device = "gpu" if _gpu_usable() else "host"
-        elif device == "gpu" and not null_compute:
-            try:
-                _import_cupy()
-            except ImportError as exc:
-                raise EngineError(f"ReferenceEngine: device='gpu' needs CuPy ({exc}); use device='host'") from None
+        device = compute_device(device, null_compute, "ReferenceEngine")
         geo = _Geometry.from_config(cfg)
         omit = tuple(omit)
         if geo.is_ragged and fixed_cache_batch:

@@ -266,6 +266,19 @@ class _BumpAllocator:
         self.offset = mark
 
 
+def compute_device(device: str, null_compute: bool, who: str) -> str:
+    """Where a reference engine computes: ``"host"`` or ``"gpu"`` (``"auto"``: the GPU where CUDA and CuPy are
+    usable); a GPU engine that computes needs CuPy (EngineError naming ``who`` otherwise)."""
+    if device == "auto":
+        return "gpu" if _gpu_usable() else "host"
+    if device == "gpu" and not null_compute:
+        try:
+            _import_cupy()
+        except ImportError as exc:
+            raise EngineError(f"{who}: device='gpu' needs CuPy ({exc}); use device='host'") from None
+    return device
+
+
 def _gpu_usable() -> bool:
     from trtio.cuda.backend import cuda_available  # noqa: PLC0415 - avoid importing the backend early
 

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from trtio.dtypes import DType
-from trtio.errors import ConfigError, EngineError, InvalidValueError
+from trtio.errors import ConfigError, InvalidValueError
 from trtio.testing.reference_engine import (
     ReferenceEngine,
     ReferenceExecutionContext,
@@ -46,9 +46,9 @@ from trtio.testing.reference_engine import (
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _align,
-    _gpu_usable,
     _GpuMatmul,
     _import_cupy,
+    compute_device,
     gpu_scope,
 )
 from trtio.testing.reference_io import ExecutionContextAllocationStrategy, TensorIOMode, _Decl, _index
@@ -336,14 +336,7 @@ class ReferenceVisualEngine(ReferenceEngine):
             raise InvalidValueError(f"ReferenceVisualEngine.from_config: {sorted(unused)} are for LLM engines")
         if device not in ("auto", "host", "gpu"):
             raise InvalidValueError(f"ReferenceVisualEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
-        if device == "auto":
-            device = "gpu" if _gpu_usable() else "host"
-        elif device == "gpu" and not null_compute:
-            try:
-                _import_cupy()
-            except ImportError as exc:
-                raise EngineError(f"ReferenceVisualEngine: device='gpu' needs CuPy ({exc}); use device='host'") \
-                    from None
+        device = compute_device(device, null_compute, "ReferenceVisualEngine")
         if backend is not None:
             if isinstance(backend, str) or backend.name == "cuda":
                 raise InvalidValueError("ReferenceVisualEngine: backend= takes a host-kind Backend instance; use "
