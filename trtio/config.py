@@ -17,10 +17,10 @@ from typing import Any
 
 from trtio._checks import is_int
 from trtio._json import json_kind, read_json, write_json
-from trtio.dims import InferenceDims
+from trtio.dims import StepShapes
 from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
-from trtio.errors import ConfigError, NotAvailableError, ShapeError
+from trtio.errors import ConfigError, NotAvailableError
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
@@ -216,7 +216,7 @@ def _kv_layer(entry: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class LLMEngineConfig:
+class LLMEngineConfig(StepShapes):
     """What trtio needs to know about one LLM engine (base, draft or plain).
 
     ``rotary_dim``, ``output_vocab_size`` and ``kv_pool_pages`` given as 0 (their default) resolve at
@@ -567,69 +567,6 @@ class LLMEngineConfig:
             return cls(**mapped.values).validate()
         except ConfigError as exc:
             raise mapped.error_for(exc) from None
-
-    # -- shape recipes (Edge-LLM's llmEngineConfig.cpp) ------------------------------------------
-    def _rope_batch(self, batch: int) -> int:
-        return batch if self.is_mrope else 1
-
-    def _check_batch(self, batch: int) -> None:
-        if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
-            raise ShapeError(f"batch must be an int in 1..{self.max_supported_batch_size} "
-                             f"(max_supported_batch_size), got {batch!r}")
-
-    @staticmethod
-    def _check_len(what: str, value: int, limit: int, limit_name: str) -> None:
-        if not is_int(value) or not 1 <= value <= limit:
-            raise ShapeError(f"{what} must be an int in 1..{limit} ({limit_name}), got {value!r}")
-
-    def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, *, execution_phase: int,
-              phase: int = 0, rope_batch: int | None = None) -> InferenceDims:
-        context = batch if execution_phase in (1, 2) else 0  # the ragged contract's prefill sequences
-        return InferenceDims(
-            batch=batch, seq_len=seq, kv_len=self.max_kv_cache_capacity, select_len=select,
-            attn_mask_seq_len=attn, rope_batch=self._rope_batch(batch) if rope_batch is None else rope_batch,
-            packed_mask_len=math.ceil(attn / 32), context_mask_selector_len=0, start_index_len=start,
-            spec_verify_phase_len=phase, skip_softmax_scale_len=0, query_offsets_len=batch + 1,
-            execution_phase_len=execution_phase, context_seq_len=context)
-
-    def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
-        """Prompt step: ``seq_len`` tokens per sequence, one logits row each, causal mask (phase 1, or 2
-        after a restored prefix)."""
-        self._check_batch(batch)
-        self._check_len("seq_len", seq_len, self.max_supported_input_length, "max_supported_input_length")
-        return self._dims(batch, seq_len, 1, 1, 0 if kv_cache_empty else batch,
-                          execution_phase=1 if kv_cache_empty else 2)
-
-    def decode_dims(self, batch: int) -> InferenceDims:
-        """One token per sequence after the cached ones (phase 3)."""
-        self._check_batch(batch)
-        return self._dims(batch, 1, 1, 1, batch, execution_phase=3)
-
-    def spec_verify_dims(self, batch: int, verify_size: int) -> InferenceDims:
-        """Base verify over a tree of ``verify_size`` nodes: logits for every node (phase 5)."""
-        self._check_batch(batch)
-        self._check_len("verify_size", verify_size, self.max_verify_tree_size, "max_verify_tree_size")
-        return self._dims(batch, verify_size, verify_size, verify_size, batch, phase=1, execution_phase=5)
-
-    def proposal_dims(self, batch: int, proposal_size: int, top_k: int) -> InferenceDims:
-        """Draft proposal over a tree of ``proposal_size`` rows, ``top_k`` logits rows per sequence (phase 4;
-        3 when one row wide)."""
-        self._check_batch(batch)
-        self._check_len("proposal_size", proposal_size, self.max_draft_tree_size, "max_draft_tree_size")
-        self._check_len("top_k", top_k, proposal_size, "proposal_size")
-        return self._dims(batch, proposal_size, top_k, proposal_size, batch,
-                          execution_phase=4 if proposal_size > 1 else 3)
-
-    def accept_dims(self, batch: int, accept_len: int) -> InferenceDims:
-        """Draft catch-up over ``accept_len`` accepted tokens; one logits row per sequence (phase 4; 3 when
-        one row wide)."""
-        self._check_batch(batch)
-        self._check_len("accept_len", accept_len, max(self.max_draft_tree_size, 1), "max_draft_tree_size")
-        return self._dims(batch, accept_len, 1, accept_len, batch, execution_phase=4 if accept_len > 1 else 3)
-
-    def reset_dims(self) -> InferenceDims:
-        """Graph teardown: the smallest valid shapes (rope batch 1 even for MRoPE)."""
-        return self._dims(1, 1, 1, 1, 1, rope_batch=1, execution_phase=1)
 
 
 def _llm_config_from_fields(data: dict[str, Any]) -> LLMEngineConfig:

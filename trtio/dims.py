@@ -1,12 +1,13 @@
 """InferenceDims: the per-step dimensions every binding shape is resolved from.
 
-Recipes on the config (``cfg.prefill_dims(...)``, ``cfg.decode_dims(...)`` ...) build them, as in
-Edge-LLM; a registry's symbolic shapes are resolved against them, so a binding's shape comes
-from one place.
+Recipes on the config (``cfg.prefill_dims(...)``, ``cfg.decode_dims(...)`` ...: :class:`StepShapes`, which
+:class:`~trtio.config.LLMEngineConfig` is) build them, as in Edge-LLM; a registry's symbolic shapes are resolved
+against them, so a binding's shape comes from one place.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
@@ -14,7 +15,7 @@ from trtio._checks import is_int
 from trtio._hashing import hash_once
 from trtio.errors import ShapeError
 
-__all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS"]
+__all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS", "StepShapes"]
 
 # Dimensions where 0 is meaningful: a [0]-shaped binding carries information by its shape
 # (kvcache_start_index [0] = empty-cache prefill, the phase marker, ...).
@@ -87,3 +88,81 @@ class InferenceDims:
 
 _FIELD_ORDER = tuple(f.name for f in fields(InferenceDims))
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
+
+
+class StepShapes:
+    """The InferenceDims of each kind of step an LLM engine config allows (Edge-LLM's llmEngineConfig.cpp
+    recipes), from the config's limits: what :class:`~trtio.config.LLMEngineConfig` offers as methods."""
+
+    max_supported_batch_size: int
+    max_supported_input_length: int
+    max_kv_cache_capacity: int
+    max_verify_tree_size: int
+    max_draft_tree_size: int
+
+    @property
+    def is_mrope(self) -> bool:
+        """Whether each sequence has its own RoPE table (MRoPE): the rope batch of a step."""
+        raise NotImplementedError
+
+    def _rope_batch(self, batch: int) -> int:
+        return batch if self.is_mrope else 1
+
+    def _check_batch(self, batch: int) -> None:
+        if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:
+            raise ShapeError(f"batch must be an int in 1..{self.max_supported_batch_size} "
+                             f"(max_supported_batch_size), got {batch!r}")
+
+    @staticmethod
+    def _check_len(what: str, value: int, limit: int, limit_name: str) -> None:
+        if not is_int(value) or not 1 <= value <= limit:
+            raise ShapeError(f"{what} must be an int in 1..{limit} ({limit_name}), got {value!r}")
+
+    def _dims(self, batch: int, seq: int, select: int, attn: int, start: int, *, execution_phase: int,
+              phase: int = 0, rope_batch: int | None = None) -> InferenceDims:
+        context = batch if execution_phase in (1, 2) else 0  # the ragged contract's prefill sequences
+        return InferenceDims(
+            batch=batch, seq_len=seq, kv_len=self.max_kv_cache_capacity, select_len=select,
+            attn_mask_seq_len=attn, rope_batch=self._rope_batch(batch) if rope_batch is None else rope_batch,
+            packed_mask_len=math.ceil(attn / 32), context_mask_selector_len=0, start_index_len=start,
+            spec_verify_phase_len=phase, skip_softmax_scale_len=0, query_offsets_len=batch + 1,
+            execution_phase_len=execution_phase, context_seq_len=context)
+
+    def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
+        """Prompt step: ``seq_len`` tokens per sequence, one logits row each, causal mask (phase 1, or 2
+        after a restored prefix)."""
+        self._check_batch(batch)
+        self._check_len("seq_len", seq_len, self.max_supported_input_length, "max_supported_input_length")
+        return self._dims(batch, seq_len, 1, 1, 0 if kv_cache_empty else batch,
+                          execution_phase=1 if kv_cache_empty else 2)
+
+    def decode_dims(self, batch: int) -> InferenceDims:
+        """One token per sequence after the cached ones (phase 3)."""
+        self._check_batch(batch)
+        return self._dims(batch, 1, 1, 1, batch, execution_phase=3)
+
+    def spec_verify_dims(self, batch: int, verify_size: int) -> InferenceDims:
+        """Base verify over a tree of ``verify_size`` nodes: logits for every node (phase 5)."""
+        self._check_batch(batch)
+        self._check_len("verify_size", verify_size, self.max_verify_tree_size, "max_verify_tree_size")
+        return self._dims(batch, verify_size, verify_size, verify_size, batch, phase=1, execution_phase=5)
+
+    def proposal_dims(self, batch: int, proposal_size: int, top_k: int) -> InferenceDims:
+        """Draft proposal over a tree of ``proposal_size`` rows, ``top_k`` logits rows per sequence (phase 4;
+        3 when one row wide)."""
+        self._check_batch(batch)
+        self._check_len("proposal_size", proposal_size, self.max_draft_tree_size, "max_draft_tree_size")
+        self._check_len("top_k", top_k, proposal_size, "proposal_size")
+        return self._dims(batch, proposal_size, top_k, proposal_size, batch,
+                          execution_phase=4 if proposal_size > 1 else 3)
+
+    def accept_dims(self, batch: int, accept_len: int) -> InferenceDims:
+        """Draft catch-up over ``accept_len`` accepted tokens; one logits row per sequence (phase 4; 3 when
+        one row wide)."""
+        self._check_batch(batch)
+        self._check_len("accept_len", accept_len, max(self.max_draft_tree_size, 1), "max_draft_tree_size")
+        return self._dims(batch, accept_len, 1, accept_len, batch, execution_phase=4 if accept_len > 1 else 3)
+
+    def reset_dims(self) -> InferenceDims:
+        """Graph teardown: the smallest valid shapes (rope batch 1 even for MRoPE)."""
+        return self._dims(1, 1, 1, 1, 1, rope_batch=1, execution_phase=1)
