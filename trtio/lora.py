@@ -113,8 +113,10 @@ class LoraAdapter:
                 problems.append(f"{module}: A {list(a.shape)} and B {list(b.shape)} must be matrices ([in, r] "
                                 f"and [r, out])")
             elif a.shape[1] != b.shape[0]:
+                peft = " (PEFT's layout, A [r, in] and B [out, r]: run Edge-LLM's process-lora on the adapter)" \
+                    if a.shape[0] == b.shape[1] else ""
                 problems.append(f"{module}: A is {list(a.shape)} ([in, r]) but B is {list(b.shape)} ([r, out]): "
-                                f"the ranks {a.shape[1]} and {b.shape[0]} differ")
+                                f"the ranks {a.shape[1]} and {b.shape[0]} differ{peft}")
             else:
                 a.flags.writeable = b.flags.writeable = False
                 out[module] = (a, b)
@@ -272,10 +274,8 @@ class LoraInputs:
                     problems.append(f"{module}: {what} is {arr.dtype}, the engine's {what} input is float16 "
                                     "(convert the adapter: process-lora writes FP16)")
             if a.shape[0] != m.in_features or b.shape[1] != m.out_features:
-                hint = " (a PEFT adapter holds A as [r, in]: run process-lora on it)" \
-                    if a.shape == (rank, m.in_features) or a.shape[::-1] == (m.in_features, rank) else ""
                 problems.append(f"{module}: A {list(a.shape)} and B {list(b.shape)}, the engine takes "
-                                f"[{m.in_features}, r] and [r, {m.out_features}]{hint}")
+                                f"[{m.in_features}, r] and [r, {m.out_features}]")
         return problems
 
     def check(self, adapter: Any, what: str) -> LoraAdapter:

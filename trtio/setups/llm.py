@@ -376,7 +376,7 @@ class LLMSetup(SetupBase):
                 return
             if not isinstance(adapter, LoraAdapter):
                 raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
-            raise ConfigError("max_lora_rank", f"set_lora: engine {self.executor.name!r} takes no LoRA adapter (its "
+            raise ConfigError("max_lora_rank", f"set_lora: engine {self._engine.io.name!r} takes no LoRA adapter (its "
                                                "config's max_lora_rank is 0: build it with --max-lora-rank)")
         if adapter is not None:
             lora.inputs.check(adapter, "set_lora")
