@@ -342,3 +342,18 @@ def test_set_lora_refuses_what_is_not_an_adapter_and_an_engine_without_lora() ->
         setup.set_lora(None)  # nothing to do
         with pytest.raises(ConfigError, match="set_lora: engine 'toy-llm' takes no LoRA adapter"):
             setup.set_lora(chat)
+
+
+# -- trtio plan: the adapter buffers' worst case ----------------------------------------------------------
+
+
+def test_plan_shows_the_adapter_buffers_worst_case() -> None:
+    from trtio.tools.inspection import plan_config
+
+    result = plan_config(QWEN3_LORA)
+    entries = [e for e in result["memory"]["entries"] if e["group"] == "lora"]
+    # the real graph's widths (onnx-io.txt): per layer qkv 96->320, o 192->96, gate and up 96->256, down 256->96
+    per_layer = (96 + 320) + (192 + 96) + 2 * (96 + 256) + (256 + 96)
+    assert len(entries) == 2 * 5 * 6
+    assert sum(e["nbytes"] for e in entries) == 6 * per_layer * 8 * 2 == 168960
+    assert "LoRA: 30 modules at max_lora_rank 8: the bound buffers hold 168960 bytes (the worst case)" in result["text"]

@@ -398,7 +398,11 @@ class LoraSlots(Closeable):
     def report(self) -> MemoryReport:
         """The bound buffers and every adapter's device copy."""
         parts = [self._arena.report()] + [u.arena.report() for u in self._uploads.values()]
-        return MemoryReport.combine("lora", parts)
+        report = MemoryReport.combine("lora", parts)
+        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: the "
+                            f"bound buffers hold {self.inputs.worst_case_bytes()} bytes (the worst case), and each "
+                            f"adapter set keeps a device copy of as many ({len(self._uploads)} kept now)")
+        return report
 
     def __iter__(self) -> Iterator[tuple[str, Tensor]]:
         return iter(self.tensors.items())

@@ -188,8 +188,10 @@ class ReferenceEngine:
         if tp_size > 1 and not self._null_compute:
             weights = rank_weights(weights, tp_rank, tp_size, self._geo.hq, self._geo.hkv, self._geo.d)
         self._decls = _declare_ragged(cfg, omit, weight_inputs) if self._geo.is_ragged else _declare(self._geo)
-        lora = lora_declarations(cfg, lora_naming)  # LoRA engines (reference_lora): declared after every input
-        self._lora = bool(lora) and lora_naming == "modules"
+        # LoRA engines (reference_lora): declared after every input; a null-compute engine declares a real
+        # engine's modules (dry runs size their buffers), a computing one the toy's
+        lora = lora_declarations(cfg, lora_naming, "edgellm" if null_compute else "toy")
+        self._lora = bool(lora) and lora_naming == "modules" and not null_compute
         self._decls += [_Decl(len(self._decls) + i, name, TensorIOMode.INPUT, dtype, shape, profiles)
                         for i, (name, dtype, shape, profiles) in enumerate(lora)]
         self._by_name = {decl.name: decl for decl in self._decls}

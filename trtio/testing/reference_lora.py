@@ -35,26 +35,41 @@ Shape = tuple[int, ...]
 Profiles = tuple[tuple[Shape, Shape, Shape], ...]
 
 
-def lora_modules(cfg: Any) -> list[tuple[str, int, str, int, int]]:
-    """(module, layer, toy weight, in, out) of every module of ``cfg`` that takes an adapter, in layer order."""
+def lora_modules(cfg: Any, layout: str = "toy") -> list[tuple[str, int, str, int, int]]:
+    """(module, layer, toy weight, in, out) of every module of ``cfg`` that takes an adapter, in layer order.
+
+    ``layout="edgellm"``: the modules of a dense Edge-LLM LLM instead (what a null-compute engine declares, so that
+    dry runs and ``trtio plan`` size the buffers of a real engine): per layer a fused ``self_attn.qkv_proj``
+    (``hidden -> (heads + 2 kv heads) x head_dim``), ``self_attn.o_proj``, ``mlp.gate_proj`` and ``mlp.up_proj``
+    (``hidden -> intermediate_size``, the config's, else 2 x hidden) and ``mlp.down_proj``, the widths of
+    ``tests/fixtures/edgellm-0.11/qwen3-lora``'s graph (the toy weight is ``""``: nothing computes them)."""
     h = int(cfg.hidden_size)
     hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
+    layers = range(int(cfg.num_attention_layers))
+    if layout == "edgellm":
+        extras = getattr(cfg, "extras", None) or {}
+        inter = extras.get("intermediate_size")
+        f = int(inter) if isinstance(inter, int) and inter > 0 else 2 * h
+        real = {"self_attn.qkv_proj": (h, (hq + 2 * hkv) * d), "self_attn.o_proj": (hq * d, h),
+                "mlp.gate_proj": (h, f), "mlp.up_proj": (h, f), "mlp.down_proj": (f, h)}
+        return [(f"model.layers.{layer}.{module}", layer, "", *io) for layer in layers for module, io in real.items()]
     widths = {"wq": (h, hq * d), "wk": (h, hkv * d), "wv": (h, hkv * d), "wo": (hq * d, h), "w1": (h, 2 * h),
               "w2": (2 * h, h)}
     return [(f"model.layers.{layer}.{module}", layer, key, *widths[key])
-            for layer in range(int(cfg.num_attention_layers)) for key, module in LORA_PROJECTIONS.items()]
+            for layer in layers for key, module in LORA_PROJECTIONS.items()]
 
 
-def lora_declarations(cfg: Any, naming: str = "modules") -> list[tuple[str, DType, Shape, Profiles]]:
-    """The LoRA inputs a reference engine of ``cfg`` declares (name, dtype, shape, profiles); none where
-    ``cfg.max_lora_rank`` is 0."""
+def lora_declarations(cfg: Any, naming: str = "modules",
+                      layout: str = "toy") -> list[tuple[str, DType, Shape, Profiles]]:
+    """The LoRA inputs a reference engine of ``cfg`` declares (name, dtype, shape, profiles) for the modules of
+    ``layout`` (:func:`lora_modules`); none where ``cfg.max_lora_rank`` is 0."""
     rank = int(getattr(cfg, "max_lora_rank", 0) or 0)
     if not rank:
         return []
     if naming not in ("modules", "nodes"):
         raise InvalidValueError(f"ReferenceEngine: lora_naming must be 'modules' or 'nodes', got {naming!r}")
     out: list[tuple[str, DType, Shape, Profiles]] = []
-    for i, (module, _layer, _key, n_in, n_out) in enumerate(lora_modules(cfg)):
+    for i, (module, _layer, _key, n_in, n_out) in enumerate(lora_modules(cfg, layout)):
         name = module if naming == "modules" else ("ode_linear" if i == 0 else f"ode_linear_{i}")
         a: tuple[Shape, Shape, Shape] = ((n_in, 0), (n_in, rank), (n_in, rank))
         b: tuple[Shape, Shape, Shape] = ((0, n_out), (rank, n_out), (rank, n_out))
