@@ -250,14 +250,16 @@ def test_set_lora_none_equals_an_engine_without_lora(device: str) -> None:
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_switching_mid_sequence_changes_only_later_steps(device: str, graphs: bool) -> None:
+@pytest.mark.parametrize("to", ["terse", "same ranks"])
+def test_switching_mid_sequence_changes_only_later_steps(device: str, graphs: bool, to: str) -> None:
     cfg = lora_cfg()
     chat, terse = adapters()
+    other = terse if to == "terse" else toy_adapter(cfg, 8, seed=9, name="other")  # chat's ranks: its plan holds
     with trtio.create_for_llm(_engine(cfg, device), cfg, graphs=graphs) as setup:
+        setup.set_lora(other)
         setup.set_lora(chat)
         steady, steady_toks = _run(setup, 4)
-        setup.set_lora(chat)
-        switched, switched_toks = _run(setup, 4, switch={3: terse})
+        switched, switched_toks = _run(setup, 4, switch={3: other})
     for step in range(3):  # the prefill and decode steps 1, 2 ran with chat in both runs
         np.testing.assert_array_equal(steady[step], switched[step])
     assert steady_toks[0][:len(PROMPTS[0]) + 3] == switched_toks[0][:len(PROMPTS[0]) + 3]

@@ -315,6 +315,8 @@ class _DeviceAdapter(Closeable):
     def __init__(self, adapter: LoraAdapter, inputs: LoraInputs, backend: Backend, stream: Stream) -> None:
         self._init_lifetime(f"LoRA adapter {adapter.name!r}")
         self.adapter = adapter  # keeps the host arrays alive until their uploads have run
+        ranks = adapter.ranks
+        self.ranks = tuple(ranks.get(m.name, 0) for m in inputs.modules)  # its rank pattern, in the inputs' order
         self.arena = Arena(inputs.requests(), backend=backend, title=f"lora {adapter.name}")
         try:
             for m in inputs.modules:
@@ -325,6 +327,7 @@ class _DeviceAdapter(Closeable):
         except BaseException:
             self.arena.close()
             raise
+        self.base = min(t.data_ptr for t in (self.arena[n] for n in inputs.names))
 
     def _close_owned(self) -> None:
         self.arena.close()
@@ -345,12 +348,14 @@ class LoraSlots(Closeable):
         self._span = max(t.data_ptr + t.capacity for t in self.tensors.values()) - self._base if self.tensors else 0
         self._uploads: BoundedCache[int, _DeviceAdapter] = BoundedCache()
         self.adapter: LoraAdapter | None = None
-        self._ranks = self._pattern(None)
+        self._none = (0,) * len(inputs.modules)
+        self._ranks = self._none
         self._set_views(self._ranks)
 
-    def _pattern(self, adapter: LoraAdapter | None) -> tuple[int, ...]:
-        ranks = adapter.ranks if adapter is not None else {}
-        return tuple(ranks.get(m.name, 0) for m in self.inputs.modules)
+    def knows(self, adapter: LoraAdapter) -> bool:
+        """Whether ``adapter`` has its device copy here (it was checked and set before)."""
+        found = self._uploads.get(id(adapter))
+        return found is not None and found.adapter is adapter
 
     def _set_views(self, ranks: tuple[int, ...]) -> None:
         for m, r in zip(self.inputs.modules, ranks):
@@ -376,13 +381,13 @@ class LoraSlots(Closeable):
         the first time) copied into the bound buffers on ``stream`` and their views set to its ranks. True where
         the ranks changed (the engine's input shapes with them)."""
         self._check_open()
-        ranks = self._pattern(adapter)
+        ranks = self._none
         if adapter is not None:
             src = self.upload(adapter, stream)
-            base = min(t.data_ptr for t in (src.arena[n] for n in self.inputs.names))
-            self._backend.memcpy(self._base, base, self._span, stream.handle)
-            for t in self.tensors.values():
-                t._last_stream = stream
+            ranks = src.ranks
+            # One copy of the whole layout. The setup's calls run in call order on their streams, so every later
+            # step reads the buffers after it: their last stream is left as it was (it is the engine's to read).
+            self._backend.memcpy(self._base, src.base, self._span, stream.handle)
         changed = ranks != self._ranks
         if changed:
             self._set_views(ranks)

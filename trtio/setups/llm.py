@@ -369,6 +369,7 @@ class LLMSetup(SetupBase):
         above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
         setup is left as it was.
         """
+        epoch = self._epoch
         self._check_usable()
         lora = self._lora
         if lora is None:
@@ -378,11 +379,13 @@ class LLMSetup(SetupBase):
                 raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
             raise ConfigError("max_lora_rank", f"set_lora: engine {self._engine.io.name!r} takes no LoRA adapter (its "
                                                "config's max_lora_rank is 0: build it with --max-lora-rank)")
-        if adapter is not None:
+        if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
             lora.inputs.check(adapter, "set_lora")
         s = self._stream(stream)
         if lora.use(adapter, s):
             self._engine.tensor_map.views_changed()
+        else:  # the same ranks: the last decode's plan (and graph) holds for the next one, which reads the new weights
+            self._epoch = epoch
 
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
