@@ -171,6 +171,18 @@ def test_an_engine_and_config_that_disagree_on_lora_are_refused(engine_rank: int
     assert needle in str(info.value)
 
 
+def test_a_spec_decode_pair_with_lora_inputs_is_refused_in_one_line() -> None:
+    d = EngineDir.open(FIXTURES.parent.parent / "engines" / "toy-eagle3-ragged")
+    pair = d.deployment(2, 3, 8)
+    base = dataclasses.replace(pair.base, max_lora_rank=8)
+    with pytest.raises(BindingError) as info:
+        trtio.create_for_spec_decode(_engine(base, "host"), _engine(pair.draft, "host"),
+                                     dataclasses.replace(pair, base=base))
+    assert str(info.value).count("\n  - ") == 1, str(info.value)
+    assert "model.layers.0.self_attn.q_proj.lora_A.weight: the engine takes LoRA adapters (48 LoRA inputs" in \
+        str(info.value) and "create_for_llm binds them (LLMSetup.set_lora), this setup does not" in str(info.value)
+
+
 # -- LoraAdapter ---------------------------------------------------------------------------------------
 
 

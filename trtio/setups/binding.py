@@ -24,6 +24,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, InvalidTypeError
+from trtio.lora import lora_input_names
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry, TensorSpec
@@ -56,7 +57,11 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             problems.append(f"{name}: a constant input is given for it, but the engine declares no such input")
         elif t.dtype is not info.dtype:
             problems.append(f"{name}: the engine wants {info.dtype}, the constant input is {t.dtype}")
-    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given))
+    lora = [n for n in lora_input_names(engine_io.names()) if n not in given]
+    if lora:  # named once, not as one unknown binding each
+        problems.append(f"{lora[0]}: the engine takes LoRA adapters ({len(lora)} LoRA inputs, {{module}}.lora_A/B."
+                        f"weight); create_for_llm binds them (LLMSetup.set_lora), this setup does not")
+    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given) | set(lora))
     problems += _range_problems(engine_io, registry, cfg)
     problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
                                pages_on_demand=pages_on_demand)
