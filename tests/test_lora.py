@@ -371,3 +371,28 @@ def test_plan_shows_the_adapter_buffers_worst_case() -> None:
     assert len(entries) == 2 * 5 * 6
     assert sum(e["nbytes"] for e in entries) == 6 * per_layer * 8 * 2 == 168960
     assert "LoRA: 30 modules at max_lora_rank 8: the bound buffers hold 168960 bytes (the worst case)" in result["text"]
+
+
+# -- trtio generate --lora --------------------------------------------------------------------------------
+
+
+def test_generate_takes_an_adapter_for_a_lora_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    texts = []
+    for extra in ([], ["--lora", str(TOY_LORA / "adapters" / "chat")]):
+        assert main(["generate", str(TOY_LORA), "--prompt", "hello world", "--max-new-tokens", "8",
+                     "--backend", "host", *extra]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0].startswith("hello world") and texts[1].startswith("hello world")
+    assert texts[0] != texts[1]  # the adapter reaches the engine
+
+
+def test_generate_refuses_an_adapter_for_a_directory_without_lora() -> None:
+    from trtio.testing.toy_dirs import toy_engine_dir
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    opts = GenerateOptions(path=toy_engine_dir("toy-llm-ragged"), prompt="hello", backend="host",
+                           lora=TOY_LORA / "adapters" / "chat")
+    with pytest.raises(ConfigError, match="set_lora: engine 'toy-llm' takes no LoRA adapter"):
+        run_generate(opts)
