@@ -396,3 +396,50 @@ def test_generate_refuses_an_adapter_for_a_directory_without_lora() -> None:
                            lora=TOY_LORA / "adapters" / "chat")
     with pytest.raises(ConfigError, match="set_lora: engine 'toy-llm' takes no LoRA adapter"):
         run_generate(opts)
+
+
+# -- stream order (docs/architecture.md: every call in call order, whatever its stream) -----------------------
+
+
+def _script(backend: Any, streams: list[Any]) -> np.ndarray:
+    """set_lora calls and steps on alternating streams (a first set uploads; later ones copy on the device); every
+    step's logits, copied on its own stream."""
+    cfg = lora_cfg()
+    setup = trtio.create_for_llm(ReferenceEngine.from_config(cfg, backend=backend), cfg, backend=backend)
+    outs: list[trtio.Tensor] = []
+
+    def keep(t: trtio.Tensor, s: Any) -> None:
+        out = trtio.Tensor.empty(t.shape, t.dtype, backend=backend)
+        outs.append(out.copy_from(t, s))
+
+    emb, lens = embed_batch(E, PROMPTS, np.float16)
+    plan = [("lora", "chat"), ("prefill", None), ("decode", 3), ("lora", "terse"), ("decode", 4), ("lora", None),
+            ("decode", 5), ("lora", "chat"), ("decode", 6), ("lora", "terse"), ("decode", 7)]
+    for i, (what, arg) in enumerate(plan):
+        s = streams[i % len(streams)]
+        if what == "lora":  # a fresh adapter object each time it is first set: the setup keeps what it needs
+            setup.set_lora(None if arg is None else LoraAdapter.load(TOY_LORA / "adapters" / str(arg)), s)
+        elif what == "prefill":
+            keep(setup.prefill(emb, lens, s), s)
+        else:
+            keep(setup.decode(E[[int(arg), int(arg) + 1]][:, None, :].astype(np.float16), s), s)
+    got = np.concatenate([o.to_numpy() for o in outs])
+    setup.close()
+    return got
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
+    from trtio.cuda.backend import get_backend
+    from trtio.testing import AsyncHostBackend
+
+    host = get_backend("host")
+    want = _script(host, [trtio.Stream.default(host)])
+    be = AsyncHostBackend(seed=seed)
+    streams = [trtio.Stream.create(be), trtio.Stream.create(be), trtio.Stream.create(be)]
+    try:
+        got = _script(be, streams)
+    finally:
+        for s in streams:
+            s.close()
+    np.testing.assert_array_equal(got, want)
