@@ -132,6 +132,8 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert b["ragged_backend"] == "entry_padded_compatibility"
     assert cfg.use_rope == raw.get("use_rope", True)
     used.add("use_rope")
+    assert cfg.max_lora_rank == b.get("max_lora_rank", 0)
+    used.add("builder_config.max_lora_rank")
     if "layer_types" in raw:  # a hybrid model (or a uniform table of attention layers)
         used |= {"layer_types", "kv_layer_configs", "num_linear_attn_layers"}
         assert list(cfg.layer_types) == raw["layer_types"]
@@ -449,7 +451,6 @@ FAMILIES = [
      "per-layer embeddings (Gemma PLE)"),
     ("PLE (inputs only)", lambda r: r.update(num_ple_inputs=8), "num_ple_inputs", "per-layer embeddings"),
     ("dllm role", lambda r: r.update(engine_role="dllm"), "engine_role", "diffusion LLM (dllm) engines"),
-    ("LoRA", lambda r: r["builder_config"].update(max_lora_rank=8), "builder_config.max_lora_rank", "LoRA adapters"),
 ]
 
 

@@ -270,6 +270,7 @@ class LLMEngineConfig(StepShapes):
     recurrent_spec_verify_mode: str | None = None  # "snapshot" (GDN) | "replay" (Mamba2)
     use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
     gemma4: Gemma4Config | None = None  # Gemma 4's per-layer KV, sliding window, KV sharing, dual RoPE and PLE
+    max_lora_rank: int = 0  # LoRA engines: the largest adapter rank the engine takes (0: no LoRA inputs; trtio.lora)
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -389,7 +390,7 @@ class LLMEngineConfig(StepShapes):
                   "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
                   "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
         _non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
-                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings")
+                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings", "max_lora_rank")
         _finite_floats(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"{self.num_kv_heads} must divide num_attention_heads "

@@ -38,6 +38,7 @@ Edge-LLM key                             trtio field                    note
 ``builder_config.max_kv_pool_pages``     ``kv_pool_pages``              default: batch x ceil(capacity / 128)
 ``builder_config.max_verify_tree_size``  ``max_verify_tree_size``       base: required
 ``builder_config.max_draft_tree_size``   ``max_draft_tree_size``        draft: required
+``builder_config.max_lora_rank``         ``max_lora_rank``              default 0 (no LoRA inputs)
 ``builder_config.ragged_backend``        ``contract = "ragged"``        required:
                                                                         ``entry_padded_compatibility``
 ``layer_types``, ``kv_layer_configs``    same names                     hybrid models; entries 'attention' /
@@ -103,7 +104,6 @@ UNSUPPORTED_MARKERS: Mapping[str, tuple[str, ...]] = {
                                  "full_rotary_dim", "global_rope_theta", "builder_config.num_swa_pages"),
     "per-layer embeddings (PLE)": ("ple_enabled", "num_ple_inputs", "ple_hidden_size"),
     "diffusion LLM": ("engine_role", "decoding_strategy"),
-    "LoRA": ("builder_config.max_lora_rank",),
     "speculative family": ("spec_decode_type",),
 }
 
@@ -130,6 +130,7 @@ _SOURCE_KEY = {
     "max_supported_batch_size": "builder_config.max_batch_size",
     "max_supported_input_length": "builder_config.max_input_len",
     "max_kv_cache_capacity": "builder_config.max_kv_cache_capacity",
+    "max_lora_rank": "builder_config.max_lora_rank",
     "kv_pool_pages": "builder_config.max_kv_pool_pages",
     "max_verify_tree_size": "builder_config.max_verify_tree_size",
     "max_draft_tree_size": "builder_config.max_draft_tree_size",
@@ -361,15 +362,11 @@ def _per_layer_embeddings(r: _Reader) -> _Found:
 
 
 def _unsupported_modes(r: _Reader) -> _Found:
-    """Roles and modes trtio has no step protocol for: diffusion, LoRA, other speculative families."""
+    """Roles and modes trtio has no step protocol for: diffusion, other speculative families."""
     found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
         key = "engine_role" if r.raw("engine_role") == "dllm" else "decoding_strategy"
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))
-    if _nonzero_int(r, "builder_config.max_lora_rank"):
-        found.append(("builder_config.max_lora_rank", "LoRA adapters",
-                      f"max_lora_rank {r.raw('builder_config.max_lora_rank')}: adapter weight inputs trtio does not "
-                      "bind"))
     spec_type = r.raw("spec_decode_type")
     if r.raw("engine_role") in ("base", "draft") and isinstance(spec_type, str) and spec_type != "none" \
             and spec_type not in _SPEC_DECODE_TYPES:
@@ -497,6 +494,8 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("builder_config.max_input_len", f"{input_len} exceeds builder_config.max_kv_cache_capacity "
                                                       f"({capacity}): a prompt must fit the KV cache")
     pool = r.int_("builder_config.max_kv_pool_pages", default=0, low=0, meaning="pages per KV pool")
+    lora_rank = r.int_("builder_config.max_lora_rank", default=0, low=0,
+                       meaning="the largest LoRA adapter rank the engine takes (0: no LoRA inputs)")
 
     output_vocab = vocab
     base_hidden = 0
@@ -528,7 +527,7 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         rope_type=rope_type, rope_theta=theta, is_spec_decode_base=role == "base",
         base_model_hidden_size=base_hidden, max_verify_tree_size=verify, max_draft_tree_size=draft_tree,
         contract="ragged", kv_page_size=KV_PAGE_SIZE, kv_pool_pages=pool, rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions,
+        max_position_embeddings=max_positions, max_lora_rank=lora_rank,
         eagle_hidden_state_layers=eagle_layers, **_hybrid(r, layers, role),
     )
     if gemma4 is not None:

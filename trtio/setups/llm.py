@@ -21,6 +21,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
+from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix, StepPages
@@ -57,6 +58,7 @@ class LLMSetup(SetupBase):
     ``create_from_engine_dir`` attaches, closed with this setup), else None."""
 
     visual: VisualSetup | None = None
+    _lora: LoraSlots | None = None
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -69,7 +71,9 @@ class LLMSetup(SetupBase):
             raise ConfigError("engine_role", f"create_for_llm: the config describes a spec-decode {cfg.role}; "
                                              f"use create_for_spec_decode with a DeploymentConfig")
         check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
-        cfg = with_contract(cfg, engine_io(engine, "create_for_llm"), "engine")
+        eio = engine_io(engine, "create_for_llm")
+        cfg = with_contract(cfg, eio, "engine")
+        lora = LoraInputs.from_engine(eio, cfg.max_lora_rank)  # LoRA engines: refused here where they cannot bind
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
@@ -78,6 +82,9 @@ class LLMSetup(SetupBase):
             self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
+            if lora is not None:  # its buffers are bound like constants: addresses fixed, views set by set_lora
+                self._lora = stack.enter_context(LoraSlots(lora, be))
+                constants = {**(constants or {}), **self._lora.tensors}
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
@@ -340,6 +347,43 @@ class LLMSetup(SetupBase):
             self._plan = plan
         return self.io.output_logits
 
+    @property
+    def lora(self) -> LoraAdapter | None:
+        """The LoRA adapter the steps use (:meth:`set_lora`); None: none (or an engine without LoRA inputs)."""
+        return self._lora.adapter if self._lora is not None else None
+
+    @one_thread
+    def set_lora(self, adapter: LoraAdapter | None, stream: StreamLike = None) -> None:
+        """Use ``adapter`` (a :class:`~trtio.LoraAdapter`; None: no adapter, every LoRA input at rank 0) for every
+        step after this call, for the whole batch (one adapter per batch, as in Edge-LLM). Sequences in flight go
+        on: their cached tokens keep what the adapter before computed.
+
+        The first call with an adapter copies its weights into device memory the setup owns (kept until the setup
+        is closed; the last :data:`~trtio._cache.CACHE_LIMIT` adapters); every call then copies them, on
+        ``stream`` (ordered after the last step), into the engine's bound LoRA buffers: no allocation, no host
+        synchronisation. Modules the adapter leaves out take rank 0. Where the ranks change, the engine's input
+        shapes do and the next step plans again; CUDA graphs are kept per rank pattern.
+
+        Raises before any work: a TypeError for what is not an adapter, a ConfigError on an engine without LoRA
+        inputs (``max_lora_rank`` 0), an InvalidValueError naming every module the engine lacks, whose rank is
+        above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
+        setup is left as it was.
+        """
+        self._check_usable()
+        lora = self._lora
+        if lora is None:
+            if adapter is None:
+                return
+            if not isinstance(adapter, LoraAdapter):
+                raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
+            raise ConfigError("max_lora_rank", f"set_lora: engine {self.executor.name!r} takes no LoRA adapter (its "
+                                               "config's max_lora_rank is 0: build it with --max-lora-rank)")
+        if adapter is not None:
+            lora.inputs.check(adapter, "set_lora")
+        s = self._stream(stream)
+        if lora.use(adapter, s):
+            self._engine.tensor_map.views_changed()
+
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
@@ -372,11 +416,11 @@ class LLMSetup(SetupBase):
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state (a hybrid model's recurrent state pools included),
-        staging, RoPE table, a hybrid model's snapshot pool and context memory."""
+        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter buffers and adapter copies,
+        and context memory."""
         report = self._report("create_for_llm", include_context_memory)
-        if self._recurrent is None:
-            return report
-        return MemoryReport.combine("create_for_llm", [report, self._recurrent.report()])
+        parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]
+        return MemoryReport.combine("create_for_llm", [report, *parts]) if parts else report
 
     def __repr__(self) -> str:
         return f"LLMSetup({self.contract}, active={self._seqs.order_key}, graphs={self.executor.graphs_enabled})"
