@@ -570,8 +570,9 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         sd.verify(z(3), [-1, 0, 1])
         sd.accept([[0, 1, 2], [0]])
         with _lengths(sd.draft.state, [cap - 1, 6]):
-            _refused(host, ShapeError, rf"draft KV cache full: sequence 0 holds {cap - 1} tokens, 3 more pass "
-                                       rf"max_kv_cache_capacity \({cap}\)", sd.draft_accept, z(3), [3, 1])
+            _refused(host, ShapeError, rf"draft KV cache full: sequence 0 holds {cap - 1} tokens and the catch-up "
+                                       rf"writes 3 more, past max_kv_cache_capacity \({cap}\)", sd.draft_accept,
+                     z(3), [3, 1])
         sd.draft_accept(z(3), [3, 1])
         assert sd.base_lengths.tolist() == sd.draft_lengths.tolist() == [9, 7]
 

@@ -99,14 +99,10 @@ class StepShapes:
     max_kv_cache_capacity: int
     max_verify_tree_size: int
     max_draft_tree_size: int
-
-    @property
-    def is_mrope(self) -> bool:
-        """Whether each sequence has its own RoPE table (MRoPE): the rope batch of a step."""
-        raise NotImplementedError
+    rope_type: str  # "mrope": each sequence has its own RoPE table, a step's rope batch is its batch
 
     def _rope_batch(self, batch: int) -> int:
-        return batch if self.is_mrope else 1
+        return batch if self.rope_type == "mrope" else 1
 
     def _check_batch(self, batch: int) -> None:
         if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:

@@ -136,13 +136,25 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
     pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
     declared = (2, -1, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
+    pools = [(pool, fixed, declared)] * cfg.num_attention_layers
+    g4 = cfg.gemma4
+    if g4 is not None:  # Gemma 4: each layer its own heads and head dim; sliding pools full-size or bounded
+        lo = min(g4.num_swa_pages or b * g4.private_pages(cfg.kv_page_size) or cfg.kv_pool_pages, cfg.kv_pool_pages)
+        pools = []
+        for i in range(g4.num_layers):
+            top = (2, cfg.kv_pool_pages, cfg.kv_page_size, g4.kv_heads[i], g4.head_dims[i])
+            low = (2, lo, *top[2:]) if g4.is_sliding(i) else top
+            pools.append((top, ((low, top, top),) * 2, (2, -1, *top[2:])))
     out = []
-    for i in range(cfg.num_attention_layers):
-        out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, pool, fixed, declared=declared))
+    for i, (shape, profiles, decl) in enumerate(pools):
+        out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, shape, profiles, declared=decl))
     out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m),
                           (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
-    for i in range(cfg.num_attention_layers):
-        out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, pool, declared=declared))
+    if g4 is not None:
+        out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m),
+                              (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
+    for i, (shape, _profiles, decl) in enumerate(pools):
+        out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl))
     return out
 
 

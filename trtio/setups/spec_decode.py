@@ -24,6 +24,7 @@ next step overwrites them. Steps never allocate; decode-type steps never synchro
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,6 +93,76 @@ _RELEASE = (*_BETWEEN_ROUNDS, Phase.BASE_ONLY)  # a sequence may end between the
 _NO_ROOTS = np.zeros(0, np.int64)  # a later proposal level's roots: only a round's first level reads them
 
 
+def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig) -> DeploymentConfig:
+    """``bundle`` checked for a pair (a draft and a spec section), each config with the contract its engine's I/O
+    speaks (the same for both)."""
+    if not isinstance(bundle, DeploymentConfig):
+        raise InvalidTypeError(f"create_for_spec_decode: bundle must be a DeploymentConfig, got "
+                               f"{type(bundle).__name__}")
+    bundle.validate()
+    if bundle.draft is None or bundle.spec is None:
+        raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
+    base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"), "base engine")
+    draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
+                              "draft engine")
+    if base_cfg.contract != draft_cfg.contract:
+        raise ConfigError("contract", f"create_for_spec_decode: the base engine declares the {base_cfg.contract!r} "
+                                      f"contract, the draft engine the {draft_cfg.contract!r} one; both must speak "
+                                      "the same")
+    return DeploymentConfig(base_cfg, draft_cfg, bundle.spec, dict(bundle.extra))
+
+
+def _draft_staging(stack: contextlib.ExitStack[Any], setup: SpecDecodeSetup, bundle: DeploymentConfig,
+                   w: int) -> tuple[Arena, UploadRing, DraftTree]:
+    """A spec setup's own memory (entered into ``stack``): its arena (pinned embeddings of a step, the draft tree's
+    words and nodes for ``w`` nodes a round), the embeddings' staging ring, and the draft tree over them."""
+    io, be, base_cfg, spec = setup.io, setup._backend, bundle.base, bundle.spec
+    assert spec is not None
+    mb, rows = io.max_batch, max(bundle.effective_max_draft_proposal_size(), 1)
+    arena = stack.enter_context(Arena([
+        UploadRing.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
+                           slots=INPUT_RING_SLOTS),
+        TensorRequest.of("draft_tree_words", (mb * w, max(1, -(-w // 32))), DType.INT32),
+        TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
+        backend=be, title="spec_decode staging"))
+    staging = stack.enter_context(UploadRing(arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
+                                             title="inputs_embeds staging"))
+    tree = DraftTree(io, setup._steps, setup.draft, arena["draft_tree_words"], arena["draft_tree_nodes"], staging, be,
+                     width=w, base_width=spec.base_output_hidden_dim)
+    return arena, staging, tree
+
+
+def _check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, cap: int, step: str) -> None:
+    """Refuse a draft ``step`` that would write ``more`` tokens past a sequence's ``have`` cached ones beyond
+    ``cap`` (max_kv_cache_capacity), naming the fullest sequence."""
+    if max(have) + more > cap:
+        i = int(np.argmax(past))
+        raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and {step} "
+                         f"writes {more} more, past max_kv_cache_capacity ({cap})")
+
+
+class _StepDims:
+    """A setup's steps' dims from the configs' recipes, remembered per shape (a recipe checks and builds them);
+    the last of each engine and kind is found again by its shape alone (a round repeats its steps' shapes)."""
+
+    def __init__(self) -> None:
+        self._cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
+        self._last: BoundedCache[tuple[str, str], tuple[tuple[int, ...], InferenceDims]] = BoundedCache()
+
+    def __call__(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
+        last = self._last.get((e.role, kind))
+        if last is not None and last[0] == args:
+            return last[1]
+        key = (e.role, kind, *args)
+        dims = self._cache.get(key)
+        if dims is None:
+            recipes: dict[str, Callable[..., InferenceDims]] = {
+                "proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims, "accept": e.cfg.accept_dims}
+            dims = self._cache.put(key, recipes[kind](*args))
+        self._last.put((e.role, kind), (args, dims))  # one entry per engine and kind
+        return dims
+
+
 class SpecDecodeSetup(SetupBase):
     """A spec-decode base + draft sharing one PipelineIO (see module docstring).
 
@@ -105,24 +176,9 @@ class SpecDecodeSetup(SetupBase):
     def __init__(self, base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
-        if not isinstance(bundle, DeploymentConfig):
-            raise InvalidTypeError(f"create_for_spec_decode: bundle must be a DeploymentConfig, got "
-                                   f"{type(bundle).__name__}")
-        bundle.validate()
-        if bundle.draft is None or bundle.spec is None:
-            raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec "
-                                       "section")
-        base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"),
-                                 "base engine")
-        draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
-                                  "draft engine")
-        if base_cfg.contract != draft_cfg.contract:
-            raise ConfigError("contract", f"create_for_spec_decode: the base engine declares the "
-                                          f"{base_cfg.contract!r} contract, the draft engine the "
-                                          f"{draft_cfg.contract!r} one; both must speak the same")
-        bundle = DeploymentConfig(base_cfg, draft_cfg, bundle.spec, dict(bundle.extra))
-        spec = bundle.spec
-        assert spec is not None
+        bundle = _bound_bundle(base_engine, draft_engine, bundle)
+        base_cfg, draft_cfg, spec = bundle.base, bundle.draft, bundle.spec
+        assert draft_cfg is not None and spec is not None
         be = engine_backend(base_engine, backend)
         self._backend = be
         self.bundle = bundle
@@ -146,19 +202,7 @@ class SpecDecodeSetup(SetupBase):
             self._catch_up_map = self.draft.contract.catch_up_map(io, self.draft.tensor_map)
             if self._catch_up_map is not self.draft.tensor_map:
                 self._catch_up_map.add_user(self.draft.executor)
-            rows = max(bundle.effective_max_draft_proposal_size(), 1)
-            self._extra_arena = stack.enter_context(Arena([
-                UploadRing.request("host_inputs_embeds", (mb, rows, base_cfg.hidden_size), base_cfg.activation,
-                                   slots=INPUT_RING_SLOTS),
-                TensorRequest.of("draft_tree_words", (mb * w, max(1, -(-w // 32))), DType.INT32),
-                TensorRequest.of("draft_tree_nodes", (mb * w, 2), DType.INT32)],
-                backend=be, title="spec_decode staging"))
-            self._embeds_staging = stack.enter_context(
-                UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
-                           title="inputs_embeds staging"))
-            self._tree = DraftTree(io, self._steps, self.draft, self._extra_arena["draft_tree_words"],
-                                   self._extra_arena["draft_tree_nodes"], self._embeds_staging, be, width=w,
-                                   base_width=spec.base_output_hidden_dim)
+            self._extra_arena, self._embeds_staging, self._tree = _draft_staging(stack, self, bundle, w)
             fill_mrope(io, base_cfg, s)
             warm_up(be)
         self._trees = VerifyTrees()
@@ -168,8 +212,7 @@ class SpecDecodeSetup(SetupBase):
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
-        self._dims_cache: BoundedCache[tuple[Any, ...], InferenceDims] = BoundedCache()
-        self._last_dims: BoundedCache[tuple[str, str], tuple[tuple[int, ...], InferenceDims]] = BoundedCache()
+        self._dims = _StepDims()
         self._phase = Phase.EMPTY  # the one order of calls (see Phase); the fields below are its phases' data
         self._prompt: Prompt | None = None  # PROMPTED: the base prefill awaiting its draft prefill
         self._roots = DraftRoots(io, self._steps, mb, spec.draft_hidden_size)
@@ -323,10 +366,7 @@ class SpecDecodeSetup(SetupBase):
             order, key, past, whole = self._step_lengths(e)
             cap = e.cfg.max_kv_cache_capacity
             have = past.tolist()
-            if max(have) + w > cap:  # a round's levels all write after the lengths it started at
-                i = int(np.argmax(past))
-                raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and a "
-                                 f"proposal round writes {w} more, past max_kv_cache_capacity ({cap})")
+            _check_room(order, past, have, w, cap, "a proposal round")  # its levels all write after these lengths
         else:  # nothing moves the sequences, lengths or pages between a round's levels: its first level's
             order, key, past, pages = self._round_step
         dims = self._dims(e, "proposal", b, w, k)
@@ -455,28 +495,12 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
         acc, lens = self._accepted, self._accepted_list
         assert acc is not None  # ACCEPTED's data
-        given = accept_lengths
-        # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
-        same = type(given) is list and given == lens and all(type(v) is int for v in given)
-        if not same:
-            if type(given) is not np.ndarray:
-                given = np.asarray(self._host_input(given, "accept_lengths"))
-            same = given.shape == (b,) and given.dtype.kind in "iu" and given.tolist() == lens
-        if not same:
-            checked = self._check_lengths(accept_lengths, b, a, "accept_lengths")
-            raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed "
-                             f"{lens}")
-        if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
-            i = lens.index(max(lens))
-            raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
+        _check_accept_lengths(self, accept_lengths, lens, b, a)
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
         top = max(have)
-        if top + a > e.cfg.max_kv_cache_capacity:
-            i = int(np.argmax(past))
-            raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens, {a} more "
-                             f"pass max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
+        _check_room(order, past, have, a, e.cfg.max_kv_cache_capacity, "the catch-up")
         s = self._stream(stream)
         taken, pages = self._pages(e, order, key, past, a, s, have, top)
         try:
@@ -508,21 +532,6 @@ class SpecDecodeSetup(SetupBase):
         self._start_round()
         return self.io.output_logits
 
-    def _dims(self, e: BoundEngine, kind: str, *args: int) -> InferenceDims:
-        """A step's dims from the config's recipe, remembered per shape (a recipe checks and builds them); the
-        last of each engine and kind is found again by its shape alone (a round repeats its steps' shapes)."""
-        last = self._last_dims.get((e.role, kind))
-        if last is not None and last[0] == args:
-            return last[1]
-        key = (e.role, kind, *args)
-        dims = self._dims_cache.get(key)
-        if dims is None:
-            recipes: dict[str, Callable[..., InferenceDims]] = {
-                "proposal": e.cfg.proposal_dims, "verify": e.cfg.spec_verify_dims, "accept": e.cfg.accept_dims}
-            dims = self._dims_cache.put(key, recipes[kind](*args))
-        self._last_dims.put((e.role, kind), (args, dims))  # one entry per engine and kind
-        return dims
-
     @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
@@ -545,6 +554,22 @@ class SpecDecodeSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"
+
+
+def _check_accept_lengths(setup: SpecDecodeSetup, given: Any, lens: list[int], b: int, a: int) -> None:
+    """``accept_lengths`` of :meth:`SpecDecodeSetup.draft_accept`: the path lengths accept() committed (``lens``,
+    for ``b`` sequences), each within the catch-up's ``a`` rows."""
+    # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
+    same = type(given) is list and given == lens and all(type(v) is int for v in given)
+    if not same:
+        array = given if type(given) is np.ndarray else np.asarray(setup._host_input(given, "accept_lengths"))
+        same = array.shape == (b,) and array.dtype.kind in "iu" and array.tolist() == lens
+    if not same:
+        checked = setup._check_lengths(given, b, a, "accept_lengths")
+        raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed {lens}")
+    if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
+        i = lens.index(max(lens))
+        raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,
