@@ -387,3 +387,71 @@ def test_ple_rows_reach_their_layers() -> None:
     for r in (run, other):
         r.admit(0)
     assert not np.allclose(run.step({0: [5, 6]})[0], other.step({0: [5, 6]})[0])
+
+
+# -- the setup on the host backend -------------------------------------------------------------------------
+
+def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[int]], steps: int,
+                  release_at: dict[int, int] | None = None) -> dict[int, list[int]]:
+    import trtio
+    from trtio.testing import ReferenceEngine
+
+    emb_run = _Run(cfg, bounded=False)  # its embedding tables
+    engine = ReferenceEngine.from_config(cfg, device="host")
+    out = {slot: list(p) for slot, p in prompts.items()}
+    with trtio.create_for_llm(engine, cfg, backend="host", graphs=graphs) as setup:
+        for slot, p in prompts.items():
+            ids = np.array([p])
+            logits = setup.prefill(emb_run.emb[ids], [len(p)], slots=[slot], ple_embeds=emb_run.ple[ids])
+            out[slot].append(int(np.argmax(logits.to_numpy()[0])))
+        active = set(prompts)
+        for i in range(steps):
+            for slot, at in (release_at or {}).items():
+                if at == i:
+                    setup.release([slot])
+                    active.discard(slot)
+            slots = sorted(active)
+            ids = np.array([[out[s][-1]] for s in slots])
+            logits = setup.decode(emb_run.emb[ids], slots=slots, ple_embeds=emb_run.ple[ids]).to_numpy()
+            for row, slot in enumerate(slots):
+                out[slot].append(int(np.argmax(logits[row])))
+    return out
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_setup_binds_gemma4_and_decodes_as_the_toy_model(graphs: bool) -> None:
+    """create_for_llm on the toy Gemma 4 engine (full SWA mode: per-layer pools, consumers on their donors'
+    pools, dual RoPE gathered per token, PLE staged per step) decodes what the toy model decodes."""
+    cfg = _toy_gemma4()
+    rng = np.random.default_rng(11)
+    prompts = {0: rng.integers(2, 1000, 70).tolist(), 1: rng.integers(2, 1000, 30).tolist()}
+    got = _setup_tokens(cfg, graphs, prompts, 40)
+    run = _Run(cfg, bounded=False)
+    want: dict[int, list[int]] = {}
+    for slot, p in prompts.items():
+        run.admit(slot)
+        want[slot] = list(p) + [int(np.argmax(run.step({slot: p})[slot]))]
+    for _ in range(40):
+        logits = run.step({slot: [toks[-1]] for slot, toks in want.items()})
+        for slot, row in logits.items():
+            want[slot].append(int(np.argmax(row)))
+    assert got == want
+
+
+def test_ple_embeds_are_required_where_the_engine_has_ple_inputs_and_refused_elsewhere() -> None:
+    import trtio
+    from trtio.testing import ReferenceEngine
+
+    cfg = _toy_gemma4()
+    x = np.zeros((1, 4, cfg.hidden_size), np.float16)
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host") as setup:
+        with pytest.raises(trtio.ShapeError, match=r"ple_embeds: required by the engine's ple_token_embeds_0 \.\. 5"):
+            setup.prefill(x, [4])
+        with pytest.raises(trtio.ShapeError, match=r"ple_embeds: expected \[batch, seq, 96\] = \[1, 4, 96\]"):
+            setup.prefill(x, [4], ple_embeds=np.zeros((1, 4, 95), np.float16))
+    keqv = LLMEngineConfig.from_edgellm(KEQV)
+    with trtio.create_for_llm(ReferenceEngine.from_config(keqv, device="host", null_compute=True), keqv,
+                              backend="host") as setup:
+        with pytest.raises(trtio.ShapeError, match="ple_embeds: given, but the engine has no per-layer embedding"):
+            setup.prefill(np.zeros((1, 4, keqv.hidden_size), np.float16), [4],
+                          ple_embeds=np.zeros((1, 4, 8), np.float16))
