@@ -86,6 +86,9 @@ def test_the_window_is_read_from_where_the_config_writes_it() -> None:
     (lambda r: r.update(attention_k_eq_v=True), "g.json: attention_k_eq_v"),
     (lambda r: r.update(global_head_dim=32), "g.json: global_head_dim"),
     (lambda r: r.update(attention_layer_types=["sliding_attention"] * 5), "g.json: attention_layer_types"),
+    (lambda r: r.update(engine_role="base", spec_decode_type="eagle3",
+                        builder_config=dict(r["builder_config"], max_verify_tree_size=8, spec_base=True)),
+     "g.json: engine_role"),
 ])
 def test_gemma4_keys_that_do_not_fit_are_refused_naming_the_key(edit: Any, key: str) -> None:
     raw = copy.deepcopy(_raw())
