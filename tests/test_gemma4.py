@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from _onnx_io import parse_onnx_io
 
+import trtio
 from trtio import CapacityError, ConfigError, InvalidValueError, LLMEngineConfig, names
 from trtio.contracts.ragged import registry_for
 from trtio.gemma4 import BoundedSwaPages, choose_swa_mode
@@ -458,3 +459,99 @@ def test_ple_embeds_are_required_where_the_engine_has_ple_inputs_and_refused_els
         with pytest.raises(trtio.ShapeError, match="ple_embeds: given, but the engine has no per-layer embedding"):
             setup.prefill(np.zeros((1, 4, keqv.hidden_size), np.float16), [4],
                           ple_embeds=np.zeros((1, 4, 8), np.float16))
+
+
+# -- a toy Gemma 4 directory and its token embeddings on the device ---------------------------------------
+
+def _toy_dir(tmp: Path) -> Path:
+    """A Gemma 4 engine directory of the toy config: config.json, embedding.safetensors, ple_embedding.safetensors
+    (the tables of :class:`_Run`)."""
+    from _safetensors import write_safetensors
+
+    raw = _raw()
+    raw["sliding_window_size"] = 40
+    raw["builder_config"].update(max_kv_cache_capacity=768, max_input_len=512, max_kv_pool_pages=12)
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.json").write_text(json.dumps(raw))
+    run = _Run(LLMEngineConfig.from_edgellm(tmp / "config.json"), bounded=False)
+    write_safetensors(tmp / "embedding.safetensors", {"embedding": run.emb})
+    write_safetensors(tmp / "ple_embedding.safetensors", {"weight": run.ple})
+    return tmp
+
+
+def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) -> None:
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import AsyncHostBackend
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    table, ple = directory.embedding_table(), directory.ple_embedding_table()
+    assert ple is not None and ple.shape == (1000, 96)
+    for backend in ("host", AsyncHostBackend(seed=1)):
+        with TokenEmbeddings.from_dir(directory, backend=backend) as emb:
+            ids = np.array([[5, 999, 0], [7, 7, 3]])
+            got = emb.embed(ids)
+            assert isinstance(got, tuple)
+            x, p = got
+            np.testing.assert_array_equal(x.to_numpy(), table[ids])
+            np.testing.assert_array_equal(p.to_numpy(), ple[ids])
+            with pytest.raises(trtio.ShapeError, match="id 1000 is outside the 1000 rows"):
+                emb.embed(np.array([[1, 1000]]))
+
+
+def test_a_ple_table_of_the_wrong_width_is_refused_naming_the_file(tmp_path: Path) -> None:
+    from _safetensors import write_safetensors
+
+    from trtio.edgellm import EngineDir
+
+    d = _toy_dir(tmp_path / "toy-gemma4")
+    write_safetensors(d / "ple_embedding.safetensors", {"weight": np.zeros((1000, 95), np.float16)})
+    with pytest.raises(ConfigError, match=r"ple_embedding.safetensors: weight: expected \[vocab, 96\]"):
+        EngineDir.open(d).ple_embedding_table()
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path, graphs: bool) -> None:
+    """The directory's tables gathered by TokenEmbeddings feed the setup's steps (inputs_embeds and ple_embeds as
+    device tensors); the tokens are the toy model's, with a release and an admission on the way."""
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import ReferenceEngine
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    cfg = directory.config
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(2, 1000, n).tolist() for n in (60, 25, 45)]
+    got: dict[str, list[int]] = {}
+    with TokenEmbeddings.from_dir(directory, backend="host") as emb, \
+            trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
+                                 graphs=graphs) as setup:
+        def admit(key: str, slot: int, prompt: list[int]) -> None:
+            x, p = emb.embed(np.array([prompt]))  # type: ignore[misc]
+            got[key] = list(prompt) + [int(np.argmax(setup.prefill(x, [len(prompt)], slots=[slot],
+                                                                    ple_embeds=p).to_numpy()[0]))]
+
+        admit("a", 0, prompts[0])
+        admit("b", 1, prompts[1])
+        live = {0: "a", 1: "b"}
+        for i in range(30):
+            if i == 12:
+                setup.release([0])
+                admit("c", 0, prompts[2])
+                live[0] = "c"
+            slots = sorted(live)
+            x, p = emb.embed(np.array([[got[live[s]][-1]] for s in slots]))  # type: ignore[misc]
+            logits = setup.decode(x, slots=slots, ple_embeds=p).to_numpy()
+            for row, slot in enumerate(slots):
+                got[live[slot]].append(int(np.argmax(logits[row])))
+    run = _Run(cfg, bounded=False)
+    want: dict[str, list[int]] = {}
+    for key, slot, prompt, steps in (("a", 0, prompts[0], 12), ("b", 1, prompts[1], 30), ("c", 0, prompts[2], 18)):
+        run.admit(slot)
+        seq = list(prompt)
+        logits = run.step({slot: prompt})[slot]
+        for _ in range(steps):
+            seq.append(int(np.argmax(logits)))
+            logits = run.step({slot: [seq[-1]]})[slot]
+        want[key] = seq + [int(np.argmax(logits))]
+    assert got == want

@@ -195,9 +195,10 @@ class LLMSetup(SetupBase):
         delta on (:attr:`rope_deltas`). Without them a new sequence's positions are its token indices, and a
         continued one goes on from its delta.
 
-        ``ple_embeds`` (Gemma 4 engines with per-layer embeddings, and only those): a host array
-        ``[batch, seq, L x ple_hidden]``, each token's PLE row (columns ``i * ple_hidden ..`` feed
-        ``ple_token_embeds_i``); required there (:class:`ShapeError` naming it otherwise).
+        ``ple_embeds`` (Gemma 4 engines with per-layer embeddings, and only those): a host array or a device
+        ``Tensor`` (:class:`~trtio.embeddings.TokenEmbeddings`') ``[batch, seq, L x ple_hidden]``, each token's
+        PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
+        naming it otherwise).
         """
         self._stage_ple(ple_embeds, getattr(inputs_embeds, "shape", np.shape(inputs_embeds))[:2], stream)
         try:
@@ -226,12 +227,24 @@ class LLMSetup(SetupBase):
         if ple_embeds is None:
             raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
                              f"give each token's row, [batch, seq, {g.ple_layers} x {g.ple_hidden} = {width}]")
-        arr = np.asarray(ple_embeds)
-        if len(rows) != 2 or arr.shape != (*rows, width):
+        shape = tuple(getattr(ple_embeds, "shape", np.shape(ple_embeds)))
+        if len(rows) != 2 or shape != (*rows, width):
             raise ShapeError(f"ple_embeds: expected [batch, seq, {width}] = {[*rows, width]} (the inputs_embeds' "
-                             f"batch and seq), got {list(arr.shape)}")
+                             f"batch and seq), got {list(shape)}")
         b, seq = int(rows[0]), int(rows[1])
         s = self._stream(stream)
+        item = self.io.inputs_embeds.dtype.itemsize
+        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): each layer's columns, one 2-D copy each
+            if ple_embeds.dtype != self.io.inputs_embeds.dtype:
+                raise ShapeError(f"ple_embeds: expected {self.io.inputs_embeds.dtype}, got {ple_embeds.dtype}")
+            self._calls.read(ple_embeds)
+            for i in range(g.ple_layers):
+                dst = self.io.member(names.ple_token_embeds(i))
+                src = ple_embeds.data_ptr + i * g.ple_hidden * item
+                self._backend.memcpy_2d(dst.data_ptr, g.ple_hidden * item, src, width * item, g.ple_hidden * item,
+                                        b * seq, s.handle)
+            return
+        arr = np.asarray(ple_embeds)
         for i, part in enumerate(split_ple(arr.reshape(b * seq, width), g)):
             host = np.ascontiguousarray(part, dtype=self.io.inputs_embeds.dtype.numpy)
             self._calls.read(host)
