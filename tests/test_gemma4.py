@@ -555,3 +555,20 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
             logits = run.step({slot: [seq[-1]]})[slot]
         want[key] = seq + [int(np.argmax(logits))]
     assert got == want
+
+
+def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    assert main(["plan", str(_toy_dir(tmp_path / "toy-gemma4"))]) == 0
+    out = capsys.readouterr().out
+    assert "past_key_values_2: full, [2,12,128,1,64] float16" in out
+    assert "past_key_values_4: sliding, [2,12,128,1,32] = past_key_values_3's pool (KV sharing)" in out
+    assert "SWA mode: full SWA storage" in out and "allow the bounded SWA pool (10 pages, 5 per sequence)" in out
+    assert "960.00 KiB in all" in out  # 4 pools allocated, not 6
+    fixture = tmp_path / "fixture"
+    fixture.mkdir()
+    (fixture / "config.json").write_text((ONNX / "config.json").read_text())
+    assert main(["plan", str(fixture)]) == 0
+    assert "the config writes no sliding window" in capsys.readouterr().out
