@@ -20,8 +20,10 @@ import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
+from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio.spec_families import family_of
 from trtio.staging import constant
 
 __all__ = [
@@ -126,6 +128,8 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         add(names.kOutputHiddenStates, "output", act, (T, output_hidden_width(cfg)))
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
+    if role == "draft" and family_of(cfg.extras, role) == "dflash":
+        return dflash_draft_registry(cfg, reg)  # block drafts read other inputs (trtio.contracts.dflash)
     return reg
 
 

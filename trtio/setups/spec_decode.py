@@ -58,6 +58,7 @@ from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draf
 from trtio.setups.drafting import DraftTree
 from trtio.setups.sequences import Sequences
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
+from trtio.spec_families import check_pair_runs
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import StreamLike
 from trtio.tensor import Tensor
@@ -102,6 +103,7 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
     bundle.validate()
     if bundle.draft is None or bundle.spec is None:
         raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
+    check_pair_runs(bundle.base, bundle.draft, "create_for_spec_decode")
     base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"), "base engine")
     draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
                               "draft engine")
