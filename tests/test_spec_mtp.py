@@ -8,6 +8,7 @@ generate_draft``), so its guesses are the base's next tokens but where the first
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,8 @@ import pytest
 
 import trtio
 from trtio.edgellm import EngineDir
-from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.rope import rope_cos_sin_table
+from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 
 ENGINES = default_engines_dir()
@@ -176,3 +178,31 @@ def test_the_mtp_draft_reads_the_bases_last_hidden_state_of_width_h() -> None:
     assert bundle.spec is not None and bundle.draft is not None
     assert bundle.spec.base_output_hidden_dim == bundle.base.hidden_size == 64
     assert bundle.draft.num_attention_layers == 1 and bundle.base.eagle_hidden_state_layers == ()
+
+
+def test_the_mtp_draft_reads_the_bases_last_layer_stream_as_hidden_states_input() -> None:
+    """Draft prefill of the prompt shifted by one: its logits at the last row are the numpy draft's over those
+    embeddings with ``hidden_states_input`` = the base's final stream [T, H] (a draft weighing it 100x the toy's,
+    so that a wrong or missing feature shows)."""
+    bundle = EngineDir.open(MTP).deployment(1, 3, 4)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    dw = dataclasses.replace(dw, wh=dw.wh * 100)
+    prompt = PROMPTS[0]
+    with trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device="host", weights=bw),
+                                      ReferenceEngine.from_config(bundle.draft, device="host", weights=dw),
+                                      bundle) as s:
+        x, lens = emb([prompt])
+        first = int(s.base_prefill(x, lens, slots=[0]).to_numpy()[0].argmax())
+        shifted = prompt[1:] + [first]
+        got = s.draft_prefill(emb([shifted])[0], lens, slots=[0]).to_numpy()[0]
+    rope = rope_cos_sin_table(bundle.base.max_kv_cache_capacity, bundle.base.rotary_dim, bundle.base.rope_theta)
+    hidden, _ = reference_forward(bw, bundle.base, E[prompt].astype(np.float16), rope=rope)
+    _, logits = reference_forward(dw, bundle.draft, E[shifted].astype(np.float16), rope=rope,
+                                  hidden_input=hidden.astype(np.float16),
+                                  hidden_from_draft=np.zeros_like(hidden, dtype=np.float16))
+    want = logits[-1] - logits[-1].max()
+    want -= np.log(np.exp(want).sum())  # the draft engine returns log-probabilities
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    assert np.abs(dw.wh).max() > 0.05, "the feature weighs enough to show"
