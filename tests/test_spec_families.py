@@ -101,10 +101,9 @@ def _create(directory: EngineDir) -> None:
 
 @pytest.mark.parametrize("fixture, changes, field, words", [
     (DFLASH, {}, "spec_decode_type", "'dflash' pairs are read"),
-    (MTP, {}, "layer_types", "intermediate_conv_state_j"),
     (MTP, {"base": {"recurrent_spec_verify_mode": "replay", "recurrent_state_dtype": "fp16"}},
      "recurrent_spec_verify_mode", "'replay'"),
-], ids=["dflash", "hybrid-snapshot", "hybrid-replay"])
+], ids=["dflash", "hybrid-replay"])
 def test_pairs_trtio_cannot_run_are_refused_at_setup(tmp_path: Path, fixture: Path, changes: dict[str, Any],
                                                      field: str, words: str) -> None:
     directory = EngineDir.open(pair_dir(tmp_path, fixture, **changes))
@@ -122,3 +121,15 @@ def test_the_toy_mtp_directory_is_complete(tmp_path: Path) -> None:
     shutil.copytree(path, copy, symlinks=False)
     directory = EngineDir.open(copy)
     assert directory.kind == "spec_decode" and directory.base_config.extras["spec_decode_type"] == "mtp"
+
+
+def test_the_exported_mtp_pair_on_its_hybrid_base_binds(tmp_path: Path) -> None:
+    """qwen35-mtp's pair ("snapshot" mode) binds: the base's intermediate states are allocated for its longest step
+    and listed in the memory report."""
+    directory = EngineDir.open(pair_dir(tmp_path, MTP))
+    bundle = directory.deployment(1, 3, 4)
+    assert bundle.draft is not None
+    engines = [ReferenceEngine.from_config(c, device="host", null_compute=True) for c in (bundle.base, bundle.draft)]
+    with trtio.create_for_spec_decode(*engines, bundle) as setup:
+        text = str(setup.memory_report())
+    assert "intermediate_recurrent_state_5" in text and "192x8x16x16" in text  # 2 sequences x 96 prompt tokens

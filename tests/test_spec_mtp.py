@@ -9,6 +9,7 @@ generate_draft``), so its guesses are the base's next tokens but where the first
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from trtio.testing.toy_engines import default_engines_dir
 
 ENGINES = default_engines_dir()
 MTP = ENGINES / "toy-mtp-ragged"
+HYBRID = ENGINES / "toy-qwen35-mtp-ragged"  # a Gated-DeltaNet base (a recurrent and an attention layer)
 E = toy_embedding(512, 64)
 
 
@@ -32,8 +34,9 @@ def device(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def mtp_setup(k: int, depth: int, device: str = "host", *, graphs: bool = False) -> trtio.SpecDecodeSetup:
-    bundle = EngineDir.open(MTP).deployment(k, depth, 1 + k * depth)
+def mtp_setup(k: int, depth: int, device: str = "host", *, graphs: bool = False,
+              directory: Path = MTP) -> trtio.SpecDecodeSetup:
+    bundle = EngineDir.open(directory).deployment(k, depth, 1 + k * depth)
     assert bundle.draft is not None
     bw = ToyWeights.generate(bundle.base, 0)
     dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
@@ -116,30 +119,33 @@ class Rounds:
         return self.accepted / self.drafted
 
 
-def greedy(prompt: list[int], count: int, device: str = "host") -> list[int]:
-    """The base's own greedy tokens after ``prompt`` (``count`` of them), one verify node at a time."""
-    with mtp_setup(1, 1, device) as s:
-        x, lens = emb([prompt])
-        out = [int(s.base_prefill(x, lens, slots=[0]).to_numpy()[0].argmax())]
-        while len(out) < count:
-            out.append(int(s.verify(E[[[out[-1]]]].astype(np.float16), [-1]).to_numpy()[0].argmax()))
-            s.accept([[0]])
-        return prompt + out
+def greedy(directory: Path, prompt: list[int], count: int) -> list[int]:
+    """The numpy base's greedy tokens after ``prompt`` (``count`` of them), each over the whole sequence from zero
+    states (no cache, no trtio step)."""
+    base = EngineDir.open(directory).base_config
+    weights = ToyWeights.generate(base, 0)
+    rope = rope_cos_sin_table(base.max_kv_cache_capacity, base.rotary_dim, base.rope_theta)
+    tokens = list(prompt)
+    while len(tokens) < len(prompt) + count:
+        tokens.append(int(reference_forward(weights, base, E[tokens].astype(np.float16), rope=rope)[1][-1].argmax()))
+    return tokens
 
 
 PROMPTS = [[int(t) for t in np.random.default_rng(r).integers(3, 512, n)] for r, n in enumerate((14, 5, 21, 9, 11))]
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("k, depth", [(1, 3), (2, 3)], ids=["chain", "tree"])
-def test_mtp_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: str, k: int, depth: int,
-                                                                         graphs: bool) -> None:
+@pytest.mark.parametrize("directory, k, depth", [(MTP, 1, 3), (MTP, 2, 3), (HYBRID, 1, 3)],
+                         ids=["chain", "tree", "hybrid-chain"])
+def test_mtp_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: str, directory: Path, k: int,
+                                                                         depth: int, graphs: bool) -> None:
     """Requests admitted between rounds into chosen slots, one released and its slot reused by a new request: each
-    request's tokens are the base's greedy tokens after its prompt; no KV page is held after the last release."""
+    request's tokens are the base's greedy tokens after its prompt; no KV page is held after the last release. On
+    the hybrid base every accept commits the accepted token's recurrent states into its slot ("snapshot")."""
     plan = {0: [("admit", 0, 2)], 1: [("admit", 1, 0)], 2: [("admit", 2, 3)],
             4: [("release", 3, None), ("admit", 3, 3)], 5: [("admit", 4, 1)]}
     requests: dict[int, dict[str, Any]] = {}
-    with mtp_setup(k, depth, device, graphs=graphs) as setup:
+    with mtp_setup(k, depth, device, graphs=graphs, directory=directory) as setup:
         run = Rounds(setup, k, depth)
         free = setup.kv_pages.free
         for step in range(8):
@@ -158,7 +164,7 @@ def test_mtp_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: 
         assert setup.kv_pages.free == free, "every page came back"
     for req, q in requests.items():
         n = len(q["tokens"]) - len(PROMPTS[req])
-        assert q["tokens"] == greedy(PROMPTS[req], n, device), f"request {req}: the base's greedy tokens"
+        assert q["tokens"] == greedy(directory, PROMPTS[req], n), f"request {req}: the base's greedy tokens"
 
 
 def test_the_toy_mtp_draft_guesses_most_of_the_bases_tokens() -> None:
@@ -206,3 +212,44 @@ def test_the_mtp_draft_reads_the_bases_last_layer_stream_as_hidden_states_input(
     want -= np.log(np.exp(want).sum())  # the draft engine returns log-probabilities
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
     assert np.abs(dw.wh).max() > 0.05, "the feature weighs enough to show"
+
+
+def test_a_hybrid_base_verifies_chains_only_and_refuses_a_tree_before_any_work() -> None:
+    """Its recurrent layers run a step's rows in order (no tree inputs): a verify tree that is not a chain is a
+    ShapeError naming it, with nothing enqueued; the chain then verifies."""
+    with mtp_setup(2, 1, directory=HYBRID) as s:
+        x, lens = emb([PROMPTS[0]])
+        s.base_prefill(x, lens, slots=[0])
+        ops = s.io.backend.op_count
+        with pytest.raises(trtio.ShapeError, match="a hybrid base verifies a chain"):
+            s.verify(E[[[5, 6, 7]]].astype(np.float16), [-1, 0, 0])
+        assert s.io.backend.op_count == ops, "nothing was enqueued"
+        s.verify(E[[[5, 6, 7]]].astype(np.float16), [-1, 0, 1])
+
+
+def test_a_hybrid_accept_commits_the_accepted_tokens_states_in_one_device_operation() -> None:
+    """After a verify of 3 chained tokens, accepting 2 of them leaves the slot's states as a prefill of the prompt
+    and those 2 tokens leaves them; the commit (KV and states) costs a fixed number of device operations."""
+    prompt = PROMPTS[1]
+
+    def accept_ops(s: trtio.SpecDecodeSetup) -> int:
+        x, lens = emb([prompt])
+        s.base_prefill(x, lens, slots=[1])
+        s.verify(E[[[7, 8, 9]]].astype(np.float16), [-1, 0, 1])
+        ops = s.io.backend.op_count
+        s.accept([[0, 1]])
+        return int(s.io.backend.op_count - ops)
+
+    with mtp_setup(1, 2) as dense:
+        kv_ops = accept_ops(dense)
+    with mtp_setup(1, 2, directory=HYBRID) as s, mtp_setup(1, 2, directory=HYBRID) as alone:
+        commit_ops = accept_ops(s) - kv_ops
+        x, lens = emb([prompt + [7, 8]])
+        alone.base_prefill(x, lens, slots=[1])
+        for name in ("conv_state_0", "recurrent_state_0"):
+            got, want = s.base.state.tensors[name].to_numpy()[1], alone.base.state.tensors[name].to_numpy()[1]
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3, rtol=2e-3,
+                                       err_msg=name)
+    # the host backend runs a fused copy's parts one by one: one strided copy per kind (conv, recurrent) for the
+    # sequence; on the cuda backend they are one launch
+    assert commit_ops == 2, f"the states' commit: {commit_ops} device operations"

@@ -74,7 +74,7 @@ def recurrent_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) ->
         declared = (-1, *row)
         inputs.append(TensorSpec(past, "input", dtype, shape, fixed, declared=declared))
         outputs.append(TensorSpec(present, "output", dtype, shape, declared=declared))
-    return inputs + outputs + intermediate_state_specs(cfg)
+    return inputs + outputs
 
 
 def intermediate_state_specs(cfg: LLMEngineConfig) -> list[TensorSpec]:

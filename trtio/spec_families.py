@@ -64,9 +64,9 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 
 
 def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol (DFlash),
-    or a hybrid base (its verify's per-token states are declared; committing the accepted token's into the slot is
-    not done yet, and Mamba2's ``replay`` mode is not done at all)."""
+    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol (DFlash), or
+    a hybrid base whose verify mode is Mamba2's ``replay`` (trtio commits a hybrid base's states by "snapshot":
+    ``trtio.setups.snapshots``)."""
     check_runnable(family_of(base.extras, "base") or "eagle3", what)
     if base.is_hybrid:
         mode = base.recurrent_spec_verify_mode
@@ -74,11 +74,6 @@ def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) ->
             raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
                                                             "is recomputed from a dA/u/B/dt stash) is not supported; "
                                                             "the pair is refused rather than committed wrong")
-        raise ConfigError("layer_types", f"{what}: a hybrid base ({base.num_recurrent_layers} recurrent layers, "
-                                         f"recurrent_spec_verify_mode {mode!r}) declares its verify's "
-                                         "intermediate_conv_state_j / intermediate_recurrent_state_j, but trtio does "
-                                         "not commit the accepted token's states into the slot yet; the pair is "
-                                         "refused rather than decoded wrong")
     del draft  # its family is the base's (checked when the directory is read)
 
 
