@@ -253,3 +253,29 @@ def test_a_hybrid_accept_commits_the_accepted_tokens_states_in_one_device_operat
     # the host backend runs a fused copy's parts one by one: one strided copy per kind (conv, recurrent) for the
     # sequence; on the cuda backend they are one launch
     assert commit_ops == 2, f"the states' commit: {commit_ops} device operations"
+
+
+@pytest.mark.parametrize("name", ["toy-mtp-ragged", "toy-qwen35-mtp-ragged"])
+def test_trtio_generate_speculative_on_the_mtp_toys_prints_the_bases_greedy_text(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio generate --speculative`` on an MTP toy prints what the base alone prints, and says how many drafted
+    tokens it accepted (at least 60% on these toys); a tree on the hybrid base is refused naming the flag."""
+    pytest.importorskip("tokenizers")
+    from trtio.cli import main  # noqa: PLC0415
+
+    def run(*flags: str) -> tuple[int, str, str]:
+        rc = main(["generate", str(ENGINES / name), "--prompt", "Once upon a time", "--max-new-tokens", "24",
+                   "--backend", "host", *flags])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, alone, err = run()
+    assert rc == 0, err
+    rc, out, err = run("--speculative", "--draft-step", "3")
+    assert rc == 0, err
+    assert out == alone
+    rate = float(err.strip().splitlines()[-1].split(" verify steps, ")[1].split("%")[0])
+    assert rate >= 60
+    if name == "toy-qwen35-mtp-ragged":
+        rc, out, err = run("--speculative", "--draft-top-k", "2", "--draft-step", "3")
+        assert rc != 0 and "--draft-top-k: is 2, but a hybrid base verifies one chain per round" in err
