@@ -917,7 +917,9 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
                "speculative round (3 levels + verify + accept + draft_accept)"}
     assert out.keys() == {"batch", "ragged"}
     for contract, rows in out.items():
-        assert rows.keys() == helpers, contract
+        # the ragged contract also times an MTP round (tests/test_bench.py)
+        assert rows.keys() == helpers | ({"MTP round (chain of 3 + verify + accept + draft_accept)"}
+                                         if contract == "ragged" else set()), contract
         for name, row in rows.items():
             assert 1 <= row["device_ops"] <= 16 or name == "SpecDecodeSetup.accept", (contract, name, row)
             if name.startswith("speculative round"):  # a round's first level uploads its lengths: one copy more
