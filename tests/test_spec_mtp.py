@@ -17,6 +17,7 @@ import pytest
 
 import trtio
 from trtio.edgellm import EngineDir
+from trtio.recurrent import DEFAULT_MAX_PREFIXES
 from trtio.rope import rope_cos_sin_table
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
@@ -279,3 +280,15 @@ def test_trtio_generate_speculative_on_the_mtp_toys_prints_the_bases_greedy_text
     if name == "toy-qwen35-mtp-ragged":
         rc, out, err = run("--speculative", "--draft-top-k", "2", "--draft-step", "3")
         assert rc != 0 and "--draft-top-k: is 2, but a hybrid base verifies one chain per round" in err
+
+
+def test_a_hybrid_spec_setup_refuses_prefixes_whose_states_would_hold_one_token_more() -> None:
+    """A speculative prefix keeps one token fewer than the slot (the draft's last entry waits for the next token),
+    but the slot's recurrent states are those after its last token: pin_prefix is refused, nothing pinned."""
+    with mtp_setup(1, 3, directory=HYBRID) as s:
+        run = Rounds(s, 1, 3)
+        run.admit(0, PROMPTS[0])
+        run.round()
+        with pytest.raises(trtio.TrtioError, match="prefixes of a hybrid spec-decode setup are not supported"):
+            s.pin_prefix(0, int(s.base_lengths[0]))
+        assert s._recurrent is not None and s._recurrent.rows.free == DEFAULT_MAX_PREFIXES, "no snapshot row taken"

@@ -552,6 +552,17 @@ class SpecDecodeSetup(SetupBase):
         self._start_round()
         return self.io.output_logits
 
+    def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
+        """As :meth:`SetupBase.pin_prefix <trtio.setups.base.SetupBase.pin_prefix>` (a speculative prefix keeps one
+        entry fewer than asked: the draft's last one depends on the next token). Refused on a hybrid base, whose
+        recurrent states are those after the slot's last token, not the prefix's."""
+        if self._recurrent is not None:
+            self._check_usable()
+            raise TrtioError("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid "
+                             "base's recurrent states are those after the slot's last token; prefixes of a hybrid "
+                             "spec-decode setup are not supported (start each sequence from its whole prompt)")
+        return super().pin_prefix(slot, tokens, stream)
+
     @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
