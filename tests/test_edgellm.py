@@ -8,6 +8,7 @@ The fixtures are configs written by NVIDIA's tensorrt-edgellm 0.11.0 package its
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import pickle
@@ -34,11 +35,8 @@ TINY_LLM = SHARED / "qwen3-tiny-llm"
 TINY_PAIR = SHARED / "qwen3-tiny-eagle3"
 GENERATED = FIXTURES / "edgellm"
 
-# Generated fixtures trtio must refuse, and the key whose family it names first.
-REFUSED = {
-    "qwen3.5-mtp-tiny": "spec_decode_type",
-    "qwen3-dflash-tiny": "spec_decode_type",
-}
+# Every generated fixture opens (gemma4-*: tests/test_gemma4.py; qwen3.5-mtp-tiny, qwen3-dflash-tiny:
+# tests/test_spec_families.py); a family trtio does not bind is refused when it binds, naming the key.
 # Tensor-parallel builds (config_world{N}.json): read per rank, tested in their own section.
 TENSOR_PARALLEL = {"qwen3-tp2-tiny", "qwen3-tiny-tp2"}
 
@@ -47,8 +45,7 @@ def _dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*config*.json"))) if root.is_dir() else []
 
 
-SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in REFUSED and
-             p.name not in TENSOR_PARALLEL]
+SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in TENSOR_PARALLEL]
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -165,6 +162,9 @@ def test_every_fixture_opens_and_maps_every_field(folder: Path) -> None:
     for role, cfg in d:
         raw = _load(folder / CONFIG_FILES[role])
         assert d.raw(role) == raw
+        if role == "base" and raw.get("spec_decode_type") == "dflash":  # the layers its draft's config names
+            assert list(cfg.eagle_hidden_state_layers) == d.raw("draft")["dflash_config"]["target_layer_ids"]
+            cfg = dataclasses.replace(cfg, eagle_hidden_state_layers=())
         assert_maps_every_field(cfg, raw)
         assert LLMEngineConfig.from_edgellm(folder / CONFIG_FILES[role]) == cfg
         assert LLMEngineConfig.from_edgellm(raw) == cfg
@@ -191,25 +191,23 @@ def test_mapping_agrees_with_the_hugging_face_source(folder: Path) -> None:
         assert cfg.rope_theta == theta
     factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 1.0))
     assert cfg.rotary_dim == round(cfg.head_dim * factor)
-    if d.kind == "spec_decode":
+    family = d.raw("base").get("spec_decode_type") if d.kind == "spec_decode" else None
+    if family == "mtp":  # the MTP head is part of the base's checkpoint: one layer reading the last hidden state
+        assert d.draft_config.num_attention_layers == text.get("mtp_num_hidden_layers", 1) == 1
+        assert d.draft_config.base_model_hidden_size == cfg.hidden_size and cfg.eagle_hidden_state_layers == ()
+    elif family == "dflash":
+        draft_hf = _load(folder / "draft_hf_config.json")
+        assert d.draft_config.hidden_size == draft_hf["hidden_size"]
+        targets = draft_hf["dflash_config"]["target_layer_ids"]
+        assert list(cfg.eagle_hidden_state_layers) == targets
+        assert d.draft_config.base_model_hidden_size == len(targets) * cfg.hidden_size
+    elif d.kind == "spec_decode":
         draft_hf = _load(folder / "draft_hf_config.json")
         assert d.draft_config.hidden_size == draft_hf["hidden_size"]
         assert d.draft_config.output_vocab_size == draft_hf["draft_vocab_size"]
         assert list(cfg.eagle_hidden_state_layers) == draft_hf["target_layer_ids"]
         n_layers, target_hidden = len(draft_hf["target_layer_ids"]), draft_hf["target_hidden_size"]
         assert d.draft_config.base_model_hidden_size == n_layers * target_hidden
-
-
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_generated_fixtures_of_unsupported_families_are_refused(name: str) -> None:
-    folder = GENERATED / name
-    if not folder.is_dir():
-        pytest.skip(f"{folder.name} is not among the fixtures here")
-    with pytest.raises(ConfigError) as info:
-        EngineDir.open(folder)
-    key = REFUSED[name]
-    assert info.value.field.endswith(f"config.json: {key}")
-    assert "which trtio does not support yet" in str(info.value)
 
 
 def test_shared_fixtures_open() -> None:
@@ -503,8 +501,8 @@ BAD_PAIRS = [
      "base_config.json: builder_config.max_verify_tree_size", "is required"),
     ("base spec type none", lambda r: r.update(spec_decode_type="none"), None, "base_config.json: spec_decode_type",
      "expected one of 'eagle3'"),
-    ("mtp pair", lambda r: r.update(spec_decode_type="mtp"), None, "base_config.json: spec_decode_type",
-     "marks speculative decoding of type 'mtp'"),
+    ("jetspec pair", lambda r: r.update(spec_decode_type="jetspec"), None, "base_config.json: spec_decode_type",
+     "marks speculative decoding of type 'jetspec'"),
     ("draft without base_model_hidden_size", None, lambda r: r.pop("base_model_hidden_size"),
      "draft_config.json: base_model_hidden_size", "is required"),
     ("draft without draft_vocab_size", None, lambda r: r.pop("draft_vocab_size"),
@@ -518,7 +516,7 @@ BAD_PAIRS = [
     ("batch disagrees", None, lambda r: r["builder_config"].update(max_batch_size=2, max_kv_pool_pages=2),
      "draft_config.json: builder_config.max_batch_size", "2 differs from the base's 4"),
     ("spec types disagree", None, lambda r: r.update(spec_decode_type="mtp"), "draft_config.json: spec_decode_type",
-     "speculative decoding of type 'mtp'"),
+     "is 'mtp', but base_config.json says 'eagle3'"),
     ("draft vocab beyond base", None, lambda r: r.update(draft_vocab_size=1024), "draft_config.json: draft_vocab_size",
      "1024 exceeds the base's vocab_size (512"),
 ]

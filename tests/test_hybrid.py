@@ -95,15 +95,15 @@ def test_the_recurrent_kind_is_told_from_the_keys(changes: dict[str, Any], kind:
     (QWEN35 / "config.json", {"num_attention_layers": 3}, "num_attention_layers", "lists 2 attention layers"),
     (QWEN35 / "config.json", {"conv_dim": None}, "conv_dim", "is required"),
     (QWEN35 / "config.json", {"recurrent_state_dtype": "fp8"}, "recurrent_state_dtype", "'fp32'"),
-    (QWEN35 / "config.json", {"engine_role": "base", "spec_decode_type": "eagle3"}, "engine_role",
-     "speculative decoding over recurrent layers"),
+    (QWEN35 / "config.json", {"engine_role": "draft", "spec_decode_type": "mtp", "draft_vocab_size": 1000,
+                              "base_model_hidden_size": 128}, "engine_role", "drafts of attention layers only"),
     (NEMOTRON, {"conv_dim": 96}, "conv_dim", "convolves 128 channels"),
 ])
 def test_hybrid_keys_that_do_not_fit_are_refused_naming_the_key(source: Path, changes: dict[str, Any], key: str,
                                                                  needle: str) -> None:
     raw = _edit(source, **changes)
-    if changes.get("engine_role") == "base":
-        raw["builder_config"].update(spec_base=True, max_verify_tree_size=8)
+    if changes.get("engine_role") == "draft":
+        raw["builder_config"].update(spec_draft=True, max_draft_tree_size=8)
     with pytest.raises(ConfigError) as info:
         LLMEngineConfig.from_edgellm(raw, what="cfg.json")
     assert info.value.field == f"cfg.json: {key}"

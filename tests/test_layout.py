@@ -249,7 +249,7 @@ CORE_SUBLAYERS = {
     "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
                "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
     "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config", "edgellm",
-                "checkpoint", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
+                "checkpoint", "spec_families", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
     "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "state", "recurrent", "contracts", "pipeline_io",
               "vision", "lora"},
 }

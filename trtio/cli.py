@@ -215,7 +215,7 @@ def _demo_tokens(text: str) -> int:
     return value
 
 
-_TOY_NAMES = "toy-llm, toy-eagle, toy-llm-ragged, toy-eagle3-ragged, toy-llm-tp2 or toy-llm-tp4"
+_TOY_NAMES = "toy-llm, toy-eagle, toy-llm-ragged, toy-eagle3-ragged, toy-mtp-ragged, toy-llm-tp2 or toy-llm-tp4"
 _MODULES = ["auto", "tensorrt", "tensorrt_rtx"]
 
 

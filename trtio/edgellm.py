@@ -34,6 +34,7 @@ from trtio.checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directo
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, InvalidTypeError
+from trtio.spec_families import dflash_target_layers, family_of, fed_layers
 from trtio.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 
 __all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
@@ -131,7 +132,7 @@ class EngineDir:
             configs[role] = LLMEngineConfig.from_edgellm(data, what=str(file))
             raw[role] = data
         if kind == "spec_decode":
-            _check_pair(root, configs["base"], configs["draft"])
+            configs["base"] = _check_pair(root, configs["base"], configs["draft"])
         return cls(root, kind, configs, raw, visual=_visual(root, configs["llm" if kind == "llm" else "base"]))
 
     @classmethod
@@ -535,16 +536,27 @@ def _check_role(file: Path, data: Any, role: str) -> None:
                                                   f"{found!r} engine")
 
 
-def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> None:
-    """The base and the draft must be one deployment; name the numbers that disagree."""
+def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> LLMEngineConfig:
+    """The base and the draft must be one deployment; name the numbers that disagree. Returns the base config, with
+    a DFlash draft's ``dflash_config.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the layers its
+    ``hidden_states`` output concatenates: the base config does not name them)."""
     bfile, dfile = root / CONFIG_FILES["base"], root / CONFIG_FILES["draft"]
     btype, dtype = base.extras.get("spec_decode_type"), draft.extras.get("spec_decode_type")
     if btype != dtype:
         raise ConfigError(f"{dfile}: spec_decode_type", f"is {dtype!r}, but {bfile.name} says {btype!r}; base and "
                                                         "draft must be one speculative family")
-    n = len(base.eagle_hidden_state_layers) or 3  # EAGLE3 feeds 3 base layers to its draft
+    family = family_of(base.extras, "base") or "eagle3"
+    if family == "dflash":
+        targets = dflash_target_layers(draft.extras, f"{dfile}: dflash_config")
+        bad = [i for i in targets if i >= base.num_layers]
+        if bad:
+            raise ConfigError(f"{dfile}: dflash_config.target_layer_ids",
+                              f"{list(targets)}: {bad} outside the base's {base.num_layers} layers ({bfile.name})")
+        base = dataclasses.replace(base, eagle_hidden_state_layers=targets).validate()
+    n = fed_layers(family, base.eagle_hidden_state_layers)
     layers = (f"the {n} layers of eagle_hidden_state_layers {list(base.eagle_hidden_state_layers)}"
-              if base.eagle_hidden_state_layers else f"{n} layers (EAGLE3's count; {bfile.name} names none)")
+              if base.eagle_hidden_state_layers else
+              "its last layer (MTP)" if family == "mtp" else f"{n} layers (EAGLE3's count; {bfile.name} names none)")
     if draft.base_model_hidden_size != n * base.hidden_size:
         raise ConfigError(f"{dfile}: base_model_hidden_size",
                           f"{draft.base_model_hidden_size} does not match the base: {bfile.name} feeds the draft "
@@ -562,6 +574,7 @@ def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> No
                                                         "base tokens")
     if draft.is_mrope and not base.is_mrope:
         raise ConfigError(f"{dfile}: rope_scaling", f"uses MRoPE but the base ({bfile.name}) does not")
+    return base
 
 
 # -- tensor-parallel directories ----------------------------------------------------------------

@@ -79,8 +79,8 @@ from trtio.errors import ConfigError
 from trtio.gemma4_config import GEMMA4_KEYS, Gemma4Config, is_gemma4, read_gemma4
 from trtio.rope import RopeScaling
 
-__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "TENSOR_PARALLEL_KEYS", "UNSUPPORTED_MARKERS", "MappedConfig",
-           "map_edgellm_config", "unsupported_features"]
+__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "SPEC_DECODE_TYPES", "TENSOR_PARALLEL_KEYS",
+           "UNSUPPORTED_MARKERS", "MappedConfig", "map_edgellm_config", "unsupported_features"]
 
 log = logging.getLogger("trtio")
 
@@ -90,7 +90,8 @@ KV_PAGE_SIZE = 128
 #: The only ``builder_config.ragged_backend`` Edge-LLM 0.11's runtime accepts.
 RAGGED_BACKEND = "entry_padded_compatibility"
 ROLES = ("llm", "base", "draft")  # engine_role values trtio binds
-_SPEC_DECODE_TYPES = ("eagle3",)  # the speculative families trtio has a step protocol for
+#: The speculative families trtio reads (``trtio.spec_families`` says which it runs).
+SPEC_DECODE_TYPES = ("eagle3", "mtp", "dflash")
 _KV_DTYPES = ("fp16", "bf16", "fp32", "fp8", "int8")
 _EDGELLM_VERSION = "0.11"
 
@@ -369,9 +370,9 @@ def _unsupported_modes(r: _Reader) -> _Found:
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))
     spec_type = r.raw("spec_decode_type")
     if r.raw("engine_role") in ("base", "draft") and isinstance(spec_type, str) and spec_type != "none" \
-            and spec_type not in _SPEC_DECODE_TYPES:
+            and spec_type not in SPEC_DECODE_TYPES:
         found.append(("spec_decode_type", f"speculative decoding of type {spec_type!r}",
-                      "trtio binds EAGLE3 pairs only"))
+                      f"trtio reads {list(SPEC_DECODE_TYPES)} pairs only"))
     return found
 
 
@@ -577,7 +578,7 @@ def _check_spec_mode(r: _Reader, role: str) -> None:
             raise r.error("spec_decode_type", f"is {spec_type!r} but engine_role is 'llm'; a non-speculative engine "
                                               "has spec_decode_type 'none'")
     else:
-        r.str_("spec_decode_type", _SPEC_DECODE_TYPES, meaning=f"the speculative family of a {role} engine")
+        r.str_("spec_decode_type", SPEC_DECODE_TYPES, meaning=f"the speculative family of a {role} engine")
         r.used.discard("spec_decode_type")  # no trtio field holds it: it stays in extras
     for key, want in (("builder_config.spec_base", role == "base"), ("builder_config.spec_draft", role == "draft")):
         value = r.bool_(key)
@@ -674,10 +675,9 @@ def _hybrid(r: _Reader, attention_layers: int, role: str) -> dict[str, Any]:
         return out
     if r.has("num_linear_attn_layers") and n_linear != recurrent:
         raise r.error("num_linear_attn_layers", f"is {n_linear} but layer_types lists {recurrent} recurrent layers")
-    if role != "llm":
-        raise r.error("engine_role", f"is {role!r} on a hybrid model: speculative decoding over recurrent layers "
-                                     "(per-token intermediate states, committed by snapshot or replay) is not "
-                                     "supported yet; the config is refused rather than bound wrong")
+    if role == "draft":
+        raise r.error("engine_role", "is 'draft' on a hybrid model: trtio runs drafts of attention layers only (an "
+                                     "MTP or EAGLE3 draft); the config is refused rather than bound wrong")
     for key in ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
                 "recurrent_state_size"):
         out[key] = r.int_(key, meaning="the recurrent layers' state geometry")

@@ -36,7 +36,8 @@ from trtio.registry import ProfileShapes, TensorSpec
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["DEFAULT_MAX_PREFIXES", "RecurrentStates", "is_recurrent_state", "recurrent_problems",
+__all__ = ["DEFAULT_MAX_PREFIXES", "RecurrentStates", "intermediate_state_specs", "is_recurrent_state",
+           "recurrent_problems",
            "recurrent_state_names", "recurrent_state_specs"]
 
 #: Snapshot rows a hybrid setup keeps for pinned prefixes unless ``max_prefixes=`` says otherwise.
@@ -74,6 +75,23 @@ def recurrent_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) ->
         inputs.append(TensorSpec(past, "input", dtype, shape, fixed, declared=declared))
         outputs.append(TensorSpec(present, "output", dtype, shape, declared=declared))
     return inputs + outputs
+
+
+def intermediate_state_specs(cfg: LLMEngineConfig) -> list[TensorSpec]:
+    """A hybrid spec-decode base's per-token states (``intermediate_conv_state_j`` then
+    ``intermediate_recurrent_state_j``, ``[physical tokens, ...]``: each verified token's state, which accept commits
+    into its sequence's slot in "snapshot" mode). Empty for any other engine."""
+    if cfg.role != "base" or not cfg.is_hybrid:
+        return []
+    n = cfg.num_recurrent_layers
+    out = []
+    for template, pools in ((names.kIntermediateConvStateTemplate, names.kConvStateTemplate),
+                            (names.kIntermediateRecurrentStateTemplate, names.kRecurrentStateTemplate)):
+        dtype, row = _geometry(cfg, pools)
+        for j in range(n):
+            out.append(TensorSpec(f"{template}_{j}", "output", dtype, (("batch", "seq_len"), *row),
+                                  declared=(-1, *row)))
+    return out
 
 
 def _recurrent_layer(name: str) -> int | None:

@@ -20,8 +20,11 @@ import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
+from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
+from trtio.recurrent import intermediate_state_specs
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio.spec_families import family_of
 from trtio.staging import constant
 
 __all__ = [
@@ -133,8 +136,12 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     add(names.kLogits, "output", f32, (R, cfg.output_vocab_size))
     if role == "base":
         add(names.kOutputHiddenStates, "output", act, (T, output_hidden_width(cfg)))
+        for spec in intermediate_state_specs(cfg):  # a hybrid base's per-token verify states (trtio.recurrent)
+            reg.add(spec)
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
+    if role == "draft" and family_of(cfg.extras, role) == "dflash":
+        return dflash_draft_registry(cfg, reg)  # block drafts read other inputs (trtio.contracts.dflash)
     return reg
 
 

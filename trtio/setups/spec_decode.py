@@ -42,6 +42,7 @@ from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
+from trtio.recurrent import DEFAULT_MAX_PREFIXES
 from trtio.setups.base import EngineGraphStats, Prompt, SetupBase
 from trtio.setups.binding import (
     BoundEngine,
@@ -56,8 +57,11 @@ from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
 from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draft_shape
 from trtio.setups.drafting import DraftTree
+from trtio.setups.llm import recurrent_states
 from trtio.setups.sequences import Sequences
+from trtio.setups.snapshots import IntermediateStates, is_chain
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
+from trtio.spec_families import check_pair_runs
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import StreamLike
 from trtio.tensor import Tensor
@@ -102,6 +106,7 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
     bundle.validate()
     if bundle.draft is None or bundle.spec is None:
         raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
+    check_pair_runs(bundle.base, bundle.draft, "create_for_spec_decode")
     base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"), "base engine")
     draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
                               "draft engine")
@@ -191,9 +196,19 @@ class SpecDecodeSetup(SetupBase):
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([base_engine, draft_engine],
                                                                                  backend=be))
+            # A hybrid base's verify writes per-token states; accept commits the accepted one (trtio.setups.snapshots).
+            # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too. (Entered
+            # before the base's executor, which binds them: closed after it.)
+            rows = mb * max(base_cfg.max_supported_input_length, base_cfg.max_verify_tree_size)
+            self._states = None if not base_cfg.is_hybrid else stack.enter_context(
+                IntermediateStates(base_cfg, rows, backend=be))
             self.base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
                                     context_memory=self._context_memory, graphs=graphs, rope=self._rope, stream=s,
                                     resources=stack, name="base", io=io)
+            if self._states is not None:
+                self._states.attach(self.base.state.tensors, self.base.tensor_map)
+            # a hybrid base's admissions zero (or restore) its slots' recurrent states, as an LLMSetup's do
+            self._recurrent = recurrent_states(self.base, DEFAULT_MAX_PREFIXES, be, s, stack)
             self.draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg),
                                      max_batch=mb, backend=be, context_memory=self._context_memory, graphs=graphs,
                                      rope=self._rope, stream=s, resources=stack, name="draft", io=io)
@@ -211,7 +226,7 @@ class SpecDecodeSetup(SetupBase):
         self._catch_up = CatchUp(io, self._steps, base_width=spec.base_output_hidden_dim,
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
-        self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1)
+        self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1, recurrent=self._recurrent)
         self._dims = _StepDims()
         self._phase = Phase.EMPTY  # the one order of calls (see Phase); the fields below are its phases' data
         self._prompt: Prompt | None = None  # PROMPTED: the base prefill awaiting its draft prefill
@@ -413,6 +428,9 @@ class SpecDecodeSetup(SetupBase):
         e = self.base
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
+        if self._states is not None and not is_chain(t.parents, t.real):
+            raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; its "
+                             f"recurrent layers run the rows in order), got parents {t.parents.tolist()}")
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
@@ -466,8 +484,10 @@ class SpecDecodeSetup(SetupBase):
         given = paths if type(paths) is list else self._host_input(paths, "paths")
         order, _key, lengths, whole = self._step_lengths(self.base)
         state = self.base.state
-        acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, self._stream(stream),
-                                                      staged=self._verify_starts)
+        s = self._stream(stream)
+        acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, s, staged=self._verify_starts)
+        if self._states is not None:  # the accepted node's states into each sequence's slot ("snapshot")
+            self._states.commit(order, self._accepted_rows[np.arange(b), acc - 1], s)
         if whole:
             lengths += acc
         else:
@@ -532,6 +552,17 @@ class SpecDecodeSetup(SetupBase):
         self._start_round()
         return self.io.output_logits
 
+    def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
+        """As :meth:`SetupBase.pin_prefix <trtio.setups.base.SetupBase.pin_prefix>` (a speculative prefix keeps one
+        entry fewer than asked: the draft's last one depends on the next token). Refused on a hybrid base, whose
+        recurrent states are those after the slot's last token, not the prefix's."""
+        if self._recurrent is not None:
+            self._check_usable()
+            raise TrtioError("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid "
+                             "base's recurrent states are those after the slot's last token; prefixes of a hybrid "
+                             "spec-decode setup are not supported (start each sequence from its whole prompt)")
+        return super().pin_prefix(slot, tokens, stream)
+
     @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
@@ -549,8 +580,12 @@ class SpecDecodeSetup(SetupBase):
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: the shared PipelineIO, both KV states, staging, RoPE tables and
-        the shared context memory."""
-        return self._report("create_for_spec_decode", include_context_memory)
+        the shared context memory (and a hybrid base's intermediate states)."""
+        report = self._report("create_for_spec_decode", include_context_memory)
+        if self._states is None or self._recurrent is None:
+            return report
+        return MemoryReport.combine("create_for_spec_decode",
+                                    [report, self._states.report(), self._recurrent.report()])
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"

@@ -714,6 +714,8 @@ class ReferenceExecutionContext:
         if g.role == "draft":  # hidden_states: the final stream at the logits rows
             return (-1, g.h) if rows is None else (rows[0], g.h)
         emb = self._shapes.get(names.kInputsEmbeds)
+        if decl.name != names.kOutputHiddenStates:  # a hybrid base's intermediate states: a row per token
+            return decl.shape if emb is None else (emb[0], *decl.shape[1:])
         return (-1, g.hidden_out) if emb is None else (emb[0], g.hidden_out)
 
     def infer_shapes(self) -> list[str]:

@@ -521,7 +521,8 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     x = xp.where(unmapped[:, None, None], xp.float32(np.nan), x)
     rope_rows = io[names.kRopeCosSin].reshape(n, width, -1)  # float32 [S, W, R]: each row its own
     rope = _rope(xp, rope_rows, g.r) if g.use_rope else _no_rope
-    recurrent = _recurrent_layers(xp, mm, g, w, io, valid, scratch, checked=checked) if g.types else None
+    recurrent = _recurrent_layers(xp, mm, g, w, io, valid, scratch, checked=checked,
+                                  verify=phase == ragged_contract.PHASE_VERIFY) if g.types else None
     x = _run_layers(xp, mm, g, w, x, rope, kv, visible,
                     lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch, all_reduce,
                     recurrent)
@@ -542,11 +543,16 @@ def _no_rope(t: Any) -> Any:
 
 
 def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, io: Mapping[str, Any],
-                      valid: Any, scratch: Any, *, checked: bool) -> Callable[[int, Any], Any]:
+                      valid: Any, scratch: Any, *, checked: bool, verify: bool = False) -> Callable[[int, Any], Any]:
     """A hybrid step's recurrent layers (``docs/toy-model.md``, "Hybrid models"): ``layer(j, x)`` runs recurrent layer
     ``j`` over ``x`` ([S, W, H] float32), token column by token column, from the state rows of each sequence's slot
     (``state_indices``) and writes them back; padding rows leave the states as they were. Checked steps refuse a slot
-    outside the pools or given to two sequences; unchecked ones clip it."""
+    outside the pools or given to two sequences; unchecked ones clip it.
+
+    A spec-decode base's verify (``verify``, an engine declaring ``intermediate_conv_state_j``): the tokens are a
+    chain, each token's states are written to its row of ``intermediate_conv_state_j`` /
+    ``intermediate_recurrent_state_j`` and the pools are left as they were ("snapshot" mode: accept commits the
+    accepted token's row; ``docs/edgellm-assumptions.md`` §11)."""
     slots = io[names.kStateIndices].astype(xp.int64)  # [S]
     n, width = valid.shape
     rows = io[names.conv_state(0)].shape[0]
@@ -561,6 +567,7 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
         return lambda a: _load(xp, _store(xp, a, dtype), dtype)
 
     round_conv, round_state = round_to(g.conv_dtype), round_to(g.state_dtype)
+    snapshots = verify and names.intermediate_conv_state(0) in io
 
     def layer(j: int, x: Any) -> Any:
         conv_pool, state_pool = io[names.conv_state(j)], io[names.recurrent_state(j)]
@@ -575,9 +582,15 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
             conv[...] = xp.where(keep[:, None, None], new_conv, conv)
             state[...] = xp.where(keep[:, None, None, None], new_state, state)
             out[:, col] = y
+            if snapshots:  # every row's states after its token (a padding row's: its sequence's last)
+                io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])[:, col] = \
+                    _store(xp, conv, g.conv_dtype)
+                io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])[:, col] = \
+                    _store(xp, state, g.state_dtype)
             scratch.release(token_mark)  # a token's temporaries: the next one reuses their scratch
-        conv_pool[slots] = _store(xp, conv, g.conv_dtype)
-        state_pool[slots] = _store(xp, state, g.state_dtype)
+        if not snapshots:
+            conv_pool[slots] = _store(xp, conv, g.conv_dtype)
+            state_pool[slots] = _store(xp, state, g.state_dtype)
         return out
 
     return layer

@@ -13,7 +13,9 @@ fed a trtio Tensor last written on another stream; each of those decode rows is 
 own rows, so that they follow the same calls). Beside ``prepare + execute`` of the engine alone, ``prepare +
 execute`` replaying the decode step's own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative
 round of 3 levels timed as one call. On the ragged contract, also a LoRA build of the LLM: its decode step with and
-without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`).
+without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`); and an MTP round (the base
+feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify of
+4 nodes, accept, catch-up) timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -43,8 +45,8 @@ from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
-__all__ = ["INPUTS", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity", "device_tensor",
-           "format_results", "machine_name", "null_engine", "run"]
+__all__ = ["INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity",
+           "device_tensor", "format_results", "machine_name", "mtp_bundle", "null_engine", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -133,6 +135,8 @@ def device_tensor(backend: Backend, shape: Sequence[int], rng: np.random.Generat
 INPUTS = ("device", "host", "torch")
 ROUND = "speculative round (3 levels + verify + accept + draft_accept)"
 ROUND_LEVELS = 3
+#: An MTP pair's round (ragged contract): a chain of 3 drafted tokens, a verify of the 4-node chain, accept, catch-up.
+MTP_ROUND = "MTP round (chain of 3 + verify + accept + draft_accept)"
 
 
 def copy_row(helper: str) -> str:
@@ -380,6 +384,57 @@ def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: in
         prompt.close()
 
 
+def mtp_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
+    """The 8B-class base of ``bundle`` as an MTP base (``hidden_states``: its last layer's stream [T, H]) with a
+    one-layer MTP draft reading it, chain drafting 3 deep (verify trees of 4 nodes)."""
+    assert bundle.draft is not None
+    base = dataclasses.replace(bundle.base, eagle_hidden_state_layers=()).validate()
+    draft = dataclasses.replace(bundle.draft, base_model_hidden_size=HIDDEN, vocab_size=base.vocab_size,
+                                output_vocab_size=base.vocab_size).validate()
+    spec = SpecDecodeConfig(base_output_hidden_dim=HIDDEN, draft_hidden_size=HIDDEN, max_verify_size=64,
+                            max_draft_proposal_size=ROUND_LEVELS, drafting_top_k=1, drafting_step=ROUND_LEVELS,
+                            verify_size=ROUND_LEVELS + 1)
+    return DeploymentConfig(base, draft, spec).validate()
+
+
+def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
+              inputs: str = "device") -> None:
+    """:data:`MTP_ROUND` timed as one call, its steps fed ``inputs``."""
+    rng = np.random.default_rng(2)
+    assert bundle.draft is not None
+    base, draft = null_engine(bundle.base, backend), null_engine(bundle.draft, backend)
+    with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
+        for e in sd.engines():
+            e.state.reset(stream, clear=True)
+        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
+        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 2)
+        try:
+            level = feed.array((BATCH, 1, HIDDEN))
+            chain = feed.in_place((BATCH, ROUND_LEVELS + 1, HIDDEN))
+            catch_up = feed.in_place((BATCH, PATH, HIDDEN))
+            lens = np.full(BATCH, 16)
+            sd.base_prefill(prompt, lens)
+            sd.draft_prefill(prompt, lens)
+            parents = list(range(-1, ROUND_LEVELS))  # the root and 3 chained nodes
+            path = [0, 1, 2, 3]
+
+            def whole_round() -> None:
+                for _ in range(ROUND_LEVELS - 1):  # level 1's token comes from the catch-up's logits
+                    sd.draft_propose(level)
+                sd.verify(chain(), parents)
+                sd.accept([path] * BATCH)
+                sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+
+            for r in range(rounds + 2):  # two warm-up rounds capture every graph
+                if r >= 2:
+                    clock(MTP_ROUND, whole_round)
+                else:
+                    whole_round()
+        finally:
+            feed.free()
+            prompt.close()
+
+
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
                           clock: _Clock) -> None:
     """The decode step of ``llm`` split across ``n`` ranks for each of ``sizes`` (heads and KV heads split evenly,
@@ -473,8 +528,9 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
             clock = _Clock(backend, stream)
             _llm_rows(llm, backend, stream, steps, clock, inputs)
             _spec_rows(bundle, backend, stream, rounds, clock, inputs)
-            if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch
+            if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch; an MTP round
                 _lora_rows(llm, backend, stream, steps, clock, inputs)
+                _mtp_rows(mtp_bundle(bundle), backend, stream, rounds, clock, inputs)
             out[contract] = {name: clock.row(name) for name in clock.alone}
         finally:
             stream.close()

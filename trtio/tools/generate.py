@@ -290,6 +290,9 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
     if not opts.speculative:
         return 1, 1
     k = 1 if opts.draft_top_k is None else opts.draft_top_k
+    if k > 1 and base.is_hybrid:
+        raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a hybrid base verifies one chain per round (its "
+                                                        "recurrent layers run a step's tokens in order); use 1")
     cap = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1)  # draft nodes a round may have
     if k > cap:
         raise ConfigError(RUNTIME_FLAGS["draft_top_k"],

@@ -1,0 +1,294 @@
+"""MTP pairs (a base whose ``hidden_states`` is its last layer's stream ``[T, H]``; a one-layer draft with its own KV)
+run through the EAGLE3 phases: speculative tokens equal the base's greedy tokens, chain and tree, over a changing
+batch (admissions, releases, a reused slot), with CUDA graphs on and off.
+
+The toy pair is ``toy-mtp-ragged``: a one-layer base and a draft whose layer is the base's (``ToyWeights.
+generate_draft``), so its guesses are the base's next tokens but where the first token tips the choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio.edgellm import EngineDir
+from trtio.recurrent import DEFAULT_MAX_PREFIXES
+from trtio.rope import rope_cos_sin_table
+from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing.toy_engines import default_engines_dir
+
+ENGINES = default_engines_dir()
+MTP = ENGINES / "toy-mtp-ragged"
+HYBRID = ENGINES / "toy-qwen35-mtp-ragged"  # a Gated-DeltaNet base (a recurrent and an attention layer)
+E = toy_embedding(512, 64)
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return str(request.param)
+
+
+def mtp_setup(k: int, depth: int, device: str = "host", *, graphs: bool = False,
+              directory: Path = MTP) -> trtio.SpecDecodeSetup:
+    bundle = EngineDir.open(directory).deployment(k, depth, 1 + k * depth)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),
+                                        ReferenceEngine.from_config(bundle.draft, device=device, weights=dw),
+                                        bundle, graphs=graphs)
+
+
+def emb(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings [batch, longest, H] (padded with token 0) and the lengths."""
+    width = max(len(r) for r in rows)
+    ids = np.array([r + [0] * (width - len(r)) for r in rows])
+    return E[ids].astype(np.float16), np.array([len(r) for r in rows])
+
+
+class Rounds:
+    """Greedy speculative rounds over a setup's active slots: ``k`` chains drafted ``depth`` deep (one chain when
+    ``k`` is 1), verified as one tree, the longest agreeing chain accepted with the base's next token."""
+
+    def __init__(self, setup: trtio.SpecDecodeSetup, k: int, depth: int) -> None:
+        self.setup, self.k, self.depth = setup, k, depth
+        # verify node 0 is the pending token; drafted node j (level j // k, chain j % k) is node j + 1
+        self.parents = np.array([-1] + [0 if j < k else j - k + 1 for j in range(k * depth)], np.int64)
+        self.depth_of = np.array([0] + [j // k + 1 for j in range(k * depth)])
+        self.seqs: dict[int, dict[str, Any]] = {}  # slot -> {"tokens", "draft": draft logits at the root}
+        self.drafted = self.accepted = 0
+
+    def admit(self, slot: int, prompt: list[int]) -> dict[str, Any]:
+        s = self.setup
+        x, lens = emb([prompt])
+        first = int(s.base_prefill(x, lens, slots=[slot]).to_numpy()[0].argmax())
+        draft = s.draft_prefill(emb([prompt[1:] + [first]])[0], lens, slots=[slot]).to_numpy()[0]
+        self.seqs[slot] = q = {"tokens": prompt + [first], "draft": draft}
+        return q
+
+    def release(self, slot: int) -> None:
+        self.setup.release([slot])
+        del self.seqs[slot]
+
+    def round(self) -> None:
+        s, k = self.setup, self.k
+        order = s.active.tolist()
+        seqs = [self.seqs[slot] for slot in order]
+        b = len(order)
+        level = np.stack([np.argsort(-q["draft"], kind="stable")[:k] for q in seqs])  # [b, k]
+        levels = [level]
+        for n in range(1, self.depth):
+            par = np.full(k, -1) if n == 1 else np.arange(k) + (n - 2) * k
+            logits = s.draft_propose(E[level].astype(np.float16), parents=par).to_numpy().reshape(b, k, -1)
+            level = logits.argmax(-1)
+            levels.append(level)
+        tokens = np.concatenate([np.array([[q["tokens"][-1]] for q in seqs]), *levels], axis=1)  # [b, N]
+        n_nodes = tokens.shape[1]
+        greedy = s.verify(E[tokens].astype(np.float16), self.parents).to_numpy().reshape(b, n_nodes, -1).argmax(-1)
+        paths, emitted = [], []
+        for t, g in zip(tokens, greedy):
+            ok = np.zeros(n_nodes, bool)
+            ok[0] = True
+            for node in range(1, n_nodes):
+                ok[node] = ok[self.parents[node]] and t[node] == g[self.parents[node]]
+            best = int(np.argmax(np.where(ok, self.depth_of, -1)))
+            path = [best]
+            while path[-1] != 0:
+                path.append(int(self.parents[path[-1]]))
+            path.reverse()
+            paths.append(path)
+            emitted.append([int(t[n]) for n in path[1:]] + [int(g[best])])
+            self.drafted += self.depth
+            self.accepted += len(path) - 1
+        s.accept(paths)
+        x, lens = emb(emitted)
+        draft = s.draft_accept(x, lens).to_numpy()
+        for q, e, d in zip(seqs, emitted, draft):
+            q["tokens"] += e
+            q["draft"] = d
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafted levels over drafted levels (``depth`` per sequence and round)."""
+        return self.accepted / self.drafted
+
+
+def greedy(directory: Path, prompt: list[int], count: int) -> list[int]:
+    """The numpy base's greedy tokens after ``prompt`` (``count`` of them), each over the whole sequence from zero
+    states (no cache, no trtio step)."""
+    base = EngineDir.open(directory).base_config
+    weights = ToyWeights.generate(base, 0)
+    rope = rope_cos_sin_table(base.max_kv_cache_capacity, base.rotary_dim, base.rope_theta)
+    tokens = list(prompt)
+    while len(tokens) < len(prompt) + count:
+        tokens.append(int(reference_forward(weights, base, E[tokens].astype(np.float16), rope=rope)[1][-1].argmax()))
+    return tokens
+
+
+PROMPTS = [[int(t) for t in np.random.default_rng(r).integers(3, 512, n)] for r, n in enumerate((14, 5, 21, 9, 11))]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("directory, k, depth", [(MTP, 1, 3), (MTP, 2, 3), (HYBRID, 1, 3)],
+                         ids=["chain", "tree", "hybrid-chain"])
+def test_mtp_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: str, directory: Path, k: int,
+                                                                         depth: int, graphs: bool) -> None:
+    """Requests admitted between rounds into chosen slots, one released and its slot reused by a new request: each
+    request's tokens are the base's greedy tokens after its prompt; no KV page is held after the last release. On
+    the hybrid base every accept commits the accepted token's recurrent states into its slot ("snapshot")."""
+    plan = {0: [("admit", 0, 2)], 1: [("admit", 1, 0)], 2: [("admit", 2, 3)],
+            4: [("release", 3, None), ("admit", 3, 3)], 5: [("admit", 4, 1)]}
+    requests: dict[int, dict[str, Any]] = {}
+    with mtp_setup(k, depth, device, graphs=graphs, directory=directory) as setup:
+        run = Rounds(setup, k, depth)
+        free = setup.kv_pages.free
+        for step in range(8):
+            for what, req, slot in plan.get(step, []):
+                if what == "admit":
+                    requests[req] = run.admit(slot, PROMPTS[req])
+                else:
+                    run.release(req)
+            run.round()
+        assert sorted(setup.active.tolist()) == [0, 1, 2, 3]
+        if graphs:
+            stats = setup.graph_stats
+            assert stats["base"].hits > 0 and stats["draft"].hits > 0, "rounds replay their graphs"
+        for slot in list(run.seqs):
+            run.release(slot)
+        assert setup.kv_pages.free == free, "every page came back"
+    for req, q in requests.items():
+        n = len(q["tokens"]) - len(PROMPTS[req])
+        assert q["tokens"] == greedy(directory, PROMPTS[req], n), f"request {req}: the base's greedy tokens"
+
+
+def test_the_toy_mtp_draft_guesses_most_of_the_bases_tokens() -> None:
+    """Chain drafting 3 deep on toy-mtp-ragged: at least 60% of drafted levels accepted."""
+    with mtp_setup(1, 3) as setup:
+        run = Rounds(setup, 1, 3)
+        for slot, prompt in enumerate(PROMPTS[:4]):
+            run.admit(slot, prompt)
+        for _ in range(6):
+            run.round()
+    assert run.acceptance >= 0.6, f"{run.acceptance:.0%} of drafted levels accepted"
+
+
+def test_the_mtp_draft_reads_the_bases_last_hidden_state_of_width_h() -> None:
+    """The pair's spec section: the draft reads hidden_size features (MTP: the base's last layer), not 3 x."""
+    bundle = EngineDir.open(MTP).deployment(1, 3, 4)
+    assert bundle.spec is not None and bundle.draft is not None
+    assert bundle.spec.base_output_hidden_dim == bundle.base.hidden_size == 64
+    assert bundle.draft.num_attention_layers == 1 and bundle.base.eagle_hidden_state_layers == ()
+
+
+def test_the_mtp_draft_reads_the_bases_last_layer_stream_as_hidden_states_input() -> None:
+    """Draft prefill of the prompt shifted by one: its logits at the last row are the numpy draft's over those
+    embeddings with ``hidden_states_input`` = the base's final stream [T, H] (a draft weighing it 100x the toy's,
+    so that a wrong or missing feature shows)."""
+    bundle = EngineDir.open(MTP).deployment(1, 3, 4)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    dw = dataclasses.replace(dw, wh=dw.wh * 100)
+    prompt = PROMPTS[0]
+    with trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device="host", weights=bw),
+                                      ReferenceEngine.from_config(bundle.draft, device="host", weights=dw),
+                                      bundle) as s:
+        x, lens = emb([prompt])
+        first = int(s.base_prefill(x, lens, slots=[0]).to_numpy()[0].argmax())
+        shifted = prompt[1:] + [first]
+        got = s.draft_prefill(emb([shifted])[0], lens, slots=[0]).to_numpy()[0]
+    rope = rope_cos_sin_table(bundle.base.max_kv_cache_capacity, bundle.base.rotary_dim, bundle.base.rope_theta)
+    hidden, _ = reference_forward(bw, bundle.base, E[prompt].astype(np.float16), rope=rope)
+    _, logits = reference_forward(dw, bundle.draft, E[shifted].astype(np.float16), rope=rope,
+                                  hidden_input=hidden.astype(np.float16),
+                                  hidden_from_draft=np.zeros_like(hidden, dtype=np.float16))
+    want = logits[-1] - logits[-1].max()
+    want -= np.log(np.exp(want).sum())  # the draft engine returns log-probabilities
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    assert np.abs(dw.wh).max() > 0.05, "the feature weighs enough to show"
+
+
+def test_a_hybrid_base_verifies_chains_only_and_refuses_a_tree_before_any_work() -> None:
+    """Its recurrent layers run a step's rows in order (no tree inputs): a verify tree that is not a chain is a
+    ShapeError naming it, with nothing enqueued; the chain then verifies."""
+    with mtp_setup(2, 1, directory=HYBRID) as s:
+        x, lens = emb([PROMPTS[0]])
+        s.base_prefill(x, lens, slots=[0])
+        ops = s.io.backend.op_count
+        with pytest.raises(trtio.ShapeError, match="a hybrid base verifies a chain"):
+            s.verify(E[[[5, 6, 7]]].astype(np.float16), [-1, 0, 0])
+        assert s.io.backend.op_count == ops, "nothing was enqueued"
+        s.verify(E[[[5, 6, 7]]].astype(np.float16), [-1, 0, 1])
+
+
+def test_a_hybrid_accept_commits_the_accepted_tokens_states_in_one_device_operation() -> None:
+    """After a verify of 3 chained tokens, accepting 2 of them leaves the slot's states as a prefill of the prompt
+    and those 2 tokens leaves them; the commit (KV and states) costs a fixed number of device operations."""
+    prompt = PROMPTS[1]
+
+    def accept_ops(s: trtio.SpecDecodeSetup) -> int:
+        x, lens = emb([prompt])
+        s.base_prefill(x, lens, slots=[1])
+        s.verify(E[[[7, 8, 9]]].astype(np.float16), [-1, 0, 1])
+        ops = s.io.backend.op_count
+        s.accept([[0, 1]])
+        return int(s.io.backend.op_count - ops)
+
+    with mtp_setup(1, 2) as dense:
+        kv_ops = accept_ops(dense)
+    with mtp_setup(1, 2, directory=HYBRID) as s, mtp_setup(1, 2, directory=HYBRID) as alone:
+        commit_ops = accept_ops(s) - kv_ops
+        x, lens = emb([prompt + [7, 8]])
+        alone.base_prefill(x, lens, slots=[1])
+        for name in ("conv_state_0", "recurrent_state_0"):
+            got, want = s.base.state.tensors[name].to_numpy()[1], alone.base.state.tensors[name].to_numpy()[1]
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3, rtol=2e-3,
+                                       err_msg=name)
+    # the host backend runs a fused copy's parts one by one: one strided copy per kind (conv, recurrent) for the
+    # sequence; on the cuda backend they are one launch
+    assert commit_ops == 2, f"the states' commit: {commit_ops} device operations"
+
+
+@pytest.mark.parametrize("name", ["toy-mtp-ragged", "toy-qwen35-mtp-ragged"])
+def test_trtio_generate_speculative_on_the_mtp_toys_prints_the_bases_greedy_text(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio generate --speculative`` on an MTP toy prints what the base alone prints, and says how many drafted
+    tokens it accepted (at least 60% on these toys); a tree on the hybrid base is refused naming the flag."""
+    pytest.importorskip("tokenizers")
+    from trtio.cli import main  # noqa: PLC0415
+
+    def run(*flags: str) -> tuple[int, str, str]:
+        rc = main(["generate", str(ENGINES / name), "--prompt", "Once upon a time", "--max-new-tokens", "24",
+                   "--backend", "host", *flags])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, alone, err = run()
+    assert rc == 0, err
+    rc, out, err = run("--speculative", "--draft-step", "3")
+    assert rc == 0, err
+    assert out == alone
+    rate = float(err.strip().splitlines()[-1].split(" verify steps, ")[1].split("%")[0])
+    assert rate >= 60
+    if name == "toy-qwen35-mtp-ragged":
+        rc, out, err = run("--speculative", "--draft-top-k", "2", "--draft-step", "3")
+        assert rc != 0 and "--draft-top-k: is 2, but a hybrid base verifies one chain per round" in err
+
+
+def test_a_hybrid_spec_setup_refuses_prefixes_whose_states_would_hold_one_token_more() -> None:
+    """A speculative prefix keeps one token fewer than the slot (the draft's last entry waits for the next token),
+    but the slot's recurrent states are those after its last token: pin_prefix is refused, nothing pinned."""
+    with mtp_setup(1, 3, directory=HYBRID) as s:
+        run = Rounds(s, 1, 3)
+        run.admit(0, PROMPTS[0])
+        run.round()
+        with pytest.raises(trtio.TrtioError, match="prefixes of a hybrid spec-decode setup are not supported"):
+            s.pin_prefix(0, int(s.base_lengths[0]))
+        assert s._recurrent is not None and s._recurrent.rows.free == DEFAULT_MAX_PREFIXES, "no snapshot row taken"
