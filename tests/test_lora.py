@@ -1,6 +1,6 @@
 """LoRA adapters on Edge-LLM engines (issue 37): the engine's LoRA inputs, LoraAdapter, LLMSetup.set_lora.
 
-The engines are ReferenceEngines of ``tests/fixtures/toy-lora`` (the ragged toy with ``max_lora_rank`` 8), whose
+The engines are ReferenceEngines of ``engines/toy-lora-ragged`` (the ragged toy with ``max_lora_rank`` 8), whose
 linears add ``x @ A @ B``; the ground truth is ``toy_model.reference_forward`` on the toy's weights merged with the
 adapter's (``W + A @ B``: ``reference_lora.merged_weights``), recomputed from scratch. Tests taking ``device`` also
 run on the cuda backend with GPU ReferenceEngines where a GPU answers (``-m gpu``).
@@ -27,10 +27,11 @@ from trtio.engine import EngineIO, TensorInfo
 from trtio.lora import LoraAdapter, LoraInputs
 from trtio.testing import ReferenceEngine, reference_forward, toy_embedding
 from trtio.testing.reference_lora import lora_modules, merged_weights, toy_adapter
+from trtio.testing.toy_dirs import toy_engine_dir
 from trtio.testing.toy_runtime import embed_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
-TOY_LORA = FIXTURES / "toy-lora"
+TOY_LORA = toy_engine_dir("toy-lora-ragged")
 QWEN3_LORA = FIXTURES / "edgellm-0.11" / "qwen3-lora"
 E = toy_embedding(512, 64)
 PROMPTS = [[1, 5, 9, 200, 17, 3], [7, 8]]
@@ -443,3 +444,14 @@ def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
         for s in streams:
             s.close()
     np.testing.assert_array_equal(got, want)
+
+
+def test_generate_takes_one_of_the_directorys_adapters_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    texts = []
+    for lora in ("chat", str(TOY_LORA / "adapters" / "chat")):
+        assert main(["generate", "toy-lora-ragged", "--prompt", "hello world", "--max-new-tokens", "8",
+                     "--backend", "host", "--lora", lora]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
