@@ -467,9 +467,10 @@ def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
 
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     out = run_lora(default_engines_dir(), prompts, 6, get_backend("host"))["toy-lora-ragged"]
-    assert out["ok"] and out["changed"] and out["again"]
+    assert out["ok"] and out["merged"] and out["changed"] and out["again"]
     assert out["adapters"] == {"chat": [8], "terse": [4]} and out["max_rank"] == 8
     assert out["tokens"]["chat again"] == out["tokens"]["chat"] != out["tokens"]["none"]
     assert out["graph_stats"]["hits"] > 0
     line = format_lora({"toy-lora-ragged": out})[0]
-    assert "the adapters change the tokens: yes; chat set again after terse gives its tokens again: yes" in line
+    assert "each adapter's tokens are the merged-weights model's: yes; the adapters change the tokens: yes; chat " \
+        "set again after terse gives its tokens again: yes" in line
