@@ -474,3 +474,28 @@ def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
     line = format_lora({"toy-lora-ragged": out})[0]
     assert "each adapter's tokens are the merged-weights model's: yes; the adapters change the tokens: yes; chat " \
         "set again after terse gives its tokens again: yes" in line
+
+
+def test_the_oldest_adapter_copy_is_freed_past_the_cache_limit_and_uploaded_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import trtio._cache
+    import trtio.lora
+
+    monkeypatch.setattr(trtio.lora, "CACHE_LIMIT", 2)
+    monkeypatch.setattr(trtio._cache, "CACHE_LIMIT", 2)
+    cfg = lora_cfg()
+    eng = _engine(cfg, "host")
+    chat, terse = adapters()
+    third = toy_adapter(cfg, 2, seed=5, name="third")
+    with trtio.create_for_llm(eng, cfg) as setup:
+        lora = setup._lora
+        assert lora is not None
+        for adapter in (chat, terse, third):
+            setup.set_lora(adapter)
+        assert lora.resident == 2 and not lora.knows(chat) and lora.knows(terse) and lora.knows(third)
+        setup.set_lora(terse)  # kept: no upload
+        assert lora.resident == 2 and lora.knows(third)
+        setup.set_lora(chat)  # uploaded again, in place of the oldest but the bound one (third)
+        assert lora.resident == 2 and lora.knows(chat) and lora.knows(terse) and not lora.knows(third)
+        out, toks = _run(setup, 2)
+        _check_against_merged(eng, cfg, chat, out, toks)

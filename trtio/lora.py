@@ -354,8 +354,7 @@ class LoraSlots(Closeable):
 
     def knows(self, adapter: LoraAdapter) -> bool:
         """Whether ``adapter`` has its device copy here (it was checked and set before)."""
-        found = self._uploads.get(id(adapter))
-        return found is not None and found.adapter is adapter
+        return id(adapter) in self._uploads
 
     def _set_views(self, ranks: tuple[int, ...]) -> None:
         for m, r in zip(self.inputs.modules, ranks):
@@ -363,17 +362,18 @@ class LoraSlots(Closeable):
             self.tensors[m.b_name].reshape((r, m.out_features))
 
     def upload(self, adapter: LoraAdapter, stream: Stream) -> _DeviceAdapter:
-        """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept."""
+        """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept (the
+        cache holds the adapter, so its id names it alone). With :data:`~trtio._cache.CACHE_LIMIT` copies kept, the
+        oldest but the bound adapter's is freed first, once ``stream`` (ordered after every earlier call) has run
+        the copies that read it."""
         self._check_open()
         found = self._uploads.get(id(adapter))
-        if found is not None and found.adapter is adapter:
+        if found is not None:
             return found
-        if found is not None:  # another adapter at a freed one's id
-            self._uploads.pop(id(adapter)).close()
         if len(self._uploads) >= CACHE_LIMIT:
-            oldest = next(iter(self._uploads))
-            if self._uploads[oldest].adapter is not self.adapter:
-                self._uploads.pop(oldest).close()
+            key = next(k for k, u in self._uploads.items() if u.adapter is not self.adapter)
+            stream.synchronize()
+            self._uploads.pop(key).close()
         return self._uploads.put(id(adapter), _DeviceAdapter(adapter, self.inputs, self._backend, stream))
 
     def use(self, adapter: LoraAdapter | None, stream: Stream) -> bool:
