@@ -217,12 +217,17 @@ def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:
         LoraAdapter.from_arrays({"m": (a.T, b.T)}, name="peft")
 
 
-def test_adapter_arrays_are_read_only_copies() -> None:
+def test_adapter_arrays_are_read_only_copies_and_adapters_compare_by_identity() -> None:
     a = np.ones((64, 2), np.float16)
-    adapter = LoraAdapter.from_arrays({"model.layers.0.self_attn.q_proj": (a, np.ones((2, 64), np.float16))})
+    weights = {"model.layers.0.self_attn.q_proj": (a, np.ones((2, 64), np.float16))}
+    adapter = LoraAdapter.from_arrays(weights)
     a[:] = 7
     held = adapter.weights["model.layers.0.self_attn.q_proj"][0]
     assert (held == 1).all() and not held.flags.writeable
+    with pytest.raises(TypeError):
+        adapter.weights["x"] = (a, a)  # type: ignore[index]
+    twin = LoraAdapter.from_arrays(weights)
+    assert adapter == adapter and adapter != twin and len({adapter, twin}) == 2
 
 
 # -- set_lora on the host backend (and on the GPU with -m gpu) -------------------------------------------

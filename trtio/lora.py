@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class LoraModule:
         return _DTYPE.nbytes((self.in_features + self.out_features) * rank)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: a setup keeps each adapter's device copy by it
 class LoraAdapter:
     """One LoRA adapter on the host: per module, ``A`` ``[in, r]`` and ``B`` ``[r, out]`` (numpy float16; the
     scaling ``alpha / r`` already folded into ``B``, as Edge-LLM's ``process-lora`` writes it).
@@ -122,7 +123,7 @@ class LoraAdapter:
                 out[module] = (a, b)
         if problems:
             raise InvalidValueError(f"LoraAdapter {name!r}: " + "; ".join(problems))
-        return cls(name, out)
+        return cls(name, MappingProxyType(out))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, name: str | None = None) -> LoraAdapter:
