@@ -250,7 +250,8 @@ CORE_SUBLAYERS = {
                "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
     "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config", "edgellm",
                 "checkpoint", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "gemma4", "state", "recurrent", "contracts", "pipeline_io", "vision", "lora"},
+    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "state", "recurrent", "contracts", "pipeline_io",
+              "vision", "lora"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 

@@ -477,6 +477,9 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
                                   "an int; give head_dim")
     head_dim = r.int_("head_dim", default=hidden // heads)
     gemma4 = _gemma4(r) if is_gemma4(data) else None
+    if gemma4 is not None and role != "llm":
+        raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
+                                     "pools in a verify tree) is not bound by trtio; refused rather than bound wrong")
     if gemma4 is None:
         rotary_dim = _rotary_dim(r, head_dim)
         theta = r.number("rope_theta", default=10000.0, low=0.0)

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtio import names
 from trtio.config import LLMEngineConfig
+from trtio.engine import EngineIO
 from trtio.errors import CapacityError, ConfigError, InvalidValueError, ShapeError
 from trtio.gemma4_config import Gemma4Config
 
-__all__ = ["BoundedSwaPages", "SwaMode", "choose_swa_mode", "split_ple"]
+__all__ = ["BoundedSwaPages", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,25 @@ def choose_swa_mode(cfg: LLMEngineConfig, max_batch: int, *, engine_mode_max: in
     return SwaMode(True, budget, private,
                    f"window {g.sliding_window} tokens: {max_batch} sequences x {private} pages instead of "
                    f"{full_pages}")
+
+
+def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int) -> SwaMode:
+    """The SWA mode a setup binds for ``eio`` (a Gemma 4 engine's declared I/O): the full mode, with the reason
+    (:func:`choose_swa_mode`'s, or that the bounded mode fits but the setups bind the full one so far)."""
+    mode_max = eio[names.kSwaKVCacheMode].max_shape()[0] if names.kSwaKVCacheMode in eio else 0
+    g = cfg.gemma4
+    assert g is not None
+    lo, hi = cfg.kv_pool_pages, cfg.kv_pool_pages
+    for i in range(g.num_layers):
+        past = names.past_key_values(i)
+        if g.is_sliding(i) and past in eio and eio[past].profiles:
+            lo = min(lo, min(p[0][1] for p in eio[past].profiles))
+            hi = max(hi, max(p[2][1] for p in eio[past].profiles))
+    possible = choose_swa_mode(cfg, max_batch, engine_mode_max=mode_max, engine_swa_pages=(lo, hi))
+    if possible.bounded:
+        return SwaMode(False, cfg.kv_pool_pages, 0, f"the engine and config allow the {possible.describe()}; trtio's "
+                                                    "setups bind the full mode so far")
+    return possible
 
 
 @dataclass

@@ -20,6 +20,7 @@ from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
+from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
@@ -35,7 +36,7 @@ from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
 __all__ = ["BoundEngine", "RopeTables", "bind_engine", "check_engine", "declared_problems", "engine_backend",
-           "engine_io", "fill_mrope", "profile_problems", "with_contract"]
+           "engine_io", "fill_gemma4", "fill_mrope", "profile_problems", "with_contract"]
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -189,7 +190,11 @@ class RopeTables(Closeable):
 
 
 def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
-    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied)."""
+    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied); Gemma 4's
+    sliding layers' (its full layers' is :func:`fill_gemma4`'s)."""
+    if cfg.gemma4 is not None:
+        rows = cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
     return rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch,
                               scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
 
@@ -198,6 +203,13 @@ def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
     if cfg.is_mrope:
         io.mrope_cos_sin.copy_from(_rope_table(cfg, io.max_batch), stream)
+
+
+def fill_gemma4(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
+    """Gemma 4's full layers' RoPE table (``full_rope_config``: proportional or not), which its steps gather from."""
+    if cfg.gemma4 is not None:
+        rows = cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        io.member(GEMMA4_FULL_TABLE).copy_from(rows, stream)
 
 
 def _start_index_may_be_empty(engine_io: EngineIO) -> bool:

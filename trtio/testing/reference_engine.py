@@ -83,6 +83,7 @@ from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
+from trtio.testing.reference_gemma4 import Gemma4Weights, gemma4_forward
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _BumpAllocator,
@@ -201,6 +202,13 @@ class ReferenceEngine:
         self._gpu_scatter: _GpuScatterRows | None = None
         self._device_id = -1
         self._context_ids = itertools.count()
+        # Gemma 4 (trtio.testing.reference_gemma4): per-layer geometry, its own weights; computed on the host only.
+        self._gemma4: Gemma4Weights | None = None
+        if getattr(cfg, "gemma4", None) is not None and not self._null_compute:
+            if device == "gpu":
+                raise InvalidValueError("ReferenceEngine: the toy Gemma 4 model computes on the host only (device="
+                                        "'host'); give null_compute=True for a GPU engine that computes nothing")
+            self._gemma4 = Gemma4Weights.generate(cfg, seed)
         if device == "gpu" and not self._null_compute:
             cupy = _import_cupy()
             self._device_id = int(cupy.cuda.runtime.getDevice())
@@ -884,6 +892,13 @@ class ReferenceExecutionContext:
 
     def _compute_host(self, plan: _Plan, stream: int) -> None:
         engine = self._engine
+        if engine._gemma4 is not None:
+            try:
+                with np.errstate(all="ignore"):
+                    gemma4_forward(engine.config, engine._gemma4, plan.views)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"{self.name}: execute_async_v3: {exc}") from None
+            return
         assert engine._host_weights is not None
         weights = engine._bound_weights(np, engine._host_weights, plan.views)
         try:
