@@ -61,6 +61,10 @@ say "trtio generate toy-llm-ragged (the toy directory by name)"
 trtio generate toy-llm-ragged --prompt "Once upon a time" --max-new-tokens 6 > generate.txt
 grep -q "^Once upon a time" generate.txt
 
+say "trtio generate toy-lora-ragged --lora chat (an adapter of the package data, by name)"
+trtio generate toy-lora-ragged --lora chat --prompt "Once upon a time" --max-new-tokens 6 > lora.txt
+grep -q "^Once upon a time" lora.txt
+
 say "trtio generate toy-vlm-ragged --image (a PNG, read with the vision extra's Pillow)"
 python3 -c "import numpy as np; from PIL import Image; Image.fromarray((np.arange(56 * 84 * 3) % 251).astype(np.uint8).reshape(56, 84, 3)).save('picture.png')"
 trtio generate toy-vlm-ragged --image picture.png --prompt "Describe it." --max-new-tokens 6 > vision.txt

@@ -1,4 +1,4 @@
-"""Write the toy LoRA engine directory, ``tests/fixtures/toy-lora`` (issue 37), from the repository root::
+"""Write the toy LoRA engine directory, ``engines/toy-lora-ragged`` (issue 37), from the repository root::
 
     PYTHONPATH=. python3 scripts/make_toy_lora.py
 
@@ -23,7 +23,7 @@ from trtio.testing.reference_lora import toy_adapter
 from trtio.testing.toy_dirs import toy_engine_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = ROOT / "tests" / "fixtures" / "toy-lora"
+TARGET = ROOT / "engines" / "toy-lora-ragged"
 #: name -> (rank, seed, modules: None for every one)
 ADAPTERS = {"chat": (8, 1, None), "terse": (4, 2, ("q_proj", "v_proj"))}
 MAX_RANK = 8

@@ -19,7 +19,7 @@ difference only where the reference barely preferred its token):
 * ``set_lora(None)`` after an adapter gives the tokens of never having set one (rank 0 everywhere);
 * adapter A after adapter B gives A's tokens again (a switch leaves nothing behind).
 
-CI runs the same functions on a copy of ``tests/fixtures/toy-lora`` with host ReferenceEngines standing in for the
+CI runs the same functions on a copy of ``engines/toy-lora-ragged`` with host ReferenceEngines standing in for the
 plan (``load_engine`` patched) and its two toy adapters.
 """
 
@@ -36,10 +36,11 @@ from test_edgellm_engines import Target, assert_same_tokens, embedding_of, greed
 
 from trtio import LLMEngineConfig, LLMSetup, LoraAdapter
 from trtio.testing import ReferenceEngine
+from trtio.testing.toy_dirs import toy_engine_dir
 
 ENV_DIR = "TRTIO_EDGELLM_LORA_DIR"
 ENV_ADAPTERS = "TRTIO_EDGELLM_LORA_ADAPTERS"
-TOY_LORA = Path(__file__).parent / "fixtures" / "toy-lora"
+TOY_LORA = toy_engine_dir("toy-lora-ragged")
 STEPS = 6
 
 
@@ -55,7 +56,7 @@ def _real() -> list[object]:
                          f"{ENV_DIR}-unset")]
 
 
-@pytest.fixture(params=[*_real(), "toy-lora"])
+@pytest.fixture(params=[*_real(), "toy-lora-ragged"])
 def lora_target(request: pytest.FixtureRequest, tmp_path: Path) -> LoraTarget:
     param = request.param
     if param is None:
@@ -66,7 +67,7 @@ def lora_target(request: pytest.FixtureRequest, tmp_path: Path) -> LoraTarget:
         if not adapters:
             pytest.skip(f"{ENV_ADAPTERS} is not set: name one or two adapters for {param}")
         return LoraTarget(Target(param), adapters)
-    path = tmp_path / "toy-lora"
+    path = tmp_path / "toy-lora-ragged"
     shutil.copytree(TOY_LORA, path)  # the links to the toy assets copied as files
 
     def stand_in(role: str, cfg: LLMEngineConfig) -> ReferenceEngine:

@@ -1,6 +1,6 @@
 """LoRA adapters on Edge-LLM engines (issue 37): the engine's LoRA inputs, LoraAdapter, LLMSetup.set_lora.
 
-The engines are ReferenceEngines of ``tests/fixtures/toy-lora`` (the ragged toy with ``max_lora_rank`` 8), whose
+The engines are ReferenceEngines of ``engines/toy-lora-ragged`` (the ragged toy with ``max_lora_rank`` 8), whose
 linears add ``x @ A @ B``; the ground truth is ``toy_model.reference_forward`` on the toy's weights merged with the
 adapter's (``W + A @ B``: ``reference_lora.merged_weights``), recomputed from scratch. Tests taking ``device`` also
 run on the cuda backend with GPU ReferenceEngines where a GPU answers (``-m gpu``).
@@ -27,10 +27,11 @@ from trtio.engine import EngineIO, TensorInfo
 from trtio.lora import LoraAdapter, LoraInputs
 from trtio.testing import ReferenceEngine, reference_forward, toy_embedding
 from trtio.testing.reference_lora import lora_modules, merged_weights, toy_adapter
+from trtio.testing.toy_dirs import toy_engine_dir
 from trtio.testing.toy_runtime import embed_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
-TOY_LORA = FIXTURES / "toy-lora"
+TOY_LORA = toy_engine_dir("toy-lora-ragged")
 QWEN3_LORA = FIXTURES / "edgellm-0.11" / "qwen3-lora"
 E = toy_embedding(512, 64)
 PROMPTS = [[1, 5, 9, 200, 17, 3], [7, 8]]
@@ -216,12 +217,17 @@ def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:
         LoraAdapter.from_arrays({"m": (a.T, b.T)}, name="peft")
 
 
-def test_adapter_arrays_are_read_only_copies() -> None:
+def test_adapter_arrays_are_read_only_copies_and_adapters_compare_by_identity() -> None:
     a = np.ones((64, 2), np.float16)
-    adapter = LoraAdapter.from_arrays({"model.layers.0.self_attn.q_proj": (a, np.ones((2, 64), np.float16))})
+    weights = {"model.layers.0.self_attn.q_proj": (a, np.ones((2, 64), np.float16))}
+    adapter = LoraAdapter.from_arrays(weights)
     a[:] = 7
     held = adapter.weights["model.layers.0.self_attn.q_proj"][0]
     assert (held == 1).all() and not held.flags.writeable
+    with pytest.raises(TypeError):
+        adapter.weights["x"] = (a, a)  # type: ignore[index]
+    twin = LoraAdapter.from_arrays(weights)
+    assert adapter == adapter and adapter != twin and len({adapter, twin}) == 2
 
 
 # -- set_lora on the host backend (and on the GPU with -m gpu) -------------------------------------------
@@ -443,3 +449,58 @@ def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
         for s in streams:
             s.close()
     np.testing.assert_array_equal(got, want)
+
+
+def test_generate_takes_one_of_the_directorys_adapters_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    texts = []
+    for lora in ("chat", str(TOY_LORA / "adapters" / "chat")):
+        assert main(["generate", "toy-lora-ragged", "--prompt", "hello world", "--max-new-tokens", "8",
+                     "--backend", "host", "--lora", lora]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1]
+
+
+# -- trtio demo ---------------------------------------------------------------------------------------------
+
+
+def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
+    from trtio.cuda.backend import get_backend
+    from trtio.testing.toy_dirs import default_engines_dir
+    from trtio.tools.lora_demo import format_lora, run_lora
+
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    out = run_lora(default_engines_dir(), prompts, 6, get_backend("host"))["toy-lora-ragged"]
+    assert out["ok"] and out["merged"] and out["changed"] and out["again"]
+    assert out["adapters"] == {"chat": [8], "terse": [4]} and out["max_rank"] == 8
+    assert out["tokens"]["chat again"] == out["tokens"]["chat"] != out["tokens"]["none"]
+    assert out["graph_stats"]["hits"] > 0
+    line = format_lora({"toy-lora-ragged": out})[0]
+    assert "each adapter's tokens are the merged-weights model's: yes; the adapters change the tokens: yes; chat " \
+        "set again after terse gives its tokens again: yes" in line
+
+
+def test_the_oldest_adapter_copy_is_freed_past_the_cache_limit_and_uploaded_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import trtio._cache
+    import trtio.lora
+
+    monkeypatch.setattr(trtio.lora, "CACHE_LIMIT", 2)
+    monkeypatch.setattr(trtio._cache, "CACHE_LIMIT", 2)
+    cfg = lora_cfg()
+    eng = _engine(cfg, "host")
+    chat, terse = adapters()
+    third = toy_adapter(cfg, 2, seed=5, name="third")
+    with trtio.create_for_llm(eng, cfg) as setup:
+        lora = setup._lora
+        assert lora is not None
+        for adapter in (chat, terse, third):
+            setup.set_lora(adapter)
+        assert lora.resident == 2 and not lora.knows(chat) and lora.knows(terse) and lora.knows(third)
+        setup.set_lora(terse)  # kept: no upload
+        assert lora.resident == 2 and lora.knows(third)
+        setup.set_lora(chat)  # uploaded again, in place of the oldest but the bound one (third)
+        assert lora.resident == 2 and lora.knows(chat) and lora.knows(terse) and not lora.knows(third)
+        out, toks = _run(setup, 2)
+        _check_against_merged(eng, cfg, chat, out, toks)

@@ -164,3 +164,14 @@ def test_the_package_data_takes_no_build_output() -> None:
     for rel in ("toy-llm/config.json", "toy-eagle/base/config.json", "toy-eagle3-ragged/base_config.json",
                 "toy-llm-tp2/config_world2.json", "toy-checkpoint/model.safetensors", "README.md"):
         assert _ships(rel, patterns), f"{rel} would not ship"
+
+
+def test_from_a_wheel_the_lora_toy_has_its_adapters(from_a_wheel: Path) -> None:
+    """Issue 37: toy-lora-ragged's adapters are package data, laid out with its directory (generate --lora chat)."""
+    from trtio.lora import LoraAdapter
+
+    path = toy_engine_dir("toy-lora-ragged")
+    assert path.parent == toy_dirs.default_engines_dir() and path.parent != ROOT / "engines"
+    for name, rank in (("chat", 8), ("terse", 4)):
+        adapter = LoraAdapter.load(path / "adapters" / name)
+        assert set(adapter.ranks.values()) == {rank}

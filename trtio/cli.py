@@ -344,8 +344,9 @@ def _add_generate(sub: argparse._SubParsersAction[_Parser]) -> None:
                           "'trtio[vision]', or a .npy uint8 [H, W, 3] array); each goes before the prompt unless the "
                           "prompt places it with the image pad token")
     gen.add_argument("--lora", type=Path, default=None, metavar="PATH",
-                     help="a LoRA adapter (Edge-LLM's process-lora safetensors, or its folder) for a LoRA engine's "
-                          "directory (builder_config.max_lora_rank > 0)")
+                     help="a LoRA adapter (Edge-LLM's process-lora safetensors, or its folder; or the name of one "
+                          "of the directory's adapters/, e.g. toy-lora-ragged's chat) for a LoRA engine's directory "
+                          "(builder_config.max_lora_rank > 0)")
     gen.set_defaults(func=_cmd_generate)
 
 

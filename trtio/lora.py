@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class LoraModule:
         return _DTYPE.nbytes((self.in_features + self.out_features) * rank)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity: a setup keeps each adapter's device copy by it
 class LoraAdapter:
     """One LoRA adapter on the host: per module, ``A`` ``[in, r]`` and ``B`` ``[r, out]`` (numpy float16; the
     scaling ``alpha / r`` already folded into ``B``, as Edge-LLM's ``process-lora`` writes it).
@@ -122,7 +123,7 @@ class LoraAdapter:
                 out[module] = (a, b)
         if problems:
             raise InvalidValueError(f"LoraAdapter {name!r}: " + "; ".join(problems))
-        return cls(name, out)
+        return cls(name, MappingProxyType(out))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, name: str | None = None) -> LoraAdapter:
@@ -354,8 +355,7 @@ class LoraSlots(Closeable):
 
     def knows(self, adapter: LoraAdapter) -> bool:
         """Whether ``adapter`` has its device copy here (it was checked and set before)."""
-        found = self._uploads.get(id(adapter))
-        return found is not None and found.adapter is adapter
+        return id(adapter) in self._uploads
 
     def _set_views(self, ranks: tuple[int, ...]) -> None:
         for m, r in zip(self.inputs.modules, ranks):
@@ -363,17 +363,18 @@ class LoraSlots(Closeable):
             self.tensors[m.b_name].reshape((r, m.out_features))
 
     def upload(self, adapter: LoraAdapter, stream: Stream) -> _DeviceAdapter:
-        """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept."""
+        """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept (the
+        cache holds the adapter, so its id names it alone). With :data:`~trtio._cache.CACHE_LIMIT` copies kept, the
+        oldest but the bound adapter's is freed first, once ``stream`` (ordered after every earlier call) has run
+        the copies that read it."""
         self._check_open()
         found = self._uploads.get(id(adapter))
-        if found is not None and found.adapter is adapter:
+        if found is not None:
             return found
-        if found is not None:  # another adapter at a freed one's id
-            self._uploads.pop(id(adapter)).close()
         if len(self._uploads) >= CACHE_LIMIT:
-            oldest = next(iter(self._uploads))
-            if self._uploads[oldest].adapter is not self.adapter:
-                self._uploads.pop(oldest).close()
+            key = next(k for k, u in self._uploads.items() if u.adapter is not self.adapter)
+            stream.synchronize()
+            self._uploads.pop(key).close()
         return self._uploads.put(id(adapter), _DeviceAdapter(adapter, self.inputs, self._backend, stream))
 
     def use(self, adapter: LoraAdapter | None, stream: Stream) -> bool:

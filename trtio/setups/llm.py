@@ -409,7 +409,8 @@ class LLMSetup(SetupBase):
         on: their cached tokens keep what the adapter before computed.
 
         The first call with an adapter copies its weights into device memory the setup owns (kept until the setup
-        is closed; the last :data:`~trtio._cache.CACHE_LIMIT` adapters); every call then copies them, on
+        is closed, for the last :data:`~trtio._cache.CACHE_LIMIT` adapters: past that, the oldest copy is freed,
+        after ``stream`` is synchronised, and made again if that adapter is set again); every call then copies them, on
         ``stream`` (ordered after the last step), into the engine's bound LoRA buffers: no allocation, no host
         synchronisation. Modules the adapter leaves out take rank 0. Where the ranks change, the engine's input
         shapes do and the next step plans again; CUDA graphs are kept per rank pattern.

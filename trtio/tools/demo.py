@@ -73,6 +73,7 @@ from trtio.tools.admissions import format_admissions, run_admissions, story_requ
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
+from trtio.tools.lora_demo import format_lora, run_lora
 from trtio.tools.options import backend_option, cuda_status
 from trtio.trt import KNOWN_MODULES
 
@@ -435,12 +436,14 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         else:
             assert ragged is not None
             sections["ragged"] = _ragged_section(ragged, opts)
-    hybrid = {}
+    hybrid: dict[str, Any] = {}
+    lora: dict[str, Any] = {}
     if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
         assert ragged is not None
         be, _why = _choose_ragged(opts)
         prompts = demo_prompts(ragged.llm_config.vocab_size, RAGGED_SEED)
         hybrid = run_hybrid(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
+        lora = run_lora(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
@@ -448,8 +451,9 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "max_new_tokens": opts.max_new_tokens,
         "contracts": sections,
         "hybrid": hybrid,
+        "lora": lora,
         "timings": {"total_s": time.perf_counter() - t_start},
-        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in hybrid.values()),
+        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in [*hybrid.values(), *lora.values()]),
     }
 
 
@@ -595,6 +599,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
     for key, section in contracts.items():
         lines += _format_section(key, section) if verbose else [*_brief_section(key, section), ""]
     lines += format_hybrid(s.get("hybrid", {}), verbose=verbose)
+    lines += format_lora(s.get("lora", {}), verbose=verbose)
     if verbose:
         engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
         lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
@@ -603,5 +608,6 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
                      "timings; --json all of it)")
     verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
+    verdicts += [f"{k}: adapters switch cleanly {_yes(x['ok'])}" for k, x in s.get("lora", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)

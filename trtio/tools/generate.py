@@ -116,7 +116,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
     if not ids:
         raise ShapeError(f"--prompt: {opts.prompt!r} has no tokens")
     images = _images(path, kind, opts)
-    adapter = LoraAdapter.load(opts.lora) if opts.lora is not None else None  # a bad file: before any engine
+    adapter = _adapter(path, opts.lora) if opts.lora is not None else None  # a bad file: before any engine
     model = _open(path, kind, opts)
     with model.setup as setup:
         if adapter is not None:
@@ -164,6 +164,14 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
 
 
 # -- opening a directory ----------------------------------------------------------------------------
+
+
+def _adapter(path: Path, lora: Path) -> LoraAdapter:
+    """``--lora``: a path, or the name of one of the directory's own adapters (``adapters/<name>``: the toys')."""
+    own = path / "adapters" / lora
+    if not lora.exists() and len(lora.parts) == 1 and own.is_dir():
+        return LoraAdapter.load(own)
+    return LoraAdapter.load(lora)
 
 
 def _directory_kind(path: Path) -> str:
