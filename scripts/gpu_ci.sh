@@ -4,7 +4,9 @@
 #   2. where TRTIO_EDGELLM_DIR names real Edge-LLM 0.11 engine directories (plain or speculative, several
 #      separated by ':'): pytest -m trt tests/test_edgellm_engines.py on them (finite logits, graphs change
 #      no token, speculative tokens = the base's greedy tokens), then `trtio inspect` on each;
-#      EDGELLM_PLUGIN_PATH names Edge-LLM's plugin library (libNvInfer_edgellm_plugin.so);
+#      EDGELLM_PLUGIN_PATH names Edge-LLM's plugin library (libNvInfer_edgellm_plugin.so); step 1 also runs
+#      tests/test_edgellm_lora_engines.py on a LoRA directory where TRTIO_EDGELLM_LORA_DIR and
+#      TRTIO_EDGELLM_LORA_ADAPTERS (one or two process-lora adapters, ':'-separated) name them;
 #   3. the toy plans built with tensorrt (scripts/build_toy_engines.py), then `trtio inspect` on them;
 #   4. `trtio demo` on those plans (greedy + speculative decoding, streaming, bindings, memory, graphs),
 #      and on GPU ReferenceEngines where CuPy is installed.

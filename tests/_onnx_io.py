@@ -8,7 +8,8 @@ from pathlib import Path
 
 from trtio import DType
 
-ONNX_DTYPES = {"FLOAT16": DType.FLOAT16, "FLOAT": DType.FLOAT32, "INT32": DType.INT32, "INT64": DType.INT64}
+ONNX_DTYPES = {"FLOAT16": DType.FLOAT16, "FLOAT": DType.FLOAT32, "INT32": DType.INT32, "INT64": DType.INT64,
+              "INT8": DType.INT8}
 
 
 def parse_onnx_io(path: Path, graph: str | None = None) -> dict[str, tuple[str, DType, tuple[int, ...]]]:
@@ -26,7 +27,7 @@ def parse_onnx_io(path: Path, graph: str | None = None) -> dict[str, tuple[str, 
         if line.strip() in ("inputs:", "outputs:"):
             io = line.strip()[:-2]
             continue
-        m = re.match(r"^\s+(\S+)\s+(FLOAT16|FLOAT|INT32|INT64)\s+(\[.*\])\s*$", line)
+        m = re.match(r"^\s+(\S+)\s+(FLOAT16|FLOAT|INT32|INT64|INT8)\s+(\[.*\])\s*$", line)
         if m and io:
             dims = ast.literal_eval(m.group(3))
             out[m.group(1)] = (io, ONNX_DTYPES[m.group(2)], tuple(d if isinstance(d, int) else -1 for d in dims))

@@ -84,6 +84,21 @@ def test_the_decode_steps_own_graph_and_a_whole_round_are_timed(capsys: pytest.C
             rows[f"SpecDecodeSetup.{h}"]["device_ops"] for h in ("verify", "accept", "draft_accept"))
 
 
+def test_a_lora_engines_rows_decode_as_the_plain_engine_and_switch_with_one_copy(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 37: on the ragged contract, a LoRA build of the LLM decodes with the device work of the plain engine's
+    decode, with an adapter or without (its graph replayed), and ``set_lora`` switches adapters with one device copy
+    (none allocated, no host synchronisation: the dry-run backend would count the copy of an upload too)."""
+    from trtio.tools.bench_lora import ROWS
+
+    rows = _rows(capsys, "--contract", "ragged")["ragged"]
+    decode = rows["LLMSetup.decode"]["device_ops"]
+    no_adapter, adapter, switch, switch_and_decode = (rows[name]["device_ops"] for name in ROWS)
+    assert no_adapter == adapter == decode
+    assert switch == 1
+    assert switch_and_decode == decode + 1
+
+
 def test_an_mtp_round_is_timed_with_its_device_operations(capsys: pytest.CaptureFixture[str]) -> None:
     """The ragged contract's MTP round (an 8B-class base feeding its last layer's [T, H] stream to a one-layer
     draft): 2 chained proposals (level 1 comes from the catch-up's logits), a verify of the 4-node chain, accept and

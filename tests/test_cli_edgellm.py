@@ -368,14 +368,17 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
         d = _copy(RAGGED_LLM, root, "config.json")
         _edit(d / "config.json", builder_config__max_batch_size=None)
         return d, [], ["config.json: builder_config.max_batch_size: is required"]
-    if kind == "unsupported family":
-        return _copy(EDGELLM / "gemma4-keqv-tiny", root, "config.json"), [], ["global_head_dim",
-                                                                              "per-layer KV head dims", "not support"]
+    if kind == "unsupported family":  # Gemma 4's keys on a model that is not Gemma 4
+        d = _copy(EDGELLM / "gemma4-keqv-tiny", root, "config.json")
+        _edit(d / "config.json", model="qwen3")
+        return d, [], ["global_head_dim", "per-layer KV head dims", "not support"]
     if kind == "unsupported spec family":
         return (_copy(EDGELLM / "qwen3-dflash-tiny", root, "base_config.json", "draft_config.json"), [],
                 ["spec_decode_type", "dflash"])
-    if kind == "gemma":
-        return _copy(EDGELLM / "gemma4-ple-tiny", root, "config.json"), [], ["config.json", "does not support yet"]
+    if kind == "gemma":  # K == V layers (Gemma 4 31B): their pools' layout is not known
+        d = _copy(EDGELLM / "gemma4-ple-tiny", root, "config.json")
+        _edit(d / "config.json", attention_k_eq_v=True)
+        return d, [], ["config.json: attention_k_eq_v", "refused rather than bound wrong"]
     if kind == "non-JSON":
         d = _copy(RAGGED_PAIR, root, "base_config.json", "draft_config.json")
         (d / "draft_config.json").write_text('{"engine_role": "draft",')

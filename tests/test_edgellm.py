@@ -25,6 +25,7 @@ from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
 from trtio._safetensors import bf16_to_float32, e4m3_to_float32, read_safetensors
 from trtio.edgellm import CONFIG_FILES, EngineDir
 from trtio.edgellm_config import unsupported_features
+from trtio.gemma4_config import GEMMA4_KEYS
 from trtio.rope import RopeScaling
 from trtio.testing.toy_engines import default_engines_dir
 
@@ -35,10 +36,8 @@ TINY_PAIR = SHARED / "qwen3-tiny-eagle3"
 GENERATED = FIXTURES / "edgellm"
 
 # Generated fixtures trtio must refuse, and the key whose family it names first.
-REFUSED = {
-    "gemma4-ple-tiny": "global_head_dim",
-    "gemma4-keqv-tiny": "global_head_dim",
-}  # qwen3.5-mtp-tiny and qwen3-dflash-tiny are read (tests/test_spec_families.py)
+# (none now: the Gemma 4 ones bind, issue 34; qwen3.5-mtp-tiny and qwen3-dflash-tiny are read, issue 36)
+REFUSED: dict[str, str] = {}
 # Tensor-parallel builds (config_world{N}.json): read per rank, tested in their own section.
 TENSOR_PARALLEL = {"qwen3-tp2-tiny", "qwen3-tiny-tp2"}
 
@@ -93,14 +92,19 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert cfg.num_attention_heads == raw["num_attention_heads"]
     assert cfg.num_kv_heads == raw["num_key_value_heads"]
     assert cfg.head_dim == raw.get("head_dim", raw["hidden_size"] // raw["num_attention_heads"])
-    assert cfg.rotary_dim == round(cfg.head_dim * raw.get("partial_rotary_factor", 1.0))
+    if cfg.gemma4 is not None:  # the single-table fields describe the sliding layers (the rest: test_gemma4.py)
+        sliding = cfg.gemma4.sliding_rope
+        assert (cfg.rotary_dim, cfg.rope_theta, cfg.rope_type) == (sliding.width, sliding.theta, "rope")
+        used |= {k for k in GEMMA4_KEYS if k in _flat(raw)} | {"layer_types", "kv_layer_configs"}
+    else:
+        assert cfg.rotary_dim == round(cfg.head_dim * raw.get("partial_rotary_factor", 1.0))
+        assert cfg.rope_theta == raw.get("rope_theta", 10000.0)
+        scaling = raw.get("rope_scaling")
+        assert cfg.rope_scaling == RopeScaling.from_hf(scaling)
+        kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+        is_mrope = bool(scaling) and ("mrope_section" in scaling or kind == "mrope")
+        assert cfg.rope_type == ("mrope" if is_mrope else "rope")
     assert cfg.rotary_dim % 2 == 0
-    assert cfg.rope_theta == raw.get("rope_theta", 10000.0)
-    scaling = raw.get("rope_scaling")
-    assert cfg.rope_scaling == RopeScaling.from_hf(scaling)
-    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
-    is_mrope = bool(scaling) and ("mrope_section" in scaling or kind == "mrope")
-    assert cfg.rope_type == ("mrope" if is_mrope else "rope")
     assert cfg.num_deepstack_features == raw.get("num_deepstack_features", 0)
     assert cfg.kv_cache_dtype == _SHORT[raw.get("kv_cache_dtype", "fp16")]
     assert cfg.role == role and cfg.is_spec_decode_base == (role == "base")
@@ -127,10 +131,14 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert b["ragged_backend"] == "entry_padded_compatibility"
     assert cfg.use_rope == raw.get("use_rope", True)
     used.add("use_rope")
+    assert cfg.max_lora_rank == b.get("max_lora_rank", 0)
+    used.add("builder_config.max_lora_rank")
     if "layer_types" in raw:  # a hybrid model (or a uniform table of attention layers)
         used |= {"layer_types", "kv_layer_configs", "num_linear_attn_layers"}
         assert list(cfg.layer_types) == raw["layer_types"]
-        assert [None if e is None else e.to_dict() for e in cfg.kv_layer_configs] == raw.get("kv_layer_configs", [])
+        assert [None if e is None else e.to_dict() for e in cfg.kv_layer_configs] == [
+            None if e is None else {k: e[k] for k in ("num_kv_heads", "head_dim")}
+            for e in raw.get("kv_layer_configs", [])]
     if cfg.is_hybrid:
         recurrent = ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
                      "recurrent_state_size")
@@ -455,7 +463,6 @@ FAMILIES = [
      "per-layer embeddings (Gemma PLE)"),
     ("PLE (inputs only)", lambda r: r.update(num_ple_inputs=8), "num_ple_inputs", "per-layer embeddings"),
     ("dllm role", lambda r: r.update(engine_role="dllm"), "engine_role", "diffusion LLM (dllm) engines"),
-    ("LoRA", lambda r: r["builder_config"].update(max_lora_rank=8), "builder_config.max_lora_rank", "LoRA adapters"),
 ]
 
 

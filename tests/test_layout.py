@@ -248,9 +248,10 @@ def test_layers_are_what_the_design_says() -> None:
 CORE_SUBLAYERS = {
     "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
                "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
-    "binding": {"names", "dims", "rope", "config", "edgellm_config", "visual_config", "edgellm", "checkpoint",
-                "spec_families", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "state", "recurrent", "contracts", "pipeline_io", "vision"},
+    "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config", "edgellm",
+                "checkpoint", "spec_families", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
+    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "state", "recurrent", "contracts", "pipeline_io",
+              "vision", "lora"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 

@@ -39,6 +39,7 @@ from trtio.errors import ExportError as ExportError
 from trtio.errors import InvalidTypeError as InvalidTypeError
 from trtio.errors import InvalidValueError as InvalidValueError
 from trtio.errors import UnknownNameError as UnknownNameError
+from trtio.lora import LoraAdapter
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
@@ -72,6 +73,7 @@ __all__ = [
     # engines and their directories
     "load_engine",
     "EngineDir",
+    "LoraAdapter",
     # configs
     "LLMEngineConfig",
     "SpecDecodeConfig",

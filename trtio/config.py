@@ -21,6 +21,7 @@ from trtio.dims import StepShapes
 from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, NotAvailableError
+from trtio.gemma4_config import Gemma4Config
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
@@ -268,6 +269,8 @@ class LLMEngineConfig(StepShapes):
     conv_state_dtype: str = "float16"
     recurrent_spec_verify_mode: str | None = None  # "snapshot" (GDN) | "replay" (Mamba2)
     use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
+    gemma4: Gemma4Config | None = None  # Gemma 4's per-layer KV, sliding window, KV sharing, dual RoPE and PLE
+    max_lora_rank: int = 0  # LoRA engines: the largest adapter rank the engine takes (0: no LoRA inputs; trtio.lora)
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -290,6 +293,9 @@ class LLMEngineConfig(StepShapes):
             object.__setattr__(self, "layer_types", tuple(types))
         if isinstance(self.kv_layer_configs, (list, tuple)):
             object.__setattr__(self, "kv_layer_configs", tuple(_kv_layer(e) for e in self.kv_layer_configs))
+        gemma4: Any = self.gemma4  # a dict from JSON, or a Gemma4Config
+        if isinstance(gemma4, Mapping):
+            object.__setattr__(self, "gemma4", Gemma4Config.from_dict(gemma4))
         object.__setattr__(self, "recurrent_state_dtype", _dtype_name(self.recurrent_state_dtype))
         object.__setattr__(self, "conv_state_dtype", _dtype_name(self.conv_state_dtype))
         if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
@@ -384,7 +390,7 @@ class LLMEngineConfig(StepShapes):
                   "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
                   "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
         _non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
-                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings")
+                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings", "max_lora_rank")
         _finite_floats(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"{self.num_kv_heads} must divide num_attention_heads "
@@ -458,6 +464,9 @@ class LLMEngineConfig(StepShapes):
             raise ConfigError("num_attention_layers", f"{self.num_attention_layers} differs from the "
                                                       f"{types.count('attention')} 'attention' entries of layer_types "
                                                       "(KV pools are numbered over attention layers only)")
+        if self.gemma4 is not None and self.gemma4.num_layers != self.num_attention_layers:
+            raise ConfigError("gemma4", f"describes {self.gemma4.num_layers} layers but num_attention_layers is "
+                                        f"{self.num_attention_layers}")
         table = self.kv_layer_configs
         if not isinstance(table, tuple):
             raise ConfigError("kv_layer_configs", f"must be a list (one entry per layer), got {_shown(table)}")
@@ -469,8 +478,11 @@ class LLMEngineConfig(StepShapes):
             if recurrent and entry is not None:
                 raise ConfigError(f"kv_layer_configs[{i}]", f"layer {i} is recurrent ({types[i]!r}); its entry must be "
                                                             f"null, got {_shown(entry)}")
+            want = (self.num_kv_heads, self.head_dim)
+            if self.gemma4 is not None and i < self.gemma4.num_layers:  # Gemma 4: each layer its own geometry
+                want = (self.gemma4.kv_heads[i], self.gemma4.head_dims[i])
             if not recurrent and (not isinstance(entry, KVLayerConfig)
-                                  or (entry.num_kv_heads, entry.head_dim) != (self.num_kv_heads, self.head_dim)):
+                                  or (entry.num_kv_heads, entry.head_dim) != want):
                 raise ConfigError(f"kv_layer_configs[{i}]",
                                   f"attention layer {i} must have the model's KV geometry {{num_kv_heads: "
                                   f"{self.num_kv_heads}, head_dim: {self.head_dim}}} (per-layer KV head dims are not "
@@ -521,7 +533,7 @@ class LLMEngineConfig(StepShapes):
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, RopeScaling):
+            if isinstance(value, (RopeScaling, Gemma4Config)):
                 out[f.name] = value.to_dict()
             elif f.name == "kv_layer_configs":
                 out[f.name] = [None if e is None else e.to_dict() if isinstance(e, KVLayerConfig) else e

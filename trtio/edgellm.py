@@ -48,6 +48,8 @@ ENGINE_FILES = {"llm": "llm.engine", "base": "spec_base.engine", "draft": "spec_
 EMBEDDING_FILE = "embedding.safetensors"
 #: An EAGLE3 pair's draft-to-target vocabulary map (absent: the identity).
 D2T_FILE = "d2t.safetensors"
+#: Gemma 4's per-layer embedding table (PLE), beside ``embedding.safetensors``.
+PLE_EMBEDDING_FILE = "ple_embedding.safetensors"
 _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
 #: A vision-language model's encoder: its folder, its engine file and the role :meth:`EngineDir.engine_path` takes.
 VISUAL_DIR = "visual"
@@ -332,6 +334,29 @@ class EngineDir:
                                                     f"{CONFIG_FILES[role]}), got {table.dtype} "
                                                     f"{list(table.array.shape)}")
         return _embedding_float16(file, table, tensors.get("embedding_scale"))
+
+    def ple_embedding_table(self) -> np.ndarray | None:
+        """Gemma 4's per-layer embedding table: float16 ``[rows, L x ple_hidden]`` from ``ple_embedding.safetensors``
+        (tensor ``"weight"``, already scaled by its writer), read-only; None for a directory whose config has no
+        per-layer embeddings. Raises :class:`~trtio.ConfigError` naming the file where it is absent or not
+        ``L x ple_hidden`` wide."""
+        cfg = self._configs.get("llm") if self._kind == "llm" else self._configs.get("base")
+        g = cfg.gemma4 if cfg is not None else None
+        if g is None or not g.has_ple:
+            return None
+        file = self._path / PLE_EMBEDDING_FILE
+        if not file.is_file():
+            raise ConfigError(str(file), "no such file (Edge-LLM writes the per-layer embedding table of a Gemma 4 "
+                                         "model with PLE here)")
+        tensors = read_safetensors(file)
+        if "weight" not in tensors:
+            raise ConfigError(str(file), f"holds no tensor 'weight' (it holds {sorted(tensors)})")
+        table = tensors["weight"]
+        width = g.ple_layers * g.ple_hidden
+        if table.array.ndim != 2 or table.array.shape[1] != width:
+            raise ConfigError(f"{file}: weight", f"expected [vocab, {width}] ({g.ple_layers} layers x ple_hidden_size "
+                                                 f"{g.ple_hidden}), got {table.dtype} {list(table.array.shape)}")
+        return _embedding_float16(file, table, None)
 
     def draft_to_target(self) -> np.ndarray:
         """int64 ``[draft vocab]``: the base token id of each column of the draft's logits (EAGLE3).

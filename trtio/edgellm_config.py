@@ -38,6 +38,7 @@ Edge-LLM key                             trtio field                    note
 ``builder_config.max_kv_pool_pages``     ``kv_pool_pages``              default: batch x ceil(capacity / 128)
 ``builder_config.max_verify_tree_size``  ``max_verify_tree_size``       base: required
 ``builder_config.max_draft_tree_size``   ``max_draft_tree_size``        draft: required
+``builder_config.max_lora_rank``         ``max_lora_rank``              default 0 (no LoRA inputs)
 ``builder_config.ragged_backend``        ``contract = "ragged"``        required:
                                                                         ``entry_padded_compatibility``
 ``layer_types``, ``kv_layer_configs``    same names                     hybrid models; entries 'attention' /
@@ -75,6 +76,7 @@ from trtio._checks import is_int
 from trtio._json import json_kind, read_json
 from trtio.dtypes import DType
 from trtio.errors import ConfigError
+from trtio.gemma4_config import GEMMA4_KEYS, Gemma4Config, is_gemma4, read_gemma4
 from trtio.rope import RopeScaling
 
 __all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "SPEC_DECODE_TYPES", "TENSOR_PARALLEL_KEYS",
@@ -103,7 +105,6 @@ UNSUPPORTED_MARKERS: Mapping[str, tuple[str, ...]] = {
                                  "full_rotary_dim", "global_rope_theta", "builder_config.num_swa_pages"),
     "per-layer embeddings (PLE)": ("ple_enabled", "num_ple_inputs", "ple_hidden_size"),
     "diffusion LLM": ("engine_role", "decoding_strategy"),
-    "LoRA": ("builder_config.max_lora_rank",),
     "speculative family": ("spec_decode_type",),
 }
 
@@ -130,6 +131,7 @@ _SOURCE_KEY = {
     "max_supported_batch_size": "builder_config.max_batch_size",
     "max_supported_input_length": "builder_config.max_input_len",
     "max_kv_cache_capacity": "builder_config.max_kv_cache_capacity",
+    "max_lora_rank": "builder_config.max_lora_rank",
     "kv_pool_pages": "builder_config.max_kv_pool_pages",
     "max_verify_tree_size": "builder_config.max_verify_tree_size",
     "max_draft_tree_size": "builder_config.max_draft_tree_size",
@@ -290,6 +292,8 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     key of the wrong type.
     """
     r = _Reader(data, where)
+    if is_gemma4(data):  # its per-layer KV, KV sharing, dual RoPE and PLE are read by trtio.gemma4_config
+        return _unsupported_modes(r)
     return [*_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
             *_per_layer_embeddings(r), *_unsupported_modes(r)]
 
@@ -359,15 +363,11 @@ def _per_layer_embeddings(r: _Reader) -> _Found:
 
 
 def _unsupported_modes(r: _Reader) -> _Found:
-    """Roles and modes trtio has no step protocol for: diffusion, LoRA, other speculative families."""
+    """Roles and modes trtio has no step protocol for: diffusion, other speculative families."""
     found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
         key = "engine_role" if r.raw("engine_role") == "dllm" else "decoding_strategy"
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))
-    if _nonzero_int(r, "builder_config.max_lora_rank"):
-        found.append(("builder_config.max_lora_rank", "LoRA adapters",
-                      f"max_lora_rank {r.raw('builder_config.max_lora_rank')}: adapter weight inputs trtio does not "
-                      "bind"))
     spec_type = r.raw("spec_decode_type")
     if r.raw("engine_role") in ("base", "draft") and isinstance(spec_type, str) and spec_type != "none" \
             and spec_type not in SPEC_DECODE_TYPES:
@@ -477,9 +477,16 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("head_dim", f"is absent and hidden_size / num_attention_heads = {hidden} / {heads} is not "
                                   "an int; give head_dim")
     head_dim = r.int_("head_dim", default=hidden // heads)
-    rotary_dim = _rotary_dim(r, head_dim)
-    theta = r.number("rope_theta", default=10000.0, low=0.0)
-    rope_scaling, rope_type = _rope_scaling(r, theta, rotary_dim / head_dim)
+    gemma4 = _gemma4(r) if is_gemma4(data) else None
+    if gemma4 is not None and role != "llm":
+        raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
+                                     "pools in a verify tree) is not bound by trtio; refused rather than bound wrong")
+    if gemma4 is None:
+        rotary_dim = _rotary_dim(r, head_dim)
+        theta = r.number("rope_theta", default=10000.0, low=0.0)
+        rope_scaling, rope_type = _rope_scaling(r, theta, rotary_dim / head_dim)
+    else:
+        rotary_dim, theta, rope_scaling, rope_type = _gemma4_top_rope(r, gemma4)
     max_positions = r.int_("max_position_embeddings", default=0, low=0, meaning="the model's context length")
     deepstack = r.int_("num_deepstack_features", default=0, low=0)
     kv_dtype = r.str_("kv_cache_dtype", _KV_DTYPES, default="fp16", meaning="Edge-LLM's KV cache dtype names")
@@ -491,6 +498,8 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("builder_config.max_input_len", f"{input_len} exceeds builder_config.max_kv_cache_capacity "
                                                       f"({capacity}): a prompt must fit the KV cache")
     pool = r.int_("builder_config.max_kv_pool_pages", default=0, low=0, meaning="pages per KV pool")
+    lora_rank = r.int_("builder_config.max_lora_rank", default=0, low=0,
+                       meaning="the largest LoRA adapter rank the engine takes (0: no LoRA inputs)")
 
     output_vocab = vocab
     base_hidden = 0
@@ -522,10 +531,44 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         rope_type=rope_type, rope_theta=theta, is_spec_decode_base=role == "base",
         base_model_hidden_size=base_hidden, max_verify_tree_size=verify, max_draft_tree_size=draft_tree,
         contract="ragged", kv_page_size=KV_PAGE_SIZE, kv_pool_pages=pool, rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions,
-        eagle_hidden_state_layers=eagle_layers, **_hybrid(r, layers, role), extras=r.extras(),
+        max_position_embeddings=max_positions, max_lora_rank=lora_rank,
+        eagle_hidden_state_layers=eagle_layers, **_hybrid(r, layers, role),
     )
+    if gemma4 is not None:
+        values["gemma4"] = gemma4
+        values["kv_layer_configs"] = [{"num_kv_heads": h, "head_dim": d} for h, d in zip(gemma4.kv_heads,
+                                                                                         gemma4.head_dims)]
+    values["extras"] = r.extras()
     return MappedConfig(values, where)
+
+
+# -- Gemma 4 ----------------------------------------------------------------------------------
+
+def _gemma4(r: _Reader) -> Gemma4Config:
+    capacity = r.int_("builder_config.max_kv_cache_capacity", meaning="KV cache tokens per sequence")
+    g = read_gemma4(r.data, r.where, capacity=capacity)
+    r.used.update(k for k in GEMMA4_KEYS if r.has(k))
+    return g
+
+
+def _gemma4_top_rope(r: _Reader, g: Gemma4Config) -> tuple[int, float, RopeScaling | None, str]:
+    """Gemma 4's top-level ``rope_theta`` / ``partial_rotary_factor`` / ``rope_scaling`` copy its full layers'
+    RoPE (``full_rope_config``), which is what is computed; a copy that differs is refused. trtio's single-table
+    fields then describe the sliding layers' table (``LLMEngineConfig.gemma4`` holds both)."""
+    full = g.full_rope
+    theta = r.number("rope_theta", default=full.theta, low=0.0)
+    factor = r.number("partial_rotary_factor", default=full.partial_rotary_factor, low=0.0, high=1.0)
+    scaling = r.take("rope_scaling", "null or an object", required=False)
+    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type")) \
+        if isinstance(scaling, Mapping) else scaling
+    for key, top, want in (("rope_theta", theta, full.theta), ("partial_rotary_factor", factor,
+                                                               full.partial_rotary_factor),
+                           ("rope_scaling", kind, None if scaling is None else full.rope_type)):
+        if top != want:
+            raise r.error(key, f"is {top!r} but full_rope_config says {want!r}: the top-level RoPE keys of a Gemma 4 "
+                               "config copy its full layers' RoPE")
+    s = g.sliding_rope
+    return s.width, s.theta, s.scaling, "rope"
 
 
 def _check_spec_mode(r: _Reader, role: str) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 from trtio._checks import check_int, is_int
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
+__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "proportional_rope_parameters",
+           "rope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
 
 #: The ``rope_type`` values :class:`RopeScaling` accepts. ``"mrope"`` is the legacy Qwen2-VL spelling:
 #: default frequencies, with ``mrope_section`` saying which position axis each frequency follows.
@@ -419,6 +420,36 @@ def rope_parameters(rotary_dim: int, theta: float, scaling: RopeScaling | None =
             attention = math.sqrt(1 + math.log(factor) / math.log(original))
     longrope_inv: np.ndarray = base_inv / np.asarray(ext, dtype=np.float64)
     return longrope_inv, attention
+
+
+def proportional_rope_parameters(head_dim: int, theta: float, partial_rotary_factor: float,
+                                 factor: float = 1.0) -> np.ndarray:
+    """float64 ``[head_dim / 2]``: Gemma 4's ``"proportional"`` RoPE (transformers'
+    ``_compute_proportional_rope_parameters``). The first ``int(partial_rotary_factor * head_dim / 2)``
+    frequencies are ``theta ** (-2i / head_dim)`` (the exponent over the whole head, not over the rotated part,
+    which is what sets it apart from a partial rotary of ``rope_parameters``); the rest are 0, so those dims are
+    not rotated (cos 1, sin 0). Every frequency is divided by ``factor``. The table is ``head_dim`` wide."""
+    head_dim = _check_rotary_dim(head_dim)
+    if not _is_number(theta) or not math.isfinite(theta) or theta <= 0:
+        raise ConfigError("theta", f"expected a finite number > 0 (rope_theta), got {theta!r}")
+    if not _is_number(partial_rotary_factor) or not 0 < partial_rotary_factor <= 1:
+        raise ConfigError("partial_rotary_factor", f"expected a number in (0, 1], got {partial_rotary_factor!r}")
+    if not _is_number(factor) or not math.isfinite(factor) or factor <= 0:
+        raise ConfigError("factor", f"expected a finite number > 0, got {factor!r}")
+    angles = int(partial_rotary_factor * head_dim // 2)
+    inv = np.zeros(head_dim // 2, dtype=np.float64)
+    inv[:angles] = float(theta) ** (-np.arange(angles, dtype=np.float64) * 2.0 / head_dim)
+    out: np.ndarray = inv / float(factor)
+    return out
+
+
+def rope_cos_sin_rows(positions: np.ndarray, inv_freq: np.ndarray, attention_factor: float = 1.0) -> np.ndarray:
+    """float32 ``[N, 2 * len(inv_freq)]``: row n is ``[cos(p_n * inv_freq) | sin(p_n * inv_freq)]`` (times the
+    attention factor) for integer ``positions`` [N]. A new host array owned by the caller."""
+    pos = np.asarray(positions)
+    if pos.ndim != 1 or not np.issubdtype(pos.dtype, np.integer):
+        raise ShapeError(f"positions: expected integer positions of shape [N], got {pos.shape} {pos.dtype}")
+    return _rows(pos.astype(np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :], attention_factor)
 
 
 def _rows(angles: np.ndarray, attention_factor: float) -> np.ndarray:

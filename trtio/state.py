@@ -136,13 +136,25 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
     pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
     declared = (2, -1, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
+    pools = [(pool, fixed, declared)] * cfg.num_attention_layers
+    g4 = cfg.gemma4
+    if g4 is not None:  # Gemma 4: each layer its own heads and head dim; sliding pools full-size or bounded
+        lo = min(g4.num_swa_pages or b * g4.private_pages(cfg.kv_page_size) or cfg.kv_pool_pages, cfg.kv_pool_pages)
+        pools = []
+        for i in range(g4.num_layers):
+            top = (2, cfg.kv_pool_pages, cfg.kv_page_size, g4.kv_heads[i], g4.head_dims[i])
+            low = (2, lo, *top[2:]) if g4.is_sliding(i) else top
+            pools.append((top, ((low, top, top),) * 2, (2, -1, *top[2:])))
     out = []
-    for i in range(cfg.num_attention_layers):
-        out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, pool, fixed, declared=declared))
+    for i, (shape, profiles, decl) in enumerate(pools):
+        out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, shape, profiles, declared=decl))
     out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m),
                           (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
-    for i in range(cfg.num_attention_layers):
-        out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, pool, declared=declared))
+    if g4 is not None:
+        out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m),
+                              (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
+    for i, (shape, _profiles, decl) in enumerate(pools):
+        out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl))
     return out
 
 
@@ -158,7 +170,7 @@ def state_names(eio: EngineIO) -> set[str]:
     """Every binding of ``eio`` the engine state owns: both names of each pair, the page table and the
     start index."""
     out = {n for pair in eio.state_pairs() for n in pair}
-    out |= {n for n in (names.kKVPageTable, names.kKVCacheStartIndex) if n in eio}
+    out |= {n for n in (names.kKVPageTable, names.kSwaKVPageTable, names.kKVCacheStartIndex) if n in eio}
     return out
 
 
@@ -224,8 +236,12 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
                             f"{kv}")
         shape, top = info.shape, info.max_shape()
         if paged:
-            want = {0: (2, "K and V"), 2: (cfg.kv_page_size, "kv_page_size"), 3: (cfg.num_kv_heads, "num_kv_heads"),
-                    4: (cfg.head_dim, "head_dim")}
+            heads, dim = cfg.num_kv_heads, cfg.head_dim
+            layer = _layer_of(past, names.kPastKeyValuesTemplate)
+            if cfg.gemma4 is not None and layer is not None and layer < cfg.gemma4.num_layers:  # per-layer geometry
+                heads, dim = cfg.gemma4.kv_heads[layer], cfg.gemma4.head_dims[layer]
+            want = {0: (2, "K and V"), 2: (cfg.kv_page_size, "kv_page_size"), 3: (heads, "num_kv_heads"),
+                    4: (dim, "head_dim")}
             if len(shape) != 5:
                 problems.append(f"{past}: expected a paged pool [2, pages, page size, kv heads, head dim], the "
                                 f"engine declares rank {len(shape)} {_fmt(shape)}")
@@ -289,6 +305,10 @@ class EngineState(Closeable):
         self._specs: dict[str, TensorSpec] = {}
         requests = []
         self._max_shape: dict[str, tuple[int, ...]] = {}
+        # Gemma 4's KV-sharing consumers read (and are bound to) their donor's pool: nothing is allocated for them.
+        g4 = cfg.gemma4 if cfg is not None else None
+        self.shared = {names.past_key_values(i): names.past_key_values(g4.owner(i))
+                       for i in range(g4.num_layers) if g4.owner(i) != i} if g4 is not None else {}
         for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
@@ -299,7 +319,8 @@ class EngineState(Closeable):
             sym: tuple[Dim, ...] = (lead, *shape[1:]) if shape else ()
             self._specs[past] = TensorSpec(past, "input", info.dtype, sym)
             self._specs[present] = TensorSpec(present, "output", info.dtype, sym)
-            requests.append(TensorRequest(past, shape, info.dtype, Location.DEVICE))
+            if past not in self.shared:
+                requests.append(TensorRequest(past, shape, info.dtype, Location.DEVICE))
         self.pages_per_sequence = 0
         self.pool_pages = 0
         if self.layout == "paged":
@@ -309,6 +330,9 @@ class EngineState(Closeable):
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))
+            if names.kSwaKVPageTable in engine_io:  # Gemma 4's sliding layers: full SWA mode, the same table
+                self._specs[names.kSwaKVPageTable] = TensorSpec(names.kSwaKVPageTable, "input", DType.INT32,
+                                                                ("batch", 2, self.pages_per_sequence))
             if page_table is None:
                 requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence),
                                                  DType.INT32))
@@ -324,14 +348,14 @@ class EngineState(Closeable):
         requests.append(UploadRing.request("ring_kv_lengths", (max_batch,), DType.INT32, slots=INPUT_RING_SLOTS))
         # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
         # table of their addresses and a per-step table of moves (one row per sequence).
-        self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p)]
+        self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p) and p not in self.shared]
         requests.append(TensorRequest.of("kv_cache_table", (max(len(self._kv_caches), 1),), DType.INT64))
         requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 3 + MAX_PATH_MOVES),
                                                            DType.INT32)])
         with contextlib.ExitStack() as undo:  # a constructor that fails frees what it made
             self._arena = Arena(requests, backend=be, title=f"{self.name} state")
             undo.callback(self._arena.close)
-            self.tensors: dict[str, Tensor] = {past: self._arena[past] for past, _ in self.pairs}
+            self.tensors: dict[str, Tensor] = {past: self._arena[self.shared.get(past, past)] for past, _ in self.pairs}
             self.kv_lengths = self._arena["kv_lengths"]
             self._staging = UploadRing(self._arena["ring_kv_lengths"], be, slots=INPUT_RING_SLOTS,
                                        title=f"{self.name} kv_lengths staging")
@@ -374,6 +398,8 @@ class EngineState(Closeable):
             tm.add(present, self.tensors[past])
         if self.page_table is not None:
             tm.add(names.kKVPageTable, self.page_table)
+            if names.kSwaKVPageTable in self._specs:
+                tm.add(names.kSwaKVPageTable, self.page_table)
         if self.has_start_index:
             tm.add(names.kKVCacheStartIndex, self.kv_lengths)
 
@@ -481,7 +507,7 @@ class EngineState(Closeable):
     # -- reporting and lifetime ---------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
-        return sum(t.capacity for t in self.tensors.values())
+        return sum(t.capacity for p, t in self.tensors.items() if p not in self.shared)
 
     def memory_report(self) -> MemoryReport:
         self._check_open()

@@ -148,6 +148,11 @@ class TensorMap:
                 self._map[n] = zero
             self.generation += 1
 
+    def views_changed(self) -> None:
+        """Views of bound tensors changed between steps (a setup's LoRA buffers taking another adapter's ranks,
+        :mod:`trtio.lora`): every executor bound to this map plans its next step again."""
+        self.generation += 1
+
     def __repr__(self) -> str:
         state = ", frozen" if self._frozen else ""
         return f"TensorMap({self.name!r}, {len(self._map)} bindings{state})"

@@ -94,7 +94,14 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         reg.add(TensorSpec(name, io, dtype, shape, profiles if io == "input" else (), optional))
 
     add(names.kInputsEmbeds, "input", act, (T, cfg.hidden_size), rows(cfg.hidden_size))
-    add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))
+    g4 = cfg.gemma4
+    if g4 is None:
+        add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))
+    else:  # Gemma 4: one table per layer kind, each its own width; per-layer embeddings
+        for i in range(g4.ple_layers):
+            add(names.ple_token_embeds(i), "input", act, (T, g4.ple_hidden), rows(g4.ple_hidden))
+        add(names.kRopeCosSinSliding, "input", f32, (T, g4.sliding_rope.width), rows(g4.sliding_rope.width))
+        add(names.kRopeCosSinFull, "input", f32, (T, g4.full_rope.width), rows(g4.full_rope.width))
     add(names.kPositions, "input", i32, (T,), rows(), optional=True)
     add(names.kQueryStartOffsets, "input", i32, ("query_offsets_len",), seqs(1))
     add(names.kQueryLengths, "input", i32, (S,), seqs())
@@ -107,6 +114,8 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))
     add(names.kContextSequenceCountCarrier, "input", i32, ("context_seq_len",),
         (((1,), (b,), (b,)), ((0,), (0,), (0,))))
+    if g4 is not None:  # shape-only: length 1 binds the bounded SWA pool, 0 full storage
+        add(names.kSwaKVCacheMode, "input", DType.INT8, ("swa_kv_cache_mode_len",), (((0,), (1,), (1,)),) * 2)
     add(names.kLogitsIndices, "input", i64, (R,), rows() if spec_role else seqs())
     if role == "draft":
         add(names.kBaseModelHiddenStates, "input", act, (T, cfg.base_model_hidden_size),

@@ -52,7 +52,24 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["RaggedContract", "RaggedSteps"]
+__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "RaggedContract", "RaggedSteps"]
+
+GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
+GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
+
+
+def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
+    """Gemma 4's members: the full layers' RoPE table and rows, the per-layer embeddings, the shape-only SWA mode."""
+    g4 = cfg.gemma4
+    if g4 is None:
+        return []
+    width = g4.full_rope.width
+    out = [TensorRequest.of(GEMMA4_FULL_ROWS, (t, width), DType.FLOAT32),
+           TensorRequest.of(GEMMA4_FULL_TABLE, (cfg.max_kv_cache_capacity, width), DType.FLOAT32),
+           TensorRequest.of(names.kSwaKVCacheMode, (1,), DType.INT8)]
+    out += [TensorRequest.of(names.ple_token_embeds(i), (t, g4.ple_hidden), cfg.activation)
+            for i in range(g4.ple_layers)]
+    return out
 
 # The members a user sees on a ragged PipelineIO (Edge-LLM 0.11's, and trtio's row buffers).
 _MEMBERS = (
@@ -191,6 +208,8 @@ class RaggedContract(Contract):
         else:
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
+        gemma4 = _gemma4_requests(base, t)
+        reqs += gemma4
         reqs += [
             absent("output_hidden_states", act),
             TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
@@ -206,7 +225,7 @@ class RaggedContract(Contract):
         title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
         return PipelineLayout(
             title, reqs, step, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
-            num_deepstack=nd, members=_MEMBERS,
+            num_deepstack=nd, members=_MEMBERS + tuple(r.name for r in gemma4),
             zeroed=("execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale", "deepstack_zero",
                     "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"),
             unavailable=_UNAVAILABLE)
@@ -216,7 +235,15 @@ class RaggedContract(Contract):
         RoPE rows are gathered per token into ``ragged_rope_cos_sin``. A spec-decode base binds its own
         query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_NAMES`): the draft's steps
         rewrite the shared ones every round."""
-        tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
+        g4 = cfg.gemma4
+        if g4 is None:
+            tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
+        else:  # Gemma 4: the sliding layers' rows where a dense engine's are, the full layers' beside them
+            tm.set(names.kRopeCosSinSliding, io.member("ragged_rope_cos_sin"))
+            tm.set(names.kRopeCosSinFull, io.member(GEMMA4_FULL_ROWS))
+            for i in range(g4.ple_layers):
+                tm.set(names.ple_token_embeds(i), io.member(names.ple_token_embeds(i)))
+            tm.set(names.kSwaKVCacheMode, io.member(names.kSwaKVCacheMode).reshape((0,)))  # full SWA mode
         tm.set(names.kPositions, io.member("positions"))
         own = _BASE_NAMES if cfg.role == "base" and io.is_spec_decode else {}
 
@@ -325,12 +352,12 @@ class RaggedSteps(StepInputs):
         layout = causal_step(zero if past is None else past, lengths, width,
                              phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
         self.write_pages(e, pages)
-        return (self._stage_layout(e, layout, s),)
+        return self._stage_layout(e, layout, s)
 
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None
 
-    def _stage_layout(self, e: EngineView, layout: StepLayout, s: Stream) -> DeviceWork:
+    def _stage_layout(self, e: EngineView, layout: StepLayout, s: Stream) -> tuple[DeviceWork, ...]:
         """Write a step's inputs into the step block and upload them with one copy; returns the gather of the
         step's RoPE rows (one per token, at its position) from the engine's table, device work to enqueue
         before the engine (in its graph)."""
@@ -357,7 +384,17 @@ class RaggedSteps(StepInputs):
             step.write(parent_ids, layout.tree_parent_ids)
             step.write(depths, layout.tree_depths)
         step.upload(s)
-        return self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, layout.rows, rope_row_bytes(e.cfg))
+        return self._rope_rows(e, table, rows, layout.rows)
+
+    def _rope_rows(self, e: EngineView, table: Tensor, rows: Tensor, count: int) -> tuple[DeviceWork, ...]:
+        """The gather of a step's RoPE rows; Gemma 4 gathers its full layers' rows from their table too."""
+        io = self.io
+        copy = self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, count, rope_row_bytes(e.cfg))
+        g4 = e.cfg.gemma4
+        if g4 is None:
+            return (copy,)
+        return copy, self.row_copy(io.member(GEMMA4_FULL_ROWS), io.member(GEMMA4_FULL_TABLE), rows, count,
+                                   g4.full_rope.width * DType.FLOAT32.itemsize)
 
     def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
         layout = decode_step(lengths)
@@ -380,7 +417,7 @@ class RaggedSteps(StepInputs):
                               t["positions"], rows if per_slot else None,
                               e.cfg.max_kv_cache_capacity if per_slot else 0,
                               t["state_indices"] if per_slot else None),  # each sequence's own slot's table
-                self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b, rope_row_bytes(e.cfg)))
+                *self._rope_rows(e, table, rows, b))
 
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
              slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:

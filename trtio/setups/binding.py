@@ -20,10 +20,12 @@ from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
+from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, InvalidTypeError
+from trtio.lora import lora_input_names
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry, TensorSpec
@@ -34,7 +36,7 @@ from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
 __all__ = ["BoundEngine", "RopeTables", "bind_engine", "check_engine", "declared_problems", "engine_backend",
-           "engine_io", "fill_mrope", "profile_problems", "with_contract"]
+           "engine_io", "fill_gemma4", "fill_mrope", "profile_problems", "with_contract"]
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -56,7 +58,11 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             problems.append(f"{name}: a constant input is given for it, but the engine declares no such input")
         elif t.dtype is not info.dtype:
             problems.append(f"{name}: the engine wants {info.dtype}, the constant input is {t.dtype}")
-    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given))
+    lora = [n for n in lora_input_names(engine_io.names()) if n not in given]
+    if lora:  # named once, not as one unknown binding each
+        problems.append(f"{lora[0]}: the engine takes LoRA adapters ({len(lora)} LoRA inputs, {{module}}.lora_A/B."
+                        f"weight); create_for_llm binds them (LLMSetup.set_lora), this setup does not")
+    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given) | set(lora))
     problems += _range_problems(engine_io, registry, cfg)
     problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
                                pages_on_demand=pages_on_demand)
@@ -184,7 +190,11 @@ class RopeTables(Closeable):
 
 
 def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
-    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied)."""
+    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied); Gemma 4's
+    sliding layers' (its full layers' is :func:`fill_gemma4`'s)."""
+    if cfg.gemma4 is not None:
+        rows = cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
     return rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch,
                               scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
 
@@ -193,6 +203,13 @@ def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
     if cfg.is_mrope:
         io.mrope_cos_sin.copy_from(_rope_table(cfg, io.max_batch), stream)
+
+
+def fill_gemma4(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
+    """Gemma 4's full layers' RoPE table (``full_rope_config``: proportional or not), which its steps gather from."""
+    if cfg.gemma4 is not None:
+        rows = cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        io.member(GEMMA4_FULL_TABLE).copy_from(rows, stream)
 
 
 def _start_index_may_be_empty(engine_io: EngineIO) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio import names
 from trtio._cache import BoundedCache
 from trtio._checks import check_int
 from trtio.config import LLMEngineConfig
@@ -21,6 +22,8 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
+from trtio.gemma4 import split_ple
+from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix, StepPages
@@ -33,6 +36,7 @@ from trtio.setups.binding import (
     bind_engine,
     engine_backend,
     engine_io,
+    fill_gemma4,
     fill_mrope,
     with_contract,
 )
@@ -57,6 +61,7 @@ class LLMSetup(SetupBase):
     ``create_from_engine_dir`` attaches, closed with this setup), else None."""
 
     visual: VisualSetup | None = None
+    _lora: LoraSlots | None = None
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -69,7 +74,9 @@ class LLMSetup(SetupBase):
             raise ConfigError("engine_role", f"create_for_llm: the config describes a spec-decode {cfg.role}; "
                                              f"use create_for_spec_decode with a DeploymentConfig")
         check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
-        cfg = with_contract(cfg, engine_io(engine, "create_for_llm"), "engine")
+        eio = engine_io(engine, "create_for_llm")
+        cfg = with_contract(cfg, eio, "engine")
+        lora = LoraInputs.from_engine(eio, cfg.max_lora_rank)  # LoRA engines: refused here where they cannot bind
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
@@ -78,6 +85,9 @@ class LLMSetup(SetupBase):
             self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
+            if lora is not None:  # its buffers are bound like constants: addresses fixed, views set by set_lora
+                self._lora = stack.enter_context(LoraSlots(lora, be))
+                constants = {**(constants or {}), **self._lora.tensors}
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
@@ -89,6 +99,7 @@ class LLMSetup(SetupBase):
                 UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
                            title="inputs_embeds staging"))
             fill_mrope(self.io, cfg, s)
+            fill_gemma4(self.io, cfg, s)
             self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
             if cfg.is_mrope and cfg.rope_scaling is not None and cfg.rope_scaling.mrope_section is not None:
                 # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
@@ -168,7 +179,7 @@ class LLMSetup(SetupBase):
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
                 past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
-                mrope_positions: Any = None) -> Tensor:
+                mrope_positions: Any = None, ple_embeds: Any = None) -> Tensor:
         """Run prompts (profile 0) and return the logits view [batch, vocab] of each one's last token.
 
         ``inputs_embeds`` is [batch, seq, hidden] (numpy or a device Tensor, e.g. ``io.inputs_embeds``
@@ -190,7 +201,13 @@ class LLMSetup(SetupBase):
         sequence's new tokens after its cached ones). The sequence's later tokens take text positions from its
         delta on (:attr:`rope_deltas`). Without them a new sequence's positions are its token indices, and a
         continued one goes on from its delta.
+
+        ``ple_embeds`` (Gemma 4 engines with per-layer embeddings, and only those): a host array or a device
+        ``Tensor`` (:class:`~trtio.embeddings.TokenEmbeddings`') ``[batch, seq, L x ple_hidden]``, each token's
+        PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
+        naming it otherwise).
         """
+        self._stage_ple(ple_embeds, getattr(inputs_embeds, "shape", np.shape(inputs_embeds))[:2], stream)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                           deepstack_embeds, "prefill", mrope_positions)
@@ -204,8 +221,45 @@ class LLMSetup(SetupBase):
             self._positions.settle()
         return self.io.output_logits
 
+    def _stage_ple(self, ple_embeds: Any, rows: tuple[int, ...], stream: StreamLike) -> None:
+        """Copy a step's per-layer embeddings (``[batch, seq, L x ple_hidden]``, host) into the engine's
+        ``ple_token_embeds_i`` inputs on the step's stream, before its engine; kept until the copies have run."""
+        g = self.cfg.gemma4
+        if g is None or not g.has_ple:
+            if ple_embeds is not None:
+                raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs "
+                                 "(ple_token_embeds_i)")
+            return
+        width = g.ple_layers * g.ple_hidden
+        if ple_embeds is None:
+            raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
+                             f"give each token's row, [batch, seq, {g.ple_layers} x {g.ple_hidden} = {width}]")
+        shape = tuple(getattr(ple_embeds, "shape", np.shape(ple_embeds)))
+        if len(rows) != 2 or shape != (*rows, width):
+            raise ShapeError(f"ple_embeds: expected [batch, seq, {width}] = {[*rows, width]} (the inputs_embeds' "
+                             f"batch and seq), got {list(shape)}")
+        b, seq = int(rows[0]), int(rows[1])
+        s = self._stream(stream)
+        item = self.io.inputs_embeds.dtype.itemsize
+        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): each layer's columns, one 2-D copy each
+            if ple_embeds.dtype != self.io.inputs_embeds.dtype:
+                raise ShapeError(f"ple_embeds: expected {self.io.inputs_embeds.dtype}, got {ple_embeds.dtype}")
+            self._calls.read(ple_embeds)
+            for i in range(g.ple_layers):
+                dst = self.io.member(names.ple_token_embeds(i))
+                src = ple_embeds.data_ptr + i * g.ple_hidden * item
+                self._backend.memcpy_2d(dst.data_ptr, g.ple_hidden * item, src, width * item, g.ple_hidden * item,
+                                        b * seq, s.handle)
+            return
+        arr = np.asarray(ple_embeds)
+        for i, part in enumerate(split_ple(arr.reshape(b * seq, width), g)):
+            host = np.ascontiguousarray(part, dtype=self.io.inputs_embeds.dtype.numpy)
+            self._calls.read(host)
+            self.io.member(names.ple_token_embeds(i)).reshape((b * seq, g.ple_hidden)).copy_from(host, s)
+
     @one_thread
-    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
+    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None,
+               ple_embeds: Any = None) -> Tensor:
         """One token for each sequence of ``slots`` (default: every active slot, ascending) after its cached
         ones (profile 1); returns the logits view [rows, vocab], row i for the i-th of those slots.
 
@@ -216,8 +270,11 @@ class LLMSetup(SetupBase):
 
         A decode of every active sequence whose plan (:class:`~trtio.setups.decode_plan.DecodePlan`, what the
         last checked decode laid out) still holds runs it as it is; any other is checked in full and leaves a
-        new plan. Both run the same way (:meth:`_run_plan`).
+        new plan. Both run the same way (:meth:`_run_plan`). ``ple_embeds``: as :meth:`prefill`'s, ``[rows, 1,
+        L x ple_hidden]``.
         """
+        if ple_embeds is not None or self.cfg.gemma4 is not None:
+            self._stage_ple(ple_embeds, getattr(inputs_embeds, "shape", np.shape(inputs_embeds))[:2], stream)
         plan = self._plan
         if plan is not None and slots is None and plan.holds(self):
             s = self._stream(stream)
@@ -340,6 +397,46 @@ class LLMSetup(SetupBase):
             self._plan = plan
         return self.io.output_logits
 
+    @property
+    def lora(self) -> LoraAdapter | None:
+        """The LoRA adapter the steps use (:meth:`set_lora`); None: none (or an engine without LoRA inputs)."""
+        return self._lora.adapter if self._lora is not None else None
+
+    @one_thread
+    def set_lora(self, adapter: LoraAdapter | None, stream: StreamLike = None) -> None:
+        """Use ``adapter`` (a :class:`~trtio.LoraAdapter`; None: no adapter, every LoRA input at rank 0) for every
+        step after this call, for the whole batch (one adapter per batch, as in Edge-LLM). Sequences in flight go
+        on: their cached tokens keep what the adapter before computed.
+
+        The first call with an adapter copies its weights into device memory the setup owns (kept until the setup
+        is closed; the last :data:`~trtio._cache.CACHE_LIMIT` adapters); every call then copies them, on
+        ``stream`` (ordered after the last step), into the engine's bound LoRA buffers: no allocation, no host
+        synchronisation. Modules the adapter leaves out take rank 0. Where the ranks change, the engine's input
+        shapes do and the next step plans again; CUDA graphs are kept per rank pattern.
+
+        Raises before any work: a TypeError for what is not an adapter, a ConfigError on an engine without LoRA
+        inputs (``max_lora_rank`` 0), an InvalidValueError naming every module the engine lacks, whose rank is
+        above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
+        setup is left as it was.
+        """
+        epoch = self._epoch
+        self._check_usable()
+        lora = self._lora
+        if lora is None:
+            if adapter is None:
+                return
+            if not isinstance(adapter, LoraAdapter):
+                raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
+            raise ConfigError("max_lora_rank", f"set_lora: engine {self._engine.io.name!r} takes no LoRA adapter (its "
+                                               "config's max_lora_rank is 0: build it with --max-lora-rank)")
+        if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
+            lora.inputs.check(adapter, "set_lora")
+        s = self._stream(stream)
+        if lora.use(adapter, s):
+            self._engine.tensor_map.views_changed()
+        else:  # the same ranks: the last decode's plan (and graph) holds for the next one, which reads the new weights
+            self._epoch = epoch
+
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
         """Snapshot the prefill-time ``inputs_embeds`` and ``hidden_states`` for a streaming consumer
@@ -372,11 +469,11 @@ class LLMSetup(SetupBase):
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state (a hybrid model's recurrent state pools included),
-        staging, RoPE table, a hybrid model's snapshot pool and context memory."""
+        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter buffers and adapter copies,
+        and context memory."""
         report = self._report("create_for_llm", include_context_memory)
-        if self._recurrent is None:
-            return report
-        return MemoryReport.combine("create_for_llm", [report, self._recurrent.report()])
+        parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]
+        return MemoryReport.combine("create_for_llm", [report, *parts]) if parts else report
 
     def __repr__(self) -> str:
         return f"LLMSetup({self.contract}, active={self._seqs.order_key}, graphs={self.executor.graphs_enabled})"

@@ -83,6 +83,7 @@ from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
+from trtio.testing.reference_gemma4 import Gemma4Weights, gemma4_forward
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
     _BumpAllocator,
@@ -110,6 +111,7 @@ from trtio.testing.reference_io import (
     _index,
     _ragged_shape_problems,
 )
+from trtio.testing.reference_lora import lora_declarations, lora_pairs
 from trtio.testing.reference_math import (
     _DataError,
     _forward,
@@ -171,7 +173,8 @@ class ReferenceEngine:
     def __init__(self, cfg: Any, weights: ToyWeights, *, device: str, null_compute: bool, name: str,
                  seed: int, fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0,
                  tp_size: int = 1, all_reduce: AllReduce | None = None,
-                 weight_inputs: Sequence[tuple[str, DType, Shape]] = (), backend: Backend | str | None = None) -> None:
+                 weight_inputs: Sequence[tuple[str, DType, Shape]] = (), backend: Backend | str | None = None,
+                 lora_naming: str = "modules") -> None:
         self._cfg = cfg
         self._backend = backend if backend is not None and not isinstance(backend, str) else None
         self._geo = _Geometry.from_config(cfg, fixed_cache_batch=fixed_cache_batch)
@@ -186,6 +189,12 @@ class ReferenceEngine:
         if tp_size > 1 and not self._null_compute:
             weights = rank_weights(weights, tp_rank, tp_size, self._geo.hq, self._geo.hkv, self._geo.d)
         self._decls = _declare_ragged(cfg, omit, weight_inputs) if self._geo.is_ragged else _declare(self._geo)
+        # LoRA engines (reference_lora): declared after every input; a null-compute engine declares a real
+        # engine's modules (dry runs size their buffers), a computing one the toy's
+        lora = lora_declarations(cfg, lora_naming, "edgellm" if null_compute else "toy")
+        self._lora = bool(lora) and lora_naming == "modules" and not null_compute
+        self._decls += [_Decl(len(self._decls) + i, name, TensorIOMode.INPUT, dtype, shape, profiles)
+                        for i, (name, dtype, shape, profiles) in enumerate(lora)]
         self._by_name = {decl.name: decl for decl in self._decls}
         self._host_weights: _Weights | None = None
         self._gpu_weights: _Weights | None = None
@@ -193,6 +202,13 @@ class ReferenceEngine:
         self._gpu_scatter: _GpuScatterRows | None = None
         self._device_id = -1
         self._context_ids = itertools.count()
+        # Gemma 4 (trtio.testing.reference_gemma4): per-layer geometry, its own weights; computed on the host only.
+        self._gemma4: Gemma4Weights | None = None
+        if getattr(cfg, "gemma4", None) is not None and not self._null_compute:
+            if device == "gpu":
+                raise InvalidValueError("ReferenceEngine: the toy Gemma 4 model computes on the host only (device="
+                                        "'host'); give null_compute=True for a GPU engine that computes nothing")
+            self._gemma4 = Gemma4Weights.generate(cfg, seed)
         if device == "gpu" and not self._null_compute:
             cupy = _import_cupy()
             self._device_id = int(cupy.cuda.runtime.getDevice())
@@ -215,13 +231,16 @@ class ReferenceEngine:
                 seq = g.smax if p == 0 else g.p1
                 select = 1 if p == 0 else g.p1
                 sizes.append(_scratch_bound(g, g.bmax, seq, select))
+        if self._lora:  # each layer's x @ A and (x @ A) @ B beside its own temporaries: within twice the bound
+            sizes = [2 * size for size in sizes]
         self._profile_memory = tuple(sizes)
 
     @classmethod
     def from_config(cls, cfg: Any, *, seed: int = 0, device: str = "auto", weights: ToyWeights | None = None,
                     null_compute: bool = False, name: str | None = None,
                     fixed_cache_batch: bool = False, omit: Iterable[str] = (), tp_rank: int = 0, tp_size: int = 1,
-                    all_reduce: AllReduce | None = None, backend: Backend | str | None = None) -> ReferenceEngine:
+                    all_reduce: AllReduce | None = None, backend: Backend | str | None = None,
+                    lora_naming: str = "modules") -> ReferenceEngine:
         """An engine computing the toy model of ``cfg`` (an ``LLMEngineConfig`` or any object with its fields).
 
         ``cfg.contract`` picks the I/O contract: ``"ragged"`` is Edge-LLM 0.11's token-major one with
@@ -258,6 +277,11 @@ class ReferenceEngine:
         ``lm_head.weight`` ``[vocab, hidden]`` (the LM head, transposed) and
         ``model.layers.<i>.mlp.down_proj.weight`` ``[hidden, MLP width]`` (layer i's ``w2``, transposed: the
         rank's rows); a null-compute engine declares any binding.
+
+        LoRA (``cfg.max_lora_rank > 0``, ragged only; ``trtio.testing.reference_lora``): every linear layer of the
+        attention layers takes ``{module}.lora_A.weight`` / ``lora_B.weight`` (rank 0 .. max) and adds
+        ``x @ A @ B``. ``lora_naming="nodes"`` names those inputs after graph nodes (``ode_linear_N``), as
+        Edge-LLM 0.11's ``insert-lora`` does on an export with anonymous weights (an engine trtio refuses).
         """
         validate = getattr(cfg, "validate", None)
         if callable(validate):
@@ -298,6 +322,9 @@ class ReferenceEngine:
         if (tp_size > 1 or all_reduce is not None) and not geo.is_ragged:
             raise InvalidValueError("ReferenceEngine: tensor parallelism is for the ragged contract (Edge-LLM "
                                     "0.11's tensor-parallel LLM engines)")
+        if int(getattr(cfg, "max_lora_rank", 0) or 0) and (not geo.is_ragged or tp_size > 1 or geo.types):
+            raise InvalidValueError("ReferenceEngine: LoRA (max_lora_rank > 0) is for a dense ragged engine of one "
+                                    "rank")
         if tp_size > 1 and not null_compute and (weights is None or all_reduce is None):
             raise InvalidValueError(f"ReferenceEngine: rank {tp_rank} of {tp_size} needs the whole model's weights "
                                     "(weights=) and the ranks' all-reduce (all_reduce=)")
@@ -310,7 +337,8 @@ class ReferenceEngine:
         return cls(cfg, weights, device=device, null_compute=null_compute, backend=backend,
                    name=name if name is not None else f"toy-{geo.role}", seed=seed,
                    fixed_cache_batch=fixed_cache_batch, omit=omit, tp_rank=int(tp_rank), tp_size=int(tp_size),
-                   all_reduce=all_reduce, weight_inputs=_weight_inputs(cfg, geo, int(tp_size), null_compute))
+                   all_reduce=all_reduce, weight_inputs=_weight_inputs(cfg, geo, int(tp_size), null_compute),
+                   lora_naming=lora_naming)
 
     # -- reference-engine extras (not TensorRT API) ---------------------------------------------
     @property
@@ -366,6 +394,9 @@ class ReferenceEngine:
 
     def _bound_weights(self, xp: Any, weights: _Weights, views: Mapping[str, Any]) -> _Weights:
         """``weights`` with those the engine reads from its weight inputs taken from the bound memory."""
+        if self._lora:
+            weights = dataclasses.replace(weights, lora=lora_pairs(self._cfg, lambda v: _load(xp, v, DType.FLOAT16),
+                                                                   views))
         if not self._weight_inputs:
             return weights
         w2 = list(weights.w2)
@@ -863,6 +894,13 @@ class ReferenceExecutionContext:
 
     def _compute_host(self, plan: _Plan, stream: int) -> None:
         engine = self._engine
+        if engine._gemma4 is not None:
+            try:
+                with np.errstate(all="ignore"):
+                    gemma4_forward(engine.config, engine._gemma4, plan.views)
+            except InvalidValueError as exc:
+                raise InvalidValueError(f"{self.name}: execute_async_v3: {exc}") from None
+            return
         assert engine._host_weights is not None
         weights = engine._bound_weights(np, engine._host_weights, plan.views)
         try:

@@ -295,9 +295,13 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
                                 f"{sorted(omittable)} (optional inputs no dense graph reads)")
     # The exporter writes the pools right after inputs_embeds and the page table after the
     # context-count carrier; every other binding keeps the registry's order.
+    g4 = getattr(cfg, "gemma4", None)
+    before_pools = names.ple_token_embeds(g4.ple_layers - 1) if g4 is not None and g4.ple_layers else \
+        names.kInputsEmbeds  # Gemma 4's PLE inputs come before the pools
     follows = {
-        names.kInputsEmbeds: [state[names.past_key_values(i)] for i in layers],
-        names.kContextSequenceCountCarrier: [state[names.kKVPageTable]],
+        before_pools: [state[names.past_key_values(i)] for i in layers],
+        names.kContextSequenceCountCarrier: [state[n] for n in (names.kKVPageTable, names.kSwaKVPageTable)
+                                             if n in state],
         names.kLogitsIndices: [spec for spec in recurrent if spec.is_input],  # a hybrid's state pools
     }
     specs = []

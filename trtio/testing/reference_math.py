@@ -136,6 +136,8 @@ class _Weights:
     wd: Any
     w_lm: Any
     recurrent: tuple[Any, ...] = ()  # RecurrentWeights whose arrays are of the array module
+    # LoRA (reference_lora): per attention layer, toy weight name -> (A, B) of the bound adapter; () for none
+    lora: tuple[Mapping[str, tuple[Any, Any]], ...] = ()
 
     @classmethod
     def of(cls, w: ToyWeights, to: Callable[[np.ndarray], Any]) -> _Weights:
@@ -284,12 +286,22 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
             scratch.release(layer_mark)
             continue
         layer += 1
-        q = rope(mm(x, w.wq[layer]).reshape(n, s, g.hq, g.d))
-        k = rope(mm(x, w.wk[layer]).reshape(n, s, g.hkv, g.d))
-        v = mm(x, w.wv[layer]).reshape(n, s, g.hkv, g.d)
-        keys, values = kv(layer, k, v)
-        x = x + all_reduce(mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer]))
-        x = x + all_reduce(mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer]))
+        if w.lora and w.lora[layer]:  # x @ W + (x @ A) @ B for each module the adapter changes
+            lora = w.lora[layer]
+            q = rope(_lin(mm, x, w.wq[layer], lora.get("wq")).reshape(n, s, g.hq, g.d))
+            k = rope(_lin(mm, x, w.wk[layer], lora.get("wk")).reshape(n, s, g.hkv, g.d))
+            v = _lin(mm, x, w.wv[layer], lora.get("wv")).reshape(n, s, g.hkv, g.d)
+            keys, values = kv(layer, k, v)
+            x = x + all_reduce(_lin(mm, _attend(xp, mm, g, q, keys, values, visible), w.wo[layer], lora.get("wo")))
+            x = x + all_reduce(_lin(mm, xp.maximum(_lin(mm, x, w.w1[layer], lora.get("w1")), 0.0), w.w2[layer],
+                                    lora.get("w2")))
+        else:
+            q = rope(mm(x, w.wq[layer]).reshape(n, s, g.hq, g.d))
+            k = rope(mm(x, w.wk[layer]).reshape(n, s, g.hkv, g.d))
+            v = mm(x, w.wv[layer]).reshape(n, s, g.hkv, g.d)
+            keys, values = kv(layer, k, v)
+            x = x + all_reduce(mm(_attend(xp, mm, g, q, keys, values, visible), w.wo[layer]))
+            x = x + all_reduce(mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer]))
         if layer < g.nd:
             x = x + deepstack(layer)
         after_layer(layer, x)
@@ -297,6 +309,12 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
         x = x_keep
         scratch.release(layer_mark)
     return x
+
+
+def _lin(mm: Callable[[Any, Any], Any], x: Any, wt: Any, pair: tuple[Any, Any] | None) -> Any:
+    """``x @ wt``, plus ``(x @ A) @ B`` where a LoRA adapter changes the module."""
+    y = mm(x, wt)
+    return y if pair is None else y + mm(mm(x, pair[0]), pair[1])
 
 
 def _no_capture(layer: int, x: Any) -> None:

@@ -12,9 +12,10 @@ trtio Tensor; torch runs on the step's stream, and once more on its own default 
 fed a trtio Tensor last written on another stream; each of those decode rows is timed right after the engine's
 own rows, so that they follow the same calls). Beside ``prepare + execute`` of the engine alone, ``prepare +
 execute`` replaying the decode step's own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative
-round of 3 levels timed as one call; on the ragged contract also an MTP round (the base feeding its last layer's
-``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify of 4 nodes, accept,
-catch-up) timed as one call.
+round of 3 levels timed as one call. On the ragged contract, also a LoRA build of the LLM: its decode step with and
+without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`); and an MTP round (the base
+feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify
+of 4 nodes, accept, catch-up) timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -41,6 +42,7 @@ from trtio.errors import InvalidValueError
 from trtio.setups import create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
+from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
 __all__ = ["INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity",
@@ -416,6 +418,23 @@ def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds
             prompt.close()
 
 
+def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
+               inputs: str = "device") -> None:
+    """:mod:`trtio.tools.bench_lora`'s rows, fed as the other decode rows are."""
+    prompt = device_tensor(backend, (BATCH, 16, HIDDEN), np.random.default_rng(2))
+    feeds: list[_Embeds] = []
+
+    def feed(io_embeds: Tensor) -> Callable[[], object]:
+        feeds.append(_Embeds(inputs, backend, io_embeds, 2))
+        return feeds[-1].in_place((BATCH, 1, HIDDEN))
+    try:
+        lora_rows(llm, backend, stream, steps, clock, null_engine, prompt, feed)
+    finally:
+        for f in feeds:
+            f.free()
+        prompt.close()
+
+
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
                           clock: _Clock) -> None:
     """The decode step of ``llm`` split across ``n`` ranks for each of ``sizes`` (heads and KV heads split evenly,
@@ -509,7 +528,8 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
             clock = _Clock(backend, stream)
             _llm_rows(llm, backend, stream, steps, clock, inputs)
             _spec_rows(bundle, backend, stream, rounds, clock, inputs)
-            if contract == "ragged":
+            if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch
+                _lora_rows(llm, backend, stream, steps, clock, inputs)
                 _mtp_rows(mtp_bundle(bundle), backend, stream, rounds, clock, inputs)
             out[contract] = {name: clock.row(name) for name in clock.alone}
         finally:

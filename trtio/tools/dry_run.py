@@ -25,6 +25,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
+from trtio.gemma4 import bound_swa_mode
 from trtio.memory import MemoryReport, align_up
 from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
@@ -179,8 +180,25 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
                        page_table_shape=[int(d) for d in state.page_table.shape])
         if e.cfg.is_hybrid:
             row["recurrent"] = recurrent_rows(setup, e)
+        if e.cfg.gemma4 is not None:
+            row["gemma4"] = gemma4_rows(setup, e)
         rows.append(row)
     return rows
+
+
+def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, Any]:
+    """A Gemma 4 engine's KV pools, one per attention layer: ``layers`` (``name``, ``kind`` sliding / full,
+    ``shape``, ``shares``: the donor's pool a KV-sharing consumer is bound to, else None), the ``bytes`` allocated
+    (donors' pools once) and the SWA ``mode`` with its reason."""
+    g, state = e.cfg.gemma4, e.state
+    assert g is not None
+    layers = []
+    for i in range(g.num_layers):
+        name = names.past_key_values(i)
+        t = state.tensors[name]
+        layers.append({"name": name, "kind": g.kinds[i], "shape": [int(d) for d in t.shape],
+                       "shares": state.shared.get(name)})
+    return {"layers": layers, "bytes": state.nbytes, "mode": bound_swa_mode(e.cfg, e.io, setup.io.max_batch).describe()}
 
 
 def recurrent_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, Any]:

@@ -267,6 +267,16 @@ def format_kv_state(rows: list[dict[str, Any]]) -> list[str]:
         else:
             lines.append(f"  {r['role']}: {_count(r['tensors'], 'contiguous KV cache')} ({span}), each "
                          f"{format_shape(shape)} {r['dtype']}: {format_bytes(r['bytes'])} in all")
+        g4 = r.get("gemma4")
+        if g4 is not None:  # each layer its own geometry; KV-sharing consumers on their donor's pool
+            lines[-1] = (f"  {r['role']}: Gemma 4 KV pools, one per attention layer (KV-sharing layers bound to their "
+                         f"donor's): {format_bytes(g4['bytes'])} in all; page table "
+                         f"{format_shape(r['page_table_shape'])} int32 ({_count(r['pages_per_sequence'], 'page')} per "
+                         "sequence)")
+            for layer in g4["layers"]:
+                pool = f"{r['dtype']}" if layer["shares"] is None else f"= {layer['shares']}'s pool (KV sharing)"
+                lines.append(f"    {layer['name']}: {layer['kind']}, {format_shape(layer['shape'])} {pool}")
+            lines.append(f"  {r['role']}: SWA mode: {g4['mode']}")
         rec = r.get("recurrent")
         if rec is not None:
             conv, state = rec["conv"], rec["state"]

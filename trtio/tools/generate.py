@@ -43,6 +43,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.cuda.backend import Location
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.lora import LoraAdapter
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
@@ -79,6 +80,7 @@ class GenerateOptions:
     draft_step: int | None = None
     backend: str = "auto"
     images: tuple[Path, ...] = ()
+    lora: Path | None = None  # a LoRA adapter (trtio.LoraAdapter.load) for a LoRA engine's directory
 
 
 @dataclass
@@ -114,8 +116,14 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
     if not ids:
         raise ShapeError(f"--prompt: {opts.prompt!r} has no tokens")
     images = _images(path, kind, opts)
+    adapter = LoraAdapter.load(opts.lora) if opts.lora is not None else None  # a bad file: before any engine
     model = _open(path, kind, opts)
     with model.setup as setup:
+        if adapter is not None:
+            if not isinstance(setup, LLMSetup):
+                raise ConfigError("--lora", f"{path} is a {type(setup).__name__}'s directory; LoRA adapters are set "
+                                            "on a plain LLM's (LLMSetup.set_lora)")
+            setup.set_lora(adapter)
         limit = (setup.base.cfg if isinstance(setup, SpecDecodeSetup) else setup.cfg).max_supported_input_length
         prompt = None
         if images:

@@ -1,0 +1,574 @@
+"""Gemma 4 (issue 34): the config, the bindings the exporter declares, the SWA cache mode and the bounded SWA pool."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _onnx_io import parse_onnx_io
+
+import trtio
+from trtio import CapacityError, ConfigError, InvalidValueError, LLMEngineConfig, names
+from trtio.contracts.ragged import registry_for
+from trtio.gemma4 import BoundedSwaPages, choose_swa_mode
+from trtio.gemma4_config import swa_private_pages
+from trtio.rope import proportional_rope_parameters
+from trtio.state import paged_state_specs
+from trtio.testing import ReferenceEngine
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ONNX = FIXTURES / "edgellm-0.11" / "gemma4-text-onnx"  # the exporter's graph and config
+BUILDER = FIXTURES / "edgellm" / "gemma4-ple-tiny" / "config.json"  # the builder's config (no ONNX)
+KEQV = FIXTURES / "edgellm" / "gemma4-keqv-tiny" / "config.json"
+
+
+def _raw(path: Path = ONNX / "config.json") -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+# -- config ------------------------------------------------------------------------------------------------
+
+def test_the_exporters_config_reads_every_gemma4_fact() -> None:
+    cfg = LLMEngineConfig.from_edgellm(ONNX / "config.json")
+    g = cfg.gemma4
+    assert g is not None
+    assert g.kinds == ("sliding", "sliding", "full", "sliding", "sliding", "full")
+    assert g.head_dims == (32, 32, 64, 32, 32, 64) and g.kv_heads == (1,) * 6
+    assert g.donors == (-1, -1, -1, -1, 3, 2) and g.owners == (0, 1, 2, 3)
+    assert [g.owner(i) for i in range(6)] == [0, 1, 2, 3, 3, 2]
+    assert (g.ple_layers, g.ple_hidden) == (6, 16)
+    assert (g.sliding_rope.rope_type, g.sliding_rope.theta, g.sliding_rope.width) == ("default", 1e4, 32)
+    assert (g.full_rope.rope_type, g.full_rope.theta, g.full_rope.width) == ("proportional", 1e6, 64)
+    assert g.sliding_window == 0, "this config writes no window"
+    assert not {"global_head_dim", "kv_sharing_donors", "sliding_rope_config", "ple_enabled"} & set(cfg.extras)
+    assert LLMEngineConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("path", [BUILDER, KEQV], ids=["builder-ple", "builder-keqv"])
+def test_configs_the_builder_wrote_open_too(path: Path) -> None:
+    cfg = LLMEngineConfig.from_edgellm(path)
+    g = cfg.gemma4
+    assert g is not None and g.kinds == ("sliding", "full", "sliding", "full")
+    if path == KEQV:
+        assert g.kv_heads == (2, 1, 2, 1) and not g.has_ple and g.owners == (0, 1, 2, 3)
+    else:
+        assert g.donors == (-1, -1, 0, 1) and g.ple_layers == 4
+
+
+def test_the_window_is_read_from_where_the_config_writes_it() -> None:
+    raw = _raw()
+    raw["sliding_window_size"] = 64
+    assert LLMEngineConfig.from_edgellm(raw, what="g.json").gemma4.sliding_window == 64  # type: ignore[union-attr]
+    raw = _raw()
+    for i in (0, 1, 3, 4):
+        raw["kv_layer_configs"][i]["kv_cache_capacity"] = 64
+    assert LLMEngineConfig.from_edgellm(raw, what="g.json").gemma4.sliding_window == 64  # type: ignore[union-attr]
+    raw["sliding_window_size"] = 32
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(raw, what="g.json")
+    assert "the sliding window is ambiguous" in str(info.value)
+
+
+@pytest.mark.parametrize("edit,key", [
+    (lambda r: r["kv_sharing_donors"].__setitem__(4, 2), "g.json: kv_sharing_donors[4]"),  # sliding reads a full
+    (lambda r: r["kv_sharing_donors"].__setitem__(4, 5), "g.json: kv_sharing_donors[4]"),  # a later layer
+    (lambda r: r.update(kv_sharing_donors=[-1, -1, -1, -1, 3, 4]), "g.json: kv_sharing_donors[5]"),
+    (lambda r: r.update(num_ple_inputs=5), "g.json: num_ple_inputs"),
+    (lambda r: r.pop("full_rope_config"), "g.json: full_rope_config"),
+    (lambda r: r["full_rope_config"]["rope_scaling"].update(beta_fast=4), "g.json: full_rope_config.rope_scaling"
+                                                                          ".beta_fast"),
+    (lambda r: r.update(rope_theta=5.0), "g.json: rope_theta"),
+    (lambda r: r["kv_layer_configs"][1].update(head_dim=48), "g.json: kv_layer_configs[1].head_dim"),
+    (lambda r: r.update(attention_k_eq_v=True), "g.json: attention_k_eq_v"),
+    (lambda r: r.update(global_head_dim=32), "g.json: global_head_dim"),
+    (lambda r: r.update(attention_layer_types=["sliding_attention"] * 5), "g.json: attention_layer_types"),
+    (lambda r: r.update(engine_role="base", spec_decode_type="eagle3",
+                        builder_config=dict(r["builder_config"], max_verify_tree_size=8, spec_base=True)),
+     "g.json: engine_role"),
+])
+def test_gemma4_keys_that_do_not_fit_are_refused_naming_the_key(edit: Any, key: str) -> None:
+    raw = copy.deepcopy(_raw())
+    edit(raw)
+    with pytest.raises(ConfigError) as info:
+        LLMEngineConfig.from_edgellm(raw, what="g.json")
+    assert info.value.field == key
+
+
+def test_gemma4_markers_on_another_model_are_still_refused() -> None:
+    raw = _raw()
+    raw["model"] = "qwen3"
+    with pytest.raises(ConfigError, match="does not support yet"):
+        LLMEngineConfig.from_edgellm(raw, what="q.json")
+
+
+def test_proportional_rope_rotates_the_first_quarter_over_the_whole_head() -> None:
+    inv = proportional_rope_parameters(64, 1e6, 0.25)
+    assert inv.shape == (32,)
+    np.testing.assert_allclose(inv[:8], 1e6 ** (-np.arange(8) * 2 / 64))
+    assert not inv[8:].any()
+    cfg = LLMEngineConfig.from_edgellm(ONNX / "config.json")
+    rows = cfg.gemma4.full_rope.rows(np.array([0, 5]))  # type: ignore[union-attr]
+    assert rows.shape == (2, 64)
+    np.testing.assert_allclose(rows[1, 8:32], 1.0)  # cos of the unrotated dims
+    np.testing.assert_allclose(rows[1, 40:], 0.0)  # their sin
+
+
+# -- bindings ----------------------------------------------------------------------------------------------
+
+def test_the_registry_names_every_binding_the_exporter_wrote_for_gemma4() -> None:
+    """Names, dtypes, ranks (which dims are dynamic) and direction of the exported graph, in its order."""
+    graph = parse_onnx_io(ONNX / "onnx-io.txt")
+    assert len(graph) == 27 + 7
+    cfg = LLMEngineConfig.from_edgellm(ONNX / "config.json")
+    specs = {s.name: s for s in [*registry_for(cfg), *paged_state_specs(cfg)]}
+    assert {n for n in specs if n not in graph} == {names.kSkipSoftmaxScale}
+    for name, (io, dtype, shape) in graph.items():
+        s = specs[name]
+        assert (s.io, s.dtype, s.engine_shape) == (io, dtype, shape), name
+    engine = ReferenceEngine.from_config(cfg, device="host", null_compute=True)
+    declared = [(d.name, "input" if d.is_input else "output", d.dtype, d.shape) for d in engine._decls]
+    assert declared == [(n, io, dt, sh) for n, (io, dt, sh) in graph.items()], "in the exporter's order"
+
+
+# -- the SWA cache mode ------------------------------------------------------------------------------------
+
+def _windowed(window: int = 64, capacity: int = 1024, **builder: Any) -> LLMEngineConfig:
+    raw = _raw()
+    raw["sliding_window_size"] = window
+    raw["builder_config"].update(max_kv_cache_capacity=capacity, max_input_len=512,
+                                 max_kv_pool_pages=2 * -(-capacity // 128), **builder)
+    return LLMEngineConfig.from_edgellm(raw, what="g.json")
+
+
+def test_bounded_mode_where_the_engine_and_config_allow_it_and_the_reason_when_not() -> None:
+    cfg = _windowed()
+    assert swa_private_pages(64, 128) == 5
+    mode = choose_swa_mode(cfg, 2, engine_mode_max=1, engine_swa_pages=(1, 16))
+    assert mode.bounded and mode.pool_pages == 10 and mode.mode_length == 1
+    for kwargs, why in [(dict(engine_mode_max=0), "built without a bounded SWA pool"),
+                        (dict(prefix_reuse=True), "prefix reuse"), (dict(spec_decode=True), "speculative"),
+                        (dict(engine_swa_pages=(12, 16)), "not the bounded budget")]:
+        args: dict[str, Any] = dict(engine_mode_max=1, engine_swa_pages=(1, 16)) | kwargs
+        mode = choose_swa_mode(cfg, 2, **args)
+        assert not mode.bounded and mode.pool_pages == 16 and mode.mode_length == 0 and why in mode.reason
+    unknown = LLMEngineConfig.from_edgellm(ONNX / "config.json")
+    mode = choose_swa_mode(unknown, 2, engine_mode_max=1, engine_swa_pages=(1, 6))
+    assert not mode.bounded and "writes no sliding window" in mode.describe()
+    small = _windowed(window=384)  # 2 x 9 pages are not below the 16 of the full pool
+    assert "is not below the full pool" in choose_swa_mode(small, 2, engine_mode_max=1,
+                                                           engine_swa_pages=(1, 16)).reason
+
+
+# -- the bounded SWA pool ----------------------------------------------------------------------------------
+
+def test_a_windows_pages_rotate_and_retire_and_the_pool_never_grows() -> None:
+    window, page = 200, 128
+    private = swa_private_pages(window, page)
+    pool = BoundedSwaPages(3 * private, 3, window=window, page_size=page, pages_per_sequence=16,
+                           private_pages=private)
+    pool.admit(0)
+    pool.advance(0, 300)  # a prefill: pages 0..2, all inside [100, 300)
+    assert sorted(pool.mapped(0)) == [0, 1, 2]
+    for length in range(301, 1500):
+        pool.advance(0, length)
+        begin = max(0, length - window) // page
+        assert sorted(pool.mapped(0)) == list(range(begin, -(-length // page)))
+        assert pool.held(0) == private and pool.free == 2 * private
+        row = pool.table[0]
+        assert set(np.flatnonzero(row >= 0)) <= set(range(begin - 1, -(-length // page)))
+    pool.advance(0, 1500 + 128)  # a step of 128 tokens: one page falls behind, retired once the step is done
+    assert pool.held(0) == private and len(np.flatnonzero(pool.table[0] >= 0)) == len(pool.mapped(0)) + 1
+    rows = pool.rows([0])
+    k = rows[0, 0][rows[0, 0] >= 0]
+    assert (rows[0, 1][rows[0, 1] >= 0] == k + 3 * private).all()
+    pool.release(0)  # with a page still retiring
+    assert pool.free == 3 * private and (pool.table[0] == -1).all()
+    pool.admit(0)
+    pool.advance(0, 10)
+    pool.advance(0, 300)
+    pool.complete(0)
+    assert set(np.flatnonzero(pool.table[0] >= 0)) == set(pool.mapped(0)) == {0, 1, 2}
+
+
+def test_a_pool_short_of_every_slots_pages_and_bad_admissions_are_refused() -> None:
+    with pytest.raises(CapacityError, match="9 pages cannot reserve 2 sequences x 5 pages"):
+        BoundedSwaPages(9, 2, window=64, page_size=128, pages_per_sequence=8, private_pages=5)
+    pool = BoundedSwaPages(10, 2, window=64, page_size=128, pages_per_sequence=8, private_pages=5)
+    pool.admit(0)
+    with pytest.raises(InvalidValueError, match="slot 0 is already admitted"):
+        pool.admit(0)
+    with pytest.raises(InvalidValueError, match="slot 2 is outside"):
+        pool.admit(2)
+    pool.advance(0, 10)
+    with pytest.raises(InvalidValueError, match="cannot move back from 10 to 5 tokens"):
+        pool.advance(0, 5)
+    with pytest.raises(CapacityError, match="past the 8 pages of a page-table row"):
+        pool.advance(0, 8 * 128 + 1)
+    assert pool.free == 5 and pool.held(0) == 5
+
+
+# -- the toy Gemma 4 model on the host: bounded mode against full mode against recomputing -------------------
+
+class _Run:
+    """A host runtime of the toy Gemma 4 engine (``reference_gemma4.gemma4_forward``): per-layer pools (a
+    consumer bound to its donor's, or, with ``own_pools``, the planted bug of its own), a static ``kv_page_table``
+    (slot b owns pages b*M ..), and the SWA table: ``kv_page_table`` itself (full mode) or
+    :class:`BoundedSwaPages`' rows over a pool of ``max_batch x private`` pages (bounded mode). Tokens are embedded
+    from fixed random tables (``inputs_embeds`` and the PLE rows)."""
+
+    def __init__(self, cfg: LLMEngineConfig, *, bounded: bool, own_pools: bool = False) -> None:
+        from trtio.testing.reference_gemma4 import Gemma4Weights
+
+        g = cfg.gemma4
+        assert g is not None
+        self.cfg, self.g, self.bounded = cfg, g, bounded
+        self.w = Gemma4Weights.generate(cfg, 0)
+        rng = np.random.default_rng(7)
+        self.emb = rng.standard_normal((cfg.vocab_size, cfg.hidden_size)).astype(np.float16)
+        self.ple = rng.standard_normal((cfg.vocab_size, g.ple_layers * g.ple_hidden)).astype(np.float16)
+        b, m, page = cfg.max_supported_batch_size, cfg.pages_per_sequence, cfg.kv_page_size
+        private = g.private_pages(page)
+        swa_pages = b * private if bounded else cfg.kv_pool_pages
+        self.swa = BoundedSwaPages(swa_pages, b, window=g.sliding_window, page_size=page, pages_per_sequence=m,
+                                   private_pages=private) if bounded else None
+        self.pools: dict[str, np.ndarray] = {}
+        for layer in range(g.num_layers):
+            pages = swa_pages if g.is_sliding(layer) else cfg.kv_pool_pages
+            shape = (2, pages, page, g.kv_heads[layer], g.head_dims[layer])
+            if g.donors[layer] < 0 or own_pools:
+                self.pools[names.past_key_values(layer)] = np.full(shape, np.nan, np.float16)
+            else:
+                self.pools[names.past_key_values(layer)] = self.pools[names.past_key_values(g.donors[layer])]
+        ids = np.arange(b * m).reshape(b, m)
+        self.kv_rows = np.stack([ids, ids + cfg.kv_pool_pages], axis=1).astype(np.int32)
+        self.lengths = np.zeros(b, np.int64)
+
+    def admit(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        if self.swa is not None:
+            self.swa.admit(slot)
+
+    def release(self, slot: int) -> None:
+        if self.swa is not None:
+            self.swa.release(slot)
+
+    def step(self, tokens: dict[int, list[int]]) -> dict[int, np.ndarray]:
+        """One step: ``tokens[slot]`` appended to each slot's sequence; each slot's last-row logits."""
+        from trtio.testing.reference_gemma4 import gemma4_forward
+
+        cfg, g = self.cfg, self.g
+        slots = sorted(tokens)
+        n, width = len(slots), max(len(t) for t in tokens.values())
+        past = self.lengths[slots]
+        ql = np.array([len(tokens[s]) for s in slots])
+        ids = np.zeros((n, width), np.int64)
+        for i, s in enumerate(slots):
+            ids[i, :ql[i]] = tokens[s]
+        positions = (past[:, None] + np.arange(width)[None, :]).reshape(-1)
+        if self.swa is not None:
+            for i, s in enumerate(slots):
+                self.swa.advance(s, int(past[i] + ql[i]))
+            swa_rows = self.swa.rows(slots)
+        io: dict[str, np.ndarray] = dict(self.pools)
+        io.update({
+            names.kInputsEmbeds: self.emb[ids.reshape(-1)],
+            names.kQueryLengths: ql.astype(np.int32), names.kPastLengths: past.astype(np.int32),
+            names.kAttentionSequenceLengths: (past + ql).astype(np.int32),
+            names.kKVPageTable: self.kv_rows[slots],
+            names.kSwaKVPageTable: swa_rows if self.swa is not None else self.kv_rows[slots],
+            names.kSwaKVCacheMode: np.zeros(1 if self.bounded else 0, np.int8),
+            names.kRopeCosSinSliding: g.sliding_rope.rows(positions),
+            names.kRopeCosSinFull: g.full_rope.rows(positions),
+            names.kLogitsIndices: (np.arange(n) * width + ql - 1).astype(np.int64),
+            names.kLogits: np.zeros((n, cfg.vocab_size), np.float32),
+        })
+        ple = self.ple[ids.reshape(-1)]
+        for layer in range(g.ple_layers):
+            io[names.ple_token_embeds(layer)] = ple[:, layer * g.ple_hidden:(layer + 1) * g.ple_hidden]
+        gemma4_forward(cfg, self.w, io)
+        self.lengths[slots] += ql
+        return {s: io[names.kLogits][i] for i, s in enumerate(slots)}
+
+
+def _toy_gemma4(window: int = 40) -> LLMEngineConfig:
+    return _windowed(window, 768, max_batch_size=2)  # 6 pages per sequence, 5 of them in the bounded pool
+
+
+def _generate(run: _Run, prompts: dict[int, list[int]], steps: int, *,
+              admit_at: dict[int, tuple[int, list[list[int]]]], release_at: dict[int, int]) -> dict[str, list[int]]:
+    """Greedy decoding of ``prompts`` (slot -> tokens); at step ``i`` of ``admit_at`` a new sequence takes its slot
+    with its prompt in chunks (one step each: the later ones are prefills over a cached prefix), at step
+    ``release_at[slot]`` the slot's sequence ends. Returns each sequence's tokens."""
+    out: dict[str, list[int]] = {}
+    current: dict[int, str] = {}
+    chunks: dict[int, list[list[int]]] = {}
+
+    def start(slot: int, parts: list[list[int]]) -> dict[int, list[int]]:
+        run.admit(slot)
+        current[slot] = key = f"{slot}@{len(out)}"
+        out[key] = [t for part in parts for t in part]
+        chunks[slot] = parts[1:]
+        return {slot: parts[0]}
+
+    step: dict[int, list[int]] = {}
+    for slot, prompt in prompts.items():
+        step |= start(slot, [prompt])
+    for i in range(steps):
+        logits = run.step(step)
+        step = {}
+        for slot, row in logits.items():
+            if chunks[slot]:
+                step[slot] = chunks[slot].pop(0)
+                continue
+            token = int(np.argmax(row))
+            out[current[slot]].append(token)
+            step[slot] = [token]
+        for slot, at in release_at.items():
+            if at == i and slot in current:
+                run.release(slot)
+                step.pop(slot, None)
+                del current[slot]
+        if i in admit_at:
+            slot, parts = admit_at[i]
+            step |= start(slot, parts)
+        if run.swa is not None:
+            held = sum(run.swa.held(s) for s in current)
+            assert held + run.swa.free == run.swa.pool_pages, "the SWA pool never grows past its budget"
+            assert all(run.swa.held(s) == run.swa.private_pages for s in current)
+    return out
+
+
+def _story(run: _Run) -> dict[str, list[int]]:
+    """Window 40, pages of 128: slot 0 decodes across two page boundaries; slot 1 comes in with a prompt of 130
+    then 120 tokens (the second chunk crosses a page and retires one in a multi-token step, and its first rows
+    are never stored); slot 0's sequence ends and a new one takes its slot and pages."""
+    rng = np.random.default_rng(3)
+    p0, p1a, p1b, p2 = (rng.integers(2, 1000, n).tolist() for n in (120, 130, 120, 130))
+    return _generate(run, {0: p0}, 150, admit_at={5: (1, [p1a, p1b]), 101: (0, [p2])}, release_at={0: 100})
+
+
+def test_bounded_mode_equals_full_mode_token_for_token_over_more_than_three_windows() -> None:
+    cfg = _toy_gemma4()
+    assert choose_swa_mode(cfg, 2, engine_mode_max=1, engine_swa_pages=(1, 16)).bounded
+    full, bounded = _story(_Run(cfg, bounded=False)), _story(_Run(cfg, bounded=True))
+    assert len(full) == 3 and min(len(t) for t in full.values()) > 3 * 40
+    assert full == bounded
+
+
+def test_incremental_steps_equal_recomputing_each_sequence_and_a_consumer_bound_to_its_own_pool_fails() -> None:
+    """Decoding from the cache (full and bounded) gives the logits of a prefill of the whole sequence, which reads
+    no cache: the KV-sharing consumers read their donors' entries."""
+    cfg = _toy_gemma4()
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(2, 1000, 100).tolist()
+    for bounded, own_pools in ((False, False), (True, False), (False, True)):
+        run = _Run(cfg, bounded=bounded, own_pools=own_pools)
+        run.admit(0)
+        seq = list(prompt)
+        logits = run.step({0: prompt})[0]
+        for _ in range(60):
+            seq.append(int(np.argmax(logits)))
+            logits = run.step({0: [seq[-1]]})[0]
+        fresh = _Run(cfg, bounded=False)
+        fresh.admit(0)
+        want = fresh.step({0: seq})[0]
+        if own_pools:
+            assert not np.allclose(logits, want, atol=1e-2), "a consumer bound to its own pool reads no donor entry"
+        else:
+            np.testing.assert_allclose(logits, want, atol=1e-2, rtol=1e-2)
+
+
+def test_ple_rows_reach_their_layers() -> None:
+    cfg = _toy_gemma4()
+    run, other = _Run(cfg, bounded=False), _Run(cfg, bounded=False)
+    other.ple = other.ple.copy()
+    other.ple[5, 16:32] += 1  # layer 1's columns of token 5
+    for r in (run, other):
+        r.admit(0)
+    assert not np.allclose(run.step({0: [5, 6]})[0], other.step({0: [5, 6]})[0])
+
+
+# -- the setup on the host backend -------------------------------------------------------------------------
+
+def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[int]], steps: int,
+                  release_at: dict[int, int] | None = None) -> dict[int, list[int]]:
+    import trtio
+    from trtio.testing import ReferenceEngine
+
+    emb_run = _Run(cfg, bounded=False)  # its embedding tables
+    engine = ReferenceEngine.from_config(cfg, device="host")
+    out = {slot: list(p) for slot, p in prompts.items()}
+    with trtio.create_for_llm(engine, cfg, backend="host", graphs=graphs) as setup:
+        for slot, p in prompts.items():
+            ids = np.array([p])
+            logits = setup.prefill(emb_run.emb[ids], [len(p)], slots=[slot], ple_embeds=emb_run.ple[ids])
+            out[slot].append(int(np.argmax(logits.to_numpy()[0])))
+        active = set(prompts)
+        for i in range(steps):
+            for slot, at in (release_at or {}).items():
+                if at == i:
+                    setup.release([slot])
+                    active.discard(slot)
+            slots = sorted(active)
+            ids = np.array([[out[s][-1]] for s in slots])
+            logits = setup.decode(emb_run.emb[ids], slots=slots, ple_embeds=emb_run.ple[ids]).to_numpy()
+            for row, slot in enumerate(slots):
+                out[slot].append(int(np.argmax(logits[row])))
+    return out
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_setup_binds_gemma4_and_decodes_as_the_toy_model(graphs: bool) -> None:
+    """create_for_llm on the toy Gemma 4 engine (full SWA mode: per-layer pools, consumers on their donors'
+    pools, dual RoPE gathered per token, PLE staged per step) decodes what the toy model decodes."""
+    cfg = _toy_gemma4()
+    rng = np.random.default_rng(11)
+    prompts = {0: rng.integers(2, 1000, 70).tolist(), 1: rng.integers(2, 1000, 30).tolist()}
+    got = _setup_tokens(cfg, graphs, prompts, 40)
+    run = _Run(cfg, bounded=False)
+    want: dict[int, list[int]] = {}
+    for slot, p in prompts.items():
+        run.admit(slot)
+        want[slot] = list(p) + [int(np.argmax(run.step({slot: p})[slot]))]
+    for _ in range(40):
+        logits = run.step({slot: [toks[-1]] for slot, toks in want.items()})
+        for slot, row in logits.items():
+            want[slot].append(int(np.argmax(row)))
+    assert got == want
+
+
+def test_ple_embeds_are_required_where_the_engine_has_ple_inputs_and_refused_elsewhere() -> None:
+    import trtio
+    from trtio.testing import ReferenceEngine
+
+    cfg = _toy_gemma4()
+    x = np.zeros((1, 4, cfg.hidden_size), np.float16)
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host") as setup:
+        with pytest.raises(trtio.ShapeError, match=r"ple_embeds: required by the engine's ple_token_embeds_0 \.\. 5"):
+            setup.prefill(x, [4])
+        with pytest.raises(trtio.ShapeError, match=r"ple_embeds: expected \[batch, seq, 96\] = \[1, 4, 96\]"):
+            setup.prefill(x, [4], ple_embeds=np.zeros((1, 4, 95), np.float16))
+    keqv = LLMEngineConfig.from_edgellm(KEQV)
+    with trtio.create_for_llm(ReferenceEngine.from_config(keqv, device="host", null_compute=True), keqv,
+                              backend="host") as setup:
+        with pytest.raises(trtio.ShapeError, match="ple_embeds: given, but the engine has no per-layer embedding"):
+            setup.prefill(np.zeros((1, 4, keqv.hidden_size), np.float16), [4],
+                          ple_embeds=np.zeros((1, 4, 8), np.float16))
+
+
+# -- a toy Gemma 4 directory and its token embeddings on the device ---------------------------------------
+
+def _toy_dir(tmp: Path) -> Path:
+    """A Gemma 4 engine directory of the toy config: config.json, embedding.safetensors, ple_embedding.safetensors
+    (the tables of :class:`_Run`)."""
+    from _safetensors import write_safetensors
+
+    raw = _raw()
+    raw["sliding_window_size"] = 40
+    raw["builder_config"].update(max_kv_cache_capacity=768, max_input_len=512, max_kv_pool_pages=12)
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.json").write_text(json.dumps(raw))
+    run = _Run(LLMEngineConfig.from_edgellm(tmp / "config.json"), bounded=False)
+    write_safetensors(tmp / "embedding.safetensors", {"embedding": run.emb})
+    write_safetensors(tmp / "ple_embedding.safetensors", {"weight": run.ple})
+    return tmp
+
+
+def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) -> None:
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import AsyncHostBackend
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    table, ple = directory.embedding_table(), directory.ple_embedding_table()
+    assert ple is not None and ple.shape == (1000, 96)
+    for backend in ("host", AsyncHostBackend(seed=1)):
+        with TokenEmbeddings.from_dir(directory, backend=backend) as emb:
+            ids = np.array([[5, 999, 0], [7, 7, 3]])
+            got = emb.embed(ids)
+            assert isinstance(got, tuple)
+            x, p = got
+            np.testing.assert_array_equal(x.to_numpy(), table[ids])
+            np.testing.assert_array_equal(p.to_numpy(), ple[ids])
+            with pytest.raises(trtio.ShapeError, match="id 1000 is outside the 1000 rows"):
+                emb.embed(np.array([[1, 1000]]))
+
+
+def test_a_ple_table_of_the_wrong_width_is_refused_naming_the_file(tmp_path: Path) -> None:
+    from _safetensors import write_safetensors
+
+    from trtio.edgellm import EngineDir
+
+    d = _toy_dir(tmp_path / "toy-gemma4")
+    write_safetensors(d / "ple_embedding.safetensors", {"weight": np.zeros((1000, 95), np.float16)})
+    with pytest.raises(ConfigError, match=r"ple_embedding.safetensors: weight: expected \[vocab, 96\]"):
+        EngineDir.open(d).ple_embedding_table()
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path, graphs: bool) -> None:
+    """The directory's tables gathered by TokenEmbeddings feed the setup's steps (inputs_embeds and ple_embeds as
+    device tensors); the tokens are the toy model's, with a release and an admission on the way."""
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import ReferenceEngine
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    cfg = directory.config
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(2, 1000, n).tolist() for n in (60, 25, 45)]
+    got: dict[str, list[int]] = {}
+    with TokenEmbeddings.from_dir(directory, backend="host") as emb, \
+            trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
+                                 graphs=graphs) as setup:
+        def admit(key: str, slot: int, prompt: list[int]) -> None:
+            x, p = emb.embed(np.array([prompt]))  # type: ignore[misc]
+            got[key] = list(prompt) + [int(np.argmax(setup.prefill(x, [len(prompt)], slots=[slot],
+                                                                    ple_embeds=p).to_numpy()[0]))]
+
+        admit("a", 0, prompts[0])
+        admit("b", 1, prompts[1])
+        live = {0: "a", 1: "b"}
+        for i in range(30):
+            if i == 12:
+                setup.release([0])
+                admit("c", 0, prompts[2])
+                live[0] = "c"
+            slots = sorted(live)
+            x, p = emb.embed(np.array([[got[live[s]][-1]] for s in slots]))  # type: ignore[misc]
+            logits = setup.decode(x, slots=slots, ple_embeds=p).to_numpy()
+            for row, slot in enumerate(slots):
+                got[live[slot]].append(int(np.argmax(logits[row])))
+    run = _Run(cfg, bounded=False)
+    want: dict[str, list[int]] = {}
+    for key, slot, prompt, steps in (("a", 0, prompts[0], 12), ("b", 1, prompts[1], 30), ("c", 0, prompts[2], 18)):
+        run.admit(slot)
+        seq = list(prompt)
+        logits = run.step({slot: prompt})[slot]
+        for _ in range(steps):
+            seq.append(int(np.argmax(logits)))
+            logits = run.step({slot: [seq[-1]]})[slot]
+        want[key] = seq + [int(np.argmax(logits))]
+    assert got == want
+
+
+def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    assert main(["plan", str(_toy_dir(tmp_path / "toy-gemma4"))]) == 0
+    out = capsys.readouterr().out
+    assert "past_key_values_2: full, [2,12,128,1,64] float16" in out
+    assert "past_key_values_4: sliding, [2,12,128,1,32] = past_key_values_3's pool (KV sharing)" in out
+    assert "SWA mode: full SWA storage" in out and "allow the bounded SWA pool (10 pages, 5 per sequence)" in out
+    assert "960.00 KiB in all" in out  # 4 pools allocated, not 6
+    fixture = tmp_path / "fixture"
+    fixture.mkdir()
+    (fixture / "config.json").write_text((ONNX / "config.json").read_text())
+    assert main(["plan", str(fixture)]) == 0
+    assert "the config writes no sliding window" in capsys.readouterr().out

@@ -1,0 +1,445 @@
+"""LoRA adapters on Edge-LLM engines (issue 37): the engine's LoRA inputs, LoraAdapter, LLMSetup.set_lora.
+
+The engines are ReferenceEngines of ``tests/fixtures/toy-lora`` (the ragged toy with ``max_lora_rank`` 8), whose
+linears add ``x @ A @ B``; the ground truth is ``toy_model.reference_forward`` on the toy's weights merged with the
+adapter's (``W + A @ B``: ``reference_lora.merged_weights``), recomputed from scratch. Tests taking ``device`` also
+run on the cuda backend with GPU ReferenceEngines where a GPU answers (``-m gpu``).
+
+Tolerance: as ``tests/test_setups_ragged.py`` (2e-3), relative too, since an adapter makes the logits larger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _onnx_io import parse_onnx_io
+from _safetensors import write_safetensors
+
+import trtio
+from trtio import BindingError, ConfigError, InvalidTypeError, InvalidValueError
+from trtio.cuda.backend import Location
+from trtio.edgellm import EngineDir
+from trtio.engine import EngineIO, TensorInfo
+from trtio.lora import LoraAdapter, LoraInputs
+from trtio.testing import ReferenceEngine, reference_forward, toy_embedding
+from trtio.testing.reference_lora import lora_modules, merged_weights, toy_adapter
+from trtio.testing.toy_runtime import embed_batch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TOY_LORA = FIXTURES / "toy-lora"
+QWEN3_LORA = FIXTURES / "edgellm-0.11" / "qwen3-lora"
+E = toy_embedding(512, 64)
+PROMPTS = [[1, 5, 9, 200, 17, 3], [7, 8]]
+TOL = 2e-3
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return str(request.param)
+
+
+def lora_cfg(**over: Any) -> trtio.LLMEngineConfig:
+    cfg = EngineDir.open(TOY_LORA).config
+    return dataclasses.replace(cfg, **over).validate() if over else cfg
+
+
+def adapters() -> tuple[LoraAdapter, LoraAdapter]:
+    return LoraAdapter.load(TOY_LORA / "adapters" / "chat"), LoraAdapter.load(TOY_LORA / "adapters" / "terse")
+
+
+def _engine(cfg: trtio.LLMEngineConfig, device: str, **kw: Any) -> ReferenceEngine:
+    return ReferenceEngine.from_config(cfg, device=device, **kw)
+
+
+def _run(setup: trtio.LLMSetup, steps: int, *, switch: dict[int, LoraAdapter | None] | None = None,
+         prompts: list[list[int]] = PROMPTS) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Prefill + greedy decode; ``switch``: step -> the adapter set before that decode step (1 = the first)."""
+    emb, lens = embed_batch(E, prompts, np.float16)
+    out = [setup.prefill(emb, lens).to_numpy()]
+    toks = [list(p) for p in prompts]
+    for step in range(1, steps + 1):
+        if switch and step in switch:
+            setup.set_lora(switch[step])
+        nxt = out[-1].argmax(-1)
+        for b, t in enumerate(nxt):
+            toks[b].append(int(t))
+        out.append(setup.decode(E[nxt][:, None, :].astype(np.float16)).to_numpy())
+    return out, toks
+
+
+def _check_against_merged(eng: ReferenceEngine, cfg: trtio.LLMEngineConfig, adapter: LoraAdapter | None,
+                          out: list[np.ndarray], toks: list[list[int]]) -> None:
+    weights = merged_weights(eng.weights, cfg, adapter)
+    for b, p in enumerate(PROMPTS):
+        _, ref = reference_forward(weights, cfg, E[toks[b]].astype(np.float16))
+        for step, logits in enumerate(out):
+            np.testing.assert_allclose(logits[b], ref[len(p) - 1 + step], atol=TOL, rtol=TOL)
+
+
+# -- configs and directories --------------------------------------------------------------------------
+
+
+def test_max_lora_rank_is_read_from_the_builder_config() -> None:
+    assert trtio.LLMEngineConfig.from_edgellm(QWEN3_LORA / "config.json").max_lora_rank == 8
+    assert lora_cfg().max_lora_rank == 8
+    assert EngineDir.open(FIXTURES / "edgellm-0.11" / "qwen3-tiny-llm").config.max_lora_rank == 0
+
+
+def test_a_bad_max_lora_rank_is_refused_naming_the_key() -> None:
+    raw = EngineDir.open(TOY_LORA).raw()
+    raw["builder_config"]["max_lora_rank"] = -1
+    with pytest.raises(ConfigError, match=r"toy: builder_config.max_lora_rank.*got -1"):
+        trtio.LLMEngineConfig.from_edgellm(raw, what="toy")
+    with pytest.raises(ConfigError, match="max_lora_rank"):
+        lora_cfg(max_lora_rank=-2)
+
+
+def test_the_toy_directorys_adapters_are_the_toy_adapters() -> None:
+    cfg = lora_cfg()
+    chat, terse = adapters()
+    for got, want in ((chat, toy_adapter(cfg, 8, seed=1)), (terse, toy_adapter(cfg, 4, seed=2,
+                                                                               modules=("q_proj", "v_proj")))):
+        assert got.modules == want.modules
+        for m in got.modules:
+            for a, b in zip(got.weights[m], want.weights[m]):
+                assert a.dtype == np.float16
+                np.testing.assert_array_equal(a, b)
+    assert (chat.name, set(chat.ranks.values()), len(chat.modules)) == ("chat", {8}, 24)
+    assert (terse.name, set(terse.ranks.values()), len(terse.modules)) == ("terse", {4}, 8)
+
+
+# -- the engine's LoRA inputs ---------------------------------------------------------------------------
+
+
+def test_the_engines_lora_inputs_are_every_linear_of_every_layer() -> None:
+    cfg = lora_cfg()
+    inputs = LoraInputs.from_engine(EngineIO.from_engine(_engine(cfg, "host")), cfg.max_lora_rank)
+    assert inputs is not None and inputs.max_rank == 8
+    assert [(m.name, m.in_features, m.out_features) for m in inputs.modules] == \
+        [(m, i, o) for m, _layer, _key, i, o in lora_modules(cfg)]
+    # the worst case: every module's A and B at rank 8, FP16
+    assert inputs.worst_case_bytes() == sum(2 * 8 * (i + o) for _m, _l, _k, i, o in lora_modules(cfg))
+    assert LoraInputs.from_engine(EngineIO.from_engine(_engine(lora_cfg(max_lora_rank=0), "host")), 0) is None
+
+
+def _fixture_engine_io(rank_max: int = 8) -> EngineIO:
+    """The I/O of the real graph insert-lora wrote (tests/fixtures/edgellm-0.11/qwen3-lora), its rank dims 0..max."""
+    tensors = []
+    for i, (name, (io, dtype, shape)) in enumerate(parse_onnx_io(QWEN3_LORA / "onnx-io.txt").items()):
+        profiles: tuple[Any, ...] = ()
+        if io == "input" and name.endswith(".weight"):
+            lo = tuple(0 if d < 0 else d for d in shape)
+            hi = tuple(rank_max if d < 0 else d for d in shape)
+            profiles = ((lo, hi, hi), (lo, hi, hi))
+        tensors.append(TensorInfo(i, name, io, dtype, shape, Location.DEVICE, False, profiles))
+    return EngineIO("qwen3-lora", tuple(tensors), 2)
+
+
+def test_lora_inputs_named_after_graph_nodes_are_refused_saying_why() -> None:
+    eio = _fixture_engine_io()
+    assert sum(n.endswith(".lora_A.weight") for n in eio.names()) == 30  # what the real export declares
+    with pytest.raises(BindingError) as info:
+        LoraInputs.from_engine(eio, 8)
+    msg = str(info.value)
+    assert "ode_linear" in msg and "named after ONNX graph nodes" in msg and "no adapter's weights can be matched" \
+        in msg and "insert-lora" in msg
+
+
+def test_a_reference_engine_with_node_named_lora_inputs_is_refused_by_create_for_llm() -> None:
+    cfg = lora_cfg()
+    eng = _engine(cfg, "host", lora_naming="nodes")
+    with pytest.raises(BindingError, match=r"ode_linear.*named after ONNX graph nodes"):
+        trtio.create_for_llm(eng, cfg)
+
+
+@pytest.mark.parametrize("engine_rank,config_rank,needle", [
+    (8, 0, "declares 48 LoRA inputs but the config's max_lora_rank is 0"),
+    (0, 8, "max_lora_rank is 8 but the engine declares no LoRA input"),
+    (4, 8, "profile 0 takes ranks 0 .. 4, the config needs 0 (no adapter) .. 8"),
+])
+def test_an_engine_and_config_that_disagree_on_lora_are_refused(engine_rank: int, config_rank: int,
+                                                                 needle: str) -> None:
+    eng = _engine(lora_cfg(max_lora_rank=engine_rank), "host")
+    with pytest.raises(BindingError) as info:
+        trtio.create_for_llm(eng, lora_cfg(max_lora_rank=config_rank))
+    assert needle in str(info.value)
+
+
+def test_a_spec_decode_pair_with_lora_inputs_is_refused_in_one_line() -> None:
+    d = EngineDir.open(FIXTURES.parent.parent / "engines" / "toy-eagle3-ragged")
+    pair = d.deployment(2, 3, 8)
+    base = dataclasses.replace(pair.base, max_lora_rank=8)
+    with pytest.raises(BindingError) as info:
+        trtio.create_for_spec_decode(_engine(base, "host"), _engine(pair.draft, "host"),
+                                     dataclasses.replace(pair, base=base))
+    assert str(info.value).count("\n  - ") == 1, str(info.value)
+    assert "model.layers.0.self_attn.q_proj.lora_A.weight: the engine takes LoRA adapters (48 LoRA inputs" in \
+        str(info.value) and "create_for_llm binds them (LLMSetup.set_lora), this setup does not" in str(info.value)
+
+
+# -- LoraAdapter ---------------------------------------------------------------------------------------
+
+
+def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Path) -> None:
+    a, b = np.ones((64, 2), np.float16), np.full((2, 64), 0.5, np.float16)
+    write_safetensors(tmp_path / "x.safetensors", {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": a,
+                                                  "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": b})
+    adapter = LoraAdapter.load(tmp_path / "x.safetensors")
+    assert adapter.name == "x" and adapter.modules == ("model.layers.0.self_attn.q_proj",)
+    np.testing.assert_array_equal(adapter.weights["model.layers.0.self_attn.q_proj"][1], b)
+    assert LoraAdapter.load(tmp_path).modules == adapter.modules  # the directory's one file
+
+
+@pytest.mark.parametrize("tensors,match", [
+    ({"m.lora_A.weight": np.ones((4, 2), np.float16), "m.bias": np.ones(4, np.float16)}, r"m\.bias: is not a LoRA"),
+    ({"m.lora_A.weight": np.ones((4, 2), np.float16)}, r"m\.lora_B\.weight: is missing"),
+    ({"m.lora_A.weight": np.ones((4, 2), np.float16), "m.lora_B.weight": np.ones((3, 4), np.float16)},
+     r"m: A is \[4, 2\] \(\[in, r\]\) but B is \[3, 4\]"),
+])
+def test_a_bad_adapter_file_is_refused_naming_the_module(tmp_path: Path, tensors: dict[str, Any],
+                                                         match: str) -> None:
+    write_safetensors(tmp_path / "bad.safetensors", tensors)
+    with pytest.raises((ConfigError, InvalidValueError), match=match):
+        LoraAdapter.load(tmp_path / "bad.safetensors")
+
+
+def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:
+    a, b = np.ones((64, 8), np.float16), np.ones((8, 32), np.float16)
+    with pytest.raises(InvalidValueError, match=r"LoraAdapter 'peft': m: A is \[8, 64\] \(\[in, r\]\) but B is "
+                                                r"\[32, 8\].*PEFT's layout.*process-lora"):
+        LoraAdapter.from_arrays({"m": (a.T, b.T)}, name="peft")
+
+
+def test_adapter_arrays_are_read_only_copies() -> None:
+    a = np.ones((64, 2), np.float16)
+    adapter = LoraAdapter.from_arrays({"model.layers.0.self_attn.q_proj": (a, np.ones((2, 64), np.float16))})
+    a[:] = 7
+    held = adapter.weights["model.layers.0.self_attn.q_proj"][0]
+    assert (held == 1).all() and not held.flags.writeable
+
+
+# -- set_lora on the host backend (and on the GPU with -m gpu) -------------------------------------------
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_logits_with_an_adapter_equal_the_merged_weights_model(device: str, graphs: bool) -> None:
+    cfg = lora_cfg()
+    eng = _engine(cfg, device)
+    chat, terse = adapters()
+    with trtio.create_for_llm(eng, cfg, graphs=graphs) as setup:
+        for adapter in (chat, terse, None, chat):
+            setup.set_lora(adapter)
+            assert setup.lora is adapter
+            out, toks = _run(setup, 3)
+            _check_against_merged(eng, cfg, adapter, out, toks)
+        if graphs:
+            assert setup.graph_stats.hits > 0
+
+
+def test_set_lora_none_equals_an_engine_without_lora(device: str) -> None:
+    chat, _ = adapters()
+    plain_cfg = lora_cfg(max_lora_rank=0)
+    with trtio.create_for_llm(_engine(plain_cfg, device), plain_cfg) as setup:
+        base, base_toks = _run(setup, 3)
+    cfg = lora_cfg()
+    with trtio.create_for_llm(_engine(cfg, device), cfg) as setup:
+        none, none_toks = _run(setup, 3)  # no adapter set yet: rank 0
+        setup.set_lora(chat)
+        with_chat, _ = _run(setup, 3)
+        setup.set_lora(None)
+        again, again_toks = _run(setup, 3)
+    assert base_toks == none_toks == again_toks
+    for x, y, z in zip(base, none, again):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
+    assert np.abs(with_chat[0] - base[0]).max() > 0.5  # the adapter does change the model
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("to", ["terse", "same ranks"])
+def test_switching_mid_sequence_changes_only_later_steps(device: str, graphs: bool, to: str) -> None:
+    cfg = lora_cfg()
+    chat, terse = adapters()
+    other = terse if to == "terse" else toy_adapter(cfg, 8, seed=9, name="other")  # chat's ranks: its plan holds
+    with trtio.create_for_llm(_engine(cfg, device), cfg, graphs=graphs) as setup:
+        setup.set_lora(other)
+        setup.set_lora(chat)
+        steady, steady_toks = _run(setup, 4)
+        switched, switched_toks = _run(setup, 4, switch={3: other})
+    for step in range(3):  # the prefill and decode steps 1, 2 ran with chat in both runs
+        np.testing.assert_array_equal(steady[step], switched[step])
+    assert steady_toks[0][:len(PROMPTS[0]) + 3] == switched_toks[0][:len(PROMPTS[0]) + 3]
+    for step in (3, 4):
+        assert np.abs(steady[step] - switched[step]).max() > 0.1, step
+
+
+def test_switching_adapters_allocates_nothing_syncs_nothing_and_reuses_graphs(device: str) -> None:
+    cfg = lora_cfg()
+    chat, terse = adapters()
+    other = toy_adapter(cfg, 8, seed=9, name="other")  # chat's ranks: the same graphs
+    with trtio.create_for_llm(_engine(cfg, device), cfg, graphs=True) as setup:
+        be = setup.io.backend
+        for adapter in (chat, terse, other, None):  # uploaded (allocated) the first time each
+            setup.set_lora(adapter)
+            _run(setup, 2)
+        graphs = setup.graph_stats.graphs
+        emb, lens = embed_batch(E, PROMPTS, np.float16)
+        setup.prefill(emb, lens)
+        x = trtio.Tensor.from_numpy(E[[3, 4]][:, None, :].astype(np.float16), trtio.Location.DEVICE, backend=be)
+        for adapter in (chat, terse, other, None, chat, other):
+            allocs, syncs = be.alloc_count, be.sync_count
+            setup.set_lora(adapter)
+            setup.decode(x)
+            assert (be.alloc_count, be.sync_count) == (allocs, syncs), adapter
+        x.close()
+        assert setup.graph_stats.graphs == graphs  # one per rank pattern, captured before
+        report = setup.memory_report()
+        assert report.entry(chat.modules[0] + ".lora_A.weight").nbytes == 2 * 64 * 8
+
+
+# -- refusals: before any work, the setup left as it was -------------------------------------------------
+
+
+def _bad(cfg: trtio.LLMEngineConfig, what: str) -> LoraAdapter:
+    chat = toy_adapter(cfg, 8, seed=1, name=what)
+    m = "model.layers.1.self_attn.v_proj"
+    weights = dict(chat.weights)
+    a, b = weights[m]
+    if what == "module":
+        weights["model.layers.9.mlp.gate_proj"] = (a, b)
+    elif what == "rank":
+        weights[m] = (np.ones((64, 9), np.float16), np.ones((9, 32), np.float16))
+    elif what == "dtype":
+        weights[m] = (a.astype(np.float32), b)
+    elif what == "shape":
+        weights[m] = (np.ones((32, 8), np.float16), np.ones((8, 32), np.float16))
+    return LoraAdapter.from_arrays(weights, name=what)
+
+
+@pytest.mark.parametrize("what,needle", [
+    ("module", "model.layers.9.mlp.gate_proj: the engine 'toy-llm' has no LoRA input for this module"),
+    ("rank", "model.layers.1.self_attn.v_proj: rank 9 is above the engine's max_lora_rank 8"),
+    ("dtype", "model.layers.1.self_attn.v_proj: A is float32, the engine's A input is float16"),
+    ("shape", "model.layers.1.self_attn.v_proj: A [32, 8] and B [8, 32], the engine takes [64, r] and [r, 32]"),
+])
+def test_an_adapter_that_does_not_fit_is_refused_naming_the_module(what: str, needle: str) -> None:
+    cfg = lora_cfg()
+    chat, _ = adapters()
+    with trtio.create_for_llm(_engine(cfg, "host"), cfg) as setup:
+        setup.set_lora(chat)
+        before, _ = _run(setup, 2)
+        be = setup.io.backend
+        allocs = be.alloc_count
+        with pytest.raises(InvalidValueError) as info:
+            setup.set_lora(_bad(cfg, what))
+        assert needle in str(info.value) and f"set_lora: adapter {what!r}" in str(info.value)
+        assert be.alloc_count == allocs and setup.lora is chat
+        after, _ = _run(setup, 2)  # still chat
+    for x, y in zip(before, after):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_set_lora_refuses_what_is_not_an_adapter_and_an_engine_without_lora() -> None:
+    cfg = lora_cfg()
+    with trtio.create_for_llm(_engine(cfg, "host"), cfg) as setup:
+        with pytest.raises(InvalidTypeError, match="set_lora: expected a trtio.LoraAdapter or None, got dict"):
+            setup.set_lora({})  # type: ignore[arg-type]
+    chat, _ = adapters()
+    plain = lora_cfg(max_lora_rank=0)
+    with trtio.create_for_llm(_engine(plain, "host"), plain) as setup:
+        setup.set_lora(None)  # nothing to do
+        with pytest.raises(ConfigError, match="set_lora: engine 'toy-llm' takes no LoRA adapter"):
+            setup.set_lora(chat)
+
+
+# -- trtio plan: the adapter buffers' worst case ----------------------------------------------------------
+
+
+def test_plan_shows_the_adapter_buffers_worst_case() -> None:
+    from trtio.tools.inspection import plan_config
+
+    result = plan_config(QWEN3_LORA)
+    entries = [e for e in result["memory"]["entries"] if e["group"] == "lora"]
+    # the real graph's widths (onnx-io.txt): per layer qkv 96->320, o 192->96, gate and up 96->256, down 256->96
+    per_layer = (96 + 320) + (192 + 96) + 2 * (96 + 256) + (256 + 96)
+    assert len(entries) == 2 * 5 * 6
+    assert sum(e["nbytes"] for e in entries) == 6 * per_layer * 8 * 2 == 168960
+    assert "LoRA: 30 modules at max_lora_rank 8: the bound buffers hold 168960 bytes (the worst case)" in result["text"]
+
+
+# -- trtio generate --lora --------------------------------------------------------------------------------
+
+
+def test_generate_takes_an_adapter_for_a_lora_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    from trtio.cli import main
+
+    texts = []
+    for extra in ([], ["--lora", str(TOY_LORA / "adapters" / "chat")]):
+        assert main(["generate", str(TOY_LORA), "--prompt", "hello world", "--max-new-tokens", "8",
+                     "--backend", "host", *extra]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0].startswith("hello world") and texts[1].startswith("hello world")
+    assert texts[0] != texts[1]  # the adapter reaches the engine
+
+
+def test_generate_refuses_an_adapter_for_a_directory_without_lora() -> None:
+    from trtio.testing.toy_dirs import toy_engine_dir
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    opts = GenerateOptions(path=toy_engine_dir("toy-llm-ragged"), prompt="hello", backend="host",
+                           lora=TOY_LORA / "adapters" / "chat")
+    with pytest.raises(ConfigError, match="set_lora: engine 'toy-llm' takes no LoRA adapter"):
+        run_generate(opts)
+
+
+# -- stream order (docs/architecture.md: every call in call order, whatever its stream) -----------------------
+
+
+def _script(backend: Any, streams: list[Any]) -> np.ndarray:
+    """set_lora calls and steps on alternating streams (a first set uploads; later ones copy on the device); every
+    step's logits, copied on its own stream."""
+    cfg = lora_cfg()
+    setup = trtio.create_for_llm(ReferenceEngine.from_config(cfg, backend=backend), cfg, backend=backend)
+    outs: list[trtio.Tensor] = []
+
+    def keep(t: trtio.Tensor, s: Any) -> None:
+        out = trtio.Tensor.empty(t.shape, t.dtype, backend=backend)
+        outs.append(out.copy_from(t, s))
+
+    emb, lens = embed_batch(E, PROMPTS, np.float16)
+    plan = [("lora", "chat"), ("prefill", None), ("decode", 3), ("lora", "terse"), ("decode", 4), ("lora", None),
+            ("decode", 5), ("lora", "chat"), ("decode", 6), ("lora", "terse"), ("decode", 7)]
+    for i, (what, arg) in enumerate(plan):
+        s = streams[i % len(streams)]
+        if what == "lora":  # a fresh adapter object each time it is first set: the setup keeps what it needs
+            setup.set_lora(None if arg is None else LoraAdapter.load(TOY_LORA / "adapters" / str(arg)), s)
+        elif what == "prefill":
+            keep(setup.prefill(emb, lens, s), s)
+        else:
+            keep(setup.decode(E[[int(arg), int(arg) + 1]][:, None, :].astype(np.float16), s), s)
+    got = np.concatenate([o.to_numpy() for o in outs])
+    setup.close()
+    return got
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
+    from trtio.cuda.backend import get_backend
+    from trtio.testing import AsyncHostBackend
+
+    host = get_backend("host")
+    want = _script(host, [trtio.Stream.default(host)])
+    be = AsyncHostBackend(seed=seed)
+    streams = [trtio.Stream.create(be), trtio.Stream.create(be), trtio.Stream.create(be)]
+    try:
+        got = _script(be, streams)
+    finally:
+        for s in streams:
+            s.close()
+    np.testing.assert_array_equal(got, want)

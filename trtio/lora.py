@@ -1,0 +1,420 @@
+"""LoRA adapters on Edge-LLM 0.11 engines: the engine's adapter inputs, an adapter, and its device copy.
+
+An engine built with ``--max-lora-rank`` (its config's ``builder_config.max_lora_rank``, trtio's
+``LLMEngineConfig.max_lora_rank``) takes, for every linear layer except the embeddings and the LM head, two
+FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight`` ``[r, out]``, where the rank
+``r`` is dynamic from 0 (no adapter: empty tensors) to the max rank, and the layer computes
+``x @ W + (x @ A) @ B``. One adapter serves the whole batch.
+
+* :class:`LoraInputs` reads those inputs from an engine's declared I/O and its config (every problem in one
+  :class:`~trtio.BindingError`; inputs named after graph nodes, which no adapter can be matched to, are refused
+  saying why).
+* :class:`LoraAdapter` is one adapter on the host (:meth:`LoraAdapter.load` reads Edge-LLM's ``process-lora``
+  output); :meth:`LoraInputs.problems` says where it does not fit an engine, naming each module.
+* :class:`LoraSlots` is what a setup binds: one device buffer per LoRA input, sized for the max rank (the worst
+  case; :meth:`LoraInputs.worst_case_bytes`), and each adapter's copy in device memory trtio owns, laid out like
+  those buffers. Switching adapters is one device-to-device copy on the step stream (no allocation, no host
+  synchronisation); the buffers' views take the adapter's ranks, so the engine's bindings change only where the
+  ranks do: CUDA graphs are captured per rank pattern (adapters of the same ranks share them).
+
+What this module assumes where Edge-LLM leaves the contract open is listed, with how to check it, in
+``docs/edgellm-assumptions.md`` ("LoRA").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtio._cache import CACHE_LIMIT, BoundedCache
+from trtio._lifetime import Closeable
+from trtio._safetensors import read_safetensors
+from trtio.cuda.backend import Backend, Location
+from trtio.dtypes import DType
+from trtio.engine import EngineIO, TensorInfo
+from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError
+from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.stream import Stream
+from trtio.tensor import Tensor
+
+__all__ = ["LORA_A", "LORA_B", "LoraAdapter", "LoraInputs", "LoraModule", "LoraSlots", "lora_input_names"]
+
+#: The suffixes of a module's two LoRA inputs (and of its two tensors in an adapter file).
+LORA_A = ".lora_A.weight"
+LORA_B = ".lora_B.weight"
+# The prefix PEFT writes before every module name; an adapter file may keep it.
+_PEFT_PREFIX = "base_model.model."
+# A LoRA input named after an ONNX graph node rather than a model module (Edge-LLM 0.11's insert-lora on a
+# dynamo export: ``ode_linear_N``): a module path has dots, a node name none.
+_NODE_NAME = re.compile(r"[A-Za-z_]*linear(_\d+)?")
+_DTYPE = DType.FLOAT16
+
+
+def lora_input_names(names: list[str]) -> list[str]:
+    """The LoRA inputs among ``names`` (engine I/O names), in their order."""
+    return [n for n in names if n.endswith(LORA_A) or n.endswith(LORA_B)]
+
+
+@dataclass(frozen=True)
+class LoraModule:
+    """One linear layer an adapter may change: its module name and its ``in`` / ``out`` widths."""
+
+    name: str
+    in_features: int
+    out_features: int
+
+    @property
+    def a_name(self) -> str:
+        return self.name + LORA_A
+
+    @property
+    def b_name(self) -> str:
+        return self.name + LORA_B
+
+    def nbytes(self, rank: int) -> int:
+        """Bytes of its two inputs at ``rank`` (FP16)."""
+        return _DTYPE.nbytes((self.in_features + self.out_features) * rank)
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One LoRA adapter on the host: per module, ``A`` ``[in, r]`` and ``B`` ``[r, out]`` (numpy float16; the
+    scaling ``alpha / r`` already folded into ``B``, as Edge-LLM's ``process-lora`` writes it).
+
+    Made with :meth:`load` or :meth:`from_arrays`, which check that each module's pair is two matrices of one
+    rank (naming the module); whether it fits an engine is :meth:`LoraInputs.problems`. The arrays are read-only
+    copies, so an adapter never changes once made."""
+
+    name: str
+    weights: Mapping[str, tuple[np.ndarray, np.ndarray]]
+
+    @classmethod
+    def from_arrays(cls, weights: Mapping[str, Any], *, name: str = "adapter") -> LoraAdapter:
+        """An adapter of ``weights`` (module name -> ``(A, B)``, anything numpy takes). Dtypes are kept as
+        given (an engine takes FP16: :meth:`LoraInputs.problems` refuses another, rather than rounding)."""
+        if not isinstance(weights, Mapping):
+            raise InvalidTypeError(f"LoraAdapter {name!r}: weights must map module names to (A, B) pairs, got "
+                                   f"{type(weights).__name__}")
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        problems = []
+        for module, pair in weights.items():
+            if not isinstance(module, str) or not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                problems.append(f"{module!r}: expected a module name -> (A, B) pair, got {type(pair).__name__}")
+                continue
+            a, b = (np.array(x, copy=True) for x in pair)
+            if a.ndim != 2 or b.ndim != 2:
+                problems.append(f"{module}: A {list(a.shape)} and B {list(b.shape)} must be matrices ([in, r] "
+                                f"and [r, out])")
+            elif a.shape[1] != b.shape[0]:
+                peft = " (PEFT's layout, A [r, in] and B [out, r]: run Edge-LLM's process-lora on the adapter)" \
+                    if a.shape[0] == b.shape[1] else ""
+                problems.append(f"{module}: A is {list(a.shape)} ([in, r]) but B is {list(b.shape)} ([r, out]): "
+                                f"the ranks {a.shape[1]} and {b.shape[0]} differ{peft}")
+            else:
+                a.flags.writeable = b.flags.writeable = False
+                out[module] = (a, b)
+        if problems:
+            raise InvalidValueError(f"LoraAdapter {name!r}: " + "; ".join(problems))
+        return cls(name, out)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, name: str | None = None) -> LoraAdapter:
+        """The adapter Edge-LLM's ``tensorrt-edgellm-process-lora`` wrote at ``path``: a ``.safetensors`` file,
+        or a directory holding ``adapter_model.safetensors`` (or exactly one ``.safetensors`` file). Its tensors
+        are ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight`` ``[r, out]`` (a leading
+        ``base_model.model.`` is dropped); any other tensor is a :class:`~trtio.ConfigError` naming the file and
+        the key. ``name`` defaults to the file's folder name (or the file's stem)."""
+        file = _adapter_file(Path(os.fspath(path)))
+        tensors = read_safetensors(file)
+        pairs: dict[str, list[Any]] = {}
+        for key, t in tensors.items():
+            module = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+            if module.endswith(LORA_A):
+                pairs.setdefault(module[:-len(LORA_A)], [None, None])[0] = t
+            elif module.endswith(LORA_B):
+                pairs.setdefault(module[:-len(LORA_B)], [None, None])[1] = t
+            else:
+                raise ConfigError(f"{file}: {key}", f"is not a LoRA weight ({{module}}{LORA_A} or "
+                                                    f"{{module}}{LORA_B}, as process-lora writes them)")
+        weights = {}
+        for module, (a, b) in pairs.items():
+            if a is None or b is None:
+                missing = LORA_A if a is None else LORA_B
+                raise ConfigError(f"{file}: {module}{missing}", "is missing: a module's adapter is an A and a B")
+            if a.dtype != b.dtype or a.dtype not in ("F16", "F32"):
+                raise ConfigError(f"{file}: {module}", f"A is {a.dtype} and B {b.dtype}: an adapter for an Edge-LLM "
+                                                       "engine is F16 (process-lora writes F16)")
+            weights[module] = (a.array, b.array)
+        default = file.parent.name if file.name == "adapter_model.safetensors" else file.stem
+        return cls.from_arrays(weights, name=name if name is not None else default)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        return tuple(self.weights)
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        """Each module's rank."""
+        return {m: int(a.shape[1]) for m, (a, _b) in self.weights.items()}
+
+    def __repr__(self) -> str:
+        ranks = sorted(set(self.ranks.values()))
+        return f"LoraAdapter({self.name!r}, {len(self.weights)} modules, rank {ranks[0] if len(ranks) == 1 else ranks})"
+
+
+def _adapter_file(path: Path) -> Path:
+    if path.is_dir():
+        preferred = path / "adapter_model.safetensors"
+        if preferred.is_file():
+            return preferred
+        found = sorted(path.glob("*.safetensors"))
+        if len(found) != 1:
+            raise ConfigError(str(path), f"holds {len(found)} .safetensors files; a LoRA adapter directory holds "
+                                         "adapter_model.safetensors (or exactly one .safetensors file)")
+        return found[0]
+    if not path.is_file():
+        raise ConfigError(str(path), "does not exist: expected a LoRA adapter (.safetensors file or its directory)")
+    return path
+
+
+@dataclass(frozen=True)
+class LoraInputs:
+    """An engine's LoRA inputs: its modules (in the engine's order) and the max rank (the config's)."""
+
+    engine: str
+    modules: tuple[LoraModule, ...]
+    max_rank: int
+
+    @classmethod
+    def from_engine(cls, eio: EngineIO, max_rank: int) -> LoraInputs | None:
+        """The LoRA inputs ``eio`` declares, checked against ``max_rank`` (the config's ``max_lora_rank``);
+        None for an engine without them and a config of max rank 0. Every disagreement is listed in one
+        :class:`~trtio.BindingError`: LoRA inputs named after graph nodes, an A without its B, a dtype other than
+        FP16, fixed dims that are not ``[in, r]`` / ``[r, out]``, a rank range that does not start at 0 (no
+        adapter) or stops below ``max_rank``, inputs with max rank 0 or max rank without inputs."""
+        found = [info for info in eio.tensors if info.is_input and (info.name.endswith(LORA_A)
+                                                                    or info.name.endswith(LORA_B))]
+        if not found and not max_rank:
+            return None
+        problems = []
+        if not found:
+            problems.append(f"max_lora_rank is {max_rank} but the engine declares no LoRA input "
+                            f"({{module}}{LORA_A} / {{module}}{LORA_B}); was it built with --max-lora-rank?")
+        elif not max_rank:
+            problems.append(f"{found[0].name}: the engine declares {len(found)} LoRA inputs but the config's "
+                            "max_lora_rank is 0 (builder_config.max_lora_rank)")
+        by_name = {info.name: info for info in found}
+        nodes = [info.name for info in found if "." not in _module_of(info.name)
+                 and _NODE_NAME.fullmatch(_module_of(info.name))]
+        if nodes:
+            problems.append(f"{nodes[0]}: {len(nodes)} LoRA inputs are named after ONNX graph nodes "
+                            f"({', '.join(sorted({_module_of(n) for n in nodes})[:4])}, ...), not model modules "
+                            "(model.layers.<i>.self_attn.q_proj, ...): no adapter's weights can be matched to them. "
+                            "Edge-LLM 0.11's insert-lora names the inputs after the nodes when the exported weights "
+                            "are anonymous; export the ONNX with named weights (or build with Edge-LLM's builder) so "
+                            "the inputs carry module names")
+        modules = []
+        for info in found:
+            module = _module_of(info.name)
+            if info.name in nodes or not info.name.endswith(LORA_A):
+                if info.name.endswith(LORA_B) and module + LORA_A not in by_name:
+                    problems.append(f"{info.name}: the engine declares no {module}{LORA_A} beside it")
+                continue
+            b = by_name.get(module + LORA_B)
+            if b is None:
+                problems.append(f"{info.name}: the engine declares no {module}{LORA_B} beside it")
+                continue
+            problems += _input_problems(info, 1, max_rank) + _input_problems(b, 0, max_rank)
+            if info.shape[0] > 0 and b.shape[1] > 0:
+                modules.append(LoraModule(module, info.shape[0], b.shape[1]))
+        if problems:
+            raise BindingError(eio.name, problems)
+        return cls(eio.name, tuple(modules), max_rank)
+
+    @property
+    def names(self) -> list[str]:
+        """Every LoRA input name (A then B, module by module)."""
+        return [n for m in self.modules for n in (m.a_name, m.b_name)]
+
+    def worst_case_bytes(self) -> int:
+        """Bytes of every LoRA input at the max rank (one adapter's device copy, and the bound buffers)."""
+        return sum(m.nbytes(self.max_rank) for m in self.modules)
+
+    def requests(self) -> list[TensorRequest]:
+        """One device buffer per LoRA input, at the max rank."""
+        r = self.max_rank
+        return [req for m in self.modules for req in (
+            TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
+            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+
+    def problems(self, adapter: LoraAdapter) -> list[str]:
+        """Where ``adapter`` does not fit these inputs, one line per module: a module the engine has no LoRA
+        input for, a rank above the max, a dtype other than FP16, an ``in`` or ``out`` width of another
+        module's."""
+        known = {m.name: m for m in self.modules}
+        problems = []
+        for module, (a, b) in adapter.weights.items():
+            m = known.get(module)
+            if m is None:
+                problems.append(f"{module}: the engine {self.engine!r} has no LoRA input for this module (it has "
+                                f"{len(known)}, e.g. {next(iter(known), 'none')})")
+                continue
+            rank = int(a.shape[1])
+            if rank > self.max_rank:
+                problems.append(f"{module}: rank {rank} is above the engine's max_lora_rank {self.max_rank}")
+            for what, arr in (("A", a), ("B", b)):
+                if arr.dtype != np.float16:
+                    problems.append(f"{module}: {what} is {arr.dtype}, the engine's {what} input is float16 "
+                                    "(convert the adapter: process-lora writes FP16)")
+            if a.shape[0] != m.in_features or b.shape[1] != m.out_features:
+                problems.append(f"{module}: A {list(a.shape)} and B {list(b.shape)}, the engine takes "
+                                f"[{m.in_features}, r] and [r, {m.out_features}]")
+        return problems
+
+    def check(self, adapter: Any, what: str) -> LoraAdapter:
+        """``adapter`` if it fits (see :meth:`problems`), else an InvalidValueError naming every module."""
+        if not isinstance(adapter, LoraAdapter):
+            raise InvalidTypeError(f"{what}: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
+        problems = self.problems(adapter)
+        if problems:
+            raise InvalidValueError(f"{what}: adapter {adapter.name!r} does not fit engine {self.engine!r}: "
+                                    + "; ".join(problems))
+        return adapter
+
+
+def _module_of(name: str) -> str:
+    return name[:-len(LORA_A)] if name.endswith(LORA_A) else name[:-len(LORA_B)]
+
+
+def _input_problems(info: TensorInfo, rank_dim: int, max_rank: int) -> list[str]:
+    """An A (``rank_dim`` 1) or B (0) input that is not FP16 ``[fixed, r]`` / ``[r, fixed]`` with r in 0..max."""
+    problems = []
+    if info.dtype is not _DTYPE:
+        problems.append(f"{info.name}: the engine declares {info.dtype}; LoRA inputs are float16")
+    want = "[in, r]" if rank_dim == 1 else "[r, out]"
+    if len(info.shape) != 2 or info.shape[1 - rank_dim] <= 0 or info.shape[rank_dim] >= 0:
+        problems.append(f"{info.name}: shape {list(info.shape)}, a LoRA input is {want} with a dynamic rank")
+        return problems
+    for p, (lo, _opt, hi) in enumerate(info.profiles):
+        if lo[rank_dim] != 0 or hi[rank_dim] < max_rank:
+            problems.append(f"{info.name}: profile {p} takes ranks {lo[rank_dim]} .. {hi[rank_dim]}, the config "
+                            f"needs 0 (no adapter) .. {max_rank} (max_lora_rank)")
+    return problems
+
+
+class _DeviceAdapter(Closeable):
+    """One adapter's copy in device memory, laid out like :class:`LoraSlots`' buffers (so one copy moves it)."""
+
+    def __init__(self, adapter: LoraAdapter, inputs: LoraInputs, backend: Backend, stream: Stream) -> None:
+        self._init_lifetime(f"LoRA adapter {adapter.name!r}")
+        self.adapter = adapter  # keeps the host arrays alive until their uploads have run
+        ranks = adapter.ranks
+        self.ranks = tuple(ranks.get(m.name, 0) for m in inputs.modules)  # its rank pattern, in the inputs' order
+        self.arena = Arena(inputs.requests(), backend=backend, title=f"lora {adapter.name}")
+        try:
+            for m in inputs.modules:
+                pair = adapter.weights.get(m.name)
+                if pair is not None:
+                    for name, arr in ((m.a_name, pair[0]), (m.b_name, pair[1])):
+                        self.arena[name].reshape(arr.shape).copy_from(arr, stream)
+        except BaseException:
+            self.arena.close()
+            raise
+        self.base = min(t.data_ptr for t in (self.arena[n] for n in inputs.names))
+
+    def _close_owned(self) -> None:
+        self.arena.close()
+
+
+class LoraSlots(Closeable):
+    """A setup's LoRA inputs (see the module docstring): the bound buffers (:attr:`tensors`, sized for the max
+    rank, rank 0 until an adapter is set) and the device copies of the adapters set so far (the last
+    :data:`~trtio._cache.CACHE_LIMIT`; an older one is freed, and uploaded again if it is set again)."""
+
+    def __init__(self, inputs: LoraInputs, backend: Backend) -> None:
+        self._init_lifetime(f"LoRA inputs of {inputs.engine!r}")
+        self.inputs = inputs
+        self._backend = backend
+        self._arena = Arena(inputs.requests(), backend=backend, title="lora")
+        self.tensors: dict[str, Tensor] = {n: self._arena[n] for n in inputs.names}
+        self._base = min(t.data_ptr for t in self.tensors.values()) if self.tensors else 0
+        self._span = max(t.data_ptr + t.capacity for t in self.tensors.values()) - self._base if self.tensors else 0
+        self._uploads: BoundedCache[int, _DeviceAdapter] = BoundedCache()
+        self.adapter: LoraAdapter | None = None
+        self._none = (0,) * len(inputs.modules)
+        self._ranks = self._none
+        self._set_views(self._ranks)
+
+    def knows(self, adapter: LoraAdapter) -> bool:
+        """Whether ``adapter`` has its device copy here (it was checked and set before)."""
+        found = self._uploads.get(id(adapter))
+        return found is not None and found.adapter is adapter
+
+    def _set_views(self, ranks: tuple[int, ...]) -> None:
+        for m, r in zip(self.inputs.modules, ranks):
+            self.tensors[m.a_name].reshape((m.in_features, r))
+            self.tensors[m.b_name].reshape((r, m.out_features))
+
+    def upload(self, adapter: LoraAdapter, stream: Stream) -> _DeviceAdapter:
+        """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept."""
+        self._check_open()
+        found = self._uploads.get(id(adapter))
+        if found is not None and found.adapter is adapter:
+            return found
+        if found is not None:  # another adapter at a freed one's id
+            self._uploads.pop(id(adapter)).close()
+        if len(self._uploads) >= CACHE_LIMIT:
+            oldest = next(iter(self._uploads))
+            if self._uploads[oldest].adapter is not self.adapter:
+                self._uploads.pop(oldest).close()
+        return self._uploads.put(id(adapter), _DeviceAdapter(adapter, self.inputs, self._backend, stream))
+
+    def use(self, adapter: LoraAdapter | None, stream: Stream) -> bool:
+        """Bind ``adapter`` (checked; None: no adapter) for the steps after this call: its device copy (uploaded
+        the first time) copied into the bound buffers on ``stream`` and their views set to its ranks. True where
+        the ranks changed (the engine's input shapes with them)."""
+        self._check_open()
+        ranks = self._none
+        if adapter is not None:
+            src = self.upload(adapter, stream)
+            ranks = src.ranks
+            # One copy of the whole layout. The setup's calls run in call order on their streams, so every later
+            # step reads the buffers after it: their last stream is left as it was (it is the engine's to read).
+            self._backend.memcpy(self._base, src.base, self._span, stream.handle)
+        changed = ranks != self._ranks
+        if changed:
+            self._set_views(ranks)
+            self._ranks = ranks
+        self.adapter = adapter
+        return changed
+
+    @property
+    def resident(self) -> int:
+        """Adapters whose device copies are kept."""
+        return len(self._uploads)
+
+    def report(self) -> MemoryReport:
+        """The bound buffers and every adapter's device copy."""
+        parts = [self._arena.report()] + [u.arena.report() for u in self._uploads.values()]
+        report = MemoryReport.combine("lora", parts)
+        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: the "
+                            f"bound buffers hold {self.inputs.worst_case_bytes()} bytes (the worst case), and each "
+                            f"adapter set keeps a device copy of as many ({len(self._uploads)} kept now)")
+        return report
+
+    def __iter__(self) -> Iterator[tuple[str, Tensor]]:
+        return iter(self.tensors.items())
+
+    def _close_owned(self) -> None:
+        with contextlib.ExitStack() as release:
+            release.callback(self._arena.close)
+            for u in self._uploads.values():
+                release.callback(u.close)
+            self._uploads.clear()
