@@ -342,3 +342,19 @@ def test_hybrid_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed
         assert np.isfinite(want).all()
         for seed in (1, 2, 3):
             np.testing.assert_array_equal(_hybrid_rounds(seed, mode, feed_kind), want, err_msg=f"seed {seed}")
+
+
+def test_the_demos_mtp_pairs_decode_greedy_tokens_and_accept_most_drafts() -> None:
+    """``trtio demo``'s MTP section (:mod:`trtio.tools.mtp_demo`): both toy pairs, chains of 3, their tokens the
+    numpy base's greedy ones, at least 60% of drafted tokens accepted; the summary's line says so."""
+    from trtio.cuda.backend import get_backend  # noqa: PLC0415
+    from trtio.tools.mtp_demo import format_mtp, run_mtp  # noqa: PLC0415
+
+    s = run_mtp(ENGINES, PROMPTS[:3], 8, get_backend("host"))
+    assert set(s) == {"toy-mtp-ragged", "toy-qwen35-mtp-ragged"}
+    for name, section in s.items():
+        assert section["ok"], name
+        assert section["acceptance"] >= 0.6, (name, section["acceptance"])
+        assert all(len(t) == 8 for t in section["tokens"])
+    line = format_mtp(s)[0]
+    assert "toy-qwen35-mtp-ragged (hybrid: mamba, attention)" in line and "equal to greedy yes" in line

@@ -32,7 +32,8 @@ For each contract:
    greedy run;
 4. the binding tables, the memory reports and the graph statistics of both setups;
 5. with the ragged contract, the hybrid toy directories (:mod:`trtio.tools.hybrid_demo`: Gated DeltaNet and
-   Mamba2, recurrent state per slot): greedy decoding and the admission story.
+   Mamba2, recurrent state per slot): greedy decoding and the admission story; and the MTP pairs
+   (:mod:`trtio.tools.mtp_demo`: on a dense and on a hybrid base): speculative tokens equal to greedy ones.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
 under ``"contracts"``); :func:`format_demo` renders it for a terminal.
@@ -73,6 +74,7 @@ from trtio.tools.admissions import format_admissions, run_admissions, story_requ
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
+from trtio.tools.mtp_demo import format_mtp, run_mtp
 from trtio.tools.options import backend_option, cuda_status
 from trtio.trt import KNOWN_MODULES
 
@@ -435,12 +437,13 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         else:
             assert ragged is not None
             sections["ragged"] = _ragged_section(ragged, opts)
-    hybrid = {}
+    hybrid, mtp = {}, {}
     if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
         assert ragged is not None
         be, _why = _choose_ragged(opts)
         prompts = demo_prompts(ragged.llm_config.vocab_size, RAGGED_SEED)
         hybrid = run_hybrid(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
+        mtp = run_mtp(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
@@ -448,8 +451,9 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "max_new_tokens": opts.max_new_tokens,
         "contracts": sections,
         "hybrid": hybrid,
+        "mtp": mtp,
         "timings": {"total_s": time.perf_counter() - t_start},
-        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in hybrid.values()),
+        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in [*hybrid.values(), *mtp.values()]),
     }
 
 
@@ -595,6 +599,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
     for key, section in contracts.items():
         lines += _format_section(key, section) if verbose else [*_brief_section(key, section), ""]
     lines += format_hybrid(s.get("hybrid", {}), verbose=verbose)
+    lines += format_mtp(s.get("mtp", {}), verbose=verbose)
     if verbose:
         engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
         lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
@@ -602,6 +607,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
         lines.append("(--verbose adds every binding, the memory reports, graph statistics, the requests' story and "
                      "timings; --json all of it)")
     verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
+    verdicts += [f"{k}: speculative equal {_yes(m['ok'])}" for k, m in s.get("mtp", {}).items()]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)
