@@ -35,9 +35,8 @@ TINY_LLM = SHARED / "qwen3-tiny-llm"
 TINY_PAIR = SHARED / "qwen3-tiny-eagle3"
 GENERATED = FIXTURES / "edgellm"
 
-# Generated fixtures trtio must refuse, and the key whose family it names first.
-# (none now: the Gemma 4 ones bind, issue 34; qwen3.5-mtp-tiny and qwen3-dflash-tiny are read, issue 36)
-REFUSED: dict[str, str] = {}
+# Every generated fixture opens (gemma4-*: tests/test_gemma4.py; qwen3.5-mtp-tiny, qwen3-dflash-tiny:
+# tests/test_spec_families.py); a family trtio does not bind is refused when it binds, naming the key.
 # Tensor-parallel builds (config_world{N}.json): read per rank, tested in their own section.
 TENSOR_PARALLEL = {"qwen3-tp2-tiny", "qwen3-tiny-tp2"}
 
@@ -46,8 +45,7 @@ def _dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and any(p.glob("*config*.json"))) if root.is_dir() else []
 
 
-SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in REFUSED and
-             p.name not in TENSOR_PARALLEL]
+SUPPORTED = [p for p in [TINY_LLM, TINY_PAIR, *_dirs(GENERATED)] if p.name not in TENSOR_PARALLEL]
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -210,18 +208,6 @@ def test_mapping_agrees_with_the_hugging_face_source(folder: Path) -> None:
         assert list(cfg.eagle_hidden_state_layers) == draft_hf["target_layer_ids"]
         n_layers, target_hidden = len(draft_hf["target_layer_ids"]), draft_hf["target_hidden_size"]
         assert d.draft_config.base_model_hidden_size == n_layers * target_hidden
-
-
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_generated_fixtures_of_unsupported_families_are_refused(name: str) -> None:
-    folder = GENERATED / name
-    if not folder.is_dir():
-        pytest.skip(f"{folder.name} is not among the fixtures here")
-    with pytest.raises(ConfigError) as info:
-        EngineDir.open(folder)
-    key = REFUSED[name]
-    assert info.value.field.endswith(f"config.json: {key}")
-    assert "which trtio does not support yet" in str(info.value)
 
 
 def test_shared_fixtures_open() -> None:

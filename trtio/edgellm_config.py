@@ -425,6 +425,34 @@ def _refuse_tensor_parallel(data: Mapping[str, Any], where: str) -> None:
                                          "every rank")
 
 
+def _role_keys(r: _Reader, role: str, vocab: int, layers: int,
+               capacity: int) -> tuple[int, int, int, int, tuple[int, ...]]:
+    """The keys of a base's or a draft's own: the logits width (a draft's vocabulary, a reduced one), the base
+    hidden width a draft reads, the largest verify and draft trees, an EAGLE3 base's hidden-state layers."""
+    output_vocab = vocab
+    base_hidden = 0
+    verify = draft_tree = 0
+    eagle_layers: tuple[int, ...] = ()
+    if role == "draft":
+        output_vocab = r.int_("draft_vocab_size", meaning="the width of the draft's logits")
+        base_hidden = r.int_("base_model_hidden_size",
+                             meaning="the width of the base hidden states the draft reads (EAGLE3: 3 x the base's "
+                                     "hidden_size)")
+        draft_tree = r.int_("builder_config.max_draft_tree_size", meaning="most tokens one draft step takes")
+    if r.raw("reduced_vocab_size") is not None:
+        output_vocab = r.int_("reduced_vocab_size", meaning="the logits width of a reduced-vocabulary engine")
+        if output_vocab > vocab:
+            raise r.error("reduced_vocab_size", f"{output_vocab} exceeds vocab_size ({vocab})")
+    if role == "base":
+        verify = r.int_("builder_config.max_verify_tree_size", meaning="most tokens one verify step takes")
+        eagle_layers = _eagle_layers(r, layers)
+    step = {"base": verify, "draft": draft_tree}.get(role, 0)
+    if step > capacity:
+        key = "builder_config.max_verify_tree_size" if role == "base" else "builder_config.max_draft_tree_size"
+        raise r.error(key, f"{step} exceeds builder_config.max_kv_cache_capacity ({capacity})")
+    return output_vocab, base_hidden, verify, draft_tree, eagle_layers
+
+
 def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, what: str | None = None,
                        tensor_parallel: bool = False) -> MappedConfig:
     """One Edge-LLM 0.11 engine config (a path or its dict) read onto trtio's field names; see the module
@@ -501,28 +529,7 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
     lora_rank = r.int_("builder_config.max_lora_rank", default=0, low=0,
                        meaning="the largest LoRA adapter rank the engine takes (0: no LoRA inputs)")
 
-    output_vocab = vocab
-    base_hidden = 0
-    verify = draft_tree = 0
-    eagle_layers: tuple[int, ...] = ()
-    if role == "draft":
-        output_vocab = r.int_("draft_vocab_size", meaning="the width of the draft's logits")
-        base_hidden = r.int_("base_model_hidden_size",
-                             meaning="the width of the base hidden states the draft reads (EAGLE3: 3 x the base's "
-                                     "hidden_size)")
-        draft_tree = r.int_("builder_config.max_draft_tree_size", meaning="most tokens one draft step takes")
-    if r.raw("reduced_vocab_size") is not None:
-        output_vocab = r.int_("reduced_vocab_size", meaning="the logits width of a reduced-vocabulary engine")
-        if output_vocab > vocab:
-            raise r.error("reduced_vocab_size", f"{output_vocab} exceeds vocab_size ({vocab})")
-    if role == "base":
-        verify = r.int_("builder_config.max_verify_tree_size", meaning="most tokens one verify step takes")
-        eagle_layers = _eagle_layers(r, layers)
-    step = {"base": verify, "draft": draft_tree}.get(role, 0)
-    if step > capacity:
-        key = "builder_config.max_verify_tree_size" if role == "base" else "builder_config.max_draft_tree_size"
-        raise r.error(key, f"{step} exceeds builder_config.max_kv_cache_capacity ({capacity})")
-
+    output_vocab, base_hidden, verify, draft_tree, eagle_layers = _role_keys(r, role, vocab, layers, capacity)
     values: dict[str, Any] = dict(
         hidden_size=hidden, vocab_size=vocab, max_supported_batch_size=batch, max_supported_input_length=input_len,
         max_kv_cache_capacity=capacity, num_attention_layers=layers, num_attention_heads=heads,

@@ -158,6 +158,23 @@ class IOIndexError(InvalidValueError, IndexError):
 # -- the engine -------------------------------------------------------------------------------------
 
 
+def _engine_device(device: str, backend: Backend | str | None, null_compute: bool) -> str:
+    """Where a :class:`ReferenceEngine` computes (``"host"`` or ``"gpu"``): ``device``, which ``backend`` (where
+    given) decides and must agree with."""
+    if device not in ("auto", "host", "gpu"):
+        raise InvalidValueError(f"ReferenceEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
+    if backend is not None:
+        if isinstance(backend, str) and backend not in ("host", "cuda"):
+            raise InvalidValueError(f"ReferenceEngine: backend must be 'host', 'cuda' or a Backend, got {backend!r}")
+        name_of = backend if isinstance(backend, str) else backend.name
+        kind = "gpu" if name_of == "cuda" else "host"
+        if device not in ("auto", kind):
+            raise InvalidValueError(f"ReferenceEngine: device={device!r} disagrees with backend={backend!r} (which "
+                                    f"computes on the {kind})")
+        device = kind
+    return compute_device(device, null_compute, "ReferenceEngine")
+
+
 class ReferenceEngine:
     """A toy-model engine with TensorRT's ``ICudaEngine`` API (see module docstring).
 
@@ -286,19 +303,7 @@ class ReferenceEngine:
         validate = getattr(cfg, "validate", None)
         if callable(validate):
             validate()
-        if device not in ("auto", "host", "gpu"):
-            raise InvalidValueError(f"ReferenceEngine: device must be 'auto', 'host' or 'gpu', got {device!r}")
-        if backend is not None:
-            if isinstance(backend, str) and backend not in ("host", "cuda"):
-                raise InvalidValueError(f"ReferenceEngine: backend must be 'host', 'cuda' or a Backend, got "
-                                        f"{backend!r}")
-            name_of = backend if isinstance(backend, str) else backend.name
-            kind = "gpu" if name_of == "cuda" else "host"
-            if device not in ("auto", kind):
-                raise InvalidValueError(f"ReferenceEngine: device={device!r} disagrees with backend={backend!r} "
-                                        f"(which computes on the {kind})")
-            device = kind
-        device = compute_device(device, null_compute, "ReferenceEngine")
+        device = _engine_device(device, backend, null_compute)
         geo = _Geometry.from_config(cfg)
         omit = tuple(omit)
         if geo.is_ragged and fixed_cache_batch:

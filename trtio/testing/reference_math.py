@@ -408,6 +408,59 @@ def _log_softmax(xp: Any, z: Any) -> Any:
     return z - xp.log(xp.exp(z).sum(axis=-1, keepdims=True))
 
 
+def _check_offsets(io: Mapping[str, Any], ql: np.ndarray, n: int, width: int) -> None:
+    """A checked ragged step's entry padding: ``query_start_offsets[i] = i * W``, query lengths within W."""
+    offsets = io[names.kQueryStartOffsets].astype(np.int64)
+    bad = np.flatnonzero(offsets != np.arange(n + 1) * width)
+    if bad.size:
+        i = int(bad[0])
+        raise _DataError(f"query_start_offsets[{i}] = {int(offsets[i])} breaks entry padding "
+                         f"(offset i*W = {i * width}; W = T/S = {width})")
+    _check_range("query_lengths", ql, 0, width + 1, f"0 <= query length <= W ({width})")
+
+
+def _check_rows(g: _Geometry, phase: int, width: int, valid: np.ndarray, write: np.ndarray,
+                lengths: np.ndarray | None, picks: np.ndarray, t: int) -> None:
+    """A checked ragged step's rows: each valid row's KV slot within a page-table row, a tree phase's attention
+    lengths (``lengths``: W for a sequence without rows) and the logits rows within the step."""
+    lk = g.seq_slots
+    _check_range("past_lengths[s] + j at valid row [s, j] ", np.where(valid, write, 0), 0, lk,
+                 f"0 <= slot < the {g.seq_pages} pages x {g.page} slots of a page-table row ({lk})")
+    if lengths is not None:
+        _check_range("attention_sequence_lengths", lengths, width, lk + 1,
+                     f"W ({width}) <= length <= {lk} in phase {phase} (the in-flight rows sit at "
+                     f"slots length - W ..)")
+    _check_range("logits_indices", picks, 0, t, f"0 <= row < T ({t})")
+
+
+def _ragged_outputs(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, io: Mapping[str, Any],
+                    final: Any, picks: Any, hidden_out: Any) -> None:
+    """A ragged step's outputs from the final stream ``[T, H]``: the logits of the rows ``picks`` (a draft's
+    log-softmaxed, with their hidden rows), and a base's hidden states where it writes them whole."""
+    chosen = final[picks]  # [R, H]
+    logits = mm(chosen, w.w_lm)
+    if g.role == "draft":
+        logits = _log_softmax(xp, logits)
+        io[names.kOutputHiddenStates][...] = _store(xp, chosen, g.act)
+    elif hidden_out is not None and not g.eagle:
+        hidden_out[...] = _store(xp, final, g.act)
+    io[names.kLogits][...] = logits
+
+
+def _ragged_visible(xp: Any, io: Mapping[str, Any], tree: bool, valid: Any, write: Any, asl: Any,
+                    slots: Any) -> Any:
+    """Which KV slots each row of a ragged step sees ``[S, W, Lk]``: a valid row sees the committed slots and, in a
+    tree phase, the in-flight rows its packed mask names (they sit at ``length - W ..``); else the slots up to its
+    own, below the sequence's attention length."""
+    n, width = valid.shape
+    if tree:
+        prefix = asl - width  # [S]: committed slots; the W in-flight rows follow them
+        words = io[names.kPackedAttentionMask].reshape(n, width, -1)  # int32 [S, W, w]
+        seen = _tree_seen(xp, words, slots[None, :] - prefix[:, None], width)  # [S, W, Lk]
+        return valid[:, :, None] & ((slots[None, :] < prefix[:, None])[:, None, :] | seen)
+    return valid[:, :, None] & (slots[None, None, :] <= write[:, :, None]) & (slots[None, None, :] < asl[:, None, None])
+
+
 def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[Any, Any, Any], None],
                     g: _Geometry, w: _Weights, io: Mapping[str, Any], phase: int, scratch: Any, *,
                     checked: bool, all_reduce: Callable[[Any], Any] = _no_all_reduce) -> None:
@@ -422,8 +475,7 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     (:func:`_run_layers`).
     """
     i64 = xp.int64
-    emb = io[names.kInputsEmbeds]
-    t = emb.shape[0]
+    t = io[names.kInputsEmbeds].shape[0]
     ql = io[names.kQueryLengths].astype(i64)
     n = ql.shape[0]
     width = t // n
@@ -439,29 +491,16 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     slots = xp.arange(lk, dtype=i64)
 
     if checked:
-        offsets = io[names.kQueryStartOffsets].astype(np.int64)
-        bad = np.flatnonzero(offsets != np.arange(n + 1) * width)
-        if bad.size:
-            i = int(bad[0])
-            raise _DataError(f"query_start_offsets[{i}] = {int(offsets[i])} breaks entry padding "
-                             f"(offset i*W = {i * width}; W = T/S = {width})")
-        _check_range("query_lengths", ql, 0, width + 1, f"0 <= query length <= W ({width})")
+        _check_offsets(io, ql, n, width)
     else:  # the GPU does not look at query_start_offsets: entry padding fixes them to i*W
         ql = xp.clip(ql, 0, width)
     valid = j[None, :] < ql[:, None]  # [S, W]
     write = past[:, None] + j[None, :]  # [S, W]: KV slot of each row (valid rows only)
     has_rows = ql > 0
     if checked:
-        _check_range("past_lengths[s] + j at valid row [s, j] ", np.where(valid, write, 0), 0, lk,
-                     f"0 <= slot < the {g.seq_pages} pages x {page} slots of a page-table row ({lk})")
-        if tree:
-            _check_range("attention_sequence_lengths", np.where(has_rows, asl, width), width, lk + 1,
-                         f"W ({width}) <= length <= {lk} in phase {phase} (the in-flight rows sit at "
-                         f"slots length - W ..)")
-        _check_range("logits_indices", picks, 0, t, f"0 <= row < T ({t})")
-    # Checked steps have refused whatever these clips would change for a valid row; unchecked ones
-    # take them as the answer to bad data. Padding rows are clipped on both and then neither written
-    # nor seen.
+        _check_rows(g, phase, width, valid, write, np.where(has_rows, asl, width) if tree else None, picks, t)
+    # Checked steps have refused whatever these clips would change for a valid row; unchecked ones take them as the
+    # answer to bad data. Padding rows are clipped on both and then neither written nor seen.
     write = xp.clip(write, 0, lk - 1)
     picks = xp.clip(picks, 0, t - 1)
     if tree:
@@ -486,14 +525,7 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     src_k = pool_rows(0, seq_idx[:, None], slots[None, :]).reshape(-1)  # [S * Lk]
     src_v = pool_rows(1, seq_idx[:, None], slots[None, :]).reshape(-1)
 
-    if tree:
-        prefix = asl - width  # [S]: committed slots; the W in-flight rows follow them
-        words = io[names.kPackedAttentionMask].reshape(n, width, -1)  # int32 [S, W, w]
-        seen = _tree_seen(xp, words, slots[None, :] - prefix[:, None], width)  # [S, W, Lk]
-        visible = valid[:, :, None] & ((slots[None, :] < prefix[:, None])[:, None, :] | seen)
-    else:
-        visible = (valid[:, :, None] & (slots[None, None, :] <= write[:, :, None])
-                   & (slots[None, None, :] < asl[:, None, None]))
+    visible = _ragged_visible(xp, io, tree, valid, write, asl, slots)
     # Slots no valid row sees may hold anything (other sequences' pages, NaN): zero their values.
     slot_used = visible.any(axis=1).reshape(n * lk, 1)
 
@@ -527,15 +559,7 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
                     lambda layer: activations(names.deepstack_embeds(layer), h), capture, scratch, all_reduce,
                     recurrent)
 
-    final = x.reshape(t, h)
-    chosen = final[picks]  # [R, H]
-    logits = mm(chosen, w.w_lm)
-    if g.role == "draft":
-        logits = _log_softmax(xp, logits)
-        io[names.kOutputHiddenStates][...] = _store(xp, chosen, g.act)
-    elif hidden_out is not None and not g.eagle:
-        hidden_out[...] = _store(xp, final, g.act)
-    io[names.kLogits][...] = logits
+    _ragged_outputs(xp, mm, g, w, io, x.reshape(t, h), picks, hidden_out)
 
 
 def _no_rope(t: Any) -> Any:

@@ -339,6 +339,59 @@ def _round_to(x: np.ndarray, dtype: DType) -> np.ndarray:
     return x.astype(np_dtype).astype(np.float32)
 
 
+def _first_stream(weights: ToyWeights, cfg: Any, x_in: np.ndarray, hidden_input: Any,
+                  hidden_from_draft: Any) -> np.ndarray:
+    """The residual stream entering the first layer: the embeddings, or a draft's mix of them with the base's
+    hidden states and its own (``hidden_input``, ``hidden_from_draft``: a draft's, and only a draft's)."""
+    t, h = x_in.shape
+    if config_role(cfg) != "draft":
+        if hidden_input is not None or hidden_from_draft is not None:
+            raise InvalidValueError("hidden_input / hidden_from_draft are for draft models only")
+        return x_in
+    if hidden_input is None or hidden_from_draft is None:
+        raise InvalidValueError("a draft model needs hidden_input and hidden_from_draft")
+    hb = int(cfg.base_model_hidden_size)
+    assert weights.we is not None and weights.wh is not None and weights.wd is not None
+    x: np.ndarray = (x_in @ weights.we + _as_f32("hidden_input", hidden_input, (t, hb)) @ weights.wh
+                     + _as_f32("hidden_from_draft", hidden_from_draft, (t, h)) @ weights.wd)
+    return x
+
+
+def _deepstack_features(weights: ToyWeights, nd: int, deepstack: Sequence[Any] | None, t: int,
+                        h: int) -> list[np.ndarray]:
+    """The ``nd`` deepstack features ``[T, H]`` as float32 (added after the first ``nd`` layers)."""
+    if nd > weights.num_layers:
+        raise ConfigError("num_deepstack_features",
+                          f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
+    if not nd:
+        if deepstack:
+            raise InvalidValueError("deepstack given but num_deepstack_features is 0")
+        return []
+    if deepstack is None or len(deepstack) != nd:
+        got = "None" if deepstack is None else f"{len(deepstack)} arrays"
+        raise InvalidValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
+    return [_as_f32(f"deepstack[{i}]", a, (t, h)) for i, a in enumerate(deepstack)]
+
+
+def _positions_and_rope(cfg: Any, t: int, positions: Any, rope: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The ``T`` tokens' positions (default ``arange(T)``) and the RoPE table ``[P, R]`` they index (default
+    :func:`rope_table`, long enough for them)."""
+    pos = np.arange(t) if positions is None else np.asarray(positions).astype(np.int64)
+    if pos.shape != (t,):
+        raise ShapeError(f"positions has shape {pos.shape}, expected ({t},)")
+    if rope is None:
+        rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
+        return pos, rope_table(rows, int(cfg.rotary_dim))[0]
+    table = np.asarray(rope, dtype=np.float32)
+    if table.ndim == 3:
+        if table.shape[0] != 1:
+            raise ShapeError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
+        table = table[0]
+    if table.ndim != 2 or table.shape[-1] != int(cfg.rotary_dim):
+        raise ShapeError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
+    return pos, table
+
+
 def reference_forward(
     weights: ToyWeights,
     cfg: Any,
@@ -384,48 +437,9 @@ def reference_forward(
     t = x_in.shape[0]
     x_in = _as_f32("embeds", x_in, (t, h))
 
-    if config_role(cfg) == "draft":
-        if hidden_input is None or hidden_from_draft is None:
-            raise InvalidValueError("a draft model needs hidden_input and hidden_from_draft")
-        hb = int(cfg.base_model_hidden_size)
-        assert weights.we is not None and weights.wh is not None and weights.wd is not None
-        x = (
-            x_in @ weights.we
-            + _as_f32("hidden_input", hidden_input, (t, hb)) @ weights.wh
-            + _as_f32("hidden_from_draft", hidden_from_draft, (t, h)) @ weights.wd
-        )
-    else:
-        if hidden_input is not None or hidden_from_draft is not None:
-            raise InvalidValueError("hidden_input / hidden_from_draft are for draft models only")
-        x = x_in
-
-    ds: list[np.ndarray] = []
-    if nd > weights.num_layers:
-        raise ConfigError("num_deepstack_features",
-                          f"num_deepstack_features={nd} exceeds the {weights.num_layers} layers")
-    if nd:
-        if deepstack is None or len(deepstack) != nd:
-            got = "None" if deepstack is None else f"{len(deepstack)} arrays"
-            raise InvalidValueError(f"num_deepstack_features={nd} needs {nd} deepstack arrays, got {got}")
-        ds = [_as_f32(f"deepstack[{i}]", a, (t, h)) for i, a in enumerate(deepstack)]
-    elif deepstack:
-        raise InvalidValueError("deepstack given but num_deepstack_features is 0")
-
-    pos = np.arange(t) if positions is None else np.asarray(positions).astype(np.int64)
-    if pos.shape != (t,):
-        raise ShapeError(f"positions has shape {pos.shape}, expected ({t},)")
-    if rope is None:
-        rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
-        table = rope_table(rows, int(cfg.rotary_dim))[0]
-    else:
-        table = np.asarray(rope, dtype=np.float32)
-        if table.ndim == 3:
-            if table.shape[0] != 1:
-                raise ShapeError(f"rope table for one sequence must be [1, P, R], got {table.shape}")
-            table = table[0]
-        if table.ndim != 2 or table.shape[-1] != int(cfg.rotary_dim):
-            raise ShapeError(f"rope table shape {table.shape} does not end in rotary_dim={cfg.rotary_dim}")
-
+    x = _first_stream(weights, cfg, x_in, hidden_input, hidden_from_draft)
+    ds = _deepstack_features(weights, nd, deepstack, t, h)
+    pos, table = _positions_and_rope(cfg, t, positions, rope)
     vis = causal_visibility(t) if visible is None else np.asarray(visible, dtype=bool)
     if vis.shape != (t, t):
         raise ShapeError(f"visible has shape {vis.shape}, expected ({t}, {t})")

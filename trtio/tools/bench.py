@@ -14,8 +14,8 @@ own rows, so that they follow the same calls). Beside ``prepare + execute`` of t
 execute`` replaying the decode step's own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative
 round of 3 levels timed as one call. On the ragged contract, also a LoRA build of the LLM: its decode step with and
 without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`); and an MTP round (the base
-feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify
-of 4 nodes, accept, catch-up) timed as one call.
+feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify of
+4 nodes, accept, catch-up) timed as one call.
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -367,6 +367,23 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             prompt.close()
 
 
+def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
+               inputs: str = "device") -> None:
+    """:mod:`trtio.tools.bench_lora`'s rows, fed as the other decode rows are."""
+    prompt = device_tensor(backend, (BATCH, 16, HIDDEN), np.random.default_rng(2))
+    feeds: list[_Embeds] = []
+
+    def feed(io_embeds: Tensor) -> Callable[[], object]:
+        feeds.append(_Embeds(inputs, backend, io_embeds, 2))
+        return feeds[-1].in_place((BATCH, 1, HIDDEN))
+    try:
+        lora_rows(llm, backend, stream, steps, clock, null_engine, prompt, feed)
+    finally:
+        for f in feeds:
+            f.free()
+        prompt.close()
+
+
 def mtp_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
     """The 8B-class base of ``bundle`` as an MTP base (``hidden_states``: its last layer's stream [T, H]) with a
     one-layer MTP draft reading it, chain drafting 3 deep (verify trees of 4 nodes)."""
@@ -416,23 +433,6 @@ def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds
         finally:
             feed.free()
             prompt.close()
-
-
-def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
-               inputs: str = "device") -> None:
-    """:mod:`trtio.tools.bench_lora`'s rows, fed as the other decode rows are."""
-    prompt = device_tensor(backend, (BATCH, 16, HIDDEN), np.random.default_rng(2))
-    feeds: list[_Embeds] = []
-
-    def feed(io_embeds: Tensor) -> Callable[[], object]:
-        feeds.append(_Embeds(inputs, backend, io_embeds, 2))
-        return feeds[-1].in_place((BATCH, 1, HIDDEN))
-    try:
-        lora_rows(llm, backend, stream, steps, clock, null_engine, prompt, feed)
-    finally:
-        for f in feeds:
-            f.free()
-        prompt.close()
 
 
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
@@ -528,7 +528,7 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
             clock = _Clock(backend, stream)
             _llm_rows(llm, backend, stream, steps, clock, inputs)
             _spec_rows(bundle, backend, stream, rounds, clock, inputs)
-            if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch
+            if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch; an MTP round
                 _lora_rows(llm, backend, stream, steps, clock, inputs)
                 _mtp_rows(mtp_bundle(bundle), backend, stream, rounds, clock, inputs)
             out[contract] = {name: clock.row(name) for name in clock.alone}
