@@ -59,6 +59,11 @@ def test_the_registries_name_every_binding_of_both_exported_graphs(tmp_path: Pat
         for name, (io, dtype, shape) in graph.items():
             s = specs[name]
             assert (s.io, s.dtype, s.engine_shape) == (io, dtype, shape), f"{cfg.role}: {name}"
+        # the ReferenceEngine of the config (trtio plan / inspect on a directory without engines) declares them too
+        engine = ReferenceEngine.from_config(cfg, device="host", null_compute=True)
+        declared_io = {d.name: ("input" if d.is_input else "output", d.dtype, d.shape) for d in engine._decls}
+        assert {n: v for n, v in declared_io.items() if n not in OPTIONAL} == \
+            {n: v for n, v in graph.items() if n not in OPTIONAL}, cfg.role
 
 
 def test_the_mtp_base_keeps_per_token_states_and_feeds_its_last_layer(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ generate_draft``), so its guesses are the base's next tokens but where the first
 from __future__ import annotations
 
 import dataclasses
+import gc
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import trtio
 from trtio.edgellm import EngineDir
 from trtio.recurrent import DEFAULT_MAX_PREFIXES
 from trtio.rope import rope_cos_sin_table
-from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 
 ENGINES = default_engines_dir()
@@ -292,3 +294,67 @@ def test_a_hybrid_spec_setup_refuses_prefixes_whose_states_would_hold_one_token_
         with pytest.raises(trtio.TrtioError, match="prefixes of a hybrid spec-decode setup are not supported"):
             s.pin_prefix(0, int(s.base_lengths[0]))
         assert s._recurrent is not None and s._recurrent.rows.free == DEFAULT_MAX_PREFIXES, "no snapshot row taken"
+
+
+def _hybrid_rounds(seed: int, mode: str, feed_kind: str) -> np.ndarray:
+    """Two chain rounds on the hybrid MTP pair, on :class:`~trtio.testing.AsyncHostBackend` (``seed``: its streams'
+    interleaving), each call on the runner's stream (``mode``: one stream, two streams or two threads), fed
+    ``feed_kind`` inputs; every step's logits."""
+    from test_stream_order import _Feed, _keep, _Runner  # noqa: PLC0415
+
+    be = AsyncHostBackend(seed)
+    run, feed = _Runner(be, mode), _Feed(be, feed_kind)
+    bundle = EngineDir.open(HYBRID).deployment(1, 2, 3)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    base = ReferenceEngine.from_config(bundle.base, backend=be, weights=bw)
+    dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
+    draft = ReferenceEngine.from_config(bundle.draft, backend=be, weights=dw)
+    rng = np.random.default_rng(11)
+
+    def e(shape: tuple[int, ...]) -> np.ndarray:
+        return E[rng.integers(3, 512, shape)].astype(np.float16)
+
+    try:
+        with trtio.create_for_spec_decode(base, draft, bundle, backend=be) as s_:
+            outs = [run(lambda s: _keep(s_.base_prefill(feed(e((2, 5)), s), [5, 4], s), s, be)),
+                    run(lambda s: _keep(s_.draft_prefill(feed(e((2, 5)), s), [5, 4], s), s, be))]
+            for paths in ([[0, 1], [0, 1, 2]], [[0, 1, 2], [0]]):
+                outs.append(run(lambda s: _keep(s_.draft_propose(feed(e((2, 1)), s), s), s, be)))
+                outs.append(run(lambda s: _keep(s_.verify(feed(e((2, 3)), s), [-1, 0, 1], s), s, be)))
+                run(lambda s, p=paths: s_.accept(p, s))
+                lens = [len(p) for p in paths]
+                outs.append(run(lambda s, n=lens: _keep(s_.draft_accept(feed(e((2, 3)), s), n, s), s, be)))
+            gc.collect()
+            return np.concatenate([o.to_numpy().reshape(-1) for o in outs])
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("mode, feed_kind", [("streams", "long-lived"), ("threads", "long-lived"),
+                                             ("streams", "tensor view")])
+def test_hybrid_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed_kind: str) -> None:
+    """The states' commit is ordered with the verify that wrote the rows and the steps after it (the stream rule),
+    whatever the device's interleaving of the streams; inputs dropped as each call returns are read intact."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        want = _hybrid_rounds(0, "one", "long-lived")
+        assert np.isfinite(want).all()
+        for seed in (1, 2, 3):
+            np.testing.assert_array_equal(_hybrid_rounds(seed, mode, feed_kind), want, err_msg=f"seed {seed}")
+
+
+def test_the_demos_mtp_pairs_decode_greedy_tokens_and_accept_most_drafts() -> None:
+    """``trtio demo``'s MTP section (:mod:`trtio.tools.mtp_demo`): both toy pairs, chains of 3, their tokens the
+    numpy base's greedy ones, at least 60% of drafted tokens accepted; the summary's line says so."""
+    from trtio.cuda.backend import get_backend  # noqa: PLC0415
+    from trtio.tools.mtp_demo import format_mtp, run_mtp  # noqa: PLC0415
+
+    s = run_mtp(ENGINES, PROMPTS[:3], 8, get_backend("host"))
+    assert set(s) == {"toy-mtp-ragged", "toy-qwen35-mtp-ragged"}
+    for name, section in s.items():
+        assert section["ok"], name
+        assert section["acceptance"] >= 0.6, (name, section["acceptance"])
+        assert all(len(t) == 8 for t in section["tokens"])
+    line = format_mtp(s)[0]
+    assert "toy-qwen35-mtp-ragged (hybrid: mamba, attention)" in line and "equal to greedy yes" in line

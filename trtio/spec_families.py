@@ -82,5 +82,5 @@ def check_runnable(family: str, what: str) -> None:
     if family not in RUNNABLE_FAMILIES:
         raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
                                               f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs (a DFlash draft "
-                                              "takes block steps the EAGLE3 phases do not make); use the base "
-                                              "alone (create_for_llm on a plain build) or an EAGLE3/MTP pair")
+                                              "takes block steps the EAGLE3 phases do not make); the pair is "
+                                              "refused rather than run wrong")

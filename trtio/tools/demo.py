@@ -32,7 +32,8 @@ For each contract:
    greedy run;
 4. the binding tables, the memory reports and the graph statistics of both setups;
 5. with the ragged contract, the hybrid toy directories (:mod:`trtio.tools.hybrid_demo`: Gated DeltaNet and
-   Mamba2, recurrent state per slot): greedy decoding and the admission story.
+   Mamba2, recurrent state per slot): greedy decoding and the admission story; and the MTP pairs
+   (:mod:`trtio.tools.mtp_demo`: on a dense and on a hybrid base): speculative tokens equal to greedy ones.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
 under ``"contracts"``); :func:`format_demo` renders it for a terminal.
@@ -74,6 +75,7 @@ from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
 from trtio.tools.lora_demo import format_lora, run_lora
+from trtio.tools.mtp_demo import format_mtp, run_mtp
 from trtio.tools.options import backend_option, cuda_status
 from trtio.trt import KNOWN_MODULES
 
@@ -438,12 +440,14 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
             sections["ragged"] = _ragged_section(ragged, opts)
     hybrid: dict[str, Any] = {}
     lora: dict[str, Any] = {}
+    mtp: dict[str, Any] = {}
     if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
         assert ragged is not None
         be, _why = _choose_ragged(opts)
         prompts = demo_prompts(ragged.llm_config.vocab_size, RAGGED_SEED)
         hybrid = run_hybrid(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
         lora = run_lora(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
+        mtp = run_mtp(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
@@ -452,8 +456,10 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "contracts": sections,
         "hybrid": hybrid,
         "lora": lora,
+        "mtp": mtp,
         "timings": {"total_s": time.perf_counter() - t_start},
-        "ok": all(s["ok"] for s in sections.values()) and all(h["ok"] for h in [*hybrid.values(), *lora.values()]),
+        "ok": all(s["ok"] for s in sections.values())
+        and all(h["ok"] for h in [*hybrid.values(), *lora.values(), *mtp.values()]),
     }
 
 
@@ -600,6 +606,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
         lines += _format_section(key, section) if verbose else [*_brief_section(key, section), ""]
     lines += format_hybrid(s.get("hybrid", {}), verbose=verbose)
     lines += format_lora(s.get("lora", {}), verbose=verbose)
+    lines += format_mtp(s.get("mtp", {}), verbose=verbose)
     if verbose:
         engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
         lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
@@ -607,6 +614,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
         lines.append("(--verbose adds every binding, the memory reports, graph statistics, the requests' story and "
                      "timings; --json all of it)")
     verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
+    verdicts += [f"{k}: speculative equal {_yes(m['ok'])}" for k, m in s.get("mtp", {}).items()]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
     verdicts += [f"{k}: adapters switch cleanly {_yes(x['ok'])}" for k, x in s.get("lora", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")
