@@ -572,3 +572,41 @@ def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_r
     (fixture / "config.json").write_text((ONNX / "config.json").read_text())
     assert main(["plan", str(fixture)]) == 0
     assert "the config writes no sliding window" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, backend: str) -> None:
+    """What the engine reads (a null-compute engine: trtio's side only, on either backend): after a prefill and a
+    decode fed by TokenEmbeddings on the device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE
+    row, and the sliding / full RoPE inputs each token's row of its own table at its position."""
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import ReferenceEngine
+
+    if backend == "cuda":
+        from trtio.cuda.backend import cuda_available
+
+        if not cuda_available():
+            pytest.skip("no CUDA device answers here")
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    cfg, ple = directory.config, directory.ple_embedding_table()
+    g = cfg.gemma4
+    assert g is not None and ple is not None
+    engine = ReferenceEngine.from_config(cfg, device="host" if backend == "host" else "gpu", null_compute=True)
+    ids = np.array([[11, 12, 13, 14, 15]])
+    with TokenEmbeddings.from_dir(directory, backend=backend) as emb, \
+            trtio.create_for_llm(engine, cfg, backend=backend) as setup:
+        for step, (tokens, positions) in enumerate(((ids, np.arange(5)), (np.array([[42]]), np.array([5])))):
+            x, p = emb.embed(tokens)  # type: ignore[misc]
+            if step == 0:
+                setup.prefill(x, [5], ple_embeds=p)
+            else:
+                setup.decode(x, ple_embeds=p)
+            n = tokens.size
+            for i in range(g.ple_layers):
+                got = setup.io.member(names.ple_token_embeds(i)).to_numpy().reshape(-1, 16)[:n]
+                np.testing.assert_array_equal(got, ple[tokens.reshape(-1), i * 16:(i + 1) * 16])
+            sliding = setup.io.member("ragged_rope_cos_sin").to_numpy().reshape(-1, 32)[:n]
+            full = setup.io.member("ragged_rope_cos_sin_full").to_numpy().reshape(-1, 64)[:n]
+            np.testing.assert_allclose(sliding, g.sliding_rope.rows(positions), rtol=1e-6)
+            np.testing.assert_allclose(full, g.full_rope.rows(positions), rtol=1e-6)
