@@ -22,7 +22,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import split_ple
+from trtio.gemma4 import split_ple, swa_room
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import Prefix, StepPages
@@ -368,6 +368,8 @@ class LLMSetup(SetupBase):
             pages.commit()
         if seqs.slotted:  # and before a page to take (this step's taken)
             room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
+        if e.state.swa_pages is not None:  # and before a bounded SWA window gains or retires a page
+            room = min(room, swa_room(e.state.swa_pages, lengths))
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
