@@ -679,3 +679,20 @@ def test_pin_prefix_is_refused_in_bounded_swa_mode() -> None:
         setup.prefill(run.emb[ids], [3], slots=[0], ple_embeds=run.ple[ids])
         with pytest.raises(InvalidValueError, match="pin_prefix: engine 'llm' keeps only a sliding window"):
             setup.pin_prefix(0, 3)
+
+
+def test_generate_runs_a_gemma4_directory_with_its_ple_table(tmp_path: Path) -> None:
+    """``trtio generate`` gathers a Gemma 4 directory's embedding and PLE rows on the device for every step (the
+    steps refuse a missing ple_embeds, so the run reaching its token limit shows they are passed)."""
+    import io
+    import shutil
+
+    from trtio.testing.toy_dirs import ASSETS_DIR, default_engines_dir
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    d = _toy_dir(tmp_path / "toy-gemma4")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_engines_dir() / ASSETS_DIR / name, d / name)
+    stats = run_generate(GenerateOptions(path=d, prompt="hello world", max_new_tokens=12, backend="host"),
+                         out=io.StringIO(), err=io.StringIO())
+    assert stats["tokens"] == 12
