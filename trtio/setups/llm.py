@@ -24,7 +24,7 @@ from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, Shape
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import split_ple, swa_room
 from trtio.memory import Arena, MemoryReport
-from trtio.ops import warm_up
+from trtio.ops import Copy2D, CopyJobs, warm_up
 from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
@@ -100,6 +100,7 @@ class LLMSetup(SetupBase):
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
+        self._ple_splits: BoundedCache[tuple[int, int], CopyJobs] = BoundedCache()  # Gemma 4: ple_embeds -> layers
         self._streaming_pending = False
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
@@ -234,15 +235,20 @@ class LLMSetup(SetupBase):
         b, seq = int(rows[0]), int(rows[1])
         s = self._stream(stream)
         item = self.io.inputs_embeds.dtype.itemsize
-        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): each layer's columns, one 2-D copy each
+        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): every layer's columns in one launch
             if ple_embeds.dtype != self.io.inputs_embeds.dtype:
                 raise ShapeError(f"ple_embeds: expected {self.io.inputs_embeds.dtype}, got {ple_embeds.dtype}")
             self._calls.read(ple_embeds)
-            for i in range(g.ple_layers):
-                dst = self.io.member(names.ple_token_embeds(i))
-                src = ple_embeds.data_ptr + i * g.ple_hidden * item
-                self._backend.memcpy_2d(dst.data_ptr, g.ple_hidden * item, src, width * item, g.ple_hidden * item,
-                                        b * seq, s.handle)
+            key = (ple_embeds.data_ptr, b * seq)
+            split = self._ple_splits.get(key)
+            if split is None:
+                split = self._ple_splits.put(key, CopyJobs(tuple(
+                    Copy2D(self._backend, self.io.member(names.ple_token_embeds(i)).data_ptr, g.ple_hidden * item,
+                           ple_embeds.data_ptr + i * g.ple_hidden * item, width * item, g.ple_hidden * item, b * seq)
+                    for i in range(g.ple_layers))))
+            if ple_embeds._last_stream is not None:  # its producer ordered before the step's stream
+                ple_embeds._order_consumer(s._handle)
+            split.enqueue(s)
             return
         arr = np.asarray(ple_embeds)
         for i, part in enumerate(split_ple(arr.reshape(b * seq, width), g)):
