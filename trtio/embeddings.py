@@ -34,8 +34,9 @@ class TokenEmbeddings(Closeable):
     :meth:`embed` (stream-ordered after it) or :meth:`close`. Follows trtio's close protocol.
     """
 
-    def __init__(self, table: np.ndarray, ple_table: np.ndarray | None = None, *, max_tokens: int,
-                 backend: Backend | str | None = None, stream: StreamLike = None) -> None:
+    def __init__(self, table: np.ndarray, ple_table: np.ndarray | None = None, stream: StreamLike = None, *,
+                 max_tokens: int, backend: Backend | str | None = None) -> None:
+        """``stream`` orders the tables' upload."""
         be = get_backend(backend)
         self._init_lifetime("token embeddings")
         self.vocab, self.hidden = int(table.shape[0]), int(table.shape[1])
@@ -61,8 +62,8 @@ class TokenEmbeddings(Closeable):
             undo.pop_all()
 
     @classmethod
-    def from_dir(cls, directory: EngineDir, *, max_tokens: int | None = None, backend: Backend | str | None = None,
-                 stream: StreamLike = None) -> TokenEmbeddings:
+    def from_dir(cls, directory: EngineDir, stream: StreamLike = None, *, max_tokens: int | None = None,
+                 backend: Backend | str | None = None) -> TokenEmbeddings:
         """The tables of an engine directory (:meth:`EngineDir.embedding_table`, and
         :meth:`EngineDir.ple_embedding_table` where it has one); ``max_tokens`` (default: max batch x max input
         length of its config) bounds one :meth:`embed`."""

@@ -24,12 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtio import names
+from trtio._hashing import hash_once
 from trtio.config import LLMEngineConfig
+from trtio.cuda._hostmem import host_view
+from trtio.cuda.backend import Backend
 from trtio.engine import EngineIO
 from trtio.errors import CapacityError, ConfigError, InvalidValueError, ShapeError
 from trtio.gemma4_config import Gemma4Config
+from trtio.ops import Copy2D, _copy_jobs, _host_work
+from trtio.stream import Stream
 
-__all__ = ["BoundedSwaPages", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple", "swa_room"]
+__all__ = ["BoundedSwaPages", "PleSplit", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple", "swa_room"]
 
 
 @dataclass(frozen=True)
@@ -244,3 +249,32 @@ def split_ple(ple_embeds: np.ndarray, g: Gemma4Config) -> list[np.ndarray]:
         raise ShapeError(f"ple_embeds: expected {width} columns ({g.ple_layers} layers x {g.ple_hidden}), got "
                                 f"shape {tuple(ple_embeds.shape)}")
     return [ple_embeds[..., i * g.ple_hidden:(i + 1) * g.ple_hidden] for i in range(g.ple_layers)]
+
+
+@hash_once
+@dataclass(frozen=True)
+class PleSplit:
+    """A step's per-layer embeddings ``[rows, L x width]`` (device address ``src``) split into the layers' inputs
+    (``dsts``, each ``[rows, width]``), as one device operation: one copy kernel on the cuda backend, one host work
+    elsewhere. Bytes: ``width`` per layer row."""
+
+    backend: Backend
+    dsts: tuple[int, ...]
+    src: int
+    width: int
+    rows: int
+
+    def enqueue(self, stream: Stream) -> None:
+        be, w, n, pitch = self.backend, self.width, self.rows, self.width * len(self.dsts)
+        if be.name == "cuda":
+            jobs = tuple(Copy2D(be, d, w, self.src + i * w, pitch, w, n).job() for i, d in enumerate(self.dsts))
+            _copy_jobs(be, jobs)(stream.handle)
+            return
+        src, dsts = self.src, self.dsts
+
+        def run() -> None:
+            rows = host_view(src, n * pitch).reshape(n, len(dsts), w)
+            for i, d in enumerate(dsts):
+                host_view(d, n * w).reshape(n, w)[:] = rows[:, i]
+
+        _host_work(be, stream, run)

@@ -22,9 +22,9 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import split_ple, swa_room
+from trtio.gemma4 import PleSplit, split_ple, swa_room
 from trtio.memory import Arena, MemoryReport
-from trtio.ops import Copy2D, CopyJobs, warm_up
+from trtio.ops import warm_up
 from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
@@ -100,7 +100,7 @@ class LLMSetup(SetupBase):
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
-        self._ple_splits: BoundedCache[tuple[int, int], CopyJobs] = BoundedCache()  # Gemma 4: ple_embeds -> layers
+        self._ple_splits: BoundedCache[tuple[int, int], PleSplit] = BoundedCache()  # Gemma 4: ple_embeds -> layers
         self._streaming_pending = False
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
@@ -242,10 +242,9 @@ class LLMSetup(SetupBase):
             key = (ple_embeds.data_ptr, b * seq)
             split = self._ple_splits.get(key)
             if split is None:
-                split = self._ple_splits.put(key, CopyJobs(tuple(
-                    Copy2D(self._backend, self.io.member(names.ple_token_embeds(i)).data_ptr, g.ple_hidden * item,
-                           ple_embeds.data_ptr + i * g.ple_hidden * item, width * item, g.ple_hidden * item, b * seq)
-                    for i in range(g.ple_layers))))
+                dsts = tuple(self.io.member(names.ple_token_embeds(i)).data_ptr for i in range(g.ple_layers))
+                split = self._ple_splits.put(key, PleSplit(self._backend, dsts, ple_embeds.data_ptr,
+                                                           g.ple_hidden * item, b * seq))
             if ple_embeds._last_stream is not None:  # its producer ordered before the step's stream
                 ple_embeds._order_consumer(s._handle)
             split.enqueue(s)

@@ -372,23 +372,25 @@ class TensorParallelLLMSetup(Closeable):
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                 slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
                 past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
-                mrope_positions: Any = None) -> Tensor:
+                mrope_positions: Any = None, ple_embeds: Any = None) -> Tensor:
         """:meth:`LLMSetup.prefill` on every rank (the same inputs, copied to each rank's device); rank 0's logits
-        view. ``prefix``: prefixes of this setup's :meth:`pin_prefix`."""
+        view. ``prefix``: prefixes of this setup's :meth:`pin_prefix`. ``ple_embeds`` (host) goes to every rank."""
         x = self._inputs(inputs_embeds)
         return self._lockstep("prefill", lambda r, s: self._rank_setups[r].prefill(
             x[r], context_lengths, s, slots=slots, prefix=self._prefixes(prefix, r),
-            past_lengths=past_lengths, deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions),
-            stream, inputs_embeds)
+            past_lengths=past_lengths, deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions,
+            ple_embeds=ple_embeds), stream, inputs_embeds)
 
     @one_thread
-    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None) -> Tensor:
+    def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None,
+               ple_embeds: Any = None) -> Tensor:
         """:meth:`LLMSetup.decode` on every rank; rank 0's logits view. No allocation, no host synchronisation.
         Where the device runs apart from the host and every rank's plan holds, every rank's step is enqueued from
-        the calling thread (module docstring)."""
+        the calling thread (module docstring). ``ple_embeds`` (host) goes to every rank."""
         x = self._inputs(inputs_embeds)
         here = self._enqueue_here and slots is None and type(inputs_embeds) is Tensor and self.decode_planned
-        return self._lockstep("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots), stream,
+        return self._lockstep("decode", lambda r, s: self._rank_setups[r].decode(x[r], s, slots=slots,
+                                                                                 ple_embeds=ple_embeds), stream,
                               inputs_embeds, here=here)
 
     @one_thread
