@@ -720,3 +720,4 @@ def test_on_the_gpu_a_gemma4_decode_costs_at_most_1_3_dense_decodes_of_host_time
         pytest.skip("no CUDA device answers here")
     rows = run("cuda", steps=200, rounds=3, contracts=("ragged",))["ragged"]
     assert rows[GEMMA4_DECODE].alone <= 1.3 * rows["LLMSetup.decode"].alone, rows
+

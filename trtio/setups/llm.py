@@ -224,6 +224,7 @@ class LLMSetup(SetupBase):
                 raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs "
                                  "(ple_token_embeds_i)")
             return
+        self._check_usable()  # a closed or broken setup refuses the step before anything is copied
         width = g.ple_layers * g.ple_hidden
         if ple_embeds is None:
             raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
