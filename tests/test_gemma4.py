@@ -397,6 +397,7 @@ def test_ple_rows_reach_their_layers() -> None:
 
 def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[int]], steps: int,
                   release_at: dict[int, int] | None = None) -> dict[int, list[int]]:
+    """Greedy tokens of ``prompts`` (slot -> tokens) through the setup, ``steps`` decodes."""
     import trtio
     from trtio.testing import ReferenceEngine
 
@@ -420,6 +421,61 @@ def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[in
             for row, slot in enumerate(slots):
                 out[slot].append(int(np.argmax(logits[row])))
     return out
+
+
+def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int]], list[tuple[int, int]]]:
+    """The setup's greedy tokens for :func:`_story`'s requests (one prompt in one prefill each, a release and an
+    admission on the way), and the bounded SWA pool's (free, held) pages after every step (empty in full mode)."""
+    import trtio
+    from trtio.testing import ReferenceEngine
+
+    emb_run = _Run(cfg, bounded=False)
+    rng = np.random.default_rng(3)
+    p0, p1, p2 = (rng.integers(2, 1000, n).tolist() for n in (120, 250, 130))
+    out: dict[str, list[int]] = {}
+    live: dict[int, str] = {}
+    pool: list[tuple[int, int]] = []
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
+                              graphs=graphs) as setup:
+        def admit(key: str, slot: int, prompt: list[int]) -> None:
+            ids = np.array([prompt])
+            logits = setup.prefill(emb_run.emb[ids], [len(prompt)], slots=[slot], ple_embeds=emb_run.ple[ids])
+            out[key] = list(prompt) + [int(np.argmax(logits.to_numpy()[0]))]
+            live[slot] = key
+
+        admit("a", 0, p0)
+        for i in range(150):
+            if i == 5:
+                admit("b", 1, p1)
+            if i == 100:
+                setup.release([0])
+                del live[0]
+            if i == 101:
+                admit("c", 0, p2)
+            slots = sorted(live)
+            ids = np.array([[out[live[s]][-1]] for s in slots])
+            logits = setup.decode(emb_run.emb[ids], slots=slots, ple_embeds=emb_run.ple[ids]).to_numpy()
+            for row, slot in enumerate(slots):
+                out[live[slot]].append(int(np.argmax(logits[row])))
+            pages = setup.state.swa_pages
+            if pages is not None:
+                pool.append((pages.free, sum(pages.held(s) for s in live)))
+    return out, pool
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_setup_in_bounded_swa_mode_equals_full_mode_token_for_token(graphs: bool) -> None:
+    """Window 40, pages of 128: sequences of 3 to 7 windows in a changing batch (an admission mid-way, a release
+    and a new sequence in the freed slot) give the same tokens with the bounded SWA pool (10 pages: 2 x 5) as
+    with full SWA storage; the bounded pool never holds more than its pages, each sequence its 5."""
+    bounded_cfg = _toy_gemma4()
+    full_cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # below 2 x 5 pages: full mode is forced
+    bounded, pool = _setup_story(bounded_cfg, graphs)
+    full, none = _setup_story(full_cfg, graphs)
+    assert not none and pool
+    assert min(len(t) for t in full.values()) > 3 * 40
+    assert bounded == full
+    assert all(free + held == 10 and held == 5 * (held // 5) for free, held in pool)
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -564,11 +620,104 @@ def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_r
     assert main(["plan", str(_toy_dir(tmp_path / "toy-gemma4"))]) == 0
     out = capsys.readouterr().out
     assert "past_key_values_2: full, [2,12,128,1,64] float16" in out
-    assert "past_key_values_4: sliding, [2,12,128,1,32] = past_key_values_3's pool (KV sharing)" in out
-    assert "SWA mode: full SWA storage" in out and "allow the bounded SWA pool (10 pages, 5 per sequence)" in out
-    assert "960.00 KiB in all" in out  # 4 pools allocated, not 6
+    assert "past_key_values_4: sliding, [2,10,128,1,32] = past_key_values_3's pool (KV sharing)" in out
+    assert "SWA mode: bounded SWA pool (10 pages, 5 per sequence): window 40 tokens" in out
+    assert "864.00 KiB in all" in out  # 4 pools allocated, not 6; the sliding ones of 10 pages
     fixture = tmp_path / "fixture"
     fixture.mkdir()
     (fixture / "config.json").write_text((ONNX / "config.json").read_text())
     assert main(["plan", str(fixture)]) == 0
     assert "the config writes no sliding window" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, backend: str) -> None:
+    """What the engine reads (a null-compute engine: trtio's side only, on either backend): after a prefill and a
+    decode fed by TokenEmbeddings on the device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE
+    row, and the sliding / full RoPE inputs each token's row of its own table at its position."""
+    from trtio.edgellm import EngineDir
+    from trtio.embeddings import TokenEmbeddings
+    from trtio.testing import ReferenceEngine
+
+    if backend == "cuda":
+        from trtio.cuda.backend import cuda_available
+
+        if not cuda_available():
+            pytest.skip("no CUDA device answers here")
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    cfg, ple = directory.config, directory.ple_embedding_table()
+    g = cfg.gemma4
+    assert g is not None and ple is not None
+    engine = ReferenceEngine.from_config(cfg, device="host" if backend == "host" else "gpu", null_compute=True)
+    ids = np.array([[11, 12, 13, 14, 15]])
+    with TokenEmbeddings.from_dir(directory, backend=backend) as emb, \
+            trtio.create_for_llm(engine, cfg, backend=backend) as setup:
+        for step, (tokens, positions) in enumerate(((ids, np.arange(5)), (np.array([[42]]), np.array([5])))):
+            x, p = emb.embed(tokens)  # type: ignore[misc]
+            if step == 0:
+                setup.prefill(x, [5], ple_embeds=p)
+            else:
+                setup.decode(x, ple_embeds=p)
+            n = tokens.size
+            for i in range(g.ple_layers):
+                got = setup.io.member(names.ple_token_embeds(i)).to_numpy().reshape(-1, 16)[:n]
+                np.testing.assert_array_equal(got, ple[tokens.reshape(-1), i * 16:(i + 1) * 16])
+            sliding = setup.io.member("ragged_rope_cos_sin").to_numpy().reshape(-1, 32)[:n]
+            full = setup.io.member("ragged_rope_cos_sin_full").to_numpy().reshape(-1, 64)[:n]
+            np.testing.assert_allclose(sliding, g.sliding_rope.rows(positions), rtol=1e-6)
+            np.testing.assert_allclose(full, g.full_rope.rows(positions), rtol=1e-6)
+
+
+def test_pin_prefix_is_refused_in_bounded_swa_mode() -> None:
+    from trtio.testing import ReferenceEngine
+
+    cfg = _toy_gemma4()
+    run = _Run(cfg, bounded=False)
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host") as setup:
+        assert setup.state.swa_mode is not None and setup.state.swa_mode.bounded
+        ids = np.array([[3, 4, 5]])
+        setup.prefill(run.emb[ids], [3], slots=[0], ple_embeds=run.ple[ids])
+        with pytest.raises(InvalidValueError, match="pin_prefix: engine 'llm' keeps only a sliding window"):
+            setup.pin_prefix(0, 3)
+
+
+def test_generate_runs_a_gemma4_directory_with_its_ple_table(tmp_path: Path) -> None:
+    """``trtio generate`` gathers a Gemma 4 directory's embedding and PLE rows on the device for every step (the
+    steps refuse a missing ple_embeds, so the run reaching its token limit shows they are passed)."""
+    import io
+    import shutil
+
+    from trtio.testing.toy_dirs import ASSETS_DIR, default_engines_dir
+    from trtio.tools.generate import GenerateOptions, run_generate
+
+    d = _toy_dir(tmp_path / "toy-gemma4")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_engines_dir() / ASSETS_DIR / name, d / name)
+    stats = run_generate(GenerateOptions(path=d, prompt="hello world", max_new_tokens=12, backend="host"),
+                         out=io.StringIO(), err=io.StringIO())
+    assert stats["tokens"] == 12
+
+
+def test_the_bench_config_is_a_gemma4_model_of_the_dense_ones_size() -> None:
+    from trtio.tools.bench import configs, gemma4_config
+
+    llm, _ = configs("ragged", 1024)
+    cfg = gemma4_config(llm)
+    g = cfg.gemma4
+    assert g is not None and g.num_layers == 36 and g.kinds.count("full") == 6
+    assert len(g.owners) == 24 and all(g.kinds[g.owner(i)] == g.kinds[i] for i in range(36))
+    assert cfg.hidden_size == llm.hidden_size and g.head_dims[5] == 2 * llm.head_dim
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_gemma4_decode_costs_at_most_1_3_dense_decodes_of_host_time() -> None:
+    """``trtio bench`` on the cuda backend (null-compute engines: trtio's own host time): the Gemma 4 decode
+    (bounded SWA, KV sharing, dual RoPE, PLE split in one launch) beside the dense decode of the same size."""
+    from trtio.cuda.backend import cuda_available
+    from trtio.tools.bench import GEMMA4_DECODE, run
+
+    if not cuda_available():
+        pytest.skip("no CUDA device answers here")
+    rows = run("cuda", steps=200, rounds=3, contracts=("ragged",))["ragged"]
+    assert rows[GEMMA4_DECODE].alone <= 1.3 * rows["LLMSetup.decode"].alone, rows
+

@@ -21,7 +21,7 @@ __all__ = ["InferenceDims", "SHAPE_CARRIER_DIMS", "StepShapes"]
 # (kvcache_start_index [0] = empty-cache prefill, the phase marker, ...).
 SHAPE_CARRIER_DIMS = frozenset({
     "context_mask_selector_len", "start_index_len", "spec_verify_phase_len", "skip_softmax_scale_len",
-    "context_seq_len", "swa_kv_cache_mode_len",
+    "context_seq_len",
 })
 
 
@@ -45,7 +45,6 @@ class InferenceDims:
     query_offsets_len: int = 0  # batch + 1 (query_start_offsets)
     execution_phase_len: int = 0  # the phase, carried by execution_phase_marker's extent (1..5)
     context_seq_len: int = 0  # prefill sequences in the step (context_sequence_count_carrier), 0 in generation
-    swa_kv_cache_mode_len: int = 0  # Gemma 4's shape-only swa_kv_cache_mode: 0 full SWA storage, 1 bounded
     # A vision encoder's step (trtio.vit): its patches, merged tokens, cu_seqlens entries (frames + 1),
     # cu_window_seqlens entries (windows + 1) and the shape-only max_seqlen_carrier's extent.
     vit_patches: int = 0

@@ -36,6 +36,7 @@ class TokenEmbeddings(Closeable):
 
     def __init__(self, table: np.ndarray, ple_table: np.ndarray | None = None, stream: StreamLike = None, *,
                  max_tokens: int, backend: Backend | str | None = None) -> None:
+        """``stream`` orders the tables' upload."""
         be = get_backend(backend)
         self._init_lifetime("token embeddings")
         self.vocab, self.hidden = int(table.shape[0]), int(table.shape[1])

@@ -24,12 +24,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtio import names
+from trtio._hashing import hash_once
 from trtio.config import LLMEngineConfig
+from trtio.cuda._hostmem import host_view
+from trtio.cuda.backend import Backend
 from trtio.engine import EngineIO
 from trtio.errors import CapacityError, ConfigError, InvalidValueError, ShapeError
 from trtio.gemma4_config import Gemma4Config
+from trtio.ops import Copy2D, _copy_jobs, _host_work
+from trtio.stream import Stream
 
-__all__ = ["BoundedSwaPages", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple"]
+__all__ = ["BoundedSwaPages", "PleSplit", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple", "swa_room"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,10 @@ def choose_swa_mode(cfg: LLMEngineConfig, max_batch: int, *, engine_mode_max: in
                    f"{full_pages}")
 
 
-def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int) -> SwaMode:
-    """The SWA mode a setup binds for ``eio`` (a Gemma 4 engine's declared I/O): the full mode, with the reason
-    (:func:`choose_swa_mode`'s, or that the bounded mode fits but the setups bind the full one so far)."""
+def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int, *, bounded_ok: str = "") -> SwaMode:
+    """The SWA mode a setup binds for ``eio`` (a Gemma 4 engine's declared I/O): :func:`choose_swa_mode`'s, with the
+    engine's mode profile and sliding pool range; ``bounded_ok``, where not empty, says why the setup binds the full
+    mode where the bounded one would fit."""
     mode_max = eio[names.kSwaKVCacheMode].max_shape()[0] if names.kSwaKVCacheMode in eio else 0
     g = cfg.gemma4
     assert g is not None
@@ -112,10 +118,19 @@ def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int) -> SwaMo
             lo = min(lo, min(p[0][1] for p in eio[past].profiles))
             hi = max(hi, max(p[2][1] for p in eio[past].profiles))
     possible = choose_swa_mode(cfg, max_batch, engine_mode_max=mode_max, engine_swa_pages=(lo, hi))
-    if possible.bounded:
-        return SwaMode(False, cfg.kv_pool_pages, 0, f"the engine and config allow the {possible.describe()}; trtio's "
-                                                    "setups bind the full mode so far")
+    if possible.bounded and bounded_ok:
+        return SwaMode(False, cfg.kv_pool_pages, 0, f"the engine and config allow the {possible.describe()}, but "
+                                                    f"{bounded_ok}")
     return possible
+
+
+def swa_room(pages: BoundedSwaPages, lengths: np.ndarray) -> int:
+    """Decode steps (one token each) from ``lengths`` (the cached lengths) whose SWA table rows stay as the first
+    one maps them: until a sequence's retained range gains a page or loses one."""
+    e = lengths.astype(np.int64) + 1
+    end_change = pages.page * -(-e // pages.page) + 1
+    begin_change = pages.page * (np.maximum(e - pages.window, 0) // pages.page + 1) + pages.window
+    return int((np.minimum(end_change, begin_change) - e).min(initial=1 << 30))
 
 
 @dataclass
@@ -161,6 +176,9 @@ class BoundedSwaPages:
     def mapped(self, slot: int) -> dict[int, int]:
         """Logical page -> physical page of ``slot``'s retained window."""
         return dict(self._slots[slot].bindings)
+
+    def __contains__(self, slot: object) -> bool:
+        return slot in self._slots
 
     def admit(self, slot: int) -> None:
         """Reserve ``slot``'s private pages; :class:`CapacityError` (nothing changed) where the pool is short."""
@@ -218,7 +236,7 @@ class BoundedSwaPages:
         self._free.extend([p for _, p in w.bindings] + w.reserve + [p for _, p in w.retiring])
         self.table[slot] = -1
 
-    def rows(self, slots: Sequence[int]) -> np.ndarray:
+    def rows(self, slots: Sequence[int] | np.ndarray) -> np.ndarray:
         """int32 ``[len(slots), 2, M]``: each slot's K page ids and V page ids (K + pool pages), -1 unmapped."""
         k = self.table[np.asarray(slots, np.int64)]
         return np.stack([k, np.where(k >= 0, k + self.pool_pages, -1)], axis=1).astype(np.int32)
@@ -231,3 +249,32 @@ def split_ple(ple_embeds: np.ndarray, g: Gemma4Config) -> list[np.ndarray]:
         raise ShapeError(f"ple_embeds: expected {width} columns ({g.ple_layers} layers x {g.ple_hidden}), got "
                                 f"shape {tuple(ple_embeds.shape)}")
     return [ple_embeds[..., i * g.ple_hidden:(i + 1) * g.ple_hidden] for i in range(g.ple_layers)]
+
+
+@hash_once
+@dataclass(frozen=True)
+class PleSplit:
+    """A step's per-layer embeddings ``[rows, L x width]`` (device address ``src``) split into the layers' inputs
+    (``dsts``, each ``[rows, width]``), as one device operation: one copy kernel on the cuda backend, one host work
+    elsewhere. Bytes: ``width`` per layer row."""
+
+    backend: Backend
+    dsts: tuple[int, ...]
+    src: int
+    width: int
+    rows: int
+
+    def enqueue(self, stream: Stream) -> None:
+        be, w, n, pitch = self.backend, self.width, self.rows, self.width * len(self.dsts)
+        if be.name == "cuda":
+            jobs = tuple(Copy2D(be, d, w, self.src + i * w, pitch, w, n).job() for i, d in enumerate(self.dsts))
+            _copy_jobs(be, jobs)(stream.handle)
+            return
+        src, dsts = self.src, self.dsts
+
+        def run() -> None:
+            rows = host_view(src, n * pitch).reshape(n, len(dsts), w)
+            for i, d in enumerate(dsts):
+                host_view(d, n * w).reshape(n, w)[:] = rows[:, i]
+
+        _host_work(be, stream, run)

@@ -35,6 +35,7 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
+from trtio.gemma4 import BoundedSwaPages, SwaMode, bound_swa_mode
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
 from trtio.recurrent import is_recurrent_state, recurrent_problems
@@ -150,9 +151,11 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
         out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, shape, profiles, declared=decl))
     out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m),
                           (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
-    if g4 is not None:
+    if g4 is not None:  # the sliding layers' page table, and the shape-only mode (length 1 bounded, 0 full)
         out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m),
                               (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
+        out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
+                              declared=(-1,)))
     for i, (shape, _profiles, decl) in enumerate(pools):
         out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl))
     return out
@@ -170,7 +173,8 @@ def state_names(eio: EngineIO) -> set[str]:
     """Every binding of ``eio`` the engine state owns: both names of each pair, the page table and the
     start index."""
     out = {n for pair in eio.state_pairs() for n in pair}
-    out |= {n for n in (names.kKVPageTable, names.kSwaKVPageTable, names.kKVCacheStartIndex) if n in eio}
+    out |= {n for n in (names.kKVPageTable, names.kSwaKVPageTable, names.kSwaKVCacheMode, names.kKVCacheStartIndex)
+            if n in eio}
     return out
 
 
@@ -287,10 +291,12 @@ class EngineState(Closeable):
 
     def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, stream: StreamLike = None, *,
                  max_batch: int, backend: Backend | str | None = None, name: str = "",
-                 page_table: Tensor | None = None) -> None:
+                 page_table: Tensor | None = None, swa_table: Tensor | None = None) -> None:
         """``page_table`` (paged caches): the int32 [max_batch, 2, M] table a setup stages each step's rows
         into (pages on demand); without it the state owns a table mapping slot ``b`` to pages ``b*M ..
-        b*M + M - 1``, which needs a pool of every slot's pages."""
+        b*M + M - 1``, which needs a pool of every slot's pages. ``swa_table`` (Gemma 4, pages on demand): the
+        int32 [max_batch, 2, M] table a setup stages the bounded SWA pool's rows into, where the engine and config
+        allow that mode (:func:`~trtio.gemma4.bound_swa_mode`); without it the sliding layers use the full mode."""
         self.name = name or engine_io.name
         self.max_batch = max_batch
         self.pairs = engine_io.state_pairs()
@@ -309,9 +315,23 @@ class EngineState(Closeable):
         g4 = cfg.gemma4 if cfg is not None else None
         self.shared = {names.past_key_values(i): names.past_key_values(g4.owner(i))
                        for i in range(g4.num_layers) if g4.owner(i) != i} if g4 is not None else {}
+        self.swa_mode: SwaMode | None = None
+        self.swa_pages: BoundedSwaPages | None = None
+        sliding: set[str] = set()
+        if g4 is not None and cfg is not None and names.kSwaKVPageTable in engine_io:
+            self.swa_mode = bound_swa_mode(cfg, engine_io, max_batch, bounded_ok="" if swa_table is not None else
+                                           "this setup stages no SWA table (pages on demand)")
+            sliding = {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
+            if self.swa_mode.bounded:
+                self.swa_pages = BoundedSwaPages(
+                    self.swa_mode.pool_pages, max_batch, window=g4.sliding_window, page_size=cfg.kv_page_size,
+                    pages_per_sequence=engine_io[names.kKVPageTable].max_shape()[2],
+                    private_pages=self.swa_mode.private_pages)
         for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
+            if past in sliding and self.swa_pages is not None:  # the bounded SWA pool's pages, not the full pool's
+                shape = (shape[0], self.swa_mode.pool_pages, *shape[2:]) if self.swa_mode is not None else shape
             self._max_shape[past] = shape
             # A recurrent pool is indexed by slot (state_indices): bound whole. A KV cache's dynamic batch follows
             # the step's.
@@ -330,9 +350,12 @@ class EngineState(Closeable):
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))
-            if names.kSwaKVPageTable in engine_io:  # Gemma 4's sliding layers: full SWA mode, the same table
+            if self.swa_mode is not None:  # Gemma 4's sliding layers: kv_page_table (full) or the bounded rows
                 self._specs[names.kSwaKVPageTable] = TensorSpec(names.kSwaKVPageTable, "input", DType.INT32,
                                                                 ("batch", 2, self.pages_per_sequence))
+                self._specs[names.kSwaKVCacheMode] = TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8,
+                                                                (self.swa_mode.mode_length,))
+                requests.append(TensorRequest.of("swa_kv_cache_mode", (1,), DType.INT8))
             if page_table is None:
                 requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence),
                                                  DType.INT32))
@@ -366,6 +389,7 @@ class EngineState(Closeable):
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = page_table
+            self.swa_table = swa_table if self.swa_pages is not None else None
             self.pages_on_demand = page_table is not None
             if self.layout == "paged" and page_table is None:
                 self.page_table = self._arena["kv_page_table"]
@@ -398,8 +422,9 @@ class EngineState(Closeable):
             tm.add(present, self.tensors[past])
         if self.page_table is not None:
             tm.add(names.kKVPageTable, self.page_table)
-            if names.kSwaKVPageTable in self._specs:
-                tm.add(names.kSwaKVPageTable, self.page_table)
+            if self.swa_mode is not None:
+                tm.add(names.kSwaKVPageTable, self.swa_table if self.swa_table is not None else self.page_table)
+                tm.add(names.kSwaKVCacheMode, self._arena["swa_kv_cache_mode"].reshape((self.swa_mode.mode_length,)))
         if self.has_start_index:
             tm.add(names.kKVCacheStartIndex, self.kv_lengths)
 

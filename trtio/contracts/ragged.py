@@ -114,8 +114,6 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))
     add(names.kContextSequenceCountCarrier, "input", i32, ("context_seq_len",),
         (((1,), (b,), (b,)), ((0,), (0,), (0,))))
-    if g4 is not None:  # shape-only: length 1 binds the bounded SWA pool, 0 full storage
-        add(names.kSwaKVCacheMode, "input", DType.INT8, ("swa_kv_cache_mode_len",), (((0,), (1,), (1,)),) * 2)
     add(names.kLogitsIndices, "input", i64, (R,), rows() if spec_role else seqs())
     if role == "draft":
         add(names.kBaseModelHiddenStates, "input", act, (T, cfg.base_model_hidden_size),

@@ -52,10 +52,11 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "RaggedContract", "RaggedSteps"]
+__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "SWA_TABLE", "RaggedContract", "RaggedSteps"]
 
 GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
 GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
+SWA_TABLE = "swa_kv_page_table"  # Gemma 4: the step block's bounded SWA rows (bound in the bounded mode)
 
 
 def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
@@ -65,8 +66,7 @@ def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
         return []
     width = g4.full_rope.width
     out = [TensorRequest.of(GEMMA4_FULL_ROWS, (t, width), DType.FLOAT32),
-           TensorRequest.of(GEMMA4_FULL_TABLE, (cfg.max_kv_cache_capacity, width), DType.FLOAT32),
-           TensorRequest.of(names.kSwaKVCacheMode, (1,), DType.INT8)]
+           TensorRequest.of(GEMMA4_FULL_TABLE, (cfg.max_kv_cache_capacity, width), DType.FLOAT32)]
     out += [TensorRequest.of(names.ple_token_embeds(i), (t, g4.ple_hidden), cfg.activation)
             for i in range(g4.ple_layers)]
     return out
@@ -126,6 +126,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         ]
     # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
     step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
+    if base.gemma4 is not None:  # the bounded SWA pool's rows (trtio.gemma4.BoundedSwaPages), staged each step
+        step.append(TensorRequest.of(SWA_TABLE, (b, 2, base.pages_per_sequence), i32))
     if draft is not None:
         step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
     step += [
@@ -243,7 +245,6 @@ class RaggedContract(Contract):
             tm.set(names.kRopeCosSinFull, io.member(GEMMA4_FULL_ROWS))
             for i in range(g4.ple_layers):
                 tm.set(names.ple_token_embeds(i), io.member(names.ple_token_embeds(i)))
-            tm.set(names.kSwaKVCacheMode, io.member(names.kSwaKVCacheMode).reshape((0,)))  # full SWA mode
         tm.set(names.kPositions, io.member("positions"))
         own = _BASE_NAMES if cfg.role == "base" and io.is_spec_decode else {}
 
@@ -352,7 +353,29 @@ class RaggedSteps(StepInputs):
         layout = causal_step(zero if past is None else past, lengths, width,
                              phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
         self.write_pages(e, pages)
+        self._write_swa(e, slots, zero if past is None else past, lengths, new=past is None)
         return self._stage_layout(e, layout, s)
+
+    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        self._write_swa(e, slots, lengths, np.ones_like(lengths), new=False)
+        return super().decode(e, lengths, s, slots, key, pages)
+
+    def _write_swa(self, e: EngineView, slots: np.ndarray | None, past: np.ndarray, lengths: np.ndarray, *,
+                   new: bool) -> None:
+        """Gemma 4's bounded SWA pool: each step sequence's window advanced to the step's end (a new sequence
+        reserving its pages first) and the step's rows staged (:class:`~trtio.gemma4.BoundedSwaPages`)."""
+        pages = e.state.swa_pages
+        if pages is None:
+            return
+        sl = np.arange(past.shape[0]) if slots is None else slots
+        for slot, start, n in zip(sl.tolist(), past.tolist(), lengths.tolist()):
+            if new or slot not in pages:
+                if slot in pages:
+                    pages.release(slot)
+                pages.admit(slot)
+            pages.advance(slot, int(start) + int(n))
+        self.step.write(SWA_TABLE, pages.rows(sl))
 
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None

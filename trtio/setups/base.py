@@ -24,7 +24,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
-from trtio.errors import ShapeError, TrtioError
+from trtio.errors import InvalidValueError, ShapeError, TrtioError
 from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, StepPages
@@ -285,6 +285,12 @@ class SetupBase(Closeable, abc.ABC):
         self._between_rounds("release()", release=True)
         self._stream(stream)
         self._seqs.release(arr)
+        for e in self.engines():  # Gemma 4's bounded SWA pool: the sequences' window pages go back too
+            pages = e.state.swa_pages
+            if pages is not None:
+                for slot in arr:
+                    if slot in pages:
+                        pages.release(slot)
 
     @one_thread
     def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
@@ -297,6 +303,11 @@ class SetupBase(Closeable, abc.ABC):
         the last call by the stream rule."""
         self._check_usable()
         self._between_rounds("pin_prefix()")
+        bounded = [e.role for e in self.engines() if e.state.swa_pages is not None]
+        if bounded:  # a prefix of a bounded window has lost the pages behind it (Edge-LLM forces full mode too)
+            raise InvalidValueError(f"pin_prefix: engine {bounded[0]!r} keeps only a sliding window of KV in the "
+                                    "bounded SWA pool, so a prefix cannot be reused; prefix reuse needs the full SWA "
+                                    "mode (an engine built without the bounded pool)")
         return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:

@@ -20,7 +20,7 @@ from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
-from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE
+from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE, SWA_TABLE
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
@@ -249,14 +249,16 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     page_table = contract.page_table(io, name)  # staged per step with its sequences' pages (pages on demand)
     check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None,
                  constants=constants)
+    steps = io.step.tensors if io.step is not None else {}
+    swa_table = steps.get(SWA_TABLE) if page_table is not None else None  # Gemma 4's bounded SWA rows
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
-                                                stream=stream, page_table=page_table))
+                                                stream=stream, page_table=page_table, swa_table=swa_table))
     state.bind(tm)
     stable = state.stable_names()
     for input_name, t in (constants or {}).items():
         tm.add(input_name, t)
         stable.add(input_name)
-    if not cfg.is_mrope and names.kRopeCosSin in eio:
+    if not cfg.is_mrope and (names.kRopeCosSin in eio or names.kRopeCosSinSliding in eio):
         table = rope.get(cfg, stream)  # made now, never in a step (the ragged contract's steps gather rows of it)
         if contract.binds_rope_table(cfg):
             tm.add(names.kRopeCosSin, table)

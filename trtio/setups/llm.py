@@ -22,7 +22,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import split_ple
+from trtio.gemma4 import PleSplit, split_ple, swa_room
 from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
@@ -107,6 +107,7 @@ class LLMSetup(SetupBase):
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
+        self._ple_splits: BoundedCache[tuple[int, int], PleSplit] = BoundedCache()  # Gemma 4: ple_embeds -> layers
         self._streaming_pending = False
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
@@ -230,6 +231,7 @@ class LLMSetup(SetupBase):
                 raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs "
                                  "(ple_token_embeds_i)")
             return
+        self._check_usable()  # a closed or broken setup refuses the step before anything is copied
         width = g.ple_layers * g.ple_hidden
         if ple_embeds is None:
             raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
@@ -241,15 +243,19 @@ class LLMSetup(SetupBase):
         b, seq = int(rows[0]), int(rows[1])
         s = self._stream(stream)
         item = self.io.inputs_embeds.dtype.itemsize
-        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): each layer's columns, one 2-D copy each
+        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): every layer's columns in one launch
             if ple_embeds.dtype != self.io.inputs_embeds.dtype:
                 raise ShapeError(f"ple_embeds: expected {self.io.inputs_embeds.dtype}, got {ple_embeds.dtype}")
             self._calls.read(ple_embeds)
-            for i in range(g.ple_layers):
-                dst = self.io.member(names.ple_token_embeds(i))
-                src = ple_embeds.data_ptr + i * g.ple_hidden * item
-                self._backend.memcpy_2d(dst.data_ptr, g.ple_hidden * item, src, width * item, g.ple_hidden * item,
-                                        b * seq, s.handle)
+            key = (ple_embeds.data_ptr, b * seq)
+            split = self._ple_splits.get(key)
+            if split is None:
+                dsts = tuple(self.io.member(names.ple_token_embeds(i)).data_ptr for i in range(g.ple_layers))
+                split = self._ple_splits.put(key, PleSplit(self._backend, dsts, ple_embeds.data_ptr,
+                                                           g.ple_hidden * item, b * seq))
+            if ple_embeds._last_stream is not None:  # its producer ordered before the step's stream
+                ple_embeds._order_consumer(s._handle)
+            split.enqueue(s)
             return
         arr = np.asarray(ple_embeds)
         for i, part in enumerate(split_ple(arr.reshape(b * seq, width), g)):
@@ -375,6 +381,8 @@ class LLMSetup(SetupBase):
             pages.commit()
         if seqs.slotted:  # and before a page to take (this step's taken)
             room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
+        if e.state.swa_pages is not None:  # and before a bounded SWA window gains or retires a page
+            room = min(room, swa_room(e.state.swa_pages, lengths))
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)

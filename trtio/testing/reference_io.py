@@ -300,8 +300,8 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
         names.kInputsEmbeds  # Gemma 4's PLE inputs come before the pools
     follows = {
         before_pools: [state[names.past_key_values(i)] for i in layers],
-        names.kContextSequenceCountCarrier: [state[n] for n in (names.kKVPageTable, names.kSwaKVPageTable)
-                                             if n in state],
+        names.kContextSequenceCountCarrier: [state[n] for n in (names.kKVPageTable, names.kSwaKVPageTable,
+                                                                names.kSwaKVCacheMode) if n in state],
         names.kLogitsIndices: [spec for spec in recurrent if spec.is_input],  # a hybrid's state pools
     }
     specs = []

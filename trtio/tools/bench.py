@@ -45,8 +45,9 @@ from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
-__all__ = ["INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend", "configs", "copy_row", "default_kv_capacity",
-           "device_tensor", "format_results", "machine_name", "mtp_bundle", "null_engine", "run"]
+__all__ = ["GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend", "configs", "copy_row",
+           "default_kv_capacity", "device_tensor", "format_results", "gemma4_config", "machine_name", "mtp_bundle",
+           "null_engine", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -72,6 +73,69 @@ def configs(contract: str, kv_capacity: int = 4096) -> tuple[LLMEngineConfig, De
                             max_draft_proposal_size=TOP_K * STEPS, drafting_top_k=TOP_K, drafting_step=STEPS,
                             verify_size=VERIFY)
     return llm, DeploymentConfig(base, draft, spec).validate()
+
+
+#: The row of a Gemma 4 decode (ragged contract), beside ``LLMSetup.decode`` of the dense LLM of the same size.
+GEMMA4_DECODE = "LLMSetup.decode, Gemma 4 (bounded SWA, KV sharing, dual RoPE, PLE)"
+
+
+def gemma4_config(llm: LLMEngineConfig, *, window: int = 512, ple_hidden: int = 256) -> LLMEngineConfig:
+    """A Gemma-4-like config the size of ``llm`` (ragged): every sixth layer full (head dim 2x), the others
+    sliding (window ``window``), the last third reading the KV of the last earlier layer of its kind, PLE of
+    ``ple_hidden`` per layer, as Edge-LLM's writer spells it."""
+    n, d = llm.num_attention_layers, llm.head_dim
+    kinds = ["full" if (i + 1) % 6 == 0 else "sliding" for i in range(n)]
+    owners = n - n // 3
+    donors = [-1 if i < owners else max(j for j in range(owners) if kinds[j] == kinds[i]) for i in range(n)]
+    rope = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "rope_scaling": {"rope_type": "default"}}
+    raw = {
+        "model": "gemma4_text", "engine_role": "llm", "vocab_size": llm.vocab_size, "hidden_size": llm.hidden_size,
+        "num_hidden_layers": n, "num_attention_heads": llm.num_attention_heads,
+        "num_key_value_heads": llm.num_kv_heads, "head_dim": d, "global_head_dim": 2 * d,
+        "rope_theta": 1e6, "partial_rotary_factor": 0.25,
+        "rope_scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+        "sliding_rope_config": rope,
+        "full_rope_config": {"rope_theta": 1e6, "partial_rotary_factor": 0.25,
+                             "rope_scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25}},
+        "layer_types": ["attention"] * n,
+        "kv_layer_configs": [{"num_kv_heads": llm.num_kv_heads, "head_dim": 2 * d if k == "full" else d}
+                             for k in kinds],
+        "kv_sharing_donors": donors, "sliding_window_size": window,
+        "ple_enabled": True, "num_ple_inputs": n, "ple_hidden_size": ple_hidden,
+        "builder_config": {"max_batch_size": llm.max_supported_batch_size,
+                           "max_input_len": llm.max_supported_input_length,
+                           "max_kv_cache_capacity": llm.max_kv_cache_capacity,
+                           "ragged_backend": "entry_padded_compatibility"},
+    }
+    return LLMEngineConfig.from_edgellm(raw, what="bench gemma4 config")
+
+
+def _gemma4_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock) -> None:
+    """The decode step of :func:`gemma4_config`'s model, fed device embeddings and PLE rows."""
+    cfg = gemma4_config(llm)
+    g = cfg.gemma4
+    assert g is not None
+    rng = np.random.default_rng(2)
+    width = g.ple_layers * g.ple_hidden
+    with create_for_llm(null_engine(cfg, backend), cfg, stream, graphs=True, backend=backend) as setup:
+        setup.state.reset(stream, clear=True)
+        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
+        ple_prompt = device_tensor(backend, (BATCH, 16, width), rng)
+        one = device_tensor(backend, (BATCH, 1, HIDDEN), rng)
+        ple = device_tensor(backend, (BATCH, 1, width), rng)
+        try:
+            setup.prefill(prompt, np.full(BATCH, 16), ple_embeds=ple_prompt)
+
+            def decode() -> object:
+                return setup.decode(one, ple_embeds=ple)
+
+            for _ in range(3):
+                decode()
+            for _ in range(steps):
+                clock(GEMMA4_DECODE, decode)
+        finally:
+            for t in (prompt, ple_prompt, one, ple):
+                t.close()
 
 
 def null_engine(cfg: LLMEngineConfig, backend: Backend) -> Any:
@@ -527,6 +591,8 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
         try:
             clock = _Clock(backend, stream)
             _llm_rows(llm, backend, stream, steps, clock, inputs)
+            if contract == "ragged" and inputs == "device":
+                _gemma4_rows(llm, backend, stream, steps, clock)
             _spec_rows(bundle, backend, stream, rounds, clock, inputs)
             if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch; an MTP round
                 _lora_rows(llm, backend, stream, steps, clock, inputs)

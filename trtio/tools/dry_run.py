@@ -25,7 +25,6 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
-from trtio.gemma4 import bound_swa_mode
 from trtio.memory import MemoryReport, align_up
 from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
@@ -198,7 +197,8 @@ def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, 
         t = state.tensors[name]
         layers.append({"name": name, "kind": g.kinds[i], "shape": [int(d) for d in t.shape],
                        "shares": state.shared.get(name)})
-    return {"layers": layers, "bytes": state.nbytes, "mode": bound_swa_mode(e.cfg, e.io, setup.io.max_batch).describe()}
+    mode = state.swa_mode
+    return {"layers": layers, "bytes": state.nbytes, "mode": mode.describe() if mode is not None else "none"}
 
 
 def recurrent_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, Any]:

@@ -40,8 +40,8 @@ import numpy as np
 from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
 from trtio.config import DeploymentConfig, LLMEngineConfig
-from trtio.cuda.backend import Location
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
+from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
 from trtio.lora import LoraAdapter
 from trtio.setups import (
@@ -92,6 +92,7 @@ class _Model:
     eos: frozenset[int]
     draft_to_target: np.ndarray | None
     note: str | None  # why the engines are ReferenceEngines, where they are
+    ple: np.ndarray | None = None  # Gemma 4's per-layer embedding table (ple_embedding.safetensors), where it has one
 
 
 def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
@@ -140,7 +141,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
         out.write(opts.prompt)
         out.flush()
         sink = _Sink(text.push, model.eos, opts.max_new_tokens)
-        embed = _DeviceEmbedding(model.table, setup)
+        embed = _DeviceEmbedding(model.table, setup, model.ple)
         try:
             start = time.perf_counter()
             if isinstance(setup, SpecDecodeSetup):
@@ -204,7 +205,11 @@ def _tokenizer(path: Path) -> Any:
 
 def _open(path: Path, kind: str, opts: GenerateOptions) -> _Model:
     if kind == "edgellm":
-        return _open_edgellm(path, opts)
+        model = _open_edgellm(path, opts)
+        directory = EngineDir.open(path)
+        if directory.kind == "llm":
+            model.ple = directory.ple_embedding_table()
+        return model
     return _open_trtio(path, opts)
 
 
@@ -456,32 +461,33 @@ def _embedding_file(file: Path, cfg: LLMEngineConfig) -> np.ndarray:
 
 
 class _DeviceEmbedding(Closeable):
-    """The embedding table on the setup's device and a buffer its rows are gathered into, one copy per token on
-    the setup's stream. The buffer is reused: each step reads it on that stream before the next gather writes."""
+    """The directory's embedding tables on the setup's device (:class:`~trtio.embeddings.TokenEmbeddings`): a
+    prompt's or a token's rows gathered on the setup's stream, into buffers each step reads on that stream before
+    the next gather writes. :meth:`extras` are the step's other embedding inputs (Gemma 4's ``ple_embeds``)."""
 
-    def __init__(self, table: np.ndarray, setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup) -> None:
+    def __init__(self, table: np.ndarray, setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup,
+                 ple: np.ndarray | None = None) -> None:
         self._init_lifetime("embedding table")
         self._backend = setup.io.backend
-        self._table = Tensor.from_numpy(np.ascontiguousarray(table, np.float16), Location.DEVICE,
-                                        name="embedding", backend=self._backend)
-        self._row = table.shape[1] * 2
-        rows = max(setup.io.inputs_embeds.capacity // self._row, 1)
-        self._rows = Tensor.empty((1, rows, table.shape[1]), "float16", Location.DEVICE, name="token_embeds",
-                                  backend=self._backend)
+        self._stream = Stream.default(self._backend)  # the setups here were made with stream=None: steps run on it
+        rows = max(setup.io.inputs_embeds.capacity // (table.shape[1] * 2), 1)
+        self._tokens = TokenEmbeddings(table, ple, max_tokens=rows, backend=self._backend, stream=self._stream)
+        self._ple: Tensor | None = None
 
     def __call__(self, tokens: Sequence[int]) -> Tensor:
         """[1, len(tokens), hidden]: the rows of ``tokens``, gathered on the setup's stream."""
-        out = self._rows.reshape((1, len(tokens), self._table.shape[1]))
-        stream = Stream.default(self._backend)  # the setups here were made with stream=None: steps run on it
-        for i, token in enumerate(tokens):
-            self._backend.memcpy(out.data_ptr + i * self._row, self._table.data_ptr + int(token) * self._row,
-                                 self._row, stream.handle)
-        out.mark_written(stream)
+        out = self._tokens.embed(np.asarray([list(tokens)], np.int64), stream=self._stream)
+        if isinstance(out, tuple):
+            self._ple = out[1]
+            return out[0]
         return out
 
+    def extras(self) -> dict[str, Any]:
+        """The last gather's per-layer embeddings as a step's ``ple_embeds=`` (nothing without a PLE table)."""
+        return {} if self._ple is None else {"ple_embeds": self._ple}
+
     def _close_owned(self) -> None:
-        self._rows.close()
-        self._table.close()
+        self._tokens.close()
 
 
 class _Sink:
@@ -511,7 +517,7 @@ def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, i
             prompt: VisionPrompt | None = None) -> dict[str, Any]:
     cap = setup.cfg.max_kv_cache_capacity
     if prompt is None:
-        logits = setup.prefill(embed(ids), [len(ids)])
+        logits = setup.prefill(embed(ids), [len(ids)], **embed.extras())
     else:
         logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths,
                                deepstack_embeds=list(prompt.deepstack_embeds) or None,
@@ -523,7 +529,7 @@ def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, i
         if int(setup.lengths[0]) >= cap:
             sink.stopped = f"the KV cache holds max_kv_cache_capacity ({cap}) tokens"
             break
-        logits = setup.decode(embed([token]))
+        logits = setup.decode(embed([token]), **embed.extras())
     return {}
 
 
