@@ -41,7 +41,7 @@ from trtio.ops import KVCommit, KVLayout
 from trtio.recurrent import is_recurrent_state, recurrent_problems
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing
-from trtio.stream import StreamLike, as_stream
+from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
@@ -281,6 +281,27 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
     return problems
 
 
+def _gemma4_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, swa_table: Tensor | None
+                  ) -> tuple[dict[str, str], SwaMode | None, BoundedSwaPages | None, set[str]]:
+    """What Gemma 4 changes in an engine's KV pools: each KV-sharing consumer's pool name -> its donor's (they read
+    and are bound to the donor's pool: nothing is allocated for them), the SWA mode where the engine has the SWA
+    inputs, the bounded mode's page bookkeeping, and the sliding layers' pools. Nothing for another model."""
+    g4 = cfg.gemma4 if cfg is not None else None
+    if g4 is None or cfg is None:
+        return {}, None, None, set()
+    shared = {names.past_key_values(i): names.past_key_values(g4.owner(i))
+              for i in range(g4.num_layers) if g4.owner(i) != i}
+    if names.kSwaKVPageTable not in engine_io:
+        return shared, None, None, set()
+    mode = bound_swa_mode(cfg, engine_io, max_batch, bounded_ok="" if swa_table is not None else
+                          "this setup stages no SWA table (pages on demand)")
+    sliding = {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
+    pages = BoundedSwaPages(mode.pool_pages, max_batch, window=g4.sliding_window, page_size=cfg.kv_page_size,
+                            pages_per_sequence=engine_io[names.kKVPageTable].max_shape()[2],
+                            private_pages=mode.private_pages) if mode.bounded else None
+    return shared, mode, pages, sliding
+
+
 class EngineState(Closeable):
     """The in-place state of one engine (see module docstring).
 
@@ -311,22 +332,7 @@ class EngineState(Closeable):
         self._specs: dict[str, TensorSpec] = {}
         requests = []
         self._max_shape: dict[str, tuple[int, ...]] = {}
-        # Gemma 4's KV-sharing consumers read (and are bound to) their donor's pool: nothing is allocated for them.
-        g4 = cfg.gemma4 if cfg is not None else None
-        self.shared = {names.past_key_values(i): names.past_key_values(g4.owner(i))
-                       for i in range(g4.num_layers) if g4.owner(i) != i} if g4 is not None else {}
-        self.swa_mode: SwaMode | None = None
-        self.swa_pages: BoundedSwaPages | None = None
-        sliding: set[str] = set()
-        if g4 is not None and cfg is not None and names.kSwaKVPageTable in engine_io:
-            self.swa_mode = bound_swa_mode(cfg, engine_io, max_batch, bounded_ok="" if swa_table is not None else
-                                           "this setup stages no SWA table (pages on demand)")
-            sliding = {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
-            if self.swa_mode.bounded:
-                self.swa_pages = BoundedSwaPages(
-                    self.swa_mode.pool_pages, max_batch, window=g4.sliding_window, page_size=cfg.kv_page_size,
-                    pages_per_sequence=engine_io[names.kKVPageTable].max_shape()[2],
-                    private_pages=self.swa_mode.private_pages)
+        self.shared, self.swa_mode, self.swa_pages, sliding = _gemma4_pools(engine_io, cfg, max_batch, swa_table)
         for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
@@ -397,15 +403,18 @@ class EngineState(Closeable):
                 self.page_ids = np.arange(max_batch * m, dtype=np.int64).reshape(max_batch, m)
                 rows = np.stack([self.page_ids, self.page_ids + self.pool_pages], axis=1).astype(np.int32)
                 self.page_table.copy_from(rows, s)
-            cache_table = self._arena["kv_cache_table"]
-            self._commit: KVCommit | None = None
-            if self._kv_caches:
-                ptrs = np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64)
-                cache_table.copy_from(ptrs, s)
-                self._commit = KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(),
-                                        self.page_table)
+            self._commit = self._kv_commit(s)
             undo.pop_all()
         self.lengths = np.zeros(max_batch, dtype=np.int64)
+
+    def _kv_commit(self, s: Stream) -> KVCommit | None:
+        """The device work that moves accepted entries in every KV cache (None without KV caches), its table of
+        the caches' addresses uploaded on ``s``."""
+        if not self._kv_caches:
+            return None
+        cache_table = self._arena["kv_cache_table"]
+        cache_table.copy_from(np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64), s)
+        return KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(), self.page_table)
 
     # -- binding ----------------------------------------------------------------------------------
     def specs(self) -> list[TensorSpec]:
