@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from trtio import names
 from trtio._cache import BoundedCache
 from trtio._checks import check_int
 from trtio.config import LLMEngineConfig
@@ -22,7 +21,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import PleSplit, split_ple, swa_room
+from trtio.gemma4 import swa_room
 from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
@@ -43,6 +42,7 @@ from trtio.setups.binding import (
 from trtio.setups.calls import one_thread
 from trtio.setups.decode_plan import DecodePlan
 from trtio.setups.mrope import SlotPositions
+from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
 from trtio.setups.visual import VisualSetup
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
@@ -107,7 +107,7 @@ class LLMSetup(SetupBase):
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
-        self._ple_splits: BoundedCache[tuple[int, int], PleSplit] = BoundedCache()  # Gemma 4: ple_embeds -> layers
+        self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
         self._streaming_pending = False
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
@@ -223,45 +223,11 @@ class LLMSetup(SetupBase):
         return self.io.output_logits
 
     def _stage_ple(self, ple_embeds: Any, rows: tuple[int, ...], stream: StreamLike) -> None:
-        """Copy a step's per-layer embeddings (``[batch, seq, L x ple_hidden]``, host) into the engine's
-        ``ple_token_embeds_i`` inputs on the step's stream, before its engine; kept until the copies have run."""
-        g = self.cfg.gemma4
-        if g is None or not g.has_ple:
-            if ple_embeds is not None:
-                raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs "
-                                 "(ple_token_embeds_i)")
-            return
-        self._check_usable()  # a closed or broken setup refuses the step before anything is copied
-        width = g.ple_layers * g.ple_hidden
-        if ple_embeds is None:
-            raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
-                             f"give each token's row, [batch, seq, {g.ple_layers} x {g.ple_hidden} = {width}]")
-        shape = tuple(getattr(ple_embeds, "shape", np.shape(ple_embeds)))
-        if len(rows) != 2 or shape != (*rows, width):
-            raise ShapeError(f"ple_embeds: expected [batch, seq, {width}] = {[*rows, width]} (the inputs_embeds' "
-                             f"batch and seq), got {list(shape)}")
-        b, seq = int(rows[0]), int(rows[1])
-        s = self._stream(stream)
-        item = self.io.inputs_embeds.dtype.itemsize
-        if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): every layer's columns in one launch
-            if ple_embeds.dtype != self.io.inputs_embeds.dtype:
-                raise ShapeError(f"ple_embeds: expected {self.io.inputs_embeds.dtype}, got {ple_embeds.dtype}")
-            self._calls.read(ple_embeds)
-            key = (ple_embeds.data_ptr, b * seq)
-            split = self._ple_splits.get(key)
-            if split is None:
-                dsts = tuple(self.io.member(names.ple_token_embeds(i)).data_ptr for i in range(g.ple_layers))
-                split = self._ple_splits.put(key, PleSplit(self._backend, dsts, ple_embeds.data_ptr,
-                                                           g.ple_hidden * item, b * seq))
-            if ple_embeds._last_stream is not None:  # its producer ordered before the step's stream
-                ple_embeds._order_consumer(s._handle)
-            split.enqueue(s)
-            return
-        arr = np.asarray(ple_embeds)
-        for i, part in enumerate(split_ple(arr.reshape(b * seq, width), g)):
-            host = np.ascontiguousarray(part, dtype=self.io.inputs_embeds.dtype.numpy)
-            self._calls.read(host)
-            self.io.member(names.ple_token_embeds(i)).reshape((b * seq, g.ple_hidden)).copy_from(host, s)
+        """Copy a step's per-layer embeddings into the engine's ``ple_token_embeds_i`` inputs on the step's stream,
+        before its engine (:class:`~trtio.setups.ple.PleInputs`); kept until the copies have run."""
+        if self._ple.wanted(ple_embeds):
+            self._check_usable()  # a closed or broken setup refuses the step before anything is copied
+            self._ple.stage(ple_embeds, rows, self._stream(stream), self._calls)
 
     @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None,
