@@ -303,3 +303,40 @@ def test_the_sublayer_checker_sees_a_step_module_below_the_binding(tmp_path: Pat
         "trtio/engine.py:2: trtio.engine (binding) imports trtio.pages (steps)",
         "trtio/newthing.py: trtio.newthing is in no core sub-layer (tests/test_layout.py)",
     ]
+
+
+# -- sizes ----------------------------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES, MAX_CLASS_LINES = 100, 400
+
+
+def _oversized(package: Path) -> list[str]:
+    """Every function over MAX_FUNCTION_LINES lines and class over MAX_CLASS_LINES lines under ``package``
+    (decorators and docstrings count), as ``path:line name (lines)``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            limit = MAX_FUNCTION_LINES if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+                MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else 0
+            if limit:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                lines = (node.end_lineno or node.lineno) - start + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(package.parent)}:{start} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_100_lines_and_no_class_over_400() -> None:
+    assert _oversized(PACKAGE) == []
+
+
+def test_the_size_checker_sees_a_long_function_and_a_long_class(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    k = MAX_CLASS_LINES // 3 + 1  # methods of 3 lines (the last without its blank line) after the class line
+    methods = "\n".join(f"    def m{i}(self) -> int:\n        return {i}\n" for i in range(k))
+    (package / "long.py").write_text(f"def short() -> None:\n    pass\n\n\ndef f() -> None:\n{body}\n\n\n"
+                                     f"class C:\n{methods}\n")
+    assert _oversized(package) == [f"pkg/long.py:5 f ({MAX_FUNCTION_LINES + 1} lines)",
+                                   f"pkg/long.py:{MAX_FUNCTION_LINES + 8} C ({3 * k} lines)"]

@@ -97,6 +97,20 @@ class Prompt:
     prefixes: list[Prefix | None] | None
 
 
+def _continued(past: np.ndarray, lengths: np.ndarray, rows: np.ndarray, b: int) -> np.ndarray:
+    """``past_lengths`` of a prefill continuing the ``b`` sequences of slots ``rows``: integers, each at most what its
+    slot's cache holds (``lengths``), as int64."""
+    if past.shape != (b,) or past.dtype.kind not in "iu":
+        raise ShapeError(f"past_lengths: expected {b} integer lengths, got {past.dtype} {past.shape}")
+    have = lengths[rows]
+    over = np.flatnonzero((past < 0) | (past > have))
+    if over.size:
+        i = int(over[0])
+        raise ShapeError(f"past_lengths[{i}] = {int(past[i])}, but the cache of slot {int(rows[i])} holds "
+                         f"{int(have[i])} tokens")
+    return past.astype(np.int64)
+
+
 class SetupBase(Closeable, abc.ABC):
     """What LLMSetup and SpecDecodeSetup share: construction, staging, input checks, reporting, lifetime.
 
@@ -404,16 +418,7 @@ class SetupBase(Closeable, abc.ABC):
         prefixes = seqs.prefixes(prefix, b, what)
         past = None
         if past_lengths is not None:
-            arr = np.asarray(self._host_input(past_lengths, "past_lengths"))
-            if arr.shape != (b,) or arr.dtype.kind not in "iu":
-                raise ShapeError(f"past_lengths: expected {b} integer lengths, got {arr.dtype} {arr.shape}")
-            have = e.state.lengths[rows]
-            over = np.flatnonzero((arr < 0) | (arr > have))
-            if over.size:
-                i = int(over[0])
-                raise ShapeError(f"past_lengths[{i}] = {int(arr[i])}, but the cache of slot {int(rows[i])} holds "
-                                 f"{int(have[i])} tokens")
-            past = arr.astype(np.int64)
+            past = _continued(np.asarray(self._host_input(past_lengths, "past_lengths")), e.state.lengths, rows, b)
         elif prefixes is not None:
             past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
         if past is not None:

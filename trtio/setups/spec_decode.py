@@ -42,7 +42,7 @@ from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.recurrent import DEFAULT_MAX_PREFIXES
+from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates
 from trtio.setups.base import EngineGraphStats, Prompt, SetupBase
 from trtio.setups.binding import (
     BoundEngine,
@@ -63,8 +63,9 @@ from trtio.setups.snapshots import IntermediateStates, is_chain
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
 from trtio.spec_families import check_pair_runs
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
-from trtio.stream import StreamLike
+from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
 
 __all__ = ["Phase", "SpecDecodeSetup", "create_for_spec_decode"]
 
@@ -95,6 +96,9 @@ _BETWEEN_ROUNDS = (Phase.EMPTY, Phase.READY)
 _RELEASE = (*_BETWEEN_ROUNDS, Phase.BASE_ONLY)  # a sequence may end between the base's verifies too
 
 _NO_ROOTS = np.zeros(0, np.int64)  # a later proposal level's roots: only a round's first level reads them
+# A round's first proposal level's slots, their key, cached lengths and page-table rows (its later levels' too).
+_RoundStep = tuple[np.ndarray, tuple[int, ...], np.ndarray, "np.ndarray | None"]
+_NO_ROUND_STEP: _RoundStep = (np.zeros(0, np.int64), (), np.zeros(0, np.int64), None)  # before a round's first level
 
 
 def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig) -> DeploymentConfig:
@@ -115,6 +119,36 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
                                       f"contract, the draft engine the {draft_cfg.contract!r} one; both must speak "
                                       "the same")
     return DeploymentConfig(base_cfg, draft_cfg, bundle.spec, dict(bundle.extra))
+
+
+def _bind_pair(setup: SpecDecodeSetup, stack: contextlib.ExitStack[Any], s: Stream, base_engine: Any,
+               draft_engine: Any, graphs: bool
+               ) -> tuple[IntermediateStates | None, BoundEngine, RecurrentStates | None, BoundEngine, TensorMap]:
+    """Bind a spec setup's base and draft to its PipelineIO (their resources entered into ``stack``): a hybrid
+    base's per-token states, the base, its slots' recurrent states, the draft and the draft catch-up's map."""
+    io, be, base_cfg, draft_cfg = setup.io, setup._backend, setup.bundle.base, setup.bundle.draft
+    assert draft_cfg is not None
+    mb, memory, rope = io.max_batch, setup._context_memory, setup._rope
+    # A hybrid base's verify writes per-token states; accept commits the accepted one (trtio.setups.snapshots).
+    # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too. (Entered before the
+    # base's executor, which binds them: closed after it.)
+    rows = mb * max(base_cfg.max_supported_input_length, base_cfg.max_verify_tree_size)
+    states = None if not base_cfg.is_hybrid else stack.enter_context(IntermediateStates(base_cfg, rows, backend=be))
+    base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
+                       context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack, name="base", io=io)
+    if states is not None:
+        states.attach(base.state.tensors, base.tensor_map)
+    # a hybrid base's admissions zero (or restore) its slots' recurrent states, as an LLMSetup's do
+    recurrent = recurrent_states(base, DEFAULT_MAX_PREFIXES, be, s, stack)
+    draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg), max_batch=mb,
+                        backend=be, context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack,
+                        name="draft", io=io)
+    # The draft's catch-up binds its own tree inputs where the contract has them (its levels rewrite the shared ones
+    # every round): a plan of its own, from a map of its own.
+    catch_up_map = draft.contract.catch_up_map(io, draft.tensor_map)
+    if catch_up_map is not draft.tensor_map:
+        catch_up_map.add_user(draft.executor)
+    return states, base, recurrent, draft, catch_up_map
 
 
 def _draft_staging(stack: contextlib.ExitStack[Any], setup: SpecDecodeSetup, bundle: DeploymentConfig,
@@ -196,27 +230,8 @@ class SpecDecodeSetup(SetupBase):
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([base_engine, draft_engine],
                                                                                  backend=be))
-            # A hybrid base's verify writes per-token states; accept commits the accepted one (trtio.setups.snapshots).
-            # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too. (Entered
-            # before the base's executor, which binds them: closed after it.)
-            rows = mb * max(base_cfg.max_supported_input_length, base_cfg.max_verify_tree_size)
-            self._states = None if not base_cfg.is_hybrid else stack.enter_context(
-                IntermediateStates(base_cfg, rows, backend=be))
-            self.base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
-                                    context_memory=self._context_memory, graphs=graphs, rope=self._rope, stream=s,
-                                    resources=stack, name="base", io=io)
-            if self._states is not None:
-                self._states.attach(self.base.state.tensors, self.base.tensor_map)
-            # a hybrid base's admissions zero (or restore) its slots' recurrent states, as an LLMSetup's do
-            self._recurrent = recurrent_states(self.base, DEFAULT_MAX_PREFIXES, be, s, stack)
-            self.draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg),
-                                     max_batch=mb, backend=be, context_memory=self._context_memory, graphs=graphs,
-                                     rope=self._rope, stream=s, resources=stack, name="draft", io=io)
-            # The draft's catch-up binds its own tree inputs where the contract has them (its levels rewrite the
-            # shared ones every round): a plan of its own, from a map of its own.
-            self._catch_up_map = self.draft.contract.catch_up_map(io, self.draft.tensor_map)
-            if self._catch_up_map is not self.draft.tensor_map:
-                self._catch_up_map.add_user(self.draft.executor)
+            self._states, self.base, self._recurrent, self.draft, self._catch_up_map = _bind_pair(
+                self, stack, s, base_engine, draft_engine, graphs)
             self._extra_arena, self._embeds_staging, self._tree = _draft_staging(stack, self, bundle, w)
             fill_mrope(io, base_cfg, s)
             warm_up(be)
@@ -239,9 +254,7 @@ class SpecDecodeSetup(SetupBase):
         # Where verify leaves the base's cached lengths on the device for accept's KV commit (as it leaves its page
         # table there); None: the commit's rows carry them.
         self._verify_starts = self._steps.tree_starts()
-        # A round's first proposal level's slots, their key, cached lengths and page-table rows (its later levels'):
-        self._round_step: tuple[np.ndarray, tuple[int, ...], np.ndarray, np.ndarray | None] = (
-            np.zeros(0, np.int64), (), np.zeros(0, np.int64), None)
+        self._round_step: _RoundStep = _NO_ROUND_STEP  # the round's first level's step (_RoundStep)
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
@@ -334,12 +347,11 @@ class SpecDecodeSetup(SetupBase):
         ctx = self._check_lengths(context_lengths, b, seq, "context_lengths")
         check_draft_prompt(pending, ctx, slots, prefix, self._seqs, e)
         dims = self._prefill_dims(e, b, seq, past)
-        seqs = self._seqs
         s = self._stream(stream)
-        with seqs.transaction(), self._roots.kept():  # a prefill that fails moves no root
+        with self._seqs.transaction(), self._roots.kept():  # a prefill that fails moves no root
             plans = self._prompt_pages([e], rows, past, ctx, None, restart=False)  # admitted by the base prefill
             self._upload_embeds(x, s)
-            before = self._roots.park(rows, seqs.order) + self._stage_prompt(e, rows, past, ctx, seq, plans, s)
+            before = self._roots.park(rows, self._seqs.order) + self._stage_prompt(e, rows, past, ctx, seq, plans, s)
             self.io.draft_hidden_states_in.reshape((b * seq, e.cfg.hidden_size)).zero_(s)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         self._prompt = None
