@@ -15,9 +15,11 @@ from trtio.cuda.backend import Backend
 from trtio.ops import copy_rows
 
 
-def _device(backend: Backend, values: np.ndarray, name: str) -> Tensor:
+def _device(backend: Backend, values: np.ndarray, name: str, stream: Stream) -> Tensor:
+    """``values`` on the device, uploaded on ``stream`` (the test's: the work after it runs there, unordered with
+    any other stream)."""
     t = Tensor.empty(values.shape, values.dtype, Location.DEVICE, backend=backend, name=name)
-    t.copy_from(values)
+    t.copy_from(values, stream)
     return t
 
 
@@ -46,9 +48,10 @@ def test_copy_rows_equals_the_numpy_gather(backend: Backend, row_bytes: int, sca
     if dst_rows is not None:
         dst_rows[4] = -1  # skipped
     s = Stream.create(backend)
-    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"), _device(backend, src_rows, "src_rows")]
+    ts = [_device(backend, src, "src", s), _device(backend, dst, "dst", s),
+          _device(backend, src_rows, "src_rows", s)]
     if dst_rows is not None:
-        ts.append(_device(backend, dst_rows, "dst_rows"))
+        ts.append(_device(backend, dst_rows, "dst_rows", s))
     try:
         copy_rows(ts[1], ts[0], ts[2], count, row_bytes=row_bytes, stream=s,
                   dst_rows=ts[3] if dst_rows is not None else None)
@@ -68,7 +71,7 @@ def test_a_row_index_outside_a_tensor_is_refused_on_the_host_and_skipped_on_the_
     dst = np.zeros((3, 16), np.uint8)
     rows = np.array([1, 7, 2], np.int32)  # 7: past the source's 4 rows
     s = Stream.create(backend)
-    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"), _device(backend, rows, "src_rows")]
+    ts = [_device(backend, src, "src", s), _device(backend, dst, "dst", s), _device(backend, rows, "src_rows", s)]
     try:
         if backend.name == "host":
             with pytest.raises(ValueError, match="source row 7 at index 1 is outside the 4 rows"):
@@ -88,8 +91,8 @@ def test_rows_are_bytes_whatever_the_dtype(backend: Backend) -> None:
     src.view(np.uint16)[0, 0] = 0x7E01  # a NaN with a payload
     dst = np.ones((2, 4), np.float16)
     s = Stream.create(backend)
-    ts = [_device(backend, src, "src"), _device(backend, dst, "dst"),
-          _device(backend, np.array([1, 0], np.int32), "src_rows")]
+    ts = [_device(backend, src, "src", s), _device(backend, dst, "dst", s),
+          _device(backend, np.array([1, 0], np.int32), "src_rows", s)]
     try:
         assert ts[0].dtype is DType.FLOAT16
         copy_rows(ts[1], ts[0], ts[2], 2, row_bytes=8, stream=s)
@@ -112,7 +115,7 @@ def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: Backend) -> N
     owned: list[Tensor] = []
 
     def dev(values: np.ndarray, name: str) -> Tensor:
-        owned.append(_device(backend, values, name))
+        owned.append(_device(backend, values, name, s))
         return owned[-1]
 
     try:
@@ -155,9 +158,10 @@ def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: Backend) -
     work is made, naming both; and only copies fuse."""
     from trtio.ops import CopyJobs, RowCopy, Zero, fuse
 
-    a = _device(host, np.zeros((4, 16), np.uint8), "a")
-    b = _device(host, np.zeros((4, 16), np.uint8), "b")
-    rows = _device(host, np.arange(4, dtype=np.int32), "rows")
+    s = Stream.default(host)
+    a = _device(host, np.zeros((4, 16), np.uint8), "a", s)
+    b = _device(host, np.zeros((4, 16), np.uint8), "b", s)
+    rows = _device(host, np.arange(4, dtype=np.int32), "rows", s)
     try:
         with pytest.raises(ValueError, match="copy 1 writes memory that copy 0 reads"):
             CopyJobs((RowCopy(b, a, rows, 4, 16), Zero(a, 16)))
@@ -209,7 +213,7 @@ def test_own_graphs_run_the_work_at_its_first_launch_and_replay_it_after(backend
     from trtio.ops import AsGraph, OwnGraphs, Zero
 
     s = Stream.create(backend)
-    t = _device(backend, np.full(64, 7, np.uint8), "rows")
+    t = _device(backend, np.full(64, 7, np.uint8), "rows", s)
     graphs = OwnGraphs(backend, "test graphs")
     try:
         work = AsGraph(Zero(t, 32), graphs, id(graphs))

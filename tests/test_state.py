@@ -162,8 +162,8 @@ def test_commit_paths_is_bit_identical_to_per_slot_copies(backend, layout: str, 
     else:
         cfg = llm_config(kv_cache_dtype=kv, num_attention_layers=3, max_kv_cache_capacity=256, **dims)
     eio = EngineIO.from_engine(ReferenceEngine.from_config(cfg, device="host", null_compute=True))
-    st = EngineState(eio, cfg, max_batch=4, backend=backend)
     s = trtio.Stream.create(backend)
+    st = EngineState(eio, cfg, s, max_batch=4, backend=backend)  # its tables uploaded on the test's stream too
     try:
         caches = {}
         for name in st._kv_caches:

@@ -28,6 +28,7 @@ from trtio._hashing import hash_once
 from trtio.config import LLMEngineConfig
 from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
+from trtio.cuda.kernels import MAX_COPY_JOBS
 from trtio.engine import EngineIO
 from trtio.errors import CapacityError, ConfigError, InvalidValueError, ShapeError
 from trtio.gemma4_config import Gemma4Config
@@ -255,8 +256,8 @@ def split_ple(ple_embeds: np.ndarray, g: Gemma4Config) -> list[np.ndarray]:
 @dataclass(frozen=True)
 class PleSplit:
     """A step's per-layer embeddings ``[rows, L x width]`` (device address ``src``) split into the layers' inputs
-    (``dsts``, each ``[rows, width]``), as one device operation: one copy kernel on the cuda backend, one host work
-    elsewhere. Bytes: ``width`` per layer row."""
+    (``dsts``, each ``[rows, width]``): on the cuda backend one copy kernel per :data:`MAX_COPY_JOBS` layers (a
+    launch takes that many copies), one host work elsewhere. Bytes: ``width`` per layer row."""
 
     backend: Backend
     dsts: tuple[int, ...]
@@ -268,7 +269,8 @@ class PleSplit:
         be, w, n, pitch = self.backend, self.width, self.rows, self.width * len(self.dsts)
         if be.name == "cuda":
             jobs = tuple(Copy2D(be, d, w, self.src + i * w, pitch, w, n).job() for i, d in enumerate(self.dsts))
-            _copy_jobs(be, jobs)(stream.handle)
+            for first in range(0, len(jobs), MAX_COPY_JOBS):
+                _copy_jobs(be, jobs[first:first + MAX_COPY_JOBS])(stream.handle)
             return
         src, dsts = self.src, self.dsts
 
