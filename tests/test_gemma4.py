@@ -423,9 +423,10 @@ def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[in
     return out
 
 
-def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int]], list[tuple[int, int]]]:
+def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int]], list[tuple[int, int]], int]:
     """The setup's greedy tokens for :func:`_story`'s requests (one prompt in one prefill each, a release and an
-    admission on the way), and the bounded SWA pool's (free, held) pages after every step (empty in full mode)."""
+    admission on the way), the bounded SWA pool's (free, held) pages after every step (empty in full mode), and how
+    many decodes ran the last checked decode's plan (every active sequence decodes: ``slots=None``)."""
     import trtio
     from trtio.testing import ReferenceEngine
 
@@ -435,8 +436,17 @@ def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int
     out: dict[str, list[int]] = {}
     live: dict[int, str] = {}
     pool: list[tuple[int, int]] = []
+    planned = 0
     with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
                               graphs=graphs) as setup:
+        checked = setup._decode_checked  # a decode that does not run the last plan checks in full
+
+        def counted(*args: Any) -> Any:
+            nonlocal planned
+            planned -= 1
+            return checked(*args)
+        setup._decode_checked = counted  # type: ignore[method-assign]
+
         def admit(key: str, slot: int, prompt: list[int]) -> None:
             ids = np.array([prompt])
             logits = setup.prefill(emb_run.emb[ids], [len(prompt)], slots=[slot], ple_embeds=emb_run.ple[ids])
@@ -452,15 +462,16 @@ def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int
                 del live[0]
             if i == 101:
                 admit("c", 0, p2)
-            slots = sorted(live)
+            slots = sorted(live)  # every active sequence, ascending: what decode() without slots= takes
             ids = np.array([[out[live[s]][-1]] for s in slots])
-            logits = setup.decode(emb_run.emb[ids], slots=slots, ple_embeds=emb_run.ple[ids]).to_numpy()
+            planned += 1
+            logits = setup.decode(emb_run.emb[ids], ple_embeds=emb_run.ple[ids]).to_numpy()
             for row, slot in enumerate(slots):
                 out[live[slot]].append(int(np.argmax(logits[row])))
             pages = setup.state.swa_pages
             if pages is not None:
                 pool.append((pages.free, sum(pages.held(s) for s in live)))
-    return out, pool
+    return out, pool, planned
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -470,11 +481,14 @@ def test_the_setup_in_bounded_swa_mode_equals_full_mode_token_for_token(graphs: 
     with full SWA storage; the bounded pool never holds more than its pages, each sequence its 5."""
     bounded_cfg = _toy_gemma4()
     full_cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # below 2 x 5 pages: full mode is forced
-    bounded, pool = _setup_story(bounded_cfg, graphs)
-    full, none = _setup_story(full_cfg, graphs)
+    bounded, pool, planned = _setup_story(bounded_cfg, graphs)
+    full, none, full_planned = _setup_story(full_cfg, graphs)
     assert not none and pool
     assert min(len(t) for t in full.values()) > 3 * 40
     assert bounded == full
+    # Steady decodes run their plan (no per-step check) in both modes; in bounded mode a plan lasts until a window
+    # gains or retires a page (here every few steps: pages of 128 tokens, a window of 40).
+    assert full_planned > 100 and planned > 50, (full_planned, planned)
     assert all(free + held == 10 and held == 5 * (held // 5) for free, held in pool)
 
 

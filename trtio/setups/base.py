@@ -179,6 +179,10 @@ class SetupBase(Closeable, abc.ABC):
         """Refuse a call on a closed or a broken setup, naming what to do. Every call that may change the setup
         checks this first, which moves :attr:`_epoch` on."""
         self._epoch += 1
+        self._refuse_unusable()
+
+    def _refuse_unusable(self) -> None:
+        """:meth:`_check_usable` without moving :attr:`_epoch` (a step's own staging before its plan is asked)."""
         if self._closed:
             self._check_open()
         if self._broken is not None:

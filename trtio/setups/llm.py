@@ -226,7 +226,7 @@ class LLMSetup(SetupBase):
         """Copy a step's per-layer embeddings into the engine's ``ple_token_embeds_i`` inputs on the step's stream,
         before its engine (:class:`~trtio.setups.ple.PleInputs`); kept until the copies have run."""
         if self._ple.wanted(ple_embeds):
-            self._check_usable()  # a closed or broken setup refuses the step before anything is copied
+            self._refuse_unusable()  # a closed or broken setup refuses the step before anything is copied
             self._ple.stage(ple_embeds, rows, self._stream(stream), self._calls)
 
     @one_thread
