@@ -394,8 +394,7 @@ class LLMSetup(SetupBase):
         above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
         setup is left as it was.
         """
-        epoch = self._epoch
-        self._check_usable()
+        self._refuse_unusable()
         lora = self._lora
         if lora is None:
             if adapter is None:
@@ -407,10 +406,10 @@ class LLMSetup(SetupBase):
         if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
             lora.inputs.check(adapter, "set_lora")
         s = self._stream(stream)
-        if lora.use(adapter, s):
+        if lora.use(adapter, s):  # other ranks: the inputs' shapes change, the next decode plans again
+            self._epoch += 1
             self._engine.tensor_map.views_changed()
-        else:  # the same ranks: the last decode's plan (and graph) holds for the next one, which reads the new weights
-            self._epoch = epoch
+        # else the same ranks: the last decode's plan (and graph) holds for the next one, which reads the new weights
 
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
