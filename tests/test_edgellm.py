@@ -128,7 +128,8 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert (cfg.contract, cfg.kv_page_size, cfg.activation_dtype) == ("ragged", 128, "float16")
     assert b["ragged_backend"] == "entry_padded_compatibility"
     assert cfg.use_rope == raw.get("use_rope", True)
-    used.add("use_rope")
+    assert cfg.mtp_tree_base == raw.get("mtp_tree_base", False)
+    used |= {"use_rope", "mtp_tree_base"}
     assert cfg.max_lora_rank == b.get("max_lora_rank", 0)
     used.add("builder_config.max_lora_rank")
     if "layer_types" in raw:  # a hybrid model (or a uniform table of attention layers)

@@ -138,3 +138,17 @@ def test_the_exported_mtp_pair_on_its_hybrid_base_binds(tmp_path: Path) -> None:
     with trtio.create_for_spec_decode(*engines, bundle) as setup:
         text = str(setup.memory_report())
     assert "intermediate_recurrent_state_5" in text and "192x8x16x16" in text  # 2 sequences x 96 prompt tokens
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_mtp_tree_base_is_read_onto_the_base_config(tmp_path: Path, value: bool) -> None:
+    """``mtp_tree_base`` (a hybrid base whose verify runs each node from its parent's states) becomes the config's
+    ``mtp_tree_base``, not an extra: the setup lets such a base verify trees (tests/test_spec_mtp.py)."""
+    directory = EngineDir.open(pair_dir(tmp_path, MTP, base={"mtp_tree_base": value}))
+    assert directory.base_config.mtp_tree_base is value
+    assert "mtp_tree_base" not in directory.base_config.extras
+
+
+def test_an_mtp_tree_base_that_is_not_a_bool_is_refused_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="mtp_tree_base.*expected true or false"):
+        EngineDir.open(pair_dir(tmp_path, MTP, base={"mtp_tree_base": "yes"})).base_config

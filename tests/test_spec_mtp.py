@@ -38,8 +38,12 @@ def device(request: pytest.FixtureRequest) -> str:
 
 
 def mtp_setup(k: int, depth: int, device: str = "host", *, graphs: bool = False,
-              directory: Path = MTP) -> trtio.SpecDecodeSetup:
+              directory: Path = MTP, tree_base: bool = False) -> trtio.SpecDecodeSetup:
+    """The pair of ``directory`` drafting ``k`` chains ``depth`` deep; ``tree_base``: its base built as a tree base
+    (``mtp_tree_base``: a hybrid base's recurrent layers run each verify node from its parent's states)."""
     bundle = EngineDir.open(directory).deployment(k, depth, 1 + k * depth)
+    if tree_base:
+        bundle = dataclasses.replace(bundle, base=dataclasses.replace(bundle.base, mtp_tree_base=True)).validate()
     assert bundle.draft is not None
     bw = ToyWeights.generate(bundle.base, 0)
     dw = ToyWeights.generate_draft(bundle.draft, bw, 0)
@@ -138,17 +142,20 @@ PROMPTS = [[int(t) for t in np.random.default_rng(r).integers(3, 512, n)] for r,
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("directory, k, depth", [(MTP, 1, 3), (MTP, 2, 3), (HYBRID, 1, 3)],
-                         ids=["chain", "tree", "hybrid-chain"])
+@pytest.mark.parametrize("directory, k, depth, tree_base", [(MTP, 1, 3, False), (MTP, 2, 3, False),
+                                                             (HYBRID, 1, 3, False), (HYBRID, 2, 3, True)],
+                         ids=["chain", "tree", "hybrid-chain", "hybrid-tree"])
 def test_mtp_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: str, directory: Path, k: int,
-                                                                         depth: int, graphs: bool) -> None:
+                                                                         depth: int, tree_base: bool,
+                                                                         graphs: bool) -> None:
     """Requests admitted between rounds into chosen slots, one released and its slot reused by a new request: each
     request's tokens are the base's greedy tokens after its prompt; no KV page is held after the last release. On
-    the hybrid base every accept commits the accepted token's recurrent states into its slot ("snapshot")."""
+    the hybrid base every accept commits the accepted token's recurrent states into its slot ("snapshot"); a tree
+    base (``mtp_tree_base``) verifies 2 chains as one tree, each node from its parent's states."""
     plan = {0: [("admit", 0, 2)], 1: [("admit", 1, 0)], 2: [("admit", 2, 3)],
             4: [("release", 3, None), ("admit", 3, 3)], 5: [("admit", 4, 1)]}
     requests: dict[int, dict[str, Any]] = {}
-    with mtp_setup(k, depth, device, graphs=graphs, directory=directory) as setup:
+    with mtp_setup(k, depth, device, graphs=graphs, directory=directory, tree_base=tree_base) as setup:
         run = Rounds(setup, k, depth)
         free = setup.kv_pages.free
         for step in range(8):
@@ -218,8 +225,8 @@ def test_the_mtp_draft_reads_the_bases_last_layer_stream_as_hidden_states_input(
 
 
 def test_a_hybrid_base_verifies_chains_only_and_refuses_a_tree_before_any_work() -> None:
-    """Its recurrent layers run a step's rows in order (no tree inputs): a verify tree that is not a chain is a
-    ShapeError naming it, with nothing enqueued; the chain then verifies."""
+    """Its recurrent layers run a step's rows in order (not built with ``mtp_tree_base``): a verify tree that is not
+    a chain is a ShapeError naming it, with nothing enqueued; the chain then verifies."""
     with mtp_setup(2, 1, directory=HYBRID) as s:
         x, lens = emb([PROMPTS[0]])
         s.base_prefill(x, lens, slots=[0])

@@ -268,6 +268,9 @@ class LLMEngineConfig(StepShapes):
     recurrent_state_dtype: str = "float32"
     conv_state_dtype: str = "float16"
     recurrent_spec_verify_mode: str | None = None  # "snapshot" (GDN) | "replay" (Mamba2)
+    # A hybrid spec-decode base built as a tree base (Edge-LLM's ``mtp_tree_base``, DDTree): its recurrent layers
+    # run each verify node from its parent's states (``tree_parent_ids``), so it verifies trees, not chains only.
+    mtp_tree_base: bool = False
     use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
     gemma4: Gemma4Config | None = None  # Gemma 4's per-layer KV, sliding window, KV sharing, dual RoPE and PLE
     max_lora_rank: int = 0  # LoRA engines: the largest adapter rank the engine takes (0: no LoRA inputs; trtio.lora)
@@ -492,6 +495,7 @@ class LLMEngineConfig(StepShapes):
         if not self.is_hybrid:
             set_ = [n for n in (*state, "recurrent_state_num_groups") if getattr(self, n)]
             if self.recurrent_kind is not None or set_ or self.recurrent_spec_verify_mode is not None:
+                # (mtp_tree_base on a dense base: its tree inputs are unused, as Edge-LLM's exporter declares them)
                 name = set_[0] if set_ else ("recurrent_kind" if self.recurrent_kind is not None
                                              else "recurrent_spec_verify_mode")
                 raise ConfigError(name, "is set but layer_types has no recurrent ('mamba') layer")

@@ -48,6 +48,9 @@ Edge-LLM key                             trtio field                    note
 ``recurrent_spec_verify_mode``           same name, ``recurrent_kind``  'snapshot' (GDN) / 'replay' (Mamba2);
                                                                         the kind also from groups and dtype
 ``use_rope``                             ``use_rope``                   default true
+``mtp_tree_base``                        ``mtp_tree_base``              default false; a hybrid base that
+                                                                        verifies trees (its recurrent layers
+                                                                        read ``tree_parent_ids``)
 (fixed by Edge-LLM)                      ``kv_page_size = 128``,
                                          ``activation_dtype = float16``
 ======================================== ============================== ====================================
@@ -147,6 +150,7 @@ _SOURCE_KEY = {
     "recurrent_state_dtype": "recurrent_state_dtype",
     "conv_state_dtype": "conv_state_dtype",
     "use_rope": "use_rope",
+    "mtp_tree_base": "mtp_tree_base",
 }
 
 
@@ -650,10 +654,11 @@ def _hybrid(r: _Reader, attention_layers: int, role: str) -> dict[str, Any]:
     recurrent state's geometry and dtypes, ``recurrent_spec_verify_mode`` and ``use_rope``, read onto trtio's
     fields; ``recurrent_kind`` told from them. Nothing for a dense config (``use_rope`` aside)."""
     out: dict[str, Any] = {}
-    use_rope = r.bool_("use_rope")
-    if use_rope is not None:
-        r.used.add("use_rope")
-        out["use_rope"] = use_rope
+    for key in ("use_rope", "mtp_tree_base"):
+        value = r.bool_(key)
+        if value is not None:
+            r.used.add(key)
+            out[key] = value
     types = r.take("layer_types", "a list of 'attention' / 'mamba'", required=False)
     n_linear = r.int_("num_linear_attn_layers", default=0, low=0, meaning="the recurrent layers")
     if types is None:

@@ -440,9 +440,10 @@ class SpecDecodeSetup(SetupBase):
         e = self.base
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
-        if self._states is not None and not is_chain(t.parents, t.real):
+        if self._states is not None and not e.cfg.mtp_tree_base and not is_chain(t.parents, t.real):
             raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; its "
-                             f"recurrent layers run the rows in order), got parents {t.parents.tolist()}")
+                             f"recurrent layers run the rows in order; a base built with mtp_tree_base verifies "
+                             f"trees), got parents {t.parents.tolist()}")
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "

@@ -859,6 +859,8 @@ class ReferenceExecutionContext:
         unread = _RAGGED_UNREAD if engine._geo.is_ragged else frozenset()
         if engine._geo.types:  # a hybrid's recurrent layers read each sequence's slot
             unread = unread - {names.kStateIndices}
+        if getattr(engine._geo, "tree_base", False):  # and a tree base's verify each node's parent
+            unread = unread - {names.kTreeParentIds}
         for decl in engine._decls:
             if decl.alias is not None or decl.name in unread:
                 continue  # a present_* output is its cache input's memory; shape-only inputs have no data

@@ -112,6 +112,7 @@ class _Geometry:
     conv_dtype: DType = DType.FLOAT16
     state_dtype: DType = DType.FLOAT32
     use_rope: bool = True  # False: attention layers rotate nothing (the RoPE input is still declared)
+    tree_base: bool = False  # hybrid base: a verify runs each node from its parent's states (mtp_tree_base)
 
     @classmethod
     def from_config(cls, cfg: Any, *, fixed_cache_batch: bool = False) -> _Geometry:
@@ -134,7 +135,8 @@ class _Geometry:
             if getattr(cfg, "is_hybrid", False):
                 ragged.update(types=tuple(cfg.layer_types), conv=tuple(cfg.conv_state_shape),
                               state=tuple(cfg.recurrent_state_shape), conv_dtype=DType.coerce(cfg.conv_state_dtype),
-                              state_dtype=DType.coerce(cfg.recurrent_state_dtype))
+                              state_dtype=DType.coerce(cfg.recurrent_state_dtype),
+                              tree_base=bool(getattr(cfg, "mtp_tree_base", False)))
         return cls(
             role=role,
             h=int(cfg.hidden_size),

@@ -576,7 +576,8 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
     A spec-decode base's verify (``verify``, an engine declaring ``intermediate_conv_state_j``): the tokens are a
     chain, each token's states are written to its row of ``intermediate_conv_state_j`` /
     ``intermediate_recurrent_state_j`` and the pools are left as they were ("snapshot" mode: accept commits the
-    accepted token's row; ``docs/edgellm-assumptions.md`` §11)."""
+    accepted token's row; ``docs/edgellm-assumptions.md`` §11). On a tree base (``mtp_tree_base``) the tokens are a
+    tree: each runs from its parent's states (``tree_parent_ids``: a node of the sequence, -1 for the slot's)."""
     slots = io[names.kStateIndices].astype(xp.int64)  # [S]
     n, width = valid.shape
     rows = io[names.conv_state(0)].shape[0]
@@ -592,14 +593,32 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
 
     round_conv, round_state = round_to(g.conv_dtype), round_to(g.state_dtype)
     snapshots = verify and names.intermediate_conv_state(0) in io
+    parents = None
+    if snapshots and g.tree_base:  # each node from its parent's states: [S, W] parent columns, -1 the slot's
+        parents = xp.asarray(io[names.kTreeParentIds]).astype(xp.int64).reshape(n, width)
+        if checked:
+            below = xp.where(valid, parents - xp.arange(width)[None, :], -1)  # a parent precedes its children
+            _check_range("tree_parent_ids", xp.where(valid, parents, -1), -1, width, "-1 or a node of the sequence")
+            _check_range("tree_parent_ids - the node's column", below, -width - 1, 0, "a parent before its child")
 
     def layer(j: int, x: Any) -> Any:
         conv_pool, state_pool = io[names.conv_state(j)], io[names.recurrent_state(j)]
         conv = _load(xp, conv_pool[slots], g.conv_dtype)  # [S, C, K] float32: new arrays, kept across tokens
         state = _load(xp, state_pool[slots], g.state_dtype)
         out = xp.empty((n, width, g.h), dtype=xp.float32)
+        # (a tree's root states, made before the mark: a column's temporaries are handed back after it)
+        start_conv, start_state = (conv.copy(), state.copy()) if parents is not None else (conv, state)
+        seqs = xp.arange(n)
         token_mark = scratch.mark()
         for col in range(width):
+            if parents is not None and col:  # the parent's states: a node written before (its row), or the slot's
+                par = parents[:, col]
+                inter_conv = io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])
+                inter_state = io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])
+                up = xp.clip(par, 0, width - 1)
+                root = (par < 0)[:, None, None]
+                conv[...] = xp.where(root, start_conv, _load(xp, inter_conv[seqs, up], g.conv_dtype))
+                state[...] = xp.where(root[..., None], start_state, _load(xp, inter_state[seqs, up], g.state_dtype))
             y, new_conv, new_state = recurrent_token(xp, mm, w.recurrent[j], x[:, col], conv, state, round_conv,
                                                      round_state)
             keep = valid[:, col]
