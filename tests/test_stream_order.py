@@ -221,6 +221,52 @@ def test_inputs_dropped_as_the_call_returns_are_read_intact(feed: str, script: s
         np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}")
 
 
+def _reused_script(be: AsyncHostBackend, contract: str, graphs: bool, run: _Runner, kind: str) -> np.ndarray:
+    """Decodes fed each input twice in a row (a runtime feeding one buffer to consecutive steps), the caller
+    dropping it after its second call (``kind`` "temporary": a Tensor view whose block goes with its last reference)
+    or keeping every input (``kind`` "long-lived"); every step's logits."""
+    setup, emb = _llm(be, contract, graphs)
+    prompt = emb[np.array([[1, 2, 3, 4], [5, 6, 7, 8]])].astype(np.float16)
+    outs = [run(lambda s: _keep(setup.prefill(prompt, [4, 3], s), s, be))]
+    kept: list[Any] = []
+    for t in ([9, 10], [11, 12], [13, 14]):
+        x = emb[np.array(t)][:, None].astype(np.float16)
+        if kind == "temporary":
+            block = _Block(be, x.nbytes)
+            fed: Any = trtio.Tensor.wrap(block.ptr, x.shape, trtio.DType.FLOAT16, Location.DEVICE, backend=be,
+                                         owner=block)
+            run(lambda s, fed=fed, x=x: fed.copy_from(x, s))
+            del block
+        else:
+            fed = x
+            kept.append(fed)
+        for _ in range(2):
+            outs.append(run(lambda s, fed=fed: _keep(setup.decode(fed, s), s, be)))
+        del fed  # a temporary goes with the setup's last reference to it
+    gc.collect()
+    got = np.concatenate([o.to_numpy() for o in outs])
+    setup.close()
+    return got
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_an_input_fed_to_consecutive_calls_then_dropped_is_read_intact(contract: str, graphs: bool) -> None:
+    """A setup keeps the last input a call read referenced until a later call reads another (a loop feeding one
+    buffer pays no slot of the ring of inputs in flight for it); the input then replaced is kept until the
+    copies of every call that read it have run: the logits are those of long-lived inputs."""
+    runs = []
+    for kind in ("long-lived", "temporary"):
+        be = AsyncHostBackend(1)
+        run = _Runner(be, "streams")
+        try:
+            runs.append(_reused_script(be, contract, graphs, run, kind))
+        finally:
+            run.close()
+    assert np.isfinite(runs[0]).all()
+    np.testing.assert_array_equal(runs[1], runs[0])
+
+
 # -- the backend itself ---------------------------------------------------------------------------------
 
 

@@ -14,7 +14,9 @@ for a setup's calls (``docs/architecture.md``, "Rules every module follows"):
 * **Inputs in flight** (:meth:`Calls.read`, :meth:`Calls.hold_reads`). An input the setup does not own that a
   call's copies read (a numpy array over pinned memory, a torch / CuPy / JAX array, a Tensor view) is kept
   referenced until those copies have run: a slot of a ring without memory (:class:`~trtio.staging.UploadRing`),
-  taken before the first such copy and given back, fenced by the ring's rule, when the call returns.
+  taken before the first such copy and given back, fenced by the ring's rule, when the call returns. The last
+  input a call read stays referenced until a later call reads another one (it then joins that call's slot), so a
+  loop that feeds the same input every step pays no slot for it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Calls(Closeable):
         self.last: Stream | None = None  # the last call's stream (None: none since construction)
         self.reads: list[Any] = []  # inputs the running call enqueued copies of and does not own
         self.read_slot: int | None = None  # the ring's slot that keeps them (taken before the first such copy)
+        self.kept: Any = None  # the last input read: referenced until another is read (then it joins a slot)
         with contextlib.ExitStack() as stack:
             self._order = stack.enter_context(Event.create(backend))
             self._holds = stack.enter_context(UploadRing(None, backend, slots=HOLD_SLOTS,
@@ -79,7 +82,10 @@ class Calls(Closeable):
     def read(self, x: Any) -> None:
         """``x`` (an input the setup does not own) is about to be read by a copy the call enqueues: it is kept
         until that copy has run (:meth:`hold_reads`). Called before the copy: the slot that keeps it is taken
-        here, so a failure to take it fails the call before that copy."""
+        here, so a failure to take it fails the call before that copy. The last input read (:attr:`kept`) is
+        referenced already: read again, it takes nothing."""
+        if x is self.kept:
+            return
         if self.read_slot is None:
             assert self._holds is not None, f"{self.title} keeps no inputs in flight"
             self.read_slot = self._holds.take()
@@ -90,11 +96,14 @@ class Calls(Closeable):
         slot, kept until the slot's fence (recorded at a later call, after everything this one enqueued) has
         completed. No backend call: nothing may fail after the call's work."""
         c, self.read_slot = self.read_slot, None
-        reads, self.reads = tuple(self.reads), []
+        reads, self.reads = self.reads, []
         assert c is not None and self.last is not None and self._holds is not None  # a copy ran: on the call's stream
+        # The last input read becomes the one kept; the one it replaces joins the slot (its copies ran before).
+        reads[-1], self.kept = self.kept, reads[-1]
         self._holds.put(c, self.last, reads, fence=False)
 
     def _close_owned(self) -> None:
+        self.kept = None
         self.reads.clear()
         self._owned.close()
 
