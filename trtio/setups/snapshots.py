@@ -1,7 +1,8 @@
 """A hybrid spec-decode base's verify states and their commit at accept ("snapshot" mode).
 
-A hybrid base (Qwen3.5's Gated DeltaNet) verifies a chain of tokens per sequence from the state rows of its slot and
-writes, for every token row of the step, the states after that token: ``intermediate_conv_state_j`` ``[T, conv_dim,
+A hybrid base (Qwen3.5's Gated DeltaNet) verifies a chain of tokens per sequence from the state rows of its slot (a
+tree, each node from its parent's states, where it was built as a tree base: ``mtp_tree_base``) and writes, for
+every token row of the step, the states after that token: ``intermediate_conv_state_j`` ``[T, conv_dim,
 k]`` and ``intermediate_recurrent_state_j`` ``[T, ...]`` per recurrent layer j (``docs/edgellm-assumptions.md``
 §11.2: the verify leaves the slot pools as they were). :meth:`IntermediateStates.commit` then copies, per sequence,
 the accepted path's last node's row into the sequence's slot of every layer's pools, on the device: one fused launch
@@ -33,7 +34,7 @@ __all__ = ["IntermediateStates", "is_chain"]
 
 def is_chain(parents: np.ndarray, real: np.ndarray) -> bool:
     """Whether every real node ``i > 0`` of a verify tree (``parents`` [B, N], ``real`` [B, N]) has parent ``i - 1``:
-    the only tree a hybrid base without tree inputs verifies (its recurrence runs the rows in order)."""
+    the only tree a hybrid base verifies unless built as a tree base (its recurrence runs the rows in order)."""
     n = parents.shape[1]
     return bool(np.all((parents[:, 1:] == np.arange(n - 1)) | ~real[:, 1:]))
 
