@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _onnx_io import parse_onnx_io
-from _safetensors import write_safetensors
+from safetensors.numpy import save_file
 
 import trtio
 from trtio import BindingError, ConfigError, InvalidTypeError, InvalidValueError
@@ -106,7 +106,7 @@ def test_the_toy_directorys_adapters_are_the_toy_adapters() -> None:
     chat, terse = adapters()
     for got, want in ((chat, toy_adapter(cfg, 8, seed=1)), (terse, toy_adapter(cfg, 4, seed=2,
                                                                                modules=("q_proj", "v_proj")))):
-        assert got.modules == want.modules
+        assert sorted(got.modules) == sorted(want.modules)  # the file's keys, as safetensors lists them
         for m in got.modules:
             for a, b in zip(got.weights[m], want.weights[m]):
                 assert a.dtype == np.float16
@@ -189,8 +189,8 @@ def test_a_spec_decode_pair_with_lora_inputs_is_refused_in_one_line() -> None:
 
 def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Path) -> None:
     a, b = np.ones((64, 2), np.float16), np.full((2, 64), 0.5, np.float16)
-    write_safetensors(tmp_path / "x.safetensors", {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": a,
-                                                  "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": b})
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": a,
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": b}, tmp_path / "x.safetensors")
     adapter = LoraAdapter.load(tmp_path / "x.safetensors")
     assert adapter.name == "x" and adapter.modules == ("model.layers.0.self_attn.q_proj",)
     np.testing.assert_array_equal(adapter.weights["model.layers.0.self_attn.q_proj"][1], b)
@@ -205,9 +205,42 @@ def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Pat
 ])
 def test_a_bad_adapter_file_is_refused_naming_the_module(tmp_path: Path, tensors: dict[str, Any],
                                                          match: str) -> None:
-    write_safetensors(tmp_path / "bad.safetensors", tensors)
+    save_file(tensors, tmp_path / "bad.safetensors")
     with pytest.raises((ConfigError, InvalidValueError), match=match):
         LoraAdapter.load(tmp_path / "bad.safetensors")
+
+
+def test_load_refuses_what_safetensors_cannot_read_and_a_dtype_other_than_f16_naming_the_file(
+        tmp_path: Path) -> None:
+    import ml_dtypes
+
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ConfigError, match=r"junk\.safetensors: is not a safetensors file safetensors can read"):
+        LoraAdapter.load(tmp_path / "junk.safetensors")
+    with pytest.raises(ConfigError, match=r"nothing\.safetensors: does not exist"):
+        LoraAdapter.load(tmp_path / "nothing.safetensors")
+    bf16 = np.ones((4, 2), ml_dtypes.bfloat16)
+    save_file({"m.lora_A.weight": bf16, "m.lora_B.weight": bf16.T.copy()}, tmp_path / "bf16.safetensors")
+    with pytest.raises(ConfigError, match=r"bf16\.safetensors: m\.lora_[AB]\.weight: is BF16: an adapter for an "
+                                          r"Edge-LLM engine is F16"):
+        LoraAdapter.load(tmp_path / "bf16.safetensors")
+    half, full = np.ones((4, 2), np.float16), np.ones((2, 4), np.float32)
+    save_file({"m.lora_A.weight": half, "m.lora_B.weight": full}, tmp_path / "mixed.safetensors")
+    with pytest.raises(ConfigError, match=r"mixed\.safetensors: m: A is F16 and B F32"):
+        LoraAdapter.load(tmp_path / "mixed.safetensors")
+
+
+def test_load_reads_with_the_safetensors_package_and_says_so_where_it_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    save_file({"m.lora_A.weight": np.ones((4, 2), np.float16), "m.lora_B.weight": np.ones((2, 4), np.float16)},
+              tmp_path / "a.safetensors", metadata={"format": "np"})
+    assert LoraAdapter.load(tmp_path / "a.safetensors").ranks == {"m": 2}
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an install without it: import fails
+    with pytest.raises(ConfigError, match=r"a\.safetensors: LoraAdapter.load reads adapters with the safetensors "
+                                          r"package, which is not installed.*pip install safetensors"):
+        LoraAdapter.load(tmp_path / "a.safetensors")
 
 
 def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:
@@ -306,7 +339,7 @@ def test_switching_adapters_allocates_nothing_syncs_nothing_and_reuses_graphs(de
         x.close()
         assert setup.graph_stats.graphs == graphs  # one per rank pattern, captured before
         report = setup.memory_report()
-        assert report.entry(chat.modules[0] + ".lora_A.weight").nbytes == 2 * 64 * 8
+        assert report.entry("model.layers.0.self_attn.q_proj.lora_A.weight").nbytes == 2 * 64 * 8
 
 
 # -- refusals: before any work, the setup left as it was -------------------------------------------------

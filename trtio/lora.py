@@ -36,7 +36,6 @@ import numpy as np
 
 from trtio._cache import CACHE_LIMIT, BoundedCache
 from trtio._lifetime import Closeable
-from trtio._safetensors import read_safetensors
 from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
 from trtio.engine import EngineIO, TensorInfo
@@ -128,19 +127,20 @@ class LoraAdapter:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, name: str | None = None) -> LoraAdapter:
         """The adapter Edge-LLM's ``tensorrt-edgellm-process-lora`` wrote at ``path``: a ``.safetensors`` file,
-        or a directory holding ``adapter_model.safetensors`` (or exactly one ``.safetensors`` file). Its tensors
-        are ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight`` ``[r, out]`` (a leading
-        ``base_model.model.`` is dropped); any other tensor is a :class:`~trtio.ConfigError` naming the file and
-        the key. ``name`` defaults to the file's folder name (or the file's stem)."""
+        or a directory holding ``adapter_model.safetensors`` (or exactly one ``.safetensors`` file), read with the
+        ``safetensors`` package. Its tensors are ``{module}.lora_A.weight`` ``[in, r]`` and
+        ``{module}.lora_B.weight`` ``[r, out]`` (a leading ``base_model.model.`` is dropped); a file safetensors
+        cannot read, any other tensor, an A without its B or a dtype other than F16 (or F32) is a
+        :class:`~trtio.ConfigError` naming the file and the key. ``name`` defaults to the file's folder name (or the
+        file's stem)."""
         file = _adapter_file(Path(os.fspath(path)))
-        tensors = read_safetensors(file)
-        pairs: dict[str, list[Any]] = {}
-        for key, t in tensors.items():
+        pairs: dict[str, list[tuple[str, np.ndarray] | None]] = {}
+        for key, tag, array in _read_adapter_file(file):
             module = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
             if module.endswith(LORA_A):
-                pairs.setdefault(module[:-len(LORA_A)], [None, None])[0] = t
+                pairs.setdefault(module[:-len(LORA_A)], [None, None])[0] = (tag, array)
             elif module.endswith(LORA_B):
-                pairs.setdefault(module[:-len(LORA_B)], [None, None])[1] = t
+                pairs.setdefault(module[:-len(LORA_B)], [None, None])[1] = (tag, array)
             else:
                 raise ConfigError(f"{file}: {key}", f"is not a LoRA weight ({{module}}{LORA_A} or "
                                                     f"{{module}}{LORA_B}, as process-lora writes them)")
@@ -149,10 +149,10 @@ class LoraAdapter:
             if a is None or b is None:
                 missing = LORA_A if a is None else LORA_B
                 raise ConfigError(f"{file}: {module}{missing}", "is missing: a module's adapter is an A and a B")
-            if a.dtype != b.dtype or a.dtype not in ("F16", "F32"):
-                raise ConfigError(f"{file}: {module}", f"A is {a.dtype} and B {b.dtype}: an adapter for an Edge-LLM "
-                                                       "engine is F16 (process-lora writes F16)")
-            weights[module] = (a.array, b.array)
+            if a[0] != b[0]:
+                raise ConfigError(f"{file}: {module}", f"A is {a[0]} and B {b[0]}: an adapter for an Edge-LLM engine "
+                                                       "is F16 (process-lora writes F16)")
+            weights[module] = (a[1], b[1])
         default = file.parent.name if file.name == "adapter_model.safetensors" else file.stem
         return cls.from_arrays(weights, name=name if name is not None else default)
 
@@ -183,6 +183,31 @@ def _adapter_file(path: Path) -> Path:
     if not path.is_file():
         raise ConfigError(str(path), "does not exist: expected a LoRA adapter (.safetensors file or its directory)")
     return path
+
+
+def _read_adapter_file(file: Path) -> list[tuple[str, str, np.ndarray]]:
+    """Every tensor of the adapter ``file``: (key, safetensors dtype tag, array), read with the ``safetensors``
+    package (a trtio dependency); a tensor of a dtype other than F16 or F32 is refused before it is read."""
+    try:
+        from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - read where an adapter is loaded
+    except ImportError as exc:
+        raise ConfigError(str(file), f"LoraAdapter.load reads adapters with the safetensors package, which is "
+                                     f"not installed ({exc}); it is a dependency of trtio: pip install "
+                                     "safetensors") from None
+    out = []
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            for key in f.keys():
+                tag = f.get_slice(key).get_dtype()
+                if tag not in ("F16", "F32"):
+                    raise ConfigError(f"{file}: {key}", f"is {tag}: an adapter for an Edge-LLM engine is F16 "
+                                                        "(process-lora writes F16)")
+                out.append((key, tag, f.get_tensor(key)))
+    except SafetensorError as exc:
+        raise ConfigError(str(file), f"is not a safetensors file safetensors can read: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(str(file), f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    return out
 
 
 @dataclass(frozen=True)
