@@ -17,7 +17,7 @@ import logging
 import math
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,7 +30,7 @@ from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, Unk
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import VIEWS, Tensor, ViewLog
+from trtio.tensor import VIEWS, Tensor, ViewLog, unmark_bound_memory
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
@@ -910,6 +910,32 @@ class EngineExecutor(_GraphRunner, Closeable):
         """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
         declared = set(self.io.names())
         return sorted(n for n in tensor_map.names() if n not in declared)
+
+    def forget(self, tensors: Collection[Tensor]) -> None:
+        """Let ``tensors`` go, bound no more (their tensor map rebound their names: a setup's LoRA adapter whose
+        device copy is freed, :mod:`trtio.lora`): every plan that binds one of them is dropped, every graph captured
+        with their memory bound is destroyed, and this executor stops holding their memory
+        (:func:`~trtio.tensor.unmark_bound_memory`), which its owner may then free. A step that binds them again
+        (at their addresses or others) plans and captures afresh; the execution context is told its addresses
+        again where a plan runs plainly (``_sync``)."""
+        self._check_open()
+        ids = {id(t) for t in tensors}
+        addresses = {t.data_ptr for t in tensors if t.capacity}  # an empty one binds the shared dummy: no graph of it
+        for key in [k for k, p in self._plans.items() if any(id(v[0]) in ids for v in p.all_views)]:
+            self._plans.pop(key).dropped = True
+        if self._plan is not None and self._plan.dropped:
+            self._plan = None
+        if self._stable_of is not None and self._stable_of.dropped:
+            self._stable_of = None  # unknown: the next plan sets all its views
+        if self._synced is not None and self._synced.dropped:
+            self._synced = None
+        stale = {k: g for k, g in self._graphs.items() if any(a in addresses for _n, a, _s in k[0][1:])}
+        for k in stale:
+            del self._graphs[k]
+        self.graph_stats.graphs = len(self._graphs)
+        for t in tensors:
+            unmark_bound_memory(t, self)
+        destroy_graphs(self._backend, stale)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def _close_owned(self) -> None:

@@ -38,11 +38,12 @@ from trtio._cache import CACHE_LIMIT, BoundedCache
 from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
-from trtio.engine import EngineIO, TensorInfo
+from trtio.engine import EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError
-from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.memory import Arena, MemoryReport, TensorRequest, planned_report
 from trtio.stream import Stream
 from trtio.tensor import Tensor
+from trtio.tensor_map import TensorMap
 
 __all__ = ["LORA_A", "LORA_B", "LoraAdapter", "LoraInputs", "LoraModule", "LoraSlots", "lora_input_names"]
 
@@ -270,15 +271,25 @@ class LoraInputs:
         return [n for m in self.modules for n in (m.a_name, m.b_name)]
 
     def worst_case_bytes(self) -> int:
-        """Bytes of every LoRA input at the max rank (one adapter's device copy, and the bound buffers)."""
+        """Bytes of every LoRA input at the max rank (the most one adapter's device copy holds)."""
         return sum(m.nbytes(self.max_rank) for m in self.modules)
 
-    def requests(self) -> list[TensorRequest]:
-        """One device buffer per LoRA input, at the max rank."""
-        r = self.max_rank
-        return [req for m in self.modules for req in (
-            TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
-            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+    def requests(self, ranks: Mapping[str, int] | None = None) -> list[TensorRequest]:
+        """One device tensor per LoRA input, at each module's rank in ``ranks`` (a module left out: 0, an empty
+        tensor); None: every module at the max rank (the worst case)."""
+        return [req for m in self.modules for r in (self.max_rank if ranks is None else ranks.get(m.name, 0),)
+                for req in (TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
+                            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+
+    def worst_case_report(self) -> MemoryReport:
+        """What one adapter's device copy takes at most (every module at the max rank), laid out as its arena would
+        be, allocating nothing: ``trtio plan``'s LoRA part."""
+        report = planned_report(self.requests(), "lora")
+        report.notes.append(f"LoRA: {len(self.modules)} modules at max_lora_rank {self.max_rank}: one adapter's "
+                            f"device copy holds at most {self.worst_case_bytes()} bytes (every module at the max "
+                            f"rank; the lora entries), made when set_lora first sets it; the setup keeps up to "
+                            f"{CACHE_LIMIT} adapters' copies")
+        return report
 
     def problems(self, adapter: LoraAdapter) -> list[str]:
         """Where ``adapter`` does not fit these inputs, one line per module: a module the engine has no LoRA
@@ -336,90 +347,100 @@ def _input_problems(info: TensorInfo, rank_dim: int, max_rank: int) -> list[str]
 
 
 class _DeviceAdapter(Closeable):
-    """One adapter's copy in device memory, laid out like :class:`LoraSlots`' buffers (so one copy moves it)."""
+    """One adapter's copy in device memory trtio owns: one tensor per LoRA input at the adapter's ranks (a module
+    it leaves out, and every module of the no-adapter copy, ``adapter`` None: an empty tensor, no memory), which the
+    engine binds while the adapter is set. Hashable by identity: the tensor map's variant (its binding set)."""
 
-    def __init__(self, adapter: LoraAdapter, inputs: LoraInputs, backend: Backend, stream: Stream) -> None:
-        self._init_lifetime(f"LoRA adapter {adapter.name!r}")
+    def __init__(self, adapter: LoraAdapter | None, inputs: LoraInputs, backend: Backend,
+                 stream: Stream | None) -> None:
+        self._init_lifetime(f"LoRA adapter {adapter.name!r}" if adapter is not None else "no LoRA adapter")
         self.adapter = adapter  # keeps the host arrays alive until their uploads have run
-        ranks = adapter.ranks
-        self.ranks = tuple(ranks.get(m.name, 0) for m in inputs.modules)  # its rank pattern, in the inputs' order
-        self.arena = Arena(inputs.requests(), backend=backend, title=f"lora {adapter.name}")
+        ranks = adapter.ranks if adapter is not None else {}
+        self.arena = Arena(inputs.requests(ranks), backend=backend,
+                           title=f"lora {adapter.name}" if adapter is not None else "lora none")
         try:
             for m in inputs.modules:
-                pair = adapter.weights.get(m.name)
-                if pair is not None:
-                    for name, arr in ((m.a_name, pair[0]), (m.b_name, pair[1])):
-                        self.arena[name].reshape(arr.shape).copy_from(arr, stream)
+                pair = adapter.weights.get(m.name) if adapter is not None else None
+                if pair is not None and pair[0].size + pair[1].size:
+                    assert stream is not None
+                    self.arena[m.a_name].copy_from(pair[0], stream)
+                    self.arena[m.b_name].copy_from(pair[1], stream)
         except BaseException:
             self.arena.close()
             raise
-        self.base = min(t.data_ptr for t in (self.arena[n] for n in inputs.names))
+        self.tensors: dict[str, Tensor] = {n: self.arena[n] for n in inputs.names}
+
+    def __repr__(self) -> str:
+        return f"_DeviceAdapter({self.adapter!r})"
 
     def _close_owned(self) -> None:
         self.arena.close()
 
 
 class LoraSlots(Closeable):
-    """A setup's LoRA inputs (see the module docstring): the bound buffers (:attr:`tensors`, sized for the max
-    rank, rank 0 until an adapter is set) and the device copies of the adapters set so far (the last
-    :data:`~trtio._cache.CACHE_LIMIT`; an older one is freed, and uploaded again if it is set again)."""
+    """A setup's LoRA inputs (see the module docstring): :attr:`tensors`, what the engine is bound to first (every
+    input empty: no adapter), and the device copies of the adapters set so far (the last
+    :data:`~trtio._cache.CACHE_LIMIT`; an older one is let go by the executor, with its graphs, then freed, and
+    uploaded again if it is set again). :meth:`attach` it to the tensor map and executor once they are bound."""
 
     def __init__(self, inputs: LoraInputs, backend: Backend) -> None:
         self._init_lifetime(f"LoRA inputs of {inputs.engine!r}")
         self.inputs = inputs
         self._backend = backend
-        self._arena = Arena(inputs.requests(), backend=backend, title="lora")
-        self.tensors: dict[str, Tensor] = {n: self._arena[n] for n in inputs.names}
-        self._base = min(t.data_ptr for t in self.tensors.values()) if self.tensors else 0
-        self._span = max(t.data_ptr + t.capacity for t in self.tensors.values()) - self._base if self.tensors else 0
+        self._none = _DeviceAdapter(None, inputs, backend, None)  # rank 0 everywhere: allocates nothing
+        self.tensors: dict[str, Tensor] = dict(self._none.tensors)
         self._uploads: BoundedCache[int, _DeviceAdapter] = BoundedCache()
+        self._bound = self._none
         self.adapter: LoraAdapter | None = None
-        self._none = (0,) * len(inputs.modules)
-        self._ranks = self._none
-        self._set_views(self._ranks)
+        self._map: TensorMap | None = None
+        self._executor: EngineExecutor | None = None
+
+    def attach(self, tensor_map: TensorMap, executor: EngineExecutor) -> None:
+        """The tensor map holding :attr:`tensors` and the executor that binds it: from now on :meth:`use` rebinds
+        the map's LoRA inputs to the set adapter's copy, and an evicted copy is let go by ``executor`` first."""
+        self._map, self._executor = tensor_map, executor
+        tensor_map.use_variant(self._none.tensors, self._none)
 
     def knows(self, adapter: LoraAdapter) -> bool:
         """Whether ``adapter`` has its device copy here (it was checked and set before)."""
         return id(adapter) in self._uploads
 
-    def _set_views(self, ranks: tuple[int, ...]) -> None:
-        for m, r in zip(self.inputs.modules, ranks):
-            self.tensors[m.a_name].reshape((m.in_features, r))
-            self.tensors[m.b_name].reshape((r, m.out_features))
-
     def upload(self, adapter: LoraAdapter, stream: Stream) -> _DeviceAdapter:
         """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept (the
         cache holds the adapter, so its id names it alone). With :data:`~trtio._cache.CACHE_LIMIT` copies kept, the
-        oldest but the bound adapter's is freed first, once ``stream`` (ordered after every earlier call) has run
-        the copies that read it."""
+        oldest but the bound adapter's is evicted first (:meth:`_evict`)."""
         self._check_open()
         found = self._uploads.get(id(adapter))
         if found is not None:
             return found
         if len(self._uploads) >= CACHE_LIMIT:
-            key = next(k for k, u in self._uploads.items() if u.adapter is not self.adapter)
-            stream.synchronize()
-            self._uploads.pop(key).close()
+            self._evict(next(k for k, u in self._uploads.items() if u is not self._bound), stream)
         return self._uploads.put(id(adapter), _DeviceAdapter(adapter, self.inputs, self._backend, stream))
 
-    def use(self, adapter: LoraAdapter | None, stream: Stream) -> bool:
-        """Bind ``adapter`` (checked; None: no adapter) for the steps after this call: its device copy (uploaded
-        the first time) copied into the bound buffers on ``stream`` and their views set to its ranks. True where
-        the ranks changed (the engine's input shapes with them)."""
+    def _evict(self, key: int, stream: Stream) -> None:
+        """Free the copy kept under ``key`` (not the bound one): once ``stream`` (ordered after every earlier call
+        of the setup) has run the steps that read it, the executor drops the plans and graphs that bind it and the
+        tensor map forgets its binding set; then its memory goes back."""
+        copy = self._uploads[key]
+        assert copy is not self._bound
+        stream.synchronize()
+        del self._uploads[key]
+        if self._executor is not None and self._map is not None:
+            self._executor.forget(list(copy.tensors.values()))
+            self._map.forget_variant(copy)
+        copy.close()
+
+    def use(self, adapter: LoraAdapter | None, stream: Stream) -> None:
+        """Bind ``adapter`` (checked; None: no adapter) for the steps after this call: the engine's LoRA inputs
+        rebound to its own device copy (uploaded on ``stream`` the first time): no copy, no allocation, no host
+        synchronisation once it is kept. The executor's plans and CUDA graphs are its own (its addresses)."""
         self._check_open()
-        ranks = self._none
-        if adapter is not None:
-            src = self.upload(adapter, stream)
-            ranks = src.ranks
-            # One copy of the whole layout. The setup's calls run in call order on their streams, so every later
-            # step reads the buffers after it: their last stream is left as it was (it is the engine's to read).
-            self._backend.memcpy(self._base, src.base, self._span, stream.handle)
-        changed = ranks != self._ranks
-        if changed:
-            self._set_views(ranks)
-            self._ranks = ranks
+        copy = self._none if adapter is None else self.upload(adapter, stream)
+        if copy is not self._bound:
+            if self._map is not None:
+                self._map.use_variant(copy.tensors, copy)
+            self._bound = copy
         self.adapter = adapter
-        return changed
 
     @property
     def resident(self) -> int:
@@ -427,12 +448,11 @@ class LoraSlots(Closeable):
         return len(self._uploads)
 
     def report(self) -> MemoryReport:
-        """The bound buffers and every adapter's device copy."""
-        parts = [self._arena.report()] + [u.arena.report() for u in self._uploads.values()]
-        report = MemoryReport.combine("lora", parts)
-        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: the "
-                            f"bound buffers hold {self.inputs.worst_case_bytes()} bytes (the worst case), and each "
-                            f"adapter set keeps a device copy of as many ({len(self._uploads)} kept now)")
+        """Every adapter's device copy kept (the no-adapter binding takes no memory)."""
+        report = MemoryReport.combine("lora", [u.arena.report() for u in self._uploads.values()])
+        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: each "
+                            f"adapter set keeps a device copy at its ranks (at most {self.inputs.worst_case_bytes()} "
+                            f"bytes), which the engine binds while it is set ({len(self._uploads)} kept now)")
         return report
 
     def __iter__(self) -> Iterator[tuple[str, Tensor]]:
@@ -440,7 +460,7 @@ class LoraSlots(Closeable):
 
     def _close_owned(self) -> None:
         with contextlib.ExitStack() as release:
-            release.callback(self._arena.close)
+            release.callback(self._none.close)
             for u in self._uploads.values():
                 release.callback(u.close)
             self._uploads.clear()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtio._checks import is_int
-from trtio._lifetime import Closeable, mark_bound
+from trtio._lifetime import Closeable, mark_bound, unmark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
@@ -44,7 +44,7 @@ from trtio.errors import (
 from trtio.foreign import read_foreign
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
-__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
+__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "unmark_bound_memory", "volume"]
 
 ShapeLike = Sequence[int]
 
@@ -214,10 +214,21 @@ def mark_bound_memory(tensor: Tensor, user: Any) -> None:
     """Record that ``user`` (an executor) has ``tensor``'s address bound: the object whose close() would
     free that memory (the tensor, the tensor it views, the arena it is a slice of) refuses to close while
     ``user`` is open. Memory of other libraries (a wrapped pointer) is theirs to keep alive."""
+    mark_bound(_memory_owner(tensor), user)
+
+
+def unmark_bound_memory(tensor: Tensor, user: Any) -> None:
+    """:func:`mark_bound_memory` undone: ``user`` dropped every binding and graph that held ``tensor``'s address."""
+    unmark_bound(_memory_owner(tensor), user)
+
+
+def _memory_owner(tensor: Tensor) -> Any:
+    """The object whose close() frees ``tensor``'s memory (the tensor, the tensor it views, the arena it is a
+    slice of)."""
     owner: Any = tensor
     while isinstance(owner, Tensor) and isinstance(owner._owner, Closeable):
         owner = owner._owner
-    mark_bound(owner, user)
+    return owner
 
 
 def fill_pattern(dt: DType, value: object, name: str) -> bytes:
