@@ -583,3 +583,44 @@ def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
     line = format_lora({"toy-lora-ragged": out})[0]
     assert "each adapter's tokens are the merged-weights model's: yes; the adapters change the tokens: yes; chat " \
         "set again after terse gives its tokens again: yes" in line
+
+
+def test_a_tensor_maps_variant_takes_back_its_generation_until_something_else_is_rebound() -> None:
+    """The rebinding set_lora uses (TensorMap.use_variant): a variant bound again finds its generation (the
+    executor's plans of it), unless another rebinding came between; every variant binds the same, bound names."""
+    from trtio.errors import TrtioError, UnknownNameError
+    from trtio.tensor_map import TensorMap
+
+    made: list[trtio.Tensor] = []
+
+    def t(name: str) -> trtio.Tensor:
+        made.append(trtio.Tensor.empty((2,), "float16", backend="host", name=name))
+        return made[-1]
+
+    tm = TensorMap("m")
+    tm.set("a", t("a0"))
+    tm.set("b", t("b0"))
+    x, y = {"a": t("ax")}, {"a": t("ay")}
+    tm.use_variant(x, "x")
+    gx = tm.generation
+    assert tm["a"] is x["a"]
+    tm.use_variant(y, "y")
+    assert tm.generation != gx and tm.get("a") is y["a"]
+    tm.use_variant(x, "x")
+    assert tm.generation == gx and tm["a"] is x["a"]  # nothing else rebound: x's plans hold
+    tm.set("b", t("b1"))  # another rebinding: x's generation then is void ...
+    moved = tm.generation
+    tm.use_variant(y, "y")
+    tm.use_variant(x, "x")
+    assert tm.generation == moved != gx  # ... but x, bound then, keeps the new one
+    tm.forget_variant("y")
+    tm.use_variant(y, "y")
+    assert tm.generation not in (gx, moved)
+    with pytest.raises(TrtioError, match="variant 'y' is bound"):
+        tm.forget_variant("y")
+    with pytest.raises(TrtioError, match="variant 'z' binds other names than the variants before it"):
+        tm.use_variant({"a": t("az"), "b": t("bz")}, "z")
+    with pytest.raises(UnknownNameError, match="variant 'w' binds 'c', which the map does not hold"):
+        TensorMap("n").use_variant({"c": t("c")}, "w")
+    for tensor in made:
+        tensor.close()

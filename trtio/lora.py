@@ -11,11 +11,16 @@ FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight
   saying why).
 * :class:`LoraAdapter` is one adapter on the host (:meth:`LoraAdapter.load` reads Edge-LLM's ``process-lora``
   output); :meth:`LoraInputs.problems` says where it does not fit an engine, naming each module.
-* :class:`LoraSlots` is what a setup binds: one device buffer per LoRA input, sized for the max rank (the worst
-  case; :meth:`LoraInputs.worst_case_bytes`), and each adapter's copy in device memory trtio owns, laid out like
-  those buffers. Switching adapters is one device-to-device copy on the step stream (no allocation, no host
-  synchronisation); the buffers' views take the adapter's ranks, so the engine's bindings change only where the
-  ranks do: CUDA graphs are captured per rank pattern (adapters of the same ranks share them).
+* :class:`LoraSlots` is what a setup binds: each adapter's copy in device memory trtio owns, uploaded the first
+  time it is set (one tensor per LoRA input at the adapter's ranks; a module it leaves out, and no adapter: an empty
+  tensor). Setting an adapter rebinds the engine's LoRA inputs to its own copy (a variant of the tensor map,
+  :meth:`~trtio.tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation. CUDA
+  graphs are therefore kept per adapter, as Edge-LLM keeps them: the executor keys them by the bound addresses, and
+  takes back the plans and graphs of an adapter set again. The copies are bounded (the last
+  :data:`~trtio._cache.CACHE_LIMIT` adapters, in one :class:`~trtio._cache.BoundedCache`); an evicted one (never the
+  set one) is let go by the executor with its plans and graphs first (:meth:`~trtio.engine.EngineExecutor.forget`),
+  then freed, and uploaded and captured again if it is set again. The worst case of one copy (every module at the
+  max rank) is :meth:`LoraInputs.worst_case_report`, which ``trtio plan`` shows.
 
 What this module assumes where Edge-LLM leaves the contract open is listed, with how to check it, in
 ``docs/edgellm-assumptions.md`` ("LoRA").
@@ -352,7 +357,7 @@ class _DeviceAdapter(Closeable):
     engine binds while the adapter is set. Hashable by identity: the tensor map's variant (its binding set)."""
 
     def __init__(self, adapter: LoraAdapter | None, inputs: LoraInputs, backend: Backend,
-                 stream: Stream | None) -> None:
+                 stream: Stream | None = None) -> None:
         self._init_lifetime(f"LoRA adapter {adapter.name!r}" if adapter is not None else "no LoRA adapter")
         self.adapter = adapter  # keeps the host arrays alive until their uploads have run
         ranks = adapter.ranks if adapter is not None else {}
@@ -387,7 +392,7 @@ class LoraSlots(Closeable):
         self._init_lifetime(f"LoRA inputs of {inputs.engine!r}")
         self.inputs = inputs
         self._backend = backend
-        self._none = _DeviceAdapter(None, inputs, backend, None)  # rank 0 everywhere: allocates nothing
+        self._none = _DeviceAdapter(None, inputs, backend)  # rank 0 everywhere: allocates nothing
         self.tensors: dict[str, Tensor] = dict(self._none.tensors)
         self._uploads: BoundedCache[int, _DeviceAdapter] = BoundedCache()
         self._bound = self._none

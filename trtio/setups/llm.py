@@ -445,7 +445,7 @@ class LLMSetup(SetupBase):
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state (a hybrid model's recurrent state pools included),
-        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter buffers and adapter copies,
+        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter copies,
         and context memory."""
         report = self._report("create_for_llm", include_context_memory)
         parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]
