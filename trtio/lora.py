@@ -44,7 +44,7 @@ from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
 from trtio.engine import EngineExecutor, EngineIO, TensorInfo
-from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError
+from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError, TrtioError
 from trtio.memory import Arena, MemoryReport, TensorRequest, planned_report
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -427,12 +427,11 @@ class LoraSlots(Closeable):
         of the setup) has run the steps that read it, the executor drops the plans and graphs that bind it and the
         tensor map forgets its binding set; then its memory goes back."""
         copy = self._uploads[key]
-        assert copy is not self._bound
+        assert copy is not self._bound and self._executor is not None and self._map is not None  # use() checked
         stream.synchronize()
         del self._uploads[key]
-        if self._executor is not None and self._map is not None:
-            self._executor.forget(list(copy.tensors.values()))
-            self._map.forget_variant(copy)
+        self._executor.forget(list(copy.tensors.values()))
+        self._map.forget_variant(copy)
         copy.close()
 
     def use(self, adapter: LoraAdapter | None, stream: Stream) -> None:
@@ -440,10 +439,11 @@ class LoraSlots(Closeable):
         rebound to its own device copy (uploaded on ``stream`` the first time): no copy, no allocation, no host
         synchronisation once it is kept. The executor's plans and CUDA graphs are its own (its addresses)."""
         self._check_open()
+        if self._map is None:
+            raise TrtioError(f"{self._what}: use() before attach() (the tensor map the adapters are bound in)")
         copy = self._none if adapter is None else self.upload(adapter, stream)
         if copy is not self._bound:
-            if self._map is not None:
-                self._map.use_variant(copy.tensors, copy)
+            self._map.use_variant(copy.tensors, copy)
             self._bound = copy
         self.adapter = adapter
 
