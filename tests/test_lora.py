@@ -345,6 +345,11 @@ def test_switching_adapters_binds_their_own_copies_with_no_device_work_and_repla
             assert (be.alloc_count, be.sync_count) == (allocs, syncs), adapter
         x.close()
         assert setup.graph_stats.graphs == graphs == 4 and setup.graph_stats.hits == hits + 6  # replays alone
+        # an adapter's copy keeps its view for good: refused a reshape, in no plan's views (none set at a switch)
+        q = lora._bound.tensors["model.layers.0.self_attn.q_proj.lora_A.weight"]
+        with pytest.raises(trtio.FrozenError, match=r"q_proj.lora_A.weight': its view \[64, 8\] is fixed"):
+            q.reshape((64, 4))
+        assert not any(v[0] is q for p in setup.executor._plans.values() for v in p.all_views)
         report = setup.memory_report()
         # each adapter's copy at its own ranks: chat's q_proj A [64, 8], terse's [64, 4]; terse has no o_proj
         entries = {(e.group, e.name): e.nbytes for e in report.entries}

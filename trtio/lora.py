@@ -14,7 +14,8 @@ FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight
 * :class:`LoraSlots` is what a setup binds: each adapter's copy in device memory trtio owns, uploaded the first
   time it is set (one tensor per LoRA input at the adapter's ranks; a module it leaves out, and no adapter: an empty
   tensor). Setting an adapter rebinds the engine's LoRA inputs to its own copy (a variant of the tensor map,
-  :meth:`~trtio.tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation. CUDA
+  :meth:`~trtio.tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation (a
+  copy's tensors keep their views for good, :func:`~trtio.tensor.fix_view`, so no view is set either). CUDA
   graphs are therefore kept per adapter, as Edge-LLM keeps them: the executor keys them by the bound addresses, and
   takes back the plans and graphs of an adapter set again. The copies are bounded (the last
   :data:`~trtio._cache.CACHE_LIMIT` adapters, in one :class:`~trtio._cache.BoundedCache`); an evicted one (never the
@@ -47,7 +48,7 @@ from trtio.engine import EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError, TrtioError
 from trtio.memory import Arena, MemoryReport, TensorRequest, planned_report
 from trtio.stream import Stream
-from trtio.tensor import Tensor
+from trtio.tensor import Tensor, fix_view
 from trtio.tensor_map import TensorMap
 
 __all__ = ["LORA_A", "LORA_B", "LoraAdapter", "LoraInputs", "LoraModule", "LoraSlots", "lora_input_names"]
@@ -374,6 +375,8 @@ class _DeviceAdapter(Closeable):
             self.arena.close()
             raise
         self.tensors: dict[str, Tensor] = {n: self.arena[n] for n in inputs.names}
+        for t in self.tensors.values():
+            fix_view(t)  # bound at its own shape for good: the executor sets no view of it between steps
 
     def __repr__(self) -> str:
         return f"_DeviceAdapter({self.adapter!r})"

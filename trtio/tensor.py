@@ -44,7 +44,7 @@ from trtio.errors import (
 from trtio.foreign import read_foreign
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
-__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "unmark_bound_memory", "volume"]
+__all__ = ["Tensor", "ShapeLike", "fix_view", "mark_bound_memory", "normalize_shape", "unmark_bound_memory", "volume"]
 
 ShapeLike = Sequence[int]
 
@@ -101,6 +101,17 @@ class ViewLog:
 
 #: The log of tensors no executor has bound (no executor reads it: nothing watches their views).
 VIEWS = ViewLog()
+#: The log of tensors whose view never changes (:func:`fix_view`): nothing watches it either.
+FIXED_VIEW = ViewLog()
+
+
+def fix_view(tensor: Tensor) -> None:
+    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.lora`): a reshape to
+    another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views they
+    set again between steps (its binding's shape is its own). Made before any executor binds it."""
+    if tensor._log is not VIEWS:
+        raise TrtioError(f"tensor {tensor.name!r}: fix_view after an executor bound it (its views are watched)")
+    tensor._log = FIXED_VIEW
 
 # Shapes Tensor.reshape was given as tuples, checked (normalize_shape) with their volume: a step's shapes repeat.
 _SHAPES: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
@@ -575,6 +586,9 @@ class Tensor(_Exports, Closeable):
                 return self
         self._live()
         dims, need, plain = _checked_view(shape, self._dtype, self._capacity, self._name)
+        if self._log is FIXED_VIEW and dims != self._shape:
+            raise FrozenError(f"tensor {self._name!r}: its view {list(self._shape)} is fixed (fix_view); reshape to "
+                              f"{list(dims)} refused")
         self._prev_view = (self._shape, self._nbytes)
         # A tuple of plain ints is kept as given (it equals the checked one): given again, the same object is
         # found by identity when it is the view before.
