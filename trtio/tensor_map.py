@@ -177,8 +177,7 @@ class TensorMap:
         gen = self._variants.get(variant)
         if gen is None:
             self._check_variant(tensors, variant)
-            self._generations += 1
-            gen = self._variants[variant] = self._generations
+            gen = self._variants[variant] = self._fresh()
         self._pending = tensors  # into the map at its next read: a switch the executor's cached plans serve reads none
         self.generation = gen
         self._variant = variant
@@ -218,9 +217,13 @@ class TensorMap:
     def _rebound(self) -> None:
         """A rebinding other than a variant's: a generation never used before; the variants' generations are
         void (each was of the map as it was then) but the bound variant's, which is this one."""
-        self._generations += 1
-        self.generation = self._generations
+        self.generation = self._fresh()
         self._variants = {} if self._variant is None else {self._variant: self.generation}
+
+    def _fresh(self) -> int:
+        """A generation never used before (past any the map held, set from outside too)."""
+        self._generations = max(self._generations, self.generation) + 1
+        return self._generations
 
     def __repr__(self) -> str:
         state = ", frozen" if self._frozen else ""
