@@ -930,7 +930,9 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
             if contract == "ragged" else set()
         assert rows.keys() == helpers | extra, contract
         for name, row in rows.items():
-            assert 1 <= row["device_ops"] <= 16 or name == "SpecDecodeSetup.accept", (contract, name, row)
+            # set_lora binds the adapter's own device copy: no device work (issue 37)
+            assert 1 <= row["device_ops"] <= 16 or name in ("SpecDecodeSetup.accept", LORA_ROWS[2]), (contract, name,
+                                                                                                    row)
             if name.startswith("speculative round"):  # a round's first level uploads its lengths: one copy more
                 assert row["device_ops"] == 3 * rows["SpecDecodeSetup.draft_propose"]["device_ops"] + 1 + sum(
                     rows[f"SpecDecodeSetup.{h}"]["device_ops"] for h in ("verify", "accept", "draft_accept"))

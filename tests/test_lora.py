@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from _onnx_io import parse_onnx_io
-from _safetensors import write_safetensors
+from safetensors.numpy import save_file
 
 import trtio
 from trtio import BindingError, ConfigError, InvalidTypeError, InvalidValueError
@@ -106,7 +106,7 @@ def test_the_toy_directorys_adapters_are_the_toy_adapters() -> None:
     chat, terse = adapters()
     for got, want in ((chat, toy_adapter(cfg, 8, seed=1)), (terse, toy_adapter(cfg, 4, seed=2,
                                                                                modules=("q_proj", "v_proj")))):
-        assert got.modules == want.modules
+        assert sorted(got.modules) == sorted(want.modules)  # the file's keys, as safetensors lists them
         for m in got.modules:
             for a, b in zip(got.weights[m], want.weights[m]):
                 assert a.dtype == np.float16
@@ -189,8 +189,8 @@ def test_a_spec_decode_pair_with_lora_inputs_is_refused_in_one_line() -> None:
 
 def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Path) -> None:
     a, b = np.ones((64, 2), np.float16), np.full((2, 64), 0.5, np.float16)
-    write_safetensors(tmp_path / "x.safetensors", {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": a,
-                                                  "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": b})
+    save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": a,
+               "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": b}, tmp_path / "x.safetensors")
     adapter = LoraAdapter.load(tmp_path / "x.safetensors")
     assert adapter.name == "x" and adapter.modules == ("model.layers.0.self_attn.q_proj",)
     np.testing.assert_array_equal(adapter.weights["model.layers.0.self_attn.q_proj"][1], b)
@@ -205,9 +205,42 @@ def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Pat
 ])
 def test_a_bad_adapter_file_is_refused_naming_the_module(tmp_path: Path, tensors: dict[str, Any],
                                                          match: str) -> None:
-    write_safetensors(tmp_path / "bad.safetensors", tensors)
+    save_file(tensors, tmp_path / "bad.safetensors")
     with pytest.raises((ConfigError, InvalidValueError), match=match):
         LoraAdapter.load(tmp_path / "bad.safetensors")
+
+
+def test_load_refuses_what_safetensors_cannot_read_and_a_dtype_other_than_f16_naming_the_file(
+        tmp_path: Path) -> None:
+    import ml_dtypes
+
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
+    with pytest.raises(ConfigError, match=r"junk\.safetensors: is not a safetensors file safetensors can read"):
+        LoraAdapter.load(tmp_path / "junk.safetensors")
+    with pytest.raises(ConfigError, match=r"nothing\.safetensors: does not exist"):
+        LoraAdapter.load(tmp_path / "nothing.safetensors")
+    bf16 = np.ones((4, 2), ml_dtypes.bfloat16)
+    save_file({"m.lora_A.weight": bf16, "m.lora_B.weight": bf16.T.copy()}, tmp_path / "bf16.safetensors")
+    with pytest.raises(ConfigError, match=r"bf16\.safetensors: m\.lora_[AB]\.weight: is BF16: an adapter for an "
+                                          r"Edge-LLM engine is F16"):
+        LoraAdapter.load(tmp_path / "bf16.safetensors")
+    half, full = np.ones((4, 2), np.float16), np.ones((2, 4), np.float32)
+    save_file({"m.lora_A.weight": half, "m.lora_B.weight": full}, tmp_path / "mixed.safetensors")
+    with pytest.raises(ConfigError, match=r"mixed\.safetensors: m: A is F16 and B F32"):
+        LoraAdapter.load(tmp_path / "mixed.safetensors")
+
+
+def test_load_reads_with_the_safetensors_package_and_says_so_where_it_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    save_file({"m.lora_A.weight": np.ones((4, 2), np.float16), "m.lora_B.weight": np.ones((2, 4), np.float16)},
+              tmp_path / "a.safetensors", metadata={"format": "np"})
+    assert LoraAdapter.load(tmp_path / "a.safetensors").ranks == {"m": 2}
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # an install without it: import fails
+    with pytest.raises(ConfigError, match=r"a\.safetensors: LoraAdapter.load reads adapters with the safetensors "
+                                          r"package, which is not installed.*pip install safetensors"):
+        LoraAdapter.load(tmp_path / "a.safetensors")
 
 
 def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:
@@ -285,28 +318,102 @@ def test_switching_mid_sequence_changes_only_later_steps(device: str, graphs: bo
         assert np.abs(steady[step] - switched[step]).max() > 0.1, step
 
 
-def test_switching_adapters_allocates_nothing_syncs_nothing_and_reuses_graphs(device: str) -> None:
+def test_switching_adapters_binds_their_own_copies_with_no_device_work_and_replays_their_graphs(device: str) -> None:
     cfg = lora_cfg()
     chat, terse = adapters()
-    other = toy_adapter(cfg, 8, seed=9, name="other")  # chat's ranks: the same graphs
+    other = toy_adapter(cfg, 8, seed=9, name="other")  # chat's ranks: graphs of its own all the same
     with trtio.create_for_llm(_engine(cfg, device), cfg, graphs=True) as setup:
         be = setup.io.backend
-        for adapter in (chat, terse, other, None):  # uploaded (allocated) the first time each
+        for adapter in (chat, terse, other, None):  # uploaded (allocated) the first time each, its graph captured
             setup.set_lora(adapter)
             _run(setup, 2)
-        graphs = setup.graph_stats.graphs
+        # one decode graph (of this batch) per adapter and one without: other's is not chat's
+        assert setup.graph_stats.captures == setup.graph_stats.graphs == 4
         emb, lens = embed_batch(E, PROMPTS, np.float16)
         setup.prefill(emb, lens)
         x = trtio.Tensor.from_numpy(E[[3, 4]][:, None, :].astype(np.float16), trtio.Location.DEVICE, backend=be)
+        setup.decode(x)
+        graphs, hits = setup.graph_stats.graphs, setup.graph_stats.hits
+        lora = setup._lora
+        assert lora is not None
         for adapter in (chat, terse, other, None, chat, other):
-            allocs, syncs = be.alloc_count, be.sync_count
+            allocs, syncs, ops = be.alloc_count, be.sync_count, getattr(be, "op_count", 0)
             setup.set_lora(adapter)
+            assert (be.alloc_count, be.sync_count, getattr(be, "op_count", 0)) == (allocs, syncs, ops), adapter
+            assert all(setup.tensor_map[n] is t for n, t in lora._bound.tensors.items())  # its own copy, bound
             setup.decode(x)
             assert (be.alloc_count, be.sync_count) == (allocs, syncs), adapter
         x.close()
-        assert setup.graph_stats.graphs == graphs  # one per rank pattern, captured before
+        assert setup.graph_stats.graphs == graphs == 4 and setup.graph_stats.hits == hits + 6  # replays alone
+        # an adapter's copy keeps its view for good: refused a reshape, in no plan's views (none set at a switch)
+        q = lora._bound.tensors["model.layers.0.self_attn.q_proj.lora_A.weight"]
+        with pytest.raises(trtio.FrozenError, match=r"q_proj.lora_A.weight': its view \[64, 8\] is fixed"):
+            q.reshape((64, 4))
+        assert not any(v[0] is q for p in setup.executor._plans.values() for v in p.all_views)
         report = setup.memory_report()
-        assert report.entry(chat.modules[0] + ".lora_A.weight").nbytes == 2 * 64 * 8
+        # each adapter's copy at its own ranks: chat's q_proj A [64, 8], terse's [64, 4]; terse has no o_proj
+        entries = {(e.group, e.name): e.nbytes for e in report.entries}
+        q, o = "model.layers.0.self_attn.q_proj.lora_A.weight", "model.layers.0.self_attn.o_proj.lora_A.weight"
+        assert entries[("lora chat", q)] == 2 * 64 * 8 and entries[("lora terse", q)] == 2 * 64 * 4
+        assert entries[("lora terse", o)] == 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_two_adapters_of_the_same_ranks_each_give_their_own_logits(device: str, graphs: bool) -> None:
+    """Graphs are kept per adapter (per binding set), not per rank pattern: a graph captured with one adapter's
+    copy bound would compute the other's steps with the first one's weights."""
+    cfg = lora_cfg()
+    eng = _engine(cfg, device)
+    chat, _ = adapters()
+    twin = toy_adapter(cfg, 8, seed=9, name="twin")
+    assert twin.ranks == chat.ranks
+    with trtio.create_for_llm(eng, cfg, graphs=graphs) as setup:
+        for adapter in (chat, twin, chat, twin):
+            setup.set_lora(adapter)
+            out, toks = _run(setup, 3)
+            _check_against_merged(eng, cfg, adapter, out, toks)
+        if graphs:
+            assert setup.graph_stats.hits > 0
+
+
+def test_past_the_cache_limit_an_evicted_adapters_graphs_go_first_and_it_is_captured_again(
+        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trtio._cache
+    import trtio.lora
+    from trtio._lifetime import open_binders
+
+    monkeypatch.setattr(trtio.lora, "CACHE_LIMIT", 2)
+    monkeypatch.setattr(trtio._cache, "CACHE_LIMIT", 2)
+    cfg = lora_cfg()
+    eng = _engine(cfg, device)
+    chat, terse = adapters()
+    third = toy_adapter(cfg, 8, seed=5, name="third")  # chat's ranks
+    with trtio.create_for_llm(eng, cfg, graphs=True) as setup:
+        lora, ex = setup._lora, setup.executor
+        assert lora is not None
+        setup.set_lora(chat)
+        _run(setup, 3)
+        chat_copy = lora._uploads[id(chat)]
+        chat_addresses = {t.data_ptr for t in chat_copy.tensors.values() if t.capacity}
+        bound_with_chat = [k for k in ex._graphs if any(a in chat_addresses for _n, a, _s in k[0][1:])]
+        assert bound_with_chat and all(ex._graphs[k] for k in bound_with_chat)
+        setup.set_lora(terse)
+        _run(setup, 3)
+        graphs = setup.graph_stats.graphs
+        setup.set_lora(third)  # evicts chat (the oldest; terse is set): its plans and graphs go, then its memory
+        assert not lora.knows(chat) and lora.knows(terse) and lora.knows(third) and lora.resident == 2
+        assert chat_copy.is_closed and not open_binders(chat_copy.arena)
+        assert setup.graph_stats.graphs == len(ex._graphs) == graphs - len(bound_with_chat)
+        assert not any(id(t) in {id(u) for u in chat_copy.tensors.values()}
+                       for p in ex._plans.values() for t, _s, _n in p.all_views)
+        out, toks = _run(setup, 3)
+        _check_against_merged(eng, cfg, third, out, toks)
+        captures = setup.graph_stats.captures
+        setup.set_lora(chat)  # uploaded again (evicting terse, not third: set), its graphs captured again
+        assert lora.knows(chat) and lora.knows(third) and not lora.knows(terse)
+        out, toks = _run(setup, 3)
+        _check_against_merged(eng, cfg, chat, out, toks)
+        assert setup.graph_stats.captures > captures and setup.graph_stats.hits > 0
 
 
 # -- refusals: before any work, the setup left as it was -------------------------------------------------
@@ -376,7 +483,9 @@ def test_plan_shows_the_adapter_buffers_worst_case() -> None:
     per_layer = (96 + 320) + (192 + 96) + 2 * (96 + 256) + (256 + 96)
     assert len(entries) == 2 * 5 * 6
     assert sum(e["nbytes"] for e in entries) == 6 * per_layer * 8 * 2 == 168960
-    assert "LoRA: 30 modules at max_lora_rank 8: the bound buffers hold 168960 bytes (the worst case)" in result["text"]
+    assert "LoRA: 30 modules at max_lora_rank 8: one adapter's device copy holds at most 168960 bytes (every module " \
+        "at the max rank" in result["text"]
+    assert result["memory"]["allocated"]["device"] > 168960  # the copy's arena, planned beside the setup's
 
 
 # -- trtio generate --lora --------------------------------------------------------------------------------
@@ -481,26 +590,42 @@ def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
         "set again after terse gives its tokens again: yes" in line
 
 
-def test_the_oldest_adapter_copy_is_freed_past_the_cache_limit_and_uploaded_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    import trtio._cache
-    import trtio.lora
+def test_a_tensor_maps_variant_takes_back_its_generation_until_something_else_is_rebound() -> None:
+    """The rebinding set_lora uses (TensorMap.use_variant): a variant bound again finds its generation (the
+    executor's plans of it), unless another rebinding came between; every variant binds the same, bound names."""
+    from trtio.errors import TrtioError, UnknownNameError
+    from trtio.tensor_map import TensorMap
 
-    monkeypatch.setattr(trtio.lora, "CACHE_LIMIT", 2)
-    monkeypatch.setattr(trtio._cache, "CACHE_LIMIT", 2)
-    cfg = lora_cfg()
-    eng = _engine(cfg, "host")
-    chat, terse = adapters()
-    third = toy_adapter(cfg, 2, seed=5, name="third")
-    with trtio.create_for_llm(eng, cfg) as setup:
-        lora = setup._lora
-        assert lora is not None
-        for adapter in (chat, terse, third):
-            setup.set_lora(adapter)
-        assert lora.resident == 2 and not lora.knows(chat) and lora.knows(terse) and lora.knows(third)
-        setup.set_lora(terse)  # kept: no upload
-        assert lora.resident == 2 and lora.knows(third)
-        setup.set_lora(chat)  # uploaded again, in place of the oldest but the bound one (third)
-        assert lora.resident == 2 and lora.knows(chat) and lora.knows(terse) and not lora.knows(third)
-        out, toks = _run(setup, 2)
-        _check_against_merged(eng, cfg, chat, out, toks)
+    made: list[trtio.Tensor] = []
+
+    def t(name: str) -> trtio.Tensor:
+        made.append(trtio.Tensor.empty((2,), "float16", backend="host", name=name))
+        return made[-1]
+
+    tm = TensorMap("m")
+    tm.set("a", t("a0"))
+    tm.set("b", t("b0"))
+    x, y = {"a": t("ax")}, {"a": t("ay")}
+    tm.use_variant(x, "x")
+    gx = tm.generation
+    assert tm["a"] is x["a"]
+    tm.use_variant(y, "y")
+    assert tm.generation != gx and tm.get("a") is y["a"]
+    tm.use_variant(x, "x")
+    assert tm.generation == gx and tm["a"] is x["a"]  # nothing else rebound: x's plans hold
+    tm.set("b", t("b1"))  # another rebinding: x's generation then is void ...
+    moved = tm.generation
+    tm.use_variant(y, "y")
+    tm.use_variant(x, "x")
+    assert tm.generation == moved != gx  # ... but x, bound then, keeps the new one
+    tm.forget_variant("y")
+    tm.use_variant(y, "y")
+    assert tm.generation not in (gx, moved)
+    with pytest.raises(TrtioError, match="variant 'y' is bound"):
+        tm.forget_variant("y")
+    with pytest.raises(TrtioError, match="variant 'z' binds other names than the variants before it"):
+        tm.use_variant({"a": t("az"), "b": t("bz")}, "z")
+    with pytest.raises(UnknownNameError, match="variant 'w' binds 'c', which the map does not hold"):
+        TensorMap("n").use_variant({"c": t("c")}, "w")
+    for tensor in made:
+        tensor.close()

@@ -29,7 +29,8 @@ The protocol
 8. A factory that fails half way closes what it already built (``contextlib.ExitStack``).
 9. Memory an open executor has bound is not freed under it: ``close()`` of the object that would
    free it (an owning tensor, an arena) raises :class:`~trtio.errors.FrozenError` naming the
-   executors, and frees nothing, until they are closed (:func:`mark_bound`, :func:`open_binders`).
+   executors, and frees nothing, until they are closed (:func:`mark_bound`, :func:`open_binders`), or until
+   each of them has let the memory go (:func:`unmark_bound`: it dropped every binding and graph that held it).
 
 How to adopt it
 ---------------
@@ -68,7 +69,7 @@ from typing import Any, Self
 
 from trtio.errors import ClosedError, FrozenError
 
-__all__ = ["Closeable", "mark_bound", "open_binders"]
+__all__ = ["Closeable", "mark_bound", "open_binders", "unmark_bound"]
 
 # Who has bound what: a resource (an arena, an owning tensor) -> the executors whose engines hold addresses
 # in it. Weak both ways: neither a dropped resource nor a dropped executor is kept alive by this.
@@ -84,6 +85,15 @@ def mark_bound(resource: Any, user: Any) -> None:
         if users is None:
             users = _binders[resource] = weakref.WeakSet()
         users.add(user)
+
+
+def unmark_bound(resource: Any, user: Any) -> None:
+    """Record that ``user`` no longer holds memory of ``resource`` bound (it dropped every binding and captured
+    graph that pointed there): :func:`mark_bound` undone for that user alone."""
+    with _binders_lock:
+        users = _binders.get(resource)
+        if users is not None:
+            users.discard(user)
 
 
 def open_binders(resource: Any) -> list[str]:

@@ -1,9 +1,10 @@
 """Reading ``.safetensors`` files with numpy alone.
 
 Edge-LLM's engine directories carry the token embedding table (``embedding.safetensors``) and the EAGLE3
-draft-to-target vocabulary map (``d2t.safetensors``) in this format; trtio reads them without depending on
-the ``safetensors`` package, whose numpy loader refuses the BF16 and FP8 tensors these files hold (numpy has
-no such dtypes; here they are widened to float32 by :func:`bf16_to_float32` and :func:`e4m3_to_float32`). The
+draft-to-target vocabulary map (``d2t.safetensors``) in this format; trtio reads them here rather than with
+the ``safetensors`` package (a trtio dependency, which :meth:`trtio.LoraAdapter.load` uses), whose numpy loader
+refuses the BF16 and FP8 tensors these files hold (numpy has no such dtypes; here they are widened to float32 by
+:func:`bf16_to_float32` and :func:`e4m3_to_float32`). The
 format: an 8-byte little-endian header length ``N``, ``N`` bytes of JSON
 (``{name: {"dtype": ..., "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}``), then the
 data, each tensor's offsets relative to the end of the header, little-endian and C-contiguous.

@@ -17,7 +17,7 @@ import logging
 import math
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,7 +30,7 @@ from trtio.errors import BindingError, EngineError, FrozenError, TrtioError, Unk
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.registry import TensorRegistry
 from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import VIEWS, Tensor, ViewLog
+from trtio.tensor import FIXED_VIEW, VIEWS, Tensor, ViewLog, unmark_bound_memory
 from trtio.tensor_map import TensorMap
 from trtio.trt import module_of
 
@@ -279,6 +279,7 @@ class _Plan:
     switches: dict[int, _Switch] = field(default_factory=dict)
     after: _Switch | None = None  # the last switch from this plan to another: a round's next step is found by it
     dropped: bool = False  # no longer among its executor's plans (the oldest, forgotten): never used again
+    fixed: tuple[Tensor, ...] = ()  # tensors of a fixed view it binds (fix_view): in no list of views
 
     def switch_from(self, prev: _Plan, log: ViewLog) -> _Switch:
         """The views to set where the executor's own tensors (those of its view ``log``) hold ``prev``'s
@@ -852,7 +853,12 @@ class EngineExecutor(_GraphRunner, Closeable):
 
     def _remember(self, key: tuple[Any, ...], profile: int,
                   planned: list[tuple[TensorInfo, Tensor, tuple[int, ...]]], tm: TensorMap) -> None:
-        """Keep what this step checked and bound as the plan of ``key``, for the fast path of later steps."""
+        """Keep what this step checked and bound as the plan of ``key``, for the fast path of later steps. Tensors
+        of a fixed view (:func:`~trtio.tensor.fix_view`) are bound (in the snapshot) but left out of its views."""
+        bound = planned
+        fixed = tuple(t for _i, t, _s in planned if t._log is FIXED_VIEW)
+        if fixed:
+            planned = [p for p in planned if p[1]._log is not FIXED_VIEW]
         all_views = [(t, shape, t.dtype.nbytes(math.prod(shape))) for _i, t, shape in planned]
         own = self._views
         for t, _shape, _nbytes in all_views:
@@ -863,10 +869,11 @@ class EngineExecutor(_GraphRunner, Closeable):
         views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name not in self._stable]
         stable_views = [v for (info, _t, _s), v in zip(planned, all_views) if info.name in self._stable]
         outputs = [t for info, t, _ in planned if not info.is_input and info.aliased_input is None]
-        snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in planned)
-        inputs = frozenset(info.name for info, _t, _s in planned if info.is_input)
+        snapshot = (profile,) + tuple((info.name, self._bound_addr[info.name], shape) for info, t, shape in bound)
+        inputs = frozenset(info.name for info, _t, _s in bound if info.is_input)
         plan = _Plan(key, views, all_views, outputs, snapshot, inputs, stable_views=stable_views,
-                     by_tensor={id(v[0]): v for v in views}, foreign=any(v[0]._log is not own for v in views))
+                     by_tensor={id(v[0]): v for v in views}, foreign=any(v[0]._log is not own for v in views),
+                     fixed=fixed)
         plan.view_changes = -1 if plan.foreign else own.changes
         self._plan = self._synced = self._stable_of = plan
         self._plans[key] = plan
@@ -910,6 +917,33 @@ class EngineExecutor(_GraphRunner, Closeable):
         """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
         declared = set(self.io.names())
         return sorted(n for n in tensor_map.names() if n not in declared)
+
+    def forget(self, tensors: Collection[Tensor]) -> None:
+        """Let ``tensors`` go, bound no more (their tensor map rebound their names: a setup's LoRA adapter whose
+        device copy is freed, :mod:`trtio.lora`): every plan that binds one of them is dropped, every graph captured
+        with their memory bound is destroyed, and this executor stops holding their memory
+        (:func:`~trtio.tensor.unmark_bound_memory`), which its owner may then free. A step that binds them again
+        (at their addresses or others) plans and captures afresh; the execution context is told its addresses
+        again where a plan runs plainly (``_sync``)."""
+        self._check_open()
+        ids = {id(t) for t in tensors}
+        addresses = {t.data_ptr for t in tensors if t.capacity}  # an empty one binds the shared dummy: no graph of it
+        for key in [k for k, p in self._plans.items()
+                    if any(id(t) in ids for t in p.fixed) or any(id(v[0]) in ids for v in p.all_views)]:
+            self._plans.pop(key).dropped = True
+        if self._plan is not None and self._plan.dropped:
+            self._plan = None
+        if self._stable_of is not None and self._stable_of.dropped:
+            self._stable_of = None  # unknown: the next plan sets all its views
+        if self._synced is not None and self._synced.dropped:
+            self._synced = None
+        stale = {k: g for k, g in self._graphs.items() if any(a in addresses for _n, a, _s in k[0][1:])}
+        for k in stale:
+            del self._graphs[k]
+        self.graph_stats.graphs = len(self._graphs)
+        for t in tensors:
+            unmark_bound_memory(t, self)
+        destroy_graphs(self._backend, stale)
 
     # -- lifetime ---------------------------------------------------------------------------------
     def _close_owned(self) -> None:

@@ -11,11 +11,17 @@ FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight
   saying why).
 * :class:`LoraAdapter` is one adapter on the host (:meth:`LoraAdapter.load` reads Edge-LLM's ``process-lora``
   output); :meth:`LoraInputs.problems` says where it does not fit an engine, naming each module.
-* :class:`LoraSlots` is what a setup binds: one device buffer per LoRA input, sized for the max rank (the worst
-  case; :meth:`LoraInputs.worst_case_bytes`), and each adapter's copy in device memory trtio owns, laid out like
-  those buffers. Switching adapters is one device-to-device copy on the step stream (no allocation, no host
-  synchronisation); the buffers' views take the adapter's ranks, so the engine's bindings change only where the
-  ranks do: CUDA graphs are captured per rank pattern (adapters of the same ranks share them).
+* :class:`LoraSlots` is what a setup binds: each adapter's copy in device memory trtio owns, uploaded the first
+  time it is set (one tensor per LoRA input at the adapter's ranks; a module it leaves out, and no adapter: an empty
+  tensor). Setting an adapter rebinds the engine's LoRA inputs to its own copy (a variant of the tensor map,
+  :meth:`~trtio.tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation (a
+  copy's tensors keep their views for good, :func:`~trtio.tensor.fix_view`, so no view is set either). CUDA
+  graphs are therefore kept per adapter, as Edge-LLM keeps them: the executor keys them by the bound addresses, and
+  takes back the plans and graphs of an adapter set again. The copies are bounded (the last
+  :data:`~trtio._cache.CACHE_LIMIT` adapters, in one :class:`~trtio._cache.BoundedCache`); an evicted one (never the
+  set one) is let go by the executor with its plans and graphs first (:meth:`~trtio.engine.EngineExecutor.forget`),
+  then freed, and uploaded and captured again if it is set again. The worst case of one copy (every module at the
+  max rank) is :meth:`LoraInputs.worst_case_report`, which ``trtio plan`` shows.
 
 What this module assumes where Edge-LLM leaves the contract open is listed, with how to check it, in
 ``docs/edgellm-assumptions.md`` ("LoRA").
@@ -36,14 +42,14 @@ import numpy as np
 
 from trtio._cache import CACHE_LIMIT, BoundedCache
 from trtio._lifetime import Closeable
-from trtio._safetensors import read_safetensors
 from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
-from trtio.engine import EngineIO, TensorInfo
-from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError
-from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.engine import EngineExecutor, EngineIO, TensorInfo
+from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError, TrtioError
+from trtio.memory import Arena, MemoryReport, TensorRequest, planned_report
 from trtio.stream import Stream
-from trtio.tensor import Tensor
+from trtio.tensor import Tensor, fix_view
+from trtio.tensor_map import TensorMap
 
 __all__ = ["LORA_A", "LORA_B", "LoraAdapter", "LoraInputs", "LoraModule", "LoraSlots", "lora_input_names"]
 
@@ -128,19 +134,20 @@ class LoraAdapter:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, name: str | None = None) -> LoraAdapter:
         """The adapter Edge-LLM's ``tensorrt-edgellm-process-lora`` wrote at ``path``: a ``.safetensors`` file,
-        or a directory holding ``adapter_model.safetensors`` (or exactly one ``.safetensors`` file). Its tensors
-        are ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight`` ``[r, out]`` (a leading
-        ``base_model.model.`` is dropped); any other tensor is a :class:`~trtio.ConfigError` naming the file and
-        the key. ``name`` defaults to the file's folder name (or the file's stem)."""
+        or a directory holding ``adapter_model.safetensors`` (or exactly one ``.safetensors`` file), read with the
+        ``safetensors`` package. Its tensors are ``{module}.lora_A.weight`` ``[in, r]`` and
+        ``{module}.lora_B.weight`` ``[r, out]`` (a leading ``base_model.model.`` is dropped); a file safetensors
+        cannot read, any other tensor, an A without its B or a dtype other than F16 (or F32) is a
+        :class:`~trtio.ConfigError` naming the file and the key. ``name`` defaults to the file's folder name (or the
+        file's stem)."""
         file = _adapter_file(Path(os.fspath(path)))
-        tensors = read_safetensors(file)
-        pairs: dict[str, list[Any]] = {}
-        for key, t in tensors.items():
+        pairs: dict[str, list[tuple[str, np.ndarray] | None]] = {}
+        for key, tag, array in _read_adapter_file(file):
             module = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
             if module.endswith(LORA_A):
-                pairs.setdefault(module[:-len(LORA_A)], [None, None])[0] = t
+                pairs.setdefault(module[:-len(LORA_A)], [None, None])[0] = (tag, array)
             elif module.endswith(LORA_B):
-                pairs.setdefault(module[:-len(LORA_B)], [None, None])[1] = t
+                pairs.setdefault(module[:-len(LORA_B)], [None, None])[1] = (tag, array)
             else:
                 raise ConfigError(f"{file}: {key}", f"is not a LoRA weight ({{module}}{LORA_A} or "
                                                     f"{{module}}{LORA_B}, as process-lora writes them)")
@@ -149,10 +156,10 @@ class LoraAdapter:
             if a is None or b is None:
                 missing = LORA_A if a is None else LORA_B
                 raise ConfigError(f"{file}: {module}{missing}", "is missing: a module's adapter is an A and a B")
-            if a.dtype != b.dtype or a.dtype not in ("F16", "F32"):
-                raise ConfigError(f"{file}: {module}", f"A is {a.dtype} and B {b.dtype}: an adapter for an Edge-LLM "
-                                                       "engine is F16 (process-lora writes F16)")
-            weights[module] = (a.array, b.array)
+            if a[0] != b[0]:
+                raise ConfigError(f"{file}: {module}", f"A is {a[0]} and B {b[0]}: an adapter for an Edge-LLM engine "
+                                                       "is F16 (process-lora writes F16)")
+            weights[module] = (a[1], b[1])
         default = file.parent.name if file.name == "adapter_model.safetensors" else file.stem
         return cls.from_arrays(weights, name=name if name is not None else default)
 
@@ -183,6 +190,31 @@ def _adapter_file(path: Path) -> Path:
     if not path.is_file():
         raise ConfigError(str(path), "does not exist: expected a LoRA adapter (.safetensors file or its directory)")
     return path
+
+
+def _read_adapter_file(file: Path) -> list[tuple[str, str, np.ndarray]]:
+    """Every tensor of the adapter ``file``: (key, safetensors dtype tag, array), read with the ``safetensors``
+    package (a trtio dependency); a tensor of a dtype other than F16 or F32 is refused before it is read."""
+    try:
+        from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - read where an adapter is loaded
+    except ImportError as exc:
+        raise ConfigError(str(file), f"LoraAdapter.load reads adapters with the safetensors package, which is "
+                                     f"not installed ({exc}); it is a dependency of trtio: pip install "
+                                     "safetensors") from None
+    out = []
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            for key in f.keys():
+                tag = f.get_slice(key).get_dtype()
+                if tag not in ("F16", "F32"):
+                    raise ConfigError(f"{file}: {key}", f"is {tag}: an adapter for an Edge-LLM engine is F16 "
+                                                        "(process-lora writes F16)")
+                out.append((key, tag, f.get_tensor(key)))
+    except SafetensorError as exc:
+        raise ConfigError(str(file), f"is not a safetensors file safetensors can read: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(str(file), f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+    return out
 
 
 @dataclass(frozen=True)
@@ -245,15 +277,25 @@ class LoraInputs:
         return [n for m in self.modules for n in (m.a_name, m.b_name)]
 
     def worst_case_bytes(self) -> int:
-        """Bytes of every LoRA input at the max rank (one adapter's device copy, and the bound buffers)."""
+        """Bytes of every LoRA input at the max rank (the most one adapter's device copy holds)."""
         return sum(m.nbytes(self.max_rank) for m in self.modules)
 
-    def requests(self) -> list[TensorRequest]:
-        """One device buffer per LoRA input, at the max rank."""
-        r = self.max_rank
-        return [req for m in self.modules for req in (
-            TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
-            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+    def requests(self, ranks: Mapping[str, int] | None = None) -> list[TensorRequest]:
+        """One device tensor per LoRA input, at each module's rank in ``ranks`` (a module left out: 0, an empty
+        tensor); None: every module at the max rank (the worst case)."""
+        return [req for m in self.modules for r in (self.max_rank if ranks is None else ranks.get(m.name, 0),)
+                for req in (TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
+                            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+
+    def worst_case_report(self) -> MemoryReport:
+        """What one adapter's device copy takes at most (every module at the max rank), laid out as its arena would
+        be, allocating nothing: ``trtio plan``'s LoRA part."""
+        report = planned_report(self.requests(), "lora")
+        report.notes.append(f"LoRA: {len(self.modules)} modules at max_lora_rank {self.max_rank}: one adapter's "
+                            f"device copy holds at most {self.worst_case_bytes()} bytes (every module at the max "
+                            f"rank; the lora entries), made when set_lora first sets it; the setup keeps up to "
+                            f"{CACHE_LIMIT} adapters' copies")
+        return report
 
     def problems(self, adapter: LoraAdapter) -> list[str]:
         """Where ``adapter`` does not fit these inputs, one line per module: a module the engine has no LoRA
@@ -311,90 +353,102 @@ def _input_problems(info: TensorInfo, rank_dim: int, max_rank: int) -> list[str]
 
 
 class _DeviceAdapter(Closeable):
-    """One adapter's copy in device memory, laid out like :class:`LoraSlots`' buffers (so one copy moves it)."""
+    """One adapter's copy in device memory trtio owns: one tensor per LoRA input at the adapter's ranks (a module
+    it leaves out, and every module of the no-adapter copy, ``adapter`` None: an empty tensor, no memory), which the
+    engine binds while the adapter is set. Hashable by identity: the tensor map's variant (its binding set)."""
 
-    def __init__(self, adapter: LoraAdapter, inputs: LoraInputs, backend: Backend, stream: Stream) -> None:
-        self._init_lifetime(f"LoRA adapter {adapter.name!r}")
+    def __init__(self, adapter: LoraAdapter | None, inputs: LoraInputs, backend: Backend,
+                 stream: Stream | None = None) -> None:
+        self._init_lifetime(f"LoRA adapter {adapter.name!r}" if adapter is not None else "no LoRA adapter")
         self.adapter = adapter  # keeps the host arrays alive until their uploads have run
-        ranks = adapter.ranks
-        self.ranks = tuple(ranks.get(m.name, 0) for m in inputs.modules)  # its rank pattern, in the inputs' order
-        self.arena = Arena(inputs.requests(), backend=backend, title=f"lora {adapter.name}")
+        ranks = adapter.ranks if adapter is not None else {}
+        self.arena = Arena(inputs.requests(ranks), backend=backend,
+                           title=f"lora {adapter.name}" if adapter is not None else "lora none")
         try:
             for m in inputs.modules:
-                pair = adapter.weights.get(m.name)
-                if pair is not None:
-                    for name, arr in ((m.a_name, pair[0]), (m.b_name, pair[1])):
-                        self.arena[name].reshape(arr.shape).copy_from(arr, stream)
+                pair = adapter.weights.get(m.name) if adapter is not None else None
+                if pair is not None and pair[0].size + pair[1].size:
+                    assert stream is not None
+                    self.arena[m.a_name].copy_from(pair[0], stream)
+                    self.arena[m.b_name].copy_from(pair[1], stream)
         except BaseException:
             self.arena.close()
             raise
-        self.base = min(t.data_ptr for t in (self.arena[n] for n in inputs.names))
+        self.tensors: dict[str, Tensor] = {n: self.arena[n] for n in inputs.names}
+        for t in self.tensors.values():
+            fix_view(t)  # bound at its own shape for good: the executor sets no view of it between steps
+
+    def __repr__(self) -> str:
+        return f"_DeviceAdapter({self.adapter!r})"
 
     def _close_owned(self) -> None:
         self.arena.close()
 
 
 class LoraSlots(Closeable):
-    """A setup's LoRA inputs (see the module docstring): the bound buffers (:attr:`tensors`, sized for the max
-    rank, rank 0 until an adapter is set) and the device copies of the adapters set so far (the last
-    :data:`~trtio._cache.CACHE_LIMIT`; an older one is freed, and uploaded again if it is set again)."""
+    """A setup's LoRA inputs (see the module docstring): :attr:`tensors`, what the engine is bound to first (every
+    input empty: no adapter), and the device copies of the adapters set so far (the last
+    :data:`~trtio._cache.CACHE_LIMIT`; an older one is let go by the executor, with its graphs, then freed, and
+    uploaded again if it is set again). :meth:`attach` it to the tensor map and executor once they are bound."""
 
     def __init__(self, inputs: LoraInputs, backend: Backend) -> None:
         self._init_lifetime(f"LoRA inputs of {inputs.engine!r}")
         self.inputs = inputs
         self._backend = backend
-        self._arena = Arena(inputs.requests(), backend=backend, title="lora")
-        self.tensors: dict[str, Tensor] = {n: self._arena[n] for n in inputs.names}
-        self._base = min(t.data_ptr for t in self.tensors.values()) if self.tensors else 0
-        self._span = max(t.data_ptr + t.capacity for t in self.tensors.values()) - self._base if self.tensors else 0
+        self._none = _DeviceAdapter(None, inputs, backend)  # rank 0 everywhere: allocates nothing
+        self.tensors: dict[str, Tensor] = dict(self._none.tensors)
         self._uploads: BoundedCache[int, _DeviceAdapter] = BoundedCache()
+        self._bound = self._none
         self.adapter: LoraAdapter | None = None
-        self._none = (0,) * len(inputs.modules)
-        self._ranks = self._none
-        self._set_views(self._ranks)
+        self._map: TensorMap | None = None
+        self._executor: EngineExecutor | None = None
+
+    def attach(self, tensor_map: TensorMap, executor: EngineExecutor) -> None:
+        """The tensor map holding :attr:`tensors` and the executor that binds it: from now on :meth:`use` rebinds
+        the map's LoRA inputs to the set adapter's copy, and an evicted copy is let go by ``executor`` first."""
+        self._map, self._executor = tensor_map, executor
+        tensor_map.use_variant(self._none.tensors, self._none)
 
     def knows(self, adapter: LoraAdapter) -> bool:
         """Whether ``adapter`` has its device copy here (it was checked and set before)."""
         return id(adapter) in self._uploads
 
-    def _set_views(self, ranks: tuple[int, ...]) -> None:
-        for m, r in zip(self.inputs.modules, ranks):
-            self.tensors[m.a_name].reshape((m.in_features, r))
-            self.tensors[m.b_name].reshape((r, m.out_features))
-
     def upload(self, adapter: LoraAdapter, stream: Stream) -> _DeviceAdapter:
         """``adapter``'s device copy: made (allocated and uploaded on ``stream``) the first time, then kept (the
         cache holds the adapter, so its id names it alone). With :data:`~trtio._cache.CACHE_LIMIT` copies kept, the
-        oldest but the bound adapter's is freed first, once ``stream`` (ordered after every earlier call) has run
-        the copies that read it."""
+        oldest but the bound adapter's is evicted first (:meth:`_evict`)."""
         self._check_open()
         found = self._uploads.get(id(adapter))
         if found is not None:
             return found
         if len(self._uploads) >= CACHE_LIMIT:
-            key = next(k for k, u in self._uploads.items() if u.adapter is not self.adapter)
-            stream.synchronize()
-            self._uploads.pop(key).close()
+            self._evict(next(k for k, u in self._uploads.items() if u is not self._bound), stream)
         return self._uploads.put(id(adapter), _DeviceAdapter(adapter, self.inputs, self._backend, stream))
 
-    def use(self, adapter: LoraAdapter | None, stream: Stream) -> bool:
-        """Bind ``adapter`` (checked; None: no adapter) for the steps after this call: its device copy (uploaded
-        the first time) copied into the bound buffers on ``stream`` and their views set to its ranks. True where
-        the ranks changed (the engine's input shapes with them)."""
+    def _evict(self, key: int, stream: Stream) -> None:
+        """Free the copy kept under ``key`` (not the bound one): once ``stream`` (ordered after every earlier call
+        of the setup) has run the steps that read it, the executor drops the plans and graphs that bind it and the
+        tensor map forgets its binding set; then its memory goes back."""
+        copy = self._uploads[key]
+        assert copy is not self._bound and self._executor is not None and self._map is not None  # use() checked
+        stream.synchronize()
+        del self._uploads[key]
+        self._executor.forget(list(copy.tensors.values()))
+        self._map.forget_variant(copy)
+        copy.close()
+
+    def use(self, adapter: LoraAdapter | None, stream: Stream) -> None:
+        """Bind ``adapter`` (checked; None: no adapter) for the steps after this call: the engine's LoRA inputs
+        rebound to its own device copy (uploaded on ``stream`` the first time): no copy, no allocation, no host
+        synchronisation once it is kept. The executor's plans and CUDA graphs are its own (its addresses)."""
         self._check_open()
-        ranks = self._none
-        if adapter is not None:
-            src = self.upload(adapter, stream)
-            ranks = src.ranks
-            # One copy of the whole layout. The setup's calls run in call order on their streams, so every later
-            # step reads the buffers after it: their last stream is left as it was (it is the engine's to read).
-            self._backend.memcpy(self._base, src.base, self._span, stream.handle)
-        changed = ranks != self._ranks
-        if changed:
-            self._set_views(ranks)
-            self._ranks = ranks
+        if self._map is None:
+            raise TrtioError(f"{self._what}: use() before attach() (the tensor map the adapters are bound in)")
+        copy = self._none if adapter is None else self.upload(adapter, stream)
+        if copy is not self._bound:
+            self._map.use_variant(copy.tensors, copy)
+            self._bound = copy
         self.adapter = adapter
-        return changed
 
     @property
     def resident(self) -> int:
@@ -402,12 +456,11 @@ class LoraSlots(Closeable):
         return len(self._uploads)
 
     def report(self) -> MemoryReport:
-        """The bound buffers and every adapter's device copy."""
-        parts = [self._arena.report()] + [u.arena.report() for u in self._uploads.values()]
-        report = MemoryReport.combine("lora", parts)
-        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: the "
-                            f"bound buffers hold {self.inputs.worst_case_bytes()} bytes (the worst case), and each "
-                            f"adapter set keeps a device copy of as many ({len(self._uploads)} kept now)")
+        """Every adapter's device copy kept (the no-adapter binding takes no memory)."""
+        report = MemoryReport.combine("lora", [u.arena.report() for u in self._uploads.values()])
+        report.notes.append(f"LoRA: {len(self.inputs.modules)} modules at max_lora_rank {self.inputs.max_rank}: each "
+                            f"adapter set keeps a device copy at its ranks (at most {self.inputs.worst_case_bytes()} "
+                            f"bytes), which the engine binds while it is set ({len(self._uploads)} kept now)")
         return report
 
     def __iter__(self) -> Iterator[tuple[str, Tensor]]:
@@ -415,7 +468,7 @@ class LoraSlots(Closeable):
 
     def _close_owned(self) -> None:
         with contextlib.ExitStack() as release:
-            release.callback(self._arena.close)
+            release.callback(self._none.close)
             for u in self._uploads.values():
                 release.callback(u.close)
             self._uploads.clear()

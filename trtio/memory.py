@@ -21,7 +21,7 @@ from trtio.dtypes import DType, DTypeLike
 from trtio.errors import CudaError, InvalidTypeError, InvalidValueError, TrtioError, UnknownNameError
 from trtio.tensor import ShapeLike, Tensor, normalize_shape, volume
 
-__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "align_up"]
+__all__ = ["Arena", "TensorRequest", "MemoryReport", "MemoryEntry", "align_up", "planned_report"]
 
 
 def align_up(n: int, alignment: int = ALIGNMENT) -> int:
@@ -224,14 +224,7 @@ class Arena(Closeable):
         self._backend = get_backend(backend)
         self._title = title
         self._requests = list(requests)
-        offsets: dict[str, int] = {}
-        sizes: dict[Location, int] = {}
-        for r in self._requests:
-            if r.nbytes == 0:
-                continue
-            at = sizes.get(r.location, 0)
-            offsets[r.name] = at
-            sizes[r.location] = at + align_up(r.nbytes, alignment)
+        offsets, sizes = _layout(self._requests, alignment)
         blocks: list[tuple[int, Location, int]] = []
         what = f"arena {title!r}"
         try:
@@ -295,14 +288,7 @@ class Arena(Closeable):
 
     def report(self) -> MemoryReport:
         self._check_open()
-        rep = MemoryReport(self._title)
-        for r in self._requests:
-            rep.entries.append(MemoryEntry(r.name, r.shape, str(r.dtype), str(r.location), r.nbytes,
-                                           self._offsets.get(r.name)))
-        for loc, size in self._sizes.items():
-            rep.allocated[str(loc)] = size
-            rep.allocations[str(loc)] = 1
-        return rep
+        return _report(self._title, self._requests, self._offsets, self._sizes)
 
     def _close_owned(self) -> None:
         for t in self._tensors.values():
@@ -312,3 +298,33 @@ class Arena(Closeable):
     def __repr__(self) -> str:
         sizes = ", ".join(f"{loc}={n}" for loc, n in self._sizes.items())
         return f"Arena({self._title!r}, {len(self._tensors)} tensors, {sizes}{', closed' if self._closed else ''})"
+
+
+def _layout(requests: Sequence[TensorRequest], alignment: int) -> tuple[dict[str, int], dict[Location, int]]:
+    """Where an arena puts each request of bytes (its offset in its location's block) and each block's size."""
+    offsets: dict[str, int] = {}
+    sizes: dict[Location, int] = {}
+    for r in requests:
+        if r.nbytes == 0:
+            continue
+        at = sizes.get(r.location, 0)
+        offsets[r.name] = at
+        sizes[r.location] = at + align_up(r.nbytes, alignment)
+    return offsets, sizes
+
+
+def _report(title: str, requests: Sequence[TensorRequest], offsets: dict[str, int],
+            sizes: dict[Location, int]) -> MemoryReport:
+    rep = MemoryReport(title)
+    for r in requests:
+        rep.entries.append(MemoryEntry(r.name, r.shape, str(r.dtype), str(r.location), r.nbytes, offsets.get(r.name)))
+    for loc, size in sizes.items():
+        rep.allocated[str(loc)] = size
+        rep.allocations[str(loc)] = 1
+    return rep
+
+
+def planned_report(requests: Sequence[TensorRequest], title: str, alignment: int = ALIGNMENT) -> MemoryReport:
+    """The report an :class:`Arena` of ``requests`` would give, without allocating (memory made later, e.g. a
+    LoRA adapter's device copy at its worst case, in ``trtio plan``)."""
+    return _report(title, requests, *_layout(requests, alignment))

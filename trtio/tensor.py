@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtio._checks import is_int
-from trtio._lifetime import Closeable, mark_bound
+from trtio._lifetime import Closeable, mark_bound, unmark_bound
 from trtio.cuda._hostmem import ALIGNMENT, host_fill
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType, DTypeLike
@@ -44,7 +44,7 @@ from trtio.errors import (
 from trtio.foreign import read_foreign
 from trtio.stream import Event, Stream, StreamLike, as_stream
 
-__all__ = ["Tensor", "ShapeLike", "mark_bound_memory", "normalize_shape", "volume"]
+__all__ = ["Tensor", "ShapeLike", "fix_view", "mark_bound_memory", "normalize_shape", "unmark_bound_memory", "volume"]
 
 ShapeLike = Sequence[int]
 
@@ -101,6 +101,17 @@ class ViewLog:
 
 #: The log of tensors no executor has bound (no executor reads it: nothing watches their views).
 VIEWS = ViewLog()
+#: The log of tensors whose view never changes (:func:`fix_view`): nothing watches it either.
+FIXED_VIEW = ViewLog()
+
+
+def fix_view(tensor: Tensor) -> None:
+    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.lora`): a reshape to
+    another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views they
+    set again between steps (its binding's shape is its own). Made before any executor binds it."""
+    if tensor._log is not VIEWS:
+        raise TrtioError(f"tensor {tensor.name!r}: fix_view after an executor bound it (its views are watched)")
+    tensor._log = FIXED_VIEW
 
 # Shapes Tensor.reshape was given as tuples, checked (normalize_shape) with their volume: a step's shapes repeat.
 _SHAPES: dict[tuple[Any, ...], tuple[tuple[int, ...], int]] = {}
@@ -214,10 +225,21 @@ def mark_bound_memory(tensor: Tensor, user: Any) -> None:
     """Record that ``user`` (an executor) has ``tensor``'s address bound: the object whose close() would
     free that memory (the tensor, the tensor it views, the arena it is a slice of) refuses to close while
     ``user`` is open. Memory of other libraries (a wrapped pointer) is theirs to keep alive."""
+    mark_bound(_memory_owner(tensor), user)
+
+
+def unmark_bound_memory(tensor: Tensor, user: Any) -> None:
+    """:func:`mark_bound_memory` undone: ``user`` dropped every binding and graph that held ``tensor``'s address."""
+    unmark_bound(_memory_owner(tensor), user)
+
+
+def _memory_owner(tensor: Tensor) -> Any:
+    """The object whose close() frees ``tensor``'s memory (the tensor, the tensor it views, the arena it is a
+    slice of)."""
     owner: Any = tensor
     while isinstance(owner, Tensor) and isinstance(owner._owner, Closeable):
         owner = owner._owner
-    mark_bound(owner, user)
+    return owner
 
 
 def fill_pattern(dt: DType, value: object, name: str) -> bytes:
@@ -564,6 +586,9 @@ class Tensor(_Exports, Closeable):
                 return self
         self._live()
         dims, need, plain = _checked_view(shape, self._dtype, self._capacity, self._name)
+        if self._log is FIXED_VIEW and dims != self._shape:
+            raise FrozenError(f"tensor {self._name!r}: its view {list(self._shape)} is fixed (fix_view); reshape to "
+                              f"{list(dims)} refused")
         self._prev_view = (self._shape, self._nbytes)
         # A tuple of plain ints is kept as given (it equals the checked one): given again, the same object is
         # found by identity when it is the view before.

@@ -85,13 +85,15 @@ class LLMSetup(SetupBase):
             self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
-            if lora is not None:  # its buffers are bound like constants: addresses fixed, views set by set_lora
+            if lora is not None:  # bound first to empty tensors (no adapter); set_lora rebinds them (a variant)
                 self._lora = stack.enter_context(LoraSlots(lora, be))
                 constants = {**(constants or {}), **self._lora.tensors}
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
                                        stream=s, resources=stack, name="llm", io=self.io, constants=constants)
+            if self._lora is not None:
+                self._lora.attach(self._engine.tensor_map, self._engine.executor)
             self._extra_arena = stack.enter_context(Arena([
                 UploadRing.request("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
                                     cfg.activation, slots=INPUT_RING_SLOTS)], backend=be, title="llm staging"))
@@ -382,12 +384,14 @@ class LLMSetup(SetupBase):
         step after this call, for the whole batch (one adapter per batch, as in Edge-LLM). Sequences in flight go
         on: their cached tokens keep what the adapter before computed.
 
-        The first call with an adapter copies its weights into device memory the setup owns (kept until the setup
-        is closed, for the last :data:`~trtio._cache.CACHE_LIMIT` adapters: past that, the oldest copy is freed,
-        after ``stream`` is synchronised, and made again if that adapter is set again); every call then copies them, on
-        ``stream`` (ordered after the last step), into the engine's bound LoRA buffers: no allocation, no host
-        synchronisation. Modules the adapter leaves out take rank 0. Where the ranks change, the engine's input
-        shapes do and the next step plans again; CUDA graphs are kept per rank pattern.
+        The first call with an adapter uploads its weights, on ``stream`` (ordered after the last step), into device
+        memory the setup owns, one tensor per LoRA input at the adapter's ranks (kept until the setup is closed, for
+        the last :data:`~trtio._cache.CACHE_LIMIT` adapters: past that, the oldest but the set one is let go, after
+        ``stream`` is synchronised, with the plans and CUDA graphs that bind it, and uploaded again if it is set
+        again). Every call then binds the engine's LoRA inputs to that adapter's own copy (modules the adapter leaves
+        out, and every one for None: empty tensors, rank 0): no copy, no allocation, no host synchronisation. The
+        steps after it run the plans and CUDA graphs made for that adapter (captured at its first steps; kept per
+        adapter, as Edge-LLM does).
 
         Raises before any work: a TypeError for what is not an adapter, a ConfigError on an engine without LoRA
         inputs (``max_lora_rank`` 0), an InvalidValueError naming every module the engine lacks, whose rank is
@@ -405,11 +409,9 @@ class LLMSetup(SetupBase):
                                                "config's max_lora_rank is 0: build it with --max-lora-rank)")
         if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
             lora.inputs.check(adapter, "set_lora")
-        s = self._stream(stream)
-        if lora.use(adapter, s):  # other ranks: the inputs' shapes change, the next decode plans again
-            self._epoch += 1
-            self._engine.tensor_map.views_changed()
-        # else the same ranks: the last decode's plan (and graph) holds for the next one, which reads the new weights
+        # The tensor map's LoRA inputs rebound: the executor takes the plans (and graphs) of this adapter's binding
+        # set at the next step; the last decode's plan (dims, device work) holds, an adapter changing no slot.
+        lora.use(adapter, self._stream(stream))
 
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
@@ -443,7 +445,7 @@ class LLMSetup(SetupBase):
 
     def memory_report(self, *, include_context_memory: bool = True) -> MemoryReport:
         """Every buffer the setup owns: PipelineIO, KV state (a hybrid model's recurrent state pools included),
-        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter buffers and adapter copies,
+        staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter copies,
         and context memory."""
         report = self._report("create_for_llm", include_context_memory)
         parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]

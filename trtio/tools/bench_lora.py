@@ -9,10 +9,10 @@ table's ``x decode`` divides by; target for the decode with an adapter: at most 
 
 * ``LLMSetup.decode, LoRA engine, no adapter``: steady decode steps with ``set_lora(None)`` (every rank 0);
 * ``LLMSetup.decode, LoRA engine, adapter set``: steady decode steps with an adapter;
-* ``LLMSetup.set_lora, switch between two adapters of one rank``: the call (one device copy of the adapter, no
-  allocation, no host synchronisation);
-* ``LLMSetup.set_lora + decode, switch between two adapters``: a switch and the decode step after it (which
-  checks its inputs in full once, the setup having changed, and replays the graph of the adapters' ranks).
+* ``LLMSetup.set_lora, switch between two adapters of one rank``: the call (the LoRA inputs rebound to the
+  adapter's own device copy: no device work, no allocation, no host synchronisation);
+* ``LLMSetup.set_lora + decode, switch between two adapters``: a switch and the decode step after it (which takes
+  back the executor's plan for that adapter and replays the adapter's own graph).
 
 The phases with and without an adapter take turns, so a drift of the machine's speed hits both alike.
 """
@@ -74,7 +74,7 @@ def lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
         setup.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
         embeds = feed(setup.io.inputs_embeds)
         setup.prefill(prompt, np.full(batch, width))
-        for adapter in (first, second, None):  # uploads, and each rank pattern's graph captured
+        for adapter in (first, second, None):  # uploads, and each adapter's graph captured
             setup.set_lora(adapter)
             for _ in range(warm):
                 setup.decode(embeds())

@@ -25,6 +25,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
+from trtio.lora import LoraInputs
 from trtio.memory import MemoryReport, align_up
 from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
@@ -227,6 +228,10 @@ def planned(config: DeploymentConfig, *,
     with dry_run_setup(config, engine_names=engine_names) as setup:
         report = setup.memory_report(include_context_memory=False)
         kv = kv_state_rows(setup)
+        lora = LoraInputs.from_engine(setup.executor.io, config.base.max_lora_rank) \
+            if isinstance(setup, LLMSetup) else None
+    if lora is not None:  # an adapter's device copy is made by set_lora: its worst case, planned
+        report = MemoryReport.combine(report.title, [report, lora.worst_case_report()])
     report.notes.append("context memory: not included (device_memory_size_v2 of the real engines, shared by them)")
     return report, kv
 
