@@ -1,0 +1,169 @@
+"""DFlash pairs (a base whose ``hidden_states`` is its target layers' streams side by side ``[T, 3H]``; a block draft
+reading the newly committed tokens' features through ``dflash_target_hidden_concat`` / ``dflash_delta_*``) run
+through the existing phases (``trtio.setups.dflash``): speculative tokens equal the base's greedy tokens, on a dense
+and on a hybrid (snapshot) base, over a changing batch (admissions, releases, a reused slot), graphs on and off.
+
+The toy pairs are ``toy-dflash-ragged`` (a three-layer base) and ``toy-qwen35-dflash-ragged`` (a Gated-DeltaNet
+layer and two attention layers); their drafts copy the base's attention layers and unroll their block
+(``docs/toy-model.md``, "DFlash drafts").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import trtio
+from trtio.edgellm import EngineDir
+from trtio.rope import rope_cos_sin_table
+from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing.toy_engines import default_engines_dir
+
+ENGINES = default_engines_dir()
+DENSE = ENGINES / "toy-dflash-ragged"
+HYBRID = ENGINES / "toy-qwen35-dflash-ragged"
+E = toy_embedding(512, 64)
+BLOCK = 6
+MASK = 511
+
+
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return str(request.param)
+
+
+def dflash_setup(device: str = "host", *, graphs: bool = False, directory: Path = DENSE,
+                 block: int = BLOCK) -> trtio.SpecDecodeSetup:
+    bundle = EngineDir.open(directory).deployment(1, block - 1, block)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    fit = bundle.base if not bundle.base.is_hybrid else None  # the dense toy's projection fitted to its base
+    dw = ToyWeights.generate_dflash_draft(bundle.draft, bw, E, MASK, base_cfg=fit)
+    return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),
+                                        ReferenceEngine.from_config(bundle.draft, device=device, weights=dw),
+                                        bundle, graphs=graphs)
+
+
+def emb(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Embeddings [batch, longest, H] (padded with token 0) and the lengths."""
+    width = max(len(r) for r in rows)
+    ids = np.array([r + [0] * (width - len(r)) for r in rows])
+    return E[ids].astype(np.float16), np.array([len(r) for r in rows])
+
+
+def block_of(roots: list[int], block: int = BLOCK) -> np.ndarray:
+    """The blocks [batch, block, H]: each root's token, then mask tokens."""
+    return E[np.array([[r] + [MASK] * (block - 1) for r in roots])].astype(np.float16)
+
+
+class Rounds:
+    """Greedy DFlash rounds over a setup's active slots: the root and the block's guesses verified as one chain, the
+    longest agreeing prefix accepted with the base's next token, the next block drafted over the accepted path."""
+
+    def __init__(self, setup: trtio.SpecDecodeSetup, block: int = BLOCK) -> None:
+        self.setup, self.block = setup, block
+        self.seqs: dict[int, dict[str, Any]] = {}  # slot -> {"tokens", "guesses": the block's guesses}
+        self.drafted = self.accepted = 0
+
+    def _guesses(self, logits: Any, b: int) -> np.ndarray:
+        return logits.to_numpy().reshape(b, self.block, -1).argmax(-1)[:, 1:]  # row j guesses its position
+
+    def admit(self, slot: int, prompt: list[int]) -> dict[str, Any]:
+        s = self.setup
+        x, lens = emb([prompt])
+        first = int(s.base_prefill(x, lens, slots=[slot]).to_numpy()[0].argmax())
+        guesses = self._guesses(s.draft_prefill(block_of([first], self.block), lens, slots=[slot]), 1)[0]
+        self.seqs[slot] = q = {"tokens": prompt + [first], "guesses": guesses}
+        return q
+
+    def release(self, slot: int) -> None:
+        self.setup.release([slot])
+        del self.seqs[slot]
+
+    def round(self) -> None:
+        s, n = self.setup, self.block
+        seqs = [self.seqs[slot] for slot in s.active.tolist()]
+        b = len(seqs)
+        tokens = np.array([[q["tokens"][-1], *q["guesses"]] for q in seqs])  # [b, n]: root, then the guesses
+        greedy = s.verify(E[tokens].astype(np.float16), list(range(-1, n - 1))).to_numpy().reshape(b, n, -1)
+        greedy = greedy.argmax(-1)
+        paths, emitted = [], []
+        for t, g in zip(tokens, greedy):
+            k = 1
+            while k < n and t[k] == g[k - 1]:
+                k += 1
+            paths.append(list(range(k)))
+            emitted.append([int(v) for v in t[1:k]] + [int(g[k - 1])])
+            self.drafted += n - 1
+            self.accepted += k - 1
+        s.accept(paths)
+        guesses = self._guesses(s.draft_accept(block_of([e[-1] for e in emitted], n), [len(p) for p in paths]), b)
+        for q, e, gs in zip(seqs, emitted, guesses):
+            q["tokens"] += e
+            q["guesses"] = gs
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafted tokens over drafted tokens (``block - 1`` per sequence and round)."""
+        return self.accepted / self.drafted
+
+
+def greedy(directory: Path, prompt: list[int], count: int) -> list[int]:
+    """The numpy base's greedy tokens after ``prompt`` (``count`` of them), each over the whole sequence."""
+    base = EngineDir.open(directory).base_config
+    weights = ToyWeights.generate(base, 0)
+    rope = rope_cos_sin_table(base.max_kv_cache_capacity, base.rotary_dim, base.rope_theta)
+    tokens = list(prompt)
+    while len(tokens) < len(prompt) + count:
+        tokens.append(int(reference_forward(weights, base, E[tokens].astype(np.float16), rope=rope)[1][-1].argmax()))
+    return tokens
+
+
+PROMPTS = [[int(t) for t in np.random.default_rng(r).integers(3, 500, n)] for r, n in enumerate((14, 5, 21, 9, 11))]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("directory", [DENSE, HYBRID], ids=["dense", "hybrid"])
+def test_dflash_tokens_equal_the_bases_greedy_tokens_over_a_changing_batch(device: str, directory: Path,
+                                                                           graphs: bool) -> None:
+    """Requests admitted between rounds into chosen slots, one released and its slot reused: each request's tokens
+    are the base's greedy tokens after its prompt; no KV page is held after the last release."""
+    plan = {0: [("admit", 0, 2)], 1: [("admit", 1, 0)], 2: [("release", None, 2), ("admit", 2, 2)],
+            3: [("admit", 3, 3)]}
+    requests: dict[int, dict[str, Any]] = {}
+    with dflash_setup(device, graphs=graphs, directory=directory) as setup:
+        run = Rounds(setup)
+        free = setup.kv_pages.free
+        for step in range(5):
+            for what, req, slot in plan.get(step, []):
+                if what == "admit":
+                    requests[req] = run.admit(slot, PROMPTS[req])
+                else:
+                    run.release(slot)
+            run.round()
+        assert sorted(setup.active.tolist()) == [0, 2, 3]
+        if graphs:
+            stats = setup.graph_stats
+            assert stats["base"].hits > 0 and stats["draft"].hits > 0, "rounds replay their graphs"
+        for slot in list(run.seqs):
+            run.release(slot)
+        assert setup.kv_pages.free == free, "every page came back"
+    for req, q in requests.items():
+        n = len(q["tokens"]) - len(PROMPTS[req])
+        assert q["tokens"] == greedy(directory, PROMPTS[req], n), f"request {req}: the base's greedy tokens"
+
+
+def test_the_toy_dflash_draft_guesses_most_of_the_bases_tokens() -> None:
+    """Blocks of 8 on toy-dflash-ragged: at least 60% of the drafted tokens accepted."""
+    with dflash_setup() as setup:
+        run = Rounds(setup)
+        for slot, prompt in enumerate(PROMPTS[:4]):
+            run.admit(slot, prompt)
+        for _ in range(4):
+            run.round()
+    assert run.acceptance >= 0.6, f"{run.acceptance:.0%} of drafted tokens accepted"
