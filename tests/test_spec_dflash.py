@@ -167,3 +167,66 @@ def test_the_toy_dflash_draft_guesses_most_of_the_bases_tokens() -> None:
         for _ in range(4):
             run.round()
     assert run.acceptance >= 0.6, f"{run.acceptance:.0%} of drafted tokens accepted"
+
+
+def test_a_block_after_a_round_is_the_block_after_a_prefill_of_the_same_tokens() -> None:
+    """The delta a round feeds the draft (the accepted path's base rows put in order, their positions, RoPE rows and
+    sequences) writes the draft's KV as a prefill of the whole sequence does: the next block's logits agree, for two
+    sequences accepting paths of different lengths."""
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    with dflash_setup() as s:
+        run = Rounds(s)
+        for slot, prompt in enumerate(prompts):
+            run.admit(slot, prompt)
+        run.round()
+        run.round()
+        seqs = [run.seqs[0], run.seqs[1]]
+        got = s.io.output_logits.to_numpy().reshape(2, BLOCK, -1)
+    assert {len(q["tokens"]) - len(p) for q, p in zip(seqs, prompts)} != {2}, "the rounds accepted drafted tokens"
+    with dflash_setup() as fresh:
+        for slot, q in enumerate(seqs):
+            x, lens = emb([q["tokens"][:-1]])
+            fresh.base_prefill(x, lens, slots=[slot])
+            want = fresh.draft_prefill(block_of([q["tokens"][-1]]), lens, slots=[slot]).to_numpy()
+            np.testing.assert_allclose(got[slot], want.reshape(BLOCK, -1), atol=3e-2, rtol=3e-2,
+                                       err_msg=f"slot {slot}")
+
+
+def test_a_dflash_pair_refuses_draft_propose_and_a_block_of_another_shape_before_any_work() -> None:
+    """draft_propose is no step of a block draft; a block wider than the draft's, or of another batch, is a
+    ShapeError naming inputs_embeds; nothing is enqueued and the round goes on."""
+    with dflash_setup() as s:
+        x, lens = emb([PROMPTS[0], PROMPTS[1]])
+        s.base_prefill(x, lens)
+        ops = s.io.backend.op_count
+        for bad in (block_of([5, 6], BLOCK + 1), block_of([5], BLOCK)):
+            with pytest.raises(trtio.ShapeError, match="inputs_embeds: a DFlash block"):
+                s.draft_prefill(bad, lens)
+        assert s.io.backend.op_count == ops, "nothing was enqueued"
+        s.draft_prefill(block_of([5, 6]), lens)
+        with pytest.raises(trtio.TrtioError, match="a DFlash draft proposes a whole block"):
+            s.draft_propose(E[[[5], [6]]].astype(np.float16))
+        assert s.io.backend.op_count > ops
+
+
+def test_a_delta_taken_from_a_tree_path_is_put_in_order_first() -> None:
+    """A verify tree whose accepted path skips a node (root, node 2, node 3 of parents [-1, 0, 0, 2]): the path's base
+    rows are put in order before the draft reads them, so the next block is the one a prefill of those tokens
+    gives."""
+    prompt = PROMPTS[2]
+    want_tokens = greedy(DENSE, prompt, 4)[len(prompt):]  # root, then the base's next three
+    root, t2, t3, after = want_tokens
+    with dflash_setup() as s:
+        x, lens = emb([prompt])
+        s.base_prefill(x, lens)
+        s.draft_prefill(block_of([root]), lens)
+        tree = E[[[root, 7, t2, t3]]].astype(np.float16)
+        greedy_rows = s.verify(tree, [-1, 0, 0, 2]).to_numpy().argmax(-1)
+        assert greedy_rows[3] == after
+        s.accept([[0, 2, 3]])
+        got = s.draft_accept(block_of([after]), [3]).to_numpy()
+    with dflash_setup() as fresh:
+        x, lens = emb([prompt + [root, t2, t3]])
+        fresh.base_prefill(x, lens)
+        want = fresh.draft_prefill(block_of([after]), lens).to_numpy()
+    np.testing.assert_allclose(got, want, atol=3e-2, rtol=3e-2)

@@ -149,6 +149,18 @@ class BlockDraft:
         logits: Tensor = setup.io.output_logits
         return logits
 
+    @staticmethod
+    def _moves(setup: SpecDecodeSetup, acc: np.ndarray, a: int) -> tuple[DeviceWork, ...]:
+        """The accepted paths' base rows put in order (row ``i * a + j``), or nothing where they are there already
+        (a chain verified ``a`` nodes wide: Edge-LLM's linear DFlash reads them in place)."""
+        rows = setup._accepted_rows
+        want = setup._catch_up.in_order(acc, a)
+        if rows.shape[1] <= a and np.array_equal(np.where(want[:, :rows.shape[1]] >= 0, rows, -1),
+                                                 want[:, :rows.shape[1]]):
+            return ()
+        moves: tuple[DeviceWork, ...] = setup._catch_up.features(setup.draft, acc, a, rows)
+        return moves
+
     def accept(self, setup: SpecDecodeSetup, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike) -> Tensor:
         """``draft_accept`` of a DFlash pair: the delta is each sequence's accepted path (its base rows put in
         order in place first), then the next block."""
@@ -169,7 +181,7 @@ class BlockDraft:
         taken, pages = setup._pages(e, order, key, past, longest + w, s, have, max(have))
         try:
             setup._upload_embeds(x, s)
-            moves = setup._catch_up.features(e, acc, a, setup._accepted_rows)
+            moves = self._moves(setup, acc, a)
             before = moves + self._stage(setup, past, acc, a, w, s, order if setup._seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, setup._catch_up_map, dims, s)
             try:
