@@ -230,3 +230,28 @@ def test_a_delta_taken_from_a_tree_path_is_put_in_order_first() -> None:
         fresh.base_prefill(x, lens)
         want = fresh.draft_prefill(block_of([after]), lens).to_numpy()
     np.testing.assert_allclose(got, want, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("name", ["toy-dflash-ragged", "toy-qwen35-dflash-ragged"])
+def test_trtio_generate_speculative_on_the_dflash_toys_prints_the_bases_greedy_text(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio generate --speculative`` on a DFlash toy prints what the base alone prints and says how many drafted
+    tokens it accepted (at least 60% on the dense toy); more than one chain is refused naming --draft-top-k."""
+    pytest.importorskip("tokenizers")
+    from trtio.cli import main  # noqa: PLC0415
+
+    def run(*flags: str) -> tuple[int, str, str]:
+        rc = main(["generate", str(ENGINES / name), "--prompt", "Once upon a time", "--max-new-tokens", "24",
+                   "--backend", "host", *flags])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    rc, alone, err = run()
+    assert rc == 0, err
+    rc, out, err = run("--speculative")
+    assert rc == 0, err
+    assert out == alone
+    rate = float(err.strip().splitlines()[-1].split(" verify steps, ")[1].split("%")[0])
+    assert rate >= 60 or name != "toy-dflash-ragged"
+    rc, out, err = run("--speculative", "--draft-top-k", "2")
+    assert rc != 0 and "--draft-top-k: is 2, but a DFlash draft guesses one block" in err

@@ -30,7 +30,7 @@ from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_r
 from trtio.contracts.ragged_steps import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, is_dflash
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, PREFILL_PROFILE, DeviceWork
-from trtio.errors import ShapeError, TrtioError
+from trtio.errors import ConfigError, ShapeError, TrtioError
 from trtio.setups.binding import BoundEngine
 from trtio.setups.draft_prompt import check_accept_lengths, check_draft_prompt, check_room
 from trtio.stream import Stream, StreamLike
@@ -38,7 +38,7 @@ from trtio.tensor import Tensor
 
 SpecDecodeSetup = Any  # the setup whose draft this is (trtio.setups.spec_decode, which imports this module)
 
-__all__ = ["BlockDraft", "block_draft", "block_size"]
+__all__ = ["BlockDraft", "block_draft", "block_size", "mask_token"]
 
 
 def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
@@ -48,6 +48,16 @@ def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
     found = block.get("block_size") if isinstance(block, Mapping) else None
     found = found if isinstance(found, int) else draft_extras.get("block_size")
     return min(int(found), cap) if isinstance(found, int) and found > 0 else cap
+
+
+def mask_token(draft_extras: Mapping[str, Any]) -> int:
+    """The token a DFlash draft's block holds after its root: ``dflash_config.mask_token_id`` (a ConfigError
+    naming it when missing)."""
+    block = draft_extras.get("dflash_config")
+    found = block.get("mask_token_id") if isinstance(block, Mapping) else None
+    if not isinstance(found, int) or found < 0:
+        raise ConfigError("dflash_config.mask_token_id", f"a DFlash draft's block needs its mask token, got {found!r}")
+    return found
 
 
 def block_draft(bundle: DeploymentConfig) -> BlockDraft | None:
