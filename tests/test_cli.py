@@ -265,7 +265,8 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
         assert needle in story, needle
     assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes; "
                                                   "toy-mtp-ragged: speculative equal yes; toy-qwen35-mtp-ragged: "
-                                                  "speculative equal yes; "
+                                                  "speculative equal yes; toy-dflash-ragged: speculative equal yes; "
+                                                  "toy-qwen35-dflash-ragged: speculative equal yes; "
                                                   "toy-qwen35-ragged: admissions equal yes; toy-nemotron-h-ragged: "
                                                   "admissions equal yes; toy-lora-ragged: adapters switch cleanly "
                                                   "yes -> OK")

@@ -26,7 +26,7 @@ ENGINES = default_engines_dir()
 DENSE = ENGINES / "toy-dflash-ragged"
 HYBRID = ENGINES / "toy-qwen35-dflash-ragged"
 E = toy_embedding(512, 64)
-BLOCK = 6
+BLOCK = 4
 MASK = 511
 
 
@@ -255,3 +255,19 @@ def test_trtio_generate_speculative_on_the_dflash_toys_prints_the_bases_greedy_t
     assert rate >= 60 or name != "toy-dflash-ragged"
     rc, out, err = run("--speculative", "--draft-top-k", "2")
     assert rc != 0 and "--draft-top-k: is 2, but a DFlash draft guesses one block" in err
+
+
+def test_the_demos_dflash_pairs_decode_greedy_tokens_and_accept_most_drafts() -> None:
+    """``trtio demo``'s DFlash section (:mod:`trtio.tools.dflash_demo`): both toy pairs, blocks of 4, their tokens
+    the numpy base's greedy ones, at least 60% of drafted tokens accepted; the summary's line says so."""
+    from trtio.cuda.backend import get_backend  # noqa: PLC0415
+    from trtio.tools.dflash_demo import format_dflash, run_dflash  # noqa: PLC0415
+
+    s = run_dflash(ENGINES, PROMPTS[:3], 8, get_backend("host"))
+    assert set(s) == {"toy-dflash-ragged", "toy-qwen35-dflash-ragged"}
+    for name, section in s.items():
+        assert section["ok"], name
+        assert all(len(t) == 8 for t in section["tokens"])
+    assert s["toy-dflash-ragged"]["acceptance"] >= 0.6, s["toy-dflash-ragged"]["acceptance"]
+    line = format_dflash(s)[0]
+    assert line.startswith("DFlash pairs (blocks of 4)") and "equal to greedy yes" in line
