@@ -275,7 +275,7 @@ class ToyWeights:
         :meth:`generate_draft` (the base's layers, ``we`` the identity, the base's LM head) whose ``tok`` rows are
         ``embedding - embedding[mask]`` (a mask row of its unrolled block enters the layers as the embedding of
         the guess before it) and whose ``wh`` (the delta's projection ``[len(target layers) x H, H]``) maps the
-        base's features of a token back to its embedding: the least-squares fit over 64 sequences of 48 tokens
+        base's features of a token back to its embedding: the least-squares fit over 8 sequences of 48 tokens
         (``default_rng(seed)``) where ``base_cfg`` (the base's config, with its ``eagle_hidden_state_layers``)
         is given, else the first target layer's stream as it is."""
         draft = cls.generate_draft(cfg, base, seed)
@@ -291,12 +291,13 @@ class ToyWeights:
             wh[:h] += np.eye(h, dtype=np.float32)
         else:
             rng = np.random.default_rng(seed)
-            ids = rng.integers(0, table.shape[0], (64, 48))
+            ids = rng.integers(0, table.shape[0], (8, 48))
             layers = tuple(int(i) for i in base_cfg.eagle_hidden_state_layers)
             feats = np.concatenate([reference_forward(base, base_cfg, table[row].astype(np.float16),
-                                                      hidden_after=layers)[0] for row in ids])
-            wh = np.linalg.lstsq(feats, table[ids.reshape(-1)].astype(np.float16).astype(np.float32),
-                                 rcond=None)[0].astype(np.float32)
+                                                      hidden_after=layers)[0] for row in ids]).astype(np.float64)
+            want = table[ids.reshape(-1)].astype(np.float16).astype(np.float64)
+            gram = feats.T @ feats + 1e-3 * np.eye(feats.shape[1])  # the normal equations, a little ridge
+            wh = np.linalg.solve(gram, feats.T @ want).astype(np.float32)
         return dataclasses.replace(draft, wh=wh, tok=table - table[int(mask_token_id)])
 
 
