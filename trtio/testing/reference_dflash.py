@@ -100,10 +100,11 @@ def forward_dflash(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[An
     src_k = pool_rows(0, seq_idx[:, None], slots[None, :]).reshape(-1)
     src_v = pool_rows(1, seq_idx[:, None], slots[None, :]).reshape(-1)
     logits = io[names.kLogits].reshape(n, width, -1)
-    guess = None
+    guess = xp.zeros(n, dtype=i64)  # each column's greedy tokens, kept across the columns' scratch
     for col in range(max(1, width - 1)):
+        column_mark = scratch.mark()
         x = mm(emb[:, col:col + 1], w.we)
-        if guess is not None:
+        if col:
             x = x + w.tok[guess][:, None, :]
         write = past + col  # [S]
         rel = slots[None, :] - past[:, None]  # [S, Lk]: the block row a slot holds
@@ -126,4 +127,5 @@ def forward_dflash(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[An
         logits[:, col + 1 if col + 1 < width else 0] = row
         if col == 0:
             logits[:, 0] = row
-        guess = row.argmax(axis=-1)
+        guess[...] = row.argmax(axis=-1)
+        scratch.release(column_mark)  # a column's temporaries: the next one reuses their scratch
