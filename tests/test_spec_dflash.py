@@ -10,6 +10,7 @@ layer and two attention layers); their drafts copy the base's attention layers a
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,21 @@ def device(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@functools.cache
+def toy_weights(directory: Path) -> tuple[ToyWeights, ToyWeights]:
+    """The base's and the block draft's weights of a DFlash toy (the dense toy's projection fitted to its base)."""
+    bundle = EngineDir.open(directory).deployment(1, BLOCK - 1, BLOCK)
+    assert bundle.draft is not None
+    bw = ToyWeights.generate(bundle.base, 0)
+    fit = bundle.base if not bundle.base.is_hybrid else None
+    return bw, ToyWeights.generate_dflash_draft(bundle.draft, bw, E, MASK, base_cfg=fit)
+
+
 def dflash_setup(device: str = "host", *, graphs: bool = False, directory: Path = DENSE,
                  block: int = BLOCK) -> trtio.SpecDecodeSetup:
     bundle = EngineDir.open(directory).deployment(1, block - 1, block)
     assert bundle.draft is not None
-    bw = ToyWeights.generate(bundle.base, 0)
-    fit = bundle.base if not bundle.base.is_hybrid else None  # the dense toy's projection fitted to its base
-    dw = ToyWeights.generate_dflash_draft(bundle.draft, bw, E, MASK, base_cfg=fit)
+    bw, dw = toy_weights(directory)
     return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),
                                         ReferenceEngine.from_config(bundle.draft, device=device, weights=dw),
                                         bundle, graphs=graphs)

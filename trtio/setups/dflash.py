@@ -123,8 +123,8 @@ class BlockDraft:
                               rope_row_bytes(e.cfg))
         return (*tree, rope)
 
-    def prefill(self, setup: SpecDecodeSetup, inputs_embeds: Any, context_lengths: Any, stream: StreamLike,
-                slots: Any, prefix: Any) -> Tensor:
+    def prefill(self, setup: SpecDecodeSetup, inputs_embeds: Any, context_lengths: Any, slots: Any, prefix: Any,
+                stream: StreamLike = None) -> Tensor:
         """``draft_prefill`` of a DFlash pair: the delta is the base prefill's prompt rows, in place."""
         pending = setup._prompt
         assert pending is not None  # PROMPTED's data
@@ -171,7 +171,8 @@ class BlockDraft:
         moves: tuple[DeviceWork, ...] = setup._catch_up.features(setup.draft, acc, a, rows)
         return moves
 
-    def accept(self, setup: SpecDecodeSetup, inputs_embeds: Any, accept_lengths: Any, stream: StreamLike) -> Tensor:
+    def accept(self, setup: SpecDecodeSetup, inputs_embeds: Any, accept_lengths: Any,
+               stream: StreamLike = None) -> Tensor:
         """``draft_accept`` of a DFlash pair: the delta is each sequence's accepted path (its base rows put in
         order in place first), then the next block."""
         b = setup._need_batch()

@@ -352,7 +352,7 @@ class SpecDecodeSetup(SetupBase):
         self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
         if self._block is not None:
-            return self._block.prefill(self, inputs_embeds, context_lengths, stream, slots, prefix)
+            return self._block.prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
         pending = self._prompt
         assert pending is not None  # PROMPTED's data
         e, rows, past = self.draft, pending.rows, pending.past
