@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_spec_mtp import emb, greedy  # the toys' embeddings and the numpy base's greedy tokens
 
 import trtio
 from trtio.edgellm import EngineDir
-from trtio.rope import rope_cos_sin_table
-from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
+from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 
 ENGINES = default_engines_dir()
@@ -56,13 +56,6 @@ def dflash_setup(device: str = "host", *, graphs: bool = False, directory: Path 
     return trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),
                                         ReferenceEngine.from_config(bundle.draft, device=device, weights=dw),
                                         bundle, graphs=graphs)
-
-
-def emb(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings [batch, longest, H] (padded with token 0) and the lengths."""
-    width = max(len(r) for r in rows)
-    ids = np.array([r + [0] * (width - len(r)) for r in rows])
-    return E[ids].astype(np.float16), np.array([len(r) for r in rows])
 
 
 def block_of(roots: list[int], block: int = BLOCK) -> np.ndarray:
@@ -120,17 +113,6 @@ class Rounds:
     def acceptance(self) -> float:
         """Accepted drafted tokens over drafted tokens (``block - 1`` per sequence and round)."""
         return self.accepted / self.drafted
-
-
-def greedy(directory: Path, prompt: list[int], count: int) -> list[int]:
-    """The numpy base's greedy tokens after ``prompt`` (``count`` of them), each over the whole sequence."""
-    base = EngineDir.open(directory).base_config
-    weights = ToyWeights.generate(base, 0)
-    rope = rope_cos_sin_table(base.max_kv_cache_capacity, base.rotary_dim, base.rope_theta)
-    tokens = list(prompt)
-    while len(tokens) < len(prompt) + count:
-        tokens.append(int(reference_forward(weights, base, E[tokens].astype(np.float16), rope=rope)[1][-1].argmax()))
-    return tokens
 
 
 PROMPTS = [[int(t) for t in np.random.default_rng(r).integers(3, 500, n)] for r, n in enumerate((14, 5, 21, 9, 11))]

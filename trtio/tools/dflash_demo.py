@@ -15,26 +15,17 @@ import numpy as np
 
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
-from trtio.rope import rope_cos_sin_table
 from trtio.setups import SpecDecodeSetup, create_for_spec_decode
 from trtio.setups.dflash import block_size, mask_token
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine
-from trtio.testing.toy_model import ToyWeights, reference_forward
+from trtio.testing.toy_model import ToyWeights
+from trtio.tools.mtp_demo import greedy_tokens
 
 __all__ = ["DFLASH_DIRS", "format_dflash", "run_dflash"]
 
 #: The DFlash toy directories the demo runs (those present under its engines folder).
 DFLASH_DIRS = ("toy-dflash-ragged", "toy-qwen35-dflash-ragged")
-
-
-def _greedy(weights: ToyWeights, cfg: Any, table: np.ndarray, prompt: list[int], count: int) -> list[int]:
-    rope = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta)
-    tokens = list(prompt)
-    for _ in range(count):
-        logits = reference_forward(weights, cfg, table[tokens].astype(np.float16), rope=rope)[1]
-        tokens.append(int(logits[-1].argmax()))
-    return tokens[len(prompt):]
 
 
 def _rounds(setup: SpecDecodeSetup, table: np.ndarray, prompts: list[list[int]], count: int, width: int,
@@ -101,7 +92,7 @@ def run_dflash(root: Any, prompts: list[list[int]], max_new_tokens: int, backend
                 tokens, drafted, accepted = _rounds(setup, table, prompts, max_new_tokens, width, mask, stream)
         finally:
             stream.close()
-        truth = [_greedy(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
+        truth = [greedy_tokens(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
         kind = "hybrid: " + ", ".join(bundle.base.layer_types) if bundle.base.is_hybrid else "dense"
         out[name] = {"base": kind, "block": width, "tokens": tokens, "acceptance": accepted / max(drafted, 1),
                      "ok": tokens == truth}
