@@ -262,3 +262,27 @@ def test_the_demos_dflash_pairs_decode_greedy_tokens_and_accept_most_drafts() ->
     assert s["toy-dflash-ragged"]["acceptance"] >= 0.6, s["toy-dflash-ragged"]["acceptance"]
     line = format_dflash(s)[0]
     assert line.startswith("DFlash pairs (blocks of 4)") and "equal to greedy yes" in line
+
+
+def test_a_dflash_sequence_from_a_pinned_prefix_decodes_greedy_tokens_and_its_draft_reads_the_prefix() -> None:
+    """A prefix pinned after a round, its slot released, a new request started from it in another slot: the tokens
+    are the base's greedy ones after the prefix's tokens and the new prompt, and the draft, whose KV holds the
+    prefix's delta entries, still guesses most of them."""
+    with dflash_setup() as s:
+        run = Rounds(s)
+        run.admit(0, PROMPTS[0])
+        run.round()
+        with s.pin_prefix(0, len(PROMPTS[0])) as prefix:
+            run.release(0)
+            start = PROMPTS[0][:prefix.tokens]
+            tail = [7, 8, 9]
+            x, lens = emb([tail])
+            first = int(s.base_prefill(x, lens, slots=[1], prefix=prefix).to_numpy()[0].argmax())
+            block = s.draft_prefill(block_of([first]), lens, slots=[1], prefix=prefix)
+            run.seqs[1] = {"tokens": start + tail + [first], "guesses": run._guesses(block, 1)[0]}
+            run.drafted = run.accepted = 0
+            for _ in range(3):
+                run.round()
+        tokens = run.seqs[1]["tokens"]
+    assert tokens == greedy(DENSE, start + tail, len(tokens) - len(start) - len(tail))
+    assert run.acceptance >= 0.6, f"{run.acceptance:.0%}"
