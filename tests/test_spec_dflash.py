@@ -286,3 +286,55 @@ def test_a_dflash_sequence_from_a_pinned_prefix_decodes_greedy_tokens_and_its_dr
         tokens = run.seqs[1]["tokens"]
     assert tokens == greedy(DENSE, start + tail, len(tokens) - len(start) - len(tail))
     assert run.acceptance >= 0.6, f"{run.acceptance:.0%}"
+
+
+def _rounds_on(seed: int, mode: str, feed_kind: str, directory: Path) -> np.ndarray:
+    """Two DFlash rounds on :class:`~trtio.testing.AsyncHostBackend` (``seed``: its streams' interleaving), each
+    call on the runner's stream (``mode``: one stream, two streams or two threads), fed ``feed_kind`` inputs; every
+    step's logits."""
+    import gc  # noqa: PLC0415
+
+    from test_stream_order import _Feed, _keep, _Runner  # noqa: PLC0415
+
+    from trtio.testing import AsyncHostBackend  # noqa: PLC0415
+
+    be = AsyncHostBackend(seed)
+    run, feed = _Runner(be, mode), _Feed(be, feed_kind)
+    bundle = EngineDir.open(directory).deployment(1, BLOCK - 1, BLOCK)
+    bw, dw = toy_weights(directory)
+    base = ReferenceEngine.from_config(bundle.base, backend=be, weights=bw)
+    draft = ReferenceEngine.from_config(bundle.draft, backend=be, weights=dw)
+    rng = np.random.default_rng(11)
+
+    def e(shape: tuple[int, ...]) -> np.ndarray:
+        return E[rng.integers(3, 500, shape)].astype(np.float16)
+
+    try:
+        with trtio.create_for_spec_decode(base, draft, bundle, backend=be) as s_:
+            outs = [run(lambda s: _keep(s_.base_prefill(feed(e((2, 5)), s), [5, 4], s), s, be)),
+                    run(lambda s: _keep(s_.draft_prefill(feed(e((2, BLOCK)), s), [5, 4], s), s, be))]
+            for paths in ([[0, 1], [0, 1, 2]], [[0, 1, 2, 3], [0]]):
+                outs.append(run(lambda s: _keep(s_.verify(feed(e((2, BLOCK)), s), list(range(-1, BLOCK - 1)), s),
+                                                s, be)))
+                run(lambda s, p=paths: s_.accept(p, s))
+                lens = [len(p) for p in paths]
+                outs.append(run(lambda s, n=lens: _keep(s_.draft_accept(feed(e((2, BLOCK)), s), n, s), s, be)))
+            gc.collect()
+            return np.concatenate([o.to_numpy().reshape(-1) for o in outs])
+    finally:
+        run.close()
+
+
+@pytest.mark.parametrize("mode, feed_kind", [("streams", "long-lived"), ("threads", "tensor view")])
+def test_dflash_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed_kind: str) -> None:
+    """The delta's upload, its RoPE rows' gather and the accepted rows' moves are ordered with the steps around them
+    (the stream rule), whatever the device's interleaving of the streams; inputs dropped as each call returns are
+    read intact. On the hybrid base, whose accept also commits its states."""
+    import warnings  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        want = _rounds_on(0, "one", "long-lived", HYBRID)
+        assert np.isfinite(want).all()
+        for seed in (1, 2):
+            np.testing.assert_array_equal(_rounds_on(seed, mode, feed_kind, HYBRID), want, err_msg=f"seed {seed}")
