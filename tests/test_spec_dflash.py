@@ -338,3 +338,27 @@ def test_dflash_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed
         assert np.isfinite(want).all()
         for seed in (1, 2):
             np.testing.assert_array_equal(_rounds_on(seed, mode, feed_kind, HYBRID), want, err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("change, field", [({"version": 2}, "dflash_config.version"),
+                                           ({"mask_token_id": None}, "dflash_config.mask_token_id")],
+                         ids=["dflash2", "no-mask-token"])
+def test_a_dflash_draft_trtio_cannot_run_is_refused_at_setup_naming_the_key(tmp_path: Path, change: dict[str, Any],
+                                                                           field: str) -> None:
+    """DFlash2 (a candidate selector picks the block's tokens) and a draft without its mask token are refused by
+    create_for_spec_decode, naming the key, before anything is allocated."""
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    d = tmp_path / "pair"
+    shutil.copytree(DENSE, d)
+    for role in ("base", "draft"):
+        cfg = json.loads((d / f"{role}_config.json").read_text())
+        cfg["dflash_config"].update(change)
+        (d / f"{role}_config.json").write_text(json.dumps(cfg))
+    bundle = EngineDir.open(d).deployment(1, BLOCK - 1, BLOCK)
+    assert bundle.draft is not None
+    engines = [ReferenceEngine.from_config(c, device="host", null_compute=True) for c in (bundle.base, bundle.draft)]
+    with pytest.raises(trtio.ConfigError) as info:
+        trtio.create_for_spec_decode(*engines, bundle)
+    assert info.value.field == field

@@ -66,6 +66,16 @@ def block_draft(bundle: DeploymentConfig) -> BlockDraft | None:
     draft = bundle.draft
     if draft is None or not is_dflash(bundle):
         return None
+    block = draft.extras.get("dflash_config")
+    version = block.get("version", 1) if isinstance(block, Mapping) else 1
+    if version != 1:  # DFlash2: a candidate selector (dflash2_selector.safetensors) picks the block's tokens
+        raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
+                                                   "DFlash2's candidate selector is not implemented, so the pair is "
+                                                   "refused rather than run wrong")
+    if draft.is_mrope:
+        raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
+                                       "RoPE rows are gathered from one table")
+    mask_token(draft.extras)  # a block needs its mask token
     return BlockDraft(block_size(draft.extras, draft.max_draft_tree_size))
 
 

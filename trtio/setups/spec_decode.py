@@ -227,6 +227,7 @@ class SpecDecodeSetup(SetupBase):
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         bundle = _bound_bundle(base_engine, draft_engine, bundle)
+        self._block = block_draft(bundle)  # a DFlash pair's block steps (checked before anything is allocated)
         base_cfg, draft_cfg, spec = bundle.base, bundle.draft, bundle.spec
         assert draft_cfg is not None and spec is not None
         be = engine_backend(base_engine, backend)
@@ -266,7 +267,6 @@ class SpecDecodeSetup(SetupBase):
         # table there); None: the commit's rows carry them.
         self._verify_starts = self._steps.tree_starts()
         self._round_step: _RoundStep = _NO_ROUND_STEP  # the round's first level's step (_RoundStep)
-        self._block = block_draft(bundle)  # a DFlash pair's: blocks in draft_prefill / draft_accept
 
     def engines(self) -> list[BoundEngine]:
         return [self.base, self.draft]
