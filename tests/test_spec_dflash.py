@@ -362,3 +362,13 @@ def test_a_dflash_draft_trtio_cannot_run_is_refused_at_setup_naming_the_key(tmp_
     with pytest.raises(trtio.ConfigError) as info:
         trtio.create_for_spec_decode(*engines, bundle)
     assert info.value.field == field
+
+
+def test_trtio_inspect_names_the_pairs_family(capsys: pytest.CaptureFixture[str]) -> None:
+    """``trtio inspect`` on a DFlash toy says it is a DFlash pair and lists the block draft's delta inputs."""
+    from trtio.cli import main  # noqa: PLC0415
+
+    assert main(["inspect", str(DENSE)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(": a DFlash speculative pair, ragged contract (token-major, paged KV cache)")
+    assert "dflash_delta_token_to_sequence" in out and "PipelineIO.base_hidden_states" in out
