@@ -112,3 +112,16 @@ def test_an_mtp_round_is_timed_with_its_device_operations(capsys: pytest.Capture
     # 2 levels (the first also uploads the round's lengths and roots), the verify with its staged rows, accept and the
     # catch-up: 2 + 1 + 2 + 1 + 1
     assert rows[MTP_ROUND]["device_ops"] == 7
+
+
+def test_a_dflash_round_is_timed_with_its_device_operations(capsys: pytest.CaptureFixture[str]) -> None:
+    """The ragged contract's DFlash round (an 8B-class base feeding its 3 layers' streams [T, 3H] to a one-layer block
+    draft, blocks of 8 accepted whole): a verify of the 8-node chain with its staged rows, accept, and the next block
+    (its delta's positions and sequences uploaded with the block's tree step, then one graph replay)."""
+    from trtio.tools.bench import DFLASH_ROUND  # noqa: PLC0415
+
+    out = _rows(capsys, "--contract", "ragged")
+    rows = out["ragged"]
+    assert DFLASH_ROUND in rows
+    # the verify with its staged rows, accept, the block's upload and its graph: 2 + 1 + 1 + 1
+    assert rows[DFLASH_ROUND]["device_ops"] == 5

@@ -265,7 +265,8 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
         assert needle in story, needle
     assert out.rstrip().splitlines()[-1].endswith("snapshot not checked (no hidden_states), admissions equal yes; "
                                                   "toy-mtp-ragged: speculative equal yes; toy-qwen35-mtp-ragged: "
-                                                  "speculative equal yes; "
+                                                  "speculative equal yes; toy-dflash-ragged: speculative equal yes; "
+                                                  "toy-qwen35-dflash-ragged: speculative equal yes; "
                                                   "toy-qwen35-ragged: admissions equal yes; toy-nemotron-h-ragged: "
                                                   "admissions equal yes; toy-lora-ragged: adapters switch cleanly "
                                                   "yes -> OK")
@@ -923,9 +924,10 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
                "speculative round (3 levels + verify + accept + draft_accept)"}
     assert out.keys() == {"batch", "ragged"}
     for contract, rows in out.items():
-        # the ragged contract also times a LoRA engine's rows (issue 37), an MTP round (tests/test_bench.py) and a
-        # Gemma 4 decode (issue 34)
+        # the ragged contract also times a LoRA engine's rows (issue 37), an MTP and a DFlash round
+        # (tests/test_bench.py) and a Gemma 4 decode (issue 34)
         extra = set(LORA_ROWS) | {"MTP round (chain of 3 + verify + accept + draft_accept)",
+                                  "DFlash round (block of 8: verify + accept + draft_accept)",
                                   "LLMSetup.decode, Gemma 4 (bounded SWA, KV sharing, dual RoPE, PLE)"} \
             if contract == "ragged" else set()
         assert rows.keys() == helpers | extra, contract

@@ -372,9 +372,11 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
         d = _copy(EDGELLM / "gemma4-keqv-tiny", root, "config.json")
         _edit(d / "config.json", model="qwen3")
         return d, [], ["global_head_dim", "per-layer KV head dims", "not support"]
-    if kind == "unsupported spec family":
-        return (_copy(EDGELLM / "qwen3-dflash-tiny", root, "base_config.json", "draft_config.json"), [],
-                ["spec_decode_type", "dflash"])
+    if kind == "unsupported spec family":  # a block draft family trtio does not run
+        d = _copy(EDGELLM / "qwen3-dflash-tiny", root, "base_config.json", "draft_config.json")
+        for name in ("base_config.json", "draft_config.json"):
+            _edit(d / name, spec_decode_type="jetspec")
+        return d, [], ["spec_decode_type", "jetspec"]
     if kind == "gemma":  # K == V layers (Gemma 4 31B): their pools' layout is not known
         d = _copy(EDGELLM / "gemma4-ple-tiny", root, "config.json")
         _edit(d / "config.json", attention_k_eq_v=True)

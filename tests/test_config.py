@@ -253,7 +253,7 @@ def test_extras_do_not_take_part_in_equality():
 
 
 def test_eagle_hidden_state_layers_checked():
-    with pytest.raises(ConfigError, match=r"eagle_hidden_state_layers: .*\[0, num_attention_layers=2\), got 2"):
+    with pytest.raises(ConfigError, match=r"eagle_hidden_state_layers: .*\[0, 2\) \(the decoder layers\), got 2"):
         llm_config(is_spec_decode_base=True, max_verify_tree_size=4, eagle_hidden_state_layers=(0, 2))
     with pytest.raises(ConfigError, match="only a spec-decode base feeds hidden states"):
         llm_config(eagle_hidden_state_layers=(0,))

@@ -105,10 +105,9 @@ def _create(directory: EngineDir) -> None:
 
 
 @pytest.mark.parametrize("fixture, changes, field, words", [
-    (DFLASH, {}, "spec_decode_type", "'dflash' pairs are read"),
     (MTP, {"base": {"recurrent_spec_verify_mode": "replay", "recurrent_state_dtype": "fp16"}},
      "recurrent_spec_verify_mode", "'replay'"),
-], ids=["dflash", "hybrid-replay"])
+], ids=["hybrid-replay"])
 def test_pairs_trtio_cannot_run_are_refused_at_setup(tmp_path: Path, fixture: Path, changes: dict[str, Any],
                                                      field: str, words: str) -> None:
     directory = EngineDir.open(pair_dir(tmp_path, fixture, **changes))

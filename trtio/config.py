@@ -523,10 +523,10 @@ class LLMEngineConfig(StepShapes):
             raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
                                                            f"this {self.role} config lists {list(layers)}")
         for i in layers:
-            if not is_int(i) or not 0 <= i < self.num_attention_layers:
+            if not is_int(i) or not 0 <= i < self.num_layers:  # a hybrid's: decoder layers, recurrent ones counted
                 raise ConfigError("eagle_hidden_state_layers",
                                   f"{list(layers)}: every entry must be a layer index in "
-                                  f"[0, num_attention_layers={self.num_attention_layers}), got {i!r}")
+                                  f"[0, {self.num_layers}) (the decoder layers), got {i!r}")
         if len(set(layers)) != len(layers):
             raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
 

@@ -11,7 +11,7 @@ Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/ed
 * ``dflash`` — block drafts: the base concatenates the draft's ``dflash_config.target_layer_ids`` layers; the
   draft reads the newly committed tokens' features (``dflash_target_hidden_concat`` and the ``dflash_delta_*``
   inputs) and returns logits for every block position. trtio declares these bindings (``trtio.contracts.dflash``)
-  and refuses to run the pair (no step protocol yet).
+  and runs the pair through the same phases, the block as the draft's input (``trtio.setups.dflash``).
 
 Other families (jetspec, dspark, gemma4_mtp) are refused when the config is read.
 """
@@ -31,7 +31,7 @@ __all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "check_pair_runs", "check_runna
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
 SPEC_FAMILIES = SPEC_DECODE_TYPES
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = ("eagle3", "mtp")
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -64,7 +64,7 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 
 
 def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol (DFlash), or
+    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol, or
     a hybrid base whose verify mode is Mamba2's ``replay`` (trtio commits a hybrid base's states by "snapshot":
     ``trtio.setups.snapshots``)."""
     check_runnable(family_of(base.extras, "base") or "eagle3", what)
@@ -81,6 +81,5 @@ def check_runnable(family: str, what: str) -> None:
     """Refuse a pair of ``family`` trtio has no step protocol for, before anything is allocated."""
     if family not in RUNNABLE_FAMILIES:
         raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
-                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs (a DFlash draft "
-                                              "takes block steps the EAGLE3 phases do not make); the pair is "
+                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs; the pair is "
                                               "refused rather than run wrong")

@@ -11,8 +11,9 @@ committed tokens' target features instead of ``hidden_states_input`` / ``hidden_
 * ``context_sequence_count_carrier`` fixed at ``[0]``; no ``logits_indices``: ``logits`` has a row for every
   block position ``[T, V]``; no ``hidden_states`` output and no tree-id inputs.
 
-trtio declares these bindings (an engine that lacks one, or declares another, is refused at bind) and refuses to
-run a DFlash pair (:func:`trtio.spec_families.check_runnable`).
+trtio declares these bindings (an engine that lacks one, or declares another, is refused at bind); the delta rows
+are ``batch x select_len`` (entry padding: each sequence's committed tokens padded to the step's longest delta, as
+Edge-LLM's ``selectLen``), the block rows ``batch x seq_len``. :mod:`trtio.setups.dflash` runs the pair.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
     """A DFlash draft's bindings, from ``draft`` (the ragged registry of an EAGLE-style draft of ``cfg``)."""
     b, L = cfg.max_supported_batch_size, cfg.max_supported_input_length
     q = cfg.max_step_tokens
-    delta = ("batch", "seq_len")  # newly committed tokens: at most a step's rows
+    delta = ("batch", "select_len")  # newly committed tokens, entry-padded to the step's longest delta
 
     def rows(*rest: int) -> tuple[ProfileShapes, ...]:
         return (((1, *rest), (b * max(1, L // 2), *rest), (b * L, *rest)),

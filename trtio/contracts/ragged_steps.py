@@ -29,6 +29,7 @@ from trtio.contracts.contract import (
     mrope_request,
     rope_row_bytes,
 )
+from trtio.contracts.dflash import DFLASH_DELTA_INPUTS
 from trtio.contracts.ragged import (
     PHASE_DECODE,
     PHASE_PREFILL,
@@ -44,6 +45,7 @@ from trtio.dtypes import DType
 from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry
+from trtio.spec_families import family_of
 from trtio.staging import StagedGroup
 from trtio.stream import Stream
 from trtio.tensor_map import TensorMap
@@ -52,11 +54,15 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "SWA_TABLE", "RaggedContract", "RaggedSteps"]
+__all__ = ["DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE",
+           "SWA_TABLE", "RaggedContract", "RaggedSteps", "is_dflash"]
 
 GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
 GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
 SWA_TABLE = "swa_kv_page_table"  # Gemma 4: the step block's bounded SWA rows (bound in the bounded mode)
+# A DFlash draft's delta rows: positions and sequences (step block), RoPE rows [T, R] (trtio.setups.dflash).
+DFLASH_POSITIONS, DFLASH_SEQUENCES, DFLASH_ROPE = ("dflash_delta_positions", "dflash_delta_token_to_sequence",
+                                                   "dflash_delta_rope_cos_sin")
 
 
 def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
@@ -157,6 +163,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
             TensorRequest.of("catch_up_tree_depths", (a,), i32),
             TensorRequest.of("catch_up_packed_attention_mask", (a, math.ceil(longest / 32)), i32),
         ]
+    if is_dflash(bundle):  # a DFlash draft's delta rows (trtio.setups.dflash), written with its block's tree step
+        step += [TensorRequest.of(DFLASH_POSITIONS, (t,), i32), TensorRequest.of(DFLASH_SEQUENCES, (t,), i32)]
     step += [
         TensorRequest.of("positions", (t,), i32),
         TensorRequest.of("rope_rows", (t,), i32),
@@ -164,6 +172,12 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     if bundle is not None:
         step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
     return step
+
+
+def is_dflash(bundle: DeploymentConfig | None) -> bool:
+    """Whether ``bundle`` pairs a DFlash block draft (``trtio.contracts.dflash``)."""
+    draft = bundle.draft if bundle is not None else None
+    return draft is not None and family_of(draft.extras, "draft") == "dflash"
 
 
 class RaggedContract(Contract):
@@ -210,8 +224,11 @@ class RaggedContract(Contract):
         else:
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
-        gemma4 = _gemma4_requests(base, t)
-        reqs += gemma4
+        own = _gemma4_requests(base, t)  # the members of this layout's families
+        if is_dflash(bundle):  # the delta rows' RoPE rows, gathered at their positions (trtio.setups.dflash)
+            assert draft is not None
+            own.append(TensorRequest.of(DFLASH_ROPE, (t, draft.rotary_dim), DType.FLOAT32))
+        reqs += own
         reqs += [
             absent("output_hidden_states", act),
             TensorRequest.of("ragged_rope_cos_sin", (t, base.rotary_dim), DType.FLOAT32),
@@ -227,7 +244,7 @@ class RaggedContract(Contract):
         title = "PipelineIO(spec_decode, ragged)" if bundle is not None else "PipelineIO(llm, ragged)"
         return PipelineLayout(
             title, reqs, step, max_batch=b, max_seq=t // b, hidden_size=h, is_spec_decode=bundle is not None,
-            num_deepstack=nd, members=_MEMBERS + tuple(r.name for r in gemma4),
+            num_deepstack=nd, members=_MEMBERS + tuple(r.name for r in own),
             zeroed=("execution_phase_marker", "context_sequence_count_carrier", "skip_softmax_scale", "deepstack_zero",
                     "base_hidden_states", "draft_hidden_states_in", "draft_hidden_states_out"),
             unavailable=_UNAVAILABLE)
@@ -270,6 +287,14 @@ class RaggedContract(Contract):
             tm.set(names.kTreeParentIds, member("spec_tree_parent_ids"))
             tm.set(names.kTreeDepths, member("spec_tree_depths"))
             tm.set(names.kValidTreeCounts, member("query_lengths"))
+        if cfg.role == "draft" and family_of(cfg.extras, "draft") == "dflash":
+            # the newly committed tokens: their base features (in place in the base's rows), RoPE rows, positions
+            # and sequences (trtio.setups.dflash)
+            assert io.step is not None
+            tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
+            tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
+            tm.set(DFLASH_DELTA_INPUTS[1], io.step.tensors[DFLASH_POSITIONS])
+            tm.set(DFLASH_DELTA_INPUTS[2], io.step.tensors[DFLASH_SEQUENCES])
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return False  # each step gathers its tokens' rows from the table

@@ -98,6 +98,20 @@ class CatchUp:
         self._last_work = (tree, moves, before)
         return before, found.roots
 
+    def features(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray
+                 ) -> tuple[DeviceWork, DeviceWork]:
+        """The moves alone (a DFlash draft's delta, :mod:`trtio.setups.dflash`): the accepted nodes' base rows
+        ``rows`` put in order in place, at row ``i * width + j`` (:meth:`in_order`), their rows written into the
+        step block for its next upload; returns the gather and the scatter."""
+        found = self._layout(e, accepted, width)
+        src = rows
+        if src.shape[1] != width:
+            src = np.full((accepted.shape[0], width), -1, np.int64)
+            src[:, :rows.shape[1]] = rows
+        self._steps.step.write_all(_MOVE_NAMES, (found.scratch_rows, src))
+        gather, scatter, _zero = found.moves
+        return gather, scatter
+
     def in_order(self, accepted: np.ndarray, width: int) -> np.ndarray:
         """Where a catch-up of ``width``-wide rows leaves the accepted nodes' features once its scatter has
         run: row ``i * width + j`` for accepted node ``j`` of sequence ``i`` (-1 past each path). A catch-up

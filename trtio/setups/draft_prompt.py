@@ -19,11 +19,11 @@ from trtio.contracts.contract import StepInputs
 from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import Prompt
+from trtio.setups.base import Prompt, SetupBase
 from trtio.setups.binding import BoundEngine
 from trtio.setups.sequences import Sequences
 
-__all__ = ["DraftRoots", "check_draft_prompt", "check_draft_shape"]
+__all__ = ["DraftRoots", "check_accept_lengths", "check_draft_prompt", "check_draft_shape", "check_room"]
 
 
 def check_draft_shape(pending: Prompt, shape: tuple[int, ...]) -> None:
@@ -93,3 +93,27 @@ class DraftRoots:
         except BaseException:
             self.rows[:] = saved
             raise
+
+def check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, cap: int, step: str) -> None:
+    """Refuse a draft ``step`` that would write ``more`` tokens past a sequence's ``have`` cached ones beyond
+    ``cap`` (max_kv_cache_capacity), naming the fullest sequence."""
+    if max(have) + more > cap:
+        i = int(np.argmax(past))
+        raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and {step} "
+                         f"writes {more} more, past max_kv_cache_capacity ({cap})")
+
+
+def check_accept_lengths(setup: SetupBase, given: Any, lens: list[int], b: int, a: int) -> None:
+    """``accept_lengths`` of ``SpecDecodeSetup.draft_accept``: the path lengths accept() committed (``lens``,
+    for ``b`` sequences), each within the catch-up's ``a`` rows."""
+    # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
+    same = type(given) is list and given == lens and all(type(v) is int for v in given)
+    if not same:
+        array = given if type(given) is np.ndarray else np.asarray(setup._host_input(given, "accept_lengths"))
+        same = array.shape == (b,) and array.dtype.kind in "iu" and array.tolist() == lens
+    if not same:
+        checked = setup._check_lengths(given, b, a, "accept_lengths")
+        raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed {lens}")
+    if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
+        i = lens.index(max(lens))
+        raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")

@@ -55,7 +55,14 @@ from trtio.setups.binding import (
 )
 from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
-from trtio.setups.draft_prompt import DraftRoots, check_draft_prompt, check_draft_shape
+from trtio.setups.dflash import block_draft
+from trtio.setups.draft_prompt import (
+    DraftRoots,
+    check_accept_lengths,
+    check_draft_prompt,
+    check_draft_shape,
+    check_room,
+)
 from trtio.setups.drafting import DraftTree
 from trtio.setups.llm import recurrent_states
 from trtio.setups.sequences import Sequences
@@ -92,6 +99,9 @@ class Phase(enum.Enum):
                  "base_prefill() restarts the batch with the draft")
 
 
+_HYBRID_PREFIX = ("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid base's "
+                  "recurrent states are those after the slot's last token; prefixes of a hybrid spec-decode setup "
+                  "are not supported (start each sequence from its whole prompt)")
 _BETWEEN_ROUNDS = (Phase.EMPTY, Phase.READY)
 _RELEASE = (*_BETWEEN_ROUNDS, Phase.BASE_ONLY)  # a sequence may end between the base's verifies too
 
@@ -171,13 +181,14 @@ def _draft_staging(stack: contextlib.ExitStack[Any], setup: SpecDecodeSetup, bun
     return arena, staging, tree
 
 
-def _check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, cap: int, step: str) -> None:
-    """Refuse a draft ``step`` that would write ``more`` tokens past a sequence's ``have`` cached ones beyond
-    ``cap`` (max_kv_cache_capacity), naming the fullest sequence."""
-    if max(have) + more > cap:
-        i = int(np.argmax(past))
-        raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and {step} "
-                         f"writes {more} more, past max_kv_cache_capacity ({cap})")
+def _check_verify_room(order: np.ndarray, lengths: np.ndarray, have: list[int], n: int, cap: int) -> int:
+    """Refuse a verify of ``n`` nodes that does not fit after what a sequence has cached; the longest length."""
+    top = max(have)
+    if top + n > cap:
+        i = int(np.argmax(lengths))
+        raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
+                         f"{int(order[i])} has cached (max_kv_cache_capacity {cap})")
+    return top
 
 
 class _StepDims:
@@ -216,6 +227,7 @@ class SpecDecodeSetup(SetupBase):
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         bundle = _bound_bundle(base_engine, draft_engine, bundle)
+        self._block = block_draft(bundle)  # a DFlash pair's block steps (checked before anything is allocated)
         base_cfg, draft_cfg, spec = bundle.base, bundle.draft, bundle.spec
         assert draft_cfg is not None and spec is not None
         be = engine_backend(base_engine, backend)
@@ -335,10 +347,12 @@ class SpecDecodeSetup(SetupBase):
         ``hidden_states_input`` is the base prefill's hidden states (no copy), ``hidden_states_from_draft``
         is zero. Takes the base prefill's batch, width, lengths, slots and prefixes (``slots`` and ``prefix``,
         where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
-        sequence's last row."""
+        sequence's last row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
         self._check_usable()
         self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
+        if self._block is not None:
+            return self._block.prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
         pending = self._prompt
         assert pending is not None  # PROMPTED's data
         e, rows, past = self.draft, pending.rows, pending.past
@@ -380,6 +394,8 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_usable()
         self._expect("draft_propose()", Phase.READY, Phase.PROPOSING)
+        if self._block is not None:
+            self._block.refuse_propose()
         b = self._need_batch()
         e = self.draft
         x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
@@ -393,7 +409,7 @@ class SpecDecodeSetup(SetupBase):
             order, key, past, whole = self._step_lengths(e)
             cap = e.cfg.max_kv_cache_capacity
             have = past.tolist()
-            _check_room(order, past, have, w, cap, "a proposal round")  # its levels all write after these lengths
+            check_room(order, past, have, w, cap, "a proposal round")  # its levels all write after these lengths
         else:  # nothing moves the sequences, lengths or pages between a round's levels: its first level's
             order, key, past, pages = self._round_step
         dims = self._dims(e, "proposal", b, w, k)
@@ -441,9 +457,8 @@ class SpecDecodeSetup(SetupBase):
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
         if self._states is not None and not e.cfg.mtp_tree_base and not is_chain(t.parents, t.real):
-            raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; its "
-                             f"recurrent layers run the rows in order; a base built with mtp_tree_base verifies "
-                             f"trees), got parents {t.parents.tolist()}")
+            raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; one "
+                             f"built with mtp_tree_base verifies trees), got parents {t.parents.tolist()}")
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
@@ -451,11 +466,7 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "verify", b, n)  # the tree size against max_verify_tree_size
         order, key, lengths, _whole = self._step_lengths(e)
         have = lengths.tolist()
-        top = max(have)
-        if top + n > e.cfg.max_kv_cache_capacity:
-            i = int(np.argmax(lengths))
-            raise ShapeError(f"verify: {n} nodes do not fit after the {int(lengths[i])} tokens sequence "
-                             f"{int(order[i])} has cached (max_kv_cache_capacity {e.cfg.max_kv_cache_capacity})")
+        top = _check_verify_room(order, lengths, have, n, e.cfg.max_kv_cache_capacity)
         s = self._stream(stream)
         taken, pages = self._pages(e, order, key, lengths, n, s, have, top)
         try:
@@ -518,9 +529,11 @@ class SpecDecodeSetup(SetupBase):
         sequence b holds the embedding of the token after accepted node t; ``accept_lengths`` are the path
         lengths :meth:`accept` committed. ``hidden_states_input`` rows are the accepted nodes' base hidden
         states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
-        sequence's last accepted row."""
+        sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
         self._check_usable()
         self._expect("draft_accept()", Phase.ACCEPTED)
+        if self._block is not None:
+            return self._block.accept(self, inputs_embeds, accept_lengths, stream)
         b = self._need_batch()
         e = self.draft
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
@@ -528,12 +541,12 @@ class SpecDecodeSetup(SetupBase):
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
         acc, lens = self._accepted, self._accepted_list
         assert acc is not None  # ACCEPTED's data
-        _check_accept_lengths(self, accept_lengths, lens, b, a)
+        check_accept_lengths(self, accept_lengths, lens, b, a)
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
         top = max(have)
-        _check_room(order, past, have, a, e.cfg.max_kv_cache_capacity, "the catch-up")
+        check_room(order, past, have, a, e.cfg.max_kv_cache_capacity, "the catch-up")
         s = self._stream(stream)
         taken, pages = self._pages(e, order, key, past, a, s, have, top)
         try:
@@ -571,9 +584,7 @@ class SpecDecodeSetup(SetupBase):
         recurrent states are those after the slot's last token, not the prefix's."""
         if self._recurrent is not None:
             self._check_usable()
-            raise TrtioError("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid "
-                             "base's recurrent states are those after the slot's last token; prefixes of a hybrid "
-                             "spec-decode setup are not supported (start each sequence from its whole prompt)")
+            raise TrtioError(_HYBRID_PREFIX)
         return super().pin_prefix(slot, tokens, stream)
 
     @one_thread
@@ -602,22 +613,6 @@ class SpecDecodeSetup(SetupBase):
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"
-
-
-def _check_accept_lengths(setup: SpecDecodeSetup, given: Any, lens: list[int], b: int, a: int) -> None:
-    """``accept_lengths`` of :meth:`SpecDecodeSetup.draft_accept`: the path lengths accept() committed (``lens``,
-    for ``b`` sequences), each within the catch-up's ``a`` rows."""
-    # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
-    same = type(given) is list and given == lens and all(type(v) is int for v in given)
-    if not same:
-        array = given if type(given) is np.ndarray else np.asarray(setup._host_input(given, "accept_lengths"))
-        same = array.shape == (b,) and array.dtype.kind in "iu" and array.tolist() == lens
-    if not same:
-        checked = setup._check_lengths(given, b, a, "accept_lengths")
-        raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed {lens}")
-    if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
-        i = lens.index(max(lens))
-        raise ShapeError(f"accept_lengths[{i}] = {lens[i]} is outside 1..{a}")
 
 
 def create_for_spec_decode(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig,

@@ -83,6 +83,7 @@ from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
+from trtio.testing.reference_dflash import forward_dflash
 from trtio.testing.reference_gemma4 import Gemma4Weights, gemma4_forward
 from trtio.testing.reference_gpu import (
     ADDRESS_ALIGNMENT,
@@ -713,7 +714,7 @@ class ReferenceExecutionContext:
         g = self._engine._geo
         if decl.alias is not None:
             return self._shapes.get(decl.alias, decl.shape)
-        rows = self._shapes.get(names.kLogitsIndices)
+        rows = self._shapes.get(names.kInputsEmbeds if g.dflash else names.kLogitsIndices)
         if decl.name == names.kLogits:
             return (-1, g.vout) if rows is None else (rows[0], g.vout)
         if g.role == "draft":  # hidden_states: the final stream at the logits rows
@@ -913,7 +914,10 @@ class ReferenceExecutionContext:
         try:
             # An engine does not warn about NaN or inf in what it is given; it computes on.
             with np.errstate(all="ignore"):
-                if engine._geo.is_ragged:
+                if engine._geo.dflash:
+                    forward_dflash(np, np.matmul, _scatter_rows_host, engine._geo, weights, plan.views, _NoScratch(),
+                                   checked=True)
+                elif engine._geo.is_ragged:
                     _forward_ragged(np, np.matmul, _scatter_rows_host, engine._geo, weights, plan.views,
                                     plan.phase, _NoScratch(), checked=True,
                                     all_reduce=engine._all_reduce_on(np, stream))
@@ -928,7 +932,12 @@ class ReferenceExecutionContext:
         scratch = self._scratch
         assert scratch is not None and engine._gpu_weights is not None and engine._gpu_matmul is not None
         with gpu_scope(self._streams, stream_handle, engine._device_id, scratch) as cupy:
-            if engine._geo.is_ragged:
+            if engine._geo.dflash:
+                assert engine._gpu_scatter is not None
+                forward_dflash(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,
+                               engine._bound_weights(cupy, engine._gpu_weights, plan.views), plan.views, scratch,
+                               checked=False)
+            elif engine._geo.is_ragged:
                 assert engine._gpu_scatter is not None
                 _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,
                                 engine._bound_weights(cupy, engine._gpu_weights, plan.views), plan.views, plan.phase,

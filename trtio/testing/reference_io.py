@@ -113,6 +113,7 @@ class _Geometry:
     state_dtype: DType = DType.FLOAT32
     use_rope: bool = True  # False: attention layers rotate nothing (the RoPE input is still declared)
     tree_base: bool = False  # hybrid base: a verify runs each node from its parent's states (mtp_tree_base)
+    dflash: bool = False  # a DFlash block draft (reference_dflash)
 
     @classmethod
     def from_config(cls, cfg: Any, *, fixed_cache_batch: bool = False) -> _Geometry:
@@ -131,6 +132,7 @@ class _Geometry:
                 seq_pages=int(cfg.pages_per_sequence),
                 eagle=tuple(int(i) for i in cfg.eagle_hidden_state_layers) if role == "base" else (),
                 use_rope=bool(getattr(cfg, "use_rope", True)),
+                dflash=role == "draft" and dict(getattr(cfg, "extras", {}) or {}).get("spec_decode_type") == "dflash",
             )
             if getattr(cfg, "is_hybrid", False):
                 ragged.update(types=tuple(cfg.layer_types), conv=tuple(cfg.conv_state_shape),

@@ -136,6 +136,7 @@ class _Weights:
     wd: Any
     w_lm: Any
     recurrent: tuple[Any, ...] = ()  # RecurrentWeights whose arrays are of the array module
+    tok: Any = None  # a DFlash draft's token rows for its unrolled block (reference_dflash)
     # LoRA (reference_lora): per attention layer, toy weight name -> (A, B) of the bound adapter; () for none
     lora: tuple[Mapping[str, tuple[Any, Any]], ...] = ()
 
@@ -151,7 +152,7 @@ class _Weights:
                                                     if f.name != "kind"}) for r in w.recurrent)
         return cls(wq=layers(w.wq), wk=layers(w.wk), wv=layers(w.wv), wo=layers(w.wo), w1=layers(w.w1),
                    w2=layers(w.w2), we=conv(w.we), wh=conv(w.wh), wd=conv(w.wd), w_lm=conv(w.w_lm),
-                   recurrent=recurrent)
+                   recurrent=recurrent, tok=conv(w.tok))
 
 
 class _NoScratch:
@@ -259,7 +260,8 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
 
     Per layer: Q/K/V projections, RoPE on Q and K (``rope``), the new K/V written and the visible ones read
     (``kv``), attention over the keys ``visible`` [N, S, K] allows, the MLP, the deepstack feature of the
-    first ``num_deepstack_features`` layers (``deepstack(layer)``), then ``after_layer(layer, x)``. Returns
+    first ``num_deepstack_features`` layers (``deepstack(layer)``), then ``after_layer(i, x)`` (``i``: the decoder
+    layer's index, recurrent layers counted; called after a recurrent layer too). Returns
     the final stream. After each layer the stream is kept in one buffer and the layer's scratch is handed
     back (stream order makes the reuse safe), so a step's scratch does not grow with the layer count.
 
@@ -281,6 +283,7 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
             assert recurrent is not None
             j += 1
             x = x + recurrent(j, x)
+            after_layer(layer + j + 1, x)
             x_keep[...] = x
             x = x_keep
             scratch.release(layer_mark)
@@ -304,7 +307,7 @@ def _run_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weight
             x = x + all_reduce(mm(xp.maximum(mm(x, w.w1[layer]), 0.0), w.w2[layer]))
         if layer < g.nd:
             x = x + deepstack(layer)
-        after_layer(layer, x)
+        after_layer(layer + j + 1, x)  # the decoder layer's index (a hybrid's recurrent layers counted)
         x_keep[...] = x
         x = x_keep
         scratch.release(layer_mark)

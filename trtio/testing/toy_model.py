@@ -11,6 +11,7 @@ the ``LLMEngineConfig`` attributes (``hidden_size``, ``num_attention_heads``, ..
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -170,6 +171,7 @@ class ToyWeights:
     wd: np.ndarray | None  # [H, H]
     w_lm: np.ndarray  # [H, Vout]
     recurrent: tuple[RecurrentWeights, ...] = ()  # a hybrid model's recurrent layers, in order
+    tok: np.ndarray | None = None  # [Vout, H]: a DFlash draft's token rows (its unrolled block's guesses)
 
     @property
     def num_layers(self) -> int:
@@ -213,9 +215,9 @@ class ToyWeights:
         if n_recurrent:  # a generator of their own: a hybrid's attention layers draw what a dense model's do
             rec_rng = np.random.default_rng(seed + _RECURRENT_SEED_OFFSET)
             recurrent = tuple(RecurrentWeights.generate(cfg, rec_rng) for _ in range(n_recurrent))
-        return cls(
-            **{k: tuple(v) for k, v in per_layer.items()}, we=we, wh=wh, wd=wd, w_lm=w_lm, recurrent=recurrent
-        )
+        return cls(wq=tuple(per_layer["wq"]), wk=tuple(per_layer["wk"]), wv=tuple(per_layer["wv"]),
+                   wo=tuple(per_layer["wo"]), w1=tuple(per_layer["w1"]), w2=tuple(per_layer["w2"]), we=we, wh=wh,
+                   wd=wd, w_lm=w_lm, recurrent=recurrent)
 
     @classmethod
     def generate_draft(cls, cfg: Any, base: ToyWeights, seed: int = 0) -> ToyWeights:
@@ -264,6 +266,39 @@ class ToyWeights:
         return cls(wq=base.wq[:layers], wk=base.wk[:layers], wv=base.wv[:layers], wo=base.wo[:layers],
                    w1=base.w1[:layers], w2=base.w2[:layers], we=np.eye(h, dtype=np.float32), wh=wh, wd=wd,
                    w_lm=base.w_lm)
+
+
+    @classmethod
+    def generate_dflash_draft(cls, cfg: Any, base: ToyWeights, embedding: np.ndarray, mask_token_id: int,
+                              seed: int = 0, *, base_cfg: Any = None) -> ToyWeights:
+        """A DFlash block draft derived from ``base`` (``docs/toy-model.md``, "DFlash drafts"): the EAGLE draft of
+        :meth:`generate_draft` (the base's layers, ``we`` the identity, the base's LM head) whose ``tok`` rows are
+        ``embedding - embedding[mask]`` (a mask row of its unrolled block enters the layers as the embedding of
+        the guess before it) and whose ``wh`` (the delta's projection ``[len(target layers) x H, H]``) maps the
+        base's features of a token back to its embedding: the least-squares fit over 8 sequences of 48 tokens
+        (``default_rng(seed)``) where ``base_cfg`` (the base's config, with its ``eagle_hidden_state_layers``)
+        is given, else the first target layer's stream as it is."""
+        draft = cls.generate_draft(cfg, base, seed)
+        assert draft.wh is not None
+        h = int(cfg.hidden_size)
+        table = np.asarray(embedding, np.float32)
+        if table.shape != (output_vocab_size(cfg), h) or not 0 <= int(mask_token_id) < table.shape[0]:
+            raise ConfigError("dflash_config.mask_token_id", f"the toy DFlash draft needs the [vocab, hidden] "
+                                                             f"embedding and a mask token in it, got "
+                                                             f"{list(table.shape)} and {mask_token_id}")
+        wh = draft.wh.copy()
+        if base_cfg is None:
+            wh[:h] += np.eye(h, dtype=np.float32)
+        else:
+            rng = np.random.default_rng(seed)
+            ids = rng.integers(0, table.shape[0], (8, 48))
+            layers = tuple(int(i) for i in base_cfg.eagle_hidden_state_layers)
+            feats = np.concatenate([reference_forward(base, base_cfg, table[row].astype(np.float16),
+                                                      hidden_after=layers)[0] for row in ids]).astype(np.float64)
+            want = table[ids.reshape(-1)].astype(np.float16).astype(np.float64)
+            gram = feats.T @ feats + 1e-3 * np.eye(feats.shape[1])  # the normal equations, a little ridge
+            wh = np.linalg.solve(gram, feats.T @ want).astype(np.float32)
+        return dataclasses.replace(draft, wh=wh, tok=table - table[int(mask_token_id)])
 
 
 def toy_embedding(vocab: int, hidden: int, seed: int = 0) -> np.ndarray:

@@ -45,9 +45,9 @@ from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
-__all__ = ["GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend", "configs", "copy_row",
-           "default_kv_capacity", "device_tensor", "format_results", "gemma4_config", "machine_name", "mtp_bundle",
-           "null_engine", "run"]
+__all__ = ["DFLASH_BLOCK", "DFLASH_ROUND", "GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend",
+           "configs", "copy_row", "default_kv_capacity", "device_tensor", "dflash_bundle", "format_results",
+           "gemma4_config", "machine_name", "mtp_bundle", "null_engine", "run"]
 
 BATCH, TOP_K, STEPS, VERIFY, PATH = 8, 10, 6, 60, 4
 HIDDEN = 4096
@@ -201,6 +201,10 @@ ROUND = "speculative round (3 levels + verify + accept + draft_accept)"
 ROUND_LEVELS = 3
 #: An MTP pair's round (ragged contract): a chain of 3 drafted tokens, a verify of the 4-node chain, accept, catch-up.
 MTP_ROUND = "MTP round (chain of 3 + verify + accept + draft_accept)"
+#: A DFlash pair's round (ragged contract): the verify of the root and a block's 7 guesses as a chain, accept, and
+#: the next block drafted over the accepted path (draft_accept: the delta's KV and the block, one engine call).
+DFLASH_BLOCK = 8
+DFLASH_ROUND = "DFlash round (block of 8: verify + accept + draft_accept)"
 
 
 def copy_row(helper: str) -> str:
@@ -461,6 +465,58 @@ def mtp_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
     return DeploymentConfig(base, draft, spec).validate()
 
 
+def dflash_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
+    """The 8B-class base of ``bundle`` (its 3 EAGLE layers' streams side by side, ``hidden_states [T, 3H]``) with a
+    one-layer DFlash block draft reading them, blocks of :data:`DFLASH_BLOCK` (verify chains of as many nodes)."""
+    assert bundle.draft is not None
+    base = bundle.base
+    block = {"version": 1, "target_layer_ids": list(base.eagle_hidden_state_layers), "block_size": DFLASH_BLOCK,
+             "mask_token_id": 0}
+    width = HIDDEN * len(base.eagle_hidden_state_layers)
+    draft = dataclasses.replace(bundle.draft, base_model_hidden_size=width, vocab_size=base.vocab_size,
+                                output_vocab_size=base.vocab_size, max_draft_tree_size=DFLASH_BLOCK,
+                                extras={**bundle.draft.extras, "spec_decode_type": "dflash", "dflash_config": block}
+                                ).validate()
+    spec = SpecDecodeConfig(base_output_hidden_dim=width, draft_hidden_size=HIDDEN, max_verify_size=64,
+                            max_draft_proposal_size=DFLASH_BLOCK, drafting_top_k=1, drafting_step=DFLASH_BLOCK - 1,
+                            verify_size=DFLASH_BLOCK)
+    return DeploymentConfig(base, draft, spec).validate()
+
+
+def _dflash_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
+                 inputs: str = "device") -> None:
+    """:data:`DFLASH_ROUND` timed as one call, its steps fed ``inputs``; every block accepted whole."""
+    rng = np.random.default_rng(3)
+    assert bundle.draft is not None
+    base, draft = null_engine(bundle.base, backend), null_engine(bundle.draft, backend)
+    with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
+        for e in sd.engines():
+            e.state.reset(stream, clear=True)
+        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
+        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 3)
+        try:
+            block = feed.in_place((BATCH, DFLASH_BLOCK, HIDDEN))
+            lens = np.full(BATCH, 16)
+            sd.base_prefill(prompt, lens)
+            sd.draft_prefill(block(), lens)
+            chain = list(range(-1, DFLASH_BLOCK - 1))
+            path = list(range(DFLASH_BLOCK))
+
+            def whole_round() -> None:
+                sd.verify(block(), chain)
+                sd.accept([path] * BATCH)
+                sd.draft_accept(block(), np.full(BATCH, DFLASH_BLOCK))
+
+            for r in range(rounds + 2):  # two warm-up rounds capture every graph
+                if r >= 2:
+                    clock(DFLASH_ROUND, whole_round)
+                else:
+                    whole_round()
+        finally:
+            feed.free()
+            prompt.close()
+
+
 def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
               inputs: str = "device") -> None:
     """:data:`MTP_ROUND` timed as one call, its steps fed ``inputs``."""
@@ -597,6 +653,7 @@ def run(backend_kind: str = "host", *, steps: int = 200, rounds: int = 30,
             if contract == "ragged":  # a LoRA engine's decode with and without an adapter, and a switch; an MTP round
                 _lora_rows(llm, backend, stream, steps, clock, inputs)
                 _mtp_rows(mtp_bundle(bundle), backend, stream, rounds, clock, inputs)
+                _dflash_rows(dflash_bundle(bundle), backend, stream, rounds, clock, inputs)
             out[contract] = {name: clock.row(name) for name in clock.alone}
         finally:
             stream.close()

@@ -33,7 +33,8 @@ For each contract:
 4. the binding tables, the memory reports and the graph statistics of both setups;
 5. with the ragged contract, the hybrid toy directories (:mod:`trtio.tools.hybrid_demo`: Gated DeltaNet and
    Mamba2, recurrent state per slot): greedy decoding and the admission story; and the MTP pairs
-   (:mod:`trtio.tools.mtp_demo`: on a dense and on a hybrid base): speculative tokens equal to greedy ones.
+   (:mod:`trtio.tools.mtp_demo`: on a dense and on a hybrid base), and the DFlash ones (:mod:`trtio.tools.dflash_demo`):
+   speculative tokens equal to greedy ones.
 
 :func:`run_demo` returns a JSON-able summary (shared options at the top, one section per contract
 under ``"contracts"``); :func:`format_demo` renders it for a terminal.
@@ -72,6 +73,7 @@ from trtio.testing.toy_engines import (
 from trtio.testing.toy_runtime import embed_batch, spec_generate
 from trtio.tools.admissions import format_admissions, run_admissions, story_requests, summarize_admissions
 from trtio.tools.binding_table import binding_rows, format_binding_table
+from trtio.tools.dflash_demo import format_dflash, run_dflash
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
 from trtio.tools.lora_demo import format_lora, run_lora
@@ -441,6 +443,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     hybrid: dict[str, Any] = {}
     lora: dict[str, Any] = {}
     mtp: dict[str, Any] = {}
+    dflash: dict[str, Any] = {}
     if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
         assert ragged is not None
         be, _why = _choose_ragged(opts)
@@ -448,6 +451,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         hybrid = run_hybrid(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
         lora = run_lora(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
         mtp = run_mtp(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
+        dflash = run_dflash(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
@@ -457,9 +461,10 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "hybrid": hybrid,
         "lora": lora,
         "mtp": mtp,
+        "dflash": dflash,
         "timings": {"total_s": time.perf_counter() - t_start},
         "ok": all(s["ok"] for s in sections.values())
-        and all(h["ok"] for h in [*hybrid.values(), *lora.values(), *mtp.values()]),
+        and all(h["ok"] for h in [*hybrid.values(), *lora.values(), *mtp.values(), *dflash.values()]),
     }
 
 
@@ -607,6 +612,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
     lines += format_hybrid(s.get("hybrid", {}), verbose=verbose)
     lines += format_lora(s.get("lora", {}), verbose=verbose)
     lines += format_mtp(s.get("mtp", {}), verbose=verbose)
+    lines += format_dflash(s.get("dflash", {}), verbose=verbose)
     if verbose:
         engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
         lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
@@ -614,7 +620,8 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
         lines.append("(--verbose adds every binding, the memory reports, graph statistics, the requests' story and "
                      "timings; --json all of it)")
     verdicts = [_verdict(k, sec) for k, sec in contracts.items()]
-    verdicts += [f"{k}: speculative equal {_yes(m['ok'])}" for k, m in s.get("mtp", {}).items()]
+    verdicts += [f"{k}: speculative equal {_yes(m['ok'])}" for k, m in [*s.get("mtp", {}).items(),
+                                                                         *s.get("dflash", {}).items()]]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
     verdicts += [f"{k}: adapters switch cleanly {_yes(x['ok'])}" for k, x in s.get("lora", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")

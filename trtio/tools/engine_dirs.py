@@ -35,6 +35,7 @@ from trtio.errors import BindingError, ConfigError, TrtioError
 from trtio.memory import MemoryReport
 from trtio.setups import LLMSetup, check_engine, create_for_llm
 from trtio.setups.tensor_parallel import close_constant, ranks_memory_report
+from trtio.spec_families import family_of
 from trtio.tensor import Tensor
 from trtio.tools.binding_table import (
     binding_capacities,
@@ -217,7 +218,11 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
                                                                    name=names[role]))
         engines.append(_engine_entry(ENGINE_FILES[role], role, plan if engine is not None else None, why,
                                      config_path, cfg, eio, labels[role], capacities[role]))
-    return {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind, "engines": engines}
+    out: dict[str, Any] = {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind,
+                           "engines": engines}
+    if directory.kind == "spec_decode":  # which pair: EAGLE3, MTP or DFlash (trtio.spec_families)
+        out["spec_family"] = family_of(directory.base_config.extras, "base")
+    return out
 
 
 def _engine_entry(name: str, role: str, plan: Path | None, why: str | None, config_path: Path, cfg: LLMEngineConfig,

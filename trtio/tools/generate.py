@@ -40,6 +40,7 @@ import numpy as np
 from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
 from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio.contracts.ragged_steps import is_dflash
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
@@ -52,7 +53,9 @@ from trtio.setups import (
     create_for_visual,
     create_from_engine_dir,
 )
+from trtio.setups.dflash import block_size, mask_token
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+from trtio.spec_families import family_of
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_model import ToyWeights
@@ -243,8 +246,10 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
     else:
         bundle = directory.deployment(k, depth, 1 + k * depth)
         weights = ToyWeights.generate(base, 0)
-        setup = create_for_spec_decode(_reference(base, weights, opts),
-                                       _reference(draft, ToyWeights.generate_draft(draft, weights, 0), opts), bundle,
+        draft_weights = ToyWeights.generate_draft(draft, weights, 0) if not is_dflash(bundle) else \
+            ToyWeights.generate_dflash_draft(draft, weights, table, mask_token(draft.extras), 0,
+                                             base_cfg=None if base.is_hybrid else base)
+        setup = create_for_spec_decode(_reference(base, weights, opts), _reference(draft, draft_weights, opts), bundle,
                                        graphs=True, backend=_backend(opts))
         note = _reference_note(path)
     return _Model(setup, table, eos, directory.draft_to_target(), note)
@@ -303,6 +308,16 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
     if not opts.speculative:
         return 1, 1
     k = 1 if opts.draft_top_k is None else opts.draft_top_k
+    if family_of(draft.extras, "draft") == "dflash":  # one block a round: the root and block - 1 guesses
+        if k > 1:
+            raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a DFlash draft guesses one block (one chain) "
+                                                            "a round; use 1")
+        block = block_size(draft.extras, min(draft.max_draft_tree_size, base.max_verify_tree_size))
+        depth = block - 1 if opts.draft_step is None else opts.draft_step
+        if not 1 <= depth <= block - 1:
+            raise ConfigError(RUNTIME_FLAGS["draft_step"], f"is {depth}: a DFlash block of {block} guesses 1.."
+                                                           f"{block - 1} tokens a round")
+        return 1, depth
     if k > 1 and base.is_hybrid:
         raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a hybrid base verifies one chain per round (its "
                                                         "recurrent layers run a step's tokens in order); use 1")
@@ -540,6 +555,8 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
     node: plain greedy decoding by the base."""
     spec = setup.bundle.spec
     assert spec is not None
+    if drafting and is_dflash(setup.bundle):
+        return _speculative_blocks(setup, embed, ids, sink, spec.drafting_step + 1, d2t)
     k, depth = (spec.drafting_top_k, spec.drafting_step) if drafting else (1, 0)
     # The verify tree: node 0 is the pending token; draft node j (level j // k, chain j % k) is node j + 1.
     parents = np.array([-1] + [0 if j < k else j - k + 1 for j in range(k * depth)], np.int64)
@@ -583,6 +600,42 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
         if drafting and not stop:
             draft_logits = setup.draft_accept(embed(emitted), [len(path)]).to_numpy()
     drafted = rounds * k * depth
+    return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "accepted_per_verify": accepted / rounds if rounds else 0.0}
+
+
+def _speculative_blocks(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink, width: int,
+                        d2t: np.ndarray | None) -> dict[str, Any]:
+    """DFlash rounds (``trtio.setups.dflash``): the draft guesses a block (the pending token, then mask tokens)
+    after each prefill or accept; the base verifies the pending token and the guesses as one chain; the longest
+    agreeing prefix is kept with the base's next token."""
+    assert setup.bundle.draft is not None
+    mask = [mask_token(setup.bundle.draft.extras)] * (width - 1)
+    chain = list(range(-1, width - 1))
+    base_cap, draft_cap = setup.base.cfg.max_kv_cache_capacity, setup.draft.cfg.max_kv_cache_capacity
+    pending = int(setup.base_prefill(embed(ids), [len(ids)]).to_numpy().argmax(-1)[0])
+    draft_logits = setup.draft_prefill(embed([pending, *mask]), [len(ids)]).to_numpy()
+    rounds = accepted = 0
+    stop = sink.take([pending])
+    while not stop:
+        if int(setup.base_lengths[0]) + width > base_cap or int(setup.draft_lengths[0]) + 2 * width > draft_cap:
+            sink.stopped = "the KV cache is full"
+            break
+        tokens = [pending, *_map(draft_logits[1:].argmax(-1), d2t).tolist()]  # row j guesses its own position
+        greedy = setup.verify(embed(tokens), chain).to_numpy().argmax(-1)
+        n = 1
+        while n < width and tokens[n] == greedy[n - 1]:
+            n += 1
+        setup.accept([list(range(n))])
+        emitted = [*tokens[1:n], int(greedy[n - 1])]
+        rounds += 1
+        accepted += n - 1
+        stop = sink.take(emitted)
+        pending = emitted[-1]
+        if not stop:
+            draft_logits = setup.draft_accept(embed([pending, *mask]), [n]).to_numpy()
+    drafted = rounds * (width - 1)
     return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "accepted_per_verify": accepted / rounds if rounds else 0.0}

@@ -186,7 +186,8 @@ def _entry(eio: EngineIO, plan: Path | None, config: Path | None, cfg: LLMEngine
 def format_inspection(result: dict[str, Any]) -> str:
     lines = []
     if result["kind"] == "edgellm":
-        what = "a plain LLM" if result["directory_kind"] == "llm" else "an EAGLE3 speculative pair"
+        family = {"mtp": "an MTP", "dflash": "a DFlash"}.get(result.get("spec_family") or "", "an EAGLE3")
+        what = "a plain LLM" if result["directory_kind"] == "llm" else f"{family} speculative pair"
         lines += [f"Edge-LLM engine directory {result['target']}: {what}, ragged contract (token-major, paged KV "
                   "cache)", ""]
     for e in result["engines"]:

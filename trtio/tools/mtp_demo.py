@@ -23,14 +23,15 @@ from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights, reference_forward
 from trtio.testing.toy_runtime import spec_generate
 
-__all__ = ["MTP_DIRS", "format_mtp", "run_mtp"]
+__all__ = ["MTP_DIRS", "format_mtp", "greedy_tokens", "run_mtp"]
 
 #: The MTP toy directories the demo runs (those present under its engines folder).
 MTP_DIRS = ("toy-mtp-ragged", "toy-qwen35-mtp-ragged")
 _DEPTH = 3  # drafted tokens per chain
 
 
-def _greedy(weights: ToyWeights, cfg: Any, table: np.ndarray, prompt: list[int], count: int) -> list[int]:
+def greedy_tokens(weights: ToyWeights, cfg: Any, table: np.ndarray, prompt: list[int], count: int) -> list[int]:
+    """The numpy toy model's ``count`` greedy tokens after ``prompt`` (each over the whole sequence)."""
     rope = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta)
     tokens = list(prompt)
     for _ in range(count):
@@ -63,7 +64,7 @@ def run_mtp(root: Any, prompts: list[list[int]], max_new_tokens: int, backend: B
                 tokens, stats = spec_generate(setup, table, prompts, max_new_tokens, stream=stream)
         finally:
             stream.close()
-        truth = [_greedy(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
+        truth = [greedy_tokens(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
         kind = "hybrid: " + ", ".join(bundle.base.layer_types) if bundle.base.is_hybrid else "dense"
         out[name] = {"base": kind, "tokens": tokens, "acceptance": stats.acceptance_rate,
                      "accepted_per_verify": stats.accepted_per_verify, "ok": tokens == truth}
