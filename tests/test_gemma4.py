@@ -551,14 +551,13 @@ def _toy_dir(tmp: Path) -> Path:
 
 def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) -> None:
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import AsyncHostBackend
 
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
     table, ple = directory.embedding_table(), directory.ple_embedding_table()
     assert ple is not None and ple.shape == (1000, 96)
     for backend in ("host", AsyncHostBackend(seed=1)):
-        with TokenEmbeddings.from_dir(directory, backend=backend) as emb:
+        with directory.embeddings(backend) as emb:
             ids = np.array([[5, 999, 0], [7, 7, 3]])
             got = emb.embed(ids)
             assert isinstance(got, tuple)
@@ -567,6 +566,33 @@ def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) ->
             np.testing.assert_array_equal(p.to_numpy(), ple[ids])
             with pytest.raises(trtio.ShapeError, match="id 1000 is outside the 1000 rows"):
                 emb.embed(np.array([[1, 1000]]))
+
+
+def test_token_ids_on_the_device_gather_the_table_rows_without_a_host_read(tmp_path: Path) -> None:
+    """EngineDir.embeddings() (default bound: max batch x max input) takes int32 ids already on the device (a
+    greedy loop's argmax) and gathers the same rows as host ids; other device dtypes and too many ids are refused
+    before anything is enqueued, and an id outside the table raises from the enqueued gather on the host backend."""
+    from trtio.edgellm import EngineDir
+    from trtio.tensor import Tensor
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    table, ple = directory.embedding_table(), directory.ple_embedding_table()
+    assert ple is not None
+    cfg = directory.config
+    ids = np.array([[5, 999, 0], [7, 7, 3]])
+    with directory.embeddings("host") as emb:
+        assert emb.max_tokens == cfg.max_supported_batch_size * cfg.max_supported_input_length
+        on_device = Tensor.from_numpy(ids.astype(np.int32), backend="host")
+        x, p = emb.embed(on_device)  # type: ignore[misc]
+        np.testing.assert_array_equal(x.to_numpy(), table[ids])
+        np.testing.assert_array_equal(p.to_numpy(), ple[ids])
+        with pytest.raises(trtio.ShapeError, match=r"token_ids: ids on the device must be int32 \[batch, seq\], got "
+                                                   r"int64 \[2, 3\]"):
+            emb.embed(Tensor.from_numpy(ids, backend="host"))
+        with pytest.raises(trtio.ShapeError, match="more than max_tokens"):
+            emb.embed(Tensor.from_numpy(np.zeros((1, emb.max_tokens + 1), np.int32), backend="host"))
+        with pytest.raises(InvalidValueError, match="source row 1000 at index 1 is outside the 1000 rows"):
+            emb.embed(Tensor.from_numpy(np.array([[1, 1000]], np.int32), backend="host"))
 
 
 def test_a_ple_table_of_the_wrong_width_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -585,7 +611,6 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
     """The directory's tables gathered by TokenEmbeddings feed the setup's steps (inputs_embeds and ple_embeds as
     device tensors); the tokens are the toy model's, with a release and an admission on the way."""
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import ReferenceEngine
 
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
@@ -593,7 +618,7 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
     rng = np.random.default_rng(2)
     prompts = [rng.integers(2, 1000, n).tolist() for n in (60, 25, 45)]
     got: dict[str, list[int]] = {}
-    with TokenEmbeddings.from_dir(directory, backend="host") as emb, \
+    with directory.embeddings("host") as emb, \
             trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
                                  graphs=graphs) as setup:
         def admit(key: str, slot: int, prompt: list[int]) -> None:
@@ -650,7 +675,6 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
     decode fed by TokenEmbeddings on the device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE
     row, and the sliding / full RoPE inputs each token's row of its own table at its position."""
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import ReferenceEngine
 
     if backend == "cuda":
@@ -664,7 +688,7 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
     assert g is not None and ple is not None
     engine = ReferenceEngine.from_config(cfg, device="host" if backend == "host" else "gpu", null_compute=True)
     ids = np.array([[11, 12, 13, 14, 15]])
-    with TokenEmbeddings.from_dir(directory, backend=backend) as emb, \
+    with directory.embeddings(backend) as emb, \
             trtio.create_for_llm(engine, cfg, backend=backend) as setup:
         for step, (tokens, positions) in enumerate(((ids, np.arange(5)), (np.array([[42]]), np.array([5])))):
             x, p = emb.embed(tokens)  # type: ignore[misc]
