@@ -662,6 +662,8 @@ def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_r
     assert "past_key_values_4: sliding, [2,10,128,1,32] = past_key_values_3's pool (KV sharing)" in out
     assert "SWA mode: bounded SWA pool (10 pages, 5 per sequence): window 40 tokens" in out
     assert "864.00 KiB in all" in out  # 4 pools allocated, not 6; the sliding ones of 10 pages
+    # kv_page_table's pages are the full layers' pool's (12), not the first (sliding, bounded) layer's 10
+    assert "the pool's 12 pages hold 2 such sequences, with 2 slots: 2 fit" in out
     fixture = tmp_path / "fixture"
     fixture.mkdir()
     (fixture / "config.json").write_text((ONNX / "config.json").read_text())
@@ -746,3 +748,68 @@ def test_the_bench_config_is_a_gemma4_model_of_the_dense_ones_size() -> None:
     assert len(g.owners) == 24 and all(g.kinds[g.owner(i)] == g.kinds[i] for i in range(36))
     assert cfg.hidden_size == llm.hidden_size and g.head_dims[5] == 2 * llm.head_dim
 
+
+
+# -- the shipped toy directory ------------------------------------------------------------------------------
+
+def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """engines/toy-gemma4-ragged has all five features (sliding 1 x 16 and full 1 x 32 pools, a bounded SWA pool,
+    two RoPE tables, layers 4 and 5 on their donors' pools, PLE) and, run by examples/generate.py (its tables
+    gathered by EngineDir.embeddings on the device, PLE rows included), gives the greedy tokens of the host
+    runtime of the toy model in full SWA mode fed the directory's tables."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from trtio.cli import main
+    from trtio.edgellm import EngineDir
+    from trtio.testing.toy_dirs import toy_engine_dir
+
+    path = toy_engine_dir("toy-gemma4-ragged")
+    d = EngineDir.open(path)
+    cfg, g = d.config, d.config.gemma4
+    assert g is not None and g.has_ple and g.sliding_window == 32
+    assert set(g.kinds) == {"sliding", "full"} and len(set(g.head_dims)) == 2 and any(x >= 0 for x in g.donors)
+    assert g.sliding_rope != g.full_rope
+    assert main(["plan", str(path)]) == 0
+    assert "SWA mode: bounded SWA pool (20 pages, 5 per sequence)" in capsys.readouterr().out
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "generate.py"), str(path), "--max-new-tokens", "12",
+                           "--backend", "host"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    got = [[int(t) for t in m.group(1).split(", ")] for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$",
+                                                                          proc.stdout, re.M)]
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    prompts = [tok.encode(p).ids for p in ("Once upon a time", "The quick brown fox jumps over the lazy dog.")]
+    run = _Run(cfg, bounded=False)
+    run.emb, run.ple = np.asarray(d.embedding_table()), np.asarray(d.ple_embedding_table())
+    want = []
+    for slot, prompt in enumerate(prompts):
+        run.admit(slot)
+        logits = run.step({slot: prompt})[slot]
+        row = []
+        for _ in range(12):
+            row.append(int(np.argmax(logits)))
+            logits = run.step({slot: [row[-1]]})[slot]
+        want.append(row)
+    assert got == want
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa_mode(graphs: bool) -> None:
+    """trtio demo's Gemma 4 section: the shipped directory's four prompts, 160 tokens each (five windows and past a
+    page: the bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
+    from trtio.cuda.backend import get_backend
+    from trtio.testing.toy_dirs import default_engines_dir
+    from trtio.tools.demo import demo_prompts
+    from trtio.tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
+
+    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0), 8, get_backend("host"), graphs=graphs)[GEMMA4_DIR]
+    assert out["swa_mode"].startswith("bounded SWA pool (20 pages") and out["full_mode"].startswith("full SWA")
+    assert out["new_tokens"] == 160 and len(out["tokens"]) == 4 and all(len(t) == 8 for t in out["tokens"])
+    assert out["ok"], out
+    assert "bounded SWA equals full SWA over 160 tokens: yes" in format_gemma4({GEMMA4_DIR: out})[0]

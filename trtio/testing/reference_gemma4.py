@@ -28,7 +28,7 @@ import numpy as np
 from trtio import names
 from trtio.errors import InvalidValueError
 
-__all__ = ["Gemma4Weights", "gemma4_forward"]
+__all__ = ["Gemma4Weights", "gemma4_forward", "toy_ple_embedding"]
 
 
 def _draw(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
@@ -67,6 +67,14 @@ class Gemma4Weights:
                 out["w_ple"].append(_draw(rng, (g.ple_hidden, h), 1.0 / math.sqrt(g.ple_hidden)))
         w_lm = _draw(rng, (h, int(cfg.output_vocab_size)), 1.0 / math.sqrt(h))
         return cls(**{k: tuple(v) for k, v in out.items()}, w_lm=w_lm)
+
+
+def toy_ple_embedding(cfg: Any, seed: int = 0) -> np.ndarray:
+    """The toy per-layer embedding table (``ple_embedding.safetensors``' ``"weight"``): float16 ``[vocab, L x
+    ple_hidden]``, drawn from its own generator (``default_rng(seed + 7927)``) so it never shifts the weights."""
+    g = cfg.gemma4
+    rng = np.random.default_rng(int(seed) + 7927)
+    return rng.standard_normal((int(cfg.vocab_size), g.ple_layers * g.ple_hidden), dtype=np.float32).astype(np.float16)
 
 
 def _rope(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
