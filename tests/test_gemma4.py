@@ -813,3 +813,50 @@ def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa
     assert out["new_tokens"] == 160 and len(out["tokens"]) == 4 and all(len(t) == 8 for t in out["tokens"])
     assert out["ok"], out
     assert "bounded SWA equals full SWA over 160 tokens: yes" in format_gemma4({GEMMA4_DIR: out})[0]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_steady_decode_splits_its_device_ple_rows_inside_its_plan_and_another_source_is_checked(
+        graphs: bool) -> None:
+    """A decode fed device PLE rows makes their split into the layers' inputs part of its plan's work (replayed in
+    the decode's graph): the steady decodes after it, fed the same tensor with new rows each step, run the plan
+    (no check) and the engine reads each step's rows; a decode fed another tensor, or host rows, is checked and
+    reads its own rows."""
+    from trtio.tensor import Tensor
+    from trtio.testing import ReferenceEngine
+
+    cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # full SWA mode: no window moves a page
+    g = cfg.gemma4
+    assert g is not None
+    rng = np.random.default_rng(4)
+    width = g.ple_layers * g.ple_hidden
+    engine = ReferenceEngine.from_config(cfg, device="host", null_compute=True)
+    with trtio.create_for_llm(engine, cfg, backend="host", graphs=graphs) as setup:
+        checked = setup._decode_checked
+        count = 0
+
+        def counted(*args: Any) -> Any:
+            nonlocal count
+            count += 1
+            return checked(*args)
+        setup._decode_checked = counted  # type: ignore[method-assign]
+        prompt = np.zeros((2, 5, cfg.hidden_size), np.float16)
+        setup.prefill(prompt, [5, 3], ple_embeds=np.zeros((2, 5, width), np.float16))
+        x = Tensor.from_numpy(np.zeros((2, 1, cfg.hidden_size), np.float16), backend="host")
+        a = Tensor.from_numpy(np.zeros((2, 1, width), np.float16), backend="host")
+        b = Tensor.from_numpy(np.zeros((2, 1, width), np.float16), backend="host")
+        sources = [a, a, a, b, b, a, "host", "host", a]
+        for source in sources:
+            rows = rng.standard_normal((2, 1, width)).astype(np.float16)
+            if isinstance(source, Tensor):
+                source.copy_from(rows)
+                setup.decode(x, ple_embeds=source)
+            else:
+                setup.decode(x, ple_embeds=rows)
+            for i in range(g.ple_layers):
+                got = setup.io.member(names.ple_token_embeds(i)).to_numpy().reshape(-1, g.ple_hidden)[:2]
+                np.testing.assert_array_equal(got, rows.reshape(2, width)[:, i * g.ple_hidden:(i + 1) * g.ple_hidden])
+        # checked: the first decode, b, a again, the first host rows, a again; the others ran their plan
+        assert count == 5, count
+        for t in (x, a, b):
+            t.close()

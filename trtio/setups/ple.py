@@ -2,9 +2,10 @@
 
 A step gives each token's row ``[batch, seq, L x ple_hidden]`` (host numpy, or a device Tensor such as
 :class:`~trtio.embeddings.TokenEmbeddings` gathers); :class:`PleInputs` checks it against the engine's inputs and
-copies each layer's columns into its input on the step's stream, before the engine: a device row block in one
-launch (:class:`~trtio.gemma4.PleSplit`, kept per source address), host rows one copy per layer. What a copy reads
-is kept until it has run (:meth:`Calls.read <trtio.setups.calls.Calls.read>`).
+copies each layer's columns into its input on the step's stream, before the engine: a device row block by a
+:class:`~trtio.gemma4.PleSplit` (kept per source address; a decode makes it part of its plan's device work, so a
+steady decode replays it inside the decode's graph), host rows one copy per layer. What a copy reads is kept until
+it has run (:meth:`Calls.read <trtio.setups.calls.Calls.read>`).
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ class PleInputs:
             raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs (ple_token_embeds_i)")
         return self._g is not None
 
-    def stage(self, ple_embeds: Any, rows: tuple[int, ...], s: Stream, calls: Calls) -> None:
+    def stage(self, ple_embeds: Any, rows: tuple[int, ...], s: Stream, calls: Calls) -> PleSplit | None:
         """Check ``ple_embeds`` against a step of ``rows`` (its embeddings' batch and seq) and copy each layer's
-        columns into its input on ``s`` (only where :meth:`wanted`)."""
+        columns into its input on ``s`` (only where :meth:`wanted`): host rows now, one copy per layer; a device
+        Tensor's through the :class:`~trtio.gemma4.PleSplit` returned (its producer ordered before ``s``, the tensor
+        kept until read), which the caller enqueues on ``s`` before the engine (or makes part of a decode plan's
+        work, captured with the engine)."""
         g = self._g
         assert g is not None
         width = g.ple_layers * g.ple_hidden
         if ple_embeds is None:
             raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
                              f"give each token's row, [batch, seq, {g.ple_layers} x {g.ple_hidden} = {width}]")
-        shape = tuple(getattr(ple_embeds, "shape", np.shape(ple_embeds)))
+        shape = tuple(ple_embeds.shape) if hasattr(ple_embeds, "shape") else np.shape(ple_embeds)
         if len(rows) != 2 or shape != (*rows, width):
             raise ShapeError(f"ple_embeds: expected [batch, seq, {width}] = {[*rows, width]} (the inputs_embeds' "
                              f"batch and seq), got {list(shape)}")
@@ -69,10 +73,10 @@ class PleInputs:
                                                        g.ple_hidden * dtype.itemsize, n))
             if ple_embeds._last_stream is not None:  # its producer ordered before the step's stream
                 ple_embeds._order_consumer(s._handle)
-            split.enqueue(s)
-            return
+            return split
         arr = np.asarray(ple_embeds)
         for i, part in enumerate(split_ple(arr.reshape(n, width), g)):
             host = np.ascontiguousarray(part, dtype=dtype.numpy)
             calls.read(host)
             self._io.member(names.ple_token_embeds(i)).reshape((n, g.ple_hidden)).copy_from(host, s)
+        return None
