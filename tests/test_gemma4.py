@@ -884,17 +884,17 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa_mode(graphs: bool,
                                                                                     backend: str) -> None:
-    """trtio demo's Gemma 4 section: the shipped directory's four prompts, 160 tokens each (five windows and past a
-    page: the bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
+    """trtio demo's Gemma 4 section: the shipped directory's four prompts, 160 new tokens each (five windows and past
+    a page: the bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
     from trtio.cuda.backend import get_backend
     from trtio.testing.toy_dirs import default_engines_dir
     from trtio.tools.demo import demo_prompts
     from trtio.tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
 
     _device(backend)
-    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0), 8, get_backend(backend), graphs=graphs)[GEMMA4_DIR]
+    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0), 160, get_backend(backend), graphs=graphs)[GEMMA4_DIR]
     assert out["swa_mode"].startswith("bounded SWA pool (20 pages") and out["full_mode"].startswith("full SWA")
-    assert out["new_tokens"] == 160 and len(out["tokens"]) == 4 and all(len(t) == 8 for t in out["tokens"])
+    assert out["new_tokens"] == 160 and len(out["tokens"]) == 4 and all(len(t) == 160 for t in out["tokens"])
     assert out["ok"], out
     assert "bounded SWA equals full SWA over 160 tokens: yes" in format_gemma4({GEMMA4_DIR: out})[0]
 

@@ -6,9 +6,9 @@ ReferenceEngine computing ``trtio.testing.reference_gemma4``'s model) decodes th
 ``create_for_llm`` (CUDA graphs as asked), its tables gathered on the device by
 :meth:`EngineDir.embeddings <trtio.edgellm.EngineDir.embeddings>` (``inputs_embeds`` and ``ple_embeds``), twice:
 with the bounded SWA pool the directory's config builds for, and with full SWA storage (the config's
-``num_swa_pages`` set below the bounded budget, which forces full mode). The sequences grow past a page and a
-window (160 tokens: five windows), so the bounded windows rotate and retire their first page; the check: both give
-the same tokens. :func:`run_gemma4` returns a JSON-able summary,
+``num_swa_pages`` set below the bounded budget, which forces full mode). The sequences grow past three windows
+(97 new tokens at least; given 160 or more, past a page and a window too, so the bounded windows retire their first
+page); the check: both give the same tokens. :func:`run_gemma4` returns a JSON-able summary,
 :func:`format_gemma4` its lines.
 """
 
@@ -38,7 +38,7 @@ def run_gemma4(root: Path, prompts: list[list[int]], max_new_tokens: int, backen
                graphs: bool = True) -> dict[str, Any]:
     """``{GEMMA4_DIR: {"window", "swa_mode", "new_tokens", "tokens", "graph_stats", "ok"}}`` where ``root`` holds
     the toy Gemma 4 directory, else ``{}``. ``tokens``: the bounded run's first ``max_new_tokens`` of each prompt;
-    each sequence decodes ``max(max_new_tokens, page + window)`` new tokens."""
+    each sequence decodes ``max(max_new_tokens, 3 x window + 1)`` new tokens."""
     path = Path(root) / GEMMA4_DIR
     if not path.is_dir():
         return {}
@@ -46,7 +46,7 @@ def run_gemma4(root: Path, prompts: list[list[int]], max_new_tokens: int, backen
     cfg = d.config
     g = cfg.gemma4
     assert g is not None
-    count = max(max_new_tokens, cfg.kv_page_size + g.sliding_window)
+    count = max(max_new_tokens, 3 * g.sliding_window + 1)
     full_cfg = dataclasses.replace(cfg, gemma4=dataclasses.replace(g, num_swa_pages=1))  # below the budget: full
     device = "host" if backend.name == "host" else "gpu"
     runs: dict[str, Any] = {}
