@@ -3,7 +3,8 @@
 A decode of every active sequence is checked in full once (slots, shapes, capacity, pages), stages its inputs
 and leaves a :class:`DecodePlan`: its dims, the device work before its engine, the slots it advances and how
 many more steps it stays valid (``room``: no page to take, within the KV capacity). The next decode whose plan
-still holds runs it as it is, fed only its embeddings; :class:`~trtio.setups.llm.LLMSetup` has one run path
+still holds runs it as it is, fed only its embeddings (Gemma 4: and the device PLE tensor whose split the plan's
+work runs, :meth:`DecodePlan.takes_ple`); :class:`~trtio.setups.llm.LLMSetup` has one run path
 for both (``LLMSetup._run_plan``).
 
 A plan holds while nothing changed since it was made: the setup's version (``SetupBase._epoch``: every other

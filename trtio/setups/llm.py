@@ -18,7 +18,7 @@ from trtio._checks import check_int
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, ContextMemory, DeviceWork, EngineExecutor
+from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import PleSplit, swa_room
@@ -108,9 +108,6 @@ class LLMSetup(SetupBase):
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
-        # A decode's work with its PLE split after it, one tuple per pair (a graph is found by its work's identity)
-        self._ple_work: BoundedCache[tuple[tuple[DeviceWork, ...], PleSplit], tuple[DeviceWork, ...]] = \
-            BoundedCache()
         self._streaming_pending = False
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
@@ -211,10 +208,7 @@ class LLMSetup(SetupBase):
         PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
         naming it otherwise).
         """
-        if ple_embeds is not None or self.cfg.gemma4 is not None:
-            split = self._stage_ple(ple_embeds, inputs_embeds, stream)
-            if split is not None:
-                split.enqueue(self._stream(stream))
+        self._ple.prepare(ple_embeds, inputs_embeds, self, stream, now=True)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                           deepstack_embeds, "prefill", mrope_positions)
@@ -227,16 +221,6 @@ class LLMSetup(SetupBase):
         if self._positions is not None:
             self._positions.settle()
         return self.io.output_logits
-
-    def _stage_ple(self, ple_embeds: Any, inputs_embeds: Any, stream: StreamLike) -> PleSplit | None:
-        """Copy a step's per-layer embeddings into the engine's ``ple_token_embeds_i`` inputs on the step's stream,
-        before its engine (:class:`~trtio.setups.ple.PleInputs`), kept until the copies have run: host rows now; a
-        device tensor's by the split returned, which the caller enqueues (a decode: as part of its plan's work)."""
-        if self._ple.wanted(ple_embeds):
-            self._refuse_unusable()  # a closed or broken setup refuses the step before anything is copied
-            rows = tuple(inputs_embeds.shape) if hasattr(inputs_embeds, "shape") else np.shape(inputs_embeds)
-            return self._ple.stage(ple_embeds, rows[:2], self._stream(stream), self._calls)
-        return None
 
     @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None,
@@ -252,7 +236,8 @@ class LLMSetup(SetupBase):
         A decode of every active sequence whose plan (:class:`~trtio.setups.decode_plan.DecodePlan`, what the
         last checked decode laid out) still holds runs it as it is; any other is checked in full and leaves a
         new plan. Both run the same way (:meth:`_run_plan`). ``ple_embeds``: as :meth:`prefill`'s, ``[rows, 1,
-        L x ple_hidden]``.
+        L x ple_hidden]``; a device tensor's split into the layers' inputs is part of the plan's work (in its graph),
+        so the plan holds for a decode fed the same tensor (address, shape, dtype) and any other is checked in full.
         """
         plan = self._plan
         staged = False  # host PLE rows copied already
@@ -260,29 +245,16 @@ class LLMSetup(SetupBase):
             s = self._stream(stream)
             if s._closed:
                 s._check_open()
-            if plan.ple is not None:  # the plan's work splits a device tensor's PLE rows: this one's, or check all
-                ple_ok = plan.takes_ple(ple_embeds)
-            elif ple_embeds is None and self.cfg.gemma4 is None:
-                ple_ok = True
-            else:  # host rows (copied now), a new device tensor (a plan of its own: checked) or a refusal
-                ple_ok = staged = type(ple_embeds) is not Tensor
-                if staged:
-                    self._stage_ple(ple_embeds, inputs_embeds, stream)
+            ple_ok, staged = self._ple.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
             x = plan.read(inputs_embeds, s, self) if ple_ok else None
             if x is None and ple_ok and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
                 # once (its producer ordered before the step's stream), then taken as the plan takes it.
                 x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self)
             if x is not None:
-                if plan.ple is not None:  # kept until the plan's split has read it, its producer ordered first
-                    self._calls.read(ple_embeds)
-                    if ple_embeds._last_stream is not None:
-                        ple_embeds._order_consumer(s._handle)
                 self._run_plan(plan, x, s, keep=inputs_embeds)
                 return self.io.output_logits
-        split = None
-        if not staged and (ple_embeds is not None or self.cfg.gemma4 is not None):
-            split = self._stage_ple(ple_embeds, inputs_embeds, stream)
+        split = None if staged else self._ple.prepare(ple_embeds, inputs_embeds, self, stream)
         return self._decode_checked(inputs_embeds, stream, slots, split, ple_embeds if split is not None else None)
 
     @property
@@ -343,9 +315,8 @@ class LLMSetup(SetupBase):
     def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None,
                         split: PleSplit | None = None, ple: Tensor | None = None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``); lays the
-        step out as a plan and runs it (a decode of every active sequence keeps the plan for the next). ``split``:
-        the step's PLE split of the device tensor ``ple`` (:meth:`_stage_ple`), run as the last of the plan's work
-        before the engine."""
+        step out as a plan and runs it (a decode of every active sequence keeps the plan for the next), ``split`` (the
+        PLE split of the device tensor ``ple``, :meth:`PleInputs.prepare`) last in its work."""
         self._check_usable()
         self._plan = None
         seqs, e = self._seqs, self._engine
@@ -380,7 +351,7 @@ class LLMSetup(SetupBase):
                 seqs.copy(e.role, pages.moves, s)
             work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key))
             if split is not None:
-                work = self._ple_work.get((work, split)) or self._ple_work.put((work, split), (*work, split))
+                work = self._ple.plan_work(work, split)
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
