@@ -423,32 +423,32 @@ def test_incremental_steps_equal_recomputing_each_sequence_and_a_consumer_bound_
 def test_the_gpus_unchecked_step_equals_the_checked_one_and_a_bad_page_gives_nan_and_writes_nothing() -> None:
     """The path the GPU runs (no host check: numpy here, CuPy there) gives the checked step's logits; a sequence whose
     page table leaves a page it reads unmapped computes NaN and writes no K/V, the other sequence is unchanged."""
-    cfg = _toy_gemma4()
+    raw = _raw()
+    raw["sliding_window_size"] = 40
+    raw["builder_config"].update(max_kv_cache_capacity=256, max_input_len=256, max_kv_pool_pages=4, max_batch_size=2)
+    cfg = LLMEngineConfig.from_edgellm(raw, what="g.json")  # 2 pages per sequence (full SWA mode)
     rng = np.random.default_rng(8)
     prompts = {0: rng.integers(2, 1000, 150).tolist(), 1: rng.integers(2, 1000, 30).tolist()}
-    runs = [_Run(cfg, bounded=True), _Run(cfg, bounded=True, compute="unchecked")]
+    runs = [_Run(cfg, bounded=False), _Run(cfg, bounded=False, compute="unchecked")]
     for run in runs:
         for slot in prompts:
             run.admit(slot)
     first = [run.step(prompts) for run in runs]
     for slot in prompts:
-        np.testing.assert_allclose(first[1][slot], first[0][slot], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(first[1][slot], first[0][slot], rtol=1e-4, atol=1e-4)
     run = runs[1]
-    run.kv_rows[0, :, 0] = -1  # sequence 0's first full-storage page (it writes on its second): unmapped
+    run.kv_rows[0, :, 0] = -1  # sequence 0's first page (it writes on its second): unmapped
     before = {k: v.copy() for k, v in run.pools.items()}
     logits = run.step({0: [5], 1: [6]})
     want = runs[0].step({0: [5], 1: [6]})
     assert np.isnan(logits[0]).all()
-    np.testing.assert_allclose(logits[1], want[1], rtol=1e-5, atol=1e-5)
-    assert run.swa is not None
-    g = run.g
-    for layer in range(g.num_layers):  # sequence 0 wrote nothing; sequence 1 its row (slot 30 of its first page)
-        name = names.past_key_values(layer)
-        page = run.swa.mapped(1)[0] if g.is_sliding(layer) else int(run.kv_rows[1, 0, 0])
-        pool, old = run.pools[name].copy(), before[name].copy()
-        assert not np.isnan(pool[0, page, 30]).any() and np.isnan(old[0, page, 30]).all()
-        pool[:, page, 30] = old[:, page, 30] = 0
-        np.testing.assert_array_equal(pool, old)
+    np.testing.assert_allclose(logits[1], want[1], rtol=1e-4, atol=1e-4)
+    page = int(run.kv_rows[1, 0, 0])
+    for name, pool in run.pools.items():  # sequence 0 wrote nothing; sequence 1 its row (slot 30 of its first page)
+        now, old = pool.copy(), before[name].copy()
+        assert not np.isnan(now[0, page, 30]).any() and np.isnan(old[0, page, 30]).all()
+        now[:, page, 30] = old[:, page, 30] = 0
+        np.testing.assert_array_equal(now, old)
     runs[0].kv_rows[0, :, 0] = -1
     with pytest.raises(InvalidValueError, match="kv_page_table: layer 2 reads slot 0 of sequence 0"):
         runs[0].step({0: [5], 1: [6]})
@@ -851,7 +851,7 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
     path = toy_engine_dir("toy-gemma4-ragged")
     d = EngineDir.open(path)
     cfg, g = d.config, d.config.gemma4
-    assert g is not None and g.has_ple and g.sliding_window == 32
+    assert g is not None and g.has_ple and g.sliding_window == 16
     assert set(g.kinds) == {"sliding", "full"} and len(set(g.head_dims)) == 2 and any(x >= 0 for x in g.donors)
     assert g.sliding_rope != g.full_rope
     assert main(["plan", str(path)]) == 0
@@ -884,17 +884,18 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa_mode(graphs: bool,
                                                                                     backend: str) -> None:
-    """trtio demo's Gemma 4 section: the shipped directory's four prompts, 160 new tokens each (five windows and past
-    a page: the bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
+    """trtio demo's Gemma 4 section: two of the demo's prompts, 160 new tokens each (ten windows and past a page: the
+    bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
     from trtio.cuda.backend import get_backend
     from trtio.testing.toy_dirs import default_engines_dir
     from trtio.tools.demo import demo_prompts
     from trtio.tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
 
     _device(backend)
-    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0), 160, get_backend(backend), graphs=graphs)[GEMMA4_DIR]
+    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0)[:2], 160, get_backend(backend),
+                     graphs=graphs)[GEMMA4_DIR]
     assert out["swa_mode"].startswith("bounded SWA pool (20 pages") and out["full_mode"].startswith("full SWA")
-    assert out["new_tokens"] == 160 and len(out["tokens"]) == 4 and all(len(t) == 160 for t in out["tokens"])
+    assert out["new_tokens"] == 160 and len(out["tokens"]) == 2 and all(len(t) == 160 for t in out["tokens"])
     assert out["ok"], out
     assert "bounded SWA equals full SWA over 160 tokens: yes" in format_gemma4({GEMMA4_DIR: out})[0]
 

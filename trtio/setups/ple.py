@@ -57,7 +57,7 @@ class PleInputs:
             raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs (ple_token_embeds_i)")
         return self._g is not None
 
-    def prepare(self, ple_embeds: Any, inputs_embeds: Any, setup: Staging, stream: StreamLike, *,
+    def prepare(self, ple_embeds: Any, inputs_embeds: Any, setup: Staging, stream: StreamLike = None, *,
                 now: bool = False) -> PleSplit | None:
         """A step of ``setup``'s: where the engine takes per-layer embeddings (:meth:`wanted`), a closed or broken
         setup is refused before anything is copied, then :meth:`stage` on the step's stream; a device tensor's

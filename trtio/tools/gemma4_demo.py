@@ -1,13 +1,13 @@
 """``trtio demo``'s Gemma 4 toy: ``engines/toy-gemma4-ragged`` end to end (issue 34).
 
 The toy Gemma-4-like directory (per-layer KV geometry: sliding layers of 1 x 16, full layers of 1 x 32; a sliding
-window of 32 tokens; two RoPE tables; layers 4 and 5 reading layers 3's and 2's KV; per-layer embeddings; a
+window of 16 tokens; two RoPE tables; layers 4 and 5 reading layers 3's and 2's KV; per-layer embeddings; a
 ReferenceEngine computing ``trtio.testing.reference_gemma4``'s model) decodes the demo's prompts greedily with
 ``create_for_llm`` (CUDA graphs as asked), its tables gathered on the device by
 :meth:`EngineDir.embeddings <trtio.edgellm.EngineDir.embeddings>` (``inputs_embeds`` and ``ple_embeds``), twice:
 with the bounded SWA pool the directory's config builds for, and with full SWA storage (the config's
 ``num_swa_pages`` set below the bounded budget, which forces full mode). The sequences grow past three windows
-(97 new tokens at least; given 160 or more, past a page and a window too, so the bounded windows retire their first
+(49 new tokens at least; given 160 or more, past a page and a window too, so the bounded windows retire their first
 page); the check: both give the same tokens. :func:`run_gemma4` returns a JSON-able summary,
 :func:`format_gemma4` its lines.
 """
