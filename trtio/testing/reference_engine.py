@@ -871,6 +871,9 @@ class ReferenceExecutionContext:
         for decl in engine._decls:
             if decl.alias is not None or decl.name in unread:
                 continue  # a present_* output is its cache input's memory; shape-only inputs have no data
+            if decl.name == names.kSwaKVCacheMode:  # Gemma 4's shape-only mode (extent 0 or 1): its shape alone
+                views[decl.name] = np.empty(shapes[decl.name], np.int8)
+                continue
             # bf16 and fp8 are computed on as their bits (CuPy has neither dtype)
             raw_bits: dict[DType, np.dtype] = {DType.BFLOAT16: np.dtype("uint16"), DType.FP8: np.dtype("uint8")}
             dtype = raw_bits.get(decl.dtype, decl.dtype.storage_numpy)
