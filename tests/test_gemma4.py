@@ -833,12 +833,14 @@ def test_the_bench_config_is_a_gemma4_model_of_the_dense_ones_size() -> None:
 
 # -- the shipped toy directory ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("backend,array", [("host", "numpy"), pytest.param("cuda", "torch", marks=pytest.mark.gpu),
+                                           pytest.param("cuda", "cupy", marks=pytest.mark.gpu)])
 def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str, array: str) -> None:
     """engines/toy-gemma4-ragged has all five features (sliding 1 x 16 and full 1 x 32 pools, a bounded SWA pool,
     two RoPE tables, layers 4 and 5 on their donors' pools, PLE) and, run by examples/generate.py (its tables
-    gathered by EngineDir.embeddings on the device, PLE rows included), gives the greedy tokens of the host
-    runtime of the toy model in full SWA mode fed the directory's tables."""
+    gathered by EngineDir.embeddings on the device, PLE rows included; on the GPU from the argmax's ids on the
+    device), gives the greedy tokens of the runtime of the toy model in full SWA mode fed the directory's tables."""
     import os
     import re
     import subprocess
@@ -848,6 +850,11 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
     from trtio.edgellm import EngineDir
     from trtio.testing.toy_dirs import toy_engine_dir
 
+    device = _device(backend)
+    if array == "torch":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("torch has no CUDA here")
     path = toy_engine_dir("toy-gemma4-ragged")
     d = EngineDir.open(path)
     cfg, g = d.config, d.config.gemma4
@@ -858,15 +865,15 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
     assert "SWA mode: bounded SWA pool (20 pages, 5 per sequence)" in capsys.readouterr().out
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(root / "examples" / "generate.py"), str(path), "--max-new-tokens", "12",
-                           "--backend", "host"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+                           "--backend", backend, "--array", array], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr
     got = [[int(t) for t in m.group(1).split(", ")] for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$",
                                                                           proc.stdout, re.M)]
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     prompts = [tok.encode(p).ids for p in ("Once upon a time", "The quick brown fox jumps over the lazy dog.")]
-    run = _Run(cfg, bounded=False)
+    run = _Run(cfg, bounded=False, compute=device)  # on the GPU: the same kernels, the same rounding
     run.emb, run.ple = np.asarray(d.embedding_table()), np.asarray(d.ple_embedding_table())
     want = []
     for slot, prompt in enumerate(prompts):
