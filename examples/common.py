@@ -94,26 +94,41 @@ def check_budget(d: trtio.EngineDir, longest_prompt: int, max_new_tokens: int, e
                                                     f"(max_kv_cache_capacity): at most {max(room, 0)} here")
 
 
-def open_directory(path: Path, backend: str, **tree: int) -> tuple[Any, np.ndarray, np.ndarray | None]:
-    """(setup, float16 embedding table, draft-to-target map or None) of an engine directory. ``tree`` is a pair's
-    draft_top_k, draft_step and verify_size."""
+def open_directory(path: Path, backend: str, **tree: int) -> tuple[Any, Any, np.ndarray | None]:
+    """(setup, the directory's token embeddings on the setup's device (``EngineDir.embeddings``), draft-to-target
+    map or None) of an engine directory; close the embeddings with the setup. ``tree`` is a pair's draft_top_k,
+    draft_step and verify_size."""
     d = trtio.EngineDir.open(path)
-    table = np.array(d.embedding_table())  # a copy: the file's memory map is read-only
     d2t = d.draft_to_target() if d.kind == "spec_decode" else None
+    setup = _setup(d, path, backend, tree)
+    return setup, d.embeddings(setup.io.backend, trtio.Stream.default(setup.io.backend)), d2t
+
+
+def _setup(d: trtio.EngineDir, path: Path, backend: str, tree: dict[str, int]) -> Any:
     be = None if backend == "auto" else backend
     if d.has_engines:
-        return trtio.create_from_engine_dir(path, graphs=True, backend=be, **tree), table, d2t
+        return trtio.create_from_engine_dir(path, graphs=True, backend=be, **tree)
     # Configs only (the toys): ReferenceEngines with the toy model's seeded weights, computing where the backend is.
     device = {"cuda": "gpu"}.get(backend, backend)
     if d.kind == "llm":
         engine = ReferenceEngine.from_config(d.config, weights=ToyWeights.generate(d.config), device=device)
-        return trtio.create_for_llm(engine, d.config, graphs=True), table, d2t
+        return trtio.create_for_llm(engine, d.config, graphs=True)
     weights = ToyWeights.generate(d.base_config)
     base = ReferenceEngine.from_config(d.base_config, weights=weights, device=device)
     draft = ReferenceEngine.from_config(d.draft_config, device=device,
                                         weights=ToyWeights.generate_draft(d.draft_config, weights))
     bundle = d.deployment(tree["draft_top_k"], tree["draft_step"], tree["verify_size"])
-    return trtio.create_for_spec_decode(base, draft, bundle, graphs=True), table, d2t
+    return trtio.create_for_spec_decode(base, draft, bundle, graphs=True)
+
+
+def embedded(emb: Any, lib: Any, ids: Any) -> tuple[Any, dict[str, Any]]:
+    """A step's ``inputs_embeds`` for token ids ``[batch, seq]`` (host ints or ``lib``'s arrays on the device),
+    gathered on the device by the directory's embeddings (``emb``, from :func:`open_directory`) on trtio's stream,
+    and the step's other embedding inputs as keywords (a Gemma 4 directory's ``ple_embeds``)."""
+    out = emb.embed(lib.ids(ids), lib.stream)
+    if isinstance(out, tuple):
+        return out[0], {"ple_embeds": out[1]}
+    return out, {}
 
 
 def prompt_ids(path: Path) -> list[list[int]]:
@@ -163,6 +178,10 @@ class Numpy:
     def to_input(self, x: Any) -> Any:
         return x
 
+    def ids(self, x: Any) -> Any:
+        """Token ids as the directory's embeddings take them: host ints, or int32 on the device."""
+        return np.asarray(x)
+
     def host(self, x: Any) -> np.ndarray:
         return np.asarray(x)
 
@@ -203,6 +222,11 @@ class Torch(Numpy):
     def to_input(self, x: Any) -> Any:
         return x.contiguous()  # a step reads it in place, on trtio's stream, which torch runs on
 
+    def ids(self, x: Any) -> Any:
+        if isinstance(x, np.ndarray):  # a prompt's ids, from the host
+            return x
+        return x.to(self.torch.int32).contiguous()  # read in place on the device (host ints on the CPU)
+
     def host(self, x: Any) -> np.ndarray:
         return np.asarray(x.cpu().numpy())
 
@@ -241,6 +265,11 @@ class Cupy(Numpy):
 
     def to_input(self, x: Any) -> Any:
         return self.cupy.ascontiguousarray(x)  # a step reads it in place (DLPack), on trtio's stream
+
+    def ids(self, x: Any) -> Any:
+        if isinstance(x, np.ndarray):  # a prompt's ids, from the host
+            return x
+        return self.cupy.ascontiguousarray(x, dtype=self.cupy.int32)  # read in place on the device
 
     def host(self, x: Any) -> np.ndarray:
         return np.asarray(self.cupy.asnumpy(x))

@@ -14,9 +14,10 @@ library (``EDGELLM_PLUGIN_PATH`` is read too); it needs full TensorRT and a GPU 
 By default ``trtio.create_from_engine_dir`` opens the directory, loads the plugin, deserializes the engines and binds
 them. ``--load-engine`` does the same one call at a time: ``trtio.EngineDir.open``, ``trtio.load_engine`` for each
 engine file, then ``trtio.create_for_llm`` (or ``trtio.create_for_spec_decode`` with the directory's
-``deployment``). Tokens come from greedy decoding (``trtio.testing.greedy_generate``; a pair decodes speculatively
-with ``trtio.testing.spec_generate``, whose tokens are the base's greedy ones). Prints each prompt's tokens, the
-text, and the tokens per second.
+``deployment``). Tokens come from greedy decoding (``examples/generate.py``'s loop; a pair decodes speculatively
+with ``examples/speculative.py``'s, whose tokens are the base's greedy ones), the embedding rows gathered on the
+device by the directory's ``EngineDir.embeddings()`` (a Gemma 4 directory's per-layer rows too), the logits sampled
+with numpy. Prints each prompt's tokens, the text, and the tokens per second.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from common import positive_int, run
+from common import Numpy, positive_int, run
+from generate import generate
+from speculative import Tree, speculative
 
 import trtio
-from trtio.testing import greedy_generate, spec_generate
 
 PROMPT = "Once upon a time"
 
@@ -73,12 +74,14 @@ def bind(d: trtio.EngineDir, plugins: list[Path], tree: dict[str, int], by_hand:
 def tokens_of(d: trtio.EngineDir, setup: Any, prompts: list[list[int]], count: int,
               tree: dict[str, int]) -> tuple[list[list[int]], str]:
     """Each prompt's ``count`` greedy tokens, and how they were decoded."""
-    table = np.array(d.embedding_table())  # float16 [vocab, hidden]; a copy: the file's map is read-only
-    if d.kind == "llm":
-        return greedy_generate(setup, table, prompts, count), "greedy"
-    tokens, stats = spec_generate(setup, table, prompts, count, depth=tree["draft_step"], top_k=tree["draft_top_k"],
-                                  verify_size=tree["verify_size"], draft_to_target=d.draft_to_target())
-    return tokens, f"speculative, {stats.accepted_per_verify:.2f} accepted tokens per verify"
+    stream = trtio.Stream.default(setup.io.backend)  # the setup runs on the thread's default stream
+    lib = Numpy(stream)
+    with d.embeddings(setup.io.backend, stream) as emb:
+        if d.kind == "llm":
+            return generate(setup, emb, prompts, count, lib).tolist(), "greedy"
+        tokens, stats = speculative(setup, emb, d.draft_to_target(), prompts, count, lib,
+                                    Tree(tree["draft_top_k"], tree["draft_step"]))
+    return tokens, f"speculative, {stats['accepted_per_verify']:.2f} accepted tokens per verify"
 
 
 def main() -> None:

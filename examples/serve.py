@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import array_library, check_budget, check_kind, open_directory, parser, run
+from common import array_library, check_budget, check_kind, embedded, open_directory, parser, run
 
 import trtio
 
@@ -69,11 +69,11 @@ def eos_ids(path: Path) -> set[int]:
     return {int(t) for t in (raw if isinstance(raw, list) else [raw])}
 
 
-def serve(setup: Any, table: np.ndarray, reqs: list[Request], lib: Any, eos: set[int]) -> dict[str, int]:
-    """Serve ``reqs`` (filled in place: slot, steps, tokens, why each ended); returns the steps and tokens."""
+def serve(setup: Any, emb: Any, reqs: list[Request], lib: Any, eos: set[int]) -> dict[str, int]:
+    """Serve ``reqs`` (filled in place: slot, steps, tokens, why each ended); returns the steps and tokens. ``emb``:
+    the directory's embeddings (``EngineDir.embeddings``)."""
     slots = setup.io.max_batch
     with lib.running():
-        emb = lib.array(table)  # the embedding table, on the device with a GPU
         pending = lib.array(np.zeros(slots, np.int64))  # each slot's next input token, on the device
         waiting = deque(sorted(reqs, key=lambda r: r.arrive))
         where: dict[int, Request] = {}  # slot -> the request it serves
@@ -94,15 +94,16 @@ def serve(setup: Any, table: np.ndarray, reqs: list[Request], lib: Any, eos: set
                 r = waiting.popleft()
                 r.slot, r.admitted = next(s for s in range(slots) if s not in where), step
                 where[r.slot] = r
-                ids = lib.array(np.array([r.prompt]))
-                logits = setup.prefill(lib.to_input(emb[ids]), [len(r.prompt)], slots=[r.slot])
+                x, extra = embedded(emb, lib, np.array([r.prompt]))
+                logits = setup.prefill(x, [len(r.prompt)], slots=[r.slot], **extra)
                 first = lib.logits(logits)[0].argmax()
                 pending[r.slot] = first
                 take(r, int(lib.host(first)))  # the first token, streamed as soon as it is there
             if where:
                 active = setup.active  # ascending, the order decode takes them in
                 rows = lib.array(active)
-                logits = setup.decode(lib.to_input(emb[pending[rows]][:, None, :]))
+                x, extra = embedded(emb, lib, pending[rows][:, None])
+                logits = setup.decode(x, **extra)
                 nxt = lib.logits(logits).argmax(-1)
                 pending[rows] = nxt
                 for slot, token in zip(active.tolist(), lib.host(nxt).tolist()):  # the step's one read
@@ -119,16 +120,16 @@ def main() -> None:
     d = check_kind(p, args.engine_dir, "llm")
     check_budget(d, max(len(ids) for ids in token_ids(args.engine_dir, TEXTS)), args.max_new_tokens)
     eos = set(args.eos) if args.eos is not None else eos_ids(args.engine_dir)
-    setup, table, _ = open_directory(args.engine_dir, args.backend)
-    with setup:
+    setup, emb, _ = open_directory(args.engine_dir, args.backend)
+    with setup, emb:
         lib = array_library(args.array, setup)
         warm = requests(args.engine_dir, args.max_new_tokens)
         for r in warm:
             r.budget = min(r.budget, 4)
-        serve(setup, table, warm, lib, eos)  # warm-up: the decode graphs of most batch sizes are captured here
+        serve(setup, emb, warm, lib, eos)  # warm-up: the decode graphs of most batch sizes are captured here
         reqs = requests(args.engine_dir, args.max_new_tokens)
         start = time.perf_counter()
-        stats = serve(setup, table, reqs, lib, eos)
+        stats = serve(setup, emb, reqs, lib, eos)
         seconds = time.perf_counter() - start
     for i, r in enumerate(reqs):
         print(f"request {i}: {len(r.prompt)} prompt tokens, arrived at step {r.arrive}, admitted at step "

@@ -22,6 +22,7 @@ from common import (
     array_library,
     check_budget,
     check_kind,
+    embedded,
     open_directory,
     padded,
     parser,
@@ -50,20 +51,24 @@ class Tree:
         self.emit_columns = np.array([p[1:] + [n] * (depth + 1 - len(p[1:])) for p in self.paths])
 
 
-def speculative(setup: Any, table: np.ndarray, d2t: np.ndarray, prompts: list[list[int]], max_new_tokens: int,
+def speculative(setup: Any, emb: Any, d2t: np.ndarray, prompts: list[list[int]], max_new_tokens: int,
                 lib: Any, tree: Tree) -> tuple[list[list[int]], dict[str, float]]:
-    """Each prompt's first ``max_new_tokens`` tokens, and the rounds and accepted draft tokens per verify."""
+    """Each prompt's first ``max_new_tokens`` tokens, and the rounds and accepted draft tokens per verify. ``emb``: the
+    directory's embeddings (``EngineDir.embeddings``: the base's table, which the EAGLE3 draft reads too)."""
     k, depth, batch = tree.k, tree.depth, len(prompts)
     with lib.running():
-        emb, to_target = lib.array(table), lib.array(d2t)
+        to_target = lib.array(d2t)
+        def gather(ids: Any) -> Any:
+            return embedded(emb, lib, ids)[0]  # an EAGLE3 pair has no per-layer embeddings
+
         parent_of = lib.array(np.maximum(tree.parents, 0))
         depth_of, emit_columns = lib.array(tree.depth_of), lib.array(tree.emit_columns)
         rows = lib.array(np.arange(batch))
         ids, lengths = padded(prompts)
-        pending = lib.logits(setup.base_prefill(lib.to_input(emb[lib.array(ids)]), lengths)).argmax(-1)
+        pending = lib.logits(setup.base_prefill(gather(ids), lengths)).argmax(-1)
         shifted = lib.array(np.concatenate([ids[:, 1:], ids[:, :1]], axis=1))  # the prompt shifted by one token
         shifted[rows, lib.array(lengths - 1)] = pending
-        draft_logits = lib.logits(setup.draft_prefill(lib.to_input(emb[shifted]), lengths))
+        draft_logits = lib.logits(setup.draft_prefill(gather(shifted), lengths))
         out: list[list[int]] = [[] for _ in prompts]
         first = lib.host(pending)
         rounds = accepted = 0
@@ -72,11 +77,11 @@ def speculative(setup: Any, table: np.ndarray, d2t: np.ndarray, prompts: list[li
             levels = [pending[:, None], level]
             for n in range(1, depth):  # the draft reads level n - 1 (joining its tree) and proposes level n
                 parents = np.full(k, -1) if n == 1 else np.arange(k) + (n - 2) * k
-                step = lib.logits(setup.draft_propose(lib.to_input(emb[level]), parents=parents))
+                step = lib.logits(setup.draft_propose(gather(level), parents=parents))
                 level = to_target[step.argmax(-1)].reshape(batch, k)
                 levels.append(level)
             tokens = lib.cat(levels)  # [batch, N]
-            greedy = lib.logits(setup.verify(lib.to_input(emb[tokens]), tree.parents)).argmax(-1).reshape(batch, -1)
+            greedy = lib.logits(setup.verify(gather(tokens), tree.parents)).argmax(-1).reshape(batch, -1)
             ok = tokens == greedy[:, parent_of]  # the base chose this token after its parent
             ok[:, 0] = True
             for _ in range(depth):
@@ -92,7 +97,7 @@ def speculative(setup: Any, table: np.ndarray, d2t: np.ndarray, prompts: list[li
             rounds += 1
             accepted += sum(len(p) - 1 for p in paths)
             pending = bonus
-            draft_logits = lib.logits(setup.draft_accept(lib.to_input(emb[emitted]), [len(p) for p in paths]))
+            draft_logits = lib.logits(setup.draft_accept(gather(emitted), [len(p) for p in paths]))
         tokens_out = [[int(f)] + o for f, o in zip(first, out)]
     stats = {"rounds": rounds, "accepted_per_verify": accepted / max(rounds * batch, 1)}
     return [t[:max_new_tokens] for t in tokens_out], stats
@@ -107,14 +112,14 @@ def main() -> None:
     tree = Tree(args.top_k, args.depth)
     prompts = prompt_ids(args.engine_dir)
     check_budget(d, max(map(len, prompts)), args.max_new_tokens, extra=len(tree.parents) + args.depth)
-    setup, table, d2t = open_directory(args.engine_dir, args.backend, draft_top_k=args.top_k, draft_step=args.depth,
+    setup, emb, d2t = open_directory(args.engine_dir, args.backend, draft_top_k=args.top_k, draft_step=args.depth,
                                        verify_size=len(tree.parents))
     assert d2t is not None
-    with setup:
+    with setup, emb:
         lib = array_library(args.array, setup)
-        speculative(setup, table, d2t, prompts, 8, lib, tree)  # warm-up: the steps' CUDA graphs are captured here
+        speculative(setup, emb, d2t, prompts, 8, lib, tree)  # warm-up: the steps' CUDA graphs are captured here
         start = time.perf_counter()
-        tokens, stats = speculative(setup, table, d2t, prompts, args.max_new_tokens, lib, tree)
+        tokens, stats = speculative(setup, emb, d2t, prompts, args.max_new_tokens, lib, tree)
         seconds = time.perf_counter() - start
     for i, row in enumerate(tokens):
         print(f"tokens {i}: {row}")

@@ -76,9 +76,11 @@ def prompt_ids(path: Path, question: str, vcfg: trtio.VisualConfig) -> list[int]
     return marker + Tokenizer.from_file(str(path / "tokenizer.json")).encode(question).ids
 
 
-def serve(setup: Any, table: np.ndarray, prompts: list[list[int]], images: list[np.ndarray], admit: list[int],
-          budget: int, eos: set[int]) -> list[list[int]]:
-    """Greedy tokens of each request, request ``i`` admitted at decode step ``admit[i]`` into a free slot."""
+def serve(setup: Any, table: np.ndarray, emb: Any, prompts: list[list[int]], images: list[np.ndarray],
+          admit: list[int], budget: int, eos: set[int]) -> list[list[int]]:
+    """Greedy tokens of each request, request ``i`` admitted at decode step ``admit[i]`` into a free slot. A prompt's
+    embeddings are its token rows of ``table`` with the image's rows spliced over them (``trtio.vision.splice``); a
+    decode's are gathered on the device by the directory's embeddings ``emb`` (``EngineDir.embeddings``)."""
     visual = setup.visual
     tokens: list[list[int]] = [[] for _ in prompts]
     slot_of: dict[int, int] = {}  # request -> slot, while it runs
@@ -100,7 +102,7 @@ def serve(setup: Any, table: np.ndarray, prompts: list[list[int]], images: list[
                 del slot_of[i]
         if slot_of:
             order = sorted(slot_of, key=slot_of.__getitem__)  # the active slots, ascending
-            x = np.stack([table[tokens[i][-1]] for i in order])[:, None, :]
+            x = emb.embed(np.array([[tokens[i][-1]] for i in order]))
             rows = setup.decode(x).to_numpy()
             for row, i in zip(rows, order):
                 tokens[i].append(int(row.argmax()))
@@ -122,10 +124,10 @@ def main() -> None:
     d = trtio.EngineDir.open(args.engine_dir)
     table = np.array(d.embedding_table(), np.float32)
     eos = set(d.raw().get("eos_token_id") or [])
-    with open_directory(args.engine_dir, args.backend) as setup:
+    with open_directory(args.engine_dir, args.backend) as setup, d.embeddings(setup.io.backend) as emb:
         prompts = [prompt_ids(args.engine_dir, q, setup.visual.cfg) for q in QUESTIONS]
         start = time.perf_counter()
-        tokens = serve(setup, table, prompts, images, [0, 3], args.max_new_tokens, eos)
+        tokens = serve(setup, table, emb, prompts, images, [0, 3], args.max_new_tokens, eos)
         seconds = time.perf_counter() - start
         backend = setup.io.backend.name
     for i, row in enumerate(tokens):

@@ -12,7 +12,9 @@ cannot hold links, lays the directories out):
   has a token;
 * ``embedding.safetensors``: the toy token embedding table the demo and the tests use,
   ``trtio.testing.toy_model.toy_embedding(vocab, hidden, seed)`` as float16, under Edge-LLM's tensor name
-  ``"embedding"``.
+  ``"embedding"``;
+* the Gemma-4-like toy's own ``toy-gemma4-ragged/ple_embedding.safetensors``: its per-layer embedding table,
+  ``trtio.testing.reference_gemma4.toy_ple_embedding(cfg)``, under Edge-LLM's tensor name ``"weight"``.
 
 ``tests/test_generate.py`` checks that the committed files and links are what this script makes. Run it after
 changing the toy configs or this text::
@@ -34,11 +36,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtio.edgellm import EMBEDDING_FILE  # noqa: E402 - after the path set-up, so a checkout runs as it is
+from trtio.edgellm import EMBEDDING_FILE, PLE_EMBEDDING_FILE, EngineDir  # noqa: E402 - after the path set-up
+from trtio.testing.reference_gemma4 import toy_ple_embedding  # noqa: E402
 from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_ASSETS, TOY_DIRECTORIES, linked_assets  # noqa: E402
 from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, VisionToyEngines  # noqa: E402
 
 TOKENIZER_FILE = "tokenizer.json"
+GEMMA4_DIR = "toy-gemma4-ragged"  # its per-layer embedding table is its own
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2: the toy configs' eos_token_id is [2]
 # The vision-language toy's markers, ids 3 .. 6 (its configs' vision_start / vision_end / image / video token ids).
@@ -143,6 +147,11 @@ def make_assets(engines: Path) -> dict[str, bytes]:
                  TOKENIZER_CONFIG_FILE: tokenizer_config(vlm.config.max_supported_input_length).encode()}
     for name in OWN_ASSETS["toy-vlm-ragged"]:
         out[f"toy-vlm-ragged/{name}"] = vlm_files[name]
+    gemma4 = EngineDir.open(engines / GEMMA4_DIR).config
+    if (gemma4.vocab_size, gemma4.hidden_size) != (cfg.vocab_size, cfg.hidden_size):
+        raise SystemExit(f"make_toy_assets: {GEMMA4_DIR}'s vocabulary or hidden size differs from the others': it "
+                         f"cannot link {ASSETS_DIR}/{EMBEDDING_FILE}")
+    out[f"{GEMMA4_DIR}/{PLE_EMBEDDING_FILE}"] = safetensors_bytes({"weight": toy_ple_embedding(gemma4)})
     return out
 
 

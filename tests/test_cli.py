@@ -269,7 +269,7 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
                                                   "toy-qwen35-dflash-ragged: speculative equal yes; "
                                                   "toy-qwen35-ragged: admissions equal yes; toy-nemotron-h-ragged: "
                                                   "admissions equal yes; toy-lora-ragged: adapters switch cleanly "
-                                                  "yes -> OK")
+                                                  "yes; toy-gemma4-ragged: bounded SWA equal yes -> OK")
 
 
 def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: pytest.MonkeyPatch,
@@ -286,8 +286,8 @@ def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: 
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--max-new-tokens", "6")
     assert rc == 1
     assert "each request's tokens equal its solo greedy run: NO" in out
-    assert out.rstrip().splitlines()[-1].endswith("admissions equal NO; toy-lora-ragged: adapters switch cleanly yes "
-                                                  "-> FAILED")
+    assert out.rstrip().splitlines()[-1].endswith("admissions equal NO; toy-lora-ragged: adapters switch cleanly yes; "
+                                                  "toy-gemma4-ragged: bounded SWA equal yes -> FAILED")
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--max-new-tokens", "6", "--json")
     s = json.loads(out)
     assert rc == 1 and not s["ok"] and not s["contracts"]["ragged"]["admissions"]["equal"]

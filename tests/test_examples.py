@@ -113,7 +113,7 @@ def test_the_speculative_rounds_accept_draft_tokens(array: str) -> None:
     tree = example.Tree(2, 3)
     setup, table, d2t = common.open_directory(ENGINES / "toy-eagle3-ragged", "host", draft_top_k=2, draft_step=3,
                                               verify_size=7)
-    with setup:
+    with setup, table:
         tokens, stats = example.speculative(setup, table, d2t, common.prompt_ids(ENGINES / "toy-eagle3-ragged"), 40,
                                             common.array_library(array, setup), tree)
     assert tokens == greedy_tokens(40)
@@ -260,7 +260,7 @@ def test_device_loops_make_no_host_synchronisation_per_step(array: str) -> None:
     prompts = common.prompt_ids(ENGINES / "toy-llm-ragged")
 
     setup, table, _ = common.open_directory(ENGINES / "toy-llm-ragged", "cuda")
-    with setup:
+    with setup, table:
         lib = common.array_library(array, setup)
         greedy_example.generate(setup, table, prompts, 4, lib)  # capture the graphs first
         syncs, counts = be.sync_count, []
@@ -276,7 +276,7 @@ def test_device_loops_make_no_host_synchronisation_per_step(array: str) -> None:
     tree = spec_example.Tree(2, 3)
     setup, table, d2t = common.open_directory(ENGINES / "toy-eagle3-ragged", "cuda", draft_top_k=2, draft_step=3,
                                               verify_size=7)
-    with setup:
+    with setup, table:
         lib = common.array_library(array, setup)
         spec_example.speculative(setup, table, d2t, prompts, 8, lib, tree)
         syncs, counts, rounds = be.sync_count, [], []

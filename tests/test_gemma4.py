@@ -24,6 +24,21 @@ FIXTURES = Path(__file__).parent / "fixtures"
 ONNX = FIXTURES / "edgellm-0.11" / "gemma4-text-onnx"  # the exporter's graph and config
 BUILDER = FIXTURES / "edgellm" / "gemma4-ple-tiny" / "config.json"  # the builder's config (no ONNX)
 KEQV = FIXTURES / "edgellm" / "gemma4-keqv-tiny" / "config.json"
+# The host backend, and the cuda backend on an H200 (-m gpu): the toy model computed by CuPy on the device.
+BACKENDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+COMPUTES = ["host", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _device(backend: str) -> str:
+    """The ReferenceEngine device of ``backend`` ("gpu" for cuda: skips where no CUDA device or CuPy answers)."""
+    if backend in ("cuda", "gpu"):
+        from trtio.cuda.backend import cuda_available
+
+        if not cuda_available():
+            pytest.skip("no CUDA device answers here")
+        pytest.importorskip("cupy")
+        return "gpu"
+    return "host"
 
 
 def _raw(path: Path = ONNX / "config.json") -> dict[str, Any]:
@@ -219,15 +234,26 @@ class _Run:
     consumer bound to its donor's, or, with ``own_pools``, the planted bug of its own), a static ``kv_page_table``
     (slot b owns pages b*M ..), and the SWA table: ``kv_page_table`` itself (full mode) or
     :class:`BoundedSwaPages`' rows over a pool of ``max_batch x private`` pages (bounded mode). Tokens are embedded
-    from fixed random tables (``inputs_embeds`` and the PLE rows)."""
+    from fixed random tables (``inputs_embeds`` and the PLE rows). ``compute``: ``"host"`` (numpy, checked),
+    ``"unchecked"`` (numpy through the GPU's path: no check, bad data gives NaN) or ``"gpu"`` (CuPy, the reference
+    engine's kernels: the pools on the device)."""
 
-    def __init__(self, cfg: LLMEngineConfig, *, bounded: bool, own_pools: bool = False) -> None:
+    def __init__(self, cfg: LLMEngineConfig, *, bounded: bool, own_pools: bool = False, compute: str = "host") -> None:
         from trtio.testing.reference_gemma4 import Gemma4Weights
 
         g = cfg.gemma4
         assert g is not None
-        self.cfg, self.g, self.bounded = cfg, g, bounded
+        self.cfg, self.g, self.bounded, self.compute = cfg, g, bounded, compute
         self.w = Gemma4Weights.generate(cfg, 0)
+        self.xp: Any = np
+        self.kernels: dict[str, Any] = {}
+        if compute == "gpu":
+            cupy = pytest.importorskip("cupy")
+            from trtio.testing.reference_gpu import _GpuMatmul, _GpuScatterRows
+
+            self.xp = cupy
+            self.w = self.w.to(cupy.asarray)
+            self.kernels = {"mm": _GpuMatmul(cupy), "scatter": _GpuScatterRows(cupy)}
         rng = np.random.default_rng(7)
         self.emb = rng.standard_normal((cfg.vocab_size, cfg.hidden_size)).astype(np.float16)
         self.ple = rng.standard_normal((cfg.vocab_size, g.ple_layers * g.ple_hidden)).astype(np.float16)
@@ -241,7 +267,7 @@ class _Run:
             pages = swa_pages if g.is_sliding(layer) else cfg.kv_pool_pages
             shape = (2, pages, page, g.kv_heads[layer], g.head_dims[layer])
             if g.donors[layer] < 0 or own_pools:
-                self.pools[names.past_key_values(layer)] = np.full(shape, np.nan, np.float16)
+                self.pools[names.past_key_values(layer)] = self.xp.full(shape, np.nan, np.float16)
             else:
                 self.pools[names.past_key_values(layer)] = self.pools[names.past_key_values(g.donors[layer])]
         ids = np.arange(b * m).reshape(b, m)
@@ -274,7 +300,7 @@ class _Run:
             for i, s in enumerate(slots):
                 self.swa.advance(s, int(past[i] + ql[i]))
             swa_rows = self.swa.rows(slots)
-        io: dict[str, np.ndarray] = dict(self.pools)
+        io: dict[str, Any] = {}
         io.update({
             names.kInputsEmbeds: self.emb[ids.reshape(-1)],
             names.kQueryLengths: ql.astype(np.int32), names.kPastLengths: past.astype(np.int32),
@@ -290,9 +316,13 @@ class _Run:
         ple = self.ple[ids.reshape(-1)]
         for layer in range(g.ple_layers):
             io[names.ple_token_embeds(layer)] = ple[:, layer * g.ple_hidden:(layer + 1) * g.ple_hidden]
-        gemma4_forward(cfg, self.w, io)
+        if self.compute == "gpu":
+            io = {k: self.xp.asarray(np.ascontiguousarray(v)) for k, v in io.items()}
+        io.update(self.pools)
+        gemma4_forward(cfg, self.w, io, xp=self.xp, checked=self.compute == "host", **self.kernels)
+        logits = self.xp.asnumpy(io[names.kLogits]) if self.compute == "gpu" else io[names.kLogits]
         self.lengths[slots] += ql
-        return {s: io[names.kLogits][i] for i, s in enumerate(slots)}
+        return {s: logits[i] for i, s in enumerate(slots)}
 
 
 def _toy_gemma4(window: int = 40) -> LLMEngineConfig:
@@ -352,35 +382,76 @@ def _story(run: _Run) -> dict[str, list[int]]:
     return _generate(run, {0: p0}, 150, admit_at={5: (1, [p1a, p1b]), 101: (0, [p2])}, release_at={0: 100})
 
 
-def test_bounded_mode_equals_full_mode_token_for_token_over_more_than_three_windows() -> None:
+@pytest.mark.parametrize("compute", ["host", pytest.param("unchecked", marks=pytest.mark.slow), *COMPUTES[1:]])
+def test_bounded_mode_equals_full_mode_token_for_token_over_more_than_three_windows(compute: str) -> None:
+    """The toy model on numpy (checked, and unchecked: the GPU's path; slow here, every step attends over every
+    slot of a page-table row) and on CuPy (-m gpu)."""
+    _device(compute)
     cfg = _toy_gemma4()
     assert choose_swa_mode(cfg, 2, engine_mode_max=1, engine_swa_pages=(1, 16)).bounded
-    full, bounded = _story(_Run(cfg, bounded=False)), _story(_Run(cfg, bounded=True))
+    full, bounded = _story(_Run(cfg, bounded=False, compute=compute)), _story(_Run(cfg, bounded=True, compute=compute))
     assert len(full) == 3 and min(len(t) for t in full.values()) > 3 * 40
     assert full == bounded
 
 
-def test_incremental_steps_equal_recomputing_each_sequence_and_a_consumer_bound_to_its_own_pool_fails() -> None:
+@pytest.mark.parametrize("compute", COMPUTES)
+def test_incremental_steps_equal_recomputing_each_sequence_and_a_consumer_bound_to_its_own_pool_fails(
+        compute: str) -> None:
     """Decoding from the cache (full and bounded) gives the logits of a prefill of the whole sequence, which reads
     no cache: the KV-sharing consumers read their donors' entries."""
+    _device(compute)
     cfg = _toy_gemma4()
     rng = np.random.default_rng(5)
     prompt = rng.integers(2, 1000, 100).tolist()
     for bounded, own_pools in ((False, False), (True, False), (False, True)):
-        run = _Run(cfg, bounded=bounded, own_pools=own_pools)
+        run = _Run(cfg, bounded=bounded, own_pools=own_pools, compute=compute)
         run.admit(0)
         seq = list(prompt)
         logits = run.step({0: prompt})[0]
         for _ in range(60):
             seq.append(int(np.argmax(logits)))
             logits = run.step({0: [seq[-1]]})[0]
-        fresh = _Run(cfg, bounded=False)
+        fresh = _Run(cfg, bounded=False, compute=compute)
         fresh.admit(0)
         want = fresh.step({0: seq})[0]
         if own_pools:
             assert not np.allclose(logits, want, atol=1e-2), "a consumer bound to its own pool reads no donor entry"
         else:
             np.testing.assert_allclose(logits, want, atol=1e-2, rtol=1e-2)
+
+
+def test_the_gpus_unchecked_step_equals_the_checked_one_and_a_bad_page_gives_nan_and_writes_nothing() -> None:
+    """The path the GPU runs (no host check: numpy here, CuPy there) gives the checked step's logits; a sequence whose
+    page table leaves a page it reads unmapped computes NaN and writes no K/V, the other sequence is unchanged."""
+    raw = _raw()
+    raw["sliding_window_size"] = 40
+    raw["builder_config"].update(max_kv_cache_capacity=256, max_input_len=256, max_kv_pool_pages=4, max_batch_size=2)
+    cfg = LLMEngineConfig.from_edgellm(raw, what="g.json")  # 2 pages per sequence (full SWA mode)
+    rng = np.random.default_rng(8)
+    prompts = {0: rng.integers(2, 1000, 150).tolist(), 1: rng.integers(2, 1000, 30).tolist()}
+    runs = [_Run(cfg, bounded=False), _Run(cfg, bounded=False, compute="unchecked")]
+    for run in runs:
+        for slot in prompts:
+            run.admit(slot)
+    first = [run.step(prompts) for run in runs]
+    for slot in prompts:
+        np.testing.assert_allclose(first[1][slot], first[0][slot], rtol=1e-4, atol=1e-4)
+    run = runs[1]
+    run.kv_rows[0, :, 0] = -1  # sequence 0's first page (it writes on its second): unmapped
+    before = {k: v.copy() for k, v in run.pools.items()}
+    logits = run.step({0: [5], 1: [6]})
+    want = runs[0].step({0: [5], 1: [6]})
+    assert np.isnan(logits[0]).all()
+    np.testing.assert_allclose(logits[1], want[1], rtol=1e-4, atol=1e-4)
+    page = int(run.kv_rows[1, 0, 0])
+    for name, pool in run.pools.items():  # sequence 0 wrote nothing; sequence 1 its row (slot 30 of its first page)
+        now, old = pool.copy(), before[name].copy()
+        assert not np.isnan(now[0, page, 30]).any() and np.isnan(old[0, page, 30]).all()
+        now[:, page, 30] = old[:, page, 30] = 0
+        np.testing.assert_array_equal(now, old)
+    runs[0].kv_rows[0, :, 0] = -1
+    with pytest.raises(InvalidValueError, match="kv_page_table: layer 2 reads slot 0 of sequence 0"):
+        runs[0].step({0: [5], 1: [6]})
 
 
 def test_ple_rows_reach_their_layers() -> None:
@@ -396,15 +467,15 @@ def test_ple_rows_reach_their_layers() -> None:
 # -- the setup on the host backend -------------------------------------------------------------------------
 
 def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[int]], steps: int,
-                  release_at: dict[int, int] | None = None) -> dict[int, list[int]]:
+                  release_at: dict[int, int] | None = None, backend: str = "host") -> dict[int, list[int]]:
     """Greedy tokens of ``prompts`` (slot -> tokens) through the setup, ``steps`` decodes."""
     import trtio
     from trtio.testing import ReferenceEngine
 
     emb_run = _Run(cfg, bounded=False)  # its embedding tables
-    engine = ReferenceEngine.from_config(cfg, device="host")
+    engine = ReferenceEngine.from_config(cfg, device=_device(backend))
     out = {slot: list(p) for slot, p in prompts.items()}
-    with trtio.create_for_llm(engine, cfg, backend="host", graphs=graphs) as setup:
+    with trtio.create_for_llm(engine, cfg, backend=backend, graphs=graphs) as setup:
         for slot, p in prompts.items():
             ids = np.array([p])
             logits = setup.prefill(emb_run.emb[ids], [len(p)], slots=[slot], ple_embeds=emb_run.ple[ids])
@@ -423,7 +494,8 @@ def _setup_tokens(cfg: LLMEngineConfig, graphs: bool, prompts: dict[int, list[in
     return out
 
 
-def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int]], list[tuple[int, int]], int]:
+def _setup_story(cfg: LLMEngineConfig, graphs: bool, backend: str = "host"
+                 ) -> tuple[dict[str, list[int]], list[tuple[int, int]], int]:
     """The setup's greedy tokens for :func:`_story`'s requests (one prompt in one prefill each, a release and an
     admission on the way), the bounded SWA pool's (free, held) pages after every step (empty in full mode), and how
     many decodes ran the last checked decode's plan (every active sequence decodes: ``slots=None``)."""
@@ -437,7 +509,7 @@ def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int
     live: dict[int, str] = {}
     pool: list[tuple[int, int]] = []
     planned = 0
-    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device=_device(backend)), cfg, backend=backend,
                               graphs=graphs) as setup:
         checked = setup._decode_checked  # a decode that does not run the last plan checks in full
 
@@ -474,15 +546,16 @@ def _setup_story(cfg: LLMEngineConfig, graphs: bool) -> tuple[dict[str, list[int
     return out, pool, planned
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_the_setup_in_bounded_swa_mode_equals_full_mode_token_for_token(graphs: bool) -> None:
+def test_the_setup_in_bounded_swa_mode_equals_full_mode_token_for_token(graphs: bool, backend: str) -> None:
     """Window 40, pages of 128: sequences of 3 to 7 windows in a changing batch (an admission mid-way, a release
     and a new sequence in the freed slot) give the same tokens with the bounded SWA pool (10 pages: 2 x 5) as
     with full SWA storage; the bounded pool never holds more than its pages, each sequence its 5."""
     bounded_cfg = _toy_gemma4()
     full_cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # below 2 x 5 pages: full mode is forced
-    bounded, pool, planned = _setup_story(bounded_cfg, graphs)
-    full, none, full_planned = _setup_story(full_cfg, graphs)
+    bounded, pool, planned = _setup_story(bounded_cfg, graphs, backend)
+    full, none, full_planned = _setup_story(full_cfg, graphs, backend)
     assert not none and pool
     assert min(len(t) for t in full.values()) > 3 * 40
     assert bounded == full
@@ -492,15 +565,16 @@ def test_the_setup_in_bounded_swa_mode_equals_full_mode_token_for_token(graphs: 
     assert all(free + held == 10 and held == 5 * (held // 5) for free, held in pool)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_the_setup_binds_gemma4_and_decodes_as_the_toy_model(graphs: bool) -> None:
+def test_the_setup_binds_gemma4_and_decodes_as_the_toy_model(graphs: bool, backend: str) -> None:
     """create_for_llm on the toy Gemma 4 engine (full SWA mode: per-layer pools, consumers on their donors'
     pools, dual RoPE gathered per token, PLE staged per step) decodes what the toy model decodes."""
     cfg = _toy_gemma4()
     rng = np.random.default_rng(11)
     prompts = {0: rng.integers(2, 1000, 70).tolist(), 1: rng.integers(2, 1000, 30).tolist()}
-    got = _setup_tokens(cfg, graphs, prompts, 40)
-    run = _Run(cfg, bounded=False)
+    got = _setup_tokens(cfg, graphs, prompts, 40, backend=backend)
+    run = _Run(cfg, bounded=False, compute=_device(backend))  # the same kernels: the same rounding
     want: dict[int, list[int]] = {}
     for slot, p in prompts.items():
         run.admit(slot)
@@ -549,16 +623,17 @@ def _toy_dir(tmp: Path) -> Path:
     return tmp
 
 
-def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path, backend: str) -> None:
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import AsyncHostBackend
 
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
     table, ple = directory.embedding_table(), directory.ple_embedding_table()
     assert ple is not None and ple.shape == (1000, 96)
-    for backend in ("host", AsyncHostBackend(seed=1)):
-        with TokenEmbeddings.from_dir(directory, backend=backend) as emb:
+    _device(backend)
+    for be in ((backend, AsyncHostBackend(seed=1)) if backend == "host" else (backend,)):
+        with directory.embeddings(be) as emb:
             ids = np.array([[5, 999, 0], [7, 7, 3]])
             got = emb.embed(ids)
             assert isinstance(got, tuple)
@@ -567,6 +642,36 @@ def test_ple_rows_gathered_on_the_device_equal_the_table_rows(tmp_path: Path) ->
             np.testing.assert_array_equal(p.to_numpy(), ple[ids])
             with pytest.raises(trtio.ShapeError, match="id 1000 is outside the 1000 rows"):
                 emb.embed(np.array([[1, 1000]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_ids_on_the_device_gather_the_table_rows_without_a_host_read(tmp_path: Path, backend: str) -> None:
+    """EngineDir.embeddings() (default bound: max batch x max input) takes int32 ids already on the device (a
+    greedy loop's argmax) and gathers the same rows as host ids; other device dtypes and too many ids are refused
+    before anything is enqueued, and an id outside the table raises from the enqueued gather on the host backend."""
+    from trtio.edgellm import EngineDir
+    from trtio.tensor import Tensor
+
+    directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
+    table, ple = directory.embedding_table(), directory.ple_embedding_table()
+    assert ple is not None
+    cfg = directory.config
+    ids = np.array([[5, 999, 0], [7, 7, 3]])
+    _device(backend)
+    with directory.embeddings(backend) as emb:
+        assert emb.max_tokens == cfg.max_supported_batch_size * cfg.max_supported_input_length
+        on_device = Tensor.from_numpy(ids.astype(np.int32), backend=backend)
+        x, p = emb.embed(on_device)  # type: ignore[misc]
+        np.testing.assert_array_equal(x.to_numpy(), table[ids])
+        np.testing.assert_array_equal(p.to_numpy(), ple[ids])
+        with pytest.raises(trtio.ShapeError, match=r"token_ids: ids on the device must be int32 \[batch, seq\], got "
+                                                   r"int64 \[2, 3\]"):
+            emb.embed(Tensor.from_numpy(ids, backend=backend))
+        with pytest.raises(trtio.ShapeError, match="more than max_tokens"):
+            emb.embed(Tensor.from_numpy(np.zeros((1, emb.max_tokens + 1), np.int32), backend=backend))
+        if backend == "host":  # the cuda backend gathers no row for it (checking would synchronise the host)
+            with pytest.raises(InvalidValueError, match="source row 1000 at index 1 is outside the 1000 rows"):
+                emb.embed(Tensor.from_numpy(np.array([[1, 1000]], np.int32), backend=backend))
 
 
 def test_a_ple_table_of_the_wrong_width_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -580,12 +685,13 @@ def test_a_ple_table_of_the_wrong_width_is_refused_naming_the_file(tmp_path: Pat
         EngineDir.open(d).ple_embedding_table()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path, graphs: bool) -> None:
+def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path, graphs: bool, backend: str) -> None:
     """The directory's tables gathered by TokenEmbeddings feed the setup's steps (inputs_embeds and ple_embeds as
-    device tensors); the tokens are the toy model's, with a release and an admission on the way."""
+    device tensors; the steady decodes run their plan, the PLE split inside it); the tokens are the toy model's,
+    with a release and an admission on the way."""
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import ReferenceEngine
 
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
@@ -593,8 +699,8 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
     rng = np.random.default_rng(2)
     prompts = [rng.integers(2, 1000, n).tolist() for n in (60, 25, 45)]
     got: dict[str, list[int]] = {}
-    with TokenEmbeddings.from_dir(directory, backend="host") as emb, \
-            trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host",
+    with directory.embeddings(backend) as emb, \
+            trtio.create_for_llm(ReferenceEngine.from_config(cfg, device=_device(backend)), cfg, backend=backend,
                                  graphs=graphs) as setup:
         def admit(key: str, slot: int, prompt: list[int]) -> None:
             x, p = emb.embed(np.array([prompt]))  # type: ignore[misc]
@@ -611,10 +717,10 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
                 live[0] = "c"
             slots = sorted(live)
             x, p = emb.embed(np.array([[got[live[s]][-1]] for s in slots]))  # type: ignore[misc]
-            logits = setup.decode(x, slots=slots, ple_embeds=p).to_numpy()
+            logits = setup.decode(x, ple_embeds=p).to_numpy()  # every active sequence: a steady one runs its plan
             for row, slot in enumerate(slots):
                 got[live[slot]].append(int(np.argmax(logits[row])))
-    run = _Run(cfg, bounded=False)
+    run = _Run(cfg, bounded=False, compute=_device(backend))  # the same kernels: the same rounding
     want: dict[str, list[int]] = {}
     for key, slot, prompt, steps in (("a", 0, prompts[0], 12), ("b", 1, prompts[1], 30), ("c", 0, prompts[2], 18)):
         run.admit(slot)
@@ -637,6 +743,8 @@ def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_r
     assert "past_key_values_4: sliding, [2,10,128,1,32] = past_key_values_3's pool (KV sharing)" in out
     assert "SWA mode: bounded SWA pool (10 pages, 5 per sequence): window 40 tokens" in out
     assert "864.00 KiB in all" in out  # 4 pools allocated, not 6; the sliding ones of 10 pages
+    # kv_page_table's pages are the full layers' pool's (12), not the first (sliding, bounded) layer's 10
+    assert "the pool's 12 pages hold 2 such sequences, with 2 slots: 2 fit" in out
     fixture = tmp_path / "fixture"
     fixture.mkdir()
     (fixture / "config.json").write_text((ONNX / "config.json").read_text())
@@ -650,7 +758,6 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
     decode fed by TokenEmbeddings on the device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE
     row, and the sliding / full RoPE inputs each token's row of its own table at its position."""
     from trtio.edgellm import EngineDir
-    from trtio.embeddings import TokenEmbeddings
     from trtio.testing import ReferenceEngine
 
     if backend == "cuda":
@@ -664,7 +771,7 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
     assert g is not None and ple is not None
     engine = ReferenceEngine.from_config(cfg, device="host" if backend == "host" else "gpu", null_compute=True)
     ids = np.array([[11, 12, 13, 14, 15]])
-    with TokenEmbeddings.from_dir(directory, backend=backend) as emb, \
+    with directory.embeddings(backend) as emb, \
             trtio.create_for_llm(engine, cfg, backend=backend) as setup:
         for step, (tokens, positions) in enumerate(((ids, np.arange(5)), (np.array([[42]]), np.array([5])))):
             x, p = emb.embed(tokens)  # type: ignore[misc]
@@ -722,3 +829,127 @@ def test_the_bench_config_is_a_gemma4_model_of_the_dense_ones_size() -> None:
     assert len(g.owners) == 24 and all(g.kinds[g.owner(i)] == g.kinds[i] for i in range(36))
     assert cfg.hidden_size == llm.hidden_size and g.head_dims[5] == 2 * llm.head_dim
 
+
+
+# -- the shipped toy directory ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend,array", [("host", "numpy"), pytest.param("cuda", "torch", marks=pytest.mark.gpu),
+                                           pytest.param("cuda", "cupy", marks=pytest.mark.gpu)])
+def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str, array: str) -> None:
+    """engines/toy-gemma4-ragged has all five features (sliding 1 x 16 and full 1 x 32 pools, a bounded SWA pool,
+    two RoPE tables, layers 4 and 5 on their donors' pools, PLE) and, run by examples/generate.py (its tables
+    gathered by EngineDir.embeddings on the device, PLE rows included; on the GPU from the argmax's ids on the
+    device), gives the greedy tokens of the runtime of the toy model in full SWA mode fed the directory's tables."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from trtio.cli import main
+    from trtio.edgellm import EngineDir
+    from trtio.testing.toy_dirs import toy_engine_dir
+
+    device = _device(backend)
+    if array == "torch":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("torch has no CUDA here")
+    path = toy_engine_dir("toy-gemma4-ragged")
+    d = EngineDir.open(path)
+    cfg, g = d.config, d.config.gemma4
+    assert g is not None and g.has_ple and g.sliding_window == 16
+    assert set(g.kinds) == {"sliding", "full"} and len(set(g.head_dims)) == 2 and any(x >= 0 for x in g.donors)
+    assert g.sliding_rope != g.full_rope
+    assert main(["plan", str(path)]) == 0
+    assert "SWA mode: bounded SWA pool (20 pages, 5 per sequence)" in capsys.readouterr().out
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "examples" / "generate.py"), str(path), "--max-new-tokens", "12",
+                           "--backend", backend, "--array", array], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr
+    got = [[int(t) for t in m.group(1).split(", ")] for m in re.finditer(r"^tokens \d+: \[([\d, ]+)\]$",
+                                                                          proc.stdout, re.M)]
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    prompts = [tok.encode(p).ids for p in ("Once upon a time", "The quick brown fox jumps over the lazy dog.")]
+    run = _Run(cfg, bounded=False, compute=device)  # on the GPU: the same kernels, the same rounding
+    run.emb, run.ple = np.asarray(d.embedding_table()), np.asarray(d.ple_embedding_table())
+    want = []
+    for slot, prompt in enumerate(prompts):
+        run.admit(slot)
+        logits = run.step({slot: prompt})[slot]
+        row = []
+        for _ in range(12):
+            row.append(int(np.argmax(logits)))
+            logits = run.step({slot: [row[-1]]})[slot]
+        want.append(row)
+    assert got == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa_mode(graphs: bool,
+                                                                                    backend: str) -> None:
+    """trtio demo's Gemma 4 section: two of the demo's prompts, 160 new tokens each (ten windows and past a page: the
+    bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
+    from trtio.cuda.backend import get_backend
+    from trtio.testing.toy_dirs import default_engines_dir
+    from trtio.tools.demo import demo_prompts
+    from trtio.tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
+
+    _device(backend)
+    out = run_gemma4(default_engines_dir(), demo_prompts(512, 0)[:2], 160, get_backend(backend),
+                     graphs=graphs)[GEMMA4_DIR]
+    assert out["swa_mode"].startswith("bounded SWA pool (20 pages") and out["full_mode"].startswith("full SWA")
+    assert out["new_tokens"] == 160 and len(out["tokens"]) == 2 and all(len(t) == 160 for t in out["tokens"])
+    assert out["ok"], out
+    assert "bounded SWA equals full SWA over 160 tokens: yes" in format_gemma4({GEMMA4_DIR: out})[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_steady_decode_splits_its_device_ple_rows_inside_its_plan_and_another_source_is_checked(
+        graphs: bool, backend: str) -> None:
+    """A decode fed device PLE rows makes their split into the layers' inputs part of its plan's work (replayed in
+    the decode's graph): the steady decodes after it, fed the same tensor with new rows each step, run the plan
+    (no check) and the engine reads each step's rows; a decode fed another tensor, or host rows, is checked and
+    reads its own rows."""
+    from trtio.tensor import Tensor
+    from trtio.testing import ReferenceEngine
+
+    cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # full SWA mode: no window moves a page
+    g = cfg.gemma4
+    assert g is not None
+    rng = np.random.default_rng(4)
+    width = g.ple_layers * g.ple_hidden
+    engine = ReferenceEngine.from_config(cfg, device=_device(backend), null_compute=True)
+    with trtio.create_for_llm(engine, cfg, backend=backend, graphs=graphs) as setup:
+        checked = setup._decode_checked
+        count = 0
+
+        def counted(*args: Any) -> Any:
+            nonlocal count
+            count += 1
+            return checked(*args)
+        setup._decode_checked = counted  # type: ignore[method-assign]
+        prompt = np.zeros((2, 5, cfg.hidden_size), np.float16)
+        setup.prefill(prompt, [5, 3], ple_embeds=np.zeros((2, 5, width), np.float16))
+        x = Tensor.from_numpy(np.zeros((2, 1, cfg.hidden_size), np.float16), backend=backend)
+        a = Tensor.from_numpy(np.zeros((2, 1, width), np.float16), backend=backend)
+        b = Tensor.from_numpy(np.zeros((2, 1, width), np.float16), backend=backend)
+        sources = [a, a, a, b, b, a, "host", "host", a]
+        for source in sources:
+            rows = rng.standard_normal((2, 1, width)).astype(np.float16)
+            if isinstance(source, Tensor):
+                source.copy_from(rows)
+                setup.decode(x, ple_embeds=source)
+            else:
+                setup.decode(x, ple_embeds=rows)
+            for i in range(g.ple_layers):
+                got = setup.io.member(names.ple_token_embeds(i)).to_numpy().reshape(-1, g.ple_hidden)[:2]
+                np.testing.assert_array_equal(got, rows.reshape(2, width)[:, i * g.ple_hidden:(i + 1) * g.ple_hidden])
+        # checked: the first decode, b, a again, the first host rows, a again; the others ran their plan
+        assert count == 5, count
+        for t in (x, a, b):
+            t.close()

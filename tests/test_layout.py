@@ -242,16 +242,16 @@ def test_layers_are_what_the_design_says() -> None:
 
 
 # The core reads bottom up in three sub-layers: memory (errors, backends, streams, tensors, foreign arrays, the
-# arena and the staging ring) <- binding (configs, engine directories, registries, the executor) <- steps (device
-# work, pages, the engine state, the contracts, PipelineIO, trees, the VLM glue) <- setups. A new core module is
-# placed here (an unplaced one is reported).
+# arena and the staging ring) <- binding (configs, registries, the executor) <- steps (device work, pages, the engine
+# state, the contracts, PipelineIO, trees, the VLM glue, engine directories: they gather their token embeddings on
+# the device) <- setups. A new core module is placed here (an unplaced one is reported).
 CORE_SUBLAYERS = {
     "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
                "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
-    "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config", "edgellm",
+    "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config",
                 "checkpoint", "spec_families", "registry", "tensor_map", "engine", "vit", "trt", "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "state", "recurrent", "contracts", "pipeline_io",
-              "vision", "lora"},
+    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "edgellm", "state", "recurrent", "contracts",
+              "pipeline_io", "vision", "lora"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 

@@ -175,3 +175,18 @@ def test_from_a_wheel_the_lora_toy_has_its_adapters(from_a_wheel: Path) -> None:
     for name, rank in (("chat", 8), ("terse", 4)):
         adapter = LoraAdapter.load(path / "adapters" / name)
         assert set(adapter.ranks.values()) == {rank}
+
+
+def test_from_a_wheel_the_gemma4_toy_has_its_ple_table(from_a_wheel: Path) -> None:
+    """Issue 34: toy-gemma4-ragged's per-layer embedding table is package data, laid out with its directory, and
+    EngineDir.embeddings() of the laid-out directory gathers its rows."""
+    path = toy_engine_dir("toy-gemma4-ragged")
+    assert path.parent == toy_dirs.default_engines_dir() and path.parent != ROOT / "engines"
+    d = EngineDir.open(path)
+    ple = d.ple_embedding_table()
+    assert ple is not None
+    np.testing.assert_array_equal(ple, EngineDir.open(ROOT / "engines" / "toy-gemma4-ragged").ple_embedding_table())
+    with d.embeddings("host") as emb:
+        got = emb.embed(np.array([[3, 511]]))
+        assert isinstance(got, tuple)
+        np.testing.assert_array_equal(got[1].to_numpy()[0], ple[[3, 511]])

@@ -32,9 +32,12 @@ from trtio._json import read_json
 from trtio._safetensors import SafeTensor, bf16_to_float32, e4m3_to_float32, read_safetensors
 from trtio.checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directory, parse_bindings, read_weights
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio.cuda.backend import Backend
 from trtio.edgellm_config import map_edgellm_config
+from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, InvalidTypeError
 from trtio.spec_families import dflash_target_layers, family_of, fed_layers
+from trtio.stream import StreamLike
 from trtio.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 
 __all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
@@ -357,6 +360,18 @@ class EngineDir:
             raise ConfigError(f"{file}: weight", f"expected [vocab, {width}] ({g.ple_layers} layers x ple_hidden_size "
                                                  f"{g.ple_hidden}), got {table.dtype} {list(table.array.shape)}")
         return _embedding_float16(file, table, None)
+
+    def embeddings(self, backend: Backend | str | None = None, stream: StreamLike = None, *,
+                   max_tokens: int | None = None) -> TokenEmbeddings:
+        """The directory's token embeddings on the device: a :class:`~trtio.embeddings.TokenEmbeddings` over
+        :meth:`embedding_table` (and :meth:`ple_embedding_table` where the config has per-layer embeddings), on
+        ``backend``, uploaded on ``stream``; its ``embed(token_ids)`` gathers a step's ``inputs_embeds`` (and
+        ``ple_embeds=``) in one kernel per table. ``max_tokens`` (default: the config's max batch x max input
+        length; the base's for a speculative pair) bounds one gather. The caller closes it."""
+        cfg = self.config if self._kind == "llm" else self.base_config
+        tokens = max_tokens or cfg.max_supported_batch_size * cfg.max_supported_input_length
+        return TokenEmbeddings(self.embedding_table(), self.ple_embedding_table(), stream, max_tokens=tokens,
+                               backend=backend)
 
     def draft_to_target(self) -> np.ndarray:
         """int64 ``[draft vocab]``: the base token id of each column of the draft's logits (EAGLE3).

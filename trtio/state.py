@@ -352,7 +352,9 @@ class EngineState(Closeable):
         if self.layout == "paged":
             table = engine_io[names.kKVPageTable]
             self.pages_per_sequence = table.max_shape()[2]
-            pool = self._max_shape[self.pairs[0][0]]
+            # kv_page_table's pool: a full layer's (a bounded sliding pool is smaller: its pages are the SWA rows')
+            full = [past for past, _ in self.pairs if past not in sliding or self.swa_pages is None]
+            pool = self._max_shape[(full or [self.pairs[0][0]])[0]]
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))

@@ -3,7 +3,8 @@
 A decode of every active sequence is checked in full once (slots, shapes, capacity, pages), stages its inputs
 and leaves a :class:`DecodePlan`: its dims, the device work before its engine, the slots it advances and how
 many more steps it stays valid (``room``: no page to take, within the KV capacity). The next decode whose plan
-still holds runs it as it is, fed only its embeddings; :class:`~trtio.setups.llm.LLMSetup` has one run path
+still holds runs it as it is, fed only its embeddings (Gemma 4: and the device PLE tensor whose split the plan's
+work runs, :meth:`DecodePlan.takes_ple`); :class:`~trtio.setups.llm.LLMSetup` has one run path
 for both (``LLMSetup._run_plan``).
 
 A plan holds while nothing changed since it was made: the setup's version (``SetupBase._epoch``: every other
@@ -52,11 +53,11 @@ class DecodePlan:
     """
 
     __slots__ = ("version", "shape", "dtype", "dst", "embeds_nbytes", "near", "far", "array", "bytes_view", "nbytes",
-                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "torch")
+                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "torch", "ple")
 
     def __init__(self, version: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray,
                  slots: list[int], room: int, work: tuple[DeviceWork, ...], dims: InferenceDims,
-                 uploads: int) -> None:
+                 uploads: int, ple: Tensor | None = None) -> None:
         assert array.dtype == np.int64 and array.flags.c_contiguous and array.ndim == 1
         self.version = version
         self.shape = shape  # the embeddings a step takes
@@ -76,6 +77,9 @@ class DecodePlan:
         self.dims = dims
         self.uploads = uploads  # the step block's uploads after the plan's step staged it
         self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one
+        # Gemma 4: the device per-layer embeddings whose split into the layers' inputs is part of ``work`` (address,
+        # shape, dtype); None where the plan's work gathers none
+        self.ple = (ple._ptr, ple._shape, ple._dtype) if ple is not None else None
 
     def holds(self, setup: Planned) -> bool:
         """Whether the next decode of every active sequence of ``setup`` is this plan's (see module docstring)."""
@@ -83,6 +87,13 @@ class DecodePlan:
         return self.version == setup._epoch and self.room > 0 and setup._host_lengths is lengths \
             and lengths.tobytes() == self.lengths and setup._broken is None and not setup._closed \
             and setup._uploads == self.uploads and not setup._streaming_pending
+
+    def takes_ple(self, x: Any) -> bool:
+        """Whether ``x`` (a decode's ``ple_embeds``) is the device tensor whose split the plan's work runs: a
+        Tensor at the same address, of the same shape and dtype, open."""
+        ple = self.ple
+        return ple is not None and type(x) is Tensor and x._ptr == ple[0] and x._shape == ple[1] \
+            and x._dtype is ple[2] and not x._closed
 
     def read(self, x: Any, s: Stream, setup: Planned) -> Any:
         """``x`` as this plan's embeddings, with its producer ordered before ``s``: the Tensor itself (of the

@@ -21,7 +21,7 @@ from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import swa_room
+from trtio.gemma4 import PleSplit, swa_room
 from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
@@ -210,7 +210,7 @@ class LLMSetup(SetupBase):
         PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
         naming it otherwise).
         """
-        self._stage_ple(ple_embeds, getattr(inputs_embeds, "shape", np.shape(inputs_embeds))[:2], stream)
+        self._ple.prepare(ple_embeds, inputs_embeds, self, stream, now=True)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                           deepstack_embeds, "prefill", mrope_positions)
@@ -223,13 +223,6 @@ class LLMSetup(SetupBase):
         if self._positions is not None:
             self._positions.settle()
         return self.io.output_logits
-
-    def _stage_ple(self, ple_embeds: Any, rows: tuple[int, ...], stream: StreamLike) -> None:
-        """Copy a step's per-layer embeddings into the engine's ``ple_token_embeds_i`` inputs on the step's stream,
-        before its engine (:class:`~trtio.setups.ple.PleInputs`); kept until the copies have run."""
-        if self._ple.wanted(ple_embeds):
-            self._refuse_unusable()  # a closed or broken setup refuses the step before anything is copied
-            self._ple.stage(ple_embeds, rows, self._stream(stream), self._calls)
 
     @one_thread
     def decode(self, inputs_embeds: Any, stream: StreamLike = None, *, slots: Sequence[int] | None = None,
@@ -245,24 +238,26 @@ class LLMSetup(SetupBase):
         A decode of every active sequence whose plan (:class:`~trtio.setups.decode_plan.DecodePlan`, what the
         last checked decode laid out) still holds runs it as it is; any other is checked in full and leaves a
         new plan. Both run the same way (:meth:`_run_plan`). ``ple_embeds``: as :meth:`prefill`'s, ``[rows, 1,
-        L x ple_hidden]``.
+        L x ple_hidden]``; a device tensor's split into the layers' inputs is part of the plan's work (in its graph),
+        so the plan holds for a decode fed the same tensor (address, shape, dtype) and any other is checked in full.
         """
-        if ple_embeds is not None or self.cfg.gemma4 is not None:
-            self._stage_ple(ple_embeds, getattr(inputs_embeds, "shape", np.shape(inputs_embeds))[:2], stream)
         plan = self._plan
+        staged = False  # host PLE rows copied already
         if plan is not None and slots is None and plan.holds(self):
             s = self._stream(stream)
             if s._closed:
                 s._check_open()
-            x = plan.read(inputs_embeds, s, self)
-            if x is None and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
+            ple_ok, staged = self._ple.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
+            x = plan.read(inputs_embeds, s, self) if ple_ok else None
+            if x is None and ple_ok and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
                 # once (its producer ordered before the step's stream), then taken as the plan takes it.
                 x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self)
             if x is not None:
                 self._run_plan(plan, x, s, keep=inputs_embeds)
                 return self.io.output_logits
-        return self._decode_checked(inputs_embeds, stream, slots)
+        split = None if staged else self._ple.prepare(ple_embeds, inputs_embeds, self, stream)
+        return self._decode_checked(inputs_embeds, stream, slots, split, ple_embeds if split is not None else None)
 
     @property
     def _host_lengths(self) -> np.ndarray:
@@ -319,9 +314,11 @@ class LLMSetup(SetupBase):
             raise
         self._steps.device_lengths = plan.advance()
 
-    def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None) -> Tensor:
+    def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None,
+                        split: PleSplit | None = None, ple: Tensor | None = None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``); lays the
-        step out as a plan and runs it (a decode of every active sequence keeps the plan for the next)."""
+        step out as a plan and runs it (a decode of every active sequence keeps the plan for the next), ``split`` (the
+        PLE split of the device tensor ``ple``, :meth:`PleInputs.prepare`) last in its work."""
         self._check_usable()
         self._plan = None
         seqs, e = self._seqs, self._engine
@@ -355,6 +352,8 @@ class LLMSetup(SetupBase):
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
             work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key))
+            if split is not None:
+                work = self._ple.plan_work(work, split)
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
@@ -366,7 +365,7 @@ class LLMSetup(SetupBase):
         if type(x) is Tensor and x is not self.io.inputs_embeds and x._last_stream is not None:
             x._order_consumer(s._handle)
         plan = DecodePlan(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
-                          sl.tolist(), room, work, dims, self._steps.step.uploads)
+                          sl.tolist(), room, work, dims, self._steps.step.uploads, ple)
         self._run_plan(plan, x, s, pages)
         self._streaming_pending = False
         if slots is None:  # the next decode of these sequences may run the plan as it is

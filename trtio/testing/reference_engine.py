@@ -220,16 +220,15 @@ class ReferenceEngine:
         self._gpu_scatter: _GpuScatterRows | None = None
         self._device_id = -1
         self._context_ids = itertools.count()
-        # Gemma 4 (trtio.testing.reference_gemma4): per-layer geometry, its own weights; computed on the host only.
+        # Gemma 4 (trtio.testing.reference_gemma4): per-layer geometry, its own weights (CuPy arrays on the GPU).
         self._gemma4: Gemma4Weights | None = None
         if getattr(cfg, "gemma4", None) is not None and not self._null_compute:
-            if device == "gpu":
-                raise InvalidValueError("ReferenceEngine: the toy Gemma 4 model computes on the host only (device="
-                                        "'host'); give null_compute=True for a GPU engine that computes nothing")
             self._gemma4 = Gemma4Weights.generate(cfg, seed)
         if device == "gpu" and not self._null_compute:
             cupy = _import_cupy()
             self._device_id = int(cupy.cuda.runtime.getDevice())
+            if self._gemma4 is not None:
+                self._gemma4 = self._gemma4.to(cupy.asarray)
             self._gpu_weights = _Weights.of(weights, cupy.asarray)
             self._gpu_matmul = _GpuMatmul(cupy)
             if self._geo.is_ragged:
@@ -244,7 +243,7 @@ class ReferenceEngine:
             elif g.is_ragged:
                 steps = g.smax if p == 0 else g.p1  # rows per sequence: a prompt, or a generation step
                 select = g.bmax * steps if g.is_spec else g.bmax  # logits rows (profile max)
-                sizes.append(_ragged_scratch_bound(g, g.bmax * steps, g.bmax, select))
+                sizes.append(_ragged_scratch_bound(_gemma4_geometry(g, cfg), g.bmax * steps, g.bmax, select))
             else:
                 seq = g.smax if p == 0 else g.p1
                 select = 1 if p == 0 else g.p1
@@ -529,6 +528,16 @@ _NO_WEIGHTS = ToyWeights(wq=(), wk=(), wv=(), wo=(), w1=(), w2=(), we=None, wh=N
 _LM_HEAD_INPUT = "lm_head.weight"
 _DOWN_PROJ_INPUT = re.compile(r"model\.layers\.(\d+)\.mlp\.down_proj\.weight")
 _BINDING_DTYPES = {"F16": DType.FLOAT16, "F32": DType.FLOAT32, "BF16": DType.BFLOAT16}
+
+
+def _gemma4_geometry(g: _Geometry, cfg: Any) -> _Geometry:
+    """The geometry whose scratch bound covers a Gemma 4 step (``reference_gemma4``): its largest layer's head dim,
+    and four times its most KV heads (the gathered keys and values are repeated to the query heads, each layer
+    kind's reads and writes and the donors' K/V are kept for the whole step); ``g`` itself for another model."""
+    g4 = getattr(cfg, "gemma4", None)
+    if g4 is None:
+        return g
+    return dataclasses.replace(g, hkv=4 * max(g4.kv_heads), d=max(g4.head_dims))
 
 
 def _weight_inputs(cfg: Any, geo: _Geometry, tp_size: int, null_compute: bool) -> list[tuple[str, DType, Shape]]:
@@ -865,6 +874,9 @@ class ReferenceExecutionContext:
         for decl in engine._decls:
             if decl.alias is not None or decl.name in unread:
                 continue  # a present_* output is its cache input's memory; shape-only inputs have no data
+            if decl.name == names.kSwaKVCacheMode:  # Gemma 4's shape-only mode (extent 0 or 1): its shape alone
+                views[decl.name] = np.empty(shapes[decl.name], np.int8)
+                continue
             # bf16 and fp8 are computed on as their bits (CuPy has neither dtype)
             raw_bits: dict[DType, np.dtype] = {DType.BFLOAT16: np.dtype("uint16"), DType.FP8: np.dtype("uint8")}
             dtype = raw_bits.get(decl.dtype, decl.dtype.storage_numpy)
@@ -937,6 +949,10 @@ class ReferenceExecutionContext:
                 forward_dflash(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,
                                engine._bound_weights(cupy, engine._gpu_weights, plan.views), plan.views, scratch,
                                checked=False)
+            elif engine._gemma4 is not None:
+                assert engine._gpu_scatter is not None
+                gemma4_forward(engine.config, engine._gemma4, plan.views, xp=cupy, mm=engine._gpu_matmul,
+                               scatter=engine._gpu_scatter, scratch=scratch, checked=False)
             elif engine._geo.is_ragged:
                 assert engine._gpu_scatter is not None
                 _forward_ragged(cupy, engine._gpu_matmul, engine._gpu_scatter, engine._geo,

@@ -36,7 +36,8 @@ log = logging.getLogger("trtio")
 #: The toy engine directories, by name (``engines/README.md`` says what each is).
 TOY_DIRECTORIES = ("toy-llm", "toy-eagle", "toy-llm-ragged", "toy-eagle3-ragged", "toy-llm-tp2", "toy-llm-tp4",
                    "toy-qwen35-ragged", "toy-nemotron-h-ragged", "toy-vlm-ragged", "toy-mtp-ragged",
-                   "toy-qwen35-mtp-ragged", "toy-lora-ragged", "toy-dflash-ragged", "toy-qwen35-dflash-ragged")
+                   "toy-qwen35-mtp-ragged", "toy-lora-ragged", "toy-dflash-ragged", "toy-qwen35-dflash-ragged",
+                   "toy-gemma4-ragged")
 #: The files every toy directory holds beside its configs, kept once in :data:`ASSETS_DIR`.
 TOY_ASSETS = ("embedding.safetensors", "tokenizer.json", "tokenizer_config.json")
 #: Assets a directory holds as files of its own instead of links (the vision-language toy's tokenizer knows its

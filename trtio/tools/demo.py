@@ -74,6 +74,7 @@ from trtio.testing.toy_runtime import embed_batch, spec_generate
 from trtio.tools.admissions import format_admissions, run_admissions, story_requests, summarize_admissions
 from trtio.tools.binding_table import binding_rows, format_binding_table
 from trtio.tools.dflash_demo import format_dflash, run_dflash
+from trtio.tools.gemma4_demo import format_gemma4, run_gemma4
 from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
 from trtio.tools.inspection import check_fits
 from trtio.tools.lora_demo import format_lora, run_lora
@@ -444,6 +445,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
     lora: dict[str, Any] = {}
     mtp: dict[str, Any] = {}
     dflash: dict[str, Any] = {}
+    gemma4: dict[str, Any] = {}
     if "ragged" in opts.contracts:  # hybrid models speak the ragged contract: their toy directories run with it
         assert ragged is not None
         be, _why = _choose_ragged(opts)
@@ -452,6 +454,7 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         lora = run_lora(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
         mtp = run_mtp(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
         dflash = run_dflash(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
+        gemma4 = run_gemma4(root, prompts, opts.max_new_tokens, be, graphs=opts.graphs)
     return {
         "contract": opts.contract,
         "engines_dir": str(root),
@@ -462,9 +465,11 @@ def run_demo(opts: DemoOptions | None = None) -> dict[str, Any]:
         "lora": lora,
         "mtp": mtp,
         "dflash": dflash,
+        "gemma4": gemma4,
         "timings": {"total_s": time.perf_counter() - t_start},
         "ok": all(s["ok"] for s in sections.values())
-        and all(h["ok"] for h in [*hybrid.values(), *lora.values(), *mtp.values(), *dflash.values()]),
+        and all(h["ok"] for h in [*hybrid.values(), *lora.values(), *mtp.values(), *dflash.values(),
+                                  *gemma4.values()]),
     }
 
 
@@ -613,6 +618,7 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
     lines += format_lora(s.get("lora", {}), verbose=verbose)
     lines += format_mtp(s.get("mtp", {}), verbose=verbose)
     lines += format_dflash(s.get("dflash", {}), verbose=verbose)
+    lines += format_gemma4(s.get("gemma4", {}), verbose=verbose)
     if verbose:
         engines_s = sum(sec["timings"]["engines_s"] for sec in contracts.values())
         lines.append(f"time: engines {engines_s:.2f} s, total {s['timings']['total_s']:.2f} s")
@@ -624,5 +630,6 @@ def format_demo(s: dict[str, Any], *, verbose: bool = False) -> str:
                                                                          *s.get("dflash", {}).items()]]
     verdicts += [f"{k}: admissions equal {_yes(h['ok'])}" for k, h in s.get("hybrid", {}).items()]
     verdicts += [f"{k}: adapters switch cleanly {_yes(x['ok'])}" for k, x in s.get("lora", {}).items()]
+    verdicts += [f"{k}: bounded SWA equal {_yes(x['ok'])}" for k, x in s.get("gemma4", {}).items()]
     lines.append("result: " + "; ".join(verdicts) + f" -> {'OK' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)

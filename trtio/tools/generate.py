@@ -95,7 +95,7 @@ class _Model:
     eos: frozenset[int]
     draft_to_target: np.ndarray | None
     note: str | None  # why the engines are ReferenceEngines, where they are
-    ple: np.ndarray | None = None  # Gemma 4's per-layer embedding table (ple_embedding.safetensors), where it has one
+    directory: EngineDir | None = None  # an Edge-LLM directory (EngineDir.embeddings); None: a toy folder
 
 
 def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO | None = None) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
         out.write(opts.prompt)
         out.flush()
         sink = _Sink(text.push, model.eos, opts.max_new_tokens)
-        embed = _DeviceEmbedding(model.table, setup, model.ple)
+        embed = _DeviceEmbedding(model, setup)
         try:
             start = time.perf_counter()
             if isinstance(setup, SpecDecodeSetup):
@@ -209,9 +209,7 @@ def _tokenizer(path: Path) -> Any:
 def _open(path: Path, kind: str, opts: GenerateOptions) -> _Model:
     if kind == "edgellm":
         model = _open_edgellm(path, opts)
-        directory = EngineDir.open(path)
-        if directory.kind == "llm":
-            model.ple = directory.ple_embedding_table()
+        model.directory = EngineDir.open(path)
         return model
     return _open_trtio(path, opts)
 
@@ -476,17 +474,20 @@ def _embedding_file(file: Path, cfg: LLMEngineConfig) -> np.ndarray:
 
 
 class _DeviceEmbedding(Closeable):
-    """The directory's embedding tables on the setup's device (:class:`~trtio.embeddings.TokenEmbeddings`): a
-    prompt's or a token's rows gathered on the setup's stream, into buffers each step reads on that stream before
+    """The directory's embedding tables on the setup's device (an Edge-LLM directory's
+    :meth:`~trtio.edgellm.EngineDir.embeddings`; a toy folder's table in a :class:`~trtio.embeddings.TokenEmbeddings`):
+    a prompt's or a token's rows gathered on the setup's stream, into buffers each step reads on that stream before
     the next gather writes. :meth:`extras` are the step's other embedding inputs (Gemma 4's ``ple_embeds``)."""
 
-    def __init__(self, table: np.ndarray, setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup,
-                 ple: np.ndarray | None = None) -> None:
+    def __init__(self, model: _Model, setup: LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup) -> None:
         self._init_lifetime("embedding table")
         self._backend = setup.io.backend
         self._stream = Stream.default(self._backend)  # the setups here were made with stream=None: steps run on it
-        rows = max(setup.io.inputs_embeds.capacity // (table.shape[1] * 2), 1)
-        self._tokens = TokenEmbeddings(table, ple, max_tokens=rows, backend=self._backend, stream=self._stream)
+        rows = max(setup.io.inputs_embeds.capacity // (model.table.shape[1] * 2), 1)
+        if model.directory is not None:
+            self._tokens = model.directory.embeddings(self._backend, self._stream, max_tokens=rows)
+        else:
+            self._tokens = TokenEmbeddings(model.table, max_tokens=rows, backend=self._backend, stream=self._stream)
         self._ple: Tensor | None = None
 
     def __call__(self, tokens: Sequence[int]) -> Tensor:
