@@ -111,7 +111,8 @@ def gemma4_config(llm: LLMEngineConfig, *, window: int = 512, ple_hidden: int = 
 
 
 def _gemma4_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock) -> None:
-    """The decode step of :func:`gemma4_config`'s model, fed device embeddings and PLE rows."""
+    """The decode step of :func:`gemma4_config`'s model, fed as the dense decode row is (its embeddings written in
+    ``io.inputs_embeds`` in place) and device PLE rows (what :class:`~trtio.embeddings.TokenEmbeddings` gathers)."""
     cfg = gemma4_config(llm)
     g = cfg.gemma4
     assert g is not None
@@ -121,20 +122,20 @@ def _gemma4_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: 
         setup.state.reset(stream, clear=True)
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
         ple_prompt = device_tensor(backend, (BATCH, 16, width), rng)
-        one = device_tensor(backend, (BATCH, 1, HIDDEN), rng)
+        embeds = setup.io.inputs_embeds
         ple = device_tensor(backend, (BATCH, 1, width), rng)
         try:
             setup.prefill(prompt, np.full(BATCH, 16), ple_embeds=ple_prompt)
 
             def decode() -> object:
-                return setup.decode(one, ple_embeds=ple)
+                return setup.decode(embeds.reshape((BATCH, 1, HIDDEN)), ple_embeds=ple)
 
             for _ in range(3):
                 decode()
             for _ in range(steps):
                 clock(GEMMA4_DECODE, decode)
         finally:
-            for t in (prompt, ple_prompt, one, ple):
+            for t in (prompt, ple_prompt, ple):
                 t.close()
 
 
