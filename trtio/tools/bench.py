@@ -30,7 +30,7 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -39,7 +39,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location
 from trtio.engine import DECODE_PROFILE
 from trtio.errors import InvalidValueError
-from trtio.setups import create_for_llm, create_for_spec_decode
+from trtio.setups import SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
@@ -370,70 +370,89 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             prompt.close()
 
 
-def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
-               inputs: str = "device") -> None:
-    rng = np.random.default_rng(1)
-    draft_cfg = bundle.draft
-    assert draft_cfg is not None, "configs() always builds a bundle with a draft"
-    base, draft = null_engine(bundle.base, backend), null_engine(draft_cfg, backend)
+@contextlib.contextmanager
+def _spec_pair(bundle: DeploymentConfig, backend: Backend, stream: Stream, inputs: str,
+               seed: int) -> Iterator[tuple[SpecDecodeSetup, _Embeds, Tensor]]:
+    """A spec-decode setup of ``bundle`` on null-compute engines (graphs on, caches touched once: page faults are
+    not step cost), the feed of its steps' embeddings and a 16-token prompt; all closed after."""
+    assert bundle.draft is not None, "the bench's bundles always have a draft"
+    rng = np.random.default_rng(seed)
+    base, draft = null_engine(bundle.base, backend), null_engine(bundle.draft, backend)
     with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
         for e in sd.engines():
-            e.state.reset(stream, clear=True)  # touch the caches once: page faults are not step cost
+            e.state.reset(stream, clear=True)
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
-        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 1)
+        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, seed)
         try:
-            level = feed.array((BATCH, TOP_K, HIDDEN))  # a runtime's buffer per level, written in place each round
-            tree = feed.in_place((BATCH, VERIFY, HIDDEN))  # device inputs: written in place by the runtime: no copy
-            catch_up = feed.in_place((BATCH, PATH, HIDDEN))
-            floors = {"SpecDecodeSetup.draft_propose": feed.floor((BATCH, TOP_K, HIDDEN)),
-                      "SpecDecodeSetup.verify": feed.floor((BATCH, VERIFY, HIDDEN)),
-                      "SpecDecodeSetup.draft_accept": feed.floor((BATCH, PATH, HIDDEN))}
-            lens = np.full(BATCH, 16)
-            sd.base_prefill(prompt, lens)
-            sd.draft_prefill(prompt, lens)
-            binary = [-1] + [(i - 1) // 2 for i in range(1, VERIFY)]  # a 60-node binary tree
-            path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
-            first = np.full(TOP_K, -1)
-            parents = [first] + [(lv - 1) * TOP_K + np.arange(TOP_K) // 2 for lv in range(1, STEPS - 1)]
-            e = sd.draft
-            dims = draft_cfg.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
-
-            def prepare_execute() -> None:
-                e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
-                e.executor.execute(stream)
-
-            def untimed(name: str, fn: Callable[[], object]) -> object:
-                return fn()
-
-            def copies(timed: Callable[[str, Callable[[], object]], object], name: str) -> None:
-                floor = floors.get(name)
-                if floor is not None:
-                    timed(copy_row(name), floor)
-
-            def whole_round(levels: int) -> None:
-                for p in parents[:levels]:
-                    sd.draft_propose(level, parents=p)
-                sd.verify(tree(), binary)
-                sd.accept([path] * BATCH)
-                sd.draft_accept(catch_up(), np.full(BATCH, PATH))
-
-            for r in range(rounds + 2):
-                # two warm-up rounds capture every graph
-                timed: Callable[[str, Callable[[], object]], object] = clock if r >= 2 else untimed
-                for p in parents:
-                    timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=p))
-                    copies(timed, "SpecDecodeSetup.draft_propose")
-                timed("prepare + execute (draft proposal, graph)", prepare_execute)
-                timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
-                copies(timed, "SpecDecodeSetup.verify")
-                timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
-                timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
-                copies(timed, "SpecDecodeSetup.draft_accept")
-                # a whole round of 3 levels (two rounds in, its own graphs are captured too)
-                timed(ROUND, functools.partial(whole_round, ROUND_LEVELS))
+            yield sd, feed, prompt
         finally:
             feed.free()
             prompt.close()
+
+
+def _clock_rounds(clock: _Clock, name: str, rounds: int, whole_round: Callable[[], None]) -> None:
+    """``rounds`` of ``whole_round`` timed as row ``name``, after two warm-up rounds (which capture every graph)."""
+    for r in range(rounds + 2):
+        if r >= 2:
+            clock(name, whole_round)
+        else:
+            whole_round()
+
+
+def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
+               inputs: str = "device") -> None:
+    draft_cfg = bundle.draft
+    assert draft_cfg is not None, "configs() always builds a bundle with a draft"
+    with _spec_pair(bundle, backend, stream, inputs, 1) as (sd, feed, prompt):
+        level = feed.array((BATCH, TOP_K, HIDDEN))  # a runtime's buffer per level, written in place each round
+        tree = feed.in_place((BATCH, VERIFY, HIDDEN))  # device inputs: written in place by the runtime: no copy
+        catch_up = feed.in_place((BATCH, PATH, HIDDEN))
+        floors = {"SpecDecodeSetup.draft_propose": feed.floor((BATCH, TOP_K, HIDDEN)),
+                  "SpecDecodeSetup.verify": feed.floor((BATCH, VERIFY, HIDDEN)),
+                  "SpecDecodeSetup.draft_accept": feed.floor((BATCH, PATH, HIDDEN))}
+        lens = np.full(BATCH, 16)
+        sd.base_prefill(prompt, lens)
+        sd.draft_prefill(prompt, lens)
+        binary = [-1] + [(i - 1) // 2 for i in range(1, VERIFY)]  # a 60-node binary tree
+        path = [0, 1, 3, 7]  # 4 nodes: root, child, grandchild, great-grandchild
+        first = np.full(TOP_K, -1)
+        parents = [first] + [(lv - 1) * TOP_K + np.arange(TOP_K) // 2 for lv in range(1, STEPS - 1)]
+        e = sd.draft
+        dims = draft_cfg.proposal_dims(BATCH, TOP_K * STEPS, TOP_K)
+
+        def prepare_execute() -> None:
+            e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, stream)
+            e.executor.execute(stream)
+
+        def untimed(name: str, fn: Callable[[], object]) -> object:
+            return fn()
+
+        def copies(timed: Callable[[str, Callable[[], object]], object], name: str) -> None:
+            floor = floors.get(name)
+            if floor is not None:
+                timed(copy_row(name), floor)
+
+        def whole_round(levels: int) -> None:
+            for p in parents[:levels]:
+                sd.draft_propose(level, parents=p)
+            sd.verify(tree(), binary)
+            sd.accept([path] * BATCH)
+            sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+
+        for r in range(rounds + 2):
+            # two warm-up rounds capture every graph
+            timed: Callable[[str, Callable[[], object]], object] = clock if r >= 2 else untimed
+            for p in parents:
+                timed("SpecDecodeSetup.draft_propose", functools.partial(sd.draft_propose, level, parents=p))
+                copies(timed, "SpecDecodeSetup.draft_propose")
+            timed("prepare + execute (draft proposal, graph)", prepare_execute)
+            timed("SpecDecodeSetup.verify", lambda: sd.verify(tree(), binary))
+            copies(timed, "SpecDecodeSetup.verify")
+            timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
+            timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
+            copies(timed, "SpecDecodeSetup.draft_accept")
+            # a whole round of 3 levels (two rounds in, its own graphs are captured too)
+            timed(ROUND, functools.partial(whole_round, ROUND_LEVELS))
 
 
 def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
@@ -487,73 +506,43 @@ def dflash_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
 def _dflash_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
                  inputs: str = "device") -> None:
     """:data:`DFLASH_ROUND` timed as one call, its steps fed ``inputs``; every block accepted whole."""
-    rng = np.random.default_rng(3)
-    assert bundle.draft is not None
-    base, draft = null_engine(bundle.base, backend), null_engine(bundle.draft, backend)
-    with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
-        for e in sd.engines():
-            e.state.reset(stream, clear=True)
-        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
-        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 3)
-        try:
-            block = feed.in_place((BATCH, DFLASH_BLOCK, HIDDEN))
-            lens = np.full(BATCH, 16)
-            sd.base_prefill(prompt, lens)
-            sd.draft_prefill(block(), lens)
-            chain = list(range(-1, DFLASH_BLOCK - 1))
-            path = list(range(DFLASH_BLOCK))
+    with _spec_pair(bundle, backend, stream, inputs, 3) as (sd, feed, prompt):
+        block = feed.in_place((BATCH, DFLASH_BLOCK, HIDDEN))
+        lens = np.full(BATCH, 16)
+        sd.base_prefill(prompt, lens)
+        sd.draft_prefill(block(), lens)
+        chain = list(range(-1, DFLASH_BLOCK - 1))
+        path = list(range(DFLASH_BLOCK))
 
-            def whole_round() -> None:
-                sd.verify(block(), chain)
-                sd.accept([path] * BATCH)
-                sd.draft_accept(block(), np.full(BATCH, DFLASH_BLOCK))
+        def whole_round() -> None:
+            sd.verify(block(), chain)
+            sd.accept([path] * BATCH)
+            sd.draft_accept(block(), np.full(BATCH, DFLASH_BLOCK))
 
-            for r in range(rounds + 2):  # two warm-up rounds capture every graph
-                if r >= 2:
-                    clock(DFLASH_ROUND, whole_round)
-                else:
-                    whole_round()
-        finally:
-            feed.free()
-            prompt.close()
+        _clock_rounds(clock, DFLASH_ROUND, rounds, whole_round)
 
 
 def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
               inputs: str = "device") -> None:
     """:data:`MTP_ROUND` timed as one call, its steps fed ``inputs``."""
-    rng = np.random.default_rng(2)
-    assert bundle.draft is not None
-    base, draft = null_engine(bundle.base, backend), null_engine(bundle.draft, backend)
-    with create_for_spec_decode(base, draft, bundle, stream=stream, graphs=True, backend=backend) as sd:
-        for e in sd.engines():
-            e.state.reset(stream, clear=True)
-        prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
-        feed = _Embeds(inputs, backend, sd.io.inputs_embeds, 2)
-        try:
-            level = feed.array((BATCH, 1, HIDDEN))
-            chain = feed.in_place((BATCH, ROUND_LEVELS + 1, HIDDEN))
-            catch_up = feed.in_place((BATCH, PATH, HIDDEN))
-            lens = np.full(BATCH, 16)
-            sd.base_prefill(prompt, lens)
-            sd.draft_prefill(prompt, lens)
-            parents = list(range(-1, ROUND_LEVELS))  # the root and 3 chained nodes
-            path = [0, 1, 2, 3]
+    with _spec_pair(bundle, backend, stream, inputs, 2) as (sd, feed, prompt):
+        level = feed.array((BATCH, 1, HIDDEN))
+        chain = feed.in_place((BATCH, ROUND_LEVELS + 1, HIDDEN))
+        catch_up = feed.in_place((BATCH, PATH, HIDDEN))
+        lens = np.full(BATCH, 16)
+        sd.base_prefill(prompt, lens)
+        sd.draft_prefill(prompt, lens)
+        parents = list(range(-1, ROUND_LEVELS))  # the root and 3 chained nodes
+        path = [0, 1, 2, 3]
 
-            def whole_round() -> None:
-                for _ in range(ROUND_LEVELS - 1):  # level 1's token comes from the catch-up's logits
-                    sd.draft_propose(level)
-                sd.verify(chain(), parents)
-                sd.accept([path] * BATCH)
-                sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+        def whole_round() -> None:
+            for _ in range(ROUND_LEVELS - 1):  # level 1's token comes from the catch-up's logits
+                sd.draft_propose(level)
+            sd.verify(chain(), parents)
+            sd.accept([path] * BATCH)
+            sd.draft_accept(catch_up(), np.full(BATCH, PATH))
 
-            for r in range(rounds + 2):  # two warm-up rounds capture every graph
-                if r >= 2:
-                    clock(MTP_ROUND, whole_round)
-                else:
-                    whole_round()
-        finally:
-            feed.free()
-            prompt.close()
+        _clock_rounds(clock, MTP_ROUND, rounds, whole_round)
 
 
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],
