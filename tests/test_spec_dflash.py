@@ -341,11 +341,13 @@ def test_dflash_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed
 
 
 @pytest.mark.parametrize("change, field", [({"version": 2}, "dflash_config.version"),
-                                           ({"mask_token_id": None}, "dflash_config.mask_token_id")],
-                         ids=["dflash2", "no-mask-token"])
+                                           ({"mask_token_id": None}, "dflash_config.mask_token_id"),
+                                           ({"block_size": 16}, "dflash_config.block_size")],
+                         ids=["dflash2", "no-mask-token", "block-past-the-profile"])
 def test_a_dflash_draft_trtio_cannot_run_is_refused_at_setup_naming_the_key(tmp_path: Path, change: dict[str, Any],
                                                                            field: str) -> None:
-    """DFlash2 (a candidate selector picks the block's tokens) and a draft without its mask token are refused by
+    """DFlash2 (a candidate selector picks the block's tokens), a draft without its mask token and a block wider than
+    the draft's profile takes (cutting it short would change what the draft computes) are refused by
     create_for_spec_decode, naming the key, before anything is allocated."""
     import json  # noqa: PLC0415
     import shutil  # noqa: PLC0415

@@ -43,12 +43,21 @@ __all__ = ["BlockDraft", "block_draft", "block_size", "mask_token"]
 
 
 def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
-    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``),
-    at most ``cap`` (the draft's ``max_draft_tree_size``: its generation profile's rows per sequence)."""
+    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``;
+    ``cap`` where neither is given), refused where it passes ``cap`` (the rows per sequence the engines take: the
+    draft's ``max_draft_tree_size``, and for a whole round the base's verify size): a shorter block than the one
+    the draft was trained for would change what it computes."""
     block = draft_extras.get("dflash_config")
     found = block.get("block_size") if isinstance(block, Mapping) else None
+    key = "dflash_config.block_size" if isinstance(found, int) else "block_size"
     found = found if isinstance(found, int) else draft_extras.get("block_size")
-    return min(int(found), cap) if isinstance(found, int) and found > 0 else cap
+    if not isinstance(found, int) or found <= 0:
+        return cap
+    if found > cap:
+        raise ConfigError(key, f"is {found}, more than the {cap} rows per sequence the engines take (the draft's "
+                               f"max_draft_tree_size, the base's verify size): the block is refused rather than cut "
+                               f"short, which would change what the draft computes")
+    return found
 
 
 def mask_token(draft_extras: Mapping[str, Any]) -> int:
