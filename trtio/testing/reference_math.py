@@ -609,15 +609,15 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
         conv = _load(xp, conv_pool[slots], g.conv_dtype)  # [S, C, K] float32: new arrays, kept across tokens
         state = _load(xp, state_pool[slots], g.state_dtype)
         out = xp.empty((n, width, g.h), dtype=xp.float32)
-        # (a tree's root states, made before the mark: a column's temporaries are handed back after it)
-        start_conv, start_state = (conv.copy(), state.copy()) if parents is not None else (conv, state)
-        seqs = xp.arange(n)
+        if snapshots:  # every row's states after its token, [S, W, ...] views of the step's outputs
+            inter_conv = io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])
+            inter_state = io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])
+        if parents is not None:  # a tree's root states (made before the mark: a column's temporaries go after it)
+            start_conv, start_state, seqs = conv.copy(), state.copy(), xp.arange(n)
         token_mark = scratch.mark()
         for col in range(width):
             if parents is not None and col:  # the parent's states: a node written before (its row), or the slot's
                 par = parents[:, col]
-                inter_conv = io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])
-                inter_state = io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])
                 up = xp.clip(par, 0, width - 1)
                 root = (par < 0)[:, None, None]
                 conv[...] = xp.where(root, start_conv, _load(xp, inter_conv[seqs, up], g.conv_dtype))
@@ -629,10 +629,8 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
             state[...] = xp.where(keep[:, None, None, None], new_state, state)
             out[:, col] = y
             if snapshots:  # every row's states after its token (a padding row's: its sequence's last)
-                io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])[:, col] = \
-                    _store(xp, conv, g.conv_dtype)
-                io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])[:, col] = \
-                    _store(xp, state, g.state_dtype)
+                inter_conv[:, col] = _store(xp, conv, g.conv_dtype)
+                inter_state[:, col] = _store(xp, state, g.state_dtype)
             scratch.release(token_mark)  # a token's temporaries: the next one reuses their scratch
         if not snapshots:
             conv_pool[slots] = _store(xp, conv, g.conv_dtype)
