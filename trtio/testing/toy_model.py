@@ -270,35 +270,39 @@ class ToyWeights:
 
     @classmethod
     def generate_dflash_draft(cls, cfg: Any, base: ToyWeights, embedding: np.ndarray, mask_token_id: int,
-                              seed: int = 0, *, base_cfg: Any = None) -> ToyWeights:
+                              seed: int = 0, *, base_cfg: Any) -> ToyWeights:
         """A DFlash block draft derived from ``base`` (``docs/toy-model.md``, "DFlash drafts"): the EAGLE draft of
-        :meth:`generate_draft` (the base's layers, ``we`` the identity, the base's LM head) whose ``tok`` rows are
-        ``embedding - embedding[mask]`` (a mask row of its unrolled block enters the layers as the embedding of
-        the guess before it) and whose ``wh`` (the delta's projection ``[len(target layers) x H, H]``) maps the
-        base's features of a token back to its embedding: the least-squares fit over 8 sequences of 48 tokens
-        (``default_rng(seed)``) where ``base_cfg`` (the base's config, with its ``eagle_hidden_state_layers``)
-        is given, else the first target layer's stream as it is."""
+        :meth:`generate_draft` (the base's first attention layers, ``we`` the identity, the base's LM head) whose
+        ``tok`` rows are ``embedding - embedding[mask]`` (a mask row of its unrolled block enters the layers as the
+        embedding of the guess before it) and whose ``wh`` (the delta's projection ``[len(target layers) x H, H]``)
+        makes each of its layers write, from the base's features of a token, the keys and values the base's
+        attention layer writes for it: the least-squares fit over 8 sequences of 48 tokens (``default_rng(seed)``)
+        run through ``base_cfg`` (the base's config: its ``eagle_hidden_state_layers`` and, for a hybrid, its
+        ``layer_types``; the stream entering a base attention layer follows its recurrent layers)."""
         draft = cls.generate_draft(cfg, base, seed)
-        assert draft.wh is not None
         h = int(cfg.hidden_size)
         table = np.asarray(embedding, np.float32)
         if table.shape != (output_vocab_size(cfg), h) or not 0 <= int(mask_token_id) < table.shape[0]:
             raise ConfigError("dflash_config.mask_token_id", f"the toy DFlash draft needs the [vocab, hidden] "
                                                              f"embedding and a mask token in it, got "
                                                              f"{list(table.shape)} and {mask_token_id}")
-        wh = draft.wh.copy()
-        if base_cfg is None:
-            wh[:h] += np.eye(h, dtype=np.float32)
-        else:
-            rng = np.random.default_rng(seed)
-            ids = rng.integers(0, table.shape[0], (8, 48))
-            layers = tuple(int(i) for i in base_cfg.eagle_hidden_state_layers)
-            feats = np.concatenate([reference_forward(base, base_cfg, table[row].astype(np.float16),
-                                                      hidden_after=layers)[0] for row in ids]).astype(np.float64)
-            want = table[ids.reshape(-1)].astype(np.float16).astype(np.float64)
-            gram = feats.T @ feats + 1e-3 * np.eye(feats.shape[1])  # the normal equations, a little ridge
-            wh = np.linalg.solve(gram, feats.T @ want).astype(np.float32)
-        return dataclasses.replace(draft, wh=wh, tok=table - table[int(mask_token_id)])
+        types = tuple(getattr(base_cfg, "layer_types", ()) or ()) or ("attention",) * base.num_layers
+        entering = [m for m, kind in enumerate(types) if kind == "attention"][:draft.num_layers]
+        targets = tuple(int(i) for i in base_cfg.eagle_hidden_state_layers)
+        kv = [np.concatenate([draft.wk[i], draft.wv[i]], 1) for i in range(draft.num_layers)]  # the base's too
+        proj = np.concatenate(kv, 1).astype(np.float64)  # [H, layers x 2 x Hkv*D]: c -> every layer's k and v
+        feats, want = [], []
+        for row in np.random.default_rng(seed).integers(0, table.shape[0], (8, 48)):
+            x = table[row].astype(np.float16)
+            after = np.split(reference_forward(base, base_cfg, x, hidden_after=range(len(types)))[0], len(types), 1)
+            streams = [x.astype(np.float32), *after]  # streams[m]: the stream entering mixer m
+            feats.append(np.concatenate([after[i] for i in targets], 1))
+            want.append(np.concatenate([streams[m] @ kv[i] for i, m in enumerate(entering)], 1))
+        f, y = np.concatenate(feats).astype(np.float64), np.concatenate(want).astype(np.float64)
+        # min |f @ wh @ proj - y|: wh = f+ y proj+, each pseudo-inverse a little ridged
+        fy = np.linalg.solve(f.T @ f + 1e-3 * np.eye(f.shape[1]), f.T @ y)
+        wh = np.linalg.solve(proj @ proj.T + 1e-6 * np.eye(h), (fy @ proj.T).T).T
+        return dataclasses.replace(draft, wh=wh.astype(np.float32), tok=table - table[int(mask_token_id)])
 
 
 def toy_embedding(vocab: int, hidden: int, seed: int = 0) -> np.ndarray:
@@ -454,9 +458,10 @@ def reference_forward(
 
     Returns ``(hidden, logits)``: float32 ``[T, H]`` (the final residual stream, before any cast to
     the activation dtype) and float32 ``[T, Vout]`` for every token. With ``hidden_after`` (layer
-    indices, e.g. an EAGLE3 base's ``eagle_hidden_state_layers``) ``hidden`` is instead
-    ``[T, len(hidden_after) * H]``: the residual stream after each of those layers (its deepstack
-    feature added), concatenated in the order given; the logits are unchanged.
+    indices, e.g. an EAGLE3 base's ``eagle_hidden_state_layers``; a hybrid model's recurrent layers are
+    counted, as its engine counts them) ``hidden`` is instead ``[T, len(hidden_after) * H]``: the
+    residual stream after each of those layers (its deepstack feature added), concatenated in the
+    order given; the logits are unchanged.
     """
     h = int(cfg.hidden_size)
     hq, hkv, d = int(cfg.num_attention_heads), int(cfg.num_kv_heads), int(cfg.head_dim)
@@ -479,19 +484,20 @@ def reference_forward(
     if vis.shape != (t, t):
         raise ShapeError(f"visible has shape {vis.shape}, expected ({t}, {t})")
 
-    after = [] if hidden_after is None else [int(i) for i in hidden_after]
-    if any(not 0 <= i < weights.num_layers for i in after):
-        raise InvalidValueError(f"hidden_after {after} names layers outside 0..{weights.num_layers - 1}")
-    captured: dict[int, np.ndarray] = {}
-
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
     use_rope = bool(getattr(cfg, "use_rope", True))
     types = tuple(getattr(cfg, "layer_types", ()) or ()) or ("attention",) * weights.num_layers
+    after = [] if hidden_after is None else [int(i) for i in hidden_after]
+    if any(not 0 <= i < len(types) for i in after):
+        raise InvalidValueError(f"hidden_after {after} names layers outside 0..{len(types) - 1}")
+    captured: dict[int, np.ndarray] = {}
     mixers = [i for i, kind in enumerate(types) if kind == "attention"]  # attention layer l is mixer mixers[l]
     recurrent = iter(weights.recurrent)
     for mixer, kind in enumerate(types):
         if kind != "attention":
             x = x + _recurrent_layer(next(recurrent), cfg, x)
+            if mixer in after:
+                captured[mixer] = x.astype(np.float32)
             continue
         layer = mixers.index(mixer)
         q = (x @ weights.wq[layer]).reshape(t, hq, d)
@@ -517,8 +523,8 @@ def reference_forward(
         x = x + np.maximum(x @ weights.w1[layer], 0.0) @ weights.w2[layer]
         if layer < nd:
             x = x + ds[layer]
-        if layer in after:
-            captured[layer] = x.astype(np.float32)
+        if mixer in after:
+            captured[mixer] = x.astype(np.float32)
     x = x.astype(np.float32)
     logits = (x @ weights.w_lm).astype(np.float32)
     if hidden_after is not None:
