@@ -77,6 +77,18 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0 and "demo" in out and "inspect" in out and "plan" in out
 
 
+@pytest.mark.parametrize("command", ["inspect", "plan", "generate"])
+def test_the_commands_taking_a_toy_by_name_list_every_toy_directory(capsys: pytest.CaptureFixture[str],
+                                                                     command: str) -> None:
+    """Each command whose argument may be a toy engine directory by name lists, in its help, every one it takes."""
+    from trtio.testing.toy_dirs import TOY_DIRECTORIES  # noqa: PLC0415
+
+    rc, out, _ = run(capsys, command, "--help")
+    out = re.sub(r"-\s+", "-", " ".join(out.split()))  # argparse wraps the help, also after a name's hyphens
+    assert rc == 0
+    assert [n for n in TOY_DIRECTORIES if not re.search(rf"\b{n}(,| or |\))", out)] == []
+
+
 @pytest.mark.parametrize("argv", [["demo", "--frobnicate"], ["inspect"], ["plan", "a", "b"], ["launch"],
                                   ["demo", "--max-new-tokens", "many"]])
 def test_usage_errors_are_one_line_with_status_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:

@@ -215,7 +215,13 @@ def _demo_tokens(text: str) -> int:
     return value
 
 
-_TOY_NAMES = "toy-llm, toy-eagle, toy-llm-ragged, toy-eagle3-ragged, toy-mtp-ragged, toy-llm-tp2 or toy-llm-tp4"
+def _toy_names() -> str:
+    """Every toy engine directory's name, for the commands that take one by name."""
+    from trtio.testing.toy_dirs import TOY_DIRECTORIES  # noqa: PLC0415 - only where a parser is built
+
+    return f"{', '.join(TOY_DIRECTORIES[:-1])} or {TOY_DIRECTORIES[-1]}"
+
+
 _MODULES = ["auto", "tensorrt", "tensorrt_rtx"]
 
 
@@ -272,7 +278,7 @@ def _add_inspect(sub: argparse._SubParsersAction[_Parser]) -> None:
                     "A config that does not fit the engine is an error listing every disagreement.")
     insp.add_argument("target", metavar="PLAN_OR_DIR_OR_CONFIG",
                       help="a plan file, a folder with model.plan (or base/ and draft/) or config.json, a config "
-                           f"JSON, an Edge-LLM engine directory, or a toy engine directory by name ({_TOY_NAMES})")
+                           f"JSON, an Edge-LLM engine directory, or a toy engine directory by name ({_toy_names()})")
     insp.add_argument("--config", type=Path, default=None, metavar="CONFIG",
                       help="config to bind with (default: the config.json beside the plan)")
     insp.add_argument("--module", default="auto", choices=_MODULES,
@@ -299,7 +305,7 @@ def _add_plan(sub: argparse._SubParsersAction[_Parser]) -> None:
                     "draft_config.json (draft-top-k x draft-step must fit it).")
     plan.add_argument("config", metavar="CONFIG_OR_DIR",
                       help="a config JSON, a folder holding config.json, an Edge-LLM engine directory, or a toy "
-                           f"engine directory by name ({_TOY_NAMES})")
+                           f"engine directory by name ({_toy_names()})")
     plan.add_argument("--draft-top-k", type=_positive_int, default=None, metavar="N",
                       help="Edge-LLM pair: candidates per drafted node (default: 1)")
     plan.add_argument("--draft-step", type=_positive_int, default=None, metavar="N",
@@ -327,7 +333,7 @@ def _add_generate(sub: argparse._SubParsersAction[_Parser]) -> None:
                     "without engine files (the toys) it runs ReferenceEngines with the toy model's weights and says "
                     "so.")
     gen.add_argument("engine_dir", metavar="ENGINE_DIR",
-                     help=f"the engine directory, or a toy engine directory by name ({_TOY_NAMES})")
+                     help=f"the engine directory, or a toy engine directory by name ({_toy_names()})")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=32, metavar="N",
                      help="stop after N tokens (default 32), or earlier at an end-of-sequence token or a full KV cache")
