@@ -82,8 +82,7 @@ def run_dflash(root: Any, prompts: list[list[int]], max_new_tokens: int, backend
         table = np.asarray(directory.embedding_table(), np.float32)
         mask = mask_token(bundle.draft.extras)
         bw = ToyWeights.generate(bundle.base, 0)
-        dw = ToyWeights.generate_dflash_draft(bundle.draft, bw, table, mask, 0,
-                                              base_cfg=bundle.base)
+        dw = ToyWeights.generate_dflash_draft(bundle.draft, bw, table, mask, 0, base_cfg=bundle.base)
         stream = Stream.create(backend)
         try:
             with create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device=device, weights=bw),

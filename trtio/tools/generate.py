@@ -245,8 +245,7 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
         bundle = directory.deployment(k, depth, 1 + k * depth)
         weights = ToyWeights.generate(base, 0)
         draft_weights = ToyWeights.generate_draft(draft, weights, 0) if not is_dflash(bundle) else \
-            ToyWeights.generate_dflash_draft(draft, weights, table, mask_token(draft.extras), 0,
-                                             base_cfg=base)
+            ToyWeights.generate_dflash_draft(draft, weights, table, mask_token(draft.extras), 0, base_cfg=base)
         setup = create_for_spec_decode(_reference(base, weights, opts), _reference(draft, draft_weights, opts), bundle,
                                        graphs=True, backend=_backend(opts))
         note = _reference_note(path)
