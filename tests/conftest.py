@@ -56,6 +56,15 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return trtio.get_backend(request.param)
 
 
+@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    """Each test using it runs on the host device of the reference engines, and on the GPU (CuPy) where one
+    answers; a module may define its own."""
+    if request.param == "gpu":
+        pytest.importorskip("cupy")
+    return str(request.param)
+
+
 @pytest.fixture
 def host() -> Backend:
     return trtio.get_backend("host")

@@ -33,13 +33,6 @@ NEMOTRON = FIXTURES / "edgellm" / "nemotron-h-hublayout-tiny" / "config.json"  #
 ENGINES = default_engines_dir()
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 # -- configs ---------------------------------------------------------------------------------------------
 
 

@@ -38,13 +38,6 @@ PROMPTS = [[1, 5, 9, 200, 17, 3], [7, 8]]
 TOL = 2e-3
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def lora_cfg(**over: Any) -> trtio.LLMEngineConfig:
     cfg = EngineDir.open(TOY_LORA).config
     return dataclasses.replace(cfg, **over).validate() if over else cfg

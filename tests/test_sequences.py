@@ -32,13 +32,6 @@ E = toy_embedding(512, 64)
 PAGE = 16  # small pages, so that short sequences cross page boundaries
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def small_pool_cfg(pool: int = 12, **over: Any) -> trtio.LLMEngineConfig:
     """The ragged toy LLM with 16-token pages, 8 pages per sequence and a pool of ``pool`` (< 4 x 8)."""
     cfg = EngineDir.open(ENGINES / "toy-llm-ragged").config

@@ -36,13 +36,6 @@ EAGLE_DIR = ENGINES / "toy-eagle3-ragged"
 E = toy_embedding(512, 64)
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def llm_cfg(**over: object) -> trtio.LLMEngineConfig:
     cfg = EngineDir.open(LLM_DIR).config
     return dataclasses.replace(cfg, **over).validate() if over else cfg

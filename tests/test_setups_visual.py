@@ -32,13 +32,6 @@ def visual(kind: str) -> VisualConfig:
     return cfg
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def backend_of(device: str) -> str:
     return "cuda" if device == "gpu" else "host"
 

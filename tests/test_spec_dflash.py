@@ -31,13 +31,6 @@ BLOCK = 4
 MASK = 511
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 @functools.cache
 def toy_weights(directory: Path) -> tuple[ToyWeights, ToyWeights]:
     """The base's and the block draft's weights of a DFlash toy (its projection fitted to its base)."""

@@ -30,13 +30,6 @@ HYBRID = ENGINES / "toy-qwen35-mtp-ragged"  # a Gated-DeltaNet base (a recurrent
 E = toy_embedding(512, 64)
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def mtp_setup(k: int, depth: int, device: str = "host", *, graphs: bool = False,
               directory: Path = MTP, tree_base: bool = False) -> trtio.SpecDecodeSetup:
     """The pair of ``directory`` drafting ``k`` chains ``depth`` deep; ``tree_base``: its base built as a tree base

@@ -33,13 +33,6 @@ CFG, VCFG = TOYS.config, TOYS.visual_config
 TABLE = TOYS.embedding().astype(np.float16)
 
 
-@pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
-def device(request: pytest.FixtureRequest) -> str:
-    if request.param == "gpu":
-        pytest.importorskip("cupy")
-    return str(request.param)
-
-
 def open_vlm(device: str = "host", graphs: bool = False) -> trtio.LLMSetup:
     setup = trtio.create_for_llm(TOYS.reference_engine(device=device), CFG, graphs=graphs)
     setup.attach_visual(trtio.create_for_visual(TOYS.visual_engine(device=device), VCFG, graphs=graphs,
