@@ -295,6 +295,7 @@ def test_the_demos_dflash_pairs_decode_greedy_tokens_and_accept_most_drafts() ->
         assert section["acceptance"] >= 0.6, (name, section["acceptance"])
     line = format_dflash(s)[0]
     assert line.startswith("DFlash pairs (blocks of 4)") and "equal to greedy yes" in line
+    assert "toy-qwen35-dflash-ragged (hybrid: gated_deltanet, attention, attention)" in line
 
 
 def test_a_dflash_sequence_from_a_pinned_prefix_decodes_greedy_tokens_and_its_draft_reads_the_prefix() -> None:

@@ -357,4 +357,17 @@ def test_the_demos_mtp_pairs_decode_greedy_tokens_and_accept_most_drafts() -> No
         assert section["acceptance"] >= 0.6, (name, section["acceptance"])
         assert all(len(t) == 8 for t in section["tokens"])
     line = format_mtp(s)[0]
-    assert "toy-qwen35-mtp-ragged (hybrid: mamba, attention)" in line and "equal to greedy yes" in line
+    assert "toy-qwen35-mtp-ragged (hybrid: gated_deltanet, attention)" in line and "equal to greedy yes" in line
+
+
+def test_the_demo_names_a_bases_recurrent_layers_by_their_kind() -> None:
+    """Edge-LLM's ``layer_types`` call every recurrent layer "mamba": the demo's lines name each by the config's
+    recurrent kind (Qwen3.5's Gated-DeltaNet, Nemotron-H's Mamba2), in layer order, and a dense base "dense"."""
+    from trtio.tools.mtp_demo import base_kind  # noqa: PLC0415
+
+    qwen = EngineDir.open(ENGINES / "toy-qwen35-ragged").config
+    nemotron = EngineDir.open(ENGINES / "toy-nemotron-h-ragged").config
+    assert base_kind(qwen) == "hybrid: " + ", ".join("gated_deltanet" if t == "mamba" else t for t in qwen.layer_types)
+    assert base_kind(nemotron) == "hybrid: " + ", ".join("mamba2" if t == "mamba" else t for t in nemotron.layer_types)
+    assert "attention" in base_kind(qwen) and "mamba," not in base_kind(qwen) + ","
+    assert base_kind(EngineDir.open(ENGINES / "toy-llm-ragged").config) == "dense"

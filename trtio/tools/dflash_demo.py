@@ -20,7 +20,7 @@ from trtio.setups.dflash import block_size, mask_token
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights
-from trtio.tools.mtp_demo import greedy_tokens
+from trtio.tools.mtp_demo import base_kind, greedy_tokens
 
 __all__ = ["DFLASH_DIRS", "format_dflash", "run_dflash"]
 
@@ -92,9 +92,8 @@ def run_dflash(root: Any, prompts: list[list[int]], max_new_tokens: int, backend
         finally:
             stream.close()
         truth = [greedy_tokens(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
-        kind = "hybrid: " + ", ".join(bundle.base.layer_types) if bundle.base.is_hybrid else "dense"
-        out[name] = {"base": kind, "block": width, "tokens": tokens, "acceptance": accepted / max(drafted, 1),
-                     "ok": tokens == truth}
+        out[name] = {"base": base_kind(bundle.base), "block": width, "tokens": tokens,
+                     "acceptance": accepted / max(drafted, 1), "ok": tokens == truth}
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.rope import rope_cos_sin_table
@@ -38,6 +39,16 @@ def greedy_tokens(weights: ToyWeights, cfg: Any, table: np.ndarray, prompt: list
         logits = reference_forward(weights, cfg, table[tokens].astype(np.float16), rope=rope)[1]
         tokens.append(int(logits[-1].argmax()))
     return tokens[len(prompt):]
+
+
+def base_kind(cfg: LLMEngineConfig) -> str:
+    """How a pair's base is named in the demo: "dense", or "hybrid: " and its layers' mixers in order, each
+    recurrent layer by its kind (Edge-LLM's ``layer_types`` call every recurrent layer "mamba", Qwen3.5's
+    Gated-DeltaNet layers too)."""
+    kind = cfg.recurrent_kind
+    if kind is None:
+        return "dense"
+    return "hybrid: " + ", ".join(kind if t == "mamba" else t for t in cfg.layer_types)
 
 
 def run_mtp(root: Any, prompts: list[list[int]], max_new_tokens: int, backend: Backend, *,
@@ -65,8 +76,7 @@ def run_mtp(root: Any, prompts: list[list[int]], max_new_tokens: int, backend: B
         finally:
             stream.close()
         truth = [greedy_tokens(bw, bundle.base, table, p, len(t)) for p, t in zip(prompts, tokens)]
-        kind = "hybrid: " + ", ".join(bundle.base.layer_types) if bundle.base.is_hybrid else "dense"
-        out[name] = {"base": kind, "tokens": tokens, "acceptance": stats.acceptance_rate,
+        out[name] = {"base": base_kind(bundle.base), "tokens": tokens, "acceptance": stats.acceptance_rate,
                      "accepted_per_verify": stats.accepted_per_verify, "ok": tokens == truth}
     return out
 
