@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _generate import accepted_percent, generate
 from test_spec_mtp import emb, greedy  # the toys' embeddings and the numpy base's greedy tokens
 
 import trtio
@@ -262,20 +263,15 @@ def test_trtio_generate_speculative_on_the_dflash_toys_prints_the_bases_greedy_t
     """``trtio generate --speculative`` on a DFlash toy prints what the base alone prints and says how many drafted
     tokens it accepted (at least 60% on the dense toy); more than one chain is refused naming --draft-top-k."""
     pytest.importorskip("tokenizers")
-    from trtio.cli import main  # noqa: PLC0415
-
     def run(*flags: str) -> tuple[int, str, str]:
-        rc = main(["generate", str(ENGINES / name), "--prompt", "Once upon a time", "--max-new-tokens", "24",
-                   "--backend", "host", *flags])
-        out, err = capsys.readouterr()
-        return rc, out, err
+        return generate(capsys, ENGINES / name, *flags)
 
     rc, alone, err = run()
     assert rc == 0, err
     rc, out, err = run("--speculative")
     assert rc == 0, err
     assert out == alone
-    rate = float(err.strip().splitlines()[-1].split(" verify steps, ")[1].split("%")[0])
+    rate = accepted_percent(err)
     assert rate >= 60 or name != "toy-dflash-ragged"
     rc, out, err = run("--speculative", "--draft-top-k", "2")
     assert rc != 0 and "--draft-top-k: is 2, but a DFlash draft guesses one block" in err

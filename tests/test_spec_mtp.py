@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _generate import accepted_percent, generate
 
 import trtio
 from trtio.edgellm import EngineDir
@@ -264,20 +265,15 @@ def test_trtio_generate_speculative_on_the_mtp_toys_prints_the_bases_greedy_text
     """``trtio generate --speculative`` on an MTP toy prints what the base alone prints, and says how many drafted
     tokens it accepted (at least 60% on these toys); a tree on the hybrid base is refused naming the flag."""
     pytest.importorskip("tokenizers")
-    from trtio.cli import main  # noqa: PLC0415
-
     def run(*flags: str) -> tuple[int, str, str]:
-        rc = main(["generate", str(ENGINES / name), "--prompt", "Once upon a time", "--max-new-tokens", "24",
-                   "--backend", "host", *flags])
-        out, err = capsys.readouterr()
-        return rc, out, err
+        return generate(capsys, ENGINES / name, *flags)
 
     rc, alone, err = run()
     assert rc == 0, err
     rc, out, err = run("--speculative", "--draft-step", "3")
     assert rc == 0, err
     assert out == alone
-    rate = float(err.strip().splitlines()[-1].split(" verify steps, ")[1].split("%")[0])
+    rate = accepted_percent(err)
     assert rate >= 60
     if name == "toy-qwen35-mtp-ragged":
         rc, out, err = run("--speculative", "--draft-top-k", "2", "--draft-step", "3")
