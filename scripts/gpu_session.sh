@@ -20,6 +20,8 @@ bench() {  # bench NAME TIMEOUT COMMAND...
   timeout "$limit" "$@" > "$out/$name.txt" 2>&1
   echo "exit $?" >> "$out/$name.txt"
 }
+# The host's Python speed core by core, before and after (a shared host's cores differ, and change: docs/BENCHMARKS.md)
+python3 scripts/host_speed.py > "$out/host_speed.txt" 2>&1
 bench bench_cuda 150 python3 -m trtio bench --backend cuda --rounds 30 --steps 200
 bench bench_cuda_torch 100 python3 -m trtio bench --backend cuda --rounds 20 --steps 200 --inputs torch
 bench bench_cuda_sequences 100 python3 -m trtio bench --backend cuda --sequences --steps 100
@@ -27,3 +29,4 @@ bench bench_decode_step 60 python3 benchmarks/bench_decode_step.py --backend cud
 bench bench_memory_layer 60 python3 benchmarks/bench_memory_layer.py --backend cuda
 bench bench_pipeline_memory 60 python3 benchmarks/bench_pipeline_memory.py --backend cuda
 bench bench_setup_and_streaming 60 python3 benchmarks/bench_setup_and_streaming.py --backend cuda
+python3 scripts/host_speed.py >> "$out/host_speed.txt" 2>&1
