@@ -103,15 +103,15 @@ def test_a_lora_engines_rows_decode_as_the_plain_engine_and_switch_with_no_devic
 def test_an_mtp_round_is_timed_with_its_device_operations(capsys: pytest.CaptureFixture[str]) -> None:
     """The ragged contract's MTP round (an 8B-class base feeding its last layer's [T, H] stream to a one-layer
     draft): 2 chained proposals (level 1 comes from the catch-up's logits), a verify of the 4-node chain, accept and
-    the catch-up, each one graph replay, and the round's first level's upload of its lengths and roots."""
+    the catch-up, each one graph replay, and the round's first level's upload of its lengths and roots: at most 6."""
     from trtio.tools.bench import MTP_ROUND  # noqa: PLC0415
 
     out = _rows(capsys, "--contract", "ragged")
     rows = out["ragged"]
     assert MTP_ROUND in rows and "batch" not in out
-    # 2 levels (the first also uploads the round's lengths and roots), the verify with its staged rows, accept and the
-    # catch-up: 2 + 1 + 2 + 1 + 1
-    assert rows[MTP_ROUND]["device_ops"] == 7
+    # 2 levels (the first also uploads the round's lengths and roots), the verify (its rows, offsets included, are the
+    # base's own: the block holds them from the last round), accept and the catch-up: 2 + 1 + 1 + 1 + 1
+    assert rows[MTP_ROUND]["device_ops"] <= 6
 
 
 def test_a_dflash_round_is_timed_with_its_device_operations(capsys: pytest.CaptureFixture[str]) -> None:

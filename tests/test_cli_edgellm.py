@@ -509,7 +509,12 @@ def test_inspect_a_directory_of_configs(capsys: pytest.CaptureFixture[str], dire
         assert by["past_key_values_0"]["binding"] == by["present_key_values_0"]["binding"] \
             == f"state[{role}].past_key_values_0"
         assert by["kv_page_table"]["binding"] == f"state[{role}].kv_page_table"
-        assert by["query_start_offsets"]["binding"] == "PipelineIO.query_start_offsets"
+        # a spec-decode base binds its own tree inputs, offsets included (the step block's verify_* tensors)
+        own = role == "base"
+        assert by["query_start_offsets"]["binding"] == \
+            ("tensor 'verify_query_start_offsets'" if own else "PipelineIO.query_start_offsets")
+        assert by["query_lengths"]["binding"] == \
+            ("tensor 'verify_query_lengths'" if own else "PipelineIO.query_lengths")
         assert by["past_key_values_0"]["max_bytes"] > 0
     if d.kind == "spec_decode":
         base, draft = ({t["name"]: t["binding"] for t in e["tensors"]} for e in result["engines"])

@@ -144,6 +144,7 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         # The base's own tree inputs (_BASE_NAMES): only its steps write them, so a verify tree that repeats
         # finds them in the block however many draft steps ran since (those rewrite the draft's on the device).
         step += [
+            TensorRequest.of(_BASE_OFFSETS, (b + 1,), i32),
             TensorRequest.of("verify_query_lengths", (b,), i32),
             TensorRequest.of("verify_logits_indices", (rows,), DType.INT64),
             TensorRequest.of("verify_tree_parent_ids", (t,), i32),
@@ -263,7 +264,7 @@ class RaggedContract(Contract):
             for i in range(g4.ple_layers):
                 tm.set(names.ple_token_embeds(i), io.member(names.ple_token_embeds(i)))
         tm.set(names.kPositions, io.member("positions"))
-        own = _BASE_NAMES if cfg.role == "base" and io.is_spec_decode else {}
+        own = _BASE_OWN if cfg.role == "base" and io.is_spec_decode else {}
 
         def member(name: str) -> Tensor:  # the engine's own copy of a tree input, else the shared member
             mine = own.get(name)
@@ -272,7 +273,7 @@ class RaggedContract(Contract):
             assert io.step is not None
             return io.step.tensors[mine]
 
-        tm.set(names.kQueryStartOffsets, io.member("query_start_offsets"))
+        tm.set(names.kQueryStartOffsets, member("query_start_offsets"))
         tm.set(names.kQueryLengths, member("query_lengths"))
         tm.set(names.kPastLengths, io.member("past_lengths"))
         tm.set(names.kAttentionSequenceLengths, io.member("attention_sequence_lengths"))
@@ -334,16 +335,20 @@ _LEVEL_WRITES = (*DraftTreeBuffers.WRITES, "attention_sequence_lengths")
 # The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
 _PAGE_TABLE = {is_draft: (PAGE_TABLE_NAMES[is_draft],) for is_draft in (False, True)}
 _LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
-# What a tree step writes besides its layout's constants (RaggedSteps.tree): its cached lengths and slots, then the
-# query offsets where they are written on their own (the base's).
+# What a tree step writes besides its layout's constants (RaggedSteps.tree): its cached lengths and slots.
 _TREE_NAMES: tuple[str, ...] = ("past_lengths", "state_indices")
-_TREE_OFFSETS = (*_TREE_NAMES, "query_start_offsets")
 # A tree layout's constants, next to each other in the step block (StepStaging.write_group).
 _TREE_GROUP = ("query_lengths", "logits_indices", "spec_tree_parent_ids", "spec_tree_depths", "packed_attention_mask")
 # A spec-decode base's own copies of them (RaggedContract.bind_pipeline), next to each other too.
 _BASE_NAMES = dict(zip(_TREE_GROUP, ("verify_query_lengths", "verify_logits_indices", "verify_tree_parent_ids",
                                      "verify_tree_depths", "verify_packed_attention_mask")))
 _VERIFY_GROUP = tuple(_BASE_NAMES.values())
+# And its own query offsets, written on their own: a round's levels write theirs into the shared member, which differ
+# where the draft's tree is not as wide as the verify's (an MTP chain: 3 drafted nodes, a verify of 4).
+_BASE_OFFSETS = "verify_query_start_offsets"
+_TREE_OFFSETS = (*_TREE_NAMES, _BASE_OFFSETS)  # what a base's tree step writes besides its layout's constants
+# Every input a spec-decode base binds to its own step-block tensor (RaggedContract.bind_pipeline), by member name.
+_BASE_OWN = {"query_start_offsets": _BASE_OFFSETS, **_BASE_NAMES}
 # The draft's catch-up's own query offsets and tree constants (RaggedContract.catch_up_map), next to each other:
 # a round's levels rewrite the shared ones on the device, and write other offsets.
 _CATCH_UP_NAMES = dict(zip(("query_start_offsets", *_TREE_GROUP),
@@ -410,8 +415,9 @@ class RaggedSteps(StepInputs):
         step's RoPE rows (one per token, at its position) from the engine's table, device work to enqueue
         before the engine (in its graph)."""
         io, step = self.io, self.step
-        qlen, logits, parent_ids, depths, mask = _VERIFY_GROUP if _owns_tree(e, io) else _TREE_GROUP
-        step.write("query_start_offsets", layout.query_start_offsets)
+        owns = _owns_tree(e, io)
+        qlen, logits, parent_ids, depths, mask = _VERIFY_GROUP if owns else _TREE_GROUP
+        step.write(_BASE_OFFSETS if owns else "query_start_offsets", layout.query_start_offsets)
         step.write(qlen, layout.query_lengths)
         step.write("past_lengths", layout.past_lengths)
         step.write("attention_sequence_lengths", layout.attention_sequence_lengths)
