@@ -1,7 +1,8 @@
 """Step inputs the device makes itself (issue 11): a ragged draft level grows a device copy of the draft tree
 from one upload of its parents (:class:`trtio.ops.DraftLevel`), and a ragged decode advances a device copy
 of the lengths (:class:`trtio.ops.DecodeAdvance`). Their outputs are compared with a tree walked node by
-node in Python, on the host backend and on the GPU; the setups then keep them in step with the host."""
+node in Python, on the host backend (also the asynchronous one, which runs each stream's work lazily) and on the
+GPU; the setups then keep them in step with the host."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
-from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
+from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
 from trtio.trees import ancestor_mask
@@ -25,13 +26,24 @@ from trtio.trees import ancestor_mask
 E = toy_embedding(512, 64)
 
 
+@pytest.fixture(params=["host", "async", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    """The host backend, the asynchronous host backend (each stream's work run lazily, interleaved: a copy left on
+    another stream than the kernels' lands when it lands, as on a GPU) and the cuda backend where a GPU answers."""
+    if request.param == "async":
+        return AsyncHostBackend(seed=3)
+    return trtio.get_backend(request.param)
+
+
 @contextmanager
-def _tensors(backend: Backend, shapes: dict[str, tuple[tuple[int, ...], str]]) -> Iterator[dict[str, Tensor]]:
+def _tensors(backend: Backend, shapes: dict[str, tuple[tuple[int, ...], str]],
+             s: Stream) -> Iterator[dict[str, Tensor]]:
+    """Device tensors of ``shapes``, filled with garbage on ``s`` (the stream whose work must overwrite it)."""
     out = {n: Tensor.empty(shape, dtype, Location.DEVICE, backend=backend, name=n)
            for n, (shape, dtype) in shapes.items()}
     try:
         for t in out.values():
-            t.copy_from(np.full(t.shape, 77, t.dtype.numpy))  # garbage a level must overwrite
+            t.copy_from(np.full(t.shape, 77, t.dtype.numpy), s)  # garbage a level must overwrite
         yield out
     finally:
         for t in out.values():
@@ -83,7 +95,7 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
               "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32"), "roots": ((b,), "int32"),
               "start": ((b,), "int32"), "ctx": ((b,), "int32")}
     ragged = layout != "batch"
-    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+    with Stream.create(backend) as s, _tensors(backend, shapes, s) as t:
         common = (t["words"], t["nodes"], t["parents"], t["past"], t["row_src"], t["row_dst"], t["logits"], t["mask"],
                   t["ids"], width, 2)
         if ragged:
@@ -166,7 +178,7 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, c
     shapes.update({n: ((b * w,), "int32") for n in ("depths", "positions", "ids", "rope")})
     shapes.update({"mask_src": (layout.packed_mask.shape, "int32"), "mask_dst": (layout.packed_mask.shape, "int32"),
                    "select_src": ((b, 3), "int64"), "select_dst": ((b, 3), "int64")})
-    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+    with Stream.create(backend) as s, _tensors(backend, shapes, s) as t:
         t["past"].copy_from(past.astype(np.int32), s)
         t["lengths"].copy_from(layout.query_lengths, s)
         t["depths"].copy_from(layout.tree_depths, s)
@@ -202,7 +214,7 @@ def test_decode_advance_lays_out_steps_from_the_device_lengths(backend: Backend)
     b, cap = 5, 4096
     lengths = np.array([3, 0, 17, 4000, 9], np.int32)
     shapes = {n: ((b,), "int32") for n in ("lengths", "past", "asl", "positions", "rope")}
-    with Stream.create(backend) as s, _tensors(backend, shapes) as t:
+    with Stream.create(backend) as s, _tensors(backend, shapes, s) as t:
         t["lengths"].copy_from(lengths, s)
         work = DecodeAdvance(t["lengths"], b, t["past"], t["asl"], t["positions"], t["rope"], cap)
         for step in range(3):
