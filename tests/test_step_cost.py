@@ -1218,3 +1218,64 @@ def test_a_rounds_first_level_like_the_last_rounds_reuses_its_device_work(host: 
     finally:
         sd.close()
         plain.close()
+
+
+def test_a_steady_dflash_rounds_uploads_copy_only_what_the_round_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload copies one byte range of the step block, from the first value a step wrote to the last. A DFlash
+    round writes its cached lengths and its delta's positions every round (the rest of a repeated round is in the
+    block already), so those lie next to each other: at 8B-class scale (bench's pair, dry-run backend) each upload of
+    a steady round covers only tensors the round wrote, where a range reaching the delta rows across the block copied
+    42 KB a round."""
+    from trtio.tools import bench  # noqa: PLC0415
+    from trtio.tools.dry_run import DryRunBackend  # noqa: PLC0415
+
+    backend = DryRunBackend()
+    bundle = bench.dflash_bundle(bench.configs("ragged")[1])
+    b, n, hidden = bench.BATCH, bench.DFLASH_BLOCK, bench.HIDDEN
+    with trtio.Stream.create(backend) as s, \
+            trtio.create_for_spec_decode(bench.null_engine(bundle.base, backend),
+                                         bench.null_engine(bundle.draft, backend), bundle, stream=s, graphs=True,
+                                         backend=backend) as sd:
+        x = sd.io.inputs_embeds
+        lens = np.full(b, 16)
+        sd.base_prefill(x.reshape((b, 16, hidden)), lens)
+        sd.draft_prefill(x.reshape((b, n, hidden)), lens)
+        step = sd._steps.step
+        written: set[str] = set()
+        copied: list[tuple[set[str], set[str]]] = []  # per upload: the tensors its range covers, those written
+
+        def wrap(method: str, names: Callable[..., tuple[str, ...]]) -> None:
+            real = getattr(step, method)
+
+            def recorded(*args: Any) -> Any:
+                written.update(names(*args))
+                return real(*args)
+
+            monkeypatch.setattr(step, method, recorded)
+
+        wrap("write", lambda name, _v: (name,))
+        wrap("write_all", lambda names, _v: names)
+        wrap("write_at", lambda name, _at, _v: (name,))
+        wrap("write_prepared", lambda group: group.names)
+        real_upload = step.upload
+
+        def upload(stream: trtio.Stream) -> None:
+            lo, hi = step._lo, step._hi
+            # a slot is (view, offset, itemsize, size, tensor)
+            covered = {name for name, slot in step._slots.items() if lo < slot[1] + slot[3] * slot[2] and slot[1] < hi}
+            copied.append((covered, set(written)))
+            written.clear()
+            real_upload(stream)
+
+        monkeypatch.setattr(step, "upload", upload)
+        chain, path = list(range(-1, n - 1)), list(range(n))
+        for r in range(6):
+            if r == 3:
+                copied.clear()  # the last three rounds: steady
+            sd.verify(x.reshape((b, n, hidden)), chain)
+            sd.accept([path] * b)
+            sd.draft_accept(x.reshape((b, n, hidden)), np.full(b, n))
+        uploads = [(covered, wrote) for covered, wrote in copied if covered]
+        assert uploads, "a steady round uploads its lengths"
+        for covered, wrote in uploads:
+            assert covered <= wrote, f"an upload copied {sorted(covered - wrote)}, which the round did not write"

@@ -99,18 +99,18 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     draft = bundle.draft if bundle is not None else None
     rows, words = b * p, math.ceil(p / 32)
     i32 = DType.INT32
-    # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what
-    # the steps write on their own comes first (the lengths, offsets, slots and a level's parents), then what a
-    # tree step writes together (its lengths, logits rows, parents, depths and mask), then the page tables
-    # (written when they change), the row lists, the base's own tree inputs, and last what only the device writes
-    # (positions, RoPE rows).
+    # Per-step inputs. Each upload copies one byte range, from the first value a step wrote to the last: what the
+    # steps write on their own comes first (the lengths, a DFlash delta's rows, offsets, slots and a level's
+    # parents), then what a tree step writes together (its lengths, logits rows, parents, depths and mask), then the
+    # page tables (written when they change), the row lists, the base's own tree inputs, and last what only the
+    # device writes (positions, RoPE rows).
     # decode_lengths (an LLM's): the device's copy of the lengths, which a decode step advances itself.
     offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
     step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
-    step += [
-        TensorRequest.of("past_lengths", (b,), i32),
-        TensorRequest.of("state_indices", (b,), i32),
-    ]
+    step.append(TensorRequest.of("past_lengths", (b,), i32))
+    if is_dflash(bundle):  # a DFlash draft's delta rows (trtio.setups.dflash), written every round with the lengths
+        step += [TensorRequest.of(DFLASH_POSITIONS, (t,), i32), TensorRequest.of(DFLASH_SEQUENCES, (t,), i32)]
+    step.append(TensorRequest.of("state_indices", (b,), i32))
     if draft is not None:
         step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
                  TensorRequest.of("draft_parents", (rows,), i32)]  # a draft level's parents (ops.DraftLevel)
@@ -164,8 +164,6 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
             TensorRequest.of("catch_up_tree_depths", (a,), i32),
             TensorRequest.of("catch_up_packed_attention_mask", (a, math.ceil(longest / 32)), i32),
         ]
-    if is_dflash(bundle):  # a DFlash draft's delta rows (trtio.setups.dflash), written with its block's tree step
-        step += [TensorRequest.of(DFLASH_POSITIONS, (t,), i32), TensorRequest.of(DFLASH_SEQUENCES, (t,), i32)]
     step += [
         TensorRequest.of("positions", (t,), i32),
         TensorRequest.of("rope_rows", (t,), i32),
