@@ -141,7 +141,7 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         TensorRequest.of("row_dst", (t,), i32),
     ]
     if bundle is not None:
-        # The base's own tree inputs (_BASE_NAMES): only its steps write them, so a verify tree that repeats
+        # The base's own tree inputs (_BASE_OWN): only its steps write them, so a verify tree that repeats
         # finds them in the block however many draft steps ran since (those rewrite the draft's on the device).
         step += [
             TensorRequest.of(_BASE_OFFSETS, (b + 1,), i32),
@@ -251,8 +251,8 @@ class RaggedContract(Contract):
     def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """The token-major inputs (Edge-LLM 0.11). ``valid_tree_counts`` is an alias of ``query_lengths``;
         RoPE rows are gathered per token into ``ragged_rope_cos_sin``. A spec-decode base binds its own
-        query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_NAMES`): the draft's steps
-        rewrite the shared ones every round."""
+        query offsets, query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_OWN`): the
+        draft's steps rewrite the shared ones every round."""
         g4 = cfg.gemma4
         if g4 is None:
             tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
@@ -360,7 +360,7 @@ _TREE_BINDINGS = {names.kQueryLengths: "query_lengths", names.kValidTreeCounts: 
 
 
 def _owns_tree(e: EngineView, io: Pipeline) -> bool:
-    """Whether ``e`` binds its own tree inputs in every step (:data:`_BASE_NAMES`): a spec-decode base."""
+    """Whether ``e`` binds its own tree inputs in every step (:data:`_BASE_OWN`): a spec-decode base."""
     return e.role == "base" and io.is_spec_decode
 
 
