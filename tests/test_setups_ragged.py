@@ -383,6 +383,35 @@ def test_bad_spec_decode_calls_are_refused_before_any_work(host: Backend) -> Non
         assert sd.base_lengths.tolist() == sd.draft_lengths.tolist() == [7, 8]
 
 
+def test_parents_that_repeat_are_checked_again_where_the_previous_level_differs(host: Backend) -> None:
+    """A level's parents are nodes of the level before: the same values at the same node count, valid last round
+    (previous level: nodes 1..3), are refused where this round's previous level holds nodes 2..3 only."""
+    bundle = pair(2, 3, 8)  # a round's tree holds 6 nodes
+    with trtio.create_for_spec_decode(ReferenceEngine.from_config(bundle.base, device="host"),
+                                      ReferenceEngine.from_config(bundle.draft, device="host"), bundle) as sd:
+        emb, lens = embed_batch(E, _prompts((4, 6)), np.float16)
+        sd.base_prefill(emb, lens)
+        sd.draft_prefill(emb, lens)
+
+        def level(k: int, parents: list[int]) -> None:
+            sd.draft_propose(np.zeros((2, k, 64), np.float16), parents=parents)
+
+        def finish_round() -> None:
+            sd.verify(np.zeros((2, 2, 64), np.float16), [-1, 0])
+            sd.accept([[0], [0]])
+            sd.draft_accept(np.zeros((2, 1, 64), np.float16), [1, 1])
+
+        level(1, [-1])
+        level(3, [0, 0, 0])  # nodes 1..3
+        level(2, [1, 1])  # 4 nodes so far; parents 1, 1
+        finish_round()
+        level(2, [-1, -1])
+        level(2, [0, 1])  # nodes 2..3: 4 nodes so far again
+        _refused(host, ShapeError, r"parents\[0, 0\] = 1: a new node's parent must be a node of the previous level "
+                                   r"\(2..3\)", sd.draft_propose, np.zeros((2, 2, 64), np.float16), parents=[1, 1])
+        level(2, [2, 3])
+
+
 # -- real engine directories ---------------------------------------------------------------------------
 
 

@@ -220,9 +220,9 @@ class BlockDraft:
         dims = self._step_dims(e, b, w, a)
         order, key, past, whole = setup._step_lengths(e)
         have = past.tolist()
-        check_room(order, past, have, longest + w, e.cfg.max_kv_cache_capacity, "a delta and its block")
+        top = check_room(order, past, have, longest + w, e.cfg.max_kv_cache_capacity, "a delta and its block")
         s = setup._stream(stream)
-        taken, pages = setup._pages(e, order, key, past, longest + w, s, have, max(have))
+        taken, pages = setup._pages(e, order, key, past, longest + w, s, have, top)
         try:
             setup._upload_embeds(x, s)
             moves = self._moves(setup, acc, a)

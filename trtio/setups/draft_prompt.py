@@ -94,13 +94,15 @@ class DraftRoots:
             self.rows[:] = saved
             raise
 
-def check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, cap: int, step: str) -> None:
+def check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, cap: int, step: str) -> int:
     """Refuse a draft ``step`` that would write ``more`` tokens past a sequence's ``have`` cached ones beyond
-    ``cap`` (max_kv_cache_capacity), naming the fullest sequence."""
-    if max(have) + more > cap:
+    ``cap`` (max_kv_cache_capacity), naming the fullest sequence; the longest of ``have``."""
+    top = max(have)
+    if top + more > cap:
         i = int(np.argmax(past))
         raise ShapeError(f"draft KV cache full: sequence {int(order[i])} holds {int(past[i])} tokens and {step} "
                          f"writes {more} more, past max_kv_cache_capacity ({cap})")
+    return top
 
 
 def check_accept_lengths(setup: SetupBase, given: Any, lens: list[int], b: int, a: int) -> None:

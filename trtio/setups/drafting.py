@@ -50,7 +50,8 @@ class DraftTree:
         self.nodes = 0  # nodes run this round (per sequence)
         self._parents: list[np.ndarray] = []  # each level's parents this round ([k] or [b, k], int32 constants)
         # Per first node: the last parents a level starting there had (values, shape, their int32 constant).
-        self._level_parents: BoundedCache[int, tuple[list[int], tuple[int, ...], np.ndarray]] = BoundedCache()
+        self._level_parents: BoundedCache[int, tuple[list[int], tuple[int, ...], np.ndarray, int, int]] = \
+            BoundedCache()
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = np.zeros(0, np.int32)  # the round's cached lengths (its levels'), an int32 constant
         self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
@@ -93,6 +94,8 @@ class DraftTree:
         :func:`~trtio.staging.constant`, the same object as the same level's last round where the values and
         shape repeat (the step block then holds them already)."""
         n = self.nodes
+        level0, level_k = self._level
+        lo, hi = (-1, -1) if n == 0 else (level0, level0 + level_k - 1)
         if parents is None:
             if k != 1:
                 raise ShapeError(f"draft_propose: {k} nodes per sequence need their parents (-1 for the root)")
@@ -103,23 +106,24 @@ class DraftTree:
             if par.dtype.kind not in "iu" or shape not in ((k,), (b, k)):
                 raise ShapeError(f"parents: expected integers of shape [{k}] or [{b}, {k}], got {par.dtype} "
                                  f"{shape}")
-            level0, level_k = self._level
-            lo, hi = (-1, -1) if n == 0 else (level0, level0 + level_k - 1)
-            vals = par.ravel().tolist()  # a level is a few dozen values: Python's min and max beat numpy's here
-            if vals and (min(vals) < lo or max(vals) > hi):
-                full = np.broadcast_to(par, (b, k))
+            vals = par.ravel().tolist()
+        # The same values as this level's last round, checked then against the same bounds: not checked again.
+        found = self._level_parents.get(n)
+        if found is None or found[0] != vals or found[1] != shape or found[3] != lo or found[4] != hi:
+            found = None
+            if parents is not None and vals and (min(vals) < lo or max(vals) > hi):  # Python's min and max beat
+                full = np.broadcast_to(par, (b, k))  # numpy's on a level's few dozen values
                 bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
                 what = "-1 (the root) on a round's first level" if n == 0 else \
-                    f"a node of the previous level ({level0}..{level0 + level_k - 1})"
+                    f"a node of the previous level ({level0}..{hi})"
                 raise ShapeError(f"parents[{bi}, {i}] = {int(full[bi, i])}: a new node's parent must be {what}")
         if n + k > self.width:
             raise ShapeError(f"draft_propose: {k} more nodes make {n + k}, more than the {self.width} a "
                              f"round's draft tree holds (drafting_step x drafting_top_k = {self.width})")
-        found = self._level_parents.get(n)
-        if found is not None and found[1] == shape and found[0] == vals:
+        if found is not None:
             return found[2]
         par32 = constant(np.array(vals, np.int32).reshape(shape))  # checked to lie in -1 .. width - 1
-        self._level_parents.put(n, (vals, shape, par32))
+        self._level_parents.put(n, (vals, shape, par32, lo, hi))
         return par32
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,

@@ -409,7 +409,7 @@ class SpecDecodeSetup(SetupBase):
             order, key, past, whole = self._step_lengths(e)
             cap = e.cfg.max_kv_cache_capacity
             have = past.tolist()
-            check_room(order, past, have, w, cap, "a proposal round")  # its levels all write after these lengths
+            top = check_room(order, past, have, w, cap, "a proposal round")  # its levels all write after these lengths
         else:  # nothing moves the sequences, lengths or pages between a round's levels: its first level's
             order, key, past, pages = self._round_step
         dims = self._dims(e, "proposal", b, w, k)
@@ -417,7 +417,7 @@ class SpecDecodeSetup(SetupBase):
         s = self._stream(stream)
         taken = None
         if first:
-            taken, pages = self._pages(e, order, key, past, w, s, have)
+            taken, pages = self._pages(e, order, key, past, w, s, have, top)
         try:
             # the roots are staged at once (a view of slots 0 .. b - 1 serves as well as a copy)
             roots = _NO_ROOTS if not first else self._roots.rows[:b] if whole else self._roots.rows[order]
@@ -545,8 +545,7 @@ class SpecDecodeSetup(SetupBase):
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
-        top = max(have)
-        check_room(order, past, have, a, e.cfg.max_kv_cache_capacity, "the catch-up")
+        top = check_room(order, past, have, a, e.cfg.max_kv_cache_capacity, "the catch-up")
         s = self._stream(stream)
         taken, pages = self._pages(e, order, key, past, a, s, have, top)
         try:
