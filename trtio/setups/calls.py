@@ -135,13 +135,17 @@ def one_thread(step: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[
                              f"the calls)")
         try:
             returns = calls.returns
-            with returns.lock:
+            pages = returns.lock  # held as a `with` block would, without its context-manager calls (every step)
+            pages.acquire()
+            try:
                 returns.collect()
+                return step(self, *args, **kwargs)
+            finally:
                 try:
-                    return step(self, *args, **kwargs)
-                finally:
                     if calls.read_slot is not None:  # inputs the call's copies read (also where it failed later)
                         calls.hold_reads()
+                finally:
+                    pages.release()
         finally:
             lock.release()
 
