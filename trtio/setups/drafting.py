@@ -49,7 +49,8 @@ class DraftTree:
         self.buffers = steps.draft_buffers(draft, words, nodes, width, n_words)
         self.nodes = 0  # nodes run this round (per sequence)
         self._parents: list[np.ndarray] = []  # each level's parents this round ([k] or [b, k], int32 constants)
-        # Per first node: the last parents a level starting there had (values, shape, their int32 constant).
+        # Per first node: the last parents a level starting there had (values, shape, their int32 constant, and the
+        # bounds they were checked against: the previous level's first and last node).
         self._level_parents: BoundedCache[int, tuple[list[int], tuple[int, ...], np.ndarray, int, int]] = \
             BoundedCache()
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
@@ -111,8 +112,9 @@ class DraftTree:
         found = self._level_parents.get(n)
         if found is None or found[0] != vals or found[1] != shape or found[3] != lo or found[4] != hi:
             found = None
-            if parents is not None and vals and (min(vals) < lo or max(vals) > hi):  # Python's min and max beat
-                full = np.broadcast_to(par, (b, k))  # numpy's on a level's few dozen values
+            # (a level is a few dozen values: Python's min and max beat numpy's here)
+            if parents is not None and vals and (min(vals) < lo or max(vals) > hi):
+                full = np.broadcast_to(par, (b, k))
                 bi, i = (int(v) for v in np.argwhere((full < lo) | (full > hi))[0])
                 what = "-1 (the root) on a round's first level" if n == 0 else \
                     f"a node of the previous level ({level0}..{hi})"
