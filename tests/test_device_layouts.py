@@ -84,7 +84,8 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
     rows included, whatever the buffers held before. Ragged (with MRoPE rows or without): logits rows
     b * width + node, a parent's hidden row is its row in the previous level's output (row b for the root).
     Batch: logits are the node ids, a parent's hidden row is b * width + parent (the root's: given), and the
-    start index and context lengths follow the round's lengths."""
+    start index and context lengths follow the round's lengths. The second round's first level reads the round's
+    lengths where a catch-up left them (``past_from``) and writes them where the round's later steps read them."""
     b, width, cap = 3, 40, 1000
     rng = np.random.default_rng(7 + shared + 2 * len(layout))
     n_rows = b * width
@@ -93,7 +94,7 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
               "row_src": ((n_rows,), "int32"), "row_dst": ((n_rows,), "int32"), "positions": ((n_rows,), "int32"),
               "ids": ((n_rows,), "int32"), "parent_ids": ((n_rows,), "int32"), "depths": ((n_rows,), "int32"),
               "mask": ((n_rows, 2), "int32"), "rope": ((n_rows,), "int32"), "roots": ((b,), "int32"),
-              "start": ((b,), "int32"), "ctx": ((b,), "int32")}
+              "start": ((b,), "int32"), "ctx": ((b,), "int32"), "caught_up": ((b,), "int32")}
     ragged = layout != "batch"
     with Stream.create(backend) as s, _tensors(backend, shapes, s) as t:
         common = (t["words"], t["nodes"], t["parents"], t["past"], t["row_src"], t["row_dst"], t["logits"], t["mask"],
@@ -105,10 +106,10 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                                     rope_rows=t["rope"] if mrope else None, rope_cap=cap if mrope else 0)
         else:
             tree = DraftTreeBuffers(*common, logits_stride=0, roots=t["roots"], start=t["start"], ctx=t["ctx"])
-        for _round in range(2):
+        for r in range(2):
             past = rng.integers(0, 500, b)
             roots = rng.integers(0, 100, b)
-            t["past"].copy_from(past.astype(np.int32), s)
+            t["caught_up" if r else "past"].copy_from(past.astype(np.int32), s)
             t["roots"].copy_from(roots.astype(np.int32), s)
             levels: list[np.ndarray] = []
             n0, prev = 0, (0, 0)
@@ -124,11 +125,13 @@ def test_draft_levels_made_on_the_device_equal_the_tree_walked_on_the_host(backe
                 staged = (par[0] if shared else par.reshape(-1)).astype(np.int32)
                 t["parents"].reshape(staged.shape).copy_from(staged, s)
                 level_rows = prev if ragged else (0, width)
-                DraftLevel(tree, b, n0, k, *level_rows, shared).enqueue(s)
+                DraftLevel(tree, b, n0, k, *level_rows, shared, past_from=t["caught_up"] if r and not n0 else None
+                           ).enqueue(s)
                 levels.append(par)
                 want = _walk(levels, past, width, cap)
                 n = n0 + k
                 got = {name: t[name].to_numpy(s) for name in shapes}
+                np.testing.assert_array_equal(got["past"], past)
                 np.testing.assert_array_equal(got["ids"], want["ids"].reshape(-1))
                 np.testing.assert_array_equal(got["mask"].view(np.uint32), want["mask"].reshape(n_rows, 2))
                 seq, new = np.arange(b)[:, None], np.arange(n0, n)
@@ -160,7 +163,8 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, c
     """Random trees of 1-9 nodes in 9 rows per sequence (padding after them), random cached lengths: the
     device's positions, ids (padding value 7), attention lengths and MRoPE rows equal TreeLayout.at's
     (ragged); the start index, context lengths, position ids (0 on padding) and the copied mask and token
-    selection equal what the batch contract uploads for such a step."""
+    selection equal what the batch contract uploads for such a step; the lengths after the step (``next``: past +
+    the real rows) are where a draft's next round reads them."""
     b, w, cap = 4, 9, 512
     rng = np.random.default_rng(phase + len(contract))
     parents = [np.array([-1] + [int(rng.integers(0, t)) for t in range(1, int(rng.integers(1, w + 1)))])
@@ -174,7 +178,7 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, c
                            parents=grid, padding_position=7)
     past = rng.integers(0, 300, b)
     select = rng.integers(0, 1000, (b, 3))
-    shapes = {n: ((b,), "int32") for n in ("past", "lengths", "asl", "start", "ctx")}
+    shapes = {n: ((b,), "int32") for n in ("past", "lengths", "asl", "start", "ctx", "next")}
     shapes.update({n: ((b * w,), "int32") for n in ("depths", "positions", "ids", "rope")})
     shapes.update({"mask_src": (layout.packed_mask.shape, "int32"), "mask_dst": (layout.packed_mask.shape, "int32"),
                    "select_src": ((b, 3), "int64"), "select_dst": ((b, 3), "int64")})
@@ -187,8 +191,9 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, c
         if contract == "batch":
             targets = TreeTargets(t["past"], t["lengths"], t["depths"], start=t["start"], ctx=t["ctx"], ids=t["ids"],
                                   mask_src=t["mask_src"], mask_dst=t["mask_dst"], select_src=t["select_src"],
-                                  select_dst=t["select_dst"])
+                                  select_dst=t["select_dst"], next=t["next"])
             TreeStep(targets, b, w, True, 0, layout.packed_mask.shape[1], 3).enqueue(s)
+            np.testing.assert_array_equal(t["next"].to_numpy(s), past + real.sum(axis=1))
             np.testing.assert_array_equal(t["start"].to_numpy(s), past)
             np.testing.assert_array_equal(t["ctx"].to_numpy(s), past + w)
             want_ids = np.where(real, past[:, None] + vis.sum(axis=2) - 1, 0).reshape(-1)
@@ -198,8 +203,10 @@ def test_tree_steps_made_on_the_device_equal_the_host_layout(backend: Backend, c
             return
         mrope = contract == "mrope"
         targets = TreeTargets(t["past"], t["lengths"], t["depths"], asl=t["asl"], positions=t["positions"],
-                              ids=t["ids"], rope_rows=t["rope"] if mrope else None, rope_cap=cap if mrope else 0)
+                              ids=t["ids"], rope_rows=t["rope"] if mrope else None, rope_cap=cap if mrope else 0,
+                              next=t["next"])
         TreeStep(targets, b, w, phase > PHASE_DECODE, 7).enqueue(s)
+        np.testing.assert_array_equal(t["next"].to_numpy(s), past + real.sum(axis=1))
         want = layout.at(past)
         np.testing.assert_array_equal(t["positions"].to_numpy(s), want.positions)
         np.testing.assert_array_equal(t["ids"].to_numpy(s), want.attention_position_ids)

@@ -651,22 +651,29 @@ def test_a_draft_prefill_of_other_slots_or_prefixes_than_the_base_prefills_is_re
         assert s.draft_lengths.tolist() == [3]
 
 
+# Per round: the requests admitted (request, slot) or released (its slot) before it.
+_REUSED = {0: [("admit", 0, 2)], 2: [("admit", 1, 0)], 3: [("admit", 2, 3)], 5: [("release", 2, None),
+                                                                            ("admit", 3, 2)]}
+_RELEASED_ALONE = {0: [("admit", 0, 2), ("admit", 1, 0)], 1: [("admit", 2, 3)], 3: [("release", 2, None)]}
+
+
+@pytest.mark.parametrize("plan", [_REUSED, _RELEASED_ALONE], ids=["slot-reused", "released-alone"])
 @pytest.mark.parametrize("graphs", [False, True])
-def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_logits(device: str,
-                                                                                     graphs: bool) -> None:
-    """Sequences admitted between rounds, one released and its slot reused, each verify (and draft) exactly
-    as alone; both pools are smaller than 4 slots x 8 pages."""
+def test_a_changing_batch_of_speculative_sequences_gives_each_its_solo_verify_logits(
+        device: str, graphs: bool, plan: dict[int, list[tuple[str, int, int | None]]]) -> None:
+    """Sequences admitted between rounds, one released and its slot reused, or a middle one released alone (the
+    next round's lengths are then not those the last catch-up left on the device: its first level stages them),
+    each verify (and draft) exactly as alone; both pools are smaller than 4 slots x 8 pages."""
     bundle = small_pool_pair()
     rng = np.random.default_rng(7)
     prompts = {r: list(map(int, rng.integers(0, 512, n))) for r, n in enumerate((14, 5, 21, 9))}
-    plan = {0: [("admit", 0, 2)], 2: [("admit", 1, 0)], 3: [("admit", 2, 3)], 5: [("release", 2, None),
-                                                                                 ("admit", 3, 2)]}
     requests: dict[int, dict[str, Any]] = {}
     with spec_setup(bundle, device, graphs=graphs) as setup:
         run = Chains(setup)
         for step in range(8):
             for what, req, slot in plan.get(step, []):
                 if what == "admit":
+                    assert slot is not None
                     run.admit(slot, prompts[req])
                     requests[req] = run.seqs[slot]
                 else:

@@ -448,6 +448,35 @@ def test_a_prepared_group_written_over_a_held_constant_makes_the_block_forget_it
         c.close()
 
 
+def test_values_device_work_wrote_are_held_and_an_upload_over_them_copies_them_again(host):
+    """device_wrote: device work (not an upload) put a constant into b. Writing that constant again copies nothing,
+    and an upload of a byte range over b (a and c written) copies those values into b, not the older bytes an
+    upload last sent there. A value that is no constant or does not fit is refused."""
+    arena, step = _block(host)
+    s = Stream.create(host)
+    step.write_all(("a", "b", "c"), (np.zeros(8, np.int32), np.full(8, 5, np.int32), np.zeros(4, np.int64)))
+    step.upload(s)
+    made = constant(np.arange(8, dtype=np.int32))
+    step.tensors["b"].reshape((8,)).copy_from(made, s)  # the device work
+    step.device_wrote("b", made)
+    uploads = step.uploads
+    step.write("b", made)
+    step.upload(s)
+    assert step.uploads == uploads and step.skipped == 1, "the block holds it: nothing is copied"
+    step.write("a", np.ones(8, np.int32))
+    step.write("c", np.ones(4, np.int64))
+    step.upload(s)  # one copy from a to c, over b
+    s.synchronize()
+    assert step.tensors["b"].reshape((8,)).to_numpy().tolist() == list(range(8))
+    with pytest.raises(TrtioError, match="device_wrote takes a constant"):
+        step.device_wrote("b", np.arange(8, dtype=np.int32))
+    with pytest.raises(CapacityError, match="'b' holds 8 values"):
+        step.device_wrote("b", constant(np.arange(9, dtype=np.int32)))
+    step.close()
+    arena.close()
+    s.close()
+
+
 # -- UploadRing: the one staging ring ---------------------------------------------------------------------
 
 

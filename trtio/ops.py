@@ -626,8 +626,10 @@ class DraftLevel:
     padding rows past the ``n0 + k`` nodes, positions past + depth, each row's packed ancestors, and the new
     nodes' logits and hidden rows (a parent's draft row is ``b * level_k + parent - level0``). The parents
     are read from element ``parents_at`` of ``tree.parents`` on (each level of a round its own slot there, so
-    parents that repeat stay in the step block). Equal values are the same work (parents are read when it
-    runs)."""
+    parents that repeat stay in the step block). ``past_from`` (a round's first level only): the round's lengths
+    are read there, where the last catch-up's tree step left them (:attr:`TreeTargets.next`), and written into
+    ``tree.past`` for the round's later steps, so the round uploads none. Equal values are the same work (parents
+    and lengths are read when it runs)."""
 
     tree: DraftTreeBuffers
     batch: int
@@ -637,6 +639,7 @@ class DraftLevel:
     level_k: int
     shared: bool
     parents_at: int = 0
+    past_from: Tensor | None = None
 
     @property
     def backend(self) -> Backend:
@@ -651,7 +654,8 @@ class DraftLevel:
                     np.int32(self.level_k), _ptr(t.words), _ptr(t.nodes), _ptr(t.roots), _ptr(t.query_lengths),
                     _ptr(t.logits), np.int32(t.logits_stride), _ptr(t.row_src), _ptr(t.row_dst),
                     _ptr(t.positions), _ptr(t.position_ids), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask),
-                    _ptr(t.rope_rows), np.int64(t.rope_cap), _ptr(t.start), _ptr(t.ctx))(stream.handle)
+                    _ptr(t.rope_rows), np.int64(t.rope_cap), _ptr(t.start), _ptr(t.ctx),
+                    _ptr(self.past_from))(stream.handle)
             return
         _host_work(self.backend, stream, functools.partial(_draft_level_host, self))
 
@@ -686,6 +690,8 @@ def _draft_level_host(level: DraftLevel) -> None:
     real = np.arange(w)[None, :] < n0 + k
     depth = np.where(real, nodes[:, :, 0], 0)
     past = _ints(t.past.data_ptr, b)
+    if level.past_from is not None:
+        past[:] = _ints(level.past_from.data_ptr, b)
     at = past[:, None] + depth
     if t.start is not None:
         _ints(t.start.data_ptr, b)[:] = past
@@ -711,7 +717,9 @@ class TreeTargets:
     ``depths``: each row's depth; int32, written by the host) and writes, where the contract has them: the
     ragged contract's ``asl``, ``positions``, ``ids`` and MRoPE ``rope_rows`` (with ``rope_cap``); the batch
     contract's ``start`` index, context lengths (``ctx``), position ``ids``, and its mask and token
-    selection, copied from the step block's ``mask_src`` and ``select_src``. One object per setup and engine."""
+    selection, copied from the step block's ``mask_src`` and ``select_src``; a draft's lengths after the step
+    (``next``: ``past + lengths``), which the next round's first level reads (:attr:`DraftLevel.past_from`). One
+    object per setup and engine."""
 
     past: Tensor
     lengths: Tensor
@@ -727,6 +735,7 @@ class TreeTargets:
     mask_dst: Tensor | None = None
     select_src: Tensor | None = None
     select_dst: Tensor | None = None
+    next: Tensor | None = None
 
 
 @hash_once
@@ -760,7 +769,7 @@ class TreeStep:
                     _ptr(t.positions), _ptr(t.ids), np.int32(self.ids_pad), _ptr(t.rope_rows), np.int64(t.rope_cap),
                     _ptr(t.mask_src), _ptr(t.mask_dst if self.words else None), np.int32(self.words),
                     _ptr(t.select_src), _ptr(t.select_dst if self.select_count else None),
-                    np.int32(self.select_count))(stream.handle)
+                    np.int32(self.select_count), _ptr(t.next))(stream.handle)
             return
         _host_work(self.backend, stream, functools.partial(_tree_step_host, self))
 
@@ -774,6 +783,8 @@ def _tree_step_host(step: TreeStep) -> None:
     at = past[:, None] + _ints(t.depths.data_ptr, b * w).reshape(b, w)
     if t.asl is not None:
         _ints(t.asl.data_ptr, b)[:] = past + (w if step.full_width else lengths)
+    if t.next is not None:
+        _ints(t.next.data_ptr, b)[:] = past + lengths
     if t.start is not None:
         _ints(t.start.data_ptr, b)[:] = past
     if t.ctx is not None:

@@ -584,6 +584,22 @@ class StepStaging(Closeable):
             for n in held_at.keys() & names:
                 del held_at[n]
 
+    def device_wrote(self, name: str, values: np.ndarray) -> None:
+        """Device work already enqueued writes ``values`` (a :func:`constant`) into ``name``, not an upload: the
+        block holds them once it has run, so writing the same constant again copies nothing. Their twin is set to
+        them too, so an upload of a byte range over ``name`` copies them again rather than older bytes."""
+        slot = self._slots.get(name)
+        n = values.size
+        if slot is None or n > slot[3] or self._closed:
+            self._refuse(name, values)
+        if values.flags.writeable or not values.flags.owndata:
+            raise TrtioError(f"{self.title}: device_wrote takes a constant (trtio.staging.constant); {name!r}'s is not")
+        slot[0][:n] = values.reshape(-1)  # type: ignore[index]  # _refuse raised where slot is None
+        self._written.pop(name, None)
+        self._held_at.pop(name, None)
+        self._written_at.pop(name, None)
+        self._held[name] = values
+
     def _close_owned(self) -> None:
         self._held.clear()
         self._written.clear()

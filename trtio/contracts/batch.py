@@ -17,6 +17,7 @@ import numpy as np
 from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
+    ROUND_NEXT,
     SEED_STAGING_PAIRS,
     Contract,
     DraftLevelPlan,
@@ -178,7 +179,8 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
             TensorRequest.of("verify_lengths", (b,), i32),
             TensorRequest.of("verify_depths", (b * p,), i32),
             TensorRequest.of("verify_mask", (b * p, words), i32),
-            TensorRequest.of("verify_select", (b * p,), DType.INT64)]
+            TensorRequest.of("verify_select", (b * p,), DType.INT64),
+            TensorRequest.of(ROUND_NEXT, (b,), i32)]  # last: only the device writes it (contract.ROUND_NEXT)
     return PipelineLayout(
         "PipelineIO(spec_decode)", reqs, step, max_batch=b, max_seq=seq, hidden_size=h, is_spec_decode=True,
         num_deepstack=base.num_deepstack_features, members=("row_scratch", "row_src", "row_dst"),
@@ -189,6 +191,7 @@ def _spec_layout(bundle: DeploymentConfig, b: int) -> PipelineLayout:
 
 
 _ROUND_NAMES = ("draft_roots", "tree_past")  # what a round's first proposal level writes besides its parents
+_ROUND_HELD = ("draft_roots",)  # the same where the round's lengths are on the device already (plan.caught_up)
 # A tree step's constants, written together (StepStaging.write_group): the base's (verify) and the draft's (catch-up).
 _VERIFY_GROUP = ("verify_lengths", "verify_depths", "verify_mask", "verify_select")
 _TREE_GROUP = ("tree_lengths", "tree_depths", "tree_mask", "tree_select")
@@ -268,7 +271,8 @@ class BatchSteps(StepInputs):
             found = self._targets[e.role] = TreeTargets(
                 t["tree_past"], lengths, depths, start=e.state.kv_lengths, ctx=io.context_lengths,
                 ids=io.spec_decode_position_ids, mask_src=mask, mask_dst=io.packed_attention_mask,
-                select_src=select, select_dst=io.select_token_indices)
+                select_src=select, select_dst=io.select_token_indices,
+                next=t[ROUND_NEXT] if e.role == "draft" else None)
         return found
 
     def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
@@ -288,18 +292,25 @@ class BatchSteps(StepInputs):
         else:
             self.stage_parents(plan.n0, plan.batch, plan.parents, s)
         shared = plan.parents.ndim == 1
-        key = (plan.batch, plan.n0, plan.k, shared)
+        key = (plan.batch, plan.n0, plan.k, shared, plan.caught_up)
         found = self._level_works.get(key)
         if found is None:
             found = self._level_works.put(
-                key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared, plan.n0 * plan.batch),))
+                key, (DraftLevel(tree, plan.batch, plan.n0, plan.k, 0, tree.width, shared, plan.n0 * plan.batch,
+                                 self.step.tensors[ROUND_NEXT] if plan.caught_up else None),))
         return found
 
+    round_past = "tree_past"
+
     def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
-        """The round's root rows and cached lengths (a round's later levels find them in the block: only the
-        levels run between, which keep them), with the parents, in one upload."""
+        """The round's root rows and cached lengths (unless the device has them: ``plan.caught_up``; a round's
+        later levels find them in the block: only the levels run between, which keep them), with the parents, in
+        one upload."""
         step = self.step
-        step.write_all(_ROUND_NAMES, (plan.roots, plan.past))
+        if plan.caught_up:
+            step.write_all(_ROUND_HELD, (plan.roots,))
+        else:
+            step.write_all(_ROUND_NAMES, (plan.roots, plan.past))
         self.stage_parents(0, plan.batch, plan.parents, s)
         # the levels rewrite these on the device; only verify and catch-ups write them between rounds
         step.overwritten(DraftTreeBuffers.WRITES)

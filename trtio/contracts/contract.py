@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from trtio.tensor import Tensor
     from trtio.tensor_map import TensorMap
 
-__all__ = ["PAGE_TABLE_NAMES", "SEED_STAGING_PAIRS",
+__all__ = ["PAGE_TABLE_NAMES", "ROUND_NEXT", "SEED_STAGING_PAIRS",
            "Contract", "DraftLevelPlan", "EngineView", "Pipeline", "PipelineLayout", "StepInputs",
            "absent"]
 
@@ -117,7 +117,9 @@ class DraftLevelPlan:
     """What a proposal level's staging needs: the round's cached lengths (``past``, int32 constant), the
     level's ``parents``, its place in the round
     (nodes ``n0 .. n0 + k - 1`` of ``batch`` sequences), the previous level (``level``: its first node and
-    count, where the parents' hidden rows are) and each sequence's root hidden row (``roots``)."""
+    count, where the parents' hidden rows are) and each sequence's root hidden row (``roots``). ``caught_up``:
+    the round's lengths are ``past`` on the device already, where the last catch-up left them
+    (:data:`ROUND_NEXT`): a round's first level reads them there and stages none."""
 
     past: np.ndarray
     parents: np.ndarray
@@ -128,6 +130,7 @@ class DraftLevelPlan:
     level: tuple[int, int] = (0, 0)
     slots: np.ndarray | None = None
     pages: np.ndarray | None = None  # the step's page-table rows (pages on demand), None: not staged
+    caught_up: bool = False
 
 
 class Contract(abc.ABC):
@@ -319,8 +322,18 @@ class StepInputs(abc.ABC):
     @abc.abstractmethod
     def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
                     s: Stream) -> tuple[DeviceWork, ...]:
-        """Stage a proposal level (its parents, the round's lengths on its first level) and return its
-        device work: the level made on the device, then what reads it (RoPE rows)."""
+        """Stage a proposal level (its parents; the round's lengths on its first level, unless the device has them:
+        ``plan.caught_up``) and return its device work: the level made on the device, then what reads it (RoPE
+        rows)."""
+
+    #: The step-block name of a round's cached lengths: what its levels and tree steps read.
+    round_past: ClassVar[str]
+
+    def round_placed(self, past: np.ndarray) -> None:
+        """A round's first level that read its lengths on the device (``DraftLevelPlan.caught_up``) was enqueued:
+        once it has run, the step block holds ``past`` (an int32 constant) as the round's lengths, which the
+        round's verify and catch-up then stage at no cost."""
+        self.step.device_wrote(self.round_past, past)
 
     @abc.abstractmethod
     def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
@@ -362,6 +375,10 @@ class StepInputs(abc.ABC):
 
 # The step-block name of a step's page-table rows, by whether the engine is the draft (StepInputs.write_pages).
 PAGE_TABLE_NAMES = ("kv_page_table", "draft_kv_page_table")
+# A spec-decode step block's draft lengths after its last tree step (a catch-up: past + accepted), written by the
+# device alone (ops.TreeTargets.next), read by the next round's first level (ops.DraftLevel.past_from). Last in the
+# block: no upload's byte range reaches it.
+ROUND_NEXT = "round_next"
 
 
 def rope_row_bytes(cfg: LLMEngineConfig) -> int:

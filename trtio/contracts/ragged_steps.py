@@ -19,6 +19,7 @@ from trtio import names
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
     PAGE_TABLE_NAMES,
+    ROUND_NEXT,
     Contract,
     DraftLevelPlan,
     EngineView,
@@ -170,6 +171,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     ]
     if bundle is not None:
         step.append(TensorRequest.of("spec_decode_position_ids", (t,), i32))
+    if draft is not None:
+        step.append(TensorRequest.of(ROUND_NEXT, (b,), i32))  # last: only the device writes it (contract.ROUND_NEXT)
     return step
 
 
@@ -327,12 +330,17 @@ _DECODE_WRITES = ("past_lengths", "attention_sequence_lengths", "positions", "ro
 # What a tree step's device work writes.
 _TREE_WRITES = ("attention_sequence_lengths", "positions", "spec_decode_position_ids", "rope_rows")
 # What a round's first proposal level writes besides its page-table rows (RaggedSteps.draft_level).
-_LEVEL_NAMES = ("draft_roots", "query_start_offsets", "past_lengths", "state_indices")
+_LEVEL_NAMES: tuple[str, ...] = ("draft_roots", "query_start_offsets", "past_lengths", "state_indices")
 # What the levels write on the device: the tree's inputs, and the attention lengths (past + the round's width).
 _LEVEL_WRITES = (*DraftTreeBuffers.WRITES, "attention_sequence_lengths")
 # The page-table rows' name (one tuple), by whether the engine is the draft (StepInputs.write_pages' names).
 _PAGE_TABLE = {is_draft: (PAGE_TABLE_NAMES[is_draft],) for is_draft in (False, True)}
-_LEVEL_PAGED = {is_draft: _LEVEL_NAMES + names for is_draft, names in _PAGE_TABLE.items()}  # with them
+_LEVEL_PAGED: dict[bool, tuple[str, ...]] = {is_draft: _LEVEL_NAMES + names
+                                              for is_draft, names in _PAGE_TABLE.items()}  # with them
+# The same where the round's lengths are on the device already (DraftLevelPlan.caught_up): all but past_lengths.
+_LEVEL_HELD: tuple[str, ...] = ("draft_roots", "query_start_offsets", "state_indices")
+_LEVEL_HELD_PAGED: dict[bool, tuple[str, ...]] = {is_draft: _LEVEL_HELD + names
+                                                   for is_draft, names in _PAGE_TABLE.items()}
 # What a tree step writes besides its layout's constants (RaggedSteps.tree): its cached lengths and slots.
 _TREE_NAMES: tuple[str, ...] = ("past_lengths", "state_indices")
 # A tree layout's constants, next to each other in the step block (StepStaging.write_group).
@@ -534,7 +542,8 @@ class RaggedSteps(StepInputs):
                 t["past_lengths"], t[lengths], t[depths], asl=t["attention_sequence_lengths"],
                 positions=t["positions"], ids=t["spec_decode_position_ids"],
                 rope_rows=t["rope_rows"] if per_slot else None,
-                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0)
+                rope_cap=e.cfg.max_kv_cache_capacity if per_slot else 0,
+                next=t[ROUND_NEXT] if e.role == "draft" else None)
         return found
 
     def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
@@ -551,9 +560,10 @@ class RaggedSteps(StepInputs):
 
     def draft_level(self, e: EngineView, tree: DraftTreeBuffers, plan: DraftLevelPlan,
                     s: Stream) -> tuple[DeviceWork, ...]:
-        """A proposal level (phase 4; 3 for a one-node tree): the parents, uploaded with the round's lengths,
-        then the level made on the device (:class:`~trtio.ops.DraftLevel`) and the RoPE rows gathered at the
-        nodes' positions. A parent's draft hidden row is the previous level's output row."""
+        """A proposal level (phase 4; 3 for a one-node tree): the parents, uploaded with the round's lengths (on a
+        round's first level, where the last catch-up did not leave them on the device), then the level made on the
+        device (:class:`~trtio.ops.DraftLevel`) and the RoPE rows gathered at the nodes' positions. A parent's draft
+        hidden row is the previous level's output row."""
         b, w = plan.batch, tree.width
         if plan.n0 == 0:
             self.stage_round(e, plan, w, s)
@@ -561,27 +571,36 @@ class RaggedSteps(StepInputs):
             self.stage_parents(plan.n0, b, plan.parents, s)
         level0, level_k = (0, 0) if plan.n0 == 0 else plan.level
         shared = plan.parents.ndim == 1
-        key = (b, plan.n0, plan.k, level0, level_k, shared)
+        key = (b, plan.n0, plan.k, level0, level_k, shared, plan.caught_up)
         found = self._level_works.get(key)
         if found is None:
             table, _per_slot = self.rope_source(e, s)
             rows = tree.rope_rows if tree.rope_rows is not None else tree.positions
             assert rows is not None
             found = self._level_works.put(key, (
-                DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared, plan.n0 * b),
+                DraftLevel(tree, b, plan.n0, plan.k, level0, level_k, shared, plan.n0 * b,
+                           self.step.tensors[ROUND_NEXT] if plan.caught_up else None),
                 self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
         return found
 
+    round_past = "past_lengths"
+
     def stage_round(self, e: EngineView, plan: DraftLevelPlan, width: int, s: Stream) -> None:
-        """The round's root rows, query offsets, cached lengths, slots and page-table rows (a round's later levels
-        find them in the block: only the levels run between, which keep them), with the parents, in one upload."""
+        """The round's root rows, query offsets, cached lengths (unless the device has them: ``plan.caught_up``),
+        slots and page-table rows (a round's later levels find them in the block: only the levels run between,
+        which keep them), with the parents, in one upload."""
         step = self.step
         b = plan.batch
-        values = (plan.roots, ramp(b + 1, width), plan.past, self.slot_ids(b, plan.slots))
+        if plan.caught_up:
+            values: tuple[np.ndarray, ...] = (plan.roots, ramp(b + 1, width), self.slot_ids(b, plan.slots))
+            names, paged = _LEVEL_HELD, _LEVEL_HELD_PAGED
+        else:
+            values = (plan.roots, ramp(b + 1, width), plan.past, self.slot_ids(b, plan.slots))
+            names, paged = _LEVEL_NAMES, _LEVEL_PAGED
         if plan.pages is None:
-            step.write_all(_LEVEL_NAMES, values)
+            step.write_all(names, values)
         else:  # with the page-table rows (write_pages' name for them)
-            step.write_all(_LEVEL_PAGED[e.role == "draft"], (*values, plan.pages))
+            step.write_all(paged[e.role == "draft"], (*values, plan.pages))
         self.stage_parents(0, b, plan.parents, s)
         # the levels rewrite these on the device; only verify and catch-ups write them between rounds
         step.overwritten(_LEVEL_WRITES)

@@ -189,9 +189,10 @@ extern "C" __global__ void trtio_decode_advance(int* __restrict__ lengths, int b
 // roots), row_dst = b * width + node, logits = b * logits_stride + node. Per row: the packed mask, position
 // ids past + depth (0 on padding) and, where given, positions (-1 on padding), parents, depths and MRoPE rows
 // b * rope_cap + position; query_lengths[b] = n0 + k, start[b] = past and ctx[b] = past + width where given.
-// Outputs a contract lacks are null.
+// With past_from (a round's first level after a catch-up), past[b] = past_from[b] first: the round's lengths the
+// catch-up's tree step left there. Outputs a contract lacks are null.
 extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in, int shared,
-                                             const int* __restrict__ past, int width, int words, int n0, int k,
+                                             int* __restrict__ past, int width, int words, int n0, int k,
                                              int level0, int level_k, unsigned int* __restrict__ tree_words,
                                              int* __restrict__ tree_nodes, const int* __restrict__ roots,
                                              int* __restrict__ query_lengths, long long* __restrict__ logits,
@@ -200,7 +201,8 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
                                              int* __restrict__ position_ids, int* __restrict__ parent_ids,
                                              int* __restrict__ depths, int* __restrict__ mask,
                                              int* __restrict__ rope_rows, long long rope_cap,
-                                             int* __restrict__ start, int* __restrict__ ctx) {
+                                             int* __restrict__ start, int* __restrict__ ctx,
+                                             const int* __restrict__ past_from) {
     int b = blockIdx.x;
     long long first = (long long)b * width;
     for (int i = threadIdx.x; i < k; i += blockDim.x) {
@@ -227,8 +229,9 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
     }
     __syncthreads();
     int n = n0 + k;
-    int pl = past[b];
+    int pl = past_from ? past_from[b] : past[b];
     if (threadIdx.x == 0) {
+        if (past_from) past[b] = pl;
         if (query_lengths) query_lengths[b] = n;
         if (start) start[b] = pl;
         if (ctx) ctx[b] = pl + width;
@@ -249,7 +252,8 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
 // A tree step's (verify, catch-up) inputs that depend on the cached lengths, block b = sequence b of `width`
 // rows: row j < lengths[b] is a node at depth depths[row]. From past[b]: asl = past + (full_width ? width :
 // lengths[b]), start = past, ctx = past + width, positions = past + depth (-1 on padding), ids = past + depth
-// (ids_pad on padding), MRoPE rows b * rope_cap + position (-1 on padding); the constant mask rows and token
+// (ids_pad on padding), MRoPE rows b * rope_cap + position (-1 on padding), the lengths after the step next =
+// past + lengths[b] (a draft's: where the next round's first level reads them); the constant mask rows and token
 // selection are copied from the step block to the engine's buffers (the batch contract's). Null: not wanted.
 extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ past, const int* __restrict__ lengths,
                                            const int* __restrict__ depths, int full_width, int* __restrict__ asl,
@@ -258,11 +262,13 @@ extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ pa
                                            int* __restrict__ rope_rows, long long rope_cap,
                                            const int* __restrict__ mask_src, int* __restrict__ mask_dst, int words,
                                            const long long* __restrict__ select_src,
-                                           long long* __restrict__ select_dst, int select_count) {
+                                           long long* __restrict__ select_dst, int select_count,
+                                           int* __restrict__ next) {
     int b = blockIdx.x;
     int pl = past[b], n = lengths[b];
     if (threadIdx.x == 0) {
         if (asl) asl[b] = pl + (full_width ? width : n);
+        if (next) next[b] = pl + n;
         if (start) start[b] = pl;
         if (ctx) ctx[b] = pl + width;
     }

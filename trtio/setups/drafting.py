@@ -56,6 +56,9 @@ class DraftTree:
         self._level = (0, 0)  # (first node, count) of the newest level: the rows the last proposal output
         self._round_lengths = np.zeros(0, np.int32)  # the round's cached lengths (its levels'), an int32 constant
         self._round_list: list[int] = []  # the round's cached lengths (its levels'), as ints
+        # The draft's lengths the last catch-up leaves on the device (contract.ROUND_NEXT), in its sequences' order,
+        # until a round starts otherwise (start()); None: none known.
+        self._caught_up: list[int] | None = None
         # The roots a round's first level last staged: their values, and the constant holding them (_root_rows).
         self._last_roots: tuple[list[int], np.ndarray] | None = None
         # Each level's last embeddings copy (its addresses) and the rounds in a row it was the same.
@@ -68,19 +71,23 @@ class DraftTree:
         self._zero_pairs: BoundedCache[int, tuple[DeviceWork, ...]] = BoundedCache()  # a round's zeros, by batch
         self._row_bytes = io.inputs_embeds.dtype.itemsize * draft.cfg.hidden_size  # one embedding row
         # The level propose() staged, until grow() adds it to the tree: its parents, first node, node count, the
-        # round's lengths and its embeddings' source (see _stage_embeds).
-        self._staged: tuple[np.ndarray, int, int, np.ndarray, Any] | None = None
+        # round's lengths, its embeddings' source (see _stage_embeds) and whether it reads the lengths on the device.
+        self._staged: tuple[np.ndarray, int, int, np.ndarray, Any, bool] | None = None
         # Per first node of a level: its last (parents constant, embedding copy, batch, count, previous level,
-        # fused work); the objects are kept, so identity tests find no stale one.
+        # fused work, lengths read on the device); the objects are kept, so identity tests find no stale one.
         self._steady: BoundedCache[int, tuple[np.ndarray, DeviceWork | None, int, int, tuple[int, int],
-                                              tuple[DeviceWork, ...]]] = BoundedCache()
+                                              tuple[DeviceWork, ...], bool]] = BoundedCache()
 
-    def start(self) -> None:
-        """A new round: no node yet."""
+    def start(self, caught_up: list[int] | None = None) -> None:
+        """A new round: no node yet. ``caught_up``: the draft's lengths (each sequence's, in its order) that the
+        catch-up just enqueued leaves on the device, where the round's first level reads them if they are still
+        the draft's; None: none known. Every round starts here, so no other catch-up (a draft tree step) runs
+        between the one that said them and the round's first level."""
         self.nodes = 0
         self._parents.clear()
         self._level = (0, 0)
         self._staged = None
+        self._caught_up = caught_up
 
     def parents(self, batch: int) -> np.ndarray:
         """The parents (-1: the root) of the nodes proposed this round, [batch, nodes] int64."""
@@ -130,44 +137,47 @@ class DraftTree:
 
     def propose(self, x: Any, par: np.ndarray, past: np.ndarray, roots: np.ndarray, s: Stream,
                 slots: np.ndarray | None = None, pages: np.ndarray | None = None, *, batch: int | None = None,
-                nodes: int | None = None) -> tuple[DeviceWork, ...]:
+                nodes: int | None = None, have: list[int] | None = None) -> tuple[DeviceWork, ...]:
         """Stage the level of ``x`` ([b, k, hidden] embeddings, checked; ``batch`` and ``nodes``: its b and k,
         where the caller has them) hanging off ``par`` (:meth:`check`) after ``past`` cached tokens, and return
         its device work in the fewest kernels. The tree holds the level once :meth:`grow` says its step
-        succeeded: a step that fails leaves the tree as it was. ``roots``: each sequence's root hidden row (read
-        on a round's first level only)."""
+        succeeded: a step that fails leaves the tree as it was. ``roots``: each sequence's root hidden row, and
+        ``have``: ``past`` as ints (read on a round's first level only: where the last catch-up left these
+        lengths on the device, the level reads them there and stages none)."""
         if batch is None or nodes is None:
             shape = x.shape
             batch, nodes = int(shape[0]), int(shape[1])
         b, k = batch, nodes
         n0 = self.nodes
         embeds, source = self._stage_embeds(x, b, n0, k, s)
+        caught = False
         if n0 == 0:  # a new round: the lengths are fixed for all its levels
             lengths = past.astype(np.int32)  # a new array of its own: made a constant in place
             lengths.flags.writeable = False
             roots = self._root_rows(roots)
+            caught = have is not None and have == self._caught_up
         else:
             lengths = self._round_lengths
         # A level like the same level last round (a round's first: its inputs staged; a later one: its parents
         # staged), its device work as it was.
         last = self._steady.get(n0)
         if last is not None and last[0] is par and last[1] is embeds and last[2] == b and last[3] == k and \
-                last[4] == self._level:
+                last[4] == self._level and last[6] is caught:
             if n0:
                 self._steps.stage_parents(n0, b, par, s)
             else:
                 self._steps.stage_round(self._draft, DraftLevelPlan(lengths, par, b, 0, k, roots, (0, 0), slots,
-                                                                    pages), self.width, s)
-            self._staged = (par, n0, k, lengths, source)
+                                                                    pages, caught), self.width, s)
+            self._staged = (par, n0, k, lengths, source, caught)
             return last[5]
         # A round's first level also zeroes the base features and stale draft rows.
         zeros = self._round_zeros(b) if n0 == 0 else ()
         move = self._move(b, k)
-        plan = DraftLevelPlan(lengths, par, b, n0, k, roots, self._level, slots, pages)
+        plan = DraftLevelPlan(lengths, par, b, n0, k, roots, self._level, slots, pages, caught)
         level = self._steps.draft_level(self._draft, self.buffers, plan, s)
-        self._staged = (par, n0, k, lengths, source)  # a constant of check()'s: no copy
+        self._staged = (par, n0, k, lengths, source, caught)  # a constant of check()'s: no copy
         fused = self._fuse(embeds, zeros, level, move)
-        self._steady.put(n0, (par, embeds, b, k, self._level, fused))
+        self._steady.put(n0, (par, embeds, b, k, self._level, fused, caught))
         return fused
 
     def _root_rows(self, roots: np.ndarray) -> np.ndarray:
@@ -194,9 +204,11 @@ class DraftTree:
         """The level :meth:`propose` staged joins the tree (its step succeeded)."""
         staged = self._staged
         assert staged is not None, "grow() follows propose()"
-        parents, n0, k, self._round_lengths, source = staged
+        parents, n0, k, self._round_lengths, source, caught = staged
         if n0 == 0:
             self._round_list = self._round_lengths.tolist()
+            if caught:  # the level wrote the round's lengths into the step block on the device
+                self._steps.round_placed(self._round_lengths)
         self._parents.append(parents)
         self.nodes = n0 + k
         self._level = (n0, k)

@@ -374,8 +374,8 @@ class SpecDecodeSetup(SetupBase):
         self._start_round()
         return self.io.output_logits
 
-    def _start_round(self) -> None:
-        self._tree.start()
+    def _start_round(self, caught_up: list[int] | None = None) -> None:
+        self._tree.start(caught_up)
         self._phase = Phase.READY
 
     # -- drafting ---------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ class SpecDecodeSetup(SetupBase):
             if type(x) is Tensor:  # read by a copy now or in the step's graph: kept until it has run
                 self._calls.read(x)
             before = tree.propose(x, par, past, roots, s, order if self._seqs.slotted else None, pages, batch=b,
-                                  nodes=k)
+                                  nodes=k, have=have if first else None)
             e.executor.prepare(DECODE_PROFILE, e.tensor_map, dims, s)
             self._run(e, s, before, rerun="the proposal's engine ran and overwrote the draft hidden states a retry "
                                           "reads (the root's, or the previous level's)")
@@ -574,7 +574,7 @@ class SpecDecodeSetup(SetupBase):
             if roots is not None:
                 self._roots.rows[order] = roots
         self._accepted = None
-        self._start_round()
+        self._start_round([p + n for p, n in zip(have, lens)])  # what its tree step left on the device
         return self.io.output_logits
 
     def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
