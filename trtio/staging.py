@@ -592,12 +592,14 @@ class StepStaging(Closeable):
         n = values.size
         if slot is None or n > slot[3] or self._closed:
             self._refuse(name, values)
-        if values.flags.writeable or not values.flags.owndata:
+        flags = values.flags
+        if flags.writeable or not flags.owndata:
             raise TrtioError(f"{self.title}: device_wrote takes a constant (trtio.staging.constant); {name!r}'s is not")
-        slot[0][:n] = values.reshape(-1)  # type: ignore[index]  # _refuse raised where slot is None
-        self._written.pop(name, None)
-        self._held_at.pop(name, None)
-        self._written_at.pop(name, None)
+        slot[0][:n] = values if values.ndim == 1 else values.reshape(-1)  # type: ignore[index]  # (slot: see above)
+        if self._written or self._held_at or self._written_at:
+            self._written.pop(name, None)
+            self._held_at.pop(name, None)
+            self._written_at.pop(name, None)
         self._held[name] = values
 
     def _close_owned(self) -> None:
