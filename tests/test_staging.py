@@ -229,6 +229,28 @@ def test_decode_step_is_causal_step_of_one_token(past):
         assert getattr(again, name) is getattr(got, name), f"{name} is shared between steps"
 
 
+@pytest.mark.parametrize("width", [1, 4, 33])
+def test_chains_are_laid_out_as_their_causal_masks_are(width):
+    """TreeLayout.chains (a catch-up's accept lengths, from rows made once per width) equals TreeLayout.of of the
+    chains' causal masks, field by field, for chains of every length from 1 to the width (two mask words past 32
+    rows); two layouts of one shape share their depth, parent and depth rows, which every chain has."""
+    rng = np.random.default_rng(width)
+    j = np.arange(width)
+    for _ in range(5):
+        lengths = rng.integers(1, width + 1, 6)
+        take = j[None, :] < lengths[:, None]
+        causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
+        rows = np.arange(6) * width + lengths - 1
+        phase = PHASE_DRAFT if width > 1 else PHASE_DECODE
+        want = TreeLayout.of(pack_rows(causal, width), np.broadcast_to(j, take.shape), take, phase=phase,
+                             logits_rows=rows)
+        got = TreeLayout.chains(lengths, width, phase=phase, logits_rows=rows)
+        _same(got, want)
+        assert all(not v.flags.writeable and v.flags.owndata for v in _fields(got).values()), "constants"
+    again = TreeLayout.chains(np.ones(6, np.int64), width, phase=phase, logits_rows=np.arange(6) * width)
+    assert again.tree_parent_ids is got.tree_parent_ids and again.tree_depths is got.tree_depths
+
+
 def _random_tree(rng, s, n, width):
     parents = np.full((s, n), -1)
     for b in range(s):

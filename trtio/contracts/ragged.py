@@ -243,6 +243,25 @@ def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
     return packed
 
 
+# Per width: for each chain length L = 0 .. width, which of the width rows hold a node ([width + 1, width] bool), their
+# packed causal masks ([width + 1, width, words] int32), and the depth, parent and depth rows every chain shares.
+_CHAIN_ROWS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+# Per (sequences, width): the rows all chains of that shape share (TreeLayout.chains): depth [S, W], parent ids and
+# depths [S*W], as constants.
+_CHAIN_SHARED: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+def _chain_rows(width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    found = _CHAIN_ROWS.get(width)
+    if found is None:
+        j = np.arange(width)
+        take = j[None, :] < np.arange(width + 1)[:, None]
+        causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
+        packed = pack_rows(causal, width).view(np.int32)
+        found = _CHAIN_ROWS[width] = (take, packed, j - 1, j)
+    return found
+
+
 @dataclass(frozen=True)
 class TreeLayout:
     """A tree step's inputs that do not depend on what is cached, worked out once: a tree that repeats
@@ -278,6 +297,25 @@ class TreeLayout:
         return cls(width, phase, fix(real), fix(np.asarray(depth, np.int32)), fix(real.sum(axis=1).astype(np.int32)),
                    fix(np.asarray(logits_rows, np.int64)), fix(words), fix(parent_ids.reshape(-1).astype(np.int32)),
                    fix(depths.reshape(-1).astype(np.int32)), padding_position)
+
+    @classmethod
+    def chains(cls, lengths: np.ndarray, width: int, *, phase: int, logits_rows: np.ndarray) -> TreeLayout:
+        """Causal chains, ``lengths[s]`` nodes (1 .. ``width``) of sequence ``s`` in ``width``-wide rows (node t
+        sees nodes 0 .. t; parent t - 1, depth t): what :meth:`of` makes of their masks without ``parents``, put
+        together from rows made once per width (a catch-up of new accept lengths every round lays out fast)."""
+        take, packed, parents, depths = _chain_rows(width)
+        s = lengths.shape[0]
+        shared = _CHAIN_SHARED.get((s, width))
+        if shared is None:
+            if len(_CHAIN_SHARED) >= 256:
+                _CHAIN_SHARED.clear()
+            shared = _CHAIN_SHARED[(s, width)] = (
+                constant(np.broadcast_to(depths.astype(np.int32), (s, width))),
+                constant(np.tile(parents.astype(np.int32), s)), constant(np.tile(depths.astype(np.int32), s)))
+        depth, parent_ids, tree_depths = shared
+        return cls(width, phase, constant(take[lengths]), depth, constant(lengths.astype(np.int32)),
+                   constant(np.asarray(logits_rows, np.int64)), constant(packed[lengths].reshape(s * width, -1)),
+                   parent_ids, tree_depths, -1)
 
     def at(self, past: np.ndarray, slots: np.ndarray | None = None) -> StepLayout:
         """The step with ``past[s]`` tokens cached per sequence: nodes written at ``past + t``, positions

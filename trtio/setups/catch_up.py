@@ -15,7 +15,7 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio.contracts.contract import EngineView, StepInputs
-from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
+from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout
 from trtio.engine import DeviceWork
 from trtio.ops import Zero, fuse
 from trtio.pipeline_io import PipelineIO
@@ -127,15 +127,12 @@ class CatchUp:
         key = (a, acc.tobytes())
         found = self._layouts.get(key)
         if found is None:
-            j = np.arange(a)
-            take = j[None, :] < acc[:, None]
-            causal = take[:, :, None] & take[:, None, :] & (j[None, :, None] >= j[None, None, :])
-            layout = TreeLayout.of(pack_rows(causal, a), np.broadcast_to(j, take.shape), take,
-                                   phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
-                                   logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
-            scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch + j, -1)
+            layout = TreeLayout.chains(acc, a, phase=PHASE_DRAFT if a > 1 else PHASE_DECODE,
+                                       logits_rows=np.arange(acc.shape[0]) * a + acc - 1)
+            take = layout.real
+            scratch = np.where(take, self._batch_rows[:acc.shape[0]] * self._scratch + np.arange(a), -1)
             roots = self._steps.catch_up_roots(acc.shape[0], a, acc)
-            found = self._layouts.put(key, _Layout(layout, constant(take), constant(scratch.reshape(-1)),
+            found = self._layouts.put(key, _Layout(layout, take, constant(scratch.reshape(-1)),
                                                    constant((acc - 1)[:, None].astype(np.int64)),
                                                    None if roots is None else constant(roots),
                                                    self._gather_scatter(e, acc.shape[0], a)))
