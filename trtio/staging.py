@@ -345,6 +345,7 @@ class StepStaging(Closeable):
         self._written: dict[str, np.ndarray] = {}  # constants written since the last upload
         # write_group's byte images, by the ids of their constants (each record keeps its constants)
         self._images: dict[tuple[int, ...], StagedGroup] = {}
+        self._adjacent: set[tuple[tuple[str, ...], int]] = set()  # (names, end byte) _image found next to each other
         self._held: dict[str, np.ndarray] = {}  # constants the device block holds (uploaded, not overwritten since)
         # write_at's constants by name and first element: those written since the last upload, those held
         self._written_at: dict[str, dict[int, np.ndarray]] = {}
@@ -509,10 +510,12 @@ class StepStaging(Closeable):
                 raise TrtioError(f"{self.title}: write_group takes constants (trtio.staging.constant); {n!r} is not")
         lo = slots[0][1]  # type: ignore[index]
         end = slots[-1][1] + values[-1].size * slots[-1][2]  # type: ignore[index]
-        inside = sorted(off for _v, off, _i, _s, _t in self._slots.values() if lo <= off < end)
-        if inside != [slot[1] for slot in slots]:  # type: ignore[index]
-            raise TrtioError(f"{self.title}: write_group names {list(names)}, which are not next to each other in "
-                             f"the block")
+        if (names, end) not in self._adjacent:  # names found next to each other once stay so
+            inside = sorted(off for _v, off, _i, _s, _t in self._slots.values() if lo <= off < end)
+            if inside != [slot[1] for slot in slots]:  # type: ignore[index]
+                raise TrtioError(f"{self.title}: write_group names {list(names)}, which are not next to each other "
+                                 f"in the block")
+            self._adjacent.add((names, end))
         image = np.zeros(end - lo, np.uint8)
         for v, slot in zip(values, slots):
             view, off, itemsize, _size, _t = slot  # type: ignore[misc]
