@@ -450,6 +450,19 @@ def test_a_prepared_group_is_copied_until_the_device_holds_all_of_it(host):
     s.close()
 
 
+def test_a_group_of_names_not_next_to_each_other_is_refused_every_time(host):
+    """a and c have b between them: their group is refused, again on a second try (only names found next to each
+    other are remembered), while a and b make a group."""
+    arena, step = _block(host)
+    one = constant(np.ones(1, np.int32))
+    for _ in range(2):
+        with pytest.raises(TrtioError, match=r"names \['a', 'c'\], which are not next to each other"):
+            step.group(("a", "c"), (one, constant(np.ones(1, np.int64))))
+    assert step.group(("a", "b"), (one, one)).names == ("a", "b")
+    step.close()
+    arena.close()
+
+
 def test_a_prepared_group_written_over_a_held_constant_makes_the_block_forget_it(host):
     """A constant the device held in a name the group then writes is sent again when next written."""
     arena, step = _block(host)
