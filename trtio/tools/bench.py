@@ -12,7 +12,8 @@ trtio Tensor; torch runs on the step's stream, and once more on its own default 
 fed a trtio Tensor last written on another stream; each of those decode rows is timed right after the engine's
 own rows, so that they follow the same calls). Beside ``prepare + execute`` of the engine alone, ``prepare +
 execute`` replaying the decode step's own graph (the call ``LLMSetup.decode`` wraps), and a whole speculative
-round of 3 levels timed as one call. On the ragged contract, also a LoRA build of the LLM: its decode step with and
+round of 3 levels timed as one call, then such rounds whose accepted paths change every round (a serving loop's:
+1-4 nodes a sequence, at random). On the ragged contract, also a LoRA build of the LLM: its decode step with and
 without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`); and an MTP round (the base
 feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify of
 4 nodes, accept, catch-up) timed as one call.
@@ -45,7 +46,8 @@ from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
-__all__ = ["DFLASH_BLOCK", "DFLASH_ROUND", "GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "Row", "bench_backend",
+__all__ = ["DFLASH_BLOCK", "DFLASH_ROUND", "GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "ROUND_NEW_PATHS", "Row",
+           "bench_backend",
            "configs", "copy_row", "default_kv_capacity", "device_tensor", "dflash_bundle", "format_results",
            "gemma4_config", "machine_name", "mtp_bundle", "null_engine", "run"]
 
@@ -200,6 +202,9 @@ def device_tensor(backend: Backend, shape: Sequence[int], rng: np.random.Generat
 INPUTS = ("device", "host", "torch")
 ROUND = "speculative round (3 levels + verify + accept + draft_accept)"
 ROUND_LEVELS = 3
+#: The same round with accepted paths that change every round, as a serving loop's do: each sequence accepts a random
+#: root path of 1-4 nodes of the verify tree (the round above accepts the same 4-node path every round).
+ROUND_NEW_PATHS = "speculative round, accepted paths new every round (1-4 nodes a sequence)"
 #: An MTP pair's round (ragged contract): a chain of 3 drafted tokens, a verify of the 4-node chain, accept, catch-up.
 MTP_ROUND = "MTP round (chain of 3 + verify + accept + draft_accept)"
 #: A DFlash pair's round (ragged contract): the verify of the root and a block's 7 guesses as a chain, accept, and
@@ -432,12 +437,23 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             if floor is not None:
                 timed(copy_row(name), floor)
 
-        def whole_round(levels: int) -> None:
+        # Per round of ROUND_NEW_PATHS: each sequence's path, the root and 0-3 random children down the binary tree.
+        picks = np.random.default_rng(3)
+        new_paths: list[list[list[int]]] = []
+        for _ in range(rounds + 2):
+            new_paths.append([])
+            for _ in range(BATCH):
+                walk = [0]
+                for _ in range(int(picks.integers(0, PATH))):
+                    walk.append(2 * walk[-1] + 1 + int(picks.integers(0, 2)))  # a child of the node before
+                new_paths[-1].append(walk)
+
+        def whole_round(levels: int, paths: list[list[int]] | None = None) -> None:
             for p in parents[:levels]:
                 sd.draft_propose(level, parents=p)
             sd.verify(tree(), binary)
-            sd.accept([path] * BATCH)
-            sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+            sd.accept([path] * BATCH if paths is None else paths)
+            sd.draft_accept(catch_up(), np.full(BATCH, PATH) if paths is None else np.array([len(p) for p in paths]))
 
         for r in range(rounds + 2):
             # two warm-up rounds capture every graph
@@ -453,6 +469,9 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             copies(timed, "SpecDecodeSetup.draft_accept")
             # a whole round of 3 levels (two rounds in, its own graphs are captured too)
             timed(ROUND, functools.partial(whole_round, ROUND_LEVELS))
+        # then rounds of new paths, in a loop of their own (between the steady rounds they would make those unsteady)
+        plans = iter(new_paths)
+        _clock_rounds(clock, ROUND_NEW_PATHS, rounds, lambda: whole_round(ROUND_LEVELS, next(plans)))
 
 
 def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,
