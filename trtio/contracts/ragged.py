@@ -243,8 +243,9 @@ def pack_rows(visible: np.ndarray, width: int) -> np.ndarray:
     return packed
 
 
-# Per width: for each chain length L = 0 .. width, which of the width rows hold a node ([width + 1, width] bool), their
-# packed causal masks ([width + 1, width, words] int32), and the depth, parent and depth rows every chain shares.
+# Per width (a catch-up's: a few): for each chain length L = 0 .. width, which of the width rows hold a node
+# ([width + 1, width] bool) and their packed causal masks ([width + 1, width, words] int32); then each row's parent
+# (row - 1) and depth (row), which every chain shares.
 _CHAIN_ROWS: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 # Per (sequences, width): the rows all chains of that shape share (TreeLayout.chains): depth [S, W], parent ids and
 # depths [S*W], as constants.
