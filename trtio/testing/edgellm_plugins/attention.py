@@ -1,0 +1,368 @@
+"""``trt_edgellm::AttentionPlugin`` in numpy, read from Edge-LLM 0.11's C++.
+
+Sources (Edge-LLM 0.11):
+
+- ``cpp/plugins/attentionPlugin/attentionPlugin.cpp``: ``resolveAttentionInputLayout`` (which optional inputs
+  follow the six required ones), ``resolveAttentionExecutionMode`` (phase -> mode), ``enqueueImpl`` (which length
+  feeds which kernel: ``query_lengths`` in prefill, ``attention_sequence_lengths`` in decode and tree modes).
+- ``cpp/kernels/contextAttentionKernels/utilKernels.cu``: ``calCuQCuKVSeqLensAndKVEndIdxs`` (prefill: K/V end =
+  ``past_lengths + W``, keys visible ``past_lengths + query_lengths``).
+- ``cpp/kernels/posEncoding/applyRopeWriteKV.cu``: ``applyRopeFromPackedToSplitKernel`` (per-head RMSNorm with an
+  fp32 sum of squares, non-interleaved RoPE from the token's own table row, K/V written at ``end - W + row``,
+  padding rows zeroed and never written, page ids checked against the pool plane).
+- ``cpp/plugins/utils/raggedPluginMetadata.h``: the carriers' checks (``_common.ragged_metadata``).
+
+The model computes on the pools it is given, in place: the K/V writes of a layer land in ``past_key_values_i``'s
+memory, which is what ``present_key_values_i`` aliases, so a later node of the same step (a KV-shared layer) reads
+them, as on the GPU. Modes the parity cases do not exercise (FP8 KV, bounded SWA storage, vision blocks, attention
+sinks, packed prefill, a context mask selector) raise :class:`PluginInputError` naming the attribute rather than
+computing something unread.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, pool_slots, ragged_metadata
+
+__all__ = ["attention_plugin"]
+
+_NAME = "AttentionPlugin"
+
+
+class Mode(enum.Enum):
+    """``AttentionExecutionMode``."""
+
+    NORMAL_PREFILL = "normal prefill"
+    CHUNKED_PREFILL = "chunked prefill"
+    VANILLA_DECODING = "vanilla decoding"
+    TREE_DECODING = "tree decoding"
+
+
+def _mode(phase: Phase, tree: bool) -> Mode:
+    """``resolveAttentionExecutionMode``."""
+    if phase in (Phase.CONTEXT_PREFILL, Phase.DIFFUSION_COMMIT):
+        return Mode.NORMAL_PREFILL
+    if phase is Phase.CONTEXT_CHUNK:
+        return Mode.CHUNKED_PREFILL
+    if phase is Phase.AUTOREGRESSIVE_DECODE:
+        return Mode.VANILLA_DECODING
+    if phase in (Phase.SPEC_DRAFT_PROPOSAL, Phase.DIFFUSION_DENOISE):
+        return Mode.TREE_DECODING if tree else Mode.NORMAL_PREFILL
+    return Mode.TREE_DECODING  # SPEC_TARGET_VERIFY; phase 8 is refused by ragged_metadata
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """``resolveAttentionInputLayout``: the index of each optional input (-1 = absent)."""
+
+    q_norm: int
+    k_norm: int
+    tree_mask: int
+    tree_pos: int
+    swa_mode: int
+    metadata: int
+    count: int
+
+
+def _layout(attrs: dict[str, Any]) -> _Layout:
+    cursor = 6
+    q_norm = k_norm = tree_mask = tree_pos = swa_mode = -1
+    if attrs["enable_qk_norm"]:
+        q_norm, k_norm, cursor = cursor, cursor + 1, cursor + 2
+    if attrs["enable_context_mask_selector"]:
+        cursor += 1
+    if attrs["enable_tree_attention"]:
+        tree_mask, tree_pos, cursor = cursor, cursor + 1, cursor + 2
+    if attrs["enable_vision_block_attention"]:
+        cursor += 1
+    if attrs["enable_profile_local_packed_prefill"]:
+        cursor += 1
+    if attrs["skip_softmax_scale_factor"] > 0:
+        cursor += 1
+    if attrs["supports_bounded_kv_cache"]:
+        swa_mode, cursor = cursor, cursor + 1
+    if attrs["enable_attention_sink"]:
+        cursor += 1
+    return _Layout(q_norm, k_norm, tree_mask, tree_pos, swa_mode, cursor, cursor + 4)
+
+
+_DEFAULTS: dict[str, Any] = {
+    "enable_tree_attention": 0, "enable_fp8_kv_cache": 0, "enable_context_mask_selector": 0,
+    "enable_vision_block_attention": 0, "enable_qk_norm": 0, "qk_norm_post_rope": 0, "enable_kv_shared": 0,
+    "enable_attention_sink": 0, "enable_contiguous_query_swa": 0, "enable_packed_prefill": 0,
+    "enable_profile_local_packed_prefill": 0, "supports_bounded_kv_cache": 0, "sliding_window_size": -1,
+    "skip_softmax_scale_factor": 0.0, "attention_scale": None, "rms_norm_eps": 1e-6,
+}
+
+# Attributes whose modes no parity case runs: refused by name rather than computed from a guess.
+_UNMODELLED = ("enable_fp8_kv_cache", "enable_context_mask_selector", "enable_vision_block_attention",
+               "enable_attention_sink", "enable_packed_prefill", "enable_contiguous_query_swa")
+
+
+def _rms_norm(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """``loadAndApplyRmsNorm``: fp32 sum of squares over the head, ``half(x * inv_rms) * gamma`` in half."""
+    xf = x.astype(np.float32)
+    inv = np.float32(1.0) / np.sqrt((xf * xf).sum(axis=-1, keepdims=True) / np.float32(x.shape[-1])
+                                    + np.float32(eps))
+    out: np.ndarray = (xf * inv).astype(np.float16) * gamma.astype(np.float16)
+    return out
+
+
+def _rope(x: np.ndarray, cos_sin: np.ndarray) -> np.ndarray:
+    """``vecApplyRopeNonInterleave``: channels ``[0, r/2)`` and ``[r/2, r)`` rotate as pairs with the row's
+    ``[cos | sin]`` halves (r = the table's width); channels past r pass through. ``x`` is ``[T, H, D]`` half,
+    ``cos_sin`` ``[T, r]`` fp32; the result is half."""
+    r = cos_sin.shape[-1]
+    half = r // 2
+    cos = cos_sin[:, None, :half].astype(np.float32)
+    sin = cos_sin[:, None, half:r].astype(np.float32)
+    xf = x.astype(np.float32)
+    out = x.copy()
+    left, right = xf[..., :half], xf[..., half:r]
+    out[..., :half] = (left * cos - right * sin).astype(np.float16)
+    out[..., half:r] = (right * cos + left * sin).astype(np.float16)
+    return out
+
+
+def _norm_and_rope(x: np.ndarray, gamma: np.ndarray | None, cos_sin: np.ndarray, eps: float,
+                   post_rope: bool) -> np.ndarray:
+    if gamma is None:
+        return _rope(x, cos_sin)
+    if post_rope:  # vecApplyRopeThenRmsNormNonInterleave (HunYuan V1): rotate, then normalize
+        return _rms_norm(_rope(x, cos_sin), gamma, eps)
+    return _rope(_rms_norm(x, gamma, eps), cos_sin)  # vecApplyRmsNormAndRopeNonInterleave (Qwen3)
+
+
+def _gamma(inputs: tuple[np.ndarray, ...], index: int, head_size: int, which: str) -> np.ndarray | None:
+    """``resolveNormGammaInput``: an empty gamma means no norm; otherwise its length must be ``head_size``."""
+    if index < 0:
+        return None
+    gamma = np.asarray(inputs[index])
+    if gamma.shape[0] <= 0:
+        return None
+    if gamma.shape[0] != head_size:
+        raise PluginInputError(f"{_NAME}: {which} gamma length {gamma.shape[0]} must equal head_size {head_size}")
+    return gamma
+
+
+@dataclass(frozen=True)
+class _Heads:
+    q: int
+    kv: int
+    size: int
+
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, visible: np.ndarray, scale: float) -> np.ndarray:
+    """Softmax attention in fp32 over half operands (GQA: query head h reads KV head ``h // (Hq / Hkv)``).
+    ``q`` ``[R, Hq, D]``, ``keys`` / ``values`` ``[K, Hkv, D]``, ``visible`` ``[R, K]`` bool; ``[R, Hq, D]``
+    half."""
+    rows, hq, _ = q.shape
+    hkv = keys.shape[1]
+    group = hq // hkv
+    kf = np.repeat(keys.astype(np.float32), group, axis=1)  # [K, Hq, D]
+    vf = np.repeat(values.astype(np.float32), group, axis=1)
+    scores = np.einsum("rhd,khd->hrk", q.astype(np.float32), kf) * np.float32(scale)
+    scores = np.where(visible[None], scores, -np.inf)
+    peak = scores.max(axis=-1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    weights = np.exp(scores - peak)
+    total = weights.sum(axis=-1, keepdims=True)
+    weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+    out: np.ndarray = np.einsum("hrk,khd->rhd", weights, vf).astype(np.float16)
+    return out
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One node's step, its inputs checked: what every sequence's loop reads."""
+
+    plugin: str
+    mode: Mode
+    width: int
+    sequences: int
+    heads: _Heads
+    window: int
+    scale: float
+    shared: bool
+    q: np.ndarray  # [T, Hq, D] normed and rotated
+    k: np.ndarray | None  # [T, Hkv, D] (None: a KV-shared layer given Q only)
+    v: np.ndarray | None
+    pool: np.ndarray
+    page_table: np.ndarray
+    query_lengths: np.ndarray
+    past_lengths: np.ndarray
+    seq_lengths: np.ndarray
+    tree_pos: np.ndarray | None
+    tree_mask: np.ndarray | None
+
+
+def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -> _Step:
+    """The checks ``enqueueImpl`` and the kernels make before any work, and the step they describe."""
+    attrs = {**_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
+    plugin = f"{_NAME} {node}"
+    for key in _UNMODELLED:
+        if attrs[key]:
+            raise PluginInputError(f"{plugin}: {key} = {attrs[key]} is a mode this numpy model does not compute")
+    layout = _layout(attrs)
+    if len(inputs) != layout.count:
+        raise PluginInputError(f"{plugin}: expected {layout.count} inputs for these attributes, got {len(inputs)}")
+    qkv, pool, query_lengths, cos_sin, past_lengths, page_table = inputs[:6]
+    offsets, seq_lengths, phase_marker, context_count = inputs[layout.metadata:layout.metadata + 4]
+    heads = _Heads(int(attrs["num_q_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]))
+    if layout.swa_mode >= 0 and int(np.asarray(inputs[layout.swa_mode]).shape[0]) == 1:
+        raise PluginInputError(f"{plugin}: swa_kv_cache_mode of length 1 (bounded SWA storage) is a mode this "
+                               "numpy model does not compute")
+    ragged = ragged_metadata(plugin, int(qkv.shape[0]), query_lengths, offsets, phase_marker, context_count)
+    mode = _mode(ragged.phase, bool(attrs["enable_tree_attention"]))
+    _check_pool(plugin, pool, page_table, heads, ragged.sequences)
+    shared = bool(attrs["enable_kv_shared"])
+    width = (heads.q + 2 * heads.kv) * heads.size
+    if (not shared and qkv.shape[1] != width) or (shared and qkv.shape[1] not in (heads.q * heads.size, width)):
+        raise PluginInputError(f"{plugin}: packed QKV last dim {qkv.shape[1]} does not match enable_kv_shared "
+                               f"{int(shared)} (expected {width}{'' if not shared else f' or {heads.q * heads.size}'})")
+    if cos_sin.shape[0] != qkv.shape[0]:
+        raise PluginInputError(f"{plugin}: rope_rotary_cos_sin has {cos_sin.shape[0]} rows, the step "
+                               f"{qkv.shape[0]} tokens (one table row per token)")
+    if cos_sin.shape[1] % 2 or cos_sin.shape[1] > heads.size:
+        raise PluginInputError(f"{plugin}: rotary width {cos_sin.shape[1]} must be even and at most head_size "
+                               f"{heads.size}")
+    if mode is Mode.TREE_DECODING and layout.tree_mask < 0:
+        raise PluginInputError(f"{plugin}: phase {int(ragged.phase)} is tree decoding, but the layer has no tree "
+                               "inputs")
+    window = int(attrs["sliding_window_size"])
+    if window > 0 and mode is Mode.TREE_DECODING:
+        raise PluginInputError(f"{plugin}: tree decoding with sliding_window_size {window} is a mode this numpy "
+                               "model does not compute")
+    scale = attrs["attention_scale"]
+    eps, post = float(attrs["rms_norm_eps"]), bool(attrs["qk_norm_post_rope"])
+    packed = np.asarray(qkv).reshape(qkv.shape[0], -1, heads.size)
+    q_gamma = _gamma(inputs, layout.q_norm, heads.size, "q_norm")
+    own_kv = packed.shape[1] > heads.q
+    k = v = None
+    if own_kv:
+        k = _norm_and_rope(packed[:, heads.q:heads.q + heads.kv], _gamma(inputs, layout.k_norm, heads.size, "k_norm"),
+                           cos_sin, eps, post)
+        v = packed[:, heads.q + heads.kv:]
+    return _Step(plugin=plugin, mode=mode, width=ragged.width, sequences=ragged.sequences, heads=heads,
+                 window=window, scale=float(scale) if scale is not None else 1.0 / float(np.sqrt(heads.size)),
+                 shared=shared, q=_norm_and_rope(packed[:, :heads.q], q_gamma, cos_sin, eps, post), k=k, v=v,
+                 pool=pool, page_table=page_table, query_lengths=np.asarray(query_lengths),
+                 past_lengths=np.asarray(past_lengths), seq_lengths=np.asarray(seq_lengths),
+                 tree_pos=np.asarray(inputs[layout.tree_pos]) if layout.tree_pos >= 0 else None,
+                 tree_mask=np.asarray(inputs[layout.tree_mask]) if layout.tree_mask >= 0 else None)
+
+
+def _check_pool(plugin: str, pool: np.ndarray, page_table: np.ndarray, heads: _Heads, sequences: int) -> None:
+    """``hasConcretePagedKVContract``: the pool ``[2, N, 128, Hkv, >= D]``, the table ``[B, 2, M]`` with M <= N."""
+    if pool.ndim != 5 or pool.shape[0] != 2 or pool.shape[2] != 128 or pool.shape[3] != heads.kv \
+            or pool.shape[4] < heads.size:
+        raise PluginInputError(f"{plugin}: kv_cache pool {list(pool.shape)} is not [2, N, 128, {heads.kv}, "
+                               f">= {heads.size}]")
+    if page_table.ndim != 3 or page_table.shape[0] != sequences or page_table.shape[1] != 2:
+        raise PluginInputError(f"{plugin}: kv_page_table {list(page_table.shape)} is not INT32 [B={sequences}, 2, M]")
+    if pool.shape[1] < page_table.shape[2]:
+        raise PluginInputError(f"{plugin}: full-cache mode requires at least one physical page ({pool.shape[1]}) "
+                               f"per logical page-table column ({page_table.shape[2]})")
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Sequence b's rows of the step: which are valid, their positions (= KV slots) and the keys they see."""
+
+    rows: np.ndarray
+    valid: np.ndarray
+    positions: np.ndarray
+    start: int
+    key_end: int
+
+
+def _rows(step: _Step, b: int) -> _Rows:
+    """Where sequence b's rows write and read: prefill from ``past_lengths`` (``calCuQCuKVSeqLensAndKVEndIdxs``),
+    decode and tree from ``attention_sequence_lengths - W`` (``applyRopeFromPackedToSplitKernel``)."""
+    w, plugin = step.width, step.plugin
+    rows = np.arange(b * w, (b + 1) * w)
+    if step.mode in (Mode.NORMAL_PREFILL, Mode.CHUNKED_PREFILL):
+        past, qlen = int(step.past_lengths[b]), int(step.query_lengths[b])
+        if past < 0:
+            raise PluginInputError(f"{plugin}: past_lengths[{b}] = {past} is negative")
+        if step.mode is Mode.NORMAL_PREFILL and past:
+            # splitLenForFallback: "It is only safe to compact the split-KV workspace to runtimeSeqLen when the
+            # prefill starts from an empty KV cache"; a step over a cached prefix is phase 2 (kContextChunk).
+            raise PluginInputError(f"{plugin}: normal prefill (phase 1) with past_lengths[{b}] = {past}: normal "
+                                   "prefill assumes an empty cache (its FP8/bounded kernels compact K/V to the chunk); "
+                                   "a step over a cached prefix is phase 2")
+        return _Rows(rows, np.arange(w) < qlen, past + np.arange(w), past, past + qlen)
+    end = int(step.seq_lengths[b])
+    start = end - w
+    if start < 0:
+        raise PluginInputError(f"{plugin}: attention_sequence_lengths[{b}] = {end} is below the step width {w} "
+                               f"({step.mode.value} writes rows at length - W + row)")
+    if step.mode is Mode.VANILLA_DECODING:
+        return _Rows(rows, np.ones(w, bool), start + np.arange(w), start, end)
+    assert step.tree_pos is not None
+    valid = step.tree_pos[rows] != -1
+    qlen = int(step.query_lengths[b])
+    beyond = np.flatnonzero(valid & (np.arange(w) >= qlen))
+    if beyond.size:
+        raise PluginInputError(f"{plugin}: row {int(beyond[0])} of sequence {b} has position "
+                               f"{int(step.tree_pos[rows][beyond[0]])} but query_lengths[{b}] = {qlen}")
+    return _Rows(rows, valid, start + np.arange(w), start, end)
+
+
+def attention_plugin(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """One AttentionPlugin node: ``(attention output [T, Hq, D] half, the KV pool)``. The pool is written in
+    place (unless the layer is KV-shared) and returned as the ``present`` output."""
+    step = _checked(node, inputs, given)
+    heads, pool = step.heads, step.pool
+    flat = pool.reshape(2 * pool.shape[1] * 128, heads.kv, pool.shape[4])
+    out = np.zeros((step.q.shape[0], heads.q, heads.size), np.float16)
+    for b in range(step.sequences):
+        seq = _rows(step, b)
+        mine = seq.rows[seq.valid]
+        if step.k is not None and step.v is not None and not step.shared and mine.size:
+            k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, seq.positions[seq.valid], pool.shape[1],
+                                        "K/V write")
+            flat[k_rows, :, :heads.size] = step.k[mine]
+            flat[v_rows, :, :heads.size] = step.v[mine]
+        if not mine.size:
+            continue
+        key_slots = np.arange(seq.key_end)
+        k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, key_slots, pool.shape[1], "K/V read")
+        query_pos = seq.positions[seq.valid]
+        visible = key_slots[None, :] <= query_pos[:, None]
+        if step.window > 0:  # the last `window` keys, the query's own included (slidingWinSize; FMHA gets W - 1)
+            visible &= key_slots[None, :] > query_pos[:, None] - step.window
+        if step.mode is Mode.TREE_DECODING:
+            assert step.tree_mask is not None
+            visible = _tree_visible(step.plugin, b, step.tree_mask[mine], seq.valid, seq.start, seq.key_end)
+        out[mine] = _attend(step.q[mine], flat[k_rows, :, :heads.size], flat[v_rows, :, :heads.size], visible,
+                            step.scale)
+    return out, pool
+
+
+def _tree_visible(plugin: str, b: int, mask_rows: np.ndarray, valid: np.ndarray, start: int,
+                  key_end: int) -> np.ndarray:
+    """The tree kernel's view: the committed prefix ``[0, start)`` is visible to every row; in-flight slot
+    ``start + j`` is visible to row i where bit ``j % 32`` of word ``j // 32`` of its mask row is set (LSB first).
+    A bit on a padding row (never written) would read a stale slot: refused."""
+    w = valid.shape[0]
+    words = mask_rows.astype(np.int64) & 0xFFFFFFFF
+    cols = np.arange(w)
+    if words.shape[1] * 32 < w:
+        raise PluginInputError(f"{plugin}: packed_attention_mask has {words.shape[1]} words a row, fewer than "
+                               f"ceil({w} / 32)")
+    bits = ((words[:, cols // 32] >> (cols % 32)) & 1).astype(bool)  # [valid rows, W]
+    stale = bits & ~valid[None, :]
+    if stale.any():
+        r, c = (int(x) for x in np.argwhere(stale)[0])
+        raise PluginInputError(f"{plugin}: sequence {b}: a tree row's mask sees column {c}, a padding row "
+                               "(position -1) whose K/V is never written")
+    visible = np.zeros((bits.shape[0], key_end), bool)
+    visible[:, :start] = True
+    visible[:, start:start + w] = bits
+    return visible

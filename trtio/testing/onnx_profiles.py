@@ -1,0 +1,155 @@
+"""The two optimization profiles Edge-LLM 0.11's builder gives a decoder engine, from its graph and builder config.
+
+Read from the 0.11 package's ``experimental/builder/core/builder.py::_setup_llm_profiles`` and
+``experimental/builder/core/ragged.py::decoder_profile_ranges``: profile 0 is prefill (a block draft's "context"
+is its generation shape), profile 1 generation. Every input gets ``(min, opt, max)`` per profile; a dimension the
+graph fixes keeps its value. ``scripts/make_parity_fixtures.py`` records what the real builder function sets for
+each parity case (``profiles.json``), and ``tests/test_onnx_engine.py`` holds this reading to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trtio.errors import ConfigError
+
+__all__ = ["Profiles", "builder_profiles"]
+
+Shape = tuple[int, ...]
+Range = tuple[Shape, Shape, Shape]
+Profiles = dict[str, tuple[Range, Range]]
+
+_PAGE = 128
+_BLOCK_DRAFTS = ("dflash", "jetspec", "dspark")
+
+
+@dataclass(frozen=True)
+class _Extents:
+    """``DecoderProfileRange``: (min, opt, max) of each dynamic extent."""
+
+    sequences: Shape
+    tokens: Shape
+    offsets: Shape
+    logits_rows: Shape
+
+    def token(self, width: int = 0) -> Range:
+        return _span((t, width) if width else (t,) for t in self.tokens)
+
+    def sequence(self) -> Range:
+        return _span((s,) for s in self.sequences)
+
+    def offset(self) -> Range:
+        return _span((o,) for o in self.offsets)
+
+
+def _fixed(shape: Shape) -> Range:
+    return shape, shape, shape
+
+
+def _span(shapes: Iterable[Sequence[int]]) -> Range:
+    """``(min, opt, max)`` from three shapes."""
+    lo, opt, hi = (tuple(int(d) for d in s) for s in shapes)
+    return lo, opt, hi
+
+
+def _int(builder: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = builder.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"builder_config.{key}", f"is {value!r}; Edge-LLM's builder needs a positive int")
+    return value
+
+
+def builder_profiles(inputs: Mapping[str, Sequence[int]], config: Mapping[str, Any],
+                     builder: Mapping[str, Any]) -> Profiles:
+    """Profiles 0 and 1 of every input of ``inputs`` (name -> the graph's shape, -1 where dynamic) for an engine
+    whose ``config.json`` is ``config`` and whose ``builder_config`` is ``builder``. An input the builder sets no
+    profile for (a static weight) gets its graph shape thrice; a dynamic one it does not know is a ConfigError."""
+    role = "draft" if builder.get("spec_draft") else "base" if builder.get("spec_base") else "llm"
+    spec_type = str(config.get("spec_decode_type", "none"))
+    b = _int(builder, "max_batch_size")
+    length = _int(builder, "max_input_len")
+    capacity = _int(builder, "max_kv_cache_capacity")
+    pages_per_seq = -(-capacity // _PAGE)
+    pool_pages = b * pages_per_seq
+    tree = 1 if role == "llm" else _int(builder, "max_verify_tree_size" if role == "base" else "max_draft_tree_size")
+    spec = role != "llm"
+    prefill = _Extents((1, b, b), (1, b * max(1, length // 2), b * length), (2, b + 1, b + 1),
+                       (1, b * max(1, length // 2), b * length) if spec else (1, b, b))
+    gen_tokens = b * tree
+    generation = _Extents((1, b, b), (1, gen_tokens, gen_tokens), (2, b + 1, b + 1),
+                          (1, gen_tokens, gen_tokens) if spec else (1, b, b))
+    block_draft = role == "draft" and spec_type in _BLOCK_DRAFTS
+    context = generation if block_draft else prefill
+    lora_rank = int(builder.get("max_lora_rank", 0) or 0)
+
+    out: Profiles = {}
+
+    def fixed_dim(name: str, axis: int, fallback: int) -> int:
+        shape = inputs.get(name)
+        if shape is None:
+            return fallback
+        value = int(shape[axis])
+        return fallback if value < 0 else value
+
+    def put(name: str, ctx: Range, gen: Range | None = None) -> None:
+        if name in inputs:
+            out[name] = (ctx, gen if gen is not None else ctx)
+
+    for name in ("positions", "vision_block_ids", "attention_position_ids", "tree_parent_ids", "tree_depths"):
+        put(name, context.token(), generation.token())
+    delta_ctx = (1, b * max(1, length // 2), b * length)
+    delta_gen = (1, b * (int(builder.get("max_draft_tree_size", 1) or 1) + 1),
+                 b * (int(builder.get("max_draft_tree_size", 1) or 1) + 1))
+    for name in ("dflash_delta_positions", "dflash_delta_token_to_sequence"):
+        put(name, _span((t,) for t in delta_ctx), _span((t,) for t in delta_gen))
+    for name in ("query_lengths", "past_lengths", "attention_sequence_lengths", "state_indices",
+                 "valid_tree_counts", "dflash_delta_lengths"):
+        put(name, prefill.sequence(), generation.sequence())
+    put("query_start_offsets", prefill.offset(), generation.offset())
+    put("context_sequence_count_carrier", _fixed((0,)) if block_draft else prefill.sequence(), _fixed((0,)))
+    put("logits_indices", _span((r,) for r in prefill.logits_rows), _span((r,) for r in generation.logits_rows))
+    gen_phase = {"llm": 3, "draft": 4, "base": 5}[role]
+    put("execution_phase_marker", ((1,), (4 if block_draft else 1,), (8,)), ((1,), (gen_phase,), (8,)))
+    hidden = int(config.get("hidden_size", 0) or 0)
+    for name in ("inputs_embeds", "hidden_states", "hidden_states_from_draft", "hidden_states_input"):
+        width = fixed_dim(name, -1, hidden)
+        put(name, (context if name == "inputs_embeds" else prefill).token(width), generation.token(width))
+    delta_width = fixed_dim("dflash_target_hidden_concat", -1, hidden)
+    put("dflash_target_hidden_concat", _span((t, delta_width) for t in delta_ctx),
+        _span((t, delta_width) for t in delta_gen))
+    for name in ("rope_rotary_cos_sin", "rope_rotary_cos_sin_sliding", "rope_rotary_cos_sin_full"):
+        width = fixed_dim(name, -1, 0)
+        put(name, context.token(width), generation.token(width))
+    width = fixed_dim("dflash_delta_rope_cos_sin", -1, 0)
+    put("dflash_delta_rope_cos_sin", _span((t, width) for t in delta_ctx), _span((t, width) for t in delta_gen))
+    for name, shape in inputs.items():
+        if name.startswith("past_key_values_"):
+            put(name, _fixed((2, pool_pages, _PAGE, int(shape[3]), int(shape[4]))))
+        elif name.startswith(("conv_state_", "recurrent_state_")):
+            put(name, _fixed((b, *(int(d) for d in shape[1:]))))
+        elif name.startswith(("deepstack_embeds_", "ple_token_embeds_")):
+            put(name, prefill.token(int(shape[-1])), generation.token(int(shape[-1])))
+        elif ".lora_A.weight" in name:
+            put(name, ((int(shape[0]), 0), (int(shape[0]), lora_rank), (int(shape[0]), lora_rank)))
+        elif ".lora_B.weight" in name:
+            put(name, ((0, int(shape[1])), (lora_rank, int(shape[1])), (lora_rank, int(shape[1]))))
+    put("kv_page_table", ((1, 2, pages_per_seq), (b, 2, pages_per_seq), (b, 2, pages_per_seq)))
+    packed = max(1, (tree + 31) // 32)
+    ctx_widths = (1, packed, packed) if block_draft else (1, 1, 1)
+    put("packed_attention_mask", _span(zip(context.tokens, ctx_widths)),
+        _span(zip(generation.tokens, (1, packed, packed))))
+    put("skip_softmax_scale", ((0,), (0,), (capacity,)))
+    vocab = int(config.get("vocab_size", 0) or 0)
+    lm_width = fixed_dim("lm_head_weight", -1, hidden)
+    put("lm_head_weight", ((1, lm_width), (vocab, lm_width), (vocab, lm_width)))
+
+    for name, shape in inputs.items():
+        if name in out:
+            continue
+        dims = tuple(int(d) for d in shape)
+        if any(d < 0 for d in dims):
+            raise ConfigError(name, f"is a dynamic input ({list(dims)}) Edge-LLM's builder sets no profile for")
+        out[name] = (_fixed(dims), _fixed(dims))
+    return out
