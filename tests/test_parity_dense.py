@@ -22,3 +22,13 @@ def test_a_planted_input_bug_fails_parity(bug: str) -> None:
     scenario, hook = TEXT_BUGS[bug]
     how = planted(Case("qwen3"), scenario, hook)
     assert how.startswith(("mismatch", "refused"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("scenario", list(TEXT_SCENARIOS))
+def test_equals_hugging_face_on_the_cuda_backend(scenario: str, graphs: bool) -> None:
+    """The same on device memory: the graph runs in a CUDA host function between stream-ordered copies, also
+    replayed from CUDA graphs."""
+    cmp = run(Case("qwen3"), scenario, backend="cuda", graphs=graphs)
+    assert cmp.rows >= 4 and cmp.worst <= 0.1
