@@ -76,6 +76,25 @@ def test_ci_runs_the_marked_commands_and_the_wheel_blocks() -> None:
     assert 'pytest -q -m "slow or rtx"' in ci, ".ci/run also runs what the test command leaves out"
 
 
+def test_ci_runs_the_test_command_as_a_newcomer_gets_it_then_what_the_test_only_packages_enable() -> None:
+    """.ci/run runs the README's test command in a fresh virtual environment before any test-only package is
+    installed (a test that needs torch, transformers or Pillow must skip cleanly there, as it does for a newcomer),
+    and only then installs .ci/requirements.txt and runs the tests that skipped for want of them."""
+    ci = (ROOT / ".ci" / "run").read_text()
+
+    def where(pattern: str) -> int:
+        found = re.search(pattern, ci, re.M)
+        assert found, f".ci/run: nothing matches {pattern!r}"
+        return found.start()
+
+    venv, activate = where(r"^python3 -m venv "), where(r"^\. \S*/bin/activate\b")
+    main, test = where(r"^main_cmd=\$\(readme ci:main-command"), where(r"^run_readme ci:test-command\b")
+    packages = where(r"^python3 -m pip install .*-r \.ci/requirements\.txt")
+    rerun = where(r"^python3 -m pytest .*--rerun-import-skips")
+    assert venv < activate < main < test < packages < rerun
+    assert ci.count("-r .ci/requirements.txt") == 1, "one install of the test-only packages, after the test command"
+
+
 def test_the_tests_skipped_for_want_of_a_package_are_recorded_and_rerun_alone(tmp_path: Path) -> None:
     """tests/conftest.py records the tests a run skipped because a package could not be imported
     (pytest.importorskip, or a skip saying the package "is not installed"; a module skipped whole at collection
@@ -183,6 +202,9 @@ def _check_command(words: list[str], where: str) -> None:
             if extras:
                 missing = set(extras.group(1).split(",")) - _extras()
                 assert not missing, f"{where}: no extra {missing} in pyproject.toml"
+        for flag, path in zip(words[4:], words[5:]):
+            if flag == "-r":
+                assert (ROOT / path).is_file(), f"{where}: no {path}"
     elif words[:3] == ["python3", "-m", "pytest"]:
         if "-m" in words[3:]:
             expr = words[words.index("-m", 3) + 1]
