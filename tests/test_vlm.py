@@ -10,6 +10,7 @@ of its 3-axis position), so a wrong splice, deepstack row or position shows in t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 import trtio
 from trtio import ShapeError
 from trtio.rope import mrope_cos_sin_rows
+from trtio.testing import ReferenceEngine
 from trtio.testing.reference_visual import reference_vit
 from trtio.testing.toy_engines import VisionToyEngines
 from trtio.testing.toy_model import reference_forward
@@ -229,6 +231,27 @@ def test_a_sequence_after_a_vlm_sequence_in_its_slot_gets_text_positions() -> No
         embeds, deep, positions = truth_prompt("text")
         np.testing.assert_allclose(got, truth_logits(embeds, deep, positions)[-1], atol=2e-2)
         assert setup.rope_deltas.tolist() == [0]
+
+
+def test_an_mrope_model_without_rope_gets_the_identity_rows_for_its_images_too() -> None:
+    """``use_rope`` false on an MRoPE model: every row of every slot's table is cos 1, sin 0 (the prompt's 3-axis rows,
+    its text rows from the delta and the text table alike), and the logits are those of attention without rotation,
+    which differ from the rotated ones."""
+    cfg = dataclasses.replace(CFG, use_rope=False)
+    embeds, deep, positions = truth_prompt("two images")
+    n = embeds.shape[0]
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, weights=TOYS.weights), cfg) as setup:
+        got = setup.prefill(embeds[None].astype(np.float16), [n], slots=[1], mrope_positions=positions[:, None],
+                            deepstack_embeds=[d[None].astype(np.float16) for d in deep]).to_numpy()[0]
+        assert setup.rope_deltas.tolist() == [int(positions.max()) + 1 - n] != [0]
+        table = setup.io.mrope_cos_sin.to_numpy()
+    half = cfg.rotary_dim // 2
+    np.testing.assert_array_equal(table[..., :half], 1.0)
+    np.testing.assert_array_equal(table[..., half:], 0.0)
+    plain = reference_forward(TOYS.weights, cfg, embeds.astype(np.float16),
+                              deepstack=[d.astype(np.float16) for d in deep])[1][-1]
+    np.testing.assert_allclose(got, plain, atol=2e-2, rtol=2e-2)
+    assert np.abs(truth_logits(embeds, deep, positions)[-1] - plain).max() > 0.1, "rotation changes the logits"
 
 
 def test_mrope_positions_are_checked_before_any_work() -> None:

@@ -22,8 +22,8 @@ import numpy as np
 from trtio._checks import check_int, is_int
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "proportional_rope_parameters",
-           "rope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
+__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "no_rope_cos_sin_rows",
+           "proportional_rope_parameters", "rope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
 
 #: The ``rope_type`` values :class:`RopeScaling` accepts. ``"mrope"`` is the legacy Qwen2-VL spelling:
 #: default frequencies, with ``mrope_section`` saying which position axis each frequency follows.
@@ -450,6 +450,19 @@ def rope_cos_sin_rows(positions: np.ndarray, inv_freq: np.ndarray, attention_fac
     if pos.ndim != 1 or not np.issubdtype(pos.dtype, np.integer):
         raise ShapeError(f"positions: expected integer positions of shape [N], got {pos.shape} {pos.dtype}")
     return _rows(pos.astype(np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :], attention_factor)
+
+
+def no_rope_cos_sin_rows(count: int, width: int) -> np.ndarray:
+    """float32 ``[count, width]``: the rows of a model without RoPE (``use_rope: false``, Nemotron-H): cos 1 and sin 0
+    in every row, so a rotation by any of them leaves q and k as they are. Edge-LLM's runtime fills its table so
+    (``llmRuntimeUtils.cpp::collectRopeConfig`` gives ``kNoRope``, ``ropeCache.cpp`` calls
+    ``initializeNopeCosSinCache``) and its attention plugin rotates by it like by any other table. A new host array
+    owned by the caller."""
+    check_int(count, "count", minimum=0, error=ConfigError)
+    _check_rotary_dim(width)
+    rows = np.zeros((count, width), np.float32)
+    rows[:, :width // 2] = 1.0
+    return rows
 
 
 def _rows(angles: np.ndarray, attention_factor: float) -> np.ndarray:

@@ -30,7 +30,7 @@ from trtio.errors import ConfigError, ShapeError
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import Copy2D
 from trtio.pipeline_io import PipelineIO
-from trtio.rope import mrope_cos_sin_rows
+from trtio.rope import mrope_cos_sin_rows, no_rope_cos_sin_rows
 from trtio.staging import UploadRing
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -166,9 +166,12 @@ class SlotPositions(Closeable):
         cfg = self._cfg
         scaling = cfg.rope_scaling
         assert scaling is not None and scaling.mrope_section is not None
-        rows = mrope_cos_sin_rows(positions, cfg.rotary_dim, cfg.rope_theta, scaling.mrope_section,
-                                  interleaved=scaling.mrope_interleaved, scaling=scaling,
-                                  max_position_embeddings=cfg.max_position_embeddings or None)
+        if cfg.use_rope:
+            rows = mrope_cos_sin_rows(positions, cfg.rotary_dim, cfg.rope_theta, scaling.mrope_section,
+                                      interleaved=scaling.mrope_interleaved, scaling=scaling,
+                                      max_position_embeddings=cfg.max_position_embeddings or None)
+        else:  # no RoPE: every position's row is the identity (as the plain table's)
+            rows = no_rope_cos_sin_rows(positions.shape[1], cfg.rotary_dim)
         offset = (slot * self._cap + start) * self._row_bytes
         return [_Upload(self._staging, self._table, rows, offset, self._row_bytes)]
 
