@@ -19,6 +19,9 @@ Where it runs:
   output and pool back. The three are capturable into a CUDA graph; the host function makes no CUDA call. The
   mirrors are allocated at the first execute (never during a capture), sized for the profiles' largest shapes.
 
+Standard ops are ONNX's, but for ``MatMul`` and ``Gemm`` on half operands, which accumulate in fp32 and round the
+result to half once, as TensorRT's GEMMs do (numpy's float16 matmul rounds at every step).
+
 Choices where TensorRT leaves room, as ReferenceEngine makes them: ``execute_async_v3`` returns False (logging each
 reason) for an input without a shape, an I/O without an address, a ``present_*`` output not bound to its pool's
 address (the plugins write the pool in place), or missing USER_MANAGED context memory. Switching profiles forgets
@@ -135,7 +138,7 @@ class OnnxEngine:
             raise ConfigError(f"{path}: builder_config", "is missing: pass builder_config= (batch, input length, KV "
                                                          "capacity, ... as Edge-LLM's builder writes them)")
         self._profiles: Profiles = builder_profiles({d.name: d.shape for d in decls if d.is_input}, config, builder)
-        self._evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=onnx_ops())
+        self._evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=[*onnx_ops(), *_tensorrt_gemms()])
         self._context_ids = itertools.count()
         self.input_hook: InputHook | None = None
 
@@ -298,6 +301,30 @@ class OnnxEngine:
             raise
         outputs = [d.name for d in self._decls if not d.is_input]
         return dict(zip(outputs, results))
+
+
+def _tensorrt_gemms() -> list[type]:
+    """``MatMul`` and ``Gemm`` as TensorRT runs them on half operands: products accumulated in fp32, the result
+    rounded to half once (numpy's float16 matmul rounds as it goes, and is slow); other dtypes as ONNX says."""
+    from onnx.reference.op_run import OpRun  # noqa: PLC0415 - optional dependency
+
+    def matmul(self: Any, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray]:
+        if a.dtype == np.float16 and b.dtype == np.float16:
+            return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16),)
+        return (np.matmul(a, b),)
+
+    def gemm(self: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None, alpha: float = 1.0,
+             beta: float = 1.0, transA: int = 0, transB: int = 0) -> tuple[np.ndarray]:  # noqa: N803 - ONNX's names
+        dtype = a.dtype
+        wide = np.float32 if dtype == np.float16 else dtype
+        x, y = a.astype(wide), b.astype(wide)
+        out = np.float32(alpha) * ((x.T if transA else x) @ (y.T if transB else y))
+        if c is not None:
+            out = out + np.float32(beta) * c.astype(wide)
+        return (out.astype(dtype),)
+
+    return [type("MatMul", (OpRun,), {"op_domain": "", "_run": matmul}),
+            type("Gemm", (OpRun,), {"op_domain": "", "_run": gemm})]
 
 
 def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
