@@ -1,9 +1,11 @@
-"""Shared fixtures: backends, and skipping of gpu / trt / rtx tests where they cannot run."""
+"""Shared fixtures: backends, and skipping of gpu / trt / rtx tests where they cannot run; the record of the tests
+that skipped for want of a package, which ``--rerun-import-skips`` runs again."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import pytest
 
@@ -34,7 +36,65 @@ def _cuda_devices() -> int:
     return probe_device_count() if cuda_available() else 0
 
 
+# A test that skips because a package is missing (pytest.importorskip's "could not import 'torch'", or a skip whose
+# reason says "torch is not installed") is recorded in pytest's cache when the run ends, as --lf records failures;
+# --rerun-import-skips runs only the tests the last run recorded. .ci/run runs the README's test command in a fresh
+# virtual environment (a newcomer's: the torch, transformers and Pillow tests skip), installs .ci/requirements.txt,
+# then runs what those packages enable with --rerun-import-skips, so that nothing runs twice.
+IMPORT_SKIPS = "trtio/import-skips"
+_MISSING_PACKAGE = re.compile(r"could not import '|\bnot installed\b")
+_import_skips: set[str] = set()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--rerun-import-skips", action="store_true",
+                     help="run only the tests the last run skipped because a package could not be imported "
+                          "(.ci/run: after installing .ci/requirements.txt)")
+
+
+def _skipped_for_a_package(report: pytest.CollectReport | pytest.TestReport) -> bool:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return False
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return _MISSING_PACKAGE.search(reason) is not None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _skipped_for_a_package(report):  # under xdist the controller sees every worker's reports too
+        _import_skips.add(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if _skipped_for_a_package(report):  # a module that skips as a whole: its node id is its path
+        _import_skips.add(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    cache = getattr(session.config, "cache", None)
+    if cache is not None and not hasattr(session.config, "workerinput"):  # the controller writes, no xdist worker
+        cache.set(IMPORT_SKIPS, sorted(_import_skips))
+
+
+def _select_import_skips(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cache = getattr(config, "cache", None)
+    recorded = cache.get(IMPORT_SKIPS, None) if cache is not None else None
+    if recorded is None:
+        raise pytest.UsageError("--rerun-import-skips: no run recorded the tests it skipped for want of a package "
+                                "(run pytest without it first, with pytest's cache on)")
+    wanted = set(recorded)
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:  # the test itself, or its whole module where that skipped at collection
+        (kept if item.nodeid in wanted or item.nodeid.split("::")[0] in wanted else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("rerun_import_skips"):
+        _select_import_skips(config, items)
     gpu = cuda_available()
     trt = gpu and _has_module("tensorrt")
     rtx = _has_module("tensorrt_rtx")

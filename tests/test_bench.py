@@ -40,7 +40,7 @@ def test_host_inputs_time_one_copy_of_each_helpers_input_beside_it(capsys: pytes
     assert "host inputs" in text and "beyond np.copyto, x decode |" in text
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_torch_inputs_feed_the_steps_with_the_decode_step_fed_numpy_beside(capsys: pytest.CaptureFixture[str]) -> None:
     """``--inputs torch`` works with a CPU torch build (host memory: the steps read it as numpy); the decode step
     fed a torch tensor and fed numpy enqueue alike."""
@@ -49,7 +49,7 @@ def test_torch_inputs_feed_the_steps_with_the_decode_step_fed_numpy_beside(capsy
     assert rows["SpecDecodeSetup.verify"]["device_ops"] == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_decode_rows_compared_side_by_side_each_follow_the_engines_own_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     """The decode fed torch and the decode fed the other input are timed in the same place of the loop: each right
     after the engine's own two rows (what ran just before a call warms or cools the host's caches)."""

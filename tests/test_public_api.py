@@ -21,7 +21,7 @@ INTERNALS = {  # module -> names a user never needs from the facade
     "trtio.registry": ["TensorRegistry", "TensorSpec"],
     "trtio.contracts": ["build_registry"],
     "trtio.dims": ["InferenceDims"],
-    "trtio.pipeline_io": ["PipelineIO", "StreamingPrefillBuffers"],
+    "trtio.pipeline_io": ["StreamingPrefillBuffers"],
     "trtio.tensor_map": ["TensorMap"],
     "trtio.setups.binding": ["BoundEngine", "check_engine"],
     "trtio.setups.base": ["EngineGraphStats"],
@@ -58,6 +58,21 @@ def test_what_a_runtime_needs_is_public() -> None:
                  "TensorParallelLLMSetup", "load_engine", "EngineDir", "Tensor", "Stream", "TrtioError",
                  "CapacityError", "NotAvailableError"):
         assert name in trtio.__all__, name
+
+
+def test_the_seeds_class_is_public() -> None:
+    """``trtio.PipelineIO``, the seed's class and the first name of the design card, is in ``__all__`` (DESIGN
+    §18): the class of a setup's buffers (its ``io``)."""
+    from trtio.pipeline_io import PipelineIO
+    from trtio.testing.toy_engines import RaggedToyEngines
+
+    assert "PipelineIO" in trtio.__all__ and trtio.PipelineIO is PipelineIO
+    toys = RaggedToyEngines.load()
+    with trtio.create_for_llm(toys.reference_engine("toy-llm-ragged", device="host"), toys.llm_config) as setup:
+        assert type(setup.io) is trtio.PipelineIO
+    namespace: dict[str, object] = {}
+    exec("from trtio import *", namespace)
+    assert namespace["PipelineIO"] is PipelineIO
 
 
 def test_what_create_from_engine_dir_returns_for_a_tensor_parallel_directory_is_public() -> None:

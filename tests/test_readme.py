@@ -7,6 +7,7 @@ markers, scripts and examples they name exist."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -73,6 +74,62 @@ def test_ci_runs_the_marked_commands_and_the_wheel_blocks() -> None:
     assert "-ra" not in test and "-q" in test, "a short summary: skips counted, not listed"
     assert re.search(r"-m \"not slow and not rtx\"", test)
     assert 'pytest -q -m "slow or rtx"' in ci, ".ci/run also runs what the test command leaves out"
+
+
+def test_ci_runs_the_test_command_as_a_newcomer_gets_it_then_what_the_test_only_packages_enable() -> None:
+    """.ci/run runs the README's test command in a fresh virtual environment before any test-only package is
+    installed (a test that needs torch, transformers or Pillow must skip cleanly there, as it does for a newcomer),
+    and only then installs .ci/requirements.txt and runs the tests that skipped for want of them."""
+    ci = (ROOT / ".ci" / "run").read_text()
+
+    def where(pattern: str) -> int:
+        found = re.search(pattern, ci, re.M)
+        assert found, f".ci/run: nothing matches {pattern!r}"
+        return found.start()
+
+    venv, activate = where(r"^python3 -m venv "), where(r"^\. \S*/bin/activate\b")
+    main, test = where(r"^main_cmd=\$\(readme ci:main-command"), where(r"^run_readme ci:test-command\b")
+    packages = where(r"^python3 -m pip install .*-r \.ci/requirements\.txt")
+    rerun = where(r"^python3 -m pytest .*--rerun-import-skips")
+    assert venv < activate < main < test < packages < rerun
+    assert ci.count("-r .ci/requirements.txt") == 1, "one install of the test-only packages, after the test command"
+
+
+def test_the_tests_skipped_for_want_of_a_package_are_recorded_and_rerun_alone(tmp_path: Path) -> None:
+    """tests/conftest.py records the tests a run skipped because a package could not be imported
+    (pytest.importorskip, or a skip saying the package "is not installed"; a module skipped whole at collection
+    too), and ``--rerun-import-skips`` runs only those: .ci/run's run after .ci/requirements.txt, on pytest-xdist's
+    workers as there."""
+    pytest.importorskip("xdist")
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_some.py").write_text(
+        "import importlib.util\n"
+        "import pytest\n\n"
+        "def test_runs():\n    pass\n\n"
+        "def test_imports_it():\n    pytest.importorskip('trtio_ci_probe')\n\n"
+        "@pytest.mark.skipif(importlib.util.find_spec('trtio_ci_probe') is None,\n"
+        "                    reason='trtio_ci_probe is not installed')\n"
+        "@pytest.mark.parametrize('n', [1, 2])\n"
+        "def test_marked(n):\n    pass\n\n"
+        "def test_skips_for_another_reason():\n    pytest.skip('not here')\n")
+    (tmp_path / "test_whole.py").write_text(
+        "import pytest\n\npytest.importorskip('trtio_ci_probe')\n\n"
+        "def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+
+    def pytest_run(*args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", *args],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert re.match(r"1 passed, 5 skipped", pytest_run()), "the first run: the probe is missing"
+    recorded = json.loads((tmp_path / ".pytest_cache" / "v" / "trtio" / "import-skips").read_text())
+    assert recorded == ["test_some.py::test_imports_it", "test_some.py::test_marked[1]",
+                        "test_some.py::test_marked[2]", "test_whole.py"]
+    (tmp_path / "trtio_ci_probe.py").write_text("")  # the package is installed now
+    # the five it skipped, and neither test_runs nor the other skip (xdist's workers count no deselection)
+    assert re.fullmatch(r"5 passed in [\d.]+s", pytest_run("--rerun-import-skips"))
 
 
 @pytest.mark.parametrize("block", _ids("ci:checkout"))
@@ -145,6 +202,9 @@ def _check_command(words: list[str], where: str) -> None:
             if extras:
                 missing = set(extras.group(1).split(",")) - _extras()
                 assert not missing, f"{where}: no extra {missing} in pyproject.toml"
+        for flag, path in zip(words[4:], words[5:]):
+            if flag == "-r":
+                assert (ROOT / path).is_file(), f"{where}: no {path}"
     elif words[:3] == ["python3", "-m", "pytest"]:
         if "-m" in words[3:]:
             expr = words[words.index("-m", 3) + 1]

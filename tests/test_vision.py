@@ -202,7 +202,7 @@ def prompt_with_images(cfg: VisualConfig, grids: list[tuple[int, int, int]], see
 @pytest.mark.parametrize("images", [0, 1, 2])
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_mrope_positions_equal_transformers_get_rope_index(kind: str, images: int) -> None:
-    import torch
+    torch = pytest.importorskip("torch")
 
     model, cfg = hf_model(kind)
     rng = np.random.default_rng(images)
@@ -223,7 +223,7 @@ def test_mrope_positions_equal_transformers_get_rope_index(kind: str, images: in
 def test_decode_positions_continue_from_the_delta() -> None:
     """What a decode step's position is (k + delta) equals transformers' positions of the prompt extended by
     generated text tokens."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     model, cfg = hf_model("qwen3_vl")
     grids = [(1, 8, 4), (1, 2, 6)]

@@ -3,10 +3,11 @@
 ``import trtio`` works with no GPU, no CUDA driver and no TensorRT: cuda-python, TensorRT and the optional
 packages (ml_dtypes, tokenizers, torch, ...) are imported only when something needs them.
 
-``__all__`` is what a user calls, passes or catches: the factories and the setups they return, engine loading,
-the configs, tensors, streams and backends, and the errors worth catching one by one. Everything else stays
-importable from its own module (``trtio.pipeline_io.PipelineIO``, ``trtio.engine.EngineIO``,
-``trtio.setups.binding.BoundEngine``, ...); ``docs/architecture.md`` maps the modules. A few names that are not
+``__all__`` is what a user calls, passes or catches: the factories and the setups they return, ``PipelineIO`` (the
+seed's class, Edge-LLM's ``PipelineIO`` in Python: the worst-case buffers a setup binds, its ``io``), engine
+loading, the configs, tensors, streams and backends, and the errors worth catching one by one. Everything else stays
+importable from its own module (``trtio.engine.EngineIO``, ``trtio.setups.binding.BoundEngine``, ...);
+``docs/architecture.md`` maps the modules. A few names that are not
 in ``__all__`` stay attributes of the package because the design documents them as ``trtio.<name>``:
 ``trtio.contract_of``, ``trtio.Event``, every error class of :mod:`trtio.errors`, and the modules
 ``trtio.edgellm``, ``trtio.names`` and ``trtio.vision``.
@@ -40,6 +41,7 @@ from trtio.errors import InvalidTypeError as InvalidTypeError
 from trtio.errors import InvalidValueError as InvalidValueError
 from trtio.errors import UnknownNameError as UnknownNameError
 from trtio.lora import LoraAdapter
+from trtio.pipeline_io import PipelineIO
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
@@ -70,6 +72,8 @@ __all__ = [
     "SpecDecodeSetup",
     "TensorParallelLLMSetup",
     "VisualSetup",
+    # the seed's class: every buffer a pipeline binds, allocated once at worst case (a setup's io)
+    "PipelineIO",
     # engines and their directories
     "load_engine",
     "EngineDir",

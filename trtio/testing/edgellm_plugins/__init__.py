@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from trtio.testing.edgellm_plugins.attention import attention_plugin
+from trtio.testing.edgellm_plugins.moe import fp16_moe_plugin
 
 __all__ = ["onnx_ops"]
 
 # op type -> the numpy model: (node name, inputs, attributes) -> outputs
 _MODELS = {
     "AttentionPlugin": attention_plugin,
+    "Fp16MoePlugin": fp16_moe_plugin,
 }
 
 
