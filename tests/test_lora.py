@@ -136,21 +136,48 @@ def _fixture_engine_io(rank_max: int = 8) -> EngineIO:
     return EngineIO("qwen3-lora", tuple(tensors), 2)
 
 
-def test_lora_inputs_named_after_graph_nodes_are_refused_saying_why() -> None:
+def test_lora_inputs_named_after_graph_nodes_bind_at_rank_0_and_take_no_adapter() -> None:
+    """The real insert-lora output on the 0.11 dynamo export: its inputs bind (rank 0: no adapter), and an
+    adapter is refused saying why none can be matched (tests/test_parity_lora.py runs such a graph against HF)."""
     eio = _fixture_engine_io()
     assert sum(n.endswith(".lora_A.weight") for n in eio.names()) == 30  # what the real export declares
-    with pytest.raises(BindingError) as info:
-        LoraInputs.from_engine(eio, 8)
+    inputs = LoraInputs.from_engine(eio, 8)
+    assert inputs is not None and len(inputs.modules) == len(inputs.node_named) == 30
+    assert not inputs.takes_adapters and inputs.node_named[:2] == ("ode_linear", "ode_linear_1")
+    assert inputs.worst_case_bytes() == 0  # rank 0 for good
+    assert {r.shape for r in inputs.requests()} == {r.shape for r in inputs.requests({"ode_linear": 8})}
+    assert all(0 in r.shape for r in inputs.requests())
+    adapter = LoraAdapter.from_arrays({"ode_linear": (np.ones((96, 2), np.float16), np.ones((2, 320), np.float16))},
+                                      name="by-node")
+    with pytest.raises(ConfigError) as info:
+        inputs.check(adapter, "set_lora")
     msg = str(info.value)
-    assert "ode_linear" in msg and "named after ONNX graph nodes" in msg and "no adapter's weights can be matched" \
-        in msg and "insert-lora" in msg
+    assert msg.startswith("ode_linear.lora_A.weight: set_lora: engine 'qwen3-lora' takes no LoRA adapter: 30 of its "
+                          "30 LoRA modules are named after ONNX graph nodes (ode_linear, ode_linear_1, ode_linear_2, "
+                          "...)")
+    assert "no adapter's weights can be matched to them" in msg and "insert-lora" in msg and "/<module>/MatMul" in msg
+    assert "It runs without an adapter (set_lora(None))" in msg
 
 
-def test_a_reference_engine_with_node_named_lora_inputs_is_refused_by_create_for_llm() -> None:
+def test_a_reference_engine_with_node_named_lora_inputs_runs_its_base_model_and_refuses_set_lora() -> None:
     cfg = lora_cfg()
-    eng = _engine(cfg, "host", lora_naming="nodes")
-    with pytest.raises(BindingError, match=r"ode_linear.*named after ONNX graph nodes"):
-        trtio.create_for_llm(eng, cfg)
+    chat, _ = adapters()
+    plain = lora_cfg(max_lora_rank=0)
+    with trtio.create_for_llm(_engine(plain, "host"), plain) as setup:
+        base, base_toks = _run(setup, 3)
+    with trtio.create_for_llm(_engine(cfg, "host", lora_naming="nodes"), cfg) as setup:
+        assert setup.lora is None
+        out, toks = _run(setup, 3)  # bound at rank 0: the base model
+        with pytest.raises(ConfigError, match=r"ode_linear\.lora_A\.weight: set_lora: engine 'toy-llm' takes no LoRA "
+                                              r"adapter: 24 of its 24 LoRA modules are named after ONNX graph nodes"):
+            setup.set_lora(chat)
+        setup.set_lora(None)  # nothing to set: allowed
+        again, again_toks = _run(setup, 3)
+        assert setup.lora is None and setup.memory_report().notes  # no adapter copy was made
+    assert base_toks == toks == again_toks
+    for x, y, z in zip(base, out, again):
+        np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(x, z)
 
 
 @pytest.mark.parametrize("engine_rank,config_rank,needle", [
@@ -188,7 +215,8 @@ def test_load_reads_a_file_or_its_directory_and_drops_pefts_prefix(tmp_path: Pat
     adapter = LoraAdapter.load(tmp_path / "x.safetensors")
     assert adapter.name == "x" and adapter.modules == ("model.layers.0.self_attn.q_proj",)
     np.testing.assert_array_equal(adapter.weights["model.layers.0.self_attn.q_proj"][1], b)
-    assert LoraAdapter.load(tmp_path).modules == adapter.modules  # the directory's one file
+    by_dir = LoraAdapter.load(tmp_path)  # the directory's one file (process-lora's output folder holds one)
+    assert by_dir.modules == adapter.modules and by_dir.name == tmp_path.name
 
 
 @pytest.mark.parametrize("tensors,match", [

@@ -7,8 +7,9 @@ FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight
 ``x @ W + (x @ A) @ B``. One adapter serves the whole batch.
 
 * :class:`LoraInputs` reads those inputs from an engine's declared I/O and its config (every problem in one
-  :class:`~trtio.BindingError`; inputs named after graph nodes, which no adapter can be matched to, are refused
-  saying why).
+  :class:`~trtio.BindingError`). Inputs named after graph nodes (Edge-LLM 0.11's ``insert-lora`` on an export whose
+  weights are anonymous: ``ode_linear_N.lora_A.weight``) are bound without an adapter (rank 0), so the base model in
+  such an engine runs; no adapter can be matched to them, and setting one is refused saying why.
 * :class:`LoraAdapter` is one adapter on the host (:meth:`LoraAdapter.load` reads Edge-LLM's ``process-lora``
   output); :meth:`LoraInputs.problems` says where it does not fit an engine, naming each module.
 * :class:`LoraSlots` is what a setup binds: each adapter's copy in device memory trtio owns, uploaded the first
@@ -59,9 +60,13 @@ LORA_A = ".lora_A.weight"
 LORA_B = ".lora_B.weight"
 # The prefix PEFT writes before every module name; an adapter file may keep it.
 _PEFT_PREFIX = "base_model.model."
-# A LoRA input named after an ONNX graph node rather than a model module (Edge-LLM 0.11's insert-lora on a
-# dynamo export: ``ode_linear_N``): a module path has dots, a node name none.
-_NODE_NAME = re.compile(r"[A-Za-z_]*linear(_\d+)?")
+# A LoRA input named after an ONNX graph node rather than a model module: Edge-LLM 0.11's insert-lora drops the
+# first character of a node's name, so torch's dynamo exporter's ``node_linear_N`` gives ``ode_linear_N``. A module
+# path has dots, a node name none.
+_NODE_NAME = re.compile(r"n?ode_\w+|[A-Za-z_]*linear(_\d+)?")
+# The fused q/k/v linear of Edge-LLM's ONNX export (``models/default/modeling_default.py``), and what it fuses.
+_FUSED_QKV = ("qkv_proj_fused", "qkv_proj")
+_QKV = ("q_proj", "k_proj", "v_proj")
 _DTYPE = DType.FLOAT16
 
 
@@ -139,8 +144,9 @@ class LoraAdapter:
         ``safetensors`` package. Its tensors are ``{module}.lora_A.weight`` ``[in, r]`` and
         ``{module}.lora_B.weight`` ``[r, out]`` (a leading ``base_model.model.`` is dropped); a file safetensors
         cannot read, any other tensor, an A without its B or a dtype other than F16 (or F32) is a
-        :class:`~trtio.ConfigError` naming the file and the key. ``name`` defaults to the file's folder name (or the
-        file's stem).
+        :class:`~trtio.ConfigError` naming the file and the key. ``name`` defaults to the directory's name (for a
+        directory: ``process-lora``'s output folder), else the file's stem (its folder's name for
+        ``adapter_model.safetensors``).
 
         The adapter's PEFT config beside the file (``config.json``, where ``process-lora`` copies the adapter's
         ``adapter_config.json``, or ``adapter_config.json`` itself) is read where there is one: ``process-lora`` folds
@@ -148,7 +154,8 @@ class LoraAdapter:
         sqrt(r)``) or whose ``rank_pattern`` / ``alpha_pattern`` give a module another rank or alpha is refused, a
         :class:`~trtio.ConfigError` naming the config file, the key and its value. A ``config.json`` that is not an
         adapter's (no ``peft_type``, ``r`` or ``lora_alpha``) is not read."""
-        file = _adapter_file(Path(os.fspath(path)))
+        given = Path(os.fspath(path))
+        file = _adapter_file(given)
         _check_adapter_config(file.parent)
         pairs: dict[str, list[tuple[str, np.ndarray] | None]] = {}
         for key, tag, array in _read_adapter_file(file):
@@ -169,7 +176,12 @@ class LoraAdapter:
                 raise ConfigError(f"{file}: {module}", f"A is {a[0]} and B {b[0]}: an adapter for an Edge-LLM engine "
                                                        "is F16 (process-lora writes F16)")
             weights[module] = (a[1], b[1])
-        default = file.parent.name if file.name == "adapter_model.safetensors" else file.stem
+        if given.is_dir():
+            default = given.resolve().name
+        elif file.name == "adapter_model.safetensors":
+            default = file.resolve().parent.name
+        else:
+            default = file.stem
         return cls.from_arrays(weights, name=name if name is not None else default)
 
     @property
@@ -265,19 +277,22 @@ def _read_adapter_file(file: Path) -> list[tuple[str, str, np.ndarray]]:
 
 @dataclass(frozen=True)
 class LoraInputs:
-    """An engine's LoRA inputs: its modules (in the engine's order) and the max rank (the config's)."""
+    """An engine's LoRA inputs: its modules (in the engine's order), the max rank (the config's), and the modules
+    named after ONNX graph nodes (``node_named``: bound at rank 0 for good, no adapter can be matched to them)."""
 
     engine: str
     modules: tuple[LoraModule, ...]
     max_rank: int
+    node_named: tuple[str, ...] = ()
 
     @classmethod
     def from_engine(cls, eio: EngineIO, max_rank: int) -> LoraInputs | None:
         """The LoRA inputs ``eio`` declares, checked against ``max_rank`` (the config's ``max_lora_rank``);
         None for an engine without them and a config of max rank 0. Every disagreement is listed in one
-        :class:`~trtio.BindingError`: LoRA inputs named after graph nodes, an A without its B, a dtype other than
-        FP16, fixed dims that are not ``[in, r]`` / ``[r, out]``, a rank range that does not start at 0 (no
-        adapter) or stops below ``max_rank``, inputs with max rank 0 or max rank without inputs."""
+        :class:`~trtio.BindingError`: an A without its B, a dtype other than FP16, fixed dims that are not
+        ``[in, r]`` / ``[r, out]``, a rank range that does not start at 0 (no adapter) or stops below ``max_rank``,
+        inputs with max rank 0 or max rank without inputs. Inputs named after graph nodes are checked the same way
+        and kept (bound at rank 0: the base model runs); :meth:`check` refuses an adapter for them, saying why."""
         found = [info for info in eio.tensors if info.is_input and (info.name.endswith(LORA_A)
                                                                     or info.name.endswith(LORA_B))]
         if not found and not max_rank:
@@ -290,20 +305,11 @@ class LoraInputs:
             problems.append(f"{found[0].name}: the engine declares {len(found)} LoRA inputs but the config's "
                             "max_lora_rank is 0 (builder_config.max_lora_rank)")
         by_name = {info.name: info for info in found}
-        nodes = [info.name for info in found if "." not in _module_of(info.name)
-                 and _NODE_NAME.fullmatch(_module_of(info.name))]
-        if nodes:
-            problems.append(f"{nodes[0]}: {len(nodes)} LoRA inputs are named after ONNX graph nodes "
-                            f"({', '.join(sorted({_module_of(n) for n in nodes})[:4])}, ...), not model modules "
-                            "(model.layers.<i>.self_attn.q_proj, ...): no adapter's weights can be matched to them. "
-                            "Edge-LLM 0.11's insert-lora names the inputs after the nodes when the exported weights "
-                            "are anonymous; export the ONNX with named weights (or build with Edge-LLM's builder) so "
-                            "the inputs carry module names")
         modules = []
         for info in found:
             module = _module_of(info.name)
-            if info.name in nodes or not info.name.endswith(LORA_A):
-                if info.name.endswith(LORA_B) and module + LORA_A not in by_name:
+            if not info.name.endswith(LORA_A):
+                if module + LORA_A not in by_name:
                     problems.append(f"{info.name}: the engine declares no {module}{LORA_A} beside it")
                 continue
             b = by_name.get(module + LORA_B)
@@ -315,28 +321,59 @@ class LoraInputs:
                 modules.append(LoraModule(module, info.shape[0], b.shape[1]))
         if problems:
             raise BindingError(eio.name, problems)
-        return cls(eio.name, tuple(modules), max_rank)
+        nodes = tuple(m.name for m in modules if _is_node_name(m.name))
+        return cls(eio.name, tuple(modules), max_rank, nodes)
 
     @property
     def names(self) -> list[str]:
         """Every LoRA input name (A then B, module by module)."""
         return [n for m in self.modules for n in (m.a_name, m.b_name)]
 
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether an adapter can be matched to any module (False: every input is named after a graph node)."""
+        return not self.node_named or len(self.node_named) < len(self.modules)
+
+    def _ranks(self, ranks: Mapping[str, int] | None) -> dict[str, int]:
+        nodes = set(self.node_named)
+        return {m.name: 0 if m.name in nodes else self.max_rank if ranks is None else ranks.get(m.name, 0)
+                for m in self.modules}
+
     def worst_case_bytes(self) -> int:
-        """Bytes of every LoRA input at the max rank (the most one adapter's device copy holds)."""
-        return sum(m.nbytes(self.max_rank) for m in self.modules)
+        """Bytes of every LoRA input at the max rank (the most one adapter's device copy holds; an input named after
+        a graph node stays at rank 0)."""
+        ranks = self._ranks(None)
+        return sum(m.nbytes(ranks[m.name]) for m in self.modules)
 
     def requests(self, ranks: Mapping[str, int] | None = None) -> list[TensorRequest]:
-        """One device tensor per LoRA input, at each module's rank in ``ranks`` (a module left out: 0, an empty
-        tensor); None: every module at the max rank (the worst case)."""
-        return [req for m in self.modules for r in (self.max_rank if ranks is None else ranks.get(m.name, 0),)
-                for req in (TensorRequest(m.a_name, (m.in_features, r), _DTYPE, Location.DEVICE),
-                            TensorRequest(m.b_name, (r, m.out_features), _DTYPE, Location.DEVICE))]
+        """One device tensor per LoRA input, at each module's rank in ``ranks`` (a module left out, and one named
+        after a graph node: 0, an empty tensor); None: every module at the max rank (the worst case)."""
+        at = self._ranks(ranks)
+        return [req for m in self.modules
+                for req in (TensorRequest(m.a_name, (m.in_features, at[m.name]), _DTYPE, Location.DEVICE),
+                            TensorRequest(m.b_name, (at[m.name], m.out_features), _DTYPE, Location.DEVICE))]
+
+    def node_named_reason(self) -> str:
+        """Why no adapter can be matched to the modules named after graph nodes (empty if there are none)."""
+        if not self.node_named:
+            return ""
+        shown = ", ".join(self.node_named[:3])
+        return (f"{len(self.node_named)} of its {len(self.modules)} LoRA modules are named after ONNX graph nodes "
+                f"({shown}{', ...' if len(self.node_named) > 3 else ''}), not model modules "
+                "(model.layers.<i>.mlp.down_proj, ...), so no adapter's weights can be matched to them; they stay "
+                "at rank 0 (no adapter). Edge-LLM 0.11's insert-lora names a MatMul's LoRA inputs after its node, "
+                "and torch's dynamo exporter names them node_linear_N: rename each weight MatMul /<module>/MatMul "
+                "before insert-lora, or build with Edge-LLM's checkpoint builder (--max-lora-rank), so the inputs "
+                "carry module names")
 
     def worst_case_report(self) -> MemoryReport:
         """What one adapter's device copy takes at most (every module at the max rank), laid out as its arena would
         be, allocating nothing: ``trtio plan``'s LoRA part."""
         report = planned_report(self.requests(), "lora")
+        if not self.takes_adapters:
+            report.notes.append(f"LoRA: {len(self.modules)} modules named after ONNX graph nodes: bound at rank 0 "
+                                f"(no adapter), no adapter can be set ({self.node_named_reason()})")
+            return report
         report.notes.append(f"LoRA: {len(self.modules)} modules at max_lora_rank {self.max_rank}: one adapter's "
                             f"device copy holds at most {self.worst_case_bytes()} bytes (every module at the max "
                             f"rank; the lora entries), made when set_lora first sets it; the setup keeps up to "
@@ -347,13 +384,12 @@ class LoraInputs:
         """Where ``adapter`` does not fit these inputs, one line per module: a module the engine has no LoRA
         input for, a rank above the max, a dtype other than FP16, an ``in`` or ``out`` width of another
         module's."""
-        known = {m.name: m for m in self.modules}
+        known = {m.name: m for m in self.modules if m.name not in set(self.node_named)}
         problems = []
         for module, (a, b) in adapter.weights.items():
             m = known.get(module)
             if m is None:
-                problems.append(f"{module}: the engine {self.engine!r} has no LoRA input for this module (it has "
-                                f"{len(known)}, e.g. {next(iter(known), 'none')})")
+                problems.append(self._unknown(module, known))
                 continue
             rank = int(a.shape[1])
             if rank > self.max_rank:
@@ -367,15 +403,39 @@ class LoraInputs:
                                 f"[{m.in_features}, r] and [r, {m.out_features}]")
         return problems
 
+    def _unknown(self, module: str, known: Mapping[str, LoraModule]) -> str:
+        """Why ``module`` of an adapter has no input here: a node-named input, q/k/v the export fused, or none."""
+        if module in set(self.node_named):
+            return f"{module}: the engine {self.engine!r} names this LoRA input after an ONNX graph node, which no " \
+                   "adapter module can be matched to"
+        parent, _, leaf = module.rpartition(".")
+        fused = next((f"{parent}.{name}" for name in _FUSED_QKV if f"{parent}.{name}" in known), None)
+        if leaf in _QKV and fused is not None:
+            return (f"{module}: the engine {self.engine!r} has no LoRA input for this module: it fuses q/k/v into "
+                    f"{fused} (Edge-LLM's ONNX export); fold the adapter's {', '.join(_QKV)} into that module "
+                    "(A [in, 3r] side by side, B [3r, q+k+v] block-diagonal)")
+        return (f"{module}: the engine {self.engine!r} has no LoRA input for this module (it has {len(known)}, e.g. "
+                f"{next(iter(known), 'none')})")
+
     def check(self, adapter: Any, what: str) -> LoraAdapter:
-        """``adapter`` if it fits (see :meth:`problems`), else an InvalidValueError naming every module."""
+        """``adapter`` if it fits (see :meth:`problems`), else an InvalidValueError naming every module; a
+        :class:`~trtio.ConfigError` saying why on an engine whose LoRA inputs are all named after graph nodes
+        (:attr:`node_named`), which takes no adapter."""
         if not isinstance(adapter, LoraAdapter):
             raise InvalidTypeError(f"{what}: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
+        if not self.takes_adapters:
+            raise ConfigError(self.modules[0].a_name, f"{what}: engine {self.engine!r} takes no LoRA adapter: "
+                                                      f"{self.node_named_reason()}. It runs without an adapter "
+                                                      "(set_lora(None))")
         problems = self.problems(adapter)
         if problems:
             raise InvalidValueError(f"{what}: adapter {adapter.name!r} does not fit engine {self.engine!r}: "
                                     + "; ".join(problems))
         return adapter
+
+
+def _is_node_name(module: str) -> bool:
+    return "." not in module and _NODE_NAME.fullmatch(module) is not None
 
 
 def _module_of(name: str) -> str:

@@ -393,7 +393,9 @@ class LLMSetup(SetupBase):
         adapter, as Edge-LLM does).
 
         Raises before any work: a TypeError for what is not an adapter, a ConfigError on an engine without LoRA
-        inputs (``max_lora_rank`` 0), an InvalidValueError naming every module the engine lacks, whose rank is
+        inputs (``max_lora_rank`` 0) or whose LoRA inputs are all named after ONNX graph nodes (Edge-LLM 0.11's
+        ``insert-lora`` on an export of anonymous weights: no adapter can be matched to them; the engine runs with
+        every LoRA input at rank 0), an InvalidValueError naming every module the engine lacks, whose rank is
         above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
         setup is left as it was.
         """

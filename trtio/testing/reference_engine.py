@@ -298,7 +298,8 @@ class ReferenceEngine:
         LoRA (``cfg.max_lora_rank > 0``, ragged only; ``trtio.testing.reference_lora``): every linear layer of the
         attention layers takes ``{module}.lora_A.weight`` / ``lora_B.weight`` (rank 0 .. max) and adds
         ``x @ A @ B``. ``lora_naming="nodes"`` names those inputs after graph nodes (``ode_linear_N``), as
-        Edge-LLM 0.11's ``insert-lora`` does on an export with anonymous weights (an engine trtio refuses).
+        Edge-LLM 0.11's ``insert-lora`` does on an export with anonymous weights (trtio binds them at rank 0 and
+        refuses an adapter; the engine computes no LoRA).
         """
         validate = getattr(cfg, "validate", None)
         if callable(validate):

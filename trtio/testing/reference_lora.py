@@ -10,7 +10,8 @@ Edge-LLM. Each module declares ``{module}.lora_A.weight`` FP16 ``[in, r]`` and `
 model with ``W + A @ B`` as its weights, which the tests compare against.
 
 ``naming="nodes"`` declares the inputs as Edge-LLM 0.11's ``insert-lora`` names them on an export whose weights
-are anonymous (``ode_linear.lora_A.weight``, ``ode_linear_1...``): an engine trtio must refuse.
+are anonymous (``ode_linear.lora_A.weight``, ``ode_linear_1...``): trtio binds them at rank 0 and refuses an adapter,
+and the engine computes the model without LoRA.
 """
 
 from __future__ import annotations
