@@ -340,7 +340,7 @@ def write_readme(case: Case, out: Path) -> None:
              "Written by `scripts/make_parity_fixtures.py` (do not edit by hand):", "",
              "```bash", f"python scripts/make_parity_fixtures.py --case {case.name}", "```", "",
              f"- seed: {case.seed}",
-             f"- exporter: `tensorrt-edgellm-export CKPT OUT {' '.join(case.export_flags)}`".rstrip() + " "
+             f"- exporter: `{' '.join(('tensorrt-edgellm-export CKPT OUT', *case.export_flags))}` "
              f"(tensorrt-edgellm {v.get('tensorrt-edgellm', '?')})",
              "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
              "- files: each role folder as the exporter wrote it (`model.onnx`, `model.onnx.data`, `config.json`, "
