@@ -13,12 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from trtio.testing.edgellm_plugins.attention import attention_plugin
+from trtio.testing.edgellm_plugins.conv1d import causal_conv1d
+from trtio.testing.edgellm_plugins.gdn import gated_delta_net
+from trtio.testing.edgellm_plugins.mamba import update_ssm_state
 
 __all__ = ["onnx_ops"]
 
 # op type -> the numpy model: (node name, inputs, attributes) -> outputs
 _MODELS = {
     "AttentionPlugin": attention_plugin,
+    "causal_conv1d": causal_conv1d,
+    "gated_delta_net": gated_delta_net,
+    "update_ssm_state": update_ssm_state,
 }
 
 
