@@ -18,9 +18,15 @@ from make_parity_fixtures import TEXT_BUILDER, Case, Role, causal_reference, loa
 
 # Nemotron-H in the Hub's layout (``hybrid_override_pattern``: "M" Mamba2, "*" attention, "-" MLP). transformers 5
 # saves ``layers_block_type: ["linear_attention", ...]``, which Edge-LLM 0.11's ``config.py::_parse_layer_types``
-# reads first and maps to Gated DeltaNet; the Hub layout is what NVIDIA's checkpoints carry.
+# reads first and maps to Gated DeltaNet; the Hub layout is what NVIDIA's checkpoints carry. ``chunk_size`` 256 (the
+# Hub's is 128) is longer than every reference sequence (at most 158 tokens): transformers 5.14's slow Mamba2 path
+# (``NemotronHMamba2Mixer.torch_forward``, inherited from Zamba2, the one HF runs on a CPU) sums the inter-chunk
+# recurrence over the wrong axis (huggingface/transformers#47246), so a sequence longer than one chunk gets wrong
+# logits (up to 1.16 off from the sequential scan at row 155 with chunk 128); in one chunk there is no inter-chunk
+# term. The chunk size is a kernel choice, not the model's math: Edge-LLM's exporter and plugin ignore it. (The slow
+# path also clamps dt at ``time_step_min``, which the kernel path and Edge-LLM do not; it moves no logit here: 0.0.)
 NEMOTRON_H = {
-    "architectures": ["NemotronHForCausalLM"], "attention_bias": False, "bos_token_id": 1, "chunk_size": 128,
+    "architectures": ["NemotronHForCausalLM"], "attention_bias": False, "bos_token_id": 1, "chunk_size": 256,
     "conv_kernel": 4, "eos_token_id": 2, "head_dim": 16, "hidden_size": 64, "hybrid_override_pattern": "M*-M-M",
     "intermediate_size": 128, "layer_norm_epsilon": 1e-05, "mamba_head_dim": 64, "mamba_hidden_act": "silu",
     "mamba_num_heads": 2, "max_position_embeddings": 4096, "mlp_hidden_act": "relu2", "model_type": "nemotron_h",
