@@ -1,6 +1,6 @@
 """Hybrid text models: Qwen3.5 (Gated DeltaNet + gated attention) and Nemotron-H (Mamba2 + NoPE attention + MLP).
 
-The real plugins build only for some head sizes (``docs/reference`` facts): Edge-LLM 0.11's Gated DeltaNet plugin
+The real plugins build only for some head sizes: Edge-LLM 0.11's Gated DeltaNet plugin
 for key and value heads of 128 (``cuteDslGDNRunner.cpp::canImplement``), its Mamba2 kernels for a head size and an
 SSM state size of 64, 80, 128 or 256 (``selectiveStateUpdate.cu``: ``AllowedDims`` / ``AllowedDstates``). The tiny
 checkpoints keep those sizes and shrink layers, heads and vocabulary instead.
@@ -108,5 +108,8 @@ CASES = [
          notes="Steps outside NVIDIA's chain: the checkpoint's `config.json` is written in the Hub's layout "
                "(`hybrid_override_pattern`), and its embedding tensor is renamed `backbone.embeddings.weight` "
                "(transformers 5 saves `backbone.embedding.weight`, which the 0.11 exporter skips, leaving an "
-               "uninitialised embedding in the graph)."),
+               "uninitialised embedding in the graph). `chunk_size` is 256 (the Hub's 128), longer than every "
+               "reference sequence, so that Hugging Face's CPU (slow) Mamba2 path runs one chunk: transformers "
+               "5.14 sums its inter-chunk recurrence over the wrong axis (huggingface/transformers#47246). Edge-LLM "
+               "ignores the key."),
 ]
