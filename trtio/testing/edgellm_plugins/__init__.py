@@ -13,6 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from trtio.testing.edgellm_plugins.attention import attention_plugin
+from trtio.testing.edgellm_plugins.conv1d import causal_conv1d
+from trtio.testing.edgellm_plugins.gdn import gated_delta_net
+from trtio.testing.edgellm_plugins.mamba import update_ssm_state
 from trtio.testing.edgellm_plugins.moe import fp16_moe_plugin
 
 __all__ = ["onnx_ops"]
@@ -21,6 +24,9 @@ __all__ = ["onnx_ops"]
 _MODELS = {
     "AttentionPlugin": attention_plugin,
     "Fp16MoePlugin": fp16_moe_plugin,
+    "causal_conv1d": causal_conv1d,
+    "gated_delta_net": gated_delta_net,
+    "update_ssm_state": update_ssm_state,
 }
 
 

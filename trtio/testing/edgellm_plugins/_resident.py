@@ -1,0 +1,43 @@
+"""What the hybrid plugins (``causal_conv1d``, ``gated_delta_net``, ``update_ssm_state``) share: the resident state
+pool's checks and the phases they model.
+
+Read from Edge-LLM 0.11's ``cpp/plugins/utils/raggedPluginMetadata.h`` (``validateIndexedResidentStateDescriptors``):
+a resident state pool is ``[rows, *trailing]`` of one dtype, its ``present`` output the same pool (the plugins check
+``outputs[state] == inputs[state]``: the runtime binds both to one allocation). Each sequence ``s`` of a step reads and
+writes pool row ``state_indices[s]`` in every phase; no plugin zeroes a row (``invokeMambaStateClear``, run by the
+runtime at admission, is the only clear): a row left from an earlier sequence is read as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, resident_rows
+
+__all__ = ["MODELLED_PHASES", "checked_pool", "refuse_unmodelled"]
+
+# Prefill, chunked prefill, decode and a draft proposal: what these models compute. Verify (MTP / DDTree replay
+# stashes) and the diffusion phases (transactional state in the workspace) are refused by name.
+MODELLED_PHASES = (Phase.CONTEXT_PREFILL, Phase.CONTEXT_CHUNK, Phase.AUTOREGRESSIVE_DECODE,
+                   Phase.SPEC_DRAFT_PROPOSAL)
+
+
+def checked_pool(plugin: str, pool: np.ndarray, dtype: type, trailing: Sequence[int], state_indices: np.ndarray,
+                 sequences: int) -> np.ndarray:
+    """``validateIndexedResidentStateDescriptors`` on ``pool`` (``[rows, *trailing]`` of ``dtype``), then the rows
+    ``state_indices`` names (``_common.resident_rows``: in the pool, one a sequence)."""
+    want = tuple(int(t) for t in trailing)
+    if pool.dtype != np.dtype(dtype) or pool.ndim != len(want) + 1 or pool.shape[0] <= 0 \
+            or tuple(pool.shape[1:]) != want:
+        raise PluginInputError(f"{plugin} indexed resident state: the pool is {pool.dtype} {list(pool.shape)}, the "
+                               f"kernel contract [rows, {', '.join(map(str, want))}] {np.dtype(dtype)}")
+    return resident_rows(plugin, np.asarray(state_indices), sequences, int(pool.shape[0]))
+
+
+def refuse_unmodelled(plugin: str, phase: Phase, what: str = "") -> None:
+    """A phase these models do not compute (verify, the diffusion phases): refused rather than guessed."""
+    if phase not in MODELLED_PHASES:
+        raise PluginInputError(f"{plugin}: phase {int(phase)} ({phase.name}){what} is a mode this numpy model does "
+                               "not compute")

@@ -1,0 +1,114 @@
+"""``trt_edgellm::gated_delta_net`` (Qwen3.5's Gated DeltaNet) in numpy, read from Edge-LLM 0.11's C++ and kernels.
+
+Sources (Edge-LLM 0.11):
+
+- ``cpp/plugins/gatedDeltaNet/gatedDeltaNetPlugin.cpp``: the input order ``q, k, v, a, b, A_log, dt_bias,
+  recurrent_state, query_lengths, query_start_offsets, state_indices, execution_phase_marker,
+  context_sequence_count_carrier``; ``enqueue`` (the checks; prefill for context phases and a multi-row proposal,
+  decode for decode and a one-row proposal; verify and the diffusion phases need engine flags); the constructor
+  (``CuteDslGDNRunner::canImplement``: key and value heads of 128 only).
+- ``cpp/kernels/gdnKernels/cuteDslGDNRunner.cpp`` (the pool ``[rows, value heads, k, v]`` FP32, K-major, indexed by
+  ``state_indices``) and the CuTe DSL kernels it runs, ``kernelSrcs/gdn_cutedsl/gdn_prefill.py`` and
+  ``gdn_decode.py``: per token, ``g = exp(-exp(A_log) softplus(a + dt_bias))`` (softplus linear above 20),
+  ``beta = sigmoid(b)``, q and k L2-normalised (``rsqrt(sum + 1e-6)``), q scaled by ``k_dim ** -0.5``; then
+  ``H = g H``, ``v' = beta (v - H^T k)``, ``H += k v'^T``, ``o = H^T q``; value head ``hv`` reads key head
+  ``hv // (HV / H)``. The state stays FP32 in the pool; rows at or past ``query_lengths[s]`` output zero and leave
+  the state as it is (decode too: a sequence of length 0 writes nothing).
+
+Each sequence ``s`` reads and writes pool row ``state_indices[s]`` only, in place; nothing zeroes a row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, ragged_metadata
+from trtio.testing.edgellm_plugins._resident import checked_pool, refuse_unmodelled
+
+__all__ = ["gated_delta_net"]
+
+_NAME = "gated_delta_net"
+_INPUTS = 13
+_HEAD = 128  # CuteDslGDNRunner::canImplement: kDim == 128 && vDim == 128
+_SOFTPLUS_THRESHOLD = np.float32(20.0)
+_L2_EPS = np.float32(1e-6)
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.where(x <= _SOFTPLUS_THRESHOLD, np.log1p(np.exp(np.minimum(x, _SOFTPLUS_THRESHOLD))), x)
+    return out.astype(np.float32)
+
+
+def _l2(x: np.ndarray) -> np.ndarray:
+    """The kernels' L2 norm over the head: ``x * rsqrt(sum(x^2) + 1e-6)`` in fp32."""
+    out: np.ndarray = x / np.sqrt((x * x).sum(axis=-1, keepdims=True) + _L2_EPS)
+    return out
+
+
+def _sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
+              dt_bias: np.ndarray, state: np.ndarray, length: int, group: int, scale: np.float32) -> np.ndarray:
+    """The recurrence over the first ``length`` rows of one sequence: ``q``/``k`` [W, H, K], ``v`` [W, HV, V],
+    ``a``/``b`` [W, HV] (half), ``state`` [HV, K, V] fp32 updated in place. Returns o [W, HV, V] half."""
+    out = np.zeros(v.shape, np.float16)
+    decay = np.exp(a_log.astype(np.float32))
+    bias = dt_bias.astype(np.float32)
+    for t in range(length):
+        qt = np.repeat(_l2(q[t].astype(np.float32)), group, axis=0) * scale  # [HV, K]
+        kt = np.repeat(_l2(k[t].astype(np.float32)), group, axis=0)
+        g = np.exp(-decay * _softplus(a[t].astype(np.float32) + bias))  # [HV]
+        beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-b[t].astype(np.float32)))
+        state *= g[:, None, None]
+        v_new = (v[t].astype(np.float32) - np.einsum("hkv,hk->hv", state, kt)) * beta[:, None]
+        state += kt[:, :, None] * v_new[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", state, qt).astype(np.float16)
+    return out
+
+
+def gated_delta_net(node: str, inputs: tuple[np.ndarray, ...], attrs: dict[str, Any]) -> tuple[np.ndarray, ...]:
+    """One ``gated_delta_net`` node: ``(o [T, HV, V] half, the recurrent state pool)``; the rows of the step's
+    sequences are updated in place and the pool itself is returned as ``present_recurrent_state``."""
+    plugin = f"{_NAME} {node}"
+    if int(attrs.get("use_ddtree") or 0):
+        raise PluginInputError(f"{plugin}: use_ddtree = 1 (tree verify inputs) is a mode this numpy model does not "
+                               "compute")
+    if len(inputs) != _INPUTS:
+        raise PluginInputError(f"{plugin}: expected {_INPUTS} inputs, got {len(inputs)}")
+    q, k, v, a, b, a_log, dt_bias, pool, lengths, offsets, state_indices, phase_marker, context_count = inputs
+    k_dim, v_dim = int(attrs.get("k_dim", _HEAD)), int(attrs.get("v_dim", _HEAD))
+    if k_dim != _HEAD or v_dim != _HEAD:
+        raise PluginInputError(f"{plugin}: cannot implement k_dim={k_dim} v_dim={v_dim}: the CuTe DSL GDN is only "
+                               f"built for k=v={_HEAD}")
+    if q.ndim != 3 or v.ndim != 3 or k.shape != q.shape or q.dtype != np.float16 or v.dtype != np.float16:
+        raise PluginInputError(f"{plugin}: Q, K and V must be FP16 of rank 3 (Q and K alike); got q {list(q.shape)}, "
+                               f"k {list(k.shape)}, v {list(v.shape)}")
+    heads, value_heads = int(q.shape[1]), int(v.shape[1])
+    if q.shape[2] != k_dim or v.shape[2] != v_dim:
+        raise PluginInputError(f"{plugin}: q head size {q.shape[2]} / v head size {v.shape[2]} disagree with "
+                               f"k_dim {k_dim} / v_dim {v_dim}")
+    if value_heads % heads:
+        raise PluginInputError(f"{plugin}: value heads {value_heads} are not a multiple of key heads {heads} (the "
+                               "kernels read key head hv // (HV / H))")
+    if a_log.dtype != np.float32 or a.shape != (q.shape[0], value_heads) or b.shape != a.shape:
+        raise PluginInputError(f"{plugin}: A_log must be FP32 [HV], a and b [T, HV={value_heads}]; got A_log "
+                               f"{a_log.dtype}, a {list(a.shape)}, b {list(b.shape)}")
+    ragged = ragged_metadata(plugin, int(q.shape[0]), np.asarray(lengths), np.asarray(offsets), phase_marker,
+                             context_count)
+    rows = checked_pool(plugin, pool, np.float32, (value_heads, k_dim, v_dim), state_indices, ragged.sequences)
+    phase = ragged.phase
+    if phase in (Phase.DIFFUSION_DENOISE, Phase.DIFFUSION_COMMIT) and not int(attrs.get("use_diffusion_state") or 0):
+        raise PluginInputError(f"{plugin}: diffusion phase requires diffusion-capable engine metadata")
+    if phase is Phase.SPEC_TARGET_VERIFY and not int(attrs.get("use_mtp") or 0):
+        raise PluginInputError(f"{plugin}: SPEC_TARGET_VERIFY requires verify-capable engine metadata (use_mtp)")
+    refuse_unmodelled(plugin, phase)
+    out = np.zeros(v.shape, np.float16)
+    scale = np.float32(k_dim ** -0.5)
+    group = value_heads // heads
+    w = ragged.width
+    for s, row in enumerate(rows):
+        lo = s * w
+        state = pool[row]  # a view: written in place
+        out[lo:lo + w] = _sequence(q[lo:lo + w], k[lo:lo + w], v[lo:lo + w], a[lo:lo + w], b[lo:lo + w], a_log,
+                                   dt_bias, state, int(lengths[s]), group, scale)
+    return out, pool
