@@ -85,10 +85,14 @@ class SpecCompare:
 class State:
     """Where each sequence stands between rounds."""
 
-    seqs: list[Seq]
+    seqs: list[Seq]  # in the setup's batch order (its active slots, ascending)
     committed: list[int]  # tokens the base has cached
     root: np.ndarray | None = None  # the draft's logits at each sequence's last committed row (its tree's root)
-    round: int = 0
+    round: int = 0  # rounds run
+    done: list[int] = field(default_factory=list)  # rounds each sequence has been through
+
+    def __post_init__(self) -> None:
+        self.done = self.done or [0] * len(self.seqs)
 
 
 @dataclass
@@ -250,6 +254,30 @@ def rounds(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, propose: 
         if catch_up:
             _draft_rows(case, cmp, state, f"round {state.round} catch-up")
         state.round += 1
+        state.done = [d + 1 for d in state.done]
+
+
+def readmit(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, slot: int, *, draft: bool = True) -> None:
+    """Between rounds, the sequence in ``slot`` ends and a new request takes the slot: its prompt again from the
+    start (the others go on where they are); its base and draft prefills compared as :func:`prefill` does."""
+    slots = setup.active.tolist()
+    i = slots.index(slot)
+    s = state.seqs[i]
+    setup.release([slot])
+    table = case.table("base")
+    logits = setup.base_prefill(table[s.prompt][None], [s.prompt_length], slots=[slot]).to_numpy()
+    cmp.base.row(s, s.prompt_length - 1, logits[0], "admitted base prefill")
+    cmp.base.token(s, s.prompt_length - 1, int(logits[0].argmax()), "admitted base prefill")
+    if setup.active.tolist() != slots:
+        raise AssertionError(f"active slots {setup.active.tolist()} after admitting slot {slot}, not {slots}")
+    state.committed[i], state.done[i] = s.prompt_length, 0
+    if draft:
+        assert state.root is not None
+        shifted = table[s.tokens[1:s.prompt_length + 1]][None]
+        state.root[i] = setup.draft_prefill(shifted, [s.prompt_length], slots=[slot]).to_numpy()[0]
+        want = case.draft_rows[s.index].get(s.prompt_length - 1)
+        if want is not None:
+            cmp.draft.values(want, state.root[i], f"sequence {s.index} draft row {s.prompt_length - 1} (admitted)")
 
 
 # -- proposers -------------------------------------------------------------------------------------------------------
@@ -261,10 +289,10 @@ def replayed_trees(*, through_draft: bool, cut: dict[int, int] | None = None) ->
     logits at every node held to the draft's reference. ``cut``: sequence index -> the nodes of its trees the base
     verifies (the rest are padding rows of the verify step)."""
     def propose(setup: Any, case: SpecCase, state: State, cmp: SpecCompare) -> Tree:
-        r, seqs = state.round, state.seqs
-        tokens = [case.arrays[f"tree_tokens_{s.index}"][r].tolist() for s in seqs]
-        parents = [case.arrays[f"tree_parents_{s.index}"][r].tolist() for s in seqs]
-        for i, s in enumerate(seqs):
+        seqs = state.seqs
+        tokens = [case.arrays[f"tree_tokens_{s.index}"][r].tolist() for s, r in zip(seqs, state.done)]
+        parents = [case.arrays[f"tree_parents_{s.index}"][r].tolist() for s, r in zip(seqs, state.done)]
+        for i, (s, r) in enumerate(zip(seqs, state.done)):
             want = int(case.arrays[f"tree_commits_{s.index}"][r])
             if state.committed[i] != want:
                 raise ParityMismatch(f"sequence {s.index} round {r}: {state.committed[i]} tokens committed, the "
@@ -347,8 +375,19 @@ def draft_rounds(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
     rounds(setup, case, cmp, state, draft_chains(d2t), count, accept_hook=accept_hook)
 
 
+def admission(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
+              accept_hook: AcceptHook | None = None) -> None:
+    """The pair on the replayed trees: after a round the second sequence ends and a new request (its prompt again)
+    is admitted into its slot; the others go on from where they are, the new one from its first tree."""
+    state = prefill(setup, case, cmp)
+    propose = replayed_trees(through_draft=True)
+    rounds(setup, case, cmp, state, propose, 1, accept_hook=accept_hook)
+    readmit(setup, case, cmp, state, int(setup.active[1]))
+    rounds(setup, case, cmp, state, propose, case.spec["rounds"] - 1, accept_hook=accept_hook)
+
+
 SPEC_SCENARIOS: dict[str, Callable[..., None]] = {
-    "base_tree": base_tree, "draft_tree": draft_tree, "draft_rounds": draft_rounds,
+    "base_tree": base_tree, "draft_tree": draft_tree, "draft_rounds": draft_rounds, "admission": admission,
 }
 
 

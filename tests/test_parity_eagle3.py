@@ -21,12 +21,14 @@ def case() -> SpecCase:
     return SpecCase(CASE)
 
 
-@pytest.mark.parametrize("backend, graphs", [
-    ("host", False),
-    pytest.param("cuda", False, marks=pytest.mark.gpu),
-    pytest.param("cuda", True, marks=pytest.mark.gpu),
-])
-@pytest.mark.parametrize("scenario", list(SPEC_SCENARIOS))
+# Every scenario on the host backend, and on a GPU graphs off and on; graphs on the host too for the admission
+# (its verify and proposal steps replay their captured graphs, also after the batch changed).
+RUNS = [pytest.param(scenario, backend, graphs, marks=[pytest.mark.gpu] if backend == "cuda" else [])
+        for scenario in SPEC_SCENARIOS for backend, graphs in (("host", False), ("cuda", False), ("cuda", True))]
+RUNS.append(pytest.param("admission", "host", True))
+
+
+@pytest.mark.parametrize("scenario, backend, graphs", RUNS)
 def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs: bool) -> None:
     cmp = run_spec(case, scenario, backend, graphs)
     assert cmp.base.rows >= 10 and cmp.base.worst <= 0.1
@@ -40,6 +42,9 @@ def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs
         # tree nodes and a catch-up row a round
         assert cmp.base.rows == 3 + 3 * (7 + 7 + 5) and cmp.accepted == [4, 4, 3] * 3
         assert cmp.draft.rows == 3 + 3 * 3 * (6 + 1)
+    if scenario == "admission":  # the admitted request's prefills besides
+        assert cmp.base.rows == 4 + 3 * 3 * 7 and cmp.draft.rows == 4 + 3 * 3 * (6 + 1)
+        assert cmp.accepted == [4, 4, 3] * 3
 
 
 # -- planted bugs ---------------------------------------------------------------------------------------------------
@@ -145,6 +150,20 @@ def _catch_up(bug: Hook) -> Hook:
     return hook
 
 
+def _roots_swapped(inputs: dict[str, np.ndarray]) -> None:
+    """A round's first proposal level: sequences 0 and 1 get each other's root hidden state."""
+    k = int(inputs["query_lengths"][0])
+    if k == 2:  # the first level: each sequence's first k rows hang off its root
+        w = _width(inputs)
+        t = _copy(inputs, "hidden_states_from_draft")
+        t[[*range(k), *range(w, w + k)]] = t[[*range(w, w + k), *range(k)]]
+
+
+def _pages_of_sequence_0(inputs: dict[str, np.ndarray]) -> None:
+    t = _copy(inputs, "kv_page_table")
+    t[1] = t[0]
+
+
 def _sibling_committed(paths: list[list[int]], tree: Tree) -> list[list[int]]:
     """Sequence 0's accepted path ends on its last node's sibling (the runner-up): its KV is committed."""
     path, parents = list(paths[0]), tree.parents[0]
@@ -174,6 +193,9 @@ BUGS: dict[str, tuple[str, dict[str, Hook] | None, AcceptHook | None]] = {
     "proposal without the parent's draft hidden state": ("draft_tree", {"draft": _proposal(_zero_draft_hidden)},
                                                          None),
     "accept commits a sibling's KV": ("base_tree", None, _sibling_committed),
+    "proposal roots of two sequences swapped": ("draft_tree", {"draft": _proposal(_roots_swapped)}, None),
+    "the admitted sequence's verify on sequence 0's pages": (
+        "admission", {"base": when(phase=5, after=1)(_pages_of_sequence_0)}, None),
 }
 
 
