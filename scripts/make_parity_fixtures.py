@@ -87,6 +87,7 @@ class Role:
     builder: dict[str, Any]
     spec_role: str = "none"  # "none", "base" or "draft" (BuildArgs.spec_role)
     spec_type: str = "none"
+    checkpoint: str = ""  # this role's Hugging Face checkpoint: a folder under the case's checkpoint ("": itself)
 
 
 @dataclass
@@ -284,6 +285,18 @@ def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str
             for name in ctx.shapes}
 
 
+def spec_args(case: Case, ckpt: Path, role: Role) -> dict[str, Any]:
+    """The builder's spec arguments for ``role``: its spec role and type, and a speculative pair's partner
+    checkpoint (``--draft-model-dir`` for a base, ``--target-model-dir`` for a draft), as the builder wants them."""
+    spec: dict[str, Any] = {"spec_role": role.spec_role, "spec_type": role.spec_type}
+    partners = {r.spec_role: ckpt / r.checkpoint for r in case.roles.values()}
+    if role.spec_role == "base" and "draft" in partners:
+        spec["draft_model_dir"] = str(partners["draft"])
+    if role.spec_role == "draft" and "base" in partners:
+        spec["target_model_dir"] = str(partners["base"])
+    return spec
+
+
 # -- one case -------------------------------------------------------------------------------------------------------
 
 
@@ -317,8 +330,8 @@ def write_case(case: Case, out_root: Path) -> None:
                 for name in EXPORT_FILES:
                     if (src / name).is_file():
                         shutil.copy2(src / name, out / folder / name)
-                spec = {"spec_role": role.spec_role, "spec_type": role.spec_type}
-                profiles[folder] = record_profiles(builder, ckpt, src / "model.onnx", role.builder, spec)
+                profiles[folder] = record_profiles(builder, ckpt / role.checkpoint, src / "model.onnx", role.builder,
+                                                   spec_args(case, ckpt, role))
         (out / "builder_config.json").write_text(
             json.dumps({folder: role.builder for folder, role in case.roles.items()}, indent=2) + "\n")
         (out / "profiles.json").write_text(json.dumps(profiles, indent=1) + "\n")
@@ -340,8 +353,9 @@ def write_readme(case: Case, out: Path) -> None:
              "Written by `scripts/make_parity_fixtures.py` (do not edit by hand):", "",
              "```bash", f"python scripts/make_parity_fixtures.py --case {case.name}", "```", "",
              f"- seed: {case.seed}",
-             f"- exporter: `{' '.join(('tensorrt-edgellm-export CKPT OUT', *case.export_flags))}` "
-             f"(tensorrt-edgellm {v.get('tensorrt-edgellm', '?')})",
+             (f"- exporter: `{' '.join(('tensorrt-edgellm-export CKPT OUT', *case.export_flags))}`"
+              if case.export is None else "- exporter: the case's own `tensorrt-edgellm-export` runs (below)")
+             + f" (tensorrt-edgellm {v.get('tensorrt-edgellm', '?')})",
              "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
              "- files: each role folder as the exporter wrote it (`model.onnx`, `model.onnx.data`, `config.json`, "
              "the embedding); `builder_config.json` (per role, what Edge-LLM's builder adds to `config.json`); "

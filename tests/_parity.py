@@ -94,13 +94,15 @@ class Compare:
         self.rows = 0
 
     def row(self, seq: Seq, position: int, got: np.ndarray, what: str) -> None:
-        want = seq.rows[position]
+        self.values(seq.rows[position], got, f"sequence {seq.index} ({seq.purpose}) row {position} ({what})")
+
+    def values(self, want: np.ndarray, got: np.ndarray, what: str) -> None:
+        """One row of logits held to a reference row (``what`` names it in a mismatch)."""
         delta = float(np.abs(np.asarray(got, np.float32) - want).max())
         self.worst = max(self.worst, delta)
         self.rows += 1
         if not delta <= self.tolerance:  # NaN fails too
-            raise ParityMismatch(f"sequence {seq.index} ({seq.purpose}) row {position} ({what}): max |Δ logits| "
-                                 f"{delta:.4f} > {self.tolerance}")
+            raise ParityMismatch(f"{what}: max |Δ logits| {delta:.4f} > {self.tolerance}")
 
     def token(self, seq: Seq, position: int, got: int, what: str) -> None:
         want = int(seq.tokens[position + 1])

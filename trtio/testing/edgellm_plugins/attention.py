@@ -10,6 +10,9 @@ Sources (Edge-LLM 0.11):
 - ``cpp/kernels/posEncoding/applyRopeWriteKV.cu``: ``applyRopeFromPackedToSplitKernel`` (per-head RMSNorm with an
   fp32 sum of squares, non-interleaved RoPE from the token's own table row, K/V written at ``end - W + row``,
   padding rows zeroed and never written, page ids checked against the pool plane).
+- ``kernelSrcs/xqa/mha.cu`` (the XQA source Edge-LLM JIT-compiles for decode and tree steps): ``kernel_mha_impl``
+  with ``SPEC_DEC`` (a tree step computes the first ``query_lengths[b]`` rows of its W) and ``applyMaskFromInput``
+  (the packed mask covers the last W keys, ``ceil(W / 32)`` words a row).
 - ``cpp/plugins/utils/raggedPluginMetadata.h``: the carriers' checks (``_common.ragged_metadata``).
 
 The model computes on the pools it is given, in place: the K/V writes of a layer land in ``past_key_values_i``'s
@@ -272,10 +275,13 @@ def _check_pool(plugin: str, pool: np.ndarray, page_table: np.ndarray, heads: _H
 
 @dataclass(frozen=True)
 class _Rows:
-    """Sequence b's rows of the step: which are valid, their positions (= KV slots) and the keys they see."""
+    """Sequence b's rows of the step: which write K/V, which the attention kernel computes (and which of those
+    have their Q zeroed: tree padding), their positions (= KV slots) and the keys they see."""
 
     rows: np.ndarray
-    valid: np.ndarray
+    writes: np.ndarray  # bool [W]
+    computed: np.ndarray  # bool [W]
+    zero_q: np.ndarray  # bool [W]
     positions: np.ndarray
     start: int
     key_end: int
@@ -283,9 +289,17 @@ class _Rows:
 
 def _rows(step: _Step, b: int) -> _Rows:
     """Where sequence b's rows write and read: prefill from ``past_lengths`` (``calCuQCuKVSeqLensAndKVEndIdxs``),
-    decode and tree from ``attention_sequence_lengths - W`` (``applyRopeFromPackedToSplitKernel``)."""
+    decode and tree from ``attention_sequence_lengths - W`` (``applyRopeFromPackedToSplitKernel``).
+
+    Tree decoding (``enqueueImpl``'s tree branch; ``applyRopeFromPackedToSplitKernel`` with ``tokenPosIds``;
+    XQA's spec-dec ``kernel_mha_impl``): ``attention_position_ids`` marks padding only (-1: Q zeroed, no K/V
+    write; the RoPE row is the token's own, ``tokenAlignedRope``); every other row of the W writes its K/V at
+    ``length - W + row``, whatever ``query_lengths`` says (Edge-LLM's proposal pads with position 0 past the
+    tree); the kernel computes the first ``query_lengths[b]`` rows (``actualQSeqLen = qSeqLens[idxReq]``) and leaves
+    the output of the others unwritten."""
     w, plugin = step.width, step.plugin
     rows = np.arange(b * w, (b + 1) * w)
+    none = np.zeros(w, bool)
     if step.mode in (Mode.NORMAL_PREFILL, Mode.CHUNKED_PREFILL):
         past, qlen = int(step.past_lengths[b]), int(step.query_lengths[b])
         if past < 0:
@@ -296,68 +310,74 @@ def _rows(step: _Step, b: int) -> _Rows:
             raise PluginInputError(f"{plugin}: normal prefill (phase 1) with past_lengths[{b}] = {past}: normal "
                                    "prefill assumes an empty cache (its FP8/bounded kernels compact K/V to the chunk); "
                                    "a step over a cached prefix is phase 2")
-        return _Rows(rows, np.arange(w) < qlen, past + np.arange(w), past, past + qlen)
+        valid = np.arange(w) < qlen
+        return _Rows(rows, valid, valid, none, past + np.arange(w), past, past + qlen)
     end = int(step.seq_lengths[b])
     start = end - w
     if start < 0:
         raise PluginInputError(f"{plugin}: attention_sequence_lengths[{b}] = {end} is below the step width {w} "
                                f"({step.mode.value} writes rows at length - W + row)")
     if step.mode is Mode.VANILLA_DECODING:
-        return _Rows(rows, np.ones(w, bool), start + np.arange(w), start, end)
+        every = np.ones(w, bool)
+        return _Rows(rows, every, every, none, start + np.arange(w), start, end)
     assert step.tree_pos is not None
-    valid = step.tree_pos[rows] != -1
-    qlen = int(step.query_lengths[b])
-    beyond = np.flatnonzero(valid & (np.arange(w) >= qlen))
-    if beyond.size:
-        raise PluginInputError(f"{plugin}: row {int(beyond[0])} of sequence {b} has position "
-                               f"{int(step.tree_pos[rows][beyond[0]])} but query_lengths[{b}] = {qlen}")
-    return _Rows(rows, valid, start + np.arange(w), start, end)
+    padding = step.tree_pos[rows] == -1
+    computed = np.arange(w) < int(step.query_lengths[b])
+    return _Rows(rows, ~padding, computed, computed & padding, start + np.arange(w), start, end)
 
 
 def attention_plugin(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -> tuple[np.ndarray, ...]:
     """One AttentionPlugin node: ``(attention output [T, Hq, D] half, the KV pool)``. The pool is written in
-    place (unless the layer is KV-shared) and returned as the ``present`` output."""
+    place (unless the layer is KV-shared) and returned as the ``present`` output. Rows the kernel does not compute
+    are zero in the output."""
     step = _checked(node, inputs, given)
     heads, pool = step.heads, step.pool
     flat = pool.reshape(2 * pool.shape[1] * 128, heads.kv, pool.shape[4])
     out = np.zeros((step.q.shape[0], heads.q, heads.size), np.float16)
     for b in range(step.sequences):
         seq = _rows(step, b)
-        mine = seq.rows[seq.valid]
-        if step.k is not None and step.v is not None and not step.shared and mine.size:
-            k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, seq.positions[seq.valid], pool.shape[1],
+        written = seq.rows[seq.writes]
+        if step.k is not None and step.v is not None and not step.shared and written.size:
+            k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, seq.positions[seq.writes], pool.shape[1],
                                         "K/V write")
-            flat[k_rows, :, :heads.size] = step.k[mine]
-            flat[v_rows, :, :heads.size] = step.v[mine]
+            flat[k_rows, :, :heads.size] = step.k[written]
+            flat[v_rows, :, :heads.size] = step.v[written]
+        mine = seq.rows[seq.computed]
         if not mine.size:
             continue
         key_slots = np.arange(seq.key_end)
         k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, key_slots, pool.shape[1], "K/V read")
-        query_pos = seq.positions[seq.valid]
-        visible = key_slots[None, :] <= query_pos[:, None]
-        if step.window > 0:  # the last `window` keys, the query's own included (slidingWinSize; FMHA gets W - 1)
-            visible &= key_slots[None, :] > query_pos[:, None] - step.window
+        q = step.q[mine]
         if step.mode is Mode.TREE_DECODING:
             assert step.tree_mask is not None
-            visible = _tree_visible(step.plugin, b, step.tree_mask[mine], seq.valid, seq.start, seq.key_end)
-        out[mine] = _attend(step.q[mine], flat[k_rows, :, :heads.size], flat[v_rows, :, :heads.size], visible,
-                            step.scale)
+            visible = _tree_visible(step.plugin, b, step.tree_mask[mine], seq.writes, seq.writes[seq.computed],
+                                    seq.start, seq.key_end)
+            q = np.where(seq.zero_q[seq.computed][:, None, None], np.float16(0), q)
+        else:
+            query_pos = seq.positions[seq.computed]
+            visible = key_slots[None, :] <= query_pos[:, None]
+            if step.window > 0:  # the last `window` keys, the query's own included (slidingWinSize; FMHA gets W - 1)
+                visible &= key_slots[None, :] > query_pos[:, None] - step.window
+        out[mine] = _attend(q, flat[k_rows, :, :heads.size], flat[v_rows, :, :heads.size], visible, step.scale)
     return out, pool
 
 
-def _tree_visible(plugin: str, b: int, mask_rows: np.ndarray, valid: np.ndarray, start: int,
+def _tree_visible(plugin: str, b: int, mask_rows: np.ndarray, written: np.ndarray, real: np.ndarray, start: int,
                   key_end: int) -> np.ndarray:
-    """The tree kernel's view: the committed prefix ``[0, start)`` is visible to every row; in-flight slot
-    ``start + j`` is visible to row i where bit ``j % 32`` of word ``j // 32`` of its mask row is set (LSB first).
-    A bit on a padding row (never written) would read a stale slot: refused."""
-    w = valid.shape[0]
+    """XQA's spec-dec mask (``applyMaskFromInput``): the keys ``[0, start)`` before the step's W in-flight slots are
+    visible to every computed row; in-flight slot ``start + j`` is visible to row i where bit ``j % 32`` of word
+    ``j // 32`` of its mask row is set (LSB first). The kernel reads ``ceil(W / 32)`` words a row at that stride
+    (``nbPackedMasksPerRow``, the mask pointer shifted by ``idxReq * W`` rows), so a mask of another width is
+    misread: refused. A bit on a row that wrote nothing (position -1) reads a stale slot: refused where the row
+    is ``real`` (a padding row's own output is never read)."""
+    w = written.shape[0]
     words = mask_rows.astype(np.int64) & 0xFFFFFFFF
     cols = np.arange(w)
-    if words.shape[1] * 32 < w:
-        raise PluginInputError(f"{plugin}: packed_attention_mask has {words.shape[1]} words a row, fewer than "
-                               f"ceil({w} / 32)")
-    bits = ((words[:, cols // 32] >> (cols % 32)) & 1).astype(bool)  # [valid rows, W]
-    stale = bits & ~valid[None, :]
+    if words.shape[1] != -(-w // 32):
+        raise PluginInputError(f"{plugin}: packed_attention_mask has {words.shape[1]} words a row; the tree kernel "
+                               f"reads ceil(W / 32) = {-(-w // 32)} a row for the step's width W = {w}")
+    bits = ((words[:, cols // 32] >> (cols % 32)) & 1).astype(bool)  # [computed rows, W]
+    stale = bits & ~written[None, :] & real[:, None]
     if stale.any():
         r, c = (int(x) for x in np.argwhere(stale)[0])
         raise PluginInputError(f"{plugin}: sequence {b}: a tree row's mask sees column {c}, a padding row "
