@@ -10,10 +10,18 @@ from tests._parity import TEXT_BUGS, TEXT_SCENARIOS, Case, planted, run
 CASES = ["qwen3"]
 
 
+RUNS = [pytest.param("host", False, id="host"),
+        pytest.param("cuda", False, marks=pytest.mark.gpu, id="cuda"),
+        pytest.param("cuda", True, marks=pytest.mark.gpu, id="cuda-graphs")]
+
+
+@pytest.mark.parametrize("backend, graphs", RUNS)
 @pytest.mark.parametrize("scenario", list(TEXT_SCENARIOS))
 @pytest.mark.parametrize("name", CASES)
-def test_equals_hugging_face(name: str, scenario: str) -> None:
-    cmp = run(Case(name), scenario)
+def test_equals_hugging_face(name: str, scenario: str, backend: str, graphs: bool) -> None:
+    """On the host backend, and on the cuda backend (the graph runs in a CUDA host function between stream-ordered
+    copies, also replayed from CUDA graphs)."""
+    cmp = run(Case(name), scenario, backend=backend, graphs=graphs)
     assert cmp.rows >= 4 and cmp.worst <= 0.1
 
 
@@ -23,12 +31,3 @@ def test_a_planted_input_bug_fails_parity(bug: str) -> None:
     how = planted(Case("qwen3"), scenario, hook)
     assert how.startswith(("mismatch", "refused"))
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("scenario", list(TEXT_SCENARIOS))
-def test_equals_hugging_face_on_the_cuda_backend(scenario: str, graphs: bool) -> None:
-    """The same on device memory: the graph runs in a CUDA host function between stream-ordered copies, also
-    replayed from CUDA graphs."""
-    cmp = run(Case("qwen3"), scenario, backend="cuda", graphs=graphs)
-    assert cmp.rows >= 4 and cmp.worst <= 0.1

@@ -11,9 +11,15 @@ from trtio.testing.edgellm_plugins.moe import build_limits
 CASE = "qwen3-moe"
 
 
+RUNS = [pytest.param("host", False, id="host"),
+        pytest.param("cuda", False, marks=pytest.mark.gpu, id="cuda"),
+        pytest.param("cuda", True, marks=pytest.mark.gpu, id="cuda-graphs")]
+
+
+@pytest.mark.parametrize("backend, graphs", RUNS)
 @pytest.mark.parametrize("scenario", list(TEXT_SCENARIOS))
-def test_equals_hugging_face(scenario: str) -> None:
-    cmp = run(Case(CASE), scenario)
+def test_equals_hugging_face(scenario: str, backend: str, graphs: bool) -> None:
+    cmp = run(Case(CASE), scenario, backend=backend, graphs=graphs)
     assert cmp.rows >= 4 and cmp.worst <= 0.1
 
 
