@@ -3,11 +3,17 @@ rules (DESIGN §17). What it computes is held to Hugging Face by the tests/test_
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import pytest
+
+import trtio
+from trtio.cuda.backend import Location
 
 pytest.importorskip("onnx")
 
-from tests._parity import FIXTURES, Case  # noqa: E402
+from tests._parity import FIXTURES, TEXT_SCENARIOS, Case, Compare, llm_setup  # noqa: E402
 
 CASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "profiles.json").is_file())
 
@@ -25,3 +31,49 @@ def test_profiles_equal_the_real_builders(name: str) -> None:
         declared = {engine[i] for i in range(len(engine)) if engine.get_tensor_mode(engine[i]).name == "INPUT"}
         dynamic = {n for n in declared if -1 in engine.get_tensor_shape(n)}
         assert dynamic <= set(recorded), f"{role}: dynamic inputs the builder sets no profile for"
+
+
+class _DeviceBehindHost:
+    """The host backend, except that its "device" memory is said to be out of the host's reach: OnnxEngine then takes
+    its cuda path (pinned mirrors, copies in and out around a host function), which this machine can run."""
+
+    def __init__(self) -> None:
+        self._inner = trtio.get_backend("host")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def is_host_accessible(self, location: Location) -> bool:
+        return location is not Location.DEVICE and bool(self._inner.is_host_accessible(location))
+
+
+def test_the_mirrored_path_equals_hugging_face() -> None:
+    """The cuda path's copies (inputs and pools in, outputs and pools out, one mirror per device address) compute
+    what the in-place path computes: the batch scenario equals HF through them."""
+    backend = _DeviceBehindHost()
+    cmp = run_on(Case("qwen3"), "batch", backend)
+    assert cmp.rows >= 4 and cmp.worst <= 0.1
+
+
+def test_a_refused_step_on_the_mirrored_path_leaves_nan_and_raises_at_the_next_execute() -> None:
+    """A host function cannot raise into CUDA: the failed step's logits are NaN and the next execute raises."""
+    backend = _DeviceBehindHost()
+    case = Case("qwen3")
+    table, (s, *_) = case.table(), case.of("batch")
+
+    def cumulative(inputs: dict[str, np.ndarray]) -> None:
+        lengths = inputs["query_lengths"]
+        inputs["query_start_offsets"] = np.concatenate([[0], np.cumsum(lengths) + 1]).astype(np.int32)
+
+    with llm_setup(case, backend, hook=cumulative) as setup:
+        logits = setup.prefill(table[s.prompt][None], [s.prompt_length]).to_numpy()
+        assert np.isnan(logits).all()
+        with pytest.raises(trtio.errors.InvalidValueError, match="query_start_offsets"):
+            setup.prefill(table[s.prompt][None], [s.prompt_length])
+
+
+def run_on(case: Case, scenario: str, backend: Any) -> Compare:
+    cmp = Compare()
+    with llm_setup(case, backend) as setup:
+        TEXT_SCENARIOS[scenario](setup, case, cmp)
+    return cmp

@@ -526,14 +526,17 @@ class OnnxExecutionContext:
             mirror = self._mirror
         if mirror.errors:
             raise mirror.errors.pop(0)
-        mirror.enqueue(stream, binding, lambda: self._compute(binding, mirror))
+        mirror.enqueue(stream, binding, lambda: self._compute(binding, mirror), lambda: self._poison(binding, mirror))
         return True
 
+    def _views(self, binding: list[tuple[_IO, int, Shape]], mirror: _Mirror | None) -> dict[str, np.ndarray]:
+        """Numpy views of every I/O: the bound memory itself, or its host mirror."""
+        host = None if mirror is None else mirror.mirrors(binding)
+        return {decl.name: host_view(ptr if host is None else host[decl.name], _nbytes(decl, shape))
+                .view(decl.dtype.storage_numpy).reshape(shape) for decl, ptr, shape in binding}
+
     def _compute(self, binding: list[tuple[_IO, int, Shape]], mirror: _Mirror | None) -> None:
-        views: dict[str, np.ndarray] = {}
-        for decl, ptr, shape in binding:
-            address = ptr if mirror is None else mirror.host_address(decl.name)
-            views[decl.name] = host_view(address, _nbytes(decl, shape)).view(decl.dtype.storage_numpy).reshape(shape)
+        views = self._views(binding, mirror)
         inputs = {d.name: views[d.name] for d, _, _ in binding if d.is_input}
         results = self._engine.run_graph(inputs)
         for decl, _, shape in binding:
@@ -549,14 +552,23 @@ class OnnxExecutionContext:
                 raise InvalidValueError(f"{self.name}: execute_async_v3: {decl.name!r} was not written into "
                                         f"{decl.alias!r} in place")
 
+    def _poison(self, binding: list[tuple[_IO, int, Shape]], mirror: _Mirror) -> None:
+        """NaN into the floating outputs' mirrors: a step whose computation failed must not look right."""
+        views = self._views(binding, mirror)
+        for decl, _, _ in binding:
+            if not decl.is_input and views[decl.name].dtype.kind == "f":
+                views[decl.name][...] = np.nan
+
 
 class _Mirror:
     """Pinned host mirrors of every I/O of a context on the cuda backend, and the host function that computes.
 
-    One ctypes callback serves every enqueue: its ``userData`` picks the computation of one binding snapshot (each
-    I/O's address and shape), so a CUDA graph captured for that snapshot replays the same computation, and the
-    callbacks stay bounded by the snapshots seen. A computation that fails (a plugin model refusing its inputs)
-    fills the outputs with NaN and is raised at the context's next execute.
+    Bindings that share a device address (a KV-shared layer's pool is its donor's) share one mirror, so a later node
+    of the step sees an earlier node's writes, as on the device. One ctypes callback serves every enqueue: its
+    ``userData`` picks the computation of one binding snapshot (each I/O's address and shape), so a CUDA graph
+    captured for that snapshot replays the same computation, and the callbacks stay bounded by the snapshots seen.
+    A computation that fails (a plugin model refusing its inputs) leaves NaN in the floating outputs, which the
+    copies back write over the bound outputs, and is raised at the context's next execute.
     """
 
     def __init__(self, engine: OnnxEngine, backend: Backend) -> None:
@@ -565,34 +577,48 @@ class _Mirror:
                                          backend=backend)
                       for name, nbytes in _largest_bytes(engine).items()}
         self._backend = backend
-        self._tasks: dict[int, Callable[[], None]] = {}
+        self._tasks: dict[int, tuple[Callable[[], None], Callable[[], None]]] = {}
         self._ids: dict[tuple[tuple[str, int, Shape], ...], int] = {}
         self.errors: list[BaseException] = []
         self._callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(self._run)
 
     def _run(self, user_data: Any) -> None:
+        compute, poison = self._tasks[int(user_data or 0)]
         try:
-            self._tasks[int(user_data or 0)]()
+            compute()
         except BaseException as exc:  # noqa: BLE001 - a host function cannot raise into CUDA
             self.errors.append(exc)
             log.error("OnnxEngine host function failed: %s", exc)
+            poison()
 
-    def host_address(self, name: str) -> int:
-        return self._host[name].data_ptr
+    def mirrors(self, binding: list[tuple[_IO, int, Shape]]) -> dict[str, int]:
+        """Each I/O's host mirror address: one mirror per distinct device address."""
+        by_address: dict[int, int] = {}
+        return {decl.name: by_address.setdefault(ptr, self._host[decl.name].data_ptr) for decl, ptr, _ in binding}
 
-    def enqueue(self, stream: int, binding: list[tuple[_IO, int, Shape]], compute: Callable[[], None]) -> None:
+    def enqueue(self, stream: int, binding: list[tuple[_IO, int, Shape]], compute: Callable[[], None],
+                poison: Callable[[], None]) -> None:
         key = tuple((decl.name, ptr, shape) for decl, ptr, shape in binding)
         task = self._ids.setdefault(key, len(self._ids))
-        self._tasks[task] = compute
+        self._tasks[task] = (compute, poison)
+        host = self.mirrors(binding)
+        copied: set[int] = set()
         for decl, ptr, shape in binding:
-            if decl.is_input:
-                self._backend.memcpy(self._host[decl.name].data_ptr, ptr, _nbytes(decl, shape), stream)
-        self._launch_host_func(stream, task)
+            if decl.is_input and ptr not in copied:
+                copied.add(ptr)
+                self._backend.memcpy(host[decl.name], ptr, _nbytes(decl, shape), stream)
+        launch = getattr(self._backend, "launch_host_func", None)
+        if launch is not None:  # a host backend whose "device" memory the host cannot read (tests of this path)
+            launch(stream, lambda: self._run(task))
+        else:
+            self._launch_cuda_host_func(stream, task)
+        copied.clear()
         for decl, ptr, shape in binding:
-            if not decl.is_input or decl.name.startswith(_POOL_PREFIXES):
-                self._backend.memcpy(ptr, self._host[decl.name].data_ptr, _nbytes(decl, shape), stream)
+            if (not decl.is_input or decl.name.startswith(_POOL_PREFIXES)) and ptr not in copied:
+                copied.add(ptr)
+                self._backend.memcpy(ptr, host[decl.name], _nbytes(decl, shape), stream)
 
-    def _launch_host_func(self, stream: int, task: int) -> None:
+    def _launch_cuda_host_func(self, stream: int, task: int) -> None:
         from cuda.bindings import runtime  # noqa: PLC0415 - the cuda backend imports it already
 
         address = ctypes.cast(self._callback, ctypes.c_void_p).value
