@@ -17,8 +17,8 @@ import trtio.testing
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 GUIDES = sorted((DOCS / "guide").glob("*.md"))
-TASKS = ["bind-an-engine", "check-against-hugging-face", "serve-sequences", "speculative-decoding", "tensor-parallelism",
-         "testing-without-a-gpu"]
+TASKS = ["bind-an-engine", "check-against-hugging-face", "serve-sequences", "speculative-decoding",
+         "tensor-parallelism", "testing-without-a-gpu"]
 
 
 def _python_blocks(page: Path) -> list[tuple[int, str]]:
