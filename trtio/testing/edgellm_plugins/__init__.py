@@ -14,6 +14,7 @@ from typing import Any
 
 from trtio.testing.edgellm_plugins.attention import attention_plugin
 from trtio.testing.edgellm_plugins.moe import fp16_moe_plugin
+from trtio.testing.edgellm_plugins.vit import vit_attention_plugin
 
 __all__ = ["onnx_ops"]
 
@@ -21,6 +22,7 @@ __all__ = ["onnx_ops"]
 _MODELS = {
     "AttentionPlugin": attention_plugin,
     "Fp16MoePlugin": fp16_moe_plugin,
+    "ViTAttentionPlugin": vit_attention_plugin,
 }
 
 
