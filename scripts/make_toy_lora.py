@@ -7,7 +7,9 @@ the key into every config; a LoRA build sets it); ``adapters/<name>/adapter_mode
 in the layout Edge-LLM's ``process-lora`` writes (``{module}.lora_A.weight`` FP16 ``[in, r]``,
 ``{module}.lora_B.weight`` FP16 ``[r, out]``): ``chat`` (rank 8, every linear, seed 1) and ``terse`` (rank 4,
 q_proj and v_proj only, seed 2), both ``trtio.testing.reference_lora.toy_adapter``'s, which the tests compare
-them against.
+them against. Beside each, ``config.json`` is the PEFT ``adapter_config.json`` that ``process-lora`` copies there
+(``lora_alpha`` = ``r``: the toy's B is the scaled one; no rsLoRA, no per-module ranks or alphas, which
+``trtio.LoraAdapter.load`` refuses).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def main() -> None:
             tensors[f"{module}.lora_A.weight"] = a
             tensors[f"{module}.lora_B.weight"] = b
         _write_safetensors(TARGET / "adapters" / name / "adapter_model.safetensors", tensors)
+        targets = sorted({module.rsplit(".", 1)[-1] for module in adapter.weights})
+        peft = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "use_rslora": False,
+                "rank_pattern": {}, "alpha_pattern": {}}
+        (TARGET / "adapters" / name / "config.json").write_text(json.dumps(peft, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from _configs import bundle, llm_config
@@ -363,6 +364,31 @@ def test_mrope_scaling_needs_rope_type_mrope():
         llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]})
     assert llm_config(rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3]}, rope_type="mrope").is_mrope
     assert llm_config(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=4096)
+
+
+def test_dynamic_rope_is_refused_where_the_kv_capacity_passes_max_position_embeddings(tmp_path):
+    """NTK ``dynamic`` scaling rescales the base only past max_position_embeddings, by the sequence's length (HF), and
+    Edge-LLM's runtime refuses a table longer than that: a KV capacity above it is refused naming the keys, one
+    within it binds (the plain table, as HF's for such lengths), and HunYuan's static ``alpha`` is not dynamic."""
+    dynamic = {"type": "dynamic", "factor": 2.0}
+    with pytest.raises(ConfigError) as info:
+        llm_config(rope_scaling=dynamic, max_position_embeddings=64, max_kv_cache_capacity=128)
+    assert info.value.field == "max_kv_cache_capacity"
+    for needle in ("128 is above max_position_embeddings (64)", "rope_scaling.type 'dynamic'",
+                   "expected max_kv_cache_capacity <= 64"):
+        assert needle in str(info.value)
+    assert llm_config(rope_scaling=dynamic, max_position_embeddings=128, max_kv_cache_capacity=128)
+    assert llm_config(rope_scaling={**dynamic, "alpha": 1000.0}, max_position_embeddings=64, max_kv_cache_capacity=128)
+    source = Path(__file__).parent / "fixtures" / "edgellm" / "mistral-dynamic-swa-tiny" / "config.json"
+    data = json.loads(source.read_text())
+    capacity = data["builder_config"]["max_kv_cache_capacity"]
+    assert LLMEngineConfig.from_edgellm(source).max_position_embeddings >= capacity
+    data["max_position_embeddings"] = capacity // 2
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"max_kv_cache_capacity: \d+ is above max_position_embeddings .* "
+                                          r"rope_scaling.type 'dynamic'"):
+        LLMEngineConfig.from_edgellm(path)
 
 
 def test_rope_scaling_errors_from_a_file_name_the_file_and_key(tmp_path):

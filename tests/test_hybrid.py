@@ -26,6 +26,7 @@ from trtio.rope import RopeScaling, rope_cos_sin_table, rope_parameters
 from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine, reference_forward
 from trtio.testing.toy_engines import HYBRID_DIRS, HybridToyEngine, default_engines_dir
+from trtio.testing.toy_model import no_rope_table
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN35 = FIXTURES / "edgellm-0.11" / "qwen35-hybrid"  # written by Edge-LLM 0.11's exporter and config writer
@@ -264,12 +265,14 @@ def test_a_rope_theta_copy_that_disagrees_is_refused() -> None:
 
 
 class Truth:
-    """The numpy model's logits after every token of one sequence, from zero states."""
+    """The numpy model's logits after every token of one sequence, from zero states. A model without RoPE
+    (``use_rope`` false: Nemotron-H) rotates by the identity, as Hugging Face's applies no rotation."""
 
     def __init__(self, toy: HybridToyEngine) -> None:
         self.cfg, self.w, self.table = toy.config, toy.weights, toy.embedding()
         cfg = self.cfg
-        self.rope = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta)
+        self.rope = rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta) if cfg.use_rope \
+            else no_rope_table(cfg.max_kv_cache_capacity, cfg.rotary_dim)
 
     def logits(self, tokens: list[int]) -> np.ndarray:
         return reference_forward(self.w, self.cfg, self.table[tokens].astype(np.float16), rope=self.rope)[1]
@@ -390,6 +393,33 @@ def test_admission_zeroes_a_reused_slots_state_on_the_device() -> None:
                 got, want = setup.state.tensors[past].to_numpy()[1], fresh.state.tensors[past].to_numpy()[1]
                 np.testing.assert_array_equal(got, want, err_msg=past)
     story.check(Truth(toy))
+
+
+def test_a_model_without_rope_is_fed_the_identity_table_and_rotates_nothing() -> None:
+    """Nemotron-H (``use_rope`` false): the RoPE rows its steps gather are cos 1, sin 0 (Edge-LLM's runtime fills
+    its table so: ``initializeNopeCosSinCache``), and its logits are those of attention without rotation (Hugging
+    Face's). The toy's attention rotates by whatever table it is fed, so a real table would show here."""
+    toy = HybridToyEngine.load("toy-nemotron-h-ragged")
+    cfg = toy.config
+    assert not cfg.use_rope
+    rng = np.random.default_rng(6)
+    with setup_for(toy) as setup:
+        story = Story(setup, toy)
+        story.admit(0, 2, list(map(int, rng.integers(0, 512, 9))))
+        story.admit(1, 0, list(map(int, rng.integers(0, 512, 5))))
+        for _ in range(3):
+            story.decode()
+        rows = setup.tensor_map[names.kRopeCosSin].to_numpy().reshape(-1, cfg.rotary_dim)
+        half = cfg.rotary_dim // 2
+        assert rows.shape[0] >= 2
+        np.testing.assert_array_equal(rows[:, :half], 1.0)
+        np.testing.assert_array_equal(rows[:, half:], 0.0)
+    truth = Truth(toy)
+    story.check(truth)
+    tokens = story.tokens[0]
+    rotated = reference_forward(toy.weights, cfg, truth.table[tokens].astype(np.float16),
+                                rope=rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta))[1]
+    assert np.abs(rotated - truth.logits(tokens)).max() > 0.1, "a rotated table changes the logits: the test can tell"
 
 
 def test_state_indices_carry_each_step_sequences_slot() -> None:

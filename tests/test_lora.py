@@ -11,6 +11,7 @@ Tolerance: as ``tests/test_setups_ragged.py`` (2e-3), relative too, since an ada
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +235,48 @@ def test_load_reads_with_the_safetensors_package_and_says_so_where_it_is_missing
     with pytest.raises(ConfigError, match=r"a\.safetensors: LoraAdapter.load reads adapters with the safetensors "
                                           r"package, which is not installed.*pip install safetensors"):
         LoraAdapter.load(tmp_path / "a.safetensors")
+
+
+def test_an_adapter_scaled_other_than_by_alpha_over_r_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """``process-lora`` folds one ``lora_alpha / r`` into every module's B and copies the adapter's PEFT config beside
+    the weights as ``config.json``: an adapter trained with ``use_rslora``, or whose ``rank_pattern`` /
+    ``alpha_pattern`` give a module another rank or alpha, is refused naming the config file, the key and its value
+    (``adapter_config.json`` is read too). Patterns that repeat r and lora_alpha load, and an engine's
+    ``config.json`` beside an adapter file is not taken for the adapter's."""
+    weights = (TOY_LORA / "adapters" / "terse" / "adapter_model.safetensors").read_bytes()
+    peft = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "use_rslora": False,
+            "rank_pattern": {}, "alpha_pattern": {}}
+
+    def folder(name: str, config_name: str, config: dict[str, Any]) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "processed_adapter_model.safetensors").write_bytes(weights)  # process-lora's names
+        (path / config_name).write_text(json.dumps(config))
+        return path
+
+    refused = {
+        "rslora": ("config.json", {"use_rslora": True}, r"use_rslora: is True, expected false: .*rank-stabilized"),
+        "ranks": ("adapter_config.json", {"rank_pattern": {"q_proj": 8}},
+                  r"rank_pattern: is \{'q_proj': 8\}, expected no module of another rank: it gives 'q_proj' rank 8, "
+                  r"not the adapter's 4"),
+        "alphas": ("config.json", {"alpha_pattern": {"v_proj": 4, "q_proj": 8}},
+                   r"alpha_pattern: .* it gives 'v_proj' lora_alpha 4, not the adapter's 8, but Edge-LLM's "
+                   r"process-lora scales every module's B by lora_alpha / r \(8 / 4\)"),
+    }
+    for name, (config_name, change, match) in refused.items():
+        path = folder(name, config_name, {**peft, **change})
+        with pytest.raises(ConfigError, match=match) as info:
+            LoraAdapter.load(path)
+        assert info.value.field.startswith(str(path / config_name)), name
+    _, terse = adapters()
+    same = {**peft, "rank_pattern": {"q_proj": 4}, "alpha_pattern": {"v_proj": 8}, "use_rslora": None}
+    for path in (folder("same", "config.json", same), folder("engine", "config.json", json.loads(
+            (TOY_LORA / "config.json").read_text()))):
+        loaded = LoraAdapter.load(path)
+        assert loaded.ranks == terse.ranks
+        for module, (a, b) in terse.weights.items():
+            np.testing.assert_array_equal(loaded.weights[module][0], a)
+            np.testing.assert_array_equal(loaded.weights[module][1], b)
 
 
 def test_an_adapter_in_pefts_layout_is_refused_saying_so() -> None:

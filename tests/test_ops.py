@@ -175,6 +175,48 @@ def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: Backend) -
             t.close()
 
 
+def test_copy_jobs_compare_the_rows_strided_copies_touch(host: Backend) -> None:
+    """A hybrid model's accept commits, per sequence, one row of every layer's evenly spaced state pools (its slot's)
+    from the verify's states: the copies of two sequences interleave (each one's rows lie between the other's) and
+    fuse, as do its conv and recurrent pools laid out in turn. Copies whose rows truly share a byte are refused,
+    whatever their pitches: the exact rows, not the span from a copy's first byte to its last."""
+    from trtio.ops import Copy2D, CopyJobs, Zero2D
+
+    pool, row, layers = 1 << 20, 64, 4  # 4 layers' pools of 4 slots, conv and recurrent pools in turn
+    conv, rec = [pool + 2 * j * 4 * row for j in range(layers)], [pool + (2 * j + 1) * 4 * row for j in range(layers)]
+    inter = 1 << 24  # the verify's states: [layers, rows of the step, row]
+
+    def commit(pools: list[int], slot: int, node: int) -> Copy2D:
+        return Copy2D(host, pools[0] + slot * row, pools[1] - pools[0], inter + node * row, 8 * row, row, layers)
+
+    two = CopyJobs((commit(conv, 0, 1), commit(rec, 0, 1), commit(conv, 3, 5), commit(rec, 3, 5)))
+    assert len(two.copies) == 4
+    refused = {
+        "the same slot twice": (commit(conv, 1, 1), commit(conv, 1, 2)),
+        "one row of the slot's layer 2": (commit(rec, 2, 0), Zero2D(host, rec[2] + 2 * row, row, row, 1)),
+        "another pitch, its second row": (commit(conv, 2, 0), Zero2D(host, rec[0] + 2 * row, 12 * row, 8, 2)),
+        "a read of what it writes": (commit(conv, 0, 1), Copy2D(host, pool - row, row, conv[3] + 8, row, 8, 1)),
+    }
+    for what, copies in refused.items():
+        with pytest.raises(ValueError, match="writes memory that copy"):
+            CopyJobs(copies)
+            pytest.fail(f"{what}: fused")
+    CopyJobs((commit(conv, 2, 0), Zero2D(host, conv[1] + 3 * row, 16 * row, 8, 2)))  # another pitch, other rows
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):  # against every byte each touches: pitches negative, zero, below and above the width
+        a, b = ((int(rng.integers(0, 200)), int(rng.integers(-40, 41)), int(rng.integers(1, 30)),
+                 int(rng.integers(1, 7))) for _ in range(2))
+        touched = [{start + r * pitch + k for r in range(height) for k in range(width)}
+                   for start, pitch, width, height in (a, b)]
+        try:
+            CopyJobs((Zero2D(host, a[0], a[1], a[2], a[3]), Zero2D(host, b[0], b[1], b[2], b[3])))
+            fused = True
+        except ValueError:
+            fused = False
+        assert fused == touched[0].isdisjoint(touched[1]), (a, b)
+
+
 @pytest.mark.gpu
 def test_a_launch_from_a_thread_without_a_context_leaves_the_thread_without_one(cuda) -> None:
     """A kernel launched from a thread that has no CUDA context current (a thread that only used the driver API)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -257,6 +259,41 @@ def test_a_hybrid_accept_commits_the_accepted_tokens_states_in_one_device_operat
     # the host backend runs a fused copy's parts one by one: one strided copy per kind (conv, recurrent) for the
     # sequence; on the cuda backend they are one launch
     assert commit_ops == 2, f"the states' commit: {commit_ops} device operations"
+
+
+def two_recurrent_layers(tmp: Path) -> Path:
+    """``toy-qwen35-mtp-ragged`` with a base of two recurrent layers before its attention layer (its base config
+    written anew beside the rest of the directory)."""
+    directory = tmp / "toy-qwen35-mtp-ragged-2"
+    shutil.copytree(HYBRID, directory)
+    path = directory / "base_config.json"
+    cfg = json.loads(path.read_text())
+    attention = cfg["kv_layer_configs"][cfg["layer_types"].index("attention")]
+    cfg.update(layer_types=["mamba", "mamba", "attention"], num_hidden_layers=3, num_linear_attn_layers=2,
+               kv_layer_configs=[None, None, attention])
+    path.write_text(json.dumps(cfg))
+    return directory
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_hybrid_base_of_two_recurrent_layers_accepts_for_several_sequences_at_once(tmp_path: Path, device: str,
+                                                                                     graphs: bool) -> None:
+    """Three sequences in scattered slots, rounds of chains 3 deep on a base of two recurrent layers: every accept
+    commits each sequence's states of both layers into its slot in one fused copy (the sequences' rows interleave
+    in the layers' evenly spaced pools), and each sequence's tokens are the base's greedy tokens."""
+    directory = two_recurrent_layers(tmp_path)
+    assert EngineDir.open(directory).base_config.num_recurrent_layers == 2
+    slots = (2, 0, 3)
+    with mtp_setup(1, 3, device, graphs=graphs, directory=directory) as setup:
+        run = Rounds(setup, 1, 3)
+        for i, slot in enumerate(slots):
+            run.admit(slot, PROMPTS[i])
+        for _ in range(5):
+            run.round()
+        assert run.accepted > 0, "the rounds accepted drafted tokens"
+    for i, slot in enumerate(slots):
+        tokens = run.seqs[slot]["tokens"]
+        assert tokens == greedy(directory, PROMPTS[i], len(tokens) - len(PROMPTS[i])), f"slot {slot}"
 
 
 @pytest.mark.parametrize("name", ["toy-mtp-ragged", "toy-qwen35-mtp-ragged"])

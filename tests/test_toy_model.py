@@ -16,6 +16,7 @@ from trtio.testing.toy_model import (
     ToyWeights,
     apply_rope,
     config_role,
+    no_rope_table,
     reference_forward,
     reference_logits,
     rope_table,
@@ -370,6 +371,20 @@ def test_explicit_rope_table_is_used() -> None:
     assert not np.allclose(reference_forward(w, cfg, x, rope=rope_table(32, 8, theta=7.0))[1], base)
     with pytest.raises(ValueError, match="rotary_dim"):
         reference_forward(w, cfg, x, rope=rope_table(32, 4))
+
+
+def test_a_model_without_rope_rotates_by_the_table_it_is_given() -> None:
+    """``use_rope`` false changes the default table (the identity: cos 1, sin 0), never the rotation: attention
+    rotates by whatever table it is given, as Edge-LLM's plugin does, so a real table changes the logits."""
+    cfg = make_cfg(use_rope=False)
+    w = ToyWeights.generate(cfg)
+    x = embeds_for(cfg, [1, 2, 3, 4])
+    plain = reference_forward(w, cfg, x)[1]
+    identity = no_rope_table(32, 8)
+    assert identity.shape == (1, 32, 8) and (identity[..., :4] == 1).all() and (identity[..., 4:] == 0).all()
+    np.testing.assert_array_equal(reference_forward(w, cfg, x, rope=identity)[1], plain)
+    np.testing.assert_array_equal(plain, reference_forward(w, make_cfg(), x, rope=identity)[1])
+    assert not np.allclose(reference_forward(w, cfg, x, rope=rope_table(32, 8))[1], plain)
 
 
 def test_kv_rounding_through_the_cache_dtype_matters() -> None:

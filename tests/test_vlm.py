@@ -10,6 +10,7 @@ of its 3-axis position), so a wrong splice, deepstack row or position shows in t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pytest
 import trtio
 from trtio import ShapeError
 from trtio.rope import mrope_cos_sin_rows
+from trtio.testing import ReferenceEngine
 from trtio.testing.reference_visual import reference_vit
 from trtio.testing.toy_engines import VisionToyEngines
 from trtio.testing.toy_model import reference_forward
@@ -219,6 +221,68 @@ def test_a_chunked_prompt_continues_with_its_positions() -> None:
         np.testing.assert_allclose(setup.decode(TABLE[7][None, None]).to_numpy()[0], then, atol=1e-3)
 
 
+def test_a_sequence_continued_from_a_pinned_image_prefix_goes_on_from_its_delta() -> None:
+    """An image prompt (21 tokens, delta -12) pinned whole, or cut in its text after or before the image, and continued
+    by text in another slot: the continuation's positions go on from the delta at the cut (Hugging Face's cache
+    position + ``rope_deltas``), so its logits and its next decode equal the same tokens prefilled whole. The prefix
+    keeps what it needs after its slot is reused, and a prefix pinned from a continued sequence, cut before the image,
+    goes on at delta 0."""
+    images, ids, more = [picture(128, 128, 5)], [9, 10, 3, 5, 4, 11], [50, 51, 52, 53, 54]
+    with open_vlm() as setup, open_vlm() as whole:
+        assert setup.visual is not None
+        patches, grid = preprocess(images, VCFG)
+        encoded = setup.visual.encode(patches, grid)
+        p = splice(ids, grid, VCFG, TABLE, encoded)
+        n, delta = int(p.context_lengths[0]), int(p.rope_deltas[0])
+        assert (n, delta) == (21, -12)
+        expanded = p.token_ids[0].tolist()
+
+        def go_on(prefix: trtio.Prefix, slot: int, rest: list[int], same: list[int]) -> None:
+            """Continue ``prefix`` by ``rest`` in ``slot`` and decode once: as ``same`` (the prompt ids, one pad per
+            image) prefilled whole and decoded."""
+            image = VCFG.image_token_id in same
+            q = splice(same, grid if image else None, VCFG, TABLE, encoded if image else None)
+            assert q.token_ids[0].tolist() == expanded[:prefix.tokens] + rest
+            want = prefill(whole, q)[0]
+            want_then = whole.decode(TABLE[7][None, None]).to_numpy()[0]
+            assert prefix.rope_delta == int(q.rope_deltas[0])
+            got = setup.prefill(TABLE[rest][None], [len(rest)], slots=[slot], prefix=prefix).to_numpy()[0]
+            then = setup.decode(TABLE[7][None, None], slots=[slot]).to_numpy()[0]
+            np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3, err_msg=f"after {prefix.tokens}")
+            np.testing.assert_allclose(then, want_then, atol=2e-3, rtol=2e-3, err_msg=f"after {prefix.tokens}, decode")
+            assert setup.rope_deltas[setup.active.tolist().index(slot)] == int(q.rope_deltas[0])
+
+        prefill(setup, p, slots=[0])
+        for cut, slot, same in ((n, 1, ids + more), (n - 1, 2, ids + more), (2, 3, ids[:2] + more)):
+            with setup.pin_prefix(0, cut) as prefix:
+                go_on(prefix, slot, (expanded + more)[cut:] if cut > 2 else more, same)
+                assert prefix.rope_delta == (delta if cut > 2 else 0)
+            setup.release([slot])
+        with setup.pin_prefix(0, n) as pinned:
+            setup.release([0])
+            setup.prefill(TABLE[more][None], [5], slots=[0])  # the slot the prefix came from, reused by text
+            go_on(pinned, 1, more, ids + more)
+        with setup.pin_prefix(1, 2) as early:  # a prefix of the continued sequence, cut before its image
+            go_on(early, 2, more, ids[:2] + more)
+
+
+def test_a_text_sequence_after_a_prefix_continuation_in_an_image_slot_gets_text_positions() -> None:
+    """A sequence started from a text prefix in a slot an image prompt used rewrites the rows after the prefix only;
+    the image's rows below stay until a text sequence admitted there later gets the plain rows back."""
+    with open_vlm() as setup:
+        prefill(setup, spliced(setup, "text"), slots=[0])
+        with setup.pin_prefix(0, 4) as head:
+            prefill(setup, spliced(setup, "two images"), slots=[1])  # its first image's rows from row 1 on
+            setup.release([1])
+            setup.prefill(TABLE[[7, 8]][None], [2], slots=[1], prefix=head)
+        setup.release([1])
+        text = spliced(setup, "text")
+        got = setup.prefill(text.inputs_embeds, text.context_lengths, slots=[1]).to_numpy()[0]
+        embeds, deep, positions = truth_prompt("text")
+        np.testing.assert_allclose(got, truth_logits(embeds, deep, positions)[-1], atol=2e-2)
+        assert setup.rope_deltas.tolist() == [0, 0]
+
+
 def test_a_sequence_after_a_vlm_sequence_in_its_slot_gets_text_positions() -> None:
     with open_vlm() as setup:
         prefill(setup, spliced(setup, "two images"), slots=[1])
@@ -229,6 +293,27 @@ def test_a_sequence_after_a_vlm_sequence_in_its_slot_gets_text_positions() -> No
         embeds, deep, positions = truth_prompt("text")
         np.testing.assert_allclose(got, truth_logits(embeds, deep, positions)[-1], atol=2e-2)
         assert setup.rope_deltas.tolist() == [0]
+
+
+def test_an_mrope_model_without_rope_gets_the_identity_rows_for_its_images_too() -> None:
+    """``use_rope`` false on an MRoPE model: every row of every slot's table is cos 1, sin 0 (the prompt's 3-axis rows,
+    its text rows from the delta and the text table alike), and the logits are those of attention without rotation,
+    which differ from the rotated ones."""
+    cfg = dataclasses.replace(CFG, use_rope=False)
+    embeds, deep, positions = truth_prompt("two images")
+    n = embeds.shape[0]
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, weights=TOYS.weights), cfg) as setup:
+        got = setup.prefill(embeds[None].astype(np.float16), [n], slots=[1], mrope_positions=positions[:, None],
+                            deepstack_embeds=[d[None].astype(np.float16) for d in deep]).to_numpy()[0]
+        assert setup.rope_deltas.tolist() == [int(positions.max()) + 1 - n] != [0]
+        table = setup.io.mrope_cos_sin.to_numpy()
+    half = cfg.rotary_dim // 2
+    np.testing.assert_array_equal(table[..., :half], 1.0)
+    np.testing.assert_array_equal(table[..., half:], 0.0)
+    plain = reference_forward(TOYS.weights, cfg, embeds.astype(np.float16),
+                              deepstack=[d.astype(np.float16) for d in deep])[1][-1]
+    np.testing.assert_allclose(got, plain, atol=2e-2, rtol=2e-2)
+    assert np.abs(truth_logits(embeds, deep, positions)[-1] - plain).max() > 0.1, "rotation changes the logits"
 
 
 def test_mrope_positions_are_checked_before_any_work() -> None:

@@ -455,6 +455,17 @@ class LLMEngineConfig(StepShapes):
         except ConfigError as exc:
             field_name = {"theta": "rope_theta"}.get(exc.field, exc.field)
             raise ConfigError(field_name, exc.message) from None
+        if scaling.rope_type == "dynamic" and scaling.alpha is None \
+                and self.max_kv_cache_capacity > self.max_position_embeddings:
+            # HF rescales the base only once a sequence passes max_position_embeddings (per length: no one table);
+            # Edge-LLM's runtime refuses the table (llmRuntimeUtils.cpp::initializeRopeCosSinCache)
+            raise ConfigError("max_kv_cache_capacity",
+                              f"{self.max_kv_cache_capacity} is above max_position_embeddings "
+                              f"({self.max_position_embeddings}) with rope_scaling.type 'dynamic' (NTK): Hugging Face "
+                              f"rescales the RoPE base only for a sequence longer than max_position_embeddings, by "
+                              f"its length, which one static table cannot follow, and Edge-LLM's runtime refuses "
+                              f"such a table; expected max_kv_cache_capacity <= {self.max_position_embeddings} "
+                              f"(build the engine with a KV capacity within it)")
 
     def _validate_layers(self) -> None:
         """The hybrid fields: layer types, the KV table, the recurrent geometry and dtypes, all or none."""

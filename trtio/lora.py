@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import CACHE_LIMIT, BoundedCache
+from trtio._json import read_json
 from trtio._lifetime import Closeable
 from trtio.cuda.backend import Backend, Location
 from trtio.dtypes import DType
@@ -139,8 +140,16 @@ class LoraAdapter:
         ``{module}.lora_B.weight`` ``[r, out]`` (a leading ``base_model.model.`` is dropped); a file safetensors
         cannot read, any other tensor, an A without its B or a dtype other than F16 (or F32) is a
         :class:`~trtio.ConfigError` naming the file and the key. ``name`` defaults to the file's folder name (or the
-        file's stem)."""
+        file's stem).
+
+        The adapter's PEFT config beside the file (``config.json``, where ``process-lora`` copies the adapter's
+        ``adapter_config.json``, or ``adapter_config.json`` itself) is read where there is one: ``process-lora`` folds
+        one ``lora_alpha / r`` into every module's B, so an adapter trained with ``use_rslora`` (``lora_alpha /
+        sqrt(r)``) or whose ``rank_pattern`` / ``alpha_pattern`` give a module another rank or alpha is refused, a
+        :class:`~trtio.ConfigError` naming the config file, the key and its value. A ``config.json`` that is not an
+        adapter's (no ``peft_type``, ``r`` or ``lora_alpha``) is not read."""
         file = _adapter_file(Path(os.fspath(path)))
+        _check_adapter_config(file.parent)
         pairs: dict[str, list[tuple[str, np.ndarray] | None]] = {}
         for key, tag, array in _read_adapter_file(file):
             module = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
@@ -175,6 +184,43 @@ class LoraAdapter:
     def __repr__(self) -> str:
         ranks = sorted(set(self.ranks.values()))
         return f"LoraAdapter({self.name!r}, {len(self.weights)} modules, rank {ranks[0] if len(ranks) == 1 else ranks})"
+
+
+#: Where an adapter's PEFT config lies beside its weights: ``process-lora``'s copy, then PEFT's own name.
+_ADAPTER_CONFIGS = ("config.json", "adapter_config.json")
+
+
+def _check_adapter_config(folder: Path) -> None:
+    """Refuse an adapter whose PEFT config (beside its weights, :data:`_ADAPTER_CONFIGS`) scales a module other than
+    by ``lora_alpha / r``, the one scaling ``process-lora`` folds into B (Edge-LLM 0.11's
+    ``tensorrt_edgellm/lora/lora.py``: ``_load_adapter_config`` reads only ``lora_alpha`` and ``r``)."""
+    for name in _ADAPTER_CONFIGS:
+        path = folder / name
+        if not path.is_file():
+            continue
+        raw = read_json(path)
+        if not isinstance(raw, Mapping) or not {"peft_type", "r", "lora_alpha"} & set(raw):
+            continue  # not an adapter's config (an engine's config.json, say)
+        r, alpha = raw.get("r"), raw.get("lora_alpha")
+        why = (f"Edge-LLM's process-lora scales every module's B by lora_alpha / r ({alpha} / {r}), so the engine "
+               f"would compute another model than the adapter's (merge the adapter into the checkpoint instead: "
+               f"tensorrt-edgellm-merge-lora)")
+        rslora = raw.get("use_rslora", False)
+        if rslora not in (False, None):
+            raise ConfigError(f"{path}: use_rslora", f"is {rslora!r}, expected false: the adapter was trained with "
+                                                     f"rank-stabilized scaling (lora_alpha / sqrt(r)), but {why}")
+        for key, default in (("rank_pattern", r), ("alpha_pattern", alpha)):
+            pattern = raw.get(key) or {}
+            if not isinstance(pattern, Mapping):
+                raise ConfigError(f"{path}: {key}", f"expected a mapping of module patterns, got {pattern!r}")
+            other = {k: v for k, v in pattern.items() if v != default}
+            if other:
+                module, value = next(iter(other.items()))
+                what = "rank" if key == "rank_pattern" else "lora_alpha"
+                raise ConfigError(f"{path}: {key}", f"is {dict(pattern)!r}, expected no module of another {what}: "
+                                                    f"it gives {module!r} {what} {value}, not the adapter's "
+                                                    f"{default}, but {why}")
+        return
 
 
 def _adapter_file(path: Path) -> Path:

@@ -273,7 +273,7 @@ class CopyJobs:
         spans = [_spans(c) for c in self.copies]
         for i, (dst, _src) in enumerate(spans):
             for j, (other_dst, other_src) in enumerate(spans):
-                if i != j and any(_overlap(dst, r) for r in (other_dst, other_src) if r is not None):
+                if i != j and (_overlap(dst, other_dst) or other_src is not None and _overlap(dst, other_src)):
                     raise InvalidValueError(f"CopyJobs: copy {i} writes memory that copy {j} reads or writes; such "
                                             f"copies must run one after the other")
 
@@ -341,20 +341,61 @@ class AsGraph:
         self.graphs.launch(self.work, stream)
 
 
-def _spans(c: Copy) -> tuple[tuple[int, int], tuple[int, int] | None]:
-    """The byte ranges a copy writes and reads (its tensors' whole capacity for a row copy)."""
+# The bytes a copy touches on one side: rows of ``width`` bytes, ``pitch`` apart, from ``start`` (``height`` rows), and
+# the span from the first row's first byte to the last row's end: (first, end, start, pitch, width, height). Rows
+# that meet or overlap one another are one row of the whole span (height 1), so pitch > width wherever height > 1.
+_Strided = tuple[int, int, int, int, int, int]
+
+
+def _strided(start: int, pitch: int, width: int, height: int) -> _Strided:
+    if height > 1 and pitch < 0:  # the same rows, counted from the lowest
+        start, pitch = start + pitch * (height - 1), -pitch
+    end = start + pitch * (height - 1) + width if height > 1 else start + width
+    if height <= 1 or pitch <= width:
+        return (start, end, start, end - start, end - start, 1)
+    return (start, end, start, pitch, width, height)
+
+
+def _spans(c: Copy) -> tuple[_Strided, _Strided | None]:
+    """The rows of bytes a copy writes and reads (its tensors' whole capacity for a row copy, whose rows are read
+    from the device when it runs)."""
     if isinstance(c, RowCopy):
-        return ((c.dst.data_ptr, c.dst.data_ptr + c.dst.capacity), (c.src.data_ptr, c.src.data_ptr + c.src.capacity))
+        return (_strided(c.dst.data_ptr, c.dst.capacity, c.dst.capacity, 1),
+                _strided(c.src.data_ptr, c.src.capacity, c.src.capacity, 1))
     if isinstance(c, Zero):
-        return (c.tensor.data_ptr, c.tensor.data_ptr + c.nbytes), None
+        return _strided(c.tensor.data_ptr, c.nbytes, c.nbytes, 1), None
     if isinstance(c, Zero2D):
-        return (c.dst, c.dst + c.dpitch * (c.height - 1) + c.width), None
-    last = c.height - 1
-    return ((c.dst, c.dst + c.dpitch * last + c.width), (c.src, c.src + c.spitch * last + c.width))
+        return _strided(c.dst, c.dpitch, c.width, c.height), None
+    return _strided(c.dst, c.dpitch, c.width, c.height), _strided(c.src, c.spitch, c.width, c.height)
 
 
-def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    return a[0] < b[1] and b[0] < a[1]
+def _overlap(a: _Strided, b: _Strided) -> bool:
+    """Whether a row of ``a`` and a row of ``b`` share a byte: exact, not the spans' first-to-last bytes (a hybrid
+    model's state pools, evenly spaced, hold each slot's rows between another slot's). Spans apart (most pairs)
+    cost one comparison; rows of one pitch, or a single row against rows, a few more; rows of two pitches one such
+    test per row of the fewer."""
+    if a[0] >= b[1] or b[0] >= a[1]:
+        return False
+    if a[5] == 1 and b[5] == 1:
+        return True
+    if a[5] == 1:
+        return _row_meets(a[2], a[2] + a[4], b)
+    if b[5] == 1:
+        return _row_meets(b[2], b[2] + b[4], a)
+    if a[3] == b[3]:  # row i of a and row j of b share a byte iff d - wb < (j - i) p < d + wa, d = a - b
+        p, d = a[3], a[2] - b[2]
+        m = max((d - b[4]) // p + 1, 1 - a[5])
+        return m <= b[5] - 1 and m * p < d + a[4]
+    fewer, more = (a, b) if a[5] <= b[5] else (b, a)
+    return any(_row_meets(r, r + fewer[4], more) for r in range(fewer[2], fewer[1], fewer[3]))
+
+
+def _row_meets(lo: int, hi: int, rows: _Strided) -> bool:
+    """Whether bytes ``lo .. hi - 1`` meet one of ``rows``' rows (the first that ends after ``lo`` starts before
+    ``hi``)."""
+    start, pitch, width, height = rows[2], rows[3], rows[4], rows[5]
+    j = max((lo - width - start) // pitch + 1, 0)
+    return j < height and start + j * pitch < hi
 
 
 def fuse(copies: Sequence[Any]) -> tuple[Any, ...]:

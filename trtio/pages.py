@@ -32,7 +32,7 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.errors import CapacityError, TrtioError
 
-__all__ = ["PagePool", "PageTable", "Prefix", "PrefixReturns", "StepPages"]
+__all__ = ["PagePool", "PageTable", "Prefix", "PrefixPositions", "PrefixReturns", "StepPages"]
 
 
 class PagePool:
@@ -348,6 +348,18 @@ class PrefixReturns:
                 pools[role].drop(held)
 
 
+@dataclass(frozen=True)
+class PrefixPositions:
+    """Where an MRoPE sequence's first tokens leave the positions of what follows them (a pinned prefix's record):
+    a token at cache position ``k`` after them is text at position ``k + delta``. ``cuts`` (int64, read-only) says
+    the same for shorter prefixes of those tokens: ``cuts[i]`` is the delta after the first ``i + 1`` of them; past
+    its end every cut's delta is ``delta`` (a text-only sequence: ``delta`` 0, no cuts). Made and read by
+    :class:`~trtio.setups.mrope.SlotPositions`."""
+
+    delta: int = 0
+    cuts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+
 class Prefix(Closeable):
     """A pinned prefix: the KV entries of a sequence's first :attr:`tokens` tokens, kept alive (also after
     the sequence ends) for later prefills to start from (``prefill(..., prefix=P)``).
@@ -360,9 +372,10 @@ class Prefix(Closeable):
     is copied for each before it writes there."""
 
     def __init__(self, owner: object, tokens: int, pages: dict[str, list[int]], pools: dict[str, PagePool],
-                 returns: PrefixReturns | None = None) -> None:
+                 returns: PrefixReturns | None = None, positions: PrefixPositions | None = None) -> None:
         self._owner = owner
         self._tokens = tokens
+        self._positions = positions
         self._pages = pages
         self._pools = pools
         self._returns = returns if returns is not None else PrefixReturns()
@@ -372,6 +385,18 @@ class Prefix(Closeable):
     def tokens(self) -> int:
         """KV entries the prefix holds: a prefill from it starts after them."""
         return self._tokens
+
+    @property
+    def rope_delta(self) -> int:
+        """MRoPE: the position delta a sequence started from the prefix goes on from (a token at cache position
+        ``k`` after the prefix is text at ``k + rope_delta``; Hugging Face's ``rope_deltas``), as the prefix's
+        tokens left it; 0 for text, and for a setup without MRoPE."""
+        return 0 if self._positions is None else self._positions.delta
+
+    @property
+    def positions(self) -> PrefixPositions | None:
+        """MRoPE: the positions record of the prefix's tokens (None for a setup without MRoPE)."""
+        return self._positions
 
     @property
     def is_released(self) -> bool:

@@ -22,8 +22,8 @@ import numpy as np
 from trtio._checks import check_int, is_int
 from trtio.errors import ConfigError, ShapeError
 
-__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "proportional_rope_parameters",
-           "rope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
+__all__ = ["NEUTRAL_KEYS", "ROPE_TYPES", "RopeScaling", "mrope_cos_sin_rows", "no_rope_cos_sin_rows",
+           "proportional_rope_parameters", "rope_cos_sin_rows", "rope_cos_sin_table", "rope_parameters"]
 
 #: The ``rope_type`` values :class:`RopeScaling` accepts. ``"mrope"`` is the legacy Qwen2-VL spelling:
 #: default frequencies, with ``mrope_section`` saying which position axis each frequency follows.
@@ -452,6 +452,19 @@ def rope_cos_sin_rows(positions: np.ndarray, inv_freq: np.ndarray, attention_fac
     return _rows(pos.astype(np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None, :], attention_factor)
 
 
+def no_rope_cos_sin_rows(count: int, width: int) -> np.ndarray:
+    """float32 ``[count, width]``: the rows of a model without RoPE (``use_rope: false``, Nemotron-H): cos 1 and sin 0
+    in every row, so a rotation by any of them leaves q and k as they are. Edge-LLM's runtime fills its table so
+    (``llmRuntimeUtils.cpp::collectRopeConfig`` gives ``kNoRope``, ``ropeCache.cpp`` calls
+    ``initializeNopeCosSinCache``) and its attention plugin rotates by it like by any other table. A new host array
+    owned by the caller."""
+    check_int(count, "count", minimum=0, error=ConfigError)
+    _check_rotary_dim(width)
+    rows = np.zeros((count, width), np.float32)
+    rows[:, :width // 2] = 1.0
+    return rows
+
+
 def _rows(angles: np.ndarray, attention_factor: float) -> np.ndarray:
     rows = np.concatenate([np.cos(angles), np.sin(angles)], axis=-1)
     if attention_factor != 1.0:
@@ -469,9 +482,10 @@ def rope_cos_sin_table(max_positions: int, rotary_dim: int, theta: float = 10000
     (MRoPE's text-only initialisation: with equal temporal, height and width positions every
     ``mrope_section`` layout gives this same table). A static table cannot follow the current
     sequence length that HF's ``dynamic`` and ``longrope`` depend on, so it is HF's result for a
-    sequence of ``max_positions`` tokens (seq_len = max_positions): an assumption still to be checked
-    against Edge-LLM (``docs/edgellm-assumptions.md`` §5). The returned array is a new, C-contiguous host
-    array owned by the caller.
+    sequence of ``max_positions`` tokens (seq_len = max_positions); an engine's config refuses ``dynamic``
+    past ``max_position_embeddings``, where that result is not HF's for shorter sequences
+    (``docs/edgellm-assumptions.md`` §5.2). The returned array is a new, C-contiguous host array owned by
+    the caller.
     """
     _check_rotary_dim(rotary_dim)
     check_int(max_positions, "max_positions", minimum=0, error=ConfigError)

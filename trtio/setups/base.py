@@ -317,8 +317,9 @@ class SetupBase(Closeable, abc.ABC):
         are shared by every sequence started from it; the partly filled last page is copied for each before
         it writes there. Host bookkeeping only, except on a hybrid model: there ``tokens`` must be all the slot
         holds, and a copy of the slot's recurrent states is enqueued on ``stream`` into a row of the setup's
-        snapshot pool (``max_prefixes`` rows; a CapacityError naming it when every row is held). Ordered after
-        the last call by the stream rule."""
+        snapshot pool (``max_prefixes`` rows; a CapacityError naming it when every row is held). On an MRoPE model
+        the prefix keeps its tokens' position delta (:attr:`~trtio.pages.Prefix.rope_delta`), which a sequence
+        started from it goes on from. Ordered after the last call by the stream rule."""
         self._check_usable()
         self._between_rounds("pin_prefix()")
         bounded = [e.role for e in self.engines() if e.state.swa_pages is not None]
@@ -326,7 +327,8 @@ class SetupBase(Closeable, abc.ABC):
             raise InvalidValueError(f"pin_prefix: engine {bounded[0]!r} keeps only a sliding window of KV in the "
                                     "bounded SWA pool, so a prefix cannot be reused; prefix reuse needs the full SWA "
                                     "mode (an engine built without the bounded pool)")
-        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns)
+        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns,
+                              positions=None if self._positions is None else self._positions.record)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:
         """Refuse ``what`` where a step protocol is half way through (a speculative round); ``release``: the
@@ -396,7 +398,8 @@ class SetupBase(Closeable, abc.ABC):
             if past_lengths is None:  # new sequences: a hybrid's recurrent states zeroed, or restored from prefixes
                 before += self._seqs.admitted_states(rows, prefixes)
             if self._positions is not None:  # the slots' MRoPE rows, written before the step gathers them
-                before = self._positions.prefill_work(rows, past, ctx, positions, past_lengths is not None) + before
+                before = self._positions.prefill_work(rows, past, ctx, positions, past_lengths is not None,
+                                                      prefixes) + before
             bind_deepstack(self.io, e, features, b, seq, s, self._calls)
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)

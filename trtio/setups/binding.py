@@ -29,7 +29,7 @@ from trtio.lora import lora_input_names
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry, TensorSpec
-from trtio.rope import rope_cos_sin_table
+from trtio.rope import no_rope_cos_sin_rows, rope_cos_sin_table
 from trtio.state import EngineState, state_names, state_problems
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -152,8 +152,9 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
 
 
 class RopeTables(Closeable):
-    """Non-MRoPE cos/sin tables ([1, C, R] float32, with the config's RoPE scaling), one per distinct
-    table, shared by the engines of a setup. Created when an engine is bound, never in a step."""
+    """Non-MRoPE cos/sin tables ([1, C, R] float32, with the config's RoPE scaling; the identity where the config
+    says ``use_rope: false``), one per distinct table, shared by the engines of a setup. Created when an engine is
+    bound, never in a step."""
 
     def __init__(self, backend: Backend) -> None:
         self._init_lifetime("RoPE tables")
@@ -163,7 +164,7 @@ class RopeTables(Closeable):
     def get(self, cfg: LLMEngineConfig, stream: Stream) -> Tensor:
         self._check_open()
         key = (cfg.max_kv_cache_capacity, cfg.rotary_dim, float(cfg.rope_theta), cfg.rope_scaling,
-               cfg.max_position_embeddings)
+               cfg.max_position_embeddings, cfg.use_rope)
         t = self._tables.get(key)
         if t is None:
             table = _rope_table(cfg)
@@ -191,12 +192,21 @@ class RopeTables(Closeable):
 
 def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
     """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied); Gemma 4's
-    sliding layers' (its full layers' is :func:`fill_gemma4`'s)."""
+    sliding layers' (its full layers' is :func:`fill_gemma4`'s). A model without RoPE (``use_rope: false``) gets the
+    identity table, as Edge-LLM's runtime gives it (the graph rotates by whatever table it is fed)."""
     if cfg.gemma4 is not None:
-        rows = cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        rows = _no_rope_if_off(cfg, cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
+        return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
+    if not cfg.use_rope:
+        rows = no_rope_cos_sin_rows(cfg.max_kv_cache_capacity, cfg.rotary_dim)
         return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
     return rope_cos_sin_table(cfg.max_kv_cache_capacity, cfg.rotary_dim, cfg.rope_theta, batch,
                               scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
+
+
+def _no_rope_if_off(cfg: LLMEngineConfig, rows: np.ndarray) -> np.ndarray:
+    """``rows`` (``[N, width]``), or the identity rows of their shape where the config says ``use_rope: false``."""
+    return rows if cfg.use_rope else no_rope_cos_sin_rows(*rows.shape)
 
 
 def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
@@ -208,7 +218,7 @@ def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
 def fill_gemma4(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """Gemma 4's full layers' RoPE table (``full_rope_config``: proportional or not), which its steps gather from."""
     if cfg.gemma4 is not None:
-        rows = cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity))
+        rows = _no_rope_if_off(cfg, cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
         io.member(GEMMA4_FULL_TABLE).copy_from(rows, stream)
 
 

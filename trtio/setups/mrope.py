@@ -10,6 +10,13 @@ highest position + 1 - its length, Edge-LLM's and Hugging Face's ``rope_deltas``
 from the delta without any per-step work. A sequence admitted without positions into a slot another sequence
 left rows in gets the plain rows back.
 
+A slot also keeps a record of its sequence's positions (a :class:`~trtio.pages.PrefixPositions`: its delta, and the
+delta after each row up to its last image's end), and a pinned prefix keeps the record of its tokens (the delta at
+its end: text after row ``i`` starts at the highest position up to it, plus one, as Hugging Face's
+``get_rope_index`` counts). A sequence started from the prefix gets text rows from the prefix's delta on, in
+whatever slot, so it goes on as the same tokens prefilled whole would (cache position + ``rope_deltas``). Rows below
+the prefix's tokens are never read again (their keys are cached, rotated): they are not copied.
+
 The prompt's rows are computed on the host (:func:`trtio.rope.mrope_cos_sin_rows`) and uploaded through a
 fenced pinned ring; the text rows are device copies from the plain table. Both run as device work just
 before the prefill's engine (none if its binding fails).
@@ -29,8 +36,9 @@ from trtio.cuda.backend import Backend
 from trtio.errors import ConfigError, ShapeError
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import Copy2D
+from trtio.pages import Prefix, PrefixPositions
 from trtio.pipeline_io import PipelineIO
-from trtio.rope import mrope_cos_sin_rows
+from trtio.rope import mrope_cos_sin_rows, no_rope_cos_sin_rows
 from trtio.staging import UploadRing
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -83,9 +91,12 @@ class SlotPositions(Closeable):
         self._row_bytes = cfg.rotary_dim * 4
         slots = self._table.shape[0]
         self.deltas = np.zeros(slots, np.int64)
-        # Whether a slot's rows past its prompt may differ from the plain table's (then an admission without
-        # positions writes them back).
+        # Whether any of a slot's rows may differ from the plain table's (then an admission without positions
+        # writes them back).
         self._custom = np.zeros(slots, bool)
+        # Each slot's positions record (its delta, and the deltas at cuts before its last image): what a prefix of
+        # its sequence keeps.
+        self._records: list[PrefixPositions] = [_TEXT] * slots
         self.unsettled = False
         rows = max(cfg.max_supported_input_length, 1)
         self._init_lifetime("MRoPE slot tables")
@@ -126,39 +137,56 @@ class SlotPositions(Closeable):
                 raise ShapeError(f"mrope_positions[:, {i}]: a negative position {int(used.min())}")
         return arr
 
+    def record(self, slot: int, tokens: int) -> PrefixPositions:
+        """Where the first ``tokens`` rows of ``slot``'s sequence leave the positions of a sequence continued after
+        them (what a prefix of those tokens keeps: :attr:`~trtio.pages.Prefix.rope_delta` is its ``delta``)."""
+        self._check_open()
+        return _cut(self._records[slot], tokens)
+
     def prefill_work(self, slots: np.ndarray, past: np.ndarray | None, ctx: np.ndarray, positions: np.ndarray | None,
-                     continuing: bool) -> tuple[Any, ...]:
+                     continuing: bool, prefixes: list[Prefix | None] | None = None) -> tuple[Any, ...]:
         """The device work that writes the rows of a prefill's sequences (``slots``, each ``ctx[i]`` new tokens
         after ``past[i]`` cached ones: a prefix's, or, ``continuing``, the sequence's own) before its engine runs:
-        from ``positions`` where given; else a new sequence in a slot whose rows differ from the plain table gets
-        the plain rows back, and a continued one keeps its rows (text continues from its delta)."""
+        from ``positions`` where given; else a sequence started from a prefix (``prefixes[i]``, with its record of
+        positions) gets text rows from the prefix's delta on (Hugging Face's cache position + ``rope_deltas``), a new
+        sequence in a slot whose rows differ from the plain table gets the plain rows back, and a continued one keeps
+        its rows (text continues from its delta)."""
         self._check_open()
         works: list[Any] = []
-        updates: list[tuple[int, int, bool]] = []
+        updates: list[tuple[int, PrefixPositions, bool]] = []
         continued = False
         for i, slot in enumerate(slots.tolist()):
             start = 0 if past is None else int(past[i])
             n = int(ctx[i])
+            prefix = None if prefixes is None else prefixes[i]
+            origin = None if prefix is None else prefix.positions
+            before = self._records[slot] if continuing else origin if origin is not None else _TEXT
             if positions is not None:
                 delta = int(positions[:, i, :n].max()) + 1 - (start + n)
                 works += self._prompt_rows(slot, start, positions[:, i, :n])
                 works += self._text_rows(slot, start + n, delta)
-                updates.append((slot, delta, True))
+                updates.append((slot, _extended(before, start, positions[:, i, :n], delta), True))
                 continued = continued or continuing
-            elif not continuing and self._custom[slot]:
-                works += self._text_rows(slot, start, 0)
-                updates.append((slot, 0, False))
-        if not works:
+            elif continuing:
+                continue
+            elif before.delta or self._custom[slot]:
+                works += self._text_rows(slot, start, before.delta)
+                # rows below start (the prefix's, never read again) keep what an earlier sequence left there
+                updates.append((slot, before, bool(before.delta) or (start > 0 and bool(self._custom[slot]))))
+            elif before is not self._records[slot]:  # the plain rows already: only the record changes
+                updates.append((slot, before, False))
+        if not updates:
             return ()
 
         def commit() -> None:
-            for slot, delta, custom in updates:
-                self.deltas[slot] = delta
+            for slot, record, custom in updates:
+                self.deltas[slot] = record.delta
+                self._records[slot] = record
                 self._custom[slot] = custom
             self.unsettled = continued
 
         # The rows are taken as changed once their work may run (the engine may still fail after it).
-        for slot, _delta, _custom in updates:
+        for slot, _record, _custom in updates:
             self._custom[slot] = True
         return (*works, _Commit(commit))
 
@@ -166,9 +194,12 @@ class SlotPositions(Closeable):
         cfg = self._cfg
         scaling = cfg.rope_scaling
         assert scaling is not None and scaling.mrope_section is not None
-        rows = mrope_cos_sin_rows(positions, cfg.rotary_dim, cfg.rope_theta, scaling.mrope_section,
-                                  interleaved=scaling.mrope_interleaved, scaling=scaling,
-                                  max_position_embeddings=cfg.max_position_embeddings or None)
+        if cfg.use_rope:
+            rows = mrope_cos_sin_rows(positions, cfg.rotary_dim, cfg.rope_theta, scaling.mrope_section,
+                                      interleaved=scaling.mrope_interleaved, scaling=scaling,
+                                      max_position_embeddings=cfg.max_position_embeddings or None)
+        else:  # no RoPE: every position's row is the identity (as the plain table's)
+            rows = no_rope_cos_sin_rows(positions.shape[1], cfg.rotary_dim)
         offset = (slot * self._cap + start) * self._row_bytes
         return [_Upload(self._staging, self._table, rows, offset, self._row_bytes)]
 
@@ -191,3 +222,40 @@ class SlotPositions(Closeable):
             pos = np.broadcast_to(np.arange(lo, cap, dtype=np.int64) + delta, (3, cap - lo))
             works += self._prompt_rows(slot, lo, np.ascontiguousarray(pos))
         return works
+
+
+# A text-only sequence's record: every position is its cache position.
+_TEXT = PrefixPositions()
+_TEXT.cuts.flags.writeable = False
+
+
+def _cut(record: PrefixPositions, tokens: int) -> PrefixPositions:
+    """The record of the first ``tokens`` rows of a sequence whose rows ``record`` describes."""
+    if tokens > record.cuts.shape[0]:
+        return record  # past the cuts every row is text at k + delta
+    if tokens <= 0:
+        return _TEXT
+    return _trimmed(int(record.cuts[tokens - 1]), record.cuts[:tokens])
+
+
+def _extended(before: PrefixPositions, start: int, chunk: np.ndarray, delta: int) -> PrefixPositions:
+    """The record of ``start`` rows that ``before`` describes followed by rows of the 3-axis positions ``chunk``
+    ``[3, n]``, the last of which leaves ``delta``. Text after row ``i`` starts at the highest position up to it
+    plus one (Hugging Face's ``get_rope_index``), so the delta after ``i + 1`` rows is that highest position
+    minus ``i``."""
+    head = before.cuts[:start]
+    if head.shape[0] < start:  # rows past before's cuts: text at k + before.delta
+        head = np.concatenate([head, np.full(start - head.shape[0], before.delta, np.int64)])
+    highest = np.maximum.accumulate(chunk.max(axis=0))
+    if start:
+        highest = np.maximum(highest, int(head[-1]) + start - 1)
+    rows = np.arange(start, start + chunk.shape[1], dtype=np.int64)
+    return _trimmed(delta, np.concatenate([head, highest - rows]))
+
+
+def _trimmed(delta: int, cuts: np.ndarray) -> PrefixPositions:
+    """A record of ``delta`` and ``cuts`` less their trailing entries equal to ``delta`` (read-only, owned)."""
+    differ = np.flatnonzero(cuts != delta)
+    kept = cuts[:int(differ[-1]) + 1].astype(np.int64) if differ.size else np.zeros(0, np.int64)
+    kept.flags.writeable = False
+    return PrefixPositions(int(delta), kept)

@@ -15,7 +15,7 @@ differs from the slots, a prefix longer than its sequence, of another setup or a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ from trtio._checks import is_int
 from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
 from trtio.ops import copy_pages
-from trtio.pages import PagePool, PageTable, Prefix, PrefixReturns, StepPages
+from trtio.pages import PagePool, PageTable, Prefix, PrefixPositions, PrefixReturns, StepPages
 from trtio.recurrent import RecurrentStates
 from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
@@ -327,10 +327,12 @@ class Sequences:
         return rec.admission(rows.tolist(), sources)
 
     def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", stream: Stream | None = None, *,
-            returns: PrefixReturns | None = None) -> Prefix:
+            returns: PrefixReturns | None = None,
+            positions: Callable[[int, int], PrefixPositions] | None = None) -> Prefix:
         """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``. A hybrid
         model's prefix also keeps a copy of the slot's recurrent states, made on ``stream``: it needs ``tokens`` to
-        be all the sequence holds (the states are those after its last token)."""
+        be all the sequence holds (the states are those after its last token). ``positions`` (an MRoPE setup's):
+        the record of the slot's first so many tokens' positions, ``positions(slot, kept)``, kept by the prefix."""
         if not self.slotted:
             self.refuse_unslotted(what)
         if not (type(slot) is int or is_int(slot)) or not 0 <= slot < self.max_batch:
@@ -344,6 +346,7 @@ class Sequences:
             raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: a prefix "
                              f"pins {keep_min}..{have} of them")
         kept = int(tokens) - self._lag
+        record = None if positions is None else positions(slot, kept)
         pages: dict[str, list[int]] = {}
         pools: dict[str, PagePool] = {}
         rec = self.recurrent
@@ -359,4 +362,4 @@ class Sequences:
             table.pool.hold(held)
             table.share(slot)
             pages[role], pools[role] = held, table.pool
-        return Prefix(self._owner, kept, pages, pools, returns)
+        return Prefix(self._owner, kept, pages, pools, returns, record)

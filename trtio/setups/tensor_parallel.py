@@ -96,7 +96,7 @@ class TensorParallelPrefix(Prefix):
 
     def __init__(self, owner: object, ranks: Sequence[Prefix]) -> None:
         self._ranks = tuple(ranks)
-        super().__init__(owner, ranks[0].tokens, {}, {})
+        super().__init__(owner, ranks[0].tokens, {}, {}, positions=ranks[0].positions)
 
     def rank(self, rank: int) -> Prefix:
         """Rank ``rank``'s prefix."""

@@ -111,7 +111,6 @@ class _Geometry:
     state: tuple[int, int, int] = (0, 0, 0)  # hybrid: a slot's recurrent state [heads, head_dim, size]
     conv_dtype: DType = DType.FLOAT16
     state_dtype: DType = DType.FLOAT32
-    use_rope: bool = True  # False: attention layers rotate nothing (the RoPE input is still declared)
     tree_base: bool = False  # hybrid base: a verify runs each node from its parent's states (mtp_tree_base)
     dflash: bool = False  # a DFlash block draft (reference_dflash)
 
@@ -131,7 +130,6 @@ class _Geometry:
                 pool_pages=int(cfg.kv_pool_pages),
                 seq_pages=int(cfg.pages_per_sequence),
                 eagle=tuple(int(i) for i in cfg.eagle_hidden_state_layers) if role == "base" else (),
-                use_rope=bool(getattr(cfg, "use_rope", True)),
                 dflash=role == "draft" and dict(getattr(cfg, "extras", {}) or {}).get("spec_decode_type") == "dflash",
             )
             if getattr(cfg, "is_hybrid", False):

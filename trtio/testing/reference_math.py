@@ -555,7 +555,7 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
     x = _input_stream(xp, mm, g, w, activations)
     x = xp.where(unmapped[:, None, None], xp.float32(np.nan), x)
     rope_rows = io[names.kRopeCosSin].reshape(n, width, -1)  # float32 [S, W, R]: each row its own
-    rope = _rope(xp, rope_rows, g.r) if g.use_rope else _no_rope
+    rope = _rope(xp, rope_rows, g.r)  # by the rows given, use_rope or not: the table decides, as in the plugin
     recurrent = _recurrent_layers(xp, mm, g, w, io, valid, scratch, checked=checked,
                                   verify=phase == ragged_contract.PHASE_VERIFY) if g.types else None
     x = _run_layers(xp, mm, g, w, x, rope, kv, visible,
@@ -563,10 +563,6 @@ def _forward_ragged(xp: Any, mm: Callable[[Any, Any], Any], scatter: Callable[[A
                     recurrent)
 
     _ragged_outputs(xp, mm, g, w, io, x.reshape(t, h), picks, hidden_out)
-
-
-def _no_rope(t: Any) -> Any:
-    return t  # use_rope false (Nemotron-H): the attention layers rotate nothing
 
 
 def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _Weights, io: Mapping[str, Any],

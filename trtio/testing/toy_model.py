@@ -34,6 +34,7 @@ __all__ = [
     "causal_visibility",
     "config_role",
     "log_softmax",
+    "no_rope_table",
     "output_vocab_size",
     "reference_forward",
     "reference_logits",
@@ -329,6 +330,18 @@ def rope_table(max_positions: int, rotary_dim: int, theta: float = ROPE_THETA) -
     return table.astype(np.float32)[None]
 
 
+def no_rope_table(max_positions: int, rotary_dim: int) -> np.ndarray:
+    """The table of a model without RoPE (``use_rope: false``): float32 ``[1, max_positions, rotary_dim]``, cos 1
+    and sin 0 in every row, so rotating by it changes nothing (what Hugging Face's Nemotron-H computes, and the
+    table Edge-LLM's runtime feeds such a model)."""
+    r = int(rotary_dim)
+    if r <= 0 or r % 2:
+        raise InvalidValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
+    table = np.zeros((1, int(max_positions), r), np.float32)
+    table[..., :r // 2] = 1.0
+    return table
+
+
 def apply_rope(t: np.ndarray, cos_sin: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Rotate-half RoPE on the first ``R`` dims of each head; returns a new float32 array.
 
@@ -420,6 +433,8 @@ def _positions_and_rope(cfg: Any, t: int, positions: Any, rope: Any) -> tuple[np
         raise ShapeError(f"positions has shape {pos.shape}, expected ({t},)")
     if rope is None:
         rows = max(int(getattr(cfg, "max_kv_cache_capacity", 0) or 0), int(pos.max(initial=0)) + 1)
+        if not bool(getattr(cfg, "use_rope", True)):
+            return pos, no_rope_table(rows, int(cfg.rotary_dim))[0]
         return pos, rope_table(rows, int(cfg.rotary_dim))[0]
     table = np.asarray(rope, dtype=np.float32)
     if table.ndim == 3:
@@ -450,7 +465,10 @@ def reference_forward(
     ``hidden_from_draft`` ``[T, H]``; a model with ``num_deepstack_features = Nd > 0`` needs
     ``deepstack``, ``Nd`` arrays ``[T, H]``. Inputs in any float dtype are cast to float32 as given.
     ``positions`` (``[T]``, default ``arange(T)``) are RoPE rows of ``rope`` (``[P, R]`` or
-    ``[1, P, R]``; default :func:`rope_table` long enough for ``positions``). ``visible`` (``[T, T]``
+    ``[1, P, R]``; default :func:`rope_table` long enough for ``positions``, :func:`no_rope_table` for a model
+    with ``use_rope`` false). Every attention layer rotates q and k by the rows of the table given, whatever
+    ``use_rope`` says, as Edge-LLM's attention plugin does (the graph feeds it the table; no attribute turns the
+    rotation off): the table decides. ``visible`` (``[T, T]``
     bool, default causal) says which earlier tokens each token attends to; pass a tree mask here to
     ground-truth a spec-decode verify step. K and V are rounded to ``cfg.kv_cache_dtype`` before
     attention, as a cache of that type would store them. A token that sees no key gets zeros from
@@ -485,7 +503,6 @@ def reference_forward(
         raise ShapeError(f"visible has shape {vis.shape}, expected ({t}, {t})")
 
     inv_sqrt_d = np.float32(1.0 / math.sqrt(d))
-    use_rope = bool(getattr(cfg, "use_rope", True))
     types = tuple(getattr(cfg, "layer_types", ()) or ()) or ("attention",) * weights.num_layers
     after = [] if hidden_after is None else [int(i) for i in hidden_after]
     if any(not 0 <= i < len(types) for i in after):
@@ -503,9 +520,8 @@ def reference_forward(
         q = (x @ weights.wq[layer]).reshape(t, hq, d)
         k = (x @ weights.wk[layer]).reshape(t, hkv, d)
         v = (x @ weights.wv[layer]).reshape(t, hkv, d)
-        if use_rope:
-            q = apply_rope(q, table, pos)
-            k = apply_rope(k, table, pos)
+        q = apply_rope(q, table, pos)  # by the table given, whatever use_rope says (as Edge-LLM's plugin does)
+        k = apply_rope(k, table, pos)
         k = _round_to(k, kv_dtype)
         v = _round_to(v, kv_dtype)
         attn = np.zeros((t, hq, d), dtype=np.float32)
