@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._parity import Case, ParityMismatch
+from tests._parity import Case
 from tests._parity_vlm import (
     SCENARIOS,
     deepstack_shifted,
@@ -24,14 +24,9 @@ from tests._parity_vlm import (
 )
 
 CASES = ["qwen25-vl", "qwen3-vl"]
-# Issue 48 #2: a sequence continued from a pinned prefix holding an image restarts at MRoPE delta 0 (Qwen2.5-VL: the
-# row after the prefix off by 9.87, argmax 112 instead of HF's 17; Qwen3-VL: 6.06, 195 instead of 361).
-PREFIX_DELTA_LOST = pytest.mark.xfail(strict=True, raises=ParityMismatch,
-                                      reason="issue 48 #2: a pinned image prefix loses its MRoPE delta")
-SCENARIO_PARAMS = [pytest.param(s, marks=PREFIX_DELTA_LOST) if s == "prefix" else s for s in SCENARIOS]
 
 
-@pytest.mark.parametrize("scenario", SCENARIO_PARAMS)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("name", CASES)
 def test_equals_hugging_face(name: str, scenario: str) -> None:
     cmp = run(Case(name), scenario)
@@ -67,7 +62,7 @@ def test_a_planted_input_bug_fails_parity(name: str, bug: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("scenario", SCENARIO_PARAMS)
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("name", CASES)
 def test_equals_hugging_face_on_the_cuda_backend(name: str, scenario: str, graphs: bool) -> None:
     """The same on device memory: both graphs run in CUDA host functions between stream-ordered copies, also
