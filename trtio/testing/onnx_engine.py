@@ -327,21 +327,24 @@ def _dim(symbol: str, known: Mapping[str, int]) -> int:
     if symbol in known:
         return known[symbol]
 
-    def value(node: ast.AST) -> int:
+    def value(node: ast.AST) -> int | None:
         if isinstance(node, ast.Constant) and isinstance(node.value, int):
             return node.value
         if isinstance(node, ast.Name):
-            if node.id not in known:
-                raise KeyError(node.id)
-            return known[node.id]
+            return known.get(node.id)
         if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPS:
-            return _DIM_OPS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError(symbol)
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):
+                return None
+            return _DIM_OPS[type(node.op)](left, right)
+        return None
 
     try:
-        return value(ast.parse(symbol, mode="eval").body)
-    except (KeyError, ValueError, SyntaxError, ZeroDivisionError):
+        tree = ast.parse(symbol, mode="eval")
+    except SyntaxError:
         return -1
+    found = value(tree.body)
+    return -1 if found is None else found
 
 
 def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
