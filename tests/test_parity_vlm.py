@@ -5,6 +5,7 @@ runtime inputs fail the check (tests/_parity_vlm.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests._parity import Case
@@ -22,6 +23,8 @@ from tests._parity_vlm import (
     window_order_reversed,
     windows_merged,
 )
+from trtio.testing.edgellm_plugins._common import PluginInputError
+from trtio.testing.edgellm_plugins.vit import vit_attention_plugin
 
 CASES = ["qwen25-vl", "qwen3-vl"]
 
@@ -69,3 +72,28 @@ def test_equals_hugging_face_on_the_cuda_backend(name: str, scenario: str, graph
     replayed from CUDA graphs."""
     cmp = run(Case(name), scenario, backend="cuda", graphs=graphs)
     assert cmp.rows >= 4 and cmp.worst <= 0.1
+
+
+def test_the_vit_plugin_model_refuses_what_the_kernel_cannot_run() -> None:
+    """ViTAttentionPlugin's model refuses a head size the FMHA kernels lack, ``cu_seqlens`` that leave rows unwritten
+    or run backwards, and a segment longer than the carrier's extent (rows the launch never covers)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((6, 1, 64)).astype(np.float16) for _ in range(3))
+    attrs = {"num_heads": 1, "head_size": 64, "attention_scale": 0.125}
+
+    def call(cu: list[int], carrier: int = 4, given: dict[str, object] = attrs, x: np.ndarray = q) -> np.ndarray:
+        inputs = (x, k, v, np.array(cu, np.int32), np.zeros(carrier, np.int32))
+        (out,) = vit_attention_plugin("n", inputs, dict(given))
+        return out
+
+    out = call([0, 2, 6])  # two segments, each sees only itself, no causal mask
+    first = np.einsum("qd,kd->qk", q[:2, 0].astype(np.float32), k[:2, 0].astype(np.float32)) * 0.125
+    weights = np.exp(first - first.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(out[:2, 0], weights @ v[:2, 0].astype(np.float32), atol=2e-3)
+    for bad, why in (([0, 2, 5], "ends at 5"), ([0, 4, 2, 6], "decreases"), ([1, 6], "starts at row 0"),
+                     ([0, 6], "more than max_seqlen_carrier")):
+        with pytest.raises(PluginInputError, match=why):
+            call(bad)
+    with pytest.raises(PluginInputError, match="head_size 16"):
+        call([0, 6], 6, {"num_heads": 4, "head_size": 16}, q.reshape(6, 4, 16))
