@@ -225,11 +225,12 @@ def rope_rows(case: Case, positions: np.ndarray) -> np.ndarray:
 def expected_positions(case: Case, seq: Seq) -> np.ndarray:
     """``[3, L]`` positions of ``seq``'s expanded prompt, from its layout (HF ``get_rope_index`` for still images)."""
     ids = seq.prompt
+    pad = int(json.loads((case.root / "llm" / "config.json").read_text())["image_token_id"])
     grids = iter(case.arrays["vision_grid"][case.meta["sequences"][seq.index]["images"]])
     out = np.zeros((3, len(ids)), np.int64)
     pos = i = 0
     while i < len(ids):
-        if ids[i] != 500:  # IMAGE_PAD of scripts/parity_cases/vlm.py
+        if ids[i] != pad:
             out[:, i] = pos
             pos, i = pos + 1, i + 1
             continue
