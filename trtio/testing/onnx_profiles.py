@@ -1,10 +1,12 @@
-"""The two optimization profiles Edge-LLM 0.11's builder gives a decoder engine, from its graph and builder config.
+"""The optimization profiles Edge-LLM 0.11's builder gives an engine, from its graph and builder config.
 
-Read from the 0.11 package's ``experimental/builder/core/builder.py::_setup_llm_profiles`` and
+Decoders (:func:`builder_profiles`), read from the 0.11 package's
+``experimental/builder/core/builder.py::_setup_llm_profiles`` and
 ``experimental/builder/core/ragged.py::decoder_profile_ranges``: profile 0 is prefill (a block draft's "context"
-is its generation shape), profile 1 generation. Every input gets ``(min, opt, max)`` per profile; a dimension the
-graph fixes keeps its value. ``scripts/make_parity_fixtures.py`` records what the real builder function sets for
-each parity case (``profiles.json``), and ``tests/test_onnx_engine.py`` holds this reading to it.
+is its generation shape), profile 1 generation. A Qwen vision encoder (:func:`visual_profiles`), read from
+``builder.py::_setup_component_profile`` (the visual component): one profile. Every input gets ``(min, opt, max)``
+per profile; a dimension the graph fixes keeps its value. ``scripts/make_parity_fixtures.py`` records what the real
+builder functions set for each parity case (``profiles.json``), and the parity tests hold this reading to it.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 
 from trtio.errors import ConfigError
 
-__all__ = ["Profiles", "builder_profiles"]
+__all__ = ["Profiles", "builder_profiles", "visual_profiles"]
 
 Shape = tuple[int, ...]
 Range = tuple[Shape, Shape, Shape]
-Profiles = dict[str, tuple[Range, Range]]
+Profiles = dict[str, tuple[Range, ...]]  # input -> its range in each profile
 
 _PAGE = 128
 _BLOCK_DRAFTS = ("dflash", "jetspec", "dspark")
@@ -152,4 +154,49 @@ def builder_profiles(inputs: Mapping[str, Sequence[int]], config: Mapping[str, A
         if any(d < 0 for d in dims):
             raise ConfigError(name, f"is a dynamic input ({list(dims)}) Edge-LLM's builder sets no profile for")
         out[name] = (_fixed(dims), _fixed(dims))
+    return out
+
+
+# Inputs that mark a vision encoder _setup_component_profile sizes another way than a Qwen ViT's.
+_OTHER_VISUAL = {"pooling_weights": "Gemma 3/4's pooled ViT", "pixel_position_ids": "Gemma 4's unified encoder"}
+
+
+def visual_profiles(inputs: Mapping[str, Sequence[int]], builder: Mapping[str, Any]) -> Profiles:
+    """The one profile of a Qwen2.5-VL / Qwen3-VL vision encoder (``_setup_component_profile``, the visual
+    component): each dynamic dimension from ``builder_config``'s ``min_image_tokens``, ``max_image_tokens`` and
+    ``max_image_tokens_per_image`` (4 patches a merged token); a static input keeps its graph shape. Other visual
+    graphs (Gemma's, a 4-D patch input, Muse's patch-level windows) are refused naming what marks them."""
+    lo, hi = _int(builder, "min_image_tokens"), _int(builder, "max_image_tokens")
+    per_image = _int(builder, "max_image_tokens_per_image")
+    for name, what in _OTHER_VISUAL.items():
+        if name in inputs:
+            raise ConfigError(name, f"marks {what}, whose profile this reading of the builder does not give")
+    if len(inputs.get("input", ())) == 4 or ("fast_pos_embed_idx" in inputs and "window_index" in inputs):
+        raise ConfigError("input", "this visual graph (a 4-D patch input, or Muse's patch-level windows) is not a "
+                                   "Qwen ViT, whose profile alone this reading of the builder gives")
+    patches_per_token = 4
+    soft_opt = max(lo, (lo + hi) // 2)
+    images = max(2, hi // lo + 1)
+    carrier = per_image * patches_per_token
+
+    def extent(name: str) -> tuple[int, int, int]:
+        if name in ("cu_seqlens", "kv_lengths"):
+            return 2, max(2, images // 2), images
+        if name in ("cu_window_seqlens", "kv_lengths_window"):
+            return 2, hi, hi
+        if name in ("window_index", "reverse_window_index"):
+            return lo, (lo + hi) // 2, hi
+        if name == "max_seqlen_carrier":
+            return 1, max(1, carrier // 2), carrier
+        return lo * patches_per_token, soft_opt * patches_per_token, hi * patches_per_token
+
+    out: Profiles = {}
+    for name, shape in inputs.items():
+        dims = tuple(int(d) for d in shape)
+        if -1 not in dims:
+            out[name] = (_fixed(dims),)
+            continue
+        low, opt, high = extent(name)
+        out[name] = ((tuple(low if d < 0 else d for d in dims), tuple(opt if d < 0 else d for d in dims),
+                      tuple(high if d < 0 else d for d in dims)),)
     return out
