@@ -55,7 +55,7 @@ from trtio.cuda.backend import Backend, get_backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.tensor import Tensor
-from trtio.testing.onnx_profiles import Profiles, builder_profiles
+from trtio.testing.onnx_profiles import Profiles, builder_profiles, reduced_capacity, swa_pool_pages
 from trtio.testing.reference_io import DataType, ExecutionContextAllocationStrategy, TensorIOMode, TensorLocation
 
 __all__ = ["DataType", "ExecutionContextAllocationStrategy", "OnnxEngine", "OnnxExecutionContext",
@@ -338,6 +338,9 @@ def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, 
     batch, capacity = builder.get("max_batch_size"), builder.get("max_kv_cache_capacity")
     if isinstance(batch, int) and isinstance(capacity, int):
         builder.setdefault("max_kv_pool_pages", batch * -(-capacity // 128))
+        window = reduced_capacity(config, capacity)  # Gemma 4: LLMBuilderConfig::resolveNumSwaPages persists it
+        if window:
+            builder.setdefault("num_swa_pages", swa_pool_pages(batch, window))
     return builder
 
 
