@@ -53,7 +53,8 @@ SCRIPTS = Path(__file__).resolve().parent
 GAP = 0.2  # the smallest top-1/top-2 logit gap a greedy row may have (the tests' tolerance is 0.1)
 CONTINUATION = 8  # greedy tokens after each prompt
 SIZE_LIMIT = 2 * 1024 * 1024  # bytes a case may take (a vision-language pair 3 MB: Case.size_limit)
-EXPORT_FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors", "d2t.safetensors")
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors", "d2t.safetensors",
+                "ple_embedding.safetensors")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,13 @@ class Role:
     builder: dict[str, Any]
     spec_role: str = "none"  # "none", "base" or "draft" (BuildArgs.spec_role)
     spec_type: str = "none"
+    # Another role's fixture folder whose graph this role shares (another builder config of the same export): no
+    # files are copied for it; graphs.json maps the role to that folder.
+    graph: str = ""
+    # (profiles, graph inputs {name: shape}, config.json, builder config) -> profiles: what Edge-LLM's C++ builder
+    # sets where the Python builder function sets nothing (the case module cites the C++ it transcribes).
+    amend_profiles: Callable[[dict[str, Any], dict[str, tuple[int, ...]], dict[str, Any], dict[str, Any]],
+                             dict[str, Any]] | None = None
 
 
 @dataclass
@@ -265,8 +273,9 @@ class _Recorder:
 
 
 def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str, Any],
-                    spec: dict[str, Any]) -> dict[str, Any]:
-    """What ``_setup_llm_profiles`` sets for each input of ``graph`` with the builder arguments ``build``."""
+                    spec: dict[str, Any], amend: Any = None) -> dict[str, Any]:
+    """What ``_setup_llm_profiles`` sets for each input of ``graph`` with the builder arguments ``build`` (then
+    ``amend``, a :attr:`Role.amend_profiles`)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -280,8 +289,12 @@ def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str
     recorder = _Recorder()
     builder._setup_llm_profiles(recorder, recorder, _Network(inputs), cfg, args)
     ctx, gen = recorder.profiles
-    return {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
-            for name in ctx.shapes}
+    out = {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
+           for name in ctx.shapes}
+    if amend is not None:
+        config = json.loads((graph.parent / "config.json").read_text())
+        out = amend(out, {i.name: i.shape for i in inputs}, config, build)
+    return out
 
 
 # -- one case -------------------------------------------------------------------------------------------------------
@@ -313,12 +326,17 @@ def write_case(case: Case, out_root: Path) -> None:
         with builder_module() as builder:
             for folder, role in case.roles.items():
                 src = exported / role.source
-                (out / folder).mkdir()
-                for name in EXPORT_FILES:
-                    if (src / name).is_file():
-                        shutil.copy2(src / name, out / folder / name)
+                if not role.graph:
+                    (out / folder).mkdir()
+                    for name in EXPORT_FILES:
+                        if (src / name).is_file():
+                            shutil.copy2(src / name, out / folder / name)
                 spec = {"spec_role": role.spec_role, "spec_type": role.spec_type}
-                profiles[folder] = record_profiles(builder, ckpt, src / "model.onnx", role.builder, spec)
+                profiles[folder] = record_profiles(builder, ckpt, src / "model.onnx", role.builder, spec,
+                                                   role.amend_profiles)
+        graphs = {folder: role.graph for folder, role in case.roles.items() if role.graph}
+        if graphs:
+            (out / "graphs.json").write_text(json.dumps(graphs, indent=2) + "\n")
         (out / "builder_config.json").write_text(
             json.dumps({folder: role.builder for folder, role in case.roles.items()}, indent=2) + "\n")
         (out / "profiles.json").write_text(json.dumps(profiles, indent=1) + "\n")
