@@ -15,7 +15,8 @@ Where it runs:
   memory in place, enqueued with the backend's ``launch_host_func``: in stream order, and recorded into a host
   "graph" while the stream is captured.
 * On the ``cuda`` backend every execute enqueues, on the step's stream, a copy of each input (the KV and state pools
-  whole) into pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
+  whole; inputs bound to one device range, as a KV-sharing consumer's pool and its donor's, share one mirror) into
+  pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
   output and pool back. The three are capturable into a CUDA graph; the host function makes no CUDA call. The
   mirrors are allocated at the first execute (never during a capture), sized for the profiles' largest shapes.
 
@@ -534,8 +535,9 @@ class OnnxExecutionContext:
 
     def _compute(self, binding: list[tuple[_IO, int, Shape]], mirror: _Mirror | None) -> None:
         views: dict[str, np.ndarray] = {}
+        mirrored = _mirrored(binding)
         for decl, ptr, shape in binding:
-            address = ptr if mirror is None else mirror.host_address(decl.name)
+            address = ptr if mirror is None else mirror.host_address(mirrored[decl.name])
             views[decl.name] = host_view(address, _nbytes(decl, shape)).view(decl.dtype.storage_numpy).reshape(shape)
         inputs = {d.name: views[d.name] for d, _, _ in binding if d.is_input}
         results = self._engine.run_graph(inputs)
@@ -587,11 +589,13 @@ class _Mirror:
         key = tuple((decl.name, ptr, shape) for decl, ptr, shape in binding)
         task = self._ids.setdefault(key, len(self._ids))
         self._tasks[task] = compute
-        for decl, ptr, shape in binding:
+        mirrored = _mirrored(binding)
+        own = [(decl, ptr, shape) for decl, ptr, shape in binding if mirrored[decl.name] == decl.name]
+        for decl, ptr, shape in own:
             if decl.is_input:
                 self._backend.memcpy(self._host[decl.name].data_ptr, ptr, _nbytes(decl, shape), stream)
         self._launch_host_func(stream, task)
-        for decl, ptr, shape in binding:
+        for decl, ptr, shape in own:
             if not decl.is_input or decl.name.startswith(_POOL_PREFIXES):
                 self._backend.memcpy(ptr, self._host[decl.name].data_ptr, _nbytes(decl, shape), stream)
 
@@ -602,6 +606,17 @@ class _Mirror:
         err = runtime.cudaLaunchHostFunc(stream, runtime.cudaHostFn_t(_ptr=address), task)[0]
         if err != runtime.cudaError_t.cudaSuccess:
             raise EngineError(f"cudaLaunchHostFunc failed: {err}")
+
+
+def _mirrored(binding: list[tuple[_IO, int, Shape]]) -> dict[str, str]:
+    """Each I/O's host mirror (by name). Inputs bound to one device range (a KV-sharing consumer's pool and its
+    donor's, ``swa_kv_page_table`` bound to ``kv_page_table``) share the first one's mirror, copied in and back
+    once: a node then reads what an earlier node of the step wrote there, as it does on the device."""
+    first: dict[tuple[int, int], str] = {}
+    out = {}
+    for decl, ptr, shape in binding:
+        out[decl.name] = first.setdefault((ptr, _nbytes(decl, shape)), decl.name) if decl.is_input else decl.name
+    return out
 
 
 def _nbytes(decl: _IO, shape: Shape) -> int:
