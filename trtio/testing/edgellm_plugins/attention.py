@@ -28,8 +28,11 @@ Sliding windows and Gemma 4's storage modes (``enqueueImpl``'s ``useBoundedSwaCa
 - ``enable_kv_shared`` 1 (a KV-sharing consumer, Gemma 4's full layers past the shared boundary): the packed input
   is Q only, or Q plus the donor's current K/V; the layer never writes. It reads the pool bound to its own
   ``past_key_values_i`` (the runtime binds the donor's), except in bounded prefill, which needs the current K/V
-  from its input. (Gemma 4's sliding consumers are exported with ``enable_kv_shared`` 0 and the donor's current
-  K/V: they write the donor's values again, into the donor's pool.)
+  from its input. With Q only, a prefill over cached tokens is refused: its queries are rotated by
+  ``launchApplyRopeQOnly`` with ``kvCacheEndLens`` (``applyRopeWriteKV.cu``), i.e. with row ``past + i`` of a
+  table that holds one row per token of the step (the token-aligned RoPE every other path reads at row i).
+  (Gemma 4's sliding consumers are exported with ``enable_kv_shared`` 0 and the donor's current K/V: they write the
+  donor's values again, into the donor's pool.)
 
 The model computes on the pools it is given, in place: the K/V writes of a layer land in ``past_key_values_i``'s
 memory, which is what ``present_key_values_i`` aliases, so a later node of the same step (a KV-shared layer) reads
@@ -265,6 +268,12 @@ def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -
     if bounded and prefill and not own_kv:
         raise PluginInputError(f"{plugin}: Bounded shared-KV prefill requires the donor's current K/V in the packed "
                                "input (enable_kv_shared 1 with Q only and swa_kv_cache_mode of extent 1)")
+    if shared and not own_kv and prefill and (np.asarray(past_lengths) > 0).any():
+        b = int(np.flatnonzero(np.asarray(past_lengths) > 0)[0])
+        raise PluginInputError(f"{plugin}: a KV-shared layer given Q only, in a prefill over {int(past_lengths[b])} "
+                               f"cached tokens (sequence {b}): enqueueImpl rotates its queries with "
+                               "launchApplyRopeQOnly(kvCacheEndLens = past + W), which reads row past + i of the "
+                               "step's token-aligned RoPE table (another token's row, or past the table), not row i")
     if bounded and mode is Mode.CHUNKED_PREFILL and ragged.width <= 1:
         raise PluginInputError(f"{plugin}: SWA chunked prefill requires runtimeSeqLen > 1 (bounded SWA storage, "
                                f"padded width {ragged.width})")
