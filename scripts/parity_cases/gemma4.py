@@ -1,5 +1,11 @@
-"""Gemma 4 text: sliding and full layers (a small window), KV sharing, per-layer embeddings (PLE), dual RoPE; one
-export built two ways (full and bounded SWA storage)."""
+"""Gemma 4 text: sliding and full layers (a small window), KV sharing, per-layer embeddings (PLE), dual RoPE; each
+export built two ways (full and bounded SWA storage).
+
+Two cases: ``gemma4`` with KV sharing (layers 4-5 read layers 3 and 2) runs the steps that start from an empty
+cache; ``gemma4-unshared`` (no KV sharing) the steps over a cached prefix (chunked prefill, a pinned prefix
+continued). Edge-LLM 0.11's AttentionPlugin rotates a Q-only KV-sharing layer's queries with the wrong RoPE rows in
+such a step (``docs/edgellm-assumptions.md`` §10.9): trtio refuses them on a KV-sharing engine.
+"""
 
 from __future__ import annotations
 
@@ -17,26 +23,38 @@ FULL = {"max_batch_size": 4, "max_input_len": 128, "max_kv_cache_capacity": 256}
 # Bounded SWA storage: 8 pages a sequence, a full pool of 32; the sliding pools take the 4 x 5 = 20 private pages.
 BOUNDED = {"max_batch_size": 4, "max_input_len": 128, "max_kv_cache_capacity": 1024}
 
-SEQUENCES = (
+SHARED_SEQUENCES = (
     # a batch of two lengths, both past the window; the long one (five windows) is decoded across the 128-token page
     Sequence("batch", 45), Sequence("batch", 126),
-    Sequence("chunked", 150, marks=(47, 95, 143)),  # chunks of 48 over the last one's window; its decode
-    # retires page 0 of a bounded window (end - W passes 128)
     Sequence("admit", 33),  # admitted into a released slot
-    Sequence("prefix", 140, marks=(132,)),  # full storage only: a bounded window cannot keep a prefix
 )
+UNSHARED_SEQUENCES = (
+    # chunks of 48 over the last one's window (the last one's on two pages); its decodes retire page 0 of a bounded
+    # window (end - W passes 128)
+    Sequence("chunked", 150, marks=(47, 95, 143)),
+    # a prefix of a full page and 64 tokens pinned and continued (full storage only: a bounded window cannot keep it)
+    Sequence("prefix", 200, marks=(191,)),
+)
+_S, _F = "sliding_attention", "full_attention"
+
+
+def _gemma4(folder: Path, seed: int, layers: list[str], shared: int) -> None:
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    config = Gemma4TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=len(layers),
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
+                              layer_types=layers, sliding_window=WINDOW, num_kv_shared_layers=shared,
+                              vocab_size_per_layer_input=512, hidden_size_per_layer_input=8,
+                              final_logit_softcapping=30.0, max_position_embeddings=2048, initializer_range=0.2)
+    save_checkpoint(seeded_model(Gemma4ForCausalLM, config, seed), folder)
 
 
 def gemma4_text(folder: Path, seed: int) -> None:
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+    _gemma4(folder, seed, [_S, _S, _F, _S, _S, _F], shared=2)
 
-    sliding, full = "sliding_attention", "full_attention"
-    config = Gemma4TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                              num_attention_heads=4, num_key_value_heads=1, head_dim=32, global_head_dim=64,
-                              layer_types=[sliding, sliding, full, sliding, sliding, full], sliding_window=WINDOW,
-                              num_kv_shared_layers=2, vocab_size_per_layer_input=512, hidden_size_per_layer_input=8,
-                              final_logit_softcapping=30.0, max_position_embeddings=2048, initializer_range=0.2)
-    save_checkpoint(seeded_model(Gemma4ForCausalLM, config, seed), folder)
+
+def gemma4_unshared(folder: Path, seed: int) -> None:
+    _gemma4(folder, seed, [_S, _S, _F], shared=0)
 
 
 def reference(case: Case, checkpoint: Path, out: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -91,21 +109,32 @@ def cpp_builder_profiles(profiles: dict[str, Any], inputs: dict[str, tuple[int, 
     return out
 
 
+_NOTES = ("`llm-bounded` is the same exported graph (`graphs.json`) with a builder config whose KV capacity (1024) "
+          "makes the bounded SWA pool (4 x 5 pages) smaller than the full one (32 pages), so the runtime binds "
+          "`swa_kv_cache_mode` of extent 1. The Python builder function the profiles are recorded from sets no "
+          "profile for `swa_kv_page_table` / `swa_kv_cache_mode` and fixes every pool at the full page count (its own "
+          "Gemma 4 graph has no SWA inputs); those entries are Edge-LLM's C++ builder's (`cpp/builder/llmBuilder.cpp`, "
+          "`setupCommonProfiles` / `setupKVCacheProfiles`), transcribed in "
+          "`scripts/parity_cases/gemma4.py::cpp_builder_profiles`. `reference.json` also records, per sequence, how "
+          "far Hugging Face's own float16 forward is from its float32 logits on the compared rows (`hf_fp16_worst`): "
+          "the tests' tolerance rests on it.")
+
+
+def _roles() -> dict[str, Role]:
+    return {"llm": Role("llm", FULL, amend_profiles=cpp_builder_profiles),
+            "llm-bounded": Role("llm", BOUNDED, graph="llm", amend_profiles=cpp_builder_profiles)}
+
+
 CASES = [
     Case("gemma4", "Gemma 4 text: 6 layers of 64 (sliding S S F S S F, window 24, head dims 32 / 64), layers 4-5 "
                    "reading the KV of layers 3 and 2, PLE of 8 a layer, dual RoPE (proportional on full layers), "
                    "logit softcapping 30, vocab 512; built for full SWA storage (`llm`) and bounded (`llm-bounded`).",
-         gemma4_text,
-         {"llm": Role("llm", FULL, amend_profiles=cpp_builder_profiles),
-          "llm-bounded": Role("llm", BOUNDED, graph="llm", amend_profiles=cpp_builder_profiles)},
-         sequences=SEQUENCES, reference=reference,
-         notes="`llm-bounded` is the same exported graph (`graphs.json`) with a builder config whose KV capacity "
-               "(1024) makes the bounded SWA pool (4 x 5 pages) smaller than the full one (32 pages), so the runtime "
-               "binds `swa_kv_cache_mode` of extent 1. The Python builder function the profiles are recorded from "
-               "sets no profile for `swa_kv_page_table` / `swa_kv_cache_mode` and fixes every pool at the full page "
-               "count (its own Gemma 4 graph has no SWA inputs); those entries are Edge-LLM's C++ builder's "
-               "(`cpp/builder/llmBuilder.cpp`, `setupCommonProfiles` / `setupKVCacheProfiles`), transcribed in "
-               "`scripts/parity_cases/gemma4.py::cpp_builder_profiles`. `reference.json` also records, per "
-               "sequence, how far Hugging Face's own float16 forward is from its float32 logits on the compared rows "
-               "(`hf_fp16_worst`): the tests' tolerance rests on it."),
+         gemma4_text, _roles(), sequences=SHARED_SEQUENCES, reference=reference, notes=_NOTES),
+    Case("gemma4-unshared", "Gemma 4 text without KV sharing, for steps over a cached prefix: 3 layers of 64 "
+                            "(S S F, window 24, head dims 32 / 64), PLE of 8 a layer, dual RoPE, logit softcapping 30, "
+                            "vocab 512; built for full SWA storage (`llm`) and bounded (`llm-bounded`).",
+         gemma4_unshared, _roles(), sequences=UNSHARED_SEQUENCES, reference=reference,
+         notes=_NOTES + " Edge-LLM 0.11 rotates a KV-sharing layer's queries (Q only) with the wrong RoPE rows in a "
+                        "step over a cached prefix (docs/edgellm-assumptions.md §10.9), so chunked prefill and a "
+                        "pinned prefix continued are checked on this model, which shares no KV."),
 ]
