@@ -54,7 +54,7 @@ GAP = 0.2  # the smallest top-1/top-2 logit gap a greedy row may have (the tests
 CONTINUATION = 8  # greedy tokens after each prompt
 SIZE_LIMIT = 2 * 1024 * 1024  # bytes a case may take (a vision-language pair 3 MB: Case.size_limit)
 EXPORT_FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors", "d2t.safetensors",
-                "preprocessor_config.json")
+                "preprocessor_config.json", "ple_embedding.safetensors")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,13 @@ class Role:
     spec_type: str = "none"
     checkpoint: str = ""  # this role's Hugging Face checkpoint: a folder under the case's checkpoint ("": itself)
     component: str = "llm"  # BuildArgs.component: "llm", or "visual" (a VLM's vision encoder: one profile)
+    # Another role's fixture folder whose graph this role shares (another builder config of the same export): no
+    # files are copied for it; graphs.json maps the role to that folder.
+    graph: str = ""
+    # (profiles, graph inputs {name: shape}, config.json, builder config) -> profiles: what Edge-LLM's C++ builder
+    # sets where the Python builder function sets nothing (the case module cites the C++ it transcribes).
+    amend_profiles: Callable[[dict[str, Any], dict[str, tuple[int, ...]], dict[str, Any], dict[str, Any]],
+                             dict[str, Any]] | None = None
 
 
 @dataclass
@@ -268,9 +275,10 @@ class _Recorder:
 
 
 def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str, Any],
-                    spec: dict[str, Any], component: str = "llm") -> dict[str, Any]:
+                    spec: dict[str, Any], component: str = "llm", amend: Any = None) -> dict[str, Any]:
     """What ``_setup_llm_profiles`` (``component`` "llm") or ``_setup_component_profile`` (a vision encoder: one
-    profile) sets for each input of ``graph`` with the builder arguments ``build``."""
+    profile) sets for each input of ``graph`` with the builder arguments ``build`` (then ``amend``, a
+    :attr:`Role.amend_profiles`)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -290,8 +298,12 @@ def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str
     cfg = builder.load_device_config(args)
     builder._setup_llm_profiles(recorder, recorder, _Network(inputs), cfg, args)
     ctx, gen = recorder.profiles
-    return {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
-            for name in ctx.shapes}
+    out = {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
+           for name in ctx.shapes}
+    if amend is not None:
+        config = json.loads((graph.parent / "config.json").read_text())
+        out = amend(out, {i.name: i.shape for i in inputs}, config, build)
+    return out
 
 
 def spec_args(case: Case, ckpt: Path, role: Role) -> dict[str, Any]:
@@ -335,12 +347,16 @@ def write_case(case: Case, out_root: Path) -> None:
         with builder_module() as builder:
             for folder, role in case.roles.items():
                 src = exported / role.source
-                (out / folder).mkdir()
-                for name in EXPORT_FILES:
-                    if (src / name).is_file():
-                        shutil.copy2(src / name, out / folder / name)
+                if not role.graph:
+                    (out / folder).mkdir()
+                    for name in EXPORT_FILES:
+                        if (src / name).is_file():
+                            shutil.copy2(src / name, out / folder / name)
                 profiles[folder] = record_profiles(builder, ckpt / role.checkpoint, src / "model.onnx", role.builder,
-                                                   spec_args(case, ckpt, role), role.component)
+                                                   spec_args(case, ckpt, role), role.component, role.amend_profiles)
+        graphs = {folder: role.graph for folder, role in case.roles.items() if role.graph}
+        if graphs:
+            (out / "graphs.json").write_text(json.dumps(graphs, indent=2) + "\n")
         (out / "builder_config.json").write_text(
             json.dumps({folder: role.builder for folder, role in case.roles.items()}, indent=2) + "\n")
         (out / "profiles.json").write_text(json.dumps(profiles, indent=1) + "\n")

@@ -16,7 +16,8 @@ Where it runs:
   memory in place, enqueued with the backend's ``launch_host_func``: in stream order, and recorded into a host
   "graph" while the stream is captured.
 * On the ``cuda`` backend every execute enqueues, on the step's stream, a copy of each input (the KV and state pools
-  whole) into pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
+  whole; inputs bound to one device range, as a KV-sharing consumer's pool and its donor's, share one mirror) into
+  pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
   output and pool back. The three are capturable into a CUDA graph; the host function makes no CUDA call. The
   mirrors are allocated at the first execute (never during a capture), sized for the profiles' largest shapes.
 
@@ -58,7 +59,7 @@ from trtio.cuda.backend import Backend, get_backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.tensor import Tensor
-from trtio.testing.onnx_profiles import Profiles, builder_profiles, visual_profiles
+from trtio.testing.onnx_profiles import Profiles, builder_profiles, reduced_capacity, swa_pool_pages, visual_profiles
 from trtio.testing.reference_io import DataType, ExecutionContextAllocationStrategy, TensorIOMode, TensorLocation
 
 __all__ = ["DataType", "ExecutionContextAllocationStrategy", "OnnxEngine", "OnnxExecutionContext",
@@ -385,6 +386,9 @@ def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, 
     batch, capacity = builder.get("max_batch_size"), builder.get("max_kv_cache_capacity")
     if isinstance(batch, int) and isinstance(capacity, int):
         builder.setdefault("max_kv_pool_pages", batch * -(-capacity // 128))
+        window = reduced_capacity(config, capacity)  # Gemma 4: LLMBuilderConfig::resolveNumSwaPages persists it
+        if window:
+            builder.setdefault("num_swa_pages", swa_pool_pages(batch, window))
     return builder
 
 

@@ -7,17 +7,26 @@ is its generation shape), profile 1 generation. A Qwen vision encoder (:func:`vi
 ``builder.py::_setup_component_profile`` (the visual component): one profile. Every input gets ``(min, opt, max)``
 per profile; a dimension the graph fixes keeps its value. ``scripts/make_parity_fixtures.py`` records what the real
 builder functions set for each parity case (``profiles.json``), and the parity tests hold this reading to it.
+
+Gemma 4's bounded-SWA inputs have no profile in that Python function (its own Gemma 4 graph has no SWA inputs);
+for an exported graph they come from Edge-LLM's C++ builder, ``cpp/builder/llmBuilder.cpp``
+(``setupCommonProfiles``: ``swa_kv_page_table`` as ``kv_page_table``, the shape-only ``swa_kv_cache_mode``
+``(0, 1, 1)`` in both profiles; ``setupKVCacheProfiles`` with ``LLMBuilderConfig::resolveKVPoolPageProfile``: a
+layer whose ``kv_layer_configs[i].kv_cache_capacity`` is reduced below ``max_kv_cache_capacity`` takes
+``(min(bounded, full), min(bounded, full), max(bounded, full))`` pages, bounded = ``num_swa_pages`` (default
+``max_batch_size x (2 * (ceil(W / 128) + 1) + 1)``, ``computeMinimumSwaPoolPages``)). :func:`swa_pool_pages` is that
+default, which the builder also writes into ``builder_config.num_swa_pages``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trtio.errors import ConfigError
 
-__all__ = ["Profiles", "builder_profiles", "visual_profiles"]
+__all__ = ["Profiles", "builder_profiles", "reduced_capacity", "swa_pool_pages", "visual_profiles"]
 
 Shape = tuple[int, ...]
 Range = tuple[Shape, Shape, Shape]
@@ -61,6 +70,44 @@ def _int(builder: Mapping[str, Any], key: str, default: int | None = None) -> in
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"builder_config.{key}", f"is {value!r}; Edge-LLM's builder needs a positive int")
     return value
+
+
+def reduced_capacity(config: Mapping[str, Any], capacity: int) -> int:
+    """The sliding window W of a config whose ``kv_layer_configs`` give some layer a ``kv_cache_capacity`` below
+    the engine's (``isReducedKvCacheCapacity``); 0 where none does. Every reduced layer must agree
+    (``KVCacheManager``: "all SWA-capable layers must use one common kv_cache_capacity")."""
+    seen = set()
+    for layer in config.get("kv_layer_configs") or ():
+        cap = (layer or {}).get("kv_cache_capacity", 0) if isinstance(layer, Mapping) else 0
+        if isinstance(cap, int) and 0 < cap < capacity:
+            seen.add(cap)
+    if len(seen) > 1:
+        raise ConfigError("kv_layer_configs", f"reduced kv_cache_capacity values {sorted(seen)} differ; Edge-LLM's "
+                                              "KV cache manager takes one common window")
+    return seen.pop() if seen else 0
+
+
+def swa_pool_pages(batch: int, window: int) -> int:
+    """``computeMinimumSwaPoolPages``: every sequence's private pages, ``2 * (ceil(W / 128) + 1) + 1``."""
+    return batch * (2 * (-(-window // _PAGE) + 1) + 1)
+
+
+def _pool_ranges(config: Mapping[str, Any], builder: Mapping[str, Any], batch: int, capacity: int,
+                 pool_pages: int) -> Callable[[int, int, int], Range]:
+    """``(layer, kv heads, head dim) -> its pool's range``: every page of the full pool, or, for a layer of reduced
+    ``kv_cache_capacity`` (``LLMBuilderConfig::resolveKVPoolPageProfile``), ``min(bounded, full) .. max``."""
+    window = reduced_capacity(config, capacity)
+    swa_pages = int(builder.get("num_swa_pages", 0) or 0) or (swa_pool_pages(batch, window) if window else 0)
+    caps = [e.get("kv_cache_capacity", 0) if isinstance(e, Mapping) else 0
+            for e in config.get("kv_layer_configs") or ()]
+
+    def pool_range(layer: int, heads: int, dim: int) -> Range:
+        cap = caps[layer] if layer < len(caps) else 0
+        if window and isinstance(cap, int) and 0 < cap < capacity:
+            lo, hi = min(swa_pages, pool_pages), max(swa_pages, pool_pages)
+            return _span((2, n, _PAGE, heads, dim) for n in (lo, lo, hi))
+        return _fixed((2, pool_pages, _PAGE, heads, dim))
+    return pool_range
 
 
 def builder_profiles(inputs: Mapping[str, Sequence[int]], config: Mapping[str, Any],
@@ -126,9 +173,10 @@ def builder_profiles(inputs: Mapping[str, Sequence[int]], config: Mapping[str, A
         put(name, context.token(width), generation.token(width))
     width = fixed_dim("dflash_delta_rope_cos_sin", -1, 0)
     put("dflash_delta_rope_cos_sin", _span((t, width) for t in delta_ctx), _span((t, width) for t in delta_gen))
+    pool_range = _pool_ranges(config, builder, b, capacity, pool_pages)
     for name, shape in inputs.items():
         if name.startswith("past_key_values_"):
-            put(name, _fixed((2, pool_pages, _PAGE, int(shape[3]), int(shape[4]))))
+            put(name, pool_range(int(name[len("past_key_values_"):]), int(shape[3]), int(shape[4])))
         elif name.startswith(("conv_state_", "recurrent_state_")):
             put(name, _fixed((b, *(int(d) for d in shape[1:]))))
         elif name.startswith(("deepstack_embeds_", "ple_token_embeds_")):
@@ -138,6 +186,8 @@ def builder_profiles(inputs: Mapping[str, Sequence[int]], config: Mapping[str, A
         elif ".lora_B.weight" in name:
             put(name, ((0, int(shape[1])), (lora_rank, int(shape[1])), (lora_rank, int(shape[1]))))
     put("kv_page_table", ((1, 2, pages_per_seq), (b, 2, pages_per_seq), (b, 2, pages_per_seq)))
+    put("swa_kv_page_table", ((1, 2, pages_per_seq), (b, 2, pages_per_seq), (b, 2, pages_per_seq)))
+    put("swa_kv_cache_mode", ((0,), (1,), (1,)))
     packed = max(1, (tree + 31) // 32)
     ctx_widths = (1, packed, packed) if block_draft else (1, 1, 1)
     put("packed_attention_mask", _span(zip(context.tokens, ctx_widths)),
