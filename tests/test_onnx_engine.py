@@ -89,3 +89,13 @@ def test_the_graph_runs_in_stream_order_on_a_lazy_device() -> None:
     for scenario in ("batch", "prefix"):
         cmp = run_on(Case("qwen3"), scenario, backend)
         assert cmp.rows >= 4 and cmp.worst <= 0.1
+
+
+def test_the_mirrored_path_shares_one_mirror_per_device_address() -> None:
+    """Gemma 4's KV-sharing layers read their donors' pools, bound at the donors' addresses: through the cuda path's
+    mirrors a consumer must read the donor's writes of the same step (one mirror per address), or it attends over
+    the pool as it was before the step."""
+    from tests._parity_gemma4 import CASE, run
+
+    cmp = run(Case(CASE), "batch", "full", backend=_DeviceBehindHost())
+    assert cmp.rows >= 4 and cmp.worst <= 0.1
