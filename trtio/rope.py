@@ -247,6 +247,11 @@ class RopeScaling:
             raise ConfigError(f"{what}.{key}", f"expected one of {list(ROPE_TYPES)}, got {rope_type!r}")
         if "alpha" in rest and rest["alpha"] is None:
             del rest["alpha"]  # null: no alpha, as transformers reads it
+        if "interleaved" in rest:  # Qwen3-ASR's / Qwen3-Omni's hub spelling of mrope_interleaved
+            alias = rest.pop("interleaved")
+            if rest.setdefault("mrope_interleaved", alias) != alias:
+                raise ConfigError(f"{what}.interleaved", f"is {alias!r} but mrope_interleaved is "
+                                                         f"{rest['mrope_interleaved']!r} (the same key, spelled twice)")
         for key in _REQUIRED[rope_type]:
             if key not in rest and not (key == "factor" and rope_type == "dynamic" and "alpha" in rest):
                 raise ConfigError(f"{what}.{key}", f"is required for rope_type {rope_type!r} and is missing")
