@@ -89,7 +89,7 @@ class Role:
     spec_role: str = "none"  # "none", "base" or "draft" (BuildArgs.spec_role)
     spec_type: str = "none"
     checkpoint: str = ""  # this role's Hugging Face checkpoint: a folder under the case's checkpoint ("": itself)
-    component: str = "llm"  # BuildArgs.component: "llm", or "visual" (a VLM's vision encoder: one profile)
+    component: str = "llm"  # BuildArgs.component: "llm", "visual" (a VLM's vision encoder) or "audio" (one profile)
     # Another role's fixture folder whose graph this role shares (another builder config of the same export): no
     # files are copied for it; graphs.json maps the role to that folder.
     graph: str = ""
@@ -287,7 +287,8 @@ def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str
     keys = {k: v for k, v in build.items() if k in ("max_batch_size", "max_input_len", "max_kv_cache_capacity",
                                                       "max_lora_rank", "max_verify_tree_size",
                                                       "max_draft_tree_size", "min_image_tokens",
-                                                      "max_image_tokens", "max_image_tokens_per_image")}
+                                                      "max_image_tokens", "max_image_tokens_per_image",
+                                                      "min_time_steps", "max_time_steps")}
     args = builder.BuildArgs(model_dir=str(checkpoint), engine_dir=tempfile.mkdtemp(), component=component, **keys,
                              **spec)
     recorder = _Recorder()

@@ -3,7 +3,7 @@
 :class:`OnnxEngine` implements the part of TensorRT 10/11's ``ICudaEngine`` / ``IExecutionContext`` API trtio uses
 (as :class:`~trtio.testing.ReferenceEngine` does), with the I/O the graph declares (names, dtypes, dimensions) and
 the optimization profiles Edge-LLM 0.11's builder gives them (:mod:`trtio.testing.onnx_profiles`: two for a
-decoder, one for a Qwen vision encoder's ``visual/`` graph). Its execute
+decoder, one for a Qwen vision encoder's ``visual/`` graph or an audio encoder's ``audio/`` graph). Its execute
 runs the graph that ``tensorrt-edgellm-export`` wrote on the memory bound to it: standard ONNX ops through
 ``onnx.reference.ReferenceEvaluator`` (the ``onnx`` package, numpy; no onnxruntime, no torch), Edge-LLM's custom
 ops through the numpy models of :mod:`trtio.testing.edgellm_plugins`, written from Edge-LLM's C++. Driven by trtio
@@ -59,7 +59,14 @@ from trtio.cuda.backend import Backend, get_backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.tensor import Tensor
-from trtio.testing.onnx_profiles import Profiles, builder_profiles, reduced_capacity, swa_pool_pages, visual_profiles
+from trtio.testing.onnx_profiles import (
+    Profiles,
+    audio_profiles,
+    builder_profiles,
+    reduced_capacity,
+    swa_pool_pages,
+    visual_profiles,
+)
 from trtio.testing.reference_io import DataType, ExecutionContextAllocationStrategy, TensorIOMode, TensorLocation
 
 __all__ = ["DataType", "ExecutionContextAllocationStrategy", "OnnxEngine", "OnnxExecutionContext",
@@ -138,15 +145,15 @@ class OnnxEngine:
         self._decls = tuple(decls)
         self._by_name = {d.name: d for d in decls}
         builder = config.get("builder_config")
-        visual = _is_visual(inputs)
+        visual, audio = _is_visual(inputs), _is_audio(inputs)
         if not isinstance(builder, Mapping):
             needs = "min_image_tokens, max_image_tokens, max_image_tokens_per_image" if visual else \
-                "batch, input length, KV capacity, ..."
+                "min_time_steps, max_time_steps" if audio else "batch, input length, KV capacity, ..."
             raise ConfigError(f"{path}: builder_config", f"is missing: pass builder_config= ({needs} as Edge-LLM's "
                                                          "builder writes them)")
         shapes = {d.name: d.shape for d in decls if d.is_input}
         self._profiles: Profiles = visual_profiles(shapes, builder) if visual else \
-            builder_profiles(shapes, config, builder)
+            audio_profiles(shapes, builder) if audio else builder_profiles(shapes, config, builder)
         self._num_profiles = len(next(iter(self._profiles.values()))) if self._profiles else 1
         self._evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=[*onnx_ops(), *_tensorrt_gemms()])
         self._context_ids = itertools.count()
@@ -157,12 +164,13 @@ class OnnxEngine:
     def from_export(cls, export_dir: str | os.PathLike[str], builder_config: Mapping[str, Any] | None = None, *,
                     backend: Backend | str | None = None) -> OnnxEngine:
         """The engine of the folder ``tensorrt-edgellm-export`` wrote for one role (``llm/``, a pair's ``base/`` or
-        ``draft/``, a VLM's ``visual/``): its ``model.onnx`` (+ ``model.onnx.data``) and ``config.json``.
-        ``builder_config`` is what Edge-LLM's builder adds to ``config.json``: for a decoder ``max_batch_size``,
-        ``max_input_len``, ``max_kv_cache_capacity``, ``max_lora_rank``, ``max_verify_tree_size`` /
+        ``draft/``, a VLM's ``visual/``, a speech model's ``audio/``): its ``model.onnx`` (+ ``model.onnx.data``) and
+        ``config.json``. ``builder_config`` is what Edge-LLM's builder adds to ``config.json``: for a decoder
+        ``max_batch_size``, ``max_input_len``, ``max_kv_cache_capacity``, ``max_lora_rank``, ``max_verify_tree_size`` /
         ``max_draft_tree_size``, ``spec_base`` / ``spec_draft`` (the derived keys ``max_kv_pool_pages``,
         ``ragged_backend``, ``tp_size`` are filled in as the builder writes them); for a vision encoder
-        ``min_image_tokens``, ``max_image_tokens``, ``max_image_tokens_per_image``. None: the config's own
+        ``min_image_tokens``, ``max_image_tokens``, ``max_image_tokens_per_image``; for an audio encoder
+        ``min_time_steps``, ``max_time_steps``. None: the config's own
         ``builder_config``. ``backend``: where trtio's tensors live (the execute runs there; default auto)."""
         onnx = _import_onnx()
         root = Path(export_dir)
@@ -172,7 +180,8 @@ class OnnxEngine:
                 raise ConfigError(str(file), f"is missing: {root} is not a folder tensorrt-edgellm-export wrote")
         config = json.loads(config_file.read_text())
         model = onnx.load(str(model_file))
-        complete = (lambda b, _c: b) if _is_visual({i.name for i in model.graph.input}) else _completed
+        names = {i.name for i in model.graph.input}
+        complete = (lambda b, _c: b) if _is_visual(names) or _is_audio(names) else _completed
         if builder_config is not None:
             config["builder_config"] = complete(dict(builder_config), config)
         elif "builder_config" in config:
@@ -343,6 +352,11 @@ def _is_visual(inputs: Iterable[str]) -> bool:
     """A vision encoder's graph (``visual/``): patches ``input`` and ``cu_seqlens``, no ``inputs_embeds``."""
     names = set(inputs)
     return {"input", "cu_seqlens"} <= names and "inputs_embeds" not in names
+
+
+def _is_audio(inputs: Iterable[str]) -> bool:
+    """An audio encoder's graph (``audio/``): ``padded_feature`` and ``padded_mask_after_cnn_indices``."""
+    return {"padded_feature", "padded_mask_after_cnn_indices"} <= set(inputs)
 
 
 _DIM_OPS: dict[type, Callable[[int, int], int]] = {ast.Add: operator.add, ast.Sub: operator.sub,

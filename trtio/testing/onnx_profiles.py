@@ -4,7 +4,8 @@ Decoders (:func:`builder_profiles`), read from the 0.11 package's
 ``experimental/builder/core/builder.py::_setup_llm_profiles`` and
 ``experimental/builder/core/ragged.py::decoder_profile_ranges``: profile 0 is prefill (a block draft's "context"
 is its generation shape), profile 1 generation. A Qwen vision encoder (:func:`visual_profiles`), read from
-``builder.py::_setup_component_profile`` (the visual component): one profile. Every input gets ``(min, opt, max)``
+``builder.py::_setup_component_profile`` (the visual component): one profile; an audio encoder
+(:func:`audio_profiles`, the audio component of the same function): one profile. Every input gets ``(min, opt, max)``
 per profile; a dimension the graph fixes keeps its value. ``scripts/make_parity_fixtures.py`` records what the real
 builder functions set for each parity case (``profiles.json``), and the parity tests hold this reading to it.
 
@@ -26,7 +27,8 @@ from typing import Any
 
 from trtio.errors import ConfigError
 
-__all__ = ["Profiles", "builder_profiles", "reduced_capacity", "swa_pool_pages", "visual_profiles"]
+__all__ = ["Profiles", "audio_profiles", "builder_profiles", "reduced_capacity", "swa_pool_pages",
+           "visual_profiles"]
 
 Shape = tuple[int, ...]
 Range = tuple[Shape, Shape, Shape]
@@ -239,6 +241,38 @@ def visual_profiles(inputs: Mapping[str, Sequence[int]], builder: Mapping[str, A
         if name == "max_seqlen_carrier":
             return 1, max(1, carrier // 2), carrier
         return lo * patches_per_token, soft_opt * patches_per_token, hi * patches_per_token
+
+    out: Profiles = {}
+    for name, shape in inputs.items():
+        dims = tuple(int(d) for d in shape)
+        if -1 not in dims:
+            out[name] = (_fixed(dims),)
+            continue
+        low, opt, high = extent(name)
+        out[name] = ((tuple(low if d < 0 else d for d in dims), tuple(opt if d < 0 else d for d in dims),
+                      tuple(high if d < 0 else d for d in dims)),)
+    return out
+
+
+def audio_profiles(inputs: Mapping[str, Sequence[int]], builder: Mapping[str, Any]) -> Profiles:
+    """The one profile of a Qwen3-ASR / Qwen3-Omni audio encoder (``_setup_component_profile``, the audio
+    component), from ``builder_config``'s ``min_time_steps`` / ``max_time_steps``: ``padded_feature``'s chunks
+    ``ceil(steps / chunk)``, the rows of ``padded_mask_after_cnn_indices`` and ``attention_mask`` from that many chunks
+    up to ``(chunk + 7) // 8`` rows a chunk, ``cu_seqlens`` ``1 .. max_time_steps // 100``, and any other dynamic
+    dimension (``kv_lengths`` among them) ``min_time_steps .. max_time_steps``, as the builder sets them."""
+    lo, hi = _int(builder, "min_time_steps"), _int(builder, "max_time_steps")
+    window = int(inputs["padded_feature"][-1])
+    chunks_lo, chunks_hi = max(1, -(-lo // window)), max(1, -(-hi // window))
+    tokens_hi = chunks_hi * ((window + 7) // 8)
+
+    def extent(name: str) -> tuple[int, int, int]:
+        if name == "padded_feature":
+            return chunks_lo, (chunks_lo + chunks_hi) // 2, chunks_hi
+        if name in ("padded_mask_after_cnn_indices", "attention_mask"):
+            return chunks_lo, (chunks_lo + tokens_hi) // 2, tokens_hi
+        if name in ("n_window", "cu_seqlens"):
+            return 1, max(1, hi // 200), max(1, hi // 100)
+        return lo, (lo + hi) // 2, hi
 
     out: Profiles = {}
     for name, shape in inputs.items():
