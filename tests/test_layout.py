@@ -22,9 +22,13 @@ PACKAGE = ROOT / "trtio"
 ALLOWED = {
     "core": {"core"},
     "setups": {"core", "setups"},
-    "testing": {"core", "setups", "testing"},
-    "tools": {"core", "setups", "testing", "tools"},
+    # an engine beside the LLM (trtio/components/<name>/, DESIGN §18): its config, preprocessing, binding and setup
+    "components": {"core", "setups", "components"},
+    "testing": {"core", "setups", "components", "testing"},
+    "tools": {"core", "setups", "components", "testing", "tools"},
 }
+# The public modules of components (``trtio.audio``: the audio component's host-side steps) sit with them.
+COMPONENT_FACES = {"audio"}
 
 
 def _module_name(path: Path) -> str:
@@ -40,6 +44,8 @@ def layer_of(module: str) -> str:
     top = module.split(".")[1]
     if top == "setups":
         return "setups"
+    if top == "components" or top in COMPONENT_FACES:
+        return "components"
     if top == "testing":
         return "testing"
     if top in ("tools", "cli", "__main__"):
@@ -236,6 +242,8 @@ def test_layers_are_what_the_design_says() -> None:
     assert layer_of("trtio.engine") == "core"
     assert layer_of("trtio.cuda.device") == "core"
     assert layer_of("trtio.setups.llm") == "setups"
+    assert layer_of("trtio.components.audio.setup") == "components"
+    assert layer_of("trtio.audio") == "components"
     assert layer_of("trtio.tools.demo") == "tools"
     assert layer_of("trtio.cli") == "tools"
     assert layer_of("trtio.testing.reference_engine") == "testing"
