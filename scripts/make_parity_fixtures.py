@@ -276,8 +276,8 @@ class _Recorder:
 
 def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str, Any],
                     spec: dict[str, Any], component: str = "llm", amend: Any = None) -> dict[str, Any]:
-    """What ``_setup_llm_profiles`` (``component`` "llm") or ``_setup_component_profile`` (a vision encoder: one
-    profile) sets for each input of ``graph`` with the builder arguments ``build`` (then ``amend``, a
+    """What ``_setup_llm_profiles`` (``component`` "llm") or ``_setup_component_profile`` (a vision or audio encoder:
+    one profile) sets for each input of ``graph`` with the builder arguments ``build`` (then ``amend``, a
     :attr:`Role.amend_profiles`)."""
     import onnx
 
