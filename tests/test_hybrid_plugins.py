@@ -41,11 +41,15 @@ class Conv:
     def tokens(self, n: int) -> dict[str, np.ndarray]:
         return {"x": _h(n, self.dim)}
 
-    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
-            **attrs: Any) -> np.ndarray:
+    def raw(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> tuple[np.ndarray, ...]:
         inputs = (t["x"], self.weight, self.bias, pool, *_ragged(lengths, t["x"].shape[0] // len(lengths), rows,
                                                                  phase))
-        out, present = causal_conv1d("n", inputs, {"padding": self.k - 1, "groups": self.dim, **attrs})
+        return causal_conv1d("n", inputs, {"padding": self.k - 1, "groups": self.dim, **attrs})
+
+    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> np.ndarray:
+        out, present = self.raw(pool, t, lengths, rows, phase, **attrs)
         assert present is pool
         return out
 
@@ -60,12 +64,16 @@ class GDN:
         return {"q": _h(n, self.h, self.d), "k": _h(n, self.h, self.d), "v": _h(n, self.hv, self.d),
                 "a": _h(n, self.hv), "b": _h(n, self.hv)}
 
-    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
-            **attrs: Any) -> np.ndarray:
+    def raw(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> tuple[np.ndarray, ...]:
         a_log, dt_bias = np.log(np.array([0.1, 0.3], np.float32)), np.array([-1.0, 0.5], np.float16)
         inputs = (t["q"], t["k"], t["v"], t["a"], t["b"], a_log, dt_bias, pool,
                   *_ragged(lengths, t["q"].shape[0] // len(lengths), rows, phase))
-        out, present = gated_delta_net("n", inputs, {"k_dim": self.d, "v_dim": self.d, **attrs})
+        return gated_delta_net("n", inputs, {"k_dim": self.d, "v_dim": self.d, **attrs})
+
+    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> np.ndarray:
+        out, present = self.raw(pool, t, lengths, rows, phase, **attrs)
         assert present is pool
         return out
 
@@ -149,6 +157,33 @@ def test_refuses(model: Callable[[], Any], bad: str, rows: list[int], phase: int
     m = model()
     with pytest.raises(PluginInputError):
         m.run(m.pool(), m.tokens(4), [2, 2], rows, phase)
+
+
+@pytest.mark.parametrize("model", [Conv, GDN], ids=lambda m: m.__name__)
+def test_a_linear_verify_is_a_decode_from_a_copy_of_each_row(model: Callable[[], Any]) -> None:
+    """The MTP verify (phase 5 on a node built with ``use_mtp``) of two sequences of W = 4 rows in pool rows 2 and 0:
+    row t of sequence s outputs what decoding its rows one by one from its pool row gives, and the third output's
+    row ``s * W + t`` holds the state after it; all W rows run whatever ``query_lengths`` says (the kernels read
+    none); the pool is left as it was. The intermediate output is not written in other phases (NaN here)."""
+    m = model()
+    t = m.tokens(8)
+    pool = m.pool()
+    pool[[0, 2]] = RNG.standard_normal((2, *pool.shape[1:])).astype(pool.dtype)
+    keep = pool.copy()
+    out, present, states = m.raw(pool, t, [4, 2], [2, 0], 5, use_mtp=1)
+    assert present is pool
+    np.testing.assert_array_equal(pool, keep)
+    for s, row in enumerate((2, 0)):
+        steps = keep.copy()
+        for i in range(4):
+            j = s * 4 + i
+            want = m.run(steps, _slice(t, j, j + 1), [1], [row], 3)
+            np.testing.assert_allclose(out[j].astype(np.float32), want[0].astype(np.float32), atol=2e-3, rtol=2e-3)
+            np.testing.assert_allclose(states[j].astype(np.float32), steps[row].astype(np.float32), atol=2e-3,
+                                       rtol=2e-3)
+    assert np.isnan(m.raw(m.pool(), t, [4, 4], [2, 0], 1, use_mtp=1)[2]).all()
+    with pytest.raises(PluginInputError, match="seq_len"):
+        m.raw(m.pool(), m.tokens(34), [17, 17], [2, 0], 5, use_mtp=1)
 
 
 def test_unbuildable_sizes_are_refused() -> None:

@@ -11,17 +11,21 @@ runtime at admission, is the only clear): a row left from an earlier sequence is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, resident_rows
 
-__all__ = ["MODELLED_PHASES", "checked_pool", "refuse_unmodelled"]
+__all__ = ["MAX_LINEAR_VERIFY", "MODELLED_PHASES", "checked_pool", "linear_verify", "refuse_unmodelled"]
 
-# Prefill, chunked prefill, decode and a draft proposal: what these models compute. Verify (MTP / DDTree replay
-# stashes) and the diffusion phases (transactional state in the workspace) are refused by name.
+# Prefill, chunked prefill, decode and a draft proposal: what these models compute, and the linear (MTP) verify of
+# Gated DeltaNet and the causal conv where the engine was built for it. DDTree verify (tree inputs, replay stashes)
+# and the diffusion phases (transactional state in the workspace) are refused by name.
 MODELLED_PHASES = (Phase.CONTEXT_PREFILL, Phase.CONTEXT_CHUNK, Phase.AUTOREGRESSIVE_DECODE,
                    Phase.SPEC_DRAFT_PROPOSAL)
+# kLinearSpecVerifyMaxSeqLen (causalConv1dPlugin.cpp, gatedDeltaNetPlugin.cpp; T_MAX_AOT of gdn_decode_mtp.py)
+MAX_LINEAR_VERIFY = 16
 
 
 def checked_pool(plugin: str, pool: np.ndarray, dtype: type, trailing: Sequence[int], state_indices: np.ndarray,
@@ -34,6 +38,20 @@ def checked_pool(plugin: str, pool: np.ndarray, dtype: type, trailing: Sequence[
         raise PluginInputError(f"{plugin} indexed resident state: the pool is {pool.dtype} {list(pool.shape)}, the "
                                f"kernel contract [rows, {', '.join(map(str, want))}] {np.dtype(dtype)}")
     return resident_rows(plugin, np.asarray(state_indices), sequences, int(pool.shape[0]))
+
+
+def linear_verify(plugin: str, phase: Phase, attrs: dict[str, Any], width: int) -> bool:
+    """Whether the step is the linear spec-verify (``mtpActive`` in the plugins' ``enqueue``): phase 5 on a node built
+    with ``use_mtp`` (and no ``use_ddtree``, refused before). Phase 5 without the flag is refused as the C++ refuses it
+    ("SPEC_TARGET_VERIFY requires verify-capable engine metadata"), and so is a width outside [1, 16]."""
+    if phase is not Phase.SPEC_TARGET_VERIFY:
+        return False
+    if not int(attrs.get("use_mtp") or 0):
+        raise PluginInputError(f"{plugin}: SPEC_TARGET_VERIFY requires verify-capable engine metadata (use_mtp)")
+    if not 1 <= width <= MAX_LINEAR_VERIFY:
+        raise PluginInputError(f"{plugin}: linear spec-verify kernel supports seq_len in [1, {MAX_LINEAR_VERIFY}], "
+                               f"got {width}")
+    return True
 
 
 def refuse_unmodelled(plugin: str, phase: Phase, what: str = "") -> None:

@@ -16,6 +16,13 @@ Sources (Edge-LLM 0.11):
   the state as it is (decode too: a sequence of length 0 writes nothing).
 
 Each sequence ``s`` reads and writes pool row ``state_indices[s]`` only, in place; nothing zeroes a row.
+
+The linear spec-verify (phase 5 on a node built with ``use_mtp``; ``gatedDeltaNetPlugin.cpp`` ``mtpActive``,
+``cuteDslGDNRunner.cpp::runDecodeMTP``, ``kernelSrcs/gdn_cutedsl/gdn_decode_mtp.py``): the sequences' pool rows are
+gathered into the workspace (``launchGdnStateGather``) and the kernel evolves that copy over all W rows of each
+sequence (``num_valid_t = seq_len``: ``query_lengths`` unread), writing the state after row t to the third output
+``intermediate_recurrent_state`` row ``s * W + t`` (FP32); the pool is left as it was. In the other phases a
+``use_mtp`` node's third output is not written; this model marks it NaN.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, ragged_metadata
-from trtio.testing.edgellm_plugins._resident import checked_pool, refuse_unmodelled
+from trtio.testing.edgellm_plugins._resident import checked_pool, linear_verify, refuse_unmodelled
 
 __all__ = ["gated_delta_net"]
 
@@ -48,9 +55,11 @@ def _l2(x: np.ndarray) -> np.ndarray:
 
 
 def _sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
-              dt_bias: np.ndarray, state: np.ndarray, length: int, group: int, scale: np.float32) -> np.ndarray:
+              dt_bias: np.ndarray, state: np.ndarray, length: int, group: int, scale: np.float32,
+              after: np.ndarray | None = None) -> np.ndarray:
     """The recurrence over the first ``length`` rows of one sequence: ``q``/``k`` [W, H, K], ``v`` [W, HV, V],
-    ``a``/``b`` [W, HV] (half), ``state`` [HV, K, V] fp32 updated in place. Returns o [W, HV, V] half."""
+    ``a``/``b`` [W, HV] (half), ``state`` [HV, K, V] fp32 updated in place; ``after`` [W, HV, K, V], where given,
+    gets the state after each row. Returns o [W, HV, V] half."""
     out = np.zeros(v.shape, np.float16)
     decay = np.exp(a_log.astype(np.float32))
     bias = dt_bias.astype(np.float32)
@@ -63,12 +72,15 @@ def _sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.
         v_new = (v[t].astype(np.float32) - np.einsum("hkv,hk->hv", state, kt)) * beta[:, None]
         state += kt[:, :, None] * v_new[:, None, :]
         out[t] = np.einsum("hkv,hk->hv", state, qt).astype(np.float16)
+        if after is not None:
+            after[t] = state
     return out
 
 
 def gated_delta_net(node: str, inputs: tuple[np.ndarray, ...], attrs: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    """One ``gated_delta_net`` node: ``(o [T, HV, V] half, the recurrent state pool)``; the rows of the step's
-    sequences are updated in place and the pool itself is returned as ``present_recurrent_state``."""
+    """One ``gated_delta_net`` node: ``(o [T, HV, V] half, the recurrent state pool[, intermediate states])``; the
+    rows of the step's sequences are updated in place (but in the verify) and the pool itself is returned as
+    ``present_recurrent_state``; a node built with ``use_mtp`` also returns the per-token states of a verify."""
     plugin = f"{_NAME} {node}"
     if int(attrs.get("use_ddtree") or 0):
         raise PluginInputError(f"{plugin}: use_ddtree = 1 (tree verify inputs) is a mode this numpy model does not "
@@ -99,16 +111,21 @@ def gated_delta_net(node: str, inputs: tuple[np.ndarray, ...], attrs: dict[str, 
     phase = ragged.phase
     if phase in (Phase.DIFFUSION_DENOISE, Phase.DIFFUSION_COMMIT) and not int(attrs.get("use_diffusion_state") or 0):
         raise PluginInputError(f"{plugin}: diffusion phase requires diffusion-capable engine metadata")
-    if phase is Phase.SPEC_TARGET_VERIFY and not int(attrs.get("use_mtp") or 0):
-        raise PluginInputError(f"{plugin}: SPEC_TARGET_VERIFY requires verify-capable engine metadata (use_mtp)")
-    refuse_unmodelled(plugin, phase)
+    verify = linear_verify(plugin, phase, attrs, ragged.width)
+    if not verify:
+        refuse_unmodelled(plugin, phase)
+    mtp = bool(int(attrs.get("use_mtp") or 0))
     out = np.zeros(v.shape, np.float16)
     scale = np.float32(k_dim ** -0.5)
     group = value_heads // heads
     w = ragged.width
+    states = np.full((q.shape[0], value_heads, k_dim, v_dim), np.nan, np.float32) if mtp else None
     for s, row in enumerate(rows):
         lo = s * w
-        state = pool[row]  # a view: written in place
+        # verify: a gathered copy of the row, every row of the W (query_lengths unread); else the row in place
+        state = pool[row].copy() if verify else pool[row]
+        length = w if verify else int(lengths[s])
         out[lo:lo + w] = _sequence(q[lo:lo + w], k[lo:lo + w], v[lo:lo + w], a[lo:lo + w], b[lo:lo + w], a_log,
-                                   dt_bias, state, int(lengths[s]), group, scale)
-    return out, pool
+                                   dt_bias, state, length, group, scale,
+                                   after=states[lo:lo + w] if verify and states is not None else None)
+    return (out, pool) if states is None else (out, pool, states)
