@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests._parity import when
+from tests._parity import ParityMismatch, when
 from tests._parity_spec import (
     SPEC_SCENARIOS,
     DraftFamily,
@@ -27,10 +27,15 @@ from tests._parity_spec import (
     State,
     Tree,
     planted_spec,
+    prefill,
+    replayed_trees,
+    rounds,
     run_spec,
+    spec_setup,
 )
 
 CASE = "qwen3-dflash"
+HYBRID = "qwen3_5-dflash"  # the same draft layout on the MTP case's Qwen3.5 base (target layers 0, 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +130,36 @@ def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs
     if scenario == "admission":  # the admitted request's prefills besides; it starts again from its first chain
         assert cmp.base.rows == 4 + 3 * 3 * 4 and cmp.draft.rows == (4 + 3 * 3) * 4
         assert cmp.accepted == [4, 3, 2, 4, 3, 1, 4, 3, 4]
+
+
+# -- a hybrid base -------------------------------------------------------------------------------------------------
+# Edge-LLM 0.11 exports every DFlash base as a DDTree base (model.py: dflash_base sets dflash_tree_base): on a Qwen3.5
+# base its gated_delta_net nodes carry use_ddtree and verify statelessly, writing a replay stash into
+# intermediate_recurrent_state_j (gdnTreeChunkKernels.h) that the runtime's commit replays along the accepted path
+# (gdnTreeReplayCommitBatched). trtio commits every hybrid base by copying the accepted node's intermediate row as the
+# state ("snapshot", trtio/setups/snapshots.py), so after the first accept the slot holds stash bytes and kernel
+# scratch: the next verify is wrong (NaN here, where the model leaves the scratch NaN; garbage on a GPU).
+# docs/edgellm-assumptions.md 11.2.
+
+
+@pytest.mark.parametrize("backend, graphs", [("host", False), pytest.param("cuda", False, marks=pytest.mark.gpu),
+                                             pytest.param("cuda", True, marks=pytest.mark.gpu)])
+def test_a_hybrid_base_equals_hugging_face_up_to_its_first_accept(backend: str, graphs: bool) -> None:
+    """On the Qwen3.5 base: the prefills, the first round's verify on chains of HF's tokens (its tree verify from the
+    prefill's states, three recurrent layers) and the draft's blocks over the hybrid base's target features (its
+    prompt's delta and the first accepted paths') equal the references."""
+    case, cmp = SpecCase(HYBRID), SpecCompare()
+    with spec_setup(case, backend, graphs) as (setup, _d2t):
+        state = prefill(setup, case, cmp, family=DFLASH)
+        rounds(setup, case, cmp, state, replayed_trees(through_draft=False), 1, family=DFLASH)
+    assert cmp.base.worst <= 0.1 and cmp.draft.worst <= 0.1
+    assert cmp.base.rows == 3 + 3 * 4 and cmp.draft.rows == (3 + 3) * 4 and cmp.accepted == [4, 3, 2]
+
+
+@pytest.mark.xfail(strict=True, raises=ParityMismatch, reason="trtio commits a DDTree hybrid base's states by "
+                   "snapshot; its gated_delta_net writes a replay stash (docs/edgellm-assumptions.md 11.2)")
+def test_a_hybrid_base_equals_hugging_face_after_an_accept() -> None:
+    run_spec(SpecCase(HYBRID), "base_tree", family=DFLASH)
 
 
 # -- planted bugs ---------------------------------------------------------------------------------------------------

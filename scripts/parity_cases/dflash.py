@@ -1,5 +1,8 @@
-"""DFlash: a dense Qwen3 base exported with ``--dflash-base`` and a DFlash (version 1) block draft checkpoint exported
-with ``--dflash-draft --dflash-draft-dir``.
+"""DFlash: a base exported with ``--dflash-base`` and a DFlash (version 1) block draft checkpoint exported with
+``--dflash-draft --dflash-draft-dir``: ``qwen3-dflash`` on a dense Qwen3 base, ``qwen3_5-dflash`` on the MTP case's
+Qwen3.5 hybrid base (three Gated DeltaNet layers and a gated attention layer; Edge-LLM 0.11 exports every DFlash base
+as a DDTree base, ``model.py``: ``dflash_base`` sets ``dflash_tree_base``, so its recurrent plugins carry
+``use_ddtree``).
 
 The draft checkpoint is laid out as z-lab's Qwen3 DFlash drafts ship (``architectures: ["DFlashDraftModel"]``, a
 Qwen3-architecture config with ``block_size`` and ``dflash_config {target_layer_ids, block_size, mask_token_id}``;
@@ -9,8 +12,8 @@ runtime the base's embedding, the mask token's row included).
 
 The references (``reference.npz``), all fp32:
 
-* Hugging Face's logits of the base (``Qwen3ForCausalLM``) on each prompt and its greedy continuation, as the other
-  spec cases store them (gap >= ``GAP``);
+* Hugging Face's logits of the base (``Qwen3ForCausalLM`` / ``Qwen3_5ForCausalLM``) on each prompt and its greedy
+  continuation, as the other spec cases store them (gap >= ``GAP``);
 * the verify chains of the rounds the tests replay: per round the pending token and ``BLOCK - 1`` tokens, the true
   greedy ones up to the sequence's deviation level (``DEVIATE``), the runner-up there, then Hugging Face's greedy
   tokens on that path; Hugging Face's logits at every node off the true continuation (``path_keys_i``);
@@ -30,14 +33,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from make_parity_fixtures import GAP, Case, Role, Sequence, gap, hf_logits, load_hf, save_checkpoint, seeded_model
 
+from parity_cases.hybrid import retuned
+from parity_cases.mtp import qwen3_5_config
+
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 64, 4, 2, 16, 128, 512, 6
-TARGET_LAYERS = [1, 3, 4]
 BLOCK, MASK = 4, 511
 CONTINUATION = 14
 DEPTH = BLOCK - 1  # the guesses a block verifies after its root
@@ -59,7 +65,7 @@ def _base(folder: Path, seed: int) -> None:
     save_checkpoint(seeded_model(Qwen3ForCausalLM, config, seed), folder)
 
 
-def _draft(folder: Path, seed: int) -> None:
+def _draft(folder: Path, seed: int, targets: list[int]) -> None:
     """The draft checkpoint (module docstring), seeded, float16 values: linear weights ``0.2 N(0, 1)``, norm
     weights ``1 + 0.3 N(0, 1)``."""
     import torch
@@ -75,7 +81,7 @@ def _draft(folder: Path, seed: int) -> None:
 
     layer = "layers.0."
     tensors = {
-        "fc.weight": w(HIDDEN, len(TARGET_LAYERS) * HIDDEN), "hidden_norm.weight": norm(), "norm.weight": norm(),
+        "fc.weight": w(HIDDEN, len(targets) * HIDDEN), "hidden_norm.weight": norm(), "norm.weight": norm(),
         layer + "input_layernorm.weight": norm(), layer + "post_attention_layernorm.weight": norm(),
         layer + "self_attn.q_proj.weight": w(HEADS * HEAD_DIM, HIDDEN),
         layer + "self_attn.k_proj.weight": w(KV_HEADS * HEAD_DIM, HIDDEN),
@@ -92,14 +98,24 @@ def _draft(folder: Path, seed: int) -> None:
               "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": VOCAB, "rms_norm_eps": 1e-6,
               "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu", "attention_bias": False,
               "tie_word_embeddings": False, "torch_dtype": "float16", "block_size": BLOCK,
-              "dflash_config": {"target_layer_ids": TARGET_LAYERS, "block_size": BLOCK, "mask_token_id": MASK}}
+              "dflash_config": {"target_layer_ids": targets, "block_size": BLOCK, "mask_token_id": MASK}}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
 
-def checkpoint(folder: Path, seed: int) -> None:
-    _base(folder / "base", seed)
-    _draft(folder / "draft", seed)
+def _hybrid_base(folder: Path, seed: int) -> None:
+    """The MTP case's Qwen3.5 base (three Gated DeltaNet layers, one gated attention layer), without its MTP head."""
+    from transformers import Qwen3_5ForCausalLM
+
+    save_checkpoint(retuned(seeded_model(Qwen3_5ForCausalLM, qwen3_5_config(mtp=False), seed), seed, (0.02, 0.3)),
+                    folder)
+
+
+def _checkpoint(base: Callable[[Path, int], None], targets: list[int]) -> Callable[[Path, int], None]:
+    def make(folder: Path, seed: int) -> None:
+        base(folder / "base", seed)
+        _draft(folder / "draft", seed, targets)
+    return make
 
 
 def export(ckpt: Path, out: Path) -> None:
@@ -176,13 +192,13 @@ class DFlashReference:
         return self.norm(h) @ self.lm_head.T
 
 
-def _features(model: Any, tokens: np.ndarray) -> Any:
+def _features(model: Any, tokens: np.ndarray, targets: list[int]) -> Any:
     """The base's DFlash features of every position: Hugging Face's outputs of the target layers, side by side."""
     import torch
 
     with torch.no_grad():
         hs = model(torch.tensor(tokens, dtype=torch.long)[None], output_hidden_states=True).hidden_states
-    return torch.cat([hs[layer + 1][0] for layer in TARGET_LAYERS], dim=-1)
+    return torch.cat([hs[layer + 1][0] for layer in targets], dim=-1)
 
 
 # -- the chains ----------------------------------------------------------------------------------------------------
@@ -224,6 +240,7 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
     import torch
 
     del out
+    targets = case.extra["target_layer_ids"]
     model = load_hf(ckpt / "base")
     draft = DFlashReference(ckpt / "draft", model)
     arrays: dict[str, np.ndarray] = {}
@@ -236,7 +253,7 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
         arrays[f"tokens_{i}"], arrays[f"positions_{i}"] = tokens, rows
         arrays[f"logits_{i}"] = logits[rows].astype(np.float32)
         with torch.no_grad():
-            feats = _features(model, tokens)
+            feats = _features(model, tokens, targets)
             blocks = [draft.block(feats[:c], torch.tensor([int(tokens[c])] + [MASK] * DEPTH), c).numpy()
                       for c in range(length, n)]
         arrays[f"draft_blocks_{i}"] = np.array(blocks, np.float32)
@@ -262,7 +279,7 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
                           "smallest_greedy_gap": round(min(gap(r) for r in greedy), 4)})
     meta = {"sequences": sequences, "continuation": CONTINUATION,
             "spec": {"draft_top_k": 1, "draft_step": DEPTH, "verify_size": BLOCK, "rounds": ROUNDS,
-                     "block_size": BLOCK, "mask_token_id": MASK, "target_layer_ids": TARGET_LAYERS}}
+                     "block_size": BLOCK, "mask_token_id": MASK, "target_layer_ids": targets}}
     return arrays, meta
 
 
@@ -271,10 +288,17 @@ NOTES = """Exported by one run of the real exporter: `tensorrt-edgellm-export CK
 no DFlash class: the draft's references come from `scripts/parity_cases/dflash.py::DFlashReference` (the draft's
 forward in torch with transformers' Qwen3 parts, over Hugging Face's base hidden states)."""
 
+ROLES = {"base": Role("llm", BASE_BUILDER, "base", "dflash", checkpoint="base"),
+         "draft": Role("dflash_draft", DRAFT_BUILDER, "draft", "dflash", checkpoint="draft")}
+
 CASES = [
     Case("qwen3-dflash", "DFlash pair: a Qwen3 base (6 layers of 64, QK norm, vocab 512; target layers 1, 3, 4) and a "
          "one-layer DFlash (version 1) block draft of 4 rows, mask token 511.",
-         checkpoint, {"base": Role("llm", BASE_BUILDER, "base", "dflash", checkpoint="base"),
-                      "draft": Role("dflash_draft", DRAFT_BUILDER, "draft", "dflash", checkpoint="draft")},
-         export=export, sequences=SEQUENCES, reference=reference, notes=NOTES),
+         _checkpoint(_base, [1, 3, 4]), ROLES, export=export, sequences=SEQUENCES, reference=reference, notes=NOTES,
+         extra={"target_layer_ids": [1, 3, 4]}),
+    Case("qwen3_5-dflash", "DFlash pair on a Qwen3.5 hybrid base (the MTP case's: 3 Gated DeltaNet layers, 1 gated "
+         "attention layer, hidden 64, vocab 512; target layers 0, 1, 2) and a one-layer DFlash (version 1) block draft "
+         "of 4 rows, mask token 511.",
+         _checkpoint(_hybrid_base, [0, 1, 2]), ROLES, export=export, sequences=SEQUENCES, reference=reference,
+         notes=NOTES, extra={"target_layer_ids": [0, 1, 2]}),
 ]

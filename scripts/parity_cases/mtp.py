@@ -58,7 +58,9 @@ DRAFT_BUILDER = {**BUILDER, "max_draft_tree_size": VERIFY_SIZE}
 SEQUENCES = (Sequence("spec", 7), Sequence("spec", 12), Sequence("spec", 5))
 
 
-def _config() -> Any:
+def qwen3_5_config(*, mtp: bool = True) -> Any:
+    """The Qwen3.5 base of the speculative cases (``mtp``: with ``mtp_num_hidden_layers`` 1, the key that marks a
+    checkpoint MTP-capable)."""
     from transformers import Qwen3_5TextConfig
 
     return Qwen3_5TextConfig(
@@ -67,7 +69,7 @@ def _config() -> Any:
         layer_types=LAYER_TYPES, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128,
         linear_value_head_dim=128, linear_conv_kernel_dim=4, initializer_range=0.2, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-        architectures=["Qwen3_5ForCausalLM"], mtp_num_hidden_layers=1)
+        architectures=["Qwen3_5ForCausalLM"], **({"mtp_num_hidden_layers": 1} if mtp else {}))
 
 
 def checkpoint(folder: Path, seed: int) -> None:
@@ -78,7 +80,7 @@ def checkpoint(folder: Path, seed: int) -> None:
     from safetensors.torch import load_file, save_file
     from transformers import Qwen3_5ForCausalLM
 
-    save_checkpoint(retuned(seeded_model(Qwen3_5ForCausalLM, _config(), seed), seed, (0.02, 0.3)), folder)
+    save_checkpoint(retuned(seeded_model(Qwen3_5ForCausalLM, qwen3_5_config(), seed), seed, (0.02, 0.3)), folder)
     g = torch.Generator().manual_seed(seed + 7)
 
     def w(*shape: int) -> torch.Tensor:
