@@ -261,4 +261,3 @@ def test_a_planted_input_bug_fails_parity(case: SpecCase, bug: str) -> None:
     scenario, hooks = BUGS[bug]
     how = planted_spec(case, scenario, hooks, family=DFLASH)
     assert how.startswith(("mismatch", "refused"))
-    print(f"{bug}: {how[:170]}")

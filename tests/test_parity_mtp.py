@@ -215,4 +215,3 @@ def test_a_planted_bug_fails_parity(case: SpecCase, bug: str) -> None:
     with contextlib.nullcontext() if commit == "keep" else _commit_rows(commit):
         how = planted_spec(case, scenario, hooks, accept_hook)
     assert how.startswith(("mismatch", "refused"))
-    print(f"{bug}: {how[:160]}")
