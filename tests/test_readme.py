@@ -95,6 +95,7 @@ def test_ci_runs_the_test_command_as_a_newcomer_gets_it_then_what_the_test_only_
     assert ci.count("-r .ci/requirements.txt") == 1, "one install of the test-only packages, after the test command"
 
 
+@pytest.mark.slow  # runs pytest twice in subprocesses (about 25 s of CPU): .ci/run's slow step runs it
 def test_the_tests_skipped_for_want_of_a_package_are_recorded_and_rerun_alone(tmp_path: Path) -> None:
     """tests/conftest.py records the tests a run skipped because a package could not be imported
     (pytest.importorskip, or a skip saying the package "is not installed"; a module skipped whole at collection
