@@ -9,7 +9,9 @@ core and the setups; a library module reaching it (``import trtio``) would reach
 from __future__ import annotations
 
 import ast
+import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -340,3 +342,134 @@ def test_the_size_checker_sees_a_long_function_and_a_long_class(tmp_path: Path) 
                                      f"class C:\n{methods}\n")
     assert _oversized(package) == [f"pkg/long.py:5 f ({MAX_FUNCTION_LINES + 1} lines)",
                                    f"pkg/long.py:{MAX_FUNCTION_LINES + 8} C ({3 * k} lines)"]
+
+
+# -- the feature seam (docs/architecture.md, "Families and components") --------------------------------------------
+# Generic modules bind the dense core and call the features at the step points: no conditional of theirs names a
+# family or a component, and none imports a family or component module (they reach them through trtio.features).
+
+FAMILY_WORDS = ("gemma4", "swa", "ple", "hybrid", "recurrent", "mamba", "mrope", "deepstack", "visual", "mtp",
+                "dflash", "lora", "audio")
+GENERIC_TOPS = ("setups", "contracts", "state", "pipeline_io", "config", "edgellm", "edgellm_config", "engine",
+                "staging", "features")
+PLUGIN_TOPS = ("families", "components")  # their packages' __init__ is the table; the facade imports it
+# Conditionals naming a family still in generic modules, per module: the seam's work left (the count only falls).
+KNOWN_FAMILY_CONDITIONALS: dict[str, int] = {
+    "trtio/config.py": 12, "trtio/contracts/batch.py": 1, "trtio/contracts/contract.py": 2,
+    "trtio/contracts/dflash.py": 1, "trtio/contracts/ragged.py": 1, "trtio/contracts/ragged_steps.py": 4,
+    "trtio/edgellm.py": 12, "trtio/edgellm_config.py": 14, "trtio/pipeline_io.py": 2, "trtio/setups/base.py": 2,
+    "trtio/setups/binding.py": 6, "trtio/setups/decode_plan.py": 1, "trtio/setups/dflash.py": 2,
+    "trtio/setups/engine_dir.py": 2, "trtio/setups/llm.py": 13, "trtio/setups/mrope.py": 1, "trtio/setups/ple.py": 13,
+    "trtio/setups/spec_decode.py": 4, "trtio/setups/visual.py": 2, "trtio/state.py": 11,
+}
+
+
+def is_generic(module: str) -> bool:
+    """Whether ``module`` (dotted) is generic code: the setups, the contracts, the engine state, PipelineIO, the
+    configs and their Edge-LLM mapping, the engine, staging and the seam itself."""
+    parts = module.split(".")
+    return len(parts) > 1 and parts[1] in GENERIC_TOPS
+
+
+def family_words(text: str) -> set[str]:
+    """The family words ``text`` names as whole words: identifiers split at underscores and case changes
+    (``is_gemma4`` and ``PleSplit`` name them; ``simple`` and ``example`` do not)."""
+    found = set()
+    for token in re.findall(r"[A-Za-z0-9]+", text.replace("_", " ")):
+        parts = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", token)
+        found |= {p.lower() for p in (token, *parts) if p.lower() in FAMILY_WORDS}
+    return found
+
+
+def _tests(tree: ast.AST) -> Iterator[ast.expr]:
+    """Every test of a conditional: if / while / ternary tests, comprehension filters, match guards."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            yield node.test
+        elif isinstance(node, ast.comprehension):
+            yield from node.ifs
+        elif isinstance(node, ast.match_case) and node.guard is not None:
+            yield node.guard
+
+
+def family_conditionals() -> list[str]:
+    """``path:line: words: test`` for every conditional of a generic module whose test names a family."""
+    found = []
+    for module, path in sorted(_modules().items()):
+        if not is_generic(module):
+            continue
+        source = path.read_text(encoding="utf-8")
+        for test in sorted(_tests(ast.parse(source)), key=lambda node: (node.lineno, node.col_offset)):
+            text = ast.get_source_segment(source, test) or ""
+            words = family_words(text)
+            if words:
+                first = " ".join(text.split())[:80]
+                found.append(f"{path.relative_to(ROOT)}:{test.lineno}: {','.join(sorted(words))}: {first}")
+    return found
+
+
+def _plugin_imports() -> list[str]:
+    """Every import of a family or component module (their tables included) by a generic module."""
+    modules = _modules()
+    known = set(modules)
+    problems = []
+    for module, path in sorted(modules.items()):
+        if not is_generic(module):
+            continue
+        for line, target in _imports(module, path, known):
+            parts = target.split(".")
+            if parts[0] == "trtio" and len(parts) > 1 and parts[1] in PLUGIN_TOPS:
+                problems.append(f"{path.relative_to(ROOT)}:{line}: {module} imports {target}")
+    return problems
+
+
+def test_no_generic_module_imports_a_family_or_a_component() -> None:
+    assert _plugin_imports() == []
+
+
+def test_family_conditionals_in_generic_code_only_go() -> None:
+    """No generic module gains a conditional that names a family; those left are counted in
+    KNOWN_FAMILY_CONDITIONALS, and a module that loses some must lower its count (the list only shrinks)."""
+    counts: dict[str, int] = {}
+    for line in family_conditionals():
+        path = line.split(":", 1)[0]
+        counts[path] = counts.get(path, 0) + 1
+    over = {p: (n, KNOWN_FAMILY_CONDITIONALS.get(p, 0)) for p, n in counts.items()
+            if n > KNOWN_FAMILY_CONDITIONALS.get(p, 0)}
+    assert not over, "new conditionals naming a family in generic code (found, allowed): " + repr(over) + "\n" + \
+        "\n".join(line for line in family_conditionals() if line.split(":", 1)[0] in over)
+    stale = {p: (counts.get(p, 0), n) for p, n in KNOWN_FAMILY_CONDITIONALS.items() if counts.get(p, 0) < n}
+    assert not stale, f"lower KNOWN_FAMILY_CONDITIONALS to what is left (found, listed): {stale}"
+
+
+def test_the_seam_checker_sees_a_family_conditional_and_a_plugin_import(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks are not vacuous: on a package shaped like today's tree (a setup asking for Gemma 4 by name, the
+    engine state importing a family's pools, a comprehension filtering on PLE) they report every case, and leave
+    family modules, plain words (``simple``) and strings alone."""
+    _fake_package(tmp_path, monkeypatch, {
+        "setups/__init__.py": "",
+        "setups/llm.py": "def f(cfg, x):\n    if cfg.gemma4 is not None:\n        return 1\n"
+                         "    simple = [p for p in x if p.ple_ok]\n    return 2 if cfg.is_mrope else 'visual'\n",
+        "state.py": "from trtio.families.gemma4.swa import BoundedSwaPages\n\ndef g(simple):\n"
+                    "    while simple:\n        simple = 'hybrid' and None\n",
+        "families/__init__.py": "from trtio.families import gemma4\n",
+        "families/gemma4/__init__.py": "",
+        "families/gemma4/swa.py": "BoundedSwaPages = 1\n\ndef h(cfg):\n    if cfg.gemma4:\n        return 1\n",
+        "contracts/__init__.py": "import trtio.components\n",
+        "components/__init__.py": "",
+    })
+    assert family_conditionals() == [
+        "trtio/setups/llm.py:2: gemma4: cfg.gemma4 is not None",
+        "trtio/setups/llm.py:4: ple: p.ple_ok",
+        "trtio/setups/llm.py:5: mrope: cfg.is_mrope",
+    ]
+    assert _plugin_imports() == [
+        "trtio/contracts/__init__.py:1: trtio.contracts imports trtio.components",
+        "trtio/state.py:1: trtio.state imports trtio.families.gemma4.swa",
+    ]
+
+
+def test_family_words_are_whole_words() -> None:
+    assert family_words("cfg.is_hybrid and PleSplit or kSwaKVPageTable") == {"hybrid", "ple", "swa"}
+    assert family_words("simple example displayed multiple") == set()
