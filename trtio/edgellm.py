@@ -36,7 +36,7 @@ from trtio.cuda.backend import Backend
 from trtio.edgellm_config import map_edgellm_config
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, InvalidTypeError
-from trtio.spec_families import dflash_target_layers, family_of, fed_layers
+from trtio.features import family_configs
 from trtio.stream import StreamLike
 from trtio.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 
@@ -525,7 +525,7 @@ def _visual(root: Path, llm: LLMEngineConfig) -> VisualConfig | None:
                           f"gives {cfg.num_deepstack} deepstack feature(s), but the LLM takes "
                           f"num_deepstack_features = {llm.num_deepstack_features}")
     section = llm.rope_scaling.mrope_section if llm.rope_scaling is not None else None
-    if not llm.is_mrope or section is None:
+    if not llm.rope_per_slot or section is None:
         raise ConfigError(f"{file}", "belongs to a vision-language model, but the LLM's RoPE is not MRoPE (its "
                                      "rope_scaling has no mrope_section)")
     for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"):
@@ -556,27 +556,10 @@ def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> LL
     a DFlash draft's ``dflash_config.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the layers its
     ``hidden_states`` output concatenates: the base config does not name them)."""
     bfile, dfile = root / CONFIG_FILES["base"], root / CONFIG_FILES["draft"]
-    btype, dtype = base.extras.get("spec_decode_type"), draft.extras.get("spec_decode_type")
-    if btype != dtype:
-        raise ConfigError(f"{dfile}: spec_decode_type", f"is {dtype!r}, but {bfile.name} says {btype!r}; base and "
-                                                        "draft must be one speculative family")
-    family = family_of(base.extras, "base") or "eagle3"
-    if family == "dflash":
-        targets = dflash_target_layers(draft.extras, f"{dfile}: dflash_config")
-        bad = [i for i in targets if i >= base.num_layers]
-        if bad:
-            raise ConfigError(f"{dfile}: dflash_config.target_layer_ids",
-                              f"{list(targets)}: {bad} outside the base's {base.num_layers} layers ({bfile.name})")
-        base = dataclasses.replace(base, eagle_hidden_state_layers=targets).validate()
-    n = fed_layers(family, base.eagle_hidden_state_layers)
-    layers = (f"the {n} layers of eagle_hidden_state_layers {list(base.eagle_hidden_state_layers)}"
-              if base.eagle_hidden_state_layers else
-              "its last layer (MTP)" if family == "mtp" else f"{n} layers (EAGLE3's count; {bfile.name} names none)")
-    if draft.base_model_hidden_size != n * base.hidden_size:
-        raise ConfigError(f"{dfile}: base_model_hidden_size",
-                          f"{draft.base_model_hidden_size} does not match the base: {bfile.name} feeds the draft "
-                          f"{layers} of hidden_size {base.hidden_size}, {n} x {base.hidden_size} = "
-                          f"{n * base.hidden_size}")
+    for family in family_configs():  # each family's own checks of the pair, in the table's order
+        found = base.feature(family) or draft.feature(family)
+        if found is not None:
+            base = found.check_pair(base, draft, (bfile, dfile))
     # The KV page size needs no check: Edge-LLM fixes it at 128 for both.
     if draft.max_supported_batch_size != base.max_supported_batch_size:
         raise ConfigError(f"{dfile}: builder_config.max_batch_size",
@@ -587,8 +570,6 @@ def _check_pair(root: Path, base: LLMEngineConfig, draft: LLMEngineConfig) -> LL
         raise ConfigError(f"{dfile}: draft_vocab_size", f"{draft.output_vocab_size} exceeds the base's vocab_size "
                                                         f"({base.vocab_size}, {bfile.name}); draft tokens map onto "
                                                         "base tokens")
-    if draft.is_mrope and not base.is_mrope:
-        raise ConfigError(f"{dfile}: rope_scaling", f"uses MRoPE but the base ({bfile.name}) does not")
     return base
 
 

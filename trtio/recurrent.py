@@ -29,6 +29,7 @@ from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.engine import DeviceWork, EngineIO
 from trtio.errors import CapacityError
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import AsGraph, Copy2D, OwnGraphs, Zero2D, fuse
 from trtio.pages import PagePool
@@ -44,19 +45,28 @@ __all__ = ["DEFAULT_MAX_PREFIXES", "RecurrentStates", "intermediate_state_specs"
 DEFAULT_MAX_PREFIXES = 4
 
 
+def _hybrid(cfg: LLMEngineConfig) -> HybridConfig:
+    """``cfg``'s recurrent layers (none: an empty HybridConfig)."""
+    return cfg.feature(HybridConfig) or _NONE
+
+
+_NONE = HybridConfig()
+
+
 def recurrent_state_names(cfg: LLMEngineConfig) -> list[tuple[str, str]]:
     """The (input, output) pairs of ``cfg``'s recurrent layers, in the exporter's order: every conv state, then
     every recurrent state."""
-    n = cfg.num_recurrent_layers
+    n = _hybrid(cfg).num_layers
     return ([(names.conv_state(j), names.present_conv_state(j)) for j in range(n)]
             + [(names.recurrent_state(j), names.present_recurrent_state(j)) for j in range(n)])
 
 
 def _geometry(cfg: LLMEngineConfig, name: str) -> tuple[DType, tuple[int, ...]]:
     """One slot's row of the pool ``name`` (its dtype and shape without the row dim)."""
+    h = _hybrid(cfg)
     if name.startswith(names.kConvStateTemplate):
-        return DType.coerce(cfg.conv_state_dtype), cfg.conv_state_shape
-    return DType.coerce(cfg.recurrent_state_dtype), cfg.recurrent_state_shape
+        return DType.coerce(h.conv_state_dtype), h.conv_state_shape
+    return DType.coerce(h.recurrent_state_dtype), h.recurrent_state_shape
 
 
 def recurrent_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
@@ -81,9 +91,9 @@ def intermediate_state_specs(cfg: LLMEngineConfig) -> list[TensorSpec]:
     """A hybrid spec-decode base's per-token states (``intermediate_conv_state_j`` then
     ``intermediate_recurrent_state_j``, ``[physical tokens, ...]``: each verified token's state, which accept commits
     into its sequence's slot in "snapshot" mode). Empty for any other engine."""
-    if cfg.role != "base" or not cfg.is_hybrid:
+    n = _hybrid(cfg).num_layers
+    if cfg.role != "base" or not n:
         return []
-    n = cfg.num_recurrent_layers
     out = []
     for template, pools in ((names.kIntermediateConvStateTemplate, names.kConvStateTemplate),
                             (names.kIntermediateRecurrentStateTemplate, names.kRecurrentStateTemplate)):
@@ -121,12 +131,12 @@ def recurrent_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> l
     declared = [info.name for info in eio.inputs if _recurrent_layer(info.name) is not None]
     for name in declared:
         if name not in want:
-            have = (f"{cfg.num_recurrent_layers} recurrent layers" if cfg.is_hybrid
+            have = (f"{_hybrid(cfg).num_layers} recurrent layers" if _hybrid(cfg).num_layers
                     else "no recurrent layer (layer_types)")
             problems.append(f"{name}: the engine declares this recurrent state but the config has {have}")
     for past in want:
         if past not in eio:
-            problems.append(f"{past}: the config has {cfg.num_recurrent_layers} recurrent layers but the engine "
+            problems.append(f"{past}: the config has {_hybrid(cfg).num_layers} recurrent layers but the engine "
                             f"declares no {past}")
             continue
         info = eio[past]

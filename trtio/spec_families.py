@@ -24,6 +24,7 @@ from typing import Any
 from trtio.config import LLMEngineConfig
 from trtio.edgellm_config import SPEC_DECODE_TYPES
 from trtio.errors import ConfigError
+from trtio.families.hybrid.hybrid_config import HybridConfig
 
 __all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "check_pair_runs", "check_runnable", "dflash_target_layers",
            "family_of", "fed_layers"]
@@ -68,9 +69,9 @@ def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) ->
     a hybrid base whose verify mode is Mamba2's ``replay`` (trtio commits a hybrid base's states by "snapshot":
     ``trtio.setups.snapshots``)."""
     check_runnable(family_of(base.extras, "base") or "eagle3", what)
-    if base.is_hybrid:
-        mode = base.recurrent_spec_verify_mode
-        if mode == "replay":
+    hybrid = base.feature(HybridConfig)
+    if hybrid is not None:
+        if hybrid.recurrent_spec_verify_mode == "replay":
             raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
                                                             "is recomputed from a dA/u/B/dt stash) is not supported; "
                                                             "the pair is refused rather than committed wrong")

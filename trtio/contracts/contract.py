@@ -237,7 +237,7 @@ class StepInputs(abc.ABC):
         found = self._rope_sources.get(e.role)
         if found is None:
             found = self._rope_sources[e.role] = \
-                (self.io.mrope_cos_sin, True) if e.cfg.is_mrope else (self._rope_table(e.cfg, s), False)
+                (self.io.mrope_cos_sin, True) if e.cfg.rope_per_slot else (self._rope_table(e.cfg, s), False)
         return found
 
     def write_pages(self, e: EngineView, pages: np.ndarray | None) -> None:
@@ -415,7 +415,7 @@ def deepstack_requests(n: int, shape: Sequence[int], zero_shape: Sequence[int], 
 
 def mrope_request(cfg: LLMEngineConfig, b: int) -> TensorRequest:
     """MRoPE's per-slot cos/sin tables [B, C, R] (empty without MRoPE)."""
-    if not cfg.is_mrope:
+    if not cfg.rope_per_slot:
         return absent("mrope_cos_sin", DType.FLOAT32)
     return TensorRequest.of("mrope_cos_sin", (b, cfg.max_kv_cache_capacity, cfg.rotary_dim), DType.FLOAT32)
 

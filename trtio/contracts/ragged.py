@@ -22,6 +22,8 @@ from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
+from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.spec.spec_config import SpecConfig
 from trtio.recurrent import intermediate_state_specs
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 from trtio.spec_families import family_of
@@ -62,7 +64,8 @@ R = ("batch", "select_len")  # logits rows
 def output_hidden_width(cfg: LLMEngineConfig) -> int:
     """Width of a base engine's ``hidden_states`` output: EAGLE3 concatenates the hidden states of
     ``eagle_hidden_state_layers`` (3 of them: 3 * hidden_size); otherwise hidden_size."""
-    layers = len(cfg.eagle_hidden_state_layers)
+    spec = cfg.feature(SpecConfig)
+    layers = len(spec.eagle_hidden_state_layers) if spec is not None else 0
     return cfg.hidden_size * max(layers, 1)
 
 
@@ -108,7 +111,7 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     add(names.kPastLengths, "input", i32, (S,), seqs())
     add(names.kAttentionSequenceLengths, "input", i32, (S,), seqs())
     # Read by a hybrid model's recurrent layers (each sequence's state row); no dense graph reads it.
-    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=not cfg.is_hybrid)
+    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=cfg.feature(HybridConfig) is None)
     generation_phase = {"llm": PHASE_DECODE, "base": PHASE_VERIFY, "draft": PHASE_DRAFT}[role]
     add(names.kExecutionPhaseMarker, "input", i32, ("execution_phase_len",),
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))

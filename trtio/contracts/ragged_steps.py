@@ -535,7 +535,7 @@ class RaggedSteps(StepInputs):
         found = self._targets.get(e.role)
         if found is None:
             t = self.step.tensors
-            per_slot = e.cfg.is_mrope
+            per_slot = e.cfg.rope_per_slot
             own = _tree_names(e)
             lengths, depths = own["query_lengths"], own["spec_tree_depths"]
             found = self._targets[e.role] = TreeTargets(
@@ -549,7 +549,7 @@ class RaggedSteps(StepInputs):
     def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
                       n_words: int) -> DraftTreeBuffers:
         t = self.step.tensors
-        per_slot = e.cfg.is_mrope
+        per_slot = e.cfg.rope_per_slot
         return DraftTreeBuffers(words, nodes, t["draft_parents"], t["past_lengths"], t["row_src"], t["row_dst"],
                                 t["logits_indices"], t["packed_attention_mask"], t["spec_decode_position_ids"], width,
                                 n_words, logits_stride=width, roots=t["draft_roots"], query_lengths=t["query_lengths"],

@@ -120,7 +120,7 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
     prompt lengths it promises."""
     problems = []
     fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
-    if not cfg.is_mrope:
+    if not cfg.rope_per_slot:
         fixed["rope_batch"] = ("a shared RoPE table", 1)
     for info in engine_io.tensors:
         spec = registry.get(info.name)
@@ -211,7 +211,7 @@ def _no_rope_if_off(cfg: LLMEngineConfig, rows: np.ndarray) -> np.ndarray:
 
 def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
-    if cfg.is_mrope:
+    if cfg.rope_per_slot:
         io.mrope_cos_sin.copy_from(_rope_table(cfg, io.max_batch), stream)
 
 
@@ -268,7 +268,7 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     for input_name, t in (constants or {}).items():
         tm.add(input_name, t)
         stable.add(input_name)
-    if not cfg.is_mrope and (names.kRopeCosSin in eio or names.kRopeCosSinSliding in eio):
+    if not cfg.rope_per_slot and (names.kRopeCosSin in eio or names.kRopeCosSinSliding in eio):
         table = rope.get(cfg, stream)  # made now, never in a step (the ragged contract's steps gather rows of it)
         if contract.binds_rope_table(cfg):
             tm.add(names.kRopeCosSin, table)

@@ -81,7 +81,7 @@ def block_draft(bundle: DeploymentConfig) -> BlockDraft | None:
         raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
                                                    "DFlash2's candidate selector is not implemented, so the pair is "
                                                    "refused rather than run wrong")
-    if draft.is_mrope:
+    if draft.rope_per_slot:
         raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
                                        "RoPE rows are gathered from one table")
     mask_token(draft.extras)  # a block needs its mask token

@@ -20,6 +20,9 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
+from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.lora.lora_config import LoraConfig
+from trtio.families.mrope.mrope_config import MropeConfig
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import PleSplit, swa_room
 from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
@@ -76,7 +79,8 @@ class LLMSetup(SetupBase):
         check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
         eio = engine_io(engine, "create_for_llm")
         cfg = with_contract(cfg, eio, "engine")
-        lora = LoraInputs.from_engine(eio, cfg.max_lora_rank)  # LoRA engines: refused here where they cannot bind
+        # LoRA engines: refused here where they cannot bind
+        lora = LoraInputs.from_engine(eio, (cfg.feature(LoraConfig) or LoraConfig()).max_lora_rank)
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
@@ -103,7 +107,8 @@ class LLMSetup(SetupBase):
             fill_mrope(self.io, cfg, s)
             fill_gemma4(self.io, cfg, s)
             self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
-            if cfg.is_mrope and cfg.rope_scaling is not None and cfg.rope_scaling.mrope_section is not None:
+            mrope = cfg.feature(MropeConfig)
+            if mrope is not None and mrope.positions_per_axis:
                 # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
                 self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
             warm_up(be)
@@ -472,7 +477,7 @@ def recurrent_states(e: BoundEngine, max_prefixes: int, backend: Backend, s: Str
                      resources: contextlib.ExitStack) -> RecurrentStates | None:
     """A hybrid engine's :class:`~trtio.recurrent.RecurrentStates` over its state's pools (closed by
     ``resources``), None for an engine without recurrent layers."""
-    if not e.cfg.is_hybrid:
+    if e.cfg.feature(HybridConfig) is None:
         return None
     pools = {past: e.state.tensors[past] for past, _ in recurrent_state_names(e.cfg)}
     return resources.enter_context(RecurrentStates(pools, e.state.max_batch, max_prefixes, backend=backend, stream=s,

@@ -22,6 +22,7 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import Copy2D, fuse
 from trtio.recurrent import intermediate_state_specs
@@ -52,7 +53,7 @@ class IntermediateStates(Closeable):
         self._arena = Arena([TensorRequest.of(s.name, (rows, *s.engine_shape[1:]), s.dtype) for s in specs],
                             backend=backend, title=f"{name} intermediate states")
         self.tensors: dict[str, Tensor] = {s.name: self._arena[s.name] for s in specs}
-        self._layers = cfg.num_recurrent_layers
+        self._layers = (cfg.feature(HybridConfig) or HybridConfig()).num_layers
         # (pool addresses, intermediate addresses, bytes of one row) per kind, in layer order (set by attach)
         self._kinds: list[tuple[list[int], list[int], int]] = []
         self._backend = backend

@@ -38,6 +38,8 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
+from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.spec.spec_config import SpecConfig
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import Prefix
@@ -143,7 +145,8 @@ def _bind_pair(setup: SpecDecodeSetup, stack: contextlib.ExitStack[Any], s: Stre
     # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too. (Entered before the
     # base's executor, which binds them: closed after it.)
     rows = mb * max(base_cfg.max_supported_input_length, base_cfg.max_verify_tree_size)
-    states = None if not base_cfg.is_hybrid else stack.enter_context(IntermediateStates(base_cfg, rows, backend=be))
+    states = None if base_cfg.feature(HybridConfig) is None else \
+        stack.enter_context(IntermediateStates(base_cfg, rows, backend=be))
     base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
                        context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack, name="base", io=io)
     if states is not None:
@@ -456,7 +459,9 @@ class SpecDecodeSetup(SetupBase):
         e = self.base
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
-        if self._states is not None and not e.cfg.mtp_tree_base and not is_chain(t.parents, t.real):
+        spec = e.cfg.feature(SpecConfig)
+        if self._states is not None and not (spec is not None and spec.mtp_tree_base) \
+                and not is_chain(t.parents, t.real):
             raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; one "
                              f"built with mtp_tree_base verifies trees), got parents {t.parents.tolist()}")
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)

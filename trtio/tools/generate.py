@@ -44,6 +44,7 @@ from trtio.contracts.ragged_steps import is_dflash
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.lora import LoraAdapter
 from trtio.setups import (
     LLMSetup,
@@ -315,7 +316,7 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
             raise ConfigError(RUNTIME_FLAGS["draft_step"], f"is {depth}: a DFlash block of {block} guesses 1.."
                                                            f"{block - 1} tokens a round")
         return 1, depth
-    if k > 1 and base.is_hybrid:
+    if k > 1 and base.feature(HybridConfig) is not None:
         raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a hybrid base verifies one chain per round (its "
                                                         "recurrent layers run a step's tokens in order); use 1")
     cap = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1)  # draft nodes a round may have
