@@ -257,8 +257,8 @@ CORE_SUBLAYERS = {
     "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config", "visual_config",
                 "checkpoint", "spec_families", "features", "registry", "tensor_map", "engine", "vit", "trt",
                 "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "edgellm", "state", "recurrent", "contracts",
-              "pipeline_io", "vision", "lora"},
+    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "edgellm", "state", "contracts", "pipeline_io",
+              "vision"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 
@@ -272,6 +272,10 @@ PLUGIN_PLACES = {
     "families.mrope": "binding", "families.mrope.mrope_config": "binding",
     "families.lora": "binding", "families.lora.lora_config": "binding",
     "families.spec": "binding", "families.spec.spec_config": "binding",
+    "families.hybrid.recurrent": "steps", "families.hybrid.snapshots": "steps",
+    "families.hybrid.hybrid_feature": "setups",
+    "families.mrope.slot_positions": "steps", "families.mrope.mrope_feature": "setups",
+    "families.lora.adapters": "binding", "families.lora.lora_feature": "setups",
 }
 
 
@@ -375,10 +379,9 @@ PLUGIN_TABLES = ("trtio.families.family_table", "trtio.components.component_tabl
 KNOWN_FAMILY_CONDITIONALS: dict[str, int] = {
     "trtio/config.py": 4, "trtio/contracts/dflash.py": 1, "trtio/contracts/ragged.py": 1,
     "trtio/contracts/ragged_steps.py": 4, "trtio/edgellm.py": 8, "trtio/edgellm_config.py": 9,
-    "trtio/pipeline_io.py": 2, "trtio/setups/base.py": 2, "trtio/setups/binding.py": 3,
-    "trtio/setups/decode_plan.py": 1, "trtio/setups/dflash.py": 1, "trtio/setups/engine_dir.py": 2,
-    "trtio/setups/llm.py": 13, "trtio/setups/ple.py": 13, "trtio/setups/spec_decode.py": 4,
-    "trtio/setups/visual.py": 2, "trtio/state.py": 11,
+    "trtio/setups/base.py": 1, "trtio/setups/binding.py": 2, "trtio/setups/decode_plan.py": 1,
+    "trtio/setups/dflash.py": 1, "trtio/setups/engine_dir.py": 2, "trtio/setups/llm.py": 5,
+    "trtio/setups/ple.py": 13, "trtio/setups/visual.py": 2, "trtio/state.py": 10,
 }
 
 
@@ -444,8 +447,7 @@ def _plugin_imports() -> list[str]:
 # Generic modules that still ask a family's typed config by name (cfg.feature(...)), each importing it: the seam's
 # work left (the list only shrinks).
 KNOWN_PLUGIN_IMPORTS: dict[str, int] = {
-    "trtio/contracts/ragged.py": 2, "trtio/setups/llm.py": 3, "trtio/setups/mrope.py": 1,
-    "trtio/setups/snapshots.py": 1, "trtio/setups/spec_decode.py": 2,
+    "trtio/contracts/ragged.py": 1,
 }
 
 

@@ -17,7 +17,7 @@ import trtio
 from trtio import ConfigError, LLMEngineConfig, names
 from trtio.contracts import build_registry
 from trtio.edgellm import EngineDir
-from trtio.recurrent import recurrent_state_specs
+from trtio.families.hybrid.hybrid_config import recurrent_state_specs
 from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine
 

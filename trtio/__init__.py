@@ -43,7 +43,7 @@ from trtio.errors import UnknownNameError as UnknownNameError
 
 # The family table first: it registers every family (trtio.features), so any config read after it knows them all.
 from trtio.families import family_table as _family_table  # noqa: F401
-from trtio.lora import LoraAdapter
+from trtio.families.lora.adapters import LoraAdapter
 from trtio.pipeline_io import PipelineIO
 from trtio.setups import (
     LLMSetup,

@@ -920,8 +920,8 @@ class EngineExecutor(_GraphRunner, Closeable):
 
     def forget(self, tensors: Collection[Tensor]) -> None:
         """Let ``tensors`` go, bound no more (their tensor map rebound their names: a setup's LoRA adapter whose
-        device copy is freed, :mod:`trtio.lora`): every plan that binds one of them is dropped, every graph captured
-        with their memory bound is destroyed, and this executor stops holding their memory
+        device copy is freed, :mod:`trtio.families.lora.adapters`): every plan that binds one of them is dropped,
+        every graph captured with their memory bound is destroyed, and this executor stops holding their memory
         (:func:`~trtio.tensor.unmark_bound_memory`), which its owner may then free. A step that binds them again
         (at their addresses or others) plans and captures afresh; the execution context is told its addresses
         again where a plan runs plainly (``_sync``)."""

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from trtio.errors import InvalidValueError
+from trtio.errors import InvalidValueError, ShapeError
+from trtio.stream import Stream
 
-__all__ = ["FamilyConfig", "Found", "family_configs", "keyword_owner", "register_family"]
+__all__ = ["FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "family_configs", "keyword_owner",
+           "register_family", "register_feature"]
 
 #: An Edge-LLM key a family cannot bind where it is found: (dotted key, what it marks, detail).
 Found = tuple[str, str, str]
@@ -75,6 +78,28 @@ class FamilyConfig(abc.ABC):
         geometry of its own; None: the model's."""
         return None
 
+    def registry(self, reg: Any, cfg: Any) -> None:
+        """Add to (or replace in) ``reg`` (a TensorRegistry: the PipelineIO-owned bindings of an engine of ``cfg``
+        on ``reg.contract``) the bindings this family declares."""
+        return None
+
+    def bind_pipeline(self, io: Any, tm: Any, cfg: Any) -> None:
+        """Bind this family's members of ``io`` (a PipelineIO) for an engine of ``cfg`` into ``tm`` (its tensor map,
+        being built)."""
+        return None
+
+    @classmethod
+    def input_problems(cls, eio: Any, cfg: Any, bound: set[str]) -> tuple[set[str], list[str]]:
+        """The engine inputs this family binds where a setup makes its feature (whether or not ``cfg`` has the family),
+        and the problems of those not among ``bound`` (the inputs the setup binds): each named once, not as one
+        unknown binding each."""
+        return set(), []
+
+    def engine_problems(self, eio: Any, cfg: Any, max_batch: int) -> list[str]:
+        """Where the engine's declared state (``eio``: its EngineIO) disagrees with what this family says of it, for
+        ``max_batch`` sequence slots (one line each, naming the binding)."""
+        return []
+
     def check_pair(self, base: Any, draft: Any, files: tuple[Any, Any]) -> Any:
         """A speculative pair read from a directory (``base`` and ``draft`` LLMEngineConfigs, this config one of
         theirs; ``files``: their config files): raise ConfigError naming the file and the key where they do not fit
@@ -124,3 +149,231 @@ def family_configs() -> tuple[type[FamilyConfig], ...]:
 def keyword_owner(name: str) -> type[FamilyConfig] | None:
     """The family whose typed config owns the LLMEngineConfig keyword ``name`` (None: no family's)."""
     return _OWNERS.get(name)
+
+
+# -- the runtime part ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Held:
+    """What a feature keeps for a pinned prefix (:meth:`Feature.pin`): rows of its own pools, held as the prefix holds
+    its KV pages (``pages[key]`` of ``pools[key]``, given back with the prefix), and what the prefix records of its
+    tokens (``positions``: MRoPE's position record)."""
+
+    pages: dict[str, list[int]] = field(default_factory=dict)
+    pools: dict[str, Any] = field(default_factory=dict)
+    positions: Any = None
+
+
+class Feature:
+    """A family's part of one engine of a setup (``docs/architecture.md``, "Families and components": the step
+    points). A subclass is registered for its family's typed config (:func:`register_feature`); a setup makes one for
+    each of its engines whose config has that family (:meth:`make`), before the engine is bound, and closes it with
+    itself. Every hook below is a no-op here: a family implements those it needs.
+
+    The hooks run in the family table's order, on the calling thread, inside the setup's call rules (one thread at a
+    time, the stream rule: ``docs/architecture.md``, "Steps"); device work they return is enqueued by the setup on
+    the step's stream before the engine (in its CUDA graph where the step is captured).
+    """
+
+    #: The typed config this feature is the runtime part of (set by :func:`register_feature`).
+    config_type: ClassVar[type[FamilyConfig]]
+    #: The prefill keywords this family takes (``mrope_positions``, ``ple_embeds``, ...): the setup hands them to
+    #: :meth:`check_prompt`; given to a setup whose engine lacks the family, they are refused (:meth:`absent`).
+    PROMPT_INPUTS: ClassVar[tuple[str, ...]] = ()
+    #: Setup attributes this family answers (``recurrent``, ``lora``, ...), each with its value where it is absent.
+    ATTRIBUTES: ClassVar[Mapping[str, Any]] = {}
+    #: Setup calls this family answers (``set_lora``): a method of the part; :meth:`absent_call` where it is absent.
+    METHODS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> Feature | None:
+        """This family's part of an engine of ``role`` (``"llm"``, ``"base"``, ``"draft"``) whose config ``cfg`` has
+        this family (``config``: its typed config; ``eio``: the engine's declared I/O), before the engine is bound:
+        what must outlive the engine's executor is entered into ``ctx.stack`` here. None: nothing to do for this
+        engine."""
+        return None
+
+    @classmethod
+    def absent_call(cls, name: str, *args: Any) -> Any:
+        """The setup call ``name`` (one of :attr:`METHODS`) on a setup whose engine lacks this family."""
+        raise ShapeError(cls.absent(name))
+
+    @classmethod
+    def absent(cls, name: str) -> str:
+        """Why the input or attribute ``name`` of this family is refused by a setup whose engine lacks the family."""
+        return f"{name}: given, but the engine has no {cls.config_type.__name__} inputs"
+
+    def constants(self) -> Mapping[str, Any]:
+        """Engine inputs this part binds to tensors it owns (bound with the engine, before its executor)."""
+        return {}
+
+    def bound(self, engine: Any, ctx: Any) -> None:
+        """The engine is bound (its state, tensor map and executor exist): fill and bind what is this family's."""
+
+    def attribute(self, name: str) -> Any:
+        """The value of the setup attribute ``name`` (one of :attr:`ATTRIBUTES`)."""
+        return getattr(self, name)
+
+    # -- a prefill ---------------------------------------------------------------------------------------------------
+    def check_prompt(self, inputs: Mapping[str, Any], batch: int, seq: int, lengths: Any, past: Any,
+                     stream: Any = None) -> Any:
+        """Check a prefill's inputs of this family (``inputs``: its :attr:`PROMPT_INPUTS`, None where not given)
+        before anything changes (``stream``: the step's, a foreign array's producer ordered before it); what it
+        returns is handed to :meth:`prompt_work`."""
+        return None
+
+    def prompt_work(self, rows: Any, past: Any, lengths: Any, checked: Any, new: bool,
+                    prefixes: Any, stream: Stream) -> tuple[Any, ...]:
+        """Device work before a prefill's engine (the sequences of slots ``rows``, ``past`` tokens cached before it,
+        None: none; ``new``: it starts them, with ``prefixes`` where they start from one), for the setup to enqueue
+        on ``stream`` before the step's own work. Runs inside the sequences' transaction."""
+        return ()
+
+    def prompt_done(self, ok: bool) -> str | None:
+        """The prefill succeeded (``ok``) or failed after :meth:`prompt_work`; where a failure left device state a
+        retry cannot undo, why (the setup then breaks)."""
+        return None
+
+    # -- decodes, prefixes, rounds -----------------------------------------------------------------------------------
+    def decode_room(self, lengths: Any) -> int | None:
+        """How many planned decodes of sequences of ``lengths`` may run before this family needs a checked step
+        (None: no limit of its own)."""
+        return None
+
+    def check_pin(self, what: str) -> None:
+        """Refuse a prefix this family cannot keep (raise naming ``what``)."""
+
+    def pin(self, slot: int, tokens: int, kept: int, have: int, what: str, stream: Stream) -> Held | None:
+        """Keep what a prefix of the first ``tokens`` of ``slot`` (which holds ``have``; the prefix keeps ``kept`` KV
+        entries: fewer in a spec-decode setup) needs of this family, on ``stream``; None: nothing."""
+        return None
+
+    def release(self, slots: Any) -> None:
+        """The sequences of ``slots`` ended."""
+
+    def check_verify(self, parents: Any, real: Any) -> None:
+        """Refuse a verify tree (``parents`` [batch, nodes], ``real`` [batch, nodes]) this family cannot run."""
+
+    def accept(self, slots: Any, rows: Any, stream: Stream) -> None:
+        """A speculative accept: each sequence of ``slots`` accepted up to verify row ``rows[i]`` (its path's last
+        node); commit this family's state of it on ``stream``."""
+
+    def reports(self) -> list[Any]:
+        """MemoryReports of what this part owns."""
+        return []
+
+
+_FEATURES: dict[type[FamilyConfig], type[Feature]] = {}
+
+
+def register_feature(feature: type[Feature], config: type[FamilyConfig]) -> type[Feature]:
+    """Register ``feature`` as the runtime part of the family whose typed config is ``config`` (the family table
+    does)."""
+    feature.config_type = config
+    _FEATURES[config] = feature
+    return feature
+
+
+class FeatureSet:
+    """The features of a setup's engines, in the family table's order: the setup calls them at each step point
+    through this (see :class:`Feature`)."""
+
+    def __init__(self) -> None:
+        self.parts: list[Feature] = []
+        self._roles: dict[int, str] = {}  # id(part) -> the role of the engine it was made for
+        self._inputs = {name: f for f in _FEATURES.values() for name in f.PROMPT_INPUTS}
+        self._attributes = {name: f for f in _FEATURES.values() for name in f.ATTRIBUTES}
+
+    def make(self, cfg: Any, role: str, ctx: Any, eio: Any) -> dict[str, Any]:
+        """Make the parts of an engine of ``role`` with config ``cfg`` and declared I/O ``eio`` (before it is bound);
+        returns the constants they bind."""
+        constants: dict[str, Any] = {}
+        for config in family_configs():
+            found = cfg.feature(config)
+            kind = _FEATURES.get(config)
+            part = kind.make(found, cfg, role, ctx, eio) if found is not None and kind is not None else None
+            if part is not None:
+                self.parts.append(part)
+                self._roles[id(part)] = role
+                constants.update(part.constants())
+        return constants
+
+    def bound(self, engine: Any, ctx: Any) -> None:
+        """``engine`` (a BoundEngine) is bound: its parts attach to it."""
+        for part in self.parts:
+            if self._roles[id(part)] == engine.role:
+                part.bound(engine, ctx)
+
+    def attribute(self, name: str) -> Any:
+        """A setup attribute a family answers (its value where the family is absent)."""
+        for part in self.parts:
+            if name in part.ATTRIBUTES:
+                return part.attribute(name)
+        return self._attributes[name].ATTRIBUTES[name]
+
+    def part(self, name: str) -> Any:
+        """The part that answers the setup attribute or call ``name`` (None: the family is absent)."""
+        return next((p for p in self.parts if name in p.ATTRIBUTES or name in p.METHODS), None)
+
+    def absent_call(self, name: str, *args: Any) -> Any:
+        """The setup call ``name`` where its family is absent (:meth:`Feature.absent_call`)."""
+        owner = next(f for f in _FEATURES.values() if name in f.METHODS)
+        return owner.absent_call(name, *args)
+
+    def check_prompt(self, inputs: Mapping[str, Any], batch: int, seq: int, lengths: Any, past: Any,
+                     stream: Any = None) -> list[Any]:
+        """Every part's checked prefill inputs (in order); an input given that no part takes is refused."""
+        taken = {name for p in self.parts for name in p.PROMPT_INPUTS}
+        for name, value in inputs.items():
+            if name not in taken and value is not None and not (isinstance(value, (list, tuple)) and not value):
+                raise ShapeError(self._inputs[name].absent(name))
+        return [p.check_prompt({n: inputs.get(n) for n in p.PROMPT_INPUTS}, batch, seq, lengths, past, stream)
+                for p in self.parts]
+
+    def prompt_work(self, checked: list[Any], rows: Any, past: Any, lengths: Any, new: bool, prefixes: Any,
+                    stream: Stream) -> tuple[Any, ...]:
+        work: tuple[Any, ...] = ()
+        for p, c in zip(self.parts, checked):
+            work += p.prompt_work(rows, past, lengths, c, new, prefixes, stream)
+        return work
+
+    def prompt_done(self, ok: bool) -> str | None:
+        reasons = [r for r in (p.prompt_done(ok) for p in self.parts) if r is not None]
+        return reasons[0] if reasons else None
+
+    def decode_room(self, lengths: Any, room: int) -> int:
+        """``room`` lowered to what every part allows."""
+        for p in self.parts:
+            found = p.decode_room(lengths)
+            if found is not None:
+                room = min(room, found)
+        return room
+
+    def check_pin(self, what: str) -> None:
+        for p in self.parts:
+            p.check_pin(what)
+
+    def pin(self, slot: int, tokens: int, kept: int, have: int, what: str, stream: Stream) -> Held:
+        out = Held()
+        for p in self.parts:
+            found = p.pin(slot, tokens, kept, have, what, stream)
+            if found is not None:
+                out.pages.update(found.pages)
+                out.pools.update(found.pools)
+                out.positions = found.positions if found.positions is not None else out.positions
+        return out
+
+    def release(self, slots: Any) -> None:
+        for p in self.parts:
+            p.release(slots)
+
+    def check_verify(self, parents: Any, real: Any) -> None:
+        for p in self.parts:
+            p.check_verify(parents, real)
+
+    def accept(self, slots: Any, rows: Any, stream: Stream) -> None:
+        for p in self.parts:
+            p.accept(slots, rows, stream)
+
+    def reports(self) -> list[Any]:
+        return [r for p in self.parts for r in p.reports()]

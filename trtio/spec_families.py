@@ -67,7 +67,7 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
     """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol, or
     a hybrid base whose verify mode is Mamba2's ``replay`` (trtio commits a hybrid base's states by "snapshot":
-    ``trtio.setups.snapshots``)."""
+    ``trtio.families.hybrid.snapshots``)."""
     check_runnable(family_of(base.extras, "base") or "eagle3", what)
     hybrid = base.feature(HybridConfig)
     if hybrid is not None:

@@ -14,9 +14,9 @@ shape from here, so no registry repeats it. Two KV layouts exist, one per engine
   page ids, row 1 its V ids (K id + P). Sequence slot ``b`` owns pages ``b*M .. b*M + M - 1``.
 
 A hybrid model's recurrent states (``conv_state_j`` / ``recurrent_state_j``, aliased by their ``present_*``) are
-pools of one row per sequence slot (:mod:`trtio.recurrent`), bound at their full row count whatever the step's
-batch: ``state_indices`` picks each sequence's row. ``lengths`` is the host mirror of the tokens each sequence slot
-has committed.
+pools of one row per sequence slot (:mod:`trtio.families.hybrid.recurrent`), bound at their full row count whatever
+the step's batch: ``state_indices`` picks each sequence's row. ``lengths`` is the host mirror of the tokens each
+sequence slot has committed.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, Sh
 from trtio.gemma4 import BoundedSwaPages, SwaMode, bound_swa_mode
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
-from trtio.recurrent import is_recurrent_state, recurrent_problems
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
@@ -161,6 +160,12 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
     return out
 
 
+def _is_kv_cache(name: str) -> bool:
+    """Whether the state input ``name`` is a KV cache (paged ``past_key_values_i`` or contiguous ``k_cache_i`` /
+    ``v_cache_i``), not a pool of one row per slot."""
+    return _layer_of(name, names.kPastKeyValuesTemplate) is not None or names.is_kv_cache_binding(name)
+
+
 def kv_layout(eio: EngineIO) -> str:
     """``"paged"`` when the engine has a page table or ``past_key_values_i`` pools, else ``"contiguous"``."""
     if names.kKVPageTable in eio:
@@ -211,7 +216,10 @@ def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, *
             problems.append(f"{names.kKVPageTable}: its profiles do not bound {_fmt(table.max_shape())}")
     if cfg is None or problems:
         return problems
-    return problems + _config_problems(eio, cfg, max_batch, pages_on_demand) + recurrent_problems(eio, cfg, max_batch)
+    problems += _config_problems(eio, cfg, max_batch, pages_on_demand)
+    for family in cfg.features:  # what each family says of the engine's state (a hybrid's per-slot pools)
+        problems += family.engine_problems(eio, cfg, max_batch)
+    return problems
 
 
 def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_on_demand: bool) -> list[str]:
@@ -233,8 +241,8 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
     kv = cfg.kv_dtype
     for past, _present in pairs_list:
         info = eio[past]
-        if _layer_of(past, names.kPastKeyValuesTemplate) is None and not names.is_kv_cache_binding(past):
-            continue  # recurrent state: its own dtype and shape
+        if not _is_kv_cache(past):
+            continue  # a family's per-slot state (a hybrid's recurrent pools): its own dtype and shape
         if info.dtype is not kv:
             problems.append(f"{past}: the engine's KV cache is {info.dtype} but the config's kv_cache_dtype is "
                             f"{kv}")
@@ -339,9 +347,9 @@ class EngineState(Closeable):
             if past in sliding and self.swa_pages is not None:  # the bounded SWA pool's pages, not the full pool's
                 shape = (shape[0], self.swa_mode.pool_pages, *shape[2:]) if self.swa_mode is not None else shape
             self._max_shape[past] = shape
-            # A recurrent pool is indexed by slot (state_indices): bound whole. A KV cache's dynamic batch follows
-            # the step's.
-            lead: Dim = "batch" if info.shape and info.shape[0] < 0 and not is_recurrent_state(past) else shape[0]
+            # A KV cache's dynamic batch follows the step's; any other state pool is indexed by slot (state_indices,
+            # a hybrid's recurrent states): bound whole.
+            lead: Dim = "batch" if info.shape and info.shape[0] < 0 and _is_kv_cache(past) else shape[0]
             sym: tuple[Dim, ...] = (lead, *shape[1:]) if shape else ()
             self._specs[past] = TensorSpec(past, "input", info.dtype, sym)
             self._specs[present] = TensorSpec(present, "output", info.dtype, sym)

@@ -106,9 +106,9 @@ FIXED_VIEW = ViewLog()
 
 
 def fix_view(tensor: Tensor) -> None:
-    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.lora`): a reshape to
-    another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views they
-    set again between steps (its binding's shape is its own). Made before any executor binds it."""
+    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.families.lora.adapters`):
+    a reshape to another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views
+    they set again between steps (its binding's shape is its own). Made before any executor binds it."""
     if tensor._log is not VIEWS:
         raise TrtioError(f"tensor {tensor.name!r}: fix_view after an executor bound it (its views are watched)")
     tensor._log = FIXED_VIEW

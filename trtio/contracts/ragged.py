@@ -22,9 +22,7 @@ from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
-from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.spec.spec_config import SpecConfig
-from trtio.recurrent import intermediate_state_specs
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 from trtio.spec_families import family_of
 from trtio.staging import constant
@@ -111,7 +109,7 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     add(names.kPastLengths, "input", i32, (S,), seqs())
     add(names.kAttentionSequenceLengths, "input", i32, (S,), seqs())
     # Read by a hybrid model's recurrent layers (each sequence's state row); no dense graph reads it.
-    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=cfg.feature(HybridConfig) is None)
+    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=True)  # read by a family's per-slot state
     generation_phase = {"llm": PHASE_DECODE, "base": PHASE_VERIFY, "draft": PHASE_DRAFT}[role]
     add(names.kExecutionPhaseMarker, "input", i32, ("execution_phase_len",),
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))
@@ -137,10 +135,10 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
     add(names.kLogits, "output", f32, (R, cfg.output_vocab_size))
     if role == "base":
         add(names.kOutputHiddenStates, "output", act, (T, output_hidden_width(cfg)))
-        for spec in intermediate_state_specs(cfg):  # a hybrid base's per-token verify states (trtio.recurrent)
-            reg.add(spec)
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
+    for family in cfg.features:  # the bindings each family declares
+        family.registry(reg, cfg)
     if role == "draft" and family_of(cfg.extras, role) == "dflash":
         return dflash_draft_registry(cfg, reg)  # block drafts read other inputs (trtio.contracts.dflash)
     return reg

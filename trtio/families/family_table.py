@@ -9,14 +9,24 @@ imports this table before anything else.
 from __future__ import annotations
 
 from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.hybrid.hybrid_feature import HybridFeature
 from trtio.families.lora.lora_config import LoraConfig
+from trtio.families.lora.lora_feature import LoraFeature
 from trtio.families.mrope.mrope_config import MropeConfig
+from trtio.families.mrope.mrope_feature import MropeFeature
 from trtio.families.spec.spec_config import SpecConfig
-from trtio.features import register_family
+from trtio.features import FamilyConfig, Feature, register_family, register_feature
 
 __all__ = ["FAMILIES", "HybridConfig", "LoraConfig", "MropeConfig", "SpecConfig"]
 
-#: The families' typed configs, in hook order.
-FAMILIES = (HybridConfig, MropeConfig, LoraConfig, SpecConfig)
-for _family in FAMILIES:
-    register_family(_family)
+#: Each family: its typed config and its feature (None: nothing at run time), in hook order.
+FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
+    (HybridConfig, HybridFeature),
+    (MropeConfig, MropeFeature),
+    (LoraConfig, LoraFeature),
+    (SpecConfig, None),
+)
+for _config, _feature in FAMILIES:
+    register_family(_config)
+    if _feature is not None:
+        register_feature(_feature, _config)

@@ -10,7 +10,7 @@ from types import ModuleType
 from trtio.cuda.backend import Backend, get_backend
 from trtio.edgellm import VISUAL_DIR, VISUAL_ROLE, EngineDir
 from trtio.errors import ConfigError
-from trtio.recurrent import DEFAULT_MAX_PREFIXES
+from trtio.pages import DEFAULT_MAX_PREFIXES
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
 from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup, check_devices

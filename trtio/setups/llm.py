@@ -7,7 +7,6 @@ pinned staging buffers are fenced with events that are normally complete already
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,31 +19,26 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
-from trtio.families.hybrid.hybrid_config import HybridConfig
-from trtio.families.lora.lora_config import LoraConfig
-from trtio.families.mrope.mrope_config import MropeConfig
+from trtio.features import FeatureSet
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import PleSplit, swa_room
-from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
-from trtio.pages import Prefix, StepPages
+from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
-from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
 from trtio.setups.base import EngineGraphStats, SetupBase
 from trtio.setups.binding import (
+    BindContext,
     BoundEngine,
     RopeTables,
     bind_engine,
     engine_backend,
     engine_io,
     fill_gemma4,
-    fill_mrope,
     with_contract,
 )
 from trtio.setups.calls import one_thread
 from trtio.setups.decode_plan import DecodePlan
-from trtio.setups.mrope import SlotPositions
 from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
 from trtio.setups.visual import VisualSetup
@@ -54,7 +48,7 @@ from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor, overlap_error
 from trtio.tensor_map import TensorMap
 
-__all__ = ["LLMSetup", "create_for_llm", "recurrent_states"]
+__all__ = ["LLMSetup", "create_for_llm"]
 
 
 class LLMSetup(SetupBase):
@@ -64,7 +58,6 @@ class LLMSetup(SetupBase):
     ``create_from_engine_dir`` attaches, closed with this setup), else None."""
 
     visual: VisualSetup | None = None
-    _lora: LoraSlots | None = None
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -79,40 +72,32 @@ class LLMSetup(SetupBase):
         check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
         eio = engine_io(engine, "create_for_llm")
         cfg = with_contract(cfg, eio, "engine")
-        # LoRA engines: refused here where they cannot bind
-        lora = LoraInputs.from_engine(eio, (cfg.feature(LoraConfig) or LoraConfig()).max_lora_rank)
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
+        self._features = FeatureSet()
         with self._building(stream) as (stack, s):
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
             self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
-            if lora is not None:  # bound first to empty tensors (no adapter); set_lora rebinds them (a variant)
-                self._lora = stack.enter_context(LoraSlots(lora, be))
-                constants = {**(constants or {}), **self._lora.tensors}
+            ctx = BindContext(self.io, be, s, stack, self._rope, self._calls, int(max_prefixes))
+            # the families' parts (a LoRA engine's inputs: bound first to empty tensors, no adapter)
+            constants = {**(constants or {}), **self._features.make(cfg, "llm", ctx, eio)}
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
                                        stream=s, resources=stack, name="llm", io=self.io, constants=constants)
-            if self._lora is not None:
-                self._lora.attach(self._engine.tensor_map, self._engine.executor)
             self._extra_arena = stack.enter_context(Arena([
                 UploadRing.request("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
                                     cfg.activation, slots=INPUT_RING_SLOTS)], backend=be, title="llm staging"))
             self._embeds_staging = stack.enter_context(
                 UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
                            title="inputs_embeds staging"))
-            fill_mrope(self.io, cfg, s)
             fill_gemma4(self.io, cfg, s)
-            self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
-            mrope = cfg.feature(MropeConfig)
-            if mrope is not None and mrope.positions_per_axis:
-                # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
-                self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
+            self._features.bound(self._engine, ctx)
             warm_up(be)
-        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
+        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, features=self._features)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
         self._streaming_pending = False
@@ -141,10 +126,10 @@ class LLMSetup(SetupBase):
         return self._engine.state
 
     @property
-    def recurrent(self) -> RecurrentStates | None:
-        """A hybrid model's recurrent states (the snapshot pool and which of its rows prefixes hold); None for a
-        model without recurrent layers."""
-        return self._recurrent
+    def recurrent(self) -> Any:
+        """A hybrid model's recurrent states (:class:`~trtio.families.hybrid.recurrent.RecurrentStates`: the snapshot
+        pool and which of its rows prefixes hold); None for a model without recurrent layers."""
+        return self._features.attribute("recurrent")
 
     @property
     def executor(self) -> EngineExecutor:
@@ -178,10 +163,11 @@ class LLMSetup(SetupBase):
         """MRoPE: each active sequence's position delta, in the order of :attr:`active` (int64; a copy): a token
         at cache position ``k`` past its prompt has position ``k + delta`` on all three axes (0 for text, and for
         every sequence of an engine without MRoPE)."""
-        if self._positions is None:
+        deltas = self._features.attribute("rope_deltas")  # every slot's (None: no MRoPE)
+        if deltas is None:
             return np.zeros(self._seqs.count, np.int64)
-        deltas: np.ndarray = self._positions.deltas[self._seqs.order]
-        return deltas
+        found: np.ndarray = deltas[self._seqs.order]
+        return found
 
     @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
@@ -218,15 +204,11 @@ class LLMSetup(SetupBase):
         self._ple.prepare(ple_embeds, inputs_embeds, self, stream, now=True)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
-                          deepstack_embeds, "prefill", mrope_positions)
+                          "prefill", deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions)
         except BaseException:
-            if self._positions is not None and self._positions.unsettled:
-                self._positions.settle()
-                self._break("a prefill that continued sequences with new MRoPE positions failed after writing "
-                            "their position rows")
+            self._settle_prompt(False)
             raise
-        if self._positions is not None:
-            self._positions.settle()
+        self._settle_prompt(True)
         return self.io.output_logits
 
     @one_thread
@@ -378,12 +360,12 @@ class LLMSetup(SetupBase):
         return self.io.output_logits
 
     @property
-    def lora(self) -> LoraAdapter | None:
+    def lora(self) -> Any:
         """The LoRA adapter the steps use (:meth:`set_lora`); None: none (or an engine without LoRA inputs)."""
-        return self._lora.adapter if self._lora is not None else None
+        return self._features.attribute("lora")
 
     @one_thread
-    def set_lora(self, adapter: LoraAdapter | None, stream: StreamLike = None) -> None:
+    def set_lora(self, adapter: Any, stream: StreamLike = None) -> None:
         """Use ``adapter`` (a :class:`~trtio.LoraAdapter`; None: no adapter, every LoRA input at rank 0) for every
         step after this call, for the whole batch (one adapter per batch, as in Edge-LLM). Sequences in flight go
         on: their cached tokens keep what the adapter before computed.
@@ -401,23 +383,15 @@ class LLMSetup(SetupBase):
         inputs (``max_lora_rank`` 0) or whose LoRA inputs are all named after ONNX graph nodes (Edge-LLM 0.11's
         ``insert-lora`` on an export of anonymous weights: no adapter can be matched to them; the engine runs with
         every LoRA input at rank 0), an InvalidValueError naming every module the engine lacks, whose rank is
-        above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
-        setup is left as it was.
+        above ``max_lora_rank`` or whose dtype or shape differs
+        (:meth:`trtio.families.lora.adapters.LoraInputs.problems`); the setup is left as it was.
         """
         self._refuse_unusable()
-        lora = self._lora
-        if lora is None:
-            if adapter is None:
-                return
-            if not isinstance(adapter, LoraAdapter):
-                raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
-            raise ConfigError("max_lora_rank", f"set_lora: engine {self._engine.io.name!r} takes no LoRA adapter (its "
-                                               "config's max_lora_rank is 0: build it with --max-lora-rank)")
-        if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
-            lora.inputs.check(adapter, "set_lora")
-        # The tensor map's LoRA inputs rebound: the executor takes the plans (and graphs) of this adapter's binding
-        # set at the next step; the last decode's plan (dims, device work) holds, an adapter changing no slot.
-        lora.use(adapter, self._stream(stream))
+        part = self._features.part("set_lora")
+        if part is None:
+            self._features.absent_call("set_lora", adapter, self._engine.io.name)
+            return
+        part.set_lora(adapter, self._stream(stream))
 
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
@@ -454,7 +428,7 @@ class LLMSetup(SetupBase):
         staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter copies,
         and context memory."""
         report = self._report("create_for_llm", include_context_memory)
-        parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]
+        parts = self._features.reports()
         return MemoryReport.combine("create_for_llm", [report, *parts]) if parts else report
 
     def __repr__(self) -> str:
@@ -471,16 +445,3 @@ def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None,
     unused by a model without recurrent layers)."""
     return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend, constants=constants,
                     max_prefixes=max_prefixes)
-
-
-def recurrent_states(e: BoundEngine, max_prefixes: int, backend: Backend, s: Stream,
-                     resources: contextlib.ExitStack) -> RecurrentStates | None:
-    """A hybrid engine's :class:`~trtio.recurrent.RecurrentStates` over its state's pools (closed by
-    ``resources``), None for an engine without recurrent layers."""
-    if e.cfg.feature(HybridConfig) is None:
-        return None
-    pools = {past: e.state.tensors[past] for past, _ in recurrent_state_names(e.cfg)}
-    return resources.enter_context(RecurrentStates(pools, e.state.max_batch, max_prefixes, backend=backend, stream=s,
-                                                   name=e.role))
-
-

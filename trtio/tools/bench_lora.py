@@ -29,8 +29,8 @@ import numpy as np
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.engine import EngineIO
+from trtio.families.lora.adapters import LoraAdapter, LoraInputs
 from trtio.families.lora.lora_config import LoraConfig
-from trtio.lora import LoraAdapter, LoraInputs
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.tensor import Tensor

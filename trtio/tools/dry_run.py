@@ -25,11 +25,10 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
-from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.hybrid.hybrid_config import HybridConfig, is_recurrent_state
+from trtio.families.lora.adapters import LoraInputs
 from trtio.families.lora.lora_config import LoraConfig
-from trtio.lora import LoraInputs
 from trtio.memory import MemoryReport, align_up
-from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.setups.binding import BoundEngine
 from trtio.tools.sequence_fit import round_width

@@ -45,7 +45,7 @@ from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
 from trtio.families.hybrid.hybrid_config import HybridConfig
-from trtio.lora import LoraAdapter
+from trtio.families.lora.adapters import LoraAdapter
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,

@@ -19,8 +19,8 @@ from typing import Any
 
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
+from trtio.families.lora.adapters import LoraAdapter
 from trtio.families.lora.lora_config import LoraConfig
-from trtio.lora import LoraAdapter
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine

@@ -8,6 +8,8 @@ from typing import Any
 
 from trtio.config import LLMEngineConfig, check_non_negative, python_ints
 from trtio.edgellm_config import EdgeReader
+from trtio.engine import EngineIO
+from trtio.families.lora.adapters import lora_input_names
 from trtio.features import FamilyConfig
 
 __all__ = ["LoraConfig"]
@@ -35,6 +37,20 @@ class LoraConfig(FamilyConfig):
 
     def validate(self, cfg: LLMEngineConfig) -> None:
         check_non_negative(self, "max_lora_rank")
+
+    @classmethod
+    def input_problems(cls, eio: EngineIO, cfg: LLMEngineConfig, bound: set[str]) -> tuple[set[str], list[str]]:
+        """The engine's LoRA inputs, and the problem of those this setup does not bind (one line: an engine whose
+        config has no LoRA rank, or a setup that binds no adapters)."""
+        found = lora_input_names(eio.names())
+        unbound = [n for n in found if n not in bound]
+        if not unbound:
+            return set(found), []
+        if cfg.feature(LoraConfig) is None:
+            return set(found), [f"{unbound[0]}: the engine declares {len(found)} LoRA inputs but the config's "
+                                "max_lora_rank is 0 (builder_config.max_lora_rank)"]
+        return set(found), [f"{unbound[0]}: the engine takes LoRA adapters ({len(unbound)} LoRA inputs, {{module}}"
+                            ".lora_A/B.weight); create_for_llm binds them (LLMSetup.set_lora), this setup does not"]
 
     @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:

@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.edgellm_config import EdgeReader
 from trtio.errors import ConfigError
 from trtio.features import FamilyConfig
 from trtio.rope import RopeScaling
+from trtio.tensor_map import TensorMap
 
 __all__ = ["MropeConfig"]
 
@@ -70,6 +72,16 @@ class MropeConfig(FamilyConfig):
             section = getattr(cfg.rope_scaling, "mrope_section", None)
             raise ConfigError("rope_type", f"is {cfg.rope_type!r}, but rope_scaling is MRoPE's (mrope_section "
                                            f"{list(section or ())}); give rope_type 'mrope'")
+
+    def bind_pipeline(self, io: Any, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        """The deepstack feature buffers, bound to Edge-LLM's zero buffer until a prefill gives features."""
+        n = self.num_deepstack
+        if not n:
+            return
+        if n != len(io.deepstack_embeds):
+            raise ConfigError("num_deepstack_features", f"{tm.name}: the config has {n} deepstack features, "
+                                                        f"PipelineIO has {len(io.deepstack_embeds)}")
+        tm.set_deepstack({names.deepstack_embeds(i): t for i, t in enumerate(io.deepstack_embeds)}, io.deepstack_zero)
 
     @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:

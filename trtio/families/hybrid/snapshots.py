@@ -22,10 +22,9 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
-from trtio.families.hybrid.hybrid_config import HybridConfig
+from trtio.families.hybrid.hybrid_config import HybridConfig, intermediate_state_specs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import Copy2D, fuse
-from trtio.recurrent import intermediate_state_specs
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
