@@ -53,7 +53,8 @@ SCRIPTS = Path(__file__).resolve().parent
 GAP = 0.2  # the smallest top-1/top-2 logit gap a greedy row may have (the tests' tolerance is 0.1)
 CONTINUATION = 8  # greedy tokens after each prompt
 SIZE_LIMIT = 2 * 1024 * 1024  # bytes a case may take (a vision-language pair 3 MB: Case.size_limit)
-EXPORT_FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors", "d2t.safetensors")
+EXPORT_FILES = ("model.onnx", "model.onnx.data", "config.json", "embedding.safetensors", "d2t.safetensors",
+                "preprocessor_config.json", "ple_embedding.safetensors")
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,14 @@ class Role:
     spec_role: str = "none"  # "none", "base" or "draft" (BuildArgs.spec_role)
     spec_type: str = "none"
     checkpoint: str = ""  # this role's Hugging Face checkpoint: a folder under the case's checkpoint ("": itself)
+    component: str = "llm"  # BuildArgs.component: "llm", "visual" (a VLM's vision encoder) or "audio" (one profile)
+    # Another role's fixture folder whose graph this role shares (another builder config of the same export): no
+    # files are copied for it; graphs.json maps the role to that folder.
+    graph: str = ""
+    # (profiles, graph inputs {name: shape}, config.json, builder config) -> profiles: what Edge-LLM's C++ builder
+    # sets where the Python builder function sets nothing (the case module cites the C++ it transcribes).
+    amend_profiles: Callable[[dict[str, Any], dict[str, tuple[int, ...]], dict[str, Any], dict[str, Any]],
+                             dict[str, Any]] | None = None
 
 
 @dataclass
@@ -266,8 +275,10 @@ class _Recorder:
 
 
 def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str, Any],
-                    spec: dict[str, Any]) -> dict[str, Any]:
-    """What ``_setup_llm_profiles`` sets for each input of ``graph`` with the builder arguments ``build``."""
+                    spec: dict[str, Any], component: str = "llm", amend: Any = None) -> dict[str, Any]:
+    """What ``_setup_llm_profiles`` (``component`` "llm") or ``_setup_component_profile`` (a vision or audio encoder:
+    one profile) sets for each input of ``graph`` with the builder arguments ``build`` (then ``amend``, a
+    :attr:`Role.amend_profiles`)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -275,14 +286,25 @@ def record_profiles(builder: Any, checkpoint: Path, graph: Path, build: dict[str
                                    for d in i.type.tensor_type.shape.dim)) for i in model.graph.input]
     keys = {k: v for k, v in build.items() if k in ("max_batch_size", "max_input_len", "max_kv_cache_capacity",
                                                       "max_lora_rank", "max_verify_tree_size",
-                                                      "max_draft_tree_size")}
-    args = builder.BuildArgs(model_dir=str(checkpoint), engine_dir=tempfile.mkdtemp(), **keys, **spec)
-    cfg = builder.load_device_config(args)
+                                                      "max_draft_tree_size", "min_image_tokens",
+                                                      "max_image_tokens", "max_image_tokens_per_image",
+                                                      "min_time_steps", "max_time_steps")}
+    args = builder.BuildArgs(model_dir=str(checkpoint), engine_dir=tempfile.mkdtemp(), component=component, **keys,
+                             **spec)
     recorder = _Recorder()
+    if component != "llm":
+        builder._setup_component_profile(recorder, recorder, _Network(inputs), args)
+        (only,) = recorder.profiles
+        return {name: {"profile0": shapes} for name, shapes in only.shapes.items()}
+    cfg = builder.load_device_config(args)
     builder._setup_llm_profiles(recorder, recorder, _Network(inputs), cfg, args)
     ctx, gen = recorder.profiles
-    return {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
-            for name in ctx.shapes}
+    out = {name: {"profile0": ctx.shapes[name], "profile1": gen.shapes.get(name, ctx.shapes[name])}
+           for name in ctx.shapes}
+    if amend is not None:
+        config = json.loads((graph.parent / "config.json").read_text())
+        out = amend(out, {i.name: i.shape for i in inputs}, config, build)
+    return out
 
 
 def spec_args(case: Case, ckpt: Path, role: Role) -> dict[str, Any]:
@@ -326,12 +348,16 @@ def write_case(case: Case, out_root: Path) -> None:
         with builder_module() as builder:
             for folder, role in case.roles.items():
                 src = exported / role.source
-                (out / folder).mkdir()
-                for name in EXPORT_FILES:
-                    if (src / name).is_file():
-                        shutil.copy2(src / name, out / folder / name)
+                if not role.graph:
+                    (out / folder).mkdir()
+                    for name in EXPORT_FILES:
+                        if (src / name).is_file():
+                            shutil.copy2(src / name, out / folder / name)
                 profiles[folder] = record_profiles(builder, ckpt / role.checkpoint, src / "model.onnx", role.builder,
-                                                   spec_args(case, ckpt, role))
+                                                   spec_args(case, ckpt, role), role.component, role.amend_profiles)
+        graphs = {folder: role.graph for folder, role in case.roles.items() if role.graph}
+        if graphs:
+            (out / "graphs.json").write_text(json.dumps(graphs, indent=2) + "\n")
         (out / "builder_config.json").write_text(
             json.dumps({folder: role.builder for folder, role in case.roles.items()}, indent=2) + "\n")
         (out / "profiles.json").write_text(json.dumps(profiles, indent=1) + "\n")

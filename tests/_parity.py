@@ -64,6 +64,8 @@ class Case:
         self.meta = json.loads((self.root / "reference.json").read_text())
         self.builder = json.loads((self.root / "builder_config.json").read_text())
         self.profiles = json.loads((self.root / "profiles.json").read_text())
+        graphs = self.root / "graphs.json"  # a role that shares another role's graph (another builder config)
+        self.graphs: dict[str, str] = json.loads(graphs.read_text()) if graphs.is_file() else {}
         with np.load(self.root / "reference.npz") as data:
             self.arrays = {k: data[k] for k in data.files}
         self.seqs = []
@@ -76,12 +78,12 @@ class Case:
         return [s for s in self.seqs if s.purpose == purpose]
 
     def engine(self, role: str = "llm", backend: Any = "host") -> OnnxEngine:
-        return OnnxEngine.from_export(self.root / role, self.builder[role], backend=backend)
+        return OnnxEngine.from_export(self.root / self.graphs.get(role, role), self.builder[role], backend=backend)
 
     def table(self, role: str = "llm") -> np.ndarray:
         from safetensors.numpy import load_file
 
-        (table,) = load_file(self.root / role / "embedding.safetensors").values()
+        (table,) = load_file(self.root / self.graphs.get(role, role) / "embedding.safetensors").values()
         return table.astype(np.float16)
 
 

@@ -802,6 +802,26 @@ def test_pin_prefix_is_refused_in_bounded_swa_mode() -> None:
             setup.pin_prefix(0, 3)
 
 
+def test_a_step_over_cached_tokens_is_refused_where_the_export_gives_kv_sharing_layers_q_only() -> None:
+    """Edge-LLM 0.11's AttentionPlugin rotates a Q-only KV-sharing layer's queries with RoPE row past + i of the
+    step's table (launchApplyRopeQOnly with kvCacheEndLens; tests/test_parity_gemma4.py shows it on the real
+    graph): chunked prefill and a prefix continued are refused, naming the layers; a first prefill runs."""
+    from trtio.gemma4 import q_only_consumers
+    from trtio.testing import ReferenceEngine
+
+    cfg = _toy_gemma4()
+    g = cfg.gemma4
+    assert g is not None and g.donors == (-1, -1, -1, -1, 3, 2)
+    assert q_only_consumers(g, swa_inputs=True) == (5,) and q_only_consumers(g, swa_inputs=False) == (4, 5)
+    run = _Run(cfg, bounded=False)
+    with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host") as setup:
+        ids = np.array([[3, 4, 5]])
+        setup.prefill(run.emb[ids], [3], slots=[0], ple_embeds=run.ple[ids])
+        with pytest.raises(InvalidValueError, match=r"KV-sharing layers \[5\] \(Q only\) with RoPE row past \+ i"):
+            setup.prefill(run.emb[ids], [3], slots=[0], past_lengths=[3], ple_embeds=run.ple[ids])
+        setup.decode(run.emb[ids[:, :1]], ple_embeds=run.ple[ids[:, :1]])  # the sequence goes on
+
+
 def test_generate_runs_a_gemma4_directory_with_its_ple_table(tmp_path: Path) -> None:
     """``trtio generate`` gathers a Gemma 4 directory's embedding and PLE rows on the device for every step (the
     steps refuse a missing ple_embeds, so the run reaching its token limit shows they are passed)."""

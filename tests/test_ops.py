@@ -12,7 +12,7 @@ import pytest
 
 from trtio import DType, Location, Stream, Tensor
 from trtio.cuda.backend import Backend
-from trtio.ops import copy_rows
+from trtio.ops import copy_pages, copy_rows
 
 
 def _device(backend: Backend, values: np.ndarray, name: str, stream: Stream) -> Tensor:
@@ -215,6 +215,21 @@ def test_copy_jobs_compare_the_rows_strided_copies_touch(host: Backend) -> None:
         except ValueError:
             fused = False
         assert fused == touched[0].isdisjoint(touched[1]), (a, b)
+
+
+@pytest.mark.parametrize("dims", [(32, 32, 32), (32, 64, 32)], ids=["one geometry", "per-layer head dims"])
+def test_copy_pages_copies_each_pools_page_in_its_own_geometry(backend: Backend, dims: tuple[int, ...]) -> None:
+    """Page ``dst`` of every pool ``[2, P, 128, 1, D]`` becomes page ``src``, K and V, whatever each pool's head dim
+    (Gemma 4's full layers: 64 against the sliding ones' 32) and page count; nothing else changes."""
+    s = Stream.create(backend)
+    rng = np.random.default_rng(3)
+    values = [rng.standard_normal((2, pages, 128, 1, d)).astype(np.float16) for d, pages in zip(dims, (6, 6, 5))]
+    pools = [_device(backend, v, f"pool{i}", s) for i, v in enumerate(values)]
+    copy_pages(pools, 6, [(1, 3), (0, 4)], s)
+    for pool, want in zip(pools, values):
+        want = want.copy()
+        want[:, 3], want[:, 4] = want[:, 1], want[:, 0]
+        np.testing.assert_array_equal(pool.to_numpy(s), want)
 
 
 @pytest.mark.gpu

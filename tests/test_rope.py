@@ -198,6 +198,21 @@ def _axes_seen(rows: np.ndarray, half: int) -> np.ndarray:
     return np.flatnonzero(rows[half:] != 0)
 
 
+def test_the_hubs_interleaved_key_is_mrope_interleaved() -> None:
+    """Qwen3-ASR's and Qwen3-Omni's hub configs spell ``mrope_interleaved`` as ``interleaved`` (the exported LLM
+    config carries both); the two spellings must agree."""
+    both = RopeScaling.from_hf({"rope_type": "default", "mrope_section": [6, 5, 5], "interleaved": True,
+                                "mrope_interleaved": True})
+    alone = RopeScaling.from_hf({"rope_type": "default", "mrope_section": [6, 5, 5], "interleaved": True})
+    assert both == alone and alone is not None and alone.mrope_interleaved
+    assert "interleaved" not in alone.extras
+    with pytest.raises(ConfigError, match="rope_scaling.interleaved: is False but mrope_interleaved is True"):
+        RopeScaling.from_hf({"rope_type": "default", "mrope_section": [6, 5, 5], "interleaved": False,
+                             "mrope_interleaved": True})
+    with pytest.raises(ConfigError, match="mrope_section: is required when mrope_interleaved is true"):
+        RopeScaling.from_hf({"rope_type": "default", "interleaved": True})
+
+
 def test_mrope_layouts_follow_hf() -> None:
     half = 64
     one_axis = np.zeros((3, 3), dtype=np.int64)

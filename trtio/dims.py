@@ -52,6 +52,9 @@ class InferenceDims:
     vit_frames_p1: int = 0
     vit_windows_p1: int = 0
     vit_max_seqlen: int = 0
+    # An audio encoder's step (trtio.components.audio): its mel chunks and its rows (tokens after the convolutions).
+    audio_chunks: int = 0
+    audio_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in _FIELD_ORDER:

@@ -35,7 +35,8 @@ from trtio.gemma4_config import Gemma4Config
 from trtio.ops import Copy2D, _copy_jobs, _host_work
 from trtio.stream import Stream
 
-__all__ = ["BoundedSwaPages", "PleSplit", "SwaMode", "bound_swa_mode", "choose_swa_mode", "split_ple", "swa_room"]
+__all__ = ["BoundedSwaPages", "PleSplit", "SwaMode", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode",
+           "q_only_consumers", "split_ple", "swa_room"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,28 @@ def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int, *, bound
         return SwaMode(False, cfg.kv_pool_pages, 0, f"the engine and config allow the {possible.describe()}, but "
                                                     f"{bounded_ok}")
     return possible
+
+
+def q_only_consumers(g: Gemma4Config, swa_inputs: bool) -> tuple[int, ...]:
+    """The KV-sharing layers Edge-LLM 0.11's exporter gives Q only (``enable_kv_shared`` 1,
+    ``models/gemma4/modeling_gemma4_text.py::forward_ragged``): every full-attention consumer, and a sliding one
+    where the engine has no SWA inputs (with them, a sliding consumer gets its donor's current K/V)."""
+    return tuple(i for i, d in enumerate(g.donors) if d >= 0 and (not g.is_sliding(i) or not swa_inputs))
+
+
+def check_cached_prefix_step(g: Gemma4Config, swa_inputs: bool, past: np.ndarray, what: str) -> None:
+    """Refuse a prefill over cached tokens (``past_lengths=`` or ``prefix=``: phase 2 with a cached prefix) on an
+    engine with Q-only KV-sharing layers: Edge-LLM 0.11's AttentionPlugin rotates their queries with RoPE row
+    ``past + i`` of the step's token-aligned table instead of row ``i`` (``attentionPlugin.cpp``'s shared-KV
+    prefill calls ``launchApplyRopeQOnly`` with ``kvCacheEndLens``), so their logits would be wrong
+    (``docs/edgellm-assumptions.md`` §10.9)."""
+    layers = q_only_consumers(g, swa_inputs)
+    if layers and (past > 0).any():
+        raise InvalidValueError(
+            f"{what}: a prefill over cached tokens (past_lengths= or prefix=) on this Gemma 4 engine would give wrong "
+            f"logits: Edge-LLM 0.11's AttentionPlugin rotates the queries of its KV-sharing layers {list(layers)} (Q "
+            "only) with RoPE row past + i of the step's table instead of row i (launchApplyRopeQOnly with "
+            "kvCacheEndLens); prefill each prompt whole")
 
 
 def swa_room(pages: BoundedSwaPages, lengths: np.ndarray) -> int:

@@ -86,25 +86,38 @@ def copy_rows(dst: Tensor, src: Tensor, src_rows: Tensor, count: int, *, row_byt
 def copy_pages(pools: Sequence[Tensor], pool_pages: int, moves: Sequence[tuple[int, int]], stream: Stream) -> None:
     """For each ``(src, dst)`` of ``moves``: page ``dst`` of every paged KV pool (``[2, P, page, H, D]``, K
     pages then V pages) becomes a copy of page ``src``, K and V. A sequence's copy of a shared page before it
-    writes there (copy on write): rare, so enqueued as plain copies, outside any graph. Pools spaced evenly
-    in memory (one arena) take one 2D copy per page and half (K, V) whatever the layer count."""
+    writes there (copy on write): rare, so enqueued as plain copies, outside any graph. Each pool's page bytes and
+    K/V planes come from its own shape (Gemma 4's layers differ in head dim): pools of one geometry spaced evenly in
+    memory (one arena) take one 2D copy per page and half (K, V) whatever the layer count. ``pool_pages``: the pages
+    of a pool whose shape does not say (not ``[2, P, ...]``)."""
     if not moves or not pools:
         return
     be = pools[0].backend
-    page_bytes = pools[0].capacity // (2 * pool_pages)
-    half = pool_pages * page_bytes
+    geometry = [_page_geometry(p, pool_pages) for p in pools]  # (page bytes, bytes of the K plane)
     stride = pools[1].data_ptr - pools[0].data_ptr if len(pools) > 1 else 0
-    even = all(p.data_ptr == pools[0].data_ptr + i * stride for i, p in enumerate(pools)) and stride > 0
+    even = stride > 0 and all(g == geometry[0] for g in geometry) and \
+        all(p.data_ptr == pools[0].data_ptr + i * stride for i, p in enumerate(pools))
     for src, dst in moves:
-        for kv in (0, half):
+        for plane in (0, 1):
             if even or len(pools) == 1:
-                base = pools[0].data_ptr + kv
+                page_bytes, half = geometry[0]
+                base = pools[0].data_ptr + plane * half
                 be.memcpy_2d(base + dst * page_bytes, stride or page_bytes, base + src * page_bytes,
                              stride or page_bytes, page_bytes, len(pools), stream.handle)
             else:
-                for p in pools:
-                    be.memcpy(p.data_ptr + kv + dst * page_bytes, p.data_ptr + kv + src * page_bytes, page_bytes,
-                              stream.handle)
+                for p, (page_bytes, half) in zip(pools, geometry):
+                    base = p.data_ptr + plane * half
+                    be.memcpy(base + dst * page_bytes, base + src * page_bytes, page_bytes, stream.handle)
+
+
+def _page_geometry(pool: Tensor, pool_pages: int) -> tuple[int, int]:
+    """``(bytes of one page, bytes of the K plane)`` of a paged pool ``[2, P, page, H, D]``."""
+    shape = pool.shape
+    if len(shape) == 5 and shape[0] == 2:
+        page_bytes = int(np.prod(shape[2:], dtype=np.int64)) * pool.dtype.itemsize
+        return page_bytes, int(shape[1]) * page_bytes
+    page_bytes = pool.capacity // (2 * pool_pages)
+    return page_bytes, pool_pages * page_bytes
 
 
 def _host_work(be: Backend, stream: Stream, run: Any) -> None:

@@ -247,6 +247,11 @@ class RopeScaling:
             raise ConfigError(f"{what}.{key}", f"expected one of {list(ROPE_TYPES)}, got {rope_type!r}")
         if "alpha" in rest and rest["alpha"] is None:
             del rest["alpha"]  # null: no alpha, as transformers reads it
+        if "interleaved" in rest:  # Qwen3-ASR's / Qwen3-Omni's hub spelling of mrope_interleaved
+            alias = rest.pop("interleaved")
+            if rest.setdefault("mrope_interleaved", alias) != alias:
+                raise ConfigError(f"{what}.interleaved", f"is {alias!r} but mrope_interleaved is "
+                                                         f"{rest['mrope_interleaved']!r} (the same key, spelled twice)")
         for key in _REQUIRED[rope_type]:
             if key not in rest and not (key == "factor" and rope_type == "dynamic" and "alpha" in rest):
                 raise ConfigError(f"{what}.{key}", f"is required for rope_type {rope_type!r} and is missing")
@@ -503,7 +508,9 @@ def _mrope_axes(half: int, section: tuple[int, ...], interleaved: bool) -> np.nd
 
     Qwen2-VL / Qwen2.5-VL: consecutive blocks of section[0], section[1], section[2] frequencies.
     Qwen3-VL (interleaved): frequency i is height when i % 3 == 1 and i < 3 * section[1], width when
-    i % 3 == 2 and i < 3 * section[2], temporal otherwise.
+    i % 3 == 2 and i < 3 * section[2], temporal otherwise; a run that would pass the last frequency stops there
+    (Qwen3.5's [11, 11, 10] over 32: height at 1, 4, .., 31), as Hugging Face's ``apply_interleaved_mrope`` slices
+    and Edge-LLM's ``initializeMRopeCosSinKernel`` tests ``i < 3 * section``.
     """
     if interleaved:
         axes = np.zeros(half, dtype=np.intp)
@@ -532,9 +539,6 @@ def mrope_cos_sin_rows(position_ids: np.ndarray, rotary_dim: int, theta: float, 
         raise ConfigError("mrope_section", f"expected counts summing to rotary_dim / 2 = {half}, "
                                            f"got {list(section)} (sum {sum(section)})")
     _check_bool("interleaved", interleaved)
-    if interleaved and 3 * max(section[1], section[2]) > half:
-        raise ConfigError("mrope_section", f"expected 3 * section[1] and 3 * section[2] <= rotary_dim / 2 = {half} "
-                                           f"for the interleaved layout, got {list(section)}")
     if scaling is not None:
         if scaling.mrope_section is not None and scaling.mrope_section != section:
             raise ConfigError(scaling._key("mrope_section"),

@@ -273,7 +273,18 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
             problems.append(f"{past}: the engine fixes the cache batch to {shape[0]}, smaller than the "
                             f"{max_batch} sequences this setup serves")
     if paged and names.kKVPageTable in eio and not problems:
-        pool = eio[pairs_list[0][0]].max_shape()
+        # kv_page_table's pool: a full layer's. A Gemma 4 sliding pool's page count is chosen at binding (the full
+        # pool's, or the bounded SWA pool's): its profile spans both (llmBuilder.cpp::setupKVCacheProfiles), so its
+        # max may exceed the full pool (where the bounded pool would not save memory).
+        sliding = _sliding_pools(cfg)
+        full_pairs = [past for past, _ in pairs_list if past not in sliding] or [pairs_list[0][0]]
+        pool = eio[full_pairs[0]].max_shape()
+        for past in sorted(sliding & set(pairs)):
+            lo, hi = (min(p[0][1] for p in eio[past].profiles), max(p[2][1] for p in eio[past].profiles)) \
+                if eio[past].profiles else (eio[past].max_shape()[1],) * 2
+            if not lo <= cfg.kv_pool_pages <= hi:
+                problems.append(f"{past}: the engine's sliding pool takes {lo} .. {hi} pages, not the full pool's "
+                                f"{cfg.kv_pool_pages} (kv_pool_pages): full SWA storage cannot be bound")
         pages = eio[names.kKVPageTable].max_shape()[2]
         need = math.ceil(cfg.max_kv_cache_capacity / cfg.kv_page_size)
         if pages < need:
@@ -287,6 +298,12 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
             problems.append(f"{pairs_list[0][0]}: the engine's pool holds {pool[1]} pages but the config's "
                             f"kv_pool_pages is {cfg.kv_pool_pages}")
     return problems
+
+
+def _sliding_pools(cfg: LLMEngineConfig | None) -> set[str]:
+    """Gemma 4's sliding layers' pools (``past_key_values_i``); none for another model."""
+    g4 = cfg.gemma4 if cfg is not None else None
+    return set() if g4 is None else {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
 
 
 def _gemma4_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, swa_table: Tensor | None
@@ -303,7 +320,7 @@ def _gemma4_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: i
         return shared, None, None, set()
     mode = bound_swa_mode(cfg, engine_io, max_batch, bounded_ok="" if swa_table is not None else
                           "this setup stages no SWA table (pages on demand)")
-    sliding = {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
+    sliding = _sliding_pools(cfg)
     pages = BoundedSwaPages(mode.pool_pages, max_batch, window=g4.sliding_window, page_size=cfg.kv_page_size,
                             pages_per_sequence=engine_io[names.kKVPageTable].max_shape()[2],
                             private_pages=mode.private_pages) if mode.bounded else None
@@ -344,8 +361,8 @@ class EngineState(Closeable):
         for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
-            if past in sliding and self.swa_pages is not None:  # the bounded SWA pool's pages, not the full pool's
-                shape = (shape[0], self.swa_mode.pool_pages, *shape[2:]) if self.swa_mode is not None else shape
+            if past in sliding and self.swa_mode is not None:  # the SWA mode's pages (bounded or the full pool's),
+                shape = (shape[0], self.swa_mode.pool_pages, *shape[2:])  # not the profile's max (may be either)
             self._max_shape[past] = shape
             # A KV cache's dynamic batch follows the step's; any other state pool is indexed by slot (state_indices,
             # a hybrid's recurrent states): bound whole.
@@ -361,7 +378,7 @@ class EngineState(Closeable):
             table = engine_io[names.kKVPageTable]
             self.pages_per_sequence = table.max_shape()[2]
             # kv_page_table's pool: a full layer's (a bounded sliding pool is smaller: its pages are the SWA rows')
-            full = [past for past, _ in self.pairs if past not in sliding or self.swa_pages is None]
+            full = [past for past, _ in self.pairs if past not in sliding or self.swa_mode is None]
             pool = self._max_shape[(full or [self.pairs[0][0]])[0]]
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,

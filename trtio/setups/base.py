@@ -26,6 +26,7 @@ from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import InvalidValueError, ShapeError, TrtioError
 from trtio.features import FeatureSet
+from trtio.gemma4 import check_cached_prefix_step
 from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, StepPages
@@ -95,6 +96,20 @@ class Prompt:
     past: np.ndarray | None
     rows: np.ndarray
     prefixes: list[Prefix | None] | None
+
+
+def _check_past(e: BoundEngine, past: np.ndarray, ctx: np.ndarray, rows: np.ndarray, what: str) -> None:
+    """A prefill over ``past`` cached tokens: within the KV capacity, and not on a Gemma 4 engine whose Q-only
+    KV-sharing layers Edge-LLM 0.11 rotates with the wrong RoPE rows there (:func:`~trtio.gemma4.
+    check_cached_prefix_step`)."""
+    if e.cfg.gemma4 is not None:
+        check_cached_prefix_step(e.cfg.gemma4, e.state.swa_mode is not None, past, what)
+    cap = e.cfg.max_kv_cache_capacity
+    full = np.flatnonzero(past + ctx > cap)
+    if full.size:
+        i = int(full[0])
+        raise ShapeError(f"{what}: the sequence in slot {int(rows[i])} would hold {int(past[i] + ctx[i])} "
+                         f"tokens, more than max_kv_cache_capacity ({cap})")
 
 
 def _continued(past: np.ndarray, lengths: np.ndarray, rows: np.ndarray, b: int) -> np.ndarray:
@@ -421,12 +436,7 @@ class SetupBase(Closeable, abc.ABC):
         elif prefixes is not None:
             past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
         if past is not None:
-            cap = e.cfg.max_kv_cache_capacity
-            full = np.flatnonzero(past + ctx > cap)
-            if full.size:
-                i = int(full[0])
-                raise ShapeError(f"{what}: the sequence in slot {int(rows[i])} would hold {int(past[i] + ctx[i])} "
-                                 f"tokens, more than max_kv_cache_capacity ({cap})")
+            _check_past(e, past, ctx, rows, what)
         return rows, prefixes, past
 
     def _prompt_pages(self, engines: Sequence[BoundEngine], rows: np.ndarray, past: np.ndarray | None,

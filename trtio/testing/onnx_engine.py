@@ -2,7 +2,8 @@
 
 :class:`OnnxEngine` implements the part of TensorRT 10/11's ``ICudaEngine`` / ``IExecutionContext`` API trtio uses
 (as :class:`~trtio.testing.ReferenceEngine` does), with the I/O the graph declares (names, dtypes, dimensions) and
-the two optimization profiles Edge-LLM 0.11's builder gives them (:mod:`trtio.testing.onnx_profiles`). Its execute
+the optimization profiles Edge-LLM 0.11's builder gives them (:mod:`trtio.testing.onnx_profiles`: two for a
+decoder, one for a Qwen vision encoder's ``visual/`` graph or an audio encoder's ``audio/`` graph). Its execute
 runs the graph that ``tensorrt-edgellm-export`` wrote on the memory bound to it: standard ONNX ops through
 ``onnx.reference.ReferenceEvaluator`` (the ``onnx`` package, numpy; no onnxruntime, no torch), Edge-LLM's custom
 ops through the numpy models of :mod:`trtio.testing.edgellm_plugins`, written from Edge-LLM's C++. Driven by trtio
@@ -15,7 +16,8 @@ Where it runs:
   memory in place, enqueued with the backend's ``launch_host_func``: in stream order, and recorded into a host
   "graph" while the stream is captured.
 * On the ``cuda`` backend every execute enqueues, on the step's stream, a copy of each input (the KV and state pools
-  whole) into pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
+  whole; inputs bound to one device range, as a KV-sharing consumer's pool and its donor's, share one mirror) into
+  pinned host mirrors, a CUDA host function that runs the graph on the mirrors, and a copy of each
   output and pool back. The three are capturable into a CUDA graph; the host function makes no CUDA call. The
   mirrors are allocated at the first execute (never during a capture), sized for the profiles' largest shapes.
 
@@ -36,13 +38,15 @@ for tests that plant a wrong runtime input and show the parity check catches it.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import itertools
 import json
 import logging
+import operator
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +59,14 @@ from trtio.cuda.backend import Backend, get_backend
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.tensor import Tensor
-from trtio.testing.onnx_profiles import Profiles, builder_profiles
+from trtio.testing.onnx_profiles import (
+    Profiles,
+    audio_profiles,
+    builder_profiles,
+    reduced_capacity,
+    swa_pool_pages,
+    visual_profiles,
+)
 from trtio.testing.reference_io import DataType, ExecutionContextAllocationStrategy, TensorIOMode, TensorLocation
 
 __all__ = ["DataType", "ExecutionContextAllocationStrategy", "OnnxEngine", "OnnxExecutionContext",
@@ -134,10 +145,16 @@ class OnnxEngine:
         self._decls = tuple(decls)
         self._by_name = {d.name: d for d in decls}
         builder = config.get("builder_config")
+        visual, audio = _is_visual(inputs), _is_audio(inputs)
         if not isinstance(builder, Mapping):
-            raise ConfigError(f"{path}: builder_config", "is missing: pass builder_config= (batch, input length, KV "
-                                                         "capacity, ... as Edge-LLM's builder writes them)")
-        self._profiles: Profiles = builder_profiles({d.name: d.shape for d in decls if d.is_input}, config, builder)
+            needs = "min_image_tokens, max_image_tokens, max_image_tokens_per_image" if visual else \
+                "min_time_steps, max_time_steps" if audio else "batch, input length, KV capacity, ..."
+            raise ConfigError(f"{path}: builder_config", f"is missing: pass builder_config= ({needs} as Edge-LLM's "
+                                                         "builder writes them)")
+        shapes = {d.name: d.shape for d in decls if d.is_input}
+        self._profiles: Profiles = visual_profiles(shapes, builder) if visual else \
+            audio_profiles(shapes, builder) if audio else builder_profiles(shapes, config, builder)
+        self._num_profiles = len(next(iter(self._profiles.values()))) if self._profiles else 1
         self._evaluator = onnx.reference.ReferenceEvaluator(model, new_ops=[*onnx_ops(), *_tensorrt_gemms()])
         self._context_ids = itertools.count()
         self.input_hook: InputHook | None = None
@@ -147,12 +164,14 @@ class OnnxEngine:
     def from_export(cls, export_dir: str | os.PathLike[str], builder_config: Mapping[str, Any] | None = None, *,
                     backend: Backend | str | None = None) -> OnnxEngine:
         """The engine of the folder ``tensorrt-edgellm-export`` wrote for one role (``llm/``, a pair's ``base/`` or
-        ``draft/``): its ``model.onnx`` (+ ``model.onnx.data``) and ``config.json``. ``builder_config`` is what
-        Edge-LLM's builder adds to ``config.json`` (``max_batch_size``, ``max_input_len``,
-        ``max_kv_cache_capacity``, ``max_lora_rank``, ``max_verify_tree_size`` / ``max_draft_tree_size``,
-        ``spec_base`` / ``spec_draft``); the derived keys (``max_kv_pool_pages``, ``ragged_backend``, ``tp_size``)
-        are filled in as the builder writes them. None: the config's own ``builder_config``. ``backend``: where
-        trtio's tensors live (the execute runs there; default auto)."""
+        ``draft/``, a VLM's ``visual/``, a speech model's ``audio/``): its ``model.onnx`` (+ ``model.onnx.data``) and
+        ``config.json``. ``builder_config`` is what Edge-LLM's builder adds to ``config.json``: for a decoder
+        ``max_batch_size``, ``max_input_len``, ``max_kv_cache_capacity``, ``max_lora_rank``, ``max_verify_tree_size`` /
+        ``max_draft_tree_size``, ``spec_base`` / ``spec_draft`` (the derived keys ``max_kv_pool_pages``,
+        ``ragged_backend``, ``tp_size`` are filled in as the builder writes them); for a vision encoder
+        ``min_image_tokens``, ``max_image_tokens``, ``max_image_tokens_per_image``; for an audio encoder
+        ``min_time_steps``, ``max_time_steps``. None: the config's own
+        ``builder_config``. ``backend``: where trtio's tensors live (the execute runs there; default auto)."""
         onnx = _import_onnx()
         root = Path(export_dir)
         model_file, config_file = root / "model.onnx", root / "config.json"
@@ -160,11 +179,13 @@ class OnnxEngine:
             if not file.is_file():
                 raise ConfigError(str(file), f"is missing: {root} is not a folder tensorrt-edgellm-export wrote")
         config = json.loads(config_file.read_text())
-        if builder_config is not None:
-            config["builder_config"] = _completed(dict(builder_config), config)
-        elif "builder_config" in config:
-            config["builder_config"] = _completed(dict(config["builder_config"]), config)
         model = onnx.load(str(model_file))
+        names = {i.name for i in model.graph.input}
+        complete = (lambda b, _c: b) if _is_visual(names) or _is_audio(names) else _completed
+        if builder_config is not None:
+            config["builder_config"] = complete(dict(builder_config), config)
+        elif "builder_config" in config:
+            config["builder_config"] = complete(dict(config["builder_config"]), config)
         return cls(root, model, config, get_backend(backend), name=f"{root.parent.name}/{root.name}")
 
     # -- what trtio reads beside the TensorRT API --------------------------------------------------------
@@ -197,7 +218,7 @@ class OnnxEngine:
 
     @property
     def num_optimization_profiles(self) -> int:
-        return 2
+        return self._num_profiles
 
     def __len__(self) -> int:
         return len(self._decls)
@@ -247,9 +268,9 @@ class OnnxEngine:
             raise UnknownNameError(f"{self._name}: get_tensor_profile_shape: {name!r} is not an I/O tensor")
         if not decl.is_input:
             raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: {name!r} is an output, not an input")
-        if profile_index not in (0, 1):
+        if profile_index not in range(self._num_profiles):
             raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} is "
-                                    "out of range [0, 2)")
+                                    f"out of range [0, {self._num_profiles})")
         return list(self._profiles[name][profile_index])
 
     def get_aliased_input_tensor(self, name: str) -> str | None:
@@ -261,7 +282,7 @@ class OnnxEngine:
         return _CONTEXT_MEMORY
 
     def get_device_memory_size_for_profile_v2(self, profile_index: int) -> int:
-        return _CONTEXT_MEMORY if profile_index in (0, 1) else 0
+        return _CONTEXT_MEMORY if profile_index in range(self._num_profiles) else 0
 
     def create_execution_context(
         self, strategy: ExecutionContextAllocationStrategy | int = ExecutionContextAllocationStrategy.STATIC,
@@ -327,6 +348,47 @@ def _tensorrt_gemms() -> list[type]:
             type("Gemm", (OpRun,), {"op_domain": "", "_run": gemm})]
 
 
+def _is_visual(inputs: Iterable[str]) -> bool:
+    """A vision encoder's graph (``visual/``): patches ``input`` and ``cu_seqlens``, no ``inputs_embeds``."""
+    names = set(inputs)
+    return {"input", "cu_seqlens"} <= names and "inputs_embeds" not in names
+
+
+def _is_audio(inputs: Iterable[str]) -> bool:
+    """An audio encoder's graph (``audio/``): ``padded_feature`` and ``padded_mask_after_cnn_indices``."""
+    return {"padded_feature", "padded_mask_after_cnn_indices"} <= set(inputs)
+
+
+_DIM_OPS: dict[type, Callable[[int, int], int]] = {ast.Add: operator.add, ast.Sub: operator.sub,
+                                                    ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def _dim(symbol: str, known: Mapping[str, int]) -> int:
+    """A symbolic dimension's value: a symbol the inputs' shapes bind, or an expression the exporter wrote over
+    them (``(total_tokens//4)``, ``4*num_groups``, ``num_sequences + 1``); -1 where a symbol is unknown."""
+    if symbol in known:
+        return known[symbol]
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return known.get(node.id)
+        if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPS:
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):
+                return None
+            return _DIM_OPS[type(node.op)](left, right)
+        return None
+
+    try:
+        tree = ast.parse(symbol, mode="eval")
+    except SyntaxError:
+        return -1
+    found = value(tree.body)
+    return -1 if found is None else found
+
+
 def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
     """``builder`` with the keys Edge-LLM's builder derives (``runtime_config.py::build_runtime_config``)."""
     role = config.get("engine_role", "llm")
@@ -338,6 +400,9 @@ def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, 
     batch, capacity = builder.get("max_batch_size"), builder.get("max_kv_cache_capacity")
     if isinstance(batch, int) and isinstance(capacity, int):
         builder.setdefault("max_kv_pool_pages", batch * -(-capacity // 128))
+        window = reduced_capacity(config, capacity)  # Gemma 4: LLMBuilderConfig::resolveNumSwaPages persists it
+        if window:
+            builder.setdefault("num_swa_pages", swa_pool_pages(batch, window))
     return builder
 
 
@@ -374,9 +439,10 @@ class OnnxExecutionContext:
 
     def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
         self.calls["set_optimization_profile_async"] += 1
-        if profile_index not in (0, 1):
+        count = self._engine.num_optimization_profiles
+        if profile_index not in range(count):
             raise InvalidValueError(f"{self.name}: set_optimization_profile_async: profile index {profile_index!r} "
-                                    "is out of range [0, 2)")
+                                    f"is out of range [0, {count})")
         if profile_index != self._profile:
             self._profile = profile_index
             self._shapes.clear()
@@ -441,7 +507,7 @@ class OnnxExecutionContext:
             shape = self._input_shape(pool)
             return pool.shape if shape is None else shape
         known = self._symbols()
-        return tuple(known.get(s, -1) if s is not None else d for s, d in zip(decl.symbols, decl.shape))
+        return tuple(_dim(s, known) if s is not None else d for s, d in zip(decl.symbols, decl.shape))
 
     def infer_shapes(self) -> list[str]:
         return [d.name for d in self._engine.decls if d.is_input and self._input_shape(d) is None]
@@ -638,7 +704,8 @@ def _largest_bytes(engine: OnnxEngine) -> dict[str, int]:
     for decl in engine.decls:
         if not decl.is_input:
             continue
-        top = tuple(max(a, b) for a, b in zip(engine.profile(decl.name, 0)[2], engine.profile(decl.name, 1)[2]))
+        top = tuple(max(dims) for dims in zip(*(engine.profile(decl.name, i)[2]
+                                                for i in range(engine.num_optimization_profiles))))
         for symbol, value in zip(decl.symbols, top):
             if symbol is not None:
                 symbols[symbol] = max(symbols.get(symbol, 0), value)
@@ -646,6 +713,6 @@ def _largest_bytes(engine: OnnxEngine) -> dict[str, int]:
     for decl in engine.decls:
         if decl.is_input or decl.alias is not None:
             continue
-        dims = [symbols.get(s, 0) if s is not None else d for s, d in zip(decl.symbols, decl.shape)]
+        dims = [max(_dim(s, symbols), 0) if s is not None else d for s, d in zip(decl.symbols, decl.shape)]
         largest[decl.name] = int(np.prod(dims, dtype=np.int64)) * decl.dtype.storage_numpy.itemsize
     return largest

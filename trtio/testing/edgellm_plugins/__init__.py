@@ -17,6 +17,7 @@ from trtio.testing.edgellm_plugins.conv1d import causal_conv1d
 from trtio.testing.edgellm_plugins.gdn import gated_delta_net
 from trtio.testing.edgellm_plugins.mamba import update_ssm_state
 from trtio.testing.edgellm_plugins.moe import fp16_moe_plugin
+from trtio.testing.edgellm_plugins.vit import vit_attention_plugin
 
 __all__ = ["onnx_ops"]
 
@@ -27,6 +28,7 @@ _MODELS = {
     "causal_conv1d": causal_conv1d,
     "gated_delta_net": gated_delta_net,
     "update_ssm_state": update_ssm_state,
+    "ViTAttentionPlugin": vit_attention_plugin,
 }
 
 

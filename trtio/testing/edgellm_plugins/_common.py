@@ -15,8 +15,8 @@ import numpy as np
 
 from trtio.errors import InvalidValueError
 
-__all__ = ["TOKENS_PER_PAGE", "Phase", "PluginInputError", "Ragged", "ragged_metadata", "pool_slots",
-           "resident_rows"]
+__all__ = ["TOKENS_PER_PAGE", "Phase", "PluginInputError", "Ragged", "mapped_slots", "ragged_metadata",
+           "pool_slots", "resident_rows"]
 
 TOKENS_PER_PAGE = 128
 
@@ -116,6 +116,38 @@ def pool_slots(plugin: str, page_table: np.ndarray, sequence: int, slots: np.nda
                                    f"page id {int(pages[i])}, outside [{lo}, {hi}) (the kernel skips it silently)")
     in_page = slots % TOKENS_PER_PAGE
     return k_pages * TOKENS_PER_PAGE + in_page, v_pages * TOKENS_PER_PAGE + in_page
+
+
+def mapped_slots(plugin: str, page_table: np.ndarray, sequence: int, slots: np.ndarray, pool_pages: int,
+                 what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A sparse table's view of ``slots`` of ``sequence`` (the bounded SWA pool's ``swa_kv_page_table``, where
+    pages behind a window are unmapped): ``(K mapped [n] bool, K rows, V mapped, V rows)``.
+
+    ``applyRopeFromPackedToSplitKernel`` and ``assemblePagedSWAChunkedPrefillFMHAKV`` treat a negative id as an
+    unmapped page (the write is skipped, the gather yields zeros) and skip an id outside its plane just as silently;
+    only the first is a state the runtime presents on purpose (``kUNUSED_PAGE_ENTRY``), so an id outside the pool,
+    or a slot past the row's columns (the kernels index the table unchecked), raises. Rows of unmapped slots are 0.
+    """
+    pages_per_seq = page_table.shape[2]
+    column = slots // TOKENS_PER_PAGE
+    beyond = np.flatnonzero(column >= pages_per_seq)
+    if beyond.size:
+        s = int(slots[beyond[0]])
+        raise PluginInputError(f"{plugin}: {what} slot {s} of sequence {sequence} lies on page column "
+                               f"{s // TOKENS_PER_PAGE}, past the page table's {pages_per_seq} columns")
+    out = []
+    in_page = slots % TOKENS_PER_PAGE
+    for plane, lo in (("K", 0), ("V", pool_pages)):
+        pages = page_table[sequence, 0 if plane == "K" else 1, column].astype(np.int64)
+        mapped = pages >= 0
+        bad = np.flatnonzero(mapped & ((pages < lo) | (pages >= lo + pool_pages)))
+        if bad.size:
+            i = int(bad[0])
+            raise PluginInputError(f"{plugin}: {what} slot {int(slots[i])} of sequence {sequence} maps to {plane} "
+                                   f"page id {int(pages[i])}, outside [{lo}, {lo + pool_pages}) (the kernel skips it "
+                                   "silently)")
+        out += [mapped, np.where(mapped, pages * TOKENS_PER_PAGE + in_page, 0)]
+    return out[0], out[1], out[2], out[3]
 
 
 def resident_rows(plugin: str, state_indices: np.ndarray, sequences: int, rows: int) -> np.ndarray:

@@ -15,11 +15,33 @@ Sources (Edge-LLM 0.11):
   (the packed mask covers the last W keys, ``ceil(W / 32)`` words a row).
 - ``cpp/plugins/utils/raggedPluginMetadata.h``: the carriers' checks (``_common.ragged_metadata``).
 
+Sliding windows and Gemma 4's storage modes (``enqueueImpl``'s ``useBoundedSwaCache`` and ``sharedKV`` paths):
+
+- a ``sliding_window_size`` W layer sees the last W keys, its own included (``slidingWinSize`` W for XQA decode,
+  ``W - 1`` left of the query for FMHA prefill);
+- ``supports_bounded_kv_cache`` adds the shape-only ``swa_kv_cache_mode`` input. Extent 0 is full storage: the
+  same paged kernels as any layer, over a table that maps every page. Extent 1 is bounded storage
+  (``boundedSwaKVPageManager`` rotates each sequence's few private pages through its table row, logical page j in
+  column j): K/V are written only where the row maps a page (``applyRopeFromPackedToSplitKernel`` skips a negative
+  id); a normal prefill attends over the step's own K/V (the dense scratch, not the pool); a chunk attends over the
+  resident window ``[past - min(past, W), past)`` gathered from the pool (``calSWAChunkedPrefillMetadata``,
+  ``assemblePagedSWAChunkedPrefillFMHAKV``, ``clampSWAResidentLength`` in ``cpp/kernels/common/
+  slidingWindowUtils.cuh``) followed by the chunk's own rows, and writes every row of its padded width (no
+  ``cuQSeqLens`` on that path); decode reads the window ``[end - W, end)`` from the pool (XQA, paged);
+- ``enable_kv_shared`` 1 (a KV-sharing consumer, Gemma 4's full layers past the shared boundary): the packed input
+  is Q only, or Q plus the donor's current K/V; the layer never writes. It reads the pool bound to its own
+  ``past_key_values_i`` (the runtime binds the donor's), except in bounded prefill, which needs the current K/V
+  from its input. With Q only, a prefill over cached tokens is refused: its queries are rotated by
+  ``launchApplyRopeQOnly`` with ``kvCacheEndLens`` (``applyRopeWriteKV.cu``), i.e. with row ``past + i`` of a
+  table that holds one row per token of the step (the token-aligned RoPE every other path reads at row i).
+  (Gemma 4's sliding consumers are exported with ``enable_kv_shared`` 0 and the donor's current K/V: they write the
+  donor's values again, into the donor's pool.)
+
 The model computes on the pools it is given, in place: the K/V writes of a layer land in ``past_key_values_i``'s
 memory, which is what ``present_key_values_i`` aliases, so a later node of the same step (a KV-shared layer) reads
-them, as on the GPU. Modes the parity cases do not exercise (FP8 KV, bounded SWA storage, vision blocks, attention
-sinks, packed prefill, a context mask selector) raise :class:`PluginInputError` naming the attribute rather than
-computing something unread.
+them, as on the GPU. Modes the parity cases do not exercise (FP8 KV, vision blocks, attention sinks, packed
+prefill, a context mask selector) raise :class:`PluginInputError` naming the attribute rather than computing
+something unread.
 """
 
 from __future__ import annotations
@@ -30,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, pool_slots, ragged_metadata
+from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, mapped_slots, pool_slots, ragged_metadata
 
 __all__ = ["attention_plugin"]
 
@@ -192,6 +214,7 @@ class _Step:
     window: int
     scale: float
     shared: bool
+    bounded: bool  # swa_kv_cache_mode of extent 1: the bounded SWA pool
     q: np.ndarray  # [T, Hq, D] normed and rotated
     k: np.ndarray | None  # [T, Hkv, D] (None: a KV-shared layer given Q only)
     v: np.ndarray | None
@@ -217,12 +240,10 @@ def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -
     qkv, pool, query_lengths, cos_sin, past_lengths, page_table = inputs[:6]
     offsets, seq_lengths, phase_marker, context_count = inputs[layout.metadata:layout.metadata + 4]
     heads = _Heads(int(attrs["num_q_heads"]), int(attrs["num_kv_heads"]), int(attrs["head_size"]))
-    if layout.swa_mode >= 0 and int(np.asarray(inputs[layout.swa_mode]).shape[0]) == 1:
-        raise PluginInputError(f"{plugin}: swa_kv_cache_mode of length 1 (bounded SWA storage) is a mode this "
-                               "numpy model does not compute")
+    bounded = _swa_mode(plugin, attrs, inputs, layout)
     ragged = ragged_metadata(plugin, int(qkv.shape[0]), query_lengths, offsets, phase_marker, context_count)
     mode = _mode(ragged.phase, bool(attrs["enable_tree_attention"]))
-    _check_pool(plugin, pool, page_table, heads, ragged.sequences)
+    _check_pool(plugin, pool, page_table, heads, ragged.sequences, bounded)
     shared = bool(attrs["enable_kv_shared"])
     width = (heads.q + 2 * heads.kv) * heads.size
     if (not shared and qkv.shape[1] != width) or (shared and qkv.shape[1] not in (heads.q * heads.size, width)):
@@ -246,6 +267,19 @@ def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -
     packed = np.asarray(qkv).reshape(qkv.shape[0], -1, heads.size)
     q_gamma = _gamma(inputs, layout.q_norm, heads.size, "q_norm")
     own_kv = packed.shape[1] > heads.q
+    prefill = mode in (Mode.NORMAL_PREFILL, Mode.CHUNKED_PREFILL)
+    if bounded and prefill and not own_kv:
+        raise PluginInputError(f"{plugin}: Bounded shared-KV prefill requires the donor's current K/V in the packed "
+                               "input (enable_kv_shared 1 with Q only and swa_kv_cache_mode of extent 1)")
+    if shared and not own_kv and prefill and (np.asarray(past_lengths) > 0).any():
+        b = int(np.flatnonzero(np.asarray(past_lengths) > 0)[0])
+        raise PluginInputError(f"{plugin}: a KV-shared layer given Q only, in a prefill over {int(past_lengths[b])} "
+                               f"cached tokens (sequence {b}): enqueueImpl rotates its queries with "
+                               "launchApplyRopeQOnly(kvCacheEndLens = past + W), which reads row past + i of the "
+                               "step's token-aligned RoPE table (another token's row, or past the table), not row i")
+    if bounded and mode is Mode.CHUNKED_PREFILL and ragged.width <= 1:
+        raise PluginInputError(f"{plugin}: SWA chunked prefill requires runtimeSeqLen > 1 (bounded SWA storage, "
+                               f"padded width {ragged.width})")
     k = v = None
     if own_kv:
         k = _norm_and_rope(packed[:, heads.q:heads.q + heads.kv], _gamma(inputs, layout.k_norm, heads.size, "k_norm"),
@@ -253,22 +287,42 @@ def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -
         v = packed[:, heads.q + heads.kv:]
     return _Step(plugin=plugin, mode=mode, width=ragged.width, sequences=ragged.sequences, heads=heads,
                  window=window, scale=float(scale) if scale is not None else 1.0 / float(np.sqrt(heads.size)),
-                 shared=shared, q=_norm_and_rope(packed[:, :heads.q], q_gamma, cos_sin, eps, post), k=k, v=v,
+                 shared=shared, bounded=bounded,
+                 q=_norm_and_rope(packed[:, :heads.q], q_gamma, cos_sin, eps, post), k=k, v=v,
                  pool=pool, page_table=page_table, query_lengths=np.asarray(query_lengths),
                  past_lengths=np.asarray(past_lengths), seq_lengths=np.asarray(seq_lengths),
                  tree_pos=np.asarray(inputs[layout.tree_pos]) if layout.tree_pos >= 0 else None,
                  tree_mask=np.asarray(inputs[layout.tree_mask]) if layout.tree_mask >= 0 else None)
 
 
-def _check_pool(plugin: str, pool: np.ndarray, page_table: np.ndarray, heads: _Heads, sequences: int) -> None:
-    """``hasConcretePagedKVContract``: the pool ``[2, N, 128, Hkv, >= D]``, the table ``[B, 2, M]`` with M <= N."""
+def _swa_mode(plugin: str, attrs: dict[str, Any], inputs: tuple[np.ndarray, ...], layout: _Layout) -> bool:
+    """Whether the step uses bounded SWA storage: the constructor's capability check, then ``enqueueImpl``'s
+    ``swa_kv_cache_mode`` (shape-only: extent 1 bounded, 0 full; its data is never read)."""
+    if not attrs["supports_bounded_kv_cache"]:
+        return False
+    off = [k for k in ("enable_tree_attention", "enable_fp8_kv_cache", "enable_qk_norm",
+                       "enable_context_mask_selector") if attrs[k]]
+    if int(attrs["sliding_window_size"]) <= 0 or off:
+        raise PluginInputError(f"{plugin}: Bounded KV cache capability requires FP16 vanilla sliding-window attention "
+                               f"(sliding_window_size {attrs['sliding_window_size']}, {off or 'no other mode'})")
+    mode = np.asarray(inputs[layout.swa_mode])
+    if mode.ndim != 1 or mode.shape[0] not in (0, 1):
+        raise PluginInputError(f"{plugin}: swa_kv_cache_mode must have runtime shape [0] or [1], got "
+                               f"{list(mode.shape)}")
+    return int(mode.shape[0]) == 1
+
+
+def _check_pool(plugin: str, pool: np.ndarray, page_table: np.ndarray, heads: _Heads, sequences: int,
+                bounded: bool = False) -> None:
+    """``hasConcretePagedKVContract``: the pool ``[2, N, 128, Hkv, >= D]``, the table ``[B, 2, M]`` with M <= N
+    (not in bounded SWA storage, whose table is sparse over a smaller pool)."""
     if pool.ndim != 5 or pool.shape[0] != 2 or pool.shape[2] != 128 or pool.shape[3] != heads.kv \
             or pool.shape[4] < heads.size:
         raise PluginInputError(f"{plugin}: kv_cache pool {list(pool.shape)} is not [2, N, 128, {heads.kv}, "
                                f">= {heads.size}]")
     if page_table.ndim != 3 or page_table.shape[0] != sequences or page_table.shape[1] != 2:
         raise PluginInputError(f"{plugin}: kv_page_table {list(page_table.shape)} is not INT32 [B={sequences}, 2, M]")
-    if pool.shape[1] < page_table.shape[2]:
+    if not bounded and pool.shape[1] < page_table.shape[2]:
         raise PluginInputError(f"{plugin}: full-cache mode requires at least one physical page ({pool.shape[1]}) "
                                f"per logical page-table column ({page_table.shape[2]})")
 
@@ -336,17 +390,13 @@ def attention_plugin(node: str, inputs: tuple[np.ndarray, ...], given: dict[str,
     out = np.zeros((step.q.shape[0], heads.q, heads.size), np.float16)
     for b in range(step.sequences):
         seq = _rows(step, b)
-        written = seq.rows[seq.writes]
-        if step.k is not None and step.v is not None and not step.shared and written.size:
-            k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, seq.positions[seq.writes], pool.shape[1],
-                                        "K/V write")
-            flat[k_rows, :, :heads.size] = step.k[written]
-            flat[v_rows, :, :heads.size] = step.v[written]
+        if step.k is not None and not step.shared:
+            _write(step, b, seq, flat)
         mine = seq.rows[seq.computed]
         if not mine.size:
             continue
-        key_slots = np.arange(seq.key_end)
-        k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, key_slots, pool.shape[1], "K/V read")
+        query_pos = seq.positions[seq.computed]
+        keys, values, key_pos = _keys(step, b, seq, flat, query_pos)
         q = step.q[mine]
         if step.mode is Mode.TREE_DECODING:
             assert step.tree_mask is not None
@@ -354,12 +404,84 @@ def attention_plugin(node: str, inputs: tuple[np.ndarray, ...], given: dict[str,
                                     seq.start, seq.key_end)
             q = np.where(seq.zero_q[seq.computed][:, None, None], np.float16(0), q)
         else:
-            query_pos = seq.positions[seq.computed]
-            visible = key_slots[None, :] <= query_pos[:, None]
+            visible = key_pos[None, :] <= query_pos[:, None]
             if step.window > 0:  # the last `window` keys, the query's own included (slidingWinSize; FMHA gets W - 1)
-                visible &= key_slots[None, :] > query_pos[:, None] - step.window
-        out[mine] = _attend(q, flat[k_rows, :, :heads.size], flat[v_rows, :, :heads.size], visible, step.scale)
+                visible &= key_pos[None, :] > query_pos[:, None] - step.window
+        out[mine] = _attend(q, keys, values, visible, step.scale)
     return out, pool
+
+
+def _write(step: _Step, b: int, seq: _Rows, flat: np.ndarray) -> None:
+    """The K/V writes of sequence b (``applyRopeFromPackedToSplitKernel``, ``writeKVCache``): each valid row at its
+    slot through the page table. Full storage: every slot must be mapped. Bounded SWA storage: an unmapped page
+    skips the write (it lies behind the window), but a slot among the last W of the sequence after the step is
+    one a later step reads, so its page unmapped is the runtime's error; a bounded chunk passes no ``cuQSeqLens``,
+    so its padding rows write too (at ``past + row``, beyond the sequence's end, where nothing reads them)."""
+    assert step.k is not None and step.v is not None
+    size, pool_pages = step.heads.size, step.pool.shape[1]
+    every = step.bounded and step.mode is Mode.CHUNKED_PREFILL
+    rows = seq.rows if every else seq.rows[seq.writes]
+    slots = seq.positions if every else seq.positions[seq.writes]
+    if not rows.size:
+        return
+    if not step.bounded:
+        k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, slots, pool_pages, "K/V write")
+        flat[k_rows, :, :size] = step.k[rows]
+        flat[v_rows, :, :size] = step.v[rows]
+        return
+    k_ok, k_rows, v_ok, v_rows = mapped_slots(step.plugin, step.page_table, b, slots, pool_pages, "K/V write")
+    live = (slots < seq.key_end) & (slots >= seq.key_end - step.window)
+    lost = np.flatnonzero(live & ~(k_ok & v_ok))
+    if lost.size:
+        slot = int(slots[lost[0]])
+        raise PluginInputError(f"{step.plugin}: bounded SWA: sequence {b} writes slot {slot}, inside the window of "
+                               f"its end {seq.key_end}, but swa_kv_page_table maps no page for column "
+                               f"{slot // 128}: the kernel skips the write and a later step reads garbage")
+    flat[k_rows[k_ok], :, :size] = step.k[rows[k_ok]]
+    flat[v_rows[v_ok], :, :size] = step.v[rows[v_ok]]
+
+
+def _keys(step: _Step, b: int, seq: _Rows, flat: np.ndarray,
+          query_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The keys and values sequence b's rows attend over, and their positions. Full storage (and every
+    non-sliding layer): the paged pool ``[0, end)``, every page mapped. Bounded SWA storage: a normal prefill's own
+    rows (the dense scratch); a chunk's resident window ``[past - min(past, W), past)`` from the pool, then its own
+    rows; a decode's window ``[end - W, end)`` from the pool. A gathered page that is unmapped reads as zeros on the
+    GPU: raised where a valid row sees the slot."""
+    size, pool_pages = step.heads.size, step.pool.shape[1]
+    if step.bounded and step.mode in (Mode.NORMAL_PREFILL, Mode.CHUNKED_PREFILL):
+        assert step.k is not None and step.v is not None
+        own = seq.rows[seq.computed]
+        past = seq.start
+        resident = np.arange(past - min(past, step.window), past) if step.mode is Mode.CHUNKED_PREFILL \
+            else np.arange(0)
+        k_res, v_res = _gather(step, b, flat, resident, query_pos, "resident window read")
+        return (np.concatenate([k_res, step.k[own]]), np.concatenate([v_res, step.v[own]]),
+                np.concatenate([resident, seq.positions[seq.computed]]))
+    if step.bounded:  # decode: XQA over the window through the sparse table
+        slots = np.arange(max(0, seq.key_end - step.window), seq.key_end)
+        k_read, v_read = _gather(step, b, flat, slots, query_pos, "K/V read")
+        return k_read, v_read, slots
+    slots = np.arange(seq.key_end)
+    k_rows, v_rows = pool_slots(step.plugin, step.page_table, b, slots, pool_pages, "K/V read")
+    return flat[k_rows, :, :size], flat[v_rows, :, :size], slots
+
+
+def _gather(step: _Step, b: int, flat: np.ndarray, slots: np.ndarray, query_pos: np.ndarray,
+            what: str) -> tuple[np.ndarray, np.ndarray]:
+    """K and V of ``slots`` through a bounded SWA table row (zeros where unmapped, as the gather reads them);
+    raises where an unmapped slot is one a valid query sees."""
+    size = step.heads.size
+    k_ok, k_rows, v_ok, v_rows = mapped_slots(step.plugin, step.page_table, b, slots, step.pool.shape[1], what)
+    seen = ((slots[None, :] <= query_pos[:, None]) & (slots[None, :] > query_pos[:, None] - step.window)).any(axis=0)
+    lost = np.flatnonzero(seen & ~(k_ok & v_ok))
+    if lost.size:
+        slot = int(slots[lost[0]])
+        raise PluginInputError(f"{step.plugin}: bounded SWA: sequence {b} {what} of slot {slot} (inside its window) "
+                               f"finds no page in swa_kv_page_table column {slot // 128}: the kernel reads zeros")
+    keys = np.where(k_ok[:, None, None], flat[k_rows, :, :size], np.float16(0))
+    values = np.where(v_ok[:, None, None], flat[v_rows, :, :size], np.float16(0))
+    return keys.astype(np.float16), values.astype(np.float16)
 
 
 def _tree_visible(plugin: str, b: int, mask_rows: np.ndarray, written: np.ndarray, real: np.ndarray, start: int,
