@@ -78,9 +78,25 @@ class FamilyConfig(abc.ABC):
         geometry of its own; None: the model's."""
         return None
 
-    def registry(self, reg: Any, cfg: Any) -> None:
-        """Add to (or replace in) ``reg`` (a TensorRegistry: the PipelineIO-owned bindings of an engine of ``cfg``
-        on ``reg.contract``) the bindings this family declares."""
+    def registry(self, reg: Any, cfg: Any) -> Any:
+        """The bindings of an engine of ``cfg`` with this family's: ``reg`` (a TensorRegistry: the PipelineIO-owned
+        bindings on ``reg.contract``) with its own added or replaced, or a registry in its place."""
+        return reg
+
+    def members(self, cfg: Any, rows: int) -> list[Any]:
+        """The PipelineIO members (TensorRequests) this family adds for an engine of ``cfg``, ``rows`` token rows at
+        most (the ragged contract's layout)."""
+        return []
+
+    def step_requests(self, cfg: Any, place: str, batch: int, rows: int) -> list[Any]:
+        """The step-block inputs (TensorRequests) this family adds for an engine of ``cfg`` (``batch`` sequences,
+        ``rows`` token rows), at ``place`` in the block: ``"lengths"`` (written every step with the lengths) or
+        ``"pages"`` (with the page tables)."""
+        return []
+
+    def check_runs(self, base: Any, draft: Any, what: str) -> None:
+        """Refuse a speculative pair (``base``, ``draft``: LLMEngineConfigs, this config one of theirs) trtio cannot
+        run, before anything is allocated (a ConfigError naming ``what`` and the key)."""
         return None
 
     def bind_pipeline(self, io: Any, tm: Any, cfg: Any) -> None:

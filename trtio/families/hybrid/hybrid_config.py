@@ -133,7 +133,7 @@ class HybridConfig(FamilyConfig):
             raise ConfigError("recurrent_spec_verify_mode", f"must be one of {list(SPEC_VERIFY_MODES)} or null, got "
                                                             f"{mode!r}")
 
-    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> None:
+    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
         """A hybrid engine reads ``state_indices`` (each step sequence's state row); a hybrid spec-decode base of the
         ragged contract also writes each verified token's states (``intermediate_*``)."""
         if names.kStateIndices in reg:
@@ -141,6 +141,7 @@ class HybridConfig(FamilyConfig):
         if reg.contract == "ragged" and cfg.role == "base":
             for spec in intermediate_state_specs(cfg):
                 reg.add(spec)
+        return reg
 
     @classmethod
     def input_problems(cls, eio: EngineIO, cfg: LLMEngineConfig, bound: set[str]) -> tuple[set[str], list[str]]:
@@ -149,6 +150,14 @@ class HybridConfig(FamilyConfig):
         if cfg.feature(HybridConfig) is not None:
             return set(), []
         return set(), recurrent_problems(eio, cfg, 0)
+
+    def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
+        """A hybrid base commits its states by "snapshot" (:mod:`trtio.families.hybrid.snapshots`); Mamba2's "replay"
+        is refused."""
+        if self.recurrent_spec_verify_mode == "replay":
+            raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
+                                                            "is recomputed from a dA/u/B/dt stash) is not supported; "
+                                                            "the pair is refused rather than committed wrong")
 
     def engine_problems(self, eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
         return recurrent_problems(eio, cfg, max_batch)
