@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from trtio.errors import InvalidValueError, ShapeError
-from trtio.stream import Stream
+from trtio.stream import Stream, StreamLike
 
-__all__ = ["FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "family_configs", "keyword_owner",
-           "register_family", "register_feature"]
+__all__ = ["Component", "FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "component_folders",
+           "component_named", "components", "family_configs", "keyword_owner", "register_component", "register_family",
+           "register_feature"]
 
 #: An Edge-LLM key a family cannot bind where it is found: (dotted key, what it marks, detail).
 Found = tuple[str, str, str]
@@ -393,3 +394,63 @@ class FeatureSet:
 
     def reports(self) -> list[Any]:
         return [r for p in self.parts for r in p.reports()]
+
+
+# -- components -------------------------------------------------------------------------------------------------------
+
+class Component(abc.ABC):
+    """An engine beside the LLM in an Edge-LLM engine directory (``trtio/components/<name>/``): the folder it lives
+    in, how :class:`~trtio.edgellm.EngineDir` reads its config (checked against the LLM's), and how
+    :func:`~trtio.setups.create_from_engine_dir` binds it and attaches it to the LLM's setup. The component table
+    (``trtio/components/component_table.py``) registers each (:func:`register_component`)."""
+
+    #: Its name: the role :meth:`EngineDir.engine_path <trtio.edgellm.EngineDir.engine_path>` takes, the name
+    #: ``create_from_engine_dir(components=...)`` takes, and the setup attribute it is attached as.
+    NAME: ClassVar[str]
+    #: Its folder in an engine directory, its config and engine files there, and what it is (in messages).
+    FOLDER: ClassVar[str]
+    CONFIG_FILE: ClassVar[str] = "config.json"
+    ENGINE_FILE: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def read(cls, folder: Any, llm: Any) -> Any:
+        """Its config from ``folder`` (a Path), checked against ``llm`` (the LLM's LLMEngineConfig); None where the
+        folder holds no config of it. ConfigError naming the file and the key where it does not fit."""
+
+    @classmethod
+    def check_attach(cls, llm: Any, part: Any) -> None:
+        """Refuse ``part`` (this component's setup) attached to an LLM setup of config ``llm`` where it does not fit
+        (ConfigError naming the key)."""
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def attach(cls, setup: Any, engine: Any, config: Any, stream: StreamLike = None, *, graphs: bool = False) -> None:
+        """Bind ``engine`` (loaded from its engine file) with ``config`` and attach it to ``setup`` (the LLM's: it is
+        closed with it), on the LLM setup's backend; ``stream`` orders its construction."""
+
+
+_COMPONENTS: dict[str, type[Component]] = {}
+
+
+def register_component(component: type[Component]) -> type[Component]:
+    """Register a component (the component table does)."""
+    _COMPONENTS[component.NAME] = component
+    return component
+
+
+def components() -> tuple[type[Component], ...]:
+    """Every registered component, in the component table's order."""
+    return tuple(_COMPONENTS.values())
+
+
+def component_named(name: str) -> type[Component] | None:
+    """The component called ``name`` (None: no registered component)."""
+    return _COMPONENTS.get(name)
+
+
+def component_folders() -> dict[str, type[Component]]:
+    """Folder name -> the component that binds it."""
+    return {c.FOLDER: c for c in _COMPONENTS.values()}

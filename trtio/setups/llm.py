@@ -19,7 +19,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
-from trtio.features import FeatureSet
+from trtio.features import FeatureSet, component_named
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import PleSplit, swa_room
 from trtio.memory import Arena, MemoryReport
@@ -41,7 +41,6 @@ from trtio.setups.calls import one_thread
 from trtio.setups.decode_plan import DecodePlan
 from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
-from trtio.setups.visual import VisualSetup
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike
@@ -54,10 +53,9 @@ __all__ = ["LLMSetup", "create_for_llm"]
 class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
 
-    ``visual``: a vision-language model's encoder (a :class:`~trtio.setups.visual.VisualSetup` that
-    ``create_from_engine_dir`` attaches, closed with this setup), else None."""
-
-    visual: VisualSetup | None = None
+    ``visual``: a vision-language model's encoder (a :class:`~trtio.components.visual.visual_setup.VisualSetup` that
+    ``create_from_engine_dir`` attaches, closed with this setup), else None: an engine beside the LLM
+    (:meth:`attach`)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -101,24 +99,37 @@ class LLMSetup(SetupBase):
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
         self._streaming_pending = False
+        self._attached: dict[str, Any] = {}  # engines beside the LLM (components), by name
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
 
-    def attach_visual(self, visual: VisualSetup) -> None:
-        """Keep ``visual`` (the ViT of this LLM's vision-language model) as :attr:`visual`; it is closed with this
-        setup from now on."""
+    def attach(self, name: str, part: Any) -> None:
+        """Keep ``part``, the setup of the engine beside the LLM that component ``name`` binds (its vision encoder:
+        ``"visual"``), as an attribute of this setup; it is closed with this setup from now on. Refused where one is
+        attached already, or where the component says it does not fit this LLM."""
         self._check_open()
-        if self.visual is not None:
-            raise TrtioError(f"{self!r} has a vision encoder attached already")
-        if visual.cfg.out_hidden_size != self.cfg.hidden_size:
-            raise ConfigError("vision_config.out_hidden_size", f"is {visual.cfg.out_hidden_size}, but the LLM's "
-                                                               f"hidden_size is {self.cfg.hidden_size}")
+        component = component_named(name)
+        if component is None:
+            raise InvalidValueError(f"attach: {name!r} is not a component trtio binds")
+        if name in self._attached:
+            raise TrtioError(f"{self!r} has a {component.WHAT} attached already")
+        component.check_attach(self.cfg, part)
         assert self._resources is not None
-        self._resources.callback(visual.close)
-        self.visual = visual
+        self._resources.callback(part.close)
+        self._attached[name] = part
+
+    def attach_visual(self, visual: Any) -> None:
+        """Keep ``visual`` (the ViT of this LLM's vision-language model: a
+        :class:`~trtio.components.visual.visual_setup.VisualSetup`) as :attr:`visual` (:meth:`attach`)."""
+        self.attach("visual", visual)
+
+    @property
+    def visual(self) -> Any:
+        """The vision encoder attached (:meth:`attach_visual`), None without one."""
+        return self._attached.get("visual")
 
     # -- public views ---------------------------------------------------------------------------
     @property

@@ -39,6 +39,7 @@ import numpy as np
 
 from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
+from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
@@ -52,7 +53,6 @@ from trtio.setups import (
     SpecDecodeSetup,
     create_for_llm,
     create_for_spec_decode,
-    create_for_visual,
     create_from_engine_dir,
 )
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup
