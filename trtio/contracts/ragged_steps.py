@@ -379,9 +379,10 @@ class RaggedSteps(StepInputs):
         return self._stage_layout(e, layout, s)
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
+               staged: bool = False) -> tuple[DeviceWork, ...]:
         self._write_swa(e, slots, lengths, np.ones_like(lengths), new=False)
-        return super().decode(e, lengths, s, slots, key, pages)
+        return super().decode(e, lengths, s, slots, key, pages, staged=staged)
 
     def _write_swa(self, e: EngineView, slots: np.ndarray | None, past: np.ndarray, lengths: np.ndarray, *,
                    new: bool) -> None:
