@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtio._checks import is_int
 from trtio._json import json_kind, read_json, write_json
-from trtio.dims import StepShapes
+from trtio.dims import InferenceDims, StepShapes
 from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, InvalidTypeError, NotAvailableError
@@ -217,7 +217,7 @@ def _kv_layer(entry: Any) -> Any:
 
 
 @dataclass(frozen=True, init=False)
-class LLMEngineConfig(StepShapes):
+class LLMEngineConfig:
     """What trtio needs to know about one LLM engine (base, draft or plain): the dense core, and the typed configs
     of the families the model uses (:attr:`features`, ``docs/architecture.md``, "Families and components").
 
@@ -320,6 +320,42 @@ class LLMEngineConfig(StepShapes):
             if name.startswith("__"):
                 raise NotAvailableError(name)
             return _family_attribute(self, name)
+
+    # -- step shapes (Edge-LLM's recipes: InferenceDims of each kind of step) -------------------
+    @property
+    def step_shapes(self) -> StepShapes:
+        """The recipes of this config's steps (made once)."""
+        found: StepShapes | None = self.__dict__.get("_step_shapes")
+        if found is None:
+            found = StepShapes(self.max_supported_batch_size, self.max_supported_input_length,
+                               self.max_kv_cache_capacity, self.max_verify_tree_size, self.max_draft_tree_size,
+                               self.rope_per_slot)
+            object.__setattr__(self, "_step_shapes", found)
+        return found
+
+    def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
+        """:meth:`StepShapes.prefill_dims <trtio.dims.StepShapes.prefill_dims>` of this config."""
+        return self.step_shapes.prefill_dims(batch, seq_len, kv_cache_empty)
+
+    def decode_dims(self, batch: int) -> InferenceDims:
+        """:meth:`StepShapes.decode_dims <trtio.dims.StepShapes.decode_dims>` of this config."""
+        return self.step_shapes.decode_dims(batch)
+
+    def spec_verify_dims(self, batch: int, verify_size: int) -> InferenceDims:
+        """:meth:`StepShapes.spec_verify_dims <trtio.dims.StepShapes.spec_verify_dims>` of this config."""
+        return self.step_shapes.spec_verify_dims(batch, verify_size)
+
+    def proposal_dims(self, batch: int, proposal_size: int, top_k: int) -> InferenceDims:
+        """:meth:`StepShapes.proposal_dims <trtio.dims.StepShapes.proposal_dims>` of this config."""
+        return self.step_shapes.proposal_dims(batch, proposal_size, top_k)
+
+    def accept_dims(self, batch: int, accept_len: int) -> InferenceDims:
+        """:meth:`StepShapes.accept_dims <trtio.dims.StepShapes.accept_dims>` of this config."""
+        return self.step_shapes.accept_dims(batch, accept_len)
+
+    def reset_dims(self) -> InferenceDims:
+        """:meth:`StepShapes.reset_dims <trtio.dims.StepShapes.reset_dims>` of this config."""
+        return self.step_shapes.reset_dims()
 
     # -- roles --------------------------------------------------------------------------------
     @property
