@@ -263,10 +263,10 @@ def test_layers_are_what_the_design_says() -> None:
 CORE_SUBLAYERS = {
     "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
                "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
-    "binding": {"names", "dims", "rope", "gemma4_config", "config", "edgellm_config",
+    "binding": {"names", "dims", "rope", "config", "edgellm_config",
                 "checkpoint", "features", "registry", "tensor_map", "engine", "trt",
                 "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "gemma4", "embeddings", "edgellm", "state", "contracts", "pipeline_io"},
+    "steps": {"ops", "trees", "pages", "embeddings", "edgellm", "state", "contracts", "pipeline_io"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 
@@ -285,6 +285,8 @@ PLUGIN_PLACES = {
     "families.mrope.slot_positions": "steps", "families.mrope.mrope_feature": "setups",
     "families.lora.adapters": "binding", "families.lora.lora_feature": "setups",
     "families.spec.dflash_bindings": "binding", "families.spec.dflash": "setups",
+    "families.gemma4": "binding", "families.gemma4.gemma4_config": "steps", "families.gemma4.swa": "steps",
+    "families.gemma4.ple": "setups", "families.gemma4.gemma4_feature": "setups",
 }
 
 
@@ -384,12 +386,6 @@ GENERIC_TOPS = ("setups", "contracts", "state", "pipeline_io", "config", "edgell
                 "staging", "features")
 PLUGIN_TOPS = ("families", "components")
 PLUGIN_TABLES = ("trtio.families.family_table",)  # the facade imports it
-# Conditionals naming a family still in generic modules, per module: the seam's work left (the count only falls).
-KNOWN_FAMILY_CONDITIONALS: dict[str, int] = {
-    "trtio/config.py": 4, "trtio/contracts/ragged_steps.py": 1, "trtio/edgellm.py": 1, "trtio/edgellm_config.py": 9,
-    "trtio/setups/base.py": 2, "trtio/setups/binding.py": 2, "trtio/setups/decode_plan.py": 1,
-    "trtio/setups/llm.py": 3, "trtio/setups/ple.py": 13, "trtio/state.py": 9,
-}
 
 
 def is_generic(module: str) -> bool:
@@ -451,35 +447,14 @@ def _plugin_imports() -> list[str]:
     return problems
 
 
-# Generic modules that still ask a family's typed config by name (cfg.feature(...)), each importing it: the seam's
-# work left (the list only shrinks).
-KNOWN_PLUGIN_IMPORTS: dict[str, int] = {}
-
-
 def test_no_generic_module_imports_a_family_or_a_component() -> None:
-    counts: dict[str, int] = {}
-    for line in _plugin_imports():
-        path = line.split(":", 1)[0]
-        counts[path] = counts.get(path, 0) + 1
-    over = {p: (n, KNOWN_PLUGIN_IMPORTS.get(p, 0)) for p, n in counts.items() if n > KNOWN_PLUGIN_IMPORTS.get(p, 0)}
-    assert not over, "generic modules importing a family or component (found, allowed): " + repr(over)
-    stale = {p: (counts.get(p, 0), n) for p, n in KNOWN_PLUGIN_IMPORTS.items() if counts.get(p, 0) < n}
-    assert not stale, f"lower KNOWN_PLUGIN_IMPORTS to what is left (found, listed): {stale}"
+    assert _plugin_imports() == []
 
 
-def test_family_conditionals_in_generic_code_only_go() -> None:
-    """No generic module gains a conditional that names a family; those left are counted in
-    KNOWN_FAMILY_CONDITIONALS, and a module that loses some must lower its count (the list only shrinks)."""
-    counts: dict[str, int] = {}
-    for line in family_conditionals():
-        path = line.split(":", 1)[0]
-        counts[path] = counts.get(path, 0) + 1
-    over = {p: (n, KNOWN_FAMILY_CONDITIONALS.get(p, 0)) for p, n in counts.items()
-            if n > KNOWN_FAMILY_CONDITIONALS.get(p, 0)}
-    assert not over, "new conditionals naming a family in generic code (found, allowed): " + repr(over) + "\n" + \
-        "\n".join(line for line in family_conditionals() if line.split(":", 1)[0] in over)
-    stale = {p: (counts.get(p, 0), n) for p, n in KNOWN_FAMILY_CONDITIONALS.items() if counts.get(p, 0) < n}
-    assert not stale, f"lower KNOWN_FAMILY_CONDITIONALS to what is left (found, listed): {stale}"
+def test_no_generic_conditional_names_a_family_or_a_component() -> None:
+    """A generic module binds the dense core and calls the features at the step points: none of its conditionals asks
+    which family (or which component) is there."""
+    assert family_conditionals() == []
 
 
 def test_the_seam_checker_sees_a_family_conditional_and_a_plugin_import(tmp_path: Path,

@@ -22,7 +22,6 @@ from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
 from trtio.errors import ConfigError, InvalidTypeError, NotAvailableError
 from trtio.features import F, FamilyConfig, family_configs, keyword_owner
-from trtio.gemma4_config import Gemma4Config
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
@@ -264,7 +263,6 @@ class LLMEngineConfig:
     layer_types: tuple[str, ...] = ()
     kv_layer_configs: tuple[KVLayerConfig | None, ...] = ()  # per layer of layer_types: None where it has no KV
     use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
-    gemma4: Gemma4Config | None = None  # Gemma 4's per-layer KV, sliding window, KV sharing, dual RoPE and PLE
     #: The typed configs of the families this model uses, in the family table's order (see the class docstring).
     features: tuple[FamilyConfig, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
@@ -296,9 +294,6 @@ class LLMEngineConfig:
             object.__setattr__(self, "layer_types", tuple(types))
         if isinstance(self.kv_layer_configs, (list, tuple)):
             object.__setattr__(self, "kv_layer_configs", tuple(_kv_layer(e) for e in self.kv_layer_configs))
-        gemma4: Any = self.gemma4  # a dict from JSON, or a Gemma4Config
-        if isinstance(gemma4, Mapping):
-            object.__setattr__(self, "gemma4", Gemma4Config.from_dict(gemma4))
         if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
             object.__setattr__(self, "extras", freeze_json(self.extras))
 
@@ -454,8 +449,6 @@ class LLMEngineConfig:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
         self._validate_layers()
-        for family in self.features:
-            family.validate(self)
         if not isinstance(self.extras, Mapping):
             raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")
         return self
@@ -497,9 +490,8 @@ class LLMEngineConfig:
             raise ConfigError("num_attention_layers", f"{self.num_attention_layers} differs from the "
                                                       f"{types.count('attention')} 'attention' entries of layer_types "
                                                       "(KV pools are numbered over attention layers only)")
-        if self.gemma4 is not None and self.gemma4.num_layers != self.num_attention_layers:
-            raise ConfigError("gemma4", f"describes {self.gemma4.num_layers} layers but num_attention_layers is "
-                                        f"{self.num_attention_layers}")
+        for family in self.features:  # the families' checks first: the KV table below asks them for its geometry
+            family.validate(self)
         table = self.kv_layer_configs
         if not isinstance(table, tuple):
             raise ConfigError("kv_layer_configs", f"must be a list (one entry per layer), got {shown(table)}")
@@ -512,8 +504,6 @@ class LLMEngineConfig:
                 raise ConfigError(f"kv_layer_configs[{i}]", f"layer {i} is recurrent ({types[i]!r}); its entry must be "
                                                             f"null, got {shown(entry)}")
             want = self.kv_geometry(i)
-            if self.gemma4 is not None and i < self.gemma4.num_layers:  # Gemma 4: each layer its own geometry
-                want = (self.gemma4.kv_heads[i], self.gemma4.head_dims[i])
             if not kv_free and (not isinstance(entry, KVLayerConfig) or (entry.num_kv_heads, entry.head_dim) != want):
                 raise ConfigError(f"kv_layer_configs[{i}]",
                                   f"attention layer {i} must have the model's KV geometry {{num_kv_heads: "
@@ -539,7 +529,7 @@ class LLMEngineConfig:
             value = getattr(self, f.name)
             if f.name == "features":
                 continue
-            if isinstance(value, (RopeScaling, Gemma4Config)):
+            if isinstance(value, RopeScaling):
                 out[f.name] = value.to_dict()
             elif f.name == "kv_layer_configs":
                 out[f.name] = [None if e is None else e.to_dict() if isinstance(e, KVLayerConfig) else e

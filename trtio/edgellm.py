@@ -50,8 +50,6 @@ ENGINE_FILES = {"llm": "llm.engine", "base": "spec_base.engine", "draft": "spec_
 EMBEDDING_FILE = "embedding.safetensors"
 #: An EAGLE3 pair's draft-to-target vocabulary map (absent: the identity).
 D2T_FILE = "d2t.safetensors"
-#: Gemma 4's per-layer embedding table (PLE), beside ``embedding.safetensors``.
-PLE_EMBEDDING_FILE = "ple_embedding.safetensors"
 _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
 #: A vision-language model's encoder: its folder, its engine file and the role :meth:`EngineDir.engine_path` takes.
 #: A tensor-parallel directory's config: ``config_world{N}.json`` (N ranks).
@@ -349,30 +347,21 @@ class EngineDir:
             raise ConfigError(f"{file}: embedding", f"expected [vocab, {hidden}] (hidden_size of "
                                                     f"{CONFIG_FILES[role]}), got {table.dtype} "
                                                     f"{list(table.array.shape)}")
-        return _embedding_float16(file, table, tensors.get("embedding_scale"))
+        return embedding_float16(file, table, tensors.get("embedding_scale"))
 
     def ple_embedding_table(self) -> np.ndarray | None:
-        """Gemma 4's per-layer embedding table: float16 ``[rows, L x ple_hidden]`` from ``ple_embedding.safetensors``
-        (tensor ``"weight"``, already scaled by its writer), read-only; None for a directory whose config has no
-        per-layer embeddings. Raises :class:`~trtio.ConfigError` naming the file where it is absent or not
-        ``L x ple_hidden`` wide."""
+        """The per-token table a family keeps beside the token embeddings (:meth:`FamilyConfig.token_table
+        <trtio.features.FamilyConfig.token_table>`): Gemma 4's per-layer embedding table, float16
+        ``[rows, L x ple_hidden]`` from ``ple_embedding.safetensors`` (tensor ``"weight"``, already scaled by its
+        writer), read-only; None for a directory whose config has none. Raises :class:`~trtio.ConfigError` naming
+        the file where it is absent or not ``L x ple_hidden`` wide."""
         cfg = self._configs.get("llm") if self._kind == "llm" else self._configs.get("base")
-        g = cfg.gemma4 if cfg is not None else None
-        if g is None or not g.has_ple:
-            return None
-        file = self._path / PLE_EMBEDDING_FILE
-        if not file.is_file():
-            raise ConfigError(str(file), "no such file (Edge-LLM writes the per-layer embedding table of a Gemma 4 "
-                                         "model with PLE here)")
-        tensors = read_safetensors(file)
-        if "weight" not in tensors:
-            raise ConfigError(str(file), f"holds no tensor 'weight' (it holds {sorted(tensors)})")
-        table = tensors["weight"]
-        width = g.ple_layers * g.ple_hidden
-        if table.array.ndim != 2 or table.array.shape[1] != width:
-            raise ConfigError(f"{file}: weight", f"expected [vocab, {width}] ({g.ple_layers} layers x ple_hidden_size "
-                                                 f"{g.ple_hidden}), got {table.dtype} {list(table.array.shape)}")
-        return _embedding_float16(file, table, None)
+        for family in cfg.features if cfg is not None else ():
+            table = family.token_table(cfg, self._path)
+            if table is not None:
+                found: np.ndarray = table
+                return found
+        return None
 
     def embeddings(self, backend: Backend | str | None = None, stream: StreamLike = None, *,
                    max_tokens: int | None = None) -> TokenEmbeddings:
@@ -458,7 +447,7 @@ class EngineDir:
         return self._configs[role]
 
 
-def _embedding_float16(file: Path, table: SafeTensor, scale: SafeTensor | None) -> np.ndarray:
+def embedding_float16(file: Path, table: SafeTensor, scale: SafeTensor | None) -> np.ndarray:
     """An embedding table as float16 [rows, hidden]: FP16 as stored, FP8 dequantized with its scales."""
     raw = table.array
     if table.dtype == "F16":

@@ -80,7 +80,6 @@ from trtio._json import json_kind, read_json
 from trtio.dtypes import DType
 from trtio.errors import ConfigError
 from trtio.features import family_configs, keyword_owner
-from trtio.gemma4_config import GEMMA4_KEYS, Gemma4Config, is_gemma4, read_gemma4
 from trtio.rope import RopeScaling
 
 __all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "SPEC_DECODE_TYPES", "TENSOR_PARALLEL_KEYS",
@@ -243,40 +242,6 @@ class EdgeReader:
 
 # -- unsupported families ---------------------------------------------------------------------
 
-def _nonzero_int(r: EdgeReader, key: str) -> int:
-    value = r.raw(key)
-    if value is None:
-        return 0
-    if not is_int(value) or value < 0:
-        raise r.error(key, f"expected an int >= 0, got {got(value)}")
-    return int(value)
-
-
-def _kv_layer_problem(r: EdgeReader) -> str | None:
-    """Why ``kv_layer_configs`` describes per-layer KV shapes, or None where every entry is the
-    top-level shape."""
-    configs = r.raw("kv_layer_configs")
-    if configs is None:
-        return None
-    if not isinstance(configs, list):
-        raise r.error("kv_layer_configs", f"expected a list (one entry per layer), got {got(configs)}")
-    heads, dim = r.raw("num_key_value_heads"), r.raw("head_dim")
-    shapes = set()
-    for i, entry in enumerate(configs):
-        if entry is None:
-            continue  # a recurrent layer: reported as hybrid
-        if not isinstance(entry, Mapping):
-            raise r.error(f"kv_layer_configs[{i}]", f"expected an object or null, got {got(entry)}")
-        if "kv_cache_capacity" in entry:
-            return f"layer {i} has its own KV cache capacity ({entry['kv_cache_capacity']!r})"
-        shapes.add((entry.get("num_kv_heads"), entry.get("head_dim")))
-    odd = sorted((s for s in shapes if s != (heads, dim)), key=repr)
-    if odd:
-        return (f"layers use KV heads x head_dim {', '.join(f'{h} x {d}' for h, d in odd)}, "
-                f"not only the top-level {heads} x {dim}")
-    return None
-
-
 _Found = list[tuple[str, str, str]]  # (dotted key, family, detail)
 
 
@@ -287,74 +252,8 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     key of the wrong type.
     """
     r = EdgeReader(data, where)
-    if is_gemma4(data):  # its per-layer KV, KV sharing, dual RoPE and PLE are read by trtio.gemma4_config
-        return _unsupported_modes(r)
-    return [*_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
-            *_per_layer_embeddings(r), *_unsupported_modes(r)]
-
-
-def _per_layer_kv_dims(r: EdgeReader) -> _Found:
-    """Per-layer KV head dims (Gemma-4: global layers with their own head_dim / KV heads)."""
-    global_dim = r.raw("global_head_dim")
-    if global_dim not in (None, 0) and global_dim != r.raw("head_dim"):
-        return [("global_head_dim", "per-layer KV head dims", f"global layers use head_dim {global_dim!r}, "
-                 f"the others {r.raw('head_dim')!r}")]
-    problem = _kv_layer_problem(r)
-    if problem is not None:
-        return [("kv_layer_configs", "per-layer KV head dims", problem)]
-    global_heads = r.raw("num_global_key_value_heads")
-    if global_heads not in (None, 0) and global_heads != r.raw("num_key_value_heads"):
-        return [("num_global_key_value_heads", "per-layer KV head dims",
-                 f"global layers use {global_heads!r} KV heads, the others {r.raw('num_key_value_heads')!r}")]
-    if r.bool_("attention_k_eq_v"):
-        return [("attention_k_eq_v", "per-layer KV head dims", "K == V attention layers")]
-    return []
-
-
-def _kv_sharing(r: EdgeReader) -> _Found:
-    """KV sharing (Gemma-4: later layers read an earlier layer's KV cache; drafts that read the target's)."""
-    donors = r.raw("kv_sharing_donors")
-    if donors is not None:
-        if not isinstance(donors, list):
-            raise r.error("kv_sharing_donors", f"expected a list (one donor index or -1 per layer), got {got(donors)}")
-        shared = [i for i, d in enumerate(donors) if d != -1]
-        if shared:
-            return [("kv_sharing_donors", "KV sharing", f"layers {shared} read the KV cache of layers "
-                     f"{[donors[i] for i in shared]}")]
-        return []
-    if _nonzero_int(r, "num_kv_shared_layers"):
-        return [("num_kv_shared_layers", "KV sharing", f"{r.raw('num_kv_shared_layers')} layers read another "
-                 "layer's KV cache")]
-    if r.raw("kv_sharing_map"):
-        return [("kv_sharing_map", "KV sharing", "the draft reads the target's KV cache")]
-    if r.bool_("shares_target_kv"):
-        return [("shares_target_kv", "KV sharing", "the draft reads the target's KV cache")]
-    return []
-
-
-def _dual_rope(r: EdgeReader) -> _Found:
-    """Sliding-window layers with their own RoPE (two cos/sin tables) and KV pool."""
-    found: _Found = []
-    for key in ("sliding_rope_config", "full_rope_config", "sliding_rotary_dim", "global_rope_theta"):
-        if r.raw(key) is not None:
-            found.append((key, "sliding-window dual RoPE", "sliding and full attention layers use different RoPE "
-                          "tables (rope_rotary_cos_sin and rope_rotary_cos_sin_sliding)"))
-            break
-    if _nonzero_int(r, "builder_config.num_swa_pages"):
-        found.append(("builder_config.num_swa_pages", "sliding-window dual RoPE",
-                      f"sliding layers use a KV pool of {r.raw('builder_config.num_swa_pages')} pages of their own"))
-    return found
-
-
-def _per_layer_embeddings(r: EdgeReader) -> _Found:
-    """Per-layer embeddings (Gemma-4 "PLE": an extra per-layer input table)."""
-    ple = r.bool_("ple_enabled")
-    n_ple, ple_hidden = _nonzero_int(r, "num_ple_inputs"), _nonzero_int(r, "ple_hidden_size")
-    if not (ple or n_ple or ple_hidden):
-        return []
-    key = "ple_enabled" if ple else ("num_ple_inputs" if n_ple else "ple_hidden_size")
-    return [(key, "per-layer embeddings (Gemma PLE)", f"num_ple_inputs {n_ple}, ple_hidden_size {ple_hidden}: a "
-             "per-layer input table trtio does not allocate")]
+    found: _Found = [f for family in family_configs() for f in family.unsupported(r)]
+    return found + _unsupported_modes(r)
 
 
 def _unsupported_modes(r: EdgeReader) -> _Found:
@@ -453,11 +352,12 @@ def _role_keys(r: EdgeReader, role: str, vocab: int, capacity: int) -> tuple[int
 
 def _family_keywords(r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
     """What every registered family reads of the config (:meth:`~trtio.features.FamilyConfig.read_edgellm`), in the
-    family table's order; two families giving one keyword is a bug of theirs."""
+    family table's order. A core field two read (the KV table: a hybrid's layer stack, Gemma 4's per-layer geometry)
+    is the later's; two families giving one family keyword is a bug of theirs."""
     out: dict[str, Any] = {}
     for family in family_configs():
         found = family.read_edgellm(r, role, layers)
-        twice = sorted(set(found) & set(out))
+        twice = sorted(k for k in set(found) & set(out) if keyword_owner(k) is not None)
         if twice:
             raise ConfigError(f"{r.where}: {twice[0]}", f"is read by two families ({family.__name__} the second)")
         out.update(found)
@@ -516,17 +416,13 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("head_dim", f"is absent and hidden_size / num_attention_heads = {hidden} / {heads} is not "
                                   "an int; give head_dim")
     head_dim = r.int_("head_dim", default=hidden // heads)
-    gemma4 = _gemma4(r) if is_gemma4(data) else None
-    if gemma4 is not None and role != "llm":
-        raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
-                                     "pools in a verify tree) is not bound by trtio; refused rather than bound wrong")
     values: dict[str, Any] = _family_keywords(r, role, layers)
-    if gemma4 is None:
-        rotary_dim = _rotary_dim(r, head_dim)
-        theta = r.number("rope_theta", default=10000.0, low=0.0)
-        rope_scaling = _rope_scaling(r, theta, rotary_dim / head_dim)
-    else:
-        rotary_dim, theta, rope_scaling, _rope_type = _gemma4_top_rope(r, gemma4)
+    rope: tuple[Any, ...] = (values.get("rotary_dim"), values.get("rope_theta"), values.get("rope_scaling"))
+    if "rotary_dim" not in values:  # the model's one RoPE table, unless a family read its RoPE its own way
+        dim = _rotary_dim(r, head_dim)
+        base = r.number("rope_theta", default=10000.0, low=0.0)
+        rope = dim, base, _rope_scaling(r, base, dim / head_dim)
+    rotary_dim, theta, rope_scaling = rope
     use_rope = r.bool_("use_rope")
     if use_rope is not None:
         r.used.add("use_rope")
@@ -554,41 +450,8 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         kv_pool_pages=pool, rope_scaling=rope_scaling, max_position_embeddings=max_positions,
     )
     values = {**core, **values}  # what a family read its own way (a RoPE type, the layer stack) over the core's
-    if gemma4 is not None:
-        values["gemma4"] = gemma4
-        values["kv_layer_configs"] = [{"num_kv_heads": h, "head_dim": d} for h, d in zip(gemma4.kv_heads,
-                                                                                         gemma4.head_dims)]
     values["extras"] = r.extras()
     return MappedConfig(values, where)
-
-
-# -- Gemma 4 ----------------------------------------------------------------------------------
-
-def _gemma4(r: EdgeReader) -> Gemma4Config:
-    capacity = r.int_("builder_config.max_kv_cache_capacity", meaning="KV cache tokens per sequence")
-    g = read_gemma4(r.data, r.where, capacity=capacity)
-    r.used.update(k for k in GEMMA4_KEYS if r.has(k))
-    return g
-
-
-def _gemma4_top_rope(r: EdgeReader, g: Gemma4Config) -> tuple[int, float, RopeScaling | None, str]:
-    """Gemma 4's top-level ``rope_theta`` / ``partial_rotary_factor`` / ``rope_scaling`` copy its full layers'
-    RoPE (``full_rope_config``), which is what is computed; a copy that differs is refused. trtio's single-table
-    fields then describe the sliding layers' table (``LLMEngineConfig.gemma4`` holds both)."""
-    full = g.full_rope
-    theta = r.number("rope_theta", default=full.theta, low=0.0)
-    factor = r.number("partial_rotary_factor", default=full.partial_rotary_factor, low=0.0, high=1.0)
-    scaling = r.take("rope_scaling", "null or an object", required=False)
-    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type")) \
-        if isinstance(scaling, Mapping) else scaling
-    for key, top, want in (("rope_theta", theta, full.theta), ("partial_rotary_factor", factor,
-                                                               full.partial_rotary_factor),
-                           ("rope_scaling", kind, None if scaling is None else full.rope_type)):
-        if top != want:
-            raise r.error(key, f"is {top!r} but full_rope_config says {want!r}: the top-level RoPE keys of a Gemma 4 "
-                               "config copy its full layers' RoPE")
-    s = g.sliding_rope
-    return s.width, s.theta, s.scaling, "rope"
 
 
 def _check_spec_mode(r: EdgeReader, role: str) -> None:

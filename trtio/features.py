@@ -25,7 +25,7 @@ from typing import Any, ClassVar, TypeVar
 from trtio.errors import InvalidValueError, ShapeError
 from trtio.stream import Stream, StreamLike
 
-__all__ = ["Component", "FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "component_folders",
+__all__ = ["Component", "FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "StepInput", "component_folders",
            "component_named", "components", "family_configs", "keyword_owner", "register_component", "register_family",
            "register_feature"]
 
@@ -45,6 +45,9 @@ class FamilyConfig(abc.ABC):
     KEYWORDS: ClassVar[Mapping[str, Any]] = {}
     #: Keyword -> the Edge-LLM key it is read from (a failed check names that key in a file's error).
     SOURCE_KEYS: ClassVar[Mapping[str, str]] = {}
+    #: The bindings of an engine the engine state owns for this family where the engine declares them (its
+    #: :meth:`kv_pools` binds them).
+    STATE_BINDINGS: ClassVar[tuple[str, ...]] = ()
     #: Other read-only attributes this family offers on the config (the public API's spellings, e.g.
     #: ``cfg.is_hybrid``): name -> f(cfg, this family's config or None).
     ALIASES: ClassVar[Mapping[str, Callable[[Any, Any], Any]]] = {}
@@ -117,6 +120,38 @@ class FamilyConfig(abc.ABC):
         ``max_batch`` sequence slots (one line each, naming the binding)."""
         return []
 
+    # -- the KV state, RoPE tables and token tables of an engine of this family ----------------------------------
+    def kv_pools(self, eio: Any, cfg: Any, max_batch: int, staged: Mapping[str, Any]) -> KVPools | None:
+        """What this family changes in the KV pools of an engine (``eio``: its EngineIO) of ``cfg`` for ``max_batch``
+        slots (:class:`KVPools`); ``staged``: the step block's tensors where the setup stages pages per step (empty
+        where it does not). None: nothing."""
+        return None
+
+    def own_sized_pools(self, cfg: Any) -> set[str]:
+        """The KV pools whose page count may differ from the full pool's (the page table's pool is another's)."""
+        return set()
+
+    def declared_state(self, cfg: Any, max_batch: int) -> list[Any] | None:
+        """What an engine of the ragged contract declares for its paged KV state (TensorSpecs, as
+        :func:`trtio.state.paged_state_specs` gives a dense engine's) where this family declares it otherwise;
+        None: the dense declaration."""
+        return None
+
+    def rope_rows(self, cfg: Any, positions: Any) -> Any:
+        """The rows of the RoPE table the engines of a setup share (float32 ``[len(positions), width]``) where this
+        family computes them its own way; None: the model's RoPE."""
+        return None
+
+    def rope_gathers(self, cfg: Any) -> list[tuple[str, str, int]]:
+        """Further per-token RoPE rows a step gathers at its tokens' positions, beside the shared table's:
+        (PipelineIO member the rows go to, member of the table they come from, bytes of one row)."""
+        return []
+
+    def token_table(self, cfg: Any, path: Any) -> Any:
+        """A second per-token table an engine directory at ``path`` holds for this family, gathered with the token
+        embeddings (float16 ``[rows, width]``); None: none."""
+        return None
+
     def check_pair(self, base: Any, draft: Any, files: tuple[Any, Any]) -> Any:
         """A speculative pair read from a directory (``base`` and ``draft`` LLMEngineConfigs, this config one of
         theirs; ``files``: their config files): raise ConfigError naming the file and the key where they do not fit
@@ -137,6 +172,36 @@ class FamilyConfig(abc.ABC):
         """The keys of an Edge-LLM config that mark what this family binds but the config does not let it bind
         (refused when the config is read, naming the key)."""
         return []
+
+
+@dataclass
+class StateBinding:
+    """A binding the engine state owns for a family (:meth:`FamilyConfig.kv_pools`): bound to ``tensor`` (a staged
+    tensor), or to the state's page table (``tensor`` None), or, ``own`` (a shape), to a small tensor of the state's
+    own of that shape, viewed at ``view``. ``spec``: its TensorSpec (the one source of its bound shape)."""
+
+    spec: Any
+    tensor: Any = None
+    own: tuple[int, ...] | None = None
+    view: tuple[int, ...] | None = None
+
+
+@dataclass
+class KVPools:
+    """What a family changes in an engine's KV pools: ``shared`` pools read through another's (a KV-sharing consumer ->
+    its donor: nothing is allocated for it), ``pages`` of the pools with a page count of their own, the ``bindings``
+    the state owns for the family, and the ``parts`` its feature keeps (a bounded window's page book)."""
+
+    shared: dict[str, str] = field(default_factory=dict)
+    pages: dict[str, int] = field(default_factory=dict)
+    bindings: list[StateBinding] = field(default_factory=list)
+    parts: dict[str, Any] = field(default_factory=dict)
+
+    def merge(self, other: KVPools) -> None:
+        self.shared.update(other.shared)
+        self.pages.update(other.pages)
+        self.bindings += other.bindings
+        self.parts.update(other.parts)
 
 
 F = TypeVar("F", bound=FamilyConfig)
@@ -201,6 +266,9 @@ class Feature:
     ATTRIBUTES: ClassVar[Mapping[str, Any]] = {}
     #: Setup calls this family answers (``set_lora``): a method of the part; :meth:`absent_call` where it is absent.
     METHODS: ClassVar[tuple[str, ...]] = ()
+    #: The per-token keyword an LLM setup's prefill and decode take for this family beside their embeddings
+    #: (``ple_embeds``), None: none. Its part then implements :class:`StepInput`'s calls, which the setup makes.
+    STEP_INPUT: ClassVar[str | None] = None
 
     @classmethod
     def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> Feature | None:
@@ -239,6 +307,10 @@ class Feature:
         returns is handed to :meth:`prompt_work`."""
         return None
 
+    def check_past(self, past: Any, what: str) -> None:
+        """Refuse a prefill of ``what`` over ``past`` cached tokens per sequence (``past_lengths=`` or ``prefix=``)
+        that this family's engine cannot run (raise naming ``what``)."""
+
     def prompt_work(self, rows: Any, past: Any, lengths: Any, checked: Any, new: bool,
                     prefixes: Any, stream: Stream) -> tuple[Any, ...]:
         """Device work before a prefill's engine (the sequences of slots ``rows``, ``past`` tokens cached before it,
@@ -250,6 +322,11 @@ class Feature:
         """The prefill succeeded (``ok``) or failed after :meth:`prompt_work`; where a failure left device state a
         retry cannot undo, why (the setup then breaks)."""
         return None
+
+    def stage(self, engine: Any, slots: Any, past: Any, lengths: Any, new: bool) -> None:
+        """Before a prefill's or a decode's inputs are staged (uploaded with one copy): write what this family adds to
+        the step block for the sequences of ``slots`` (None: ``0 .. batch - 1``), ``lengths`` new tokens after ``past``
+        cached ones (``new``: a prefill that starts them)."""
 
     # -- decodes, prefixes, rounds -----------------------------------------------------------------------------------
     def decode_room(self, lengths: Any) -> int | None:
@@ -347,6 +424,12 @@ class FeatureSet:
         return [p.check_prompt({n: inputs.get(n) for n in p.PROMPT_INPUTS}, batch, seq, lengths, past, stream)
                 for p in self.parts]
 
+    def check_past(self, role: str, past: Any, what: str) -> None:
+        """The parts of the engine of ``role``: :meth:`Feature.check_past`."""
+        for p in self.parts:
+            if self._roles[id(p)] == role:
+                p.check_past(past, what)
+
     def prompt_work(self, checked: list[Any], rows: Any, past: Any, lengths: Any, new: bool, prefixes: Any,
                     stream: Stream) -> tuple[Any, ...]:
         work: tuple[Any, ...] = ()
@@ -357,6 +440,19 @@ class FeatureSet:
     def prompt_done(self, ok: bool) -> str | None:
         reasons = [r for r in (p.prompt_done(ok) for p in self.parts) if r is not None]
         return reasons[0] if reasons else None
+
+    def stage(self, engine: Any, slots: Any, past: Any, lengths: Any, new: bool) -> None:
+        """The parts of ``engine`` (a BoundEngine): :meth:`Feature.stage`."""
+        for p in self.parts:
+            if self._roles[id(p)] == engine.role:
+                p.stage(engine, slots, past, lengths, new)
+
+    def step_input(self) -> Any:
+        """The part that takes its family's per-token step keyword (:attr:`Feature.STEP_INPUT`), else a
+        :class:`StepInput` refusing every one given."""
+        found = next((p for p in self.parts if p.STEP_INPUT is not None), None)
+        owners = {str(f.STEP_INPUT): f for f in _FEATURES.values() if f.STEP_INPUT is not None}
+        return found if found is not None else StepInput(owners)
 
     def decode_room(self, lengths: Any, room: int) -> int:
         """``room`` lowered to what every part allows."""
@@ -454,3 +550,37 @@ def component_named(name: str) -> type[Component] | None:
 def component_folders() -> dict[str, type[Component]]:
     """Folder name -> the component that binds it."""
     return {c.FOLDER: c for c in _COMPONENTS.values()}
+
+
+#: What :meth:`StepInput.prepare` asks of the setup once the step is known to take the input: a closed or broken setup
+#: refused, then the step's stream (ordered after the last call's) and the setup's call rules (its Calls).
+Ready = Callable[[], "tuple[Stream, Any]"]
+
+
+class StepInput:
+    """The calls an LLM setup makes for a family's per-token step input (:attr:`Feature.STEP_INPUT`: Gemma 4's
+    ``ple_embeds``), as this class makes them for a setup whose engine takes none: a decode plan runs as it is fed
+    none, and one given is refused (the message of the family it belongs to)."""
+
+    def __init__(self, owners: Mapping[str, type[Feature]]) -> None:
+        self._owners = owners
+
+    def prepare(self, value: Any, inputs_embeds: Any, ready: Ready, *, now: bool = False) -> Any:
+        """Check and stage ``value`` for a step of ``inputs_embeds`` (``ready``: the setup made ready, its stream);
+        device work is enqueued ``now`` or returned (a decode makes it part of its plan's work: :meth:`plan_work`).
+        Here: refuse ``value`` where given (nothing to stage)."""
+        if value is not None:
+            owner = next(iter(self._owners.values()), None)
+            name = next(iter(self._owners), "input")
+            raise ShapeError(owner.absent(name) if owner is not None else f"{name}: the engine takes none")
+        return None
+
+    def steady(self, plan: Any, value: Any, inputs_embeds: Any, stream: Stream, calls: Any) -> tuple[bool, bool]:
+        """For a decode whose ``plan`` holds: (whether the plan takes ``value``, whether it was staged now). Here:
+        the plan takes nothing only."""
+        return value is None, False
+
+    def plan_work(self, work: tuple[Any, ...], split: Any) -> tuple[Any, ...]:
+        """A decode plan's device work: a step's ``work`` and what :meth:`prepare` returned (the same tuple for the
+        same pair)."""
+        return work

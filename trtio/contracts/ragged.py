@@ -83,14 +83,7 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         reg.add(TensorSpec(name, io, dtype, shape, profiles if io == "input" else (), optional))
 
     add(names.kInputsEmbeds, "input", act, (T, cfg.hidden_size), rows(cfg.hidden_size))
-    g4 = cfg.gemma4
-    if g4 is None:
-        add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))
-    else:  # Gemma 4: one table per layer kind, each its own width; per-layer embeddings
-        for i in range(g4.ple_layers):
-            add(names.ple_token_embeds(i), "input", act, (T, g4.ple_hidden), rows(g4.ple_hidden))
-        add(names.kRopeCosSinSliding, "input", f32, (T, g4.sliding_rope.width), rows(g4.sliding_rope.width))
-        add(names.kRopeCosSinFull, "input", f32, (T, g4.full_rope.width), rows(g4.full_rope.width))
+    add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))  # a family may split it
     add(names.kPositions, "input", i32, (T,), rows(), optional=True)
     add(names.kQueryStartOffsets, "input", i32, ("query_offsets_len",), seqs(1))
     add(names.kQueryLengths, "input", i32, (S,), seqs())

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trtio import names
+from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
     PAGE_TABLE_NAMES,
@@ -54,24 +55,7 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "SWA_TABLE", "RaggedContract", "RaggedSteps"]
-
-GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
-GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
-SWA_TABLE = "swa_kv_page_table"  # Gemma 4: the step block's bounded SWA rows (bound in the bounded mode)
-
-
-def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
-    """Gemma 4's members: the full layers' RoPE table and rows, the per-layer embeddings, the shape-only SWA mode."""
-    g4 = cfg.gemma4
-    if g4 is None:
-        return []
-    width = g4.full_rope.width
-    out = [TensorRequest.of(GEMMA4_FULL_ROWS, (t, width), DType.FLOAT32),
-           TensorRequest.of(GEMMA4_FULL_TABLE, (cfg.max_kv_cache_capacity, width), DType.FLOAT32)]
-    out += [TensorRequest.of(names.ple_token_embeds(i), (t, g4.ple_hidden), cfg.activation)
-            for i in range(g4.ple_layers)]
-    return out
+__all__ = ["RaggedContract", "RaggedSteps"]
 
 # The members a user sees on a ragged PipelineIO (Edge-LLM 0.11's, and trtio's row buffers).
 _MEMBERS = (
@@ -128,8 +112,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         ]
     # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
     step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
-    if base.gemma4 is not None:  # the bounded SWA pool's rows (trtio.gemma4.BoundedSwaPages), staged each step
-        step.append(TensorRequest.of(SWA_TABLE, (b, 2, base.pages_per_sequence), i32))
+    for cfg, family in _families(base, bundle):  # what a family stages with them (a bounded window's page rows)
+        step += family.step_requests(cfg, "pages", b, t)
     if draft is not None:
         step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
     step += [
@@ -222,8 +206,7 @@ class RaggedContract(Contract):
         else:
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
-        own = _gemma4_requests(base, t)  # the members of this layout's families
-        own += [r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)]
+        own = [r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)]  # the families' members
         reqs += own
         reqs += [
             absent("output_hidden_states", act),
@@ -250,14 +233,7 @@ class RaggedContract(Contract):
         RoPE rows are gathered per token into ``ragged_rope_cos_sin``. A spec-decode base binds its own
         query offsets, query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_OWN`): the
         draft's steps rewrite the shared ones every round."""
-        g4 = cfg.gemma4
-        if g4 is None:
-            tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
-        else:  # Gemma 4: the sliding layers' rows where a dense engine's are, the full layers' beside them
-            tm.set(names.kRopeCosSinSliding, io.member("ragged_rope_cos_sin"))
-            tm.set(names.kRopeCosSinFull, io.member(GEMMA4_FULL_ROWS))
-            for i in range(g4.ple_layers):
-                tm.set(names.ple_token_embeds(i), io.member(names.ple_token_embeds(i)))
+        tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))  # a family may bind its rows elsewhere
         tm.set(names.kPositions, io.member("positions"))
         own = _BASE_OWN if cfg.role == "base" and io.is_spec_decode else {}
 
@@ -369,36 +345,17 @@ class RaggedSteps(StepInputs):
     1-5) into the step block and uploads it with one copy; RoPE rows are gathered on the device at each
     token's position."""
 
+    def __init__(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
+        super().__init__(io, rope_table)
+        self._gathers: BoundedCache[str, list[tuple[str, str, int]]] = BoundedCache()  # by role: families' gathers
+
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         zero = np.zeros(lengths.shape[0], np.int64)
         layout = causal_step(zero if past is None else past, lengths, width,
                              phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
         self.write_pages(e, pages)
-        self._write_swa(e, slots, zero if past is None else past, lengths, new=past is None)
         return self._stage_layout(e, layout, s)
-
-    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
-               staged: bool = False) -> tuple[DeviceWork, ...]:
-        self._write_swa(e, slots, lengths, np.ones_like(lengths), new=False)
-        return super().decode(e, lengths, s, slots, key, pages, staged=staged)
-
-    def _write_swa(self, e: EngineView, slots: np.ndarray | None, past: np.ndarray, lengths: np.ndarray, *,
-                   new: bool) -> None:
-        """Gemma 4's bounded SWA pool: each step sequence's window advanced to the step's end (a new sequence
-        reserving its pages first) and the step's rows staged (:class:`~trtio.gemma4.BoundedSwaPages`)."""
-        pages = e.state.swa_pages
-        if pages is None:
-            return
-        sl = np.arange(past.shape[0]) if slots is None else slots
-        for slot, start, n in zip(sl.tolist(), past.tolist(), lengths.tolist()):
-            if new or slot not in pages:
-                if slot in pages:
-                    pages.release(slot)
-                pages.admit(slot)
-            pages.advance(slot, int(start) + int(n))
-        self.step.write(SWA_TABLE, pages.rows(sl))
 
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None
@@ -434,14 +391,15 @@ class RaggedSteps(StepInputs):
         return self._rope_rows(e, table, rows, layout.rows)
 
     def _rope_rows(self, e: EngineView, table: Tensor, rows: Tensor, count: int) -> tuple[DeviceWork, ...]:
-        """The gather of a step's RoPE rows; Gemma 4 gathers its full layers' rows from their table too."""
+        """The gather of a step's RoPE rows, and of the rows a family gathers beside them at the same positions
+        (:meth:`~trtio.features.FamilyConfig.rope_gathers`: Gemma 4's full layers')."""
         io = self.io
         copy = self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, count, rope_row_bytes(e.cfg))
-        g4 = e.cfg.gemma4
-        if g4 is None:
-            return (copy,)
-        return copy, self.row_copy(io.member(GEMMA4_FULL_ROWS), io.member(GEMMA4_FULL_TABLE), rows, count,
-                                   g4.full_rope.width * DType.FLOAT32.itemsize)
+        gathers = self._gathers.get(e.role)
+        if gathers is None:
+            gathers = self._gathers.put(e.role, [g for f in e.cfg.features for g in f.rope_gathers(e.cfg)])
+        return (copy, *(self.row_copy(io.member(dst), io.member(src), rows, count, width)
+                        for dst, src, width in gathers))
 
     def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
         layout = decode_step(lengths)

@@ -8,6 +8,8 @@ imports this table before anything else.
 
 from __future__ import annotations
 
+from trtio.families.gemma4.gemma4_config import Gemma4Config
+from trtio.families.gemma4.gemma4_feature import Gemma4Feature
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.hybrid.hybrid_feature import HybridFeature
 from trtio.families.lora.lora_config import LoraConfig
@@ -18,7 +20,7 @@ from trtio.families.spec.dflash import DFlashFeature
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.features import FamilyConfig, Feature, register_family, register_feature
 
-__all__ = ["FAMILIES", "HybridConfig", "LoraConfig", "MropeConfig", "SpecConfig"]
+__all__ = ["FAMILIES", "Gemma4Config", "HybridConfig", "LoraConfig", "MropeConfig", "SpecConfig"]
 
 #: Each family: its typed config and its feature (None: nothing at run time), in hook order.
 FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
@@ -26,6 +28,7 @@ FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
     (MropeConfig, MropeFeature),
     (LoraConfig, LoraFeature),
     (SpecConfig, DFlashFeature),
+    (Gemma4Config, Gemma4Feature),
 )
 for _config, _feature in FAMILIES:
     register_family(_config)

@@ -24,9 +24,8 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
-from trtio.errors import InvalidValueError, ShapeError, TrtioError
+from trtio.errors import ShapeError, TrtioError
 from trtio.features import FeatureSet
-from trtio.gemma4 import check_cached_prefix_step
 from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, StepPages
@@ -99,11 +98,7 @@ class Prompt:
 
 
 def _check_past(e: BoundEngine, past: np.ndarray, ctx: np.ndarray, rows: np.ndarray, what: str) -> None:
-    """A prefill over ``past`` cached tokens: within the KV capacity, and not on a Gemma 4 engine whose Q-only
-    KV-sharing layers Edge-LLM 0.11 rotates with the wrong RoPE rows there (:func:`~trtio.gemma4.
-    check_cached_prefix_step`)."""
-    if e.cfg.gemma4 is not None:
-        check_cached_prefix_step(e.cfg.gemma4, e.state.swa_mode is not None, past, what)
+    """A prefill over ``past`` cached tokens: within the KV capacity."""
     cap = e.cfg.max_kv_cache_capacity
     full = np.flatnonzero(past + ctx > cap)
     if full.size:
@@ -323,12 +318,7 @@ class SetupBase(Closeable, abc.ABC):
         self._between_rounds("release()", release=True)
         self._stream(stream)
         self._seqs.release(arr)
-        for e in self.engines():  # Gemma 4's bounded SWA pool: the sequences' window pages go back too
-            pages = e.state.swa_pages
-            if pages is not None:
-                for slot in arr:
-                    if slot in pages:
-                        pages.release(slot)
+        self._features.release(arr)
 
     @one_thread
     def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
@@ -343,11 +333,6 @@ class SetupBase(Closeable, abc.ABC):
         self._check_usable()
         self._features.check_pin("pin_prefix()")
         self._between_rounds("pin_prefix()")
-        bounded = [e.role for e in self.engines() if e.state.swa_pages is not None]
-        if bounded:  # a prefix of a bounded window has lost the pages behind it (Edge-LLM forces full mode too)
-            raise InvalidValueError(f"pin_prefix: engine {bounded[0]!r} keeps only a sliding window of KV in the "
-                                    "bounded SWA pool, so a prefix cannot be reused; prefix reuse needs the full SWA "
-                                    "mode (an engine built without the bounded pool)")
         return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:
@@ -441,6 +426,7 @@ class SetupBase(Closeable, abc.ABC):
         elif prefixes is not None:
             past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
         if past is not None:
+            self._features.check_past(e.role, past, what)
             _check_past(e, past, ctx, rows, what)
         return rows, prefixes, past
 
@@ -477,6 +463,7 @@ class SetupBase(Closeable, abc.ABC):
         for plan in plans:
             seqs.copy(plan.table_role, plan.moves, s)
         key = tuple(rows.tolist())
+        self._features.stage(e, rows, np.zeros(rows.shape[0], np.int64) if past is None else past, ctx, past is None)
         return self._steps.prompt(e, past, ctx, seq, s, slots=rows, pages=seqs.step_rows(e.role, key))
 
     def _prefill_dims(self, e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:

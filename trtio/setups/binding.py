@@ -20,7 +20,6 @@ from trtio._lifetime import Closeable
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
-from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE, SWA_TABLE
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
@@ -38,7 +37,7 @@ from trtio.tensor_map import TensorMap
 
 __all__ = ["BindContext", "BoundEngine", "RopeTables", "rope_table_rows", "bind_engine", "check_engine",
            "declared_problems", "engine_backend",
-           "engine_io", "fill_gemma4", "fill_mrope", "profile_problems", "with_contract"]
+           "engine_io", "fill_mrope", "profile_problems", "with_contract"]
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -194,12 +193,15 @@ class RopeTables(Closeable):
 
 
 def rope_table_rows(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
-    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied); Gemma 4's
-    sliding layers' (its full layers' is :func:`fill_gemma4`'s). A model without RoPE (``use_rope: false``) gets the
-    identity table, as Edge-LLM's runtime gives it (the graph rotates by whatever table it is fed)."""
-    if cfg.gemma4 is not None:
-        rows = _no_rope_if_off(cfg, cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
-        return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
+    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied), or the
+    table a family computes its own way (:meth:`~trtio.features.FamilyConfig.rope_rows`: Gemma 4's sliding layers').
+    A model without RoPE (``use_rope: false``) gets the identity table, as Edge-LLM's runtime gives it (the graph
+    rotates by whatever table it is fed)."""
+    positions = np.arange(cfg.max_kv_cache_capacity)
+    for family in cfg.features:
+        own = family.rope_rows(cfg, positions)
+        if own is not None:
+            return np.ascontiguousarray(np.broadcast_to(own, (batch, *own.shape)))
     if not cfg.use_rope:
         rows = no_rope_cos_sin_rows(cfg.max_kv_cache_capacity, cfg.rotary_dim)
         return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
@@ -207,22 +209,10 @@ def rope_table_rows(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
                               scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
 
 
-def _no_rope_if_off(cfg: LLMEngineConfig, rows: np.ndarray) -> np.ndarray:
-    """``rows`` (``[N, width]``), or the identity rows of their shape where the config says ``use_rope: false``."""
-    return rows if cfg.use_rope else no_rope_cos_sin_rows(*rows.shape)
-
-
 def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
     if cfg.rope_per_slot:
         io.mrope_cos_sin.copy_from(rope_table_rows(cfg, io.max_batch), stream)
-
-
-def fill_gemma4(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
-    """Gemma 4's full layers' RoPE table (``full_rope_config``: proportional or not), which its steps gather from."""
-    if cfg.gemma4 is not None:
-        rows = _no_rope_if_off(cfg, cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
-        io.member(GEMMA4_FULL_TABLE).copy_from(rows, stream)
 
 
 def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
@@ -278,10 +268,10 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     page_table = contract.page_table(io, name)  # staged per step with its sequences' pages (pages on demand)
     check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None,
                  constants=constants)
-    steps = io.step.tensors if io.step is not None else {}
-    swa_table = steps.get(SWA_TABLE) if page_table is not None else None  # Gemma 4's bounded SWA rows
+    # The step block's tensors, where the setup stages pages per step: a family may bind its state to them.
+    staged = io.step.tensors if io.step is not None and page_table is not None else {}
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
-                                                stream=stream, page_table=page_table, swa_table=swa_table))
+                                                stream=stream, page_table=page_table, staged=staged))
     state.bind(tm)
     stable = state.stable_names()
     for input_name, t in (constants or {}).items():

@@ -3,8 +3,9 @@
 A decode of every active sequence is checked in full once (slots, shapes, capacity, pages), stages its inputs
 and leaves a :class:`DecodePlan`: its dims, the device work before its engine, the slots it advances and how
 many more steps it stays valid (``room``: no page to take, within the KV capacity). The next decode whose plan
-still holds runs it as it is, fed only its embeddings (Gemma 4: and the device PLE tensor whose split the plan's
-work runs, :meth:`DecodePlan.takes_ple`); :class:`~trtio.setups.llm.LLMSetup` has one run path
+still holds runs it as it is, fed only its embeddings (and the device tensor of a family's decode input whose split
+the plan's work runs, :meth:`DecodePlan.takes`: Gemma 4's per-layer embeddings); :class:`~trtio.setups.llm.LLMSetup`
+has one run path
 for both (``LLMSetup._run_plan``).
 
 One question tells whether a plan holds: has the setup's version moved since it was made (:meth:`DecodePlan.holds`)?
@@ -43,11 +44,11 @@ class DecodePlan:
     """
 
     __slots__ = ("version", "shape", "dtype", "dst", "embeds_nbytes", "near", "far", "array", "bytes_view", "nbytes",
-                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "key", "torch", "ple")
+                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "key", "torch", "held")
 
     def __init__(self, version: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray,
                  slots: list[int], room: int, work: tuple[DeviceWork, ...], dims: InferenceDims,
-                 uploads: int, ple: Tensor | None = None, key: tuple[int, ...] | None = None) -> None:
+                 uploads: int, held: Tensor | None = None, key: tuple[int, ...] | None = None) -> None:
         assert array.dtype == np.int64 and array.flags.c_contiguous and array.ndim == 1
         self.version = version
         self.shape = shape  # the embeddings a step takes
@@ -68,9 +69,9 @@ class DecodePlan:
         self.uploads = uploads  # the step block's uploads after the plan's step staged it
         self.key = key  # the step's slots as the setup keys them (None: slots 0 .. batch - 1, unslotted)
         self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one
-        # Gemma 4: the device per-layer embeddings whose split into the layers' inputs is part of ``work`` (address,
-        # shape, dtype); None where the plan's work gathers none
-        self.ple = (ple._ptr, ple._shape, ple._dtype) if ple is not None else None
+        # A family's device input whose split into the engine's inputs is part of ``work`` (address, shape, dtype):
+        # the plan takes that tensor; None where the plan's work splits none
+        self.held = (held._ptr, held._shape, held._dtype) if held is not None else None
 
     def holds(self, version: int) -> bool:
         """Whether the next decode of every active sequence is this plan's: the setup's version is still ``version``
@@ -85,12 +86,12 @@ class DecodePlan:
         return uploads == self.uploads and batch == self.shape[0] and key == self.key \
             and self.array.tobytes() == self.lengths
 
-    def takes_ple(self, x: Any) -> bool:
-        """Whether ``x`` (a decode's ``ple_embeds``) is the device tensor whose split the plan's work runs: a
-        Tensor at the same address, of the same shape and dtype, open."""
-        ple = self.ple
-        return ple is not None and type(x) is Tensor and x._ptr == ple[0] and x._shape == ple[1] \
-            and x._dtype is ple[2] and not x._closed
+    def takes(self, x: Any) -> bool:
+        """Whether ``x`` (a decode's family input) is the device tensor whose split the plan's work runs: a Tensor at
+        the same address, of the same shape and dtype, open."""
+        held = self.held
+        return held is not None and type(x) is Tensor and x._ptr == held[0] and x._shape == held[1] \
+            and x._dtype is held[2] and not x._closed
 
     def read(self, x: Any, s: Stream, torch_reader: TorchReader) -> Any:
         """``x`` as this plan's embeddings, with its producer ordered before ``s``: the Tensor itself (of the

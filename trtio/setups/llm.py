@@ -19,9 +19,8 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
-from trtio.features import FeatureSet, component_named
+from trtio.features import FeatureSet, Ready, component_named
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import PleSplit, swa_room
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
 from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix, StepPages
@@ -34,12 +33,10 @@ from trtio.setups.binding import (
     bind_engine,
     engine_backend,
     engine_io,
-    fill_gemma4,
     with_contract,
 )
-from trtio.setups.calls import one_thread
+from trtio.setups.calls import Calls, one_thread
 from trtio.setups.decode_plan import DecodePlan
-from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
@@ -92,12 +89,11 @@ class LLMSetup(SetupBase):
             self._embeds_staging = stack.enter_context(
                 UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
                            title="inputs_embeds staging"))
-            fill_gemma4(self.io, cfg, s)
             self._features.bound(self._engine, ctx)
             warm_up(be)
         self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, features=self._features)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
-        self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
+        self._step_input = self._features.step_input()  # a family's per-token input (ple_embeds), or none
         self._streaming_pending = False
         self._attached: dict[str, Any] = {}  # engines beside the LLM (components), by name
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
@@ -213,7 +209,7 @@ class LLMSetup(SetupBase):
         PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
         naming it otherwise).
         """
-        self._ple.prepare(ple_embeds, inputs_embeds, self, stream, now=True)
+        self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream), now=True)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                           "prefill", deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions)
@@ -241,22 +237,30 @@ class LLMSetup(SetupBase):
         so the plan holds for a decode fed the same tensor (address, shape, dtype) and any other is checked in full.
         """
         plan = self._plan
-        staged = False  # host PLE rows copied already
+        staged = False  # the step input (host rows) copied already
         if plan is not None and slots is None and plan.holds(self._epoch):
             s = self._stream(stream)
             if s._closed:
                 s._check_open()
-            ple_ok, staged = self._ple.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
-            x = plan.read(inputs_embeds, s, self._torch_reader) if ple_ok else None
-            if x is None and ple_ok and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
+            taken, staged = self._step_input.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
+            x = plan.read(inputs_embeds, s, self._torch_reader) if taken else None
+            if x is None and taken and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
                 # once (its producer ordered before the step's stream), then taken as the plan takes it.
                 x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self._torch_reader)
             if x is not None:
                 self._run_plan(plan, x, s, keep=inputs_embeds)
                 return self.io.output_logits
-        split = None if staged else self._ple.prepare(ple_embeds, inputs_embeds, self, stream)
+        split = None if staged else self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream))
         return self._decode_checked(inputs_embeds, stream, slots, split, ple_embeds if split is not None else None)
+
+    def _ready(self, stream: StreamLike) -> Ready:
+        """What a step input asks once the step is known to take it (:data:`~trtio.features.Ready`): a closed or
+        broken setup refused, then the step's stream and the call rules."""
+        def ready() -> tuple[Stream, Calls]:
+            self._refuse_unusable()
+            return self._stream(stream), self._calls
+        return ready
 
     def _torch_reader(self, shape: tuple[int, int, int]) -> TorchDeviceInput | None:
         """The reader of torch CUDA tensors of embeddings of ``shape`` (one per step shape, kept across plans),
@@ -303,10 +307,11 @@ class LLMSetup(SetupBase):
         self._ran = plan
 
     def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None,
-                        split: PleSplit | None = None, ple: Tensor | None = None) -> Tensor:
+                        split: Any = None, held: Tensor | None = None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``); lays the
         step out as a plan and runs it (a decode of every active sequence keeps the plan for the next), ``split`` (the
-        PLE split of the device tensor ``ple``, :meth:`PleInputs.prepare`) last in its work."""
+        step input's device work for the tensor ``held``: :meth:`StepInput.prepare
+        <trtio.features.StepInput.prepare>`) last in its work."""
         self._check_usable()
         self._plan = None
         seqs, e = self._seqs, self._engine
@@ -334,17 +339,17 @@ class LLMSetup(SetupBase):
             pages.commit()
         if seqs.slotted:  # and before a page to take (this step's taken)
             room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
-        if e.state.swa_pages is not None:  # and before a bounded SWA window gains or retires a page
-            room = min(room, swa_room(e.state.swa_pages, lengths))
+        room = self._features.decode_room(lengths, room)  # and before a family's step rows change
         ran = self._ran  # what the block holds after the last plan ran: its inputs, if the same sequences go on
         staged = ran is not None and ran.block_holds(self._steps.step.uploads, n, key)
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
+            self._features.stage(e, sl if seqs.slotted else None, lengths, np.ones_like(lengths), False)
             work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key),
                                       staged=staged)
             if split is not None:
-                work = self._ple.plan_work(work, split)
+                work = self._step_input.plan_work(work, split)
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
@@ -356,7 +361,7 @@ class LLMSetup(SetupBase):
         if type(x) is Tensor and x is not self.io.inputs_embeds and x._last_stream is not None:
             x._order_consumer(s._handle)
         plan = DecodePlan(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
-                          sl.tolist(), room, work, dims, self._steps.step.uploads, ple, key)
+                          sl.tolist(), room, work, dims, self._steps.step.uploads, held, key)
         self._run_plan(plan, x, s, pages)
         self._streaming_pending = False
         if slots is None:  # the next decode of these sequences may run the plan as it is

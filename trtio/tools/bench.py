@@ -40,6 +40,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location
 from trtio.engine import DECODE_PROFILE
 from trtio.errors import InvalidValueError
+from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.setups import SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
@@ -117,7 +118,7 @@ def _gemma4_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: 
     """The decode step of :func:`gemma4_config`'s model, fed as the dense decode row is (its embeddings written in
     ``io.inputs_embeds`` in place) and device PLE rows (what :class:`~trtio.embeddings.TokenEmbeddings` gathers)."""
     cfg = gemma4_config(llm)
-    g = cfg.gemma4
+    g = cfg.feature(Gemma4Config)
     assert g is not None
     rng = np.random.default_rng(2)
     width = g.ple_layers * g.ple_hidden

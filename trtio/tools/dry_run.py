@@ -25,6 +25,7 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
+from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.families.hybrid.hybrid_config import HybridConfig, is_recurrent_state
 from trtio.families.lora.adapters import LoraInputs
 from trtio.families.lora.lora_config import LoraConfig
@@ -181,7 +182,7 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
                        page_table_shape=[int(d) for d in state.page_table.shape])
         if e.cfg.feature(HybridConfig) is not None:
             row["recurrent"] = recurrent_rows(setup, e)
-        if e.cfg.gemma4 is not None:
+        if e.cfg.feature(Gemma4Config) is not None:
             row["gemma4"] = gemma4_rows(setup, e)
         rows.append(row)
     return rows
@@ -191,7 +192,7 @@ def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, 
     """A Gemma 4 engine's KV pools, one per attention layer: ``layers`` (``name``, ``kind`` sliding / full,
     ``shape``, ``shares``: the donor's pool a KV-sharing consumer is bound to, else None), the ``bytes`` allocated
     (donors' pools once) and the SWA ``mode`` with its reason."""
-    g, state = e.cfg.gemma4, e.state
+    g, state = e.cfg.feature(Gemma4Config), e.state
     assert g is not None
     layers = []
     for i in range(g.num_layers):
@@ -199,7 +200,7 @@ def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, 
         t = state.tensors[name]
         layers.append({"name": name, "kind": g.kinds[i], "shape": [int(d) for d in t.shape],
                        "shares": state.shared.get(name)})
-    mode = state.swa_mode
+    mode = state.kv_parts.get("swa_mode")
     return {"layers": layers, "bytes": state.nbytes, "mode": mode.describe() if mode is not None else "none"}
 
 
