@@ -168,22 +168,28 @@ def gap(row: np.ndarray) -> float:
     return float(top[1] - top[0])
 
 
-def draw(model: Any, vocab: int, seq: Sequence, rng: np.random.Generator,
-         logits_of: Callable[[Any, np.ndarray], np.ndarray] = hf_logits) -> tuple[np.ndarray, np.ndarray]:
-    """A prompt of ``seq.length`` tokens and its greedy continuation whose every greedy row has a gap >= GAP:
-    (tokens [length + CONTINUATION], logits of every position)."""
-    for _ in range(2000):
-        tokens = rng.integers(1, vocab, seq.length)
-        ok = True
-        for _ in range(CONTINUATION):
-            row = logits_of(model, tokens)[-1]
-            if gap(row) < GAP:
-                ok = False
-                break
-            tokens = np.append(tokens, int(row.argmax()))
-        if ok:
+def greedy_continuation(tokens: np.ndarray, last_row: Callable[[np.ndarray], np.ndarray],
+                        continuation: int = CONTINUATION) -> np.ndarray | None:
+    """``tokens`` and their ``continuation`` greedy tokens (``last_row(tokens)``: the logits after ``tokens``), or
+    None where a greedy row's top-1/top-2 gap is under GAP (its token would not be robust to fp16 rounding)."""
+    for _ in range(continuation):
+        row = last_row(tokens)
+        if gap(row) < GAP:
+            return None
+        tokens = np.append(tokens, int(row.argmax()))
+    return tokens
+
+
+def draw(model: Any, vocab: int, length: int, rng: np.random.Generator,
+         logits_of: Callable[[Any, np.ndarray], np.ndarray] = hf_logits, tries: int = 2000,
+         continuation: int = CONTINUATION) -> tuple[np.ndarray, np.ndarray]:
+    """A prompt of ``length`` tokens and its greedy continuation whose every greedy row has a gap >= GAP:
+    (tokens [length + continuation], logits of every position)."""
+    for _ in range(tries):
+        tokens = greedy_continuation(rng.integers(1, vocab, length), lambda t: logits_of(model, t)[-1], continuation)
+        if tokens is not None:
             return tokens.astype(np.int32), logits_of(model, tokens[:-1])
-    raise RuntimeError(f"no prompt of {seq.length} tokens with greedy gaps >= {GAP} in 2000 draws")
+    raise RuntimeError(f"no prompt of {length} tokens with {continuation} greedy gaps >= {GAP} in {tries} draws")
 
 
 def stored_positions(seq: Sequence) -> np.ndarray:
@@ -202,7 +208,7 @@ def causal_reference(case: Case, checkpoint: Path, _out: Path,
     sequences = []
     for i, seq in enumerate(case.sequences):
         rng = np.random.default_rng(case.seed * 1000 + i)
-        tokens, logits = draw(model, vocab, seq, rng)
+        tokens, logits = draw(model, vocab, seq.length, rng)
         rows = stored_positions(seq)
         arrays[f"tokens_{i}"] = tokens
         arrays[f"positions_{i}"] = rows

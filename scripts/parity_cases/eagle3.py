@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from make_parity_fixtures import GAP, Case, Role, Sequence, gap, hf_logits, load_hf, save_checkpoint, seeded_model
+from make_parity_fixtures import Case, Role, Sequence, draw, gap, hf_logits, load_hf, save_checkpoint, seeded_model
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 128
 VOCAB, DRAFT_VOCAB = 512, 256
@@ -242,7 +242,8 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
     sequences = []
     width = 1 + DEPTH + 1  # C, then a path of at most DEPTH + 1 tokens
     for i, seq in enumerate(case.sequences):
-        tokens, logits = _draw(model, seq.length, np.random.default_rng(case.seed * 1000 + i))
+        tokens, logits = draw(model, VOCAB, seq.length, np.random.default_rng(case.seed * 1000 + i),
+                              tries=4000, continuation=CONTINUATION)
         n, length = len(tokens), seq.length
         rows = np.arange(length - 1, n - 1, dtype=np.int32)
         arrays[f"tokens_{i}"], arrays[f"positions_{i}"] = tokens, rows
@@ -311,23 +312,6 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
             "spec": {"draft_top_k": TOP_K, "draft_step": DEPTH, "verify_size": VERIFY_SIZE, "rounds": ROUNDS,
                      "eagle_hidden_state_layers": layers}}
     return arrays, meta
-
-
-def _draw(model: Any, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A prompt of ``length`` tokens and its ``CONTINUATION`` greedy tokens, every greedy row's gap >= GAP:
-    (tokens, HF logits of every position)."""
-    for _ in range(4000):
-        tokens = rng.integers(1, VOCAB, length)
-        ok = True
-        for _ in range(CONTINUATION):
-            row = hf_logits(model, tokens)[-1]
-            if gap(row) < GAP:
-                ok = False
-                break
-            tokens = np.append(tokens, int(row.argmax()))
-        if ok:
-            return tokens.astype(np.int32), hf_logits(model, tokens[:-1])
-    raise RuntimeError(f"no prompt of {length} tokens with {CONTINUATION} greedy gaps >= {GAP} in 4000 draws")
 
 
 NOTES = """Exported by two runs of the real exporter: `tensorrt-edgellm-export CKPT/draft OUT/draft`, then

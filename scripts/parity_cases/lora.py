@@ -210,7 +210,7 @@ def lora_reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndar
     sequences = []
     for i, seq in enumerate(case.sequences):
         rng = np.random.default_rng(case.seed * 1000 + i)
-        tokens, logits = mpf.draw(models[seq.purpose], vocab, seq, rng)
+        tokens, logits = mpf.draw(models[seq.purpose], vocab, seq.length, rng)
         rows = mpf.stored_positions(seq)
         arrays[f"tokens_{i}"] = tokens
         arrays[f"positions_{i}"] = rows

@@ -26,6 +26,7 @@ from make_parity_fixtures import (
     Role,
     Sequence,
     gap,
+    greedy_continuation,
     save_checkpoint,
     seeded_model,
     stored_positions,
@@ -173,14 +174,9 @@ def vlm_reference(case: Case, checkpoint: Path, _out: Path) -> tuple[dict[str, n
         for _ in range(2000):
             texts = [rng.integers(*TEXT_TOKENS, n) for n in prompt.parts if isinstance(n, int)]
             short, ids, which = _expanded(prompt.parts, texts, tokens_of)
-            ok = True
-            for _ in range(CONTINUATION):
-                row = logits_of(ids, which)[-1]
-                if gap(row) < GAP:
-                    ok = False
-                    break
-                ids = np.append(ids, int(row.argmax()))
-            if ok:
+            extended = greedy_continuation(ids, lambda t, w=which: logits_of(t, w)[-1])
+            if extended is not None:
+                ids = extended
                 break
         else:
             raise RuntimeError(f"{case.name}: no {prompt.purpose} prompt with greedy gaps >= {GAP} in 2000 draws")
