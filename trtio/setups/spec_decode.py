@@ -57,6 +57,7 @@ from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
 from trtio.setups.draft_prompt import (
     DraftRoots,
+    DraftRound,
     check_accept_lengths,
     check_draft_prompt,
     check_draft_shape,
@@ -349,12 +350,15 @@ class SpecDecodeSetup(SetupBase):
         self._check_usable()
         self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
-        part = self._features.part("draft_prefill")  # a draft of its own steps (DFlash: a block)
-        if part is not None:
-            block: Tensor = part.draft_prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
-            return block
         pending = self._prompt
         assert pending is not None  # PROMPTED's data
+        part = self._features.part("draft_prefill")  # a draft of its own steps (DFlash: a block)
+        if part is not None:
+            block: Tensor = part.draft_prefill(self._draft_round(), pending, inputs_embeds, context_lengths, slots,
+                                               prefix, stream)
+            self._prompt = None
+            self._start_round()
+            return block
         e, rows, past = self.draft, pending.rows, pending.past
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         check_draft_shape(pending, x.shape)
@@ -373,6 +377,16 @@ class SpecDecodeSetup(SetupBase):
         self._roots.rows[rows] = self._steps.prompt_roots(b, seq, ctx)
         self._start_round()
         return self.io.output_logits
+
+    def _draft_round(self) -> DraftRound:
+        """What a draft family's own steps use of this setup (:class:`~trtio.setups.draft_prompt.DraftRound`), made
+        for each call (not kept: its bound methods would keep the setup alive in a cycle)."""
+        return DraftRound(self.draft, self.io, self._steps, self._seqs, self._catch_up, self._catch_up_map,
+                          self._embeds, self._check_lengths, self._host_input, self._stream, self._prompt_pages,
+                          self._upload_embeds, self._step_lengths, self._pages, self._run, self._keep_accepted_rows)
+
+    def _keep_accepted_rows(self, rows: np.ndarray) -> None:
+        self._accepted_rows = rows
 
     def _start_round(self, caught_up: list[int] | None = None) -> None:
         self._tree.start(caught_up)
@@ -531,18 +545,21 @@ class SpecDecodeSetup(SetupBase):
         sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.families.spec.dflash`.)"""
         self._check_usable()
         self._expect("draft_accept()", Phase.ACCEPTED)
+        b = self._need_batch()
+        acc, lens = self._accepted, self._accepted_list
+        assert acc is not None  # ACCEPTED's data
         part = self._features.part("draft_accept")  # a draft of its own steps (DFlash: a block)
         if part is not None:
-            block: Tensor = part.draft_accept(self, inputs_embeds, accept_lengths, stream)
+            block: Tensor = part.draft_accept(self._draft_round(), b, acc, lens, self._accepted_rows, inputs_embeds,
+                                              accept_lengths, stream)
+            self._accepted = None
+            self._start_round()
             return block
-        b = self._need_batch()
         e = self.draft
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
-        acc, lens = self._accepted, self._accepted_list
-        assert acc is not None  # ACCEPTED's data
-        check_accept_lengths(self, accept_lengths, lens, b, a)
+        check_accept_lengths(accept_lengths, lens, b, a, self._host_input, self._check_lengths)
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
