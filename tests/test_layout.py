@@ -275,7 +275,7 @@ SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 # of what they are: a typed config beside the configs, pools and step work beside the engine state, a setup's part
 # among the setups. Their packages' __init__ files say what the family is and import nothing.
 PLUGIN_PLACES = {
-    "families": "binding",
+    "families": "steps",
     "families.hybrid": "binding", "families.hybrid.hybrid_config": "binding",
     "families.mrope": "binding", "families.mrope.mrope_config": "binding",
     "families.lora": "binding", "families.lora.lora_config": "binding",

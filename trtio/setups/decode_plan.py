@@ -3,10 +3,9 @@
 A decode of every active sequence is checked in full once (slots, shapes, capacity, pages), stages its inputs
 and leaves a :class:`DecodePlan`: its dims, the device work before its engine, the slots it advances and how
 many more steps it stays valid (``room``: no page to take, within the KV capacity). The next decode whose plan
-still holds runs it as it is, fed only its embeddings (and the device tensor of a family's decode input whose split
+still holds runs it as it is, fed only its embeddings (and the device tensor of a family's step input whose split
 the plan's work runs, :meth:`DecodePlan.takes`: Gemma 4's per-layer embeddings); :class:`~trtio.setups.llm.LLMSetup`
-has one run path
-for both (``LLMSetup._run_plan``).
+has one run path for both (``LLMSetup._run_plan``).
 
 One question tells whether a plan holds: has the setup's version moved since it was made (:meth:`DecodePlan.holds`)?
 The version (``SetupBase._epoch``) moves on with every call of the setup but a steady decode: an admission, a

@@ -7,7 +7,8 @@ k]`` and ``intermediate_recurrent_state_j`` ``[T, ...]`` per recurrent layer j (
 §11.2: the verify leaves the slot pools as they were). :meth:`IntermediateStates.commit` then copies, per sequence,
 the accepted path's last node's row into the sequence's slot of every layer's pools, on the device: one fused launch
 of strided copies (one copy per sequence and kind where the buffers are evenly spaced, as arenas lay them out), no
-host sync. Mamba2's "replay" mode is refused at setup (:func:`trtio.families.spec.spec_config.check_pair_runs`).
+host sync. Mamba2's "replay" mode is refused at setup
+(:meth:`trtio.families.hybrid.hybrid_config.HybridConfig.check_runs`).
 """
 
 from __future__ import annotations
