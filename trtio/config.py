@@ -328,6 +328,16 @@ class LLMEngineConfig:
             object.__setattr__(self, "_step_shapes", found)
         return found
 
+    @property
+    def rope_gathers(self) -> tuple[tuple[str, str, int], ...]:
+        """The RoPE rows the families gather per token beside the shared table's
+        (:meth:`~trtio.features.FamilyConfig.rope_gathers`), found once."""
+        found: tuple[tuple[str, str, int], ...] | None = self.__dict__.get("_rope_gathers")
+        if found is None:
+            found = tuple(g for family in self.features for g in family.rope_gathers(self))
+            object.__setattr__(self, "_rope_gathers", found)
+        return found
+
     def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
         """:meth:`StepShapes.prefill_dims <trtio.dims.StepShapes.prefill_dims>` of this config."""
         return self.step_shapes.prefill_dims(batch, seq_len, kv_cache_empty)
@@ -378,8 +388,12 @@ class LLMEngineConfig:
     @property
     def rope_per_slot(self) -> bool:
         """Whether each sequence slot has its own RoPE table (a family computes positions per sequence: MRoPE),
-        rather than one table every engine of a setup shares."""
-        return any(family.rope_per_slot for family in self.features)
+        rather than one table every engine of a setup shares (found once)."""
+        found: bool | None = self.__dict__.get("_rope_per_slot")
+        if found is None:
+            found = any(family.rope_per_slot for family in self.features)
+            object.__setattr__(self, "_rope_per_slot", found)
+        return found
 
     @property
     def activation(self) -> DType:

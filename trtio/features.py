@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+
 from trtio.errors import InvalidValueError, ShapeError
 from trtio.stream import Stream, StreamLike
 
@@ -377,6 +379,13 @@ class FeatureSet:
         self._roles: dict[int, str] = {}  # id(part) -> the role of the engine it was made for
         self._inputs = {name: f for f in _FEATURES.values() for name in f.PROMPT_INPUTS}
         self._attributes = {name: f for f in _FEATURES.values() for name in f.ATTRIBUTES}
+        self._named: dict[str, Feature] = {}  # setup attribute or call -> the part that answers it
+        # The parts that implement a hook a step calls (the others' is Feature's no-op): a step of a setup without
+        # them does nothing for the families.
+        self._stagers: list[Feature] = []
+        self._rooms: list[Feature] = []
+        self._accepters: list[Feature] = []
+        self._verifiers: list[Feature] = []
 
     def make(self, cfg: Any, role: str, ctx: Any, eio: Any) -> dict[str, Any]:
         """Make the parts of an engine of ``role`` with config ``cfg`` and declared I/O ``eio`` (before it is bound);
@@ -390,6 +399,11 @@ class FeatureSet:
                 self.parts.append(part)
                 self._roles[id(part)] = role
                 constants.update(part.constants())
+                self._named.update(dict.fromkeys((*part.ATTRIBUTES, *part.METHODS), part))
+                for hook, parts in (("stage", self._stagers), ("decode_room", self._rooms),
+                                    ("accept", self._accepters), ("check_verify", self._verifiers)):
+                    if getattr(type(part), hook) is not getattr(Feature, hook):
+                        parts.append(part)
         return constants
 
     def bound(self, engine: Any, ctx: Any) -> None:
@@ -407,7 +421,7 @@ class FeatureSet:
 
     def part(self, name: str) -> Any:
         """The part that answers the setup attribute or call ``name`` (None: the family is absent)."""
-        return next((p for p in self.parts if name in p.ATTRIBUTES or name in p.METHODS), None)
+        return self._named.get(name)
 
     def absent_call(self, name: str, *args: Any) -> Any:
         """The setup call ``name`` where its family is absent (:meth:`Feature.absent_call`)."""
@@ -443,9 +457,14 @@ class FeatureSet:
 
     def stage(self, engine: Any, slots: Any, past: Any, lengths: Any, new: bool) -> None:
         """The parts of ``engine`` (a BoundEngine): :meth:`Feature.stage`."""
-        for p in self.parts:
+        for p in self._stagers:
             if self._roles[id(p)] == engine.role:
                 p.stage(engine, slots, past, lengths, new)
+
+    def stage_decode(self, engine: Any, slots: Any, lengths: Any) -> None:
+        """:meth:`stage` for a decode: one new token after each sequence's ``lengths``."""
+        if self._stagers:
+            self.stage(engine, slots, lengths, np.ones_like(lengths), False)
 
     def step_input(self) -> Any:
         """The part that takes its family's per-token step keyword (:attr:`Feature.STEP_INPUT`), else a
@@ -456,7 +475,7 @@ class FeatureSet:
 
     def decode_room(self, lengths: Any, room: int) -> int:
         """``room`` lowered to what every part allows."""
-        for p in self.parts:
+        for p in self._rooms:
             found = p.decode_room(lengths)
             if found is not None:
                 room = min(room, found)
@@ -481,12 +500,16 @@ class FeatureSet:
             p.release(slots)
 
     def check_verify(self, parents: Any, real: Any) -> None:
-        for p in self.parts:
+        for p in self._verifiers:
             p.check_verify(parents, real)
 
-    def accept(self, slots: Any, rows: Any, stream: Stream) -> None:
-        for p in self.parts:
-            p.accept(slots, rows, stream)
+    def accept(self, slots: Any, rows: Any, acc: Any, stream: Stream) -> None:
+        """:meth:`Feature.accept` of the sequences of ``slots``, each at the verify row of its accepted path's last
+        node (``rows`` [batch, longest]: each path's rows; ``acc``: the paths' lengths)."""
+        if self._accepters:
+            last = rows[np.arange(rows.shape[0]), acc - 1]
+            for p in self._accepters:
+                p.accept(slots, last, stream)
 
     def reports(self) -> list[Any]:
         return [r for p in self.parts for r in p.reports()]

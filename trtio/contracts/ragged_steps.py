@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trtio import names
-from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
     PAGE_TABLE_NAMES,
@@ -345,10 +344,6 @@ class RaggedSteps(StepInputs):
     1-5) into the step block and uploads it with one copy; RoPE rows are gathered on the device at each
     token's position."""
 
-    def __init__(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
-        super().__init__(io, rope_table)
-        self._gathers: BoundedCache[str, list[tuple[str, str, int]]] = BoundedCache()  # by role: families' gathers
-
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
         zero = np.zeros(lengths.shape[0], np.int64)
@@ -395,9 +390,9 @@ class RaggedSteps(StepInputs):
         (:meth:`~trtio.features.FamilyConfig.rope_gathers`: Gemma 4's full layers')."""
         io = self.io
         copy = self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, count, rope_row_bytes(e.cfg))
-        gathers = self._gathers.get(e.role)
-        if gathers is None:
-            gathers = self._gathers.put(e.role, [g for f in e.cfg.features for g in f.rope_gathers(e.cfg)])
+        gathers = e.cfg.rope_gathers
+        if not gathers:
+            return (copy,)
         return (copy, *(self.row_copy(io.member(dst), io.member(src), rows, count, width)
                         for dst, src, width in gathers))
 

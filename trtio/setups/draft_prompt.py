@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,12 +29,12 @@ __all__ = ["DraftRoots", "DraftRound", "check_accept_lengths", "check_draft_prom
            "check_room"]
 
 
-@dataclass(frozen=True)
-class DraftRound:
+class DraftRound(NamedTuple):
     """What a draft family's own steps (a DFlash block draft: :mod:`trtio.families.spec.dflash`) use of their
     spec-decode setup, handed to them by the setup (made once): its draft engine, PipelineIO, step inputs, sequences,
     catch-up and the catch-up's tensor map, and the setup's step tools (each :class:`~trtio.setups.base.SetupBase`'s
-    method of that name). The round's own state (the pending prompt, the accepted paths) comes with each call."""
+    method of that name). The round's own state (the pending prompt, the accepted paths) comes with each call. (A
+    named tuple: the setup makes one per call, quickly.)"""
 
     draft: BoundEngine
     io: PipelineIO

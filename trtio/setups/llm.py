@@ -345,7 +345,7 @@ class LLMSetup(SetupBase):
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
-            self._features.stage(e, sl if seqs.slotted else None, lengths, np.ones_like(lengths), False)
+            self._features.stage_decode(e, sl if seqs.slotted else None, lengths)
             work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key),
                                       staged=staged)
             if split is not None:

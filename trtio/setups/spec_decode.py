@@ -524,7 +524,7 @@ class SpecDecodeSetup(SetupBase):
         s = self._stream(stream)
         acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, s, staged=self._verify_starts)
         # the features' state of the accepted nodes (a hybrid base's: each sequence's slot, "snapshot" mode)
-        self._features.accept(order, self._accepted_rows[np.arange(b), acc - 1], s)
+        self._features.accept(order, self._accepted_rows, acc, s)
         if whole:
             lengths += acc
         else:
