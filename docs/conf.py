@@ -31,8 +31,8 @@ extensions = ["sphinx.ext.autodoc", "myst_parser"]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 # Maintainers' pages and logs: linked from the index, read in the repository (they cite code paths).
-exclude_patterns = ["_build", "BENCHMARKS.md", "architecture.md", "edgellm-assumptions.md", "faults.md",
-                    "toy-model.md"]
+exclude_patterns = ["_build", "BENCHMARKS.md", "adding-a-family.md", "architecture.md", "edgellm-assumptions.md",
+                    "faults.md", "toy-model.md"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"

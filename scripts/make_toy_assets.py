@@ -36,7 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trtio.edgellm import EMBEDDING_FILE, PLE_EMBEDDING_FILE, EngineDir  # noqa: E402 - after the path set-up
+from trtio.edgellm import EMBEDDING_FILE, EngineDir  # noqa: E402 - after the path set-up
+from trtio.families.gemma4.gemma4_config import PLE_EMBEDDING_FILE  # noqa: E402 - after the path set-up
 from trtio.testing.reference_gemma4 import toy_ple_embedding  # noqa: E402
 from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_ASSETS, TOY_DIRECTORIES, linked_assets  # noqa: E402
 from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, VisionToyEngines  # noqa: E402

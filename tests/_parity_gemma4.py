@@ -155,7 +155,7 @@ def gemma4_setup(case: Case, storage: str, backend: str = "host", graphs: bool =
     engine.input_hook = hook
     cfg = trtio.LLMEngineConfig.from_edgellm(engine.config, what=f"{case.name}/{role}/config.json")
     with trtio.create_for_llm(engine, cfg, graphs=graphs, backend=backend) as setup:
-        modes = {e.state.swa_mode.bounded for e in setup.engines() if e.state.swa_mode is not None}
+        modes = {e.state.kv_parts["swa_mode"].bounded for e in setup.engines() if "swa_mode" in e.state.kv_parts}
         if modes != {storage == "bounded"}:
             raise AssertionError(f"{role}: trtio bound {'bounded' if True in modes else 'full'} SWA storage")
         yield setup

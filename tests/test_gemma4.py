@@ -14,8 +14,8 @@ from _onnx_io import parse_onnx_io
 import trtio
 from trtio import CapacityError, ConfigError, InvalidValueError, LLMEngineConfig, names
 from trtio.contracts.ragged import registry_for
-from trtio.gemma4 import BoundedSwaPages, choose_swa_mode
-from trtio.gemma4_config import swa_private_pages
+from trtio.families.gemma4.gemma4_config import choose_swa_mode, swa_private_pages
+from trtio.families.gemma4.swa import BoundedSwaPages
 from trtio.rope import proportional_rope_parameters
 from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine
@@ -540,7 +540,7 @@ def _setup_story(cfg: LLMEngineConfig, graphs: bool, backend: str = "host"
             logits = setup.decode(emb_run.emb[ids], ple_embeds=emb_run.ple[ids]).to_numpy()
             for row, slot in enumerate(slots):
                 out[live[slot]].append(int(np.argmax(logits[row])))
-            pages = setup.state.swa_pages
+            pages = setup.state.kv_parts.get("swa_pages")
             if pages is not None:
                 pool.append((pages.free, sum(pages.held(s) for s in live)))
     return out, pool, planned
@@ -795,7 +795,8 @@ def test_pin_prefix_is_refused_in_bounded_swa_mode() -> None:
     cfg = _toy_gemma4()
     run = _Run(cfg, bounded=False)
     with trtio.create_for_llm(ReferenceEngine.from_config(cfg, device="host"), cfg, backend="host") as setup:
-        assert setup.state.swa_mode is not None and setup.state.swa_mode.bounded
+        mode = setup.state.kv_parts.get("swa_mode")
+        assert mode is not None and mode.bounded
         ids = np.array([[3, 4, 5]])
         setup.prefill(run.emb[ids], [3], slots=[0], ple_embeds=run.ple[ids])
         with pytest.raises(InvalidValueError, match="pin_prefix: engine 'llm' keeps only a sliding window"):
@@ -806,7 +807,7 @@ def test_a_step_over_cached_tokens_is_refused_where_the_export_gives_kv_sharing_
     """Edge-LLM 0.11's AttentionPlugin rotates a Q-only KV-sharing layer's queries with RoPE row past + i of the
     step's table (launchApplyRopeQOnly with kvCacheEndLens; tests/test_parity_gemma4.py shows it on the real
     graph): chunked prefill and a prefix continued are refused, naming the layers; a first prefill runs."""
-    from trtio.gemma4 import q_only_consumers
+    from trtio.families.gemma4.gemma4_config import q_only_consumers
     from trtio.testing import ReferenceEngine
 
     cfg = _toy_gemma4()

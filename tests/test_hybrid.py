@@ -21,7 +21,7 @@ import trtio
 from trtio import BindingError, CapacityError, ConfigError, DType, LLMEngineConfig, ShapeError, names
 from trtio.contracts import build_registry
 from trtio.edgellm import EngineDir
-from trtio.recurrent import recurrent_state_specs
+from trtio.families.hybrid.hybrid_config import recurrent_state_specs
 from trtio.rope import RopeScaling, rope_cos_sin_table, rope_parameters
 from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine, reference_forward
@@ -479,7 +479,7 @@ def _churn(toy: HybridToyEngine, requests: int) -> None:
     table = toy.embedding()
     with setup_for(toy, max_prefixes=2) as setup:
         seqs = setup._seqs
-        rec = seqs.recurrent
+        rec = setup.recurrent
         assert rec is not None
         pages, rows = setup.kv_pages.total, rec.rows.total
         prefix = None

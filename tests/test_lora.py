@@ -25,7 +25,7 @@ from trtio import BindingError, ConfigError, InvalidTypeError, InvalidValueError
 from trtio.cuda.backend import Location
 from trtio.edgellm import EngineDir
 from trtio.engine import EngineIO, TensorInfo
-from trtio.lora import LoraAdapter, LoraInputs
+from trtio.families.lora.adapters import LoraAdapter, LoraInputs
 from trtio.testing import ReferenceEngine, reference_forward, toy_embedding
 from trtio.testing.reference_lora import lora_modules, merged_weights, toy_adapter
 from trtio.testing.toy_dirs import toy_engine_dir
@@ -398,7 +398,7 @@ def test_switching_adapters_binds_their_own_copies_with_no_device_work_and_repla
         x = trtio.Tensor.from_numpy(E[[3, 4]][:, None, :].astype(np.float16), trtio.Location.DEVICE, backend=be)
         setup.decode(x)
         graphs, hits = setup.graph_stats.graphs, setup.graph_stats.hits
-        lora = setup._lora
+        lora = setup._features.part("lora")._slots
         assert lora is not None
         for adapter in (chat, terse, other, None, chat, other):
             allocs, syncs, ops = be.alloc_count, be.sync_count, getattr(be, "op_count", 0)
@@ -443,17 +443,17 @@ def test_two_adapters_of_the_same_ranks_each_give_their_own_logits(device: str, 
 def test_past_the_cache_limit_an_evicted_adapters_graphs_go_first_and_it_is_captured_again(
         device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import trtio._cache
-    import trtio.lora
+    import trtio.families.lora.adapters
     from trtio._lifetime import open_binders
 
-    monkeypatch.setattr(trtio.lora, "CACHE_LIMIT", 2)
+    monkeypatch.setattr(trtio.families.lora.adapters, "CACHE_LIMIT", 2)
     monkeypatch.setattr(trtio._cache, "CACHE_LIMIT", 2)
     cfg = lora_cfg()
     eng = _engine(cfg, device)
     chat, terse = adapters()
     third = toy_adapter(cfg, 8, seed=5, name="third")  # chat's ranks
     with trtio.create_for_llm(eng, cfg, graphs=True) as setup:
-        lora, ex = setup._lora, setup.executor
+        lora, ex = setup._features.part("lora")._slots, setup.executor
         assert lora is not None
         setup.set_lora(chat)
         _run(setup, 3)

@@ -1,5 +1,6 @@
 """Real-graph parity of a DFlash pair (DESIGN §17): NVIDIA's exported dense Qwen3 base (``--dflash-base``) and DFlash
-block draft (``--dflash-draft``), driven by trtio's SpecDecodeSetup (``trtio.setups.dflash``). The accepted tokens
+block draft (``--dflash-draft``), driven by trtio's SpecDecodeSetup (``trtio.families.spec.dflash``). The accepted
+tokens
 equal Hugging Face's greedy tokens; verify's logits at every node of chains made from Hugging Face's tokens (accepted
 nodes and the wrong ones after a deviation) equal Hugging Face's for those prefixes; every row of every block the
 draft runs (its prefill, over the prompt's delta, and each catch-up, over the accepted path's) equals the case's
@@ -137,7 +138,8 @@ def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs
 # base its gated_delta_net nodes carry use_ddtree and verify statelessly, writing a replay stash into
 # intermediate_recurrent_state_j (gdnTreeChunkKernels.h) that the runtime's commit replays along the accepted path
 # (gdnTreeReplayCommitBatched). trtio commits every hybrid base by copying the accepted node's intermediate row as the
-# state ("snapshot", trtio/setups/snapshots.py), so after the first accept the slot holds stash bytes and kernel
+# state ("snapshot", trtio/families/hybrid/snapshots.py), so after the first accept the slot holds stash bytes and
+# kernel
 # scratch: the next verify is wrong (NaN here, where the model leaves the scratch NaN; garbage on a GPU).
 # docs/edgellm-assumptions.md 11.2.
 

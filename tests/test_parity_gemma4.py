@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import trtio.setups.base
-import trtio.state
+import trtio
 from tests._parity import Case, when
 from tests._parity_gemma4 import CASE, RUNS, TOLERANCE, UNSHARED, Hook, Tables, gemma4_setup, planted, run
+from trtio.families.gemma4 import gemma4_feature
+from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.testing import edgellm_plugins
 from trtio.testing.edgellm_plugins import attention as attention_model
 from trtio.testing.edgellm_plugins._common import PluginInputError
@@ -59,7 +60,7 @@ def test_a_step_over_a_cached_prefix_is_refused_where_kv_sharing_layers_are_q_on
             with pytest.raises(trtio.InvalidValueError, match=r"KV-sharing layers \[5\]"):
                 setup.prefill(rest[0], [s.prompt_length - 24], slots=[1], prefix=setup.pin_prefix(0, 24),
                               ple_embeds=rest[1])
-    monkeypatch.setattr(trtio.setups.base, "check_cached_prefix_step", lambda *args: None)
+    monkeypatch.setattr(gemma4_feature, "check_cached_prefix_step", lambda *args: None)
     with gemma4_setup(case, storage) as setup:
         setup.prefill(first[0], [24], slots=[0], ple_embeds=first[1])
         with pytest.raises(trtio.InvalidValueError, match="launchApplyRopeQOnly"):
@@ -154,11 +155,12 @@ def test_a_planted_input_bug_fails_parity(cases: dict[str, Case], bug: str) -> N
 
 def _donors(edit: Callable[[dict[str, str]], dict[str, str]]) -> Callable[..., Any]:
     """trtio's KV-sharing map (consumer pool -> donor pool) edited as a binding bug would leave it."""
-    real = trtio.state._gemma4_pools
+    real = Gemma4Config.kv_pools
 
     def planted_pools(*args: Any, **kwargs: Any) -> Any:
-        shared, *rest = real(*args, **kwargs)
-        return (edit(dict(shared)), *rest)
+        pools = real(*args, **kwargs)
+        pools.shared = edit(dict(pools.shared))
+        return pools
     return planted_pools
 
 
@@ -174,7 +176,7 @@ DONOR_BUGS: dict[str, tuple[str, str, Callable[[dict[str, str]], dict[str, str]]
 @pytest.mark.parametrize("bug", list(DONOR_BUGS))
 def test_a_donor_mapped_wrong_fails_parity(cases: dict[str, Case], bug: str, monkeypatch: pytest.MonkeyPatch) -> None:
     storage, scenario, edit = DONOR_BUGS[bug]
-    monkeypatch.setattr(trtio.state, "_gemma4_pools", _donors(edit))
+    monkeypatch.setattr(Gemma4Config, "kv_pools", _donors(edit))
     assert planted(cases[CASE], scenario, storage, lambda inputs: None).startswith(("mismatch", "refused"))
 
 

@@ -22,7 +22,7 @@ import pytest
 import trtio
 from tests._parity import TOLERANCE, Case, Compare, ParityMismatch, Seq, _embeds, decode_all
 from trtio import ConfigError, InvalidValueError
-from trtio.lora import LORA_A, LORA_B, LoraAdapter, LoraInputs
+from trtio.families.lora.adapters import LORA_A, LORA_B, LoraAdapter, LoraInputs
 
 CASE = "qwen3-lora"
 ADAPTERS = ("a", "b", "b-unfused")
@@ -147,7 +147,7 @@ def test_an_engine_whose_lora_inputs_are_named_after_graph_nodes_runs_the_base_m
     case = Case(CASE)
     found = adapters(case)
     with lora_setup(case, role="nodes") as setup:
-        inputs = setup._lora.inputs
+        inputs = setup._features.part("lora")._slots.inputs
         assert len(inputs.modules) == len(inputs.node_named) == 20 and inputs.node_named[0] == "ode_linear"
         assert not inputs.takes_adapters
         cmp = Compare()

@@ -481,8 +481,8 @@ class _WithRecurrentState(ReferenceEngine):
 
 def test_a_recurrent_state_the_config_does_not_describe_is_refused():
     """A recurrent state pair on a config without recurrent layers: no registry names it, and the engine state
-    binds recurrent pools whole, one row per slot (trtio/recurrent.py), only where the config's layer_types say
-    which layers they belong to; otherwise binding is refused, naming the binding."""
+    binds recurrent pools whole, one row per slot (trtio/families/hybrid/recurrent.py), only where the config's
+    layer_types say which layers they belong to; otherwise binding is refused, naming the binding."""
     cfg = llm_config()
     eng = _WithRecurrentState.from_config(cfg, device="host")
     with pytest.raises(trtio.BindingError, match=r"recurrent_state_0: the engine declares this recurrent state but "

@@ -22,7 +22,7 @@ from _generate import accepted_percent, generate
 
 import trtio
 from trtio.edgellm import EngineDir
-from trtio.recurrent import DEFAULT_MAX_PREFIXES
+from trtio.pages import DEFAULT_MAX_PREFIXES
 from trtio.rope import rope_cos_sin_table
 from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
@@ -326,7 +326,8 @@ def test_a_hybrid_spec_setup_refuses_prefixes_whose_states_would_hold_one_token_
         run.round()
         with pytest.raises(trtio.TrtioError, match="prefixes of a hybrid spec-decode setup are not supported"):
             s.pin_prefix(0, int(s.base_lengths[0]))
-        assert s._recurrent is not None and s._recurrent.rows.free == DEFAULT_MAX_PREFIXES, "no snapshot row taken"
+        rec = s._features.attribute("recurrent")
+        assert rec is not None and rec.rows.free == DEFAULT_MAX_PREFIXES, "no snapshot row taken"
 
 
 def _hybrid_rounds(seed: int, mode: str, feed_kind: str) -> np.ndarray:

@@ -168,7 +168,7 @@ def test_the_package_data_takes_no_build_output() -> None:
 
 def test_from_a_wheel_the_lora_toy_has_its_adapters(from_a_wheel: Path) -> None:
     """Issue 37: toy-lora-ragged's adapters are package data, laid out with its directory (generate --lora chat)."""
-    from trtio.lora import LoraAdapter
+    from trtio.families.lora.adapters import LoraAdapter
 
     path = toy_engine_dir("toy-lora-ragged")
     assert path.parent == toy_dirs.default_engines_dir() and path.parent != ROOT / "engines"

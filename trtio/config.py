@@ -13,19 +13,20 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtio._checks import is_int
 from trtio._json import json_kind, read_json, write_json
-from trtio.dims import StepShapes
+from trtio.dims import InferenceDims, StepShapes
 from trtio.dtypes import DType
 from trtio.edgellm_config import map_edgellm_config
-from trtio.errors import ConfigError, NotAvailableError
-from trtio.gemma4_config import Gemma4Config
+from trtio.errors import ConfigError, InvalidTypeError, NotAvailableError
+from trtio.features import F, FamilyConfig, family_configs, keyword_owner
 from trtio.rope import RopeScaling, rope_parameters
 
 __all__ = ["LLMEngineConfig", "SpecDecodeConfig", "DeploymentConfig", "read_config", "CONTRACTS", "FrozenMap",
-           "KVLayerConfig", "LAYER_TYPES", "RECURRENT_KINDS", "SPEC_VERIFY_MODES", "freeze_json"]
+           "KVLayerConfig", "LAYER_TYPES", "check_non_negative", "check_positive", "dtype_name", "freeze_json",
+           "python_ints", "shown"]
 
 log = logging.getLogger("trtio")
 
@@ -35,12 +36,6 @@ _ROPE_TYPES = ("rope", "mrope")
 #: ``LLMEngineConfig.layer_types`` entries, as Edge-LLM's config writer spells them: an attention layer (KV pool),
 #: or ``"mamba"`` for any recurrent layer (Gated DeltaNet or Mamba2: conv and recurrent state per slot).
 LAYER_TYPES = ("attention", "mamba")
-#: ``LLMEngineConfig.recurrent_kind``: the recurrence of a hybrid model's recurrent layers.
-RECURRENT_KINDS = ("gated_deltanet", "mamba2")
-#: ``recurrent_spec_verify_mode``: how a speculative verify commits recurrent state (Edge-LLM's GDN "snapshot",
-#: Mamba2 "replay").
-SPEC_VERIFY_MODES = ("snapshot", "replay")
-_STATE_DTYPES = ("float16", "bfloat16", "float32")
 #: The engine I/O contracts a config may name: ``"batch"`` (batch-major activations, contiguous KV caches)
 #: and ``"ragged"`` (Edge-LLM 0.11's token-major activations, paged KV pools; ``docs/edgellm-assumptions.md``
 #: §3, §4); ``None`` means "as the engine declares" (``trtio.contract_of``).
@@ -71,35 +66,37 @@ def _within(what: str, exc: ConfigError) -> ConfigError:
 MAX_SIZE = 2**31 - 1
 
 
-def _shown(v: Any) -> str:
+def shown(v: Any) -> str:
     """``repr(v)``, except for an int too long to show (Python refuses to print ints of over 4300 digits)."""
     if is_int(v) and abs(int(v)) > 10**30:
         return f"an int of {len(f'{abs(int(v)):x}') * 4} bits"
     return repr(v)
 
 
-def _positive(obj: Any, *names: str) -> None:
+def check_positive(obj: Any, *names: str) -> None:
+    """Each of ``obj``'s attributes ``names`` is an int in 1 .. 2**31 - 1 (ConfigError naming it)."""
     for name in names:
         v = getattr(obj, name)
         if not is_int(v) or v <= 0:
-            raise ConfigError(name, f"must be a positive int, got {_shown(v)}")
+            raise ConfigError(name, f"must be a positive int, got {shown(v)}")
         _at_most_max(name, int(v))
 
 
-def _non_negative(obj: Any, *names: str) -> None:
+def check_non_negative(obj: Any, *names: str) -> None:
+    """Each of ``obj``'s attributes ``names`` is an int in 0 .. 2**31 - 1 (ConfigError naming it)."""
     for name in names:
         v = getattr(obj, name)
         if not is_int(v) or v < 0:
-            raise ConfigError(name, f"must be a non-negative int, got {_shown(v)}")
+            raise ConfigError(name, f"must be a non-negative int, got {shown(v)}")
         _at_most_max(name, int(v))
 
 
 def _at_most_max(name: str, v: int) -> None:
     if v > MAX_SIZE:
-        raise ConfigError(name, f"must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), got {_shown(v)}")
+        raise ConfigError(name, f"must be at most 2**31 - 1 (trtio's step inputs are 32-bit ints), got {shown(v)}")
 
 
-def _python_ints(obj: Any) -> None:
+def python_ints(obj: Any) -> None:
     """Store every integer field (and the entries of a tuple of them) as a Python int: NumPy integers are
     accepted where a config takes a whole number, and kept as ``int`` so that JSON, hashing and equality
     see one type."""
@@ -119,7 +116,7 @@ def _finite_floats(obj: Any) -> None:
             raise ConfigError(f.name, f"must be a finite number, got {v!r}")
 
 
-def _dtype_name(value: Any) -> Any:
+def dtype_name(value: Any) -> Any:
     """Normalise a dtype given as DType, numpy dtype, Edge-LLM short name or TensorRT name to trtio's
     name ("float16")."""
     try:
@@ -184,7 +181,9 @@ _NO_EXTRAS: Mapping[str, Any] = FrozenMap()
 def _from_mapping(cls: type, data: Mapping[str, Any], what: str) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(_where(what) or cls.__name__, f"must be a JSON object, got a {json_kind(data)}")
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls)} - {"features"}
+    if cls is LLMEngineConfig:  # the families' keywords are its JSON keys too
+        known |= {k for family in family_configs() for k in family.KEYWORDS}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(_at(what, unknown[0]), f"is not a {cls.__name__} field; known fields: {sorted(known)}")
@@ -216,9 +215,10 @@ def _kv_layer(entry: Any) -> Any:
     return entry
 
 
-@dataclass(frozen=True)
-class LLMEngineConfig(StepShapes):
-    """What trtio needs to know about one LLM engine (base, draft or plain).
+@dataclass(frozen=True, init=False)
+class LLMEngineConfig:
+    """What trtio needs to know about one LLM engine (base, draft or plain): the dense core, and the typed configs
+    of the families the model uses (:attr:`features`, ``docs/architecture.md``, "Families and components").
 
     ``rotary_dim``, ``output_vocab_size`` and ``kv_pool_pages`` given as 0 (their default) resolve at
     construction to ``head_dim``, ``vocab_size`` and max batch x :attr:`pages_per_sequence`, so every
@@ -226,6 +226,11 @@ class LLMEngineConfig(StepShapes):
     :class:`~trtio.rope.RopeScaling`. ``extras`` holds the Edge-LLM ``config.json`` keys trtio does not map
     onto a field (read-only, not compared). Build one from Edge-LLM's ``config.json``
     with :meth:`from_edgellm`.
+
+    A family's fields (``recurrent_kind``, ``max_lora_rank``, ``eagle_hidden_state_layers``, ...: every registered
+    family's keywords) are keywords of the constructor, of :func:`dataclasses.replace` and of the JSON layout, and
+    read-only attributes; they are held by the family's typed config in :attr:`features`, which
+    :meth:`feature` returns: ``cfg.feature(HybridConfig)`` is the one way to ask whether a family is there.
     """
 
     hidden_size: int
@@ -253,38 +258,31 @@ class LLMEngineConfig(StepShapes):
     kv_pool_pages: int = 0  # pages per paged KV pool; 0: max batch x pages_per_sequence (resolved at construction)
     rope_scaling: RopeScaling | None = None  # HF's rope_scaling (a dict is validated into a RopeScaling)
     max_position_embeddings: int = 0  # the model's; 0: unknown (dynamic / yarn / longrope scaling may need it)
-    eagle_hidden_state_layers: tuple[int, ...] = ()  # EAGLE3 base: layers whose hidden states feed the draft
-    # Hybrid models (docs/architecture.md, "Hybrid models"): the mixer layers in order, "attention" or "mamba" (any
-    # recurrent layer); () is every layer an attention layer. Nemotron-H lists its mixers only, not its MLP blocks.
+    # The layer stack: the mixer layers in order, "attention" or another kind a family runs ("mamba": any recurrent
+    # layer); () is every layer an attention layer. Nemotron-H lists its mixers only, not its MLP blocks.
     layer_types: tuple[str, ...] = ()
-    kv_layer_configs: tuple[KVLayerConfig | None, ...] = ()  # per layer of layer_types: None for a recurrent one
-    recurrent_kind: str | None = None  # "gated_deltanet" | "mamba2"; None without recurrent layers
-    conv_dim: int = 0  # channels of a recurrent layer's causal conv state [rows, conv_dim, conv_kernel]
-    conv_kernel: int = 0
-    recurrent_state_num_heads: int = 0  # recurrent state [rows, heads, head_dim, size] (GDN: v heads, k dim, v dim)
-    recurrent_state_head_dim: int = 0
-    recurrent_state_size: int = 0
-    recurrent_state_num_groups: int = 0  # Mamba2's B/C groups (0: not given)
-    recurrent_state_dtype: str = "float32"
-    conv_state_dtype: str = "float16"
-    recurrent_spec_verify_mode: str | None = None  # "snapshot" (GDN) | "replay" (Mamba2)
-    # A hybrid spec-decode base built as a tree base (Edge-LLM's ``mtp_tree_base``, DDTree): its recurrent layers
-    # run each verify node from its parent's states (``tree_parent_ids``), so it verifies trees, not chains only.
-    mtp_tree_base: bool = False
+    kv_layer_configs: tuple[KVLayerConfig | None, ...] = ()  # per layer of layer_types: None where it has no KV
     use_rope: bool = True  # False: the attention layers rotate nothing (Nemotron-H); the RoPE input stays bound
-    gemma4: Gemma4Config | None = None  # Gemma 4's per-layer KV, sliding window, KV sharing, dual RoPE and PLE
-    max_lora_rank: int = 0  # LoRA engines: the largest adapter rank the engine takes (0: no LoRA inputs; trtio.lora)
+    #: The typed configs of the families this model uses, in the family table's order (see the class docstring).
+    features: tuple[FamilyConfig, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=lambda: _NO_EXTRAS, compare=False, repr=False)
 
+    def __init__(self, *args: Any, **values: Any) -> None:
+        core, given = _split_keywords(args, values)
+        for name, value in core.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+        object.__setattr__(self, "features", _family_configs(given, self))
+
     def __post_init__(self) -> None:
-        _python_ints(self)
+        python_ints(self)
         # Resolved here, once, so that no reader ever sees a "derive me" value.
         if not self.output_vocab_size:
             object.__setattr__(self, "output_vocab_size", self.vocab_size)
         if not self.rotary_dim:
             object.__setattr__(self, "rotary_dim", self.head_dim)
-        object.__setattr__(self, "activation_dtype", _dtype_name(self.activation_dtype))
-        object.__setattr__(self, "kv_cache_dtype", _dtype_name(self.kv_cache_dtype))
+        object.__setattr__(self, "activation_dtype", dtype_name(self.activation_dtype))
+        object.__setattr__(self, "kv_cache_dtype", dtype_name(self.kv_cache_dtype))
         if (not self.kv_pool_pages and all(is_int(v) and v > 0 for v in (
                 self.kv_page_size, self.max_supported_batch_size, self.max_kv_cache_capacity))):
             object.__setattr__(self, "kv_pool_pages", self.min_kv_pool_pages)
@@ -296,20 +294,73 @@ class LLMEngineConfig(StepShapes):
             object.__setattr__(self, "layer_types", tuple(types))
         if isinstance(self.kv_layer_configs, (list, tuple)):
             object.__setattr__(self, "kv_layer_configs", tuple(_kv_layer(e) for e in self.kv_layer_configs))
-        gemma4: Any = self.gemma4  # a dict from JSON, or a Gemma4Config
-        if isinstance(gemma4, Mapping):
-            object.__setattr__(self, "gemma4", Gemma4Config.from_dict(gemma4))
-        object.__setattr__(self, "recurrent_state_dtype", _dtype_name(self.recurrent_state_dtype))
-        object.__setattr__(self, "conv_state_dtype", _dtype_name(self.conv_state_dtype))
-        if isinstance(self.eagle_hidden_state_layers, (list, tuple)):
-            object.__setattr__(self, "eagle_hidden_state_layers",
-                               tuple(int(i) if is_int(i) else i for i in self.eagle_hidden_state_layers))
         if isinstance(self.extras, Mapping) and not isinstance(self.extras, FrozenMap):
             object.__setattr__(self, "extras", freeze_json(self.extras))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Copies and pickles go through the JSON form, which every field value supports.
         return (_llm_config_from_fields, (self.to_dict(),))
+
+    # -- families -----------------------------------------------------------------------------
+    def feature(self, kind: type[F]) -> F | None:
+        """The typed config of family ``kind`` (a :class:`~trtio.features.FamilyConfig` subclass, e.g.
+        ``HybridConfig``) where this model uses that family, else None."""
+        for found in self.features:
+            if type(found) is kind:
+                return found
+        return None
+
+    if not TYPE_CHECKING:  # the families' keywords, read as attributes (the public API; trtio asks feature())
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise NotAvailableError(name)
+            return _family_attribute(self, name)
+
+    # -- step shapes (Edge-LLM's recipes: InferenceDims of each kind of step) -------------------
+    @property
+    def step_shapes(self) -> StepShapes:
+        """The recipes of this config's steps (made once)."""
+        found: StepShapes | None = self.__dict__.get("_step_shapes")
+        if found is None:
+            found = StepShapes(self.max_supported_batch_size, self.max_supported_input_length,
+                               self.max_kv_cache_capacity, self.max_verify_tree_size, self.max_draft_tree_size,
+                               self.rope_per_slot)
+            object.__setattr__(self, "_step_shapes", found)
+        return found
+
+    @property
+    def rope_gathers(self) -> tuple[tuple[str, str, int], ...]:
+        """The RoPE rows the families gather per token beside the shared table's
+        (:meth:`~trtio.features.FamilyConfig.rope_gathers`), found once."""
+        found: tuple[tuple[str, str, int], ...] | None = self.__dict__.get("_rope_gathers")
+        if found is None:
+            found = tuple(g for family in self.features for g in family.rope_gathers(self))
+            object.__setattr__(self, "_rope_gathers", found)
+        return found
+
+    def prefill_dims(self, batch: int, seq_len: int, kv_cache_empty: bool = True) -> InferenceDims:
+        """:meth:`StepShapes.prefill_dims <trtio.dims.StepShapes.prefill_dims>` of this config."""
+        return self.step_shapes.prefill_dims(batch, seq_len, kv_cache_empty)
+
+    def decode_dims(self, batch: int) -> InferenceDims:
+        """:meth:`StepShapes.decode_dims <trtio.dims.StepShapes.decode_dims>` of this config."""
+        return self.step_shapes.decode_dims(batch)
+
+    def spec_verify_dims(self, batch: int, verify_size: int) -> InferenceDims:
+        """:meth:`StepShapes.spec_verify_dims <trtio.dims.StepShapes.spec_verify_dims>` of this config."""
+        return self.step_shapes.spec_verify_dims(batch, verify_size)
+
+    def proposal_dims(self, batch: int, proposal_size: int, top_k: int) -> InferenceDims:
+        """:meth:`StepShapes.proposal_dims <trtio.dims.StepShapes.proposal_dims>` of this config."""
+        return self.step_shapes.proposal_dims(batch, proposal_size, top_k)
+
+    def accept_dims(self, batch: int, accept_len: int) -> InferenceDims:
+        """:meth:`StepShapes.accept_dims <trtio.dims.StepShapes.accept_dims>` of this config."""
+        return self.step_shapes.accept_dims(batch, accept_len)
+
+    def reset_dims(self) -> InferenceDims:
+        """:meth:`StepShapes.reset_dims <trtio.dims.StepShapes.reset_dims>` of this config."""
+        return self.step_shapes.reset_dims()
 
     # -- roles --------------------------------------------------------------------------------
     @property
@@ -328,40 +379,21 @@ class LLMEngineConfig(StepShapes):
         """KV pages one sequence needs: ceil(max_kv_cache_capacity / kv_page_size)."""
         return -(-self.max_kv_cache_capacity // self.kv_page_size)
 
-    # -- hybrid models ------------------------------------------------------------------------
+    # -- the layer stack ------------------------------------------------------------------------
     @property
     def num_layers(self) -> int:
-        """Mixer layers: ``len(layer_types)`` on a hybrid model, else the attention layers."""
+        """Mixer layers: ``len(layer_types)`` where the config lists them, else the attention layers."""
         return len(self.layer_types) or self.num_attention_layers
 
     @property
-    def recurrent_layers(self) -> tuple[int, ...]:
-        """The indices (into :attr:`layer_types`) of the recurrent layers; recurrent layer j is the j-th."""
-        return tuple(i for i, t in enumerate(self.layer_types) if t != "attention")
-
-    @property
-    def num_recurrent_layers(self) -> int:
-        return len(self.recurrent_layers)
-
-    @property
-    def is_hybrid(self) -> bool:
-        """Whether some layer is recurrent (conv and recurrent state per slot besides the KV pools)."""
-        return self.num_recurrent_layers > 0
-
-    @property
-    def conv_state_shape(self) -> tuple[int, int]:
-        """One slot's conv state: ``[conv_dim, conv_kernel]``."""
-        return (self.conv_dim, self.conv_kernel)
-
-    @property
-    def recurrent_state_shape(self) -> tuple[int, int, int]:
-        """One slot's recurrent state: ``[heads, head_dim, size]`` (GDN: value heads, key dim, value dim; Mamba2:
-        heads, head dim, SSM state)."""
-        return (self.recurrent_state_num_heads, self.recurrent_state_head_dim, self.recurrent_state_size)
-
-    @property
-    def is_mrope(self) -> bool:
-        return self.rope_type == "mrope"
+    def rope_per_slot(self) -> bool:
+        """Whether each sequence slot has its own RoPE table (a family computes positions per sequence: MRoPE),
+        rather than one table every engine of a setup shares (found once)."""
+        found: bool | None = self.__dict__.get("_rope_per_slot")
+        if found is None:
+            found = any(family.rope_per_slot for family in self.features)
+            object.__setattr__(self, "_rope_per_slot", found)
+        return found
 
     @property
     def activation(self) -> DType:
@@ -388,12 +420,13 @@ class LLMEngineConfig(StepShapes):
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> LLMEngineConfig:
-        """Check every field; raise ConfigError naming the first bad one. Returns self."""
-        _positive(self, "hidden_size", "vocab_size", "output_vocab_size", "max_supported_batch_size",
-                  "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
-                  "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
-        _non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
-                      "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings", "max_lora_rank")
+        """Check every field, the dense core's first, then each family's; raise ConfigError naming the first bad
+        one. Returns self."""
+        check_positive(self, "hidden_size", "vocab_size", "output_vocab_size", "max_supported_batch_size",
+                       "max_supported_input_length", "max_kv_cache_capacity", "num_attention_layers",
+                       "num_attention_heads", "num_kv_heads", "head_dim", "rotary_dim", "kv_page_size")
+        check_non_negative(self, "num_deepstack_features", "base_model_hidden_size", "max_verify_tree_size",
+                           "max_draft_tree_size", "kv_pool_pages", "max_position_embeddings")
         _finite_floats(self)
         if self.num_attention_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", f"{self.num_kv_heads} must divide num_attention_heads "
@@ -419,10 +452,6 @@ class LLMEngineConfig(StepShapes):
             raise ConfigError("max_kv_cache_capacity",
                               f"{self.max_kv_cache_capacity} cannot hold max_supported_input_length "
                               f"({self.max_supported_input_length}) prompt tokens")
-        if self.num_deepstack_features > self.num_attention_layers:
-            raise ConfigError("num_deepstack_features",
-                              f"{self.num_deepstack_features} exceeds num_attention_layers "
-                              f"({self.num_attention_layers})")
         if self.is_spec_decode_base and self.is_draft:
             raise ConfigError("base_model_hidden_size", "a spec-decode base cannot also be a draft (set it to 0)")
         if self.is_spec_decode_base and self.max_verify_tree_size <= 0:
@@ -433,7 +462,6 @@ class LLMEngineConfig(StepShapes):
         if self.max_step_tokens > self.max_kv_cache_capacity:
             raise ConfigError("max_kv_cache_capacity", f"{self.max_kv_cache_capacity} is smaller than one step "
                                                        f"({self.max_step_tokens} tokens)")
-        self._validate_eagle_layers()
         self._validate_layers()
         if not isinstance(self.extras, Mapping):
             raise ConfigError("extras", f"must be a JSON object, got {type(self.extras).__name__}")
@@ -446,9 +474,6 @@ class LLMEngineConfig(StepShapes):
         if not isinstance(scaling, RopeScaling):
             raise ConfigError("rope_scaling", f"must be a JSON object (HF's rope_scaling) or null, "
                                               f"got {type(scaling).__name__}")
-        if (scaling.mrope_section is not None or scaling.rope_type == "mrope") and self.rope_type != "mrope":
-            raise ConfigError("rope_type", f"is {self.rope_type!r}, but rope_scaling is MRoPE's (mrope_section "
-                                           f"{list(scaling.mrope_section or ())}); give rope_type 'mrope'")
         try:  # the scaling must fit this model: section sums, factor lengths, lengths it needs
             rope_parameters(self.rotary_dim, float(self.rope_theta), scaling,
                             max_position_embeddings=self.max_position_embeddings or None)
@@ -468,93 +493,68 @@ class LLMEngineConfig(StepShapes):
                               f"(build the engine with a KV capacity within it)")
 
     def _validate_layers(self) -> None:
-        """The hybrid fields: layer types, the KV table, the recurrent geometry and dtypes, all or none."""
+        """The layer stack: layer types, and the KV table (an entry per layer: the layer's KV geometry, or null for
+        a layer without a KV cache)."""
         if not isinstance(self.use_rope, bool):
             raise ConfigError("use_rope", f"must be true or false, got {self.use_rope!r}")
         types = self.layer_types
         if not isinstance(types, tuple) or any(t not in LAYER_TYPES for t in types):
-            raise ConfigError("layer_types", f"must be a list of {list(LAYER_TYPES)}, got {_shown(types)}")
+            raise ConfigError("layer_types", f"must be a list of {list(LAYER_TYPES)}, got {shown(types)}")
         if types and types.count("attention") != self.num_attention_layers:
             raise ConfigError("num_attention_layers", f"{self.num_attention_layers} differs from the "
                                                       f"{types.count('attention')} 'attention' entries of layer_types "
                                                       "(KV pools are numbered over attention layers only)")
-        if self.gemma4 is not None and self.gemma4.num_layers != self.num_attention_layers:
-            raise ConfigError("gemma4", f"describes {self.gemma4.num_layers} layers but num_attention_layers is "
-                                        f"{self.num_attention_layers}")
+        for family in self.features:  # the families' checks first: the KV table below asks them for its geometry
+            family.validate(self)
         table = self.kv_layer_configs
         if not isinstance(table, tuple):
-            raise ConfigError("kv_layer_configs", f"must be a list (one entry per layer), got {_shown(table)}")
+            raise ConfigError("kv_layer_configs", f"must be a list (one entry per layer), got {shown(table)}")
         if table and len(table) != len(types):
             raise ConfigError("kv_layer_configs", f"has {len(table)} entries for the {len(types)} layers of "
                                                   "layer_types")
         for i, entry in enumerate(table):
-            recurrent = types[i] != "attention"
-            if recurrent and entry is not None:
+            kv_free = types[i] != "attention"
+            if kv_free and entry is not None:
                 raise ConfigError(f"kv_layer_configs[{i}]", f"layer {i} is recurrent ({types[i]!r}); its entry must be "
-                                                            f"null, got {_shown(entry)}")
-            want = (self.num_kv_heads, self.head_dim)
-            if self.gemma4 is not None and i < self.gemma4.num_layers:  # Gemma 4: each layer its own geometry
-                want = (self.gemma4.kv_heads[i], self.gemma4.head_dims[i])
-            if not recurrent and (not isinstance(entry, KVLayerConfig)
-                                  or (entry.num_kv_heads, entry.head_dim) != want):
+                                                            f"null, got {shown(entry)}")
+            want = self.kv_geometry(i)
+            if not kv_free and (not isinstance(entry, KVLayerConfig) or (entry.num_kv_heads, entry.head_dim) != want):
                 raise ConfigError(f"kv_layer_configs[{i}]",
                                   f"attention layer {i} must have the model's KV geometry {{num_kv_heads: "
                                   f"{self.num_kv_heads}, head_dim: {self.head_dim}}} (per-layer KV head dims are not "
-                                  f"supported), got {_shown(entry)}")
-        state = ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
-                 "recurrent_state_size")
-        if not self.is_hybrid:
-            set_ = [n for n in (*state, "recurrent_state_num_groups") if getattr(self, n)]
-            if self.recurrent_kind is not None or set_ or self.recurrent_spec_verify_mode is not None:
-                # (mtp_tree_base on a dense base: its tree inputs are unused, as Edge-LLM's exporter declares them)
-                name = set_[0] if set_ else ("recurrent_kind" if self.recurrent_kind is not None
-                                             else "recurrent_spec_verify_mode")
-                raise ConfigError(name, "is set but layer_types has no recurrent ('mamba') layer")
-            return
-        _positive(self, *state)
-        _non_negative(self, "recurrent_state_num_groups")
-        if self.recurrent_kind not in RECURRENT_KINDS:
-            raise ConfigError("recurrent_kind", f"must be one of {list(RECURRENT_KINDS)} on a hybrid model, got "
-                                                f"{self.recurrent_kind!r}")
-        for name in ("recurrent_state_dtype", "conv_state_dtype"):
-            if getattr(self, name) not in _STATE_DTYPES:
-                raise ConfigError(name, f"must be one of {_STATE_DTYPES}, got {getattr(self, name)!r}")
-        mode = self.recurrent_spec_verify_mode
-        if mode is not None and mode not in SPEC_VERIFY_MODES:
-            raise ConfigError("recurrent_spec_verify_mode", f"must be one of {list(SPEC_VERIFY_MODES)} or null, got "
-                                                            f"{mode!r}")
+                                  f"supported), got {shown(entry)}")
 
-    def _validate_eagle_layers(self) -> None:
-        layers = self.eagle_hidden_state_layers
-        if not isinstance(layers, tuple):
-            raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
-        if not layers:
-            return
-        if not self.is_spec_decode_base:
-            raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
-                                                           f"this {self.role} config lists {list(layers)}")
-        for i in layers:
-            if not is_int(i) or not 0 <= i < self.num_layers:  # a hybrid's: decoder layers, recurrent ones counted
-                raise ConfigError("eagle_hidden_state_layers",
-                                  f"{list(layers)}: every entry must be a layer index in "
-                                  f"[0, {self.num_layers}) (the decoder layers), got {i!r}")
-        if len(set(layers)) != len(layers):
-            raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
+    def kv_geometry(self, layer: int) -> tuple[int, int]:
+        """``(num_kv_heads, head_dim)`` of attention layer ``layer``'s KV cache: a family's where one gives the
+        layer its own (:meth:`~trtio.features.FamilyConfig.kv_geometry`), else the model's."""
+        for family in self.features:
+            found = family.kv_geometry(layer)
+            if found is not None:
+                return found
+        return (self.num_kv_heads, self.head_dim)
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Every field as plain JSON values (``rope_scaling`` a dict or None, ``extras`` a dict);
+        """Every field as plain JSON values (``rope_scaling`` a dict or None, ``extras`` a dict), the families'
+        keywords among them (each at its default where the model does not use the family);
         ``LLMEngineConfig.from_dict(cfg.to_dict()) == cfg``."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (RopeScaling, Gemma4Config)):
+            if f.name == "features":
+                continue
+            if isinstance(value, RopeScaling):
                 out[f.name] = value.to_dict()
             elif f.name == "kv_layer_configs":
                 out[f.name] = [None if e is None else e.to_dict() if isinstance(e, KVLayerConfig) else e
                                for e in value]
             else:
                 out[f.name] = _thaw(value)
+        extras = out.pop("extras")
+        for family in family_configs():
+            present = self.feature(family)
+            out.update({k: _thaw(v) for k, v in family.KEYWORDS.items()} if present is None else present.to_json())
+        out["extras"] = extras
         return out
 
     @classmethod
@@ -584,9 +584,9 @@ class LLMEngineConfig(StepShapes):
 
         Maps Edge-LLM's keys onto trtio's fields (``num_hidden_layers`` -> ``num_attention_layers``,
         ``builder_config.max_batch_size`` -> ``max_supported_batch_size``, ...; the table is in
-        :mod:`trtio.edgellm_config`), sets ``contract="ragged"``, and keeps every key it does not map in
-        ``extras``. Families trtio cannot bind yet are refused here, naming the key that marks them.
-        ``what`` names a dict's source in errors (a path names itself). Errors name the file and the
+        :mod:`trtio.edgellm_config`, each family's keys in its typed config), sets ``contract="ragged"``, and keeps
+        every key it does not map in ``extras``. Families trtio cannot bind yet are refused here, naming the key that
+        marks them. ``what`` names a dict's source in errors (a path names itself). Errors name the file and the
         Edge-LLM key.
         """
         mapped = map_edgellm_config(source, what=what)
@@ -594,6 +594,77 @@ class LLMEngineConfig(StepShapes):
             return cls(**mapped.values).validate()
         except ConfigError as exc:
             raise mapped.error_for(exc) from None
+
+
+_CORE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(LLMEngineConfig))
+_REQUIRED = tuple(f.name for f in fields(LLMEngineConfig)
+                  if f.default is MISSING and f.default_factory is MISSING)
+_DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not MISSING else f.default)
+             for f in fields(LLMEngineConfig) if f.name not in _REQUIRED}
+
+
+def _split_keywords(args: tuple[Any, ...], values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An LLMEngineConfig's constructor arguments as (every core field's value, the families' keywords given):
+    positional ones in field order, as the dataclass's own constructor takes them."""
+    if len(args) > len(_CORE_FIELDS):
+        raise InvalidTypeError(f"LLMEngineConfig() takes at most {len(_CORE_FIELDS)} positional arguments, got "
+                               f"{len(args)}")
+    for name, value in zip(_CORE_FIELDS, args):
+        if name in values:
+            raise InvalidTypeError(f"LLMEngineConfig() got multiple values for argument {name!r}")
+        values[name] = value
+    core = dict(_DEFAULTS)
+    given: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in core or name in _REQUIRED:
+            core[name] = value
+        elif keyword_owner(name) is not None:
+            given[name] = value
+        else:
+            raise InvalidTypeError(f"LLMEngineConfig() got an unexpected keyword argument {name!r}")
+    missing = [n for n in _REQUIRED if n not in values]
+    if missing:
+        raise InvalidTypeError(f"LLMEngineConfig() missing required argument(s): {', '.join(map(repr, missing))}")
+    if core["extras"] is _DEFAULTS["extras"]:
+        core["extras"] = _NO_EXTRAS
+    return core, given
+
+
+def _family_configs(given: Mapping[str, Any], cfg: LLMEngineConfig) -> tuple[FamilyConfig, ...]:
+    """The typed configs of ``cfg``: each registered family's, from its keywords (those of a typed config already in
+    ``cfg.features``, then those ``given``, each at its default where neither has it) and the dense core."""
+    core = {name: getattr(cfg, name) for name in _CORE_FIELDS if name != "features"}
+    held = cfg.features
+    if not isinstance(held, tuple) or not all(isinstance(f, FamilyConfig) for f in held):
+        raise ConfigError("features", f"must be a tuple of families' typed configs, got {shown(held)}")
+    out = []
+    for family in family_configs():
+        keywords = dict(family.KEYWORDS)
+        for found in held:
+            if type(found) is family:
+                keywords.update(found.keywords())
+        keywords.update((k, tuple(v) if isinstance(v, list) else v) for k, v in given.items() if k in family.KEYWORDS)
+        made = family.from_keywords(keywords, core)
+        if made is not None:
+            out.append(made)
+    strays = [f for f in held if type(f) not in family_configs()]
+    if strays:
+        raise ConfigError("features", f"{type(strays[0]).__name__} is no registered family's typed config")
+    return tuple(out)
+
+
+def _family_attribute(cfg: LLMEngineConfig, name: str) -> Any:
+    """A family's keyword (or another attribute its typed config offers, e.g. ``is_hybrid``) read on ``cfg``: the
+    family's value where the model uses it, its default (or its absent value) where not."""
+    owner = keyword_owner(name)
+    if owner is not None:
+        found = cfg.feature(owner)
+        return getattr(found, name) if found is not None else owner.KEYWORDS[name]
+    for family in family_configs():
+        alias = family.ALIASES.get(name)
+        if alias is not None:
+            return alias(cfg, cfg.feature(family))
+    raise NotAvailableError(f"{type(cfg).__name__!r} object has no attribute {name!r}")
 
 
 def _llm_config_from_fields(data: dict[str, Any]) -> LLMEngineConfig:
@@ -613,10 +684,10 @@ class SpecDecodeConfig:
     verify_size: int = 1
 
     def __post_init__(self) -> None:
-        _python_ints(self)
+        python_ints(self)
 
     def validate(self) -> SpecDecodeConfig:
-        _positive(self, "base_output_hidden_dim", "draft_hidden_size", "max_verify_size",
+        check_positive(self, "base_output_hidden_dim", "draft_hidden_size", "max_verify_size",
                   "max_draft_proposal_size", "drafting_top_k", "drafting_step", "verify_size")
         if self.verify_size > self.max_verify_size:
             raise ConfigError("verify_size", f"{self.verify_size} exceeds max_verify_size ({self.max_verify_size})")

@@ -1,7 +1,7 @@
 """InferenceDims: the per-step dimensions every binding shape is resolved from.
 
-Recipes on the config (``cfg.prefill_dims(...)``, ``cfg.decode_dims(...)`` ...: :class:`StepShapes`, which
-:class:`~trtio.config.LLMEngineConfig` is) build them, as in Edge-LLM; a registry's symbolic shapes are resolved
+Recipes on the config (``cfg.prefill_dims(...)``, ``cfg.decode_dims(...)`` ...: its :class:`StepShapes`, which
+:class:`~trtio.config.LLMEngineConfig` asks) build them, as in Edge-LLM; a registry's symbolic shapes are resolved
 against them, so a binding's shape comes from one place.
 """
 
@@ -45,7 +45,8 @@ class InferenceDims:
     query_offsets_len: int = 0  # batch + 1 (query_start_offsets)
     execution_phase_len: int = 0  # the phase, carried by execution_phase_marker's extent (1..5)
     context_seq_len: int = 0  # prefill sequences in the step (context_sequence_count_carrier), 0 in generation
-    # A vision encoder's step (trtio.vit): its patches, merged tokens, cu_seqlens entries (frames + 1),
+    # A vision encoder's step (trtio.components.visual.vit): its patches, merged tokens, cu_seqlens entries (frames +
+    # 1),
     # cu_window_seqlens entries (windows + 1) and the shape-only max_seqlen_carrier's extent.
     vit_patches: int = 0
     vit_tokens: int = 0
@@ -93,19 +94,22 @@ _FIELD_ORDER = tuple(f.name for f in fields(InferenceDims))
 _FIELD_NAMES = frozenset(_FIELD_ORDER)
 
 
+@dataclass(frozen=True)
 class StepShapes:
     """The InferenceDims of each kind of step an LLM engine config allows (Edge-LLM's llmEngineConfig.cpp
-    recipes), from the config's limits: what :class:`~trtio.config.LLMEngineConfig` offers as methods."""
+    recipes), from the config's limits: what :class:`~trtio.config.LLMEngineConfig` offers as methods (its
+    ``step_shapes``). ``rope_per_slot``: each sequence has its own RoPE table (MRoPE), so a step's rope batch is its
+    batch."""
 
     max_supported_batch_size: int
     max_supported_input_length: int
     max_kv_cache_capacity: int
     max_verify_tree_size: int
     max_draft_tree_size: int
-    rope_type: str  # "mrope": each sequence has its own RoPE table, a step's rope batch is its batch
+    rope_per_slot: bool = False
 
     def _rope_batch(self, batch: int) -> int:
-        return batch if self.rope_type == "mrope" else 1
+        return batch if self.rope_per_slot else 1
 
     def _check_batch(self, batch: int) -> None:
         if not is_int(batch) or not 1 <= batch <= self.max_supported_batch_size:

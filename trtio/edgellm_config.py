@@ -79,11 +79,11 @@ from trtio._checks import is_int
 from trtio._json import json_kind, read_json
 from trtio.dtypes import DType
 from trtio.errors import ConfigError
-from trtio.gemma4_config import GEMMA4_KEYS, Gemma4Config, is_gemma4, read_gemma4
+from trtio.features import family_configs, keyword_owner
 from trtio.rope import RopeScaling
 
 __all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "SPEC_DECODE_TYPES", "TENSOR_PARALLEL_KEYS",
-           "UNSUPPORTED_MARKERS", "MappedConfig", "map_edgellm_config", "unsupported_features"]
+           "UNSUPPORTED_MARKERS", "EdgeReader", "MappedConfig", "got", "map_edgellm_config", "unsupported_features"]
 
 log = logging.getLogger("trtio")
 
@@ -93,7 +93,7 @@ KV_PAGE_SIZE = 128
 #: The only ``builder_config.ragged_backend`` Edge-LLM 0.11's runtime accepts.
 RAGGED_BACKEND = "entry_padded_compatibility"
 ROLES = ("llm", "base", "draft")  # engine_role values trtio binds
-#: The speculative families trtio reads (``trtio.spec_families`` says which it runs).
+#: The speculative families trtio reads (``trtio.families.spec.spec_config`` says which it runs).
 SPEC_DECODE_TYPES = ("eagle3", "mtp", "dflash")
 _KV_DTYPES = ("fp16", "bf16", "fp32", "fp8", "int8")
 _EDGELLM_VERSION = "0.11"
@@ -130,27 +130,15 @@ _SOURCE_KEY = {
     "num_deepstack_features": "num_deepstack_features",
     "kv_cache_dtype": "kv_cache_dtype",
     "base_model_hidden_size": "base_model_hidden_size",
-    "eagle_hidden_state_layers": "eagle_hidden_state_layers",
     "max_supported_batch_size": "builder_config.max_batch_size",
     "max_supported_input_length": "builder_config.max_input_len",
     "max_kv_cache_capacity": "builder_config.max_kv_cache_capacity",
-    "max_lora_rank": "builder_config.max_lora_rank",
     "kv_pool_pages": "builder_config.max_kv_pool_pages",
     "max_verify_tree_size": "builder_config.max_verify_tree_size",
     "max_draft_tree_size": "builder_config.max_draft_tree_size",
     "layer_types": "layer_types",
     "kv_layer_configs": "kv_layer_configs",
-    "recurrent_kind": "recurrent_spec_verify_mode",
-    "conv_dim": "conv_dim",
-    "conv_kernel": "conv_kernel",
-    "recurrent_state_num_heads": "recurrent_state_num_heads",
-    "recurrent_state_head_dim": "recurrent_state_head_dim",
-    "recurrent_state_size": "recurrent_state_size",
-    "recurrent_state_num_groups": "recurrent_state_num_groups",
-    "recurrent_state_dtype": "recurrent_state_dtype",
-    "conv_state_dtype": "conv_state_dtype",
     "use_rope": "use_rope",
-    "mtp_tree_base": "mtp_tree_base",
 }
 
 
@@ -158,12 +146,14 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _got(v: Any) -> str:
+def got(v: Any) -> str:
+    """``v`` shown in an error: its repr and its JSON kind."""
     return f"{v!r} (a {json_kind(v)})"
 
 
-class _Reader:
-    """One Edge-LLM config dict read key by key; remembers which keys became trtio fields."""
+class EdgeReader:
+    """One Edge-LLM config dict read key by key; remembers which keys became trtio fields (a family's
+    ``read_edgellm`` reads its keys through it)."""
 
     def __init__(self, data: Mapping[str, Any], where: str) -> None:
         self.data = data
@@ -204,7 +194,7 @@ class _Reader:
             assert default is not None
             return default
         if not is_int(value) or value < low:
-            raise self.error(key, f"expected {expected}, got {_got(value)}")
+            raise self.error(key, f"expected {expected}, got {got(value)}")
         return int(value)
 
     def number(self, key: str, *, default: float, low: float, high: float | None = None) -> float:
@@ -213,7 +203,7 @@ class _Reader:
         if value is None:
             return default
         if not _is_number(value) or not math.isfinite(value):
-            raise self.error(key, f"expected a finite number {bounds}, got {_got(value)}")
+            raise self.error(key, f"expected a finite number {bounds}, got {got(value)}")
         if value <= low or (high is not None and value > high):
             raise self.error(key, f"expected a number {bounds}, got {value!r}")
         return float(value)
@@ -226,7 +216,7 @@ class _Reader:
             assert default is not None
             return default
         if not isinstance(value, str) or value not in choices:
-            raise self.error(key, f"expected {expected}, got {_got(value)}")
+            raise self.error(key, f"expected {expected}, got {got(value)}")
         return value
 
     def bool_(self, key: str) -> bool | None:
@@ -234,7 +224,7 @@ class _Reader:
         if not found or value is None:
             return None
         if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {_got(value)}")
+            raise self.error(key, f"expected true or false, got {got(value)}")
         return value
 
     def extras(self) -> dict[str, Any]:
@@ -252,40 +242,6 @@ class _Reader:
 
 # -- unsupported families ---------------------------------------------------------------------
 
-def _nonzero_int(r: _Reader, key: str) -> int:
-    value = r.raw(key)
-    if value is None:
-        return 0
-    if not is_int(value) or value < 0:
-        raise r.error(key, f"expected an int >= 0, got {_got(value)}")
-    return int(value)
-
-
-def _kv_layer_problem(r: _Reader) -> str | None:
-    """Why ``kv_layer_configs`` describes per-layer KV shapes, or None where every entry is the
-    top-level shape."""
-    configs = r.raw("kv_layer_configs")
-    if configs is None:
-        return None
-    if not isinstance(configs, list):
-        raise r.error("kv_layer_configs", f"expected a list (one entry per layer), got {_got(configs)}")
-    heads, dim = r.raw("num_key_value_heads"), r.raw("head_dim")
-    shapes = set()
-    for i, entry in enumerate(configs):
-        if entry is None:
-            continue  # a recurrent layer: reported as hybrid
-        if not isinstance(entry, Mapping):
-            raise r.error(f"kv_layer_configs[{i}]", f"expected an object or null, got {_got(entry)}")
-        if "kv_cache_capacity" in entry:
-            return f"layer {i} has its own KV cache capacity ({entry['kv_cache_capacity']!r})"
-        shapes.add((entry.get("num_kv_heads"), entry.get("head_dim")))
-    odd = sorted((s for s in shapes if s != (heads, dim)), key=repr)
-    if odd:
-        return (f"layers use KV heads x head_dim {', '.join(f'{h} x {d}' for h, d in odd)}, "
-                f"not only the top-level {heads} x {dim}")
-    return None
-
-
 _Found = list[tuple[str, str, str]]  # (dotted key, family, detail)
 
 
@@ -295,78 +251,12 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
     Empty for a config trtio can bind. ``where`` names the config in the errors raised for a marker
     key of the wrong type.
     """
-    r = _Reader(data, where)
-    if is_gemma4(data):  # its per-layer KV, KV sharing, dual RoPE and PLE are read by trtio.gemma4_config
-        return _unsupported_modes(r)
-    return [*_per_layer_kv_dims(r), *_kv_sharing(r), *_dual_rope(r),
-            *_per_layer_embeddings(r), *_unsupported_modes(r)]
+    r = EdgeReader(data, where)
+    found: _Found = [f for family in family_configs() for f in family.unsupported(r)]
+    return found + _unsupported_modes(r)
 
 
-def _per_layer_kv_dims(r: _Reader) -> _Found:
-    """Per-layer KV head dims (Gemma-4: global layers with their own head_dim / KV heads)."""
-    global_dim = r.raw("global_head_dim")
-    if global_dim not in (None, 0) and global_dim != r.raw("head_dim"):
-        return [("global_head_dim", "per-layer KV head dims", f"global layers use head_dim {global_dim!r}, "
-                 f"the others {r.raw('head_dim')!r}")]
-    problem = _kv_layer_problem(r)
-    if problem is not None:
-        return [("kv_layer_configs", "per-layer KV head dims", problem)]
-    global_heads = r.raw("num_global_key_value_heads")
-    if global_heads not in (None, 0) and global_heads != r.raw("num_key_value_heads"):
-        return [("num_global_key_value_heads", "per-layer KV head dims",
-                 f"global layers use {global_heads!r} KV heads, the others {r.raw('num_key_value_heads')!r}")]
-    if r.bool_("attention_k_eq_v"):
-        return [("attention_k_eq_v", "per-layer KV head dims", "K == V attention layers")]
-    return []
-
-
-def _kv_sharing(r: _Reader) -> _Found:
-    """KV sharing (Gemma-4: later layers read an earlier layer's KV cache; drafts that read the target's)."""
-    donors = r.raw("kv_sharing_donors")
-    if donors is not None:
-        if not isinstance(donors, list):
-            raise r.error("kv_sharing_donors", f"expected a list (one donor index or -1 per layer), got {_got(donors)}")
-        shared = [i for i, d in enumerate(donors) if d != -1]
-        if shared:
-            return [("kv_sharing_donors", "KV sharing", f"layers {shared} read the KV cache of layers "
-                     f"{[donors[i] for i in shared]}")]
-        return []
-    if _nonzero_int(r, "num_kv_shared_layers"):
-        return [("num_kv_shared_layers", "KV sharing", f"{r.raw('num_kv_shared_layers')} layers read another "
-                 "layer's KV cache")]
-    if r.raw("kv_sharing_map"):
-        return [("kv_sharing_map", "KV sharing", "the draft reads the target's KV cache")]
-    if r.bool_("shares_target_kv"):
-        return [("shares_target_kv", "KV sharing", "the draft reads the target's KV cache")]
-    return []
-
-
-def _dual_rope(r: _Reader) -> _Found:
-    """Sliding-window layers with their own RoPE (two cos/sin tables) and KV pool."""
-    found: _Found = []
-    for key in ("sliding_rope_config", "full_rope_config", "sliding_rotary_dim", "global_rope_theta"):
-        if r.raw(key) is not None:
-            found.append((key, "sliding-window dual RoPE", "sliding and full attention layers use different RoPE "
-                          "tables (rope_rotary_cos_sin and rope_rotary_cos_sin_sliding)"))
-            break
-    if _nonzero_int(r, "builder_config.num_swa_pages"):
-        found.append(("builder_config.num_swa_pages", "sliding-window dual RoPE",
-                      f"sliding layers use a KV pool of {r.raw('builder_config.num_swa_pages')} pages of their own"))
-    return found
-
-
-def _per_layer_embeddings(r: _Reader) -> _Found:
-    """Per-layer embeddings (Gemma-4 "PLE": an extra per-layer input table)."""
-    ple = r.bool_("ple_enabled")
-    n_ple, ple_hidden = _nonzero_int(r, "num_ple_inputs"), _nonzero_int(r, "ple_hidden_size")
-    if not (ple or n_ple or ple_hidden):
-        return []
-    key = "ple_enabled" if ple else ("num_ple_inputs" if n_ple else "ple_hidden_size")
-    return [(key, "per-layer embeddings (Gemma PLE)", f"num_ple_inputs {n_ple}, ple_hidden_size {ple_hidden}: a "
-             "per-layer input table trtio does not allocate")]
-
-
-def _unsupported_modes(r: _Reader) -> _Found:
+def _unsupported_modes(r: EdgeReader) -> _Found:
     """Roles and modes trtio has no step protocol for: diffusion, other speculative families."""
     found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
@@ -402,9 +292,15 @@ class MappedConfig:
     def error_for(self, exc: ConfigError) -> ConfigError:
         """``exc``, raised while validating :attr:`values`, named after the Edge-LLM key its field comes from
         (a relation between fields that the mapping's own checks do not cover)."""
-        key = _SOURCE_KEY.get(exc.field, exc.field)
+        key = _SOURCE_KEY.get(exc.field) or _family_source_key(exc.field) or exc.field
         field_note = f" (trtio's {exc.field})" if key != exc.field else ""
         return ConfigError(f"{self.where}: {key}", f"{exc.message}{field_note}")
+
+
+def _family_source_key(name: str) -> str | None:
+    """The Edge-LLM key a family's keyword ``name`` is read from (None: no family's keyword)."""
+    owner = keyword_owner(name)
+    return owner.SOURCE_KEYS.get(name) if owner is not None else None
 
 
 def _source(source: str | os.PathLike[str] | Mapping[str, Any], what: str | None) -> tuple[Any, str]:
@@ -417,7 +313,7 @@ def _source(source: str | os.PathLike[str] | Mapping[str, Any], what: str | None
 
 def _refuse_tensor_parallel(data: Mapping[str, Any], where: str) -> None:
     """A tensor-parallel config read alone: name the key and say how to read it."""
-    r = _Reader(data, where)
+    r = EdgeReader(data, where)
     tp = r.raw("builder_config.tp_size")
     if (tp is None or tp == 1) and not r.has("rank_configs"):
         return
@@ -429,14 +325,12 @@ def _refuse_tensor_parallel(data: Mapping[str, Any], where: str) -> None:
                                          "every rank")
 
 
-def _role_keys(r: _Reader, role: str, vocab: int, layers: int,
-               capacity: int) -> tuple[int, int, int, int, tuple[int, ...]]:
+def _role_keys(r: EdgeReader, role: str, vocab: int, capacity: int) -> tuple[int, int, int, int]:
     """The keys of a base's or a draft's own: the logits width (a draft's vocabulary, a reduced one), the base
-    hidden width a draft reads, the largest verify and draft trees, an EAGLE3 base's hidden-state layers."""
+    hidden width a draft reads, the largest verify and draft trees."""
     output_vocab = vocab
     base_hidden = 0
     verify = draft_tree = 0
-    eagle_layers: tuple[int, ...] = ()
     if role == "draft":
         output_vocab = r.int_("draft_vocab_size", meaning="the width of the draft's logits")
         base_hidden = r.int_("base_model_hidden_size",
@@ -449,12 +343,25 @@ def _role_keys(r: _Reader, role: str, vocab: int, layers: int,
             raise r.error("reduced_vocab_size", f"{output_vocab} exceeds vocab_size ({vocab})")
     if role == "base":
         verify = r.int_("builder_config.max_verify_tree_size", meaning="most tokens one verify step takes")
-        eagle_layers = _eagle_layers(r, layers)
     step = {"base": verify, "draft": draft_tree}.get(role, 0)
     if step > capacity:
         key = "builder_config.max_verify_tree_size" if role == "base" else "builder_config.max_draft_tree_size"
         raise r.error(key, f"{step} exceeds builder_config.max_kv_cache_capacity ({capacity})")
-    return output_vocab, base_hidden, verify, draft_tree, eagle_layers
+    return output_vocab, base_hidden, verify, draft_tree
+
+
+def _family_keywords(r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
+    """What every registered family reads of the config (:meth:`~trtio.features.FamilyConfig.read_edgellm`), in the
+    family table's order. A core field two read (the KV table: a hybrid's layer stack, Gemma 4's per-layer geometry)
+    is the later's; two families giving one family keyword is a bug of theirs."""
+    out: dict[str, Any] = {}
+    for family in family_configs():
+        found = family.read_edgellm(r, role, layers)
+        twice = sorted(k for k in set(found) & set(out) if keyword_owner(k) is not None)
+        if twice:
+            raise ConfigError(f"{r.where}: {twice[0]}", f"is read by two families ({family.__name__} the second)")
+        out.update(found)
+    return out
 
 
 def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, what: str | None = None,
@@ -477,11 +384,11 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
     if not tensor_parallel:
         _refuse_tensor_parallel(data, where)
     _refuse_unsupported(data, where)
-    r = _Reader(data, where)
+    r = EdgeReader(data, where)
     builder = r.take("builder_config", "an object: Edge-LLM's builder writes max_batch_size, max_input_len, "
                                        "max_kv_cache_capacity, ... beside the engine", required=True)
     if not isinstance(builder, Mapping):
-        raise r.error("builder_config", f"expected an object, got {_got(builder)}")
+        raise r.error("builder_config", f"expected an object, got {got(builder)}")
     r.used.discard("builder_config")  # its keys are accounted for one by one
 
     version = data.get("edgellm_version")
@@ -509,16 +416,17 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("head_dim", f"is absent and hidden_size / num_attention_heads = {hidden} / {heads} is not "
                                   "an int; give head_dim")
     head_dim = r.int_("head_dim", default=hidden // heads)
-    gemma4 = _gemma4(r) if is_gemma4(data) else None
-    if gemma4 is not None and role != "llm":
-        raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
-                                     "pools in a verify tree) is not bound by trtio; refused rather than bound wrong")
-    if gemma4 is None:
-        rotary_dim = _rotary_dim(r, head_dim)
-        theta = r.number("rope_theta", default=10000.0, low=0.0)
-        rope_scaling, rope_type = _rope_scaling(r, theta, rotary_dim / head_dim)
-    else:
-        rotary_dim, theta, rope_scaling, rope_type = _gemma4_top_rope(r, gemma4)
+    values: dict[str, Any] = _family_keywords(r, role, layers)
+    rope: tuple[Any, ...] = (values.get("rotary_dim"), values.get("rope_theta"), values.get("rope_scaling"))
+    if "rotary_dim" not in values:  # the model's one RoPE table, unless a family read its RoPE its own way
+        dim = _rotary_dim(r, head_dim)
+        base = r.number("rope_theta", default=10000.0, low=0.0)
+        rope = dim, base, _rope_scaling(r, base, dim / head_dim)
+    rotary_dim, theta, rope_scaling = rope
+    use_rope = r.bool_("use_rope")
+    if use_rope is not None:
+        r.used.add("use_rope")
+        values["use_rope"] = use_rope
     max_positions = r.int_("max_position_embeddings", default=0, low=0, meaning="the model's context length")
     deepstack = r.int_("num_deepstack_features", default=0, low=0)
     kv_dtype = r.str_("kv_cache_dtype", _KV_DTYPES, default="fp16", meaning="Edge-LLM's KV cache dtype names")
@@ -530,59 +438,23 @@ def map_edgellm_config(source: str | os.PathLike[str] | Mapping[str, Any], *, wh
         raise r.error("builder_config.max_input_len", f"{input_len} exceeds builder_config.max_kv_cache_capacity "
                                                       f"({capacity}): a prompt must fit the KV cache")
     pool = r.int_("builder_config.max_kv_pool_pages", default=0, low=0, meaning="pages per KV pool")
-    lora_rank = r.int_("builder_config.max_lora_rank", default=0, low=0,
-                       meaning="the largest LoRA adapter rank the engine takes (0: no LoRA inputs)")
 
-    output_vocab, base_hidden, verify, draft_tree, eagle_layers = _role_keys(r, role, vocab, layers, capacity)
-    values: dict[str, Any] = dict(
+    output_vocab, base_hidden, verify, draft_tree = _role_keys(r, role, vocab, capacity)
+    core: dict[str, Any] = dict(
         hidden_size=hidden, vocab_size=vocab, max_supported_batch_size=batch, max_supported_input_length=input_len,
         max_kv_cache_capacity=capacity, num_attention_layers=layers, num_attention_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, rotary_dim=rotary_dim, output_vocab_size=output_vocab,
         activation_dtype="float16", kv_cache_dtype=str(DType.coerce(kv_dtype)), num_deepstack_features=deepstack,
-        rope_type=rope_type, rope_theta=theta, is_spec_decode_base=role == "base",
-        base_model_hidden_size=base_hidden, max_verify_tree_size=verify, max_draft_tree_size=draft_tree,
-        contract="ragged", kv_page_size=KV_PAGE_SIZE, kv_pool_pages=pool, rope_scaling=rope_scaling,
-        max_position_embeddings=max_positions, max_lora_rank=lora_rank,
-        eagle_hidden_state_layers=eagle_layers, **_hybrid(r, layers, role),
+        rope_theta=theta, is_spec_decode_base=role == "base", base_model_hidden_size=base_hidden,
+        max_verify_tree_size=verify, max_draft_tree_size=draft_tree, contract="ragged", kv_page_size=KV_PAGE_SIZE,
+        kv_pool_pages=pool, rope_scaling=rope_scaling, max_position_embeddings=max_positions,
     )
-    if gemma4 is not None:
-        values["gemma4"] = gemma4
-        values["kv_layer_configs"] = [{"num_kv_heads": h, "head_dim": d} for h, d in zip(gemma4.kv_heads,
-                                                                                         gemma4.head_dims)]
+    values = {**core, **values}  # what a family read its own way (a RoPE type, the layer stack) over the core's
     values["extras"] = r.extras()
     return MappedConfig(values, where)
 
 
-# -- Gemma 4 ----------------------------------------------------------------------------------
-
-def _gemma4(r: _Reader) -> Gemma4Config:
-    capacity = r.int_("builder_config.max_kv_cache_capacity", meaning="KV cache tokens per sequence")
-    g = read_gemma4(r.data, r.where, capacity=capacity)
-    r.used.update(k for k in GEMMA4_KEYS if r.has(k))
-    return g
-
-
-def _gemma4_top_rope(r: _Reader, g: Gemma4Config) -> tuple[int, float, RopeScaling | None, str]:
-    """Gemma 4's top-level ``rope_theta`` / ``partial_rotary_factor`` / ``rope_scaling`` copy its full layers'
-    RoPE (``full_rope_config``), which is what is computed; a copy that differs is refused. trtio's single-table
-    fields then describe the sliding layers' table (``LLMEngineConfig.gemma4`` holds both)."""
-    full = g.full_rope
-    theta = r.number("rope_theta", default=full.theta, low=0.0)
-    factor = r.number("partial_rotary_factor", default=full.partial_rotary_factor, low=0.0, high=1.0)
-    scaling = r.take("rope_scaling", "null or an object", required=False)
-    kind = None if scaling is None else scaling.get("rope_type", scaling.get("type")) \
-        if isinstance(scaling, Mapping) else scaling
-    for key, top, want in (("rope_theta", theta, full.theta), ("partial_rotary_factor", factor,
-                                                               full.partial_rotary_factor),
-                           ("rope_scaling", kind, None if scaling is None else full.rope_type)):
-        if top != want:
-            raise r.error(key, f"is {top!r} but full_rope_config says {want!r}: the top-level RoPE keys of a Gemma 4 "
-                               "config copy its full layers' RoPE")
-    s = g.sliding_rope
-    return s.width, s.theta, s.scaling, "rope"
-
-
-def _check_spec_mode(r: _Reader, role: str) -> None:
+def _check_spec_mode(r: EdgeReader, role: str) -> None:
     spec_type = r.raw("spec_decode_type")
     if role == "llm":
         if spec_type is not None and spec_type != "none":
@@ -598,7 +470,7 @@ def _check_spec_mode(r: _Reader, role: str) -> None:
                                "another role")
 
 
-def _rotary_dim(r: _Reader, head_dim: int) -> int:
+def _rotary_dim(r: EdgeReader, head_dim: int) -> int:
     factor = r.number("partial_rotary_factor", default=1.0, low=0.0, high=1.0)
     exact = head_dim * factor
     rotary = round(exact)
@@ -608,14 +480,14 @@ def _rotary_dim(r: _Reader, head_dim: int) -> int:
     return int(rotary)
 
 
-def _rope_scaling(r: _Reader, theta: float, factor: float) -> tuple[RopeScaling | None, str]:
+def _rope_scaling(r: EdgeReader, theta: float, factor: float) -> RopeScaling | None:
     """``rope_scaling`` validated; its copies of ``rope_theta`` and ``partial_rotary_factor`` (Edge-LLM's writer
     puts them there too) must agree with the top-level keys, which the table is computed from."""
     value = r.take("rope_scaling", "null or an object (HF's rope_scaling)", required=False)
     if value is None:
-        return None, "rope"
+        return None
     if not isinstance(value, Mapping):
-        raise r.error("rope_scaling", f"expected null or an object (HF's rope_scaling), got {_got(value)}")
+        raise r.error("rope_scaling", f"expected null or an object (HF's rope_scaling), got {got(value)}")
     try:
         scaling = RopeScaling.from_hf(value, what="rope_scaling")
     except ConfigError as exc:
@@ -625,107 +497,4 @@ def _rope_scaling(r: _Reader, theta: float, factor: float) -> tuple[RopeScaling 
         if copy_ is not None and (not _is_number(copy_) or not math.isclose(float(copy_), top, rel_tol=1e-9)):
             raise r.error(f"rope_scaling.{key}", f"is {copy_!r} but the config's {key} is {top:g}: the RoPE table "
                                                  "would depend on which one is read")
-    if scaling is None:
-        return None, "rope"
-    is_mrope = scaling.mrope_section is not None or scaling.rope_type == "mrope"
-    return scaling, "mrope" if is_mrope else "rope"
-
-
-def _eagle_layers(r: _Reader, layers: int) -> tuple[int, ...]:
-    value = r.take("eagle_hidden_state_layers", "a list of layer indices", required=False)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(is_int(i) for i in value):
-        raise r.error("eagle_hidden_state_layers", f"expected a list of layer indices, got {_got(value)}")
-    bad = [i for i in value if not 0 <= i < layers]
-    if bad:
-        raise r.error("eagle_hidden_state_layers", f"{value}: {bad} outside [0, num_hidden_layers={layers})")
-    return tuple(value)
-
-
-# -- hybrid models ----------------------------------------------------------------------------
-
-_STATE_DTYPES = ("fp16", "bf16", "fp32")
-_LAYER_TYPES = ("attention", "mamba")
-
-
-def _hybrid(r: _Reader, attention_layers: int, role: str) -> dict[str, Any]:
-    """The hybrid keys (Qwen3.5's Gated DeltaNet, Nemotron-H's Mamba2): ``layer_types``, ``kv_layer_configs``, the
-    recurrent state's geometry and dtypes, ``recurrent_spec_verify_mode`` and ``use_rope``, read onto trtio's
-    fields; ``recurrent_kind`` told from them. Nothing for a dense config (``use_rope`` aside)."""
-    out: dict[str, Any] = {}
-    for key in ("use_rope", "mtp_tree_base"):
-        value = r.bool_(key)
-        if value is not None:
-            r.used.add(key)
-            out[key] = value
-    types = r.take("layer_types", "a list of 'attention' / 'mamba'", required=False)
-    n_linear = r.int_("num_linear_attn_layers", default=0, low=0, meaning="the recurrent layers")
-    if types is None:
-        if n_linear:
-            raise r.error("num_linear_attn_layers", f"is {n_linear} but the config has no layer_types saying which "
-                                                    "layers are recurrent")
-        if r.has("recurrent_state_num_heads"):
-            raise r.error("recurrent_state_num_heads", "describes recurrent state but the config has no layer_types "
-                                                       "saying which layers are recurrent")
-        return out
-    if not isinstance(types, list) or any(t not in _LAYER_TYPES for t in types):
-        bad = types if not isinstance(types, list) else next(t for t in types if t not in _LAYER_TYPES)
-        raise r.error("layer_types", f"expected a list of {list(_LAYER_TYPES)} (Edge-LLM's per-layer routing: any "
-                                     f"recurrent layer is 'mamba'), got {_got(bad)}")
-    table = r.take("kv_layer_configs", "a list with one entry per layer of layer_types", required=False)
-    if table is not None:
-        if not isinstance(table, list):
-            raise r.error("kv_layer_configs", f"expected a list (one entry per layer), got {_got(table)}")
-        out["kv_layer_configs"] = [copy.deepcopy(e) for e in table]
-    if types.count("attention") != attention_layers:
-        key = "num_attention_layers" if r.has("num_attention_layers") else "num_hidden_layers"
-        raise r.error(key, f"is {attention_layers} but layer_types lists {types.count('attention')} attention layers")
-    out["layer_types"] = list(types)
-    recurrent = types.count("mamba")
-    if not recurrent:
-        return out
-    if r.has("num_linear_attn_layers") and n_linear != recurrent:
-        raise r.error("num_linear_attn_layers", f"is {n_linear} but layer_types lists {recurrent} recurrent layers")
-    if role == "draft":
-        raise r.error("engine_role", "is 'draft' on a hybrid model: trtio runs drafts of attention layers only (an "
-                                     "MTP or EAGLE3 draft); the config is refused rather than bound wrong")
-    for key in ("conv_dim", "conv_kernel", "recurrent_state_num_heads", "recurrent_state_head_dim",
-                "recurrent_state_size"):
-        out[key] = r.int_(key, meaning="the recurrent layers' state geometry")
-    groups = r.int_("recurrent_state_num_groups", default=0, low=0, meaning="Mamba2's B/C groups")
-    out["recurrent_state_num_groups"] = groups
-    state_dtype = r.str_("recurrent_state_dtype", _STATE_DTYPES, meaning="the recurrent state's dtype")
-    out["recurrent_state_dtype"] = str(DType.coerce(state_dtype))
-    out["conv_state_dtype"] = str(DType.coerce(r.str_("conv_state_dtype", _STATE_DTYPES,
-                                                      meaning="the conv state's dtype")))
-    mode = r.str_("recurrent_spec_verify_mode", ("snapshot", "replay"), required=False, default="",
-                  meaning="GDN 'snapshot', Mamba2 'replay'") or None
-    out["recurrent_spec_verify_mode"] = mode
-    out["recurrent_kind"] = _recurrent_kind(r, mode, state_dtype, groups)
-    if out["recurrent_kind"] == "mamba2" and groups:
-        # Mamba2's conv runs over x, B and C together: heads x head_dim + 2 x groups x state channels.
-        want = out["recurrent_state_num_heads"] * out["recurrent_state_head_dim"] + 2 * groups * \
-            out["recurrent_state_size"]
-        if out["conv_dim"] != want:
-            raise r.error("conv_dim", f"is {out['conv_dim']} but a Mamba2 layer of {out['recurrent_state_num_heads']} "
-                                      f"heads x {out['recurrent_state_head_dim']} + 2 x {groups} groups x "
-                                      f"{out['recurrent_state_size']} state convolves {want} channels")
-    return out
-
-
-def _recurrent_kind(r: _Reader, mode: str | None, state_dtype: str, groups: int) -> str:
-    """Gated DeltaNet or Mamba2, told from the keys Edge-LLM's writer sets differently for them: the verify mode
-    (GDN "snapshot", Mamba2 "replay"), the B/C groups (Mamba2 only) and the recurrent state's dtype (GDN FP32, Mamba2
-    FP16: the plugins' schemas). Keys that disagree are refused, naming the one that contradicts the first."""
-    votes: list[tuple[str, str]] = []
-    if mode is not None:
-        votes.append(("recurrent_spec_verify_mode", "gated_deltanet" if mode == "snapshot" else "mamba2"))
-    if groups:
-        votes.append(("recurrent_state_num_groups", "mamba2"))
-    votes.append(("recurrent_state_dtype", "gated_deltanet" if state_dtype == "fp32" else "mamba2"))
-    key, kind = votes[0]
-    for other, says in votes[1:]:
-        if says != kind:
-            raise r.error(other, f"marks a {says} layer but {key} marks {kind}: the recurrent kind is ambiguous")
-    return kind
+    return scaling

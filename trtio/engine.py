@@ -19,7 +19,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from trtio import names as _names
 from trtio._lifetime import Closeable
@@ -413,232 +413,7 @@ def _binding_problems(info: TensorInfo, t: Tensor, shape: tuple[int, ...], profi
 _PLAN_CACHE = 32  # binding plans an executor remembers (steps alternate a few: proposal, catch-up, ...)
 
 
-class _GraphRunner:
-    """The execution half of an :class:`EngineExecutor`: running a prepared step, plainly or as a CUDA graph it
-    captures once per binding snapshot and replays (the binding half, :meth:`EngineExecutor.prepare`, makes and
-    checks the plans it runs)."""
-
-    # The executor's fields this half reads and writes (declared for the type checker; EngineExecutor sets them)
-    name: str
-    context: Any
-    graphs_enabled: bool
-    graph_stats: GraphStats
-    enqueued: int
-    last_work: tuple[DeviceWork, ...]
-    _closed: bool
-    _backend: Backend
-    _profile: int | None
-    _plan: _Plan | None
-    _plans: OrderedDict[tuple[Any, ...], _Plan]
-    _graphs: dict[tuple[Any, ...], int]
-    _views: ViewLog
-    _last_snapshot: tuple[Any, ...] | None
-    _last_before: tuple[DeviceWork, ...]
-
-    if TYPE_CHECKING:  # the executor's methods this half calls
-        def _check_open(self) -> None: ...
-
-        def _sync(self, plan: _Plan, stream: Stream) -> None: ...
-
-    def execute(self, stream: StreamLike = None, *, use_graph: bool | None = None,
-                before: tuple[DeviceWork, ...] = ()) -> None:
-        """Enqueue the engine on ``stream`` (after :meth:`prepare`), after the device work ``before``
-        (e.g. :class:`trtio.ops.RowCopy` values: the inputs the step gathers on the device).
-
-        With graphs, the first step of each binding snapshot and ``before`` runs un-captured (TensorRT's
-        lazy initialisation) and is then captured with ``before`` in one graph, which later steps with the
-        same snapshot and equal ``before`` replay (a capture that fails after that first run costs only the
-        graph: see :meth:`_capture`). A step runs once: ``before`` need not be idempotent (a move may read
-        what the engine writes).
-
-        When it raises, :attr:`enqueued` says how far it got: the works of ``before`` that reached the stream,
-        plus 1 once the engine's work did (a step whose device work overwrote what it reads cannot simply
-        be run again then).
-        """
-        if self._closed:
-            self._check_open()
-        self.enqueued = 0
-        self.last_work = before
-        plan = self._plan
-        if plan is None:
-            raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
-        s = as_stream(stream, self._backend)
-        if use_graph if use_graph is not None else self.graphs_enabled:
-            graph = plan.graph if plan.graph_before is before else None
-            captured = False
-            if graph is None:
-                # A step that alternates between works (a round's levels): each work's graph, by identity.
-                found = plan.graphs.get(id(before))
-                if found is not None and found[0] is before:
-                    graph = found[1]
-                else:
-                    key = (plan.snapshot, before)
-                    graph = self._graphs.get(key)  # hashing the snapshot: once per new plan or new `before`
-                    if graph is None:
-                        self._sync(plan, s)
-                        graph, captured = self._capture(key, s), True
-                    if len(plan.graphs) >= _PLAN_CACHE:  # works made afresh per step would grow it without bound
-                        plan.graphs.clear()
-                    plan.graphs[id(before)] = (before, graph)
-                plan.graph, plan.graph_before = graph, before
-            if captured:
-                pass  # the capture's warm-up was this step: the graph (or plain execution) serves the next ones
-            elif graph:
-                self.graph_stats.hits += 1
-                self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
-                self.enqueued = len(before) + 1
-            else:
-                self._sync(plan, s)
-                self._enqueue(s, before)  # this binding snapshot cannot be captured (graph_stats says why)
-        else:
-            self._sync(plan, s)
-            self._enqueue(s, before)
-        for t in plan.outputs:
-            t._last_stream = s
-
-    def replay(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: Stream,
-               before: tuple[DeviceWork, ...]) -> bool:
-        """:meth:`prepare` then :meth:`execute` of a step whose graph, with the same ``before``, the last
-        ``execute`` replayed (a steady step): its views are set again where they changed and its graph is
-        launched. False, having done nothing, where it is not such a step (then prepare and execute it)."""
-        plan = self._plan
-        if plan is None or self._closed or plan.graph_before is not before or not plan.graph or \
-                not self.graphs_enabled:
-            return False
-        key = plan.key
-        if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
-            return False
-        if stream._closed:
-            stream._check_open()
-        self._launch(plan, stream, before)
-        for t in plan.outputs:
-            t._last_stream = stream
-        return True
-
-    def replay_again(self, stream: Stream, before: tuple[DeviceWork, ...]) -> bool:
-        """:meth:`replay` of the step the last one replayed, where the caller's checks stand for the step's key
-        (the same profile, dims and tensor map: ``before`` is work only that step runs, and nothing prepared
-        another step since) and ``stream`` is the stream the last one ran on, open (its outputs' last stream
-        stays): its views are set again where they changed and its graph is launched. False, having done
-        nothing, where the last step replayed was not that one (then :meth:`replay`)."""
-        plan = self._plan
-        if plan is None or plan.graph_before is not before or not plan.graph or self._closed or \
-                not self.graphs_enabled:
-            return False
-        self._launch(plan, stream, before)
-        return True
-
-    def _launch(self, plan: _Plan, stream: Stream, before: tuple[DeviceWork, ...]) -> None:
-        """A replay's launch of ``plan``'s graph (checked by the caller) on ``stream``: its views set again where
-        they changed, then the graph, which holds its bindings (no context sync)."""
-        views = self._views
-        if plan.view_changes != views.changes:
-            _views_again(plan, views)
-        self.enqueued = 0
-        self.last_work = before
-        self.graph_stats.hits += 1
-        graph = plan.graph
-        assert graph is not None  # the caller's check
-        self._backend.launch_graph(graph, stream._handle)
-        self.enqueued = len(before) + 1
-
-    def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
-        for work in before:
-            work.enqueue(s)
-            self.enqueued += 1
-        if not self.context.execute_async_v3(s.handle):
-            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
-                              f"see the trtio.trt log for TensorRT's reason")
-        self.enqueued += 1
-
-    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:
-        """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
-        this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``, or where
-        the capture fails.
-
-        The warm-up is the step's work: once it has run and the stream has synchronised, the step is done,
-        and a capture that fails after that (begin, an enqueue into the capture, end) costs only the graph:
-        it is logged, ``graph_stats.last_miss_reason`` says why, and the step returns. A failed warm-up or
-        synchronisation raises (the step's work may not have run, or may have failed)."""
-        snapshot, before = key
-        stats = self.graph_stats
-        stats.misses += 1
-        stats.last_miss_reason = self._miss_reason(snapshot, before)
-        self._last_snapshot, self._last_before = snapshot, before
-        self._enqueue(s, before)  # warm-up: TensorRT initialises lazily at new shapes
-        s.synchronize()
-        capturable = getattr(self.context, "is_stream_capturable", None)
-        if capturable is not None and not capturable(s.handle):
-            # TensorRT-RTX reports this (e.g. an engine built without REQUIRE_USER_ALLOCATION).
-            stats.last_miss_reason += "; not captured: the execution context reports the stream is not capturable"
-            self._graphs[key] = 0
-            log.info("executor %s: %s", self.name, stats.last_miss_reason)
-            return 0
-        try:
-            graph = self._record(s, before)
-        except TrtioError as exc:  # the step ran (the warm-up): only its graph is lost
-            stats.last_miss_reason += f"; not captured: {exc}"
-            self._graphs[key] = 0
-            log.warning("executor %s: the CUDA-graph capture failed after the step ran; this binding snapshot runs "
-                        "without a graph from now on (clear_graphs() tries again): %s", self.name, exc)
-            return 0
-        self._graphs[key] = graph
-        stats.captures += 1
-        stats.graphs = len(self._graphs)
-        log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
-        return graph
-
-    def _record(self, s: Stream, before: tuple[DeviceWork, ...]) -> int:
-        """Capture ``before`` and the engine's enqueue on ``s`` into a graph; the stream is not left capturing
-        whatever fails."""
-        be = self._backend
-        be.begin_capture(s.handle)
-        try:
-            for work in before:
-                work.enqueue(s)
-            ok = self.context.execute_async_v3(s.handle)
-        except BaseException:
-            be.abort_capture(s.handle)
-            raise
-        if not ok:
-            be.abort_capture(s.handle)
-            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False while capturing a CUDA graph")
-        return be.end_capture(s.handle)
-
-    def _miss_reason(self, snapshot: tuple[Any, ...], before: tuple[DeviceWork, ...]) -> str:
-        prev = self._last_snapshot
-        if prev is None:
-            return "first capture"
-        if prev == snapshot and before != self._last_before:
-            return "other device work before the engine"
-        if prev[0] != snapshot[0]:
-            return f"profile {prev[0]} -> {snapshot[0]}"
-        bound = {name: (addr, shape) for name, addr, shape in prev[1:]}
-        for name, addr, shape in snapshot[1:]:
-            old = bound.get(name)
-            if old is None:
-                return f"{name}: newly bound"
-            if old[0] != addr:
-                return f"{name}: address 0x{old[0]:x} -> 0x{addr:x}"
-            if old[1] != shape:
-                return f"{name}: shape {_fmt(old[1])} -> {_fmt(shape)}"
-        return "binding set changed"
-
-    def clear_graphs(self) -> None:
-        """Destroy every captured graph (after a rebinding that makes them stale, or to free them)."""
-        try:
-            destroy_graphs(self._backend, self._graphs)
-        finally:
-            for plan in self._plans.values():
-                plan.graph = None
-                plan.graphs.clear()
-            if self._plan is not None:
-                self._plan.graph = None
-                self._plan.graphs.clear()
-            self.graph_stats.graphs = 0
-
-
-class EngineExecutor(_GraphRunner, Closeable):
+class EngineExecutor(Closeable):
     """One execution context of an engine, bound to trtio tensors (see module docstring).
 
     Follows trtio's close protocol (:mod:`trtio._lifetime`): :meth:`close` destroys the captured graphs,
@@ -913,6 +688,204 @@ class EngineExecutor(_GraphRunner, Closeable):
                 self._bound_shape[name] = shape
         self._synced = plan
 
+    # -- execution: a prepared step run plainly, or as a CUDA graph captured once per binding snapshot --------
+    def execute(self, stream: StreamLike = None, *, use_graph: bool | None = None,
+                before: tuple[DeviceWork, ...] = ()) -> None:
+        """Enqueue the engine on ``stream`` (after :meth:`prepare`), after the device work ``before``
+        (e.g. :class:`trtio.ops.RowCopy` values: the inputs the step gathers on the device).
+
+        With graphs, the first step of each binding snapshot and ``before`` runs un-captured (TensorRT's
+        lazy initialisation) and is then captured with ``before`` in one graph, which later steps with the
+        same snapshot and equal ``before`` replay (a capture that fails after that first run costs only the
+        graph: see :meth:`_capture`). A step runs once: ``before`` need not be idempotent (a move may read
+        what the engine writes).
+
+        When it raises, :attr:`enqueued` says how far it got: the works of ``before`` that reached the stream,
+        plus 1 once the engine's work did (a step whose device work overwrote what it reads cannot simply
+        be run again then).
+        """
+        if self._closed:
+            self._check_open()
+        self.enqueued = 0
+        self.last_work = before
+        plan = self._plan
+        if plan is None:
+            raise EngineError(f"engine {self.name!r}: execute() before a successful prepare()")
+        s = as_stream(stream, self._backend)
+        if use_graph if use_graph is not None else self.graphs_enabled:
+            graph = plan.graph if plan.graph_before is before else None
+            captured = False
+            if graph is None:
+                # A step that alternates between works (a round's levels): each work's graph, by identity.
+                found = plan.graphs.get(id(before))
+                if found is not None and found[0] is before:
+                    graph = found[1]
+                else:
+                    key = (plan.snapshot, before)
+                    graph = self._graphs.get(key)  # hashing the snapshot: once per new plan or new `before`
+                    if graph is None:
+                        self._sync(plan, s)
+                        graph, captured = self._capture(key, s), True
+                    if len(plan.graphs) >= _PLAN_CACHE:  # works made afresh per step would grow it without bound
+                        plan.graphs.clear()
+                    plan.graphs[id(before)] = (before, graph)
+                plan.graph, plan.graph_before = graph, before
+            if captured:
+                pass  # the capture's warm-up was this step: the graph (or plain execution) serves the next ones
+            elif graph:
+                self.graph_stats.hits += 1
+                self._backend.launch_graph(graph, s.handle)  # the graph holds its bindings: no context sync
+                self.enqueued = len(before) + 1
+            else:
+                self._sync(plan, s)
+                self._enqueue(s, before)  # this binding snapshot cannot be captured (graph_stats says why)
+        else:
+            self._sync(plan, s)
+            self._enqueue(s, before)
+        for t in plan.outputs:
+            t._last_stream = s
+
+    def replay(self, profile: int, tensor_map: TensorMap, dims: InferenceDims, stream: Stream,
+               before: tuple[DeviceWork, ...]) -> bool:
+        """:meth:`prepare` then :meth:`execute` of a step whose graph, with the same ``before``, the last
+        ``execute`` replayed (a steady step): its views are set again where they changed and its graph is
+        launched. False, having done nothing, where it is not such a step (then prepare and execute it)."""
+        plan = self._plan
+        if plan is None or self._closed or plan.graph_before is not before or not plan.graph or \
+                not self.graphs_enabled:
+            return False
+        key = plan.key
+        if key[1] is not dims or key[0] != profile or key[2] != id(tensor_map) or key[3] != tensor_map.generation:
+            return False
+        if stream._closed:
+            stream._check_open()
+        self._launch(plan, stream, before)
+        for t in plan.outputs:
+            t._last_stream = stream
+        return True
+
+    def replay_again(self, stream: Stream, before: tuple[DeviceWork, ...]) -> bool:
+        """:meth:`replay` of the step the last one replayed, where the caller's checks stand for the step's key
+        (the same profile, dims and tensor map: ``before`` is work only that step runs, and nothing prepared
+        another step since) and ``stream`` is the stream the last one ran on, open (its outputs' last stream
+        stays): its views are set again where they changed and its graph is launched. False, having done
+        nothing, where the last step replayed was not that one (then :meth:`replay`)."""
+        plan = self._plan
+        if plan is None or plan.graph_before is not before or not plan.graph or self._closed or \
+                not self.graphs_enabled:
+            return False
+        self._launch(plan, stream, before)
+        return True
+
+    def _launch(self, plan: _Plan, stream: Stream, before: tuple[DeviceWork, ...]) -> None:
+        """A replay's launch of ``plan``'s graph (checked by the caller) on ``stream``: its views set again where
+        they changed, then the graph, which holds its bindings (no context sync)."""
+        views = self._views
+        if plan.view_changes != views.changes:
+            _views_again(plan, views)
+        self.enqueued = 0
+        self.last_work = before
+        self.graph_stats.hits += 1
+        graph = plan.graph
+        assert graph is not None  # the caller's check
+        self._backend.launch_graph(graph, stream._handle)
+        self.enqueued = len(before) + 1
+
+    def _enqueue(self, s: Stream, before: tuple[DeviceWork, ...] = ()) -> None:
+        for work in before:
+            work.enqueue(s)
+            self.enqueued += 1
+        if not self.context.execute_async_v3(s.handle):
+            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
+                              f"see the trtio.trt log for TensorRT's reason")
+        self.enqueued += 1
+
+    def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:
+        """Warm up, then capture ``before`` and the enqueue as a graph; 0 (plain execution from now on for
+        this key: (binding snapshot, before)) where the context says it cannot be captured on ``s``, or where
+        the capture fails.
+
+        The warm-up is the step's work: once it has run and the stream has synchronised, the step is done,
+        and a capture that fails after that (begin, an enqueue into the capture, end) costs only the graph:
+        it is logged, ``graph_stats.last_miss_reason`` says why, and the step returns. A failed warm-up or
+        synchronisation raises (the step's work may not have run, or may have failed)."""
+        snapshot, before = key
+        stats = self.graph_stats
+        stats.misses += 1
+        stats.last_miss_reason = self._miss_reason(snapshot, before)
+        self._last_snapshot, self._last_before = snapshot, before
+        self._enqueue(s, before)  # warm-up: TensorRT initialises lazily at new shapes
+        s.synchronize()
+        capturable = getattr(self.context, "is_stream_capturable", None)
+        if capturable is not None and not capturable(s.handle):
+            # TensorRT-RTX reports this (e.g. an engine built without REQUIRE_USER_ALLOCATION).
+            stats.last_miss_reason += "; not captured: the execution context reports the stream is not capturable"
+            self._graphs[key] = 0
+            log.info("executor %s: %s", self.name, stats.last_miss_reason)
+            return 0
+        try:
+            graph = self._record(s, before)
+        except TrtioError as exc:  # the step ran (the warm-up): only its graph is lost
+            stats.last_miss_reason += f"; not captured: {exc}"
+            self._graphs[key] = 0
+            log.warning("executor %s: the CUDA-graph capture failed after the step ran; this binding snapshot runs "
+                        "without a graph from now on (clear_graphs() tries again): %s", self.name, exc)
+            return 0
+        self._graphs[key] = graph
+        stats.captures += 1
+        stats.graphs = len(self._graphs)
+        log.debug("executor %s: captured graph %d (%s)", self.name, len(self._graphs), stats.last_miss_reason)
+        return graph
+
+    def _record(self, s: Stream, before: tuple[DeviceWork, ...]) -> int:
+        """Capture ``before`` and the engine's enqueue on ``s`` into a graph; the stream is not left capturing
+        whatever fails."""
+        be = self._backend
+        be.begin_capture(s.handle)
+        try:
+            for work in before:
+                work.enqueue(s)
+            ok = self.context.execute_async_v3(s.handle)
+        except BaseException:
+            be.abort_capture(s.handle)
+            raise
+        if not ok:
+            be.abort_capture(s.handle)
+            raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False while capturing a CUDA graph")
+        return be.end_capture(s.handle)
+
+    def _miss_reason(self, snapshot: tuple[Any, ...], before: tuple[DeviceWork, ...]) -> str:
+        prev = self._last_snapshot
+        if prev is None:
+            return "first capture"
+        if prev == snapshot and before != self._last_before:
+            return "other device work before the engine"
+        if prev[0] != snapshot[0]:
+            return f"profile {prev[0]} -> {snapshot[0]}"
+        bound = {name: (addr, shape) for name, addr, shape in prev[1:]}
+        for name, addr, shape in snapshot[1:]:
+            old = bound.get(name)
+            if old is None:
+                return f"{name}: newly bound"
+            if old[0] != addr:
+                return f"{name}: address 0x{old[0]:x} -> 0x{addr:x}"
+            if old[1] != shape:
+                return f"{name}: shape {_fmt(old[1])} -> {_fmt(shape)}"
+        return "binding set changed"
+
+    def clear_graphs(self) -> None:
+        """Destroy every captured graph (after a rebinding that makes them stale, or to free them)."""
+        try:
+            destroy_graphs(self._backend, self._graphs)
+        finally:
+            for plan in self._plans.values():
+                plan.graph = None
+                plan.graphs.clear()
+            if self._plan is not None:
+                self._plan.graph = None
+                self._plan.graphs.clear()
+            self.graph_stats.graphs = 0
+
     def unused(self, tensor_map: TensorMap) -> list[str]:
         """Map entries this engine does not declare (bound nowhere, reported instead of silently lost)."""
         declared = set(self.io.names())
@@ -920,8 +893,8 @@ class EngineExecutor(_GraphRunner, Closeable):
 
     def forget(self, tensors: Collection[Tensor]) -> None:
         """Let ``tensors`` go, bound no more (their tensor map rebound their names: a setup's LoRA adapter whose
-        device copy is freed, :mod:`trtio.lora`): every plan that binds one of them is dropped, every graph captured
-        with their memory bound is destroyed, and this executor stops holding their memory
+        device copy is freed, :mod:`trtio.families.lora.adapters`): every plan that binds one of them is dropped,
+        every graph captured with their memory bound is destroyed, and this executor stops holding their memory
         (:func:`~trtio.tensor.unmark_bound_memory`), which its owner may then free. A step that binds them again
         (at their addresses or others) plans and captures afresh; the execution context is told its addresses
         again where a plan runs plainly (``_sync``)."""

@@ -32,7 +32,11 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.errors import CapacityError, TrtioError
 
-__all__ = ["PagePool", "PageTable", "Prefix", "PrefixPositions", "PrefixReturns", "StepPages"]
+#: Rows a setup keeps for what pinned prefixes hold beside their KV pages (a hybrid model's recurrent-state snapshots)
+#: unless ``max_prefixes=`` says otherwise.
+DEFAULT_MAX_PREFIXES = 4
+
+__all__ = ["DEFAULT_MAX_PREFIXES", "PagePool", "PageTable", "Prefix", "PrefixPositions", "PrefixReturns", "StepPages"]
 
 
 class PagePool:
@@ -354,7 +358,7 @@ class PrefixPositions:
     a token at cache position ``k`` after them is text at position ``k + delta``. ``cuts`` (int64, read-only) says
     the same for shorter prefixes of those tokens: ``cuts[i]`` is the delta after the first ``i + 1`` of them; past
     its end every cut's delta is ``delta`` (a text-only sequence: ``delta`` 0, no cuts). Made and read by
-    :class:`~trtio.setups.mrope.SlotPositions`."""
+    :class:`~trtio.families.mrope.slot_positions.SlotPositions`."""
 
     delta: int = 0
     cuts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

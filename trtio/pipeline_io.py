@@ -476,13 +476,8 @@ class PipelineIO(Closeable):
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
         tm.set(names.kLogits, self.output_logits)
         self.contract.bind_pipeline(self, tm, cfg)
-        if cfg.num_deepstack_features:
-            if cfg.num_deepstack_features != len(self.deepstack_embeds):
-                raise ConfigError("num_deepstack_features", f"{title}: the config has {cfg.num_deepstack_features} "
-                                                            f"deepstack features, PipelineIO has "
-                                                            f"{len(self.deepstack_embeds)}")
-            tm.set_deepstack({names.deepstack_embeds(i): t for i, t in enumerate(self.deepstack_embeds)},
-                             self.deepstack_zero)
+        for family in cfg.features:  # what each family binds of the PipelineIO (deepstack features, ...)
+            family.bind_pipeline(self, tm, cfg)
         return tm
 
     def build_tensor_map(self, cfg: LLMEngineConfig) -> TensorMap:

@@ -101,6 +101,22 @@ class TensorRegistry:
             raise ShapeError(f"registry {self.role!r}: {spec.name!r} has rank {len(spec.shape)} > 8")
         self._specs[spec.name] = spec
 
+    def replace(self, spec: TensorSpec) -> None:
+        """Declare ``spec`` in place of the spec of its name (declared already)."""
+        if spec.name not in self._specs:
+            raise InvalidValueError(f"registry {self.role!r}: {spec.name!r} is not declared, so it cannot be replaced")
+        self._specs[spec.name] = spec
+
+    def replace_with(self, name: str, specs: Iterable[TensorSpec]) -> None:
+        """Declare ``specs`` where ``name`` is declared, in its place (the order a reader lists the bindings in)."""
+        if name not in self._specs:
+            raise InvalidValueError(f"registry {self.role!r}: {name!r} is not declared, so it cannot be replaced")
+        before = list(self._specs.values())
+        at = [s.name for s in before].index(name)
+        self._specs = {}
+        for s in [*before[:at], *specs, *before[at + 1:]]:
+            self.add(s)
+
     def merged(self, specs: Iterable[TensorSpec]) -> TensorRegistry:
         """A new registry with these specs added (e.g. the engine state's own bindings)."""
         out = TensorRegistry(self.role, self._specs.values(), contract=self.contract)

@@ -14,16 +14,16 @@ shape from here, so no registry repeats it. Two KV layouts exist, one per engine
   page ids, row 1 its V ids (K id + P). Sequence slot ``b`` owns pages ``b*M .. b*M + M - 1``.
 
 A hybrid model's recurrent states (``conv_state_j`` / ``recurrent_state_j``, aliased by their ``present_*``) are
-pools of one row per sequence slot (:mod:`trtio.recurrent`), bound at their full row count whatever the step's
-batch: ``state_indices`` picks each sequence's row. ``lengths`` is the host mirror of the tokens each sequence slot
-has committed.
+pools of one row per sequence slot (:mod:`trtio.families.hybrid.recurrent`), bound at their full row count whatever
+the step's batch: ``state_indices`` picks each sequence's row. ``lengths`` is the host mirror of the tokens each
+sequence slot has committed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,10 +35,9 @@ from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
-from trtio.gemma4 import BoundedSwaPages, SwaMode, bound_swa_mode
+from trtio.features import KVPools, family_configs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import KVCommit, KVLayout
-from trtio.recurrent import is_recurrent_state, recurrent_problems
 from trtio.registry import Dim, ProfileShapes, TensorSpec
 from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
@@ -131,34 +130,32 @@ def _path_nodes(path: Any, i: int) -> list[int]:
 def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
     """What an engine of the ragged contract declares for its paged KV state (pools, their aliases and
     the page table), with both profiles: pools fixed at ``[2, P, page, Hkv, D]`` (``P`` =
-    ``cfg.kv_pool_pages``), the page table ``[1..B, 2, M]``. The ReferenceEngine declares these."""
+    ``cfg.kv_pool_pages``), the page table ``[1..B, 2, M]``; a family may declare them its own way
+    (:meth:`~trtio.features.FamilyConfig.declared_state`). The ReferenceEngine declares these."""
     b = max_batch or cfg.max_supported_batch_size
+    for family in cfg.features:
+        found = family.declared_state(cfg, b)
+        if found is not None:
+            return list(found)
     m = cfg.pages_per_sequence
     pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
     declared = (2, -1, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     pools = [(pool, fixed, declared)] * cfg.num_attention_layers
-    g4 = cfg.gemma4
-    if g4 is not None:  # Gemma 4: each layer its own heads and head dim; sliding pools full-size or bounded
-        lo = min(g4.num_swa_pages or b * g4.private_pages(cfg.kv_page_size) or cfg.kv_pool_pages, cfg.kv_pool_pages)
-        pools = []
-        for i in range(g4.num_layers):
-            top = (2, cfg.kv_pool_pages, cfg.kv_page_size, g4.kv_heads[i], g4.head_dims[i])
-            low = (2, lo, *top[2:]) if g4.is_sliding(i) else top
-            pools.append((top, ((low, top, top),) * 2, (2, -1, *top[2:])))
     out = []
     for i, (shape, profiles, decl) in enumerate(pools):
         out.append(TensorSpec(names.past_key_values(i), "input", cfg.kv_dtype, shape, profiles, declared=decl))
     out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m),
                           (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
-    if g4 is not None:  # the sliding layers' page table, and the shape-only mode (length 1 bounded, 0 full)
-        out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m),
-                              (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2, declared=(-1, 2, -1)))
-        out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
-                              declared=(-1,)))
     for i, (shape, _profiles, decl) in enumerate(pools):
         out.append(TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl))
     return out
+
+
+def _is_kv_cache(name: str) -> bool:
+    """Whether the state input ``name`` is a KV cache (paged ``past_key_values_i`` or contiguous ``k_cache_i`` /
+    ``v_cache_i``), not a pool of one row per slot."""
+    return _layer_of(name, names.kPastKeyValuesTemplate) is not None or names.is_kv_cache_binding(name)
 
 
 def kv_layout(eio: EngineIO) -> str:
@@ -170,11 +167,11 @@ def kv_layout(eio: EngineIO) -> str:
 
 
 def state_names(eio: EngineIO) -> set[str]:
-    """Every binding of ``eio`` the engine state owns: both names of each pair, the page table and the
-    start index."""
+    """Every binding of ``eio`` the engine state owns: both names of each pair, the page table, the start index and
+    what it binds for a family (:attr:`~trtio.features.FamilyConfig.STATE_BINDINGS`)."""
     out = {n for pair in eio.state_pairs() for n in pair}
-    out |= {n for n in (names.kKVPageTable, names.kSwaKVPageTable, names.kSwaKVCacheMode, names.kKVCacheStartIndex)
-            if n in eio}
+    owned = (names.kKVPageTable, names.kKVCacheStartIndex, *(n for f in family_configs() for n in f.STATE_BINDINGS))
+    out |= {n for n in owned if n in eio}
     return out
 
 
@@ -211,7 +208,10 @@ def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, *
             problems.append(f"{names.kKVPageTable}: its profiles do not bound {_fmt(table.max_shape())}")
     if cfg is None or problems:
         return problems
-    return problems + _config_problems(eio, cfg, max_batch, pages_on_demand) + recurrent_problems(eio, cfg, max_batch)
+    problems += _config_problems(eio, cfg, max_batch, pages_on_demand)
+    for family in cfg.features:  # what each family says of the engine's state (a hybrid's per-slot pools)
+        problems += family.engine_problems(eio, cfg, max_batch)
+    return problems
 
 
 def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_on_demand: bool) -> list[str]:
@@ -233,17 +233,15 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
     kv = cfg.kv_dtype
     for past, _present in pairs_list:
         info = eio[past]
-        if _layer_of(past, names.kPastKeyValuesTemplate) is None and not names.is_kv_cache_binding(past):
-            continue  # recurrent state: its own dtype and shape
+        if not _is_kv_cache(past):
+            continue  # a family's per-slot state (a hybrid's recurrent pools): its own dtype and shape
         if info.dtype is not kv:
             problems.append(f"{past}: the engine's KV cache is {info.dtype} but the config's kv_cache_dtype is "
                             f"{kv}")
         shape, top = info.shape, info.max_shape()
         if paged:
-            heads, dim = cfg.num_kv_heads, cfg.head_dim
             layer = _layer_of(past, names.kPastKeyValuesTemplate)
-            if cfg.gemma4 is not None and layer is not None and layer < cfg.gemma4.num_layers:  # per-layer geometry
-                heads, dim = cfg.gemma4.kv_heads[layer], cfg.gemma4.head_dims[layer]
+            heads, dim = cfg.kv_geometry(layer) if layer is not None else (cfg.num_kv_heads, cfg.head_dim)
             want = {0: (2, "K and V"), 2: (cfg.kv_page_size, "kv_page_size"), 3: (heads, "num_kv_heads"),
                     4: (dim, "head_dim")}
             if len(shape) != 5:
@@ -265,18 +263,10 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
             problems.append(f"{past}: the engine fixes the cache batch to {shape[0]}, smaller than the "
                             f"{max_batch} sequences this setup serves")
     if paged and names.kKVPageTable in eio and not problems:
-        # kv_page_table's pool: a full layer's. A Gemma 4 sliding pool's page count is chosen at binding (the full
-        # pool's, or the bounded SWA pool's): its profile spans both (llmBuilder.cpp::setupKVCacheProfiles), so its
-        # max may exceed the full pool (where the bounded pool would not save memory).
-        sliding = _sliding_pools(cfg)
-        full_pairs = [past for past, _ in pairs_list if past not in sliding] or [pairs_list[0][0]]
+        # kv_page_table's pool: a full layer's (a family's pool may have a page count of its own: own_sized_pools)
+        own = set().union(*(f.own_sized_pools(cfg) for f in cfg.features))
+        full_pairs = [past for past, _ in pairs_list if past not in own] or [pairs_list[0][0]]
         pool = eio[full_pairs[0]].max_shape()
-        for past in sorted(sliding & set(pairs)):
-            lo, hi = (min(p[0][1] for p in eio[past].profiles), max(p[2][1] for p in eio[past].profiles)) \
-                if eio[past].profiles else (eio[past].max_shape()[1],) * 2
-            if not lo <= cfg.kv_pool_pages <= hi:
-                problems.append(f"{past}: the engine's sliding pool takes {lo} .. {hi} pages, not the full pool's "
-                                f"{cfg.kv_pool_pages} (kv_pool_pages): full SWA storage cannot be bound")
         pages = eio[names.kKVPageTable].max_shape()[2]
         need = math.ceil(cfg.max_kv_cache_capacity / cfg.kv_page_size)
         if pages < need:
@@ -292,31 +282,16 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
     return problems
 
 
-def _sliding_pools(cfg: LLMEngineConfig | None) -> set[str]:
-    """Gemma 4's sliding layers' pools (``past_key_values_i``); none for another model."""
-    g4 = cfg.gemma4 if cfg is not None else None
-    return set() if g4 is None else {names.past_key_values(i) for i in range(g4.num_layers) if g4.is_sliding(i)}
-
-
-def _gemma4_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, swa_table: Tensor | None
-                  ) -> tuple[dict[str, str], SwaMode | None, BoundedSwaPages | None, set[str]]:
-    """What Gemma 4 changes in an engine's KV pools: each KV-sharing consumer's pool name -> its donor's (they read
-    and are bound to the donor's pool: nothing is allocated for them), the SWA mode where the engine has the SWA
-    inputs, the bounded mode's page bookkeeping, and the sliding layers' pools. Nothing for another model."""
-    g4 = cfg.gemma4 if cfg is not None else None
-    if g4 is None or cfg is None:
-        return {}, None, None, set()
-    shared = {names.past_key_values(i): names.past_key_values(g4.owner(i))
-              for i in range(g4.num_layers) if g4.owner(i) != i}
-    if names.kSwaKVPageTable not in engine_io:
-        return shared, None, None, set()
-    mode = bound_swa_mode(cfg, engine_io, max_batch, bounded_ok="" if swa_table is not None else
-                          "this setup stages no SWA table (pages on demand)")
-    sliding = _sliding_pools(cfg)
-    pages = BoundedSwaPages(mode.pool_pages, max_batch, window=g4.sliding_window, page_size=cfg.kv_page_size,
-                            pages_per_sequence=engine_io[names.kKVPageTable].max_shape()[2],
-                            private_pages=mode.private_pages) if mode.bounded else None
-    return shared, mode, pages, sliding
+def _family_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: int,
+                  staged: Mapping[str, Tensor]) -> KVPools:
+    """What the families of ``cfg`` change in the engine's KV pools (KV sharing, pools of their own page count, the
+    bindings the state owns for them: :meth:`~trtio.features.FamilyConfig.kv_pools`)."""
+    pools = KVPools()
+    for family in cfg.features if cfg is not None else ():
+        found = family.kv_pools(engine_io, cfg, max_batch, staged)
+        if found is not None:
+            pools.merge(found)
+    return pools
 
 
 class EngineState(Closeable):
@@ -329,12 +304,12 @@ class EngineState(Closeable):
 
     def __init__(self, engine_io: EngineIO, cfg: LLMEngineConfig | None = None, stream: StreamLike = None, *,
                  max_batch: int, backend: Backend | str | None = None, name: str = "",
-                 page_table: Tensor | None = None, swa_table: Tensor | None = None) -> None:
+                 page_table: Tensor | None = None, staged: Mapping[str, Tensor] | None = None) -> None:
         """``page_table`` (paged caches): the int32 [max_batch, 2, M] table a setup stages each step's rows
         into (pages on demand); without it the state owns a table mapping slot ``b`` to pages ``b*M ..
-        b*M + M - 1``, which needs a pool of every slot's pages. ``swa_table`` (Gemma 4, pages on demand): the
-        int32 [max_batch, 2, M] table a setup stages the bounded SWA pool's rows into, where the engine and config
-        allow that mode (:func:`~trtio.gemma4.bound_swa_mode`); without it the sliding layers use the full mode."""
+        b*M + M - 1``, which needs a pool of every slot's pages. ``staged`` (pages on demand): the step block's
+        tensors, where a family binds what it stages per step (Gemma 4's bounded SWA rows: :meth:`kv_pools
+        <trtio.features.FamilyConfig.kv_pools>`)."""
         self.name = name or engine_io.name
         self.max_batch = max_batch
         self.pairs = engine_io.state_pairs()
@@ -349,16 +324,19 @@ class EngineState(Closeable):
         self._specs: dict[str, TensorSpec] = {}
         requests = []
         self._max_shape: dict[str, tuple[int, ...]] = {}
-        self.shared, self.swa_mode, self.swa_pages, sliding = _gemma4_pools(engine_io, cfg, max_batch, swa_table)
+        pools = _family_pools(engine_io, cfg, max_batch, staged or {})
+        self.shared = pools.shared  # a pool read through another's: nothing allocated for it
+        self.kv_parts = pools.parts  # what the families' features keep of the state (a bounded window's pages)
+        self._bindings = pools.bindings
         for past, present in self.pairs:
             info = engine_io[past]
             shape = info.max_shape()
-            if past in sliding and self.swa_mode is not None:  # the SWA mode's pages (bounded or the full pool's),
-                shape = (shape[0], self.swa_mode.pool_pages, *shape[2:])  # not the profile's max (may be either)
+            if past in pools.pages:  # the pages a family gives the pool, not the profile's max (may be more)
+                shape = (shape[0], pools.pages[past], *shape[2:])
             self._max_shape[past] = shape
-            # A recurrent pool is indexed by slot (state_indices): bound whole. A KV cache's dynamic batch follows
-            # the step's.
-            lead: Dim = "batch" if info.shape and info.shape[0] < 0 and not is_recurrent_state(past) else shape[0]
+            # A KV cache's dynamic batch follows the step's; any other state pool is indexed by slot (state_indices,
+            # a hybrid's recurrent states): bound whole.
+            lead: Dim = "batch" if info.shape and info.shape[0] < 0 and _is_kv_cache(past) else shape[0]
             sym: tuple[Dim, ...] = (lead, *shape[1:]) if shape else ()
             self._specs[past] = TensorSpec(past, "input", info.dtype, sym)
             self._specs[present] = TensorSpec(present, "output", info.dtype, sym)
@@ -369,18 +347,16 @@ class EngineState(Closeable):
         if self.layout == "paged":
             table = engine_io[names.kKVPageTable]
             self.pages_per_sequence = table.max_shape()[2]
-            # kv_page_table's pool: a full layer's (a bounded sliding pool is smaller: its pages are the SWA rows')
-            full = [past for past, _ in self.pairs if past not in sliding or self.swa_mode is None]
+            # kv_page_table's pool: a full layer's (a family's pool of its own page count may be smaller)
+            full = [past for past, _ in self.pairs if past not in pools.pages]
             pool = self._max_shape[(full or [self.pairs[0][0]])[0]]
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))
-            if self.swa_mode is not None:  # Gemma 4's sliding layers: kv_page_table (full) or the bounded rows
-                self._specs[names.kSwaKVPageTable] = TensorSpec(names.kSwaKVPageTable, "input", DType.INT32,
-                                                                ("batch", 2, self.pages_per_sequence))
-                self._specs[names.kSwaKVCacheMode] = TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8,
-                                                                (self.swa_mode.mode_length,))
-                requests.append(TensorRequest.of("swa_kv_cache_mode", (1,), DType.INT8))
+            for binding in self._bindings:  # what the state binds for a family (a table it stages, a carrier)
+                self._specs[binding.spec.name] = binding.spec
+                if binding.own is not None:
+                    requests.append(TensorRequest.of(binding.spec.name, binding.own, binding.spec.dtype))
             if page_table is None:
                 requests.append(TensorRequest.of("kv_page_table", (max_batch, 2, self.pages_per_sequence),
                                                  DType.INT32))
@@ -414,7 +390,6 @@ class EngineState(Closeable):
 
             self.page_ids = np.zeros((max_batch, self.pages_per_sequence), np.int64)
             self.page_table: Tensor | None = page_table
-            self.swa_table = swa_table if self.swa_pages is not None else None
             self.pages_on_demand = page_table is not None
             if self.layout == "paged" and page_table is None:
                 self.page_table = self._arena["kv_page_table"]
@@ -450,9 +425,9 @@ class EngineState(Closeable):
             tm.add(present, self.tensors[past])
         if self.page_table is not None:
             tm.add(names.kKVPageTable, self.page_table)
-            if self.swa_mode is not None:
-                tm.add(names.kSwaKVPageTable, self.swa_table if self.swa_table is not None else self.page_table)
-                tm.add(names.kSwaKVCacheMode, self._arena["swa_kv_cache_mode"].reshape((self.swa_mode.mode_length,)))
+            for b in self._bindings:  # a family's: its own tensor (viewed), a staged one, or the page table
+                found = b.tensor if b.own is None else self._arena[b.spec.name].reshape(b.view or b.own)
+                tm.add(b.spec.name, found if found is not None else self.page_table)
         if self.has_start_index:
             tm.add(names.kKVCacheStartIndex, self.kv_lengths)
 

@@ -20,7 +20,7 @@ import ctypes
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -106,9 +106,9 @@ FIXED_VIEW = ViewLog()
 
 
 def fix_view(tensor: Tensor) -> None:
-    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.lora`): a reshape to
-    another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views they
-    set again between steps (its binding's shape is its own). Made before any executor binds it."""
+    """Keep ``tensor``'s view as it is for good (a LoRA adapter's device copy, :mod:`trtio.families.lora.adapters`):
+    a reshape to another shape is refused (:class:`~trtio.errors.FrozenError`), and executors leave it out of the views
+    they set again between steps (its binding's shape is its own). Made before any executor binds it."""
     if tensor._log is not VIEWS:
         raise TrtioError(f"tensor {tensor.name!r}: fix_view after an executor bound it (its views are watched)")
     tensor._log = FIXED_VIEW
@@ -314,80 +314,7 @@ def _free_memory(backend: Backend, ptr: int, location: Location, what: str, nbyt
                                             f"{exc.detail}") from exc
 
 
-class _Exports:
-    """A Tensor's zero-copy exports (DLPack, the CUDA and numpy array interfaces): each orders its consumer after
-    the tensor's last trtio writer (see the module docstring)."""
-
-    __slots__ = ()
-    # Tensor's fields the exports read (declared here for the type checker; Tensor's slots hold them)
-    _name: str
-    _dtype: DType
-    _location: Location
-    _shape: tuple[int, ...]
-    _nbytes: int
-    _ptr: int
-    _backend: Backend
-    _last_stream: Stream | None
-
-    if TYPE_CHECKING:  # Tensor's methods the exports call
-        def _live(self) -> None: ...
-
-        def _order_consumer(self, consumer_stream: int) -> None: ...
-
-    @property
-    def is_host_accessible(self) -> bool:
-        return self._backend.is_host_accessible(self._location)
-
-    @property
-    def __cuda_array_interface__(self) -> dict[str, Any]:
-        if self._backend.name != "cuda" or self._location is not Location.DEVICE:
-            raise NotAvailableError(
-                f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
-                f"{self._backend.name}); use __array_interface__ or to_numpy()")
-        self._live()
-        stream = self._last_stream
-        return _interface(self, device=True, stream=stream.handle if stream is not None and not stream.is_closed
-                          else None)
-
-    @property
-    def __array_interface__(self) -> dict[str, Any]:
-        if not self.is_host_accessible:
-            raise NotAvailableError(
-                f"tensor {self._name!r} is in device memory; use __dlpack__, "
-                f"__cuda_array_interface__ or to_numpy()")
-        self._live()
-        return _interface(self, device=False)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        self._live()
-        if self._backend.name == "cuda":
-            if self._location is Location.DEVICE:
-                return (_DL_CUDA, self._backend.device_id)
-            if self._location is Location.PINNED:
-                return (_DL_CUDA_HOST, 0)
-        return (_DL_CPU, 0)
-
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
-                   copy: bool | None = None) -> Any:
-        """Export the current view without a copy.
-
-        For CUDA device memory, the consumer's ``stream`` (a handle; None or 1 = legacy
-        default, 2 = per-thread default, -1 = no ordering) is made to wait for the last trtio
-        work that wrote this tensor.
-        """
-        from trtio import _dlpack
-
-        self._live()
-        device = self.__dlpack_device__()
-        code = _export_code(self._name, self._dtype, device, dl_device, copy)
-        if device[0] == _DL_CUDA and stream != -1:
-            self._order_consumer(_consumer_stream(self._name, stream))
-        return _dlpack.make_capsule(
-            self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
-            device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
-
-
-class Tensor(_Exports, Closeable):
+class Tensor(Closeable):
     """A buffer with a fixed capacity and a reshapeable view (see module docstring).
 
     Owning tensors (:meth:`empty`) free their memory on :meth:`close`; non-owning ones
@@ -752,6 +679,60 @@ class Tensor(_Exports, Closeable):
         self._backend.record_event(self._export_event.handle, producer.handle)
         self._backend.wait_event(consumer_stream, self._export_event.handle)
 
+    # -- zero-copy exports (DLPack, the CUDA and numpy array interfaces): each orders its consumer after the
+    # tensor's last trtio writer (see the module docstring) ---------------------------------------------------
+    @property
+    def is_host_accessible(self) -> bool:
+        return self._backend.is_host_accessible(self._location)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        if self._backend.name != "cuda" or self._location is not Location.DEVICE:
+            raise NotAvailableError(
+                f"tensor {self._name!r} is not CUDA device memory ({self._location} on "
+                f"{self._backend.name}); use __array_interface__ or to_numpy()")
+        self._live()
+        stream = self._last_stream
+        return _interface(self, device=True, stream=stream.handle if stream is not None and not stream.is_closed
+                          else None)
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        if not self.is_host_accessible:
+            raise NotAvailableError(
+                f"tensor {self._name!r} is in device memory; use __dlpack__, "
+                f"__cuda_array_interface__ or to_numpy()")
+        self._live()
+        return _interface(self, device=False)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        self._live()
+        if self._backend.name == "cuda":
+            if self._location is Location.DEVICE:
+                return (_DL_CUDA, self._backend.device_id)
+            if self._location is Location.PINNED:
+                return (_DL_CUDA_HOST, 0)
+        return (_DL_CPU, 0)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        """Export the current view without a copy.
+
+        For CUDA device memory, the consumer's ``stream`` (a handle; None or 1 = legacy
+        default, 2 = per-thread default, -1 = no ordering) is made to wait for the last trtio
+        work that wrote this tensor.
+        """
+        from trtio import _dlpack
+
+        self._live()
+        device = self.__dlpack_device__()
+        code = _export_code(self._name, self._dtype, device, dl_device, copy)
+        if device[0] == _DL_CUDA and stream != -1:
+            self._order_consumer(_consumer_stream(self._name, stream))
+        return _dlpack.make_capsule(
+            self._ptr, self._shape, type_code=code[0], bits=code[1], device_type=device[0],
+            device_id=device[1], owner=self, versioned=_dlpack.parse_max_version(max_version))
+
     # -- lifetime ---------------------------------------------------------------------------
     def _freeze(self) -> None:
         self._frozen = True
@@ -810,7 +791,7 @@ def _numpy_dtype_of(t: Tensor, array: np.ndarray) -> DType:
         raise TrtioError(f"tensor {t._name!r}: numpy dtype {array.dtype} does not match {t._dtype}") from None
 
 
-def _interface(t: _Exports, *, device: bool, stream: int | None = None) -> dict[str, Any]:
+def _interface(t: Tensor, *, device: bool, stream: int | None = None) -> dict[str, Any]:
     """``t``'s current view as a CUDA array interface (``device``, with the producer's ``stream``) or a numpy
     array interface (packed types as their flat bytes; types numpy cannot name as unsigned storage)."""
     dt = t._dtype

@@ -6,8 +6,8 @@ added (the KV state adds its bindings after the PipelineIO-owned ones). Two rebi
 the deepstack swap between the real feature buffers and a shared zero buffer (Edge-LLM's
 ``DeepstackBinding``): :meth:`TensorMap.use_deepstack_features` / :meth:`TensorMap.use_deepstack_zero`; and
 variants, sets of tensors for the same names taking turns (a setup's LoRA inputs bound to the set adapter's
-own device copy, :mod:`trtio.lora`): :meth:`TensorMap.use_variant`. The owner of a variant's tensors keeps
-them alive while an executor holds them bound (:func:`~trtio.tensor.mark_bound_memory`).
+own device copy, :mod:`trtio.families.lora.adapters`): :meth:`TensorMap.use_variant`. The owner of a variant's
+tensors keeps them alive while an executor holds them bound (:func:`~trtio.tensor.mark_bound_memory`).
 
 Every rebinding moves :attr:`TensorMap.generation` on, which executors key their plans by; a variant bound again
 with nothing else rebound since takes back the generation it had, so executors find the plans (and CUDA graphs)

@@ -103,14 +103,14 @@ class BatchContract(Contract):
     def bind_pipeline(self, io: Pipeline, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         tm.set(names.kContextLengths, io.context_lengths)
         tm.set(names.kLastTokenIds, io.select_token_indices)
-        if cfg.is_mrope:
+        if cfg.rope_per_slot:
             tm.set(names.kRopeCosSin, io.mrope_cos_sin)
         if io.is_spec_decode:
             tm.set(names.kAttentionMask, io.packed_attention_mask)
             tm.set(names.kAttentionPosId, io.spec_decode_position_ids)
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
-        return not cfg.is_mrope
+        return not cfg.rope_per_slot
 
     def steps(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> StepInputs:
         return BatchSteps(io, rope_table)
@@ -220,8 +220,9 @@ class BatchSteps(StepInputs):
         return past is None and e.empty_start_ok
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        work = super().decode(e, lengths, s, slots, key, pages)
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
+               staged: bool = False) -> tuple[DeviceWork, ...]:
+        work = super().decode(e, lengths, s, slots, key, pages, staged=staged)
         b = lengths.shape[0]
         if self._select_zero_batch != b:
             self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)

@@ -20,11 +20,8 @@ import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
-from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
-from trtio.recurrent import intermediate_state_specs
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.spec_families import family_of
 from trtio.staging import constant
 
 __all__ = [
@@ -38,7 +35,6 @@ __all__ = [
     "TreeLayout",
     "causal_step",
     "decode_step",
-    "output_hidden_width",
     "pack_rows",
     "packed_tree_step",
     "ramp",
@@ -57,13 +53,6 @@ MAX_PHASE_EXTENT = 8  # the profiles' max: phases 6-8 (diffusion, rejected) are 
 T = ("batch", "seq_len")  # physical token rows
 S = "batch"  # sequences
 R = ("batch", "select_len")  # logits rows
-
-
-def output_hidden_width(cfg: LLMEngineConfig) -> int:
-    """Width of a base engine's ``hidden_states`` output: EAGLE3 concatenates the hidden states of
-    ``eagle_hidden_state_layers`` (3 of them: 3 * hidden_size); otherwise hidden_size."""
-    layers = len(cfg.eagle_hidden_state_layers)
-    return cfg.hidden_size * max(layers, 1)
 
 
 def _half(x: int) -> int:
@@ -94,21 +83,14 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         reg.add(TensorSpec(name, io, dtype, shape, profiles if io == "input" else (), optional))
 
     add(names.kInputsEmbeds, "input", act, (T, cfg.hidden_size), rows(cfg.hidden_size))
-    g4 = cfg.gemma4
-    if g4 is None:
-        add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))
-    else:  # Gemma 4: one table per layer kind, each its own width; per-layer embeddings
-        for i in range(g4.ple_layers):
-            add(names.ple_token_embeds(i), "input", act, (T, g4.ple_hidden), rows(g4.ple_hidden))
-        add(names.kRopeCosSinSliding, "input", f32, (T, g4.sliding_rope.width), rows(g4.sliding_rope.width))
-        add(names.kRopeCosSinFull, "input", f32, (T, g4.full_rope.width), rows(g4.full_rope.width))
+    add(names.kRopeCosSin, "input", f32, (T, cfg.rotary_dim), rows(cfg.rotary_dim))  # a family may split it
     add(names.kPositions, "input", i32, (T,), rows(), optional=True)
     add(names.kQueryStartOffsets, "input", i32, ("query_offsets_len",), seqs(1))
     add(names.kQueryLengths, "input", i32, (S,), seqs())
     add(names.kPastLengths, "input", i32, (S,), seqs())
     add(names.kAttentionSequenceLengths, "input", i32, (S,), seqs())
     # Read by a hybrid model's recurrent layers (each sequence's state row); no dense graph reads it.
-    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=not cfg.is_hybrid)
+    add(names.kStateIndices, "input", i32, (S,), seqs(), optional=True)  # read by a family's per-slot state
     generation_phase = {"llm": PHASE_DECODE, "base": PHASE_VERIFY, "draft": PHASE_DRAFT}[role]
     add(names.kExecutionPhaseMarker, "input", i32, ("execution_phase_len",),
         (((1,), (1,), (MAX_PHASE_EXTENT,)), ((1,), (generation_phase,), (MAX_PHASE_EXTENT,))))
@@ -133,13 +115,11 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         (((0,), (0,), (1,)),) * 2, optional=True)
     add(names.kLogits, "output", f32, (R, cfg.output_vocab_size))
     if role == "base":
-        add(names.kOutputHiddenStates, "output", act, (T, output_hidden_width(cfg)))
-        for spec in intermediate_state_specs(cfg):  # a hybrid base's per-token verify states (trtio.recurrent)
-            reg.add(spec)
+        add(names.kOutputHiddenStates, "output", act, (T, cfg.hidden_size))  # a family may widen it (EAGLE3)
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
-    if role == "draft" and family_of(cfg.extras, role) == "dflash":
-        return dflash_draft_registry(cfg, reg)  # block drafts read other inputs (trtio.contracts.dflash)
+    for family in cfg.features:  # the bindings each family declares (a DFlash draft's: another registry)
+        reg = family.registry(reg, cfg)
     return reg
 
 

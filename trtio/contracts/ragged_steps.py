@@ -30,7 +30,6 @@ from trtio.contracts.contract import (
     mrope_request,
     rope_row_bytes,
 )
-from trtio.contracts.dflash import DFLASH_DELTA_INPUTS
 from trtio.contracts.ragged import (
     PHASE_DECODE,
     PHASE_PREFILL,
@@ -43,10 +42,10 @@ from trtio.contracts.ragged import (
     registry_for,
 )
 from trtio.dtypes import DType
+from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry
-from trtio.spec_families import family_of
 from trtio.staging import StagedGroup
 from trtio.stream import Stream
 from trtio.tensor_map import TensorMap
@@ -55,28 +54,7 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE",
-           "SWA_TABLE", "RaggedContract", "RaggedSteps", "is_dflash"]
-
-GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
-GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
-SWA_TABLE = "swa_kv_page_table"  # Gemma 4: the step block's bounded SWA rows (bound in the bounded mode)
-# A DFlash draft's delta rows: positions and sequences (step block), RoPE rows [T, R] (trtio.setups.dflash).
-DFLASH_POSITIONS, DFLASH_SEQUENCES, DFLASH_ROPE = ("dflash_delta_positions", "dflash_delta_token_to_sequence",
-                                                   "dflash_delta_rope_cos_sin")
-
-
-def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
-    """Gemma 4's members: the full layers' RoPE table and rows, the per-layer embeddings, the shape-only SWA mode."""
-    g4 = cfg.gemma4
-    if g4 is None:
-        return []
-    width = g4.full_rope.width
-    out = [TensorRequest.of(GEMMA4_FULL_ROWS, (t, width), DType.FLOAT32),
-           TensorRequest.of(GEMMA4_FULL_TABLE, (cfg.max_kv_cache_capacity, width), DType.FLOAT32)]
-    out += [TensorRequest.of(names.ple_token_embeds(i), (t, g4.ple_hidden), cfg.activation)
-            for i in range(g4.ple_layers)]
-    return out
+__all__ = ["RaggedContract", "RaggedSteps"]
 
 # The members a user sees on a ragged PipelineIO (Edge-LLM 0.11's, and trtio's row buffers).
 _MEMBERS = (
@@ -109,8 +87,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
     step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
     step.append(TensorRequest.of("past_lengths", (b,), i32))
-    if is_dflash(bundle):  # a DFlash draft's delta rows (trtio.setups.dflash), written every round with the lengths
-        step += [TensorRequest.of(DFLASH_POSITIONS, (t,), i32), TensorRequest.of(DFLASH_SEQUENCES, (t,), i32)]
+    for cfg, family in _families(base, bundle):  # what a family writes every step with the lengths (a DFlash delta)
+        step += family.step_requests(cfg, "lengths", b, t)
     step.append(TensorRequest.of("state_indices", (b,), i32))
     if draft is not None:
         step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
@@ -133,8 +111,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         ]
     # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
     step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
-    if base.gemma4 is not None:  # the bounded SWA pool's rows (trtio.gemma4.BoundedSwaPages), staged each step
-        step.append(TensorRequest.of(SWA_TABLE, (b, 2, base.pages_per_sequence), i32))
+    for cfg, family in _families(base, bundle):  # what a family stages with them (a bounded window's page rows)
+        step += family.step_requests(cfg, "pages", b, t)
     if draft is not None:
         step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
     step += [
@@ -176,10 +154,11 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     return step
 
 
-def is_dflash(bundle: DeploymentConfig | None) -> bool:
-    """Whether ``bundle`` pairs a DFlash block draft (``trtio.contracts.dflash``)."""
-    draft = bundle.draft if bundle is not None else None
-    return draft is not None and family_of(draft.extras, "draft") == "dflash"
+def _families(base: LLMEngineConfig, bundle: DeploymentConfig | None) -> list[tuple[LLMEngineConfig, FamilyConfig]]:
+    """Every family of the engines a PipelineIO serves (the LLM or the base first, then the draft), with the config
+    it belongs to."""
+    configs = [base] if bundle is None or bundle.draft is None else [base, bundle.draft]
+    return [(cfg, family) for cfg in configs for family in cfg.features]
 
 
 class RaggedContract(Contract):
@@ -226,10 +205,7 @@ class RaggedContract(Contract):
         else:
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
-        own = _gemma4_requests(base, t)  # the members of this layout's families
-        if is_dflash(bundle):  # the delta rows' RoPE rows, gathered at their positions (trtio.setups.dflash)
-            assert draft is not None
-            own.append(TensorRequest.of(DFLASH_ROPE, (t, draft.rotary_dim), DType.FLOAT32))
+        own = [r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)]  # the families' members
         reqs += own
         reqs += [
             absent("output_hidden_states", act),
@@ -256,14 +232,7 @@ class RaggedContract(Contract):
         RoPE rows are gathered per token into ``ragged_rope_cos_sin``. A spec-decode base binds its own
         query offsets, query lengths, logits rows and tree inputs (step-block tensors, :data:`_BASE_OWN`): the
         draft's steps rewrite the shared ones every round."""
-        g4 = cfg.gemma4
-        if g4 is None:
-            tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))
-        else:  # Gemma 4: the sliding layers' rows where a dense engine's are, the full layers' beside them
-            tm.set(names.kRopeCosSinSliding, io.member("ragged_rope_cos_sin"))
-            tm.set(names.kRopeCosSinFull, io.member(GEMMA4_FULL_ROWS))
-            for i in range(g4.ple_layers):
-                tm.set(names.ple_token_embeds(i), io.member(names.ple_token_embeds(i)))
+        tm.set(names.kRopeCosSin, io.member("ragged_rope_cos_sin"))  # a family may bind its rows elsewhere
         tm.set(names.kPositions, io.member("positions"))
         own = _BASE_OWN if cfg.role == "base" and io.is_spec_decode else {}
 
@@ -289,14 +258,6 @@ class RaggedContract(Contract):
             tm.set(names.kTreeParentIds, member("spec_tree_parent_ids"))
             tm.set(names.kTreeDepths, member("spec_tree_depths"))
             tm.set(names.kValidTreeCounts, member("query_lengths"))
-        if cfg.role == "draft" and family_of(cfg.extras, "draft") == "dflash":
-            # the newly committed tokens: their base features (in place in the base's rows), RoPE rows, positions
-            # and sequences (trtio.setups.dflash)
-            assert io.step is not None
-            tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
-            tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
-            tm.set(DFLASH_DELTA_INPUTS[1], io.step.tensors[DFLASH_POSITIONS])
-            tm.set(DFLASH_DELTA_INPUTS[2], io.step.tensors[DFLASH_SEQUENCES])
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return False  # each step gathers its tokens' rows from the table
@@ -389,29 +350,7 @@ class RaggedSteps(StepInputs):
         layout = causal_step(zero if past is None else past, lengths, width,
                              phase=PHASE_PREFILL if past is None else PHASE_PREFILL_RESTORED, slots=slots)
         self.write_pages(e, pages)
-        self._write_swa(e, slots, zero if past is None else past, lengths, new=past is None)
         return self._stage_layout(e, layout, s)
-
-    def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        self._write_swa(e, slots, lengths, np.ones_like(lengths), new=False)
-        return super().decode(e, lengths, s, slots, key, pages)
-
-    def _write_swa(self, e: EngineView, slots: np.ndarray | None, past: np.ndarray, lengths: np.ndarray, *,
-                   new: bool) -> None:
-        """Gemma 4's bounded SWA pool: each step sequence's window advanced to the step's end (a new sequence
-        reserving its pages first) and the step's rows staged (:class:`~trtio.gemma4.BoundedSwaPages`)."""
-        pages = e.state.swa_pages
-        if pages is None:
-            return
-        sl = np.arange(past.shape[0]) if slots is None else slots
-        for slot, start, n in zip(sl.tolist(), past.tolist(), lengths.tolist()):
-            if new or slot not in pages:
-                if slot in pages:
-                    pages.release(slot)
-                pages.admit(slot)
-            pages.advance(slot, int(start) + int(n))
-        self.step.write(SWA_TABLE, pages.rows(sl))
 
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None
@@ -447,14 +386,15 @@ class RaggedSteps(StepInputs):
         return self._rope_rows(e, table, rows, layout.rows)
 
     def _rope_rows(self, e: EngineView, table: Tensor, rows: Tensor, count: int) -> tuple[DeviceWork, ...]:
-        """The gather of a step's RoPE rows; Gemma 4 gathers its full layers' rows from their table too."""
+        """The gather of a step's RoPE rows, and of the rows a family gathers beside them at the same positions
+        (:meth:`~trtio.features.FamilyConfig.rope_gathers`: Gemma 4's full layers')."""
         io = self.io
         copy = self.row_copy(io.member("ragged_rope_cos_sin"), table, rows, count, rope_row_bytes(e.cfg))
-        g4 = e.cfg.gemma4
-        if g4 is None:
+        gathers = e.cfg.rope_gathers
+        if not gathers:
             return (copy,)
-        return copy, self.row_copy(io.member(GEMMA4_FULL_ROWS), io.member(GEMMA4_FULL_TABLE), rows, count,
-                                   g4.full_rope.width * DType.FLOAT32.itemsize)
+        return (copy, *(self.row_copy(io.member(dst), io.member(src), rows, count, width)
+                        for dst, src, width in gathers))
 
     def _write_decode(self, lengths: np.ndarray, slots: np.ndarray | None) -> None:
         layout = decode_step(lengths)
@@ -535,7 +475,7 @@ class RaggedSteps(StepInputs):
         found = self._targets.get(e.role)
         if found is None:
             t = self.step.tensors
-            per_slot = e.cfg.is_mrope
+            per_slot = e.cfg.rope_per_slot
             own = _tree_names(e)
             lengths, depths = own["query_lengths"], own["spec_tree_depths"]
             found = self._targets[e.role] = TreeTargets(
@@ -549,7 +489,7 @@ class RaggedSteps(StepInputs):
     def draft_buffers(self, e: EngineView, words: Tensor, nodes: Tensor, width: int,
                       n_words: int) -> DraftTreeBuffers:
         t = self.step.tensors
-        per_slot = e.cfg.is_mrope
+        per_slot = e.cfg.rope_per_slot
         return DraftTreeBuffers(words, nodes, t["draft_parents"], t["past_lengths"], t["row_src"], t["row_dst"],
                                 t["logits_indices"], t["packed_attention_mask"], t["spec_decode_position_ids"], width,
                                 n_words, logits_stride=width, roots=t["draft_roots"], query_lengths=t["query_lengths"],

@@ -24,15 +24,14 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
-from trtio.errors import InvalidValueError, ShapeError, TrtioError
-from trtio.gemma4 import check_cached_prefix_step
+from trtio.errors import ShapeError, TrtioError
+from trtio.features import FeatureSet
 from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.binding import BoundEngine, RopeTables
 from trtio.setups.calls import Calls, one_thread
-from trtio.setups.mrope import SlotPositions
 from trtio.setups.sequences import KVPages, Sequences
 from trtio.staging import UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
@@ -99,11 +98,7 @@ class Prompt:
 
 
 def _check_past(e: BoundEngine, past: np.ndarray, ctx: np.ndarray, rows: np.ndarray, what: str) -> None:
-    """A prefill over ``past`` cached tokens: within the KV capacity, and not on a Gemma 4 engine whose Q-only
-    KV-sharing layers Edge-LLM 0.11 rotates with the wrong RoPE rows there (:func:`~trtio.gemma4.
-    check_cached_prefix_step`)."""
-    if e.cfg.gemma4 is not None:
-        check_cached_prefix_step(e.cfg.gemma4, e.state.swa_mode is not None, past, what)
+    """A prefill over ``past`` cached tokens: within the KV capacity."""
     cap = e.cfg.max_kv_cache_capacity
     full = np.flatnonzero(past + ctx > cap)
     if full.size:
@@ -164,7 +159,7 @@ class SetupBase(Closeable, abc.ABC):
     _embeds_type: DType  # the activations' dtype
     _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
     _resources: contextlib.ExitStack | None = None
-    _positions: SlotPositions | None = None  # MRoPE engines: each slot's position rows and delta
+    _features: FeatureSet  # the families' parts of the setup's engines (trtio.features)
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
     _calls: Calls  # one thread at a time, call order, inputs in flight (trtio.setups.calls)
     # Moves on with every checked call (every call but a steady decode, which checks it did not move since the
@@ -218,16 +213,21 @@ class SetupBase(Closeable, abc.ABC):
             raise
 
     def _break(self, why: str) -> None:
+        self._epoch += 1  # a decode plan rests on a usable setup
         self._broken = why
         log.warning("%r is broken: %s", self, why)
 
     def _repair(self) -> None:
         """After :meth:`reset` ended every sequence: nothing the setup remembers of the device's state is
         trusted any more (the step block's constants, the device's copy of the lengths)."""
+        self._repaired()
         if self._broken is not None:
             self._steps.step.forget()
-            self._steps.forget_decode()
             self._broken = None
+
+    def _repaired(self) -> None:
+        """Every sequence ended (:meth:`reset`): what a setup remembers of the device beyond the step block (a
+        decode plan's record of it) is let go."""
 
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
@@ -318,12 +318,7 @@ class SetupBase(Closeable, abc.ABC):
         self._between_rounds("release()", release=True)
         self._stream(stream)
         self._seqs.release(arr)
-        for e in self.engines():  # Gemma 4's bounded SWA pool: the sequences' window pages go back too
-            pages = e.state.swa_pages
-            if pages is not None:
-                for slot in arr:
-                    if slot in pages:
-                        pages.release(slot)
+        self._features.release(arr)
 
     @one_thread
     def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
@@ -336,14 +331,9 @@ class SetupBase(Closeable, abc.ABC):
         the prefix keeps its tokens' position delta (:attr:`~trtio.pages.Prefix.rope_delta`), which a sequence
         started from it goes on from. Ordered after the last call by the stream rule."""
         self._check_usable()
+        self._features.check_pin("pin_prefix()")
         self._between_rounds("pin_prefix()")
-        bounded = [e.role for e in self.engines() if e.state.swa_pages is not None]
-        if bounded:  # a prefix of a bounded window has lost the pages behind it (Edge-LLM forces full mode too)
-            raise InvalidValueError(f"pin_prefix: engine {bounded[0]!r} keeps only a sliding window of KV in the "
-                                    "bounded SWA pool, so a prefix cannot be reused; prefix reuse needs the full SWA "
-                                    "mode (an engine built without the bounded pool)")
-        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns,
-                              positions=None if self._positions is None else self._positions.record)
+        return self._seqs.pin(slot, tokens, stream=self._stream(stream), returns=self._calls.returns)
 
     def _between_rounds(self, what: str, *, release: bool = False) -> None:
         """Refuse ``what`` where a step protocol is half way through (a speculative round); ``release``: the
@@ -387,12 +377,12 @@ class SetupBase(Closeable, abc.ABC):
             raise
 
     def _prefill(self, e: BoundEngine, inputs_embeds: Any, context_lengths: Any, stream: StreamLike, slots: Any,
-                 prefix: Any, past_lengths: Any, deepstack_embeds: Sequence[Any] | None, what: str,
-                 mrope_positions: Any = None) -> Prompt:
+                 prefix: Any, past_lengths: Any, what: str, **inputs: Any) -> Prompt:
         """A prefill of ``e`` (``LLMSetup.prefill``, ``SpecDecodeSetup.base_prefill``): every input checked, then
         the sequences admitted, their pages taken, the prompts staged and the engine enqueued; a failure on
-        the way leaves the sequences as they were. ``mrope_positions``: the prompts' 3-axis positions (MRoPE
-        setups, :mod:`trtio.setups.mrope`). Returns what the prompts were."""
+        the way leaves the sequences as they were. ``inputs``: the prefill's keywords the features take
+        (``deepstack_embeds``, ``mrope_positions``, ...: :meth:`~trtio.features.Feature.check_prompt`). Returns what
+        the prompts were."""
         self._check_usable()
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if not 1 <= b <= self.io.max_batch:
@@ -402,32 +392,24 @@ class SetupBase(Closeable, abc.ABC):
             self._between_rounds(f"{what}(slots=...)")
         rows, prefixes, past = self._prompt_slots(e, slots, prefix, past_lengths, b, ctx, what)
         dims = self._prefill_dims(e, b, seq, past)
-        features = check_deepstack(self.io, e, deepstack_embeds, b, seq, self._backend, stream)
-        positions = self._check_positions(mrope_positions, b, seq, ctx, past)
+        checked = self._features.check_prompt(inputs, b, seq, ctx, past, stream)
         # Everything is checked: from here on pages are taken and work is enqueued (undone if it fails).
         s = self._stream(stream)
         with self._seqs.transaction():
             plans = self._prompt_pages([e], rows, past, ctx, prefixes, restart=slots is None)
             self._upload_embeds(x, s)
             before = self._stage_prompt(e, rows, past, ctx, seq, plans, s)
-            if past_lengths is None:  # new sequences: a hybrid's recurrent states zeroed, or restored from prefixes
-                before += self._seqs.admitted_states(rows, prefixes)
-            if self._positions is not None:  # the slots' MRoPE rows, written before the step gathers them
-                before = self._positions.prefill_work(rows, past, ctx, positions, past_lengths is not None,
-                                                      prefixes) + before
-            bind_deepstack(self.io, e, features, b, seq, s, self._calls)
+            # the features' work first (an MRoPE slot's rows, written before the step gathers them)
+            before = self._features.prompt_work(checked, rows, past, ctx, past_lengths is None, prefixes, s) + before
             self._run_prefill(e, dims, ctx, s, past, before, rows)
         return Prompt(seq, ctx, past, rows, prefixes)
 
-    def _check_positions(self, positions: Any, b: int, seq: int, ctx: np.ndarray,
-                         past: np.ndarray | None) -> np.ndarray | None:
-        """A prefill's ``mrope_positions``, checked (None where not given); refused for a setup without MRoPE."""
-        if self._positions is None:
-            if positions is not None:
-                raise ShapeError("mrope_positions: given, but the engine's RoPE is not MRoPE with sections (its config "
-                                 "has no rope_scaling.mrope_section)")
-            return None
-        return self._positions.check(positions, b, seq, ctx, past)
+    def _settle_prompt(self, ok: bool) -> None:
+        """A prefill succeeded (``ok``) or raised: the features settle what it wrote; a failure one cannot undo
+        breaks the setup."""
+        why = self._features.prompt_done(ok)
+        if why is not None:
+            self._break(why)
 
     def _prompt_slots(self, e: BoundEngine, slots: Any, prefix: Any, past_lengths: Any, b: int, ctx: np.ndarray,
                       what: str) -> tuple[np.ndarray, list[Prefix | None] | None, np.ndarray | None]:
@@ -444,6 +426,7 @@ class SetupBase(Closeable, abc.ABC):
         elif prefixes is not None:
             past = np.array([0 if p is None else p.tokens for p in prefixes], np.int64)
         if past is not None:
+            self._features.check_past(e.role, past, what)
             _check_past(e, past, ctx, rows, what)
         return rows, prefixes, past
 
@@ -480,6 +463,7 @@ class SetupBase(Closeable, abc.ABC):
         for plan in plans:
             seqs.copy(plan.table_role, plan.moves, s)
         key = tuple(rows.tolist())
+        self._features.stage(e, rows, np.zeros(rows.shape[0], np.int64) if past is None else past, ctx, past is None)
         return self._steps.prompt(e, past, ctx, seq, s, slots=rows, pages=seqs.step_rows(e.role, key))
 
     def _prefill_dims(self, e: BoundEngine, b: int, seq: int, past: np.ndarray | None) -> InferenceDims:
@@ -509,8 +493,6 @@ class SetupBase(Closeable, abc.ABC):
         for e in self.engines():
             parts.append(e.state.memory_report())
         parts.append(self._extra_arena.report())
-        if self._positions is not None:
-            parts.append(self._positions.report())
         parts.append(self._rope.report())
         if include_context_memory:
             parts.append(self._context_memory.report())
@@ -518,6 +500,7 @@ class SetupBase(Closeable, abc.ABC):
 
     def _close_owned(self) -> None:
         """Free every buffer, context and graph of the setup (in the reverse order of construction)."""
+        self._epoch += 1  # a decode plan rests on an open setup
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()
@@ -533,43 +516,3 @@ def _follow_of(calls: Calls) -> Callable[[StreamLike], object]:
             found.stream(stream)
 
     return follow
-
-
-def check_deepstack(io: PipelineIO, e: BoundEngine, features: Sequence[Any] | None, b: int, seq: int,
-                    backend: Backend, stream: StreamLike = None) -> list[Any] | None:
-    """A prefill's deepstack features (Qwen3-VL), checked ([b, seq, hidden] each, one per feature) and converted."""
-    n = e.cfg.num_deepstack_features
-    if not n:
-        if features:
-            raise ShapeError("deepstack_embeds given but the config has num_deepstack_features = 0")
-        return None
-    if features is None:
-        return None
-    if len(features) != n:
-        raise ShapeError(f"deepstack_embeds: expected {n} arrays, got {len(features)}")
-    out = []
-    for i, f in enumerate(features):
-        x = as_embeds(f, f"deepstack_embeds[{i}]", io.inputs_embeds.dtype, e.cfg.hidden_size, backend,
-                       stream)
-        if tuple(x.shape[:2]) != (b, seq):
-            raise ShapeError(f"deepstack_embeds[{i}]: expected [batch={b}, seq={seq}, hidden], got {list(x.shape)}")
-        if isinstance(x, Tensor):
-            not_partly_over(x, f"deepstack_embeds[{i}]", io.deepstack_embeds[i], f"io.deepstack_embeds[{i}]")
-        out.append(x)
-    return out
-
-def bind_deepstack(io: PipelineIO, e: BoundEngine, features: list[Any] | None, b: int, seq: int, s: Stream,
-                   calls: Calls) -> None:
-    """Fill the deepstack feature buffers for a prefill (zeros without ``features``) and bind them; ``calls`` keeps
-    each feature until its copy has run."""
-    if not e.cfg.num_deepstack_features:
-        return
-    views = [t.reshape((b, seq, e.cfg.hidden_size)) for t in io.deepstack_embeds]
-    if features is None:
-        for v in views:
-            v.zero_(s)  # text-only request: Edge-LLM memsets the feature buffers
-    else:
-        for v, f in zip(views, features):
-            calls.read(f)
-            v.copy_from(f, s)
-    e.tensor_map.use_deepstack_features()

@@ -17,26 +17,27 @@ import numpy as np
 
 from trtio import names
 from trtio._lifetime import Closeable
-from trtio.config import LLMEngineConfig
+from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts import contract_named, contract_of, resolve_contract
 from trtio.contracts.contract import Contract
-from trtio.contracts.ragged_steps import GEMMA4_FULL_TABLE, SWA_TABLE
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, EngineExecutor, EngineIO, TensorInfo
 from trtio.errors import BindingError, InvalidTypeError
-from trtio.lora import lora_input_names
+from trtio.features import family_configs
 from trtio.memory import MemoryEntry, MemoryReport
 from trtio.pipeline_io import PipelineIO
 from trtio.registry import TensorRegistry, TensorSpec
 from trtio.rope import no_rope_cos_sin_rows, rope_cos_sin_table
+from trtio.setups.calls import Calls
 from trtio.state import EngineState, state_names, state_problems
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BoundEngine", "RopeTables", "bind_engine", "check_engine", "declared_problems", "engine_backend",
-           "engine_io", "fill_gemma4", "fill_mrope", "profile_problems", "with_contract"]
+__all__ = ["BindContext", "BoundEngine", "RopeTables", "rope_table_rows", "bind_engine", "check_engine",
+           "declared_problems", "engine_backend",
+           "engine_io", "fill_mrope", "profile_problems", "with_contract"]
 
 # Registry outputs an engine may leave out (Edge-LLM serves optional outputs from one map).
 _OPTIONAL_OUTPUTS = {names.kOutputHiddenStates}
@@ -58,11 +59,12 @@ def check_engine(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngineCo
             problems.append(f"{name}: a constant input is given for it, but the engine declares no such input")
         elif t.dtype is not info.dtype:
             problems.append(f"{name}: the engine wants {info.dtype}, the constant input is {t.dtype}")
-    lora = [n for n in lora_input_names(engine_io.names()) if n not in given]
-    if lora:  # named once, not as one unknown binding each
-        problems.append(f"{lora[0]}: the engine takes LoRA adapters ({len(lora)} LoRA inputs, {{module}}.lora_A/B."
-                        f"weight); create_for_llm binds them (LLMSetup.set_lora), this setup does not")
-    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given) | set(lora))
+    claimed: set[str] = set()
+    for family in family_configs():  # inputs a family binds where its feature is made: named once, not one by one
+        names_, found = family.input_problems(engine_io, cfg, set(given))
+        claimed |= names_
+        problems += found
+    problems += declared_problems(engine_io, registry, skip=state_names(engine_io) | set(given) | claimed)
     problems += _range_problems(engine_io, registry, cfg)
     problems += state_problems(engine_io, cfg, max_batch or cfg.max_supported_batch_size,
                                pages_on_demand=pages_on_demand)
@@ -120,7 +122,7 @@ def _range_problems(engine_io: EngineIO, registry: TensorRegistry, cfg: LLMEngin
     prompt lengths it promises."""
     problems = []
     fixed = {"kv_len": ("max_kv_cache_capacity", cfg.max_kv_cache_capacity)}
-    if not cfg.is_mrope:
+    if not cfg.rope_per_slot:
         fixed["rope_batch"] = ("a shared RoPE table", 1)
     for info in engine_io.tensors:
         spec = registry.get(info.name)
@@ -167,7 +169,7 @@ class RopeTables(Closeable):
                cfg.max_position_embeddings, cfg.use_rope)
         t = self._tables.get(key)
         if t is None:
-            table = _rope_table(cfg)
+            table = rope_table_rows(cfg)
             t = Tensor.empty(table.shape, DType.FLOAT32, Location.DEVICE, name=names.kRopeCosSin,
                              backend=self._backend)
             self._tables[key] = t
@@ -190,13 +192,16 @@ class RopeTables(Closeable):
                 release.callback(t.close)
 
 
-def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
-    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied); Gemma 4's
-    sliding layers' (its full layers' is :func:`fill_gemma4`'s). A model without RoPE (``use_rope: false``) gets the
-    identity table, as Edge-LLM's runtime gives it (the graph rotates by whatever table it is fed)."""
-    if cfg.gemma4 is not None:
-        rows = _no_rope_if_off(cfg, cfg.gemma4.sliding_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
-        return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
+def rope_table_rows(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
+    """The config's RoPE table, [batch, max_kv_cache_capacity, rotary_dim] float32 (RoPE scaling applied), or the
+    table a family computes its own way (:meth:`~trtio.features.FamilyConfig.rope_rows`: Gemma 4's sliding layers').
+    A model without RoPE (``use_rope: false``) gets the identity table, as Edge-LLM's runtime gives it (the graph
+    rotates by whatever table it is fed)."""
+    positions = np.arange(cfg.max_kv_cache_capacity)
+    for family in cfg.features:
+        own = family.rope_rows(cfg, positions)
+        if own is not None:
+            return np.ascontiguousarray(np.broadcast_to(own, (batch, *own.shape)))
     if not cfg.use_rope:
         rows = no_rope_cos_sin_rows(cfg.max_kv_cache_capacity, cfg.rotary_dim)
         return np.ascontiguousarray(np.broadcast_to(rows, (batch, *rows.shape)))
@@ -204,22 +209,10 @@ def _rope_table(cfg: LLMEngineConfig, batch: int = 1) -> np.ndarray:
                               scaling=cfg.rope_scaling, max_position_embeddings=cfg.max_position_embeddings or None)
 
 
-def _no_rope_if_off(cfg: LLMEngineConfig, rows: np.ndarray) -> np.ndarray:
-    """``rows`` (``[N, width]``), or the identity rows of their shape where the config says ``use_rope: false``."""
-    return rows if cfg.use_rope else no_rope_cos_sin_rows(*rows.shape)
-
-
 def fill_mrope(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
     """MRoPE's per-sequence tables, filled for text (every slot: sequential positions)."""
-    if cfg.is_mrope:
-        io.mrope_cos_sin.copy_from(_rope_table(cfg, io.max_batch), stream)
-
-
-def fill_gemma4(io: PipelineIO, cfg: LLMEngineConfig, stream: Stream) -> None:
-    """Gemma 4's full layers' RoPE table (``full_rope_config``: proportional or not), which its steps gather from."""
-    if cfg.gemma4 is not None:
-        rows = _no_rope_if_off(cfg, cfg.gemma4.full_rope.rows(np.arange(cfg.max_kv_cache_capacity)))
-        io.member(GEMMA4_FULL_TABLE).copy_from(rows, stream)
+    if cfg.rope_per_slot:
+        io.mrope_cos_sin.copy_from(rope_table_rows(cfg, io.max_batch), stream)
 
 
 def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
@@ -227,6 +220,22 @@ def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
         return False
     info = engine_io[names.kKVCacheStartIndex]
     return bool(info.profiles) and info.profiles[PREFILL_PROFILE][0][0] == 0
+
+
+@dataclass
+class BindContext:
+    """What a setup hands its features (:class:`~trtio.features.Feature`) when it binds its engines: its PipelineIO,
+    backend, the stream construction runs on, the stack its parts are closed with, its RoPE tables, the snapshot
+    rows its prefixes may hold (``max_prefixes``) and its deployment (None: an LLM setup)."""
+
+    io: PipelineIO
+    backend: Backend
+    stream: Stream
+    stack: contextlib.ExitStack[Any]
+    rope: RopeTables
+    calls: Calls
+    max_prefixes: int
+    bundle: DeploymentConfig | None = None
 
 
 @dataclass
@@ -259,16 +268,16 @@ def bind_engine(engine: Any, cfg: LLMEngineConfig, tm: TensorMap, *, max_batch: 
     page_table = contract.page_table(io, name)  # staged per step with its sequences' pages (pages on demand)
     check_engine(eio, registry, cfg, max_batch=max_batch, pages_on_demand=page_table is not None,
                  constants=constants)
-    steps = io.step.tensors if io.step is not None else {}
-    swa_table = steps.get(SWA_TABLE) if page_table is not None else None  # Gemma 4's bounded SWA rows
+    # The step block's tensors, where the setup stages pages per step: a family may bind its state to them.
+    staged = io.step.tensors if io.step is not None and page_table is not None else {}
     state = resources.enter_context(EngineState(eio, cfg, max_batch=max_batch, backend=backend, name=name,
-                                                stream=stream, page_table=page_table, swa_table=swa_table))
+                                                stream=stream, page_table=page_table, staged=staged))
     state.bind(tm)
     stable = state.stable_names()
     for input_name, t in (constants or {}).items():
         tm.add(input_name, t)
         stable.add(input_name)
-    if not cfg.is_mrope and (names.kRopeCosSin in eio or names.kRopeCosSinSliding in eio):
+    if not cfg.rope_per_slot and (names.kRopeCosSin in eio or names.kRopeCosSinSliding in eio):
         table = rope.get(cfg, stream)  # made now, never in a step (the ragged contract's steps gather rows of it)
         if contract.binds_rope_table(cfg):
             tm.add(names.kRopeCosSin, table)

@@ -10,8 +10,8 @@ that still sit there move first, to rows past the step rows (one per slot).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -19,11 +19,40 @@ from trtio.contracts.contract import StepInputs
 from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
 from trtio.pipeline_io import PipelineIO
-from trtio.setups.base import Prompt, SetupBase
+from trtio.setups.base import Prompt
 from trtio.setups.binding import BoundEngine
+from trtio.setups.catch_up import CatchUp
 from trtio.setups.sequences import Sequences
+from trtio.tensor_map import TensorMap
 
-__all__ = ["DraftRoots", "check_accept_lengths", "check_draft_prompt", "check_draft_shape", "check_room"]
+__all__ = ["DraftRoots", "DraftRound", "check_accept_lengths", "check_draft_prompt", "check_draft_shape",
+           "check_room"]
+
+
+class DraftRound(NamedTuple):
+    """What a draft family's own steps (a DFlash block draft: :mod:`trtio.families.spec.dflash`) use of their
+    spec-decode setup, handed to them by the setup (made once): its draft engine, PipelineIO, step inputs, sequences,
+    catch-up and the catch-up's tensor map, and the setup's step tools (each :class:`~trtio.setups.base.SetupBase`'s
+    method of that name). The round's own state (the pending prompt, the accepted paths) comes with each call. (A
+    named tuple: the setup makes one per call, quickly.)"""
+
+    draft: BoundEngine
+    io: PipelineIO
+    steps: StepInputs
+    seqs: Sequences
+    catch_up: CatchUp
+    catch_up_map: TensorMap
+    embeds: Callable[..., tuple[Any, int, int]]
+    check_lengths: Callable[[Any, int, int, str], np.ndarray]
+    host_input: Callable[[Any, str], Any]
+    step_stream: Callable[[Any], Any]  # the stream a step runs on (SetupBase._stream)
+    prompt_pages: Callable[..., Any]
+    upload_embeds: Callable[[Any, Any], None]
+    step_lengths: Callable[[BoundEngine], tuple[np.ndarray, tuple[int, ...], np.ndarray, bool]]
+    pages: Callable[..., Any]
+    run: Callable[..., None]
+    #: Keep the accepted paths' base rows where a failed catch-up left them (put in order in place).
+    keep_accepted_rows: Callable[[np.ndarray], None]
 
 
 def check_draft_shape(pending: Prompt, shape: tuple[int, ...]) -> None:
@@ -105,16 +134,18 @@ def check_room(order: np.ndarray, past: np.ndarray, have: list[int], more: int, 
     return top
 
 
-def check_accept_lengths(setup: SetupBase, given: Any, lens: list[int], b: int, a: int) -> None:
+def check_accept_lengths(given: Any, lens: list[int], b: int, a: int, host_input: Callable[[Any, str], Any],
+                         check_lengths: Callable[[Any, int, int, str], np.ndarray]) -> None:
     """``accept_lengths`` of ``SpecDecodeSetup.draft_accept``: the path lengths accept() committed (``lens``,
-    for ``b`` sequences), each within the catch-up's ``a`` rows."""
+    for ``b`` sequences), each within the catch-up's ``a`` rows (read and checked with the setup's ``host_input``
+    and ``check_lengths``)."""
     # What a runtime passes: the lengths accept() committed, as ints (else read as an array and compared).
     same = type(given) is list and given == lens and all(type(v) is int for v in given)
     if not same:
-        array = given if type(given) is np.ndarray else np.asarray(setup._host_input(given, "accept_lengths"))
+        array = given if type(given) is np.ndarray else np.asarray(host_input(given, "accept_lengths"))
         same = array.shape == (b,) and array.dtype.kind in "iu" and array.tolist() == lens
     if not same:
-        checked = setup._check_lengths(given, b, a, "accept_lengths")
+        checked = check_lengths(given, b, a, "accept_lengths")
         raise ShapeError(f"accept_lengths {checked.tolist()} differ from the path lengths accept() committed {lens}")
     if max(lens) > a:  # as _check_lengths words it: the catch-up is narrower than a path
         i = lens.index(max(lens))

@@ -7,7 +7,6 @@ pinned staging buffers are fenced with events that are normally complete already
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,48 +19,40 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
+from trtio.features import FeatureSet, Ready, component_named
 from trtio.foreign import TorchDeviceInput, torch_device_input
-from trtio.gemma4 import PleSplit, swa_room
-from trtio.lora import LoraAdapter, LoraInputs, LoraSlots
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import warm_up
-from trtio.pages import Prefix, StepPages
+from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix, StepPages
 from trtio.pipeline_io import PipelineIO
-from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates, recurrent_state_names
 from trtio.setups.base import EngineGraphStats, SetupBase
 from trtio.setups.binding import (
+    BindContext,
     BoundEngine,
     RopeTables,
     bind_engine,
     engine_backend,
     engine_io,
-    fill_gemma4,
-    fill_mrope,
     with_contract,
 )
-from trtio.setups.calls import one_thread
+from trtio.setups.calls import Calls, one_thread
 from trtio.setups.decode_plan import DecodePlan
-from trtio.setups.mrope import SlotPositions
-from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
-from trtio.setups.visual import VisualSetup
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor, overlap_error
 from trtio.tensor_map import TensorMap
 
-__all__ = ["LLMSetup", "create_for_llm", "recurrent_states"]
+__all__ = ["LLMSetup", "create_for_llm"]
 
 
 class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
 
-    ``visual``: a vision-language model's encoder (a :class:`~trtio.setups.visual.VisualSetup` that
-    ``create_from_engine_dir`` attaches, closed with this setup), else None."""
-
-    visual: VisualSetup | None = None
-    _lora: LoraSlots | None = None
+    ``visual``: a vision-language model's encoder (a :class:`~trtio.components.visual.visual_setup.VisualSetup` that
+    ``create_from_engine_dir`` attaches, closed with this setup), else None: an engine beside the LLM
+    (:meth:`attach`)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -76,59 +67,66 @@ class LLMSetup(SetupBase):
         check_int(max_prefixes, "create_for_llm: max_prefixes", minimum=0, error=InvalidValueError)
         eio = engine_io(engine, "create_for_llm")
         cfg = with_contract(cfg, eio, "engine")
-        lora = LoraInputs.from_engine(eio, cfg.max_lora_rank)  # LoRA engines: refused here where they cannot bind
         be = engine_backend(engine, backend)
         self._backend = be
         self.cfg = cfg
+        self._features = FeatureSet()
         with self._building(stream) as (stack, s):
             self.io = stack.enter_context(PipelineIO.create_for_llm(cfg, s, backend=be))
             self._rope = stack.enter_context(RopeTables(be))
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([engine], backend=be))
-            if lora is not None:  # bound first to empty tensors (no adapter); set_lora rebinds them (a variant)
-                self._lora = stack.enter_context(LoraSlots(lora, be))
-                constants = {**(constants or {}), **self._lora.tensors}
+            ctx = BindContext(self.io, be, s, stack, self._rope, self._calls, int(max_prefixes))
+            # the families' parts (a LoRA engine's inputs: bound first to empty tensors, no adapter)
+            constants = {**(constants or {}), **self._features.make(cfg, "llm", ctx, eio)}
             tm = self.io.build_tensor_map(cfg)
             self._engine = bind_engine(engine, cfg, tm, max_batch=cfg.max_supported_batch_size, backend=be,
                                        context_memory=self._context_memory, graphs=graphs, rope=self._rope,
                                        stream=s, resources=stack, name="llm", io=self.io, constants=constants)
-            if self._lora is not None:
-                self._lora.attach(self._engine.tensor_map, self._engine.executor)
             self._extra_arena = stack.enter_context(Arena([
                 UploadRing.request("host_inputs_embeds", (cfg.max_supported_batch_size, 1, cfg.hidden_size),
                                     cfg.activation, slots=INPUT_RING_SLOTS)], backend=be, title="llm staging"))
             self._embeds_staging = stack.enter_context(
                 UploadRing(self._extra_arena["host_inputs_embeds"], be, slots=INPUT_RING_SLOTS,
                            title="inputs_embeds staging"))
-            fill_mrope(self.io, cfg, s)
-            fill_gemma4(self.io, cfg, s)
-            self._recurrent = recurrent_states(self._engine, int(max_prefixes), be, s, stack)
-            if cfg.is_mrope and cfg.rope_scaling is not None and cfg.rope_scaling.mrope_section is not None:
-                # each slot's rows follow its prompt's 3-axis positions (prefill's mrope_positions)
-                self._positions = stack.enter_context(SlotPositions(self.io, cfg, self._rope.get(cfg, s), be))
+            self._features.bound(self._engine, ctx)
             warm_up(be)
-        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, recurrent=self._recurrent)
+        self._seqs = Sequences([self._engine], cfg.max_supported_batch_size, features=self._features)
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
-        self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
+        self._step_input = self._features.step_input()  # a family's per-token input (ple_embeds), or none
         self._streaming_pending = False
+        self._attached: dict[str, Any] = {}  # engines beside the LLM (components), by name
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
+        self._ran: DecodePlan | None = None  # the last plan run (its record of the step block: DecodePlan.block_holds)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
 
-    def attach_visual(self, visual: VisualSetup) -> None:
-        """Keep ``visual`` (the ViT of this LLM's vision-language model) as :attr:`visual`; it is closed with this
-        setup from now on."""
+    def attach(self, name: str, part: Any) -> None:
+        """Keep ``part``, the setup of the engine beside the LLM that component ``name`` binds (its vision encoder:
+        ``"visual"``), as an attribute of this setup; it is closed with this setup from now on. Refused where one is
+        attached already, or where the component says it does not fit this LLM."""
         self._check_open()
-        if self.visual is not None:
-            raise TrtioError(f"{self!r} has a vision encoder attached already")
-        if visual.cfg.out_hidden_size != self.cfg.hidden_size:
-            raise ConfigError("vision_config.out_hidden_size", f"is {visual.cfg.out_hidden_size}, but the LLM's "
-                                                               f"hidden_size is {self.cfg.hidden_size}")
+        component = component_named(name)
+        if component is None:
+            raise InvalidValueError(f"attach: {name!r} is not a component trtio binds")
+        if name in self._attached:
+            raise TrtioError(f"{self!r} has a {component.WHAT} attached already")
+        component.check_attach(self.cfg, part)
         assert self._resources is not None
-        self._resources.callback(visual.close)
-        self.visual = visual
+        self._resources.callback(part.close)
+        self._attached[name] = part
+
+    def attach_visual(self, visual: Any) -> None:
+        """Keep ``visual`` (the ViT of this LLM's vision-language model: a
+        :class:`~trtio.components.visual.visual_setup.VisualSetup`) as :attr:`visual` (:meth:`attach`)."""
+        self.attach("visual", visual)
+
+    @property
+    def visual(self) -> Any:
+        """The vision encoder attached (:meth:`attach_visual`), None without one."""
+        return self._attached.get("visual")
 
     # -- public views ---------------------------------------------------------------------------
     @property
@@ -136,10 +134,10 @@ class LLMSetup(SetupBase):
         return self._engine.state
 
     @property
-    def recurrent(self) -> RecurrentStates | None:
-        """A hybrid model's recurrent states (the snapshot pool and which of its rows prefixes hold); None for a
-        model without recurrent layers."""
-        return self._recurrent
+    def recurrent(self) -> Any:
+        """A hybrid model's recurrent states (:class:`~trtio.families.hybrid.recurrent.RecurrentStates`: the snapshot
+        pool and which of its rows prefixes hold); None for a model without recurrent layers."""
+        return self._features.attribute("recurrent")
 
     @property
     def executor(self) -> EngineExecutor:
@@ -165,7 +163,7 @@ class LLMSetup(SetupBase):
         checked decode's plan as it is (:class:`~trtio.setups.decode_plan.DecodePlan`: no check, no staging, its
         graph replayed where graphs are on)."""
         plan = self._plan
-        return plan is not None and plan.holds(self)
+        return plan is not None and plan.holds(self._epoch)
 
     # -- steps ----------------------------------------------------------------------------------
     @property
@@ -173,10 +171,11 @@ class LLMSetup(SetupBase):
         """MRoPE: each active sequence's position delta, in the order of :attr:`active` (int64; a copy): a token
         at cache position ``k`` past its prompt has position ``k + delta`` on all three axes (0 for text, and for
         every sequence of an engine without MRoPE)."""
-        if self._positions is None:
+        deltas = self._features.attribute("rope_deltas")  # every slot's (None: no MRoPE)
+        if deltas is None:
             return np.zeros(self._seqs.count, np.int64)
-        deltas: np.ndarray = self._positions.deltas[self._seqs.order]
-        return deltas
+        found: np.ndarray = deltas[self._seqs.order]
+        return found
 
     @one_thread
     def prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
@@ -210,18 +209,14 @@ class LLMSetup(SetupBase):
         PLE row (columns ``i * ple_hidden ..`` feed ``ple_token_embeds_i``); required there (:class:`ShapeError`
         naming it otherwise).
         """
-        self._ple.prepare(ple_embeds, inputs_embeds, self, stream, now=True)
+        self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream), now=True)
         try:
             self._prefill(self._engine, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
-                          deepstack_embeds, "prefill", mrope_positions)
+                          "prefill", deepstack_embeds=deepstack_embeds, mrope_positions=mrope_positions)
         except BaseException:
-            if self._positions is not None and self._positions.unsettled:
-                self._positions.settle()
-                self._break("a prefill that continued sequences with new MRoPE positions failed after writing "
-                            "their position rows")
+            self._settle_prompt(False)
             raise
-        if self._positions is not None:
-            self._positions.settle()
+        self._settle_prompt(True)
         return self.io.output_logits
 
     @one_thread
@@ -242,33 +237,30 @@ class LLMSetup(SetupBase):
         so the plan holds for a decode fed the same tensor (address, shape, dtype) and any other is checked in full.
         """
         plan = self._plan
-        staged = False  # host PLE rows copied already
-        if plan is not None and slots is None and plan.holds(self):
+        staged = False  # the step input (host rows) copied already
+        if plan is not None and slots is None and plan.holds(self._epoch):
             s = self._stream(stream)
             if s._closed:
                 s._check_open()
-            ple_ok, staged = self._ple.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
-            x = plan.read(inputs_embeds, s, self) if ple_ok else None
-            if x is None and ple_ok and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
+            taken, staged = self._step_input.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
+            x = plan.read(inputs_embeds, s, self._torch_reader) if taken else None
+            if x is None and taken and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
                 # once (its producer ordered before the step's stream), then taken as the plan takes it.
-                x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self)
+                x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self._torch_reader)
             if x is not None:
                 self._run_plan(plan, x, s, keep=inputs_embeds)
                 return self.io.output_logits
-        split = None if staged else self._ple.prepare(ple_embeds, inputs_embeds, self, stream)
+        split = None if staged else self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream))
         return self._decode_checked(inputs_embeds, stream, slots, split, ple_embeds if split is not None else None)
 
-    @property
-    def _host_lengths(self) -> np.ndarray:
-        """The engine's host lengths array (every slot): what a plan advances."""
-        lengths: np.ndarray = self._engine.state.lengths
-        return lengths
-
-    @property
-    def _uploads(self) -> int:
-        """Uploads of the step block so far (a plan holds while only its own step wrote the block)."""
-        return self._steps.step.uploads
+    def _ready(self, stream: StreamLike) -> Ready:
+        """What a step input asks once the step is known to take it (:data:`~trtio.features.Ready`): a closed or
+        broken setup refused, then the step's stream and the call rules."""
+        def ready() -> tuple[Stream, Calls]:
+            self._refuse_unusable()
+            return self._stream(stream), self._calls
+        return ready
 
     def _torch_reader(self, shape: tuple[int, int, int]) -> TorchDeviceInput | None:
         """The reader of torch CUDA tensors of embeddings of ``shape`` (one per step shape, kept across plans),
@@ -309,16 +301,17 @@ class LLMSetup(SetupBase):
         except BaseException:
             if pages is not None:
                 pages.undo()
-            self._plan = None
-            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again
+            self._plan = self._ran = None  # the device's copy of the lengths may have moved: staged again
             raise
-        self._steps.device_lengths = plan.advance()
+        plan.advance()
+        self._ran = plan
 
     def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None,
-                        split: PleSplit | None = None, ple: Tensor | None = None) -> Tensor:
+                        split: Any = None, held: Tensor | None = None) -> Tensor:
         """:meth:`decode`, every check made (the first step of a batch, a page to take, ``slots=``); lays the
         step out as a plan and runs it (a decode of every active sequence keeps the plan for the next), ``split`` (the
-        PLE split of the device tensor ``ple``, :meth:`PleInputs.prepare`) last in its work."""
+        step input's device work for the tensor ``held``: :meth:`StepInput.prepare
+        <trtio.features.StepInput.prepare>`) last in its work."""
         self._check_usable()
         self._plan = None
         seqs, e = self._seqs, self._engine
@@ -346,39 +339,45 @@ class LLMSetup(SetupBase):
             pages.commit()
         if seqs.slotted:  # and before a page to take (this step's taken)
             room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
-        if e.state.swa_pages is not None:  # and before a bounded SWA window gains or retires a page
-            room = min(room, swa_room(e.state.swa_pages, lengths))
+        room = self._features.decode_room(lengths, room)  # and before a family's step rows change
+        ran = self._ran  # what the block holds after the last plan ran: its inputs, if the same sequences go on
+        staged = ran is not None and ran.block_holds(self._steps.step.uploads, n, key)
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
-            work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key))
+            self._features.stage_decode(e, sl if seqs.slotted else None, lengths)
+            work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key),
+                                      staged=staged)
             if split is not None:
-                work = self._ple.plan_work(work, split)
+                work = self._step_input.plan_work(work, split)
             e.tensor_map.use_deepstack_zero()
             if self._streaming_pending:
                 self.io.streaming_prefill.order_before(s)
         except BaseException:
             if pages is not None:
                 pages.undo()
-            self._steps.decoded(None)
+            self._ran = None
             raise
         if type(x) is Tensor and x is not self.io.inputs_embeds and x._last_stream is not None:
             x._order_consumer(s._handle)
         plan = DecodePlan(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
-                          sl.tolist(), room, work, dims, self._steps.step.uploads, ple)
+                          sl.tolist(), room, work, dims, self._steps.step.uploads, held, key)
         self._run_plan(plan, x, s, pages)
         self._streaming_pending = False
         if slots is None:  # the next decode of these sequences may run the plan as it is
             self._plan = plan
         return self.io.output_logits
 
+    def _repaired(self) -> None:
+        self._plan = self._ran = None
+
     @property
-    def lora(self) -> LoraAdapter | None:
+    def lora(self) -> Any:
         """The LoRA adapter the steps use (:meth:`set_lora`); None: none (or an engine without LoRA inputs)."""
-        return self._lora.adapter if self._lora is not None else None
+        return self._features.attribute("lora")
 
     @one_thread
-    def set_lora(self, adapter: LoraAdapter | None, stream: StreamLike = None) -> None:
+    def set_lora(self, adapter: Any, stream: StreamLike = None) -> None:
         """Use ``adapter`` (a :class:`~trtio.LoraAdapter`; None: no adapter, every LoRA input at rank 0) for every
         step after this call, for the whole batch (one adapter per batch, as in Edge-LLM). Sequences in flight go
         on: their cached tokens keep what the adapter before computed.
@@ -396,23 +395,15 @@ class LLMSetup(SetupBase):
         inputs (``max_lora_rank`` 0) or whose LoRA inputs are all named after ONNX graph nodes (Edge-LLM 0.11's
         ``insert-lora`` on an export of anonymous weights: no adapter can be matched to them; the engine runs with
         every LoRA input at rank 0), an InvalidValueError naming every module the engine lacks, whose rank is
-        above ``max_lora_rank`` or whose dtype or shape differs (:meth:`trtio.lora.LoraInputs.problems`); the
-        setup is left as it was.
+        above ``max_lora_rank`` or whose dtype or shape differs
+        (:meth:`trtio.families.lora.adapters.LoraInputs.problems`); the setup is left as it was.
         """
         self._refuse_unusable()
-        lora = self._lora
-        if lora is None:
-            if adapter is None:
-                return
-            if not isinstance(adapter, LoraAdapter):
-                raise InvalidTypeError(f"set_lora: expected a trtio.LoraAdapter or None, got {type(adapter).__name__}")
-            raise ConfigError("max_lora_rank", f"set_lora: engine {self._engine.io.name!r} takes no LoRA adapter (its "
-                                               "config's max_lora_rank is 0: build it with --max-lora-rank)")
-        if adapter is not None and not lora.knows(adapter):  # an adapter set before was checked then
-            lora.inputs.check(adapter, "set_lora")
-        # The tensor map's LoRA inputs rebound: the executor takes the plans (and graphs) of this adapter's binding
-        # set at the next step; the last decode's plan (dims, device work) holds, an adapter changing no slot.
-        lora.use(adapter, self._stream(stream))
+        part = self._features.part("set_lora")
+        if part is None:
+            self._features.absent_call("set_lora", adapter, self._engine.io.name)
+            return
+        part.set_lora(adapter, self._stream(stream))
 
     @one_thread
     def populate_streaming(self, stream: StreamLike = None) -> None:
@@ -449,7 +440,7 @@ class LLMSetup(SetupBase):
         staging, RoPE table, a hybrid model's snapshot pool, a LoRA engine's adapter copies,
         and context memory."""
         report = self._report("create_for_llm", include_context_memory)
-        parts = [p.report() for p in (self._recurrent, self._lora) if p is not None]
+        parts = self._features.reports()
         return MemoryReport.combine("create_for_llm", [report, *parts]) if parts else report
 
     def __repr__(self) -> str:
@@ -466,16 +457,3 @@ def create_for_llm(engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None,
     unused by a model without recurrent layers)."""
     return LLMSetup(engine, cfg, stream, graphs=graphs, backend=backend, constants=constants,
                     max_prefixes=max_prefixes)
-
-
-def recurrent_states(e: BoundEngine, max_prefixes: int, backend: Backend, s: Stream,
-                     resources: contextlib.ExitStack) -> RecurrentStates | None:
-    """A hybrid engine's :class:`~trtio.recurrent.RecurrentStates` over its state's pools (closed by
-    ``resources``), None for an engine without recurrent layers."""
-    if not e.cfg.is_hybrid:
-        return None
-    pools = {past: e.state.tensors[past] for past, _ in recurrent_state_names(e.cfg)}
-    return resources.enter_context(RecurrentStates(pools, e.state.max_batch, max_prefixes, backend=backend, stream=s,
-                                                   name=e.role))
-
-

@@ -15,7 +15,7 @@ differs from the slots, a prefix longer than its sequence, of another setup or a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,19 +23,14 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio._checks import is_int
-from trtio.engine import DeviceWork
 from trtio.errors import ShapeError, TrtioError
+from trtio.features import FeatureSet
 from trtio.ops import copy_pages
-from trtio.pages import PagePool, PageTable, Prefix, PrefixPositions, PrefixReturns, StepPages
-from trtio.recurrent import RecurrentStates
+from trtio.pages import PagePool, PageTable, Prefix, PrefixReturns, StepPages
 from trtio.setups.binding import BoundEngine
 from trtio.stream import Stream
 
-__all__ = ["KVPages", "STATE_ROWS", "Sequences"]
-
-#: The key under which a hybrid model's :class:`~trtio.pages.Prefix` holds its recurrent-state snapshot row (one
-#: row of the setup's snapshot pool, counted by reference like a page).
-STATE_ROWS = "recurrent state"
+__all__ = ["KVPages", "Sequences"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +49,11 @@ class Sequences:
     """The sequence slots of a setup and, on a slotted contract, each engine's page table (see module
     docstring). ``engines``: the setup's engines (``llm``, or ``base`` and ``draft``); ``prefix_lag``: KV
     entries a pinned prefix keeps fewer than asked (a speculative draft's last entry depends on the token
-    after it, so a speculative prefix keeps one entry fewer); ``recurrent``: a hybrid model's recurrent states
-    (admissions zero or restore their rows, prefixes snapshot them)."""
+    after it, so a speculative prefix keeps one entry fewer); ``features``: the setup's features (a prefix keeps
+    what each needs of its slot beside the pages: a hybrid's recurrent-state snapshot)."""
 
     def __init__(self, engines: Sequence[BoundEngine], max_batch: int, *, prefix_lag: int = 0,
-                 recurrent: RecurrentStates | None = None) -> None:
+                 features: FeatureSet | None = None) -> None:
         self._owner = object()  # what a Prefix of these sequences names as its maker (not the setup: no cycle)
         self._engines = {e.role: e for e in engines}
         self.max_batch = max_batch
@@ -79,7 +74,7 @@ class Sequences:
                 self.tables[e.role] = PageTable(PagePool(st.pool_pages), max_batch, st.pages_per_sequence,
                                                 st.page_size, e.role)
         self._role = engines[0].role  # the engine whose pool kv_pages reports (the LLM's, or the base's)
-        self.recurrent = recurrent
+        self._features = features if features is not None else FeatureSet()
 
     # -- what is active ------------------------------------------------------------------------------
     @property
@@ -316,23 +311,11 @@ class Sequences:
                 raise TrtioError(f"{what}: slot {slot} is free (no sequence to release)")
         return given
 
-    def admitted_states(self, rows: np.ndarray, prefixes: list[Prefix | None] | None) -> tuple[DeviceWork, ...]:
-        """A hybrid model's new sequences (``rows``: their slots; a prefill that starts them, not one that continues
-        them): device work that zeroes their recurrent-state rows, or restores a prefix's snapshot into them, to
-        enqueue on the step's stream before its engine. Nothing for a model without recurrent layers."""
-        rec = self.recurrent
-        if rec is None:
-            return ()
-        sources = None if prefixes is None else [-1 if p is None else p.pages(STATE_ROWS)[0] for p in prefixes]
-        return rec.admission(rows.tolist(), sources)
-
     def pin(self, slot: Any, tokens: Any, what: str = "pin_prefix", stream: Stream | None = None, *,
-            returns: PrefixReturns | None = None,
-            positions: Callable[[int, int], PrefixPositions] | None = None) -> Prefix:
-        """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``. A hybrid
-        model's prefix also keeps a copy of the slot's recurrent states, made on ``stream``: it needs ``tokens`` to
-        be all the sequence holds (the states are those after its last token). ``positions`` (an MRoPE setup's):
-        the record of the slot's first so many tokens' positions, ``positions(slot, kept)``, kept by the prefix."""
+            returns: PrefixReturns | None = None) -> Prefix:
+        """Pin the first ``tokens`` KV entries (less the prefix lag) of the active sequence in ``slot``, and what
+        each feature keeps of the slot (:meth:`~trtio.features.Feature.pin`: a hybrid model's copy of the slot's
+        recurrent states, made on ``stream``; an MRoPE model's record of the tokens' positions)."""
         if not self.slotted:
             self.refuse_unslotted(what)
         if not (type(slot) is int or is_int(slot)) or not 0 <= slot < self.max_batch:
@@ -346,20 +329,12 @@ class Sequences:
             raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: a prefix "
                              f"pins {keep_min}..{have} of them")
         kept = int(tokens) - self._lag
-        record = None if positions is None else positions(slot, kept)
-        pages: dict[str, list[int]] = {}
-        pools: dict[str, PagePool] = {}
-        rec = self.recurrent
-        if rec is not None:
-            if tokens != have:
-                raise ShapeError(f"{what}: tokens = {tokens!r}, but slot {slot}'s sequence holds {have} tokens: on a "
-                                 f"hybrid model a prefix keeps the slot's recurrent states, which are those after its "
-                                 f"last token, so it pins all {have} of them (pin before decoding further)")
-            assert stream is not None
-            pages[STATE_ROWS], pools[STATE_ROWS] = [rec.snapshot(slot, what, stream)], rec.rows  # first: may refuse
+        assert stream is not None  # the setup's call orders it
+        parts = self._features.pin(slot, int(tokens), kept, have, what, stream)  # first: may refuse
+        pages, pools = parts.pages, parts.pools
         for role, table in self.tables.items():
             held = table.pages_of(slot)[:-(-kept // table.page_size)]
             table.pool.hold(held)
             table.share(slot)
             pages[role], pools[role] = held, table.pool
-        return Prefix(self._owner, kept, pages, pools, returns, record)
+        return Prefix(self._owner, kept, pages, pools, returns, parts.positions)

@@ -38,37 +38,34 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
+from trtio.features import FeatureSet, family_configs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
-from trtio.pages import Prefix
+from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix
 from trtio.pipeline_io import PipelineIO
-from trtio.recurrent import DEFAULT_MAX_PREFIXES, RecurrentStates
 from trtio.setups.base import EngineGraphStats, Prompt, SetupBase
 from trtio.setups.binding import (
+    BindContext,
     BoundEngine,
     RopeTables,
     bind_engine,
     engine_backend,
     engine_io,
-    fill_mrope,
     with_contract,
 )
 from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
-from trtio.setups.dflash import block_draft
 from trtio.setups.draft_prompt import (
     DraftRoots,
+    DraftRound,
     check_accept_lengths,
     check_draft_prompt,
     check_draft_shape,
     check_room,
 )
 from trtio.setups.drafting import DraftTree
-from trtio.setups.llm import recurrent_states
 from trtio.setups.sequences import Sequences
-from trtio.setups.snapshots import IntermediateStates, is_chain
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
-from trtio.spec_families import check_pair_runs
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
@@ -99,9 +96,6 @@ class Phase(enum.Enum):
                  "base_prefill() restarts the batch with the draft")
 
 
-_HYBRID_PREFIX = ("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid base's "
-                  "recurrent states are those after the slot's last token; prefixes of a hybrid spec-decode setup "
-                  "are not supported (start each sequence from its whole prompt)")
 _BETWEEN_ROUNDS = (Phase.EMPTY, Phase.READY)
 _RELEASE = (*_BETWEEN_ROUNDS, Phase.BASE_ONLY)  # a sequence may end between the base's verifies too
 
@@ -120,7 +114,10 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
     bundle.validate()
     if bundle.draft is None or bundle.spec is None:
         raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
-    check_pair_runs(bundle.base, bundle.draft, "create_for_spec_decode")
+    for family in family_configs():  # each family refuses a pair it cannot run, before anything is allocated
+        found = bundle.base.feature(family) or bundle.draft.feature(family)
+        if found is not None:
+            found.check_runs(bundle.base, bundle.draft, "create_for_spec_decode")
     base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"), "base engine")
     draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
                               "draft engine")
@@ -132,33 +129,32 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
 
 
 def _bind_pair(setup: SpecDecodeSetup, stack: contextlib.ExitStack[Any], s: Stream, base_engine: Any,
-               draft_engine: Any, graphs: bool
-               ) -> tuple[IntermediateStates | None, BoundEngine, RecurrentStates | None, BoundEngine, TensorMap]:
-    """Bind a spec setup's base and draft to its PipelineIO (their resources entered into ``stack``): a hybrid
-    base's per-token states, the base, its slots' recurrent states, the draft and the draft catch-up's map."""
+               draft_engine: Any, graphs: bool) -> tuple[BoundEngine, BoundEngine, TensorMap]:
+    """Bind a spec setup's base and draft to its PipelineIO (their resources, and their features' parts, entered into
+    ``stack``): the base, the draft and the draft catch-up's map."""
     io, be, base_cfg, draft_cfg = setup.io, setup._backend, setup.bundle.base, setup.bundle.draft
     assert draft_cfg is not None
     mb, memory, rope = io.max_batch, setup._context_memory, setup._rope
-    # A hybrid base's verify writes per-token states; accept commits the accepted one (trtio.setups.snapshots).
-    # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too. (Entered before the
-    # base's executor, which binds them: closed after it.)
-    rows = mb * max(base_cfg.max_supported_input_length, base_cfg.max_verify_tree_size)
-    states = None if not base_cfg.is_hybrid else stack.enter_context(IntermediateStates(base_cfg, rows, backend=be))
+    ctx = BindContext(io, be, s, stack, rope, setup._calls, DEFAULT_MAX_PREFIXES, setup.bundle)
+    features = setup._features
+    # The families' parts of the base first (a hybrid base's per-token verify states, entered before the base's
+    # executor, which binds them: closed after it).
+    constants = features.make(base_cfg, "base", ctx, engine_io(base_engine, "create_for_spec_decode (base)"))
     base = bind_engine(base_engine, base_cfg, io.build_tensor_map(base_cfg), max_batch=mb, backend=be,
-                       context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack, name="base", io=io)
-    if states is not None:
-        states.attach(base.state.tensors, base.tensor_map)
-    # a hybrid base's admissions zero (or restore) its slots' recurrent states, as an LLMSetup's do
-    recurrent = recurrent_states(base, DEFAULT_MAX_PREFIXES, be, s, stack)
+                       context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack, name="base", io=io,
+                       constants=constants)
+    features.bound(base, ctx)
+    constants = features.make(draft_cfg, "draft", ctx, engine_io(draft_engine, "create_for_spec_decode (draft)"))
     draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg), max_batch=mb,
                         backend=be, context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack,
-                        name="draft", io=io)
+                        name="draft", io=io, constants=constants)
+    features.bound(draft, ctx)
     # The draft's catch-up binds its own tree inputs where the contract has them (its levels rewrite the shared ones
     # every round): a plan of its own, from a map of its own.
     catch_up_map = draft.contract.catch_up_map(io, draft.tensor_map)
     if catch_up_map is not draft.tensor_map:
         catch_up_map.add_user(draft.executor)
-    return states, base, recurrent, draft, catch_up_map
+    return base, draft, catch_up_map
 
 
 def _draft_staging(stack: contextlib.ExitStack[Any], setup: SpecDecodeSetup, bundle: DeploymentConfig,
@@ -227,12 +223,12 @@ class SpecDecodeSetup(SetupBase):
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         bundle = _bound_bundle(base_engine, draft_engine, bundle)
-        self._block = block_draft(bundle)  # a DFlash pair's block steps (checked before anything is allocated)
-        base_cfg, draft_cfg, spec = bundle.base, bundle.draft, bundle.spec
+        draft_cfg, spec = bundle.draft, bundle.spec
         assert draft_cfg is not None and spec is not None
         be = engine_backend(base_engine, backend)
         self._backend = be
         self.bundle = bundle
+        self._features = FeatureSet()
         self.proposal_width = w = spec.drafting_step * spec.drafting_top_k  # the draft tree's width per round
         with self._building(stream) as (stack, s):
             self.io = io = stack.enter_context(
@@ -242,10 +238,8 @@ class SpecDecodeSetup(SetupBase):
             self._make_steps()
             self._context_memory = stack.enter_context(ContextMemory.for_engines([base_engine, draft_engine],
                                                                                  backend=be))
-            self._states, self.base, self._recurrent, self.draft, self._catch_up_map = _bind_pair(
-                self, stack, s, base_engine, draft_engine, graphs)
+            self.base, self.draft, self._catch_up_map = _bind_pair(self, stack, s, base_engine, draft_engine, graphs)
             self._extra_arena, self._embeds_staging, self._tree = _draft_staging(stack, self, bundle, w)
-            fill_mrope(io, base_cfg, s)
             warm_up(be)
         self._trees = VerifyTrees()
         self._paths = AcceptedPaths(mb)
@@ -253,7 +247,7 @@ class SpecDecodeSetup(SetupBase):
         self._catch_up = CatchUp(io, self._steps, base_width=spec.base_output_hidden_dim,
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
-        self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1, recurrent=self._recurrent)
+        self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1, features=self._features)
         self._dims = _StepDims()
         self._phase = Phase.EMPTY  # the one order of calls (see Phase); the fields below are its phases' data
         self._prompt: Prompt | None = None  # PROMPTED: the base prefill awaiting its draft prefill
@@ -332,8 +326,13 @@ class SpecDecodeSetup(SetupBase):
         admitting sequences (``slots=``) is allowed between rounds, and they join the next round after their
         :meth:`draft_prefill`. ``slots=None`` restarts the batch.
         """
-        self._prompt = self._prefill(self.base, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
-                                     deepstack_embeds, "base_prefill")
+        try:
+            self._prompt = self._prefill(self.base, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
+                                         "base_prefill", deepstack_embeds=deepstack_embeds)
+        except BaseException:
+            self._settle_prompt(False)
+            raise
+        self._settle_prompt(True)
         self._verified = self._accepted = None
         self._tree.start()
         self._phase = Phase.PROMPTED
@@ -347,14 +346,19 @@ class SpecDecodeSetup(SetupBase):
         ``hidden_states_input`` is the base prefill's hidden states (no copy), ``hidden_states_from_draft``
         is zero. Takes the base prefill's batch, width, lengths, slots and prefixes (``slots`` and ``prefix``,
         where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
-        sequence's last row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
+        sequence's last row. (A DFlash pair's takes and returns a block: :mod:`trtio.families.spec.dflash`.)"""
         self._check_usable()
         self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
-        if self._block is not None:
-            return self._block.prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
         pending = self._prompt
         assert pending is not None  # PROMPTED's data
+        part = self._features.part("draft_prefill")  # a draft of its own steps (DFlash: a block)
+        if part is not None:
+            block: Tensor = part.draft_prefill(self._draft_round(), pending, inputs_embeds, context_lengths, slots,
+                                               prefix, stream)
+            self._prompt = None
+            self._start_round()
+            return block
         e, rows, past = self.draft, pending.rows, pending.past
         x, b, seq = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         check_draft_shape(pending, x.shape)
@@ -373,6 +377,16 @@ class SpecDecodeSetup(SetupBase):
         self._roots.rows[rows] = self._steps.prompt_roots(b, seq, ctx)
         self._start_round()
         return self.io.output_logits
+
+    def _draft_round(self) -> DraftRound:
+        """What a draft family's own steps use of this setup (:class:`~trtio.setups.draft_prompt.DraftRound`), made
+        for each call (not kept: its bound methods would keep the setup alive in a cycle)."""
+        return DraftRound(self.draft, self.io, self._steps, self._seqs, self._catch_up, self._catch_up_map,
+                          self._embeds, self._check_lengths, self._host_input, self._stream, self._prompt_pages,
+                          self._upload_embeds, self._step_lengths, self._pages, self._run, self._keep_accepted_rows)
+
+    def _keep_accepted_rows(self, rows: np.ndarray) -> None:
+        self._accepted_rows = rows
 
     def _start_round(self, caught_up: list[int] | None = None) -> None:
         self._tree.start(caught_up)
@@ -394,8 +408,9 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_usable()
         self._expect("draft_propose()", Phase.READY, Phase.PROPOSING)
-        if self._block is not None:
-            self._block.refuse_propose()
+        part = self._features.part("draft_propose")  # a draft that refuses proposals (DFlash: the block is one)
+        if part is not None:
+            part.draft_propose()
         b = self._need_batch()
         e = self.draft
         x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
@@ -456,9 +471,7 @@ class SpecDecodeSetup(SetupBase):
         e = self.base
         t = self._trees.get(tree if type(tree) is list else self._host_input(tree, "tree"), b)
         n = t.nodes
-        if self._states is not None and not e.cfg.mtp_tree_base and not is_chain(t.parents, t.real):
-            raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; one "
-                             f"built with mtp_tree_base verifies trees), got parents {t.parents.tolist()}")
+        self._features.check_verify(t.parents, t.real)
         x, nb, ns = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if (nb, ns) != (b, n):
             raise ShapeError(f"inputs_embeds: verify of {n} nodes takes [batch={b}, {n}, hidden], "
@@ -510,8 +523,8 @@ class SpecDecodeSetup(SetupBase):
         state = self.base.state
         s = self._stream(stream)
         acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, s, staged=self._verify_starts)
-        if self._states is not None:  # the accepted node's states into each sequence's slot ("snapshot")
-            self._states.commit(order, self._accepted_rows[np.arange(b), acc - 1], s)
+        # the features' state of the accepted nodes (a hybrid base's: each sequence's slot, "snapshot" mode)
+        self._features.accept(order, self._accepted_rows, acc, s)
         if whole:
             lengths += acc
         else:
@@ -529,19 +542,24 @@ class SpecDecodeSetup(SetupBase):
         sequence b holds the embedding of the token after accepted node t; ``accept_lengths`` are the path
         lengths :meth:`accept` committed. ``hidden_states_input`` rows are the accepted nodes' base hidden
         states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
-        sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
+        sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.families.spec.dflash`.)"""
         self._check_usable()
         self._expect("draft_accept()", Phase.ACCEPTED)
-        if self._block is not None:
-            return self._block.accept(self, inputs_embeds, accept_lengths, stream)
         b = self._need_batch()
+        acc, lens = self._accepted, self._accepted_list
+        assert acc is not None  # ACCEPTED's data
+        part = self._features.part("draft_accept")  # a draft of its own steps (DFlash: a block)
+        if part is not None:
+            block: Tensor = part.draft_accept(self._draft_round(), b, acc, lens, self._accepted_rows, inputs_embeds,
+                                              accept_lengths, stream)
+            self._accepted = None
+            self._start_round()
+            return block
         e = self.draft
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
             raise ShapeError(f"inputs_embeds: batch {nb} differs from {b}")
-        acc, lens = self._accepted, self._accepted_list
-        assert acc is not None  # ACCEPTED's data
-        check_accept_lengths(self, accept_lengths, lens, b, a)
+        check_accept_lengths(accept_lengths, lens, b, a, self._host_input, self._check_lengths)
         dims = self._dims(e, "accept", b, a)
         order, key, past, whole = self._step_lengths(e)  # the step stages them as they are now
         have = past.tolist()
@@ -577,15 +595,6 @@ class SpecDecodeSetup(SetupBase):
         self._start_round([p + n for p, n in zip(have, lens)])  # what its tree step left on the device
         return self.io.output_logits
 
-    def pin_prefix(self, slot: int, tokens: int, stream: StreamLike = None) -> Prefix:
-        """As :meth:`SetupBase.pin_prefix <trtio.setups.base.SetupBase.pin_prefix>` (a speculative prefix keeps one
-        entry fewer than asked: the draft's last one depends on the next token). Refused on a hybrid base, whose
-        recurrent states are those after the slot's last token, not the prefix's."""
-        if self._recurrent is not None:
-            self._check_usable()
-            raise TrtioError(_HYBRID_PREFIX)
-        return super().pin_prefix(slot, tokens, stream)
-
     @one_thread
     def reset(self, stream: StreamLike = None) -> None:
         """Empty both KV states; the next step must be a base prefill. Also makes a broken setup
@@ -605,10 +614,8 @@ class SpecDecodeSetup(SetupBase):
         """Every buffer the setup owns: the shared PipelineIO, both KV states, staging, RoPE tables and
         the shared context memory (and a hybrid base's intermediate states)."""
         report = self._report("create_for_spec_decode", include_context_memory)
-        if self._states is None or self._recurrent is None:
-            return report
-        return MemoryReport.combine("create_for_spec_decode",
-                                    [report, self._states.report(), self._recurrent.report()])
+        parts = self._features.reports()
+        return MemoryReport.combine("create_for_spec_decode", [report, *parts]) if parts else report
 
     def __repr__(self) -> str:
         return f"SpecDecodeSetup({self.contract}, active={self._seqs.order_key})"

@@ -19,7 +19,7 @@ from trtio._checks import is_int
 from trtio.contracts import ragged as ragged_contract
 from trtio.dtypes import DType
 from trtio.errors import InvalidValueError
-from trtio.recurrent import recurrent_state_specs
+from trtio.families.hybrid.hybrid_config import recurrent_state_specs
 from trtio.state import paged_state_specs
 from trtio.testing.toy_model import config_role, output_vocab_size
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from trtio.dtypes import DType
 from trtio.errors import InvalidValueError
-from trtio.lora import LORA_A, LORA_B, LoraAdapter
+from trtio.families.lora.adapters import LORA_A, LORA_B, LoraAdapter
 from trtio.testing.toy_model import ToyWeights
 
 __all__ = ["LORA_PROJECTIONS", "lora_declarations", "lora_modules", "lora_pairs", "merged_weights", "toy_adapter"]

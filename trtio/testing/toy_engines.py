@@ -57,6 +57,7 @@ import numpy as np
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, UnknownNameError
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.testing.toy_dirs import default_engines_dir, plan_cache_dir
 from trtio.testing.toy_model import ToyWeights, toy_embedding
 
@@ -442,7 +443,7 @@ class HybridToyEngine:
     def __init__(self, directory: EngineDir) -> None:
         self.directory = directory
         self.config = directory.config
-        if not self.config.is_hybrid:
+        if self.config.feature(HybridConfig) is None:
             raise ConfigError(str(directory.path), "is not a hybrid engine directory (its config.json has no "
                                                    "recurrent layer in layer_types)")
         self.weights = ToyWeights.generate(self.config, RAGGED_SEED)
@@ -495,7 +496,7 @@ class VisionToyEngines:
 
     @property
     def visual_config(self) -> Any:
-        """The ViT's :class:`~trtio.visual_config.VisualConfig`."""
+        """The ViT's :class:`~trtio.components.visual.visual_config.VisualConfig`."""
         return self.directory.visual_config
 
     @property

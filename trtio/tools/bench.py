@@ -40,6 +40,8 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Backend, Location
 from trtio.engine import DECODE_PROFILE
 from trtio.errors import InvalidValueError
+from trtio.families.gemma4.gemma4_config import Gemma4Config
+from trtio.families.spec.spec_config import SpecConfig
 from trtio.setups import SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -116,7 +118,7 @@ def _gemma4_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: 
     """The decode step of :func:`gemma4_config`'s model, fed as the dense decode row is (its embeddings written in
     ``io.inputs_embeds`` in place) and device PLE rows (what :class:`~trtio.embeddings.TokenEmbeddings` gathers)."""
     cfg = gemma4_config(llm)
-    g = cfg.gemma4
+    g = cfg.feature(Gemma4Config)
     assert g is not None
     rng = np.random.default_rng(2)
     width = g.ple_layers * g.ple_hidden
@@ -495,7 +497,7 @@ def mtp_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
     """The 8B-class base of ``bundle`` as an MTP base (``hidden_states``: its last layer's stream [T, H]) with a
     one-layer MTP draft reading it, chain drafting 3 deep (verify trees of 4 nodes)."""
     assert bundle.draft is not None
-    base = dataclasses.replace(bundle.base, eagle_hidden_state_layers=()).validate()
+    base = dataclasses.replace(bundle.base, features=(*bundle.base.features, SpecConfig())).validate()
     draft = dataclasses.replace(bundle.draft, base_model_hidden_size=HIDDEN, vocab_size=base.vocab_size,
                                 output_vocab_size=base.vocab_size).validate()
     spec = SpecDecodeConfig(base_output_hidden_dim=HIDDEN, draft_hidden_size=HIDDEN, max_verify_size=64,
@@ -509,9 +511,11 @@ def dflash_bundle(bundle: DeploymentConfig) -> DeploymentConfig:
     one-layer DFlash block draft reading them, blocks of :data:`DFLASH_BLOCK` (verify chains of as many nodes)."""
     assert bundle.draft is not None
     base = bundle.base
-    block = {"version": 1, "target_layer_ids": list(base.eagle_hidden_state_layers), "block_size": DFLASH_BLOCK,
+    family = base.feature(SpecConfig)
+    assert family is not None
+    block = {"version": 1, "target_layer_ids": list(family.eagle_hidden_state_layers), "block_size": DFLASH_BLOCK,
              "mask_token_id": 0}
-    width = HIDDEN * len(base.eagle_hidden_state_layers)
+    width = HIDDEN * len(family.eagle_hidden_state_layers)
     draft = dataclasses.replace(bundle.draft, base_model_hidden_size=width, vocab_size=base.vocab_size,
                                 output_vocab_size=base.vocab_size, max_draft_tree_size=DFLASH_BLOCK,
                                 extras={**bundle.draft.extras, "spec_decode_type": "dflash", "dflash_config": block}

@@ -29,7 +29,8 @@ import numpy as np
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.engine import EngineIO
-from trtio.lora import LoraAdapter, LoraInputs
+from trtio.families.lora.adapters import LoraAdapter, LoraInputs
+from trtio.families.lora.lora_config import LoraConfig
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -45,7 +46,8 @@ ROWS = ("LLMSetup.decode, LoRA engine, no adapter", "LLMSetup.decode, LoRA engin
 
 def lora_config(llm: LLMEngineConfig) -> LLMEngineConfig:
     """``llm`` (the bench's ragged LLM) built for LoRA adapters of rank up to :data:`LORA_RANK`."""
-    return dataclasses.replace(llm, max_lora_rank=LORA_RANK, extras={"intermediate_size": INTERMEDIATE}).validate()
+    return dataclasses.replace(llm, features=(*llm.features, LoraConfig(LORA_RANK)),
+                               extras={"intermediate_size": INTERMEDIATE}).validate()
 
 
 def _adapter(inputs: LoraInputs, name: str, value: float) -> LoraAdapter:
@@ -63,7 +65,7 @@ def lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
     steps as the KV capacity leaves room for."""
     cfg = lora_config(llm)
     eng = engine(cfg, backend)
-    inputs = LoraInputs.from_engine(EngineIO.from_engine(eng), cfg.max_lora_rank)
+    inputs = LoraInputs.from_engine(EngineIO.from_engine(eng), LORA_RANK)
     assert inputs is not None
     first, second = _adapter(inputs, "first", 0.01), _adapter(inputs, "second", 0.02)
     rounds, warm = 4, 3

@@ -40,6 +40,7 @@ import numpy as np
 
 from trtio.config import KVLayerConfig, LLMEngineConfig
 from trtio.cuda.backend import Backend
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.setups import LLMSetup, create_for_llm
 from trtio.stream import Stream
 from trtio.tensor import Tensor
@@ -258,11 +259,13 @@ def hybrid_config(llm: LLMEngineConfig) -> LLMEngineConfig:
     recurrent states of 16 value heads x 128 x 128 (FP32) and a conv state of 6144 x 4 (FP16) per slot and layer."""
     types = ("mamba", "mamba", "mamba", "attention") * (llm.num_attention_layers // 4)
     kv = KVLayerConfig(llm.num_kv_heads, llm.head_dim)
+    recurrent = HybridConfig(recurrent_kind="gated_deltanet", conv_dim=2 * 16 * 128 + 16 * 128, conv_kernel=4,
+                             recurrent_state_num_heads=16, recurrent_state_head_dim=128, recurrent_state_size=128,
+                             recurrent_spec_verify_mode="snapshot")
     return dataclasses.replace(
         llm, num_attention_layers=types.count("attention"), layer_types=types,
-        kv_layer_configs=tuple(kv if t == "attention" else None for t in types), recurrent_kind="gated_deltanet",
-        conv_dim=2 * 16 * 128 + 16 * 128, conv_kernel=4, recurrent_state_num_heads=16, recurrent_state_head_dim=128,
-        recurrent_state_size=128, recurrent_spec_verify_mode="snapshot", kv_pool_pages=0).validate()
+        kv_layer_configs=tuple(kv if t == "attention" else None for t in types), features=(*llm.features, recurrent),
+        kv_pool_pages=0).validate()
 
 
 def _hybrid(backend: Backend, cfg: LLMEngineConfig, clock: _Clock, stream: Stream, rounds: int, per_round: int,

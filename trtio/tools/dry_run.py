@@ -25,9 +25,11 @@ from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.cuda.backend import Location
 from trtio.cuda.host import HostBackend
 from trtio.errors import ConfigError, InvalidValueError
-from trtio.lora import LoraInputs
+from trtio.families.gemma4.gemma4_config import Gemma4Config
+from trtio.families.hybrid.hybrid_config import HybridConfig, is_recurrent_state
+from trtio.families.lora.adapters import LoraInputs
+from trtio.families.lora.lora_config import LoraConfig
 from trtio.memory import MemoryReport, align_up
-from trtio.recurrent import is_recurrent_state
 from trtio.setups import LLMSetup, SpecDecodeSetup, create_for_llm, create_for_spec_decode
 from trtio.setups.binding import BoundEngine
 from trtio.tools.sequence_fit import round_width
@@ -178,9 +180,9 @@ def kv_state_rows(setup: LLMSetup | SpecDecodeSetup) -> list[dict[str, Any]]:
             row.update(pool_pages=int(state.pool_pages), page_size=int(state.page_size),
                        pages_per_sequence=int(state.pages_per_sequence),
                        page_table_shape=[int(d) for d in state.page_table.shape])
-        if e.cfg.is_hybrid:
+        if e.cfg.feature(HybridConfig) is not None:
             row["recurrent"] = recurrent_rows(setup, e)
-        if e.cfg.gemma4 is not None:
+        if e.cfg.feature(Gemma4Config) is not None:
             row["gemma4"] = gemma4_rows(setup, e)
         rows.append(row)
     return rows
@@ -190,7 +192,7 @@ def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, 
     """A Gemma 4 engine's KV pools, one per attention layer: ``layers`` (``name``, ``kind`` sliding / full,
     ``shape``, ``shares``: the donor's pool a KV-sharing consumer is bound to, else None), the ``bytes`` allocated
     (donors' pools once) and the SWA ``mode`` with its reason."""
-    g, state = e.cfg.gemma4, e.state
+    g, state = e.cfg.feature(Gemma4Config), e.state
     assert g is not None
     layers = []
     for i in range(g.num_layers):
@@ -198,7 +200,7 @@ def gemma4_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[str, 
         t = state.tensors[name]
         layers.append({"name": name, "kind": g.kinds[i], "shape": [int(d) for d in t.shape],
                        "shares": state.shared.get(name)})
-    mode = state.swa_mode
+    mode = state.kv_parts.get("swa_mode")
     return {"layers": layers, "bytes": state.nbytes, "mode": mode.describe() if mode is not None else "none"}
 
 
@@ -206,8 +208,9 @@ def recurrent_rows(setup: LLMSetup | SpecDecodeSetup, e: BoundEngine) -> dict[st
     """A hybrid engine's recurrent state: ``kind``, ``layers`` (recurrent ones), ``rows`` (sequence slots), and per
     pool kind (``conv``, ``state``) the ``names``, one pool's ``shape`` and ``dtype`` and the ``bytes`` of all, and
     the snapshot pool's ``snapshot_rows`` (``max_prefixes``) and ``snapshot_bytes``."""
-    cfg, state = e.cfg, e.state
-    out: dict[str, Any] = {"kind": cfg.recurrent_kind, "layers": cfg.num_recurrent_layers, "rows": state.max_batch}
+    hybrid, state = e.cfg.feature(HybridConfig), e.state
+    assert hybrid is not None
+    out: dict[str, Any] = {"kind": hybrid.recurrent_kind, "layers": hybrid.num_layers, "rows": state.max_batch}
     for key, template in (("conv", names.kConvStateTemplate), ("state", names.kRecurrentStateTemplate)):
         pools = {n: t for n, t in state.tensors.items() if is_recurrent_state(n) and n.startswith(template + "_")}
         first = next(iter(pools.values()))
@@ -228,7 +231,8 @@ def planned(config: DeploymentConfig, *,
     with dry_run_setup(config, engine_names=engine_names) as setup:
         report = setup.memory_report(include_context_memory=False)
         kv = kv_state_rows(setup)
-        lora = LoraInputs.from_engine(setup.executor.io, config.base.max_lora_rank) \
+        rank = config.base.feature(LoraConfig)
+        lora = LoraInputs.from_engine(setup.executor.io, rank.max_lora_rank if rank is not None else 0) \
             if isinstance(setup, LLMSetup) else None
     if lora is not None:  # an adapter's device copy is made by set_lora: its worst case, planned
         report = MemoryReport.combine(report.title, [report, lora.worst_case_report()])

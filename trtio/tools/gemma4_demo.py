@@ -24,6 +24,7 @@ from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.embeddings import TokenEmbeddings
+from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine
@@ -44,10 +45,11 @@ def run_gemma4(root: Path, prompts: list[list[int]], max_new_tokens: int, backen
         return {}
     d = EngineDir.open(path)
     cfg = d.config
-    g = cfg.gemma4
+    g = cfg.feature(Gemma4Config)
     assert g is not None
     count = max(max_new_tokens, 3 * g.sliding_window + 1)
-    full_cfg = dataclasses.replace(cfg, gemma4=dataclasses.replace(g, num_swa_pages=1))  # below the budget: full
+    full_g = dataclasses.replace(g, num_swa_pages=1)  # below the budget: full
+    full_cfg = dataclasses.replace(cfg, features=tuple(full_g if f is g else f for f in cfg.features))
     device = "host" if backend.name == "host" else "gpu"
     runs: dict[str, Any] = {}
     stream = Stream.create(backend)
@@ -72,7 +74,7 @@ def _greedy(cfg: LLMEngineConfig, emb: TokenEmbeddings, prompts: list[list[int]]
     engine = ReferenceEngine.from_config(cfg, device=device)
     out: list[list[int]] = []
     with create_for_llm(engine, cfg, stream, graphs=graphs, backend=backend) as setup:
-        mode = setup.state.swa_mode
+        mode = setup.state.kv_parts.get("swa_mode")
         assert mode is not None
         for slot, prompt in enumerate(prompts):
             x, ple = emb.embed(np.array([prompt]), stream)  # type: ignore[misc]

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from trtio.cuda.backend import Backend
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.testing.toy_engines import HYBRID_DIRS, RAGGED_SEED, HybridToyEngine
@@ -48,7 +49,9 @@ def run_hybrid(root: Any, prompts: list[list[int]], max_new_tokens: int, backend
                 stats = setup.graph_stats["llm"]
         finally:
             stream.close()
-        out[name] = {"kind": cfg.recurrent_kind, "layers": list(cfg.layer_types), "use_rope": cfg.use_rope,
+        hybrid = cfg.feature(HybridConfig)
+        out[name] = {"kind": hybrid.recurrent_kind if hybrid is not None else None, "layers": list(cfg.layer_types),
+                     "use_rope": cfg.use_rope,
                      "tokens": tokens, "admissions": story,
                      "graph_stats": {"hits": stats.hits, "captures": stats.captures},
                      "decode_step_ms": 1e3 * seconds / max(max_new_tokens, 1), "ok": bool(story["equal"])}

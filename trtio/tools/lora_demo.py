@@ -19,7 +19,8 @@ from typing import Any
 
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
-from trtio.lora import LoraAdapter
+from trtio.families.lora.adapters import LoraAdapter
+from trtio.families.lora.lora_config import LoraConfig
 from trtio.setups import create_for_llm
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine
@@ -68,7 +69,7 @@ def run_lora(root: Path, prompts: list[list[int]], max_new_tokens: int, backend:
     again = tokens["chat again"] == tokens["chat"]
     merged = all(_is_greedy(merged_weights(weights, cfg, adapters[name]), cfg, table, prompts, tokens[name])
                  for name in _ADAPTERS)
-    return {LORA_DIR: {"max_rank": cfg.max_lora_rank,
+    return {LORA_DIR: {"max_rank": (cfg.feature(LoraConfig) or LoraConfig()).max_lora_rank,
                        "adapters": {n: sorted(set(a.ranks.values())) for n, a in adapters.items()},
                        "tokens": tokens, "merged": merged, "changed": changed, "again": again,
                        "graph_stats": {"hits": stats.hits, "captures": stats.captures},

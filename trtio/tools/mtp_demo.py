@@ -17,6 +17,7 @@ import numpy as np
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
+from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.rope import rope_cos_sin_table
 from trtio.setups import create_for_spec_decode
 from trtio.stream import Stream
@@ -45,7 +46,8 @@ def base_kind(cfg: LLMEngineConfig) -> str:
     """How a pair's base is named in the demo: "dense", or "hybrid: " and its layers' mixers in order, each
     recurrent layer by its kind (Edge-LLM's ``layer_types`` call every recurrent layer "mamba", Qwen3.5's
     Gated-DeltaNet layers too)."""
-    kind = cfg.recurrent_kind
+    hybrid = cfg.feature(HybridConfig)
+    kind = hybrid.recurrent_kind if hybrid is not None else None
     if kind is None:
         return "dense"
     return "hybrid: " + ", ".join(kind if t == "mamba" else t for t in cfg.layer_types)

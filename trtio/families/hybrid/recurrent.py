@@ -1,5 +1,5 @@
-"""Recurrent state of hybrid models (Gated DeltaNet: Qwen3.5; Mamba2: Nemotron-H): what an engine declares for it,
-how its declaration is checked, and the per-slot work a setup does on it (``docs/architecture.md``, "Hybrid models").
+"""Recurrent state of hybrid models (Gated DeltaNet: Qwen3.5; Mamba2: Nemotron-H): the per-slot work a setup does on
+it (``docs/architecture.md``, "Hybrid models").
 
 Each recurrent layer ``j`` of a hybrid engine has two pools the engine updates in place, both with one row per
 resident sequence slot (``max_batch_size`` rows, Edge-LLM's fixed resident-slot pool): ``conv_state_j``
@@ -24,130 +24,16 @@ from typing import Any
 from trtio import names
 from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
-from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
-from trtio.dtypes import DType
-from trtio.engine import DeviceWork, EngineIO
+from trtio.engine import DeviceWork
 from trtio.errors import CapacityError
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import AsGraph, Copy2D, OwnGraphs, Zero2D, fuse
 from trtio.pages import PagePool
-from trtio.registry import ProfileShapes, TensorSpec
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["DEFAULT_MAX_PREFIXES", "RecurrentStates", "intermediate_state_specs", "is_recurrent_state",
-           "recurrent_problems",
-           "recurrent_state_names", "recurrent_state_specs"]
-
-#: Snapshot rows a hybrid setup keeps for pinned prefixes unless ``max_prefixes=`` says otherwise.
-DEFAULT_MAX_PREFIXES = 4
-
-
-def recurrent_state_names(cfg: LLMEngineConfig) -> list[tuple[str, str]]:
-    """The (input, output) pairs of ``cfg``'s recurrent layers, in the exporter's order: every conv state, then
-    every recurrent state."""
-    n = cfg.num_recurrent_layers
-    return ([(names.conv_state(j), names.present_conv_state(j)) for j in range(n)]
-            + [(names.recurrent_state(j), names.present_recurrent_state(j)) for j in range(n)])
-
-
-def _geometry(cfg: LLMEngineConfig, name: str) -> tuple[DType, tuple[int, ...]]:
-    """One slot's row of the pool ``name`` (its dtype and shape without the row dim)."""
-    if name.startswith(names.kConvStateTemplate):
-        return DType.coerce(cfg.conv_state_dtype), cfg.conv_state_shape
-    return DType.coerce(cfg.recurrent_state_dtype), cfg.recurrent_state_shape
-
-
-def recurrent_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> list[TensorSpec]:
-    """What a hybrid engine of the ragged contract declares for its recurrent state: ``conv_state_j`` and
-    ``recurrent_state_j`` inputs (rows dynamic in the graph, ``state_pool_rows``; the builder pins both profiles to
-    ``max_batch_size`` rows), then their ``present_*`` outputs. Empty for a model without recurrent layers. The
-    ReferenceEngine declares these; tests compare them with files the real exporter wrote."""
-    rows = max_batch or cfg.max_supported_batch_size
-    pairs = recurrent_state_names(cfg)
-    inputs, outputs = [], []
-    for past, present in pairs:
-        dtype, row = _geometry(cfg, past)
-        shape = (rows, *row)
-        fixed: tuple[ProfileShapes, ...] = ((shape, shape, shape),) * 2
-        declared = (-1, *row)
-        inputs.append(TensorSpec(past, "input", dtype, shape, fixed, declared=declared))
-        outputs.append(TensorSpec(present, "output", dtype, shape, declared=declared))
-    return inputs + outputs
-
-
-def intermediate_state_specs(cfg: LLMEngineConfig) -> list[TensorSpec]:
-    """A hybrid spec-decode base's per-token states (``intermediate_conv_state_j`` then
-    ``intermediate_recurrent_state_j``, ``[physical tokens, ...]``: each verified token's state, which accept commits
-    into its sequence's slot in "snapshot" mode). Empty for any other engine."""
-    if cfg.role != "base" or not cfg.is_hybrid:
-        return []
-    n = cfg.num_recurrent_layers
-    out = []
-    for template, pools in ((names.kIntermediateConvStateTemplate, names.kConvStateTemplate),
-                            (names.kIntermediateRecurrentStateTemplate, names.kRecurrentStateTemplate)):
-        dtype, row = _geometry(cfg, pools)
-        for j in range(n):
-            out.append(TensorSpec(f"{template}_{j}", "output", dtype, (("batch", "seq_len"), *row),
-                                  declared=(-1, *row)))
-    return out
-
-
-def _recurrent_layer(name: str) -> int | None:
-    for template in (names.kConvStateTemplate, names.kRecurrentStateTemplate):
-        head = template + "_"
-        if name.startswith(head) and name[len(head):].isdigit():
-            return int(name[len(head):])
-    return None
-
-
-def is_recurrent_state(name: str) -> bool:
-    """Whether ``name`` is a recurrent layer's state input (``conv_state_j`` / ``recurrent_state_j``): a pool of one
-    row per slot, bound whole whatever the step's batch."""
-    return _recurrent_layer(name) is not None
-
-
-def _fmt(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def recurrent_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
-    """Every disagreement between the recurrent state an engine declares and its config: a pool missing or beyond
-    the config's recurrent layers, its dtype, its per-slot dims, and a pool with fewer rows than the setup's
-    ``max_batch`` slots (``state_indices`` index it by slot)."""
-    problems = []
-    want = dict(recurrent_state_names(cfg))
-    declared = [info.name for info in eio.inputs if _recurrent_layer(info.name) is not None]
-    for name in declared:
-        if name not in want:
-            have = (f"{cfg.num_recurrent_layers} recurrent layers" if cfg.is_hybrid
-                    else "no recurrent layer (layer_types)")
-            problems.append(f"{name}: the engine declares this recurrent state but the config has {have}")
-    for past in want:
-        if past not in eio:
-            problems.append(f"{past}: the config has {cfg.num_recurrent_layers} recurrent layers but the engine "
-                            f"declares no {past}")
-            continue
-        info = eio[past]
-        dtype, row = _geometry(cfg, past)
-        field = "conv_state_dtype" if past.startswith(names.kConvStateTemplate) else "recurrent_state_dtype"
-        if info.dtype is not dtype:
-            problems.append(f"{past}: the engine's state is {info.dtype} but the config's {field} is {dtype}")
-        shape, top = info.shape, info.max_shape()
-        if len(shape) != 1 + len(row):
-            problems.append(f"{past}: expected [rows, {', '.join(str(d) for d in row)}], the engine declares rank "
-                            f"{len(shape)} {_fmt(shape)}")
-            continue
-        for dim, value in enumerate(row, start=1):
-            got = shape[dim] if shape[dim] >= 0 else top[dim]
-            if got != value:
-                problems.append(f"{past}: dim {dim} is {got} in the engine but {value} in the config")
-        if 0 <= top[0] < max_batch:
-            problems.append(f"{past}: the engine's pool holds {top[0]} rows, fewer than the {max_batch} sequence "
-                            f"slots state_indices address")
-    return problems
-
+__all__ = ["RecurrentStates"]
 
 class _Group:
     """The pools of one kind (every layer's conv state, or every layer's recurrent state) and their snapshots: row

@@ -18,74 +18,26 @@ grows by the delta; the block's own K/V entries past it are scratch, overwritten
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from trtio._cache import BoundedCache
-from trtio.config import DeploymentConfig
 from trtio.contracts.contract import rope_row_bytes
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
-from trtio.contracts.ragged_steps import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, is_dflash
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, PREFILL_PROFILE, DeviceWork
-from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.errors import ShapeError, TrtioError
+from trtio.families.spec.dflash_bindings import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, check_block_draft
+from trtio.features import Feature
+from trtio.setups.base import Prompt
 from trtio.setups.binding import BoundEngine
-from trtio.setups.draft_prompt import check_accept_lengths, check_draft_prompt, check_room
+from trtio.setups.draft_prompt import DraftRound, check_accept_lengths, check_draft_prompt, check_room
 from trtio.staging import constant
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
-SpecDecodeSetup = Any  # the setup whose draft this is (trtio.setups.spec_decode, which imports this module)
-
-__all__ = ["BlockDraft", "block_draft", "block_size", "mask_token"]
-
-
-def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
-    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``;
-    ``cap`` where neither is given), refused where it passes ``cap`` (the rows per sequence the engines take: the
-    draft's ``max_draft_tree_size``, and for a whole round the base's verify size): a shorter block than the one
-    the draft was trained for would change what it computes."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("block_size") if isinstance(block, Mapping) else None
-    key = "dflash_config.block_size" if isinstance(found, int) else "block_size"
-    found = found if isinstance(found, int) else draft_extras.get("block_size")
-    if not isinstance(found, int) or found <= 0:
-        return cap
-    if found > cap:
-        raise ConfigError(key, f"is {found}, more than the {cap} rows per sequence the engines take (the draft's "
-                               f"max_draft_tree_size, the base's verify size): the block is refused rather than cut "
-                               f"short, which would change what the draft computes")
-    return found
-
-
-def mask_token(draft_extras: Mapping[str, Any]) -> int:
-    """The token a DFlash draft's block holds after its root: ``dflash_config.mask_token_id`` (a ConfigError
-    naming it when missing)."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("mask_token_id") if isinstance(block, Mapping) else None
-    if not isinstance(found, int) or found < 0:
-        raise ConfigError("dflash_config.mask_token_id", f"a DFlash draft's block needs its mask token, got {found!r}")
-    return found
-
-
-def block_draft(bundle: DeploymentConfig) -> BlockDraft | None:
-    """The block steps of ``bundle``'s draft where it is a DFlash one (None for any other pair)."""
-    draft = bundle.draft
-    if draft is None or not is_dflash(bundle):
-        return None
-    block = draft.extras.get("dflash_config")
-    version = block.get("version", 1) if isinstance(block, Mapping) else 1
-    if version != 1:  # DFlash2: a candidate selector (dflash2_selector.safetensors) picks the block's tokens
-        raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
-                                                   "DFlash2's candidate selector is not implemented, so the pair is "
-                                                   "refused rather than run wrong")
-    if draft.is_mrope:
-        raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
-                                       "RoPE rows are gathered from one table")
-    mask_token(draft.extras)  # a block needs its mask token
-    return BlockDraft(block_size(draft.extras, draft.max_draft_tree_size))
+__all__ = ["BlockDraft", "DFlashFeature"]
 
 
 class BlockDraft:
@@ -128,11 +80,11 @@ class BlockDraft:
             found = self._dims.put((b, w, delta), e.cfg.accept_dims(b, w).replace(select_len=delta))
         return found
 
-    def _stage(self, setup: SpecDecodeSetup, past: np.ndarray, delta: np.ndarray, width: int, w: int, s: Stream,
+    def _stage(self, r: DraftRound, past: np.ndarray, delta: np.ndarray, width: int, w: int, s: Stream,
                slots: np.ndarray | None, pages: np.ndarray | None) -> tuple[DeviceWork, ...]:
         """Stage a block step of the draft: the delta's positions and sequences (-1 past each sequence's delta,
         ``width`` rows each) with the block's tree step (one upload), then the delta's RoPE rows gathered."""
-        steps, e = setup._steps, setup.draft
+        steps, e = r.steps, r.draft
         b = delta.shape[0]
         key = (width, delta.tobytes())
         found = self._deltas.get(key)
@@ -147,92 +99,86 @@ class BlockDraft:
                        (np.where(take, past.astype(np.int32)[:, None] + j, np.int32(-1)).reshape(-1), sequences))
         tree = steps.tree(e, self._layout(b, w), past + delta, delta, s, slots, pages)
         table, _per_slot = steps.rope_source(e, s)
-        rope = steps.row_copy(setup.io.member(DFLASH_ROPE), table, step.tensors[DFLASH_POSITIONS], b * width,
+        rope = steps.row_copy(r.io.member(DFLASH_ROPE), table, step.tensors[DFLASH_POSITIONS], b * width,
                               rope_row_bytes(e.cfg))
         return (*tree, rope)
 
-    def prefill(self, setup: SpecDecodeSetup, inputs_embeds: Any, context_lengths: Any, slots: Any, prefix: Any,
-                stream: StreamLike = None) -> Tensor:
-        """``draft_prefill`` of a DFlash pair: the delta is the base prefill's prompt rows, in place."""
-        pending = setup._prompt
-        assert pending is not None  # PROMPTED's data
-        e, rows, past = setup.draft, pending.rows, pending.past
-        x, b, _w = setup._embeds(inputs_embeds, e.cfg.hidden_size, stream)
+    def prefill(self, r: DraftRound, pending: Prompt, inputs_embeds: Any, context_lengths: Any, slots: Any,
+                prefix: Any, stream: StreamLike = None) -> Tensor:
+        """``draft_prefill`` of a DFlash pair (``pending``: the base prefill it follows): the delta is the base
+        prefill's prompt rows, in place."""
+        e, rows, past = r.draft, pending.rows, pending.past
+        x, b, _w = r.embeds(inputs_embeds, e.cfg.hidden_size, stream)
         w = self._check_block(tuple(x.shape), rows.shape[0])
-        ctx = setup._check_lengths(context_lengths, b, pending.width, "context_lengths")
-        check_draft_prompt(pending, ctx, slots, prefix, setup._seqs, e)
+        ctx = r.check_lengths(context_lengths, b, pending.width, "context_lengths")
+        check_draft_prompt(pending, ctx, slots, prefix, r.seqs, e)
         start = np.zeros(b, np.int64) if past is None else past
         if int((start + ctx).max()) + w > e.cfg.max_kv_cache_capacity:
             i = int(np.argmax(start + ctx))
             raise ShapeError(f"draft KV cache full: slot {int(rows[i])} holds {int(start[i] + ctx[i])} tokens and a "
                              f"block writes {w} more, past max_kv_cache_capacity ({e.cfg.max_kv_cache_capacity})")
         dims = self._step_dims(e, b, w, pending.width)
-        s = setup._stream(stream)
-        seqs = setup._seqs
+        s = r.step_stream(stream)
+        seqs = r.seqs
         with seqs.transaction():
             # the prompt's pages, and the block's after them (its scratch entries)
-            plans = setup._prompt_pages([e], rows, past, ctx + w, None, restart=False)
+            plans = r.prompt_pages([e], rows, past, ctx + w, None, restart=False)
             pages = None
             if seqs.slotted:
                 for plan in plans:
                     seqs.copy(plan.table_role, plan.moves, s)
                 pages = seqs.step_rows(e.role, tuple(rows.tolist()))
-            setup._upload_embeds(x, s)
-            before = self._stage(setup, start, ctx, pending.width, w, s, rows if seqs.slotted else None, pages)
-            e.executor.prepare(PREFILL_PROFILE, setup._catch_up_map, dims, s)
+            r.upload_embeds(x, s)
+            before = self._stage(r, start, ctx, pending.width, w, s, rows if seqs.slotted else None, pages)
+            e.executor.prepare(PREFILL_PROFILE, r.catch_up_map, dims, s)
             e.executor.execute(s, use_graph=False, before=before)
             e.state.lengths[rows] = start + ctx
-        setup._prompt = None
-        setup._start_round()
-        logits: Tensor = setup.io.output_logits
+        logits: Tensor = r.io.output_logits
         return logits
 
-    def _moves(self, setup: SpecDecodeSetup, acc: np.ndarray, a: int) -> tuple[DeviceWork, ...]:
+    def _moves(self, r: DraftRound, acc: np.ndarray, rows: np.ndarray, a: int) -> tuple[DeviceWork, ...]:
         """The accepted paths' base rows put in order (row ``i * a + j``), or nothing where they are there already
         (a chain verified ``a`` nodes wide: Edge-LLM's linear DFlash reads them in place). The paths accept()
-        repeats (read-only arrays) are answered again without a look."""
-        rows = setup._accepted_rows
+        repeats (read-only arrays) are answered again without a look. ``rows``: where their base rows are."""
         last = self._last_moves
         if last is not None and last[0] is acc and last[1] is rows and last[2] == a:
             return last[3]
-        want = setup._catch_up.in_order(acc, a)
+        want = r.catch_up.in_order(acc, a)
         moves: tuple[DeviceWork, ...] = ()
         if rows.shape[1] > a or not np.array_equal(np.where(want[:, :rows.shape[1]] >= 0, rows, -1),
                                                    want[:, :rows.shape[1]]):
-            moves = setup._catch_up.features(setup.draft, acc, a, rows)
+            moves = r.catch_up.features(r.draft, acc, a, rows)
         elif not acc.flags.writeable and not rows.flags.writeable:
             self._last_moves = (acc, rows, a, moves)  # only the in-place answer: the moves write the step block
         return moves
 
-    def accept(self, setup: SpecDecodeSetup, inputs_embeds: Any, accept_lengths: Any,
-               stream: StreamLike = None) -> Tensor:
-        """``draft_accept`` of a DFlash pair: the delta is each sequence's accepted path (its base rows put in
-        order in place first), then the next block."""
-        b = setup._need_batch()
-        e = setup.draft
-        x, _nb, _w = setup._embeds(inputs_embeds, e.cfg.hidden_size, stream)
+    def accept(self, r: DraftRound, b: int, acc: np.ndarray, lens: list[int], rows: np.ndarray, inputs_embeds: Any,
+               accept_lengths: Any, stream: StreamLike = None) -> Tensor:
+        """``draft_accept`` of a DFlash pair (``b`` sequences whose accepted paths are ``acc`` long, ``lens`` as
+        ints, their base rows at ``rows``): the delta is each sequence's accepted path (its base rows put in order
+        in place first), then the next block."""
+        e = r.draft
+        x, _nb, _w = r.embeds(inputs_embeds, e.cfg.hidden_size, stream)
         w = self._check_block(tuple(x.shape), b)
-        acc, lens = setup._accepted, setup._accepted_list
-        assert acc is not None  # ACCEPTED's data
         longest = max(lens)
         a = max(longest, w)  # the delta's rows per sequence: the block's width while the paths fit (a steady shape)
-        check_accept_lengths(setup, accept_lengths, lens, b, a)
+        check_accept_lengths(accept_lengths, lens, b, a, r.host_input, r.check_lengths)
         dims = self._step_dims(e, b, w, a)
-        order, key, past, whole = setup._step_lengths(e)
+        order, key, past, whole = r.step_lengths(e)
         have = past.tolist()
         top = check_room(order, past, have, longest + w, e.cfg.max_kv_cache_capacity, "a delta and its block")
-        s = setup._stream(stream)
-        taken, pages = setup._pages(e, order, key, past, longest + w, s, have, top)
+        s = r.step_stream(stream)
+        taken, pages = r.pages(e, order, key, past, longest + w, s, have, top)
         try:
-            setup._upload_embeds(x, s)
-            moves = self._moves(setup, acc, a)
-            before = moves + self._stage(setup, past, acc, a, w, s, order if setup._seqs.slotted else None, pages)
-            e.executor.prepare(DECODE_PROFILE, setup._catch_up_map, dims, s)
+            r.upload_embeds(x, s)
+            moves = self._moves(r, acc, rows, a)
+            before = moves + self._stage(r, past, acc, a, w, s, order if r.seqs.slotted else None, pages)
+            e.executor.prepare(DECODE_PROFILE, r.catch_up_map, dims, s)
             try:
-                setup._run(e, s, before, rerun="the block's features were put in order in place")
+                r.run(e, s, before, rerun="the block's features were put in order in place")
             except BaseException:
                 if e.executor.enqueued >= len(moves):  # the features were put in order in place: read them there
-                    setup._accepted_rows = setup._catch_up.in_order(acc, a)
+                    r.keep_accepted_rows(r.catch_up.in_order(acc, a))
                 raise
         except BaseException:
             if taken is not None:
@@ -242,7 +188,32 @@ class BlockDraft:
             past += acc
         else:
             e.state.lengths[order] = past + acc
-        setup._accepted = None
-        setup._start_round()
-        logits: Tensor = setup.io.output_logits
+        logits: Tensor = r.io.output_logits
         return logits
+
+
+class DFlashFeature(Feature):
+    """A DFlash pair's draft steps (see module docstring): the spec-decode setup's ``draft_prefill`` and
+    ``draft_accept`` run the block draft's, and ``draft_propose`` is refused."""
+
+    METHODS = ("draft_prefill", "draft_accept", "draft_propose")
+
+    def __init__(self, block: BlockDraft) -> None:
+        self.block = block
+
+    @classmethod
+    def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> DFlashFeature | None:
+        if not config.is_dflash_draft:
+            return None
+        return cls(BlockDraft(check_block_draft(cfg)))
+
+    def draft_prefill(self, r: DraftRound, pending: Prompt, inputs_embeds: Any, context_lengths: Any, slots: Any,
+                      prefix: Any, stream: StreamLike = None) -> Tensor:
+        return self.block.prefill(r, pending, inputs_embeds, context_lengths, slots, prefix, stream)
+
+    def draft_accept(self, r: DraftRound, b: int, acc: np.ndarray, lens: list[int], rows: np.ndarray,
+                     inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
+        return self.block.accept(r, b, acc, lens, rows, inputs_embeds, accept_lengths, stream)
+
+    def draft_propose(self) -> None:
+        self.block.refuse_propose()

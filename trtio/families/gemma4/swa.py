@@ -1,4 +1,4 @@
-"""Gemma 4 at run time: the SWA cache mode, the bounded SWA pool's pages, and the step inputs of its extra bindings.
+"""Gemma 4's sliding windows at run time: the SWA cache mode and the bounded SWA pool's pages.
 
 A Gemma 4 engine's sliding layers read their KV through ``swa_kv_page_table``; the shape-only
 ``swa_kv_cache_mode`` says how (``docs/edgellm-assumptions.md`` §10):
@@ -12,7 +12,8 @@ A Gemma 4 engine's sliding layers read their KV through ``swa_kv_page_table``; t
   to the sequence's reserve) once the step that moved past them is complete, and every page goes back to the
   pool when the sequence is released. :class:`BoundedSwaPages` keeps that book.
 
-:func:`choose_swa_mode` picks the mode and says why full mode is forced where it is.
+:func:`~trtio.families.gemma4.gemma4_config.choose_swa_mode` picks the mode and says why full mode is forced where
+it is.
 """
 
 from __future__ import annotations
@@ -23,20 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtio import names
-from trtio._hashing import hash_once
-from trtio.config import LLMEngineConfig
-from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Backend
-from trtio.cuda.kernels import MAX_COPY_JOBS
-from trtio.engine import EngineIO
-from trtio.errors import CapacityError, ConfigError, InvalidValueError, ShapeError
-from trtio.gemma4_config import Gemma4Config
-from trtio.ops import Copy2D, _copy_jobs, _host_work
-from trtio.stream import Stream
+from trtio.errors import CapacityError, InvalidValueError
 
-__all__ = ["BoundedSwaPages", "PleSplit", "SwaMode", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode",
-           "q_only_consumers", "split_ple", "swa_room"]
+__all__ = ["BoundedSwaPages", "SwaMode", "swa_room"]
 
 
 @dataclass(frozen=True)
@@ -58,94 +48,6 @@ class SwaMode:
         what = (f"bounded SWA pool ({self.pool_pages} pages, {self.private_pages} per sequence)" if self.bounded
                 else f"full SWA storage (sliding layers use kv_page_table over {self.pool_pages} pages)")
         return f"{what}: {self.reason}"
-
-
-def choose_swa_mode(cfg: LLMEngineConfig, max_batch: int, *, engine_mode_max: int, engine_swa_pages: tuple[int, int],
-                    prefix_reuse: bool = False, spec_decode: bool = False,
-                    force_full: bool = False) -> SwaMode:
-    """The SWA mode for ``max_batch`` sequences of a Gemma 4 engine: bounded where the engine declares it
-    (``engine_mode_max`` = the largest ``swa_kv_cache_mode`` extent its profiles take, ``engine_swa_pages`` = the
-    (min, max) pages its sliding pools take), the config says the window, the budget ``max_batch x private pages``
-    is below the full pool and nothing forces full mode (prefix reuse, FP8 KV, spec decode, ``force_full``)."""
-    g = cfg.gemma4
-    if g is None:
-        raise ConfigError("gemma4", "choose_swa_mode needs a Gemma 4 config")
-    full_pages = cfg.kv_pool_pages
-
-    def full(reason: str) -> SwaMode:
-        return SwaMode(False, full_pages, 0, reason)
-
-    if not any(g.is_sliding(i) for i in range(g.num_layers)):
-        return full("the model has no sliding layer")
-    if force_full:
-        return full("full mode was asked for")
-    if engine_mode_max < 1:
-        return full(f"the engine's swa_kv_cache_mode profile takes length {engine_mode_max} at most (built without "
-                    "a bounded SWA pool)")
-    if not g.sliding_window:
-        return full("the config writes no sliding window (sliding_window_size or a sliding layer's "
-                    "kv_layer_configs[i].kv_cache_capacity), so the bounded pool cannot be sized")
-    if cfg.kv_cache_dtype == "float8_e4m3fn" or cfg.kv_dtype.itemsize == 1:
-        return full(f"FP8 KV cache ({cfg.kv_cache_dtype}) forces full mode, as in Edge-LLM")
-    if spec_decode:
-        return full("speculative decoding forces full mode, as in Edge-LLM")
-    if prefix_reuse:
-        return full("prefix reuse (pin_prefix) forces full mode, as in Edge-LLM")
-    private = g.private_pages(cfg.kv_page_size)
-    budget = g.num_swa_pages or max_batch * private
-    if budget < max_batch * private:
-        return full(f"builder_config.num_swa_pages ({budget}) is below {max_batch} sequences x {private} pages")
-    if budget >= full_pages:
-        return full(f"the bounded budget ({max_batch} sequences x {private} pages = {budget}) is not below the full "
-                    f"pool ({full_pages} pages)")
-    lo, hi = engine_swa_pages
-    if not lo <= budget <= hi:
-        return full(f"the engine's sliding pools take {lo} .. {hi} pages, not the bounded budget {budget}")
-    return SwaMode(True, budget, private,
-                   f"window {g.sliding_window} tokens: {max_batch} sequences x {private} pages instead of "
-                   f"{full_pages}")
-
-
-def bound_swa_mode(cfg: LLMEngineConfig, eio: EngineIO, max_batch: int, *, bounded_ok: str = "") -> SwaMode:
-    """The SWA mode a setup binds for ``eio`` (a Gemma 4 engine's declared I/O): :func:`choose_swa_mode`'s, with the
-    engine's mode profile and sliding pool range; ``bounded_ok``, where not empty, says why the setup binds the full
-    mode where the bounded one would fit."""
-    mode_max = eio[names.kSwaKVCacheMode].max_shape()[0] if names.kSwaKVCacheMode in eio else 0
-    g = cfg.gemma4
-    assert g is not None
-    lo, hi = cfg.kv_pool_pages, cfg.kv_pool_pages
-    for i in range(g.num_layers):
-        past = names.past_key_values(i)
-        if g.is_sliding(i) and past in eio and eio[past].profiles:
-            lo = min(lo, min(p[0][1] for p in eio[past].profiles))
-            hi = max(hi, max(p[2][1] for p in eio[past].profiles))
-    possible = choose_swa_mode(cfg, max_batch, engine_mode_max=mode_max, engine_swa_pages=(lo, hi))
-    if possible.bounded and bounded_ok:
-        return SwaMode(False, cfg.kv_pool_pages, 0, f"the engine and config allow the {possible.describe()}, but "
-                                                    f"{bounded_ok}")
-    return possible
-
-
-def q_only_consumers(g: Gemma4Config, swa_inputs: bool) -> tuple[int, ...]:
-    """The KV-sharing layers Edge-LLM 0.11's exporter gives Q only (``enable_kv_shared`` 1,
-    ``models/gemma4/modeling_gemma4_text.py::forward_ragged``): every full-attention consumer, and a sliding one
-    where the engine has no SWA inputs (with them, a sliding consumer gets its donor's current K/V)."""
-    return tuple(i for i, d in enumerate(g.donors) if d >= 0 and (not g.is_sliding(i) or not swa_inputs))
-
-
-def check_cached_prefix_step(g: Gemma4Config, swa_inputs: bool, past: np.ndarray, what: str) -> None:
-    """Refuse a prefill over cached tokens (``past_lengths=`` or ``prefix=``: phase 2 with a cached prefix) on an
-    engine with Q-only KV-sharing layers: Edge-LLM 0.11's AttentionPlugin rotates their queries with RoPE row
-    ``past + i`` of the step's token-aligned table instead of row ``i`` (``attentionPlugin.cpp``'s shared-KV
-    prefill calls ``launchApplyRopeQOnly`` with ``kvCacheEndLens``), so their logits would be wrong
-    (``docs/edgellm-assumptions.md`` §10.9)."""
-    layers = q_only_consumers(g, swa_inputs)
-    if layers and (past > 0).any():
-        raise InvalidValueError(
-            f"{what}: a prefill over cached tokens (past_lengths= or prefix=) on this Gemma 4 engine would give wrong "
-            f"logits: Edge-LLM 0.11's AttentionPlugin rotates the queries of its KV-sharing layers {list(layers)} (Q "
-            "only) with RoPE row past + i of the step's table instead of row i (launchApplyRopeQOnly with "
-            "kvCacheEndLens); prefill each prompt whole")
 
 
 def swa_room(pages: BoundedSwaPages, lengths: np.ndarray) -> int:
@@ -264,42 +166,3 @@ class BoundedSwaPages:
         """int32 ``[len(slots), 2, M]``: each slot's K page ids and V page ids (K + pool pages), -1 unmapped."""
         k = self.table[np.asarray(slots, np.int64)]
         return np.stack([k, np.where(k >= 0, k + self.pool_pages, -1)], axis=1).astype(np.int32)
-
-
-def split_ple(ple_embeds: np.ndarray, g: Gemma4Config) -> list[np.ndarray]:
-    """``ple_embeds`` ``[..., L * ple_hidden]`` as the L per-layer inputs (columns ``i * ple_hidden ..``)."""
-    width = g.ple_layers * g.ple_hidden
-    if ple_embeds.shape[-1] != width:
-        raise ShapeError(f"ple_embeds: expected {width} columns ({g.ple_layers} layers x {g.ple_hidden}), got "
-                                f"shape {tuple(ple_embeds.shape)}")
-    return [ple_embeds[..., i * g.ple_hidden:(i + 1) * g.ple_hidden] for i in range(g.ple_layers)]
-
-
-@hash_once
-@dataclass(frozen=True)
-class PleSplit:
-    """A step's per-layer embeddings ``[rows, L x width]`` (device address ``src``) split into the layers' inputs
-    (``dsts``, each ``[rows, width]``): on the cuda backend one copy kernel per :data:`MAX_COPY_JOBS` layers (a
-    launch takes that many copies), one host work elsewhere. Bytes: ``width`` per layer row."""
-
-    backend: Backend
-    dsts: tuple[int, ...]
-    src: int
-    width: int
-    rows: int
-
-    def enqueue(self, stream: Stream) -> None:
-        be, w, n, pitch = self.backend, self.width, self.rows, self.width * len(self.dsts)
-        if be.name == "cuda":
-            jobs = tuple(Copy2D(be, d, w, self.src + i * w, pitch, w, n).job() for i, d in enumerate(self.dsts))
-            for first in range(0, len(jobs), MAX_COPY_JOBS):
-                _copy_jobs(be, jobs[first:first + MAX_COPY_JOBS])(stream.handle)
-            return
-        src, dsts = self.src, self.dsts
-
-        def run() -> None:
-            rows = host_view(src, n * pitch).reshape(n, len(dsts), w)
-            for i, d in enumerate(dsts):
-                host_view(d, n * w).reshape(n, w)[:] = rows[:, i]
-
-        _host_work(be, stream, run)

@@ -34,6 +34,7 @@ from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
 from trtio.errors import ConfigError, ShapeError
+from trtio.families.mrope.mrope_config import MropeConfig
 from trtio.memory import Arena, MemoryReport
 from trtio.ops import Copy2D
 from trtio.pages import Prefix, PrefixPositions
@@ -82,7 +83,8 @@ class SlotPositions(Closeable):
     rows the sequence's cache does not match. Owns a small pinned ring; follows the close protocol."""
 
     def __init__(self, io: PipelineIO, cfg: LLMEngineConfig, text_table: Tensor, backend: Backend) -> None:
-        if not cfg.is_mrope or cfg.rope_scaling is None or cfg.rope_scaling.mrope_section is None:
+        m = cfg.feature(MropeConfig)
+        if m is None or not m.positions_per_axis:
             raise ConfigError("rope_scaling.mrope_section", "per-slot MRoPE tables need an MRoPE config")
         self._cfg = cfg
         self._table = io.mrope_cos_sin

@@ -3,50 +3,45 @@
 A step gives each token's row ``[batch, seq, L x ple_hidden]`` (host numpy, or a device Tensor such as
 :class:`~trtio.embeddings.TokenEmbeddings` gathers); :class:`PleInputs` checks it against the engine's inputs and
 copies each layer's columns into its input on the step's stream, before the engine: a device row block by a
-:class:`~trtio.gemma4.PleSplit` (kept per source address; a decode makes it part of its plan's device work, so a
-steady decode replays it inside the decode's graph), host rows one copy per layer. What a copy reads is kept until
-it has run (:meth:`Calls.read <trtio.setups.calls.Calls.read>`).
+:class:`PleSplit` (kept per source address; a decode makes it part of its plan's device work, so a steady decode
+replays it inside the decode's graph), host rows one copy per layer. What a copy reads is kept until it has run
+(:meth:`Calls.read <trtio.setups.calls.Calls.read>`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from trtio import names
 from trtio._cache import BoundedCache
-from trtio.config import LLMEngineConfig
+from trtio._hashing import hash_once
+from trtio.cuda._hostmem import host_view
 from trtio.cuda.backend import Backend
+from trtio.cuda.kernels import MAX_COPY_JOBS
 from trtio.engine import DeviceWork
 from trtio.errors import ShapeError
-from trtio.gemma4 import PleSplit, split_ple
+from trtio.families.gemma4.gemma4_config import Gemma4Config
+from trtio.features import Ready
+from trtio.ops import Copy2D, _copy_jobs, _host_work
 from trtio.pipeline_io import PipelineIO
 from trtio.setups.calls import Calls
 from trtio.setups.decode_plan import DecodePlan
-from trtio.stream import Stream, StreamLike
+from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["PleInputs", "Staging"]
+__all__ = ["PleInputs", "PleSplit", "split_ple"]
 
-
-class Staging(Protocol):
-    """What :meth:`PleInputs.prepare` uses of a setup (:class:`~trtio.setups.base.SetupBase`)."""
-
-    _calls: Calls
-
-    def _refuse_unusable(self) -> None: ...
-
-    def _stream(self, stream: StreamLike) -> Stream: ...
 
 
 class PleInputs:
     """The per-layer embedding inputs of one LLM setup's engine (none where its config has no PLE)."""
 
-    def __init__(self, io: PipelineIO, cfg: LLMEngineConfig, backend: Backend) -> None:
+    def __init__(self, io: PipelineIO, g: Gemma4Config, backend: Backend) -> None:
         self._io, self._backend = io, backend
-        g = cfg.gemma4
-        self._g = g if g is not None and g.has_ple else None
+        self._g = g if g.has_ple else None
         self._splits: BoundedCache[tuple[int, int], PleSplit] = BoundedCache()  # device rows -> the layers
         # A decode's work with a split after it, one tuple per pair (a graph is found by its work's identity)
         self._works: BoundedCache[tuple[tuple[DeviceWork, ...], PleSplit], tuple[DeviceWork, ...]] = BoundedCache()
@@ -57,30 +52,25 @@ class PleInputs:
             raise ShapeError("ple_embeds: given, but the engine has no per-layer embedding inputs (ple_token_embeds_i)")
         return self._g is not None
 
-    def prepare(self, ple_embeds: Any, inputs_embeds: Any, setup: Staging, stream: StreamLike = None, *,
-                now: bool = False) -> PleSplit | None:
-        """A step of ``setup``'s: where the engine takes per-layer embeddings (:meth:`wanted`), a closed or broken
-        setup is refused before anything is copied, then :meth:`stage` on the step's stream; a device tensor's
-        split is enqueued ``now`` or returned to the caller (a decode: in its plan's work)."""
+    def prepare(self, ple_embeds: Any, inputs_embeds: Any, ready: Ready, *, now: bool = False) -> PleSplit | None:
+        """A step's: where the engine takes per-layer embeddings (:meth:`wanted`), the setup made ready (``ready``:
+        a closed or broken one refused before anything is copied; the step's stream), then :meth:`stage` on the
+        step's stream; a device tensor's split is enqueued ``now`` or returned to the caller (a decode: in its plan's
+        work)."""
         if not self.wanted(ple_embeds):
             return None
-        setup._refuse_unusable()
-        s = setup._stream(stream)
-        split = self.stage(ple_embeds, inputs_embeds, s, setup._calls)
+        s, calls = ready()
+        split = self.stage(ple_embeds, _rows(inputs_embeds), s, calls)
         if split is not None and now:
             split.enqueue(s)
         return split
 
-    def stage(self, ple_embeds: Any, inputs_embeds: Any, s: Stream, calls: Calls) -> PleSplit | None:
-        """Check ``ple_embeds`` against a step's ``inputs_embeds`` (their batch and seq) and copy each layer's
-        columns into its input on ``s`` (only where :meth:`wanted`): host rows now, one copy per layer; a device
-        Tensor's through the :class:`~trtio.gemma4.PleSplit` returned (its producer ordered before ``s``, the tensor
-        kept until read), which the caller enqueues on ``s`` before the engine (or makes part of a decode plan's
-        work, captured with the engine)."""
+    def check(self, ple_embeds: Any, rows: tuple[int, ...]) -> None:
+        """Refuse ``ple_embeds`` (where :meth:`wanted`) that do not give each of a step's ``rows`` (its batch and seq)
+        the layers' columns, or a device tensor of another dtype than the activations'."""
         g = self._g
         assert g is not None
         width = g.ple_layers * g.ple_hidden
-        rows = (tuple(inputs_embeds.shape) if hasattr(inputs_embeds, "shape") else np.shape(inputs_embeds))[:2]
         if ple_embeds is None:
             raise ShapeError(f"ple_embeds: required by the engine's ple_token_embeds_0 .. {g.ple_layers - 1} inputs: "
                              f"give each token's row, [batch, seq, {g.ple_layers} x {g.ple_hidden} = {width}]")
@@ -88,11 +78,23 @@ class PleInputs:
         if len(rows) != 2 or shape != (*rows, width):
             raise ShapeError(f"ple_embeds: expected [batch, seq, {width}] = {[*rows, width]} (the inputs_embeds' "
                              f"batch and seq), got {list(shape)}")
+        dtype = self._io.inputs_embeds.dtype
+        if isinstance(ple_embeds, Tensor) and ple_embeds.dtype != dtype:
+            raise ShapeError(f"ple_embeds: expected {dtype}, got {ple_embeds.dtype}")
+
+    def stage(self, ple_embeds: Any, rows: tuple[int, ...], s: Stream, calls: Calls) -> PleSplit | None:
+        """Check ``ple_embeds`` against a step's ``rows`` (its batch and seq: :meth:`check`) and copy each layer's
+        columns into its input on ``s`` (only where :meth:`wanted`): host rows now, one copy per layer; a device
+        Tensor's through the :class:`PleSplit` returned (its producer ordered before ``s``, the tensor kept until
+        read), which the caller enqueues on ``s`` before the engine (or makes part of a decode plan's work, captured
+        with the engine)."""
+        g = self._g
+        assert g is not None
+        self.check(ple_embeds, rows)
+        width = g.ple_layers * g.ple_hidden
         n = int(rows[0]) * int(rows[1])
         dtype = self._io.inputs_embeds.dtype
         if isinstance(ple_embeds, Tensor):  # on the device (TokenEmbeddings): every layer's columns in one launch
-            if ple_embeds.dtype != dtype:
-                raise ShapeError(f"ple_embeds: expected {dtype}, got {ple_embeds.dtype}")
             calls.read(ple_embeds)
             key = (ple_embeds.data_ptr, n)
             split = self._splits.get(key)
@@ -120,8 +122,8 @@ class PleInputs:
         copied now). A plan whose work splits a device tensor takes that tensor (kept until read, its producer
         ordered before ``s``) and nothing else; one without takes host rows (copied now) or none where the engine
         has no PLE inputs; a new device tensor is not taken (a checked decode makes a plan that splits it)."""
-        if plan.ple is not None:
-            if not plan.takes_ple(ple_embeds):
+        if plan.held is not None:
+            if not plan.takes(ple_embeds):
                 return False, False
             calls.read(ple_embeds)
             if ple_embeds._last_stream is not None:
@@ -131,5 +133,50 @@ class PleInputs:
             return True, False
         if type(ple_embeds) is Tensor or not self.wanted(ple_embeds):
             return False, False
-        self.stage(ple_embeds, inputs_embeds, s, calls)
+        self.stage(ple_embeds, _rows(inputs_embeds), s, calls)
         return True, True
+
+
+def _rows(inputs_embeds: Any) -> tuple[int, ...]:
+    """A step's batch and seq, from its embeddings (an array or an array-like)."""
+    shape = tuple(inputs_embeds.shape) if hasattr(inputs_embeds, "shape") else np.shape(inputs_embeds)
+    return tuple(int(d) for d in shape[:2])
+
+
+def split_ple(ple_embeds: np.ndarray, g: Gemma4Config) -> list[np.ndarray]:
+    """``ple_embeds`` ``[..., L * ple_hidden]`` as the L per-layer inputs (columns ``i * ple_hidden ..``)."""
+    width = g.ple_layers * g.ple_hidden
+    if ple_embeds.shape[-1] != width:
+        raise ShapeError(f"ple_embeds: expected {width} columns ({g.ple_layers} layers x {g.ple_hidden}), got "
+                         f"shape {tuple(ple_embeds.shape)}")
+    return [ple_embeds[..., i * g.ple_hidden:(i + 1) * g.ple_hidden] for i in range(g.ple_layers)]
+
+
+@hash_once
+@dataclass(frozen=True)
+class PleSplit:
+    """A step's per-layer embeddings ``[rows, L x width]`` (device address ``src``) split into the layers' inputs
+    (``dsts``, each ``[rows, width]``): on the cuda backend one copy kernel per :data:`MAX_COPY_JOBS` layers (a
+    launch takes that many copies), one host work elsewhere. Bytes: ``width`` per layer row."""
+
+    backend: Backend
+    dsts: tuple[int, ...]
+    src: int
+    width: int
+    rows: int
+
+    def enqueue(self, stream: Stream) -> None:
+        be, w, n, pitch = self.backend, self.width, self.rows, self.width * len(self.dsts)
+        if be.name == "cuda":
+            jobs = tuple(Copy2D(be, d, w, self.src + i * w, pitch, w, n).job() for i, d in enumerate(self.dsts))
+            for first in range(0, len(jobs), MAX_COPY_JOBS):
+                _copy_jobs(be, jobs[first:first + MAX_COPY_JOBS])(stream.handle)
+            return
+        src, dsts = self.src, self.dsts
+
+        def run() -> None:
+            rows = host_view(src, n * pitch).reshape(n, len(dsts), w)
+            for i, d in enumerate(dsts):
+                host_view(d, n * w).reshape(n, w)[:] = rows[:, i]
+
+        _host_work(be, stream, run)

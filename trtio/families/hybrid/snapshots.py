@@ -7,7 +7,8 @@ k]`` and ``intermediate_recurrent_state_j`` ``[T, ...]`` per recurrent layer j (
 §11.2: the verify leaves the slot pools as they were). :meth:`IntermediateStates.commit` then copies, per sequence,
 the accepted path's last node's row into the sequence's slot of every layer's pools, on the device: one fused launch
 of strided copies (one copy per sequence and kind where the buffers are evenly spaced, as arenas lay them out), no
-host sync. Mamba2's "replay" mode is refused at setup (:func:`trtio.spec_families.check_pair_runs`).
+host sync. Mamba2's "replay" mode is refused at setup
+(:meth:`trtio.families.hybrid.hybrid_config.HybridConfig.check_runs`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend
+from trtio.families.hybrid.hybrid_config import HybridConfig, intermediate_state_specs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import Copy2D, fuse
-from trtio.recurrent import intermediate_state_specs
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
@@ -52,7 +53,7 @@ class IntermediateStates(Closeable):
         self._arena = Arena([TensorRequest.of(s.name, (rows, *s.engine_shape[1:]), s.dtype) for s in specs],
                             backend=backend, title=f"{name} intermediate states")
         self.tensors: dict[str, Tensor] = {s.name: self._arena[s.name] for s in specs}
-        self._layers = cfg.num_recurrent_layers
+        self._layers = (cfg.feature(HybridConfig) or HybridConfig()).num_layers
         # (pool addresses, intermediate addresses, bytes of one row) per kind, in layer order (set by attach)
         self._kinds: list[tuple[list[int], list[int], int]] = []
         self._backend = backend

@@ -1,0 +1,1 @@
+"""LoRA adapters bound to an engine's LoRA inputs."""

@@ -1,0 +1,1 @@
+"""Vision-language models' LLM side: MRoPE (a RoPE table per slot) and deepstack features."""

@@ -1,0 +1,1 @@
+"""Speculative drafts: EAGLE3, MTP and DFlash pairs."""

@@ -1,0 +1,257 @@
+"""A speculative pair's typed config: what a base or draft of each family (EAGLE3, MTP, DFlash) adds to the dense
+core's roles (``is_spec_decode_base``, ``base_model_hidden_size``, the tree sizes).
+
+======================================== ============================== ====================================
+Edge-LLM key                             keyword                        note
+======================================== ============================== ====================================
+``eagle_hidden_state_layers``            ``eagle_hidden_state_layers``  base: default ()
+``mtp_tree_base``                        ``mtp_tree_base``              default false; a hybrid base that
+                                                                        verifies trees (its recurrent layers
+                                                                        read ``tree_parent_ids``)
+``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash
+======================================== ============================== ====================================
+
+Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/edgellm-assumptions.md`` §11):
+
+* ``eagle3`` — the base concatenates the hidden states of ``eagle_hidden_state_layers`` (3 of them) into its
+  ``hidden_states`` output; the draft reads them as ``hidden_states_input`` and its own last hidden state as
+  ``hidden_states_from_draft``.
+* ``mtp`` — the same protocol with one base layer: the base's ``hidden_states`` is its last layer's stream
+  ``[T, H]``; the draft is one attention layer with its own KV (Qwen3.5, Nemotron-H, Qwen3-Omni MTP heads).
+  trtio runs MTP pairs through the EAGLE3 phases.
+* ``dflash`` — block drafts: the base concatenates the draft's ``dflash_config.target_layer_ids`` layers; the
+  draft reads the newly committed tokens' features (``dflash_target_hidden_concat`` and the ``dflash_delta_*``
+  inputs) and returns logits for every block position. trtio declares these bindings
+  (:mod:`trtio.families.spec.dflash_bindings`) and runs the pair through the same phases, the block as the draft's
+  input (:mod:`trtio.families.spec.dflash`).
+
+Other families (jetspec, dspark, gemma4_mtp) are refused when the config is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtio import names
+from trtio._checks import is_int
+from trtio.config import LLMEngineConfig
+from trtio.dtypes import DType
+from trtio.edgellm_config import SPEC_DECODE_TYPES, EdgeReader, got
+from trtio.errors import ConfigError
+from trtio.families.spec.dflash_bindings import (
+    DFLASH_DELTA_INPUTS,
+    DFLASH_POSITIONS,
+    DFLASH_ROPE,
+    DFLASH_SEQUENCES,
+    check_block_draft,
+    dflash_draft_registry,
+)
+from trtio.features import FamilyConfig
+from trtio.memory import TensorRequest
+from trtio.registry import TensorRegistry
+from trtio.tensor_map import TensorMap
+
+__all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable", "dflash_target_layers", "family_of",
+           "fed_layers"]
+
+#: The ``spec_decode_type`` values trtio reads (declares every binding of).
+SPEC_FAMILIES = SPEC_DECODE_TYPES
+#: The families trtio has a step protocol for.
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
+
+
+def family_of(extras: Mapping[str, Any], role: str) -> str | None:
+    """The speculative family of an engine of ``role`` whose config left ``extras``: None for a plain LLM; a
+    base or draft whose config names none (trtio's own batch-contract configs) is EAGLE3's."""
+    if role not in ("base", "draft"):
+        return None
+    found = extras.get("spec_decode_type")
+    return str(found) if isinstance(found, str) and found != "none" else "eagle3"
+
+
+def dflash_target_layers(extras: Mapping[str, Any], where: str = "dflash_config") -> tuple[int, ...]:
+    """A DFlash draft config's ``dflash_config.target_layer_ids``: the base layers whose hidden states, side by
+    side, the draft reads (``ConfigError`` naming the key when missing or not a list of ints)."""
+    block = extras.get("dflash_config")
+    ids = block.get("target_layer_ids") if isinstance(block, Mapping) else None
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise ConfigError(f"{where}.target_layer_ids", f"expected a non-empty list of base layer indices (the "
+                                                       f"layers a DFlash draft reads), got {ids!r}")
+    return tuple(int(i) for i in ids)
+
+
+def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
+    """How many base layers' hidden states (each ``hidden_size`` wide) the draft of ``family`` reads: EAGLE3's
+    listed layers (3 when none are listed), MTP's one, DFlash's target layers (set as the base's
+    ``eagle_hidden_state_layers`` when its pair is read)."""
+    if family == "mtp":
+        return 1
+    return len(eagle_layers) or 3
+
+
+def check_runnable(family: str, what: str) -> None:
+    """Refuse a pair of ``family`` trtio has no step protocol for, before anything is allocated."""
+    if family not in RUNNABLE_FAMILIES:
+        raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
+                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs; the pair is "
+                                              "refused rather than run wrong")
+
+
+@dataclass(frozen=True)
+class SpecConfig(FamilyConfig):
+    """A spec-decode base's or draft's family facts: ``kind`` (``spec_decode_type``: ``"eagle3"``, ``"mtp"``,
+    ``"dflash"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its draft, and
+    whether a hybrid base verifies trees (``mtp_tree_base``: its recurrent layers run each node from its parent's
+    states) rather than chains only."""
+
+    eagle_hidden_state_layers: tuple[int, ...] = ()
+    mtp_tree_base: bool = False
+    kind: str | None = None
+    role: str = "llm"
+
+    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False}
+    SOURCE_KEYS = {"eagle_hidden_state_layers": "eagle_hidden_state_layers", "mtp_tree_base": "mtp_tree_base"}
+
+    def __post_init__(self) -> None:
+        layers: Any = self.eagle_hidden_state_layers
+        if isinstance(layers, (list, tuple)):
+            object.__setattr__(self, "eagle_hidden_state_layers", tuple(int(i) if is_int(i) else i for i in layers))
+
+    @classmethod
+    def from_keywords(cls, given: Mapping[str, Any], core: Mapping[str, Any]) -> SpecConfig | None:
+        role = "base" if core["is_spec_decode_base"] is True else "draft" if core["base_model_hidden_size"] else "llm"
+        kind = family_of(core["extras"], role)
+        if kind is None and all(given[k] == v for k, v in cls.KEYWORDS.items()):
+            return None
+        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role)
+
+    def keywords(self) -> dict[str, Any]:
+        return {"eagle_hidden_state_layers": self.eagle_hidden_state_layers, "mtp_tree_base": self.mtp_tree_base}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"eagle_hidden_state_layers": list(self.eagle_hidden_state_layers), "mtp_tree_base": self.mtp_tree_base}
+
+    def validate(self, cfg: LLMEngineConfig) -> None:
+        layers = self.eagle_hidden_state_layers
+        if not isinstance(layers, tuple):
+            raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
+        if not isinstance(self.mtp_tree_base, bool):
+            raise ConfigError("mtp_tree_base", f"must be true or false, got {self.mtp_tree_base!r}")
+        if not layers:
+            return
+        if not cfg.is_spec_decode_base:
+            raise ConfigError("eagle_hidden_state_layers", f"only a spec-decode base feeds hidden states to a draft; "
+                                                           f"this {cfg.role} config lists {list(layers)}")
+        for i in layers:
+            if not is_int(i) or not 0 <= i < cfg.num_layers:  # a hybrid's: decoder layers, recurrent ones counted
+                raise ConfigError("eagle_hidden_state_layers",
+                                  f"{list(layers)}: every entry must be a layer index in "
+                                  f"[0, {cfg.num_layers}) (the decoder layers), got {i!r}")
+        if len(set(layers)) != len(layers):
+            raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
+
+    @property
+    def is_dflash_draft(self) -> bool:
+        """Whether this is a DFlash block draft's config (:mod:`trtio.families.spec.dflash`)."""
+        return self.kind == "dflash" and self.role == "draft"
+
+    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
+        """A DFlash draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
+        if reg.contract == "ragged" and self.is_dflash_draft:
+            return dflash_draft_registry(cfg, reg)
+        hidden = reg.get(names.kOutputHiddenStates)
+        if reg.contract == "ragged" and cfg.role == "base" and hidden is not None:
+            reg.replace(dataclasses.replace(hidden, shape=(hidden.shape[0], self.output_hidden_width(cfg))))
+        return reg
+
+    def members(self, cfg: LLMEngineConfig, rows: int) -> list[TensorRequest]:
+        """A DFlash draft's delta RoPE rows, gathered at their positions."""
+        if not self.is_dflash_draft:
+            return []
+        return [TensorRequest.of(DFLASH_ROPE, (rows, cfg.rotary_dim), DType.FLOAT32)]
+
+    def step_requests(self, cfg: LLMEngineConfig, place: str, batch: int, rows: int) -> list[TensorRequest]:
+        """A DFlash draft's delta rows (positions, sequences), written every round with the lengths."""
+        if place != "lengths" or not self.is_dflash_draft:
+            return []
+        return [TensorRequest.of(DFLASH_POSITIONS, (rows,), DType.INT32),
+                TensorRequest.of(DFLASH_SEQUENCES, (rows,), DType.INT32)]
+
+    def bind_pipeline(self, io: Any, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        """A DFlash draft's newly committed tokens: their base features (in place in the base's rows), RoPE rows,
+        positions and sequences."""
+        if not self.is_dflash_draft or io.step is None:
+            return
+        tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
+        tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
+        tm.set(DFLASH_DELTA_INPUTS[1], io.step.tensors[DFLASH_POSITIONS])
+        tm.set(DFLASH_DELTA_INPUTS[2], io.step.tensors[DFLASH_SEQUENCES])
+
+    def output_hidden_width(self, cfg: LLMEngineConfig) -> int:
+        """Width of a base engine's ``hidden_states`` output: EAGLE3 concatenates the hidden states of
+        ``eagle_hidden_state_layers`` (3 of them: 3 * hidden_size); otherwise hidden_size."""
+        return cfg.hidden_size * max(len(self.eagle_hidden_state_layers), 1)
+
+    def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
+        """A family with a step protocol; a DFlash draft's block (version 1, one RoPE table, a mask token, a block
+        that fits)."""
+        check_runnable(family_of(base.extras, "base") or "eagle3", what)
+        if self.is_dflash_draft:
+            check_block_draft(draft)
+
+    def check_pair(self, base: LLMEngineConfig, draft: LLMEngineConfig, files: tuple[Path, Path]) -> LLMEngineConfig:
+        """One speculative family for both; the base's hidden states as wide as the draft reads them. Returns the
+        base with a DFlash draft's ``dflash_config.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the layers
+        its ``hidden_states`` output concatenates: the base config does not name them)."""
+        bfile, dfile = files
+        btype, dtype = base.extras.get("spec_decode_type"), draft.extras.get("spec_decode_type")
+        if btype != dtype:
+            raise ConfigError(f"{dfile}: spec_decode_type", f"is {dtype!r}, but {bfile.name} says {btype!r}; base and "
+                                                            "draft must be one speculative family")
+        family = family_of(base.extras, "base") or "eagle3"
+        if family == "dflash":
+            targets = dflash_target_layers(draft.extras, f"{dfile}: dflash_config")
+            bad = [i for i in targets if i >= base.num_layers]
+            if bad:
+                raise ConfigError(f"{dfile}: dflash_config.target_layer_ids",
+                                  f"{list(targets)}: {bad} outside the base's {base.num_layers} layers ({bfile.name})")
+            base = dataclasses.replace(base, features=(*base.features, dataclasses.replace(
+                base.feature(SpecConfig) or SpecConfig(), eagle_hidden_state_layers=targets))).validate()
+        eagle = (base.feature(SpecConfig) or SpecConfig()).eagle_hidden_state_layers
+        n = fed_layers(family, eagle)
+        layers = (f"the {n} layers of eagle_hidden_state_layers {list(eagle)}" if eagle else
+                  "its last layer (MTP)" if family == "mtp" else
+                  f"{n} layers (EAGLE3's count; {bfile.name} names none)")
+        if draft.base_model_hidden_size != n * base.hidden_size:
+            raise ConfigError(f"{dfile}: base_model_hidden_size",
+                              f"{draft.base_model_hidden_size} does not match the base: {bfile.name} feeds the draft "
+                              f"{layers} of hidden_size {base.hidden_size}, {n} x {base.hidden_size} = "
+                              f"{n * base.hidden_size}")
+        return base
+
+    @classmethod
+    def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        tree_base = r.bool_("mtp_tree_base")
+        if tree_base is not None:
+            r.used.add("mtp_tree_base")
+            out["mtp_tree_base"] = tree_base
+        if role == "base":
+            out["eagle_hidden_state_layers"] = _eagle_layers(r, layers)
+        return out
+
+
+def _eagle_layers(r: EdgeReader, layers: int) -> tuple[int, ...]:
+    value = r.take("eagle_hidden_state_layers", "a list of layer indices", required=False)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(is_int(i) for i in value):
+        raise r.error("eagle_hidden_state_layers", f"expected a list of layer indices, got {got(value)}")
+    bad = [i for i in value if not 0 <= i < layers]
+    if bad:
+        raise r.error("eagle_hidden_state_layers", f"{value}: {bad} outside [0, num_hidden_layers={layers})")
+    return tuple(value)
