@@ -178,10 +178,11 @@ def _node_path(tokens: list[int], parents: list[int], node: int) -> list[int]:
     return out[::-1]
 
 
-def prefill(setup: Any, case: SpecCase, cmp: SpecCompare, *, draft: bool = True) -> State:
+def prefill(setup: Any, case: SpecCase, cmp: SpecCompare, *, draft: bool = True,
+            family: DraftFamily | None = None) -> State:
     """The base's prefill of the case's prompts (compared, greedy tokens held to Hugging Face's), then, with
-    ``draft``, the draft's prefill over the prompts shifted by one token (the pending token last), its root
-    logits compared with the draft's reference."""
+    ``draft``, the draft's prefill (``family``'s: EAGLE3's and MTP's over the prompts shifted by one token, the
+    pending token last), its root logits compared with the draft's reference."""
     table, seqs = case.table("base"), case.of("spec")
     x, lens = _embeds(table, [s.prompt for s in seqs])
     logits = setup.base_prefill(x, lens).to_numpy()
@@ -190,30 +191,65 @@ def prefill(setup: Any, case: SpecCase, cmp: SpecCompare, *, draft: bool = True)
         cmp.base.token(s, s.prompt_length - 1, int(logits[i].argmax()), "base prefill")
     state = State(seqs, [s.prompt_length for s in seqs])
     if draft:
-        shifted, _ = _embeds(table, [s.tokens[1:s.prompt_length + 1] for s in seqs])
-        state.root = setup.draft_prefill(shifted, lens).to_numpy().copy()
-        _draft_rows(case, cmp, state, "draft prefill")
+        (family or EAGLE).draft_prefill(setup, case, cmp, state, list(range(len(seqs))), None)
     return state
 
 
-def _draft_rows(case: SpecCase, cmp: SpecCompare, state: State, what: str) -> None:
+def _draft_rows(case: SpecCase, cmp: SpecCompare, state: State, what: str, which: list[int] | None = None) -> None:
     assert state.root is not None
-    for i, s in enumerate(state.seqs):
+    for i in range(len(state.seqs)) if which is None else which:
+        s = state.seqs[i]
         row = state.committed[i] - 1
         want = case.draft_rows[s.index].get(row)
         if want is not None:
             cmp.draft.values(want, state.root[i], f"sequence {s.index} draft row {row} ({what})")
 
 
+def _eagle_prefill(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, which: list[int],
+                   slots: list[int] | None) -> None:
+    """EAGLE3's / MTP's draft prefill of sequences ``which`` of ``state`` (in ``slots``, or the whole batch): the
+    prompt shifted by one token, ``hidden_states_input`` the base prefill's rows; the roots compared."""
+    seqs = [state.seqs[i] for i in which]
+    x, lens = _embeds(case.table("base"), [s.tokens[1:s.prompt_length + 1] for s in seqs])
+    root = setup.draft_prefill(x, lens, slots=slots).to_numpy()
+    if state.root is None:
+        state.root = root.copy()
+    else:
+        state.root[which] = root
+    _draft_rows(case, cmp, state, "draft prefill" if slots is None else "admitted draft prefill", which)
+
+
+def _eagle_catch_up(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, lens: list[int]) -> None:
+    """EAGLE3's / MTP's catch-up after an accept of ``lens`` tokens (``state.committed`` not yet moved): the accepted
+    tokens shifted by one, the accepted nodes' base rows as features; the new roots compared."""
+    rows = [s.tokens[c + 1:c + 1 + n] for s, c, n in zip(state.seqs, state.committed, lens)]
+    x, _ = _embeds(case.table("base"), rows)
+    state.root = setup.draft_accept(x, lens).to_numpy().copy()
+    moved = State(state.seqs, [c + n for c, n in zip(state.committed, lens)], state.root)
+    _draft_rows(case, cmp, moved, f"round {state.round} catch-up")
+
+
+@dataclass(frozen=True)
+class DraftFamily:
+    """How a pair's draft takes part in the rounds: its prefill (sequences ``which`` of the state, in ``slots`` or
+    the whole batch), its catch-up after an accept, the proposer of its own drafts (given the draft-to-target map)
+    and whether it proposes trees level by level (``draft_propose``; a block draft does not)."""
+
+    draft_prefill: Callable[[Any, SpecCase, SpecCompare, State, list[int], list[int] | None], None]
+    catch_up: Callable[[Any, SpecCase, SpecCompare, State, list[int]], None]
+    own_drafts: Callable[[np.ndarray], Proposer]
+    proposes: bool = True
+
+
 AcceptHook = Callable[[list[list[int]], Tree], list[list[int]]]
 
 
 def rounds(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, propose: Proposer, count: int, *,
-           catch_up: bool = True, accept_hook: AcceptHook | None = None) -> None:
+           catch_up: bool = True, accept_hook: AcceptHook | None = None, family: DraftFamily | None = None) -> None:
     """``count`` rounds (module docstring), fewer where a sequence's next tree could reach past its reference;
-    ``catch_up``: the draft catches up after each accept (else the base runs alone: verify, accept, verify,
-    ...). ``accept_hook``: given the accepted paths and the tree, returns the paths ``accept`` is given (a planted
-    bug: the harness goes on as if the right ones were committed)."""
+    ``catch_up``: the draft (``family``'s) catches up after each accept (else the base runs alone: verify, accept,
+    verify, ...). ``accept_hook``: given the accepted paths and the tree, returns the paths ``accept`` is given (a
+    planted bug: the harness goes on as if the right ones were committed)."""
     table, seqs = case.table("base"), state.seqs
     b = len(seqs)
     depth = case.spec["draft_step"]
@@ -247,17 +283,14 @@ def rounds(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, propose: 
         lens = [len(p) for p in paths]
         cmp.accepted += lens
         if catch_up:
-            rows = [seqs[i].tokens[state.committed[i] + 1:state.committed[i] + 1 + lens[i]] for i in range(b)]
-            x, _ = _embeds(table, rows)
-            state.root = setup.draft_accept(x, lens).to_numpy().copy()
+            (family or EAGLE).catch_up(setup, case, cmp, state, lens)
         state.committed = [c + m for c, m in zip(state.committed, lens)]
-        if catch_up:
-            _draft_rows(case, cmp, state, f"round {state.round} catch-up")
         state.round += 1
         state.done = [d + 1 for d in state.done]
 
 
-def readmit(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, slot: int, *, draft: bool = True) -> None:
+def readmit(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, slot: int, *, draft: bool = True,
+            family: DraftFamily | None = None) -> None:
     """Between rounds, the sequence in ``slot`` ends and a new request takes the slot: its prompt again from the
     start (the others go on where they are); its base and draft prefills compared as :func:`prefill` does."""
     slots = setup.active.tolist()
@@ -272,12 +305,7 @@ def readmit(setup: Any, case: SpecCase, cmp: SpecCompare, state: State, slot: in
         raise AssertionError(f"active slots {setup.active.tolist()} after admitting slot {slot}, not {slots}")
     state.committed[i], state.done[i] = s.prompt_length, 0
     if draft:
-        assert state.root is not None
-        shifted = table[s.tokens[1:s.prompt_length + 1]][None]
-        state.root[i] = setup.draft_prefill(shifted, [s.prompt_length], slots=[slot]).to_numpy()[0]
-        want = case.draft_rows[s.index].get(s.prompt_length - 1)
-        if want is not None:
-            cmp.draft.values(want, state.root[i], f"sequence {s.index} draft row {s.prompt_length - 1} (admitted)")
+        (family or EAGLE).draft_prefill(setup, case, cmp, state, [i], [slot])
 
 
 # -- proposers -------------------------------------------------------------------------------------------------------
@@ -344,11 +372,16 @@ def draft_chains(d2t: np.ndarray) -> Proposer:
     return propose
 
 
+#: EAGLE3's draft (and MTP's, which speaks its protocol with one base layer): shifted prefill and catch-up, top-k
+#: chains of its own, trees proposed level by level.
+EAGLE = DraftFamily(_eagle_prefill, _eagle_catch_up, draft_chains)
+
+
 # -- the scenarios ---------------------------------------------------------------------------------------------------
 
 
 def base_tree(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
-              accept_hook: AcceptHook | None = None) -> None:
+              accept_hook: AcceptHook | None = None, family: DraftFamily | None = None) -> None:
     """The base alone (a verify right after the base prefill): the replayed trees, every node compared."""
     state = prefill(setup, case, cmp, draft=False)
     rounds(setup, case, cmp, state, replayed_trees(through_draft=False), case.spec["rounds"], catch_up=False,
@@ -356,34 +389,38 @@ def base_tree(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
 
 
 def draft_tree(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
-               accept_hook: AcceptHook | None = None) -> None:
-    """The pair: the draft proposes the replayed trees (its node logits compared), the base verifies them (the
-    last sequence's without its last level: padding rows in the verify step), the draft catches up over the
-    accepted tokens (its logits compared)."""
-    state = prefill(setup, case, cmp)
+               accept_hook: AcceptHook | None = None, family: DraftFamily | None = None) -> None:
+    """The pair: the draft proposes the replayed trees (its node logits compared; a block draft proposes none),
+    the base verifies them (the last sequence's without its last level: padding rows in the verify step), the
+    draft catches up over the accepted tokens (its logits compared)."""
+    family = family or EAGLE
+    state = prefill(setup, case, cmp, family=family)
     last = state.seqs[-1].index
     full = 1 + case.spec["draft_step"] * case.spec["draft_top_k"]
     rounds(setup, case, cmp, state,
-           replayed_trees(through_draft=True, cut={last: full - case.spec["draft_top_k"]}), case.spec["rounds"],
-           accept_hook=accept_hook)
+           replayed_trees(through_draft=family.proposes, cut={last: full - case.spec["draft_top_k"]}),
+           case.spec["rounds"], accept_hook=accept_hook, family=family)
 
 
 def draft_rounds(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
-                 accept_hook: AcceptHook | None = None, count: int = 4) -> None:
-    """The pair on its own drafts (top-k chains): accepted tokens and nodes, prefill and catch-up rows compared."""
-    state = prefill(setup, case, cmp)
-    rounds(setup, case, cmp, state, draft_chains(d2t), count, accept_hook=accept_hook)
+                 accept_hook: AcceptHook | None = None, count: int = 4, family: DraftFamily | None = None) -> None:
+    """The pair on its own drafts (EAGLE3 / MTP: top-k chains; a block draft: its block's guesses): accepted tokens
+    and nodes, prefill and catch-up rows compared."""
+    family = family or EAGLE
+    state = prefill(setup, case, cmp, family=family)
+    rounds(setup, case, cmp, state, family.own_drafts(d2t), count, accept_hook=accept_hook, family=family)
 
 
 def admission(setup: Any, case: SpecCase, cmp: SpecCompare, d2t: np.ndarray,
-              accept_hook: AcceptHook | None = None) -> None:
+              accept_hook: AcceptHook | None = None, family: DraftFamily | None = None) -> None:
     """The pair on the replayed trees: after a round the second sequence ends and a new request (its prompt again)
     is admitted into its slot; the others go on from where they are, the new one from its first tree."""
-    state = prefill(setup, case, cmp)
-    propose = replayed_trees(through_draft=True)
-    rounds(setup, case, cmp, state, propose, 1, accept_hook=accept_hook)
-    readmit(setup, case, cmp, state, int(setup.active[1]))
-    rounds(setup, case, cmp, state, propose, case.spec["rounds"] - 1, accept_hook=accept_hook)
+    family = family or EAGLE
+    state = prefill(setup, case, cmp, family=family)
+    propose = replayed_trees(through_draft=family.proposes)
+    rounds(setup, case, cmp, state, propose, 1, accept_hook=accept_hook, family=family)
+    readmit(setup, case, cmp, state, int(setup.active[1]), family=family)
+    rounds(setup, case, cmp, state, propose, case.spec["rounds"] - 1, accept_hook=accept_hook, family=family)
 
 
 SPEC_SCENARIOS: dict[str, Callable[..., None]] = {
@@ -392,19 +429,20 @@ SPEC_SCENARIOS: dict[str, Callable[..., None]] = {
 
 
 def run_spec(case: SpecCase, scenario: str, backend: str = "host", graphs: bool = False,
-             hooks: dict[str, Hook] | None = None, accept_hook: AcceptHook | None = None) -> SpecCompare:
+             hooks: dict[str, Hook] | None = None, accept_hook: AcceptHook | None = None,
+             family: DraftFamily | None = None) -> SpecCompare:
     cmp = SpecCompare()
     with spec_setup(case, backend, graphs, hooks) as (setup, d2t):
-        SPEC_SCENARIOS[scenario](setup, case, cmp, d2t, accept_hook=accept_hook)
+        SPEC_SCENARIOS[scenario](setup, case, cmp, d2t, accept_hook=accept_hook, family=family)
     return cmp
 
 
 def planted_spec(case: SpecCase, scenario: str, hooks: dict[str, Hook] | None = None,
-                 accept_hook: AcceptHook | None = None) -> str:
+                 accept_hook: AcceptHook | None = None, family: DraftFamily | None = None) -> str:
     """``scenario`` with a planted bug (engine input hooks by role, or wrong accepted paths); how the parity check
     failed. AssertionError if it passed: the bug went unseen."""
     try:
-        run_spec(case, scenario, hooks=hooks, accept_hook=accept_hook)
+        run_spec(case, scenario, hooks=hooks, accept_hook=accept_hook, family=family)
     except ParityMismatch as exc:
         return f"mismatch: {exc}"
     except trtio.errors.InvalidValueError as exc:

@@ -41,11 +41,15 @@ class Conv:
     def tokens(self, n: int) -> dict[str, np.ndarray]:
         return {"x": _h(n, self.dim)}
 
-    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
-            **attrs: Any) -> np.ndarray:
+    def raw(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> tuple[np.ndarray, ...]:
         inputs = (t["x"], self.weight, self.bias, pool, *_ragged(lengths, t["x"].shape[0] // len(lengths), rows,
                                                                  phase))
-        out, present = causal_conv1d("n", inputs, {"padding": self.k - 1, "groups": self.dim, **attrs})
+        return causal_conv1d("n", inputs, {"padding": self.k - 1, "groups": self.dim, **attrs})
+
+    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> np.ndarray:
+        out, present = self.raw(pool, t, lengths, rows, phase, **attrs)
         assert present is pool
         return out
 
@@ -60,12 +64,16 @@ class GDN:
         return {"q": _h(n, self.h, self.d), "k": _h(n, self.h, self.d), "v": _h(n, self.hv, self.d),
                 "a": _h(n, self.hv), "b": _h(n, self.hv)}
 
-    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
-            **attrs: Any) -> np.ndarray:
+    def raw(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> tuple[np.ndarray, ...]:
         a_log, dt_bias = np.log(np.array([0.1, 0.3], np.float32)), np.array([-1.0, 0.5], np.float16)
         inputs = (t["q"], t["k"], t["v"], t["a"], t["b"], a_log, dt_bias, pool,
                   *_ragged(lengths, t["q"].shape[0] // len(lengths), rows, phase))
-        out, present = gated_delta_net("n", inputs, {"k_dim": self.d, "v_dim": self.d, **attrs})
+        return gated_delta_net("n", inputs, {"k_dim": self.d, "v_dim": self.d, **attrs})
+
+    def run(self, pool: np.ndarray, t: dict[str, np.ndarray], lengths: list[int], rows: list[int], phase: int,
+            **attrs: Any) -> np.ndarray:
+        out, present = self.raw(pool, t, lengths, rows, phase, **attrs)
         assert present is pool
         return out
 
@@ -149,6 +157,104 @@ def test_refuses(model: Callable[[], Any], bad: str, rows: list[int], phase: int
     m = model()
     with pytest.raises(PluginInputError):
         m.run(m.pool(), m.tokens(4), [2, 2], rows, phase)
+
+
+@pytest.mark.parametrize("model", [Conv, GDN], ids=lambda m: m.__name__)
+def test_a_linear_verify_is_a_decode_from_a_copy_of_each_row(model: Callable[[], Any]) -> None:
+    """The MTP verify (phase 5 on a node built with ``use_mtp``) of two sequences of W = 4 rows in pool rows 2 and 0:
+    row t of sequence s outputs what decoding its rows one by one from its pool row gives, and the third output's
+    row ``s * W + t`` holds the state after it; all W rows run whatever ``query_lengths`` says (the kernels read
+    none); the pool is left as it was. The intermediate output is not written in other phases (NaN here)."""
+    m = model()
+    t = m.tokens(8)
+    pool = m.pool()
+    pool[[0, 2]] = RNG.standard_normal((2, *pool.shape[1:])).astype(pool.dtype)
+    keep = pool.copy()
+    out, present, states = m.raw(pool, t, [4, 2], [2, 0], 5, use_mtp=1)
+    assert present is pool
+    np.testing.assert_array_equal(pool, keep)
+    for s, row in enumerate((2, 0)):
+        steps = keep.copy()
+        for i in range(4):
+            j = s * 4 + i
+            want = m.run(steps, _slice(t, j, j + 1), [1], [row], 3)
+            np.testing.assert_allclose(out[j].astype(np.float32), want[0].astype(np.float32), atol=2e-3, rtol=2e-3)
+            np.testing.assert_allclose(states[j].astype(np.float32), steps[row].astype(np.float32), atol=2e-3,
+                                       rtol=2e-3)
+    assert np.isnan(m.raw(m.pool(), t, [4, 4], [2, 0], 1, use_mtp=1)[2]).all()
+    with pytest.raises(PluginInputError, match="seq_len"):
+        m.raw(m.pool(), m.tokens(34), [17, 17], [2, 0], 5, use_mtp=1)
+
+
+TREE = [-1, 0, 1, 0, 3, -1]  # a tree of W = 6: two branches 0-1-2 and 0-3-4, then a padding node
+DEPTHS = [0, 1, 2, 1, 2, -1]
+
+
+def _tree(m: Any, pool: np.ndarray, t: dict[str, np.ndarray], parents: list[int], depths: list[int],
+          rows: list[int]) -> tuple[np.ndarray, ...]:
+    """A DDTree verify (phase 5, ``use_ddtree``) of ``len(rows)`` sequences, each the tree ``parents``."""
+    n = len(rows)
+    extra = (np.array(parents * n, np.int32), np.array(depths * n, np.int32))
+    if isinstance(m, Conv):
+        inputs = (t["x"], m.weight, m.bias, pool, *_ragged([len(parents)] * n, len(parents), rows, 5), *extra)
+        return causal_conv1d("n", inputs, {"padding": m.k - 1, "groups": m.dim, "use_ddtree": 1})
+    a_log, dt_bias = np.log(np.array([0.1, 0.3], np.float32)), np.array([-1.0, 0.5], np.float16)
+    inputs = (t["q"], t["k"], t["v"], t["a"], t["b"], a_log, dt_bias, pool,
+              *_ragged([len(parents)] * n, len(parents), rows, 5), *extra)
+    return gated_delta_net("n", inputs, {"k_dim": m.d, "v_dim": m.d, "use_ddtree": 1})
+
+
+@pytest.mark.parametrize("model", [Conv, GDN], ids=lambda m: m.__name__)
+def test_a_tree_verify_runs_each_node_along_its_root_path(model: Callable[[], Any]) -> None:
+    """The DDTree verify (``use_ddtree``): each node outputs what the linear verify of its root path gives at its
+    last row; a padding node outputs zero; the pool is left as it was; a parent that is not an earlier node is
+    refused (the kernels would take the node for padding)."""
+    m = model()
+    t = m.tokens(12)
+    pool = m.pool()
+    pool[[0, 2]] = RNG.standard_normal((2, *pool.shape[1:])).astype(pool.dtype)
+    keep = pool.copy()
+    out, present, _third = _tree(m, pool, t, TREE, DEPTHS, [2, 0])
+    assert present is pool
+    np.testing.assert_array_equal(pool, keep)
+    for s, row in enumerate((2, 0)):
+        for node, path in ((1, [0, 1]), (2, [0, 1, 2]), (3, [0, 3]), (4, [0, 3, 4])):
+            rows = [s * 6 + p for p in path]
+            chain = m.raw(keep.copy(), {k: v[rows] for k, v in t.items()}, [len(rows)], [row], 5, use_mtp=1)[0]
+            np.testing.assert_allclose(out[s * 6 + node].astype(np.float32), chain[-1].astype(np.float32),
+                                       atol=2e-3, rtol=2e-3)
+        assert not out[s * 6 + 5].any()
+    with pytest.raises(PluginInputError, match="parent"):
+        _tree(m, m.pool(), t, [-1, 0, 3, 0, 3, -1], DEPTHS, [2, 0])
+
+
+def test_the_tree_verify_of_the_gdn_writes_a_replay_stash_not_states() -> None:
+    """``gdnTreeChunkKernels.h``: the GDN's tree verify writes no per-node state; each sequence's intermediate row
+    holds at its head a stash cell per node (L2-normalised k, the gate, beta, v), from which the runtime's commit
+    advances the slot's state along the accepted path. Replaying the cells of path 0-3-4 from the pool row gives the
+    state the linear verify of that path ends with."""
+    g = GDN()
+    t = g.tokens(6)
+    pool = g.pool()
+    pool[1] = RNG.standard_normal(pool.shape[1:]).astype(pool.dtype)
+    _out, _pool, stash = _tree(g, pool, t, TREE, DEPTHS, [1])
+    cells = stash.view(np.uint8).reshape(-1)
+    from trtio.testing.edgellm_plugins.gdn import stash_layout
+
+    g_at, beta_at, v_at, size = stash_layout(g.h, g.hv)
+    state = pool[1].copy()
+    for node in (0, 3, 4):
+        cell = cells[node * size:(node + 1) * size]
+        k = cell[:g_at].view(np.float32).reshape(g.h, g.d).repeat(g.hv // g.h, axis=0)
+        gate, beta = cell[g_at:beta_at].view(np.float32), cell[beta_at:v_at].view(np.float32)
+        v = cell[v_at:].view(np.float16).reshape(g.hv, g.d).astype(np.float32)
+        state *= gate[:, None, None]
+        new = (v - np.einsum("hkv,hk->hv", state, k)) * beta[:, None]
+        state += k[:, :, None] * new[:, None, :]
+    rows = [0, 3, 4]
+    _o, _p, linear = g.raw(pool.copy(), {k: v[rows] for k, v in t.items()}, [3], [1], 5, use_mtp=1)
+    np.testing.assert_allclose(state, linear[2], atol=1e-4, rtol=1e-4)
+    assert np.isnan(stash[3:]).all()  # past the stash cells: the kernel's scratch (unspecified)
 
 
 def test_unbuildable_sizes_are_refused() -> None:

@@ -13,7 +13,9 @@ committed tokens' target features instead of ``hidden_states_input`` / ``hidden_
 
 trtio declares these bindings (an engine that lacks one, or declares another, is refused at bind); the delta rows
 are ``batch x select_len`` (entry padding: each sequence's committed tokens padded to the step's longest delta, as
-Edge-LLM's ``selectLen``), the block rows ``batch x seq_len``. :mod:`trtio.setups.dflash` runs the pair.
+Edge-LLM's ``selectLen``; a prompt's in profile 0, up to ``max_draft_tree_size + 1`` a sequence in profile 1), the
+block rows ``batch x seq_len`` (a block in both profiles: Edge-LLM's builder gives a block draft's token inputs
+the generation range in profile 0 too). :mod:`trtio.setups.dflash` runs the pair.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
 
     def rows(*rest: int) -> tuple[ProfileShapes, ...]:
         return (((1, *rest), (b * max(1, L // 2), *rest), (b * L, *rest)),
-                ((1, *rest), (b * q, *rest), (b * q, *rest)))
+                ((1, *rest), (b * (q + 1), *rest), (b * (q + 1), *rest)))
 
     reg = TensorRegistry("draft", contract="ragged")
     for spec in draft:
@@ -51,6 +53,11 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
             spec = TensorSpec(spec.name, "input", DType.INT32, (0,), (((0,), (0,), (0,)),) * 2)
         elif spec.name == names.kLogits:
             spec = TensorSpec(spec.name, "output", spec.dtype, (("batch", "seq_len"), cfg.output_vocab_size))
+        elif spec.is_input and spec.shape[:1] == (("batch", "seq_len"),) and len(spec.profiles) == 2:
+            # Every step of a block draft runs a block (its prefill too): the builder gives its token rows the
+            # generation range in both profiles (``_setup_llm_profiles``: ``proposal_context_range``).
+            spec = TensorSpec(spec.name, "input", spec.dtype, spec.shape, (spec.profiles[1],) * 2, spec.optional,
+                              spec.declared)
         reg.add(spec)
         if spec.name == names.kInputsEmbeds:
             width = cfg.base_model_hidden_size

@@ -14,6 +14,7 @@ from typing import Any
 
 from trtio.testing.edgellm_plugins.attention import attention_plugin
 from trtio.testing.edgellm_plugins.conv1d import causal_conv1d
+from trtio.testing.edgellm_plugins.dflash import dflash_target_kv_cache_update
 from trtio.testing.edgellm_plugins.gdn import gated_delta_net
 from trtio.testing.edgellm_plugins.mamba import update_ssm_state
 from trtio.testing.edgellm_plugins.moe import fp16_moe_plugin
@@ -24,6 +25,7 @@ __all__ = ["onnx_ops"]
 # op type -> the numpy model: (node name, inputs, attributes) -> outputs
 _MODELS = {
     "AttentionPlugin": attention_plugin,
+    "DFlashTargetKVCacheUpdate": dflash_target_kv_cache_update,
     "Fp16MoePlugin": fp16_moe_plugin,
     "causal_conv1d": causal_conv1d,
     "gated_delta_net": gated_delta_net,

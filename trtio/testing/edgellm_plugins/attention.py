@@ -190,7 +190,10 @@ def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, visible: np.nda
     hkv = keys.shape[1]
     group = hq // hkv
     kf = np.repeat(keys.astype(np.float32), group, axis=1)  # [K, Hq, D]
-    vf = np.repeat(values.astype(np.float32), group, axis=1)
+    # A key no row sees is never loaded by the kernels (XQA skips masked tiles): its slot may hold anything (a tree
+    # step's padding slot is never written), which must not reach the output as 0 * NaN.
+    seen: np.ndarray = np.asarray(visible.any(axis=0))
+    vf = np.repeat(np.where(seen[:, None, None], values.astype(np.float32), np.float32(0)), group, axis=1)
     scores = np.einsum("rhd,khd->hrk", q.astype(np.float32), kf) * np.float32(scale)
     scores = np.where(visible[None], scores, -np.inf)
     peak = scores.max(axis=-1, keepdims=True)

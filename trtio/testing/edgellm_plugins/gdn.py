@@ -16,6 +16,23 @@ Sources (Edge-LLM 0.11):
   the state as it is (decode too: a sequence of length 0 writes nothing).
 
 Each sequence ``s`` reads and writes pool row ``state_indices[s]`` only, in place; nothing zeroes a row.
+
+The linear spec-verify (phase 5 on a node built with ``use_mtp``; ``gatedDeltaNetPlugin.cpp`` ``mtpActive``,
+``cuteDslGDNRunner.cpp::runDecodeMTP``, ``kernelSrcs/gdn_cutedsl/gdn_decode_mtp.py``): the sequences' pool rows are
+gathered into the workspace (``launchGdnStateGather``) and the kernel evolves that copy over all W rows of each
+sequence (``num_valid_t = seq_len``: ``query_lengths`` unread), writing the state after row t to the third output
+``intermediate_recurrent_state`` row ``s * W + t`` (FP32); the pool is left as it was. In the other phases a
+``use_mtp`` node's third output is not written; this model marks it NaN.
+
+The tree verify (phase 5 on a node built with ``use_ddtree``, which takes ``tree_parent_ids`` and ``tree_depths``
+after the 13 inputs; ``gatedDeltaNetPlugin.cpp`` ``ddtreeActive``,
+``cpp/kernels/gdnKernels/gdnTreeChunkKernels.{h,cu}``) is stateless: each node's output is the recurrence along its
+root path from the gathered pool row (the kernel's chunk form of it), a padding node's is zero, and **no state is
+written**: the third output's row of each sequence (``W`` rows of ``[HV, K, V]`` FP32) holds at its head the
+*replay stash* the runtime's commit (``gdnTreeReplayCommitBatched``) advances the slot's state with along the
+accepted path: per node, packed at ``gdnTreeStashNodeBytes`` intervals, ``[L2-normalised k fp32 H*128 | gate g =
+exp(log g) fp32 HV | beta fp32 HV | v fp16 HV*128]`` (``stashOffsets``); the row's tail is the kernel's scratch
+(NaN here).
 """
 
 from __future__ import annotations
@@ -25,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from trtio.testing.edgellm_plugins._common import Phase, PluginInputError, ragged_metadata
-from trtio.testing.edgellm_plugins._resident import checked_pool, refuse_unmodelled
+from trtio.testing.edgellm_plugins._resident import checked_pool, linear_verify, refuse_unmodelled, tree_nodes
 
 __all__ = ["gated_delta_net"]
 
@@ -48,9 +65,11 @@ def _l2(x: np.ndarray) -> np.ndarray:
 
 
 def _sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
-              dt_bias: np.ndarray, state: np.ndarray, length: int, group: int, scale: np.float32) -> np.ndarray:
+              dt_bias: np.ndarray, state: np.ndarray, length: int, group: int, scale: np.float32,
+              after: np.ndarray | None = None) -> np.ndarray:
     """The recurrence over the first ``length`` rows of one sequence: ``q``/``k`` [W, H, K], ``v`` [W, HV, V],
-    ``a``/``b`` [W, HV] (half), ``state`` [HV, K, V] fp32 updated in place. Returns o [W, HV, V] half."""
+    ``a``/``b`` [W, HV] (half), ``state`` [HV, K, V] fp32 updated in place; ``after`` [W, HV, K, V], where given,
+    gets the state after each row. Returns o [W, HV, V] half."""
     out = np.zeros(v.shape, np.float16)
     decay = np.exp(a_log.astype(np.float32))
     bias = dt_bias.astype(np.float32)
@@ -63,19 +82,58 @@ def _sequence(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.
         v_new = (v[t].astype(np.float32) - np.einsum("hkv,hk->hv", state, kt)) * beta[:, None]
         state += kt[:, :, None] * v_new[:, None, :]
         out[t] = np.einsum("hkv,hk->hv", state, qt).astype(np.float16)
+        if after is not None:
+            after[t] = state
+    return out
+
+
+_MAX_TREE = 64  # kGDN_TREE_CHUNK_MAX_NODES
+
+
+def stash_layout(heads: int, value_heads: int) -> tuple[int, int, int, int]:
+    """``stashOffsets``: the byte offsets of g, beta and v in a node's stash cell, and the cell's size (k at 0)."""
+    g = heads * _HEAD * 4
+    beta = g + value_heads * 4
+    v = beta + value_heads * 4
+    return g, beta, v, v + value_heads * _HEAD * 2
+
+
+def _tree_verify(q: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray, a_log: np.ndarray,
+                 dt_bias: np.ndarray, h0: np.ndarray, nodes: list[list[int] | None], group: int, scale: np.float32,
+                 stash: np.ndarray) -> np.ndarray:
+    """One sequence's tree verify (module docstring): ``q`` .. ``b`` its W rows, ``h0`` [HV, K, V] its pool row (not
+    written), ``stash`` the bytes of its W intermediate rows. Returns o [W, HV, V] half."""
+    out = np.zeros(v.shape, np.float16)
+    heads, value_heads = q.shape[1], v.shape[1]
+    g_at, beta_at, v_at, cell = stash_layout(heads, value_heads)
+    decay = np.exp(a_log.astype(np.float32))
+    for n, path in enumerate(nodes):
+        base = n * cell
+        gate = np.exp(-decay * _softplus(a[n].astype(np.float32) + dt_bias.astype(np.float32))).astype(np.float32)
+        beta = (np.float32(1.0) / (np.float32(1.0) + np.exp(-b[n].astype(np.float32)))).astype(np.float32)
+        stash[base:base + g_at] = np.frombuffer(_l2(k[n].astype(np.float32)).astype(np.float32).tobytes(), np.uint8)
+        stash[base + g_at:base + beta_at] = np.frombuffer(gate.tobytes(), np.uint8)
+        stash[base + beta_at:base + v_at] = np.frombuffer(beta.tobytes(), np.uint8)
+        stash[base + v_at:base + cell] = np.frombuffer(v[n].astype(np.float16).tobytes(), np.uint8)
+        if path is None:
+            continue
+        rows = np.array(path)
+        state = h0.copy()
+        out[n] = _sequence(q[rows], k[rows], v[rows], a[rows], b[rows], a_log, dt_bias, state, len(path), group,
+                           scale)[-1]
     return out
 
 
 def gated_delta_net(node: str, inputs: tuple[np.ndarray, ...], attrs: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    """One ``gated_delta_net`` node: ``(o [T, HV, V] half, the recurrent state pool)``; the rows of the step's
-    sequences are updated in place and the pool itself is returned as ``present_recurrent_state``."""
+    """One ``gated_delta_net`` node: ``(o [T, HV, V] half, the recurrent state pool[, intermediate states])``; the
+    rows of the step's sequences are updated in place (but in the verify) and the pool itself is returned as
+    ``present_recurrent_state``; a node built with ``use_mtp`` also returns the per-token states of a verify."""
     plugin = f"{_NAME} {node}"
-    if int(attrs.get("use_ddtree") or 0):
-        raise PluginInputError(f"{plugin}: use_ddtree = 1 (tree verify inputs) is a mode this numpy model does not "
-                               "compute")
-    if len(inputs) != _INPUTS:
-        raise PluginInputError(f"{plugin}: expected {_INPUTS} inputs, got {len(inputs)}")
-    q, k, v, a, b, a_log, dt_bias, pool, lengths, offsets, state_indices, phase_marker, context_count = inputs
+    ddtree = bool(int(attrs.get("use_ddtree") or 0))
+    if len(inputs) != _INPUTS + 2 * ddtree:
+        raise PluginInputError(f"{plugin}: expected {_INPUTS + 2 * ddtree} inputs, got {len(inputs)}")
+    q, k, v, a, b, a_log, dt_bias, pool, lengths, offsets, state_indices, phase_marker, context_count = \
+        inputs[:_INPUTS]
     k_dim, v_dim = int(attrs.get("k_dim", _HEAD)), int(attrs.get("v_dim", _HEAD))
     if k_dim != _HEAD or v_dim != _HEAD:
         raise PluginInputError(f"{plugin}: cannot implement k_dim={k_dim} v_dim={v_dim}: the CuTe DSL GDN is only "
@@ -99,16 +157,37 @@ def gated_delta_net(node: str, inputs: tuple[np.ndarray, ...], attrs: dict[str, 
     phase = ragged.phase
     if phase in (Phase.DIFFUSION_DENOISE, Phase.DIFFUSION_COMMIT) and not int(attrs.get("use_diffusion_state") or 0):
         raise PluginInputError(f"{plugin}: diffusion phase requires diffusion-capable engine metadata")
-    if phase is Phase.SPEC_TARGET_VERIFY and not int(attrs.get("use_mtp") or 0):
-        raise PluginInputError(f"{plugin}: SPEC_TARGET_VERIFY requires verify-capable engine metadata (use_mtp)")
-    refuse_unmodelled(plugin, phase)
+    mtp = bool(int(attrs.get("use_mtp") or 0)) or ddtree
     out = np.zeros(v.shape, np.float16)
     scale = np.float32(k_dim ** -0.5)
     group = value_heads // heads
     w = ragged.width
+    if ddtree and phase is Phase.SPEC_TARGET_VERIFY:
+        parents, depths = (np.asarray(t) for t in inputs[_INPUTS:])
+        if parents.shape != (q.shape[0],) or depths.shape != (q.shape[0],):
+            raise PluginInputError(f"{plugin}: DDTree requires flat tree_parent_ids/tree_depths shape "
+                                   f"[T_exec={q.shape[0]}]")
+        if w > _MAX_TREE:
+            raise PluginInputError(f"{plugin}: DDTree chunk-form verify supports seq_len <= {_MAX_TREE}, got {w}")
+        written = np.full((q.shape[0], value_heads, k_dim, v_dim), np.nan, np.float32)
+        stash = written.view(np.uint8).reshape(ragged.sequences, written[:w].nbytes)
+        for s, row in enumerate(rows):
+            lo = s * w
+            out[lo:lo + w] = _tree_verify(q[lo:lo + w], k[lo:lo + w], v[lo:lo + w], a[lo:lo + w], b[lo:lo + w],
+                                          a_log, dt_bias, pool[row], tree_nodes(plugin, parents[lo:lo + w],
+                                                                                  depths[lo:lo + w]),
+                                          group, scale, stash[s])
+        return out, pool, written
+    verify = linear_verify(plugin, phase, attrs, ragged.width)
+    if not verify:
+        refuse_unmodelled(plugin, phase)
+    states = np.full((q.shape[0], value_heads, k_dim, v_dim), np.nan, np.float32) if mtp else None
     for s, row in enumerate(rows):
         lo = s * w
-        state = pool[row]  # a view: written in place
+        # verify: a gathered copy of the row, every row of the W (query_lengths unread); else the row in place
+        state = pool[row].copy() if verify else pool[row]
+        length = w if verify else int(lengths[s])
         out[lo:lo + w] = _sequence(q[lo:lo + w], k[lo:lo + w], v[lo:lo + w], a[lo:lo + w], b[lo:lo + w], a_log,
-                                   dt_bias, state, int(lengths[s]), group, scale)
-    return out, pool
+                                   dt_bias, state, length, group, scale,
+                                   after=states[lo:lo + w] if verify and states is not None else None)
+    return (out, pool) if states is None else (out, pool, states)
