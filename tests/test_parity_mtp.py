@@ -3,9 +3,9 @@ DeltaNet layers and a gated attention layer, ``--mtp``) and its one-layer MTP he
 SpecDecodeSetup. The accepted tokens equal Hugging Face's greedy tokens, three sequences at a time; verify's logits
 at every node of chains made from Hugging Face's tokens (the accepted nodes and the wrong ones after a deviation)
 equal Hugging Face's for those prefixes, which holds only if each accept committed the recurrent states of the
-sequence's accepted node into its slot (``trtio.setups.snapshots``: the verify leaves the pools as they were and
-writes every token's states); the draft's prefill, catch-up and proposal logits equal the head's reference. A wrong
-input or a wrong commit fails the check.
+sequence's accepted node into its slot (``trtio.families.hybrid.snapshots``: the verify leaves the pools as they
+were and writes every token's states); the draft's prefill, catch-up and proposal logits equal the head's
+reference. A wrong input or a wrong commit fails the check.
 
 Issue 48 #3 (fixed in ``trtio/ops.py``: ``CopyJobs`` compares the rows a strided copy touches): before the fix the
 first accept of every scenario here raised ``InvalidValueError: CopyJobs: copy 0 writes memory that copy 2 reads or
@@ -24,7 +24,7 @@ import pytest
 
 from tests._parity import when
 from tests._parity_spec import SPEC_SCENARIOS, AcceptHook, Hook, SpecCase, planted_spec, run_spec
-from trtio.setups.snapshots import IntermediateStates
+from trtio.families.hybrid.snapshots import IntermediateStates
 
 CASE = "qwen3_5-mtp"
 
