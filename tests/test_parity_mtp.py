@@ -77,9 +77,11 @@ def _commit_rows(pick: Callable[[np.ndarray, int], np.ndarray] | None) -> Iterat
     before the verify)."""
     real = IntermediateStates.commit
 
-    def commit(self: IntermediateStates, slots: np.ndarray, rows: np.ndarray, stream: Any) -> None:
-        if pick is not None:
-            real(self, slots, pick(np.asarray(rows), VERIFY), stream)
+    def commit(self: IntermediateStates, slots: np.ndarray, rows: np.ndarray, lengths: np.ndarray, nodes: int,
+               stream: Any) -> None:
+        if pick is not None:  # the picked row as a path of one node
+            last = np.asarray(rows)[np.arange(len(slots)), lengths - 1]
+            real(self, slots, pick(last, VERIFY)[:, None], np.ones_like(lengths), nodes, stream)
 
     IntermediateStates.commit = commit  # type: ignore[method-assign]
     try:

@@ -65,16 +65,29 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 
 
 def check_pair_runs(base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol, or
-    a hybrid base whose verify mode is Mamba2's ``replay`` (trtio commits a hybrid base's states by "snapshot":
-    ``trtio.families.hybrid.snapshots``)."""
+    """Refuse a pair trtio cannot run, before anything is allocated: a family without a step protocol, or a hybrid
+    base whose accept trtio cannot commit (``trtio.families.hybrid.snapshots``): Mamba2's ``replay`` verify mode, a
+    Mamba2 base built as a DDTree base, a Gated DeltaNet DDTree base whose replay stash trtio cannot lay out."""
     check_runnable(family_of(base.extras, "base") or "eagle3", what)
     hybrid = base.feature(HybridConfig)
-    if hybrid is not None:
+    if hybrid is not None and hybrid.layers:
         if hybrid.recurrent_spec_verify_mode == "replay":
             raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
                                                             "is recomputed from a dA/u/B/dt stash) is not supported; "
                                                             "the pair is refused rather than committed wrong")
+        key = next((k for k in ("mtp_tree_base", "dflash_tree_base") if getattr(base, k)), None)
+        if key is not None and hybrid.recurrent_kind != "gated_deltanet":
+            raise ConfigError(key, f"{what}: a {hybrid.recurrent_kind} base built as a DDTree base (its recurrent "
+                                   "plugins verify trees statelessly and leave a replay stash, Mamba2's dA/u/B/dt) is "
+                                   "not supported: trtio replays Gated DeltaNet's stash only; the pair is refused "
+                                   "rather than committed wrong")
+        if key is not None and (hybrid.gdn_key_heads is None or hybrid.recurrent_state_dtype != "float32"):
+            field = "recurrent_state_dtype" if hybrid.gdn_key_heads is not None else "conv_dim"
+            raise ConfigError(field, f"{what}: a Gated DeltaNet base built as a DDTree base ({key}) is committed by "
+                                     "replaying its stash, which needs FP32 states and key heads from conv_dim = 2 x "
+                                     "key heads x recurrent_state_head_dim + recurrent_state_num_heads x "
+                                     f"recurrent_state_size (Edge-LLM's replayCommitAcceptedTreeStates); got "
+                                     f"{field} {getattr(hybrid, field)!r}")
     del draft  # its family is the base's (checked when the directory is read)
 
 

@@ -105,6 +105,19 @@ class HybridConfig(FamilyConfig):
         return (self.conv_dim, self.conv_kernel)
 
     @property
+    def gdn_key_heads(self) -> int | None:
+        """A Gated DeltaNet layer's key (and query) heads, from the conv's channels as Edge-LLM's runtime derives them
+        (``mambaCacheManager.cpp::replayCommitAcceptedTreeStates``: the conv runs over q, k and v together, ``conv_dim
+        = 2 x heads x head_dim + value heads x size``; value head ``j`` reads key head ``j // (value heads / heads)``);
+        None where ``conv_dim`` gives no such count (or the layers are not Gated DeltaNet)."""
+        hv, dk, dv = self.recurrent_state_shape
+        rest = self.conv_dim - hv * dv
+        if self.recurrent_kind != "gated_deltanet" or dk <= 0 or rest <= 0 or rest % (2 * dk):
+            return None
+        heads = rest // (2 * dk)
+        return heads if hv % heads == 0 else None
+
+    @property
     def recurrent_state_shape(self) -> tuple[int, int, int]:
         """One slot's recurrent state: ``[heads, head_dim, size]`` (GDN: value heads, key dim, value dim; Mamba2:
         heads, head dim, SSM state)."""
