@@ -1,6 +1,7 @@
 """Real-graph parity of a speech model (DESIGN §17): the exporter's ``audio/`` and ``llm/`` graphs of a tiny Qwen3-ASR,
 driven by trtio (:func:`trtio.audio.preprocess`, :meth:`AudioSetup.encode
-<trtio.components.audio.setup.AudioSetup.encode>`, :func:`trtio.audio.splice`, the LLM setup's prefill and decode),
+<trtio.components.audio.audio_setup.AudioSetup.encode>`, :func:`trtio.audio.splice`, the LLM setup's prefill and
+decode),
 held to Hugging Face's fp32 feature extractor, audio tower and full Qwen3-ASR forward on the same clips and tokens
 (``scripts/parity_cases/audio.py`` wrote the references).
 

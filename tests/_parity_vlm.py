@@ -1,6 +1,7 @@
 """Real-graph parity of vision-language models (DESIGN §17): the exporter's ``visual/`` and ``llm/`` graphs of a tiny
 Qwen2.5-VL / Qwen3-VL, driven by trtio (:func:`trtio.vision.preprocess`, :meth:`VisualSetup.encode
-<trtio.setups.visual.VisualSetup.encode>`, :func:`trtio.vision.splice`, the LLM setup's prefill and decode), held to
+<trtio.components.visual.visual_setup.VisualSetup.encode>`, :func:`trtio.vision.splice`, the LLM setup's prefill and
+decode), held to
 Hugging Face's fp32 vision tower and full VLM forward on the same images and tokens (``scripts/parity_cases/vlm.py``
 wrote the references).
 
@@ -25,8 +26,8 @@ import numpy as np
 
 import trtio
 from tests._parity import Case, Compare, ParityMismatch, Seq, decode_all, llm_setup
+from trtio.components.visual.visual_config import VisualConfig
 from trtio.vision import VisionPrompt, preprocess, splice
-from trtio.visual_config import VisualConfig
 
 Hook = Callable[[dict[str, np.ndarray]], None]
 

@@ -15,8 +15,8 @@ import pytest
 import trtio
 from trtio.audio import AudioPrompt, expand_audio_pads, preprocess, read_wav, splice
 from trtio.components.audio import AudioConfig, AudioFeatures
-from trtio.components.audio.config import conv_output_length
-from trtio.components.audio.setup import audio_registry
+from trtio.components.audio.audio_config import conv_output_length
+from trtio.components.audio.audio_setup import audio_registry
 from trtio.errors import CapacityError, ConfigError, InvalidTypeError, InvalidValueError, ShapeError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "parity" / "qwen3-asr"
@@ -145,7 +145,7 @@ def test_the_encoders_bookkeeping_by_hand(cfg: AudioConfig) -> None:
     """Edge-LLM's computeFeatExtractOutputLength: 13 rows a full chunk of 100, the tail (t - 1) // 2 + 1 thrice."""
     assert [conv_output_length(n) for n in (1, 2, 7, 8, 9, 50, 99, 100)] == [1, 1, 1, 1, 2, 7, 13, 13]
     mel = np.zeros((128, 250), np.float32)
-    from trtio.components.audio.features import features_of
+    from trtio.components.audio.audio_features import features_of
 
     f = features_of(mel, cfg)
     assert f.chunk_tokens.tolist() == [13, 13, 7] and f.windows.tolist() == [26, 7] and f.tokens == 33

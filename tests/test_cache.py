@@ -47,7 +47,8 @@ def test_setups_keep_no_unbounded_dict_of_step_values() -> None:
             for t in node.targets:  # a dict keyed by anything a step computes: ``self._x[key] = value``
                 if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr in dicts:
                     found.append((f"{path.name}:{node.lineno}", t.value.attr))
-    allowed = {"_rope_sources", "_targets", "_level_sources", "_tables", "tables"}  # one per engine, level or table
+    allowed = {"_rope_sources", "_targets", "_level_sources", "_tables", "tables",
+               "_attached"}  # one per engine, level, table or component
     unexpected = [where for where, attr in found if attr not in allowed]
     assert not unexpected, f"per-step dict writes outside a BoundedCache: {unexpected}"
     assert found, "the check sees the allowed ones (it reads the code it means to)"

@@ -1,10 +1,10 @@
 """Real-graph parity of a DFlash pair (DESIGN §17): NVIDIA's exported dense Qwen3 base (``--dflash-base``) and DFlash
-block draft (``--dflash-draft``), driven by trtio's SpecDecodeSetup (``trtio.setups.dflash``). The accepted tokens
-equal Hugging Face's greedy tokens; verify's logits at every node of chains made from Hugging Face's tokens (accepted
-nodes and the wrong ones after a deviation) equal Hugging Face's for those prefixes; every row of every block the
-draft runs (its prefill, over the prompt's delta, and each catch-up, over the accepted path's) equals the case's
-draft reference, which reads the target's hidden states of all committed positions: a delta row written at the wrong
-position, for the wrong sequence, or not at all moves them. A wrong input fails the check.
+block draft (``--dflash-draft``), driven by trtio's SpecDecodeSetup (``trtio.families.spec.dflash``). The accepted
+tokens equal Hugging Face's greedy tokens; verify's logits at every node of chains made from Hugging Face's tokens
+(accepted nodes and the wrong ones after a deviation) equal Hugging Face's for those prefixes; every row of every
+block the draft runs (its prefill, over the prompt's delta, and each catch-up, over the accepted path's) equals the
+case's draft reference, which reads the target's hidden states of all committed positions: a delta row written at the
+wrong position, for the wrong sequence, or not at all moves them. A wrong input fails the check.
 
 The block draft proposes nothing level by level: the pair's own rounds verify the block's guesses (rows 1 .. B - 1,
 each guessing the token at its own position) as a chain after the root."""

@@ -2,7 +2,8 @@
 cuda backend with CuPy engines on a GPU: ``-m gpu``).
 
 The ground truth is :func:`trtio.testing.reference_visual.reference_vit`: the toy ViT over the patches and the
-inputs :func:`trtio.vit.vit_step` computes from the grids (themselves held to transformers in tests/test_vit.py),
+inputs :func:`trtio.components.visual.vit.vit_step` computes from the grids (themselves held to transformers in
+tests/test_vit.py),
 so an encode equals it only where every input reached the engine at its place and shape.
 """
 
@@ -16,10 +17,10 @@ import pytest
 
 import trtio
 from trtio import BindingError, CapacityError, ClosedError, EngineDir, InvalidValueError, ShapeError
-from trtio.setups.visual import VisualSetup, create_for_visual
+from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.visual_setup import VisualSetup, create_for_visual
+from trtio.components.visual.vit import vit_step
 from trtio.testing.reference_visual import ReferenceVisualEngine, VitWeights, reference_vit
-from trtio.visual_config import VisualConfig
-from trtio.vit import vit_step
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 KINDS = {"qwen2_5_vl": "qwen25vl-visual", "qwen3_vl": "qwen3vl-visual"}

@@ -1,7 +1,7 @@
 """DFlash pairs (a base whose ``hidden_states`` is its target layers' streams side by side ``[T, 3H]``; a block draft
 reading the newly committed tokens' features through ``dflash_target_hidden_concat`` / ``dflash_delta_*``) run
-through the existing phases (``trtio.setups.dflash``): speculative tokens equal the base's greedy tokens, on a dense
-and on a hybrid (snapshot) base, over a changing batch (admissions, releases, a reused slot), graphs on and off.
+through the existing phases (``trtio.families.spec.dflash``): speculative tokens equal the base's greedy tokens, on a
+dense and on a hybrid (snapshot) base, over a changing batch (admissions, releases, a reused slot), graphs on and off.
 
 The toy pairs are ``toy-dflash-ragged`` (a three-layer base) and ``toy-qwen35-dflash-ragged`` (a Gated-DeltaNet
 layer and two attention layers); their drafts copy the base's attention layers and unroll their block

@@ -1,7 +1,7 @@
-"""Speculative families beyond EAGLE3 (``trtio.spec_families``): the MTP and DFlash pairs Edge-LLM 0.11 exported
-(``tests/fixtures/edgellm-0.11/qwen35-mtp`` and ``qwen3-dflash``: configs and graph I/O as its tools wrote them) are
-read, every binding of both graphs is declared with its dtype and shape, and the pairs trtio cannot run are refused
-before anything is allocated, naming the key."""
+"""Speculative families beyond EAGLE3 (``trtio.families.spec.spec_config``): the MTP and DFlash pairs Edge-LLM 0.11
+exported (``tests/fixtures/edgellm-0.11/qwen35-mtp`` and ``qwen3-dflash``: configs and graph I/O as its tools wrote
+them) are read, every binding of both graphs is declared with its dtype and shape, and the pairs trtio cannot run are
+refused before anything is allocated, naming the key."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from trtio import ConfigError, EngineDir, InvalidTypeError, ShapeError
+from trtio.components.visual.visual_config import VisualConfig
 from trtio.vision import (
     VisionPrompt,
     expand_image_pads,
@@ -26,7 +27,6 @@ from trtio.vision import (
     smart_resize,
     splice,
 )
-from trtio.visual_config import VisualConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 ENGINES = Path(__file__).resolve().parents[1] / "engines"

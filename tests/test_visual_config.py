@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from trtio import ConfigError, EngineDir
-from trtio.visual_config import VisualConfig
+from trtio.components.visual.visual_config import VisualConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 QWEN25, QWEN3 = FIXTURES / "qwen25vl-visual", FIXTURES / "qwen3vl-visual"

@@ -1,4 +1,5 @@
-"""The ViT bindings (trtio.vit) against what NVIDIA's Edge-LLM 0.11 package wrote, and every ViT input computed
+"""The ViT bindings (trtio.components.visual.vit) against what NVIDIA's Edge-LLM 0.11 package wrote, and every ViT
+input computed
 from the patch grids against Hugging Face transformers' own definitions.
 
 ``tests/fixtures/edgellm-0.11/qwen3vl-visual`` and ``qwen25vl-visual`` hold the configs the package's builder
@@ -17,10 +18,18 @@ import pytest
 from _onnx_io import parse_onnx_io
 
 from trtio import CapacityError, DType, EngineDir, ShapeError
+from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.vit import (
+    check_grid,
+    cu_seqlens,
+    fast_pos_embed,
+    rotary_pos_emb,
+    vit_registry,
+    vit_step,
+    window_index,
+)
 from trtio.contracts import build_registry
 from trtio.state import paged_state_specs
-from trtio.visual_config import VisualConfig
-from trtio.vit import check_grid, cu_seqlens, fast_pos_embed, rotary_pos_emb, vit_registry, vit_step, window_index
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 KINDS = {"qwen2_5_vl": "qwen25vl-visual", "qwen3_vl": "qwen3vl-visual"}

@@ -19,6 +19,11 @@ import logging as _logging
 from trtio import edgellm as edgellm
 from trtio import names as names
 from trtio import vision as vision
+
+# The family and component tables: they register every family and component with trtio.features, before any
+# config is read (no module builds one at import time).
+from trtio.components import component_table as _component_table  # noqa: F401
+from trtio.components.visual.visual_setup import VisualSetup, create_for_visual
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.contracts import contract_of as contract_of
 from trtio.cuda.backend import Location, get_backend
@@ -40,18 +45,14 @@ from trtio.errors import ExportError as ExportError
 from trtio.errors import InvalidTypeError as InvalidTypeError
 from trtio.errors import InvalidValueError as InvalidValueError
 from trtio.errors import UnknownNameError as UnknownNameError
-
-# The family table first: it registers every family (trtio.features), so any config read after it knows them all.
 from trtio.families import family_table as _family_table  # noqa: F401
 from trtio.families.lora.adapters import LoraAdapter
 from trtio.pipeline_io import PipelineIO
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
-    VisualSetup,
     create_for_llm,
     create_for_spec_decode,
-    create_for_visual,
     create_from_engine_dir,
 )
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup

@@ -12,9 +12,9 @@ and the encoder's rows spliced into the prompt (DESIGN §19). The implementation
 Everything here is host-side numpy.
 """
 
-from trtio.components.audio.config import AudioConfig
-from trtio.components.audio.features import AudioFeatures, preprocess
-from trtio.components.audio.splice import AudioPrompt, expand_audio_pads, splice
+from trtio.components.audio.audio_config import AudioConfig
+from trtio.components.audio.audio_features import AudioFeatures, preprocess
+from trtio.components.audio.audio_splice import AudioPrompt, expand_audio_pads, splice
 from trtio.components.audio.wav import read_wav
 
 __all__ = ["AudioConfig", "AudioFeatures", "AudioPrompt", "expand_audio_pads", "preprocess", "read_wav", "splice"]

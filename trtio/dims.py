@@ -45,7 +45,8 @@ class InferenceDims:
     query_offsets_len: int = 0  # batch + 1 (query_start_offsets)
     execution_phase_len: int = 0  # the phase, carried by execution_phase_marker's extent (1..5)
     context_seq_len: int = 0  # prefill sequences in the step (context_sequence_count_carrier), 0 in generation
-    # A vision encoder's step (trtio.vit): its patches, merged tokens, cu_seqlens entries (frames + 1),
+    # A vision encoder's step (trtio.components.visual.vit): its patches, merged tokens, cu_seqlens entries (frames +
+    # 1),
     # cu_window_seqlens entries (windows + 1) and the shape-only max_seqlen_carrier's extent.
     vit_patches: int = 0
     vit_tokens: int = 0

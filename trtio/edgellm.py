@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +36,11 @@ from trtio.cuda.backend import Backend
 from trtio.edgellm_config import map_edgellm_config
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, InvalidTypeError
-from trtio.features import family_configs
+from trtio.features import component_folders, component_named, components, family_configs
 from trtio.stream import StreamLike
-from trtio.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 
 __all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
-           "TP_CONFIG_PATTERN", "VISUAL_DIR", "VISUAL_ENGINE_FILE", "VISUAL_ROLE"]
+           "TP_CONFIG_PATTERN"]
 
 #: The config and engine file of each role in an engine directory.
 CONFIG_FILES = {"llm": "config.json", "base": "base_config.json", "draft": "draft_config.json"}
@@ -55,9 +54,6 @@ D2T_FILE = "d2t.safetensors"
 PLE_EMBEDDING_FILE = "ple_embedding.safetensors"
 _EMBEDDING_GROUP = 128  # columns per scale of an FP8 embedding table (Edge-LLM's writer)
 #: A vision-language model's encoder: its folder, its engine file and the role :meth:`EngineDir.engine_path` takes.
-VISUAL_DIR = "visual"
-VISUAL_ENGINE_FILE = "visual.engine"
-VISUAL_ROLE = "visual"
 #: A tensor-parallel directory's config: ``config_world{N}.json`` (N ranks).
 TP_CONFIG_PATTERN = re.compile(r"config_world(\d+)\.json")
 #: The keys Edge-LLM 0.11's writer shards across ranks (``_tp_rank_overrides``): the only keys a rank's
@@ -94,22 +90,29 @@ class EngineDir:
     and :meth:`engine_path` takes the rank. Other directories have ``tp_size`` 1 and one rank, rank 0.
     """
 
-    __slots__ = ("_path", "_kind", "_configs", "_raw", "_ranks", "_visual")
+    __slots__ = ("_path", "_kind", "_configs", "_raw", "_ranks", "_components")
 
     def __init__(self, path: Path, kind: str, configs: dict[str, LLMEngineConfig], raw: dict[str, Any],
-                 ranks: _Ranks | None = None, visual: VisualConfig | None = None) -> None:
+                 ranks: _Ranks | None = None, components: Mapping[str, Any] | None = None) -> None:
         self._path = path
         self._kind = kind
         self._configs = configs
         self._raw = raw
         self._ranks = ranks
-        self._visual = visual
+        self._components = dict(components or {})  # component name -> its config (trtio.features.Component)
 
     # -- opening ------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> EngineDir:
+    def open(cls, path: str | os.PathLike[str], *, components: Sequence[str] | None = None) -> EngineDir:
         """Read and check the directory at ``path``; :class:`ConfigError` naming the file and key if it
-        is not a usable Edge-LLM engine directory."""
+        is not a usable Edge-LLM engine directory.
+
+        The engines beside the LLM (its folders: ``visual/``, ...) are read through the component table
+        (:mod:`trtio.components.component_table`), each checked against the LLM's config. ``components``: the names
+        of the components to open (``"llm"`` for the LLM or the speculative pair itself, always opened; a
+        component's name, e.g. ``"visual"``); None opens every one the directory holds, and then a folder holding
+        an engine or a config that no component binds (Edge-LLM's ``audio/``, ``talker/``, ``code_predictor/``,
+        ``code2wav/``, ...) is refused, naming it, rather than ignored."""
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidTypeError(f"EngineDir.open: expected the path of an engine directory, got "
                                    f"{type(path).__name__} {path!r}")
@@ -122,9 +125,10 @@ class EngineDir:
                 hint = (f"; pass its folder (EngineDir.open({str(root.parent)!r})) or read the file alone with "
                         "LLMEngineConfig.from_edgellm(path)")
             raise ConfigError(str(root), f"is a file, not an engine directory{hint}")
+        wanted = _wanted_components(components)
         kind = _kind_of(root)
         if kind == "tensor_parallel":
-            return cls._open_tensor_parallel(root)
+            return cls._open_tensor_parallel(root, wanted)
         roles = ("llm",) if kind == "llm" else ("base", "draft")
         configs: dict[str, LLMEngineConfig] = {}
         raw: dict[str, Any] = {}
@@ -136,14 +140,15 @@ class EngineDir:
             raw[role] = data
         if kind == "spec_decode":
             configs["base"] = _check_pair(root, configs["base"], configs["draft"])
-        return cls(root, kind, configs, raw, visual=_visual(root, configs["llm" if kind == "llm" else "base"]))
+        return cls(root, kind, configs, raw,
+                   components=_components(root, configs["llm" if kind == "llm" else "base"], wanted))
 
     @classmethod
-    def _open_tensor_parallel(cls, root: Path) -> EngineDir:
+    def _open_tensor_parallel(cls, root: Path, wanted: set[str] | None) -> EngineDir:
         file = _tp_config_file(root)
         data = read_json(file)
         whole, ranks = _read_ranks(file, data)
-        return cls(root, "llm", {"llm": whole}, {"llm": data}, ranks, visual=_visual(root, whole))
+        return cls(root, "llm", {"llm": whole}, {"llm": data}, ranks, components=_components(root, whole, wanted))
 
     # -- what it holds ------------------------------------------------------------------------
     @property
@@ -193,11 +198,17 @@ class EngineDir:
         return self._kind
 
     @property
-    def visual_config(self) -> VisualConfig | None:
-        """The vision encoder's config (``visual/config.json`` and ``visual/preprocessor_config.json``: a
-        vision-language model's directory), None without ``visual/``. Read and checked at :meth:`open`
-        against the LLM's config (its hidden size, deepstack features and MRoPE sections)."""
-        return self._visual
+    def components(self) -> dict[str, Any]:
+        """The engines beside the LLM this directory holds, opened: component name -> its config (a copy)."""
+        return dict(self._components)
+
+    @property
+    def visual_config(self) -> Any:
+        """The vision encoder's config (a :class:`~trtio.components.visual.visual_config.VisualConfig`:
+        ``visual/config.json`` and ``visual/preprocessor_config.json``: a vision-language model's directory), None
+        without ``visual/``. Read and checked at :meth:`open` against the LLM's config (its hidden size, deepstack
+        features and MRoPE sections)."""
+        return self._components.get("visual")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -229,10 +240,12 @@ class EngineDir:
         ``visual/visual.engine`` for ``"visual"``) or of a rank (an int: a tensor-parallel directory's
         ``rank_configs[r].engine``; rank 0 of another plain LLM directory is its ``llm.engine``). It may not exist
         yet (a directory of configs opens for planning); see :attr:`has_engines`."""
-        if role == VISUAL_ROLE:
-            if self._visual is None:
-                raise ConfigError("role", f"{self._path} has no vision encoder ({VISUAL_DIR}/{VISUAL_CONFIG_FILE})")
-            return self._path / VISUAL_DIR / VISUAL_ENGINE_FILE
+        component = component_named(role) if isinstance(role, str) else None
+        if component is not None:  # an engine beside the LLM (visual/visual.engine)
+            if role not in self._components:
+                raise ConfigError("role", f"{self._path} has no {component.WHAT} ({component.FOLDER}/"
+                                          f"{component.CONFIG_FILE})")
+            return self._path / component.FOLDER / component.ENGINE_FILE
         if not isinstance(role, str) and is_int(role):
             r = self._rank(role)
             if self._ranks is not None:
@@ -249,10 +262,10 @@ class EngineDir:
     @property
     def engine_paths(self) -> tuple[Path, ...]:
         """Every engine file of the directory: one per role, or one per rank."""
-        visual = (self.engine_path(VISUAL_ROLE),) if self._visual is not None else ()
+        beside = tuple(self.engine_path(name) for name in self._components)
         if self._ranks is not None:
-            return tuple(self._path / name for name in self._ranks.engines) + visual
-        return tuple(self._path / ENGINE_FILES[role] for role in self.roles) + visual
+            return tuple(self._path / name for name in self._ranks.engines) + beside
+        return tuple(self._path / ENGINE_FILES[role] for role in self.roles) + beside
 
     @property
     def has_engines(self) -> bool:
@@ -420,8 +433,9 @@ class EngineDir:
     def __repr__(self) -> str:
         engines = "engines present" if self.has_engines else "configs only"
         tp = f", tp_size={self.tp_size}" if self._ranks is not None else ""
-        visual = f", visual={self._visual.model_type!r}" if self._visual is not None else ""
-        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}{tp}{visual}, {engines})"
+        beside = "".join(f", {name}={getattr(cfg, 'model_type', type(cfg).__name__)!r}"
+                         for name, cfg in self._components.items())
+        return f"EngineDir({str(self._path)!r}, kind={self._kind!r}{tp}{beside}, {engines})"
 
     # -- helpers ------------------------------------------------------------------------------
     def _rank(self, rank: Any) -> int:
@@ -509,33 +523,46 @@ def _kind_of(root: Path) -> str:
                                  "per rank) for a tensor-parallel LLM")
 
 
-def _visual(root: Path, llm: LLMEngineConfig) -> VisualConfig | None:
-    """``root/visual``'s config, checked against the LLM's (ConfigError naming the file and the key), or None."""
-    folder = root / VISUAL_DIR
-    if not (folder / VISUAL_CONFIG_FILE).is_file():
+def _wanted_components(names: Sequence[str] | None) -> set[str] | None:
+    """The components ``EngineDir.open(components=...)`` asks for (None: every one the directory holds), checked:
+    ``"llm"`` or a registered component's name."""
+    if names is None:
         return None
-    cfg = VisualConfig.from_dir(folder)
-    file = folder / VISUAL_CONFIG_FILE
-    if cfg.out_hidden_size != llm.hidden_size:
-        raise ConfigError(f"{file}: vision_config.out_hidden_size", f"is {cfg.out_hidden_size}, but the LLM's "
-                                                                    f"hidden_size is {llm.hidden_size}: the image "
-                                                                    "tokens take the place of text embeddings")
-    if cfg.num_deepstack != llm.num_deepstack_features:
-        raise ConfigError(f"{file}: vision_config.deepstack_visual_indexes",
-                          f"gives {cfg.num_deepstack} deepstack feature(s), but the LLM takes "
-                          f"num_deepstack_features = {llm.num_deepstack_features}")
-    section = llm.rope_scaling.mrope_section if llm.rope_scaling is not None else None
-    if not llm.rope_per_slot or section is None:
-        raise ConfigError(f"{file}", "belongs to a vision-language model, but the LLM's RoPE is not MRoPE (its "
-                                     "rope_scaling has no mrope_section)")
-    for key in ("image_token_id", "vision_start_token_id", "vision_end_token_id", "video_token_id"):
-        theirs = llm.extras.get(key)
-        if theirs is not None and getattr(cfg, key) is not None and theirs != getattr(cfg, key):
-            raise ConfigError(f"{file}: {key}", f"is {getattr(cfg, key)}, the LLM's config says {theirs}")
-    if cfg.mrope_section is not None and cfg.mrope_section != section:
-        raise ConfigError(f"{file}: rope_scaling.mrope_section", f"is {list(cfg.mrope_section)}, the LLM's is "
-                                                                 f"{list(section)}")
-    return cfg
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise InvalidTypeError(f"components: expected a sequence of component names, got {names!r}")
+    known = ("llm", *(c.NAME for c in components()))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError("components", f"{unknown[0]!r} is not a component trtio binds (it binds {list(known)})")
+    return set(names)
+
+
+def _components(root: Path, llm: LLMEngineConfig, wanted: set[str] | None) -> dict[str, Any]:
+    """The configs of the components beside the LLM at ``root`` (``wanted``: those asked for; None: every one),
+    each read by its component and checked against ``llm``. Opening every one (``wanted`` None), a folder holding an
+    engine or a config that no component binds is refused, naming it: it is an engine trtio would leave out."""
+    found: dict[str, Any] = {}
+    bound = component_folders()
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        component = bound.get(folder.name)
+        if component is None:
+            if wanted is None and _holds_an_engine(folder):
+                raise ConfigError(f"{folder}", f"holds an engine beside the LLM ({folder.name}/) that trtio does not "
+                                               f"bind (its component table binds {sorted(bound)}); it is refused "
+                                               f"rather than left out: open the LLM alone with "
+                                               f"components=('llm',)")
+            continue
+        if wanted is not None and component.NAME not in wanted:
+            continue
+        cfg = component.read(folder, llm)
+        if cfg is not None:
+            found[component.NAME] = cfg
+    return found
+
+
+def _holds_an_engine(folder: Path) -> bool:
+    """Whether ``folder`` holds what makes an engine of an Edge-LLM directory: a config or an engine file."""
+    return (folder / "config.json").is_file() or any(folder.glob("*.engine"))
 
 
 def _check_role(file: Path, data: Any, role: str) -> None:

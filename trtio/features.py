@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from trtio.errors import InvalidValueError, ShapeError
-from trtio.stream import Stream
+from trtio.stream import Stream, StreamLike
 
-__all__ = ["FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "family_configs", "keyword_owner",
-           "register_family", "register_feature"]
+__all__ = ["Component", "FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "component_folders",
+           "component_named", "components", "family_configs", "keyword_owner", "register_component", "register_family",
+           "register_feature"]
 
 #: An Edge-LLM key a family cannot bind where it is found: (dotted key, what it marks, detail).
 Found = tuple[str, str, str]
@@ -78,9 +79,25 @@ class FamilyConfig(abc.ABC):
         geometry of its own; None: the model's."""
         return None
 
-    def registry(self, reg: Any, cfg: Any) -> None:
-        """Add to (or replace in) ``reg`` (a TensorRegistry: the PipelineIO-owned bindings of an engine of ``cfg``
-        on ``reg.contract``) the bindings this family declares."""
+    def registry(self, reg: Any, cfg: Any) -> Any:
+        """The bindings of an engine of ``cfg`` with this family's: ``reg`` (a TensorRegistry: the PipelineIO-owned
+        bindings on ``reg.contract``) with its own added or replaced, or a registry in its place."""
+        return reg
+
+    def members(self, cfg: Any, rows: int) -> list[Any]:
+        """The PipelineIO members (TensorRequests) this family adds for an engine of ``cfg``, ``rows`` token rows at
+        most (the ragged contract's layout)."""
+        return []
+
+    def step_requests(self, cfg: Any, place: str, batch: int, rows: int) -> list[Any]:
+        """The step-block inputs (TensorRequests) this family adds for an engine of ``cfg`` (``batch`` sequences,
+        ``rows`` token rows), at ``place`` in the block: ``"lengths"`` (written every step with the lengths) or
+        ``"pages"`` (with the page tables)."""
+        return []
+
+    def check_runs(self, base: Any, draft: Any, what: str) -> None:
+        """Refuse a speculative pair (``base``, ``draft``: LLMEngineConfigs, this config one of theirs) trtio cannot
+        run, before anything is allocated (a ConfigError naming ``what`` and the key)."""
         return None
 
     def bind_pipeline(self, io: Any, tm: Any, cfg: Any) -> None:
@@ -378,3 +395,63 @@ class FeatureSet:
 
     def reports(self) -> list[Any]:
         return [r for p in self.parts for r in p.reports()]
+
+
+# -- components -------------------------------------------------------------------------------------------------------
+
+class Component(abc.ABC):
+    """An engine beside the LLM in an Edge-LLM engine directory (``trtio/components/<name>/``): the folder it lives
+    in, how :class:`~trtio.edgellm.EngineDir` reads its config (checked against the LLM's), and how
+    :func:`~trtio.setups.create_from_engine_dir` binds it and attaches it to the LLM's setup. The component table
+    (``trtio/components/component_table.py``) registers each (:func:`register_component`)."""
+
+    #: Its name: the role :meth:`EngineDir.engine_path <trtio.edgellm.EngineDir.engine_path>` takes, the name
+    #: ``create_from_engine_dir(components=...)`` takes, and the setup attribute it is attached as.
+    NAME: ClassVar[str]
+    #: Its folder in an engine directory, its config and engine files there, and what it is (in messages).
+    FOLDER: ClassVar[str]
+    CONFIG_FILE: ClassVar[str] = "config.json"
+    ENGINE_FILE: ClassVar[str]
+    WHAT: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def read(cls, folder: Any, llm: Any) -> Any:
+        """Its config from ``folder`` (a Path), checked against ``llm`` (the LLM's LLMEngineConfig); None where the
+        folder holds no config of it. ConfigError naming the file and the key where it does not fit."""
+
+    @classmethod
+    def check_attach(cls, llm: Any, part: Any) -> None:
+        """Refuse ``part`` (this component's setup) attached to an LLM setup of config ``llm`` where it does not fit
+        (ConfigError naming the key)."""
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def attach(cls, setup: Any, engine: Any, config: Any, stream: StreamLike = None, *, graphs: bool = False) -> None:
+        """Bind ``engine`` (loaded from its engine file) with ``config`` and attach it to ``setup`` (the LLM's: it is
+        closed with it), on the LLM setup's backend; ``stream`` orders its construction."""
+
+
+_COMPONENTS: dict[str, type[Component]] = {}
+
+
+def register_component(component: type[Component]) -> type[Component]:
+    """Register a component (the component table does)."""
+    _COMPONENTS[component.NAME] = component
+    return component
+
+
+def components() -> tuple[type[Component], ...]:
+    """Every registered component, in the component table's order."""
+    return tuple(_COMPONENTS.values())
+
+
+def component_named(name: str) -> type[Component] | None:
+    """The component called ``name`` (None: no registered component)."""
+    return _COMPONENTS.get(name)
+
+
+def component_folders() -> dict[str, type[Component]]:
+    """Folder name -> the component that binds it."""
+    return {c.FOLDER: c for c in _COMPONENTS.values()}

@@ -220,8 +220,9 @@ class BatchSteps(StepInputs):
         return past is None and e.empty_start_ok
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
-        work = super().decode(e, lengths, s, slots, key, pages)
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
+               staged: bool = False) -> tuple[DeviceWork, ...]:
+        work = super().decode(e, lengths, s, slots, key, pages, staged=staged)
         b = lengths.shape[0]
         if self._select_zero_batch != b:
             self.io.upload_select_token_indices(np.zeros((b, 1), np.int64), s)

@@ -202,12 +202,6 @@ class StepInputs(abc.ABC):
         # Per (role, id of a tree layout): the layout and what a tree step of it writes and runs.
         self._tree_plans: BoundedCache[tuple[str, int], Any] = BoundedCache()
         self._slot_ids: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int32))
-        # Decode: the engine's host lengths (all slots, as bytes) that the device's copy of the step's lengths
-        # equals, while the step block saw no other upload (``decode_mark``) and the step's slots are the same.
-        self.device_lengths: bytes | None = None
-        self._decode_slots: tuple[int, ...] | None = None
-        self._decode_batch = -1
-        self.decode_mark = -1
 
     # -- what every contract shares ----------------------------------------------------------------
     def row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
@@ -247,42 +241,27 @@ class StepInputs(abc.ABC):
             self.step.write(PAGE_TABLE_NAMES[e.role == "draft"], pages)
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
+               staged: bool = False) -> tuple[DeviceWork, ...]:
         """A decode step's device work: its inputs made on the device from the device's copy of the lengths
         (:class:`~trtio.ops.DecodeAdvance`).
 
-        The copy and the step's constant inputs are uploaded only when the step block may not hold them:
-        after another step used the block, when the host's lengths are not the ones the last decode left
-        (a prefill, a reset), or when the step's sequences changed. A steady decode uploads nothing and
-        replays its graph as it is. Once the step ran and the host's lengths moved on, the setup says so
-        (:meth:`decoded`)."""
+        The copy and the step's constant inputs are uploaded unless ``staged``: the step block holds them already
+        (the setup's last decode plan says so: :meth:`DecodePlan.block_holds
+        <trtio.setups.decode_plan.DecodePlan.block_holds>`) and nothing written waits for an upload. A steady decode
+        runs its plan instead, uploading nothing and replaying its graph as it is."""
         step = self.step
         b = lengths.shape[0]
         self.write_pages(e, pages)
-        if step.uploads != self.decode_mark or b != self._decode_batch or key != self._decode_slots \
-                or step.pending or e.state.lengths.tobytes() != self.device_lengths:
+        if not staged or step.pending:
             step.write("decode_lengths", lengths)
             self._write_decode(lengths, slots)
-            self.device_lengths = None  # until the step ran (decoded())
             step.upload(s)
             self._decode_uploaded()
-            self.decode_mark = step.uploads
-            self._decode_batch = b
-            self._decode_slots = key
         work = self._decode_works.get((e.role, b))
         if work is None:
             work = self._decode_works.put((e.role, b), self._decode_work(e, b, s))
         return work
-
-    def decoded(self, lengths: np.ndarray | None) -> None:
-        """A decode step ran and the host's lengths of its sequences grew by one, as the device's copy did:
-        ``lengths`` is the engine's host lengths array now (None: the step failed, the copy is unknown)."""
-        self.device_lengths = None if lengths is None else lengths.tobytes()
-
-    def forget_decode(self) -> None:
-        """The host's lengths changed under the device's copy (a reset, a release): resync next decode."""
-        self.decode_mark = -1
-        self.device_lengths = None
 
     # -- what each contract does its own way -----------------------------------------------------------
     @abc.abstractmethod

@@ -20,11 +20,8 @@ import numpy as np
 
 from trtio import names
 from trtio.config import LLMEngineConfig
-from trtio.contracts.dflash import dflash_draft_registry
 from trtio.dtypes import DType
-from trtio.families.spec.spec_config import SpecConfig
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.spec_families import family_of
 from trtio.staging import constant
 
 __all__ = [
@@ -38,7 +35,6 @@ __all__ = [
     "TreeLayout",
     "causal_step",
     "decode_step",
-    "output_hidden_width",
     "pack_rows",
     "packed_tree_step",
     "ramp",
@@ -57,14 +53,6 @@ MAX_PHASE_EXTENT = 8  # the profiles' max: phases 6-8 (diffusion, rejected) are 
 T = ("batch", "seq_len")  # physical token rows
 S = "batch"  # sequences
 R = ("batch", "select_len")  # logits rows
-
-
-def output_hidden_width(cfg: LLMEngineConfig) -> int:
-    """Width of a base engine's ``hidden_states`` output: EAGLE3 concatenates the hidden states of
-    ``eagle_hidden_state_layers`` (3 of them: 3 * hidden_size); otherwise hidden_size."""
-    spec = cfg.feature(SpecConfig)
-    layers = len(spec.eagle_hidden_state_layers) if spec is not None else 0
-    return cfg.hidden_size * max(layers, 1)
 
 
 def _half(x: int) -> int:
@@ -134,13 +122,11 @@ def registry_for(cfg: LLMEngineConfig) -> TensorRegistry:
         (((0,), (0,), (1,)),) * 2, optional=True)
     add(names.kLogits, "output", f32, (R, cfg.output_vocab_size))
     if role == "base":
-        add(names.kOutputHiddenStates, "output", act, (T, output_hidden_width(cfg)))
+        add(names.kOutputHiddenStates, "output", act, (T, cfg.hidden_size))  # a family may widen it (EAGLE3)
     elif role == "draft":
         add(names.kOutputHiddenStates, "output", act, (R, cfg.hidden_size))
-    for family in cfg.features:  # the bindings each family declares
-        family.registry(reg, cfg)
-    if role == "draft" and family_of(cfg.extras, role) == "dflash":
-        return dflash_draft_registry(cfg, reg)  # block drafts read other inputs (trtio.contracts.dflash)
+    for family in cfg.features:  # the bindings each family declares (a DFlash draft's: another registry)
+        reg = family.registry(reg, cfg)
     return reg
 
 

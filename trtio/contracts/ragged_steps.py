@@ -30,7 +30,6 @@ from trtio.contracts.contract import (
     mrope_request,
     rope_row_bytes,
 )
-from trtio.contracts.dflash import DFLASH_DELTA_INPUTS
 from trtio.contracts.ragged import (
     PHASE_DECODE,
     PHASE_PREFILL,
@@ -43,10 +42,10 @@ from trtio.contracts.ragged import (
     registry_for,
 )
 from trtio.dtypes import DType
+from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
 from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry
-from trtio.spec_families import family_of
 from trtio.staging import StagedGroup
 from trtio.stream import Stream
 from trtio.tensor_map import TensorMap
@@ -55,15 +54,11 @@ if TYPE_CHECKING:
     from trtio.engine import DeviceWork
     from trtio.tensor import Tensor
 
-__all__ = ["DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE",
-           "SWA_TABLE", "RaggedContract", "RaggedSteps", "is_dflash"]
+__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "SWA_TABLE", "RaggedContract", "RaggedSteps"]
 
 GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # Gemma 4: a step's full-layer RoPE rows [T, full width]
 GEMMA4_FULL_TABLE = "rope_table_full"  # Gemma 4: the full layers' table [C, full width], filled at setup
 SWA_TABLE = "swa_kv_page_table"  # Gemma 4: the step block's bounded SWA rows (bound in the bounded mode)
-# A DFlash draft's delta rows: positions and sequences (step block), RoPE rows [T, R] (trtio.setups.dflash).
-DFLASH_POSITIONS, DFLASH_SEQUENCES, DFLASH_ROPE = ("dflash_delta_positions", "dflash_delta_token_to_sequence",
-                                                   "dflash_delta_rope_cos_sin")
 
 
 def _gemma4_requests(cfg: LLMEngineConfig, t: int) -> list[TensorRequest]:
@@ -109,8 +104,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
     step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
     step.append(TensorRequest.of("past_lengths", (b,), i32))
-    if is_dflash(bundle):  # a DFlash draft's delta rows (trtio.setups.dflash), written every round with the lengths
-        step += [TensorRequest.of(DFLASH_POSITIONS, (t,), i32), TensorRequest.of(DFLASH_SEQUENCES, (t,), i32)]
+    for cfg, family in _families(base, bundle):  # what a family writes every step with the lengths (a DFlash delta)
+        step += family.step_requests(cfg, "lengths", b, t)
     step.append(TensorRequest.of("state_indices", (b,), i32))
     if draft is not None:
         step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
@@ -176,10 +171,11 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     return step
 
 
-def is_dflash(bundle: DeploymentConfig | None) -> bool:
-    """Whether ``bundle`` pairs a DFlash block draft (``trtio.contracts.dflash``)."""
-    draft = bundle.draft if bundle is not None else None
-    return draft is not None and family_of(draft.extras, "draft") == "dflash"
+def _families(base: LLMEngineConfig, bundle: DeploymentConfig | None) -> list[tuple[LLMEngineConfig, FamilyConfig]]:
+    """Every family of the engines a PipelineIO serves (the LLM or the base first, then the draft), with the config
+    it belongs to."""
+    configs = [base] if bundle is None or bundle.draft is None else [base, bundle.draft]
+    return [(cfg, family) for cfg in configs for family in cfg.features]
 
 
 class RaggedContract(Contract):
@@ -227,9 +223,7 @@ class RaggedContract(Contract):
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
         own = _gemma4_requests(base, t)  # the members of this layout's families
-        if is_dflash(bundle):  # the delta rows' RoPE rows, gathered at their positions (trtio.setups.dflash)
-            assert draft is not None
-            own.append(TensorRequest.of(DFLASH_ROPE, (t, draft.rotary_dim), DType.FLOAT32))
+        own += [r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)]
         reqs += own
         reqs += [
             absent("output_hidden_states", act),
@@ -289,14 +283,6 @@ class RaggedContract(Contract):
             tm.set(names.kTreeParentIds, member("spec_tree_parent_ids"))
             tm.set(names.kTreeDepths, member("spec_tree_depths"))
             tm.set(names.kValidTreeCounts, member("query_lengths"))
-        if cfg.role == "draft" and family_of(cfg.extras, "draft") == "dflash":
-            # the newly committed tokens: their base features (in place in the base's rows), RoPE rows, positions
-            # and sequences (trtio.setups.dflash)
-            assert io.step is not None
-            tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
-            tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
-            tm.set(DFLASH_DELTA_INPUTS[1], io.step.tensors[DFLASH_POSITIONS])
-            tm.set(DFLASH_DELTA_INPUTS[2], io.step.tensors[DFLASH_SEQUENCES])
 
     def binds_rope_table(self, cfg: LLMEngineConfig) -> bool:
         return False  # each step gathers its tokens' rows from the table
@@ -393,9 +379,10 @@ class RaggedSteps(StepInputs):
         return self._stage_layout(e, layout, s)
 
     def decode(self, e: EngineView, lengths: np.ndarray, s: Stream, slots: np.ndarray | None = None,
-               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+               key: tuple[int, ...] | None = None, pages: np.ndarray | None = None, *,
+               staged: bool = False) -> tuple[DeviceWork, ...]:
         self._write_swa(e, slots, lengths, np.ones_like(lengths), new=False)
-        return super().decode(e, lengths, s, slots, key, pages)
+        return super().decode(e, lengths, s, slots, key, pages, staged=staged)
 
     def _write_swa(self, e: EngineView, slots: np.ndarray | None, past: np.ndarray, lengths: np.ndarray, *,
                    new: bool) -> None:

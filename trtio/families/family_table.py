@@ -14,6 +14,7 @@ from trtio.families.lora.lora_config import LoraConfig
 from trtio.families.lora.lora_feature import LoraFeature
 from trtio.families.mrope.mrope_config import MropeConfig
 from trtio.families.mrope.mrope_feature import MropeFeature
+from trtio.families.spec.dflash import DFlashFeature
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.features import FamilyConfig, Feature, register_family, register_feature
 
@@ -24,7 +25,7 @@ FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
     (HybridConfig, HybridFeature),
     (MropeConfig, MropeFeature),
     (LoraConfig, LoraFeature),
-    (SpecConfig, None),
+    (SpecConfig, DFlashFeature),
 )
 for _config, _feature in FAMILIES:
     register_family(_config)

@@ -2,8 +2,9 @@
 
 ``create_for_llm`` gives an :class:`LLMSetup` (prefill, decode, reset); ``create_for_spec_decode``
 a :class:`SpecDecodeSetup` (base and draft prefill, draft proposal, verify, accept, draft catch-up);
-``create_from_engine_dir`` either one for an Edge-LLM engine directory (a vision-language model's with its
-encoder attached); ``create_for_visual`` a :class:`VisualSetup` (a vision encoder and its ``encode`` step).
+``create_from_engine_dir`` either one for an Edge-LLM engine directory (with the engines beside the LLM that the
+component table binds attached: a vision-language model's encoder). The engines beside the LLM have their setups in
+their components (``trtio.create_for_visual``: :mod:`trtio.components.visual`).
 """
 
 from trtio.setups.base import SetupBase
@@ -11,7 +12,6 @@ from trtio.setups.binding import BoundEngine, check_engine
 from trtio.setups.engine_dir import create_from_engine_dir
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
-from trtio.setups.visual import VisualOutput, VisualSetup, create_for_visual
 
-__all__ = ["BoundEngine", "LLMSetup", "SetupBase", "SpecDecodeSetup", "VisualOutput", "VisualSetup", "check_engine",
-           "create_for_llm", "create_for_spec_decode", "create_for_visual", "create_from_engine_dir"]
+__all__ = ["BoundEngine", "LLMSetup", "SetupBase", "SpecDecodeSetup", "check_engine", "create_for_llm",
+           "create_for_spec_decode", "create_from_engine_dir"]

@@ -218,16 +218,21 @@ class SetupBase(Closeable, abc.ABC):
             raise
 
     def _break(self, why: str) -> None:
+        self._epoch += 1  # a decode plan rests on a usable setup
         self._broken = why
         log.warning("%r is broken: %s", self, why)
 
     def _repair(self) -> None:
         """After :meth:`reset` ended every sequence: nothing the setup remembers of the device's state is
         trusted any more (the step block's constants, the device's copy of the lengths)."""
+        self._repaired()
         if self._broken is not None:
             self._steps.step.forget()
-            self._steps.forget_decode()
             self._broken = None
+
+    def _repaired(self) -> None:
+        """Every sequence ended (:meth:`reset`): what a setup remembers of the device beyond the step block (a
+        decode plan's record of it) is let go."""
 
     def _make_steps(self) -> None:
         """The contract's step-input writer for this setup (after ``io`` and ``_rope`` exist)."""
@@ -508,6 +513,7 @@ class SetupBase(Closeable, abc.ABC):
 
     def _close_owned(self) -> None:
         """Free every buffer, context and graph of the setup (in the reverse order of construction)."""
+        self._epoch += 1  # a decode plan rests on an open setup
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()

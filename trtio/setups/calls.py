@@ -1,7 +1,8 @@
 """A setup's calls: one thread at a time, in call order whatever their streams, their inputs kept alive.
 
 Every setup (:class:`~trtio.setups.llm.LLMSetup`, :class:`~trtio.setups.spec_decode.SpecDecodeSetup`,
-:class:`~trtio.setups.tensor_parallel.TensorParallelLLMSetup`, :class:`~trtio.setups.visual.VisualSetup`) holds a
+:class:`~trtio.setups.tensor_parallel.TensorParallelLLMSetup`,
+:class:`~trtio.components.visual.visual_setup.VisualSetup`) holds a
 :class:`Calls` and wraps its public calls that change it in :func:`one_thread`. Together they are trtio's rules
 for a setup's calls (``docs/architecture.md``, "Rules every module follows"):
 

@@ -100,7 +100,7 @@ class CatchUp:
 
     def features(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray
                  ) -> tuple[DeviceWork, DeviceWork]:
-        """The moves alone (a DFlash draft's delta, :mod:`trtio.setups.dflash`): the accepted nodes' base rows
+        """The moves alone (a DFlash draft's delta, :mod:`trtio.families.spec.dflash`): the accepted nodes' base rows
         ``rows`` put in order in place, at row ``i * width + j`` (:meth:`in_order`), their rows written into the
         step block for its next upload; returns the gather and the scatter."""
         found = self._layout(e, accepted, width)

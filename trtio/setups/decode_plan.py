@@ -7,15 +7,19 @@ still holds runs it as it is, fed only its embeddings (Gemma 4: and the device P
 work runs, :meth:`DecodePlan.takes_ple`); :class:`~trtio.setups.llm.LLMSetup` has one run path
 for both (``LLMSetup._run_plan``).
 
-A plan holds while nothing changed since it was made: the setup's version (``SetupBase._epoch``: every other
-call of the setup moves it on: an admission, a release, a prefill, a reset, a snapshot), the engine's host
-lengths (only a run of the plan advances them), the step block's uploads (only the plan's own step may have
-written the block) and no streaming snapshot waiting to be ordered.
+One question tells whether a plan holds: has the setup's version moved since it was made (:meth:`DecodePlan.holds`)?
+The version (``SetupBase._epoch``) moves on with every call of the setup but a steady decode: an admission, a
+release, a prefill, a reset, a snapshot, a streaming snapshot, a step that broke the setup, close; nothing else
+writes what a plan rests on (the engine's host lengths, which only a run of the plan advances; the step block, which
+only checked calls upload). A plan also knows what the step block holds after it ran (:meth:`DecodePlan.block_holds`),
+so the checked decode after it (its room spent: a page to take) stages nothing its runs left current: one record of
+what the device holds, the plan's.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,24 +29,10 @@ from trtio.foreign import TorchDeviceInput
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
+__all__ = ["DecodePlan", "TorchReader"]
 
-class Planned(Protocol):
-    """What a plan reads of its setup (an :class:`~trtio.setups.llm.LLMSetup`) to tell whether it holds."""
-
-    _epoch: int
-    _broken: str | None
-    _closed: bool
-    _streaming_pending: bool
-
-    @property
-    def _host_lengths(self) -> np.ndarray: ...
-
-    @property
-    def _uploads(self) -> int: ...
-
-    def _torch_reader(self, shape: tuple[int, int, int]) -> TorchDeviceInput | None: ...
-
-__all__ = ["DecodePlan", "Planned"]
+#: Where a plan gets the reader of torch CUDA tensors of its embeddings' shape (None: torch is not in use).
+TorchReader = Callable[[tuple[int, int, int]], "TorchDeviceInput | None"]
 
 
 class DecodePlan:
@@ -53,11 +43,11 @@ class DecodePlan:
     """
 
     __slots__ = ("version", "shape", "dtype", "dst", "embeds_nbytes", "near", "far", "array", "bytes_view", "nbytes",
-                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "torch", "ple")
+                 "lengths", "value", "ones", "room", "work", "dims", "uploads", "key", "torch", "ple")
 
     def __init__(self, version: int, shape: tuple[int, int, int], dst: Tensor, array: np.ndarray,
                  slots: list[int], room: int, work: tuple[DeviceWork, ...], dims: InferenceDims,
-                 uploads: int, ple: Tensor | None = None) -> None:
+                 uploads: int, ple: Tensor | None = None, key: tuple[int, ...] | None = None) -> None:
         assert array.dtype == np.int64 and array.flags.c_contiguous and array.ndim == 1
         self.version = version
         self.shape = shape  # the embeddings a step takes
@@ -76,17 +66,24 @@ class DecodePlan:
         self.work = work  # the device work before the engine
         self.dims = dims
         self.uploads = uploads  # the step block's uploads after the plan's step staged it
+        self.key = key  # the step's slots as the setup keys them (None: slots 0 .. batch - 1, unslotted)
         self.torch: TorchDeviceInput | None = None  # the reader of torch tensors of its embeddings, once fed one
         # Gemma 4: the device per-layer embeddings whose split into the layers' inputs is part of ``work`` (address,
         # shape, dtype); None where the plan's work gathers none
         self.ple = (ple._ptr, ple._shape, ple._dtype) if ple is not None else None
 
-    def holds(self, setup: Planned) -> bool:
-        """Whether the next decode of every active sequence of ``setup`` is this plan's (see module docstring)."""
-        lengths = self.array
-        return self.version == setup._epoch and self.room > 0 and setup._host_lengths is lengths \
-            and lengths.tobytes() == self.lengths and setup._broken is None and not setup._closed \
-            and setup._uploads == self.uploads and not setup._streaming_pending
+    def holds(self, version: int) -> bool:
+        """Whether the next decode of every active sequence is this plan's: the setup's version is still ``version``
+        and the plan has room left (see the module docstring)."""
+        return self.version == version and self.room > 0
+
+    def block_holds(self, uploads: int, batch: int, key: tuple[int, ...] | None) -> bool:
+        """Whether the step block holds this plan's decode inputs for a decode of ``batch`` sequences of slots ``key``
+        (the block uploaded ``uploads`` times so far), the device's copy of the lengths equal to the host's: nothing
+        uploaded since the plan's step (no other step used the block), the same sequences, and the host's lengths
+        those its last run left (its runs advance both alike)."""
+        return uploads == self.uploads and batch == self.shape[0] and key == self.key \
+            and self.array.tobytes() == self.lengths
 
     def takes_ple(self, x: Any) -> bool:
         """Whether ``x`` (a decode's ``ple_embeds``) is the device tensor whose split the plan's work runs: a
@@ -95,7 +92,7 @@ class DecodePlan:
         return ple is not None and type(x) is Tensor and x._ptr == ple[0] and x._shape == ple[1] \
             and x._dtype is ple[2] and not x._closed
 
-    def read(self, x: Any, s: Stream, setup: Planned) -> Any:
+    def read(self, x: Any, s: Stream, torch_reader: TorchReader) -> Any:
         """``x`` as this plan's embeddings, with its producer ordered before ``s``: the Tensor itself (of the
         plan's shape and dtype), the device address of a torch CUDA tensor (read through its public attributes,
         :class:`~trtio.foreign.TorchDeviceInput`) or a C-contiguous numpy array; None for anything else (the
@@ -114,7 +111,7 @@ class DecodePlan:
             return x
         reader = self.torch
         if reader is None:
-            reader = self.torch = setup._torch_reader(self.shape)
+            reader = self.torch = torch_reader(self.shape)
         if reader is None or kind is not reader.tensor_type:
             return None
         return reader.read(x, s._handle)  # None: not one the plan takes as it is

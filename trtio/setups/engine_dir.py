@@ -8,13 +8,13 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from trtio.cuda.backend import Backend, get_backend
-from trtio.edgellm import VISUAL_DIR, VISUAL_ROLE, EngineDir
+from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError
+from trtio.features import component_named
 from trtio.pages import DEFAULT_MAX_PREFIXES
 from trtio.setups.llm import LLMSetup, create_for_llm
 from trtio.setups.spec_decode import SpecDecodeSetup, create_for_spec_decode
 from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup, check_devices
-from trtio.setups.visual import create_for_visual
 from trtio.stream import StreamLike
 from trtio.trt import load_engine
 
@@ -27,15 +27,19 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
                            module: str | ModuleType = "auto", backend: Backend | str | None = None,
                            devices: Sequence[int] | None = None,
                            checkpoint_dir: str | os.PathLike[str] | None = None,
-                           max_prefixes: int = DEFAULT_MAX_PREFIXES,
+                           max_prefixes: int = DEFAULT_MAX_PREFIXES, components: Sequence[str] | None = None,
                            ) -> LLMSetup | TensorParallelLLMSetup | SpecDecodeSetup:
     """An :class:`LLMSetup` (``llm.engine`` + ``config.json``, or a tensor-parallel ``config_world{N}.json`` +
     one engine per rank) or a :class:`SpecDecodeSetup` (``spec_base.engine`` + ``base_config.json``,
     ``spec_draft.engine`` + ``draft_config.json``) for the Edge-LLM directory at ``path``.
 
-    A vision-language model's directory (a plain LLM with ``visual/``: Qwen2.5-VL, Qwen3-VL) gives the LLM's
-    setup with its encoder attached as ``setup.visual`` (:func:`~trtio.setups.visual.create_for_visual` of
-    ``visual/visual.engine``, on the same backend, with the same ``graphs``).
+    The engines beside the LLM (the component table's: :mod:`trtio.components.component_table`) are bound and
+    attached to the LLM's setup, on the same backend, with the same ``graphs``: a vision-language model's directory
+    (a plain LLM with ``visual/``: Qwen2.5-VL, Qwen3-VL) gives the LLM's setup with its encoder attached as
+    ``setup.visual`` (:func:`~trtio.create_for_visual` of ``visual/visual.engine``). A folder holding an engine no
+    component binds (``audio/``, ``talker/``, ...) is refused naming it, unless ``components`` names what to open:
+    ``components=("llm",)`` opens the LLM (or the speculative pair, or the ranks) alone, ``("llm", "visual")`` the
+    LLM and its vision encoder.
 
     A speculative pair needs ``draft_top_k``, ``draft_step`` and ``verify_size`` (Edge-LLM takes them at
     run time), checked against the configs' tree caps before any engine is loaded. Engines are
@@ -53,13 +57,17 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
 
     ``max_prefixes``: a hybrid LLM's snapshot rows for pinned prefixes (see :func:`~trtio.setups.create_for_llm`).
     """
-    directory = EngineDir.open(path)
+    directory = EngineDir.open(path, components=components)
     bundle = directory.deployment(draft_top_k, draft_step, verify_size)
-    if directory.visual_config is not None and (directory.kind != "llm" or directory.is_tensor_parallel):
+    beside = directory.components
+    if beside and (directory.kind != "llm" or directory.is_tensor_parallel):
         what = "a speculative pair" if directory.kind != "llm" else "a tensor-parallel LLM"
-        raise ConfigError(VISUAL_DIR, f"{directory.path} holds {what} with a vision encoder; create_from_engine_dir "
-                                      "attaches a vision encoder to a plain LLM only (bind it with "
-                                      "trtio.create_for_visual)")
+        name = next(iter(beside))
+        component = component_named(name)
+        assert component is not None
+        raise ConfigError(component.FOLDER, f"{directory.path} holds {what} with a {component.WHAT}; "
+                                            f"create_from_engine_dir attaches a {component.WHAT} to a plain LLM only "
+                                            f"(bind it on its own, or open the directory with components=('llm',))")
     if directory.is_tensor_parallel:
         return _tensor_parallel(directory, stream, graphs=graphs, plugins=plugins, module=module, backend=backend,
                                 devices=devices, checkpoint_dir=checkpoint_dir)
@@ -71,13 +79,14 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
         engine = load_engine(directory.engine_path("llm"), module, plugins=plugins)
         setup = create_for_llm(engine, directory.config, stream, graphs=graphs, backend=backend,
                                max_prefixes=max_prefixes)
-        visual = directory.visual_config
-        if visual is not None:
-            with contextlib.ExitStack() as undo:  # a ViT that fails to bind frees the LLM's setup
-                undo.callback(setup.close)
-                vit = load_engine(directory.engine_path(VISUAL_ROLE), module, plugins=plugins)
-                setup.attach_visual(create_for_visual(vit, visual, stream, graphs=graphs, backend=setup.io.backend))
-                undo.pop_all()
+        with contextlib.ExitStack() as undo:  # an engine beside it that fails to bind frees the LLM's setup
+            undo.callback(setup.close)
+            for name, cfg in beside.items():
+                component = component_named(name)
+                assert component is not None
+                component.attach(setup, load_engine(directory.engine_path(name), module, plugins=plugins), cfg, stream,
+                                 graphs=graphs)
+            undo.pop_all()
         return setup
     base = load_engine(directory.engine_path("base"), module, plugins=plugins)
     draft = load_engine(directory.engine_path("draft"), module, plugins=plugins)

@@ -19,7 +19,7 @@ from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, ContextMemory, EngineExecutor
 from trtio.errors import ConfigError, InvalidTypeError, InvalidValueError, ShapeError, TrtioError
-from trtio.features import FeatureSet
+from trtio.features import FeatureSet, component_named
 from trtio.foreign import TorchDeviceInput, torch_device_input
 from trtio.gemma4 import PleSplit, swa_room
 from trtio.memory import Arena, MemoryReport
@@ -41,7 +41,6 @@ from trtio.setups.calls import one_thread
 from trtio.setups.decode_plan import DecodePlan
 from trtio.setups.ple import PleInputs
 from trtio.setups.sequences import Sequences
-from trtio.setups.visual import VisualSetup
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.state import EngineState
 from trtio.stream import Stream, StreamLike
@@ -54,10 +53,9 @@ __all__ = ["LLMSetup", "create_for_llm"]
 class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
 
-    ``visual``: a vision-language model's encoder (a :class:`~trtio.setups.visual.VisualSetup` that
-    ``create_from_engine_dir`` attaches, closed with this setup), else None."""
-
-    visual: VisualSetup | None = None
+    ``visual``: a vision-language model's encoder (a :class:`~trtio.components.visual.visual_setup.VisualSetup` that
+    ``create_from_engine_dir`` attaches, closed with this setup), else None: an engine beside the LLM
+    (:meth:`attach`)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None, constants: Mapping[str, Tensor] | None = None,
@@ -101,24 +99,38 @@ class LLMSetup(SetupBase):
         self._decode_dims: BoundedCache[int, InferenceDims] = BoundedCache()
         self._ple = PleInputs(self.io, self.cfg, self._backend)  # Gemma 4: ple_embeds -> the layers' inputs
         self._streaming_pending = False
+        self._attached: dict[str, Any] = {}  # engines beside the LLM (components), by name
         self._plan: DecodePlan | None = None  # what the last checked decode laid out, for the next (DecodePlan)
+        self._ran: DecodePlan | None = None  # the last plan run (its record of the step block: DecodePlan.block_holds)
         self._torch_readers: TorchDeviceInput | None = None  # the reader of torch tensors of the last plan's shape
 
     def engines(self) -> list[BoundEngine]:
         return [self._engine]
 
-    def attach_visual(self, visual: VisualSetup) -> None:
-        """Keep ``visual`` (the ViT of this LLM's vision-language model) as :attr:`visual`; it is closed with this
-        setup from now on."""
+    def attach(self, name: str, part: Any) -> None:
+        """Keep ``part``, the setup of the engine beside the LLM that component ``name`` binds (its vision encoder:
+        ``"visual"``), as an attribute of this setup; it is closed with this setup from now on. Refused where one is
+        attached already, or where the component says it does not fit this LLM."""
         self._check_open()
-        if self.visual is not None:
-            raise TrtioError(f"{self!r} has a vision encoder attached already")
-        if visual.cfg.out_hidden_size != self.cfg.hidden_size:
-            raise ConfigError("vision_config.out_hidden_size", f"is {visual.cfg.out_hidden_size}, but the LLM's "
-                                                               f"hidden_size is {self.cfg.hidden_size}")
+        component = component_named(name)
+        if component is None:
+            raise InvalidValueError(f"attach: {name!r} is not a component trtio binds")
+        if name in self._attached:
+            raise TrtioError(f"{self!r} has a {component.WHAT} attached already")
+        component.check_attach(self.cfg, part)
         assert self._resources is not None
-        self._resources.callback(visual.close)
-        self.visual = visual
+        self._resources.callback(part.close)
+        self._attached[name] = part
+
+    def attach_visual(self, visual: Any) -> None:
+        """Keep ``visual`` (the ViT of this LLM's vision-language model: a
+        :class:`~trtio.components.visual.visual_setup.VisualSetup`) as :attr:`visual` (:meth:`attach`)."""
+        self.attach("visual", visual)
+
+    @property
+    def visual(self) -> Any:
+        """The vision encoder attached (:meth:`attach_visual`), None without one."""
+        return self._attached.get("visual")
 
     # -- public views ---------------------------------------------------------------------------
     @property
@@ -155,7 +167,7 @@ class LLMSetup(SetupBase):
         checked decode's plan as it is (:class:`~trtio.setups.decode_plan.DecodePlan`: no check, no staging, its
         graph replayed where graphs are on)."""
         plan = self._plan
-        return plan is not None and plan.holds(self)
+        return plan is not None and plan.holds(self._epoch)
 
     # -- steps ----------------------------------------------------------------------------------
     @property
@@ -230,32 +242,21 @@ class LLMSetup(SetupBase):
         """
         plan = self._plan
         staged = False  # host PLE rows copied already
-        if plan is not None and slots is None and plan.holds(self):
+        if plan is not None and slots is None and plan.holds(self._epoch):
             s = self._stream(stream)
             if s._closed:
                 s._check_open()
             ple_ok, staged = self._ple.steady(plan, ple_embeds, inputs_embeds, s, self._calls)
-            x = plan.read(inputs_embeds, s, self) if ple_ok else None
+            x = plan.read(inputs_embeds, s, self._torch_reader) if ple_ok else None
             if x is None and ple_ok and type(inputs_embeds) is not np.ndarray and type(inputs_embeds) is not Tensor:
                 # Any other foreign array (CuPy, JAX, ...) or a nested list: checked and read in place or converted
                 # once (its producer ordered before the step's stream), then taken as the plan takes it.
-                x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self)
+                x = plan.read(self._embeds(inputs_embeds, self.cfg.hidden_size, s)[0], s, self._torch_reader)
             if x is not None:
                 self._run_plan(plan, x, s, keep=inputs_embeds)
                 return self.io.output_logits
         split = None if staged else self._ple.prepare(ple_embeds, inputs_embeds, self, stream)
         return self._decode_checked(inputs_embeds, stream, slots, split, ple_embeds if split is not None else None)
-
-    @property
-    def _host_lengths(self) -> np.ndarray:
-        """The engine's host lengths array (every slot): what a plan advances."""
-        lengths: np.ndarray = self._engine.state.lengths
-        return lengths
-
-    @property
-    def _uploads(self) -> int:
-        """Uploads of the step block so far (a plan holds while only its own step wrote the block)."""
-        return self._steps.step.uploads
 
     def _torch_reader(self, shape: tuple[int, int, int]) -> TorchDeviceInput | None:
         """The reader of torch CUDA tensors of embeddings of ``shape`` (one per step shape, kept across plans),
@@ -296,10 +297,10 @@ class LLMSetup(SetupBase):
         except BaseException:
             if pages is not None:
                 pages.undo()
-            self._plan = None
-            self._steps.decoded(None)  # the device's copy of the lengths may have moved: staged again
+            self._plan = self._ran = None  # the device's copy of the lengths may have moved: staged again
             raise
-        self._steps.device_lengths = plan.advance()
+        plan.advance()
+        self._ran = plan
 
     def _decode_checked(self, inputs_embeds: Any, stream: StreamLike, slots: Sequence[int] | None,
                         split: PleSplit | None = None, ple: Tensor | None = None) -> Tensor:
@@ -335,10 +336,13 @@ class LLMSetup(SetupBase):
             room = min(room, int((seqs.tables[e.role].limit[sl] - lengths).min()))
         if e.state.swa_pages is not None:  # and before a bounded SWA window gains or retires a page
             room = min(room, swa_room(e.state.swa_pages, lengths))
+        ran = self._ran  # what the block holds after the last plan ran: its inputs, if the same sequences go on
+        staged = ran is not None and ran.block_holds(self._steps.step.uploads, n, key)
         try:
             if pages is not None:
                 seqs.copy(e.role, pages.moves, s)
-            work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key))
+            work = self._steps.decode(e, lengths, s, sl if seqs.slotted else None, key, seqs.step_rows(e.role, key),
+                                      staged=staged)
             if split is not None:
                 work = self._ple.plan_work(work, split)
             e.tensor_map.use_deepstack_zero()
@@ -347,17 +351,20 @@ class LLMSetup(SetupBase):
         except BaseException:
             if pages is not None:
                 pages.undo()
-            self._steps.decoded(None)
+            self._ran = None
             raise
         if type(x) is Tensor and x is not self.io.inputs_embeds and x._last_stream is not None:
             x._order_consumer(s._handle)
         plan = DecodePlan(self._epoch, (n, 1, self.cfg.hidden_size), self.io.inputs_embeds, e.state.lengths,
-                          sl.tolist(), room, work, dims, self._steps.step.uploads, ple)
+                          sl.tolist(), room, work, dims, self._steps.step.uploads, ple, key)
         self._run_plan(plan, x, s, pages)
         self._streaming_pending = False
         if slots is None:  # the next decode of these sequences may run the plan as it is
             self._plan = plan
         return self.io.output_logits
+
+    def _repaired(self) -> None:
+        self._plan = self._ran = None
 
     @property
     def lora(self) -> Any:

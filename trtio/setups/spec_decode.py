@@ -38,7 +38,7 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.features import FeatureSet
+from trtio.features import FeatureSet, family_configs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix
@@ -55,7 +55,6 @@ from trtio.setups.binding import (
 )
 from trtio.setups.calls import one_thread
 from trtio.setups.catch_up import CatchUp
-from trtio.setups.dflash import block_draft
 from trtio.setups.draft_prompt import (
     DraftRoots,
     check_accept_lengths,
@@ -66,7 +65,6 @@ from trtio.setups.draft_prompt import (
 from trtio.setups.drafting import DraftTree
 from trtio.setups.sequences import Sequences
 from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
-from trtio.spec_families import check_pair_runs
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
@@ -115,7 +113,10 @@ def _bound_bundle(base_engine: Any, draft_engine: Any, bundle: DeploymentConfig)
     bundle.validate()
     if bundle.draft is None or bundle.spec is None:
         raise ConfigError("draft", "create_for_spec_decode needs a DeploymentConfig with a draft and a spec section")
-    check_pair_runs(bundle.base, bundle.draft, "create_for_spec_decode")
+    for family in family_configs():  # each family refuses a pair it cannot run, before anything is allocated
+        found = bundle.base.feature(family) or bundle.draft.feature(family)
+        if found is not None:
+            found.check_runs(bundle.base, bundle.draft, "create_for_spec_decode")
     base_cfg = with_contract(bundle.base, engine_io(base_engine, "create_for_spec_decode (base)"), "base engine")
     draft_cfg = with_contract(bundle.draft, engine_io(draft_engine, "create_for_spec_decode (draft)"),
                               "draft engine")
@@ -221,7 +222,6 @@ class SpecDecodeSetup(SetupBase):
                  max_runtime_batch_size: int | None = None, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         bundle = _bound_bundle(base_engine, draft_engine, bundle)
-        self._block = block_draft(bundle)  # a DFlash pair's block steps (checked before anything is allocated)
         draft_cfg, spec = bundle.draft, bundle.spec
         assert draft_cfg is not None and spec is not None
         be = engine_backend(base_engine, backend)
@@ -345,12 +345,14 @@ class SpecDecodeSetup(SetupBase):
         ``hidden_states_input`` is the base prefill's hidden states (no copy), ``hidden_states_from_draft``
         is zero. Takes the base prefill's batch, width, lengths, slots and prefixes (``slots`` and ``prefix``,
         where given, must be the base prefill's). Returns the draft logits [batch, draft vocab] at each
-        sequence's last row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
+        sequence's last row. (A DFlash pair's takes and returns a block: :mod:`trtio.families.spec.dflash`.)"""
         self._check_usable()
         self._expect("draft_prefill()", Phase.PROMPTED)
         self._need_batch()
-        if self._block is not None:
-            return self._block.prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
+        part = self._features.part("draft_prefill")  # a draft of its own steps (DFlash: a block)
+        if part is not None:
+            block: Tensor = part.draft_prefill(self, inputs_embeds, context_lengths, slots, prefix, stream)
+            return block
         pending = self._prompt
         assert pending is not None  # PROMPTED's data
         e, rows, past = self.draft, pending.rows, pending.past
@@ -392,8 +394,9 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_usable()
         self._expect("draft_propose()", Phase.READY, Phase.PROPOSING)
-        if self._block is not None:
-            self._block.refuse_propose()
+        part = self._features.part("draft_propose")  # a draft that refuses proposals (DFlash: the block is one)
+        if part is not None:
+            part.draft_propose()
         b = self._need_batch()
         e = self.draft
         x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
@@ -525,11 +528,13 @@ class SpecDecodeSetup(SetupBase):
         sequence b holds the embedding of the token after accepted node t; ``accept_lengths`` are the path
         lengths :meth:`accept` committed. ``hidden_states_input`` rows are the accepted nodes' base hidden
         states. Starts at the draft's committed length; returns draft logits [batch, draft vocab] at each
-        sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.setups.dflash`.)"""
+        sequence's last accepted row. (A DFlash pair's takes and returns a block: :mod:`trtio.families.spec.dflash`.)"""
         self._check_usable()
         self._expect("draft_accept()", Phase.ACCEPTED)
-        if self._block is not None:
-            return self._block.accept(self, inputs_embeds, accept_lengths, stream)
+        part = self._features.part("draft_accept")  # a draft of its own steps (DFlash: a block)
+        if part is not None:
+            block: Tensor = part.draft_accept(self, inputs_embeds, accept_lengths, stream)
+            return block
         b = self._need_batch()
         e = self.draft
         x, nb, a = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)

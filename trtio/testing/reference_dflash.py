@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from trtio import names
-from trtio.contracts.dflash import DFLASH_DELTA_INPUTS
+from trtio.families.spec.dflash_bindings import DFLASH_DELTA_INPUTS
 from trtio.testing.reference_io import _Geometry
 from trtio.testing.reference_math import (
     _check_range,

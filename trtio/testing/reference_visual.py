@@ -1,7 +1,8 @@
 """A ReferenceEngine for the vision encoders of Edge-LLM 0.11's Qwen2.5-VL and Qwen3-VL directories.
 
 :class:`ReferenceVisualEngine` declares exactly the I/O of a real ``visual/visual.engine`` of the config's kind
-(:func:`trtio.vit.vit_registry`: names, dtypes, shapes and the builder's one optimization profile) and, like
+(:func:`trtio.components.visual.vit.vit_registry`: names, dtypes, shapes and the builder's one optimization profile)
+and, like
 :class:`~trtio.testing.ReferenceEngine`, computes on the raw addresses it is given: numpy on the host device
 (one closure enqueued through the host backend, recorded while a stream is captured), CuPy on the GPU (every
 temporary from the context memory, so an execute can be captured into a CUDA graph). trtio binds it exactly
@@ -36,6 +37,23 @@ from typing import Any
 
 import numpy as np
 
+from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.vit import (
+    FAST_POS_CORNERS,
+    deepstack_features,
+    kCuSeqlens,
+    kCuWindowSeqlens,
+    kFastPosEmbIdx,
+    kFastPosEmbWeight,
+    kMaxSeqLenCarrier,
+    kReverseWindowIndex,
+    kRotaryPosEmb,
+    kVisualInput,
+    kVisualOutput,
+    kWindowIndex,
+    vit_registry,
+    vit_step,
+)
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, InvalidValueError
 from trtio.testing.reference_engine import (
@@ -53,23 +71,6 @@ from trtio.testing.reference_gpu import (
 )
 from trtio.testing.reference_io import ExecutionContextAllocationStrategy, TensorIOMode, _Decl, _index
 from trtio.testing.reference_math import _attend, _DataError, _load, _rope, _store
-from trtio.visual_config import VisualConfig
-from trtio.vit import (
-    FAST_POS_CORNERS,
-    deepstack_features,
-    kCuSeqlens,
-    kCuWindowSeqlens,
-    kFastPosEmbIdx,
-    kFastPosEmbWeight,
-    kMaxSeqLenCarrier,
-    kReverseWindowIndex,
-    kRotaryPosEmb,
-    kVisualInput,
-    kVisualOutput,
-    kWindowIndex,
-    vit_registry,
-    vit_step,
-)
 
 __all__ = ["ReferenceVisualEngine", "VitWeights", "reference_vit"]
 
@@ -255,7 +256,8 @@ def _vit_forward(xp: Any, mm: Any, cfg: VisualConfig, w: VitWeights, io: Mapping
 def reference_vit(cfg: VisualConfig, weights: VitWeights, patches: Any, grid_thw: Any) -> tuple[np.ndarray,
                                                                                                 list[np.ndarray]]:
     """The toy ViT's float32 ``(output, [deepstack...])`` for host ``patches`` (rounded to float16 as the engine
-    takes them) and ``grid_thw``, its other inputs from :func:`trtio.vit.vit_step`: the ground truth of tests."""
+    takes them) and ``grid_thw``, its other inputs from :func:`trtio.components.visual.vit.vit_step`: the ground truth
+    of tests."""
     step = vit_step(cfg, grid_thw)
     io: dict[str, Any] = dict(step.values)
     io[kVisualInput] = np.asarray(patches).astype(np.float16)
@@ -326,7 +328,8 @@ class ReferenceVisualEngine(ReferenceEngine):
     def from_config(cls, cfg: Any, *, seed: int = 0, device: str = "auto", weights: Any = None,
                     null_compute: bool = False, name: str | None = None, backend: Any = None,
                     **unused: Any) -> ReferenceVisualEngine:
-        """A toy ViT engine of ``cfg`` (a :class:`~trtio.visual_config.VisualConfig`): ``device`` ``"host"``
+        """A toy ViT engine of ``cfg`` (a :class:`~trtio.components.visual.visual_config.VisualConfig`): ``device``
+        ``"host"``
         (numpy), ``"gpu"`` (CuPy) or ``"auto"``; ``weights`` default to ``VitWeights.generate(cfg, seed)``;
         ``null_compute=True`` keeps the I/O and its checks and computes nothing. ``backend``: a host-kind
         Backend instance (an :class:`~trtio.testing.AsyncHostBackend`) the engine launches its work on."""

@@ -496,7 +496,7 @@ class VisionToyEngines:
 
     @property
     def visual_config(self) -> Any:
-        """The ViT's :class:`~trtio.visual_config.VisualConfig`."""
+        """The ViT's :class:`~trtio.components.visual.visual_config.VisualConfig`."""
         return self.directory.visual_config
 
     @property

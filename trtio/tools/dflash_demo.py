@@ -2,7 +2,7 @@
 
 Each directory of :data:`DFLASH_DIRS` (a DFlash pair in Edge-LLM 0.11's layout: ``toy-dflash-ragged``, a dense
 base, and ``toy-qwen35-dflash-ragged``, a Gated-DeltaNet hybrid base; ReferenceEngines of the toy model, the block
-draft derived from the base) decodes the demo's prompts speculatively, a block a round (``trtio.setups.dflash``),
+draft derived from the base) decodes the demo's prompts speculatively, a block a round (``trtio.families.spec.dflash``),
 and the tokens are checked against the numpy base's greedy tokens. :func:`run_dflash` returns a JSON-able summary,
 :func:`format_dflash` its lines.
 """
@@ -15,8 +15,8 @@ import numpy as np
 
 from trtio.cuda.backend import Backend
 from trtio.edgellm import EngineDir
+from trtio.families.spec.dflash_bindings import block_size, mask_token
 from trtio.setups import SpecDecodeSetup, create_for_spec_decode
-from trtio.setups.dflash import block_size, mask_token
 from trtio.stream import Stream
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_model import ToyWeights

@@ -32,10 +32,10 @@ from trtio.dtypes import DType
 from trtio.edgellm import CONFIG_FILES, ENGINE_FILES, TP_CONFIG_PATTERN, EngineDir
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ConfigError, TrtioError
+from trtio.families.spec.spec_config import family_of
 from trtio.memory import MemoryReport
 from trtio.setups import LLMSetup, check_engine, create_for_llm
 from trtio.setups.tensor_parallel import close_constant, ranks_memory_report
-from trtio.spec_families import family_of
 from trtio.tensor import Tensor
 from trtio.tools.binding_table import (
     binding_capacities,
@@ -220,7 +220,7 @@ def inspect_engine_dir(path: str | os.PathLike[str], *, module: str = "auto",
                                      config_path, cfg, eio, labels[role], capacities[role]))
     out: dict[str, Any] = {"target": str(directory.path), "kind": "edgellm", "directory_kind": directory.kind,
                            "engines": engines}
-    if directory.kind == "spec_decode":  # which pair: EAGLE3, MTP or DFlash (trtio.spec_families)
+    if directory.kind == "spec_decode":  # which pair: EAGLE3, MTP or DFlash (trtio.families.spec.spec_config)
         out["spec_family"] = family_of(directory.base_config.extras, "base")
     return out
 

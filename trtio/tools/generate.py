@@ -39,24 +39,23 @@ import numpy as np
 
 from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
+from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import DeploymentConfig, LLMEngineConfig
-from trtio.contracts.ragged_steps import is_dflash
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.lora.adapters import LoraAdapter
+from trtio.families.spec.dflash_bindings import block_size, mask_token
+from trtio.families.spec.spec_config import SpecConfig, family_of
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
     create_for_llm,
     create_for_spec_decode,
-    create_for_visual,
     create_from_engine_dir,
 )
-from trtio.setups.dflash import block_size, mask_token
 from trtio.setups.tensor_parallel import TensorParallelLLMSetup
-from trtio.spec_families import family_of
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.testing.toy_model import ToyWeights
@@ -245,7 +244,7 @@ def _open_edgellm(path: Path, opts: GenerateOptions) -> _Model:
     else:
         bundle = directory.deployment(k, depth, 1 + k * depth)
         weights = ToyWeights.generate(base, 0)
-        draft_weights = ToyWeights.generate_draft(draft, weights, 0) if not is_dflash(bundle) else \
+        draft_weights = ToyWeights.generate_draft(draft, weights, 0) if not _is_dflash(bundle) else \
             ToyWeights.generate_dflash_draft(draft, weights, table, mask_token(draft.extras), 0, base_cfg=base)
         setup = create_for_spec_decode(_reference(base, weights, opts), _reference(draft, draft_weights, opts), bundle,
                                        graphs=True, backend=_backend(opts))
@@ -556,7 +555,7 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
     node: plain greedy decoding by the base."""
     spec = setup.bundle.spec
     assert spec is not None
-    if drafting and is_dflash(setup.bundle):
+    if drafting and _is_dflash(setup.bundle):
         return _speculative_blocks(setup, embed, ids, sink, spec.drafting_step + 1, d2t)
     k, depth = (spec.drafting_top_k, spec.drafting_step) if drafting else (1, 0)
     # The verify tree: node 0 is the pending token; draft node j (level j // k, chain j % k) is node j + 1.
@@ -608,7 +607,7 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
 
 def _speculative_blocks(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink, width: int,
                         d2t: np.ndarray | None) -> dict[str, Any]:
-    """DFlash rounds (``trtio.setups.dflash``): the draft guesses a block (the pending token, then mask tokens)
+    """DFlash rounds (``trtio.families.spec.dflash``): the draft guesses a block (the pending token, then mask tokens)
     after each prefill or accept; the base verifies the pending token and the guesses as one chain; the longest
     agreeing prefix is kept with the base's next token."""
     assert setup.bundle.draft is not None
@@ -679,3 +678,9 @@ class _TextStream:
             self._out.write(text[self._written:])
             self._out.flush()
             self._written = len(text)
+
+
+def _is_dflash(bundle: DeploymentConfig) -> bool:
+    """Whether ``bundle`` pairs a DFlash block draft (:mod:`trtio.families.spec.dflash`)."""
+    draft = bundle.draft.feature(SpecConfig) if bundle.draft is not None else None
+    return draft is not None and draft.is_dflash_draft

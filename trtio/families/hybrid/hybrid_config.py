@@ -146,7 +146,7 @@ class HybridConfig(FamilyConfig):
             raise ConfigError("recurrent_spec_verify_mode", f"must be one of {list(SPEC_VERIFY_MODES)} or null, got "
                                                             f"{mode!r}")
 
-    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> None:
+    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
         """A hybrid engine reads ``state_indices`` (each step sequence's state row); a hybrid spec-decode base of the
         ragged contract also writes each verified token's states (``intermediate_*``)."""
         if names.kStateIndices in reg:
@@ -154,6 +154,7 @@ class HybridConfig(FamilyConfig):
         if reg.contract == "ragged" and cfg.role == "base":
             for spec in intermediate_state_specs(cfg):
                 reg.add(spec)
+        return reg
 
     @classmethod
     def input_problems(cls, eio: EngineIO, cfg: LLMEngineConfig, bound: set[str]) -> tuple[set[str], list[str]]:
@@ -162,6 +163,30 @@ class HybridConfig(FamilyConfig):
         if cfg.feature(HybridConfig) is not None:
             return set(), []
         return set(), recurrent_problems(eio, cfg, 0)
+
+    def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
+        """A hybrid base whose accept trtio cannot commit (:mod:`trtio.families.hybrid.snapshots`) is refused: Mamba2's
+        "replay" verify mode, a Mamba2 base built as a DDTree base, a Gated DeltaNet DDTree base whose replay stash
+        trtio cannot lay out (:mod:`trtio.families.hybrid.replay`)."""
+        if not self.layers:
+            return
+        if self.recurrent_spec_verify_mode == "replay":
+            raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
+                                                            "is recomputed from a dA/u/B/dt stash) is not supported; "
+                                                            "the pair is refused rather than committed wrong")
+        key = next((k for k in ("mtp_tree_base", "dflash_tree_base") if getattr(base, k)), None)
+        if key is not None and self.recurrent_kind != "gated_deltanet":
+            raise ConfigError(key, f"{what}: a {self.recurrent_kind} base built as a DDTree base (its recurrent "
+                                   "plugins verify trees statelessly and leave a replay stash, Mamba2's dA/u/B/dt) is "
+                                   "not supported: trtio replays Gated DeltaNet's stash only; the pair is refused "
+                                   "rather than committed wrong")
+        if key is not None and (self.gdn_key_heads is None or self.recurrent_state_dtype != "float32"):
+            field = "recurrent_state_dtype" if self.gdn_key_heads is not None else "conv_dim"
+            raise ConfigError(field, f"{what}: a Gated DeltaNet base built as a DDTree base ({key}) is committed by "
+                                     "replaying its stash, which needs FP32 states and key heads from conv_dim = 2 x "
+                                     "key heads x recurrent_state_head_dim + recurrent_state_num_heads x "
+                                     f"recurrent_state_size (Edge-LLM's replayCommitAcceptedTreeStates); got "
+                                     f"{field} {getattr(self, field)!r}")
 
     def engine_problems(self, eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
         return recurrent_problems(eio, cfg, max_batch)

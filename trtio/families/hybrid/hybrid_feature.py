@@ -59,7 +59,7 @@ class HybridFeature(Feature):
         if role == "base":  # entered before the base's executor, which binds them: closed after it
             # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too.
             rows = ctx.io.max_batch * max(cfg.max_supported_input_length, cfg.max_verify_tree_size)
-            # A Gated DeltaNet DDTree base's recurrent rows hold a replay stash (spec_families.check_pair_runs
+            # A Gated DeltaNet DDTree base's recurrent rows hold a replay stash (HybridConfig.check_runs
             # refused a Mamba2 DDTree base)
             states = ctx.stack.enter_context(IntermediateStates(
                 cfg, rows, backend=ctx.backend, replay=tree_base and config.recurrent_kind == "gated_deltanet",

@@ -14,7 +14,7 @@ pools of its slot from them, on the device, no host sync:
   Edge-LLM's replay stash, which :class:`~trtio.families.hybrid.replay.GdnReplay` advances the slot's state with along
   the accepted path.
 
-Mamba2's "replay" mode and a Mamba2 DDTree base are refused at setup (:func:`trtio.spec_families.check_pair_runs`).
+Mamba2's "replay" mode and a Mamba2 DDTree base are refused at setup (:meth:`HybridConfig.check_runs`).
 """
 
 from __future__ import annotations

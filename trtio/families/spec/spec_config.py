@@ -13,6 +13,22 @@ Edge-LLM key                             keyword                        note
                                                                         on every one)
 ``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash
 ======================================== ============================== ====================================
+
+Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/edgellm-assumptions.md`` §11):
+
+* ``eagle3`` — the base concatenates the hidden states of ``eagle_hidden_state_layers`` (3 of them) into its
+  ``hidden_states`` output; the draft reads them as ``hidden_states_input`` and its own last hidden state as
+  ``hidden_states_from_draft``.
+* ``mtp`` — the same protocol with one base layer: the base's ``hidden_states`` is its last layer's stream
+  ``[T, H]``; the draft is one attention layer with its own KV (Qwen3.5, Nemotron-H, Qwen3-Omni MTP heads).
+  trtio runs MTP pairs through the EAGLE3 phases.
+* ``dflash`` — block drafts: the base concatenates the draft's ``dflash_config.target_layer_ids`` layers; the
+  draft reads the newly committed tokens' features (``dflash_target_hidden_concat`` and the ``dflash_delta_*``
+  inputs) and returns logits for every block position. trtio declares these bindings
+  (:mod:`trtio.families.spec.dflash_bindings`) and runs the pair through the same phases, the block as the draft's
+  input (:mod:`trtio.families.spec.dflash`).
+
+Other families (jetspec, dspark, gemma4_mtp) are refused when the config is read.
 """
 
 from __future__ import annotations
@@ -23,14 +39,69 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtio import names
 from trtio._checks import is_int
 from trtio.config import LLMEngineConfig
-from trtio.edgellm_config import EdgeReader, got
+from trtio.dtypes import DType
+from trtio.edgellm_config import SPEC_DECODE_TYPES, EdgeReader, got
 from trtio.errors import ConfigError
+from trtio.families.spec.dflash_bindings import (
+    DFLASH_DELTA_INPUTS,
+    DFLASH_POSITIONS,
+    DFLASH_ROPE,
+    DFLASH_SEQUENCES,
+    check_block_draft,
+    dflash_draft_registry,
+)
 from trtio.features import FamilyConfig
-from trtio.spec_families import dflash_target_layers, family_of, fed_layers
+from trtio.memory import TensorRequest
+from trtio.registry import TensorRegistry
+from trtio.tensor_map import TensorMap
 
-__all__ = ["SpecConfig"]
+__all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable", "dflash_target_layers", "family_of",
+           "fed_layers"]
+
+#: The ``spec_decode_type`` values trtio reads (declares every binding of).
+SPEC_FAMILIES = SPEC_DECODE_TYPES
+#: The families trtio has a step protocol for.
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
+
+
+def family_of(extras: Mapping[str, Any], role: str) -> str | None:
+    """The speculative family of an engine of ``role`` whose config left ``extras``: None for a plain LLM; a
+    base or draft whose config names none (trtio's own batch-contract configs) is EAGLE3's."""
+    if role not in ("base", "draft"):
+        return None
+    found = extras.get("spec_decode_type")
+    return str(found) if isinstance(found, str) and found != "none" else "eagle3"
+
+
+def dflash_target_layers(extras: Mapping[str, Any], where: str = "dflash_config") -> tuple[int, ...]:
+    """A DFlash draft config's ``dflash_config.target_layer_ids``: the base layers whose hidden states, side by
+    side, the draft reads (``ConfigError`` naming the key when missing or not a list of ints)."""
+    block = extras.get("dflash_config")
+    ids = block.get("target_layer_ids") if isinstance(block, Mapping) else None
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise ConfigError(f"{where}.target_layer_ids", f"expected a non-empty list of base layer indices (the "
+                                                       f"layers a DFlash draft reads), got {ids!r}")
+    return tuple(int(i) for i in ids)
+
+
+def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
+    """How many base layers' hidden states (each ``hidden_size`` wide) the draft of ``family`` reads: EAGLE3's
+    listed layers (3 when none are listed), MTP's one, DFlash's target layers (set as the base's
+    ``eagle_hidden_state_layers`` when its pair is read)."""
+    if family == "mtp":
+        return 1
+    return len(eagle_layers) or 3
+
+
+def check_runnable(family: str, what: str) -> None:
+    """Refuse a pair of ``family`` trtio has no step protocol for, before anything is allocated."""
+    if family not in RUNNABLE_FAMILIES:
+        raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
+                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs; the pair is "
+                                              "refused rather than run wrong")
 
 
 @dataclass(frozen=True)
@@ -43,6 +114,7 @@ class SpecConfig(FamilyConfig):
     eagle_hidden_state_layers: tuple[int, ...] = ()
     mtp_tree_base: bool = False
     kind: str | None = None
+    role: str = "llm"
     dflash_tree_base: bool = False
 
     KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False}
@@ -60,7 +132,7 @@ class SpecConfig(FamilyConfig):
         kind = family_of(core["extras"], role)
         if kind is None and all(given[k] == v for k, v in cls.KEYWORDS.items()):
             return None
-        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, given["dflash_tree_base"])
+        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"])
 
     @property
     def tree_base(self) -> bool:
@@ -95,6 +167,55 @@ class SpecConfig(FamilyConfig):
                                   f"[0, {cfg.num_layers}) (the decoder layers), got {i!r}")
         if len(set(layers)) != len(layers):
             raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
+
+    @property
+    def is_dflash_draft(self) -> bool:
+        """Whether this is a DFlash block draft's config (:mod:`trtio.families.spec.dflash`)."""
+        return self.kind == "dflash" and self.role == "draft"
+
+    def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
+        """A DFlash draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
+        if reg.contract == "ragged" and self.is_dflash_draft:
+            return dflash_draft_registry(cfg, reg)
+        hidden = reg.get(names.kOutputHiddenStates)
+        if reg.contract == "ragged" and cfg.role == "base" and hidden is not None:
+            reg.replace(dataclasses.replace(hidden, shape=(hidden.shape[0], self.output_hidden_width(cfg))))
+        return reg
+
+    def members(self, cfg: LLMEngineConfig, rows: int) -> list[TensorRequest]:
+        """A DFlash draft's delta RoPE rows, gathered at their positions."""
+        if not self.is_dflash_draft:
+            return []
+        return [TensorRequest.of(DFLASH_ROPE, (rows, cfg.rotary_dim), DType.FLOAT32)]
+
+    def step_requests(self, cfg: LLMEngineConfig, place: str, batch: int, rows: int) -> list[TensorRequest]:
+        """A DFlash draft's delta rows (positions, sequences), written every round with the lengths."""
+        if place != "lengths" or not self.is_dflash_draft:
+            return []
+        return [TensorRequest.of(DFLASH_POSITIONS, (rows,), DType.INT32),
+                TensorRequest.of(DFLASH_SEQUENCES, (rows,), DType.INT32)]
+
+    def bind_pipeline(self, io: Any, tm: TensorMap, cfg: LLMEngineConfig) -> None:
+        """A DFlash draft's newly committed tokens: their base features (in place in the base's rows), RoPE rows,
+        positions and sequences."""
+        if not self.is_dflash_draft or io.step is None:
+            return
+        tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
+        tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
+        tm.set(DFLASH_DELTA_INPUTS[1], io.step.tensors[DFLASH_POSITIONS])
+        tm.set(DFLASH_DELTA_INPUTS[2], io.step.tensors[DFLASH_SEQUENCES])
+
+    def output_hidden_width(self, cfg: LLMEngineConfig) -> int:
+        """Width of a base engine's ``hidden_states`` output: EAGLE3 concatenates the hidden states of
+        ``eagle_hidden_state_layers`` (3 of them: 3 * hidden_size); otherwise hidden_size."""
+        return cfg.hidden_size * max(len(self.eagle_hidden_state_layers), 1)
+
+    def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
+        """A family with a step protocol; a DFlash draft's block (version 1, one RoPE table, a mask token, a block
+        that fits)."""
+        check_runnable(family_of(base.extras, "base") or "eagle3", what)
+        if self.is_dflash_draft:
+            check_block_draft(draft)
 
     def check_pair(self, base: LLMEngineConfig, draft: LLMEngineConfig, files: tuple[Path, Path]) -> LLMEngineConfig:
         """One speculative family for both; the base's hidden states as wide as the draft reads them. Returns the

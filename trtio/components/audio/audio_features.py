@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from trtio._checks import is_int
-from trtio.components.audio.config import AudioConfig, conv_output_length
+from trtio.components.audio.audio_config import AudioConfig, conv_output_length
 from trtio.errors import CapacityError, InvalidValueError, ShapeError
 
 __all__ = ["AudioFeatures", "features_of", "log_mel", "mel_filters", "preprocess"]
@@ -142,7 +142,7 @@ def log_mel(waveform: np.ndarray, cfg: AudioConfig) -> np.ndarray:
 def preprocess(waveform: Any, sample_rate: int, cfg: AudioConfig) -> AudioFeatures:
     """One clip's encoder inputs (:class:`AudioFeatures`; see the module docstring): ``waveform`` mono float samples
     (``[n]``, in [-1, 1] as a decoder gives them; :func:`trtio.audio.read_wav` reads a PCM16 file) at
-    ``sample_rate`` Hz, ``cfg`` the encoder's :class:`~trtio.components.audio.config.AudioConfig`.
+    ``sample_rate`` Hz, ``cfg`` the encoder's :class:`~trtio.components.audio.audio_config.AudioConfig`.
 
     Refused before any work: a sample rate other than the model's (InvalidValueError naming it: resample first),
     more than one channel, a clip too short for the STFT's reflect padding, non-finite samples, and a clip longer

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from trtio._lifetime import Closeable
-from trtio.components.audio.config import AudioConfig
-from trtio.components.audio.features import AudioFeatures
+from trtio.components.audio.audio_config import AudioConfig
+from trtio.components.audio.audio_features import AudioFeatures
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType

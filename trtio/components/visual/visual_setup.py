@@ -1,10 +1,11 @@
 """create_for_visual: a vision encoder (Edge-LLM 0.11's ``visual/visual.engine``) bound to worst-case buffers,
 and its one step, :meth:`VisualSetup.encode`.
 
-Every buffer is allocated once, from the config's token caps (:class:`~trtio.visual_config.VisualConfig`:
+Every buffer is allocated once, from the config's token caps
+(:class:`~trtio.components.visual.visual_config.VisualConfig`:
 ``max_image_tokens`` merged tokens, frames, windows and the longest frame). An encode checks the images'
 patch grids and patches first (a refusal names the input and changes nothing), computes every other input
-from the grids on the host (:func:`trtio.vit.vit_step`: rotary table, ``cu_seqlens``, window or fast
+from the grids on the host (:func:`trtio.components.visual.vit.vit_step`: rotary table, ``cu_seqlens``, window or fast
 position-embedding indexes, the shape-only ``max_seqlen_carrier``; kept per grid in a
 :class:`~trtio._cache.BoundedCache`), uploads them with one copy (a :class:`~trtio.staging.StepStaging`
 block: a grid seen before uploads nothing new) and the patches through a fenced pinned ring, binds the
@@ -20,6 +21,16 @@ import numpy as np
 
 from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
+from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.vit import (
+    VitStep,
+    deepstack_features,
+    kMaxSeqLenCarrier,
+    kVisualInput,
+    kVisualOutput,
+    vit_registry,
+    vit_step,
+)
 from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
 from trtio.engine import EngineExecutor
@@ -32,16 +43,6 @@ from trtio.staging import StepStaging, UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
 from trtio.tensor_map import TensorMap
-from trtio.visual_config import VisualConfig
-from trtio.vit import (
-    VitStep,
-    deepstack_features,
-    kMaxSeqLenCarrier,
-    kVisualInput,
-    kVisualOutput,
-    vit_registry,
-    vit_step,
-)
 
 __all__ = ["VisualOutput", "VisualSetup", "create_for_visual"]
 
@@ -166,7 +167,8 @@ class VisualSetup(Closeable):
         return VisualOutput(out[0], out[1:], np.asarray(step.grid, np.int64))
 
     def step_for(self, grid_thw: Any) -> VitStep:
-        """The inputs an encode of ``grid_thw`` binds (:func:`trtio.vit.vit_step`, checked against the caps; kept
+        """The inputs an encode of ``grid_thw`` binds (:func:`trtio.components.visual.vit.vit_step`, checked against
+        the caps; kept
         per grid)."""
         self._check_open()
         key: tuple[tuple[int, int, int], ...] | None = None

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.components.audio.config import AudioConfig
+from trtio.components.audio.audio_config import AudioConfig
 from trtio.errors import ShapeError
 from trtio.stream import StreamLike
 
@@ -106,7 +106,7 @@ def splice(token_ids: Any, cfg: AudioConfig, embedding: Any, audio_embeds: Any =
     ``token_ids``: the tokenized prompt, one ``audio_token_id`` pad per clip; ``embedding``: the LLM's token
     embedding table ``[vocab, hidden]`` (host array); ``audio_embeds``: the encoder's rows of each clip, in the
     order of the pads: one ``[N, hidden]`` array or Tensor (what :meth:`AudioSetup.encode
-    <trtio.components.audio.setup.AudioSetup.encode>` returns) for one clip, a sequence of them for several, None
+    <trtio.components.audio.audio_setup.AudioSetup.encode>` returns) for one clip, a sequence of them for several, None
     for a prompt without audio. Device tensors are read with a synchronising copy on ``stream`` (the stream
     ``encode`` ran on). The rows come out in the embedding table's dtype."""
     clips: list[Any]

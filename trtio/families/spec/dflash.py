@@ -18,74 +18,27 @@ grows by the delta; the block's own K/V entries past it are scratch, overwritten
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from trtio._cache import BoundedCache
-from trtio.config import DeploymentConfig
 from trtio.contracts.contract import rope_row_bytes
 from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
-from trtio.contracts.ragged_steps import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, is_dflash
 from trtio.dims import InferenceDims
 from trtio.engine import DECODE_PROFILE, PREFILL_PROFILE, DeviceWork
-from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.errors import ShapeError, TrtioError
+from trtio.families.spec.dflash_bindings import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, check_block_draft
+from trtio.features import Feature
 from trtio.setups.binding import BoundEngine
 from trtio.setups.draft_prompt import check_accept_lengths, check_draft_prompt, check_room
 from trtio.staging import constant
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
 
-SpecDecodeSetup = Any  # the setup whose draft this is (trtio.setups.spec_decode, which imports this module)
+SpecDecodeSetup = Any  # the setup whose draft this is (trtio.setups.spec_decode)
 
-__all__ = ["BlockDraft", "block_draft", "block_size", "mask_token"]
-
-
-def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
-    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``;
-    ``cap`` where neither is given), refused where it passes ``cap`` (the rows per sequence the engines take: the
-    draft's ``max_draft_tree_size``, and for a whole round the base's verify size): a shorter block than the one
-    the draft was trained for would change what it computes."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("block_size") if isinstance(block, Mapping) else None
-    key = "dflash_config.block_size" if isinstance(found, int) else "block_size"
-    found = found if isinstance(found, int) else draft_extras.get("block_size")
-    if not isinstance(found, int) or found <= 0:
-        return cap
-    if found > cap:
-        raise ConfigError(key, f"is {found}, more than the {cap} rows per sequence the engines take (the draft's "
-                               f"max_draft_tree_size, the base's verify size): the block is refused rather than cut "
-                               f"short, which would change what the draft computes")
-    return found
-
-
-def mask_token(draft_extras: Mapping[str, Any]) -> int:
-    """The token a DFlash draft's block holds after its root: ``dflash_config.mask_token_id`` (a ConfigError
-    naming it when missing)."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("mask_token_id") if isinstance(block, Mapping) else None
-    if not isinstance(found, int) or found < 0:
-        raise ConfigError("dflash_config.mask_token_id", f"a DFlash draft's block needs its mask token, got {found!r}")
-    return found
-
-
-def block_draft(bundle: DeploymentConfig) -> BlockDraft | None:
-    """The block steps of ``bundle``'s draft where it is a DFlash one (None for any other pair)."""
-    draft = bundle.draft
-    if draft is None or not is_dflash(bundle):
-        return None
-    block = draft.extras.get("dflash_config")
-    version = block.get("version", 1) if isinstance(block, Mapping) else 1
-    if version != 1:  # DFlash2: a candidate selector (dflash2_selector.safetensors) picks the block's tokens
-        raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
-                                                   "DFlash2's candidate selector is not implemented, so the pair is "
-                                                   "refused rather than run wrong")
-    if draft.rope_per_slot:
-        raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
-                                       "RoPE rows are gathered from one table")
-    mask_token(draft.extras)  # a block needs its mask token
-    return BlockDraft(block_size(draft.extras, draft.max_draft_tree_size))
+__all__ = ["BlockDraft", "DFlashFeature"]
 
 
 class BlockDraft:
@@ -246,3 +199,30 @@ class BlockDraft:
         setup._start_round()
         logits: Tensor = setup.io.output_logits
         return logits
+
+
+class DFlashFeature(Feature):
+    """A DFlash pair's draft steps (see module docstring): the spec-decode setup's ``draft_prefill`` and
+    ``draft_accept`` run the block draft's, and ``draft_propose`` is refused."""
+
+    METHODS = ("draft_prefill", "draft_accept", "draft_propose")
+
+    def __init__(self, block: BlockDraft) -> None:
+        self.block = block
+
+    @classmethod
+    def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> DFlashFeature | None:
+        if not config.is_dflash_draft:
+            return None
+        return cls(BlockDraft(check_block_draft(cfg)))
+
+    def draft_prefill(self, setup: SpecDecodeSetup, inputs_embeds: Any, context_lengths: Any, slots: Any,
+                      prefix: Any, stream: StreamLike = None) -> Tensor:
+        return self.block.prefill(setup, inputs_embeds, context_lengths, slots, prefix, stream)
+
+    def draft_accept(self, setup: SpecDecodeSetup, inputs_embeds: Any, accept_lengths: Any,
+                     stream: StreamLike = None) -> Tensor:
+        return self.block.accept(setup, inputs_embeds, accept_lengths, stream)
+
+    def draft_propose(self) -> None:
+        self.block.refuse_propose()

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from trtio.components.visual.visual_config import VisualConfig
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.errors import CapacityError, ShapeError
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 from trtio.staging import constant
-from trtio.visual_config import VisualConfig
 
 __all__ = ["FAST_POS_CORNERS", "VIT_ROTARY_THETA", "VitStep", "check_grid", "vit_registry", "vit_step"]
 

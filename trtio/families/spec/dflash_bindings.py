@@ -15,20 +15,28 @@ trtio declares these bindings (an engine that lacks one, or declares another, is
 are ``batch x select_len`` (entry padding: each sequence's committed tokens padded to the step's longest delta, as
 Edge-LLM's ``selectLen``; a prompt's in profile 0, up to ``max_draft_tree_size + 1`` a sequence in profile 1), the
 block rows ``batch x seq_len`` (a block in both profiles: Edge-LLM's builder gives a block draft's token inputs
-the generation range in profile 0 too). :mod:`trtio.setups.dflash` runs the pair.
+the generation range in profile 0 too). :mod:`trtio.families.spec.dflash` runs the pair.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.dtypes import DType
+from trtio.errors import ConfigError
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 
-__all__ = ["DFLASH_DELTA_INPUTS", "dflash_draft_registry"]
+__all__ = ["DFLASH_DELTA_INPUTS", "DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "block_size",
+           "check_block_draft", "dflash_draft_registry", "mask_token"]
 
 #: The delta inputs of a DFlash draft beside ``dflash_target_hidden_concat``, in the exporter's order.
 DFLASH_DELTA_INPUTS = ("dflash_delta_rope_cos_sin", "dflash_delta_positions", "dflash_delta_token_to_sequence")
+# A DFlash draft's delta rows: positions and sequences (step block), RoPE rows [T, R] (trtio.families.spec.dflash).
+DFLASH_POSITIONS, DFLASH_SEQUENCES, DFLASH_ROPE = ("dflash_delta_positions", "dflash_delta_token_to_sequence",
+                                                   "dflash_delta_rope_cos_sin")
 
 # What an EAGLE3/MTP draft declares and a DFlash draft does not.
 _NOT_DFLASH = {names.kLogitsIndices, names.kBaseModelHiddenStates, names.kDraftModelHiddenStates,
@@ -67,3 +75,47 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
     reg.add(TensorSpec(DFLASH_DELTA_INPUTS[1], "input", i32, (delta,), rows()))
     reg.add(TensorSpec(DFLASH_DELTA_INPUTS[2], "input", i32, (delta,), rows()))
     return reg
+
+
+def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
+    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``;
+    ``cap`` where neither is given), refused where it passes ``cap`` (the rows per sequence the engines take: the
+    draft's ``max_draft_tree_size``, and for a whole round the base's verify size): a shorter block than the one
+    the draft was trained for would change what it computes."""
+    block = draft_extras.get("dflash_config")
+    found = block.get("block_size") if isinstance(block, Mapping) else None
+    key = "dflash_config.block_size" if isinstance(found, int) else "block_size"
+    found = found if isinstance(found, int) else draft_extras.get("block_size")
+    if not isinstance(found, int) or found <= 0:
+        return cap
+    if found > cap:
+        raise ConfigError(key, f"is {found}, more than the {cap} rows per sequence the engines take (the draft's "
+                               f"max_draft_tree_size, the base's verify size): the block is refused rather than cut "
+                               f"short, which would change what the draft computes")
+    return found
+
+
+def mask_token(draft_extras: Mapping[str, Any]) -> int:
+    """The token a DFlash draft's block holds after its root: ``dflash_config.mask_token_id`` (a ConfigError
+    naming it when missing)."""
+    block = draft_extras.get("dflash_config")
+    found = block.get("mask_token_id") if isinstance(block, Mapping) else None
+    if not isinstance(found, int) or found < 0:
+        raise ConfigError("dflash_config.mask_token_id", f"a DFlash draft's block needs its mask token, got {found!r}")
+    return found
+
+
+def check_block_draft(draft: LLMEngineConfig) -> int:
+    """A DFlash draft trtio runs (version 1, one RoPE table, a mask token, a block that fits its tree size): its
+    block's rows (ConfigError naming the key otherwise)."""
+    block = draft.extras.get("dflash_config")
+    version = block.get("version", 1) if isinstance(block, Mapping) else 1
+    if version != 1:  # DFlash2: a candidate selector (dflash2_selector.safetensors) picks the block's tokens
+        raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
+                                                   "DFlash2's candidate selector is not implemented, so the pair is "
+                                                   "refused rather than run wrong")
+    if draft.rope_per_slot:
+        raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
+                                       "RoPE rows are gathered from one table")
+    mask_token(draft.extras)  # a block needs its mask token
+    return block_size(draft.extras, draft.max_draft_tree_size)

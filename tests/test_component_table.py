@@ -1,0 +1,89 @@
+"""The component table (trtio/components/component_table.py, docs/architecture.md "Families and components"): an
+Edge-LLM directory's engines beside the LLM are read and attached by the components the table binds; a folder
+holding an engine no component binds is refused, naming it, rather than left out; ``components=`` opens what is
+named and only that.
+
+The speech model's directory is Qwen3-ASR's as Edge-LLM 0.11 writes it (``tests/fixtures/edgellm-0.11/qwen3-asr``:
+the LLM's ``config.json`` and the audio encoder's ``audio/config.json``), which trtio's component table does not bind
+(the audio encoder is bound on its own, ``trtio.create_for_audio``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import trtio
+from trtio import ConfigError, EngineDir
+from trtio.setups import engine_dir
+from trtio.testing import ReferenceEngine
+from trtio.testing.toy_engines import VisionToyEngines
+
+ASR = Path(__file__).parent / "fixtures" / "edgellm-0.11" / "qwen3-asr"
+
+
+def _llm_alone(directory: Path) -> Any:
+    """A stand-in for load_engine giving the directory's llm.engine a null-compute reference engine, and refusing to
+    load any other engine (nothing beside the LLM may be opened)."""
+    cfg = EngineDir.open(directory, components=("llm",)).config
+
+    def load(path: Any, module: Any = "auto", *, plugins: Any = ()) -> Any:
+        assert Path(path).name == "llm.engine", f"{path} was loaded, but only the LLM was asked for"
+        return ReferenceEngine.from_config(cfg, device="host", null_compute=True)
+
+    return load
+
+
+def test_a_directory_holding_audio_is_refused_naming_the_folder() -> None:
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(ASR)
+    assert info.value.field == str(ASR / "audio")
+    assert "holds an engine beside the LLM (audio/) that trtio does not bind" in str(info.value)
+    assert "components=('llm',)" in str(info.value), "the message says how to open the LLM alone"
+
+
+def test_a_directory_holding_audio_opens_with_the_llm_alone() -> None:
+    d = EngineDir.open(ASR, components=("llm",))
+    assert d.kind == "llm" and d.components == {} and d.visual_config is None
+    assert d.engine_paths == (ASR / "llm.engine",), "nothing beside the LLM is listed"
+
+
+def test_create_from_engine_dir_refuses_audio_and_opens_the_llm_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_dir, "load_engine", _llm_alone(ASR))
+    with pytest.raises(ConfigError, match=r"audio: holds an engine beside the LLM \(audio/\)"):
+        trtio.create_from_engine_dir(ASR, backend="host")
+    with trtio.create_from_engine_dir(ASR, backend="host", components=("llm",)) as setup:
+        assert isinstance(setup, trtio.LLMSetup) and setup.visual is None
+
+
+@pytest.mark.parametrize("folder", ["talker", "code_predictor", "code2wav"])
+def test_every_engine_folder_no_component_binds_is_refused(tmp_path: Path, folder: str) -> None:
+    d = tmp_path / "omni"
+    shutil.copytree(ASR, d, ignore=shutil.ignore_patterns("audio"))
+    (d / folder).mkdir()
+    (d / folder / f"{folder}.engine").write_bytes(b"")
+    with pytest.raises(ConfigError, match=rf"\({folder}/\) that trtio does not bind"):
+        EngineDir.open(d)
+    assert EngineDir.open(d, components=("llm",)).kind == "llm"
+    (d / "notes").mkdir()  # a folder holding no engine and no config is none of the directory's engines
+    (d / "notes" / "readme.txt").write_text("")
+    assert EngineDir.open(d, components=("llm",)).components == {}
+
+
+def test_components_names_what_to_open_and_refuses_what_no_component_binds(monkeypatch: pytest.MonkeyPatch) -> None:
+    toys = VisionToyEngines.load()
+    root = toys.directory.path
+    assert EngineDir.open(root).visual_config is not None
+    assert EngineDir.open(root, components=("llm", "visual")).visual_config is not None
+    assert EngineDir.open(root, components=("llm",)).visual_config is None
+    with pytest.raises(ConfigError, match=r"components: 'audio' is not a component trtio binds \(it binds \['llm', "
+                                          r"'visual'\]\)"):
+        EngineDir.open(root, components=("llm", "audio"))
+    with pytest.raises(trtio.InvalidTypeError, match="components: expected a sequence of component names"):
+        EngineDir.open(root, components="llm")
+    monkeypatch.setattr(engine_dir, "load_engine", toys.loader(device="host"))
+    with trtio.create_from_engine_dir(root, backend="host", components=("llm",)) as setup:
+        assert setup.visual is None, "the encoder is not opened where only the LLM is asked for"
