@@ -129,7 +129,8 @@ def assert_maps_every_field(cfg: LLMEngineConfig, raw: dict[str, Any]) -> None:
     assert b["ragged_backend"] == "entry_padded_compatibility"
     assert cfg.use_rope == raw.get("use_rope", True)
     assert cfg.mtp_tree_base == raw.get("mtp_tree_base", False)
-    used |= {"use_rope", "mtp_tree_base"}
+    assert cfg.dflash_tree_base == raw.get("dflash_tree_base", False)
+    used |= {"use_rope", "mtp_tree_base", "dflash_tree_base"}
     assert cfg.max_lora_rank == b.get("max_lora_rank", 0)
     used.add("builder_config.max_lora_rank")
     if "layer_types" in raw:  # a hybrid model (or a uniform table of attention layers)

@@ -280,7 +280,7 @@ PLUGIN_PLACES = {
     "families.mrope": "binding", "families.mrope.mrope_config": "binding",
     "families.lora": "binding", "families.lora.lora_config": "binding",
     "families.spec": "binding", "families.spec.spec_config": "binding",
-    "families.hybrid.recurrent": "steps", "families.hybrid.snapshots": "steps",
+    "families.hybrid.recurrent": "steps", "families.hybrid.snapshots": "steps", "families.hybrid.replay": "steps",
     "families.hybrid.hybrid_feature": "setups",
     "families.mrope.slot_positions": "steps", "families.mrope.mrope_feature": "setups",
     "families.lora.adapters": "binding", "families.lora.lora_feature": "setups",

@@ -1,23 +1,24 @@
 """Real-graph parity of a DFlash pair (DESIGN §17): NVIDIA's exported dense Qwen3 base (``--dflash-base``) and DFlash
 block draft (``--dflash-draft``), driven by trtio's SpecDecodeSetup (``trtio.families.spec.dflash``). The accepted
-tokens
-equal Hugging Face's greedy tokens; verify's logits at every node of chains made from Hugging Face's tokens (accepted
-nodes and the wrong ones after a deviation) equal Hugging Face's for those prefixes; every row of every block the
-draft runs (its prefill, over the prompt's delta, and each catch-up, over the accepted path's) equals the case's
-draft reference, which reads the target's hidden states of all committed positions: a delta row written at the wrong
-position, for the wrong sequence, or not at all moves them. A wrong input fails the check.
+tokens equal Hugging Face's greedy tokens; verify's logits at every node of chains made from Hugging Face's tokens
+(accepted nodes and the wrong ones after a deviation) equal Hugging Face's for those prefixes; every row of every
+block the draft runs (its prefill, over the prompt's delta, and each catch-up, over the accepted path's) equals the
+case's draft reference, which reads the target's hidden states of all committed positions: a delta row written at the
+wrong position, for the wrong sequence, or not at all moves them. A wrong input fails the check.
 
 The block draft proposes nothing level by level: the pair's own rounds verify the block's guesses (rows 1 .. B - 1,
 each guessing the token at its own position) as a chain after the root."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests._parity import ParityMismatch, when
+from tests._parity import when
 from tests._parity_spec import (
     SPEC_SCENARIOS,
     DraftFamily,
@@ -28,12 +29,10 @@ from tests._parity_spec import (
     State,
     Tree,
     planted_spec,
-    prefill,
-    replayed_trees,
-    rounds,
     run_spec,
-    spec_setup,
 )
+from trtio.families.hybrid.replay import GdnReplay
+from trtio.families.hybrid.snapshots import IntermediateStates
 
 CASE = "qwen3-dflash"
 HYBRID = "qwen3_5-dflash"  # the same draft layout on the MTP case's Qwen3.5 base (target layers 0, 1, 2)
@@ -117,10 +116,8 @@ RUNS.append(pytest.param("admission", "host", True))
 ACCEPTED = [4, 3, 2, 4, 3, 1, 4, 2, 4]
 
 
-@pytest.mark.parametrize("scenario, backend, graphs", RUNS)
-def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs: bool) -> None:
-    cmp = run_spec(case, scenario, backend, graphs, family=DFLASH)
-    assert cmp.base.worst <= 0.1 and cmp.draft.worst <= 0.1
+def _check_counts(scenario: str, cmp: SpecCompare) -> None:
+    """The rows each scenario compares and the paths it accepts (the dense and the hybrid case alike)."""
     if scenario == "base_tree":  # every node of three rounds of 4-node chains, and the three prefill rows
         assert cmp.base.rows == 3 + 3 * 3 * 4 and cmp.accepted == ACCEPTED and cmp.draft.rows == 0
     if scenario == "draft_tree":  # the last sequence's chains without their last node; 4 rows a block
@@ -133,35 +130,113 @@ def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs
         assert cmp.accepted == [4, 3, 2, 4, 3, 1, 4, 3, 4]
 
 
-# -- a hybrid base -------------------------------------------------------------------------------------------------
-# Edge-LLM 0.11 exports every DFlash base as a DDTree base (model.py: dflash_base sets dflash_tree_base): on a Qwen3.5
-# base its gated_delta_net nodes carry use_ddtree and verify statelessly, writing a replay stash into
-# intermediate_recurrent_state_j (gdnTreeChunkKernels.h) that the runtime's commit replays along the accepted path
-# (gdnTreeReplayCommitBatched). trtio commits every hybrid base by copying the accepted node's intermediate row as the
-# state ("snapshot", trtio/families/hybrid/snapshots.py), so after the first accept the slot holds stash bytes and
-# kernel
-# scratch: the next verify is wrong (NaN here, where the model leaves the scratch NaN; garbage on a GPU).
-# docs/edgellm-assumptions.md 11.2.
-
-
-@pytest.mark.parametrize("backend, graphs", [("host", False), pytest.param("cuda", False, marks=pytest.mark.gpu),
-                                             pytest.param("cuda", True, marks=pytest.mark.gpu)])
-def test_a_hybrid_base_equals_hugging_face_up_to_its_first_accept(backend: str, graphs: bool) -> None:
-    """On the Qwen3.5 base: the prefills, the first round's verify on chains of HF's tokens (its tree verify from the
-    prefill's states, three recurrent layers) and the draft's blocks over the hybrid base's target features (its
-    prompt's delta and the first accepted paths') equal the references."""
-    case, cmp = SpecCase(HYBRID), SpecCompare()
-    with spec_setup(case, backend, graphs) as (setup, _d2t):
-        state = prefill(setup, case, cmp, family=DFLASH)
-        rounds(setup, case, cmp, state, replayed_trees(through_draft=False), 1, family=DFLASH)
+@pytest.mark.parametrize("scenario, backend, graphs", RUNS)
+def test_equals_hugging_face(case: SpecCase, scenario: str, backend: str, graphs: bool) -> None:
+    cmp = run_spec(case, scenario, backend, graphs, family=DFLASH)
     assert cmp.base.worst <= 0.1 and cmp.draft.worst <= 0.1
-    assert cmp.base.rows == 3 + 3 * 4 and cmp.draft.rows == (3 + 3) * 4 and cmp.accepted == [4, 3, 2]
+    _check_counts(scenario, cmp)
 
 
-@pytest.mark.xfail(strict=True, raises=ParityMismatch, reason="trtio commits a DDTree hybrid base's states by "
-                   "snapshot; its gated_delta_net writes a replay stash (docs/edgellm-assumptions.md 11.2)")
-def test_a_hybrid_base_equals_hugging_face_after_an_accept() -> None:
-    run_spec(SpecCase(HYBRID), "base_tree", family=DFLASH)
+# -- a hybrid base -------------------------------------------------------------------------------------------------
+# Edge-LLM 0.11 exports every DFlash base as a DDTree base (model.py: dflash_base sets dflash_tree_base; the builder
+# writes dflash_tree_base: true into its config): on a Qwen3.5 base its gated_delta_net nodes carry use_ddtree and
+# verify statelessly, writing a replay stash into intermediate_recurrent_state_j (gdnTreeChunkKernels.h) that the
+# runtime's commit replays along the accepted path (gdnTreeReplayCommitBatched); its causal_conv1d nodes write each
+# node's window. trtio replays the stash (trtio/families/hybrid/replay.py) and copies the accepted node's window;
+# before it copied the accepted node's intermediate rows as the state ("snapshot"), and the first verify after an
+# accept was NaN here (the model leaves the scratch after the stash NaN; garbage on a GPU): the first planted bug
+# below. docs/edgellm-assumptions.md 11.2.
+
+
+@pytest.fixture(scope="module")
+def hybrid() -> SpecCase:
+    return SpecCase(HYBRID)
+
+
+@pytest.mark.parametrize("scenario, backend, graphs", RUNS)
+def test_a_hybrid_base_equals_hugging_face(hybrid: SpecCase, scenario: str, backend: str, graphs: bool) -> None:
+    """On the Qwen3.5 base (three Gated DeltaNet layers, each accept replayed): the same rounds as the dense base's,
+    every verify after an accept from the replayed states."""
+    cmp = run_spec(hybrid, scenario, backend, graphs, family=DFLASH)
+    assert cmp.base.worst <= 0.1 and cmp.draft.worst <= 0.1
+    _check_counts(scenario, cmp)
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """``owner.name`` replaced by ``make(the real one)`` while the block runs."""
+    real = getattr(owner, name)
+    setattr(owner, name, make(real))
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+def _copy_commit(real: Any) -> Any:
+    """trtio's commit before the replay: the accepted node's intermediate recurrent rows copied into the slot as if
+    they were its state (they hold the stash and the plugin's scratch)."""
+    def commit(self: GdnReplay, slots: np.ndarray, rows: np.ndarray, lengths: np.ndarray, nodes: int,
+               stream: Any) -> None:
+        last = rows[np.arange(len(slots)), lengths - 1]
+        pools = [p.to_numpy() for p in self._pools]
+        for pool, stash, tensor in zip(pools, self._stash, self._pools):
+            inter = stash.to_numpy()
+            pool[slots] = inter[last]
+            tensor.copy_from(pool, stream)
+    return commit
+
+
+def _replayed(change: Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray, int]]) -> Any:
+    """The replay of other rows: ``change(rows, lengths, nodes)`` gives what the real commit replays."""
+    def make(real: Any) -> Any:
+        def commit(self: GdnReplay, slots: np.ndarray, rows: np.ndarray, lengths: np.ndarray, nodes: int,
+                   stream: Any) -> None:
+            real(self, slots, *change(np.asarray(rows), np.asarray(lengths), nodes), stream)
+        return commit
+    return make
+
+
+def _without_root(rows: np.ndarray, lengths: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    return np.concatenate([rows[:, 1:], np.full((len(rows), 1), -1)], axis=1), lengths - 1, nodes
+
+
+def _last_only(rows: np.ndarray, lengths: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    return rows[np.arange(len(rows)), lengths - 1][:, None], np.ones_like(lengths), nodes
+
+
+def _stash_rows_apart(rows: np.ndarray, lengths: np.ndarray, nodes: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each sequence's stash looked for one row further on per sequence (a wrong verify width)."""
+    seq = np.arange(len(rows))[:, None]
+    return np.where(rows >= 0, rows + seq, -1), lengths, nodes + 1
+
+
+def _conv_of_node_before(real: Any) -> Any:
+    def copy_last(self: Any, slots: np.ndarray, last: np.ndarray, stream: Any) -> None:
+        real(self, slots, np.where(last % VERIFY > 0, last - 1, last), stream)
+    return copy_last
+
+
+VERIFY = 4  # the chains' nodes: the verify width
+
+HYBRID_BUGS: dict[str, tuple[Any, str, Callable[[Any], Any]]] = {
+    "accept copies the accepted node's intermediate recurrent rows as the state (trtio before the replay)": (
+        GdnReplay, "commit", _copy_commit),
+    "the replay skips the path's root": (GdnReplay, "commit", _replayed(_without_root)),
+    "the replay runs the path's last node only": (GdnReplay, "commit", _replayed(_last_only)),
+    "the replay reads each sequence's stash one row per sequence further on": (
+        GdnReplay, "commit", _replayed(_stash_rows_apart)),
+    "accept copies the conv window of the node before the accepted one": (
+        IntermediateStates, "copy_last", _conv_of_node_before),
+}
+
+
+@pytest.mark.parametrize("bug", list(HYBRID_BUGS))
+def test_a_planted_commit_bug_fails_the_hybrid_parity(hybrid: SpecCase, bug: str) -> None:
+    owner, name, make = HYBRID_BUGS[bug]
+    with _patched(owner, name, make):
+        how = planted_spec(hybrid, "base_tree", family=DFLASH)
+    assert how.startswith("mismatch")
 
 
 # -- planted bugs ---------------------------------------------------------------------------------------------------

@@ -3,10 +3,9 @@ DeltaNet layers and a gated attention layer, ``--mtp``) and its one-layer MTP he
 SpecDecodeSetup. The accepted tokens equal Hugging Face's greedy tokens, three sequences at a time; verify's logits
 at every node of chains made from Hugging Face's tokens (the accepted nodes and the wrong ones after a deviation)
 equal Hugging Face's for those prefixes, which holds only if each accept committed the recurrent states of the
-sequence's accepted node into its slot (``trtio.families.hybrid.snapshots``: the verify leaves the pools as they were
-and
-writes every token's states); the draft's prefill, catch-up and proposal logits equal the head's reference. A wrong
-input or a wrong commit fails the check.
+sequence's accepted node into its slot (``trtio.families.hybrid.snapshots``: the verify leaves the pools as they
+were and writes every token's states); the draft's prefill, catch-up and proposal logits equal the head's
+reference. A wrong input or a wrong commit fails the check.
 
 Issue 48 #3 (fixed in ``trtio/ops.py``: ``CopyJobs`` compares the rows a strided copy touches): before the fix the
 first accept of every scenario here raised ``InvalidValueError: CopyJobs: copy 0 writes memory that copy 2 reads or
@@ -78,9 +77,11 @@ def _commit_rows(pick: Callable[[np.ndarray, int], np.ndarray] | None) -> Iterat
     before the verify)."""
     real = IntermediateStates.commit
 
-    def commit(self: IntermediateStates, slots: np.ndarray, rows: np.ndarray, stream: Any) -> None:
-        if pick is not None:
-            real(self, slots, pick(np.asarray(rows), VERIFY), stream)
+    def commit(self: IntermediateStates, slots: np.ndarray, rows: np.ndarray, lengths: np.ndarray, nodes: int,
+               stream: Any) -> None:
+        if pick is not None:  # the picked row as a path of one node
+            last = np.asarray(rows)[np.arange(len(slots)), lengths - 1]
+            real(self, slots, pick(last, VERIFY)[:, None], np.ones_like(lengths), nodes, stream)
 
     IntermediateStates.commit = commit  # type: ignore[method-assign]
     try:

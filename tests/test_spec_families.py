@@ -107,7 +107,12 @@ def _create(directory: EngineDir) -> None:
 @pytest.mark.parametrize("fixture, changes, field, words", [
     (MTP, {"base": {"recurrent_spec_verify_mode": "replay", "recurrent_state_dtype": "fp16"}},
      "recurrent_spec_verify_mode", "'replay'"),
-], ids=["hybrid-replay"])
+    # a Mamba2 DDTree base leaves a dA/u/B/dt stash trtio does not replay
+    (MTP, {"base": {"recurrent_spec_verify_mode": None, "recurrent_state_dtype": "fp16", "mtp_tree_base": True}},
+     "mtp_tree_base", "mamba2"),
+    # a Gated DeltaNet DDTree base's stash holds its key heads, which conv_dim gives (2 x 4 x 16 + 8 x 16 = 256)
+    (MTP, {"base": {"mtp_tree_base": True, "conv_dim": 250}}, "conv_dim", "key heads"),
+], ids=["hybrid-replay", "mamba2-tree-base", "gdn-tree-base-conv-dim"])
 def test_pairs_trtio_cannot_run_are_refused_at_setup(tmp_path: Path, fixture: Path, changes: dict[str, Any],
                                                      field: str, words: str) -> None:
     directory = EngineDir.open(pair_dir(tmp_path, fixture, **changes))

@@ -51,6 +51,7 @@ Edge-LLM key                             trtio field                    note
 ``mtp_tree_base``                        ``mtp_tree_base``              default false; a hybrid base that
                                                                         verifies trees (its recurrent layers
                                                                         read ``tree_parent_ids``)
+``dflash_tree_base``                     ``dflash_tree_base``           the same for a DFlash base
 (fixed by Edge-LLM)                      ``kv_page_size = 128``,
                                          ``activation_dtype = float16``
 ======================================== ============================== ====================================

@@ -350,9 +350,10 @@ class Feature:
     def check_verify(self, parents: Any, real: Any) -> None:
         """Refuse a verify tree (``parents`` [batch, nodes], ``real`` [batch, nodes]) this family cannot run."""
 
-    def accept(self, slots: Any, rows: Any, stream: Stream) -> None:
-        """A speculative accept: each sequence of ``slots`` accepted up to verify row ``rows[i]`` (its path's last
-        node); commit this family's state of it on ``stream``."""
+    def accept(self, slots: Any, rows: Any, lengths: Any, nodes: int, stream: Stream) -> None:
+        """A speculative accept: sequence ``i`` of ``slots`` accepted the verify rows ``rows[i, :lengths[i]]`` (its
+        path, root first; ``rows`` [batch, longest], -1 past each path; row ``i * nodes + node``, ``nodes`` the
+        verify's nodes a sequence); commit this family's state of it on ``stream``."""
 
     def reports(self) -> list[Any]:
         """MemoryReports of what this part owns."""
@@ -503,13 +504,9 @@ class FeatureSet:
         for p in self._verifiers:
             p.check_verify(parents, real)
 
-    def accept(self, slots: Any, rows: Any, acc: Any, stream: Stream) -> None:
-        """:meth:`Feature.accept` of the sequences of ``slots``, each at the verify row of its accepted path's last
-        node (``rows`` [batch, longest]: each path's rows; ``acc``: the paths' lengths)."""
-        if self._accepters:
-            last = rows[np.arange(rows.shape[0]), acc - 1]
-            for p in self._accepters:
-                p.accept(slots, last, stream)
+    def accept(self, slots: Any, rows: Any, lengths: Any, nodes: int, stream: Stream) -> None:
+        for p in self._accepters:
+            p.accept(slots, rows, lengths, nodes, stream)
 
     def reports(self) -> list[Any]:
         return [r for p in self.parts for r in p.reports()]

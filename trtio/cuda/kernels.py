@@ -11,13 +11,15 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from trtio.errors import CudaError, InvalidValueError
 
-__all__ = ["KERNEL_NAMES", "MAX_COPY_JOBS", "CopyJob", "CopyJobs", "Launch", "copy_jobs", "kernels"]
+__all__ = ["KERNEL_NAMES", "MAX_COPY_JOBS", "TRTIO_KERNELS", "CopyJob", "CopyJobs", "KernelSource", "Launch",
+           "copy_jobs", "kernels"]
 
 _SOURCE = r"""
 #define TRTIO_UNROLL 4
@@ -291,55 +293,71 @@ extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ pa
 KERNEL_NAMES = ("trtio_copy_jobs", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level",
                 "trtio_tree_step")
 
+
+@dataclass(frozen=True)
+class KernelSource:
+    """A module of kernels compiled beside trtio's own (a family's, kept in its folder): ``source`` (CUDA C++, no
+    includes), the kernels ``names`` it exports and the module's ``key`` (unique: compiled once per device under
+    it). Launch one with :class:`Launch`'s ``source``."""
+
+    key: str
+    source: str
+    names: tuple[str, ...]
+
+
+TRTIO_KERNELS = KernelSource("trtio_kernels", _SOURCE, KERNEL_NAMES)
+
 _lock = threading.Lock()
-_modules: dict[int, dict[str, Any]] = {}
+_modules: dict[tuple[int, str], dict[str, Any]] = {}
 
 
-def kernels(device_id: int) -> dict[str, Any]:
-    """The compiled kernels of ``device_id`` (compiled on the first call; later calls are a lookup)."""
-    found = _modules.get(device_id)
+def kernels(device_id: int, source: KernelSource = TRTIO_KERNELS) -> dict[str, Any]:
+    """The compiled kernels of ``source`` (trtio's own by default) on ``device_id`` (compiled on the first call;
+    later calls are a lookup)."""
+    key = (device_id, source.key)
+    found = _modules.get(key)
     if found is not None:
         return found
     with _lock:
-        found = _modules.get(device_id)
+        found = _modules.get(key)
         if found is None:
-            found = _modules[device_id] = _compile(device_id)
+            found = _modules[key] = _compile(device_id, source)
         return found
 
 
-def _compile(device_id: int) -> dict[str, Any]:
+def _compile(device_id: int, source: KernelSource) -> dict[str, Any]:
     try:
         from cuda.core import Device, Program, ProgramOptions
 
         major, minor = Device(device_id).compute_capability
 
         def build() -> dict[str, Any]:
-            program = Program(_SOURCE, "c++", ProgramOptions(arch=f"sm_{major}{minor}", name="trtio_kernels"))
-            module = program.compile("cubin", name_expressions=KERNEL_NAMES)
-            return {name: module.get_kernel(name) for name in KERNEL_NAMES}
+            program = Program(source.source, "c++", ProgramOptions(arch=f"sm_{major}{minor}", name=source.key))
+            module = program.compile("cubin", name_expressions=source.names)
+            return {name: module.get_kernel(name) for name in source.names}
 
         # In the device's primary context, popped after: the caller's current device and context stay its own.
         built: dict[str, Any] = _in_primary_context(device_id, build)
         return built
     except Exception as exc:
-        raise CudaError("nvrtc: compile trtio kernels", None, str(exc)) from exc
+        raise CudaError(f"nvrtc: compile {source.key}", None, str(exc)) from exc
 
 
-_functions: dict[tuple[int, str], Any] = {}
+_functions: dict[tuple[int, str, str], Any] = {}
 _C_TYPES = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int64): ctypes.c_int64,
             np.dtype(np.int32): ctypes.c_int32}
 
 
-def _function(device_id: int, name: str) -> Any:
-    """The CUfunction of kernel ``name`` on ``device_id`` (looked up once)."""
-    found = _functions.get((device_id, name))
+def _function(device_id: int, name: str, source: KernelSource = TRTIO_KERNELS) -> Any:
+    """The CUfunction of kernel ``name`` of ``source`` on ``device_id`` (looked up once)."""
+    found = _functions.get((device_id, source.key, name))
     if found is None:
         from cuda.bindings import driver
 
-        err, found = driver.cuKernelGetFunction(kernels(device_id)[name].handle)
+        err, found = driver.cuKernelGetFunction(kernels(device_id, source)[name].handle)
         if int(err) != 0:
             raise CudaError(f"cuKernelGetFunction({name})", str(err), "")
-        _functions[(device_id, name)] = found
+        _functions[(device_id, source.key, name)] = found
     return found
 
 
@@ -379,14 +397,15 @@ class Launch:
     """One launch of kernel ``name`` with its arguments packed once: a step that relaunches it (with fresh
     data in device memory) pays one ``cuLaunchKernel``. ``args`` are numpy scalars of the kernel's
     parameter types (np.uint64 for pointers, np.int32 / np.int64 for integers) or ctypes structures
-    (a struct parameter passed by value)."""
+    (a struct parameter passed by value); ``source``: the module the kernel is in (trtio's own by default)."""
 
-    def __init__(self, device_id: int, name: str, grid: int | tuple[int, ...], block: int, *args: Any) -> None:
+    def __init__(self, device_id: int, name: str, grid: int | tuple[int, ...], block: int, *args: Any,
+                 source: KernelSource = TRTIO_KERNELS) -> None:
         from cuda.bindings import driver
 
         self.name = name
         self._device_id = device_id
-        self._fn = _function(device_id, name)
+        self._fn = _function(device_id, name, source)
         self._values = [a if isinstance(a, ctypes.Structure) else _C_TYPES[np.asarray(a).dtype](a.item())
                         for a in args]  # kept alive with the array
         self._params = (ctypes.c_void_p * max(len(args), 1))(*[ctypes.addressof(v) for v in self._values])

@@ -523,8 +523,8 @@ class SpecDecodeSetup(SetupBase):
         state = self.base.state
         s = self._stream(stream)
         acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, s, staged=self._verify_starts)
-        # the features' state of the accepted nodes (a hybrid base's: each sequence's slot, "snapshot" mode)
-        self._features.accept(order, self._accepted_rows, acc, s)
+        # the features' state of the accepted paths (a hybrid base's: each sequence's slot)
+        self._features.accept(order, self._accepted_rows, acc, tree.nodes, s)
         if whole:
             lengths += acc
         else:

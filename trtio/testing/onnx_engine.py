@@ -186,6 +186,7 @@ class OnnxEngine:
             config["builder_config"] = complete(dict(builder_config), config)
         elif "builder_config" in config:
             config["builder_config"] = complete(dict(config["builder_config"]), config)
+        _tree_base_keys(config, names)
         return cls(root, model, config, get_backend(backend), name=f"{root.parent.name}/{root.name}")
 
     # -- what trtio reads beside the TensorRT API --------------------------------------------------------
@@ -387,6 +388,21 @@ def _dim(symbol: str, known: Mapping[str, int]) -> int:
         return -1
     found = value(tree.body)
     return -1 if found is None else found
+
+
+def _tree_base_keys(config: dict[str, Any], inputs: set[str]) -> None:
+    """The tree-base key Edge-LLM's builder writes into a spec-decode base's config (``experimental/builder/core/
+    artifacts/runtime_config.py``): ``dflash_tree_base`` on a DFlash base (true: ``models/dflash/configuration.py::
+    configure_base`` sets it on every one, as the exporter's ``--dflash-base`` does), ``mtp_tree_base`` on an MTP base
+    (the builder's ``--tree-base``, which must match the export's ``--mtp-tree-base``: whether the graph reads
+    ``tree_parent_ids``). Keys the export's config has are kept."""
+    if config.get("engine_role") != "base":
+        return
+    kind = config.get("spec_decode_type")
+    if kind == "dflash":
+        config.setdefault("dflash_tree_base", True)
+    elif kind == "mtp":
+        config.setdefault("mtp_tree_base", "tree_parent_ids" in inputs)
 
 
 def _completed(builder: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:

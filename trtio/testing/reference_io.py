@@ -111,7 +111,7 @@ class _Geometry:
     state: tuple[int, int, int] = (0, 0, 0)  # hybrid: a slot's recurrent state [heads, head_dim, size]
     conv_dtype: DType = DType.FLOAT16
     state_dtype: DType = DType.FLOAT32
-    tree_base: bool = False  # hybrid base: a verify runs each node from its parent's states (mtp_tree_base)
+    tree_base: bool = False  # hybrid base built as a DDTree base (mtp_tree_base / dflash_tree_base): reference_math
     dflash: bool = False  # a DFlash block draft (reference_dflash)
 
     @classmethod
@@ -136,7 +136,8 @@ class _Geometry:
                 ragged.update(types=tuple(cfg.layer_types), conv=tuple(cfg.conv_state_shape),
                               state=tuple(cfg.recurrent_state_shape), conv_dtype=DType.coerce(cfg.conv_state_dtype),
                               state_dtype=DType.coerce(cfg.recurrent_state_dtype),
-                              tree_base=bool(getattr(cfg, "mtp_tree_base", False)))
+                              tree_base=bool(getattr(cfg, "mtp_tree_base", False)
+                                             or getattr(cfg, "dflash_tree_base", False)))
         return cls(
             role=role,
             h=int(cfg.hidden_size),

@@ -575,8 +575,12 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
     A spec-decode base's verify (``verify``, an engine declaring ``intermediate_conv_state_j``): the tokens are a
     chain, each token's states are written to its row of ``intermediate_conv_state_j`` /
     ``intermediate_recurrent_state_j`` and the pools are left as they were ("snapshot" mode: accept commits the
-    accepted token's row; ``docs/edgellm-assumptions.md`` §11). On a tree base (``mtp_tree_base``) the tokens are a
-    tree: each runs from its parent's states (``tree_parent_ids``: a node of the sequence, -1 for the slot's)."""
+    accepted token's row; ``docs/edgellm-assumptions.md`` §11). On a tree base (``mtp_tree_base`` /
+    ``dflash_tree_base``) the tokens are a tree: each runs from its parent's states (``tree_parent_ids``: a node of the
+    sequence, -1 for the slot's); as Edge-LLM's DDTree plugins do, each node's conv window goes to its row of
+    ``intermediate_conv_state_j``, but a Gated DeltaNet layer writes no state: sequence ``s``'s rows of
+    ``intermediate_recurrent_state_j`` hold at their head the replay stash (:func:`_write_stash`) and NaN after it,
+    and accept replays the stash along the accepted path."""
     slots = io[names.kStateIndices].astype(xp.int64)  # [S]
     n, width = valid.shape
     rows = io[names.conv_state(0)].shape[0]
@@ -605,11 +609,15 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
         conv = _load(xp, conv_pool[slots], g.conv_dtype)  # [S, C, K] float32: new arrays, kept across tokens
         state = _load(xp, state_pool[slots], g.state_dtype)
         out = xp.empty((n, width, g.h), dtype=xp.float32)
+        stash = parents is not None and w.recurrent[j].kind == "gated_deltanet"  # Edge-LLM's stateless tree verify
         if snapshots:  # every row's states after its token, [S, W, ...] views of the step's outputs
             inter_conv = io[names.intermediate_conv_state(j)].reshape(n, width, *conv.shape[1:])
             inter_state = io[names.intermediate_recurrent_state(j)].reshape(n, width, *state.shape[1:])
         if parents is not None:  # a tree's root states (made before the mark: a column's temporaries go after it)
             start_conv, start_state, seqs = conv.copy(), state.copy(), xp.arange(n)
+        if stash:  # each node's recurrent state kept here (the step's outputs get the stash instead)
+            node_states = xp.empty((n, width, *state.shape[1:]), dtype=xp.float32)
+            inter_state[...] = xp.float32(np.nan)  # the plugin's scratch: no state anywhere in these rows
         token_mark = scratch.mark()
         for col in range(width):
             if parents is not None and col:  # the parent's states: a node written before (its row), or the slot's
@@ -617,16 +625,22 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
                 up = xp.clip(par, 0, width - 1)
                 root = (par < 0)[:, None, None]
                 conv[...] = xp.where(root, start_conv, _load(xp, inter_conv[seqs, up], g.conv_dtype))
-                state[...] = xp.where(root[..., None], start_state, _load(xp, inter_state[seqs, up], g.state_dtype))
+                above = node_states[seqs, up] if stash else _load(xp, inter_state[seqs, up], g.state_dtype)
+                state[...] = xp.where(root[..., None], start_state, above)
+            fields: list[Any] | None = [] if stash else None
             y, new_conv, new_state = recurrent_token(xp, mm, w.recurrent[j], x[:, col], conv, state, round_conv,
-                                                     round_state)
+                                                     round_state, fields)
             keep = valid[:, col]
             conv[...] = xp.where(keep[:, None, None], new_conv, conv)
             state[...] = xp.where(keep[:, None, None, None], new_state, state)
             out[:, col] = y
             if snapshots:  # every row's states after its token (a padding row's: its sequence's last)
                 inter_conv[:, col] = _store(xp, conv, g.conv_dtype)
-                inter_state[:, col] = _store(xp, state, g.state_dtype)
+                if stash:
+                    node_states[:, col] = state
+                    _write_stash(xp, inter_state, col, fields)
+                else:
+                    inter_state[:, col] = _store(xp, state, g.state_dtype)
             scratch.release(token_mark)  # a token's temporaries: the next one reuses their scratch
         if not snapshots:
             conv_pool[slots] = _store(xp, conv, g.conv_dtype)
@@ -634,3 +648,22 @@ def _recurrent_layers(xp: Any, mm: Callable[[Any, Any], Any], g: _Geometry, w: _
         return out
 
     return layer
+
+
+def _write_stash(xp: Any, inter_state: Any, col: int, fields: Any) -> None:
+    """Node ``col``'s cell of each sequence's replay stash, as Edge-LLM's chunk-form tree verify writes it
+    (``gdnTreeChunkKernels.{h,cu}``, ``stashOffsets``): sequence ``s``'s rows of ``intermediate_recurrent_state_j``
+    (``inter_state[s]``, [W, Hh, D1, D2] FP32) seen as bytes, node ``n``'s cell ``n * cell`` bytes from their start,
+    packed ``[L2-normalised k FP32 Hk x D1 | gate FP32 Hh | beta FP32 Hh | v FP16 Hh x D2]``. ``fields``: what
+    :func:`~trtio.testing.toy_model.recurrent_token` gave for the node (keys, gate, beta, values)."""
+    k, gate, beta, v = fields
+    n = inter_state.shape[0]
+    parts = [k.astype(xp.float32).reshape(n, -1), gate.astype(xp.float32).reshape(n, -1),
+             beta.astype(xp.float32).reshape(n, -1), v.astype(xp.float16).reshape(n, -1)]
+    raw = [xp.ascontiguousarray(p).view(xp.uint8) for p in parts]
+    cell = sum(r.shape[1] for r in raw)
+    region = inter_state.reshape(n, -1).view(xp.uint8)
+    at = col * cell
+    for r in raw:
+        region[:, at:at + r.shape[1]] = r
+        at += r.shape[1]

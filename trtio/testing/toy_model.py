@@ -24,6 +24,7 @@ from trtio.errors import ConfigError, InvalidValueError, ShapeError
 
 __all__ = [
     "RecurrentWeights",
+    "gdn_key_heads",
     "recurrent_token",
     "ATTN_SCALE",
     "DRAFT_MIX_SCALE",
@@ -73,14 +74,15 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.
 class RecurrentWeights:
     """One recurrent layer of a hybrid toy model (``docs/toy-model.md``, "Hybrid models"), float32, used as
     ``x @ w``. ``C`` = conv_dim, ``K`` = conv_kernel, ``Hh`` = recurrent_state_num_heads, ``D1`` =
-    recurrent_state_head_dim, ``D2`` = recurrent_state_size. Gated DeltaNet: queries and keys ``[Hh, D1]``, values
-    ``[Hh, D2]``. Mamba2: ``x`` ``[Hh, D1]``, ``B`` and ``C`` ``[D2]`` shared by the heads."""
+    recurrent_state_head_dim, ``D2`` = recurrent_state_size. Gated DeltaNet: queries and keys ``[Hk, D1]``
+    (:func:`gdn_key_heads`: value head ``j`` reads key head ``j // (Hh / Hk)``), values ``[Hh, D2]``. Mamba2: ``x``
+    ``[Hh, D1]``, ``B`` and ``C`` ``[D2]`` shared by the heads."""
 
     kind: str  # "gated_deltanet" | "mamba2"
     w_in: np.ndarray  # [H, C]: the conv's input
     w_conv: np.ndarray  # [C, K]: the causal depthwise conv, oldest column first
-    w_q: np.ndarray  # GDN: [C, Hh*D1] queries; Mamba2: [C, D2] its C (read-out)
-    w_k: np.ndarray  # GDN: [C, Hh*D1] keys; Mamba2: [C, D2] its B (write-in)
+    w_q: np.ndarray  # GDN: [C, Hk*D1] queries; Mamba2: [C, D2] its C (read-out)
+    w_k: np.ndarray  # GDN: [C, Hk*D1] keys; Mamba2: [C, D2] its B (write-in)
     w_v: np.ndarray  # GDN: [C, Hh*D2] values; Mamba2: [C, Hh*D1] its x
     w_gate: np.ndarray  # [H, Hh]: GDN decay logits; Mamba2 dt logits
     w_beta: np.ndarray  # [H, Hh]: GDN write strength logits (unused by Mamba2)
@@ -97,7 +99,8 @@ class RecurrentWeights:
                       int(cfg.recurrent_state_size))
         kind = str(cfg.recurrent_kind)
         gdn = kind == "gated_deltanet"
-        read, write, value = (hh * d1, hh * d1, hh * d2) if gdn else (d2, d2, hh * d1)
+        hk = gdn_key_heads(c, hh, d1, d2)
+        read, write, value = (hk * d1, hk * d1, hh * d2) if gdn else (d2, d2, hh * d1)
         return cls(kind=kind, w_in=_draw(rng, (h, c), 1.0 / math.sqrt(h)),
                    w_conv=_draw(rng, (c, k), 1.0 / math.sqrt(k)),
                    w_q=_draw(rng, (c, read), 1.0 / math.sqrt(c)), w_k=_draw(rng, (c, write), 1.0 / math.sqrt(c)),
@@ -107,12 +110,22 @@ class RecurrentWeights:
                    w_out=_draw(rng, (value, h), ATTN_SCALE / math.sqrt(value)))
 
 
+def gdn_key_heads(conv_dim: int, heads: int, d1: int, d2: int) -> int:
+    """A Gated DeltaNet toy layer's key heads ``Hk``: as in Edge-LLM, where the conv runs over queries, keys and values
+    together (``conv_dim = 2 Hk D1 + Hh D2``, ``Hh`` a multiple of ``Hk``); ``Hh`` where ``conv_dim`` says no such
+    count (the toy's conv is a free width: it projects the conv's output rather than splitting it)."""
+    rest = conv_dim - heads * d2
+    if rest > 0 and rest % (2 * d1) == 0 and heads % (rest // (2 * d1)) == 0:
+        return rest // (2 * d1)
+    return heads
+
+
 def _sigmoid(xp: Any, z: Any) -> Any:
     return 1.0 / (1.0 + xp.exp(-z))
 
 
 def recurrent_token(xp: Any, mm: Any, w: Any, x: Any, conv: Any, state: Any, round_conv: Any,
-                    round_state: Any) -> tuple[Any, Any, Any]:
+                    round_state: Any, fields: list[Any] | None = None) -> tuple[Any, Any, Any]:
     """One token of a recurrent layer for ``N`` sequences at once (``docs/toy-model.md``, "Hybrid models").
 
     ``x`` float32 ``[N, H]`` (the residual stream), ``conv`` ``[N, C, K]`` and ``state`` ``[N, Hh, D1, D2]`` float32
@@ -120,7 +133,9 @@ def recurrent_token(xp: Any, mm: Any, w: Any, x: Any, conv: Any, state: Any, rou
     the new states, rounded to their storage (``round_conv`` / ``round_state``: float32 -> float32 through the
     storage dtype) after every token, so that a sequence's states do not depend on how its tokens are split into
     steps. ``xp`` is numpy or CuPy, ``mm`` the matrix product; only element-wise ops besides (CUDA-graph safe).
-    ``w`` holds the weights of :class:`RecurrentWeights` (as arrays of ``xp``).
+    ``w`` holds the weights of :class:`RecurrentWeights` (as arrays of ``xp``). ``fields``, where given (a Gated
+    DeltaNet layer), gets the token's update as Edge-LLM's tree verify stashes it: the L2-normalised keys ``[N, Hk,
+    D1]``, the gate and beta ``[N, Hh]`` and the values ``[N, Hh, D2]`` (FP16 values, as the plugin reads them).
     """
     n = x.shape[0]
     hh, d1, d2 = state.shape[1], state.shape[2], state.shape[3]
@@ -129,13 +144,20 @@ def recurrent_token(xp: Any, mm: Any, w: Any, x: Any, conv: Any, state: Any, rou
     c = (conv * w.w_conv[None]).sum(axis=2)
     c = c * _sigmoid(xp, c)  # SiLU
     if w.kind == "gated_deltanet":
-        q = mm(c, w.w_q).reshape(n, hh, d1)
-        k = mm(c, w.w_k).reshape(n, hh, d1)
+        hk = w.w_k.shape[1] // d1  # key heads: value head j reads key head j // (Hh / Hk)
+        q = mm(c, w.w_q).reshape(n, hk, d1)
+        k = mm(c, w.w_k).reshape(n, hk, d1)
         q = q / xp.sqrt((q * q).sum(axis=2, keepdims=True) + 1e-6)
         k = k / xp.sqrt((k * k).sum(axis=2, keepdims=True) + 1e-6)
-        v = mm(c, w.w_v).reshape(n, hh, d2)
+        if fields is not None:
+            fields.append(k)
+        if hk != hh:
+            q, k = xp.repeat(q, hh // hk, axis=1), xp.repeat(k, hh // hk, axis=1)
+        v = mm(c, w.w_v).reshape(n, hh, d2).astype(xp.float16).astype(xp.float32)  # the plugin's v is FP16
         decay = _sigmoid(xp, mm(x, w.w_gate))[:, :, None, None]  # [N, Hh, 1, 1]
         beta = _sigmoid(xp, mm(x, w.w_beta))[:, :, None]  # [N, Hh, 1]
+        if fields is not None:
+            fields += [decay[:, :, 0, 0], beta[:, :, 0], v]
         state = state * decay
         seen = (k[:, :, :, None] * state).sum(axis=2)  # [N, Hh, D2]: what the state holds at k
         state = round_state(state + k[:, :, :, None] * (beta * (v - seen))[:, :, None, :])

@@ -105,6 +105,19 @@ class HybridConfig(FamilyConfig):
         return (self.conv_dim, self.conv_kernel)
 
     @property
+    def gdn_key_heads(self) -> int | None:
+        """A Gated DeltaNet layer's key (and query) heads, from the conv's channels as Edge-LLM's runtime derives them
+        (``mambaCacheManager.cpp::replayCommitAcceptedTreeStates``: the conv runs over q, k and v together, ``conv_dim
+        = 2 x heads x head_dim + value heads x size``; value head ``j`` reads key head ``j // (value heads / heads)``);
+        None where ``conv_dim`` gives no such count (or the layers are not Gated DeltaNet)."""
+        hv, dk, dv = self.recurrent_state_shape
+        rest = self.conv_dim - hv * dv
+        if self.recurrent_kind != "gated_deltanet" or dk <= 0 or rest <= 0 or rest % (2 * dk):
+            return None
+        heads = rest // (2 * dk)
+        return heads if hv % heads == 0 else None
+
+    @property
     def recurrent_state_shape(self) -> tuple[int, int, int]:
         """One slot's recurrent state: ``[heads, head_dim, size]`` (GDN: value heads, key dim, value dim; Mamba2:
         heads, head dim, SSM state)."""
@@ -152,12 +165,28 @@ class HybridConfig(FamilyConfig):
         return set(), recurrent_problems(eio, cfg, 0)
 
     def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-        """A hybrid base commits its states by "snapshot" (:mod:`trtio.families.hybrid.snapshots`); Mamba2's "replay"
-        is refused."""
+        """A hybrid base whose accept trtio cannot commit (:mod:`trtio.families.hybrid.snapshots`) is refused: Mamba2's
+        "replay" verify mode, a Mamba2 base built as a DDTree base, a Gated DeltaNet DDTree base whose replay stash
+        trtio cannot lay out (:mod:`trtio.families.hybrid.replay`)."""
+        if not self.layers:
+            return
         if self.recurrent_spec_verify_mode == "replay":
             raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
                                                             "is recomputed from a dA/u/B/dt stash) is not supported; "
                                                             "the pair is refused rather than committed wrong")
+        key = next((k for k in ("mtp_tree_base", "dflash_tree_base") if getattr(base, k)), None)
+        if key is not None and self.recurrent_kind != "gated_deltanet":
+            raise ConfigError(key, f"{what}: a {self.recurrent_kind} base built as a DDTree base (its recurrent "
+                                   "plugins verify trees statelessly and leave a replay stash, Mamba2's dA/u/B/dt) is "
+                                   "not supported: trtio replays Gated DeltaNet's stash only; the pair is refused "
+                                   "rather than committed wrong")
+        if key is not None and (self.gdn_key_heads is None or self.recurrent_state_dtype != "float32"):
+            field = "recurrent_state_dtype" if self.gdn_key_heads is not None else "conv_dim"
+            raise ConfigError(field, f"{what}: a Gated DeltaNet base built as a DDTree base ({key}) is committed by "
+                                     "replaying its stash, which needs FP32 states and key heads from conv_dim = 2 x "
+                                     "key heads x recurrent_state_head_dim + recurrent_state_num_heads x "
+                                     f"recurrent_state_size (Edge-LLM's replayCommitAcceptedTreeStates); got "
+                                     f"{field} {getattr(self, field)!r}")
 
     def engine_problems(self, eio: EngineIO, cfg: LLMEngineConfig, max_batch: int) -> list[str]:
         return recurrent_problems(eio, cfg, max_batch)

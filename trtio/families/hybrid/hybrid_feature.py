@@ -3,8 +3,9 @@
 At each step point: a prefill that starts sequences zeroes their state rows, or restores a prefix's snapshot into
 them (:class:`~trtio.families.hybrid.recurrent.RecurrentStates`); a pinned prefix keeps a copy of its slot's rows
 (all the slot holds: the states are those after its last token); a spec-decode base verifies chains (trees where it
-was built as a tree base) and its accept commits the accepted token's states into each slot
-(:class:`~trtio.families.hybrid.snapshots.IntermediateStates`, "snapshot" mode).
+was built as a DDTree base) and its accept commits the accepted path's states into each slot
+(:class:`~trtio.families.hybrid.snapshots.IntermediateStates`: the last node's states copied, "snapshot" mode, or a
+Gated DeltaNet DDTree base's replay stash replayed along the path, :mod:`trtio.families.hybrid.replay`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 from trtio.errors import ShapeError, TrtioError
 from trtio.families.hybrid.hybrid_config import HybridConfig, recurrent_state_names
 from trtio.families.hybrid.recurrent import RecurrentStates
+from trtio.families.hybrid.replay import tree_problem
 from trtio.families.hybrid.snapshots import IntermediateStates, is_chain
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.features import Feature, Held
@@ -45,22 +47,28 @@ class HybridFeature(Feature):
         self._tree_base = tree_base
         self._states = states  # a spec-decode base's per-token verify states
         self._spec = False  # in a spec-decode setup (whose prefixes keep one token fewer than the slot holds)
+        self._fits: tuple[Any, str | None] | None = None  # the last tree checked against the replay's limits
 
     @classmethod
     def make(cls, config: Any, cfg: Any, role: str, ctx: BindContext, eio: Any) -> HybridFeature | None:
         if not config.layers:
             return None
         states = None
+        spec = cfg.feature(SpecConfig)
+        tree_base = spec is not None and spec.tree_base
         if role == "base":  # entered before the base's executor, which binds them: closed after it
             # Rows for the longest step: the engine's output is [physical tokens, ...] in a prefill too.
             rows = ctx.io.max_batch * max(cfg.max_supported_input_length, cfg.max_verify_tree_size)
-            states = ctx.stack.enter_context(IntermediateStates(cfg, rows, backend=ctx.backend))
-        spec = cfg.feature(SpecConfig)
-        return cls(config, spec is not None and spec.mtp_tree_base, states)
+            # A Gated DeltaNet DDTree base's recurrent rows hold a replay stash (HybridConfig.check_runs
+            # refused a Mamba2 DDTree base)
+            states = ctx.stack.enter_context(IntermediateStates(
+                cfg, rows, backend=ctx.backend, replay=tree_base and config.recurrent_kind == "gated_deltanet",
+                max_batch=ctx.io.max_batch))
+        return cls(config, tree_base, states)
 
     def bound(self, engine: BoundEngine, ctx: BindContext) -> None:
         if self._states is not None:
-            self._states.attach(engine.state.tensors, engine.tensor_map)
+            self._states.attach(engine.state.tensors, engine.tensor_map, ctx.stream)
         pools = {past: engine.state.tensors[past] for past, _ in recurrent_state_names(engine.cfg)}
         self._spec = ctx.bundle is not None
         self.recurrent = ctx.stack.enter_context(RecurrentStates(
@@ -89,14 +97,26 @@ class HybridFeature(Feature):
         return Held({STATE_ROWS: [row]}, {STATE_ROWS: self.recurrent.rows})
 
     def check_verify(self, parents: np.ndarray, real: np.ndarray) -> None:
-        if self._states is not None and not self._tree_base and not is_chain(parents, real):
+        if self._states is None:
+            return
+        if not self._tree_base and not is_chain(parents, real):
             raise ShapeError(f"verify: a hybrid base verifies a chain per sequence (node i's parent is node i - 1; one "
-                             f"built with mtp_tree_base verifies trees), got parents {parents.tolist()}")
+                             f"built with mtp_tree_base or dflash_tree_base verifies trees), got parents "
+                             f"{parents.tolist()}")
+        if self._states.replay is not None:
+            fits = self._fits
+            if fits is None or fits[0] is not parents:  # a runtime's trees repeat: each checked once
+                fits = self._fits = (parents, tree_problem(parents, real))
+            if fits[1] is not None:
+                raise ShapeError(f"verify: a Gated DeltaNet base built as a DDTree base cannot verify this tree: "
+                                 f"{fits[1]}")
 
-    def accept(self, slots: np.ndarray, rows: np.ndarray, stream: Stream) -> None:
-        """The accepted node's states into each sequence's slot ("snapshot" mode)."""
+    def accept(self, slots: np.ndarray, rows: np.ndarray, lengths: np.ndarray, nodes: int, stream: Stream) -> None:
+        """The accepted paths' states into each sequence's slot: the last node's copied ("snapshot" mode), or a Gated
+        DeltaNet DDTree base's replayed along the path."""
         if self._states is not None:
-            self._states.commit(slots, rows, stream)
+            self._states.commit(slots, rows, lengths, nodes, stream)
 
     def reports(self) -> list[MemoryReport]:
-        return [p.report() for p in (self._states, self.recurrent) if p is not None]
+        parts = (self._states, self._states.replay if self._states is not None else None, self.recurrent)
+        return [p.report() for p in parts if p is not None]

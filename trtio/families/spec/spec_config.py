@@ -8,6 +8,9 @@ Edge-LLM key                             keyword                        note
 ``mtp_tree_base``                        ``mtp_tree_base``              default false; a hybrid base that
                                                                         verifies trees (its recurrent layers
                                                                         read ``tree_parent_ids``)
+``dflash_tree_base``                     ``dflash_tree_base``           default false; the same for a DFlash
+                                                                        base (Edge-LLM 0.11's builder sets it
+                                                                        on every one)
 ``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash
 ======================================== ============================== ====================================
 
@@ -105,16 +108,18 @@ def check_runnable(family: str, what: str) -> None:
 class SpecConfig(FamilyConfig):
     """A spec-decode base's or draft's family facts: ``kind`` (``spec_decode_type``: ``"eagle3"``, ``"mtp"``,
     ``"dflash"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its draft, and
-    whether a hybrid base verifies trees (``mtp_tree_base``: its recurrent layers run each node from its parent's
-    states) rather than chains only."""
+    whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base``: its recurrent layers read
+    ``tree_parent_ids`` and run each node from its parent's states; :attr:`tree_base`) rather than for chains only."""
 
     eagle_hidden_state_layers: tuple[int, ...] = ()
     mtp_tree_base: bool = False
     kind: str | None = None
     role: str = "llm"
+    dflash_tree_base: bool = False
 
-    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False}
-    SOURCE_KEYS = {"eagle_hidden_state_layers": "eagle_hidden_state_layers", "mtp_tree_base": "mtp_tree_base"}
+    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False}
+    SOURCE_KEYS = {"eagle_hidden_state_layers": "eagle_hidden_state_layers", "mtp_tree_base": "mtp_tree_base",
+                   "dflash_tree_base": "dflash_tree_base"}
 
     def __post_init__(self) -> None:
         layers: Any = self.eagle_hidden_state_layers
@@ -127,20 +132,29 @@ class SpecConfig(FamilyConfig):
         kind = family_of(core["extras"], role)
         if kind is None and all(given[k] == v for k, v in cls.KEYWORDS.items()):
             return None
-        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role)
+        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"])
+
+    @property
+    def tree_base(self) -> bool:
+        """Whether the base was built as a DDTree base (``mtp_tree_base`` or ``dflash_tree_base``): Edge-LLM's builder
+        then gives its recurrent plugins ``use_ddtree`` (``docs/edgellm-assumptions.md`` §11.2)."""
+        return self.mtp_tree_base or self.dflash_tree_base
 
     def keywords(self) -> dict[str, Any]:
-        return {"eagle_hidden_state_layers": self.eagle_hidden_state_layers, "mtp_tree_base": self.mtp_tree_base}
+        return {"eagle_hidden_state_layers": self.eagle_hidden_state_layers, "mtp_tree_base": self.mtp_tree_base,
+                "dflash_tree_base": self.dflash_tree_base}
 
     def to_json(self) -> dict[str, Any]:
-        return {"eagle_hidden_state_layers": list(self.eagle_hidden_state_layers), "mtp_tree_base": self.mtp_tree_base}
+        return {"eagle_hidden_state_layers": list(self.eagle_hidden_state_layers), "mtp_tree_base": self.mtp_tree_base,
+                "dflash_tree_base": self.dflash_tree_base}
 
     def validate(self, cfg: LLMEngineConfig) -> None:
         layers = self.eagle_hidden_state_layers
         if not isinstance(layers, tuple):
             raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
-        if not isinstance(self.mtp_tree_base, bool):
-            raise ConfigError("mtp_tree_base", f"must be true or false, got {self.mtp_tree_base!r}")
+        for key in ("mtp_tree_base", "dflash_tree_base"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(key, f"must be true or false, got {getattr(self, key)!r}")
         if not layers:
             return
         if not cfg.is_spec_decode_base:
@@ -236,10 +250,11 @@ class SpecConfig(FamilyConfig):
     @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        tree_base = r.bool_("mtp_tree_base")
-        if tree_base is not None:
-            r.used.add("mtp_tree_base")
-            out["mtp_tree_base"] = tree_base
+        for key in ("mtp_tree_base", "dflash_tree_base"):
+            tree_base = r.bool_(key)
+            if tree_base is not None:
+                r.used.add(key)
+                out[key] = tree_base
         if role == "base":
             out["eagle_hidden_state_layers"] = _eagle_layers(r, layers)
         return out
