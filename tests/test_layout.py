@@ -488,3 +488,13 @@ def test_the_seam_checker_sees_a_family_conditional_and_a_plugin_import(tmp_path
 def test_family_words_are_whole_words() -> None:
     assert family_words("cfg.is_hybrid and PleSplit or kSwaKVPageTable") == {"hybrid", "ple", "swa"}
     assert family_words("simple example displayed multiple") == set()
+
+
+def test_the_wheel_ships_every_package() -> None:
+    """pyproject.toml lists the packages a wheel holds by name: every package under ``trtio/`` is listed (a family or
+    component folder left out installs a wheel whose imports fail), and nothing listed is missing."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert listed - {"trtio._engines"} == present
