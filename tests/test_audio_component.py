@@ -16,7 +16,7 @@ import pytest
 
 import trtio
 from tests._asr_dir import asr_directory, onnx_loader, write_wav
-from tests._parity import Case
+from tests._parity import TOLERANCE, Case, Compare
 from tests._parity_audio import ENCODER_TOLERANCE
 from trtio import ConfigError, EngineDir
 from trtio.audio import preprocess
@@ -120,8 +120,12 @@ def test_generate_with_audio_gives_hugging_faces_greedy_tokens(asr: Path, case: 
                                                                capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """``trtio generate --audio`` on the real graphs: the fixture's ``asr`` prompt (text, the audio markers around one
-    pad, text) with its 2.5 s clip read from a WAV file continues with exactly Hugging Face's greedy tokens."""
+    pad, text) with its 2.5 s clip read from a WAV file continues with exactly Hugging Face's greedy tokens, and each
+    step's logits equal Hugging Face's (the parity tolerance)."""
     monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(asr, case))
+    logits: list[np.ndarray] = []
+    for step in ("prefill", "decode"):
+        monkeypatch.setattr(trtio.LLMSetup, step, _recording(getattr(trtio.LLMSetup, step), logits))
     (seq,) = case.of("asr")
     wav = write_wav(asr / "clip.wav", case.arrays["clip_0"], case.meta["sample_rate"])
     prompt = _words(case.arrays["prompt_ids_0"])
@@ -130,6 +134,18 @@ def test_generate_with_audio_gives_hugging_faces_greedy_tokens(asr: Path, case: 
     got = [int(t) for t in re.findall(r"t(\d+)", out[len(prompt):])]
     assert got == seq.greedy.tolist() and len(got) == 8
     assert "8 tokens in" in err
+    cmp = Compare()
+    for row, found in zip(range(seq.prompt_length - 1, seq.prompt_length + 7), logits):
+        cmp.row(seq, row, found[0], "generate")
+    assert cmp.rows == 8 and cmp.worst <= TOLERANCE
+
+
+def _recording(step: Any, logits: list[np.ndarray]) -> Any:
+    def record(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = step(self, *args, **kwargs)
+        logits.append(out.to_numpy().copy())
+        return out
+    return record
 
 
 def test_generate_puts_the_clip_before_the_text_between_the_audio_markers(asr: Path, case: Case,
