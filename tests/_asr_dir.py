@@ -52,10 +52,11 @@ def asr_directory(root: Path, case: Case | None = None) -> Path:
     return root
 
 
-def onnx_loader(root: Path, case: Case | None = None, loaded: list[str] | None = None) -> Callable[..., Any]:
+def onnx_loader(root: Path, case: Case | None = None, loaded: list[str] | None = None,
+                backend: str = "host") -> Callable[..., Any]:
     """A stand-in for ``load_engine`` (patch ``trtio.setups.engine_dir.load_engine``): ``llm.engine`` and
-    ``audio/audio_encoder.engine`` of ``root`` give the export's graphs; the names loaded are appended to
-    ``loaded``."""
+    ``audio/audio_encoder.engine`` of ``root`` give the export's graphs (their tensors on ``backend``); the names
+    loaded are appended to ``loaded``."""
     case = case or Case(CASE)
     roles = {root / "llm.engine": "llm", root / "audio" / "audio_encoder.engine": "audio"}
 
@@ -65,7 +66,7 @@ def onnx_loader(root: Path, case: Case | None = None, loaded: list[str] | None =
             raise UnknownNameError(f"{path} is not an engine of {root}")
         if loaded is not None:
             loaded.append(role)
-        return case.engine(role, "host")
+        return case.engine(role, backend)
 
     return load
 

@@ -82,14 +82,15 @@ def test_an_audio_config_that_does_not_fit_the_llm_is_refused(tmp_path: Path, fi
     assert EngineDir.open(d, components=("llm",)).audio_config is None, "the LLM alone still opens"
 
 
-def test_create_from_engine_dir_attaches_the_real_audio_encoder(asr: Path, case: Case,
+@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_create_from_engine_dir_attaches_the_real_audio_encoder(asr: Path, case: Case, backend: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real export's directory gives the LLM's setup with its audio encoder attached; the clip encoded through
-    ``setup.audio`` equals Hugging Face's audio tower (the parity check's tolerance), and closing the setup closes
-    it."""
+    """The real export's directory gives the LLM's setup with its audio encoder attached (on the setup's backend);
+    the clip encoded through ``setup.audio`` equals Hugging Face's audio tower (the parity check's tolerance), and
+    closing the setup closes it."""
     loaded: list[str] = []
-    monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(asr, case, loaded))
-    with trtio.create_from_engine_dir(asr, backend="host") as setup:
+    monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(asr, case, loaded, backend))
+    with trtio.create_from_engine_dir(asr, backend=backend) as setup:
         assert isinstance(setup, trtio.LLMSetup) and isinstance(setup.audio, AudioSetup) and setup.visual is None
         assert setup.audio.cfg == EngineDir.open(asr).audio_config
         clip = case.arrays["clip_0"].astype(np.float32) / np.float32(32768.0)
@@ -100,7 +101,7 @@ def test_create_from_engine_dir_attaches_the_real_audio_encoder(asr: Path, case:
         audio = setup.audio
     assert loaded == ["llm", "audio"] and audio.is_closed, "the encoder is closed with the LLM's setup"
     loaded.clear()
-    with trtio.create_from_engine_dir(asr, backend="host", components=("llm",)) as setup:
+    with trtio.create_from_engine_dir(asr, backend=backend, components=("llm",)) as setup:
         assert setup.audio is None and loaded == ["llm"]
 
 
