@@ -9,6 +9,7 @@ core and the setups; a library module reaching it (``import trtio``) would reach
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from collections.abc import Iterator
@@ -64,9 +65,15 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for every check of this file (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def _imports(module: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
     """(line, imported trtio module) for every import in ``path``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
@@ -353,7 +360,7 @@ def _oversized(package: Path) -> list[str]:
     ``path:line name (lines)``."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list])
                 lines = (node.end_lineno or node.lineno) - start + 1
@@ -416,6 +423,16 @@ def _tests(tree: ast.AST) -> Iterator[ast.expr]:
             yield node.guard
 
 
+def _segment(lines: list[str], node: ast.expr) -> str:
+    """The source text of ``node`` (as ast.get_source_segment gives it; columns are UTF-8 byte offsets)."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    first, last = node.lineno - 1, node.end_lineno - 1
+    chunk = [line.encode() for line in lines[first:last + 1]]
+    if first == last:
+        return chunk[0][node.col_offset:node.end_col_offset].decode()
+    return b"".join([chunk[0][node.col_offset:], *chunk[1:-1], chunk[-1][:node.end_col_offset]]).decode()
+
+
 def family_conditionals() -> list[str]:
     """``path:line: words: test`` for every conditional of a generic module whose test names a family."""
     found = []
@@ -423,8 +440,9 @@ def family_conditionals() -> list[str]:
         if not is_generic(module):
             continue
         source = path.read_text(encoding="utf-8")
-        for test in sorted(_tests(ast.parse(source)), key=lambda node: (node.lineno, node.col_offset)):
-            text = ast.get_source_segment(source, test) or ""
+        lines = source.splitlines(keepends=True)  # once a module: ast.get_source_segment splits it at every call
+        for test in sorted(_tests(_parsed(path)), key=lambda node: (node.lineno, node.col_offset)):
+            text = _segment(lines, test)
             words = family_words(text)
             if words:
                 first = " ".join(text.split())[:80]
