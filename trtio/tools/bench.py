@@ -320,7 +320,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 decode()  # bind the decode shape and capture its graph
                 if other is not None:
                     other()
-            on_step_stream: Any = contextlib.nullcontext()
+            on_step_stream = torch_on_step_stream(backend, inputs)
             elsewhere: Callable[[], Any] | None = None
             apart: Callable[[], object] | None = None
             if inputs == "torch" and backend.name == "cuda":
@@ -328,8 +328,6 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 # per step), and once more on its own default stream (the producer ordered by an event each step)
                 import torch
 
-                external: Any = torch.cuda.ExternalStream
-                on_step_stream = torch.cuda.stream(external(Stream.default(backend).handle))
                 elsewhere = functools.partial(torch.cuda.stream, torch.cuda.default_stream())
                 # beside that one, a trtio Tensor last written on another stream: ordered by an event each step too
                 side = Stream.create(backend)
@@ -385,6 +383,18 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             prompt.close()
 
 
+def torch_on_step_stream(backend: Backend, inputs: str) -> Any:
+    """Where steps are fed torch's CUDA tensors: torch on this thread's trtio default stream, the steps' (as
+    trtio.inputs advises: the steps order no event before their reads), for a ``with``; else a context that does
+    nothing."""
+    if inputs != "torch" or backend.name != "cuda":
+        return contextlib.nullcontext()
+    import torch
+
+    external: Any = torch.cuda.ExternalStream
+    return torch.cuda.stream(external(Stream.default(backend).handle))
+
+
 @contextlib.contextmanager
 def _spec_pair(bundle: DeploymentConfig, backend: Backend, stream: Stream, inputs: str,
                seed: int) -> Iterator[tuple[SpecDecodeSetup, _Embeds, Tensor]]:
@@ -399,7 +409,8 @@ def _spec_pair(bundle: DeploymentConfig, backend: Backend, stream: Stream, input
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
         feed = _Embeds(inputs, backend, sd.io.inputs_embeds, seed)
         try:
-            yield sd, feed, prompt
+            with torch_on_step_stream(backend, inputs):  # torch on the steps' stream, as the decode rows have it
+                yield sd, feed, prompt
         finally:
             feed.free()
             prompt.close()
