@@ -41,13 +41,13 @@ PARENTS = [np.full(TOP_K, -1)] + [lv * TOP_K + np.arange(TOP_K) // 2 for lv in r
 SHAPES = {"draft_propose": (BATCH, TOP_K, 64), "verify": (BATCH, VERIFY, 64), "draft_accept": (BATCH, ACCEPT, 64)}
 
 
-def _setup() -> trtio.SpecDecodeSetup:
-    """A toy EAGLE pair (batch contract) on the host backend, graphs on, prefilled."""
+def _setup(device: str = "host") -> trtio.SpecDecodeSetup:
+    """A toy EAGLE pair (batch contract) on ``device`` (the host backend, or ``gpu``), graphs on, prefilled."""
     toys = ToyEngines.load()
     spec = dataclasses.replace(toys.eagle.spec, drafting_top_k=TOP_K, drafting_step=STEPS, verify_size=VERIFY)
     bundle = dataclasses.replace(toys.eagle, spec=spec).validate()
-    base = ReferenceEngine.from_config(bundle.base, weights=toys.weights("toy-eagle/base"), device="host")
-    draft = ReferenceEngine.from_config(bundle.draft, weights=toys.weights("toy-eagle/draft"), device="host")
+    base = ReferenceEngine.from_config(bundle.base, weights=toys.weights("toy-eagle/base"), device=device)
+    draft = ReferenceEngine.from_config(bundle.draft, weights=toys.weights("toy-eagle/draft"), device=device)
     sd = trtio.create_for_spec_decode(base, draft, bundle, graphs=True)
     emb, lens = embed_batch(E, [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11], [12]], np.float16)
     sd.base_prefill(emb, lens)
@@ -212,6 +212,35 @@ def test_spec_phases_fed_device_torch_read_it_in_place_without_a_capsule_or_a_ne
         for t in owned.values():
             t.close()
         torch_stream.close()
+
+
+@pytest.mark.gpu
+def test_spec_phases_fed_torch_cuda_tensors_read_them_in_place_after_torchs_stream(counts: _Counts) -> None:
+    """On the GPU's torch: each phase fed a torch CUDA buffer, written on torch's own stream just before the phase,
+    gives the logits of the same phase fed numpy; after the first round no phase imports a capsule, takes the
+    general path or wraps a new Tensor."""
+    t = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    from trtio.cuda.backend import cuda_available
+
+    if not cuda_available():
+        pytest.skip("no CUDA device answers here")
+    fed, plain = _setup("gpu"), _setup("gpu")
+    buffers = {phase: t.zeros(shape, dtype=t.float16, device="cuda") for phase, shape in SHAPES.items()}
+    try:
+        for r in range(3):
+            for phase, x in buffers.items():
+                x.copy_(t.from_numpy(_values(r, phase)).cuda(non_blocking=True))
+            if r == 2:
+                counts.imports = counts.general = counts.wrapped = 0
+            got = _round(fed, buffers)
+            want = _round(plain, {phase: _values(r, phase) for phase in SHAPES})
+            for i, (g, w) in enumerate(zip(got, want)):
+                np.testing.assert_allclose(g, w, atol=2e-3, rtol=2e-3, err_msg=f"round {r}, output {i}")
+        assert (counts.imports, counts.general, counts.wrapped) == (0, 0, 0)
+    finally:
+        fed.close()
+        plain.close()
 
 
 @needs_torch
