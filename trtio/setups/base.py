@@ -517,6 +517,7 @@ class SetupBase(Closeable, abc.ABC):
     def _close_owned(self) -> None:
         """Free every buffer, context and graph of the setup (in the reverse order of construction)."""
         self._epoch += 1  # a decode plan rests on an open setup
+        self._torch_embeds = None  # the torch tensors its views keep go with it
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()
