@@ -150,6 +150,25 @@ def test_spec_phases_fed_cpu_torch_read_it_as_numpy_without_a_capsule_or_a_new_o
         plain.close()
 
 
+@needs_torch
+def test_a_setup_keeps_the_last_torch_inputs_it_read_until_it_is_closed() -> None:
+    """The reader keeps the views of the last few torch tensors a setup read, and those tensors with them (as the
+    setup keeps the inputs its calls read): a tensor dropped by the caller lives on until the setup is closed."""
+    import gc
+    import weakref
+
+    sd = _setup()
+    x = torch.from_numpy(_values(0, "verify"))
+    gone = weakref.ref(x)
+    sd.verify(x, BINARY)
+    del x
+    gc.collect()
+    assert gone() is not None, "kept by the reader"
+    sd.close()
+    gc.collect()
+    assert gone() is None, "closed: let go"
+
+
 def _torch_over(t: Tensor) -> Any:
     """A torch tensor over ``t``'s bytes (host backend: its device memory is host memory torch can read)."""
     raw = (ctypes.c_uint16 * (t.nbytes // 2)).from_address(t.data_ptr)
