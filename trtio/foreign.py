@@ -523,7 +523,7 @@ class TorchEmbeds:
             self._current_stream, self._handle = getattr(torch.cuda, "current_stream", None), "cuda_stream"
         self._made: dict[int, tuple[Any, int, tuple[int, ...], Any]] = {}  # id -> (tensor, address, shape, view)
 
-    def read(self, obj: Any, hidden: int, stream: StreamLike) -> Any:
+    def read(self, obj: Any, hidden: int, stream: StreamLike = None) -> Any:
         """``obj`` (the caller checked: ``type(obj) is reader.tensor_type``) as the step reads it: a numpy view of
         host memory, or a DEVICE Tensor over the device's memory with its producer (torch's current stream of the
         device) ordered before ``stream`` first; None, having done nothing, for anything else. A tensor torch
