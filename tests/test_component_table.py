@@ -58,12 +58,16 @@ def test_create_from_engine_dir_opens_the_llm_alone_when_asked(monkeypatch: pyte
         assert isinstance(setup, trtio.LLMSetup) and setup.visual is None and setup.audio is None
 
 
-@pytest.mark.parametrize("folder", ["talker", "code_predictor", "code2wav"])
-def test_every_engine_folder_no_component_binds_is_refused(tmp_path: Path, folder: str) -> None:
+# Qwen3-Omni's speech output; Alpamayo-R1's action expert; Cosmos3's policy (Diffusers subfolders: a config alone)
+@pytest.mark.parametrize("folder, file", [("talker", "llm.engine"), ("code_predictor", "code_predictor.engine"),
+                                          ("code2wav", "code2wav.engine"), ("action", "action.engine"),
+                                          ("und_prefill", "config.json"), ("gen", "config.json"),
+                                          ("vae_encoder", "config.json")])
+def test_every_engine_folder_no_component_binds_is_refused(tmp_path: Path, folder: str, file: str) -> None:
     d = tmp_path / "omni"
     shutil.copytree(ASR, d, ignore=shutil.ignore_patterns("audio"))
     (d / folder).mkdir()
-    (d / folder / f"{folder}.engine").write_bytes(b"")
+    (d / folder / file).write_text("{}")
     with pytest.raises(ConfigError, match=rf"holds an engine beside the LLM \({folder}/\) that trtio does not "
                                           rf"bind \(its component table binds \['audio', 'visual'\]\)") as info:
         EngineDir.open(d)
