@@ -305,6 +305,9 @@ def _preprocessing(data: Mapping[str, Any], values: Mapping[str, Any]) -> dict[s
         if not isinstance(given, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
                                                   for x in given):
             raise ConfigError(stat, f"expected a list of numbers, got {given!r}")
+        if len(given) != values["in_channels"] or (stat == "image_std" and min(given) <= 0):
+            raise ConfigError(stat, f"expected {values['in_channels']} numbers (one per channel"
+                                    f"{', each > 0' if stat == 'image_std' else ''}), got {given}")
         out[stat] = tuple(float(x) for x in given)
     factor = data.get("rescale_factor", 1.0 / 255.0)
     if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0:
