@@ -158,3 +158,12 @@ def test_preprocess_gives_each_images_tiles() -> None:
     # the thumbnail is the whole image at one tile: the second image's last tile equals it preprocessed alone
     alone, _ = preprocess(images[1], dataclasses.replace(cfg, crop_to_patches=False))
     np.testing.assert_array_equal(pixels[3], alone[0])
+
+
+def test_the_toy_vit_refuses_an_internvl_config() -> None:
+    """A directory without engine files runs on the toy models (``trtio generate``); the toy ViT is a Qwen ViT's,
+    so an InternVL encoder is refused naming the config rather than failing on a missing attribute."""
+    from trtio.testing.reference_visual import VitWeights
+
+    with pytest.raises(ConfigError, match="the toy ViT is a Qwen ViT's .* there is none of a InternVLConfig"):
+        VitWeights.generate(EngineDir.open(INTERNVL).visual_config)
