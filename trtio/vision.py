@@ -8,6 +8,11 @@ MRoPE positions (Qwen2.5-VL and Qwen3-VL). The implementation lives in the visua
   its image tokens, the ViT's rows written over them, the deepstack rows scattered and the MRoPE positions;
 * :func:`mrope_positions`, :func:`expand_image_pads`, :func:`smart_resize`, :func:`resize_bicubic`: their parts.
 
+For an encoder of another kind (its config's ``kind``), :func:`preprocess` and :func:`splice` are that kind's:
+InternVL's (:mod:`trtio.components.visual.internvl_images`) cut each image into 448-pixel tiles with a thumbnail
+(:func:`tile_grid`, equal to Hugging Face's ``GotOcr2ImageProcessorPil``) and return ``(pixels, tiles)``; its splice
+wraps each image in ``<img>`` / ``</img>`` and gives an :class:`ImagePrompt` (1-D positions).
+
 Everything here is host-side numpy.
 """
 
@@ -20,6 +25,7 @@ from trtio.components.visual.images import (
     smart_resize,
     splice,
 )
+from trtio.components.visual.internvl_images import ImagePrompt, tile_grid
 
-__all__ = ["VisionPrompt", "expand_image_pads", "mrope_positions", "preprocess", "resize_bicubic", "smart_resize",
-           "splice"]
+__all__ = ["ImagePrompt", "VisionPrompt", "expand_image_pads", "mrope_positions", "preprocess", "resize_bicubic",
+           "smart_resize", "splice", "tile_grid"]

@@ -73,7 +73,7 @@ from trtio.testing.toy_model import ToyWeights
 from trtio.tools.engine_dirs import RUNTIME_FLAGS, edgellm_directory
 from trtio.tools.options import backend_option
 from trtio.trt import load_engine
-from trtio.vision import VisionPrompt, preprocess, splice
+from trtio.vision import preprocess, splice
 
 __all__ = ["GenerateOptions", "TOKENIZER_FILE", "TOKENIZER_CONFIG_FILE", "run_generate"]
 
@@ -142,7 +142,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
                                             "on a plain LLM's (LLMSetup.set_lora)")
             setup.set_lora(adapter)
         limit = (setup.base.cfg if isinstance(setup, SpecDecodeSetup) else setup.cfg).max_supported_input_length
-        prompt: VisionPrompt | AudioPrompt | None = None
+        prompt: Any = None  # a VisionPrompt, an encoder kind's prompt (ImagePrompt) or an AudioPrompt
         if images:
             assert isinstance(setup, LLMSetup) and setup.visual is not None
             prompt = _vision_prompt(setup, model.table, ids, images)
@@ -411,19 +411,19 @@ def _read_image(file: Path) -> np.ndarray:
         raise ConfigError(f"--image {file}", f"cannot be read as an image: {exc}") from None
 
 
-def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: list[np.ndarray]) -> VisionPrompt:
+def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: list[np.ndarray]) -> Any:
     """The prompt with ``images`` spliced in: each image preprocessed and encoded by the setup's ViT; one image pad
-    per image (wrapped in the vision markers, before the text) unless the prompt holds its own pads."""
+    per image (wrapped in the vision markers where the encoder's config has them, before the text) unless the prompt
+    holds its own pads. A :class:`~trtio.vision.VisionPrompt`, or the prompt of the encoder's kind (the splice of an
+    InternVL encoder wraps each image in ``<img>`` / ``</img>`` itself and gives 1-D positions)."""
     visual = setup.visual
     assert visual is not None
     vcfg = visual.cfg
     if vcfg.image_token_id not in ids:
         marker: list[int] = []
+        start, end = getattr(vcfg, "vision_start_token_id", None), getattr(vcfg, "vision_end_token_id", None)
         for _ in images:
-            marker.append(vcfg.vision_start_token_id)
-            marker.append(vcfg.image_token_id)
-            if vcfg.vision_end_token_id is not None:
-                marker.append(vcfg.vision_end_token_id)
+            marker += [t for t in (start, vcfg.image_token_id, end) if t is not None]
         ids = marker + ids
     patches, grid = preprocess(images, vcfg)
     encoded = visual.encode(patches, grid)
@@ -589,7 +589,7 @@ class _Sink:
 
 
 def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink,
-            prompt: VisionPrompt | AudioPrompt | None = None) -> dict[str, Any]:
+            prompt: Any = None) -> dict[str, Any]:
     cap = setup.cfg.max_kv_cache_capacity
     if prompt is None:
         logits = setup.prefill(embed(ids), [len(ids)], **embed.extras())
@@ -598,8 +598,8 @@ def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, i
         logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths)
     else:
         logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths,
-                               deepstack_embeds=list(prompt.deepstack_embeds) or None,
-                               mrope_positions=prompt.mrope_positions)
+                               deepstack_embeds=list(getattr(prompt, "deepstack_embeds", ())) or None,
+                               mrope_positions=getattr(prompt, "mrope_positions", None))
     while True:
         token = int(logits.to_numpy().argmax(-1)[0])
         if sink.take([token]):

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtio._json import read_json
+from trtio.components.visual.internvl_kind import INTERNVL
 from trtio.components.visual.visual_config import VISUAL_CONFIG_FILE, VisualConfig
+from trtio.components.visual.visual_kinds import VisualKind, kind_named, register_kind
 from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import LLMEngineConfig
 from trtio.errors import ConfigError
@@ -19,6 +22,10 @@ __all__ = ["VISUAL_DIR", "VISUAL_ENGINE_FILE", "VISUAL_ROLE", "VisualComponent"]
 VISUAL_DIR = "visual"
 VISUAL_ENGINE_FILE = "visual.engine"
 VISUAL_ROLE = "visual"
+#: The encoder kinds bound besides the Qwen ViTs (:mod:`~trtio.components.visual.visual_kinds`), by ``model_type``.
+KINDS: tuple[VisualKind, ...] = (INTERNVL,)
+for _kind in KINDS:
+    register_kind(_kind)
 
 
 class VisualComponent(Component):
@@ -32,10 +39,15 @@ class VisualComponent(Component):
     WHAT = "vision encoder"
 
     @classmethod
-    def read(cls, folder: Path, llm: LLMEngineConfig) -> VisualConfig | None:
-        """``folder``'s config, checked against the LLM's (ConfigError naming the file and the key), or None."""
+    def read(cls, folder: Path, llm: LLMEngineConfig) -> Any:
+        """``folder``'s config (a :class:`VisualConfig`, or the config of the kind its ``model_type`` names),
+        checked against the LLM's (ConfigError naming the file and the key), or None."""
         if not (folder / VISUAL_CONFIG_FILE).is_file():
             return None
+        data = read_json(folder / VISUAL_CONFIG_FILE)
+        kind = kind_named(data.get("model_type") if isinstance(data, dict) else None)
+        if kind is not None:
+            return kind.read(folder, llm)
         cfg = VisualConfig.from_dir(folder)
         file = folder / VISUAL_CONFIG_FILE
         if cfg.out_hidden_size != llm.hidden_size:
