@@ -57,13 +57,14 @@ from trtio.rope import (
 )
 from trtio.tensor_map import TensorMap
 
-__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "PLE_EMBEDDING_FILE", "SWA_REPLACEMENT_PAGES", "SWA_TABLE",
-           "Gemma4Config", "LayerRope", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode", "is_gemma4",
-           "q_only_consumers", "read_gemma4", "swa_private_pages"]
+__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "GEMMA4_MTP", "PLE_EMBEDDING_FILE", "SWA_REPLACEMENT_PAGES",
+           "SWA_TABLE", "Gemma4Config", "LayerRope", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode",
+           "is_gemma4", "q_only_consumers", "read_gemma4", "swa_private_pages"]
 
 GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # a step's full-layer RoPE rows [T, full width]
 GEMMA4_FULL_TABLE = "rope_table_full"  # the full layers' table [C, full width], filled at bind
 SWA_TABLE = "swa_kv_page_table"  # the step block's bounded SWA rows (bound in the bounded mode)
+GEMMA4_MTP = "gemma4_mtp"  # the spec_decode_type of a Gemma 4 target and its assistant (trtio.families.gemma4_mtp)
 #: The per-layer embedding table (PLE), beside ``embedding.safetensors``.
 PLE_EMBEDDING_FILE = "ple_embedding.safetensors"
 
@@ -381,10 +382,11 @@ class Gemma4Config(FamilyConfig):
         capacity = r.int_("builder_config.max_kv_cache_capacity", meaning="KV cache tokens per sequence")
         g = read_gemma4(r.data, r.where, capacity=capacity)
         r.used.update(k for k in GEMMA4_KEYS if r.has(k))
-        if role != "llm":
-            raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
-                                         "pools in a verify tree) is not bound by trtio; refused rather than bound "
-                                         "wrong")
+        if role != "llm" and r.raw("spec_decode_type") != GEMMA4_MTP:
+            raise r.error("engine_role", f"is {role!r} on a Gemma 4 model of spec_decode_type "
+                                         f"{r.raw('spec_decode_type')!r}: a Gemma 4 pair trtio binds is a "
+                                         f"{GEMMA4_MTP!r} one (a target and its KV-less assistant); refused rather "
+                                         "than bound wrong")
         rotary_dim, theta, scaling = _top_rope(r, g)
         return {"gemma4": g, "rotary_dim": rotary_dim, "rope_theta": theta, "rope_scaling": scaling,
                 "kv_layer_configs": [{"num_kv_heads": h, "head_dim": d} for h, d in zip(g.kv_heads, g.head_dims)]}

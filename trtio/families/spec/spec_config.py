@@ -64,7 +64,7 @@ __all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable",
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
 SPEC_FAMILIES = SPEC_DECODE_TYPES
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash", "gemma4_mtp")
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -91,7 +91,7 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
     """How many base layers' hidden states (each ``hidden_size`` wide) the draft of ``family`` reads: EAGLE3's
     listed layers (3 when none are listed), MTP's one, DFlash's target layers (set as the base's
     ``eagle_hidden_state_layers`` when its pair is read)."""
-    if family == "mtp":
+    if family in ("mtp", "gemma4_mtp"):
         return 1
     return len(eagle_layers) or 3
 
