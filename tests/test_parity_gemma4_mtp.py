@@ -58,10 +58,10 @@ def built_config(config: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | None = None,
-         verify_size: int = DEPTH + 1) -> Iterator[Any]:
+         verify_size: int = DEPTH + 1, backend: str = "host", graphs: bool = False) -> Iterator[Any]:
     """The pair bound with :func:`trtio.create_for_spec_decode`, its bundle read from an engine directory holding
     the two configs (``draft_changes`` applied to the draft's)."""
-    base, draft = CASE.engine("base"), CASE.engine("draft")
+    base, draft = CASE.engine("base", backend), CASE.engine("draft", backend)
     base.input_hook = (hooks or {}).get("base")
     draft.input_hook = (hooks or {}).get("draft")
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,7 +69,7 @@ def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | N
         (root / "base_config.json").write_text(json.dumps(built_config(base.config)))
         (root / "draft_config.json").write_text(json.dumps({**built_config(draft.config), **(draft_changes or {})}))
         bundle = trtio.EngineDir.open(root).deployment(1, DEPTH, verify_size)
-    with trtio.create_for_spec_decode(base, draft, bundle, backend="host") as setup:
+    with trtio.create_for_spec_decode(base, draft, bundle, backend=backend, graphs=graphs) as setup:
         yield setup
 
 
@@ -241,6 +241,7 @@ SCENARIOS = {"chain": chain_rounds, "tree": tree_rounds, "admission": admission}
 
 
 def run(scenario: str, **kwargs: Any) -> Run:
+    """``scenario`` on the pair (``kwargs``: :func:`pair`'s)."""
     with pair(verify_size=TREE if scenario == "tree" else DEPTH + 1, **kwargs) as setup:
         return SCENARIOS[scenario](setup)
 
@@ -276,6 +277,43 @@ def test_trtio_binds_every_binding_of_both_exported_graphs() -> None:
         assert names.kSwaKVPageTable not in {t.name for t in setup.base.io.tensors}
 
 
+def test_a_strict_double_of_the_graphs_io_binds_and_steps() -> None:
+    """trtio's declaration of both engines (``ReferenceEngine.from_config``, null compute: the strict TensorRT double
+    CI binds) is the real graphs' I/O, name for name, with their dtypes, shapes and the builder's profiles; bound as a
+    pair it steps a round (step 0, a chain step, a verify, an accept, the next step 0)."""
+    from trtio.testing import ReferenceEngine
+
+    real = {"base": CASE.engine("base"), "draft": CASE.engine("draft")}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for role, engine in real.items():
+            (root / f"{role}_config.json").write_text(json.dumps(built_config(engine.config)))
+        directory = trtio.EngineDir.open(root)
+        bundle = directory.deployment(1, DEPTH, DEPTH + 1)
+    doubles = {}
+    for role, cfg in (("base", directory.base_config), ("draft", directory.draft_config)):
+        double = ReferenceEngine.from_config(cfg, device="host", null_compute=True)
+        want = {t.name: (t.mode, t.dtype, t.shape) for t in trtio.engine.EngineIO.from_engine(real[role]).tensors}
+        got = {t.name: (t.mode, t.dtype, t.shape) for t in trtio.engine.EngineIO.from_engine(double).tensors}
+        assert got == want, role
+        profiles = {t.name: t.profiles for t in trtio.engine.EngineIO.from_engine(real[role]).tensors if t.profiles}
+        mine = {t.name: t.profiles for t in trtio.engine.EngineIO.from_engine(double).tensors if t.profiles}
+        assert {n: mine[n] for n in profiles} == profiles, role
+        doubles[role] = double
+    with trtio.create_for_spec_decode(doubles["base"], doubles["draft"], bundle, backend="host") as setup:
+        t = Tables()
+        ids = np.ones((2, 5), np.int64)
+        lens = np.array([5, 3], np.int32)
+        setup.base_prefill(t.embedding[ids], lens, ple_embeds=t.ple[ids])
+        assert setup.draft_prefill(t.embedding[ids[:, :1]], lens).shape == (2, 512)
+        assert setup.draft_propose(t.embedding[ids[:, :1]]).shape == (2, 512)
+        chain = np.ones((2, 3), np.int64)
+        setup.verify(t.embedding[chain], [[-1, 0, 1]] * 2, ple_embeds=t.ple[chain])
+        setup.accept([[0, 1], [0]])
+        assert setup.draft_accept(t.embedding[ids[:, :1]], [2, 1]).shape == (2, 512)
+        assert setup.base_lengths.tolist() == [7, 4] == setup.draft_lengths.tolist()
+
+
 def test_a_pair_whose_map_names_a_layer_of_another_geometry_is_refused(tmp_path: Path) -> None:
     """``kv_sharing_map`` naming a full layer (head dim 64) for the sliding assistant layer (32), or a KV-sharing
     consumer of the target, is refused when the directory is read, naming the entry."""
@@ -289,6 +327,17 @@ def test_a_pair_whose_map_names_a_layer_of_another_geometry_is_refused(tmp_path:
         (root / "draft_config.json").write_text(json.dumps({**built_config(draft.config), "kv_sharing_map": entries}))
         with pytest.raises(trtio.ConfigError, match=rf"kv_sharing_map\[0\].*{why}"):
             trtio.EngineDir.open(root)
+
+
+def test_an_assistant_of_another_full_rope_is_refused(tmp_path: Path) -> None:
+    """Both engines' full layers read one RoPE table: an assistant whose ``full_rope_config`` differs is refused."""
+    base, draft = CASE.engine("base"), CASE.engine("draft")
+    rope = json.loads(json.dumps(draft.config["full_rope_config"]))
+    rope["rope_theta"] = rope["rope_scaling"]["rope_theta"] = 10000.0
+    (tmp_path / "base_config.json").write_text(json.dumps(built_config(base.config)))
+    (tmp_path / "draft_config.json").write_text(json.dumps({**built_config(draft.config), "full_rope_config": rope}))
+    with pytest.raises(trtio.ConfigError, match="full_rope_config"):
+        trtio.EngineDir.open(tmp_path)
 
 
 @pytest.mark.parametrize("key, value", [("has_own_kv_cache", True), ("constant_draft_positions", False),
@@ -323,6 +372,15 @@ def test_gemma4_mtp_rounds_equal_hugging_face(scenario: str) -> None:
     assert done.base.worst <= 0.1 and done.draft.worst <= 0.1
     assert done.draft.rows >= 12 and done.base.rows >= 8
     assert max(done.accepted) == DEPTH + 1 and min(done.accepted) == 1, done.accepted
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_gemma4_mtp_rounds_equal_hugging_face_on_the_cuda_backend(scenario: str, graphs: bool) -> None:
+    """The same on device memory, also replayed from CUDA graphs."""
+    done = run(scenario, backend="cuda", graphs=graphs)
+    assert done.base.worst <= 0.1 and done.draft.worst <= 0.1 and done.draft.rows >= 12
 
 
 def _shifted_positions(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,6 +33,7 @@ from trtio._lifetime import Closeable, open_binders
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
+from trtio.edgellm_config import KV_PAGE_SIZE
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
 from trtio.features import KVPools, family_configs
@@ -133,10 +134,11 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
     ``cfg.kv_pool_pages``), the page table ``[1..B, 2, M]``; a family may declare them its own way
     (:meth:`~trtio.features.FamilyConfig.declared_state`). The ReferenceEngine declares these."""
     b = max_batch or cfg.max_supported_batch_size
+    lent = {names.present_key_values(int(p.rsplit("_", 1)[1])) for p in borrowed_state(cfg)}  # no output updates them
     for family in cfg.features:
         found = family.declared_state(cfg, b)
         if found is not None:
-            return list(found)
+            return [spec for spec in found if spec.name not in lent]
     m = cfg.pages_per_sequence
     pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
@@ -372,8 +374,7 @@ class EngineState(Closeable):
             # kv_page_table's pool: a full layer's (a family's pool of its own page count may be smaller)
             full = [past for past, _ in self.pairs if past not in pools.pages]
             # (every pool borrowed, read through another engine's page-table rows: no page of its own)
-            page = cfg.kv_page_size if cfg else 0
-            pool = self._max_shape[(full or [self.pairs[0][0]])[0]] if self.pairs else (0, 0, page)
+            pool = self._max_shape[(full or [self.pairs[0][0]])[0]] if self.pairs else (0, 0, KV_PAGE_SIZE)
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))

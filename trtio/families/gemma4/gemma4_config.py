@@ -272,7 +272,7 @@ class Gemma4Config(FamilyConfig):
         and the shape-only mode (length 1 bounded, 0 full)."""
         b, m = max_batch, cfg.pages_per_sequence
         lo = min(self.num_swa_pages or b * self.private_pages(cfg.kv_page_size) or cfg.kv_pool_pages,
-                 cfg.kv_pool_pages)
+                 cfg.kv_pool_pages) if cfg.role == "llm" else cfg.kv_pool_pages  # spec mode: full storage only
         pools = []
         for i in range(self.num_layers):
             top = (2, cfg.kv_pool_pages, cfg.kv_page_size, self.kv_heads[i], self.head_dims[i])
@@ -282,10 +282,11 @@ class Gemma4Config(FamilyConfig):
                for i, (shape, profiles, decl) in enumerate(pools)]
         table: tuple[ProfileShapes, ...] = (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2
         out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m), table, declared=(-1, 2, -1)))
-        out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m), table,
-                              declared=(-1, 2, -1)))
-        out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
-                              declared=(-1,)))
+        if cfg.role == "llm":  # a spec pair's engines have no bounded SWA storage (Edge-LLM turns it off there)
+            out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m), table,
+                                  declared=(-1, 2, -1)))
+            out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
+                                  declared=(-1,)))
         out += [TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl)
                 for i, (shape, _profiles, decl) in enumerate(pools)]
         return out

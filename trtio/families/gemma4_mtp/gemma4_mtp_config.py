@@ -1,5 +1,5 @@
 """A Gemma 4 assistant draft's typed config (``spec_decode_type`` ``gemma4_mtp``, ``model`` ``gemma4_assistant``) and
-its bindings (``docs/edgellm-assumptions.md`` §13).
+its bindings (``docs/edgellm-assumptions.md`` §15).
 
 ============================================ ==================================================================
 Edge-LLM key (draft config)                  read as
@@ -142,6 +142,10 @@ class Gemma4MtpConfig(FamilyConfig):
             if want != have:
                 raise ConfigError(key, f"assistant layer {i} ({want[0]}, {want[1]} x {want[2]}) cannot read the pool "
                                        f"of target layer {t} ({have[0]}, {have[1]} x {have[2]})")
+        if mine.full_rope != g.full_rope:  # one full-layer table serves both engines (the PipelineIO's member)
+            raise ConfigError(f"{dfile}: full_rope_config", f"{mine.full_rope.to_dict()} differs from the base's "
+                                                            f"{g.full_rope.to_dict()} ({bfile.name}): trtio keeps one "
+                                                            "full-layer RoPE table for the pair")
         if draft.base_model_hidden_size != base.hidden_size:
             raise ConfigError(f"{dfile}: base_model_hidden_size", f"{draft.base_model_hidden_size} differs from the "
                                                                   f"base's hidden_size {base.hidden_size}")
