@@ -359,16 +359,18 @@ def test_a_tree_drafted_in_one_step_is_refused() -> None:
             setup.draft_propose(x)
         with pytest.raises(trtio.TrtioError, match="drafting_step"):
             setup.draft_propose(x)
+        with pytest.raises(trtio.errors.InvalidValueError, match="prefix"):
+            setup.pin_prefix(0, 5)
 
 
 # -- parity -----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_gemma4_mtp_rounds_equal_hugging_face(scenario: str) -> None:
+@pytest.mark.parametrize("scenario, graphs", [(s, False) for s in SCENARIOS] + [("chain", True)])
+def test_gemma4_mtp_rounds_equal_hugging_face(scenario: str, graphs: bool) -> None:
     """Accepted tokens equal Hugging Face's greedy tokens; the target's verify logits equal its logits; every
-    assistant step equals ``Gemma4AssistantForCausalLM`` on the same inputs."""
-    done = run(scenario)
+    assistant step equals ``Gemma4AssistantForCausalLM`` on the same inputs (also replayed from graphs)."""
+    done = run(scenario, graphs=graphs)
     assert done.base.worst <= 0.1 and done.draft.worst <= 0.1
     assert done.draft.rows >= 12 and done.base.rows >= 8
     assert max(done.accepted) == DEPTH + 1 and min(done.accepted) == 1, done.accepted
