@@ -294,6 +294,8 @@ PLUGIN_PLACES = {
     "families.spec.dflash_bindings": "binding", "families.spec.dflash": "setups",
     "families.gemma4": "binding", "families.gemma4.gemma4_config": "steps", "families.gemma4.swa": "steps",
     "families.gemma4.ple": "setups", "families.gemma4.gemma4_feature": "setups",
+    "families.gemma4_mtp": "binding", "families.gemma4_mtp.gemma4_mtp_config": "steps",
+    "families.gemma4_mtp.assistant": "setups", "families.gemma4_mtp.gemma4_mtp_feature": "setups",
 }
 
 
