@@ -19,7 +19,7 @@ The references (``reference.npz``), all fp32:
   state after the final norm at the last committed token), step ``k`` fed the embedding of step ``k - 1``'s argmax
   and its output hidden state, every step at position ``c - 1`` (Edge-LLM's ``gemma4MTPDecoder.cpp``: positions
   ``committed_len - 1``; Hugging Face's own candidate generator puts the query at ``c``: see
-  ``docs/edgellm-assumptions.md`` §15.3): ``draft_logits_i [c - prompt, DEPTH, V]`` and the argmax chain
+  ``docs/edgellm-assumptions.md`` §18.3): ``draft_logits_i [c - prompt, DEPTH, V]`` and the argmax chain
   ``draft_tokens_i [c - prompt, DEPTH]``.
 """
 

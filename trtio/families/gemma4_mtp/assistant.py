@@ -1,4 +1,4 @@
-"""A Gemma 4 MTP pair's draft steps: the KV-less assistant (``docs/edgellm-assumptions.md`` §15).
+"""A Gemma 4 MTP pair's draft steps: the KV-less assistant (``docs/edgellm-assumptions.md`` §18).
 
 Edge-LLM 0.11's ``gemma4MTPDecoder.cpp`` drafts a chain each round: ``draftingStep`` steps of the assistant, one row
 a sequence, every one at position ``committed_len - 1`` with ``past_lengths`` = ``attention_sequence_lengths`` =

@@ -1,5 +1,5 @@
 """A Gemma 4 assistant draft's typed config (``spec_decode_type`` ``gemma4_mtp``, ``model`` ``gemma4_assistant``) and
-its bindings (``docs/edgellm-assumptions.md`` §15).
+its bindings (``docs/edgellm-assumptions.md`` §18).
 
 ============================================ ==================================================================
 Edge-LLM key (draft config)                  read as
