@@ -11,7 +11,9 @@ Edge-LLM key                             keyword                        note
 ``dflash_tree_base``                     ``dflash_tree_base``           default false; the same for a DFlash
                                                                         base (Edge-LLM 0.11's builder sets it
                                                                         on every one)
-``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash
+``jetspec_tree_base``                    ``jetspec_tree_base``          default false; the same for a JetSpec
+                                                                        base
+``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash, jetspec
 ======================================== ============================== ====================================
 
 Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/edgellm-assumptions.md`` §11):
@@ -27,8 +29,12 @@ Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/ed
   inputs) and returns logits for every block position. trtio declares these bindings
   (:mod:`trtio.families.spec.dflash_bindings`) and runs the pair through the same phases, the block as the draft's
   input (:mod:`trtio.families.spec.dflash`).
+* ``jetspec`` — a causal DFlash (:mod:`trtio.families.spec.jetspec`): the same graphs and rounds, ``jetspec_config``
+  for ``dflash_config``, each block row seeing the rows before it only.
 
-Other families (jetspec, dspark, gemma4_mtp) are refused when the config is read.
+DFlash and JetSpec are *block draft* families, each one declaration (:mod:`trtio.families.spec.block_family`): this
+module reads the declaration, never the family's name. ``dspark`` pairs are refused when the config is read, naming
+what trtio lacks (:mod:`trtio.families.spec.dspark`); other families (gemma4_mtp, ...) are refused likewise.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ from trtio import names
 from trtio._checks import is_int
 from trtio.config import LLMEngineConfig
 from trtio.dtypes import DType
-from trtio.edgellm_config import SPEC_DECODE_TYPES, EdgeReader, got
+from trtio.edgellm_config import EdgeReader, got
 from trtio.errors import ConfigError
+from trtio.families.spec.block_family import BlockFamily, block_family_of, declared
 from trtio.families.spec.dflash_bindings import (
+    DFLASH,
     DFLASH_DELTA_INPUTS,
     DFLASH_POSITIONS,
     DFLASH_ROPE,
@@ -53,18 +61,25 @@ from trtio.families.spec.dflash_bindings import (
     check_block_draft,
     dflash_draft_registry,
 )
+from trtio.families.spec.dspark import DSPARK_MISSING
+from trtio.families.spec.jetspec import JETSPEC
 from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
 from trtio.registry import TensorRegistry
 from trtio.tensor_map import TensorMap
 
-__all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable", "dflash_target_layers", "family_of",
-           "fed_layers"]
+__all__ = ["BLOCK_FAMILIES", "REFUSED_FAMILIES", "RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig",
+           "check_runnable", "dflash_target_layers", "family_of", "fed_layers"]
 
+#: The block draft families (each declared in its own module), by ``spec_decode_type``.
+BLOCK_FAMILIES: dict[str, BlockFamily] = {f.kind: f for f in (DFLASH, JETSPEC)}
+assert BLOCK_FAMILIES == declared(), "every declared block draft family is read here"
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
-SPEC_FAMILIES = SPEC_DECODE_TYPES
+SPEC_FAMILIES = ("eagle3", "mtp", *BLOCK_FAMILIES)
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
+RUNNABLE_FAMILIES = SPEC_FAMILIES
+#: Families whose configs are refused when read, with what trtio lacks to run them.
+REFUSED_FAMILIES = {"dspark": DSPARK_MISSING}
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -77,14 +92,10 @@ def family_of(extras: Mapping[str, Any], role: str) -> str | None:
 
 
 def dflash_target_layers(extras: Mapping[str, Any], where: str = "dflash_config") -> tuple[int, ...]:
-    """A DFlash draft config's ``dflash_config.target_layer_ids``: the base layers whose hidden states, side by
-    side, the draft reads (``ConfigError`` naming the key when missing or not a list of ints)."""
-    block = extras.get("dflash_config")
-    ids = block.get("target_layer_ids") if isinstance(block, Mapping) else None
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-        raise ConfigError(f"{where}.target_layer_ids", f"expected a non-empty list of base layer indices (the "
-                                                       f"layers a DFlash draft reads), got {ids!r}")
-    return tuple(int(i) for i in ids)
+    """A block draft config's ``<family config>.target_layer_ids`` (``dflash_config``, ``jetspec_config``): the base
+    layers whose hidden states, side by side, the draft reads (``ConfigError`` naming the key when missing or not a
+    list of ints)."""
+    return (block_family_of(extras) or DFLASH).target_layers(extras, where)
 
 
 def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
@@ -107,19 +118,23 @@ def check_runnable(family: str, what: str) -> None:
 @dataclass(frozen=True)
 class SpecConfig(FamilyConfig):
     """A spec-decode base's or draft's family facts: ``kind`` (``spec_decode_type``: ``"eagle3"``, ``"mtp"``,
-    ``"dflash"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its draft, and
-    whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base``: its recurrent layers read
-    ``tree_parent_ids`` and run each node from its parent's states; :attr:`tree_base`) rather than for chains only."""
+    ``"dflash"``, ``"jetspec"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its
+    draft, and whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base``,
+    ``jetspec_tree_base``: its recurrent layers read ``tree_parent_ids`` and run each node from its parent's states;
+    :attr:`tree_base`) rather than for chains only."""
 
     eagle_hidden_state_layers: tuple[int, ...] = ()
     mtp_tree_base: bool = False
     kind: str | None = None
     role: str = "llm"
     dflash_tree_base: bool = False
+    jetspec_tree_base: bool = False
 
-    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False}
+    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False,
+                "jetspec_tree_base": False}
     SOURCE_KEYS = {"eagle_hidden_state_layers": "eagle_hidden_state_layers", "mtp_tree_base": "mtp_tree_base",
-                   "dflash_tree_base": "dflash_tree_base"}
+                   "dflash_tree_base": "dflash_tree_base", "jetspec_tree_base": "jetspec_tree_base"}
+    _TREE_BASE_KEYS = ("mtp_tree_base", "dflash_tree_base", "jetspec_tree_base")
 
     def __post_init__(self) -> None:
         layers: Any = self.eagle_hidden_state_layers
@@ -132,27 +147,34 @@ class SpecConfig(FamilyConfig):
         kind = family_of(core["extras"], role)
         if kind is None and all(given[k] == v for k, v in cls.KEYWORDS.items()):
             return None
-        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"])
+        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"],
+                   given["jetspec_tree_base"])
 
     @property
     def tree_base(self) -> bool:
-        """Whether the base was built as a DDTree base (``mtp_tree_base`` or ``dflash_tree_base``): Edge-LLM's builder
-        then gives its recurrent plugins ``use_ddtree`` (``docs/edgellm-assumptions.md`` §11.2)."""
-        return self.mtp_tree_base or self.dflash_tree_base
+        """Whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base`` or
+        ``jetspec_tree_base``): Edge-LLM's builder then gives its recurrent plugins ``use_ddtree``
+        (``docs/edgellm-assumptions.md`` §11.2)."""
+        return self.mtp_tree_base or self.dflash_tree_base or self.jetspec_tree_base
+
+    @property
+    def tree_base_key(self) -> str | None:
+        """The key that made the base a DDTree base (for messages), or None."""
+        return next((k for k in self._TREE_BASE_KEYS if getattr(self, k) is True), None)
 
     def keywords(self) -> dict[str, Any]:
         return {"eagle_hidden_state_layers": self.eagle_hidden_state_layers, "mtp_tree_base": self.mtp_tree_base,
-                "dflash_tree_base": self.dflash_tree_base}
+                "dflash_tree_base": self.dflash_tree_base, "jetspec_tree_base": self.jetspec_tree_base}
 
     def to_json(self) -> dict[str, Any]:
         return {"eagle_hidden_state_layers": list(self.eagle_hidden_state_layers), "mtp_tree_base": self.mtp_tree_base,
-                "dflash_tree_base": self.dflash_tree_base}
+                "dflash_tree_base": self.dflash_tree_base, "jetspec_tree_base": self.jetspec_tree_base}
 
     def validate(self, cfg: LLMEngineConfig) -> None:
         layers = self.eagle_hidden_state_layers
         if not isinstance(layers, tuple):
             raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
-        for key in ("mtp_tree_base", "dflash_tree_base"):
+        for key in self._TREE_BASE_KEYS:
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(key, f"must be true or false, got {getattr(self, key)!r}")
         if not layers:
@@ -169,13 +191,23 @@ class SpecConfig(FamilyConfig):
             raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
 
     @property
+    def block_family(self) -> BlockFamily | None:
+        """The block draft family of this base or draft (:mod:`trtio.families.spec.block_family`), or None."""
+        return BLOCK_FAMILIES.get(self.kind) if self.kind is not None else None
+
+    @property
+    def is_block_draft(self) -> bool:
+        """Whether this is a block draft's config (DFlash, JetSpec: :mod:`trtio.families.spec.dflash`)."""
+        return self.block_family is not None and self.role == "draft"
+
+    @property
     def is_dflash_draft(self) -> bool:
         """Whether this is a DFlash block draft's config (:mod:`trtio.families.spec.dflash`)."""
-        return self.kind == "dflash" and self.role == "draft"
+        return self.kind == DFLASH.kind and self.role == "draft"
 
     def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
-        """A DFlash draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
-        if reg.contract == "ragged" and self.is_dflash_draft:
+        """A block draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
+        if reg.contract == "ragged" and self.is_block_draft:
             return dflash_draft_registry(cfg, reg)
         hidden = reg.get(names.kOutputHiddenStates)
         if reg.contract == "ragged" and cfg.role == "base" and hidden is not None:
@@ -184,13 +216,13 @@ class SpecConfig(FamilyConfig):
 
     def members(self, cfg: LLMEngineConfig, rows: int) -> list[TensorRequest]:
         """A DFlash draft's delta RoPE rows, gathered at their positions."""
-        if not self.is_dflash_draft:
+        if not self.is_block_draft:
             return []
         return [TensorRequest.of(DFLASH_ROPE, (rows, cfg.rotary_dim), DType.FLOAT32)]
 
     def step_requests(self, cfg: LLMEngineConfig, place: str, batch: int, rows: int) -> list[TensorRequest]:
         """A DFlash draft's delta rows (positions, sequences), written every round with the lengths."""
-        if place != "lengths" or not self.is_dflash_draft:
+        if place != "lengths" or not self.is_block_draft:
             return []
         return [TensorRequest.of(DFLASH_POSITIONS, (rows,), DType.INT32),
                 TensorRequest.of(DFLASH_SEQUENCES, (rows,), DType.INT32)]
@@ -198,7 +230,7 @@ class SpecConfig(FamilyConfig):
     def bind_pipeline(self, io: Any, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """A DFlash draft's newly committed tokens: their base features (in place in the base's rows), RoPE rows,
         positions and sequences."""
-        if not self.is_dflash_draft or io.step is None:
+        if not self.is_block_draft or io.step is None:
             return
         tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
         tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
@@ -211,27 +243,32 @@ class SpecConfig(FamilyConfig):
         return cfg.hidden_size * max(len(self.eagle_hidden_state_layers), 1)
 
     def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-        """A family with a step protocol; a DFlash draft's block (version 1, one RoPE table, a mask token, a block
+        """A family with a step protocol; a block draft's block (version 1, one RoPE table, a mask token, a block
         that fits)."""
         check_runnable(family_of(base.extras, "base") or "eagle3", what)
-        if self.is_dflash_draft:
+        if self.is_block_draft:
             check_block_draft(draft)
 
     def check_pair(self, base: LLMEngineConfig, draft: LLMEngineConfig, files: tuple[Path, Path]) -> LLMEngineConfig:
         """One speculative family for both; the base's hidden states as wide as the draft reads them. Returns the
-        base with a DFlash draft's ``dflash_config.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the layers
-        its ``hidden_states`` output concatenates: the base config does not name them)."""
+        base with a block draft's ``<family config>.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the
+        layers its ``hidden_states`` output concatenates: the base config does not name them); a block family's
+        required keys (JetSpec's ``causal_head: true``) in both configs."""
         bfile, dfile = files
         btype, dtype = base.extras.get("spec_decode_type"), draft.extras.get("spec_decode_type")
         if btype != dtype:
             raise ConfigError(f"{dfile}: spec_decode_type", f"is {dtype!r}, but {bfile.name} says {btype!r}; base and "
                                                             "draft must be one speculative family")
         family = family_of(base.extras, "base") or "eagle3"
-        if family == "dflash":
-            targets = dflash_target_layers(draft.extras, f"{dfile}: dflash_config")
+        block = BLOCK_FAMILIES.get(family)
+        if block is not None:
+            block.check_required(base.extras, bfile.name)
+            block.check_required(draft.extras, dfile.name)
+            section = f"{dfile}: {block.section_key(draft.extras)}"
+            targets = block.target_layers(draft.extras, section)
             bad = [i for i in targets if i >= base.num_layers]
             if bad:
-                raise ConfigError(f"{dfile}: dflash_config.target_layer_ids",
+                raise ConfigError(f"{section}.target_layer_ids",
                                   f"{list(targets)}: {bad} outside the base's {base.num_layers} layers ({bfile.name})")
             base = dataclasses.replace(base, features=(*base.features, dataclasses.replace(
                 base.feature(SpecConfig) or SpecConfig(), eagle_hidden_state_layers=targets))).validate()
@@ -248,9 +285,19 @@ class SpecConfig(FamilyConfig):
         return base
 
     @classmethod
+    def unsupported(cls, r: EdgeReader) -> list[tuple[str, str, str]]:
+        """A base's or draft's ``spec_decode_type`` trtio does not read (DSpark's naming what trtio lacks)."""
+        spec_type = r.raw("spec_decode_type")
+        if r.raw("engine_role") not in ("base", "draft") or not isinstance(spec_type, str) or spec_type == "none" \
+                or spec_type in SPEC_FAMILIES:
+            return []
+        detail = REFUSED_FAMILIES.get(spec_type, f"trtio reads {list(SPEC_FAMILIES)} pairs only")
+        return [("spec_decode_type", f"speculative decoding of type {spec_type!r}", detail)]
+
+    @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in ("mtp_tree_base", "dflash_tree_base"):
+        for key in cls._TREE_BASE_KEYS:
             tree_base = r.bool_(key)
             if tree_base is not None:
                 r.used.add(key)
