@@ -1,5 +1,5 @@
 """A block draft pair's draft steps (DFlash, JetSpec): the block draft (``docs/edgellm-assumptions.md`` §11.5,
-§11.6).
+§11.9).
 
 A DFlash draft runs once a round, over a *block*: the round's root (the last committed token, which the base has
 not run yet) and mask tokens after it, each block row returning logits for its position (row ``j >= 1`` guesses

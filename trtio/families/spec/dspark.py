@@ -1,5 +1,5 @@
 """DSpark (Edge-LLM 0.11 ``spec_decode_type: dspark``): refused when its config is read, naming what trtio lacks
-(``docs/edgellm-assumptions.md`` §11.7).
+(``docs/edgellm-assumptions.md`` §11.10).
 
 A DSpark draft is a JetSpec-style block draft (``dflash_target_hidden_concat``, the ``dflash_delta_*`` inputs, a
 block in tree mode) that also returns ``dspark_hidden_states [T, H]``, and its runtime (``dsparkDecoder.cpp``) does not

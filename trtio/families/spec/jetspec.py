@@ -1,4 +1,4 @@
-"""JetSpec: a causal DFlash (Edge-LLM 0.11 ``spec_decode_type: jetspec``; ``docs/edgellm-assumptions.md`` §11.6).
+"""JetSpec: a causal DFlash (Edge-LLM 0.11 ``spec_decode_type: jetspec``; ``docs/edgellm-assumptions.md`` §11.9).
 
 A JetSpec pair is a DFlash pair whose draft was trained with a causal block (``jetspec_config.causal_head: true``).
 Edge-LLM's exporter writes the same graphs (the base: a DFlash base, ``hidden_states [T, 3H]`` of
