@@ -23,9 +23,11 @@ from trtio.testing import ReferenceEngine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 MTP, DFLASH, JETSPEC = FIXTURES / "qwen35-mtp", FIXTURES / "qwen3-dflash", FIXTURES / "qwen3-jetspec"
+DSPARK = FIXTURES / "qwen3-dspark"
 GRAPHS = {MTP: ("qwen35-mtp/llm/model.onnx", "mtp_draft/model.onnx"),
           DFLASH: ("base/llm/model.onnx", "dflash_draft/model.onnx"),
-          JETSPEC: ("base/llm/model.onnx", "jetspec_draft/model.onnx")}
+          JETSPEC: ("base/llm/model.onnx", "jetspec_draft/model.onnx"),
+          DSPARK: ("base/llm/model.onnx", "dspark_draft/model.onnx")}
 # Inputs trtio declares optional (a graph may lack them): what the exported graphs may leave out.
 OPTIONAL = {names.kSkipSoftmaxScale, names.kTreeParentIds, names.kTreeDepths, names.kValidTreeCounts}
 
@@ -46,7 +48,7 @@ def declared(cfg: LLMEngineConfig) -> dict[str, Any]:
     return {s.name: s for s in specs}
 
 
-@pytest.mark.parametrize("fixture", [MTP, DFLASH, JETSPEC], ids=["mtp", "dflash", "jetspec"])
+@pytest.mark.parametrize("fixture", [MTP, DFLASH, JETSPEC, DSPARK], ids=["mtp", "dflash", "jetspec", "dspark"])
 def test_the_registries_name_every_binding_of_both_exported_graphs(tmp_path: Path, fixture: Path) -> None:
     """Base and draft: every input and output of the exported graph with its direction, dtype and shape (dynamic
     dims -1), and nothing else but optional inputs."""
@@ -88,9 +90,11 @@ def test_a_dflash_base_concatenates_the_drafts_target_layers(tmp_path: Path) -> 
     (MTP, {"draft": {"base_model_hidden_size": 384}}, "base_model_hidden_size"),
     (DFLASH, {"draft": {"dflash_config": {"target_layer_ids": [1, 3, 9]}}}, "dflash_config.target_layer_ids"),
     (DFLASH, {"draft": {"dflash_config": {"block_size": 8}}}, "dflash_config.target_layer_ids"),
-    (MTP, {"base": {"spec_decode_type": "dspark"}, "draft": {"spec_decode_type": "dspark"}}, "spec_decode_type"),
+    (MTP, {"base": {"spec_decode_type": "gemma4_mtp"}, "draft": {"spec_decode_type": "gemma4_mtp"}},
+     "spec_decode_type"),
     (MTP, {"draft": {"spec_decode_type": "eagle3"}}, "spec_decode_type"),
-], ids=["mtp-width", "dflash-layer", "dflash-no-layers", "dspark", "mixed"])
+    (DSPARK, {"draft": {"dspark_config": {"block_size": 4}}}, "dspark_config.target_layer_ids"),
+], ids=["mtp-width", "dflash-layer", "dflash-no-layers", "gemma4-mtp", "mixed", "dspark-no-layers"])
 def test_a_pair_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path, fixture: Path,
                                                            changes: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -200,16 +204,18 @@ def test_a_jetspec_pair_without_causal_head_in_both_configs_is_refused_naming_th
     assert info.value.field == f"{role}_config.json: jetspec_config.causal_head"
 
 
-def test_a_dspark_pair_is_refused_when_read_naming_the_heads_trtio_does_not_apply(tmp_path: Path) -> None:
+def test_a_dspark_pair_is_read_and_refused_at_setup_naming_the_heads_trtio_does_not_apply(tmp_path: Path) -> None:
     """DSpark's runtime biases each draft step with the Markov head and sizes the verify with the confidence head
-    (sidecar files); trtio has no step for them and refuses the pair rather than draft from unbiased logits."""
-    change = {"spec_decode_type": "dspark", "jetspec_config": None,
-              "dspark_config": {"target_layer_ids": [1, 3, 4], "block_size": 8, "mask_token_id": 999,
-                                "heads_file": "dspark_heads.safetensors", "markov_rank": 16}}
+    (sidecar files); trtio has no step for them: the pair (whose graphs' bindings are declared, above) is refused at
+    create_for_spec_decode, before anything is allocated, rather than drafted from unbiased logits."""
+    directory = EngineDir.open(pair_dir(tmp_path, DSPARK))
+    assert directory.base_config.eagle_hidden_state_layers == (1, 3, 4)
+    assert declared(directory.draft_config)["dspark_hidden_states"].engine_shape == (-1, 64)
     with pytest.raises(ConfigError) as info:
-        EngineDir.open(pair_dir(tmp_path, JETSPEC, base=change, draft=change))
-    assert info.value.field.endswith("base_config.json: spec_decode_type")
-    assert "Markov head" in str(info.value) and "dspark_heads.safetensors" in str(info.value)
+        _create(directory)
+    assert info.value.field == "spec_decode_type"
+    assert "'dspark' pairs" in str(info.value) and "Markov head" in str(info.value)
+    assert "dspark_heads.safetensors" in str(info.value)
 
 
 def test_the_jetspec_pair_on_doubles_of_its_exported_io_binds_and_steps(tmp_path: Path) -> None:

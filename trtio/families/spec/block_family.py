@@ -14,7 +14,11 @@ bindings and the block steps read the declaration, never the family's name:
   causal (row ``j`` sees rows ``0 .. j``: ``dflashRuntimeKernels.cu::dflashPrepareProposalInputsKernel``'s
   ``causalProposalMask``, which ``makeCachedBlockDraftRuntimeConfig`` sets for JetSpec);
 * ``required`` — keys of the config block both configs of a pair must hold with these values (JetSpec's
-  ``causal_head: true``: ``makeCachedBlockDraftRuntimeConfig`` refuses the pair otherwise).
+  ``causal_head: true``: ``makeCachedBlockDraftRuntimeConfig`` refuses the pair otherwise);
+* ``outputs`` — ``[T, hidden_size]`` float16 outputs the draft graph has beside ``logits`` (DSpark's
+  ``dspark_hidden_states``);
+* ``refused`` — what trtio lacks to run the family's rounds (its bindings are declared, the pair is refused at
+  ``create_for_spec_decode`` naming it), or None.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class BlockFamily:
     causal: bool
     also_reads: tuple[str, ...] = ()
     required: Mapping[str, Any] = field(default_factory=dict)
+    outputs: tuple[str, ...] = ()
+    refused: str | None = None
 
     def section_key(self, extras: Mapping[str, Any]) -> str:
         """The config block a config of this family holds its block's facts in (``config_key`` unless only one of

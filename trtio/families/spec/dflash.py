@@ -212,7 +212,7 @@ class DFlashFeature(Feature):
     @classmethod
     def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> DFlashFeature | None:
         family = config.block_family
-        if family is None or not config.is_block_draft:
+        if family is None or not config.is_block_draft or family.refused is not None:
             return None
         return cls(BlockDraft(check_block_draft(cfg), causal=family.causal))
 

@@ -47,8 +47,9 @@ _NOT_DFLASH = {names.kLogitsIndices, names.kBaseModelHiddenStates, names.kDraftM
                names.kTreeParentIds, names.kTreeDepths, names.kValidTreeCounts}
 
 
-def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> TensorRegistry:
-    """A DFlash draft's bindings, from ``draft`` (the ragged registry of an EAGLE-style draft of ``cfg``)."""
+def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry, outputs: tuple[str, ...] = ()) -> TensorRegistry:
+    """A block draft's bindings, from ``draft`` (the ragged registry of an EAGLE-style draft of ``cfg``);
+    ``outputs``: the family's ``[T, hidden_size]`` float16 outputs beside ``logits`` (DSpark's)."""
     b, L = cfg.max_supported_batch_size, cfg.max_supported_input_length
     q = cfg.max_step_tokens
     delta = ("batch", "select_len")  # newly committed tokens, entry-padded to the step's longest delta
@@ -65,6 +66,10 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
             spec = TensorSpec(spec.name, "input", DType.INT32, (0,), (((0,), (0,), (0,)),) * 2)
         elif spec.name == names.kLogits:
             spec = TensorSpec(spec.name, "output", spec.dtype, (("batch", "seq_len"), cfg.output_vocab_size))
+            reg.add(spec)
+            for name in outputs:
+                reg.add(TensorSpec(name, "output", cfg.activation, (("batch", "seq_len"), cfg.hidden_size)))
+            continue
         elif spec.is_input and spec.shape[:1] == (("batch", "seq_len"),) and len(spec.profiles) == 2:
             # Every step of a block draft runs a block (its prefill too): the builder gives its token rows the
             # generation range in both profiles (``_setup_llm_profiles``: ``proposal_context_range``).

@@ -33,8 +33,9 @@ Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/ed
   for ``dflash_config``, each block row seeing the rows before it only.
 
 DFlash and JetSpec are *block draft* families, each one declaration (:mod:`trtio.families.spec.block_family`): this
-module reads the declaration, never the family's name. ``dspark`` pairs are refused when the config is read, naming
-what trtio lacks (:mod:`trtio.families.spec.dspark`); other families (gemma4_mtp, ...) are refused likewise.
+module reads the declaration, never the family's name. ``dspark`` (:mod:`trtio.families.spec.dspark`) is a declared
+block family whose pairs are read and their bindings declared, then refused at ``create_for_spec_decode`` naming what
+trtio lacks; other families (gemma4_mtp, ...) are refused when the config is read.
 """
 
 from __future__ import annotations
@@ -61,25 +62,23 @@ from trtio.families.spec.dflash_bindings import (
     check_block_draft,
     dflash_draft_registry,
 )
-from trtio.families.spec.dspark import DSPARK_MISSING
+from trtio.families.spec.dspark import DSPARK
 from trtio.families.spec.jetspec import JETSPEC
 from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
 from trtio.registry import TensorRegistry
 from trtio.tensor_map import TensorMap
 
-__all__ = ["BLOCK_FAMILIES", "REFUSED_FAMILIES", "RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig",
+__all__ = ["BLOCK_FAMILIES", "RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig",
            "check_runnable", "dflash_target_layers", "family_of", "fed_layers"]
 
 #: The block draft families (each declared in its own module), by ``spec_decode_type``.
-BLOCK_FAMILIES: dict[str, BlockFamily] = {f.kind: f for f in (DFLASH, JETSPEC)}
+BLOCK_FAMILIES: dict[str, BlockFamily] = {f.kind: f for f in (DFLASH, JETSPEC, DSPARK)}
 assert BLOCK_FAMILIES == declared(), "every declared block draft family is read here"
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
 SPEC_FAMILIES = ("eagle3", "mtp", *BLOCK_FAMILIES)
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = SPEC_FAMILIES
-#: Families whose configs are refused when read, with what trtio lacks to run them.
-REFUSED_FAMILIES = {"dspark": DSPARK_MISSING}
+RUNNABLE_FAMILIES = ("eagle3", "mtp", *(kind for kind, f in BLOCK_FAMILIES.items() if f.refused is None))
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -110,9 +109,11 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 def check_runnable(family: str, what: str) -> None:
     """Refuse a pair of ``family`` trtio has no step protocol for, before anything is allocated."""
     if family not in RUNNABLE_FAMILIES:
+        block = BLOCK_FAMILIES.get(family)
+        why = (block.refused if block is not None and block.refused else
+               f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs")
         raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
-                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs; the pair is "
-                                              "refused rather than run wrong")
+                                              f"{why}; the pair is refused rather than run wrong")
 
 
 @dataclass(frozen=True)
@@ -207,8 +208,8 @@ class SpecConfig(FamilyConfig):
 
     def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
         """A block draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
-        if reg.contract == "ragged" and self.is_block_draft:
-            return dflash_draft_registry(cfg, reg)
+        if reg.contract == "ragged" and self.is_block_draft and self.block_family is not None:
+            return dflash_draft_registry(cfg, reg, self.block_family.outputs)
         hidden = reg.get(names.kOutputHiddenStates)
         if reg.contract == "ragged" and cfg.role == "base" and hidden is not None:
             reg.replace(dataclasses.replace(hidden, shape=(hidden.shape[0], self.output_hidden_width(cfg))))
@@ -291,8 +292,8 @@ class SpecConfig(FamilyConfig):
         if r.raw("engine_role") not in ("base", "draft") or not isinstance(spec_type, str) or spec_type == "none" \
                 or spec_type in SPEC_FAMILIES:
             return []
-        detail = REFUSED_FAMILIES.get(spec_type, f"trtio reads {list(SPEC_FAMILIES)} pairs only")
-        return [("spec_decode_type", f"speculative decoding of type {spec_type!r}", detail)]
+        return [("spec_decode_type", f"speculative decoding of type {spec_type!r}",
+                 f"trtio reads {list(SPEC_FAMILIES)} pairs only")]
 
     @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
