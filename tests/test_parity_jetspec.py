@@ -22,7 +22,6 @@ from test_parity_dflash import (
     _copy,
     _delta_features_late,
     _delta_last_row_dropped,
-    _draft_steps,
 )
 
 from tests._parity_spec import Hook, SpecCase, planted_spec, run_spec
@@ -85,8 +84,33 @@ def _block_rope_from_the_committed_length(inputs: dict[str, np.ndarray]) -> None
     t[:] = np.repeat(t[::w].copy(), w, axis=0)
 
 
+def _prompt_delta(bug: Hook) -> Hook:
+    """``bug`` in the draft steps whose delta holds a prompt (a delta row at position 0), or in the others."""
+    def hook(inputs: dict[str, np.ndarray]) -> None:
+        if (np.asarray(inputs["dflash_delta_positions"]) == 0).any():
+            bug(inputs)
+    return hook
+
+
+def _prompt_rows_dropped(inputs: dict[str, np.ndarray]) -> None:
+    """Each prompt's last delta row marked padding, over a draft KV pool that holds nothing yet (zeroed in place
+    first: the pool's memory is reused between runs, and a row left unwritten would otherwise read the right keys and
+    values an earlier run left there)."""
+    for name in inputs:
+        if name.startswith("past_key_values_"):
+            inputs[name][...] = 0
+    _delta_last_row_dropped(inputs)
+
+
+def _catch_up_delta(bug: Hook) -> Hook:
+    def hook(inputs: dict[str, np.ndarray]) -> None:
+        if not (np.asarray(inputs["dflash_delta_positions"]) == 0).any():
+            bug(inputs)
+    return hook
+
+
 # (scenario, engine hooks by role): each plants one wrong runtime input, as a trtio bug would write it. Made afresh for
-# each run: a hook that counts the draft's steps holds state.
+# each run.
 BUGS: dict[str, Callable[[], tuple[str, dict[str, Hook]]]] = {
     "the block's mask bidirectional (DFlash's), not causal": lambda: ("draft_tree", {"draft": _block_bidirectional}),
     "each block row sees the next row too": lambda: ("draft_tree", {"draft": _block_sees_next_row}),
@@ -95,9 +119,9 @@ BUGS: dict[str, Callable[[], tuple[str, dict[str, Hook]]]] = {
     "every block row at its root's RoPE position": lambda: (
         "draft_tree", {"draft": _block_rope_from_the_committed_length}),
     "the prompts' delta without each prompt's last token": lambda: (
-        "draft_tree", {"draft": _draft_steps(first=True)(_delta_last_row_dropped)}),
+        "draft_tree", {"draft": _prompt_delta(_prompt_rows_dropped)}),
     "catch-up delta features one row late (an accepted node's from its parent)": lambda: (
-        "draft_tree", {"draft": _draft_steps(first=False)(_delta_features_late)}),
+        "draft_tree", {"draft": _catch_up_delta(_delta_features_late)}),
     **{bug: (lambda bug=bug: DFLASH_BUGS[bug]) for bug in (  # stateless hooks: shared with the DFlash file's
         "delta positions one late", "sequence 0's delta rows given to sequence 1", "delta RoPE rows one late",
         "the block's RoPE rows one late", "verify mask: nodes see the nodes after them")},
