@@ -50,6 +50,15 @@ class BlockDraft:
         # per delta width and lengths: which rows hold a token, their offsets, their sequences (a constant)
         self._deltas: BoundedCache[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
         self._last_moves: tuple[Any, Any, int, tuple[DeviceWork, ...]] | None = None  # the last accept's
+        self._grids: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()  # _in_order's, per (batch, width)
+
+    def _in_order(self, b: int, a: int) -> np.ndarray:
+        """Row ``i * a + j`` at ``[i, j]`` (``[b, a]``): where the catch-up's moves put accepted node ``j`` of
+        sequence ``i`` (:meth:`CatchUp.in_order <trtio.setups.catch_up.CatchUp.in_order>` on full paths)."""
+        found = self._grids.get((b, a))
+        if found is None:
+            found = self._grids.put((b, a), np.arange(b * a).reshape(b, a))
+        return found
 
     def refuse_propose(self) -> None:
         raise TrtioError("draft_propose: a DFlash draft proposes a whole block per call (draft_prefill / "
@@ -143,10 +152,10 @@ class BlockDraft:
         last = self._last_moves
         if last is not None and last[0] is acc and last[1] is rows and last[2] == a:
             return last[3]
-        want = r.catch_up.in_order(acc, a)
+        b, k = rows.shape
         moves: tuple[DeviceWork, ...] = ()
-        if rows.shape[1] > a or not np.array_equal(np.where(want[:, :rows.shape[1]] >= 0, rows, -1),
-                                                   want[:, :rows.shape[1]]):
+        # in place: each accepted node's row is row i * a + j already (rows are -1 past each path)
+        if k > a or not np.array_equal(rows, np.where(rows < 0, -1, self._in_order(b, a)[:, :k])):
             moves = r.catch_up.features(r.draft, acc, a, rows)
         elif not acc.flags.writeable and not rows.flags.writeable:
             self._last_moves = (acc, rows, a, moves)  # only the in-place answer: the moves write the step block
