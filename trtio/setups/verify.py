@@ -148,9 +148,10 @@ class PlacedPaths(NamedTuple):
 class _PathTables:
     """A verify tree's accepted paths as table lookups, made once per tree: per parent list (sequences that share
     one share its tables), each node's root path (at most MAX_PATH_MOVES + 1 nodes; None for padding nodes and
-    deeper ones), and the KV commit's row of it (``[0, length, nodes padded with -1]``, ``2 + width`` ints: width
-    the tree's longest root path). A batch of paths is then checked by comparing it with its last nodes' paths
-    and laid out by indexing the rows with them: C loops and a few numpy calls, whatever the batch."""
+    deeper ones), the KV commit's row of it (``[0, length, nodes padded with -1]``, ``2 + width`` ints: width the
+    tree's longest root path) and per sequence its nodes' rows of the verify step's outputs (``seq * nodes + node``,
+    -1 past the path). A batch of paths is then checked by comparing it with its last nodes' paths and laid out by
+    indexing the tables with them: C loops and a few numpy calls, whatever the batch."""
 
     def __init__(self, parent_lists: list[list[int]], seqs: np.ndarray) -> None:
         by_list: dict[tuple[int, ...], int] = {}
@@ -177,10 +178,13 @@ class _PathTables:
         self.paths: Any = lists[0] if self.shared else [lists[i] for i in which]
         self.rows = table[0] if self.shared else table[which]
         self.seqs = seqs
+        nodes = table[which, :, 2:]  # each sequence's [N, W] paths, then their rows of the verify step's outputs
+        self.accepted = np.where(nodes >= 0, seqs[:len(which), None, None] * self.nodes + nodes, -1)
 
     def lay_out(self, paths: list[list[int]], b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``b`` paths (lists of ints) as (the commit's rows [b, 2 + width], their starts 0; lengths [b]; the
-        accepted nodes [b, longest], -1 past each path), or None where a path is not the root path of a node."""
+        accepted nodes' rows [b, longest], -1 past each path), or None where a path is not the root path of a
+        node."""
         try:
             ends = [*map(_LAST, paths)]  # an empty path raises
         except IndexError:
@@ -191,9 +195,9 @@ class _PathTables:
         if want != paths:
             return None
         at = np.array(ends)
-        moves = self.rows[at] if self.shared else self.rows[self.seqs[:b], at]
-        longest = max(map(len, paths))
-        return moves, moves[:, 1].copy(), moves[:, 2:2 + longest].copy()
+        seqs = self.seqs[:b]
+        moves = self.rows[at] if self.shared else self.rows[seqs, at]
+        return moves, moves[:, 1], self.accepted[seqs, at, :max(map(len, paths))]
 
 
 def _root_paths(parents: list[int]) -> list[list[int] | None]:
@@ -287,7 +291,6 @@ class AcceptedPaths:
         moves, acc, rows = laid
         if starts is not None:
             moves[:, 0] = starts
-        rows += firsts * (rows >= 0)  # each sequence's first row of the verify step's outputs
         self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, tables, firsts)
         self._fixed = None
         return moves, acc, rows
