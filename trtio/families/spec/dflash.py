@@ -51,6 +51,18 @@ class BlockDraft:
         self._deltas: BoundedCache[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
         self._last_moves: tuple[Any, Any, int, tuple[DeviceWork, ...]] | None = None  # the last accept's
         self._grids: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()  # _in_order's, per (batch, width)
+        self._delta_rows: BoundedCache[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
+        self._last_delta: tuple[int, bytes] | None = None  # the last delta's key (_stage keeps a repeated one)
+
+    def _rows(self, b: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A delta's tables for ``b`` sequences of ``width`` rows: the row numbers ``[1, width]``, which rows hold a
+        token by the delta's length (``[width + 1, width]``) and each row's sequence (``[b, 1]``), int32."""
+        found = self._delta_rows.get((b, width))
+        if found is None:
+            j = np.arange(width, dtype=np.int32)[None, :]
+            found = self._delta_rows.put((b, width), (j, j < np.arange(width + 1)[:, None],
+                                                      np.arange(b, dtype=np.int32)[:, None]))
+        return found
 
     def _in_order(self, b: int, a: int) -> np.ndarray:
         """Row ``i * a + j`` at ``[i, j]`` (``[b, a]``): where the catch-up's moves put accepted node ``j`` of
@@ -97,11 +109,13 @@ class BlockDraft:
         b = delta.shape[0]
         key = (width, delta.tobytes())
         found = self._deltas.get(key)
-        if found is None:  # a round repeats its accept lengths: their rows and sequences are found again
-            j = np.arange(width, dtype=np.int32)[None, :]
-            take = j < delta[:, None]
-            found = self._deltas.put(key, (take, j, constant(np.where(take, np.arange(b, dtype=np.int32)[:, None],
-                                                                      np.int32(-1)).reshape(-1))))
+        if found is None:  # lengths new every round (a serving loop's) are laid out by table lookups alone
+            j, takes, seqs = self._rows(b, width)
+            take = takes[delta]
+            found = (take, j, np.where(take, seqs, np.int32(-1)).reshape(-1))
+            if key == self._last_delta:  # a round repeats its accept lengths: their rows and sequences are kept
+                found = self._deltas.put(key, (take, j, constant(found[2])))
+            self._last_delta = key
         take, j, sequences = found
         step = steps.step
         step.write_all((DFLASH_POSITIONS, DFLASH_SEQUENCES),
