@@ -289,7 +289,8 @@ class BatchSteps(StepInputs):
         return found
 
     def catch_up_roots_held(self, roots: np.ndarray) -> np.ndarray | None:
-        held = constant(roots)  # the layout wrote them into draft_roots (CatchUpTargets.roots)
+        # the layout wrote them into draft_roots (CatchUpTargets.roots)
+        held = roots if not roots.flags.writeable and roots.flags.owndata else constant(roots)
         self.step.device_wrote("draft_roots", held)
         return held
 

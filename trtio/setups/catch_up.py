@@ -61,6 +61,7 @@ class CatchUp:
         # work, the moves and the fused work of both.
         self._last_layout: tuple[np.ndarray, int, _Layout] | None = None
         self._last_work: tuple[tuple[DeviceWork, ...], tuple[DeviceWork, ...], tuple[DeviceWork, ...]] | None = None
+        self._last_roots: tuple[np.ndarray, int, np.ndarray | None] | None = None  # (lengths, width, roots after)
 
     def stage(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray, past: np.ndarray,
               s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None, *,
@@ -76,7 +77,7 @@ class CatchUp:
         after its scatter ran) the host lays it out, once per pattern."""
         b, a = accepted.shape[0], width
         if placed is not None:
-            return self._on_device(e, placed, b, a, past, s, slots, pages), self._steps.catch_up_roots(b, a, accepted)
+            return self._on_device(e, placed, b, a, past, s, slots, pages), self._roots_after(b, a, accepted)
         last = self._last_layout
         if last is not None and last[0] is accepted and last[1] == a:  # accept()'s read-only lengths, kept per paths
             found = last[2]
@@ -105,6 +106,19 @@ class CatchUp:
             before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
         self._last_work = (tree, moves, before)
         return before, found.roots
+
+    def _roots_after(self, b: int, a: int, accepted: np.ndarray) -> np.ndarray | None:
+        """Each sequence's root row after a catch-up laid out on the device (the contract's ``catch_up_roots``), as
+        a constant: the same one while accept() repeats its read-only lengths."""
+        last = self._last_roots
+        if last is not None and last[0] is accepted and last[1] == a:
+            return last[2]
+        roots = self._steps.catch_up_roots(b, a, accepted)
+        if roots is not None and roots.flags.writeable:
+            roots = constant(roots)
+        if not accepted.flags.writeable:
+            self._last_roots = (accepted, a, roots)
+        return roots
 
     def _on_device(self, e: EngineView, placed: PlacedPaths, b: int, a: int, past: np.ndarray, s: Stream,
                    slots: np.ndarray | None, pages: np.ndarray | None) -> tuple[DeviceWork, ...]:

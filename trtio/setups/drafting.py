@@ -196,7 +196,9 @@ class DraftTree:
         """The step block holds ``roots`` (a constant: each sequence's root hidden row, written there by device
         work already enqueued): the next round's first level whose roots have these values stages them at no
         cost."""
-        self._last_roots = (roots.tolist(), roots)
+        last = self._last_roots
+        if last is None or last[1] is not roots:
+            self._last_roots = (roots.tolist(), roots)
 
     def round_past(self, lengths: list[int]) -> np.ndarray | None:
         """The int32 constant of the cached lengths this round's levels staged, where they are ``lengths`` (a
