@@ -53,6 +53,14 @@ def _read_or_none(paths: AcceptedPaths, given: list[list[int]], b: int, tree: ob
         return None
 
 
+def _root(parents: list[int], c: int) -> list[int]:
+    """Node ``c``'s path from the root (nodes of a padding chain end at -1)."""
+    up = [c]
+    while up[-1] > 0:
+        up.append(parents[up[-1]])
+    return up[::-1]
+
+
 def test_walk_takes_exactly_the_paths_the_general_checks_take() -> None:
     """On random trees (shared, and one per sequence) and node lists, :meth:`walk` lays out every list of ints
     the general checks accept, as they read it, and refuses (None) every one they refuse."""
@@ -80,7 +88,11 @@ def test_walk_takes_exactly_the_paths_the_general_checks_take() -> None:
         np.testing.assert_array_equal(lens, acc)
         np.testing.assert_array_equal(moves[:, 0], starts)
         np.testing.assert_array_equal(moves[:, 1], acc)
-        np.testing.assert_array_equal(moves[:, 2:], grid)
+        longest = grid.shape[1]  # the commit's rows are as wide as the tree's longest root path, whatever is accepted
+        deepest = max(len(_root(p, c)) for p in lists for c in range(len(p)) if len(_root(p, c)) <= MAX_PATH_MOVES + 1)
+        assert moves.shape[1] == 2 + deepest
+        np.testing.assert_array_equal(moves[:, 2:2 + longest], grid)
+        assert (moves[:, 2 + longest:] == -1).all()
         np.testing.assert_array_equal(rows, np.where(grid >= 0, np.arange(b)[:, None] * n + grid, -1))
     assert taken > 50 and refused > 50, "the trial mixes paths on and off the trees"
 

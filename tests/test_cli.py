@@ -937,10 +937,12 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
                "speculative round, accepted paths new every round (1-4 nodes a sequence)"}
     assert out.keys() == {"batch", "ragged"}
     for contract, rows in out.items():
-        # the ragged contract also times a LoRA engine's rows (issue 37), an MTP and a DFlash round
-        # (tests/test_bench.py) and a Gemma 4 decode (issue 34)
+        # the ragged contract also times a LoRA engine's rows (issue 37), an MTP and a DFlash round, each also with
+        # paths new every round (tests/test_bench.py), and a Gemma 4 decode (issue 34)
         extra = set(LORA_ROWS) | {"MTP round (chain of 3 + verify + accept + draft_accept)",
                                   "DFlash round (block of 8: verify + accept + draft_accept)",
+                                  "MTP round, accepted paths new every round (1-4 nodes a sequence)",
+                                  "DFlash round, accepted paths new every round (1-4 nodes a sequence)",
                                   "LLMSetup.decode, Gemma 4 (bounded SWA, KV sharing, dual RoPE, PLE)"} \
             if contract == "ragged" else set()
         assert rows.keys() == helpers | extra, contract

@@ -276,3 +276,112 @@ def test_an_llm_declares_the_device_lengths_in_its_step_block(contract: str) -> 
         assert step is not None
         t = step.tensors["decode_lengths"]
         assert (t.dtype, t.location, t.capacity) == (DType.INT32, Location.DEVICE, 4 * setup.io.max_batch)
+
+
+def _catch_up_case(width: int, seed: int) -> dict[str, np.ndarray]:
+    """A catch-up's inputs: 5 sequences' accepted paths of 1 .. ``width`` nodes (random nodes of a 50-row verify
+    step) as the KV commit's rows (``width + 4`` ints each: a wider commit row than the catch-up), and cached
+    lengths."""
+    rng = np.random.default_rng(seed)
+    b, stride = 5, width + 4
+    acc = rng.integers(1, width + 1, b)
+    acc[0], acc[-1] = 1, width  # the shortest and the longest path
+    moves = np.full((b, stride), -1, np.int32)
+    moves[:, 0] = rng.integers(0, 100, b)
+    moves[:, 1] = acc
+    for i, n in enumerate(acc):
+        moves[i, 2:2 + n] = rng.integers(0, 50, n)
+    return {"moves": moves, "acc": acc, "past": rng.integers(0, 300, b).astype(np.int32)}
+
+
+def _catch_up_walk(case: dict[str, np.ndarray], width: int, nodes: int, scratch: int, logits_stride: int,
+                   roots_stride: int) -> dict[str, np.ndarray]:
+    """What a catch-up's layout holds, row by row in Python."""
+    moves, acc = case["moves"], case["acc"]
+    b, words = acc.shape[0], max(1, -(-width // 32))
+    out = {"lengths": acc.copy(), "logits": np.zeros(b, np.int64), "roots": np.zeros(b, np.int64),
+           "parent_ids": np.zeros(b * width, np.int64), "depths": np.zeros(b * width, np.int64),
+           "mask": np.zeros((b * width, words), np.uint32), "dst": np.zeros(b * width, np.int64),
+           "src": np.zeros(b * width, np.int64)}
+    for i in range(b):
+        n = int(acc[i])
+        out["logits"][i] = i * logits_stride + n - 1
+        out["roots"][i] = i * roots_stride + n - 1
+        for j in range(width):
+            r = i * width + j
+            out["parent_ids"][r], out["depths"][r] = j - 1, j
+            real = j < n
+            out["dst"][r] = i * scratch + j if real else -1
+            out["src"][r] = i * nodes + int(moves[i, 2 + j]) if real else -1
+            if real:
+                for seen in range(j + 1):  # node j sees nodes 0 .. j
+                    out["mask"][r, seen // 32] |= np.uint32(1 << (seen % 32))
+    return out
+
+
+def _catch_up_on(backend: Backend, case: dict[str, np.ndarray], width: int, tree_step: bool) -> dict[str, np.ndarray]:
+    """Run :class:`~trtio.ops.CatchUpLayout` of ``case`` on ``backend`` (with the tree step of the batch contract's
+    targets where ``tree_step``); every tensor it writes, read back."""
+    from trtio.ops import CatchUpLayout, CatchUpTargets
+
+    moves, acc = case["moves"], case["acc"]
+    b, words = acc.shape[0], max(1, -(-width // 32))
+    shapes = {"moves": (moves.shape, "int32"), "lengths": ((b,), "int32"), "logits": ((b,), "int64"),
+              "roots": ((b,), "int32"), "past": ((b,), "int32"), "start": ((b,), "int32"), "ctx": ((b,), "int32"),
+              "next": ((b,), "int32"), "select": ((b,), "int64"), "mask_dst": ((b * width, words), "int32"),
+              "mask": ((b * width, words), "int32")}
+    shapes.update({n: ((b * width,), "int32") for n in ("parent_ids", "depths", "dst", "src", "ids")})
+    with Stream.create(backend) as s, _tensors(backend, shapes, s) as t:
+        t["moves"].copy_from(moves, s)
+        t["past"].copy_from(case["past"], s)
+        tree = None
+        if tree_step:
+            tree = TreeStep(TreeTargets(t["past"], t["lengths"], t["depths"], start=t["start"], ctx=t["ctx"],
+                                        ids=t["ids"], mask_src=t["mask"], mask_dst=t["mask_dst"],
+                                        select_src=t["logits"], select_dst=t["select"], next=t["next"]),
+                            b, width, True, 0, words, 1)
+        targets = CatchUpTargets(t["dst"], t["src"], lengths=t["lengths"], logits=t["logits"],
+                                 parent_ids=t["parent_ids"], depths=t["depths"], mask=t["mask"], roots=t["roots"])
+        CatchUpLayout(targets, t["moves"], moves.shape[1], 50, b, width, 7, words=words, logits_stride=width,
+                      roots_stride=width + 1, tree=tree).enqueue(s)
+        return {n: v.to_numpy(s) for n, v in t.items()}
+
+
+@pytest.mark.parametrize("width", [4, 40])
+@pytest.mark.parametrize("tree_step", [False, True])
+def test_a_catch_up_laid_out_on_the_device_equals_its_rows_walked_in_python(backend: Backend, width: int,
+                                                                            tree_step: bool) -> None:
+    """:class:`~trtio.ops.CatchUpLayout` (the catch-up's layout made from the KV commit's rows alone) writes what a
+    walk of each path writes row by row: lengths, logits and root rows, parents, depths, causal mask words (two per
+    row past 32 rows: the second word's bits from node 32 on), scratch rows and accepted rows (-1 past each path);
+    its mask and logits rows are TreeLayout.chains' (the host layout it replaces). With its tree step, in the same
+    launch, that step reads what the layout just wrote (the batch contract's: start, context lengths, ids, the mask
+    and selection copied, the next round's lengths)."""
+    case = _catch_up_case(width, width)
+    got = _catch_up_on(backend, case, width, tree_step)
+    want = _catch_up_walk(case, width, 50, 7, width, width + 1)
+    for name, values in want.items():
+        np.testing.assert_array_equal(got[name].reshape(values.shape).astype(values.dtype), values, err_msg=name)
+    acc, past = case["acc"], case["past"].astype(np.int64)
+    chains = TreeLayout.chains(acc, width, phase=PHASE_DECODE, logits_rows=np.arange(acc.shape[0]) * width + acc - 1)
+    np.testing.assert_array_equal(got["mask"], chains.packed_mask)
+    np.testing.assert_array_equal(got["logits"], chains.logits_indices)
+    if tree_step:
+        np.testing.assert_array_equal(got["next"], past + acc)
+        np.testing.assert_array_equal(got["start"], past)
+        np.testing.assert_array_equal(got["ctx"], past + width)
+        depth = np.arange(width)[None, :]
+        np.testing.assert_array_equal(got["ids"], np.where(depth < acc[:, None], past[:, None] + depth, 0).reshape(-1))
+        np.testing.assert_array_equal(got["mask_dst"], chains.packed_mask)
+        np.testing.assert_array_equal(got["select"], want["logits"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [4, 40])
+def test_the_catch_up_layout_kernel_writes_what_its_host_op_writes(cuda: Backend, host: Backend, width: int) -> None:
+    """The cuda kernel ``trtio_catch_up_layout`` and the host backend's numpy op, on the same random catch-up (with
+    its tree step): every tensor they write is the same."""
+    case = _catch_up_case(width, 11 + width)
+    on_gpu, on_host = _catch_up_on(cuda, case, width, True), _catch_up_on(host, case, width, True)
+    for name in on_host:
+        np.testing.assert_array_equal(on_gpu[name], on_host[name], err_msg=name)

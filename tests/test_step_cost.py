@@ -59,10 +59,12 @@ def _embeds(sd: trtio.SpecDecodeSetup, tokens: np.ndarray) -> Tensor:
 
 
 def _round(sd: trtio.SpecDecodeSetup, r: int, levels: list[Tensor],
-           ops: dict[str, list[int]] | None = None, parents: list[np.ndarray] | None = None) -> list[np.ndarray]:
+           ops: dict[str, list[int]] | None = None, parents: list[np.ndarray] | None = None,
+           paths: list[list[int]] | None = None) -> list[np.ndarray]:
     """One round with fixed shapes and round-dependent tokens and paths: every level, verify, accept and
     the catch-up; returns every logits output. ``ops`` collects device operations per helper; ``parents``:
-    each level's (else a binary tree's, made afresh)."""
+    each level's (else a binary tree's, made afresh); ``paths``: the accepted paths (else one of two patterns, by
+    the round's parity)."""
     b = sd.batch
     assert b is not None
     rng = np.random.default_rng(r)
@@ -85,7 +87,8 @@ def _round(sd: trtio.SpecDecodeSetup, r: int, levels: list[Tensor],
     tree = sd.io.inputs_embeds.reshape((b, VERIFY, E.shape[1]))
     tree.copy_from(E[rng.integers(0, 512, (b, VERIFY))].astype(np.float16))  # written in place, like a runtime
     out.append(counted("verify", lambda: sd.verify(tree, BINARY)).to_numpy())
-    paths = [[0, 1, 3], [0, 2], [0, 2, 6], [0]][:b] if r % 2 else [[0, 2, 5], [0, 1, 4], [0], [0, 1]][:b]
+    if paths is None:
+        paths = [[0, 1, 3], [0, 2], [0, 2, 6], [0]][:b] if r % 2 else [[0, 2, 5], [0, 1, 4], [0], [0, 1]][:b]
     counted("accept", lambda: sd.accept(paths))
     a = 3
     catch_up = sd.io.inputs_embeds.reshape((b, a, E.shape[1]))
@@ -272,6 +275,77 @@ def test_batch_steps_stay_within_sixteen_device_operations(host: Backend) -> Non
         within(ops, {"draft_propose": [3] + [2] * (STEPS - 1) + [3] + [2] * (STEPS - 1), "verify": [1, 1],
                      "accept": [2, 2], "draft_accept": [2, 2]})
         _close(buffers)
+    finally:
+        sd.close()
+
+
+def _serving_paths(rounds: int, b: int = 4) -> list[list[list[int]]]:
+    """Per round, each sequence's accepted root path of 1-3 nodes of the binary verify tree, at random; every round's
+    pattern of lengths new (none seen in an earlier round), as a serving loop's."""
+    rng = np.random.default_rng(7)
+    out: list[list[list[int]]] = []
+    seen: set[tuple[int, ...]] = set()
+    while len(out) < rounds:
+        lens = tuple(int(n) for n in rng.integers(1, 4, b))
+        if lens in seen:
+            continue
+        seen.add(lens)
+        paths = []
+        for n in lens:
+            walk = [0]
+            for _ in range(n - 1):
+                walk.append(2 * walk[-1] + 1 + int(rng.integers(0, 2)))
+            paths.append(walk)
+        out.append(paths)
+    return out
+
+
+@pytest.mark.parametrize("contract", ["batch", "ragged"])
+def test_a_serving_round_costs_the_steady_round_and_one_upload(host: Backend, contract: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds whose accepted paths are new every round (a serving loop's: 1-3 nodes a sequence at random, a new
+    pattern of lengths each round), beside steady rounds (the same paths each round): a serving round enqueues at
+    most one device operation more than a steady one (accept's upload of the new paths' commit rows), its catch-up
+    is laid out on the device from those rows (no host layout: TreeLayout.chains is never called) and uploads
+    nothing, and the next round's first level uploads nothing either (the batch contract's roots are written by the
+    catch-up's layout)."""
+    from trtio.contracts.ragged import TreeLayout
+
+    sd = _setup(contract, True)
+    step, moves = sd.io.step, sd.base.state._moves
+    assert step is not None
+    chains: list[object] = []
+    real_chains = TreeLayout.chains.__func__  # type: ignore[attr-defined]
+
+    def spy(cls: type, *args: Any, **kwargs: Any) -> TreeLayout:
+        chains.append(args)
+        return real_chains(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    try:
+        levels = _two_rounds_in(sd)
+        steady: dict[str, list[int]] = {}
+        for r in range(2):
+            before = step.uploads
+            _round(sd, r, levels, steady, paths=[[0, 1, 3], [0, 2], [0, 2, 6], [0]])
+        steady_uploads = step.uploads - before  # the step block's, in the last steady round
+        monkeypatch.setattr(TreeLayout, "chains", classmethod(spy))
+        for r, paths in enumerate(_serving_paths(4)):
+            ops: dict[str, list[int]] = {}
+            uploads = {"step": step.uploads, "moves": moves.uploads}
+            _round(sd, 2 + r, levels, ops, paths=paths)
+            if r == 0:  # (a round after the steady ones: its first level read the steady catch-up's)
+                continue
+            total, steady_total = sum(sum(v) for v in ops.values()), sum(v[-1] for v in steady.values()) + \
+                sum(steady["draft_propose"][-STEPS:-1])
+            assert total <= steady_total + 1, (r, ops, steady)
+            assert ops["draft_accept"] == steady["draft_accept"][-1:], (r, ops, steady)
+            assert ops["accept"][0] == steady["accept"][-1] + 1, (r, ops, steady)  # its commit rows, uploaded
+            assert moves.uploads == uploads["moves"] + 1
+            # the step block: no upload more than a steady round's (none in the catch-up nor the next first level)
+            assert step.uploads - uploads["step"] == steady_uploads, (r, step.uploads - uploads["step"])
+        assert not chains, f"a serving round laid a catch-up out on the host: {len(chains)} layouts"
+        for x in levels:
+            x.close()
     finally:
         sd.close()
 

@@ -25,7 +25,8 @@ from trtio.errors import InvalidTypeError, InvalidValueError, ShapeError
 from trtio.stream import Stream
 from trtio.tensor import Tensor
 
-__all__ = ["Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel", "DraftTreeBuffers", "KVCommit", "KVLayout",
+__all__ = ["CatchUpLayout", "CatchUpTargets", "Copy", "Copy2D", "CopyJobs", "DecodeAdvance", "DraftLevel",
+           "DraftTreeBuffers", "KVCommit", "KVLayout",
            "AsGraph", "OwnGraphs", "copy_pages",
            "RowCopy", "TreeStep", "TreeTargets", "Zero", "Zero2D", "copy_rows", "fuse", "warm_up"]
 
@@ -816,16 +817,19 @@ class TreeStep:
         return self.targets.past.backend
 
     def enqueue(self, stream: Stream) -> None:
-        t = self.targets
         if self.backend.name == "cuda":
-            _kernel(self, "trtio_tree_step", self.batch, np.int32(self.width), _ptr(t.past), _ptr(t.lengths),
-                    _ptr(t.depths), np.int32(self.full_width), _ptr(t.asl), _ptr(t.start), _ptr(t.ctx),
-                    _ptr(t.positions), _ptr(t.ids), np.int32(self.ids_pad), _ptr(t.rope_rows), np.int64(t.rope_cap),
-                    _ptr(t.mask_src), _ptr(t.mask_dst if self.words else None), np.int32(self.words),
-                    _ptr(t.select_src), _ptr(t.select_dst if self.select_count else None),
-                    np.int32(self.select_count), _ptr(t.next))(stream.handle)
+            _kernel(self, "trtio_tree_step", self.batch, *self.kernel_args())(stream.handle)
             return
         _host_work(self.backend, stream, functools.partial(_tree_step_host, self))
+
+    def kernel_args(self) -> tuple[Any, ...]:
+        """The arguments of ``trtio_tree_step`` (``TRTIO_TREE_STEP_ARGS``), which :class:`CatchUpLayout` passes on."""
+        t = self.targets
+        return (np.int32(self.width), _ptr(t.past), _ptr(t.lengths), _ptr(t.depths), np.int32(self.full_width),
+                _ptr(t.asl), _ptr(t.start), _ptr(t.ctx), _ptr(t.positions), _ptr(t.ids), np.int32(self.ids_pad),
+                _ptr(t.rope_rows), np.int64(t.rope_cap), _ptr(t.mask_src), _ptr(t.mask_dst if self.words else None),
+                np.int32(self.words), _ptr(t.select_src), _ptr(t.select_dst if self.select_count else None),
+                np.int32(self.select_count), _ptr(t.next))
 
 
 def _tree_step_host(step: TreeStep) -> None:
@@ -855,3 +859,107 @@ def _tree_step_host(step: TreeStep) -> None:
     if step.select_count and t.select_src is not None and t.select_dst is not None:
         n = b * step.select_count
         host_view(t.select_dst.data_ptr, 8 * n)[:] = host_view(t.select_src.data_ptr, 8 * n)
+
+
+@dataclass(frozen=True, eq=False)
+class CatchUpTargets:
+    """Where a :class:`CatchUpLayout` writes a catch-up's inputs, where the contract has them (int32 unless said):
+    the rows a catch-up's gather writes (``dst``: scratch rows) and reads (``src``: the accepted nodes' rows of the
+    verify step's outputs), each sequence's query ``lengths`` and ``logits`` row (int64), every row's ``parent_ids``,
+    ``depths`` and packed causal ``mask``, and each sequence's root row after the catch-up (``roots``). One object
+    per setup and engine."""
+
+    dst: Tensor
+    src: Tensor
+    lengths: Tensor | None = None
+    logits: Tensor | None = None
+    parent_ids: Tensor | None = None
+    depths: Tensor | None = None
+    mask: Tensor | None = None
+    roots: Tensor | None = None
+
+
+@hash_once
+@dataclass(frozen=True)
+class CatchUpLayout:
+    """A catch-up's layout made on the device (kernel ``trtio_catch_up_layout``) from the accepted paths alone, as
+    accept() left them: ``moves`` (int32 ``[batch, stride]``, the KV commit's rows ``[start, n, node_0 ..
+    node_{n-1}, -1 ...]``, nodes of a verify step of ``nodes`` rows per sequence). For ``batch`` sequences of
+    ``width`` rows (row ``j`` real where ``j < n``) it writes :class:`CatchUpTargets`: each path's causal chain
+    (what :meth:`~trtio.contracts.ragged.TreeLayout.chains` lays out on the host: query length ``n``, logits row
+    ``b * logits_stride + n - 1``, parent ``j - 1``, depth ``j``, ``words`` mask ints a row: node ``j`` sees nodes
+    ``0 .. j``, none on padding rows), its scratch rows ``b * scratch + j``, its accepted rows ``b * nodes +
+    node_j`` (-1 on padding rows) and its root row ``b * roots_stride + n - 1``; then, with ``tree``, that tree
+    step over what it wrote, in the same launch (one graph node). A new pattern of accepted paths so costs no host
+    layout and no upload: the rows are read when the work runs."""
+
+    targets: CatchUpTargets
+    moves: Tensor
+    stride: int
+    nodes: int
+    batch: int
+    width: int
+    scratch: int
+    words: int = 0
+    logits_stride: int = 0
+    roots_stride: int = 0
+    tree: TreeStep | None = None
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and self.tree.batch != self.batch:
+            raise InvalidValueError(f"CatchUpLayout: its tree step runs {self.tree.batch} sequences, the layout "
+                                    f"{self.batch}")
+
+    @property
+    def backend(self) -> Backend:
+        return self.moves.backend
+
+    def enqueue(self, stream: Stream) -> None:
+        t = self.targets
+        if self.backend.name == "cuda":
+            tree = self.tree.kernel_args() if self.tree is not None else _NO_TREE_STEP
+            _kernel(self, "trtio_catch_up_layout", self.batch, _ptr(self.moves), np.int32(self.stride),
+                    np.int32(self.nodes), np.int32(self.width), np.int32(self.scratch), _ptr(t.lengths),
+                    _ptr(t.logits), np.int32(self.logits_stride), _ptr(t.parent_ids), _ptr(t.depths), _ptr(t.mask),
+                    np.int32(self.words), _ptr(t.dst), _ptr(t.src), _ptr(t.roots), np.int32(self.roots_stride),
+                    np.int32(self.tree is not None), *tree)(stream.handle)
+            return
+        _host_work(self.backend, stream, functools.partial(_catch_up_layout_host, self))
+
+
+# ``trtio_tree_step``'s arguments where a catch-up's layout runs no tree step (none is read).
+_NO_TREE_STEP = (np.int32(0), *(np.uint64(0),) * 3, np.int32(0), *(np.uint64(0),) * 5, np.int32(0), np.uint64(0),
+                 np.int64(0), np.uint64(0), np.uint64(0), np.int32(0), np.uint64(0), np.uint64(0), np.int32(0),
+                 np.uint64(0))
+
+
+def _catch_up_layout_host(work: CatchUpLayout) -> None:
+    """:class:`CatchUpLayout` in numpy (the host backend's kernel)."""
+    t, b, w = work.targets, work.batch, work.width
+    rows = _ints(work.moves.data_ptr, b * work.stride).reshape(b, work.stride)
+    n = rows[:, 1].astype(np.int64)
+    seq = np.arange(b)[:, None]
+    j = np.arange(w)[None, :]
+    real = j < n[:, None]
+    if t.lengths is not None:
+        _ints(t.lengths.data_ptr, b)[:] = n
+    if t.logits is not None:
+        host_view(t.logits.data_ptr, 8 * b).view(np.int64)[:] = seq[:, 0] * work.logits_stride + n - 1
+    if t.roots is not None:
+        _ints(t.roots.data_ptr, b)[:] = seq[:, 0] * work.roots_stride + n - 1
+    if t.parent_ids is not None:
+        _ints(t.parent_ids.data_ptr, b * w)[:] = np.tile(np.arange(w) - 1, b)
+    if t.depths is not None:
+        _ints(t.depths.data_ptr, b * w)[:] = np.tile(np.arange(w), b)
+    _ints(t.dst.data_ptr, b * w)[:] = np.where(real, seq * work.scratch + j, -1).reshape(-1)
+    nodes = np.full((b, w), -1, np.int64)
+    cols = min(w, work.stride - 2)
+    nodes[:, :cols] = rows[:, 2:2 + cols]
+    _ints(t.src.data_ptr, b * w)[:] = np.where(real, seq * work.nodes + nodes, -1).reshape(-1)
+    words = work.words
+    if t.mask is not None and words:
+        bits = np.where(real, j + 1, 0)[:, :, None] - 32 * np.arange(words)[None, None, :]  # set bits per word
+        full = np.left_shift(np.uint64(1), np.clip(bits, 0, 32).astype(np.uint64)) - np.uint64(1)
+        _ints(t.mask.data_ptr, b * w * words)[:] = full.astype(np.uint32).view(np.int32).reshape(-1)
+    if work.tree is not None:
+        _tree_step_host(work.tree)

@@ -492,9 +492,10 @@ class EngineState(Closeable):
         self.commit_grid(starts, grid, lens, stream)
 
     def commit_grid(self, starts: Sequence[int] | np.ndarray, grid: np.ndarray, lengths: np.ndarray,
-                    stream: StreamLike = None) -> None:
+                    stream: StreamLike = None) -> tuple[Tensor, int]:
         """:meth:`commit_paths` of paths already laid out by :func:`path_grid` (int64 ``grid`` [batch, L]
-        padded with -1, and each path's length)."""
+        padded with -1, and each path's length); returns where the commit's rows lie on the device and their
+        width (:meth:`commit_rows`)."""
         self._check_open()
         if not self._commit:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
@@ -512,15 +513,16 @@ class EngineState(Closeable):
         rows[:, 0] = starts[:batch]
         rows[:, 1] = lengths
         rows[:, 2:] = grid
-        self.commit_rows(rows, stream)
+        return self.commit_rows(rows, stream), 2 + width
 
     def commit_rows(self, rows: np.ndarray, stream: StreamLike = None, *,
-                    starts: Tensor | None = None) -> None:
+                    starts: Tensor | None = None) -> Tensor:
         """:meth:`commit_grid` of its rows, laid out already: int32 [batch, 2 + width], row ``b`` the sequence's
         cached length, its path's length and the path's nodes (at most ``MAX_PATH_MOVES + 1``, checked by the
         caller) padded with -1. ``starts``: the cached lengths on the device instead (int32 [batch], what the
         step before staged there; the rows' first column is then not read), so rows that repeat (a
-        :func:`~trtio.staging.constant` the block holds) are not uploaded again."""
+        :func:`~trtio.staging.constant` the block holds) are not uploaded again. Returns the device tensor whose
+        first ``rows.size`` ints hold the rows once the upload has run (until the next commit)."""
         if self._closed:
             self._check_open()
         if not self._commit:
@@ -530,6 +532,7 @@ class EngineState(Closeable):
         self._moves.upload(s)
         for commit in self._commit:
             commit.run(moves, rows.shape[0], rows.shape[1], s, starts=starts)
+        return moves
 
     def _kv_layout(self, name: str) -> KVLayout:
         first = self.tensors[name]

@@ -33,8 +33,9 @@ from trtio.contracts.contract import (
 from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.memory import TensorRequest
-from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
+from trtio.ops import CatchUpTargets, DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry, TensorSpec
+from trtio.staging import constant
 from trtio.stream import Stream
 
 if TYPE_CHECKING:
@@ -195,6 +196,9 @@ _ROUND_HELD = ("draft_roots",)  # the same where the round's lengths are on the 
 # A tree step's constants, written together (StepStaging.write_group): the base's (verify) and the draft's (catch-up).
 _VERIFY_GROUP = ("verify_lengths", "verify_depths", "verify_mask", "verify_select")
 _TREE_GROUP = ("tree_lengths", "tree_depths", "tree_mask", "tree_select")
+# What a catch-up laid out on the device writes there (BatchSteps.catch_up, ops.CatchUpLayout): its tree constants,
+# row lists and the next round's roots.
+_CATCH_UP_LAID = (*_TREE_GROUP, "catch_up_dst", "catch_up_src", "draft_roots")
 
 
 class BatchSteps(StepInputs):
@@ -260,6 +264,35 @@ class BatchSteps(StepInputs):
         step.write_prepared(plan[2])
         step.upload(s)
         return plan[3]
+
+    catch_up_logits_per_row = False
+
+    def catch_up_targets(self, e: EngineView) -> CatchUpTargets:
+        t = self.step.tensors
+        lengths, depths, mask, select = (t[n] for n in _TREE_GROUP)
+        return CatchUpTargets(t["catch_up_dst"], t["catch_up_src"], lengths=lengths, logits=select, depths=depths,
+                              mask=mask, roots=t["draft_roots"])
+
+    def _stage_catch_up(self, e: EngineView, batch: int, width: int, past: np.ndarray, s: Stream,
+                        slots: np.ndarray | None, pages: np.ndarray | None) -> None:
+        """The cached lengths alone, in one upload where they are new."""
+        step = self.step
+        step.write("tree_past", past)
+        step.upload(s)
+        step.overwritten(_CATCH_UP_LAID)
+
+    def _chain_work(self, e: EngineView, b: int, width: int, words: int, s: Stream) -> tuple[DeviceWork, ...]:
+        key = (e.role, b, width, words, 1)
+        found = self._tree_works.get(key)
+        if found is None:
+            found = self._tree_works.put(key, (TreeStep(self.tree_targets(e), b, width, True, 0, words, 1),))
+        return found
+
+    def catch_up_roots_held(self, roots: np.ndarray) -> np.ndarray | None:
+        # the layout wrote them into draft_roots (CatchUpTargets.roots)
+        held = roots if not roots.flags.writeable and roots.flags.owndata else constant(roots)
+        self.step.device_wrote("draft_roots", held)
+        return held
 
     def tree_starts(self) -> Tensor | None:
         return self.step.tensors["tree_past"]  # verify stages its cached lengths there (its tree targets')

@@ -24,14 +24,14 @@ from trtio.cuda.backend import Location
 from trtio.dtypes import DType
 from trtio.errors import TrtioError
 from trtio.memory import TensorRequest
-from trtio.ops import RowCopy
+from trtio.ops import CatchUpLayout, RowCopy, TreeStep
 from trtio.registry import TensorRegistry
 from trtio.staging import constant
 from trtio.stream import Stream, StreamLike
 
 if TYPE_CHECKING:
     from trtio.engine import DeviceWork
-    from trtio.ops import DraftTreeBuffers, TreeTargets
+    from trtio.ops import CatchUpTargets, DraftTreeBuffers, TreeTargets
     from trtio.staging import StepStaging
     from trtio.state import EngineState
     from trtio.tensor import Tensor
@@ -202,6 +202,9 @@ class StepInputs(abc.ABC):
         # Per (role, id of a tree layout): the layout and what a tree step of it writes and runs.
         self._tree_plans: BoundedCache[tuple[str, int], Any] = BoundedCache()
         self._slot_ids: tuple[np.ndarray | None, np.ndarray] = (None, np.zeros(0, np.int32))
+        # Per catch-up laid out on the device (role, where the paths lie, their width, the verify's rows per
+        # sequence, batch, width, scratch rows): the paths' tensor (kept: its id keys nothing stale) and the work.
+        self._catch_up_works: BoundedCache[tuple[Any, ...], tuple[Tensor, tuple[DeviceWork, ...]]] = BoundedCache()
 
     # -- what every contract shares ----------------------------------------------------------------
     def row_copy(self, dst: Tensor, src: Tensor, src_rows: Tensor, count: int, row_bytes: int,
@@ -347,6 +350,55 @@ class StepInputs(abc.ABC):
     def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
         """Each sequence's root hidden row after a catch-up over ``accepted`` tokens (None: the rows a
         round's first level reads by default)."""
+
+    #: Whether a catch-up's logits rows count every row of its sequences (``b * width + n - 1``: the ragged
+    #: contract's) or each sequence's own (``n - 1``: the batch contract's token selection).
+    catch_up_logits_per_row: ClassVar[bool]
+
+    @abc.abstractmethod
+    def catch_up_targets(self, e: EngineView) -> CatchUpTargets:
+        """Where a catch-up's layout made on the device (:class:`~trtio.ops.CatchUpLayout`) writes its inputs."""
+
+    def catch_up(self, e: EngineView, moves: Tensor, stride: int, nodes: int, batch: int, width: int, scratch: int,
+                 past: np.ndarray, s: Stream, slots: np.ndarray | None = None,
+                 pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
+        """Stage a catch-up of ``batch`` sequences in ``width``-wide rows that the device lays out from the paths
+        accept() left at ``moves`` (``stride`` ints a row, nodes of a verify step ``nodes`` rows per sequence; their
+        rows gathered into ``scratch`` rows per sequence): its cached lengths (and what the contract's tree step
+        reads besides: slots, page-table rows, the constant offsets) in one upload where the block lacks them, and
+        nothing of its layout. Returns its device work: the layout and its tree step in one kernel
+        (:class:`~trtio.ops.CatchUpLayout`), then what reads them (RoPE rows); the same object while the catch-up
+        keeps its shape, whatever was accepted."""
+        self._stage_catch_up(e, batch, width, past, s, slots, pages)
+        key = (e.role, id(moves), stride, nodes, batch, width, scratch)
+        found = self._catch_up_works.get(key)
+        if found is None or found[0] is not moves:
+            words = max(1, -(-width // 32))
+            chain = self._chain_work(e, batch, width, words, s)
+            tree = chain[0]
+            assert isinstance(tree, TreeStep)
+            layout = CatchUpLayout(self.catch_up_targets(e), moves, stride, nodes, batch, width, scratch, words=words,
+                                   logits_stride=width if self.catch_up_logits_per_row else 0, roots_stride=width,
+                                   tree=tree)
+            found = self._catch_up_works.put(key, (moves, (layout, *chain[1:])))
+        return found[1]
+
+    @abc.abstractmethod
+    def _stage_catch_up(self, e: EngineView, batch: int, width: int, past: np.ndarray, s: Stream,
+                        slots: np.ndarray | None, pages: np.ndarray | None) -> None:
+        """:meth:`catch_up`'s staging: its step values written and uploaded (where any is new), and what the layout
+        writes on the device forgotten by the block."""
+
+    @abc.abstractmethod
+    def _chain_work(self, e: EngineView, b: int, width: int, words: int, s: Stream) -> tuple[DeviceWork, ...]:
+        """The tree step of a catch-up's causal chains (``b`` sequences of ``width`` rows, ``words`` mask ints a
+        row), and what reads it (RoPE rows): :meth:`tree`'s work for such a layout."""
+
+    def catch_up_roots_held(self, roots: np.ndarray) -> np.ndarray | None:
+        """After a catch-up laid out on the device has run: each sequence's root row (``roots``, the contract's
+        :meth:`catch_up_roots`) as the constant the step block then holds where the layout wrote them there (a
+        round's first level stages that constant at no cost); None where it writes none."""
+        return None
 
     @abc.abstractmethod
     def tree_targets(self, e: EngineView) -> TreeTargets:

@@ -32,6 +32,7 @@ from trtio.contracts.contract import (
 )
 from trtio.contracts.ragged import (
     PHASE_DECODE,
+    PHASE_DRAFT,
     PHASE_PREFILL,
     PHASE_PREFILL_RESTORED,
     StepLayout,
@@ -44,7 +45,7 @@ from trtio.contracts.ragged import (
 from trtio.dtypes import DType
 from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
-from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
+from trtio.ops import CatchUpTargets, DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.registry import TensorRegistry
 from trtio.staging import StagedGroup
 from trtio.stream import Stream
@@ -333,6 +334,10 @@ _CATCH_UP_NAMES = dict(zip(("query_start_offsets", *_TREE_GROUP),
                            ("catch_up_query_start_offsets", "catch_up_query_lengths", "catch_up_logits_indices",
                             "catch_up_tree_parent_ids", "catch_up_tree_depths", "catch_up_packed_attention_mask")))
 _CATCH_UP_GROUP = tuple(_CATCH_UP_NAMES.values())
+# What a catch-up laid out on the device stages (RaggedSteps.catch_up): its cached lengths, slots and query offsets.
+_CATCH_UP_STAGED = ("past_lengths", "state_indices", _CATCH_UP_NAMES["query_start_offsets"])
+# What its layout (ops.CatchUpLayout) and tree step write on the device: its tree constants and row lists.
+_CATCH_UP_LAID = (*_CATCH_UP_GROUP[1:], "catch_up_dst", "catch_up_src", *_TREE_WRITES)
 # The engine inputs bound to a tree step's constants (RaggedContract.bind_pipeline), and the members they are.
 _TREE_BINDINGS = {names.kQueryLengths: "query_lengths", names.kValidTreeCounts: "query_lengths",
                   names.kLogitsIndices: "logits_indices", names.kPackedAttentionMask: "packed_attention_mask",
@@ -464,17 +469,7 @@ class RaggedSteps(StepInputs):
         (:data:`_VERIFY_GROUP`, or the catch-up's :data:`_CATCH_UP_GROUP`: with the offsets), and its device
         work."""
         b, w = layout.real.shape
-        words = layout.packed_mask.shape[1]
-        key = (e.role, b, w, layout.phase, layout.padding_position, words)
-        found = self._tree_works.get(key)
-        if found is None:
-            targets = self.tree_targets(e)
-            table, per_slot = self.rope_source(e, s)
-            rows = targets.rope_rows if per_slot else targets.positions
-            assert rows is not None
-            found = self._tree_works.put(key, (
-                TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
-                *self._rope_rows(e, table, rows, b * w)))  # a family's own rows too (Gemma 4's full layers')
+        found = self._tree_work(e, b, w, layout.phase, layout.padding_position, layout.packed_mask.shape[1], s)
         constants = (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids, layout.tree_depths,
                      layout.packed_mask)
         offsets = ramp(b + 1, w)
@@ -483,6 +478,47 @@ class RaggedSteps(StepInputs):
             (layout, None, step.group(_CATCH_UP_GROUP, (offsets, *constants)), found)
         self._tree_plans.put((e.role, id(layout)), plan)
         return plan
+
+    def _tree_work(self, e: EngineView, b: int, w: int, phase: int, padding: int, words: int,
+                   s: Stream) -> tuple[DeviceWork, ...]:
+        """A tree step's device work (:class:`~trtio.ops.TreeStep`, then its RoPE rows gathered, and a family's beside
+        them), per shape."""
+        key = (e.role, b, w, phase, padding, words)
+        found = self._tree_works.get(key)
+        if found is None:
+            targets = self.tree_targets(e)
+            table, per_slot = self.rope_source(e, s)
+            rows = targets.rope_rows if per_slot else targets.positions
+            assert rows is not None
+            found = self._tree_works.put(key, (
+                TreeStep(targets, b, w, phase > PHASE_DECODE, padding),
+                *self._rope_rows(e, table, rows, b * w)))  # a family's own rows too (Gemma 4's full layers')
+        return found
+
+    catch_up_logits_per_row = True
+
+    def catch_up_targets(self, e: EngineView) -> CatchUpTargets:
+        t = self.step.tensors
+        own = _CATCH_UP_NAMES
+        return CatchUpTargets(t["catch_up_dst"], t["catch_up_src"], lengths=t[own["query_lengths"]],
+                              logits=t[own["logits_indices"]], parent_ids=t[own["spec_tree_parent_ids"]],
+                              depths=t[own["spec_tree_depths"]], mask=t[own["packed_attention_mask"]])
+
+    def _stage_catch_up(self, e: EngineView, batch: int, width: int, past: np.ndarray, s: Stream,
+                        slots: np.ndarray | None, pages: np.ndarray | None) -> None:
+        """The cached lengths, slots and query offsets (a constant per shape: the block keeps it) of
+        :data:`_CATCH_UP_STAGED`, with the page-table rows where given, in one upload where any is new."""
+        step = self.step
+        values: tuple[np.ndarray, ...] = (past, self.slot_ids(batch, slots), ramp(batch + 1, width))
+        if pages is None:
+            step.write_all(_CATCH_UP_STAGED, values)
+        else:
+            step.write_all(_CATCH_UP_STAGED + _PAGE_TABLE[e.role == "draft"], (*values, pages))
+        step.upload(s)
+        step.overwritten(_CATCH_UP_LAID)
+
+    def _chain_work(self, e: EngineView, b: int, width: int, words: int, s: Stream) -> tuple[DeviceWork, ...]:
+        return self._tree_work(e, b, width, PHASE_DRAFT if width > 1 else PHASE_DECODE, -1, words, s)
 
     def tree_starts(self) -> Tensor | None:
         return self.step.tensors["past_lengths"]  # verify stages its cached lengths there (its tree targets')

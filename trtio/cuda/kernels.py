@@ -257,15 +257,16 @@ extern "C" __global__ void trtio_draft_level(const int* __restrict__ parents_in,
 // (ids_pad on padding), MRoPE rows b * rope_cap + position (-1 on padding), the lengths after the step next =
 // past + lengths[b] (a draft's: where the next round's first level reads them); the constant mask rows and token
 // selection are copied from the step block to the engine's buffers (the batch contract's). Null: not wanted.
-extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ past, const int* __restrict__ lengths,
-                                           const int* __restrict__ depths, int full_width, int* __restrict__ asl,
-                                           int* __restrict__ start, int* __restrict__ ctx,
-                                           int* __restrict__ positions, int* __restrict__ ids, int ids_pad,
-                                           int* __restrict__ rope_rows, long long rope_cap,
-                                           const int* __restrict__ mask_src, int* __restrict__ mask_dst, int words,
-                                           const long long* __restrict__ select_src,
-                                           long long* __restrict__ select_dst, int select_count,
-                                           int* __restrict__ next) {
+#define TRTIO_TREE_STEP_ARGS int width, const int* __restrict__ past, const int* __restrict__ lengths, \
+    const int* __restrict__ depths, int full_width, int* __restrict__ asl, int* __restrict__ start, \
+    int* __restrict__ ctx, int* __restrict__ positions, int* __restrict__ ids, int ids_pad, \
+    int* __restrict__ rope_rows, long long rope_cap, const int* __restrict__ mask_src, int* __restrict__ mask_dst, \
+    int words, const long long* __restrict__ select_src, long long* __restrict__ select_dst, int select_count, \
+    int* __restrict__ next
+#define TRTIO_TREE_STEP_PASS width, past, lengths, depths, full_width, asl, start, ctx, positions, ids, ids_pad, \
+    rope_rows, rope_cap, mask_src, mask_dst, words, select_src, select_dst, select_count, next
+
+__device__ void trtio_tree_step_block(TRTIO_TREE_STEP_ARGS) {
     int b = blockIdx.x;
     int pl = past[b], n = lengths[b];
     if (threadIdx.x == 0) {
@@ -288,10 +289,54 @@ extern "C" __global__ void trtio_tree_step(int width, const int* __restrict__ pa
         for (int i = threadIdx.x; i < select_count; i += blockDim.x) select_dst[first + i] = select_src[first + i];
     }
 }
+
+extern "C" __global__ void trtio_tree_step(TRTIO_TREE_STEP_ARGS) { trtio_tree_step_block(TRTIO_TREE_STEP_PASS); }
+
+// A catch-up's layout, one block per sequence b, from the accepted paths accept() left on the device: moves row b
+// (`stride` ints) is [start, n, node_0 .. node_{n-1}, -1 ...], the path of n nodes of a verify step `nodes` rows per
+// sequence. Over c_width rows per sequence (row r = b * c_width + j, real where j < n): query lengths n, the logits
+// row b * logits_stride + n - 1 (int64), parent ids j - 1 and depths j, the packed causal mask (c_words ints a row:
+// node j sees nodes 0 .. j; 0 on padding rows), the scratch rows b * scratch + j and the accepted nodes' rows
+// b * nodes + node_j (-1 on padding rows), and the root row b * roots_stride + n - 1. Null: not wanted. With
+// tree_step, then trtio_tree_step's work over what it wrote (TRTIO_TREE_STEP_ARGS), in the same launch.
+extern "C" __global__ void trtio_catch_up_layout(const int* __restrict__ moves, int stride, int nodes, int c_width,
+                                                 int scratch, int* __restrict__ c_lengths,
+                                                 long long* __restrict__ c_logits, int logits_stride,
+                                                 int* __restrict__ c_parent_ids, int* __restrict__ c_depths,
+                                                 int* __restrict__ c_mask, int c_words, int* __restrict__ c_dst,
+                                                 int* __restrict__ c_src, int* __restrict__ c_roots, int roots_stride,
+                                                 int tree_step, TRTIO_TREE_STEP_ARGS) {
+    int b = blockIdx.x;
+    const int* row = moves + (long long)b * stride;
+    int n = row[1];
+    if (threadIdx.x == 0) {
+        if (c_lengths) c_lengths[b] = n;
+        if (c_logits) c_logits[b] = (long long)b * logits_stride + n - 1;
+        if (c_roots) c_roots[b] = b * roots_stride + n - 1;
+    }
+    for (int j = threadIdx.x; j < c_width; j += blockDim.x) {
+        long long r = (long long)b * c_width + j;
+        bool real = j < n;
+        if (c_parent_ids) c_parent_ids[r] = j - 1;
+        if (c_depths) c_depths[r] = j;
+        if (c_dst) c_dst[r] = real ? b * scratch + j : -1;
+        if (c_src) c_src[r] = real ? b * nodes + row[2 + j] : -1;
+        if (c_mask) {
+            for (int q = 0; q < c_words; ++q) {
+                int bits = real ? j + 1 - q * 32 : 0;  // of bits 0 .. j of the row, those from word q's first on
+                c_mask[r * c_words + q] = bits >= 32 ? -1 : bits <= 0 ? 0 : (int)((1u << bits) - 1u);
+            }
+        }
+    }
+    if (tree_step) {  // then the tree step of the layout just written (its lengths, depths and mask), in this launch
+        __syncthreads();
+        trtio_tree_step_block(TRTIO_TREE_STEP_PASS);
+    }
+}
 """
 
 KERNEL_NAMES = ("trtio_copy_jobs", "trtio_kv_commit", "trtio_decode_advance", "trtio_draft_level",
-                "trtio_tree_step")
+                "trtio_tree_step", "trtio_catch_up_layout")
 
 
 @dataclass(frozen=True)

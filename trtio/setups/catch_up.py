@@ -19,6 +19,7 @@ from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout
 from trtio.engine import DeviceWork
 from trtio.ops import Zero, fuse
 from trtio.pipeline_io import PipelineIO
+from trtio.setups.verify import PlacedPaths
 from trtio.staging import constant
 from trtio.stream import Stream
 
@@ -60,15 +61,23 @@ class CatchUp:
         # work, the moves and the fused work of both.
         self._last_layout: tuple[np.ndarray, int, _Layout] | None = None
         self._last_work: tuple[tuple[DeviceWork, ...], tuple[DeviceWork, ...], tuple[DeviceWork, ...]] | None = None
+        self._last_roots: tuple[np.ndarray, int, np.ndarray | None] | None = None  # (lengths, width, roots after)
 
     def stage(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray, past: np.ndarray,
-              s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None
-              ) -> tuple[tuple[DeviceWork, ...], np.ndarray | None]:
+              s: Stream, slots: np.ndarray | None = None, pages: np.ndarray | None = None, *,
+              placed: PlacedPaths | None = None) -> tuple[tuple[DeviceWork, ...], np.ndarray | None]:
         """Stage the catch-up of ``e`` over ``accepted[i]`` tokens per sequence in ``width``-wide rows after
         ``past`` cached ones, its features the base hidden-state ``rows`` [B, L] of the accepted nodes (-1 past
         each path); returns its device work (the layout, then the RoPE rows, the gather and the zeros in one
-        kernel, then the scatter) and each sequence's root row once it has run (None: the default rows)."""
+        kernel, then the scatter) and each sequence's root row once it has run (None: the default rows).
+
+        ``placed``: where accept() left the paths on the device, whose nodes ``rows`` are: the device lays the
+        catch-up out from them (:class:`~trtio.ops.CatchUpLayout`, before the tree step), so a new pattern of
+        accept lengths costs no host layout and no upload. Without it (rows put in order by a catch-up that failed
+        after its scatter ran) the host lays it out, once per pattern."""
         b, a = accepted.shape[0], width
+        if placed is not None:
+            return self._on_device(e, placed, b, a, past, s, slots, pages), self._roots_after(b, a, accepted)
         last = self._last_layout
         if last is not None and last[0] is accepted and last[1] == a:  # accept()'s read-only lengths, kept per paths
             found = last[2]
@@ -97,6 +106,38 @@ class CatchUp:
             before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
         self._last_work = (tree, moves, before)
         return before, found.roots
+
+    def _roots_after(self, b: int, a: int, accepted: np.ndarray) -> np.ndarray | None:
+        """Each sequence's root row after a catch-up laid out on the device (the contract's ``catch_up_roots``), as
+        a constant: the same one while accept() repeats its read-only lengths."""
+        last = self._last_roots
+        if last is not None and last[0] is accepted and last[1] == a:
+            return last[2]
+        roots = self._steps.catch_up_roots(b, a, accepted)
+        if roots is not None and roots.flags.writeable:
+            roots = constant(roots)
+        if not accepted.flags.writeable:
+            self._last_roots = (accepted, a, roots)
+        return roots
+
+    def _on_device(self, e: EngineView, placed: PlacedPaths, b: int, a: int, past: np.ndarray, s: Stream,
+                   slots: np.ndarray | None, pages: np.ndarray | None) -> tuple[DeviceWork, ...]:
+        """:meth:`stage`'s device work where the device lays the catch-up out: the layout and the tree step in one
+        kernel, the RoPE rows, the gather and the zeros in one, then the scatter (the same object while the
+        catch-up keeps its shape, whatever was accepted)."""
+        tree = self._steps.catch_up(e, placed.moves, placed.stride, placed.nodes, b, a, self._scratch, past, s, slots,
+                                    pages)
+        moves = self._gather_scatter(e, b, a)
+        work = self._last_work
+        if work is not None and work[0] is tree and work[1] is moves:
+            return work[2]
+        key = (tree, moves)
+        before = self._fused.get(key)
+        if before is None:
+            gather, scatter, zero = moves
+            before = self._fused.put(key, tree[:1] + fuse(tree[1:] + (gather, zero)) + (scatter,))
+        self._last_work = (tree, moves, before)
+        return before
 
     def features(self, e: EngineView, accepted: np.ndarray, width: int, rows: np.ndarray
                  ) -> tuple[DeviceWork, DeviceWork]:

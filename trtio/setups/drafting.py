@@ -192,6 +192,14 @@ class DraftTree:
         self._last_roots = (rows, found)
         return found
 
+    def roots_held(self, roots: np.ndarray) -> None:
+        """The step block holds ``roots`` (a constant: each sequence's root hidden row, written there by device
+        work already enqueued): the next round's first level whose roots have these values stages them at no
+        cost."""
+        last = self._last_roots
+        if last is None or last[1] is not roots:
+            self._last_roots = (roots.tolist(), roots)
+
     def round_past(self, lengths: list[int]) -> np.ndarray | None:
         """The int32 constant of the cached lengths this round's levels staged, where they are ``lengths`` (a
         verify's, whose base caches as far as the draft between rounds): the step block may hold it already.

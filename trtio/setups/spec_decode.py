@@ -65,7 +65,7 @@ from trtio.setups.draft_prompt import (
 )
 from trtio.setups.drafting import DraftTree
 from trtio.setups.sequences import Sequences
-from trtio.setups.verify import AcceptedPaths, VerifyTree, VerifyTrees
+from trtio.setups.verify import AcceptedPaths, PlacedPaths, VerifyTree, VerifyTrees
 from trtio.staging import INPUT_RING_SLOTS, UploadRing
 from trtio.stream import Stream, StreamLike
 from trtio.tensor import Tensor
@@ -257,6 +257,7 @@ class SpecDecodeSetup(SetupBase):
         self._verified: VerifyTree | None = None  # VERIFIED: the verify tree accept() accepts from
         self._accepted: np.ndarray | None = None  # ACCEPTED: path lengths accept() committed, for draft_accept
         self._accepted_rows = np.zeros((0, 0), np.int64)  # their base hidden-state rows [batch, longest]
+        self._placed: PlacedPaths | None = None  # where the last accept left its paths on the device (its rows')
         self._accepted_list: list[int] = []  # the path lengths as ints
         self._accepted_of: np.ndarray | None = None  # the read-only lengths _accepted_list holds (kept alive by it)
         # Where verify leaves the base's cached lengths on the device for accept's KV commit (as it leaves its page
@@ -400,6 +401,7 @@ class SpecDecodeSetup(SetupBase):
 
     def _keep_accepted_rows(self, rows: np.ndarray) -> None:
         self._accepted_rows = rows
+        self._placed = None  # the rows are no longer the accepted nodes' of the verify step
 
     def _start_round(self, caught_up: list[int] | None = None) -> None:
         self._tree.start(caught_up)
@@ -539,7 +541,8 @@ class SpecDecodeSetup(SetupBase):
         order, _key, lengths, whole = self._step_lengths(self.base)
         state = self.base.state
         s = self._stream(stream)
-        acc, self._accepted_rows = self._paths.commit(given, b, tree, state, lengths, s, staged=self._verify_starts)
+        acc, self._accepted_rows, self._placed = self._paths.commit(given, b, tree, state, lengths, s,
+                                                                    staged=self._verify_starts)
         # the features' state of the accepted paths (a hybrid base's: each sequence's slot)
         self._features.accept(order, self._accepted_rows, acc, tree.nodes, s)
         if whole:
@@ -586,20 +589,25 @@ class SpecDecodeSetup(SetupBase):
         try:
             self._upload_embeds(x, s)
             staged = self._tree.round_past(have)  # the draft caches what it did at the round's levels: their constant
+            placed = self._placed
             before, roots = self._catch_up.stage(e, acc, a, self._accepted_rows, past if staged is None else staged,
-                                                 s, order if self._seqs.slotted else None, pages)
+                                                 s, order if self._seqs.slotted else None, pages, placed=placed)
             e.executor.prepare(DECODE_PROFILE, self._catch_up_map, dims, s)
             try:
                 self._run(e, s, before, rerun="the catch-up's engine ran after its features were put in order in "
                                               "place")
             except BaseException:
                 if e.executor.enqueued >= len(before):  # the features were put in order in place: read them there
-                    self._accepted_rows = self._catch_up.in_order(acc, a)
+                    self._keep_accepted_rows(self._catch_up.in_order(acc, a))
                 raise
         except BaseException:
             if taken is not None:
                 taken.undo()
             raise
+        if placed is not None and roots is not None:  # the layout wrote them on the device: the block holds them
+            held = self._steps.catch_up_roots_held(roots)
+            if held is not None:
+                self._tree.roots_held(held)
         if whole:  # a view of the state's lengths (slots 0 .. b - 1)
             past += acc
             if roots is not None:

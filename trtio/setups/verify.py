@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,10 +25,10 @@ from trtio.stream import Stream
 from trtio.tensor import Tensor
 from trtio.trees import ancestor_mask, validate_tree_mask
 
-__all__ = ["AcceptedPaths", "VerifyTree", "VerifyTrees"]
+__all__ = ["AcceptedPaths", "PlacedPaths", "VerifyTree", "VerifyTrees"]
 
 _LISTS, _INTS = {list}, {int}
-_PADDING = [(-1,) * n for n in range(MAX_PATH_MOVES + 1)]  # a shorter path's padding in the commit's rows
+_LAST = itemgetter(-1)
 _PYTHON_PATH_NODES = 512  # accepted paths of at most this many nodes in all are checked in Python (faster there)
 
 
@@ -134,6 +135,83 @@ def _tree_mask(arr: np.ndarray, b: int) -> np.ndarray:
     return np.ascontiguousarray(vis)
 
 
+class PlacedPaths(NamedTuple):
+    """Where accept() left the accepted paths on the device: the KV commit's rows (``moves``, int32 ``[batch,
+    stride]``: ``[start, length, nodes padded with -1]``), read when the next work runs, and the verify step's rows
+    per sequence (``nodes``)."""
+
+    moves: Tensor
+    stride: int
+    nodes: int
+
+
+class _PathTables:
+    """A verify tree's accepted paths as table lookups, made once per tree: per parent list (sequences that share
+    one share its tables), each node's root path (at most MAX_PATH_MOVES + 1 nodes; None for padding nodes and
+    deeper ones), the KV commit's row of it (``[0, length, nodes padded with -1]``, ``2 + width`` ints: width the
+    tree's longest root path) and per sequence its nodes' rows of the verify step's outputs (``seq * nodes + node``,
+    -1 past the path). A batch of paths is then checked by comparing it with its last nodes' paths and laid out by
+    indexing the tables with them: C loops and a few numpy calls, whatever the batch."""
+
+    def __init__(self, parent_lists: list[list[int]], seqs: np.ndarray) -> None:
+        by_list: dict[tuple[int, ...], int] = {}
+        lists: list[list[list[int] | None]] = []
+        which = []
+        for parents in parent_lists:
+            key = tuple(parents)
+            found = by_list.get(key)
+            if found is None:
+                found = by_list[key] = len(lists)
+                lists.append(_root_paths(parents))
+            which.append(found)
+        self.nodes = len(parent_lists[0]) if parent_lists else 0
+        self.width = max((len(p) for paths in lists for p in paths if p is not None), default=1)
+        table = np.full((len(lists), self.nodes, 2 + self.width), -1, np.int64)
+        table[:, :, :2] = 0
+        for i, paths in enumerate(lists):
+            for c, p in enumerate(paths):
+                if p is not None:
+                    table[i, c, 1] = len(p)
+                    table[i, c, 2:2 + len(p)] = p
+        self.shared = len(lists) == 1
+        # shared: one parent list's paths by node and its rows [N, 2 + W]; else each sequence's [b, N, 2 + W]
+        self.paths: Any = lists[0] if self.shared else [lists[i] for i in which]
+        self.rows = table[0] if self.shared else table[which]
+        self.seqs = seqs
+        nodes = table[which, :, 2:]  # each sequence's [N, W] paths, then their rows of the verify step's outputs
+        self.accepted = np.where(nodes >= 0, seqs[:len(which), None, None] * self.nodes + nodes, -1)
+
+    def lay_out(self, paths: list[list[int]], b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``b`` paths (lists of ints) as (the commit's rows [b, 2 + width], their starts 0; lengths [b]; the
+        accepted nodes' rows [b, longest], -1 past each path), or None where a path is not the root path of a
+        node."""
+        try:
+            ends = [*map(_LAST, paths)]  # an empty path raises
+        except IndexError:
+            return None
+        if min(ends) < 0 or max(ends) >= self.nodes:
+            return None
+        want = [*map(self.paths.__getitem__, ends)] if self.shared else [*map(list.__getitem__, self.paths, ends)]
+        if want != paths:
+            return None
+        at = np.array(ends)
+        seqs = self.seqs[:b]
+        moves = self.rows[at] if self.shared else self.rows[seqs, at]
+        return moves, moves[:, 1], self.accepted[seqs, at, :max(map(len, paths))]
+
+
+def _root_paths(parents: list[int]) -> list[list[int] | None]:
+    """Each node's path from the root (at most MAX_PATH_MOVES + 1 nodes; None for padding nodes and deeper ones)."""
+    out: list[list[int] | None] = [[0]] + [None] * (len(parents) - 1)
+    for c in range(1, len(parents)):
+        up = [c]  # c and its ancestors, up to the root (a padding node's parent is -1)
+        while up[-1] > 0 and len(up) <= MAX_PATH_MOVES + 1:
+            up.append(parents[up[-1]])
+        if up[-1] == 0 and len(up) <= MAX_PATH_MOVES + 1:
+            out[c] = up[::-1]
+    return out
+
+
 class AcceptedPaths:
     """Reads accepted paths against a verified tree (see module docstring)."""
 
@@ -141,13 +219,12 @@ class AcceptedPaths:
         self._path_ids = np.arange(MAX_PATH_MOVES + 1)
         self._batch_rows = np.arange(max_batch)[:, None]
         self._first_rows: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()
-        # Per verify tree (by id, kept beside it): each sequence's root path of every node, by the node, and
-        # each sequence's first row.
-        self._paths: BoundedCache[int, tuple[VerifyTree, list[dict[int, list[int]]], np.ndarray]] = BoundedCache()
+        # Per verify tree (by id, kept beside it): its path tables and each sequence's first row.
+        self._paths: BoundedCache[int, tuple[VerifyTree, _PathTables, np.ndarray]] = BoundedCache()
         # The last paths walked: their tree, a copy of them, the commit rows (starts rewritten per call), the
-        # lengths, the accepted rows, and the tree's root paths and first rows (:meth:`_ends`).
-        self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray,
-                          list[dict[int, list[int]]], np.ndarray] | None = None
+        # lengths, the accepted rows, and the tree's path tables and first rows (:meth:`_tables`).
+        self._last: tuple[VerifyTree, list[list[int]], np.ndarray, np.ndarray, np.ndarray, _PathTables,
+                          np.ndarray] | None = None
         # The last paths' commit rows as a constant, for a commit that reads the starts on the device (None: not
         # made yet for them).
         self._fixed: np.ndarray | None = None
@@ -175,18 +252,19 @@ class AcceptedPaths:
     def walk(self, paths: Any, b: int, tree: VerifyTree,
              starts: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """What a runtime passes, ``b`` lists of plain ints each a root-to-node path of the verified ``tree`` (at
-        most MAX_PATH_MOVES + 1 nodes), checked in Python and laid out for the KV commit and the catch-up: the
-        commit's rows ([b, 2 + longest]: the sequence's cached length ``starts[i]``, the path's length, its nodes
-        padded with -1), the lengths ([b]) and the accepted nodes' rows of the verify step's outputs ([b,
-        longest], -1 past each path). None for anything else, which :meth:`read` then refuses or reads.
+        most MAX_PATH_MOVES + 1 nodes), checked and laid out for the KV commit and the catch-up: the commit's rows
+        ([b, 2 + the tree's longest root path]: the sequence's cached length ``starts[i]``, the path's length, its
+        nodes padded with -1; one width per tree, so the commit's rows keep their shape whatever is accepted), the
+        lengths ([b]) and the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each path).
+        None for anything else, which :meth:`read` then refuses or reads.
 
-        A node has one path from the root, so a path is checked as a whole against its last node's (one list
-        comparison for the batch). The same paths as the last call's, on the same tree, are laid out once: only
-        the commit rows' starts are written, and from their first repeat on the lengths and rows are read-only
-        (a catch-up's step values, kept while the paths repeat); paths that change every call pay no more than
-        their layout. ``starts`` None: the commit reads the cached lengths on the device (the rows' starts are 0),
-        and from the first repeat on the commit rows too are one read-only array (a
-        :func:`~trtio.staging.constant`: its upload is skipped while they repeat)."""
+        A node has one path from the root, so a path is checked as a whole against its last node's, and laid out
+        by table lookups made once per tree (:class:`_PathTables`): no Python work per path. The same paths as the
+        last call's, on the same tree, are laid out once: only the commit rows' starts are written, and from their
+        first repeat on the lengths and rows are read-only (a catch-up's step values, kept while the paths repeat).
+        ``starts`` None: the commit reads the cached lengths on the device (the rows' starts are 0), and from the
+        first repeat on the commit rows too are one read-only array (a :func:`~trtio.staging.constant`: its upload
+        is skipped while they repeat)."""
         if type(paths) is not list or len(paths) != b or set(map(type, paths)) != _LISTS or \
                 set(map(type, chain.from_iterable(paths))) != _INTS:
             return None  # not b lists of ints only (bools and floats are no nodes: read() names them)
@@ -204,74 +282,48 @@ class AcceptedPaths:
                     return fixed, acc, rows
                 moves[:, 0] = starts
                 return moves, acc, rows
-            ends, firsts = last[5], last[6]
+            tables, firsts = last[5], last[6]
         else:
-            ends, firsts = self._ends(tree, b)
-        lens = [*map(len, paths)]
-        shortest, longest = min(lens), max(lens)
-        # Each path the root path of its last node (none there: padding, deeper than a commit moves, no node).
-        if not shortest or paths != [nodes.get(p[-1]) for p, nodes in zip(paths, ends)]:
+            tables, firsts = self._tables(tree, b)
+        laid = tables.lay_out(paths, b)
+        if laid is None:
             return None
-        # One array of the commit's rows and the lengths; the accepted rows from the commit's nodes.
-        flat: list[int] = []
-        firsts_of = [0] * b if starts is None else starts.tolist()
-        if shortest == longest:
-            for p, start in zip(paths, firsts_of):
-                flat += (start, longest, *p)
-        else:
-            for p, start, m in zip(paths, firsts_of, lens):
-                flat += (start, m, *p, *_PADDING[longest - m])
-        flat += lens
-        out = np.array(flat, np.int64)
-        end = b * (2 + longest)
-        moves, acc = out[:end].reshape(b, 2 + longest), out[end:]
-        grid = moves[:, 2:]
-        rows = _accepted_rows(firsts, grid, shortest == longest)
-        self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, ends, firsts)
+        moves, acc, rows = laid
+        if starts is not None:
+            moves[:, 0] = starts
+        self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, tables, firsts)
         self._fixed = None
         return moves, acc, rows
 
-    def _ends(self, tree: VerifyTree, b: int) -> tuple[list[dict[int, list[int]]], np.ndarray]:
-        """Per sequence of ``tree``: each node's path from the root (at most MAX_PATH_MOVES + 1 nodes; padding
-        nodes and deeper ones have none), by its last node; worked out once per tree (sequences of one parent
-        list share it). With each sequence's first row of the verify step (``[b, 1]``)."""
+    def _tables(self, tree: VerifyTree, b: int) -> tuple[_PathTables, np.ndarray]:
+        """The path tables of ``tree`` (:class:`_PathTables`), made once per tree, with each sequence's first row
+        of the verify step (``[b, 1]``)."""
         found = self._paths.get(id(tree))
         if found is not None and found[0] is tree:
             return found[1], found[2]
-        by_list: dict[tuple[int, ...], dict[int, list[int]]] = {}
-        ends = []
-        for parents in tree.parent_lists:
-            key = tuple(parents)
-            nodes = by_list.get(key)
-            if nodes is None:
-                nodes = by_list[key] = {0: [0]}
-                for c in range(1, len(parents)):
-                    up = [c]  # c and its ancestors, up to the root (a padding node's parent is -1)
-                    while up[-1] > 0 and len(up) <= MAX_PATH_MOVES + 1:
-                        up.append(parents[up[-1]])
-                    if up[-1] == 0 and len(up) <= MAX_PATH_MOVES + 1:
-                        nodes[c] = up[::-1]
-            ends.append(nodes)
+        tables = _PathTables(tree.parent_lists, self._batch_rows[:b, 0])
         firsts = self._firsts(b, tree.nodes)
-        self._paths.put(id(tree), (tree, ends, firsts))
-        return ends, firsts
+        self._paths.put(id(tree), (tree, tables, firsts))
+        return tables, firsts
 
     def commit(self, paths: Any, b: int, tree: VerifyTree, state: EngineState, lengths: np.ndarray,
-               stream: Stream, *, staged: Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+               stream: Stream, *, staged: Tensor | None = None) -> tuple[np.ndarray, np.ndarray, PlacedPaths]:
         """Check ``paths`` against the verified ``tree`` (a ShapeError before anything is enqueued), then enqueue
         the KV commit of ``state`` (whose cached lengths of the ``b`` sequences are ``lengths``); returns the
-        path lengths and the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each
-        path). A runtime's lists of ints take one walk in Python; anything else is read and checked by
-        :meth:`read`. ``staged``: ``lengths`` as the device holds them (int32 [b], staged by the verify step),
-        which a walked commit reads there (its rows then repeat with the paths: no upload while they do)."""
+        path lengths, the accepted nodes' rows of the verify step's outputs ([b, longest], -1 past each path) and
+        where the commit's rows lie on the device (:class:`PlacedPaths`: a catch-up lays itself out from them). A
+        runtime's lists of ints take one walk; anything else is read and checked by :meth:`read`. ``staged``:
+        ``lengths`` as the device holds them (int32 [b], staged by the verify step), which a walked commit reads
+        there (its rows then repeat with the paths: no upload while they do)."""
         walked = self.walk(paths, b, tree, None if staged is not None else lengths)
         if walked is not None:
             moves, acc, rows = walked
-            state.commit_rows(moves, stream, starts=staged)
-            return acc, rows
+            placed = state.commit_rows(moves, stream, starts=staged)
+            return acc, rows, PlacedPaths(placed, moves.shape[1], tree.nodes)
         grid, acc = self.read(paths, b, tree)
-        state.commit_grid(lengths, grid, acc, stream)
-        return acc, _accepted_rows(self._firsts(b, tree.nodes), grid, int(acc.min()) == grid.shape[1])
+        placed, stride = state.commit_grid(lengths, grid, acc, stream)
+        rows = _accepted_rows(self._firsts(b, tree.nodes), grid, int(acc.min()) == grid.shape[1])
+        return acc, rows, PlacedPaths(placed, stride, tree.nodes)
 
     def _firsts(self, b: int, n: int) -> np.ndarray:
         """``[b, 1]``: each sequence's first row of a verify step of ``n`` nodes."""

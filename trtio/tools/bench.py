@@ -16,7 +16,8 @@ round of 3 levels timed as one call, then such rounds whose accepted paths chang
 1-4 nodes a sequence, at random). On the ragged contract, also a LoRA build of the LLM: its decode step with and
 without an adapter, and ``set_lora`` switching adapters (:mod:`trtio.tools.bench_lora`); and an MTP round (the base
 feeding its last layer's ``[T, 4096]`` stream to a one-layer draft of the base's vocabulary; a chain of 3, verify of
-4 nodes, accept, catch-up) timed as one call.
+4 nodes, accept, catch-up) and a DFlash round (a block of 8) timed as one call, each also with paths new every round
+(1-4 nodes of the verified chain a sequence, at random).
 
 For each helper: the median host time of a call followed by a stream synchronisation, the median host
 time of the call alone (the device work it enqueued runs meanwhile), and the device operations it
@@ -48,8 +49,8 @@ from trtio.tensor import Tensor
 from trtio.tools.bench_lora import lora_rows
 from trtio.tools.options import backend_option
 
-__all__ = ["DFLASH_BLOCK", "DFLASH_ROUND", "GEMMA4_DECODE", "INPUTS", "MTP_ROUND", "ROUND", "ROUND_NEW_PATHS", "Row",
-           "bench_backend",
+__all__ = ["DFLASH_BLOCK", "DFLASH_ROUND", "DFLASH_ROUND_NEW_PATHS", "GEMMA4_DECODE", "INPUTS", "MTP_ROUND",
+           "MTP_ROUND_NEW_PATHS", "ROUND", "ROUND_NEW_PATHS", "Row", "bench_backend", "chain_paths",
            "configs", "copy_row", "default_kv_capacity", "device_tensor", "dflash_bundle", "format_results",
            "gemma4_config", "machine_name", "mtp_bundle", "null_engine", "run"]
 
@@ -213,6 +214,17 @@ MTP_ROUND = "MTP round (chain of 3 + verify + accept + draft_accept)"
 #: the next block drafted over the accepted path (draft_accept: the delta's KV and the block, one engine call).
 DFLASH_BLOCK = 8
 DFLASH_ROUND = "DFlash round (block of 8: verify + accept + draft_accept)"
+#: The MTP and DFlash rounds with accepted paths that change every round (each sequence accepts 1-4 nodes of the
+#: verified chain at random), as a serving loop's do.
+MTP_ROUND_NEW_PATHS = "MTP round, accepted paths new every round (1-4 nodes a sequence)"
+DFLASH_ROUND_NEW_PATHS = "DFlash round, accepted paths new every round (1-4 nodes a sequence)"
+
+
+def chain_paths(rounds: int, seed: int) -> list[list[list[int]]]:
+    """Per round, each of the batch's sequences' accepted path down a verified chain: its first 1-4 nodes, at
+    random (a serving loop's)."""
+    picks = np.random.default_rng(seed)
+    return [[list(range(int(n))) for n in picks.integers(1, PATH + 1, BATCH)] for _ in range(rounds)]
 
 
 def copy_row(helper: str) -> str:
@@ -580,12 +592,15 @@ def _dflash_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rou
         chain = list(range(-1, DFLASH_BLOCK - 1))
         path = list(range(DFLASH_BLOCK))
 
-        def whole_round() -> None:
+        def whole_round(paths: list[list[int]] | None = None) -> None:
             sd.verify(block(), chain)
-            sd.accept([path] * BATCH)
-            sd.draft_accept(block(), np.full(BATCH, DFLASH_BLOCK))
+            sd.accept([path] * BATCH if paths is None else paths)
+            sd.draft_accept(block(), np.full(BATCH, DFLASH_BLOCK) if paths is None else
+                            np.array([len(p) for p in paths]))
 
         _clock_rounds(clock, DFLASH_ROUND, rounds, whole_round)
+        plans = iter(chain_paths(rounds + 2, 5))  # then new paths every round, in a loop of their own
+        _clock_rounds(clock, DFLASH_ROUND_NEW_PATHS, rounds, lambda: whole_round(next(plans)))
 
 
 def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds: int, clock: _Clock,
@@ -601,14 +616,16 @@ def _mtp_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, rounds
         parents = list(range(-1, ROUND_LEVELS))  # the root and 3 chained nodes
         path = [0, 1, 2, 3]
 
-        def whole_round() -> None:
+        def whole_round(paths: list[list[int]] | None = None) -> None:
             for _ in range(ROUND_LEVELS - 1):  # level 1's token comes from the catch-up's logits
                 sd.draft_propose(level)
             sd.verify(chain(), parents)
-            sd.accept([path] * BATCH)
-            sd.draft_accept(catch_up(), np.full(BATCH, PATH))
+            sd.accept([path] * BATCH if paths is None else paths)
+            sd.draft_accept(catch_up(), np.full(BATCH, PATH) if paths is None else np.array([len(p) for p in paths]))
 
         _clock_rounds(clock, MTP_ROUND, rounds, whole_round)
+        plans = iter(chain_paths(rounds + 2, 4))  # then new paths every round, in a loop of their own
+        _clock_rounds(clock, MTP_ROUND_NEW_PATHS, rounds, lambda: whole_round(next(plans)))
 
 
 def _tensor_parallel_rows(llm: LLMEngineConfig, backend: Backend, steps: int, sizes: Sequence[int],

@@ -57,6 +57,27 @@ class BlockDraft:
         # per delta width and lengths: which rows hold a token, their offsets, their sequences (a constant)
         self._deltas: BoundedCache[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
         self._last_moves: tuple[Any, Any, int, tuple[DeviceWork, ...]] | None = None  # the last accept's
+        self._grids: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()  # _in_order's, per (batch, width)
+        self._delta_rows: BoundedCache[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
+        self._last_delta: tuple[int, bytes] | None = None  # the last delta's key (_stage keeps a repeated one)
+
+    def _rows(self, b: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A delta's tables for ``b`` sequences of ``width`` rows: the row numbers ``[1, width]``, which rows hold a
+        token by the delta's length (``[width + 1, width]``) and each row's sequence (``[b, 1]``), int32."""
+        found = self._delta_rows.get((b, width))
+        if found is None:
+            j = np.arange(width, dtype=np.int32)[None, :]
+            found = self._delta_rows.put((b, width), (j, j < np.arange(width + 1)[:, None],
+                                                      np.arange(b, dtype=np.int32)[:, None]))
+        return found
+
+    def _in_order(self, b: int, a: int) -> np.ndarray:
+        """Row ``i * a + j`` at ``[i, j]`` (``[b, a]``): where the catch-up's moves put accepted node ``j`` of
+        sequence ``i`` (:meth:`CatchUp.in_order <trtio.setups.catch_up.CatchUp.in_order>` on full paths)."""
+        found = self._grids.get((b, a))
+        if found is None:
+            found = self._grids.put((b, a), np.arange(b * a).reshape(b, a))
+        return found
 
     def refuse_propose(self) -> None:
         raise TrtioError("draft_propose: a DFlash draft proposes a whole block per call (draft_prefill / "
@@ -96,11 +117,13 @@ class BlockDraft:
         b = delta.shape[0]
         key = (width, delta.tobytes())
         found = self._deltas.get(key)
-        if found is None:  # a round repeats its accept lengths: their rows and sequences are found again
-            j = np.arange(width, dtype=np.int32)[None, :]
-            take = j < delta[:, None]
-            found = self._deltas.put(key, (take, j, constant(np.where(take, np.arange(b, dtype=np.int32)[:, None],
-                                                                      np.int32(-1)).reshape(-1))))
+        if found is None:  # lengths new every round (a serving loop's) are laid out by table lookups alone
+            j, takes, seqs = self._rows(b, width)
+            take = takes[delta]
+            found = (take, j, np.where(take, seqs, np.int32(-1)).reshape(-1))
+            if key == self._last_delta:  # a round repeats its accept lengths: their rows and sequences are kept
+                found = self._deltas.put(key, (take, j, constant(found[2])))
+            self._last_delta = key
         take, j, sequences = found
         step = steps.step
         step.write_all((DFLASH_POSITIONS, DFLASH_SEQUENCES),
@@ -151,10 +174,10 @@ class BlockDraft:
         last = self._last_moves
         if last is not None and last[0] is acc and last[1] is rows and last[2] == a:
             return last[3]
-        want = r.catch_up.in_order(acc, a)
+        b, k = rows.shape
         moves: tuple[DeviceWork, ...] = ()
-        if rows.shape[1] > a or not np.array_equal(np.where(want[:, :rows.shape[1]] >= 0, rows, -1),
-                                                   want[:, :rows.shape[1]]):
+        # in place: each accepted node's row is row i * a + j already (rows are -1 past each path)
+        if k > a or not np.array_equal(rows, np.where(rows < 0, -1, self._in_order(b, a)[:, :k])):
             moves = r.catch_up.features(r.draft, acc, a, rows)
         elif not acc.flags.writeable and not rows.flags.writeable:
             self._last_moves = (acc, rows, a, moves)  # only the in-place answer: the moves write the step block
