@@ -29,13 +29,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trtio._checks import is_int
-from trtio._json import read_json
-from trtio.errors import ConfigError, InvalidTypeError
+from trtio.components.config_files import PREPROCESSOR_FILE, ComponentFiles, keys_of
+from trtio.errors import ConfigError
 
 __all__ = ["AUDIO_CONFIG_FILE", "AUDIO_DIR", "AUDIO_ENGINE_FILE", "AUDIO_KINDS", "PREPROCESSOR_FILE", "AudioConfig"]
 
@@ -46,7 +45,6 @@ AUDIO_KINDS: Mapping[str, int] = MappingProxyType({"qwen3_asr_thinker": 8000, "q
 AUDIO_DIR = "audio"
 AUDIO_CONFIG_FILE = "config.json"
 AUDIO_ENGINE_FILE = "audio_encoder.engine"
-PREPROCESSOR_FILE = "preprocessor_config.json"
 
 # Whisper's front end as Edge-LLM's runner hard-codes it (makeWhisperExtractor): the preprocessor keys that must
 # hold these values (Hugging Face's names) and the values.
@@ -114,34 +112,21 @@ class AudioConfig:
         not in :data:`AUDIO_KINDS`, or a preprocessing key trtio cannot honour."""
         if not isinstance(data, Mapping):
             raise ConfigError(what, f"expected a JSON object, got {type(data).__name__}")
-        try:
+        with keys_of(what):
             values = _values(data)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}" if exc.field else what, exc.message) from None
         if preprocessor is not None:
-            try:
+            with keys_of(preprocessor_what):
                 values.update(_preprocessing(preprocessor, values))
-            except ConfigError as exc:
-                raise ConfigError(f"{preprocessor_what}: {exc.field}", exc.message) from None
-        try:
+        with keys_of(what):
             return cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}", exc.message) from None
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str]) -> AudioConfig:
         """Read ``path/config.json`` and, where present, ``path/preprocessor_config.json`` (an ``audio/``
         directory). ConfigError naming the file for a missing config."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidTypeError(f"AudioConfig.from_dir: expected a directory path, got {type(path).__name__}")
-        root = Path(path)
-        file = root / AUDIO_CONFIG_FILE
-        data = read_json(file)
-        pre_file = root / PREPROCESSOR_FILE
-        pre = read_json(pre_file) if pre_file.is_file() else None
-        if pre is not None and not isinstance(pre, Mapping):
-            raise ConfigError(str(pre_file), f"expected a JSON object, got {type(pre).__name__}")
-        return cls.from_edgellm(data, preprocessor=pre, what=str(file), preprocessor_what=str(pre_file))
+        files = ComponentFiles("AudioConfig.from_dir", path, AUDIO_CONFIG_FILE)
+        return cls.from_edgellm(files.data, preprocessor=files.preprocessor, what=files.what,
+                                preprocessor_what=files.preprocessor_what)
 
     # -- derived sizes --------------------------------------------------------------------------
     @property

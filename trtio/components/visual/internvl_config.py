@@ -25,13 +25,12 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trtio._checks import is_int
-from trtio._json import read_json
-from trtio.errors import ConfigError, InvalidTypeError
+from trtio.components.config_files import PREPROCESSOR_FILE, ComponentFiles, keys_of
+from trtio.errors import ConfigError
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "INTERNVL_KIND", "InternVLConfig"]
 
@@ -40,7 +39,6 @@ INTERNVL_KIND = "internvl"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _CONFIG_FILE = "config.json"
-_PREPROCESSOR_FILE = "preprocessor_config.json"
 _BICUBIC = 3
 # Keys of the vision config that only shape the engine's own computation (trtio computes no ViT layer).
 _USED_VISION = ("image_size", "patch_size", "num_channels", "hidden_size", "num_attention_heads")
@@ -117,43 +115,32 @@ class InternVLConfig:
     # -- reading ------------------------------------------------------------------------------
     @classmethod
     def from_edgellm(cls, data: Mapping[str, Any], *, preprocessor: Mapping[str, Any] | None = None,
-                     what: str = _CONFIG_FILE, preprocessor_what: str = _PREPROCESSOR_FILE) -> InternVLConfig:
+                     what: str = _CONFIG_FILE, preprocessor_what: str = PREPROCESSOR_FILE) -> InternVLConfig:
         """The config of an InternVL ``visual/config.json`` (``data``) and, where given, its
         ``preprocessor_config.json``. ConfigError naming ``"<what>: <dotted key>"`` for a missing or malformed
         key, another ``model_type``, or a preprocessing key trtio cannot honour."""
         if not isinstance(data, Mapping):
             raise ConfigError(what, f"expected a JSON object, got {type(data).__name__}")
-        try:
+        with keys_of(what):
             values = _read_visual(data)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}" if exc.field else what, exc.message) from None
         if preprocessor is not None:
-            try:
+            with keys_of(preprocessor_what):
                 values.update(_preprocessing(preprocessor, values))
-            except ConfigError as exc:
-                raise ConfigError(f"{preprocessor_what}: {exc.field}", exc.message) from None
         else:  # InternViTRunner's own tile bounds (computeBestBlockGridForResize)
             per_tile = values["tokens_per_tile"]
             values["min_tiles"] = max(1, values["min_image_tokens"] // per_tile - 1)
             values["max_tiles"] = max(1, values["max_image_tokens_per_image"] // per_tile - 1)
         values.pop("tokens_per_tile")
-        try:
+        with keys_of(what):
             return cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}", exc.message) from None
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str]) -> InternVLConfig:
         """Read ``path/config.json`` and, where present, ``path/preprocessor_config.json`` (a ``visual/``
         directory)."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidTypeError(f"InternVLConfig.from_dir: expected a directory path, got {type(path).__name__}")
-        root = Path(path)
-        file, pre_file = root / _CONFIG_FILE, root / _PREPROCESSOR_FILE
-        pre = read_json(pre_file) if pre_file.is_file() else None
-        if pre is not None and not isinstance(pre, Mapping):
-            raise ConfigError(str(pre_file), f"expected a JSON object, got {type(pre).__name__}")
-        return cls.from_edgellm(read_json(file), preprocessor=pre, what=str(file), preprocessor_what=str(pre_file))
+        files = ComponentFiles("InternVLConfig.from_dir", path, _CONFIG_FILE)
+        return cls.from_edgellm(files.data, preprocessor=files.preprocessor, what=files.what,
+                                preprocessor_what=files.preprocessor_what)
 
     # -- derived sizes --------------------------------------------------------------------------
     @property

@@ -29,20 +29,18 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trtio._checks import is_int
-from trtio._json import read_json
-from trtio.errors import ConfigError, InvalidTypeError
+from trtio.components.config_files import PREPROCESSOR_FILE, ComponentFiles, keys_of
+from trtio.errors import ConfigError
 
 __all__ = ["PREPROCESSOR_FILE", "VISION_KINDS", "VISUAL_CONFIG_FILE", "VisualConfig"]
 
 #: The ViT kinds trtio binds (``model_type`` of ``visual/config.json``).
 VISION_KINDS = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_vision_encoder")
 VISUAL_CONFIG_FILE = "config.json"
-PREPROCESSOR_FILE = "preprocessor_config.json"
 # PIL's resampling filter numbers (Hugging Face's PILImageResampling): the Qwen processors resize bicubically.
 _BICUBIC = 3
 
@@ -134,7 +132,7 @@ class VisualConfig:
         other than bicubic)."""
         if not isinstance(data, Mapping):
             raise ConfigError(what, f"expected a JSON object, got {type(data).__name__}")
-        try:
+        with keys_of(what):
             kind = data.get("model_type")
             if kind not in VISION_KINDS:
                 raise ConfigError("model_type", f"{kind!r} is not a ViT kind trtio binds (expected one of "
@@ -184,32 +182,19 @@ class VisualConfig:
                            if k not in ("model_type", "vision_config", "builder_config", "image_token_id",
                                         "vision_start_token_id", "vision_end_token_id", "video_token_id")})
             values["extras"] = extras
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}" if exc.field else what, exc.message) from None
         if preprocessor is not None:
-            try:
+            with keys_of(preprocessor_what):
                 values.update(_preprocessing(preprocessor, values))
-            except ConfigError as exc:
-                raise ConfigError(f"{preprocessor_what}: {exc.field}", exc.message) from None
-        try:
+        with keys_of(what):
             return cls(**values)
-        except ConfigError as exc:
-            raise ConfigError(f"{what}: {exc.field}", exc.message) from None
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike[str]) -> VisualConfig:
         """Read ``path/config.json`` and, where present, ``path/preprocessor_config.json`` (a ``visual/``
         directory). ConfigError naming the file for a missing config."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidTypeError(f"VisualConfig.from_dir: expected a directory path, got {type(path).__name__}")
-        root = Path(path)
-        file = root / VISUAL_CONFIG_FILE
-        data = read_json(file)
-        pre_file = root / PREPROCESSOR_FILE
-        pre = read_json(pre_file) if pre_file.is_file() else None
-        if pre is not None and not isinstance(pre, Mapping):
-            raise ConfigError(str(pre_file), f"expected a JSON object, got {type(pre).__name__}")
-        return cls.from_edgellm(data, preprocessor=pre, what=str(file), preprocessor_what=str(pre_file))
+        files = ComponentFiles("VisualConfig.from_dir", path, VISUAL_CONFIG_FILE)
+        return cls.from_edgellm(files.data, preprocessor=files.preprocessor, what=files.what,
+                                preprocessor_what=files.preprocessor_what)
 
     # -- derived sizes --------------------------------------------------------------------------
     @property
