@@ -25,22 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from trtio._lifetime import Closeable
 from trtio.components.audio.audio_config import AudioConfig
 from trtio.components.audio.audio_features import AudioFeatures
+from trtio.components.encoder_setup import EncoderSetup
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import EngineExecutor
-from trtio.errors import BindingError, CapacityError, InvalidTypeError, InvalidValueError, ShapeError
-from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.errors import CapacityError, InvalidTypeError, InvalidValueError, ShapeError
+from trtio.memory import Arena, TensorRequest
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
-from trtio.setups.calls import Calls, one_thread
+from trtio.setups.binding import engine_io
+from trtio.setups.calls import one_thread
 from trtio.staging import UploadRing
 from trtio.stream import StreamLike, as_stream
 from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 
 __all__ = ["AUDIO_INPUTS", "AudioSetup", "audio_registry", "create_for_audio", "kAudioOutput"]
 
@@ -87,57 +85,36 @@ def audio_registry(cfg: AudioConfig, declared: Set[str] = frozenset()) -> Tensor
     return TensorRegistry("audio", specs, contract="audio")
 
 
-class AudioSetup(Closeable):
+class AudioSetup(EncoderSetup):
     """An audio encoder bound to its worst-case buffers (see module docstring); build it with
     :func:`create_for_audio`. ``cfg``, ``executor``, ``tensor_map`` and ``registry`` are public views.
 
     Streams: :meth:`encode` runs on ``stream`` (None: the calling thread's trtio default stream); encodes run in
     call order whatever streams they are given. Follows trtio's close protocol."""
 
+    FACTORY = "create_for_audio"
+    WHAT = "audio"
+
     def __init__(self, engine: Any, cfg: AudioConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         if not isinstance(cfg, AudioConfig):
             raise InvalidTypeError(f"create_for_audio: cfg must be an AudioConfig (EngineDir.audio_config, or "
                                    f"AudioConfig.from_dir), got {type(cfg).__name__}")
-        eio = engine_io(engine, "create_for_audio")
         self.cfg = cfg
-        self.registry = audio_registry(cfg, {n for n in _SEQLENS if n in eio})
-        problems = declared_problems(eio, self.registry)
-        for info in eio.inputs:
-            spec = self.registry.get(info.name)
-            if spec is not None and info.profiles and spec.profiles and len(spec.shape) == len(info.shape):
-                problems += profile_problems(info, spec, lower=True)
-        if eio.num_profiles != 1:
-            problems.append(f"the engine has {eio.num_profiles} optimization profiles; Edge-LLM's audio engines "
-                            f"have one")
-        if problems:
-            raise BindingError(eio.name, problems)
-        be = engine_backend(engine, backend)
-        self._backend = be
-        self._init_lifetime(f"audio setup {eio.name!r}")
-        self._seqlens = tuple(n for n in _SEQLENS if n in self.registry)
-        inputs = [s for s in self.registry if s.is_input]
+        registry = audio_registry(cfg, {n for n in _SEQLENS if n in engine_io(engine, self.FACTORY)})
+        self._seqlens = tuple(n for n in _SEQLENS if n in registry)
+        inputs = [s for s in registry if s.is_input]
         worst = {s.name: s.profiles[0][2] for s in inputs}
         requests = [TensorRequest.of(s.name, worst[s.name], s.dtype) for s in inputs]
         requests += [UploadRing.request(f"host_{s.name}", worst[s.name], s.dtype, slots=_SLOTS) for s in inputs]
         requests.append(TensorRequest.of(kAudioOutput, (cfg.max_tokens, cfg.output_dim), DType.FLOAT16))
-        s = as_stream(stream, be)
-        with contextlib.ExitStack() as stack:
-            self._arena = stack.enter_context(Arena(requests, backend=be, title="audio"))
-            self._rings = {spec.name: stack.enter_context(UploadRing(self._arena[f"host_{spec.name}"], be,
-                                                                     slots=_SLOTS, title=f"{spec.name} staging"))
+
+        def staging(stack: contextlib.ExitStack, arena: Arena, be: Backend) -> None:
+            self._rings = {spec.name: stack.enter_context(UploadRing(arena[f"host_{spec.name}"], be, slots=_SLOTS,
+                                                                     title=f"{spec.name} staging"))
                            for spec in inputs}
-            self._calls = stack.enter_context(Calls(be, "AudioSetup"))
-            tm = TensorMap("audio")
-            for spec in self.registry:
-                tm.add(spec.name, self._arena[spec.name])
-            tm.freeze()
-            self.tensor_map = tm
-            self.executor = stack.enter_context(EngineExecutor(engine, name=eio.name, registry=self.registry,
-                                                               graphs=graphs, backend=be))
-            tm.add_user(self.executor)
-            s.synchronize()
-            self._resources: contextlib.ExitStack | None = stack.pop_all()
+
+        self._bind(engine, registry, requests, stream, graphs=graphs, backend=backend, staging=staging)
         self._output = self._arena[kAudioOutput]
 
     # -- the step ----------------------------------------------------------------------------------
@@ -199,29 +176,6 @@ class AudioSetup(Closeable):
         lengths = np.array([0, n], np.int32)
         values.update({name: lengths for name in self._seqlens})
         return values
-
-    # -- views ---------------------------------------------------------------------------------------
-    @property
-    def graph_stats(self) -> Any:
-        """The executor's CUDA-graph telemetry (hits, captures, misses, last miss reason)."""
-        return self.executor.graph_stats
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    def memory_report(self) -> MemoryReport:
-        """Every buffer the setup owns (the arena and the executor's context memory)."""
-        self._check_open()
-        return MemoryReport.combine("create_for_audio", [self._arena.report(), self.executor.context_memory.report()])
-
-    def _close_owned(self) -> None:
-        resources, self._resources = self._resources, None
-        if resources is not None:
-            resources.close()
-
-    def __repr__(self) -> str:
-        return f"AudioSetup({self.cfg.model_type}, graphs={self.executor.graphs_enabled})"
 
 
 def create_for_audio(engine: Any, cfg: AudioConfig, stream: StreamLike = None, *, graphs: bool = False,

@@ -18,23 +18,20 @@ from typing import Any
 
 import numpy as np
 
-from trtio._lifetime import Closeable
+from trtio.components.encoder_setup import EncoderSetup
 from trtio.components.visual.internvl_config import InternVLConfig
 from trtio.components.visual.visual_setup import VisualOutput
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import EngineExecutor
-from trtio.errors import BindingError, CapacityError, InvalidTypeError, InvalidValueError, ShapeError
+from trtio.errors import CapacityError, InvalidTypeError, InvalidValueError, ShapeError
 from trtio.inputs import as_input, is_device_array
-from trtio.memory import Arena, MemoryReport, TensorRequest
+from trtio.memory import Arena, TensorRequest
 from trtio.registry import TensorRegistry, TensorSpec
-from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
-from trtio.setups.calls import Calls, one_thread
+from trtio.setups.calls import one_thread
 from trtio.staging import UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 
 __all__ = ["InternVLSetup", "create_for_internvl", "internvl_registry"]
 
@@ -55,7 +52,7 @@ def internvl_registry(cfg: InternVLConfig) -> TensorRegistry:
     ], contract="visual")
 
 
-class InternVLSetup(Closeable):
+class InternVLSetup(EncoderSetup):
     """An InternVL encoder bound to its worst-case buffers (``max_engine_tiles`` tiles); build it with
     :func:`trtio.create_for_visual` (an :class:`~trtio.components.visual.internvl_config.InternVLConfig` picks this
     setup). ``cfg``, ``executor``, ``tensor_map`` and ``registry`` are public views.
@@ -63,26 +60,14 @@ class InternVLSetup(Closeable):
     Streams: :meth:`encode` runs on ``stream`` (None: the calling thread's trtio default stream); encodes run in call
     order whatever streams they are given. Follows trtio's close protocol."""
 
+    FACTORY = "create_for_visual"
+    WHAT = "visual"
+
     def __init__(self, engine: Any, cfg: InternVLConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         if not isinstance(cfg, InternVLConfig):
             raise InvalidTypeError(f"create_for_visual: cfg must be an InternVLConfig here, got {type(cfg).__name__}")
-        eio = engine_io(engine, "create_for_visual")
         self.cfg = cfg
-        self.registry = internvl_registry(cfg)
-        problems = declared_problems(eio, self.registry)
-        for info in eio.inputs:
-            spec = self.registry.get(info.name)
-            if spec is not None and info.profiles and spec.profiles and len(spec.shape) == len(info.shape):
-                problems += profile_problems(info, spec, lower=True)
-        if eio.num_profiles != 1:
-            problems.append(f"the engine has {eio.num_profiles} optimization profiles; Edge-LLM's visual engines "
-                            f"have one")
-        if problems:
-            raise BindingError(eio.name, problems)
-        be = engine_backend(engine, backend)
-        self._backend = be
-        self._init_lifetime(f"visual setup {eio.name!r}")
         worst = (cfg.max_engine_tiles, *cfg.tile_shape)
         requests = [
             TensorRequest.of(kVisualInput, worst, DType.FLOAT16),
@@ -90,22 +75,12 @@ class InternVLSetup(Closeable):
             TensorRequest.of(kVisualOutput, (cfg.max_engine_tiles * cfg.tokens_per_tile, cfg.out_hidden_size),
                              DType.FLOAT16),
         ]
-        s = as_stream(stream, be)
-        with contextlib.ExitStack() as stack:
-            self._arena = stack.enter_context(Arena(requests, backend=be, title="visual"))
-            self._tiles = stack.enter_context(UploadRing(self._arena[f"host_{kVisualInput}"], be, slots=_SLOTS,
+
+        def staging(stack: contextlib.ExitStack, arena: Arena, be: Backend) -> None:
+            self._tiles = stack.enter_context(UploadRing(arena[f"host_{kVisualInput}"], be, slots=_SLOTS,
                                                          title="tiles staging"))
-            self._calls = stack.enter_context(Calls(be, "InternVLSetup"))
-            tm = TensorMap("visual")
-            for spec in self.registry:
-                tm.add(spec.name, self._arena[spec.name])
-            tm.freeze()
-            self.tensor_map = tm
-            self.executor = stack.enter_context(EngineExecutor(engine, name=eio.name, registry=self.registry,
-                                                               graphs=graphs, backend=be))
-            tm.add_user(self.executor)
-            s.synchronize()
-            self._resources: contextlib.ExitStack | None = stack.pop_all()
+
+        self._bind(engine, internvl_registry(cfg), requests, stream, graphs=graphs, backend=backend, staging=staging)
 
     @one_thread
     def encode(self, pixels: Any, tiles: Any = None, stream: StreamLike = None) -> VisualOutput:
@@ -169,30 +144,6 @@ class InternVLSetup(Closeable):
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InvalidValueError(f"pixels{list(where)} = {float(arr[where])!r} is not a finite float16 value")
         return out
-
-    # -- views ---------------------------------------------------------------------------------------
-    @property
-    def graph_stats(self) -> Any:
-        """The executor's CUDA-graph telemetry (hits, captures, misses, last miss reason)."""
-        return self.executor.graph_stats
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    def memory_report(self) -> MemoryReport:
-        """Every buffer the setup owns (the arena and the executor's context memory)."""
-        self._check_open()
-        return MemoryReport.combine("create_for_visual", [self._arena.report(), self.executor.context_memory.report()])
-
-    def _close_owned(self) -> None:
-        resources, self._resources = self._resources, None
-        if resources is not None:
-            resources.close()
-
-    def __repr__(self) -> str:
-        return f"InternVLSetup(tiles {self.cfg.min_engine_tiles}..{self.cfg.max_engine_tiles}, " \
-               f"graphs={self.executor.graphs_enabled})"
 
 
 def create_for_internvl(engine: Any, cfg: InternVLConfig, stream: StreamLike = None, *, graphs: bool = False,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import BoundedCache
-from trtio._lifetime import Closeable
+from trtio.components.encoder_setup import EncoderSetup
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.visual_kinds import kind_of
 from trtio.components.visual.vit import (
@@ -34,16 +34,13 @@ from trtio.components.visual.vit import (
 )
 from trtio.cuda.backend import Backend
 from trtio.dtypes import DType
-from trtio.engine import EngineExecutor
-from trtio.errors import BindingError, InvalidTypeError, InvalidValueError, ShapeError
+from trtio.errors import InvalidTypeError, InvalidValueError, ShapeError
 from trtio.inputs import as_input, is_device_array
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
-from trtio.setups.calls import Calls, one_thread
+from trtio.memory import Arena, TensorRequest
+from trtio.setups.calls import one_thread
 from trtio.staging import StepStaging, UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 
 __all__ = ["VisualOutput", "VisualSetup", "create_for_visual"]
 
@@ -71,7 +68,7 @@ class VisualOutput:
                 f"images={len(self.grid_thw)})")
 
 
-class VisualSetup(Closeable):
+class VisualSetup(EncoderSetup):
     """A ViT engine bound to its worst-case buffers (see module docstring); build it with
     :func:`create_for_visual`. ``cfg``, ``executor``, ``tensor_map`` and ``registry`` are public views.
 
@@ -79,29 +76,18 @@ class VisualSetup(Closeable):
     call order whatever streams they are given (a stream other than the last encode's waits for an event after
     it). Follows trtio's close protocol."""
 
+    FACTORY = "create_for_visual"
+    WHAT = "visual"
+
     def __init__(self, engine: Any, cfg: VisualConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         if not isinstance(cfg, VisualConfig):
             raise InvalidTypeError(f"create_for_visual: cfg must be a VisualConfig (EngineDir.visual_config, or "
                                    f"VisualConfig.from_dir), got {type(cfg).__name__}")
-        eio = engine_io(engine, "create_for_visual")
         self.cfg = cfg
-        self.registry = vit_registry(cfg)
-        problems = declared_problems(eio, self.registry)
-        for info in eio.inputs:
-            spec = self.registry.get(info.name)
-            if spec is not None and info.profiles and spec.profiles and len(spec.shape) == len(info.shape):
-                problems += profile_problems(info, spec, lower=True)
-        if eio.num_profiles != 1:
-            problems.append(f"the engine has {eio.num_profiles} optimization profiles; Edge-LLM's visual engines "
-                            f"have one")
-        if problems:
-            raise BindingError(eio.name, problems)
-        be = engine_backend(engine, backend)
-        self._backend = be
-        self._init_lifetime(f"visual setup {eio.name!r}")
-        geometry = [s for s in self.registry if s.is_input and s.name not in (kVisualInput, kMaxSeqLenCarrier)]
-        worst = {n: tuple(spec.profiles[0][2]) for n, spec in ((s.name, s) for s in self.registry if s.is_input)}
+        registry = vit_registry(cfg)
+        geometry = [s for s in registry if s.is_input and s.name not in (kVisualInput, kMaxSeqLenCarrier)]
+        worst = {n: tuple(spec.profiles[0][2]) for n, spec in ((s.name, s) for s in registry if s.is_input)}
         out_shape = (cfg.max_image_tokens, cfg.out_hidden_size)
         outputs = [kVisualOutput] + [deepstack_features(i) for i in range(cfg.num_deepstack)]
         requests = StepStaging.requests([TensorRequest.of(s.name, worst[s.name], s.dtype) for s in geometry])
@@ -112,24 +98,14 @@ class VisualSetup(Closeable):
             TensorRequest.of(kMaxSeqLenCarrier, worst[kMaxSeqLenCarrier], DType.INT32),
         ]
         requests += [TensorRequest.of(n, out_shape, DType.FLOAT16) for n in outputs]
-        s = as_stream(stream, be)
-        with contextlib.ExitStack() as stack:
-            self._arena = stack.enter_context(Arena(requests, backend=be, title="visual"))
-            self._staging = stack.enter_context(StepStaging(self._arena, [g.name for g in geometry],
+
+        def staging(stack: contextlib.ExitStack, arena: Arena, be: Backend) -> None:
+            self._staging = stack.enter_context(StepStaging(arena, [g.name for g in geometry],
                                                             title="visual step inputs"))
-            self._patches = stack.enter_context(UploadRing(self._arena[f"host_{kVisualInput}"], be,
-                                                           slots=_PATCH_SLOTS, title="patches staging"))
-            self._calls = stack.enter_context(Calls(be, "VisualSetup"))
-            tm = TensorMap("visual")
-            for spec in self.registry:
-                tm.add(spec.name, self._arena[spec.name])
-            tm.freeze()
-            self.tensor_map = tm
-            self.executor = stack.enter_context(EngineExecutor(engine, name=eio.name, registry=self.registry,
-                                                               graphs=graphs, backend=be))
-            tm.add_user(self.executor)
-            s.synchronize()
-            self._resources: contextlib.ExitStack | None = stack.pop_all()
+            self._patches = stack.enter_context(UploadRing(arena[f"host_{kVisualInput}"], be, slots=_PATCH_SLOTS,
+                                                           title="patches staging"))
+
+        self._bind(engine, registry, requests, stream, graphs=graphs, backend=backend, staging=staging)
         self._geometry_names = tuple(g.name for g in geometry)
         self._outputs = [self._arena[n] for n in outputs]
         self._steps: BoundedCache[tuple[tuple[int, int, int], ...], VitStep] = BoundedCache()
@@ -204,29 +180,6 @@ class VisualSetup(Closeable):
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InvalidValueError(f"patches{list(where)} = {float(arr[where])!r} is not a finite float16 value")
         return out
-
-    # -- views ---------------------------------------------------------------------------------------
-    @property
-    def graph_stats(self) -> Any:
-        """The executor's CUDA-graph telemetry (hits, captures, misses, last miss reason)."""
-        return self.executor.graph_stats
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    def memory_report(self) -> MemoryReport:
-        """Every buffer the setup owns (the arena and the executor's context memory)."""
-        self._check_open()
-        return MemoryReport.combine("create_for_visual", [self._arena.report(), self.executor.context_memory.report()])
-
-    def _close_owned(self) -> None:
-        resources, self._resources = self._resources, None
-        if resources is not None:
-            resources.close()
-
-    def __repr__(self) -> str:
-        return f"VisualSetup({self.cfg.model_type}, graphs={self.executor.graphs_enabled})"
 
 
 def create_for_visual(engine: Any, cfg: Any, stream: StreamLike = None, *, graphs: bool = False,
