@@ -1,12 +1,15 @@
 """The visual component as the component table sees it: a vision-language model's ViT in ``visual/`` (Qwen2.5-VL,
-Qwen3-VL), read by :class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir`
-as the LLM setup's ``visual`` (``docs/architecture.md``, "Vision-language models")."""
+Qwen3-VL; Phi-4-multimodal's encoder, model_type ``phi4mm``: :mod:`~trtio.components.visual.phi4mm`), read by
+:class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir` as the LLM setup's
+``visual`` (``docs/architecture.md``, "Vision-language models")."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from trtio.components.visual.phi4mm import Phi4mmVisualConfig, is_phi4mm_dir, read_phi4mm
+from trtio.components.visual.phi4mm_setup import create_for_phi4mm_visual
 from trtio.components.visual.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import LLMEngineConfig
@@ -32,10 +35,13 @@ class VisualComponent(Component):
     WHAT = "vision encoder"
 
     @classmethod
-    def read(cls, folder: Path, llm: LLMEngineConfig) -> VisualConfig | None:
-        """``folder``'s config, checked against the LLM's (ConfigError naming the file and the key), or None."""
+    def read(cls, folder: Path, llm: LLMEngineConfig) -> VisualConfig | Phi4mmVisualConfig | None:
+        """``folder``'s config, checked against the LLM's (ConfigError naming the file and the key), or None. Its
+        ``kind`` says which encoder (``model_type``: ``qwen2_5_vl``, ``qwen3_vl``, ``phi4mm``)."""
         if not (folder / VISUAL_CONFIG_FILE).is_file():
             return None
+        if is_phi4mm_dir(folder):
+            return read_phi4mm(folder, llm)
         cfg = VisualConfig.from_dir(folder)
         file = folder / VISUAL_CONFIG_FILE
         if cfg.out_hidden_size != llm.hidden_size:
@@ -67,6 +73,10 @@ class VisualComponent(Component):
                                                                f"hidden_size is {llm.hidden_size}")
 
     @classmethod
-    def attach(cls, setup: Any, engine: Any, config: VisualConfig, stream: StreamLike = None, *,
+    def attach(cls, setup: Any, engine: Any, config: VisualConfig | Phi4mmVisualConfig, stream: StreamLike = None, *,
                graphs: bool = False) -> None:
-        setup.attach(cls.NAME, create_for_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend))
+        if isinstance(config, Phi4mmVisualConfig):
+            part: Any = create_for_phi4mm_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend)
+        else:
+            part = create_for_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend)
+        setup.attach(cls.NAME, part)

@@ -13,7 +13,8 @@ for the two ViT kinds trtio binds:
   ``fast_pos_embed_weight`` (``vision_config.num_position_embeddings``), and one ``deepstack_features_i``
   output per entry of ``vision_config.deepstack_visual_indexes``.
 
-Any other ``model_type`` (InternVL, Phi-4-MM, Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it. Keys
+Any other ``model_type`` (InternVL, Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it; Phi-4-MM's
+``phi4mm`` has its own config (:mod:`trtio.components.visual.phi4mm`). Keys
 that only shape the engine's own computation (``depth``, ``hidden_act``, ``intermediate_size``,
 ``fullatt_block_indexes``, ...) stay in :attr:`VisualConfig.extras`: trtio computes no ViT layer.
 ``docs/edgellm-assumptions.md`` (section "Vision-language models") lists what is assumed.
@@ -208,6 +209,11 @@ class VisualConfig:
         return cls.from_edgellm(data, preprocessor=pre, what=str(file), preprocessor_what=str(pre_file))
 
     # -- derived sizes --------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """Which vision encoder this is (``model_type``: ``qwen2_5_vl`` or ``qwen3_vl``)."""
+        return self.model_type
+
     @property
     def factor(self) -> int:
         """Pixels per merged token along each side: ``patch_size * merge_size`` (images are resized to it)."""
