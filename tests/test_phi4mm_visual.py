@@ -280,3 +280,22 @@ def test_an_engine_of_another_width_is_refused(cfg: Phi4mmVisualConfig) -> None:
                                 sub_gn=np.zeros(64, np.float16))
     with pytest.raises(BindingError, match="output"):
         create_for_phi4mm_visual(ReferencePhi4mmEngine.from_config(other), cfg, backend="host")
+
+
+def test_splice_writes_the_image_rows_over_the_expanded_placeholders(cfg: Phi4mmVisualConfig) -> None:
+    table = np.random.default_rng(0).standard_normal((1000, 128)).astype(np.float16)
+    layout = np.array([[1, 2, 16, 32]])
+    encoded = _labelled(3, cfg)
+    ids, embeds = P.splice(np.array([5, 997, 6]), layout, cfg, table, encoded)
+    assert ids.shape == (803,) and embeds.shape == (803, 128)
+    np.testing.assert_array_equal(embeds[0], table[5])
+    np.testing.assert_array_equal(embeds[-1], table[6])
+    np.testing.assert_array_equal(embeds[1:802], P.image_rows(encoded, layout, cfg))
+
+
+def test_an_engine_directory_opens_its_visual_folder_as_the_phi4mm_kind() -> None:
+    """The shared fixture's directory (configs only): the LLM with LongRoPE and the phi4mm encoder."""
+    d = trtio.EngineDir.open(DIR)
+    assert d.visual_config is not None and d.visual_config.kind == "phi4mm"
+    assert d.config.rope_scaling is not None and d.config.rope_scaling.rope_type == "longrope"
+    assert trtio.EngineDir.open(DIR, components=("llm",)).visual_config is None

@@ -15,8 +15,8 @@ bindings, Hugging Face's HD transform and the image-token layout with the ``sub_
   global block a bicubic (A = -0.75, no antialias) resize of that normalised picture; blocks global first, then
   the grid row by row. Also each image's layout: grid rows and columns and the useful token rows and columns (HF's
   attention mask: tokens of the white padding are dropped).
-* :func:`image_tokens` / :func:`expand_image_pads` / :func:`image_rows`: the placeholder expansion and the rows
-  spliced over it, per image: the sub-grid's useful tokens row by row, each row ended by ``sub_GN``; then
+* :func:`image_tokens` / :func:`expand_image_pads` / :func:`image_rows` / :func:`splice`: the placeholder expansion
+  and the rows spliced over it, per image: the sub-grid's useful tokens row by row, each row ended by ``sub_GN``; then
   ``glb_GN``; then the global block's 16 x 16 tokens, each row ended by ``sub_GN`` (Hugging Face's
   ``Phi4MultimodalImageEmbedding.forward``; Edge-LLM's ``phi4mmViTRunner::infer`` and
   ``phi4mmPostprocessVisionTokens`` put them in the same places for a grid without padding).
@@ -44,7 +44,7 @@ from trtio.errors import ConfigError, InvalidTypeError, ShapeError
 from trtio.registry import TensorRegistry, TensorSpec
 
 __all__ = ["GN_FILE", "PHI4MM_KIND", "Phi4mmVisualConfig", "expand_image_pads", "image_rows", "image_tokens",
-           "phi4mm_registry", "preprocess"]
+           "phi4mm_registry", "preprocess", "splice"]
 
 PHI4MM_KIND = "phi4mm"
 GN_FILE = "phi4mm_gn_proj.safetensors"
@@ -519,6 +519,27 @@ def image_rows(encoded: Any, layout: Any, cfg: Phi4mmVisualConfig) -> np.ndarray
         at += 1 + rows * cols
     return np.ascontiguousarray(np.concatenate(out))
 
+
+
+def splice(token_ids: Any, layout: Any, cfg: Phi4mmVisualConfig, embedding: Any,
+           encoded: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One prompt with its images spliced in: ``(ids, inputs_embeds)``, the expanded token ids (``[n]``) and their rows
+    (``[n, hidden]``, the embedding table's dtype): text tokens looked up in ``embedding`` (``[vocab, hidden]``, a
+    host array), each image's :func:`image_rows` over its expanded placeholder. ``encoded``: the encoder's rows for
+    all the images (a host array or the ``embeds`` Tensor of an encode, read with a synchronising copy).
+    The prompt's positions are plain (0 .. n - 1): Phi-4-MM's LLM has no MRoPE."""
+    ids = expand_image_pads(token_ids, layout, cfg)
+    table = np.asarray(embedding)
+    if table.ndim != 2 or table.dtype.kind != "f" or table.shape[1] != cfg.out_hidden_size:
+        raise ShapeError(f"embedding: expected a [vocab, {cfg.out_hidden_size}] float table, got {table.dtype} "
+                         f"{list(table.shape)}")
+    bad = np.flatnonzero((ids < 0) | (ids >= table.shape[0]))
+    if bad.size:
+        raise ShapeError(f"token_ids: token {int(ids[bad[0]])} is outside the {table.shape[0]}-row embedding")
+    rows = encoded.to_numpy() if hasattr(encoded, "to_numpy") else encoded
+    embeds = table[ids].copy()
+    embeds[ids == cfg.image_token_id] = image_rows(rows, layout, cfg).astype(table.dtype)
+    return ids, embeds
 
 # -- the component's reading -----------------------------------------------------------------------------------------
 
