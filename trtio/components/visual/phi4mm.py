@@ -112,7 +112,9 @@ class Phi4mmVisualConfig:
                 raise ConfigError(f"{GN_FILE}: {name[:3]}_GN",
                                   f"expected float16 [{self.out_hidden_size}] (projected to the LLM's hidden size), "
                                   f"got {got}")
-            row.flags.writeable = False
+            own = row.copy()
+            own.flags.writeable = False
+            object.__setattr__(self, name, own)
         for stat in ("image_mean", "image_std"):
             values = getattr(self, stat)
             if len(values) != self.in_channels or (stat == "image_std" and min(values) <= 0):
@@ -175,9 +177,9 @@ class Phi4mmVisualConfig:
         glb, sub = (np.array(tensors[n].array) for n in ("glb_GN", "sub_GN"))
         try:
             return cls(**values, out_hidden_size=int(glb.shape[-1]), glb_gn=glb.reshape(-1), sub_gn=sub.reshape(-1))
-        except ConfigError as exc:
-            where = exc.field if exc.field.startswith(GN_FILE) else f"{file}: {exc.field}"
-            raise ConfigError(str(root / where) if exc.field.startswith(GN_FILE) else where, exc.message) from None
+        except ConfigError as exc:  # a sidecar problem names the sidecar, any other the config
+            where = str(root / exc.field) if exc.field.startswith(GN_FILE) else f"{file}: {exc.field}"
+            raise ConfigError(where, exc.message) from None
 
 
 def _int(data: Mapping[str, Any], key: str, where: str = "", minimum: int = 1) -> int:
