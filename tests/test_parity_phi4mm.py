@@ -7,7 +7,8 @@ The case's KV capacity is its ``original_max_position_embeddings`` (256): the la
 LongRoPE, where Edge-LLM's static table (``cpp/runtime/state/ropeCache.cpp``: short factors) and HF's per-forward
 switch (short up to ``original``) are the same model (``docs/edgellm-assumptions.md`` 5.2). A capacity past it is
 refused: there Edge-LLM's runtime rotates every position with the long factors and HF a short sequence with the
-short ones.
+short ones. The case ``phi4mm-switch`` (the switch at 64 tokens, inside the capacity) shows it on the real graph with
+the refusal lifted: Edge-LLM's table equals HF past the switch (worst 0.051) and misses it within (1.26).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 import trtio
-from tests._parity import TEXT_SCENARIOS, Case, planted, run
+from tests._parity import TEXT_SCENARIOS, Case, ParityMismatch, planted, run
 from trtio.errors import ConfigError
 from trtio.rope import RopeScaling, rope_cos_sin_table
 
@@ -161,3 +162,38 @@ def test_a_planted_input_bug_fails_parity(bug: str) -> None:
     scenario, make = BUGS[bug]
     how = planted(Case(NAME), scenario, make())
     assert how.startswith(("mismatch", "refused"))
+
+
+# -- the switch inside the capacity: what the refusal avoids ---------------------------------------------------------
+
+SWITCH = "phi4mm-switch"
+
+
+def test_a_capacity_past_the_switch_refuses_the_switch_case() -> None:
+    """The same model with its switch at 64 tokens in a KV capacity of 256: trtio refuses it."""
+    with pytest.raises(ConfigError, match="max_kv_cache_capacity"):
+        trtio.LLMEngineConfig.from_edgellm(Case(SWITCH).engine().config, what=f"{SWITCH}/llm/config.json")
+
+
+@pytest.fixture
+def refusal_lifted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trtio's LongRoPE checks switched off: it then writes Edge-LLM's table, the long factors at every row."""
+    monkeypatch.setattr(trtio.LLMEngineConfig, "_validate_longrope", lambda self, scaling: None)
+
+
+@pytest.mark.parametrize("scenario", ["chunked", "prefix"])
+@pytest.mark.usefixtures("refusal_lifted")
+def test_past_the_switch_edge_llm_s_long_table_is_hugging_face_s(scenario: str) -> None:
+    """Sequences longer than 64 tokens: HF's one forward rotates every position with the long factors, as
+    Edge-LLM's table does, so the real graph fed that table equals HF."""
+    cmp = run(Case(SWITCH), scenario)
+    assert cmp.rows >= 4 and cmp.worst <= 0.1
+
+
+@pytest.mark.parametrize("scenario", ["batch", "admission"])
+@pytest.mark.usefixtures("refusal_lifted")
+def test_within_the_switch_edge_llm_s_long_table_is_not_hugging_face_s(scenario: str) -> None:
+    """Prompts within 64 tokens: HF rotates them with the short factors, Edge-LLM's table with the long ones; the
+    logits differ, which is why trtio refuses such a capacity."""
+    with pytest.raises(ParityMismatch):
+        run(Case(SWITCH), scenario)
