@@ -9,10 +9,15 @@ switch (short up to ``original``) are the same model (``docs/edgellm-assumptions
 refused: there Edge-LLM's runtime rotates every position with the long factors and HF a short sequence with the
 short ones. The case ``phi4mm-switch`` (the switch at 64 tokens, inside the capacity) shows it on the real graph with
 the refusal lifted: Edge-LLM's table equals HF past the switch (worst 0.051) and misses it within (1.26).
+
+The case ``phi4mm-image`` holds HF's whole model on a prompt with one image to the graph fed trtio's splice
+(:func:`trtio.components.visual.phi4mm.splice`'s parts) of the encoder's rows, HF's own tower standing in for the
+visual graph (which cannot be exported on a CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +26,8 @@ import numpy as np
 import pytest
 
 import trtio
-from tests._parity import TEXT_SCENARIOS, Case, ParityMismatch, planted, run
+from tests._parity import TEXT_SCENARIOS, Case, Compare, ParityMismatch, llm_setup, planted, run
+from trtio.components.visual import phi4mm as P
 from trtio.errors import ConfigError
 from trtio.rope import RopeScaling, rope_cos_sin_table
 
@@ -197,3 +203,81 @@ def test_within_the_switch_edge_llm_s_long_table_is_not_hugging_face_s(scenario:
     logits differ, which is why trtio refuses such a capacity."""
     with pytest.raises(ParityMismatch):
         run(Case(SWITCH), scenario)
+
+
+# -- a prompt holding an image: the layout and splice against HF's whole model -----------------------------------------
+
+IMAGE = "phi4mm-image"
+
+
+def _image_config(case: Case) -> P.Phi4mmVisualConfig:
+    a = case.arrays
+    return P.Phi4mmVisualConfig(crop_size=448, patch_size=14, hidden_size=32, out_hidden_size=64, vocab_size=512,
+                                image_token_id=500, min_image_tokens=256, max_image_tokens=768,
+                                max_image_tokens_per_image=768, glb_gn=a["glb_GN"], sub_gn=a["sub_GN"])
+
+
+def _image_prompt(case: Case, rows: Callable[..., np.ndarray] = P.image_rows) -> tuple[np.ndarray, np.ndarray]:
+    cfg = _image_config(case)
+    layout = np.array([[1, 2, 16, 32]])  # 448 x 896: a 1 x 2 grid, nothing padded
+    table = case.table()
+    ids = P.expand_image_pads(case.arrays["prompt"], layout, cfg)
+    embeds = table[ids].copy()
+    embeds[ids == cfg.image_token_id] = rows(case.arrays["encoded"], layout, cfg)
+    return ids, embeds
+
+
+def _run_image(case: Case, embeds: np.ndarray, backend: str = "host", graphs: bool = False) -> Compare:
+    a, cmp = case.arrays, Compare()
+    rows = {int(r): a["logits"][i] for i, r in enumerate(a["rows"].tolist())}
+    n, table, tokens = embeds.shape[0], case.table(), a["tokens"]
+    with llm_setup(case, backend, graphs) as setup:
+        logits = setup.prefill(embeds[None], np.array([n], np.int32)).to_numpy()[0]
+        for step in range(case.meta["continuation"]):
+            at = n - 1 + step
+            cmp.values(rows[at], logits, f"row {at}")
+            if int(logits.argmax()) != int(tokens[at + 1]):
+                raise ParityMismatch(f"token after row {at}: trtio {int(logits.argmax())}, HF {int(tokens[at + 1])}")
+            logits = setup.decode(table[tokens[at + 1]][None, None, :]).to_numpy()[0]
+    return cmp
+
+
+@pytest.mark.parametrize(("backend", "graphs"), RUNS)
+def test_a_prompt_with_an_image_equals_hugging_face(backend: str, graphs: bool) -> None:
+    """HF's whole model on a prompt with one 448 x 896 image (801 image tokens) against the real LLM graph fed
+    trtio's splice of the encoder's rows (HF's own tower and projection per block: the visual export fails on a
+    CPU): the expansion, the sub_GN / glb_GN places and the prompt's logits and greedy tokens are HF's."""
+    case = Case(IMAGE)
+    ids, embeds = _image_prompt(case)
+    assert ids.tolist() == case.arrays["tokens"][:ids.shape[0]].tolist()
+    cmp = _run_image(case, embeds, backend, graphs)
+    assert cmp.rows == case.meta["continuation"] and cmp.worst <= 0.1
+
+
+def _glb_first(encoded: np.ndarray, layout: np.ndarray, cfg: P.Phi4mmVisualConfig) -> np.ndarray:
+    rows = P.image_rows(encoded, layout, cfg)
+    glb = 16 * 17 + 1
+    return np.concatenate([rows[-glb + 1:], rows[-glb:-glb + 1], rows[:-glb]])
+
+
+def _no_separators(encoded: np.ndarray, layout: np.ndarray, cfg: P.Phi4mmVisualConfig) -> np.ndarray:
+    zero = dataclasses.replace(cfg, glb_gn=np.zeros(64, np.float16), sub_gn=np.zeros(64, np.float16))
+    return P.image_rows(encoded, layout, zero)
+
+
+def _blocks_swapped(encoded: np.ndarray, layout: np.ndarray, cfg: P.Phi4mmVisualConfig) -> np.ndarray:
+    x = np.asarray(encoded).reshape(3, 256, 64)
+    return P.image_rows(x[[0, 2, 1]].reshape(-1, 64), layout, cfg)
+
+
+IMAGE_BUGS = {"the global block first (glb_GN and the global rows before the sub grid)": _glb_first,
+              "zero separator rows (the sidecar unread)": _no_separators,
+              "the two sub blocks swapped": _blocks_swapped}
+
+
+@pytest.mark.parametrize("bug", list(IMAGE_BUGS))
+def test_a_planted_layout_bug_fails_the_image_prompt(bug: str) -> None:
+    case = Case(IMAGE)
+    _, embeds = _image_prompt(case, IMAGE_BUGS[bug])
+    with pytest.raises(ParityMismatch):
+        _run_image(case, embeds)
