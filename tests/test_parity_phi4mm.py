@@ -248,8 +248,10 @@ def test_a_prompt_with_an_image_equals_hugging_face(backend: str, graphs: bool) 
     trtio's splice of the encoder's rows (HF's own tower and projection per block: the visual export fails on a
     CPU): the expansion, the sub_GN / glb_GN places and the prompt's logits and greedy tokens are HF's."""
     case = Case(IMAGE)
-    ids, embeds = _image_prompt(case)
+    ids, embeds = P.splice(case.arrays["prompt"], np.array([[1, 2, 16, 32]]), _image_config(case), case.table(),
+                           case.arrays["encoded"])
     assert ids.tolist() == case.arrays["tokens"][:ids.shape[0]].tolist()
+    assert np.array_equal(embeds, _image_prompt(case)[1])
     cmp = _run_image(case, embeds, backend, graphs)
     assert cmp.rows == case.meta["continuation"] and cmp.worst <= 0.1
 
