@@ -299,3 +299,25 @@ def test_an_engine_directory_opens_its_visual_folder_as_the_phi4mm_kind() -> Non
     assert d.visual_config is not None and d.visual_config.kind == "phi4mm"
     assert d.config.rope_scaling is not None and d.config.rope_scaling.rope_type == "longrope"
     assert trtio.EngineDir.open(DIR, components=("llm",)).visual_config is None
+
+
+def test_the_component_attaches_a_phi4mm_setup(cfg: Phi4mmVisualConfig) -> None:
+    """``create_from_engine_dir``'s path: the table's record binds a phi4mm config with Phi4mmVisualSetup."""
+    attached: dict[str, Any] = {}
+
+    class _Io:
+        backend = trtio.get_backend("host")
+
+    class _Setup:
+        io = _Io()
+
+        def attach(self, name: str, part: Any) -> None:
+            attached[name] = part
+
+    VisualComponent.attach(_Setup(), ReferencePhi4mmEngine.from_config(cfg), cfg)
+    part = attached["visual"]
+    try:
+        assert type(part).__name__ == "Phi4mmVisualSetup" and part.cfg is cfg
+        VisualComponent.check_attach(_llm(), part)
+    finally:
+        part.close()
