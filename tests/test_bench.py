@@ -42,11 +42,14 @@ def test_host_inputs_time_one_copy_of_each_helpers_input_beside_it(capsys: pytes
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_torch_inputs_feed_the_steps_with_the_decode_step_fed_numpy_beside(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--inputs torch`` works with a CPU torch build (host memory: the steps read it as numpy); the decode step
-    fed a torch tensor and fed numpy enqueue alike."""
+    """``--inputs torch`` works with a CPU torch build (host memory: the steps read it as numpy); the decode step,
+    each spec phase and the round fed a torch tensor and fed numpy (timed beside them) enqueue alike."""
     rows = _rows(capsys, "--inputs", "torch", "--contract", "batch")["batch"]
     assert rows["LLMSetup.decode"]["device_ops"] == rows["LLMSetup.decode, fed numpy"]["device_ops"] == 2
     assert rows["SpecDecodeSetup.verify"]["device_ops"] == 2
+    for phase in ("SpecDecodeSetup.draft_propose", "SpecDecodeSetup.verify", "SpecDecodeSetup.draft_accept", ROUND):
+        assert rows[phase]["device_ops"] == rows[f"{phase}, fed numpy"]["device_ops"], phase
+    assert f"{ROUND}, fed numpy" in rows and "SpecDecodeSetup.accept, fed numpy" not in rows
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")

@@ -9,6 +9,7 @@ core and the setups; a library module reaching it (``import trtio``) would reach
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from collections.abc import Iterator
@@ -64,9 +65,15 @@ def _modules() -> dict[str, Path]:
     return {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """``path``'s syntax tree, parsed once for every check of this file (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
 def _imports(module: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
     """(line, imported trtio module) for every import in ``path``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(tree):
@@ -287,6 +294,8 @@ PLUGIN_PLACES = {
     "families.spec.dflash_bindings": "binding", "families.spec.dflash": "setups",
     "families.gemma4": "binding", "families.gemma4.gemma4_config": "steps", "families.gemma4.swa": "steps",
     "families.gemma4.ple": "setups", "families.gemma4.gemma4_feature": "setups",
+    "families.gemma4_mtp": "binding", "families.gemma4_mtp.gemma4_mtp_config": "steps",
+    "families.gemma4_mtp.assistant": "setups", "families.gemma4_mtp.gemma4_mtp_feature": "setups",
 }
 
 
@@ -353,7 +362,7 @@ def _oversized(package: Path) -> list[str]:
     ``path:line name (lines)``."""
     found = []
     for path in sorted(package.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list])
                 lines = (node.end_lineno or node.lineno) - start + 1
@@ -416,6 +425,16 @@ def _tests(tree: ast.AST) -> Iterator[ast.expr]:
             yield node.guard
 
 
+def _segment(lines: list[str], node: ast.expr) -> str:
+    """The source text of ``node`` (as ast.get_source_segment gives it; columns are UTF-8 byte offsets)."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    first, last = node.lineno - 1, node.end_lineno - 1
+    chunk = [line.encode() for line in lines[first:last + 1]]
+    if first == last:
+        return chunk[0][node.col_offset:node.end_col_offset].decode()
+    return b"".join([chunk[0][node.col_offset:], *chunk[1:-1], chunk[-1][:node.end_col_offset]]).decode()
+
+
 def family_conditionals() -> list[str]:
     """``path:line: words: test`` for every conditional of a generic module whose test names a family."""
     found = []
@@ -423,8 +442,9 @@ def family_conditionals() -> list[str]:
         if not is_generic(module):
             continue
         source = path.read_text(encoding="utf-8")
-        for test in sorted(_tests(ast.parse(source)), key=lambda node: (node.lineno, node.col_offset)):
-            text = ast.get_source_segment(source, test) or ""
+        lines = source.splitlines(keepends=True)  # once a module: ast.get_source_segment splits it at every call
+        for test in sorted(_tests(_parsed(path)), key=lambda node: (node.lineno, node.col_offset)):
+            text = _segment(lines, test)
             words = family_words(text)
             if words:
                 first = " ".join(text.split())[:80]
@@ -488,3 +508,13 @@ def test_the_seam_checker_sees_a_family_conditional_and_a_plugin_import(tmp_path
 def test_family_words_are_whole_words() -> None:
     assert family_words("cfg.is_hybrid and PleSplit or kSwaKVPageTable") == {"hybrid", "ple", "swa"}
     assert family_words("simple example displayed multiple") == set()
+
+
+def test_the_wheel_ships_every_package() -> None:
+    """pyproject.toml lists the packages a wheel holds by name: every package under ``trtio/`` is listed (a family or
+    component folder left out installs a wheel whose imports fail), and nothing listed is missing."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    present = {_module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert listed - {"trtio._engines"} == present

@@ -5,7 +5,7 @@ rows (HF's token count; Edge-LLM's places for a grid without padding), the regis
 I/O, and a strict double of that I/O bound and stepped.
 
 No real-graph parity for the encoder itself: Edge-LLM 0.11's visual ONNX export hard-codes SigLIP-so400m and fails on
-a CPU (``docs/edgellm-assumptions.md`` 16).
+a CPU (``docs/edgellm-assumptions.md`` 19).
 """
 
 from __future__ import annotations
@@ -291,6 +291,9 @@ def test_splice_writes_the_image_rows_over_the_expanded_placeholders(cfg: Phi4mm
     np.testing.assert_array_equal(embeds[0], table[5])
     np.testing.assert_array_equal(embeds[-1], table[6])
     np.testing.assert_array_equal(embeds[1:802], P.image_rows(encoded, layout, cfg))
+    prompt = trtio.vision.splice(np.array([5, 997, 6]), layout, cfg, table, encoded)  # the public face: the kind's
+    assert prompt.token_ids.tolist() == [ids.tolist()] and prompt.context_lengths.tolist() == [803]
+    np.testing.assert_array_equal(prompt.inputs_embeds[0], embeds)
 
 
 def test_an_engine_directory_opens_its_visual_folder_as_the_phi4mm_kind() -> None:

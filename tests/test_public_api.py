@@ -34,7 +34,7 @@ INTERNALS = {  # module -> names a user never needs from the facade
 
 # Names the design shows as ``trtio.<name>`` that are not in __all__: they stay attributes of the package.
 DOCUMENTED_ATTRIBUTES = ["contract_of", "Event", "edgellm", "names", "ExportError", "InvalidTypeError",
-                         "InvalidValueError", "UnknownNameError"]
+                         "InvalidValueError", "UnknownNameError", "create_for_audio", "audio"]
 
 # Python's own modules that ``import trtio`` may not pull in: optional packages are imported where used.
 OPTIONAL = ["ml_dtypes", "tokenizers", "torch", "cupy", "jax", "tensorrt", "tensorrt_rtx", "cuda.bindings",

@@ -651,3 +651,49 @@ def test_upload_ring_keeps_what_a_use_reads_until_its_fence_has_completed() -> N
     ring.close()
     arena.close()
     s.close()
+
+
+def test_a_large_upload_takes_the_last_slot_again_once_its_copy_has_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload of WARM_BYTES or more (here 16: every upload of 4 int32) writes the slot the last upload used where
+    that upload's copy has run (its bytes still in the host's caches); while the device has run none of the copies,
+    the ring goes round as before, never writing a slot whose copy is pending and never waiting within its depth;
+    a smaller upload always goes round. Every upload's values reach the device."""
+    import trtio.staging
+
+    class Sources(_Behind):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sources: list[int] = []
+            self.into = 0  # the device tensor the uploads copy into
+
+        def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
+            if dst == self.into:
+                self.sources.append(src)
+            super().memcpy(dst, src, nbytes, stream)
+
+    be = Sources()
+    arena, ring = _ring(be)
+    be.into = arena["d"].data_ptr
+    s = Stream.create(be)
+    with ring:
+        monkeypatch.setattr(trtio.staging, "WARM_BYTES", 16)
+        be.caught_up = True
+        for i in range(3):
+            ring.upload(np.full(4, i, np.int32), arena["d"], s)
+            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, i))
+        assert len(set(be.sources)) == 1, f"a device that ran each copy: one slot again: {be.sources}"
+        be.caught_up = False
+        be.sources.clear()
+        for i in range(INPUT_RING_SLOTS - 1):  # (the last slot's copy is pending too: its fence was recorded late)
+            ring.upload(np.full(4, 10 + i, np.int32), arena["d"], s)
+            np.testing.assert_array_equal(arena["d"].to_numpy(), np.full(4, 10 + i))
+        assert len(set(be.sources)) == INPUT_RING_SLOTS - 1, "copies pending: each upload in a slot of its own"
+        assert ring.fence_waits == 0 and be.waited == []
+        be.caught_up = True
+        be.sources.clear()
+        monkeypatch.setattr(trtio.staging, "WARM_BYTES", 17)
+        for i in range(INPUT_RING_SLOTS):
+            ring.upload(np.full(4, 30 + i, np.int32), arena["d"], s)
+        assert len(set(be.sources)) == INPUT_RING_SLOTS, "a smaller upload goes round the ring"
+    arena.close()
+    s.close()

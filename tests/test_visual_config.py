@@ -148,7 +148,7 @@ def test_the_encoder_must_fit_its_llm(tmp_path: Path, edit: Any, why: str) -> No
 def test_a_directory_with_another_vit_is_refused_at_open(tmp_path: Path) -> None:
     folder = _copy(QWEN3, tmp_path)
     v = raw(folder)
-    v["model_type"] = "internvl"
+    v["model_type"] = "qwen2_vl"
     (folder / "visual" / "config.json").write_text(json.dumps(v))
-    with pytest.raises(ConfigError, match=r"visual/config.json: model_type: 'internvl' is not a ViT kind"):
+    with pytest.raises(ConfigError, match=r"visual/config.json: model_type: 'qwen2_vl' is not a ViT kind"):
         EngineDir.open(folder)

@@ -9,13 +9,15 @@ loading, the configs, tensors, streams and backends, and the errors worth catchi
 importable from its own module (``trtio.engine.EngineIO``, ``trtio.setups.binding.BoundEngine``, ...);
 ``docs/architecture.md`` maps the modules. A few names that are not
 in ``__all__`` stay attributes of the package because the design documents them as ``trtio.<name>``:
-``trtio.contract_of``, ``trtio.Event``, every error class of :mod:`trtio.errors`, and the modules
-``trtio.edgellm``, ``trtio.names`` and ``trtio.vision``.
+``trtio.contract_of``, ``trtio.Event``, ``trtio.create_for_audio`` (a speech model's audio encoder: DESIGN §19),
+every error class of :mod:`trtio.errors`, and the modules ``trtio.edgellm``, ``trtio.names``, ``trtio.vision`` and
+``trtio.audio``.
 """
 
 import logging as _logging
 
 # `X as X`: an attribute of the package that is not in __all__ (see above).
+from trtio import audio as audio
 from trtio import edgellm as edgellm
 from trtio import names as names
 from trtio import vision as vision
@@ -23,6 +25,7 @@ from trtio import vision as vision
 # The family and component tables: they register every family and component with trtio.features, before any
 # config is read (no module builds one at import time).
 from trtio.components import component_table as _component_table  # noqa: F401
+from trtio.components.audio.audio_setup import create_for_audio as create_for_audio
 from trtio.components.visual.visual_setup import VisualSetup, create_for_visual
 from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 from trtio.contracts import contract_of as contract_of

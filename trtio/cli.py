@@ -167,7 +167,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     run_generate(GenerateOptions(path=engine_path(args.engine_dir), prompt=args.prompt,
                                  max_new_tokens=args.max_new_tokens, speculative=args.speculative,
                                  draft_top_k=args.draft_top_k, draft_step=args.draft_step, backend=args.backend,
-                                 images=tuple(args.image or ()), lora=args.lora))
+                                 images=tuple(args.image or ()), audio=tuple(args.audio or ()), lora=args.lora))
     return 0
 
 
@@ -349,6 +349,11 @@ def _add_generate(sub: argparse._SubParsersAction[_Parser]) -> None:
                      help="an image for a vision-language model's directory (repeat for several; PNG/JPEG with "
                           "'trtio[vision]', or a .npy uint8 [H, W, 3] array); each goes before the prompt unless the "
                           "prompt places it with the image pad token")
+    gen.add_argument("--audio", type=Path, action="append", metavar="FILE.wav",
+                     help="a clip for a speech model's directory (audio/ beside the LLM: Qwen3-ASR, Qwen3-Omni's "
+                          "thinker), a 16-bit PCM mono WAV file at the model's rate (repeat for several); each goes "
+                          "before the prompt, between the audio markers, unless the prompt places it with the audio "
+                          "pad token")
     gen.add_argument("--lora", type=Path, default=None, metavar="PATH",
                      help="a LoRA adapter (Edge-LLM's process-lora safetensors, or its folder; or the name of one "
                           "of the directory's adapters/, e.g. toy-lora-ragged's chat) for a LoRA engine's directory "

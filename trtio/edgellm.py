@@ -109,8 +109,8 @@ class EngineDir:
         (:mod:`trtio.components.component_table`), each checked against the LLM's config. ``components``: the names
         of the components to open (``"llm"`` for the LLM or the speculative pair itself, always opened; a
         component's name, e.g. ``"visual"``); None opens every one the directory holds, and then a folder holding
-        an engine or a config that no component binds (Edge-LLM's ``audio/``, ``talker/``, ``code_predictor/``,
-        ``code2wav/``, ...) is refused, naming it, rather than ignored."""
+        an engine or a config that no component binds (Qwen3-Omni's speech output: ``talker/``, ``code_predictor/``,
+        ``code2wav/``, ...) is refused, naming each such folder, rather than ignored."""
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidTypeError(f"EngineDir.open: expected the path of an engine directory, got "
                                    f"{type(path).__name__} {path!r}")
@@ -207,6 +207,14 @@ class EngineDir:
         without ``visual/``. Read and checked at :meth:`open` against the LLM's config (its hidden size, deepstack
         features and MRoPE sections)."""
         return self._components.get("visual")
+
+    @property
+    def audio_config(self) -> Any:
+        """The audio encoder's config (an :class:`~trtio.components.audio.audio_config.AudioConfig`:
+        ``audio/config.json`` and ``audio/preprocessor_config.json``: a speech model's directory, Qwen3-ASR or
+        Qwen3-Omni's thinker), None without ``audio/``. Read and checked at :meth:`open` against the LLM's config
+        (its hidden size, the audio token ids, rope_theta)."""
+        return self._components.get("audio")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -532,14 +540,17 @@ def _components(root: Path, llm: LLMEngineConfig, wanted: set[str] | None) -> di
     engine or a config that no component binds is refused, naming it: it is an engine trtio would leave out."""
     found: dict[str, Any] = {}
     bound = component_folders()
-    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    unbound = [f for f in folders if f.name not in bound and _holds_an_engine(f)]
+    if wanted is None and unbound:
+        names = ", ".join(f"{f.name}/" for f in unbound)
+        what = "an engine" if len(unbound) == 1 else "engines"
+        raise ConfigError(f"{unbound[0]}", f"holds {what} beside the LLM ({names}) that trtio does not bind (its "
+                                           f"component table binds {sorted(bound)}); refused rather than left out: "
+                                           f"name what to open, e.g. components=('llm',) for the LLM alone")
+    for folder in folders:
         component = bound.get(folder.name)
         if component is None:
-            if wanted is None and _holds_an_engine(folder):
-                raise ConfigError(f"{folder}", f"holds an engine beside the LLM ({folder.name}/) that trtio does not "
-                                               f"bind (its component table binds {sorted(bound)}); it is refused "
-                                               f"rather than left out: open the LLM alone with "
-                                               f"components=('llm',)")
             continue
         if wanted is not None and component.NAME not in wanted:
             continue

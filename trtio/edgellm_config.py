@@ -95,7 +95,7 @@ KV_PAGE_SIZE = 128
 RAGGED_BACKEND = "entry_padded_compatibility"
 ROLES = ("llm", "base", "draft")  # engine_role values trtio binds
 #: The speculative families trtio reads (``trtio.families.spec.spec_config`` says which it runs).
-SPEC_DECODE_TYPES = ("eagle3", "mtp", "dflash")
+SPEC_DECODE_TYPES = ("eagle3", "mtp", "dflash", "gemma4_mtp")
 _KV_DTYPES = ("fp16", "bf16", "fp32", "fp8", "int8")
 _EDGELLM_VERSION = "0.11"
 

@@ -129,6 +129,12 @@ class FamilyConfig(abc.ABC):
         where it does not). None: nothing."""
         return None
 
+    def borrowed_state(self, cfg: Any) -> set[str]:
+        """KV pools an engine of this family reads but does not own: inputs it declares without an output updating
+        them in place, which its feature binds (:meth:`Feature.constants`) to another engine's pools. The engine
+        state allocates nothing for them and does not ask for their outputs."""
+        return set()
+
     def own_sized_pools(self, cfg: Any) -> set[str]:
         """The KV pools whose page count may differ from the full pool's (the page table's pool is another's)."""
         return set()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -483,6 +484,106 @@ def torch_device_input(be: Backend, dtype: DType, shape: tuple[int, ...]) -> Tor
     if torch is None or be.name != "cuda" or name is None or not hasattr(torch, name):
         return None
     return TorchDeviceInput(torch, getattr(torch, name), shape, be)
+
+
+#: How :class:`TorchEmbeds` makes a DEVICE Tensor over a torch tensor's memory: Tensor.wrap's signature.
+Wrap = Callable[..., Any]
+
+
+class TorchEmbeds:
+    """What a setup's steps read of the torch tensors they are fed as embeddings, ``[batch, seq, hidden]`` of its
+    activation dtype (any batch and seq), without DLPack's capsule: a plain torch tensor, C-contiguous, neither
+    needing a gradient nor with the negative bit, in host memory (read as a numpy view of it) or on the cuda
+    backend's device (read as a DEVICE Tensor over it, at a 256-byte aligned address, its producer's pending work
+    ordered before the step's stream as :class:`TorchDeviceInput` orders it). :meth:`read` pays only torch's public
+    calls; the view of a tensor read before at the same address and shape is the one made then, so a runtime that
+    feeds the same buffers every round makes no new object (the views of the last :attr:`KEPT` tensors are kept,
+    and with them those tensors, as a setup keeps the inputs its calls read). Anything else is passed over (None)
+    to the general path (:func:`trtio.inputs.as_embeds`), which converts it or names what is wrong with it."""
+
+    KEPT = 4
+
+    __slots__ = ("tensor_type", "_dtype", "_trtio", "_numpy", "_bits", "_device", "_backend", "_wrap",
+                 "_current_stream", "_handle", "_made")
+
+    def __init__(self, torch: Any, torch_dtype: Any, dtype: DType, be: Backend, wrap: Wrap) -> None:
+        self.tensor_type = torch.Tensor
+        self._dtype = torch_dtype
+        self._trtio = dtype
+        self._wrap = wrap  # Tensor.wrap (trtio.tensor imports this module)
+        self._numpy = dtype.numpy  # None: numpy cannot hold it (host tensors go the general way)
+        # numpy has no bfloat16 of its own: such host tensors are read as int16 and viewed as ml_dtypes' type
+        self._bits = torch.int16 if dtype is DType.BFLOAT16 else None
+        self._device = be.device_id if be.name == "cuda" else None  # the CUDA device read in place (None: none)
+        self._backend = be
+        current = getattr(getattr(torch, "accelerator", None), "current_stream", None)
+        if current is not None and hasattr(getattr(torch, "Stream", None), "native_handle"):
+            self._current_stream, self._handle = current, "native_handle"
+        else:
+            self._current_stream, self._handle = getattr(torch.cuda, "current_stream", None), "cuda_stream"
+        self._made: dict[int, tuple[Any, int, tuple[int, ...], Any]] = {}  # id -> (tensor, address, shape, view)
+
+    def read(self, obj: Any, hidden: int, stream: StreamLike = None) -> Any:
+        """``obj`` (the caller checked: ``type(obj) is reader.tensor_type``) as the step reads it: a numpy view of
+        host memory, or a DEVICE Tensor over the device's memory with its producer (torch's current stream of the
+        device) ordered before ``stream`` first; None, having done nothing, for anything else. A tensor torch
+        cannot say these of (a nested one has no single shape: torch raises RuntimeError) is passed over too."""
+        try:
+            shape = obj.shape
+            if len(shape) != 3 or shape[2] != hidden or obj.dtype is not self._dtype or obj.requires_grad or \
+                    not obj.is_contiguous() or obj.is_neg():
+                return None
+            device = obj.get_device()
+            ptr: int = obj.data_ptr()
+        except RuntimeError:
+            return None
+        on_device = device == self._device
+        if not on_device and (device != -1 or not obj.is_cpu):  # another device, or no memory (meta)
+            return None
+        found = self._made.get(id(obj))  # kept with its tensor: the id is that tensor's
+        if found is not None and found[1] == ptr and found[2] == shape:
+            view = found[3]
+        else:
+            view = self._view(obj, ptr, tuple(shape), on_device)
+            if view is None:
+                return None
+        if on_device:
+            producer = getattr(self._current_stream(device), self._handle)
+            consumer = as_stream(stream, self._backend).handle
+            if producer != consumer:
+                _order_after(self._backend, producer, consumer)
+        return view
+
+    def _view(self, obj: Any, ptr: int, shape: tuple[int, ...], on_device: bool) -> Any:
+        """The view of ``obj`` read the first time (kept, with ``obj``, among the last :attr:`KEPT`); None where it
+        cannot be made here (a null or unaligned device address, a host dtype numpy cannot hold)."""
+        view: Any
+        if on_device:
+            if not ptr or ptr % ALIGNMENT:
+                return None
+            view = self._wrap(ptr, shape, self._trtio, Location.DEVICE, obj, name="inputs_embeds",
+                              backend=self._backend)
+        elif self._numpy is None:
+            return None
+        else:
+            view = obj.numpy() if self._bits is None else obj.view(self._bits).numpy().view(self._numpy)
+        made = self._made
+        made.pop(id(obj), None)  # what it was before (another address or shape)
+        if len(made) >= self.KEPT:
+            del made[next(iter(made))]  # the oldest
+        made[id(obj)] = (obj, ptr, shape, view)
+        return view
+
+
+def torch_embeds(be: Backend, dtype: DType, wrap: Wrap) -> TorchEmbeds | None:
+    """The reader of torch embeddings of ``dtype`` for a setup on ``be`` (:class:`TorchEmbeds`; ``wrap``:
+    :meth:`Tensor.wrap <trtio.tensor.Tensor.wrap>`), or None where torch is not imported (trtio never imports it)
+    or ``dtype`` has no torch dtype."""
+    torch = sys.modules.get("torch")
+    name = _TORCH_DTYPES.get(dtype)
+    if torch is None or name is None or not hasattr(torch, name):
+        return None
+    return TorchEmbeds(torch, getattr(torch, name), dtype, be, wrap)
 
 
 # -- results ----------------------------------------------------------------------------------------

@@ -30,7 +30,9 @@ a CUDA array interface ``stream`` makes trtio's stream wait for it through an ev
 dtype and shape only after that handshake, so a DLPack refusal can follow it; the handshake only orders trtio's
 stream and changes no data. A planned decode (``LLMSetup.decode``) fed a plain torch CUDA tensor of its shape and
 dtype reads it without a capsule, through torch's public attributes (:class:`trtio.foreign.TorchDeviceInput`):
-torch's current stream is ordered before trtio's by an event, and needs none where it is trtio's stream.
+torch's current stream is ordered before trtio's by an event, and needs none where it is trtio's stream. Every other
+step fed embeddings as a plain torch tensor of the activation dtype (host or CUDA memory; the spec phases, a prefill)
+reads it the same way (:class:`trtio.foreign.TorchEmbeds`), and a buffer fed again costs no new object.
 
 Lifetime. A step keeps every input it does not own (the object given) referenced until the copies it enqueued
 to read it have run (``docs/architecture.md``, "Rules every module follows"): the caller may drop it as soon as

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -469,12 +469,16 @@ class PipelineIO(Closeable):
         return new
 
     # -- tensor maps ----------------------------------------------------------------------------
-    def _common_map(self, cfg: LLMEngineConfig, title: str) -> TensorMap:
+    def _common_map(self, cfg: LLMEngineConfig, title: str, own: Mapping[str, Tensor] | None = None) -> TensorMap:
+        """The map of an engine of ``cfg``: the common members, ``own`` (the role's), then what its contract and its
+        families bind (a family may bind a name of ``own`` to another member)."""
         self._check_open()
         tm = TensorMap(title)
         self._maps.append(tm)
         tm.set(names.kInputsEmbeds, self.inputs_embeds)
         tm.set(names.kLogits, self.output_logits)
+        for name, tensor in (own or {}).items():
+            tm.set(name, tensor)
         self.contract.bind_pipeline(self, tm, cfg)
         for family in cfg.features:  # what each family binds of the PipelineIO (deepstack features, ...)
             family.bind_pipeline(self, tm, cfg)
@@ -507,10 +511,9 @@ class PipelineIO(Closeable):
         if not cfg.is_draft:
             raise TrtioError("build_tensor_map_for_spec_decode_draft: config is not a draft "
                              "(base_model_hidden_size is 0)")
-        tm = self._common_map(cfg, "draft")
-        tm.set(names.kBaseModelHiddenStates, self.base_hidden_states)
-        tm.set(names.kDraftModelHiddenStates, self.draft_hidden_states_in)
-        tm.set(names.kOutputHiddenStates, self.draft_hidden_states_out)
+        tm = self._common_map(cfg, "draft", {names.kBaseModelHiddenStates: self.base_hidden_states,
+                                             names.kDraftModelHiddenStates: self.draft_hidden_states_in,
+                                             names.kOutputHiddenStates: self.draft_hidden_states_out})
         self._freeze()
         tm.freeze()
         return tm

@@ -8,7 +8,10 @@ stream (a quarter of the slots on a larger ring, at most half of them on a small
 when the next upload comes on another), and covers their slots; a slot is written again only once its
 event has completed. A step never waits for the device unless the host runs
 ``RING_SLOTS`` uploads ahead of it (the oldest slot's copy has not run yet): then the upload waits for
-that copy's event, the ring's only flow control (``fence_waits`` counts it).
+that copy's event, the ring's only flow control (``fence_waits`` counts it). A large upload (``WARM_BYTES``
+or more: a verify tree's embeddings) takes the slot of the ring's last upload again where that upload's copy
+has run (asked of its event, without waiting): its bytes are still in the host's caches, where the ring's
+next slot, written a few megabytes of uploads ago, is not.
 
 The same fence keeps a step's inputs alive (``DESIGN`` of input lifetimes, ``docs/architecture.md``): an
 input trtio does not own (a numpy or foreign array, a Tensor view) that a step's copies read is handed to
@@ -54,6 +57,10 @@ INPUT_RING_SLOTS = 4  # slots of a ring of large inputs (a step's embeddings): e
 # Slots of a setup's ring of inputs in flight (no memory): calls a host may run ahead of the device before the one
 # after waits, where every call reads an input it does not own (a device loop fed torch tensors).
 HOLD_SLOTS = 64
+#: An upload of at least this many bytes takes the slot of the ring's last upload again where that upload's copy has
+#: run (:meth:`UploadRing.take`): its bytes are still in the host's caches, where a slot the ring goes round to (a
+#: verify tree's embeddings are megabytes: a few slots of them outgrow the caches) is not.
+WARM_BYTES = 1 << 18
 
 
 _FREE, _UNFENCED = -1, -2  # a ring slot nothing reads any more; one whose copy no event covers yet
@@ -113,15 +120,21 @@ class UploadRing(Closeable):
         return TensorRequest.of(name, (slots, *slot_shape), dtype, location)
 
     # -- the rule ---------------------------------------------------------------------------------
-    def take(self) -> int:
+    def take(self, warm: bool = False) -> int:
         """The next slot, free to write: its last use's fence waited for where it has not completed (the host
         is ``slots`` uses ahead of the device), what that use kept alive let go. A full group left open by
-        :meth:`put` (``fence=False``) is fenced first."""
+        :meth:`put` (``fence=False``) is fenced first. ``warm`` (a large upload: :data:`WARM_BYTES`): the slot of
+        the last use instead where that use has completed (its bytes still in the host's caches; asked with one
+        event query, after one record where its group is open); the ring's order stays as it was."""
         if self._closed:
             self._check_open()
         if len(self._group) >= self._fence_every:
             self._fence_group()
         c = self._next
+        if warm:
+            last = c - 1 if c else self.slots - 1
+            if last != c and self._has_run(last):
+                c = last
         ev = self._cover[c]
         if ev != _FREE:
             if ev == _UNFENCED:
@@ -134,6 +147,20 @@ class UploadRing(Closeable):
             self._cover[c] = _FREE
             self._kept[c] = None
         return c
+
+    def _has_run(self, c: int) -> bool:
+        """Whether slot ``c``'s last use has completed (asked of the device without waiting; its group fenced
+        first where it is open)."""
+        ev = self._cover[c]
+        if ev == _FREE:
+            return True
+        if ev == _UNFENCED:
+            ev = self._fence_group()
+        if not self._done[ev]:
+            if not self._fences[ev].query():
+                return False
+            self._done[ev] = True
+        return True
 
     def put(self, c: int, stream: Stream, keep: Any = None, *, fence: bool = True) -> None:
         """Slot ``c`` (from :meth:`take`) is in use by work enqueued on ``stream``: it is fenced by the rule,
@@ -252,7 +279,7 @@ class UploadRing(Closeable):
 
     def _write(self, values: np.ndarray) -> int:
         """``values`` (checked to fit) written into the next slot; returns the slot."""
-        c = self.take()
+        c = self.take(values.nbytes >= WARM_BYTES)
         if values.nbytes:
             flat = values.reshape(-1) if values.flags.c_contiguous else np.ascontiguousarray(values).reshape(-1)
             self._views[c][:values.nbytes] = flat.view(np.uint8)

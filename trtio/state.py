@@ -33,6 +33,7 @@ from trtio._lifetime import Closeable, open_binders
 from trtio.config import LLMEngineConfig
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.dtypes import DType
+from trtio.edgellm_config import KV_PAGE_SIZE
 from trtio.engine import EngineIO
 from trtio.errors import BindingError, ClosedError, EngineError, FrozenError, ShapeError
 from trtio.features import KVPools, family_configs
@@ -133,10 +134,11 @@ def paged_state_specs(cfg: LLMEngineConfig, max_batch: int | None = None) -> lis
     ``cfg.kv_pool_pages``), the page table ``[1..B, 2, M]``; a family may declare them its own way
     (:meth:`~trtio.features.FamilyConfig.declared_state`). The ReferenceEngine declares these."""
     b = max_batch or cfg.max_supported_batch_size
+    lent = {names.present_key_values(int(p.rsplit("_", 1)[1])) for p in borrowed_state(cfg)}  # no output updates them
     for family in cfg.features:
         found = family.declared_state(cfg, b)
         if found is not None:
-            return list(found)
+            return [spec for spec in found if spec.name not in lent]
     m = cfg.pages_per_sequence
     pool = (2, cfg.kv_pool_pages, cfg.kv_page_size, cfg.num_kv_heads, cfg.head_dim)
     fixed: tuple[ProfileShapes, ...] = ((pool, pool, pool),) * 2
@@ -183,7 +185,7 @@ def state_problems(eio: EngineIO, cfg: LLMEngineConfig | None, max_batch: int, *
     hands out on demand, ``pages_on_demand``, may be smaller than every slot's pages)."""
     problems = []
     pairs = eio.state_pairs()
-    paired = {p for p, _ in pairs}
+    paired = {p for p, _ in pairs} | borrowed_state(cfg)
     layout = kv_layout(eio)
     for info in eio.inputs:
         for past_t, present_t in names.STATE_PAIRS:
@@ -224,7 +226,10 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
                  for pair in ((names.k_cache(i), names.present_k_cache(i)),
                               (names.v_cache(i), names.present_v_cache(i)))])
     pairs = dict(pairs_list)
+    borrowed = borrowed_state(cfg)
     for past, present in expected:
+        if past in borrowed:
+            continue
         if past not in eio:
             problems.append(f"{past}: the config has {cfg.num_attention_layers} attention layers but the engine "
                             f"declares no {past}")
@@ -262,7 +267,7 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
         if not paged and shape[0] >= 0 and shape[0] < max_batch:
             problems.append(f"{past}: the engine fixes the cache batch to {shape[0]}, smaller than the "
                             f"{max_batch} sequences this setup serves")
-    if paged and names.kKVPageTable in eio and not problems:
+    if paged and names.kKVPageTable in eio and not problems and pairs_list:
         # kv_page_table's pool: a full layer's (a family's pool may have a page count of its own: own_sized_pools)
         own = set().union(*(f.own_sized_pools(cfg) for f in cfg.features))
         full_pairs = [past for past, _ in pairs_list if past not in own] or [pairs_list[0][0]]
@@ -280,6 +285,25 @@ def _config_problems(eio: EngineIO, cfg: LLMEngineConfig, max_batch: int, pages_
             problems.append(f"{pairs_list[0][0]}: the engine's pool holds {pool[1]} pages but the config's "
                             f"kv_pool_pages is {cfg.kv_pool_pages}")
     return problems
+
+
+def _table(group: int) -> str:
+    """The arena name of a KV commit group's table of cache addresses."""
+    return "kv_cache_table" if group == 0 else f"kv_cache_table_{group}"
+
+
+def _geometry_groups(caches: list[str], shapes: Mapping[str, tuple[int, ...]]) -> list[list[str]]:
+    """``caches`` grouped by the geometry of an entry (all dims past the first two: a pool's page, heads and head
+    dim; a contiguous cache's), in first-seen order; one empty group without caches."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for name in caches:
+        groups.setdefault(tuple(shapes[name][2:]), []).append(name)
+    return list(groups.values()) or [[]]
+
+
+def borrowed_state(cfg: LLMEngineConfig | None) -> set[str]:
+    """The pools an engine of ``cfg`` reads but does not own (:meth:`~trtio.features.FamilyConfig.borrowed_state`)."""
+    return set().union(*(f.borrowed_state(cfg) for f in cfg.features)) if cfg is not None else set()
 
 
 def _family_pools(engine_io: EngineIO, cfg: LLMEngineConfig | None, max_batch: int,
@@ -349,7 +373,8 @@ class EngineState(Closeable):
             self.pages_per_sequence = table.max_shape()[2]
             # kv_page_table's pool: a full layer's (a family's pool of its own page count may be smaller)
             full = [past for past, _ in self.pairs if past not in pools.pages]
-            pool = self._max_shape[(full or [self.pairs[0][0]])[0]]
+            # (every pool borrowed, read through another engine's page-table rows: no page of its own)
+            pool = self._max_shape[(full or [self.pairs[0][0]])[0]] if self.pairs else (0, 0, KV_PAGE_SIZE)
             self.pool_pages, self.page_size = pool[1], pool[2]
             self._specs[names.kKVPageTable] = TensorSpec(names.kKVPageTable, "input", DType.INT32,
                                                          ("batch", 2, self.pages_per_sequence))
@@ -373,7 +398,8 @@ class EngineState(Closeable):
         # Accepting a verified path moves cache entries: one device operation walks every KV cache from a
         # table of their addresses and a per-step table of moves (one row per sequence).
         self._kv_caches = [p for p, _ in self.pairs if names.is_kv_cache_binding(p) and p not in self.shared]
-        requests.append(TensorRequest.of("kv_cache_table", (max(len(self._kv_caches), 1),), DType.INT64))
+        self._groups = _geometry_groups(self._kv_caches, self._max_shape)  # one commit per entry geometry
+        requests += [TensorRequest.of(_table(i), (max(len(g), 1),), DType.INT64) for i, g in enumerate(self._groups)]
         requests += StepStaging.requests([TensorRequest.of("kv_moves", (max_batch, 3 + MAX_PATH_MOVES),
                                                            DType.INT32)])
         with contextlib.ExitStack() as undo:  # a constructor that fails frees what it made
@@ -401,14 +427,17 @@ class EngineState(Closeable):
             undo.pop_all()
         self.lengths = np.zeros(max_batch, dtype=np.int64)
 
-    def _kv_commit(self, s: Stream) -> KVCommit | None:
-        """The device work that moves accepted entries in every KV cache (None without KV caches), its table of
-        the caches' addresses uploaded on ``s``."""
-        if not self._kv_caches:
-            return None
-        cache_table = self._arena["kv_cache_table"]
-        cache_table.copy_from(np.array([self.tensors[p].data_ptr for p in self._kv_caches], np.int64), s)
-        return KVCommit([self.tensors[p] for p in self._kv_caches], cache_table, self._kv_layout(), self.page_table)
+    def _kv_commit(self, s: Stream) -> list[KVCommit]:
+        """The device work that moves accepted entries in every KV cache (none without KV caches): one per group of
+        caches of one entry geometry (a model whose layers differ in KV heads or head dim has several), each with
+        its table of the caches' addresses uploaded on ``s``."""
+        out = []
+        for i, group in enumerate(g for g in self._groups if g):
+            cache_table = self._arena[_table(i)]
+            cache_table.copy_from(np.array([self.tensors[p].data_ptr for p in group], np.int64), s)
+            out.append(KVCommit([self.tensors[p] for p in group], cache_table, self._kv_layout(group[0]),
+                                self.page_table))
+        return out
 
     # -- binding ----------------------------------------------------------------------------------
     def specs(self) -> list[TensorSpec]:
@@ -467,7 +496,7 @@ class EngineState(Closeable):
         """:meth:`commit_paths` of paths already laid out by :func:`path_grid` (int64 ``grid`` [batch, L]
         padded with -1, and each path's length)."""
         self._check_open()
-        if self._commit is None:
+        if not self._commit:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         batch, width = grid.shape
         if width - 1 > MAX_PATH_MOVES:  # a wide grid: its paths may still be short, padded with -1
@@ -494,23 +523,24 @@ class EngineState(Closeable):
         :func:`~trtio.staging.constant` the block holds) are not uploaded again."""
         if self._closed:
             self._check_open()
-        if self._commit is None:
+        if not self._commit:
             raise EngineError(f"state {self.name!r}: the engine has no KV cache whose entries could be moved")
         s = as_stream(stream, self._arena.backend)
         moves = self._moves.write("kv_moves", rows)
         self._moves.upload(s)
-        self._commit.run(moves, rows.shape[0], rows.shape[1], s, starts=starts)
+        for commit in self._commit:
+            commit.run(moves, rows.shape[0], rows.shape[1], s, starts=starts)
 
-    def _kv_layout(self) -> KVLayout:
-        first = self.tensors[self._kv_caches[0]]
-        shape = self._max_shape[self._kv_caches[0]]
+    def _kv_layout(self, name: str) -> KVLayout:
+        first = self.tensors[name]
+        shape = self._max_shape[name]
         es = first.dtype.itemsize
         if self.layout == "paged":
             _, pool, page, heads, hd = shape
             return KVLayout(paged=True, heads=heads, capacity=page, entry_bytes=heads * hd * es, pool_pages=pool,
                             max_pages=self.pages_per_sequence)
         if len(shape) != 4:
-            raise EngineError(f"state {self._kv_caches[0]!r}: {shape} is not a [batch, heads, capacity, head_dim] "
+            raise EngineError(f"state {name!r}: {shape} is not a [batch, heads, capacity, head_dim] "
                               f"cache")
         _, heads, cap, hd = shape
         return KVLayout(paged=False, heads=heads, capacity=cap, entry_bytes=hd * es)
@@ -553,8 +583,8 @@ class EngineState(Closeable):
             release.callback(self._arena.close)  # it unfreezes its tensors (bound in frozen maps) first
             release.callback(self._moves.close)
             release.callback(self._staging.close)
-            if self._commit is not None:
-                release.callback(self._commit.close)
+            for commit in self._commit:
+                release.callback(commit.close)
 
     def __repr__(self) -> str:
         return (f"EngineState({self.name!r}, {self.layout}, {len(self.pairs)} pairs, "

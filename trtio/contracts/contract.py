@@ -287,6 +287,13 @@ class StepInputs(abc.ABC):
         """A decode step's device work for ``b`` sequences (:class:`~trtio.ops.DecodeAdvance` and what reads
         its results)."""
 
+    def laid_out(self, e: EngineView, layout: Any, s: Stream, pages: np.ndarray | None = None
+                 ) -> tuple[DeviceWork, ...]:
+        """Stage a step whose every input a family lays out itself (a token-major ``StepLayout``; ``pages``: its
+        page-table rows); returns its device work (the RoPE rows gathered at its positions). A contract without
+        token-major steps refuses."""
+        raise TrtioError(f"{type(self).__name__}: a step laid out by its family is staged on the ragged contract only")
+
     @abc.abstractmethod
     def tree(self, e: EngineView, layout: TreeLayout, past: np.ndarray, select: np.ndarray, s: Stream,
              slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:

@@ -87,8 +87,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     offsets = TensorRequest.of("query_start_offsets", (b + 1,), i32)
     step = [TensorRequest.of("decode_lengths", (b,), i32), offsets] if bundle is None else []
     step.append(TensorRequest.of("past_lengths", (b,), i32))
-    for cfg, family in _families(base, bundle):  # what a family writes every step with the lengths (a DFlash delta)
-        step += family.step_requests(cfg, "lengths", b, t)
+    # what a family writes every step with the lengths (a DFlash delta)
+    step += _unique([r for cfg, family in _families(base, bundle) for r in family.step_requests(cfg, "lengths", b, t)])
     step.append(TensorRequest.of("state_indices", (b,), i32))
     if draft is not None:
         step += [TensorRequest.of("draft_roots", (b,), i32),  # each sequence's root hidden row (ops.DraftLevel)
@@ -111,8 +111,8 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
         ]
     # The page-table rows of a step's sequences (step order), staged when they change (pages on demand).
     step.append(TensorRequest.of(PAGE_TABLE_NAMES[False], (b, 2, base.pages_per_sequence), i32))
-    for cfg, family in _families(base, bundle):  # what a family stages with them (a bounded window's page rows)
-        step += family.step_requests(cfg, "pages", b, t)
+    # what a family stages with them (a bounded window's page rows)
+    step += _unique([r for cfg, family in _families(base, bundle) for r in family.step_requests(cfg, "pages", b, t)])
     if draft is not None:
         step.append(TensorRequest.of(PAGE_TABLE_NAMES[True], (b, 2, draft.pages_per_sequence), i32))
     step += [
@@ -152,6 +152,17 @@ def _step_requests(base: LLMEngineConfig, bundle: DeploymentConfig | None, b: in
     if draft is not None:
         step.append(TensorRequest.of(ROUND_NEXT, (b,), i32))  # last: only the device writes it (contract.ROUND_NEXT)
     return step
+
+
+def _unique(requests: list[TensorRequest]) -> list[TensorRequest]:
+    """One request a name, in the order first asked: a member the families of both engines of a pair ask for (a
+    family both configs have) is one tensor, the larger of the two asked."""
+    out: dict[str, TensorRequest] = {}
+    for r in requests:
+        have = out.get(r.name)
+        if have is None or math.prod(r.shape) > math.prod(have.shape):
+            out[r.name] = r
+    return list(out.values())
 
 
 def _families(base: LLMEngineConfig, bundle: DeploymentConfig | None) -> list[tuple[LLMEngineConfig, FamilyConfig]]:
@@ -205,7 +216,7 @@ class RaggedContract(Contract):
         else:
             reqs += [absent(m, act) for m in ("base_hidden_states", "draft_hidden_states_in",
                                               "draft_hidden_states_out", "row_scratch")]
-        own = [r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)]  # the families' members
+        own = _unique([r for cfg, family in _families(base, bundle) for r in family.members(cfg, t)])  # families
         reqs += own
         reqs += [
             absent("output_hidden_states", act),
@@ -352,6 +363,11 @@ class RaggedSteps(StepInputs):
         self.write_pages(e, pages)
         return self._stage_layout(e, layout, s)
 
+    def laid_out(self, e: EngineView, layout: StepLayout, s: Stream, pages: np.ndarray | None = None
+                 ) -> tuple[DeviceWork, ...]:
+        self.write_pages(e, pages)
+        return self._stage_layout(e, layout, s)
+
     def empty_prefill(self, e: EngineView, past: np.ndarray | None) -> bool:
         return past is None
 
@@ -458,7 +474,7 @@ class RaggedSteps(StepInputs):
             assert rows is not None
             found = self._tree_works.put(key, (
                 TreeStep(targets, b, w, layout.phase > PHASE_DECODE, layout.padding_position),
-                self.row_copy(self.io.member("ragged_rope_cos_sin"), table, rows, b * w, rope_row_bytes(e.cfg))))
+                *self._rope_rows(e, table, rows, b * w)))  # a family's own rows too (Gemma 4's full layers')
         constants = (layout.query_lengths, layout.logits_indices, layout.tree_parent_ids, layout.tree_depths,
                      layout.packed_mask)
         offsets = ramp(b + 1, w)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.families.gemma4.gemma4_feature import Gemma4Feature
+from trtio.families.gemma4_mtp.gemma4_mtp_config import Gemma4MtpConfig
+from trtio.families.gemma4_mtp.gemma4_mtp_feature import Gemma4MtpFeature
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.hybrid.hybrid_feature import HybridFeature
 from trtio.families.lora.lora_config import LoraConfig
@@ -20,7 +22,7 @@ from trtio.families.spec.dflash import DFlashFeature
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.features import FamilyConfig, Feature, register_family, register_feature
 
-__all__ = ["FAMILIES", "Gemma4Config", "HybridConfig", "LoraConfig", "MropeConfig", "SpecConfig"]
+__all__ = ["FAMILIES", "Gemma4Config", "Gemma4MtpConfig", "HybridConfig", "LoraConfig", "MropeConfig", "SpecConfig"]
 
 #: Each family: its typed config and its feature (None: nothing at run time), in hook order.
 FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
@@ -29,6 +31,7 @@ FAMILIES: tuple[tuple[type[FamilyConfig], type[Feature] | None], ...] = (
     (LoraConfig, LoraFeature),
     (SpecConfig, DFlashFeature),
     (Gemma4Config, Gemma4Feature),
+    (Gemma4MtpConfig, Gemma4MtpFeature),
 )
 for _config, _feature in FAMILIES:
     register_family(_config)

@@ -3,8 +3,9 @@
 ``create_for_llm`` gives an :class:`LLMSetup` (prefill, decode, reset); ``create_for_spec_decode``
 a :class:`SpecDecodeSetup` (base and draft prefill, draft proposal, verify, accept, draft catch-up);
 ``create_from_engine_dir`` either one for an Edge-LLM engine directory (with the engines beside the LLM that the
-component table binds attached: a vision-language model's encoder). The engines beside the LLM have their setups in
-their components (``trtio.create_for_visual``: :mod:`trtio.components.visual`).
+component table binds attached: a vision-language model's encoder, a speech model's audio encoder). The engines
+beside the LLM have their setups in their components (``trtio.create_for_visual``: :mod:`trtio.components.visual`;
+``trtio.create_for_audio``: :mod:`trtio.components.audio`).
 """
 
 from trtio.setups.base import SetupBase

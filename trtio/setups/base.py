@@ -26,6 +26,7 @@ from trtio.dtypes import DType
 from trtio.engine import PREFILL_PROFILE, ContextMemory, DeviceWork, GraphStats
 from trtio.errors import ShapeError, TrtioError
 from trtio.features import FeatureSet
+from trtio.foreign import TorchEmbeds, torch_embeds
 from trtio.inputs import as_embeds, check_lengths, host_input, not_partly_over
 from trtio.memory import Arena, MemoryReport
 from trtio.pages import Prefix, StepPages
@@ -158,6 +159,7 @@ class SetupBase(Closeable, abc.ABC):
     _embeds_staging: UploadRing
     _embeds_type: DType  # the activations' dtype
     _embeds_dtype: Any  # the activations' numpy dtype (None where numpy cannot hold it)
+    _torch_embeds: TorchEmbeds | None = None  # the reader of torch embeddings, once fed one (trtio.foreign)
     _resources: contextlib.ExitStack | None = None
     _features: FeatureSet  # the families' parts of the setup's engines (trtio.features)
     _broken: str | None = None  # why the setup refuses every step (see the class docstring)
@@ -264,11 +266,25 @@ class SetupBase(Closeable, abc.ABC):
             shape = x.shape
             if len(shape) == 3 and shape[2] == hidden and x.dtype == self._embeds_dtype and x.flags.c_contiguous:
                 return x, shape[0], shape[1]
+        else:  # a torch tensor the step takes as it is: read through torch's public calls, no DLPack capsule
+            reader = self._torch_embeds or self._read_torch()
+            if reader is not None and kind is reader.tensor_type:
+                found = reader.read(x, hidden, stream)
+                if found is not None:
+                    if type(found) is Tensor:
+                        not_partly_over(found, what, self.io.inputs_embeds, "inputs_embeds")
+                    shape = found.shape
+                    return found, shape[0], shape[1]
         x = as_embeds(x, what, self.io.inputs_embeds.dtype, hidden, self._backend, stream)
         if isinstance(x, Tensor):
             not_partly_over(x, what, self.io.inputs_embeds, "inputs_embeds")
         shape = x.shape
         return x, int(shape[0]), int(shape[1])
+
+    def _read_torch(self) -> TorchEmbeds | None:
+        """The reader of torch embeddings (:class:`~trtio.foreign.TorchEmbeds`), made once torch is imported."""
+        self._torch_embeds = torch_embeds(self._backend, self._embeds_type, Tensor.wrap)
+        return self._torch_embeds
 
     def _upload_embeds(self, x: Any, stream: Stream) -> None:
         """Put checked embeddings ``x`` ([B, S, hidden], from :meth:`_embeds`) into ``inputs_embeds``: pinned
@@ -501,6 +517,7 @@ class SetupBase(Closeable, abc.ABC):
     def _close_owned(self) -> None:
         """Free every buffer, context and graph of the setup (in the reverse order of construction)."""
         self._epoch += 1  # a decode plan rests on an open setup
+        self._torch_embeds = None  # the torch tensors its views keep go with it
         resources, self._resources = self._resources, None
         if resources is not None:
             resources.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -226,7 +226,7 @@ def _start_index_may_be_empty(engine_io: EngineIO) -> bool:
 class BindContext:
     """What a setup hands its features (:class:`~trtio.features.Feature`) when it binds its engines: its PipelineIO,
     backend, the stream construction runs on, the stack its parts are closed with, its RoPE tables, the snapshot
-    rows its prefixes may hold (``max_prefixes``) and its deployment (None: an LLM setup)."""
+    rows its prefixes may hold (``max_prefixes``), its deployment (None: an LLM setup) and the engines bound so far."""
 
     io: PipelineIO
     backend: Backend
@@ -236,6 +236,8 @@ class BindContext:
     calls: Calls
     max_prefixes: int
     bundle: DeploymentConfig | None = None
+    #: The setup's engines bound so far, by role (a spec pair's base before its draft is made).
+    engines: dict[str, BoundEngine] = field(default_factory=dict)
 
 
 @dataclass

@@ -36,10 +36,12 @@ def create_from_engine_dir(path: str | os.PathLike[str], stream: StreamLike = No
     The engines beside the LLM (the component table's: :mod:`trtio.components.component_table`) are bound and
     attached to the LLM's setup, on the same backend, with the same ``graphs``: a vision-language model's directory
     (a plain LLM with ``visual/``: Qwen2.5-VL, Qwen3-VL) gives the LLM's setup with its encoder attached as
-    ``setup.visual`` (:func:`~trtio.create_for_visual` of ``visual/visual.engine``). A folder holding an engine no
-    component binds (``audio/``, ``talker/``, ...) is refused naming it, unless ``components`` names what to open:
-    ``components=("llm",)`` opens the LLM (or the speculative pair, or the ranks) alone, ``("llm", "visual")`` the
-    LLM and its vision encoder.
+    ``setup.visual`` (:func:`~trtio.create_for_visual` of ``visual/visual.engine``); a speech model's (``audio/``:
+    Qwen3-ASR, Qwen3-Omni's thinker) with its audio encoder attached as ``setup.audio``
+    (:func:`trtio.create_for_audio` of ``audio/audio_encoder.engine``). A folder holding an engine no component binds
+    (Qwen3-Omni's ``talker/``, ``code_predictor/``, ``code2wav/``) is refused naming each, unless ``components``
+    names what to open: ``components=("llm",)`` opens the LLM (or the speculative pair, or the ranks) alone,
+    ``("llm", "visual", "audio")`` the LLM and its two encoders.
 
     A speculative pair needs ``draft_top_k``, ``draft_step`` and ``verify_size`` (Edge-LLM takes them at
     run time), checked against the configs' tree caps before any engine is loaded. Engines are

@@ -51,7 +51,8 @@ class LLMSetup(SetupBase):
     """One LLM engine bound to a PipelineIO: prefill / decode / reset (the step protocol: ``docs/architecture.md``).
 
     ``visual``: a vision-language model's encoder (a :class:`~trtio.components.visual.visual_setup.VisualSetup` that
-    ``create_from_engine_dir`` attaches, closed with this setup), else None: an engine beside the LLM
+    ``create_from_engine_dir`` attaches, closed with this setup), else None; ``audio``: a speech model's audio
+    encoder (a :class:`~trtio.components.audio.audio_setup.AudioSetup`), likewise: engines beside the LLM
     (:meth:`attach`)."""
 
     def __init__(self, engine: Any, cfg: LLMEngineConfig, stream: StreamLike = None, *, graphs: bool = False,
@@ -127,6 +128,13 @@ class LLMSetup(SetupBase):
     def visual(self) -> Any:
         """The vision encoder attached (:meth:`attach_visual`), None without one."""
         return self._attached.get("visual")
+
+    @property
+    def audio(self) -> Any:
+        """The audio encoder attached (a :class:`~trtio.components.audio.audio_setup.AudioSetup`:
+        :func:`~trtio.setups.create_from_engine_dir` of a speech model's directory, or :meth:`attach`), None without
+        one."""
+        return self._attached.get("audio")
 
     # -- public views ---------------------------------------------------------------------------
     @property

@@ -38,7 +38,7 @@ from trtio.dims import InferenceDims
 from trtio.dtypes import DType
 from trtio.engine import DECODE_PROFILE, ContextMemory
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError, TrtioError
-from trtio.features import FeatureSet, family_configs
+from trtio.features import FeatureSet, Ready, family_configs
 from trtio.memory import Arena, MemoryReport, TensorRequest
 from trtio.ops import warm_up
 from trtio.pages import DEFAULT_MAX_PREFIXES, Prefix
@@ -144,6 +144,7 @@ def _bind_pair(setup: SpecDecodeSetup, stack: contextlib.ExitStack[Any], s: Stre
                        context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack, name="base", io=io,
                        constants=constants)
     features.bound(base, ctx)
+    ctx.engines["base"] = base
     constants = features.make(draft_cfg, "draft", ctx, engine_io(draft_engine, "create_for_spec_decode (draft)"))
     draft = bind_engine(draft_engine, draft_cfg, io.build_tensor_map_for_spec_decode_draft(draft_cfg), max_batch=mb,
                         backend=be, context_memory=memory, graphs=graphs, rope=rope, stream=s, resources=stack,
@@ -248,6 +249,7 @@ class SpecDecodeSetup(SetupBase):
                                  scratch_rows=bundle.effective_max_draft_proposal_size())
         # A speculative prefix keeps one entry fewer than asked: the draft's last one depends on the next token.
         self._seqs = Sequences([self.base, self.draft], mb, prefix_lag=1, features=self._features)
+        self._step_input = self._features.step_input()  # the base's per-token input (ple_embeds), or none
         self._dims = _StepDims()
         self._phase = Phase.EMPTY  # the one order of calls (see Phase); the fields below are its phases' data
         self._prompt: Prompt | None = None  # PROMPTED: the base prefill awaiting its draft prefill
@@ -316,7 +318,8 @@ class SpecDecodeSetup(SetupBase):
     @one_thread
     def base_prefill(self, inputs_embeds: Any, context_lengths: Any, stream: StreamLike = None, *,
                      slots: Sequence[int] | None = None, prefix: Prefix | Sequence[Prefix | None] | None = None,
-                     past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None) -> Tensor:
+                     past_lengths: Any = None, deepstack_embeds: Sequence[Any] | None = None,
+                     ple_embeds: Any = None) -> Tensor:
         """Base over the prompts (profile 0, causal); returns logits [batch, vocab] of each last prompt token.
 
         The base's ``hidden_states`` land in ``io.base_hidden_states`` (a row per token), which the draft
@@ -324,8 +327,10 @@ class SpecDecodeSetup(SetupBase):
         deepstack inputs are zero. ``slots``, ``prefix`` and ``past_lengths`` as for
         :meth:`LLMSetup.prefill <trtio.setups.llm.LLMSetup.prefill>` (a prefix pins both engines' pools);
         admitting sequences (``slots=``) is allowed between rounds, and they join the next round after their
-        :meth:`draft_prefill`. ``slots=None`` restarts the batch.
+        :meth:`draft_prefill`. ``slots=None`` restarts the batch. ``ple_embeds``: a base with per-layer embeddings
+        takes them as :meth:`LLMSetup.prefill <trtio.setups.llm.LLMSetup.prefill>` does.
         """
+        self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream), now=True)
         try:
             self._prompt = self._prefill(self.base, inputs_embeds, context_lengths, stream, slots, prefix, past_lengths,
                                          "base_prefill", deepstack_embeds=deepstack_embeds)
@@ -385,6 +390,14 @@ class SpecDecodeSetup(SetupBase):
                           self._embeds, self._check_lengths, self._host_input, self._stream, self._prompt_pages,
                           self._upload_embeds, self._step_lengths, self._pages, self._run, self._keep_accepted_rows)
 
+    def _ready(self, stream: StreamLike) -> Ready:
+        """What a step input asks once the step is known to take it: a closed or broken setup refused, then the
+        step's stream and the call rules."""
+        def ready() -> tuple[Stream, Any]:
+            self._refuse_unusable()
+            return self._stream(stream), self._calls
+        return ready
+
     def _keep_accepted_rows(self, rows: np.ndarray) -> None:
         self._accepted_rows = rows
 
@@ -408,10 +421,12 @@ class SpecDecodeSetup(SetupBase):
         """
         self._check_usable()
         self._expect("draft_propose()", Phase.READY, Phase.PROPOSING)
-        part = self._features.part("draft_propose")  # a draft that refuses proposals (DFlash: the block is one)
-        if part is not None:
-            part.draft_propose()
         b = self._need_batch()
+        part = self._features.part("draft_propose")  # a draft of its own steps (DFlash refuses: the block is one)
+        if part is not None:
+            logits: Tensor = part.draft_propose(self._draft_round(), b, inputs_embeds, parents, stream)
+            self._phase = Phase.PROPOSING
+            return logits
         e = self.draft
         x, nb, k = self._embeds(inputs_embeds, e.cfg.hidden_size, stream)
         if nb != b:
@@ -455,13 +470,14 @@ class SpecDecodeSetup(SetupBase):
 
     # -- verify and accept --------------------------------------------------------------------------
     @one_thread
-    def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None) -> Tensor:
+    def verify(self, inputs_embeds: Any, tree: Any, stream: StreamLike = None, *, ple_embeds: Any = None) -> Tensor:
         """Base over a token tree per sequence; returns logits [batch * N, vocab] for every node.
 
         ``tree`` is a parent list ([N] shared by the batch, or [batch, N]; -1 for the root) or an unpacked
         mask [batch, N, N] (node t sees node i; a sequence's padding nodes are all-zero rows after its real
         ones). Node 0 is the root (the pending token). Nodes go to cache slots ``length + t``; positions are
-        length + depth. The base cache is not committed until :meth:`accept`.
+        length + depth. The base cache is not committed until :meth:`accept`. ``ple_embeds`` ``[batch, N, L x
+        ple_hidden]``: a base with per-layer embeddings takes each node's (as :meth:`base_prefill`).
         """
         self._check_usable()
         # (again after a verify, not yet accepted: the new tree replaces the last; nothing was committed)
@@ -480,6 +496,7 @@ class SpecDecodeSetup(SetupBase):
         order, key, lengths, _whole = self._step_lengths(e)
         have = lengths.tolist()
         top = _check_verify_room(order, lengths, have, n, e.cfg.max_kv_cache_capacity)
+        self._step_input.prepare(ple_embeds, inputs_embeds, self._ready(stream), now=True)
         s = self._stream(stream)
         taken, pages = self._pages(e, order, key, lengths, n, s, have, top)
         try:

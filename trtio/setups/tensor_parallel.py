@@ -134,6 +134,7 @@ class TensorParallelLLMSetup(Closeable):
     """
 
     visual = None  # no vision encoder: a tensor-parallel directory with visual/ is refused
+    audio = None  # no audio encoder: likewise with audio/
 
     def __init__(self, model: LLMEngineConfig, ranks: Sequence[RankSpec], stream: StreamLike = None, *,
                  backend: str | Backend, graphs: bool = False, plugins: Sequence[str] = ()) -> None:

@@ -346,13 +346,43 @@ def _tensorrt_gemms() -> list[type]:
         return (out.astype(dtype),)
 
     return [type("MatMul", (OpRun,), {"op_domain": "", "_run": matmul}),
-            type("Gemm", (OpRun,), {"op_domain": "", "_run": gemm})]
+            type("Gemm", (OpRun,), {"op_domain": "", "_run": gemm}), _patch_conv()]
+
+
+def _patch_conv() -> type:
+    """``Conv`` whose kernel tiles its input (strides equal to the kernel, no padding, dilation or groups: a ViT's
+    patch embedding) as one matrix product, accumulated in fp32 and rounded once as ``MatMul``; any other
+    convolution as ``onnx.reference`` computes it (whose loop takes seconds on a 448-pixel tile)."""
+    from onnx.reference.ops.op_conv import Conv  # noqa: PLC0415 - optional dependency
+
+    def conv(self: Any, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, auto_pad: Any = None,
+             dilations: Any = None, group: Any = None, kernel_shape: Any = None, pads: Any = None,
+             strides: Any = None) -> tuple[np.ndarray]:
+        kernel = tuple(kernel_shape or w.shape[2:])
+        tiles = (x.ndim == 4 and (group or 1) == 1 and auto_pad in (None, "NOTSET", b"NOTSET")
+                 and tuple(strides or (1, 1)) == kernel and not any(pads or ()) and all(d == 1 for d in dilations or ())
+                 and x.shape[2] % kernel[0] == 0 and x.shape[3] % kernel[1] == 0)
+        if not tiles:
+            return Conv._run(self, x, w, b, auto_pad=auto_pad, dilations=dilations, group=group,  # type: ignore
+                             kernel_shape=kernel_shape, pads=pads, strides=strides)
+        n, c, h, wd = x.shape
+        kh, kw = kernel
+        wide = np.float32 if x.dtype == np.float16 else x.dtype
+        cols = x.reshape(n, c, h // kh, kh, wd // kw, kw).transpose(0, 2, 4, 1, 3, 5).reshape(-1, c * kh * kw)
+        out = cols.astype(wide) @ w.reshape(w.shape[0], -1).T.astype(wide)
+        if b is not None:
+            out = out + b.astype(wide)
+        out = out.reshape(n, h // kh, wd // kw, w.shape[0]).transpose(0, 3, 1, 2)
+        return (np.ascontiguousarray(out.astype(x.dtype)),)
+
+    return type("Conv", (Conv,), {"op_domain": "", "_run": conv})
 
 
 def _is_visual(inputs: Iterable[str]) -> bool:
-    """A vision encoder's graph (``visual/``): patches ``input`` and ``cu_seqlens``, no ``inputs_embeds``."""
+    """A vision encoder's graph (``visual/``): patches ``input`` and ``cu_seqlens``, or ``input`` alone (tiles whose
+    attention descriptors the graph holds), no ``inputs_embeds``."""
     names = set(inputs)
-    return {"input", "cu_seqlens"} <= names and "inputs_embeds" not in names
+    return ({"input", "cu_seqlens"} <= names or names == {"input"}) and "inputs_embeds" not in names
 
 
 def _is_audio(inputs: Iterable[str]) -> bool:

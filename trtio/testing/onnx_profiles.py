@@ -216,16 +216,25 @@ _OTHER_VISUAL = {"pooling_weights": "Gemma 3/4's pooled ViT", "pixel_position_id
 def visual_profiles(inputs: Mapping[str, Sequence[int]], builder: Mapping[str, Any]) -> Profiles:
     """The one profile of a Qwen2.5-VL / Qwen3-VL vision encoder (``_setup_component_profile``, the visual
     component): each dynamic dimension from ``builder_config``'s ``min_image_tokens``, ``max_image_tokens`` and
-    ``max_image_tokens_per_image`` (4 patches a merged token); a static input keeps its graph shape. Other visual
-    graphs (Gemma's, a 4-D patch input, Muse's patch-level windows) are refused naming what marks them."""
+    ``max_image_tokens_per_image`` (4 patches a merged token); a static input keeps its graph shape. A 4-D ``input``
+    (tiles of pixels) takes ``max(1, min_image_tokens // 256) .. max(1, max_image_tokens // 256)`` tiles, optimum
+    their mean, as the builder sets it. Other visual graphs (Gemma's, Muse's patch-level windows) are refused naming
+    what marks them."""
     lo, hi = _int(builder, "min_image_tokens"), _int(builder, "max_image_tokens")
     per_image = _int(builder, "max_image_tokens_per_image")
     for name, what in _OTHER_VISUAL.items():
         if name in inputs:
             raise ConfigError(name, f"marks {what}, whose profile this reading of the builder does not give")
-    if len(inputs.get("input", ())) == 4 or ("fast_pos_embed_idx" in inputs and "window_index" in inputs):
-        raise ConfigError("input", "this visual graph (a 4-D patch input, or Muse's patch-level windows) is not a "
-                                   "Qwen ViT, whose profile alone this reading of the builder gives")
+    tiles = inputs.get("input", ())
+    if len(tiles) == 4:
+        few, many = max(1, lo // 256), max(1, hi // 256)
+        dims = tuple(int(d) for d in tiles)
+        return {"input": ((tuple(few if d < 0 else d for d in dims), tuple((few + many) // 2 if d < 0 else d
+                                                                           for d in dims),
+                           tuple(many if d < 0 else d for d in dims)),)}
+    if "fast_pos_embed_idx" in inputs and "window_index" in inputs:
+        raise ConfigError("input", "this visual graph (Muse's patch-level windows) is not a Qwen ViT, whose profile "
+                                   "alone this reading of the builder gives")
     patches_per_token = 4
     soft_opt = max(lo, (lo + hi) // 2)
     images = max(2, hi // lo + 1)

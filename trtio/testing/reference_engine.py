@@ -724,11 +724,14 @@ class ReferenceExecutionContext:
         g = self._engine._geo
         if decl.alias is not None:
             return self._shapes.get(decl.alias, decl.shape)
-        rows = self._shapes.get(names.kInputsEmbeds if g.dflash else names.kLogitsIndices)
+        # logits rows: the selected ones, or one a token (a graph without logits_indices: DFlash's, an assistant's)
+        selects = names.kLogitsIndices in self._engine._by_name
+        rows = self._shapes.get(names.kLogitsIndices if selects else names.kInputsEmbeds)
         if decl.name == names.kLogits:
             return (-1, g.vout) if rows is None else (rows[0], g.vout)
-        if g.role == "draft":  # hidden_states: the final stream at the logits rows
-            return (-1, g.h) if rows is None else (rows[0], g.h)
+        if g.role == "draft":  # hidden_states: the final stream at the logits rows, as wide as declared
+            width = decl.shape[1] if len(decl.shape) == 2 and decl.shape[1] >= 0 else g.h
+            return (-1, width) if rows is None else (rows[0], width)
         emb = self._shapes.get(names.kInputsEmbeds)
         if decl.name != names.kOutputHiddenStates:  # a hybrid base's intermediate states: a row per token
             return decl.shape if emb is None else (emb[0], *decl.shape[1:])

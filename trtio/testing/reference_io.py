@@ -313,7 +313,7 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
             continue
         specs.append(spec)
         specs.extend(follows.get(spec.name, ()))
-    specs.extend(state[names.present_key_values(i)] for i in layers)
+    specs.extend(state[names.present_key_values(i)] for i in layers if names.present_key_values(i) in state)
     specs.extend(spec for spec in recurrent if not spec.is_input)
     aliases = {names.present_key_values(i): names.past_key_values(i) for i in layers}
     aliases.update((out.name, inp.name) for inp, out in zip([r for r in recurrent if r.is_input],

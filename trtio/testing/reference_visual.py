@@ -126,6 +126,9 @@ class VitWeights:
     def generate(cls, cfg: VisualConfig, seed: int = 0) -> VitWeights:
         """``numpy.random.default_rng(seed)``: ``w_patch``, (Qwen3-VL) ``pos_table``, then per block ``wq, wk, wv,
         wo, w1, w2``, then ``w_merge`` and the deepstack mergers."""
+        if not isinstance(cfg, VisualConfig):  # another encoder kind (InternVL's tiles): no toy model of it
+            raise ConfigError("cfg", f"the toy ViT is a Qwen ViT's (a VisualConfig); there is none of a "
+                                     f"{type(cfg).__name__} (its directory needs its engine files)")
         rng = np.random.default_rng(seed)
         h, p, unit = cfg.hidden_size, cfg.patch_dim, cfg.merge_unit
         w_patch = _draw(rng, (p, h), 1.0 / math.sqrt(p))

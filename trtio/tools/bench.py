@@ -268,6 +268,15 @@ class _Embeds:
         self._owned.append(t)
         return t
 
+    def beside(self, shape: tuple[int, ...]) -> Any:
+        """The torch inputs' comparison of ``shape``, in the memory torch's would be in: a trtio device Tensor on the
+        cuda backend, numpy elsewhere (see :attr:`beside_name`)."""
+        return self.tensor(shape) if self.backend.name == "cuda" else self._values(tuple(shape))
+
+    @property
+    def beside_name(self) -> str:
+        return "fed a trtio Tensor" if self.backend.name == "cuda" else "fed numpy"
+
     def floor(self, shape: tuple[int, ...]) -> Callable[[], None] | None:
         """One ``np.copyto`` of a host input of ``shape`` into a buffer of its own (None unless inputs are host)."""
         if self.kind != "host":
@@ -302,7 +311,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
 
             other: Callable[[], object] | None = None
             if inputs == "torch":  # the same step fed a trtio Tensor (cuda) or numpy (host memory elsewhere)
-                x = feed.tensor(one) if backend.name == "cuda" else feed._values(one)
+                x = feed.beside(one)
 
                 def other() -> object:
                     return setup.decode(x)
@@ -311,7 +320,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 decode()  # bind the decode shape and capture its graph
                 if other is not None:
                     other()
-            on_step_stream: Any = contextlib.nullcontext()
+            on_step_stream = torch_on_step_stream(backend, inputs)
             elsewhere: Callable[[], Any] | None = None
             apart: Callable[[], object] | None = None
             if inputs == "torch" and backend.name == "cuda":
@@ -319,8 +328,6 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
                 # per step), and once more on its own default stream (the producer ordered by an event each step)
                 import torch
 
-                external: Any = torch.cuda.ExternalStream
-                on_step_stream = torch.cuda.stream(external(Stream.default(backend).handle))
                 elsewhere = functools.partial(torch.cuda.stream, torch.cuda.default_stream())
                 # beside that one, a trtio Tensor last written on another stream: ordered by an event each step too
                 side = Stream.create(backend)
@@ -352,8 +359,7 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             if elsewhere is not None:
                 rows.append(("LLMSetup.decode, fed torch from its default stream", decode, elsewhere))
             if other is not None:
-                rows.append((f"LLMSetup.decode, fed {'a trtio Tensor' if backend.name == 'cuda' else 'numpy'}",
-                             other, contextlib.nullcontext))
+                rows.append((f"LLMSetup.decode, {feed.beside_name}", other, contextlib.nullcontext))
             with on_step_stream:
                 for i in range(steps):
                     # Each decode row right after the engine's own two rows: what ran just before a call warms or
@@ -377,6 +383,18 @@ def _llm_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int
             prompt.close()
 
 
+def torch_on_step_stream(backend: Backend, inputs: str) -> Any:
+    """Where steps are fed torch's CUDA tensors: torch on this thread's trtio default stream, the steps' (as
+    trtio.inputs advises: the steps order no event before their reads), for a ``with``; else a context that does
+    nothing."""
+    if inputs != "torch" or backend.name != "cuda":
+        return contextlib.nullcontext()
+    import torch
+
+    external: Any = torch.cuda.ExternalStream
+    return torch.cuda.stream(external(Stream.default(backend).handle))
+
+
 @contextlib.contextmanager
 def _spec_pair(bundle: DeploymentConfig, backend: Backend, stream: Stream, inputs: str,
                seed: int) -> Iterator[tuple[SpecDecodeSetup, _Embeds, Tensor]]:
@@ -391,7 +409,8 @@ def _spec_pair(bundle: DeploymentConfig, backend: Backend, stream: Stream, input
         prompt = device_tensor(backend, (BATCH, 16, HIDDEN), rng)
         feed = _Embeds(inputs, backend, sd.io.inputs_embeds, seed)
         try:
-            yield sd, feed, prompt
+            with torch_on_step_stream(backend, inputs):  # torch on the steps' stream, as the decode rows have it
+                yield sd, feed, prompt
         finally:
             feed.free()
             prompt.close()
@@ -450,12 +469,20 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
                     walk.append(2 * walk[-1] + 1 + int(picks.integers(0, 2)))  # a child of the node before
                 new_paths[-1].append(walk)
 
-        def whole_round(levels: int, paths: list[list[int]] | None = None) -> None:
+        def whole_round(levels: int, paths: list[list[int]] | None = None, fed: tuple[Any, Any, Any] | None = None
+                        ) -> None:
             for p in parents[:levels]:
-                sd.draft_propose(level, parents=p)
-            sd.verify(tree(), binary)
+                sd.draft_propose(level if fed is None else fed[0], parents=p)
+            sd.verify(tree() if fed is None else fed[1], binary)  # (a view of io.inputs_embeds: made when it is fed)
             sd.accept([path] * BATCH if paths is None else paths)
-            sd.draft_accept(catch_up(), np.full(BATCH, PATH) if paths is None else np.array([len(p) for p in paths]))
+            sd.draft_accept(catch_up() if fed is None else fed[2],
+                            np.full(BATCH, PATH) if paths is None else np.array([len(p) for p in paths]))
+
+        # Fed torch: beside each phase, the same phase fed what torch's tensors are compared with (a trtio Tensor on
+        # the cuda backend, numpy elsewhere), timed in the same round, after the torch-fed one
+        beside = None if inputs != "torch" else (feed.beside((BATCH, TOP_K, HIDDEN)),
+                                                  feed.beside((BATCH, VERIFY, HIDDEN)),
+                                                  feed.beside((BATCH, PATH, HIDDEN)))
 
         for r in range(rounds + 2):
             # two warm-up rounds capture every graph
@@ -469,11 +496,27 @@ def _spec_rows(bundle: DeploymentConfig, backend: Backend, stream: Stream, round
             timed("SpecDecodeSetup.accept", lambda: sd.accept([path] * BATCH))
             timed("SpecDecodeSetup.draft_accept", lambda: sd.draft_accept(catch_up(), np.full(BATCH, PATH)))
             copies(timed, "SpecDecodeSetup.draft_accept")
+            if beside is not None:
+                _beside_phases(sd, timed, beside, parents, binary, path, feed.beside_name)
             # a whole round of 3 levels (two rounds in, its own graphs are captured too)
             timed(ROUND, functools.partial(whole_round, ROUND_LEVELS))
+            if beside is not None:
+                timed(f"{ROUND}, {feed.beside_name}", functools.partial(whole_round, ROUND_LEVELS, fed=beside))
         # then rounds of new paths, in a loop of their own (between the steady rounds they would make those unsteady)
         plans = iter(new_paths)
         _clock_rounds(clock, ROUND_NEW_PATHS, rounds, lambda: whole_round(ROUND_LEVELS, next(plans)))
+
+
+def _beside_phases(sd: SpecDecodeSetup, timed: Callable[[str, Callable[[], object]], object], fed: tuple[Any, Any, Any],
+                   parents: list[np.ndarray], tree: list[int], path: list[int], name: str) -> None:
+    """Each spec phase of a round fed ``fed`` (a level's, verify's and the catch-up's inputs), timed as
+    ``"<phase>, <name>"``: the comparison of the same phases fed torch tensors."""
+    level, verify, catch_up = fed
+    for p in parents:
+        timed(f"SpecDecodeSetup.draft_propose, {name}", functools.partial(sd.draft_propose, level, parents=p))
+    timed(f"SpecDecodeSetup.verify, {name}", lambda: sd.verify(verify, tree))
+    sd.accept([path] * BATCH)
+    timed(f"SpecDecodeSetup.draft_accept, {name}", lambda: sd.draft_accept(catch_up, np.full(BATCH, PATH)))
 
 
 def _lora_rows(llm: LLMEngineConfig, backend: Backend, stream: Stream, steps: int, clock: _Clock,

@@ -21,6 +21,14 @@ image is preprocessed (:func:`trtio.vision.preprocess`), encoded by the director
 spliced into the prompt (:func:`trtio.vision.splice`): one image pad per image, wrapped in the vision markers
 and put before the prompt's text unless the prompt holds its own pads; the prefill takes the spliced
 embeddings, deepstack features and 3-axis MRoPE positions.
+
+A speech model's directory (``audio/`` beside the LLM: Qwen3-ASR, Qwen3-Omni's thinker) takes ``--audio FILE.wav``:
+each clip is read (:func:`trtio.audio.read_wav`: 16-bit PCM mono), preprocessed (:func:`trtio.audio.preprocess`:
+the log-mel chunks and attention windows), encoded by the directory's audio encoder (``setup.audio``) and spliced
+into the prompt (:func:`trtio.audio.splice`): one audio pad per clip, between the audio markers and before the
+prompt's text unless the prompt holds its own pads; audio rows and text take sequential positions. ``--audio`` and
+``--image`` together are refused: the positions Edge-LLM's runner gives audio and images in one prompt are not
+implemented.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ import numpy as np
 
 from trtio._lifetime import Closeable
 from trtio._safetensors import read_safetensors
+from trtio.audio import AudioFeatures, AudioPrompt, read_wav
+from trtio.audio import preprocess as preprocess_audio
+from trtio.audio import splice as splice_audio
 from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
@@ -62,7 +73,7 @@ from trtio.testing.toy_model import ToyWeights
 from trtio.tools.engine_dirs import RUNTIME_FLAGS, edgellm_directory
 from trtio.tools.options import backend_option
 from trtio.trt import load_engine
-from trtio.vision import VisionPrompt, preprocess, splice
+from trtio.vision import preprocess, splice
 
 __all__ = ["GenerateOptions", "TOKENIZER_FILE", "TOKENIZER_CONFIG_FILE", "run_generate"]
 
@@ -83,6 +94,7 @@ class GenerateOptions:
     draft_step: int | None = None
     backend: str = "auto"
     images: tuple[Path, ...] = ()
+    audio: tuple[Path, ...] = ()  # 16-bit PCM mono WAV clips for a speech model's directory
     lora: Path | None = None  # a LoRA adapter (trtio.LoraAdapter.load) for a LoRA engine's directory
 
 
@@ -119,6 +131,7 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
     ids = tokenizer.encode(opts.prompt).ids
     if not ids:
         raise ShapeError(f"--prompt: {opts.prompt!r} has no tokens")
+    clips = _clips(path, kind, opts)  # refuses --audio beside --image first
     images = _images(path, kind, opts)
     adapter = _adapter(path, opts.lora) if opts.lora is not None else None  # a bad file: before any engine
     model = _open(path, kind, opts)
@@ -129,13 +142,17 @@ def run_generate(opts: GenerateOptions, out: TextIO | None = None, err: TextIO |
                                             "on a plain LLM's (LLMSetup.set_lora)")
             setup.set_lora(adapter)
         limit = (setup.base.cfg if isinstance(setup, SpecDecodeSetup) else setup.cfg).max_supported_input_length
-        prompt = None
+        prompt: Any = None  # a VisionPrompt, an encoder kind's prompt (ImagePrompt) or an AudioPrompt
         if images:
             assert isinstance(setup, LLMSetup) and setup.visual is not None
             prompt = _vision_prompt(setup, model.table, ids, images)
             ids = [int(t) for t in prompt.token_ids[0]]
+        if clips:
+            assert isinstance(setup, LLMSetup) and setup.audio is not None
+            prompt = _audio_prompt(setup, model.table, ids, clips)
+            ids = [int(t) for t in prompt.token_ids[0]]
         if len(ids) > limit:
-            what = "--prompt and --image" if images else "--prompt"
+            what = "--prompt and --image" if images else "--prompt and --audio" if clips else "--prompt"
             raise ShapeError(f"{what}: {len(ids)} tokens, more than the engine takes in one prefill "
                              f"(max_supported_input_length {limit})")
         if model.note:
@@ -394,23 +411,66 @@ def _read_image(file: Path) -> np.ndarray:
         raise ConfigError(f"--image {file}", f"cannot be read as an image: {exc}") from None
 
 
-def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: list[np.ndarray]) -> VisionPrompt:
+def _vision_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], images: list[np.ndarray]) -> Any:
     """The prompt with ``images`` spliced in: each image preprocessed and encoded by the setup's ViT; one image pad
-    per image (wrapped in the vision markers, before the text) unless the prompt holds its own pads."""
+    per image (wrapped in the vision markers where the encoder's config has them, before the text) unless the prompt
+    holds its own pads. A :class:`~trtio.vision.VisionPrompt`, or the prompt of the encoder's kind (the splice of an
+    InternVL encoder wraps each image in ``<img>`` / ``</img>`` itself and gives 1-D positions)."""
     visual = setup.visual
     assert visual is not None
     vcfg = visual.cfg
     if vcfg.image_token_id not in ids:
         marker: list[int] = []
+        start, end = getattr(vcfg, "vision_start_token_id", None), getattr(vcfg, "vision_end_token_id", None)
         for _ in images:
-            marker.append(vcfg.vision_start_token_id)
-            marker.append(vcfg.image_token_id)
-            if vcfg.vision_end_token_id is not None:
-                marker.append(vcfg.vision_end_token_id)
+            marker += [t for t in (start, vcfg.image_token_id, end) if t is not None]
         ids = marker + ids
     patches, grid = preprocess(images, vcfg)
     encoded = visual.encode(patches, grid)
     return splice(ids, grid, vcfg, table, encoded)
+
+
+def _clips(path: Path, kind: str, opts: GenerateOptions) -> list[AudioFeatures]:
+    """The ``--audio`` files read and preprocessed with the directory's audio encoder config, before any engine is
+    loaded (refused for a directory without an audio encoder or its engine files, and beside ``--image``)."""
+    if not opts.audio:
+        return []
+    if opts.images:
+        raise ConfigError("--audio", "given with --image: the positions Edge-LLM's runner gives audio and images in "
+                                     "one prompt (Qwen3-Omni's TM-RoPE) are not implemented; pass one or the other")
+    directory = EngineDir.open(path) if kind == "edgellm" else None
+    cfg = directory.audio_config if directory is not None else None
+    if directory is None or cfg is None:
+        raise ConfigError("--audio", f"{path} has no audio encoder (a speech model's directory holds "
+                                     "audio/config.json beside the LLM)")
+    if not directory.has_engines:
+        missing = [str(p) for p in directory.engine_paths if not p.is_file()]
+        raise ConfigError("--audio", f"needs the directory's engine files; {path} lacks {', '.join(missing)} (trtio "
+                                     "has no reference audio encoder to run in their place)")
+    out = []
+    for file in opts.audio:
+        if not Path(file).is_file():
+            raise ConfigError(f"--audio {file}", "no such file")
+        samples, rate = read_wav(file)
+        out.append(preprocess_audio(samples, rate, cfg))
+    return out
+
+
+def _audio_prompt(setup: LLMSetup, table: np.ndarray, ids: list[int], clips: list[AudioFeatures]) -> AudioPrompt:
+    """The prompt with ``clips`` spliced in: each clip encoded by the setup's audio encoder; one audio pad per clip
+    (between the audio markers, before the text) unless the prompt holds its own pads."""
+    audio = setup.audio
+    assert audio is not None
+    cfg = audio.cfg
+    if cfg.audio_token_id not in ids:
+        marker: list[int] = []
+        for _ in clips:
+            marker += [t for t in (cfg.audio_start_token_id, cfg.audio_token_id, cfg.audio_end_token_id)
+                       if t is not None]
+        ids = marker + ids
+    # each clip's rows copied out before the next encode reuses the encoder's output buffer
+    rows = [audio.encode(features).to_numpy() for features in clips]
+    return splice_audio(ids, cfg, table, rows)
 
 
 def _reference_ranks(directory: EngineDir) -> TensorParallelLLMSetup:
@@ -529,14 +589,17 @@ class _Sink:
 
 
 def _greedy(setup: LLMSetup | TensorParallelLLMSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink,
-            prompt: VisionPrompt | None = None) -> dict[str, Any]:
+            prompt: Any = None) -> dict[str, Any]:
     cap = setup.cfg.max_kv_cache_capacity
     if prompt is None:
         logits = setup.prefill(embed(ids), [len(ids)], **embed.extras())
+    elif isinstance(prompt, AudioPrompt):
+        # audio rows and text take sequential positions: the rows a prefill given no positions writes
+        logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths)
     else:
         logits = setup.prefill(prompt.inputs_embeds, prompt.context_lengths,
-                               deepstack_embeds=list(prompt.deepstack_embeds) or None,
-                               mrope_positions=prompt.mrope_positions)
+                               deepstack_embeds=list(getattr(prompt, "deepstack_embeds", ())) or None,
+                               mrope_positions=getattr(prompt, "mrope_positions", None))
     while True:
         token = int(logits.to_numpy().argmax(-1)[0])
         if sink.take([token]):

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.visual_kinds import kind_of
 from trtio.components.visual.vit import check_grid
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
 from trtio.stream import StreamLike
@@ -162,7 +163,7 @@ def _as_rgb(image: Any, i: int, channels: int) -> np.ndarray:
     return arr
 
 
-def preprocess(images: Any, cfg: VisualConfig) -> tuple[np.ndarray, np.ndarray]:
+def preprocess(images: Any, cfg: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(patches, grid_thw)`` of ``images`` (one image or a sequence of them: uint8 ``[H, W, 3]`` RGB arrays or
     PIL images) for a ViT of ``cfg``: float32 ``[N, in_channels * temporal_patch_size * patch_size ** 2]`` and
     int64 ``[images, 3]``, the images' patches one after the other.
@@ -171,7 +172,14 @@ def preprocess(images: Any, cfg: VisualConfig) -> tuple[np.ndarray, np.ndarray]:
     ``rescale_factor`` (in float64, then float32), normalised with ``image_mean`` / ``image_std`` (float32), repeated
     ``temporal_patch_size`` times and cut into patches in Hugging Face's order (merge block by merge block;
     each patch channel, frame, row, column). The config's ``do_resize`` / ``do_rescale`` / ``do_normalize`` are
-    honoured. Needs the directory's ``preprocessor_config.json`` (ConfigError naming it otherwise)."""
+    honoured. Needs the directory's ``preprocessor_config.json`` (ConfigError naming it otherwise).
+
+    A config of another encoder kind (:mod:`~trtio.components.visual.visual_kinds`) is that kind's preprocessing:
+    InternVL's tiles and each image's tile count
+    (:func:`~trtio.components.visual.internvl_images.preprocess_tiles`)."""
+    kind = kind_of(cfg)
+    if kind is not None:
+        return kind.preprocess(images, cfg)
     if cfg.image_mean is None or cfg.image_std is None:
         raise ConfigError("preprocessor_config.json", "the visual directory has no image processor config: "
                                                       "preprocess needs its image_mean and image_std (Edge-LLM's "
@@ -330,8 +338,8 @@ class VisionPrompt:
                    np.concatenate([p.rope_deltas for p in prompts]))
 
 
-def splice(token_ids: Any, grid_thw: Any, cfg: VisualConfig, embedding: Any, image_embeds: Any = None,
-           deepstack: Sequence[Any] | None = None, stream: StreamLike = None) -> VisionPrompt:
+def splice(token_ids: Any, grid_thw: Any, cfg: Any, embedding: Any, image_embeds: Any = None,
+           deepstack: Sequence[Any] | None = None, stream: StreamLike = None) -> Any:
     """One prompt with its images spliced in (a :class:`VisionPrompt` of batch 1).
 
     ``token_ids``: the tokenized prompt, one ``image_token_id`` pad per image; ``grid_thw``: the images' patch
@@ -343,7 +351,16 @@ def splice(token_ids: Any, grid_thw: Any, cfg: VisualConfig, embedding: Any, ima
     deepstack
     rows (the VisualOutput's, or host arrays), one per feature of the config. Device tensors are read with a
     synchronising copy on ``stream`` (the stream ``encode`` ran on). The rows come out in the embedding table's
-    dtype."""
+    dtype.
+
+    A config of another encoder kind (:mod:`~trtio.components.visual.visual_kinds`) is that kind's splice, with
+    ``grid_thw`` the images' layout its preprocessing returned: InternVL's tile counts, ``<img>`` / ``</img>`` around
+    the image tokens and 1-D positions (an :class:`~trtio.components.visual.internvl_images.ImagePrompt`)."""
+    kind = kind_of(cfg)
+    if kind is not None:
+        if deepstack:
+            raise InvalidTypeError(f"splice: {kind.model_type} has no deepstack features, got deepstack=")
+        return kind.splice(token_ids, grid_thw, cfg, embedding, image_embeds, stream)
     grid = _image_grid(grid_thw, cfg, allow_empty=True)
     visual = image_embeds
     if hasattr(visual, "embeds") and hasattr(visual, "deepstack"):  # a VisualOutput

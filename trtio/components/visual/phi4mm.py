@@ -21,7 +21,7 @@ bindings, Hugging Face's HD transform and the image-token layout with the ``sub_
   ``Phi4MultimodalImageEmbedding.forward``; Edge-LLM's ``phi4mmViTRunner::infer`` and
   ``phi4mmPostprocessVisionTokens`` put them in the same places for a grid without padding).
 
-``docs/edgellm-assumptions.md`` section 16 lists what is assumed, and where Edge-LLM's own preprocessing differs.
+``docs/edgellm-assumptions.md`` section 19 lists what is assumed, and where Edge-LLM's own preprocessing differs.
 """
 
 from __future__ import annotations
@@ -544,12 +544,6 @@ def splice(token_ids: Any, layout: Any, cfg: Phi4mmVisualConfig, embedding: Any,
     return ids, embeds
 
 # -- the component's reading -----------------------------------------------------------------------------------------
-
-
-def is_phi4mm_dir(folder: Path) -> bool:
-    """Whether ``folder/config.json`` names the phi4mm encoder (its ``model_type``)."""
-    data = read_json(folder / _CONFIG_FILE)
-    return isinstance(data, Mapping) and data.get("model_type") == PHI4MM_KIND
 
 
 def read_phi4mm(folder: Path, llm: Any) -> Phi4mmVisualConfig:

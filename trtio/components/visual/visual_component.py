@@ -1,5 +1,5 @@
 """The visual component as the component table sees it: a vision-language model's ViT in ``visual/`` (Qwen2.5-VL,
-Qwen3-VL; Phi-4-multimodal's encoder, model_type ``phi4mm``: :mod:`~trtio.components.visual.phi4mm`), read by
+Qwen3-VL; the kinds of :data:`KINDS`: InternVL, Phi-4-multimodal's ``phi4mm``), read by
 :class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir` as the LLM setup's
 ``visual`` (``docs/architecture.md``, "Vision-language models")."""
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtio.components.visual.phi4mm import Phi4mmVisualConfig, is_phi4mm_dir, read_phi4mm
-from trtio.components.visual.phi4mm_setup import create_for_phi4mm_visual
+from trtio._json import read_json
+from trtio.components.visual.internvl_kind import INTERNVL
+from trtio.components.visual.phi4mm_kind import PHI4MM
 from trtio.components.visual.visual_config import VISUAL_CONFIG_FILE, VisualConfig
+from trtio.components.visual.visual_kinds import VisualKind, kind_named, register_kind
 from trtio.components.visual.visual_setup import create_for_visual
 from trtio.config import LLMEngineConfig
 from trtio.errors import ConfigError
@@ -22,6 +24,10 @@ __all__ = ["VISUAL_DIR", "VISUAL_ENGINE_FILE", "VISUAL_ROLE", "VisualComponent"]
 VISUAL_DIR = "visual"
 VISUAL_ENGINE_FILE = "visual.engine"
 VISUAL_ROLE = "visual"
+#: The encoder kinds bound besides the Qwen ViTs (:mod:`~trtio.components.visual.visual_kinds`), by ``model_type``.
+KINDS: tuple[VisualKind, ...] = (INTERNVL, PHI4MM)
+for _kind in KINDS:
+    register_kind(_kind)
 
 
 class VisualComponent(Component):
@@ -35,13 +41,15 @@ class VisualComponent(Component):
     WHAT = "vision encoder"
 
     @classmethod
-    def read(cls, folder: Path, llm: LLMEngineConfig) -> VisualConfig | Phi4mmVisualConfig | None:
-        """``folder``'s config, checked against the LLM's (ConfigError naming the file and the key), or None. Its
-        ``kind`` says which encoder (``model_type``: ``qwen2_5_vl``, ``qwen3_vl``, ``phi4mm``)."""
+    def read(cls, folder: Path, llm: LLMEngineConfig) -> Any:
+        """``folder``'s config (a :class:`VisualConfig`, or the config of the kind its ``model_type`` names),
+        checked against the LLM's (ConfigError naming the file and the key), or None."""
         if not (folder / VISUAL_CONFIG_FILE).is_file():
             return None
-        if is_phi4mm_dir(folder):
-            return read_phi4mm(folder, llm)
+        data = read_json(folder / VISUAL_CONFIG_FILE)
+        kind = kind_named(data.get("model_type") if isinstance(data, dict) else None)
+        if kind is not None:
+            return kind.read(folder, llm)
         cfg = VisualConfig.from_dir(folder)
         file = folder / VISUAL_CONFIG_FILE
         if cfg.out_hidden_size != llm.hidden_size:
@@ -73,10 +81,6 @@ class VisualComponent(Component):
                                                                f"hidden_size is {llm.hidden_size}")
 
     @classmethod
-    def attach(cls, setup: Any, engine: Any, config: VisualConfig | Phi4mmVisualConfig, stream: StreamLike = None, *,
+    def attach(cls, setup: Any, engine: Any, config: VisualConfig, stream: StreamLike = None, *,
                graphs: bool = False) -> None:
-        if isinstance(config, Phi4mmVisualConfig):
-            part: Any = create_for_phi4mm_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend)
-        else:
-            part = create_for_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend)
-        setup.attach(cls.NAME, part)
+        setup.attach(cls.NAME, create_for_visual(engine, config, stream, graphs=graphs, backend=setup.io.backend))

@@ -11,10 +11,14 @@ for the two ViT kinds trtio binds:
   ``reverse_window_index`` (``vision_config.window_size``);
 * ``qwen3_vl`` (Qwen3-VL): interpolated learned position embeddings, inputs ``fast_pos_embed_idx`` /
   ``fast_pos_embed_weight`` (``vision_config.num_position_embeddings``), and one ``deepstack_features_i``
-  output per entry of ``vision_config.deepstack_visual_indexes``.
+  output per entry of ``vision_config.deepstack_visual_indexes``;
+* ``qwen3_omni_vision_encoder`` (Qwen3-Omni's thinker): Qwen3-VL's ViT, exported by Edge-LLM through the same
+  module (``Qwen3VLVisualModel``, only the checkpoint's key names translated): the same inputs, outputs and image
+  positions, bound as ``qwen3_vl``. Its ``vision_config.position_id_per_seconds`` scales a video's time axis
+  only (an image's is 0): trtio splices images, not video, and keeps it in :attr:`VisualConfig.extras`.
 
-Any other ``model_type`` (InternVL, Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it; Phi-4-MM's
-``phi4mm`` has its own config (:mod:`trtio.components.visual.phi4mm`). Keys
+Any other ``model_type`` (Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it; InternVL's and Phi-4-MM's
+(``phi4mm``) have their own configs (:mod:`~trtio.components.visual.visual_kinds`). Keys
 that only shape the engine's own computation (``depth``, ``hidden_act``, ``intermediate_size``,
 ``fullatt_block_indexes``, ...) stay in :attr:`VisualConfig.extras`: trtio computes no ViT layer.
 ``docs/edgellm-assumptions.md`` (section "Vision-language models") lists what is assumed.
@@ -37,7 +41,7 @@ from trtio.errors import ConfigError, InvalidTypeError
 __all__ = ["PREPROCESSOR_FILE", "VISION_KINDS", "VISUAL_CONFIG_FILE", "VisualConfig"]
 
 #: The ViT kinds trtio binds (``model_type`` of ``visual/config.json``).
-VISION_KINDS = ("qwen2_5_vl", "qwen3_vl")
+VISION_KINDS = ("qwen2_5_vl", "qwen3_vl", "qwen3_omni_vision_encoder")
 VISUAL_CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
 # PIL's resampling filter numbers (Hugging Face's PILImageResampling): the Qwen processors resize bicubically.
@@ -163,7 +167,7 @@ class VisualConfig:
                 if not isinstance(section, list) or len(section) != 3 or not all(is_int(x) for x in section):
                     raise ConfigError("rope_scaling.mrope_section", f"expected 3 integers, got {section!r}")
                 values["mrope_section"] = tuple(int(x) for x in section)
-                values["mrope_interleaved"] = bool(rope.get("mrope_interleaved", kind == "qwen3_vl"))
+                values["mrope_interleaved"] = bool(rope.get("mrope_interleaved", kind != "qwen2_5_vl"))
             if kind == "qwen2_5_vl":
                 values["window_size"] = _int(vision, "vision_config", "window_size")
             else:
@@ -211,7 +215,7 @@ class VisualConfig:
     # -- derived sizes --------------------------------------------------------------------------
     @property
     def kind(self) -> str:
-        """Which vision encoder this is (``model_type``: ``qwen2_5_vl`` or ``qwen3_vl``)."""
+        """Which vision encoder this is (its ``model_type``)."""
         return self.model_type
 
     @property

@@ -22,6 +22,7 @@ import numpy as np
 from trtio._cache import BoundedCache
 from trtio._lifetime import Closeable
 from trtio.components.visual.visual_config import VisualConfig
+from trtio.components.visual.visual_kinds import kind_of
 from trtio.components.visual.vit import (
     VitStep,
     deepstack_features,
@@ -228,10 +229,14 @@ class VisualSetup(Closeable):
         return f"VisualSetup({self.cfg.model_type}, graphs={self.executor.graphs_enabled})"
 
 
-def create_for_visual(engine: Any, cfg: VisualConfig, stream: StreamLike = None, *, graphs: bool = False,
-                      backend: Backend | str | None = None) -> VisualSetup:
+def create_for_visual(engine: Any, cfg: Any, stream: StreamLike = None, *, graphs: bool = False,
+                      backend: Backend | str | None = None) -> Any:
     """Bind a ViT engine (Qwen2.5-VL or Qwen3-VL: ``EngineDir.visual_config`` says which) to its worst-case
     buffers; see :class:`VisualSetup`. Its declared I/O is checked against ``cfg`` first (names, dtypes, ranks,
     fixed dims, the profile against the config's token caps: one BindingError lists every problem).
-    Construction runs on ``stream`` and ends synchronised."""
+    Construction runs on ``stream`` and ends synchronised. A config of another encoder kind
+    (:mod:`~trtio.components.visual.visual_kinds`: an InternVL config) binds that kind's setup."""
+    kind = kind_of(cfg)
+    if kind is not None:
+        return kind.create(engine, cfg, stream, graphs=graphs, backend=backend)
     return VisualSetup(engine, cfg, stream, graphs=graphs, backend=backend)

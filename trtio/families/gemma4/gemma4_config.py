@@ -57,13 +57,14 @@ from trtio.rope import (
 )
 from trtio.tensor_map import TensorMap
 
-__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "PLE_EMBEDDING_FILE", "SWA_REPLACEMENT_PAGES", "SWA_TABLE",
-           "Gemma4Config", "LayerRope", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode", "is_gemma4",
-           "q_only_consumers", "read_gemma4", "swa_private_pages"]
+__all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "GEMMA4_MTP", "PLE_EMBEDDING_FILE", "SWA_REPLACEMENT_PAGES",
+           "SWA_TABLE", "Gemma4Config", "LayerRope", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode",
+           "is_gemma4", "q_only_consumers", "read_gemma4", "swa_private_pages"]
 
 GEMMA4_FULL_ROWS = "ragged_rope_cos_sin_full"  # a step's full-layer RoPE rows [T, full width]
 GEMMA4_FULL_TABLE = "rope_table_full"  # the full layers' table [C, full width], filled at bind
 SWA_TABLE = "swa_kv_page_table"  # the step block's bounded SWA rows (bound in the bounded mode)
+GEMMA4_MTP = "gemma4_mtp"  # the spec_decode_type of a Gemma 4 target and its assistant (trtio.families.gemma4_mtp)
 #: The per-layer embedding table (PLE), beside ``embedding.safetensors``.
 PLE_EMBEDDING_FILE = "ple_embedding.safetensors"
 
@@ -271,7 +272,7 @@ class Gemma4Config(FamilyConfig):
         and the shape-only mode (length 1 bounded, 0 full)."""
         b, m = max_batch, cfg.pages_per_sequence
         lo = min(self.num_swa_pages or b * self.private_pages(cfg.kv_page_size) or cfg.kv_pool_pages,
-                 cfg.kv_pool_pages)
+                 cfg.kv_pool_pages) if cfg.role == "llm" else cfg.kv_pool_pages  # spec mode: full storage only
         pools = []
         for i in range(self.num_layers):
             top = (2, cfg.kv_pool_pages, cfg.kv_page_size, self.kv_heads[i], self.head_dims[i])
@@ -281,10 +282,11 @@ class Gemma4Config(FamilyConfig):
                for i, (shape, profiles, decl) in enumerate(pools)]
         table: tuple[ProfileShapes, ...] = (((1, 2, m), (b, 2, m), (b, 2, m)),) * 2
         out.append(TensorSpec(names.kKVPageTable, "input", DType.INT32, ("batch", 2, m), table, declared=(-1, 2, -1)))
-        out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m), table,
-                              declared=(-1, 2, -1)))
-        out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
-                              declared=(-1,)))
+        if cfg.role == "llm":  # a spec pair's engines have no bounded SWA storage (Edge-LLM turns it off there)
+            out.append(TensorSpec(names.kSwaKVPageTable, "input", DType.INT32, ("batch", 2, m), table,
+                                  declared=(-1, 2, -1)))
+            out.append(TensorSpec(names.kSwaKVCacheMode, "input", DType.INT8, (1,), (((0,), (1,), (1,)),) * 2,
+                                  declared=(-1,)))
         out += [TensorSpec(names.present_key_values(i), "output", cfg.kv_dtype, shape, declared=decl)
                 for i, (shape, _profiles, decl) in enumerate(pools)]
         return out
@@ -381,10 +383,11 @@ class Gemma4Config(FamilyConfig):
         capacity = r.int_("builder_config.max_kv_cache_capacity", meaning="KV cache tokens per sequence")
         g = read_gemma4(r.data, r.where, capacity=capacity)
         r.used.update(k for k in GEMMA4_KEYS if r.has(k))
-        if role != "llm":
-            raise r.error("engine_role", f"is {role!r} on a Gemma 4 model: its speculative decoding (per-layer KV "
-                                         "pools in a verify tree) is not bound by trtio; refused rather than bound "
-                                         "wrong")
+        if role != "llm" and r.raw("spec_decode_type") != GEMMA4_MTP:
+            raise r.error("engine_role", f"is {role!r} on a Gemma 4 model of spec_decode_type "
+                                         f"{r.raw('spec_decode_type')!r}: a Gemma 4 pair trtio binds is a "
+                                         f"{GEMMA4_MTP!r} one (a target and its KV-less assistant); refused rather "
+                                         "than bound wrong")
         rotary_dim, theta, scaling = _top_rope(r, g)
         return {"gemma4": g, "rotary_dim": rotary_dim, "rope_theta": theta, "rope_scaling": scaling,
                 "kv_layer_configs": [{"num_kv_heads": h, "head_dim": d} for h, d in zip(g.kv_heads, g.head_dims)]}

@@ -215,5 +215,5 @@ class DFlashFeature(Feature):
                      inputs_embeds: Any, accept_lengths: Any, stream: StreamLike = None) -> Tensor:
         return self.block.accept(r, b, acc, lens, rows, inputs_embeds, accept_lengths, stream)
 
-    def draft_propose(self) -> None:
+    def draft_propose(self, r: DraftRound, b: int, inputs_embeds: Any, parents: Any, stream: StreamLike = None) -> None:
         self.block.refuse_propose()

@@ -11,7 +11,7 @@ Edge-LLM key                             keyword                        note
 ``dflash_tree_base``                     ``dflash_tree_base``           default false; the same for a DFlash
                                                                         base (Edge-LLM 0.11's builder sets it
                                                                         on every one)
-``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash
+``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash, gemma4_mtp
 ======================================== ============================== ====================================
 
 Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/edgellm-assumptions.md`` §11):
@@ -28,7 +28,10 @@ Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/ed
   (:mod:`trtio.families.spec.dflash_bindings`) and runs the pair through the same phases, the block as the draft's
   input (:mod:`trtio.families.spec.dflash`).
 
-Other families (jetspec, dspark, gemma4_mtp) are refused when the config is read.
+* ``gemma4_mtp`` — a Gemma 4 target and its KV-less assistant: the base's ``hidden_states`` is its last layer's
+  stream, as MTP's; the assistant's own keys, bindings and steps are its family's (:mod:`trtio.families.gemma4_mtp`).
+
+Other families (jetspec, dspark) are refused when the config is read.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ __all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable",
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
 SPEC_FAMILIES = SPEC_DECODE_TYPES
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash")
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash", "gemma4_mtp")
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -91,7 +94,7 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
     """How many base layers' hidden states (each ``hidden_size`` wide) the draft of ``family`` reads: EAGLE3's
     listed layers (3 when none are listed), MTP's one, DFlash's target layers (set as the base's
     ``eagle_hidden_state_layers`` when its pair is read)."""
-    if family == "mtp":
+    if family in ("mtp", "gemma4_mtp"):
         return 1
     return len(eagle_layers) or 3
 

@@ -262,8 +262,11 @@ def _checked(node: str, inputs: tuple[np.ndarray, ...], given: dict[str, Any]) -
         raise PluginInputError(f"{plugin}: phase {int(ragged.phase)} is tree decoding, but the layer has no tree "
                                "inputs")
     window = int(attrs["sliding_window_size"])
-    if window > 0 and mode is Mode.TREE_DECODING:
-        raise PluginInputError(f"{plugin}: tree decoding with sliding_window_size {window} is a mode this numpy "
+    if window > 0 and mode is Mode.TREE_DECODING and (np.asarray(seq_lengths) > window).any():
+        # enqueueImpl's tree branch hands XQA's spec-dec kernel slidingWinSize W (and contiguousQuerySwa): which keys
+        # its window hides once a sequence outgrows it is not read here; while the whole sequence fits, none.
+        raise PluginInputError(f"{plugin}: tree decoding with sliding_window_size {window} over a sequence of "
+                               f"{int(np.asarray(seq_lengths).max())} tokens (past the window) is a mode this numpy "
                                "model does not compute")
     scale = attrs["attention_scale"]
     eps, post = float(attrs["rms_norm_eps"]), bool(attrs["qk_norm_post_rope"])
