@@ -375,8 +375,9 @@ def _broken(kind: str, root: Path) -> tuple[Path, list[str], list[str]]:
     if kind == "unsupported spec family":  # a block draft family trtio does not run
         d = _copy(EDGELLM / "qwen3-dflash-tiny", root, "base_config.json", "draft_config.json")
         for name in ("base_config.json", "draft_config.json"):
-            _edit(d / name, spec_decode_type="jetspec")
-        return d, [], ["spec_decode_type", "jetspec"]
+            _edit(d / name, spec_decode_type="dspark",
+                  dspark_config={"target_layer_ids": [1, 3], "block_size": 8, "mask_token_id": 511})
+        return d, [], ["spec_decode_type", "dspark", "Markov head"]
     if kind == "gemma":  # K == V layers (Gemma 4 31B): their pools' layout is not known
         d = _copy(EDGELLM / "gemma4-ple-tiny", root, "config.json")
         _edit(d / "config.json", attention_k_eq_v=True)

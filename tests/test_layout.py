@@ -292,6 +292,7 @@ PLUGIN_PLACES = {
     "families.mrope.slot_positions": "steps", "families.mrope.mrope_feature": "setups",
     "families.lora.adapters": "binding", "families.lora.lora_feature": "setups",
     "families.spec.dflash_bindings": "binding", "families.spec.dflash": "setups",
+    "families.spec.block_family": "binding", "families.spec.jetspec": "binding", "families.spec.dspark": "binding",
     "families.gemma4": "binding", "families.gemma4.gemma4_config": "steps", "families.gemma4.swa": "steps",
     "families.gemma4.ple": "setups", "families.gemma4.gemma4_feature": "setups",
     "families.gemma4_mtp": "binding", "families.gemma4_mtp.gemma4_mtp_config": "steps",
@@ -390,7 +391,7 @@ def test_the_size_checker_sees_a_long_function(tmp_path: Path) -> None:
 # family or a component, and none imports a family or component module (they reach them through trtio.features).
 
 FAMILY_WORDS = ("gemma4", "swa", "ple", "hybrid", "recurrent", "mamba", "mrope", "deepstack", "visual", "mtp",
-                "dflash", "lora", "audio")
+                "dflash", "jetspec", "dspark", "lora", "audio")
 GENERIC_TOPS = ("setups", "contracts", "state", "pipeline_io", "config", "edgellm", "edgellm_config", "engine",
                 "staging", "features")
 PLUGIN_TOPS = ("families", "components")

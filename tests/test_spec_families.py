@@ -22,9 +22,12 @@ from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
-MTP, DFLASH = FIXTURES / "qwen35-mtp", FIXTURES / "qwen3-dflash"
+MTP, DFLASH, JETSPEC = FIXTURES / "qwen35-mtp", FIXTURES / "qwen3-dflash", FIXTURES / "qwen3-jetspec"
+DSPARK = FIXTURES / "qwen3-dspark"
 GRAPHS = {MTP: ("qwen35-mtp/llm/model.onnx", "mtp_draft/model.onnx"),
-          DFLASH: ("base/llm/model.onnx", "dflash_draft/model.onnx")}
+          DFLASH: ("base/llm/model.onnx", "dflash_draft/model.onnx"),
+          JETSPEC: ("base/llm/model.onnx", "jetspec_draft/model.onnx"),
+          DSPARK: ("base/llm/model.onnx", "dspark_draft/model.onnx")}
 # Inputs trtio declares optional (a graph may lack them): what the exported graphs may leave out.
 OPTIONAL = {names.kSkipSoftmaxScale, names.kTreeParentIds, names.kTreeDepths, names.kValidTreeCounts}
 
@@ -45,7 +48,7 @@ def declared(cfg: LLMEngineConfig) -> dict[str, Any]:
     return {s.name: s for s in specs}
 
 
-@pytest.mark.parametrize("fixture", [MTP, DFLASH], ids=["mtp", "dflash"])
+@pytest.mark.parametrize("fixture", [MTP, DFLASH, JETSPEC, DSPARK], ids=["mtp", "dflash", "jetspec", "dspark"])
 def test_the_registries_name_every_binding_of_both_exported_graphs(tmp_path: Path, fixture: Path) -> None:
     """Base and draft: every input and output of the exported graph with its direction, dtype and shape (dynamic
     dims -1), and nothing else but optional inputs."""
@@ -87,9 +90,11 @@ def test_a_dflash_base_concatenates_the_drafts_target_layers(tmp_path: Path) -> 
     (MTP, {"draft": {"base_model_hidden_size": 384}}, "base_model_hidden_size"),
     (DFLASH, {"draft": {"dflash_config": {"target_layer_ids": [1, 3, 9]}}}, "dflash_config.target_layer_ids"),
     (DFLASH, {"draft": {"dflash_config": {"block_size": 8}}}, "dflash_config.target_layer_ids"),
-    (MTP, {"base": {"spec_decode_type": "jetspec"}, "draft": {"spec_decode_type": "jetspec"}}, "spec_decode_type"),
+    (MTP, {"base": {"spec_decode_type": "medusa"}, "draft": {"spec_decode_type": "medusa"}},
+     "spec_decode_type"),
     (MTP, {"draft": {"spec_decode_type": "eagle3"}}, "spec_decode_type"),
-], ids=["mtp-width", "dflash-layer", "dflash-no-layers", "jetspec", "mixed"])
+    (DSPARK, {"draft": {"dspark_config": {"block_size": 4}}}, "dspark_config.target_layer_ids"),
+], ids=["mtp-width", "dflash-layer", "dflash-no-layers", "unread-type", "mixed", "dspark-no-layers"])
 def test_a_pair_that_does_not_fit_is_refused_naming_the_key(tmp_path: Path, fixture: Path,
                                                            changes: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -156,3 +161,83 @@ def test_mtp_tree_base_is_read_onto_the_base_config(tmp_path: Path, value: bool)
 def test_an_mtp_tree_base_that_is_not_a_bool_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mtp_tree_base.*expected true or false"):
         EngineDir.open(pair_dir(tmp_path, MTP, base={"mtp_tree_base": "yes"})).base_config
+
+
+# -- JetSpec (a causal DFlash) and DSpark -------------------------------------------------------------------------
+
+
+def test_a_jetspec_pair_is_read_as_a_causal_block_draft_on_a_dflash_base(tmp_path: Path) -> None:
+    """qwen3-jetspec as Edge-LLM's tools wrote it: the base concatenates ``jetspec_config.target_layer_ids``, the
+    draft is a block draft of ``jetspec_config.block_size`` rows whose block is causal."""
+    from trtio.families.spec.dflash_bindings import block_size, mask_token  # noqa: PLC0415
+    from trtio.families.spec.spec_config import SpecConfig  # noqa: PLC0415
+
+    directory = EngineDir.open(pair_dir(tmp_path, JETSPEC))
+    base, draft = directory.base_config, directory.draft_config
+    assert base.eagle_hidden_state_layers == (1, 3, 4) and declared(base)["hidden_states"].engine_shape == (-1, 288)
+    spec = draft.feature(SpecConfig)
+    assert spec is not None and spec.is_block_draft and not spec.is_dflash_draft
+    assert spec.block_family is not None and spec.block_family.causal
+    assert (block_size(draft.extras, 8), mask_token(draft.extras)) == (8, 999)
+    assert base.jetspec_tree_base is False and "jetspec_tree_base" not in base.extras
+
+
+def test_a_jetspec_draft_reads_the_checkpoints_dflash_config_where_it_has_no_jetspec_config(tmp_path: Path) -> None:
+    """Edge-LLM's exporter and runtime read a JetSpec checkpoint's ``dflash_config`` (the public checkpoint's)."""
+    raw = json.loads((JETSPEC / "draft_config.json").read_text())
+    section = dict(raw["jetspec_config"], target_layer_ids=[0, 2, 5])
+    directory = EngineDir.open(pair_dir(tmp_path, JETSPEC, draft={"jetspec_config": None,
+                                                                  "dflash_config": section}))
+    assert directory.base_config.eagle_hidden_state_layers == (0, 2, 5)
+
+
+@pytest.mark.parametrize("role", ["base", "draft"])
+@pytest.mark.parametrize("value", [False, None])
+def test_a_jetspec_pair_without_causal_head_in_both_configs_is_refused_naming_the_key(tmp_path: Path, role: str,
+                                                                                     value: bool | None) -> None:
+    """``makeCachedBlockDraftRuntimeConfig``: "JetSpec requires causal proposal attention in both base and draft
+    configs"; a bidirectional block is DFlash's, not what the draft was trained for."""
+    raw = json.loads((JETSPEC / f"{role}_config.json").read_text())
+    section = dict(raw["jetspec_config"], causal_head=value)
+    with pytest.raises(ConfigError) as info:
+        EngineDir.open(pair_dir(tmp_path, JETSPEC, **{role: {"jetspec_config": section}}))
+    assert info.value.field == f"{role}_config.json: jetspec_config.causal_head"
+
+
+def test_a_dspark_pair_is_read_and_refused_at_setup_naming_the_heads_trtio_does_not_apply(tmp_path: Path) -> None:
+    """DSpark's runtime biases each draft step with the Markov head and sizes the verify with the confidence head
+    (sidecar files); trtio has no step for them: the pair (whose graphs' bindings are declared, above) is refused at
+    create_for_spec_decode, before anything is allocated, rather than drafted from unbiased logits."""
+    directory = EngineDir.open(pair_dir(tmp_path, DSPARK))
+    assert directory.base_config.eagle_hidden_state_layers == (1, 3, 4)
+    assert declared(directory.draft_config)["dspark_hidden_states"].engine_shape == (-1, 64)
+    with pytest.raises(ConfigError) as info:
+        _create(directory)
+    assert info.value.field == "spec_decode_type"
+    assert "'dspark' pairs" in str(info.value) and "Markov head" in str(info.value)
+    assert "dspark_heads.safetensors" in str(info.value)
+
+
+def test_the_jetspec_pair_on_doubles_of_its_exported_io_binds_and_steps(tmp_path: Path) -> None:
+    """A strict double of each exported graph (its declared I/O equals the graph's: the registry test above) binds
+    through create_for_spec_decode and runs a JetSpec round: base prefill, the draft's block over the prompt's delta,
+    a verify of the root and the block's guesses, accept, the draft's block over the accepted path."""
+    import numpy as np  # noqa: PLC0415
+
+    directory = EngineDir.open(pair_dir(tmp_path, JETSPEC))
+    bundle = directory.deployment(1, 7, 8)
+    assert bundle.draft is not None
+    engines = [ReferenceEngine.from_config(c, device="host", null_compute=True) for c in (bundle.base, bundle.draft)]
+    for engine, graph_name in zip(engines, GRAPHS[JETSPEC]):
+        graph = parse_onnx_io(JETSPEC / "onnx-io.txt", graph_name)
+        io = {d.name: ("input" if d.is_input else "output", d.dtype, d.shape) for d in engine._decls}
+        assert io == graph, graph_name
+    h = bundle.base.hidden_size
+    x = np.zeros((2, 5, h), np.float16)
+    block = np.zeros((2, 8, h), np.float16)
+    with trtio.create_for_spec_decode(*engines, bundle) as setup:
+        setup.base_prefill(x, [5, 3])
+        assert setup.draft_prefill(block, [5, 3]).shape == (2 * 8, 1000)
+        setup.verify(np.zeros((2, 8, h), np.float16), list(range(-1, 7)))
+        setup.accept([[0, 1, 2], [0]])
+        assert setup.draft_accept(block, [3, 1]).shape == (2 * 8, 1000)

@@ -52,6 +52,7 @@ Edge-LLM key                             trtio field                    note
                                                                         verifies trees (its recurrent layers
                                                                         read ``tree_parent_ids``)
 ``dflash_tree_base``                     ``dflash_tree_base``           the same for a DFlash base
+``jetspec_tree_base``                    ``jetspec_tree_base``          the same for a JetSpec base
 (fixed by Edge-LLM)                      ``kv_page_size = 128``,
                                          ``activation_dtype = float16``
 ======================================== ============================== ====================================
@@ -83,7 +84,7 @@ from trtio.errors import ConfigError
 from trtio.features import family_configs, keyword_owner
 from trtio.rope import RopeScaling
 
-__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "SPEC_DECODE_TYPES", "TENSOR_PARALLEL_KEYS",
+__all__ = ["KV_PAGE_SIZE", "RAGGED_BACKEND", "ROLES", "TENSOR_PARALLEL_KEYS",
            "UNSUPPORTED_MARKERS", "EdgeReader", "MappedConfig", "got", "map_edgellm_config", "unsupported_features"]
 
 log = logging.getLogger("trtio")
@@ -94,8 +95,6 @@ KV_PAGE_SIZE = 128
 #: The only ``builder_config.ragged_backend`` Edge-LLM 0.11's runtime accepts.
 RAGGED_BACKEND = "entry_padded_compatibility"
 ROLES = ("llm", "base", "draft")  # engine_role values trtio binds
-#: The speculative families trtio reads (``trtio.families.spec.spec_config`` says which it runs).
-SPEC_DECODE_TYPES = ("eagle3", "mtp", "dflash", "gemma4_mtp")
 _KV_DTYPES = ("fp16", "bf16", "fp32", "fp8", "int8")
 _EDGELLM_VERSION = "0.11"
 
@@ -258,16 +257,12 @@ def unsupported_features(data: Mapping[str, Any], *, where: str = "config") -> l
 
 
 def _unsupported_modes(r: EdgeReader) -> _Found:
-    """Roles and modes trtio has no step protocol for: diffusion, other speculative families."""
+    """Roles and modes trtio has no step protocol for: diffusion (a speculative family trtio does not read is its
+    family config's to refuse: ``FamilyConfig.unsupported``)."""
     found: _Found = []
     if r.raw("engine_role") == "dllm" or r.raw("decoding_strategy") == "block_diffusion":
         key = "engine_role" if r.raw("engine_role") == "dllm" else "decoding_strategy"
         found.append((key, "diffusion LLM (dllm) engines", "trtio has no block-diffusion step protocol"))
-    spec_type = r.raw("spec_decode_type")
-    if r.raw("engine_role") in ("base", "draft") and isinstance(spec_type, str) and spec_type != "none" \
-            and spec_type not in SPEC_DECODE_TYPES:
-        found.append(("spec_decode_type", f"speculative decoding of type {spec_type!r}",
-                      f"trtio reads {list(SPEC_DECODE_TYPES)} pairs only"))
     return found
 
 
@@ -462,7 +457,11 @@ def _check_spec_mode(r: EdgeReader, role: str) -> None:
             raise r.error("spec_decode_type", f"is {spec_type!r} but engine_role is 'llm'; a non-speculative engine "
                                               "has spec_decode_type 'none'")
     else:
-        r.str_("spec_decode_type", SPEC_DECODE_TYPES, meaning=f"the speculative family of a {role} engine")
+        # the families' configs refuse a name none of them reads (FamilyConfig.unsupported)
+        spec_type = r.take("spec_decode_type", f"the speculative family of a {role} engine", required=True)
+        if not isinstance(spec_type, str) or spec_type == "none":
+            raise r.error("spec_decode_type", f"expected the speculative family of a {role} engine (its name: "
+                                              f"eagle3, ...), got {got(spec_type)}")
         r.used.discard("spec_decode_type")  # no trtio field holds it: it stays in extras
     for key, want in (("builder_config.spec_base", role == "base"), ("builder_config.spec_draft", role == "draft")):
         value = r.bool_(key)

@@ -65,9 +65,9 @@ def _base(folder: Path, seed: int) -> None:
     save_checkpoint(seeded_model(Qwen3ForCausalLM, config, seed), folder)
 
 
-def _draft(folder: Path, seed: int, targets: list[int]) -> None:
+def _draft(folder: Path, seed: int, targets: list[int], **block: Any) -> None:
     """The draft checkpoint (module docstring), seeded, float16 values: linear weights ``0.2 N(0, 1)``, norm
-    weights ``1 + 0.3 N(0, 1)``."""
+    weights ``1 + 0.3 N(0, 1)``; ``block``: more keys of its ``dflash_config`` (a JetSpec draft's ``causal_head``)."""
     import torch
     from safetensors.torch import save_file
 
@@ -98,7 +98,7 @@ def _draft(folder: Path, seed: int, targets: list[int]) -> None:
               "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": VOCAB, "rms_norm_eps": 1e-6,
               "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu", "attention_bias": False,
               "tie_word_embeddings": False, "torch_dtype": "float16", "block_size": BLOCK,
-              "dflash_config": {"target_layer_ids": targets, "block_size": BLOCK, "mask_token_id": MASK}}
+              "dflash_config": {"target_layer_ids": targets, "block_size": BLOCK, "mask_token_id": MASK, **block}}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
 
@@ -168,9 +168,10 @@ class DFlashReference:
     def _proj(self, name: str, x: Any, heads: int) -> Any:
         return (x @ self.w[f"layers.0.self_attn.{name}.weight"].T).view(x.shape[0], heads, HEAD_DIM)
 
-    def block(self, target: Any, block_tokens: Any, c: int) -> Any:
+    def block(self, target: Any, block_tokens: Any, c: int, causal: bool = False) -> Any:
         """Logits [B, V] of a block after ``c`` committed positions: ``target`` [c, 3H] the target features of
-        positions 0 .. c - 1, ``block_tokens`` [B] at positions c .. c + B - 1."""
+        positions 0 .. c - 1, ``block_tokens`` [B] at positions c .. c + B - 1; ``causal``: block row ``i`` sees
+        block rows ``0 .. i`` only (a JetSpec draft, trained with ``causal_head``), not the whole block."""
         import torch
         from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb, repeat_kv
 
@@ -186,7 +187,11 @@ class DFlashReference:
         q, _ = apply_rotary_pos_emb(q.transpose(0, 1)[None], q.transpose(0, 1)[None], cos[:, c:], sin[:, c:])
         k, _ = apply_rotary_pos_emb(k.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
         k, v = repeat_kv(k, HEADS // KV_HEADS), repeat_kv(v.transpose(0, 1)[None], HEADS // KV_HEADS)
-        attn = torch.softmax((q @ k.transpose(-1, -2)) * HEAD_DIM ** -0.5, dim=-1) @ v  # every row sees every key
+        scores = (q @ k.transpose(-1, -2)) * HEAD_DIM ** -0.5  # every row sees every key (DFlash)
+        if causal:  # but the block rows after its own (JetSpec)
+            later = torch.arange(c + b)[None, :] > (c + torch.arange(b))[:, None]
+            scores = scores.masked_fill(later, float("-inf"))
+        attn = torch.softmax(scores, dim=-1) @ v
         h = x + attn[0].transpose(0, 1).reshape(b, HEADS * HEAD_DIM) @ self.w["layers.0.self_attn.o_proj.weight"].T
         h = h + self.mlp(self.post_norm(h))
         return self.norm(h) @ self.lm_head.T
@@ -240,8 +245,8 @@ def reference(case: Case, ckpt: Path, out: Path) -> tuple[dict[str, np.ndarray],
         arrays[f"logits_{i}"] = logits[rows].astype(np.float32)
         with torch.no_grad():
             feats = _features(model, tokens, targets)
-            blocks = [draft.block(feats[:c], torch.tensor([int(tokens[c])] + [MASK] * DEPTH), c).numpy()
-                      for c in range(length, n)]
+            blocks = [draft.block(feats[:c], torch.tensor([int(tokens[c])] + [MASK] * DEPTH), c,
+                                  causal=case.extra.get("causal", False)).numpy() for c in range(length, n)]
         arrays[f"draft_blocks_{i}"] = np.array(blocks, np.float32)
         c = length
         keys, key_logits, chains, commits = [], [], [], []

@@ -431,6 +431,8 @@ def _tree_base_keys(config: dict[str, Any], inputs: set[str]) -> None:
     kind = config.get("spec_decode_type")
     if kind == "dflash":
         config.setdefault("dflash_tree_base", True)
+    elif kind == "jetspec":  # the exporter writes it (false unless --jetspec-tree-base)
+        config.setdefault("jetspec_tree_base", False)
     elif kind == "mtp":
         config.setdefault("mtp_tree_base", "tree_parent_ids" in inputs)
 

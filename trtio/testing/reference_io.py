@@ -20,6 +20,7 @@ from trtio.contracts import ragged as ragged_contract
 from trtio.dtypes import DType
 from trtio.errors import InvalidValueError
 from trtio.families.hybrid.hybrid_config import recurrent_state_specs
+from trtio.families.spec.block_family import block_family_of
 from trtio.state import paged_state_specs
 from trtio.testing.toy_model import config_role, output_vocab_size
 
@@ -130,14 +131,15 @@ class _Geometry:
                 pool_pages=int(cfg.kv_pool_pages),
                 seq_pages=int(cfg.pages_per_sequence),
                 eagle=tuple(int(i) for i in cfg.eagle_hidden_state_layers) if role == "base" else (),
-                dflash=role == "draft" and dict(getattr(cfg, "extras", {}) or {}).get("spec_decode_type") == "dflash",
+                dflash=role == "draft" and block_family_of(dict(getattr(cfg, "extras", {}) or {})) is not None,
             )
             if getattr(cfg, "is_hybrid", False):
                 ragged.update(types=tuple(cfg.layer_types), conv=tuple(cfg.conv_state_shape),
                               state=tuple(cfg.recurrent_state_shape), conv_dtype=DType.coerce(cfg.conv_state_dtype),
                               state_dtype=DType.coerce(cfg.recurrent_state_dtype),
                               tree_base=bool(getattr(cfg, "mtp_tree_base", False)
-                                             or getattr(cfg, "dflash_tree_base", False)))
+                                             or getattr(cfg, "dflash_tree_base", False)
+                                             or getattr(cfg, "jetspec_tree_base", False)))
         return cls(
             role=role,
             h=int(cfg.hidden_size),

@@ -57,8 +57,9 @@ from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.lora.adapters import LoraAdapter
+from trtio.families.spec.block_family import block_family_of
 from trtio.families.spec.dflash_bindings import block_size, mask_token
-from trtio.families.spec.spec_config import SpecConfig, family_of
+from trtio.families.spec.spec_config import SpecConfig
 from trtio.setups import (
     LLMSetup,
     SpecDecodeSetup,
@@ -322,10 +323,10 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
     if not opts.speculative:
         return 1, 1
     k = 1 if opts.draft_top_k is None else opts.draft_top_k
-    if family_of(draft.extras, "draft") == "dflash":  # one block a round: the root and block - 1 guesses
+    if block_family_of(draft.extras) is not None:  # one block a round: the root and block - 1 guesses
         if k > 1:
-            raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a DFlash draft guesses one block (one chain) "
-                                                            "a round; use 1")
+            raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a block draft (DFlash, JetSpec) guesses one "
+                                                            "block (one chain) a round; use 1")
         block = block_size(draft.extras, min(draft.max_draft_tree_size, base.max_verify_tree_size))
         depth = block - 1 if opts.draft_step is None else opts.draft_step
         if not 1 <= depth <= block - 1:
@@ -744,6 +745,6 @@ class _TextStream:
 
 
 def _is_dflash(bundle: DeploymentConfig) -> bool:
-    """Whether ``bundle`` pairs a DFlash block draft (:mod:`trtio.families.spec.dflash`)."""
+    """Whether ``bundle`` pairs a block draft: DFlash, JetSpec (:mod:`trtio.families.spec.dflash`)."""
     draft = bundle.draft.feature(SpecConfig) if bundle.draft is not None else None
-    return draft is not None and draft.is_dflash_draft
+    return draft is not None and draft.is_block_draft

@@ -174,7 +174,7 @@ class HybridConfig(FamilyConfig):
             raise ConfigError("recurrent_spec_verify_mode", f"{what}: 'replay' (Mamba2: the accepted token's state "
                                                             "is recomputed from a dA/u/B/dt stash) is not supported; "
                                                             "the pair is refused rather than committed wrong")
-        key = next((k for k in ("mtp_tree_base", "dflash_tree_base") if getattr(base, k)), None)
+        key = next((k for k in ("mtp_tree_base", "dflash_tree_base", "jetspec_tree_base") if getattr(base, k)), None)
         if key is not None and self.recurrent_kind != "gated_deltanet":
             raise ConfigError(key, f"{what}: a {self.recurrent_kind} base built as a DDTree base (its recurrent "
                                    "plugins verify trees statelessly and leave a replay stash, Mamba2's dA/u/B/dt) is "

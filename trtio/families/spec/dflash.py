@@ -1,4 +1,5 @@
-"""A DFlash pair's draft steps: the block draft (``docs/edgellm-assumptions.md`` §11.5).
+"""A block draft pair's draft steps (DFlash, JetSpec): the block draft (``docs/edgellm-assumptions.md`` §11.5,
+§11.9).
 
 A DFlash draft runs once a round, over a *block*: the round's root (the last committed token, which the base has
 not run yet) and mask tokens after it, each block row returning logits for its position (row ``j >= 1`` guesses
@@ -14,6 +15,10 @@ at their positions. trtio runs it through the existing phases, with the block as
 
 Both return the block's logits ``[batch * block, draft vocab]`` (sequence-major). The draft's committed length
 grows by the delta; the block's own K/V entries past it are scratch, overwritten by the next delta.
+
+The block's mask is the family's (:class:`~trtio.families.spec.block_family.BlockFamily` ``causal``): DFlash's
+bidirectional (every row sees the whole block), JetSpec's causal (row ``j`` sees rows ``0 .. j``), as Edge-LLM's
+``dflashPrepareProposalInputsKernel`` writes it; the positions are the same (committed length + ``j``).
 """
 
 from __future__ import annotations
@@ -41,10 +46,12 @@ __all__ = ["BlockDraft", "DFlashFeature"]
 
 
 class BlockDraft:
-    """The block steps of a DFlash pair's draft (see module docstring): ``limit`` is the widest block."""
+    """The block steps of a block draft pair's draft (see module docstring): ``limit`` is the widest block;
+    ``causal``: each block row sees the rows before it only (JetSpec), not the whole block (DFlash)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, causal: bool = False) -> None:
         self.limit = limit
+        self.causal = causal
         self._layouts: BoundedCache[tuple[int, int], TreeLayout] = BoundedCache()
         self._dims: BoundedCache[tuple[int, int, int], InferenceDims] = BoundedCache()
         # per delta width and lengths: which rows hold a token, their offsets, their sequences (a constant)
@@ -64,12 +71,13 @@ class BlockDraft:
 
     def _layout(self, b: int, w: int) -> TreeLayout:
         """A block of ``w`` rows per sequence: every row sees every row of its block (DFlash's bidirectional
-        proposal mask), positions root position + j."""
+        proposal mask) or the rows up to its own (a causal one: JetSpec's), positions root position + j."""
         found = self._layouts.get((b, w))
         if found is None:
-            every = np.ones((b, w, w), bool)
+            seen = np.tril(np.ones((w, w), bool)) if self.causal else np.ones((w, w), bool)
             found = self._layouts.put((b, w), TreeLayout.of(
-                pack_rows(every, w), np.broadcast_to(np.arange(w), (b, w)), np.ones((b, w), bool),
+                pack_rows(np.broadcast_to(seen, (b, w, w)), w), np.broadcast_to(np.arange(w), (b, w)),
+                np.ones((b, w), bool),
                 phase=PHASE_DRAFT if w > 1 else PHASE_DECODE, logits_rows=np.arange(b)))
         return found
 
@@ -193,8 +201,8 @@ class BlockDraft:
 
 
 class DFlashFeature(Feature):
-    """A DFlash pair's draft steps (see module docstring): the spec-decode setup's ``draft_prefill`` and
-    ``draft_accept`` run the block draft's, and ``draft_propose`` is refused."""
+    """A block draft pair's draft steps (DFlash, JetSpec; see module docstring): the spec-decode setup's
+    ``draft_prefill`` and ``draft_accept`` run the block draft's, and ``draft_propose`` is refused."""
 
     METHODS = ("draft_prefill", "draft_accept", "draft_propose")
 
@@ -203,9 +211,10 @@ class DFlashFeature(Feature):
 
     @classmethod
     def make(cls, config: Any, cfg: Any, role: str, ctx: Any, eio: Any) -> DFlashFeature | None:
-        if not config.is_dflash_draft:
+        family = config.block_family
+        if family is None or not config.is_block_draft or family.refused is not None:
             return None
-        return cls(BlockDraft(check_block_draft(cfg)))
+        return cls(BlockDraft(check_block_draft(cfg), causal=family.causal))
 
     def draft_prefill(self, r: DraftRound, pending: Prompt, inputs_embeds: Any, context_lengths: Any, slots: Any,
                       prefix: Any, stream: StreamLike = None) -> Tensor:

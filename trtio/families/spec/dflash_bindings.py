@@ -27,10 +27,14 @@ from trtio import names
 from trtio.config import LLMEngineConfig
 from trtio.dtypes import DType
 from trtio.errors import ConfigError
+from trtio.families.spec.block_family import BlockFamily, block_family_of, declare
 from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 
-__all__ = ["DFLASH_DELTA_INPUTS", "DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "block_size",
+__all__ = ["DFLASH", "DFLASH_DELTA_INPUTS", "DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "block_size",
            "check_block_draft", "dflash_draft_registry", "mask_token"]
+
+#: DFlash's block draft: ``dflash_config``, ``dflash_tree_base``, a bidirectional block.
+DFLASH = declare(BlockFamily("dflash", "dflash_config", "dflash_tree_base", causal=False))
 
 #: The delta inputs of a DFlash draft beside ``dflash_target_hidden_concat``, in the exporter's order.
 DFLASH_DELTA_INPUTS = ("dflash_delta_rope_cos_sin", "dflash_delta_positions", "dflash_delta_token_to_sequence")
@@ -43,8 +47,9 @@ _NOT_DFLASH = {names.kLogitsIndices, names.kBaseModelHiddenStates, names.kDraftM
                names.kTreeParentIds, names.kTreeDepths, names.kValidTreeCounts}
 
 
-def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> TensorRegistry:
-    """A DFlash draft's bindings, from ``draft`` (the ragged registry of an EAGLE-style draft of ``cfg``)."""
+def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry, outputs: tuple[str, ...] = ()) -> TensorRegistry:
+    """A block draft's bindings, from ``draft`` (the ragged registry of an EAGLE-style draft of ``cfg``);
+    ``outputs``: the family's ``[T, hidden_size]`` float16 outputs beside ``logits`` (DSpark's)."""
     b, L = cfg.max_supported_batch_size, cfg.max_supported_input_length
     q = cfg.max_step_tokens
     delta = ("batch", "select_len")  # newly committed tokens, entry-padded to the step's longest delta
@@ -61,6 +66,10 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
             spec = TensorSpec(spec.name, "input", DType.INT32, (0,), (((0,), (0,), (0,)),) * 2)
         elif spec.name == names.kLogits:
             spec = TensorSpec(spec.name, "output", spec.dtype, (("batch", "seq_len"), cfg.output_vocab_size))
+            reg.add(spec)
+            for name in outputs:
+                reg.add(TensorSpec(name, "output", cfg.activation, (("batch", "seq_len"), cfg.hidden_size)))
+            continue
         elif spec.is_input and spec.shape[:1] == (("batch", "seq_len"),) and len(spec.profiles) == 2:
             # Every step of a block draft runs a block (its prefill too): the builder gives its token rows the
             # generation range in both profiles (``_setup_llm_profiles``: ``proposal_context_range``).
@@ -77,14 +86,19 @@ def dflash_draft_registry(cfg: LLMEngineConfig, draft: TensorRegistry) -> Tensor
     return reg
 
 
+def _family(draft_extras: Mapping[str, Any]) -> BlockFamily:
+    """The draft's block family (DFlash's where its config names none of the declared ones)."""
+    return block_family_of(draft_extras) or DFLASH
+
+
 def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
-    """The block a DFlash draft was trained for: ``dflash_config.block_size`` (or the top-level ``block_size``;
-    ``cap`` where neither is given), refused where it passes ``cap`` (the rows per sequence the engines take: the
-    draft's ``max_draft_tree_size``, and for a whole round the base's verify size): a shorter block than the one
-    the draft was trained for would change what it computes."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("block_size") if isinstance(block, Mapping) else None
-    key = "dflash_config.block_size" if isinstance(found, int) else "block_size"
+    """The block a block draft was trained for: ``<family config>.block_size`` (``dflash_config``,
+    ``jetspec_config``; or the top-level ``block_size``; ``cap`` where neither is given), refused where it passes
+    ``cap`` (the rows per sequence the engines take: the draft's ``max_draft_tree_size``, and for a whole round the
+    base's verify size): a shorter block than the one the draft was trained for would change what it computes."""
+    family = _family(draft_extras)
+    found = family.section(draft_extras).get("block_size")
+    key = f"{family.section_key(draft_extras)}.block_size" if isinstance(found, int) else "block_size"
     found = found if isinstance(found, int) else draft_extras.get("block_size")
     if not isinstance(found, int) or found <= 0:
         return cap
@@ -96,26 +110,27 @@ def block_size(draft_extras: Mapping[str, Any], cap: int) -> int:
 
 
 def mask_token(draft_extras: Mapping[str, Any]) -> int:
-    """The token a DFlash draft's block holds after its root: ``dflash_config.mask_token_id`` (a ConfigError
+    """The token a block draft's block holds after its root: ``<family config>.mask_token_id`` (a ConfigError
     naming it when missing)."""
-    block = draft_extras.get("dflash_config")
-    found = block.get("mask_token_id") if isinstance(block, Mapping) else None
+    family = _family(draft_extras)
+    found = family.section(draft_extras).get("mask_token_id")
     if not isinstance(found, int) or found < 0:
-        raise ConfigError("dflash_config.mask_token_id", f"a DFlash draft's block needs its mask token, got {found!r}")
+        raise ConfigError(f"{family.section_key(draft_extras)}.mask_token_id",
+                          f"a {family.kind} draft's block needs its mask token, got {found!r}")
     return found
 
 
 def check_block_draft(draft: LLMEngineConfig) -> int:
-    """A DFlash draft trtio runs (version 1, one RoPE table, a mask token, a block that fits its tree size): its
+    """A block draft trtio runs (version 1, one RoPE table, a mask token, a block that fits its tree size): its
     block's rows (ConfigError naming the key otherwise)."""
-    block = draft.extras.get("dflash_config")
-    version = block.get("version", 1) if isinstance(block, Mapping) else 1
+    family = _family(draft.extras)
+    version = family.section(draft.extras).get("version", 1)
     if version != 1:  # DFlash2: a candidate selector (dflash2_selector.safetensors) picks the block's tokens
-        raise ConfigError("dflash_config.version", f"is {version!r}: trtio runs DFlash (version 1) block drafts; "
-                                                   "DFlash2's candidate selector is not implemented, so the pair is "
-                                                   "refused rather than run wrong")
+        raise ConfigError(f"{family.section_key(draft.extras)}.version",
+                          f"is {version!r}: trtio runs DFlash (version 1) block drafts; DFlash2's candidate selector "
+                          "is not implemented, so the pair is refused rather than run wrong")
     if draft.rope_per_slot:
-        raise ConfigError("rope_type", "a DFlash draft with MRoPE (per-slot RoPE tables) is not supported: its delta's "
-                                       "RoPE rows are gathered from one table")
+        raise ConfigError("rope_type", f"a {family.kind} draft with MRoPE (per-slot RoPE tables) is not supported: "
+                                       "its delta's RoPE rows are gathered from one table")
     mask_token(draft.extras)  # a block needs its mask token
     return block_size(draft.extras, draft.max_draft_tree_size)

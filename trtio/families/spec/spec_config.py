@@ -11,7 +11,9 @@ Edge-LLM key                             keyword                        note
 ``dflash_tree_base``                     ``dflash_tree_base``           default false; the same for a DFlash
                                                                         base (Edge-LLM 0.11's builder sets it
                                                                         on every one)
-``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash, gemma4_mtp
+``jetspec_tree_base``                    ``jetspec_tree_base``          default false; the same for a JetSpec
+                                                                        base
+``spec_decode_type``                     (``kind``, kept in extras)     eagle3, mtp, dflash, jetspec, gemma4_mtp
 ======================================== ============================== ====================================
 
 Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/edgellm-assumptions.md`` §11):
@@ -27,11 +29,16 @@ Edge-LLM 0.11 writes ``spec_decode_type`` into both configs of a pair (``docs/ed
   inputs) and returns logits for every block position. trtio declares these bindings
   (:mod:`trtio.families.spec.dflash_bindings`) and runs the pair through the same phases, the block as the draft's
   input (:mod:`trtio.families.spec.dflash`).
+* ``jetspec`` — a causal DFlash (:mod:`trtio.families.spec.jetspec`): the same graphs and rounds, ``jetspec_config``
+  for ``dflash_config``, each block row seeing the rows before it only.
 
 * ``gemma4_mtp`` — a Gemma 4 target and its KV-less assistant: the base's ``hidden_states`` is its last layer's
   stream, as MTP's; the assistant's own keys, bindings and steps are its family's (:mod:`trtio.families.gemma4_mtp`).
 
-Other families (jetspec, dspark) are refused when the config is read.
+DFlash and JetSpec are *block draft* families, each one declaration (:mod:`trtio.families.spec.block_family`): this
+module reads the declaration, never the family's name. ``dspark`` (:mod:`trtio.families.spec.dspark`) is a declared
+block family whose pairs are read and their bindings declared, then refused at ``create_for_spec_decode`` naming what
+trtio lacks; other families are refused when the config is read.
 """
 
 from __future__ import annotations
@@ -46,9 +53,11 @@ from trtio import names
 from trtio._checks import is_int
 from trtio.config import LLMEngineConfig
 from trtio.dtypes import DType
-from trtio.edgellm_config import SPEC_DECODE_TYPES, EdgeReader, got
+from trtio.edgellm_config import EdgeReader, got
 from trtio.errors import ConfigError
+from trtio.families.spec.block_family import BlockFamily, block_family_of, declared
 from trtio.families.spec.dflash_bindings import (
+    DFLASH,
     DFLASH_DELTA_INPUTS,
     DFLASH_POSITIONS,
     DFLASH_ROPE,
@@ -56,18 +65,24 @@ from trtio.families.spec.dflash_bindings import (
     check_block_draft,
     dflash_draft_registry,
 )
+from trtio.families.spec.dspark import DSPARK
+from trtio.families.spec.jetspec import JETSPEC
 from trtio.features import FamilyConfig
 from trtio.memory import TensorRequest
 from trtio.registry import TensorRegistry
 from trtio.tensor_map import TensorMap
 
-__all__ = ["RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig", "check_runnable", "dflash_target_layers", "family_of",
-           "fed_layers"]
+__all__ = ["BLOCK_FAMILIES", "RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig",
+           "check_runnable", "dflash_target_layers", "family_of", "fed_layers"]
 
+#: The block draft families (each declared in its own module), by ``spec_decode_type``.
+BLOCK_FAMILIES: dict[str, BlockFamily] = {f.kind: f for f in (DFLASH, JETSPEC, DSPARK)}
+assert BLOCK_FAMILIES == declared(), "every declared block draft family is read here"
 #: The ``spec_decode_type`` values trtio reads (declares every binding of).
-SPEC_FAMILIES = SPEC_DECODE_TYPES
+SPEC_FAMILIES = ("eagle3", "mtp", "gemma4_mtp", *BLOCK_FAMILIES)
 #: The families trtio has a step protocol for.
-RUNNABLE_FAMILIES = ("eagle3", "mtp", "dflash", "gemma4_mtp")
+RUNNABLE_FAMILIES = ("eagle3", "mtp", "gemma4_mtp",
+                     *(kind for kind, f in BLOCK_FAMILIES.items() if f.refused is None))
 
 
 def family_of(extras: Mapping[str, Any], role: str) -> str | None:
@@ -80,14 +95,10 @@ def family_of(extras: Mapping[str, Any], role: str) -> str | None:
 
 
 def dflash_target_layers(extras: Mapping[str, Any], where: str = "dflash_config") -> tuple[int, ...]:
-    """A DFlash draft config's ``dflash_config.target_layer_ids``: the base layers whose hidden states, side by
-    side, the draft reads (``ConfigError`` naming the key when missing or not a list of ints)."""
-    block = extras.get("dflash_config")
-    ids = block.get("target_layer_ids") if isinstance(block, Mapping) else None
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
-        raise ConfigError(f"{where}.target_layer_ids", f"expected a non-empty list of base layer indices (the "
-                                                       f"layers a DFlash draft reads), got {ids!r}")
-    return tuple(int(i) for i in ids)
+    """A block draft config's ``<family config>.target_layer_ids`` (``dflash_config``, ``jetspec_config``): the base
+    layers whose hidden states, side by side, the draft reads (``ConfigError`` naming the key when missing or not a
+    list of ints)."""
+    return (block_family_of(extras) or DFLASH).target_layers(extras, where)
 
 
 def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
@@ -102,27 +113,33 @@ def fed_layers(family: str, eagle_layers: tuple[int, ...]) -> int:
 def check_runnable(family: str, what: str) -> None:
     """Refuse a pair of ``family`` trtio has no step protocol for, before anything is allocated."""
     if family not in RUNNABLE_FAMILIES:
+        block = BLOCK_FAMILIES.get(family)
+        why = (block.refused if block is not None and block.refused else
+               f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs")
         raise ConfigError("spec_decode_type", f"{what}: {family!r} pairs are read and their bindings declared, but "
-                                              f"trtio runs only {list(RUNNABLE_FAMILIES)} pairs; the pair is "
-                                              "refused rather than run wrong")
+                                              f"{why}; the pair is refused rather than run wrong")
 
 
 @dataclass(frozen=True)
 class SpecConfig(FamilyConfig):
     """A spec-decode base's or draft's family facts: ``kind`` (``spec_decode_type``: ``"eagle3"``, ``"mtp"``,
-    ``"dflash"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its draft, and
-    whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base``: its recurrent layers read
-    ``tree_parent_ids`` and run each node from its parent's states; :attr:`tree_base`) rather than for chains only."""
+    ``"dflash"``, ``"jetspec"``; None for a plain LLM), the base layers whose hidden states an EAGLE3 base feeds its
+    draft, and whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base``,
+    ``jetspec_tree_base``: its recurrent layers read ``tree_parent_ids`` and run each node from its parent's states;
+    :attr:`tree_base`) rather than for chains only."""
 
     eagle_hidden_state_layers: tuple[int, ...] = ()
     mtp_tree_base: bool = False
     kind: str | None = None
     role: str = "llm"
     dflash_tree_base: bool = False
+    jetspec_tree_base: bool = False
 
-    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False}
+    KEYWORDS = {"eagle_hidden_state_layers": (), "mtp_tree_base": False, "dflash_tree_base": False,
+                "jetspec_tree_base": False}
     SOURCE_KEYS = {"eagle_hidden_state_layers": "eagle_hidden_state_layers", "mtp_tree_base": "mtp_tree_base",
-                   "dflash_tree_base": "dflash_tree_base"}
+                   "dflash_tree_base": "dflash_tree_base", "jetspec_tree_base": "jetspec_tree_base"}
+    _TREE_BASE_KEYS = ("mtp_tree_base", "dflash_tree_base", "jetspec_tree_base")
 
     def __post_init__(self) -> None:
         layers: Any = self.eagle_hidden_state_layers
@@ -135,27 +152,34 @@ class SpecConfig(FamilyConfig):
         kind = family_of(core["extras"], role)
         if kind is None and all(given[k] == v for k, v in cls.KEYWORDS.items()):
             return None
-        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"])
+        return cls(given["eagle_hidden_state_layers"], given["mtp_tree_base"], kind, role, given["dflash_tree_base"],
+                   given["jetspec_tree_base"])
 
     @property
     def tree_base(self) -> bool:
-        """Whether the base was built as a DDTree base (``mtp_tree_base`` or ``dflash_tree_base``): Edge-LLM's builder
-        then gives its recurrent plugins ``use_ddtree`` (``docs/edgellm-assumptions.md`` §11.2)."""
-        return self.mtp_tree_base or self.dflash_tree_base
+        """Whether the base was built as a DDTree base (``mtp_tree_base``, ``dflash_tree_base`` or
+        ``jetspec_tree_base``): Edge-LLM's builder then gives its recurrent plugins ``use_ddtree``
+        (``docs/edgellm-assumptions.md`` §11.2)."""
+        return self.mtp_tree_base or self.dflash_tree_base or self.jetspec_tree_base
+
+    @property
+    def tree_base_key(self) -> str | None:
+        """The key that made the base a DDTree base (for messages), or None."""
+        return next((k for k in self._TREE_BASE_KEYS if getattr(self, k) is True), None)
 
     def keywords(self) -> dict[str, Any]:
         return {"eagle_hidden_state_layers": self.eagle_hidden_state_layers, "mtp_tree_base": self.mtp_tree_base,
-                "dflash_tree_base": self.dflash_tree_base}
+                "dflash_tree_base": self.dflash_tree_base, "jetspec_tree_base": self.jetspec_tree_base}
 
     def to_json(self) -> dict[str, Any]:
         return {"eagle_hidden_state_layers": list(self.eagle_hidden_state_layers), "mtp_tree_base": self.mtp_tree_base,
-                "dflash_tree_base": self.dflash_tree_base}
+                "dflash_tree_base": self.dflash_tree_base, "jetspec_tree_base": self.jetspec_tree_base}
 
     def validate(self, cfg: LLMEngineConfig) -> None:
         layers = self.eagle_hidden_state_layers
         if not isinstance(layers, tuple):
             raise ConfigError("eagle_hidden_state_layers", f"must be a list of layer indices, got {layers!r}")
-        for key in ("mtp_tree_base", "dflash_tree_base"):
+        for key in self._TREE_BASE_KEYS:
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(key, f"must be true or false, got {getattr(self, key)!r}")
         if not layers:
@@ -172,14 +196,24 @@ class SpecConfig(FamilyConfig):
             raise ConfigError("eagle_hidden_state_layers", f"{list(layers)} names a layer twice")
 
     @property
+    def block_family(self) -> BlockFamily | None:
+        """The block draft family of this base or draft (:mod:`trtio.families.spec.block_family`), or None."""
+        return BLOCK_FAMILIES.get(self.kind) if self.kind is not None else None
+
+    @property
+    def is_block_draft(self) -> bool:
+        """Whether this is a block draft's config (DFlash, JetSpec: :mod:`trtio.families.spec.dflash`)."""
+        return self.block_family is not None and self.role == "draft"
+
+    @property
     def is_dflash_draft(self) -> bool:
         """Whether this is a DFlash block draft's config (:mod:`trtio.families.spec.dflash`)."""
-        return self.kind == "dflash" and self.role == "draft"
+        return self.kind == DFLASH.kind and self.role == "draft"
 
     def registry(self, reg: TensorRegistry, cfg: LLMEngineConfig) -> TensorRegistry:
-        """A DFlash draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
-        if reg.contract == "ragged" and self.is_dflash_draft:
-            return dflash_draft_registry(cfg, reg)
+        """A block draft reads the newly committed tokens' features instead of an EAGLE-style draft's inputs."""
+        if reg.contract == "ragged" and self.is_block_draft and self.block_family is not None:
+            return dflash_draft_registry(cfg, reg, self.block_family.outputs)
         hidden = reg.get(names.kOutputHiddenStates)
         if reg.contract == "ragged" and cfg.role == "base" and hidden is not None:
             reg.replace(dataclasses.replace(hidden, shape=(hidden.shape[0], self.output_hidden_width(cfg))))
@@ -187,13 +221,13 @@ class SpecConfig(FamilyConfig):
 
     def members(self, cfg: LLMEngineConfig, rows: int) -> list[TensorRequest]:
         """A DFlash draft's delta RoPE rows, gathered at their positions."""
-        if not self.is_dflash_draft:
+        if not self.is_block_draft:
             return []
         return [TensorRequest.of(DFLASH_ROPE, (rows, cfg.rotary_dim), DType.FLOAT32)]
 
     def step_requests(self, cfg: LLMEngineConfig, place: str, batch: int, rows: int) -> list[TensorRequest]:
         """A DFlash draft's delta rows (positions, sequences), written every round with the lengths."""
-        if place != "lengths" or not self.is_dflash_draft:
+        if place != "lengths" or not self.is_block_draft:
             return []
         return [TensorRequest.of(DFLASH_POSITIONS, (rows,), DType.INT32),
                 TensorRequest.of(DFLASH_SEQUENCES, (rows,), DType.INT32)]
@@ -201,7 +235,7 @@ class SpecConfig(FamilyConfig):
     def bind_pipeline(self, io: Any, tm: TensorMap, cfg: LLMEngineConfig) -> None:
         """A DFlash draft's newly committed tokens: their base features (in place in the base's rows), RoPE rows,
         positions and sequences."""
-        if not self.is_dflash_draft or io.step is None:
+        if not self.is_block_draft or io.step is None:
             return
         tm.set(names.kDFlashTargetHiddenConcat, io.member("base_hidden_states"))
         tm.set(DFLASH_DELTA_INPUTS[0], io.member(DFLASH_ROPE))
@@ -214,27 +248,32 @@ class SpecConfig(FamilyConfig):
         return cfg.hidden_size * max(len(self.eagle_hidden_state_layers), 1)
 
     def check_runs(self, base: LLMEngineConfig, draft: LLMEngineConfig, what: str) -> None:
-        """A family with a step protocol; a DFlash draft's block (version 1, one RoPE table, a mask token, a block
+        """A family with a step protocol; a block draft's block (version 1, one RoPE table, a mask token, a block
         that fits)."""
         check_runnable(family_of(base.extras, "base") or "eagle3", what)
-        if self.is_dflash_draft:
+        if self.is_block_draft:
             check_block_draft(draft)
 
     def check_pair(self, base: LLMEngineConfig, draft: LLMEngineConfig, files: tuple[Path, Path]) -> LLMEngineConfig:
         """One speculative family for both; the base's hidden states as wide as the draft reads them. Returns the
-        base with a DFlash draft's ``dflash_config.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the layers
-        its ``hidden_states`` output concatenates: the base config does not name them)."""
+        base with a block draft's ``<family config>.target_layer_ids`` as its ``eagle_hidden_state_layers`` (the
+        layers its ``hidden_states`` output concatenates: the base config does not name them); a block family's
+        required keys (JetSpec's ``causal_head: true``) in both configs."""
         bfile, dfile = files
         btype, dtype = base.extras.get("spec_decode_type"), draft.extras.get("spec_decode_type")
         if btype != dtype:
             raise ConfigError(f"{dfile}: spec_decode_type", f"is {dtype!r}, but {bfile.name} says {btype!r}; base and "
                                                             "draft must be one speculative family")
         family = family_of(base.extras, "base") or "eagle3"
-        if family == "dflash":
-            targets = dflash_target_layers(draft.extras, f"{dfile}: dflash_config")
+        block = BLOCK_FAMILIES.get(family)
+        if block is not None:
+            block.check_required(base.extras, bfile.name)
+            block.check_required(draft.extras, dfile.name)
+            section = f"{dfile}: {block.section_key(draft.extras)}"
+            targets = block.target_layers(draft.extras, section)
             bad = [i for i in targets if i >= base.num_layers]
             if bad:
-                raise ConfigError(f"{dfile}: dflash_config.target_layer_ids",
+                raise ConfigError(f"{section}.target_layer_ids",
                                   f"{list(targets)}: {bad} outside the base's {base.num_layers} layers ({bfile.name})")
             base = dataclasses.replace(base, features=(*base.features, dataclasses.replace(
                 base.feature(SpecConfig) or SpecConfig(), eagle_hidden_state_layers=targets))).validate()
@@ -251,9 +290,19 @@ class SpecConfig(FamilyConfig):
         return base
 
     @classmethod
+    def unsupported(cls, r: EdgeReader) -> list[tuple[str, str, str]]:
+        """A base's or draft's ``spec_decode_type`` trtio does not read (DSpark's naming what trtio lacks)."""
+        spec_type = r.raw("spec_decode_type")
+        if r.raw("engine_role") not in ("base", "draft") or not isinstance(spec_type, str) or spec_type == "none" \
+                or spec_type in SPEC_FAMILIES:
+            return []
+        return [("spec_decode_type", f"speculative decoding of type {spec_type!r}",
+                 f"trtio reads {list(SPEC_FAMILIES)} pairs only")]
+
+    @classmethod
     def read_edgellm(cls, r: EdgeReader, role: str, layers: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key in ("mtp_tree_base", "dflash_tree_base"):
+        for key in cls._TREE_BASE_KEYS:
             tree_base = r.bool_(key)
             if tree_base is not None:
                 r.used.add(key)
