@@ -491,6 +491,44 @@ class LLMEngineConfig:
                               f"its length, which one static table cannot follow, and Edge-LLM's runtime refuses "
                               f"such a table; expected max_kv_cache_capacity <= {self.max_position_embeddings} "
                               f"(build the engine with a KV capacity within it)")
+        if scaling.rope_type == "longrope":
+            self._validate_longrope(scaling)
+
+    def _validate_longrope(self, scaling: RopeScaling) -> None:
+        """LongRoPE as Edge-LLM's runtime builds it (``cpp/runtime/state/ropeCache.cpp``,
+        ``llmRuntimeUtils.cpp::collectRopeConfig``): one static table, short factors where the KV capacity is within
+        ``original_max_position_embeddings`` (read from the config's top level), else long factors for every
+        position, cos and sin times ``sqrt(1 + ln(max / original) / ln(original))`` (``rope_scaling.factor`` and
+        ``attention_factor`` unread). Where that is not Hugging Face's math, refused (``docs/edgellm-assumptions.md``
+        5.2)."""
+        original = scaling.original_max_position_embeddings
+        assert original is not None
+        top = self.extras.get("original_max_position_embeddings")
+        if top is not None and top != original:
+            raise ConfigError("original_max_position_embeddings",
+                              f"is {top!r} but rope_scaling.original_max_position_embeddings is {original}: "
+                              f"Edge-LLM's runtime switches LongRoPE's factors at the top-level one, Hugging Face "
+                              f"at rope_scaling's")
+        if self.max_kv_cache_capacity > original:
+            raise ConfigError("max_kv_cache_capacity",
+                              f"{self.max_kv_cache_capacity} is above rope_scaling.original_max_position_embeddings "
+                              f"({original}) with rope_type 'longrope': Edge-LLM's runtime then rotates every "
+                              f"position with long_factor, Hugging Face a sequence within {original} tokens with "
+                              f"short_factor, so the two models' logits differ and trtio cannot be both; expected "
+                              f"max_kv_cache_capacity <= {original} (build the engine with a KV capacity within "
+                              f"it)")
+        if not self.max_position_embeddings:
+            return
+        ratio = self.max_position_embeddings / original
+        edge = math.sqrt(1 + math.log(ratio) / math.log(original)) if ratio > 1 and original > 1 else 1.0
+        _, ours = rope_parameters(self.rotary_dim, float(self.rope_theta), scaling,
+                                  max_position_embeddings=self.max_position_embeddings)
+        if not math.isclose(ours, edge, rel_tol=1e-6):
+            key = "attention_factor" if scaling.attention_factor is not None else "factor"
+            raise ConfigError(f"rope_scaling.{key}",
+                              f"gives LongRoPE an attention factor of {ours:.6g}; Edge-LLM's runtime reads neither "
+                              f"rope_scaling.factor nor attention_factor and multiplies cos and sin by "
+                              f"sqrt(1 + ln(max_position_embeddings / original) / ln(original)) = {edge:.6g}")
 
     def _validate_layers(self) -> None:
         """The layer stack: layer types, and the KV table (an entry per layer: the layer's KV geometry, or null for

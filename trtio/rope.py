@@ -487,10 +487,11 @@ def rope_cos_sin_table(max_positions: int, rotary_dim: int, theta: float = 10000
     (MRoPE's text-only initialisation: with equal temporal, height and width positions every
     ``mrope_section`` layout gives this same table). A static table cannot follow the current
     sequence length that HF's ``dynamic`` and ``longrope`` depend on, so it is HF's result for a
-    sequence of ``max_positions`` tokens (seq_len = max_positions); an engine's config refuses ``dynamic``
-    past ``max_position_embeddings``, where that result is not HF's for shorter sequences
-    (``docs/edgellm-assumptions.md`` §5.2). The returned array is a new, C-contiguous host array owned by
-    the caller.
+    sequence of ``max_positions`` tokens (seq_len = max_positions), which is also Edge-LLM's LongRoPE table
+    (short factors within ``original_max_position_embeddings``, long ones past it); an engine's config refuses
+    ``dynamic`` past ``max_position_embeddings`` and ``longrope`` past ``original_max_position_embeddings``, where
+    that result is not HF's for shorter sequences (``docs/edgellm-assumptions.md`` §5.2).
+    The returned array is a new, C-contiguous host array owned by the caller.
     """
     _check_rotary_dim(rotary_dim)
     check_int(max_positions, "max_positions", minimum=0, error=ConfigError)

@@ -11,7 +11,9 @@ MRoPE positions (Qwen2.5-VL and Qwen3-VL). The implementation lives in the visua
 For an encoder of another kind (its config's ``kind``), :func:`preprocess` and :func:`splice` are that kind's:
 InternVL's (:mod:`trtio.components.visual.internvl_images`) cut each image into 448-pixel tiles with a thumbnail
 (:func:`tile_grid`, equal to Hugging Face's ``GotOcr2ImageProcessorPil``) and return ``(pixels, tiles)``; its splice
-wraps each image in ``<img>`` / ``</img>`` and gives an :class:`ImagePrompt` (1-D positions).
+wraps each image in ``<img>`` / ``</img>`` and gives an :class:`ImagePrompt` (1-D positions). Phi-4-MM's
+(:mod:`trtio.components.visual.phi4mm`) gives ``(blocks, layout)`` (Hugging Face's HD transform) and its splice lays
+each image's rows out with the ``sub_GN`` / ``glb_GN`` separator rows (an :class:`ImagePrompt`).
 
 Everything here is host-side numpy.
 """

@@ -1,6 +1,7 @@
 """The visual component as the component table sees it: a vision-language model's ViT in ``visual/`` (Qwen2.5-VL,
-Qwen3-VL), read by :class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir`
-as the LLM setup's ``visual`` (``docs/architecture.md``, "Vision-language models")."""
+Qwen3-VL; the kinds of :data:`KINDS`: InternVL, Phi-4-multimodal's ``phi4mm``), read by
+:class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir` as the LLM setup's
+``visual`` (``docs/architecture.md``, "Vision-language models")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from trtio._json import read_json
 from trtio.components.visual.internvl_kind import INTERNVL
+from trtio.components.visual.phi4mm_kind import PHI4MM
 from trtio.components.visual.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 from trtio.components.visual.visual_kinds import VisualKind, kind_named, register_kind
 from trtio.components.visual.visual_setup import create_for_visual
@@ -23,7 +25,7 @@ VISUAL_DIR = "visual"
 VISUAL_ENGINE_FILE = "visual.engine"
 VISUAL_ROLE = "visual"
 #: The encoder kinds bound besides the Qwen ViTs (:mod:`~trtio.components.visual.visual_kinds`), by ``model_type``.
-KINDS: tuple[VisualKind, ...] = (INTERNVL,)
+KINDS: tuple[VisualKind, ...] = (INTERNVL, PHI4MM)
 for _kind in KINDS:
     register_kind(_kind)
 

@@ -17,7 +17,8 @@ for the two ViT kinds trtio binds:
   positions, bound as ``qwen3_vl``. Its ``vision_config.position_id_per_seconds`` scales a video's time axis
   only (an image's is 0): trtio splices images, not video, and keeps it in :attr:`VisualConfig.extras`.
 
-Any other ``model_type`` (InternVL, Phi-4-MM, Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it. Keys
+Any other ``model_type`` (Qwen2-VL, Qwen3.5, Gemma 4, ...) is refused naming it; InternVL's and Phi-4-MM's
+(``phi4mm``) have their own configs (:mod:`~trtio.components.visual.visual_kinds`). Keys
 that only shape the engine's own computation (``depth``, ``hidden_act``, ``intermediate_size``,
 ``fullatt_block_indexes``, ...) stay in :attr:`VisualConfig.extras`: trtio computes no ViT layer.
 ``docs/edgellm-assumptions.md`` (section "Vision-language models") lists what is assumed.
@@ -197,6 +198,11 @@ class VisualConfig:
                                 preprocessor_what=files.preprocessor_what)
 
     # -- derived sizes --------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """Which vision encoder this is (its ``model_type``)."""
+        return self.model_type
+
     @property
     def factor(self) -> int:
         """Pixels per merged token along each side: ``patch_size * merge_size`` (images are resized to it)."""
