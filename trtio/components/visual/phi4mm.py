@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from trtio._checks import is_int
-from trtio._json import read_json
 from trtio._safetensors import read_safetensors
+from trtio.components.config_files import ComponentFiles, keys_of
 from trtio.dtypes import DType
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
 from trtio.registry import TensorRegistry, TensorSpec
@@ -49,7 +49,6 @@ __all__ = ["GN_FILE", "PHI4MM_KIND", "Phi4mmVisualConfig", "expand_image_pads", 
 PHI4MM_KIND = "phi4mm"
 GN_FILE = "phi4mm_gn_proj.safetensors"
 _CONFIG_FILE = "config.json"
-_PREPROCESSOR_FILE = "preprocessor_config.json"
 # Edge-LLM's runner: each block's ViT tokens are average-pooled 2 x 2 (``blockDownsampleRatio`` 28 = 2 patches).
 _POOL = 2
 # Hugging Face's Phi4MultimodalImageProcessor defaults (transformers 5.14).
@@ -151,29 +150,20 @@ class Phi4mmVisualConfig:
     def from_dir(cls, path: str | os.PathLike[str]) -> Phi4mmVisualConfig:
         """``path/config.json``, ``path/phi4mm_gn_proj.safetensors`` and, where present, ``path/
         preprocessor_config.json``. ConfigError naming the file and the key for a missing or malformed one."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidTypeError(f"Phi4mmVisualConfig.from_dir: expected a directory path, got "
-                                   f"{type(path).__name__}")
-        root = Path(path)
-        file = root / _CONFIG_FILE
-        data = read_json(file)
+        files = ComponentFiles("Phi4mmVisualConfig.from_dir", path, _CONFIG_FILE)
+        root, file, data, pre = Path(path), files.what, files.data, files.preprocessor
         if not isinstance(data, Mapping):
-            raise ConfigError(str(file), f"expected a JSON object, got {type(data).__name__}")
+            raise ConfigError(file, f"expected a JSON object, got {type(data).__name__}")
         gn_file = root / GN_FILE
         if not gn_file.is_file():
             raise ConfigError(str(gn_file), "is missing: Edge-LLM's builder writes the projected glb_GN / sub_GN "
                                             "separator rows there, and the image-token layout needs them")
         tensors = read_safetensors(gn_file, ("glb_GN", "sub_GN"))
-        pre_file = root / _PREPROCESSOR_FILE
-        pre = read_json(pre_file) if pre_file.is_file() else None
-        try:
+        with keys_of(file):
             values = _values(data)
-        except ConfigError as exc:
-            raise ConfigError(f"{file}: {exc.field}", exc.message) from None
-        try:
-            values.update(_preprocessing(pre, values) if pre is not None else {})
-        except ConfigError as exc:
-            raise ConfigError(f"{pre_file}: {exc.field}", exc.message) from None
+        if pre is not None:
+            with keys_of(files.preprocessor_what):
+                values.update(_preprocessing(pre, values))
         glb, sub = (np.array(tensors[n].array) for n in ("glb_GN", "sub_GN"))
         try:
             return cls(**values, out_hidden_size=int(glb.shape[-1]), glb_gn=glb.reshape(-1), sub_gn=sub.reshape(-1))

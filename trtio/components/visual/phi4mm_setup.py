@@ -16,55 +16,40 @@ from typing import Any
 
 import numpy as np
 
-from trtio._lifetime import Closeable
+from trtio.components.encoder_setup import EncoderSetup
 from trtio.components.visual.phi4mm import Phi4mmVisualConfig, kVisualInput, kVisualOutput, phi4mm_registry
 from trtio.components.visual.visual_setup import VisualOutput
 from trtio.cuda.backend import Backend
 from trtio.dims import InferenceDims
 from trtio.dtypes import DType
-from trtio.engine import EngineExecutor
-from trtio.errors import BindingError, CapacityError, InvalidTypeError, InvalidValueError, ShapeError
+from trtio.errors import CapacityError, InvalidTypeError, InvalidValueError, ShapeError
 from trtio.inputs import as_input, is_device_array
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
-from trtio.setups.calls import Calls, one_thread
+from trtio.memory import Arena, TensorRequest
+from trtio.setups.calls import one_thread
 from trtio.staging import UploadRing
 from trtio.stream import Stream, StreamLike, as_stream
 from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 
 __all__ = ["Phi4mmVisualSetup", "create_for_phi4mm_visual"]
 
 _BLOCK_SLOTS = 2
 
 
-class Phi4mmVisualSetup(Closeable):
+class Phi4mmVisualSetup(EncoderSetup):
     """Phi-4-MM's vision encoder bound to its worst-case buffers (see module docstring); build it with
     :func:`create_for_phi4mm_visual` (or ``create_from_engine_dir``, which attaches it as the LLM setup's
     ``visual``). ``cfg``, ``executor``, ``tensor_map`` and ``registry`` are public views. Streams and the close
     protocol as :class:`~trtio.components.visual.visual_setup.VisualSetup`'s."""
+
+    FACTORY = "create_for_phi4mm_visual"
+    WHAT = "visual"
 
     def __init__(self, engine: Any, cfg: Phi4mmVisualConfig, stream: StreamLike = None, *, graphs: bool = False,
                  backend: Backend | str | None = None) -> None:
         if not isinstance(cfg, Phi4mmVisualConfig):
             raise InvalidTypeError(f"create_for_phi4mm_visual: cfg must be a Phi4mmVisualConfig (EngineDir."
                                    f"visual_config of a phi4mm directory), got {type(cfg).__name__}")
-        eio = engine_io(engine, "create_for_phi4mm_visual")
         self.cfg = cfg
-        self.registry = phi4mm_registry(cfg)
-        problems = declared_problems(eio, self.registry)
-        for info in eio.inputs:
-            spec = self.registry.get(info.name)
-            if spec is not None and info.profiles and spec.profiles and len(spec.shape) == len(info.shape):
-                problems += profile_problems(info, spec, lower=True)
-        if eio.num_profiles != 1:
-            problems.append(f"the engine has {eio.num_profiles} optimization profiles; Edge-LLM's visual engines "
-                            f"have one")
-        if problems:
-            raise BindingError(eio.name, problems)
-        be = engine_backend(engine, backend)
-        self._backend = be
-        self._init_lifetime(f"phi4mm visual setup {eio.name!r}")
         block = (cfg.in_channels, cfg.crop_size, cfg.crop_size)
         most = (cfg.max_blocks, *block)
         requests = [
@@ -73,22 +58,12 @@ class Phi4mmVisualSetup(Closeable):
             TensorRequest.of(kVisualOutput, (cfg.max_blocks * cfg.tokens_per_block, cfg.out_hidden_size),
                              DType.FLOAT16),
         ]
-        s = as_stream(stream, be)
-        with contextlib.ExitStack() as stack:
-            self._arena = stack.enter_context(Arena(requests, backend=be, title="phi4mm visual"))
-            self._blocks = stack.enter_context(UploadRing(self._arena[f"host_{kVisualInput}"], be,
-                                                          slots=_BLOCK_SLOTS, title="blocks staging"))
-            self._calls = stack.enter_context(Calls(be, "Phi4mmVisualSetup"))
-            tm = TensorMap("visual")
-            for spec in self.registry:
-                tm.add(spec.name, self._arena[spec.name])
-            tm.freeze()
-            self.tensor_map = tm
-            self.executor = stack.enter_context(EngineExecutor(engine, name=eio.name, registry=self.registry,
-                                                               graphs=graphs, backend=be))
-            tm.add_user(self.executor)
-            s.synchronize()
-            self._resources: contextlib.ExitStack | None = stack.pop_all()
+
+        def staging(stack: contextlib.ExitStack, arena: Arena, be: Backend) -> None:
+            self._blocks = stack.enter_context(UploadRing(arena[f"host_{kVisualInput}"], be, slots=_BLOCK_SLOTS,
+                                                          title="blocks staging"))
+
+        self._bind(engine, phi4mm_registry(cfg), requests, stream, graphs=graphs, backend=backend, staging=staging)
         self._block_shape = block
 
     @one_thread
@@ -142,24 +117,6 @@ class Phi4mmVisualSetup(Closeable):
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise InvalidValueError(f"blocks{list(where)} = {float(arr[where])!r} is not a finite float16 value")
         return out
-
-    @property
-    def graph_stats(self) -> Any:
-        return self.executor.graph_stats
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    def memory_report(self) -> MemoryReport:
-        self._check_open()
-        return MemoryReport.combine("create_for_phi4mm_visual",
-                                    [self._arena.report(), self.executor.context_memory.report()])
-
-    def _close_owned(self) -> None:
-        resources, self._resources = self._resources, None
-        if resources is not None:
-            resources.close()
 
     def __repr__(self) -> str:
         return f"Phi4mmVisualSetup(blocks {self.cfg.min_blocks}..{self.cfg.max_blocks}, " \
