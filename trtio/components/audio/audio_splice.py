@@ -49,7 +49,7 @@ class AudioPrompt:
 
     @property
     def mrope_positions(self) -> np.ndarray:
-        """int64 ``[3, B, S]``: :attr:`positions` on all three MRoPE axes (for an MRoPE LLM's
+        """int64 ``[3, B, S]``: ``positions`` on all three MRoPE axes (for an MRoPE LLM's
         ``prefill(..., mrope_positions=)``)."""
         return np.ascontiguousarray(np.broadcast_to(self.positions[None], (3, *self.positions.shape)))
 
