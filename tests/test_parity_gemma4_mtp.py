@@ -58,9 +58,9 @@ def built_config(config: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | None = None,
-         verify_size: int = DEPTH + 1, backend: str = "host", graphs: bool = False) -> Iterator[Any]:
+         verify_size: int = DEPTH + 1, backend: str = "host", graphs: bool = False, top_k: int = 1) -> Iterator[Any]:
     """The pair bound with :func:`trtio.create_for_spec_decode`, its bundle read from an engine directory holding
-    the two configs (``draft_changes`` applied to the draft's)."""
+    the two configs (``draft_changes`` applied to the draft's) for rounds of ``top_k`` candidates a level."""
     base, draft = CASE.engine("base", backend), CASE.engine("draft", backend)
     base.input_hook = (hooks or {}).get("base")
     draft.input_hook = (hooks or {}).get("draft")
@@ -68,7 +68,7 @@ def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | N
         root = Path(tmp)
         (root / "base_config.json").write_text(json.dumps(built_config(base.config)))
         (root / "draft_config.json").write_text(json.dumps({**built_config(draft.config), **(draft_changes or {})}))
-        bundle = trtio.EngineDir.open(root).deployment(1, DEPTH, verify_size)
+        bundle = trtio.EngineDir.open(root).deployment(top_k, DEPTH, verify_size)
     with trtio.create_for_spec_decode(base, draft, bundle, backend=backend, graphs=graphs) as setup:
         yield setup
 
@@ -242,7 +242,8 @@ SCENARIOS = {"chain": chain_rounds, "tree": tree_rounds, "admission": admission}
 
 def run(scenario: str, **kwargs: Any) -> Run:
     """``scenario`` on the pair (``kwargs``: :func:`pair`'s)."""
-    with pair(verify_size=TREE if scenario == "tree" else DEPTH + 1, **kwargs) as setup:
+    tree = scenario == "tree"  # a bundle of top-K 2 (draft_rows: the assistant's steps take one row whatever K)
+    with pair(verify_size=TREE if tree else DEPTH + 1, top_k=2 if tree else 1, **kwargs) as setup:
         return SCENARIOS[scenario](setup)
 
 
@@ -346,6 +347,22 @@ def test_an_assistant_protocol_trtio_does_not_run_is_refused_naming_the_key(key:
     draft = CASE.engine("draft")
     with pytest.raises(trtio.ConfigError, match=key):
         trtio.LLMEngineConfig.from_edgellm({**built_config(draft.config), key: value})
+
+
+def test_a_deployment_of_top_k_above_one_sizes_the_assistants_steps_by_its_family(tmp_path: Path) -> None:
+    """``draft_top_k x draft_step`` (2 x 3 = 6) past the assistant's ``max_draft_tree_size`` (4) is a deployment:
+    its steps take one row whatever K (``Gemma4MtpConfig.draft_rows``); the verify tree is bounded by the target's
+    ``max_verify_tree_size`` (7) alone. The JSON round trip of the bundle holds it too."""
+    base, draft = CASE.engine("base"), CASE.engine("draft")
+    (tmp_path / "base_config.json").write_text(json.dumps(built_config(base.config)))
+    (tmp_path / "draft_config.json").write_text(json.dumps(built_config(draft.config)))
+    directory = trtio.EngineDir.open(tmp_path)
+    assert directory.draft_config.max_draft_tree_size == 4 and directory.draft_config.draft_rows(2, 3) == 1
+    bundle = directory.deployment(2, DEPTH, TREE)
+    assert (bundle.spec.drafting_top_k, bundle.spec.drafting_step, bundle.spec.verify_size) == (2, DEPTH, TREE)
+    assert trtio.DeploymentConfig.from_dict(bundle.to_dict()) == bundle
+    with pytest.raises(trtio.ConfigError, match=r"verify_size: 8 exceeds builder_config.max_verify_tree_size \(7\)"):
+        directory.deployment(2, DEPTH, TREE + 1)
 
 
 def test_a_tree_drafted_in_one_step_is_refused() -> None:
