@@ -376,8 +376,21 @@ def test_a_tree_drafted_in_one_step_is_refused() -> None:
             setup.draft_propose(x)
         with pytest.raises(trtio.TrtioError, match="drafting_step"):
             setup.draft_propose(x)
-        with pytest.raises(trtio.errors.InvalidValueError, match="prefix"):
+
+
+def test_a_prefix_on_the_pair_is_refused_naming_why() -> None:
+    """``pin_prefix`` on a Gemma 4 MTP pair: refused naming the pair and why (its assistant owns no KV pages, a prefix
+    pins each engine's own), before any bookkeeping: the pair's lengths unchanged, its next round runs."""
+    with pair() as setup:
+        run_ = Run(setup)
+        run_.prefill()
+        before = setup.base_lengths.tolist()
+        with pytest.raises(trtio.errors.InvalidValueError,
+                           match=r"pin_prefix\(\): a Gemma 4 MTP pair keeps no prefix: its assistant owns no KV pages"):
             setup.pin_prefix(0, 5)
+        assert setup.base_lengths.tolist() == before == setup.draft_lengths.tolist()
+        run_.round()
+        assert run_.draft.worst <= 0.1 and run_.base.worst <= 0.1
 
 
 # -- parity -----------------------------------------------------------------------------------------------------------
