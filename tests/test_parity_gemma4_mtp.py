@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._gemma4_mtp_dir import built_config, mtp_directory, onnx_loader
 from tests._parity import Case, Compare, ParityMismatch
 
 pytest.importorskip("onnx")
@@ -35,6 +36,7 @@ pytest.importorskip("onnx")
 import trtio  # noqa: E402
 from trtio import names  # noqa: E402
 from trtio.families.gemma4_mtp import assistant as assistant_module  # noqa: E402
+from trtio.setups import engine_dir  # noqa: E402
 
 CASE = Case("gemma4-mtp")
 DEPTH = int(CASE.meta["spec"]["draft_step"])
@@ -44,16 +46,6 @@ KEEP = ((0, 3, 1, 2), (2, 0, 3, 1))
 MASKED = -6.0e4  # below this, a graph logit is the centroid mask (float16's lowest)
 
 Hook = Callable[[dict[str, np.ndarray]], None]
-
-
-def built_config(config: dict[str, Any]) -> dict[str, Any]:
-    """An exported ``config.json`` as Edge-LLM's builder writes it beside the engine: every layer that is not
-    recurrent is ``"attention"`` in ``layer_types`` (``experimental/builder/core/config.py::_parse_layer_types``;
-    the exporter of a ``gemma4_mtp`` pair leaves Hugging Face's ``sliding_attention`` / ``full_attention`` there,
-    which ``attention_layer_types`` keeps)."""
-    out = dict(config)
-    out["layer_types"] = ["attention"] * len(out["layer_types"])
-    return out
 
 
 @contextlib.contextmanager
@@ -363,6 +355,28 @@ def test_a_deployment_of_top_k_above_one_sizes_the_assistants_steps_by_its_famil
     assert trtio.DeploymentConfig.from_dict(bundle.to_dict()) == bundle
     with pytest.raises(trtio.ConfigError, match=r"verify_size: 8 exceeds builder_config.max_verify_tree_size \(7\)"):
         directory.deployment(2, DEPTH, TREE + 1)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_create_from_engine_dir_opens_the_pair_and_its_rounds_equal_hugging_face(
+        top_k: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export laid out as an engine directory (``spec_base.engine`` / ``spec_draft.engine`` and their configs),
+    opened by :func:`trtio.create_from_engine_dir` with the real graphs as its engines: a SpecDecodeSetup whose
+    rounds (chains, or top-2 trees) accept Hugging Face's greedy tokens, the logits within the tolerance."""
+    root = mtp_directory(tmp_path / "pair", CASE)
+    loaded: list[str] = []
+    monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(root, CASE, loaded))
+    size = TREE if top_k > 1 else DEPTH + 1
+    with trtio.create_from_engine_dir(root, draft_top_k=top_k, draft_step=DEPTH, verify_size=size,
+                                      backend="host") as setup:
+        assert isinstance(setup, trtio.SpecDecodeSetup) and loaded == ["base", "draft"]
+        assert (setup.bundle.spec.drafting_top_k, setup.bundle.spec.verify_size) == (top_k, size)
+        done = Run(setup, tree=top_k > 1)
+        done.prefill()
+        while done.room():
+            done.round()
+    assert done.base.worst <= 0.1 and done.draft.worst <= 0.1 and done.base.rows >= 8
+    assert sum(done.accepted) >= 8 and max(done.accepted) == DEPTH + 1, done.accepted
 
 
 def test_a_tree_drafted_in_one_step_is_refused() -> None:
