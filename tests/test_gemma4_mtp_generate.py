@@ -30,14 +30,14 @@ CASE = Case("gemma4-mtp")
 NEW = 10  # tokens generated: within the references' continuation (12)
 
 
-def _generate(root: Path, seq: Any, top_k: int | None,
-              monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], dict[str, Any]]:
+def _generate(root: Path, seq: Any, top_k: int | None, monkeypatch: pytest.MonkeyPatch,
+              speculative: bool = True) -> tuple[list[int], dict[str, Any]]:
     """``trtio generate --speculative`` of ``seq``'s prompt in ``root``: the generated tokens and the statistics."""
     monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(root, CASE))
     prompt = " ".join(f"t{int(t)}" for t in seq.prompt)
     out = io.StringIO()
-    stats = gen.run_generate(gen.GenerateOptions(root, prompt, max_new_tokens=NEW, speculative=True, backend="host",
-                                                 draft_top_k=top_k), out=out, err=io.StringIO())
+    stats = gen.run_generate(gen.GenerateOptions(root, prompt, max_new_tokens=NEW, speculative=speculative,
+                                                 backend="host", draft_top_k=top_k), out=out, err=io.StringIO())
     words = out.getvalue()[len(prompt):].split()
     return [int(w[1:]) for w in words], stats
 
@@ -80,6 +80,14 @@ def test_generate_speculative_on_the_pair_emits_hugging_faces_greedy_tokens(
     tokens, stats = _generate(mtp_directory(tmp_path / "pair", CASE), seq, top_k, monkeypatch)
     assert tokens == [int(t) for t in seq.tokens[seq.prompt_length:seq.prompt_length + NEW]]
     assert stats["tokens"] == NEW and stats["rounds"] >= 1 and stats["drafted"] == 6 * stats["rounds"]
+
+
+def test_generate_without_speculative_decodes_through_the_base_alone(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``--speculative`` the pair's base decodes greedily (verifies of one node, its PLE rows given)."""
+    seq = CASE.seqs[1]
+    tokens, stats = _generate(mtp_directory(tmp_path / "pair", CASE), seq, None, monkeypatch, speculative=False)
+    assert tokens == [int(t) for t in seq.tokens[seq.prompt_length:seq.prompt_length + NEW]] and stats["drafted"] == 0
 
 
 @pytest.mark.parametrize("top_k", [None, 2])

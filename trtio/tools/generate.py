@@ -13,7 +13,9 @@ until an end-of-sequence token (``eos_token_id`` of the config, else ``eos_token
 ``tokenizer_config.json``), ``--max-new-tokens`` or a full KV cache. A speculative pair drafts ``draft_top_k``
 chains of ``draft_step`` tokens per round (the draft's top-k first tokens, then its greedy continuation of
 each), verifies them all with the base in one step and keeps the longest chain the base agrees with, plus
-the base's next token: exactly the tokens greedy decoding of the base gives. Text goes to stdout as tokens
+the base's next token: exactly the tokens greedy decoding of the base gives (a DFlash / JetSpec pair guesses one
+block a round; a Gemma 4 MTP pair's assistant drafts one chain of ``draft_step`` one-token steps, verified as it is
+at top-K 1, or as the DDTree its steps' top-K tokens grow). Text goes to stdout as tokens
 come; tokens per second (and for a pair the acceptance rate) to stderr at the end.
 
 A vision-language model's directory (``visual/`` beside the LLM: Qwen2.5-VL, Qwen3-VL) takes ``--image``: each

@@ -15,6 +15,8 @@ import heapq
 
 import numpy as np
 
+from trtio.errors import InvalidValueError
+
 __all__ = ["ddtree"]
 
 
@@ -30,8 +32,8 @@ def ddtree(steps: np.ndarray, top_k: int, nodes: int) -> tuple[list[int], list[i
     ([depth, vocab]: the logits of the round's assistant steps, step ``d`` scoring depth ``d + 1``): their tokens
     and their parents (node indices, the root 0), in the tree's order (module docstring)."""
     if steps.ndim != 2 or steps.shape[0] < 1 or top_k < 1 or nodes < 1:
-        raise ValueError(f"ddtree: steps [depth >= 1, vocab], top_k >= 1 and nodes >= 1, got {list(steps.shape)}, "
-                         f"{top_k}, {nodes}")
+        raise InvalidValueError(f"ddtree: expected steps [depth >= 1, vocab], top_k >= 1 and nodes >= 1, got "
+                                f"{list(steps.shape)}, {top_k}, {nodes}")
     logp = _log_softmax(steps)
     k = min(top_k, steps.shape[1])
     cand = np.argsort(-logp, axis=1, kind="stable")[:, :k]  # [depth, k]: each depth's candidates, best first
