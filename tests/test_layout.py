@@ -297,6 +297,7 @@ PLUGIN_PLACES = {
     "families.gemma4.ple": "setups", "families.gemma4.gemma4_feature": "setups",
     "families.gemma4_mtp": "binding", "families.gemma4_mtp.gemma4_mtp_config": "steps",
     "families.gemma4_mtp.assistant": "setups", "families.gemma4_mtp.gemma4_mtp_feature": "setups",
+    "families.gemma4_mtp.ddtree": "binding",
 }
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests._gemma4_mtp_dir import built_config, mtp_directory, onnx_loader
 from tests._parity import Case, Compare, ParityMismatch
 
 pytest.importorskip("onnx")
@@ -35,6 +36,7 @@ pytest.importorskip("onnx")
 import trtio  # noqa: E402
 from trtio import names  # noqa: E402
 from trtio.families.gemma4_mtp import assistant as assistant_module  # noqa: E402
+from trtio.setups import engine_dir  # noqa: E402
 
 CASE = Case("gemma4-mtp")
 DEPTH = int(CASE.meta["spec"]["draft_step"])
@@ -46,21 +48,11 @@ MASKED = -6.0e4  # below this, a graph logit is the centroid mask (float16's low
 Hook = Callable[[dict[str, np.ndarray]], None]
 
 
-def built_config(config: dict[str, Any]) -> dict[str, Any]:
-    """An exported ``config.json`` as Edge-LLM's builder writes it beside the engine: every layer that is not
-    recurrent is ``"attention"`` in ``layer_types`` (``experimental/builder/core/config.py::_parse_layer_types``;
-    the exporter of a ``gemma4_mtp`` pair leaves Hugging Face's ``sliding_attention`` / ``full_attention`` there,
-    which ``attention_layer_types`` keeps)."""
-    out = dict(config)
-    out["layer_types"] = ["attention"] * len(out["layer_types"])
-    return out
-
-
 @contextlib.contextmanager
 def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | None = None,
-         verify_size: int = DEPTH + 1, backend: str = "host", graphs: bool = False) -> Iterator[Any]:
+         verify_size: int = DEPTH + 1, backend: str = "host", graphs: bool = False, top_k: int = 1) -> Iterator[Any]:
     """The pair bound with :func:`trtio.create_for_spec_decode`, its bundle read from an engine directory holding
-    the two configs (``draft_changes`` applied to the draft's)."""
+    the two configs (``draft_changes`` applied to the draft's) for rounds of ``top_k`` candidates a level."""
     base, draft = CASE.engine("base", backend), CASE.engine("draft", backend)
     base.input_hook = (hooks or {}).get("base")
     draft.input_hook = (hooks or {}).get("draft")
@@ -68,7 +60,7 @@ def pair(hooks: dict[str, Hook] | None = None, draft_changes: dict[str, Any] | N
         root = Path(tmp)
         (root / "base_config.json").write_text(json.dumps(built_config(base.config)))
         (root / "draft_config.json").write_text(json.dumps({**built_config(draft.config), **(draft_changes or {})}))
-        bundle = trtio.EngineDir.open(root).deployment(1, DEPTH, verify_size)
+        bundle = trtio.EngineDir.open(root).deployment(top_k, DEPTH, verify_size)
     with trtio.create_for_spec_decode(base, draft, bundle, backend=backend, graphs=graphs) as setup:
         yield setup
 
@@ -242,7 +234,8 @@ SCENARIOS = {"chain": chain_rounds, "tree": tree_rounds, "admission": admission}
 
 def run(scenario: str, **kwargs: Any) -> Run:
     """``scenario`` on the pair (``kwargs``: :func:`pair`'s)."""
-    with pair(verify_size=TREE if scenario == "tree" else DEPTH + 1, **kwargs) as setup:
+    tree = scenario == "tree"  # a bundle of top-K 2 (draft_rows: the assistant's steps take one row whatever K)
+    with pair(verify_size=TREE if tree else DEPTH + 1, top_k=2 if tree else 1, **kwargs) as setup:
         return SCENARIOS[scenario](setup)
 
 
@@ -348,6 +341,44 @@ def test_an_assistant_protocol_trtio_does_not_run_is_refused_naming_the_key(key:
         trtio.LLMEngineConfig.from_edgellm({**built_config(draft.config), key: value})
 
 
+def test_a_deployment_of_top_k_above_one_sizes_the_assistants_steps_by_its_family(tmp_path: Path) -> None:
+    """``draft_top_k x draft_step`` (2 x 3 = 6) past the assistant's ``max_draft_tree_size`` (4) is a deployment:
+    its steps take one row whatever K (``Gemma4MtpConfig.draft_rows``); the verify tree is bounded by the target's
+    ``max_verify_tree_size`` (7) alone. The JSON round trip of the bundle holds it too."""
+    base, draft = CASE.engine("base"), CASE.engine("draft")
+    (tmp_path / "base_config.json").write_text(json.dumps(built_config(base.config)))
+    (tmp_path / "draft_config.json").write_text(json.dumps(built_config(draft.config)))
+    directory = trtio.EngineDir.open(tmp_path)
+    assert directory.draft_config.max_draft_tree_size == 4 and directory.draft_config.draft_rows(2, 3) == 1
+    bundle = directory.deployment(2, DEPTH, TREE)
+    assert (bundle.spec.drafting_top_k, bundle.spec.drafting_step, bundle.spec.verify_size) == (2, DEPTH, TREE)
+    assert trtio.DeploymentConfig.from_dict(bundle.to_dict()) == bundle
+    with pytest.raises(trtio.ConfigError, match=r"verify_size: 8 exceeds builder_config.max_verify_tree_size \(7\)"):
+        directory.deployment(2, DEPTH, TREE + 1)
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_create_from_engine_dir_opens_the_pair_and_its_rounds_equal_hugging_face(
+        top_k: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export laid out as an engine directory (``spec_base.engine`` / ``spec_draft.engine`` and their configs),
+    opened by :func:`trtio.create_from_engine_dir` with the real graphs as its engines: a SpecDecodeSetup whose
+    rounds (chains, or top-2 trees) accept Hugging Face's greedy tokens, the logits within the tolerance."""
+    root = mtp_directory(tmp_path / "pair", CASE)
+    loaded: list[str] = []
+    monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(root, CASE, loaded))
+    size = TREE if top_k > 1 else DEPTH + 1
+    with trtio.create_from_engine_dir(root, draft_top_k=top_k, draft_step=DEPTH, verify_size=size,
+                                      backend="host") as setup:
+        assert isinstance(setup, trtio.SpecDecodeSetup) and loaded == ["base", "draft"]
+        assert (setup.bundle.spec.drafting_top_k, setup.bundle.spec.verify_size) == (top_k, size)
+        done = Run(setup, tree=top_k > 1)
+        done.prefill()
+        while done.room():
+            done.round()
+    assert done.base.worst <= 0.1 and done.draft.worst <= 0.1 and done.base.rows >= 8
+    assert sum(done.accepted) >= 8 and max(done.accepted) == DEPTH + 1, done.accepted
+
+
 def test_a_tree_drafted_in_one_step_is_refused() -> None:
     with pair() as setup:
         run_ = Run(setup)
@@ -359,8 +390,21 @@ def test_a_tree_drafted_in_one_step_is_refused() -> None:
             setup.draft_propose(x)
         with pytest.raises(trtio.TrtioError, match="drafting_step"):
             setup.draft_propose(x)
-        with pytest.raises(trtio.errors.InvalidValueError, match="prefix"):
+
+
+def test_a_prefix_on_the_pair_is_refused_naming_why() -> None:
+    """``pin_prefix`` on a Gemma 4 MTP pair: refused naming the pair and why (its assistant owns no KV pages, a prefix
+    pins each engine's own), before any bookkeeping: the pair's lengths unchanged, its next round runs."""
+    with pair() as setup:
+        run_ = Run(setup)
+        run_.prefill()
+        before = setup.base_lengths.tolist()
+        with pytest.raises(trtio.errors.InvalidValueError,
+                           match=r"pin_prefix\(\): a Gemma 4 MTP pair keeps no prefix: its assistant owns no KV pages"):
             setup.pin_prefix(0, 5)
+        assert setup.base_lengths.tolist() == before == setup.draft_lengths.tolist()
+        run_.round()
+        assert run_.draft.worst <= 0.1 and run_.base.worst <= 0.1
 
 
 # -- parity -----------------------------------------------------------------------------------------------------------

@@ -571,6 +571,16 @@ class LLMEngineConfig:
                 return found
         return (self.num_kv_heads, self.head_dim)
 
+    def draft_rows(self, top_k: int, step: int) -> int:
+        """The token rows a draft step of this (draft) engine takes a sequence in a round of ``step`` levels of
+        ``top_k`` candidates, the rows ``max_draft_tree_size`` bounds: a family's where one sizes its draft's steps
+        (:meth:`~trtio.features.FamilyConfig.draft_rows`), else an EAGLE-style tree's ``top_k x step``."""
+        for family in self.features:
+            found = family.draft_rows(top_k, step)
+            if found is not None:
+                return found
+        return top_k * step
+
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON values (``rope_scaling`` a dict or None, ``extras`` a dict), the families'
@@ -724,25 +734,37 @@ class SpecDecodeConfig:
     def __post_init__(self) -> None:
         python_ints(self)
 
-    def validate(self) -> SpecDecodeConfig:
+    def validate(self, draft_rows: int | None = None) -> SpecDecodeConfig:
+        """Check the knobs; ``draft_rows``: the rows a draft step of a round takes (the draft's
+        :meth:`LLMEngineConfig.draft_rows`; default an EAGLE-style tree's ``drafting_step * drafting_top_k``),
+        bounded by ``max_draft_proposal_size``."""
         check_positive(self, "base_output_hidden_dim", "draft_hidden_size", "max_verify_size",
                   "max_draft_proposal_size", "drafting_top_k", "drafting_step", "verify_size")
         if self.verify_size > self.max_verify_size:
             raise ConfigError("verify_size", f"{self.verify_size} exceeds max_verify_size ({self.max_verify_size})")
-        if self.drafting_step * self.drafting_top_k > self.max_draft_proposal_size:
+        tree = self.drafting_step * self.drafting_top_k
+        rows = tree if draft_rows is None else draft_rows
+        if rows > self.max_draft_proposal_size and rows == tree:
             raise ConfigError("drafting_step",
                               f"drafting_step * drafting_top_k = {self.drafting_step} * {self.drafting_top_k} "
                               f"exceeds max_draft_proposal_size ({self.max_draft_proposal_size})")
+        if rows > self.max_draft_proposal_size:
+            raise ConfigError("drafting_step",
+                              f"a round of drafting_step {self.drafting_step} x drafting_top_k {self.drafting_top_k} "
+                              f"takes {rows} rows a draft step, more than max_draft_proposal_size "
+                              f"({self.max_draft_proposal_size})")
         return self
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, what: str = "SpecDecodeConfig") -> SpecDecodeConfig:
+    def from_dict(cls, data: Mapping[str, Any], *, what: str = "SpecDecodeConfig",
+                  draft: LLMEngineConfig | None = None) -> SpecDecodeConfig:
+        """A validated spec section (``draft``: its draft's config, which sizes a round's draft steps)."""
         spec: SpecDecodeConfig = _from_mapping(cls, data, what)
         try:
-            return spec.validate()
+            return spec.validate(None if draft is None else draft.draft_rows(spec.drafting_top_k, spec.drafting_step))
         except ConfigError as exc:
             raise _within(what, exc) from None
 
@@ -771,7 +793,7 @@ class DeploymentConfig:
         spec = self.spec
         assert spec is not None
         self.draft.validate()
-        spec.validate()
+        spec.validate(self.draft.draft_rows(spec.drafting_top_k, spec.drafting_step))
         if not self.base.is_spec_decode_base:
             raise ConfigError("base.is_spec_decode_base", "must be true when a draft is given")
         if not self.draft.is_draft:
@@ -840,7 +862,7 @@ class DeploymentConfig:
                                                   f" or one of {_DEPLOYMENT_EXTRA_KEYS}")
         base = LLMEngineConfig.from_dict(data["base"], what=_at(what, "base"))
         draft = LLMEngineConfig.from_dict(data["draft"], what=_at(what, "draft")) if "draft" in data else None
-        spec = SpecDecodeConfig.from_dict(data["spec"], what=_at(what, "spec")) if "spec" in data else None
+        spec = SpecDecodeConfig.from_dict(data["spec"], what=_at(what, "spec"), draft=draft) if "spec" in data else None
         try:
             return cls(base, draft, spec, extra).validate()
         except ConfigError as exc:

@@ -294,7 +294,9 @@ class EngineDir:
         takes at run time: ``draft_top_k`` (candidates per drafted node), ``draft_step`` (draft levels
         per round) and ``verify_size`` (tree nodes the base verifies). They are checked against the
         configs' caps: ``verify_size <= builder_config.max_verify_tree_size`` of the base and
-        ``draft_top_k x draft_step <= builder_config.max_draft_tree_size`` of the draft.
+        the rows a draft step takes ``<= builder_config.max_draft_tree_size`` of the draft: an EAGLE-style tree's
+        ``draft_top_k x draft_step``, or what the draft's family says its steps take
+        (:meth:`~trtio.config.LLMEngineConfig.draft_rows`).
         """
         given = {"draft_top_k": draft_top_k, "draft_step": draft_step, "verify_size": verify_size}
         if self._kind == "llm":
@@ -313,11 +315,16 @@ class EngineDir:
         if verify_size > base.max_verify_tree_size:
             raise ConfigError("verify_size", f"{verify_size} exceeds builder_config.max_verify_tree_size "
                                              f"({base.max_verify_tree_size}) of {self.config_path('base')}")
-        if draft_top_k * draft_step > draft.max_draft_tree_size:
+        rows = draft.draft_rows(draft_top_k, draft_step)  # an EAGLE-style tree's top_k x step, or its family's
+        if rows > draft.max_draft_tree_size and rows == draft_top_k * draft_step:
             raise ConfigError("draft_top_k", f"draft_top_k x draft_step = {draft_top_k} x {draft_step} = "
                                              f"{draft_top_k * draft_step} exceeds builder_config.max_draft_tree_size "
                                              f"({draft.max_draft_tree_size}) of {self.config_path('draft')}: one "
                                              "proposal step drafts that many tokens")
+        if rows > draft.max_draft_tree_size:
+            raise ConfigError("draft_top_k", f"a round of draft_top_k {draft_top_k} x draft_step {draft_step} takes "
+                                             f"{rows} rows a draft step, more than builder_config.max_draft_tree_size "
+                                             f"({draft.max_draft_tree_size}) of {self.config_path('draft')}")
         spec = SpecDecodeConfig(
             base_output_hidden_dim=draft.base_model_hidden_size, draft_hidden_size=draft.hidden_size,
             max_verify_size=base.max_verify_tree_size, max_draft_proposal_size=draft.max_draft_tree_size,

@@ -100,6 +100,12 @@ class FamilyConfig(abc.ABC):
         ``"pages"`` (with the page tables)."""
         return []
 
+    def draft_rows(self, top_k: int, step: int) -> int | None:
+        """The token rows a sequence's draft step takes in a round of ``step`` levels of ``top_k`` candidates (what
+        the draft's ``max_draft_tree_size`` bounds), where this family's draft sizes its steps otherwise than an
+        EAGLE-style tree (``top_k x step`` rows); None: that tree's."""
+        return None
+
     def check_runs(self, base: Any, draft: Any, what: str) -> None:
         """Refuse a speculative pair (``base``, ``draft``: LLMEngineConfigs, this config one of theirs) trtio cannot
         run, before anything is allocated (a ConfigError naming ``what`` and the key)."""

@@ -13,7 +13,9 @@ until an end-of-sequence token (``eos_token_id`` of the config, else ``eos_token
 ``tokenizer_config.json``), ``--max-new-tokens`` or a full KV cache. A speculative pair drafts ``draft_top_k``
 chains of ``draft_step`` tokens per round (the draft's top-k first tokens, then its greedy continuation of
 each), verifies them all with the base in one step and keeps the longest chain the base agrees with, plus
-the base's next token: exactly the tokens greedy decoding of the base gives. Text goes to stdout as tokens
+the base's next token: exactly the tokens greedy decoding of the base gives (a DFlash / JetSpec pair guesses one
+block a round; a Gemma 4 MTP pair's assistant drafts one chain of ``draft_step`` one-token steps, verified as it is
+at top-K 1, or as the DDTree its steps' top-K tokens grow). Text goes to stdout as tokens
 come; tokens per second (and for a pair the acceptance rate) to stderr at the end.
 
 A vision-language model's directory (``visual/`` beside the LLM: Qwen2.5-VL, Qwen3-VL) takes ``--image``: each
@@ -55,6 +57,8 @@ from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import CONFIG_FILES, EMBEDDING_FILE, EngineDir
 from trtio.embeddings import TokenEmbeddings
 from trtio.errors import ConfigError, ShapeError, TrtioError
+from trtio.families.gemma4_mtp.ddtree import ddtree
+from trtio.families.gemma4_mtp.gemma4_mtp_config import Gemma4MtpConfig
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.lora.adapters import LoraAdapter
 from trtio.families.spec.block_family import block_family_of
@@ -337,14 +341,17 @@ def _tree(base: LLMEngineConfig, draft: LLMEngineConfig, opts: GenerateOptions) 
         raise ConfigError(RUNTIME_FLAGS["draft_top_k"], f"is {k}, but a hybrid base verifies one chain per round (its "
                                                         "recurrent layers run a step's tokens in order); use 1")
     cap = min(draft.max_draft_tree_size, base.max_verify_tree_size - 1)  # draft nodes a round may have
-    if k > cap:
+    # The longest chains that fit: the rows a draft step takes (draft_rows: an EAGLE-style tree's k x depth, or its
+    # family's) within the draft's cap, the verify tree (1 + k x depth) within the base's.
+    room = max((d for d in range(1, base.max_verify_tree_size) if 1 + k * d <= base.max_verify_tree_size and
+                draft.draft_rows(k, d) <= draft.max_draft_tree_size), default=0)
+    if room == 0:
         raise ConfigError(RUNTIME_FLAGS["draft_top_k"],
                           f"{k} chains of at least 1 token need a draft tree of {k} nodes and a verify tree of "
                           f"{1 + k}, but the draft takes {draft.max_draft_tree_size} and the base "
                           f"{base.max_verify_tree_size}: at most {cap} chains")
-    room = cap // k
     depth = room if opts.draft_step is None else opts.draft_step
-    if depth < 1 or k * depth > draft.max_draft_tree_size or 1 + k * depth > base.max_verify_tree_size:
+    if depth < 1 or draft.draft_rows(k, depth) > draft.max_draft_tree_size or 1 + k * depth > base.max_verify_tree_size:
         raise ConfigError(RUNTIME_FLAGS["draft_step"] if opts.draft_step is not None else RUNTIME_FLAGS["draft_top_k"],
                           f"{k} chains of {depth} tokens need a draft tree of {k * depth} nodes (the draft takes "
                           f"{draft.max_draft_tree_size}) and a verify tree of {1 + k * depth} (the base takes "
@@ -621,12 +628,14 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
     assert spec is not None
     if drafting and _is_dflash(setup.bundle):
         return _speculative_blocks(setup, embed, ids, sink, spec.drafting_step + 1, d2t)
+    if drafting and _is_assistant(setup.bundle):
+        return _speculative_assistant(setup, embed, ids, sink, spec.drafting_top_k, spec.drafting_step)
     k, depth = (spec.drafting_top_k, spec.drafting_step) if drafting else (1, 0)
     # The verify tree: node 0 is the pending token; draft node j (level j // k, chain j % k) is node j + 1.
     parents = np.array([-1] + [0 if j < k else j - k + 1 for j in range(k * depth)], np.int64)
     depth_of = np.array([0] + [j // k + 1 for j in range(k * depth)])
     base_cap, draft_cap = setup.base.cfg.max_kv_cache_capacity, setup.draft.cfg.max_kv_cache_capacity
-    pending = int(setup.base_prefill(embed(ids), [len(ids)]).to_numpy().argmax(-1)[0])
+    pending = int(setup.base_prefill(embed(ids), [len(ids)], **embed.extras()).to_numpy().argmax(-1)[0])
     if drafting:
         draft_logits = setup.draft_prefill(embed(ids[1:] + [pending]), [len(ids)]).to_numpy()
     rounds = accepted = 0
@@ -645,7 +654,7 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
                 level = [int(t) for t in _map(setup.draft_propose(embed(level), parents=par).to_numpy().argmax(-1),
                                               d2t)]
                 tokens += level
-        greedy = setup.verify(embed(tokens), parents).to_numpy().argmax(-1)
+        greedy = setup.verify(embed(tokens), parents, **embed.extras()).to_numpy().argmax(-1)
         ok = np.zeros(len(tokens), bool)
         ok[0] = True
         for node in range(1, len(tokens)):  # a node is accepted when its parent is and the base chose its token
@@ -664,6 +673,63 @@ def _speculative(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int]
         if drafting and not stop:
             draft_logits = setup.draft_accept(embed(emitted), [len(path)]).to_numpy()
     drafted = rounds * k * depth
+    return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "accepted_per_verify": accepted / rounds if rounds else 0.0}
+
+
+def _accepted_path(tokens: list[int], parents: list[int], greedy: np.ndarray) -> list[int]:
+    """The longest root path of a verify tree the base agrees with: from the root, the child whose token is the
+    base's greedy token after its parent, while there is one."""
+    path = [0]
+    while True:
+        kids = [n for n in range(1, len(tokens)) if parents[n] == path[-1] and tokens[n] == int(greedy[path[-1]])]
+        if not kids:
+            return path
+        path.append(kids[0])
+
+
+def _assistant_tree(steps: np.ndarray, k: int, verify_size: int) -> tuple[list[int], list[int]]:
+    """The draft nodes (tokens, parents; the root is node 0) a round of assistant steps ``steps`` [depth, vocab]
+    proposes: the chain of their argmaxes (top-K 1), or Edge-LLM's DDTree of ``verify_size`` nodes (top-K > 1)."""
+    if k > 1:
+        return ddtree(steps, k, verify_size)
+    return [int(t) for t in steps.argmax(-1)], list(range(steps.shape[0]))
+
+
+def _speculative_assistant(setup: SpecDecodeSetup, embed: _DeviceEmbedding, ids: list[int], sink: _Sink, k: int,
+                           depth: int) -> dict[str, Any]:
+    """Gemma 4 MTP rounds (``trtio.families.gemma4_mtp``): the assistant's step 0 takes the pending token alone
+    (``draft_prefill`` after the prompt, ``draft_accept`` after an accept), then ``depth - 1`` steps each fed the last
+    step's argmax (``draft_propose``); the base verifies the pending token and that chain (top-K 1) or the DDTree its
+    steps' top-``k`` tokens grow (top-K > 1, ``verify_size`` nodes); the longest agreeing path is kept with the base's
+    next token."""
+    spec = setup.bundle.spec
+    assert spec is not None
+    cap = setup.base.cfg.max_kv_cache_capacity
+    pending = int(setup.base_prefill(embed(ids), [len(ids)], **embed.extras()).to_numpy().argmax(-1)[0])
+    stop = sink.take([pending])
+    rounds = accepted = drafted = 0
+    if not stop:
+        step = setup.draft_prefill(embed([pending]), [len(ids)]).to_numpy()[0]
+    while not stop:
+        if int(setup.base_lengths[0]) + (spec.verify_size if k > 1 else depth + 1) > cap:
+            sink.stopped = "the KV cache is full"
+            break
+        steps = [step]
+        for _ in range(1, depth):
+            steps.append(setup.draft_propose(embed([int(steps[-1].argmax())])).to_numpy()[0])
+        nodes, up = _assistant_tree(np.stack(steps), k, spec.verify_size)
+        tokens, parents = [pending, *nodes], [-1, *up]
+        greedy = setup.verify(embed(tokens), np.array(parents), **embed.extras()).to_numpy().argmax(-1)
+        path = _accepted_path(tokens, parents, greedy)
+        setup.accept([path])
+        emitted = [tokens[n] for n in path[1:]] + [int(greedy[path[-1]])]
+        rounds, accepted, drafted = rounds + 1, accepted + len(path) - 1, drafted + len(nodes)
+        stop = sink.take(emitted)
+        pending = emitted[-1]
+        if not stop:
+            step = setup.draft_accept(embed([pending]), [len(path)]).to_numpy()[0]
     return {"rounds": rounds, "drafted": drafted, "accepted": accepted,
             "acceptance_rate": accepted / drafted if drafted else 0.0,
             "accepted_per_verify": accepted / rounds if rounds else 0.0}
@@ -742,6 +808,12 @@ class _TextStream:
             self._out.write(text[self._written:])
             self._out.flush()
             self._written = len(text)
+
+
+def _is_assistant(bundle: DeploymentConfig) -> bool:
+    """Whether ``bundle`` pairs a Gemma 4 MTP assistant (:mod:`trtio.families.gemma4_mtp`): one-token steps at the
+    last committed position, seeded and fed back through hidden states."""
+    return bundle.draft is not None and bundle.draft.feature(Gemma4MtpConfig) is not None
 
 
 def _is_dflash(bundle: DeploymentConfig) -> bool:

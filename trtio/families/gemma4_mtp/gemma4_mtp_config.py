@@ -93,6 +93,12 @@ class Gemma4MtpConfig(FamilyConfig):
     def keywords(self) -> dict[str, Any]:
         return {"gemma4_mtp": self}
 
+    def draft_rows(self, top_k: int, step: int) -> int | None:
+        """One row a sequence, every step: the assistant drafts a chain of ``step`` one-token steps whatever
+        ``top_k`` (a top-K > 1 tree is built from the steps' logits and verified whole: its size is the verify's,
+        ``verify_size``, bounded by the target's ``max_verify_tree_size``)."""
+        return 1
+
     def to_json(self) -> dict[str, Any]:
         return {"gemma4_mtp": self.to_dict()}
 

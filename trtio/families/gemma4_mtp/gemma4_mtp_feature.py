@@ -72,8 +72,10 @@ class Gemma4MtpFeature(Feature):
         return self._pools
 
     def check_pin(self, what: str) -> None:
-        raise InvalidValueError(f"{what}: a Gemma 4 MTP pair keeps no prefix (its draft reads the target's pages "
-                                "through the target's table rows; prefix reuse is not bound for it yet)")
+        raise InvalidValueError(f"{what}: a Gemma 4 MTP pair keeps no prefix: its assistant owns no KV pages (it "
+                                "reads the target's pools through the target's page-table rows), and a prefix pins "
+                                "pages in each engine's own pool; prefix reuse for a KV-less draft is not bound "
+                                "(docs/edgellm-assumptions.md §18.7)")
 
     def draft_prefill(self, r: DraftRound, pending: Prompt, inputs_embeds: Any, context_lengths: Any, slots: Any,
                       prefix: Any, stream: StreamLike = None) -> Tensor:
