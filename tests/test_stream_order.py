@@ -192,17 +192,20 @@ def _reference(script: str, contract: str, graphs: bool) -> np.ndarray:
     return _REFERENCE[key]
 
 
+@pytest.mark.parametrize("seeds", [SEEDS[1:3], pytest.param(SEEDS, marks=pytest.mark.slow)],
+                         ids=["2-seeds", "all-seeds"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("contract", CONTRACTS)
 @pytest.mark.parametrize("script", sorted(SCRIPTS))
 @pytest.mark.parametrize("mode", ["streams", "threads"])
 def test_calls_on_two_streams_or_two_threads_run_in_call_order(mode: str, script: str, contract: str,
-                                                              graphs: bool) -> None:
+                                                              graphs: bool, seeds: tuple[int, ...]) -> None:
     """Calls alternating between two streams, or between two threads' default streams, give a one-stream run's
-    logits for every seed's interleaving of the device's streams."""
+    logits for every seed's interleaving of the device's streams (two seeds in the quick suite, all at full
+    count: -m slow)."""
     want = _reference(script, contract, graphs)
     assert np.isfinite(want).all()
-    for seed in SEEDS:
+    for seed in seeds:
         got = _run(script, seed, contract, graphs, mode, "long-lived")
         np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}")
 
