@@ -179,25 +179,26 @@ class _PathTables:
         self.rows = table[0] if self.shared else table[which]
         self.seqs = seqs
         nodes = table[which, :, 2:]  # each sequence's [N, W] paths, then their rows of the verify step's outputs
-        self.accepted = np.where(nodes >= 0, seqs[:len(which), None, None] * self.nodes + nodes, -1)
+        firsts = seqs[:len(which)] * self.nodes
+        # flat: sequence i's node c at row firsts[i] + c (one lookup whatever the batch)
+        self.accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
+        self.firsts = firsts
 
     def lay_out(self, paths: list[list[int]], b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``b`` paths (lists of ints) as (the commit's rows [b, 2 + width], their starts 0; lengths [b]; the
         accepted nodes' rows [b, longest], -1 past each path), or None where a path is not the root path of a
         node."""
-        try:
-            ends = [*map(_LAST, paths)]  # an empty path raises
+        try:  # an empty path, or a last node past the tree's, raises
+            ends = [*map(_LAST, paths)]
+            want = [*map(self.paths.__getitem__, ends)] if self.shared else \
+                [*map(list.__getitem__, self.paths, ends)]
         except IndexError:
             return None
-        if min(ends) < 0 or max(ends) >= self.nodes:
+        if want != paths:  # (a negative last node looks up a node counted from the end, whose path ends elsewhere)
             return None
-        want = [*map(self.paths.__getitem__, ends)] if self.shared else [*map(list.__getitem__, self.paths, ends)]
-        if want != paths:
-            return None
-        at = np.array(ends)
-        seqs = self.seqs[:b]
-        moves = self.rows[at] if self.shared else self.rows[seqs, at]
-        return moves, moves[:, 1], self.accepted[seqs, at, :max(map(len, paths))]
+        at = np.array(ends, np.intp)
+        moves = self.rows[at] if self.shared else self.rows[self.seqs[:b], at]
+        return moves, moves[:, 1], self.accepted[self.firsts[:b] + at, :max(map(len, paths))]
 
 
 def _root_paths(parents: list[int]) -> list[list[int] | None]:
