@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -174,20 +174,21 @@ class _PathTables:
                     table[i, c, 1] = len(p)
                     table[i, c, 2:2 + len(p)] = p
         self.shared = len(lists) == 1
-        # shared: one parent list's paths by node and its rows [N, 2 + W]; else each sequence's [b, N, 2 + W]
+        # shared: one parent list's paths by node; else each sequence's
         self.paths: Any = lists[0] if self.shared else [lists[i] for i in which]
-        self.rows = table[0] if self.shared else table[which]
-        self.seqs = seqs
-        nodes = table[which, :, 2:]  # each sequence's [N, W] paths, then their rows of the verify step's outputs
+        # flat, sequence i's node c at row i * N + c: its commit row [2 + W] and its nodes' rows of the verify step's
+        # outputs [W] (one lookup each, whatever the batch)
+        self.rows = table[which].reshape(-1, 2 + self.width)
+        nodes = table[which, :, 2:]
         firsts = seqs[:len(which)] * self.nodes
-        # flat: sequence i's node c at row firsts[i] + c (one lookup whatever the batch)
         self.accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
-        self.firsts = firsts
+        self.firsts: list[int] = firsts.tolist()
 
-    def lay_out(self, paths: list[list[int]], b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def lay_out(self, paths: list[list[int]],
+                b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]] | None:
         """``b`` paths (lists of ints) as (the commit's rows [b, 2 + width], their starts 0; lengths [b]; the
-        accepted nodes' rows [b, longest], -1 past each path), or None where a path is not the root path of a
-        node."""
+        accepted nodes' rows [b, longest], -1 past each path; the paths as the tables hold them: equal to
+        ``paths``, lists no caller writes), or None where a path is not the root path of a node."""
         try:  # an empty path, or a last node past the tree's, raises
             ends = [*map(_LAST, paths)]
             want = [*map(self.paths.__getitem__, ends)] if self.shared else \
@@ -196,9 +197,9 @@ class _PathTables:
             return None
         if want != paths:  # (a negative last node looks up a node counted from the end, whose path ends elsewhere)
             return None
-        at = np.array(ends, np.intp)
-        moves = self.rows[at] if self.shared else self.rows[self.seqs[:b], at]
-        return moves, moves[:, 1], self.accepted[self.firsts[:b] + at, :max(map(len, paths))]
+        at = np.array([*map(add, self.firsts, ends)], np.intp)  # (zip stops at the b paths)
+        moves = self.rows[at]
+        return moves, moves[:, 1], self.accepted[at, :max(map(len, paths))], want
 
 
 def _root_paths(parents: list[int]) -> list[list[int] | None]:
@@ -289,10 +290,10 @@ class AcceptedPaths:
         laid = tables.lay_out(paths, b)
         if laid is None:
             return None
-        moves, acc, rows = laid
+        moves, acc, rows, held = laid
         if starts is not None:
             moves[:, 0] = starts
-        self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, tables, firsts)
+        self._last = (tree, held, moves, acc, rows, tables, firsts)  # (held: the tables' lists, equal to paths)
         self._fixed = None
         return moves, acc, rows
 
