@@ -121,7 +121,7 @@ class BlockDraft:
         found = self._deltas.get(key)
         if found is None:  # lengths new every round (a serving loop's) are laid out by table lookups alone
             j, takes, seqs = self._rows(b, width)
-            take = takes[delta]
+            take = takes.take(delta, 0)
             found = (take, j, np.where(take, seqs, np.int32(-1)).reshape(-1))
             if key == self._last_delta:  # a round repeats its accept lengths: their rows and sequences are kept
                 found = self._deltas.put(key, (take, j, constant(found[2])))
