@@ -181,9 +181,10 @@ class _PathTables:
         self.rows = table[which].reshape(-1, 2 + self.width)
         nodes = table[which, :, 2:]
         firsts = seqs[:len(which)] * self.nodes
-        accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
-        # per longest path n, its first n columns, contiguous (ndarray.take is fast on a contiguous table only)
-        self.accepted = [np.ascontiguousarray(accepted[:, :n]) for n in range(self.width + 1)]
+        self.accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
+        # per longest path n met, the table's first n columns, contiguous (ndarray.take is fast on a contiguous table
+        # only): made when first met
+        self._by_longest: dict[int, np.ndarray] = {}
         self.firsts: list[int] = firsts.tolist()
 
     def lay_out(self, paths: list[list[int]],
@@ -201,7 +202,11 @@ class _PathTables:
             return None
         at = np.fromiter(map(add, self.firsts, ends), np.intp, b)
         moves = self.rows.take(at, 0)  # (ndarray.take: an array of its own, faster than indexing with `at`)
-        return moves, moves[:, 1], self.accepted[max(map(len, paths))].take(at, 0), want
+        longest = max(map(len, paths))
+        table = self._by_longest.get(longest)
+        if table is None:
+            table = self._by_longest[longest] = np.ascontiguousarray(self.accepted[:, :longest])
+        return moves, moves[:, 1], table.take(at, 0), want
 
 
 def _root_paths(parents: list[int]) -> list[list[int] | None]:
