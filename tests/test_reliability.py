@@ -542,6 +542,10 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         _refused(host, ShapeError, r"paths\[0\] = \[0, 2, 3\]: node 3 is not a child of node 2 in the verified tree",
                  sd.accept, [[0, 2, 3], [0]])
         _refused(host, ShapeError, r"paths\[1\] = \[1\]: a path starts at the root", sd.accept, [[0], [1]])
+        # a last node counted from the end (node 3's path is [0, 1, 3]) or past the tree's is no node of it
+        _refused(host, ShapeError, r"paths\[0\] = \[0, 1, -1\]: node -1 is not a child of node 1", sd.accept,
+                 [[0, 1, -1], [0]])
+        _refused(host, ShapeError, r"paths\[1\] = \[0, 4\]: node 4 is not a child of node 0", sd.accept, [[0], [0, 4]])
         _refused(host, ShapeError, r"paths\[0\]: node 1\.5 is not an int node index", sd.accept, [[0, 1.5], [0]])
         _refused(host, ShapeError, r"paths\[1\]: node True is not an int node index", sd.accept, [[0], [0, True]])
         # Paths of equal lengths (numpy reads them at once) are checked alike.

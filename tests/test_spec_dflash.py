@@ -405,3 +405,38 @@ def test_trtio_inspect_names_the_pairs_family(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert out.splitlines()[0].endswith(": a DFlash speculative pair, ragged contract (token-major, paged KV cache)")
     assert "dflash_delta_token_to_sequence" in out and "PipelineIO.base_hidden_states" in out
+
+
+def test_a_deltas_base_rows_are_moved_where_a_path_leaves_them_out_of_order_and_only_there() -> None:
+    """The delta's base rows are read at row ``i * a + j`` (``a``: the block's width here): a path that skips a node
+    (root, 2, 3 of parents [-1, 0, 0, 2]) has its rows put there first, whichever lengths the batch's other paths
+    have; paths of new lengths down a chain lie there already and cost no device operation more than whole blocks
+    (the moves cost some)."""
+    prompts = [PROMPTS[0], PROMPTS[1]]
+    with dflash_setup() as s:
+        x, lens = emb(prompts)
+        s.base_prefill(x, lens)
+        s.draft_prefill(block_of([5, 6]), lens)
+        hidden = s.io.base_hidden_states
+        ops: dict[str, int] = {}
+        for paths in ([[0, 2, 3], [0, 1]], [[0, 1], [0, 2, 3]], [[0, 2], [0]]):
+            s.verify(E[[[5, 7, 8, 9], [6, 7, 8, 9]]].astype(np.float16), [-1, 0, 0, 2])
+            verified = hidden.to_numpy().reshape(2 * BLOCK, -1).copy()
+            s.accept(paths)
+            before = s.io.backend.op_count
+            s.draft_accept(block_of([5, 6]), [len(p) for p in paths])
+            ops["moved"] = s.io.backend.op_count - before
+            got = hidden.to_numpy().reshape(2 * BLOCK, -1)
+            for i, path in enumerate(paths):
+                at = i * BLOCK
+                np.testing.assert_array_equal(got[at:at + len(path)], verified[at + np.array(path)],
+                                              err_msg=f"paths {paths}, sequence {i}")
+        chain = [-1, 0, 1, 2]
+        for name, paths in (("whole", [[0, 1, 2, 3]] * 2), ("whole", [[0, 1, 2, 3]] * 2), ("new", [[0, 1, 2], [0]]),
+                            ("new", [[0], [0, 1]]), ("new", [[0, 1, 2, 3], [0, 1, 2]])):
+            s.verify(E[[[5, 7, 8, 9], [6, 7, 8, 9]]].astype(np.float16), chain)
+            s.accept(paths)
+            before = s.io.backend.op_count
+            s.draft_accept(block_of([5, 6]), [len(p) for p in paths])
+            ops[name] = max(ops.get(name, 0), s.io.backend.op_count - before)
+        assert ops["new"] <= ops["whole"] < ops["moved"], ops

@@ -333,6 +333,11 @@ def test_a_serving_round_costs_the_steady_round_and_one_upload(host: Backend, co
             ops: dict[str, list[int]] = {}
             uploads = {"step": step.uploads, "moves": moves.uploads}
             _round(sd, 2 + r, levels, ops, paths=paths)
+            if contract == "batch":  # the host's roots are the ones the catch-up's layout wrote on the device
+                b = len(paths)
+                on_device = step.tensors["draft_roots"].to_numpy()[:b]
+                np.testing.assert_array_equal(sd._roots.rows[:b], on_device, err_msg=f"round {r}")
+                np.testing.assert_array_equal(on_device, [i * 3 + len(p) - 1 for i, p in enumerate(paths)])
             if r == 0:  # (a round after the steady ones: its first level read the steady catch-up's)
                 continue
             total, steady_total = sum(sum(v) for v in ops.values()), sum(v[-1] for v in steady.values()) + \

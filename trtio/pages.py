@@ -245,9 +245,10 @@ class PageTable:
         changes until :meth:`StepPages.commit`."""
         plan = StepPages(self)
         page, pool, entries = self.page_size, self.pool, self.pages_per_sequence
+        limits = self.limit.tolist()
         need = 0
         for slot, start, end in zip(slots, starts, ends):
-            if end <= start:
+            if end <= start or end <= limits[slot]:  # (within pages it holds alone: nothing to take, its limit stays)
                 continue
             first, last = start // page, (end - 1) // page
             if last >= entries:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trtio import names
+from trtio._cache import BoundedCache
 from trtio.config import DeploymentConfig, LLMEngineConfig
 from trtio.contracts.contract import (
     ROUND_NEXT,
@@ -209,6 +210,7 @@ class BatchSteps(StepInputs):
     def __init__(self, io: Pipeline, rope_table: Callable[[LLMEngineConfig, Stream], Tensor]) -> None:
         super().__init__(io, rope_table)
         self._select_zero_batch: int | None = None  # the batch whose decode selection (all 0) is staged
+        self._root_bases: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()  # catch_up_roots's, per shape
 
     def prompt(self, e: EngineView, past: np.ndarray | None, lengths: np.ndarray, width: int, s: Stream,
                slots: np.ndarray | None = None, pages: np.ndarray | None = None) -> tuple[DeviceWork, ...]:
@@ -353,4 +355,8 @@ class BatchSteps(StepInputs):
         return np.asarray(np.arange(batch) * width + lengths - 1)
 
     def catch_up_roots(self, batch: int, width: int, accepted: np.ndarray) -> np.ndarray | None:
-        return np.asarray(np.arange(batch) * width + accepted - 1)
+        before = self._root_bases.get((batch, width))  # row i * width - 1, made once per shape: one add a round
+        if before is None:
+            before = self._root_bases.put((batch, width), np.arange(batch) * width - 1)
+        roots: np.ndarray = np.add(before, accepted, dtype=np.int64)  # (an array of its own)
+        return roots

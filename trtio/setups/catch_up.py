@@ -115,7 +115,10 @@ class CatchUp:
             return last[2]
         roots = self._steps.catch_up_roots(b, a, accepted)
         if roots is not None and roots.flags.writeable:
-            roots = constant(roots)
+            if roots.flags.owndata and roots.base is None:  # an array of its own, held by no one else: kept as it is
+                roots.flags.writeable = False
+            else:
+                roots = constant(roots)
         if not accepted.flags.writeable:
             self._last_roots = (accepted, a, roots)
         return roots

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -174,30 +174,39 @@ class _PathTables:
                     table[i, c, 1] = len(p)
                     table[i, c, 2:2 + len(p)] = p
         self.shared = len(lists) == 1
-        # shared: one parent list's paths by node and its rows [N, 2 + W]; else each sequence's [b, N, 2 + W]
+        # shared: one parent list's paths by node; else each sequence's
         self.paths: Any = lists[0] if self.shared else [lists[i] for i in which]
-        self.rows = table[0] if self.shared else table[which]
-        self.seqs = seqs
-        nodes = table[which, :, 2:]  # each sequence's [N, W] paths, then their rows of the verify step's outputs
-        self.accepted = np.where(nodes >= 0, seqs[:len(which), None, None] * self.nodes + nodes, -1)
+        # flat, sequence i's node c at row i * N + c: its commit row [2 + W] and its nodes' rows of the verify step's
+        # outputs [W] (one lookup each, whatever the batch)
+        self.rows = table[which].reshape(-1, 2 + self.width)
+        nodes = table[which, :, 2:]
+        firsts = seqs[:len(which)] * self.nodes
+        self.accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
+        # per longest path n met, the table's first n columns, contiguous (ndarray.take is fast on a contiguous table
+        # only): made when first met
+        self._by_longest: dict[int, np.ndarray] = {}
+        self.firsts: list[int] = firsts.tolist()
 
-    def lay_out(self, paths: list[list[int]], b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def lay_out(self, paths: list[list[int]],
+                b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]]] | None:
         """``b`` paths (lists of ints) as (the commit's rows [b, 2 + width], their starts 0; lengths [b]; the
-        accepted nodes' rows [b, longest], -1 past each path), or None where a path is not the root path of a
-        node."""
-        try:
-            ends = [*map(_LAST, paths)]  # an empty path raises
+        accepted nodes' rows [b, longest], -1 past each path; the paths as the tables hold them: equal to
+        ``paths``, lists no caller writes), or None where a path is not the root path of a node."""
+        try:  # an empty path, or a last node past the tree's, raises
+            ends = [*map(_LAST, paths)]
+            want = [*map(self.paths.__getitem__, ends)] if self.shared else \
+                [*map(list.__getitem__, self.paths, ends)]
         except IndexError:
             return None
-        if min(ends) < 0 or max(ends) >= self.nodes:
+        if want != paths:  # (a negative last node looks up a node counted from the end, whose path ends elsewhere)
             return None
-        want = [*map(self.paths.__getitem__, ends)] if self.shared else [*map(list.__getitem__, self.paths, ends)]
-        if want != paths:
-            return None
-        at = np.array(ends)
-        seqs = self.seqs[:b]
-        moves = self.rows[at] if self.shared else self.rows[seqs, at]
-        return moves, moves[:, 1], self.accepted[seqs, at, :max(map(len, paths))]
+        at = np.fromiter(map(add, self.firsts, ends), np.intp, b)
+        moves = self.rows.take(at, 0)  # (ndarray.take: an array of its own, faster than indexing with `at`)
+        longest = max(map(len, paths))
+        table = self._by_longest.get(longest)
+        if table is None:
+            table = self._by_longest[longest] = np.ascontiguousarray(self.accepted[:, :longest])
+        return moves, moves[:, 1], table.take(at, 0), want
 
 
 def _root_paths(parents: list[int]) -> list[list[int] | None]:
@@ -288,10 +297,10 @@ class AcceptedPaths:
         laid = tables.lay_out(paths, b)
         if laid is None:
             return None
-        moves, acc, rows = laid
+        moves, acc, rows, held = laid
         if starts is not None:
             moves[:, 0] = starts
-        self._last = (tree, [*map(list.copy, paths)], moves, acc, rows, tables, firsts)
+        self._last = (tree, held, moves, acc, rows, tables, firsts)  # (held: the tables' lists, equal to paths)
         self._fixed = None
         return moves, acc, rows
 

@@ -57,7 +57,7 @@ class BlockDraft:
         # per delta width and lengths: which rows hold a token, their offsets, their sequences (a constant)
         self._deltas: BoundedCache[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
         self._last_moves: tuple[Any, Any, int, tuple[DeviceWork, ...]] | None = None  # the last accept's
-        self._grids: BoundedCache[tuple[int, int], np.ndarray] = BoundedCache()  # _in_order's, per (batch, width)
+        self._grids: BoundedCache[tuple[int, int, int], list[list[list[int]]]] = BoundedCache()  # _in_place_rows's
         self._delta_rows: BoundedCache[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = BoundedCache()
         self._last_delta: tuple[int, bytes] | None = None  # the last delta's key (_stage keeps a repeated one)
 
@@ -71,12 +71,14 @@ class BlockDraft:
                                                       np.arange(b, dtype=np.int32)[:, None]))
         return found
 
-    def _in_order(self, b: int, a: int) -> np.ndarray:
-        """Row ``i * a + j`` at ``[i, j]`` (``[b, a]``): where the catch-up's moves put accepted node ``j`` of
-        sequence ``i`` (:meth:`CatchUp.in_order <trtio.setups.catch_up.CatchUp.in_order>` on full paths)."""
-        found = self._grids.get((b, a))
+    def _in_place_rows(self, b: int, a: int, k: int) -> list[list[list[int]]]:
+        """Per sequence ``i`` and path length ``n`` (``0 .. k``), the accepted rows ``[k]`` of a path whose nodes lie
+        where the catch-up's moves would put them: row ``i * a + j`` for node ``j < n``, -1 past it
+        (:meth:`CatchUp.in_order <trtio.setups.catch_up.CatchUp.in_order>` on full paths)."""
+        found = self._grids.get((b, a, k))
         if found is None:
-            found = self._grids.put((b, a), np.arange(b * a).reshape(b, a))
+            found = self._grids.put((b, a, k), [[[*range(i * a, i * a + n), *[-1] * (k - n)] for n in range(k + 1)]
+                                                for i in range(b)])
         return found
 
     def refuse_propose(self) -> None:
@@ -119,7 +121,7 @@ class BlockDraft:
         found = self._deltas.get(key)
         if found is None:  # lengths new every round (a serving loop's) are laid out by table lookups alone
             j, takes, seqs = self._rows(b, width)
-            take = takes[delta]
+            take = takes.take(delta, 0)
             found = (take, j, np.where(take, seqs, np.int32(-1)).reshape(-1))
             if key == self._last_delta:  # a round repeats its accept lengths: their rows and sequences are kept
                 found = self._deltas.put(key, (take, j, constant(found[2])))
@@ -167,7 +169,8 @@ class BlockDraft:
         logits: Tensor = r.io.output_logits
         return logits
 
-    def _moves(self, r: DraftRound, acc: np.ndarray, rows: np.ndarray, a: int) -> tuple[DeviceWork, ...]:
+    def _moves(self, r: DraftRound, acc: np.ndarray, lens: list[int], rows: np.ndarray,
+               a: int) -> tuple[DeviceWork, ...]:
         """The accepted paths' base rows put in order (row ``i * a + j``), or nothing where they are there already
         (a chain verified ``a`` nodes wide: Edge-LLM's linear DFlash reads them in place). The paths accept()
         repeats (read-only arrays) are answered again without a look. ``rows``: where their base rows are."""
@@ -176,8 +179,9 @@ class BlockDraft:
             return last[3]
         b, k = rows.shape
         moves: tuple[DeviceWork, ...] = ()
-        # in place: each accepted node's row is row i * a + j already (rows are -1 past each path)
-        if k > a or not np.array_equal(rows, np.where(rows < 0, -1, self._in_order(b, a)[:, :k])):
+        # in place: each accepted node's row is row i * a + j already (rows are -1 past each path): compared as
+        # Python lists with the in-place rows of the paths' lengths (a few list compares, whatever the lengths)
+        if k > a or rows.tolist() != [*map(list.__getitem__, self._in_place_rows(b, a, k), lens)]:
             moves = r.catch_up.features(r.draft, acc, a, rows)
         elif not acc.flags.writeable and not rows.flags.writeable:
             self._last_moves = (acc, rows, a, moves)  # only the in-place answer: the moves write the step block
@@ -202,7 +206,7 @@ class BlockDraft:
         taken, pages = r.pages(e, order, key, past, longest + w, s, have, top)
         try:
             r.upload_embeds(x, s)
-            moves = self._moves(r, acc, rows, a)
+            moves = self._moves(r, acc, lens, rows, a)
             before = moves + self._stage(r, past, acc, a, w, s, order if r.seqs.slotted else None, pages)
             e.executor.prepare(DECODE_PROFILE, r.catch_up_map, dims, s)
             try:
