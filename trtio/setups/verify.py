@@ -184,7 +184,7 @@ class _PathTables:
         self.accepted = np.where(nodes >= 0, firsts[:, None, None] + nodes, -1).reshape(-1, self.width)
         # per longest path n met, the table's first n columns, contiguous (ndarray.take is fast on a contiguous table
         # only): made when first met
-        self._by_longest: dict[int, np.ndarray] = {}
+        self._by_longest: BoundedCache[int, np.ndarray] = BoundedCache()  # at most MAX_PATH_MOVES + 1 widths
         self.firsts: list[int] = firsts.tolist()
 
     def lay_out(self, paths: list[list[int]],
@@ -205,7 +205,7 @@ class _PathTables:
         longest = max(map(len, paths))
         table = self._by_longest.get(longest)
         if table is None:
-            table = self._by_longest[longest] = np.ascontiguousarray(self.accepted[:, :longest])
+            table = self._by_longest.put(longest, np.ascontiguousarray(self.accepted[:, :longest]))
         return moves, moves[:, 1], table.take(at, 0), want
 
 
