@@ -18,8 +18,9 @@ import numpy as np
 
 from trtio.components.visual.phi4mm import Phi4mmVisualConfig, kVisualInput, kVisualOutput, phi4mm_registry
 from trtio.errors import ConfigError, InvalidValueError
-from trtio.testing.reference_engine import ReferenceEngine, ReferenceExecutionContext, _Plan
-from trtio.testing.reference_io import ExecutionContextAllocationStrategy, TensorIOMode, _Decl, _index
+from trtio.testing.reference_engine import ReferenceExecutionContext, _Plan
+from trtio.testing.reference_io import ExecutionContextAllocationStrategy, TensorIOMode, _Decl
+from trtio.testing.reference_visual import EncoderReferenceEngine
 
 __all__ = ["ReferencePhi4mmEngine", "reference_phi4mm"]
 
@@ -53,7 +54,7 @@ def reference_phi4mm(cfg: Phi4mmVisualConfig, blocks: Any, seed: int = 0) -> np.
     return out
 
 
-class ReferencePhi4mmEngine(ReferenceEngine):
+class ReferencePhi4mmEngine(EncoderReferenceEngine):
     """The double (module docstring); build it with :meth:`from_config`. Host device only."""
 
     def __init__(self, cfg: Phi4mmVisualConfig, *, name: str, seed: int, backend: Any) -> None:
@@ -88,32 +89,9 @@ class ReferencePhi4mmEngine(ReferenceEngine):
             raise InvalidValueError(f"ReferencePhi4mmEngine.from_config: {sorted(unused)} are for LLM engines")
         return cls(cfg, name=name or "toy-phi4mm-vit", seed=seed, backend=backend)
 
-    @property
-    def contract(self) -> str:
-        return "visual"
+    def _context(self, strategy: ExecutionContextAllocationStrategy, name: str) -> ReferencePhi4mmContext:
+        return ReferencePhi4mmContext(self, strategy, name)
 
-    @property
-    def num_optimization_profiles(self) -> int:
-        return 1
-
-    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
-        if _index(profile_index, 1) is None and name in self._by_name and self._by_name[name].is_input:
-            raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} is out "
-                                    f"of range [0, 1)")
-        return super().get_tensor_profile_shape(name, profile_index)
-
-    def get_device_memory_size_for_profile_v2(self, profile_index: int) -> int:
-        return self._profile_memory[0] if _index(profile_index, 1) is not None else 0
-
-    def create_execution_context(
-        self, strategy: ExecutionContextAllocationStrategy | int = ExecutionContextAllocationStrategy.STATIC,
-    ) -> ReferencePhi4mmContext:
-        try:
-            strategy = ExecutionContextAllocationStrategy(int(strategy))
-        except (TypeError, ValueError):
-            raise InvalidValueError(f"{self._name}: create_execution_context: unknown allocation strategy "
-                                    f"{strategy!r}") from None
-        return ReferencePhi4mmContext(self, strategy, f"{self._name}.context{next(self._context_ids)}")
 
     def __repr__(self) -> str:
         return f"ReferencePhi4mmEngine(name={self._name!r}, io_tensors={len(self._decls)})"

@@ -292,7 +292,42 @@ class _VitGeometry:
     types: tuple[str, ...] = ()  # no recurrent layer
 
 
-class ReferenceVisualEngine(ReferenceEngine):
+class EncoderReferenceEngine(ReferenceEngine):
+    """What the encoder doubles share (a ViT's, Phi-4-MM's): the ``visual`` contract and one optimization profile,
+    as Edge-LLM's encoder engines have; a subclass makes its own context (:meth:`_context`)."""
+
+    @property
+    def contract(self) -> str:
+        return "visual"
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return 1
+
+    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
+        if _index(profile_index, 1) is None and name in self._by_name and self._by_name[name].is_input:
+            raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} is out "
+                                    f"of range [0, 1)")
+        return super().get_tensor_profile_shape(name, profile_index)
+
+    def get_device_memory_size_for_profile_v2(self, profile_index: int) -> int:
+        return self._profile_memory[0] if _index(profile_index, 1) is not None else 0
+
+    def create_execution_context(
+        self, strategy: ExecutionContextAllocationStrategy | int = ExecutionContextAllocationStrategy.STATIC,
+    ) -> ReferenceExecutionContext:
+        try:
+            strategy = ExecutionContextAllocationStrategy(int(strategy))
+        except (TypeError, ValueError):
+            raise InvalidValueError(f"{self._name}: create_execution_context: unknown allocation strategy "
+                                    f"{strategy!r}") from None
+        return self._context(strategy, f"{self._name}.context{next(self._context_ids)}")
+
+    def _context(self, strategy: ExecutionContextAllocationStrategy, name: str) -> ReferenceExecutionContext:
+        raise NotImplementedError
+
+
+class ReferenceVisualEngine(EncoderReferenceEngine):
     """A toy ViT with TensorRT's ``ICudaEngine`` API (module docstring); build it with :meth:`from_config`.
     One optimization profile, as Edge-LLM's visual engines have."""
 
@@ -359,32 +394,9 @@ class ReferenceVisualEngine(ReferenceEngine):
     def weights(self) -> Any:
         return self._vit_weights
 
-    @property
-    def contract(self) -> str:
-        return "visual"
+    def _context(self, strategy: ExecutionContextAllocationStrategy, name: str) -> ReferenceVisualContext:
+        return ReferenceVisualContext(self, strategy, name)
 
-    @property
-    def num_optimization_profiles(self) -> int:
-        return 1
-
-    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
-        if _index(profile_index, 1) is None and name in self._by_name and self._by_name[name].is_input:
-            raise InvalidValueError(f"{self._name}: get_tensor_profile_shape: profile index {profile_index!r} is out "
-                                    f"of range [0, 1)")
-        return super().get_tensor_profile_shape(name, profile_index)
-
-    def get_device_memory_size_for_profile_v2(self, profile_index: int) -> int:
-        return self._profile_memory[0] if _index(profile_index, 1) is not None else 0
-
-    def create_execution_context(
-        self, strategy: ExecutionContextAllocationStrategy | int = ExecutionContextAllocationStrategy.STATIC,
-    ) -> ReferenceVisualContext:
-        try:
-            strategy = ExecutionContextAllocationStrategy(int(strategy))
-        except (TypeError, ValueError):
-            raise InvalidValueError(f"{self._name}: create_execution_context: unknown allocation strategy "
-                                    f"{strategy!r}") from None
-        return ReferenceVisualContext(self, strategy, f"{self._name}.context{next(self._context_ids)}")
 
     def __repr__(self) -> str:
         return (f"ReferenceVisualEngine(name={self._name!r}, kind={self._cfg.model_type!r}, device={self._device!r}, "
