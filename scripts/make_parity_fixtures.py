@@ -338,6 +338,35 @@ def versions() -> dict[str, str]:
     return found
 
 
+#: The exporter's per-node metadata holding the Python stack of the torch code that made the node: file paths of the
+#: machine that exported it, which no fixture keeps.
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+
+
+def strip_stack_traces(graph: Path) -> None:
+    """Drop :data:`STACK_TRACE_KEY` from every node of ``graph`` (its functions' and subgraphs' too), in place; the
+    external weights are left as they are."""
+    import onnx  # noqa: PLC0415
+
+    model = onnx.load(str(graph), load_external_data=False)
+
+    def clean(nodes: Any) -> None:
+        for node in nodes:
+            kept = [p for p in node.metadata_props if p.key != STACK_TRACE_KEY]
+            del node.metadata_props[:]
+            node.metadata_props.extend(kept)
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    clean(attr.g.node)
+                for g in attr.graphs:
+                    clean(g.node)
+
+    clean(model.graph.node)
+    for function in model.functions:
+        clean(function.node)
+    onnx.save(model, str(graph))
+
+
 def write_case(case: Case, out_root: Path) -> None:
     out = out_root / case.name
     with tempfile.TemporaryDirectory() as tmp:
@@ -359,6 +388,8 @@ def write_case(case: Case, out_root: Path) -> None:
                     for name in EXPORT_FILES:
                         if (src / name).is_file():
                             shutil.copy2(src / name, out / folder / name)
+                    if (out / folder / "model.onnx").is_file():
+                        strip_stack_traces(out / folder / "model.onnx")
                 profiles[folder] = record_profiles(builder, ckpt / role.checkpoint, src / "model.onnx", role.builder,
                                                    spec_args(case, ckpt, role), role.component, role.amend_profiles)
         graphs = {folder: role.graph for folder, role in case.roles.items() if role.graph}
