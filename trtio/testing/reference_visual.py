@@ -29,6 +29,7 @@ clipped (a check would synchronise the host).
 
 from __future__ import annotations
 
+import abc
 import itertools
 import math
 from collections.abc import Mapping
@@ -323,8 +324,9 @@ class EncoderReferenceEngine(ReferenceEngine):
                                     f"{strategy!r}") from None
         return self._context(strategy, f"{self._name}.context{next(self._context_ids)}")
 
+    @abc.abstractmethod
     def _context(self, strategy: ExecutionContextAllocationStrategy, name: str) -> ReferenceExecutionContext:
-        raise NotImplementedError
+        """A new execution context of this engine (its own kind)."""
 
 
 class ReferenceVisualEngine(EncoderReferenceEngine):
