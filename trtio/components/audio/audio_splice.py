@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from trtio.components.audio.audio_config import AudioConfig
+from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.errors import ShapeError
 from trtio.stream import StreamLike
 
@@ -116,18 +117,11 @@ def splice(token_ids: Any, cfg: AudioConfig, embedding: Any, audio_embeds: Any =
         clips = list(audio_embeds)
     else:
         clips = [audio_embeds]
-    table = np.asarray(embedding)
-    if table.ndim != 2 or table.dtype.kind != "f":
-        raise ShapeError(f"embedding: expected a [vocab, hidden] float table, got {table.dtype} {list(table.shape)}")
+    table = embedding_table(embedding, cfg.output_dim, "the audio encoder's rows have output_dim")
     vocab, hidden = table.shape
-    if hidden != cfg.output_dim:
-        raise ShapeError(f"embedding: rows of {hidden}, but the audio encoder's rows have output_dim "
-                         f"{cfg.output_dim}")
     rows = [_rows(c, f"audio_embeds[{i}]", hidden, stream) for i, c in enumerate(clips)]
     ids = expand_audio_pads(token_ids, [r.shape[0] for r in rows], cfg)
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-    if bad.size:
-        raise ShapeError(f"token_ids: token {int(ids[bad[0]])} at {int(bad[0])} is outside the {vocab}-row embedding")
+    checked_ids(ids, vocab)
     embeds = table[ids].copy()
     if rows:
         embeds[ids == cfg.audio_token_id] = np.concatenate(rows).astype(embeds.dtype)

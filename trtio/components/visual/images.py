@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.visual_kinds import kind_of
 from trtio.components.visual.vit import check_grid
@@ -368,16 +369,9 @@ def splice(token_ids: Any, grid_thw: Any, cfg: Any, embedding: Any, image_embeds
             raise InvalidTypeError("splice: deepstack= is given and image_embeds is a VisualOutput carrying its own")
         deepstack, visual = visual.deepstack, visual.embeds
     ids = expand_image_pads(token_ids, grid, cfg)
-    table = np.asarray(embedding)
-    if table.ndim != 2 or table.dtype.kind != "f":
-        raise ShapeError(f"embedding: expected a [vocab, hidden] float table, got {table.dtype} {list(table.shape)}")
+    table = embedding_table(embedding, cfg.out_hidden_size, "the ViT's merged tokens have out_hidden_size")
     vocab, hidden = table.shape
-    if hidden != cfg.out_hidden_size:
-        raise ShapeError(f"embedding: rows of {hidden}, but the ViT's merged tokens have out_hidden_size "
-                         f"{cfg.out_hidden_size}")
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-    if bad.size:
-        raise ShapeError(f"token_ids: token {int(ids[bad[0]])} at {int(bad[0])} is outside the {vocab}-row embedding")
+    checked_ids(ids, vocab)
     image_rows = np.flatnonzero(ids == cfg.image_token_id) if grid.shape[0] else np.zeros(0, np.int64)
     n_image = int(sum(cfg.image_tokens(tuple(g)) for g in grid.tolist()))
     nd = cfg.num_deepstack

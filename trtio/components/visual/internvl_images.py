@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.components.visual.images import _as_rgb, resize_bicubic
 from trtio.components.visual.internvl_config import InternVLConfig
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
@@ -212,16 +213,9 @@ def splice_tiles(token_ids: Any, tiles: Any, cfg: InternVLConfig, embedding: Any
         image_embeds = image_embeds.embeds
     counts = _tile_counts(tiles)
     ids = expand_image_tokens(token_ids, counts, cfg)
-    table = np.asarray(embedding)
-    if table.ndim != 2 or table.dtype.kind != "f":
-        raise ShapeError(f"embedding: expected a [vocab, hidden] float table, got {table.dtype} {list(table.shape)}")
+    table = embedding_table(embedding, cfg.out_hidden_size, "the encoder's rows have text_config.hidden_size")
     vocab, hidden = table.shape
-    if hidden != cfg.out_hidden_size:
-        raise ShapeError(f"embedding: rows of {hidden}, but the encoder's rows have text_config.hidden_size "
-                         f"{cfg.out_hidden_size}")
-    bad = np.flatnonzero((ids < 0) | (ids >= vocab))
-    if bad.size:
-        raise ShapeError(f"token_ids: token {int(ids[bad[0]])} at {int(bad[0])} is outside the {vocab}-row embedding")
+    checked_ids(ids, vocab)
     embeds = table[ids].copy()
     n_image = int(counts.sum()) * cfg.tokens_per_tile
     if n_image:
