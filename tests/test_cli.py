@@ -284,6 +284,8 @@ def test_demo_ragged_admission_text(capsys: pytest.CaptureFixture[str]) -> None:
                                                   "yes; toy-gemma4-ragged: bounded SWA equal yes -> OK")
 
 
+# The demo run in full once more, with a fault planted: slow (about 2 s of CPU each); -m slow runs it in .ci/run.
+@pytest.mark.slow
 def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: pytest.MonkeyPatch,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from trtio.testing.toy_runtime import greedy_generate as real
@@ -356,6 +358,8 @@ def test_demo_batch_only_folder_says_to_pick_the_contract(tmp_path: Path, capsys
     assert rc == 0 and out.rstrip().endswith("-> OK")
 
 
+# The demo run in full once more, with a fault planted: slow (about 2 s of CPU each); -m slow runs it in .ci/run.
+@pytest.mark.slow
 def test_demo_fails_when_one_contracts_tokens_differ(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from trtio.testing.toy_runtime import spec_generate as real
@@ -440,6 +444,8 @@ def test_python_m_trtio_demo(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+# The whole demo again, verbose: slow (about 2 s of CPU); -m slow runs it in .ci/run.
+@pytest.mark.slow
 def test_demo_verbose_adds_the_tables(capsys: pytest.CaptureFixture[str]) -> None:
     rc, brief, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4")
     rc2, full, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "-v")
