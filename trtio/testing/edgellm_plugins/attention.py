@@ -194,14 +194,14 @@ def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, visible: np.nda
     # step's padding slot is never written), which must not reach the output as 0 * NaN.
     seen: np.ndarray = np.asarray(visible.any(axis=0))
     vf = np.repeat(np.where(seen[:, None, None], values.astype(np.float32), np.float32(0)), group, axis=1)
-    scores = np.einsum("rhd,khd->hrk", q.astype(np.float32), kf) * np.float32(scale)
+    scores = np.matmul(q.astype(np.float32).transpose(1, 0, 2), kf.transpose(1, 2, 0)) * np.float32(scale)  # [Hq, R, K]
     scores = np.where(visible[None], scores, -np.inf)
     peak = scores.max(axis=-1, keepdims=True)
     peak = np.where(np.isfinite(peak), peak, 0.0)
     weights = np.exp(scores - peak)
     total = weights.sum(axis=-1, keepdims=True)
     weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
-    out: np.ndarray = np.einsum("hrk,khd->rhd", weights, vf).astype(np.float16)
+    out: np.ndarray = np.matmul(weights, vf.transpose(1, 0, 2)).transpose(1, 0, 2).astype(np.float16)
     return out
 
 

@@ -91,9 +91,9 @@ def vit_attention_plugin(node: str, inputs: tuple[np.ndarray, ...], given: dict[
         qs = q[start:end].astype(np.float32)
         ks = k[start:end].astype(np.float32)
         vs = v[start:end].astype(np.float32)
-        scores = np.einsum("qhd,khd->hqk", qs, ks) * np.float32(scale)
+        scores = np.matmul(qs.transpose(1, 0, 2), ks.transpose(1, 2, 0)) * np.float32(scale)  # [H, Q, K]
         scores -= scores.max(axis=-1, keepdims=True)
         weights = np.exp(scores)
         weights /= weights.sum(axis=-1, keepdims=True)
-        out[start:end] = np.einsum("hqk,khd->qhd", weights, vs).astype(np.float16)
+        out[start:end] = np.matmul(weights, vs.transpose(1, 0, 2)).transpose(1, 0, 2).astype(np.float16)
     return (out,)
