@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from _host_kernels import kernels_on_host
 
 import trtio
 from trtio import DType, Location, Stream, Tensor
@@ -26,12 +27,15 @@ from trtio.trees import ancestor_mask
 E = toy_embedding(512, 64)
 
 
-@pytest.fixture(params=["host", "async", pytest.param("cuda", marks=pytest.mark.gpu)])
-def backend(request: pytest.FixtureRequest) -> Backend:
+@pytest.fixture(params=["host", "async", "kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
     """The host backend, the asynchronous host backend (each stream's work run lazily, interleaved: a copy left on
-    another stream than the kernels' lands when it lands, as on a GPU) and the cuda backend where a GPU answers."""
+    another stream than the kernels' lands when it lands, as on a GPU), trtio's CUDA kernels built for the CPU and
+    launched as on a GPU (tests/_host_kernels.py) and the cuda backend where a GPU answers."""
     if request.param == "async":
         return AsyncHostBackend(seed=3)
+    if request.param == "kernels":
+        return kernels_on_host(monkeypatch)
     return trtio.get_backend(request.param)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _host_kernels import kernels_on_host
 
 from trtio.cuda.backend import Backend, Location, get_backend
 from trtio.families.hybrid.hybrid_config import HybridConfig
@@ -117,21 +118,28 @@ def test_the_replay_advances_each_slot_along_its_accepted_path() -> None:
         np.testing.assert_array_equal(got[layer][[1, 2]], scene["pools"][layer][[1, 2]])
 
 
-@pytest.mark.gpu
-def test_the_cuda_kernel_equals_the_host_commit() -> None:
+@pytest.fixture(params=["kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
+def kernel_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A backend that runs the kernel: trtio_gdn_replay built for the CPU and launched as on a GPU
+    (tests/_host_kernels.py), and the cuda backend where a GPU answers."""
+    if request.param == "kernels":
+        return kernels_on_host(monkeypatch)
+    return get_backend("cuda")
+
+
+def test_the_kernel_equals_the_host_commit(kernel_backend: Backend) -> None:
     """The device kernel (trtio_gdn_replay) against the host backend's numpy commit on the same scene."""
     scene = _scene(2)
     host = _commit(get_backend("host"), scene)
-    device = _commit(get_backend("cuda"), scene)
+    device = _commit(kernel_backend, scene)
     for layer in range(LAYERS):
         np.testing.assert_allclose(device[layer], host[layer], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.gpu
-def test_a_captured_replay_reads_the_paths_staged_after_the_capture() -> None:
+def test_a_captured_replay_reads_the_paths_staged_after_the_capture(kernel_backend: Backend) -> None:
     """The kernel reads the slots, lengths and nodes from the device block when it runs: a CUDA graph captured over
     one accept's launch, replayed after another accept's paths were staged, commits the other accept."""
-    be = get_backend("cuda")
+    be = kernel_backend
     scene = _scene(3)
     s = Stream.create(be)
     pools = [_device(be, p, s) for p in scene["pools"]]
