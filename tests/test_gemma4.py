@@ -753,11 +753,15 @@ def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_r
     assert "the config writes no sliding window" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("backend", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, backend: str) -> None:
-    """What the engine reads (a null-compute engine: trtio's side only, on either backend): after a prefill and a
-    decode fed by TokenEmbeddings on the device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE
-    row, and the sliding / full RoPE inputs each token's row of its own table at its position."""
+@pytest.mark.parametrize("backend", ["host", "kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, backend: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the engine reads (a null-compute engine: trtio's side only, on either backend, and with trtio's CUDA
+    kernels built for the CPU: tests/_host_kernels.py): after a prefill and a decode fed by TokenEmbeddings on the
+    device, ple_token_embeds_i holds columns i * 16 .. of each token's PLE row, and the sliding / full RoPE inputs
+    each token's row of its own table at its position."""
+    from _host_kernels import kernels_on_host
+
     from trtio.edgellm import EngineDir
     from trtio.testing import ReferenceEngine
 
@@ -766,14 +770,15 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
 
         if not cuda_available():
             pytest.skip("no CUDA device answers here")
+    on: Any = kernels_on_host(monkeypatch) if backend == "kernels" else backend
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
     cfg, ple = directory.config, directory.ple_embedding_table()
     g = cfg.gemma4
     assert g is not None and ple is not None
-    engine = ReferenceEngine.from_config(cfg, device="host" if backend == "host" else "gpu", null_compute=True)
+    engine = ReferenceEngine.from_config(cfg, device="gpu" if backend == "cuda" else "host", null_compute=True)
     ids = np.array([[11, 12, 13, 14, 15]])
-    with directory.embeddings(backend) as emb, \
-            trtio.create_for_llm(engine, cfg, backend=backend) as setup:
+    with directory.embeddings(on) as emb, \
+            trtio.create_for_llm(engine, cfg, backend=on) as setup:
         for step, (tokens, positions) in enumerate(((ids, np.arange(5)), (np.array([[42]]), np.array([5])))):
             x, p = emb.embed(tokens)  # type: ignore[misc]
             if step == 0:
