@@ -36,6 +36,7 @@ import pytest
 
 from trtio import ops
 from trtio.cuda import kernels
+from trtio.cuda.backend import Backend, get_backend
 from trtio.cuda.host import HostBackend
 
 _PRELUDE = r"""
@@ -235,3 +236,12 @@ def kernels_on_host(monkeypatch: pytest.MonkeyPatch) -> KernelsOnHost:
     monkeypatch.setattr(kernels, "Launch", _launch_class(backend, built))
     monkeypatch.setattr(kernels, "kernels", lambda device_id, source=kernels.TRTIO_KERNELS: built(source).params)
     return backend
+
+
+@pytest.fixture(name="backend", params=["host", "kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
+def host_kernels_and_cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
+    """A test module's ``backend`` where it imports this: the host backend's numpy ops, trtio's CUDA kernels built
+    for the CPU (:func:`kernels_on_host`), and the cuda backend where a GPU answers."""
+    if request.param == "kernels":
+        return kernels_on_host(monkeypatch)
+    return get_backend(request.param)

@@ -9,21 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _host_kernels import kernels_on_host
+from _host_kernels import host_kernels_and_cuda  # noqa: F401  (the module's backend fixture)
 
-import trtio
 from trtio import DType, Location, Stream, Tensor
 from trtio.cuda.backend import Backend
 from trtio.ops import copy_pages, copy_rows
-
-
-@pytest.fixture(params=["host", "kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
-    """The host backend's numpy ops, trtio's CUDA kernels built for the CPU and launched as on a GPU
-    (tests/_host_kernels.py), and the cuda backend where a GPU answers."""
-    if request.param == "kernels":
-        return kernels_on_host(monkeypatch)
-    return trtio.get_backend(request.param)
 
 
 def _device(backend: Backend, values: np.ndarray, name: str, stream: Stream) -> Tensor:

@@ -1,24 +1,14 @@
 import numpy as np
 import pytest
 from _configs import llm_config
-from _host_kernels import kernels_on_host
+from _host_kernels import host_kernels_and_cuda  # noqa: F401  (the module's backend fixture)
 
 import trtio
 from trtio import BindingError, names
-from trtio.cuda.backend import Backend
 from trtio.engine import EngineIO, TensorInfo
 from trtio.state import EngineState
 from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
-
-
-@pytest.fixture(params=["host", "kernels", pytest.param("cuda", marks=pytest.mark.gpu)])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Backend:
-    """The host backend's numpy commit, trtio's CUDA kernels built for the CPU and launched as on a GPU
-    (tests/_host_kernels.py), and the cuda backend where a GPU answers."""
-    if request.param == "kernels":
-        return kernels_on_host(monkeypatch)
-    return trtio.get_backend(request.param)
 
 
 def _state(cfg=None, **kw):
