@@ -30,7 +30,7 @@ from _common import machine, table, time_per_call  # noqa: E402
 
 import trtio  # noqa: E402
 from trtio import LLMEngineConfig, Stream, create_for_llm  # noqa: E402
-from trtio.engine import DECODE_PROFILE  # noqa: E402
+from trtio._engine import DECODE_PROFILE  # noqa: E402
 from trtio.testing import ReferenceEngine  # noqa: E402
 
 CFG = dict(hidden_size=4096, vocab_size=151936, max_supported_batch_size=8, max_supported_input_length=128,

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, table  # noqa: E402
 
 from trtio import get_backend  # noqa: E402
-from trtio.tools import bench  # noqa: E402
+from trtio._tools import bench  # noqa: E402
 
 LAYERS, BATCH, HEADS, DIM, CAPACITY, PAGE = 36, bench.BATCH, 8, 128, 1024, 128
 SOURCES, DESTINATIONS = (3, 7), (2, 3)  # path [0, 1, 3, 7]: nodes 3 and 7 move to slots 2 and 3

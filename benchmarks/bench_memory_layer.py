@@ -19,7 +19,7 @@ from _common import machine, table, time_per_call  # noqa: E402
 
 import trtio  # noqa: E402
 from trtio import Location, Stream, Tensor  # noqa: E402
-from trtio.memory import Arena, TensorRequest  # noqa: E402
+from trtio._memory import Arena, TensorRequest  # noqa: E402
 
 
 def main() -> None:

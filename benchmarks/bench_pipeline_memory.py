@@ -18,7 +18,7 @@ from _common import table  # noqa: E402
 
 import trtio  # noqa: E402
 from trtio import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig  # noqa: E402
-from trtio.pipeline_io import PipelineIO
+from trtio._pipeline_io import PipelineIO
 
 MIB = 1 << 20
 

@@ -20,7 +20,7 @@ from bench_pipeline_memory import BASE_8B  # noqa: E402
 
 import trtio  # noqa: E402
 from trtio import LLMEngineConfig, Stream, create_for_llm  # noqa: E402
-from trtio.pipeline_io import PipelineIO
+from trtio._pipeline_io import PipelineIO
 from trtio.testing import ReferenceEngine  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtio.cli import main  # noqa: E402
+from trtio._cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

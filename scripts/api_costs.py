@@ -23,8 +23,8 @@ def main() -> None:
     from cuda.bindings import runtime as rt
 
     from trtio import get_backend
-    from trtio.cuda import kernels
-    from trtio.cuda.backend import Location
+    from trtio._cuda import kernels
+    from trtio._cuda.backend import Location
 
     be = get_backend("cuda")
     s = be.create_stream()

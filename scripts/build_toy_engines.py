@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from trtio._trt import KNOWN_MODULES
 from trtio.errors import TrtioError
 from trtio.testing.toy_build import (  # noqa: F401 - re-exported for scripts and tests that import this file
     BuiltPlan,
@@ -40,7 +41,6 @@ from trtio.testing.toy_build import (  # noqa: F401 - re-exported for scripts an
     step_capacity,
 )
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
-from trtio.trt import KNOWN_MODULES
 
 __all__ = ["ENGINE_GROUPS", "main"]
 

@@ -34,7 +34,7 @@ import sys
 import trtio
 
 missing = []
-if not trtio.cuda.backend.cuda_available():
+if not trtio._cuda.backend.cuda_available():
     missing.append("no CUDA device answers")
 if importlib.util.find_spec("tensorrt") is None:
     missing.append("tensorrt is not installed")

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import numpy as np
 
 from trtio import Stream, get_backend
-from trtio.setups import create_for_llm, create_for_spec_decode
-from trtio.tools import bench
+from trtio._setups import create_for_llm, create_for_spec_decode
+from trtio._tools import bench
 
 
 def _latency(launch: Callable[[], None], s: Stream, n: int = 300) -> tuple[float, float]:

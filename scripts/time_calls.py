@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from trtio import Stream, get_backend
-from trtio.setups import create_for_llm, create_for_spec_decode
-from trtio.tools import bench
+from trtio._setups import create_for_llm, create_for_spec_decode
+from trtio._tools import bench
 
 TOTAL: dict[str, float] = collections.defaultdict(float)
 COUNT: dict[str, int] = collections.defaultdict(int)
@@ -48,17 +48,19 @@ def main() -> None:
     kind = sys.argv[1] if len(sys.argv) > 1 else "host"
     contract = sys.argv[2] if len(sys.argv) > 2 else "ragged"
     if kind == "dry-run":
-        from trtio.tools.dry_run import DryRunBackend
+        from trtio._tools.dry_run import DryRunBackend
 
         be = DryRunBackend()
     else:
         be = get_backend(kind)
-    import trtio.cuda.kernels as kernels
-    import trtio.engine as engine
-    import trtio.staging as staging
-    from trtio import memory, ops, state
-    from trtio.setups import base as sbase
-    from trtio.setups import spec_decode as ssd
+    import trtio._cuda.kernels as kernels
+    import trtio._engine as engine
+    import trtio._staging as staging
+    from trtio import _memory as memory
+    from trtio import _ops as ops
+    from trtio import _state as state
+    from trtio._setups import base as sbase
+    from trtio._setups import spec_decode as ssd
 
     for m in ("memcpy", "memcpy_2d", "record_event", "query_event", "launch_graph", "wait_event", "memset", "fill"):
         if hasattr(type(be), m):

@@ -54,7 +54,7 @@ def asr_directory(root: Path, case: Case | None = None) -> Path:
 
 def onnx_loader(root: Path, case: Case | None = None, loaded: list[str] | None = None,
                 backend: str = "host") -> Callable[..., Any]:
-    """A stand-in for ``load_engine`` (patch ``trtio.setups.engine_dir.load_engine``): ``llm.engine`` and
+    """A stand-in for ``load_engine`` (patch ``trtio._setups.engine_dir.load_engine``): ``llm.engine`` and
     ``audio/audio_encoder.engine`` of ``root`` give the export's graphs (their tensors on ``backend``); the names
     loaded are appended to ``loaded``."""
     case = case or Case(CASE)

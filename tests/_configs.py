@@ -1,6 +1,6 @@
 """Small configs shared by the tests."""
 
-from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio._config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
 
 
 def llm_config(**kw) -> LLMEngineConfig:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trtio.config import LLMEngineConfig
+from trtio._config import LLMEngineConfig
 
 
 def expected_contract(cfg: LLMEngineConfig) -> list[dict[str, Any]]:

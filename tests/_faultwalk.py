@@ -20,7 +20,7 @@ import numpy as np
 
 import trtio
 from trtio import DeploymentConfig, LLMEngineConfig, TrtioError
-from trtio.cuda.backend import Backend
+from trtio._cuda.backend import Backend
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import Call
 

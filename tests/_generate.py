@@ -10,7 +10,7 @@ import pytest
 def generate(capsys: pytest.CaptureFixture[str], directory: Path, *flags: str) -> tuple[int, str, str]:
     """``trtio generate DIRECTORY --prompt "Once upon a time" --max-new-tokens 24 --backend host FLAGS``: its exit
     status, stdout and stderr."""
-    from trtio.cli import main
+    from trtio._cli import main
 
     rc = main(["generate", str(directory), "--prompt", "Once upon a time", "--max-new-tokens", "24",
                "--backend", "host", *flags])

@@ -1,6 +1,6 @@
 """trtio's CUDA kernels run on the CPU, through trtio's own launches.
 
-The kernel sources (``trtio.cuda.kernels.TRTIO_KERNELS`` and a family's :class:`~trtio.cuda.kernels.KernelSource`) are
+The kernel sources (``trtio._cuda.kernels.TRTIO_KERNELS`` and a family's :class:`~trtio._cuda.kernels.KernelSource`) are
 compiled by the host's C++ compiler behind a prelude that makes each block one thread: blocks run one after another,
 in grid order, so every kernel's strided loops (``for (j = threadIdx.x; ...; j += blockDim.x)``) cover every element
 and ``__syncthreads()`` has no one to wait for. A kernel that indexes by the thread's place in the grid
@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtio import ops
-from trtio.cuda import kernels
-from trtio.cuda.backend import Backend, get_backend
-from trtio.cuda.host import HostBackend
+from trtio import _ops as ops
+from trtio._cuda import kernels
+from trtio._cuda.backend import Backend, get_backend
+from trtio._cuda.host import HostBackend
 
 _PRELUDE = r"""
 #include <cstdint>

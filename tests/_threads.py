@@ -14,7 +14,7 @@ import pytest
 def from_another_thread_inside(monkeypatch: pytest.MonkeyPatch, call: Callable[[], Any]) -> list[Any]:
     """Patch the engine call so that the first one runs ``call`` on a second thread (and waits for it): what
     that call returned or raised, once the patched step has run."""
-    from trtio.engine import EngineExecutor
+    from trtio._engine import EngineExecutor
 
     seen: list[Any] = []
     real = EngineExecutor.execute

@@ -10,7 +10,7 @@ import re
 import pytest
 
 import trtio
-from trtio.cuda.backend import Backend, cuda_available
+from trtio._cuda.backend import Backend, cuda_available
 
 try:  # GPU machines may run the gpu tests without hypothesis installed
     from hypothesis import settings
@@ -31,7 +31,7 @@ def _has_module(name: str) -> bool:
 
 
 def _cuda_devices() -> int:
-    from trtio.cuda.device import probe_device_count
+    from trtio._cuda.device import probe_device_count
 
     return probe_device_count() if cuda_available() else 0
 

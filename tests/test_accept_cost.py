@@ -1,7 +1,7 @@
 """accept and draft_accept: what they lay out once and reuse stays right when the paths, the tree or the
 lengths change.
 
-:class:`~trtio.setups.verify.AcceptedPaths` checks a runtime's lists of ints as whole root paths and keeps the
+:class:`~trtio._setups.verify.AcceptedPaths` checks a runtime's lists of ints as whole root paths and keeps the
 last paths' layout; a catch-up keeps the last accept lengths' layout. These tests hold both to the general
 checks (:meth:`AcceptedPaths.read`) and to what a round commits. A host input's staging slot is reused while
 its copy has run.
@@ -14,9 +14,9 @@ import pytest
 from _configs import bundle, tiny_bundle
 
 from trtio import ShapeError, Stream
-from trtio.setups import create_for_spec_decode
-from trtio.setups.verify import AcceptedPaths, VerifyTrees
-from trtio.state import MAX_PATH_MOVES
+from trtio._setups import create_for_spec_decode
+from trtio._setups.verify import AcceptedPaths, VerifyTrees
+from trtio._state import MAX_PATH_MOVES
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_runtime import embed_batch
 
@@ -260,7 +260,7 @@ def test_rounds_of_the_same_paths_commit_at_the_starts_verify_staged_without_upl
 def test_a_commit_reads_the_starts_on_the_device_where_given(backend) -> None:  # type: ignore[no-untyped-def]
     """``starts`` given: each sequence's start is read from that device tensor, the rows' first ints ignored."""
     from trtio import Location, Tensor
-    from trtio.ops import KVCommit, KVLayout
+    from trtio._ops import KVCommit, KVLayout
 
     rng = np.random.default_rng(4)
     b, heads, dim, cap = 3, 2, 8, 32

@@ -267,7 +267,7 @@ def test_the_registry_matches_the_exported_graph(cfg: AudioConfig) -> None:
     """Names, dtypes, ranks and fixed widths as the exporter wrote the graph (no cu_seqlens / kv_lengths: the
     0.11 exporter's TensorRT-attention path for Qwen3-ASR raises)."""
     onnx = pytest.importorskip("onnx")
-    from trtio.dtypes import DType
+    from trtio._dtypes import DType
 
     graph = onnx.load(str(FIXTURE / "audio" / "model.onnx"), load_external_data=False).graph
     onnx_dtypes = {1: DType.FLOAT32, 6: DType.INT32, 7: DType.INT64, 10: DType.FLOAT16}

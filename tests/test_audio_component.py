@@ -19,9 +19,9 @@ from tests._asr_dir import asr_directory, onnx_loader, write_wav
 from tests._parity import TOLERANCE, Case, Compare
 from tests._parity_audio import ENCODER_TOLERANCE
 from trtio import ConfigError, EngineDir
+from trtio._setups import engine_dir
 from trtio.audio import preprocess
 from trtio.components.audio import AudioSetup
-from trtio.setups import engine_dir
 
 ASR = Path(__file__).parent / "fixtures" / "edgellm-0.11" / "qwen3-asr"
 
@@ -106,7 +106,7 @@ def test_create_from_engine_dir_attaches_the_real_audio_encoder(asr: Path, case:
 
 
 def _generate(capsys: pytest.CaptureFixture[str], directory: Path, prompt: str, *flags: str) -> tuple[int, str, str]:
-    from trtio.cli import main
+    from trtio._cli import main
 
     rc = main(["generate", str(directory), "--prompt", prompt, "--max-new-tokens", "8", "--backend", "host", *flags])
     out, err = capsys.readouterr()
@@ -153,7 +153,7 @@ def test_generate_puts_the_clip_before_the_text_between_the_audio_markers(asr: P
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt without the audio pad gets ``<|audio_start|> <|audio_pad|> <|audio_end|>`` before its text, the pad
     expanded to the clip's rows (as the CLI hands the prefill)."""
-    from trtio.tools import generate as gen
+    from trtio._tools import generate as gen
 
     monkeypatch.setattr(engine_dir, "load_engine", onnx_loader(asr, case))
     seen: list[Any] = []

@@ -8,9 +8,9 @@ from _threads import run_at_once
 
 import trtio
 from trtio import CudaError, Location
-from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import cuda_available
-from trtio.cuda.host import HostBackend
+from trtio._cuda._hostmem import host_view
+from trtio._cuda.backend import cuda_available
+from trtio._cuda.host import HostBackend
 
 
 def test_auto_backend_is_host_without_a_gpu():

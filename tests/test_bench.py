@@ -1,4 +1,4 @@
-"""``trtio bench`` (trtio/tools/bench.py): what it times beside each helper, and the inputs it feeds the steps.
+"""``trtio bench`` (trtio/_tools/bench.py): what it times beside each helper, and the inputs it feeds the steps.
 Timings are reported, never asserted."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from trtio.cli import main
-from trtio.stream import Stream
-from trtio.tools import bench
-from trtio.tools.bench import ROUND, copy_row
+from trtio._cli import main
+from trtio._stream import Stream
+from trtio._tools import bench
+from trtio._tools.bench import ROUND, copy_row
 
 
 def _rows(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -95,7 +95,7 @@ def test_a_lora_engines_rows_decode_as_the_plain_engine_and_switch_with_no_devic
     decode, with an adapter or without (its graph replayed), and ``set_lora`` switches adapters by binding the
     adapter's own device copy: no device work (the dry-run backend would count a copy, or an upload's), and the
     decode after it replays that adapter's graph alone."""
-    from trtio.tools.bench_lora import ROWS
+    from trtio._tools.bench_lora import ROWS
 
     rows = _rows(capsys, "--contract", "ragged")["ragged"]
     decode = rows["LLMSetup.decode"]["device_ops"]
@@ -112,8 +112,8 @@ def test_a_round_of_new_paths_every_round_is_timed_beside_the_steady_round(capsy
     is recorded), and the round pays one device operation more than the steady round for them (the new paths' commit
     rows: the catch-up lays itself out on the device from them, and on the batch contract writes the next round's
     roots there), while the steady round stays as steady as alone."""
-    from trtio.setups.spec_decode import SpecDecodeSetup  # noqa: PLC0415
-    from trtio.tools.bench import (  # noqa: PLC0415
+    from trtio._setups.spec_decode import SpecDecodeSetup  # noqa: PLC0415
+    from trtio._tools.bench import (  # noqa: PLC0415
         DFLASH_ROUND,
         DFLASH_ROUND_NEW_PATHS,
         MTP_ROUND,
@@ -150,7 +150,7 @@ def test_an_mtp_round_is_timed_with_its_device_operations(capsys: pytest.Capture
     """The ragged contract's MTP round (an 8B-class base feeding its last layer's [T, H] stream to a one-layer
     draft): 2 chained proposals (level 1 comes from the catch-up's logits), a verify of the 4-node chain, accept and
     the catch-up, each one graph replay, and the round's first level's upload of its lengths and roots: at most 6."""
-    from trtio.tools.bench import MTP_ROUND  # noqa: PLC0415
+    from trtio._tools.bench import MTP_ROUND  # noqa: PLC0415
 
     out = _rows(capsys, "--contract", "ragged")
     rows = out["ragged"]
@@ -164,7 +164,7 @@ def test_a_dflash_round_is_timed_with_its_device_operations(capsys: pytest.Captu
     """The ragged contract's DFlash round (an 8B-class base feeding its 3 layers' streams [T, 3H] to a one-layer block
     draft, blocks of 8 accepted whole): a verify of the 8-node chain with its staged rows, accept, and the next block
     (its delta's positions and sequences uploaded with the block's tree step, then one graph replay)."""
-    from trtio.tools.bench import DFLASH_ROUND  # noqa: PLC0415
+    from trtio._tools.bench import DFLASH_ROUND  # noqa: PLC0415
 
     out = _rows(capsys, "--contract", "ragged")
     rows = out["ragged"]

@@ -33,7 +33,7 @@ def test_setups_keep_no_unbounded_dict_of_step_values() -> None:
 
     root = Path(trtio.__file__).parent
     found = []
-    for path in [*sorted((root / "setups").glob("*.py")), *sorted((root / "contracts").glob("*.py"))]:
+    for path in [*sorted((root / "_setups").glob("*.py")), *sorted((root / "_contracts").glob("*.py"))]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         dicts = set()  # attributes made as plain dicts: ``self._x = {}`` / ``self._x: dict[...] = {}``
         for node in ast.walk(tree):

@@ -17,14 +17,14 @@ from _configs import llm_config
 
 from trtio import names
 from trtio._checks import check_int, is_int
+from trtio._config import LLMEngineConfig, SpecDecodeConfig
+from trtio._dims import InferenceDims
 from trtio._dlpack import make_capsule
-from trtio.config import LLMEngineConfig, SpecDecodeConfig
-from trtio.dims import InferenceDims
-from trtio.dtypes import DType
+from trtio._dtypes import DType
+from trtio._rope import rope_cos_sin_table
+from trtio._tensor import Tensor
 from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, InvalidValueError, ShapeError, TrtioError
-from trtio.rope import rope_cos_sin_table
-from trtio.tensor import Tensor
 
 EDGELLM = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 

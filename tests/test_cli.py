@@ -1,6 +1,6 @@
-"""The ``trtio`` command (trtio.cli) and what it is made of: demo, inspect, plan, dry runs, binding tables.
+"""The ``trtio`` command (trtio._cli) and what it is made of: demo, inspect, plan, dry runs, binding tables.
 
-Commands run in-process through ``trtio.cli.main`` (stdout / stderr captured); one smoke test runs
+Commands run in-process through ``trtio._cli.main`` (stdout / stderr captured); one smoke test runs
 ``python -m trtio demo`` as a user would. Bad input must end in one clear line on stderr and a
 non-zero status, with a traceback only under ``--debug``.
 """
@@ -22,15 +22,15 @@ import pytest
 
 import trtio
 from trtio import DeploymentConfig, LLMEngineConfig, create_for_llm, create_for_spec_decode
-from trtio.cli import main
-from trtio.cuda.backend import cuda_available
-from trtio.engine import EngineIO
+from trtio._cli import main
+from trtio._cuda.backend import cuda_available
+from trtio._engine import EngineIO
+from trtio._tools.binding_table import binding_labels, binding_rows
+from trtio._tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
+from trtio._trt import import_trt as REAL_IMPORT_TRT
 from trtio.testing.reference_engine import ReferenceEngine
-from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio.trt
+from trtio.testing.toy_build import resolve_module  # noqa: F401 - imported before any test patches trtio._trt
 from trtio.testing.toy_engines import ENGINE_NAMES, RaggedToyEngines, ToyEngines, default_engines_dir
-from trtio.tools.binding_table import binding_labels, binding_rows
-from trtio.tools.dry_run import DryRunBackend, dry_run_setup, planned_memory
-from trtio.trt import import_trt as REAL_IMPORT_TRT
 
 ENGINES = default_engines_dir()
 LLM_JSON = ENGINES / "toy-llm" / "config.json"
@@ -102,7 +102,7 @@ def test_usage_errors_are_one_line_with_status_2(capsys: pytest.CaptureFixture[s
 
 @pytest.fixture(scope="module")
 def demo_json() -> dict[str, Any]:
-    from trtio.tools.demo import DemoOptions, run_demo
+    from trtio._tools.demo import DemoOptions, run_demo
 
     summary = run_demo(DemoOptions(backend="host"))
     json.dumps(summary)  # JSON-able as it is
@@ -132,7 +132,7 @@ def test_demo_tokens_acceptance_and_snapshot(demo_json: dict[str, Any]) -> None:
 def test_demo_draft_agrees_with_its_base(demo_json: dict[str, Any], contract: str) -> None:
     """The toy drafts are derived from their bases (ToyWeights.generate_draft): the base accepts at least 60 % of
     the draft levels of each verify, and the demo reports the mean accepted tokens per verify."""
-    from trtio.tools.demo import format_demo
+    from trtio._tools.demo import format_demo
 
     sd = demo_json["contracts"][contract]["spec_decode"]
     per_verify = sd["accepted"] / (sd["rounds"] * 4)  # 4 sequences
@@ -296,7 +296,7 @@ def test_demo_fails_when_a_story_request_differs_from_its_solo_run(monkeypatch: 
             out[0][-1] = (out[0][-1] + 1) % 512
         return out
 
-    monkeypatch.setattr("trtio.tools.admissions.greedy_generate", off_by_one)
+    monkeypatch.setattr("trtio._tools.admissions.greedy_generate", off_by_one)
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--contract", "ragged", "--max-new-tokens", "6")
     assert rc == 1
     assert "each request's tokens equal its solo greedy run: NO" in out
@@ -370,7 +370,7 @@ def test_demo_fails_when_one_contracts_tokens_differ(monkeypatch: pytest.MonkeyP
             tokens[1][-1] = (tokens[1][-1] + 1) % 512
         return tokens, stats
 
-    monkeypatch.setattr("trtio.tools.demo.spec_generate", wrong_on_ragged)
+    monkeypatch.setattr("trtio._tools.demo.spec_generate", wrong_on_ragged)
     rc, out, _ = run(capsys, "demo", "--backend", "host", "--max-new-tokens", "4", "--verbose")
     assert rc == 1
     assert "spec-decode tokens equal vanilla tokens: NO" in out.split("== ragged contract")[1]
@@ -530,8 +530,8 @@ def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Make ``demo --engine trt`` run here: the cuda backend is the host one, and a "plan" loads as the
     computing ReferenceEngine of the config beside it. Everything else (finding, building and checking
     plans, the runs) is the real code path. Returns the loads made, by path."""
-    import trtio.tools.demo
-    import trtio.trt
+    import trtio._tools.demo
+    import trtio._trt
 
     loads: dict[str, Any] = {}
 
@@ -547,9 +547,9 @@ def plans_run_on_the_host(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         loads[str(path)] = ReferenceEngine.from_config(cfg, device="host", weights=ToyEngines.load().weights(name))
         return loads[str(path)]
 
-    monkeypatch.setattr(trtio.tools.demo, "_choose", choose)
-    monkeypatch.setattr(trtio.trt, "load_engine", load)
-    monkeypatch.setattr(trtio.trt, "import_trt", lambda module="auto": type(sys)("fake_tensorrt"))
+    monkeypatch.setattr(trtio._tools.demo, "_choose", choose)
+    monkeypatch.setattr(trtio._trt, "load_engine", load)
+    monkeypatch.setattr(trtio._trt, "import_trt", lambda module="auto": type(sys)("fake_tensorrt"))
     return loads
 
 
@@ -596,12 +596,12 @@ def test_demo_refuses_plans_built_from_other_configs(tmp_path: Path, plans_run_o
 def test_demo_refuses_a_plan_that_does_not_fit_its_config(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    import trtio.trt
+    import trtio._trt
 
     plans = _fake_plans(tmp_path / "plans")
     toys = ToyEngines.load()
     other = dataclasses.replace(toys.llm_config, max_kv_cache_capacity=96)
-    monkeypatch.setattr(trtio.trt, "load_engine", lambda path, module="auto": ReferenceEngine.from_config(
+    monkeypatch.setattr(trtio._trt, "load_engine", lambda path, module="auto": ReferenceEngine.from_config(
         other if "toy-llm" in str(path) else toys.config(Path(path).parent.relative_to(plans).as_posix()),
         device="host", null_compute=True))
     rc, _, err = run(capsys, "demo", "--engine", "trt", "--plans", str(plans))
@@ -612,9 +612,9 @@ def test_demo_refuses_a_plan_that_does_not_fit_its_config(tmp_path: Path, plans_
 def test_demo_builds_missing_plans_into_the_cache(tmp_path: Path, plans_run_on_the_host: dict[str, Any],
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    import trtio.trt
+    import trtio._trt
 
-    monkeypatch.setattr(trtio.trt, "import_trt", REAL_IMPORT_TRT)  # these plans are really built, with RTX
+    monkeypatch.setattr(trtio._trt, "import_trt", REAL_IMPORT_TRT)  # these plans are really built, with RTX
     monkeypatch.setenv("TRTIO_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "engines"
     ToyEngines.load().write_configs(root)
@@ -753,7 +753,7 @@ def test_inspect_a_corrupt_plan_is_one_line(tmp_path: Path, capsys: pytest.Captu
     rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx")
     assert_one_line_error(rc, err, "inspect", "model.plan")
     rc, _, err = run(capsys, "inspect", str(tmp_path / "model.plan"), "--module", "tensorrt_rtx", "--debug")
-    assert "Traceback" in err and "trtio.trt" in err  # --debug also shows TensorRT's own log
+    assert "Traceback" in err and "trtio._trt" in err  # --debug also shows TensorRT's own log
 
 
 @pytest.fixture
@@ -767,7 +767,7 @@ def fake_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         path = tmp_path / name / "model.plan"
         path.write_bytes(b"plan")
         by_path[path] = toys.reference_engine(name, device="host", null_compute=True)
-    monkeypatch.setattr("trtio.tools.inspection._load", lambda plan, config, module, plugins=(): by_path[Path(plan)])
+    monkeypatch.setattr("trtio._tools.inspection._load", lambda plan, config, module, plugins=(): by_path[Path(plan)])
     return tmp_path
 
 
@@ -932,7 +932,7 @@ def test_bench_reports_every_step_helper_of_both_contracts(capsys: pytest.Captur
     """``trtio bench`` at 8B-class scale on the dry-run backend (device work counted, not run): every
     helper of both contracts, beside prepare + execute, within the 16 device operations per call a step
     may enqueue. Timings are reported, never asserted."""
-    from trtio.tools.bench_lora import ROWS as LORA_ROWS
+    from trtio._tools.bench_lora import ROWS as LORA_ROWS
 
     assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -1,4 +1,4 @@
-"""What every ``trtio`` command shares (trtio.cli, trtio.tools.options): ``--version``, one exit-status convention
+"""What every ``trtio`` command shares (trtio._cli, trtio._tools.options): ``--version``, one exit-status convention
 (2: the command line is wrong; 1: the command ran and failed), errors in the command line's words, a quiet end on a
 closed standard output, the toy engine directories by name, and ``info`` telling why CUDA is not there."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import trtio
-from trtio.cli import EXIT_STATUS, build_parser, main
-from trtio.cuda.backend import cuda_available
-from trtio.tools import options
+from trtio._cli import EXIT_STATUS, build_parser, main
+from trtio._cuda.backend import cuda_available
+from trtio._tools import options
 
 ROOT = Path(trtio.__file__).resolve().parents[1]
 

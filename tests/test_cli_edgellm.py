@@ -1,8 +1,8 @@
-"""``trtio plan`` and ``trtio inspect`` on TensorRT Edge-LLM 0.11 engine directories (trtio.tools.engine_dirs).
+"""``trtio plan`` and ``trtio inspect`` on TensorRT Edge-LLM 0.11 engine directories (trtio._tools.engine_dirs).
 
 The directories are the real-format configs of ``tests/fixtures/edgellm*`` (written by NVIDIA's package; no
 engine files) and the ragged toy engines of ``engines/``. Plans that "deserialize" are ReferenceEngines handed
-out by a patched ``trtio.trt.load_engine``, so the plan code path runs here; everything else is the real code.
+out by a patched ``trtio._trt.load_engine``, so the plan code path runs here; everything else is the real code.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import pytest
 
 import trtio
 from trtio import create_for_llm, create_for_spec_decode
-from trtio.cli import build_parser, main
-from trtio.cuda.backend import cuda_available
+from trtio._cli import build_parser, main
+from trtio._cuda.backend import cuda_available
+from trtio._tools.engine_dirs import edgellm_directory, runtime_values
+from trtio._tools.inspection import plan_config
 from trtio.edgellm import EngineDir
 from trtio.testing.reference_engine import ReferenceEngine
 from trtio.testing.toy_engines import default_engines_dir
-from trtio.tools.engine_dirs import edgellm_directory, runtime_values
-from trtio.tools.inspection import plan_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EDGELLM = FIXTURES / "edgellm"
@@ -555,7 +555,7 @@ def test_inspect_says_when_no_cuda_device_can_read_the_plan(tmp_path: Path,
 
 
 class FakePlans:
-    """What the patched ``trtio.trt.load_engine`` did (``calls``: path, module, plugins) and, where set, the
+    """What the patched ``trtio._trt.load_engine`` did (``calls``: path, module, plugins) and, where set, the
     config every "plan" is made from (``override``) instead of the one beside it."""
 
     def __init__(self) -> None:
@@ -565,9 +565,9 @@ class FakePlans:
 
 @pytest.fixture
 def plans_load(monkeypatch: pytest.MonkeyPatch) -> FakePlans:
-    """Make ``trtio.trt.load_engine`` hand out the null-compute ReferenceEngine of the config beside the
+    """Make ``trtio._trt.load_engine`` hand out the null-compute ReferenceEngine of the config beside the
     "plan", as if TensorRT had deserialized it."""
-    import trtio.trt
+    import trtio._trt
 
     fake = FakePlans()
 
@@ -577,7 +577,7 @@ def plans_load(monkeypatch: pytest.MonkeyPatch) -> FakePlans:
         cfg = fake.override or dict(EngineDir.open(Path(path).parent))[role]
         return ReferenceEngine.from_config(cfg, null_compute=True, device="host", name=f"plan:{role}")
 
-    monkeypatch.setattr(trtio.trt, "load_engine", load)
+    monkeypatch.setattr(trtio._trt, "load_engine", load)
     return fake
 
 
@@ -650,7 +650,7 @@ def test_verbose_before_the_command_logs(capsys: pytest.CaptureFixture[str], mon
         logging.getLogger("trtio").info("hello from the command")
         return 0
 
-    monkeypatch.setattr("trtio.cli._cmd_plan", plan)
+    monkeypatch.setattr("trtio._cli._cmd_plan", plan)
     rc, _, err = run(capsys, "-v", "plan", "X")
     assert rc == 0 and "trtio: INFO: hello from the command" in err
     rc, _, err = run(capsys, "plan", "X")
@@ -714,7 +714,7 @@ def test_inspect_a_tensor_parallel_directory_shows_every_rank_engine(capsys: pyt
 
 def test_inspect_reads_each_rank_plan_and_refuses_one_its_rank_does_not_fit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import trtio.trt
+    import trtio._trt
 
     d = tmp_path / "tp"
     shutil.copytree(TP2, d)
@@ -734,7 +734,7 @@ def test_inspect_reads_each_rank_plan_and_refuses_one_its_rank_does_not_fit(
             cfg = dataclasses.replace(cfg, num_kv_heads=heads["n"], num_attention_heads=heads["n"])
         return ReferenceEngine.from_config(cfg, null_compute=True, device="host", tp_rank=r, tp_size=2)
 
-    monkeypatch.setattr(trtio.trt, "load_engine", load)
+    monkeypatch.setattr(trtio._trt, "load_engine", load)
     rc, out, err = run(capsys, "inspect", str(d), "--json")
     assert rc == 0, err
     assert calls == ["llm_world2_rank0.engine", "llm_world2_rank1.engine"]

@@ -1,4 +1,4 @@
-"""trtio.collectives misused: the host all-reduce group and the communicator table refuse what would give a rank
+"""trtio._collectives misused: the host all-reduce group and the communicator table refuse what would give a rank
 a wrong sum or another rank's communicator (the group's normal use is tested in test_tensor_parallel.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trtio import InvalidValueError, collectives
+from trtio import InvalidValueError
+from trtio import _collectives as collectives
 
 WAIT = 30.0
 

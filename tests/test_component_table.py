@@ -19,7 +19,7 @@ import pytest
 
 import trtio
 from trtio import ConfigError, EngineDir
-from trtio.setups import engine_dir
+from trtio._setups import engine_dir
 from trtio.testing import ReferenceEngine
 from trtio.testing.toy_engines import VisionToyEngines
 

@@ -6,9 +6,9 @@ import pytest
 from _configs import bundle, llm_config
 
 from trtio import ConfigError, ShapeError
-from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.dims import InferenceDims
-from trtio.rope import RopeScaling
+from trtio._config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio._dims import InferenceDims
+from trtio._rope import RopeScaling
 
 
 def test_defaults_and_normalisation():
@@ -332,7 +332,7 @@ def test_configs_with_json_fields_copy_and_pickle():
     import copy
     import pickle
 
-    from trtio.config import freeze_json
+    from trtio._config import freeze_json
 
     cfg = llm_config(rope_scaling={"rope_type": "linear", "factor": 2.0}, extras={"eos_token_id": [1, 2]})
     for clone in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
@@ -402,7 +402,7 @@ def test_rope_scaling_errors_from_a_file_name_the_file_and_key(tmp_path):
 
 
 def test_frozen_maps_equal_in_any_order_hash_alike():
-    from trtio.config import freeze_json
+    from trtio._config import freeze_json
 
     a, b = freeze_json({"x": 1, "y": [2]}), freeze_json({"y": [2], "x": 1})
     assert a == b and hash(a) == hash(b)

@@ -18,8 +18,8 @@ from _onnx_io import parse_onnx_io
 
 import trtio
 from trtio import ConfigError, DType, InvalidTypeError, LLMEngineConfig, names
-from trtio.contracts import build_registry, contract_of
-from trtio.state import paged_state_specs
+from trtio._contracts import build_registry, contract_of
+from trtio._state import paged_state_specs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 GRAPHS = {  # role -> (onnx-io file, config file)
@@ -86,7 +86,7 @@ def test_contract_of_checks_the_type_instead_of_guessing() -> None:
 
 
 def test_contracts_are_objects_chosen_by_name() -> None:
-    from trtio.contracts import CONTRACTS, contract_named
+    from trtio._contracts import CONTRACTS, contract_named
 
     assert CONTRACTS == ("batch", "ragged")
     assert [contract_named(n).name for n in CONTRACTS] == list(CONTRACTS)
@@ -96,7 +96,7 @@ def test_contracts_are_objects_chosen_by_name() -> None:
         contract_named("paged")
 
 
-SETUP_CODE = [Path(trtio.__file__).parent / "pipeline_io.py", *sorted((Path(trtio.__file__).parent / "setups")
+SETUP_CODE = [Path(trtio.__file__).parent / "_pipeline_io.py", *sorted((Path(trtio.__file__).parent / "_setups")
                                                                       .glob("*.py"))]
 
 

@@ -1,6 +1,6 @@
 """Step inputs the device makes itself (issue 11): a ragged draft level grows a device copy of the draft tree
-from one upload of its parents (:class:`trtio.ops.DraftLevel`), and a ragged decode advances a device copy
-of the lengths (:class:`trtio.ops.DecodeAdvance`). Their outputs are compared with a tree walked node by
+from one upload of its parents (:class:`trtio._ops.DraftLevel`), and a ragged decode advances a device copy
+of the lengths (:class:`trtio._ops.DecodeAdvance`). Their outputs are compared with a tree walked node by
 node in Python, on the host backend (also the asynchronous one, which runs each stream's work lazily) and on the
 GPU; the setups then keep them in step with the host."""
 
@@ -15,14 +15,14 @@ from _host_kernels import kernels_on_host
 
 import trtio
 from trtio import DType, Location, Stream, Tensor
-from trtio.contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
-from trtio.cuda.backend import Backend
+from trtio._contracts.ragged import PHASE_DECODE, PHASE_VERIFY, TreeLayout, pack_rows
+from trtio._cuda.backend import Backend
+from trtio._ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
+from trtio._trees import ancestor_mask
 from trtio.edgellm import EngineDir
-from trtio.ops import DecodeAdvance, DraftLevel, DraftTreeBuffers, TreeStep, TreeTargets
 from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
 from trtio.testing.toy_runtime import embed_batch
-from trtio.trees import ancestor_mask
 
 E = toy_embedding(512, 64)
 
@@ -324,9 +324,9 @@ def _catch_up_walk(case: dict[str, np.ndarray], width: int, nodes: int, scratch:
 
 
 def _catch_up_on(backend: Backend, case: dict[str, np.ndarray], width: int, tree_step: bool) -> dict[str, np.ndarray]:
-    """Run :class:`~trtio.ops.CatchUpLayout` of ``case`` on ``backend`` (with the tree step of the batch contract's
+    """Run :class:`~trtio._ops.CatchUpLayout` of ``case`` on ``backend`` (with the tree step of the batch contract's
     targets where ``tree_step``); every tensor it writes, read back."""
-    from trtio.ops import CatchUpLayout, CatchUpTargets
+    from trtio._ops import CatchUpLayout, CatchUpTargets
 
     moves, acc = case["moves"], case["acc"]
     b, words = acc.shape[0], max(1, -(-width // 32))
@@ -355,7 +355,7 @@ def _catch_up_on(backend: Backend, case: dict[str, np.ndarray], width: int, tree
 @pytest.mark.parametrize("tree_step", [False, True])
 def test_a_catch_up_laid_out_on_the_device_equals_its_rows_walked_in_python(backend: Backend, width: int,
                                                                             tree_step: bool) -> None:
-    """:class:`~trtio.ops.CatchUpLayout` (the catch-up's layout made from the KV commit's rows alone) writes what a
+    """:class:`~trtio._ops.CatchUpLayout` (the catch-up's layout made from the KV commit's rows alone) writes what a
     walk of each path writes row by row: lengths, logits and root rows, parents, depths, causal mask words (two per
     row past 32 rows: the second word's bits from node 32 on), scratch rows and accepted rows (-1 past each path);
     its mask and logits rows are TreeLayout.chains' (the host layout it replaces). With its tree step, in the same

@@ -42,7 +42,7 @@ def test_the_guides_code_runs(page: Path, line: int, code: str, capsys: pytest.C
     if code.startswith("# needs: "):
         assert "ENGINE_DIR" in code or "/path/to/" in code, "a block not run here uses placeholders only"
         return
-    if trtio.cuda.backend.cuda_available() and "backend=\"host\"" not in code:
+    if trtio._cuda.backend.cuda_available() and "backend=\"host\"" not in code:
         pytest.skip("the guide's toy runs pick the cuda backend here, the reference engines the host")
     exec(compiled, {"__name__": "__guide__"})
     capsys.readouterr()

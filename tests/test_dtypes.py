@@ -116,7 +116,7 @@ def test_coerce_accepts_edgellm_short_names(name, dt):
 
 def test_short_names_reach_every_dtype_taker():
     from trtio import Tensor
-    from trtio.memory import TensorRequest
+    from trtio._memory import TensorRequest
 
     assert TensorRequest.of("x", (2,), "bf16").dtype is DType.BFLOAT16
     with Tensor.empty((2, 3), "fp16", location="host", backend="host") as t:

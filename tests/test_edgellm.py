@@ -22,11 +22,11 @@ import pytest
 from _safetensors import write_safetensors
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
+from trtio._edgellm_config import unsupported_features
+from trtio._rope import RopeScaling
 from trtio._safetensors import bf16_to_float32, e4m3_to_float32, read_safetensors
 from trtio.edgellm import CONFIG_FILES, EngineDir
-from trtio.edgellm_config import unsupported_features
 from trtio.families.gemma4.gemma4_config import GEMMA4_KEYS
-from trtio.rope import RopeScaling
 from trtio.testing.toy_engines import default_engines_dir
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -62,16 +62,16 @@ import pytest
 from _safetensors import write_safetensors
 
 import trtio
-import trtio.contracts.ragged_steps as ragged_steps_module
-import trtio.setups.engine_dir as engine_dir_module
+import trtio._contracts.ragged_steps as ragged_steps_module
+import trtio._setups.engine_dir as engine_dir_module
 from trtio import ConfigError, EngineError, LLMEngineConfig, LLMSetup, SpecDecodeSetup
-from trtio.cuda._hostmem import host_view
+from trtio._cuda._hostmem import host_view
+from trtio._ops import DecodeAdvance
+from trtio._trt import PLUGIN_LIBRARY, PLUGIN_PATH_ENV
 from trtio.edgellm import CONFIG_FILES, D2T_FILE, EMBEDDING_FILE, ENGINE_FILES, EngineDir
-from trtio.ops import DecodeAdvance
 from trtio.testing import ReferenceEngine
 from trtio.testing.toy_engines import RAGGED_DIRS, RAGGED_ENGINE_NAMES, RaggedToyEngines
 from trtio.testing.toy_runtime import SpecStats, embed_batch, spec_generate
-from trtio.trt import PLUGIN_LIBRARY, PLUGIN_PATH_ENV
 
 ENV_DIRS = "TRTIO_EDGELLM_DIR"
 ENV_TREE = "TRTIO_EDGELLM_TREE"

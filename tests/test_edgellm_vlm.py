@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 
 import trtio
-import trtio.contracts.ragged_steps as ragged_steps_module
-import trtio.setups.engine_dir as engine_dir_module
+import trtio._contracts.ragged_steps as ragged_steps_module
+import trtio._setups.engine_dir as engine_dir_module
 from trtio import LLMSetup
+from trtio._ops import DecodeAdvance
 from trtio.edgellm import EngineDir
-from trtio.ops import DecodeAdvance
 from trtio.testing.toy_engines import VisionToyEngines
 from trtio.vision import VisionPrompt, preprocess, splice
 

@@ -5,11 +5,11 @@ import pytest
 from _configs import bundle, llm_config
 
 from trtio import BindingError, ClosedError, DType, EngineError, Location, Stream, Tensor, names
-from trtio.contracts import build_registry
-from trtio.engine import ContextMemory, EngineExecutor, EngineIO
-from trtio.pipeline_io import PipelineIO
-from trtio.state import EngineState
-from trtio.tensor_map import TensorMap
+from trtio._contracts import build_registry
+from trtio._engine import ContextMemory, EngineExecutor, EngineIO
+from trtio._pipeline_io import PipelineIO
+from trtio._state import EngineState
+from trtio._tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_engine import TensorLocation
 
@@ -265,7 +265,7 @@ class NotCapturable(ReferenceEngine):
 
 
 def test_an_uncapturable_context_runs_plainly_and_says_why(host):
-    from trtio.setups import create_for_llm
+    from trtio._setups import create_for_llm
     from trtio.testing import toy_embedding
     from trtio.testing.toy_runtime import greedy_generate
 
@@ -375,7 +375,7 @@ def test_the_step_switched_to_last_is_found_again_only_for_its_tensor_map_and_wh
 def test_equal_work_before_a_step_replays_its_graph(llm):
     """The graph of a step and the device work before it is found again for the same work (by identity) and
     for equal work made afresh (by value): no second capture."""
-    from trtio.ops import Zero
+    from trtio._ops import Zero
 
     cfg, io, tm, state, ex = llm
     s = Stream.create("host")

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from trtio import ConfigError, DeploymentConfig, LLMEngineConfig
-from trtio.config import read_config
-from trtio.engine import EngineIO
+from trtio._config import read_config
+from trtio._engine import EngineIO
 from trtio.testing.toy_build import build_network, contract_diff, network_engine_io
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines, default_engines_dir
 

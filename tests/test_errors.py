@@ -13,14 +13,19 @@ import pytest
 from _configs import llm_config
 
 from trtio import names
+from trtio._config import FrozenMap
+from trtio._cuda.backend import Location
+from trtio._cuda.host import HostBackend
 from trtio._dlpack import make_capsule
+from trtio._dtypes import DType
+from trtio._engine import EngineIO
 from trtio._json import read_json
-from trtio.config import FrozenMap
-from trtio.cuda.backend import Location
-from trtio.cuda.host import HostBackend
-from trtio.dtypes import DType
+from trtio._memory import Arena, MemoryReport, TensorRequest
+from trtio._registry import TensorRegistry, TensorSpec
+from trtio._stream import Stream
+from trtio._tensor import Tensor
+from trtio._tensor_map import TensorMap
 from trtio.edgellm import EngineDir
-from trtio.engine import EngineIO
 from trtio.errors import (
     ExportError,
     InvalidTypeError,
@@ -30,11 +35,6 @@ from trtio.errors import (
     TrtioError,
     UnknownNameError,
 )
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.registry import TensorRegistry, TensorSpec
-from trtio.stream import Stream
-from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trtio"
@@ -66,11 +66,11 @@ def test_no_module_raises_a_builtin_exception() -> None:
 
 
 def test_the_scan_sees_a_builtin_raise(tmp_path: Path) -> None:
-    (tmp_path / "tools").mkdir()
+    (tmp_path / "_tools").mkdir()
     source = "def f(x):\n    if x:\n        raise ValueError(x)\n    raise KeyError\n"
-    (tmp_path / "tools" / "plan.py").write_text(source)
-    assert _builtin_raises(tmp_path) == ["trtio/tools/plan.py:3: raise ValueError",
-                                         "trtio/tools/plan.py:4: raise KeyError"]
+    (tmp_path / "_tools" / "plan.py").write_text(source)
+    assert _builtin_raises(tmp_path) == ["trtio/_tools/plan.py:3: raise ValueError",
+                                         "trtio/_tools/plan.py:4: raise KeyError"]
 
 
 def _host_tensor() -> Tensor:

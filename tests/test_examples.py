@@ -373,7 +373,7 @@ def _stand_in_loader(loads: list[tuple[str, tuple[str, ...]]]) -> Any:
     return load
 
 
-@pytest.mark.skipif(trtio.cuda.backend.cuda_available(),
+@pytest.mark.skipif(trtio._cuda.backend.cuda_available(),
                     reason="the stand-in engines compute on the host; GPU runners bind real directories "
                            "(tests/test_edgellm_engines.py)")
 @pytest.mark.parametrize("by_hand", [False, True], ids=["create_from_engine_dir", "load_engine"])
@@ -390,7 +390,7 @@ def test_the_real_engine_example_binds_a_directory_with_its_plugin(name: str, by
     for engine in trtio.EngineDir.open(d).engine_paths:
         engine.write_bytes(b"a serialized engine would be here")
     loads: list[tuple[str, tuple[str, ...]]] = []
-    monkeypatch.setattr("trtio.setups.engine_dir.load_engine", _stand_in_loader(loads))
+    monkeypatch.setattr("trtio._setups.engine_dir.load_engine", _stand_in_loader(loads))
     monkeypatch.setattr(trtio, "load_engine", _stand_in_loader(loads))
     plugin = "/opt/edgellm/lib/libNvInfer_edgellm_plugin.so"
     monkeypatch.setattr(sys, "argv", ["real_engine.py", str(d), "--plugin", plugin, "--max-new-tokens", "12",

@@ -23,10 +23,10 @@ from _faultwalk import KINDS, Kind, Walk, live, tiny_bundle, tiny_llm
 
 import trtio
 from trtio import ClosedError, CudaError, EngineError, InvalidValueError, Location, Stream, TrtioError
-from trtio.cuda.backend import Backend
-from trtio.engine import EngineExecutor
-from trtio.pipeline_io import PipelineIO
-from trtio.staging import RING_SLOTS, UploadRing
+from trtio._cuda.backend import Backend
+from trtio._engine import EngineExecutor
+from trtio._pipeline_io import PipelineIO
+from trtio._staging import RING_SLOTS, UploadRing
 from trtio.testing import FaultyBackend, ReferenceEngine
 from trtio.testing.faulty import ENGINE_CALLS, FAULTABLE, Call
 
@@ -314,7 +314,7 @@ def test_a_catch_up_whose_engine_fails_after_its_rows_moved_reads_them_where_the
 
 def test_an_undone_page_plan_gives_each_slot_its_limit_back() -> None:
     """A step that fails gives its pages back and each slot the page limit it had (not 0)."""
-    from trtio.pages import PagePool, PageTable
+    from trtio._pages import PagePool, PageTable
 
     table = PageTable(PagePool(8), 2, 4, 4)
     first = table.plan([0, 1], [0, 0], [3, 6])
@@ -436,7 +436,7 @@ def test_faulty_backend_a_failed_call_does_nothing() -> None:
         with pytest.raises(CudaError):
             call()
     assert host.op_count == ops and host.live_events == live_events  # type: ignore[attr-defined]
-    assert bytes(trtio.cuda._hostmem.host_view(dst, 8)) == bytes(8)
+    assert bytes(trtio._cuda._hostmem.host_view(dst, 8)) == bytes(8)
     for p in (dst, src):
         faulty.free(p, Location.HOST)
     faulty.destroy_stream(s)

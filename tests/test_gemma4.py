@@ -13,11 +13,11 @@ from _onnx_io import parse_onnx_io
 
 import trtio
 from trtio import CapacityError, ConfigError, InvalidValueError, LLMEngineConfig, names
-from trtio.contracts.ragged import registry_for
+from trtio._contracts.ragged import registry_for
+from trtio._rope import proportional_rope_parameters
+from trtio._state import paged_state_specs
 from trtio.families.gemma4.gemma4_config import choose_swa_mode, swa_private_pages
 from trtio.families.gemma4.swa import BoundedSwaPages
-from trtio.rope import proportional_rope_parameters
-from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -32,7 +32,7 @@ COMPUTES = ["host", pytest.param("gpu", marks=pytest.mark.gpu)]
 def _device(backend: str) -> str:
     """The ReferenceEngine device of ``backend`` ("gpu" for cuda: skips where no CUDA device or CuPy answers)."""
     if backend in ("cuda", "gpu"):
-        from trtio.cuda.backend import cuda_available
+        from trtio._cuda.backend import cuda_available
 
         if not cuda_available():
             pytest.skip("no CUDA device answers here")
@@ -650,8 +650,8 @@ def test_token_ids_on_the_device_gather_the_table_rows_without_a_host_read(tmp_p
     """EngineDir.embeddings() (default bound: max batch x max input) takes int32 ids already on the device (a
     greedy loop's argmax) and gathers the same rows as host ids; other device dtypes and too many ids are refused
     before anything is enqueued, and an id outside the table raises from the enqueued gather on the host backend."""
+    from trtio._tensor import Tensor
     from trtio.edgellm import EngineDir
-    from trtio.tensor import Tensor
 
     directory = EngineDir.open(_toy_dir(tmp_path / "toy-gemma4"))
     table, ple = directory.embedding_table(), directory.ple_embedding_table()
@@ -736,7 +736,7 @@ def test_a_toy_gemma4_directory_runs_from_token_ids_on_the_device(tmp_path: Path
 
 def test_plan_shows_each_layers_pool_the_shared_ones_and_the_swa_mode_with_its_reason(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trtio.cli import main
+    from trtio._cli import main
 
     assert main(["plan", str(_toy_dir(tmp_path / "toy-gemma4"))]) == 0
     out = capsys.readouterr().out
@@ -766,7 +766,7 @@ def test_a_steps_ple_and_dual_rope_inputs_hold_each_tokens_rows(tmp_path: Path, 
     from trtio.testing import ReferenceEngine
 
     if backend == "cuda":
-        from trtio.cuda.backend import cuda_available
+        from trtio._cuda.backend import cuda_available
 
         if not cuda_available():
             pytest.skip("no CUDA device answers here")
@@ -835,8 +835,8 @@ def test_generate_runs_a_gemma4_directory_with_its_ple_table(tmp_path: Path) -> 
     import io
     import shutil
 
+    from trtio._tools.generate import GenerateOptions, run_generate
     from trtio.testing.toy_dirs import ASSETS_DIR, default_engines_dir
-    from trtio.tools.generate import GenerateOptions, run_generate
 
     d = _toy_dir(tmp_path / "toy-gemma4")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -847,7 +847,7 @@ def test_generate_runs_a_gemma4_directory_with_its_ple_table(tmp_path: Path) -> 
 
 
 def test_the_bench_config_is_a_gemma4_model_of_the_dense_ones_size() -> None:
-    from trtio.tools.bench import configs, gemma4_config
+    from trtio._tools.bench import configs, gemma4_config
 
     llm, _ = configs("ragged", 1024)
     cfg = gemma4_config(llm)
@@ -873,7 +873,7 @@ def test_the_shipped_toy_gemma4_directory_runs_in_the_examples_as_the_toy_model(
     import subprocess
     import sys
 
-    from trtio.cli import main
+    from trtio._cli import main
     from trtio.edgellm import EngineDir
     from trtio.testing.toy_dirs import toy_engine_dir
 
@@ -920,10 +920,10 @@ def test_the_demo_decodes_the_toy_gemma4_directory_alike_in_bounded_and_full_swa
                                                                                     backend: str) -> None:
     """trtio demo's Gemma 4 section: two of the demo's prompts, 160 new tokens each (ten windows and past a page: the
     bounded windows rotate and retire pages), the same tokens in bounded and in full SWA mode."""
-    from trtio.cuda.backend import get_backend
+    from trtio._cuda.backend import get_backend
+    from trtio._tools.demo import demo_prompts
+    from trtio._tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
     from trtio.testing.toy_dirs import default_engines_dir
-    from trtio.tools.demo import demo_prompts
-    from trtio.tools.gemma4_demo import GEMMA4_DIR, format_gemma4, run_gemma4
 
     _device(backend)
     out = run_gemma4(default_engines_dir(), demo_prompts(512, 0)[:2], 160, get_backend(backend),
@@ -942,7 +942,7 @@ def test_a_steady_decode_splits_its_device_ple_rows_inside_its_plan_and_another_
     the decode's graph): the steady decodes after it, fed the same tensor with new rows each step, run the plan
     (no check) and the engine reads each step's rows; a decode fed another tensor, or host rows, is checked and
     reads its own rows."""
-    from trtio.tensor import Tensor
+    from trtio._tensor import Tensor
     from trtio.testing import ReferenceEngine
 
     cfg = _windowed(40, 768, max_batch_size=2, num_swa_pages=3)  # full SWA mode: no window moves a page

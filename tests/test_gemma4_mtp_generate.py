@@ -22,9 +22,9 @@ from tests._parity import Case
 
 pytest.importorskip("onnx")
 
+from trtio._setups import engine_dir  # noqa: E402
+from trtio._tools import generate as gen  # noqa: E402
 from trtio.families.gemma4_mtp.ddtree import ddtree  # noqa: E402
-from trtio.setups import engine_dir  # noqa: E402
-from trtio.tools import generate as gen  # noqa: E402
 
 CASE = Case("gemma4-mtp")
 NEW = 10  # tokens generated: within the references' continuation (12)

@@ -1,7 +1,7 @@
-"""``trtio generate`` (trtio.tools.generate) on the toy directories, and the toy tokenizers and embedding tables
+"""``trtio generate`` (trtio._tools.generate) on the toy directories, and the toy tokenizers and embedding tables
 that make it run there (scripts/make_toy_assets.py).
 
-The command runs in-process through ``trtio.cli.main``; its text must be the prompt followed by the decoded
+The command runs in-process through ``trtio._cli.main``; its text must be the prompt followed by the decoded
 greedy tokens of the toy model (:func:`trtio.testing.toy_runtime.greedy_generate`), speculatively or not.
 """
 
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import trtio
-from trtio.cli import main
-from trtio.cuda.backend import cuda_available
+from trtio._cli import main
+from trtio._cuda.backend import cuda_available
 from trtio.edgellm import EngineDir
 from trtio.testing.toy_dirs import ASSETS_DIR, OWN_ASSETS, TOY_DIRECTORIES, linked_assets
 from trtio.testing.toy_engines import RaggedToyEngines, ToyEngines, default_engines_dir
@@ -96,7 +96,7 @@ def test_a_tensor_parallel_toy_directory_generates_through_its_ranks(name: str, 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Without engine files, the ranks run as ReferenceEngines on the host backend (each its share of the toy model
     that toy-llm-ragged computes whole): the one engine's greedy text, through a TensorParallelLLMSetup."""
-    from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+    from trtio._setups.tensor_parallel import TensorParallelLLMSetup
 
     made: list[int] = []
     init = TensorParallelLLMSetup.__init__
@@ -134,7 +134,7 @@ def test_speculative_generation_prints_the_greedy_text(name: str, tree: tuple[st
 
 
 def test_the_statistics_count_rounds_and_accepted_tokens(tmp_path: Path) -> None:
-    from trtio.tools.generate import GenerateOptions, run_generate
+    from trtio._tools.generate import GenerateOptions, run_generate
 
     out, err = _Text(), _Text()
     stats = run_generate(GenerateOptions(ENGINES / "toy-eagle", PROMPT, 30, speculative=True, draft_top_k=2,
@@ -161,7 +161,7 @@ class _Text:
 
 
 def test_text_is_streamed_token_by_token() -> None:
-    from trtio.tools.generate import GenerateOptions, run_generate
+    from trtio._tools.generate import GenerateOptions, run_generate
 
     out = _Text()
     run_generate(GenerateOptions(ENGINES / "toy-llm-ragged", PROMPT, 10, backend="host"), out, _Text())

@@ -19,11 +19,11 @@ from test_contracts import parse_onnx_io
 
 import trtio
 from trtio import BindingError, CapacityError, ConfigError, DType, LLMEngineConfig, ShapeError, names
-from trtio.contracts import build_registry
+from trtio._contracts import build_registry
+from trtio._rope import RopeScaling, rope_cos_sin_table, rope_parameters
+from trtio._state import paged_state_specs
 from trtio.edgellm import EngineDir
 from trtio.families.hybrid.hybrid_config import recurrent_state_specs
-from trtio.rope import RopeScaling, rope_cos_sin_table, rope_parameters
-from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine, reference_forward
 from trtio.testing.toy_engines import HYBRID_DIRS, HybridToyEngine, default_engines_dir
 from trtio.testing.toy_model import no_rope_table
@@ -531,7 +531,7 @@ def test_on_the_gpu_admissions_zero_restore_and_replay_graphs(name: str) -> None
     """The cuda backend, CuPy reference engines, graphs on: the changing batch of run_story, each request's solo
     logits, and its decode graphs replayed across admissions."""
     pytest.importorskip("cupy")
-    from trtio.cuda.backend import cuda_available
+    from trtio._cuda.backend import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA device answers here")
@@ -548,7 +548,7 @@ def test_on_the_gpu_admissions_zero_restore_and_replay_graphs(name: str) -> None
 
 
 def test_plan_and_inspect_show_the_state_pools_and_their_bytes() -> None:
-    from trtio.tools.engine_dirs import format_kv_state, inspect_engine_dir, plan_engine_dir
+    from trtio._tools.engine_dirs import format_kv_state, inspect_engine_dir, plan_engine_dir
 
     plan = plan_engine_dir(ENGINES / "toy-qwen35-ragged")
     (row,) = plan["kv_state"]
@@ -572,8 +572,8 @@ def test_plan_and_inspect_show_the_state_pools_and_their_bytes() -> None:
 
 
 def test_the_demo_runs_the_hybrid_directories_and_their_admission_story() -> None:
-    from trtio.cuda.backend import get_backend
-    from trtio.tools.hybrid_demo import format_hybrid, run_hybrid
+    from trtio._cuda.backend import get_backend
+    from trtio._tools.hybrid_demo import format_hybrid, run_hybrid
 
     prompts = [[3, 14, 15], [92, 65, 35, 89, 79], [32, 38], [46, 26, 43, 38]]  # the story needs four
     out = run_hybrid(ENGINES, prompts, 6, get_backend("host"))
@@ -595,7 +595,7 @@ def test_generate_runs_a_hybrid_directory() -> None:
     pytest.importorskip("tokenizers")
     import io
 
-    from trtio.tools.generate import GenerateOptions, run_generate
+    from trtio._tools.generate import GenerateOptions, run_generate
 
     out, err = io.StringIO(), io.StringIO()
     stats = run_generate(GenerateOptions(ENGINES / "toy-qwen35-ragged", "The quick brown fox", 8, backend="host"),

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 from _host_kernels import kernels_on_host
 
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio._cuda.backend import Backend, Location, get_backend
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.families.hybrid.hybrid_config import HybridConfig
 from trtio.families.hybrid.replay import MAX_ACCEPT, MAX_NODES, GdnReplay, tree_problem
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 HV, HK, DK, DV = 4, 2, 8, 8  # value heads, key heads (GQA: two value heads a key head), key and value dims
 LAYERS, POOL_ROWS, MAX_BATCH, W = 2, 5, 4, 6

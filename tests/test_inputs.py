@@ -1,4 +1,4 @@
-"""trtio.inputs and Tensor.from_dlpack: foreign arrays in, read in place, ordered, kept alive, refused clearly.
+"""trtio._inputs and Tensor.from_dlpack: foreign arrays in, read in place, ordered, kept alive, refused clearly.
 
 Host memory is tested with numpy and torch (CPU); CUDA memory, without a GPU, through a host backend that
 calls itself ``cuda`` (:class:`FakeCudaBackend`): its "device" memory is host memory it allocated, so every
@@ -20,9 +20,9 @@ import pytest
 
 import trtio
 from trtio import InvalidTypeError, InvalidValueError, Location, ShapeError, Stream, Tensor
+from trtio._cuda.host import HostBackend
 from trtio._dlpack import kDLCPU, kDLCUDA, kDLFloat, live_exports, make_capsule, parse_max_version
-from trtio.cuda.host import HostBackend
-from trtio.inputs import as_input
+from trtio._inputs import as_input
 
 try:
     import torch
@@ -356,12 +356,12 @@ def _aligned_cpu_tensor(dtype: Any, shape: tuple[int, ...]) -> Any:
 
 @needs_torch
 def test_the_steady_torch_reader_takes_only_what_dlpack_would_export() -> None:
-    """The capsule-less read a steady decode makes of a torch input (trtio.foreign.TorchDeviceInput), run on CPU
+    """The capsule-less read a steady decode makes of a torch input (trtio._foreign.TorchDeviceInput), run on CPU
     tensors: the fake cuda backend on "device -1" (what get_device() says of a host tensor) stands in for a GPU,
     and torch's current stream is the test's. Everything DLPack would refuse, or the step could not take as it
     is, is passed over (None, nothing ordered); a producer on another stream is ordered before the step's."""
-    from trtio.dtypes import DType
-    from trtio.foreign import torch_device_input
+    from trtio._dtypes import DType
+    from trtio._foreign import torch_device_input
 
     assert torch_device_input(HostBackend(), DType.FLOAT16, (2, 1, 8)) is None, "the host backend takes no reader"
     fake = FakeCudaBackend(device_id=-1)
@@ -608,12 +608,12 @@ def test_torch_cuda_tensors_are_read_in_place_without_a_host_sync(cuda: Any) -> 
 @pytest.mark.gpu
 def test_the_steady_torch_reader_orders_the_stream_torch_cuda_calls_current(cuda: Any,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """The capsule-less reader of a steady decode (trtio.foreign.TorchDeviceInput) takes torch's current stream
+    """The capsule-less reader of a steady decode (trtio._foreign.TorchDeviceInput) takes torch's current stream
     through the cheapest public call torch has: the stream it orders before the step's is the one
     ``torch.cuda.current_stream()`` names, for a stream of torch's, the default one and the step's own (then
     nothing is ordered)."""
-    import trtio.foreign as foreign
-    from trtio.dtypes import DType
+    import trtio._foreign as foreign
+    from trtio._dtypes import DType
 
     torch_ = pytest.importorskip("torch")
     if not torch_.cuda.is_available():

@@ -32,6 +32,8 @@ ALLOWED = {
     "testing": {"core", "setups", "components", "tables", "testing"},
     "tools": {"core", "setups", "components", "tables", "testing", "tools"},
 }
+# The public facade: the package (re-exports the setups) and trtio.types (re-exports the types they return or take).
+FACADE = ("trtio", "trtio.types")
 # The public modules of components (``trtio.audio``: the audio component's host-side steps) sit with them.
 COMPONENT_FACES = {"audio", "vision"}
 
@@ -44,19 +46,19 @@ def _module_name(path: Path) -> str:
 
 
 def layer_of(module: str) -> str:
-    if module == "trtio":
+    if module in FACADE:
         return "facade"
     top = module.split(".")[1]
     if top == "families":  # a family's module sits where its place says (PLUGIN_PLACES); the table above the setups
         place = PLUGIN_PLACES.get(module.partition(".")[2])
         return "tables" if module in PLUGIN_TABLES else "setups" if place == "setups" else "core"
-    if top == "setups":
+    if top == "_setups":
         return "setups"
     if top == "components" or top in COMPONENT_FACES:
         return "components"
     if top == "testing":
         return "testing"
-    if top in ("tools", "cli", "__main__"):
+    if top in ("_tools", "_cli", "__main__"):
         return "tools"
     return "core"
 
@@ -108,8 +110,8 @@ def _violations() -> list[str]:
     known = set(modules)
     problems = []
     for module, path in sorted(modules.items()):
-        if module == "trtio":
-            continue  # the facade
+        if module in FACADE:
+            continue  # the facade: it re-exports
         mine = layer_of(module)
         for line, target in _imports(module, path, known):
             where = f"{path.relative_to(ROOT)}:{line}"
@@ -212,14 +214,14 @@ def test_import_graph_has_no_upward_arrow() -> None:
 def test_the_checker_sees_an_upward_arrow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The check is not vacuous: a core module importing a tool, lazily, is reported."""
     fake = tmp_path / "trtio"
-    (fake / "tools").mkdir(parents=True)
+    (fake / "_tools").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    (fake / "tools" / "__init__.py").write_text("")
-    (fake / "tools" / "demo.py").write_text("X = 1\n")
-    (fake / "engine.py").write_text("def f():\n    from trtio.tools.demo import X\n    return X\n")
+    (fake / "_tools" / "__init__.py").write_text("")
+    (fake / "_tools" / "demo.py").write_text("X = 1\n")
+    (fake / "_engine.py").write_text("def f():\n    from trtio._tools.demo import X\n    return X\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
-    assert _violations() == ["trtio/engine.py:2: trtio.engine (core) imports trtio.tools.demo (tools)"]
+    assert _violations() == ["trtio/_engine.py:2: trtio._engine (core) imports trtio._tools.demo (tools)"]
 
 
 def test_import_graph_has_no_cycle() -> None:
@@ -238,37 +240,38 @@ def _fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[s
 def test_the_checker_sees_a_cycle_within_a_layer_through_a_lazy_import(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_package(tmp_path, monkeypatch, {
-        "config.py": "from trtio.rope import R\n",
-        "rope.py": "from trtio import dims\n",
-        "dims.py": "def f():\n    from trtio.config import C\n    return C\n",
-        "names.py": "from trtio.dims import f\n",  # on the way into the cycle, not on it
+        "_config.py": "from trtio._rope import R\n",
+        "_rope.py": "from trtio import _dims\n",
+        "_dims.py": "def f():\n    from trtio._config import C\n    return C\n",
+        "names.py": "from trtio._dims import f\n",  # on the way into the cycle, not on it
     })
-    assert _cycles() == ["import cycle: trtio.config -> trtio.rope (trtio/config.py:1) -> trtio.dims "
-                         "(trtio/rope.py:1) -> trtio.config (trtio/dims.py:2)"]
+    assert _cycles() == ["import cycle: trtio._config -> trtio._rope (trtio/_config.py:1) -> trtio._dims "
+                         "(trtio/_rope.py:1) -> trtio._config (trtio/_dims.py:2)"]
 
 
 def test_the_checker_sees_a_cycle_across_layers_and_a_module_importing_itself(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_package(tmp_path, monkeypatch, {
-        "tools/__init__.py": "",
-        "tools/plan.py": "import trtio.engine\n",
-        "engine.py": "import os\n\ndef g():\n    import trtio.tools.plan\n",
-        "trt.py": "def h():\n    from trtio import trt\n",
+        "_tools/__init__.py": "",
+        "_tools/plan.py": "import trtio._engine\n",
+        "_engine.py": "import os\n\ndef g():\n    import trtio._tools.plan\n",
+        "_trt.py": "def h():\n    from trtio import _trt\n",
     })
     assert _cycles() == [
-        "import cycle: trtio.engine -> trtio.tools.plan (trtio/engine.py:4) -> trtio.engine (trtio/tools/plan.py:1)",
-        "import cycle: trtio.trt -> trtio.trt (trtio/trt.py:2)",
+        "import cycle: trtio._engine -> trtio._tools.plan (trtio/_engine.py:4) -> trtio._engine "
+        "(trtio/_tools/plan.py:1)",
+        "import cycle: trtio._trt -> trtio._trt (trtio/_trt.py:2)",
     ]
 
 
 def test_layers_are_what_the_design_says() -> None:
-    assert layer_of("trtio.engine") == "core"
-    assert layer_of("trtio.cuda.device") == "core"
-    assert layer_of("trtio.setups.llm") == "setups"
+    assert layer_of("trtio._engine") == "core"
+    assert layer_of("trtio._cuda.device") == "core"
+    assert layer_of("trtio._setups.llm") == "setups"
     assert layer_of("trtio.components.audio.audio_setup") == "components"
     assert layer_of("trtio.audio") == "components"
-    assert layer_of("trtio.tools.demo") == "tools"
-    assert layer_of("trtio.cli") == "tools"
+    assert layer_of("trtio._tools.demo") == "tools"
+    assert layer_of("trtio._cli") == "tools"
     assert layer_of("trtio.testing.reference_engine") == "testing"
 
 
@@ -277,12 +280,12 @@ def test_layers_are_what_the_design_says() -> None:
 # state, the contracts, PipelineIO, trees, the VLM glue, engine directories: they gather their token embeddings on
 # the device) <- setups. A new core module is placed here (an unplaced one is reported).
 CORE_SUBLAYERS = {
-    "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "dtypes", "cuda",
-               "stream", "_dlpack", "foreign", "tensor", "inputs", "memory", "staging"},
-    "binding": {"names", "dims", "rope", "config", "edgellm_config",
-                "checkpoint", "features", "registry", "tensor_map", "engine", "trt",
-                "collectives", "nccl"},
-    "steps": {"ops", "trees", "pages", "embeddings", "edgellm", "state", "contracts", "pipeline_io"},
+    "memory": {"errors", "_checks", "_cache", "_hashing", "_json", "_lifetime", "_safetensors", "_dtypes", "_cuda",
+               "_stream", "_dlpack", "_foreign", "_tensor", "_inputs", "_memory", "_staging"},
+    "binding": {"names", "_dims", "_rope", "_config", "_edgellm_config",
+                "_checkpoint", "features", "_registry", "_tensor_map", "_engine", "_trt",
+                "_collectives", "_nccl"},
+    "steps": {"_ops", "_trees", "_pages", "_embeddings", "edgellm", "_state", "_contracts", "_pipeline_io"},
 }
 SUBLAYER_ORDER = ("memory", "binding", "steps", "setups")
 
@@ -351,12 +354,12 @@ def test_the_core_reads_bottom_up_memory_binding_steps_setups() -> None:
 def test_the_sublayer_checker_sees_a_step_module_below_the_binding(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_package(tmp_path, monkeypatch, {
-        "engine.py": "def f():\n    from trtio.pages import P\n",
-        "pages.py": "P = 1\n",
+        "_engine.py": "def f():\n    from trtio._pages import P\n",
+        "_pages.py": "P = 1\n",
         "newthing.py": "X = 1\n",
     })
     assert _sublayer_violations() == [
-        "trtio/engine.py:2: trtio.engine (binding) imports trtio.pages (steps)",
+        "trtio/_engine.py:2: trtio._engine (binding) imports trtio._pages (steps)",
         "trtio/newthing.py: trtio.newthing is in no core sub-layer (tests/test_layout.py)",
     ]
 
@@ -402,8 +405,8 @@ def test_the_size_checker_sees_a_long_function(tmp_path: Path) -> None:
 
 FAMILY_WORDS = ("gemma4", "swa", "ple", "hybrid", "recurrent", "mamba", "mrope", "deepstack", "visual", "mtp",
                 "dflash", "jetspec", "dspark", "lora", "audio")
-GENERIC_TOPS = ("setups", "contracts", "state", "pipeline_io", "config", "edgellm", "edgellm_config", "engine",
-                "staging", "features")
+GENERIC_TOPS = ("_setups", "_contracts", "_state", "_pipeline_io", "_config", "edgellm", "_edgellm_config", "_engine",
+                "_staging", "features")
 PLUGIN_TOPS = ("families", "components")
 PLUGIN_TABLES = ("trtio.families.family_table",)  # the facade imports it
 
@@ -494,25 +497,25 @@ def test_the_seam_checker_sees_a_family_conditional_and_a_plugin_import(tmp_path
     engine state importing a family's pools, a comprehension filtering on PLE) they report every case, and leave
     family modules, plain words (``simple``) and strings alone."""
     _fake_package(tmp_path, monkeypatch, {
-        "setups/__init__.py": "",
-        "setups/llm.py": "def f(cfg, x):\n    if cfg.gemma4 is not None:\n        return 1\n"
+        "_setups/__init__.py": "",
+        "_setups/llm.py": "def f(cfg, x):\n    if cfg.gemma4 is not None:\n        return 1\n"
                          "    simple = [p for p in x if p.ple_ok]\n    return 2 if cfg.is_mrope else 'visual'\n",
-        "state.py": "from trtio.families.gemma4.swa import BoundedSwaPages\n\ndef g(simple):\n"
+        "_state.py": "from trtio.families.gemma4.swa import BoundedSwaPages\n\ndef g(simple):\n"
                     "    while simple:\n        simple = 'hybrid' and None\n",
         "families/__init__.py": "from trtio.families import gemma4\n",
         "families/gemma4/__init__.py": "",
         "families/gemma4/swa.py": "BoundedSwaPages = 1\n\ndef h(cfg):\n    if cfg.gemma4:\n        return 1\n",
-        "contracts/__init__.py": "import trtio.components\n",
+        "_contracts/__init__.py": "import trtio.components\n",
         "components/__init__.py": "",
     })
     assert family_conditionals() == [
-        "trtio/setups/llm.py:2: gemma4: cfg.gemma4 is not None",
-        "trtio/setups/llm.py:4: ple: p.ple_ok",
-        "trtio/setups/llm.py:5: mrope: cfg.is_mrope",
+        "trtio/_setups/llm.py:2: gemma4: cfg.gemma4 is not None",
+        "trtio/_setups/llm.py:4: ple: p.ple_ok",
+        "trtio/_setups/llm.py:5: mrope: cfg.is_mrope",
     ]
     assert _plugin_imports() == [
-        "trtio/contracts/__init__.py:1: trtio.contracts imports trtio.components",
-        "trtio/state.py:1: trtio.state imports trtio.families.gemma4.swa",
+        "trtio/_contracts/__init__.py:1: trtio._contracts imports trtio.components",
+        "trtio/_state.py:1: trtio._state imports trtio.families.gemma4.swa",
     ]
 
 

@@ -15,15 +15,15 @@ import pytest
 from _configs import llm_config
 
 import trtio
-import trtio.state
+import trtio._state
 from trtio import ClosedError, CudaError, Event, Location, Stream, Tensor
+from trtio._cuda.backend import Backend
+from trtio._cuda.host import HostBackend
+from trtio._engine import ContextMemory, EngineExecutor, EngineIO
 from trtio._lifetime import Closeable
-from trtio.cuda.backend import Backend
-from trtio.cuda.host import HostBackend
-from trtio.engine import ContextMemory, EngineExecutor, EngineIO
-from trtio.memory import Arena, TensorRequest
-from trtio.staging import UploadRing
-from trtio.state import EngineState
+from trtio._memory import Arena, TensorRequest
+from trtio._staging import UploadRing
+from trtio._state import EngineState
 from trtio.testing import ReferenceEngine
 
 
@@ -351,7 +351,7 @@ def test_an_engine_state_that_fails_half_way_frees_what_it_made(monkeypatch: pyt
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise CudaError("cuModuleLoadData", "CUDA_ERROR_OUT_OF_MEMORY", "no room for the KV commit kernel")
 
-    monkeypatch.setattr(trtio.state, "KVCommit", refuse)  # the last part the state builds
+    monkeypatch.setattr(trtio._state, "KVCommit", refuse)  # the last part the state builds
     be = HostBackend()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

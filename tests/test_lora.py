@@ -22,9 +22,9 @@ from safetensors.numpy import save_file
 
 import trtio
 from trtio import BindingError, ConfigError, InvalidTypeError, InvalidValueError
-from trtio.cuda.backend import Location
+from trtio._cuda.backend import Location
+from trtio._engine import EngineIO, TensorInfo
 from trtio.edgellm import EngineDir
-from trtio.engine import EngineIO, TensorInfo
 from trtio.families.lora.adapters import LoraAdapter, LoraInputs
 from trtio.testing import ReferenceEngine, reference_forward, toy_embedding
 from trtio.testing.reference_lora import lora_modules, merged_weights, toy_adapter
@@ -539,7 +539,7 @@ def test_set_lora_refuses_what_is_not_an_adapter_and_an_engine_without_lora() ->
 
 
 def test_plan_shows_the_adapter_buffers_worst_case() -> None:
-    from trtio.tools.inspection import plan_config
+    from trtio._tools.inspection import plan_config
 
     result = plan_config(QWEN3_LORA)
     entries = [e for e in result["memory"]["entries"] if e["group"] == "lora"]
@@ -556,7 +556,7 @@ def test_plan_shows_the_adapter_buffers_worst_case() -> None:
 
 
 def test_generate_takes_an_adapter_for_a_lora_directory(capsys: pytest.CaptureFixture[str]) -> None:
-    from trtio.cli import main
+    from trtio._cli import main
 
     texts = []
     for extra in ([], ["--lora", str(TOY_LORA / "adapters" / "chat")]):
@@ -568,8 +568,8 @@ def test_generate_takes_an_adapter_for_a_lora_directory(capsys: pytest.CaptureFi
 
 
 def test_generate_refuses_an_adapter_for_a_directory_without_lora() -> None:
+    from trtio._tools.generate import GenerateOptions, run_generate
     from trtio.testing.toy_dirs import toy_engine_dir
-    from trtio.tools.generate import GenerateOptions, run_generate
 
     opts = GenerateOptions(path=toy_engine_dir("toy-llm-ragged"), prompt="hello", backend="host",
                            lora=TOY_LORA / "adapters" / "chat")
@@ -609,7 +609,7 @@ def _script(backend: Any, streams: list[Any]) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
-    from trtio.cuda.backend import get_backend
+    from trtio._cuda.backend import get_backend
     from trtio.testing import AsyncHostBackend
 
     host = get_backend("host")
@@ -625,7 +625,7 @@ def test_set_lora_is_ordered_with_the_steps_on_other_streams(seed: int) -> None:
 
 
 def test_generate_takes_one_of_the_directorys_adapters_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    from trtio.cli import main
+    from trtio._cli import main
 
     texts = []
     for lora in ("chat", str(TOY_LORA / "adapters" / "chat")):
@@ -639,9 +639,9 @@ def test_generate_takes_one_of_the_directorys_adapters_by_name(capsys: pytest.Ca
 
 
 def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
-    from trtio.cuda.backend import get_backend
+    from trtio._cuda.backend import get_backend
+    from trtio._tools.lora_demo import format_lora, run_lora
     from trtio.testing.toy_dirs import default_engines_dir
-    from trtio.tools.lora_demo import format_lora, run_lora
 
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     out = run_lora(default_engines_dir(), prompts, 6, get_backend("host"))["toy-lora-ragged"]
@@ -657,8 +657,8 @@ def test_the_demo_runs_the_lora_toy_and_its_adapters_switch_cleanly() -> None:
 def test_a_tensor_maps_variant_takes_back_its_generation_until_something_else_is_rebound() -> None:
     """The rebinding set_lora uses (TensorMap.use_variant): a variant bound again finds its generation (the
     executor's plans of it), unless another rebinding came between; every variant binds the same, bound names."""
+    from trtio._tensor_map import TensorMap
     from trtio.errors import TrtioError, UnknownNameError
-    from trtio.tensor_map import TensorMap
 
     made: list[trtio.Tensor] = []
 

@@ -5,9 +5,9 @@ import pytest
 
 import trtio
 from trtio import ClosedError, Location, TrtioError
-from trtio.cuda.host import HostBackend
+from trtio._cuda.host import HostBackend
+from trtio._memory import Arena, MemoryReport, TensorRequest
 from trtio.errors import InvalidValueError
-from trtio.memory import Arena, MemoryReport, TensorRequest
 
 
 def _requests():

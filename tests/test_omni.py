@@ -17,12 +17,12 @@ import trtio
 from tests._omni_dir import SPEECH_OUTPUT, omni_directory
 from tests._parity import Case
 from trtio import BindingError, ConfigError, EngineDir, LLMEngineConfig
+from trtio._setups import engine_dir
 from trtio.audio import preprocess
 from trtio.components.audio import AudioSetup
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.vit import vit_registry
 from trtio.errors import UnknownNameError
-from trtio.setups import engine_dir
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_visual import ReferenceVisualEngine
 

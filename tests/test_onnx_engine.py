@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import trtio
-from trtio.cuda.backend import Location
+from trtio._cuda.backend import Location
 
 pytest.importorskip("onnx")
 

@@ -1,4 +1,4 @@
-"""``trtio.ops.copy_rows``, the row gather every step helper's graph holds (RoPE rows, hidden-state rows of
+"""``trtio._ops.copy_rows``, the row gather every step helper's graph holds (RoPE rows, hidden-state rows of
 accepted nodes, a draft level's parent rows), against numpy on the host backend and on the GPU: rows of
 every alignment (whole 16-byte words, 4-byte words, odd bytes) and rows wider than one block copies."""
 
@@ -12,8 +12,8 @@ import pytest
 from _host_kernels import host_kernels_and_cuda  # noqa: F401  (the module's backend fixture)
 
 from trtio import DType, Location, Stream, Tensor
-from trtio.cuda.backend import Backend
-from trtio.ops import copy_pages, copy_rows
+from trtio._cuda.backend import Backend
+from trtio._ops import copy_pages, copy_rows
 
 
 def _device(backend: Backend, values: np.ndarray, name: str, stream: Stream) -> Tensor:
@@ -108,8 +108,8 @@ def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: Backend) -> N
     """One kernel for several independent copies (a step's RoPE rows, hidden rows, embeddings and zeros):
     the same bytes as each copy alone, for jobs of different row counts and widths (a wide row spread
     over blocks, many narrow rows, a long zeroing) and more jobs than one launch takes."""
-    from trtio.cuda.kernels import MAX_COPY_JOBS
-    from trtio.ops import Copy2D, CopyJobs, RowCopy, Zero, fuse
+    from trtio._cuda.kernels import MAX_COPY_JOBS
+    from trtio._ops import Copy2D, CopyJobs, RowCopy, Zero, fuse
 
     rng = np.random.default_rng(5)
     s = Stream.create(backend)
@@ -157,7 +157,7 @@ def test_copy_jobs_make_what_their_copies_make_one_by_one(backend: Backend) -> N
 def test_copy_jobs_refuse_copies_that_touch_what_another_writes(host: Backend) -> None:
     """Copies in one kernel run at once: one that writes what another reads or writes is refused when the
     work is made, naming both; and only copies fuse."""
-    from trtio.ops import CopyJobs, RowCopy, Zero, fuse
+    from trtio._ops import CopyJobs, RowCopy, Zero, fuse
 
     s = Stream.default(host)
     a = _device(host, np.zeros((4, 16), np.uint8), "a", s)
@@ -181,7 +181,7 @@ def test_copy_jobs_compare_the_rows_strided_copies_touch(host: Backend) -> None:
     from the verify's states: the copies of two sequences interleave (each one's rows lie between the other's) and
     fuse, as do its conv and recurrent pools laid out in turn. Copies whose rows truly share a byte are refused,
     whatever their pitches: the exact rows, not the span from a copy's first byte to its last."""
-    from trtio.ops import Copy2D, CopyJobs, Zero2D
+    from trtio._ops import Copy2D, CopyJobs, Zero2D
 
     pool, row, layers = 1 << 20, 64, 4  # 4 layers' pools of 4 slots, conv and recurrent pools in turn
     conv, rec = [pool + 2 * j * 4 * row for j in range(layers)], [pool + (2 * j + 1) * 4 * row for j in range(layers)]
@@ -240,7 +240,7 @@ def test_a_launch_from_a_thread_without_a_context_leaves_the_thread_without_one(
     is what it was (none), not the device's left behind."""
     from cuda.bindings import driver
 
-    from trtio.cuda import kernels
+    from trtio._cuda import kernels
 
     src = Tensor.empty((64,), "uint8", backend=cuda)
     dst = Tensor.empty((64,), "uint8", backend=cuda)
@@ -268,7 +268,7 @@ def test_own_graphs_run_the_work_at_its_first_launch_and_replay_it_after(backend
     """A work launched through OwnGraphs (a hybrid slot's zeroing) runs at its first launch, where its graph is
     captured, and at every later one, which replays that graph; inside a caller's capture the work itself joins the
     caller's graph; equal works share one graph, and close destroys them."""
-    from trtio.ops import AsGraph, OwnGraphs, Zero
+    from trtio._ops import AsGraph, OwnGraphs, Zero
 
     s = Stream.create(backend)
     t = _device(backend, np.full(64, 7, np.uint8), "rows", s)

@@ -35,8 +35,8 @@ pytest.importorskip("onnx")
 
 import trtio  # noqa: E402
 from trtio import names  # noqa: E402
+from trtio._setups import engine_dir  # noqa: E402
 from trtio.families.gemma4_mtp import assistant as assistant_module  # noqa: E402
-from trtio.setups import engine_dir  # noqa: E402
 
 CASE = Case("gemma4-mtp")
 DEPTH = int(CASE.meta["spec"]["draft_step"])
@@ -286,11 +286,11 @@ def test_a_strict_double_of_the_graphs_io_binds_and_steps() -> None:
     doubles = {}
     for role, cfg in (("base", directory.base_config), ("draft", directory.draft_config)):
         double = ReferenceEngine.from_config(cfg, device="host", null_compute=True)
-        want = {t.name: (t.mode, t.dtype, t.shape) for t in trtio.engine.EngineIO.from_engine(real[role]).tensors}
-        got = {t.name: (t.mode, t.dtype, t.shape) for t in trtio.engine.EngineIO.from_engine(double).tensors}
+        want = {t.name: (t.mode, t.dtype, t.shape) for t in trtio._engine.EngineIO.from_engine(real[role]).tensors}
+        got = {t.name: (t.mode, t.dtype, t.shape) for t in trtio._engine.EngineIO.from_engine(double).tensors}
         assert got == want, role
-        profiles = {t.name: t.profiles for t in trtio.engine.EngineIO.from_engine(real[role]).tensors if t.profiles}
-        mine = {t.name: t.profiles for t in trtio.engine.EngineIO.from_engine(double).tensors if t.profiles}
+        profiles = {t.name: t.profiles for t in trtio._engine.EngineIO.from_engine(real[role]).tensors if t.profiles}
+        mine = {t.name: t.profiles for t in trtio._engine.EngineIO.from_engine(double).tensors if t.profiles}
         assert {n: mine[n] for n in profiles} == profiles, role
         doubles[role] = double
     with trtio.create_for_spec_decode(doubles["base"], doubles["draft"], bundle, backend="host") as setup:

@@ -19,7 +19,7 @@ import pytest
 from tests._parity import TEXT_SCENARIOS, Case, planted, run, when
 
 CASES = ["qwen3_5", "nemotron_h"]
-# Issue 48 #1 (fixed: use_rope false gets the identity table, trtio/setups/binding.py): before the fix trtio wrote a
+# Issue 48 #1 (fixed: use_rope false gets the identity table, trtio/_setups/binding.py): before the fix trtio wrote a
 # real rotary table for Nemotron-H where Edge-LLM's runtime feeds cos 1, sin 0 and HF rotates nothing, and this parity
 # failed: worst |Δ logits| 7.47 / 7.03 / 7.47 / 8.17 (batch, chunked, admission, prefix), greedy tokens off in 18/24,
 # 6/8, 13/16, 5/8 rows; after it 0.022 / 0.027 / 0.016 / 0.027, greedy equal. The planted bug below keeps it caught.

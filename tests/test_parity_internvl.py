@@ -27,10 +27,10 @@ import pytest
 
 import trtio
 from tests._parity import Case, Compare, ParityMismatch, Seq, decode_all, llm_setup
+from trtio._dtypes import DType
 from trtio.components.visual.internvl_config import InternVLConfig
 from trtio.components.visual.internvl_images import ImagePrompt, expand_image_tokens
 from trtio.components.visual.internvl_setup import internvl_registry
-from trtio.dtypes import DType
 from trtio.vision import preprocess, splice
 
 Hook = Callable[[dict[str, np.ndarray]], None]

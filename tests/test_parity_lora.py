@@ -100,7 +100,7 @@ def test_the_fixtures_adapters_are_what_the_engine_takes() -> None:
     case = Case(CASE)
     found = adapters(case)
     engine = case.engine()
-    inputs = LoraInputs.from_engine(trtio.engine.EngineIO.from_engine(engine), 8)
+    inputs = LoraInputs.from_engine(trtio._engine.EngineIO.from_engine(engine), 8)
     assert inputs is not None and inputs.takes_adapters and not inputs.node_named and len(inputs.modules) == 20
     for name in ("a", "b"):
         assert not inputs.problems(found[name]), name

@@ -7,7 +7,7 @@ sequence's accepted node into its slot (``trtio.families.hybrid.snapshots``: the
 were and writes every token's states); the draft's prefill, catch-up and proposal logits equal the head's
 reference. A wrong input or a wrong commit fails the check.
 
-Issue 48 #3 (fixed in ``trtio/ops.py``: ``CopyJobs`` compares the rows a strided copy touches): before the fix the
+Issue 48 #3 (fixed in ``trtio/_ops.py``: ``CopyJobs`` compares the rows a strided copy touches): before the fix the
 first accept of every scenario here raised ``InvalidValueError: CopyJobs: copy 0 writes memory that copy 2 reads or
 writes; such copies must run one after the other`` (three sequences, three recurrent layers: each sequence's commit
 is one strided copy a kind through the evenly spaced pools, and the first-to-last byte spans of the sequences'

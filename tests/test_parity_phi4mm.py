@@ -27,9 +27,9 @@ import pytest
 
 import trtio
 from tests._parity import TEXT_SCENARIOS, Case, Compare, ParityMismatch, llm_setup, planted, run
+from trtio._rope import RopeScaling, rope_cos_sin_table
 from trtio.components.visual import phi4mm as P
 from trtio.errors import ConfigError
-from trtio.rope import RopeScaling, rope_cos_sin_table
 
 NAME = "phi4mm"
 Hook = Callable[[dict[str, np.ndarray]], None]

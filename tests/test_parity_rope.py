@@ -19,7 +19,7 @@ import pytest
 
 import trtio
 from tests._parity import TEXT_SCENARIOS, Case, ParityMismatch, planted, run
-from trtio.rope import rope_cos_sin_table
+from trtio._rope import rope_cos_sin_table
 
 CASES = ["llama3", "yarn", "hunyuan"]
 

@@ -6,10 +6,10 @@ from _configs import bundle, llm_config
 
 import trtio
 from trtio import CapacityError, ClosedError, DType, FrozenError, Location, ShapeError, Tensor, TrtioError, names
-from trtio.cuda.host import HostBackend
-from trtio.memory import align_up
-from trtio.pipeline_io import MEMBERS, STAGING_SLOTS, PipelineIO
-from trtio.staging import RING_SLOTS
+from trtio._cuda.host import HostBackend
+from trtio._memory import align_up
+from trtio._pipeline_io import MEMBERS, STAGING_SLOTS, PipelineIO
+from trtio._staging import RING_SLOTS
 
 F16, BF16, F32, I32, I64 = DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.INT32, DType.INT64
 D, P = "device", "pinned"
@@ -125,7 +125,7 @@ def test_spec_decode_runtime_batch_checked():
     with pytest.raises(ShapeError, match=r"max_runtime_batch_size must be an int in 1..4"):
         PipelineIO.create_for_spec_decode(bundle(), 5, backend="host")
     with pytest.raises(TrtioError, match="needs a DeploymentConfig with a draft"):
-        PipelineIO.create_for_spec_decode(trtio.config.DeploymentConfig(llm_config()), backend="host")
+        PipelineIO.create_for_spec_decode(trtio._config.DeploymentConfig(llm_config()), backend="host")
 
 
 def test_absent_features_allocate_nothing(host):

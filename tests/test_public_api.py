@@ -14,22 +14,22 @@ import trtio
 import trtio.testing
 
 INTERNALS = {  # module -> names a user never needs from the facade
-    "trtio.memory": ["Arena", "TensorRequest", "MemoryEntry", "MemoryReport"],
-    "trtio.staging": ["UploadRing", "StepStaging"],
-    "trtio.engine": ["ContextMemory", "EngineExecutor", "TensorInfo", "EngineIO", "GraphStats"],
-    "trtio.state": ["EngineState"],
-    "trtio.registry": ["TensorRegistry", "TensorSpec"],
-    "trtio.contracts": ["build_registry"],
-    "trtio.dims": ["InferenceDims"],
-    "trtio.pipeline_io": ["StreamingPrefillBuffers"],
-    "trtio.tensor_map": ["TensorMap"],
-    "trtio.setups.binding": ["BoundEngine", "check_engine"],
-    "trtio.setups.base": ["EngineGraphStats"],
-    "trtio.setups.sequences": ["KVPages"],
-    "trtio.pages": ["Prefix"],
-    "trtio.stream": ["StreamLike"],
-    "trtio.cuda.backend": ["Backend", "cuda_available"],
-    "trtio.trt": ["load_plugins"],
+    "trtio._memory": ["Arena", "TensorRequest", "MemoryEntry", "MemoryReport"],
+    "trtio._staging": ["UploadRing", "StepStaging"],
+    "trtio._engine": ["ContextMemory", "EngineExecutor", "TensorInfo", "EngineIO", "GraphStats"],
+    "trtio._state": ["EngineState"],
+    "trtio._registry": ["TensorRegistry", "TensorSpec"],
+    "trtio._contracts": ["build_registry"],
+    "trtio._dims": ["InferenceDims"],
+    "trtio._pipeline_io": ["StreamingPrefillBuffers"],
+    "trtio._tensor_map": ["TensorMap"],
+    "trtio._setups.binding": ["BoundEngine", "check_engine"],
+    "trtio._setups.base": ["EngineGraphStats"],
+    "trtio._setups.sequences": ["KVPages"],
+    "trtio._pages": ["Prefix"],
+    "trtio._stream": ["StreamLike"],
+    "trtio._cuda.backend": ["Backend", "cuda_available"],
+    "trtio._trt": ["load_plugins"],
 }
 
 # Names the design shows as ``trtio.<name>`` that are not in __all__: they stay attributes of the package.
@@ -63,7 +63,7 @@ def test_what_a_runtime_needs_is_public() -> None:
 def test_the_seeds_class_is_public() -> None:
     """``trtio.PipelineIO``, the seed's class and the first name of the design card, is in ``__all__`` (DESIGN
     §18): the class of a setup's buffers (its ``io``)."""
-    from trtio.pipeline_io import PipelineIO
+    from trtio._pipeline_io import PipelineIO
     from trtio.testing.toy_engines import RaggedToyEngines
 
     assert "PipelineIO" in trtio.__all__ and trtio.PipelineIO is PipelineIO
@@ -76,7 +76,7 @@ def test_the_seeds_class_is_public() -> None:
 
 
 def test_what_create_from_engine_dir_returns_for_a_tensor_parallel_directory_is_public() -> None:
-    from trtio.setups.tensor_parallel import TensorParallelLLMSetup
+    from trtio._setups.tensor_parallel import TensorParallelLLMSetup
 
     assert trtio.TensorParallelLLMSetup is TensorParallelLLMSetup
     # LLMSetup's step API, by composition: the same calls with the same parameters, the same views
@@ -115,6 +115,66 @@ def test_the_facade_only_reexports() -> None:
     assert not defined, "trtio/__init__.py defines nothing of its own"
 
 
+# The public modules (docs/architecture.md, "The public API"): the facade, the documented modules, and the seam a
+# family's author writes against (DESIGN §18). Every other module's path has an underscore-led part.
+DOCUMENTED = ("trtio.testing", "trtio.edgellm", "trtio.vision", "trtio.audio", "trtio.names", "trtio.errors",
+              "trtio.families", "trtio.types")
+SEAM = ("trtio.features", "trtio.families", "trtio.components")
+
+
+def _public_modules(package: Path) -> list[str]:
+    """Every module under ``package`` (a trtio folder) none of whose dotted parts starts with an underscore."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] in ("__init__", "__main__"):
+            parts.pop()
+        if not any(p.startswith("_") for p in parts):
+            out.append(".".join(parts))
+    return out
+
+
+def _not_listed(package: Path) -> list[str]:
+    def listed(module: str) -> bool:
+        return module == "trtio" or any(module == m or module.startswith(m + ".") for m in (*DOCUMENTED, *SEAM))
+    return [m for m in _public_modules(package) if not listed(m)]
+
+
+def test_every_module_is_public_by_design_or_private_by_name() -> None:
+    """``trtio.__all__`` plus the documented modules (and the seam) are public; every other module is private by its
+    name (an underscore-led part: ``trtio._setups.llm``, ``trtio._engine``)."""
+    assert _not_listed(Path(trtio.__file__).parent) == []
+
+
+def test_the_surface_check_sees_a_public_module_nobody_documented(tmp_path: Path) -> None:
+    package = tmp_path / "trtio"
+    for name in ("__init__.py", "errors.py", "_engine.py", "_setups/__init__.py", "_setups/llm.py", "helpers.py",
+                 "families/gemma4/swa.py", "plans/__init__.py"):
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text("")
+    assert _not_listed(package) == ["trtio.helpers", "trtio.plans"]
+
+
+def test_the_architecture_page_lists_the_documented_modules() -> None:
+    page = (Path(trtio.__file__).parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    api = page[page.index("## The public API"):page.index("## Contracts")]
+    missing = [m for m in DOCUMENTED if f"`{m}`" not in api]
+    assert missing == [], f"docs/architecture.md's public API does not name {missing}"
+
+
+def test_the_types_module_exports_what_the_types_page_documents() -> None:
+    """docs/api/types.rst documents the types a runtime meets at trtio.types: it re-exports exactly those."""
+    import re
+
+    import trtio.types
+
+    page = (Path(trtio.__file__).parents[1] / "docs" / "api" / "types.rst").read_text(encoding="utf-8")
+    documented = sorted(re.findall(r"^\.\. auto\w+:: trtio\.types\.(\w+)$", page, re.M))
+    assert documented == sorted(trtio.types.__all__)
+    for name in trtio.types.__all__:
+        assert getattr(trtio.types, name) is not None, name
+
+
 def test_the_testing_module_lists_what_it_exports() -> None:
     assert len(set(trtio.testing.__all__)) == len(trtio.testing.__all__)
     for name in trtio.testing.__all__:
@@ -126,13 +186,13 @@ def test_import_trtio_pulls_in_no_optional_package() -> None:
     imported where they are used, and bf16 still has its numpy type once something asks for it."""
     code = ("import sys, trtio\n"
             f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))\n"
-            "import trtio.cli, trtio.testing\n"
+            "import trtio._cli, trtio.testing\n"
             f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))\n"
             "print(trtio.DType.BFLOAT16.numpy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(trtio.__file__).parents[1]).stdout.splitlines()
     assert out[0] == "[]", f"import trtio imported {out[0]}"
-    assert out[1] == "[]", f"import trtio.cli / trtio.testing imported {out[1]}"
+    assert out[1] == "[]", f"import trtio._cli / trtio.testing imported {out[1]}"
     try:
         import ml_dtypes  # noqa: F401
     except ImportError:  # pragma: no cover - where ml_dtypes is absent bf16 has no numpy type

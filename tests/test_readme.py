@@ -22,7 +22,7 @@ import pytest
 
 import trtio
 import trtio.testing
-from trtio.cli import build_parser
+from trtio._cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -154,7 +154,7 @@ def _stand_in_loader(loads: list[str]) -> Any:
     return load
 
 
-@pytest.mark.skipif(trtio.cuda.backend.cuda_available(), reason="the stand-in engines compute on the host")
+@pytest.mark.skipif(trtio._cuda.backend.cuda_available(), reason="the stand-in engines compute on the host")
 @pytest.mark.parametrize("block", _ids("ci:stand-in"))
 def test_stand_in_blocks_run(block: readme_blocks.Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,7 +166,7 @@ def test_stand_in_blocks_run(block: readme_blocks.Block, tmp_path: Path, monkeyp
     shutil.copytree(trtio.testing.toy_engine_dir("toy-llm-ragged"), d)
     (d / "llm.engine").write_bytes(b"a serialized engine would be here")
     loads: list[str] = []
-    monkeypatch.setattr("trtio.setups.engine_dir.load_engine", _stand_in_loader(loads))
+    monkeypatch.setattr("trtio._setups.engine_dir.load_engine", _stand_in_loader(loads))
     exec(compile(block.text.replace("ENGINE_DIR", str(d)), f"README.md:{block.line}", "exec"), {})
     printed = capsys.readouterr().out
     assert loads == ["llm.engine ['/path/to/libNvInfer_edgellm_plugin.so']"], "the plugin reached load_engine"

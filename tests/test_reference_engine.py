@@ -20,7 +20,8 @@ from _contract import expected_contract
 
 import trtio
 from trtio import names
-from trtio.config import LLMEngineConfig
+from trtio._config import LLMEngineConfig
+from trtio._trees import ancestor_mask, pack_tree_mask, tree_position_ids
 from trtio.testing import reference_engine as re_mod
 from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
@@ -31,7 +32,6 @@ from trtio.testing.reference_engine import (
     TensorLocation,
 )
 from trtio.testing.toy_model import ToyWeights, reference_forward, rope_table, toy_embedding
-from trtio.trees import ancestor_mask, pack_tree_mask, tree_position_ids
 
 LOGGER = "trtio.testing.reference_engine"
 STATIC = ExecutionContextAllocationStrategy.STATIC

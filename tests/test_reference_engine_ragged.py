@@ -32,8 +32,9 @@ import pytest
 
 import trtio
 from trtio import names
-from trtio.config import LLMEngineConfig
-from trtio.cuda.backend import Backend
+from trtio._config import LLMEngineConfig
+from trtio._cuda.backend import Backend
+from trtio._trees import ancestor_mask, pack_tree_mask
 from trtio.testing import reference_engine as re_mod
 from trtio.testing import reference_math
 from trtio.testing.reference_engine import (
@@ -44,7 +45,6 @@ from trtio.testing.reference_engine import (
     TensorIOMode,
 )
 from trtio.testing.toy_model import ToyWeights, log_softmax, reference_forward, rope_table, toy_embedding
-from trtio.trees import ancestor_mask, pack_tree_mask
 
 LOGGER = "trtio.testing.reference_engine"
 USER_MANAGED = ExecutionContextAllocationStrategy.USER_MANAGED

@@ -2,8 +2,8 @@ import pytest
 from _configs import bundle, llm_config
 
 from trtio import DType, names
-from trtio.contracts import build_registry
-from trtio.registry import TensorRegistry, TensorSpec
+from trtio._contracts import build_registry
+from trtio._registry import TensorRegistry, TensorSpec
 
 
 def test_llm_registry_names_and_counts():

@@ -40,18 +40,18 @@ from trtio import (
     TrtioError,
     names,
 )
-from trtio.cuda.backend import Backend
-from trtio.cuda.host import HostBackend
+from trtio._cuda.backend import Backend
+from trtio._cuda.host import HostBackend
+from trtio._engine import ContextMemory, EngineExecutor, EngineIO
+from trtio._memory import Arena, TensorRequest
+from trtio._pipeline_io import PipelineIO
+from trtio._setups import LLMSetup
+from trtio._state import EngineState
+from trtio._tensor_map import TensorMap
+from trtio._trees import ancestor_mask
 from trtio.edgellm import EngineDir
-from trtio.engine import ContextMemory, EngineExecutor, EngineIO
-from trtio.memory import Arena, TensorRequest
-from trtio.pipeline_io import PipelineIO
-from trtio.setups import LLMSetup
-from trtio.state import EngineState
-from trtio.tensor_map import TensorMap
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
-from trtio.trees import ancestor_mask
 
 CONTRACTS = ["batch", "ragged"]
 SETUPS = ["llm-batch", "llm-ragged", "spec-batch", "spec-ragged"]
@@ -161,14 +161,14 @@ def test_memory_an_executor_bound_through_a_map_of_its_own_is_not_freed_under_it
     state.bind(io_map)
     rope_owner = Tensor.empty((2, 128, 16), "float32", name="rope_owner", backend=host)
     rope = Tensor.wrap(rope_owner.data_ptr, (1, 128, 16), "float32", owner=rope_owner, name="rope", backend=host)
-    rope.copy_from(trtio.rope.rope_cos_sin_table(128, 16, cfg.rope_theta, 1))
+    rope.copy_from(trtio._rope.rope_cos_sin_table(128, 16, cfg.rope_theta, 1))
     arena = Arena([TensorRequest.of("select", (4, 1), "int64")], backend=host, title="mine")
     mine = TensorMap("mine")  # not frozen: its tensors are not frozen either
     for n in io_map.names():
         mine.set(n, io_map[n])
     mine.set(names.kRopeCosSin, rope)
     mine.set(names.kLastTokenIds, arena["select"])
-    ex = EngineExecutor(eng, registry=trtio.contracts.build_registry(cfg).merged(state.specs()),
+    ex = EngineExecutor(eng, registry=trtio._contracts.build_registry(cfg).merged(state.specs()),
                         stable=state.stable_names(), graphs=True, name="mine", backend=host)
     s = Stream.create(host)
     state.upload_start_index(np.zeros(1, np.int32), s)
@@ -455,7 +455,7 @@ def test_accepted_paths_as_lists_or_as_a_padded_array_commit_the_same(host: Back
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Lists of ints (what a runtime passes: walked once in Python) and an int array padded with -1 (the
     general checks) commit the same entries, lengths and catch-up rows, paths of unequal lengths included."""
-    import trtio.setups.verify as verify_module
+    import trtio._setups.verify as verify_module
 
     walked: list[bool] = []
     list_paths = verify_module.AcceptedPaths.walk
@@ -500,7 +500,7 @@ def test_spec_decode_calls_out_of_order_or_inconsistent_are_refused_before_any_w
         host: Backend, contract: str, walk: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call out of order or with inconsistent input is refused before any work is enqueued; accepted
     paths are checked alike whether they are walked in Python (a few) or with numpy (many)."""
-    import trtio.setups.verify as verify_module
+    import trtio._setups.verify as verify_module
 
     monkeypatch.setattr(verify_module, "_PYTHON_PATH_NODES", 512 if walk == "python" else 0)
     cap = TINY["max_kv_cache_capacity"]

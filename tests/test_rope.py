@@ -1,4 +1,4 @@
-"""trtio.rope against Hugging Face transformers' numbers (tests/fixtures/rope/hf_rope.json).
+"""trtio._rope against Hugging Face transformers' numbers (tests/fixtures/rope/hf_rope.json).
 
 The fixture was computed once with real transformers by scripts/make_rope_fixture.py; these tests
 read only the JSON, so transformers is not a test dependency.
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from trtio._rope import RopeScaling, mrope_cos_sin_rows, rope_cos_sin_table, rope_parameters
 from trtio.errors import ConfigError, ShapeError
-from trtio.rope import RopeScaling, mrope_cos_sin_rows, rope_cos_sin_table, rope_parameters
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rope" / "hf_rope.json"
 DATA: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))

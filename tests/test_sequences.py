@@ -20,10 +20,10 @@ from _threads import from_another_thread_inside
 
 import trtio
 from trtio import CapacityError, ShapeError, TrtioError
-from trtio.cuda.backend import Backend
+from trtio._cuda.backend import Backend
+from trtio._pages import PagePool, PageTable
+from trtio._rope import rope_cos_sin_table
 from trtio.edgellm import EngineDir
-from trtio.pages import PagePool, PageTable
-from trtio.rope import rope_cos_sin_table
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 

@@ -13,11 +13,11 @@ from _configs import bundle, llm_config
 
 import trtio
 from trtio import BindingError, InvalidValueError, Location, ShapeError, Stream, Tensor, TrtioError, names
-from trtio.pipeline_io import PipelineIO
-from trtio.setups import create_for_llm, create_for_spec_decode
+from trtio._pipeline_io import PipelineIO
+from trtio._setups import create_for_llm, create_for_spec_decode
+from trtio._trees import ancestor_mask
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
-from trtio.trees import ancestor_mask
 
 
 @pytest.fixture(params=["host", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -564,7 +564,7 @@ def test_stream_none_is_the_threads_default_stream_in_a_setup_too(host):
     E = toy_embedding(cfg.vocab_size, cfg.hidden_size)
     emb, lens = embed_batch(E, [[1, 2, 3]], np.float16)
     logits = setup.prefill(emb, lens)
-    assert logits._last_stream is trtio.stream.as_stream(None, host)
+    assert logits._last_stream is trtio._stream.as_stream(None, host)
     setup.decode(E[[4]][:, None, :].astype(np.float16), mine)
     assert logits._last_stream is mine
     setup.close()

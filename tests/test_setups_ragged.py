@@ -21,14 +21,14 @@ import pytest
 
 import trtio
 from trtio import BindingError, ConfigError, ShapeError, TrtioError, names
-from trtio.contracts.ragged import causal_step, tree_step
-from trtio.cuda.backend import Backend
+from trtio._contracts.ragged import causal_step, tree_step
+from trtio._cuda.backend import Backend
+from trtio._rope import rope_cos_sin_table
+from trtio._trees import ancestor_mask
 from trtio.edgellm import EngineDir
-from trtio.rope import rope_cos_sin_table
 from trtio.testing import ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
-from trtio.trees import ancestor_mask
 
 ENGINES = default_engines_dir()
 LLM_DIR = ENGINES / "toy-llm-ragged"
@@ -420,7 +420,7 @@ def test_create_from_engine_dir_binds_a_directorys_engines(tmp_path: Path, monke
     ReferenceEngines of the configs beside the engine files), create_for_spec_decode."""
     import shutil
 
-    import trtio.setups.engine_dir as engine_dir
+    import trtio._setups.engine_dir as engine_dir
 
     d = tmp_path / "eagle"
     shutil.copytree(EAGLE_DIR, d)

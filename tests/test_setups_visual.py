@@ -225,7 +225,7 @@ def test_device_patches_dropped_as_the_encode_returns_are_read_intact() -> None:
     import gc
     import weakref
 
-    from trtio.cuda.backend import Location
+    from trtio._cuda.backend import Location
     from trtio.testing import AsyncHostBackend
 
     cfg = visual("qwen2_5_vl")
@@ -269,8 +269,8 @@ def test_a_gpu_reference_engine_without_cupy_is_refused_as_it_is_made() -> None:
     computes nothing, is made."""
     import importlib.util
 
+    from trtio._tools.bench import configs
     from trtio.testing import ReferenceEngine
-    from trtio.tools.bench import configs
 
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here")

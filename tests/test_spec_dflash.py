@@ -156,12 +156,12 @@ def test_the_toy_dflash_draft_guesses_most_of_the_bases_tokens(directory: Path) 
 
 @pytest.mark.parametrize("sets", [2, pytest.param(8, marks=pytest.mark.slow)])
 def test_the_toy_drafts_guess_most_tokens_over_many_prompts(sets: int) -> None:
-    """Both toy pairs through the demo's rounds (``trtio.tools.dflash_demo``), seeded sets of four prompts (two in
+    """Both toy pairs through the demo's rounds (``trtio._tools.dflash_demo``), seeded sets of four prompts (two in
     the quick suite, eight at full count), 24 new tokens each: every set's tokens are the base's greedy ones, and at
     least 60% of its drafted tokens are accepted, on each pair. (The hybrid pair's draft lacks the base's recurrent
     layer: its fitted projection is what carries the base's features into its attention.)"""
-    from trtio.cuda.backend import get_backend  # noqa: PLC0415
-    from trtio.tools.dflash_demo import run_dflash  # noqa: PLC0415
+    from trtio._cuda.backend import get_backend  # noqa: PLC0415
+    from trtio._tools.dflash_demo import run_dflash  # noqa: PLC0415
 
     rates: dict[str, list[float]] = {}
     for seed in range(sets):
@@ -279,10 +279,10 @@ def test_trtio_generate_speculative_on_the_dflash_toys_prints_the_bases_greedy_t
 
 
 def test_the_demos_dflash_pairs_decode_greedy_tokens_and_accept_most_drafts() -> None:
-    """``trtio demo``'s DFlash section (:mod:`trtio.tools.dflash_demo`): both toy pairs, blocks of 4, their tokens
+    """``trtio demo``'s DFlash section (:mod:`trtio._tools.dflash_demo`): both toy pairs, blocks of 4, their tokens
     the numpy base's greedy ones, at least 60% of drafted tokens accepted; the summary's line says so."""
-    from trtio.cuda.backend import get_backend  # noqa: PLC0415
-    from trtio.tools.dflash_demo import format_dflash, run_dflash  # noqa: PLC0415
+    from trtio._cuda.backend import get_backend  # noqa: PLC0415
+    from trtio._tools.dflash_demo import format_dflash, run_dflash  # noqa: PLC0415
 
     s = run_dflash(ENGINES, PROMPTS[:3], 8, get_backend("host"))
     assert set(s) == {"toy-dflash-ragged", "toy-qwen35-dflash-ragged"}
@@ -399,7 +399,7 @@ def test_a_dflash_draft_trtio_cannot_run_is_refused_at_setup_naming_the_key(tmp_
 
 def test_trtio_inspect_names_the_pairs_family(capsys: pytest.CaptureFixture[str]) -> None:
     """``trtio inspect`` on a DFlash toy says it is a DFlash pair and lists the block draft's delta inputs."""
-    from trtio.cli import main  # noqa: PLC0415
+    from trtio._cli import main  # noqa: PLC0415
 
     assert main(["inspect", str(DENSE)]) == 0
     out = capsys.readouterr().out

@@ -15,10 +15,10 @@ from test_contracts import parse_onnx_io
 
 import trtio
 from trtio import ConfigError, LLMEngineConfig, names
-from trtio.contracts import build_registry
+from trtio._contracts import build_registry
+from trtio._state import paged_state_specs
 from trtio.edgellm import EngineDir
 from trtio.families.hybrid.hybrid_config import recurrent_state_specs
-from trtio.state import paged_state_specs
 from trtio.testing import ReferenceEngine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"

@@ -1,6 +1,6 @@
 """What the spec phases pay for the embeddings they are fed (issue 50).
 
-A torch tensor is read through torch's public calls (:class:`trtio.foreign.TorchEmbeds`), as a steady decode reads
+A torch tensor is read through torch's public calls (:class:`trtio._foreign.TorchEmbeds`), as a steady decode reads
 it: no DLPack capsule, and no new object for a buffer fed again; a host numpy input is staged with one copy, into
 the ring slot the last upload used where its copy has run (its bytes still in the host's caches). Counted on the
 host backend (CPU torch: host memory; and, standing in for a GPU, torch views of the host backend's device memory
@@ -21,7 +21,7 @@ import pytest
 
 import trtio
 from trtio import Location, Tensor
-from trtio.cuda.backend import Backend
+from trtio._cuda.backend import Backend
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_engines import ToyEngines
 from trtio.testing.toy_runtime import embed_batch
@@ -84,10 +84,10 @@ class _Counts:
 
 @pytest.fixture
 def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counts]:
-    import trtio.foreign
-    import trtio.inputs
-    import trtio.setups.base
-    import trtio.staging
+    import trtio._foreign
+    import trtio._inputs
+    import trtio._setups.base
+    import trtio._staging
 
     got = _Counts()
 
@@ -99,8 +99,8 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counts]:
             return real(*args, **kwargs)
         monkeypatch.setattr(module, name, spy)
 
-    counting(trtio.inputs, "consume", "imports")
-    counting(trtio.setups.base, "as_embeds", "general")
+    counting(trtio._inputs, "consume", "imports")
+    counting(trtio._setups.base, "as_embeds", "general")
     real_wrap = Tensor.wrap.__func__  # type: ignore[attr-defined]
 
     def wrap(cls: type, *args: Any, **kwargs: Any) -> Tensor:
@@ -108,12 +108,12 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counts]:
         return real_wrap(cls, *args, **kwargs)
     monkeypatch.setattr(Tensor, "wrap", classmethod(wrap))
     for method in ("upload", "upload_rows"):
-        real = getattr(trtio.staging.UploadRing, method)
+        real = getattr(trtio._staging.UploadRing, method)
 
         def staging(self: Any, values: Any, *args: Any, _real: Callable[..., Any] = real, **kwargs: Any) -> Any:
             got.staged.append(values)
             return _real(self, values, *args, **kwargs)
-        monkeypatch.setattr(trtio.staging.UploadRing, method, staging)
+        monkeypatch.setattr(trtio._staging.UploadRing, method, staging)
     yield got
 
 
@@ -183,22 +183,22 @@ def test_spec_phases_fed_device_torch_read_it_in_place_without_a_capsule_or_a_ne
     with torch's current stream another than the step's: each phase gives the logits of the same phase fed trtio
     Tensors over the same bytes, copies from the torch tensor's own address, orders torch's stream before its own
     once per call, and after the first round wraps no new Tensor and imports no capsule."""
-    import trtio.foreign
-    import trtio.setups.base
+    import trtio._foreign
+    import trtio._setups.base
 
     torch_stream = trtio.Stream.create(host)
     ordered: list[tuple[int, int]] = []
-    monkeypatch.setattr(trtio.foreign, "_order_after", lambda be, producer, consumer: ordered.append((producer,
+    monkeypatch.setattr(trtio._foreign, "_order_after", lambda be, producer, consumer: ordered.append((producer,
                                                                                                       consumer)))
 
     def reader(be: Backend, dtype: Any, wrap: Any) -> Any:
-        made = trtio.foreign.TorchEmbeds(torch, torch.float16, dtype, be, wrap)
+        made = trtio._foreign.TorchEmbeds(torch, torch.float16, dtype, be, wrap)
         made._device = -1
         made._current_stream = lambda index: types.SimpleNamespace(native_handle=torch_stream.handle,
                                                                    cuda_stream=torch_stream.handle)
         return made
 
-    monkeypatch.setattr(trtio.setups.base, "torch_embeds", reader)
+    monkeypatch.setattr(trtio._setups.base, "torch_embeds", reader)
     fed, plain = _setup(), _setup()
     owned = {phase: Tensor.empty(shape, "float16", Location.DEVICE, backend=host) for phase, shape in SHAPES.items()}
     buffers = {phase: _torch_over(t) for phase, t in owned.items()}
@@ -240,7 +240,7 @@ def test_spec_phases_fed_torch_cuda_tensors_read_them_in_place_after_torchs_stre
     general path or wraps a new Tensor."""
     t = pytest.importorskip("torch")
     pytest.importorskip("cupy")
-    from trtio.cuda.backend import cuda_available
+    from trtio._cuda.backend import cuda_available
 
     if not cuda_available():
         pytest.skip("no CUDA device answers here")
@@ -295,10 +295,10 @@ def test_verify_fed_a_large_host_input_stages_one_copy_into_the_last_slot() -> N
     backend: every event complete) stages it through one slot, the last upload's (its bytes still in the host's
     caches; going round the ring's four slots writes 16 MB), and allocates nothing near the input's size (no second
     copy of it)."""
-    from trtio.tools.bench import BATCH as B
-    from trtio.tools.bench import HIDDEN, configs, null_engine
-    from trtio.tools.bench import VERIFY as N
-    from trtio.tools.dry_run import DryRunBackend
+    from trtio._tools.bench import BATCH as B
+    from trtio._tools.bench import HIDDEN, configs, null_engine
+    from trtio._tools.bench import VERIFY as N
+    from trtio._tools.dry_run import DryRunBackend
 
     class Recording(DryRunBackend):
         def __init__(self) -> None:

@@ -21,9 +21,9 @@ import pytest
 from _generate import accepted_percent, generate
 
 import trtio
+from trtio._pages import DEFAULT_MAX_PREFIXES
+from trtio._rope import rope_cos_sin_table
 from trtio.edgellm import EngineDir
-from trtio.pages import DEFAULT_MAX_PREFIXES
-from trtio.rope import rope_cos_sin_table
 from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, reference_forward, toy_embedding
 from trtio.testing.toy_engines import default_engines_dir
 
@@ -379,10 +379,10 @@ def test_hybrid_rounds_on_two_streams_give_the_one_stream_logits(mode: str, feed
 
 
 def test_the_demos_mtp_pairs_decode_greedy_tokens_and_accept_most_drafts() -> None:
-    """``trtio demo``'s MTP section (:mod:`trtio.tools.mtp_demo`): both toy pairs, chains of 3, their tokens the
+    """``trtio demo``'s MTP section (:mod:`trtio._tools.mtp_demo`): both toy pairs, chains of 3, their tokens the
     numpy base's greedy ones, at least 60% of drafted tokens accepted; the summary's line says so."""
-    from trtio.cuda.backend import get_backend  # noqa: PLC0415
-    from trtio.tools.mtp_demo import format_mtp, run_mtp  # noqa: PLC0415
+    from trtio._cuda.backend import get_backend  # noqa: PLC0415
+    from trtio._tools.mtp_demo import format_mtp, run_mtp  # noqa: PLC0415
 
     s = run_mtp(ENGINES, PROMPTS[:3], 8, get_backend("host"))
     assert set(s) == {"toy-mtp-ragged", "toy-qwen35-mtp-ragged"}
@@ -397,7 +397,7 @@ def test_the_demos_mtp_pairs_decode_greedy_tokens_and_accept_most_drafts() -> No
 def test_the_demo_names_a_bases_recurrent_layers_by_their_kind() -> None:
     """Edge-LLM's ``layer_types`` call every recurrent layer "mamba": the demo's lines name each by the config's
     recurrent kind (Qwen3.5's Gated-DeltaNet, Nemotron-H's Mamba2), in layer order, and a dense base "dense"."""
-    from trtio.tools.mtp_demo import base_kind  # noqa: PLC0415
+    from trtio._tools.mtp_demo import base_kind  # noqa: PLC0415
 
     qwen = EngineDir.open(ENGINES / "toy-qwen35-ragged").config
     nemotron = EngineDir.open(ENGINES / "toy-nemotron-h-ragged").config

@@ -12,7 +12,7 @@ import pytest
 
 import trtio
 from tests._configs import tiny_bundle
-from trtio.setups.spec_decode import Phase
+from trtio._setups.spec_decode import Phase
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 
 EMB = toy_embedding(32, 16)

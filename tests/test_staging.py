@@ -7,7 +7,7 @@ import weakref
 import numpy as np
 import pytest
 
-from trtio.contracts.ragged import (
+from trtio._contracts.ragged import (
     PHASE_DECODE,
     PHASE_DRAFT,
     PHASE_VERIFY,
@@ -18,12 +18,12 @@ from trtio.contracts.ragged import (
     packed_tree_step,
     tree_step,
 )
-from trtio.cuda.backend import Location
-from trtio.cuda.host import HostBackend
+from trtio._cuda.backend import Location
+from trtio._cuda.host import HostBackend
+from trtio._memory import Arena, TensorRequest
+from trtio._staging import INPUT_RING_SLOTS, StepStaging, UploadRing, constant
+from trtio._stream import Stream
 from trtio.errors import CapacityError, ClosedError, InvalidValueError, TrtioError
-from trtio.memory import Arena, TensorRequest
-from trtio.staging import INPUT_RING_SLOTS, StepStaging, UploadRing, constant
-from trtio.stream import Stream
 
 
 def _block(backend):
@@ -289,8 +289,8 @@ def test_uploads_wait_only_when_the_host_is_a_ring_ahead_of_the_device() -> None
     """Each upload copies from its own ring slot: while the device has run none of them (every fence
     pending), RING_SLOTS uploads go without a wait, the next one waits for the oldest slot's copy. The
     values of every upload reach the device block (the slots never mix)."""
-    from trtio.cuda.host import HostBackend
-    from trtio.staging import RING_SLOTS
+    from trtio._cuda.host import HostBackend
+    from trtio._staging import RING_SLOTS
 
     class Behind(HostBackend):
         """A device that has finished nothing yet, until the host waits for it."""
@@ -329,8 +329,8 @@ def test_a_ring_of_inputs_in_flight_fences_a_quarter_of_its_slots_at_once() -> N
     record and question a sixteenth of the time. What a use keeps is let go once its slot comes round again."""
     import weakref
 
-    from trtio.cuda.host import HostBackend
-    from trtio.staging import FENCE_EVERY, HOLD_SLOTS, UploadRing
+    from trtio._cuda.host import HostBackend
+    from trtio._staging import FENCE_EVERY, HOLD_SLOTS, UploadRing
 
     class Counting(HostBackend):
         def __init__(self) -> None:
@@ -365,8 +365,8 @@ def test_one_fence_covers_a_group_of_uploads_on_its_stream() -> None:
     """An event is recorded after every FENCE_EVERY uploads on a stream, and on the old stream when an
     upload comes on another: each recorded on the stream of the copies it covers. Reusing a slot asks
     its group's event once; the group's other slots are then known free."""
-    from trtio.cuda.host import HostBackend
-    from trtio.staging import FENCE_EVERY, RING_SLOTS
+    from trtio._cuda.host import HostBackend
+    from trtio._staging import FENCE_EVERY, RING_SLOTS
 
     class Counting(HostBackend):
         def __init__(self) -> None:
@@ -658,7 +658,7 @@ def test_a_large_upload_takes_the_last_slot_again_once_its_copy_has_run(monkeypa
     that upload's copy has run (its bytes still in the host's caches); while the device has run none of the copies,
     the ring goes round as before, never writing a slot whose copy is pending and never waiting within its depth;
     a smaller upload always goes round. Every upload's values reach the device."""
-    import trtio.staging
+    import trtio._staging
 
     class Sources(_Behind):
         def __init__(self) -> None:
@@ -676,7 +676,7 @@ def test_a_large_upload_takes_the_last_slot_again_once_its_copy_has_run(monkeypa
     be.into = arena["d"].data_ptr
     s = Stream.create(be)
     with ring:
-        monkeypatch.setattr(trtio.staging, "WARM_BYTES", 16)
+        monkeypatch.setattr(trtio._staging, "WARM_BYTES", 16)
         be.caught_up = True
         for i in range(3):
             ring.upload(np.full(4, i, np.int32), arena["d"], s)
@@ -691,7 +691,7 @@ def test_a_large_upload_takes_the_last_slot_again_once_its_copy_has_run(monkeypa
         assert ring.fence_waits == 0 and be.waited == []
         be.caught_up = True
         be.sources.clear()
-        monkeypatch.setattr(trtio.staging, "WARM_BYTES", 17)
+        monkeypatch.setattr(trtio._staging, "WARM_BYTES", 17)
         for i in range(INPUT_RING_SLOTS):
             ring.upload(np.full(4, 30 + i, np.int32), arena["d"], s)
         assert len(set(be.sources)) == INPUT_RING_SLOTS, "a smaller upload goes round the ring"

@@ -5,9 +5,9 @@ from _host_kernels import host_kernels_and_cuda  # noqa: F401  (the module's bac
 
 import trtio
 from trtio import BindingError, names
-from trtio.engine import EngineIO, TensorInfo
-from trtio.state import EngineState
-from trtio.tensor_map import TensorMap
+from trtio._engine import EngineIO, TensorInfo
+from trtio._state import EngineState
+from trtio._tensor_map import TensorMap
 from trtio.testing import ReferenceEngine
 
 
@@ -233,7 +233,7 @@ def test_short_paths_in_a_grid_wider_than_a_path_may_be_commit_as_those_paths(ho
 def test_a_commit_over_unevenly_spaced_caches_moves_what_per_slot_copies_move(backend) -> None:
     """Caches that are not one arena's evenly spaced tensors (here three allocated apart, a spacer between
     two of them): the commit still equals per-slot copies, in every cache."""
-    from trtio.ops import KVCommit, KVLayout
+    from trtio._ops import KVCommit, KVLayout
 
     rng = np.random.default_rng(3)
     b, heads, dim = 3, 2, 8

@@ -22,7 +22,7 @@ from _threads import run_at_once
 import trtio
 from trtio import Location, Tensor
 from trtio._cache import BoundedCache
-from trtio.cuda.backend import Backend, cuda_available
+from trtio._cuda.backend import Backend, cuda_available
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir
@@ -309,7 +309,7 @@ def test_a_serving_round_costs_the_steady_round_and_one_upload(host: Backend, co
     is laid out on the device from those rows (no host layout: TreeLayout.chains is never called) and uploads
     nothing, and the next round's first level uploads nothing either (the batch contract's roots are written by the
     catch-up's layout)."""
-    from trtio.contracts.ragged import TreeLayout
+    from trtio._contracts.ragged import TreeLayout
 
     sd = _setup(contract, True)
     step, moves = sd.io.step, sd.base.state._moves
@@ -382,7 +382,7 @@ def test_steady_spec_rounds_make_no_set_call_allocation_or_sync(host: Backend, c
 def test_work_before_an_engine_is_captured_in_its_graph(host: Backend) -> None:
     """The executor's ``before`` work runs before the engine, is captured with it, and a different
     ``before`` is another graph: a replay runs the captured work (reading its indices afresh)."""
-    from trtio.ops import RowCopy
+    from trtio._ops import RowCopy
 
     llm = EngineDir.open(default_engines_dir() / "toy-llm-ragged").config
     with trtio.create_for_llm(ReferenceEngine.from_config(llm, device="host"), llm, graphs=True) as setup:
@@ -460,7 +460,7 @@ def test_a_view_another_executor_of_the_same_owner_set_is_set_back_by_a_steady_d
     same tensor map (a one-sequence decode step: every shared view at its own shape) between two steady decodes:
     the next steady decode still replays its graph, sets every view back to its own and returns a plain run's
     logits."""
-    from trtio.engine import EngineExecutor
+    from trtio._engine import EngineExecutor
 
     setup, x = _steady_llm(host)
     plain, _ = _steady_llm(host)
@@ -525,7 +525,7 @@ def test_setups_stepped_from_two_threads_at_once_leave_no_view_of_theirs_unset(h
 def _reversed_rows(host: Backend) -> tuple[Tensor, Tensor, Tensor, tuple[Any, ...], tuple[Any, ...]]:
     """Host tensors src [4, 2], dst and rows [3, 2, 1, 0], with two works before an engine: a RowCopy of all four
     rows reversed, and one of two rows (other work)."""
-    from trtio.ops import RowCopy
+    from trtio._ops import RowCopy
 
     src = Tensor.from_numpy(np.arange(8, dtype=np.float32).reshape(4, 2), backend=host)
     dst = Tensor.from_numpy(np.zeros((4, 2), np.float32), backend=host)
@@ -631,8 +631,8 @@ def test_a_runtime_s_view_of_the_step_s_embeddings_is_taken_back_unchecked_after
     """A runtime writing each step's embeddings through ``io.inputs_embeds.reshape(shape)`` (one tuple): on the
     ragged contract a steady decode sets the token-major view back, and the runtime's view is then the view before,
     taken back by identity: no step checks a shape."""
-    from trtio.tools.bench import configs, null_engine
-    from trtio.tools.dry_run import DryRunBackend
+    from trtio._tools.bench import configs, null_engine
+    from trtio._tools.dry_run import DryRunBackend
 
     be = DryRunBackend()
     llm, _ = configs("ragged", 256)
@@ -643,8 +643,8 @@ def test_a_runtime_s_view_of_the_step_s_embeddings_is_taken_back_unchecked_after
         for _ in range(3):
             setup.decode(setup.io.inputs_embeds.reshape(shape))
         checked: list[object] = []
-        real = trtio.tensor._checked_view
-        monkeypatch.setattr(trtio.tensor, "_checked_view", lambda *a: (checked.append(a[0]), real(*a))[1])
+        real = trtio._tensor._checked_view
+        monkeypatch.setattr(trtio._tensor, "_checked_view", lambda *a: (checked.append(a[0]), real(*a))[1])
         for _ in range(5):
             setup.decode(setup.io.inputs_embeds.reshape(shape))
         assert setup.io.inputs_embeds.shape != shape, "the step's own view is set back (token-major)"
@@ -658,9 +658,9 @@ def _dry_run_tp(n: int = 2, backend: Backend | None = None) -> Iterator[tuple[An
     """A tensor-parallel LLM of ``n`` null-compute ranks on the dry-run backend (or ``backend``; graphs on),
     prefilled and decoded until its decode step is steady: (setup, the step's embeddings: rank 0's
     io.inputs_embeds viewed as a step's, stream)."""
-    from trtio.setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
-    from trtio.tools.bench import configs, null_engine
-    from trtio.tools.dry_run import DryRunBackend
+    from trtio._setups.tensor_parallel import RankSpec, TensorParallelLLMSetup
+    from trtio._tools.bench import configs, null_engine
+    from trtio._tools.dry_run import DryRunBackend
 
     be = backend or DryRunBackend()
     llm, _ = configs("ragged", 256)
@@ -719,7 +719,7 @@ def test_a_steady_tensor_parallel_decode_enqueues_every_rank_from_the_calling_th
 def _copy_log() -> Any:
     """A dry-run backend whose copies are kept in ``copies`` as (stream, dst, src, nbytes) when they run: a copy
     enqueued into a graph capture runs (and is kept) at each launch of the graph."""
-    from trtio.tools.dry_run import DryRunBackend
+    from trtio._tools.dry_run import DryRunBackend
 
     class CopyLog(DryRunBackend):
         def __init__(self) -> None:
@@ -836,7 +836,7 @@ def test_a_view_rank_0_s_caller_changes_sets_no_other_rank_s_views_again(monkeyp
     """Each rank is its own owner of views: the caller viewing rank 0's io.inputs_embeds as a step's embeddings
     before every steady step is a change rank 0's plan sets back alone, and no rank's plan sets its views
     wholesale; a view of rank 1's own tensor changed is still set back, by rank 1's plan."""
-    import trtio.engine as engine
+    import trtio._engine as engine
 
     with _dry_run_tp() as (tp, x, s):
         applied: list[int] = []
@@ -955,9 +955,9 @@ def test_a_steady_decode_fed_its_own_inputs_bytes_copies_nothing(host: Backend,
 
 def _read_host_torch(torch: Any, host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """Steady decodes on ``host`` read torch tensors as they would on a GPU: the reader
-    (trtio.foreign.TorchDeviceInput) is made for "device -1" (what get_device() says of a host tensor), with
+    (trtio._foreign.TorchDeviceInput) is made for "device -1" (what get_device() says of a host tensor), with
     torch's current stream the step's (as in test_inputs.py's reader test)."""
-    from trtio.foreign import TorchDeviceInput
+    from trtio._foreign import TorchDeviceInput
 
     step = trtio.Stream.default(host)
 
@@ -967,12 +967,12 @@ def _read_host_torch(torch: Any, host: Backend, monkeypatch: pytest.MonkeyPatch)
         made._current_stream = lambda index: types.SimpleNamespace(cuda_stream=step.handle, native_handle=step.handle)
         return made
 
-    monkeypatch.setattr("trtio.setups.llm.torch_device_input", reader)
+    monkeypatch.setattr("trtio._setups.llm.torch_device_input", reader)
 
 
 def test_a_steady_decode_fed_a_torch_tensor_over_its_own_input_copies_nothing(
         host: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The steady decode's torch reader (trtio.foreign.TorchDeviceInput) finds the embeddings at the step's own
+    """The steady decode's torch reader (trtio._foreign.TorchDeviceInput) finds the embeddings at the step's own
     input's address (a runtime's torch view of io.inputs_embeds, written in place): nothing is copied onto
     itself. On the CPU the host backend's "device" memory is host memory, read as a GPU's
     (:func:`_read_host_torch`); the GPU suite runs the same step on the H200."""
@@ -1311,8 +1311,8 @@ def test_a_steady_dflash_rounds_uploads_copy_only_what_the_round_wrote(monkeypat
     block already), so those lie next to each other: at 8B-class scale (bench's pair, dry-run backend) each upload of
     a steady round covers only tensors the round wrote, where a range reaching the delta rows across the block copied
     42 KB a round."""
-    from trtio.tools import bench  # noqa: PLC0415
-    from trtio.tools.dry_run import DryRunBackend  # noqa: PLC0415
+    from trtio._tools import bench  # noqa: PLC0415
+    from trtio._tools.dry_run import DryRunBackend  # noqa: PLC0415
 
     backend = DryRunBackend()
     bundle = bench.dflash_bundle(bench.configs("ragged")[1])

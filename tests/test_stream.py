@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from trtio import ClosedError, Event, Location, Stream, Tensor
-from trtio.cuda.host import HostBackend
+from trtio._cuda.host import HostBackend
+from trtio._stream import as_stream
 from trtio.errors import InvalidValueError
-from trtio.stream import as_stream
 
 
 class ForeignStream:
@@ -211,13 +211,13 @@ def test_a_threads_default_stream_goes_when_the_thread_and_its_users_are_gone():
     assert not [w for w in caught if w.category is ResourceWarning], "a default stream ends silently"
 
 
-# -- the stream rule (trtio/stream.py's module docstring) ---------------------------------------------
+# -- the stream rule (trtio/_stream.py's module docstring) ---------------------------------------------
 # Parameters named "stream" that are not a stream= argument: backend handles (int), streams a caller
 # converted already (Stream), and text streams (TextIO).
 _NOT_STREAM_ARGUMENTS = ("int", "Stream", "TextIO", "TextIO | None")
 # The converter itself, and calls in modules whose owners have yet to adopt the rule.
-_EXEMPT = {"trtio.stream.as_stream", "trtio.pipeline_io.StreamingPrefillBuffers.release",
-           "trtio.pipeline_io.StreamingPrefillBuffers.order_before", "trtio.trees.write_tree_inputs",
+_EXEMPT = {"trtio._stream.as_stream", "trtio._pipeline_io.StreamingPrefillBuffers.release",
+           "trtio._pipeline_io.StreamingPrefillBuffers.order_before", "trtio._trees.write_tree_inputs",
            "trtio.testing.toy_runtime.spec_generate"}
 
 

@@ -26,7 +26,7 @@ import pytest
 
 import trtio
 from tests._configs import tiny_bundle, tiny_llm
-from trtio.cuda.backend import Location
+from trtio._cuda.backend import Location
 from trtio.testing import AsyncHostBackend, ReferenceEngine, ToyWeights, toy_embedding
 
 SEEDS = (0, 1, 2, 3)

@@ -449,7 +449,7 @@ def test_packed_types_copy_their_flat_bytes(host):
 
 
 def test_copy_from_a_tensor_of_another_backend_is_refused(host):
-    from trtio.cuda.host import HostBackend
+    from trtio._cuda.host import HostBackend
 
     a = Tensor.empty((4,), "int32", name="a", backend=host)
     b = Tensor.empty((4,), "int32", name="b", backend=HostBackend())
@@ -557,7 +557,7 @@ def test_an_unknown_location_lists_the_locations(host):
 @pytest.mark.parametrize("stream,error", [(0, InvalidValueError), (-2, InvalidValueError), (True, TypeError),
                                           (1.0, TypeError)])
 def test_dlpack_consumer_streams_follow_the_standard(stream, error):
-    from trtio.tensor import _consumer_stream  # what a CUDA export makes of the consumer's stream argument
+    from trtio._tensor import _consumer_stream  # what a CUDA export makes of the consumer's stream argument
 
     with pytest.raises(error, match=r"tensor 'x': __dlpack__\(stream="):
         _consumer_stream("x", stream)

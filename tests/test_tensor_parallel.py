@@ -30,13 +30,14 @@ from _safetensors import write_safetensors
 from _threads import from_another_thread_inside
 
 import trtio
-import trtio.setups.engine_dir as engine_dir_module
-from trtio import CapacityError, ConfigError, EngineError, ShapeError, TrtioError, collectives
-from trtio.checkpoint import CheckpointBinding, parse_bindings, read_weights
-from trtio.cuda.backend import cuda_available
+import trtio._setups.engine_dir as engine_dir_module
+from trtio import CapacityError, ConfigError, EngineError, ShapeError, TrtioError
+from trtio import _collectives as collectives
+from trtio._checkpoint import CheckpointBinding, parse_bindings, read_weights
+from trtio._cuda.backend import cuda_available
+from trtio._nccl import REGISTER_FUNCTION, PluginRegistration, import_nccl
+from trtio._setups.tensor_parallel import TensorParallelLLMSetup, TensorParallelPrefix
 from trtio.edgellm import EngineDir
-from trtio.nccl import REGISTER_FUNCTION, PluginRegistration, import_nccl
-from trtio.setups.tensor_parallel import TensorParallelLLMSetup, TensorParallelPrefix
 from trtio.testing import ReferenceEngine, ToyWeights
 from trtio.testing.reference_tp import build_stand_in_plugin, rank_weights
 from trtio.testing.toy_engines import RaggedToyEngines, TensorParallelToyEngines, default_engines_dir
@@ -423,7 +424,7 @@ def test_close_releases_every_rank_and_thread(emb: np.ndarray) -> None:
 
 
 def test_the_checkpoint_weights_are_read_once_and_each_rank_binds_its_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    import trtio.checkpoint as checkpoint_module
+    import trtio._checkpoint as checkpoint_module
 
     reads: list[str] = []
     real = checkpoint_module.read_safetensors
@@ -784,7 +785,7 @@ def test_the_decode_steps_host_cost_per_rank(stand_in: Path, toys: RaggedToyEngi
 def test_bench_times_the_decode_step_across_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     """``trtio bench --tp N``: the 8B-class LLM's decode step on one engine and across N ranks, same run (dry-run
     backend: trtio's own host time)."""
-    from trtio.cli import main
+    from trtio._cli import main
 
     assert main(["bench", "--backend", "dry-run", "--steps", "3", "--rounds", "1", "--contract", "ragged", "--tp", "2",
                  "--json"]) == 0

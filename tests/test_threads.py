@@ -21,7 +21,7 @@ import pytest
 from _configs import bundle, llm_config
 
 import trtio
-from trtio.cuda.backend import Backend
+from trtio._cuda.backend import Backend
 from trtio.testing import ReferenceEngine, toy_embedding
 from trtio.testing.toy_runtime import greedy_generate, spec_generate
 

@@ -314,7 +314,7 @@ def test_script_runs_as_a_program(tmp_path: Path) -> None:
 def test_rtx_plans_are_built_for_user_allocation_so_graphs_can_capture_them():
     import tensorrt_rtx as trt
 
-    from trtio.trt import trt_logger
+    from trtio._trt import trt_logger
 
     builder = trt.Builder(trt_logger(trt))
     config = builder.create_builder_config()

@@ -14,7 +14,7 @@ def test_trtio_testing_exports_the_loops_and_their_parts() -> None:
     for name in ("greedy_generate", "spec_generate", "embed_batch", "expand_level", "CandidateTree", "SpecStats"):
         assert name in trtio.testing.__all__
         assert getattr(trtio.testing, name) is getattr(toy_runtime, name)
-    assert not hasattr(toy_runtime, "DraftTree")  # one DraftTree in trtio (trtio.ops); this one is a candidate tree
+    assert not hasattr(toy_runtime, "DraftTree")  # one DraftTree in trtio (trtio._ops); this one is a candidate tree
 
 
 def test_spec_stats_rates() -> None:

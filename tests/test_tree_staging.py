@@ -11,8 +11,8 @@ import pytest
 
 import trtio
 from trtio import Location, Tensor, names
-from trtio.contracts.ragged import pack_rows
-from trtio.cuda.backend import Backend
+from trtio._contracts.ragged import pack_rows
+from trtio._cuda.backend import Backend
 from trtio.edgellm import EngineDir
 from trtio.testing import ReferenceEngine, ToyWeights, toy_embedding
 from trtio.testing.toy_engines import ToyEngines, default_engines_dir

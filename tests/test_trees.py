@@ -1,4 +1,4 @@
-"""Tests for trtio.trees: packed tree masks and their companion inputs.
+"""Tests for trtio._trees: packed tree masks and their companion inputs.
 
 The packing is checked against a slow pure-Python reference written straight from Edge-LLM's
 kernel (``mask |= 1 << (i % 32)`` over explicit loops), not against a second numpy version.
@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtio.errors import ShapeError
-from trtio.trees import (
+from trtio._trees import (
     CAUSAL_MASK_TRAILING_DIMS,
     EDGE_LLM_MAX_TREE_SIZE,
     ancestor_mask,
@@ -25,6 +24,7 @@ from trtio.trees import (
     unpack_tree_mask,
     validate_tree_mask,
 )
+from trtio.errors import ShapeError
 
 EXPLICIT_SIZES = [1, 31, 32, 33, 128]
 
@@ -491,8 +491,8 @@ def test_shape_error_is_a_value_error() -> None:
 def test_write_tree_inputs_stages_everything_into_pipeline_io():
     from _configs import bundle
 
-    from trtio.pipeline_io import PipelineIO
-    from trtio.trees import ancestor_mask, write_tree_inputs
+    from trtio._pipeline_io import PipelineIO
+    from trtio._trees import ancestor_mask, write_tree_inputs
 
     b = bundle()
     io = PipelineIO.create_for_spec_decode(b, backend="host")

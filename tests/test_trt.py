@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import trtio.trt
+import trtio._trt
 from trtio import EngineError
-from trtio.trt import import_trt, load_engine, load_plugins, loaded_plugins, module_of, plan_format, trt_logger
+from trtio._trt import import_trt, load_engine, load_plugins, loaded_plugins, module_of, plan_format, trt_logger
 
 HAS_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 
@@ -44,12 +44,12 @@ def test_missing_and_empty_plan_files(tmp_path):
 def test_corrupt_plan_names_file_size_and_tensorrt_reason(tmp_path, caplog):
     bad = tmp_path / "bad.plan"
     bad.write_bytes(b"vtrt but not a plan at all")  # a plan's magic, then garbage: only TensorRT can tell
-    with caplog.at_level(logging.ERROR, logger="trtio.trt"):
+    with caplog.at_level(logging.ERROR, logger="trtio._trt"):
         with pytest.raises(EngineError) as info:
             load_engine(bad, module="tensorrt_rtx")
     msg = str(info.value)
     assert "bad.plan" in msg and "26 bytes" in msg and "tensorrt_rtx" in msg and "corrupt or truncated" in msg
-    assert any(r.name == "trtio.trt" for r in caplog.records), "TensorRT's log is bridged to trtio.trt"
+    assert any(r.name == "trtio._trt" for r in caplog.records), "TensorRT's log is bridged to trtio._trt"
 
 
 @pytest.mark.parametrize("data,hint", [
@@ -128,7 +128,7 @@ class _FakeRuntime:
         self.logger = logger
 
     def deserialize_cuda_engine(self, data):
-        return _FakeEngine(self, trtio.trt.loaded_plugins())
+        return _FakeEngine(self, trtio._trt.loaded_plugins())
 
 
 def _fake_trt(name="faketrt"):
@@ -152,7 +152,7 @@ def test_trtio_keeps_no_runtime_alive(tmp_path):
     del engine
     gc.collect()
     assert runtime() is None
-    assert not hasattr(trtio.trt, "_keepalive")
+    assert not hasattr(trtio._trt, "_keepalive")
 
 
 def _a_shared_library():
@@ -224,8 +224,8 @@ def test_auto_prefers_the_module_the_plan_names(monkeypatch):
             raise ImportError("not here")
         return _fake_trt(name)
 
-    monkeypatch.setattr(trtio.trt.importlib, "import_module", fake_import)
-    assert trtio.trt._module_for("auto", ("TensorRT-RTX", "tensorrt_rtx")).__name__ == "tensorrt"
+    monkeypatch.setattr(trtio._trt.importlib, "import_module", fake_import)
+    assert trtio._trt._module_for("auto", ("TensorRT-RTX", "tensorrt_rtx")).__name__ == "tensorrt"
     assert asked == ["tensorrt_rtx", "tensorrt"]
 
 

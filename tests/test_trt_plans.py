@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from trtio import create_for_llm, create_for_spec_decode
-from trtio.engine import EngineIO
+from trtio._engine import EngineIO
+from trtio._tools.demo import demo_prompts
 from trtio.testing.toy_build import contract_diff
 from trtio.testing.toy_engines import ENGINE_NAMES, ToyEngines
 from trtio.testing.toy_runtime import embed_batch, greedy_generate, spec_generate
-from trtio.tools.demo import demo_prompts
 
 # Logits are float32 from fp16 activations and an fp16 attention (docs/toy-model.md): a wrong
 # binding moves them by O(1), rounding by about 1e-2.
@@ -147,7 +147,7 @@ def test_graph_replay_gives_the_same_tokens(engines: Engines) -> None:
 
 @pytest.mark.trt
 def test_demo_runs_on_the_plans(trt_plans: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trtio.cli import main
+    from trtio._cli import main
 
     rc = main(["demo", "--engine", "trt", "--module", "tensorrt", "--plans", str(trt_plans), "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -163,7 +163,7 @@ def test_demo_runs_on_the_plans(trt_plans: Path, capsys: pytest.CaptureFixture[s
 @pytest.mark.parametrize("name", ["toy-llm", "toy-eagle"])
 def test_inspect_reads_the_plans(trt_plans: Path, toys: ToyEngines, capsys: pytest.CaptureFixture[str],
                                  name: str) -> None:
-    from trtio.cli import main
+    from trtio._cli import main
 
     assert main(["inspect", str(trt_plans / name), "--module", "tensorrt", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -18,6 +18,8 @@ import pytest
 from _onnx_io import parse_onnx_io
 
 from trtio import CapacityError, DType, EngineDir, ShapeError
+from trtio._contracts import build_registry
+from trtio._state import paged_state_specs
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.vit import (
     check_grid,
@@ -28,8 +30,6 @@ from trtio.components.visual.vit import (
     vit_step,
     window_index,
 )
-from trtio.contracts import build_registry
-from trtio.state import paged_state_specs
 
 FIXTURES = Path(__file__).parent / "fixtures" / "edgellm-0.11"
 KINDS = {"qwen2_5_vl": "qwen25vl-visual", "qwen3_vl": "qwen3vl-visual"}

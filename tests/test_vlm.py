@@ -22,7 +22,7 @@ import pytest
 
 import trtio
 from trtio import ShapeError
-from trtio.rope import mrope_cos_sin_rows
+from trtio._rope import mrope_cos_sin_rows
 from trtio.testing import ReferenceEngine
 from trtio.testing.reference_visual import reference_vit
 from trtio.testing.toy_engines import VisionToyEngines
@@ -375,7 +375,7 @@ def test_the_memory_report_holds_the_position_rows_ring() -> None:
 
 
 def test_create_from_engine_dir_attaches_the_vision_encoder(monkeypatch: Any) -> None:
-    from trtio.setups import engine_dir
+    from trtio._setups import engine_dir
 
     monkeypatch.setattr(engine_dir, "load_engine", TOYS.loader(device="host"))
     setup = trtio.create_from_engine_dir(TOYS.directory.path, graphs=True, backend="host")
@@ -393,7 +393,7 @@ def test_generate_with_images_prints_the_models_tokens(tmp_path: Path, capsys: A
     tokens of the prompt with both images before its text."""
     tokenizers = pytest.importorskip("tokenizers")
     pil = pytest.importorskip("PIL.Image")
-    from trtio.cli import main
+    from trtio._cli import main
 
     first, second = picture(70, 100, 1), picture(64, 64, 2)
     np.save(tmp_path / "a.npy", first)
@@ -416,7 +416,7 @@ def test_generate_with_images_prints_the_models_tokens(tmp_path: Path, capsys: A
 
 def test_generate_refuses_an_image_for_a_text_model(tmp_path: Path, capsys: Any) -> None:
     pytest.importorskip("tokenizers")
-    from trtio.cli import main
+    from trtio._cli import main
 
     np.save(tmp_path / "a.npy", picture(40, 40, 0))
     rc = main(["generate", str(ROOT / "engines" / "toy-llm-ragged"), "--image", str(tmp_path / "a.npy"), "--prompt",

@@ -6,7 +6,7 @@ packages (ml_dtypes, tokenizers, torch, ...) are imported only when something ne
 ``__all__`` is what a user calls, passes or catches: the factories and the setups they return, ``PipelineIO`` (the
 seed's class, Edge-LLM's ``PipelineIO`` in Python: the worst-case buffers a setup binds, its ``io``), engine
 loading, the configs, tensors, streams and backends, and the errors worth catching one by one. Everything else stays
-importable from its own module (``trtio.engine.EngineIO``, ``trtio.setups.binding.BoundEngine``, ...);
+importable from its own module (``trtio._engine.EngineIO``, ``trtio._setups.binding.BoundEngine``, ...);
 ``docs/architecture.md`` maps the modules. A few names that are not
 in ``__all__`` stay attributes of the package because the design documents them as ``trtio.<name>``:
 ``trtio.contract_of``, ``trtio.Event``, ``trtio.create_for_audio`` (a speech model's audio encoder: DESIGN §19),
@@ -21,16 +21,29 @@ from trtio import audio as audio
 from trtio import edgellm as edgellm
 from trtio import names as names
 from trtio import vision as vision
+from trtio._config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio._contracts import contract_of as contract_of
+from trtio._cuda.backend import Location, get_backend
+from trtio._dtypes import DType
+from trtio._pipeline_io import PipelineIO
+from trtio._setups import (
+    LLMSetup,
+    SpecDecodeSetup,
+    create_for_llm,
+    create_for_spec_decode,
+    create_from_engine_dir,
+)
+from trtio._setups.tensor_parallel import TensorParallelLLMSetup
+from trtio._stream import Event as Event
+from trtio._stream import Stream
+from trtio._tensor import Tensor
+from trtio._trt import load_engine
 
 # The family and component tables: they register every family and component with trtio.features, before any
 # config is read (no module builds one at import time).
 from trtio.components import component_table as _component_table  # noqa: F401
 from trtio.components.audio.audio_setup import create_for_audio as create_for_audio
 from trtio.components.visual.visual_setup import VisualSetup, create_for_visual
-from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.contracts import contract_of as contract_of
-from trtio.cuda.backend import Location, get_backend
-from trtio.dtypes import DType
 from trtio.edgellm import EngineDir
 from trtio.errors import (
     BindingError,
@@ -50,23 +63,10 @@ from trtio.errors import InvalidValueError as InvalidValueError
 from trtio.errors import UnknownNameError as UnknownNameError
 from trtio.families import family_table as _family_table  # noqa: F401
 from trtio.families.lora.adapters import LoraAdapter
-from trtio.pipeline_io import PipelineIO
-from trtio.setups import (
-    LLMSetup,
-    SpecDecodeSetup,
-    create_for_llm,
-    create_for_spec_decode,
-    create_from_engine_dir,
-)
-from trtio.setups.tensor_parallel import TensorParallelLLMSetup
-from trtio.stream import Event as Event
-from trtio.stream import Stream
-from trtio.tensor import Tensor
-from trtio.trt import load_engine
 
 __version__ = "0.1.0"
 
-# A library logs and lets the application decide where it goes (TensorRT's log arrives under trtio.trt).
+# A library logs and lets the application decide where it goes (TensorRT's log arrives under trtio._trt).
 _logging.getLogger("trtio").addHandler(_logging.NullHandler())
 
 __all__ = [

@@ -1,5 +1,5 @@
 import sys
 
-from trtio.cli import main
+from trtio._cli import main
 
 sys.exit(main())

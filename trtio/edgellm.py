@@ -8,7 +8,7 @@ and whose ``rank_configs[r].config_overrides`` give rank r's heads, KV heads and
 opens one (the configs alone open, for planning) and reads what a runtime needs beside the engines (the
 token embedding table, an EAGLE3 pair's draft-to-target map, weights the engines left in the checkpoint).
 Each config is read by ``LLMEngineConfig.from_edgellm`` (a tensor-parallel one, the whole model's and each
-rank's, by the same mapping); the table of Edge-LLM keys and trtio fields is in :mod:`trtio.edgellm_config`.
+rank's, by the same mapping); the table of Edge-LLM keys and trtio fields is in :mod:`trtio._edgellm_config`.
 What this module and the mapping assume where Edge-LLM leaves meaning open is listed, with how to check
 it, in ``docs/edgellm-assumptions.md``.
 Errors are :class:`~trtio.ConfigError` with the field ``"<file>: <dotted key>"`` (or the file alone).
@@ -27,17 +27,17 @@ from typing import Any
 
 import numpy as np
 
+from trtio._checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directory, parse_bindings, read_weights
 from trtio._checks import is_int
+from trtio._config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
+from trtio._cuda.backend import Backend
+from trtio._edgellm_config import map_edgellm_config
+from trtio._embeddings import TokenEmbeddings
 from trtio._json import read_json
 from trtio._safetensors import SafeTensor, bf16_to_float32, e4m3_to_float32, read_safetensors
-from trtio.checkpoint import BINDINGS_KEY, CheckpointBinding, checkpoint_directory, parse_bindings, read_weights
-from trtio.config import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig
-from trtio.cuda.backend import Backend
-from trtio.edgellm_config import map_edgellm_config
-from trtio.embeddings import TokenEmbeddings
+from trtio._stream import StreamLike
 from trtio.errors import ConfigError, InvalidTypeError
 from trtio.features import component_folders, component_named, components, family_configs
-from trtio.stream import StreamLike
 
 __all__ = ["EngineDir", "CONFIG_FILES", "ENGINE_FILES", "EMBEDDING_FILE", "D2T_FILE", "SHARDED_KEYS",
            "TP_CONFIG_PATTERN"]
@@ -181,7 +181,7 @@ class EngineDir:
                            role: str = "llm") -> list[dict[str, np.ndarray]]:
         """Each rank's weight inputs (``[rank][engine input name]``: host arrays of the binding's dtype and
         rank-local shape), read once from the checkpoint's safetensors files: ``checkpoint_dir`` where given,
-        else the config's ``checkpoint_dir`` (relative to this directory). See :mod:`trtio.checkpoint`.
+        else the config's ``checkpoint_dir`` (relative to this directory). See :mod:`trtio._checkpoint`.
         One empty dict per rank where the engines bind no checkpoint weight."""
         bindings = self.checkpoint_bindings(role)
         if not bindings:
@@ -296,7 +296,7 @@ class EngineDir:
         configs' caps: ``verify_size <= builder_config.max_verify_tree_size`` of the base and
         the rows a draft step takes ``<= builder_config.max_draft_tree_size`` of the draft: an EAGLE-style tree's
         ``draft_top_k x draft_step``, or what the draft's family says its steps take
-        (:meth:`~trtio.config.LLMEngineConfig.draft_rows`).
+        (:meth:`~trtio._config.LLMEngineConfig.draft_rows`).
         """
         given = {"draft_top_k": draft_top_k, "draft_step": draft_step, "verify_size": verify_size}
         if self._kind == "llm":
@@ -380,7 +380,7 @@ class EngineDir:
 
     def embeddings(self, backend: Backend | str | None = None, stream: StreamLike = None, *,
                    max_tokens: int | None = None) -> TokenEmbeddings:
-        """The directory's token embeddings on the device: a :class:`~trtio.embeddings.TokenEmbeddings` over
+        """The directory's token embeddings on the device: a :class:`~trtio._embeddings.TokenEmbeddings` over
         :meth:`embedding_table` (and :meth:`ple_embedding_table` where the config has per-layer embeddings), on
         ``backend``, uploaded on ``stream``; its ``embed(token_ids)`` gathers a step's ``inputs_embeds`` (and
         ``ple_embeds=``) in one kernel per table. ``max_tokens`` (default: the config's max batch x max input

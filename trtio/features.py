@@ -4,7 +4,7 @@ components").
 The core binds a dense LLM. A **family** (``trtio/families/<name>/``) adds what its models need beside that, in two
 parts, each a subclass of a base class here:
 
-* its typed config, a :class:`FamilyConfig`: the :class:`~trtio.config.LLMEngineConfig` keywords it owns, how it
+* its typed config, a :class:`FamilyConfig`: the :class:`~trtio._config.LLMEngineConfig` keywords it owns, how it
   reads its Edge-LLM keys, its checks against the dense core and its declarations (pure functions of the config the
   core asks for: per-layer KV geometry, bindings, members). ``cfg.feature(HybridConfig)`` returns it, or None;
 * its :class:`Feature`: its part of a bound engine, with a hook at each step point.
@@ -24,8 +24,8 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from trtio._stream import Stream, StreamLike
 from trtio.errors import InvalidValueError, ShapeError
-from trtio.stream import Stream, StreamLike
 
 __all__ = ["Component", "FamilyConfig", "Feature", "FeatureSet", "Found", "Held", "StepInput", "component_folders",
            "component_named", "components", "family_configs", "keyword_owner", "register_component", "register_family",
@@ -38,7 +38,7 @@ Found = tuple[str, str, str]
 class FamilyConfig(abc.ABC):
     """A family's typed config (subclasses are frozen dataclasses; see the module docstring).
 
-    The family owns the :class:`~trtio.config.LLMEngineConfig` keywords in :attr:`KEYWORDS` (they are its JSON
+    The family owns the :class:`~trtio._config.LLMEngineConfig` keywords in :attr:`KEYWORDS` (they are its JSON
     keys too, and read-only attributes of the config, for the public API): the config hands them to
     :meth:`from_keywords` with its dense core's values, and keeps what it returns in ``cfg.features``.
     """
@@ -147,7 +147,7 @@ class FamilyConfig(abc.ABC):
 
     def declared_state(self, cfg: Any, max_batch: int) -> list[Any] | None:
         """What an engine of the ragged contract declares for its paged KV state (TensorSpecs, as
-        :func:`trtio.state.paged_state_specs` gives a dense engine's) where this family declares it otherwise;
+        :func:`trtio._state.paged_state_specs` gives a dense engine's) where this family declares it otherwise;
         None: the dense declaration."""
         return None
 
@@ -529,7 +529,7 @@ class FeatureSet:
 class Component(abc.ABC):
     """An engine beside the LLM in an Edge-LLM engine directory (``trtio/components/<name>/``): the folder it lives
     in, how :class:`~trtio.edgellm.EngineDir` reads its config (checked against the LLM's), and how
-    :func:`~trtio.setups.create_from_engine_dir` binds it and attaches it to the LLM's setup. The component table
+    :func:`~trtio._setups.create_from_engine_dir` binds it and attaches it to the LLM's setup. The component table
     (``trtio/components/component_table.py``) registers each (:func:`register_component`)."""
 
     #: Its name: the role :meth:`EngineDir.engine_path <trtio.edgellm.EngineDir.engine_path>` takes, the name

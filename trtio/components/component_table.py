@@ -2,7 +2,7 @@
 
 A component is a package of ``trtio/components/`` (``docs/architecture.md``, "Families and components"), registered
 here with :mod:`trtio.features`: :class:`~trtio.edgellm.EngineDir` reads the folders this table binds and refuses
-every other engine folder, naming it; :func:`~trtio.setups.create_from_engine_dir` attaches what it read: the
+every other engine folder, naming it; :func:`~trtio._setups.create_from_engine_dir` attaches what it read: the
 vision encoder (``visual/``, :mod:`trtio.components.visual`) as ``setup.visual``, the audio encoder (``audio/``,
 :mod:`trtio.components.audio`) as ``setup.audio``.
 

@@ -15,16 +15,16 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from trtio._cuda.backend import Backend
+from trtio._engine import EngineExecutor
 from trtio._lifetime import Closeable
-from trtio.cuda.backend import Backend
-from trtio.engine import EngineExecutor
+from trtio._memory import Arena, MemoryReport, TensorRequest
+from trtio._registry import TensorRegistry
+from trtio._setups.binding import declared_problems, engine_backend, engine_io, profile_problems
+from trtio._setups.calls import Calls
+from trtio._stream import StreamLike, as_stream
+from trtio._tensor_map import TensorMap
 from trtio.errors import BindingError
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.registry import TensorRegistry
-from trtio.setups.binding import declared_problems, engine_backend, engine_io, profile_problems
-from trtio.setups.calls import Calls
-from trtio.stream import StreamLike, as_stream
-from trtio.tensor_map import TensorMap
 
 __all__ = ["EncoderSetup"]
 

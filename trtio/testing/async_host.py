@@ -1,6 +1,6 @@
 """AsyncHostBackend: the host backend with a device that runs behind the host, as a GPU's does.
 
-trtio's :class:`~trtio.cuda.host.HostBackend` runs device work the moment it is issued, so a step that
+trtio's :class:`~trtio._cuda.host.HostBackend` runs device work the moment it is issued, so a step that
 forgets to order two streams, or lets a caller reuse an input a queued copy still reads, gives the right
 answer on it and a wrong one on a GPU. This backend closes that gap for tests without a GPU:
 
@@ -49,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from trtio.cuda._hostmem import host_view
-from trtio.cuda._location import Location
-from trtio.cuda.host import HostBackend
+from trtio._cuda._hostmem import host_view
+from trtio._cuda._location import Location
+from trtio._cuda.host import HostBackend
 from trtio.errors import CudaError, InvalidValueError
 
 __all__ = ["AsyncHostBackend"]

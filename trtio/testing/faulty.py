@@ -45,7 +45,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from trtio.cuda.backend import Backend, Location, get_backend
+from trtio._cuda.backend import Backend, Location, get_backend
 from trtio.errors import CudaError, InvalidValueError, NotAvailableError
 
 __all__ = ["ENGINE_CALLS", "FAULTABLE", "Call", "FaultyBackend"]
@@ -109,7 +109,7 @@ class _Fault:
 
 class FaultyBackend:
     """A backend that forwards every call to ``backend`` and makes the calls armed with :meth:`fail` fail
-    (see module docstring). It is a :class:`~trtio.cuda.backend.Backend`: pass it as ``backend=`` to the
+    (see module docstring). It is a :class:`~trtio._cuda.backend.Backend`: pass it as ``backend=`` to the
     factories, and everything made from it (tensors, streams, events, graphs) calls through it.
 
     ``backend``: the backend to wrap (``"host"``, ``"cuda"``, a Backend; default: ``get_backend()``). The
@@ -341,7 +341,7 @@ class FaultyBackend:
 
     # -- engines ---------------------------------------------------------------------------------------
     def watch(self, target: Any) -> None:
-        """Route the engine calls of ``target`` (an :class:`~trtio.engine.EngineExecutor`, or a setup: each of
+        """Route the engine calls of ``target`` (an :class:`~trtio._engine.EngineExecutor`, or a setup: each of
         its engines' executors) through this backend's faults: ``execute_async_v3`` (a fault: it returns False
         without enqueueing, as TensorRT does when an enqueue fails) and ``is_stream_capturable`` (a fault: it
         answers False, refusing the CUDA-graph capture; unfaulted it answers as the engine's context does, or

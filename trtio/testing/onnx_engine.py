@@ -53,12 +53,12 @@ from typing import Any
 
 import numpy as np
 
-from trtio.cuda._hostmem import host_view
-from trtio.cuda._location import Location
-from trtio.cuda.backend import Backend, get_backend
-from trtio.dtypes import DType
+from trtio._cuda._hostmem import host_view
+from trtio._cuda._location import Location
+from trtio._cuda.backend import Backend, get_backend
+from trtio._dtypes import DType
+from trtio._tensor import Tensor
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
-from trtio.tensor import Tensor
 from trtio.testing.onnx_profiles import (
     Profiles,
     audio_profiles,

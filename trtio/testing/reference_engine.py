@@ -17,7 +17,7 @@ Two contracts, picked by ``cfg.contract``: trtio's batch-major one (``[B, S, H]`
 contiguous KV caches written like TensorRT's KVCacheUpdate) and, for ``"ragged"``, Edge-LLM 0.11's
 token-major one (``[T, H]`` entry-padded rows, phase carriers, one paged KV pool per layer read and
 written through ``kv_page_table``; fp8 pools included). Its I/O is built from
-``trtio.contracts.ragged.registry_for`` and ``trtio.state.paged_state_specs``, in the order NVIDIA's
+``trtio._contracts.ragged.registry_for`` and ``trtio._state.paged_state_specs``, in the order NVIDIA's
 exporter writes it. ``docs/toy-model.md`` specifies both.
 
 Two devices:
@@ -77,11 +77,11 @@ from typing import Any
 import numpy as np
 
 from trtio import names
+from trtio._checkpoint import BINDINGS_KEY, parse_bindings
 from trtio._checks import is_int
-from trtio.checkpoint import BINDINGS_KEY, parse_bindings
-from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Backend
-from trtio.dtypes import DType
+from trtio._cuda._hostmem import host_view
+from trtio._cuda.backend import Backend
+from trtio._dtypes import DType
 from trtio.errors import ConfigError, EngineError, InvalidValueError, UnknownNameError
 from trtio.testing.reference_dflash import forward_dflash
 from trtio.testing.reference_gemma4 import Gemma4Weights, gemma4_forward
@@ -276,7 +276,7 @@ class ReferenceEngine:
 
         ``weights`` default to ``ToyWeights.generate(cfg, seed)``. ``device``: ``"host"`` (numpy,
         for trtio's host backend), ``"gpu"`` (CuPy, for the cuda backend), or ``"auto"`` (gpu when
-        ``trtio.cuda.backend.cuda_available()`` and CuPy imports, else host). ``null_compute=True`` keeps the
+        ``trtio._cuda.backend.cuda_available()`` and CuPy imports, else host). ``null_compute=True`` keeps the
         I/O contract and every validation but computes nothing (overhead benchmarks); it needs no
         weights and reports a small context memory. ``name`` defaults to ``"toy-<role>"``.
 
@@ -910,7 +910,7 @@ class ReferenceExecutionContext:
             self._execute_gpu(plan, stream)
         else:
             if self._host_backend is None:
-                from trtio.cuda.backend import get_backend  # noqa: PLC0415
+                from trtio._cuda.backend import get_backend  # noqa: PLC0415
 
                 self._host_backend = get_backend(engine.trtio_backend)
             self._host_backend.launch_host_func(stream, lambda: self._compute_host(plan, stream))

@@ -280,7 +280,7 @@ def compute_device(device: str, null_compute: bool, who: str) -> str:
 
 
 def _gpu_usable() -> bool:
-    from trtio.cuda.backend import cuda_available  # noqa: PLC0415 - avoid importing the backend early
+    from trtio._cuda.backend import cuda_available  # noqa: PLC0415 - avoid importing the backend early
 
     if not cuda_available():
         return False

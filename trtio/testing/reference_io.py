@@ -16,12 +16,12 @@ from typing import Any
 
 from trtio import names
 from trtio._checks import is_int
-from trtio.contracts import ragged as ragged_contract
-from trtio.dtypes import DType
+from trtio._contracts import ragged as ragged_contract
+from trtio._dtypes import DType
+from trtio._state import paged_state_specs
 from trtio.errors import InvalidValueError
 from trtio.families.hybrid.hybrid_config import recurrent_state_specs
 from trtio.families.spec.block_family import block_family_of
-from trtio.state import paged_state_specs
 from trtio.testing.toy_model import config_role, output_vocab_size
 
 __all__ = ["RAGGED_OMITTABLE", "DataType", "ExecutionContextAllocationStrategy", "TensorIOMode", "TensorLocation"]
@@ -282,8 +282,8 @@ def _declare_ragged(cfg: Any, omit: Iterable[str] = (),
                     weight_inputs: Iterable[tuple[str, DType, Shape]] = ()) -> list[_Decl]:
     """The I/O of an Edge-LLM 0.11 engine of ``cfg.role``, in the exporter's order (``docs/toy-model.md``).
 
-    Built from ``trtio.contracts.ragged.registry_for`` (every binding but the KV state) and
-    ``trtio.state.paged_state_specs`` (pools, their present aliases, the page table), so shapes and
+    Built from ``trtio._contracts.ragged.registry_for`` (every binding but the KV state) and
+    ``trtio._state.paged_state_specs`` (pools, their present aliases, the page table), so shapes and
     profiles have one source. The optional ``skip_softmax_scale`` is left out; ``omit`` drops
     optional inputs of :data:`RAGGED_OMITTABLE` that this role declares. ``weight_inputs`` (name, dtype,
     shape) are static weight inputs the engine reads its weights from (``checkpoint_weight_bindings``),

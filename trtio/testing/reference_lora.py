@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.dtypes import DType
+from trtio._dtypes import DType
 from trtio.errors import InvalidValueError
 from trtio.families.lora.adapters import LORA_A, LORA_B, LoraAdapter
 from trtio.testing.toy_model import ToyWeights

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from trtio import names
-from trtio.contracts import ragged as ragged_contract
-from trtio.dtypes import DType
+from trtio._contracts import ragged as ragged_contract
+from trtio._dtypes import DType
 from trtio.errors import InvalidValueError
 from trtio.testing.reference_io import _Geometry
 from trtio.testing.toy_model import ToyWeights, recurrent_token

@@ -5,7 +5,7 @@ part of the MLP) and sums the partial outputs of every rank twice per layer, aft
 after the MLP, as Edge-LLM's ``AllReducePlugin`` does. Like the plugin, it finds the communicator of the
 device it runs on when it runs, in a table trtio's tensor-parallel setup filled before:
 
-* :class:`HostAllReduce` (the host backend): the communicator :func:`trtio.collectives.communicator` gives
+* :class:`HostAllReduce` (the host backend): the communicator :func:`trtio._collectives.communicator` gives
   for the calling thread's host device;
 * :class:`PluginAllReduce` (GPUs): the NCCL communicator and ``ncclAllReduce`` that trtio registered through
   ``edgellmRegisterNcclCommForAllReducePlugin`` of a stand-in plugin library. Edge-LLM's own plugin library
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from trtio import collectives
+from trtio import _collectives as collectives
 from trtio.errors import EngineError, InvalidValueError
 from trtio.testing.toy_model import ToyWeights
 
@@ -50,7 +50,7 @@ class AllReduce(Protocol):
 
 class HostAllReduce:
     """The host backend's all-reduce: through the communicator registered for the calling thread's host
-    device (:mod:`trtio.collectives`), looked up at every call, as the plugin looks its NCCL path up."""
+    device (:mod:`trtio._collectives`), looked up at every call, as the plugin looks its NCCL path up."""
 
     def __call__(self, xp: Any, partial: Any, stream: int) -> Any:
         return collectives.communicator().all_reduce(partial)

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from trtio._dtypes import DType
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.vit import (
     FAST_POS_CORNERS,
@@ -55,7 +56,6 @@ from trtio.components.visual.vit import (
     vit_registry,
     vit_step,
 )
-from trtio.dtypes import DType
 from trtio.errors import ConfigError, InvalidValueError
 from trtio.testing.reference_engine import (
     ReferenceEngine,

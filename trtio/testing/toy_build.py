@@ -10,12 +10,12 @@ bits and ``attention_pos_id``.
 
 TensorRT-RTX builds these plans on a CPU-only machine (ahead of time); running them needs a GPU.
 The TensorRT module is always a parameter (a module object, or ``"tensorrt"`` /
-``"tensorrt_rtx"`` resolved by :func:`trtio.trt.import_trt`), never imported at module import and
+``"tensorrt_rtx"`` resolved by :func:`trtio._trt.import_trt`), never imported at module import and
 never patched into ``sys.modules``. Configs are duck-typed: an :class:`~trtio.LLMEngineConfig` or
 any object with its fields.
 
 :func:`network_engine_io` turns a built network's declared I/O into the form of
-:meth:`trtio.engine.EngineIO.to_dict`, and :func:`contract_diff` lists every difference between two such
+:meth:`trtio._engine.EngineIO.to_dict`, and :func:`contract_diff` lists every difference between two such
 forms: that is how CI checks, without a GPU, that a plan will offer trtio exactly the bindings the
 :class:`~trtio.testing.ReferenceEngine` does.
 """
@@ -35,10 +35,10 @@ from typing import Any, TextIO
 import numpy as np
 
 from trtio import names
-from trtio.dtypes import DType
+from trtio._dtypes import DType
+from trtio._trt import KNOWN_MODULES, import_trt, trt_logger
 from trtio.errors import ConfigError, EngineError
 from trtio.testing.toy_model import ToyWeights, config_role
-from trtio.trt import KNOWN_MODULES, import_trt, trt_logger
 
 __all__ = [
     "BuiltPlan",
@@ -591,7 +591,7 @@ def network_contract(network: Any, profiles: Sequence[Any]) -> list[dict[str, An
 
 
 def network_engine_io(network: Any, profiles: Sequence[Any]) -> dict[str, Any]:
-    """A built network's I/O in the form of :meth:`trtio.engine.EngineIO.to_dict`.
+    """A built network's I/O in the form of :meth:`trtio._engine.EngineIO.to_dict`.
 
     What an engine built from ``network`` with ``profiles`` will declare: tensors in declaration
     order (inputs, then outputs) with index, name, mode, dtype, shape (-1 = dynamic), location,
@@ -624,7 +624,7 @@ def network_engine_io(network: Any, profiles: Sequence[Any]) -> dict[str, Any]:
 
 def contract_diff(got: Mapping[str, Any], want: Mapping[str, Any], *,
                   labels: tuple[str, str] = ("got", "want")) -> list[str]:
-    """Every difference between two I/O contracts in :meth:`trtio.engine.EngineIO.to_dict` form.
+    """Every difference between two I/O contracts in :meth:`trtio._engine.EngineIO.to_dict` form.
 
     Tensors are matched by name (a difference in the set or order of names is reported once, then
     the common tensors are compared field by field: index, mode, dtype, shape, location, shape-tensor
@@ -685,7 +685,7 @@ def _short(x: Sequence[Any]) -> str:
 def resolve_module(module: Any = "auto") -> Any:
     """``"auto"`` (``tensorrt`` when importable, else ``tensorrt_rtx``), a name, or a module object.
 
-    :func:`trtio.trt.import_trt` does the work; it raises :class:`trtio.EngineError` for an unknown
+    :func:`trtio._trt.import_trt` does the work; it raises :class:`trtio.EngineError` for an unknown
     name or a module that does not import.
     """
     return import_trt(module)

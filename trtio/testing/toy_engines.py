@@ -54,7 +54,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from trtio.config import DeploymentConfig, LLMEngineConfig
+from trtio._config import DeploymentConfig, LLMEngineConfig
 from trtio.edgellm import EngineDir
 from trtio.errors import ConfigError, UnknownNameError
 from trtio.families.hybrid.hybrid_config import HybridConfig
@@ -422,7 +422,7 @@ class TensorParallelToyEngines:
 
     def loader(self, *, device: str = "host", all_reduce: Any = None, null_compute: bool = False) -> Any:
         """A stand-in for :func:`trtio.load_engine` (same arguments) that gives each rank engine file of the
-        directory its :meth:`reference_engine`: patch ``trtio.setups.engine_dir.load_engine`` with it to run
+        directory its :meth:`reference_engine`: patch ``trtio._setups.engine_dir.load_engine`` with it to run
         ``create_from_engine_dir`` on the directory without plans."""
         ranks = {self.directory.engine_path(r).name: r for r in range(self.tp_size)}
 
@@ -536,7 +536,7 @@ class VisionToyEngines:
 
     def loader(self, *, device: str = "auto") -> Any:
         """A stand-in for :func:`trtio.load_engine` (same arguments) giving the directory's ``llm.engine`` and
-        ``visual/visual.engine`` their reference engines: patch ``trtio.setups.engine_dir.load_engine`` with it to
+        ``visual/visual.engine`` their reference engines: patch ``trtio._setups.engine_dir.load_engine`` with it to
         run ``create_from_engine_dir`` on the directory without plans."""
         llm, visual = self.directory.engine_path("llm"), self.directory.engine_path("visual")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trtio.dtypes import DType
+from trtio._dtypes import DType
 from trtio.errors import ConfigError, InvalidValueError, ShapeError
 
 __all__ = [

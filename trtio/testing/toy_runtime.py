@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from trtio.setups import LLMSetup, SpecDecodeSetup
-from trtio.trees import ancestor_mask
+from trtio._setups import LLMSetup, SpecDecodeSetup
+from trtio._trees import ancestor_mask
 
 __all__ = ["CandidateTree", "SpecStats", "embed_batch", "expand_level", "greedy_generate", "spec_generate"]
 

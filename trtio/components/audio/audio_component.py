@@ -1,6 +1,6 @@
 """The audio component as the component table sees it: a speech model's audio encoder in ``audio/`` (Qwen3-ASR,
 Qwen3-Omni's audio encoder), read by :class:`~trtio.edgellm.EngineDir` (``EngineDir.audio_config``) and attached by
-:func:`~trtio.setups.create_from_engine_dir` as the LLM setup's ``audio`` (an
+:func:`~trtio._setups.create_from_engine_dir` as the LLM setup's ``audio`` (an
 :class:`~trtio.components.audio.audio_setup.AudioSetup`)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtio._config import LLMEngineConfig
+from trtio._stream import StreamLike
 from trtio.components.audio.audio_config import AUDIO_CONFIG_FILE, AUDIO_DIR, AUDIO_ENGINE_FILE, AudioConfig
 from trtio.components.audio.audio_setup import create_for_audio
-from trtio.config import LLMEngineConfig
 from trtio.errors import ConfigError
 from trtio.features import Component
-from trtio.stream import StreamLike
 
 __all__ = ["AUDIO_ROLE", "AudioComponent"]
 

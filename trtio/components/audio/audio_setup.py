@@ -25,20 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from trtio._cuda.backend import Backend
+from trtio._dims import InferenceDims
+from trtio._dtypes import DType
+from trtio._memory import Arena, TensorRequest
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio._setups.binding import engine_io
+from trtio._setups.calls import one_thread
+from trtio._staging import UploadRing
+from trtio._stream import StreamLike, as_stream
+from trtio._tensor import Tensor
 from trtio.components.audio.audio_config import AudioConfig
 from trtio.components.audio.audio_features import AudioFeatures
 from trtio.components.encoder_setup import EncoderSetup
-from trtio.cuda.backend import Backend
-from trtio.dims import InferenceDims
-from trtio.dtypes import DType
 from trtio.errors import CapacityError, InvalidTypeError, InvalidValueError, ShapeError
-from trtio.memory import Arena, TensorRequest
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.setups.binding import engine_io
-from trtio.setups.calls import one_thread
-from trtio.staging import UploadRing
-from trtio.stream import StreamLike, as_stream
-from trtio.tensor import Tensor
 
 __all__ = ["AUDIO_INPUTS", "AudioSetup", "audio_registry", "create_for_audio", "kAudioOutput"]
 
@@ -59,7 +59,7 @@ _SLOTS = 2  # encodes the host may run ahead of the uploads of their inputs
 def audio_registry(cfg: AudioConfig, declared: Set[str] = frozenset()) -> TensorRegistry:
     """Every binding an audio encoder of ``cfg`` declares (``cu_seqlens`` / ``kv_lengths`` where ``declared``
     names them), with its dtype, symbolic shape (``audio_chunks``, ``audio_tokens`` of
-    :class:`~trtio.dims.InferenceDims`) and the one profile Edge-LLM's builder gives it
+    :class:`~trtio._dims.InferenceDims`) and the one profile Edge-LLM's builder gives it
     (``_setup_component_profile``, the audio component: chunks ``ceil(min_time_steps / chunk) ..
     ceil(max_time_steps / chunk)``, rows from that minimum up to 13 a chunk)."""
     lo, hi = cfg.min_chunks, cfg.max_chunks

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from trtio._stream import StreamLike
 from trtio.components.audio.audio_config import AudioConfig
 from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.errors import ShapeError
-from trtio.stream import StreamLike
 
 __all__ = ["AudioPrompt", "expand_audio_pads", "splice"]
 

@@ -28,12 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from trtio._stream import StreamLike
 from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.visual_kinds import kind_of
 from trtio.components.visual.vit import check_grid
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
-from trtio.stream import StreamLike
 
 __all__ = ["VisionPrompt", "expand_image_pads", "mrope_positions", "preprocess", "smart_resize", "splice"]
 

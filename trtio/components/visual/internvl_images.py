@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
+from trtio._stream import StreamLike
 from trtio.components.splice_checks import checked_ids, embedding_table
 from trtio.components.visual.images import _as_rgb, resize_bicubic
 from trtio.components.visual.internvl_config import InternVLConfig
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
-from trtio.stream import StreamLike
 
 __all__ = ["ImagePrompt", "expand_image_tokens", "preprocess_tiles", "splice_tiles", "tile_grid", "tiles_of"]
 

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 
 from trtio._checks import is_int
+from trtio._dtypes import DType
+from trtio._registry import TensorRegistry, TensorSpec
 from trtio._safetensors import read_safetensors
 from trtio.components.config_files import ComponentFiles, keys_of
-from trtio.dtypes import DType
 from trtio.errors import ConfigError, InvalidTypeError, ShapeError
-from trtio.registry import TensorRegistry, TensorSpec
 
 __all__ = ["GN_FILE", "PHI4MM_KIND", "Phi4mmVisualConfig", "expand_image_pads", "image_rows", "image_tokens",
            "phi4mm_registry", "preprocess", "splice"]

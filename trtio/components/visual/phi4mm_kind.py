@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from trtio._stream import StreamLike
 from trtio.components.visual.internvl_images import ImagePrompt
 from trtio.components.visual.phi4mm import PHI4MM_KIND, Phi4mmVisualConfig, preprocess, read_phi4mm, splice
 from trtio.components.visual.phi4mm_setup import create_for_phi4mm_visual
 from trtio.components.visual.visual_kinds import VisualKind
-from trtio.stream import StreamLike
 
 __all__ = ["PHI4MM", "splice_prompt"]
 

@@ -16,19 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from trtio._cuda.backend import Backend
+from trtio._dims import InferenceDims
+from trtio._dtypes import DType
+from trtio._inputs import as_input, is_device_array
+from trtio._memory import Arena, TensorRequest
+from trtio._setups.calls import one_thread
+from trtio._staging import UploadRing
+from trtio._stream import Stream, StreamLike, as_stream
+from trtio._tensor import Tensor
 from trtio.components.encoder_setup import EncoderSetup
 from trtio.components.visual.phi4mm import Phi4mmVisualConfig, kVisualInput, kVisualOutput, phi4mm_registry
 from trtio.components.visual.visual_setup import VisualOutput
-from trtio.cuda.backend import Backend
-from trtio.dims import InferenceDims
-from trtio.dtypes import DType
 from trtio.errors import CapacityError, InvalidTypeError, InvalidValueError, ShapeError
-from trtio.inputs import as_input, is_device_array
-from trtio.memory import Arena, TensorRequest
-from trtio.setups.calls import one_thread
-from trtio.staging import UploadRing
-from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
 
 __all__ = ["Phi4mmVisualSetup", "create_for_phi4mm_visual"]
 

@@ -1,6 +1,6 @@
 """The visual component as the component table sees it: a vision-language model's ViT in ``visual/`` (Qwen2.5-VL,
 Qwen3-VL; the kinds of :data:`KINDS`: InternVL, Phi-4-multimodal's ``phi4mm``), read by
-:class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio.setups.create_from_engine_dir` as the LLM setup's
+:class:`~trtio.edgellm.EngineDir` and attached by :func:`~trtio._setups.create_from_engine_dir` as the LLM setup's
 ``visual`` (``docs/architecture.md``, "Vision-language models")."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtio._config import LLMEngineConfig
 from trtio._json import read_json
+from trtio._stream import StreamLike
 from trtio.components.visual.internvl_kind import INTERNVL
 from trtio.components.visual.phi4mm_kind import PHI4MM
 from trtio.components.visual.visual_config import VISUAL_CONFIG_FILE, VisualConfig
 from trtio.components.visual.visual_kinds import VisualKind, kind_named, register_kind
 from trtio.components.visual.visual_setup import create_for_visual
-from trtio.config import LLMEngineConfig
 from trtio.errors import ConfigError
 from trtio.features import Component
-from trtio.stream import StreamLike
 
 __all__ = ["VISUAL_DIR", "VISUAL_ENGINE_FILE", "VISUAL_ROLE", "VisualComponent"]
 

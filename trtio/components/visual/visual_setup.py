@@ -7,7 +7,7 @@ Every buffer is allocated once, from the config's token caps
 patch grids and patches first (a refusal names the input and changes nothing), computes every other input
 from the grids on the host (:func:`trtio.components.visual.vit.vit_step`: rotary table, ``cu_seqlens``, window or fast
 position-embedding indexes, the shape-only ``max_seqlen_carrier``; kept per grid in a
-:class:`~trtio._cache.BoundedCache`), uploads them with one copy (a :class:`~trtio.staging.StepStaging`
+:class:`~trtio._cache.BoundedCache`), uploads them with one copy (a :class:`~trtio._staging.StepStaging`
 block: a grid seen before uploads nothing new) and the patches through a fenced pinned ring, binds the
 engine for the step's shapes and runs it, as one CUDA graph per grid shape where ``graphs=True``.
 """
@@ -20,6 +20,14 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import BoundedCache
+from trtio._cuda.backend import Backend
+from trtio._dtypes import DType
+from trtio._inputs import as_input, is_device_array
+from trtio._memory import Arena, TensorRequest
+from trtio._setups.calls import one_thread
+from trtio._staging import StepStaging, UploadRing
+from trtio._stream import Stream, StreamLike, as_stream
+from trtio._tensor import Tensor
 from trtio.components.encoder_setup import EncoderSetup
 from trtio.components.visual.visual_config import VisualConfig
 from trtio.components.visual.visual_kinds import kind_of
@@ -32,15 +40,7 @@ from trtio.components.visual.vit import (
     vit_registry,
     vit_step,
 )
-from trtio.cuda.backend import Backend
-from trtio.dtypes import DType
 from trtio.errors import InvalidTypeError, InvalidValueError, ShapeError
-from trtio.inputs import as_input, is_device_array
-from trtio.memory import Arena, TensorRequest
-from trtio.setups.calls import one_thread
-from trtio.staging import StepStaging, UploadRing
-from trtio.stream import Stream, StreamLike, as_stream
-from trtio.tensor import Tensor
 
 __all__ = ["VisualOutput", "VisualSetup", "create_for_visual"]
 

@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from trtio._dims import InferenceDims
+from trtio._dtypes import DType
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio._staging import constant
 from trtio.components.visual.visual_config import VisualConfig
-from trtio.dims import InferenceDims
-from trtio.dtypes import DType
 from trtio.errors import CapacityError, ShapeError
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.staging import constant
 
 __all__ = ["FAST_POS_CORNERS", "VIT_ROTARY_THETA", "VitStep", "check_grid", "vit_registry", "vit_step"]
 
@@ -106,7 +106,7 @@ def _profile(shape: tuple[int | str, ...], dynamic: tuple[tuple[int, int, int], 
 
 def vit_registry(cfg: VisualConfig) -> TensorRegistry:
     """Every binding a ViT engine of ``cfg``'s kind declares, in the order Edge-LLM's exporter writes them, with
-    its dtype, symbolic shape (members of :class:`~trtio.dims.InferenceDims`: ``vit_patches``, ``vit_tokens``,
+    its dtype, symbolic shape (members of :class:`~trtio._dims.InferenceDims`: ``vit_patches``, ``vit_tokens``,
     ``vit_frames_p1``, ``vit_windows_p1``, ``vit_max_seqlen``) and its one optimization profile."""
     profiles = _profiles(cfg)
     f16, f32, i32, i64 = DType.FLOAT16, DType.FLOAT32, DType.INT32, DType.INT64
@@ -149,7 +149,7 @@ def check_grid(grid_thw: Any, cfg: VisualConfig, what: str = "grid_thw") -> np.n
 @dataclass(frozen=True)
 class VitStep:
     """What one call of a ViT engine takes besides its patches, for one set of patch grids: the dims its
-    bindings resolve against, and each input's values (read-only arrays: :func:`~trtio.staging.constant`)."""
+    bindings resolve against, and each input's values (read-only arrays: :func:`~trtio._staging.constant`)."""
 
     grid: tuple[tuple[int, int, int], ...]
     dims: InferenceDims

@@ -36,26 +36,26 @@ import numpy as np
 
 from trtio import names
 from trtio._checks import is_int
+from trtio._config import LLMEngineConfig
+from trtio._dtypes import DType
+from trtio._edgellm_config import EdgeReader, got
+from trtio._engine import EngineIO
 from trtio._json import json_kind
-from trtio._safetensors import read_safetensors
-from trtio.config import LLMEngineConfig
-from trtio.dtypes import DType
-from trtio.edgellm import embedding_float16
-from trtio.edgellm_config import EdgeReader, got
-from trtio.engine import EngineIO
-from trtio.errors import ConfigError, InvalidValueError
-from trtio.families.gemma4.swa import BoundedSwaPages, SwaMode
-from trtio.features import FamilyConfig, Found, KVPools, StateBinding
-from trtio.memory import TensorRequest
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.rope import (
+from trtio._memory import TensorRequest
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio._rope import (
     RopeScaling,
     no_rope_cos_sin_rows,
     proportional_rope_parameters,
     rope_cos_sin_rows,
     rope_parameters,
 )
-from trtio.tensor_map import TensorMap
+from trtio._safetensors import read_safetensors
+from trtio._tensor_map import TensorMap
+from trtio.edgellm import embedding_float16
+from trtio.errors import ConfigError, InvalidValueError
+from trtio.families.gemma4.swa import BoundedSwaPages, SwaMode
+from trtio.features import FamilyConfig, Found, KVPools, StateBinding
 
 __all__ = ["GEMMA4_FULL_ROWS", "GEMMA4_FULL_TABLE", "GEMMA4_MTP", "PLE_EMBEDDING_FILE", "SWA_REPLACEMENT_PAGES",
            "SWA_TABLE", "Gemma4Config", "LayerRope", "bound_swa_mode", "check_cached_prefix_step", "choose_swa_mode",

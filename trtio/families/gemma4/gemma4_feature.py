@@ -14,7 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from trtio.engine import DeviceWork
+from trtio._engine import DeviceWork
+from trtio._setups.binding import BindContext, BoundEngine
+from trtio._setups.calls import Calls
+from trtio._setups.decode_plan import DecodePlan
+from trtio._stream import Stream
 from trtio.errors import InvalidValueError
 from trtio.families.gemma4.gemma4_config import (
     GEMMA4_FULL_TABLE,
@@ -25,10 +29,6 @@ from trtio.families.gemma4.gemma4_config import (
 from trtio.families.gemma4.ple import PleInputs, PleSplit
 from trtio.families.gemma4.swa import BoundedSwaPages, SwaMode, swa_room
 from trtio.features import Feature, Ready
-from trtio.setups.binding import BindContext, BoundEngine
-from trtio.setups.calls import Calls
-from trtio.setups.decode_plan import DecodePlan
-from trtio.stream import Stream
 
 __all__ = ["Gemma4Feature"]
 

@@ -1,11 +1,11 @@
 """Gemma 4's per-layer embeddings: what a step's ``ple_embeds=`` fills (the engine's ``ple_token_embeds_i``).
 
 A step gives each token's row ``[batch, seq, L x ple_hidden]`` (host numpy, or a device Tensor such as
-:class:`~trtio.embeddings.TokenEmbeddings` gathers); :class:`PleInputs` checks it against the engine's inputs and
+:class:`~trtio._embeddings.TokenEmbeddings` gathers); :class:`PleInputs` checks it against the engine's inputs and
 copies each layer's columns into its input on the step's stream, before the engine: a device row block by a
 :class:`PleSplit` (kept per source address; a decode makes it part of its plan's device work, so a steady decode
 replays it inside the decode's graph), host rows one copy per layer. What a copy reads is kept until it has run
-(:meth:`Calls.read <trtio.setups.calls.Calls.read>`).
+(:meth:`Calls.read <trtio._setups.calls.Calls.read>`).
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ import numpy as np
 
 from trtio import names
 from trtio._cache import BoundedCache
+from trtio._cuda._hostmem import host_view
+from trtio._cuda.backend import Backend
+from trtio._cuda.kernels import MAX_COPY_JOBS
+from trtio._engine import DeviceWork
 from trtio._hashing import hash_once
-from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Backend
-from trtio.cuda.kernels import MAX_COPY_JOBS
-from trtio.engine import DeviceWork
+from trtio._ops import Copy2D, _copy_jobs, _host_work
+from trtio._pipeline_io import PipelineIO
+from trtio._setups.calls import Calls
+from trtio._setups.decode_plan import DecodePlan
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.errors import ShapeError
 from trtio.families.gemma4.gemma4_config import Gemma4Config
 from trtio.features import Ready
-from trtio.ops import Copy2D, _copy_jobs, _host_work
-from trtio.pipeline_io import PipelineIO
-from trtio.setups.calls import Calls
-from trtio.setups.decode_plan import DecodePlan
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 __all__ = ["PleInputs", "PleSplit", "split_ple"]
 

@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import BoundedCache
-from trtio.contracts.ragged import PHASE_DECODE, StepLayout, ramp
-from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, DeviceWork
+from trtio._contracts.ragged import PHASE_DECODE, StepLayout, ramp
+from trtio._dims import InferenceDims
+from trtio._engine import DECODE_PROFILE, DeviceWork
+from trtio._setups.base import Prompt
+from trtio._setups.draft_prompt import DraftRound, check_accept_lengths, check_draft_prompt
+from trtio._staging import constant
+from trtio._stream import Stream, StreamLike
+from trtio._tensor import Tensor
 from trtio.errors import ShapeError, TrtioError
-from trtio.setups.base import Prompt
-from trtio.setups.draft_prompt import DraftRound, check_accept_lengths, check_draft_prompt
-from trtio.staging import constant
-from trtio.stream import Stream, StreamLike
-from trtio.tensor import Tensor
 
 __all__ = ["AssistantDraft", "seed_rows"]
 

@@ -32,14 +32,14 @@ from typing import Any
 
 from trtio import names
 from trtio._checks import is_int
-from trtio.config import LLMEngineConfig
-from trtio.dtypes import DType
-from trtio.edgellm_config import EdgeReader, got
+from trtio._config import LLMEngineConfig
+from trtio._dtypes import DType
+from trtio._edgellm_config import EdgeReader, got
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
+from trtio._tensor_map import TensorMap
 from trtio.errors import ConfigError
 from trtio.families.gemma4.gemma4_config import GEMMA4_MTP, Gemma4Config
 from trtio.features import FamilyConfig
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
-from trtio.tensor_map import TensorMap
 
 __all__ = ["GEMMA4_MTP", "Gemma4MtpConfig", "assistant_registry"]
 

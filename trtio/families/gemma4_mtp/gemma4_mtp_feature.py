@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 
 from trtio import names
+from trtio._setups.base import Prompt
+from trtio._setups.binding import BindContext
+from trtio._setups.draft_prompt import DraftRound
+from trtio._stream import StreamLike
+from trtio._tensor import Tensor
 from trtio.errors import BindingError, InvalidValueError
 from trtio.families.gemma4_mtp.assistant import AssistantDraft
 from trtio.families.gemma4_mtp.gemma4_mtp_config import Gemma4MtpConfig
 from trtio.features import Feature
-from trtio.setups.base import Prompt
-from trtio.setups.binding import BindContext
-from trtio.setups.draft_prompt import DraftRound
-from trtio.stream import StreamLike
-from trtio.tensor import Tensor
 
 __all__ = ["Gemma4MtpFeature"]
 

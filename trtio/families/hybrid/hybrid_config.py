@@ -24,13 +24,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from trtio import names
-from trtio.config import LLMEngineConfig, check_non_negative, check_positive, dtype_name, python_ints
-from trtio.dtypes import DType
-from trtio.edgellm_config import EdgeReader, got
-from trtio.engine import EngineIO
+from trtio._config import LLMEngineConfig, check_non_negative, check_positive, dtype_name, python_ints
+from trtio._dtypes import DType
+from trtio._edgellm_config import EdgeReader, got
+from trtio._engine import EngineIO
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
 from trtio.errors import ConfigError
 from trtio.features import FamilyConfig
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 
 __all__ = ["RECURRENT_KINDS", "SPEC_VERIFY_MODES", "HybridConfig", "intermediate_state_specs", "is_recurrent_state",
            "recurrent_problems", "recurrent_state_names", "recurrent_state_specs"]

@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from trtio._memory import MemoryReport
+from trtio._setups.binding import BindContext, BoundEngine
+from trtio._stream import Stream
 from trtio.errors import ShapeError, TrtioError
 from trtio.families.hybrid.hybrid_config import HybridConfig, recurrent_state_names
 from trtio.families.hybrid.recurrent import RecurrentStates
@@ -21,13 +24,10 @@ from trtio.families.hybrid.replay import tree_problem
 from trtio.families.hybrid.snapshots import IntermediateStates, is_chain
 from trtio.families.spec.spec_config import SpecConfig
 from trtio.features import Feature, Held
-from trtio.memory import MemoryReport
-from trtio.setups.binding import BindContext, BoundEngine
-from trtio.stream import Stream
 
 __all__ = ["STATE_ROWS", "HybridFeature"]
 
-#: The key under which a hybrid model's :class:`~trtio.pages.Prefix` holds its recurrent-state snapshot row (one
+#: The key under which a hybrid model's :class:`~trtio._pages.Prefix` holds its recurrent-state snapshot row (one
 #: row of the setup's snapshot pool, held and given back like a page).
 STATE_ROWS = "recurrent state"
 _SPEC_PREFIX = ("pin_prefix: a speculative prefix keeps one token fewer than the slot holds, but a hybrid base's "

@@ -6,7 +6,7 @@ resident sequence slot (``max_batch_size`` rows, Edge-LLM's fixed resident-slot 
 ``[rows, conv_dim, conv_kernel]`` and ``recurrent_state_j`` ``[rows, heads, head_dim, size]`` (GDN FP32: value
 heads, key dim, value dim; Mamba2 FP16: heads, head dim, SSM state), aliased by ``present_conv_state_j`` and
 ``present_recurrent_state_j``. A step's ``state_indices[s]`` is the slot of its sequence ``s``: the engine reads and
-writes that row only. The pools are allocated and bound by the engine state (:mod:`trtio.state`) at their full row
+writes that row only. The pools are allocated and bound by the engine state (:mod:`trtio._state`) at their full row
 count, whatever the step's batch.
 
 :class:`RecurrentStates` is what a setup does with those rows: a new sequence's rows are zeroed on the device before
@@ -23,15 +23,15 @@ from typing import Any
 
 from trtio import names
 from trtio._cache import BoundedCache
+from trtio._cuda.backend import Backend
+from trtio._engine import DeviceWork
 from trtio._lifetime import Closeable
-from trtio.cuda.backend import Backend
-from trtio.engine import DeviceWork
+from trtio._memory import Arena, MemoryReport, TensorRequest
+from trtio._ops import AsGraph, Copy2D, OwnGraphs, Zero2D, fuse
+from trtio._pages import PagePool
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.errors import CapacityError
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.ops import AsGraph, Copy2D, OwnGraphs, Zero2D, fuse
-from trtio.pages import PagePool
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 __all__ = ["RecurrentStates"]
 

@@ -34,18 +34,18 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import BoundedCache
+from trtio._cuda import kernels
+from trtio._cuda._hostmem import host_view
+from trtio._cuda.backend import Backend
+from trtio._dtypes import DType
 from trtio._lifetime import Closeable
-from trtio.cuda import kernels
-from trtio.cuda._hostmem import host_view
-from trtio.cuda.backend import Backend
-from trtio.dtypes import DType
+from trtio._memory import Arena, MemoryReport, TensorRequest
+from trtio._ops import _host_work
+from trtio._staging import StepStaging
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.errors import InvalidTypeError
 from trtio.families.hybrid.hybrid_config import HybridConfig
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.ops import _host_work
-from trtio.staging import StepStaging
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 __all__ = ["MAX_ACCEPT", "MAX_NODES", "REPLAY_KERNELS", "GdnReplay", "replay_reference", "stash_layout",
            "tree_problem"]

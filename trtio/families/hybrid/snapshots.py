@@ -26,16 +26,16 @@ import numpy as np
 
 from trtio import names
 from trtio._cache import BoundedCache
+from trtio._config import LLMEngineConfig
+from trtio._cuda.backend import Backend
 from trtio._lifetime import Closeable
-from trtio.config import LLMEngineConfig
-from trtio.cuda.backend import Backend
+from trtio._memory import Arena, MemoryReport, TensorRequest
+from trtio._ops import Copy2D, fuse
+from trtio._stream import Stream
+from trtio._tensor import Tensor
+from trtio._tensor_map import TensorMap
 from trtio.families.hybrid.hybrid_config import HybridConfig, intermediate_state_specs
 from trtio.families.hybrid.replay import GdnReplay
-from trtio.memory import Arena, MemoryReport, TensorRequest
-from trtio.ops import Copy2D, fuse
-from trtio.stream import Stream
-from trtio.tensor import Tensor
-from trtio.tensor_map import TensorMap
 
 __all__ = ["IntermediateStates", "is_chain"]
 

@@ -15,12 +15,12 @@ FP16 inputs: ``{module}.lora_A.weight`` ``[in, r]`` and ``{module}.lora_B.weight
 * :class:`LoraSlots` is what a setup binds: each adapter's copy in device memory trtio owns, uploaded the first
   time it is set (one tensor per LoRA input at the adapter's ranks; a module it leaves out, and no adapter: an empty
   tensor). Setting an adapter rebinds the engine's LoRA inputs to its own copy (a variant of the tensor map,
-  :meth:`~trtio.tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation (a
-  copy's tensors keep their views for good, :func:`~trtio.tensor.fix_view`, so no view is set either). CUDA
+  :meth:`~trtio._tensor_map.TensorMap.use_variant`): no device copy, no allocation, no host synchronisation (a
+  copy's tensors keep their views for good, :func:`~trtio._tensor.fix_view`, so no view is set either). CUDA
   graphs are therefore kept per adapter, as Edge-LLM keeps them: the executor keys them by the bound addresses, and
   takes back the plans and graphs of an adapter set again. The copies are bounded (the last
   :data:`~trtio._cache.CACHE_LIMIT` adapters, in one :class:`~trtio._cache.BoundedCache`); an evicted one (never the
-  set one) is let go by the executor with its plans and graphs first (:meth:`~trtio.engine.EngineExecutor.forget`),
+  set one) is let go by the executor with its plans and graphs first (:meth:`~trtio._engine.EngineExecutor.forget`),
   then freed, and uploaded and captured again if it is set again. The worst case of one copy (every module at the
   max rank) is :meth:`LoraInputs.worst_case_report`, which ``trtio plan`` shows.
 
@@ -42,16 +42,16 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import CACHE_LIMIT, BoundedCache
+from trtio._cuda.backend import Backend, Location
+from trtio._dtypes import DType
+from trtio._engine import EngineExecutor, EngineIO, TensorInfo
 from trtio._json import read_json
 from trtio._lifetime import Closeable
-from trtio.cuda.backend import Backend, Location
-from trtio.dtypes import DType
-from trtio.engine import EngineExecutor, EngineIO, TensorInfo
+from trtio._memory import Arena, MemoryReport, TensorRequest, planned_report
+from trtio._stream import Stream
+from trtio._tensor import Tensor, fix_view
+from trtio._tensor_map import TensorMap
 from trtio.errors import BindingError, ConfigError, InvalidTypeError, InvalidValueError, TrtioError
-from trtio.memory import Arena, MemoryReport, TensorRequest, planned_report
-from trtio.stream import Stream
-from trtio.tensor import Tensor, fix_view
-from trtio.tensor_map import TensorMap
 
 __all__ = ["LORA_A", "LORA_B", "LoraAdapter", "LoraInputs", "LoraModule", "LoraSlots", "lora_input_names"]
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trtio.config import LLMEngineConfig, check_non_negative, python_ints
-from trtio.edgellm_config import EdgeReader
-from trtio.engine import EngineIO
+from trtio._config import LLMEngineConfig, check_non_negative, python_ints
+from trtio._edgellm_config import EdgeReader
+from trtio._engine import EngineIO
 from trtio.families.lora.adapters import lora_input_names
 from trtio.features import FamilyConfig
 

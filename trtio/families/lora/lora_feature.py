@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trtio.engine import EngineIO
+from trtio._engine import EngineIO
+from trtio._memory import MemoryReport
+from trtio._setups.binding import BindContext, BoundEngine
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.errors import ConfigError, InvalidTypeError
 from trtio.families.lora.adapters import LoraAdapter, LoraInputs, LoraSlots
 from trtio.features import Feature
-from trtio.memory import MemoryReport
-from trtio.setups.binding import BindContext, BoundEngine
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 __all__ = ["LoraFeature"]
 

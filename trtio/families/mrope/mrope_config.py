@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from trtio import names
-from trtio.config import LLMEngineConfig
-from trtio.edgellm_config import EdgeReader
+from trtio._config import LLMEngineConfig
+from trtio._edgellm_config import EdgeReader
+from trtio._rope import RopeScaling
+from trtio._tensor_map import TensorMap
 from trtio.errors import ConfigError
 from trtio.features import FamilyConfig
-from trtio.rope import RopeScaling
-from trtio.tensor_map import TensorMap
 
 __all__ = ["MropeConfig"]
 

@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from trtio._inputs import as_embeds, not_partly_over
+from trtio._memory import MemoryReport
+from trtio._setups.binding import BindContext, BoundEngine, rope_table_rows
+from trtio._setups.calls import Calls
+from trtio._stream import Stream, StreamLike
+from trtio._tensor import Tensor
 from trtio.errors import ShapeError
 from trtio.families.mrope.mrope_config import MropeConfig
 from trtio.families.mrope.slot_positions import SlotPositions
 from trtio.features import Feature, Held
-from trtio.inputs import as_embeds, not_partly_over
-from trtio.memory import MemoryReport
-from trtio.setups.binding import BindContext, BoundEngine, rope_table_rows
-from trtio.setups.calls import Calls
-from trtio.stream import Stream, StreamLike
-from trtio.tensor import Tensor
 
 __all__ = ["MropeFeature"]
 

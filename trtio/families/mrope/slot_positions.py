@@ -3,21 +3,21 @@
 An MRoPE engine's RoPE rows come from ``io.mrope_cos_sin`` ``[slots, C, R]``: row ``k`` of a slot's table holds
 the rotation of the token at cache position ``k`` (every step gathers its tokens' rows from there, or binds the
 tables: the contract decides). A text-only sequence's rows are the plain table's (position ``k`` on all three
-axes; :func:`~trtio.setups.binding.fill_mrope` writes them at setup). A prompt with images has 3-axis
+axes; :func:`~trtio._setups.binding.fill_mrope` writes them at setup). A prompt with images has 3-axis
 positions (:func:`trtio.vision.mrope_positions`): a prefill given ``mrope_positions`` writes its tokens' rows
 from them, and every later row ``k`` of the slot from the text position ``k + delta`` (``delta`` = the prompt's
 highest position + 1 - its length, Edge-LLM's and Hugging Face's ``rope_deltas``), so decode steps continue
 from the delta without any per-step work. A sequence admitted without positions into a slot another sequence
 left rows in gets the plain rows back.
 
-A slot also keeps a record of its sequence's positions (a :class:`~trtio.pages.PrefixPositions`: its delta, and the
+A slot also keeps a record of its sequence's positions (a :class:`~trtio._pages.PrefixPositions`: its delta, and the
 delta after each row up to its last image's end), and a pinned prefix keeps the record of its tokens (the delta at
 its end: text after row ``i`` starts at the highest position up to it, plus one, as Hugging Face's
 ``get_rope_index`` counts). A sequence started from the prefix gets text rows from the prefix's delta on, in
 whatever slot, so it goes on as the same tokens prefilled whole would (cache position + ``rope_deltas``). Rows below
 the prefix's tokens are never read again (their keys are cached, rotated): they are not copied.
 
-The prompt's rows are computed on the host (:func:`trtio.rope.mrope_cos_sin_rows`) and uploaded through a
+The prompt's rows are computed on the host (:func:`trtio._rope.mrope_cos_sin_rows`) and uploaded through a
 fenced pinned ring; the text rows are device copies from the plain table. Both run as device work just
 before the prefill's engine (none if its binding fails).
 """
@@ -30,19 +30,19 @@ from typing import Any
 
 import numpy as np
 
+from trtio._config import LLMEngineConfig
+from trtio._cuda.backend import Backend
 from trtio._lifetime import Closeable
-from trtio.config import LLMEngineConfig
-from trtio.cuda.backend import Backend
+from trtio._memory import Arena, MemoryReport
+from trtio._ops import Copy2D
+from trtio._pages import Prefix, PrefixPositions
+from trtio._pipeline_io import PipelineIO
+from trtio._rope import mrope_cos_sin_rows, no_rope_cos_sin_rows
+from trtio._staging import UploadRing
+from trtio._stream import Stream
+from trtio._tensor import Tensor
 from trtio.errors import ConfigError, ShapeError
 from trtio.families.mrope.mrope_config import MropeConfig
-from trtio.memory import Arena, MemoryReport
-from trtio.ops import Copy2D
-from trtio.pages import Prefix, PrefixPositions
-from trtio.pipeline_io import PipelineIO
-from trtio.rope import mrope_cos_sin_rows, no_rope_cos_sin_rows
-from trtio.staging import UploadRing
-from trtio.stream import Stream
-from trtio.tensor import Tensor
 
 __all__ = ["SlotPositions"]
 
@@ -141,7 +141,7 @@ class SlotPositions(Closeable):
 
     def record(self, slot: int, tokens: int) -> PrefixPositions:
         """Where the first ``tokens`` rows of ``slot``'s sequence leave the positions of a sequence continued after
-        them (what a prefix of those tokens keeps: :attr:`~trtio.pages.Prefix.rope_delta` is its ``delta``)."""
+        them (what a prefix of those tokens keeps: :attr:`~trtio._pages.Prefix.rope_delta` is its ``delta``)."""
         self._check_open()
         return _cut(self._records[slot], tokens)
 

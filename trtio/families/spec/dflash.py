@@ -28,19 +28,19 @@ from typing import Any
 import numpy as np
 
 from trtio._cache import BoundedCache
-from trtio.contracts.contract import rope_row_bytes
-from trtio.contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
-from trtio.dims import InferenceDims
-from trtio.engine import DECODE_PROFILE, PREFILL_PROFILE, DeviceWork
+from trtio._contracts.contract import rope_row_bytes
+from trtio._contracts.ragged import PHASE_DECODE, PHASE_DRAFT, TreeLayout, pack_rows
+from trtio._dims import InferenceDims
+from trtio._engine import DECODE_PROFILE, PREFILL_PROFILE, DeviceWork
+from trtio._setups.base import Prompt
+from trtio._setups.binding import BoundEngine
+from trtio._setups.draft_prompt import DraftRound, check_accept_lengths, check_draft_prompt, check_room
+from trtio._staging import constant
+from trtio._stream import Stream, StreamLike
+from trtio._tensor import Tensor
 from trtio.errors import ShapeError, TrtioError
 from trtio.families.spec.dflash_bindings import DFLASH_POSITIONS, DFLASH_ROPE, DFLASH_SEQUENCES, check_block_draft
 from trtio.features import Feature
-from trtio.setups.base import Prompt
-from trtio.setups.binding import BoundEngine
-from trtio.setups.draft_prompt import DraftRound, check_accept_lengths, check_draft_prompt, check_room
-from trtio.staging import constant
-from trtio.stream import Stream, StreamLike
-from trtio.tensor import Tensor
 
 __all__ = ["BlockDraft", "DFlashFeature"]
 
@@ -74,7 +74,7 @@ class BlockDraft:
     def _in_place_rows(self, b: int, a: int, k: int) -> list[list[list[int]]]:
         """Per sequence ``i`` and path length ``n`` (``0 .. k``), the accepted rows ``[k]`` of a path whose nodes lie
         where the catch-up's moves would put them: row ``i * a + j`` for node ``j < n``, -1 past it
-        (:meth:`CatchUp.in_order <trtio.setups.catch_up.CatchUp.in_order>` on full paths)."""
+        (:meth:`CatchUp.in_order <trtio._setups.catch_up.CatchUp.in_order>` on full paths)."""
         found = self._grids.get((b, a, k))
         if found is None:
             found = self._grids.put((b, a, k), [[[*range(i * a, i * a + n), *[-1] * (k - n)] for n in range(k + 1)]

@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from trtio import names
-from trtio.config import LLMEngineConfig
-from trtio.dtypes import DType
+from trtio._config import LLMEngineConfig
+from trtio._dtypes import DType
+from trtio._registry import ProfileShapes, TensorRegistry, TensorSpec
 from trtio.errors import ConfigError
 from trtio.families.spec.block_family import BlockFamily, block_family_of, declare
-from trtio.registry import ProfileShapes, TensorRegistry, TensorSpec
 
 __all__ = ["DFLASH", "DFLASH_DELTA_INPUTS", "DFLASH_POSITIONS", "DFLASH_ROPE", "DFLASH_SEQUENCES", "block_size",
            "check_block_draft", "dflash_draft_registry", "mask_token"]

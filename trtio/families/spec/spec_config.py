@@ -51,9 +51,12 @@ from typing import Any
 
 from trtio import names
 from trtio._checks import is_int
-from trtio.config import LLMEngineConfig
-from trtio.dtypes import DType
-from trtio.edgellm_config import EdgeReader, got
+from trtio._config import LLMEngineConfig
+from trtio._dtypes import DType
+from trtio._edgellm_config import EdgeReader, got
+from trtio._memory import TensorRequest
+from trtio._registry import TensorRegistry
+from trtio._tensor_map import TensorMap
 from trtio.errors import ConfigError
 from trtio.families.spec.block_family import BlockFamily, block_family_of, declared
 from trtio.families.spec.dflash_bindings import (
@@ -68,9 +71,6 @@ from trtio.families.spec.dflash_bindings import (
 from trtio.families.spec.dspark import DSPARK
 from trtio.families.spec.jetspec import JETSPEC
 from trtio.features import FamilyConfig
-from trtio.memory import TensorRequest
-from trtio.registry import TensorRegistry
-from trtio.tensor_map import TensorMap
 
 __all__ = ["BLOCK_FAMILIES", "RUNNABLE_FAMILIES", "SPEC_FAMILIES", "SpecConfig",
            "check_runnable", "dflash_target_layers", "family_of", "fed_layers"]

@@ -1,5 +1,0 @@
-"""Memory backends: ``cuda`` (cuda-python) and ``host`` (numpy), behind one small protocol."""
-
-from trtio.cuda.backend import Backend, Location, get_backend
-
-__all__ = ["Backend", "Location", "get_backend"]
