@@ -56,10 +56,8 @@ def main() -> None:
     import trtio._cuda.kernels as kernels
     import trtio._engine as engine
     import trtio._staging as staging
-    from trtio import _memory as memory
     from trtio import _ops as ops
     from trtio import _state as state
-    from trtio._setups import base as sbase
     from trtio._setups import spec_decode as ssd
 
     for m in ("memcpy", "memcpy_2d", "record_event", "query_event", "launch_graph", "wait_event", "memset", "fill"):
@@ -73,8 +71,7 @@ def main() -> None:
     wrap(ops, "copy_rows", "ops.copy_rows")
     wrap(state.EngineState, "commit_grid", "EngineState.commit_grid")
     wrap(ops.KVCommit, "run", "KVCommit.run")
-    wrap(memory.HostStaging, "upload", "HostStaging.upload")
-    wrap(sbase.SetupBase, "_stage_layout", "SetupBase._stage_layout")
+    wrap(staging.UploadRing, "upload", "UploadRing.upload")
     for name in ("draft_propose", "verify", "accept", "draft_accept", "_draft_level", "_batch_level", "_check_parents",
                  "_stage_tree_embeds"):
         if hasattr(ssd.SpecDecodeSetup, name):
@@ -82,8 +79,8 @@ def main() -> None:
     llm, bundle = bench.configs(contract, 1024)
     s = Stream.create(be)
     rng = np.random.default_rng(0)
-    with create_for_llm(bench._engine(llm, be), llm, s, graphs=True, backend=be) as setup:
-        setup.prefill(bench._device(be, (8, 16, 4096), rng), np.full(8, 16))
+    with create_for_llm(bench.null_engine(llm, be), llm, s, graphs=True, backend=be) as setup:
+        setup.prefill(bench.device_tensor(be, (8, 16, 4096), rng), np.full(8, 16))
         emb = setup.io.inputs_embeds
         for _ in range(20):
             setup.decode(emb.reshape((8, 1, 4096)))
@@ -96,10 +93,10 @@ def main() -> None:
         TOTAL["(decode total)"] = time.perf_counter() - t
         s.synchronize()
         report(f"LLMSetup.decode ({kind}, {contract})", 300)
-    sd = create_for_spec_decode(bench._engine(bundle.base, be), bench._engine(bundle.draft, be), bundle, stream=s,
-                                graphs=True, backend=be)
-    prompt = bench._device(be, (8, 16, 4096), rng)
-    level = bench._device(be, (8, 10, 4096), rng)
+    sd = create_for_spec_decode(bench.null_engine(bundle.base, be), bench.null_engine(bundle.draft, be), bundle,
+                                stream=s, graphs=True, backend=be)
+    prompt = bench.device_tensor(be, (8, 16, 4096), rng)
+    level = bench.device_tensor(be, (8, 10, 4096), rng)
     sd.base_prefill(prompt, np.full(8, 16))
     sd.draft_prefill(prompt, np.full(8, 16))
     binary = [-1] + [(i - 1) // 2 for i in range(1, 60)]
