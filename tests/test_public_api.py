@@ -162,14 +162,16 @@ def test_the_architecture_page_lists_the_documented_modules() -> None:
     assert missing == [], f"docs/architecture.md's public API does not name {missing}"
 
 
-def test_the_types_module_exports_what_the_types_page_documents() -> None:
-    """docs/api/types.rst documents the types a runtime meets at trtio.types: it re-exports exactly those."""
+def test_the_types_module_exports_what_the_api_pages_document() -> None:
+    """The API pages (docs/api/types.rst, and trtio.rst for EngineDir's embeddings) document the types a runtime meets
+    at trtio.types: it re-exports exactly those."""
     import re
 
     import trtio.types
 
-    page = (Path(trtio.__file__).parents[1] / "docs" / "api" / "types.rst").read_text(encoding="utf-8")
-    documented = sorted(re.findall(r"^\.\. auto\w+:: trtio\.types\.(\w+)$", page, re.M))
+    pages = (Path(trtio.__file__).parents[1] / "docs" / "api").glob("*.rst")
+    documented = sorted(name for page in pages for name in re.findall(
+        r"^\.\. auto\w+:: trtio\.types\.(\w+)$", page.read_text(encoding="utf-8"), re.M))
     assert documented == sorted(trtio.types.__all__)
     for name in trtio.types.__all__:
         assert getattr(trtio.types, name) is not None, name
