@@ -17,8 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table  # noqa: E402
 
 import trtio  # noqa: E402
-from trtio import DeploymentConfig, LLMEngineConfig, SpecDecodeConfig  # noqa: E402
-from trtio._pipeline_io import PipelineIO
+from trtio import DeploymentConfig, LLMEngineConfig, PipelineIO, SpecDecodeConfig  # noqa: E402
 
 MIB = 1 << 20
 

@@ -19,8 +19,7 @@ from _common import machine, table, time_per_call  # noqa: E402
 from bench_pipeline_memory import BASE_8B  # noqa: E402
 
 import trtio  # noqa: E402
-from trtio import LLMEngineConfig, Stream, create_for_llm  # noqa: E402
-from trtio._pipeline_io import PipelineIO
+from trtio import LLMEngineConfig, PipelineIO, Stream, create_for_llm  # noqa: E402
 from trtio.testing import ReferenceEngine  # noqa: E402
 
 

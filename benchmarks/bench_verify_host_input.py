@@ -21,8 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtio._setups import create_for_llm, create_for_spec_decode  # noqa: E402
-from trtio._stream import Stream  # noqa: E402
+from trtio import Stream, create_for_llm, create_for_spec_decode  # noqa: E402
 from trtio._tools.bench import BATCH, HIDDEN, VERIFY, bench_backend, configs, null_engine  # noqa: E402
 
 
