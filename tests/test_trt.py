@@ -44,12 +44,12 @@ def test_missing_and_empty_plan_files(tmp_path):
 def test_corrupt_plan_names_file_size_and_tensorrt_reason(tmp_path, caplog):
     bad = tmp_path / "bad.plan"
     bad.write_bytes(b"vtrt but not a plan at all")  # a plan's magic, then garbage: only TensorRT can tell
-    with caplog.at_level(logging.ERROR, logger="trtio._trt"):
+    with caplog.at_level(logging.ERROR, logger="trtio.trt"):
         with pytest.raises(EngineError) as info:
             load_engine(bad, module="tensorrt_rtx")
     msg = str(info.value)
     assert "bad.plan" in msg and "26 bytes" in msg and "tensorrt_rtx" in msg and "corrupt or truncated" in msg
-    assert any(r.name == "trtio._trt" for r in caplog.records), "TensorRT's log is bridged to trtio._trt"
+    assert any(r.name == "trtio.trt" for r in caplog.records), "TensorRT's log is bridged to trtio.trt"
 
 
 @pytest.mark.parametrize("data,hint", [

@@ -66,7 +66,7 @@ from trtio.families.lora.adapters import LoraAdapter
 
 __version__ = "0.1.0"
 
-# A library logs and lets the application decide where it goes (TensorRT's log arrives under trtio._trt).
+# A library logs and lets the application decide where it goes (TensorRT's log arrives under trtio.trt).
 _logging.getLogger("trtio").addHandler(_logging.NullHandler())
 
 __all__ = [

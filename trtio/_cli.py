@@ -423,7 +423,7 @@ class _HeldBack(logging.Handler):
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not record.name.startswith("trtio._trt"):  # TensorRT's errors come back inside trtio's exceptions
+        if not record.name.startswith("trtio.trt"):  # TensorRT's errors come back inside trtio's exceptions
             self.records.append(record)
 
 

@@ -797,7 +797,7 @@ class EngineExecutor(Closeable):
             self.enqueued += 1
         if not self.context.execute_async_v3(s.handle):
             raise EngineError(f"engine {self.name!r}: execute_async_v3 returned False (profile {self._profile}); "
-                              f"see the trtio._trt log for TensorRT's reason")
+                              f"see the trtio.trt log for TensorRT's reason")
         self.enqueued += 1
 
     def _capture(self, key: tuple[tuple[Any, ...], tuple[DeviceWork, ...]], s: Stream) -> int:

@@ -2,7 +2,8 @@
 logger bridge.
 
 The engine module is a parameter (``"tensorrt"``, ``"tensorrt_rtx"``, ``"auto"`` or a module
-object), never a ``sys.modules`` patch. TensorRT's log goes to the ``trtio._trt`` logger.
+object), never a ``sys.modules`` patch. TensorRT's log goes to the ``trtio.trt`` logger (its name kept when the
+module became private).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from trtio.errors import EngineError
 __all__ = ["import_trt", "module_of", "load_engine", "load_plugins", "loaded_plugins", "plan_format", "trt_logger",
            "KNOWN_MODULES", "PLAN_MAGICS", "PLUGIN_LIBRARY", "PLUGIN_PATH_ENV"]
 
-log = logging.getLogger("trtio._trt")
+log = logging.getLogger("trtio.trt")  # a logger name users configure: kept whatever the module is called
 
 KNOWN_MODULES = ("tensorrt", "tensorrt_rtx")
 #: The first four bytes of a serialized plan, per builder (TensorRT writes ``ftrt``, TensorRT-RTX
@@ -82,7 +83,7 @@ def module_of(engine: Any) -> ModuleType:
 
 
 def trt_logger(trt: ModuleType) -> Any:
-    """An ``ILogger`` of ``trt`` that forwards to the ``trtio._trt`` logger (one per module)."""
+    """An ``ILogger`` of ``trt`` that forwards to the ``trtio.trt`` logger (one per module)."""
     key = trt.__name__
     with _lock:
         existing = _loggers.get(key)
