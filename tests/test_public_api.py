@@ -177,6 +177,17 @@ def test_the_types_module_exports_what_the_api_pages_document() -> None:
         assert getattr(trtio.types, name) is not None, name
 
 
+def test_no_api_page_documents_a_private_module() -> None:
+    """docs/api/ documents what is public: no autodoc directive names a path with an underscore-led part."""
+    import re
+
+    pages = (Path(trtio.__file__).parents[1] / "docs" / "api").glob("*.rst")
+    private = [f"{page.name}: {target}" for page in pages for target in re.findall(
+        r"^\.\. auto\w+:: (trtio\.[\w.]+)", page.read_text(encoding="utf-8"), re.M)
+        if any(part.startswith("_") for part in target.split("."))]
+    assert private == []
+
+
 def test_the_testing_module_lists_what_it_exports() -> None:
     assert len(set(trtio.testing.__all__)) == len(trtio.testing.__all__)
     for name in trtio.testing.__all__:
